@@ -1,0 +1,141 @@
+/*
+ * rdmaps.h - the client API of rdmaps, an RDMA parameter server.
+ *
+ * This header is all a trainer needs: it exposes no verbs type, no queue
+ * pair, no memory key.  Conventions:
+ *  - Handles are opaque.  Option structs begin with a `size` member set by
+ *    the matching *_opts_init(), so they can grow without breaking the ABI.
+ *  - Every function that can fail returns 0 (or a non-negative count) on
+ *    success and a negative errno on failure; rps_strerror() names the code
+ *    and rps_last_error() gives the calling thread's one-line account of
+ *    the last failure (what failed and what to do).
+ *  - No global state: several clients may live in one process.  Every
+ *    function is thread-safe; one client may be shared by many threads.
+ *
+ * Parameters are kept on the servers as fp32.  A tensor's dtype is the type
+ * of the gradients pushed to it (fp32, bf16 or fp16; the servers accumulate
+ * in fp32).  Pulls always return fp32.
+ */
+#ifndef RDMAPS_H
+#define RDMAPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RPS_VERSION_MAJOR 0
+#define RPS_VERSION_MINOR 1
+
+/* rdmaps' own error codes, beyond the errno values (all negative). */
+#define RPS_ESTALE_EPOCH (-10001)	/* the shard moved; the map was stale */
+#define RPS_ELEASE	 (-10002)	/* our shard lock lease expired */
+
+typedef struct rps_client rps_client_t;
+typedef struct rps_tensor rps_tensor_t;
+typedef struct rps_request rps_request_t;
+
+enum rps_dtype {
+	RPS_DTYPE_F32 = 1,	/* IEEE binary32 */
+	RPS_DTYPE_BF16 = 2,	/* bfloat16 */
+	RPS_DTYPE_F16 = 3,	/* IEEE binary16 */
+};
+
+enum rps_mode {
+	RPS_MODE_SYNC = 1,	/* BSP: v+1 = opt(v, sum of every worker's step-v gradient) */
+	RPS_MODE_BOUNDED = 2,	/* SSP: a worker at clock c sees every update older than c-k */
+	RPS_MODE_ASYNC = 3,	/* ASP: each push applied alone, under the shard's lock */
+};
+
+enum rps_optimizer {
+	RPS_OPT_SUM = 1,	/* p += g */
+	RPS_OPT_SGD = 2,	/* p -= lr * (g + wd p) */
+	RPS_OPT_MOMENTUM = 3,	/* v = mu v + (g + wd p); p -= lr v */
+	RPS_OPT_ADAM = 4,	/* Adam with bias correction; L2 weight decay */
+};
+
+struct rps_client_opts {
+	size_t size;		/* sizeof(struct rps_client_opts) */
+	/* Comma-separated server list, in the order rdmapsd's --cluster gives:
+	 * "tcp://10.0.0.1:7000,tcp://10.0.0.2:7000" or "verbs://10.0.0.1:7000". */
+	const char *servers;
+	int rank;		/* this worker's rank, 0 .. num_workers-1 */
+	int num_workers;	/* workers taking part in sync/bounded tensors */
+	int timeout_ms;		/* give up on one operation after this (default 30000) */
+};
+
+struct rps_tensor_opts {
+	size_t size;		/* sizeof(struct rps_tensor_opts) */
+	uint64_t count;		/* number of elements */
+	enum rps_dtype dtype;	/* gradient element type (default fp32) */
+	enum rps_mode mode;	/* default RPS_MODE_SYNC */
+	uint32_t staleness;	/* k for RPS_MODE_BOUNDED */
+	enum rps_optimizer optimizer;	/* default RPS_OPT_SUM */
+	float lr;		/* learning rate (default 0.01) */
+	float momentum;		/* RPS_OPT_MOMENTUM (default 0.9) */
+	float beta1, beta2, eps;	/* RPS_OPT_ADAM (0.9, 0.999, 1e-8) */
+	float weight_decay;	/* default 0 */
+	float rescale;		/* sync: gradient = rescale * sum (default 1; 1/W averages) */
+	const float *init;	/* count initial values, or NULL for zeros */
+};
+
+void rps_client_opts_init(struct rps_client_opts *opts);
+void rps_tensor_opts_init(struct rps_tensor_opts *opts);
+
+/* Connect to every server of the cluster. */
+int rps_client_connect(const struct rps_client_opts *opts, rps_client_t **out);
+/* Wait for outstanding requests, disconnect, free.  Tensors and requests of
+ * the client must not be used afterwards. */
+int rps_client_close(rps_client_t *client);
+
+/* Create the tensor `name` (at most 63 bytes), or, if it exists with the same
+ * count, dtype, mode and optimizer, open it: every worker may call this with
+ * the same options.  Different options give -EEXIST. */
+int rps_tensor_create(rps_client_t *client, const char *name,
+		      const struct rps_tensor_opts *opts, rps_tensor_t **out);
+/* Open an existing tensor; -ENOENT if no server holds it. */
+int rps_tensor_open(rps_client_t *client, const char *name, rps_tensor_t **out);
+/* Fill opts with the tensor's description (init is NULL). */
+int rps_tensor_info(const rps_tensor_t *tensor, struct rps_tensor_opts *opts);
+/* Number of shards and the servers they live on are the library's business;
+ * this tells how many there are, for reporting. */
+uint32_t rps_tensor_shards(const rps_tensor_t *tensor);
+/* Release the local handle (the tensor stays on the servers). */
+void rps_tensor_close(rps_tensor_t *tensor);
+
+/* Push a gradient: nbytes must be count * sizeof(dtype).  Returns when the
+ * servers have taken it (sync: accumulated into this step; async/bounded:
+ * applied).  The buffer may be reused at once after return. */
+int rps_push(rps_tensor_t *tensor, const void *grad, size_t nbytes);
+/* Pull the parameters: nbytes must be count * 4 (fp32).  Sync: waits until
+ * every worker's pushes up to this worker's last one are applied.  Bounded:
+ * waits until no update older than (this worker's clock - k) is missing.
+ * Each shard is read at one version, never torn; *version (may be NULL)
+ * receives the lowest shard version read. */
+int rps_pull(rps_tensor_t *tensor, float *out, size_t nbytes, uint64_t *version);
+
+/* Non-blocking forms: the buffer must stay valid, and unchanged for a push,
+ * until the request completes with rps_wait() or rps_test(). */
+int rps_push_start(rps_tensor_t *tensor, const void *grad, size_t nbytes, rps_request_t **req);
+int rps_pull_start(rps_tensor_t *tensor, float *out, size_t nbytes, uint64_t *version,
+		   rps_request_t **req);
+/* 1 if done (the request is then freed and *result receives its status),
+ * 0 if still running. */
+int rps_test(rps_request_t *req, int *result);
+/* Wait for the request, free it, return its status. */
+int rps_wait(rps_request_t *req);
+
+/* Wait until all num_workers workers have entered the barrier. */
+int rps_barrier(rps_client_t *client);
+
+/* A name for an error code (errno or RPS_E*). */
+const char *rps_strerror(int err);
+/* The calling thread's message for its last failed call. */
+const char *rps_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
