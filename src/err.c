@@ -32,10 +32,11 @@ int rps__preerr(int err, const char *fmt, ...)
 	vsnprintf(prefix, sizeof(prefix), fmt, ap);
 	va_end(ap);
 	memcpy(old, errbuf, sizeof(old));
+	/* Truncation is fine: a cut message beats none. */
 	if (old[0])
-		snprintf(errbuf, sizeof(errbuf), "%s: %s", prefix, old);
+		snprintf(errbuf, sizeof(errbuf), "%.200s: %.300s", prefix, old);
 	else
-		snprintf(errbuf, sizeof(errbuf), "%s: %s", prefix, strerror(-err));
+		snprintf(errbuf, sizeof(errbuf), "%.200s: %.300s", prefix, strerror(-err));
 	return err;
 }
 
