@@ -10,6 +10,7 @@
  * Each performs exactly one fp32 add per element and exact conversions, so
  * they agree bit for bit; the unit tests hold them to that.
  */
+#include "config.h"
 #include "agg.h"
 #include "common.h"
 

@@ -4,6 +4,7 @@
  * The message buffer is thread-local so that two clients, or two threads of
  * one client, never read each other's failures; no other global state.
  */
+#include "config.h"
 #include "common.h"
 
 #include <errno.h>

@@ -17,6 +17,7 @@
  * where there is one; IEEE square root is correctly rounded, so it gives
  * the same bits as sqrtf.
  */
+#include "config.h"
 #include "optim.h"
 #include "common.h"
 

@@ -8,6 +8,7 @@
  * loop, at unaligned source offsets and all small sizes: the sync mode's
  * promise of results bit-identical to a single-process reference rests on it.
  */
+#include "config.h"
 #include "agg.h"
 #include "common.h"
 

@@ -9,6 +9,7 @@
  * geometric sum) guard against the reference and the library sharing a
  * misreading of the formulas.
  */
+#include "config.h"
 #include "optim.h"
 #include "common.h"
 

@@ -1,0 +1,1840 @@
+/*
+ * client.c - librdmaps, the worker side of rdmaps (the API of rdmaps.h).
+ *
+ * A client holds one connection per server, one completion queue and one
+ * progress thread.  Every tensor operation is cut into per-shard operations
+ * (struct shard_op) that move through small state machines:
+ *
+ *   push, sync:        get slot -> WRITE_IMM(desc+data) -> PUSH_ACK
+ *   push, async/bnd:   get slot -> CAS acquire lock -> WRITE_IMM -> PUSH_ACK
+ *                      (the request completes here) -> CAS release -> slot free
+ *   pull:              get bounce buffer -> READ(header+params), READ(seq)
+ *                      -> validate seqlock; if the version is not yet the one
+ *                      this worker must see -> WAIT message -> READ again
+ *
+ * Resources (staging slots at the server, bounce buffers, control credits)
+ * are bounded per connection; a shard op that finds none waits in the
+ * connection's FIFO queue.  A resource goes back to the pool only when the
+ * transport has returned it (its completion arrived, or the endpoint was
+ * closed), so a request that timed out can never let a late completion
+ * scribble over memory that is in use again.
+ *
+ * One mutex guards the client; user threads post work and sleep on a
+ * condition variable, the progress thread polls completions and finishes
+ * requests.
+ */
+#include "config.h"
+#include "agg.h"
+#include "common.h"
+#include "proto.h"
+#include "shard.h"
+#include "transport.h"
+#include "uri.h"
+#include "client.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+
+#define RPS_EXPORT __attribute__((visibility("default")))
+
+#define CTRL_CREDITS 32u	/* must not exceed the server's */
+#define NBOUNCE 4u		/* pull bounce buffers per server */
+#define TORN_RETRIES 8		/* torn reads before asking the server to wait */
+
+enum wr_tag {
+	TAG_CAS_ACQ = 1,
+	TAG_WRITE = 2,
+	TAG_CAS_REL = 3,
+	TAG_READ = 4,
+	TAG_RECV = 5,
+	TAG_SEND = 6,
+};
+
+enum op_kind { OP_PUSH, OP_INIT, OP_PULL, OP_LOCK, OP_UNLOCK };
+
+enum op_state {
+	ST_QUEUED,	/* waiting for a slot / bounce buffer */
+	ST_LOCKING,	/* CAS acquire in flight */
+	ST_BACKOFF,	/* lock busy, retry at retry_at */
+	ST_WRITING,	/* WRITE_IMM posted, PUSH_ACK awaited */
+	ST_RELEASING,	/* CAS release in flight */
+	ST_READING,	/* READs in flight */
+	ST_WAITING,	/* WAIT message sent, reply awaited */
+	ST_WAIT_QUEUED,	/* a WAIT needs a control credit */
+};
+
+struct conn;
+struct rps_request;
+
+struct shard_op {
+	struct rps_request *req;	/* NULL once its part is reported */
+	struct rps_request *owner;	/* the request whose memory holds this op */
+	struct rps_tensor *t;
+	struct conn *c;
+	enum op_kind kind;
+	enum op_state state;
+	uint32_t shard;
+	uint32_t res;		/* slot or bounce buffer index */
+	bool has_res;
+	uint64_t expected;	/* CAS acquire: the unlocked word we bet on */
+	uint64_t held;		/* the locked word we hold */
+	uint64_t clock;
+	uint64_t push_id;
+	uint64_t min_version, min_clock;
+	const void *src;	/* push: this shard's part of the user buffer */
+	float *dst;		/* pull: where the parameters go */
+	int torn;
+	uint32_t backoff_us;
+	uint64_t retry_at;
+	uint32_t ctrl;		/* control entry of a WAIT */
+	struct shard_op *next;	/* queue link */
+	struct shard_op *anext, *aprev;	/* the connection's active list */
+};
+
+enum req_kind { REQ_SHARDS, REQ_CTRL };
+
+struct rps_request {
+	struct rps_client *cl;
+	enum req_kind kind;
+	int remaining;
+	int status;
+	bool done;
+	bool waited;		/* the caller has its status: free when no op is live */
+	int live_ops;		/* ops still in a connection's active list */
+	uint64_t deadline;
+	uint64_t min_version_seen;
+	uint64_t *version_out;
+	struct rps_request *dnext, *dprev;	/* deadline list */
+	/* control requests: one reply per server */
+	void *replies;		/* nservers reply bodies */
+	int32_t *rstatus;
+	size_t reply_len;
+	char msg[512];		/* one line for rps_last_error() of the waiter */
+	uint32_t nops;
+	struct shard_op ops[];
+};
+
+struct ctrl_entry {
+	bool busy;
+	struct rps_request *req;	/* control request ... */
+	struct shard_op *op;		/* ... or a pull's WAIT */
+	int server;
+};
+
+struct conn {
+	struct rps_client *cl;
+	int index;
+	struct rps__uri uri;
+	char name[300];
+	struct rps__ep *ep;
+	bool dead;
+	int err;
+	struct rps__hello_rep hello;
+	/* staging slots: ours mirror the server's */
+	char *pbufs;
+	struct rps__mr *pbufs_mr;
+	uint32_t nslots;
+	uint32_t *free_slots, nfree_slots;
+	/* pull bounce buffers + their trailing seq words */
+	char *bbufs;
+	size_t bsize;
+	struct rps__mr *bbufs_mr;
+	uint32_t *free_bounce, nfree_bounce;
+	/* 8-byte atomic results, one per slot */
+	uint64_t *atomics;
+	struct rps__mr *atomics_mr;
+	/* control messages */
+	char *rbufs, *sbufs;
+	struct rps__mr *rbufs_mr, *sbufs_mr;
+	uint32_t nrecv;
+	struct ctrl_entry ctrl[CTRL_CREDITS];
+	uint32_t nfree_ctrl;
+	struct shard_op *slot_op[1024];	/* slot -> op awaiting its ack */
+	struct shard_op *qhead, *qtail;	/* waiting for a slot/bounce buffer */
+	struct shard_op *wqhead, *wqtail;	/* waiting for a control credit */
+	struct shard_op *active;
+};
+
+struct rps_client {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct conn *conns;
+	int nservers;
+	int rank, num_workers, timeout_ms;
+	uint32_t shard_elems;
+	uint64_t next_push_id;
+	pthread_t thread;
+	bool thread_started;
+	bool stopping;
+	int wake_fd;
+	struct rps_request *deadlines;
+	struct shard_op *backoff;	/* ops in ST_BACKOFF (linked by next) */
+	int fault_kill_mid_push;	/* test hook, see fault_init() */
+	int fault_stop_after_lock;
+};
+
+struct rps_tensor {
+	struct rps_client *cl;
+	char name[RPS__NAME_MAX];
+	struct rps__tensor_spec spec;
+	struct rps__layout layout;
+	struct {
+		uint32_t id;
+		uint64_t addr;
+		uint32_t rkey;
+		uint64_t stride;
+		uint32_t nlocal;
+	} *at;			/* per server */
+	uint64_t *lock_guess;	/* per shard: last unlocked lock word seen */
+	uint64_t *lock_held;	/* per shard: word held via rps__tensor_lock() */
+	uint64_t clock;		/* pushes issued by this worker */
+	int live_ops;		/* ops still running (a release may outlive its push) */
+};
+
+/* ---- small helpers --------------------------------------------------- */
+
+static uint64_t wrid(void *p, enum wr_tag tag)
+{
+	return (uint64_t)(uintptr_t)p | (uint64_t)tag;
+}
+
+static uint64_t wrid_idx(uint32_t idx, enum wr_tag tag)
+{
+	return ((uint64_t)idx << 3) | (uint64_t)tag;
+}
+
+static char *slot_buf(struct conn *c, uint32_t s)
+{
+	return c->pbufs + (size_t)s * c->hello.slot_size;
+}
+
+static char *bounce_buf(struct conn *c, uint32_t b)
+{
+	return c->bbufs + (size_t)b * c->bsize;
+}
+
+static uint64_t *bounce_seq(struct conn *c, uint32_t b)
+{
+	return (uint64_t *)(bounce_buf(c, b) + c->bsize - 64);
+}
+
+static void wake_progress(struct rps_client *cl)
+{
+	uint64_t one = 1;
+	ssize_t r = write(cl->wake_fd, &one, sizeof(one));
+
+	(void)r;
+}
+
+/* ---- request completion --------------------------------------------- */
+
+static void req_free(struct rps_request *r)
+{
+	free(r->replies);
+	free(r->rstatus);
+	free(r);
+}
+
+static void deadline_unlink(struct rps_client *cl, struct rps_request *r)
+{
+	if (r->dprev)
+		r->dprev->dnext = r->dnext;
+	else if (cl->deadlines == r)
+		cl->deadlines = r->dnext;
+	if (r->dnext)
+		r->dnext->dprev = r->dprev;
+	r->dnext = r->dprev = NULL;
+}
+
+static void req_maybe_free(struct rps_request *r)
+{
+	if (r->done && r->waited && r->live_ops == 0)
+		req_free(r);
+}
+
+static void req_finish(struct rps_request *r)
+{
+	struct rps_client *cl = r->cl;
+
+	r->done = true;
+	deadline_unlink(cl, r);
+	if (r->version_out && r->status == 0 && r->kind == REQ_SHARDS && r->min_version_seen != UINT64_MAX)
+		*r->version_out = r->min_version_seen;
+	pthread_cond_broadcast(&cl->cond);
+}
+
+static const char *status_text(int status)
+{
+	switch (status) {
+	case -EMSGSIZE: return "gradient size or dtype does not match the tensor";
+	case -ENOENT: return "the server does not know this tensor (was it created?)";
+	case -EINVAL: return "the server refused the request as invalid (rank, shard or tensor id)";
+	case -EALREADY: return "this step already has this worker's push (duplicate)";
+	case -EEXIST: return "the tensor exists with different options (count, dtype, mode, optimizer, workers or init)";
+	case -EFAULT: return "remote access error: the server revoked or never granted this memory";
+	case -EPROTO: return "protocol error: librdmaps and rdmapsd versions differ?";
+	case -EXDEV: return "the server list order differs from rdmapsd --cluster";
+	case -ENOMEM: return "the server is out of memory: raise rdmapsd --memory-limit or add servers";
+	case -ECONNRESET: return "connection lost: is rdmapsd running and reachable?";
+	case RPS_ELEASE: return "the shard lock lease expired";
+	default: return "failed";
+	}
+}
+
+static void req_part_done_at(struct rps_request *r, int status, const struct conn *c)
+{
+	if (status && !r->status) {
+		r->status = status;
+		snprintf(r->msg, sizeof(r->msg), "%s: %s", c ? c->name : "rdmaps", status_text(status));
+	}
+	if (--r->remaining == 0)
+		req_finish(r);
+}
+
+
+
+/* The op's part of the request is over (the op may live on to release
+ * resources). */
+static void op_report(struct shard_op *op, int status)
+{
+	struct rps_request *r = op->req;
+
+	if (!r)
+		return;
+	op->req = NULL;
+	if (status == 0 && op->kind == OP_PULL && op->min_version < r->min_version_seen)
+		r->min_version_seen = op->min_version;
+	req_part_done_at(r, status, op->c);
+}
+
+/* ---- resources ------------------------------------------------------- */
+
+/* Ops are embedded in their request, which lives until the last op is
+ * inactive; `owner` keeps that link even after op->req was cleared. */
+static void active_add(struct conn *c, struct shard_op *op)
+{
+	op->owner->live_ops++;
+	op->t->live_ops++;
+	op->aprev = NULL;
+	op->anext = c->active;
+	if (c->active)
+		c->active->aprev = op;
+	c->active = op;
+}
+
+static void active_del(struct conn *c, struct shard_op *op)
+{
+	if (op->aprev)
+		op->aprev->anext = op->anext;
+	else
+		c->active = op->anext;
+	if (op->anext)
+		op->anext->aprev = op->aprev;
+	op->anext = op->aprev = NULL;
+	if (--op->t->live_ops == 0)
+		pthread_cond_broadcast(&c->cl->cond);
+	op->owner->live_ops--;
+	req_maybe_free(op->owner);
+}
+
+static void op_start(struct shard_op *op);
+
+static void queue_push(struct shard_op **head, struct shard_op **tail, struct shard_op *op)
+{
+	op->next = NULL;
+	if (*tail)
+		(*tail)->next = op;
+	else
+		*head = op;
+	*tail = op;
+}
+
+static struct shard_op *queue_pop(struct shard_op **head, struct shard_op **tail)
+{
+	struct shard_op *op = *head;
+
+	if (op) {
+		*head = op->next;
+		if (!*head)
+			*tail = NULL;
+		op->next = NULL;
+	}
+	return op;
+}
+
+static void send_wait(struct shard_op *op);
+
+/* Give the op's slot or bounce buffer back and start whoever waited. */
+static void op_release(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct shard_op *next;
+
+	if (op->has_res) {
+		if (op->kind == OP_PULL)
+			c->free_bounce[c->nfree_bounce++] = op->res;
+		else
+			c->free_slots[c->nfree_slots++] = op->res;
+		op->has_res = false;
+	}
+	active_del(c, op);	/* may free op: do not touch it below */
+	while ((next = c->qhead) != NULL) {
+		bool pull = next->kind == OP_PULL;
+		if ((pull && !c->nfree_bounce) || (!pull && !c->nfree_slots))
+			break;
+		queue_pop(&c->qhead, &c->qtail);
+		op_start(next);
+	}
+}
+
+static int ctrl_take(struct conn *c)
+{
+	uint32_t i;
+
+	for (i = 0; i < CTRL_CREDITS; i++)
+		if (!c->ctrl[i].busy) {
+			c->ctrl[i].busy = true;
+			c->nfree_ctrl--;
+			return (int)i;
+		}
+	return -1;
+}
+
+static void ctrl_give(struct conn *c, uint32_t i)
+{
+	struct shard_op *op;
+
+	c->ctrl[i] = (struct ctrl_entry){ 0 };
+	c->nfree_ctrl++;
+	op = queue_pop(&c->wqhead, &c->wqtail);
+	if (op)
+		send_wait(op);
+}
+
+static int post_one(struct conn *c, struct rps__wr *wr)
+{
+	int ret = rps__post(c->ep, wr, 1);
+
+	if (ret && !c->dead) {
+		c->dead = true;
+		c->err = -ECONNRESET;
+		rps__log(RPS__LOG_DEBUG, "%s: post failed: %s", c->name, rps__errbuf());
+	}
+	return ret;
+}
+
+static int send_ctrl(struct conn *c, uint32_t entry, unsigned type, const void *body, size_t len)
+{
+	struct rps__wr wr;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = wrid_idx(entry, TAG_SEND);
+	wr.op = RPS__OP_SEND;
+	wr.sge.addr = c->sbufs + (size_t)entry * RPS__MSG_MAX;
+	wr.sge.len = (uint32_t)rps__msg_build(wr.sge.addr, type, entry, 0, body, len);
+	wr.sge.mr = c->sbufs_mr;
+	return post_one(c, &wr);
+}
+
+/* ---- the shard op state machines --------------------------------------- */
+
+static void post_cas(struct shard_op *op, enum wr_tag tag, uint64_t compare, uint64_t swap)
+{
+	struct conn *c = op->c;
+	struct rps_tensor *t = op->t;
+	uint32_t local = rps__shard_local_index(&t->layout, op->shard);
+	struct rps__wr wr;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = wrid(op, tag);
+	wr.op = RPS__OP_CAS;
+	wr.flags = RPS__WR_SIGNALED;
+	wr.sge.addr = &c->atomics[op->res];
+	wr.sge.len = 8;
+	wr.sge.mr = c->atomics_mr;
+	wr.raddr = t->at[c->index].addr + local * t->at[c->index].stride +
+		   offsetof(struct rps__shard_hdr, lock);
+	wr.rkey = t->at[c->index].rkey;
+	wr.compare_add = compare;
+	wr.swap = swap;
+	post_one(c, &wr);
+}
+
+static void post_push_write(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct rps__push_desc *d = (struct rps__push_desc *)slot_buf(c, op->res);
+	struct rps__wr wr;
+
+	d->lock = op->held;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = wrid(op, TAG_WRITE);
+	wr.op = RPS__OP_WRITE_IMM;
+	wr.sge.addr = d;
+	wr.sge.len = RPS__PUSH_DESC_SIZE + d->nbytes;
+	wr.sge.mr = c->pbufs_mr;
+	wr.raddr = c->hello.slot_addr + (uint64_t)op->res * c->hello.slot_size;
+	wr.rkey = c->hello.slot_rkey;
+	wr.imm = op->res;
+	op->state = ST_WRITING;
+	c->slot_op[op->res] = op;
+	if (RPS__UNLIKELY(c->cl->fault_kill_mid_push) && --c->cl->fault_kill_mid_push == 0) {
+		/* Test hook: write half of the data without the notification, and die. */
+		wr.op = RPS__OP_WRITE;
+		wr.sge.len = RPS__PUSH_DESC_SIZE + d->nbytes / 2;
+		wr.flags = RPS__WR_SIGNALED;
+		post_one(c, &wr);
+		usleep(20000);
+		raise(SIGKILL);
+	}
+	post_one(c, &wr);
+}
+
+static void post_reads(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct rps_tensor *t = op->t;
+	uint32_t local = rps__shard_local_index(&t->layout, op->shard);
+	uint32_t elems = rps__shard_elems(&t->layout, op->shard);
+	uint64_t base = t->at[c->index].addr + local * t->at[c->index].stride;
+	struct rps__wr wr[2];
+
+	/* header + parameters, then the publish counter again: the target
+	 * executes the two READs of one endpoint in order, so equal, even
+	 * counters bracket an untorn copy. */
+	memset(wr, 0, sizeof(wr));
+	wr[0].wr_id = wrid(op, TAG_READ);
+	wr[0].op = RPS__OP_READ;
+	wr[0].sge.addr = bounce_buf(c, op->res);
+	wr[0].sge.len = RPS__SHARD_HDR_SIZE + elems * 4u;
+	wr[0].sge.mr = c->bbufs_mr;
+	wr[0].raddr = base;
+	wr[0].rkey = t->at[c->index].rkey;
+	wr[1] = wr[0];
+	wr[1].flags = RPS__WR_SIGNALED;
+	wr[1].sge.addr = bounce_seq(c, op->res);
+	wr[1].sge.len = 8;
+	wr[1].raddr = base + offsetof(struct rps__shard_hdr, seq);
+	op->state = ST_READING;
+	if (rps__post(c->ep, wr, 2) && !c->dead) {
+		c->dead = true;
+		c->err = -ECONNRESET;
+	}
+}
+
+static void start_lock(struct shard_op *op)
+{
+	uint32_t owner = op->c->hello.owner;
+
+	op->state = ST_LOCKING;
+	op->expected = op->t->lock_guess[op->shard];
+	post_cas(op, TAG_CAS_ACQ, op->expected, rps__lock_locked(rps__lock_version(op->expected), owner));
+}
+
+static void fill_desc(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct rps_tensor *t = op->t;
+	struct rps__push_desc *d = (struct rps__push_desc *)slot_buf(c, op->res);
+	uint32_t elems = rps__shard_elems(&t->layout, op->shard);
+	size_t esize = op->kind == OP_INIT ? 4 : rps__dtype_size((enum rps_dtype)t->spec.dtype);
+
+	memset(d, 0, sizeof(*d));
+	d->magic = RPS__DESC_MAGIC;
+	d->kind = op->kind == OP_INIT ? RPS__PUSH_INIT : RPS__PUSH_GRAD;
+	d->dtype = (uint16_t)(op->kind == OP_INIT ? RPS_DTYPE_F32 : t->spec.dtype);
+	d->tensor_id = t->at[c->index].id;
+	d->shard = op->shard;
+	d->nbytes = (uint32_t)(elems * esize);
+	d->rank = c->cl->rank;
+	d->clock = op->clock;
+	d->push_id = op->push_id;
+	memcpy((char *)d + RPS__PUSH_DESC_SIZE, op->src, d->nbytes);
+}
+
+/* The op has its resource: go. */
+static void op_start(struct shard_op *op)
+{
+	struct conn *c = op->c;
+
+	if (op->kind == OP_PULL) {
+		op->res = c->free_bounce[--c->nfree_bounce];
+		op->has_res = true;
+		post_reads(op);
+		return;
+	}
+	op->res = c->free_slots[--c->nfree_slots];
+	op->has_res = true;
+	if (op->kind == OP_LOCK) {
+		start_lock(op);
+		return;
+	}
+	if (op->kind == OP_UNLOCK) {
+		op->state = ST_RELEASING;
+		post_cas(op, TAG_CAS_REL, op->held, rps__lock_unlocked(rps__lock_version(op->held)));
+		return;
+	}
+	fill_desc(op);
+	if (op->kind == OP_PUSH && op->t->spec.mode != RPS_MODE_SYNC)
+		start_lock(op);
+	else
+		post_push_write(op);
+}
+
+static void op_submit(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	bool pull = op->kind == OP_PULL;
+
+	active_add(c, op);
+	if (c->dead) {
+		op_report(op, c->err ? c->err : -ECONNRESET);
+		active_del(c, op);
+		return;
+	}
+	if (c->qhead || (pull && !c->nfree_bounce) || (!pull && !c->nfree_slots)) {
+		op->state = ST_QUEUED;
+		queue_push(&c->qhead, &c->qtail, op);
+		return;
+	}
+	op_start(op);
+}
+
+static void send_wait(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct rps__wait w = {
+		.tensor_id = op->t->at[c->index].id,
+		.shard = op->shard,
+		.min_version = op->min_version,
+		.min_clock = op->min_clock,
+	};
+	int e = ctrl_take(c);
+
+	if (e < 0) {
+		op->state = ST_WAIT_QUEUED;
+		queue_push(&c->wqhead, &c->wqtail, op);
+		return;
+	}
+	c->ctrl[e].op = op;
+	op->ctrl = (uint32_t)e;
+	op->state = ST_WAITING;
+	send_ctrl(c, (uint32_t)e, RPS__MSG_WAIT, &w, sizeof(w));
+}
+
+static void on_cas_acq(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	uint64_t old = c->atomics[op->res];
+
+	if (old == op->expected) {
+		op->held = rps__lock_locked(rps__lock_version(old), c->hello.owner);
+		if (op->kind == OP_LOCK) {
+			op->t->lock_held[op->shard] = op->held;
+			op_report(op, 0);
+			op_release(op);
+			return;
+		}
+		if (RPS__UNLIKELY(c->cl->fault_stop_after_lock) && --c->cl->fault_stop_after_lock == 0)
+			raise(SIGSTOP);	/* test hook: a worker that stalls holding the lock */
+		post_push_write(op);
+		return;
+	}
+	op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(old));
+	if (!rps__lock_is_locked(old)) {
+		start_lock(op);	/* the version moved on: bet on the new one */
+		return;
+	}
+	/* Busy: back off (exponentially, capped) instead of hammering the word. */
+	op->backoff_us = op->backoff_us ? RPS__MIN(op->backoff_us * 2, 1000u) : 2u;
+	op->retry_at = rps__now_ns() + op->backoff_us * 1000ull;
+	op->state = ST_BACKOFF;
+	op->next = c->cl->backoff;
+	c->cl->backoff = op;
+}
+
+static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const struct rps__push_ack *ack)
+{
+	struct shard_op *op;
+
+	if (h->status < 0 && h->len == sizeof(*h)) {
+		/* error without body: we cannot tell which slot; the server only
+		 * does this on protocol violations, so treat it as fatal */
+		c->dead = true;
+		c->err = h->status;
+		return;
+	}
+	if (ack->slot >= c->nslots || !(op = c->slot_op[ack->slot]) || op->state != ST_WRITING) {
+		rps__log(RPS__LOG_WARN, "%s: acknowledgement for an idle slot %u", c->name, ack->slot);
+		c->dead = true;
+		c->err = -EPROTO;
+		return;
+	}
+	c->slot_op[ack->slot] = NULL;
+	if (op->kind == OP_PUSH && op->t->spec.mode != RPS_MODE_SYNC) {
+		if (h->status == RPS_ELEASE) {
+			/* The server broke our lock before applying: nothing was
+			 * applied, so take the lock again and resend. */
+			op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held));
+			start_lock(op);
+			return;
+		}
+		op_report(op, h->status);
+		op->state = ST_RELEASING;
+		/* applied: the version moves on; refused: it stays */
+		post_cas(op, TAG_CAS_REL, op->held,
+			 rps__lock_unlocked(rps__lock_version(op->held) + (h->status == 0)));
+		return;
+	}
+	op_report(op, h->status);
+	op_release(op);
+}
+
+static void on_cas_rel(struct shard_op *op)
+{
+	uint64_t old = op->c->atomics[op->res];
+
+	if (op->kind == OP_UNLOCK) {
+		op->t->lock_held[op->shard] = 0;
+		op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held));
+		op_report(op, old == op->held ? 0 : RPS_ELEASE);
+		op_release(op);
+		return;
+	}
+	if (old == op->held)
+		op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held) + 1);
+	else
+		rps__log(RPS__LOG_DEBUG, "%s shard %u: lock had been broken before release", op->t->name, op->shard);
+	op_release(op);
+}
+
+static void on_read(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	const struct rps__shard_hdr *hdr = (const void *)bounce_buf(c, op->res);
+	uint64_t seq1 = hdr->seq, seq2 = *bounce_seq(c, op->res);
+	uint64_t version = seq1 / 2;
+
+	if (seq1 != seq2 || (seq1 & 1)) {
+		if (++op->torn < TORN_RETRIES) {
+			post_reads(op);
+			return;
+		}
+		op->torn = 0;
+		/* Being written for a while (or not yet initialised): let the
+		 * server tell us when it is readable. */
+		if (op->min_version <= version)
+			op->min_version = version + ((seq1 & 1) ? 0 : 1);
+		send_wait(op);
+		return;
+	}
+	if (version < op->min_version || hdr->min_clock < op->min_clock) {
+		send_wait(op);
+		return;
+	}
+	memcpy(op->dst, hdr + 1, (size_t)hdr->elems * 4u);
+	op->min_version = version;
+	op_report(op, 0);
+	op_release(op);
+}
+
+static void on_wait_rep(struct shard_op *op, int status)
+{
+	if (status) {
+		op_report(op, status);
+		op_release(op);
+		return;
+	}
+	post_reads(op);
+}
+
+static void on_ctrl_reply(struct conn *c, void *buf, uint32_t len)
+{
+	struct rps__msg_hdr h;
+	struct ctrl_entry *e;
+	struct rps_request *r;
+	uint32_t idx;
+
+	if (rps__msg_check(buf, len)) {
+		rps__log(RPS__LOG_WARN, "%s: %s", c->name, rps__errbuf());
+		c->dead = true;
+		c->err = -EPROTO;
+		return;
+	}
+	memcpy(&h, buf, sizeof(h));
+	if (h.type == RPS__MSG_PUSH_ACK) {
+		on_push_ack(c, &h, rps__msg_body(buf));
+		return;
+	}
+	idx = (uint32_t)h.req_id;
+	if (h.req_id >= CTRL_CREDITS || !c->ctrl[idx].busy) {
+		rps__log(RPS__LOG_WARN, "%s: reply %s to no request", c->name, rps__msg_type_name(h.type));
+		return;
+	}
+	e = &c->ctrl[idx];
+	if (e->op) {
+		struct shard_op *op = e->op;
+		ctrl_give(c, idx);
+		on_wait_rep(op, h.status);
+		return;
+	}
+	r = e->req;
+	if (r) {
+		if (h.status == 0 && r->reply_len && h.len - sizeof(h) == r->reply_len)
+			memcpy((char *)r->replies + (size_t)e->server * r->reply_len, rps__msg_body(buf), r->reply_len);
+		r->rstatus[e->server] = h.status;
+		req_part_done_at(r, h.status, c);
+	}
+	ctrl_give(c, idx);
+}
+
+/* ---- progress ---------------------------------------------------------- */
+
+static void on_completion(struct rps_client *cl, const struct rps__wc *wc)
+{
+	struct conn *c = wc->ep ? rps__ep_context(wc->ep) : NULL;
+	enum wr_tag tag = (enum wr_tag)(wc->wr_id & 7u);
+	struct shard_op *op = (struct shard_op *)(uintptr_t)(wc->wr_id & ~(uint64_t)7u);
+
+	if (!c || c->dead)
+		return;
+	if (wc->status != RPS__WC_SUCCESS) {
+		rps__log(RPS__LOG_DEBUG, "%s: %s", c->name, rps__wc_status_str(wc->status));
+		c->dead = true;
+		c->err = wc->status == RPS__WC_REM_ACCESS_ERR ? -EFAULT : -ECONNRESET;
+		return;
+	}
+	switch (tag) {
+	case TAG_RECV: {
+		uint32_t i = (uint32_t)(wc->wr_id >> 3);
+		struct rps__sge sge = { .addr = c->rbufs + (size_t)i * RPS__MSG_MAX, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
+		if (i >= c->nrecv)
+			return;
+		on_ctrl_reply(c, sge.addr, wc->byte_len);
+		if (!c->dead && rps__post_recv(c->ep, &sge, wc->wr_id)) {
+			c->dead = true;
+			c->err = -ECONNRESET;
+		}
+		break;
+	}
+	case TAG_CAS_ACQ:
+		on_cas_acq(op);
+		break;
+	case TAG_CAS_REL:
+		on_cas_rel(op);
+		break;
+	case TAG_READ:
+		on_read(op);
+		break;
+	case TAG_WRITE:
+	case TAG_SEND:
+		break;
+	}
+}
+
+static const char *conn_error_text(int err)
+{
+	switch (err) {
+	case -EFAULT: return "remote access error (stale registration)";
+	case -EPROTO: return "protocol error";
+	default: return "connection lost: is rdmapsd running and reachable?";
+	}
+}
+
+/* A connection died: fail everything on it.  Closing the endpoint first
+ * drops its queued completions, so no completion can reach a freed op. */
+static void conn_kill(struct rps_client *cl, struct conn *c)
+{
+	struct shard_op *op;
+	uint32_t i;
+
+	if (!c->ep)
+		return;
+	rps__ep_close(c->ep);
+	c->ep = NULL;
+	if (!c->err)
+		c->err = -ECONNRESET;
+	rps__log(RPS__LOG_DEBUG, "%s: %s", c->name, conn_error_text(c->err));
+	{	/* ops in backoff that belong to this connection */
+		struct shard_op **pp = &cl->backoff;
+		while (*pp) {
+			if ((*pp)->c == c)
+				*pp = (*pp)->next;
+			else
+				pp = &(*pp)->next;
+		}
+	}
+	while ((op = c->active) != NULL) {
+		op_report(op, c->err);
+		active_del(c, op);
+	}
+	c->qhead = c->qtail = c->wqhead = c->wqtail = NULL;
+	for (i = 0; i < CTRL_CREDITS; i++) {
+		if (c->ctrl[i].busy && c->ctrl[i].req) {
+			c->ctrl[i].req->rstatus[c->ctrl[i].server] = c->err;
+			req_part_done_at(c->ctrl[i].req, c->err, c);
+		}
+		c->ctrl[i].busy = false;
+	}
+}
+
+static void run_timers(struct rps_client *cl, uint64_t now)
+{
+	struct shard_op **pp = &cl->backoff, *op;
+	struct rps_request *r, *next;
+
+	while ((op = *pp) != NULL) {
+		if (op->retry_at <= now) {
+			*pp = op->next;
+			op->next = NULL;
+			if (!op->c->dead)
+				start_lock(op);
+			continue;
+		}
+		pp = &op->next;
+	}
+	for (r = cl->deadlines; r; r = next) {
+		next = r->dnext;
+		if (r->deadline && r->deadline <= now && !r->done) {
+			/* The request gives up; its ops keep their resources until
+			 * the transport hands them back. */
+			uint32_t i;
+			int k;
+			for (i = 0; i < r->nops; i++)
+				r->ops[i].req = NULL;
+			for (k = 0; k < cl->nservers; k++)
+				for (i = 0; i < CTRL_CREDITS; i++)
+					if (cl->conns[k].ctrl[i].req == r)
+						cl->conns[k].ctrl[i].req = NULL;
+			r->status = -ETIMEDOUT;
+			r->remaining = 0;
+			snprintf(r->msg, sizeof(r->msg),
+				 "request timed out after %d ms: a server or a worker is stalled (raise timeout_ms for slow steps)",
+				 cl->timeout_ms);
+			req_finish(r);
+		}
+	}
+}
+
+static int next_timeout_ms(struct rps_client *cl, uint64_t now)
+{
+	uint64_t soonest = now + 50ull * 1000000ull;
+	struct shard_op *op;
+
+	for (op = cl->backoff; op; op = op->next)
+		soonest = RPS__MIN(soonest, op->retry_at);
+	if (soonest <= now)
+		return 0;
+	return (int)((soonest - now + 999999ull) / 1000000ull);
+}
+
+static void *progress_main(void *arg)
+{
+	struct rps_client *cl = arg;
+	struct rps__wc wc[32];
+	int i, n;
+
+	pthread_mutex_lock(&cl->lock);
+	while (!cl->stopping) {
+		struct pollfd pfd[2];
+		uint64_t now;
+
+		n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
+		for (i = 0; i < n; i++)
+			on_completion(cl, &wc[i]);
+		for (i = 0; i < cl->nservers; i++)
+			if (cl->conns[i].dead && cl->conns[i].ep)
+				conn_kill(cl, &cl->conns[i]);
+		now = rps__now_ns();
+		run_timers(cl, now);
+		if (n > 0)
+			continue;
+		rps__cq_arm(cl->cq);
+		n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
+		for (i = 0; i < n; i++)
+			on_completion(cl, &wc[i]);
+		if (n > 0)
+			continue;
+		pfd[0] = (struct pollfd){ .fd = rps__cq_fd(cl->cq), .events = POLLIN };
+		pfd[1] = (struct pollfd){ .fd = cl->wake_fd, .events = POLLIN };
+		i = next_timeout_ms(cl, now);
+		pthread_mutex_unlock(&cl->lock);
+		poll(pfd, 2, i);
+		if (pfd[1].revents) {
+			uint64_t v;
+			ssize_t r = read(cl->wake_fd, &v, sizeof(v));
+			(void)r;
+		}
+		pthread_mutex_lock(&cl->lock);
+	}
+	pthread_mutex_unlock(&cl->lock);
+	return NULL;
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+static struct rps_request *req_new(struct rps_client *cl, uint32_t nops)
+{
+	struct rps_request *r = calloc(1, sizeof(*r) + nops * sizeof(struct shard_op));
+
+	if (!r)
+		return NULL;
+	r->cl = cl;
+	r->nops = nops;
+	r->remaining = (int)nops;
+	r->min_version_seen = UINT64_MAX;
+	return r;
+}
+
+static void req_arm_deadline(struct rps_client *cl, struct rps_request *r)
+{
+	r->deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	r->dnext = cl->deadlines;
+	if (cl->deadlines)
+		cl->deadlines->dprev = r;
+	cl->deadlines = r;
+}
+
+/* Wait for r with the lock held and return its status.  The caller then
+ * calls req_collect() (after copying anything it needs out of r). */
+static int req_wait_locked(struct rps_client *cl, struct rps_request *r)
+{
+	while (!r->done)
+		pthread_cond_wait(&cl->cond, &cl->lock);
+	return r->status;
+}
+
+static void req_collect(struct rps_request *r)
+{
+	if (r->status)
+		rps__seterr(r->status, "%s", r->msg);
+	r->waited = true;
+	req_maybe_free(r);
+}
+
+/* Send a control message to a set of servers and collect the replies. */
+static int ctrl_call(struct rps_client *cl, unsigned type, const void *body, size_t len,
+		     const bool *to, size_t reply_len, void *replies, int32_t *rstatus)
+{
+	struct rps_request *r = req_new(cl, 0);
+	int i, n = 0, status;
+
+	if (!r)
+		return rps__seterr(-ENOMEM, "out of memory");
+	r->kind = REQ_CTRL;
+	r->reply_len = reply_len;
+	r->replies = calloc((size_t)cl->nservers, reply_len ? reply_len : 1);
+	r->rstatus = calloc((size_t)cl->nservers, sizeof(int32_t));
+	if (!r->replies || !r->rstatus) {
+		req_free(r);
+		return rps__seterr(-ENOMEM, "out of memory");
+	}
+	pthread_mutex_lock(&cl->lock);
+	for (i = 0; i < cl->nservers; i++) {
+		struct conn *c = &cl->conns[i];
+		int e;
+		if (!to[i])
+			continue;
+		n++;
+		r->remaining++;
+		if (c->dead || (e = ctrl_take(c)) < 0) {
+			r->rstatus[i] = c->dead ? (c->err ? c->err : -ECONNRESET) : -EBUSY;
+			req_part_done_at(r, r->rstatus[i], c);
+			continue;
+		}
+		c->ctrl[e].req = r;
+		c->ctrl[e].server = i;
+		send_ctrl(c, (uint32_t)e, type, body, len);
+	}
+	if (n == 0 || r->remaining == 0) {
+		r->done = true;
+	} else {
+		req_arm_deadline(cl, r);
+		if (type == RPS__MSG_BARRIER)
+			r->deadline = 0;	/* a barrier waits for the slowest worker */
+	}
+	wake_progress(cl);
+	status = req_wait_locked(cl, r);
+	if (replies && reply_len)
+		memcpy(replies, r->replies, (size_t)cl->nservers * reply_len);
+	if (rstatus)
+		memcpy(rstatus, r->rstatus, (size_t)cl->nservers * sizeof(int32_t));
+	req_collect(r);
+	pthread_mutex_unlock(&cl->lock);
+	return status;
+}
+
+/* ---- connection setup ------------------------------------------------- */
+
+#define MAX_SLOTS 64u	/* we use at most this many of a server's slots */
+
+static int alloc_reg(struct rps_client *cl, size_t len, int access, char **buf, struct rps__mr **mr)
+{
+	void *p = NULL;
+	int ret;
+
+	if (posix_memalign(&p, 4096, RPS__ALIGN_UP(len, 4096)))
+		return rps__seterr(-ENOMEM, "out of memory for %zu bytes of buffers", len);
+	memset(p, 0, len);
+	ret = rps__mr_reg(cl->fab, p, len, access, mr);
+	if (ret) {
+		free(p);
+		return ret;
+	}
+	*buf = p;
+	return 0;
+}
+
+static void free_reg(char **buf, struct rps__mr **mr)
+{
+	rps__mr_dereg(*mr);
+	*mr = NULL;
+	free(*buf);
+	*buf = NULL;
+}
+
+static void conn_free(struct conn *c)
+{
+	if (c->ep)
+		rps__ep_close(c->ep);
+	c->ep = NULL;
+	free_reg(&c->pbufs, &c->pbufs_mr);
+	free_reg(&c->bbufs, &c->bbufs_mr);
+	free_reg((char **)&c->atomics, &c->atomics_mr);
+	free_reg(&c->rbufs, &c->rbufs_mr);
+	free_reg(&c->sbufs, &c->sbufs_mr);
+	free(c->free_slots);
+	free(c->free_bounce);
+	c->free_slots = c->free_bounce = NULL;
+}
+
+/* HELLO before the progress thread runs: poll the CQ here. */
+static int hello_sync(struct rps_client *cl, struct conn *c)
+{
+	struct rps__hello h = {
+		.magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = cl->rank,
+		.num_workers = cl->num_workers, .server_index = (uint32_t)c->index,
+		.nservers = (uint32_t)cl->nservers,
+	};
+	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	struct rps__wc wc;
+	int ret;
+
+	ret = send_ctrl(c, 0, RPS__MSG_HELLO, &h, sizeof(h));
+	if (ret)
+		return rps__preerr(ret, "%s: sending HELLO", c->name);
+	while (rps__now_ns() < deadline) {
+		struct rps__msg_hdr mh;
+		char *buf;
+		uint32_t i;
+
+		ret = rps__cq_wait(cl->cq, &wc, 1, 100);
+		if (ret < 0)
+			return ret;
+		if (ret == 0)
+			continue;
+		if (wc.status != RPS__WC_SUCCESS)
+			return rps__seterr(-ECONNRESET, "%s: connection failed during HELLO: %s", c->name,
+					   rps__wc_status_str(wc.status));
+		if ((wc.wr_id & 7u) != TAG_RECV)
+			continue;
+		i = (uint32_t)(wc.wr_id >> 3);
+		buf = c->rbufs + (size_t)i * RPS__MSG_MAX;
+		ret = rps__msg_check(buf, wc.byte_len);
+		if (ret)
+			return rps__preerr(ret, "%s", c->name);
+		memcpy(&mh, buf, sizeof(mh));
+		if (mh.type != RPS__MSG_HELLO_REP)
+			return rps__seterr(-EPROTO, "%s: expected HELLO_REP, got %s", c->name, rps__msg_type_name(mh.type));
+		if (mh.status)
+			return rps__seterr(mh.status, "%s: %s", c->name, status_text(mh.status));
+		memcpy(&c->hello, rps__msg_body(buf), sizeof(c->hello));
+		{
+			struct rps__sge sge = { .addr = buf, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
+			ret = rps__post_recv(c->ep, &sge, wc.wr_id);
+			if (ret)
+				return ret;
+		}
+		return 0;
+	}
+	return rps__seterr(-ETIMEDOUT, "%s: no HELLO reply within %d ms: is it an rdmapsd?", c->name, cl->timeout_ms);
+}
+
+static int conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri *u, int index)
+{
+	struct rps__conn_priv priv = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct rps__ep_attr attr = { 0 };
+	char reply[RPS__PRIVDATA_MAX + 1];
+	size_t reply_len = RPS__PRIVDATA_MAX;
+	uint32_t i;
+	int ret;
+
+	c->cl = cl;
+	c->index = index;
+	c->uri = *u;
+	rps__uri_str(u, c->name, sizeof(c->name));
+	c->nrecv = CTRL_CREDITS + MAX_SLOTS + 4;
+	ret = alloc_reg(cl, (size_t)c->nrecv * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->rbufs, &c->rbufs_mr);
+	if (ret)
+		return ret;
+	ret = alloc_reg(cl, (size_t)CTRL_CREDITS * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->sbufs, &c->sbufs_mr);
+	if (ret)
+		return ret;
+	attr.sq_depth = MAX_SLOTS * 3 + NBOUNCE * 2 + CTRL_CREDITS + 16;
+	attr.rq_depth = c->nrecv;
+	attr.max_inline = 64;
+	memset(reply, 0, sizeof(reply));
+	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv),
+			   cl->timeout_ms, reply, &reply_len, &c->ep);
+	if (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ')
+		return rps__seterr(ret, "%s refused the connection: %.*s", c->name, (int)reply_len, reply);
+	if (ret)
+		return rps__preerr(ret, "connecting to %s", c->name);
+	rps__ep_set_context(c->ep, c);
+	for (i = 0; i < c->nrecv; i++) {
+		struct rps__sge sge = { .addr = c->rbufs + (size_t)i * RPS__MSG_MAX, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
+		ret = rps__post_recv(c->ep, &sge, wrid_idx(i, TAG_RECV));
+		if (ret)
+			return ret;
+	}
+	ret = hello_sync(cl, c);
+	if (ret)
+		return ret;
+	c->nslots = RPS__MIN(c->hello.nslots, MAX_SLOTS);
+	c->bsize = rps__shard_stride(c->hello.shard_elems) + 64;
+	ret = alloc_reg(cl, (size_t)c->nslots * c->hello.slot_size, RPS__ACCESS_LOCAL, &c->pbufs, &c->pbufs_mr);
+	if (!ret)
+		ret = alloc_reg(cl, NBOUNCE * c->bsize, RPS__ACCESS_LOCAL, &c->bbufs, &c->bbufs_mr);
+	if (!ret)
+		ret = alloc_reg(cl, (size_t)c->nslots * 8, RPS__ACCESS_LOCAL, (char **)&c->atomics, &c->atomics_mr);
+	if (ret)
+		return ret;
+	c->free_slots = calloc(c->nslots, sizeof(uint32_t));
+	c->free_bounce = calloc(NBOUNCE, sizeof(uint32_t));
+	if (!c->free_slots || !c->free_bounce)
+		return rps__seterr(-ENOMEM, "out of memory");
+	for (i = 0; i < c->nslots; i++)
+		c->free_slots[i] = c->nslots - 1 - i;
+	c->nfree_slots = c->nslots;
+	for (i = 0; i < NBOUNCE; i++)
+		c->free_bounce[i] = NBOUNCE - 1 - i;
+	c->nfree_bounce = NBOUNCE;
+	c->nfree_ctrl = CTRL_CREDITS;
+	return 0;
+}
+
+static int fault_count(const char *spec, const char *name)
+{
+	size_t n = strlen(name);
+
+	if (spec && !strncmp(spec, name, n) && spec[n] == ':')
+		return atoi(spec + n + 1);
+	return 0;
+}
+
+/* ---- the API ------------------------------------------------------------- */
+
+RPS_EXPORT void rps_client_opts_init(struct rps_client_opts *opts)
+{
+	memset(opts, 0, sizeof(*opts));
+	opts->size = sizeof(*opts);
+	opts->num_workers = 1;
+	opts->timeout_ms = 30000;
+}
+
+RPS_EXPORT void rps_tensor_opts_init(struct rps_tensor_opts *opts)
+{
+	memset(opts, 0, sizeof(*opts));
+	opts->size = sizeof(*opts);
+	opts->dtype = RPS_DTYPE_F32;
+	opts->mode = RPS_MODE_SYNC;
+	opts->optimizer = RPS_OPT_SUM;
+	opts->lr = 0.01f;
+	opts->momentum = 0.9f;
+	opts->beta1 = 0.9f;
+	opts->beta2 = 0.999f;
+	opts->eps = 1e-8f;
+	opts->rescale = 1.0f;
+}
+
+RPS_EXPORT int rps_client_close(rps_client_t *cl)
+{
+	int i;
+
+	if (!cl)
+		return 0;
+	if (cl->thread_started) {
+		pthread_mutex_lock(&cl->lock);
+		cl->stopping = true;
+		pthread_mutex_unlock(&cl->lock);
+		wake_progress(cl);
+		pthread_join(cl->thread, NULL);
+	}
+	for (i = 0; cl->conns && i < cl->nservers; i++) {
+		if (cl->conns[i].ep) {
+			cl->conns[i].err = -ECANCELED;
+			conn_kill(cl, &cl->conns[i]);
+		}
+		conn_free(&cl->conns[i]);
+	}
+	free(cl->conns);
+	rps__cq_destroy(cl->cq);
+	rps__fabric_close(cl->fab);
+	if (cl->wake_fd >= 0)
+		close(cl->wake_fd);
+	pthread_cond_destroy(&cl->cond);
+	pthread_mutex_destroy(&cl->lock);
+	free(cl);
+	return 0;
+}
+
+RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client_t **out)
+{
+	struct rps__fabric_attr fattr = { 0 };
+	struct rps__uri *uris = NULL;
+	struct rps_client *cl;
+	int i, ret;
+
+	rps__clearerr();
+	if (!opts || !out || opts->size < offsetof(struct rps_client_opts, timeout_ms) + sizeof(int))
+		return rps__seterr(-EINVAL, "rps_client_connect: options not initialised with rps_client_opts_init()");
+	if (opts->num_workers < 1 || opts->rank < 0 || opts->rank >= opts->num_workers)
+		return rps__seterr(-EINVAL, "rps_client_connect: rank %d is not in 0..num_workers-1 (%d workers)",
+				   opts->rank, opts->num_workers);
+	cl = calloc(1, sizeof(*cl));
+	if (!cl)
+		return rps__seterr(-ENOMEM, "out of memory");
+	pthread_mutex_init(&cl->lock, NULL);
+	pthread_cond_init(&cl->cond, NULL);
+	cl->wake_fd = -1;
+	cl->rank = opts->rank;
+	cl->num_workers = opts->num_workers;
+	cl->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
+	cl->fault_kill_mid_push = fault_count(getenv("RPS_FAULT"), "kill-mid-push");
+	cl->fault_stop_after_lock = fault_count(getenv("RPS_FAULT"), "stop-after-lock");
+	ret = rps__uri_list_parse(opts->servers, &uris, &cl->nservers);
+	if (ret)
+		goto err;
+	cl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	cl->conns = calloc((size_t)cl->nservers, sizeof(*cl->conns));
+	if (cl->wake_fd < 0 || !cl->conns) {
+		ret = rps__seterr(-ENOMEM, "out of memory or file descriptors");
+		goto err;
+	}
+	fattr.kind = uris[0].kind;
+	fattr.host = uris[0].host;
+	ret = rps__fabric_open(&fattr, &cl->fab);
+	if (ret)
+		goto err;
+	ret = rps__cq_create(cl->fab, (uint32_t)cl->nservers * (MAX_SLOTS * 4 + NBOUNCE * 2 + CTRL_CREDITS * 2 + 32), &cl->cq);
+	if (ret)
+		goto err;
+	for (i = 0; i < cl->nservers; i++) {
+		ret = conn_setup(cl, &cl->conns[i], &uris[i], i);
+		if (ret)
+			goto err;
+		if (i && cl->conns[i].hello.shard_elems != cl->conns[0].hello.shard_elems) {
+			ret = rps__seterr(-EINVAL, "%s uses --shard-size %u but %s uses %u: give every rdmapsd the same",
+					  cl->conns[i].name, cl->conns[i].hello.shard_elems * 4,
+					  cl->conns[0].name, cl->conns[0].hello.shard_elems * 4);
+			goto err;
+		}
+	}
+	cl->shard_elems = cl->conns[0].hello.shard_elems;
+	ret = pthread_create(&cl->thread, NULL, progress_main, cl);
+	if (ret) {
+		ret = rps__seterr(-ret, "pthread_create: %s", strerror(ret));
+		goto err;
+	}
+	cl->thread_started = true;
+	free(uris);
+	*out = cl;
+	return 0;
+err:
+	{
+		char msg[512];
+		snprintf(msg, sizeof(msg), "%s", rps__errbuf());
+		free(uris);
+		rps_client_close(cl);
+		rps__seterr(ret, "%s", msg);
+	}
+	return ret;
+}
+
+static int spec_from_opts(const char *name, const struct rps_tensor_opts *o, int num_workers,
+			  struct rps__tensor_spec *sp)
+{
+	if (!o || o->size < offsetof(struct rps_tensor_opts, init) + sizeof(void *))
+		return rps__seterr(-EINVAL, "tensor '%s': options not initialised with rps_tensor_opts_init()", name);
+	if (!o->count)
+		return rps__seterr(-EINVAL, "tensor '%s': count must be at least 1", name);
+	if (!rps__dtype_size(o->dtype))
+		return rps__seterr(-EINVAL, "tensor '%s': unknown dtype %d", name, (int)o->dtype);
+	if (o->mode < RPS_MODE_SYNC || o->mode > RPS_MODE_ASYNC)
+		return rps__seterr(-EINVAL, "tensor '%s': unknown consistency mode %d", name, (int)o->mode);
+	if (o->optimizer < RPS_OPT_SUM || o->optimizer > RPS_OPT_ADAM)
+		return rps__seterr(-EINVAL, "tensor '%s': unknown optimizer %d", name, (int)o->optimizer);
+	memset(sp, 0, sizeof(*sp));
+	sp->count = o->count;
+	sp->dtype = (uint32_t)o->dtype;
+	sp->mode = (uint32_t)o->mode;
+	sp->staleness = o->mode == RPS_MODE_BOUNDED ? o->staleness : 0;
+	sp->optimizer = (uint32_t)o->optimizer;
+	sp->lr = o->lr;
+	sp->momentum = o->momentum;
+	sp->beta1 = o->beta1;
+	sp->beta2 = o->beta2;
+	sp->eps = o->eps;
+	sp->weight_decay = o->weight_decay;
+	sp->rescale = o->rescale;
+	sp->num_workers = o->mode == RPS_MODE_ASYNC ? 0 : num_workers;
+	sp->flags = o->init ? RPS__CREATE_HAS_INIT : 0;
+	return 0;
+}
+
+static int submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_request_t **async_out);
+
+static int tensor_setup(struct rps_client *cl, const char *name, struct rps__create *msg,
+			const struct rps_tensor_opts *o, rps_tensor_t **out)
+{
+	struct rps__create_rep *reps;
+	int32_t *rstatus;
+	bool *to;
+	struct rps_tensor *t = NULL;
+	int i, ret;
+
+	reps = calloc((size_t)cl->nservers, sizeof(*reps));
+	rstatus = calloc((size_t)cl->nservers, sizeof(*rstatus));
+	to = calloc((size_t)cl->nservers, sizeof(*to));
+	if (!reps || !rstatus || !to) {
+		ret = rps__seterr(-ENOMEM, "out of memory");
+		goto out;
+	}
+	for (i = 0; i < cl->nservers; i++)
+		to[i] = true;
+	ret = ctrl_call(cl, RPS__MSG_CREATE, msg, sizeof(*msg), to, sizeof(*reps), reps, rstatus);
+	if (ret) {
+		rps__preerr(ret, "tensor '%s'", name);
+		goto out;
+	}
+	for (i = 1; i < cl->nservers; i++)
+		if (memcmp(&reps[i].spec, &reps[0].spec, sizeof(reps[0].spec))) {
+			ret = rps__seterr(-EEXIST, "tensor '%s': servers disagree about its options (a stale tensor on one of them?)", name);
+			goto out;
+		}
+	t = calloc(1, sizeof(*t));
+	if (!t || !(t->at = calloc((size_t)cl->nservers, sizeof(*t->at)))) {
+		ret = rps__seterr(-ENOMEM, "out of memory");
+		goto out;
+	}
+	t->cl = cl;
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->spec = reps[0].spec;
+	ret = rps__layout_init(&t->layout, name, t->spec.count, cl->shard_elems, (uint32_t)cl->nservers);
+	if (ret)
+		goto out;
+	for (i = 0; i < cl->nservers; i++) {
+		if (reps[i].nlocal != rps__server_nshards(&t->layout, (uint32_t)i)) {
+			ret = rps__seterr(-EPROTO, "tensor '%s': %s holds %u shards where %u were expected (server list order?)",
+					  name, cl->conns[i].name, reps[i].nlocal, rps__server_nshards(&t->layout, (uint32_t)i));
+			goto out;
+		}
+		t->at[i].id = reps[i].tensor_id;
+		t->at[i].addr = reps[i].region_addr;
+		t->at[i].rkey = reps[i].region_rkey;
+		t->at[i].stride = reps[i].stride;
+		t->at[i].nlocal = reps[i].nlocal;
+	}
+	t->lock_guess = calloc(t->layout.nshards, sizeof(uint64_t));
+	t->lock_held = calloc(t->layout.nshards, sizeof(uint64_t));
+	if (!t->lock_guess || !t->lock_held) {
+		ret = rps__seterr(-ENOMEM, "out of memory");
+		goto out;
+	}
+	/* Initial values go to the servers on which this call created the
+	 * tensor; the others got them from whoever created it there. */
+	if (o && o->init) {
+		uint32_t n = 0, k = 0, s;
+		struct rps_request *r;
+		for (s = 0; s < t->layout.nshards; s++)
+			n += reps[rps__shard_server(&t->layout, s)].created ? 1u : 0u;
+		if (n) {
+			r = req_new(cl, n);
+			if (!r) {
+				ret = rps__seterr(-ENOMEM, "out of memory");
+				goto out;
+			}
+			r->kind = REQ_SHARDS;
+			for (s = 0; s < t->layout.nshards; s++) {
+				struct shard_op *op;
+				if (!reps[rps__shard_server(&t->layout, s)].created)
+					continue;
+				op = &r->ops[k++];
+				op->owner = op->req = r;
+				op->t = t;
+				op->c = &cl->conns[rps__shard_server(&t->layout, s)];
+				op->kind = OP_INIT;
+				op->shard = s;
+				op->src = o->init + rps__shard_first(&t->layout, s);
+			}
+			ret = submit_and_wait(cl, r, NULL);
+			if (ret) {
+				rps__preerr(ret, "tensor '%s': sending initial values", name);
+				goto out;
+			}
+		}
+	}
+	*out = t;
+	t = NULL;
+out:
+	if (t) {
+		free(t->at);
+		free(t->lock_guess);
+		free(t->lock_held);
+		free(t);
+	}
+	free(reps);
+	free(rstatus);
+	free(to);
+	return ret;
+}
+
+RPS_EXPORT int rps_tensor_create(rps_client_t *cl, const char *name, const struct rps_tensor_opts *opts,
+				 rps_tensor_t **out)
+{
+	struct rps__create msg;
+	int ret;
+
+	rps__clearerr();
+	if (!cl || !name || !out)
+		return rps__seterr(-EINVAL, "rps_tensor_create: NULL argument");
+	if (!*name || strlen(name) >= RPS__NAME_MAX)
+		return rps__seterr(-ENAMETOOLONG, "tensor name '%s': give 1 to %u bytes", name, RPS__NAME_MAX - 1);
+	memset(&msg, 0, sizeof(msg));
+	snprintf(msg.name, sizeof(msg.name), "%s", name);
+	ret = spec_from_opts(name, opts, cl->num_workers, &msg.spec);
+	if (ret)
+		return ret;
+	msg.flags = msg.spec.flags;
+	return tensor_setup(cl, name, &msg, opts, out);
+}
+
+RPS_EXPORT int rps_tensor_open(rps_client_t *cl, const char *name, rps_tensor_t **out)
+{
+	struct rps__create msg;
+
+	rps__clearerr();
+	if (!cl || !name || !out)
+		return rps__seterr(-EINVAL, "rps_tensor_open: NULL argument");
+	if (!*name || strlen(name) >= RPS__NAME_MAX)
+		return rps__seterr(-ENAMETOOLONG, "tensor name '%s': give 1 to %u bytes", name, RPS__NAME_MAX - 1);
+	memset(&msg, 0, sizeof(msg));
+	snprintf(msg.name, sizeof(msg.name), "%s", name);
+	msg.flags = RPS__CREATE_OPEN_ONLY;
+	return tensor_setup(cl, name, &msg, NULL, out);
+}
+
+RPS_EXPORT int rps_tensor_info(const rps_tensor_t *t, struct rps_tensor_opts *o)
+{
+	if (!t || !o || o->size < sizeof(*o))
+		return rps__seterr(-EINVAL, "rps_tensor_info: NULL argument or options not initialised");
+	rps_tensor_opts_init(o);
+	o->count = t->spec.count;
+	o->dtype = (enum rps_dtype)t->spec.dtype;
+	o->mode = (enum rps_mode)t->spec.mode;
+	o->staleness = t->spec.staleness;
+	o->optimizer = (enum rps_optimizer)t->spec.optimizer;
+	o->lr = t->spec.lr;
+	o->momentum = t->spec.momentum;
+	o->beta1 = t->spec.beta1;
+	o->beta2 = t->spec.beta2;
+	o->eps = t->spec.eps;
+	o->weight_decay = t->spec.weight_decay;
+	o->rescale = t->spec.rescale;
+	return 0;
+}
+
+RPS_EXPORT uint32_t rps_tensor_shards(const rps_tensor_t *t)
+{
+	return t ? t->layout.nshards : 0;
+}
+
+RPS_EXPORT void rps_tensor_close(rps_tensor_t *t)
+{
+	struct rps_client *cl;
+
+	if (!t)
+		return;
+	/* A lock release may still be in flight after the last push returned. */
+	cl = t->cl;
+	pthread_mutex_lock(&cl->lock);
+	while (t->live_ops)
+		pthread_cond_wait(&cl->cond, &cl->lock);
+	pthread_mutex_unlock(&cl->lock);
+	free(t->at);
+	free(t->lock_guess);
+	free(t->lock_held);
+	free(t);
+}
+
+/* Submit every op of r; wait unless async_out is given. */
+static int submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_request_t **async_out)
+{
+	uint32_t i;
+	int status;
+
+	pthread_mutex_lock(&cl->lock);
+	req_arm_deadline(cl, r);
+	r->remaining++;	/* hold completion until every op is submitted */
+	for (i = 0; i < r->nops; i++)
+		op_submit(&r->ops[i]);
+	if (--r->remaining == 0)
+		req_finish(r);
+	if (async_out) {
+		*async_out = r;
+		pthread_mutex_unlock(&cl->lock);
+		return 0;
+	}
+	status = req_wait_locked(cl, r);
+	req_collect(r);
+	pthread_mutex_unlock(&cl->lock);
+	return status;
+}
+
+static int push_start(rps_tensor_t *t, const void *grad, size_t nbytes, rps_request_t **async_out)
+{
+	struct rps_client *cl;
+	struct rps_request *r;
+	size_t esize;
+	uint64_t clock;
+	uint32_t s;
+
+	rps__clearerr();
+	if (!t || !grad)
+		return rps__seterr(-EINVAL, "rps_push: NULL argument");
+	cl = t->cl;
+	esize = rps__dtype_size((enum rps_dtype)t->spec.dtype);
+	if (nbytes != t->spec.count * esize)
+		return rps__seterr(-EMSGSIZE, "rps_push '%s': %zu bytes given, the tensor takes %llu %s elements = %llu bytes",
+				   t->name, nbytes, (unsigned long long)t->spec.count,
+				   rps__dtype_name((enum rps_dtype)t->spec.dtype),
+				   (unsigned long long)(t->spec.count * esize));
+	r = req_new(cl, t->layout.nshards);
+	if (!r)
+		return rps__seterr(-ENOMEM, "out of memory");
+	r->kind = REQ_SHARDS;
+	pthread_mutex_lock(&cl->lock);
+	clock = t->clock++;
+	for (s = 0; s < t->layout.nshards; s++) {
+		struct shard_op *op = &r->ops[s];
+		op->owner = op->req = r;
+		op->t = t;
+		op->c = &cl->conns[rps__shard_server(&t->layout, s)];
+		op->kind = OP_PUSH;
+		op->shard = s;
+		op->clock = clock;
+		op->push_id = ++cl->next_push_id;
+		op->src = (const char *)grad + rps__shard_first(&t->layout, s) * esize;
+	}
+	pthread_mutex_unlock(&cl->lock);
+	return submit_and_wait(cl, r, async_out);
+}
+
+static int pull_start(rps_tensor_t *t, float *out, size_t nbytes, uint64_t *version,
+		      rps_request_t **async_out)
+{
+	struct rps_client *cl;
+	struct rps_request *r;
+	uint64_t min_version = 0, min_clock = 0;
+	uint32_t s;
+
+	rps__clearerr();
+	if (!t || !out)
+		return rps__seterr(-EINVAL, "rps_pull: NULL argument");
+	cl = t->cl;
+	if (nbytes != t->spec.count * 4u)
+		return rps__seterr(-EMSGSIZE, "rps_pull '%s': %zu bytes given, the tensor returns %llu fp32 = %llu bytes",
+				   t->name, nbytes, (unsigned long long)t->spec.count,
+				   (unsigned long long)(t->spec.count * 4u));
+	r = req_new(cl, t->layout.nshards);
+	if (!r)
+		return rps__seterr(-ENOMEM, "out of memory");
+	r->kind = REQ_SHARDS;
+	r->version_out = version;
+	pthread_mutex_lock(&cl->lock);
+	if (t->spec.mode == RPS_MODE_SYNC)
+		min_version = t->clock;
+	else if (t->spec.mode == RPS_MODE_BOUNDED)
+		min_clock = t->clock > t->spec.staleness ? t->clock - t->spec.staleness : 0;
+	for (s = 0; s < t->layout.nshards; s++) {
+		struct shard_op *op = &r->ops[s];
+		op->owner = op->req = r;
+		op->t = t;
+		op->c = &cl->conns[rps__shard_server(&t->layout, s)];
+		op->kind = OP_PULL;
+		op->shard = s;
+		op->min_version = min_version;
+		op->min_clock = min_clock;
+		op->dst = out + rps__shard_first(&t->layout, s);
+	}
+	pthread_mutex_unlock(&cl->lock);
+	return submit_and_wait(cl, r, async_out);
+}
+
+RPS_EXPORT int rps_push(rps_tensor_t *t, const void *grad, size_t nbytes)
+{
+	return push_start(t, grad, nbytes, NULL);
+}
+
+RPS_EXPORT int rps_pull(rps_tensor_t *t, float *out, size_t nbytes, uint64_t *version)
+{
+	return pull_start(t, out, nbytes, version, NULL);
+}
+
+RPS_EXPORT int rps_push_start(rps_tensor_t *t, const void *grad, size_t nbytes, rps_request_t **req)
+{
+	if (!req)
+		return rps__seterr(-EINVAL, "rps_push_start: NULL request pointer");
+	return push_start(t, grad, nbytes, req);
+}
+
+RPS_EXPORT int rps_pull_start(rps_tensor_t *t, float *out, size_t nbytes, uint64_t *version,
+			      rps_request_t **req)
+{
+	if (!req)
+		return rps__seterr(-EINVAL, "rps_pull_start: NULL request pointer");
+	return pull_start(t, out, nbytes, version, req);
+}
+
+RPS_EXPORT int rps_test(rps_request_t *r, int *result)
+{
+	struct rps_client *cl;
+	int done;
+
+	if (!r)
+		return rps__seterr(-EINVAL, "rps_test: NULL request");
+	cl = r->cl;
+	pthread_mutex_lock(&cl->lock);
+	done = r->done;
+	if (done) {
+		if (result)
+			*result = r->status;
+		req_collect(r);
+	}
+	pthread_mutex_unlock(&cl->lock);
+	return done;
+}
+
+RPS_EXPORT int rps_wait(rps_request_t *r)
+{
+	struct rps_client *cl;
+	int status;
+
+	if (!r)
+		return rps__seterr(-EINVAL, "rps_wait: NULL request");
+	cl = r->cl;
+	pthread_mutex_lock(&cl->lock);
+	status = req_wait_locked(cl, r);
+	req_collect(r);
+	pthread_mutex_unlock(&cl->lock);
+	return status;
+}
+
+RPS_EXPORT int rps_barrier(rps_client_t *cl)
+{
+	struct rps__barrier b = { 0 };
+	bool *to;
+	int ret;
+
+	rps__clearerr();
+	if (!cl)
+		return rps__seterr(-EINVAL, "rps_barrier: NULL client");
+	to = calloc((size_t)cl->nservers, sizeof(*to));
+	if (!to)
+		return rps__seterr(-ENOMEM, "out of memory");
+	to[0] = true;	/* server 0 counts arrivals */
+	ret = ctrl_call(cl, RPS__MSG_BARRIER, &b, sizeof(b), to, 0, NULL, NULL);
+	free(to);
+	return ret;
+}
+
+RPS_EXPORT const char *rps_strerror(int err)
+{
+	switch (err) {
+	case 0: return "success";
+	case RPS_ESTALE_EPOCH: return "shard moved (stale epoch)";
+	case RPS_ELEASE: return "shard lock lease expired";
+	}
+	if (err < 0 && err > -4096) {
+		const char *s = strerrordesc_np(-err);
+		if (s)
+			return s;
+	}
+	return "unknown error";
+}
+
+RPS_EXPORT const char *rps_last_error(void)
+{
+	return rps__errbuf();
+}
+
+/* ---- internal hooks for psperf and tests (client.h) ------------------------ */
+
+static int lock_op(rps_tensor_t *t, uint32_t shard, enum op_kind kind)
+{
+	struct rps_client *cl;
+	struct rps_request *r;
+	struct shard_op *op;
+
+	if (!t || shard >= t->layout.nshards)
+		return rps__seterr(-EINVAL, "shard %u: no such shard", shard);
+	if (t->spec.mode == RPS_MODE_SYNC)
+		return rps__seterr(-EINVAL, "tensor '%s': sync tensors have no shard lock", t->name);
+	if (kind == OP_UNLOCK && !t->lock_held[shard])
+		return rps__seterr(-EINVAL, "shard %u: not locked by us", shard);
+	cl = t->cl;
+	r = req_new(cl, 1);
+	if (!r)
+		return rps__seterr(-ENOMEM, "out of memory");
+	r->kind = REQ_SHARDS;
+	op = &r->ops[0];
+	op->owner = op->req = r;
+	op->t = t;
+	op->c = &cl->conns[rps__shard_server(&t->layout, shard)];
+	op->kind = kind;
+	op->shard = shard;
+	op->held = t->lock_held[shard];
+	return submit_and_wait(cl, r, NULL);
+}
+
+int rps__tensor_lock(rps_tensor_t *t, uint32_t shard)
+{
+	return lock_op(t, shard, OP_LOCK);
+}
+
+int rps__tensor_unlock(rps_tensor_t *t, uint32_t shard)
+{
+	return lock_op(t, shard, OP_UNLOCK);
+}
+
+const char *rps__client_fabric_name(const rps_client_t *cl)
+{
+	return rps__fabric_name(cl->fab);
+}
+
+uint32_t rps__client_shard_bytes(const rps_client_t *cl)
+{
+	return cl->shard_elems * 4u;
+}

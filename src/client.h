@@ -1,0 +1,19 @@
+/*
+ * client.h - internal hooks of librdmaps for psperf and the tests; not part
+ * of the public API (rdmaps.h) and not exported from the shared library.
+ */
+#ifndef RPS_CLIENT_H
+#define RPS_CLIENT_H
+
+#include "rdmaps.h"
+
+/* Take / release the version lock of one shard of an async or bounded
+ * tensor, with RDMA compare-and-swap, as a push does (for benchmarks of the
+ * lock alone).  Unlock leaves the lock version as it was. */
+int rps__tensor_lock(rps_tensor_t *t, uint32_t shard);
+int rps__tensor_unlock(rps_tensor_t *t, uint32_t shard);
+/* "tcp", "rxe0", "mlx5_0" */
+const char *rps__client_fabric_name(const rps_client_t *cl);
+uint32_t rps__client_shard_bytes(const rps_client_t *cl);
+
+#endif

@@ -1,0 +1,108 @@
+/*
+ * proto.c - building and validating wire messages (see proto.h).
+ * Everything a peer sends is checked here before anyone reads a field.
+ */
+#include "config.h"
+#include "proto.h"
+#include "common.h"
+
+#include <errno.h>
+#include <string.h>
+
+_Static_assert(sizeof(struct rps__msg_hdr) == 24, "message header layout");
+_Static_assert(sizeof(struct rps__push_desc) == RPS__PUSH_DESC_SIZE, "push descriptor layout");
+_Static_assert(sizeof(struct rps__create) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "CREATE fits");
+_Static_assert(sizeof(struct rps__create_rep) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "CREATE_REP fits");
+_Static_assert(sizeof(struct rps__conn_priv) <= 56, "connect private data fits an IB CM REQ");
+
+static const struct {
+	const char *name;
+	size_t body;
+} msg_types[RPS__MSG_TYPE_MAX] = {
+	[RPS__MSG_HELLO] = { "HELLO", sizeof(struct rps__hello) },
+	[RPS__MSG_HELLO_REP] = { "HELLO_REP", sizeof(struct rps__hello_rep) },
+	[RPS__MSG_CREATE] = { "CREATE", sizeof(struct rps__create) },
+	[RPS__MSG_CREATE_REP] = { "CREATE_REP", sizeof(struct rps__create_rep) },
+	[RPS__MSG_PUSH_ACK] = { "PUSH_ACK", sizeof(struct rps__push_ack) },
+	[RPS__MSG_WAIT] = { "WAIT", sizeof(struct rps__wait) },
+	[RPS__MSG_WAIT_REP] = { "WAIT_REP", sizeof(struct rps__wait_rep) },
+	[RPS__MSG_BARRIER] = { "BARRIER", sizeof(struct rps__barrier) },
+	[RPS__MSG_BARRIER_REP] = { "BARRIER_REP", 0 },
+};
+
+long rps__msg_body_size(unsigned type)
+{
+	if (type == 0 || type >= RPS__MSG_TYPE_MAX)
+		return -1;
+	return (long)msg_types[type].body;
+}
+
+const char *rps__msg_type_name(unsigned type)
+{
+	if (type == 0 || type >= RPS__MSG_TYPE_MAX)
+		return "unknown";
+	return msg_types[type].name;
+}
+
+size_t rps__msg_build(void *buf, unsigned type, uint64_t req_id, int32_t status,
+		      const void *body, size_t body_len)
+{
+	struct rps__msg_hdr h = {
+		.magic = RPS__MSG_MAGIC,
+		.type = (uint8_t)type,
+		.len = (uint32_t)(sizeof(h) + body_len),
+		.req_id = req_id,
+		.status = status,
+	};
+
+	memcpy(buf, &h, sizeof(h));
+	if (body_len)
+		memcpy((char *)buf + sizeof(h), body, body_len);
+	return sizeof(h) + body_len;
+}
+
+int rps__msg_check(const void *buf, size_t len)
+{
+	struct rps__msg_hdr h;
+	long body;
+
+	if (len < sizeof(h))
+		return rps__seterr(-EBADMSG, "malformed message: %zu bytes is shorter than a header", len);
+	memcpy(&h, buf, sizeof(h));
+	if (h.magic != RPS__MSG_MAGIC)
+		return rps__seterr(-EBADMSG, "malformed message: bad magic 0x%04x", h.magic);
+	if (h.len != len)
+		return rps__seterr(-EBADMSG, "malformed message: header says %u bytes, %zu arrived", h.len, len);
+	body = rps__msg_body_size(h.type);
+	if (body < 0)
+		return rps__seterr(-EBADMSG, "malformed message: unknown type %u", h.type);
+	/* Error replies may omit the body. */
+	if (len - sizeof(h) != (size_t)body && !(h.status < 0 && len == sizeof(h)))
+		return rps__seterr(-EBADMSG, "malformed %s message: body of %zu bytes, expected %ld",
+				   rps__msg_type_name(h.type), len - sizeof(h), body);
+	if (h.type == RPS__MSG_CREATE) {
+		const struct rps__create *c = (const void *)((const char *)buf + sizeof(h));
+		if (!memchr(c->name, '\0', sizeof(c->name)) || !c->name[0])
+			return rps__seterr(-EBADMSG, "malformed CREATE message: tensor name not terminated or empty");
+	}
+	if (h.type == RPS__MSG_HELLO || h.type == RPS__MSG_HELLO_REP) {
+		uint64_t magic;
+		memcpy(&magic, (const char *)buf + sizeof(h), sizeof(magic));
+		if (len > sizeof(h) && magic != RPS__HELLO_MAGIC)
+			return rps__seterr(-EPROTO, "peer speaks another byte order or protocol (hello magic 0x%016llx)",
+					   (unsigned long long)magic);
+	}
+	return 0;
+}
+
+int rps__desc_check(const struct rps__push_desc *d, size_t slot_size)
+{
+	if (d->magic != RPS__DESC_MAGIC)
+		return rps__seterr(-EBADMSG, "malformed push: bad descriptor magic 0x%08x", d->magic);
+	if (d->kind != RPS__PUSH_GRAD && d->kind != RPS__PUSH_INIT)
+		return rps__seterr(-EBADMSG, "malformed push: unknown kind %u", d->kind);
+	if ((size_t)d->nbytes > slot_size - RPS__PUSH_DESC_SIZE)
+		return rps__seterr(-EBADMSG, "malformed push: %u data bytes exceed the %zu-byte slot",
+				   d->nbytes, slot_size - RPS__PUSH_DESC_SIZE);
+	return 0;
+}

@@ -1,0 +1,182 @@
+/*
+ * proto.h - the wire protocol between librdmaps and rdmapsd, above the
+ * transport.
+ *
+ * Two kinds of traffic:
+ *  - Control messages travel as SEND/RECV into pre-posted receive buffers of
+ *    RPS__MSG_MAX bytes: a 24-byte header, then a type-specific body.  Every
+ *    request carries a req_id that the reply echoes.
+ *  - Gradients travel one-sided: the worker writes a 64-byte push descriptor
+ *    followed by the data into one of the staging slots the server gave its
+ *    connection, with a single WRITE_WITH_IMM whose immediate is the slot
+ *    number.  The server answers with a PUSH_ACK message.
+ *
+ * Structures are fixed-layout, host byte order; HELLO carries a magic that
+ * reveals a byte-order mismatch.  rps__msg_check() validates everything a
+ * peer controls (length, type, terminated strings) before a body is used.
+ */
+#ifndef RPS_PROTO_H
+#define RPS_PROTO_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#define RPS__PROTO_VERSION 1u
+#define RPS__MSG_MAGIC 0x5053u		/* "SP" */
+#define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
+#define RPS__HELLO_MAGIC 0x0102030405060708ull
+#define RPS__MSG_MAX 512u
+#define RPS__NAME_MAX 64u		/* including the terminating NUL */
+#define RPS__PUSH_DESC_SIZE 64u
+
+enum rps__msg_type {
+	RPS__MSG_HELLO = 1,
+	RPS__MSG_HELLO_REP,
+	RPS__MSG_CREATE,
+	RPS__MSG_CREATE_REP,
+	RPS__MSG_PUSH_ACK,
+	RPS__MSG_WAIT,
+	RPS__MSG_WAIT_REP,
+	RPS__MSG_BARRIER,
+	RPS__MSG_BARRIER_REP,
+	RPS__MSG_TYPE_MAX
+};
+
+struct rps__msg_hdr {
+	uint16_t magic;
+	uint8_t type;
+	uint8_t flags;
+	uint32_t len;		/* header + body */
+	uint64_t req_id;
+	int32_t status;		/* replies: 0 or a negative errno / RPS_E* */
+	uint32_t reserved;
+};
+
+/* Private data of the transport-level connect request. */
+struct rps__conn_priv {
+	uint32_t magic;		/* RPS__DESC_MAGIC */
+	uint16_t version;
+	uint16_t role;		/* 1 = worker */
+};
+
+struct rps__hello {
+	uint64_t magic;		/* RPS__HELLO_MAGIC */
+	uint32_t version;
+	int32_t rank;
+	int32_t num_workers;
+	uint32_t server_index;	/* where the client's list puts this server */
+	uint32_t nservers;	/* length of the client's list */
+	uint32_t reserved;
+};
+
+struct rps__hello_rep {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t server_index;	/* this server's place in its --cluster list */
+	uint32_t nservers;
+	uint32_t shard_elems;	/* cluster-wide shard size */
+	uint32_t nslots;	/* staging slots of this connection */
+	uint32_t slot_size;	/* bytes per slot, descriptor included */
+	uint64_t slot_addr;
+	uint32_t slot_rkey;
+	uint32_t owner;		/* this connection's lock owner id */
+	uint32_t lease_ms;
+	uint32_t reserved;
+};
+
+enum rps__create_flags {
+	RPS__CREATE_OPEN_ONLY = 1u << 0,	/* fail with -ENOENT instead of creating */
+	RPS__CREATE_HAS_INIT = 1u << 1,		/* initial values follow via INIT pushes */
+};
+
+struct rps__tensor_spec {
+	uint64_t count;
+	uint32_t dtype;
+	uint32_t mode;
+	uint32_t staleness;
+	uint32_t optimizer;
+	float lr, momentum, beta1, beta2, eps, weight_decay, rescale;
+	int32_t num_workers;
+	uint32_t flags;		/* RPS__CREATE_HAS_INIT is part of the identity */
+	uint32_t reserved;
+};
+
+struct rps__create {
+	char name[RPS__NAME_MAX];
+	struct rps__tensor_spec spec;
+	uint32_t flags;		/* rps__create_flags */
+	uint32_t reserved;
+};
+
+struct rps__create_rep {
+	struct rps__tensor_spec spec;	/* the tensor as it exists */
+	uint32_t tensor_id;
+	uint32_t created;	/* 1 if this request created it (send INIT if HAS_INIT) */
+	uint64_t region_addr;	/* this server's shards of the tensor */
+	uint32_t region_rkey;
+	uint32_t nlocal;
+	uint64_t stride;
+};
+
+struct rps__wait {
+	uint32_t tensor_id;
+	uint32_t shard;
+	uint64_t min_version;	/* reply once version >= this */
+	uint64_t min_clock;	/* and min_clock >= this */
+};
+
+struct rps__wait_rep {
+	uint64_t version;
+	uint64_t min_clock;
+};
+
+struct rps__barrier {
+	uint64_t generation;
+};
+
+struct rps__push_ack {
+	uint32_t slot;
+	uint32_t shard;
+	uint64_t version;	/* the shard's version after this push was taken */
+	uint64_t lock;		/* async/bounded: the lock word the push ran under */
+};
+
+enum rps__push_kind {
+	RPS__PUSH_GRAD = 1,
+	RPS__PUSH_INIT = 2,	/* initial values (fp32), from the creator */
+};
+
+/* At the start of a staging slot, written with the data in one WRITE_IMM. */
+struct rps__push_desc {
+	uint32_t magic;		/* RPS__DESC_MAGIC */
+	uint16_t kind;		/* rps__push_kind */
+	uint16_t dtype;
+	uint32_t tensor_id;
+	uint32_t shard;		/* global shard index */
+	uint32_t nbytes;	/* data bytes after the descriptor */
+	int32_t rank;
+	uint64_t clock;		/* the worker's pushes to this tensor before this one */
+	uint64_t lock;		/* async/bounded: the lock word the worker holds */
+	uint64_t push_id;	/* unique per worker: duplicates are refused */
+	uint64_t epoch;
+	uint64_t reserved;
+};
+
+/* Validate a received message: length, magic, type, body size for its
+ * type, NUL-terminated strings.  Returns 0 or -EBADMSG with a message. */
+int rps__msg_check(const void *buf, size_t len);
+/* Body size expected for a type (0 if none, -1 unknown). */
+long rps__msg_body_size(unsigned type);
+/* Build header+body into buf (>= RPS__MSG_MAX); returns total length. */
+size_t rps__msg_build(void *buf, unsigned type, uint64_t req_id, int32_t status,
+		      const void *body, size_t body_len);
+static inline void *rps__msg_body(void *buf)
+{
+	return (char *)buf + sizeof(struct rps__msg_hdr);
+}
+const char *rps__msg_type_name(unsigned type);
+
+/* Validate a push descriptor found in a slot of slot_size bytes. */
+int rps__desc_check(const struct rps__push_desc *d, size_t slot_size);
+
+#endif

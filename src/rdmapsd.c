@@ -1,0 +1,222 @@
+/*
+ * rdmapsd.c - the rdmaps server daemon: parses options, runs the server core
+ * (server.c) until SIGTERM or SIGINT, and shuts down cleanly.
+ */
+#include "config.h"
+#include "common.h"
+#include "server.h"
+#include "uri.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static struct rps__server *the_server;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	if (the_server)
+		rps__server_stop(the_server);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: rdmapsd [options]\n"
+		"  -l, --listen URI          tcp://HOST:PORT or verbs://ADDR:PORT (default tcp://127.0.0.1:7000)\n"
+		"  -c, --cluster LIST        comma-separated URIs of every server, in the same order everywhere\n"
+		"  -i, --index N             this server's place in --cluster (default: found by --listen)\n"
+		"  -s, --shard-size BYTES    parameter bytes per shard, same on every server (default 1M)\n"
+		"  -S, --slots N             staging slots per worker connection (default 8)\n"
+		"  -L, --lease-ms MS         break a shard lock held longer than this (default 5000)\n"
+		"  -m, --memory-limit BYTES  cap on shard + staging memory (default: none)\n"
+		"  -C, --max-connections N   worker connections at once (default 64)\n"
+		"      --spin-us US          busy-poll this long before sleeping (default 0)\n"
+		"  -p, --port-file PATH      write the listening port here once ready\n"
+		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
+		"  -h, --help                this text\n"
+		"  -V, --version             print the version\n");
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || v < 0)
+		return -EINVAL;
+	switch (*end) {
+	case 'k': case 'K': v *= 1024; end++; break;
+	case 'm': case 'M': v *= 1024 * 1024; end++; break;
+	case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
+	default: break;
+	}
+	if (*end == 'i' || *end == 'B')
+		end++;
+	if (*end == 'B')
+		end++;
+	if (*end)
+		return -EINVAL;
+	*out = (size_t)v;
+	return 0;
+}
+
+static int parse_uint(const char *s, const char *what, uint32_t *out)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v > UINT32_MAX) {
+		fprintf(stderr, "rdmapsd: %s: '%s' is not a number\n", what, s);
+		return -EINVAL;
+	}
+	*out = (uint32_t)v;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "listen", required_argument, NULL, 'l' },
+		{ "cluster", required_argument, NULL, 'c' },
+		{ "index", required_argument, NULL, 'i' },
+		{ "shard-size", required_argument, NULL, 's' },
+		{ "slots", required_argument, NULL, 'S' },
+		{ "lease-ms", required_argument, NULL, 'L' },
+		{ "memory-limit", required_argument, NULL, 'm' },
+		{ "max-connections", required_argument, NULL, 'C' },
+		{ "spin-us", required_argument, NULL, 1 },
+		{ "port-file", required_argument, NULL, 'p' },
+		{ "log-level", required_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct rps__server_config cfg;
+	const char *port_file = NULL;
+	struct sigaction sa;
+	char uri[300];
+	size_t sz;
+	uint32_t u;
+	int c, ret;
+
+	rps__server_config_init(&cfg);
+	rps__log_level = RPS__LOG_INFO;
+	while ((c = getopt_long(argc, argv, "l:c:i:s:S:L:m:C:p:v:hV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'l':
+			if (rps__uri_parse(optarg, &cfg.listen)) {
+				fprintf(stderr, "rdmapsd: --listen: %s\n", rps__errbuf());
+				return 2;
+			}
+			break;
+		case 'c':
+			cfg.cluster = optarg;
+			break;
+		case 'i':
+			if (parse_uint(optarg, "--index", &u))
+				return 2;
+			cfg.index = (int)u;
+			break;
+		case 's':
+			if (parse_size(optarg, &sz) || sz > UINT32_MAX) {
+				fprintf(stderr, "rdmapsd: --shard-size: '%s' is not a size (e.g. 1M)\n", optarg);
+				return 2;
+			}
+			cfg.shard_bytes = (uint32_t)sz;
+			break;
+		case 'S':
+			if (parse_uint(optarg, "--slots", &cfg.nslots))
+				return 2;
+			break;
+		case 'L':
+			if (parse_uint(optarg, "--lease-ms", &cfg.lease_ms))
+				return 2;
+			break;
+		case 'm':
+			if (parse_size(optarg, &cfg.mem_limit)) {
+				fprintf(stderr, "rdmapsd: --memory-limit: '%s' is not a size (e.g. 4G)\n", optarg);
+				return 2;
+			}
+			break;
+		case 'C':
+			if (parse_uint(optarg, "--max-connections", &cfg.max_conns))
+				return 2;
+			break;
+		case 1:
+			if (parse_uint(optarg, "--spin-us", &u))
+				return 2;
+			cfg.spin_us = (int)u;
+			break;
+		case 'p':
+			port_file = optarg;
+			break;
+		case 'v':
+			if (!strcasecmp(optarg, "error")) rps__log_level = RPS__LOG_ERROR;
+			else if (!strcasecmp(optarg, "warn")) rps__log_level = RPS__LOG_WARN;
+			else if (!strcasecmp(optarg, "info")) rps__log_level = RPS__LOG_INFO;
+			else if (!strcasecmp(optarg, "debug")) rps__log_level = RPS__LOG_DEBUG;
+			else {
+				fprintf(stderr, "rdmapsd: --log-level: say error, warn, info or debug\n");
+				return 2;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("rdmapsd %s\n", PACKAGE_VERSION);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "rdmapsd: unexpected argument '%s'\n", argv[optind]);
+		usage(stderr);
+		return 2;
+	}
+
+	ret = rps__server_create(&cfg, &the_server);
+	if (ret) {
+		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+		return 1;
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	cfg.listen.port = rps__server_port(the_server);
+	rps__log(RPS__LOG_INFO, "rdmapsd %s serving on %s (device %s), shards of %u bytes, %u staging slots per worker",
+		 PACKAGE_VERSION, rps__uri_str(&cfg.listen, uri, sizeof(uri)),
+		 rps__server_fabric_name(the_server), cfg.shard_bytes, cfg.nslots);
+	if (port_file) {
+		char tmp[4096];
+		FILE *f;
+		snprintf(tmp, sizeof(tmp), "%s.tmp", port_file);
+		f = fopen(tmp, "w");
+		if (!f || fprintf(f, "%u\n", cfg.listen.port) < 0 || fclose(f) || rename(tmp, port_file)) {
+			fprintf(stderr, "rdmapsd: writing --port-file %s: %s\n", port_file, strerror(errno));
+			rps__server_destroy(the_server);
+			return 1;
+		}
+	}
+	ret = rps__server_run(the_server);
+	if (ret)
+		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+	rps__server_destroy(the_server);
+	rps__log(RPS__LOG_INFO, "rdmapsd stopped");
+	return ret ? 1 : 0;
+}

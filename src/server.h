@@ -1,0 +1,38 @@
+/*
+ * server.h - the parameter server core that rdmapsd runs: shards in
+ * registered memory, staging slots, aggregation, optimizers, consistency
+ * modes, lock leases.  One thread drives it (rps__server_run).
+ */
+#ifndef RPS_SERVER_H
+#define RPS_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "uri.h"
+
+struct rps__server;
+
+struct rps__server_config {
+	struct rps__uri listen;		/* where to accept workers */
+	const char *cluster;		/* static cluster list (NULL: just this server) */
+	int index;			/* this server's place in the list (-1: find by address) */
+	uint32_t shard_bytes;		/* parameter bytes per shard (fp32), cluster-wide */
+	uint32_t nslots;		/* staging slots per worker connection */
+	uint32_t lease_ms;		/* a shard lock held longer than this is broken */
+	uint32_t max_conns;		/* worker connections at once */
+	size_t mem_limit;		/* bytes for shards + staging; 0 = unlimited */
+	int spin_us;			/* busy-poll this long before sleeping */
+};
+
+void rps__server_config_init(struct rps__server_config *cfg);
+int rps__server_create(const struct rps__server_config *cfg, struct rps__server **out);
+/* Serve until rps__server_stop().  Returns 0 after a clean stop. */
+int rps__server_run(struct rps__server *srv);
+/* Async-signal-safe: ask rps__server_run to return. */
+void rps__server_stop(struct rps__server *srv);
+void rps__server_destroy(struct rps__server *srv);
+uint16_t rps__server_port(const struct rps__server *srv);
+const char *rps__server_fabric_name(const struct rps__server *srv);
+
+#endif

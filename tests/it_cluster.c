@@ -1,0 +1,749 @@
+/*
+ * it_cluster.c - multi-process integration tests of the data plane: real
+ * rdmapsd processes, workers in forked processes linked with librdmaps, over
+ * TCP on loopback (or verbs with RPS_IT_TRANSPORT=verbs RPS_IT_ADDR=...).
+ *
+ * Each consistency mode is checked against its invariant exactly:
+ *  - sync: parameters bit-identical to a single-process reference that sums
+ *    the workers in rank order, whatever order the pushes arrived in;
+ *  - async: integer-valued gradients, so the final values are exact, and the
+ *    version equals the number of pushes;
+ *  - bounded(k): no pull ever misses an update older than clock - k.
+ * Then failures: a worker killed half way through a push, a worker stalled
+ * holding a shard lock past its lease, a server killed, bad input.
+ */
+#include "config.h"
+#include "cluster.h"
+#include "agg.h"
+#include "optim.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+
+#define NSERVERS 2
+#define NWORKERS 4
+#define SHARD_BYTES (64 * 1024)		/* 16384 elements: tensors span shards */
+#define SERVER_ARGS "--shard-size 64K --slots 4 --lease-ms 400"
+
+static struct it_cluster cluster;
+static bool cluster_up;
+
+static int connect_worker(const char *servers, int rank, int nworkers, rps_client_t **cl)
+{
+	struct rps_client_opts o;
+
+	rps_client_opts_init(&o);
+	o.servers = servers;
+	o.rank = rank;
+	o.num_workers = nworkers;
+	o.timeout_ms = 20000;
+	return rps_client_connect(&o, cl);
+}
+
+static void jitter(uint64_t *seed)
+{
+	struct timespec ts = { 0, (long)(it_rand(seed) % 3000) * 1000L };
+	nanosleep(&ts, NULL);
+}
+
+static int fail(const char *what, int ret)
+{
+	fprintf(stderr, "worker: %s: %d (%s): %s\n", what, ret, rps_strerror(ret), rps_last_error());
+	return 1;
+}
+
+/* ---- sync: bit-identical to a reference ------------------------------- */
+
+struct sync_arg {
+	uint64_t count;
+	int steps;
+	enum rps_dtype dtype;
+	enum rps_optimizer opt;
+	const char *name;
+};
+
+static void sync_grad(const struct sync_arg *a, int rank, int step, void *out)
+{
+	uint64_t seed = 0x9e3779b97f4a7c15ull ^ ((uint64_t)rank << 32) ^ (uint64_t)(step + 1);
+	float *tmp = malloc(a->count * sizeof(float));
+	uint64_t i;
+
+	for (i = 0; i < a->count; i++)
+		tmp[i] = it_randf(&seed) * (float)(rank + 1);
+	rps__f32_to_dtype(out, tmp, a->dtype, a->count);
+	free(tmp);
+}
+
+static void sync_init(const struct sync_arg *a, float *p)
+{
+	uint64_t seed = 42, i;
+
+	for (i = 0; i < a->count; i++)
+		p[i] = it_randf(&seed);
+}
+
+static void sync_opts(const struct sync_arg *a, struct rps_tensor_opts *o, const float *init)
+{
+	rps_tensor_opts_init(o);
+	o->count = a->count;
+	o->dtype = a->dtype;
+	o->mode = RPS_MODE_SYNC;
+	o->optimizer = a->opt;
+	o->lr = 0.05f;
+	o->weight_decay = a->opt == RPS_OPT_SUM ? 0.0f : 0.01f;
+	o->rescale = 1.0f / NWORKERS;
+	o->init = init;
+}
+
+static int sync_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct sync_arg *a = arg;
+	size_t esize = rps__dtype_size(a->dtype);
+	void *g = malloc(a->count * esize);
+	float *p = malloc(a->count * sizeof(float)), *init = malloc(a->count * sizeof(float));
+	uint64_t seed = (uint64_t)rank * 7919 + 1, version = 0;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int s, ret;
+
+	sync_init(a, init);
+	sync_opts(a, &o, init);
+	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
+		return fail("connect", ret);
+	if ((ret = rps_tensor_create(cl, a->name, &o, &t)))
+		return fail("create", ret);
+	if ((ret = rps_barrier(cl)))
+		return fail("barrier", ret);
+	for (s = 0; s < a->steps; s++) {
+		sync_grad(a, rank, s, g);
+		jitter(&seed);	/* vary the arrival order between runs and steps */
+		if ((ret = rps_push(t, g, a->count * esize)))
+			return fail("push", ret);
+		if ((ret = rps_pull(t, p, a->count * sizeof(float), &version)))
+			return fail("pull", ret);
+		if (version != (uint64_t)s + 1) {
+			fprintf(stderr, "worker %d: step %d pulled version %llu\n", rank, s, (unsigned long long)version);
+			return 1;
+		}
+	}
+	it_write_all(out_fd, &version, sizeof(version));
+	it_write_all(out_fd, p, a->count * sizeof(float));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	free(init);
+	return 0;
+}
+
+static void run_sync(struct sync_arg *a)
+{
+	size_t esize = rps__dtype_size(a->dtype);
+	float *ref = malloc(a->count * sizeof(float)), *sum = malloc(a->count * sizeof(float));
+	float *got = malloc(a->count * sizeof(float));
+	float *state = calloc(rps__optim_state_len(a->opt, a->count) + 1, sizeof(float));
+	void *g = malloc(a->count * esize);
+	struct rps_tensor_opts o;
+	struct rps__optim opt;
+	struct it_workers w;
+	int r, s;
+
+	CU_ASSERT_FATAL(cluster_up);
+	/* The reference: one process, ranks summed in order, the same optimizer. */
+	sync_init(a, ref);
+	sync_opts(a, &o, NULL);
+	opt = (struct rps__optim){ .type = a->opt, .lr = o.lr, .momentum = o.momentum, .beta1 = o.beta1,
+				   .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
+				   .rescale = o.rescale };
+	for (s = 0; s < a->steps; s++) {
+		for (r = 0; r < NWORKERS; r++) {
+			sync_grad(a, r, s, g);
+			if (r == 0)
+				rps__agg_copy(sum, g, a->dtype, a->count);
+			else
+				rps__agg_add(sum, g, a->dtype, a->count);
+		}
+		rps__optim_apply(&opt, ref, sum, state, a->count, (uint64_t)s + 1);
+	}
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, sync_worker, cluster.servers, a, -1, NULL), 0);
+	for (r = 0; r < NWORKERS; r++) {
+		uint64_t version = 0;
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &version, sizeof(version)), 0);
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, got, a->count * sizeof(float)), 0);
+		CU_ASSERT_EQUAL(version, (uint64_t)a->steps);
+		CU_ASSERT_EQUAL(memcmp(got, ref, a->count * sizeof(float)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	free(ref);
+	free(sum);
+	free(got);
+	free(state);
+	free(g);
+}
+
+static void test_sync_adam_f32(void)
+{
+	struct sync_arg a = { .count = 40000, .steps = 6, .dtype = RPS_DTYPE_F32, .opt = RPS_OPT_ADAM, .name = "sync-adam" };
+	run_sync(&a);
+}
+
+static void test_sync_momentum_bf16(void)
+{
+	struct sync_arg a = { .count = 33333, .steps = 5, .dtype = RPS_DTYPE_BF16, .opt = RPS_OPT_MOMENTUM, .name = "sync-mom-bf16" };
+	run_sync(&a);
+}
+
+static void test_sync_sgd_f16(void)
+{
+	struct sync_arg a = { .count = 20001, .steps = 4, .dtype = RPS_DTYPE_F16, .opt = RPS_OPT_SGD, .name = "sync-sgd-f16" };
+	run_sync(&a);
+}
+
+/* ---- async: exact integer sums, version == pushes ----------------------- */
+
+struct async_arg {
+	const char *name;
+	uint64_t count;
+	int pushes;
+	int progress;	/* report after every push (for the kill test) */
+	const char *gate;	/* if set, ranks other than gate_rank wait for this file */
+	int gate_rank;
+};
+
+static float async_g(int rank, uint64_t i)
+{
+	return (float)((int)(i % 5) + rank + 1);
+}
+
+static int async_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct async_arg *a = arg;
+	float *g = malloc(a->count * sizeof(float));
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint64_t i;
+	int k, ret;
+
+	for (i = 0; i < a->count; i++)
+		g[i] = async_g(rank, i);
+	rps_tensor_opts_init(&o);
+	o.count = a->count;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SUM;
+	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
+		return fail("connect", ret);
+	if ((ret = rps_tensor_create(cl, a->name, &o, &t)))
+		return fail("create", ret);
+	while (a->gate && rank != a->gate_rank && access(a->gate, F_OK) != 0)
+		usleep(1000);
+	for (k = 0; k < a->pushes; k++) {
+		if ((ret = rps_push(t, g, a->count * sizeof(float))))
+			return fail("push", ret);
+		if (a->progress)
+			it_write_all(out_fd, &k, sizeof(k));
+	}
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	return 0;
+}
+
+/* Pull with a fresh client and return the per-shard versions too. */
+static int pull_all(const char *name, uint64_t count, float *out, uint64_t *version)
+{
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	ret = connect_worker(cluster.servers, 0, 1, &cl);
+	if (ret)
+		return ret;
+	ret = rps_tensor_open(cl, name, &t);
+	if (!ret) {
+		ret = rps_pull(t, out, count * sizeof(float), version);
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	return ret;
+}
+
+static void test_async_exact(void)
+{
+	struct async_arg a = { .name = "async", .count = 50000, .pushes = 25 };
+	float *p = malloc(a.count * sizeof(float));
+	struct it_workers w;
+	uint64_t i, version = 0;
+	int r, bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, async_worker, cluster.servers, &a, -1, NULL), 0);
+	for (r = 0; r < NWORKERS; r++)
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	CU_ASSERT_EQUAL_FATAL(pull_all(a.name, a.count, p, &version), 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)NWORKERS * a.pushes);
+	for (i = 0; i < a.count; i++) {
+		float want = 0;
+		for (r = 0; r < NWORKERS; r++)
+			want += async_g(r, i) * (float)a.pushes;
+		bad += p[i] != want;
+	}
+	CU_ASSERT_EQUAL(bad, 0);
+	free(p);
+}
+
+/* ---- bounded(k): staleness never exceeds k ------------------------------- */
+
+#define BOUND_K 2
+#define BOUND_CLOCKS 30
+
+static int bounded_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const uint64_t block = 9000;	/* each worker's indicator block spans shards */
+	uint64_t count = block * (uint64_t)nworkers, i, seed = (uint64_t)rank + 99;
+	float *g = calloc(count, sizeof(float)), *p = malloc(count * sizeof(float));
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int c, r, ret, violations = 0;
+	float max_stale = 0;
+
+	(void)arg;
+	for (i = 0; i < block; i++)
+		g[(uint64_t)rank * block + i] = 1.0f;
+	rps_tensor_opts_init(&o);
+	o.count = count;
+	o.mode = RPS_MODE_BOUNDED;
+	o.staleness = BOUND_K;
+	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
+		return fail("connect", ret);
+	if ((ret = rps_tensor_create(cl, "bounded", &o, &t)))
+		return fail("create", ret);
+	for (c = 1; c <= BOUND_CLOCKS; c++) {
+		if ((ret = rps_push(t, g, count * sizeof(float))))
+			return fail("push", ret);
+		/* Workers run at different speeds so staleness is real. */
+		if (rank == 0 || (it_rand(&seed) % 4) == 0)
+			usleep(2000 + 1000 * (unsigned)rank);
+		if ((ret = rps_pull(t, p, count * sizeof(float), NULL)))
+			return fail("pull", ret);
+		for (r = 0; r < nworkers; r++)
+			for (i = 0; i < block; i++) {
+				float v = p[(uint64_t)r * block + i];
+				/* at clock c, every worker's first c-k pushes are in */
+				if (v < (float)(c - BOUND_K))
+					violations++;
+				if ((float)c - v > max_stale)
+					max_stale = (float)c - v;
+			}
+	}
+	it_write_all(out_fd, &violations, sizeof(violations));
+	it_write_all(out_fd, &max_stale, sizeof(max_stale));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	return 0;
+}
+
+static void test_bounded_staleness(void)
+{
+	struct it_workers w;
+	int r;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, bounded_worker, cluster.servers, NULL, -1, NULL), 0);
+	for (r = 0; r < NWORKERS; r++) {
+		int violations = -1;
+		float max_stale = -1;
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &violations, sizeof(violations)), 0);
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &max_stale, sizeof(max_stale)), 0);
+		CU_ASSERT_EQUAL(violations, 0);
+		CU_ASSERT(max_stale <= (float)BOUND_K);
+		CU_ASSERT(max_stale >= 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+}
+
+/* ---- failures -------------------------------------------------------------- */
+
+/* A worker killed half way through a push: its partial WRITE never becomes
+ * an update; the shard is not corrupted; everyone else finishes. */
+static void test_worker_killed_mid_push(void)
+{
+	struct async_arg a = { .name = "killed", .count = 2 * SHARD_BYTES / 4, .pushes = 12, .progress = 1 };
+	float *p = malloc(a.count * sizeof(float));
+	struct it_workers w;
+	uint64_t version = 0, i;
+	int r, done[NWORKERS] = { 0 }, k, bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	/* worker 3 dies during its 9th shard push (its 5th tensor push) */
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, async_worker, cluster.servers, &a, 3,
+					       "RPS_FAULT=kill-mid-push:9"), 0);
+	for (r = 0; r < NWORKERS; r++) {
+		while (it_worker_read(&w, r, &k, sizeof(k)) == 0)
+			done[r]++;
+		int want = r == 3 ? 128 + SIGKILL : 0;
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), want);
+	}
+	CU_ASSERT_EQUAL(done[3], 4);
+	CU_ASSERT_EQUAL_FATAL(pull_all(a.name, a.count, p, &version), 0);
+	/* Exactly the pushes that completed: the fifth died in its first shard
+	 * write (half the data, no notification), so per shard the value says
+	 * worker 3 contributed 4 pushes, on every element alike. */
+	{
+		uint64_t per = SHARD_BYTES / 4, s;
+		for (s = 0; s < a.count / per; s++) {
+			float n3 = -1;
+			for (i = s * per; i < (s + 1) * per; i++) {
+				float others = 0, got3;
+				for (r = 0; r < 3; r++)
+					others += async_g(r, i) * (float)a.pushes;
+				got3 = (p[i] - others) / async_g(3, i);
+				if (n3 < 0)
+					n3 = got3;
+				bad += got3 != n3;
+			}
+			CU_ASSERT(n3 == 4.0f);
+		}
+	}
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, 3u * a.pushes + 4u);
+	free(p);
+}
+
+/* A worker stalled (SIGSTOP) while holding a shard lock: the lease breaks
+ * the lock so the others finish; resumed, its push is refused (lease gone),
+ * retried, and applied exactly once. */
+static void test_worker_stalled_holding_lock(void)
+{
+	char gate[512];
+	struct async_arg a = { .name = "stalled", .count = 1000, .pushes = 10, .progress = 1,
+			       .gate = gate, .gate_rank = 2 };
+	float *p = malloc(a.count * sizeof(float));
+	struct it_workers w;
+	uint64_t version = 0, i;
+	int r, k, st, bad = 0, done[NWORKERS] = { 0 };
+	FILE *f;
+
+	CU_ASSERT_FATAL(cluster_up);
+	snprintf(gate, sizeof(gate), "%s/gate", cluster.dir);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, async_worker, cluster.servers, &a, 2,
+					       "RPS_FAULT=stop-after-lock:3"), 0);
+	/* Worker 2 goes first and stops itself holding the lock in its third
+	 * push; only then do the others start. */
+	CU_ASSERT_EQUAL_FATAL(waitpid(w.pid[2], &st, WUNTRACED), w.pid[2]);
+	CU_ASSERT_FATAL(WIFSTOPPED(st));
+	f = fopen(gate, "w");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	fclose(f);
+	/* The others finish while worker 2 is stopped holding the lock. */
+	for (r = 0; r < NWORKERS; r++) {
+		if (r == 2)
+			continue;
+		while (it_worker_read(&w, r, &k, sizeof(k)) == 0)
+			done[r]++;
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+		CU_ASSERT_EQUAL(done[r], a.pushes);
+	}
+	/* worker 2 is still stopped (no state change to report) */
+	CU_ASSERT_EQUAL(waitpid(w.pid[2], &st, WNOHANG | WUNTRACED | WCONTINUED), 0);
+	kill(w.pid[2], SIGCONT);
+	unlink(gate);
+	while (it_worker_read(&w, 2, &k, sizeof(k)) == 0)
+		done[2]++;
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 2), 0);
+	CU_ASSERT_EQUAL(done[2], a.pushes);
+	CU_ASSERT_EQUAL_FATAL(pull_all(a.name, a.count, p, &version), 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)NWORKERS * a.pushes);
+	for (i = 0; i < a.count; i++) {
+		float want = 0;
+		for (r = 0; r < NWORKERS; r++)
+			want += async_g(r, i) * (float)a.pushes;
+		bad += p[i] != want;
+	}
+	CU_ASSERT_EQUAL(bad, 0);
+	free(p);
+}
+
+/* Several tensors at once, from two threads sharing one client per worker. */
+struct multi_ctx {
+	rps_client_t *cl;
+	const char *name;
+	enum rps_mode mode;
+	enum rps_dtype dtype;
+	int rank, ret;
+};
+
+static void *multi_thread(void *arg)
+{
+	struct multi_ctx *m = arg;
+	uint64_t n = 3000, i;
+	size_t es = rps__dtype_size(m->dtype);
+	float *g = malloc(n * sizeof(float)), *p = malloc(n * sizeof(float));
+	void *gd = malloc(n * es);
+	struct rps_tensor_opts o;
+	rps_tensor_t *t;
+	rps_request_t *req;
+	int k;
+
+	for (i = 0; i < n; i++)
+		g[i] = (float)(m->rank + 1);
+	rps__f32_to_dtype(gd, g, m->dtype, n);
+	rps_tensor_opts_init(&o);
+	o.count = n;
+	o.mode = m->mode;
+	o.dtype = m->dtype;
+	m->ret = rps_tensor_create(m->cl, m->name, &o, &t);
+	for (k = 0; !m->ret && k < 8; k++) {
+		m->ret = rps_push_start(t, gd, n * es, &req);
+		if (!m->ret)
+			m->ret = rps_wait(req);
+		if (!m->ret)
+			m->ret = rps_pull_start(t, p, n * sizeof(float), NULL, &req);
+		if (!m->ret)
+			m->ret = rps_wait(req);
+	}
+	if (!m->ret)
+		rps_tensor_close(t);
+	free(g);
+	free(p);
+	free(gd);
+	return NULL;
+}
+
+static int multi_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct multi_ctx m[3] = {
+		{ .name = "multi-sync", .mode = RPS_MODE_SYNC, .dtype = RPS_DTYPE_BF16 },
+		{ .name = "multi-async", .mode = RPS_MODE_ASYNC, .dtype = RPS_DTYPE_F32 },
+		{ .name = "multi-bounded", .mode = RPS_MODE_BOUNDED, .dtype = RPS_DTYPE_F16 },
+	};
+	pthread_t th[3];
+	rps_client_t *cl;
+	int i, ret;
+
+	(void)arg;
+	(void)out_fd;
+	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
+		return fail("connect", ret);
+	for (i = 0; i < 3; i++) {
+		m[i].cl = cl;
+		m[i].rank = rank;
+		pthread_create(&th[i], NULL, multi_thread, &m[i]);
+	}
+	for (i = 0; i < 3; i++) {
+		pthread_join(th[i], NULL);
+		if (m[i].ret)
+			return fail(m[i].name, m[i].ret);
+	}
+	rps_client_close(cl);
+	return 0;
+}
+
+static void test_several_tensors_threads(void)
+{
+	const char *names[3] = { "multi-sync", "multi-async", "multi-bounded" };
+	float *p = malloc(3000 * sizeof(float));
+	struct it_workers w;
+	uint64_t version;
+	int r, i, j, bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, multi_worker, cluster.servers, NULL, -1, NULL), 0);
+	for (r = 0; r < NWORKERS; r++)
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	/* 8 pushes of (rank+1) from each of 4 workers: 8 * (1+2+3+4) = 80 */
+	for (j = 0; j < 3; j++) {
+		CU_ASSERT_EQUAL_FATAL(pull_all(names[j], 3000, p, &version), 0);
+		CU_ASSERT_EQUAL(version, j == 0 ? 8u : 32u);
+		for (i = 0; i < 3000; i++)
+			bad += p[i] != 80.0f;
+	}
+	CU_ASSERT_EQUAL(bad, 0);
+	free(p);
+}
+
+/* ---- bad input -------------------------------------------------------------- */
+
+static void test_bad_input(void)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t, *t2;
+	float buf[100];
+	struct rps_client_opts co;
+	char list[2048];
+	int ret;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 1, &cl), 0);
+	/* unknown tensor */
+	CU_ASSERT_EQUAL(rps_tensor_open(cl, "no-such-tensor", &t), -ENOENT);
+	CU_ASSERT(strstr(rps_last_error(), "no-such-tensor") != NULL);
+	/* size and dtype mismatch */
+	rps_tensor_opts_init(&o);
+	o.count = 100;
+	o.mode = RPS_MODE_ASYNC;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "bad-input", &o, &t), 0);
+	memset(buf, 0, sizeof(buf));
+	CU_ASSERT_EQUAL(rps_push(t, buf, 99 * sizeof(float)), -EMSGSIZE);
+	CU_ASSERT(strstr(rps_last_error(), "400 bytes") != NULL);
+	CU_ASSERT_EQUAL(rps_pull(t, buf, 50 * sizeof(float), NULL), -EMSGSIZE);
+	/* same name, other options */
+	o.count = 101;
+	CU_ASSERT_EQUAL(rps_tensor_create(cl, "bad-input", &o, &t2), -EEXIST);
+	o.count = 100;
+	o.dtype = RPS_DTYPE_BF16;
+	CU_ASSERT_EQUAL(rps_tensor_create(cl, "bad-input", &o, &t2), -EEXIST);
+	/* names */
+	CU_ASSERT_EQUAL(rps_tensor_create(cl, "", &o, &t2), -ENAMETOOLONG);
+	/* bad options */
+	o.dtype = (enum rps_dtype)77;
+	CU_ASSERT_EQUAL(rps_tensor_create(cl, "bad-dtype", &o, &t2), -EINVAL);
+	rps_tensor_opts_init(&o);
+	o.count = 10;
+	o.optimizer = RPS_OPT_ADAM;
+	o.eps = -1;
+	CU_ASSERT_EQUAL(rps_tensor_create(cl, "bad-eps", &o, &t2), -EINVAL);
+	/* the good tensor still works after all that */
+	for (ret = 0; ret < 100; ret++)
+		buf[ret] = 1.0f;
+	CU_ASSERT_EQUAL(rps_push(t, buf, sizeof(buf)), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, buf, sizeof(buf), NULL), 0);
+	CU_ASSERT_EQUAL(buf[99], 1.0f);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+
+	/* the server list in another order than --cluster */
+	snprintf(list, sizeof(list), "%s://%s:%u,%s://%s:%u", cluster.scheme, cluster.addr, cluster.port[1],
+		 cluster.scheme, cluster.addr, cluster.port[0]);
+	rps_client_opts_init(&co);
+	co.servers = list;
+	CU_ASSERT_EQUAL(rps_client_connect(&co, &cl), -EXDEV);
+	CU_ASSERT(strstr(rps_last_error(), "--cluster") != NULL);
+	/* a rank outside the worker count */
+	co.servers = cluster.servers;
+	co.rank = 4;
+	co.num_workers = 4;
+	CU_ASSERT_EQUAL(rps_client_connect(&co, &cl), -EINVAL);
+	/* a malformed address */
+	co.rank = 0;
+	co.servers = "udp://1.2.3.4:5";
+	CU_ASSERT_EQUAL(rps_client_connect(&co, &cl), -EINVAL);
+	CU_ASSERT(strstr(rps_last_error(), "tcp://") != NULL);
+}
+
+/* Nobody listening: a clear error, quickly. */
+static void test_server_absent(void)
+{
+	struct rps_client_opts co;
+	rps_client_t *cl;
+	char list[300];
+	int ret;
+
+	snprintf(list, sizeof(list), "%s://%s:1", getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp",
+		 getenv("RPS_IT_ADDR") ? getenv("RPS_IT_ADDR") : "127.0.0.1");
+	rps_client_opts_init(&co);
+	co.servers = list;
+	co.timeout_ms = 5000;
+	ret = rps_client_connect(&co, &cl);
+	CU_ASSERT(ret == -ECONNREFUSED || ret == -ETIMEDOUT || ret == -EHOSTUNREACH);
+	CU_ASSERT(strstr(rps_last_error(), ":1") != NULL);
+}
+
+/* A server killed under a worker: the next operation fails with a clear
+ * error instead of hanging. Runs last: it takes a server down. */
+static void test_server_killed(void)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	float buf[40000];
+	int ret, i;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 1, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.count = 40000;	/* spans both servers */
+	o.mode = RPS_MODE_ASYNC;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "victim", &o, &t), 0);
+	for (i = 0; i < 40000; i++)
+		buf[i] = 1;
+	CU_ASSERT_EQUAL(rps_push(t, buf, sizeof(buf)), 0);
+	it_server_kill(&cluster, 1);
+	ret = rps_push(t, buf, sizeof(buf));
+	CU_ASSERT(ret == -ECONNRESET || ret == -ETIMEDOUT);
+	CU_ASSERT(strstr(rps_last_error(), cluster.scheme) != NULL);
+	ret = rps_pull(t, buf, sizeof(buf), NULL);
+	CU_ASSERT(ret == -ECONNRESET || ret == -ETIMEDOUT);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+}
+
+static int suite_init(void)
+{
+	int ret = it_cluster_start(&cluster, NSERVERS, SERVER_ARGS);
+
+	if (ret) {
+		fprintf(stderr, "it_cluster: cannot start the servers: %s\n", strerror(-ret));
+		return 1;
+	}
+	cluster_up = true;
+	return 0;
+}
+
+static int suite_clean(void)
+{
+	/* Every surviving server must shut down cleanly on SIGTERM. */
+	int bad = it_cluster_stop(&cluster);
+
+	if (bad)
+		fprintf(stderr, "it_cluster: %d server(s) did not exit cleanly\n", bad);
+	return bad ? 1 : 0;
+}
+
+int main(void)
+{
+	CU_pSuite s;
+	unsigned failed;
+
+	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
+	    !getenv("RPS_IT_ADDR")) {
+		fprintf(stderr, "it_cluster: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
+		return 77;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	s = CU_add_suite("data plane, " "2 servers x 4 workers", suite_init, suite_clean);
+	CU_add_test(s, "sync Adam fp32 bit-identical to reference", test_sync_adam_f32);
+	CU_add_test(s, "sync momentum bf16 bit-identical to reference", test_sync_momentum_bf16);
+	CU_add_test(s, "sync SGD fp16 bit-identical to reference", test_sync_sgd_f16);
+	CU_add_test(s, "async exact sums, version == pushes", test_async_exact);
+	CU_add_test(s, "bounded staleness never exceeds k", test_bounded_staleness);
+	CU_add_test(s, "several tensors, threads sharing a client", test_several_tensors_threads);
+	CU_add_test(s, "worker killed mid-push", test_worker_killed_mid_push);
+	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
+	CU_add_test(s, "bad input gives clear errors", test_bad_input);
+	CU_add_test(s, "no server listening", test_server_absent);
+	CU_add_test(s, "server killed under a worker", test_server_killed);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+	CU_cleanup_registry();
+	return failed ? 1 : 0;
+}
