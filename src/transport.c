@@ -174,7 +174,7 @@ void rps__ep_close(struct rps__ep *ep)
 void rps__ep_set_context(struct rps__ep *ep, void *ctx) { ep->context = ctx; }
 void *rps__ep_context(const struct rps__ep *ep) { return ep->context; }
 const char *rps__ep_peer(const struct rps__ep *ep) { return ep->peer; }
-int rps__ep_is_error(const struct rps__ep *ep) { return ep->error; }
+int rps__ep_is_error(const struct rps__ep *ep) { return __atomic_load_n(&ep->error, __ATOMIC_ACQUIRE); }
 
 int rps__post(struct rps__ep *ep, const struct rps__wr *wr, int n)
 {

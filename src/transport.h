@@ -130,7 +130,7 @@ enum rps__wc_opcode {
 	RPS__WC_CAS,
 	RPS__WC_FADD,
 	RPS__WC_RECV,		/* a SEND arrived in a posted receive */
-	RPS__WC_RECV_IMM,	/* a WRITE_IMM consumed a posted receive; byte_len 0 */
+	RPS__WC_RECV_IMM,	/* a WRITE_IMM consumed a posted receive; byte_len = bytes written */
 };
 
 struct rps__wc {
@@ -198,7 +198,9 @@ void rps__listener_close(struct rps__listener *l);
 
 /* Blocking connect.  -ECONNREFUSED when the peer rejected: its private data
  * (if any) is copied to reply/reply_len.  On success the accept's private
- * data is copied there.  reply may be NULL. */
+ * data is copied there.  reply may be NULL; otherwise it must hold
+ * RPS__PRIVDATA_MAX bytes and *reply_len is set on return.  timeout_ms < 0
+ * waits for ever. */
 int rps__connect(struct rps__fabric *fab, const char *host, uint16_t port,
 		 struct rps__cq *cq, const struct rps__ep_attr *attr,
 		 const void *data, size_t len, int timeout_ms,
@@ -211,7 +213,13 @@ void *rps__ep_context(const struct rps__ep *ep);
 const char *rps__ep_peer(const struct rps__ep *ep);	/* "10.0.2.15:7000" */
 int rps__ep_is_error(const struct rps__ep *ep);
 
-/* data movement */
+/* data movement.  rps__post is all-or-nothing: -EAGAIN when the n WRs do
+ * not fit the send queue (none posted), -EINVAL when n exceeds its depth or
+ * a local buffer lies outside its region.  Posting to an endpoint in the
+ * error state succeeds and completes with RPS__WC_FLUSH_ERR, as IB does.
+ * A SEND larger than the posted receive fails with RPS__WC_LOC_ERR at the
+ * receiver and RPS__WC_REM_OP_ERR at the sender.  rps__ep_close() may be
+ * called from any thread. */
 int rps__post(struct rps__ep *ep, const struct rps__wr *wr, int n);
 int rps__post_recv(struct rps__ep *ep, const struct rps__sge *sge, uint64_t wr_id);
 

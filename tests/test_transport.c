@@ -1,0 +1,1623 @@
+/*
+ * test_transport.c - the transport contract (src/transport.h) as one CUnit
+ * suite that runs unchanged on every provider.
+ *
+ *   RPS_TEST_TRANSPORT  tcp (default) | verbs
+ *   RPS_TEST_ADDR       address to listen on and connect to (127.0.0.1)
+ *
+ * Exits 77 (automake's SKIP) when verbs is asked for and no RDMA device is
+ * present.  The "server" is two helper threads, like rdmapsd's loops: each
+ * polls its own CQ (on TCP progress is manual, so the target of one-sided
+ * operations must be polled for them to happen), thread 0 also accepts, and
+ * accepted endpoints alternate between the two CQs - so that on TCP remote
+ * atomics from different endpoints really are applied concurrently.  Server
+ * completions land in a mailbox that the tests read.
+ */
+#include "config.h"
+#include "transport.h"
+#include "common.h"
+
+#include <CUnit/Basic.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define WAIT_MS		5000		/* a completion that takes longer is lost */
+#define SRV_LEN		(8u << 20)	/* main server region */
+#define SRV_RO_LEN	(64u << 10)	/* server region without REMOTE_WRITE */
+#define SRV_RECV_LEN	(64u << 10)	/* server receive buffers (local access) */
+#define CLI_LEN		(16u << 20)
+#define GUARD		4096u		/* unregistered bytes around the bounds-test region */
+#define MAILBOX_CAP	16384
+#define RACE_THREADS	4
+#define RACE_LOOPS	2000
+
+static enum rps__kind g_kind;
+static const char *g_addr;
+static struct rps__fabric *srv_fab;
+static struct rps__fabric *cli_fab;
+
+static uint8_t *srv_mem;
+static struct rps__mr *srv_mr;
+static uint8_t *srv_ro_mem;
+static struct rps__mr *srv_ro_mr;
+static uint8_t *srv_recv_mem;
+static struct rps__mr *srv_recv_mr;
+static uint8_t *srv_bounds_mem;		/* GUARD | 4096 registered | GUARD */
+static struct rps__mr *srv_bounds_mr;
+static uint8_t *cli_mem;
+static struct rps__mr *cli_mr;
+
+/* ------------------------------------------------------------------------ */
+/* the server thread                                                        */
+
+#define SRV_THREADS 2
+
+static struct server {
+	struct rps__listener *listener;
+	struct rps__cq *cq[SRV_THREADS];
+	pthread_t thread[SRV_THREADS];
+	unsigned next_cq;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool stop;
+	/* policy for the next requests */
+	bool reject;
+	uint8_t reply[RPS__PRIVDATA_MAX];
+	size_t reply_len;
+	/* what it saw */
+	uint8_t req_data[RPS__PRIVDATA_MAX];
+	size_t req_len;
+	int nreq;
+	struct rps__ep *accepted[16];
+	int naccepted;
+	struct rps__wc mailbox[MAILBOX_CAP];
+	int nmail;
+	bool overflow;
+} srv = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.cond = PTHREAD_COND_INITIALIZER,
+};
+
+static void server_handle_request(struct rps__conn_req *req)
+{
+	const void *data;
+	size_t len;
+	struct rps__ep *ep;
+	bool reject;
+	uint8_t reply[RPS__PRIVDATA_MAX];
+	size_t reply_len;
+
+	data = rps__conn_req_data(req, &len);
+	pthread_mutex_lock(&srv.lock);
+	memcpy(srv.req_data, data, len);
+	srv.req_len = len;
+	srv.nreq++;
+	reject = srv.reject;
+	if (srv.reply_len)
+		memcpy(reply, srv.reply, srv.reply_len);
+	reply_len = srv.reply_len;
+	pthread_mutex_unlock(&srv.lock);
+
+	if (reject) {
+		rps__reject(req, reply, reply_len);
+		return;
+	}
+	if (rps__accept(req, srv.cq[srv.next_cq++ % SRV_THREADS], NULL, reply, reply_len, &ep)) {
+		fprintf(stderr, "server: accept failed: %s\n", rps__errbuf());
+		return;
+	}
+	pthread_mutex_lock(&srv.lock);
+	if (srv.naccepted < (int)RPS__ARRAY_SIZE(srv.accepted))
+		srv.accepted[srv.naccepted++] = ep;
+	pthread_cond_broadcast(&srv.cond);
+	pthread_mutex_unlock(&srv.lock);
+}
+
+static void server_store(const struct rps__wc *wc, int n)
+{
+	int i;
+
+	if (!n)
+		return;
+	pthread_mutex_lock(&srv.lock);
+	for (i = 0; i < n; i++) {
+		if (srv.nmail == MAILBOX_CAP) {
+			srv.overflow = true;
+			break;
+		}
+		srv.mailbox[srv.nmail++] = wc[i];
+	}
+	pthread_cond_broadcast(&srv.cond);
+	pthread_mutex_unlock(&srv.lock);
+}
+
+static void *server_main(void *arg)
+{
+	unsigned id = (unsigned)(uintptr_t)arg;
+	struct rps__cq *cq = srv.cq[id];
+	struct rps__conn_req *req;
+	struct rps__wc wc[32];
+	struct pollfd pfd[2];
+	int n;
+
+	for (;;) {
+		pthread_mutex_lock(&srv.lock);
+		if (srv.stop) {
+			pthread_mutex_unlock(&srv.lock);
+			return NULL;
+		}
+		pthread_mutex_unlock(&srv.lock);
+
+		while (id == 0 && rps__listener_get_request(srv.listener, &req) == 0)
+			server_handle_request(req);
+		n = rps__cq_poll(cq, wc, 32);
+		if (n > 0) {
+			server_store(wc, n);
+			continue;
+		}
+		rps__cq_arm(cq);
+		n = rps__cq_poll(cq, wc, 32);
+		if (n > 0) {
+			server_store(wc, n);
+			continue;
+		}
+		pfd[0] = (struct pollfd){ .fd = rps__cq_fd(cq), .events = POLLIN };
+		pfd[1] = (struct pollfd){ .fd = rps__listener_fd(srv.listener), .events = POLLIN };
+		poll(pfd, id == 0 ? 2 : 1, 10);
+	}
+}
+
+static void server_policy(bool reject, const void *reply, size_t len)
+{
+	pthread_mutex_lock(&srv.lock);
+	srv.reject = reject;
+	if (len)
+		memcpy(srv.reply, reply, len);
+	srv.reply_len = len;
+	pthread_mutex_unlock(&srv.lock);
+}
+
+static struct rps__ep *server_take_ep(void)
+{
+	struct rps__ep *ep = NULL;
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += WAIT_MS / 1000;
+	pthread_mutex_lock(&srv.lock);
+	while (!srv.naccepted)
+		if (pthread_cond_timedwait(&srv.cond, &srv.lock, &ts))
+			break;
+	if (srv.naccepted) {
+		ep = srv.accepted[0];
+		memmove(srv.accepted, srv.accepted + 1, --srv.naccepted * sizeof(srv.accepted[0]));
+	}
+	pthread_mutex_unlock(&srv.lock);
+	return ep;
+}
+
+/* Take the first server completion of ep from the mailbox; 0 on timeout. */
+static int server_wait_wc(struct rps__ep *ep, struct rps__wc *out)
+{
+	struct timespec ts;
+	int i, found = 0;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += WAIT_MS / 1000;
+	pthread_mutex_lock(&srv.lock);
+	for (;;) {
+		for (i = 0; i < srv.nmail; i++)
+			if (srv.mailbox[i].ep == ep)
+				break;
+		if (i < srv.nmail) {
+			*out = srv.mailbox[i];
+			memmove(srv.mailbox + i, srv.mailbox + i + 1, (size_t)(srv.nmail - i - 1) * sizeof(*out));
+			srv.nmail--;
+			found = 1;
+			break;
+		}
+		if (pthread_cond_timedwait(&srv.cond, &srv.lock, &ts))
+			break;
+	}
+	pthread_mutex_unlock(&srv.lock);
+	return found;
+}
+
+static void server_mailbox_reset(void)
+{
+	pthread_mutex_lock(&srv.lock);
+	srv.nmail = 0;
+	pthread_mutex_unlock(&srv.lock);
+}
+
+/* The server endpoint has entered the error state (the server thread may
+ * still be processing the NAK when the client sees its completion). */
+static bool server_ep_error_soon(struct rps__ep *ep)
+{
+	uint64_t deadline = rps__now_ns() + WAIT_MS * 1000000ull;
+
+	while (!rps__ep_is_error(ep) && rps__now_ns() < deadline) {
+		struct timespec ts = { 0, 1000000 };
+
+		nanosleep(&ts, NULL);
+	}
+	return rps__ep_is_error(ep);
+}
+
+/* ------------------------------------------------------------------------ */
+/* helpers                                                                  */
+
+struct conn {
+	struct rps__cq *cq;
+	struct rps__ep *ep;	/* client side */
+	struct rps__ep *sep;	/* server side */
+};
+
+static int conn_open_attr(struct conn *c, const struct rps__ep_attr *attr)
+{
+	int ret;
+
+	memset(c, 0, sizeof(*c));
+	ret = rps__cq_create(cli_fab, 1024, &c->cq);
+	if (ret) {
+		fprintf(stderr, "cq_create: %s\n", rps__errbuf());
+		return ret;
+	}
+	ret = rps__connect(cli_fab, g_addr, rps__listener_port(srv.listener), c->cq, attr,
+			   NULL, 0, WAIT_MS, NULL, NULL, &c->ep);
+	if (ret) {
+		fprintf(stderr, "connect: %s\n", rps__errbuf());
+		rps__cq_destroy(c->cq);
+		c->cq = NULL;
+		return ret;
+	}
+	c->sep = server_take_ep();
+	return c->sep ? 0 : -ETIMEDOUT;
+}
+
+static int conn_open(struct conn *c)
+{
+	return conn_open_attr(c, NULL);
+}
+
+static void conn_close(struct conn *c)
+{
+	rps__ep_close(c->ep);
+	rps__ep_close(c->sep);
+	rps__cq_destroy(c->cq);
+	memset(c, 0, sizeof(*c));
+	server_mailbox_reset();
+}
+
+/* Wait for one client completion; 0 on timeout. */
+static int cli_wait(struct rps__cq *cq, struct rps__wc *wc)
+{
+	uint64_t deadline = rps__now_ns() + WAIT_MS * 1000000ull;
+	int n;
+
+	do {
+		n = rps__cq_wait(cq, wc, 1, 100);
+		if (n < 0) {
+			fprintf(stderr, "cq_wait: %s\n", rps__errbuf());
+			return 0;
+		}
+		if (n)
+			return 1;
+	} while (rps__now_ns() < deadline);
+	return 0;
+}
+
+/* No completion shows up within ms (while progress is being made). */
+static bool cli_quiet(struct rps__cq *cq, int ms)
+{
+	uint64_t deadline = rps__now_ns() + (uint64_t)ms * 1000000ull;
+	struct rps__wc wc;
+
+	while (rps__now_ns() < deadline)
+		if (rps__cq_wait(cq, &wc, 1, 5) != 0)
+			return false;
+	return true;
+}
+
+static struct rps__wr wr_make(enum rps__op op, int flags, uint64_t wr_id, void *laddr, uint32_t len,
+			      struct rps__mr *lmr, const void *raddr, uint32_t rkey)
+{
+	struct rps__wr wr = {
+		.wr_id = wr_id,
+		.op = op,
+		.flags = flags,
+		.sge = { .addr = laddr, .len = len, .mr = lmr },
+		.raddr = (uint64_t)(uintptr_t)raddr,
+		.rkey = rkey,
+	};
+	return wr;
+}
+
+static int post1(struct rps__ep *ep, struct rps__wr wr)
+{
+	int ret = rps__post(ep, &wr, 1);
+
+	if (ret)
+		fprintf(stderr, "post: %s\n", rps__errbuf());
+	return ret;
+}
+
+/* Post one signaled op and wait for its completion: its status, or -1. */
+static int run1(struct conn *c, struct rps__wr wr, struct rps__wc *wc)
+{
+	struct rps__wc local;
+
+	wc = wc ? wc : &local;
+	memset(wc, 0, sizeof(*wc));
+	wr.flags |= RPS__WR_SIGNALED;
+	if (post1(c->ep, wr))
+		return -1;
+	if (!cli_wait(c->cq, wc))
+		return -1;
+	CU_ASSERT_EQUAL(wc->wr_id, wr.wr_id);
+	CU_ASSERT_PTR_EQUAL(wc->ep, c->ep);
+	return (int)wc->status;
+}
+
+static void fill(uint8_t *p, size_t len, unsigned seed)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		p[i] = (uint8_t)(seed * 131u + i * 7u + (i >> 9));
+}
+
+static bool all_bytes(const uint8_t *p, size_t len, uint8_t v)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (p[i] != v)
+			return false;
+	return true;
+}
+
+static uint32_t bad_rkey(void)
+{
+	return rps__mr_rkey(srv_mr) ^ 0x40000000u;
+}
+
+/* ------------------------------------------------------------------------ */
+/* connection management                                                    */
+
+static void test_connect_private_data(void)
+{
+	static const char hello[] = "worker 3 of 8, epoch 12";
+	static const char welcome[] = "shard map v42";
+	uint8_t full[RPS__PRIVDATA_MAX], reply[RPS__PRIVDATA_MAX];
+	struct rps__ep *ep, *sep;
+	struct rps__cq *cq;
+	size_t reply_len = sizeof(reply);
+	int ret;
+
+	CU_ASSERT_NOT_EQUAL(rps__listener_port(srv.listener), 0);
+	CU_ASSERT_FATAL(rps__cq_create(cli_fab, 64, &cq) == 0);
+
+	server_policy(false, welcome, sizeof(welcome));
+	ret = rps__connect(cli_fab, g_addr, rps__listener_port(srv.listener), cq, NULL,
+			   hello, sizeof(hello), WAIT_MS, reply, &reply_len, &ep);
+	CU_ASSERT_EQUAL_FATAL(ret, 0);
+	CU_ASSERT_EQUAL(reply_len, sizeof(welcome));
+	CU_ASSERT(memcmp(reply, welcome, sizeof(welcome)) == 0);
+	sep = server_take_ep();
+	CU_ASSERT_PTR_NOT_NULL_FATAL(sep);
+	pthread_mutex_lock(&srv.lock);
+	CU_ASSERT_EQUAL(srv.req_len, sizeof(hello));
+	CU_ASSERT(memcmp(srv.req_data, hello, sizeof(hello)) == 0);
+	pthread_mutex_unlock(&srv.lock);
+	CU_ASSERT(strlen(rps__ep_peer(ep)) > 0);
+	CU_ASSERT(strlen(rps__ep_peer(sep)) > 0);
+	CU_ASSERT_EQUAL(rps__ep_is_error(ep), 0);
+	rps__ep_set_context(ep, &ret);
+	CU_ASSERT_PTR_EQUAL(rps__ep_context(ep), &ret);
+	rps__ep_close(ep);
+	rps__ep_close(sep);
+
+	/* the full 56 bytes both ways */
+	fill(full, sizeof(full), 9);
+	server_policy(false, full, sizeof(full));
+	memset(reply, 0, sizeof(reply));
+	reply_len = sizeof(reply);
+	ret = rps__connect(cli_fab, g_addr, rps__listener_port(srv.listener), cq, NULL,
+			   full, sizeof(full), WAIT_MS, reply, &reply_len, &ep);
+	CU_ASSERT_EQUAL_FATAL(ret, 0);
+	CU_ASSERT_EQUAL(reply_len, RPS__PRIVDATA_MAX);
+	CU_ASSERT(memcmp(reply, full, sizeof(full)) == 0);
+	sep = server_take_ep();
+	CU_ASSERT_PTR_NOT_NULL_FATAL(sep);
+	pthread_mutex_lock(&srv.lock);
+	CU_ASSERT_EQUAL(srv.req_len, RPS__PRIVDATA_MAX);
+	CU_ASSERT(memcmp(srv.req_data, full, sizeof(full)) == 0);
+	pthread_mutex_unlock(&srv.lock);
+	rps__ep_close(ep);
+	rps__ep_close(sep);
+
+	/* no data either way */
+	server_policy(false, NULL, 0);
+	reply_len = sizeof(reply);
+	ret = rps__connect(cli_fab, g_addr, rps__listener_port(srv.listener), cq, NULL,
+			   NULL, 0, WAIT_MS, reply, &reply_len, &ep);
+	CU_ASSERT_EQUAL_FATAL(ret, 0);
+	CU_ASSERT_EQUAL(reply_len, 0);
+	sep = server_take_ep();
+	CU_ASSERT_PTR_NOT_NULL_FATAL(sep);
+	pthread_mutex_lock(&srv.lock);
+	CU_ASSERT_EQUAL(srv.req_len, 0);
+	pthread_mutex_unlock(&srv.lock);
+	rps__ep_close(ep);
+	rps__ep_close(sep);
+
+	/* private data over the limit is refused before anything is sent */
+	CU_ASSERT_EQUAL(rps__connect(cli_fab, g_addr, rps__listener_port(srv.listener), cq, NULL,
+				     full, RPS__PRIVDATA_MAX + 1, WAIT_MS, NULL, NULL, &ep), -EINVAL);
+	rps__cq_destroy(cq);
+	server_mailbox_reset();
+}
+
+static void test_reject_private_data(void)
+{
+	static const char why[] = "shard 7 moved to server 2";
+	uint8_t reply[RPS__PRIVDATA_MAX];
+	size_t reply_len = sizeof(reply);
+	struct rps__ep *ep = NULL;
+	struct rps__cq *cq;
+	int ret, nreq;
+
+	CU_ASSERT_FATAL(rps__cq_create(cli_fab, 64, &cq) == 0);
+	pthread_mutex_lock(&srv.lock);
+	nreq = srv.nreq;
+	pthread_mutex_unlock(&srv.lock);
+	server_policy(true, why, sizeof(why));
+	ret = rps__connect(cli_fab, g_addr, rps__listener_port(srv.listener), cq, NULL,
+			   "let me in", 9, WAIT_MS, reply, &reply_len, &ep);
+	server_policy(false, NULL, 0);
+	CU_ASSERT_EQUAL(ret, -ECONNREFUSED);
+	CU_ASSERT_EQUAL(reply_len, sizeof(why));
+	CU_ASSERT(memcmp(reply, why, sizeof(why)) == 0);
+	CU_ASSERT(strlen(rps__errbuf()) > 0);
+	pthread_mutex_lock(&srv.lock);
+	CU_ASSERT_EQUAL(srv.nreq, nreq + 1);
+	CU_ASSERT_EQUAL(srv.req_len, 9);
+	CU_ASSERT(memcmp(srv.req_data, "let me in", 9) == 0);
+	CU_ASSERT_EQUAL(srv.naccepted, 0);
+	pthread_mutex_unlock(&srv.lock);
+
+	if (g_kind == RPS__KIND_TCP) {
+		/* nobody listening: refused too, with no data */
+		struct rps__listener *l;
+		uint16_t port;
+
+		CU_ASSERT_FATAL(rps__listen(srv_fab, g_addr, 0, &l) == 0);
+		port = rps__listener_port(l);
+		rps__listener_close(l);
+		reply_len = sizeof(reply);
+		ret = rps__connect(cli_fab, g_addr, port, cq, NULL, NULL, 0, WAIT_MS, reply, &reply_len, &ep);
+		CU_ASSERT_EQUAL(ret, -ECONNREFUSED);
+		CU_ASSERT_EQUAL(reply_len, 0);
+	}
+	rps__cq_destroy(cq);
+}
+
+/* TCP only: the 72-byte hello of the tcp provider, as a foreign or broken
+ * peer would send it (little-endian magic "RPSt", version, type, data_len,
+ * sq_depth, rq_depth, 56 bytes of data). */
+static void put_le(uint8_t *p, uint64_t v, int bytes)
+{
+	int i;
+
+	for (i = 0; i < bytes; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void raw_hello(uint8_t *h, uint32_t magic, uint16_t version, uint8_t type)
+{
+	memset(h, 0, 72);
+	put_le(h, magic, 4);
+	put_le(h + 4, version, 2);
+	h[6] = type;
+	put_le(h + 8, 16, 4);	/* sq_depth */
+	put_le(h + 12, 16, 4);	/* rq_depth */
+}
+
+static bool raw_read(int fd, uint8_t *buf, size_t len)
+{
+	ssize_t n;
+
+	while (len) {
+		n = recv(fd, buf, len, 0);
+		if (n <= 0)
+			return false;
+		buf += n;
+		len -= (size_t)n;
+	}
+	return true;
+}
+
+struct fake_server {
+	int lfd;
+	uint8_t reply[72];
+};
+
+/* Accept one connection, read its hello, answer with a crafted reply. */
+static void *fake_server_main(void *arg)
+{
+	struct fake_server *fs = arg;
+	uint8_t hello[72];
+	int fd = accept(fs->lfd, NULL, NULL);
+
+	if (fd >= 0) {
+		if (raw_read(fd, hello, sizeof(hello)))
+			send(fd, fs->reply, sizeof(fs->reply), MSG_NOSIGNAL);
+		close(fd);
+	}
+	return NULL;
+}
+
+static int connect_to_fake(uint32_t magic, uint16_t version, uint8_t type)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t slen = sizeof(sin);
+	struct fake_server fs;
+	struct rps__ep *ep = NULL;
+	struct rps__cq *cq;
+	pthread_t tid;
+	int ret;
+
+	fs.lfd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fs.lfd < 0 || bind(fs.lfd, (struct sockaddr *)&sin, sizeof(sin)) || listen(fs.lfd, 1) ||
+	    getsockname(fs.lfd, (struct sockaddr *)&sin, &slen))
+		return -1000;
+	raw_hello(fs.reply, magic, version, type);
+	if (rps__cq_create(cli_fab, 64, &cq))
+		return -1001;
+	pthread_create(&tid, NULL, fake_server_main, &fs);
+	ret = rps__connect(cli_fab, "127.0.0.1", ntohs(sin.sin_port), cq, NULL, NULL, 0, WAIT_MS,
+			   NULL, NULL, &ep);
+	pthread_join(tid, NULL);
+	close(fs.lfd);
+	if (ret == 0)
+		rps__ep_close(ep);
+	rps__cq_destroy(cq);
+	return ret;
+}
+
+static void test_handshake_checks(void)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	uint8_t hello[72], reply[72];
+	struct conn c;
+	int fd;
+
+	if (g_kind != RPS__KIND_TCP || strcmp(g_addr, "127.0.0.1") != 0)
+		return;
+	/* a listener that speaks something else, or speaks it big-endian, or
+	 * another version: the connector says so */
+	CU_ASSERT_EQUAL(connect_to_fake(0x50545448u /* "HTTP" */, 1, 2), -EPROTO);
+	CU_ASSERT_EQUAL(connect_to_fake(__builtin_bswap32(0x74535052u), 1, 2), -EPROTO);
+	CU_ASSERT(strstr(rps__errbuf(), "big-endian") != NULL);
+	CU_ASSERT_EQUAL(connect_to_fake(0x74535052u, 2, 2), -EPROTO);
+	CU_ASSERT(strstr(rps__errbuf(), "version") != NULL);
+	/* sanity of the fake: a well-formed ACCEPT is taken */
+	CU_ASSERT_EQUAL(connect_to_fake(0x74535052u, 1, 2), 0);
+
+	/* a connector of another version: our listener answers BAD_PROTOCOL
+	 * (with its own version) and hangs up, and keeps serving others */
+	sin.sin_port = htons(rps__listener_port(srv.listener));
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	CU_ASSERT_FATAL(fd >= 0);
+	CU_ASSERT_FATAL(connect(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0);
+	raw_hello(hello, 0x74535052u, 99, 1);
+	CU_ASSERT(send(fd, hello, sizeof(hello), MSG_NOSIGNAL) == (ssize_t)sizeof(hello));
+	CU_ASSERT(raw_read(fd, reply, sizeof(reply)));
+	CU_ASSERT(memcmp(reply, hello, 4) == 0);
+	CU_ASSERT(reply[4] == 1 && reply[5] == 0);	/* its version, 1 */
+	CU_ASSERT_EQUAL(reply[6], 4);
+	CU_ASSERT(recv(fd, reply, 1, 0) == 0);	/* then EOF */
+	close(fd);
+	/* garbage that never completes a hello does not block other connectors */
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	CU_ASSERT_FATAL(fd >= 0);
+	CU_ASSERT_FATAL(connect(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0);
+	CU_ASSERT(send(fd, "GET /", 5, MSG_NOSIGNAL) == 5);
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	conn_close(&c);
+	close(fd);
+}
+
+/* ------------------------------------------------------------------------ */
+/* one-sided operations                                                     */
+
+static void test_write_read_back(void)
+{
+	const uint32_t big = 4u << 20;
+	struct rps__wc wc;
+	struct conn c;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	memset(srv_mem, 0, SRV_LEN);
+
+	/* small, unaligned */
+	fill(cli_mem, 100, 1);
+	CU_ASSERT_EQUAL(run1(&c, wr_make(RPS__OP_WRITE, 0, 1, cli_mem, 100, cli_mr, srv_mem + 3,
+					 rps__mr_rkey(srv_mr)), &wc), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_WRITE);
+	CU_ASSERT(memcmp(srv_mem + 3, cli_mem, 100) == 0);
+	CU_ASSERT(all_bytes(srv_mem, 3, 0));
+	CU_ASSERT(all_bytes(srv_mem + 103, 64, 0));
+
+	/* large: several socket buffers' worth, straight from/to registered memory */
+	fill(cli_mem, big, 2);
+	CU_ASSERT_EQUAL(run1(&c, wr_make(RPS__OP_WRITE, 0, 2, cli_mem, big, cli_mr, srv_mem,
+					 rps__mr_rkey(srv_mr)), NULL), RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(srv_mem, cli_mem, big) == 0);
+	memset(cli_mem + big, 0, big);
+	CU_ASSERT_EQUAL(run1(&c, wr_make(RPS__OP_READ, 0, 3, cli_mem + big, big, cli_mr, srv_mem,
+					 rps__mr_rkey(srv_mr)), &wc), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_READ);
+	CU_ASSERT(memcmp(cli_mem + big, cli_mem, big) == 0);
+
+	/* inline: the source may change right after post */
+	fill(cli_mem, 48, 3);
+	CU_ASSERT_EQUAL(post1(c.ep, wr_make(RPS__OP_WRITE, RPS__WR_SIGNALED | RPS__WR_INLINE, 4,
+					    cli_mem, 48, NULL, srv_mem + 4096, rps__mr_rkey(srv_mr))), 0);
+	memcpy(cli_mem + 64, cli_mem, 48);
+	memset(cli_mem, 0xEE, 48);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(srv_mem + 4096, cli_mem + 64, 48) == 0);
+	CU_ASSERT_EQUAL(rps__ep_is_error(c.ep), 0);
+	conn_close(&c);
+}
+
+/* RC ordering: WRITEs posted before a WRITE_IMM are in memory when the
+ * immediate's receive completion is seen. */
+static void test_writes_then_write_imm(void)
+{
+	enum { NW = 16, CHUNK = 64 << 10, TAIL = 256 };
+	struct rps__wr wr[NW + 1];
+	struct rps__sge rsge = { srv_recv_mem, 64, srv_recv_mr };
+	struct rps__wc wc;
+	struct conn c;
+	int i;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	memset(srv_mem, 0, (NW + 1) * CHUNK);
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &rsge, 900), 0);
+	for (i = 0; i < NW; i++) {
+		fill(cli_mem + (size_t)i * CHUNK, CHUNK, 10 + i);
+		wr[i] = wr_make(RPS__OP_WRITE, 0, 100 + i, cli_mem + (size_t)i * CHUNK, CHUNK, cli_mr,
+				srv_mem + (size_t)i * CHUNK, rps__mr_rkey(srv_mr));
+	}
+	fill(cli_mem + (size_t)NW * CHUNK, TAIL, 99);
+	wr[NW] = wr_make(RPS__OP_WRITE_IMM, RPS__WR_SIGNALED, 200, cli_mem + (size_t)NW * CHUNK, TAIL, cli_mr,
+			 srv_mem + (size_t)NW * CHUNK, rps__mr_rkey(srv_mr));
+	wr[NW].imm = 0xC0FFEE01;
+	CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, wr, NW + 1), 0);
+
+	CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_RECV_IMM);
+	CU_ASSERT_EQUAL(wc.wr_id, 900);
+	CU_ASSERT_EQUAL(wc.imm, 0xC0FFEE01);
+	CU_ASSERT_EQUAL(wc.byte_len, TAIL);
+	CU_ASSERT(memcmp(srv_mem, cli_mem, (size_t)NW * CHUNK + TAIL) == 0);
+
+	/* exactly one send completion: the signaled WRITE_IMM */
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 200);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_WRITE);
+	CU_ASSERT(cli_quiet(c.cq, 30));
+	conn_close(&c);
+}
+
+static void test_read(void)
+{
+	static const struct { uint32_t off, len; } cases[] = {
+		{ 0, 1 }, { 4095, 3 }, { 8, 8 }, { (1u << 20) + 7, 100000 }, { SRV_LEN - 65536, 65536 },
+	};
+	struct rps__wr wr[RPS__ARRAY_SIZE(cases)];
+	uint8_t *dst = cli_mem;
+	struct rps__wc wc;
+	struct conn c;
+	size_t i, off = 0;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	fill(srv_mem, SRV_LEN, 77);
+	memset(cli_mem, 0, 1u << 20);
+	for (i = 0; i < RPS__ARRAY_SIZE(cases); i++) {
+		wr[i] = wr_make(RPS__OP_READ, RPS__WR_SIGNALED, 10 + i, dst + off, cases[i].len, cli_mr,
+				srv_mem + cases[i].off, rps__mr_rkey(srv_mr));
+		off += cases[i].len + 16;
+	}
+	CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, wr, (int)RPS__ARRAY_SIZE(cases)), 0);
+	off = 0;
+	for (i = 0; i < RPS__ARRAY_SIZE(cases); i++) {
+		CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+		CU_ASSERT_EQUAL(wc.wr_id, 10 + i);	/* posting order */
+		CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+		CU_ASSERT_EQUAL(wc.opcode, RPS__WC_READ);
+		CU_ASSERT(memcmp(dst + off, srv_mem + cases[i].off, cases[i].len) == 0);
+		CU_ASSERT(all_bytes(dst + off + cases[i].len, 16, 0));
+		off += cases[i].len + 16;
+	}
+	conn_close(&c);
+}
+
+static void test_cas(void)
+{
+	uint64_t *word = (uint64_t *)(srv_mem + 0x1000);
+	uint64_t *old = (uint64_t *)cli_mem;
+	struct rps__wr wr;
+	struct rps__wc wc;
+	struct conn c;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	memset(srv_mem + 0x1000 - 64, 0xAA, 64);
+	memset(srv_mem + 0x1008, 0xAA, 64);
+	*word = 42;
+
+	wr = wr_make(RPS__OP_CAS, 0, 1, old, 8, cli_mr, word, rps__mr_rkey(srv_mr));
+	wr.compare_add = 42;
+	wr.swap = 7;
+	*old = 0;
+	CU_ASSERT_EQUAL(run1(&c, wr, &wc), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_CAS);
+	CU_ASSERT_EQUAL(*old, 42);
+	CU_ASSERT_EQUAL(*word, 7);
+
+	/* compare fails: old value returned, memory untouched */
+	wr.wr_id = 2;
+	wr.swap = 9;
+	*old = 0;
+	CU_ASSERT_EQUAL(run1(&c, wr, &wc), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(*old, 7);
+	CU_ASSERT_EQUAL(*word, 7);
+
+	/* full 64-bit values */
+	*word = 0xFEDCBA9876543210ull;
+	wr.wr_id = 3;
+	wr.compare_add = 0xFEDCBA9876543210ull;
+	wr.swap = 0x0123456789ABCDEFull;
+	CU_ASSERT_EQUAL(run1(&c, wr, &wc), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(*old, 0xFEDCBA9876543210ull);
+	CU_ASSERT_EQUAL(*word, 0x0123456789ABCDEFull);
+
+	CU_ASSERT(all_bytes(srv_mem + 0x1000 - 64, 64, 0xAA));
+	CU_ASSERT(all_bytes(srv_mem + 0x1008, 64, 0xAA));
+	conn_close(&c);
+}
+
+static void test_fadd(void)
+{
+	uint64_t *word = (uint64_t *)(srv_mem + 0x2000);
+	uint64_t *old = (uint64_t *)cli_mem;
+	struct rps__wr wr;
+	struct rps__wc wc;
+	struct conn c;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	memset(srv_mem + 0x2008, 0xAA, 64);
+	*word = 100;
+	wr = wr_make(RPS__OP_FADD, 0, 1, old, 8, cli_mr, word, rps__mr_rkey(srv_mr));
+	wr.compare_add = 5;
+	CU_ASSERT_EQUAL(run1(&c, wr, &wc), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_FADD);
+	CU_ASSERT_EQUAL(*old, 100);
+	CU_ASSERT_EQUAL(*word, 105);
+
+	wr.wr_id = 2;
+	wr.compare_add = UINT64_MAX;	/* -1, wrapping */
+	CU_ASSERT_EQUAL(run1(&c, wr, &wc), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(*old, 105);
+	CU_ASSERT_EQUAL(*word, 104);
+	CU_ASSERT(all_bytes(srv_mem + 0x2008, 64, 0xAA));
+	conn_close(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* two-sided                                                                */
+
+static uint32_t burst_len(uint32_t k)
+{
+	return 8 + k % 57;	/* 8..64 bytes */
+}
+
+static void burst_fill(uint8_t *p, uint32_t k)
+{
+	uint32_t i, len = burst_len(k);
+
+	memcpy(p, &k, 4);
+	for (i = 4; i < len; i++)
+		p[i] = (uint8_t)(k * 7 + i);
+}
+
+/* More SENDs than posted receives; the receiver reposts each buffer as it
+ * completes.  Nothing lost, nothing reordered, every byte right. */
+static void test_send_recv_burst(void)
+{
+	enum { NRECV = 8, SLOT = 64, NMSG = 1000 };
+	struct rps__ep_attr attr = { .sq_depth = 64 };
+	uint8_t expect[SLOT];
+	struct rps__wc wc;
+	struct conn c;
+	uint32_t posted = 0, sent_done = 0, received = 0, i;
+	uint64_t deadline;
+
+	CU_ASSERT_FATAL(conn_open_attr(&c, &attr) == 0);
+	for (i = 0; i < NRECV; i++) {
+		struct rps__sge sge = { srv_recv_mem + i * SLOT, SLOT, srv_recv_mr };
+
+		CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &sge, i), 0);
+	}
+	deadline = rps__now_ns() + 4 * WAIT_MS * 1000000ull;
+	while ((received < NMSG || sent_done < NMSG) && rps__now_ns() < deadline) {
+		/* sender: post until the send queue is full */
+		while (posted < NMSG) {
+			uint8_t *buf = cli_mem + (posted % 64) * SLOT;
+			int flags = RPS__WR_SIGNALED | (posted % 3 == 0 ? RPS__WR_INLINE : 0);
+			struct rps__wr wr = wr_make(RPS__OP_SEND, flags, posted, buf, burst_len(posted),
+						    flags & RPS__WR_INLINE ? NULL : cli_mr, NULL, 0);
+			int ret;
+
+			burst_fill(buf, posted);
+			ret = rps__post(c.ep, &wr, 1);
+			if (ret == -EAGAIN)
+				break;
+			CU_ASSERT_EQUAL_FATAL(ret, 0);
+			posted++;
+		}
+		/* sender: completions, in posting order */
+		while (rps__cq_poll(c.cq, &wc, 1) == 1) {
+			CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+			CU_ASSERT_EQUAL(wc.opcode, RPS__WC_SEND);
+			CU_ASSERT_EQUAL(wc.wr_id, sent_done);
+			sent_done++;
+		}
+		/* receiver: check, repost */
+		pthread_mutex_lock(&srv.lock);
+		i = srv.nmail > 0;
+		pthread_mutex_unlock(&srv.lock);
+		while (i && received < NMSG && server_wait_wc(c.sep, &wc)) {
+			struct rps__sge sge = { srv_recv_mem + wc.wr_id * SLOT, SLOT, srv_recv_mr };
+
+			CU_ASSERT_EQUAL_FATAL(wc.status, RPS__WC_SUCCESS);
+			CU_ASSERT_EQUAL(wc.opcode, RPS__WC_RECV);
+			CU_ASSERT_EQUAL(wc.wr_id, received % NRECV);	/* receives consumed in posting order */
+			CU_ASSERT_EQUAL(wc.byte_len, burst_len(received));
+			burst_fill(expect, received);
+			CU_ASSERT(memcmp(sge.addr, expect, burst_len(received)) == 0);
+			received++;
+			CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &sge, wc.wr_id), 0);
+			pthread_mutex_lock(&srv.lock);
+			i = srv.nmail > 0;
+			pthread_mutex_unlock(&srv.lock);
+		}
+		if (sent_done < posted)
+			rps__cq_wait(c.cq, &wc, 0, 1);
+	}
+	CU_ASSERT_EQUAL(received, NMSG);
+	CU_ASSERT_EQUAL(sent_done, NMSG);
+	CU_ASSERT_EQUAL(rps__ep_is_error(c.ep), 0);
+	CU_ASSERT_EQUAL(rps__ep_is_error(c.sep), 0);
+	conn_close(&c);
+}
+
+static void test_send_too_large(void)
+{
+	struct rps__sge small = { srv_recv_mem, 16, srv_recv_mr };
+	struct rps__sge next = { srv_recv_mem + 64, 64, srv_recv_mr };
+	struct rps__wc wc;
+	struct conn c;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &small, 77), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &next, 78), 0);
+	fill(cli_mem, 64, 5);
+	CU_ASSERT_EQUAL(run1(&c, wr_make(RPS__OP_SEND, 0, 1, cli_mem, 64, cli_mr, NULL, 0), &wc),
+			RPS__WC_REM_OP_ERR);
+	CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 77);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_LOC_ERR);
+	CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 78);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_FLUSH_ERR);
+	CU_ASSERT(rps__ep_is_error(c.ep));
+	CU_ASSERT(server_ep_error_soon(c.sep));
+	conn_close(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* errors                                                                   */
+
+static void test_unsignaled_with_failure(void)
+{
+	struct rps__wr wr[21];
+	struct rps__wc wc;
+	struct conn c;
+	int i;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	memset(srv_mem, 0, 1 << 16);
+	fill(cli_mem, 1 << 16, 21);
+
+	/* 20 unsignaled + 1 signaled: exactly one completion */
+	for (i = 0; i < 21; i++)
+		wr[i] = wr_make(RPS__OP_WRITE, i == 20 ? RPS__WR_SIGNALED : 0, 1000 + i, cli_mem + i * 1024, 1024,
+				cli_mr, srv_mem + i * 1024, rps__mr_rkey(srv_mr));
+	CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, wr, 21), 0);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 1020);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	CU_ASSERT(cli_quiet(c.cq, 30));
+	CU_ASSERT(memcmp(srv_mem, cli_mem, 21 * 1024) == 0);
+
+	/* good, good, bad (all unsignaled), then a signaled good one */
+	memset(srv_mem + 0x8000, 0, 0x4000);
+	wr[0] = wr_make(RPS__OP_WRITE, 0, 1, cli_mem, 512, cli_mr, srv_mem + 0x8000, rps__mr_rkey(srv_mr));
+	wr[1] = wr_make(RPS__OP_WRITE, 0, 2, cli_mem + 512, 512, cli_mr, srv_mem + 0x9000, rps__mr_rkey(srv_mr));
+	wr[2] = wr_make(RPS__OP_WRITE, 0, 3, cli_mem + 1024, 512, cli_mr, srv_mem + 0xA000, bad_rkey());
+	wr[3] = wr_make(RPS__OP_WRITE, RPS__WR_SIGNALED, 4, cli_mem + 1536, 512, cli_mr, srv_mem + 0xB000,
+			rps__mr_rkey(srv_mr));
+	CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, wr, 4), 0);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 3);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 4);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_FLUSH_ERR);
+	CU_ASSERT(cli_quiet(c.cq, 30));
+	CU_ASSERT(memcmp(srv_mem + 0x8000, cli_mem, 512) == 0);
+	CU_ASSERT(memcmp(srv_mem + 0x9000, cli_mem + 512, 512) == 0);
+	CU_ASSERT(all_bytes(srv_mem + 0xA000, 512, 0));
+	CU_ASSERT(all_bytes(srv_mem + 0xB000, 512, 0));
+	conn_close(&c);
+}
+
+static void test_wrong_rkey(void)
+{
+	struct rps__sge rsge[2] = { { srv_recv_mem, 64, srv_recv_mr }, { srv_recv_mem + 64, 64, srv_recv_mr } };
+	struct rps__wr wr[3];
+	struct rps__wc wc;
+	struct conn c;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &rsge[0], 100), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &rsge[1], 101), 0);
+	memset(srv_mem, 0, 0x10000);
+	fill(cli_mem, 0x2000, 31);
+	memset(cli_mem + 0x4000, 0xEE, 256);
+	wr[0] = wr_make(RPS__OP_WRITE, RPS__WR_SIGNALED, 1, cli_mem, 0x1000, cli_mr, srv_mem, bad_rkey());
+	wr[1] = wr_make(RPS__OP_WRITE, RPS__WR_SIGNALED, 2, cli_mem + 0x1000, 0x1000, cli_mr, srv_mem + 0x4000,
+			rps__mr_rkey(srv_mr));
+	wr[2] = wr_make(RPS__OP_READ, RPS__WR_SIGNALED, 3, cli_mem + 0x4000, 256, cli_mr, srv_mem + 0x8000,
+			rps__mr_rkey(srv_mr));
+	CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, wr, 3), 0);
+
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 1);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 2);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_FLUSH_ERR);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 3);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_FLUSH_ERR);
+	CU_ASSERT(rps__ep_is_error(c.ep));
+	CU_ASSERT(all_bytes(srv_mem, 0x10000, 0));		/* nothing written */
+	CU_ASSERT(all_bytes(cli_mem + 0x4000, 256, 0xEE));	/* nothing read */
+
+	/* the target went to the error state too: its receives are flushed */
+	CU_ASSERT(server_ep_error_soon(c.sep));
+	CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 100);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_FLUSH_ERR);
+	CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 101);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_FLUSH_ERR);
+
+	/* posting to an endpoint in error flushes */
+	CU_ASSERT_EQUAL(run1(&c, wr_make(RPS__OP_WRITE, 0, 9, cli_mem, 8, cli_mr, srv_mem,
+					 rps__mr_rkey(srv_mr)), NULL), RPS__WC_FLUSH_ERR);
+	CU_ASSERT(all_bytes(srv_mem, 8, 0));
+	conn_close(&c);
+}
+
+/* One op on a fresh connection; returns its status. */
+static int run_fresh(struct rps__wr wr)
+{
+	struct conn c;
+	int status;
+
+	if (conn_open(&c))
+		return -1;
+	status = run1(&c, wr, NULL);
+	if (status != RPS__WC_SUCCESS && !rps__ep_is_error(c.ep))
+		status = -2;	/* a failed op must leave the endpoint in error */
+	conn_close(&c);
+	return status;
+}
+
+static void test_out_of_bounds(void)
+{
+	uint8_t *region = srv_bounds_mem + GUARD;
+	uint32_t rkey = rps__mr_rkey(srv_bounds_mr);
+
+	memset(srv_bounds_mem, 0x11, GUARD + 4096 + GUARD);
+	fill(cli_mem, 64, 41);
+
+	/* WRITE straddling the end: nothing written, neither inside nor past */
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 1, cli_mem, 16, cli_mr, region + 4096 - 8, rkey)),
+			RPS__WC_REM_ACCESS_ERR);
+	/* WRITE starting before the region */
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 2, cli_mem, 16, cli_mr, region - 8, rkey)),
+			RPS__WC_REM_ACCESS_ERR);
+	/* WRITE entirely past the end */
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 3, cli_mem, 16, cli_mr, region + 4096, rkey)),
+			RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT(all_bytes(srv_bounds_mem, GUARD + 4096 + GUARD, 0x11));
+
+	/* READ straddling the end / starting before: the local buffer keeps its bytes */
+	memset(cli_mem + 4096, 0xEE, 64);
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_READ, 0, 4, cli_mem + 4096, 16, cli_mr, region + 4096 - 8, rkey)),
+			RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_READ, 0, 5, cli_mem + 4096, 16, cli_mr, region - 1, rkey)),
+			RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT(all_bytes(cli_mem + 4096, 64, 0xEE));
+
+	/* the exact region works */
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 6, cli_mem, 16, cli_mr, region + 4096 - 16, rkey)),
+			RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(region + 4096 - 16, cli_mem, 16) == 0);
+	CU_ASSERT(all_bytes(region + 4096, GUARD, 0x11));
+}
+
+static void test_misaligned_atomic(void)
+{
+	uint64_t *aligned = (uint64_t *)(srv_mem + 0x3000);
+	struct rps__wr wr;
+
+	memset(srv_mem + 0x3000, 0, 32);
+	wr = wr_make(RPS__OP_CAS, 0, 1, cli_mem, 8, cli_mr, srv_mem + 0x3004, rps__mr_rkey(srv_mr));
+	wr.compare_add = 0;
+	wr.swap = UINT64_MAX;
+	CU_ASSERT_EQUAL(run_fresh(wr), RPS__WC_REM_ACCESS_ERR);
+	wr = wr_make(RPS__OP_FADD, 0, 2, cli_mem, 8, cli_mr, srv_mem + 0x3002, rps__mr_rkey(srv_mr));
+	wr.compare_add = 1;
+	CU_ASSERT_EQUAL(run_fresh(wr), RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT(all_bytes(srv_mem + 0x3000, 32, 0));
+	(void)aligned;
+}
+
+static void test_missing_rights(void)
+{
+	uint32_t rkey = rps__mr_rkey(srv_ro_mr);
+	struct rps__wr wr;
+
+	fill(srv_ro_mem, 4096, 51);
+	memcpy(cli_mem + 8192, srv_ro_mem, 4096);
+	fill(cli_mem, 4096, 52);
+	/* no REMOTE_WRITE: WRITE refused, nothing written */
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 1, cli_mem, 4096, cli_mr, srv_ro_mem, rkey)),
+			RPS__WC_REM_ACCESS_ERR);
+	/* no REMOTE_ATOMIC either */
+	wr = wr_make(RPS__OP_FADD, 0, 2, cli_mem, 8, cli_mr, srv_ro_mem, rkey);
+	wr.compare_add = 1;
+	CU_ASSERT_EQUAL(run_fresh(wr), RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT(memcmp(srv_ro_mem, cli_mem + 8192, 4096) == 0);
+	/* REMOTE_READ is granted */
+	memset(cli_mem + 4096, 0, 4096);
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_READ, 0, 3, cli_mem + 4096, 4096, cli_mr, srv_ro_mem, rkey)),
+			RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(cli_mem + 4096, srv_ro_mem, 4096) == 0);
+}
+
+static void test_dereg_revokes(void)
+{
+	uint8_t *mem = srv_mem + (4u << 20);
+	struct rps__mr *mr, *mr2;
+	uint32_t old_rkey;
+
+	memset(mem, 0, 8192);
+	CU_ASSERT_EQUAL_FATAL(rps__mr_reg(srv_fab, mem, 8192, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ,
+					  &mr), 0);
+	old_rkey = rps__mr_rkey(mr);
+	fill(cli_mem, 64, 61);
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 1, cli_mem, 64, cli_mr, mem, old_rkey)),
+			RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(mem, cli_mem, 64) == 0);
+	CU_ASSERT_EQUAL(rps__mr_dereg(mr), 0);
+
+	fill(cli_mem + 64, 64, 62);
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 2, cli_mem + 64, 64, cli_mr, mem, old_rkey)),
+			RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT(memcmp(mem, cli_mem, 64) == 0);	/* still the first write */
+
+	/* the same memory registered again: a new key, and the old one stays dead */
+	CU_ASSERT_EQUAL_FATAL(rps__mr_reg(srv_fab, mem, 8192, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ,
+					  &mr2), 0);
+	CU_ASSERT_NOT_EQUAL(rps__mr_rkey(mr2), old_rkey);
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_READ, 0, 3, cli_mem + 128, 64, cli_mr, mem, old_rkey)),
+			RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 4, cli_mem + 64, 64, cli_mr, mem, rps__mr_rkey(mr2))),
+			RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(mem, cli_mem + 64, 64) == 0);
+	CU_ASSERT_EQUAL(rps__mr_dereg(mr2), 0);
+}
+
+static void test_peer_close_flushes(void)
+{
+	struct rps__sge sge;
+	struct rps__wc wc;
+	struct conn c;
+	int i;
+
+	/* the server closes: the client's posted receives flush, in order */
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	for (i = 0; i < 4; i++) {
+		sge = (struct rps__sge){ cli_mem + i * 64, 64, cli_mr };
+		CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.ep, &sge, 50 + i), 0);
+	}
+	rps__ep_close(c.sep);
+	c.sep = NULL;
+	for (i = 0; i < 4; i++) {
+		CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+		CU_ASSERT_EQUAL(wc.wr_id, (uint64_t)(50 + i));
+		CU_ASSERT_EQUAL(wc.status, RPS__WC_FLUSH_ERR);
+		CU_ASSERT_PTR_EQUAL(wc.ep, c.ep);
+	}
+	CU_ASSERT(rps__ep_is_error(c.ep));
+	/* and anything posted afterwards flushes as well */
+	CU_ASSERT_EQUAL(run1(&c, wr_make(RPS__OP_READ, 0, 60, cli_mem, 8, cli_mr, srv_mem,
+					 rps__mr_rkey(srv_mr)), NULL), RPS__WC_FLUSH_ERR);
+	/* closing drops the endpoint's completions still queued in its CQ */
+	for (i = 0; i < 3; i++)
+		CU_ASSERT_EQUAL(post1(c.ep, wr_make(RPS__OP_WRITE, RPS__WR_SIGNALED, 61 + i, cli_mem, 8, cli_mr,
+						    srv_mem, rps__mr_rkey(srv_mr))), 0);
+	rps__ep_close(c.ep);
+	c.ep = NULL;
+	CU_ASSERT(cli_quiet(c.cq, 20));
+	conn_close(&c);
+
+	/* the client closes: the server's posted receives flush */
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	for (i = 0; i < 3; i++) {
+		sge = (struct rps__sge){ srv_recv_mem + i * 64, 64, srv_recv_mr };
+		CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &sge, 70 + i), 0);
+	}
+	rps__ep_close(c.ep);
+	c.ep = NULL;
+	for (i = 0; i < 3; i++) {
+		CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
+		CU_ASSERT_EQUAL(wc.wr_id, (uint64_t)(70 + i));
+		CU_ASSERT_EQUAL(wc.status, RPS__WC_FLUSH_ERR);
+	}
+	CU_ASSERT(rps__ep_is_error(c.sep));
+	conn_close(&c);
+}
+
+static void test_sq_full(void)
+{
+	struct rps__ep_attr attr = { .sq_depth = 4 };
+	struct rps__wr wr[4];
+	struct rps__wc wc;
+	struct conn c;
+	int i;
+
+	CU_ASSERT_FATAL(conn_open_attr(&c, &attr) == 0);
+	for (i = 0; i < 4; i++)
+		wr[i] = wr_make(RPS__OP_READ, RPS__WR_SIGNALED, i, cli_mem + i * 8, 8, cli_mr, srv_mem,
+				rps__mr_rkey(srv_mr));
+	CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, wr, 4), 0);
+	/* nobody polled the client CQ: the four are still outstanding */
+	CU_ASSERT_EQUAL(rps__post(c.ep, wr, 1), -EAGAIN);
+	for (i = 0; i < 4; i++) {
+		CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+		CU_ASSERT_EQUAL(wc.wr_id, (uint64_t)i);
+		CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	}
+	CU_ASSERT_EQUAL(rps__post(c.ep, wr, 1), 0);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	conn_close(&c);
+}
+
+/* A READ may be overtaken by a later WRITE to the same place unless that
+ * WRITE carries RPS__WR_FENCE: with the fence the READ sees the old value. */
+static void test_fence(void)
+{
+	uint64_t *word = (uint64_t *)(srv_mem + 0x6000);
+	uint64_t *got = (uint64_t *)cli_mem, *src = (uint64_t *)(cli_mem + 64);
+	struct rps__wr wr[2];
+	struct rps__wc wc;
+	struct conn c;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	*word = 0x1111111111111111ull;
+	*src = 0x2222222222222222ull;
+	*got = 0;
+	wr[0] = wr_make(RPS__OP_READ, RPS__WR_SIGNALED, 1, got, 8, cli_mr, word, rps__mr_rkey(srv_mr));
+	wr[1] = wr_make(RPS__OP_WRITE, RPS__WR_SIGNALED | RPS__WR_FENCE, 2, src, 8, cli_mr, word,
+			rps__mr_rkey(srv_mr));
+	CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, wr, 2), 0);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 1);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 2);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(*got, 0x1111111111111111ull);
+	CU_ASSERT_EQUAL(*word, 0x2222222222222222ull);
+	conn_close(&c);
+}
+
+/* A SEND that finds no receive posted is not complete until one is: RC
+ * completion means the data sits in a receive buffer. */
+static void test_send_before_recv(void)
+{
+	struct rps__sge rsge = { srv_recv_mem, 64, srv_recv_mr };
+	struct rps__wr wr[2];
+	struct rps__wc wc;
+	struct conn c;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	memset(srv_mem + 0x7000, 0, 64);
+	memset(srv_recv_mem, 0, 64);
+	fill(cli_mem, 64, 81);
+	wr[0] = wr_make(RPS__OP_SEND, RPS__WR_SIGNALED, 1, cli_mem, 40, cli_mr, NULL, 0);
+	wr[1] = wr_make(RPS__OP_WRITE_IMM, RPS__WR_SIGNALED, 2, cli_mem + 40, 24, cli_mr, srv_mem + 0x7000,
+			rps__mr_rkey(srv_mr));
+	wr[1].imm = 0xABCD;
+	CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, wr, 2), 0);
+	CU_ASSERT(cli_quiet(c.cq, 50));
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &rsge, 5), 0);
+	CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 5);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_RECV);
+	CU_ASSERT_EQUAL(wc.byte_len, 40);
+	CU_ASSERT(memcmp(srv_recv_mem, cli_mem, 40) == 0);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 1);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_SEND);
+	/* the WRITE_IMM waits for its receive the same way */
+	CU_ASSERT(cli_quiet(c.cq, 30));
+	rsge.addr = srv_recv_mem + 64;
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &rsge, 6), 0);
+	CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 6);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_RECV_IMM);
+	CU_ASSERT_EQUAL(wc.imm, 0xABCD);
+	CU_ASSERT_EQUAL(wc.byte_len, 24);
+	CU_ASSERT(memcmp(srv_mem + 0x7000, cli_mem + 40, 24) == 0);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 2);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	conn_close(&c);
+}
+
+/* TCP: the target buffers at most rq_depth (128 by default) early SENDs;
+ * the next one fails with RNR_RETRY_EXC_ERR, everything else flushes.
+ * (Verbs retries RNR per its rnr_retry setting, so this is TCP only.) */
+static void test_rnr_bound(void)
+{
+	enum { N = 140, BOUND = 128 };
+	struct rps__ep_attr attr = { .sq_depth = 256 };
+	struct rps__wr wr[N];
+	struct rps__wc wc;
+	struct conn c;
+	int i;
+
+	if (g_kind != RPS__KIND_TCP)
+		return;
+	CU_ASSERT_FATAL(conn_open_attr(&c, &attr) == 0);
+	for (i = 0; i < N; i++)
+		wr[i] = wr_make(RPS__OP_SEND, RPS__WR_SIGNALED, (uint64_t)i, cli_mem, 16, cli_mr, NULL, 0);
+	CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, wr, N), 0);
+	for (i = 0; i < N; i++) {
+		CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+		CU_ASSERT_EQUAL(wc.wr_id, (uint64_t)i);
+		CU_ASSERT_EQUAL(wc.status, i == BOUND ? RPS__WC_RNR_RETRY_EXC_ERR : RPS__WC_FLUSH_ERR);
+	}
+	CU_ASSERT(rps__ep_is_error(c.ep));
+	CU_ASSERT(server_ep_error_soon(c.sep));
+	conn_close(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* atomicity under contention                                               */
+
+struct racer {
+	struct conn c;
+	enum rps__op op;
+	uint64_t *word;		/* remote */
+	uint64_t *old;		/* local result word */
+	int loops;
+	uint64_t *seen;		/* old values of successful increments */
+	int nseen;
+	int failures;
+};
+
+static void *racer_main(void *arg)
+{
+	struct racer *r = arg;
+	uint64_t expect = 0;
+	struct rps__wr wr;
+	struct rps__wc wc;
+	int done = 0;
+
+	while (done < r->loops) {
+		wr = wr_make(r->op, RPS__WR_SIGNALED, (uint64_t)done, r->old, 8, cli_mr, r->word,
+			     rps__mr_rkey(srv_mr));
+		wr.compare_add = r->op == RPS__OP_CAS ? expect : 1;
+		wr.swap = expect + 1;
+		if (rps__post(r->c.ep, &wr, 1) || !cli_wait(r->c.cq, &wc) || wc.status != RPS__WC_SUCCESS) {
+			r->failures++;
+			return NULL;
+		}
+		if (r->op == RPS__OP_FADD || *r->old == expect) {
+			r->seen[r->nseen++] = *r->old;
+			done++;
+			expect = *r->old + 1;
+		} else {
+			expect = *r->old;	/* lost the race: retry from what is there */
+		}
+	}
+	return NULL;
+}
+
+/* Every increment applied once: the final value is exact, and no two
+ * successful increments saw the same old value. */
+static void check_race(struct racer *r, int n, uint64_t total, uint64_t final)
+{
+	uint8_t *hit = calloc((size_t)total, 1);
+	uint64_t sum = 0;
+	bool dup = false, range = true;
+	int i, j;
+
+	CU_ASSERT_FATAL(hit != NULL);
+	for (i = 0; i < n; i++) {
+		CU_ASSERT_EQUAL(r[i].failures, 0);
+		CU_ASSERT_EQUAL(r[i].nseen, r[i].loops);
+		sum += (uint64_t)r[i].nseen;
+		for (j = 0; j < r[i].nseen; j++) {
+			if (r[i].seen[j] >= total) {
+				range = false;
+				continue;
+			}
+			dup |= hit[r[i].seen[j]]++ != 0;
+		}
+	}
+	CU_ASSERT_EQUAL(final, total);
+	CU_ASSERT(!dup);
+	CU_ASSERT(range);
+	CU_ASSERT(sum <= total);
+	free(hit);
+}
+
+/* nthreads clients, each on its own endpoint and CQ, increment one remote
+ * word loops times each with op; with local_loops, this thread increments
+ * the same word meanwhile with rps__local_cas on the server side. */
+static void race(enum rps__op op, int nthreads, int loops, int local_loops)
+{
+	struct racer r[RACE_THREADS + 1];
+	pthread_t tid[RACE_THREADS];
+	uint64_t *word = (uint64_t *)(srv_mem + 0x5000);
+	uint64_t expect = 0, old, total = 0;
+	int i, n = nthreads, started = 0;
+
+	*word = 0;
+	memset(r, 0, sizeof(r));
+	for (i = 0; i < nthreads; i++) {
+		CU_ASSERT_FATAL(conn_open(&r[i].c) == 0);
+		r[i].op = op;
+		r[i].word = word;
+		r[i].old = (uint64_t *)(cli_mem + i * 64);
+		r[i].loops = loops;
+		r[i].seen = calloc((size_t)loops, sizeof(uint64_t));
+		CU_ASSERT_FATAL(r[i].seen != NULL);
+		total += (uint64_t)loops;
+	}
+	if (local_loops) {
+		r[n].loops = local_loops;
+		r[n].seen = calloc((size_t)local_loops, sizeof(uint64_t));
+		CU_ASSERT_FATAL(r[n].seen != NULL);
+		total += (uint64_t)local_loops;
+	}
+	for (i = 0; i < nthreads; i++)
+		if (pthread_create(&tid[i], NULL, racer_main, &r[i]) == 0)
+			started++;
+	CU_ASSERT_EQUAL(started, nthreads);
+
+	while (r[n].nseen < local_loops) {
+		if (rps__local_cas(srv_fab, srv_mr, word, expect, expect + 1, &old)) {
+			fprintf(stderr, "local_cas: %s\n", rps__errbuf());
+			r[n].failures++;
+			break;
+		}
+		if (old == expect)
+			r[n].seen[r[n].nseen++] = old;
+		expect = old == expect ? old + 1 : old;
+	}
+
+	for (i = 0; i < started; i++)
+		pthread_join(tid[i], NULL);
+	check_race(r, n + (local_loops ? 1 : 0), total, __atomic_load_n(word, __ATOMIC_SEQ_CST));
+	for (i = 0; i <= n; i++) {
+		if (i < n)
+			conn_close(&r[i].c);
+		free(r[i].seen);
+	}
+}
+
+static void test_cas_race(void)
+{
+	race(RPS__OP_CAS, RACE_THREADS, RACE_LOOPS, 0);
+}
+
+static void test_fadd_race(void)
+{
+	race(RPS__OP_FADD, RACE_THREADS, RACE_LOOPS, 0);
+}
+
+static void test_local_cas_mixed(void)
+{
+	race(RPS__OP_CAS, 2, RACE_LOOPS, RACE_LOOPS);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static int suite_init(void)
+{
+	struct rps__fabric_attr fattr = { .kind = g_kind, .host = g_addr };
+	int i, ret;
+
+	if (rps__fabric_open(&fattr, &srv_fab) || rps__fabric_open(&fattr, &cli_fab)) {
+		fprintf(stderr, "fabric_open: %s\n", rps__errbuf());
+		return -1;
+	}
+	srv_mem = aligned_alloc(4096, SRV_LEN);
+	srv_ro_mem = aligned_alloc(4096, SRV_RO_LEN);
+	srv_recv_mem = aligned_alloc(4096, SRV_RECV_LEN);
+	srv_bounds_mem = aligned_alloc(4096, GUARD + 4096 + GUARD);
+	cli_mem = aligned_alloc(4096, CLI_LEN);
+	if (!srv_mem || !srv_ro_mem || !srv_recv_mem || !srv_bounds_mem || !cli_mem)
+		return -1;
+	memset(srv_mem, 0, SRV_LEN);
+	memset(cli_mem, 0, CLI_LEN);
+	ret = rps__mr_reg(srv_fab, srv_mem, SRV_LEN,
+			  RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ | RPS__ACCESS_REMOTE_ATOMIC, &srv_mr);
+	ret = ret ? ret : rps__mr_reg(srv_fab, srv_ro_mem, SRV_RO_LEN, RPS__ACCESS_REMOTE_READ, &srv_ro_mr);
+	ret = ret ? ret : rps__mr_reg(srv_fab, srv_recv_mem, SRV_RECV_LEN, RPS__ACCESS_LOCAL, &srv_recv_mr);
+	ret = ret ? ret : rps__mr_reg(srv_fab, srv_bounds_mem + GUARD, 4096,
+				      RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ, &srv_bounds_mr);
+	ret = ret ? ret : rps__mr_reg(cli_fab, cli_mem, CLI_LEN, RPS__ACCESS_LOCAL, &cli_mr);
+	for (i = 0; i < SRV_THREADS; i++)
+		ret = ret ? ret : rps__cq_create(srv_fab, 4096, &srv.cq[i]);
+	ret = ret ? ret : rps__listen(srv_fab, g_addr, 0, &srv.listener);
+	if (ret) {
+		fprintf(stderr, "suite setup: %s\n", rps__errbuf());
+		return -1;
+	}
+	for (i = 0; i < SRV_THREADS; i++)
+		if (pthread_create(&srv.thread[i], NULL, server_main, (void *)(uintptr_t)i))
+			return -1;
+	return 0;
+}
+
+static int suite_clean(void)
+{
+	int i;
+
+	pthread_mutex_lock(&srv.lock);
+	srv.stop = true;
+	pthread_mutex_unlock(&srv.lock);
+	for (i = 0; i < SRV_THREADS; i++)
+		pthread_join(srv.thread[i], NULL);
+	while (srv.naccepted)
+		rps__ep_close(srv.accepted[--srv.naccepted]);
+	rps__listener_close(srv.listener);
+	for (i = 0; i < SRV_THREADS; i++)
+		rps__cq_destroy(srv.cq[i]);
+	rps__mr_dereg(cli_mr);
+	rps__mr_dereg(srv_bounds_mr);
+	rps__mr_dereg(srv_recv_mr);
+	rps__mr_dereg(srv_ro_mr);
+	rps__mr_dereg(srv_mr);
+	rps__fabric_close(cli_fab);
+	rps__fabric_close(srv_fab);
+	free(cli_mem);
+	free(srv_bounds_mem);
+	free(srv_recv_mem);
+	free(srv_ro_mem);
+	free(srv_mem);
+	return 0;
+}
+
+int main(void)
+{
+	static const struct {
+		const char *name;
+		void (*fn)(void);
+	} tests[] = {
+		{ "connect and accept with private data", test_connect_private_data },
+		{ "reject with private data", test_reject_private_data },
+		{ "handshake checks magic, byte order, version (tcp)", test_handshake_checks },
+		{ "WRITE then READ back", test_write_read_back },
+		{ "WRITEs then WRITE_IMM: data placed before the immediate", test_writes_then_write_imm },
+		{ "READ", test_read },
+		{ "CAS success and failure", test_cas },
+		{ "FADD", test_fadd },
+		{ "SEND/RECV burst beyond the posted receives", test_send_recv_burst },
+		{ "SEND larger than the posted receive", test_send_too_large },
+		{ "unsignaled ops, a failing one still reported", test_unsignaled_with_failure },
+		{ "wrong rkey: nothing written, later ops flushed", test_wrong_rkey },
+		{ "out-of-bounds WRITE and READ", test_out_of_bounds },
+		{ "misaligned atomic", test_misaligned_atomic },
+		{ "region without the right", test_missing_rights },
+		{ "dereg revokes remote access", test_dereg_revokes },
+		{ "peer close flushes posted receives", test_peer_close_flushes },
+		{ "send queue full gives -EAGAIN", test_sq_full },
+		{ "FENCE: a READ is not overtaken by a fenced WRITE", test_fence },
+		{ "SEND before any receive completes only once received", test_send_before_recv },
+		{ "early SENDs beyond the bound: RNR_RETRY_EXC_ERR (tcp)", test_rnr_bound },
+		{ "CAS race: no lost increment", test_cas_race },
+		{ "FADD race: no lost increment", test_fadd_race },
+		{ "local CAS mixed with remote CAS", test_local_cas_mixed },
+	};
+	const char *kind = getenv("RPS_TEST_TRANSPORT");
+	CU_pSuite suite;
+	unsigned failed;
+	size_t i;
+
+	g_addr = getenv("RPS_TEST_ADDR");
+	if (!g_addr || !*g_addr)
+		g_addr = "127.0.0.1";
+	if (!kind || !*kind || strcmp(kind, "tcp") == 0) {
+		g_kind = RPS__KIND_TCP;
+	} else if (strcmp(kind, "verbs") == 0) {
+		g_kind = RPS__KIND_VERBS;
+		if (!rps__verbs_available()) {
+			fprintf(stderr, "test_transport: no RDMA device, verbs suite skipped\n");
+			return 77;
+		}
+	} else {
+		fprintf(stderr, "test_transport: RPS_TEST_TRANSPORT=%s: expected tcp or verbs\n", kind);
+		return 2;
+	}
+
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	suite = CU_add_suite(g_kind == RPS__KIND_TCP ? "transport (tcp)" : "transport (verbs)",
+			     suite_init, suite_clean);
+	if (!suite)
+		goto err;
+	for (i = 0; i < RPS__ARRAY_SIZE(tests); i++)
+		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
+			goto err;
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+	CU_cleanup_registry();
+	return failed ? 1 : 0;
+err:
+	fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
+	CU_cleanup_registry();
+	return 1;
+}
