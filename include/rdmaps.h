@@ -30,8 +30,8 @@ extern "C" {
 #define RPS_VERSION_MINOR 1
 
 /* rdmaps' own error codes, beyond the errno values (all negative). */
-#define RPS_ESTALE_EPOCH (-10001)	/* the shard moved; the map was stale */
-#define RPS_ELEASE	 (-10002)	/* our shard lock lease expired */
+#define RPS_ESTALE_EPOCH (-10001)	/* the shard moved; the map was stale (reserved) */
+#define RPS_ELEASE	 (-10002)	/* a shard lock lease expired (pushes retry it themselves) */
 
 typedef struct rps_client rps_client_t;
 typedef struct rps_tensor rps_tensor_t;
@@ -86,13 +86,16 @@ void rps_tensor_opts_init(struct rps_tensor_opts *opts);
 
 /* Connect to every server of the cluster. */
 int rps_client_connect(const struct rps_client_opts *opts, rps_client_t **out);
-/* Wait for outstanding requests, disconnect, free.  Tensors and requests of
- * the client must not be used afterwards. */
+/* Disconnect and free.  Requests still running are cancelled (their
+ * waiters get -ECANCELED): wait for them first.  Close the client's tensors
+ * first; nothing of the client may be used afterwards. */
 int rps_client_close(rps_client_t *client);
 
-/* Create the tensor `name` (at most 63 bytes), or, if it exists with the same
- * count, dtype, mode and optimizer, open it: every worker may call this with
- * the same options.  Different options give -EEXIST. */
+/* Create the tensor `name` (at most 63 bytes), or, if it exists with the very
+ * same options, open it: every worker may call this with the same options.
+ * Any difference (count, dtype, mode, staleness, optimizer, hyper-parameters,
+ * num_workers, or whether init is given) gives -EEXIST.  If init is given,
+ * every worker must give it (the same values): the first creator's are used. */
 int rps_tensor_create(rps_client_t *client, const char *name,
 		      const struct rps_tensor_opts *opts, rps_tensor_t **out);
 /* Open an existing tensor; -ENOENT if no server holds it. */
@@ -127,10 +130,11 @@ int rps_test(rps_request_t *req, int *result);
 /* Wait for the request, free it, return its status. */
 int rps_wait(rps_request_t *req);
 
-/* Wait until all num_workers workers have entered the barrier. */
+/* Wait until all num_workers workers have entered the barrier (call it from
+ * one thread per worker; it has no timeout). */
 int rps_barrier(rps_client_t *client);
 
-/* A name for an error code (errno or RPS_E*). */
+/* A one-line description of an error code (errno or RPS_E*). */
 const char *rps_strerror(int err);
 /* The calling thread's message for its last failed call. */
 const char *rps_last_error(void);

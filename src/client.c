@@ -26,6 +26,7 @@
 #include "config.h"
 #include "agg.h"
 #include "common.h"
+#include "optim.h"
 #include "proto.h"
 #include "shard.h"
 #include "transport.h"
@@ -677,7 +678,7 @@ static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const stru
 		return;
 	}
 	if (ack->slot >= c->nslots || !(op = c->slot_op[ack->slot]) || op->state != ST_WRITING) {
-		rps__log(RPS__LOG_WARN, "%s: acknowledgement for an idle slot %u", c->name, ack->slot);
+		rps__log(RPS__LOG_DEBUG, "%s: acknowledgement for an idle slot %u", c->name, ack->slot);
 		c->dead = true;
 		c->err = -EPROTO;
 		return;
@@ -768,7 +769,7 @@ static void on_ctrl_reply(struct conn *c, void *buf, uint32_t len)
 	uint32_t idx;
 
 	if (rps__msg_check(buf, len)) {
-		rps__log(RPS__LOG_WARN, "%s: %s", c->name, rps__errbuf());
+		rps__log(RPS__LOG_DEBUG, "%s: %s", c->name, rps__errbuf());
 		c->dead = true;
 		c->err = -EPROTO;
 		return;
@@ -780,7 +781,7 @@ static void on_ctrl_reply(struct conn *c, void *buf, uint32_t len)
 	}
 	idx = (uint32_t)h.req_id;
 	if (h.req_id >= CTRL_CREDITS || !c->ctrl[idx].busy) {
-		rps__log(RPS__LOG_WARN, "%s: reply %s to no request", c->name, rps__msg_type_name(h.type));
+		rps__log(RPS__LOG_DEBUG, "%s: reply %s to no request", c->name, rps__msg_type_name(h.type));
 		return;
 	}
 	e = &c->ctrl[idx];
@@ -1386,6 +1387,14 @@ static int spec_from_opts(const char *name, const struct rps_tensor_opts *o, int
 		return rps__seterr(-EINVAL, "tensor '%s': unknown consistency mode %d", name, (int)o->mode);
 	if (o->optimizer < RPS_OPT_SUM || o->optimizer > RPS_OPT_ADAM)
 		return rps__seterr(-EINVAL, "tensor '%s': unknown optimizer %d", name, (int)o->optimizer);
+	{	/* say what is wrong here rather than learn it from a server */
+		struct rps__optim opt = { .type = o->optimizer, .lr = o->lr, .momentum = o->momentum,
+					  .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
+					  .weight_decay = o->weight_decay, .rescale = o->rescale };
+		int ret = rps__optim_validate(&opt);
+		if (ret)
+			return rps__preerr(ret, "tensor '%s'", name);
+	}
 	memset(sp, 0, sizeof(*sp));
 	sp->count = o->count;
 	sp->dtype = (uint32_t)o->dtype;
@@ -1548,9 +1557,13 @@ RPS_EXPORT int rps_tensor_open(rps_client_t *cl, const char *name, rps_tensor_t 
 
 RPS_EXPORT int rps_tensor_info(const rps_tensor_t *t, struct rps_tensor_opts *o)
 {
-	if (!t || !o || o->size < sizeof(*o))
+	size_t size;
+
+	if (!t || !o || o->size < offsetof(struct rps_tensor_opts, init))
 		return rps__seterr(-EINVAL, "rps_tensor_info: NULL argument or options not initialised");
+	size = o->size;
 	rps_tensor_opts_init(o);
+	o->size = RPS__MIN(size, sizeof(*o));
 	o->count = t->spec.count;
 	o->dtype = (enum rps_dtype)t->spec.dtype;
 	o->mode = (enum rps_mode)t->spec.mode;
@@ -1777,6 +1790,10 @@ RPS_EXPORT const char *rps_strerror(int err)
 	case RPS_ESTALE_EPOCH: return "shard moved (stale epoch)";
 	case RPS_ELEASE: return "shard lock lease expired";
 	}
+	if (err == -EXDEV)
+		return "server list order differs from the servers' --cluster list";
+	if (err == -EMSGSIZE)
+		return "size or dtype does not match the tensor";
 	if (err < 0 && err > -4096) {
 		const char *s = strerrordesc_np(-err);
 		if (s)

@@ -72,7 +72,6 @@ struct shard {
 	uint64_t step;		/* updates applied == published version */
 	int next_rank;		/* sync: whose contribution comes next */
 	uint64_t *clocks;	/* bounded: pushes applied per rank */
-	uint64_t last_applied_lock;	/* lock word the last push ran under */
 	uint64_t lease_word;	/* lock word seen by the lease scan ... */
 	uint64_t lease_since;	/* ... since this time (ns) */
 };
@@ -404,7 +403,6 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 			return CONSUMED;
 		}
 		shard_update(t, s, grad_fp32(s, d));
-		s->last_applied_lock = w;
 		if (t->spec.mode == RPS_MODE_BOUNDED) {
 			if (d->clock + 1 > s->clocks[d->rank])
 				s->clocks[d->rank] = d->clock + 1;
@@ -796,12 +794,13 @@ static void on_message(struct rps__server *srv, struct conn *c, void *buf, uint3
 /* ---- locks ------------------------------------------------------------ */
 
 /* Release a lock on behalf of its holder, through the transport's atomic
- * path.  If the holder's push was applied, the version moves on as the
- * holder's own release would have moved it. */
+ * path.  The version always moves on: a holder that is merely slow, and
+ * whose connection then takes the same shard's lock again, gets a new word,
+ * so its stale push (naming the old word) can never pass the lock check. */
 static void break_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w,
 		       const char *why)
 {
-	uint64_t next = rps__lock_unlocked(rps__lock_version(w) + (s->last_applied_lock == w));
+	uint64_t next = rps__lock_unlocked(rps__lock_version(w) + 1);
 	uint64_t old = 0;
 	int ret;
 
@@ -1175,8 +1174,8 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 	if (cfg->shard_bytes < 64 || cfg->shard_bytes % 4 || cfg->shard_bytes > (1u << 30))
 		return rps__seterr(-EINVAL, "--shard-size %u: must be a multiple of 4 between 64 B and 1 GiB",
 				   cfg->shard_bytes);
-	if (cfg->nslots < 1 || cfg->nslots > 1024)
-		return rps__seterr(-EINVAL, "--slots %u: must be between 1 and 1024", cfg->nslots);
+	if (cfg->nslots < 1 || cfg->nslots > 64)
+		return rps__seterr(-EINVAL, "--slots %u: must be between 1 and 64 (workers use at most 64)", cfg->nslots);
 	if (cfg->max_conns < 1)
 		return rps__seterr(-EINVAL, "--max-connections must be at least 1");
 	srv = calloc(1, sizeof(*srv));

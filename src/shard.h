@@ -38,7 +38,9 @@ struct rps__shard_hdr {
  * Lock word: bit 0 = locked, bits 1..15 = owner id (1..32767, the server
  * gives each connection one), bits 16..63 = lock version (number of pushes
  * serialised through this lock).  Acquire: CAS(unlocked(v), locked(v, me)).
- * Release: CAS(locked(v, me), unlocked(v + 1)).
+ * Release: CAS(locked(v, me), unlocked(v + 1)).  A lock the server breaks
+ * (lease expired, holder disconnected) also moves to unlocked(v + 1), so a
+ * word, once broken, never comes back (no ABA for a slow holder).
  */
 #define RPS__LOCK_OWNER_MAX 32767u
 

@@ -16,6 +16,8 @@
 #include "cluster.h"
 #include "agg.h"
 #include "optim.h"
+#include "proto.h"
+#include "transport.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -647,6 +649,166 @@ static void test_bad_input(void)
 	CU_ASSERT(strstr(rps_last_error(), "tcp://") != NULL);
 }
 
+/* A raw peer that speaks the transport but not the protocol correctly:
+ * refused, or dropped, with nothing applied, and the server keeps serving. */
+struct raw_peer {
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	struct rps__mr *mr;
+	char *buf;
+};
+
+static int raw_connect(struct raw_peer *p, const struct rps__conn_priv *priv, char *reply, size_t *reply_len)
+{
+	struct rps__fabric_attr fa = { .kind = strcmp(cluster.scheme, "verbs") ? RPS__KIND_TCP : RPS__KIND_VERBS,
+				       .host = cluster.addr };
+	struct rps__ep_attr ea = { 0 };
+	int ret, i;
+
+	memset(p, 0, sizeof(*p));
+	p->buf = aligned_alloc(4096, 65536);
+	memset(p->buf, 0, 65536);
+	if ((ret = rps__fabric_open(&fa, &p->fab)) || (ret = rps__cq_create(p->fab, 256, &p->cq)) ||
+	    (ret = rps__mr_reg(p->fab, p->buf, 65536, RPS__ACCESS_LOCAL, &p->mr)))
+		return ret;
+	ret = rps__connect(p->fab, cluster.addr, cluster.port[0], p->cq, &ea, priv, sizeof(*priv), 5000,
+			   reply, reply_len, &p->ep);
+	if (ret)
+		return ret;
+	for (i = 0; i < 8; i++) {
+		struct rps__sge sge = { .addr = p->buf + 32768 + i * 512, .len = 512, .mr = p->mr };
+		rps__post_recv(p->ep, &sge, (uint64_t)i);
+	}
+	return 0;
+}
+
+static void raw_close(struct raw_peer *p)
+{
+	rps__ep_close(p->ep);
+	rps__mr_dereg(p->mr);
+	rps__cq_destroy(p->cq);
+	rps__fabric_close(p->fab);
+	free(p->buf);
+}
+
+/* Wait for one completion; returns its status, or -1 on timeout. */
+static int raw_wait(struct raw_peer *p, struct rps__wc *wc)
+{
+	int i, n;
+
+	for (i = 0; i < 500; i++) {
+		n = rps__cq_wait(p->cq, wc, 1, 10);
+		if (n > 0)
+			return (int)wc->status;
+	}
+	return -1;
+}
+
+static int raw_send(struct raw_peer *p, const void *msg, size_t len)
+{
+	struct rps__wr wr = { .op = RPS__OP_SEND, .flags = RPS__WR_SIGNALED,
+			      .sge = { .addr = p->buf, .len = (uint32_t)len, .mr = p->mr } };
+
+	memcpy(p->buf, msg, len);
+	return rps__post(p->ep, &wr, 1);
+}
+
+static void test_malformed_peer(void)
+{
+	struct rps__conn_priv good = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct rps__conn_priv bad = good;
+	struct raw_peer p;
+	struct rps__wc wc;
+	char reply[64] = { 0 }, msg[RPS__MSG_MAX];
+	size_t reply_len = sizeof(reply) - 1;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	float v[10];
+	int i, flushed;
+
+	CU_ASSERT_FATAL(cluster_up);
+	/* wrong protocol version: refused with a reason */
+	bad.version = 99;
+	CU_ASSERT_EQUAL(raw_connect(&p, &bad, reply, &reply_len), -ECONNREFUSED);
+	CU_ASSERT(strstr(reply, "version") != NULL);
+	raw_close(&p);
+
+	/* garbage where a message should be: the server drops us */
+	CU_ASSERT_EQUAL_FATAL(raw_connect(&p, &good, NULL, NULL), 0);
+	memset(msg, 0xab, sizeof(msg));
+	CU_ASSERT_EQUAL(raw_send(&p, msg, 100), 0);
+	for (i = 0, flushed = 0; i < 20 && !flushed; i++)
+		flushed = raw_wait(&p, &wc) == RPS__WC_FLUSH_ERR;
+	CU_ASSERT(flushed);
+	raw_close(&p);
+
+	/* a request before HELLO: dropped too */
+	CU_ASSERT_EQUAL_FATAL(raw_connect(&p, &good, NULL, NULL), 0);
+	{
+		struct rps__wait w = { 0 };
+		size_t len = rps__msg_build(msg, RPS__MSG_WAIT, 1, 0, &w, sizeof(w));
+		CU_ASSERT_EQUAL(raw_send(&p, msg, len), 0);
+	}
+	for (i = 0, flushed = 0; i < 20 && !flushed; i++)
+		flushed = raw_wait(&p, &wc) == RPS__WC_FLUSH_ERR;
+	CU_ASSERT(flushed);
+	raw_close(&p);
+
+	/* a push into a slot with a garbage descriptor: refused, nothing applied */
+	CU_ASSERT_EQUAL_FATAL(raw_connect(&p, &good, NULL, NULL), 0);
+	{
+		struct rps__hello h = { .magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = 0,
+					.num_workers = 1, .server_index = 0, .nservers = (uint32_t)cluster.nservers };
+		struct rps__hello_rep rep;
+		struct rps__msg_hdr mh;
+		struct rps__wr wr;
+		size_t len = rps__msg_build(msg, RPS__MSG_HELLO, 1, 0, &h, sizeof(h));
+		int got = 0;
+
+		CU_ASSERT_EQUAL(raw_send(&p, msg, len), 0);
+		for (i = 0; i < 20 && !got; i++)
+			if (raw_wait(&p, &wc) == RPS__WC_SUCCESS && wc.opcode == RPS__WC_RECV)
+				got = 1;
+		CU_ASSERT_FATAL(got);
+		memcpy(&mh, p.buf + 32768 + wc.wr_id * 512, sizeof(mh));
+		memcpy(&rep, p.buf + 32768 + wc.wr_id * 512 + sizeof(mh), sizeof(rep));
+		CU_ASSERT_EQUAL(mh.type, RPS__MSG_HELLO_REP);
+		memset(p.buf, 0x5a, 256);	/* not a descriptor */
+		memset(&wr, 0, sizeof(wr));
+		wr.op = RPS__OP_WRITE_IMM;
+		wr.sge = (struct rps__sge){ .addr = p.buf, .len = 256, .mr = p.mr };
+		wr.raddr = rep.slot_addr;
+		wr.rkey = rep.slot_rkey;
+		wr.imm = 0;
+		CU_ASSERT_EQUAL(rps__post(p.ep, &wr, 1), 0);
+		for (i = 0, got = 0; i < 20 && !got; i++)
+			if (raw_wait(&p, &wc) == RPS__WC_SUCCESS && wc.opcode == RPS__WC_RECV)
+				got = 1;
+		CU_ASSERT_FATAL(got);
+		memcpy(&mh, p.buf + 32768 + wc.wr_id * 512, sizeof(mh));
+		CU_ASSERT_EQUAL(mh.type, RPS__MSG_PUSH_ACK);
+		CU_ASSERT_EQUAL(mh.status, -EBADMSG);
+		/* a WRITE with a key the server never gave out: remote access error */
+		wr.op = RPS__OP_WRITE;
+		wr.flags = RPS__WR_SIGNALED;
+		wr.rkey = rep.slot_rkey ^ 0x5555u;
+		CU_ASSERT_EQUAL(rps__post(p.ep, &wr, 1), 0);
+		for (i = 0, got = 0; i < 20 && !got; i++)
+			if (raw_wait(&p, &wc) == RPS__WC_REM_ACCESS_ERR)
+				got = 1;
+		CU_ASSERT(got);
+	}
+	raw_close(&p);
+
+	/* and the server still serves a well-behaved worker */
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 1, &cl), 0);
+	CU_ASSERT_EQUAL(rps_tensor_open(cl, "bad-input", &t), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, v, 0, NULL), -EMSGSIZE);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+}
+
 /* Nobody listening: a clear error, quickly. */
 static void test_server_absent(void)
 {
@@ -739,6 +901,7 @@ int main(void)
 	CU_add_test(s, "worker killed mid-push", test_worker_killed_mid_push);
 	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
 	CU_add_test(s, "bad input gives clear errors", test_bad_input);
+	CU_add_test(s, "malformed peers refused or dropped", test_malformed_peer);
 	CU_add_test(s, "no server listening", test_server_absent);
 	CU_add_test(s, "server killed under a worker", test_server_killed);
 	CU_basic_set_mode(CU_BRM_VERBOSE);
