@@ -1,0 +1,12 @@
+# Sourced by the verbs test wrappers: find an RDMA device and the IPv4
+# address rdma_cm reaches it on, or exit 77 (automake's SKIP).
+# RPS_VERBS_ADDR (or the rxe VM's RXE_ADDR) overrides the search.
+addr=${RPS_VERBS_ADDR:-${RXE_ADDR:-}}
+if [ -z "$addr" ]; then
+	netdev=$(rdma link show 2>/dev/null | sed -n 's/.* netdev \([^ ]*\).*/\1/p' | head -1)
+	[ -n "$netdev" ] && addr=$(ip -4 -o addr show dev "$netdev" 2>/dev/null | awk '{sub("/.*","",$4); print $4; exit}')
+fi
+if [ -z "$addr" ]; then
+	echo "SKIP: no RDMA device with an IPv4 address here (run make check-rxe for a Soft-RoCE VM)"
+	exit 77
+fi
