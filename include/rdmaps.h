@@ -64,6 +64,8 @@ struct rps_client_opts {
 	int rank;		/* this worker's rank, 0 .. num_workers-1 */
 	int num_workers;	/* workers taking part in sync/bounded tensors */
 	int timeout_ms;		/* give up on one operation after this (default 30000) */
+	int verify;		/* 1: checksum every push end to end (crc32c); a
+				 * corrupted push is refused with -EILSEQ, never applied */
 };
 
 struct rps_tensor_opts {

@@ -182,8 +182,10 @@ struct rps_client {
 	int wake_fd;
 	struct rps_request *deadlines;
 	struct shard_op *backoff;	/* ops in ST_BACKOFF (linked by next) */
-	int fault_kill_mid_push;	/* test hook, see fault_init() */
+	bool verify;		/* crc32c on every push */
+	int fault_kill_mid_push;	/* test hooks (RPS_FAULT, see rdmaps(3)) */
 	int fault_stop_after_lock;
+	int fault_corrupt_push;
 };
 
 struct rps_tensor {
@@ -280,6 +282,8 @@ static const char *status_text(int status)
 {
 	switch (status) {
 	case -EMSGSIZE: return "gradient size or dtype does not match the tensor";
+	case -EILSEQ: return "the push arrived corrupted (checksum mismatch) and was not applied";
+	case -EBADMSG: return "the server found the push malformed and did not apply it";
 	case -ENOENT: return "the server does not know this tensor (was it created?)";
 	case -EINVAL: return "the server refused the request as invalid (rank, shard or tensor id)";
 	case -EALREADY: return "this step already has this worker's push (duplicate)";
@@ -563,6 +567,12 @@ static void fill_desc(struct shard_op *op)
 	d->clock = op->clock;
 	d->push_id = op->push_id;
 	memcpy((char *)d + RPS__PUSH_DESC_SIZE, op->src, d->nbytes);
+	if (c->cl->verify) {
+		d->flags |= RPS__DESC_CRC;
+		d->crc = rps__push_crc(d);
+		if (RPS__UNLIKELY(c->cl->fault_corrupt_push) && --c->cl->fault_corrupt_push == 0)
+			((unsigned char *)d)[RPS__PUSH_DESC_SIZE + d->nbytes / 2] ^= 0x10;	/* test hook: a flipped bit */
+	}
 }
 
 /* The op has its resource: go. */
@@ -1325,6 +1335,9 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	cl->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
 	cl->fault_kill_mid_push = fault_count(getenv("RPS_FAULT"), "kill-mid-push");
 	cl->fault_stop_after_lock = fault_count(getenv("RPS_FAULT"), "stop-after-lock");
+	cl->fault_corrupt_push = fault_count(getenv("RPS_FAULT"), "corrupt-push");
+	if (opts->size >= offsetof(struct rps_client_opts, verify) + sizeof(opts->verify))
+		cl->verify = opts->verify != 0;
 	ret = rps__uri_list_parse(opts->servers, &uris, &cl->nservers);
 	if (ret)
 		goto err;

@@ -7,6 +7,7 @@
 #include "common.h"
 
 #include <errno.h>
+#include <isa-l/crc.h>
 #include <string.h>
 
 _Static_assert(sizeof(struct rps__msg_hdr) == 24, "message header layout");
@@ -104,5 +105,13 @@ int rps__desc_check(const struct rps__push_desc *d, size_t slot_size)
 	if ((size_t)d->nbytes > slot_size - RPS__PUSH_DESC_SIZE)
 		return rps__seterr(-EBADMSG, "malformed push: %u data bytes exceed the %zu-byte slot",
 				   d->nbytes, slot_size - RPS__PUSH_DESC_SIZE);
+	if ((d->flags & RPS__DESC_CRC) && rps__push_crc(d) != d->crc)
+		return rps__seterr(-EILSEQ, "push %llu: checksum mismatch (crc32c %08x, data gives %08x): corrupted in flight, not applied",
+				   (unsigned long long)d->push_id, d->crc, rps__push_crc(d));
 	return 0;
+}
+
+uint32_t rps__push_crc(const struct rps__push_desc *d)
+{
+	return crc32_iscsi((unsigned char *)d + RPS__PUSH_DESC_SIZE, (int)d->nbytes, 0xffffffffu);
 }

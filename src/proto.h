@@ -159,8 +159,16 @@ struct rps__push_desc {
 	uint64_t lock;		/* async/bounded: the lock word the worker holds */
 	uint64_t push_id;	/* unique per worker: duplicates are refused */
 	uint64_t epoch;
-	uint64_t reserved;
+	uint32_t crc;		/* RPS__DESC_CRC: crc32c (ISA-L) of the data */
+	uint32_t flags;
 };
+
+enum rps__desc_flags {
+	RPS__DESC_CRC = 1u << 0,	/* crc is set: verify before applying */
+};
+
+/* crc32c of the data after a descriptor (ISA-L), as --verify uses it. */
+uint32_t rps__push_crc(const struct rps__push_desc *d);
 
 /* Validate a received message: length, magic, type, body size for its
  * type, NUL-terminated strings.  Returns 0 or -EBADMSG with a message. */

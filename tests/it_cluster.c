@@ -481,6 +481,51 @@ static void test_worker_stalled_holding_lock(void)
 	free(p);
 }
 
+/* --verify: a bit flipped after the checksum was computed is caught by the
+ * server and never applied; the pushes around it are. */
+static void test_verify_flipped_bit(void)
+{
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	float g[5000], p[5000];
+	uint64_t version = 0;
+	int k, ret, bad = 0, refused = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	rps_client_opts_init(&co);
+	co.servers = cluster.servers;
+	co.verify = 1;
+	setenv("RPS_FAULT", "corrupt-push:3", 1);
+	ret = rps_client_connect(&co, &cl);
+	unsetenv("RPS_FAULT");
+	CU_ASSERT_EQUAL_FATAL(ret, 0);
+	rps_tensor_opts_init(&o);
+	o.count = 5000;
+	o.mode = RPS_MODE_ASYNC;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "verified", &o, &t), 0);
+	for (k = 0; k < 5000; k++)
+		g[k] = (float)(k % 13);
+	for (k = 0; k < 6; k++) {
+		ret = rps_push(t, g, sizeof(g));
+		if (ret == -EILSEQ) {
+			refused++;
+			CU_ASSERT(strstr(rps_last_error(), "checksum") != NULL);
+		} else {
+			CU_ASSERT_EQUAL(ret, 0);
+		}
+	}
+	CU_ASSERT_EQUAL(refused, 1);
+	CU_ASSERT_EQUAL(rps_pull(t, p, sizeof(p), &version), 0);
+	CU_ASSERT_EQUAL(version, 5u);
+	for (k = 0; k < 5000; k++)
+		bad += p[k] != 5.0f * g[k];
+	CU_ASSERT_EQUAL(bad, 0);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+}
+
 /* Several tensors at once, from two threads sharing one client per worker. */
 struct multi_ctx {
 	rps_client_t *cl;
@@ -898,6 +943,7 @@ int main(void)
 	CU_add_test(s, "async exact sums, version == pushes", test_async_exact);
 	CU_add_test(s, "bounded staleness never exceeds k", test_bounded_staleness);
 	CU_add_test(s, "several tensors, threads sharing a client", test_several_tensors_threads);
+	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
 	CU_add_test(s, "worker killed mid-push", test_worker_killed_mid_push);
 	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
 	CU_add_test(s, "bad input gives clear errors", test_bad_input);

@@ -143,6 +143,33 @@ static void test_push_desc(void)
 	CU_ASSERT_EQUAL(rps__desc_check(&d, 1024), -EBADMSG);
 }
 
+static void test_push_crc_catches_every_flipped_bit(void)
+{
+	static unsigned char slot[RPS__PUSH_DESC_SIZE + 256];
+	struct rps__push_desc *d = (struct rps__push_desc *)slot;
+	unsigned bit;
+
+	memset(slot, 0, sizeof(slot));
+	for (bit = 0; bit < 256; bit++)
+		slot[RPS__PUSH_DESC_SIZE + bit] = (unsigned char)(bit * 7);
+	d->magic = RPS__DESC_MAGIC;
+	d->kind = RPS__PUSH_GRAD;
+	d->nbytes = 256;
+	d->flags = RPS__DESC_CRC;
+	d->crc = rps__push_crc(d);
+	CU_ASSERT_EQUAL(rps__desc_check(d, sizeof(slot)), 0);
+	for (bit = 0; bit < 256 * 8; bit++) {
+		slot[RPS__PUSH_DESC_SIZE + bit / 8] ^= (unsigned char)(1u << (bit % 8));
+		CU_ASSERT_EQUAL(rps__desc_check(d, sizeof(slot)), -EILSEQ);
+		slot[RPS__PUSH_DESC_SIZE + bit / 8] ^= (unsigned char)(1u << (bit % 8));
+	}
+	CU_ASSERT_EQUAL(rps__desc_check(d, sizeof(slot)), 0);
+	/* without the flag nothing is checked */
+	d->flags = 0;
+	slot[RPS__PUSH_DESC_SIZE] ^= 1;
+	CU_ASSERT_EQUAL(rps__desc_check(d, sizeof(slot)), 0);
+}
+
 int main(void)
 {
 	CU_pSuite s;
@@ -157,6 +184,7 @@ int main(void)
 	CU_add_test(s, "CREATE names must be terminated", test_create_name_terminated);
 	CU_add_test(s, "foreign byte order detected", test_foreign_byte_order);
 	CU_add_test(s, "push descriptors checked against the slot", test_push_desc);
+	CU_add_test(s, "push crc32c catches every flipped bit", test_push_crc_catches_every_flipped_bit);
 	CU_basic_set_mode(CU_BRM_VERBOSE);
 	CU_basic_run_tests();
 	failed = CU_get_number_of_failures();
