@@ -95,6 +95,12 @@ struct shard_op {
 	const void *src;	/* push: this shard's part of the user buffer */
 	float *dst;		/* pull: where the parameters go */
 	int torn;
+	bool cas_done, cas_ok;	/* speculative push: the acquire CAS came back */
+	bool ack_done;		/* ... and the server's PUSH_ACK */
+	bool die_mid_write;	/* test hook: kill-mid-push chose this op */
+	bool shard_freed;	/* shard_done() ran */
+	int ack_status;
+	uint64_t ack_lock;	/* the lock word the server left */
 	uint32_t backoff_us;
 	uint64_t retry_at;
 	uint32_t ctrl;		/* control entry of a WAIT */
@@ -163,6 +169,7 @@ struct conn {
 	struct shard_op *slot_op[1024];	/* slot -> op awaiting its ack */
 	struct shard_op *qhead, *qtail;	/* waiting for a slot/bounce buffer */
 	struct shard_op *wqhead, *wqtail;	/* waiting for a control credit */
+	struct shard_op *shhead, *shtail;	/* locked pushes waiting for their shard */
 	struct shard_op *active;
 };
 
@@ -179,6 +186,8 @@ struct rps_client {
 	pthread_t thread;
 	bool thread_started;
 	bool stopping;
+	bool polling;		/* a thread is in progress_once() */
+	int waiters;		/* callers blocked in a wait */
 	int wake_fd;
 	struct rps_request *deadlines;
 	struct shard_op *backoff;	/* ops in ST_BACKOFF (linked by next) */
@@ -202,6 +211,7 @@ struct rps_tensor {
 	} *at;			/* per server */
 	uint64_t *lock_guess;	/* per shard: last unlocked lock word seen */
 	uint64_t *lock_held;	/* per shard: word held via rps__tensor_lock() */
+	uint8_t *shard_busy;	/* per shard: one of our locked pushes is running */
 	uint64_t clock;		/* pushes issued by this worker */
 	int live_ops;		/* ops still running (a release may outlive its push) */
 };
@@ -355,6 +365,13 @@ static void active_del(struct conn *c, struct shard_op *op)
 }
 
 static void op_start(struct shard_op *op);
+static void op_admit(struct shard_op *op);
+
+/* async/bounded pushes run under the shard lock */
+static bool locked_push(const struct shard_op *op)
+{
+	return op->kind == OP_PUSH && op->t->spec.mode != RPS_MODE_SYNC;
+}
 
 static void queue_push(struct shard_op **head, struct shard_op **tail, struct shard_op *op)
 {
@@ -381,6 +398,32 @@ static struct shard_op *queue_pop(struct shard_op **head, struct shard_op **tail
 
 static void send_wait(struct shard_op *op);
 
+/* Our locked push on this shard is decided: admit the next of ours. */
+static void shard_done(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct rps_tensor *t = op->t;
+	uint32_t shard = op->shard;
+	struct shard_op **pp = &c->shhead, *prev = NULL;
+
+	if (op->shard_freed)
+		return;
+	op->shard_freed = true;
+	t->shard_busy[shard] = 0;
+	for (; *pp; prev = *pp, pp = &(*pp)->next) {
+		struct shard_op *w = *pp;
+		if (w->t != t || w->shard != shard)
+			continue;
+		*pp = w->next;
+		if (c->shtail == w)
+			c->shtail = prev;
+		w->next = NULL;
+		t->shard_busy[shard] = 1;
+		op_admit(w);
+		break;
+	}
+}
+
 /* Give the op's slot or bounce buffer back and start whoever waited. */
 static void op_release(struct shard_op *op)
 {
@@ -394,6 +437,8 @@ static void op_release(struct shard_op *op)
 			c->free_slots[c->nfree_slots++] = op->res;
 		op->has_res = false;
 	}
+	if (locked_push(op))
+		shard_done(op);
 	active_del(c, op);	/* may free op: do not touch it below */
 	while ((next = c->qhead) != NULL) {
 		bool pull = next->kind == OP_PULL;
@@ -455,33 +500,41 @@ static int send_ctrl(struct conn *c, uint32_t entry, unsigned type, const void *
 
 /* ---- the shard op state machines --------------------------------------- */
 
-static void post_cas(struct shard_op *op, enum wr_tag tag, uint64_t compare, uint64_t swap)
+static void build_cas(struct rps__wr *wr, struct shard_op *op, enum wr_tag tag, uint64_t compare, uint64_t swap)
 {
 	struct conn *c = op->c;
 	struct rps_tensor *t = op->t;
 	uint32_t local = rps__shard_local_index(&t->layout, op->shard);
-	struct rps__wr wr;
 
-	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = wrid(op, tag);
-	wr.op = RPS__OP_CAS;
-	wr.flags = RPS__WR_SIGNALED;
-	wr.sge.addr = &c->atomics[op->res];
-	wr.sge.len = 8;
-	wr.sge.mr = c->atomics_mr;
-	wr.raddr = t->at[c->index].addr + local * t->at[c->index].stride +
-		   offsetof(struct rps__shard_hdr, lock);
-	wr.rkey = t->at[c->index].rkey;
-	wr.compare_add = compare;
-	wr.swap = swap;
-	post_one(c, &wr);
+	memset(wr, 0, sizeof(*wr));
+	wr->wr_id = wrid(op, tag);
+	wr->op = RPS__OP_CAS;
+	wr->flags = RPS__WR_SIGNALED;
+	wr->sge.addr = &c->atomics[op->res];
+	wr->sge.len = 8;
+	wr->sge.mr = c->atomics_mr;
+	wr->raddr = t->at[c->index].addr + local * t->at[c->index].stride +
+		    offsetof(struct rps__shard_hdr, lock);
+	wr->rkey = t->at[c->index].rkey;
+	wr->compare_add = compare;
+	wr->swap = swap;
 }
 
-static void post_push_write(struct shard_op *op)
+static void post_cas(struct shard_op *op, enum wr_tag tag, uint64_t compare, uint64_t swap)
+{
+	struct rps__wr wr;
+
+	build_cas(&wr, op, tag, compare, swap);
+	post_one(op->c, &wr);
+}
+
+/* Post the push's WRITE_IMM, preceded in the same post (one doorbell, one
+ * write on TCP) by `before` if given. */
+static void post_push_write_after(struct shard_op *op, const struct rps__wr *before)
 {
 	struct conn *c = op->c;
 	struct rps__push_desc *d = (struct rps__push_desc *)slot_buf(c, op->res);
-	struct rps__wr wr;
+	struct rps__wr wrs[2], wr;
 
 	d->lock = op->held;
 	memset(&wr, 0, sizeof(wr));
@@ -495,16 +548,32 @@ static void post_push_write(struct shard_op *op)
 	wr.imm = op->res;
 	op->state = ST_WRITING;
 	c->slot_op[op->res] = op;
-	if (RPS__UNLIKELY(c->cl->fault_kill_mid_push) && --c->cl->fault_kill_mid_push == 0) {
+	if (RPS__UNLIKELY(op->die_mid_write)) {
 		/* Test hook: write half of the data without the notification, and die. */
 		wr.op = RPS__OP_WRITE;
 		wr.sge.len = RPS__PUSH_DESC_SIZE + d->nbytes / 2;
 		wr.flags = RPS__WR_SIGNALED;
+		if (before)
+			post_one(c, (struct rps__wr *)before);
 		post_one(c, &wr);
 		usleep(20000);
 		raise(SIGKILL);
 	}
-	post_one(c, &wr);
+	if (!before) {
+		post_one(c, &wr);
+		return;
+	}
+	wrs[0] = *before;
+	wrs[1] = wr;
+	if (rps__post(c->ep, wrs, 2) && !c->dead) {
+		c->dead = true;
+		c->err = -ECONNRESET;
+	}
+}
+
+static void post_push_write(struct shard_op *op)
+{
+	post_push_write_after(op, NULL);
 }
 
 static void post_reads(struct shard_op *op)
@@ -548,6 +617,39 @@ static void start_lock(struct shard_op *op)
 	post_cas(op, TAG_CAS_ACQ, op->expected, rps__lock_locked(rps__lock_version(op->expected), owner));
 }
 
+
+static void post_push_write_after(struct shard_op *op, const struct rps__wr *before);
+
+/*
+ * An async/bounded push in one round trip: the acquire CAS and the
+ * WRITE_IMM go out together on one endpoint.  The target executes them in
+ * order, so when the push reaches the server the CAS has already run: if
+ * it won, the lock word is the one the descriptor names and the push is
+ * applied, then the server releases the lock (through its own atomic path)
+ * and acknowledges; if it lost, the server refuses the push (RPS_ELEASE),
+ * nothing is applied, and we retry knowing the real lock word.  Our own
+ * pushes to one shard are serialised (shard_busy), so no second push of
+ * ours can carry the same word.
+ */
+static void start_locked_push(struct shard_op *op)
+{
+	struct rps__wr cas;
+
+	op->expected = op->t->lock_guess[op->shard];
+	op->held = rps__lock_locked(rps__lock_version(op->expected), op->c->hello.owner);
+	op->cas_done = op->cas_ok = op->ack_done = false;
+	build_cas(&cas, op, TAG_CAS_ACQ, op->expected, op->held);
+	post_push_write_after(op, &cas);
+}
+
+static void lock_retry(struct shard_op *op)
+{
+	if (op->kind == OP_LOCK)
+		start_lock(op);
+	else
+		start_locked_push(op);
+}
+
 static void fill_desc(struct shard_op *op)
 {
 	struct conn *c = op->c;
@@ -567,6 +669,8 @@ static void fill_desc(struct shard_op *op)
 	d->clock = op->clock;
 	d->push_id = op->push_id;
 	memcpy((char *)d + RPS__PUSH_DESC_SIZE, op->src, d->nbytes);
+	if (RPS__UNLIKELY(c->cl->fault_kill_mid_push) && --c->cl->fault_kill_mid_push == 0)
+		op->die_mid_write = true;	/* counts shard pushes, not retries */
 	if (c->cl->verify) {
 		d->flags |= RPS__DESC_CRC;
 		d->crc = rps__push_crc(d);
@@ -598,8 +702,8 @@ static void op_start(struct shard_op *op)
 		return;
 	}
 	fill_desc(op);
-	if (op->kind == OP_PUSH && op->t->spec.mode != RPS_MODE_SYNC)
-		start_lock(op);
+	if (locked_push(op))
+		start_locked_push(op);
 	else
 		post_push_write(op);
 }
@@ -607,7 +711,6 @@ static void op_start(struct shard_op *op)
 static void op_submit(struct shard_op *op)
 {
 	struct conn *c = op->c;
-	bool pull = op->kind == OP_PULL;
 
 	active_add(c, op);
 	if (c->dead) {
@@ -615,6 +718,23 @@ static void op_submit(struct shard_op *op)
 		active_del(c, op);
 		return;
 	}
+	if (locked_push(op)) {
+		if (op->t->shard_busy[op->shard]) {
+			op->state = ST_QUEUED;
+			queue_push(&c->shhead, &c->shtail, op);
+			return;
+		}
+		op->t->shard_busy[op->shard] = 1;
+	}
+	op_admit(op);
+}
+
+/* The op may run: queue it for a slot or bounce buffer, or start it. */
+static void op_admit(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	bool pull = op->kind == OP_PULL;
+
 	if (c->qhead || (pull && !c->nfree_bounce) || (!pull && !c->nfree_slots)) {
 		op->state = ST_QUEUED;
 		queue_push(&c->qhead, &c->qtail, op);
@@ -645,11 +765,36 @@ static void send_wait(struct shard_op *op)
 	send_ctrl(c, (uint32_t)e, RPS__MSG_WAIT, &w, sizeof(w));
 }
 
+static void finish_locked_push(struct shard_op *op);
+
+static void backoff(struct shard_op *op)
+{
+	/* Busy: back off (exponentially, capped) instead of hammering the word. */
+	op->backoff_us = op->backoff_us ? RPS__MIN(op->backoff_us * 2, 1000u) : 2u;
+	op->retry_at = rps__now_ns() + op->backoff_us * 1000ull;
+	op->state = ST_BACKOFF;
+	op->next = op->c->cl->backoff;
+	op->c->cl->backoff = op;
+}
+
 static void on_cas_acq(struct shard_op *op)
 {
 	struct conn *c = op->c;
 	uint64_t old = c->atomics[op->res];
 
+	if (locked_push(op)) {
+		op->cas_done = true;
+		op->cas_ok = old == op->expected;
+		if (!op->cas_ok)	/* a holder's release will most likely move it on by one */
+			op->t->lock_guess[op->shard] =
+				rps__lock_unlocked(rps__lock_version(old) + (uint64_t)rps__lock_is_locked(old));
+		else if (RPS__UNLIKELY(c->cl->fault_stop_after_lock) && --c->cl->fault_stop_after_lock == 0)
+			raise(SIGSTOP);	/* test hook: a worker that stalls holding the lock */
+		op->expected = old;	/* what the word was, for the retry decision */
+		if (op->ack_done)
+			finish_locked_push(op);
+		return;
+	}
 	if (old == op->expected) {
 		op->held = rps__lock_locked(rps__lock_version(old), c->hello.owner);
 		if (op->kind == OP_LOCK) {
@@ -658,9 +803,6 @@ static void on_cas_acq(struct shard_op *op)
 			op_release(op);
 			return;
 		}
-		if (RPS__UNLIKELY(c->cl->fault_stop_after_lock) && --c->cl->fault_stop_after_lock == 0)
-			raise(SIGSTOP);	/* test hook: a worker that stalls holding the lock */
-		post_push_write(op);
 		return;
 	}
 	op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(old));
@@ -668,12 +810,32 @@ static void on_cas_acq(struct shard_op *op)
 		start_lock(op);	/* the version moved on: bet on the new one */
 		return;
 	}
-	/* Busy: back off (exponentially, capped) instead of hammering the word. */
-	op->backoff_us = op->backoff_us ? RPS__MIN(op->backoff_us * 2, 1000u) : 2u;
-	op->retry_at = rps__now_ns() + op->backoff_us * 1000ull;
-	op->state = ST_BACKOFF;
-	op->next = c->cl->backoff;
-	c->cl->backoff = op;
+	backoff(op);
+}
+
+/* Both halves of a speculative push are back: decide. */
+static void finish_locked_push(struct shard_op *op)
+{
+	int status = op->ack_status;
+
+	if (status == RPS_ELEASE) {
+		/* Not applied: our CAS lost (or the lease was broken before the
+		 * push got there).  Retry; wait first if someone holds it. */
+		if (op->cas_ok)
+			op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held) + 1);
+		if (!op->cas_ok && rps__lock_is_locked(op->expected))
+			backoff(op);
+		else
+			start_locked_push(op);
+		return;
+	}
+	/* Decided (applied, or refused for good): the server has released the
+	 * lock and told us the word it left. */
+	if (op->cas_ok)
+		op->t->lock_guess[op->shard] = rps__lock_is_locked(op->ack_lock) || !op->ack_lock ?
+			rps__lock_unlocked(rps__lock_version(op->held) + 1) : op->ack_lock;
+	op_report(op, status);
+	op_release(op);
 }
 
 static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const struct rps__push_ack *ack)
@@ -694,19 +856,12 @@ static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const stru
 		return;
 	}
 	c->slot_op[ack->slot] = NULL;
-	if (op->kind == OP_PUSH && op->t->spec.mode != RPS_MODE_SYNC) {
-		if (h->status == RPS_ELEASE) {
-			/* The server broke our lock before applying: nothing was
-			 * applied, so take the lock again and resend. */
-			op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held));
-			start_lock(op);
-			return;
-		}
-		op_report(op, h->status);
-		op->state = ST_RELEASING;
-		/* applied: the version moves on; refused: it stays */
-		post_cas(op, TAG_CAS_REL, op->held,
-			 rps__lock_unlocked(rps__lock_version(op->held) + (h->status == 0)));
+	if (locked_push(op)) {
+		op->ack_done = true;
+		op->ack_status = h->status;
+		op->ack_lock = ack->lock;
+		if (op->cas_done)
+			finish_locked_push(op);
 		return;
 	}
 	op_report(op, h->status);
@@ -724,9 +879,9 @@ static void on_cas_rel(struct shard_op *op)
 		op_release(op);
 		return;
 	}
-	if (old == op->held)
-		op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held) + 1);
-	else
+	/* The guess was set when the release was posted; a later push may
+	 * already be betting on it, so leave it alone here. */
+	if (old != op->held)
 		rps__log(RPS__LOG_DEBUG, "%s shard %u: lock had been broken before release", op->t->name, op->shard);
 	op_release(op);
 }
@@ -891,7 +1046,7 @@ static void conn_kill(struct rps_client *cl, struct conn *c)
 		op_report(op, c->err);
 		active_del(c, op);
 	}
-	c->qhead = c->qtail = c->wqhead = c->wqtail = NULL;
+	c->qhead = c->qtail = c->wqhead = c->wqtail = c->shhead = c->shtail = NULL;
 	for (i = 0; i < CTRL_CREDITS; i++) {
 		if (c->ctrl[i].busy && c->ctrl[i].req) {
 			c->ctrl[i].req->rstatus[c->ctrl[i].server] = c->err;
@@ -911,7 +1066,7 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 			*pp = op->next;
 			op->next = NULL;
 			if (!op->c->dead)
-				start_lock(op);
+				lock_retry(op);
 			continue;
 		}
 		pp = &op->next;
@@ -951,47 +1106,90 @@ static int next_timeout_ms(struct rps_client *cl, uint64_t now)
 	return (int)((soonest - now + 999999ull) / 1000000ull);
 }
 
+/*
+ * One round of progress, with the lock held: reap completions, retire dead
+ * connections, run timers; if there was nothing to do, sleep on the CQ's
+ * file descriptor (lock dropped) for at most the next timer.  Exactly one
+ * thread polls at a time (cl->polling): the progress thread when nobody
+ * waits, otherwise a waiting caller itself, which saves the hand-off from the
+ * progress thread to the waiter on the latency path.
+ */
+static void progress_once(struct rps_client *cl)
+{
+	struct rps__wc wc[32];
+	struct pollfd pfd[2];
+	uint64_t now;
+	int i, n;
+
+	n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
+	for (i = 0; i < n; i++)
+		on_completion(cl, &wc[i]);
+	for (i = 0; i < cl->nservers; i++)
+		if (cl->conns[i].dead && cl->conns[i].ep)
+			conn_kill(cl, &cl->conns[i]);
+	now = rps__now_ns();
+	run_timers(cl, now);
+	if (n > 0)
+		return;
+	rps__cq_arm(cl->cq);
+	n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
+	for (i = 0; i < n; i++)
+		on_completion(cl, &wc[i]);
+	if (n > 0)
+		return;
+	pfd[0] = (struct pollfd){ .fd = rps__cq_fd(cl->cq), .events = POLLIN };
+	pfd[1] = (struct pollfd){ .fd = cl->wake_fd, .events = POLLIN };
+	i = next_timeout_ms(cl, now);
+	pthread_mutex_unlock(&cl->lock);
+	poll(pfd, 2, i);
+	if (pfd[1].revents) {
+		uint64_t v;
+		ssize_t r = read(cl->wake_fd, &v, sizeof(v));
+		(void)r;
+	}
+	pthread_mutex_lock(&cl->lock);
+}
+
 static void *progress_main(void *arg)
 {
 	struct rps_client *cl = arg;
-	struct rps__wc wc[32];
-	int i, n;
 
 	pthread_mutex_lock(&cl->lock);
 	while (!cl->stopping) {
-		struct pollfd pfd[2];
-		uint64_t now;
-
-		n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
-		for (i = 0; i < n; i++)
-			on_completion(cl, &wc[i]);
-		for (i = 0; i < cl->nservers; i++)
-			if (cl->conns[i].dead && cl->conns[i].ep)
-				conn_kill(cl, &cl->conns[i]);
-		now = rps__now_ns();
-		run_timers(cl, now);
-		if (n > 0)
+		if (cl->waiters || cl->polling) {
+			/* a caller is waiting: it polls for itself */
+			pthread_cond_wait(&cl->cond, &cl->lock);
 			continue;
-		rps__cq_arm(cl->cq);
-		n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
-		for (i = 0; i < n; i++)
-			on_completion(cl, &wc[i]);
-		if (n > 0)
-			continue;
-		pfd[0] = (struct pollfd){ .fd = rps__cq_fd(cl->cq), .events = POLLIN };
-		pfd[1] = (struct pollfd){ .fd = cl->wake_fd, .events = POLLIN };
-		i = next_timeout_ms(cl, now);
-		pthread_mutex_unlock(&cl->lock);
-		poll(pfd, 2, i);
-		if (pfd[1].revents) {
-			uint64_t v;
-			ssize_t r = read(cl->wake_fd, &v, sizeof(v));
-			(void)r;
 		}
-		pthread_mutex_lock(&cl->lock);
+		cl->polling = true;
+		progress_once(cl);
+		cl->polling = false;
+		pthread_cond_broadcast(&cl->cond);
 	}
 	pthread_mutex_unlock(&cl->lock);
 	return NULL;
+}
+
+/* Wait for r with the lock held, polling ourselves when nobody else does. */
+static void wait_done_locked(struct rps_client *cl, const struct rps_request *r)
+{
+	if (r->done)
+		return;
+	cl->waiters++;
+	if (cl->polling)
+		wake_progress(cl);	/* get the progress thread out of its sleep */
+	while (!r->done) {
+		if (cl->polling) {
+			pthread_cond_wait(&cl->cond, &cl->lock);
+			continue;
+		}
+		cl->polling = true;
+		progress_once(cl);
+		cl->polling = false;
+		pthread_cond_broadcast(&cl->cond);
+	}
+	cl->waiters--;
+	pthread_cond_broadcast(&cl->cond);
 }
 
 /* ---- requests ------------------------------------------------------------ */
@@ -1022,8 +1220,7 @@ static void req_arm_deadline(struct rps_client *cl, struct rps_request *r)
  * calls req_collect() (after copying anything it needs out of r). */
 static int req_wait_locked(struct rps_client *cl, struct rps_request *r)
 {
-	while (!r->done)
-		pthread_cond_wait(&cl->cond, &cl->lock);
+	wait_done_locked(cl, r);
 	return r->status;
 }
 
@@ -1289,6 +1486,7 @@ RPS_EXPORT int rps_client_close(rps_client_t *cl)
 	if (cl->thread_started) {
 		pthread_mutex_lock(&cl->lock);
 		cl->stopping = true;
+		pthread_cond_broadcast(&cl->cond);
 		pthread_mutex_unlock(&cl->lock);
 		wake_progress(cl);
 		pthread_join(cl->thread, NULL);
@@ -1481,7 +1679,8 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 	}
 	t->lock_guess = calloc(t->layout.nshards, sizeof(uint64_t));
 	t->lock_held = calloc(t->layout.nshards, sizeof(uint64_t));
-	if (!t->lock_guess || !t->lock_held) {
+	t->shard_busy = calloc(t->layout.nshards, 1);
+	if (!t->lock_guess || !t->lock_held || !t->shard_busy) {
 		ret = rps__seterr(-ENOMEM, "out of memory");
 		goto out;
 	}
@@ -1525,6 +1724,7 @@ out:
 		free(t->at);
 		free(t->lock_guess);
 		free(t->lock_held);
+		free(t->shard_busy);
 		free(t);
 	}
 	free(reps);
@@ -1612,6 +1812,7 @@ RPS_EXPORT void rps_tensor_close(rps_tensor_t *t)
 	free(t->at);
 	free(t->lock_guess);
 	free(t->lock_held);
+	free(t->shard_busy);
 	free(t);
 }
 

@@ -283,6 +283,23 @@ static void shard_update(struct tensor *t, struct shard *s, const float *g)
 
 enum consume_result { CONSUMED, NOT_YET };
 
+/* Release the lock word w (0: none held) on the worker's behalf, through
+ * the transport's atomic path; returns the new word for the ack.  The
+ * version moves on with every release, so a word never comes back. */
+static uint64_t release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w)
+{
+	uint64_t next, old = 0;
+
+	if (!w)
+		return 0;
+	next = rps__lock_unlocked(rps__lock_version(w) + 1);
+	if (rps__local_cas(srv->fab, t->mr, &s->hdr->lock, w, next, &old)) {
+		rps__log(RPS__LOG_ERROR, "releasing lock of %s shard %u: %s", t->name, s->index, rps__errbuf());
+		return 0;
+	}
+	return old == w ? next : old;
+}
+
 static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
 {
 	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
@@ -329,6 +346,7 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	struct rps__push_desc *d = slot_desc(c, slot);
 	struct tensor *t = tensor_by_id(srv, d->tensor_id);
 	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
+	uint64_t holds = 0;
 	struct shard *s;
 	uint32_t local;
 
@@ -362,12 +380,23 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 		return CONSUMED;
 	}
 
+	/* async and bounded: the worker must hold the shard lock it names; the
+	 * server releases it once the push is decided (the worker does not
+	 * have to come back for that: a push is one round trip). */
+	if (t->spec.mode != RPS_MODE_SYNC) {
+		uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
+		if (w != d->lock || !rps__lock_is_locked(w) || rps__lock_owner(w) != c->owner) {
+			push_ack(c, slot, RPS_ELEASE, s->step, d->lock);
+			return CONSUMED;
+		}
+		holds = w;
+	}
 	if (d->dtype != t->spec.dtype || d->nbytes != (uint64_t)s->elems * rps__dtype_size(t->spec.dtype)) {
-		push_ack(c, slot, -EMSGSIZE, 0, 0);
+		push_ack(c, slot, -EMSGSIZE, 0, release_lock(srv, t, s, holds));
 		return CONSUMED;
 	}
 	if ((t->spec.mode != RPS_MODE_ASYNC) && (d->rank < 0 || d->rank >= t->spec.num_workers || d->rank != c->rank)) {
-		push_ack(c, slot, -EINVAL, 0, 0);
+		push_ack(c, slot, -EINVAL, 0, release_lock(srv, t, s, holds));
 		return CONSUMED;
 	}
 	if (!s->ready)
@@ -395,22 +424,15 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 		return CONSUMED;
 	}
 
-	/* async and bounded: the worker must hold the shard lock it names. */
-	{
-		uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
-		if (w != d->lock || !rps__lock_is_locked(w) || rps__lock_owner(w) != c->owner) {
-			push_ack(c, slot, RPS_ELEASE, s->step, d->lock);
-			return CONSUMED;
-		}
-		shard_update(t, s, grad_fp32(s, d));
-		if (t->spec.mode == RPS_MODE_BOUNDED) {
-			if (d->clock + 1 > s->clocks[d->rank])
-				s->clocks[d->rank] = d->clock + 1;
-			update_min_clock(t, s);
-		}
-		push_ack(c, slot, 0, s->step, w);
-		wake_waiters(srv, t, local);
+	/* async and bounded: applied alone, under the lock the worker holds */
+	shard_update(t, s, grad_fp32(s, d));
+	if (t->spec.mode == RPS_MODE_BOUNDED) {
+		if (d->clock + 1 > s->clocks[d->rank])
+			s->clocks[d->rank] = d->clock + 1;
+		update_min_clock(t, s);
 	}
+	push_ack(c, slot, 0, s->step, release_lock(srv, t, s, holds));
+	wake_waiters(srv, t, local);
 	return CONSUMED;
 }
 

@@ -36,11 +36,13 @@ struct rps__shard_hdr {
 
 /*
  * Lock word: bit 0 = locked, bits 1..15 = owner id (1..32767, the server
- * gives each connection one), bits 16..63 = lock version (number of pushes
- * serialised through this lock).  Acquire: CAS(unlocked(v), locked(v, me)).
- * Release: CAS(locked(v, me), unlocked(v + 1)).  A lock the server breaks
- * (lease expired, holder disconnected) also moves to unlocked(v + 1), so a
- * word, once broken, never comes back (no ABA for a slow holder).
+ * gives each connection one), bits 16..63 = lock version (how many times
+ * the lock was released).  Acquire: CAS(unlocked(v), locked(v, me)).
+ * Release: CAS(locked(v, me), unlocked(v + 1)) -- by the server, through
+ * rps__local_cas, once it has decided the push that names locked(v, me); or
+ * when it breaks the lock (lease expired, holder gone); or by a worker that
+ * took the lock without pushing (psperf's lock test).  The version moves on
+ * with every release, so a word never comes back (no ABA for a slow holder).
  */
 #define RPS__LOCK_OWNER_MAX 32767u
 
