@@ -66,6 +66,8 @@ struct rps_client_opts {
 	int timeout_ms;		/* give up on one operation after this (default 30000) */
 	int verify;		/* 1: checksum every push end to end (crc32c); a
 				 * corrupted push is refused with -EILSEQ, never applied */
+	int spin_us;		/* busy-poll this long before sleeping (default 0):
+				 * lower latency for a core's worth of CPU */
 };
 
 struct rps_tensor_opts {

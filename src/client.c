@@ -187,6 +187,8 @@ struct rps_client {
 	bool thread_started;
 	bool stopping;
 	bool polling;		/* a thread is in progress_once() */
+	uint64_t spin_ns;	/* busy-poll this long before sleeping */
+	uint64_t idle_since;
 	int waiters;		/* callers blocked in a wait */
 	int wake_fd;
 	struct rps_request *deadlines;
@@ -213,7 +215,8 @@ struct rps_tensor {
 	uint64_t *lock_held;	/* per shard: word held via rps__tensor_lock() */
 	uint8_t *shard_busy;	/* per shard: one of our locked pushes is running */
 	uint64_t clock;		/* pushes issued by this worker */
-	int live_ops;		/* ops still running (a release may outlive its push) */
+	int live_ops;		/* ops still running (one may outlive a timed-out request) */
+	bool closing;		/* closed by the user: the last op frees it */
 };
 
 /* ---- small helpers --------------------------------------------------- */
@@ -336,6 +339,8 @@ static void op_report(struct shard_op *op, int status)
 
 /* ---- resources ------------------------------------------------------- */
 
+static void tensor_free(struct rps_tensor *t);
+
 /* Ops are embedded in their request, which lives until the last op is
  * inactive; `owner` keeps that link even after op->req was cleared. */
 static void active_add(struct conn *c, struct shard_op *op)
@@ -358,8 +363,12 @@ static void active_del(struct conn *c, struct shard_op *op)
 	if (op->anext)
 		op->anext->aprev = op->aprev;
 	op->anext = op->aprev = NULL;
-	if (--op->t->live_ops == 0)
-		pthread_cond_broadcast(&c->cl->cond);
+	if (--op->t->live_ops == 0) {
+		if (op->t->closing)
+			tensor_free(op->t);	/* closed while this op outlived its request */
+		else
+			pthread_cond_broadcast(&c->cl->cond);
+	}
 	op->owner->live_ops--;
 	req_maybe_free(op->owner);
 }
@@ -698,7 +707,7 @@ static void op_start(struct shard_op *op)
 	}
 	if (op->kind == OP_UNLOCK) {
 		op->state = ST_RELEASING;
-		post_cas(op, TAG_CAS_REL, op->held, rps__lock_unlocked(rps__lock_version(op->held)));
+		post_cas(op, TAG_CAS_REL, op->held, rps__lock_unlocked(rps__lock_version(op->held) + 1));
 		return;
 	}
 	fill_desc(op);
@@ -770,7 +779,7 @@ static void finish_locked_push(struct shard_op *op);
 static void backoff(struct shard_op *op)
 {
 	/* Busy: back off (exponentially, capped) instead of hammering the word. */
-	op->backoff_us = op->backoff_us ? RPS__MIN(op->backoff_us * 2, 1000u) : 2u;
+	op->backoff_us = op->backoff_us ? RPS__MIN(op->backoff_us * 2, 128u) : 2u;
 	op->retry_at = rps__now_ns() + op->backoff_us * 1000ull;
 	op->state = ST_BACKOFF;
 	op->next = op->c->cl->backoff;
@@ -874,7 +883,7 @@ static void on_cas_rel(struct shard_op *op)
 
 	if (op->kind == OP_UNLOCK) {
 		op->t->lock_held[op->shard] = 0;
-		op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held));
+		op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held) + 1);
 		op_report(op, old == op->held ? 0 : RPS_ELEASE);
 		op_release(op);
 		return;
@@ -1094,16 +1103,20 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 	}
 }
 
-static int next_timeout_ms(struct rps_client *cl, uint64_t now)
+/* How long progress may sleep: until the next lock retry, at most 50 ms
+ * (request deadlines are checked that often). */
+static struct timespec next_timeout(struct rps_client *cl, uint64_t now)
 {
-	uint64_t soonest = now + 50ull * 1000000ull;
+	uint64_t soonest = now + 50ull * 1000000ull, ns;
 	struct shard_op *op;
+	struct timespec ts;
 
 	for (op = cl->backoff; op; op = op->next)
 		soonest = RPS__MIN(soonest, op->retry_at);
-	if (soonest <= now)
-		return 0;
-	return (int)((soonest - now + 999999ull) / 1000000ull);
+	ns = soonest > now ? soonest - now : 0;
+	ts.tv_sec = (time_t)(ns / 1000000000ull);
+	ts.tv_nsec = (long)(ns % 1000000000ull);
+	return ts;
 }
 
 /*
@@ -1118,6 +1131,7 @@ static void progress_once(struct rps_client *cl)
 {
 	struct rps__wc wc[32];
 	struct pollfd pfd[2];
+	struct timespec ts;
 	uint64_t now;
 	int i, n;
 
@@ -1129,8 +1143,12 @@ static void progress_once(struct rps_client *cl)
 			conn_kill(cl, &cl->conns[i]);
 	now = rps__now_ns();
 	run_timers(cl, now);
-	if (n > 0)
+	if (n > 0) {
+		cl->idle_since = now;
 		return;
+	}
+	if (now - cl->idle_since < cl->spin_ns)
+		return;	/* busy-poll a while before sleeping: saves a wake-up */
 	rps__cq_arm(cl->cq);
 	n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
 	for (i = 0; i < n; i++)
@@ -1139,9 +1157,9 @@ static void progress_once(struct rps_client *cl)
 		return;
 	pfd[0] = (struct pollfd){ .fd = rps__cq_fd(cl->cq), .events = POLLIN };
 	pfd[1] = (struct pollfd){ .fd = cl->wake_fd, .events = POLLIN };
-	i = next_timeout_ms(cl, now);
+	ts = next_timeout(cl, now);
 	pthread_mutex_unlock(&cl->lock);
-	poll(pfd, 2, i);
+	ppoll(pfd, 2, &ts, NULL);
 	if (pfd[1].revents) {
 		uint64_t v;
 		ssize_t r = read(cl->wake_fd, &v, sizeof(v));
@@ -1536,6 +1554,8 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	cl->fault_corrupt_push = fault_count(getenv("RPS_FAULT"), "corrupt-push");
 	if (opts->size >= offsetof(struct rps_client_opts, verify) + sizeof(opts->verify))
 		cl->verify = opts->verify != 0;
+	if (opts->size >= offsetof(struct rps_client_opts, spin_us) + sizeof(opts->spin_us) && opts->spin_us > 0)
+		cl->spin_ns = (uint64_t)opts->spin_us * 1000ull;
 	ret = rps__uri_list_parse(opts->servers, &uris, &cl->nservers);
 	if (ret)
 		goto err;
@@ -1797,23 +1817,32 @@ RPS_EXPORT uint32_t rps_tensor_shards(const rps_tensor_t *t)
 	return t ? t->layout.nshards : 0;
 }
 
+static void tensor_free(struct rps_tensor *t)
+{
+	free(t->at);
+	free(t->lock_guess);
+	free(t->lock_held);
+	free(t->shard_busy);
+	free(t);
+}
+
 RPS_EXPORT void rps_tensor_close(rps_tensor_t *t)
 {
 	struct rps_client *cl;
 
 	if (!t)
 		return;
-	/* A lock release may still be in flight after the last push returned. */
+	/* An op of a request that timed out may still be running; it frees
+	 * the tensor when it ends (or when the client closes). */
 	cl = t->cl;
 	pthread_mutex_lock(&cl->lock);
-	while (t->live_ops)
-		pthread_cond_wait(&cl->cond, &cl->lock);
+	if (t->live_ops) {
+		t->closing = true;
+		t = NULL;
+	}
 	pthread_mutex_unlock(&cl->lock);
-	free(t->at);
-	free(t->lock_guess);
-	free(t->lock_held);
-	free(t->shard_busy);
-	free(t);
+	if (t)
+		tensor_free(t);
 }
 
 /* Submit every op of r; wait unless async_out is given. */

@@ -9,7 +9,7 @@
 
 /* Take / release the version lock of one shard of an async or bounded
  * tensor, with RDMA compare-and-swap, as a push does (for benchmarks of the
- * lock alone).  Unlock leaves the lock version as it was. */
+ * lock alone).  Unlock moves the lock version on, as every release does. */
 int rps__tensor_lock(rps_tensor_t *t, uint32_t shard);
 int rps__tensor_unlock(rps_tensor_t *t, uint32_t shard);
 /* "tcp", "rxe0", "mlx5_0" */
