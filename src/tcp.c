@@ -181,6 +181,12 @@ struct tcp_cq {
 	uint32_t head;
 	uint32_t count;
 	bool armed;
+	/* Endpoints whose target responses wait to be flushed (poll_lock):
+	 * the application usually answers a push within the same round of
+	 * polling, and its SEND then leaves in the same write as the ACK and
+	 * atomic response, so the initiator wakes once, not twice. */
+	struct tcp_ep **deferred;
+	uint32_t ndeferred, deferred_cap;
 };
 
 enum txe_kind {
@@ -263,6 +269,7 @@ struct tcp_ep {
 	pthread_mutex_t lock;
 	enum tcp_conn_state conn;
 	uint32_t epoll_events;
+	bool deferred;			/* in cq->deferred (poll_lock) */
 
 	/* initiator: ops[seq & sq_mask], outstanding seqs are [sq_head, sq_next) */
 	struct tcp_op *ops;
@@ -813,6 +820,7 @@ static void tcp_cq_destroy(struct rps__cq *base)
 	pthread_mutex_destroy(&cq->poll_lock);
 	close(cq->evfd);
 	close(cq->epfd);
+	free(cq->deferred);
 	free(cq->ring);
 	free(cq);
 }
@@ -905,6 +913,8 @@ static int tcp_cq_fd(struct rps__cq *base)
 	return rps__container_of(base, struct tcp_cq, base)->epfd;
 }
 
+static void flush_deferred(struct tcp_cq *cq);
+
 static int tcp_cq_arm(struct rps__cq *base)
 {
 	struct tcp_cq *cq = rps__container_of(base, struct tcp_cq, base);
@@ -913,7 +923,11 @@ static int tcp_cq_arm(struct rps__cq *base)
 
 	/* Sockets are level-triggered in the epoll set and need no arming; only
 	 * completions already queued (or queued later by another thread) must
-	 * make the fd readable. */
+	 * make the fd readable.  Nothing may stay held back while the caller
+	 * sleeps. */
+	pthread_mutex_lock(&cq->poll_lock);
+	flush_deferred(cq);
+	pthread_mutex_unlock(&cq->poll_lock);
 	pthread_mutex_lock(&cq->lock);
 	wake = cq->count > 0;
 	cq->armed = !wake;
@@ -1973,12 +1987,54 @@ static void ep_rx(struct tcp_ep *ep)
 	}
 }
 
+/* Remember ep for a later flush (caller holds poll_lock); false if the
+ * list cannot grow, and the caller flushes now. */
+static bool defer_flush(struct tcp_cq *cq, struct tcp_ep *ep)
+{
+	if (ep->deferred)
+		return true;
+	if (cq->ndeferred == cq->deferred_cap) {
+		uint32_t cap = cq->deferred_cap ? cq->deferred_cap * 2 : 16;
+		struct tcp_ep **grown = realloc(cq->deferred, cap * sizeof(*grown));
+		if (!grown)
+			return false;
+		cq->deferred = grown;
+		cq->deferred_cap = cap;
+	}
+	cq->deferred[cq->ndeferred++] = ep;
+	ep->deferred = true;
+	return true;
+}
+
+/* Flush what defer_flush() held back (caller holds poll_lock). */
+static void flush_deferred(struct tcp_cq *cq)
+{
+	uint32_t i;
+
+	for (i = 0; i < cq->ndeferred; i++) {
+		struct tcp_ep *ep = cq->deferred[i];
+		pthread_mutex_lock(&ep->lock);
+		ep->deferred = false;
+		if (ep->conn != CONN_CLOSED)
+			ep_tx_flush(ep);
+		pthread_mutex_unlock(&ep->lock);
+	}
+	cq->ndeferred = 0;
+}
+
 static void ep_progress(struct tcp_ep *ep, uint32_t events)
 {
+	bool defer = false;
+
 	pthread_mutex_lock(&ep->lock);
 	if (ep->conn == CONN_OPEN && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
 		ep_rx(ep);
-	if (ep->conn != CONN_CLOSED)
+	/* Responses produced by what we just read may wait for the end of
+	 * this poll (see tcp_cq.deferred); a socket that has room again, or a
+	 * closing endpoint, is flushed now. */
+	if (ep->conn == CONN_OPEN && !(events & EPOLLOUT) && ep->tx_head)
+		defer = defer_flush(ep->cq, ep);
+	if (!defer && ep->conn != CONN_CLOSED)
 		ep_tx_flush(ep);
 	pthread_mutex_unlock(&ep->lock);
 }
@@ -2010,12 +2066,17 @@ static int tcp_cq_poll(struct rps__cq *base, struct rps__wc *wc, int n)
 	if (n <= 0)
 		return 0;
 	pthread_mutex_lock(&cq->poll_lock);
+	/* The caller handled what the last poll returned, and posted its
+	 * answers: what is still held back goes now. */
+	flush_deferred(cq);
 	pthread_mutex_lock(&cq->lock);
 	queued = cq->count;
 	pthread_mutex_unlock(&cq->lock);
 	if (queued < (uint32_t)n)
 		cq_progress(cq);
 	got = cq_pop(cq, wc, n);
+	if (!got)
+		flush_deferred(cq);	/* no completion to act on: nothing to wait for */
 	pthread_mutex_unlock(&cq->poll_lock);
 	return got;
 }
@@ -2114,6 +2175,13 @@ static void tcp_ep_close(struct rps__ep *base)
 	/* poll_lock: no engine pass of this CQ is inside the endpoint, and
 	 * none will find it in its epoll set afterwards */
 	pthread_mutex_lock(&cq->poll_lock);
+	if (ep->deferred) {
+		uint32_t i;
+		for (i = 0; i < cq->ndeferred; i++)
+			if (cq->deferred[i] == ep)
+				cq->deferred[i] = cq->deferred[--cq->ndeferred];
+		ep->deferred = false;
+	}
 	pthread_mutex_lock(&ep->lock);
 	if (ep->conn != CONN_CLOSED)
 		epoll_ctl(cq->epfd, EPOLL_CTL_DEL, ep->fd, NULL);
