@@ -49,7 +49,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RPS__PRIVDATA_MAX 56	/* what an IB CM REQ/REP/REJ carries for us */
+/* What an IB CM REQ/REP/REJ carries for us.  The kernel CM pads a REQ's
+ * private data to 56 bytes; verbs recovers the length of shorter payloads,
+ * so keep connect data under 56 bytes to read it back exactly. */
+#define RPS__PRIVDATA_MAX 56
 
 struct rps__fabric;
 struct rps__mr;
@@ -200,7 +203,10 @@ void rps__listener_close(struct rps__listener *l);
  * (if any) is copied to reply/reply_len.  On success the accept's private
  * data is copied there.  reply may be NULL; otherwise it must hold
  * RPS__PRIVDATA_MAX bytes and *reply_len is set on return.  timeout_ms < 0
- * waits for ever. */
+ * waits for ever.  rps__accept() may block until the initiator confirms
+ * the connection (verbs: at most ~20 s), so nothing is sent to a peer that
+ * is not ready.  On verbs, a peer's disconnect becomes flushed receives
+ * inside rps__cq_poll() or rps__listener_get_request(). */
 int rps__connect(struct rps__fabric *fab, const char *host, uint16_t port,
 		 struct rps__cq *cq, const struct rps__ep_attr *attr,
 		 const void *data, size_t len, int timeout_ms,

@@ -263,23 +263,51 @@ static int async_worker(int rank, int nworkers, const char *servers, void *arg, 
 	return 0;
 }
 
-/* Pull with a fresh client and return the per-shard versions too. */
-static int pull_all(const char *name, uint64_t count, float *out, uint64_t *version)
+/* Pull with a fresh client, in a child process: the test process itself
+ * must not open an RDMA device before it forks more workers (librdmacm keeps
+ * device contexts open process-wide, and a forked child would share them). */
+struct pull_arg {
+	const char *name;
+	uint64_t count;
+};
+
+static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
+	const struct pull_arg *a = arg;
+	float *p = malloc(a->count * sizeof(float));
+	uint64_t version = 0;
 	rps_client_t *cl;
 	rps_tensor_t *t;
 	int ret;
 
-	ret = connect_worker(cluster.servers, 0, 1, &cl);
+	(void)nworkers;
+	ret = connect_worker(servers, rank, 1, &cl);
 	if (ret)
-		return ret;
-	ret = rps_tensor_open(cl, name, &t);
+		return fail("connect", ret);
+	ret = rps_tensor_open(cl, a->name, &t);
 	if (!ret) {
-		ret = rps_pull(t, out, count * sizeof(float), version);
+		ret = rps_pull(t, p, a->count * sizeof(float), &version);
 		rps_tensor_close(t);
 	}
 	rps_client_close(cl);
-	return ret;
+	if (ret)
+		return fail("pull", ret);
+	it_write_all(out_fd, &version, sizeof(version));
+	it_write_all(out_fd, p, a->count * sizeof(float));
+	free(p);
+	return 0;
+}
+
+static int pull_all(const char *name, uint64_t count, float *out, uint64_t *version)
+{
+	struct pull_arg a = { .name = name, .count = count };
+	struct it_workers w;
+	int ret;
+
+	if (it_workers_start(&w, 1, pull_worker, cluster.servers, &a, -1, NULL))
+		return -ECHILD;
+	ret = it_worker_read(&w, 0, version, sizeof(*version)) || it_worker_read(&w, 0, out, count * sizeof(float));
+	return it_worker_wait(&w, 0) || ret ? -EIO : 0;
 }
 
 static void test_async_exact(void)
@@ -943,9 +971,10 @@ int main(void)
 	CU_add_test(s, "async exact sums, version == pushes", test_async_exact);
 	CU_add_test(s, "bounded staleness never exceeds k", test_bounded_staleness);
 	CU_add_test(s, "several tensors, threads sharing a client", test_several_tensors_threads);
-	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
 	CU_add_test(s, "worker killed mid-push", test_worker_killed_mid_push);
 	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
+	/* from here on the test process opens the fabric itself: no more forks */
+	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
 	CU_add_test(s, "bad input gives clear errors", test_bad_input);
 	CU_add_test(s, "malformed peers refused or dropped", test_malformed_peer);
 	CU_add_test(s, "no server listening", test_server_absent);

@@ -869,7 +869,10 @@ static void test_send_recv_burst(void)
 	while ((received < NMSG || sent_done < NMSG) && rps__now_ns() < deadline) {
 		/* sender: post until the send queue is full */
 		while (posted < NMSG) {
-			uint8_t *buf = cli_mem + (posted % 64) * SLOT;
+			/* two buffers per send-queue slot: a refused post must not
+			 * overwrite the buffer of a SEND still in flight (verbs is
+			 * zero-copy) */
+			uint8_t *buf = cli_mem + (posted % 128) * SLOT;
 			int flags = RPS__WR_SIGNALED | (posted % 3 == 0 ? RPS__WR_INLINE : 0);
 			struct rps__wr wr = wr_make(RPS__OP_SEND, flags, posted, buf, burst_len(posted),
 						    flags & RPS__WR_INLINE ? NULL : cli_mr, NULL, 0);
@@ -1587,6 +1590,8 @@ int main(void)
 	size_t i;
 
 	g_addr = getenv("RPS_TEST_ADDR");
+	if (!g_addr || !*g_addr)
+		g_addr = getenv("RXE_ADDR");	/* RoCE cannot route 127.0.0.1 */
 	if (!g_addr || !*g_addr)
 		g_addr = "127.0.0.1";
 	if (!kind || !*kind || strcmp(kind, "tcp") == 0) {

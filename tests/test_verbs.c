@@ -1,0 +1,1318 @@
+/*
+ * test_verbs.c - verbs-specific tests of the transport (verbs/verbs.c) on a
+ * real RDMA device: Soft-RoCE in the rxe VM (tests/../rxe-vm), or hardware.
+ *
+ * Exits 77 (skipped) when libibverbs finds no device.  RPS_TEST_ADDR picks
+ * the address to listen on and connect to (default $RXE_ADDR, else
+ * 127.0.0.1).
+ *
+ * Every test body runs in a forked child, and that child forks its peers
+ * before it opens a fabric: librdmacm keeps process-global device contexts,
+ * and a peer that inherited them would share them with its parent (its QPs
+ * would then outlive it when killed).  The CUnit process itself never opens
+ * a device; it only collects exit statuses, and kills a body that hangs.
+ */
+#include "config.h"
+#include "transport.h"
+#include "common.h"
+
+#include <CUnit/Basic.h>
+
+#include <errno.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CHECK(c)                                                                        \
+	do {                                                                            \
+		if (!(c)) {                                                             \
+			fprintf(stderr, "    %s:%d: CHECK(%s) failed [last error: %s]\n", \
+				__FILE__, __LINE__, #c, rps__errbuf());                 \
+			return 1;                                                       \
+		}                                                                       \
+	} while (0)
+
+#define SEC 1000000000ull
+
+struct desc {			/* a region, as the peer needs it */
+	uint64_t addr;
+	uint32_t rkey;
+	uint32_t len;
+};
+
+static const char *test_addr(void)
+{
+	const char *a = getenv("RPS_TEST_ADDR");
+
+	if (!a || !*a)
+		a = getenv("RXE_ADDR");
+	return a && *a ? a : "127.0.0.1";
+}
+
+static double secs_since(uint64_t t0)
+{
+	return (double)(rps__now_ns() - t0) / 1e9;
+}
+
+/* ---- harness ------------------------------------------------------------- */
+
+static int wait_child(pid_t pid, int timeout_s, int *status)
+{
+	uint64_t deadline = rps__now_ns() + (uint64_t)timeout_s * SEC;
+	pid_t r;
+
+	for (;;) {
+		r = waitpid(pid, status, WNOHANG);
+		if (r == pid)
+			return 0;
+		if (r < 0)
+			return -errno;
+		if (rps__now_ns() > deadline)
+			return -ETIMEDOUT;
+		usleep(20000);
+	}
+}
+
+/* Run body in its own process group; kill the whole group if it hangs. */
+static void run_isolated(const char *name, int (*body)(void), int timeout_s)
+{
+	int status = 0, ret;
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	CU_ASSERT_FATAL(pid >= 0);
+	if (pid == 0) {
+		setpgid(0, 0);
+		_exit(body());
+	}
+	setpgid(pid, pid);
+	ret = wait_child(pid, timeout_s, &status);
+	if (ret == -ETIMEDOUT) {
+		fprintf(stderr, "    %s: no result after %d s: killing it\n", name, timeout_s);
+		kill(-pid, SIGKILL);
+		waitpid(pid, &status, 0);
+		CU_FAIL("test body hung");
+		return;
+	}
+	CU_ASSERT(ret == 0);
+	if (WIFSIGNALED(status))
+		fprintf(stderr, "    %s: killed by signal %d\n", name, WTERMSIG(status));
+	CU_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	/* reap stray grandchildren of a failed body */
+	kill(-pid, SIGKILL);
+}
+
+static int check_child(pid_t pid, int timeout_s)
+{
+	int status = 0;
+
+	if (wait_child(pid, timeout_s, &status)) {
+		fprintf(stderr, "    child %d hung: killing it\n", (int)pid);
+		kill(pid, SIGKILL);
+		waitpid(pid, &status, 0);
+		return -1;
+	}
+	if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+		fprintf(stderr, "    child %d failed (status 0x%x)\n", (int)pid, status);
+		return -1;
+	}
+	return 0;
+}
+
+static int read_full(int fd, void *buf, size_t len, int timeout_ms)
+{
+	struct pollfd pfd = { .fd = fd, .events = POLLIN };
+	size_t got = 0;
+	ssize_t r;
+
+	while (got < len) {
+		if (poll(&pfd, 1, timeout_ms) <= 0)
+			return -ETIMEDOUT;
+		r = read(fd, (char *)buf + got, len - got);
+		if (r <= 0)
+			return -EPIPE;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t len)
+{
+	return write(fd, buf, len) == (ssize_t)len ? 0 : -EPIPE;
+}
+
+static void *shared_alloc(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* ---- transport helpers --------------------------------------------------- */
+
+static struct rps__fabric *open_fab(void)
+{
+	struct rps__fabric_attr a = { .kind = RPS__KIND_VERBS, .device = NULL, .host = test_addr() };
+	struct rps__fabric *f = NULL;
+
+	if (rps__fabric_open(&a, &f)) {
+		fprintf(stderr, "    fabric_open(%s): %s\n", test_addr(), rps__errbuf());
+		return NULL;
+	}
+	return f;
+}
+
+static void *alloc_reg(struct rps__fabric *fab, size_t len, int access, struct rps__mr **mr)
+{
+	void *p = aligned_alloc(4096, RPS__ALIGN_UP(len, 4096));
+
+	if (!p)
+		return NULL;
+	memset(p, 0, len);
+	if (rps__mr_reg(fab, p, len, access, mr)) {
+		fprintf(stderr, "    mr_reg: %s\n", rps__errbuf());
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+static int connect_retry(struct rps__fabric *fab, uint16_t port, struct rps__cq *cq, const struct rps__ep_attr *attr,
+			 const void *data, size_t len, void *reply, size_t *rlen, struct rps__ep **ep)
+{
+	uint64_t deadline = rps__now_ns() + 30 * SEC;
+	int ret;
+
+	for (;;) {
+		ret = rps__connect(fab, test_addr(), port, cq, attr, data, len, 10000, reply, rlen, ep);
+		if (ret != -ECONNREFUSED || rps__now_ns() > deadline)
+			break;
+		usleep(50000);
+	}
+	if (ret)
+		fprintf(stderr, "    connect: %s\n", rps__errbuf());
+	return ret;
+}
+
+static int get_request(struct rps__listener *l, struct rps__conn_req **req)
+{
+	uint64_t deadline = rps__now_ns() + 30 * SEC;
+	struct pollfd pfd = { .fd = rps__listener_fd(l), .events = POLLIN };
+	int ret;
+
+	for (;;) {
+		ret = rps__listener_get_request(l, req);
+		if (ret != -EAGAIN)
+			return ret;
+		if (rps__now_ns() > deadline)
+			return -ETIMEDOUT;
+		poll(&pfd, 1, 100);
+	}
+}
+
+static int accept_wait(struct rps__listener *l, struct rps__cq *cq, const struct rps__ep_attr *attr,
+		       const void *data, size_t len, void *req_data, size_t *req_len, struct rps__ep **ep)
+{
+	struct rps__conn_req *req;
+	const void *d;
+	size_t dl;
+	int ret;
+
+	ret = get_request(l, &req);
+	if (ret) {
+		fprintf(stderr, "    get_request: %d %s\n", ret, rps__errbuf());
+		return ret;
+	}
+	d = rps__conn_req_data(req, &dl);
+	if (req_data)
+		memcpy(req_data, d, dl);
+	if (req_len)
+		*req_len = dl;
+	ret = rps__accept(req, cq, attr, data, len, ep);
+	if (ret)
+		fprintf(stderr, "    accept: %s\n", rps__errbuf());
+	return ret;
+}
+
+/* Wait for one completion: 1, 0 on timeout, <0 on error. */
+static int wait_one(struct rps__cq *cq, struct rps__wc *wc, int timeout_ms)
+{
+	uint64_t deadline = rps__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	int n;
+
+	for (;;) {
+		n = rps__cq_wait(cq, wc, 1, 100);
+		if (n != 0)
+			return n;
+		if (rps__now_ns() > deadline)
+			return 0;
+	}
+}
+
+/* Post one WR, polling (and discarding nothing: any completion is returned
+ * to the caller through *stray) while the send queue is full. */
+static int post_retry(struct rps__ep *ep, struct rps__cq *cq, const struct rps__wr *wr, int n, int *stray)
+{
+	uint64_t deadline = rps__now_ns() + 30 * SEC;
+	struct rps__wc wc[16];
+	int ret, k;
+
+	for (;;) {
+		ret = rps__post(ep, wr, n);
+		if (ret != -EAGAIN)
+			return ret;
+		k = rps__cq_poll(cq, wc, 16);
+		if (k < 0)
+			return k;
+		if (stray)
+			*stray += k;
+		if (rps__now_ns() > deadline)
+			return -ETIMEDOUT;
+	}
+}
+
+/* ---- memlock -------------------------------------------------------------- */
+
+/* root has CAP_IPC_LOCK, which exempts it from RLIMIT_MEMLOCK: drop it */
+static void drop_ipc_lock(void)
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	struct __user_cap_data_struct d[2];
+
+	if (syscall(SYS_capget, &h, d))
+		return;
+	d[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+	d[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+	syscall(SYS_capset, &h, d);
+}
+
+static int body_memlock(void)
+{
+	const size_t big = 64u << 20;
+	struct rps__fabric *fab;
+	struct rps__mr *mr = NULL;
+	struct rlimit rl;
+	char *buf;
+	int ret;
+
+	drop_ipc_lock();
+	CHECK((fab = open_fab()) != NULL);
+	rl.rlim_cur = rl.rlim_max = 64 * 1024;
+	CHECK(setrlimit(RLIMIT_MEMLOCK, &rl) == 0);
+	CHECK((buf = malloc(big)) != NULL);
+	memset(buf, 1, big);
+	ret = rps__mr_reg(fab, buf, big, RPS__ACCESS_REMOTE_WRITE, &mr);
+	fprintf(stderr, "    mr_reg(64 MiB) under a 64 KiB memlock limit: %d: %s\n", ret, rps__errbuf());
+	CHECK(ret < 0);
+	CHECK(ret == -ENOMEM || ret == -EPERM || ret == -EFAULT);
+	CHECK(strstr(rps__errbuf(), "ulimit -l") != NULL);
+	/* a small region still fits under the limit */
+	CHECK(rps__mr_reg(fab, buf + 4096, 4096, RPS__ACCESS_LOCAL, &mr) == 0);
+	CHECK(rps__mr_dereg(mr) == 0);
+	free(buf);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static void t_memlock(void)
+{
+	run_isolated("memlock", body_memlock, 120);
+}
+
+/* ---- a peer killed mid-operation ------------------------------------------ */
+
+/* Writes into the survivor's region for ever, until SIGKILL. */
+static int peer_writer(int port_fd, int ready_fd)
+{
+	struct rps__ep_attr attr = { .sq_depth = 32, .rq_depth = 4, .max_inline = 64 };
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct rps__wc wc[16];
+	struct desc mine, theirs;
+	size_t rlen = sizeof(theirs);
+	uint16_t port;
+	char *buf;
+	uint64_t i;
+
+	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 256, &cq) == 0);
+	CHECK((buf = alloc_reg(fab, 65536, RPS__ACCESS_REMOTE_READ, &mr)) != NULL);
+	memset(buf, 0x5a, 65536);
+	mine = (struct desc){ (uintptr_t)buf, rps__mr_rkey(mr), 65536 };
+	CHECK(connect_retry(fab, port, cq, &attr, &mine, sizeof(mine), &theirs, &rlen, &ep) == 0);
+	CHECK(rlen == sizeof(theirs));
+	CHECK(write_full(ready_fd, "R", 1) == 0);
+	for (i = 0;; i++) {
+		struct rps__wr wr = {
+			.wr_id = i, .op = RPS__OP_WRITE, .flags = (i % 8 == 7) ? RPS__WR_SIGNALED : 0,
+			.sge = { buf + (i % 16) * 4096, 4096, mr },
+			.raddr = theirs.addr + (i % 16) * 4096, .rkey = theirs.rkey,
+		};
+		int ret = rps__post(ep, &wr, 1);
+
+		CHECK(ret == 0 || ret == -EAGAIN);
+		CHECK(rps__cq_poll(cq, wc, 16) >= 0);
+	}
+	return 0;
+}
+
+static int body_peer_killed(void)
+{
+	struct rps__ep_attr attr = { .sq_depth = 16, .rq_depth = 16, .max_inline = 64 };
+	int pp[2], rp[2], nrecv = 0, nread = 0, n, i;
+	struct rps__fabric *fab;
+	struct rps__listener *l;
+	struct rps__cq *cq;
+	struct rps__mr *mr, *lmr;
+	struct rps__ep *ep;
+	struct rps__wc wc[32];
+	struct desc mine, theirs;
+	size_t dl = 0;
+	char *region, *local, c;
+	uint16_t port;
+	uint64_t t0;
+	pid_t pid;
+
+	CHECK(pipe(pp) == 0 && pipe(rp) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		_exit(peer_writer(pp[0], rp[1]));
+
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 1024, &cq) == 0);
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK(port != 0);
+	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK((region = alloc_reg(fab, 65536, RPS__ACCESS_REMOTE_WRITE, &mr)) != NULL);
+	CHECK((local = alloc_reg(fab, 16 * 64 + 4096, RPS__ACCESS_LOCAL, &lmr)) != NULL);
+	mine = (struct desc){ (uintptr_t)region, rps__mr_rkey(mr), 65536 };
+	CHECK(accept_wait(l, cq, &attr, &mine, sizeof(mine), &theirs, &dl, &ep) == 0);
+	CHECK(dl == sizeof(theirs));
+	for (i = 0; i < 16; i++) {
+		struct rps__sge sge = { local + i * 64, 64, lmr };
+
+		CHECK(rps__post_recv(ep, &sge, 100 + (uint64_t)i) == 0);
+	}
+	CHECK(read_full(rp[0], &c, 1, 60000) == 0);
+	usleep(300000);		/* let its WRITEs stream */
+	CHECK(region[0] == 0x5a);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	t0 = rps__now_ns();
+	{
+		/* an op posted after the death must fail too, not hang */
+		struct rps__wr wr = {
+			.wr_id = 7, .op = RPS__OP_READ, .flags = RPS__WR_SIGNALED,
+			.sge = { local + 2048, 64, lmr }, .raddr = theirs.addr, .rkey = theirs.rkey,
+		};
+		CHECK(rps__post(ep, &wr, 1) == 0);
+	}
+	while ((nrecv < 16 || nread < 1) && secs_since(t0) < 60) {
+		n = rps__cq_wait(cq, wc, 32, 200);
+		CHECK(n >= 0);
+		for (i = 0; i < n; i++) {
+			CHECK(wc[i].ep == ep);
+			CHECK(wc[i].status != RPS__WC_SUCCESS);
+			if (wc[i].wr_id == 7)
+				nread++;
+			else {
+				CHECK(wc[i].wr_id >= 100 && wc[i].wr_id < 116);
+				nrecv++;
+			}
+		}
+	}
+	fprintf(stderr, "    peer killed: %d receives and %d READ completed in error after %.2f s\n", nrecv, nread,
+		secs_since(t0));
+	CHECK(nrecv == 16 && nread == 1);
+	CHECK(rps__ep_is_error(ep));
+	rps__ep_close(ep);
+	rps__listener_close(l);
+	CHECK(rps__mr_dereg(mr) == 0);
+	CHECK(rps__mr_dereg(lmr) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static void t_peer_killed(void)
+{
+	run_isolated("peer_killed", body_peer_killed, 180);
+}
+
+/* ---- a peer that closes its endpoint ------------------------------------ */
+
+static int peer_closer(int port_fd, int go_fd)
+{
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	uint16_t port;
+	char c;
+
+	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(connect_retry(fab, port, cq, NULL, NULL, 0, NULL, NULL, &ep) == 0);
+	CHECK(read_full(go_fd, &c, 1, 60000) == 0);
+	rps__ep_close(ep);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static int body_graceful_close(void)
+{
+	struct rps__ep_attr attr = { .sq_depth = 8, .rq_depth = 8 };
+	struct rps__fabric *fab;
+	struct rps__listener *l;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct rps__wc wc[16];
+	int pp[2], gp[2], nflush = 0, n, i;
+	uint16_t port;
+	uint64_t t0;
+	char *buf;
+	pid_t pid;
+
+	CHECK(pipe(pp) == 0 && pipe(gp) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		_exit(peer_closer(pp[0], gp[0]));
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK((buf = alloc_reg(fab, 8 * 64, RPS__ACCESS_LOCAL, &mr)) != NULL);
+	CHECK(accept_wait(l, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
+	for (i = 0; i < 8; i++) {
+		struct rps__sge sge = { buf + i * 64, 64, mr };
+
+		CHECK(rps__post_recv(ep, &sge, (uint64_t)i) == 0);
+	}
+	CHECK(write_full(gp[1], "G", 1) == 0);
+	t0 = rps__now_ns();
+	while (nflush < 8 && secs_since(t0) < 30) {
+		n = rps__cq_wait(cq, wc, 16, 200);	/* sleeps on cq_fd: the CM event must wake it */
+		CHECK(n >= 0);
+		for (i = 0; i < n; i++) {
+			CHECK(wc[i].status == RPS__WC_FLUSH_ERR);
+			nflush++;
+		}
+	}
+	fprintf(stderr, "    peer closed: %d receives flushed after %.2f s\n", nflush, secs_since(t0));
+	CHECK(nflush == 8);
+	CHECK(rps__ep_is_error(ep));
+	{
+		/* a receive posted after the error flushes too */
+		struct rps__sge sge = { buf, 64, mr };
+
+		CHECK(rps__post_recv(ep, &sge, 99) == 0);
+		CHECK(wait_one(cq, wc, 10000) == 1);
+		CHECK(wc[0].wr_id == 99 && wc[0].status == RPS__WC_FLUSH_ERR);
+	}
+	CHECK(check_child(pid, 30) == 0);
+	rps__ep_close(ep);
+	rps__listener_close(l);
+	CHECK(rps__mr_dereg(mr) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static void t_graceful_close(void)
+{
+	run_isolated("graceful_close", body_graceful_close, 120);
+}
+
+/* ---- atomics from several processes ------------------------------------- */
+
+struct atom_shared {
+	int go;
+	uint32_t seen[4096];
+};
+
+static int worker_atomic(int port_fd, int fadd, int iters, struct atom_shared *sh)
+{
+	struct rps__ep_attr attr = { .sq_depth = 8, .rq_depth = 1 };
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct rps__wc wc;
+	struct desc theirs;
+	size_t rlen = 0;
+	uint64_t *res, expect = 0, old, t0;
+	uint16_t port;
+	int done = 0;
+
+	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK((res = alloc_reg(fab, 64, RPS__ACCESS_LOCAL, &mr)) != NULL);
+	CHECK(connect_retry(fab, port, cq, &attr, NULL, 0, &theirs, &rlen, &ep) == 0);
+	CHECK(rlen == sizeof(theirs));
+	t0 = rps__now_ns();
+	while (!__atomic_load_n(&sh->go, __ATOMIC_ACQUIRE)) {
+		CHECK(secs_since(t0) < 60);
+		usleep(1000);
+	}
+	while (done < iters) {
+		struct rps__wr wr = {
+			.wr_id = (uint64_t)done, .op = fadd ? RPS__OP_FADD : RPS__OP_CAS, .flags = RPS__WR_SIGNALED,
+			.sge = { res, 8, mr }, .raddr = theirs.addr, .rkey = theirs.rkey,
+			.compare_add = fadd ? 1 : expect, .swap = expect + 1,
+		};
+
+		CHECK(post_retry(ep, cq, &wr, 1, NULL) == 0);
+		CHECK(wait_one(cq, &wc, 30000) == 1);
+		CHECK(wc.status == RPS__WC_SUCCESS);
+		CHECK(wc.opcode == (fadd ? RPS__WC_FADD : RPS__WC_CAS));
+		CHECK(wc.wr_id == (uint64_t)done);
+		old = *(volatile uint64_t *)res;
+		if (fadd) {
+			CHECK(old < 4096);
+			__atomic_fetch_add(&sh->seen[old], 1, __ATOMIC_RELAXED);
+			done++;
+		} else if (old == expect) {
+			done++;
+			expect++;
+		} else {
+			expect = old;	/* lost the race: retry from what is there */
+		}
+	}
+	rps__ep_close(ep);
+	CHECK(rps__mr_dereg(mr) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+/* nworkers processes do iters remote increments each (CAS loops, or FADD);
+ * this process does local_iters increments with rps__local_cas meanwhile. */
+static int atomics(int fadd, int nworkers, int iters, int local_iters)
+{
+	struct rps__fabric *fab;
+	struct rps__listener *l;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep[8];
+	struct atom_shared *sh;
+	struct desc mine;
+	uint64_t *region, total, expect = 0, old, final, t0;
+	pid_t pid[8];
+	int pp[2], i, done = 0, ret, fails = 0;
+	uint16_t port;
+
+	CHECK((sh = shared_alloc(sizeof(*sh))) != NULL);
+	CHECK(pipe(pp) == 0);
+	for (i = 0; i < nworkers; i++) {
+		pid[i] = fork();
+		CHECK(pid[i] >= 0);
+		if (pid[i] == 0)
+			_exit(worker_atomic(pp[0], fadd, iters, sh));
+	}
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	for (i = 0; i < nworkers; i++)
+		CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK((region = alloc_reg(fab, 4096, RPS__ACCESS_REMOTE_ATOMIC | RPS__ACCESS_REMOTE_READ, &mr)) != NULL);
+	mine = (struct desc){ (uintptr_t)&region[8], rps__mr_rkey(mr), 8 };	/* a word not at offset 0 */
+	for (i = 0; i < nworkers; i++)
+		CHECK(accept_wait(l, cq, NULL, &mine, sizeof(mine), NULL, NULL, &ep[i]) == 0);
+	t0 = rps__now_ns();
+	__atomic_store_n(&sh->go, 1, __ATOMIC_RELEASE);
+	while (done < local_iters) {
+		ret = rps__local_cas(fab, mr, &region[8], expect, expect + 1, &old);
+		CHECK(ret == 0);
+		if (old == expect) {
+			done++;
+			expect++;
+		} else {
+			expect = old;
+			fails++;
+		}
+	}
+	for (i = 0; i < nworkers; i++)
+		CHECK(check_child(pid[i], 240) == 0);
+	final = __atomic_load_n(&region[8], __ATOMIC_SEQ_CST);
+	total = (uint64_t)nworkers * (uint64_t)iters + (uint64_t)local_iters;
+	fprintf(stderr, "    %d x %d remote %s%s: final %llu (want %llu) in %.2f s, %d local CAS retries\n", nworkers, iters,
+		fadd ? "FADD" : "CAS increments", local_iters ? " + local CAS increments" : "",
+		(unsigned long long)final, (unsigned long long)total, secs_since(t0), fails);
+	CHECK(final == total);
+	CHECK(region[7] == 0 && region[9] == 0);	/* neighbours untouched */
+	if (fadd)
+		for (i = 0; i < (int)total; i++)
+			CHECK(sh->seen[i] == 1);	/* each old value fetched exactly once */
+	for (i = 0; i < nworkers; i++)
+		rps__ep_close(ep[i]);
+	rps__listener_close(l);
+	CHECK(rps__mr_dereg(mr) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static int body_cas(void)
+{
+	return atomics(0, 3, 500, 0);
+}
+
+static int body_fadd(void)
+{
+	return atomics(1, 3, 500, 0);
+}
+
+static int body_local_cas(void)
+{
+	return atomics(0, 2, 500, 500);
+}
+
+static void t_cas(void)
+{
+	run_isolated("cas", body_cas, 300);
+}
+
+static void t_fadd(void)
+{
+	run_isolated("fadd", body_fadd, 300);
+}
+
+static void t_local_cas(void)
+{
+	run_isolated("local_cas", body_local_cas, 300);
+}
+
+/* ---- SEND burst into few receives ------------------------------------------ */
+
+#define BURST 1000
+#define NRECV 16
+
+static int burst_sender(int port_fd, int done_fd)
+{
+	struct rps__ep_attr attr = { .sq_depth = 64, .rq_depth = 1, .max_inline = 64 };
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	struct rps__wc wc;
+	uint16_t port;
+	uint32_t i;
+	int stray = 0;
+	char c;
+
+	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 256, &cq) == 0);
+	CHECK(connect_retry(fab, port, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
+	for (i = 0; i < BURST; i++) {
+		uint32_t v = i;
+		struct rps__wr wr = {
+			.wr_id = i, .op = RPS__OP_SEND,
+			.flags = RPS__WR_INLINE | (i == BURST - 1 ? RPS__WR_SIGNALED : 0),
+			.sge = { &v, sizeof(v), NULL },	/* inline: copied at post time */
+		};
+
+		CHECK(post_retry(ep, cq, &wr, 1, &stray) == 0);
+	}
+	CHECK(wait_one(cq, &wc, 120000) == 1);
+	CHECK(stray == 0);		/* unsignaled SENDs that succeed say nothing */
+	CHECK(wc.status == RPS__WC_SUCCESS && wc.wr_id == BURST - 1 && wc.opcode == RPS__WC_SEND);
+	CHECK(read_full(done_fd, &c, 1, 120000) == 0);
+	rps__ep_close(ep);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static int body_send_burst(void)
+{
+	struct rps__ep_attr attr = { .sq_depth = 4, .rq_depth = NRECV };
+	struct rps__fabric *fab;
+	struct rps__listener *l;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct rps__wc wc[NRECV];
+	int pp[2], dp[2], i, n;
+	uint32_t expect = 0;
+	uint16_t port;
+	uint64_t t0;
+	char *buf;
+	pid_t pid;
+
+	CHECK(pipe(pp) == 0 && pipe(dp) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		_exit(burst_sender(pp[0], dp[0]));
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK((buf = alloc_reg(fab, NRECV * 64, RPS__ACCESS_LOCAL, &mr)) != NULL);
+	CHECK(accept_wait(l, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
+	for (i = 0; i < NRECV; i++) {
+		struct rps__sge sge = { buf + i * 64, 64, mr };
+
+		CHECK(rps__post_recv(ep, &sge, (uint64_t)i) == 0);
+	}
+	t0 = rps__now_ns();
+	while (expect < BURST) {
+		CHECK(secs_since(t0) < 120);
+		n = rps__cq_wait(cq, wc, NRECV, 200);
+		CHECK(n >= 0);
+		for (i = 0; i < n; i++) {
+			uint64_t slot = wc[i].wr_id;
+			struct rps__sge sge = { buf + slot * 64, 64, mr };
+
+			CHECK(wc[i].status == RPS__WC_SUCCESS);
+			CHECK(wc[i].opcode == RPS__WC_RECV && wc[i].byte_len == 4 && slot < NRECV);
+			CHECK(*(uint32_t *)(buf + slot * 64) == expect);	/* in order */
+			expect++;
+			CHECK(rps__post_recv(ep, &sge, slot) == 0);
+		}
+	}
+	fprintf(stderr, "    %d SENDs through %d receives: in order, no error, %.2f s\n", BURST, NRECV, secs_since(t0));
+	CHECK(!rps__ep_is_error(ep));
+	CHECK(write_full(dp[1], "D", 1) == 0);
+	CHECK(check_child(pid, 60) == 0);
+	rps__ep_close(ep);
+	rps__listener_close(l);
+	CHECK(rps__mr_dereg(mr) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static void t_send_burst(void)
+{
+	run_isolated("send_burst", body_send_burst, 300);
+}
+
+/* ---- remote access errors ------------------------------------------------ */
+
+/* One bad op on a fresh connection; checks its completion and that the
+ * endpoint then flushes the next op. */
+static int bad_op(struct rps__fabric *fab, uint16_t port, struct rps__cq *cq, struct rps__wr *wr, const char *what)
+{
+	struct rps__ep *ep;
+	struct rps__wc wc;
+	struct desc d[2];
+	size_t rlen = 0;
+	struct rps__wr next;
+
+	CHECK(connect_retry(fab, port, cq, NULL, NULL, 0, d, &rlen, &ep) == 0);
+	CHECK(rlen == sizeof(d));
+	/* a valid WRITE after it must be flushed, not executed */
+	next = (struct rps__wr){ .wr_id = 2, .op = RPS__OP_WRITE, .flags = RPS__WR_SIGNALED, .sge = wr->sge,
+				 .raddr = d[0].addr, .rkey = d[0].rkey };
+	next.sge.len = 8;
+	CHECK(rps__post(ep, wr, 1) == 0);
+	CHECK(wait_one(cq, &wc, 60000) == 1);
+	fprintf(stderr, "    %s: %s\n", what, rps__wc_status_str(wc.status));
+	CHECK(wc.wr_id == 1 && wc.ep == ep);
+	CHECK(wc.status == RPS__WC_REM_ACCESS_ERR);
+	CHECK(rps__ep_is_error(ep));
+	CHECK(rps__post(ep, &next, 1) == 0);
+	CHECK(wait_one(cq, &wc, 60000) == 1);
+	CHECK(wc.wr_id == 2 && wc.status == RPS__WC_FLUSH_ERR);
+	rps__ep_close(ep);
+	return 0;
+}
+
+static int access_initiator(int port_fd, int done_fd)
+{
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct desc d[2];
+	size_t rlen = 0;
+	uint16_t port;
+	char *buf;
+
+	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK((buf = alloc_reg(fab, 4096, RPS__ACCESS_LOCAL, &mr)) != NULL);
+	memset(buf, 0x11, 4096);
+	/* learn the regions first (connection 0 stays healthy) */
+	CHECK(connect_retry(fab, port, cq, NULL, NULL, 0, d, &rlen, &ep) == 0);
+	CHECK(rlen == sizeof(d));
+	{
+		struct rps__wr wr = {
+			.wr_id = 1, .op = RPS__OP_WRITE, .flags = RPS__WR_SIGNALED,
+			.sge = { buf, 64, mr }, .raddr = d[0].addr, .rkey = d[0].rkey ^ 0x5a,
+		};
+		CHECK(bad_op(fab, port, cq, &wr, "WRITE with a wrong rkey") == 0);
+		wr.rkey = d[0].rkey;
+		wr.raddr = d[0].addr + d[0].len - 32;	/* 64 bytes, 32 past the end */
+		CHECK(bad_op(fab, port, cq, &wr, "WRITE past the end") == 0);
+		wr.raddr = d[1].addr;
+		wr.rkey = d[1].rkey;			/* region without REMOTE_WRITE */
+		CHECK(bad_op(fab, port, cq, &wr, "WRITE to a read-only region") == 0);
+		wr = (struct rps__wr){
+			.wr_id = 1, .op = RPS__OP_CAS, .flags = RPS__WR_SIGNALED, .sge = { buf, 8, mr },
+			.raddr = d[0].addr + 4, .rkey = d[0].rkey, .compare_add = 0, .swap = 1,
+		};
+		CHECK(bad_op(fab, port, cq, &wr, "misaligned CAS") == 0);
+	}
+	rps__ep_close(ep);
+	CHECK(write_full(done_fd, "D", 1) == 0);
+	CHECK(rps__mr_dereg(mr) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static int body_access_errors(void)
+{
+	struct rps__fabric *fab;
+	struct rps__listener *l;
+	struct rps__cq *cq;
+	struct rps__mr *mra, *mrb;
+	struct rps__ep *ep[5];
+	struct desc d[2];
+	int pp[2], dp[2], i;
+	uint16_t port;
+	char *a, *b, c;
+	pid_t pid;
+
+	CHECK(pipe(pp) == 0 && pipe(dp) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		_exit(access_initiator(pp[0], dp[1]));
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK((a = alloc_reg(fab, 4096, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_ATOMIC, &mra)) != NULL);
+	CHECK((b = alloc_reg(fab, 4096, RPS__ACCESS_REMOTE_READ, &mrb)) != NULL);
+	memset(a, 0xab, 4096);
+	memset(b, 0xcd, 4096);
+	d[0] = (struct desc){ (uintptr_t)a, rps__mr_rkey(mra), 4096 };
+	d[1] = (struct desc){ (uintptr_t)b, rps__mr_rkey(mrb), 4096 };
+	for (i = 0; i < 5; i++)
+		CHECK(accept_wait(l, cq, NULL, d, sizeof(d), NULL, NULL, &ep[i]) == 0);
+	CHECK(read_full(dp[0], &c, 1, 120000) == 0);
+	CHECK(check_child(pid, 60) == 0);
+	for (i = 0; i < 4096; i++) {
+		CHECK((unsigned char)a[i] == 0xab);
+		CHECK((unsigned char)b[i] == 0xcd);
+	}
+	fprintf(stderr, "    target bytes unchanged\n");
+	for (i = 0; i < 5; i++)
+		rps__ep_close(ep[i]);
+	rps__listener_close(l);
+	CHECK(rps__mr_dereg(mra) == 0);
+	CHECK(rps__mr_dereg(mrb) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static void t_access_errors(void)
+{
+	run_isolated("access_errors", body_access_errors, 300);
+}
+
+/* ---- private data, reject ------------------------------------------------ */
+
+static int privdata_client(int port_fd)
+{
+	uint8_t req56[RPS__PRIVDATA_MAX], req55[55], rep[RPS__PRIVDATA_MAX];
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	size_t rlen;
+	uint16_t port;
+	int i, ret;
+
+	for (i = 0; i < RPS__PRIVDATA_MAX; i++)
+		req56[i] = (uint8_t)(i * 7 + 1);
+	for (i = 0; i < 55; i++)
+		req55[i] = (uint8_t)(200 - i);
+	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+
+	/* 1: rejected, with a reason */
+	rlen = 999;
+	memset(rep, 0, sizeof(rep));
+	do {
+		ret = rps__connect(fab, test_addr(), port, cq, NULL, "hello", 6, 10000, rep, &rlen, &ep);
+	} while (ret == -ECONNREFUSED && rlen == 0 && (usleep(50000), 1));	/* not listening yet */
+	fprintf(stderr, "    rejected connect: %d: %s\n", ret, rps__errbuf());
+	CHECK(ret == -ECONNREFUSED);
+	CHECK(rlen == 8 && !memcmp(rep, "go away", 8));
+	/* 2: the full 56 bytes each way */
+	rlen = 0;
+	CHECK(rps__connect(fab, test_addr(), port, cq, NULL, req56, sizeof(req56), 10000, rep, &rlen, &ep) == 0);
+	CHECK(rlen == RPS__PRIVDATA_MAX);
+	for (i = 0; i < RPS__PRIVDATA_MAX; i++)
+		CHECK(rep[i] == (uint8_t)(255 - i));
+	rps__ep_close(ep);
+	/* 3: 55 bytes, nothing back */
+	rlen = 999;
+	CHECK(rps__connect(fab, test_addr(), port, cq, NULL, req55, sizeof(req55), 10000, rep, &rlen, &ep) == 0);
+	CHECK(rlen == 0);
+	rps__ep_close(ep);
+	/* 4: nothing, reply NULL */
+	CHECK(rps__connect(fab, test_addr(), port, cq, NULL, NULL, 0, 10000, NULL, NULL, &ep) == 0);
+	rps__ep_close(ep);
+	/* 5: nobody listening on that port any more */
+	CHECK(read_full(port_fd, &port, sizeof(port), 60000) == 0);
+	ret = rps__connect(fab, test_addr(), port, cq, NULL, NULL, 0, 10000, NULL, NULL, &ep);
+	fprintf(stderr, "    connect to a closed port: %d: %s\n", ret, rps__errbuf());
+	CHECK(ret == -ECONNREFUSED || ret == -ETIMEDOUT || ret == -EHOSTUNREACH);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static int body_privdata(void)
+{
+	uint8_t data[RPS__PRIVDATA_MAX], rep[RPS__PRIVDATA_MAX];
+	struct rps__conn_req *req;
+	struct rps__fabric *fab;
+	struct rps__listener *l;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	const uint8_t *d;
+	size_t len;
+	uint16_t port;
+	int pp[2], i;
+	pid_t pid;
+
+	for (i = 0; i < RPS__PRIVDATA_MAX; i++)
+		rep[i] = (uint8_t)(255 - i);
+	CHECK(pipe(pp) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		_exit(privdata_client(pp[0]));
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+
+	CHECK(get_request(l, &req) == 0);
+	d = rps__conn_req_data(req, &len);
+	CHECK(len == 6 && !memcmp(d, "hello", 6));
+	CHECK(rps__reject(req, "go away", 8) == 0);
+
+	CHECK(get_request(l, &req) == 0);
+	d = rps__conn_req_data(req, &len);
+	CHECK(len == RPS__PRIVDATA_MAX);
+	memcpy(data, d, len);
+	for (i = 0; i < RPS__PRIVDATA_MAX; i++)
+		CHECK(data[i] == (uint8_t)(i * 7 + 1));
+	CHECK(rps__accept(req, cq, NULL, rep, sizeof(rep), &ep) == 0);
+	CHECK(strchr(rps__ep_peer(ep), ':') != NULL);
+	fprintf(stderr, "    accepted %s\n", rps__ep_peer(ep));
+	rps__ep_close(ep);
+
+	CHECK(get_request(l, &req) == 0);
+	d = rps__conn_req_data(req, &len);
+	CHECK(len == 55);
+	for (i = 0; i < 55; i++)
+		CHECK(d[i] == (uint8_t)(200 - i));
+	CHECK(rps__accept(req, cq, NULL, NULL, 0, &ep) == 0);
+	rps__ep_close(ep);
+
+	CHECK(get_request(l, &req) == 0);
+	d = rps__conn_req_data(req, &len);
+	CHECK(len == 0);
+	CHECK(rps__accept(req, cq, NULL, NULL, 0, &ep) == 0);
+	rps__ep_close(ep);
+
+	rps__listener_close(l);
+	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK(check_child(pid, 60) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static void t_privdata(void)
+{
+	run_isolated("privdata", body_privdata, 180);
+}
+
+/* ---- a full send queue, inline WRITEs, WRITE_IMM ------------------------- */
+
+static int sq_target(int port_fd, int ready_fd, int done_fd)
+{
+	struct rps__fabric *fab;
+	struct rps__listener *l;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct rps__wc wc;
+	struct desc mine;
+	uint16_t port;
+	char *region, c;
+
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK(write_full(port_fd, &port, sizeof(port)) == 0);
+	CHECK((region = alloc_reg(fab, 65536, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ, &mr)) != NULL);
+	mine = (struct desc){ (uintptr_t)region, rps__mr_rkey(mr), 65536 };
+	CHECK(accept_wait(l, cq, NULL, &mine, sizeof(mine), NULL, NULL, &ep) == 0);
+	{
+		struct rps__sge sge = { NULL, 0, NULL };	/* WRITE_IMM consumes a receive, no bytes */
+
+		CHECK(rps__post_recv(ep, &sge, 77) == 0);
+	}
+	CHECK(write_full(ready_fd, "R", 1) == 0);
+	CHECK(wait_one(cq, &wc, 120000) == 1);
+	CHECK(wc.status == RPS__WC_SUCCESS && wc.wr_id == 77);
+	CHECK(wc.opcode == RPS__WC_RECV_IMM && wc.imm == 0xdeadbeef);
+	/* the WRITE_IMM's payload is in place when its immediate is seen */
+	CHECK(!memcmp(region + 60000, "immediate!", 10));
+	CHECK(read_full(done_fd, &c, 1, 120000) == 0);
+	rps__ep_close(ep);
+	rps__listener_close(l);
+	CHECK(rps__mr_dereg(mr) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static int body_sq_full(void)
+{
+	struct rps__ep_attr attr = { .sq_depth = 8, .rq_depth = 1, .max_inline = 32 };
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct rps__wc wc[8];
+	struct rps__wr wr[8];
+	struct desc theirs;
+	size_t rlen = 0;
+	int pp[2], rp[2], dp[2], i, ret, eagain = 0, stray = 0;
+	uint64_t t0, v, *back;
+	uint16_t port;
+	char *buf, c;
+	pid_t pid;
+
+	CHECK(pipe(pp) == 0 && pipe(rp) == 0 && pipe(dp) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		_exit(sq_target(pp[1], rp[1], dp[0]));
+	CHECK(read_full(pp[0], &port, sizeof(port), 60000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK((buf = alloc_reg(fab, 8192, RPS__ACCESS_LOCAL, &mr)) != NULL);
+	CHECK(connect_retry(fab, port, cq, &attr, NULL, 0, &theirs, &rlen, &ep) == 0);
+	CHECK(rlen == sizeof(theirs));
+
+	/* 3 unsignaled WRITEs, then a batch of 8 that cannot fit: the
+	 * transport must make room by itself (no signaled WR was in flight) */
+	for (i = 0; i < 8; i++)
+		wr[i] = (struct rps__wr){ .wr_id = 1000 + (uint64_t)i, .op = RPS__OP_WRITE, .sge = { buf, 64, mr },
+					  .raddr = theirs.addr + (uint64_t)i * 64, .rkey = theirs.rkey };
+	CHECK(rps__post(ep, wr, 3) == 0);
+	t0 = rps__now_ns();
+	while ((ret = rps__post(ep, wr, 8)) == -EAGAIN) {
+		eagain++;
+		CHECK(secs_since(t0) < 30);
+		ret = rps__cq_poll(cq, wc, 8);
+		CHECK(ret >= 0);
+		stray += ret;
+	}
+	CHECK(ret == 0);
+	CHECK(eagain > 0);
+	CHECK(rps__post(ep, wr, 9) == -EINVAL);	/* more than sq_depth at once */
+
+	/* 2000 inline WRITEs (no mr: copied at post time), one at a time */
+	for (i = 0; i < 2000; i++) {
+		struct rps__wr w = { .wr_id = (uint64_t)i, .op = RPS__OP_WRITE, .flags = RPS__WR_INLINE };
+
+		v = (uint64_t)i;
+		w.sge = (struct rps__sge){ &v, 8, NULL };
+		w.raddr = theirs.addr + 4096 + (uint64_t)(i % 64) * 8;
+		w.rkey = theirs.rkey;
+		CHECK(post_retry(ep, cq, &w, 1, &stray) == 0);
+		v = 0xffffffff;	/* the transport copied it already */
+	}
+	CHECK(stray == 0);		/* nothing was signaled, nothing failed */
+	/* a READ after them sees them (RC order) */
+	back = (uint64_t *)(buf + 4096);
+	wr[0] = (struct rps__wr){ .wr_id = 42, .op = RPS__OP_READ, .flags = RPS__WR_SIGNALED,
+				  .sge = { back, 512, mr }, .raddr = theirs.addr + 4096, .rkey = theirs.rkey };
+	CHECK(post_retry(ep, cq, wr, 1, &stray) == 0);
+	CHECK(wait_one(cq, wc, 60000) == 1);
+	CHECK(wc[0].status == RPS__WC_SUCCESS && wc[0].wr_id == 42 && wc[0].opcode == RPS__WC_READ);
+	for (i = 1936; i < 2000; i++)
+		CHECK(back[i % 64] == (uint64_t)i);
+
+	/* WRITE_IMM: payload then immediate */
+	CHECK(read_full(rp[0], &c, 1, 60000) == 0);
+	memcpy(buf, "immediate!", 10);
+	wr[0] = (struct rps__wr){ .wr_id = 43, .op = RPS__OP_WRITE_IMM, .flags = RPS__WR_SIGNALED | RPS__WR_INLINE,
+				  .sge = { buf, 10, mr }, .raddr = theirs.addr + 60000, .rkey = theirs.rkey,
+				  .imm = 0xdeadbeef };
+	CHECK(post_retry(ep, cq, wr, 1, &stray) == 0);
+	CHECK(wait_one(cq, wc, 60000) == 1);
+	CHECK(wc[0].status == RPS__WC_SUCCESS && wc[0].wr_id == 43 && wc[0].opcode == RPS__WC_WRITE);
+	fprintf(stderr, "    full SQ: %d EAGAINs before room was made; 2000 inline WRITEs without a completion\n", eagain);
+	CHECK(write_full(dp[1], "D", 1) == 0);
+	CHECK(check_child(pid, 60) == 0);
+	rps__ep_close(ep);
+	CHECK(rps__mr_dereg(mr) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static void t_sq_full(void)
+{
+	run_isolated("sq_full", body_sq_full, 300);
+}
+
+/* ---- device selection, wildcard listen ---------------------------------- */
+
+static int open_client(int port_fd)
+{
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	uint16_t port;
+
+	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 16, &cq) == 0);
+	CHECK(connect_retry(fab, port, cq, NULL, "x", 1, NULL, NULL, &ep) == 0);
+	CHECK(strstr(rps__ep_peer(ep), test_addr()) != NULL);
+	rps__ep_close(ep);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static int body_open(void)
+{
+	struct rps__fabric_attr a = { .kind = RPS__KIND_VERBS };
+	struct rps__fabric *def, *byname, *byhost;
+	struct rps__listener *l, *l2;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	char name[64];
+	int pp[2], ret;
+	uint16_t port;
+	pid_t pid;
+
+	CHECK(pipe(pp) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		_exit(open_client(pp[0]));
+
+	CHECK(rps__fabric_open(&a, &def) == 0);		/* first device */
+	snprintf(name, sizeof(name), "%s", rps__fabric_name(def));
+	CHECK(rps__fabric_kind(def) == RPS__KIND_VERBS);
+	a.device = name;
+	CHECK(rps__fabric_open(&a, &byname) == 0);
+	CHECK(!strcmp(rps__fabric_name(byname), name));
+	a.device = "no_such_hca9";
+	ret = rps__fabric_open(&a, &byhost);
+	fprintf(stderr, "    unknown device: %d: %s\n", ret, rps__errbuf());
+	CHECK(ret == -ENODEV && strstr(rps__errbuf(), "no_such_hca9"));
+	a.device = NULL;
+	a.host = test_addr();
+	CHECK(rps__fabric_open(&a, &byhost) == 0);
+	fprintf(stderr, "    default device %s, %s selects %s\n", name, test_addr(), rps__fabric_name(byhost));
+	rps__fabric_close(byname);
+	rps__fabric_close(def);
+
+	/* every address, port 0: the port chosen is reported */
+	CHECK(rps__listen(byhost, NULL, 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK(port != 0);
+	ret = rps__listen(byhost, NULL, port, &l2);
+	fprintf(stderr, "    port taken: %d: %s\n", ret, rps__errbuf());
+	CHECK(ret == -EADDRINUSE);
+	CHECK(rps__cq_create(byhost, 16, &cq) == 0);
+	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK(accept_wait(l, cq, NULL, NULL, 0, NULL, NULL, &ep) == 0);
+	CHECK(check_child(pid, 60) == 0);
+	rps__ep_close(ep);
+	rps__listener_close(l);
+	rps__cq_destroy(cq);
+	rps__fabric_close(byhost);
+	return 0;
+}
+
+static void t_open(void)
+{
+	run_isolated("open", body_open, 120);
+}
+
+/* ---- main ---------------------------------------------------------------- */
+
+int main(void)
+{
+	static const struct {
+		const char *name;
+		void (*fn)(void);
+	} tests[] = {
+		{ "device by name / by address, wildcard listen", t_open },
+		{ "registration fails cleanly under a low memlock limit", t_memlock },
+		{ "private data both ways, reject with a reason", t_privdata },
+		{ "full send queue, inline writes, WRITE_IMM", t_sq_full },
+		{ "SEND burst into 16 receives: no RNR stall", t_send_burst },
+		{ "wrong rkey / out of range / no right / misaligned", t_access_errors },
+		{ "peer closes: posted receives flush", t_graceful_close },
+		{ "peer SIGKILLed mid-operation: no hang", t_peer_killed },
+		{ "CAS contention from 3 processes", t_cas },
+		{ "FADD from 3 processes", t_fadd },
+		{ "local CAS against remote CAS", t_local_cas },
+	};
+	const char *only = getenv("RPS_TEST_ONLY");
+	CU_pSuite s;
+	unsigned i, fails;
+
+	if (!rps__verbs_available()) {
+		printf("test_verbs: no RDMA device (ibv_get_device_list is empty): skipped\n");
+		return 77;
+	}
+	printf("test_verbs: device found, RPS_TEST_ADDR=%s\n", test_addr());
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 99;
+	s = CU_add_suite("verbs", NULL, NULL);
+	for (i = 0; i < RPS__ARRAY_SIZE(tests); i++)
+		if (!only || strstr(tests[i].name, only))
+			CU_add_test(s, tests[i].name, tests[i].fn);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	fails = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+	CU_cleanup_registry();
+	return fails ? 1 : 0;
+}
