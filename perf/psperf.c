@@ -417,7 +417,8 @@ static void usage(FILE *f)
 "                         (default: the device's address; tcp: 127.0.0.1)\n"
 "      --shard-size BYTES parameter bytes per shard (default 1M)\n"
 "      --slots N          staging slots per worker connection (default 8)\n"
-"      --spin-us US       servers busy-poll this long before sleeping (default 0)\n"
+"      --spin-us US       servers and workers busy-poll this long before\n"
+"                         sleeping (default 0; perftest always busy-polls)\n"
 "      --timeout-ms MS    give up on one operation after this (default 30000)\n"
 "\n"
 "Separate processes / hosts:\n"
@@ -1372,6 +1373,7 @@ static int worker_setup(struct worker *w)
 	co.rank = w->rank;
 	co.num_workers = w->run->W;
 	co.timeout_ms = o->timeout_ms;
+	co.spin_us = o->spin_us;	/* perftest busy-polls too: compare like with like */
 	ret = rps_client_connect(&co, &w->cl);
 	if (ret)
 		return worker_fail(w, NULL, "rps_client_connect", ret);

@@ -29,6 +29,7 @@
 #include "optim.h"
 #include "proto.h"
 #include "shard.h"
+#include "topo.h"
 #include "transport.h"
 #include "uri.h"
 #include "client.h"
@@ -177,6 +178,8 @@ struct rps_client {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct rps__fabric *fab;
+	struct rps__topo *topo;		/* verbs only: buffers near the HCA; NULL: plain memory */
+	struct rps__placement place;
 	struct rps__cq *cq;
 	struct conn *conns;
 	int nservers;
@@ -187,6 +190,9 @@ struct rps_client {
 	bool thread_started;
 	bool stopping;
 	bool polling;		/* a thread is in progress_once() */
+	bool progress_polling;	/* ... and it is the progress thread */
+	int nactive;		/* ops in the connections' active lists */
+	pthread_cond_t pcond;	/* the progress thread sleeps here when idle */
 	uint64_t spin_ns;	/* busy-poll this long before sleeping */
 	uint64_t idle_since;
 	int waiters;		/* callers blocked in a wait */
@@ -347,6 +353,7 @@ static void active_add(struct conn *c, struct shard_op *op)
 {
 	op->owner->live_ops++;
 	op->t->live_ops++;
+	c->cl->nactive++;
 	op->aprev = NULL;
 	op->anext = c->active;
 	if (c->active)
@@ -363,6 +370,7 @@ static void active_del(struct conn *c, struct shard_op *op)
 	if (op->anext)
 		op->anext->aprev = op->aprev;
 	op->anext = op->aprev = NULL;
+	c->cl->nactive--;
 	if (--op->t->live_ops == 0) {
 		if (op->t->closing)
 			tensor_free(op->t);	/* closed while this op outlived its request */
@@ -1168,21 +1176,28 @@ static void progress_once(struct rps_client *cl)
 	pthread_mutex_lock(&cl->lock);
 }
 
+/* The progress thread works only for requests nobody waits on (the
+ * non-blocking API, ops that outlived a timed-out request); a blocked
+ * caller polls for itself, so a blocking push costs the same wake-ups as a
+ * socket ping-pong. */
 static void *progress_main(void *arg)
 {
 	struct rps_client *cl = arg;
 
+	/* near the HCA when it is known (the library never logs: a refusal
+	 * leaves the thread where it was) */
+	(void)rps__topo_pin_thread(cl->topo, &cl->place);
 	pthread_mutex_lock(&cl->lock);
 	while (!cl->stopping) {
-		if (cl->waiters || cl->polling) {
-			/* a caller is waiting: it polls for itself */
-			pthread_cond_wait(&cl->cond, &cl->lock);
+		if (cl->waiters || cl->polling || !cl->nactive) {
+			pthread_cond_wait(&cl->pcond, &cl->lock);
 			continue;
 		}
-		cl->polling = true;
+		cl->polling = cl->progress_polling = true;
 		progress_once(cl);
-		cl->polling = false;
-		pthread_cond_broadcast(&cl->cond);
+		cl->polling = cl->progress_polling = false;
+		if (cl->waiters)
+			pthread_cond_broadcast(&cl->cond);
 	}
 	pthread_mutex_unlock(&cl->lock);
 	return NULL;
@@ -1194,7 +1209,7 @@ static void wait_done_locked(struct rps_client *cl, const struct rps_request *r)
 	if (r->done)
 		return;
 	cl->waiters++;
-	if (cl->polling)
+	if (cl->progress_polling)
 		wake_progress(cl);	/* get the progress thread out of its sleep */
 	while (!r->done) {
 		if (cl->polling) {
@@ -1204,10 +1219,14 @@ static void wait_done_locked(struct rps_client *cl, const struct rps_request *r)
 		cl->polling = true;
 		progress_once(cl);
 		cl->polling = false;
-		pthread_cond_broadcast(&cl->cond);
+		if (cl->waiters > 1)
+			pthread_cond_broadcast(&cl->cond);	/* hand the poll to another waiter */
 	}
 	cl->waiters--;
-	pthread_cond_broadcast(&cl->cond);
+	if (cl->waiters)
+		pthread_cond_broadcast(&cl->cond);
+	else if (cl->nactive)
+		pthread_cond_signal(&cl->pcond);	/* work left that nobody waits on */
 }
 
 /* ---- requests ------------------------------------------------------------ */
@@ -1311,23 +1330,24 @@ static int alloc_reg(struct rps_client *cl, size_t len, int access, char **buf, 
 	void *p = NULL;
 	int ret;
 
-	if (posix_memalign(&p, 4096, RPS__ALIGN_UP(len, 4096)))
+	p = rps__topo_alloc(cl->topo, &cl->place, len);
+	if (!p)
 		return rps__seterr(-ENOMEM, "out of memory for %zu bytes of buffers", len);
-	memset(p, 0, len);
 	ret = rps__mr_reg(cl->fab, p, len, access, mr);
 	if (ret) {
-		free(p);
+		rps__topo_free(cl->topo, p, len);
 		return ret;
 	}
 	*buf = p;
 	return 0;
 }
 
-static void free_reg(char **buf, struct rps__mr **mr)
+static void free_reg(struct rps_client *cl, char **buf, struct rps__mr **mr, size_t len)
 {
 	rps__mr_dereg(*mr);
 	*mr = NULL;
-	free(*buf);
+	if (*buf)
+		rps__topo_free(cl->topo, *buf, len);
 	*buf = NULL;
 }
 
@@ -1336,11 +1356,11 @@ static void conn_free(struct conn *c)
 	if (c->ep)
 		rps__ep_close(c->ep);
 	c->ep = NULL;
-	free_reg(&c->pbufs, &c->pbufs_mr);
-	free_reg(&c->bbufs, &c->bbufs_mr);
-	free_reg((char **)&c->atomics, &c->atomics_mr);
-	free_reg(&c->rbufs, &c->rbufs_mr);
-	free_reg(&c->sbufs, &c->sbufs_mr);
+	free_reg(c->cl, &c->pbufs, &c->pbufs_mr, (size_t)c->nslots * c->hello.slot_size);
+	free_reg(c->cl, &c->bbufs, &c->bbufs_mr, NBOUNCE * c->bsize);
+	free_reg(c->cl, (char **)&c->atomics, &c->atomics_mr, (size_t)c->nslots * 8);
+	free_reg(c->cl, &c->rbufs, &c->rbufs_mr, (size_t)c->nrecv * RPS__MSG_MAX);
+	free_reg(c->cl, &c->sbufs, &c->sbufs_mr, (size_t)CTRL_CREDITS * RPS__MSG_MAX);
 	free(c->free_slots);
 	free(c->free_bounce);
 	c->free_slots = c->free_bounce = NULL;
@@ -1505,6 +1525,7 @@ RPS_EXPORT int rps_client_close(rps_client_t *cl)
 		pthread_mutex_lock(&cl->lock);
 		cl->stopping = true;
 		pthread_cond_broadcast(&cl->cond);
+		pthread_cond_broadcast(&cl->pcond);
 		pthread_mutex_unlock(&cl->lock);
 		wake_progress(cl);
 		pthread_join(cl->thread, NULL);
@@ -1519,9 +1540,11 @@ RPS_EXPORT int rps_client_close(rps_client_t *cl)
 	free(cl->conns);
 	rps__cq_destroy(cl->cq);
 	rps__fabric_close(cl->fab);
+	rps__topo_close(cl->topo);	/* after every rps__topo_free */
 	if (cl->wake_fd >= 0)
 		close(cl->wake_fd);
 	pthread_cond_destroy(&cl->cond);
+	pthread_cond_destroy(&cl->pcond);
 	pthread_mutex_destroy(&cl->lock);
 	free(cl);
 	return 0;
@@ -1545,6 +1568,7 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		return rps__seterr(-ENOMEM, "out of memory");
 	pthread_mutex_init(&cl->lock, NULL);
 	pthread_cond_init(&cl->cond, NULL);
+	pthread_cond_init(&cl->pcond, NULL);
 	cl->wake_fd = -1;
 	cl->rank = opts->rank;
 	cl->num_workers = opts->num_workers;
@@ -1570,6 +1594,19 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	ret = rps__fabric_open(&fattr, &cl->fab);
 	if (ret)
 		goto err;
+	cl->place.numa_node = -1;
+	if (fattr.kind == RPS__KIND_VERBS) {
+		struct rps__topo_opts to = { .log = 0 };
+
+		/* placement is an optimisation: without hwloc, plain memory */
+		if (rps__topo_open(&to, &cl->topo) == 0 &&
+		    rps__topo_place(cl->topo, rps__fabric_name(cl->fab), NULL, &cl->place)) {
+			rps__topo_close(cl->topo);
+			cl->topo = NULL;
+			cl->place.numa_node = -1;
+		}
+		rps__clearerr();
+	}
 	ret = rps__cq_create(cl->fab, (uint32_t)cl->nservers * (MAX_SLOTS * 4 + NBOUNCE * 2 + CTRL_CREDITS * 2 + 32), &cl->cq);
 	if (ret)
 		goto err;
@@ -1860,6 +1897,8 @@ static int submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_req
 		req_finish(r);
 	if (async_out) {
 		*async_out = r;
+		if (!cl->waiters)
+			pthread_cond_signal(&cl->pcond);
 		pthread_mutex_unlock(&cl->lock);
 		return 0;
 	}

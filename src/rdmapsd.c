@@ -37,6 +37,11 @@ static void usage(FILE *f)
 		"  -m, --memory-limit BYTES  cap on shard + staging memory (default: none)\n"
 		"  -C, --max-connections N   worker connections at once (default 64)\n"
 		"      --spin-us US          busy-poll this long before sleeping (default 0)\n"
+		"      --numa-node N         shards and staging slots on NUMA node N (default: the HCA's)\n"
+		"      --cpus LIST           pin the serving thread to these cpus, e.g. 0-3,8 (default: the HCA's)\n"
+		"      --no-pin              bind no memory and pin no thread\n"
+		"      --show-topology       print the NUMA nodes, RDMA devices and the placement chosen, and exit\n"
+		"      --topology FILE       read the machine from an hwloc XML file (lstopo --of xml), to debug placement\n"
 		"  -p, --port-file PATH      write the listening port here once ready\n"
 		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
 		"  -h, --help                this text\n"
@@ -95,6 +100,11 @@ int main(int argc, char **argv)
 		{ "memory-limit", required_argument, NULL, 'm' },
 		{ "max-connections", required_argument, NULL, 'C' },
 		{ "spin-us", required_argument, NULL, 1 },
+		{ "numa-node", required_argument, NULL, 2 },
+		{ "cpus", required_argument, NULL, 3 },
+		{ "no-pin", no_argument, NULL, 4 },
+		{ "show-topology", no_argument, NULL, 5 },
+		{ "topology", required_argument, NULL, 6 },
 		{ "port-file", required_argument, NULL, 'p' },
 		{ "log-level", required_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
@@ -103,6 +113,7 @@ int main(int argc, char **argv)
 	};
 	struct rps__server_config cfg;
 	const char *port_file = NULL;
+	int show_topology = 0;
 	struct sigaction sa;
 	char uri[300];
 	size_t sz;
@@ -157,6 +168,23 @@ int main(int argc, char **argv)
 				return 2;
 			cfg.spin_us = (int)u;
 			break;
+		case 2:
+			if (parse_uint(optarg, "--numa-node", &u) || u > INT32_MAX)
+				return 2;
+			cfg.numa_node = (int)u;
+			break;
+		case 3:
+			cfg.cpus = optarg;
+			break;
+		case 4:
+			cfg.no_pin = 1;
+			break;
+		case 5:
+			show_topology = 1;
+			break;
+		case 6:
+			cfg.topology = optarg;
+			break;
 		case 'p':
 			port_file = optarg;
 			break;
@@ -187,6 +215,12 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
+	if (show_topology) {
+		ret = rps__server_show_topology(&cfg, stdout);
+		if (ret)
+			fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+		return ret ? 1 : 0;
+	}
 	ret = rps__server_create(&cfg, &the_server);
 	if (ret) {
 		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());

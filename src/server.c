@@ -26,6 +26,7 @@
 #include "optim.h"
 #include "proto.h"
 #include "shard.h"
+#include "topo.h"
 #include "transport.h"
 
 #include <errno.h>
@@ -124,6 +125,8 @@ struct rps__server {
 	struct rps__fabric *fab;
 	struct rps__cq *cq;
 	struct rps__listener *listener;
+	struct rps__topo *topo;		/* hwloc: where memory and the serving thread go */
+	struct rps__placement place;
 	int stop_fd;
 	struct conn **conns;
 	uint32_t nconns;
@@ -157,6 +160,7 @@ void rps__server_config_init(struct rps__server_config *cfg)
 	cfg->nslots = 8;
 	cfg->lease_ms = 5000;
 	cfg->max_conns = 64;
+	cfg->numa_node = -1;
 }
 
 /* ---- memory accounting ------------------------------------------------ */
@@ -175,14 +179,25 @@ static void mem_give(struct rps__server *srv, size_t bytes)
 	srv->mem_used -= bytes;
 }
 
-static void *alloc_aligned(size_t len)
+/* Where shards, staging slots and the serving thread go: near the HCA
+ * (verbs), or the whole machine (tcp), unless --numa-node/--cpus/--no-pin. */
+static int place_server(const struct rps__server_config *cfg, struct rps__fabric *fab,
+			struct rps__topo **topo, struct rps__placement *place)
 {
-	void *p = NULL;
+	struct rps__topo_opts to = { .xml_path = cfg->topology, .log = 1 };
+	struct rps__topo_overrides ov = { .numa_node = cfg->numa_node, .cpus = cfg->cpus, .no_pin = cfg->no_pin };
+	const char *dev = cfg->listen.kind == RPS__KIND_VERBS ? rps__fabric_name(fab) : NULL;
+	int ret;
 
-	if (posix_memalign(&p, 4096, RPS__ALIGN_UP(len ? len : 1, 4096)))
-		return NULL;
-	memset(p, 0, len);
-	return p;
+	ret = rps__topo_open(&to, topo);
+	if (ret)
+		return ret;
+	ret = rps__topo_place(*topo, dev, &ov, place);
+	if (ret) {
+		rps__topo_close(*topo);
+		*topo = NULL;
+	}
+	return ret;
 }
 
 /* ---- sending replies -------------------------------------------------- */
@@ -529,7 +544,7 @@ static void tensor_free(struct rps__server *srv, struct tensor *t)
 	}
 	free(t->shards);
 	rps__mr_dereg(t->mr);
-	free(t->region);
+	rps__topo_free(srv->topo, t->region, t->region_len);
 	mem_give(srv, t->mem_charged);
 	free(t);
 }
@@ -578,7 +593,7 @@ static int tensor_new(struct rps__server *srv, const struct rps__create *req, st
 	if (ret)
 		goto err_free;
 	t->mem_charged = t->region_len + per_elem * (size_t)t->nlocal * srv->shard_elems;
-	t->region = alloc_aligned(t->region_len);
+	t->region = rps__topo_alloc(srv->topo, &srv->place, t->region_len);
 	t->shards = calloc(t->nlocal ? t->nlocal : 1, sizeof(*t->shards));
 	if (!t->region || !t->shards)
 		goto err_nomem;
@@ -883,9 +898,9 @@ static void conn_free(struct rps__server *srv, struct conn *c)
 	rps__mr_dereg(c->slots_mr);
 	rps__mr_dereg(c->rbufs_mr);
 	rps__mr_dereg(c->sbufs_mr);
-	free(c->slots);
-	free(c->rbufs);
-	free(c->sbufs);
+	rps__topo_free(srv->topo, c->slots, (size_t)srv->cfg.nslots * srv->slot_size);
+	rps__topo_free(srv->topo, c->rbufs, (size_t)c->nrecv * RPS__MSG_MAX);
+	rps__topo_free(srv->topo, c->sbufs, (size_t)c->nsend * RPS__MSG_MAX);
 	free(c->sfree);
 	free(c->slot_state);
 	if (c->owner)
@@ -999,10 +1014,10 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 	}
 	c->nrecv = CTRL_CREDITS + srv->cfg.nslots + 4;
 	c->nsend = CTRL_CREDITS + srv->cfg.nslots + 4;
-	c->slots = alloc_aligned(slots_len);
+	c->slots = rps__topo_alloc(srv->topo, &srv->place, slots_len);
 	c->slot_state = calloc(srv->cfg.nslots, 1);
-	c->rbufs = alloc_aligned((size_t)c->nrecv * RPS__MSG_MAX);
-	c->sbufs = alloc_aligned((size_t)c->nsend * RPS__MSG_MAX);
+	c->rbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nrecv * RPS__MSG_MAX);
+	c->sbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nsend * RPS__MSG_MAX);
 	c->sfree = calloc(c->nsend, sizeof(*c->sfree));
 	c->owner = owner_alloc(srv);
 	if (!c->slots || !c->slot_state || !c->rbufs || !c->sbufs || !c->sfree || !c->owner)
@@ -1102,6 +1117,10 @@ int rps__server_run(struct rps__server *srv)
 	uint64_t scan_every = RPS__MAX((uint64_t)srv->cfg.lease_ms * 1000000ull / 4, 1000000ull);
 	uint64_t idle_since = rps__now_ns();
 
+	/* The serving thread near the HCA; what it mallocs (optimizer state,
+	 * accumulators) then lands on its node by first touch. */
+	if (rps__topo_pin_thread(srv->topo, &srv->place))
+		rps__log(RPS__LOG_WARN, "%s: serving unpinned", rps__errbuf());
 	srv->next_lease_scan = rps__now_ns() + scan_every;
 	for (;;) {
 		struct pollfd pfd[3];
@@ -1239,6 +1258,10 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 	ret = rps__fabric_open(&fattr, &srv->fab);
 	if (ret)
 		goto err_free;
+	ret = place_server(cfg, srv->fab, &srv->topo, &srv->place);
+	if (ret)
+		goto err_fabric;
+	rps__log(srv->place.warn ? RPS__LOG_WARN : RPS__LOG_INFO, "placement: %s", srv->place.reason);
 	ret = rps__cq_create(srv->fab, cfg->max_conns * 2 * (CTRL_CREDITS + cfg->nslots + 8), &srv->cq);
 	if (ret)
 		goto err_fabric;
@@ -1250,6 +1273,7 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 err_cq:
 	rps__cq_destroy(srv->cq);
 err_fabric:
+	rps__topo_close(srv->topo);
 	rps__fabric_close(srv->fab);
 err_free:
 	if (srv->stop_fd >= 0)
@@ -1278,8 +1302,32 @@ void rps__server_destroy(struct rps__server *srv)
 	free(srv->barrier.req_id);
 	rps__cq_destroy(srv->cq);
 	rps__fabric_close(srv->fab);
+	rps__topo_close(srv->topo);	/* after every rps__topo_free */
 	close(srv->stop_fd);
 	free(srv->conns);
 	free(srv->cluster);
 	free(srv);
+}
+
+int rps__server_show_topology(const struct rps__server_config *cfg, FILE *f)
+{
+	struct rps__fabric_attr fattr = { 0 };
+	struct rps__fabric *fab;
+	struct rps__topo *topo;
+	struct rps__placement place;
+	int ret;
+
+	fattr.kind = cfg->listen.kind;
+	fattr.host = cfg->listen.host;
+	ret = rps__fabric_open(&fattr, &fab);
+	if (ret)
+		return ret;
+	ret = place_server(cfg, fab, &topo, &place);
+	if (!ret) {
+		fprintf(f, "transport: %s\n", rps__fabric_name(fab));
+		ret = rps__topo_print(topo, &place, f);
+		rps__topo_close(topo);
+	}
+	rps__fabric_close(fab);
+	return ret;
 }

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "uri.h"
 
@@ -23,6 +24,10 @@ struct rps__server_config {
 	uint32_t max_conns;		/* worker connections at once */
 	size_t mem_limit;		/* bytes for shards + staging; 0 = unlimited */
 	int spin_us;			/* busy-poll this long before sleeping */
+	int numa_node;			/* --numa-node: shards and slots on this NUMA node (-1: near the HCA) */
+	const char *cpus;		/* --cpus: pin the serving thread here (NULL: near the HCA) */
+	int no_pin;			/* --no-pin: bind and pin nothing */
+	const char *topology;		/* --topology: hwloc XML instead of this machine (debugging) */
 };
 
 void rps__server_config_init(struct rps__server_config *cfg);
@@ -34,5 +39,8 @@ void rps__server_stop(struct rps__server *srv);
 void rps__server_destroy(struct rps__server *srv);
 uint16_t rps__server_port(const struct rps__server *srv);
 const char *rps__server_fabric_name(const struct rps__server *srv);
+/* rdmapsd --show-topology: open the fabric (no listening), decide the
+ * placement as rps__server_create would, print it with the machine. */
+int rps__server_show_topology(const struct rps__server_config *cfg, FILE *f);
 
 #endif
