@@ -135,7 +135,7 @@ int rps_test(rps_request_t *req, int *result);
 int rps_wait(rps_request_t *req);
 
 /* Wait until all num_workers workers have entered the barrier (call it from
- * one thread per worker; it has no timeout). */
+ * one thread per worker).  -ETIMEDOUT after timeout_ms: a worker is gone. */
 int rps_barrier(rps_client_t *client);
 
 /* A one-line description of an error code (errno or RPS_E*). */

@@ -1306,9 +1306,7 @@ static int ctrl_call(struct rps_client *cl, unsigned type, const void *body, siz
 	if (n == 0 || r->remaining == 0) {
 		r->done = true;
 	} else {
-		req_arm_deadline(cl, r);
-		if (type == RPS__MSG_BARRIER)
-			r->deadline = 0;	/* a barrier waits for the slowest worker */
+		req_arm_deadline(cl, r);	/* a barrier too: a worker that died must not hang the rest */
 	}
 	wake_progress(cl);
 	status = req_wait_locked(cl, r);

@@ -18,6 +18,25 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Every process we started, for it_kill_all() (async-signal-safe). */
+static volatile pid_t started[256];
+static volatile int nstarted;
+
+static void remember(pid_t pid)
+{
+	if (pid > 0 && nstarted < (int)(sizeof(started) / sizeof(started[0])))
+		started[nstarted++] = pid;
+}
+
+void it_kill_all(void)
+{
+	int i;
+
+	for (i = 0; i < nstarted; i++)
+		if (started[i] > 0)
+			kill(started[i], SIGKILL);
+}
+
 static const char *rdmapsd_path(void)
 {
 	const char *p = getenv("RDMAPSD");
@@ -81,6 +100,7 @@ int it_cluster_start(struct it_cluster *cl, int n, const char *extra_args)
 			execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
 			_exit(127);
 		}
+		remember(cl->pid[i]);
 	}
 	/* Wait for readiness: each server writes its port file once listening. */
 	for (i = 0; i < n; i++) {
@@ -178,6 +198,7 @@ int it_workers_start(struct it_workers *w, int n, it_worker_fn fn, const char *s
 			close(p[1]);
 			_exit(ret);
 		}
+		remember(w->pid[i]);
 		close(p[1]);
 		w->fd[i] = p[0];
 	}

@@ -45,6 +45,9 @@ int it_workers_start(struct it_workers *w, int n, it_worker_fn fn, const char *s
 int it_worker_wait(struct it_workers *w, int i);
 /* Read exactly len bytes of worker i's results; 0 or -1. */
 int it_worker_read(struct it_workers *w, int i, void *buf, size_t len);
+/* SIGKILL every server and worker started so far (async-signal-safe). */
+void it_kill_all(void);
+
 /* Write all of buf to fd (in workers). */
 int it_write_all(int fd, const void *buf, size_t len);
 

@@ -929,6 +929,31 @@ static void test_server_killed(void)
 	rps_client_close(cl);
 }
 
+/* A test that fails must fail, not hang (a worker that died can leave the
+ * others waiting): past this, kill everything we started and fail. */
+#define TEST_WATCHDOG_S 240
+
+static void on_watchdog(int sig)
+{
+	static const char msg[] = "it_cluster: a test ran past its watchdog: killing every process it started\n";
+	ssize_t r = write(2, msg, sizeof(msg) - 1);
+
+	(void)sig;
+	(void)r;
+	it_kill_all();
+	_exit(1);
+}
+
+static void test_setup(void)
+{
+	alarm(TEST_WATCHDOG_S);
+}
+
+static void test_teardown(void)
+{
+	alarm(0);
+}
+
 static int suite_init(void)
 {
 	int ret = it_cluster_start(&cluster, NSERVERS, SERVER_ARGS);
@@ -964,7 +989,9 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	if (CU_initialize_registry() != CUE_SUCCESS)
 		return 1;
-	s = CU_add_suite("data plane, " "2 servers x 4 workers", suite_init, suite_clean);
+	signal(SIGALRM, on_watchdog);
+	s = CU_add_suite_with_setup_and_teardown("data plane, 2 servers x 4 workers", suite_init, suite_clean,
+						 test_setup, test_teardown);
 	CU_add_test(s, "sync Adam fp32 bit-identical to reference", test_sync_adam_f32);
 	CU_add_test(s, "sync momentum bf16 bit-identical to reference", test_sync_momentum_bf16);
 	CU_add_test(s, "sync SGD fp16 bit-identical to reference", test_sync_sgd_f16);
