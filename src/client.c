@@ -1157,12 +1157,13 @@ static void progress_once(struct rps_client *cl)
 	}
 	if (now - cl->idle_since < cl->spin_ns)
 		return;	/* busy-poll a while before sleeping: saves a wake-up */
-	rps__cq_arm(cl->cq);
-	n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
-	for (i = 0; i < n; i++)
-		on_completion(cl, &wc[i]);
-	if (n > 0)
-		return;
+	if (rps__cq_arm(cl->cq) != 0) {
+		n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
+		for (i = 0; i < n; i++)
+			on_completion(cl, &wc[i]);
+		if (n > 0)
+			return;
+	}
 	pfd[0] = (struct pollfd){ .fd = rps__cq_fd(cl->cq), .events = POLLIN };
 	pfd[1] = (struct pollfd){ .fd = cl->wake_fd, .events = POLLIN };
 	ts = next_timeout(cl, now);

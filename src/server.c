@@ -1148,9 +1148,11 @@ int rps__server_run(struct rps__server *srv)
 			accept_pending(srv);
 			continue;
 		}
-		if (rps__cq_arm(srv->cq) < 0)
+		n = rps__cq_arm(srv->cq);
+		if (n < 0)
 			return -EIO;
-		n = rps__cq_poll(srv->cq, wc, (int)RPS__ARRAY_SIZE(wc));
+		if (n)
+			n = rps__cq_poll(srv->cq, wc, (int)RPS__ARRAY_SIZE(wc));
 		for (i = 0; i < n; i++)
 			on_completion(srv, &wc[i]);
 		if (n > 0) {

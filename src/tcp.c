@@ -934,7 +934,9 @@ static int tcp_cq_arm(struct rps__cq *base)
 	pthread_mutex_unlock(&cq->lock);
 	if (wake && write(cq->evfd, &one, sizeof(one)) < 0)
 		return rps__seterr(-errno, "cq_arm: eventfd write: %s", strerror(errno));
-	return 0;
+	/* Sockets are level-triggered and later completions write the eventfd:
+	 * unless something is queued already, the caller may sleep at once. */
+	return wake ? 1 : 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2070,6 +2072,9 @@ static int tcp_cq_poll(struct rps__cq *base, struct rps__wc *wc, int n)
 	 * answers: what is still held back goes now. */
 	flush_deferred(cq);
 	pthread_mutex_lock(&cq->lock);
+	/* The caller is awake: completions the engine queues now need no
+	 * eventfd wake-up (cq_arm re-checks before it sleeps again). */
+	cq->armed = false;
 	queued = cq->count;
 	pthread_mutex_unlock(&cq->lock);
 	if (queued < (uint32_t)n)

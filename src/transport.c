@@ -100,9 +100,11 @@ int rps__cq_wait(struct rps__cq *cq, struct rps__wc *wc, int n, int timeout_ms)
 	ret = rps__cq_arm(cq);
 	if (ret < 0)
 		return ret;
-	ret = rps__cq_poll(cq, wc, n);
-	if (ret != 0)
-		return ret;
+	if (ret > 0) {
+		ret = rps__cq_poll(cq, wc, n);
+		if (ret != 0)
+			return ret;
+	}
 	pfd.fd = rps__cq_fd(cq);
 	pfd.events = POLLIN;
 	pfd.revents = 0;

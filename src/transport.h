@@ -179,8 +179,10 @@ int rps__cq_create(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out
 void rps__cq_destroy(struct rps__cq *cq);
 int rps__cq_poll(struct rps__cq *cq, struct rps__wc *wc, int n);	/* >= 0 completions */
 int rps__cq_fd(struct rps__cq *cq);	/* readable when rps__cq_poll may have work */
-/* Before sleeping on rps__cq_fd(): arm, then poll once more (a completion
- * that raced with arming is found by that poll). */
+/* Before sleeping on rps__cq_fd(): arm; if it returns 1, poll once more (a
+ * completion that raced with arming is found by that poll); 0 means the
+ * fd will wake the caller for anything still to come, so it may sleep at
+ * once (TCP, when nothing is queued: saves a syscall per round trip). */
 int rps__cq_arm(struct rps__cq *cq);
 /* Convenience: poll up to n, blocking up to timeout_ms (-1: forever) when none. */
 int rps__cq_wait(struct rps__cq *cq, struct rps__wc *wc, int n, int timeout_ms);

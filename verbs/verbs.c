@@ -35,6 +35,17 @@
  *    LOCAL_WRITE: it fails in order on every device and is reported as
  *    RPS__WC_REM_ACCESS_ERR, as the contract says, where some providers (rxe)
  *    would refuse the post instead.
+ *
+ * Fault injection (for tests/test_verbs.c): RPS_VERBS_FAULT=call[:nth[:errno]]
+ * makes the nth call (default 1; 0 means every call) of the library function
+ * `call` (e.g. ibv_create_cq, rdma_migrate_id) fail as if it had failed with
+ * errno (default ENOMEM), so that the error paths and their unwinding that no
+ * device produces on demand can be tested.  Each failure check starts with
+ * v_fault("call"); calls are counted per process, and only the named call's
+ * (v_get_event counts once per wait).  A site whose calls cannot be counted
+ * (a polling loop) has a name of its own: rdma_get_cm_event@listener.
+ * The variable is read once, at the first v_fault() of the process; unset, a
+ * check costs one predictable branch.
  */
 #include "config.h"
 #include "transport.h"
@@ -188,9 +199,56 @@ static int v_errno(int fallback)
 	return errno ? errno : fallback;
 }
 
+/* Fault injection, see the top of the file.  Returns 0, or the errno to
+ * inject (errno is set to it too). */
+static int v_fault_state = -1;		/* -1: not read yet, 0: off, 1: armed */
+static char v_fault_call[64];
+static long v_fault_nth, v_fault_err;
+static long v_fault_count;
+
+static int v_fault_slow(const char *call)
+{
+	if (v_fault_state < 0) {
+		const char *env = getenv("RPS_VERBS_FAULT");
+		const char *c;
+		size_t n;
+
+		v_fault_state = 0;
+		if (env && *env) {
+			c = strchr(env, ':');
+			n = c ? (size_t)(c - env) : strlen(env);
+			if (n >= sizeof(v_fault_call))
+				n = sizeof(v_fault_call) - 1;
+			memcpy(v_fault_call, env, n);
+			v_fault_call[n] = 0;
+			v_fault_nth = c ? strtol(c + 1, NULL, 10) : 1;
+			c = c ? strchr(c + 1, ':') : NULL;
+			v_fault_err = c ? strtol(c + 1, NULL, 10) : ENOMEM;
+			if (v_fault_err <= 0)
+				v_fault_err = ENOMEM;
+			v_fault_state = 1;
+		}
+		if (!v_fault_state)
+			return 0;
+	}
+	if (strcmp(call, v_fault_call))
+		return 0;
+	if (v_fault_nth && __atomic_add_fetch(&v_fault_count, 1, __ATOMIC_RELAXED) != v_fault_nth)
+		return 0;
+	errno = (int)v_fault_err;
+	return (int)v_fault_err;
+}
+
+static inline int v_fault(const char *call)
+{
+	if (__builtin_expect(v_fault_state == 0, 1))
+		return 0;
+	return v_fault_slow(call);
+}
+
 static int v_set_nonblock(int fd)
 {
-	int fl = fcntl(fd, F_GETFL);
+	int fl = v_fault("fcntl") ? -1 : fcntl(fd, F_GETFL);
 
 	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
 		return -errno;
@@ -255,7 +313,7 @@ static int v_resolve(const char *host, uint16_t port, int passive, struct sockad
 	hints.ai_socktype = SOCK_STREAM;
 	hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
 	snprintf(svc, sizeof(svc), "%u", port);
-	rc = getaddrinfo(host, svc, &hints, &res);
+	rc = v_fault("getaddrinfo") ? EAI_NONAME : getaddrinfo(host, svc, &hints, &res);
 	if (rc)
 		return rps__seterr(-EHOSTUNREACH, "verbs: cannot resolve host '%s': %s", host, gai_strerror(rc));
 	memcpy(ss, res->ai_addr, RPS__MIN((size_t)res->ai_addrlen, sizeof(*ss)));
@@ -265,7 +323,7 @@ static int v_resolve(const char *host, uint16_t port, int passive, struct sockad
 
 static struct rdma_event_channel *v_channel(void)
 {
-	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_event_channel *ch = v_fault("rdma_create_event_channel") ? NULL : rdma_create_event_channel();
 
 	if (!ch)
 		return NULL;
@@ -281,6 +339,8 @@ static int v_get_event(struct rdma_event_channel *ch, uint64_t deadline, struct 
 {
 	struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
 
+	if (v_fault("rdma_get_cm_event"))
+		return -v_errno(EIO);
 	for (;;) {
 		if (rdma_get_cm_event(ch, ev) == 0)
 			return 0;
@@ -370,7 +430,7 @@ static int v_ctx_for_host(const char *host, struct ibv_context **ctx, uint8_t *p
 	if (ret)
 		return ret;
 	/* NULL channel: synchronous id, rdma_resolve_addr waits for its event */
-	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP))
+	if (v_fault("rdma_create_id") || rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP))
 		return rps__seterr(-v_errno(ENODEV), "verbs: rdma_create_id: %s: is rdma_ucm loaded?", strerror(v_errno(ENODEV)));
 	if (rdma_bind_addr(id, (struct sockaddr *)&ss) &&
 	    rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, 2000)) {
@@ -398,7 +458,7 @@ static int v_fabric_open(const struct rps__fabric_attr *attr, struct rps__fabric
 	f->base.ops = &rps__verbs_ops;
 	f->base.kind = RPS__KIND_VERBS;
 
-	f->devs = rdma_get_devices(&n);
+	f->devs = v_fault("rdma_get_devices") ? NULL : rdma_get_devices(&n);
 	if (!f->devs || n == 0) {
 		ret = rps__seterr(-ENODEV, "verbs: no RDMA device found: load a driver (Soft-RoCE: `rdma link add rxe0 type rxe netdev eth0`) or use the tcp transport");
 		goto err_free;
@@ -425,12 +485,16 @@ static int v_fabric_open(const struct rps__fabric_attr *attr, struct rps__fabric
 	f->port = port ? port : 1;
 	snprintf(f->name, sizeof(f->name), "%s", ibv_get_device_name(want->device));
 
-	ret = ibv_query_device(f->ctx, &f->dattr);
+	ret = v_fault("ibv_query_device");
+	if (!ret)
+		ret = ibv_query_device(f->ctx, &f->dattr);
 	if (ret) {
 		ret = rps__seterr(-ret, "verbs: ibv_query_device(%s): %s", f->name, strerror(ret));
 		goto err_devs;
 	}
-	ret = ibv_query_port(f->ctx, f->port, &f->pattr);
+	ret = v_fault("ibv_query_port");
+	if (!ret)
+		ret = ibv_query_port(f->ctx, f->port, &f->pattr);
 	if (ret) {
 		ret = rps__seterr(-ret, "verbs: ibv_query_port(%s, %u): %s", f->name, f->port, strerror(ret));
 		goto err_devs;
@@ -438,17 +502,17 @@ static int v_fabric_open(const struct rps__fabric_attr *attr, struct rps__fabric
 	f->max_rd = (uint8_t)RPS__MIN(f->dattr.max_qp_rd_atom, V_MAX_RD_ATOMIC);
 	f->max_init = (uint8_t)RPS__MIN(f->dattr.max_qp_init_rd_atom, V_MAX_RD_ATOMIC);
 
-	f->pd = ibv_alloc_pd(f->ctx);
+	f->pd = v_fault("ibv_alloc_pd") ? NULL : ibv_alloc_pd(f->ctx);
 	if (!f->pd) {
 		ret = rps__seterr(-v_errno(ENOMEM), "verbs: ibv_alloc_pd(%s): %s", f->name, strerror(v_errno(ENOMEM)));
 		goto err_devs;
 	}
-	f->trap_buf = aligned_alloc(64, 64);
+	f->trap_buf = v_fault("aligned_alloc") ? NULL : aligned_alloc(64, 64);
 	if (!f->trap_buf) {
 		ret = rps__seterr(-ENOMEM, "verbs: out of memory opening the fabric");
 		goto err_pd;
 	}
-	f->trap_mr = ibv_reg_mr(f->pd, f->trap_buf, 64, 0);
+	f->trap_mr = v_fault("ibv_reg_mr") ? NULL : ibv_reg_mr(f->pd, f->trap_buf, 64, 0);
 	if (!f->trap_mr) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "verbs: ibv_reg_mr(64 bytes): %s", strerror(e));
@@ -543,7 +607,7 @@ static int v_mr_reg(struct rps__fabric *fab, void *addr, size_t len, int access,
 	if (!m)
 		return rps__seterr(-ENOMEM, "ibv_reg_mr: out of memory");
 	errno = 0;
-	m->mr = ibv_reg_mr(f->pd, addr, len, v_access(access));
+	m->mr = v_fault("ibv_reg_mr") ? NULL : ibv_reg_mr(f->pd, addr, len, v_access(access));
 	if (!m->mr) {
 		e = v_errno(ENOMEM);
 		free(m);
@@ -570,7 +634,9 @@ static int v_mr_dereg(struct rps__mr *mr)
 	int ret;
 
 	/* the HCA stops honouring the rkey when this returns */
-	ret = ibv_dereg_mr(m->mr);
+	ret = v_fault("ibv_dereg_mr");
+	if (!ret)
+		ret = ibv_dereg_mr(m->mr);
 	if (ret)
 		return rps__seterr(-ret, "ibv_dereg_mr(%zu bytes): %s", mr->len, strerror(ret));
 	free(m);
@@ -585,7 +651,7 @@ static int v_gid_index(struct v_fab *f, union ibv_gid *gid)
 	int i;
 
 	for (i = 0; i < RPS__MAX(f->pattr.gid_tbl_len, 1); i++)
-		if (ibv_query_gid(f->ctx, f->port, i, gid) == 0 && memcmp(gid, &zero, sizeof(zero)))
+		if (!v_fault("ibv_query_gid") && ibv_query_gid(f->ctx, f->port, i, gid) == 0 && memcmp(gid, &zero, sizeof(zero)))
 			return i;
 	return -1;
 }
@@ -603,7 +669,9 @@ static int v_qp_init(struct rdma_cm_id *id, struct ibv_qp *qp)
 	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 			    IBV_ACCESS_REMOTE_ATOMIC;
 	mask |= IBV_QP_ACCESS_FLAGS;
-	ret = ibv_modify_qp(qp, &a, mask);
+	ret = v_fault("ibv_modify_qp");
+	if (!ret)
+		ret = ibv_modify_qp(qp, &a, mask);
 	return -ret;
 }
 
@@ -624,7 +692,9 @@ static int v_qp_rtr_rts(struct v_fab *f, struct rdma_cm_id *id, struct ibv_qp *q
 	a.max_dest_rd_atomic = resp_res;
 	a.min_rnr_timer = V_MIN_RNR_TIMER;
 	mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-	ret = ibv_modify_qp(qp, &a, mask);
+	ret = v_fault("ibv_modify_qp");
+	if (!ret)
+		ret = ibv_modify_qp(qp, &a, mask);
 	if (ret)
 		return -ret;
 
@@ -636,7 +706,8 @@ static int v_qp_rtr_rts(struct v_fab *f, struct rdma_cm_id *id, struct ibv_qp *q
 	a.retry_cnt = V_RETRY;
 	a.rnr_retry = V_RNR_RETRY;
 	mask |= IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
-	return -ibv_modify_qp(qp, &a, mask);
+	ret = v_fault("ibv_modify_qp");
+	return -(ret ? ret : ibv_modify_qp(qp, &a, mask));
 }
 
 static void v_qp_error(struct ibv_qp *qp)
@@ -666,7 +737,7 @@ static int v_cq_create(struct rps__fabric *fab, uint32_t depth, struct rps__cq *
 		return rps__seterr(-ENOMEM, "verbs: out of memory creating a CQ");
 	c->base.fab = fab;
 	c->fab = f;
-	c->ch = ibv_create_comp_channel(f->ctx);
+	c->ch = v_fault("ibv_create_comp_channel") ? NULL : ibv_create_comp_channel(f->ctx);
 	if (!c->ch) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "ibv_create_comp_channel(%s): %s", f->name, strerror(e));
@@ -677,14 +748,14 @@ static int v_cq_create(struct rps__fabric *fab, uint32_t depth, struct rps__cq *
 		rps__seterr(ret, "verbs: O_NONBLOCK on the completion channel: %s", strerror(-ret));
 		goto err_ch;
 	}
-	c->cq = ibv_create_cq(f->ctx, (int)depth, c, c->ch, 0);
+	c->cq = v_fault("ibv_create_cq") ? NULL : ibv_create_cq(f->ctx, (int)depth, c, c->ch, 0);
 	if (!c->cq) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "ibv_create_cq(%s, %u entries): %s", f->name, depth, strerror(e));
 		goto err_ch;
 	}
 	/* one fd to sleep on: completions of this CQ and the fabric's CM events */
-	c->epfd = epoll_create1(EPOLL_CLOEXEC);
+	c->epfd = v_fault("epoll_create1") ? -1 : epoll_create1(EPOLL_CLOEXEC);
 	if (c->epfd < 0) {
 		ret = rps__seterr(-errno, "verbs: epoll_create1: %s", strerror(errno));
 		goto err_cq;
@@ -692,12 +763,12 @@ static int v_cq_create(struct rps__fabric *fab, uint32_t depth, struct rps__cq *
 	memset(&ev, 0, sizeof(ev));
 	ev.events = EPOLLIN;
 	ev.data.fd = c->ch->fd;
-	if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->ch->fd, &ev) < 0) {
+	if (v_fault("epoll_ctl") || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->ch->fd, &ev) < 0) {
 		ret = rps__seterr(-errno, "verbs: epoll_ctl(completion channel): %s", strerror(errno));
 		goto err_ep;
 	}
 	ev.data.fd = f->cm_ch->fd;
-	if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, f->cm_ch->fd, &ev) < 0) {
+	if (v_fault("epoll_ctl") || epoll_ctl(c->epfd, EPOLL_CTL_ADD, f->cm_ch->fd, &ev) < 0) {
 		ret = rps__seterr(-errno, "verbs: epoll_ctl(CM channel): %s", strerror(errno));
 		goto err_ep;
 	}
@@ -739,11 +810,14 @@ static int v_cq_arm(struct rps__cq *cq)
 	struct v_cq *c = VCQ(cq);
 	int ret;
 
-	ret = ibv_req_notify_cq(c->cq, 0);
+	ret = v_fault("ibv_req_notify_cq");
+	if (!ret)
+		ret = ibv_req_notify_cq(c->cq, 0);
 	if (ret)
 		return rps__seterr(-ret, "ibv_req_notify_cq: %s", strerror(ret));
+	/* a completion may have arrived before the notification was armed */
 	c->armed = 1;
-	return 0;
+	return 1;
 }
 
 static void v_table_add(struct v_cq *c, struct v_ep *ep)
@@ -985,7 +1059,7 @@ static int v_cq_poll(struct rps__cq *cq, struct rps__wc *wc, int n)
 	}
 	while (got < n) {
 		want = RPS__MIN(n - got, V_POLL_BATCH);
-		k = ibv_poll_cq(c->cq, want, iw);
+		k = v_fault("ibv_poll_cq") ? -1 : ibv_poll_cq(c->cq, want, iw);
 		if (k < 0) {
 			if (got)
 				break;
@@ -1064,7 +1138,7 @@ static int v_ep_create(struct v_fab *f, struct v_cq *c, const struct rps__ep_att
 	ia.cap.max_send_sge = 1;
 	ia.cap.max_recv_sge = 1;
 	ia.cap.max_inline_data = ep->max_inline;
-	ep->qp = ibv_create_qp(f->pd, &ia);
+	ep->qp = v_fault("ibv_create_qp") ? NULL : ibv_create_qp(f->pd, &ia);
 	if (!ep->qp) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "ibv_create_qp(%s, sq %u, rq %u, inline %u): %s", f->name, ep->sq_depth,
@@ -1151,12 +1225,12 @@ static int v_listen(struct rps__fabric *fab, const char *host, uint16_t port, st
 		ret = rps__seterr(-e, "verbs: rdma_create_event_channel: %s", strerror(e));
 		goto err_free;
 	}
-	if (rdma_create_id(l->ch, &l->id, l, RDMA_PS_TCP)) {
+	if (v_fault("rdma_create_id") || rdma_create_id(l->ch, &l->id, l, RDMA_PS_TCP)) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "verbs: rdma_create_id: %s", strerror(e));
 		goto err_ch;
 	}
-	if (rdma_bind_addr(l->id, (struct sockaddr *)&ss)) {
+	if (v_fault("rdma_bind_addr") || rdma_bind_addr(l->id, (struct sockaddr *)&ss)) {
 		e = v_errno(EADDRNOTAVAIL);
 		/* the kernel CM says EADDRNOTAVAIL for a taken port too */
 		if (e == EADDRNOTAVAIL && port && v_addr_ok(&ss))
@@ -1171,7 +1245,7 @@ static int v_listen(struct rps__fabric *fab, const char *host, uint16_t port, st
 				  where, ibv_get_device_name(l->id->verbs->device), f->name);
 		goto err_id;
 	}
-	if (rdma_listen(l->id, 128)) {
+	if (v_fault("rdma_listen") || rdma_listen(l->id, 128)) {
 		e = v_errno(EINVAL);
 		ret = rps__seterr(-e, "verbs: rdma_listen(%s): %s", where, strerror(e));
 		goto err_id;
@@ -1206,7 +1280,7 @@ static int v_listener_get_request(struct rps__listener *bl, struct rps__conn_req
 	 * events (disconnects) moving from here too */
 	v_cm_progress(l->fab, 0);
 	for (;;) {
-		if (rdma_get_cm_event(l->ch, &ev)) {
+		if (v_fault("rdma_get_cm_event@listener") || rdma_get_cm_event(l->ch, &ev)) {
 			e = v_errno(EIO);
 			if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR)
 				return rps__seterr(-EAGAIN, "verbs: no connection request waiting");
@@ -1256,7 +1330,7 @@ static int v_reject(struct rps__conn_req *breq, const void *data, size_t len)
 	buf[0] = (uint8_t)len;
 	if (len)
 		memcpy(buf + 1, data, len);
-	if (rdma_reject(r->id, buf, (uint8_t)(1 + len))) {
+	if (v_fault("rdma_reject") || rdma_reject(r->id, buf, (uint8_t)(1 + len))) {
 		e = v_errno(EIO);
 		ret = rps__seterr(-e, "verbs: rdma_reject(%s): %s", r->peer, strerror(e));
 	}
@@ -1305,7 +1379,7 @@ static int v_accept(struct rps__conn_req *breq, struct rps__cq *bcq, const struc
 		goto err_ep;
 	}
 	/* a private channel until ESTABLISHED, so the wait sees only this id */
-	if (rdma_migrate_id(ep->id, tmp)) {
+	if (v_fault("rdma_migrate_id") || rdma_migrate_id(ep->id, tmp)) {
 		e = v_errno(EIO);
 		ret = rps__seterr(-e, "verbs: accept %s: rdma_migrate_id: %s", r->peer, strerror(e));
 		goto err_tmp;
@@ -1323,7 +1397,7 @@ static int v_accept(struct rps__conn_req *breq, struct rps__cq *bcq, const struc
 	param.rnr_retry_count = V_RNR_RETRY;
 	param.qp_num = ep->qpn;
 	v_table_add(c, ep);
-	if (rdma_accept(ep->id, &param)) {
+	if (v_fault("rdma_accept") || rdma_accept(ep->id, &param)) {
 		e = v_errno(EIO);
 		ret = rps__seterr(-e, "verbs: rdma_accept(%s): %s: the peer may have given up", r->peer, strerror(e));
 		goto err_table;
@@ -1356,7 +1430,7 @@ static int v_accept(struct rps__conn_req *breq, struct rps__cq *bcq, const struc
 	pthread_mutex_lock(&f->cm_lock);
 	ep->id->context = ep;
 	pthread_mutex_unlock(&f->cm_lock);
-	if (rdma_migrate_id(ep->id, f->cm_ch)) {
+	if (v_fault("rdma_migrate_id") || rdma_migrate_id(ep->id, f->cm_ch)) {
 		e = v_errno(EIO);
 		ret = rps__seterr(-e, "verbs: accept %s: rdma_migrate_id: %s", r->peer, strerror(e));
 		goto err_ctx;
@@ -1435,14 +1509,14 @@ static int v_connect(struct rps__fabric *fab, const char *host, uint16_t port, s
 		e = v_errno(ENODEV);
 		return rps__seterr(-e, "verbs: rdma_create_event_channel: %s: is rdma_ucm loaded?", strerror(e));
 	}
-	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP)) {
+	if (v_fault("rdma_create_id") || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP)) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "verbs: rdma_create_id: %s", strerror(e));
 		goto err_ch;
 	}
 
 	left = v_ms_left(deadline);
-	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, left < 0 ? 2000 : RPS__MAX(left, 1))) {
+	if (v_fault("rdma_resolve_addr") || rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, left < 0 ? 2000 : RPS__MAX(left, 1))) {
 		e = v_errno(EHOSTUNREACH);
 		ret = rps__seterr(-e, "verbs: rdma_resolve_addr(%s): %s", peer, strerror(e));
 		goto err_id;
@@ -1465,7 +1539,7 @@ static int v_connect(struct rps__fabric *fab, const char *host, uint16_t port, s
 		goto err_id;
 	}
 	left = v_ms_left(deadline);
-	if (rdma_resolve_route(id, left < 0 ? 2000 : RPS__MAX(left, 1))) {
+	if (v_fault("rdma_resolve_route") || rdma_resolve_route(id, left < 0 ? 2000 : RPS__MAX(left, 1))) {
 		e = v_errno(EHOSTUNREACH);
 		ret = rps__seterr(-e, "verbs: rdma_resolve_route(%s): %s%s", peer, strerror(e),
 				  v_is_loopback(&ss) ? ": RoCE cannot route the loopback address; use the address of the RDMA device's netdev" : "");
@@ -1501,7 +1575,7 @@ static int v_connect(struct rps__fabric *fab, const char *host, uint16_t port, s
 	param.retry_count = V_RETRY;
 	param.rnr_retry_count = V_RNR_RETRY;
 	param.qp_num = ep->qpn;
-	if (rdma_connect(id, &param)) {
+	if (v_fault("rdma_connect") || rdma_connect(id, &param)) {
 		e = v_errno(EIO);
 		ret = rps__seterr(-e, "verbs: rdma_connect(%s): %s", peer, strerror(e));
 		goto err_ep;
@@ -1559,7 +1633,7 @@ static int v_connect(struct rps__fabric *fab, const char *host, uint16_t port, s
 		goto err_rej;
 	}
 	v_table_add(c, ep);
-	if (rdma_establish(id)) {
+	if (v_fault("rdma_establish") || rdma_establish(id)) {
 		e = v_errno(EIO);
 		ret = rps__seterr(-e, "verbs: connect %s: rdma_establish: %s", peer, strerror(e));
 		goto err_table;
@@ -1567,7 +1641,7 @@ static int v_connect(struct rps__fabric *fab, const char *host, uint16_t port, s
 	pthread_mutex_lock(&f->cm_lock);
 	id->context = ep;
 	pthread_mutex_unlock(&f->cm_lock);
-	if (rdma_migrate_id(id, f->cm_ch)) {
+	if (v_fault("rdma_migrate_id") || rdma_migrate_id(id, f->cm_ch)) {
 		e = v_errno(EIO);
 		ret = rps__seterr(-e, "verbs: connect %s: rdma_migrate_id: %s", peer, strerror(e));
 		goto err_ctx;
@@ -1734,7 +1808,10 @@ static int v_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
 		}
 	}
 
-	ret = ibv_post_send(ep->qp, ep->swr, &bad);
+	bad = ep->swr;
+	ret = v_fault("ibv_post_send");
+	if (!ret)
+		ret = ibv_post_send(ep->qp, ep->swr, &bad);
 	posted = ret ? (int)(bad - ep->swr) : n;
 	/* commit the ring for what the device took */
 	for (i = 0; i < posted; i++) {
@@ -1788,7 +1865,9 @@ static int v_post_recv(struct rps__ep *bep, const struct rps__sge *sge, uint64_t
 	}
 	ep->rring[ep->rq_head % ep->rq_depth] = wr_id;
 	w.wr_id = V_RECV_TAG | ep->rq_head;
-	ret = ibv_post_recv(ep->qp, &w, &bad);
+	ret = v_fault("ibv_post_recv");
+	if (!ret)
+		ret = ibv_post_recv(ep->qp, &w, &bad);
 	if (!ret)
 		ep->rq_head++;
 	pthread_mutex_unlock(&ep->rq_lock);
@@ -1812,16 +1891,16 @@ static int v_lcas_setup(struct v_fab *f)
 	union ibv_gid gid;
 	int ret, e, gidx;
 
-	f->lcas_buf = aligned_alloc(64, 64);
+	f->lcas_buf = v_fault("aligned_alloc") ? NULL : aligned_alloc(64, 64);
 	if (!f->lcas_buf)
 		return rps__seterr(-ENOMEM, "local_cas: out of memory");
-	f->lcas_cq = ibv_create_cq(f->ctx, 4, NULL, NULL, 0);
+	f->lcas_cq = v_fault("ibv_create_cq") ? NULL : ibv_create_cq(f->ctx, 4, NULL, NULL, 0);
 	if (!f->lcas_cq) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "local_cas: ibv_create_cq: %s", strerror(e));
 		goto err;
 	}
-	f->lcas_mr = ibv_reg_mr(f->pd, f->lcas_buf, 64, IBV_ACCESS_LOCAL_WRITE);
+	f->lcas_mr = v_fault("ibv_reg_mr") ? NULL : ibv_reg_mr(f->pd, f->lcas_buf, 64, IBV_ACCESS_LOCAL_WRITE);
 	if (!f->lcas_mr) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "local_cas: ibv_reg_mr(64 bytes): %s", strerror(e));
@@ -1835,7 +1914,7 @@ static int v_lcas_setup(struct v_fab *f)
 	ia.cap.max_recv_wr = 1;
 	ia.cap.max_send_sge = 1;
 	ia.cap.max_recv_sge = 1;
-	f->lcas_qp = ibv_create_qp(f->pd, &ia);
+	f->lcas_qp = v_fault("ibv_create_qp") ? NULL : ibv_create_qp(f->pd, &ia);
 	if (!f->lcas_qp) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "local_cas: ibv_create_qp: %s", strerror(e));
@@ -1848,7 +1927,9 @@ static int v_lcas_setup(struct v_fab *f)
 	a.port_num = f->port;
 	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
 			    IBV_ACCESS_REMOTE_ATOMIC;
-	ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	ret = v_fault("ibv_modify_qp");
+	if (!ret)
+		ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 	if (ret) {
 		ret = rps__seterr(-ret, "local_cas: loopback QP to INIT: %s", strerror(ret));
 		goto err;
@@ -1877,7 +1958,9 @@ static int v_lcas_setup(struct v_fab *f)
 		a.ah_attr.grh.sgid_index = (uint8_t)gidx;
 		a.ah_attr.grh.hop_limit = 64;
 	}
-	ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+	ret = v_fault("ibv_modify_qp");
+	if (!ret)
+		ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 			    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	if (ret) {
 		ret = rps__seterr(-ret, "local_cas: loopback QP to RTR: %s", strerror(ret));
@@ -1891,7 +1974,9 @@ static int v_lcas_setup(struct v_fab *f)
 	a.rnr_retry = V_RNR_RETRY;
 	a.sq_psn = 0;
 	a.max_rd_atomic = 1;
-	ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+	ret = v_fault("ibv_modify_qp");
+	if (!ret)
+		ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 			    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (ret) {
 		ret = rps__seterr(-ret, "local_cas: loopback QP to RTS: %s", strerror(ret));
@@ -1939,14 +2024,16 @@ static int v_local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *wo
 	w.wr.atomic.rkey = mr->rkey;
 	w.wr.atomic.compare_add = compare;
 	w.wr.atomic.swap = swap;
-	ret = ibv_post_send(f->lcas_qp, &w, &bad);
+	ret = v_fault("ibv_post_send");
+	if (!ret)
+		ret = ibv_post_send(f->lcas_qp, &w, &bad);
 	if (ret) {
 		ret = rps__seterr(-ret, "local_cas: ibv_post_send: %s", strerror(ret));
 		v_lcas_teardown(f);
 		goto out;
 	}
 	deadline = v_deadline(V_LCAS_WAIT_MS);
-	while ((k = ibv_poll_cq(f->lcas_cq, 1, &wc)) == 0) {
+	while ((k = v_fault("ibv_poll_cq") ? -1 : ibv_poll_cq(f->lcas_cq, 1, &wc)) == 0) {
 		if ((++spins & 1023) == 0) {
 			if (rps__now_ns() > deadline) {
 				/* outcome unknown: destroying the QP cancels it if not done */
