@@ -17,6 +17,10 @@
 #include "common.h"
 
 #include <CUnit/Basic.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <dirent.h>
 
 #include <errno.h>
 #include <linux/capability.h>
@@ -64,6 +68,15 @@ static double secs_since(uint64_t t0)
 
 /* ---- harness ------------------------------------------------------------- */
 
+/* Children leave with exit(), not _exit(): in a coverage build the exit
+ * handlers write their counters, or everything the device tests run would go
+ * unmeasured.  Nothing else is registered with atexit, and every fork is
+ * preceded by fflush(NULL) or happens before anything is buffered. */
+static void child_exit(int code)
+{
+	exit(code);
+}
+
 static int wait_child(pid_t pid, int timeout_s, int *status)
 {
 	uint64_t deadline = rps__now_ns() + (uint64_t)timeout_s * SEC;
@@ -92,7 +105,7 @@ static void run_isolated(const char *name, int (*body)(void), int timeout_s)
 	CU_ASSERT_FATAL(pid >= 0);
 	if (pid == 0) {
 		setpgid(0, 0);
-		_exit(body());
+		child_exit(body());
 	}
 	setpgid(pid, pid);
 	ret = wait_child(pid, timeout_s, &status);
@@ -389,7 +402,7 @@ static int body_peer_killed(void)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0)
-		_exit(peer_writer(pp[0], rp[1]));
+		child_exit(peer_writer(pp[0], rp[1]));
 
 	CHECK((fab = open_fab()) != NULL);
 	CHECK(rps__cq_create(fab, 1024, &cq) == 0);
@@ -493,7 +506,7 @@ static int body_graceful_close(void)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0)
-		_exit(peer_closer(pp[0], gp[0]));
+		child_exit(peer_closer(pp[0], gp[0]));
 	CHECK((fab = open_fab()) != NULL);
 	CHECK(rps__cq_create(fab, 64, &cq) == 0);
 	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
@@ -626,7 +639,7 @@ static int atomics(int fadd, int nworkers, int iters, int local_iters)
 		pid[i] = fork();
 		CHECK(pid[i] >= 0);
 		if (pid[i] == 0)
-			_exit(worker_atomic(pp[0], fadd, iters, sh));
+			child_exit(worker_atomic(pp[0], fadd, iters, sh));
 	}
 	CHECK((fab = open_fab()) != NULL);
 	CHECK(rps__cq_create(fab, 64, &cq) == 0);
@@ -763,7 +776,7 @@ static int body_send_burst(void)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0)
-		_exit(burst_sender(pp[0], dp[0]));
+		child_exit(burst_sender(pp[0], dp[0]));
 	CHECK((fab = open_fab()) != NULL);
 	CHECK(rps__cq_create(fab, 64, &cq) == 0);
 	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
@@ -902,7 +915,7 @@ static int body_access_errors(void)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0)
-		_exit(access_initiator(pp[0], dp[1]));
+		child_exit(access_initiator(pp[0], dp[1]));
 	CHECK((fab = open_fab()) != NULL);
 	CHECK(rps__cq_create(fab, 64, &cq) == 0);
 	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
@@ -1012,7 +1025,7 @@ static int body_privdata(void)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0)
-		_exit(privdata_client(pp[0]));
+		child_exit(privdata_client(pp[0]));
 	CHECK((fab = open_fab()) != NULL);
 	CHECK(rps__cq_create(fab, 64, &cq) == 0);
 	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
@@ -1125,7 +1138,7 @@ static int body_sq_full(void)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0)
-		_exit(sq_target(pp[1], rp[1], dp[0]));
+		child_exit(sq_target(pp[1], rp[1], dp[0]));
 	CHECK(read_full(pp[0], &port, sizeof(port), 60000) == 0);
 	CHECK((fab = open_fab()) != NULL);
 	CHECK(rps__cq_create(fab, 64, &cq) == 0);
@@ -1233,7 +1246,7 @@ static int body_open(void)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0)
-		_exit(open_client(pp[0]));
+		child_exit(open_client(pp[0]));
 
 	CHECK(rps__fabric_open(&a, &def) == 0);		/* first device */
 	snprintf(name, sizeof(name), "%s", rps__fabric_name(def));
@@ -1275,6 +1288,539 @@ static void t_open(void)
 	run_isolated("open", body_open, 120);
 }
 
+/* ---- error cases a device produces on demand ------------------------------- */
+
+/* The first error message of a test must name what failed: exact code and
+ * the expected words. */
+#define CHECK_ERR(expr, code, words)                                                          \
+	do {                                                                                  \
+		int r_ = (expr);                                                              \
+		fprintf(stderr, "    %s: %d: %s\n", #expr, r_, rps__errbuf());                \
+		CHECK(r_ == (code));                                                          \
+		CHECK(strstr(rps__errbuf(), (words)) != NULL);                                \
+		CHECK(strchr(rps__errbuf(), '\n') == NULL);                                   \
+	} while (0)
+
+static int body_local_errors(void)
+{
+	struct rps__fabric_attr a = { .kind = RPS__KIND_VERBS };
+	struct rps__ep_attr huge = { .sq_depth = 1u << 30, .rq_depth = 4 };
+	struct rps__fabric *fab, *other;
+	struct rps__listener *l, *l2;
+	struct rps__conn_req *req;
+	struct rps__cq *cq, *ocq;
+	struct rps__mr *mr, *lmr, fake;
+	struct rps__ep *ep;
+	uint64_t *w, old = 0;
+	char msg[256];
+	uint16_t port;
+	void *none;
+
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 16, &cq) == 0);
+
+	/* registration */
+	CHECK_ERR(rps__mr_reg(fab, NULL, 4096, RPS__ACCESS_LOCAL, &mr), -EINVAL, "empty region");
+	CHECK((w = aligned_alloc(4096, 4096)) != NULL);
+	CHECK_ERR(rps__mr_reg(fab, w, 0, RPS__ACCESS_LOCAL, &mr), -EINVAL, "empty region");
+	none = mmap(NULL, 8192, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(none != MAP_FAILED);
+	CHECK_ERR(rps__mr_reg(fab, none, 8192, RPS__ACCESS_REMOTE_WRITE, &mr), -EFAULT, "ibv_reg_mr(8192 bytes");
+	munmap(none, 8192);
+
+	/* CQ deeper than the device allows */
+	snprintf(msg, sizeof(msg), "CQ depth 2147483647 exceeds %s's max_cqe", rps__fabric_name(fab));
+	CHECK_ERR(rps__cq_create(fab, 0x7fffffff, &ocq), -EINVAL, msg);
+
+	/* local CAS on words it must refuse, and with a bad rkey */
+	memset(w, 0, 4096);
+	CHECK(rps__mr_reg(fab, w, 4096, RPS__ACCESS_REMOTE_ATOMIC, &mr) == 0);
+	CHECK(rps__mr_reg(fab, w, 4096, RPS__ACCESS_REMOTE_WRITE, &lmr) == 0);
+	CHECK_ERR(rps__local_cas(fab, mr, (uint64_t *)((char *)w + 4), 0, 1, &old), -EINVAL, "8-byte aligned and inside");
+	CHECK_ERR(rps__local_cas(fab, mr, w + 512, 0, 1, &old), -EINVAL, "8-byte aligned and inside");
+	CHECK_ERR(rps__local_cas(fab, lmr, w, 0, 1, &old), -EINVAL, "RPS__ACCESS_REMOTE_ATOMIC");
+	fake = *mr;
+	fake.rkey ^= 0x5a5a00;
+	CHECK_ERR(rps__local_cas(fab, &fake, w + 3, 0, 1, &old), -EACCES, "local_cas: loopback CAS failed");
+	CHECK(w[3] == 0);
+	/* the loopback QP is rebuilt after the error */
+	CHECK(rps__local_cas(fab, mr, w + 3, 0, 7, &old) == 0 && old == 0 && w[3] == 7);
+	CHECK(rps__mr_dereg(lmr) == 0);
+	CHECK(rps__mr_dereg(mr) == 0);
+	free(w);
+
+	/* listening where it cannot */
+	CHECK_ERR(rps__listen(fab, "192.0.2.1", 7471, &l), -EADDRNOTAVAIL, "not an address of an RDMA-capable interface");
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK_ERR(rps__listen(fab, test_addr(), port, &l2), -EADDRINUSE, "another listener has that port");
+	CHECK_ERR(rps__listener_get_request(l, &req), -EAGAIN, "no connection request waiting");
+
+	/* connecting with what it must refuse before any packet */
+	CHECK_ERR(rps__connect(fab, "", port, cq, NULL, NULL, 0, 5000, NULL, NULL, &ep), -EINVAL, "no host given");
+	CHECK(rps__fabric_open(&a, &other) == 0);
+	CHECK(rps__cq_create(other, 16, &ocq) == 0);
+	CHECK_ERR(rps__connect(fab, test_addr(), port, ocq, NULL, NULL, 0, 5000, NULL, NULL, &ep), -EINVAL,
+		  "the CQ belongs to another fabric");
+	snprintf(msg, sizeof(msg), "exceed %s's max_qp_wr", rps__fabric_name(fab));
+	CHECK_ERR(rps__connect(fab, test_addr(), port, cq, &huge, NULL, 0, 5000, NULL, NULL, &ep), -EINVAL, msg);
+	/* the request of that refused connect never reached the listener */
+	CHECK_ERR(rps__listener_get_request(l, &req), -EAGAIN, "no connection request waiting");
+	rps__listener_close(l);
+	/* nobody listens there any more */
+	CHECK_ERR(rps__connect(fab, test_addr(), port, cq, NULL, NULL, 0, 10000, NULL, NULL, &ep), -ECONNREFUSED,
+		  "nobody listens on that port");
+	rps__cq_destroy(ocq);
+	rps__fabric_close(other);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static void t_local_errors(void)
+{
+	run_isolated("local_errors", body_local_errors, 120);
+}
+
+/* ---- error cases that need a peer ---------------------------------------- */
+
+static int errors_client(int port_fd, int ready_fd)
+{
+	struct rps__ep_attr attr = { .sq_depth = 4, .rq_depth = 2, .max_inline = 16 };
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct rps__wc wc;
+	struct rps__wr wr;
+	struct rps__sge sge;
+	uint8_t rep[RPS__PRIVDATA_MAX];
+	size_t rlen;
+	uint16_t port;
+	char *buf, c;
+	int i;
+
+	memset(&wr, 0, sizeof(wr));
+	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK((buf = alloc_reg(fab, 4096, RPS__ACCESS_LOCAL, &mr)) != NULL);
+	/* 1, 2: the server's accept fails before answering: we are rejected,
+	 * without private data */
+	for (i = 0; i < 2; i++) {
+		rlen = 99;
+		CHECK_ERR(rps__connect(fab, test_addr(), port, cq, NULL, "x", 1, 10000, rep, &rlen, &ep), -ECONNREFUSED,
+			  "rejected by the peer");
+		CHECK(rlen == 0);
+	}
+	/* 3: a connection to misuse */
+	CHECK(connect_retry(fab, port, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
+	CHECK_ERR(rps__post(ep, &wr, -1), -EINVAL, "negative count -1");
+	CHECK(rps__post(ep, &wr, 0) == 0);
+	wr = (struct rps__wr){ .wr_id = 1, .op = (enum rps__op)99, .sge = { buf, 8, mr } };
+	CHECK_ERR(rps__post(ep, &wr, 1), -EINVAL, "unknown op 99 in WR 0");
+	wr = (struct rps__wr){ .wr_id = 1, .op = RPS__OP_CAS, .sge = { buf, 8, NULL }, .raddr = 64, .rkey = 1 };
+	CHECK_ERR(rps__post(ep, &wr, 1), -EINVAL, "atomic WR 0 needs an 8-byte aligned result word");
+	wr.sge = (struct rps__sge){ buf + 4, 8, mr };
+	wr.op = RPS__OP_FADD;
+	CHECK_ERR(rps__post(ep, &wr, 1), -EINVAL, "atomic WR 0 needs an 8-byte aligned result word");
+	wr = (struct rps__wr){ .wr_id = 1, .op = RPS__OP_WRITE, .sge = { buf, 4096, NULL }, .raddr = 64, .rkey = 1 };
+	CHECK_ERR(rps__post(ep, &wr, 1), -EINVAL, "WR 0 has 4096 bytes outside any registered region");
+	CHECK(strstr(rps__errbuf(), "inline") == NULL);
+	wr.flags = RPS__WR_INLINE;	/* more than max_inline */
+	CHECK_ERR(rps__post(ep, &wr, 1), -EINVAL, "and too many to inline (see ep_attr.max_inline)");
+	sge = (struct rps__sge){ buf, 64, NULL };
+	CHECK_ERR(rps__post_recv(ep, &sge, 1), -EINVAL, "post_recv: the buffer must be in a registered region");
+	sge.mr = mr;
+	CHECK(rps__post_recv(ep, &sge, 1) == 0);
+	CHECK(rps__post_recv(ep, &sge, 2) == 0);
+	CHECK_ERR(rps__post_recv(ep, &sge, 3), -EAGAIN, "receive queue of");
+	CHECK(strstr(rps__errbuf(), "(2 posted)") != NULL);
+	CHECK(!rps__ep_is_error(ep));
+	/* a SEND larger than the receive posted for it */
+	CHECK(read_full(ready_fd, &c, 1, 60000) == 0);
+	memset(buf, 'S', 64);
+	wr = (struct rps__wr){ .wr_id = 5, .op = RPS__OP_SEND, .flags = RPS__WR_SIGNALED, .sge = { buf, 64, mr } };
+	CHECK(rps__post(ep, &wr, 1) == 0);
+	CHECK(wait_one(cq, &wc, 60000) == 1);
+	fprintf(stderr, "    oversized SEND at the sender: %s\n", rps__wc_status_str(wc.status));
+	CHECK(wc.wr_id == 5 && wc.ep == ep);
+	CHECK(wc.status == RPS__WC_REM_OP_ERR);
+	CHECK(rps__ep_is_error(ep));
+	/* our two receives flush */
+	for (i = 0; i < 2; i++) {
+		CHECK(wait_one(cq, &wc, 60000) == 1);
+		CHECK(wc.status == RPS__WC_FLUSH_ERR && wc.opcode == RPS__WC_RECV && wc.wr_id == (uint64_t)i + 1);
+	}
+	rps__ep_close(ep);
+	CHECK(rps__mr_dereg(mr) == 0);
+	rps__cq_destroy(cq);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static int body_peer_errors(void)
+{
+	struct rps__fabric_attr a = { .kind = RPS__KIND_VERBS };
+	struct rps__ep_attr huge = { .sq_depth = 4, .rq_depth = 1u << 30 };
+	struct rps__ep_attr attr = { .sq_depth = 4, .rq_depth = 2 };
+	struct rps__fabric *fab, *other;
+	struct rps__listener *l;
+	struct rps__conn_req *req;
+	struct rps__cq *cq, *ocq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct rps__wc wc;
+	struct rps__sge sge;
+	int pp[2], rp[2];
+	char msg[128];
+	uint16_t port;
+	char *buf;
+	pid_t pid;
+
+	CHECK(pipe(pp) == 0 && pipe(rp) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		child_exit(errors_client(pp[0], rp[0]));
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__fabric_open(&a, &other) == 0);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(rps__cq_create(other, 16, &ocq) == 0);
+	CHECK((buf = alloc_reg(fab, 4096, RPS__ACCESS_LOCAL, &mr)) != NULL);
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	/* 1: a CQ of another fabric */
+	CHECK(get_request(l, &req) == 0);
+	CHECK_ERR(rps__accept(req, ocq, NULL, NULL, 0, &ep), -EINVAL, "accept: the CQ belongs to another fabric");
+	/* 2: more receives than the device allows */
+	CHECK(get_request(l, &req) == 0);
+	snprintf(msg, sizeof(msg), "rq_depth 1073741824 exceed %s's max_qp_wr", rps__fabric_name(fab));
+	CHECK_ERR(rps__accept(req, cq, &huge, NULL, 0, &ep), -EINVAL, msg);
+	/* 3 */
+	CHECK(accept_wait(l, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
+	sge = (struct rps__sge){ buf, 8, mr };
+	CHECK(rps__post_recv(ep, &sge, 42) == 0);
+	CHECK(write_full(rp[1], "R", 1) == 0);
+	CHECK(wait_one(cq, &wc, 60000) == 1);
+	fprintf(stderr, "    oversized SEND at the receiver: %s\n", rps__wc_status_str(wc.status));
+	CHECK(wc.wr_id == 42 && wc.ep == ep && wc.opcode == RPS__WC_RECV);
+	CHECK(wc.status == RPS__WC_LOC_ERR);
+	CHECK(rps__ep_is_error(ep));
+	CHECK(check_child(pid, 60) == 0);
+	rps__ep_close(ep);
+	rps__listener_close(l);
+	CHECK(rps__mr_dereg(mr) == 0);
+	rps__cq_destroy(ocq);
+	rps__cq_destroy(cq);
+	rps__fabric_close(other);
+	rps__fabric_close(fab);
+	return 0;
+}
+
+static void t_peer_errors(void)
+{
+	run_isolated("peer_errors", body_peer_errors, 180);
+}
+
+/* ---- injected failures (RPS_VERBS_FAULT, see verbs.c) ---------------------- */
+
+/* Descriptors this process holds, other than the device contexts that
+ * librdmacm opens once and keeps (uverbs, and their async event fds). */
+static int count_fds(void)
+{
+	char path[300], link[256];
+	struct dirent *d;
+	DIR *dir;
+	ssize_t n;
+	int count = 0;
+
+	dir = opendir("/proc/self/fd");
+	if (!dir)
+		return -1;
+	while ((d = readdir(dir)) != NULL) {
+		if (d->d_name[0] == '.' || atoi(d->d_name) == dirfd(dir))
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", d->d_name);
+		n = readlink(path, link, sizeof(link) - 1);
+		if (n < 0)
+			continue;
+		link[n] = 0;
+		if (!strncmp(link, "/dev/infiniband/uverbs", 22))
+			continue;
+		count++;
+	}
+	closedir(dir);
+	return count;
+}
+
+enum fscen { F_OPEN, F_CQ, F_LISTEN, F_CONNECT, F_ACCEPT, F_REJECT, F_LCAS };
+
+struct fault_case {
+	const char *spec;	/* RPS_VERBS_FAULT */
+	enum fscen scen;
+	int ret;		/* the first failing call must return this */
+	const char *words;	/* and say this */
+	int retry;		/* the same call then succeeds (and undoes) */
+};
+
+static const struct fault_case *g_fc;
+static int g_fds;
+
+/* Checks the injected failure: code, message, one line, nothing left open;
+ * returns 2 when it is as expected. */
+static int fault_seen(int r)
+{
+	int n = count_fds();
+
+	fprintf(stderr, "    %s: %d: %s\n", g_fc->spec, r, rps__errbuf());
+	CHECK(r == g_fc->ret);
+	CHECK(strstr(rps__errbuf(), g_fc->words) != NULL);
+	CHECK(strchr(rps__errbuf(), '\n') == NULL);
+	if (n != g_fds)
+		fprintf(stderr, "    %d descriptors before, %d after the failure\n", g_fds, n);
+	CHECK(n == g_fds);
+	return 2;
+}
+
+/* Run one call; if it fails, it must be the injected failure. */
+#define STEP(expr)                                                              \
+	do {                                                                    \
+		int r_;                                                         \
+		g_fds = count_fds();                                            \
+		r_ = (expr);                                                    \
+		if (r_ < 0) {                                                   \
+			if (fault_seen(r_) != 2)                                \
+				return 1;                                       \
+			if (g_fc->retry)                                        \
+				CHECK((expr) >= 0);                             \
+			return 2;                                               \
+		}                                                               \
+	} while (0)
+
+/* A peer that accepts (and closes) every connection, for ever. */
+static int fault_server(int port_fd)
+{
+	struct rps__fabric *fab;
+	struct rps__listener *l;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	uint16_t port;
+
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
+	port = rps__listener_port(l);
+	CHECK(write_full(port_fd, &port, sizeof(port)) == 0);
+	for (;;)
+		if (accept_wait(l, cq, NULL, NULL, 0, NULL, NULL, &ep) == 0)
+			rps__ep_close(ep);
+	return 0;
+}
+
+/* A peer that connects until it is killed. */
+static int fault_client(int port_fd)
+{
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	uint16_t port;
+
+	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
+	CHECK((fab = open_fab()) != NULL);
+	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	for (;;) {
+		if (rps__connect(fab, test_addr(), port, cq, NULL, NULL, 0, 10000, NULL, NULL, &ep) == 0)
+			rps__ep_close(ep);
+		usleep(50000);
+	}
+	return 0;
+}
+
+static int fault_body(const struct fault_case *fc)
+{
+	struct rps__fabric_attr fa = { .kind = RPS__KIND_VERBS, .host = test_addr() };
+	struct rps__fabric *fab;
+	struct rps__listener *l;
+	struct rps__conn_req *req;
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct rps__wc wc;
+	struct ibv_context **devs;
+	uint64_t *buf, old;
+	uint16_t port;
+	int pp[2], ret;
+	pid_t pid;
+
+	g_fc = fc;
+	CHECK(pipe(pp) == 0);
+	if (fc->scen == F_CONNECT) {
+		pid = fork();
+		CHECK(pid >= 0);
+		if (pid == 0)
+			child_exit(fault_server(pp[1]));
+		CHECK(read_full(pp[0], &port, sizeof(port), 60000) == 0);
+	} else if (fc->scen == F_ACCEPT || fc->scen == F_REJECT) {
+		pid = fork();
+		CHECK(pid >= 0);
+		if (pid == 0)
+			child_exit(fault_client(pp[0]));
+	}
+	/* librdmacm opens the device contexts once and keeps them: do that
+	 * before counting descriptors, without going through verbs.c */
+	devs = rdma_get_devices(&ret);
+	CHECK(devs != NULL);
+	rdma_free_devices(devs);
+	CHECK(setenv("RPS_VERBS_FAULT", fc->spec, 1) == 0);
+
+	STEP(rps__fabric_open(&fa, &fab));
+	if (fc->scen == F_OPEN)
+		goto none;
+	CHECK((buf = aligned_alloc(4096, 4096)) != NULL);
+	memset(buf, 0, 4096);
+	if (fc->scen == F_LCAS) {
+		STEP(rps__mr_reg(fab, buf, 4096, RPS__ACCESS_REMOTE_ATOMIC, &mr));
+		STEP(rps__local_cas(fab, mr, buf + 1, 0, 1, &old));
+		CHECK(buf[1] == 1);
+		goto none;
+	}
+	STEP(rps__cq_create(fab, 64, &cq));
+	STEP(rps__cq_arm(cq));
+	STEP(rps__cq_poll(cq, &wc, 1));
+	if (fc->scen == F_CQ)
+		goto none;
+	if (fc->scen == F_CONNECT) {
+		struct rps__sge sge = { buf, 8, NULL };
+		struct rps__wr wr = { .wr_id = 1, .op = RPS__OP_SEND, .flags = RPS__WR_INLINE, .sge = { buf, 8, NULL } };
+
+		STEP(rps__mr_reg(fab, buf, 4096, RPS__ACCESS_LOCAL, &mr));
+		sge.mr = mr;
+		STEP(rps__connect(fab, test_addr(), port, cq, NULL, NULL, 0, 10000, NULL, NULL, &ep));
+		STEP(rps__post_recv(ep, &sge, 1));
+		STEP(rps__post(ep, &wr, 1));
+		rps__ep_close(ep);
+		STEP(rps__mr_dereg(mr));
+		goto none;
+	}
+	STEP(rps__listen(fab, test_addr(), 0, &l));
+	ret = rps__listener_get_request(l, &req);
+	if (ret != -EAGAIN)
+		STEP(ret);
+	if (fc->scen == F_LISTEN)
+		goto none;
+	port = rps__listener_port(l);
+	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK(get_request(l, &req) == 0);
+	if (fc->scen == F_REJECT)
+		STEP(rps__reject(req, "no", 3));
+	else
+		STEP(rps__accept(req, cq, NULL, NULL, 0, &ep));
+none:
+	fprintf(stderr, "    %s: no call failed\n", fc->spec);
+	return 1;
+}
+
+static const struct fault_case fault_cases[] = {
+	{ "rdma_get_devices", F_OPEN, -ENODEV, "verbs: no RDMA device found", 1 },
+	{ "getaddrinfo", F_OPEN, -EHOSTUNREACH, "verbs: cannot resolve host", 1 },
+	{ "rdma_create_id", F_OPEN, -ENOMEM, "verbs: rdma_create_id: Cannot allocate memory: is rdma_ucm loaded?", 1 },
+	{ "ibv_query_device", F_OPEN, -ENOMEM, "verbs: ibv_query_device(", 1 },
+	{ "ibv_query_port", F_OPEN, -ENOMEM, "verbs: ibv_query_port(", 1 },
+	{ "ibv_alloc_pd", F_OPEN, -ENOMEM, "verbs: ibv_alloc_pd(", 1 },
+	{ "aligned_alloc", F_OPEN, -ENOMEM, "verbs: out of memory opening the fabric", 1 },
+	{ "ibv_reg_mr", F_OPEN, -ENOMEM, "verbs: ibv_reg_mr(64 bytes): Cannot allocate memory", 1 },
+	{ "rdma_create_event_channel", F_OPEN, -ENOMEM, "verbs: rdma_create_event_channel: Cannot allocate memory", 1 },
+	{ "fcntl", F_OPEN, -ENOMEM, "verbs: rdma_create_event_channel: Cannot allocate memory", 1 },
+	{ "ibv_create_comp_channel", F_CQ, -ENOMEM, "ibv_create_comp_channel(", 1 },
+	{ "fcntl:2:9", F_CQ, -EBADF, "O_NONBLOCK on the completion channel: Bad file descriptor", 1 },
+	{ "ibv_create_cq", F_CQ, -ENOMEM, "entries): Cannot allocate memory", 1 },
+	{ "epoll_create1:1:24", F_CQ, -EMFILE, "verbs: epoll_create1: Too many open files", 1 },
+	{ "epoll_ctl", F_CQ, -ENOMEM, "verbs: epoll_ctl(completion channel)", 1 },
+	{ "epoll_ctl:2", F_CQ, -ENOMEM, "verbs: epoll_ctl(CM channel)", 1 },
+	{ "ibv_req_notify_cq:1:22", F_CQ, -EINVAL, "ibv_req_notify_cq: Invalid argument", 1 },
+	{ "ibv_poll_cq", F_CQ, -EIO, "ibv_poll_cq failed on", 1 },
+	{ "getaddrinfo:2", F_LISTEN, -EHOSTUNREACH, "verbs: cannot resolve host", 1 },
+	{ "rdma_create_event_channel:2", F_LISTEN, -ENOMEM, "verbs: rdma_create_event_channel: Cannot", 1 },
+	{ "rdma_create_id:2", F_LISTEN, -ENOMEM, "verbs: rdma_create_id: Cannot allocate memory", 1 },
+	{ "rdma_bind_addr", F_LISTEN, -ENOMEM, ":0): Cannot allocate memory", 1 },
+	{ "rdma_bind_addr:1:99", F_LISTEN, -EADDRNOTAVAIL, "not an address of an RDMA-capable interface", 1 },
+	{ "rdma_listen:1:98", F_LISTEN, -EADDRINUSE, "verbs: rdma_listen(", 1 },
+	{ "rdma_get_cm_event@listener:1:5", F_LISTEN, -EIO, "verbs: rdma_get_cm_event(listener): Input/output error", 0 },
+	{ "ibv_reg_mr:2", F_LCAS, -ENOMEM, "raise `ulimit -l`", 1 },
+	{ "ibv_reg_mr:2:22", F_LCAS, -EINVAL, "bytes at 0x", 1 },
+	{ "aligned_alloc:2", F_LCAS, -ENOMEM, "local_cas: out of memory", 1 },
+	{ "ibv_create_cq", F_LCAS, -ENOMEM, "local_cas: ibv_create_cq: Cannot allocate memory", 1 },
+	{ "ibv_reg_mr:3", F_LCAS, -ENOMEM, "local_cas: ibv_reg_mr(64 bytes): Cannot allocate memory", 1 },
+	{ "ibv_create_qp", F_LCAS, -ENOMEM, "local_cas: ibv_create_qp: Cannot allocate memory", 1 },
+	{ "ibv_modify_qp:1:22", F_LCAS, -EINVAL, "local_cas: loopback QP to INIT: Invalid argument", 1 },
+	{ "ibv_modify_qp:2:22", F_LCAS, -EINVAL, "local_cas: loopback QP to RTR: Invalid argument", 1 },
+	{ "ibv_modify_qp:3:22", F_LCAS, -EINVAL, "local_cas: loopback QP to RTS: Invalid argument", 1 },
+	{ "ibv_query_gid:0", F_LCAS, -EADDRNOTAVAIL, "has no GID", 0 },
+	{ "ibv_post_send:1:12", F_LCAS, -ENOMEM, "local_cas: ibv_post_send: Cannot allocate memory", 1 },
+	{ "ibv_poll_cq", F_LCAS, -EIO, "local_cas: loopback CAS failed: ibv_poll_cq error", 1 },
+	{ "getaddrinfo:2", F_CONNECT, -EHOSTUNREACH, "verbs: cannot resolve host", 0 },
+	{ "rdma_create_event_channel:2", F_CONNECT, -ENOMEM, "is rdma_ucm loaded?", 0 },
+	{ "rdma_create_id:2", F_CONNECT, -ENOMEM, "verbs: rdma_create_id: Cannot allocate memory", 0 },
+	{ "rdma_resolve_addr:1:113", F_CONNECT, -EHOSTUNREACH, "verbs: rdma_resolve_addr(", 0 },
+	{ "rdma_get_cm_event:1:5", F_CONNECT, -EIO, "verbs: resolving ", 0 },
+	{ "rdma_resolve_route:1:113", F_CONNECT, -EHOSTUNREACH, "verbs: rdma_resolve_route(", 0 },
+	{ "rdma_get_cm_event:2:5", F_CONNECT, -EIO, "verbs: route to ", 0 },
+	{ "ibv_create_qp", F_CONNECT, -ENOMEM, "ibv_create_qp(", 0 },
+	{ "ibv_modify_qp:1:22", F_CONNECT, -EINVAL, "QP to INIT: Invalid argument", 0 },
+	{ "rdma_connect:1:5", F_CONNECT, -EIO, "verbs: rdma_connect(", 0 },
+	{ "rdma_get_cm_event:3:5", F_CONNECT, -EIO, "Input/output error", 0 },
+	{ "ibv_modify_qp:2:22", F_CONNECT, -EINVAL, "QP to RTS: Invalid argument", 0 },
+	{ "ibv_modify_qp:3:22", F_CONNECT, -EINVAL, "QP to RTS: Invalid argument", 0 },
+	{ "rdma_establish:1:5", F_CONNECT, -EIO, "rdma_establish: Input/output error", 0 },
+	{ "rdma_migrate_id:1:5", F_CONNECT, -EIO, "rdma_migrate_id: Input/output error", 0 },
+	{ "ibv_post_recv:1:12", F_CONNECT, -ENOMEM, "ibv_post_recv(", 0 },
+	{ "ibv_post_send:1:12", F_CONNECT, -ENOMEM, "(0 of 1 WRs posted)", 0 },
+	{ "ibv_dereg_mr:1:16", F_CONNECT, -EBUSY, "ibv_dereg_mr(4096 bytes): Device or resource busy", 1 },
+	{ "ibv_create_qp", F_ACCEPT, -ENOMEM, "ibv_create_qp(", 0 },
+	{ "ibv_modify_qp:1:22", F_ACCEPT, -EINVAL, "QP to RTS: Invalid argument", 0 },
+	{ "ibv_modify_qp:2:22", F_ACCEPT, -EINVAL, "QP to RTS: Invalid argument", 0 },
+	{ "ibv_modify_qp:3:22", F_ACCEPT, -EINVAL, "QP to RTS: Invalid argument", 0 },
+	{ "rdma_create_event_channel:3", F_ACCEPT, -ENOMEM, "rdma_create_event_channel: Cannot allocate memory", 0 },
+	{ "rdma_migrate_id:1:5", F_ACCEPT, -EIO, "rdma_migrate_id: Input/output error", 0 },
+	{ "rdma_accept:1:5", F_ACCEPT, -EIO, "the peer may have given up", 0 },
+	{ "rdma_get_cm_event:1:5", F_ACCEPT, -EIO, "no RTU from the peer: Input/output error", 0 },
+	{ "rdma_migrate_id:2:5", F_ACCEPT, -EIO, "rdma_migrate_id: Input/output error", 0 },
+	{ "rdma_reject:1:5", F_REJECT, -EIO, "verbs: rdma_reject(", 0 },
+};
+
+static void t_faults(void)
+{
+	static const char *names[] = { "open", "cq", "listen", "connect", "accept", "reject", "lcas" };
+	unsigned i;
+	int status;
+	pid_t pid;
+
+	for (i = 0; i < RPS__ARRAY_SIZE(fault_cases); i++) {
+		const struct fault_case *fc = &fault_cases[i];
+
+		fprintf(stderr, "    [%s] RPS_VERBS_FAULT=%s\n", names[fc->scen], fc->spec);
+		fflush(NULL);
+		pid = fork();
+		CU_ASSERT_FATAL(pid >= 0);
+		if (pid == 0) {
+			setpgid(0, 0);
+			child_exit(fault_body(fc) == 2 ? 0 : 1);
+		}
+		setpgid(pid, pid);
+		if (wait_child(pid, 60, &status) == -ETIMEDOUT) {
+			fprintf(stderr, "    %s: hung: killing it\n", fc->spec);
+			kill(-pid, SIGKILL);
+			waitpid(pid, &status, 0);
+		}
+		kill(-pid, SIGKILL);	/* its peer */
+		if (!WIFEXITED(status) || WEXITSTATUS(status))
+			fprintf(stderr, "    FAILED: [%s] RPS_VERBS_FAULT=%s\n", names[fc->scen], fc->spec);
+		CU_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	}
+}
+
 /* ---- main ---------------------------------------------------------------- */
 
 int main(void)
@@ -1294,6 +1840,9 @@ int main(void)
 		{ "CAS contention from 3 processes", t_cas },
 		{ "FADD from 3 processes", t_fadd },
 		{ "local CAS against remote CAS", t_local_cas },
+		{ "errors without a peer: exact codes and messages", t_local_errors },
+		{ "errors with a peer: bad WRs, full RQ, oversized SEND", t_peer_errors },
+		{ "injected errors: codes, messages, nothing leaked", t_faults },
 	};
 	const char *only = getenv("RPS_TEST_ONLY");
 	CU_pSuite s;

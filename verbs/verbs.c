@@ -199,39 +199,40 @@ static int v_errno(int fallback)
 	return errno ? errno : fallback;
 }
 
-/* Fault injection, see the top of the file.  Returns 0, or the errno to
- * inject (errno is set to it too). */
+/* Fault injection, see the top of the file.  v_fault() returns 0, or the
+ * errno to inject (errno is set to it too). */
 static int v_fault_state = -1;		/* -1: not read yet, 0: off, 1: armed */
+static pthread_once_t v_fault_once = PTHREAD_ONCE_INIT;
 static char v_fault_call[64];
 static long v_fault_nth, v_fault_err;
 static long v_fault_count;
 
+static void v_fault_read(void)
+{
+	const char *env = getenv("RPS_VERBS_FAULT");
+	const char *c;
+	size_t n;
+
+	if (env && *env) {
+		c = strchr(env, ':');
+		n = c ? (size_t)(c - env) : strlen(env);
+		if (n >= sizeof(v_fault_call))
+			n = sizeof(v_fault_call) - 1;
+		memcpy(v_fault_call, env, n);
+		v_fault_call[n] = 0;
+		v_fault_nth = c ? strtol(c + 1, NULL, 10) : 1;
+		c = c ? strchr(c + 1, ':') : NULL;
+		v_fault_err = c ? strtol(c + 1, NULL, 10) : ENOMEM;
+		if (v_fault_err <= 0)
+			v_fault_err = ENOMEM;
+	}
+	__atomic_store_n(&v_fault_state, env && *env ? 1 : 0, __ATOMIC_RELEASE);
+}
+
 static int v_fault_slow(const char *call)
 {
-	if (v_fault_state < 0) {
-		const char *env = getenv("RPS_VERBS_FAULT");
-		const char *c;
-		size_t n;
-
-		v_fault_state = 0;
-		if (env && *env) {
-			c = strchr(env, ':');
-			n = c ? (size_t)(c - env) : strlen(env);
-			if (n >= sizeof(v_fault_call))
-				n = sizeof(v_fault_call) - 1;
-			memcpy(v_fault_call, env, n);
-			v_fault_call[n] = 0;
-			v_fault_nth = c ? strtol(c + 1, NULL, 10) : 1;
-			c = c ? strchr(c + 1, ':') : NULL;
-			v_fault_err = c ? strtol(c + 1, NULL, 10) : ENOMEM;
-			if (v_fault_err <= 0)
-				v_fault_err = ENOMEM;
-			v_fault_state = 1;
-		}
-		if (!v_fault_state)
-			return 0;
-	}
-	if (strcmp(call, v_fault_call))
+	pthread_once(&v_fault_once, v_fault_read);
+	if (__atomic_load_n(&v_fault_state, __ATOMIC_ACQUIRE) != 1 || strcmp(call, v_fault_call))
 		return 0;
 	if (v_fault_nth && __atomic_add_fetch(&v_fault_count, 1, __ATOMIC_RELAXED) != v_fault_nth)
 		return 0;
@@ -241,7 +242,7 @@ static int v_fault_slow(const char *call)
 
 static inline int v_fault(const char *call)
 {
-	if (__builtin_expect(v_fault_state == 0, 1))
+	if (__builtin_expect(__atomic_load_n(&v_fault_state, __ATOMIC_RELAXED) == 0, 1))
 		return 0;
 	return v_fault_slow(call);
 }
@@ -614,8 +615,10 @@ static int v_mr_reg(struct rps__fabric *fab, void *addr, size_t len, int access,
 		/* Pinning is charged to RLIMIT_MEMLOCK: the usual cause, say so. */
 		if ((e == ENOMEM || e == EPERM || e == EFAULT) && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
 		    rl.rlim_cur != RLIM_INFINITY)
-			return rps__seterr(-e, "ibv_reg_mr(%zu bytes): %s: raise `ulimit -l` (memlock limit is %llu KiB)",
-					   len, strerror(e), (unsigned long long)(rl.rlim_cur / 1024));
+			return rps__seterr(-e, "ibv_reg_mr(%zu bytes): %s: %sraise `ulimit -l` (memlock limit is %llu KiB)",
+					   len, strerror(e),
+					   e == EFAULT ? "check the range is mapped memory, or " : "",
+					   (unsigned long long)(rl.rlim_cur / 1024));
 		return rps__seterr(-e, "ibv_reg_mr(%zu bytes at %p): %s", len, addr, strerror(e));
 	}
 	m->base.fab = fab;
