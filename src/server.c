@@ -830,23 +830,15 @@ static void on_message(struct rps__server *srv, struct conn *c, void *buf, uint3
 
 /* ---- locks ------------------------------------------------------------ */
 
-/* Release a lock on behalf of its holder, through the transport's atomic
- * path.  The version always moves on: a holder that is merely slow, and
- * whose connection then takes the same shard's lock again, gets a new word,
- * so its stale push (naming the old word) can never pass the lock check. */
+/* Break a lock on behalf of a holder that is gone or past its lease.  The
+ * version moves on as with every release: a holder that is merely slow,
+ * and whose connection then takes the same shard's lock again, gets a new
+ * word, so its stale push (naming the old word) can never pass the check. */
 static void break_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w,
 		       const char *why)
 {
-	uint64_t next = rps__lock_unlocked(rps__lock_version(w) + 1);
-	uint64_t old = 0;
-	int ret;
-
-	ret = rps__local_cas(srv->fab, t->mr, &s->hdr->lock, w, next, &old);
-	if (ret) {
-		rps__log(RPS__LOG_ERROR, "breaking lock of %s shard %u: %s", t->name, s->index, rps__errbuf());
-		return;
-	}
-	if (old == w)
+	/* release_lock() returns the word it left, or what it found instead */
+	if (release_lock(srv, t, s, w) == rps__lock_unlocked(rps__lock_version(w) + 1))
 		rps__log(RPS__LOG_INFO, "tensor '%s' shard %u: broke lock of owner %u (%s)", t->name,
 			 s->index, rps__lock_owner(w), why);
 }
