@@ -509,6 +509,54 @@ static void test_worker_stalled_holding_lock(void)
 	free(p);
 }
 
+/* --memory-limit: a tensor that does not fit is refused with a clear
+ * message, and what fits still works. */
+static int memlimit_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	float buf[1000];
+	int ret, results[3];
+
+	(void)arg;
+	(void)nworkers;
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 4u << 20;	/* 16 MiB of parameters: over the 4 MiB limit */
+	results[0] = rps_tensor_create(cl, "too-big", &o, &t);
+	results[1] = strstr(rps_last_error(), "--memory-limit") != NULL;
+	o.count = 1000;
+	results[2] = rps_tensor_create(cl, "fits", &o, &t);
+	if (!results[2]) {
+		memset(buf, 0, sizeof(buf));
+		buf[7] = 3.0f;
+		results[2] = rps_push(t, buf, sizeof(buf)) || rps_pull(t, buf, sizeof(buf), NULL) || buf[7] != 3.0f;
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	it_write_all(out_fd, results, sizeof(results));
+	return 0;
+}
+
+static void test_memory_limit(void)
+{
+	struct it_cluster small;
+	struct it_workers w;
+	int results[3] = { 0, 0, -1 };
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&small, 1, "--shard-size 64K --slots 4 --memory-limit 4M"), 0);
+	CU_ASSERT_EQUAL(it_workers_start(&w, 1, memlimit_worker, small.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, results, sizeof(results)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_EQUAL(results[0], -ENOMEM);
+	CU_ASSERT_EQUAL(results[1], 1);
+	CU_ASSERT_EQUAL(results[2], 0);
+	CU_ASSERT_EQUAL(it_cluster_stop(&small), 0);
+}
+
 /* --verify: a bit flipped after the checksum was computed is caught by the
  * server and never applied; the pushes around it are. */
 static void test_verify_flipped_bit(void)
@@ -1000,6 +1048,7 @@ int main(void)
 	CU_add_test(s, "several tensors, threads sharing a client", test_several_tensors_threads);
 	CU_add_test(s, "worker killed mid-push", test_worker_killed_mid_push);
 	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
+	CU_add_test(s, "--memory-limit refuses what does not fit", test_memory_limit);
 	/* from here on the test process opens the fabric itself: no more forks */
 	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
 	CU_add_test(s, "bad input gives clear errors", test_bad_input);
