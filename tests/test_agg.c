@@ -43,22 +43,8 @@ static float float_of(uint32_t u)
 	return f;
 }
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint64_t rng(void)
-{
-	/* xorshift64*: deterministic, so a failure reproduces. */
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545f4914f6cdd1dull;
-}
-
-/* Uniform in [-a, a) with all 24 mantissa bits random. */
-static float rng_float(float a)
-{
-	return (float)((double)(rng() >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a;
-}
+#define TEST_RNG_SEED 0x9e3779b97f4a7c15ull
+#include "test_rng.h"
 
 /* Independent definitions of the 16-bit formats' values. */
 static double ref_bf16_value(uint16_t h)

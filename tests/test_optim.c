@@ -29,21 +29,8 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-static uint64_t rng_state = 0x243f6a8885a308d3ull;
-
-static uint64_t rng(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545f4914f6cdd1dull;
-}
-
-/* Uniform in [-a, a) with all mantissa bits random. */
-static float rng_float(float a)
-{
-	return (float)((double)(rng() >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a;
-}
+#define TEST_RNG_SEED 0x243f6a8885a308d3ull
+#include "test_rng.h"
 
 static uint32_t bits_of(float f)
 {
