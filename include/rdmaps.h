@@ -113,8 +113,9 @@ uint32_t rps_tensor_shards(const rps_tensor_t *tensor);
 void rps_tensor_close(rps_tensor_t *tensor);
 
 /* Push a gradient: nbytes must be count * sizeof(dtype).  Returns when the
- * servers have taken it (sync: accumulated into this step; async/bounded:
- * applied).  The buffer may be reused at once after return. */
+ * servers have taken it (sync: accumulated into its step, or set aside until
+ * the earlier ranks' pushes of that step are in; async/bounded: applied).
+ * The buffer may be reused at once after return. */
 int rps_push(rps_tensor_t *tensor, const void *grad, size_t nbytes);
 /* Pull the parameters: nbytes must be count * 4 (fp32).  Sync: waits until
  * every worker's pushes up to this worker's last one are applied.  Bounded:

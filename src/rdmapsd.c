@@ -35,6 +35,7 @@ static void usage(FILE *f)
 		"  -S, --slots N             staging slots per worker connection (default 8)\n"
 		"  -L, --lease-ms MS         break a shard lock held longer than this (default 5000)\n"
 		"  -m, --memory-limit BYTES  cap on shard + staging memory (default: none)\n"
+		"      --park-limit BYTES    out-of-turn sync pushes set aside (default 256M)\n"
 		"  -C, --max-connections N   worker connections at once (default 64)\n"
 		"      --spin-us US          busy-poll this long before sleeping (default 0)\n"
 		"      --numa-node N         shards and staging slots on NUMA node N (default: the HCA's)\n"
@@ -100,6 +101,7 @@ int main(int argc, char **argv)
 		{ "memory-limit", required_argument, NULL, 'm' },
 		{ "max-connections", required_argument, NULL, 'C' },
 		{ "spin-us", required_argument, NULL, 1 },
+		{ "park-limit", required_argument, NULL, 7 },
 		{ "numa-node", required_argument, NULL, 2 },
 		{ "cpus", required_argument, NULL, 3 },
 		{ "no-pin", no_argument, NULL, 4 },
@@ -162,6 +164,12 @@ int main(int argc, char **argv)
 		case 'C':
 			if (parse_uint(optarg, "--max-connections", &cfg.max_conns))
 				return 2;
+			break;
+		case 7:
+			if (parse_size(optarg, &cfg.park_limit)) {
+				fprintf(stderr, "rdmapsd: --park-limit: '%s' is not a size (e.g. 256M)\n", optarg);
+				return 2;
+			}
 			break;
 		case 1:
 			if (parse_uint(optarg, "--spin-us", &u))

@@ -51,6 +51,23 @@ struct held {
 	uint32_t slot;
 };
 
+/*
+ * A sync push that arrived before its turn (an earlier rank's push of its
+ * step, or the step itself, is not in yet), copied out of its slot so the
+ * slot can be acknowledged and reused.  Without this, a worker whose slots
+ * all hold out-of-turn pushes could wait on another worker that waits on it
+ * (two workers pushing tensors in different orders).  Bounded by
+ * park_limit (and the memory limit); past that, pushes wait in their slots.
+ */
+struct parked {
+	struct tensor *t;
+	uint32_t local;
+	uint64_t clock;
+	int rank;
+	void *data;		/* the gradient, in the tensor's dtype */
+	size_t nbytes;
+};
+
 struct waiter {
 	struct conn *conn;
 	uint64_t req_id;
@@ -134,6 +151,9 @@ struct rps__server {
 	uint32_t ntensors;
 	struct held *held;
 	uint32_t nheld, held_cap;
+	struct parked *parked;
+	uint32_t nparked, parked_cap;
+	size_t parked_bytes;
 	struct waiter *waiters;
 	uint32_t nwaiters, waiters_cap;
 	/* barrier */
@@ -161,6 +181,7 @@ void rps__server_config_init(struct rps__server_config *cfg)
 	cfg->lease_ms = 5000;
 	cfg->max_conns = 64;
 	cfg->numa_node = -1;
+	cfg->park_limit = 256u << 20;
 }
 
 /* ---- memory accounting ------------------------------------------------ */
@@ -296,6 +317,35 @@ static void shard_update(struct tensor *t, struct shard *s, const float *g)
 
 /* ---- consuming pushes ------------------------------------------------- */
 
+/*
+ * Sync mode: add rank's gradient for step `clock` to the shard's sum if it
+ * is its turn (fixed summation order: rank 0's, + rank 1's, + ..., so the
+ * sum is bit-identical whatever the arrival order), and apply the step when
+ * the last rank is in.  0 taken, -EAGAIN not its turn yet, -EALREADY the
+ * step already has it.
+ */
+static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, uint64_t clock,
+		     int rank, const void *data)
+{
+	struct shard *s = &t->shards[local];
+
+	if (clock < s->step || (clock == s->step && rank < s->next_rank))
+		return -EALREADY;
+	if (!s->ready || clock > s->step || rank != s->next_rank)
+		return -EAGAIN;
+	if (s->next_rank == 0)
+		rps__agg_copy(s->acc, data, t->spec.dtype, s->elems);
+	else
+		rps__agg_add(s->acc, data, t->spec.dtype, s->elems);
+	s->next_rank++;
+	if (s->next_rank == t->spec.num_workers) {
+		s->next_rank = 0;
+		shard_update(t, s, s->acc);
+		wake_waiters(srv, t, local);
+	}
+	return 0;
+}
+
 enum consume_result { CONSUMED, NOT_YET };
 
 /* Release the lock word w (0: none held) on the worker's behalf, through
@@ -418,24 +468,11 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 		return NOT_YET;
 
 	if (t->spec.mode == RPS_MODE_SYNC) {
-		if (d->clock < s->step || (d->clock == s->step && d->rank < s->next_rank)) {
-			push_ack(c, slot, -EALREADY, s->step, 0);	/* this step already has it */
-			return CONSUMED;
-		}
-		if (d->clock > s->step || d->rank != s->next_rank)
+		uint64_t step = s->step;
+		int ret = sync_take(srv, t, local, d->clock, d->rank, data);
+		if (ret == -EAGAIN)
 			return NOT_YET;
-		/* Fixed summation order: rank 0's gradient, + rank 1's, + ... */
-		if (s->next_rank == 0)
-			rps__agg_copy(s->acc, data, t->spec.dtype, s->elems);
-		else
-			rps__agg_add(s->acc, data, t->spec.dtype, s->elems);
-		s->next_rank++;
-		push_ack(c, slot, 0, s->step, 0);
-		if (s->next_rank == t->spec.num_workers) {
-			s->next_rank = 0;
-			shard_update(t, s, s->acc);
-			wake_waiters(srv, t, local);
-		}
+		push_ack(c, slot, ret, step, 0);
 		return CONSUMED;
 	}
 
@@ -477,6 +514,20 @@ static void drain_held(struct rps__server *srv)
 	while (progress) {
 		uint32_t i = 0;
 		progress = false;
+		while (i < srv->nparked) {
+			struct parked *p = &srv->parked[i];
+			if (sync_take(srv, p->t, p->local, p->clock, p->rank, p->data) == -EAGAIN) {
+				i++;
+				continue;
+			}
+			/* taken: its acknowledgement went out when it was parked */
+			free(p->data);
+			mem_give(srv, p->nbytes);
+			srv->parked_bytes -= p->nbytes;
+			*p = srv->parked[--srv->nparked];
+			progress = true;
+		}
+		i = 0;
 		while (i < srv->nheld) {
 			struct held h = srv->held[i];
 			if (!h.conn->dead && consume(srv, h.conn, h.slot) == NOT_YET) {
@@ -488,6 +539,46 @@ static void drain_held(struct rps__server *srv)
 			progress = true;
 		}
 	}
+}
+
+/* Copy an out-of-turn sync push out of its slot and acknowledge it (see
+ * struct parked).  -ENOSPC when it is not a sync push or over the budget:
+ * the push then waits in its slot. */
+static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
+{
+	struct rps__push_desc *d = slot_desc(c, slot);
+	struct tensor *t = tensor_by_id(srv, d->tensor_id);
+	struct parked *p;
+
+	if (!t || t->spec.mode != RPS_MODE_SYNC || d->kind != RPS__PUSH_GRAD ||
+	    srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
+		return -ENOSPC;
+	if (srv->nparked == srv->parked_cap) {
+		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
+		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
+		if (!grown)
+			return -ENOSPC;
+		srv->parked = grown;
+		srv->parked_cap = cap;
+	}
+	if (mem_take(srv, d->nbytes, "parking a push"))
+		return -ENOSPC;
+	p = &srv->parked[srv->nparked];
+	p->data = malloc(d->nbytes ? d->nbytes : 1);
+	if (!p->data) {
+		mem_give(srv, d->nbytes);
+		return -ENOSPC;
+	}
+	memcpy(p->data, (char *)d + RPS__PUSH_DESC_SIZE, d->nbytes);
+	p->t = t;
+	p->local = rps__shard_local_index(&t->layout, d->shard);
+	p->clock = d->clock;
+	p->rank = d->rank;
+	p->nbytes = d->nbytes;
+	srv->nparked++;
+	srv->parked_bytes += d->nbytes;
+	push_ack(c, slot, 0, t->shards[p->local].step, 0);
+	return 0;
 }
 
 static void on_push(struct rps__server *srv, struct conn *c, uint32_t slot)
@@ -514,6 +605,8 @@ static void on_push(struct rps__server *srv, struct conn *c, uint32_t slot)
 		drain_held(srv);
 		return;
 	}
+	if (park(srv, c, slot) == 0)
+		return;
 	if (held_add(srv, c, slot))
 		conn_fail(c, "out of memory holding a push");
 }
@@ -1291,6 +1384,9 @@ void rps__server_destroy(struct rps__server *srv)
 		tensor_free(srv, srv->tensors[i]);
 	free(srv->tensors);
 	free(srv->held);
+	while (srv->nparked)
+		free(srv->parked[--srv->nparked].data);
+	free(srv->parked);
 	free(srv->waiters);
 	free(srv->barrier.conn);
 	free(srv->barrier.req_id);

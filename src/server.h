@@ -23,6 +23,7 @@ struct rps__server_config {
 	uint32_t lease_ms;		/* a shard lock held longer than this is broken */
 	uint32_t max_conns;		/* worker connections at once */
 	size_t mem_limit;		/* bytes for shards + staging; 0 = unlimited */
+	size_t park_limit;		/* bytes of out-of-turn sync pushes kept aside */
 	int spin_us;			/* busy-poll this long before sleeping */
 	int numa_node;			/* --numa-node: shards and slots on this NUMA node (-1: near the HCA) */
 	const char *cpus;		/* --cpus: pin the serving thread here (NULL: near the HCA) */

@@ -509,6 +509,74 @@ static void test_worker_stalled_holding_lock(void)
 	free(p);
 }
 
+/* Sync pushes out of turn must not deadlock workers that push tensors in
+ * different orders: with one staging slot each, worker 0 pushes A0 B0 A1 B1
+ * and worker 1 pushes B0 B1 A0 A1.  Worker 0's A1 waits for worker 1's A0,
+ * worker 1's B1 waits for worker 0's B1: only a server that sets A1 aside
+ * (and acknowledges it) lets both go on. */
+static int crossed_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	static const char *const order[2][4] = { { "A", "B", "A", "B" }, { "B", "B", "A", "A" } };
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *a, *b;
+	float g[256], p[256];
+	int k, ret, bad = 0;
+
+	(void)arg;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = rank;
+	co.num_workers = nworkers;
+	co.timeout_ms = 8000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = 256;
+	o.mode = RPS_MODE_SYNC;
+	if ((ret = rps_tensor_create(cl, "crossed-A", &o, &a)) || (ret = rps_tensor_create(cl, "crossed-B", &o, &b)))
+		return fail("create", ret);
+	if ((ret = rps_barrier(cl)))
+		return fail("barrier", ret);
+	for (k = 0; k < 256; k++)
+		g[k] = (float)(rank + 1);
+	for (k = 0; k < 4; k++)
+		if ((ret = rps_push(order[rank][k][0] == 'A' ? a : b, g, sizeof(g))))
+			return fail("push", ret);
+	/* two steps of 1 + 2 on each tensor */
+	if ((ret = rps_pull(a, p, sizeof(p), NULL)))
+		return fail("pull", ret);
+	for (k = 0; k < 256; k++)
+		bad += p[k] != 6.0f;
+	if ((ret = rps_pull(b, p, sizeof(p), NULL)))
+		return fail("pull", ret);
+	for (k = 0; k < 256; k++)
+		bad += p[k] != 6.0f;
+	it_write_all(out_fd, &bad, sizeof(bad));
+	rps_tensor_close(a);
+	rps_tensor_close(b);
+	rps_client_close(cl);
+	return 0;
+}
+
+static void test_sync_crossed_orders(void)
+{
+	struct it_cluster one_slot;
+	struct it_workers w;
+	int r, bad;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&one_slot, 1, "--shard-size 64K --slots 1"), 0);
+	CU_ASSERT_EQUAL(it_workers_start(&w, 2, crossed_worker, one_slot.servers, NULL, -1, NULL), 0);
+	for (r = 0; r < 2; r++) {
+		bad = -1;
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &bad, sizeof(bad)), 0);
+		CU_ASSERT_EQUAL(bad, 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	CU_ASSERT_EQUAL(it_cluster_stop(&one_slot), 0);
+}
+
 /* --memory-limit: a tensor that does not fit is refused with a clear
  * message, and what fits still works. */
 static int memlimit_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
@@ -1048,6 +1116,7 @@ int main(void)
 	CU_add_test(s, "several tensors, threads sharing a client", test_several_tensors_threads);
 	CU_add_test(s, "worker killed mid-push", test_worker_killed_mid_push);
 	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
+	CU_add_test(s, "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders);
 	CU_add_test(s, "--memory-limit refuses what does not fit", test_memory_limit);
 	/* from here on the test process opens the fabric itself: no more forks */
 	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
