@@ -1,0 +1,1181 @@
+/*
+ * test_smap.c - unit tests of the shard map: bootstrap placement, every
+ * command's acceptance and each refusal with its errno (state untouched,
+ * applied index moving on), move sequences, both codecs against truncation,
+ * flipped bits and garbage, and two replicas fed the same random commands
+ * staying byte-identical with the invariants holding at every step.
+ */
+#include "config.h"
+#include "smap.h"
+#include "common.h"
+
+#define TEST_RNG_SEED 0x5eed5a3a9ull
+#include "test_rng.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <isa-l/crc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const uris3[] = { "tcp://10.0.0.1:7000", "tcp://10.0.0.2:7000", "tcp://10.0.0.3:7000" };
+
+static uint64_t next_index = 1;	/* Raft index for the next apply */
+
+/* ------------------------------------------------------------------------ */
+/* helpers */
+
+static struct rps__smap_cmd cmd_add(uint64_t id, const char *uri)
+{
+	struct rps__smap_cmd c;
+
+	memset(&c, 0, sizeof(c));
+	c.type = RPS__SMAP_ADD_MEMBER;
+	c.id = id;
+	snprintf(c.uri, sizeof(c.uri), "%s", uri);
+	return c;
+}
+
+static struct rps__smap_cmd cmd_remove(uint64_t id)
+{
+	struct rps__smap_cmd c;
+
+	memset(&c, 0, sizeof(c));
+	c.type = RPS__SMAP_REMOVE_MEMBER;
+	c.id = id;
+	return c;
+}
+
+static struct rps__smap_cmd cmd_begin(uint32_t part, uint64_t from, uint64_t to, uint64_t epoch)
+{
+	struct rps__smap_cmd c;
+
+	memset(&c, 0, sizeof(c));
+	c.type = RPS__SMAP_MOVE_BEGIN;
+	c.part = part;
+	c.from = from;
+	c.to = to;
+	c.epoch = epoch;
+	return c;
+}
+
+static struct rps__smap_cmd cmd_commit(uint32_t part, uint64_t to, uint64_t epoch)
+{
+	struct rps__smap_cmd c;
+
+	memset(&c, 0, sizeof(c));
+	c.type = RPS__SMAP_MOVE_COMMIT;
+	c.part = part;
+	c.to = to;
+	c.epoch = epoch;
+	return c;
+}
+
+static struct rps__smap_cmd cmd_abort(uint32_t part, uint64_t epoch)
+{
+	struct rps__smap_cmd c;
+
+	memset(&c, 0, sizeof(c));
+	c.type = RPS__SMAP_MOVE_ABORT;
+	c.part = part;
+	c.epoch = epoch;
+	return c;
+}
+
+/* Apply c at the next index and expect it to be accepted. */
+static void accept_cmd(struct rps__smap *m, struct rps__smap_cmd c)
+{
+	uint64_t index = next_index++;
+
+	CU_ASSERT_EQUAL(rps__smap_check(m, &c), 0);
+	CU_ASSERT_EQUAL(rps__smap_apply(m, index, &c), 0);
+	CU_ASSERT_EQUAL(m->applied, index);
+}
+
+/* Apply c at the next index and expect refusal with err: the state is
+ * untouched but for the applied index, and a message says why. */
+static void refuse_cmd(struct rps__smap *m, struct rps__smap_cmd c, int err)
+{
+	static struct rps__smap before;
+	uint64_t index = next_index++;
+
+	memcpy(&before, m, sizeof(before));
+	rps__clearerr();
+	CU_ASSERT_EQUAL(rps__smap_check(m, &c), err);
+	CU_ASSERT(rps__errbuf()[0] != '\0');
+	CU_ASSERT(strchr(rps__errbuf(), '\n') == NULL);
+	rps__clearerr();
+	CU_ASSERT_EQUAL(rps__smap_apply(m, index, &c), err);
+	CU_ASSERT(rps__errbuf()[0] != '\0');
+	CU_ASSERT_EQUAL(m->applied, index);
+	before.applied = index;
+	CU_ASSERT_EQUAL(memcmp(&before, m, sizeof(before)), 0);
+}
+
+static bool all_zero(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		if (b[i])
+			return false;
+	return true;
+}
+
+static bool is_member(const struct rps__smap *m, uint64_t id)
+{
+	return rps__smap_member(m, id) != NULL;
+}
+
+/* NULL if every invariant of a map holds, else which one does not. */
+static const char *invariant_broken(const struct rps__smap *m)
+{
+	if (m->npart < 1 || m->npart > RPS__SMAP_MAX_PART)
+		return "npart out of range";
+	if (m->nmembers < 1 || m->nmembers > RPS__SMAP_MAX_MEMBERS)
+		return "nmembers out of range";
+	for (uint32_t i = 0; i < m->nmembers; i++) {
+		const struct rps__smap_member *mb = &m->members[i];
+		size_t len = strnlen(mb->uri, sizeof(mb->uri));
+
+		if (mb->id == 0 || mb->id > m->max_id)
+			return "member id outside 1..max_id";
+		if (i && mb->id <= m->members[i - 1].id)
+			return "members not sorted by id";
+		if (len == 0 || len == sizeof(mb->uri))
+			return "member uri empty or unterminated";
+		if (!all_zero(mb->uri + len, sizeof(mb->uri) - len))
+			return "bytes after a uri not zero";
+		for (uint32_t j = 0; j < i; j++)
+			if (strcmp(mb->uri, m->members[j].uri) == 0)
+				return "two members share a uri";
+	}
+	if (!all_zero(&m->members[m->nmembers], (RPS__SMAP_MAX_MEMBERS - m->nmembers) * sizeof(m->members[0])))
+		return "unused member slots not zero";
+	for (uint32_t p = 0; p < m->npart; p++) {
+		const struct rps__smap_part *pt = &m->parts[p];
+
+		if (!is_member(m, pt->owner))
+			return "partition owned by a non-member";
+		if (pt->epoch == 0)
+			return "partition epoch 0";
+		if (pt->moving_to && (pt->moving_to == pt->owner || !is_member(m, pt->moving_to)))
+			return "partition moving to its owner or a non-member";
+	}
+	if (!all_zero(&m->parts[m->npart], (RPS__SMAP_MAX_PART - m->npart) * sizeof(m->parts[0])))
+		return "unused partition slots not zero";
+	return NULL;
+}
+
+static void init3(struct rps__smap *m, uint32_t npart)
+{
+	memset(m, 0xa5, sizeof(*m));	/* init must not depend on what was there */
+	CU_ASSERT_FATAL(rps__smap_init(m, uris3, 3, npart) == 0);
+}
+
+/* Recompute the trailing crc32c of an encoded map after a test edited it. */
+static void reseal(uint8_t *buf, size_t len)
+{
+	uint32_t crc = crc32_iscsi(buf, (int)(len - 4), 0xffffffffu);
+
+	for (int i = 0; i < 4; i++)
+		buf[len - 4 + i] = (uint8_t)(crc >> (8 * i));
+}
+
+/* Decode from a heap copy of exactly len bytes, so that valgrind sees any
+ * read past the end. */
+static int decode_exact(const uint8_t *buf, size_t len, struct rps__smap *m)
+{
+	uint8_t *copy = malloc(len ? len : 1);
+	int rc;
+
+	CU_ASSERT_FATAL(copy != NULL);
+	memcpy(copy, buf, len);
+	rc = rps__smap_decode(copy, len, m);
+	free(copy);
+	return rc;
+}
+
+static int cmd_decode_exact(const uint8_t *buf, size_t len, struct rps__smap_cmd *c)
+{
+	uint8_t *copy = malloc(len ? len : 1);
+	int rc;
+
+	CU_ASSERT_FATAL(copy != NULL);
+	memcpy(copy, buf, len);
+	rc = rps__smap_cmd_decode(copy, len, c);
+	free(copy);
+	return rc;
+}
+
+/* What a FILE-printing function wrote, NUL-terminated, in a static buffer. */
+static const char *capture(void (*fn)(const struct rps__smap *, FILE *), const struct rps__smap *m)
+{
+	static char out[65536];
+	FILE *f = tmpfile();
+	size_t n;
+
+	CU_ASSERT_FATAL(f != NULL);
+	fn(m, f);
+	rewind(f);
+	n = fread(out, 1, sizeof(out) - 1, f);
+	out[n] = '\0';
+	fclose(f);
+	return out;
+}
+
+/* ------------------------------------------------------------------------ */
+/* bootstrap and queries */
+
+static void test_init(void)
+{
+	static struct rps__smap m;
+	static const char *const sixteen[16] = {
+		"tcp://h1:1", "tcp://h2:1", "tcp://h3:1", "tcp://h4:1", "tcp://h5:1", "tcp://h6:1",
+		"tcp://h7:1", "tcp://h8:1", "tcp://h9:1", "tcp://h10:1", "tcp://h11:1", "tcp://h12:1",
+		"tcp://h13:1", "tcp://h14:1", "tcp://h15:1", "tcp://h16:1",
+	};
+	char longuri[RPS__SMAP_URI_MAX + 1];
+	const char *bad[2];
+
+	init3(&m, 0);
+	CU_ASSERT_EQUAL(m.npart, RPS__SMAP_DEFAULT_PART);
+	CU_ASSERT_EQUAL(m.nmembers, 3);
+	CU_ASSERT_EQUAL(m.max_id, 3);
+	CU_ASSERT_EQUAL(m.applied, 0);
+	for (uint32_t i = 0; i < 3; i++) {
+		CU_ASSERT_EQUAL(m.members[i].id, i + 1);
+		CU_ASSERT_STRING_EQUAL(m.members[i].uri, uris3[i]);
+		CU_ASSERT_PTR_EQUAL(rps__smap_member(&m, i + 1), &m.members[i]);
+	}
+	for (uint32_t p = 0; p < m.npart; p++) {
+		CU_ASSERT_EQUAL(m.parts[p].owner, p % 3 + 1);
+		CU_ASSERT_EQUAL(m.parts[p].epoch, 1);
+		CU_ASSERT_EQUAL(m.parts[p].moving_to, 0);
+	}
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	CU_ASSERT_PTR_NULL(rps__smap_member(&m, 0));
+	CU_ASSERT_PTR_NULL(rps__smap_member(&m, 4));
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 1), 22);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 2), 21);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 21);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 4), 0);
+
+	/* the limits themselves are fine */
+	CU_ASSERT_EQUAL(rps__smap_init(&m, uris3, 1, 1), 0);
+	CU_ASSERT_EQUAL(m.npart, 1);
+	CU_ASSERT_EQUAL(m.parts[0].owner, 1);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	CU_ASSERT_EQUAL(rps__smap_init(&m, sixteen, 16, RPS__SMAP_MAX_PART), 0);
+	CU_ASSERT_EQUAL(m.parts[255].owner, 16);
+	CU_ASSERT_EQUAL(m.parts[17].owner, 2);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	/* out of range: refused, message set */
+	rps__clearerr();
+	CU_ASSERT_EQUAL(rps__smap_init(&m, uris3, 0, 8), -EINVAL);
+	CU_ASSERT(rps__errbuf()[0] != '\0');
+	CU_ASSERT_EQUAL(rps__smap_init(&m, sixteen, 17, 8), -EINVAL);
+	CU_ASSERT_EQUAL(rps__smap_init(&m, uris3, 3, RPS__SMAP_MAX_PART + 1), -EINVAL);
+	CU_ASSERT_EQUAL(rps__smap_init(&m, NULL, 3, 8), -EINVAL);
+	memset(longuri, 'a', RPS__SMAP_URI_MAX);
+	longuri[RPS__SMAP_URI_MAX] = '\0';
+	bad[0] = uris3[0];
+	bad[1] = longuri;
+	CU_ASSERT_EQUAL(rps__smap_init(&m, bad, 2, 8), -EINVAL);
+	longuri[RPS__SMAP_URI_MAX - 1] = '\0';	/* 127 bytes: fits */
+	CU_ASSERT_EQUAL(rps__smap_init(&m, bad, 2, 8), 0);
+	CU_ASSERT_STRING_EQUAL(m.members[1].uri, longuri);
+	bad[1] = "";
+	CU_ASSERT_EQUAL(rps__smap_init(&m, bad, 2, 8), -EINVAL);
+	bad[1] = NULL;
+	CU_ASSERT_EQUAL(rps__smap_init(&m, bad, 2, 8), -EINVAL);
+	bad[1] = uris3[0];
+	CU_ASSERT_EQUAL(rps__smap_init(&m, bad, 2, 8), -EINVAL);
+
+	/* two inits of the same cluster over different garbage: identical */
+	{
+		static struct rps__smap a, b;
+
+		memset(&a, 0x00, sizeof(a));
+		memset(&b, 0xff, sizeof(b));
+		CU_ASSERT_EQUAL(rps__smap_init(&a, uris3, 3, 10), 0);
+		CU_ASSERT_EQUAL(rps__smap_init(&b, uris3, 3, 10), 0);
+		CU_ASSERT_EQUAL(memcmp(&a, &b, sizeof(a)), 0);
+	}
+}
+
+static void test_part_of(void)
+{
+	static struct rps__smap m;
+
+	init3(&m, 64);
+	CU_ASSERT_EQUAL(rps__smap_part_of(&m, 0, 0), 0);
+	CU_ASSERT_EQUAL(rps__smap_part_of(&m, 5, 3), 8);
+	CU_ASSERT_EQUAL(rps__smap_part_of(&m, 63, 1), 0);
+	CU_ASSERT_EQUAL(rps__smap_part_of(&m, 100, 0), 36);
+	/* no 32-bit overflow: (2^32 - 1) * 2 = 2^33 - 2 = -2 mod 64 */
+	CU_ASSERT_EQUAL(rps__smap_part_of(&m, UINT32_MAX, UINT32_MAX), 62);
+	init3(&m, 7);
+	CU_ASSERT_EQUAL(rps__smap_part_of(&m, UINT32_MAX, UINT32_MAX), (uint32_t)(8589934590ull % 7));
+	CU_ASSERT_EQUAL(rps__smap_part_of(&m, 10, 4), 0);
+	for (uint32_t s = 0; s < 20; s++)
+		CU_ASSERT_EQUAL(rps__smap_part_of(&m, 3, s), (3 + s) % 7);
+	init3(&m, 1);
+	CU_ASSERT_EQUAL(rps__smap_part_of(&m, 12345, 678), 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* membership */
+
+static void test_add_member(void)
+{
+	static struct rps__smap m;
+	char longuri[RPS__SMAP_URI_MAX];
+	struct rps__smap_cmd c;
+
+	init3(&m, 8);
+	accept_cmd(&m, cmd_add(4, "tcp://10.0.0.4:7000"));
+	CU_ASSERT_EQUAL(m.nmembers, 4);
+	CU_ASSERT_EQUAL(m.max_id, 4);
+	CU_ASSERT_EQUAL(m.members[3].id, 4);
+	CU_ASSERT_STRING_EQUAL(rps__smap_member(&m, 4)->uri, "tcp://10.0.0.4:7000");
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 4), 0);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	/* ids may skip */
+	accept_cmd(&m, cmd_add(10, "verbs://192.168.1.1:7000"));
+	CU_ASSERT_EQUAL(m.max_id, 10);
+	CU_ASSERT_EQUAL(m.members[4].id, 10);
+
+	refuse_cmd(&m, cmd_add(10, "tcp://elsewhere:1"), -EEXIST);	/* duplicate id */
+	refuse_cmd(&m, cmd_add(10, "verbs://192.168.1.1:7000"), -EEXIST);	/* duplicate command */
+	refuse_cmd(&m, cmd_add(2, "tcp://new:1"), -EEXIST);		/* a current member */
+	refuse_cmd(&m, cmd_add(7, "tcp://new:1"), -EINVAL);		/* <= max_id, never used */
+	refuse_cmd(&m, cmd_add(0, "tcp://new:1"), -EINVAL);
+	refuse_cmd(&m, cmd_add(11, ""), -EINVAL);
+	refuse_cmd(&m, cmd_add(11, "tcp://10.0.0.1:7000"), -EEXIST);	/* uri taken */
+	c = cmd_add(11, "x");
+	memset(c.uri, 'u', sizeof(c.uri));				/* unterminated */
+	refuse_cmd(&m, c, -EINVAL);
+	memset(longuri, 'u', sizeof(longuri) - 1);
+	longuri[sizeof(longuri) - 1] = '\0';
+	accept_cmd(&m, cmd_add(11, longuri));				/* 127 bytes fit */
+	CU_ASSERT_STRING_EQUAL(rps__smap_member(&m, 11)->uri, longuri);
+
+	/* fill the table */
+	for (uint64_t id = 12; m.nmembers < RPS__SMAP_MAX_MEMBERS; id++) {
+		char uri[64];
+
+		snprintf(uri, sizeof(uri), "tcp://fill%llu:1", (unsigned long long)id);
+		accept_cmd(&m, cmd_add(id, uri));
+	}
+	CU_ASSERT_EQUAL(m.nmembers, RPS__SMAP_MAX_MEMBERS);
+	refuse_cmd(&m, cmd_add(m.max_id + 1, "tcp://onemore:1"), -ENOSPC);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	/* unknown command types */
+	c = cmd_add(100, "tcp://z:1");
+	c.type = 0;
+	refuse_cmd(&m, c, -EINVAL);
+	c.type = 6;
+	refuse_cmd(&m, c, -EINVAL);
+	c.type = UINT32_MAX;
+	refuse_cmd(&m, c, -EINVAL);
+}
+
+static void test_remove_member(void)
+{
+	static struct rps__smap m;
+
+	init3(&m, 6);
+	accept_cmd(&m, cmd_add(4, "tcp://d:1"));
+	accept_cmd(&m, cmd_add(5, "tcp://e:1"));
+	accept_cmd(&m, cmd_add(6, "tcp://f:1"));
+	/* remove from the middle: the rest shift down, the freed slot is zero */
+	accept_cmd(&m, cmd_remove(5));
+	CU_ASSERT_EQUAL(m.nmembers, 5);
+	CU_ASSERT_EQUAL(m.members[3].id, 4);
+	CU_ASSERT_EQUAL(m.members[4].id, 6);
+	CU_ASSERT_STRING_EQUAL(m.members[4].uri, "tcp://f:1");
+	CU_ASSERT(all_zero(&m.members[5], sizeof(m.members[5])));
+	CU_ASSERT_EQUAL(m.max_id, 6);
+	CU_ASSERT_PTR_NULL(rps__smap_member(&m, 5));
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	refuse_cmd(&m, cmd_remove(5), -ENOENT);		/* duplicate */
+	refuse_cmd(&m, cmd_remove(99), -ENOENT);
+	refuse_cmd(&m, cmd_remove(0), -EINVAL);
+	refuse_cmd(&m, cmd_add(5, "tcp://e:1"), -EINVAL);	/* ids never reused */
+	accept_cmd(&m, cmd_add(7, "tcp://e:1"));		/* its uri may be */
+
+	/* owners and move targets stay */
+	refuse_cmd(&m, cmd_remove(1), -EBUSY);
+	refuse_cmd(&m, cmd_remove(3), -EBUSY);
+	accept_cmd(&m, cmd_begin(0, 1, 4, 1));
+	refuse_cmd(&m, cmd_remove(4), -EBUSY);		/* target of a move */
+	accept_cmd(&m, cmd_abort(0, 1));
+	accept_cmd(&m, cmd_remove(4));
+
+	/* member 3 owns partitions 2 and 5: move them away, then it can go */
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 2);
+	accept_cmd(&m, cmd_begin(2, 3, 1, 1));
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 2);	/* a move still counts for the owner */
+	refuse_cmd(&m, cmd_remove(3), -EBUSY);
+	accept_cmd(&m, cmd_commit(2, 1, 1));
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 1);
+	refuse_cmd(&m, cmd_remove(3), -EBUSY);
+	accept_cmd(&m, cmd_begin(5, 3, 6, 1));
+	accept_cmd(&m, cmd_commit(5, 6, 1));
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 0);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 6), 1);
+	accept_cmd(&m, cmd_remove(3));
+	CU_ASSERT_PTR_NULL(rps__smap_member(&m, 3));
+	CU_ASSERT_EQUAL(m.nmembers, 4);
+	CU_ASSERT_EQUAL(m.members[0].id, 1);
+	CU_ASSERT_EQUAL(m.members[1].id, 2);
+	CU_ASSERT_EQUAL(m.members[2].id, 6);
+	CU_ASSERT_EQUAL(m.members[3].id, 7);
+	CU_ASSERT(all_zero(&m.members[4], sizeof(m.members) - 4 * sizeof(m.members[0])));
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	refuse_cmd(&m, cmd_begin(0, 1, 3, 1), -ENOENT);	/* 3 is gone */
+}
+
+/* ------------------------------------------------------------------------ */
+/* moves */
+
+static void test_move_commit(void)
+{
+	static struct rps__smap m;
+
+	init3(&m, 16);
+	/* partition 7 is member 2's (7 mod 3 + 1) */
+	refuse_cmd(&m, cmd_begin(7, 1, 3, 1), -ESTALE);	/* not the owner */
+	refuse_cmd(&m, cmd_begin(7, 2, 3, 2), -ESTALE);	/* future epoch */
+	refuse_cmd(&m, cmd_begin(7, 2, 3, 0), -ESTALE);
+	refuse_cmd(&m, cmd_begin(7, 2, 2, 1), -EINVAL);	/* to == from */
+	refuse_cmd(&m, cmd_begin(7, 2, 9, 1), -ENOENT);	/* not a member */
+	refuse_cmd(&m, cmd_begin(7, 2, 0, 1), -ENOENT);
+	refuse_cmd(&m, cmd_begin(16, 2, 3, 1), -ENOENT);	/* no such partition */
+	refuse_cmd(&m, cmd_begin(UINT32_MAX, 2, 3, 1), -ENOENT);
+	refuse_cmd(&m, cmd_commit(7, 3, 1), -ESTALE);		/* nothing in progress */
+	refuse_cmd(&m, cmd_commit(7, 0, 1), -ESTALE);
+	refuse_cmd(&m, cmd_abort(7, 1), -ESTALE);
+
+	accept_cmd(&m, cmd_begin(7, 2, 3, 1));
+	CU_ASSERT_EQUAL(m.parts[7].owner, 2);
+	CU_ASSERT_EQUAL(m.parts[7].epoch, 1);
+	CU_ASSERT_EQUAL(m.parts[7].moving_to, 3);
+	refuse_cmd(&m, cmd_begin(7, 2, 3, 1), -EBUSY);	/* duplicate BEGIN */
+	refuse_cmd(&m, cmd_begin(7, 2, 1, 1), -EBUSY);	/* another destination */
+	refuse_cmd(&m, cmd_commit(7, 1, 1), -ESTALE);		/* wrong destination */
+	refuse_cmd(&m, cmd_commit(7, 3, 2), -ESTALE);		/* wrong epoch */
+	refuse_cmd(&m, cmd_commit(8, 3, 1), -ESTALE);		/* another partition */
+	refuse_cmd(&m, cmd_commit(16, 3, 1), -ENOENT);
+	refuse_cmd(&m, cmd_abort(7, 2), -ESTALE);
+
+	accept_cmd(&m, cmd_commit(7, 3, 1));
+	CU_ASSERT_EQUAL(m.parts[7].owner, 3);
+	CU_ASSERT_EQUAL(m.parts[7].epoch, 2);
+	CU_ASSERT_EQUAL(m.parts[7].moving_to, 0);
+	refuse_cmd(&m, cmd_commit(7, 3, 1), -ESTALE);		/* duplicate COMMIT */
+	refuse_cmd(&m, cmd_abort(7, 1), -ESTALE);		/* ABORT after COMMIT */
+	refuse_cmd(&m, cmd_abort(7, 2), -ESTALE);
+	refuse_cmd(&m, cmd_begin(7, 2, 3, 1), -ESTALE);	/* replayed BEGIN */
+	refuse_cmd(&m, cmd_begin(7, 2, 1, 2), -ESTALE);	/* the old owner */
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 2), 4);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 6);
+	/* the neighbours never moved */
+	CU_ASSERT_EQUAL(m.parts[6].owner, 1);
+	CU_ASSERT_EQUAL(m.parts[6].epoch, 1);
+	CU_ASSERT_EQUAL(m.parts[8].owner, 3);
+	CU_ASSERT_EQUAL(m.parts[8].epoch, 1);
+
+	/* and back again */
+	accept_cmd(&m, cmd_begin(7, 3, 2, 2));
+	accept_cmd(&m, cmd_commit(7, 2, 2));
+	CU_ASSERT_EQUAL(m.parts[7].owner, 2);
+	CU_ASSERT_EQUAL(m.parts[7].epoch, 3);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+}
+
+static void test_move_abort(void)
+{
+	static struct rps__smap m;
+
+	init3(&m, 16);
+	accept_cmd(&m, cmd_begin(4, 2, 1, 1));
+	accept_cmd(&m, cmd_abort(4, 1));
+	CU_ASSERT_EQUAL(m.parts[4].owner, 2);
+	CU_ASSERT_EQUAL(m.parts[4].epoch, 1);
+	CU_ASSERT_EQUAL(m.parts[4].moving_to, 0);
+	refuse_cmd(&m, cmd_abort(4, 1), -ESTALE);		/* duplicate ABORT */
+	refuse_cmd(&m, cmd_commit(4, 1, 1), -ESTALE);		/* COMMIT after ABORT */
+	CU_ASSERT_EQUAL(m.parts[4].owner, 2);
+
+	/* the partition can move again at the same epoch, elsewhere */
+	accept_cmd(&m, cmd_begin(4, 2, 3, 1));
+	refuse_cmd(&m, cmd_commit(4, 1, 1), -ESTALE);		/* the aborted move's COMMIT */
+	accept_cmd(&m, cmd_commit(4, 3, 1));
+	CU_ASSERT_EQUAL(m.parts[4].owner, 3);
+	CU_ASSERT_EQUAL(m.parts[4].epoch, 2);
+	refuse_cmd(&m, cmd_abort(4, 1), -ESTALE);
+
+	/* several partitions moving at once are independent */
+	accept_cmd(&m, cmd_begin(0, 1, 2, 1));
+	accept_cmd(&m, cmd_begin(1, 2, 3, 1));
+	accept_cmd(&m, cmd_begin(2, 3, 1, 1));
+	accept_cmd(&m, cmd_abort(1, 1));
+	accept_cmd(&m, cmd_commit(2, 1, 1));
+	accept_cmd(&m, cmd_commit(0, 2, 1));
+	CU_ASSERT_EQUAL(m.parts[0].owner, 2);
+	CU_ASSERT_EQUAL(m.parts[1].owner, 2);
+	CU_ASSERT_EQUAL(m.parts[2].owner, 1);
+	CU_ASSERT_EQUAL(m.parts[0].epoch, 2);
+	CU_ASSERT_EQUAL(m.parts[1].epoch, 1);
+	CU_ASSERT_EQUAL(m.parts[2].epoch, 2);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	/* the last usable epoch cannot start a move that would reach EPOCH_MOVED */
+	m.parts[9].epoch = RPS__EPOCH_MOVED - 1;
+	refuse_cmd(&m, cmd_begin(9, 1, 2, RPS__EPOCH_MOVED - 1), -EOVERFLOW);
+}
+
+static void test_messages(void)
+{
+	static struct rps__smap m;
+	struct rps__smap_cmd c;
+	char buf[256];
+
+	init3(&m, 16);
+	for (uint64_t e = 1; e <= 3; e++) {
+		uint64_t from = m.parts[7].owner, to = from % 3 + 1;
+
+		accept_cmd(&m, cmd_begin(7, from, to, e));
+		accept_cmd(&m, cmd_commit(7, to, e));
+	}
+	CU_ASSERT_EQUAL(m.parts[7].epoch, 4);
+	CU_ASSERT_EQUAL(rps__smap_check(&m, &(struct rps__smap_cmd){ .type = RPS__SMAP_MOVE_BEGIN, .part = 7,
+				       .from = m.parts[7].owner, .to = 1, .epoch = 3 }), -ESTALE);
+	CU_ASSERT_STRING_EQUAL(rps__errbuf(), "move partition 7: epoch 3 is stale, the partition is at epoch 4");
+	CU_ASSERT_EQUAL(rps__smap_check(&m, &(struct rps__smap_cmd){ .type = RPS__SMAP_REMOVE_MEMBER, .id = 2 }),
+			-EBUSY);
+	CU_ASSERT(strstr(rps__errbuf(), "remove member 2") != NULL);
+
+	/* a replayed index changes nothing, not even applied */
+	{
+		static struct rps__smap before;
+		uint64_t at = m.applied;
+
+		memcpy(&before, &m, sizeof(m));
+		c = cmd_add(4, "tcp://d:1");
+		CU_ASSERT_EQUAL(rps__smap_apply(&m, at, &c), -EALREADY);
+		CU_ASSERT_EQUAL(rps__smap_apply(&m, at - 1, &c), -EALREADY);
+		CU_ASSERT_EQUAL(memcmp(&before, &m, sizeof(m)), 0);
+		CU_ASSERT_EQUAL(rps__smap_apply(&m, at + 5, &c), 0);
+		CU_ASSERT_EQUAL(m.applied, at + 5);
+		next_index = at + 6;
+	}
+
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_ADD_MEMBER), "ADD_MEMBER");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_REMOVE_MEMBER), "REMOVE_MEMBER");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_MOVE_BEGIN), "MOVE_BEGIN");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_MOVE_COMMIT), "MOVE_COMMIT");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_MOVE_ABORT), "MOVE_ABORT");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(0), "?");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(6), "?");
+
+	c = cmd_begin(7, 2, 3, 4);
+	CU_ASSERT_PTR_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), buf);
+	CU_ASSERT_STRING_EQUAL(buf, "move partition 7 from 2 to 3 (epoch 4)");
+	c = cmd_commit(7, 3, 4);
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), "commit move of partition 7 to 3 (epoch 4)");
+	c = cmd_abort(7, 4);
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), "abort move of partition 7 (epoch 4)");
+	c = cmd_add(5, "tcp://e:1");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), "add member 5 at tcp://e:1");
+	c = cmd_remove(5);
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), "remove member 5");
+	c.type = 42;
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), "unknown shard map command type 42");
+	c = cmd_begin(7, 2, 3, 4);
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_str(&c, buf, 8), "move pa");	/* truncated, terminated */
+}
+
+/* ------------------------------------------------------------------------ */
+/* map codec */
+
+/* A map with a bit of everything: a removed member, moves, long uri. */
+static void busy_map(struct rps__smap *m)
+{
+	init3(m, 64);
+	accept_cmd(m, cmd_add(4, "verbs://[fe80::1]:7000"));
+	accept_cmd(m, cmd_add(5, "tcp://five:1"));
+	accept_cmd(m, cmd_remove(5));
+	accept_cmd(m, cmd_begin(7, 2, 4, 1));
+	accept_cmd(m, cmd_begin(8, 3, 4, 1));
+	accept_cmd(m, cmd_commit(8, 4, 1));
+	accept_cmd(m, cmd_begin(8, 4, 1, 2));
+	accept_cmd(m, cmd_commit(8, 1, 2));
+	CU_ASSERT_PTR_NULL(invariant_broken(m));
+}
+
+static void test_map_roundtrip(void)
+{
+	static struct rps__smap m, d;
+	static uint8_t buf[RPS__SMAP_ENC_MAX], buf2[RPS__SMAP_ENC_MAX];
+	size_t len = 0, len2 = 0;
+
+	busy_map(&m);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, buf, sizeof(buf), &len), 0);
+	CU_ASSERT_EQUAL(len, rps__smap_encoded_size(&m));
+	CU_ASSERT_EQUAL(memcmp(buf, "SMAP", 4), 0);
+	CU_ASSERT_EQUAL(buf[4], 1);
+	CU_ASSERT_EQUAL(buf[5], 0);
+	memset(&d, 0x5a, sizeof(d));
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), 0);
+	CU_ASSERT_EQUAL(memcmp(&m, &d, sizeof(m)), 0);
+	CU_ASSERT_EQUAL(rps__smap_encode(&d, buf2, sizeof(buf2), &len2), 0);
+	CU_ASSERT_EQUAL(len2, len);
+	CU_ASSERT_EQUAL(memcmp(buf, buf2, len), 0);
+
+	/* exactly enough room, and one byte less */
+	CU_ASSERT_EQUAL(rps__smap_encode(&m, buf2, len, &len2), 0);
+	CU_ASSERT_EQUAL(rps__smap_encode(&m, buf2, len - 1, &len2), -ENOSPC);
+
+	/* the largest map fits RPS__SMAP_ENC_MAX */
+	{
+		static const char *u[RPS__SMAP_MAX_MEMBERS];
+		static char names[RPS__SMAP_MAX_MEMBERS][RPS__SMAP_URI_MAX];
+
+		for (unsigned i = 0; i < RPS__SMAP_MAX_MEMBERS; i++) {
+			memset(names[i], 'a' + (int)i, RPS__SMAP_URI_MAX - 1);
+			names[i][RPS__SMAP_URI_MAX - 1] = '\0';
+			u[i] = names[i];
+		}
+		CU_ASSERT_EQUAL_FATAL(rps__smap_init(&m, u, RPS__SMAP_MAX_MEMBERS, RPS__SMAP_MAX_PART), 0);
+		m.applied = UINT64_MAX;
+		m.parts[3].moving_to = 5;
+		m.parts[3].epoch = RPS__EPOCH_MOVED - 1;
+		CU_ASSERT(rps__smap_encoded_size(&m) <= RPS__SMAP_ENC_MAX);
+		CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, buf, sizeof(buf), &len), 0);
+		CU_ASSERT_EQUAL(decode_exact(buf, len, &d), 0);
+		CU_ASSERT_EQUAL(memcmp(&m, &d, sizeof(m)), 0);
+	}
+
+	/* an unencodable struct is refused, not read past */
+	init3(&m, 4);
+	m.npart = RPS__SMAP_MAX_PART + 1;
+	CU_ASSERT_EQUAL(rps__smap_encode(&m, buf, sizeof(buf), &len), -EINVAL);
+	init3(&m, 4);
+	memset(m.members[0].uri, 'x', sizeof(m.members[0].uri));
+	CU_ASSERT_EQUAL(rps__smap_encode(&m, buf, sizeof(buf), &len), -EINVAL);
+}
+
+static void test_map_truncated_and_flipped(void)
+{
+	static struct rps__smap m, d, before;
+	static uint8_t buf[RPS__SMAP_ENC_MAX];
+	size_t len = 0, parts_at;
+
+	busy_map(&m);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, buf, sizeof(buf), &len), 0);
+	memset(&d, 0x77, sizeof(d));
+	memcpy(&before, &d, sizeof(d));
+	for (size_t l = 0; l < len; l++) {
+		rps__clearerr();
+		CU_ASSERT_EQUAL(decode_exact(buf, l, &d), -EBADMSG);
+		CU_ASSERT(rps__errbuf()[0] != '\0');
+	}
+	CU_ASSERT_EQUAL(memcmp(&before, &d, sizeof(d)), 0);	/* a failed decode leaves *m alone */
+	/* one byte too many */
+	{
+		uint8_t *longer = malloc(len + 1);
+
+		CU_ASSERT_FATAL(longer != NULL);
+		memcpy(longer, buf, len);
+		longer[len] = 0;
+		CU_ASSERT_EQUAL(rps__smap_decode(longer, len + 1, &d), -EBADMSG);
+		free(longer);
+	}
+
+	parts_at = len - 4 - (size_t)m.npart * 24;
+	for (size_t bit = 0; bit < len * 8; bit++) {
+		int rc;
+
+		buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		rc = decode_exact(buf, len, &d);
+		CU_ASSERT(rc == -EBADMSG || rc == -EILSEQ);
+		if (bit / 8 >= parts_at)	/* fixed-size fields: the crc catches it */
+			CU_ASSERT_EQUAL(rc, -EILSEQ);
+		buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+	}
+	CU_ASSERT_EQUAL(rps__smap_decode(buf, len, &d), 0);
+	CU_ASSERT_EQUAL(memcmp(&m, &d, sizeof(m)), 0);
+	buf[len - 1] ^= 0x80;
+	rps__clearerr();
+	CU_ASSERT_EQUAL(rps__smap_decode(buf, len, &d), -EILSEQ);
+	CU_ASSERT(strstr(rps__errbuf(), "crc") != NULL);
+}
+
+/* Encode a deliberately broken struct (the encoder only bounds-checks) and
+ * expect the decoder to refuse it although its crc is right. */
+static void expect_invalid(const struct rps__smap *m)
+{
+	static uint8_t buf[RPS__SMAP_ENC_MAX];
+	static struct rps__smap d;
+	size_t len = 0;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(m, buf, sizeof(buf), &len), 0);
+	rps__clearerr();
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), -EBADMSG);
+	CU_ASSERT(rps__errbuf()[0] != '\0');
+}
+
+static void test_map_invalid_content(void)
+{
+	static struct rps__smap m, d;
+	static uint8_t buf[RPS__SMAP_ENC_MAX];
+	size_t len = 0;
+
+	init3(&m, 8);
+	m.parts[2].owner = 9;
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.parts[2].owner = 0;
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.parts[2].moving_to = m.parts[2].owner;
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.parts[2].moving_to = 9;
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.parts[2].epoch = 0;
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.parts[2].epoch = RPS__EPOCH_MOVED;
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.members[0].id = 2;	/* repeated id */
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.members[0].id = 3;	/* out of order */
+	m.members[2].id = 1;
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.max_id = 2;		/* member 3 above max_id */
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.members[0].id = 0;
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.members[1].uri[0] = '\0';
+	expect_invalid(&m);
+	init3(&m, 8);
+	strcpy(m.members[1].uri, m.members[0].uri);
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.npart = 0;
+	expect_invalid(&m);
+	init3(&m, 8);
+	m.nmembers = 0;
+	expect_invalid(&m);
+
+	/* byte-level edits, resealed so only the structure is wrong */
+	init3(&m, 8);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, buf, sizeof(buf), &len), 0);
+	/* header: "SMAP" 0, version 4, applied 6, max_id 14, npart 22, nmembers 26, members 30 */
+	buf[0] = 'X';
+	reseal(buf, len);
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), -EBADMSG);
+	buf[0] = 'S';
+	buf[4] = 2;
+	reseal(buf, len);
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), -EBADMSG);
+	buf[4] = 1;
+	buf[22] = 1;		/* npart 257 */
+	buf[23] = 1;
+	reseal(buf, len);
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), -EBADMSG);
+	buf[22] = 8;
+	buf[23] = 0;
+	buf[26] = 17;		/* nmembers 17 */
+	reseal(buf, len);
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), -EBADMSG);
+	buf[26] = 3;
+	buf[30 + 8] = 128;	/* first uri 128 bytes long */
+	reseal(buf, len);
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), -EBADMSG);
+	buf[30 + 8] = (uint8_t)strlen(uris3[0]);
+	buf[30 + 10 + 3] = 0;	/* NUL inside the first uri */
+	reseal(buf, len);
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), -EBADMSG);
+	buf[30 + 10 + 3] = (uint8_t)uris3[0][3];
+	reseal(buf, len);
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), 0);
+	CU_ASSERT_EQUAL(memcmp(&m, &d, sizeof(m)), 0);
+}
+
+/* Random bytes, and random edits of valid maps resealed with a good crc:
+ * the decoder never crashes or reads past the input, and whatever it
+ * accepts is a valid map that encodes back to the same bytes. */
+static void test_map_garbage(void)
+{
+	static struct rps__smap m, d;
+	static uint8_t buf[RPS__SMAP_ENC_MAX + 64], out[RPS__SMAP_ENC_MAX];
+	size_t len = 0, olen = 0;
+	unsigned accepted = 0;
+
+	for (int iter = 0; iter < 3000; iter++) {
+		size_t n = (size_t)(rng() % sizeof(buf));
+
+		for (size_t i = 0; i < n; i++)
+			buf[i] = (uint8_t)rng();
+		if (n >= 30 && (iter & 1)) {	/* get past the magic into the body */
+			memcpy(buf, "SMAP\1\0", 6);
+			buf[22] = (uint8_t)(rng() % 8 + 1);
+			buf[23] = buf[24] = buf[25] = 0;
+			buf[26] = (uint8_t)(rng() % 4 + 1);
+			buf[27] = buf[28] = buf[29] = 0;
+			if (n >= 34)
+				reseal(buf, n);
+		}
+		CU_ASSERT_NOT_EQUAL(decode_exact(buf, n, &d), 0);
+	}
+
+	busy_map(&m);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, buf, sizeof(buf), &len), 0);
+	for (int iter = 0; iter < 3000; iter++) {
+		static uint8_t mut[RPS__SMAP_ENC_MAX];
+		int edits = 1 + (int)(rng() % 3), rc;
+
+		memcpy(mut, buf, len);
+		for (int e = 0; e < edits; e++) {
+			size_t at = (size_t)(rng() % (len - 4));
+
+			/* small values make valid ids, epochs and lengths likely */
+			mut[at] = (rng() & 1) ? (uint8_t)(rng() % 6) : (uint8_t)rng();
+		}
+		reseal(mut, len);
+		rc = decode_exact(mut, len, &d);
+		CU_ASSERT(rc == 0 || rc == -EBADMSG);
+		if (rc == 0) {
+			accepted++;
+			CU_ASSERT_PTR_NULL(invariant_broken(&d));
+			CU_ASSERT_EQUAL(rps__smap_encode(&d, out, sizeof(out), &olen), 0);
+			CU_ASSERT_EQUAL(olen, len);
+			CU_ASSERT_EQUAL(memcmp(out, mut, len), 0);
+		}
+	}
+	CU_ASSERT(accepted > 100);	/* the accepting path was exercised too */
+}
+
+/* ------------------------------------------------------------------------ */
+/* command codec */
+
+static void cmd_roundtrip(const struct rps__smap_cmd *c)
+{
+	uint8_t buf[RPS__SMAP_CMD_MAX];
+	struct rps__smap_cmd d;
+	size_t len = 0;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_cmd_encode(c, buf, sizeof(buf), &len), 0);
+	CU_ASSERT(len <= RPS__SMAP_CMD_MAX);
+	CU_ASSERT_EQUAL(memcmp(buf, "SMCD", 4), 0);
+	memset(&d, 0xee, sizeof(d));
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), 0);
+	CU_ASSERT_EQUAL(memcmp(c, &d, sizeof(d)), 0);
+	for (size_t l = 0; l < len; l++)
+		CU_ASSERT_EQUAL(cmd_decode_exact(buf, l, &d), -EBADMSG);
+	CU_ASSERT_EQUAL(rps__smap_cmd_encode(c, buf, len - 1, &len), -ENOSPC);
+}
+
+static void test_cmd_codec(void)
+{
+	struct rps__smap_cmd c, d;
+	uint8_t buf[RPS__SMAP_CMD_MAX + 8];
+	size_t len = 0;
+
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_ADD_MEMBER, .id = 12, .uri = "tcp://h:1" });
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_REMOVE_MEMBER, .id = UINT64_MAX });
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_MOVE_BEGIN, .part = 255, .from = 1, .to = 2,
+					       .epoch = 0x0102030405060708ull });
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_MOVE_COMMIT, .part = UINT32_MAX, .to = 3,
+					       .epoch = 9 });
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_MOVE_ABORT, .part = 1, .epoch = 1 });
+	/* the longest uri */
+	c = cmd_add(1, "");
+	memset(c.uri, 'q', RPS__SMAP_URI_MAX - 1);
+	cmd_roundtrip(&c);
+	CU_ASSERT_EQUAL(rps__smap_cmd_encode(&c, buf, sizeof(buf), &len), 0);
+	CU_ASSERT(len <= RPS__SMAP_CMD_MAX);
+	/* unterminated uri: refused by the encoder */
+	memset(c.uri, 'q', RPS__SMAP_URI_MAX);
+	CU_ASSERT_EQUAL(rps__smap_cmd_encode(&c, buf, sizeof(buf), &len), -EINVAL);
+
+	/* malformed: "SMCD" 0, version 4, type 6, part 10, id 14, from 22,
+	 * to 30, epoch 38, uri length 46, uri 48 */
+	c = cmd_add(7, "tcp://abc:9");
+	CU_ASSERT_EQUAL_FATAL(rps__smap_cmd_encode(&c, buf, sizeof(buf), &len), 0);
+	CU_ASSERT_EQUAL(len, 48 + strlen("tcp://abc:9"));
+	buf[len] = 0;
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len + 1, &d), -EBADMSG);	/* trailing byte */
+	buf[3] = 'X';
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
+	buf[3] = 'D';
+	buf[4] = 2;
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
+	buf[4] = 1;
+	buf[6] = 0;
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
+	buf[6] = 6;
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
+	buf[6] = 1;
+	buf[46] = 128;
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
+	buf[46] = 0xff;
+	buf[47] = 0xff;
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
+	buf[46] = (uint8_t)strlen("tcp://abc:9");
+	buf[47] = 0;
+	buf[50] = 0;		/* NUL inside the uri */
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
+	buf[50] = 'p';
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), 0);
+	CU_ASSERT_EQUAL(memcmp(&c, &d, sizeof(c)), 0);
+
+	/* garbage: never a crash; anything accepted re-encodes to itself */
+	for (int iter = 0; iter < 20000; iter++) {
+		uint8_t g[RPS__SMAP_CMD_MAX + 16], out[RPS__SMAP_CMD_MAX];
+		size_t n = (size_t)(rng() % sizeof(g)), olen = 0;
+
+		for (size_t i = 0; i < n; i++)
+			g[i] = (uint8_t)rng();
+		if (n >= 48 && (iter & 1)) {
+			memcpy(g, "SMCD\1\0", 6);
+			g[6] = (uint8_t)(rng() % 7);
+			g[7] = g[8] = g[9] = 0;
+			if (rng() & 1) {
+				g[46] = (uint8_t)(n - 48);
+				g[47] = 0;
+			}
+		}
+		if (cmd_decode_exact(g, n, &d) == 0) {
+			CU_ASSERT_EQUAL(rps__smap_cmd_encode(&d, out, sizeof(out), &olen), 0);
+			CU_ASSERT_EQUAL(olen, n);
+			CU_ASSERT_EQUAL(memcmp(out, g, n), 0);
+		}
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* printing */
+
+static void test_print(void)
+{
+	static struct rps__smap m;
+	static const char *const u[] = { "tcp://a:1", "x\"y\\z\n\x7f" };
+	const char *out;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init(&m, u, 2, 3), 0);
+	accept_cmd(&m, cmd_begin(2, 1, 2, 1));
+	m.applied = 1;
+	out = capture(rps__smap_print_json, &m);
+	CU_ASSERT_STRING_EQUAL(out,
+		"{\"applied\":1,\"partitions\":["
+		"{\"partition\":0,\"owner\":1,\"epoch\":1,\"moving_to\":0},"
+		"{\"partition\":1,\"owner\":2,\"epoch\":1,\"moving_to\":0},"
+		"{\"partition\":2,\"owner\":1,\"epoch\":1,\"moving_to\":2}],"
+		"\"members\":[{\"id\":1,\"uri\":\"tcp://a:1\"},"
+		"{\"id\":2,\"uri\":\"x\\\"y\\\\z\\u000a\\u007f\"}]}\n");
+
+	init3(&m, 16);
+	accept_cmd(&m, cmd_begin(7, 2, 3, 1));
+	accept_cmd(&m, cmd_begin(0, 1, 2, 1));
+	accept_cmd(&m, cmd_commit(0, 2, 1));
+	accept_cmd(&m, cmd_begin(0, 2, 3, 2));
+	accept_cmd(&m, cmd_commit(0, 3, 2));
+	/* 9 and 12 join member 3 under a newer epoch: a group of their own */
+	accept_cmd(&m, cmd_begin(9, 1, 3, 1));
+	accept_cmd(&m, cmd_commit(9, 3, 1));
+	accept_cmd(&m, cmd_begin(12, 1, 3, 1));
+	accept_cmd(&m, cmd_commit(12, 3, 1));
+	out = capture(rps__smap_print, &m);
+	CU_ASSERT(strstr(out, "tcp://10.0.0.1:7000") != NULL);
+	CU_ASSERT(strstr(out, "     1  tcp://10.0.0.1:7000  3\n") != NULL);
+	CU_ASSERT(strstr(out, "     2  tcp://10.0.0.2:7000  5\n") != NULL);
+	CU_ASSERT(strstr(out, "     3  tcp://10.0.0.3:7000  8\n") != NULL);
+	CU_ASSERT(strstr(out, "partition 0 -> member 3 (epoch 3)\n") != NULL);
+	CU_ASSERT(strstr(out, "partitions 1,4,10,13 -> member 2 (epoch 1)\n") != NULL);
+	CU_ASSERT(strstr(out, "partitions 2,5,8,11,14 -> member 3 (epoch 1)\n") != NULL);
+	CU_ASSERT(strstr(out, "partitions 3,6,15 -> member 1 (epoch 1)\n") != NULL);
+	CU_ASSERT(strstr(out, "partition 7 -> member 2, moving to 3 (epoch 1)\n") != NULL);
+	CU_ASSERT(strstr(out, "partitions 9,12 -> member 3 (epoch 2)\n") != NULL);
+
+	init3(&m, 40);
+	m.nmembers = 1;		/* a one-member map prints its partitions as one range */
+	memset(&m.members[1], 0, 2 * sizeof(m.members[0]));
+	for (uint32_t p = 0; p < m.npart; p++)
+		m.parts[p].owner = 1;
+	out = capture(rps__smap_print, &m);
+	CU_ASSERT(strstr(out, "\npartitions 0-39 -> member 1 (epoch 1)\n") != NULL);
+	m.parts[5].epoch = 2;
+	m.parts[39].epoch = 2;
+	out = capture(rps__smap_print, &m);
+	CU_ASSERT(strstr(out, "\npartitions 0-4,6-38 -> member 1 (epoch 1)\n") != NULL);
+	CU_ASSERT(strstr(out, "\npartitions 5,39 -> member 1 (epoch 2)\n") != NULL);
+}
+
+/* ------------------------------------------------------------------------ */
+/* determinism */
+
+static uint64_t pick_member(const struct rps__smap *m)
+{
+	if (rng() % 10 == 0)
+		return rng() % (m->max_id + 3);
+	return m->members[rng() % m->nmembers].id;
+}
+
+/* A command that is plausible given m most of the time and wrong in some
+ * way the rest of the time. */
+static struct rps__smap_cmd random_cmd(const struct rps__smap *m)
+{
+	struct rps__smap_cmd c;
+	unsigned t = (unsigned)(rng() % 100);
+	uint32_t part = (uint32_t)(rng() % m->npart);
+	const struct rps__smap_part *p;
+	uint64_t epoch;
+
+	if (rng() % 25 == 0)
+		part = m->npart + (uint32_t)(rng() % 3);
+	p = part < m->npart ? &m->parts[part] : &m->parts[0];
+	epoch = p->epoch;
+	if (rng() % 6 == 0)
+		epoch = epoch + (rng() % 3) - 1;
+	if (t < 2) {
+		c = cmd_abort(part, epoch);
+		c.type = (rng() & 1) ? 0 : 6 + (uint32_t)(rng() % 10);
+	} else if (t < 12) {
+		char uri[64];
+		uint64_t id = m->max_id + 1;
+
+		if (rng() % 5 == 0)
+			id = pick_member(m);
+		snprintf(uri, sizeof(uri), "tcp://10.0.0.%u:7000", (unsigned)(rng() % 24));
+		c = cmd_add(id, rng() % 30 ? uri : "");
+	} else if (t < 22) {
+		c = cmd_remove(pick_member(m));
+	} else if (t < 55) {
+		uint64_t from = rng() % 6 ? p->owner : pick_member(m);
+
+		c = cmd_begin(part, from, pick_member(m), epoch);
+	} else if (t < 85) {
+		c = cmd_commit(part, p->moving_to && rng() % 6 ? p->moving_to : pick_member(m), epoch);
+	} else {
+		c = cmd_abort(part, epoch);
+	}
+	return c;
+}
+
+static void test_determinism(void)
+{
+	static const char *const u4[] = { "tcp://10.0.0.1:7000", "tcp://10.0.0.2:7000", "tcp://10.0.0.3:7000",
+					  "tcp://10.0.0.4:7000" };
+	static struct rps__smap a, b, prev, d;
+	static uint8_t enc[RPS__SMAP_ENC_MAX];
+	unsigned ok[7] = { 0 }, refused[7] = { 0 };
+	uint64_t index = 0;
+
+	memset(&a, 0x11, sizeof(a));
+	memset(&b, 0x22, sizeof(b));
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init(&a, u4, 4, 24), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init(&b, u4, 4, 24), 0);
+	CU_ASSERT_EQUAL_FATAL(memcmp(&a, &b, sizeof(a)), 0);
+
+	for (int step = 0; step < 5000; step++) {
+		struct rps__smap_cmd c = random_cmd(&a), cb;
+		uint8_t wire[RPS__SMAP_CMD_MAX];
+		size_t wlen = 0;
+		int rc_check, rc_a, rc_b;
+		const char *why;
+
+		index += 1 + rng() % 3;	/* Raft indexes may skip (conf changes, no-ops) */
+		memcpy(&prev, &a, sizeof(a));
+		rc_check = rps__smap_check(&a, &c);
+		rc_a = rps__smap_apply(&a, index, &c);
+		/* replica b gets the command through the wire format when it has one */
+		if (rps__smap_cmd_encode(&c, wire, sizeof(wire), &wlen) == 0 &&
+		    rps__smap_cmd_decode(wire, wlen, &cb) == 0) {
+			CU_ASSERT_EQUAL(memcmp(&cb, &c, sizeof(c)), 0);
+		} else {
+			cb = c;
+		}
+		rc_b = rps__smap_apply(&b, index, &cb);
+		CU_ASSERT_EQUAL(rc_check, rc_a);
+		CU_ASSERT_EQUAL(rc_a, rc_b);
+		CU_ASSERT_EQUAL(a.applied, index);
+		CU_ASSERT_EQUAL_FATAL(memcmp(&a, &b, sizeof(a)), 0);
+		why = invariant_broken(&a);
+		if (why)
+			fprintf(stderr, "step %d: %s\n", step, why);
+		CU_ASSERT_PTR_NULL_FATAL(why);
+		for (uint32_t p = 0; p < a.npart; p++) {
+			CU_ASSERT(a.parts[p].epoch >= prev.parts[p].epoch);
+			/* the owner changes only with a new epoch */
+			if (a.parts[p].owner != prev.parts[p].owner)
+				CU_ASSERT_EQUAL(a.parts[p].epoch, prev.parts[p].epoch + 1);
+		}
+		CU_ASSERT(a.max_id >= prev.max_id);
+		if (rc_a) {
+			prev.applied = index;
+			CU_ASSERT_EQUAL(memcmp(&prev, &a, sizeof(a)), 0);
+		}
+		if (c.type <= 6)
+			(rc_a ? refused : ok)[c.type]++;
+		if (step % 97 == 0) {
+			size_t len = 0;
+
+			CU_ASSERT_EQUAL(rps__smap_encode(&a, enc, sizeof(enc), &len), 0);
+			CU_ASSERT_EQUAL(rps__smap_decode(enc, len, &d), 0);
+			CU_ASSERT_EQUAL(memcmp(&a, &d, sizeof(a)), 0);
+		}
+	}
+	/* the walk went everywhere: every type both accepted and refused */
+	for (unsigned t = RPS__SMAP_ADD_MEMBER; t <= RPS__SMAP_MOVE_ABORT; t++) {
+		CU_ASSERT(ok[t] >= 10);
+		CU_ASSERT(refused[t] >= 10);
+	}
+	CU_ASSERT_EQUAL(ok[0], 0);
+	CU_ASSERT_EQUAL(ok[6], 0);
+}
+
+int main(void)
+{
+	CU_pSuite s;
+	unsigned failed;
+
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	s = CU_add_suite("smap", NULL, NULL);
+	CU_add_test(s, "bootstrap placement and limits", test_init);
+	CU_add_test(s, "partition of a shard", test_part_of);
+	CU_add_test(s, "add member: accepted and refused", test_add_member);
+	CU_add_test(s, "remove member: only when it owns nothing", test_remove_member);
+	CU_add_test(s, "move begin and commit", test_move_commit);
+	CU_add_test(s, "move abort", test_move_abort);
+	CU_add_test(s, "messages, names and replayed indexes", test_messages);
+	CU_add_test(s, "map round-trips byte-identical", test_map_roundtrip);
+	CU_add_test(s, "map truncation and flipped bits refused", test_map_truncated_and_flipped);
+	CU_add_test(s, "map with invalid content refused", test_map_invalid_content);
+	CU_add_test(s, "map garbage never crashes", test_map_garbage);
+	CU_add_test(s, "command codec", test_cmd_codec);
+	CU_add_test(s, "table and JSON output", test_print);
+	CU_add_test(s, "replicas stay identical under random commands", test_determinism);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	failed = CU_get_number_of_failures();
+	CU_cleanup_registry();
+	return failed ? 1 : 0;
+}
