@@ -1,0 +1,1003 @@
+/*
+ * test_rnode.c - unit tests of the Raft node (src/rnode.c): the core driven
+ * over a real write-ahead log per node, in an in-process cluster.
+ *
+ * Every node has its own WAL directory under one mkdtemp directory, and a
+ * state machine that is an append-only list of the payloads it applied.
+ * Messages go through one in-memory FIFO queue: the send callback appends a
+ * copy, the test loop ticks every node and delivers the queue until it is
+ * empty.  A node can be cut off (its messages, both ways, are dropped) or
+ * closed and reopened from its directory (a crash: memory is lost, the WAL
+ * stays).  The tests check exact outcomes: one leader, the same payloads in
+ * the same order exactly once everywhere, replay without double applies,
+ * catching up through a snapshot, a learner joining, leadership transfer,
+ * ReadIndex, and refusal of corrupted messages.
+ */
+#include "config.h"
+#include "rnode.h"
+#include "common.h"
+
+#include <CUnit/Basic.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAXN 4u			/* node ids 1..MAXN */
+#define PAYLOAD_MAX 16u
+
+struct item {
+	uint64_t index;
+	uint32_t len;
+	char data[PAYLOAD_MAX];
+};
+
+struct tnode {
+	uint64_t id;
+	struct rps__rnode *rn;
+	char dir[256];
+	bool up;
+	bool cut;
+	unsigned incarnation;
+
+	/* the state machine */
+	struct item *items;
+	size_t n_items;
+	size_t cap_items;
+	uint64_t last_index;		/* applied or restored up to */
+
+	/* callback counters, reset when the node (re)opens */
+	unsigned applies;
+	unsigned order_errors;		/* apply at or below last_index */
+	unsigned restores;
+	uint64_t restore_index;
+	size_t restore_len;
+	size_t restore_items;		/* items the last restore produced */
+	unsigned conf_changes;
+	enum rps__raft_conf_op conf_ops[8];
+	uint64_t conf_nodes[8];
+	unsigned role_changes;
+	enum rps__raft_role last_role;
+	uint64_t last_leader;
+	unsigned reads;
+	uint64_t read_ctx;
+	uint64_t read_index;
+	uint64_t read_applied;		/* last_index when read_ready came */
+};
+
+struct qmsg {
+	uint64_t from;
+	uint64_t to;
+	uint8_t *buf;
+	size_t len;
+};
+
+static char base[64];
+static struct tnode nodes[MAXN + 1];
+static const uint64_t peers3[] = { 1, 2, 3 };
+static struct qmsg *queue;
+static size_t q_head, q_n, q_cap;
+static unsigned cfg_compact;
+static enum rps__wal_fsync cfg_fsync;
+static unsigned next_payload;
+
+/* ---- the state machine and the callbacks ---------------------------------- */
+
+static void sm_clear(struct tnode *t)
+{
+	t->n_items = 0;
+	t->last_index = 0;
+}
+
+static void sm_push(struct tnode *t, uint64_t index, const void *data, size_t len)
+{
+	struct item *it;
+
+	if (t->n_items == t->cap_items) {
+		t->cap_items = t->cap_items ? 2 * t->cap_items : 64;
+		t->items = realloc(t->items, t->cap_items * sizeof(*t->items));
+		if (!t->items)
+			abort();
+	}
+	it = &t->items[t->n_items++];
+	memset(it, 0, sizeof(*it));
+	it->index = index;
+	it->len = (uint32_t)(len < PAYLOAD_MAX ? len : PAYLOAD_MAX);
+	memcpy(it->data, data, it->len);
+}
+
+static int cb_send(void *ctx, uint64_t to, const void *buf, size_t len)
+{
+	struct tnode *t = ctx;
+	uint8_t *copy = malloc(len);
+
+	if (!copy)
+		abort();
+	memcpy(copy, buf, len);
+	if (q_n == q_cap) {
+		q_cap = q_cap ? 2 * q_cap : 256;
+		queue = realloc(queue, q_cap * sizeof(*queue));
+		if (!queue)
+			abort();
+	}
+	queue[q_n++] = (struct qmsg){ .from = t->id, .to = to, .buf = copy, .len = len };
+	return 0;
+}
+
+static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data, size_t len)
+{
+	struct tnode *t = ctx;
+
+	(void)term;
+	if (index <= t->last_index)
+		t->order_errors++;
+	t->applies++;
+	t->last_index = index;
+	sm_push(t, index, data, len);
+}
+
+static void cb_conf_change(void *ctx, uint64_t index, enum rps__raft_conf_op op, uint64_t node)
+{
+	struct tnode *t = ctx;
+
+	if (index <= t->last_index)
+		t->order_errors++;
+	t->last_index = index;
+	if (t->conf_changes < 8) {
+		t->conf_ops[t->conf_changes] = op;
+		t->conf_nodes[t->conf_changes] = node;
+	}
+	t->conf_changes++;
+}
+
+/* Snapshot format (test only, host byte order): u64 count, then per item
+ * u64 index, u32 len, len bytes. */
+static int cb_snapshot(void *ctx, void **data, size_t *len)
+{
+	struct tnode *t = ctx;
+	size_t size = 8, off = 8;
+	uint8_t *p;
+	uint64_t count = t->n_items;
+
+	for (size_t i = 0; i < t->n_items; i++)
+		size += 12 + t->items[i].len;
+	p = malloc(size);
+	if (!p)
+		return -ENOMEM;
+	memcpy(p, &count, 8);
+	for (size_t i = 0; i < t->n_items; i++) {
+		memcpy(p + off, &t->items[i].index, 8);
+		memcpy(p + off + 8, &t->items[i].len, 4);
+		memcpy(p + off + 12, t->items[i].data, t->items[i].len);
+		off += 12 + t->items[i].len;
+	}
+	*data = p;
+	*len = size;
+	return 0;
+}
+
+static int cb_restore(void *ctx, uint64_t index, const void *data, size_t len)
+{
+	struct tnode *t = ctx;
+	const uint8_t *p = data;
+	uint64_t count;
+	size_t off = 8;
+
+	t->restores++;
+	t->restore_index = index;
+	t->restore_len = len;
+	sm_clear(t);
+	t->last_index = index;
+	if (len == 0) {
+		t->restore_items = 0;
+		return 0;
+	}
+	if (len < 8)
+		return -EINVAL;
+	memcpy(&count, p, 8);
+	for (uint64_t i = 0; i < count; i++) {
+		uint64_t idx;
+		uint32_t ilen;
+
+		if (off + 12 > len)
+			return -EINVAL;
+		memcpy(&idx, p + off, 8);
+		memcpy(&ilen, p + off + 8, 4);
+		if (ilen > PAYLOAD_MAX || off + 12 + ilen > len)
+			return -EINVAL;
+		sm_push(t, idx, p + off + 12, ilen);
+		off += 12 + ilen;
+	}
+	t->restore_items = t->n_items;
+	return off == len ? 0 : -EINVAL;
+}
+
+static void cb_read_ready(void *ctx, uint64_t read_ctx, uint64_t index)
+{
+	struct tnode *t = ctx;
+
+	t->reads++;
+	t->read_ctx = read_ctx;
+	t->read_index = index;
+	t->read_applied = t->last_index;
+}
+
+static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term)
+{
+	struct tnode *t = ctx;
+
+	(void)term;
+	t->role_changes++;
+	t->last_role = role;
+	t->last_leader = leader;
+}
+
+/* ---- the cluster ----------------------------------------------------------- */
+
+static void rm_tree(const char *path)
+{
+	DIR *d = opendir(path);
+	struct dirent *de;
+
+	if (!d)
+		return;
+	while ((de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			unlinkat(dirfd(d), de->d_name, 0);
+	closedir(d);
+	rmdir(path);
+}
+
+static void setup(void)
+{
+	strcpy(base, "/tmp/test_rnode.XXXXXX");
+	if (!mkdtemp(base)) {
+		perror("mkdtemp");
+		exit(1);
+	}
+	memset(nodes, 0, sizeof(nodes));
+	for (uint64_t id = 1; id <= MAXN; id++) {
+		nodes[id].id = id;
+		snprintf(nodes[id].dir, sizeof(nodes[id].dir), "%s/node%llu", base, (unsigned long long)id);
+	}
+	q_head = q_n = 0;
+	cfg_compact = 0;
+	cfg_fsync = RPS__WAL_FSYNC_NONE;
+	next_payload = 0;
+}
+
+static void queue_clear(void)
+{
+	for (size_t i = q_head; i < q_n; i++)
+		free(queue[i].buf);
+	q_head = q_n = 0;
+}
+
+static void teardown(void)
+{
+	for (uint64_t id = 1; id <= MAXN; id++) {
+		rps__rnode_close(nodes[id].rn);
+		free(nodes[id].items);
+		rm_tree(nodes[id].dir);
+	}
+	memset(nodes, 0, sizeof(nodes));
+	queue_clear();
+	free(queue);
+	queue = NULL;
+	q_cap = 0;
+	rmdir(base);
+}
+
+/* Open (or reopen after a crash) node id; a bootstrap node gets peers3. */
+static int open_node(uint64_t id, bool bootstrap)
+{
+	struct tnode *t = &nodes[id];
+	struct rps__rnode_config cfg = {
+		.id = id,
+		.peers = bootstrap ? peers3 : NULL,
+		.n_peers = bootstrap ? 3 : 0,
+		.dir = t->dir,
+		.fsync = cfg_fsync,
+		.compact_every = cfg_compact,
+		.seed = id * 1000 + t->incarnation,
+		.cb = {
+			.send = cb_send,
+			.apply = cb_apply,
+			.conf_change = cb_conf_change,
+			.restore = cb_restore,
+			.snapshot = cb_snapshot,
+			.read_ready = cb_read_ready,
+			.role_change = cb_role_change,
+			.ctx = t,
+		},
+	};
+	int err;
+
+	/* a fresh process: the state machine and the counters start empty */
+	sm_clear(t);
+	t->applies = t->order_errors = t->restores = t->conf_changes = t->role_changes = t->reads = 0;
+	t->restore_index = t->restore_len = t->restore_items = 0;
+	t->last_role = RPS__RAFT_FOLLOWER;
+	t->last_leader = 0;
+	t->incarnation++;
+	err = rps__rnode_open(&cfg, &t->rn);
+	t->up = err == 0;
+	return err;
+}
+
+static void close_node(uint64_t id)
+{
+	rps__rnode_close(nodes[id].rn);
+	nodes[id].rn = NULL;
+	nodes[id].up = false;
+}
+
+static bool linked(uint64_t from, uint64_t to)
+{
+	return to >= 1 && to <= MAXN && nodes[to].up && !nodes[to].cut && !nodes[from].cut;
+}
+
+static void deliver(void)
+{
+	while (q_head < q_n) {
+		struct qmsg m = queue[q_head++];
+
+		if (linked(m.from, m.to)) {
+			CU_ASSERT_EQUAL(rps__rnode_recv(nodes[m.to].rn, m.buf, m.len), 0);
+			CU_ASSERT_EQUAL(rps__rnode_process(nodes[m.to].rn), 0);
+		}
+		free(m.buf);
+	}
+	q_head = q_n = 0;
+}
+
+static void run(unsigned ticks)
+{
+	deliver();
+	for (unsigned k = 0; k < ticks; k++) {
+		for (uint64_t id = 1; id <= MAXN; id++)
+			if (nodes[id].up) {
+				CU_ASSERT_EQUAL(rps__rnode_tick(nodes[id].rn), 0);
+				CU_ASSERT_EQUAL(rps__rnode_process(nodes[id].rn), 0);
+			}
+		deliver();
+	}
+}
+
+/* The one leader every connected node agrees on, or 0. */
+static uint64_t agreed_leader(void)
+{
+	uint64_t leader = 0;
+	unsigned leaders = 0;
+
+	for (uint64_t id = 1; id <= MAXN; id++)
+		if (nodes[id].up && !nodes[id].cut && rps__rnode_is_leader(nodes[id].rn)) {
+			leader = id;
+			leaders++;
+		}
+	if (leaders != 1)
+		return 0;
+	for (uint64_t id = 1; id <= MAXN; id++)
+		if (nodes[id].up && !nodes[id].cut && rps__rnode_leader(nodes[id].rn) != leader)
+			return 0;
+	return leader;
+}
+
+static uint64_t wait_leader(void)
+{
+	for (unsigned k = 0; k < 500; k++) {
+		uint64_t l = agreed_leader();
+
+		if (l)
+			return l;
+		run(1);
+	}
+	return 0;
+}
+
+/* Wait until every connected node applied count payloads. */
+static bool wait_items(size_t count)
+{
+	for (unsigned k = 0; k < 200; k++) {
+		bool all = true;
+
+		for (uint64_t id = 1; id <= MAXN; id++)
+			if (nodes[id].up && !nodes[id].cut && nodes[id].n_items != count)
+				all = false;
+		if (all)
+			return true;
+		run(1);
+	}
+	return false;
+}
+
+static int propose(uint64_t id)
+{
+	char p[PAYLOAD_MAX];
+	int n = snprintf(p, sizeof(p), "p%u", next_payload);
+	int err = rps__rnode_propose(nodes[id].rn, p, (size_t)n, NULL, NULL);
+
+	if (err == 0)
+		next_payload++;
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[id].rn), 0);
+	return err;
+}
+
+/* The node applied exactly p0, p1, ... p(count-1), in order, at increasing
+ * indices, each once. */
+static bool has_sequence(const struct tnode *t, size_t count)
+{
+	if (t->n_items != count)
+		return false;
+	for (size_t i = 0; i < count; i++) {
+		char p[PAYLOAD_MAX];
+		int n = snprintf(p, sizeof(p), "p%zu", i);
+
+		if (t->items[i].len != (uint32_t)n || memcmp(t->items[i].data, p, (size_t)n) != 0)
+			return false;
+		if (i && t->items[i].index <= t->items[i - 1].index)
+			return false;
+	}
+	return true;
+}
+
+static bool same_items(const struct tnode *a, const struct tnode *b)
+{
+	if (a->n_items != b->n_items)
+		return false;
+	for (size_t i = 0; i < a->n_items; i++)
+		if (a->items[i].index != b->items[i].index || a->items[i].len != b->items[i].len ||
+		    memcmp(a->items[i].data, b->items[i].data, a->items[i].len) != 0)
+			return false;
+	return true;
+}
+
+static void start_cluster(void)
+{
+	for (uint64_t id = 1; id <= 3; id++)
+		CU_ASSERT_EQUAL_FATAL(open_node(id, true), 0);
+}
+
+static uint64_t other_than(uint64_t a, uint64_t b)
+{
+	for (uint64_t id = 1; id <= 3; id++)
+		if (id != a && id != b)
+			return id;
+	return 0;
+}
+
+static size_t count_files(const char *dir, const char *prefix)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	size_t n = 0;
+
+	if (!d)
+		return 0;
+	while ((de = readdir(d)))
+		if (!strncmp(de->d_name, prefix, strlen(prefix)))
+			n++;
+	closedir(d);
+	return n;
+}
+
+/* ---- tests ----------------------------------------------------------------- */
+
+static void test_bootstrap_and_election(void)
+{
+	uint64_t l;
+	unsigned leaders = 0;
+
+	start_cluster();
+	/* open made the bootstrap snapshot durable and handed it to restore */
+	for (uint64_t id = 1; id <= 3; id++) {
+		struct rps__raft_status st;
+
+		CU_ASSERT_EQUAL(nodes[id].restores, 1);
+		CU_ASSERT_EQUAL(nodes[id].restore_index, 1);
+		CU_ASSERT_EQUAL(nodes[id].restore_len, 0);
+		CU_ASSERT_EQUAL(nodes[id].applies, 0);
+		CU_ASSERT_EQUAL(count_files(nodes[id].dir, "snap-"), 1);
+		CU_ASSERT_STRING_EQUAL(rps__rnode_recovery_note(nodes[id].rn), "");
+		rps__rnode_status(nodes[id].rn, &st);
+		CU_ASSERT_EQUAL(st.conf.n_voters, 3);
+		CU_ASSERT_EQUAL(st.commit, 1);
+		CU_ASSERT_EQUAL(st.applied, 1);
+	}
+	CU_ASSERT_EQUAL(agreed_leader(), 0);
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	run(5);
+	CU_ASSERT_EQUAL(agreed_leader(), l);
+	/* role_change told everyone */
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT(nodes[id].role_changes >= 1);
+		CU_ASSERT_EQUAL(nodes[id].last_leader, l);
+		CU_ASSERT_EQUAL(nodes[id].last_role, id == l ? RPS__RAFT_LEADER : RPS__RAFT_FOLLOWER);
+		if (nodes[id].last_role == RPS__RAFT_LEADER)
+			leaders++;
+		CU_ASSERT_EQUAL(rps__rnode_is_leader(nodes[id].rn), id == l);
+	}
+	CU_ASSERT_EQUAL(leaders, 1);
+	/* the leader's no-op entry commits but is not applied */
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_EQUAL(nodes[id].applies, 0);
+		CU_ASSERT_EQUAL(nodes[id].order_errors, 0);
+	}
+}
+
+static void check_proposals(unsigned count)
+{
+	uint64_t l, f;
+	struct rps__raft_status st;
+	uint64_t index, term;
+
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	f = other_than(l, 0);
+	CU_ASSERT_EQUAL(rps__rnode_propose(nodes[f].rn, "x", 1, NULL, NULL), -EPERM);
+	for (unsigned i = 0; i < count; i++) {
+		CU_ASSERT_EQUAL(propose(l), 0);
+		if (i % 7 == 3)
+			run(1);		/* some batches, some single entries */
+	}
+	CU_ASSERT_TRUE(wait_items(count));
+	run(3);
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], count));
+		CU_ASSERT_EQUAL(nodes[id].applies, count);
+		CU_ASSERT_EQUAL(nodes[id].order_errors, 0);
+		CU_ASSERT_TRUE(same_items(&nodes[id], &nodes[l]));
+	}
+	/* index/term of a proposal name the entry that committed there */
+	CU_ASSERT_EQUAL(rps__rnode_propose(nodes[l].rn, "last", 4, &index, &term), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[l].rn), 0);
+	run(2);
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_EQUAL(nodes[id].n_items, count + 1);
+		CU_ASSERT_EQUAL(nodes[id].items[count].index, index);
+		CU_ASSERT_EQUAL(rps__rnode_term_at(nodes[id].rn, index), term);
+		rps__rnode_status(nodes[id].rn, &st);
+		CU_ASSERT_EQUAL(st.applied, index);
+	}
+	CU_ASSERT_EQUAL(rps__rnode_term_at(nodes[l].rn, index + 100), 0);
+}
+
+static void test_proposals_commit_everywhere(void)
+{
+	check_proposals(40);
+}
+
+static void test_proposals_fsync_always(void)
+{
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	check_proposals(10);
+}
+
+static void test_restart_replays_once(void)
+{
+	uint64_t l, l2;
+	struct tnode saved[MAXN + 1];
+
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	for (unsigned i = 0; i < 10; i++)
+		CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_TRUE(wait_items(10));
+
+	/* the leader crashes; the other two elect a leader and go on */
+	close_node(l);
+	l2 = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l2, 0);
+	CU_ASSERT_NOT_EQUAL(l2, l);
+	for (unsigned i = 0; i < 3; i++)
+		CU_ASSERT_EQUAL(propose(l2), 0);
+	CU_ASSERT_TRUE(wait_items(13));
+	CU_ASSERT_EQUAL(nodes[l].n_items, 10);
+
+	/* then the rest crash too, and everyone comes back from disk */
+	for (uint64_t id = 1; id <= 3; id++)
+		if (nodes[id].up)
+			close_node(id);
+	memcpy(saved, nodes, sizeof(saved));
+	for (uint64_t id = 1; id <= 3; id++) {
+		/* the item arrays are reused by the reopened node: compare
+		 * against copies of the contents */
+		saved[id].items = malloc(nodes[id].n_items * sizeof(struct item) + 1);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(saved[id].items);
+		memcpy(saved[id].items, nodes[id].items, nodes[id].n_items * sizeof(struct item));
+		CU_ASSERT_EQUAL(open_node(id, true), 0);
+	}
+	for (uint64_t id = 1; id <= 3; id++) {
+		size_t want = id == l ? 10 : 13;
+
+		/* restore (the bootstrap state), then every committed entry
+		 * exactly once, before open returned */
+		CU_ASSERT_EQUAL(nodes[id].restores, 1);
+		CU_ASSERT_EQUAL(nodes[id].restore_index, 1);
+		CU_ASSERT_EQUAL(nodes[id].restore_len, 0);
+		CU_ASSERT_EQUAL(nodes[id].applies, want);
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], want));
+		CU_ASSERT_TRUE(same_items(&nodes[id], &saved[id]));
+		free(saved[id].items);
+	}
+	/* processing does not apply anything again */
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_EQUAL(rps__rnode_process(nodes[id].rn), 0);
+		CU_ASSERT_EQUAL(nodes[id].applies, id == l ? 10u : 13u);
+	}
+	CU_ASSERT_EQUAL(q_n, 0);	/* nothing sent before the first tick */
+
+	/* the cluster continues */
+	l2 = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l2, 0);
+	for (unsigned i = 0; i < 5; i++)
+		CU_ASSERT_EQUAL(propose(l2), 0);
+	CU_ASSERT_TRUE(wait_items(18));
+	run(3);
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 18));
+		CU_ASSERT_EQUAL(nodes[id].applies, 18);
+		CU_ASSERT_EQUAL(nodes[id].restores, 1);
+		CU_ASSERT_EQUAL(nodes[id].order_errors, 0);
+	}
+}
+
+static void test_compaction_and_snapshot_catch_up(void)
+{
+	uint64_t l, c, f;
+	struct rps__raft_status st;
+	size_t before;
+	uint64_t snap_index;
+
+	cfg_compact = 8;
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	c = other_than(l, 0);
+	f = other_than(l, c);
+	for (unsigned i = 0; i < 3; i++)
+		CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_TRUE(wait_items(3));
+
+	/* c is cut off while 30 more commit and the others compact */
+	nodes[c].cut = true;
+	for (unsigned i = 0; i < 30; i++) {
+		CU_ASSERT_EQUAL(propose(l), 0);
+		run(1);
+	}
+	CU_ASSERT_TRUE(wait_items(33));
+	CU_ASSERT_EQUAL(nodes[c].n_items, 3);
+	rps__rnode_status(nodes[l].rn, &st);
+	CU_ASSERT(st.snapshot_index >= 8 + 1);
+	CU_ASSERT(st.applied - st.snapshot_index < 8);
+	snap_index = st.snapshot_index;
+	rps__rnode_status(nodes[f].rn, &st);
+	CU_ASSERT(st.snapshot_index >= 8 + 1);
+	/* the WAL keeps two snapshots; the bootstrap one is gone */
+	CU_ASSERT_EQUAL(count_files(nodes[l].dir, "snap-"), 2);
+	CU_ASSERT_EQUAL(count_files(nodes[l].dir, "snap-0000000000000001-"), 0);
+	CU_ASSERT_EQUAL(nodes[c].restores, 1);
+
+	/* back: the leader's log no longer reaches c's, so a snapshot */
+	nodes[c].cut = false;
+	CU_ASSERT_TRUE(wait_items(33));
+	run(3);
+	CU_ASSERT_EQUAL(nodes[c].restores, 2);
+	CU_ASSERT_EQUAL(nodes[c].restore_index, snap_index);
+	CU_ASSERT(nodes[c].restore_len > 0);
+	/* the snapshot held what the leader applied up to it, the entries
+	 * after it were applied one by one */
+	CU_ASSERT(nodes[c].restore_items > 3);
+	CU_ASSERT_EQUAL(nodes[c].applies, 3 + (33 - nodes[c].restore_items));
+	CU_ASSERT(nodes[c].items[nodes[c].restore_items - 1].index <= snap_index);
+	if (nodes[c].restore_items < 33)
+		CU_ASSERT(nodes[c].items[nodes[c].restore_items].index > snap_index);
+	CU_ASSERT_EQUAL(nodes[c].order_errors, 0);
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 33));
+		CU_ASSERT_TRUE(same_items(&nodes[id], &nodes[l]));
+	}
+
+	/* more entries flow normally to c */
+	before = nodes[c].applies;
+	for (unsigned i = 0; i < 4; i++)
+		CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_TRUE(wait_items(37));
+	CU_ASSERT_EQUAL(nodes[c].applies, before + 4);
+	CU_ASSERT_EQUAL(nodes[c].restores, 2);
+
+	/* c restarts from its WAL: its snapshot, then the rest */
+	rps__rnode_status(nodes[c].rn, &st);
+	snap_index = st.snapshot_index;
+	close_node(c);
+	CU_ASSERT_EQUAL(open_node(c, true), 0);
+	CU_ASSERT_EQUAL(nodes[c].restores, 1);
+	CU_ASSERT_EQUAL(nodes[c].restore_index, snap_index);
+	CU_ASSERT(nodes[c].restore_len > 0);
+	CU_ASSERT_EQUAL(nodes[c].applies, 37 - nodes[c].restore_items);
+	CU_ASSERT_TRUE(has_sequence(&nodes[c], 37));
+	run(5);
+	CU_ASSERT_TRUE(has_sequence(&nodes[c], 37));
+	CU_ASSERT_EQUAL(nodes[c].order_errors, 0);
+}
+
+static void test_learner_joins_and_is_promoted(void)
+{
+	uint64_t l, idx = 0;
+	struct rps__raft_status st;
+	int err = -EAGAIN;
+
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	for (unsigned i = 0; i < 5; i++)
+		CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_TRUE(wait_items(5));
+
+	/* a fresh node with no peers: it waits for the leader */
+	CU_ASSERT_EQUAL_FATAL(open_node(4, false), 0);
+	CU_ASSERT_EQUAL(nodes[4].restores, 0);
+	rps__rnode_status(nodes[4].rn, &st);
+	CU_ASSERT_EQUAL(st.conf.n_voters, 0);
+	CU_ASSERT_FALSE(st.promotable);
+	CU_ASSERT_EQUAL(rps__rnode_campaign(nodes[4].rn), -EPERM);
+
+	CU_ASSERT_EQUAL(rps__rnode_conf_change(nodes[l].rn, RPS__RAFT_CONF_ADD_LEARNER, 4, &idx), 0);
+	CU_ASSERT(idx > 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[l].rn), 0);
+	CU_ASSERT_TRUE(wait_items(5));
+	run(3);
+	/* the bootstrap snapshot from the leader, then the log */
+	CU_ASSERT_EQUAL(nodes[4].restores, 1);
+	CU_ASSERT_EQUAL(nodes[4].restore_index, 1);
+	CU_ASSERT_EQUAL(nodes[4].restore_len, 0);
+	CU_ASSERT_TRUE(has_sequence(&nodes[4], 5));
+	rps__rnode_status(nodes[4].rn, &st);
+	CU_ASSERT_TRUE(rps__raft_conf_is_learner(&st.conf, 4));
+	CU_ASSERT_FALSE(st.promotable);
+
+	for (unsigned k = 0; k < 50 && err == -EAGAIN; k++) {
+		err = rps__rnode_conf_change(nodes[l].rn, RPS__RAFT_CONF_PROMOTE, 4, NULL);
+		if (err == -EAGAIN)
+			run(1);
+	}
+	CU_ASSERT_EQUAL(err, 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[l].rn), 0);
+	run(3);
+	for (uint64_t id = 1; id <= 4; id++) {
+		rps__rnode_status(nodes[id].rn, &st);
+		CU_ASSERT_EQUAL(st.conf.n_voters, 4);
+		CU_ASSERT_EQUAL(st.conf.n_learners, 0);
+		CU_ASSERT_TRUE(rps__raft_conf_is_voter(&st.conf, 4));
+		/* both changes, in order, once */
+		CU_ASSERT_EQUAL(nodes[id].conf_changes, 2);
+		CU_ASSERT_EQUAL(nodes[id].conf_ops[0], RPS__RAFT_CONF_ADD_LEARNER);
+		CU_ASSERT_EQUAL(nodes[id].conf_nodes[0], 4);
+		CU_ASSERT_EQUAL(nodes[id].conf_ops[1], RPS__RAFT_CONF_PROMOTE);
+		CU_ASSERT_EQUAL(nodes[id].conf_nodes[1], 4);
+	}
+	rps__rnode_status(nodes[4].rn, &st);
+	CU_ASSERT_TRUE(st.promotable);
+
+	for (unsigned i = 0; i < 5; i++)
+		CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_TRUE(wait_items(10));
+	for (uint64_t id = 1; id <= 4; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 10));
+		CU_ASSERT_TRUE(same_items(&nodes[id], &nodes[l]));
+		CU_ASSERT_EQUAL(nodes[id].order_errors, 0);
+	}
+	CU_ASSERT_EQUAL(nodes[4].applies, 10);
+	/* a quorum of the four without the old leader elects one */
+	close_node(l);
+	CU_ASSERT_NOT_EQUAL(wait_leader(), 0);
+	CU_ASSERT_NOT_EQUAL(agreed_leader(), l);
+}
+
+static void test_transfer_leader(void)
+{
+	uint64_t l, t;
+
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_TRUE(wait_items(1));
+	t = other_than(l, 0);
+	CU_ASSERT_EQUAL(rps__rnode_transfer_leader(nodes[t].rn, l), -EPERM);
+	CU_ASSERT_EQUAL(rps__rnode_transfer_leader(nodes[l].rn, 9), -EINVAL);
+	CU_ASSERT_EQUAL(rps__rnode_transfer_leader(nodes[l].rn, t), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[l].rn), 0);
+	deliver();
+	CU_ASSERT_EQUAL(agreed_leader(), t);
+	run(3);
+	CU_ASSERT_EQUAL(agreed_leader(), t);
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_EQUAL(nodes[id].last_leader, t);
+		CU_ASSERT_EQUAL(nodes[id].last_role, id == t ? RPS__RAFT_LEADER : RPS__RAFT_FOLLOWER);
+	}
+	CU_ASSERT_EQUAL(propose(l), -EPERM);
+	CU_ASSERT_EQUAL(propose(t), 0);
+	CU_ASSERT_TRUE(wait_items(2));
+	for (uint64_t id = 1; id <= 3; id++)
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 2));
+}
+
+static void test_read_index(void)
+{
+	uint64_t l, f;
+
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	for (unsigned i = 0; i < 4; i++)
+		CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_TRUE(wait_items(4));
+	run(2);
+	f = other_than(l, 0);
+	CU_ASSERT_EQUAL(rps__rnode_read(nodes[l].rn, 0x100), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[l].rn), 0);
+	CU_ASSERT_EQUAL(rps__rnode_read(nodes[f].rn, 0x200), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[f].rn), 0);
+	run(2);
+	CU_ASSERT_EQUAL(nodes[l].reads, 1);
+	CU_ASSERT_EQUAL(nodes[l].read_ctx, 0x100);
+	CU_ASSERT_EQUAL(nodes[l].read_index, nodes[l].items[3].index);
+	CU_ASSERT(nodes[l].read_applied >= nodes[l].read_index);
+	CU_ASSERT_EQUAL(nodes[f].reads, 1);
+	CU_ASSERT_EQUAL(nodes[f].read_ctx, 0x200);
+	CU_ASSERT_EQUAL(nodes[f].read_index, nodes[l].items[3].index);
+	CU_ASSERT(nodes[f].read_applied >= nodes[f].read_index);
+
+	/* a follower that lags: the read index is past what it applied, so
+	 * the read waits until it has caught up (no ticks: no election) */
+	nodes[f].cut = true;
+	CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_EQUAL(propose(l), 0);
+	deliver();
+	CU_ASSERT_EQUAL(nodes[l].n_items, 6);
+	CU_ASSERT_EQUAL(nodes[f].n_items, 4);
+	nodes[f].cut = false;
+	CU_ASSERT_EQUAL(rps__rnode_read(nodes[f].rn, 0x300), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[f].rn), 0);
+	deliver();
+	run(2);
+	CU_ASSERT_EQUAL(nodes[f].reads, 2);
+	CU_ASSERT_EQUAL(nodes[f].read_ctx, 0x300);
+	CU_ASSERT_EQUAL(nodes[f].read_index, nodes[l].items[5].index);
+	CU_ASSERT(nodes[f].read_applied >= nodes[f].read_index);
+	CU_ASSERT_EQUAL(nodes[f].n_items, 6);
+}
+
+static void test_corrupted_message_refused(void)
+{
+	uint64_t l, f;
+	struct rps__raft_status a, b;
+	struct qmsg m = { 0 };
+	uint8_t *bad;
+
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_TRUE(wait_items(1));
+	run(2);
+	/* take an append carrying an entry out of the queue */
+	CU_ASSERT_EQUAL(propose(l), 0);
+	f = other_than(l, 0);
+	for (size_t i = q_head; i < q_n; i++)
+		if (queue[i].to == f) {
+			m = queue[i];
+			queue[i].to = 0;	/* delivered by hand below */
+			break;
+		}
+	CU_ASSERT_PTR_NOT_NULL_FATAL(m.buf);
+	bad = malloc(m.len + 1);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(bad);
+
+	rps__rnode_status(nodes[f].rn, &a);
+	memcpy(bad, m.buf, m.len);
+	CU_ASSERT_EQUAL(rps__rnode_recv(nodes[f].rn, bad, m.len - 1), -EBADMSG);	/* truncated */
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "malformed"));
+	bad[m.len] = 0;
+	CU_ASSERT_EQUAL(rps__rnode_recv(nodes[f].rn, bad, m.len + 1), -EBADMSG);	/* trailing byte */
+	bad[0] ^= 0x40;									/* version */
+	CU_ASSERT_EQUAL(rps__rnode_recv(nodes[f].rn, bad, m.len), -EBADMSG);
+	bad[0] ^= 0x40;
+	bad[1] = 0xee;									/* type */
+	CU_ASSERT_EQUAL(rps__rnode_recv(nodes[f].rn, bad, m.len), -EBADMSG);
+	CU_ASSERT_EQUAL(rps__rnode_recv(nodes[f].rn, bad, 0), -EBADMSG);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[f].rn), 0);
+	rps__rnode_status(nodes[f].rn, &b);
+	CU_ASSERT_EQUAL(a.term, b.term);
+	CU_ASSERT_EQUAL(a.vote, b.vote);
+	CU_ASSERT_EQUAL(a.commit, b.commit);
+	CU_ASSERT_EQUAL(a.applied, b.applied);
+	CU_ASSERT_EQUAL(a.last_index, b.last_index);
+	CU_ASSERT_EQUAL(a.role, b.role);
+	CU_ASSERT_EQUAL(a.leader, b.leader);
+	CU_ASSERT_EQUAL(nodes[f].n_items, 1);
+	for (size_t i = q_head; i < q_n; i++)
+		CU_ASSERT_NOT_EQUAL(queue[i].from, f);	/* nothing answered */
+
+	/* the intact message still works */
+	CU_ASSERT_EQUAL(rps__rnode_recv(nodes[f].rn, m.buf, m.len), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[f].rn), 0);
+	rps__rnode_status(nodes[f].rn, &b);
+	CU_ASSERT_EQUAL(b.last_index, a.last_index + 1);
+	free(bad);
+	CU_ASSERT_TRUE(wait_items(2));
+	for (uint64_t id = 1; id <= 3; id++)
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 2));
+}
+
+static void test_dir_in_use(void)
+{
+	struct rps__rnode *second = NULL;
+	struct rps__rnode_config cfg = {
+		.id = 1,
+		.peers = peers3,
+		.n_peers = 3,
+		.dir = nodes[1].dir,
+		.fsync = RPS__WAL_FSYNC_NONE,
+		.cb = {
+			.send = cb_send,
+			.apply = cb_apply,
+			.restore = cb_restore,
+			.snapshot = cb_snapshot,
+			.ctx = &nodes[4],
+		},
+	};
+
+	CU_ASSERT_EQUAL_FATAL(open_node(1, true), 0);
+	CU_ASSERT_EQUAL(rps__rnode_open(&cfg, &second), -EBUSY);
+	CU_ASSERT_PTR_NULL(second);
+	CU_ASSERT_NOT_EQUAL(rps__errbuf()[0], '\0');
+	/* the first one is unaffected */
+	CU_ASSERT_EQUAL(rps__rnode_campaign(nodes[1].rn), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[1].rn), 0);
+	/* bad configurations */
+	cfg.id = 0;
+	CU_ASSERT_EQUAL(rps__rnode_open(&cfg, &second), -EINVAL);
+	cfg.id = 1;
+	cfg.cb.send = NULL;
+	CU_ASSERT_EQUAL(rps__rnode_open(&cfg, &second), -EINVAL);
+	CU_ASSERT_PTR_NULL(second);
+}
+
+int main(void)
+{
+	static const struct {
+		const char *name;
+		void (*fn)(void);
+	} tests[] = {
+		{ "bootstrap, one leader, role_change", test_bootstrap_and_election },
+		{ "proposals apply everywhere in order, once", test_proposals_commit_everywhere },
+		{ "the same with fsync ALWAYS", test_proposals_fsync_always },
+		{ "crash and reopen: replay without double applies", test_restart_replays_once },
+		{ "compaction; a cut-off node catches up by snapshot", test_compaction_and_snapshot_catch_up },
+		{ "a learner joins and is promoted", test_learner_joins_and_is_promoted },
+		{ "leadership transfer", test_transfer_leader },
+		{ "ReadIndex on leader and follower", test_read_index },
+		{ "corrupted messages refused, nothing changes", test_corrupted_message_refused },
+		{ "directory already open: -EBUSY", test_dir_in_use },
+	};
+	CU_pSuite s;
+	unsigned failed;
+
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	s = CU_add_suite_with_setup_and_teardown("rnode", NULL, NULL, setup, teardown);
+	for (size_t i = 0; i < RPS__ARRAY_SIZE(tests); i++)
+		CU_add_test(s, tests[i].name, tests[i].fn);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	failed = CU_get_number_of_failures();
+	CU_cleanup_registry();
+	return failed ? 1 : 0;
+}
