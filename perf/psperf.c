@@ -1575,36 +1575,60 @@ static void server_cfg(const struct run *r, struct rps__server_config *cfg, cons
 	cfg->listen.port = 0;
 	cfg->cluster = cluster;
 	cfg->index = i;
+	cfg->fsync_none = 1;	/* a benchmark: the Raft log need not survive power loss */
 	cfg->shard_bytes = o->shard_bytes;
 	cfg->nslots = o->slots;
 	cfg->spin_us = o->spin_us;
 	cfg->max_conns = (uint32_t)(o->nworkers + 4);
 }
 
-/* Start --servers servers on port 0; the list the workers use names the
- * ports they got (a server only needs its index and the cluster's size). */
+/* A TCP port that is free right now (the kernel picks it); rdma_cm listens
+ * on the same port numbers. */
+static uint16_t free_port(const char *addr)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET };
+	socklen_t len = sizeof(sin);
+	uint16_t port = 0;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	if (fd < 0)
+		return 0;
+	if (inet_pton(AF_INET, addr, &sin.sin_addr) == 1 && !bind(fd, (struct sockaddr *)&sin, sizeof(sin)) &&
+	    !getsockname(fd, (struct sockaddr *)&sin, &len))
+		port = ntohs(sin.sin_port);
+	close(fd);
+	return port;
+}
+
+/* Start --servers servers on ports picked now: the shard map they
+ * bootstrap names every server's address, which workers then use. */
 static int cluster_start(struct run *r, struct lcluster *c)
 {
 	const char *scheme = r->kind == RPS__KIND_VERBS ? "verbs" : "tcp";
-	char placeholder[4096] = "";
 	size_t k = 0;
 	int i, ret;
 
-	for (i = 0; i < r->o->nservers; i++)
-		k += (size_t)snprintf(placeholder + k, sizeof(placeholder) - k, "%s%s://%s:0", i ? "," : "", scheme,
-				      r->addr);
-	k = 0;
+	for (i = 0; i < r->o->nservers; i++) {
+		uint16_t port = r->o->nservers == 1 ? 0 : free_port(r->addr);
+		k += (size_t)snprintf(r->servers + k, sizeof(r->servers) - k, "%s%s://%s:%u", i ? "," : "", scheme,
+				      r->addr, port);
+	}
 	for (i = 0; i < r->o->nservers; i++) {
 		struct rps__server_config cfg;
-		server_cfg(r, &cfg, placeholder, i);
+		server_cfg(r, &cfg, r->servers, i);
+		if (r->o->nservers > 1) {
+			struct rps__uri *u = NULL;
+			int n = 0;
+			if (!rps__uri_list_parse(r->servers, &u, &n) && n > i)
+				cfg.listen.port = u[i].port;
+			free(u);
+		}
 		ret = rps__server_create(&cfg, &c->s[i].srv);
 		if (ret) {
 			fprintf(stderr, "psperf: starting server %d on %s://%s: %s\n", i, scheme, r->addr, rps__errbuf());
 			return ret;
 		}
 		c->n = i + 1;
-		k += (size_t)snprintf(r->servers + k, sizeof(r->servers) - k, "%s%s://%s:%u", i ? "," : "", scheme,
-				      r->addr, rps__server_port(c->s[i].srv));
 		if (!r->device[0])
 			snprintf(r->device, sizeof(r->device), "%s", rps__server_fabric_name(c->s[i].srv));
 		ret = pthread_create(&c->s[i].thread, NULL, server_main, &c->s[i]);
@@ -1614,6 +1638,8 @@ static int cluster_start(struct run *r, struct lcluster *c)
 		}
 		c->s[i].started = true;
 	}
+	if (r->o->nservers == 1)
+		snprintf(r->servers, sizeof(r->servers), "%s://%s:%u", scheme, r->addr, rps__server_port(c->s[0].srv));
 	return 0;
 }
 

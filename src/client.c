@@ -29,6 +29,7 @@
 #include "optim.h"
 #include "proto.h"
 #include "shard.h"
+#include "smap.h"
 #include "topo.h"
 #include "transport.h"
 #include "uri.h"
@@ -100,6 +101,7 @@ struct shard_op {
 	bool ack_done;		/* ... and the server's PUSH_ACK */
 	bool die_mid_write;	/* test hook: kill-mid-push chose this op */
 	bool shard_freed;	/* shard_done() ran */
+	int result;		/* what op_report() said */
 	int ack_status;
 	uint64_t ack_lock;	/* the lock word the server left */
 	uint32_t backoff_us;
@@ -142,6 +144,7 @@ struct ctrl_entry {
 struct conn {
 	struct rps_client *cl;
 	int index;
+	uint64_t member_id;	/* the server's id in the shard map */
 	struct rps__uri uri;
 	char name[300];
 	struct rps__ep *ep;
@@ -181,8 +184,12 @@ struct rps_client {
 	struct rps__topo *topo;		/* verbs only: buffers near the HCA; NULL: plain memory */
 	struct rps__placement place;
 	struct rps__cq *cq;
-	struct conn *conns;
+	struct conn *conns;	/* RPS__SMAP_MAX_MEMBERS of them, nservers in use */
 	int nservers;
+	struct rps__smap map;	/* the shard map as last read */
+	char *mapbuf;		/* registered: READ target for the map */
+	struct rps__mr *mapbuf_mr;
+	uint64_t client_id;	/* names our pushes to every server */
 	int rank, num_workers, timeout_ms;
 	uint32_t shard_elems;
 	uint64_t next_push_id;
@@ -211,12 +218,16 @@ struct rps_tensor {
 	struct rps__tensor_spec spec;
 	struct rps__layout layout;
 	struct {
-		uint32_t id;
-		uint64_t addr;
+		uint32_t id;	/* the tensor's id at that server */
+		bool known;
+	} *at;			/* per connection (RPS__SMAP_MAX_MEMBERS) */
+	struct {
+		int conn;	/* who serves the partition (-1: nobody we know) */
+		uint64_t addr;	/* its region of this tensor's shards */
 		uint32_t rkey;
-		uint64_t stride;
-		uint32_t nlocal;
-	} *at;			/* per server */
+		uint64_t epoch;
+	} *part;		/* per partition */
+	uint64_t stride;
 	uint64_t *lock_guess;	/* per shard: last unlocked lock word seen */
 	uint64_t *lock_held;	/* per shard: word held via rps__tensor_lock() */
 	uint8_t *shard_busy;	/* per shard: one of our locked pushes is running */
@@ -313,6 +324,8 @@ static const char *status_text(int status)
 	case -ENOMEM: return "the server is out of memory: raise rdmapsd --memory-limit or add servers";
 	case -ECONNRESET: return "connection lost: is rdmapsd running and reachable?";
 	case RPS_ELEASE: return "the shard lock lease expired";
+	case RPS_ESTALE_EPOCH: return "the shard moved and no server serves it yet (a move in progress or aborted?)";
+	case -EAGAIN: return "the server is not ready (it has not learnt the shard map yet)";
 	default: return "failed";
 	}
 }
@@ -338,6 +351,7 @@ static void op_report(struct shard_op *op, int status)
 	if (!r)
 		return;
 	op->req = NULL;
+	op->result = status;
 	if (status == 0 && op->kind == OP_PULL && op->min_version < r->min_version_seen)
 		r->min_version_seen = op->min_version;
 	req_part_done_at(r, status, op->c);
@@ -517,11 +531,20 @@ static int send_ctrl(struct conn *c, uint32_t entry, unsigned type, const void *
 
 /* ---- the shard op state machines --------------------------------------- */
 
+/* The connection to the server that serves shard s (as far as we know). */
+static struct conn *route(const struct rps_tensor *t, uint32_t s)
+{
+	int c = t->part[rps__shard_server(&t->layout, s)].conn;
+
+	return &t->cl->conns[c >= 0 ? c : 0];
+}
+
 static void build_cas(struct rps__wr *wr, struct shard_op *op, enum wr_tag tag, uint64_t compare, uint64_t swap)
 {
 	struct conn *c = op->c;
 	struct rps_tensor *t = op->t;
 	uint32_t local = rps__shard_local_index(&t->layout, op->shard);
+	uint32_t p = rps__shard_server(&t->layout, op->shard);
 
 	memset(wr, 0, sizeof(*wr));
 	wr->wr_id = wrid(op, tag);
@@ -530,9 +553,8 @@ static void build_cas(struct rps__wr *wr, struct shard_op *op, enum wr_tag tag, 
 	wr->sge.addr = &c->atomics[op->res];
 	wr->sge.len = 8;
 	wr->sge.mr = c->atomics_mr;
-	wr->raddr = t->at[c->index].addr + local * t->at[c->index].stride +
-		    offsetof(struct rps__shard_hdr, lock);
-	wr->rkey = t->at[c->index].rkey;
+	wr->raddr = t->part[p].addr + local * t->stride + offsetof(struct rps__shard_hdr, lock);
+	wr->rkey = t->part[p].rkey;
 	wr->compare_add = compare;
 	wr->swap = swap;
 }
@@ -599,7 +621,8 @@ static void post_reads(struct shard_op *op)
 	struct rps_tensor *t = op->t;
 	uint32_t local = rps__shard_local_index(&t->layout, op->shard);
 	uint32_t elems = rps__shard_elems(&t->layout, op->shard);
-	uint64_t base = t->at[c->index].addr + local * t->at[c->index].stride;
+	uint32_t p = rps__shard_server(&t->layout, op->shard);
+	uint64_t base = t->part[p].addr + local * t->stride;
 	struct rps__wr wr[2];
 
 	/* header + parameters, then the publish counter again: the target
@@ -612,7 +635,7 @@ static void post_reads(struct shard_op *op)
 	wr[0].sge.len = RPS__SHARD_HDR_SIZE + elems * 4u;
 	wr[0].sge.mr = c->bbufs_mr;
 	wr[0].raddr = base;
-	wr[0].rkey = t->at[c->index].rkey;
+	wr[0].rkey = t->part[p].rkey;
 	wr[1] = wr[0];
 	wr[1].flags = RPS__WR_SIGNALED;
 	wr[1].sge.addr = bounce_seq(c, op->res);
@@ -681,6 +704,7 @@ static void fill_desc(struct shard_op *op)
 	d->dtype = (uint16_t)(op->kind == OP_INIT ? RPS_DTYPE_F32 : t->spec.dtype);
 	d->tensor_id = t->at[c->index].id;
 	d->shard = op->shard;
+	d->epoch = t->part[rps__shard_server(&t->layout, op->shard)].epoch;
 	d->nbytes = (uint32_t)(elems * esize);
 	d->rank = c->cl->rank;
 	d->clock = op->clock;
@@ -730,6 +754,11 @@ static void op_submit(struct shard_op *op)
 	struct conn *c = op->c;
 
 	active_add(c, op);
+	if (op->t->part[rps__shard_server(&op->t->layout, op->shard)].conn < 0) {
+		op_report(op, RPS_ESTALE_EPOCH);	/* no server serves it now: refresh */
+		active_del(c, op);
+		return;
+	}
 	if (c->dead) {
 		op_report(op, c->err ? c->err : -ECONNRESET);
 		active_del(c, op);
@@ -764,7 +793,7 @@ static void send_wait(struct shard_op *op)
 {
 	struct conn *c = op->c;
 	struct rps__wait w = {
-		.tensor_id = op->t->at[c->index].id,
+		.tensor_id = op->t->at[c->index].id,	/* (set: the op was routed here) */
 		.shard = op->shard,
 		.min_version = op->min_version,
 		.min_clock = op->min_clock,
@@ -820,6 +849,12 @@ static void on_cas_acq(struct shard_op *op)
 			op_release(op);
 			return;
 		}
+		return;
+	}
+	if (rps__lock_is_locked(old) && rps__lock_owner(old) == RPS__LOCK_OWNER_FENCE) {
+		/* the shard moved away: refresh the map and go to its new owner */
+		op_report(op, RPS_ESTALE_EPOCH);
+		op_release(op);
 		return;
 	}
 	op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(old));
@@ -923,6 +958,12 @@ static void on_read(struct shard_op *op)
 		send_wait(op);
 		return;
 	}
+	if (hdr->epoch != op->t->part[rps__shard_server(&op->t->layout, op->shard)].epoch) {
+		/* a copy the server no longer owns (or not yet): refresh */
+		op_report(op, RPS_ESTALE_EPOCH);
+		op_release(op);
+		return;
+	}
 	if (version < op->min_version || hdr->min_clock < op->min_clock) {
 		send_wait(op);
 		return;
@@ -991,6 +1032,7 @@ static void on_completion(struct rps_client *cl, const struct rps__wc *wc)
 	enum wr_tag tag = (enum wr_tag)(wc->wr_id & 7u);
 	struct shard_op *op = (struct shard_op *)(uintptr_t)(wc->wr_id & ~(uint64_t)7u);
 
+	(void)cl;
 	if (!c || c->dead)
 		return;
 	if (wc->status != RPS__WC_SUCCESS) {
@@ -1019,7 +1061,8 @@ static void on_completion(struct rps_client *cl, const struct rps__wc *wc)
 		on_cas_rel(op);
 		break;
 	case TAG_READ:
-		on_read(op);
+		if (op)		/* (a map read has no op) */
+			on_read(op);
 		break;
 	case TAG_WRITE:
 	case TAG_SEND:
@@ -1370,8 +1413,7 @@ static int hello_sync(struct rps_client *cl, struct conn *c)
 {
 	struct rps__hello h = {
 		.magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = cl->rank,
-		.num_workers = cl->num_workers, .server_index = (uint32_t)c->index,
-		.nservers = (uint32_t)cl->nservers,
+		.num_workers = cl->num_workers, .client_id = cl->client_id,
 	};
 	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
 	struct rps__wc wc;
@@ -1390,11 +1432,14 @@ static int hello_sync(struct rps_client *cl, struct conn *c)
 			return ret;
 		if (ret == 0)
 			continue;
-		if (wc.status != RPS__WC_SUCCESS)
+		if (wc.status != RPS__WC_SUCCESS && rps__ep_context(wc.ep) == c)
 			return rps__seterr(-ECONNRESET, "%s: connection failed during HELLO: %s", c->name,
 					   rps__wc_status_str(wc.status));
-		if ((wc.wr_id & 7u) != TAG_RECV)
+		if ((wc.wr_id & 7u) != TAG_RECV || rps__ep_context(wc.ep) != c) {
+			if (cl->thread_started)
+				on_completion(cl, &wc);	/* we hold the poller role: theirs */
 			continue;
+		}
 		i = (uint32_t)(wc.wr_id >> 3);
 		buf = c->rbufs + (size_t)i * RPS__MSG_MAX;
 		ret = rps__msg_check(buf, wc.byte_len);
@@ -1480,6 +1525,165 @@ static int conn_setup(struct rps_client *cl, struct conn *c, const struct rps__u
 	return 0;
 }
 
+/*
+ * Read the shard map from c's server with one RDMA READ (it crc-checks
+ * itself: a read that raced with the server rewriting it is read again).
+ * The caller holds the poller role (or the progress thread is not running).
+ */
+static int map_read_sync(struct rps_client *cl, struct conn *c)
+{
+	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	struct rps__smap m;
+	int tries, ret = -EIO;
+
+	for (tries = 0; tries < 8; tries++) {
+		struct rps__wr wr;
+		struct rps__wc wc;
+		bool done = false;
+
+		memset(&wr, 0, sizeof(wr));
+		wr.wr_id = TAG_READ;	/* no op: recognised below */
+		wr.op = RPS__OP_READ;
+		wr.flags = RPS__WR_SIGNALED;
+		wr.sge.addr = cl->mapbuf;
+		wr.sge.len = RPS__MIN(c->hello.map_len, RPS__MAP_BUF);
+		wr.sge.mr = cl->mapbuf_mr;
+		wr.raddr = c->hello.map_addr;
+		wr.rkey = c->hello.map_rkey;
+		ret = rps__post(c->ep, &wr, 1);
+		if (ret)
+			return rps__preerr(ret, "%s: reading the shard map", c->name);
+		while (!done) {
+			if (rps__now_ns() > deadline)
+				return rps__seterr(-ETIMEDOUT, "%s: the shard map did not arrive within %d ms", c->name,
+						   cl->timeout_ms);
+			ret = rps__cq_wait(cl->cq, &wc, 1, 100);
+			if (ret < 0)
+				return ret;
+			if (ret == 0)
+				continue;
+			if (wc.wr_id == TAG_READ && rps__ep_context(wc.ep) == c) {
+				if (wc.status != RPS__WC_SUCCESS)
+					return rps__seterr(-ECONNRESET, "%s: reading the shard map: %s", c->name,
+							   rps__wc_status_str(wc.status));
+				done = true;
+			} else if (cl->thread_started) {
+				on_completion(cl, &wc);
+			}
+		}
+		{	/* [u32 length][encoded map] */
+			uint32_t len;
+			memcpy(&len, cl->mapbuf, 4);
+			ret = len <= RPS__MIN(c->hello.map_len, RPS__MAP_BUF) - 4 ?
+				rps__smap_decode(cl->mapbuf + 4, len, &m) :
+				rps__seterr(-EBADMSG, "shard map: length %u does not fit", len);
+		}
+		if (!ret) {
+			if (m.applied >= cl->map.applied || !cl->map.npart)
+				cl->map = m;
+			return 0;
+		}
+	}
+	return rps__preerr(ret, "%s: reading the shard map", c->name);
+}
+
+/* Connect to the members of the map we have no connection to. */
+static int connect_members(struct rps_client *cl)
+{
+	uint32_t i;
+	int k, ret = 0;
+
+	for (i = 0; i < cl->map.nmembers; i++) {
+		const struct rps__smap_member *m = &cl->map.members[i];
+		struct rps__uri u;
+		bool have = false;
+		for (k = 0; k < cl->nservers; k++)
+			if (cl->conns[k].member_id == m->id && cl->conns[k].ep)
+				have = true;
+		if (have)
+			continue;
+		for (k = 0; k < cl->nservers; k++)	/* a slot of a dead connection to it */
+			if (cl->conns[k].member_id == m->id)
+				break;
+		if (k == cl->nservers && cl->nservers == (int)RPS__SMAP_MAX_MEMBERS)
+			continue;
+		if (rps__uri_parse(m->uri, &u)) {
+			ret = rps__seterr(-EINVAL, "member %llu has a bad address '%s'", (unsigned long long)m->id, m->uri);
+			continue;
+		}
+		if (k < cl->nservers)
+			conn_free(&cl->conns[k]);
+		memset(&cl->conns[k], 0, sizeof(cl->conns[k]));
+		ret = conn_setup(cl, &cl->conns[k], &u, k);
+		if (ret) {
+			char msg[400];
+			snprintf(msg, sizeof(msg), "%s", rps__errbuf());
+			conn_free(&cl->conns[k]);
+			cl->conns[k].dead = true;
+			cl->conns[k].err = ret;
+			cl->conns[k].member_id = m->id;
+			if (k == cl->nservers)
+				cl->nservers++;
+			rps__seterr(ret, "%s", msg);
+			continue;
+		}
+		cl->conns[k].member_id = cl->conns[k].hello.member_id;
+		if (cl->conns[k].hello.shard_elems != cl->shard_elems) {
+			cl->conns[k].dead = true;
+			cl->conns[k].err = -EINVAL;
+			ret = rps__seterr(-EINVAL, "%s uses --shard-size %u but the cluster uses %u: give every rdmapsd the same",
+					  cl->conns[k].name, cl->conns[k].hello.shard_elems * 4, cl->shard_elems * 4);
+		}
+		if (k == cl->nservers)
+			cl->nservers++;
+	}
+	return ret;
+}
+
+/* Take the poller role from a user thread (the progress thread stands by). */
+static void poll_claim(struct rps_client *cl)
+{
+	cl->waiters++;
+	if (cl->progress_polling)
+		wake_progress(cl);
+	while (cl->polling)
+		pthread_cond_wait(&cl->cond, &cl->lock);
+	cl->polling = true;
+}
+
+static void poll_release(struct rps_client *cl)
+{
+	cl->polling = false;
+	cl->waiters--;
+	pthread_cond_broadcast(&cl->cond);
+	if (!cl->waiters && cl->nactive)
+		pthread_cond_signal(&cl->pcond);
+}
+
+/* Read the map again (from any server we reach) and connect to new members. */
+static int map_refresh(struct rps_client *cl)
+{
+	int k, ret = -ECONNRESET;
+
+	pthread_mutex_lock(&cl->lock);
+	poll_claim(cl);
+	for (k = 0; k < cl->nservers; k++) {
+		struct conn *c = &cl->conns[k];
+		if (!c->ep || c->dead)
+			continue;
+		ret = map_read_sync(cl, c);
+		if (!ret)
+			break;
+	}
+	if (!ret)
+		connect_members(cl);
+	poll_release(cl);
+	pthread_mutex_unlock(&cl->lock);
+	if (ret)
+		rps__preerr(ret, "refreshing the shard map");
+	return ret;
+}
+
 static int fault_count(const char *spec, const char *name)
 {
 	size_t n = strlen(name);
@@ -1537,6 +1741,7 @@ RPS_EXPORT int rps_client_close(rps_client_t *cl)
 		conn_free(&cl->conns[i]);
 	}
 	free(cl->conns);
+	free_reg(cl, &cl->mapbuf, &cl->mapbuf_mr, RPS__MAP_BUF);
 	rps__cq_destroy(cl->cq);
 	rps__fabric_close(cl->fab);
 	rps__topo_close(cl->topo);	/* after every rps__topo_free */
@@ -1554,7 +1759,7 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	struct rps__fabric_attr fattr = { 0 };
 	struct rps__uri *uris = NULL;
 	struct rps_client *cl;
-	int i, ret;
+	int i, nseeds = 0, ret;
 
 	rps__clearerr();
 	if (!opts || !out || opts->size < offsetof(struct rps_client_opts, timeout_ms) + sizeof(int))
@@ -1579,14 +1784,21 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		cl->verify = opts->verify != 0;
 	if (opts->size >= offsetof(struct rps_client_opts, spin_us) + sizeof(opts->spin_us) && opts->spin_us > 0)
 		cl->spin_ns = (uint64_t)opts->spin_us * 1000ull;
-	ret = rps__uri_list_parse(opts->servers, &uris, &cl->nservers);
+	ret = rps__uri_list_parse(opts->servers, &uris, &nseeds);
 	if (ret)
 		goto err;
 	cl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	cl->conns = calloc((size_t)cl->nservers, sizeof(*cl->conns));
+	cl->conns = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*cl->conns));
 	if (cl->wake_fd < 0 || !cl->conns) {
 		ret = rps__seterr(-ENOMEM, "out of memory or file descriptors");
 		goto err;
+	}
+	{	/* names this client's pushes on every server (idempotent retries) */
+		uint64_t r = rps__now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)cl;
+		r ^= r >> 33;
+		r *= 0xff51afd7ed558ccdull;
+		r ^= r >> 33;
+		cl->client_id = r ? r : 1;
 	}
 	fattr.kind = uris[0].kind;
 	fattr.host = uris[0].host;
@@ -1606,21 +1818,33 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		}
 		rps__clearerr();
 	}
-	ret = rps__cq_create(cl->fab, (uint32_t)cl->nservers * (MAX_SLOTS * 4 + NBOUNCE * 2 + CTRL_CREDITS * 2 + 32), &cl->cq);
+	ret = rps__cq_create(cl->fab, RPS__SMAP_MAX_MEMBERS * (MAX_SLOTS * 4 + NBOUNCE * 2 + CTRL_CREDITS * 2 + 32), &cl->cq);
 	if (ret)
 		goto err;
-	for (i = 0; i < cl->nservers; i++) {
-		ret = conn_setup(cl, &cl->conns[i], &uris[i], i);
-		if (ret)
-			goto err;
-		if (i && cl->conns[i].hello.shard_elems != cl->conns[0].hello.shard_elems) {
-			ret = rps__seterr(-EINVAL, "%s uses --shard-size %u but %s uses %u: give every rdmapsd the same",
-					  cl->conns[i].name, cl->conns[i].hello.shard_elems * 4,
-					  cl->conns[0].name, cl->conns[0].hello.shard_elems * 4);
-			goto err;
+	ret = alloc_reg(cl, RPS__MAP_BUF, RPS__ACCESS_LOCAL, &cl->mapbuf, &cl->mapbuf_mr);
+	if (ret)
+		goto err;
+	/* Any server of the list will do: it gives us the map, and the map
+	 * gives us every member. */
+	for (i = 0; i < nseeds; i++) {
+		ret = conn_setup(cl, &cl->conns[0], &uris[i], 0);
+		if (!ret) {
+			cl->conns[0].member_id = cl->conns[0].hello.member_id;
+			cl->shard_elems = cl->conns[0].hello.shard_elems;
+			cl->nservers = 1;
+			ret = map_read_sync(cl, &cl->conns[0]);
+			if (!ret)
+				break;
 		}
+		conn_free(&cl->conns[0]);
+		memset(&cl->conns[0], 0, sizeof(cl->conns[0]));
+		cl->nservers = 0;
 	}
-	cl->shard_elems = cl->conns[0].hello.shard_elems;
+	if (ret)
+		goto err;
+	ret = connect_members(cl);
+	if (ret)
+		goto err;
 	ret = pthread_create(&cl->thread, NULL, progress_main, cl);
 	if (ret) {
 		ret = rps__seterr(-ret, "pthread_create: %s", strerror(ret));
@@ -1682,6 +1906,118 @@ static int spec_from_opts(const char *name, const struct rps_tensor_opts *o, int
 
 static int submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_request_t **async_out);
 
+/*
+ * Send msg (CREATE, or CREATE with OPEN_ONLY) to the servers marked in to,
+ * page through their region lists, and rebuild t->part and t->at from what
+ * they serve.  reps/rstatus: first replies per connection.  With
+ * tolerate, a server that fails (gone, or does not know the tensor) is
+ * skipped; otherwise its error is returned.
+ */
+static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const struct rps__create *msg,
+			  bool *to, struct rps__create_rep *reps, int32_t *rstatus, bool tolerate)
+{
+	struct rps__create_rep *page = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*page));
+	int32_t *pst = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*pst));
+	bool *one = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*one));
+	struct rps__create m = *msg;
+	uint32_t p, k;
+	int i, ret;
+
+	if (!page || !pst || !one) {
+		ret = rps__seterr(-ENOMEM, "out of memory");
+		goto out;
+	}
+	ret = ctrl_call(cl, RPS__MSG_CREATE, msg, sizeof(*msg), to, sizeof(*reps), reps, rstatus);
+	if (ret && !tolerate)
+		goto out;
+	ret = 0;
+	pthread_mutex_lock(&cl->lock);
+	for (p = 0; p < t->layout.nservers; p++)
+		t->part[p].conn = -1;
+	pthread_mutex_unlock(&cl->lock);
+	m.flags |= RPS__CREATE_OPEN_ONLY;
+	for (i = 0; i < cl->nservers; i++) {
+		struct rps__create_rep *rp = &reps[i];
+		if (!to[i] || rstatus[i])
+			continue;
+		for (;;) {
+			pthread_mutex_lock(&cl->lock);
+			t->at[i].id = rp->tensor_id;
+			t->at[i].known = true;
+			for (k = 0; k < rp->nregions && k < RPS__CREATE_MAX_REGIONS; k++) {
+				const struct rps__region_ref *ref = &rp->regions[k];
+				if (ref->part >= t->layout.nservers)
+					continue;
+				if (t->part[ref->part].conn >= 0 && t->part[ref->part].epoch > ref->epoch)
+					continue;
+				t->part[ref->part].conn = i;
+				t->part[ref->part].addr = ref->addr;
+				t->part[ref->part].rkey = ref->rkey;
+				t->part[ref->part].epoch = ref->epoch;
+			}
+			pthread_mutex_unlock(&cl->lock);
+			if (rp->first + rp->nregions >= rp->total || !rp->nregions)
+				break;
+			memset(one, 0, RPS__SMAP_MAX_MEMBERS * sizeof(*one));
+			one[i] = true;
+			m.first = rp->first + rp->nregions;
+			ret = ctrl_call(cl, RPS__MSG_CREATE, &m, sizeof(m), one, sizeof(*page), page, pst);
+			if (ret || pst[i]) {
+				if (!tolerate)
+					goto out;
+				ret = 0;
+				break;
+			}
+			rp = &page[i];
+		}
+	}
+out:
+	free(page);
+	free(pst);
+	free(one);
+	return ret;
+}
+
+static bool *live_conns(struct rps_client *cl)
+{
+	bool *to = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*to));
+	int i;
+
+	if (!to)
+		return NULL;
+	pthread_mutex_lock(&cl->lock);
+	for (i = 0; i < cl->nservers; i++)
+		to[i] = cl->conns[i].ep && !cl->conns[i].dead;
+	pthread_mutex_unlock(&cl->lock);
+	return to;
+}
+
+/* After a stale epoch: where does the tensor live now? */
+static int tensor_refresh(struct rps_client *cl, struct rps_tensor *t)
+{
+	struct rps__create_rep *reps = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*reps));
+	int32_t *rstatus = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*rstatus));
+	bool *to = live_conns(cl);
+	struct rps__create msg;
+	int ret;
+
+	if (!reps || !rstatus || !to) {
+		ret = rps__seterr(-ENOMEM, "out of memory");
+		goto out;
+	}
+	memset(&msg, 0, sizeof(msg));
+	snprintf(msg.name, sizeof(msg.name), "%s", t->name);
+	msg.flags = RPS__CREATE_OPEN_ONLY;
+	ret = tensor_regions(cl, t, &msg, to, reps, rstatus, true);
+out:
+	free(reps);
+	free(rstatus);
+	free(to);
+	return ret;
+}
+
+static void tensor_free(struct rps_tensor *t);
+
 static int tensor_setup(struct rps_client *cl, const char *name, struct rps__create *msg,
 			const struct rps_tensor_opts *o, rps_tensor_t **out)
 {
@@ -1689,50 +2025,62 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 	int32_t *rstatus;
 	bool *to;
 	struct rps_tensor *t = NULL;
-	int i, ret;
+	int i, first = -1, ret;
 
-	reps = calloc((size_t)cl->nservers, sizeof(*reps));
-	rstatus = calloc((size_t)cl->nservers, sizeof(*rstatus));
-	to = calloc((size_t)cl->nservers, sizeof(*to));
+	reps = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*reps));
+	rstatus = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*rstatus));
+	to = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*to));
 	if (!reps || !rstatus || !to) {
 		ret = rps__seterr(-ENOMEM, "out of memory");
 		goto out;
 	}
 	for (i = 0; i < cl->nservers; i++)
-		to[i] = true;
-	ret = ctrl_call(cl, RPS__MSG_CREATE, msg, sizeof(*msg), to, sizeof(*reps), reps, rstatus);
-	if (ret) {
-		rps__preerr(ret, "tensor '%s'", name);
-		goto out;
-	}
-	for (i = 1; i < cl->nservers; i++)
-		if (memcmp(&reps[i].spec, &reps[0].spec, sizeof(reps[0].spec))) {
-			ret = rps__seterr(-EEXIST, "tensor '%s': servers disagree about its options (a stale tensor on one of them?)", name);
-			goto out;
-		}
+		to[i] = !cl->conns[i].dead && cl->conns[i].ep;
 	t = calloc(1, sizeof(*t));
-	if (!t || !(t->at = calloc((size_t)cl->nservers, sizeof(*t->at)))) {
+	if (!t || !(t->at = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*t->at))) ||
+	    !(t->part = calloc(cl->map.npart, sizeof(*t->part)))) {
 		ret = rps__seterr(-ENOMEM, "out of memory");
 		goto out;
 	}
 	t->cl = cl;
 	snprintf(t->name, sizeof(t->name), "%s", name);
-	t->spec = reps[0].spec;
-	ret = rps__layout_init(&t->layout, name, t->spec.count, cl->shard_elems, (uint32_t)cl->nservers);
+	/* the layout needs the count: from the request, or (open) a reply */
+	t->spec = msg->spec;
+	if (msg->flags & RPS__CREATE_OPEN_ONLY)
+		t->spec.count = 1;
+	ret = rps__layout_init(&t->layout, name, t->spec.count, cl->shard_elems, cl->map.npart);
 	if (ret)
 		goto out;
+	ret = tensor_regions(cl, t, msg, to, reps, rstatus, false);
+	if (ret) {
+		rps__preerr(ret, "tensor '%s'", name);
+		goto out;
+	}
 	for (i = 0; i < cl->nservers; i++) {
-		if (reps[i].nlocal != rps__server_nshards(&t->layout, (uint32_t)i)) {
-			ret = rps__seterr(-EPROTO, "tensor '%s': %s holds %u shards where %u were expected (server list order?)",
-					  name, cl->conns[i].name, reps[i].nlocal, rps__server_nshards(&t->layout, (uint32_t)i));
+		if (!to[i])
+			continue;
+		if (first < 0) {
+			first = i;
+		} else if (memcmp(&reps[i].spec, &reps[first].spec, sizeof(reps[0].spec))) {
+			ret = rps__seterr(-EEXIST, "tensor '%s': servers disagree about its options (a stale tensor on one of them?)", name);
 			goto out;
 		}
-		t->at[i].id = reps[i].tensor_id;
-		t->at[i].addr = reps[i].region_addr;
-		t->at[i].rkey = reps[i].region_rkey;
-		t->at[i].stride = reps[i].stride;
-		t->at[i].nlocal = reps[i].nlocal;
 	}
+	if (first < 0) {
+		ret = rps__seterr(-ECONNRESET, "tensor '%s': no server reachable", name);
+		goto out;
+	}
+	if (msg->flags & RPS__CREATE_OPEN_ONLY) {
+		/* now we know its size: lay it out again and ask again */
+		t->spec = reps[first].spec;
+		ret = rps__layout_init(&t->layout, name, t->spec.count, cl->shard_elems, cl->map.npart);
+		if (!ret)
+			ret = tensor_regions(cl, t, msg, to, reps, rstatus, false);
+		if (ret)
+			goto out;
+	}
+	t->spec = reps[first].spec;
+	t->stride = reps[first].stride;
 	t->lock_guess = calloc(t->layout.nshards, sizeof(uint64_t));
 	t->lock_held = calloc(t->layout.nshards, sizeof(uint64_t));
 	t->shard_busy = calloc(t->layout.nshards, 1);
@@ -1740,13 +2088,15 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 		ret = rps__seterr(-ENOMEM, "out of memory");
 		goto out;
 	}
-	/* Initial values go to the servers on which this call created the
-	 * tensor; the others got them from whoever created it there. */
+	/* Initial values go to the shards whose server this call created the
+	 * tensor on; the others got them from whoever created it there. */
 	if (o && o->init) {
 		uint32_t n = 0, k = 0, s;
 		struct rps_request *r;
-		for (s = 0; s < t->layout.nshards; s++)
-			n += reps[rps__shard_server(&t->layout, s)].created ? 1u : 0u;
+		for (s = 0; s < t->layout.nshards; s++) {
+			int c = t->part[rps__shard_server(&t->layout, s)].conn;
+			n += c >= 0 && reps[c].created ? 1u : 0u;
+		}
 		if (n) {
 			r = req_new(cl, n);
 			if (!r) {
@@ -1756,12 +2106,13 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 			r->kind = REQ_SHARDS;
 			for (s = 0; s < t->layout.nshards; s++) {
 				struct shard_op *op;
-				if (!reps[rps__shard_server(&t->layout, s)].created)
+				int c = t->part[rps__shard_server(&t->layout, s)].conn;
+				if (c < 0 || !reps[c].created)
 					continue;
 				op = &r->ops[k++];
 				op->owner = op->req = r;
 				op->t = t;
-				op->c = &cl->conns[rps__shard_server(&t->layout, s)];
+				op->c = route(t, s);
 				op->kind = OP_INIT;
 				op->shard = s;
 				op->src = o->init + rps__shard_first(&t->layout, s);
@@ -1776,13 +2127,8 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 	*out = t;
 	t = NULL;
 out:
-	if (t) {
-		free(t->at);
-		free(t->lock_guess);
-		free(t->lock_held);
-		free(t->shard_busy);
-		free(t);
-	}
+	if (t)
+		tensor_free(t);
 	free(reps);
 	free(rstatus);
 	free(to);
@@ -1856,6 +2202,7 @@ RPS_EXPORT uint32_t rps_tensor_shards(const rps_tensor_t *t)
 static void tensor_free(struct rps_tensor *t)
 {
 	free(t->at);
+	free(t->part);
 	free(t->lock_guess);
 	free(t->lock_held);
 	free(t->shard_busy);
@@ -1881,6 +2228,94 @@ RPS_EXPORT void rps_tensor_close(rps_tensor_t *t)
 		tensor_free(t);
 }
 
+static int map_refresh(struct rps_client *cl);
+static int tensor_refresh(struct rps_client *cl, struct rps_tensor *t);
+
+/*
+ * r finished with RPS_ESTALE_EPOCH: some shards moved (or are moving).
+ * Read the map again, learn where the tensor lives now, and send the ops
+ * that were refused there, with their push ids and clocks unchanged: a
+ * refused push was not applied, and a server that did apply a push id
+ * acknowledges it again without applying it.  Lock held; r is done.
+ */
+static int retry_stale(struct rps_client *cl, struct rps_request *r)
+{
+	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	struct rps_request *cur = r;
+	uint32_t pause_us = 500;
+	int status = r->status;
+
+	while (status == RPS_ESTALE_EPOCH && rps__now_ns() < deadline) {
+		struct rps_tensor *t = NULL;
+		struct rps_request *nr;
+		uint32_t i, n = 0, k = 0;
+
+		for (i = 0; i < cur->nops; i++)
+			if (cur->ops[i].result == RPS_ESTALE_EPOCH) {
+				n++;
+				t = cur->ops[i].t;
+			}
+		if (!n || !t)
+			break;
+		nr = req_new(cl, n);
+		if (!nr) {
+			status = rps__seterr(-ENOMEM, "out of memory");
+			break;
+		}
+		nr->kind = REQ_SHARDS;
+		nr->min_version_seen = cur->min_version_seen;
+		t->live_ops++;	/* keep the tensor while we let go of the lock */
+		pthread_mutex_unlock(&cl->lock);
+		map_refresh(cl);
+		tensor_refresh(cl, t);
+		usleep(pause_us);
+		pause_us = RPS__MIN(pause_us * 2, 50000u);
+		pthread_mutex_lock(&cl->lock);
+		t->live_ops--;
+		for (i = 0; i < cur->nops; i++) {
+			const struct shard_op *old = &cur->ops[i];
+			struct shard_op *op;
+			if (old->result != RPS_ESTALE_EPOCH)
+				continue;
+			op = &nr->ops[k++];
+			op->owner = op->req = nr;
+			op->t = old->t;
+			op->kind = old->kind;
+			op->shard = old->shard;
+			op->clock = old->clock;
+			op->push_id = old->push_id;
+			op->src = old->src;
+			op->dst = old->dst;
+			op->min_version = old->min_version;
+			op->min_clock = old->min_clock;
+			op->held = old->held;
+			op->c = route(op->t, op->shard);
+		}
+		if (cur != r) {
+			cur->waited = true;
+			req_maybe_free(cur);
+		}
+		cur = nr;
+		req_arm_deadline(cl, nr);
+		nr->remaining++;
+		for (i = 0; i < nr->nops; i++)
+			op_submit(&nr->ops[i]);
+		if (--nr->remaining == 0)
+			req_finish(nr);
+		status = req_wait_locked(cl, nr);
+	}
+	if (cur != r) {
+		r->status = status;
+		if (status)
+			snprintf(r->msg, sizeof(r->msg), "%s", cur->msg);
+		else if (r->version_out && r->kind == REQ_SHARDS && cur->min_version_seen != UINT64_MAX)
+			*r->version_out = cur->min_version_seen;
+		cur->waited = true;
+		req_maybe_free(cur);
+	}
+	return status;
+}
+
 /* Submit every op of r; wait unless async_out is given. */
 static int submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_request_t **async_out)
 {
@@ -1902,6 +2337,8 @@ static int submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_req
 		return 0;
 	}
 	status = req_wait_locked(cl, r);
+	if (status == RPS_ESTALE_EPOCH)
+		status = retry_stale(cl, r);
 	req_collect(r);
 	pthread_mutex_unlock(&cl->lock);
 	return status;
@@ -1935,7 +2372,7 @@ static int push_start(rps_tensor_t *t, const void *grad, size_t nbytes, rps_requ
 		struct shard_op *op = &r->ops[s];
 		op->owner = op->req = r;
 		op->t = t;
-		op->c = &cl->conns[rps__shard_server(&t->layout, s)];
+		op->c = route(t, s);
 		op->kind = OP_PUSH;
 		op->shard = s;
 		op->clock = clock;
@@ -1976,7 +2413,7 @@ static int pull_start(rps_tensor_t *t, float *out, size_t nbytes, uint64_t *vers
 		struct shard_op *op = &r->ops[s];
 		op->owner = op->req = r;
 		op->t = t;
-		op->c = &cl->conns[rps__shard_server(&t->layout, s)];
+		op->c = route(t, s);
 		op->kind = OP_PULL;
 		op->shard = s;
 		op->min_version = min_version;
@@ -2023,6 +2460,8 @@ RPS_EXPORT int rps_test(rps_request_t *r, int *result)
 	pthread_mutex_lock(&cl->lock);
 	done = r->done;
 	if (done) {
+		if (r->status == RPS_ESTALE_EPOCH)
+			retry_stale(cl, r);	/* blocks: a move is rare */
 		if (result)
 			*result = r->status;
 		req_collect(r);
@@ -2041,6 +2480,8 @@ RPS_EXPORT int rps_wait(rps_request_t *r)
 	cl = r->cl;
 	pthread_mutex_lock(&cl->lock);
 	status = req_wait_locked(cl, r);
+	if (status == RPS_ESTALE_EPOCH)
+		status = retry_stale(cl, r);
 	req_collect(r);
 	pthread_mutex_unlock(&cl->lock);
 	return status;
@@ -2055,10 +2496,19 @@ RPS_EXPORT int rps_barrier(rps_client_t *cl)
 	rps__clearerr();
 	if (!cl)
 		return rps__seterr(-EINVAL, "rps_barrier: NULL client");
-	to = calloc((size_t)cl->nservers, sizeof(*to));
+	to = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*to));
 	if (!to)
 		return rps__seterr(-ENOMEM, "out of memory");
-	to[0] = true;	/* server 0 counts arrivals */
+	/* the lowest member id counts arrivals: every worker picks the same */
+	{
+		int i, best = -1;
+		pthread_mutex_lock(&cl->lock);
+		for (i = 0; i < cl->nservers; i++)
+			if (cl->conns[i].ep && (best < 0 || cl->conns[i].member_id < cl->conns[best].member_id))
+				best = i;
+		pthread_mutex_unlock(&cl->lock);
+		to[best < 0 ? 0 : best] = true;
+	}
 	ret = ctrl_call(cl, RPS__MSG_BARRIER, &b, sizeof(b), to, 0, NULL, NULL);
 	free(to);
 	return ret;
@@ -2110,7 +2560,7 @@ static int lock_op(rps_tensor_t *t, uint32_t shard, enum op_kind kind)
 	op = &r->ops[0];
 	op->owner = op->req = r;
 	op->t = t;
-	op->c = &cl->conns[rps__shard_server(&t->layout, shard)];
+	op->c = route(t, shard);
 	op->kind = kind;
 	op->shard = shard;
 	op->held = t->lock_held[shard];

@@ -16,9 +16,12 @@ _Static_assert(sizeof(struct rps__create) + sizeof(struct rps__msg_hdr) <= RPS__
 _Static_assert(sizeof(struct rps__create_rep) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "CREATE_REP fits");
 _Static_assert(sizeof(struct rps__conn_priv) <= 56, "connect private data fits an IB CM REQ");
 
+#define VAR ((size_t)-1)
+
 static const struct {
 	const char *name;
-	size_t body;
+	size_t body;		/* VAR: variable, at least min */
+	size_t min;
 } msg_types[RPS__MSG_TYPE_MAX] = {
 	[RPS__MSG_HELLO] = { "HELLO", sizeof(struct rps__hello) },
 	[RPS__MSG_HELLO_REP] = { "HELLO_REP", sizeof(struct rps__hello_rep) },
@@ -29,13 +32,31 @@ static const struct {
 	[RPS__MSG_WAIT_REP] = { "WAIT_REP", sizeof(struct rps__wait_rep) },
 	[RPS__MSG_BARRIER] = { "BARRIER", sizeof(struct rps__barrier) },
 	[RPS__MSG_BARRIER_REP] = { "BARRIER_REP", 0 },
+	[RPS__MSG_RAFT] = { "RAFT", VAR },
+	[RPS__MSG_PROPOSE] = { "PROPOSE", VAR },
+	[RPS__MSG_PROPOSE_REP] = { "PROPOSE_REP", sizeof(struct rps__propose_rep) },
+	[RPS__MSG_MIGRATE] = { "MIGRATE", sizeof(struct rps__migrate) },
+	[RPS__MSG_MIGRATE_REP] = { "MIGRATE_REP", 0 },
+	[RPS__MSG_STATUS] = { "STATUS", 0 },
+	[RPS__MSG_STATUS_REP] = { "STATUS_REP", VAR, sizeof(struct rps__status_rep) },
+	[RPS__MSG_ADMIN] = { "ADMIN", sizeof(struct rps__admin) },
+	[RPS__MSG_ADMIN_REP] = { "ADMIN_REP", sizeof(struct rps__admin_rep) },
 };
 
 long rps__msg_body_size(unsigned type)
 {
 	if (type == 0 || type >= RPS__MSG_TYPE_MAX)
 		return -1;
+	if (msg_types[type].body == VAR)
+		return RPS__BODY_VAR;
 	return (long)msg_types[type].body;
+}
+
+size_t rps__msg_body_min(unsigned type)
+{
+	if (type == 0 || type >= RPS__MSG_TYPE_MAX)
+		return 0;
+	return msg_types[type].min;
 }
 
 const char *rps__msg_type_name(unsigned type)
@@ -75,16 +96,30 @@ int rps__msg_check(const void *buf, size_t len)
 	if (h.len != len)
 		return rps__seterr(-EBADMSG, "malformed message: header says %u bytes, %zu arrived", h.len, len);
 	body = rps__msg_body_size(h.type);
-	if (body < 0)
+	if (body == -1)
 		return rps__seterr(-EBADMSG, "malformed message: unknown type %u", h.type);
 	/* Error replies may omit the body. */
-	if (len - sizeof(h) != (size_t)body && !(h.status < 0 && len == sizeof(h)))
+	if (body == RPS__BODY_VAR) {
+		if (len - sizeof(h) < rps__msg_body_min(h.type) && !(h.status < 0 && len == sizeof(h)))
+			return rps__seterr(-EBADMSG, "malformed %s message: body of %zu bytes, expected at least %zu",
+					   rps__msg_type_name(h.type), len - sizeof(h), rps__msg_body_min(h.type));
+	} else if (len - sizeof(h) != (size_t)body && !(h.status < 0 && len == sizeof(h)))
 		return rps__seterr(-EBADMSG, "malformed %s message: body of %zu bytes, expected %ld",
 				   rps__msg_type_name(h.type), len - sizeof(h), body);
 	if (h.type == RPS__MSG_CREATE) {
 		const struct rps__create *c = (const void *)((const char *)buf + sizeof(h));
 		if (!memchr(c->name, '\0', sizeof(c->name)) || !c->name[0])
 			return rps__seterr(-EBADMSG, "malformed CREATE message: tensor name not terminated or empty");
+	}
+	if (h.type == RPS__MSG_ADMIN && len > sizeof(h)) {
+		const struct rps__admin *a = (const void *)((const char *)buf + sizeof(h));
+		if (!memchr(a->uri, '\0', sizeof(a->uri)))
+			return rps__seterr(-EBADMSG, "malformed ADMIN message: uri not terminated");
+	}
+	if (h.type == RPS__MSG_ADMIN_REP && len > sizeof(h)) {
+		const struct rps__admin_rep *a = (const void *)((const char *)buf + sizeof(h));
+		if (!memchr(a->msg, '\0', sizeof(a->msg)))
+			return rps__seterr(-EBADMSG, "malformed ADMIN_REP message: text not terminated");
 	}
 	if (h.type == RPS__MSG_HELLO || h.type == RPS__MSG_HELLO_REP) {
 		uint64_t magic;

@@ -21,11 +21,12 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define RPS__PROTO_VERSION 1u
+#define RPS__PROTO_VERSION 2u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
-#define RPS__MSG_MAX 512u
+#define RPS__MSG_MAX 512u		/* worker connections */
+#define RPS__BIG_MSG_MAX (32u << 10)	/* peer (Raft, migration) and admin connections */
 #define RPS__NAME_MAX 64u		/* including the terminating NUL */
 #define RPS__PUSH_DESC_SIZE 64u
 
@@ -39,6 +40,17 @@ enum rps__msg_type {
 	RPS__MSG_WAIT_REP,
 	RPS__MSG_BARRIER,
 	RPS__MSG_BARRIER_REP,
+	/* server <-> server (role PEER) */
+	RPS__MSG_RAFT,		/* body: an encoded rps__raft_msg (variable) */
+	RPS__MSG_PROPOSE,	/* body: an encoded rps__smap_cmd (variable); to the leader */
+	RPS__MSG_PROPOSE_REP,	/* struct rps__propose_rep, once applied (or refused) */
+	RPS__MSG_MIGRATE,	/* struct rps__migrate: a fenced partition is ready to READ */
+	RPS__MSG_MIGRATE_REP,	/* no body: the destination installed it (status) */
+	/* psctl -> server (role ADMIN); also accepted from peers */
+	RPS__MSG_STATUS,	/* no body */
+	RPS__MSG_STATUS_REP,	/* struct rps__status_rep + encoded map (variable) */
+	RPS__MSG_ADMIN,		/* struct rps__admin */
+	RPS__MSG_ADMIN_REP,	/* struct rps__admin_rep */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -52,11 +64,19 @@ struct rps__msg_hdr {
 	uint32_t reserved;
 };
 
+enum rps__conn_role {
+	RPS__ROLE_WORKER = 1,
+	RPS__ROLE_PEER = 2,	/* another rdmapsd: Raft, proposals, migration */
+	RPS__ROLE_ADMIN = 3,	/* psctl */
+};
+
 /* Private data of the transport-level connect request. */
 struct rps__conn_priv {
 	uint32_t magic;		/* RPS__DESC_MAGIC */
 	uint16_t version;
-	uint16_t role;		/* 1 = worker */
+	uint16_t role;		/* enum rps__conn_role */
+	uint64_t from_id;	/* PEER: the connecting server's member id */
+	uint64_t to_id;		/* PEER: the id it expects to reach */
 };
 
 struct rps__hello {
@@ -64,16 +84,18 @@ struct rps__hello {
 	uint32_t version;
 	int32_t rank;
 	int32_t num_workers;
-	uint32_t server_index;	/* where the client's list puts this server */
-	uint32_t nservers;	/* length of the client's list */
 	uint32_t reserved;
+	uint64_t client_id;	/* random per client: names its pushes across servers */
 };
 
 struct rps__hello_rep {
 	uint64_t magic;
 	uint32_t version;
-	uint32_t server_index;	/* this server's place in its --cluster list */
-	uint32_t nservers;
+	uint32_t reserved0;
+	uint64_t member_id;	/* this server's id in the shard map */
+	uint64_t map_addr;	/* the encoded shard map, for one-sided READs ... */
+	uint32_t map_rkey;
+	uint32_t map_len;	/* ... of this many bytes (RPS__MAP_BUF) */
 	uint32_t shard_elems;	/* cluster-wide shard size */
 	uint32_t nslots;	/* staging slots of this connection */
 	uint32_t slot_size;	/* bytes per slot, descriptor included */
@@ -105,17 +127,34 @@ struct rps__create {
 	char name[RPS__NAME_MAX];
 	struct rps__tensor_spec spec;
 	uint32_t flags;		/* rps__create_flags */
-	uint32_t reserved;
+	uint32_t first;		/* first region wanted in the reply (paging) */
 };
+
+/*
+ * Where a server keeps a tensor's shards of one partition it owns: shard i
+ * (in partition p = (seed + i) mod npart) is at addr + (i / npart) * stride.
+ */
+struct rps__region_ref {
+	uint64_t addr;
+	uint32_t rkey;
+	uint16_t part;
+	uint16_t reserved;
+	uint64_t epoch;		/* the partition's epoch this region serves */
+};
+
+#define RPS__CREATE_MAX_REGIONS 16u
 
 struct rps__create_rep {
 	struct rps__tensor_spec spec;	/* the tensor as it exists */
 	uint32_t tensor_id;
 	uint32_t created;	/* 1 if this request created it (send INIT if HAS_INIT) */
-	uint64_t region_addr;	/* this server's shards of the tensor */
-	uint32_t region_rkey;
-	uint32_t nlocal;
 	uint64_t stride;
+	uint64_t map_applied;	/* the map version the regions were decided by */
+	uint32_t nregions;	/* regions below (this server's partitions of the tensor) */
+	uint32_t first;		/* index of regions[0] among them (paging: CREATE.first) */
+	uint32_t total;		/* regions in all */
+	uint32_t reserved;
+	struct rps__region_ref regions[RPS__CREATE_MAX_REGIONS];
 };
 
 struct rps__wait {
@@ -139,6 +178,71 @@ struct rps__push_ack {
 	uint32_t shard;
 	uint64_t version;	/* the shard's version after this push was taken */
 	uint64_t lock;		/* async/bounded: the lock word the push ran under */
+};
+
+/* Bytes of the registered buffer holding a server's encoded shard map. */
+#define RPS__MAP_BUF 12288u
+
+struct rps__propose_rep {
+	uint64_t index;		/* where the command was applied */
+	uint64_t leader;	/* -EPERM: who to ask instead (0: unknown) */
+};
+
+struct rps__migrate {
+	uint32_t part;
+	uint32_t reserved;
+	uint64_t epoch;		/* the epoch MOVE_BEGIN named */
+	uint64_t from;		/* source member id */
+	uint64_t addr;		/* the partition's state, registered for READ */
+	uint32_t rkey;
+	uint32_t crc;		/* crc32c (ISA-L) of the len bytes */
+	uint64_t len;
+};
+
+/* STATUS_REP body: this fixed part, then the encoded shard map. */
+struct rps__status_rep {
+	uint64_t id;
+	uint64_t term;
+	uint64_t vote;
+	uint64_t leader;
+	uint64_t commit;
+	uint64_t applied;
+	uint64_t last_index;
+	uint64_t snapshot_index;
+	uint32_t role;		/* enum rps__raft_role */
+	uint32_t n_voters;
+	uint32_t n_learners;
+	uint32_t n_conns;	/* worker connections */
+	uint64_t voters[16];
+	uint64_t learners[16];
+	uint64_t match[16];	/* leader only: match index of voters[], then learners[] */
+	uint64_t tensors;
+	uint64_t shards;	/* shards held here */
+	uint64_t shard_bytes;	/* their parameter bytes */
+	uint64_t fsync;		/* 1 = durable */
+};
+
+enum rps__admin_op {
+	RPS__ADMIN_MOVE = 1,		/* part -> id */
+	RPS__ADMIN_ADD_SERVER = 2,	/* id at uri: a member, then a learner, a voter if short */
+	RPS__ADMIN_REMOVE_SERVER = 3,	/* id: must own nothing (psctl moves it out first) */
+	RPS__ADMIN_TRANSFER_LEADER = 4,	/* to id (0: the most caught-up voter) */
+};
+
+struct rps__admin {
+	uint32_t op;		/* enum rps__admin_op */
+	uint32_t part;
+	uint64_t id;
+	uint32_t timeout_ms;	/* how long the server may take (0: 30 s) */
+	uint32_t reserved;
+	char uri[128];
+};
+
+struct rps__admin_rep {
+	uint64_t leader;	/* -EPERM: send it there */
+	uint64_t index;		/* log index that carried it out */
+	uint64_t epoch;		/* MOVE: the partition's new epoch */
+	char msg[256];		/* failure: one line, what failed and what to do */
 };
 
 enum rps__push_kind {
@@ -173,9 +277,14 @@ uint32_t rps__push_crc(const struct rps__push_desc *d);
 /* Validate a received message: length, magic, type, body size for its
  * type, NUL-terminated strings.  Returns 0 or -EBADMSG with a message. */
 int rps__msg_check(const void *buf, size_t len);
-/* Body size expected for a type (0 if none, -1 unknown). */
+/* Body size expected for a type (0 if none, -1 unknown, RPS__BODY_VAR:
+ * any length up to the connection's buffer; the type's decoder checks it;
+ * RPS__BODY_VAR_MIN(n): at least n bytes, the rest variable). */
+#define RPS__BODY_VAR (-2)
 long rps__msg_body_size(unsigned type);
-/* Build header+body into buf (>= RPS__MSG_MAX); returns total length. */
+/* Fixed-part size of a type whose body is variable (STATUS_REP). */
+size_t rps__msg_body_min(unsigned type);
+/* Build header+body into buf (large enough); returns total length. */
 size_t rps__msg_build(void *buf, unsigned type, uint64_t req_id, int32_t status,
 		      const void *body, size_t body_len);
 static inline void *rps__msg_body(void *buf)

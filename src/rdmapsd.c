@@ -43,6 +43,13 @@ static void usage(FILE *f)
 		"      --no-pin              bind no memory and pin no thread\n"
 		"      --show-topology       print the NUMA nodes, RDMA devices and the placement chosen, and exit\n"
 		"      --topology FILE       read the machine from an hwloc XML file (lstopo --of xml), to debug placement\n"
+		"  -d, --data-dir DIR        the Raft log and snapshots (default: a temporary dir removed at exit)\n"
+		"      --fsync always|none   sync the log before answering (default always)\n"
+		"      --partitions N        partitions of a new cluster, 1..256 (default 64)\n"
+		"      --join ID             start empty as member ID of a running cluster (then: psctl add-server)\n"
+		"      --tick-ms MS          Raft tick (default 50)\n"
+		"      --election-ticks N    ticks without a leader before an election (default 10)\n"
+		"      --move-timeout-ms MS  abort a partition move not installed by then (default 30000)\n"
 		"  -p, --port-file PATH      write the listening port here once ready\n"
 		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
 		"  -h, --help                this text\n"
@@ -108,6 +115,13 @@ int main(int argc, char **argv)
 		{ "show-topology", no_argument, NULL, 5 },
 		{ "topology", required_argument, NULL, 6 },
 		{ "port-file", required_argument, NULL, 'p' },
+		{ "data-dir", required_argument, NULL, 'd' },
+		{ "fsync", required_argument, NULL, 10 },
+		{ "partitions", required_argument, NULL, 11 },
+		{ "join", required_argument, NULL, 12 },
+		{ "tick-ms", required_argument, NULL, 13 },
+		{ "election-ticks", required_argument, NULL, 14 },
+		{ "move-timeout-ms", required_argument, NULL, 15 },
 		{ "log-level", required_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -124,7 +138,7 @@ int main(int argc, char **argv)
 
 	rps__server_config_init(&cfg);
 	rps__log_level = RPS__LOG_INFO;
-	while ((c = getopt_long(argc, argv, "l:c:i:s:S:L:m:C:p:v:hV", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "l:c:i:s:S:L:m:C:p:d:v:hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'l':
 			if (rps__uri_parse(optarg, &cfg.listen)) {
@@ -134,6 +148,56 @@ int main(int argc, char **argv)
 			break;
 		case 'c':
 			cfg.cluster = optarg;
+			break;
+		case 'd':
+			cfg.data_dir = optarg;
+			break;
+		case 10:
+			if (!strcmp(optarg, "always")) {
+				cfg.fsync_none = 0;
+			} else if (!strcmp(optarg, "none")) {
+				cfg.fsync_none = 1;
+			} else {
+				fprintf(stderr, "rdmapsd: --fsync: '%s': say always or none\n", optarg);
+				return 2;
+			}
+			break;
+		case 11:
+			if (parse_uint(optarg, "--partitions", &cfg.npart))
+				return 2;
+			if (cfg.npart < 1 || cfg.npart > 256) {
+				fprintf(stderr, "rdmapsd: --partitions %u: must be between 1 and 256\n", cfg.npart);
+				return 2;
+			}
+			break;
+		case 12:
+			if (parse_uint(optarg, "--join", &u))
+				return 2;
+			if (!u) {
+				fprintf(stderr, "rdmapsd: --join 0: member ids start at 1\n");
+				return 2;
+			}
+			cfg.join_id = u;
+			break;
+		case 13:
+			if (parse_uint(optarg, "--tick-ms", &cfg.tick_ms))
+				return 2;
+			if (!cfg.tick_ms) {
+				fprintf(stderr, "rdmapsd: --tick-ms must be at least 1\n");
+				return 2;
+			}
+			break;
+		case 14:
+			if (parse_uint(optarg, "--election-ticks", &cfg.election_ticks))
+				return 2;
+			if (cfg.election_ticks < 3) {
+				fprintf(stderr, "rdmapsd: --election-ticks must be at least 3\n");
+				return 2;
+			}
+			break;
+		case 15:
+			if (parse_uint(optarg, "--move-timeout-ms", &cfg.move_timeout_ms))
+				return 2;
 			break;
 		case 'i':
 			if (parse_uint(optarg, "--index", &u))

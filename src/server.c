@@ -28,6 +28,7 @@
 #include "shard.h"
 #include "topo.h"
 #include "transport.h"
+#include "server_int.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -38,136 +39,6 @@
 #include <unistd.h>
 
 #include "rdmaps.h"
-
-#define CTRL_CREDITS 32u	/* control requests a worker may have outstanding */
-#define WRID_RECV 1u
-#define WRID_SEND 2u
-
-struct conn;
-
-/* A push that arrived but may not be consumed yet. */
-struct held {
-	struct conn *conn;
-	uint32_t slot;
-};
-
-/*
- * A sync push that arrived before its turn (an earlier rank's push of its
- * step, or the step itself, is not in yet), copied out of its slot so the
- * slot can be acknowledged and reused.  Without this, a worker whose slots
- * all hold out-of-turn pushes could wait on another worker that waits on it
- * (two workers pushing tensors in different orders).  Bounded by
- * park_limit (and the memory limit); past that, pushes wait in their slots.
- */
-struct parked {
-	struct tensor *t;
-	uint32_t local;
-	uint64_t clock;
-	int rank;
-	void *data;		/* the gradient, in the tensor's dtype */
-	size_t nbytes;
-};
-
-struct waiter {
-	struct conn *conn;
-	uint64_t req_id;
-	uint32_t tensor_id;
-	uint32_t local;		/* local shard index */
-	uint64_t min_version;
-	uint64_t min_clock;
-};
-
-struct shard {
-	struct rps__shard_hdr *hdr;
-	float *params;
-	uint32_t index;		/* global shard index */
-	uint32_t elems;
-	bool ready;		/* initial values in place */
-	struct conn *init_conn;	/* who must send them */
-	float *state;		/* optimizer state */
-	float *acc;		/* sync: this step's sum so far */
-	float *scratch;		/* gradients converted to fp32 */
-	uint64_t step;		/* updates applied == published version */
-	int next_rank;		/* sync: whose contribution comes next */
-	uint64_t *clocks;	/* bounded: pushes applied per rank */
-	uint64_t lease_word;	/* lock word seen by the lease scan ... */
-	uint64_t lease_since;	/* ... since this time (ns) */
-};
-
-struct tensor {
-	char name[RPS__NAME_MAX];
-	uint32_t id;
-	struct rps__tensor_spec spec;
-	struct rps__layout layout;
-	struct rps__optim optim;
-	uint32_t nlocal;
-	size_t stride;
-	void *region;
-	size_t region_len;
-	size_t mem_charged;
-	struct rps__mr *mr;
-	struct shard *shards;
-};
-
-struct conn {
-	struct rps__server *srv;
-	struct rps__ep *ep;
-	bool hello_done;
-	bool dead;
-	int rank;
-	int num_workers;
-	uint32_t owner;
-	/* staging slots */
-	char *slots;
-	struct rps__mr *slots_mr;
-	uint8_t *slot_state;	/* 0 free, 1 held */
-	/* control buffers */
-	char *rbufs;
-	struct rps__mr *rbufs_mr;
-	uint32_t nrecv;
-	char *sbufs;
-	struct rps__mr *sbufs_mr;
-	uint32_t nsend;
-	uint32_t *sfree;
-	uint32_t nsfree;
-};
-
-struct rps__server {
-	struct rps__server_config cfg;
-	struct rps__uri *cluster;
-	int ncluster;
-	int index;
-	uint32_t shard_elems;
-	size_t slot_size;
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
-	struct rps__listener *listener;
-	struct rps__topo *topo;		/* hwloc: where memory and the serving thread go */
-	struct rps__placement place;
-	int stop_fd;
-	struct conn **conns;
-	uint32_t nconns;
-	struct tensor **tensors;
-	uint32_t ntensors;
-	struct held *held;
-	uint32_t nheld, held_cap;
-	struct parked *parked;
-	uint32_t nparked, parked_cap;
-	size_t parked_bytes;
-	struct waiter *waiters;
-	uint32_t nwaiters, waiters_cap;
-	/* barrier */
-	struct {
-		struct conn **conn;
-		uint64_t *req_id;
-		uint32_t n, cap;
-		int need;
-	} barrier;
-	size_t mem_used;
-	uint8_t owner_used[RPS__LOCK_OWNER_MAX + 1];
-	uint32_t next_owner;
-	uint64_t next_lease_scan;
-};
 
 void rps__server_config_init(struct rps__server_config *cfg)
 {
@@ -182,11 +53,15 @@ void rps__server_config_init(struct rps__server_config *cfg)
 	cfg->max_conns = 64;
 	cfg->numa_node = -1;
 	cfg->park_limit = 256u << 20;
+	cfg->tick_ms = 50;
+	cfg->election_ticks = 10;
+	cfg->move_timeout_ms = 30000;
+	cfg->drain_ms = 2000;
 }
 
 /* ---- memory accounting ------------------------------------------------ */
 
-static int mem_take(struct rps__server *srv, size_t bytes, const char *what)
+int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what)
 {
 	if (srv->cfg.mem_limit && srv->mem_used + bytes > srv->cfg.mem_limit)
 		return rps__seterr(-ENOMEM, "%s: %zu bytes would exceed the memory limit (%zu of %zu used): raise rdmapsd --memory-limit",
@@ -195,7 +70,7 @@ static int mem_take(struct rps__server *srv, size_t bytes, const char *what)
 	return 0;
 }
 
-static void mem_give(struct rps__server *srv, size_t bytes)
+void rps__srv_mem_give(struct rps__server *srv, size_t bytes)
 {
 	srv->mem_used -= bytes;
 }
@@ -225,23 +100,35 @@ static int place_server(const struct rps__server_config *cfg, struct rps__fabric
 
 static char *sbuf(struct conn *c, uint32_t i)
 {
-	return c->sbufs + (size_t)i * RPS__MSG_MAX;
+	return c->sbufs + (size_t)i * c->msg_max;
 }
 
 static char *rbuf(struct conn *c, uint32_t i)
 {
-	return c->rbufs + (size_t)i * RPS__MSG_MAX;
+	return c->rbufs + (size_t)i * c->msg_max;
 }
 
-static void conn_fail(struct conn *c, const char *why)
+static const char *role_name(const struct conn *c)
 {
-	if (!c->dead)
-		rps__log(RPS__LOG_INFO, "worker %s (rank %d): %s", rps__ep_peer(c->ep), c->rank, why);
+	return c->role == CONN_PEER ? "peer" : c->role == CONN_ADMIN ? "admin" : "worker";
+}
+
+void rps__srv_conn_fail(struct conn *c, const char *why)
+{
+	if (!c->dead) {
+		if (c->role == CONN_WORKER)
+			rps__log(RPS__LOG_INFO, "worker %s (rank %d): %s", rps__ep_peer(c->ep), c->rank, why);
+		else
+			rps__log(RPS__LOG_INFO, "%s %s: %s", role_name(c), rps__ep_peer(c->ep), why);
+	}
 	c->dead = true;
 }
 
-static void conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
-		       const void *body, size_t len)
+#define conn_fail rps__srv_conn_fail
+#define conn_reply rps__srv_conn_reply
+
+void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
+			 const void *body, size_t len)
 {
 	struct rps__wr wr;
 	uint32_t i;
@@ -250,7 +137,14 @@ static void conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t s
 	if (c->dead)
 		return;
 	if (!c->nsfree) {
+		if (c->role == CONN_PEER)
+			return;		/* best effort: Raft and the move duties retry */
 		conn_fail(c, "exceeded its control credits");
+		return;
+	}
+	if (sizeof(struct rps__msg_hdr) + (body ? len : 0) > c->msg_max) {
+		rps__log(RPS__LOG_ERROR, "%s reply of %zu bytes does not fit a %zu-byte buffer",
+			 rps__msg_type_name(type), len, c->msg_max);
 		return;
 	}
 	i = c->sfree[--c->nsfree];
@@ -283,12 +177,21 @@ static void publish_end(struct shard *s)
 	__atomic_store_n(&s->hdr->seq, s->step * 2, __ATOMIC_RELEASE);
 }
 
+/* Publish a new epoch in the header (RPS__EPOCH_MOVED: fenced), so a
+ * worker's READ of a moved shard sees it did not read the owner's copy. */
+void rps__srv_publish(struct shard *s, uint64_t epoch)
+{
+	publish_begin(s);
+	s->hdr->epoch = epoch;
+	publish_end(s);
+}
+
 static struct tensor *tensor_by_id(struct rps__server *srv, uint32_t id)
 {
 	return id < srv->ntensors ? srv->tensors[id] : NULL;
 }
 
-static void wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local)
+void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local)
 {
 	struct shard *s = &t->shards[local];
 	uint32_t i = 0;
@@ -341,7 +244,7 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
 	if (s->next_rank == t->spec.num_workers) {
 		s->next_rank = 0;
 		shard_update(t, s, s->acc);
-		wake_waiters(srv, t, local);
+		rps__srv_wake_waiters(srv, t, local);
 	}
 	return 0;
 }
@@ -351,18 +254,49 @@ enum consume_result { CONSUMED, NOT_YET };
 /* Release the lock word w (0: none held) on the worker's behalf, through
  * the transport's atomic path; returns the new word for the ack.  The
  * version moves on with every release, so a word never comes back. */
-static uint64_t release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w)
+uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w)
 {
 	uint64_t next, old = 0;
 
 	if (!w)
 		return 0;
 	next = rps__lock_unlocked(rps__lock_version(w) + 1);
-	if (rps__local_cas(srv->fab, t->mr, &s->hdr->lock, w, next, &old)) {
+	if (rps__local_cas(srv->fab, t->regions[s->part].mr, &s->hdr->lock, w, next, &old)) {
 		rps__log(RPS__LOG_ERROR, "releasing lock of %s shard %u: %s", t->name, s->index, rps__errbuf());
 		return 0;
 	}
 	return old == w ? next : old;
+}
+
+static bool dedup_seen(const struct shard *s, uint64_t client, uint64_t push_id)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->ndd; i++)
+		if (s->dd[i].client == client)
+			return push_id <= s->dd[i].push_id;
+	return false;
+}
+
+/* Remember the newest push applied per worker.  A worker's locked pushes to
+ * one shard are serialised, so their ids arrive in increasing order. */
+static void dedup_note(struct shard *s, uint64_t client, uint64_t push_id)
+{
+	struct dedup *grown;
+	uint32_t i;
+
+	for (i = 0; i < s->ndd; i++)
+		if (s->dd[i].client == client) {
+			s->dd[i].push_id = push_id;
+			return;
+		}
+	grown = realloc(s->dd, (s->ndd + 1) * sizeof(*grown));
+	if (!grown)
+		return;		/* then only the lock protocol guards it, as before */
+	s->dd = grown;
+	s->dd[s->ndd].client = client;
+	s->dd[s->ndd].push_id = push_id;
+	s->ndd++;
 }
 
 static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
@@ -419,12 +353,27 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 		push_ack(c, slot, -ENOENT, 0, 0);
 		return CONSUMED;
 	}
-	if (d->shard >= t->layout.nshards || rps__shard_server(&t->layout, d->shard) != (uint32_t)srv->index) {
+	if (d->shard >= t->layout.nshards) {
 		push_ack(c, slot, -EINVAL, 0, 0);
 		return CONSUMED;
 	}
-	local = rps__shard_local_index(&t->layout, d->shard);
+	local = d->shard;
 	s = &t->shards[local];
+	/* Fencing: only the owner of the partition, under the epoch the map
+	 * gave it, takes pushes.  A refused push was not applied: the worker
+	 * refreshes its map and sends it to the new owner. */
+	if (!s->hdr || !rps__cp_serving(srv, s->part) || d->epoch != srv->parts[s->part].epoch) {
+		uint64_t left = 0;
+		/* a lock this worker took before the fence: let go of it, or
+		 * fencing would wait for the lease */
+		if (s->hdr && t->regions[s->part].mr && t->spec.mode != RPS_MODE_SYNC) {
+			uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
+			if (w == d->lock && rps__lock_is_locked(w) && rps__lock_owner(w) == c->owner)
+				left = rps__srv_release_lock(srv, t, s, w);
+		}
+		push_ack(c, slot, RPS_ESTALE_EPOCH, 0, left);
+		return CONSUMED;
+	}
 
 	if (d->kind == RPS__PUSH_INIT) {
 		if (s->ready || s->init_conn != c) {
@@ -441,7 +390,7 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 		s->init_conn = NULL;
 		publish_end(s);
 		push_ack(c, slot, 0, s->step, 0);
-		wake_waiters(srv, t, local);
+		rps__srv_wake_waiters(srv, t, local);
 		return CONSUMED;
 	}
 
@@ -455,13 +404,19 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 			return CONSUMED;
 		}
 		holds = w;
+		/* A retried push that was applied already (idempotent push ids):
+		 * acknowledge, do not apply again. */
+		if (dedup_seen(s, c->client_id, d->push_id)) {
+			push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, holds));
+			return CONSUMED;
+		}
 	}
 	if (d->dtype != t->spec.dtype || d->nbytes != (uint64_t)s->elems * rps__dtype_size(t->spec.dtype)) {
-		push_ack(c, slot, -EMSGSIZE, 0, release_lock(srv, t, s, holds));
+		push_ack(c, slot, -EMSGSIZE, 0, rps__srv_release_lock(srv, t, s, holds));
 		return CONSUMED;
 	}
 	if ((t->spec.mode != RPS_MODE_ASYNC) && (d->rank < 0 || d->rank >= t->spec.num_workers || d->rank != c->rank)) {
-		push_ack(c, slot, -EINVAL, 0, release_lock(srv, t, s, holds));
+		push_ack(c, slot, -EINVAL, 0, rps__srv_release_lock(srv, t, s, holds));
 		return CONSUMED;
 	}
 	if (!s->ready)
@@ -478,13 +433,14 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 
 	/* async and bounded: applied alone, under the lock the worker holds */
 	shard_update(t, s, grad_fp32(s, d));
+	dedup_note(s, c->client_id, d->push_id);
 	if (t->spec.mode == RPS_MODE_BOUNDED) {
 		if (d->clock + 1 > s->clocks[d->rank])
 			s->clocks[d->rank] = d->clock + 1;
 		update_min_clock(t, s);
 	}
-	push_ack(c, slot, 0, s->step, release_lock(srv, t, s, holds));
-	wake_waiters(srv, t, local);
+	push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, holds));
+	rps__srv_wake_waiters(srv, t, local);
 	return CONSUMED;
 }
 
@@ -507,7 +463,7 @@ static int held_add(struct rps__server *srv, struct conn *c, uint32_t slot)
 
 /* Consume held pushes until none can move.  Held pushes are few (at most
  * connections x slots), so a rescan is cheap. */
-static void drain_held(struct rps__server *srv)
+void rps__srv_drain_held(struct rps__server *srv)
 {
 	bool progress = true;
 
@@ -522,7 +478,7 @@ static void drain_held(struct rps__server *srv)
 			}
 			/* taken: its acknowledgement went out when it was parked */
 			free(p->data);
-			mem_give(srv, p->nbytes);
+			rps__srv_mem_give(srv, p->nbytes);
 			srv->parked_bytes -= p->nbytes;
 			*p = srv->parked[--srv->nparked];
 			progress = true;
@@ -561,17 +517,20 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 		srv->parked = grown;
 		srv->parked_cap = cap;
 	}
-	if (mem_take(srv, d->nbytes, "parking a push"))
+	if (rps__srv_mem_take(srv, d->nbytes, "parking a push"))
 		return -ENOSPC;
 	p = &srv->parked[srv->nparked];
 	p->data = malloc(d->nbytes ? d->nbytes : 1);
 	if (!p->data) {
-		mem_give(srv, d->nbytes);
+		rps__srv_mem_give(srv, d->nbytes);
 		return -ENOSPC;
 	}
 	memcpy(p->data, (char *)d + RPS__PUSH_DESC_SIZE, d->nbytes);
 	p->t = t;
-	p->local = rps__shard_local_index(&t->layout, d->shard);
+	if (d->shard >= t->layout.nshards || !t->shards[d->shard].hdr ||
+	    !rps__cp_serving(srv, t->shards[d->shard].part))
+		return -ENOSPC;
+	p->local = d->shard;
 	p->clock = d->clock;
 	p->rank = d->rank;
 	p->nbytes = d->nbytes;
@@ -602,7 +561,7 @@ static void on_push(struct rps__server *srv, struct conn *c, uint32_t slot)
 		return;
 	}
 	if (consume(srv, c, slot) == CONSUMED) {
-		drain_held(srv);
+		rps__srv_drain_held(srv);
 		return;
 	}
 	if (park(srv, c, slot) == 0)
@@ -623,45 +582,83 @@ static bool spec_equal(const struct rps__tensor_spec *a, const struct rps__tenso
 	       (a->flags & RPS__CREATE_HAS_INIT) == (b->flags & RPS__CREATE_HAS_INIT);
 }
 
+static void shard_free_mem(struct shard *s)
+{
+	free(s->state);
+	free(s->acc);
+	free(s->scratch);
+	free(s->clocks);
+	free(s->dd);
+	s->state = s->acc = s->scratch = NULL;
+	s->clocks = NULL;
+	s->dd = NULL;
+	s->ndd = 0;
+	s->hdr = NULL;
+	s->params = NULL;
+}
+
+/* Give up a tensor's region of a partition: deregistering revokes every
+ * worker's remote access to those shards at once. */
+void rps__srv_region_free(struct rps__server *srv, struct tensor *t, uint32_t part)
+{
+	struct region *r = &t->regions[part];
+	uint32_t j;
+
+	if (!r->mem)
+		return;
+	for (j = 0; j < r->nsh; j++)
+		shard_free_mem(&t->shards[rps__server_shard(&t->layout, part, j)]);
+	rps__mr_dereg(r->mr);
+	rps__topo_free(srv->topo, r->mem, r->len);
+	rps__srv_mem_give(srv, r->mem_charged);
+	memset(r, 0, sizeof(*r));
+}
+
 static void tensor_free(struct rps__server *srv, struct tensor *t)
 {
-	uint32_t j;
+	uint32_t p;
 
 	if (!t)
 		return;
-	for (j = 0; t->shards && j < t->nlocal; j++) {
-		free(t->shards[j].state);
-		free(t->shards[j].acc);
-		free(t->shards[j].scratch);
-		free(t->shards[j].clocks);
-	}
+	for (p = 0; t->regions && p < t->layout.nservers; p++)
+		rps__srv_region_free(srv, t, p);
+	free(t->regions);
 	free(t->shards);
-	rps__mr_dereg(t->mr);
-	rps__topo_free(srv->topo, t->region, t->region_len);
-	mem_give(srv, t->mem_charged);
 	free(t);
 }
 
-static int tensor_new(struct rps__server *srv, const struct rps__create *req, struct conn *c,
-		      struct tensor **out)
+static int spec_check(const char *name, const struct rps__tensor_spec *sp)
 {
-	const struct rps__tensor_spec *sp = &req->spec;
-	struct tensor *t;
-	size_t per_elem;
-	uint32_t j;
-	int ret;
-
 	if (sp->dtype < RPS_DTYPE_F32 || sp->dtype > RPS_DTYPE_F16)
-		return rps__seterr(-EINVAL, "tensor '%s': unknown dtype %u", req->name, sp->dtype);
+		return rps__seterr(-EINVAL, "tensor '%s': unknown dtype %u", name, sp->dtype);
 	if (sp->mode < RPS_MODE_SYNC || sp->mode > RPS_MODE_ASYNC)
-		return rps__seterr(-EINVAL, "tensor '%s': unknown consistency mode %u", req->name, sp->mode);
+		return rps__seterr(-EINVAL, "tensor '%s': unknown consistency mode %u", name, sp->mode);
 	if (sp->mode != RPS_MODE_ASYNC && (sp->num_workers < 1 || sp->num_workers > 4096))
 		return rps__seterr(-EINVAL, "tensor '%s': sync and bounded modes need num_workers in 1..4096 (got %d)",
-				   req->name, sp->num_workers);
+				   name, sp->num_workers);
+	return 0;
+}
+
+/* Know a tensor (its spec and layout) without holding any of its shards:
+ * regions come with the partitions this server owns or receives. */
+int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
+			struct tensor **out)
+{
+	struct tensor *t, **grown;
+	uint32_t i;
+	int ret;
+
+	ret = spec_check(name, sp);
+	if (ret)
+		return ret;
+	grown = realloc(srv->tensors, (srv->ntensors + 1) * sizeof(*srv->tensors));
+	if (!grown)
+		return rps__seterr(-ENOMEM, "out of memory");
+	srv->tensors = grown;
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return rps__seterr(-ENOMEM, "out of memory");
-	memcpy(t->name, req->name, sizeof(t->name));
+	snprintf(t->name, sizeof(t->name), "%s", name);
 	t->spec = *sp;
 	t->optim = (struct rps__optim){
 		.type = (enum rps_optimizer)sp->optimizer, .lr = sp->lr, .momentum = sp->momentum,
@@ -670,38 +667,82 @@ static int tensor_new(struct rps__server *srv, const struct rps__create *req, st
 	};
 	ret = rps__optim_validate(&t->optim);
 	if (ret) {
-		rps__preerr(ret, "tensor '%s'", req->name);
+		rps__preerr(ret, "tensor '%s'", name);
 		goto err_free;
 	}
-	ret = rps__layout_init(&t->layout, req->name, sp->count, srv->shard_elems, (uint32_t)srv->ncluster);
+	ret = rps__layout_init(&t->layout, name, sp->count, srv->shard_elems, srv->map.npart);
 	if (ret)
 		goto err_free;
-	t->nlocal = rps__server_nshards(&t->layout, (uint32_t)srv->index);
 	t->stride = rps__shard_stride(srv->shard_elems);
-	t->region_len = RPS__MAX(t->stride * t->nlocal, (size_t)64);
+	t->shards = calloc(t->layout.nshards, sizeof(*t->shards));
+	t->regions = calloc(srv->map.npart, sizeof(*t->regions));
+	if (!t->shards || !t->regions) {
+		ret = rps__seterr(-ENOMEM, "tensor '%s': out of memory", name);
+		goto err_free;
+	}
+	for (i = 0; i < t->layout.nshards; i++) {
+		t->shards[i].index = i;
+		t->shards[i].part = rps__shard_server(&t->layout, i);
+		t->shards[i].elems = rps__shard_elems(&t->layout, i);
+	}
+	t->id = srv->ntensors;
+	srv->tensors[srv->ntensors++] = t;
+	*out = t;
+	return 0;
+err_free:
+	tensor_free(srv, t);
+	return ret;
+}
+
+/*
+ * Allocate (not yet register) a tensor's region of one partition, on the
+ * HCA's NUMA node, with the optimizer state and accumulators of its shards.
+ * The caller fills it (fresh: zeros, or a move's data) and registers it
+ * with rps__srv_region_register, so the lock words are written by this CPU
+ * only before any HCA atomic can reach them.
+ */
+int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t part, bool has_init,
+			  struct conn *init_conn)
+{
+	const struct rps__tensor_spec *sp = &t->spec;
+	struct region *r = &t->regions[part];
+	size_t per_elem, charge;
+	uint32_t j;
+	int ret;
+
+	if (r->mem)
+		return 0;
+	r->nsh = rps__server_nshards(&t->layout, part);
+	if (!r->nsh)
+		return 0;
+	r->len = t->stride * r->nsh;
 	/* optimizer state, the sync accumulator and conversion scratch: fp32 each */
 	per_elem = 4u * (rps__optim_state_len(t->optim.type, 1) + (sp->mode == RPS_MODE_SYNC) +
 			 (sp->dtype != RPS_DTYPE_F32));
-	ret = mem_take(srv, t->region_len + per_elem * (size_t)t->nlocal * srv->shard_elems, req->name);
-	if (ret)
-		goto err_free;
-	t->mem_charged = t->region_len + per_elem * (size_t)t->nlocal * srv->shard_elems;
-	t->region = rps__topo_alloc(srv->topo, &srv->place, t->region_len);
-	t->shards = calloc(t->nlocal ? t->nlocal : 1, sizeof(*t->shards));
-	if (!t->region || !t->shards)
+	charge = r->len + per_elem * (size_t)r->nsh * srv->shard_elems;
+	ret = rps__srv_mem_take(srv, charge, t->name);
+	if (ret) {
+		r->nsh = 0;
+		return ret;
+	}
+	r->mem_charged = charge;
+	r->mem = rps__topo_alloc(srv->topo, &srv->place, r->len);
+	if (!r->mem)
 		goto err_nomem;
-	for (j = 0; j < t->nlocal; j++) {
-		struct shard *s = &t->shards[j];
+	memset(r->mem, 0, r->len);
+	for (j = 0; j < r->nsh; j++) {
+		struct shard *s = &t->shards[rps__server_shard(&t->layout, part, j)];
 		size_t n;
-		s->index = rps__server_shard(&t->layout, (uint32_t)srv->index, j);
-		s->elems = rps__shard_elems(&t->layout, s->index);
-		s->hdr = (struct rps__shard_hdr *)((char *)t->region + j * t->stride);
+		s->hdr = (struct rps__shard_hdr *)((char *)r->mem + j * t->stride);
 		s->params = (float *)((char *)s->hdr + RPS__SHARD_HDR_SIZE);
 		s->hdr->shard = s->index;
 		s->hdr->elems = s->elems;
-		s->ready = !(sp->flags & RPS__CREATE_HAS_INIT);
-		s->init_conn = s->ready ? NULL : c;
+		s->hdr->epoch = srv->map.parts[part].epoch;
+		s->ready = !has_init;
+		s->init_conn = s->ready ? NULL : init_conn;
 		s->hdr->seq = s->ready ? 0 : 1;	/* odd: not readable until INIT */
+		s->step = 0;
+		s->next_rank = 0;
 		n = rps__optim_state_len(t->optim.type, s->elems);
 		if (n && !(s->state = calloc(n, sizeof(float))))
 			goto err_nomem;
@@ -713,21 +754,27 @@ static int tensor_new(struct rps__server *srv, const struct rps__create *req, st
 		    !(s->clocks = calloc((size_t)sp->num_workers, sizeof(uint64_t))))
 			goto err_nomem;
 	}
-	ret = rps__mr_reg(srv->fab, t->region, t->region_len,
-			  RPS__ACCESS_REMOTE_READ | RPS__ACCESS_REMOTE_ATOMIC, &t->mr);
-	if (ret)
-		goto err_free;
-	*out = t;
 	return 0;
 err_nomem:
-	ret = rps__seterr(-ENOMEM, "tensor '%s': out of memory for %llu elements", req->name,
-			  (unsigned long long)sp->count);
-err_free:
-	tensor_free(srv, t);
+	ret = rps__seterr(-ENOMEM, "tensor '%s': out of memory for partition %u", t->name, part);
+	rps__srv_region_free(srv, t, part);
 	return ret;
 }
 
-static struct tensor *tensor_by_name(struct rps__server *srv, const char *name)
+int rps__srv_region_register(struct rps__server *srv, struct tensor *t, uint32_t part)
+{
+	struct region *r = &t->regions[part];
+	int ret;
+
+	if (!r->mem || r->mr)
+		return 0;
+	ret = rps__mr_reg(srv->fab, r->mem, r->len, RPS__ACCESS_REMOTE_READ | RPS__ACCESS_REMOTE_ATOMIC, &r->mr);
+	if (ret)
+		rps__srv_region_free(srv, t, part);
+	return ret;
+}
+
+struct tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name)
 {
 	uint32_t i;
 
@@ -737,25 +784,44 @@ static struct tensor *tensor_by_name(struct rps__server *srv, const char *name)
 	return NULL;
 }
 
-static void create_reply(struct conn *c, uint64_t req_id, struct tensor *t, bool created)
+/* The reply names the regions of partitions served here, a page at a time
+ * (the worker asks again with CREATE.first for the rest). */
+static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_id, struct tensor *t,
+			 bool created, uint32_t first)
 {
 	struct rps__create_rep rep;
+	uint32_t p, k = 0;
 
 	memset(&rep, 0, sizeof(rep));
 	rep.spec = t->spec;
 	rep.tensor_id = t->id;
 	rep.created = created;
-	rep.region_addr = (uint64_t)(uintptr_t)t->region;
-	rep.region_rkey = rps__mr_rkey(t->mr);
-	rep.nlocal = t->nlocal;
 	rep.stride = t->stride;
+	rep.map_applied = srv->map.applied;
+	rep.first = first;
+	for (p = 0; p < t->layout.nservers; p++) {
+		struct region *r = &t->regions[p];
+		if (!r->mr || !rps__cp_serving(srv, p))
+			continue;
+		if (k >= first && rep.nregions < RPS__CREATE_MAX_REGIONS) {
+			struct rps__region_ref *ref = &rep.regions[rep.nregions++];
+			ref->addr = (uint64_t)(uintptr_t)r->mem;
+			ref->rkey = rps__mr_rkey(r->mr);
+			ref->part = (uint16_t)p;
+			ref->epoch = srv->parts[p].epoch;
+		}
+		k++;
+	}
+	rep.total = k;
 	conn_reply(c, RPS__MSG_CREATE_REP, req_id, 0, &rep, sizeof(rep));
 }
 
 static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 		      const struct rps__create *req)
 {
-	struct tensor *t = tensor_by_name(srv, req->name), **grown;
+	struct tensor *t = rps__srv_tensor_by_name(srv, req->name);
+	bool created = false;
+	uint32_t p;
 	int ret;
 
 	if (t) {
@@ -765,30 +831,43 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 			conn_reply(c, RPS__MSG_CREATE_REP, req_id, -EEXIST, NULL, 0);
 			return;
 		}
-		create_reply(c, req_id, t, false);
+		create_reply(srv, c, req_id, t, false, req->first);
 		return;
 	}
 	if (req->flags & RPS__CREATE_OPEN_ONLY) {
 		conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENOENT, NULL, 0);
 		return;
 	}
-	grown = realloc(srv->tensors, (srv->ntensors + 1) * sizeof(*srv->tensors));
-	if (!grown) {
-		conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENOMEM, NULL, 0);
-		return;
+	ret = rps__srv_tensor_add(srv, req->name, &req->spec, &t);
+	if (ret)
+		goto err;
+	for (p = 0; p < t->layout.nservers; p++) {
+		/* and partitions on their way here: they come without this tensor */
+		if (!rps__cp_serving(srv, p) && srv->parts[p].st != PART_INCOMING &&
+		    srv->map.parts[p].moving_to != srv->my_id)
+			continue;
+		ret = rps__srv_region_alloc(srv, t, p, req->spec.flags & RPS__CREATE_HAS_INIT, c);
+		if (!ret)
+			ret = rps__srv_region_register(srv, t, p);
+		if (ret) {
+			srv->tensors[--srv->ntensors] = NULL;
+			tensor_free(srv, t);
+			goto err;
+		}
 	}
-	srv->tensors = grown;
-	ret = tensor_new(srv, req, c, &t);
-	if (ret) {
-		rps__log(RPS__LOG_WARN, "create from %s: %s", rps__ep_peer(c->ep), rps__errbuf());
-		conn_reply(c, RPS__MSG_CREATE_REP, req_id, ret, NULL, 0);
-		return;
+	created = true;
+	{
+		uint32_t n = 0;
+		for (p = 0; p < t->layout.nservers; p++)
+			n += t->regions[p].nsh;
+		rps__log(RPS__LOG_INFO, "tensor '%s': %llu elements, %u of %u shards here", t->name,
+			 (unsigned long long)t->spec.count, n, t->layout.nshards);
 	}
-	t->id = srv->ntensors;
-	srv->tensors[srv->ntensors++] = t;
-	rps__log(RPS__LOG_INFO, "tensor '%s': %llu elements, %u of %u shards here", t->name,
-		 (unsigned long long)t->spec.count, t->nlocal, t->layout.nshards);
-	create_reply(c, req_id, t, true);
+	create_reply(srv, c, req_id, t, created, req->first);
+	return;
+err:
+	rps__log(RPS__LOG_WARN, "create from %s: %s", rps__ep_peer(c->ep), rps__errbuf());
+	conn_reply(c, RPS__MSG_CREATE_REP, req_id, ret, NULL, 0);
 }
 
 static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__hello *h)
@@ -799,20 +878,17 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 		conn_reply(c, RPS__MSG_HELLO_REP, req_id, -EPROTO, NULL, 0);
 		return;
 	}
-	if (h->nservers != (uint32_t)srv->ncluster || h->server_index != (uint32_t)srv->index) {
-		rps__log(RPS__LOG_WARN, "worker %s lists this server as %u of %u; the cluster list says %d of %d",
-			 rps__ep_peer(c->ep), h->server_index, h->nservers, srv->index, srv->ncluster);
-		conn_reply(c, RPS__MSG_HELLO_REP, req_id, -EXDEV, NULL, 0);
-		return;
-	}
 	c->rank = h->rank;
+	c->client_id = h->client_id;
 	c->num_workers = h->num_workers;
 	c->hello_done = true;
 	memset(&rep, 0, sizeof(rep));
 	rep.magic = RPS__HELLO_MAGIC;
 	rep.version = RPS__PROTO_VERSION;
-	rep.server_index = (uint32_t)srv->index;
-	rep.nservers = (uint32_t)srv->ncluster;
+	rep.member_id = srv->my_id;
+	rep.map_addr = (uint64_t)(uintptr_t)srv->mapbuf;
+	rep.map_rkey = rps__mr_rkey(srv->mapbuf_mr);
+	rep.map_len = RPS__MAP_BUF;
 	rep.shard_elems = srv->shard_elems;
 	rep.nslots = srv->cfg.nslots;
 	rep.slot_size = (uint32_t)srv->slot_size;
@@ -829,11 +905,15 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 	struct waiter *nw;
 	uint32_t local;
 
-	if (!t || w->shard >= t->layout.nshards || rps__shard_server(&t->layout, w->shard) != (uint32_t)srv->index) {
+	if (!t || w->shard >= t->layout.nshards) {
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
-	local = rps__shard_local_index(&t->layout, w->shard);
+	local = w->shard;
+	if (!t->shards[local].hdr || !rps__cp_serving(srv, t->shards[local].part)) {
+		conn_reply(c, RPS__MSG_WAIT_REP, req_id, RPS_ESTALE_EPOCH, NULL, 0);
+		return;
+	}
 	if (srv->nwaiters == srv->waiters_cap) {
 		uint32_t cap = srv->waiters_cap ? srv->waiters_cap * 2 : 64;
 		nw = realloc(srv->waiters, cap * sizeof(*nw));
@@ -848,7 +928,7 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 		.conn = c, .req_id = req_id, .tensor_id = t->id, .local = local,
 		.min_version = w->min_version, .min_clock = w->min_clock,
 	};
-	wake_waiters(srv, t, local);
+	rps__srv_wake_waiters(srv, t, local);
 }
 
 static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
@@ -893,11 +973,19 @@ static void on_message(struct rps__server *srv, struct conn *c, void *buf, uint3
 	ret = rps__msg_check(buf, len);
 	if (ret) {
 		/* A peer that sends garbage is not trusted with more: drop it. */
-		rps__log(RPS__LOG_WARN, "worker %s: %s", rps__ep_peer(c->ep), rps__errbuf());
+		rps__log(RPS__LOG_WARN, "%s %s: %s", role_name(c), rps__ep_peer(c->ep), rps__errbuf());
 		conn_fail(c, "sent a malformed message");
 		return;
 	}
 	memcpy(&h, buf, sizeof(h));
+	if (c->role != CONN_WORKER) {
+		rps__cp_on_message(srv, c, &h, body, len - (uint32_t)sizeof(h));
+		return;
+	}
+	if (h.type == RPS__MSG_STATUS) {
+		rps__cp_on_message(srv, c, &h, body, len - (uint32_t)sizeof(h));
+		return;
+	}
 	if (!c->hello_done && h.type != RPS__MSG_HELLO) {
 		conn_fail(c, "sent a request before HELLO");
 		return;
@@ -931,7 +1019,7 @@ static void break_lock(struct rps__server *srv, struct tensor *t, struct shard *
 		       const char *why)
 {
 	/* release_lock() returns the word it left, or what it found instead */
-	if (release_lock(srv, t, s, w) == rps__lock_unlocked(rps__lock_version(w) + 1))
+	if (rps__srv_release_lock(srv, t, s, w) == rps__lock_unlocked(rps__lock_version(w) + 1))
 		rps__log(RPS__LOG_INFO, "tensor '%s' shard %u: broke lock of owner %u (%s)", t->name,
 			 s->index, rps__lock_owner(w), why);
 }
@@ -945,10 +1033,13 @@ static void scan_locks(struct rps__server *srv, uint32_t dead_owner)
 		struct tensor *t = srv->tensors[i];
 		if (!t || t->spec.mode == RPS_MODE_SYNC)
 			continue;
-		for (j = 0; j < t->nlocal; j++) {
+		for (j = 0; j < t->layout.nshards; j++) {
 			struct shard *s = &t->shards[j];
-			uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
-			if (!rps__lock_is_locked(w)) {
+			uint64_t w;
+			if (!s->hdr || !t->regions[s->part].mr)
+				continue;
+			w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
+			if (!rps__lock_is_locked(w) || rps__lock_owner(w) == RPS__LOCK_OWNER_FENCE) {
 				s->lease_word = 0;
 				continue;
 			}
@@ -970,35 +1061,136 @@ static void scan_locks(struct rps__server *srv, uint32_t dead_owner)
 
 /* ---- connections ------------------------------------------------------- */
 
-static int post_recv_buf(struct conn *c, uint32_t i)
+int rps__srv_post_recv(struct conn *c, uint32_t i)
 {
-	struct rps__sge sge = { .addr = rbuf(c, i), .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
+	struct rps__sge sge = { .addr = rbuf(c, i), .len = (uint32_t)c->msg_max, .mr = c->rbufs_mr };
 
 	return rps__post_recv(c->ep, &sge, ((uint64_t)WRID_RECV << 32) | i);
 }
+#define post_recv_buf rps__srv_post_recv
 
-static void conn_free(struct rps__server *srv, struct conn *c)
+void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
 {
+	if (!c)
+		return;
 	rps__ep_close(c->ep);
 	rps__mr_dereg(c->slots_mr);
 	rps__mr_dereg(c->rbufs_mr);
 	rps__mr_dereg(c->sbufs_mr);
-	rps__topo_free(srv->topo, c->slots, (size_t)srv->cfg.nslots * srv->slot_size);
-	rps__topo_free(srv->topo, c->rbufs, (size_t)c->nrecv * RPS__MSG_MAX);
-	rps__topo_free(srv->topo, c->sbufs, (size_t)c->nsend * RPS__MSG_MAX);
+	rps__mr_dereg(c->rd_mr);
+	free(c->rd_buf);
+	if (c->slots) {
+		rps__topo_free(srv->topo, c->slots, (size_t)srv->cfg.nslots * srv->slot_size);
+		rps__srv_mem_give(srv, (size_t)srv->cfg.nslots * srv->slot_size);
+	}
+	if (c->rbufs)
+		rps__topo_free(srv->topo, c->rbufs, (size_t)c->nrecv * c->msg_max);
+	if (c->sbufs)
+		rps__topo_free(srv->topo, c->sbufs, (size_t)c->nsend * c->msg_max);
 	free(c->sfree);
 	free(c->slot_state);
 	if (c->owner)
 		srv->owner_used[c->owner] = 0;
-	mem_give(srv, (size_t)srv->cfg.nslots * srv->slot_size);
 	free(c);
+}
+#define conn_free rps__srv_conn_free
+
+static uint32_t owner_alloc(struct rps__server *srv);
+
+/* A connection's buffers (before the endpoint exists): workers get staging
+ * slots and small control buffers, peers and psctl big message buffers. */
+int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out)
+{
+	size_t slots_len = (size_t)srv->cfg.nslots * srv->slot_size;
+	struct conn *c;
+	uint32_t i;
+	int ret;
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return rps__seterr(-ENOMEM, "out of memory");
+	c->srv = srv;
+	c->rank = -1;
+	c->role = role;
+	if (role == CONN_WORKER) {
+		c->msg_max = RPS__MSG_MAX;
+		c->nrecv = CTRL_CREDITS + srv->cfg.nslots + 4;
+		c->nsend = CTRL_CREDITS + srv->cfg.nslots + 4;
+		ret = rps__srv_mem_take(srv, slots_len, "staging slots");
+		if (ret) {
+			free(c);
+			return ret;
+		}
+		c->slots = rps__topo_alloc(srv->topo, &srv->place, slots_len);
+		if (!c->slots) {
+			rps__srv_mem_give(srv, slots_len);
+			goto err_nomem;
+		}
+		c->slot_state = calloc(srv->cfg.nslots, 1);
+		c->owner = owner_alloc(srv);
+		if (!c->slot_state || !c->owner)
+			goto err_nomem;
+	} else {
+		c->msg_max = RPS__BIG_MSG_MAX;
+		c->nrecv = PEER_RECV;
+		c->nsend = PEER_SEND;
+	}
+	c->rbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nrecv * c->msg_max);
+	c->sbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nsend * c->msg_max);
+	c->sfree = calloc(c->nsend, sizeof(*c->sfree));
+	if (!c->rbufs || !c->sbufs || !c->sfree)
+		goto err_nomem;
+	for (i = 0; i < c->nsend; i++)
+		c->sfree[i] = c->nsend - 1 - i;
+	c->nsfree = c->nsend;
+	ret = c->slots ? rps__mr_reg(srv->fab, c->slots, slots_len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr) : 0;
+	if (!ret)
+		ret = rps__mr_reg(srv->fab, c->rbufs, (size_t)c->nrecv * c->msg_max, RPS__ACCESS_LOCAL, &c->rbufs_mr);
+	if (!ret)
+		ret = rps__mr_reg(srv->fab, c->sbufs, (size_t)c->nsend * c->msg_max, RPS__ACCESS_LOCAL, &c->sbufs_mr);
+	if (ret) {
+		rps__srv_conn_free(srv, c);
+		return ret;
+	}
+	*out = c;
+	return 0;
+err_nomem:
+	rps__srv_conn_free(srv, c);
+	return rps__seterr(-ENOMEM, "out of memory for a connection");
+}
+
+/* Add to the connection table (workers are capped by --max-connections;
+ * peers and psctl are not: they are few and the cluster needs them). */
+static int conn_table_add(struct rps__server *srv, struct conn *c)
+{
+	if (srv->nconns == srv->conns_cap) {
+		uint32_t cap = srv->conns_cap ? srv->conns_cap * 2 : 16;
+		struct conn **grown = realloc(srv->conns, cap * sizeof(*grown));
+		if (!grown)
+			return -ENOMEM;
+		srv->conns = grown;
+		srv->conns_cap = cap;
+	}
+	srv->conns[srv->nconns++] = c;
+	return 0;
+}
+
+static uint32_t count_workers(const struct rps__server *srv)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < srv->nconns; i++)
+		n += srv->conns[i]->role == CONN_WORKER;
+	return n;
 }
 
 static void conn_destroy(struct rps__server *srv, struct conn *c)
 {
 	uint32_t i;
 
-	rps__log(RPS__LOG_INFO, "worker %s (rank %d) gone", rps__ep_peer(c->ep), c->rank);
+	if (c->role == CONN_WORKER)
+		rps__log(RPS__LOG_INFO, "worker %s (rank %d) gone", rps__ep_peer(c->ep), c->rank);
+	rps__cp_on_conn_gone(srv, c);
 	if (c->owner)
 		scan_locks(srv, c->owner);
 	for (i = 0; i < srv->nheld;) {
@@ -1027,7 +1219,7 @@ static void conn_destroy(struct rps__server *srv, struct conn *c)
 	for (i = 0; i < srv->ntensors; i++) {
 		struct tensor *t = srv->tensors[i];
 		uint32_t j;
-		for (j = 0; t && j < t->nlocal; j++)
+		for (j = 0; t && j < t->layout.nshards; j++)
 			if (t->shards[j].init_conn == c) {
 				t->shards[j].init_conn = NULL;
 				rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: creator left before sending initial values",
@@ -1043,7 +1235,7 @@ static void conn_destroy(struct rps__server *srv, struct conn *c)
 	/* Pushes held behind the departed worker (sync) stay held: the step
 	 * cannot complete without it, and applying a partial sum would break
 	 * the sync invariant. */
-	drain_held(srv);
+	rps__srv_drain_held(srv);
 }
 
 static uint32_t owner_alloc(struct rps__server *srv)
@@ -1061,12 +1253,20 @@ static uint32_t owner_alloc(struct rps__server *srv)
 	return 0;
 }
 
+static void reject_with(struct rps__conn_req *req, const char *why)
+{
+	size_t len = strlen(why) + 1;
+
+	rps__log(RPS__LOG_WARN, "rejecting a connection: %s", why);
+	rps__reject(req, why, len > RPS__PRIVDATA_MAX ? RPS__PRIVDATA_MAX : len);
+}
+
 static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 {
 	struct rps__conn_priv priv;
 	struct rps__ep_attr attr = { 0 };
-	struct conn *c;
-	size_t len, slots_len;
+	struct conn *c = NULL;
+	size_t len;
 	const void *data = rps__conn_req_data(req, &len);
 	const char *why = NULL;
 	uint32_t i;
@@ -1074,54 +1274,33 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 
 	memset(&priv, 0, sizeof(priv));
 	memcpy(&priv, data, RPS__MIN(len, sizeof(priv)));
-	if (len < sizeof(priv) || priv.magic != RPS__DESC_MAGIC)
+	if (len < offsetof(struct rps__conn_priv, from_id) || priv.magic != RPS__DESC_MAGIC)
 		why = "not an rdmaps worker";
 	else if (priv.version != RPS__PROTO_VERSION)
 		why = "protocol version mismatch: upgrade librdmaps or rdmapsd";
-	else if (srv->nconns >= srv->cfg.max_conns)
+	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_ADMIN)
+		why = "unknown connection role";
+	else if (priv.role == RPS__ROLE_WORKER && count_workers(srv) >= srv->cfg.max_conns)
 		why = "server full: raise rdmapsd --max-connections";
+	if (!why && priv.role == RPS__ROLE_PEER)
+		rps__cp_accept_peer(srv, priv.from_id, priv.to_id, &why);
 	if (why) {
-		rps__log(RPS__LOG_WARN, "rejecting a connection: %s", why);
-		rps__reject(req, why, strlen(why) + 1 > RPS__PRIVDATA_MAX ? RPS__PRIVDATA_MAX : strlen(why) + 1);
+		reject_with(req, why);
 		return;
 	}
-	c = calloc(1, sizeof(*c));
-	if (!c)
-		goto err_reject;
-	c->srv = srv;
-	c->rank = -1;
-	slots_len = (size_t)srv->cfg.nslots * srv->slot_size;
-	if (mem_take(srv, slots_len, "staging slots")) {
-		rps__log(RPS__LOG_WARN, "rejecting a connection: %s", rps__errbuf());
-		free(c);
+	ret = rps__srv_conn_new(srv, (enum conn_role_kind)priv.role, &c);
+	if (ret) {
+		rps__log(RPS__LOG_WARN, "connection refused: %s", rps__errbuf());
 		rps__reject(req, "server out of memory", 21);
 		return;
 	}
-	c->nrecv = CTRL_CREDITS + srv->cfg.nslots + 4;
-	c->nsend = CTRL_CREDITS + srv->cfg.nslots + 4;
-	c->slots = rps__topo_alloc(srv->topo, &srv->place, slots_len);
-	c->slot_state = calloc(srv->cfg.nslots, 1);
-	c->rbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nrecv * RPS__MSG_MAX);
-	c->sbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nsend * RPS__MSG_MAX);
-	c->sfree = calloc(c->nsend, sizeof(*c->sfree));
-	c->owner = owner_alloc(srv);
-	if (!c->slots || !c->slot_state || !c->rbufs || !c->sbufs || !c->sfree || !c->owner)
-		goto err_free;
-	for (i = 0; i < c->nsend; i++)
-		c->sfree[i] = c->nsend - 1 - i;
-	c->nsfree = c->nsend;
-	if (rps__mr_reg(srv->fab, c->slots, slots_len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr) ||
-	    rps__mr_reg(srv->fab, c->rbufs, (size_t)c->nrecv * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->rbufs_mr) ||
-	    rps__mr_reg(srv->fab, c->sbufs, (size_t)c->nsend * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->sbufs_mr)) {
-		rps__log(RPS__LOG_ERROR, "%s", rps__errbuf());
-		goto err_free;
-	}
-	attr.sq_depth = c->nsend + 4;
+	c->peer_id = priv.role == RPS__ROLE_PEER ? priv.from_id : 0;
+	attr.sq_depth = c->nsend + 8;
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
 	priv.role = 0;
+	priv.from_id = srv->my_id;
 	ret = rps__accept(req, srv->cq, &attr, &priv, sizeof(priv), &c->ep);
-	req = NULL;
 	if (ret) {
 		rps__log(RPS__LOG_WARN, "accept failed: %s", rps__errbuf());
 		goto err_free;
@@ -1132,14 +1311,31 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 			rps__log(RPS__LOG_WARN, "posting receives for %s: %s", rps__ep_peer(c->ep), rps__errbuf());
 			goto err_free;
 		}
-	srv->conns[srv->nconns++] = c;
-	rps__log(RPS__LOG_INFO, "worker connected from %s", rps__ep_peer(c->ep));
+	if (conn_table_add(srv, c))
+		goto err_free;
+	if (c->role == CONN_PEER)
+		rps__cp_peer_attached(srv, c);
+	else
+		rps__log(c->role == CONN_WORKER ? RPS__LOG_INFO : RPS__LOG_DEBUG, "%s connected from %s",
+			 role_name(c), rps__ep_peer(c->ep));
 	return;
 err_free:
 	conn_free(srv, c);
-err_reject:
-	if (req)
-		rps__reject(req, "server out of memory", 21);
+}
+
+/* cplane.c: an outgoing peer connection joins the table. */
+int rps__srv_conn_attach(struct rps__server *srv, struct conn *c)
+{
+	uint32_t i;
+	int ret;
+
+	rps__ep_set_context(c->ep, c);
+	for (i = 0; i < c->nrecv; i++) {
+		ret = post_recv_buf(c, i);
+		if (ret)
+			return ret;
+	}
+	return conn_table_add(srv, c) ? rps__seterr(-ENOMEM, "out of memory") : 0;
 }
 
 /* ---- the loop ------------------------------------------------------------- */
@@ -1152,21 +1348,32 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 	if (!c)
 		return;
 	if (wc->status != RPS__WC_SUCCESS) {
+		if (kind == WRID_READ)
+			rps__cp_on_read_done(srv, c, false);
 		if (!c->dead)
-			rps__log(RPS__LOG_INFO, "worker %s: %s", rps__ep_peer(c->ep), rps__wc_status_str(wc->status));
+			rps__log(RPS__LOG_INFO, "%s %s: %s", role_name(c), rps__ep_peer(c->ep),
+				 rps__wc_status_str(wc->status));
 		c->dead = true;
 		return;
 	}
 	if (kind == WRID_SEND) {
 		if (idx < c->nsend)
 			c->sfree[c->nsfree++] = idx;
+		if (c->role == CONN_PEER)
+			rps__cp_on_send_done(srv, c);
+		return;
+	}
+	if (kind == WRID_READ) {
+		rps__cp_on_read_done(srv, c, true);
 		return;
 	}
 	if (kind != WRID_RECV || idx >= c->nrecv)
 		return;
 	if (!c->dead) {
-		if (wc->opcode == RPS__WC_RECV_IMM)
+		if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_WORKER)
 			on_push(srv, c, wc->imm);
+		else if (wc->opcode == RPS__WC_RECV_IMM)
+			conn_fail(c, "wrote into memory it does not own");
 		else
 			on_message(srv, c, rbuf(c, idx), wc->byte_len);
 	}
@@ -1210,7 +1417,7 @@ int rps__server_run(struct rps__server *srv)
 	for (;;) {
 		struct pollfd pfd[3];
 		uint64_t now;
-		int n, i, timeout;
+		int n, i, timeout, cp_ms;
 
 		n = rps__cq_poll(srv->cq, wc, (int)RPS__ARRAY_SIZE(wc));
 		if (n < 0) {
@@ -1225,6 +1432,14 @@ int rps__server_run(struct rps__server *srv)
 			scan_locks(srv, 0);
 			srv->next_lease_scan = now + scan_every;
 		}
+		cp_ms = rps__cp_run_timers(srv, now);
+		if (cp_ms < 0)
+			return cp_ms;
+		if (srv->removed) {
+			rps__log(RPS__LOG_INFO, "removed from the cluster: stopping");
+			return 0;
+		}
+		reap_dead(srv);
 		if (n > 0) {
 			idle_since = now;
 			continue;
@@ -1248,6 +1463,8 @@ int rps__server_run(struct rps__server *srv)
 		pfd[1] = (struct pollfd){ .fd = rps__listener_fd(srv->listener), .events = POLLIN };
 		pfd[2] = (struct pollfd){ .fd = srv->stop_fd, .events = POLLIN };
 		timeout = (int)((srv->next_lease_scan - now) / 1000000ull) + 1;
+		if (cp_ms < timeout)
+			timeout = cp_ms;
 		if (poll(pfd, 3, timeout) < 0 && errno != EINTR)
 			return rps__seterr(-errno, "poll: %s", strerror(errno));
 		if (pfd[2].revents)
@@ -1330,11 +1547,6 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 	srv->index = ret;
 	srv->shard_elems = cfg->shard_bytes / 4;
 	srv->slot_size = RPS__ALIGN_UP(RPS__PUSH_DESC_SIZE + (size_t)cfg->shard_bytes, 64);
-	srv->conns = calloc(cfg->max_conns, sizeof(*srv->conns));
-	if (!srv->conns) {
-		ret = rps__seterr(-ENOMEM, "out of memory");
-		goto err_free;
-	}
 	srv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (srv->stop_fd < 0) {
 		ret = rps__seterr(-errno, "eventfd: %s", strerror(errno));
@@ -1349,14 +1561,20 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 	if (ret)
 		goto err_fabric;
 	rps__log(srv->place.warn ? RPS__LOG_WARN : RPS__LOG_INFO, "placement: %s", srv->place.reason);
-	ret = rps__cq_create(srv->fab, cfg->max_conns * 2 * (CTRL_CREDITS + cfg->nslots + 8), &srv->cq);
+	ret = rps__cq_create(srv->fab, cfg->max_conns * 2 * (CTRL_CREDITS + cfg->nslots + 8) +
+			     (RPS__SMAP_MAX_MEMBERS + 8) * 2 * (PEER_RECV + PEER_SEND + 8), &srv->cq);
 	if (ret)
 		goto err_fabric;
 	ret = rps__listen(srv->fab, cfg->listen.host, cfg->listen.port, &srv->listener);
 	if (ret)
 		goto err_cq;
+	ret = rps__cp_init(srv);
+	if (ret)
+		goto err_listener;
 	*out = srv;
 	return 0;
+err_listener:
+	rps__listener_close(srv->listener);
 err_cq:
 	rps__cq_destroy(srv->cq);
 err_fabric:
@@ -1379,6 +1597,7 @@ void rps__server_destroy(struct rps__server *srv)
 		return;
 	while (srv->nconns)
 		conn_destroy(srv, srv->conns[srv->nconns - 1]);
+	rps__cp_fini(srv);
 	rps__listener_close(srv->listener);
 	for (i = 0; i < srv->ntensors; i++)
 		tensor_free(srv, srv->tensors[i]);

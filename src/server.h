@@ -29,6 +29,15 @@ struct rps__server_config {
 	const char *cpus;		/* --cpus: pin the serving thread here (NULL: near the HCA) */
 	int no_pin;			/* --no-pin: bind and pin nothing */
 	const char *topology;		/* --topology: hwloc XML instead of this machine (debugging) */
+	/* control plane */
+	const char *data_dir;		/* --data-dir: Raft log and snapshots (NULL: a temporary dir) */
+	int fsync_none;			/* --fsync none: do not sync the log (tests, benchmarks) */
+	uint32_t npart;			/* --partitions at bootstrap (0: 64) */
+	uint64_t join_id;		/* --join ID: a new member started empty (psctl add-server) */
+	uint32_t tick_ms;		/* Raft tick (default 50 ms) */
+	uint32_t election_ticks;	/* ticks before a follower campaigns (default 10) */
+	uint32_t move_timeout_ms;	/* a move not installed by then is aborted (default 30000) */
+	uint32_t drain_ms;		/* keep a moved partition's memory this long (default 2000) */
 };
 
 void rps__server_config_init(struct rps__server_config *cfg);

@@ -4,10 +4,12 @@
  * (which computes placement and reads shards one-sidedly) and the server.
  *
  * A tensor of `count` elements is cut into shards of `shard_elems` fp32
- * elements (the last may be shorter).  Shard i lives on server
- * (hash(name) + i) mod nservers, as its local shard i / nservers.  On that
- * server all the tensor's local shards sit in one registered region, each
- * `stride` bytes: a 64-byte header, then the fp32 parameters.
+ * elements (the last may be shorter).  Shard i belongs to partition
+ * (hash(name) + i) mod npart, as its local shard i / npart; the shard map
+ * (smap.h) says which server owns a partition.  On that server a tensor's
+ * shards of one partition sit in one registered region, each `stride`
+ * bytes: a 64-byte header, then the fp32 parameters.  (The layout's
+ * "servers" below are partitions: the arithmetic is the same.)
  *
  * The header's lock word is touched ONLY by atomics through the transport
  * (workers' RDMA CAS, the server's rps__local_cas): an HCA that reports
@@ -28,7 +30,7 @@ struct rps__shard_hdr {
 	uint64_t lock;		/* lock word, see below; atomics only */
 	uint64_t seq;		/* publish counter: version = seq / 2, odd = being written */
 	uint64_t min_clock;	/* bounded mode: all workers' pushes below it are applied */
-	uint64_t epoch;		/* ownership epoch of this copy */
+	uint64_t epoch;		/* ownership epoch of this copy; RPS__EPOCH_MOVED once fenced */
 	uint32_t shard;		/* global shard index */
 	uint32_t elems;		/* parameters in this shard */
 	uint64_t reserved[3];
@@ -43,8 +45,14 @@ struct rps__shard_hdr {
  * when it breaks the lock (lease expired, holder gone); or by a worker that
  * took the lock without pushing (psperf's lock test).  The version moves on
  * with every release, so a word never comes back (no ABA for a slow holder).
+ *
+ * A shard whose partition moves away is fenced: its lock word becomes
+ * locked(v, RPS__LOCK_OWNER_FENCE), which no worker holds, so every later
+ * CAS fails and shows the worker the fence (refresh the map, go to the new
+ * owner).
  */
-#define RPS__LOCK_OWNER_MAX 32767u
+#define RPS__LOCK_OWNER_MAX 32766u
+#define RPS__LOCK_OWNER_FENCE 32767u
 
 static inline uint64_t rps__lock_unlocked(uint64_t version)
 {
