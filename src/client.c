@@ -320,7 +320,6 @@ static const char *status_text(int status)
 	case -EEXIST: return "the tensor exists with different options (count, dtype, mode, optimizer, workers or init)";
 	case -EFAULT: return "remote access error: the server revoked or never granted this memory";
 	case -EPROTO: return "protocol error: librdmaps and rdmapsd versions differ?";
-	case -EXDEV: return "the server list order differs from rdmapsd --cluster";
 	case -ENOMEM: return "the server is out of memory: raise rdmapsd --memory-limit or add servers";
 	case -ECONNRESET: return "connection lost: is rdmapsd running and reachable?";
 	case RPS_ELEASE: return "the shard lock lease expired";
@@ -2238,6 +2237,14 @@ static int tensor_refresh(struct rps_client *cl, struct rps_tensor *t);
  * refused push was not applied, and a server that did apply a push id
  * acknowledges it again without applying it.  Lock held; r is done.
  */
+static bool retryable(int status)
+{
+	/* a moved shard, or the old owner's memory already deregistered (the
+	 * remote access error took the connection with it: the refresh
+	 * connects again) */
+	return status == RPS_ESTALE_EPOCH || status == -EFAULT;
+}
+
 static int retry_stale(struct rps_client *cl, struct rps_request *r)
 {
 	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
@@ -2245,13 +2252,13 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 	uint32_t pause_us = 500;
 	int status = r->status;
 
-	while (status == RPS_ESTALE_EPOCH && rps__now_ns() < deadline) {
+	while (retryable(status) && rps__now_ns() < deadline) {
 		struct rps_tensor *t = NULL;
 		struct rps_request *nr;
 		uint32_t i, n = 0, k = 0;
 
 		for (i = 0; i < cur->nops; i++)
-			if (cur->ops[i].result == RPS_ESTALE_EPOCH) {
+			if (retryable(cur->ops[i].result)) {
 				n++;
 				t = cur->ops[i].t;
 			}
@@ -2275,7 +2282,7 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		for (i = 0; i < cur->nops; i++) {
 			const struct shard_op *old = &cur->ops[i];
 			struct shard_op *op;
-			if (old->result != RPS_ESTALE_EPOCH)
+			if (!retryable(old->result))
 				continue;
 			op = &nr->ops[k++];
 			op->owner = op->req = nr;
@@ -2303,6 +2310,19 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		if (--nr->remaining == 0)
 			req_finish(nr);
 		status = req_wait_locked(cl, nr);
+		if (status == -EALREADY) {
+			/* A resent sync push (or initial value) that the server
+			 * already has: it was applied before the connection went. */
+			status = 0;
+			for (i = 0; i < nr->nops; i++) {
+				int res = nr->ops[i].result;
+				if (res == -EALREADY && (nr->ops[i].kind == OP_PUSH || nr->ops[i].kind == OP_INIT))
+					nr->ops[i].result = res = 0;
+				if (res && !status)
+					status = res;
+			}
+			nr->status = status;
+		}
 	}
 	if (cur != r) {
 		r->status = status;
@@ -2337,7 +2357,7 @@ static int submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_req
 		return 0;
 	}
 	status = req_wait_locked(cl, r);
-	if (status == RPS_ESTALE_EPOCH)
+	if (retryable(status))
 		status = retry_stale(cl, r);
 	req_collect(r);
 	pthread_mutex_unlock(&cl->lock);
@@ -2460,7 +2480,7 @@ RPS_EXPORT int rps_test(rps_request_t *r, int *result)
 	pthread_mutex_lock(&cl->lock);
 	done = r->done;
 	if (done) {
-		if (r->status == RPS_ESTALE_EPOCH)
+		if (retryable(r->status))
 			retry_stale(cl, r);	/* blocks: a move is rare */
 		if (result)
 			*result = r->status;
@@ -2480,7 +2500,7 @@ RPS_EXPORT int rps_wait(rps_request_t *r)
 	cl = r->cl;
 	pthread_mutex_lock(&cl->lock);
 	status = req_wait_locked(cl, r);
-	if (status == RPS_ESTALE_EPOCH)
+	if (retryable(status))
 		status = retry_stale(cl, r);
 	req_collect(r);
 	pthread_mutex_unlock(&cl->lock);
@@ -2521,8 +2541,6 @@ RPS_EXPORT const char *rps_strerror(int err)
 	case RPS_ESTALE_EPOCH: return "shard moved (stale epoch)";
 	case RPS_ELEASE: return "shard lock lease expired";
 	}
-	if (err == -EXDEV)
-		return "server list order differs from the servers' --cluster list";
 	if (err == -EMSGSIZE)
 		return "size or dtype does not match the tensor";
 	if (err < 0 && err > -4096) {

@@ -55,6 +55,8 @@
 #define PEER_RETRY_NS 1000000000ull
 #define DUTY_NS 20000000ull
 
+volatile int rps__cp_isolated;
+
 static uint64_t ms_ns(uint64_t ms)
 {
 	return ms * 1000000ull;
@@ -103,7 +105,7 @@ static void peer_send(struct rps__server *srv, uint64_t to, unsigned type, uint6
 {
 	struct peer *p = peer_get(srv, to, false);
 
-	if (!p || !p->c || p->c->dead)
+	if (!p || !p->c || p->c->dead || rps__cp_isolated)
 		return;
 	rps__srv_conn_reply(p->c, type, req_id, status, body, len);
 }
@@ -112,6 +114,10 @@ int rps__cp_accept_peer(struct rps__server *srv, uint64_t from_id, uint64_t to_i
 {
 	struct peer *p;
 
+	if (rps__cp_isolated) {
+		*why = "isolated (fault injection)";
+		return -ENETUNREACH;
+	}
 	if (to_id != srv->my_id) {
 		*why = "wrong member id: this server has another id";
 		return -EINVAL;
@@ -175,6 +181,13 @@ void rps__cp_on_conn_gone(struct rps__server *srv, struct conn *c)
 static void peers_connect(struct rps__server *srv, uint64_t now)
 {
 	uint32_t i;
+
+	if (rps__cp_isolated) {
+		for (i = 0; i < srv->npeers; i++)
+			if (srv->peers[i].c && !srv->peers[i].c->dead)
+				rps__srv_conn_fail(srv->peers[i].c, "isolated (fault injection)");
+		return;
+	}
 
 	for (i = 0; i < srv->map.nmembers; i++) {
 		const struct rps__smap_member *m = &srv->map.members[i];
@@ -1097,6 +1110,15 @@ static void admin_map_changed(struct rps__server *srv)
 				continue;
 			}
 			break;
+		case RPS__ADMIN_NOP:
+			if (srv->map.applied >= a->index) {
+				if (rps__rnode_term_at(srv->rnode, a->index) == a->term)
+					admin_done(srv, i, 0, 0, NULL);
+				else
+					admin_done(srv, i, -ECANCELED, 0, "the entry was overwritten by a new leader: retry");
+				continue;
+			}
+			break;
 		case RPS__ADMIN_TRANSFER_LEADER:
 			if (st.leader && st.leader != srv->my_id) {
 				admin_done(srv, i, 0, st.leader, NULL);
@@ -1135,7 +1157,7 @@ static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	struct rps__raft_status st;
 	char buf[RPS__SMAP_CMD_MAX];
 	size_t len;
-	uint64_t index = 0, epoch = 0;
+	uint64_t index = 0, epoch = 0, term = 0;
 	int ret;
 
 	if (!rps__rnode_is_leader(srv->rnode)) {
@@ -1189,6 +1211,9 @@ static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 		cmd.type = RPS__SMAP_REMOVE_MEMBER;
 		cmd.id = a->id;
 		break;
+	case RPS__ADMIN_NOP:
+		cmd.type = RPS__SMAP_NOP;
+		break;
 	case RPS__ADMIN_TRANSFER_LEADER: {
 		uint64_t to = a->id, best = 0;
 		uint32_t i;
@@ -1225,13 +1250,17 @@ static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	if (!ret)
 		ret = rps__smap_cmd_encode(&cmd, buf, sizeof(buf), &len);
 	if (!ret)
-		ret = rps__rnode_propose(srv->rnode, buf, len, &index, NULL);
+		ret = rps__rnode_propose(srv->rnode, buf, len, &index, &term);
 	if (ret) {
 		admin_reply(srv, c, req_id, ret, 0, 0, rps__errbuf());
 		return;
 	}
 	if (admin_wait_add(srv, c, req_id, a, epoch, index))
 		admin_reply(srv, c, req_id, -ENOMEM, 0, 0, "out of memory");
+	else
+		srv->admin[srv->nadmin - 1].term = term;
+	/* with fsync and one voter, it may be committed already */
+	rps__rnode_process(srv->rnode);
 }
 
 static void on_status(struct rps__server *srv, struct conn *c, uint64_t req_id)
@@ -1304,6 +1333,8 @@ void rps__cp_on_message(struct rps__server *srv, struct conn *c, const struct rp
 		}
 		break;
 	case RPS__MSG_RAFT:
+		if (c->role == CONN_PEER && rps__cp_isolated)
+			return;
 		if (c->role == CONN_PEER) {
 			if (rps__rnode_recv(srv->rnode, body, body_len))
 				rps__log(RPS__LOG_WARN, "peer %llu: %s", (unsigned long long)c->peer_id, rps__errbuf());

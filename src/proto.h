@@ -227,6 +227,7 @@ enum rps__admin_op {
 	RPS__ADMIN_ADD_SERVER = 2,	/* id at uri: a member, then a learner, a voter if short */
 	RPS__ADMIN_REMOVE_SERVER = 3,	/* id: must own nothing (psctl moves it out first) */
 	RPS__ADMIN_TRANSFER_LEADER = 4,	/* to id (0: the most caught-up voter) */
+	RPS__ADMIN_NOP = 5,		/* commit a no-op entry and answer once applied here */
 };
 
 struct rps__admin {

@@ -5,6 +5,7 @@
 #include "config.h"
 #include "common.h"
 #include "server.h"
+#include "server_int.h"
 #include "uri.h"
 
 #include <errno.h>
@@ -22,6 +23,11 @@ static void on_signal(int sig)
 	(void)sig;
 	if (the_server)
 		rps__server_stop(the_server);
+}
+
+static void on_isolate(int sig)
+{
+	rps__cp_isolated = sig == SIGUSR1;
 }
 
 static void usage(FILE *f)
@@ -303,6 +309,11 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	if (getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "isolate-signals")) {
+		sa.sa_handler = on_isolate;
+		sigaction(SIGUSR1, &sa, NULL);
+		sigaction(SIGUSR2, &sa, NULL);
+	}
 
 	cfg.listen.port = rps__server_port(the_server);
 	rps__log(RPS__LOG_INFO, "rdmapsd %s serving on %s (device %s), shards of %u bytes, %u staging slots per worker",

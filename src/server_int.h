@@ -247,6 +247,11 @@ struct rps__server {
 	bool removed;			/* we left the map: stop */
 };
 
+/* Test hook (rdmapsd with RPS_FAULT=isolate-signals): SIGUSR1 cuts this
+ * server off from its peers (connections dropped, none accepted or made,
+ * Raft messages lost), SIGUSR2 ends that.  Workers are not affected. */
+extern volatile int rps__cp_isolated;
+
 /* server.c, for cplane.c */
 void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
 			 const void *body, size_t len);

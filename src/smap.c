@@ -306,6 +306,8 @@ int rps__smap_check(const struct rps__smap *m, const struct rps__smap_cmd *c)
 		return check_commit(m, c);
 	case RPS__SMAP_MOVE_ABORT:
 		return check_abort(m, c);
+	case RPS__SMAP_NOP:
+		return 0;
 	default:
 		return rps__seterr(-EINVAL, "shard map command: unknown type %" PRIu32, c->type);
 	}
@@ -426,7 +428,7 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c)
 		return rps__seterr(-EBADMSG, "shard map command: version %u, this build reads version %u",
 				   get_u16(p + 4), CMD_VERSION);
 	type = get_u32(p + 6);
-	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_MOVE_ABORT)
+	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_NOP)
 		return rps__seterr(-EBADMSG, "shard map command: unknown type %" PRIu32, type);
 	ulen = get_u16(p + 46);
 	if (ulen >= RPS__SMAP_URI_MAX)
@@ -460,9 +462,10 @@ const char *rps__smap_cmd_name(uint32_t type)
 		[RPS__SMAP_MOVE_BEGIN] = "MOVE_BEGIN",
 		[RPS__SMAP_MOVE_COMMIT] = "MOVE_COMMIT",
 		[RPS__SMAP_MOVE_ABORT] = "MOVE_ABORT",
+		[RPS__SMAP_NOP] = "NOP",
 	};
 
-	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_MOVE_ABORT)
+	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_NOP)
 		return "?";
 	return names[type];
 }
@@ -488,6 +491,9 @@ const char *rps__smap_cmd_str(const struct rps__smap_cmd *c, char *buf, size_t l
 		break;
 	case RPS__SMAP_MOVE_ABORT:
 		snprintf(buf, len, "abort move of partition %" PRIu32 " (epoch %llu)", c->part, ull(c->epoch));
+		break;
+	case RPS__SMAP_NOP:
+		snprintf(buf, len, "no-op");
 		break;
 	default:
 		snprintf(buf, len, "unknown shard map command type %" PRIu32, c->type);

@@ -68,6 +68,7 @@ enum rps__smap_cmd_type {
 	RPS__SMAP_MOVE_BEGIN = 3,	/* part, from (current owner), to, epoch (current) */
 	RPS__SMAP_MOVE_COMMIT = 4,	/* part, to, epoch (the one BEGIN named) */
 	RPS__SMAP_MOVE_ABORT = 5,	/* part, epoch */
+	RPS__SMAP_NOP = 6,		/* changes nothing but applied (commit latency probes) */
 };
 
 struct rps__smap_cmd {

@@ -379,8 +379,18 @@ static void test_add_member(void)
 	c = cmd_add(100, "tcp://z:1");
 	c.type = 0;
 	refuse_cmd(&m, c, -EINVAL);
-	c.type = 6;
+	c.type = 7;
 	refuse_cmd(&m, c, -EINVAL);
+	/* a no-op moves nothing but applied */
+	c.type = RPS__SMAP_NOP;
+	{
+		static struct rps__smap before;
+		before = m;
+		CU_ASSERT_EQUAL(rps__smap_check(&m, &c), 0);
+		CU_ASSERT_EQUAL(rps__smap_apply(&m, next_index++, &c), 0);
+		before.applied = m.applied;
+		CU_ASSERT_EQUAL(memcmp(&before, &m, sizeof(m)), 0);
+	}
 	c.type = UINT32_MAX;
 	refuse_cmd(&m, c, -EINVAL);
 }
@@ -584,7 +594,8 @@ static void test_messages(void)
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_MOVE_COMMIT), "MOVE_COMMIT");
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_MOVE_ABORT), "MOVE_ABORT");
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(0), "?");
-	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(6), "?");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_NOP), "NOP");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(7), "?");
 
 	c = cmd_begin(7, 2, 3, 4);
 	CU_ASSERT_PTR_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), buf);
@@ -930,7 +941,7 @@ static void test_cmd_codec(void)
 	buf[4] = 1;
 	buf[6] = 0;
 	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
-	buf[6] = 6;
+	buf[6] = 7;
 	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
 	buf[6] = 1;
 	buf[46] = 128;
@@ -1085,7 +1096,7 @@ static void test_determinism(void)
 					  "tcp://10.0.0.4:7000" };
 	static struct rps__smap a, b, prev, d;
 	static uint8_t enc[RPS__SMAP_ENC_MAX];
-	unsigned ok[7] = { 0 }, refused[7] = { 0 };
+	unsigned ok[8] = { 0 }, refused[8] = { 0 };
 	uint64_t index = 0;
 
 	memset(&a, 0x11, sizeof(a));
@@ -1132,7 +1143,7 @@ static void test_determinism(void)
 			prev.applied = index;
 			CU_ASSERT_EQUAL(memcmp(&prev, &a, sizeof(a)), 0);
 		}
-		if (c.type <= 6)
+		if (c.type <= 7)
 			(rc_a ? refused : ok)[c.type]++;
 		if (step % 97 == 0) {
 			size_t len = 0;
@@ -1148,7 +1159,7 @@ static void test_determinism(void)
 		CU_ASSERT(refused[t] >= 10);
 	}
 	CU_ASSERT_EQUAL(ok[0], 0);
-	CU_ASSERT_EQUAL(ok[6], 0);
+	CU_ASSERT_EQUAL(ok[7], 0);
 }
 
 int main(void)
