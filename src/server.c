@@ -270,33 +270,39 @@ uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct
 
 static bool dedup_seen(const struct shard *s, uint64_t client, uint64_t push_id)
 {
-	uint32_t i;
+	uint32_t i, k;
 
 	for (i = 0; i < s->ndd; i++)
-		if (s->dd[i].client == client)
-			return push_id <= s->dd[i].push_id;
+		if (s->dd[i].client == client) {
+			for (k = 0; k < DEDUP_IDS; k++)
+				if (s->dd[i].ids[k] == push_id)
+					return true;
+			return false;
+		}
 	return false;
 }
 
-/* Remember the newest push applied per worker.  A worker's locked pushes to
- * one shard are serialised, so their ids arrive in increasing order. */
+/* Remember a push applied for a worker: its last DEDUP_IDS pushes to this
+ * shard (a resend comes within a few of them). */
 static void dedup_note(struct shard *s, uint64_t client, uint64_t push_id)
 {
 	struct dedup *grown;
 	uint32_t i;
 
 	for (i = 0; i < s->ndd; i++)
-		if (s->dd[i].client == client) {
-			s->dd[i].push_id = push_id;
-			return;
-		}
-	grown = realloc(s->dd, (s->ndd + 1) * sizeof(*grown));
-	if (!grown)
-		return;		/* then only the lock protocol guards it, as before */
-	s->dd = grown;
-	s->dd[s->ndd].client = client;
-	s->dd[s->ndd].push_id = push_id;
-	s->ndd++;
+		if (s->dd[i].client == client)
+			break;
+	if (i == s->ndd) {
+		grown = realloc(s->dd, (s->ndd + 1) * sizeof(*grown));
+		if (!grown)
+			return;		/* then only the lock protocol guards it, as before */
+		s->dd = grown;
+		memset(&s->dd[s->ndd], 0, sizeof(*s->dd));
+		s->dd[s->ndd].client = client;
+		s->ndd++;
+	}
+	s->dd[i].ids[s->dd[i].next] = push_id;
+	s->dd[i].next = (s->dd[i].next + 1) % DEDUP_IDS;
 }
 
 static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)

@@ -63,10 +63,15 @@ struct waiter {
 	uint64_t min_clock;
 };
 
-/* Last push applied per worker (client id), for idempotent retries. */
+/* The last pushes applied per worker (client id), for idempotent retries.
+ * A set, not a high-water mark: a push refused by a moving shard is resent
+ * after later pushes of the same worker may have been applied. */
+#define DEDUP_IDS 16u
 struct dedup {
 	uint64_t client;
-	uint64_t push_id;
+	uint64_t ids[DEDUP_IDS];
+	uint32_t next;
+	uint32_t reserved;
 };
 
 struct shard {
