@@ -118,7 +118,7 @@ int rps__cp_accept_peer(struct rps__server *srv, uint64_t from_id, uint64_t to_i
 		*why = "isolated (fault injection)";
 		return -ENETUNREACH;
 	}
-	if (to_id != srv->my_id) {
+	if (to_id && to_id != srv->my_id) {	/* 0: a joining server that knows only our address */
 		*why = "wrong member id: this server has another id";
 		return -EINVAL;
 	}
@@ -177,6 +177,89 @@ void rps__cp_on_conn_gone(struct rps__server *srv, struct conn *c)
 			srv->parts[i].offered = false;
 }
 
+static struct conn *peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id, uint64_t *got_id)
+{
+	struct rps__conn_priv priv = {
+		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_PEER,
+		.from_id = srv->my_id, .to_id = to_id,
+	};
+	struct rps__ep_attr attr = { 0 };
+	char reply[RPS__PRIVDATA_MAX + 1];
+	size_t reply_len = RPS__PRIVDATA_MAX;
+	struct rps__conn_priv rp;
+	struct rps__uri u;
+	struct conn *c;
+	int ret;
+
+	if (rps__uri_parse(uri, &u))
+		return NULL;
+	if (rps__srv_conn_new(srv, CONN_PEER, &c))
+		return NULL;
+	attr.sq_depth = c->nsend + 8;
+	attr.rq_depth = c->nrecv;
+	attr.max_inline = 64;
+	memset(reply, 0, sizeof(reply));
+	ret = rps__connect(srv->fab, u.host, u.port, srv->cq, &attr, &priv, sizeof(priv),
+			   PEER_CONNECT_TIMEOUT_MS, reply, &reply_len, &c->ep);
+	if (ret) {
+		rps__log(RPS__LOG_DEBUG, "peer %llu (%s): %s", (unsigned long long)to_id, uri, rps__errbuf());
+		rps__srv_conn_free(srv, c);
+		return NULL;
+	}
+	memset(&rp, 0, sizeof(rp));
+	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
+	if (reply_len < sizeof(rp) || !rp.from_id || rp.from_id == srv->my_id || (to_id && rp.from_id != to_id)) {
+		rps__log(RPS__LOG_WARN, "peer at %s answered as member %llu: not the peer expected", uri,
+			 (unsigned long long)rp.from_id);
+		rps__srv_conn_free(srv, c);
+		return NULL;
+	}
+	c->peer_id = rp.from_id;
+	if (rps__srv_conn_attach(srv, c)) {
+		rps__srv_conn_fail(c, rps__errbuf());
+		return NULL;
+	}
+	*got_id = rp.from_id;
+	return c;
+}
+
+/* A server started with --join knows no member ids yet: it dials the
+ * addresses of --cluster and learns who answers. */
+static void peers_connect_seeds(struct rps__server *srv, uint64_t now)
+{
+	int i;
+
+	for (i = 0; i < srv->ncluster; i++) {
+		char uri[300];
+		uint64_t id = 0;
+		struct conn *c;
+		struct peer *p;
+		uint32_t k;
+		bool have = false;
+
+		rps__uri_str(&srv->cluster[i], uri, sizeof(uri));
+		for (k = 0; k < srv->npeers; k++)
+			if (srv->peers[k].c && !srv->peers[k].c->dead && srv->peers[k].c->ep &&
+			    !strcmp(rps__ep_peer(srv->peers[k].c->ep), uri + (strstr(uri, "://") ? strstr(uri, "://") - uri + 3 : 0)))
+				have = true;
+		if (have || now < srv->seed_next[i])
+			continue;
+		srv->seed_next[i] = now + PEER_RETRY_NS;
+		c = peer_dial(srv, uri, 0, &id);
+		if (!c)
+			continue;
+		p = peer_get(srv, id, true);
+		if (!p) {
+			rps__srv_conn_fail(c, "too many peers");
+			continue;
+		}
+		if (p->c)
+			rps__srv_conn_fail(p->c, "replaced by a new connection");
+		p->c = c;
+		rps__log(RPS__LOG_INFO, "joining: connected to member %llu at %s", (unsigned long long)id, uri);
+	}
+}
+
 /* Connect to the members with lower ids (they connect to us otherwise). */
 static void peers_connect(struct rps__server *srv, uint64_t now)
 {
@@ -189,19 +272,15 @@ static void peers_connect(struct rps__server *srv, uint64_t now)
 		return;
 	}
 
+	if (!srv->map.nmembers) {
+		peers_connect_seeds(srv, now);
+		return;
+	}
 	for (i = 0; i < srv->map.nmembers; i++) {
 		const struct rps__smap_member *m = &srv->map.members[i];
-		struct rps__conn_priv priv = {
-			.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_PEER,
-			.from_id = srv->my_id, .to_id = m->id,
-		};
-		struct rps__ep_attr attr = { 0 };
-		char reply[RPS__PRIVDATA_MAX + 1];
-		size_t reply_len = RPS__PRIVDATA_MAX;
-		struct rps__uri u;
+		uint64_t id = 0;
 		struct peer *p;
 		struct conn *c;
-		int ret;
 
 		if (m->id >= srv->my_id)
 			continue;
@@ -209,28 +288,9 @@ static void peers_connect(struct rps__server *srv, uint64_t now)
 		if (!p || p->c || now < p->next_connect)
 			continue;
 		p->next_connect = now + PEER_RETRY_NS;
-		if (rps__uri_parse(m->uri, &u))
+		c = peer_dial(srv, m->uri, m->id, &id);
+		if (!c)
 			continue;
-		ret = rps__srv_conn_new(srv, CONN_PEER, &c);
-		if (ret)
-			continue;
-		c->peer_id = m->id;
-		attr.sq_depth = c->nsend + 8;
-		attr.rq_depth = c->nrecv;
-		attr.max_inline = 64;
-		memset(reply, 0, sizeof(reply));
-		ret = rps__connect(srv->fab, u.host, u.port, srv->cq, &attr, &priv, sizeof(priv),
-				   PEER_CONNECT_TIMEOUT_MS, reply, &reply_len, &c->ep);
-		if (ret) {
-			rps__log(RPS__LOG_DEBUG, "peer %llu (%s): %s", (unsigned long long)m->id, m->uri,
-				 rps__errbuf());
-			rps__srv_conn_free(srv, c);
-			continue;
-		}
-		if (rps__srv_conn_attach(srv, c)) {
-			rps__srv_conn_fail(c, rps__errbuf());
-			continue;
-		}
 		p->c = c;
 		p->inflight = 0;
 		rps__log(RPS__LOG_INFO, "connected to peer %llu at %s", (unsigned long long)m->id, m->uri);
@@ -1382,6 +1442,11 @@ static void leader_membership(struct rps__server *srv)
 	if (!rps__rnode_is_leader(srv->rnode))
 		return;
 	rps__rnode_status(srv->rnode, &st);
+	/* The bootstrap snapshot is empty (every founding member builds the
+	 * map from --cluster); a member that joins later needs the map in the
+	 * snapshot it is sent. */
+	if (st.snapshot_index <= 1 && st.applied > 1 && rps__rnode_compact(srv->rnode))
+		rps__log(RPS__LOG_WARN, "raft: %s", rps__errbuf());
 	target = srv->map.nmembers >= 5 ? 5 : srv->map.nmembers >= 3 ? 3 : srv->map.nmembers;
 	for (i = 0; i < srv->map.nmembers; i++) {
 		uint64_t id = srv->map.members[i].id;
@@ -1536,7 +1601,7 @@ int rps__cp_init(struct rps__server *srv)
 
 	srv->my_id = srv->cfg.join_id ? srv->cfg.join_id : (uint64_t)srv->index + 1;
 	/* listening on port 0: the map must carry the port we got */
-	if (srv->ncluster == 1 && !srv->cluster[0].port)
+	if (!srv->cfg.join_id && srv->ncluster == 1 && !srv->cluster[0].port)
 		srv->cluster[0].port = rps__listener_port(srv->listener);
 	srv->mapbuf = calloc(1, RPS__MAP_BUF);
 	if (!srv->mapbuf)

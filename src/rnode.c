@@ -318,7 +318,7 @@ static int handle_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 	return 0;
 }
 
-static int maybe_compact(struct rps__rnode *n)
+static int compact_now(struct rps__rnode *n, bool force)
 {
 	const struct rps__raft_snapshot *snap;
 	struct rps__raft_status st;
@@ -327,7 +327,9 @@ static int maybe_compact(struct rps__rnode *n)
 	int err;
 
 	rps__raft_status(n->raft, &st);
-	if (n->applied < st.snapshot_index + n->compact_every || n->applied > st.applied)
+	if (n->applied > st.applied || n->applied <= st.snapshot_index)
+		return 0;
+	if (!force && n->applied < st.snapshot_index + n->compact_every)
 		return 0;
 	err = n->cb.snapshot(n->cb.ctx, &data, &len);
 	if (err) {
@@ -343,6 +345,13 @@ static int maybe_compact(struct rps__rnode *n)
 		return rps__preerr(err, "rnode %llu: compacting the log to %llu", (unsigned long long)n->id,
 				   (unsigned long long)n->applied);
 	return save_snapshot(n, snap);
+}
+
+int rps__rnode_compact(struct rps__rnode *n)
+{
+	int err = check_alive(n);
+
+	return err ? err : compact_now(n, true);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -581,7 +590,7 @@ int rps__rnode_process(struct rps__rnode *n)
 	/* a role change without a ready (a leader that lost its quorum) */
 	rps__raft_status(n->raft, &st);
 	note_role(n, st.role, st.leader, st.term);
-	return maybe_compact(n);
+	return compact_now(n, false);
 }
 
 /* ------------------------------------------------------------------------ */

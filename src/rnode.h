@@ -90,6 +90,10 @@ int rps__rnode_conf_change(struct rps__rnode *n, enum rps__raft_conf_op op, uint
 int rps__rnode_transfer_leader(struct rps__rnode *n, uint64_t to);
 int rps__rnode_read(struct rps__rnode *n, uint64_t read_ctx);
 int rps__rnode_campaign(struct rps__rnode *n);
+/* Snapshot and compact now (up to the applied index), whatever
+ * compact_every says: a leader about to add a learner makes sure the
+ * snapshot it will send carries the state machine. */
+int rps__rnode_compact(struct rps__rnode *n);
 
 void rps__rnode_status(const struct rps__rnode *n, struct rps__raft_status *st);
 int rps__rnode_progress(const struct rps__rnode *n, uint64_t id, struct rps__raft_progress_info *pi);

@@ -1547,10 +1547,19 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 		srv->cluster[0] = cfg->listen;
 		srv->ncluster = 1;
 	}
-	ret = find_index(srv);
-	if (ret < 0)
-		goto err_free;
-	srv->index = ret;
+	if (cfg->join_id) {
+		/* --cluster names servers to reach, not a list we are in */
+		if (!cfg->cluster)
+			srv->ncluster = 0;
+		if (srv->ncluster > (int)RPS__SMAP_MAX_MEMBERS)
+			srv->ncluster = RPS__SMAP_MAX_MEMBERS;
+		srv->index = -1;
+	} else {
+		ret = find_index(srv);
+		if (ret < 0)
+			goto err_free;
+		srv->index = ret;
+	}
 	srv->shard_elems = cfg->shard_bytes / 4;
 	srv->slot_size = RPS__ALIGN_UP(RPS__PUSH_DESC_SIZE + (size_t)cfg->shard_bytes, 64);
 	srv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
