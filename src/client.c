@@ -2241,8 +2241,21 @@ static bool retryable(int status)
 {
 	/* a moved shard, or the old owner's memory already deregistered (the
 	 * remote access error took the connection with it: the refresh
-	 * connects again) */
-	return status == RPS_ESTALE_EPOCH || status == -EFAULT;
+	 * connects again), or a connection lost: worth a look at the map */
+	return status == RPS_ESTALE_EPOCH || status == -EFAULT || status == -ECONNRESET;
+}
+
+/* After a refresh: resend an op whose connection was lost only if its
+ * shard's partition has a new owner (a server that left the cluster after
+ * its partitions moved); a server that died owning it is an error. */
+static bool worth_resending(const struct rps_client *cl, const struct shard_op *op)
+{
+	uint32_t p;
+
+	if (op->result != -ECONNRESET)
+		return retryable(op->result);
+	p = rps__shard_server(&op->t->layout, op->shard);
+	return p < cl->map.npart && cl->map.parts[p].owner != op->c->member_id;
 }
 
 static int retry_stale(struct rps_client *cl, struct rps_request *r)
@@ -2275,10 +2288,21 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		pthread_mutex_unlock(&cl->lock);
 		map_refresh(cl);
 		tensor_refresh(cl, t);
+		pthread_mutex_lock(&cl->lock);
+		t->live_ops--;
+		for (i = 0, n = 0; i < cur->nops; i++)
+			n += worth_resending(cl, &cur->ops[i]);
+		if (n < nr->nops) {
+			/* a server died owning some of them: that is the answer */
+			nr->waited = true;
+			nr->done = true;
+			req_maybe_free(nr);
+			break;
+		}
+		pthread_mutex_unlock(&cl->lock);
 		usleep(pause_us);
 		pause_us = RPS__MIN(pause_us * 2, 50000u);
 		pthread_mutex_lock(&cl->lock);
-		t->live_ops--;
 		for (i = 0; i < cur->nops; i++) {
 			const struct shard_op *old = &cur->ops[i];
 			struct shard_op *op;

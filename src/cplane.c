@@ -960,7 +960,9 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 	else
 		rps__log(RPS__LOG_INFO, "log entry %llu: %s", (unsigned long long)index, what);
 	if (!ret && cmd.type == RPS__SMAP_REMOVE_MEMBER && cmd.id == srv->my_id)
-		srv->removed = true;
+		/* linger a moment: workers with operations on their way learn
+		 * from refusals that the partitions moved, not from a reset */
+		srv->removed_at = rps__now_ns() + ms_ns(srv->cfg.drain_ms);
 	reconcile(srv);
 }
 

@@ -1441,7 +1441,7 @@ int rps__server_run(struct rps__server *srv)
 		cp_ms = rps__cp_run_timers(srv, now);
 		if (cp_ms < 0)
 			return cp_ms;
-		if (srv->removed) {
+		if (srv->removed_at && now >= srv->removed_at) {
 			rps__log(RPS__LOG_INFO, "removed from the cluster: stopping");
 			return 0;
 		}

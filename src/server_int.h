@@ -249,7 +249,7 @@ struct rps__server {
 	uint64_t next_tick;		/* ns */
 	uint64_t next_duty;		/* ns */
 	uint64_t read_ctx;
-	bool removed;			/* we left the map: stop */
+	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
 	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
 };
 
