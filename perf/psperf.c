@@ -12,7 +12,10 @@
  *
  * Tests: push, pull, pushpull (one training step), lock (the shard's CAS
  * version lock, alone and contended), agg (the server's aggregation,
- * rps__agg_add, against memcpy of the same bytes).
+ * rps__agg_add, against memcpy of the same bytes), commit (one Raft log
+ * entry: ADMIN NOP to the leader of a 3-server group with data dirs,
+ * against the STATUS round trip on the same admin connection; its own
+ * cluster, started after the other tests' one is gone).
  *
  * How figures are taken: latency columns come from blocking calls timed one
  * by one with CLOCK_MONOTONIC after the warm-up, every worker at once, the
@@ -30,6 +33,9 @@
 #include "agg.h"
 #include "client.h"
 #include "common.h"
+#include "ctl.h"
+#include "proto.h"
+#include "raft.h"
 #include "server.h"
 #include "transport.h"
 #include "uri.h"
@@ -37,6 +43,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <ftw.h>
 #include <getopt.h>
 #include <ifaddrs.h>
 #include <limits.h>
@@ -55,6 +62,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -74,9 +82,11 @@
 
 /* ---- options -------------------------------------------------------------- */
 
-enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_NTESTS };
-static const char *const test_names[T_NTESTS] = { "push", "pull", "pushpull", "lock", "agg" };
-#define DEFAULT_TESTS ((1u << T_NTESTS) - 1)
+enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_NTESTS };
+static const char *const test_names[T_NTESTS] = { "push", "pull", "pushpull", "lock", "agg", "commit" };
+/* all = the data-plane tests; commit (a cluster of its own) only when named */
+#define DEFAULT_TESTS ((1u << T_COMMIT) - 1)
+#define COMMIT_SERVERS 3		/* commit test, local mode: a Raft group of three */
 
 enum role { ROLE_LOCAL, ROLE_SERVER, ROLE_WORKER };
 
@@ -84,6 +94,8 @@ struct opts {
 	enum role role;
 	unsigned tests;
 	int nservers, nworkers;
+	bool nservers_set;		/* --servers given (commit: else COMMIT_SERVERS) */
+	bool fsync_none;		/* --fsync none (commit test, --server) */
 	size_t size_min, size_max;
 	unsigned factor;
 	long iters, warmup;		/* -1: automatic */
@@ -158,16 +170,18 @@ struct row {
 	enum test_id test;
 	size_t bytes;		/* the row's --size (gradient bytes) */
 	double moved;		/* payload bytes one operation moves */
-	char label[32];		/* lock / agg rows */
+	char label[32];		/* lock / agg / commit rows */
 	int workers;		/* workers doing the operation at once */
 	bool lock_alone;
 	bool lock_release;	/* the release half of a lock pair */
+	bool commit_rtt;	/* commit test: the STATUS round trip row */
 	long iters, warmup;
 	struct pass lat, bw;	/* merged over workers */
 	struct stats s_lat, s_bw;
 	struct raw_result *raw_lat, *raw_bw;
 	struct raw_result *raw_x[2];	/* --raw-transport extras over tcp */
 	double x_lat, x_bw;
+	double x_rtt;		/* commit row: its t_typ / the admin round trip's */
 };
 
 struct worker;
@@ -190,6 +204,11 @@ struct run {
 	bool remote_peer;
 	uint16_t sock_port, rawt_port;
 	char base_err[600];	/* the first baseline failure */
+	/* the commit test */
+	char commit_servers[4096];
+	uint64_t commit_leader, commit_term;
+	int commit_voters;
+	int commit_fsync;	/* what the leader's STATUS says: 1 always, 0 none, -1 unknown */
 	/* progress, written by worker 0, read by the main thread */
 	atomic_long prog_row, prog_done, prog_total;
 	atomic_int prog_phase;
@@ -383,13 +402,20 @@ static void usage(FILE *f)
 "of every test and prints one table per test.\n"
 "\n"
 "Tests:\n"
-"  -t, --test LIST        comma-separated: push, pull, pushpull, lock, agg, or all\n"
-"                         (default all).  push: rps_push of the gradient; pull:\n"
-"                         rps_pull of the parameters; pushpull: one training step\n"
+"  -t, --test LIST        comma-separated: push, pull, pushpull, lock, agg, commit,\n"
+"                         or all (default all: every test but commit).  push:\n"
+"                         rps_push of the gradient; pull: rps_pull of the\n"
+"                         parameters; pushpull: one training step\n"
 "                         (push then pull); lock: rps__tensor_lock + unlock of one\n"
 "                         shard, by 1 worker alone and by all workers contending;\n"
 "                         agg: rps__agg_add of W gradients into an fp32\n"
-"                         accumulator vs memcpy of the same bytes (in-process)\n"
+"                         accumulator vs memcpy of the same bytes (in-process);\n"
+"                         commit: the latency of one Raft log entry (ADMIN NOP to\n"
+"                         the leader: append to followers, acks, commit, apply)\n"
+"                         against the STATUS round trip on the same admin\n"
+"                         connection.  Local mode: a cluster of its own, 3 servers\n"
+"                         (or --servers N) with data dirs in $TMPDIR or /tmp,\n"
+"                         removed after; --connect: that cluster's leader\n"
 "  -s, --size BYTES       one size (K, M suffixes: 4K, 1M; at most 64M)\n"
 "  -S, --sweep MIN:MAX[:F]  every power of two from MIN to MAX, multiplying by F\n"
 "                         (a power of two, default 2); default 4:1M:8\n"
@@ -407,9 +433,11 @@ static void usage(FILE *f)
 "      --staleness K      bounded mode's k (default 4)\n"
 "  -d, --dtype T          gradient type f32, bf16 or f16 (default f32)\n"
 "      --optimizer O      sum, sgd, momentum or adam (default sum)\n"
+"      --fsync always|none  commit test (and --server): sync the Raft log before\n"
+"                         acknowledging an entry, or not (default always)\n"
 "\n"
 "Cluster (local mode):\n"
-"      --servers N        in-process servers (default 1)\n"
+"      --servers N        in-process servers (default 1; commit: 3)\n"
 "      --workers N        worker threads, each its own client (default 2)\n"
 "      --transport T      tcp or verbs (default verbs if a device is found)\n"
 "      --device NAME      RDMA device (default: the first with an IPv4 address)\n"
@@ -426,7 +454,8 @@ static void usage(FILE *f)
 "      --listen URI       its address: tcp://HOST:PORT or verbs://ADDR:PORT\n"
 "      --cluster LIST     every server's URI, same order everywhere\n"
 "      --index I          this server's place in LIST (default: found by --listen)\n"
-"      --connect LIST     run as one worker of that cluster (servers' URIs)\n"
+"      --connect LIST     run as one worker of that cluster (servers' URIs);\n"
+"                         -t commit alone needs no --rank / --num-workers\n"
 "      --rank R           this worker's rank, 0..N-1\n"
 "      --num-workers N    workers taking part (all run psperf --connect with the\n"
 "                         same test options; they start together with\n"
@@ -441,7 +470,9 @@ static void usage(FILE *f)
 "                         sizes, and a one-way stream of the same bytes.  verbs:\n"
 "                         RDMA WRITE, READ, CAS, SEND ping-pong and WRITE/READ\n"
 "                         bandwidth through transport.h on the same device.\n"
-"                         agg is always compared with memcpy.  With --connect,\n"
+"                         agg is always compared with memcpy.  commit: a SEND\n"
+"                         ping-pong of the admin messages' sizes (tcp: socket\n"
+"                         request/response).  With --connect,\n"
 "                         worker 0 runs it against server 0, which must run\n"
 "                         psperf --server --baseline (ports +1 and +2)\n"
 "      --raw-transport    over tcp, also run the raw ops of the rdmaps tcp\n"
@@ -459,6 +490,7 @@ static void usage(FILE *f)
 "GB/s = 1e9 B/s, all workers), ops/s.  With --baseline: raw[us] (the raw op's\n"
 "median), x_lat (our t_typ / raw t_typ: 1.0 is the wire, 2.0 twice as slow),\n"
 "raw[GB/s], x_bw (our BW / raw BW: 1.0 is the wire, 0.5 half of it).\n"
+"The commit table ends with commit t_typ / admin round trip t_typ.\n"
 "Progress goes to stderr when it is a terminal.  Exit status: 0 ok, 1 a test\n"
 "failed, 2 bad usage.  See psperf(1).\n");
 }
@@ -541,7 +573,7 @@ static unsigned parse_tests(const char *s)
 			if (!strcasecmp(tok, test_names[i]))
 				break;
 		if (i == T_NTESTS)
-			die_usage("--test: unknown test '%s' (push, pull, pushpull, lock, agg, all)", tok);
+			die_usage("--test: unknown test '%s' (push, pull, pushpull, lock, agg, commit, all)", tok);
 		mask |= 1u << i;
 	}
 	if (!mask)
@@ -618,7 +650,7 @@ enum {
 	OPT_STALENESS = 256, OPT_OPTIMIZER, OPT_SERVERS, OPT_WORKERS, OPT_TRANSPORT,
 	OPT_DEVICE, OPT_ADDR, OPT_SHARD, OPT_SLOTS, OPT_SPIN, OPT_TIMEOUT, OPT_SERVER,
 	OPT_LISTEN, OPT_CLUSTER, OPT_INDEX, OPT_CONNECT, OPT_RANK, OPT_NUMW, OPT_TAG,
-	OPT_RAWT, OPT_CSV, OPT_LABEL,
+	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC,
 };
 
 static const struct option longopts[] = {
@@ -654,6 +686,7 @@ static const struct option longopts[] = {
 	{ "json", required_argument, NULL, 'j' },
 	{ "csv", no_argument, NULL, OPT_CSV },
 	{ "label", required_argument, NULL, OPT_LABEL },
+	{ "fsync", required_argument, NULL, OPT_FSYNC },
 	{ "quiet", no_argument, NULL, 'q' },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
@@ -699,7 +732,10 @@ static void parse_option(struct opts *o, int c, const char *arg)
 			die_usage("--dtype: say f32, bf16 or f16, not '%s'", arg);
 		break;
 	case OPT_OPTIMIZER: o->optimizer = parse_optimizer(arg); break;
-	case OPT_SERVERS: o->nservers = (int)parse_long(arg, "--servers", 1, MAX_LOCAL); break;
+	case OPT_SERVERS:
+		o->nservers = (int)parse_long(arg, "--servers", 1, MAX_LOCAL);
+		o->nservers_set = true;
+		break;
 	case OPT_WORKERS: o->nworkers = (int)parse_long(arg, "--workers", 1, MAX_LOCAL); break;
 	case OPT_TRANSPORT: parse_transport(o, arg); break;
 	case OPT_DEVICE: o->device = arg; break;
@@ -725,6 +761,14 @@ static void parse_option(struct opts *o, int c, const char *arg)
 	case 'j': o->json = arg; break;
 	case OPT_CSV: o->csv = true; break;
 	case OPT_LABEL: o->label = arg; break;
+	case OPT_FSYNC:
+		if (!strcasecmp(arg, "always"))
+			o->fsync_none = false;
+		else if (!strcasecmp(arg, "none"))
+			o->fsync_none = true;
+		else
+			die_usage("--fsync: say always or none, not '%s'", arg);
+		break;
 	case 'q': o->quiet = true; break;
 	default: break;
 	}
@@ -751,6 +795,10 @@ static void check_roles(struct opts *o)
 		die_usage("--rank and --num-workers go with --connect (local mode: --workers N)");
 	if (o->role != ROLE_SERVER && (o->listen || o->cluster || o->index >= 0))
 		die_usage("--listen, --cluster and --index go with --server");
+	if (o->role == ROLE_WORKER && o->tests == (1u << T_COMMIT) && o->rank < 0 && o->num_workers < 1) {
+		o->rank = 0;	/* the commit test alone: one admin client, no workers */
+		o->num_workers = 1;
+	}
 	if (o->role == ROLE_WORKER) {
 		if (o->rank < 0 || o->num_workers < 1)
 			die_usage("--connect needs --rank R and --num-workers N");
@@ -976,6 +1024,21 @@ static void plan_lock(struct run *r)
 	}
 }
 
+/* commit: the entry's latency, then the admin round trip it compares with;
+ * the labels get the fsync policy once the leader has told it. */
+static void plan_commit(struct run *r)
+{
+	struct row *row;
+	int k;
+
+	for (k = 0; k < 2; k++) {
+		row = plan_add(r, T_COMMIT, 0);
+		row->workers = 1;
+		row->commit_rtt = k == 1;
+		snprintf(row->label, sizeof(row->label), "%s", k ? "admin round trip" : "commit");
+	}
+}
+
 static void plan_rows(struct run *r)
 {
 	const struct opts *o = r->o;
@@ -989,6 +1052,10 @@ static void plan_rows(struct run *r)
 			continue;
 		if (t == T_LOCK) {
 			plan_lock(r);
+			continue;
+		}
+		if (t == T_COMMIT) {
+			plan_commit(r);
 			continue;
 		}
 		for (i = 0; i < r->nsizes; i++) {
@@ -1442,7 +1509,7 @@ static void *worker_main(void *arg)
 	if (!worker_setup(w)) {
 		for (ri = 0; ri < r->nrows && !w->status; ri++) {
 			const struct row *row = &r->rows[ri];
-			if (row->test == T_AGG)
+			if (row->test == T_AGG || row->test == T_COMMIT)
 				continue;
 			if (row->test == T_LOCK) {
 				run_lock_rows(w, (long)ri);
@@ -1466,7 +1533,7 @@ static void workers_merge(struct run *r, struct worker *ws, int n)
 
 	for (ri = 0; ri < r->nrows; ri++) {
 		struct row *row = &r->rows[ri];
-		if (row->test == T_AGG)
+		if (row->test == T_AGG || row->test == T_COMMIT)
 			continue;
 		for (i = 0; i < n; i++) {
 			pass_merge(&row->lat, &ws[i].lat[ri]);
@@ -1526,6 +1593,7 @@ struct lserver {
 struct lcluster {
 	struct lserver s[MAX_LOCAL];
 	int n;
+	char dirs[MAX_LOCAL][PATH_MAX];	/* commit test: each server's --data-dir */
 };
 
 static void *server_main(void *arg)
@@ -1565,7 +1633,11 @@ static void cluster_destroy(void *arg)
 	}
 }
 
-static void server_cfg(const struct run *r, struct rps__server_config *cfg, const char *cluster, int i)
+/* data_dir NULL: the server's own temporary dir, and no fsync (a data
+ * benchmark: the Raft log need not survive power loss); else that dir and
+ * --fsync (the commit test, where syncing is what is measured). */
+static void server_cfg(const struct run *r, struct rps__server_config *cfg, const char *cluster, int i,
+		       const char *data_dir)
 {
 	const struct opts *o = r->o;
 
@@ -1575,7 +1647,8 @@ static void server_cfg(const struct run *r, struct rps__server_config *cfg, cons
 	cfg->listen.port = 0;
 	cfg->cluster = cluster;
 	cfg->index = i;
-	cfg->fsync_none = 1;	/* a benchmark: the Raft log need not survive power loss */
+	cfg->data_dir = data_dir;
+	cfg->fsync_none = data_dir ? o->fsync_none : 1;
 	cfg->shard_bytes = o->shard_bytes;
 	cfg->nslots = o->slots;
 	cfg->spin_us = o->spin_us;
@@ -1600,26 +1673,26 @@ static uint16_t free_port(const char *addr)
 	return port;
 }
 
-/* Start --servers servers on ports picked now: the shard map they
- * bootstrap names every server's address, which workers then use. */
-static int cluster_start(struct run *r, struct lcluster *c)
+/* Start nservers servers on ports picked now: the shard map they
+ * bootstrap names every server's address (written to list), which workers
+ * then use.  c->dirs[i] non-empty: server i's data dir (commit test). */
+static int cluster_start(struct run *r, struct lcluster *c, int nservers, char *list, size_t listlen)
 {
 	const char *scheme = r->kind == RPS__KIND_VERBS ? "verbs" : "tcp";
 	size_t k = 0;
 	int i, ret;
 
-	for (i = 0; i < r->o->nservers; i++) {
-		uint16_t port = r->o->nservers == 1 ? 0 : free_port(r->addr);
-		k += (size_t)snprintf(r->servers + k, sizeof(r->servers) - k, "%s%s://%s:%u", i ? "," : "", scheme,
-				      r->addr, port);
+	for (i = 0; i < nservers; i++) {
+		uint16_t port = nservers == 1 ? 0 : free_port(r->addr);
+		k += (size_t)snprintf(list + k, listlen - k, "%s%s://%s:%u", i ? "," : "", scheme, r->addr, port);
 	}
-	for (i = 0; i < r->o->nservers; i++) {
+	for (i = 0; i < nservers; i++) {
 		struct rps__server_config cfg;
-		server_cfg(r, &cfg, r->servers, i);
-		if (r->o->nservers > 1) {
+		server_cfg(r, &cfg, list, i, c->dirs[i][0] ? c->dirs[i] : NULL);
+		if (nservers > 1) {
 			struct rps__uri *u = NULL;
 			int n = 0;
-			if (!rps__uri_list_parse(r->servers, &u, &n) && n > i)
+			if (!rps__uri_list_parse(list, &u, &n) && n > i)
 				cfg.listen.port = u[i].port;
 			free(u);
 		}
@@ -1638,8 +1711,8 @@ static int cluster_start(struct run *r, struct lcluster *c)
 		}
 		c->s[i].started = true;
 	}
-	if (r->o->nservers == 1)
-		snprintf(r->servers, sizeof(r->servers), "%s://%s:%u", scheme, r->addr, rps__server_port(c->s[0].srv));
+	if (nservers == 1)
+		snprintf(list, listlen, "%s://%s:%u", scheme, r->addr, rps__server_port(c->s[0].srv));
 	return 0;
 }
 
@@ -1665,16 +1738,28 @@ static void run_init(struct run *r, struct opts *o)
 	atomic_init(&r->prog_done, 0);
 	atomic_init(&r->prog_total, 0);
 	atomic_init(&r->prog_phase, 0);
+	r->commit_fsync = -1;
 }
 
+/* Rows that workers of a data cluster measure (not agg, not commit). */
 static bool plan_has_cluster_rows(const struct run *r)
 {
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++)
-		if (r->rows[i].test != T_AGG)
+		if (r->rows[i].test != T_AGG && r->rows[i].test != T_COMMIT)
 			return true;
 	return false;
+}
+
+static struct row *plan_commit_row(struct run *r, bool rtt)
+{
+	size_t i;
+
+	for (i = 0; i < r->nrows; i++)
+		if (r->rows[i].test == T_COMMIT && r->rows[i].commit_rtt == rtt)
+			return &r->rows[i];
+	return NULL;
 }
 
 /* Start workers, wait, merge.  n workers with ranks first..first+n-1. */
@@ -1716,12 +1801,343 @@ static int run_local_cluster(struct run *r)
 	int ret;
 
 	memset(&c, 0, sizeof(c));
-	ret = cluster_start(r, &c);
+	ret = cluster_start(r, &c, r->o->nservers, r->servers, sizeof(r->servers));
 	if (!ret)
 		ret = run_workers(r, 0, r->o->nworkers, cluster_destroy, &c);
 	cluster_destroy(&c);
 	if (cluster_errors(&c) && !ret)
 		ret = -EIO;
+	return ret;
+}
+
+/* ---- commit: one Raft entry against the admin round trip --------------------------------------- */
+
+#define COMMIT_POLL_MS 20		/* leader search: between rounds of STATUS */
+#define COMMIT_RPC_MS 2000		/* leader search: one connect / STATUS at most */
+
+/* Admin channels to every server of the cluster under test. */
+struct commit_target {
+	struct rps__uri *uris;
+	int n;
+	struct rps__ctl **ctl;	/* per server; NULL until opened */
+	char *buf;		/* RPS__BIG_MSG_MAX: a STATUS reply */
+	char name[300];		/* the leader's URI, for messages */
+};
+
+static int commit_fail(struct run *r, const char *fmt, ...) RPS__PRINTF(2, 3);
+
+static int commit_fail(struct run *r, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!r->err[0]) {
+		va_start(ap, fmt);
+		vsnprintf(r->err, sizeof(r->err), fmt, ap);
+		va_end(ap);
+	}
+	r->failed = true;
+	return -EIO;
+}
+
+static int ms_left(uint64_t deadline, int cap)
+{
+	uint64_t now = rps__now_ns();
+	uint64_t ms = now >= deadline ? 1 : (deadline - now) / 1000000u + 1;
+
+	return (int)RPS__MIN(ms, (uint64_t)cap);
+}
+
+/* STATUS to server i (connecting first if need be). */
+static int commit_status(struct commit_target *t, int i, int timeout_ms, struct rps__status_rep *st)
+{
+	char name[300];
+	size_t len = 0;
+	int32_t status = 0;
+	int ret;
+
+	rps__uri_str(&t->uris[i], name, sizeof(name));
+	if (!t->ctl[i]) {
+		ret = rps__ctl_open(&t->uris[i], timeout_ms, &t->ctl[i]);
+		if (ret) {
+			t->ctl[i] = NULL;
+			return ret;
+		}
+	}
+	ret = rps__ctl_call(t->ctl[i], RPS__MSG_STATUS, NULL, 0, t->buf, RPS__BIG_MSG_MAX, &len, &status, timeout_ms);
+	if (ret == -ECONNRESET) {
+		rps__ctl_close(t->ctl[i]);
+		t->ctl[i] = NULL;
+	}
+	if (ret)
+		return ret;
+	if (status < 0)
+		return rps__seterr(status, "%s: STATUS refused: %s", name, rps_strerror(status));
+	if (len < sizeof(*st))
+		return rps__seterr(-EBADMSG, "%s: STATUS reply of %zu bytes is too short: is it an rdmapsd of this release?",
+				   name, len);
+	memcpy(st, t->buf, sizeof(*st));
+	return 0;
+}
+
+/* Poll STATUS on every server until one says it leads (the highest term
+ * wins); its index, or < 0 with r->err set at the deadline. */
+static int commit_find_leader(struct run *r, struct commit_target *t, uint64_t deadline, struct rps__status_rep *out)
+{
+	struct rps__status_rep st;
+	char last[512] = "";
+	int i, best;
+
+	for (;;) {
+		best = -1;
+		for (i = 0; i < t->n; i++) {
+			if (commit_status(t, i, ms_left(deadline, COMMIT_RPC_MS), &st)) {
+				snprintf(last, sizeof(last), "%s", rps__errbuf());
+				continue;
+			}
+			if (st.role == RPS__RAFT_LEADER && (best < 0 || st.term > out->term)) {
+				best = i;
+				*out = st;
+			}
+		}
+		if (best >= 0) {
+			rps__uri_str(&t->uris[best], t->name, sizeof(t->name));
+			return best;
+		}
+		if (rps__now_ns() >= deadline)
+			return commit_fail(r, "commit: no server of %d reported itself leader within --timeout-ms %d%s%s",
+					   t->n, r->o->timeout_ms, last[0] ? "; last error: " : " (an election in progress?)",
+					   last);
+		sleep_ms(COMMIT_POLL_MS);
+	}
+}
+
+/* One ADMIN NOP: 0 when a reply came (*status says how it went). */
+static int commit_nop(struct run *r, struct rps__ctl *ctl, int32_t *status, struct rps__admin_rep *rep)
+{
+	struct rps__admin a;
+	size_t len = 0;
+	int ret;
+
+	memset(&a, 0, sizeof(a));
+	a.op = RPS__ADMIN_NOP;
+	a.timeout_ms = (uint32_t)r->o->timeout_ms;
+	ret = rps__ctl_call(ctl, RPS__MSG_ADMIN, &a, sizeof(a), rep, sizeof(*rep), &len, status, r->o->timeout_ms + 5000);
+	if (!ret && len < sizeof(*rep))
+		memset(rep, 0, sizeof(*rep));
+	rep->msg[sizeof(rep->msg) - 1] = '\0';
+	return ret;
+}
+
+static void commit_progress(struct run *r, const struct row *row, int ph, long total)
+{
+	progress_set(r, (long)(row - r->rows), ph, total);
+	progress_print(r);
+}
+
+static void commit_tick(struct run *r, long done)
+{
+	atomic_store_explicit(&r->prog_done, done, memory_order_relaxed);
+	if ((done & 63) == 0)
+		progress_print(r);
+}
+
+static void commit_label(struct run *r, struct row *cr, const struct rps__status_rep *st)
+{
+	r->commit_leader = st->id;
+	r->commit_term = st->term;
+	r->commit_voters = (int)st->n_voters;
+	r->commit_fsync = st->fsync ? 1 : 0;
+	snprintf(cr->label, sizeof(cr->label), "commit (fsync %s)", st->fsync ? "always" : "none");
+}
+
+/* Warm-up: NOPs until `want` have succeeded.  A leader fresh from its
+ * election answers -EAGAIN until it has committed in its term; -EPERM:
+ * leadership moved, find the new leader. */
+static int commit_warmup(struct run *r, struct commit_target *t, int *L, long want, uint64_t deadline)
+{
+	struct row *cr = plan_commit_row(r, false);
+	struct rps__status_rep st;
+	struct rps__admin_rep rep;
+	int32_t status;
+	long done = 0;
+
+	commit_progress(r, cr, 1, want);
+	while (done < want) {
+		if (commit_nop(r, t->ctl[*L], &status, &rep))
+			return commit_fail(r, "commit warm-up: ADMIN NOP to %s: %s", t->name, rps__errbuf());
+		if (status == -EAGAIN || status == -EPERM) {
+			if (rps__now_ns() >= deadline)
+				return commit_fail(r, "commit warm-up: %s kept answering %s to ADMIN NOP: %s", t->name,
+						   rps_strerror(status), rep.msg[0] ? rep.msg : "no message");
+			if (status == -EPERM) {
+				*L = commit_find_leader(r, t, deadline, &st);
+				if (*L < 0)
+					return -EIO;
+				commit_label(r, cr, &st);
+			}
+			sleep_ms(10);
+			continue;
+		}
+		if (status)
+			return commit_fail(r, "commit warm-up: %s refused ADMIN NOP: %s", t->name,
+					   rep.msg[0] ? rep.msg : rps_strerror(status));
+		commit_tick(r, ++done);
+	}
+	return 0;
+}
+
+/* The timed passes: NOPs (each answered once its entry is applied, at a
+ * log index past the previous one's), then STATUS round trips. */
+static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, char *buf)
+{
+	struct row *cr = plan_commit_row(r, false), *rr = plan_commit_row(r, true);
+	struct rps__admin_rep rep;
+	uint64_t last = 0, t0;
+	int32_t status;
+	size_t len;
+	long i;
+	int ret;
+
+	commit_progress(r, cr, 2, cr->iters);
+	samples_reserve(&cr->lat.s, (size_t)cr->iters);
+	cr->lat.t0 = rps__now_ns();
+	for (i = 0; i < cr->iters; i++) {
+		t0 = rps__now_ns();
+		ret = commit_nop(r, ctl, &status, &rep);
+		samples_add(&cr->lat.s, rps__now_ns() - t0);
+		if (ret)
+			return commit_fail(r, "commit %ld of %ld: ADMIN NOP to %s: %s", i + 1, cr->iters, name,
+					   rps__errbuf());
+		if (status)
+			return commit_fail(r, "commit %ld of %ld: %s answered ADMIN NOP with %s: %s", i + 1, cr->iters,
+					   name, rps_strerror(status), rep.msg[0] ? rep.msg : "no message");
+		if (rep.index <= last)
+			return commit_fail(r, "commit %ld of %ld: %s answered at applied index %llu, not past the "
+					   "previous NOP's %llu: a NOP was not committed", i + 1, cr->iters, name,
+					   (unsigned long long)rep.index, (unsigned long long)last);
+		last = rep.index;
+		commit_tick(r, i + 1);
+	}
+	cr->lat.t1 = rps__now_ns();
+	commit_progress(r, rr, 1, rr->warmup + rr->iters);
+	samples_reserve(&rr->lat.s, (size_t)rr->iters);
+	for (i = -rr->warmup; i < rr->iters; i++) {
+		if (i == 0)
+			rr->lat.t0 = rps__now_ns();
+		t0 = rps__now_ns();
+		ret = rps__ctl_call(ctl, RPS__MSG_STATUS, NULL, 0, buf, RPS__BIG_MSG_MAX, &len, &status, 0);
+		if (i >= 0)
+			samples_add(&rr->lat.s, rps__now_ns() - t0);
+		if (ret || status)
+			return commit_fail(r, "admin round trip %ld: STATUS to %s: %s", i + 1, name,
+					   ret ? rps__errbuf() : rps_strerror(status));
+		commit_tick(r, i + rr->warmup + 1);
+	}
+	rr->lat.t1 = rps__now_ns();
+	return 0;
+}
+
+/* Find the leader of the cluster at list, warm up, time, and measure the
+ * raw SEND/RECV baseline; r->err says what failed. */
+static int commit_measure(struct run *r, const char *list)
+{
+	struct row *cr = plan_commit_row(r, false);
+	uint64_t deadline = rps__now_ns() + (uint64_t)r->o->timeout_ms * 1000000ull;
+	struct commit_target t;
+	struct rps__status_rep st;
+	int i, L, ret;
+
+	memset(&t, 0, sizeof(t));
+	if (rps__uri_list_parse(list, &t.uris, &t.n))
+		return commit_fail(r, "commit: %s", rps__errbuf());
+	t.ctl = xcalloc((size_t)t.n, sizeof(*t.ctl));
+	t.buf = xalloc_aligned(RPS__BIG_MSG_MAX);
+	commit_progress(r, cr, 0, 0);
+	L = commit_find_leader(r, &t, deadline, &st);
+	ret = L < 0 ? -EIO : 0;
+	if (!ret) {
+		commit_label(r, cr, &st);
+		for (i = 0; i < t.n; i++)	/* only the leader's channel is used from here */
+			if (i != L) {
+				rps__ctl_close(t.ctl[i]);
+				t.ctl[i] = NULL;
+			}
+		ret = commit_warmup(r, &t, &L, RPS__MAX(cr->warmup, 1L), deadline);
+	}
+	if (!ret)
+		ret = commit_passes(r, t.ctl[L], t.name, t.buf);
+	progress_clear(r);
+	for (i = 0; i < t.n; i++)
+		rps__ctl_close(t.ctl[i]);
+	free(t.ctl);
+	free(t.buf);
+	free(t.uris);
+	if (!ret && r->o->baseline && cr->raw_lat) {
+		struct baseline *b;
+		commit_progress(r, cr, 4, 0);
+		b = baseline_new(r);
+		baseline_row(r, b, cr);
+		baseline_free(b);
+		progress_clear(r);
+	}
+	return ret;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
+static void remove_tree(const char *dir)
+{
+	nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	if (access(dir, F_OK) == 0)
+		fprintf(stderr, "psperf: could not remove %s: remove it by hand\n", dir);
+}
+
+/* Local mode: a cluster of its own (3 servers, or --servers), each with a
+ * data dir under $TMPDIR (default /tmp) and --fsync, removed after. */
+static int run_commit_local(struct run *r)
+{
+	struct lcluster *c = xcalloc(1, sizeof(*c));
+	const char *tmp = getenv("TMPDIR");
+	char root[PATH_MAX - 32];
+	int n = r->o->nservers_set ? r->o->nservers : COMMIT_SERVERS;
+	int i, ret;
+
+	snprintf(root, sizeof(root), "%s/psperf-commit.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(root)) {
+		ret = commit_fail(r, "commit: mkdtemp %s: %s: set TMPDIR to a writable directory", root, strerror(errno));
+		free(c);
+		return ret;
+	}
+	for (i = 0; i < n; i++) {
+		snprintf(c->dirs[i], sizeof(c->dirs[i]), "%s/s%d", root, i);
+		if (mkdir(c->dirs[i], 0700)) {
+			ret = commit_fail(r, "commit: mkdir %s: %s", c->dirs[i], strerror(errno));
+			remove_tree(root);
+			free(c);
+			return ret;
+		}
+	}
+	if (!plan_has_cluster_rows(r))
+		r->nservers = n;
+	ret = cluster_start(r, c, n, r->commit_servers, sizeof(r->commit_servers));
+	if (ret)
+		commit_fail(r, "commit: the cluster of %d servers could not start (see above)", n);
+	else
+		ret = commit_measure(r, r->commit_servers);
+	if (!r->servers[0])
+		snprintf(r->servers, sizeof(r->servers), "%s", r->commit_servers);
+	cluster_destroy(c);
+	if (cluster_errors(c) && !ret)
+		ret = commit_fail(r, "commit: a server stopped with an error (see above)");
+	remove_tree(root);
+	free(c);
 	return ret;
 }
 
@@ -2439,6 +2855,14 @@ static void raw_plan_row(struct run *r, struct row *row, bool transport)
 	case T_LOCK:
 		row->raw_lat = transport ? raw_add(r, RAW_CAS, 8, 0, n, n) : raw_add(r, RAW_SOCK_RR, 8, 8, n, n);
 		break;
+	case T_COMMIT: {
+		/* the admin request and reply: the same bytes, raw */
+		size_t q = sizeof(struct rps__msg_hdr) + sizeof(struct rps__admin);
+		size_t a = sizeof(struct rps__msg_hdr) + sizeof(struct rps__admin_rep);
+		row->raw_lat = transport ? raw_add(r, RAW_SEND_PP, RPS__MAX(q, a), 0, n, n)
+					 : raw_add(r, RAW_SOCK_RR, q, a, n, n);
+		break;
+	}
 	default:
 		break;
 	}
@@ -2686,6 +3110,12 @@ static void compute_figures(struct run *r)
 		row->x_bw = row->raw_bw && row->raw_bw->st.valid ? ratio(row->s_bw.gbs, row->raw_bw->st.gbs) : NAN;
 		if (row->test == T_AGG && row->raw_lat)
 			row->x_lat = ratio(row->s_lat.typ, row->raw_lat->st.typ);
+		row->x_rtt = NAN;
+	}
+	{
+		struct row *cr = plan_commit_row(r, false), *rr = plan_commit_row(r, true);
+		if (cr && rr && cr->s_lat.valid && rr->s_lat.valid)
+			cr->x_rtt = ratio(cr->s_lat.typ, rr->s_lat.typ);
 	}
 }
 
@@ -2723,6 +3153,16 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 		       r->W, rps__dtype_name(o->dtype), rps__agg_isa_name(rps__agg_best_isa()));
 		printf(" BW = gradient bytes summed per second; raw = memcpy of the same bytes\n");
 		break;
+	case T_COMMIT:
+		printf(" commit: ADMIN NOP to the Raft leader, answered once its log entry is applied (append to the\n"
+		       " followers, their acks, commit, apply); %d voters, leader %llu, term %llu, fsync %s;\n"
+		       " one admin connection, one call at a time.  admin round trip: STATUS on it (no log entry)\n",
+		       r->commit_voters, (unsigned long long)r->commit_leader, (unsigned long long)r->commit_term,
+		       r->commit_fsync < 0 ? "?" : r->commit_fsync ? "always" : "none");
+		if (raw)
+			printf(" raw: %s of the admin messages' sizes\n",
+			       r->kind == RPS__KIND_VERBS ? "SEND ping-pong" : "socket request/response");
+		break;
 	case T_LOCK:
 		printf(" lock: rps__tensor_lock + rps__tensor_unlock of shard 0 of an async tensor (RDMA CAS)\n");
 		printf(" xN = N workers at once on the same lock; raw = %s\n",
@@ -2741,10 +3181,11 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 				  : "socket: S bytes there, S back; one-way stream"));
 		break;
 	}
-	if (o->role == ROLE_WORKER && t != T_AGG)
+	if (o->role == ROLE_WORKER && t != T_AGG && t != T_COMMIT)
 		printf(" figures of worker %d of %d only\n", o->rank, o->num_workers);
 	printf("%s\n", line);
-	printf(" %-12s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_LOCK ? "op" : "#bytes", "#iters",
+	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_COMMIT ? 22 : 12,
+	       t == T_LOCK || t == T_COMMIT ? "op" : "#bytes", "#iters",
 	       "t_min[us]", "t_typ[us]", "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "BW[GB/s]", "ops/s");
 	if (raw)
 		printf(" %10s %7s %10s %7s", "raw[us]", "x_lat", "raw[GB/s]", "x_bw");
@@ -2755,26 +3196,28 @@ static void print_row(const struct row *row, bool raw)
 {
 	char first[32], b[4][32];
 	const struct stats *s = &row->s_lat;
+	bool no_bw = row->test == T_LOCK || row->test == T_COMMIT;
+	int w = row->test == T_COMMIT ? 22 : 12;
 
 	if (row->label[0])
 		snprintf(first, sizeof(first), "%s", row->label);
 	else
 		snprintf(first, sizeof(first), "%zu", row->bytes);
 	if (!s->valid) {
-		printf(" %-12s %8s   (%s)\n", first, "-", row->lock_alone ? "measured by worker 0" : "no samples");
+		printf(" %-*s %8s   (%s)\n", w, first, "-", row->lock_alone ? "measured by worker 0" : "no samples");
 		return;
 	}
-	fmt_num(b[0], sizeof(b[0]), row->test == T_LOCK ? NAN : row->s_bw.gbs, "%.3f");
-	printf(" %-12s %8llu %10.2f %10.2f %10.2f %10.2f %11.2f %10s %11.0f", first, (unsigned long long)s->n, s->min,
-	       s->typ, s->avg, s->p99, s->p999, b[0], row->test == T_LOCK ? s->ops : row->s_bw.ops);
+	fmt_num(b[0], sizeof(b[0]), no_bw ? NAN : row->s_bw.gbs, "%.3f");
+	printf(" %-*s %8llu %10.2f %10.2f %10.2f %10.2f %11.2f %10s %11.0f", w, first, (unsigned long long)s->n, s->min,
+	       s->typ, s->avg, s->p99, s->p999, b[0], no_bw ? s->ops : row->s_bw.ops);
 	if (raw) {
 		fmt_num(b[1], sizeof(b[1]), row->raw_lat && row->raw_lat->st.valid ? row->raw_lat->st.typ : NAN, "%.2f");
 		fmt_num(b[2], sizeof(b[2]), row->x_lat, "%.2f");
-		fmt_num(b[3], sizeof(b[3]), row->raw_bw && row->raw_bw->st.valid && row->test != T_LOCK
+		fmt_num(b[3], sizeof(b[3]), row->raw_bw && row->raw_bw->st.valid && !no_bw
 			? row->raw_bw->st.gbs : NAN, "%.3f");
 		printf(" %10s %7s %10s", b[1], b[2], b[3]);
 		fmt_num(b[0], sizeof(b[0]), row->x_bw, "%.2f");
-		printf(" %7s", row->test == T_LOCK ? "-" : b[0]);
+		printf(" %7s", no_bw ? "-" : b[0]);
 	}
 	printf("\n");
 }
@@ -2805,6 +3248,22 @@ static void print_raw_tables(const struct run *r)
 	}
 }
 
+static void print_commit_ratio(struct run *r)
+{
+	const struct row *cr = plan_commit_row(r, false);
+	char x[32];
+
+	if (!cr)
+		return;
+	fmt_num(x, sizeof(x), cr->x_rtt, "%.2f");
+	printf(" commit / admin round trip (t_typ): %s", x);
+	if (cr->raw_lat && cr->raw_lat->st.valid) {
+		fmt_num(x, sizeof(x), cr->x_lat, "%.2f");
+		printf("; commit / raw %s (t_typ): %s", cr->raw_lat->name, x);
+	}
+	printf("\n");
+}
+
 static void print_banner(const struct run *r)
 {
 	char host[256] = "", date[64];
@@ -2820,7 +3279,7 @@ static void print_banner(const struct run *r)
 	       r->device[0] ? r->device : "-", r->addr[0] ? r->addr : "-", load[0], load[1], load[2]);
 }
 
-static void print_tables(const struct run *r)
+static void print_tables(struct run *r)
 {
 	bool raw = show_raw(r);
 	int t;
@@ -2838,6 +3297,8 @@ static void print_tables(const struct run *r)
 		for (i = 0; i < r->nrows; i++)
 			if (r->rows[i].test == (enum test_id)t)
 				print_row(&r->rows[i], raw || t == T_AGG);
+		if (t == T_COMMIT)
+			print_commit_ratio(r);
 	}
 	print_raw_tables(r);
 	printf("------------------------------------------------------------------------------------------------\n");
@@ -3017,6 +3478,11 @@ static void json_config(FILE *f, const struct run *r)
 		o->shard_bytes, o->slots, o->spin_us, o->timeout_ms, o->baseline ? "true" : "false", o->rank,
 		o->num_workers);
 	json_kv_str(f, "tag", o->tag, true);
+	json_kv_str(f, "fsync", o->fsync_none ? "none" : "always", true);
+	if (r->commit_leader)
+		fprintf(f, "\"commit_leader\": %llu, \"commit_term\": %llu, \"commit_voters\": %d, "
+			"\"commit_fsync\": %s, ", (unsigned long long)r->commit_leader,
+			(unsigned long long)r->commit_term, r->commit_voters, r->commit_fsync ? "true" : "false");
 	json_kv_str(f, "agg_isa", rps__agg_isa_name(rps__agg_best_isa()), false);
 	fprintf(f, "},\n    \"argv\": [");
 	for (i = 0; i < o->argc; i++) {
@@ -3045,6 +3511,10 @@ static void json_row(FILE *f, const struct row *row)
 	json_num(f, row->x_lat);
 	fprintf(f, ", \"x_bw\": ");
 	json_num(f, row->x_bw);
+	if (row->test == T_COMMIT && !row->commit_rtt) {
+		fprintf(f, ", \"x_rtt\": ");
+		json_num(f, row->x_rtt);
+	}
 	fprintf(f, "}");
 }
 
@@ -3156,7 +3626,7 @@ static int role_local(struct opts *o)
 	r.W = o->nworkers;
 	r.nservers = o->nservers;
 	plan_rows(&r);
-	if (plan_has_cluster_rows(&r) || o->baseline) {
+	if (plan_has_cluster_rows(&r) || o->baseline || plan_commit_row(&r, false)) {
 		if (choose_fabric(&r)) {
 			run_free(&r);
 			return 1;
@@ -3166,6 +3636,8 @@ static int role_local(struct opts *o)
 		raw_plan_all(&r);
 	if (plan_has_cluster_rows(&r))
 		ret = run_local_cluster(&r);
+	if (!ret && plan_commit_row(&r, false))
+		ret = run_commit_local(&r);
 	return finish_run(&r, ret);
 }
 
@@ -3189,13 +3661,17 @@ static int role_worker(struct opts *o)
 	r.sock_port = (uint16_t)(uris[0].port + SOCK_PORT_OFFSET);
 	r.rawt_port = (uint16_t)(uris[0].port + RAWT_PORT_OFFSET);
 	free(uris);
-	if (o->rank != 0)
+	if (o->rank != 0) {
 		o->baseline = false;
+		o->tests &= ~(1u << T_COMMIT);	/* rank 0 measures the commit test */
+	}
 	plan_rows(&r);
 	if (o->baseline)
 		raw_plan_all(&r);
 	if (plan_has_cluster_rows(&r))
 		ret = run_workers(&r, o->rank, 1, NULL, NULL);
+	if (!ret && plan_commit_row(&r, false))
+		ret = commit_measure(&r, o->connect);
 	return finish_run(&r, ret);
 }
 
@@ -3313,6 +3789,7 @@ static int role_server(struct opts *o)
 	cfg.shard_bytes = o->shard_bytes;
 	cfg.nslots = o->slots;
 	cfg.spin_us = o->spin_us;
+	cfg.fsync_none = o->fsync_none;
 	ret = rps__server_create(&cfg, &the_server);
 	if (ret) {
 		fprintf(stderr, "psperf: --server: %s\n", rps__errbuf());

@@ -958,7 +958,8 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 		rps__log(RPS__LOG_DEBUG, "log entry %llu: %s: refused: %s", (unsigned long long)index, what,
 			 rps__errbuf());
 	else
-		rps__log(RPS__LOG_INFO, "log entry %llu: %s", (unsigned long long)index, what);
+		rps__log(cmd.type == RPS__SMAP_NOP ? RPS__LOG_DEBUG : RPS__LOG_INFO, "log entry %llu: %s",
+			 (unsigned long long)index, what);
 	if (!ret && cmd.type == RPS__SMAP_REMOVE_MEMBER && cmd.id == srv->my_id)
 		/* linger a moment: workers with operations on their way learn
 		 * from refusals that the partitions moved, not from a reset */

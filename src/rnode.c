@@ -54,6 +54,7 @@ struct rps__rnode {
 	struct rps__raft *raft;
 
 	uint64_t applied;		/* last index handed to the state machine */
+	uint64_t hs_term, hs_vote;	/* the hard state's term and vote as on disk */
 	enum rps__raft_role role;	/* as last reported through role_change */
 	uint64_t leader;
 
@@ -171,6 +172,10 @@ static int save_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 		rps__preerr(err, "rnode %llu: persisting %zu entries and the hard state", (unsigned long long)n->id,
 			    rd->n_entries);
 		return kill_node(n, -EIO);
+	}
+	if (rd->hard_state_changed) {
+		n->hs_term = hs.term;
+		n->hs_vote = hs.vote;
 	}
 	return 0;
 }
@@ -294,6 +299,7 @@ static void note_role(struct rps__rnode *n, enum rps__raft_role role, uint64_t l
 
 static int handle_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 {
+	bool commit_only;
 	int err;
 
 	if (rd->snapshot) {
@@ -301,10 +307,24 @@ static int handle_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 		if (err)
 			return err;
 	}
-	err = save_ready(n, rd);
-	if (err)
-		return err;
-	send_msgs(n, rd->msgs, rd->n_msgs);
+	/* A leader replicates while it writes its own log (Raft thesis
+	 * 10.2.1): its messages promise nothing about its disk, and it counts
+	 * the followers' acknowledgements only in a later step, after this
+	 * save is done.  Everyone else sends only what is on disk. */
+	/* A ready that only moves the commit index promises nothing either:
+	 * apply first (the leader answers its proposer now) and sync the
+	 * commit index after, off the commit latency. */
+	commit_only = !rd->snapshot && !rd->n_entries && rd->hard_state_changed &&
+		      rd->hard_state.term == n->hs_term && rd->hard_state.vote == n->hs_vote;
+	if (rd->role == RPS__RAFT_LEADER || commit_only)
+		send_msgs(n, rd->msgs, rd->n_msgs);
+	if (!commit_only) {
+		err = save_ready(n, rd);
+		if (err)
+			return err;
+	}
+	if (rd->role != RPS__RAFT_LEADER && !commit_only)
+		send_msgs(n, rd->msgs, rd->n_msgs);
 	if (rd->snapshot) {
 		err = restore_sm(n, rd->snapshot->index, rd->snapshot->data, rd->snapshot->len);
 		if (err)
@@ -315,7 +335,7 @@ static int handle_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 	queue_reads(n, rd->read_states, rd->n_read_states);
 	serve_reads(n);
 	note_role(n, rd->role, rd->leader, rd->hard_state.term);
-	return 0;
+	return commit_only ? save_ready(n, rd) : 0;
 }
 
 static int compact_now(struct rps__rnode *n, bool force)
@@ -461,6 +481,8 @@ int rps__rnode_open(const struct rps__rnode_config *cfg, struct rps__rnode **out
 		rps__preerr(err, "rnode %llu", (unsigned long long)cfg->id);
 		goto err_free;
 	}
+	n->hs_term = rec.hs.term;
+	n->hs_vote = rec.hs.vote;
 	snprintf(n->note, sizeof(n->note), "%s", rec.note);
 
 	err = persisted_from(&rec, &snap, &ents, &p);
