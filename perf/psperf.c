@@ -1822,6 +1822,7 @@ struct commit_target {
 	struct rps__ctl **ctl;	/* per server; NULL until opened */
 	char *buf;		/* RPS__BIG_MSG_MAX: a STATUS reply */
 	char name[300];		/* the leader's URI, for messages */
+	int spin_us;		/* --spin-us for the admin connections */
 };
 
 static int commit_fail(struct run *r, const char *fmt, ...) RPS__PRINTF(2, 3);
@@ -1862,6 +1863,7 @@ static int commit_status(struct commit_target *t, int i, int timeout_ms, struct 
 			t->ctl[i] = NULL;
 			return ret;
 		}
+		rps__ctl_set_spin(t->ctl[i], t->spin_us);	/* --spin-us: like the workers */
 	}
 	ret = rps__ctl_call(t->ctl[i], RPS__MSG_STATUS, NULL, 0, t->buf, RPS__BIG_MSG_MAX, &len, &status, timeout_ms);
 	if (ret == -ECONNRESET) {
@@ -2051,6 +2053,7 @@ static int commit_measure(struct run *r, const char *list)
 	if (rps__uri_list_parse(list, &t.uris, &t.n))
 		return commit_fail(r, "commit: %s", rps__errbuf());
 	t.ctl = xcalloc((size_t)t.n, sizeof(*t.ctl));
+	t.spin_us = r->o->spin_us;
 	t.buf = xalloc_aligned(RPS__BIG_MSG_MAX);
 	commit_progress(r, cr, 0, 0);
 	L = commit_find_leader(r, &t, deadline, &st);

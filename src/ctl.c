@@ -35,6 +35,7 @@ struct rps__ctl {
 	struct rps__mr *rmr, *smr;
 	uint64_t next_req;
 	int timeout_ms;
+	uint64_t spin_ns;
 	bool send_busy;			/* a SEND whose completion has not been seen */
 	bool dead;			/* the endpoint failed: only close is left */
 	char name[300];
@@ -261,6 +262,7 @@ repost:
  * deadline (0: none).  Returns 0, -ETIMEDOUT (no message set), or an error. */
 static int progress(struct rps__ctl *ctl, struct pending *p, uint64_t deadline)
 {
+	uint64_t start = rps__now_ns();
 	struct rps__wc wc;
 	int ret;
 
@@ -274,7 +276,9 @@ static int progress(struct rps__ctl *ctl, struct pending *p, uint64_t deadline)
 			if ((deadline - now) / 1000000u < (uint64_t)slice)
 				slice = (int)((deadline - now) / 1000000u) + 1;
 		}
-		ret = rps__cq_wait(ctl->cq, &wc, 1, slice);
+		/* busy-poll (rps__ctl_set_spin) before sleeping on the fd */
+		ret = ctl->spin_ns && rps__now_ns() - start < ctl->spin_ns ? rps__cq_poll(ctl->cq, &wc, 1) :
+		      rps__cq_wait(ctl->cq, &wc, 1, slice);
 		if (ret < 0) {
 			ctl->dead = true;
 			return rps__preerr(-ECONNRESET, "%s: polling the completion queue", ctl->name);
@@ -354,4 +358,9 @@ int rps__ctl_call(struct rps__ctl *ctl, unsigned type, const void *body, size_t 
 		return rps__seterr(-ETIMEDOUT, "%s: no reply to %s within %d ms: the server is busy or stuck; "
 				   "retry with a longer timeout", ctl->name, rps__msg_type_name(type), timeout_ms);
 	return ret;
+}
+
+void rps__ctl_set_spin(struct rps__ctl *ctl, int spin_us)
+{
+	ctl->spin_ns = spin_us > 0 ? (uint64_t)spin_us * 1000u : 0;
 }

@@ -49,5 +49,7 @@ const char *rps__ctl_name(const struct rps__ctl *ctl);
 
 /* Disconnect and free (NULL is fine). */
 void rps__ctl_close(struct rps__ctl *ctl);
+/* Busy-poll this long for each reply before sleeping (benchmarks). */
+void rps__ctl_set_spin(struct rps__ctl *ctl, int spin_us);
 
 #endif
