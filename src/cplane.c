@@ -1497,7 +1497,7 @@ static void move_duties(struct rps__server *srv, uint64_t now)
 		case PART_SHIPPED:
 			if (!pl->installed && (!pl->offered || now >= pl->next_try))
 				offer_partition(srv, p, now);
-			if (!pl->installed && now >= pl->give_up && now >= pl->next_try - PEER_RETRY_NS / 2) {
+			if (!pl->installed && now >= pl->give_up && now + PEER_RETRY_NS / 2 >= pl->next_try) {
 				cmd.type = RPS__SMAP_MOVE_ABORT;
 				cmd.part = p;
 				cmd.epoch = pl->epoch;
