@@ -352,6 +352,16 @@ static int find_leader(struct leader *L, uint64_t deadline)
 			last_term = L->st.term;
 			map = L->map;
 		}
+		/* the server that answered knows no leader (it may be cut off
+		 * from the group): ask every member of its map */
+		for (uint32_t i = 0; i < map.nmembers; i++) {
+			if (rps__uri_parse(map.members[i].uri, &L->uri) || query_status(&L->uri, &L->st, &L->map))
+				continue;
+			if (L->st.role == RPS__RAFT_LEADER) {
+				L->id = L->st.id;
+				return 0;
+			}
+		}
 		if (expired(deadline)) {
 			if (ret)
 				return rps__preerr(ret, "no leader reachable");
