@@ -1619,7 +1619,7 @@ static int connect_members(struct rps_client *cl)
 			snprintf(msg, sizeof(msg), "%s", rps__errbuf());
 			conn_free(&cl->conns[k]);
 			cl->conns[k].dead = true;
-			cl->conns[k].err = ret;
+			cl->conns[k].err = -ECONNRESET;	/* to its ops: the server is gone */
 			cl->conns[k].member_id = m->id;
 			if (k == cl->nservers)
 				cl->nservers++;
@@ -1931,8 +1931,11 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 		goto out;
 	ret = 0;
 	pthread_mutex_lock(&cl->lock);
+	/* forget what the servers asked serve; a server we could not ask
+	 * (gone) keeps its partitions, so their ops fail with its error */
 	for (p = 0; p < t->layout.nservers; p++)
-		t->part[p].conn = -1;
+		if (t->part[p].conn < 0 || to[t->part[p].conn])
+			t->part[p].conn = -1;
 	pthread_mutex_unlock(&cl->lock);
 	m.flags |= RPS__CREATE_OPEN_ONLY;
 	for (i = 0; i < cl->nservers; i++) {
