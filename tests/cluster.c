@@ -5,10 +5,13 @@
 #include "cluster.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,13 +22,32 @@
 #include <unistd.h>
 
 /* Every process we started, for it_kill_all() (async-signal-safe). */
-static volatile pid_t started[256];
+static volatile pid_t started[1024];
 static volatile int nstarted;
 
 static void remember(pid_t pid)
 {
-	if (pid > 0 && nstarted < (int)(sizeof(started) / sizeof(started[0])))
+	int i;
+
+	if (pid <= 0)
+		return;
+	for (i = 0; i < nstarted; i++)	/* a slot of a process reaped already */
+		if (started[i] == 0) {
+			started[i] = pid;
+			return;
+		}
+	if (nstarted < (int)(sizeof(started) / sizeof(started[0])))
 		started[nstarted++] = pid;
+}
+
+/* A process reaped: its pid may be reused by someone else's. */
+static void forget(pid_t pid)
+{
+	int i;
+
+	for (i = 0; i < nstarted; i++)
+		if (started[i] == pid)
+			started[i] = 0;
 }
 
 void it_kill_all(void)
@@ -68,12 +90,86 @@ static void sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
-int it_cluster_start(struct it_cluster *cl, int n, const char *extra_args)
+static const char *log_level(void)
+{
+	return getenv("RPS_IT_LOG") ? getenv("RPS_IT_LOG") : "warn";
+}
+
+/* Fork server i with its command line and environment. */
+static int spawn_server(struct it_cluster *cl, int i)
 {
 	char portfile[512];
-	int i, k;
+
+	snprintf(portfile, sizeof(portfile), "%s/port.%d", cl->dir, i);
+	unlink(portfile);	/* a server killed with SIGKILL leaves its own */
+	fflush(NULL);
+	cl->pid[i] = fork();
+	if (cl->pid[i] < 0) {
+		cl->pid[i] = 0;
+		return -errno;
+	}
+	if (cl->pid[i] == 0) {
+		if (cl->env[i][0])
+			putenv(cl->env[i]);
+		execl("/bin/sh", "sh", "-c", cl->cmd[i], (char *)NULL);
+		_exit(127);
+	}
+	remember(cl->pid[i]);
+	return 0;
+}
+
+/* Wait for readiness: the server writes its port file once listening. */
+static int wait_ready(struct it_cluster *cl, int i)
+{
+	char portfile[512];
+	int waited;
+
+	snprintf(portfile, sizeof(portfile), "%s/port.%d", cl->dir, i);
+	for (waited = 0; access(portfile, F_OK) != 0; waited += 10) {
+		int st;
+		if (waitpid(cl->pid[i], &st, WNOHANG) == cl->pid[i]) {
+			fprintf(stderr, "it_cluster: rdmapsd %d exited during start-up\n", i);
+			forget(cl->pid[i]);
+			cl->pid[i] = 0;
+			return -ECHILD;
+		}
+		if (waited > 120000) {
+			fprintf(stderr, "it_cluster: rdmapsd %d not ready after 120 s\n", i);
+			return -ETIMEDOUT;
+		}
+		sleep_ms(10);
+	}
+	return 0;
+}
+
+/* Server i's command line: what every server gets, then `args`. */
+static void server_cmd(struct it_cluster *cl, int i, const char *args, const struct it_server_opts *o)
+{
+	char data[400] = "", cmd[sizeof(cl->cmd[i])];
+
+	if (o && o->data_dir)
+		snprintf(data, sizeof(data), " --data-dir %s/data.%d", cl->dir, i);
+	snprintf(cmd, sizeof(cmd), "exec %s --listen %s %s --port-file %s/port.%d --log-level %s%s %s",
+		 rdmapsd_path(), cl->uri[i], args, cl->dir, i, log_level(), data,
+		 o && o->extra_args ? o->extra_args : "");
+	memcpy(cl->cmd[i], cmd, sizeof(cmd));
+	snprintf(cl->env[i], sizeof(cl->env[i]), "%s", o && o->env ? o->env : "");
+}
+
+int it_cluster_start(struct it_cluster *cl, int n, const char *extra_args)
+{
+	struct it_server_opts o = { .extra_args = extra_args };
+
+	return it_cluster_start_opts(cl, n, &o);
+}
+
+int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_opts *o)
+{
+	int i, k, ret;
 
 	memset(cl, 0, sizeof(*cl));
+	if (n < 1 || n > IT_MAX_SERVERS)
+		return -EINVAL;
 	cl->nservers = n;
 	cl->scheme = getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp";
 	cl->addr = getenv("RPS_IT_ADDR") ? getenv("RPS_IT_ADDR") : "127.0.0.1";
@@ -82,53 +178,122 @@ int it_cluster_start(struct it_cluster *cl, int n, const char *extra_args)
 		return -errno;
 	for (i = 0; i < n; i++) {
 		cl->port[i] = free_port(cl->addr);
+		snprintf(cl->uri[i], sizeof(cl->uri[i]), "%s://%s:%u", cl->scheme, cl->addr, cl->port[i]);
 		k = (int)strlen(cl->servers);
-		snprintf(cl->servers + k, sizeof(cl->servers) - (size_t)k, "%s%s://%s:%u", i ? "," : "",
-			 cl->scheme, cl->addr, cl->port[i]);
+		snprintf(cl->servers + k, sizeof(cl->servers) - (size_t)k, "%s%s", i ? "," : "", cl->uri[i]);
 	}
 	for (i = 0; i < n; i++) {
-		char cmd[4096], listen[300];
-		snprintf(portfile, sizeof(portfile), "%s/port.%d", cl->dir, i);
-		snprintf(listen, sizeof(listen), "%s://%s:%u", cl->scheme, cl->addr, cl->port[i]);
-		snprintf(cmd, sizeof(cmd), "exec %s --listen %s --cluster %s --index %d --port-file %s --log-level %s %s",
-			 rdmapsd_path(), listen, cl->servers, i, portfile,
-			 getenv("RPS_IT_LOG") ? getenv("RPS_IT_LOG") : "warn", extra_args ? extra_args : "");
-		cl->pid[i] = fork();
-		if (cl->pid[i] < 0)
-			return -errno;
-		if (cl->pid[i] == 0) {
-			execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-			_exit(127);
+		char args[2400];
+		snprintf(args, sizeof(args), "--cluster %s --index %d", cl->servers, i);
+		server_cmd(cl, i, args, o);
+		ret = spawn_server(cl, i);
+		if (ret) {
+			it_cluster_stop(cl);
+			return ret;
 		}
-		remember(cl->pid[i]);
 	}
-	/* Wait for readiness: each server writes its port file once listening. */
 	for (i = 0; i < n; i++) {
-		int waited;
-		snprintf(portfile, sizeof(portfile), "%s/port.%d", cl->dir, i);
-		for (waited = 0; access(portfile, F_OK) != 0; waited += 10) {
-			int st;
-			if (waitpid(cl->pid[i], &st, WNOHANG) == cl->pid[i]) {
-				fprintf(stderr, "it_cluster: rdmapsd %d exited during start-up\n", i);
-				cl->pid[i] = 0;
-				it_cluster_stop(cl);
-				return -ECHILD;
-			}
-			if (waited > 120000) {
-				fprintf(stderr, "it_cluster: rdmapsd %d not ready after 120 s\n", i);
-				it_cluster_stop(cl);
-				return -ETIMEDOUT;
-			}
-			sleep_ms(10);
+		ret = wait_ready(cl, i);
+		if (ret) {
+			it_cluster_stop(cl);
+			return ret;
 		}
 	}
 	return 0;
 }
 
+int it_server_join(struct it_cluster *cl, uint64_t id, const struct it_server_opts *o)
+{
+	int i = cl->nservers, ret;
+	char args[2400];
+
+	if (i >= IT_MAX_SERVERS)
+		return -ENOSPC;
+	cl->port[i] = free_port(cl->addr);
+	snprintf(cl->uri[i], sizeof(cl->uri[i]), "%s://%s:%u", cl->scheme, cl->addr, cl->port[i]);
+	snprintf(args, sizeof(args), "--join %llu --cluster %s", (unsigned long long)id, cl->servers);
+	server_cmd(cl, i, args, o);
+	cl->nservers++;
+	ret = spawn_server(cl, i);
+	if (!ret)
+		ret = wait_ready(cl, i);
+	return ret ? ret : i;
+}
+
+int it_server_restart(struct it_cluster *cl, int i)
+{
+	int ret;
+
+	if (i < 0 || i >= cl->nservers || cl->pid[i] > 0)
+		return -EINVAL;
+	ret = spawn_server(cl, i);
+	return ret ? ret : wait_ready(cl, i);
+}
+
+int it_server_alive(struct it_cluster *cl, int i)
+{
+	siginfo_t si;
+
+	if (i < 0 || i >= cl->nservers || cl->pid[i] <= 0)
+		return 0;
+	memset(&si, 0, sizeof(si));
+	/* WNOWAIT: an exit is left for it_cluster_stop to count */
+	if (waitid(P_PID, (id_t)cl->pid[i], &si, WEXITED | WNOHANG | WNOWAIT) != 0)
+		return 0;
+	return si.si_pid == 0;
+}
+
+int it_server_wait_exit(struct it_cluster *cl, int i, int timeout_ms)
+{
+	int waited, st;
+
+	if (i < 0 || i >= cl->nservers || cl->pid[i] <= 0)
+		return -EINVAL;
+	for (waited = 0;; waited += 10) {
+		pid_t r = waitpid(cl->pid[i], &st, WNOHANG);
+		if (r == cl->pid[i]) {
+			forget(r);
+			break;
+		}
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		if (waited >= timeout_ms)
+			return -ETIMEDOUT;
+		sleep_ms(10);
+	}
+	cl->pid[i] = 0;
+	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+static void remove_tree(const char *path)
+{
+	struct stat sb;
+	DIR *d;
+	struct dirent *e;
+	char sub[1024];
+
+	if (lstat(path, &sb) != 0)
+		return;
+	if (!S_ISDIR(sb.st_mode)) {
+		unlink(path);
+		return;
+	}
+	d = opendir(path);
+	if (d) {
+		while ((e = readdir(d))) {
+			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+				continue;
+			snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+			remove_tree(sub);
+		}
+		closedir(d);
+	}
+	rmdir(path);
+}
+
 int it_cluster_stop(struct it_cluster *cl)
 {
 	int i, bad = 0;
-	char path[600];
 
 	for (i = 0; i < cl->nservers; i++)
 		if (cl->pid[i] > 0)
@@ -139,11 +304,11 @@ int it_cluster_stop(struct it_cluster *cl)
 			continue;
 		if (waitpid(cl->pid[i], &st, 0) != cl->pid[i] || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
 			bad++;
+		forget(cl->pid[i]);
 		cl->pid[i] = 0;
-		snprintf(path, sizeof(path), "%s/port.%d", cl->dir, i);
-		unlink(path);
 	}
-	rmdir(cl->dir);
+	if (cl->dir[0])
+		remove_tree(cl->dir);
 	return bad;
 }
 
@@ -155,6 +320,7 @@ void it_server_kill(struct it_cluster *cl, int i)
 		return;
 	kill(cl->pid[i], SIGKILL);
 	waitpid(cl->pid[i], &st, 0);
+	forget(cl->pid[i]);
 	cl->pid[i] = 0;
 }
 
@@ -214,6 +380,7 @@ int it_worker_wait(struct it_workers *w, int i)
 	while (waitpid(w->pid[i], &st, 0) < 0)
 		if (errno != EINTR)
 			return -1;
+	forget(w->pid[i]);
 	w->pid[i] = 0;
 	close(w->fd[i]);
 	w->fd[i] = -1;
@@ -236,4 +403,177 @@ int it_worker_read(struct it_workers *w, int i, void *buf, size_t len)
 		len -= (size_t)n;
 	}
 	return 0;
+}
+
+/* ---- psctl ---------------------------------------------------------------- */
+
+const char *it_psctl_path(void)
+{
+	static char path[1024];
+	const char *p = getenv("PSCTL"), *d = getenv("RDMAPSD"), *slash;
+
+	if (p)
+		return p;
+	if (d && (slash = strrchr(d, '/'))) {
+		snprintf(path, sizeof(path), "%.*s/psctl", (int)(slash - d), d);
+		return path;
+	}
+	return "./psctl";
+}
+
+#define PSCTL_MAX_ARGS 32
+
+/* argv for psctl: the path, -s LIST unless given, then the words of args. */
+static int psctl_argv(const struct it_cluster *cl, char *args, char **argv)
+{
+	int n = 0;
+	char *save = NULL, *w;
+
+	argv[n++] = (char *)it_psctl_path();
+	if (strncmp(args, "-s ", 3)) {
+		argv[n++] = (char *)"-s";
+		argv[n++] = (char *)cl->servers;
+	}
+	for (w = strtok_r(args, " ", &save); w && n < PSCTL_MAX_ARGS - 1; w = strtok_r(NULL, " ", &save))
+		argv[n++] = w;
+	argv[n] = NULL;
+	return n;
+}
+
+int it_psctl(const struct it_cluster *cl, int timeout_ms, char *out, size_t out_len, char *err, size_t err_len,
+	     const char *fmt, ...)
+{
+	char args[2048], words[2048], *argv[PSCTL_MAX_ARGS], *buf[2] = { out, err };
+	size_t cap[2] = { out_len, err_len }, got[2] = { 0, 0 };
+	int po[2], pe[2], open_fds = 2, st, waited = 0;
+	struct pollfd pfd[2];
+	va_list ap;
+	pid_t pid;
+
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof(args), fmt, ap);
+	va_end(ap);
+	memcpy(words, args, sizeof(words));
+	psctl_argv(cl, words, argv);
+	if (pipe(po))
+		return -1;
+	if (pipe(pe)) {
+		close(po[0]);
+		close(po[1]);
+		return -1;
+	}
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0) {
+		close(po[0]);
+		close(po[1]);
+		close(pe[0]);
+		close(pe[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		dup2(po[1], 1);
+		dup2(pe[1], 2);
+		close(po[0]);
+		close(pe[0]);
+		close(po[1]);
+		close(pe[1]);
+		execv(argv[0], argv);
+		fprintf(stderr, "it_psctl: cannot run %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	remember(pid);
+	close(po[1]);
+	close(pe[1]);
+	pfd[0] = (struct pollfd){ .fd = po[0], .events = POLLIN };
+	pfd[1] = (struct pollfd){ .fd = pe[0], .events = POLLIN };
+	while (open_fds > 0) {
+		int k, r = poll(pfd, 2, 100);
+		if (r < 0 && errno != EINTR)
+			break;
+		if (r == 0 && (waited += 100) > timeout_ms) {
+			fprintf(stderr, "it_psctl: psctl %s: still running after %d ms: killed\n", args, timeout_ms);
+			kill(pid, SIGKILL);
+			timeout_ms = 1 << 30;
+		}
+		for (k = 0; k < 2; k++) {
+			char tmp[4096];
+			ssize_t n;
+			if (pfd[k].fd < 0 || !(pfd[k].revents & (POLLIN | POLLHUP | POLLERR)))
+				continue;
+			n = read(pfd[k].fd, tmp, sizeof(tmp));
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0) {
+				close(pfd[k].fd);
+				pfd[k].fd = -1;
+				open_fds--;
+				continue;
+			}
+			if (buf[k] && cap[k] > got[k] + 1) {
+				size_t m = (size_t)n < cap[k] - 1 - got[k] ? (size_t)n : cap[k] - 1 - got[k];
+				memcpy(buf[k] + got[k], tmp, m);
+				got[k] += m;
+			}
+		}
+	}
+	for (int k = 0; k < 2; k++) {
+		if (pfd[k].fd >= 0)
+			close(pfd[k].fd);
+		if (buf[k] && cap[k])
+			buf[k][got[k]] = '\0';
+	}
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	forget(pid);
+	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+pid_t it_psctl_spawn(const struct it_cluster *cl, const char *err_path, const char *fmt, ...)
+{
+	char args[2048], *argv[PSCTL_MAX_ARGS];
+	va_list ap;
+	pid_t pid;
+
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof(args), fmt, ap);
+	va_end(ap);
+	psctl_argv(cl, args, argv);
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		int fd = open("/dev/null", O_WRONLY);
+		if (fd >= 0)
+			dup2(fd, 1);
+		fd = err_path ? open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+		if (fd >= 0)
+			dup2(fd, 2);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	remember(pid);
+	return pid;
+}
+
+int it_psctl_wait(pid_t pid, int timeout_ms)
+{
+	int waited, st;
+
+	for (waited = 0;; waited += 10) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid)
+			break;
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		if (waited >= timeout_ms) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			forget(pid);
+			return -ETIMEDOUT;
+		}
+		sleep_ms(10);
+	}
+	forget(pid);
+	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
 }

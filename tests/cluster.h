@@ -14,20 +14,62 @@
 #define IT_MAX_WORKERS 16
 
 struct it_cluster {
-	int nservers;
-	pid_t pid[IT_MAX_SERVERS];
+	int nservers;		/* servers started so far (joined ones included) */
+	pid_t pid[IT_MAX_SERVERS];	/* 0: not running (stopped, killed, exited) */
 	uint16_t port[IT_MAX_SERVERS];
 	char servers[2048];	/* the URI list for rps_client_opts.servers */
 	char dir[256];		/* scratch directory */
 	const char *scheme;	/* "tcp" or "verbs" */
 	const char *addr;
+	char uri[IT_MAX_SERVERS][300];	/* server i's own URI */
+	char cmd[IT_MAX_SERVERS][2048];	/* its command line, for restarts */
+	char env[IT_MAX_SERVERS][128];	/* "NAME=value" in its environment, or "" */
+};
+
+/* How to start servers (it_cluster_start_opts, it_server_join). */
+struct it_server_opts {
+	const char *extra_args;	/* more rdmapsd arguments, or NULL */
+	const char *env;	/* "NAME=value" to put in the servers' environment, or NULL */
+	int data_dir;		/* 1: --data-dir DIR/data.<i> (kept across restarts) */
 };
 
 /* Start n servers with extra rdmapsd arguments (may be NULL). 0 or -errno. */
 int it_cluster_start(struct it_cluster *cl, int n, const char *extra_args);
-/* SIGTERM every server, wait; returns the number that did not exit 0. */
+int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_opts *o);
+/* SIGTERM every server, wait; returns the number that did not exit 0.
+ * Removes the scratch directory (data directories included). */
 int it_cluster_stop(struct it_cluster *cl);
 void it_server_kill(struct it_cluster *cl, int i);
+/* Start one more server, index cl->nservers, on a free port with --join id
+ * and --cluster naming the servers started first; waits until it listens.
+ * Its index, or -errno. */
+int it_server_join(struct it_cluster *cl, uint64_t id, const struct it_server_opts *o);
+/* Start server i again with the same command line (and data directory);
+ * waits until it listens.  0 or -errno. */
+int it_server_restart(struct it_cluster *cl, int i);
+/* Is server i still running (not exited)? */
+int it_server_alive(struct it_cluster *cl, int i);
+/* Wait up to timeout_ms for server i to exit by itself: its exit status,
+ * 128+signal, or -ETIMEDOUT (still running). */
+int it_server_wait_exit(struct it_cluster *cl, int i, int timeout_ms);
+
+/* The psctl binary: $PSCTL, or psctl next to $RDMAPSD, or ./psctl. */
+const char *it_psctl_path(void);
+/* Run psctl with the arguments in fmt (split on spaces; no quoting), with
+ * "-s <the cluster's URI list>" first unless the arguments start with -s.
+ * Its standard output and error go to out and err (NUL-terminated,
+ * truncated to their size; either may be NULL).  Returns its exit status,
+ * 128+signal if it was killed, or -1 if it could not be run; it is killed
+ * after timeout_ms. */
+int it_psctl(const struct it_cluster *cl, int timeout_ms, char *out, size_t out_len, char *err, size_t err_len,
+	     const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+/* Start psctl like it_psctl but do not wait: its pid.  Standard output goes
+ * to /dev/null, standard error to err_path (NULL: ours). */
+pid_t it_psctl_spawn(const struct it_cluster *cl, const char *err_path, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Wait up to timeout_ms for a spawned psctl: its exit status, 128+signal,
+ * or -ETIMEDOUT (then it is killed). */
+int it_psctl_wait(pid_t pid, int timeout_ms);
 
 typedef int (*it_worker_fn)(int rank, int nworkers, const char *servers, void *arg, int out_fd);
 

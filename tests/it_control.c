@@ -1,0 +1,1778 @@
+/*
+ * it_control.c - multi-process integration tests of the control plane: three
+ * rdmapsd processes forming a Raft group that owns the shard map, psctl
+ * administering it, and workers in forked processes training through it,
+ * over TCP on loopback (or verbs with RPS_IT_TRANSPORT=verbs RPS_IT_ADDR=...).
+ *
+ * Every test starts its own servers (8 partitions, 4 KiB shards, so the
+ * 16384-element tensors have 16 shards, 2 in every partition) and checks
+ * exact values:
+ *  - status: one leader, the same term on every member, valid JSON;
+ *  - moves while 4 workers train in async, sync and bounded mode: every
+ *    element equals what the pushes sum to (no update lost or doubled), and
+ *    the map shows the new owners with epochs raised by the number of moves;
+ *  - add-server and remove-server while training; the removed server exits;
+ *  - the leader killed with SIGKILL during a move (right after psctl sends
+ *    it, and while the destination is cut off so the move surely waits)
+ *    and restarted from its --data-dir (fsync always): the members converge
+ *    on one map where the move either committed or aborted, and training
+ *    completes exactly;
+ *  - a follower cut off from its peers (RPS_FAULT=isolate-signals): moves
+ *    commit without it, and it catches up once back; psctl finds the leader
+ *    when the first server of its list is the one cut off;
+ *  - transfer-leader; bad psctl input and a malformed ADMIN message.
+ *
+ * Workers never wait for the parent while it acts, so training runs through
+ * every psctl command; the parent then stops them after a number of steps
+ * it decides (see struct train_shared) and checks the exact sums.
+ *
+ * The test process itself never opens a fabric: whatever talks to a server
+ * directly (STATUS queries, pulls, raw connections) runs in a forked child,
+ * so the verbs run does not share device contexts across forks.
+ */
+#include "config.h"
+#include "cluster.h"
+#include "ctl.h"
+#include "proto.h"
+#include "raft.h"
+#include "smap.h"
+#include "transport.h"
+#include "uri.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+
+#define NWORKERS 4
+#define NPART 8
+#define COUNT 16384u		/* fp32: 16 shards of 4 KiB, 2 per partition */
+#define BASE_ARGS "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 20 --move-timeout-ms 10000"
+#define FAST_ARGS BASE_ARGS " --fsync none"
+#define DURABLE_ARGS BASE_ARGS " --fsync always"
+#define PSCTL_MS 40000		/* psctl runs with --timeout 20: kill it well after that */
+#define OUT_MAX 65536
+#define MIN_STEPS 300		/* workers train at least this long ... */
+#define STEPS_BEFORE 50		/* ... and this long before the control plane acts */
+
+static char out[OUT_MAX], err[8192];
+/* The servers and workers of the running test (a failed fatal assertion
+ * leaves them to test_teardown). */
+static struct it_cluster clu;
+static struct it_workers trainers;
+static bool clu_up, trainers_up;
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int fail(const char *what, int ret)
+{
+	fprintf(stderr, "worker: %s: %d (%s): %s\n", what, ret, rps_strerror(ret), rps_last_error());
+	return 1;
+}
+
+/* Bootstrapped members are 1..n at indexes 0..n-1; joined ones get id
+ * index+1 here too. */
+static int idx_of(uint64_t id)
+{
+	return (int)id - 1;
+}
+
+/* ---- what a member says: STATUS over a ctl channel, in a child ---------- */
+
+struct mstatus {
+	struct rps__status_rep st;
+	struct rps__smap map;
+};
+
+static int status_child(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	static char buf[sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX + 64];
+	static struct mstatus ms;
+	struct rps__ctl *ctl = NULL;
+	struct rps__uri u;
+	size_t len = 0;
+	int32_t status = 0;
+	int ret;
+
+	(void)rank;
+	(void)nworkers;
+	(void)servers;
+	memset(&ms, 0, sizeof(ms));
+	ret = rps__uri_parse(arg, &u);
+	if (!ret)
+		ret = rps__ctl_open(&u, 2000, &ctl);
+	if (!ret)
+		ret = rps__ctl_call(ctl, RPS__MSG_STATUS, NULL, 0, buf, sizeof(buf), &len, &status, 2000);
+	if (!ret && status)
+		ret = status;
+	if (!ret && len < sizeof(ms.st))
+		ret = -EBADMSG;
+	if (!ret) {
+		memcpy(&ms.st, buf, sizeof(ms.st));
+		ret = rps__smap_decode(buf + sizeof(ms.st), len - sizeof(ms.st), &ms.map);
+	}
+	rps__ctl_close(ctl);
+	it_write_all(out_fd, &ret, sizeof(ret));
+	if (!ret)
+		it_write_all(out_fd, &ms, sizeof(ms));
+	return 0;
+}
+
+/* Server i's Raft state and its own copy of the map: 0 or -errno. */
+static int member_status(struct it_cluster *cl, int i, struct mstatus *ms)
+{
+	struct it_workers w;
+	int ret = -EIO, got;
+
+	memset(ms, 0, sizeof(*ms));
+	if (it_workers_start(&w, 1, status_child, NULL, cl->uri[i], -1, NULL))
+		return -ECHILD;
+	if (it_worker_read(&w, 0, &ret, sizeof(ret)) == 0 && !ret)
+		ret = it_worker_read(&w, 0, ms, sizeof(*ms)) ? -EIO : 0;
+	got = it_worker_wait(&w, 0);
+	return got ? -ECHILD : ret;
+}
+
+static bool same_map(const struct rps__smap *a, const struct rps__smap *b)
+{
+	uint32_t i;
+
+	if (a->applied != b->applied || a->max_id != b->max_id || a->npart != b->npart || a->nmembers != b->nmembers)
+		return false;
+	for (i = 0; i < a->nmembers; i++)
+		if (a->members[i].id != b->members[i].id || strcmp(a->members[i].uri, b->members[i].uri))
+			return false;
+	for (i = 0; i < a->npart; i++)
+		if (a->parts[i].owner != b->parts[i].owner || a->parts[i].epoch != b->parts[i].epoch ||
+		    a->parts[i].moving_to != b->parts[i].moving_to)
+			return false;
+	return true;
+}
+
+/* Poll the running servers (mask, bit i: server i; 0: all running) until
+ * they all name the same leader in the same term, that leader says it leads,
+ * and (converge) they all applied the same log with the same map and no
+ * partition moving.  The leader's index, or -1 after timeout_ms. */
+static int wait_agreement(struct it_cluster *cl, unsigned mask, bool converge, int timeout_ms, struct mstatus *lead)
+{
+	static struct mstatus ms[IT_MAX_SERVERS];
+	double until = now_s() + timeout_ms / 1000.0;
+	char why[300] = "";
+	int i, n;
+
+	if (!mask)
+		for (i = 0; i < cl->nservers; i++)
+			mask |= it_server_alive(cl, i) ? 1u << i : 0;
+	for (;;) {
+		int leader = -1, first = -1;
+		bool ok = true;
+
+		for (i = 0, n = 0; i < cl->nservers && ok; i++) {
+			if (!(mask & (1u << i)))
+				continue;
+			if (member_status(cl, i, &ms[i])) {
+				snprintf(why, sizeof(why), "server %d does not answer STATUS", i);
+				ok = false;
+				break;
+			}
+			n++;
+			if (first < 0)
+				first = i;
+			if (ms[i].st.role == RPS__RAFT_LEADER) {
+				if (leader >= 0) {
+					snprintf(why, sizeof(why), "two leaders: %d and %d", leader, i);
+					ok = false;
+				}
+				leader = i;
+			}
+			if (!ms[i].st.leader || ms[i].st.leader != ms[first].st.leader ||
+			    ms[i].st.term != ms[first].st.term) {
+				snprintf(why, sizeof(why), "server %d: leader %llu term %llu; server %d: leader %llu term %llu",
+					 i, (unsigned long long)ms[i].st.leader, (unsigned long long)ms[i].st.term, first,
+					 (unsigned long long)ms[first].st.leader, (unsigned long long)ms[first].st.term);
+				ok = false;
+			}
+			if (converge && ok && (ms[i].st.applied != ms[first].st.applied ||
+					       !same_map(&ms[i].map, &ms[first].map))) {
+				snprintf(why, sizeof(why), "server %d applied %llu, server %d applied %llu (or maps differ)",
+					 i, (unsigned long long)ms[i].st.applied, first,
+					 (unsigned long long)ms[first].st.applied);
+				ok = false;
+			}
+			if (converge && ok) {
+				uint32_t p;
+				for (p = 0; p < ms[i].map.npart; p++)
+					if (ms[i].map.parts[p].moving_to) {
+						snprintf(why, sizeof(why), "partition %u still moving", p);
+						ok = false;
+					}
+			}
+		}
+		if (ok && leader < 0)
+			snprintf(why, sizeof(why), "no leader");
+		if (ok && leader >= 0 && n > 0 && ms[leader].st.id == ms[first].st.leader) {
+			if (lead)
+				*lead = ms[leader];
+			return leader;
+		}
+		if (now_s() > until) {
+			fprintf(stderr, "it_control: no agreement after %d ms: %s\n", timeout_ms, why);
+			return -1;
+		}
+		sleep_ms(30);
+	}
+}
+
+/* ---- psctl output -------------------------------------------------------- */
+
+/* A minimal JSON validator (RFC 8259 grammar, no semantics). */
+static const char *js_ws(const char *s)
+{
+	while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
+		s++;
+	return s;
+}
+
+static const char *js_value(const char *s, int depth);
+
+static const char *js_string(const char *s)
+{
+	if (*s++ != '"')
+		return NULL;
+	while (*s && *s != '"') {
+		if ((unsigned char)*s < 0x20)
+			return NULL;
+		if (*s == '\\') {
+			s++;
+			if (*s == 'u') {
+				int k;
+				for (k = 1; k <= 4; k++)
+					if (!strchr("0123456789abcdefABCDEF", s[k]) || !s[k])
+						return NULL;
+				s += 4;
+			} else if (!*s || !strchr("\"\\/bfnrt", *s)) {
+				return NULL;
+			}
+		}
+		s++;
+	}
+	return *s == '"' ? s + 1 : NULL;
+}
+
+static const char *js_number(const char *s)
+{
+	const char *d;
+
+	if (*s == '-')
+		s++;
+	if (*s == '0')
+		s++;
+	else if (*s >= '1' && *s <= '9')
+		while (*s >= '0' && *s <= '9')
+			s++;
+	else
+		return NULL;
+	if (*s == '.') {
+		d = ++s;
+		while (*s >= '0' && *s <= '9')
+			s++;
+		if (s == d)
+			return NULL;
+	}
+	if (*s == 'e' || *s == 'E') {
+		s++;
+		if (*s == '+' || *s == '-')
+			s++;
+		d = s;
+		while (*s >= '0' && *s <= '9')
+			s++;
+		if (s == d)
+			return NULL;
+	}
+	return s;
+}
+
+static const char *js_value(const char *s, int depth)
+{
+	if (depth > 64)
+		return NULL;
+	s = js_ws(s);
+	if (*s == '{' || *s == '[') {
+		char close = *s == '{' ? '}' : ']';
+		bool obj = *s == '{';
+		s = js_ws(s + 1);
+		if (*s == close)
+			return s + 1;
+		for (;;) {
+			if (obj) {
+				s = js_string(js_ws(s));
+				if (!s)
+					return NULL;
+				s = js_ws(s);
+				if (*s++ != ':')
+					return NULL;
+			}
+			s = js_value(s, depth + 1);
+			if (!s)
+				return NULL;
+			s = js_ws(s);
+			if (*s == ',') {
+				s++;
+				continue;
+			}
+			return *s == close ? s + 1 : NULL;
+		}
+	}
+	if (*s == '"')
+		return js_string(s);
+	if (!strncmp(s, "true", 4))
+		return s + 4;
+	if (!strncmp(s, "false", 5))
+		return s + 5;
+	if (!strncmp(s, "null", 4))
+		return s + 4;
+	return js_number(s);
+}
+
+static bool json_valid(const char *s)
+{
+	s = js_value(s, 0);
+	return s && !*js_ws(s);
+}
+
+/* python3's json module agrees, where python3 exists: 1 yes, 0 no, -1 no python3. */
+static int python_json_ok(const char *text)
+{
+	const char *path = getenv("PATH");
+	char dir[1024], cand[1100];
+	bool found = false;
+	FILE *f;
+	int st;
+
+	while (path && *path && !found) {
+		size_t n = strcspn(path, ":");
+		snprintf(dir, sizeof(dir), "%.*s", (int)n, path);
+		snprintf(cand, sizeof(cand), "%s/python3", dir[0] ? dir : ".");
+		found = access(cand, X_OK) == 0;
+		path += n + (path[n] == ':');
+	}
+	if (!found)
+		return -1;
+	fflush(NULL);
+	f = popen("python3 -c 'import json,sys; json.load(sys.stdin)' 2>/dev/null", "w");
+	if (!f)
+		return -1;
+	fputs(text, f);
+	st = pclose(f);
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* The first number after "key": at or after from; false if none. */
+static bool json_u64(const char *from, const char *key, unsigned long long *v)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = from ? strstr(from, pat) : NULL;
+	return p && sscanf(p + strlen(pat), "%llu", v) == 1;
+}
+
+static int count_of(const char *s, const char *what)
+{
+	int n = 0;
+
+	for (s = strstr(s, what); s; s = strstr(s + 1, what))
+		n++;
+	return n;
+}
+
+/* The number of ids in the top-level array "key":[...]. */
+static int json_array_len(const char *s, const char *key)
+{
+	char pat[64];
+	const char *p, *e;
+	int n = 0;
+
+	snprintf(pat, sizeof(pat), "\"%s\":[", key);
+	p = strstr(s, pat);
+	if (!p)
+		return -1;
+	p += strlen(pat);
+	e = strchr(p, ']');
+	if (!e)
+		return -1;
+	for (; p < e; p++)
+		if (*p >= '0' && *p <= '9' && (p[-1] == '[' || p[-1] == ','))
+			n++;
+	return n;
+}
+
+struct part_ex {
+	unsigned long long owner, epoch;
+};
+
+/* The partitions of the "map" object of psctl status --json. */
+static int json_map(const char *s, struct part_ex *parts, int *npart)
+{
+	const char *p = strstr(s, "\"map\":{");
+	int n = 0;
+
+	if (!p)
+		return -1;
+	p = strstr(p, "\"partitions\":[");
+	while (p && (p = strstr(p, "{\"partition\":"))) {
+		unsigned part;
+		unsigned long long owner, epoch, moving;
+		if (sscanf(p, "{\"partition\":%u,\"owner\":%llu,\"epoch\":%llu,\"moving_to\":%llu}", &part, &owner, &epoch,
+			   &moving) != 4 || part != (unsigned)n || n >= NPART || moving)
+			return -1;
+		parts[n].owner = owner;
+		parts[n].epoch = epoch;
+		n++;
+		p++;
+	}
+	*npart = n;
+	return 0;
+}
+
+/* psctl status --json: valid, and its map (the leader's) is exactly ex. */
+static void check_status_map(struct it_cluster *cl, const struct part_ex *ex, const char *servers)
+{
+	struct part_ex got[NPART];
+	int n = 0, rc, p, bad = 0;
+
+	rc = it_psctl(cl, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --json status", servers);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(json_valid(out));
+	CU_ASSERT_EQUAL_FATAL(json_map(out, got, &n), 0);
+	CU_ASSERT_EQUAL(n, NPART);
+	for (p = 0; p < n; p++)
+		if (got[p].owner != ex[p].owner || got[p].epoch != ex[p].epoch) {
+			fprintf(stderr, "partition %d: status says member %llu epoch %llu, expected member %llu epoch %llu\n",
+				p, got[p].owner, got[p].epoch, ex[p].owner, ex[p].epoch);
+			bad++;
+		}
+	CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* The map as a member holds it equals ex. */
+static int map_differs(const struct rps__smap *m, const struct part_ex *ex)
+{
+	int p, bad = 0;
+
+	if (m->npart != NPART)
+		return 1;
+	for (p = 0; p < NPART; p++)
+		bad += m->parts[p].owner != ex[p].owner || m->parts[p].epoch != ex[p].epoch || m->parts[p].moving_to;
+	return bad;
+}
+
+/* Parse "partition P: member A -> member B, epoch E" lines of a psctl run
+ * into ex (checking A and E against it); returns the number of moves. */
+static int apply_move_lines(const char *text, struct part_ex *ex)
+{
+	const char *l;
+	int moves = 0;
+
+	for (l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+		unsigned part;
+		unsigned long long from, to, epoch;
+		if (sscanf(l, "partition %u: member %llu -> member %llu, epoch %llu", &part, &from, &to, &epoch) != 4)
+			continue;
+		CU_ASSERT_FATAL(part < NPART);
+		CU_ASSERT_EQUAL(from, ex[part].owner);
+		CU_ASSERT_EQUAL(epoch, ex[part].epoch + 1);
+		ex[part].owner = to;
+		ex[part].epoch = epoch;
+		moves++;
+	}
+	return moves;
+}
+
+static const char *move_servers;	/* psctl -s for move(), NULL: every server started */
+
+/* psctl move PART TO: exit 0, its one output line, and ex updated. */
+static void move(struct it_cluster *cl, unsigned part, unsigned long long to, struct part_ex *ex)
+{
+	char want[200];
+	int rc;
+
+	rc = it_psctl(cl, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --timeout 20 move %u %llu",
+		      move_servers ? move_servers : cl->servers, part, to);
+	if (rc)
+		fprintf(stderr, "psctl move %u %llu: exit %d: %s", part, to, rc, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	snprintf(want, sizeof(want), "partition %u: member %llu -> member %llu, epoch %llu\n", part, ex[part].owner, to,
+		 ex[part].epoch + 1);
+	CU_ASSERT_STRING_EQUAL(out, want);
+	if (!rc) {
+		ex[part].owner = to;
+		ex[part].epoch++;
+	}
+}
+
+/* exactly one line, "psctl: ..." */
+static bool one_line(const char *s)
+{
+	size_t n = strlen(s);
+
+	return !strncmp(s, "psctl: ", 7) && n > 8 && s[n - 1] == '\n' && !memchr(s, '\n', n - 1);
+}
+
+/* The bootstrap map: partition p on member (p mod n) + 1, epoch 1. */
+static void bootstrap_ex(struct part_ex *ex, int n)
+{
+	int p;
+
+	for (p = 0; p < NPART; p++) {
+		ex[p].owner = (unsigned long long)(p % n) + 1;
+		ex[p].epoch = 1;
+	}
+}
+
+/* ---- training workers ------------------------------------------------------ */
+
+/*
+ * Workers train until the parent has done what it tests, then all stop
+ * after exactly the same number of steps T, which the parent decides when
+ * it stops them.  So training runs through every psctl command (workers
+ * never wait for the parent before it decides to stop them), and the final
+ * values are exact whatever T turned out to be.
+ *
+ * Shared memory (mapped before the workers fork), sequentially consistent:
+ * before step s a worker stores at[rank] = s, then loads stop; only if
+ * stop is set does it wait for target and stop at s == target.  The parent
+ * stores stop, then reads every at[] and stores target = max + 1.  A worker
+ * that does step s without seeing stop stored at = s before the parent
+ * read it, so target > s: nobody overshoots, and every worker does exactly
+ * target steps.
+ */
+struct train_shared {
+	_Atomic int stop;
+	_Atomic int target;		/* 0: not decided yet */
+	_Atomic int at[NWORKERS];	/* the step a worker is about to do */
+	_Atomic int done[NWORKERS];	/* steps it has done */
+};
+
+static struct train_shared *train_sh;
+
+struct train_arg {
+	const char *name;
+	enum rps_mode mode;
+	uint32_t staleness;
+	int check_every;	/* pull and check every this many steps (0: never) */
+};
+
+/* What a worker pushes at each step: all 1.0 (async), rank+1 (sync, bounded). */
+static float grad_of(const struct train_arg *a, int rank)
+{
+	return a->mode == RPS_MODE_ASYNC ? 1.0f : (float)(rank + 1);
+}
+
+/* The sum of every worker's gradient in one step. */
+static float step_sum(const struct train_arg *a)
+{
+	float s = 0;
+	int r;
+
+	for (r = 0; r < NWORKERS; r++)
+		s += grad_of(a, r);
+	return s;
+}
+
+/*
+ * Push every step, check pulls on the way (exact where the mode allows),
+ * stop as train_shared says; then write the steps done, the final pull's
+ * version and the number of bad values seen to out_fd.
+ */
+static int train_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct train_arg *a = arg;
+	float *g = malloc(COUNT * sizeof(float)), *p = malloc(COUNT * sizeof(float));
+	float sum = step_sum(a);
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint64_t version = 0, i;
+	int s, ret, bad = 0;
+
+	for (i = 0; i < COUNT; i++)
+		g[i] = grad_of(a, rank);
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = rank;
+	co.num_workers = nworkers;
+	co.timeout_ms = 25000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = a->mode;
+	o.staleness = a->staleness;
+	o.optimizer = RPS_OPT_SUM;
+	o.rescale = 1.0f;
+	if ((ret = rps_tensor_create(cl, a->name, &o, &t)))
+		return fail("create", ret);
+	if ((ret = rps_barrier(cl)))
+		return fail("barrier", ret);
+	for (s = 0;; s++) {
+		atomic_store(&train_sh->at[rank], s);
+		if (atomic_load(&train_sh->stop)) {
+			int target;
+			while (!(target = atomic_load(&train_sh->target)))
+				usleep(500);
+			if (s >= target)
+				break;
+		}
+		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+			return fail("push", ret);
+		if (a->check_every && (s + 1) % a->check_every == 0) {
+			if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
+				return fail("pull", ret);
+			for (i = 0; i < COUNT; i++) {
+				float v = p[i];
+				if (a->mode == RPS_MODE_SYNC)	/* every step so far, exactly */
+					bad += v != (float)(s + 1) * sum;
+				else if (a->mode == RPS_MODE_BOUNDED)	/* nobody more than k behind */
+					bad += v < (float)(s + 1 - (int)a->staleness) * sum;
+				else	/* at least my own pushes, whole numbers */
+					bad += v < (float)(s + 1) || v != (float)(int)v;
+			}
+			if (a->mode == RPS_MODE_SYNC && version != (uint64_t)s + 1) {
+				fprintf(stderr, "worker %d: step %d pulled version %llu\n", rank, s, (unsigned long long)version);
+				bad++;
+			}
+		}
+		atomic_store(&train_sh->done[rank], s + 1);
+		usleep(500);	/* leave the servers and psctl some of the 2 cores */
+	}
+	if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
+		return fail("final pull", ret);
+	if (a->mode == RPS_MODE_SYNC)
+		for (i = 0; i < COUNT; i++)
+			bad += p[i] != (float)s * sum;
+	if (bad)
+		fprintf(stderr, "worker %d: %d bad values\n", rank, bad);
+	it_write_all(out_fd, &s, sizeof(s));
+	it_write_all(out_fd, &version, sizeof(version));
+	it_write_all(out_fd, &bad, sizeof(bad));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	return 0;
+}
+
+static void start_training(struct it_cluster *cl, struct it_workers *w, struct train_arg *a, const char *servers)
+{
+	memset(train_sh, 0, sizeof(*train_sh));
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(w, NWORKERS, train_worker, servers ? servers : cl->servers, a, -1, NULL), 0);
+	trainers_up = true;
+}
+
+/* Wait until every worker has done at least `steps` steps. */
+static void wait_progress(struct it_workers *w, int steps)
+{
+	double until = now_s() + 30;
+	int r;
+
+	for (r = 0; r < w->n; r++)
+		while (atomic_load(&train_sh->done[r]) < steps) {
+			int st;
+			if (waitpid(w->pid[r], &st, WNOHANG) != 0 || now_s() > until) {
+				CU_FAIL("a worker stopped before the test began");
+				return;
+			}
+			sleep_ms(2);
+		}
+}
+
+static void snap_progress(int *done)
+{
+	int r;
+
+	for (r = 0; r < NWORKERS; r++)
+		done[r] = atomic_load(&train_sh->done[r]);
+}
+
+/* Training goes on after what the control plane did: every worker gets at
+ * least 10 steps past `before` (taken when it began).  Prints how many
+ * steps each made while it was at it. */
+static void check_progressed(const int *before, const char *during)
+{
+	int r, now[NWORKERS], stuck = 0;
+	double until = now_s() + 20;
+
+	snap_progress(now);
+	fprintf(stderr, "[steps during %s:", during);
+	for (r = 0; r < NWORKERS; r++)
+		fprintf(stderr, " %d", now[r] - before[r]);
+	fprintf(stderr, "] ");
+	for (r = 0; r < NWORKERS; r++)
+		while (atomic_load(&train_sh->done[r]) < before[r] + 10) {
+			if (now_s() > until) {
+				stuck++;
+				break;
+			}
+			sleep_ms(2);
+		}
+	CU_ASSERT_EQUAL(stuck, 0);
+}
+
+/* Stop training: every worker ends after the same number of steps (at
+ * least MIN_STEPS), returned. */
+static int stop_training(void)
+{
+	int r, target = MIN_STEPS;
+
+	atomic_store(&train_sh->stop, 1);
+	for (r = 0; r < NWORKERS; r++)
+		if (atomic_load(&train_sh->at[r]) + 1 > target)
+			target = atomic_load(&train_sh->at[r]) + 1;
+	atomic_store(&train_sh->target, target);
+	return target;
+}
+
+/* Stop the workers and collect them: exit 0, `steps` steps each, final
+ * version (sync: == steps), no bad values.  Returns the steps. */
+static int finish_workers(struct it_workers *w, const struct train_arg *a)
+{
+	int r, steps = stop_training();
+
+	for (r = 0; r < w->n; r++) {
+		uint64_t version = 0;
+		int bad = -1, done = -1;
+		CU_ASSERT_EQUAL(it_worker_read(w, r, &done, sizeof(done)), 0);
+		CU_ASSERT_EQUAL(it_worker_read(w, r, &version, sizeof(version)), 0);
+		CU_ASSERT_EQUAL(it_worker_read(w, r, &bad, sizeof(bad)), 0);
+		CU_ASSERT_EQUAL(done, steps);
+		CU_ASSERT_EQUAL(bad, 0);
+		if (a->mode == RPS_MODE_SYNC)
+			CU_ASSERT_EQUAL(version, (uint64_t)steps);
+		CU_ASSERT_EQUAL(it_worker_wait(w, r), 0);
+	}
+	trainers_up = false;
+	fprintf(stderr, "[%d steps] ", steps);
+	return steps;
+}
+
+/* Pull with a fresh client, in a child. */
+struct pull_arg {
+	const char *name;
+};
+
+static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct pull_arg *a = arg;
+	float *p = malloc(COUNT * sizeof(float));
+	struct rps_client_opts co;
+	uint64_t version = 0;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)rank;
+	(void)nworkers;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = 20000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail("connect", ret);
+	ret = rps_tensor_open(cl, a->name, &t);
+	if (!ret) {
+		ret = rps_pull(t, p, COUNT * sizeof(float), &version);
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	if (ret)
+		return fail("pull", ret);
+	it_write_all(out_fd, &version, sizeof(version));
+	it_write_all(out_fd, p, COUNT * sizeof(float));
+	free(p);
+	return 0;
+}
+
+/* After training: every element == want, version == want_version. */
+static void check_tensor(const char *servers, const char *name, float want, uint64_t want_version)
+{
+	struct pull_arg a = { .name = name };
+	float *p = malloc(COUNT * sizeof(float));
+	struct it_workers w;
+	uint64_t version = 0, i;
+	int ok, bad = 0;
+
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, pull_worker, servers, &a, -1, NULL), 0);
+	ok = it_worker_read(&w, 0, &version, sizeof(version)) == 0 &&
+	     it_worker_read(&w, 0, p, COUNT * sizeof(float)) == 0;
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_FATAL(ok);
+	for (i = 0; i < COUNT; i++)
+		if (p[i] != want) {
+			if (!bad)
+				fprintf(stderr, "%s[%llu] = %g, expected %g\n", name, (unsigned long long)i, (double)p[i],
+					(double)want);
+			bad++;
+		}
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, want_version);
+	free(p);
+}
+
+/* The version a pull reports after training: sync counts steps, the others pushes. */
+static uint64_t final_version(const struct train_arg *a, int steps)
+{
+	return a->mode == RPS_MODE_SYNC ? (uint64_t)steps : (uint64_t)steps * NWORKERS;
+}
+
+/* After training: every element is the sum of every push. */
+static void check_trained(const char *servers, const struct train_arg *a, int steps)
+{
+	check_tensor(servers, a->name, (float)steps * step_sum(a), final_version(a, steps));
+}
+
+/* Every server still running, then all stop with status 0. */
+static void stop_all(struct it_cluster *cl)
+{
+	int i, alive = 0, running = 0;
+
+	for (i = 0; i < cl->nservers; i++) {
+		if (cl->pid[i] > 0) {
+			running++;
+			alive += it_server_alive(cl, i);
+		}
+	}
+	CU_ASSERT_EQUAL(alive, running);
+	CU_ASSERT_EQUAL(it_cluster_stop(cl), 0);
+	clu_up = false;
+}
+
+static int start3(struct it_cluster *cl, const struct it_server_opts *o)
+{
+	int ret = it_cluster_start_opts(cl, 3, o);
+
+	if (ret)
+		fprintf(stderr, "it_control: cannot start the servers: %s\n", strerror(-ret));
+	clu_up = !ret;
+	return ret;
+}
+
+/* ---- 1. status ------------------------------------------------------------------ */
+
+static void test_status(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	struct mstatus lead;
+	unsigned long long leader = 0, term = 0, v;
+	int l, rc, rows = 0, leaders = 0, py;
+	char *line, *save = NULL;
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, false, 10000, &lead);
+	CU_ASSERT_FATAL(l >= 0);
+	CU_ASSERT_EQUAL(lead.st.id, (uint64_t)l + 1);
+	CU_ASSERT_EQUAL(lead.st.n_voters, 3u);
+	CU_ASSERT_EQUAL(lead.st.n_learners, 0u);
+
+	/* the table: one leader row, every member in the cluster's term */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "status");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT_STRING_EQUAL(err, "");
+	line = strstr(out, "\ncluster: leader ");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(line);
+	CU_ASSERT_EQUAL(sscanf(line, "\ncluster: leader %llu, term %llu", &leader, &term), 2);
+	CU_ASSERT_EQUAL(leader, lead.st.id);
+	CU_ASSERT_EQUAL(term, lead.st.term);
+	CU_ASSERT(strstr(out, "voters 1,2,3, learners none, fsync off") != NULL);
+	CU_ASSERT(strstr(out, "shard map: 3 members, 8 partitions") != NULL);
+	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		unsigned long long id, t;
+		char uri[300], role[32];
+		if (sscanf(line, "%llu %299s %31s %llu", &id, uri, role, &t) != 4 || strncmp(uri, clu.scheme, 3))
+			continue;
+		rows++;
+		CU_ASSERT_FATAL(id >= 1 && id <= 3);
+		CU_ASSERT_STRING_EQUAL(uri, clu.uri[idx_of(id)]);
+		CU_ASSERT_EQUAL(t, term);
+		if (!strcmp(role, "leader")) {
+			leaders++;
+			CU_ASSERT_EQUAL(id, leader);
+		} else {
+			CU_ASSERT_STRING_EQUAL(role, "follower");
+		}
+	}
+	CU_ASSERT_EQUAL(rows, 3);
+	CU_ASSERT_EQUAL(leaders, 1);
+
+	/* the same through each member's own address */
+	for (l = 0; l < 3; l++) {
+		unsigned long long ld2 = 0, t2 = 0;
+		rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s status", clu.uri[l]);
+		CU_ASSERT_EQUAL(rc, 0);
+		line = strstr(out, "\ncluster: leader ");
+		CU_ASSERT(line && sscanf(line, "\ncluster: leader %llu, term %llu", &ld2, &t2) == 2);
+		CU_ASSERT_EQUAL(ld2, leader);
+		CU_ASSERT_EQUAL(t2, term);
+	}
+
+	/* JSON */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--json status");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(json_valid(out));
+	py = python_json_ok(out);
+	CU_ASSERT(py != 0);
+	CU_ASSERT(json_u64(out, "leader", &v) && v == leader);
+	CU_ASSERT(json_u64(out, "term", &v) && v == term);
+	CU_ASSERT_EQUAL(json_array_len(out, "voters"), 3);
+	CU_ASSERT_EQUAL(json_array_len(out, "learners"), 0);
+	CU_ASSERT_EQUAL(count_of(out, "\"reachable\":true"), 3);
+	CU_ASSERT_EQUAL(count_of(out, "\"role\":\"leader\""), 1);
+	CU_ASSERT_EQUAL(count_of(out, "\"role\":\"follower\""), 2);
+	CU_ASSERT_EQUAL(count_of(out, "{\"partition\":"), NPART);
+	CU_ASSERT_EQUAL(count_of(out, "{\"id\":"), 2 * 3);	/* members[] and map.members[] */
+	{
+		struct part_ex ex[NPART], got[NPART];
+		int n = 0, p;
+		bootstrap_ex(ex, 3);
+		CU_ASSERT_EQUAL(json_map(out, got, &n), 0);
+		CU_ASSERT_EQUAL(n, NPART);
+		for (p = 0; p < n; p++) {
+			CU_ASSERT_EQUAL(got[p].owner, ex[p].owner);
+			CU_ASSERT_EQUAL(got[p].epoch, 1);
+		}
+	}
+	/* the validator is not a rubber stamp */
+	CU_ASSERT(!json_valid("{\"a\":1,}"));
+	CU_ASSERT(!json_valid("{\"a\":[1,2}"));
+	stop_all(&clu);
+}
+
+/* ---- 2. moves during training ------------------------------------------------------ */
+
+#define MOVES 12
+
+static void run_moves(enum rps_mode mode, const char *name)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	struct train_arg a = { .name = name, .mode = mode, .staleness = 2,
+			       .check_every = mode == RPS_MODE_BOUNDED ? 1 : 10 };
+	struct part_ex ex[NPART];
+	struct mstatus lead;
+	int j, i, moved[NPART] = { 0 }, before[NWORKERS], steps;
+	double t0;
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, NULL) >= 0);
+	bootstrap_ex(ex, 3);
+	start_training(&clu, &trainers, &a, NULL);
+	wait_progress(&trainers, STEPS_BEFORE);
+	snap_progress(before);
+	/* 12 moves round robin: partition j mod 8 to the member after its owner */
+	t0 = now_s();
+	for (j = 0; j < MOVES; j++) {
+		unsigned p = (unsigned)j % NPART;
+		move(&clu, p, ex[p].owner % 3 + 1, ex);
+		moved[p]++;
+	}
+	fprintf(stderr, "[%d moves in %.2f s] ", MOVES, now_s() - t0);
+	check_progressed(before, "the moves");
+	steps = finish_workers(&trainers, &a);
+	check_trained(clu.servers, &a, steps);
+	/* owners moved on, epochs raised once per move, on every member */
+	for (j = 0; j < NPART; j++) {
+		CU_ASSERT_EQUAL(ex[j].epoch, 1u + (unsigned)moved[j]);
+		CU_ASSERT_EQUAL(ex[j].owner, (unsigned long long)((j % 3 + moved[j]) % 3) + 1);
+	}
+	CU_ASSERT(wait_agreement(&clu, 0, true, 10000, &lead) >= 0);
+	CU_ASSERT_EQUAL(map_differs(&lead.map, ex), 0);
+	for (i = 0; i < 3; i++) {
+		struct mstatus ms;
+		CU_ASSERT_EQUAL(member_status(&clu, i, &ms), 0);
+		CU_ASSERT_EQUAL(map_differs(&ms.map, ex), 0);
+	}
+	check_status_map(&clu, ex, clu.servers);
+	stop_all(&clu);
+}
+
+static void test_moves_async(void)
+{
+	run_moves(RPS_MODE_ASYNC, "moves-async");
+}
+
+static void test_moves_sync(void)
+{
+	run_moves(RPS_MODE_SYNC, "moves-sync");
+}
+
+static void test_moves_bounded(void)
+{
+	run_moves(RPS_MODE_BOUNDED, "moves-bounded");
+}
+
+/* ---- 3. add-server, remove-server ----------------------------------------------------- */
+
+static void test_add_remove(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	struct train_arg a = { .name = "add-remove", .mode = RPS_MODE_SYNC, .check_every = 10 };
+	struct part_ex ex[NPART];
+	struct mstatus lead;
+	char want[400], live[1024];
+	int j, rc, moves, owned[5] = { 0 }, before[NWORKERS], steps;
+	uint32_t v;
+	double t0;
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, NULL) >= 0);
+	bootstrap_ex(ex, 3);
+	start_training(&clu, &trainers, &a, NULL);
+	wait_progress(&trainers, STEPS_BEFORE);
+	snap_progress(before);
+
+	/* member 4 joins and takes its share */
+	j = it_server_join(&clu, 4, &o);
+	CU_ASSERT_EQUAL_FATAL(j, 3);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--timeout 20 add-server 4 %s", clu.uri[3]);
+	if (rc)
+		fprintf(stderr, "psctl add-server: exit %d: %s", rc, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	snprintf(want, sizeof(want), "member 4 added at %s (log index ", clu.uri[3]);
+	CU_ASSERT_NSTRING_EQUAL(out, want, strlen(want));
+	moves = apply_move_lines(out, ex);
+	CU_ASSERT_EQUAL(moves, 2);	/* 3,3,2 -> 2,2,2,2 */
+	CU_ASSERT(strstr(out, "member 4 owns 2 of 8 partitions\n") != NULL);
+
+	check_progressed(before, "add-server");
+
+	/* member 2 leaves: its partitions go to the others, then it stops */
+	snap_progress(before);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--timeout 20 remove-server 2");
+	if (rc)
+		fprintf(stderr, "psctl remove-server: exit %d: %s", rc, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	moves = apply_move_lines(out, ex);
+	CU_ASSERT_EQUAL(moves, 2);
+	CU_ASSERT(strstr(out, "member 2 removed (log index ") != NULL);
+	check_progressed(before, "remove-server");
+	t0 = now_s();
+	CU_ASSERT_EQUAL(it_server_wait_exit(&clu, 1, 8000), 0);
+	fprintf(stderr, "[removed server exited after %.2f s] ", now_s() - t0);
+
+	steps = finish_workers(&trainers, &a);
+	snprintf(live, sizeof(live), "%s,%s,%s", clu.uri[0], clu.uri[2], clu.uri[3]);
+	check_trained(live, &a, steps);
+
+	for (j = 0; j < NPART; j++) {
+		CU_ASSERT(ex[j].owner == 1 || ex[j].owner == 3 || ex[j].owner == 4);
+		owned[ex[j].owner < 5 ? ex[j].owner : 0]++;
+	}
+	CU_ASSERT(owned[1] >= 2 && owned[1] <= 3 && owned[3] >= 2 && owned[3] <= 3 && owned[4] >= 2 && owned[4] <= 3);
+	/* every member left agrees; member 2 is out of the map and of Raft, 4 votes */
+	{
+		double until = now_s() + 10;
+		int l;
+		for (;;) {
+			l = wait_agreement(&clu, (1u << 0) | (1u << 2) | (1u << 3), true, 10000, &lead);
+			if (l < 0 || (lead.st.n_voters == 3 && lead.st.n_learners == 0) || now_s() > until)
+				break;
+			sleep_ms(50);
+		}
+		CU_ASSERT_FATAL(l >= 0);
+	}
+	CU_ASSERT_EQUAL(lead.map.nmembers, 3u);
+	CU_ASSERT(rps__smap_member(&lead.map, 2) == NULL);
+	CU_ASSERT(rps__smap_member(&lead.map, 4) != NULL);
+	CU_ASSERT_EQUAL(lead.map.max_id, 4u);
+	CU_ASSERT_EQUAL(lead.st.n_voters, 3u);
+	CU_ASSERT_EQUAL(lead.st.n_learners, 0u);
+	for (v = 0; v < lead.st.n_voters && v < 16; v++)
+		CU_ASSERT(lead.st.voters[v] == 1 || lead.st.voters[v] == 3 || lead.st.voters[v] == 4);
+	CU_ASSERT_EQUAL(map_differs(&lead.map, ex), 0);
+	check_status_map(&clu, ex, live);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --json status", live);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT_EQUAL(count_of(out, "\"reachable\":true"), 3);
+	CU_ASSERT_EQUAL(count_of(out, "{\"id\":2,"), 0);
+	CU_ASSERT_EQUAL(count_of(out, "{\"id\":4,"), 2);	/* members[] and map.members[] */
+	stop_all(&clu);
+}
+
+/* ---- 4. the leader killed during a move, restarted ------------------------------------- */
+
+enum kill_mode {
+	KILL_RACE,	/* the kill follows the move as closely as a STATUS poll allows */
+	KILL_STALLED,	/* the move surely under way: its destination is cut off till the kill */
+	KILL_ABORTED,	/* ... and stays cut off until the move is aborted */
+};
+
+/*
+ * The destination b of a move from a is cut off from its peers
+ * (RPS_FAULT=isolate-signals) in the stalled modes, so the leader is surely
+ * killed with the move under way: MOVE_BEGIN committed by the leader and a,
+ * nothing installed.  KILL_STALLED lets b back right after the kill (a and
+ * b then finish the move, or abort it); KILL_ABORTED restarts the leader
+ * while b is still cut off, so a must abort the move (--move-timeout-ms
+ * 2000) with the restarted leader, and b learns of it when it is back.
+ */
+static void run_leader_killed(enum kill_mode mode)
+{
+	static const char *const names[] = { "leader-killed", "leader-killed-stalled", "leader-killed-aborted" };
+	bool stall = mode != KILL_RACE;
+	struct it_server_opts o = { .extra_args = mode == KILL_ABORTED ? DURABLE_ARGS " --move-timeout-ms 2000" : DURABLE_ARGS,
+				    .data_dir = 1, .env = stall ? "RPS_FAULT=isolate-signals" : NULL };
+	struct train_arg a = { .name = names[mode], .mode = RPS_MODE_ASYNC, .check_every = 10 };
+	struct part_ex ex[NPART];
+	struct mstatus lead, ms;
+	unsigned long long lid, aid, bid, e;
+	int l, ia, ib, p, P = -1, rc, k, seen_moving = 0, steps;
+	char errfile[600], list[700];
+	pid_t ps;
+	double t0;
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, false, 10000, &lead);
+	CU_ASSERT_FATAL(l >= 0);
+	lid = (unsigned long long)l + 1;
+	/* psctl names the same leader */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--json status");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(json_u64(out, "leader", &e) && e == lid);
+	ia = (l + 1) % 3;
+	ib = (l + 2) % 3;
+	aid = (unsigned long long)ia + 1;
+	bid = (unsigned long long)ib + 1;
+	bootstrap_ex(ex, 3);
+	/* the leader's partitions go first (a restarted server has lost its shards) */
+	for (p = 0, k = 0; p < NPART; p++)
+		if (ex[p].owner == lid)
+			move(&clu, (unsigned)p, k++ % 2 ? bid : aid, ex);
+	for (p = 0; p < NPART; p++)
+		CU_ASSERT_NOT_EQUAL(ex[p].owner, lid);
+	start_training(&clu, &trainers, &a, NULL);
+	wait_progress(&trainers, STEPS_BEFORE);
+
+	/* a move from a to b, and the leader dies under it */
+	for (p = 0; p < NPART && P < 0; p++)
+		if (ex[p].owner == aid)
+			P = p;
+	CU_ASSERT_FATAL(P >= 0);
+	e = ex[P].epoch;
+	if (stall)
+		kill(clu.pid[ib], SIGUSR1);
+	snprintf(errfile, sizeof(errfile), "%s/psctl-move.err", clu.dir);
+	/* (with b cut off, psctl asks the other two: see test_psctl_past_isolated) */
+	snprintf(list, sizeof(list), "%s,%s", clu.uri[l], clu.uri[ia]);
+	ps = it_psctl_spawn(&clu, errfile, "-s %s --timeout 20 move %d %llu", stall ? list : clu.servers, P, bid);
+	CU_ASSERT_FATAL(ps > 0);
+	t0 = now_s();
+	while (now_s() - t0 < (stall ? 5 : 2)) {
+		if (!member_status(&clu, ia, &ms) && (ms.map.parts[P].moving_to == bid || ms.map.parts[P].epoch != e)) {
+			seen_moving = ms.map.parts[P].moving_to == bid;
+			break;
+		}
+	}
+	it_server_kill(&clu, l);
+	if (stall)
+		CU_ASSERT(seen_moving);
+	if (mode == KILL_STALLED)
+		kill(clu.pid[ib], SIGUSR2);
+	fprintf(stderr, "[leader %llu killed %s] ", lid, seen_moving ? "with the move under way" : "(move not seen under way)");
+	rc = it_psctl_wait(ps, PSCTL_MS);
+	if (stall)
+		CU_ASSERT_EQUAL(rc, 1);	/* its leader died before the answer */
+	CU_ASSERT(rc == 0 || rc == 1);
+	{
+		FILE *f = fopen(errfile, "r");
+		size_t n = f ? fread(err, 1, sizeof(err) - 1, f) : 0;
+		err[n] = '\0';
+		if (f)
+			fclose(f);
+		/* a failure says so in one line: the move's outcome is unknown to it */
+		if (rc == 1) {
+			CU_ASSERT(one_line(err));
+			CU_ASSERT(strstr(err, "outcome unknown") != NULL);
+		} else {
+			CU_ASSERT_STRING_EQUAL(err, "");
+		}
+	}
+
+	if (mode == KILL_ABORTED) {
+		/* a alone has no quorum: the leader comes back from its log, and
+		 * with a aborts the move that b cannot take */
+		CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, l), 0);
+		CU_ASSERT_FATAL(wait_agreement(&clu, (1u << l) | (1u << ia), true, 20000, &lead) >= 0);
+		CU_ASSERT_EQUAL(lead.map.parts[P].owner, aid);
+		CU_ASSERT_EQUAL(lead.map.parts[P].epoch, e);
+		kill(clu.pid[ib], SIGUSR2);
+	} else {
+		/* the others elect a leader and settle the move; then the old leader comes back */
+		CU_ASSERT(wait_agreement(&clu, (1u << ia) | (1u << ib), true, 20000, NULL) >= 0);
+		CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, l), 0);
+	}
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, true, 20000, &lead) >= 0);
+	/* committed or aborted, never both, the same everywhere */
+	if (lead.map.parts[P].owner == bid) {
+		CU_ASSERT_EQUAL(lead.map.parts[P].epoch, e + 1);
+		ex[P].owner = bid;
+		ex[P].epoch = e + 1;
+	} else {
+		CU_ASSERT_EQUAL(lead.map.parts[P].owner, aid);
+		CU_ASSERT_EQUAL(lead.map.parts[P].epoch, e);
+		CU_ASSERT_NOT_EQUAL(rc, 0);	/* psctl did not report a move that did not happen */
+	}
+	fprintf(stderr, "[move %s, psctl exit %d] ", lead.map.parts[P].owner == bid ? "committed" : "aborted", rc);
+	CU_ASSERT_EQUAL(map_differs(&lead.map, ex), 0);
+	for (k = 0; k < 3; k++) {
+		CU_ASSERT_EQUAL(member_status(&clu, k, &ms), 0);
+		CU_ASSERT(same_map(&ms.map, &lead.map));
+	}
+	/* the restarted member takes part again: a move into it commits */
+	move(&clu, (unsigned)P, lid, ex);
+	steps = finish_workers(&trainers, &a);
+	check_trained(clu.servers, &a, steps);
+	CU_ASSERT(wait_agreement(&clu, 0, true, 10000, &lead) >= 0);
+	CU_ASSERT_EQUAL(map_differs(&lead.map, ex), 0);
+	check_status_map(&clu, ex, clu.servers);
+	stop_all(&clu);
+}
+
+static void test_leader_killed_mid_move(void)
+{
+	run_leader_killed(KILL_RACE);
+}
+
+static void test_leader_killed_stalled_move(void)
+{
+	run_leader_killed(KILL_STALLED);
+}
+
+static void test_leader_killed_aborted_move(void)
+{
+	run_leader_killed(KILL_ABORTED);
+}
+
+/* ---- 5. a follower cut off from its peers ----------------------------------------------- */
+
+/* Wait until server f, cut off, has given up on its leader (its election
+ * timer fired): 0, or -1 after timeout_ms. */
+static int wait_leaderless(struct it_cluster *cl, int f, int timeout_ms)
+{
+	struct mstatus fs;
+	double until = now_s() + timeout_ms / 1000.0;
+
+	while (now_s() < until) {
+		if (!member_status(cl, f, &fs) && !fs.st.leader)
+			return 0;
+		sleep_ms(20);
+	}
+	return -1;
+}
+
+static void test_follower_isolated(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1, .env = "RPS_FAULT=isolate-signals" };
+	struct train_arg a = { .name = "isolated", .mode = RPS_MODE_ASYNC, .check_every = 10 };
+	struct part_ex ex[NPART];
+	struct mstatus lead, fs;
+	unsigned long long lid, fid, gid;
+	int l, f, g, p, k, caught = 0, before[NWORKERS], steps;
+	char majority[700];
+	double t0;
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, false, 10000, &lead);
+	CU_ASSERT_FATAL(l >= 0);
+	f = (l + 1) % 3;
+	g = (l + 2) % 3;
+	lid = (unsigned long long)l + 1;
+	fid = (unsigned long long)f + 1;
+	gid = (unsigned long long)g + 1;
+	bootstrap_ex(ex, 3);
+	start_training(&clu, &trainers, &a, NULL);
+	wait_progress(&trainers, STEPS_BEFORE);
+
+	snap_progress(before);
+	kill(clu.pid[f], SIGUSR1);
+	CU_ASSERT_EQUAL(wait_leaderless(&clu, f, 5000), 0);
+	/* moves between the leader and the other follower commit with 2 of 3
+	 * (psctl asks those two: see test_psctl_past_isolated for the third) */
+	snprintf(majority, sizeof(majority), "%s,%s", clu.uri[l], clu.uri[g]);
+	move_servers = majority;
+	for (k = 0, p = 0; p < NPART; p++)
+		if (ex[p].owner == lid || ex[p].owner == gid) {
+			move(&clu, (unsigned)p, ex[p].owner == lid ? gid : lid, ex);
+			k++;
+		}
+	move_servers = NULL;
+	CU_ASSERT(k >= 5);
+	check_progressed(before, "the isolation");
+	/* the cut-off follower did not see them */
+	l = wait_agreement(&clu, (1u << l) | (1u << g), true, 5000, &lead);
+	CU_ASSERT_FATAL(l >= 0);
+	CU_ASSERT_EQUAL(map_differs(&lead.map, ex), 0);
+	CU_ASSERT_EQUAL(member_status(&clu, f, &fs), 0);
+	CU_ASSERT(fs.st.applied < lead.st.applied);
+	CU_ASSERT(!same_map(&fs.map, &lead.map));
+
+	kill(clu.pid[f], SIGUSR2);
+	t0 = now_s();
+	while (now_s() - t0 < 5 && !caught) {
+		int li = wait_agreement(&clu, 0, false, 5000, &lead);
+		if (li >= 0 && !member_status(&clu, f, &fs) && fs.st.applied >= lead.st.applied &&
+		    same_map(&fs.map, &lead.map))
+			caught = 1;
+		else
+			sleep_ms(20);
+	}
+	fprintf(stderr, "[caught up in %.2f s] ", now_s() - t0);
+	CU_ASSERT(caught);
+	CU_ASSERT_EQUAL(map_differs(&fs.map, ex), 0);
+	/* and it takes part in moves again */
+	for (p = 0; p < NPART; p++)
+		if (ex[p].owner == fid) {
+			move(&clu, (unsigned)p, gid, ex);
+			break;
+		}
+	steps = finish_workers(&trainers, &a);
+	check_trained(clu.servers, &a, steps);
+	CU_ASSERT(wait_agreement(&clu, 0, true, 10000, &lead) >= 0);
+	CU_ASSERT_EQUAL(map_differs(&lead.map, ex), 0);
+	check_status_map(&clu, ex, clu.servers);
+	stop_all(&clu);
+}
+
+/* psctl(8): "Any member will do; the others and the leader are found from its
+ * answer."  The first server of the list answers but is cut off from the
+ * group and knows no leader: psctl must still find the leader the other two
+ * elected, for status and for a move. */
+static void test_psctl_past_isolated(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1, .env = "RPS_FAULT=isolate-signals" };
+	struct part_ex ex[NPART];
+	struct mstatus lead;
+	unsigned long long v;
+	int l, f, g, p, rc;
+	char list[1000];
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, false, 10000, &lead);
+	CU_ASSERT_FATAL(l >= 0);
+	f = (l + 1) % 3;
+	g = (l + 2) % 3;
+	/* the cut-off server first */
+	snprintf(list, sizeof(list), "%s,%s,%s", clu.uri[f], clu.uri[l], clu.uri[g]);
+	bootstrap_ex(ex, 3);
+	kill(clu.pid[f], SIGUSR1);
+	CU_ASSERT_EQUAL(wait_leaderless(&clu, f, 5000), 0);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --json status", clu.uri[f]);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(json_u64(out, "leader", &v) && v == (unsigned long long)l + 1);
+	/* a partition the leader owns, to the third member */
+	for (p = 0; p < NPART; p++)
+		if (ex[p].owner == (unsigned long long)l + 1)
+			break;
+	CU_ASSERT_FATAL(p < NPART);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --timeout 5 move %d %d", list, p, g + 1);
+	if (rc)
+		fprintf(stderr, "psctl -s %s --timeout 5 move %d %d: exit %d: %s", list, p, g + 1, rc, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	if (!rc) {
+		ex[p].owner = (unsigned long long)g + 1;
+		ex[p].epoch++;
+	}
+	check_status_map(&clu, ex, list);
+	kill(clu.pid[f], SIGUSR2);
+	stop_all(&clu);
+}
+
+/* ---- 6. transfer-leader ----------------------------------------------------------------- */
+
+static void test_transfer_leader(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	struct mstatus lead;
+	unsigned long long to, v, t1, was;
+	char want[200];
+	int l, rc;
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, false, 10000, &lead);
+	CU_ASSERT_FATAL(l >= 0);
+	to = (unsigned long long)(l + 1) % 3 + 1;
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--timeout 20 transfer-leader %llu", to);
+	if (rc)
+		fprintf(stderr, "psctl transfer-leader: exit %d: %s", rc, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT_EQUAL(sscanf(out, "leader: member %llu (term %llu), was member %llu", &v, &t1, &was), 3);
+	CU_ASSERT_EQUAL(v, to);
+	CU_ASSERT_EQUAL(was, (unsigned long long)l + 1);
+	CU_ASSERT(t1 > lead.st.term);
+	l = wait_agreement(&clu, 0, false, 5000, &lead);
+	CU_ASSERT_EQUAL(l, idx_of(to));
+	CU_ASSERT_EQUAL(lead.st.term, t1);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--json status");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(json_u64(out, "leader", &v) && v == to);
+	CU_ASSERT_EQUAL(count_of(out, "\"role\":\"leader\""), 1);
+	/* again: nothing to do */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "transfer-leader %llu", to);
+	CU_ASSERT_EQUAL(rc, 0);
+	snprintf(want, sizeof(want), "leader: member %llu (term %llu), already\n", to, t1);
+	CU_ASSERT_STRING_EQUAL(out, want);
+	/* without an id: someone else */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--timeout 20 transfer-leader");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(sscanf(out, "leader: member %llu (term %llu), was member %llu", &v, &t1, &was) == 3 && v != to &&
+		  was == to);
+	l = wait_agreement(&clu, 0, false, 5000, &lead);
+	CU_ASSERT_EQUAL(l, idx_of(v));
+	/* not a voter */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "transfer-leader 42");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "member 42") != NULL);
+	stop_all(&clu);
+}
+
+/* ---- 7. bad input ------------------------------------------------------------------------- */
+
+/* A raw ADMIN connection (in a child): a malformed message gets it dropped;
+ * a well-formed one with a partition out of range is answered -EINVAL. */
+struct raw_arg {
+	const char *scheme, *addr;
+	uint16_t port;
+};
+
+struct raw_peer {
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	struct rps__mr *mr;
+	char *buf;
+};
+
+#define RAW_RECV 4
+#define RAW_BUF ((RAW_RECV + 1) * RPS__BIG_MSG_MAX)
+
+static int raw_connect(struct raw_peer *p, const struct raw_arg *a)
+{
+	struct rps__conn_priv priv = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_ADMIN };
+	struct rps__fabric_attr fa = { .kind = strcmp(a->scheme, "verbs") ? RPS__KIND_TCP : RPS__KIND_VERBS,
+				       .host = a->addr };
+	struct rps__ep_attr ea = { .sq_depth = 8, .rq_depth = RAW_RECV };
+	int ret, i;
+
+	memset(p, 0, sizeof(*p));
+	p->buf = aligned_alloc(4096, RAW_BUF);
+	memset(p->buf, 0, RAW_BUF);
+	if ((ret = rps__fabric_open(&fa, &p->fab)) || (ret = rps__cq_create(p->fab, 64, &p->cq)) ||
+	    (ret = rps__mr_reg(p->fab, p->buf, RAW_BUF, RPS__ACCESS_LOCAL, &p->mr)))
+		return ret;
+	ret = rps__connect(p->fab, a->addr, a->port, p->cq, &ea, &priv, sizeof(priv), 5000, NULL, NULL, &p->ep);
+	if (ret)
+		return ret;
+	for (i = 0; i < RAW_RECV; i++) {
+		struct rps__sge sge = { .addr = p->buf + (size_t)(i + 1) * RPS__BIG_MSG_MAX, .len = RPS__BIG_MSG_MAX,
+					.mr = p->mr };
+		if ((ret = rps__post_recv(p->ep, &sge, (uint64_t)i)))
+			return ret;
+	}
+	return 0;
+}
+
+static void raw_close(struct raw_peer *p)
+{
+	if (p->ep)
+		rps__ep_close(p->ep);
+	if (p->mr)
+		rps__mr_dereg(p->mr);
+	if (p->cq)
+		rps__cq_destroy(p->cq);
+	if (p->fab)
+		rps__fabric_close(p->fab);
+	free(p->buf);
+}
+
+static int raw_send(struct raw_peer *p, const void *msg, size_t len)
+{
+	struct rps__wr wr = { .op = RPS__OP_SEND, .flags = RPS__WR_SIGNALED,
+			      .sge = { .addr = p->buf, .len = (uint32_t)len, .mr = p->mr } };
+
+	memcpy(p->buf, msg, len);
+	return rps__post(p->ep, &wr, 1);
+}
+
+/* Completions until a receive (its status 0 and *hdr) or a flush (1); -1 after 5 s. */
+static int raw_next(struct raw_peer *p, struct rps__msg_hdr *hdr)
+{
+	struct rps__wc wc;
+	int i;
+
+	for (i = 0; i < 500; i++) {
+		if (rps__cq_wait(p->cq, &wc, 1, 10) <= 0)
+			continue;
+		if (wc.status == RPS__WC_FLUSH_ERR || wc.status == RPS__WC_RETRY_EXC_ERR)
+			return 1;
+		if (wc.status == RPS__WC_SUCCESS && wc.opcode == RPS__WC_RECV) {
+			memcpy(hdr, p->buf + (size_t)(wc.wr_id + 1) * RPS__BIG_MSG_MAX, sizeof(*hdr));
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static int raw_admin_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct raw_arg *a = arg;
+	static char msg[RPS__BIG_MSG_MAX];
+	struct rps__admin ad;
+	struct rps__msg_hdr h;
+	struct raw_peer p;
+	int res[3] = { -100, -100, -100 };
+	size_t len;
+
+	(void)rank;
+	(void)nworkers;
+	(void)servers;
+	/* the uri not NUL-terminated: dropped */
+	if (raw_connect(&p, a) == 0) {
+		memset(&ad, 0, sizeof(ad));
+		ad.op = RPS__ADMIN_ADD_SERVER;
+		ad.id = 9;
+		memset(ad.uri, 'x', sizeof(ad.uri));
+		len = rps__msg_build(msg, RPS__MSG_ADMIN, 1, 0, &ad, sizeof(ad));
+		if (raw_send(&p, msg, len) == 0)
+			res[0] = raw_next(&p, &h);	/* 1: flushed */
+	}
+	raw_close(&p);
+	/* well-formed, a partition that does not exist: a clear refusal */
+	if (raw_connect(&p, a) == 0) {
+		memset(&ad, 0, sizeof(ad));
+		ad.op = RPS__ADMIN_MOVE;
+		ad.part = 200;
+		ad.id = 1;
+		len = rps__msg_build(msg, RPS__MSG_ADMIN, 2, 0, &ad, sizeof(ad));
+		if (raw_send(&p, msg, len) == 0 && raw_next(&p, &h) == 0)
+			res[1] = h.type == RPS__MSG_ADMIN_REP ? h.status : -200;
+		/* an unknown operation */
+		memset(&ad, 0, sizeof(ad));
+		ad.op = 77;
+		len = rps__msg_build(msg, RPS__MSG_ADMIN, 3, 0, &ad, sizeof(ad));
+		if (raw_send(&p, msg, len) == 0 && raw_next(&p, &h) == 0)
+			res[2] = h.type == RPS__MSG_ADMIN_REP ? h.status : -200;
+	}
+	raw_close(&p);
+	it_write_all(out_fd, res, sizeof(res));
+	return 0;
+}
+
+static void test_bad_input(void)
+{
+	static const char *const usage[] = {
+		"",			/* no command */
+		"frobnicate",
+		"move 1",
+		"move x 1",
+		"move 0 0",
+		"move 300 1",
+		"status extra",
+		"add-server 5 udp://1.2.3.4:5",
+		"--timeout 0 status",
+		"--bogus status",
+		"remove-server",
+		"transfer-leader 1 2",
+	};
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	struct part_ex ex[NPART];
+	struct raw_arg ra;
+	int l, rc, res[3] = { 0, 0, 0 };
+	size_t i;
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, false, 10000, NULL);
+	CU_ASSERT_FATAL(l >= 0);
+	bootstrap_ex(ex, 3);
+
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "move 99 1");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(one_line(err));
+	CU_ASSERT(strstr(err, "partition 99") != NULL);
+	CU_ASSERT_STRING_EQUAL(out, "");
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "move 0 42");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(one_line(err));
+	CU_ASSERT(strstr(err, "member 42") != NULL);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "remove-server 42");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(one_line(err));
+	/* nobody there */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s://%s:1 status", clu.scheme, clu.addr);
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(one_line(err));
+	CU_ASSERT(strstr(err, ":1") != NULL);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s://%s:1 --timeout 2 move 0 2", clu.scheme,
+		      clu.addr);
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(one_line(err));
+	/* usage errors */
+	for (i = 0; i < sizeof(usage) / sizeof(usage[0]); i++) {
+		rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "%s", usage[i]);
+		if (rc != 2)
+			fprintf(stderr, "psctl %s: exit %d, expected 2\n", usage[i], rc);
+		CU_ASSERT_EQUAL(rc, 2);
+		CU_ASSERT(!strncmp(err, "psctl: ", 7));
+		CU_ASSERT(strstr(err, "usage: psctl") != NULL);
+		CU_ASSERT_STRING_EQUAL(out, "");
+	}
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--help");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(strstr(out, "transfer-leader") != NULL);
+
+	/* a raw ADMIN connection to the leader (again if leadership moved meanwhile) */
+	for (i = 0; i < 3; i++) {
+		struct it_workers w;
+		l = wait_agreement(&clu, 0, false, 10000, NULL);
+		CU_ASSERT_FATAL(l >= 0);
+		ra = (struct raw_arg){ .scheme = clu.scheme, .addr = clu.addr, .port = clu.port[l] };
+		CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, raw_admin_worker, NULL, &ra, -1, NULL), 0);
+		CU_ASSERT_EQUAL(it_worker_read(&w, 0, res, sizeof(res)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+		if (res[1] != -EPERM)
+			break;
+	}
+	CU_ASSERT_EQUAL(res[0], 1);		/* dropped */
+	CU_ASSERT_EQUAL(res[1], -EINVAL);	/* no such partition */
+	CU_ASSERT_EQUAL(res[2], -EINVAL);	/* no such operation */
+	/* ... and the server keeps serving */
+	CU_ASSERT(it_server_alive(&clu, l));
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s status", clu.uri[l]);
+	CU_ASSERT_EQUAL(rc, 0);
+	move(&clu, 0, 2, ex);
+	CU_ASSERT(wait_agreement(&clu, 0, true, 5000, NULL) >= 0);
+	check_status_map(&clu, ex, clu.servers);
+	stop_all(&clu);
+}
+
+/* A test that fails must fail, not hang: past this, kill everything we
+ * started and fail. */
+#define TEST_WATCHDOG_S 60
+
+static void on_watchdog(int sig)
+{
+	static const char msg[] = "it_control: a test ran past its watchdog: killing every process it started\n";
+	ssize_t r = write(2, msg, sizeof(msg) - 1);
+
+	(void)sig;
+	(void)r;
+	it_kill_all();
+	_exit(1);
+}
+
+static double t_test;
+
+static void test_setup(void)
+{
+	t_test = now_s();
+	alarm(TEST_WATCHDOG_S);
+}
+
+static void test_teardown(void)
+{
+	int i;
+
+	alarm(0);
+	/* what a failed fatal assertion left running */
+	if (trainers_up) {
+		for (i = 0; i < trainers.n; i++)
+			if (trainers.pid[i] > 0) {
+				kill(trainers.pid[i], SIGKILL);
+				it_worker_wait(&trainers, i);
+			}
+		trainers_up = false;
+	}
+	if (clu_up) {
+		for (i = 0; i < clu.nservers; i++)
+			if (clu.pid[i] > 0)
+				kill(clu.pid[i], SIGKILL);
+		it_cluster_stop(&clu);
+		clu_up = false;
+	}
+	fprintf(stderr, "[%.2f s] ", now_s() - t_test);
+}
+
+/* RPS_IT_ONLY=text runs only the tests whose names contain it. */
+static void add_test(CU_pSuite s, const char *name, CU_TestFunc fn)
+{
+	const char *only = getenv("RPS_IT_ONLY");
+
+	if (!only || strstr(name, only))
+		CU_add_test(s, name, fn);
+}
+
+int main(void)
+{
+	CU_pSuite s;
+	unsigned failed;
+
+	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
+	    !getenv("RPS_IT_ADDR")) {
+		fprintf(stderr, "it_control: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
+		return 77;
+	}
+	if (access(it_psctl_path(), X_OK) != 0) {
+		fprintf(stderr, "it_control: no psctl at %s (set PSCTL)\n", it_psctl_path());
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	train_sh = mmap(NULL, sizeof(*train_sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (train_sh == MAP_FAILED) {
+		perror("it_control: mmap");
+		return 1;
+	}
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	signal(SIGALRM, on_watchdog);
+	s = CU_add_suite_with_setup_and_teardown("control plane, 3 servers, psctl", NULL, NULL, test_setup,
+						 test_teardown);
+	add_test(s, "status: one leader, one term, valid JSON", test_status);
+	add_test(s, "moves during async training, exact", test_moves_async);
+	add_test(s, "moves during sync training, exact", test_moves_sync);
+	add_test(s, "moves during bounded training, exact", test_moves_bounded);
+	add_test(s, "add-server and remove-server during training", test_add_remove);
+	add_test(s, "leader killed right after a move is issued, restarted", test_leader_killed_mid_move);
+	add_test(s, "leader killed while a move waits for its destination, restarted",
+		    test_leader_killed_stalled_move);
+	add_test(s, "leader killed, restarted, the move aborted without its destination",
+		    test_leader_killed_aborted_move);
+	add_test(s, "follower cut off, moves go on, it catches up", test_follower_isolated);
+	add_test(s, "psctl finds the leader past a server cut off from the group", test_psctl_past_isolated);
+	add_test(s, "transfer-leader", test_transfer_leader);
+	add_test(s, "bad input: clear errors, exit 1 or 2, malformed ADMIN dropped", test_bad_input);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+	CU_cleanup_registry();
+	return failed ? 1 : 0;
+}
