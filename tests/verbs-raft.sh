@@ -146,10 +146,8 @@ pid0= pid1= pid2=
 echo "== psperf -t commit, local cluster over verbs, with its raw SEND ping-pong"
 ./psperf -t commit --transport verbs --addr "$addr" --fsync none -n 200 --baseline -q >"$dir/local.out" 2>&1 || rc=1
 cat "$dir/local.out"
-echo "== the same, the servers busy-polling (--spin-us 100000) as perftest does; the admin client still sleeps"
-./psperf -t commit --transport verbs --addr "$addr" --fsync none -n 200 --baseline -q --spin-us 100000 \
-	>"$dir/spin.out" 2>&1 || rc=1
-cat "$dir/spin.out"
+# (no busy-polling variant: 3 spinning servers and a spinning client on the
+# VM's 2 vCPUs starve each other and take minutes)
 st=
 if command -v ib_send_lat >/dev/null 2>&1 && [ -n "$dev" ]; then
 	echo "== ib_send_lat on $dev ($addr): 304 B (the admin reply) and 8 B"
@@ -173,12 +171,9 @@ fi
 ct=$(awk '/^ commit \(fsync/ {print $6; exit}' "$dir/connect.out")
 lt=$(awk '/^ commit \(fsync/ {print $6; exit}' "$dir/local.out")
 sp=$(awk '/^ SEND ping-pong/ {print $6; exit}' "$dir/local.out")
-kt=$(awk '/^ commit \(fsync/ {print $6; exit}' "$dir/spin.out")
-kp=$(awk '/^ SEND ping-pong/ {print $6; exit}' "$dir/spin.out")
 echo "== commit latency (t_typ, us) against raw SEND/RECV"
 echo "ib_send_lat 304 B t_typical ${st:-?} us is half a round trip: round trip $(awk -v s="${st:-0}" 'BEGIN {print 2 * s}') us"
-for x in "rdmapsd x3 (--connect):${ct:-}:${sp:-}" "psperf local x3:${lt:-}:${sp:-}" \
-	"psperf local x3, servers spinning:${kt:-}:${kp:-}"; do
+for x in "rdmapsd x3 (--connect):${ct:-}:${sp:-}" "psperf local x3:${lt:-}:${sp:-}"; do
 	name=${x%%:*} t=${x#*:} p=${t#*:} t=${t%%:*}
 	awk -v n="$name" -v t="${t:-0}" -v s="${st:-0}" -v p="${p:-0}" 'BEGIN {
 		printf "%s: commit %s us; / ib_send_lat round trip %s; / ib_send_lat t_typical %s; / psperf SEND ping-pong %s\n",
