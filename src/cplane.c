@@ -163,6 +163,7 @@ void rps__cp_on_conn_gone(struct rps__server *srv, struct conn *c)
 	uint32_t i;
 
 	admin_conn_gone(srv, c);
+	rps__ck_conn_gone(srv, c);
 	if (c->role != CONN_PEER)
 		return;
 	for (i = 0; i < srv->npeers; i++)
@@ -575,6 +576,9 @@ static int ship_partition(struct rps__server *srv, uint32_t part)
 	pl->blob = b.p;
 	pl->blob_len = b.len;
 	pl->blob_crc = crc32_iscsi((unsigned char *)b.p, (int)b.len, 0xffffffffu);
+	/* Test hook: a bit flipped after the crc, as a bad link or DIMM would */
+	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "corrupt-migration")))
+		((unsigned char *)pl->blob)[pl->blob_len / 2] ^= 0x04;
 	ret = rps__mr_reg(srv->fab, pl->blob, pl->blob_len, RPS__ACCESS_REMOTE_READ, &pl->blob_mr);
 	if (ret) {
 		free(pl->blob);
@@ -1389,6 +1393,12 @@ void rps__cp_on_message(struct rps__server *srv, struct conn *c, const struct rp
 	case RPS__MSG_STATUS:
 		on_status(srv, c, h->req_id);
 		return;
+	case RPS__MSG_CKPT:
+		if (c->role == CONN_ADMIN) {
+			rps__ck_on_message(srv, c, h, body, body_len);
+			return;
+		}
+		break;
 	case RPS__MSG_ADMIN:
 		if (c->role == CONN_ADMIN) {
 			on_admin(srv, c, h->req_id, body);
@@ -1534,6 +1544,7 @@ int rps__cp_run_timers(struct rps__server *srv, uint64_t now)
 	uint32_t i;
 	int ret;
 
+	rps__ck_timers(srv, now);	/* every turn: a checkpoint's hold ends as soon as it can */
 	if (now >= srv->next_tick) {
 		srv->next_tick = now + tick;
 		rps__rnode_tick(srv->rnode);
@@ -1682,6 +1693,7 @@ void rps__cp_fini(struct rps__server *srv)
 {
 	uint32_t p;
 
+	rps__ck_fini(srv);
 	for (p = 0; p < RPS__SMAP_MAX_PART; p++)
 		blob_free(&srv->parts[p]);
 	rps__rnode_close(srv->rnode);

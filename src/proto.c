@@ -41,6 +41,8 @@ static const struct {
 	[RPS__MSG_STATUS_REP] = { "STATUS_REP", VAR, sizeof(struct rps__status_rep) },
 	[RPS__MSG_ADMIN] = { "ADMIN", sizeof(struct rps__admin) },
 	[RPS__MSG_ADMIN_REP] = { "ADMIN_REP", sizeof(struct rps__admin_rep) },
+	[RPS__MSG_CKPT] = { "CKPT", VAR, sizeof(struct rps__ckpt_req) },
+	[RPS__MSG_CKPT_REP] = { "CKPT_REP", VAR, sizeof(struct rps__ckpt_rep) },
 };
 
 long rps__msg_body_size(unsigned type)
@@ -115,6 +117,19 @@ int rps__msg_check(const void *buf, size_t len)
 		const struct rps__admin *a = (const void *)((const char *)buf + sizeof(h));
 		if (!memchr(a->uri, '\0', sizeof(a->uri)))
 			return rps__seterr(-EBADMSG, "malformed ADMIN message: uri not terminated");
+	}
+	if (h.type == RPS__MSG_CKPT && len > sizeof(h)) {
+		const struct rps__ckpt_req *c = (const void *)((const char *)buf + sizeof(h));
+		if (!memchr(c->path, '\0', sizeof(c->path)) ||
+		    (uint64_t)c->ntargets * sizeof(struct rps__ckpt_target) != len - sizeof(h) - sizeof(*c))
+			return rps__seterr(-EBADMSG, "malformed CKPT message: path not terminated or %u targets do not fit",
+					   c->ntargets);
+	}
+	if (h.type == RPS__MSG_CKPT_REP && len > sizeof(h)) {
+		const struct rps__ckpt_rep *c = (const void *)((const char *)buf + sizeof(h));
+		if (!memchr(c->msg, '\0', sizeof(c->msg)) ||
+		    (uint64_t)c->ntargets * sizeof(struct rps__ckpt_target) != len - sizeof(h) - sizeof(*c))
+			return rps__seterr(-EBADMSG, "malformed CKPT_REP message");
 	}
 	if (h.type == RPS__MSG_ADMIN_REP && len > sizeof(h)) {
 		const struct rps__admin_rep *a = (const void *)((const char *)buf + sizeof(h));

@@ -51,6 +51,8 @@ enum rps__msg_type {
 	RPS__MSG_STATUS_REP,	/* struct rps__status_rep + encoded map (variable) */
 	RPS__MSG_ADMIN,		/* struct rps__admin */
 	RPS__MSG_ADMIN_REP,	/* struct rps__admin_rep */
+	RPS__MSG_CKPT,		/* struct rps__ckpt_req + targets (variable); to every server */
+	RPS__MSG_CKPT_REP,	/* struct rps__ckpt_rep + targets (variable) */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -178,6 +180,39 @@ struct rps__push_ack {
 	uint32_t shard;
 	uint64_t version;	/* the shard's version after this push was taken */
 	uint64_t lock;		/* async/bounded: the lock word the push ran under */
+};
+
+/* Checkpoints (psctl checkpoint / restore), to every server. */
+enum rps__ckpt_op {
+	RPS__CKPT_PREPARE = 1,	/* hold sync tensors at their current step; reply: tensor -> step */
+	RPS__CKPT_TAKE = 2,	/* bring sync tensors to the targets, copy, release; a thread writes */
+	RPS__CKPT_ABORT = 3,	/* release a hold */
+	RPS__CKPT_RESTORE = 4,	/* install what the files of path hold for partitions served here */
+	RPS__CKPT_FINISH = 5,	/* answer once the file of the last TAKE is written */
+};
+
+struct rps__ckpt_target {
+	char name[RPS__NAME_MAX];
+	uint64_t step;
+};
+
+struct rps__ckpt_req {
+	uint32_t op;		/* enum rps__ckpt_op */
+	uint32_t ntargets;	/* TAKE: targets that follow */
+	uint64_t ckpt_id;
+	uint32_t timeout_ms;	/* PREPARE: release the hold by itself after this (0: 30 s) */
+	uint32_t level;		/* igzip level 0..3 */
+	char path[256];		/* directory of the checkpoint's files */
+};
+
+struct rps__ckpt_rep {
+	uint64_t pause_ns;	/* TAKE: from the hold to the end of the copy */
+	uint64_t bytes;		/* TAKE: file size; RESTORE: bytes read */
+	uint64_t raw_bytes;	/* TAKE: parameters + state copied */
+	uint32_t nshards;	/* TAKE: shards written; RESTORE: shards installed here */
+	uint32_t ntargets;	/* PREPARE: targets that follow (tensor -> this server's step) */
+	uint64_t seen_shards;	/* RESTORE: shards in all the files */
+	char msg[256];		/* failure: one line */
 };
 
 /* Bytes of the registered buffer holding a server's encoded shard map. */

@@ -68,6 +68,9 @@ static void usage(FILE *f)
 "  remove-server ID            move member ID's partitions to the others, take\n"
 "                              leadership away from it, remove it\n"
 "  transfer-leader [ID]        make ID (default: the server's choice) the leader\n"
+"  checkpoint DIR              write a consistent checkpoint of every tensor to\n"
+"                              DIR (a directory every server can write)\n"
+"  restore DIR                 load the checkpoint in DIR into the servers\n"
 "\n"
 "Options:\n"
 "  -s, --servers LIST   servers to ask first, tcp://HOST:PORT or verbs://ADDR:PORT,\n"
@@ -939,6 +942,201 @@ static int cmd_remove_server(uint64_t id)
 	return 0;
 }
 
+/* ---- checkpoint / restore --------------------------------------------------- */
+
+struct ck_member {
+	uint64_t id;
+	struct rps__uri uri;
+	struct rps__ctl *ctl;
+	uint32_t nshards;	/* checkpoint: what TAKE said */
+	uint64_t pause_ns;
+	uint64_t raw;
+};
+
+/* Every member of the map, each with its own admin channel. */
+static int ck_members(struct ck_member *m, uint32_t *n)
+{
+	struct rps__status_rep st;
+	struct rps__smap map;
+	struct rps__uri from;
+	uint32_t i;
+	int ret;
+
+	ret = query_any(&from, &st, &map);
+	if (ret)
+		return ret;
+	for (i = 0; i < map.nmembers; i++) {
+		bool cached;
+		m[i].id = map.members[i].id;
+		if (rps__uri_parse(map.members[i].uri, &m[i].uri))
+			return rps__seterr(-EINVAL, "member %llu: bad address %s", (unsigned long long)m[i].id,
+					   map.members[i].uri);
+		ret = conn_get(&m[i].uri, &m[i].ctl, &cached);
+		if (ret)
+			return rps__preerr(ret, "member %llu: every member takes part in a checkpoint",
+					   (unsigned long long)m[i].id);
+	}
+	*n = map.nmembers;
+	return 0;
+}
+
+static char ckbuf[RPS__BIG_MSG_MAX];
+
+/* One CKPT request; the reply (fixed part + targets) is left in ckbuf. */
+static int ck_call(struct ck_member *m, const struct rps__ckpt_req *req, const struct rps__ckpt_target *t,
+		   uint32_t nt, struct rps__ckpt_rep **rep)
+{
+	static char out[RPS__BIG_MSG_MAX];
+	size_t len = sizeof(*req) + (size_t)nt * sizeof(*t), rlen = 0;
+	int32_t status = 0;
+	int ret;
+
+	if (len + sizeof(struct rps__msg_hdr) > sizeof(out))
+		return rps__seterr(-E2BIG, "too many sync tensors for one request");
+	memcpy(out, req, sizeof(*req));
+	((struct rps__ckpt_req *)out)->ntargets = nt;
+	if (nt)
+		memcpy(out + sizeof(*req), t, (size_t)nt * sizeof(*t));
+	ret = rps__ctl_call(m->ctl, RPS__MSG_CKPT, out, len, ckbuf, sizeof(ckbuf), &rlen, &status, g.rpc_ms + g.timeout_ms);
+	if (ret)
+		return ret;
+	*rep = (struct rps__ckpt_rep *)ckbuf;
+	if (status) {
+		if (rlen >= sizeof(**rep) && (*rep)->msg[0])
+			return rps__seterr(status, "member %llu: %s", (unsigned long long)m->id, (*rep)->msg);
+		return rps__seterr(status, "member %llu: %s", (unsigned long long)m->id, errtext(status));
+	}
+	if (rlen < sizeof(**rep))
+		return rps__seterr(-EBADMSG, "member %llu: short checkpoint reply", (unsigned long long)m->id);
+	return 0;
+}
+
+static int cmd_checkpoint(const char *dir)
+{
+	static struct ck_member m[RPS__SMAP_MAX_MEMBERS];
+	static struct rps__ckpt_target tg[4096];
+	struct rps__ckpt_req req;
+	struct rps__ckpt_rep *rep;
+	uint64_t bytes = 0, raw = 0, pause_max = 0;
+	uint32_t n = 0, i, k, nt = 0, shards = 0;
+	struct timespec ts;
+	int ret;
+
+	ret = ck_members(m, &n);
+	if (ret)
+		return fail_err();
+	clock_gettime(CLOCK_REALTIME, &ts);
+	memset(&req, 0, sizeof(req));
+	req.ckpt_id = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	req.level = 1;
+	req.timeout_ms = (uint32_t)g.timeout_ms;
+	if (strlen(dir) >= sizeof(req.path))
+		return fail("checkpoint directory '%s': at most %zu characters", dir, sizeof(req.path) - 1);
+	snprintf(req.path, sizeof(req.path), "%s", dir);
+	/* 1. every server holds its sync tensors and says where they are */
+	req.op = RPS__CKPT_PREPARE;
+	for (i = 0; i < n && !ret; i++) {
+		const struct rps__ckpt_target *got;
+		ret = ck_call(&m[i], &req, NULL, 0, &rep);
+		if (ret)
+			break;
+		got = (const void *)(ckbuf + sizeof(*rep));
+		for (k = 0; k < rep->ntargets; k++) {
+			uint32_t j;
+			for (j = 0; j < nt && strcmp(tg[j].name, got[k].name); j++)
+				;
+			if (j == nt) {
+				if (nt == RPS__ARRAY_SIZE(tg)) {
+					ret = rps__seterr(-E2BIG, "more than %zu sync tensors", RPS__ARRAY_SIZE(tg));
+					break;
+				}
+				tg[nt++] = got[k];
+			} else if (got[k].step > tg[j].step) {
+				tg[j].step = got[k].step;
+			}
+		}
+	}
+	/* 2. every sync tensor to the highest step any shard reached, copy
+	 * (each server answers once its copy is done: the pause is over) */
+	if (!ret) {
+		req.op = RPS__CKPT_TAKE;
+		for (i = 0; i < n && !ret; i++) {
+			ret = ck_call(&m[i], &req, tg, nt, &rep);
+			if (ret)
+				break;
+			m[i].nshards = rep->nshards;
+			m[i].pause_ns = rep->pause_ns;
+			m[i].raw = rep->raw_bytes;
+		}
+	}
+	/* 3. the files, written meanwhile by the servers' threads */
+	if (!ret) {
+		req.op = RPS__CKPT_FINISH;
+		for (i = 0; i < n && !ret; i++) {
+			ret = ck_call(&m[i], &req, NULL, 0, &rep);
+			if (ret)
+				break;
+			bytes += rep->bytes;
+			raw += m[i].raw;
+			shards += m[i].nshards;
+			pause_max = RPS__MAX(pause_max, m[i].pause_ns);
+			printf("member %llu: %u shards, %llu bytes (%.1f%% of %llu), training paused %.3f ms\n",
+			       (unsigned long long)m[i].id, m[i].nshards, (unsigned long long)rep->bytes,
+			       m[i].raw ? 100.0 * (double)rep->bytes / (double)m[i].raw : 0.0,
+			       (unsigned long long)m[i].raw, (double)m[i].pause_ns / 1e6);
+		}
+	}
+	if (ret) {
+		char msg[512];
+		snprintf(msg, sizeof(msg), "%s", rps__errbuf());
+		req.op = RPS__CKPT_ABORT;
+		for (i = 0; i < n; i++)
+			ck_call(&m[i], &req, NULL, 0, &rep);
+		return fail("checkpoint %s: %s", dir, msg);
+	}
+	printf("checkpoint %s: %u shards of %u sync tensor(s) at", dir, shards, nt);
+	for (k = 0; k < nt; k++)
+		printf(" %s@%llu", tg[k].name, (unsigned long long)tg[k].step);
+	printf("%s; %llu bytes written for %llu bytes of state; longest pause %.3f ms\n", nt ? "" : " -",
+	       (unsigned long long)bytes, (unsigned long long)raw, (double)pause_max / 1e6);
+	return 0;
+}
+
+static int cmd_restore(const char *dir)
+{
+	static struct ck_member m[RPS__SMAP_MAX_MEMBERS];
+	struct rps__ckpt_req req;
+	struct rps__ckpt_rep *rep;
+	uint64_t seen = 0, total = 0;
+	uint32_t n = 0, i;
+	int ret;
+
+	ret = ck_members(m, &n);
+	if (ret)
+		return fail_err();
+	memset(&req, 0, sizeof(req));
+	req.op = RPS__CKPT_RESTORE;
+	if (strlen(dir) >= sizeof(req.path))
+		return fail("checkpoint directory '%s': at most %zu characters", dir, sizeof(req.path) - 1);
+	snprintf(req.path, sizeof(req.path), "%s", dir);
+	for (i = 0; i < n; i++) {
+		ret = ck_call(&m[i], &req, NULL, 0, &rep);
+		if (ret)
+			return fail("restore %s: %s", dir, rps__errbuf());
+		if (i && rep->seen_shards != seen)
+			return fail("restore %s: members read different checkpoints (%llu and %llu shards): is DIR the same place for every server?",
+				    dir, (unsigned long long)seen, (unsigned long long)rep->seen_shards);
+		seen = rep->seen_shards;
+		total += rep->nshards;
+		printf("member %llu: %u shards installed\n", (unsigned long long)m[i].id, rep->nshards);
+	}
+	if (total != seen)
+		return fail("restore %s: %llu of the checkpoint's %llu shards installed: a partition without a serving owner (a move in progress?)",
+			    dir, (unsigned long long)total, (unsigned long long)seen);
+	printf("restore %s: all %llu shards installed\n", dir, (unsigned long long)seen);
+	return 0;
+}
+
 static int cmd_transfer_leader(uint64_t to)
 {
 	static struct leader L;
@@ -1037,7 +1235,8 @@ int main(int argc, char **argv)
 		nargs = n;
 	}
 	if (strcmp(cmd, "status") && strcmp(cmd, "move") && strcmp(cmd, "add-server") &&
-	    strcmp(cmd, "remove-server") && strcmp(cmd, "transfer-leader"))
+	    strcmp(cmd, "remove-server") && strcmp(cmd, "transfer-leader") && strcmp(cmd, "checkpoint") &&
+	    strcmp(cmd, "restore"))
 		die_usage("unknown command '%s'", cmd);
 	if (g.no_rebalance && strcmp(cmd, "add-server"))
 		die_usage("--no-rebalance goes with add-server");
@@ -1050,6 +1249,8 @@ int main(int argc, char **argv)
 			{ "add-server", 2, 2, " ID URI [--no-rebalance]" },
 			{ "remove-server", 1, 1, " ID" },
 			{ "transfer-leader", 0, 1, " [ID]" },
+			{ "checkpoint", 1, 1, " DIR" },
+			{ "restore", 1, 1, " DIR" },
 		};
 		size_t i;
 		for (i = 0; i < RPS__ARRAY_SIZE(shapes); i++)
@@ -1088,6 +1289,10 @@ int main(int argc, char **argv)
 		ret = cmd_add_server(id, args[1]);
 	else if (!strcmp(cmd, "remove-server"))
 		ret = cmd_remove_server(id);
+	else if (!strcmp(cmd, "checkpoint"))
+		ret = cmd_checkpoint(args[0]);
+	else if (!strcmp(cmd, "restore"))
+		ret = cmd_restore(args[0]);
 	else
 		ret = cmd_transfer_leader(id);
 	conns_close();

@@ -57,6 +57,7 @@ static void usage(FILE *f)
 		"      --tick-ms MS          Raft tick (default 50)\n"
 		"      --election-ticks N    ticks without a leader before an election (default 10)\n"
 		"      --move-timeout-ms MS  abort a partition move not installed by then (default 30000)\n"
+		"      --restore DIR         load the checkpoint in DIR (psctl checkpoint) before serving\n"
 		"  -p, --port-file PATH      write the listening port here once ready\n"
 		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
 		"  -h, --help                this text\n"
@@ -129,13 +130,14 @@ int main(int argc, char **argv)
 		{ "tick-ms", required_argument, NULL, 13 },
 		{ "election-ticks", required_argument, NULL, 14 },
 		{ "move-timeout-ms", required_argument, NULL, 15 },
+		{ "restore", required_argument, NULL, 16 },
 		{ "log-level", required_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct rps__server_config cfg;
-	const char *port_file = NULL;
+	const char *port_file = NULL, *restore_dir = NULL;
 	int show_topology = 0;
 	struct sigaction sa;
 	char uri[300];
@@ -205,6 +207,9 @@ int main(int argc, char **argv)
 		case 15:
 			if (parse_uint(optarg, "--move-timeout-ms", &cfg.move_timeout_ms))
 				return 2;
+			break;
+		case 16:
+			restore_dir = optarg;
 			break;
 		case 'i':
 			if (parse_uint(optarg, "--index", &u))
@@ -304,6 +309,16 @@ int main(int argc, char **argv)
 	if (ret) {
 		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
 		return 1;
+	}
+	if (restore_dir) {
+		uint32_t installed;
+		uint64_t seen, bytes;
+		ret = rps__ck_restore(the_server, restore_dir, &installed, &seen, &bytes);
+		if (ret) {
+			fprintf(stderr, "rdmapsd: --restore %s: %s\n", restore_dir, rps__errbuf());
+			rps__server_destroy(the_server);
+			return 1;
+		}
 	}
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;

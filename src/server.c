@@ -234,6 +234,8 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
 
 	if (clock < s->step || (clock == s->step && rank < s->next_rank))
 		return -EALREADY;
+	if (clock >= t->hold_limit)
+		return -EAGAIN;		/* a checkpoint holds the tensor at this step */
 	if (!s->ready || clock > s->step || rank != s->next_rank)
 		return -EAGAIN;
 	if (s->next_rank == 0)
@@ -691,6 +693,7 @@ int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct 
 		t->shards[i].part = rps__shard_server(&t->layout, i);
 		t->shards[i].elems = rps__shard_elems(&t->layout, i);
 	}
+	t->hold_limit = UINT64_MAX;
 	t->id = srv->ntensors;
 	srv->tensors[srv->ntensors++] = t;
 	*out = t;

@@ -113,6 +113,7 @@ struct tensor {
 	size_t stride;
 	struct shard *shards;		/* every shard of the tensor, hdr NULL if not here */
 	struct region *regions;		/* per partition */
+	uint64_t hold_limit;		/* sync, checkpoint: no step is applied past this */
 };
 
 enum conn_role_kind { CONN_WORKER = 1, CONN_PEER = 2, CONN_ADMIN = 3 };
@@ -251,7 +252,19 @@ struct rps__server {
 	uint64_t read_ctx;
 	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
 	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
+	struct ckpt_state *ckpt;	/* ckpt_srv.c */
 };
+
+/* ckpt_srv.c: checkpoints and restores */
+void rps__ck_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			const void *body, uint32_t body_len);
+void rps__ck_timers(struct rps__server *srv, uint64_t now);
+void rps__ck_conn_gone(struct rps__server *srv, struct conn *c);
+/* Install what the checkpoint in dir holds for the partitions served here.
+ * *installed / *seen: shards installed here / shards in all the files. */
+int rps__ck_restore(struct rps__server *srv, const char *dir, uint32_t *installed, uint64_t *seen,
+		    uint64_t *bytes);
+void rps__ck_fini(struct rps__server *srv);
 
 /* Test hook (rdmapsd with RPS_FAULT=isolate-signals): SIGUSR1 cuts this
  * server off from its peers (connections dropped, none accepted or made,

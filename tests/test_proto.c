@@ -41,6 +41,24 @@ static void test_roundtrip_every_type(void)
 			memcpy(body + offsetof(struct rps__admin, uri), "tcp://x:1", 10);
 		if (type == RPS__MSG_ADMIN_REP)
 			body[offsetof(struct rps__admin_rep, msg)] = 0;
+		if (type == RPS__MSG_CKPT) {
+			struct rps__ckpt_req c = { .ntargets = 1 };
+			memcpy(body, &c, sizeof(c));
+			n = sizeof(c) + sizeof(struct rps__ckpt_target);
+			len = rps__msg_build(buf, type, 0x1122334455667788ull, 0, body, (size_t)n);
+			CU_ASSERT_EQUAL(rps__msg_check(buf, len), 0);
+			CU_ASSERT_EQUAL(rps__msg_check(buf, len - 1), -EBADMSG);
+			continue;
+		}
+		if (type == RPS__MSG_CKPT_REP) {
+			struct rps__ckpt_rep c = { .ntargets = 2 };
+			memcpy(body, &c, sizeof(c));
+			n = sizeof(c) + 2 * sizeof(struct rps__ckpt_target);
+			len = rps__msg_build(buf, type, 0x1122334455667788ull, 0, body, (size_t)n);
+			CU_ASSERT_EQUAL(rps__msg_check(buf, len), 0);
+			CU_ASSERT_EQUAL(rps__msg_check(buf, len + sizeof(struct rps__ckpt_target)), -EBADMSG);
+			continue;
+		}
 		if (type == RPS__MSG_CREATE)
 			memcpy(body, "name", 5);
 		if (type == RPS__MSG_HELLO || type == RPS__MSG_HELLO_REP) {
