@@ -1722,6 +1722,259 @@ static void test_teardown(void)
 	fprintf(stderr, "[%.2f s] ", now_s() - t_test);
 }
 
+
+/* ---- checkpoint and restore ---------------------------------------------------- */
+
+static int copy_dir(const char *from, const char *to)
+{
+	char cmd[1024];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+	return system(cmd);
+}
+
+/* Flip one byte in the middle (or cut the end off) of the first member file. */
+static int damage(const char *dir, bool truncate_it)
+{
+	char cmd[1024];
+
+	if (truncate_it)
+		snprintf(cmd, sizeof(cmd), "f=$(ls '%s'/member-*.rpsck | head -1) && truncate -s -7 \"$f\"", dir);
+	else
+		snprintf(cmd, sizeof(cmd),
+			 "f=$(ls '%s'/member-*.rpsck | head -1) && n=$(stat -c %%s \"$f\") && "
+			 "printf '\\377' | dd of=\"$f\" bs=1 seek=$((n / 2)) conv=notrunc status=none", dir);
+	return system(cmd);
+}
+
+/* A cluster of n servers, the checkpoint in dir restored into it, the
+ * tensor pulled: every element want, version want_version. */
+static void restore_into(int n, const char *dir, const char *name, float want, uint64_t want_version)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	char pout[4096] = "", perr[2048] = "";
+	struct mstatus lead;
+	int rc;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, n, &o), 0);
+	clu_up = true;
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", dir);
+	if (rc)
+		fprintf(stderr, "psctl restore: %s%s", pout, perr);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(strstr(pout, "shards installed") != NULL);
+	check_tensor(clu.servers, name, want, want_version);
+	stop_all(&clu);
+}
+
+static void test_checkpoint_restore(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	struct train_arg a = { .name = "ckpt-sync", .mode = RPS_MODE_SYNC, .check_every = 10 };
+	char pout[4096] = "", perr[2048] = "", dir[256], bad[300], *at;
+	struct mstatus lead;
+	unsigned long long cut = 0;
+	int rc, steps;
+
+	snprintf(dir, sizeof(dir), "/tmp/it_control_ckpt.%d", (int)getpid());
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+	start_training(&clu, &trainers, &a, NULL);
+	wait_progress(&trainers, 30);
+	/* the checkpoint, taken while the workers train */
+	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "checkpoint %s", dir);
+	if (rc)
+		fprintf(stderr, "psctl checkpoint: %s%s", pout, perr);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	at = strstr(pout, "ckpt-sync@");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+	cut = strtoull(at + strlen("ckpt-sync@"), NULL, 10);
+	CU_ASSERT(strstr(pout, "longest pause") != NULL);
+	CU_ASSERT(strstr(pout, "member 3:") != NULL);
+	wait_progress(&trainers, (int)cut + 20);	/* training went on */
+	steps = finish_workers(&trainers, &a);
+	check_trained(clu.servers, &a, steps);
+	CU_ASSERT(cut >= 30 && cut < (unsigned long long)steps);
+	stop_all(&clu);
+	fprintf(stderr, "[cut at step %llu] ", cut);
+
+	/* the same step on every shard, onto fewer and onto more servers */
+	restore_into(2, dir, a.name, (float)cut * step_sum(&a), cut);
+	restore_into(4, dir, a.name, (float)cut * step_sum(&a), cut);
+	/* and by rdmapsd --restore at start-up */
+	{
+		char args[512];
+		struct it_server_opts ro = { .extra_args = args, .data_dir = 1 };
+		snprintf(args, sizeof(args), "%s --restore %s", FAST_ARGS, dir);
+		CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 3, &ro), 0);
+		clu_up = true;
+		CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+		check_tensor(clu.servers, a.name, (float)cut * step_sum(&a), cut);
+		stop_all(&clu);
+	}
+
+	/* a flipped byte and a cut-off end are refused, with the file named */
+	snprintf(bad, sizeof(bad), "%s.bad", dir);
+	CU_ASSERT_EQUAL_FATAL(copy_dir(dir, bad), 0);
+	CU_ASSERT_EQUAL_FATAL(damage(bad, false), 0);
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 2, &o), 0);
+	clu_up = true;
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", bad);
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(perr, ".rpsck") != NULL);
+	CU_ASSERT(one_line(perr));
+	CU_ASSERT_EQUAL_FATAL(copy_dir(dir, bad), 0);
+	CU_ASSERT_EQUAL_FATAL(damage(bad, true), 0);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", bad);
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(perr, ".rpsck") != NULL);
+	stop_all(&clu);
+	{
+		char cmd[700];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", dir, bad);
+		CU_ASSERT_EQUAL(system(cmd), 0);
+	}
+}
+
+
+/* One worker, async Adam: steps [from, to) of a fixed gradient sequence,
+ * then the pulled parameters.  Deterministic (one pusher), so two clusters
+ * that start from the same state end bit-identical. */
+struct adam_arg {
+	const char *name;
+	int from, to;
+};
+
+static int adam_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct adam_arg *a = arg;
+	float *g = malloc(COUNT * sizeof(float)), *p = malloc(COUNT * sizeof(float));
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint64_t version = 0, i;
+	int s, ret;
+
+	(void)rank;
+	(void)nworkers;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = 20000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_ADAM;
+	o.lr = 0.01f;
+	if ((ret = rps_tensor_create(cl, a->name, &o, &t)))
+		return fail("create", ret);
+	for (s = a->from; s < a->to; s++) {
+		for (i = 0; i < COUNT; i++)
+			g[i] = (float)((int)((i * 2654435761u + (uint64_t)s * 40503u) % 2001u) - 1000) / 1000.0f;
+		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+			return fail("push", ret);
+	}
+	if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
+		return fail("pull", ret);
+	it_write_all(out_fd, &version, sizeof(version));
+	it_write_all(out_fd, p, COUNT * sizeof(float));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	return 0;
+}
+
+static void adam_run(const char *servers, int from, int to, uint64_t *version, float *p)
+{
+	struct adam_arg a = { .name = "ckpt-adam", .from = from, .to = to };
+	struct it_workers w;
+	int ok;
+
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, adam_worker, servers, &a, -1, NULL), 0);
+	ok = it_worker_read(&w, 0, version, sizeof(*version)) == 0 &&
+	     it_worker_read(&w, 0, p, COUNT * sizeof(float)) == 0;
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_FATAL(ok);
+}
+
+/* Parameters, versions and Adam's moments come back exactly: ten more steps
+ * on the restored cluster give bit-identical parameters to ten more steps on
+ * the original one. */
+static void test_checkpoint_adam_exact(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	float *want = malloc(COUNT * sizeof(float)), *got = malloc(COUNT * sizeof(float));
+	char pout[4096] = "", perr[2048] = "", dir[256], cmd[600];
+	uint64_t v1 = 0, v2 = 0;
+	struct mstatus lead;
+	int rc;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(want);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(got);
+	snprintf(dir, sizeof(dir), "/tmp/it_control_adam.%d", (int)getpid());
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+	adam_run(clu.servers, 0, 20, &v1, want);
+	CU_ASSERT_EQUAL(v1, 20u);
+	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "checkpoint %s", dir);
+	if (rc)
+		fprintf(stderr, "psctl checkpoint: %s%s", pout, perr);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	adam_run(clu.servers, 20, 30, &v1, want);
+	CU_ASSERT_EQUAL(v1, 30u);
+	stop_all(&clu);
+	/* onto 2 servers: the same ten steps from the checkpoint */
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 2, &o), 0);
+	clu_up = true;
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", dir);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	adam_run(clu.servers, 20, 30, &v2, got);
+	CU_ASSERT_EQUAL(v2, 30u);
+	CU_ASSERT_EQUAL(memcmp(want, got, COUNT * sizeof(float)), 0);
+	stop_all(&clu);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	CU_ASSERT_EQUAL(system(cmd), 0);
+	free(want);
+	free(got);
+}
+
+
+/* A partition image damaged on its way (RPS_FAULT=corrupt-migration flips a
+ * bit after the crc) is refused by the destination; the move is aborted and
+ * the old owner serves the partition again, nothing lost. */
+static void test_move_corrupted_refused(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS " --move-timeout-ms 2000", .data_dir = 1,
+				    .env = "RPS_FAULT=corrupt-migration" };
+	float *before = malloc(COUNT * sizeof(float)), *after = malloc(COUNT * sizeof(float));
+	char pout[4096] = "", perr[2048] = "";
+	struct mstatus lead;
+	uint64_t v1 = 0, v2 = 0;
+	int rc;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(before);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(after);
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+	adam_run(clu.servers, 0, 5, &v1, before);
+	/* partition 0 belongs to member 1 at bootstrap */
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "move 0 2");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(perr, "aborted") != NULL);
+	adam_run(clu.servers, 5, 5, &v2, after);
+	CU_ASSERT_EQUAL(v2, v1);
+	CU_ASSERT_EQUAL(memcmp(before, after, COUNT * sizeof(float)), 0);
+	stop_all(&clu);
+	free(before);
+	free(after);
+}
+
 /* RPS_IT_ONLY=text runs only the tests whose names contain it. */
 static void add_test(CU_pSuite s, const char *name, CU_TestFunc fn)
 {
@@ -1770,6 +2023,12 @@ int main(void)
 	add_test(s, "psctl finds the leader past a server cut off from the group", test_psctl_past_isolated);
 	add_test(s, "transfer-leader", test_transfer_leader);
 	add_test(s, "bad input: clear errors, exit 1 or 2, malformed ADMIN dropped", test_bad_input);
+	add_test(s, "checkpoint during sync training; restore onto fewer and more servers; damage refused",
+		 test_checkpoint_restore);
+	add_test(s, "checkpoint: parameters, versions and Adam state restored bit-identical",
+		 test_checkpoint_adam_exact);
+	add_test(s, "a partition image corrupted in flight is refused, the move aborted, nothing lost",
+		 test_move_corrupted_refused);
 	CU_basic_set_mode(CU_BRM_VERBOSE);
 	CU_basic_run_tests();
 	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
