@@ -15,7 +15,9 @@
  * rps__agg_add, against memcpy of the same bytes), commit (one Raft log
  * entry: ADMIN NOP to the leader of a 3-server group with data dirs,
  * against the STATUS round trip on the same admin connection; its own
- * cluster, started after the other tests' one is gone).
+ * cluster, started after the other tests' one is gone), crc and igzip (the
+ * checkpoint file's kernels: ISA-L CRC-32C and level-1 raw deflate of fp32
+ * parameter-like data and of zeros, against memcpy, in-process).
  *
  * How figures are taken: latency columns come from blocking calls timed one
  * by one with CLOCK_MONOTONIC after the warm-up, every worker at once, the
@@ -46,6 +48,8 @@
 #include <ftw.h>
 #include <getopt.h>
 #include <ifaddrs.h>
+#include <isa-l/crc.h>
+#include <isa-l/igzip_lib.h>
 #include <limits.h>
 #include <math.h>
 #include <netdb.h>
@@ -82,11 +86,19 @@
 
 /* ---- options -------------------------------------------------------------- */
 
-enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_NTESTS };
-static const char *const test_names[T_NTESTS] = { "push", "pull", "pushpull", "lock", "agg", "commit" };
-/* all = the data-plane tests; commit (a cluster of its own) only when named */
+enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_CRC, T_IGZIP, T_NTESTS };
+static const char *const test_names[T_NTESTS] = { "push", "pull", "pushpull", "lock", "agg", "commit", "crc",
+						  "igzip" };
+/* all = the data-plane tests; commit (a cluster of its own), crc and igzip
+ * (checkpoint kernels, in-process) only when named */
 #define DEFAULT_TESTS ((1u << T_COMMIT) - 1)
 #define COMMIT_SERVERS 3		/* commit test, local mode: a Raft group of three */
+
+/* Tests measured in-process, without a cluster: agg, crc, igzip. */
+static bool in_process(enum test_id t)
+{
+	return t == T_AGG || t == T_CRC || t == T_IGZIP;
+}
 
 enum role { ROLE_LOCAL, ROLE_SERVER, ROLE_WORKER };
 
@@ -170,7 +182,9 @@ struct row {
 	enum test_id test;
 	size_t bytes;		/* the row's --size (gradient bytes) */
 	double moved;		/* payload bytes one operation moves */
-	char label[32];		/* lock / agg / commit rows */
+	char label[32];		/* lock / agg / commit / igzip rows */
+	bool zeros;		/* igzip: of zeros, not parameter-like floats */
+	double ratio;		/* igzip: input bytes / deflated bytes */
 	int workers;		/* workers doing the operation at once */
 	bool lock_alone;
 	bool lock_release;	/* the release half of a lock pair */
@@ -403,7 +417,8 @@ static void usage(FILE *f)
 "\n"
 "Tests:\n"
 "  -t, --test LIST        comma-separated: push, pull, pushpull, lock, agg, commit,\n"
-"                         or all (default all: every test but commit).  push:\n"
+"                         crc, igzip, or all (default all: every test but commit,\n"
+"                         crc and igzip).  push:\n"
 "                         rps_push of the gradient; pull: rps_pull of the\n"
 "                         parameters; pushpull: one training step\n"
 "                         (push then pull); lock: rps__tensor_lock + unlock of one\n"
@@ -415,7 +430,13 @@ static void usage(FILE *f)
 "                         against the STATUS round trip on the same admin\n"
 "                         connection.  Local mode: a cluster of its own, 3 servers\n"
 "                         (or --servers N) with data dirs in $TMPDIR or /tmp,\n"
-"                         removed after; --connect: that cluster's leader\n"
+"                         removed after; --connect: that cluster's leader.\n"
+"                         crc: CRC-32C (ISA-L crc32_iscsi) of fp32 parameter-like\n"
+"                         data vs memcpy of the same bytes; igzip: ISA-L raw\n"
+"                         deflate, level 1, of fp32 parameter-like data (small\n"
+"                         normal-ish floats) and of zeros, vs memcpy, with the\n"
+"                         compression ratio (in-process, one thread: what a\n"
+"                         checkpoint costs per byte)\n"
 "  -s, --size BYTES       one size (K, M suffixes: 4K, 1M; at most 64M)\n"
 "  -S, --sweep MIN:MAX[:F]  every power of two from MIN to MAX, multiplying by F\n"
 "                         (a power of two, default 2); default 4:1M:8\n"
@@ -573,7 +594,8 @@ static unsigned parse_tests(const char *s)
 			if (!strcasecmp(tok, test_names[i]))
 				break;
 		if (i == T_NTESTS)
-			die_usage("--test: unknown test '%s' (push, pull, pushpull, lock, agg, commit, all)", tok);
+			die_usage("--test: unknown test '%s' (push, pull, pushpull, lock, agg, commit, crc, igzip,"
+				  " all)", tok);
 		mask |= 1u << i;
 	}
 	if (!mask)
@@ -1061,6 +1083,18 @@ static void plan_rows(struct run *r)
 		for (i = 0; i < r->nsizes; i++) {
 			struct row *row = plan_add(r, (enum test_id)t, r->sizes[i]);
 			row->moved = t == T_AGG ? (double)r->sizes[i] * r->W : moved_bytes(o, (enum test_id)t, r->sizes[i]);
+			if (t == T_CRC || t == T_IGZIP) {
+				row->workers = 1;
+				row->moved = (double)r->sizes[i];
+			}
+			if (t == T_IGZIP) {
+				snprintf(row->label, sizeof(row->label), "%zu fp32", r->sizes[i]);
+				row = plan_add(r, T_IGZIP, r->sizes[i]);
+				row->workers = 1;
+				row->moved = (double)r->sizes[i];
+				row->zeros = true;
+				snprintf(row->label, sizeof(row->label), "%zu zeros", r->sizes[i]);
+			}
 		}
 	}
 }
@@ -1509,7 +1543,7 @@ static void *worker_main(void *arg)
 	if (!worker_setup(w)) {
 		for (ri = 0; ri < r->nrows && !w->status; ri++) {
 			const struct row *row = &r->rows[ri];
-			if (row->test == T_AGG || row->test == T_COMMIT)
+			if (in_process(row->test) || row->test == T_COMMIT)
 				continue;
 			if (row->test == T_LOCK) {
 				run_lock_rows(w, (long)ri);
@@ -1533,7 +1567,7 @@ static void workers_merge(struct run *r, struct worker *ws, int n)
 
 	for (ri = 0; ri < r->nrows; ri++) {
 		struct row *row = &r->rows[ri];
-		if (row->test == T_AGG || row->test == T_COMMIT)
+		if (in_process(row->test) || row->test == T_COMMIT)
 			continue;
 		for (i = 0; i < n; i++) {
 			pass_merge(&row->lat, &ws[i].lat[ri]);
@@ -1747,7 +1781,7 @@ static bool plan_has_cluster_rows(const struct run *r)
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++)
-		if (r->rows[i].test != T_AGG && r->rows[i].test != T_COMMIT)
+		if (!in_process(r->rows[i].test) && r->rows[i].test != T_COMMIT)
 			return true;
 	return false;
 }
@@ -2221,16 +2255,137 @@ static void run_agg_row(struct run *r, struct row *row)
 	free(dst);
 }
 
+/* ---- crc, igzip: the checkpoint kernels in-process ---------------------------------------------- */
+
+/* fp32 parameter-like data: small normal-ish floats (Irwin-Hall of 4
+ * uniforms, sd about 0.02), what a trained layer's weights look like. */
+static void fill_params(float *dst, size_t n)
+{
+	uint64_t x = 0x2545f4914f6cdd1dull;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		double u = 0;
+		int k;
+
+		for (k = 0; k < 4; k++) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			u += (double)(x >> 11) / 9007199254740992.0;
+		}
+		dst[i] = (float)((u - 2.0) * 0.0346);
+	}
+}
+
+static void crc_pass(struct pass *p, const void *buf, size_t bytes, long iters)
+{
+	volatile uint32_t sink;
+	uint32_t c = 0;
+	long i;
+
+	samples_reserve(&p->s, (size_t)iters);
+	p->t0 = rps__now_ns();
+	for (i = 0; i < iters; i++) {
+		uint64_t t0 = rps__now_ns();
+		c ^= crc32_iscsi((unsigned char *)buf, (int)bytes, 0xffffffffu);
+		samples_add(&p->s, rps__now_ns() - t0);
+	}
+	p->t1 = rps__now_ns();
+	sink = c;
+	(void)sink;
+}
+
+/* Returns the deflated size of the last iteration (0: did not fit). */
+static size_t igzip_pass(struct pass *p, const void *buf, size_t bytes, uint8_t *out, size_t out_len,
+			 uint8_t *level_buf, long iters)
+{
+	size_t last = 0;
+	long i;
+
+	samples_reserve(&p->s, (size_t)iters);
+	p->t0 = rps__now_ns();
+	for (i = 0; i < iters; i++) {
+		struct isal_zstream zs;
+		uint64_t t0 = rps__now_ns();
+
+		memset(&zs, 0, sizeof(zs));
+		isal_deflate_stateless_init(&zs);
+		zs.level = 1;
+		zs.level_buf = level_buf;
+		zs.level_buf_size = ISAL_DEF_LVL1_DEFAULT;
+		zs.gzip_flag = IGZIP_DEFLATE;
+		zs.end_of_stream = 1;
+		zs.next_in = (uint8_t *)buf;
+		zs.avail_in = (uint32_t)bytes;
+		zs.next_out = out;
+		zs.avail_out = (uint32_t)out_len;
+		last = isal_deflate_stateless(&zs) == COMP_OK ? zs.total_out : 0;
+		samples_add(&p->s, rps__now_ns() - t0);
+	}
+	p->t1 = rps__now_ns();
+	return last;
+}
+
+static void run_kernel_row(struct run *r, struct row *row)
+{
+	size_t bytes = row->bytes, out_len = bytes + bytes / 8 + 4096;
+	float *src = xalloc_aligned(bytes);
+	char *dst = xalloc_aligned(bytes);
+	uint8_t *out = NULL, *level_buf = NULL;
+	struct pass warm = { { NULL, 0, 0 }, 0, 0 };
+	struct raw_result *raw;
+
+	if (row->zeros)
+		memset(src, 0, bytes);
+	else
+		fill_params(src, bytes / 4);
+	if (row->test == T_CRC) {
+		crc_pass(&warm, src, bytes, row->warmup);
+		crc_pass(&row->lat, src, bytes, row->iters);
+	} else {
+		size_t got;
+
+		out = xalloc_aligned(out_len);
+		level_buf = xalloc_aligned(ISAL_DEF_LVL1_DEFAULT);
+		igzip_pass(&warm, src, bytes, out, out_len, level_buf, row->warmup);
+		got = igzip_pass(&row->lat, src, bytes, out, out_len, level_buf, row->iters);
+		row->ratio = got ? (double)bytes / (double)got : NAN;
+	}
+	raw = raw_add(r, RAW_MEMCPY, bytes, 1, row->iters, row->iters);
+	if (!raw->st.valid) {
+		void *one[1] = { src };
+		struct pass mp = { { NULL, 0, 0 }, 0, 0 };
+
+		memcpy_pass(&mp, dst, one, 1, bytes, row->warmup);
+		samples_free(&mp.s);
+		memset(&mp, 0, sizeof(mp));
+		memcpy_pass(&mp, dst, one, 1, bytes, row->iters);
+		stats_compute(&raw->st, &mp, (double)bytes);
+		samples_free(&mp.s);
+	}
+	row->raw_lat = row->raw_bw = raw;
+	samples_free(&warm.s);
+	free(level_buf);
+	free(out);
+	free(dst);
+	free(src);
+}
+
+/* Every in-process row: agg, crc, igzip. */
 static void run_agg_rows(struct run *r)
 {
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++) {
-		if (r->rows[i].test != T_AGG)
+		if (!in_process(r->rows[i].test))
 			continue;
 		progress_set(r, (long)i, 2, r->rows[i].iters);
 		progress_print(r);
-		run_agg_row(r, &r->rows[i]);
+		if (r->rows[i].test == T_AGG)
+			run_agg_row(r, &r->rows[i]);
+		else
+			run_kernel_row(r, &r->rows[i]);
 	}
 	progress_clear(r);
 }
@@ -2934,7 +3089,7 @@ static void raw_plan_all(struct run *r)
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++) {
-		if (r->rows[i].test == T_AGG)
+		if (in_process(r->rows[i].test))
 			continue;
 		raw_plan_row(r, &r->rows[i], transport);
 		if (!transport && r->o->raw_transport)
@@ -3111,7 +3266,7 @@ static void compute_figures(struct run *r)
 			row->s_bw = row->s_lat;
 		row->x_lat = row->raw_lat && row->raw_lat->st.valid ? ratio(row->s_lat.typ, row->raw_lat->st.typ) : NAN;
 		row->x_bw = row->raw_bw && row->raw_bw->st.valid ? ratio(row->s_bw.gbs, row->raw_bw->st.gbs) : NAN;
-		if (row->test == T_AGG && row->raw_lat)
+		if (in_process(row->test) && row->raw_lat)
 			row->x_lat = ratio(row->s_lat.typ, row->raw_lat->st.typ);
 		row->x_rtt = NAN;
 	}
@@ -3129,7 +3284,7 @@ static bool show_raw(const struct run *r)
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++)
-		if (r->rows[i].test != T_AGG && (r->rows[i].raw_lat || r->rows[i].raw_bw))
+		if (!in_process(r->rows[i].test) && (r->rows[i].raw_lat || r->rows[i].raw_bw))
 			return true;
 	return false;
 }
@@ -3155,6 +3310,17 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 		printf(" agg: rps__agg_add of %d %s gradients into an fp32 accumulator (%s code path), in-process\n",
 		       r->W, rps__dtype_name(o->dtype), rps__agg_isa_name(rps__agg_best_isa()));
 		printf(" BW = gradient bytes summed per second; raw = memcpy of the same bytes\n");
+		break;
+	case T_CRC:
+		printf(" crc: CRC-32C (ISA-L crc32_iscsi, as checkpoint and log files use) of fp32\n"
+		       " parameter-like data, in-process, one thread\n");
+		printf(" BW = bytes checksummed per second; raw = memcpy of the same bytes\n");
+		break;
+	case T_IGZIP:
+		printf(" igzip: ISA-L raw deflate, level 1 (isal_deflate_stateless, as checkpoint records use) of\n"
+		       " fp32 parameter-like data (small normal-ish floats) and of zeros, in-process, one thread\n");
+		printf(" BW = input bytes compressed per second; raw = memcpy of the same bytes;"
+		       " ratio = input / output\n");
 		break;
 	case T_COMMIT:
 		printf(" commit: ADMIN NOP to the Raft leader, answered once its log entry is applied (append to the\n"
@@ -3184,14 +3350,16 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 				  : "socket: S bytes there, S back; one-way stream"));
 		break;
 	}
-	if (o->role == ROLE_WORKER && t != T_AGG && t != T_COMMIT)
+	if (o->role == ROLE_WORKER && !in_process(t) && t != T_COMMIT)
 		printf(" figures of worker %d of %d only\n", o->rank, o->num_workers);
 	printf("%s\n", line);
-	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_COMMIT ? 22 : 12,
+	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_COMMIT ? 22 : t == T_IGZIP ? 15 : 12,
 	       t == T_LOCK || t == T_COMMIT ? "op" : "#bytes", "#iters",
 	       "t_min[us]", "t_typ[us]", "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "BW[GB/s]", "ops/s");
 	if (raw)
 		printf(" %10s %7s %10s %7s", "raw[us]", "x_lat", "raw[GB/s]", "x_bw");
+	if (t == T_IGZIP)
+		printf(" %8s", "ratio");
 	printf("\n");
 }
 
@@ -3200,7 +3368,7 @@ static void print_row(const struct row *row, bool raw)
 	char first[32], b[4][32];
 	const struct stats *s = &row->s_lat;
 	bool no_bw = row->test == T_LOCK || row->test == T_COMMIT;
-	int w = row->test == T_COMMIT ? 22 : 12;
+	int w = row->test == T_COMMIT ? 22 : row->test == T_IGZIP ? 15 : 12;
 
 	if (row->label[0])
 		snprintf(first, sizeof(first), "%s", row->label);
@@ -3222,6 +3390,8 @@ static void print_row(const struct row *row, bool raw)
 		fmt_num(b[0], sizeof(b[0]), row->x_bw, "%.2f");
 		printf(" %7s", no_bw ? "-" : b[0]);
 	}
+	if (row->test == T_IGZIP)
+		printf(" %8.2f", row->ratio);
 	printf("\n");
 }
 
@@ -3296,10 +3466,10 @@ static void print_tables(struct run *r)
 			any |= r->rows[i].test == (enum test_id)t;
 		if (!any)
 			continue;
-		print_header(r, (enum test_id)t, raw || t == T_AGG);
+		print_header(r, (enum test_id)t, raw || in_process((enum test_id)t));
 		for (i = 0; i < r->nrows; i++)
 			if (r->rows[i].test == (enum test_id)t)
-				print_row(&r->rows[i], raw || t == T_AGG);
+				print_row(&r->rows[i], raw || in_process((enum test_id)t));
 		if (t == T_COMMIT)
 			print_commit_ratio(r);
 	}
@@ -3517,6 +3687,10 @@ static void json_row(FILE *f, const struct row *row)
 	if (row->test == T_COMMIT && !row->commit_rtt) {
 		fprintf(f, ", \"x_rtt\": ");
 		json_num(f, row->x_rtt);
+	}
+	if (row->test == T_IGZIP) {
+		fprintf(f, ", \"ratio\": ");
+		json_num(f, row->ratio);
 	}
 	fprintf(f, "}");
 }
