@@ -49,6 +49,7 @@ static struct {
 	bool no_rebalance;
 	int timeout_ms;		/* --timeout: what an operation may take */
 	int rpc_ms;		/* connect / STATUS */
+	int level;		/* checkpoint: igzip level, -1: not given */
 } g;
 
 /* ---- errors and small helpers -------------------------------------------- */
@@ -78,6 +79,7 @@ static void usage(FILE *f)
 "      --json           status: one JSON object instead of the tables\n"
 "      --timeout SEC    how long an operation may take (default 30)\n"
 "      --no-rebalance   add-server: add the member only\n"
+"      --level N        checkpoint: igzip level 0 (store) to 3 (default 1)\n"
 "  -h, --help           this text\n"
 "  -V, --version        print the version\n"
 "\n"
@@ -96,7 +98,8 @@ static void die_usage(const char *fmt, ...)
 	fprintf(stderr, "\n"
 		"usage: psctl [-s URI[,URI...]] [--json] [--timeout SEC] COMMAND [ARGS]\n"
 		"commands: status | move PART ID | add-server ID URI [--no-rebalance] |\n"
-		"          remove-server ID | transfer-leader [ID]   (psctl --help for more)\n");
+		"          remove-server ID | transfer-leader [ID] | checkpoint DIR | restore DIR\n"
+		"          (psctl --help for more)\n");
 	exit(2);
 }
 
@@ -1028,7 +1031,7 @@ static int cmd_checkpoint(const char *dir)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	memset(&req, 0, sizeof(req));
 	req.ckpt_id = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	req.level = 1;
+	req.level = g.level >= 0 ? (uint32_t)g.level : 1;
 	req.timeout_ms = (uint32_t)g.timeout_ms;
 	if (strlen(dir) >= sizeof(req.path))
 		return fail("checkpoint directory '%s': at most %zu characters", dir, sizeof(req.path) - 1);
@@ -1158,12 +1161,13 @@ static int cmd_transfer_leader(uint64_t to)
 
 int main(int argc, char **argv)
 {
-	enum { OPT_JSON = 256, OPT_TIMEOUT, OPT_NO_REBALANCE };
+	enum { OPT_JSON = 256, OPT_TIMEOUT, OPT_NO_REBALANCE, OPT_LEVEL };
 	static const struct option longopts[] = {
 		{ "servers", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "timeout", required_argument, NULL, OPT_TIMEOUT },
 		{ "no-rebalance", no_argument, NULL, OPT_NO_REBALANCE },
+		{ "level", required_argument, NULL, OPT_LEVEL },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -1177,6 +1181,7 @@ int main(int argc, char **argv)
 	char *end;
 
 	g.timeout_ms = 30000;
+	g.level = -1;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":s:hV", longopts, NULL)) != -1) {
 		switch (c) {
@@ -1195,6 +1200,12 @@ int main(int argc, char **argv)
 			break;
 		case OPT_NO_REBALANCE:
 			g.no_rebalance = true;
+			break;
+		case OPT_LEVEL:
+			if (!strcmp(optarg, "0") || !strcmp(optarg, "1") || !strcmp(optarg, "2") || !strcmp(optarg, "3"))
+				g.level = optarg[0] - '0';
+			else
+				die_usage("--level '%s': igzip levels are 0 (store) to 3", optarg);
 			break;
 		case 'h':
 			usage(stdout);
@@ -1240,6 +1251,8 @@ int main(int argc, char **argv)
 		die_usage("unknown command '%s'", cmd);
 	if (g.no_rebalance && strcmp(cmd, "add-server"))
 		die_usage("--no-rebalance goes with add-server");
+	if (g.level >= 0 && strcmp(cmd, "checkpoint"))
+		die_usage("--level goes with checkpoint");
 
 	/* arguments before servers: a usage error wins over a missing server list */
 	{
