@@ -43,6 +43,7 @@
 #include "config.h"
 #include "ckpt.h"
 #include "common.h"
+#include "le.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -110,47 +111,17 @@ struct rps__ckpt_reader {
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (unsigned i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (unsigned i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	uint32_t v = 0;
-
-	for (unsigned i = 0; i < 4; i++)
-		v |= (uint32_t)p[i] << (8 * i);
-	return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (unsigned i = 0; i < 8; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 static void putf(uint8_t *p, float f)
 {
 	uint32_t v;
 
 	memcpy(&v, &f, 4);
-	put32(p, v);
+	rps__le_put32(p, v);
 }
 
 static float getf(const uint8_t *p)
 {
-	uint32_t v = get32(p);
+	uint32_t v = rps__le_get32(p);
 	float f;
 
 	memcpy(&f, &v, 4);
@@ -177,7 +148,7 @@ static uint32_t chain_add(uint32_t chain, uint32_t rec_crc)
 {
 	uint8_t b[4];
 
-	put32(b, rec_crc);
+	rps__le_put32(b, rec_crc);
 	return crc32c(chain, b, 4);
 }
 
@@ -189,7 +160,7 @@ static void u64s_to_le(uint8_t *dst, const uint64_t *src, size_t n)
 		memcpy(dst, src, n * 8);
 #else
 	for (size_t i = 0; i < n; i++)
-		put64(dst + 8 * i, src[i]);
+		rps__le_put64(dst + 8 * i, src[i]);
 #endif
 }
 
@@ -214,10 +185,10 @@ static void le_to_host(uint8_t *p, size_t n, size_t width)
 #else
 	for (size_t i = 0; i < n; i++) {
 		if (width == 8) {
-			uint64_t v = get64(p + 8 * i);
+			uint64_t v = rps__le_get64(p + 8 * i);
 			memcpy(p + 8 * i, &v, 8);
 		} else {
-			uint32_t v = get32(p + 4 * i);
+			uint32_t v = rps__le_get32(p + 4 * i);
 			memcpy(p + 4 * i, &v, 4);
 		}
 	}
@@ -355,14 +326,14 @@ static void header_encode(uint8_t *p, const struct rps__ckpt_header *h)
 {
 	memset(p, 0, HDR_SIZE);
 	memcpy(p, MAGIC, MAGIC_LEN);
-	put32(p + 8, RPS__CKPT_VERSION);
-	put32(p + 12, HDR_SIZE);
-	put64(p + 16, h->member_id);
-	put32(p + 24, h->npart);
-	put32(p + 28, h->shard_elems);
-	put64(p + 32, h->ckpt_id);
-	put64(p + 40, h->time_ns);
-	put32(p + 60, crc32c(0, p, 60));
+	rps__le_put32(p + 8, RPS__CKPT_VERSION);
+	rps__le_put32(p + 12, HDR_SIZE);
+	rps__le_put64(p + 16, h->member_id);
+	rps__le_put32(p + 24, h->npart);
+	rps__le_put32(p + 28, h->shard_elems);
+	rps__le_put64(p + 32, h->ckpt_id);
+	rps__le_put64(p + 40, h->time_ns);
+	rps__le_put32(p + 60, crc32c(0, p, 60));
 }
 
 static void writer_free(struct rps__ckpt_writer *w)
@@ -491,15 +462,15 @@ static int put_record(struct rps__ckpt_writer *w, uint32_t type, size_t len)
 			stored_len = zs.total_out;
 		}
 	}
-	put32(hdr, type);
-	put32(hdr + 4, flags);
-	put32(hdr + 8, (uint32_t)len);
-	put32(hdr + 12, stored_len);
-	put32(hdr + 16, crc32c(0, w->raw, len));
-	put32(hdr + 20, stored == w->raw ? get32(hdr + 16) : crc32c(0, stored, stored_len));
-	put32(hdr + 24, 0);
+	rps__le_put32(hdr, type);
+	rps__le_put32(hdr + 4, flags);
+	rps__le_put32(hdr + 8, (uint32_t)len);
+	rps__le_put32(hdr + 12, stored_len);
+	rps__le_put32(hdr + 16, crc32c(0, w->raw, len));
+	rps__le_put32(hdr + 20, stored == w->raw ? rps__le_get32(hdr + 16) : crc32c(0, stored, stored_len));
+	rps__le_put32(hdr + 24, 0);
 	rec_crc = crc32c(0, hdr, 28);
-	put32(hdr + 28, rec_crc);
+	rps__le_put32(hdr + 28, rec_crc);
 	err = write_all(w->fd, hdr, sizeof(hdr));
 	if (!err)
 		err = write_all(w->fd, stored, stored_len);
@@ -533,18 +504,18 @@ int rps__ckpt_put_tensor(struct rps__ckpt_writer *w, const char *name, const str
 	p = w->raw;
 	memset(p, 0, TENSOR_RAW);
 	memcpy(p, name, nlen);
-	put64(p + 64, spec->count);
-	put32(p + 72, spec->dtype);
-	put32(p + 76, spec->mode);
-	put32(p + 80, spec->staleness);
-	put32(p + 84, spec->optimizer);
+	rps__le_put64(p + 64, spec->count);
+	rps__le_put32(p + 72, spec->dtype);
+	rps__le_put32(p + 76, spec->mode);
+	rps__le_put32(p + 80, spec->staleness);
+	rps__le_put32(p + 84, spec->optimizer);
 	fl = (const float[]){ spec->lr, spec->momentum, spec->beta1, spec->beta2, spec->eps,
 			      spec->weight_decay, spec->rescale };
 	for (unsigned i = 0; i < 7; i++)
 		putf(p + 88 + 4 * i, fl[i]);
-	put32(p + 116, (uint32_t)spec->num_workers);
-	put32(p + 120, spec->flags);
-	put32(p + 124, spec->reserved);
+	rps__le_put32(p + 116, (uint32_t)spec->num_workers);
+	rps__le_put32(p + 120, spec->flags);
+	rps__le_put32(p + 124, spec->reserved);
 	err = put_record(w, REC_TENSOR, TENSOR_RAW);
 	if (err)
 		return err;
@@ -580,14 +551,14 @@ int rps__ckpt_put_shard(struct rps__ckpt_writer *w, const struct rps__ckpt_shard
 	if (err)
 		return rps__seterr(err, "checkpoint: out of memory for a %" PRIu64 "-byte shard", len);
 	p = w->raw;
-	put32(p, s->index);
-	put32(p + 4, s->elems);
-	put64(p + 8, s->version);
-	put64(p + 16, s->min_clock);
-	put32(p + 24, s->flags);
-	put32(p + 28, s->nclocks);
-	put32(p + 32, s->nstate);
-	put32(p + 36, 0);
+	rps__le_put32(p, s->index);
+	rps__le_put32(p + 4, s->elems);
+	rps__le_put64(p + 8, s->version);
+	rps__le_put64(p + 16, s->min_clock);
+	rps__le_put32(p + 24, s->flags);
+	rps__le_put32(p + 28, s->nclocks);
+	rps__le_put32(p + 32, s->nstate);
+	rps__le_put32(p + 36, 0);
 	p += SHARD_FIXED;
 	u64s_to_le(p, s->clocks, s->nclocks);
 	p += 8 * (size_t)s->nclocks;
@@ -606,12 +577,12 @@ int rps__ckpt_finish(struct rps__ckpt_writer *w, uint64_t *bytes_written)
 		err = rps__seterr(w->broken, "checkpoint: %.200s: an earlier write failed", w->tmp);
 		goto err_unlink;
 	}
-	put32(t, REC_TRAILER);
-	put32(t + 4, 0);
-	put64(t + 8, w->records);
-	put64(t + 16, w->raw_total);
-	put32(t + 24, w->chain);
-	put32(t + 28, crc32c(0, t, 28));
+	rps__le_put32(t, REC_TRAILER);
+	rps__le_put32(t + 4, 0);
+	rps__le_put64(t + 8, w->records);
+	rps__le_put64(t + 16, w->raw_total);
+	rps__le_put32(t + 24, w->chain);
+	rps__le_put32(t + 28, crc32c(0, t, 28));
 	err = write_all(w->fd, t, sizeof(t));
 	if (err) {
 		rps__seterr(err, "checkpoint: writing %.200s: %s", w->tmp, strerror(-err));
@@ -756,14 +727,14 @@ int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__
 		err = BAD(r, -EILSEQ, 0, "not an rdmaps checkpoint (bad magic)");
 		goto err_free;
 	}
-	version = get32(hdr + 8);
-	hsize = get32(hdr + 12);
+	version = rps__le_get32(hdr + 8);
+	hsize = rps__le_get32(hdr + 12);
 	if (version != RPS__CKPT_VERSION) {
 		/* A newer file is recognised by its own header crc; anything
 		 * else claiming another version is damage. */
 		if (version > RPS__CKPT_VERSION && hsize >= HDR_SIZE && hsize <= HDR_SIZE_MAX &&
 		    hsize % 4 == 0 && read_full(r->fd, hdr + 16, hsize - 16) == (ssize_t)(hsize - 16) &&
-		    crc32c(0, hdr, hsize - 4) == get32(hdr + hsize - 4)) {
+		    crc32c(0, hdr, hsize - 4) == rps__le_get32(hdr + hsize - 4)) {
 			err = rps__seterr(-EPROTO, "checkpoint %.200s: format version %u, written by a"
 					  " newer rdmaps (this one reads version %u): restore with"
 					  " that version", file, version, RPS__CKPT_VERSION);
@@ -779,7 +750,7 @@ int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__
 	err = read_exact(r, hdr + 16, HDR_SIZE - 16);
 	if (err)
 		goto err_free;
-	if (crc32c(0, hdr, 60) != get32(hdr + 60)) {
+	if (crc32c(0, hdr, 60) != rps__le_get32(hdr + 60)) {
 		err = BAD(r, -EILSEQ, 0, "header checksum mismatch");
 		goto err_free;
 	}
@@ -788,11 +759,11 @@ int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__
 			err = BAD(r, -EBADMSG, i, "reserved header bytes not zero");
 			goto err_free;
 		}
-	r->h.member_id = get64(hdr + 16);
-	r->h.npart = get32(hdr + 24);
-	r->h.shard_elems = get32(hdr + 28);
-	r->h.ckpt_id = get64(hdr + 32);
-	r->h.time_ns = get64(hdr + 40);
+	r->h.member_id = rps__le_get64(hdr + 16);
+	r->h.npart = rps__le_get32(hdr + 24);
+	r->h.shard_elems = rps__le_get32(hdr + 28);
+	r->h.ckpt_id = rps__le_get64(hdr + 32);
+	r->h.time_ns = rps__le_get64(hdr + 40);
 	if (!r->h.shard_elems || r->h.shard_elems > MAX_ELEMS) {
 		err = BAD(r, -EBADMSG, 28, "shard size %u (1..%u)", r->h.shard_elems, MAX_ELEMS);
 		goto err_free;
@@ -818,11 +789,11 @@ static int parse_tensor(struct rps__ckpt_reader *r, uint64_t at, struct rps__ckp
 	memset(it, 0, sizeof(*it));
 	it->type = RPS__CKPT_TENSOR;
 	memcpy(it->name, p, nlen);
-	s->count = get64(p + 64);
-	s->dtype = get32(p + 72);
-	s->mode = get32(p + 76);
-	s->staleness = get32(p + 80);
-	s->optimizer = get32(p + 84);
+	s->count = rps__le_get64(p + 64);
+	s->dtype = rps__le_get32(p + 72);
+	s->mode = rps__le_get32(p + 76);
+	s->staleness = rps__le_get32(p + 80);
+	s->optimizer = rps__le_get32(p + 84);
 	s->lr = getf(p + 88);
 	s->momentum = getf(p + 92);
 	s->beta1 = getf(p + 96);
@@ -830,9 +801,9 @@ static int parse_tensor(struct rps__ckpt_reader *r, uint64_t at, struct rps__ckp
 	s->eps = getf(p + 104);
 	s->weight_decay = getf(p + 108);
 	s->rescale = getf(p + 112);
-	s->num_workers = (int32_t)get32(p + 116);
-	s->flags = get32(p + 120);
-	s->reserved = get32(p + 124);
+	s->num_workers = (int32_t)rps__le_get32(p + 116);
+	s->flags = rps__le_get32(p + 120);
+	s->reserved = rps__le_get32(p + 124);
 	if (s->count / r->h.shard_elems >= UINT32_MAX)
 		return BAD(r, -EBADMSG, at, "tensor '%s' of %" PRIu64 " elements", it->name, s->count);
 	r->have_tensor = true;
@@ -852,13 +823,13 @@ static int parse_shard(struct rps__ckpt_reader *r, uint64_t at, size_t len, stru
 		return BAD(r, -EBADMSG, at, "shard record of %zu bytes", len);
 	memset(it, 0, sizeof(*it));
 	it->type = RPS__CKPT_SHARD;
-	s->index = get32(p);
-	s->elems = get32(p + 4);
-	s->version = get64(p + 8);
-	s->min_clock = get64(p + 16);
-	s->flags = get32(p + 24);
-	s->nclocks = get32(p + 28);
-	s->nstate = get32(p + 32);
+	s->index = rps__le_get32(p);
+	s->elems = rps__le_get32(p + 4);
+	s->version = rps__le_get64(p + 8);
+	s->min_clock = rps__le_get64(p + 16);
+	s->flags = rps__le_get32(p + 24);
+	s->nclocks = rps__le_get32(p + 28);
+	s->nstate = rps__le_get32(p + 32);
 	if (s->elems == 0 || s->elems > MAX_ELEMS)
 		return BAD(r, -EBADMSG, at, "shard %u of %u elements", s->index, s->elems);
 	want = shard_size(r->count, r->h.shard_elems, s->index);
@@ -872,7 +843,7 @@ static int parse_shard(struct rps__ckpt_reader *r, uint64_t at, size_t len, stru
 		return BAD(r, -EBADMSG, at, "shard %u: %u clocks (at most %u)", s->index, s->nclocks, MAX_CLOCKS);
 	if (s->flags & ~RPS__CKPT_SHARD_READY)
 		return BAD(r, -EBADMSG, at, "shard %u: unknown flags %#x", s->index, s->flags);
-	if (get32(p + 36))
+	if (rps__le_get32(p + 36))
 		return BAD(r, -EBADMSG, at, "shard %u: reserved field not zero", s->index);
 	if (shard_raw_len(s->elems, s->nclocks, s->nstate) != len)
 		return BAD(r, -EBADMSG, at, "shard %u: record of %zu bytes, its contents need %" PRIu64,
@@ -894,12 +865,12 @@ static int read_trailer(struct rps__ckpt_reader *r, const uint8_t *t, uint64_t a
 	uint8_t extra;
 	ssize_t n;
 
-	if (get32(t + 4))
+	if (rps__le_get32(t + 4))
 		return BAD(r, -EBADMSG, at, "bad trailer");
-	if (get64(t + 8) != r->records || get64(t + 16) != r->raw_total || get32(t + 24) != r->chain)
+	if (rps__le_get64(t + 8) != r->records || rps__le_get64(t + 16) != r->raw_total || rps__le_get32(t + 24) != r->chain)
 		return BAD(r, -EBADMSG, at, "trailer mismatch: it counts %" PRIu64 " records of %" PRIu64
-			   " bytes, the file has %" PRIu64 " of %" PRIu64 "%s", get64(t + 8), get64(t + 16),
-			   r->records, r->raw_total, get32(t + 24) != r->chain ? ", other records" : "");
+			   " bytes, the file has %" PRIu64 " of %" PRIu64 "%s", rps__le_get64(t + 8), rps__le_get64(t + 16),
+			   r->records, r->raw_total, rps__le_get32(t + 24) != r->chain ? ", other records" : "");
 	n = read_full(r->fd, &extra, 1);
 	if (n < 0) {
 		r->broken = (int)n;
@@ -927,22 +898,22 @@ int rps__ckpt_next(struct rps__ckpt_reader *r, struct rps__ckpt_item *it)
 	err = read_exact(r, hdr, sizeof(hdr));
 	if (err)
 		return err;
-	rec_crc = get32(hdr + 28);
+	rec_crc = rps__le_get32(hdr + 28);
 	if (crc32c(0, hdr, 28) != rec_crc)
 		return BAD(r, -EILSEQ, at, "record header checksum mismatch");
-	type = get32(hdr);
+	type = rps__le_get32(hdr);
 	if (type == REC_TRAILER) {
 		err = read_trailer(r, hdr, at);
 		if (!err)
 			r->off = UINT64_MAX;
 		return err;
 	}
-	flags = get32(hdr + 4);
-	raw_len = get32(hdr + 8);
-	stored_len = get32(hdr + 12);
+	flags = rps__le_get32(hdr + 4);
+	raw_len = rps__le_get32(hdr + 8);
+	stored_len = rps__le_get32(hdr + 12);
 	if (type != REC_TENSOR && type != REC_SHARD)
 		return BAD(r, -EBADMSG, at, "unknown record type %u", type);
-	if ((flags & ~REC_DEFLATED) || get32(hdr + 24))
+	if ((flags & ~REC_DEFLATED) || rps__le_get32(hdr + 24))
 		return BAD(r, -EBADMSG, at, "unknown record flags %#x", flags);
 	if (type == REC_TENSOR ? raw_len != TENSOR_RAW :
 	    (raw_len < SHARD_FIXED || raw_len > shard_raw_len(MAX_ELEMS, MAX_CLOCKS, 2 * MAX_ELEMS)))
@@ -963,7 +934,7 @@ int rps__ckpt_next(struct rps__ckpt_reader *r, struct rps__ckpt_item *it)
 	err = read_exact(r, (flags & REC_DEFLATED) ? r->stored : r->raw, stored_len);
 	if (err)
 		return err;
-	if (crc32c(0, (flags & REC_DEFLATED) ? r->stored : r->raw, stored_len) != get32(hdr + 20))
+	if (crc32c(0, (flags & REC_DEFLATED) ? r->stored : r->raw, stored_len) != rps__le_get32(hdr + 20))
 		return BAD(r, -EILSEQ, at, "record checksum mismatch");
 	if (flags & REC_DEFLATED) {
 		struct inflate_state st;
@@ -979,7 +950,7 @@ int rps__ckpt_next(struct rps__ckpt_reader *r, struct rps__ckpt_item *it)
 			return BAD(r, -EBADMSG, at, "compressed record does not inflate to %u bytes", raw_len);
 	}
 	raw = r->raw;
-	if (crc32c(0, raw, raw_len) != get32(hdr + 16))
+	if (crc32c(0, raw, raw_len) != rps__le_get32(hdr + 16))
 		return BAD(r, -EILSEQ, at, "record data checksum mismatch");
 	r->records++;
 	r->raw_total += raw_len;

@@ -21,6 +21,7 @@
 #include "config.h"
 #include "raft.h"
 #include "common.h"
+#include "le.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -170,32 +171,6 @@ static uint64_t rng_next(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
-static void put_u64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 7; i >= 0; i--)
-		v = (v << 8) | p[i];
-	return v;
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* ------------------------------------------------------------------------ */
 /* configuration */
 
@@ -279,7 +254,7 @@ int rps__raft_conf_change_decode(const struct rps__raft_entry *e, enum rps__raft
 	    p[0] > RPS__RAFT_CONF_REMOVE)
 		return -EINVAL;
 	*op = (enum rps__raft_conf_op)p[0];
-	*node = get_u64(p + 1);
+	*node = rps__le_get64(p + 1);
 	return 0;
 }
 
@@ -1640,7 +1615,7 @@ int rps__raft_propose_conf_change(struct rps__raft *r, enum rps__raft_conf_op op
 		return rps__seterr(-EINVAL, "raft: unknown membership change %d", (int)op);
 	}
 	data[0] = (uint8_t)op;
-	put_u64(data + 1, node);
+	rps__le_put64(data + 1, node);
 	err = leader_append(r, RPS__RAFT_ENTRY_CONF, data, sizeof(data), index);
 	if (err)
 		return err;
@@ -2076,17 +2051,17 @@ int rps__raft_msg_encode(const struct rps__raft_msg *m, void *buf, size_t cap, s
 	*p++ = m->reject;
 	*p++ = m->flags;
 	for (int i = 0; i < 8; i++, p += 8)
-		put_u64(p, words[i]);
-	put_u32(p, m->n_entries);
+		rps__le_put64(p, words[i]);
+	rps__le_put32(p, m->n_entries);
 	p += 4;
 	*p++ = m->snapshot != NULL;
 	for (uint32_t i = 0; i < m->n_entries; i++) {
 		const struct rps__raft_entry *e = &m->entries[i];
 
-		put_u64(p, e->term);
-		put_u64(p + 8, e->index);
-		put_u32(p + 16, e->type);
-		put_u32(p + 20, e->len);
+		rps__le_put64(p, e->term);
+		rps__le_put64(p + 8, e->index);
+		rps__le_put32(p + 16, e->type);
+		rps__le_put32(p + 20, e->len);
 		p += WIRE_ENTRY_HDR;
 		if (e->len)
 			memcpy(p, e->data, e->len);
@@ -2095,16 +2070,16 @@ int rps__raft_msg_encode(const struct rps__raft_msg *m, void *buf, size_t cap, s
 	if (m->snapshot) {
 		const struct rps__raft_snapshot *s = m->snapshot;
 
-		put_u64(p, s->index);
-		put_u64(p + 8, s->term);
-		put_u32(p + 16, s->conf.n_voters);
-		put_u32(p + 20, s->conf.n_learners);
+		rps__le_put64(p, s->index);
+		rps__le_put64(p + 8, s->term);
+		rps__le_put32(p + 16, s->conf.n_voters);
+		rps__le_put32(p + 20, s->conf.n_learners);
 		p += 24;
 		for (uint32_t i = 0; i < s->conf.n_voters; i++, p += 8)
-			put_u64(p, s->conf.voters[i]);
+			rps__le_put64(p, s->conf.voters[i]);
 		for (uint32_t i = 0; i < s->conf.n_learners; i++, p += 8)
-			put_u64(p, s->conf.learners[i]);
-		put_u32(p, s->len);
+			rps__le_put64(p, s->conf.learners[i]);
+		rps__le_put32(p, s->len);
 		p += 4;
 		if (s->len)
 			memcpy(p, s->data, s->len);
@@ -2141,7 +2116,7 @@ static int wire_scan(const uint8_t *buf, size_t len, uint32_t *n_entries, bool *
 	if (!p || p[0] != WIRE_VERSION || p[1] < RPS__RAFT_MSG_APP || p[1] > RPS__RAFT_MSG_TYPE_MAX ||
 	    p[2] > 1 || (p[3] & ~RPS__RAFT_MSG_F_TRANSFER) || p[4 + 64 + 4] > 1)
 		return -EBADMSG;
-	n = get_u32(p + 4 + 64);
+	n = rps__le_get32(p + 4 + 64);
 	*has_snap = p[4 + 64 + 4];
 	if ((n && p[1] != RPS__RAFT_MSG_APP) || (*has_snap != (p[1] == RPS__RAFT_MSG_SNAP)))
 		return -EBADMSG;
@@ -2153,9 +2128,9 @@ static int wire_scan(const uint8_t *buf, size_t len, uint32_t *n_entries, bool *
 		const uint8_t *e = take(&rd, WIRE_ENTRY_HDR);
 		uint32_t elen;
 
-		if (!e || get_u32(e + 16) > RPS__RAFT_ENTRY_CONF)
+		if (!e || rps__le_get32(e + 16) > RPS__RAFT_ENTRY_CONF)
 			return -EBADMSG;
-		elen = get_u32(e + 20);
+		elen = rps__le_get32(e + 20);
 		if (elen > RPS__RAFT_MAX_DATA || !take(&rd, elen))
 			return -EBADMSG;
 		*data += elen;
@@ -2166,15 +2141,15 @@ static int wire_scan(const uint8_t *buf, size_t len, uint32_t *n_entries, bool *
 
 		if (!s)
 			return -EBADMSG;
-		nv = get_u32(s + 16);
-		nl = get_u32(s + 20);
+		nv = rps__le_get32(s + 16);
+		nl = rps__le_get32(s + 20);
 		if (nv > RPS__RAFT_MAX_NODES || nl > RPS__RAFT_MAX_NODES || nv + nl > RPS__RAFT_MAX_NODES ||
 		    !take(&rd, 8u * (nv + nl)))
 			return -EBADMSG;
 		s = take(&rd, 4);
 		if (!s)
 			return -EBADMSG;
-		slen = get_u32(s);
+		slen = rps__le_get32(s);
 		if (slen > RPS__RAFT_MAX_DATA || !take(&rd, slen))
 			return -EBADMSG;
 		*data += slen;
@@ -2215,22 +2190,22 @@ int rps__raft_msg_decode(const void *buf, size_t len, struct rps__raft_msg **out
 	m->reject = p[2];
 	m->flags = p[3];
 	p += 4;
-	m->to = get_u64(p);
-	m->from = get_u64(p + 8);
-	m->term = get_u64(p + 16);
-	m->log_term = get_u64(p + 24);
-	m->index = get_u64(p + 32);
-	m->commit = get_u64(p + 40);
-	m->hint = get_u64(p + 48);
-	m->context = get_u64(p + 56);
+	m->to = rps__le_get64(p);
+	m->from = rps__le_get64(p + 8);
+	m->term = rps__le_get64(p + 16);
+	m->log_term = rps__le_get64(p + 24);
+	m->index = rps__le_get64(p + 32);
+	m->commit = rps__le_get64(p + 40);
+	m->hint = rps__le_get64(p + 48);
+	m->context = rps__le_get64(p + 56);
 	p += 64 + 4 + 1;
 	m->n_entries = n;
 	m->entries = n ? ents : NULL;
 	for (uint32_t i = 0; i < n; i++) {
-		ents[i].term = get_u64(p);
-		ents[i].index = get_u64(p + 8);
-		ents[i].type = get_u32(p + 16);
-		ents[i].len = get_u32(p + 20);
+		ents[i].term = rps__le_get64(p);
+		ents[i].index = rps__le_get64(p + 8);
+		ents[i].type = rps__le_get32(p + 16);
+		ents[i].len = rps__le_get32(p + 20);
 		p += WIRE_ENTRY_HDR;
 		ents[i].data = data;
 		memcpy(data, p, ents[i].len);
@@ -2239,16 +2214,16 @@ int rps__raft_msg_decode(const void *buf, size_t len, struct rps__raft_msg **out
 	}
 	if (has_snap) {
 		snap = (struct rps__raft_snapshot *)(void *)(block + off_snap);
-		snap->index = get_u64(p);
-		snap->term = get_u64(p + 8);
-		snap->conf.n_voters = get_u32(p + 16);
-		snap->conf.n_learners = get_u32(p + 20);
+		snap->index = rps__le_get64(p);
+		snap->term = rps__le_get64(p + 8);
+		snap->conf.n_voters = rps__le_get32(p + 16);
+		snap->conf.n_learners = rps__le_get32(p + 20);
 		p += 24;
 		for (uint32_t i = 0; i < snap->conf.n_voters; i++, p += 8)
-			snap->conf.voters[i] = get_u64(p);
+			snap->conf.voters[i] = rps__le_get64(p);
 		for (uint32_t i = 0; i < snap->conf.n_learners; i++, p += 8)
-			snap->conf.learners[i] = get_u64(p);
-		snap->len = get_u32(p);
+			snap->conf.learners[i] = rps__le_get64(p);
+		snap->len = rps__le_get32(p);
 		p += 4;
 		snap->data = data;
 		memcpy(data, p, snap->len);

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "smap.h"
 #include "common.h"
+#include "le.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -22,45 +23,6 @@ _Static_assert(sizeof(struct rps__smap_part) == 24, "partition layout has no pad
 _Static_assert(sizeof(struct rps__smap_cmd) == 40 + RPS__SMAP_URI_MAX, "command layout has no padding");
 
 /* ------------------------------------------------------------------------ */
-/* little-endian helpers */
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static uint16_t get_u16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 7; i >= 0; i--)
-		v = (v << 8) | p[i];
-	return v;
-}
-
 /* Bounds-checked reader: every take fails once the input is exhausted. */
 struct reader {
 	const uint8_t *p;
@@ -400,14 +362,14 @@ int rps__smap_cmd_encode(const struct rps__smap_cmd *c, void *buf, size_t cap, s
 		return rps__seterr(-ENOSPC, "shard map command: needs %zu bytes, buffer has %zu",
 				   CMD_HDR + ulen, cap);
 	memcpy(p, CMD_MAGIC, 4);
-	put_u16(p + 4, CMD_VERSION);
-	put_u32(p + 6, c->type);
-	put_u32(p + 10, c->part);
-	put_u64(p + 14, c->id);
-	put_u64(p + 22, c->from);
-	put_u64(p + 30, c->to);
-	put_u64(p + 38, c->epoch);
-	put_u16(p + 46, (uint16_t)ulen);
+	rps__le_put16(p + 4, CMD_VERSION);
+	rps__le_put32(p + 6, c->type);
+	rps__le_put32(p + 10, c->part);
+	rps__le_put64(p + 14, c->id);
+	rps__le_put64(p + 22, c->from);
+	rps__le_put64(p + 30, c->to);
+	rps__le_put64(p + 38, c->epoch);
+	rps__le_put16(p + 46, (uint16_t)ulen);
 	memcpy(p + CMD_HDR, c->uri, ulen);
 	*len = CMD_HDR + ulen;
 	return 0;
@@ -424,13 +386,13 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c)
 		return rps__seterr(-EBADMSG, "shard map command: truncated, %zu bytes is shorter than its header", len);
 	if (memcmp(p, CMD_MAGIC, 4) != 0)
 		return rps__seterr(-EBADMSG, "shard map command: bad magic, not a shard map command");
-	if (get_u16(p + 4) != CMD_VERSION)
+	if (rps__le_get16(p + 4) != CMD_VERSION)
 		return rps__seterr(-EBADMSG, "shard map command: version %u, this build reads version %u",
-				   get_u16(p + 4), CMD_VERSION);
-	type = get_u32(p + 6);
+				   rps__le_get16(p + 4), CMD_VERSION);
+	type = rps__le_get32(p + 6);
 	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_NOP)
 		return rps__seterr(-EBADMSG, "shard map command: unknown type %" PRIu32, type);
-	ulen = get_u16(p + 46);
+	ulen = rps__le_get16(p + 46);
 	if (ulen >= RPS__SMAP_URI_MAX)
 		return rps__seterr(-EBADMSG, "shard map command: address of %u bytes, the limit is %u",
 				   ulen, RPS__SMAP_URI_MAX - 1);
@@ -445,11 +407,11 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c)
 
 	memset(c, 0, sizeof(*c));
 	c->type = type;
-	c->part = get_u32(p + 10);
-	c->id = get_u64(p + 14);
-	c->from = get_u64(p + 22);
-	c->to = get_u64(p + 30);
-	c->epoch = get_u64(p + 38);
+	c->part = rps__le_get32(p + 10);
+	c->id = rps__le_get64(p + 14);
+	c->from = rps__le_get64(p + 22);
+	c->to = rps__le_get64(p + 30);
+	c->epoch = rps__le_get64(p + 38);
 	memcpy(c->uri, u, ulen);
 	return 0;
 }
@@ -556,26 +518,26 @@ int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *l
 	if (need > cap)
 		return rps__seterr(-ENOSPC, "shard map: needs %zu bytes, buffer has %zu", need, cap);
 	memcpy(p, MAP_MAGIC, 4);
-	put_u16(p + 4, MAP_VERSION);
-	put_u64(p + 6, m->applied);
-	put_u64(p + 14, m->max_id);
-	put_u32(p + 22, m->npart);
-	put_u32(p + 26, m->nmembers);
+	rps__le_put16(p + 4, MAP_VERSION);
+	rps__le_put64(p + 6, m->applied);
+	rps__le_put64(p + 14, m->max_id);
+	rps__le_put32(p + 22, m->npart);
+	rps__le_put32(p + 26, m->nmembers);
 	p += MAP_HDR;
 	for (uint32_t i = 0; i < m->nmembers; i++) {
 		size_t ulen = strlen(m->members[i].uri);
 
-		put_u64(p, m->members[i].id);
-		put_u16(p + 8, (uint16_t)ulen);
+		rps__le_put64(p, m->members[i].id);
+		rps__le_put16(p + 8, (uint16_t)ulen);
 		memcpy(p + MAP_MEMBER_HDR, m->members[i].uri, ulen);
 		p += MAP_MEMBER_HDR + ulen;
 	}
 	for (uint32_t i = 0; i < m->npart; i++, p += MAP_PART) {
-		put_u64(p, m->parts[i].owner);
-		put_u64(p + 8, m->parts[i].epoch);
-		put_u64(p + 16, m->parts[i].moving_to);
+		rps__le_put64(p, m->parts[i].owner);
+		rps__le_put64(p + 8, m->parts[i].epoch);
+		rps__le_put64(p + 16, m->parts[i].moving_to);
 	}
-	put_u32(p, crc32c(buf, (size_t)(p - (uint8_t *)buf)));
+	rps__le_put32(p, crc32c(buf, (size_t)(p - (uint8_t *)buf)));
 	p += 4;
 	*len = (size_t)(p - (uint8_t *)buf);
 	return 0;
@@ -630,14 +592,14 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 		return rps__seterr(-EBADMSG, "shard map: truncated, %zu bytes is shorter than its header", len);
 	if (memcmp(p, MAP_MAGIC, 4) != 0)
 		return rps__seterr(-EBADMSG, "shard map: bad magic, not an encoded shard map");
-	if (get_u16(p + 4) != MAP_VERSION)
+	if (rps__le_get16(p + 4) != MAP_VERSION)
 		return rps__seterr(-EBADMSG, "shard map: version %u, this build reads version %u",
-				   get_u16(p + 4), MAP_VERSION);
+				   rps__le_get16(p + 4), MAP_VERSION);
 	memset(&m, 0, sizeof(m));
-	m.applied = get_u64(p + 6);
-	m.max_id = get_u64(p + 14);
-	m.npart = get_u32(p + 22);
-	m.nmembers = get_u32(p + 26);
+	m.applied = rps__le_get64(p + 6);
+	m.max_id = rps__le_get64(p + 14);
+	m.npart = rps__le_get32(p + 22);
+	m.nmembers = rps__le_get32(p + 26);
 	if (m.npart == 0 || m.npart > RPS__SMAP_MAX_PART)
 		return rps__seterr(-EBADMSG, "shard map: %" PRIu32 " partitions, a map has 1 to %u",
 				   m.npart, RPS__SMAP_MAX_PART);
@@ -651,8 +613,8 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 		if (!q)
 			return rps__seterr(-EBADMSG, "shard map: truncated in member %" PRIu32 " of %" PRIu32,
 					   i + 1, m.nmembers);
-		m.members[i].id = get_u64(q);
-		ulen = get_u16(q + 8);
+		m.members[i].id = rps__le_get64(q);
+		ulen = rps__le_get16(q + 8);
 		if (ulen >= RPS__SMAP_URI_MAX)
 			return rps__seterr(-EBADMSG, "shard map: address of member %llu has %u bytes, the limit is %u",
 					   ull(m.members[i].id), ulen, RPS__SMAP_URI_MAX - 1);
@@ -670,9 +632,9 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 		if (!q)
 			return rps__seterr(-EBADMSG, "shard map: truncated in partition %" PRIu32 " of %" PRIu32,
 					   i, m.npart);
-		m.parts[i].owner = get_u64(q);
-		m.parts[i].epoch = get_u64(q + 8);
-		m.parts[i].moving_to = get_u64(q + 16);
+		m.parts[i].owner = rps__le_get64(q);
+		m.parts[i].epoch = rps__le_get64(q + 8);
+		m.parts[i].moving_to = rps__le_get64(q + 16);
 	}
 	body = len - rd.left;
 	q = take(&rd, 4);
@@ -681,9 +643,9 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 	if (rd.left)
 		return rps__seterr(-EBADMSG, "shard map: %zu bytes after the checksum", rd.left);
 	crc = crc32c(buf, body);
-	if (get_u32(q) != crc)
+	if (rps__le_get32(q) != crc)
 		return rps__seterr(-EILSEQ, "shard map: crc32c mismatch (stored %08" PRIx32 ", computed %08" PRIx32
-				   "): the map is corrupt", get_u32(q), crc);
+				   "): the map is corrupt", rps__le_get32(q), crc);
 	err = map_validate(&m);
 	if (err)
 		return err;

@@ -47,6 +47,7 @@
 #include "config.h"
 #include "wal.h"
 #include "common.h"
+#include "le.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -123,36 +124,6 @@ struct rps__wal {
 };
 
 /* ---- small helpers ------------------------------------------------------ */
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (unsigned i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (unsigned i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	uint32_t v = 0;
-
-	for (unsigned i = 0; i < 4; i++)
-		v |= (uint32_t)p[i] << (8 * i);
-	return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (unsigned i = 0; i < 8; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
 
 /* Standard CRC-32C, chainable: crc32c(crc32c(0, a), b) == crc32c(0, ab).
  * ISA-L's crc32_iscsi neither inverts nor takes more than an int of length. */
@@ -321,13 +292,13 @@ static void rec_seal(uint8_t *p, uint8_t kind, uint32_t len, uint64_t batch, uin
 {
 	size_t total = rec_size(len);
 
-	put32(p + 4, len);
+	rps__le_put32(p + 4, len);
 	p[8] = kind;
 	p[9] = p[10] = p[11] = 0;
-	put32(p + 12, left);
-	put64(p + 16, batch);
+	rps__le_put32(p + 12, left);
+	rps__le_put64(p + 16, batch);
 	memset(p + REC_HDR_SIZE + len, 0, total - REC_HDR_SIZE - len);
-	put32(p, crc32c(0, p + 4, total - 4));
+	rps__le_put32(p, crc32c(0, p + 4, total - 4));
 }
 
 struct rec_view {
@@ -347,10 +318,10 @@ static const char *rec_parse(const uint8_t *buf, size_t size, size_t off, struct
 
 	if (room < REC_HDR_SIZE)
 		return "incomplete record header";
-	v->len = get32(p + 4);
+	v->len = rps__le_get32(p + 4);
 	v->kind = p[8];
-	v->left = get32(p + 12);
-	v->batch = get64(p + 16);
+	v->left = rps__le_get32(p + 12);
+	v->batch = rps__le_get64(p + 16);
 	if (p[9] || p[10] || p[11])
 		return "bad record header";
 	switch (v->kind) {
@@ -372,7 +343,7 @@ static const char *rec_parse(const uint8_t *buf, size_t size, size_t off, struct
 	v->size = rec_size(v->len);
 	if (v->size > room)
 		return "record runs past the end of the file";
-	if (crc32c(0, p + 4, v->size - 4) != get32(p))
+	if (crc32c(0, p + 4, v->size - 4) != rps__le_get32(p))
 		return "checksum mismatch";
 	v->payload = p + REC_HDR_SIZE;
 	return NULL;
@@ -383,13 +354,13 @@ static void seg_header_encode(uint8_t *p, uint64_t seq, uint64_t base_index,
 {
 	memset(p, 0, SEG_HDR_SIZE);
 	memcpy(p, SEG_MAGIC, MAGIC_LEN);
-	put32(p + 8, FORMAT_VERSION);
-	put32(p + 12, SEG_HDR_SIZE);
-	put64(p + 16, seq);
-	put64(p + 24, base_index);
-	put64(p + 32, base_term);
-	put64(p + 40, first_batch);
-	put32(p + 60, crc32c(0, p, 60));
+	rps__le_put32(p + 8, FORMAT_VERSION);
+	rps__le_put32(p + 12, SEG_HDR_SIZE);
+	rps__le_put64(p + 16, seq);
+	rps__le_put64(p + 24, base_index);
+	rps__le_put64(p + 32, base_term);
+	rps__le_put64(p + 40, first_batch);
+	rps__le_put32(p + 60, crc32c(0, p, 60));
 }
 
 /* ---- replay ------------------------------------------------------------- */
@@ -465,8 +436,8 @@ static int replay_apply_entry(struct replay *r, const struct pending_rec *pr)
 	char what[160];
 	int err;
 
-	e.term = get64(pr->payload);
-	e.index = get64(pr->payload + 8);
+	e.term = rps__le_get64(pr->payload);
+	e.index = rps__le_get64(pr->payload + 8);
 	e.type = pr->payload[16];
 	e.data = pr->payload + ENTRY_FIXED;
 	e.len = pr->len - ENTRY_FIXED;
@@ -501,7 +472,7 @@ static int replay_apply_entry(struct replay *r, const struct pending_rec *pr)
 
 static int replay_apply_marker(struct replay *r, const struct pending_rec *pr)
 {
-	uint64_t index = get64(pr->payload), term = get64(pr->payload + 8), t;
+	uint64_t index = rps__le_get64(pr->payload), term = rps__le_get64(pr->payload + 8), t;
 	int err;
 
 	/* Markers need not go up: after falling back to an older snapshot,
@@ -548,9 +519,9 @@ static int replay_apply_batch(struct replay *r)
 			err = replay_apply_entry(r, pr);
 			break;
 		case REC_HARD_STATE:
-			hs.term = get64(pr->payload);
-			hs.vote = get64(pr->payload + 8);
-			hs.commit = get64(pr->payload + 16);
+			hs.term = rps__le_get64(pr->payload);
+			hs.vote = rps__le_get64(pr->payload + 8);
+			hs.commit = rps__le_get64(pr->payload + 16);
 			if (hs.term < r->hs.term)
 				err = replay_damaged(r, pr->off, "hard state term goes down");
 			r->hs = hs;
@@ -616,15 +587,15 @@ static int replay_segment(struct replay *r, const char *name, uint64_t name_seq,
 	r->keep_size = size;
 	r->torn_bytes = 0;
 	if (size < SEG_HDR_SIZE || memcmp(buf, SEG_MAGIC, MAGIC_LEN) != 0 ||
-	    crc32c(0, buf, 60) != get32(buf + 60))
+	    crc32c(0, buf, 60) != rps__le_get32(buf + 60))
 		return replay_damaged(r, 0, "bad segment header");
-	if (get32(buf + 8) != FORMAT_VERSION || get32(buf + 12) != SEG_HDR_SIZE)
+	if (rps__le_get32(buf + 8) != FORMAT_VERSION || rps__le_get32(buf + 12) != SEG_HDR_SIZE)
 		return rps__seterr(-EBADMSG, "wal: %.150s/%s: format version %u, this build reads %u:"
-				   " run a matching rdmapsd", r->dir, name, get32(buf + 8), FORMAT_VERSION);
-	base_index = get64(buf + 24);
-	base_term = get64(buf + 32);
-	first_batch = get64(buf + 40);
-	if (get64(buf + 16) != name_seq || base_index != name_base)
+				   " run a matching rdmapsd", r->dir, name, rps__le_get32(buf + 8), FORMAT_VERSION);
+	base_index = rps__le_get64(buf + 24);
+	base_term = rps__le_get64(buf + 32);
+	first_batch = rps__le_get64(buf + 40);
+	if (rps__le_get64(buf + 16) != name_seq || base_index != name_base)
 		return replay_damaged(r, 0, "segment header does not match the file name");
 	if (first) {
 		r->base = base_index;
@@ -690,18 +661,18 @@ static int snap_load(int dir_fd, const char *dir, const char *name, uint64_t ind
 	if (err)
 		return rps__seterr(err, "wal: reading snapshot %.150s/%s: %s", dir, name, strerror(-err));
 	if (size < SNAP_HDR_SIZE + SNAP_TRAILER_SIZE || memcmp(buf, SNAP_MAGIC, MAGIC_LEN) != 0 ||
-	    crc32c(0, buf, 60) != get32(buf + 60)) {
+	    crc32c(0, buf, 60) != rps__le_get32(buf + 60)) {
 		why = "bad header";
 		goto bad;
 	}
-	if (get32(buf + 8) != FORMAT_VERSION || get32(buf + 12) != SNAP_HDR_SIZE) {
+	if (rps__le_get32(buf + 8) != FORMAT_VERSION || rps__le_get32(buf + 12) != SNAP_HDR_SIZE) {
 		why = "unknown format version";
 		goto bad;
 	}
-	nv = get32(buf + 32);
-	nl = get32(buf + 36);
-	len = get64(buf + 40);
-	if (get64(buf + 16) != index || get64(buf + 24) != term) {
+	nv = rps__le_get32(buf + 32);
+	nl = rps__le_get32(buf + 36);
+	len = rps__le_get64(buf + 40);
+	if (rps__le_get64(buf + 16) != index || rps__le_get64(buf + 24) != term) {
 		why = "header does not match the file name";
 		goto bad;
 	}
@@ -711,14 +682,14 @@ static int snap_load(int dir_fd, const char *dir, const char *name, uint64_t ind
 		why = "wrong size (truncated?)";
 		goto bad;
 	}
-	if (crc32c(0, buf, size - SNAP_TRAILER_SIZE) != get32(buf + size - SNAP_TRAILER_SIZE)) {
+	if (crc32c(0, buf, size - SNAP_TRAILER_SIZE) != rps__le_get32(buf + size - SNAP_TRAILER_SIZE)) {
 		why = "checksum mismatch";
 		goto bad;
 	}
 	/* ids are little-endian on disk: decode in place, the buffer is ours */
 	members = (size_t)(nv + nl);
 	for (size_t i = 0; i < members; i++) {
-		uint64_t id = get64(buf + SNAP_HDR_SIZE + 8 * i);
+		uint64_t id = rps__le_get64(buf + SNAP_HDR_SIZE + 8 * i);
 
 		memcpy(buf + SNAP_HDR_SIZE + 8 * i, &id, sizeof(id));
 	}
@@ -753,21 +724,21 @@ static int snap_write(struct rps__wal *w, const struct rps__wal_snapshot *s)
 	if (err)
 		return err;
 	for (size_t i = 0; i < members; i++)
-		put64(w->buf + 8 * i, i < s->n_voters ? s->voters[i] : s->learners[i - s->n_voters]);
+		rps__le_put64(w->buf + 8 * i, i < s->n_voters ? s->voters[i] : s->learners[i - s->n_voters]);
 	memset(hdr, 0, sizeof(hdr));
 	memcpy(hdr, SNAP_MAGIC, MAGIC_LEN);
-	put32(hdr + 8, FORMAT_VERSION);
-	put32(hdr + 12, SNAP_HDR_SIZE);
-	put64(hdr + 16, s->index);
-	put64(hdr + 24, s->term);
-	put32(hdr + 32, (uint32_t)s->n_voters);
-	put32(hdr + 36, (uint32_t)s->n_learners);
-	put64(hdr + 40, s->len);
-	put32(hdr + 60, crc32c(0, hdr, 60));
+	rps__le_put32(hdr + 8, FORMAT_VERSION);
+	rps__le_put32(hdr + 12, SNAP_HDR_SIZE);
+	rps__le_put64(hdr + 16, s->index);
+	rps__le_put64(hdr + 24, s->term);
+	rps__le_put32(hdr + 32, (uint32_t)s->n_voters);
+	rps__le_put32(hdr + 36, (uint32_t)s->n_learners);
+	rps__le_put64(hdr + 40, s->len);
+	rps__le_put32(hdr + 60, crc32c(0, hdr, 60));
 	crc = crc32c(0, hdr, sizeof(hdr));
 	crc = crc32c(crc, w->buf, ids_len);
 	crc = crc32c(crc, s->data, s->len);
-	put32(trailer, crc);
+	rps__le_put32(trailer, crc);
 
 	fd = openat(w->dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0) {
@@ -849,9 +820,9 @@ static int wal_roll(struct rps__wal *w)
 	seg_name(name, seq, base);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", name);
 	seg_header_encode(head, seq, base, rps__wal_last_term(w), w->next_batch);
-	put64(head + SEG_HDR_SIZE + REC_HDR_SIZE, w->hs.term);
-	put64(head + SEG_HDR_SIZE + REC_HDR_SIZE + 8, w->hs.vote);
-	put64(head + SEG_HDR_SIZE + REC_HDR_SIZE + 16, w->hs.commit);
+	rps__le_put64(head + SEG_HDR_SIZE + REC_HDR_SIZE, w->hs.term);
+	rps__le_put64(head + SEG_HDR_SIZE + REC_HDR_SIZE + 8, w->hs.vote);
+	rps__le_put64(head + SEG_HDR_SIZE + REC_HDR_SIZE + 16, w->hs.commit);
 	rec_seal(head + SEG_HDR_SIZE, REC_HARD_STATE, HS_PAYLOAD, w->next_batch, 0);
 
 	fd = openat(w->dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -999,8 +970,8 @@ int rps__wal_save(struct rps__wal *w, const struct rps__wal_hard_state *hs,
 	for (size_t i = 0; i < n; i++) {
 		uint8_t *p = w->buf + off, *pl = p + REC_HDR_SIZE;
 
-		put64(pl, ents[i].term);
-		put64(pl + 8, ents[i].index);
+		rps__le_put64(pl, ents[i].term);
+		rps__le_put64(pl + 8, ents[i].index);
 		pl[16] = ents[i].type;
 		if (ents[i].len)
 			memcpy(pl + ENTRY_FIXED, ents[i].data, ents[i].len);
@@ -1010,9 +981,9 @@ int rps__wal_save(struct rps__wal *w, const struct rps__wal_hard_state *hs,
 	if (hs) {
 		uint8_t *p = w->buf + off;
 
-		put64(p + REC_HDR_SIZE, hs->term);
-		put64(p + REC_HDR_SIZE + 8, hs->vote);
-		put64(p + REC_HDR_SIZE + 16, hs->commit);
+		rps__le_put64(p + REC_HDR_SIZE, hs->term);
+		rps__le_put64(p + REC_HDR_SIZE + 8, hs->vote);
+		rps__le_put64(p + REC_HDR_SIZE + 16, hs->commit);
 		rec_seal(p, REC_HARD_STATE, HS_PAYLOAD, batch, --left);
 	}
 	err = wal_batch_commit(w, size);
@@ -1038,8 +1009,8 @@ static int wal_append_marker(struct rps__wal *w, uint64_t index, uint64_t term)
 	err = wal_batch_begin(w, size);
 	if (err)
 		return err;
-	put64(w->buf + REC_HDR_SIZE, index);
-	put64(w->buf + REC_HDR_SIZE + 8, term);
+	rps__le_put64(w->buf + REC_HDR_SIZE, index);
+	rps__le_put64(w->buf + REC_HDR_SIZE + 8, term);
 	rec_seal(w->buf, REC_SNAPSHOT, MARKER_PAYLOAD, w->next_batch, 0);
 	return wal_batch_commit(w, size);
 }
