@@ -538,6 +538,18 @@ static struct conn *route(const struct rps_tensor *t, uint32_t s)
 	return &t->cl->conns[c >= 0 ? c : 0];
 }
 
+/* An op of request r on shard s of t, routed to its server. */
+static struct shard_op *op_init(struct shard_op *op, struct rps_request *r, struct rps_tensor *t,
+				enum op_kind kind, uint32_t s)
+{
+	op->owner = op->req = r;
+	op->t = t;
+	op->c = route(t, s);
+	op->kind = kind;
+	op->shard = s;
+	return op;
+}
+
 static void build_cas(struct rps__wr *wr, struct shard_op *op, enum wr_tag tag, uint64_t compare, uint64_t swap)
 {
 	struct conn *c = op->c;
@@ -2111,12 +2123,7 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 				int c = t->part[rps__shard_server(&t->layout, s)].conn;
 				if (c < 0 || !reps[c].created)
 					continue;
-				op = &r->ops[k++];
-				op->owner = op->req = r;
-				op->t = t;
-				op->c = route(t, s);
-				op->kind = OP_INIT;
-				op->shard = s;
+				op = op_init(&r->ops[k++], r, t, OP_INIT, s);
 				op->src = o->init + rps__shard_first(&t->layout, s);
 			}
 			ret = submit_and_wait(cl, r, NULL);
@@ -2311,11 +2318,7 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 			struct shard_op *op;
 			if (!retryable(old->result))
 				continue;
-			op = &nr->ops[k++];
-			op->owner = op->req = nr;
-			op->t = old->t;
-			op->kind = old->kind;
-			op->shard = old->shard;
+			op = op_init(&nr->ops[k++], nr, old->t, old->kind, old->shard);
 			op->clock = old->clock;
 			op->push_id = old->push_id;
 			op->src = old->src;
@@ -2323,7 +2326,6 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 			op->min_version = old->min_version;
 			op->min_clock = old->min_clock;
 			op->held = old->held;
-			op->c = route(op->t, op->shard);
 		}
 		if (cur != r) {
 			cur->waited = true;
@@ -2416,12 +2418,7 @@ static int push_start(rps_tensor_t *t, const void *grad, size_t nbytes, rps_requ
 	pthread_mutex_lock(&cl->lock);
 	clock = t->clock++;
 	for (s = 0; s < t->layout.nshards; s++) {
-		struct shard_op *op = &r->ops[s];
-		op->owner = op->req = r;
-		op->t = t;
-		op->c = route(t, s);
-		op->kind = OP_PUSH;
-		op->shard = s;
+		struct shard_op *op = op_init(&r->ops[s], r, t, OP_PUSH, s);
 		op->clock = clock;
 		op->push_id = ++cl->next_push_id;
 		op->src = (const char *)grad + rps__shard_first(&t->layout, s) * esize;
@@ -2457,12 +2454,7 @@ static int pull_start(rps_tensor_t *t, float *out, size_t nbytes, uint64_t *vers
 	else if (t->spec.mode == RPS_MODE_BOUNDED)
 		min_clock = t->clock > t->spec.staleness ? t->clock - t->spec.staleness : 0;
 	for (s = 0; s < t->layout.nshards; s++) {
-		struct shard_op *op = &r->ops[s];
-		op->owner = op->req = r;
-		op->t = t;
-		op->c = route(t, s);
-		op->kind = OP_PULL;
-		op->shard = s;
+		struct shard_op *op = op_init(&r->ops[s], r, t, OP_PULL, s);
 		op->min_version = min_version;
 		op->min_clock = min_clock;
 		op->dst = out + rps__shard_first(&t->layout, s);
@@ -2602,12 +2594,7 @@ static int lock_op(rps_tensor_t *t, uint32_t shard, enum op_kind kind)
 	if (!r)
 		return rps__seterr(-ENOMEM, "out of memory");
 	r->kind = REQ_SHARDS;
-	op = &r->ops[0];
-	op->owner = op->req = r;
-	op->t = t;
-	op->c = route(t, shard);
-	op->kind = kind;
-	op->shard = shard;
+	op = op_init(&r->ops[0], r, t, kind, shard);
 	op->held = t->lock_held[shard];
 	return submit_and_wait(cl, r, NULL);
 }
