@@ -1831,6 +1831,18 @@ static void test_checkpoint_restore(void)
 	CU_ASSERT_EQUAL(rc, 1);
 	CU_ASSERT(strstr(perr, ".rpsck") != NULL);
 	stop_all(&clu);
+	/* servers with another shard size cannot take it: they say which */
+	{
+		struct it_server_opts so = { .extra_args = FAST_ARGS " --shard-size 8192", .data_dir = 1 };
+		CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 2, &so), 0);
+		clu_up = true;
+		CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+		rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", dir);
+		CU_ASSERT_EQUAL(rc, 1);
+		CU_ASSERT(strstr(perr, "--shard-size") != NULL);
+		CU_ASSERT(one_line(perr));
+		stop_all(&clu);
+	}
 	{
 		char cmd[700];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", dir, bad);
