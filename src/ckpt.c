@@ -80,6 +80,8 @@ struct rps__ckpt_writer {
 	char *path;		/* final name */
 	char *tmp;		/* path + ".tmp" */
 	char *dir;
+	int dirfd;		/* dir, opened once: files are made relative to it */
+	char name[64], tmpname[72];	/* file names inside dir */
 	int fd;
 	int level;
 	int broken;		/* sticky error */
@@ -262,33 +264,6 @@ static int fsync_path(const char *path)
 	return err;
 }
 
-/* mkdir -p; *created tells whether the last component was made here. */
-static int mkdir_p(const char *dir, bool *created)
-{
-	char buf[PATH_BUF];
-	size_t len = strlen(dir);
-
-	*created = false;
-	if (len == 0 || len >= sizeof(buf))
-		return -ENAMETOOLONG;
-	memcpy(buf, dir, len + 1);
-	for (size_t i = 1; i <= len; i++) {
-		if (buf[i] != '/' && buf[i] != '\0')
-			continue;
-		buf[i] = '\0';
-		if (mkdir(buf, 0755) == 0) {
-			*created = true;
-		} else if (errno == EEXIST) {
-			*created = false;
-		} else {
-			return -errno;
-		}
-		if (i < len)
-			buf[i] = '/';
-	}
-	return 0;
-}
-
 static void parent_of(char *buf, size_t size, const char *dir)
 {
 	char *slash;
@@ -303,6 +278,59 @@ static void parent_of(char *buf, size_t size, const char *dir)
 		buf[1] = '\0';
 	else
 		*slash = '\0';
+}
+
+/*
+ * Open DIR for the writer, making DIR itself (mode 0700) if it is missing
+ * but never its parents: a mistyped path fails instead of growing a tree.
+ * The files are then made relative to this descriptor, so nothing the
+ * directory's other users plant later (a symlink named like our temporary
+ * file, a rename of DIR) can redirect our writes.
+ */
+static int open_dir(const char *dir)
+{
+	bool created = false;
+	int fd;
+
+	if (mkdir(dir, 0700) == 0)
+		created = true;
+	else if (errno != EEXIST)
+		return -errno;
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (created) {
+		/* the new directory's entry must survive a crash too */
+		char parent[PATH_BUF];
+		int err;
+
+		parent_of(parent, sizeof(parent), dir);
+		err = fsync_path(parent);
+		if (err) {
+			close(fd);
+			return err;
+		}
+	}
+	return fd;
+}
+
+/*
+ * Create the temporary file: O_EXCL | O_NOFOLLOW, so a symlink or file
+ * planted under that name is never followed or reused. A leftover of an
+ * earlier crashed checkpoint (or a planted link) is unlinked, which removes
+ * the name, not what a link points to, and the create is tried once more.
+ */
+static int create_tmp(int dirfd, const char *name)
+{
+	const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+	int fd = openat(dirfd, name, flags, 0600);
+
+	if (fd < 0 && errno == EEXIST) {
+		if (unlinkat(dirfd, name, 0) < 0 && errno != ENOENT)
+			return -errno;
+		fd = openat(dirfd, name, flags, 0600);
+	}
+	return fd < 0 ? -errno : fd;
 }
 
 /* Elements of shard index of a tensor of count elements; 0 if none. */
@@ -338,6 +366,8 @@ static void header_encode(uint8_t *p, const struct rps__ckpt_header *h)
 
 static void writer_free(struct rps__ckpt_writer *w)
 {
+	if (w->dirfd >= 0)
+		close(w->dirfd);
 	free(w->level_buf);
 	free(w->out);
 	free(w->raw);
@@ -352,8 +382,6 @@ int rps__ckpt_create(const char *dir, const struct rps__ckpt_header *h, int leve
 {
 	struct rps__ckpt_writer *w;
 	uint8_t hdr[HDR_SIZE];
-	char parent[PATH_BUF];
-	bool created;
 	int err;
 
 	if (!dir || !*dir || !h || !out)
@@ -367,10 +395,13 @@ int rps__ckpt_create(const char *dir, const struct rps__ckpt_header *h, int leve
 	if (!w)
 		return rps__seterr(-ENOMEM, "checkpoint: out of memory");
 	w->fd = -1;
+	w->dirfd = -1;
 	w->level = level;
 	w->shard_elems = h->shard_elems;
+	snprintf(w->name, sizeof(w->name), PREFIX "%" PRIu64 SUFFIX, h->member_id);
+	snprintf(w->tmpname, sizeof(w->tmpname), "%s.tmp", w->name);
 	w->dir = strdup(dir);
-	if (!w->dir || asprintf(&w->path, "%s/" PREFIX "%" PRIu64 SUFFIX, dir, h->member_id) < 0) {
+	if (!w->dir || asprintf(&w->path, "%s/%s", dir, w->name) < 0) {
 		w->path = NULL;
 		err = rps__seterr(-ENOMEM, "checkpoint: out of memory");
 		goto err_free;
@@ -391,23 +422,19 @@ int rps__ckpt_create(const char *dir, const struct rps__ckpt_header *h, int leve
 			goto err_free;
 		}
 	}
-	err = mkdir_p(dir, &created);
-	if (err) {
-		rps__seterr(err, "checkpoint: creating directory %.200s: %s", dir, strerror(-err));
+	w->dirfd = open_dir(dir);
+	if (w->dirfd < 0) {
+		err = w->dirfd;
+		if (err == -ENOENT)
+			rps__seterr(err, "checkpoint: directory %.200s: its parent does not exist; "
+				    "create it first (only the last component is made)", dir);
+		else
+			rps__seterr(err, "checkpoint: directory %.200s: %s", dir, strerror(-err));
 		goto err_free;
 	}
-	if (created) {
-		/* the new directory's entry must survive a crash too */
-		parent_of(parent, sizeof(parent), dir);
-		err = fsync_path(parent);
-		if (err) {
-			rps__seterr(err, "checkpoint: syncing directory %.200s: %s", parent, strerror(-err));
-			goto err_free;
-		}
-	}
-	w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	w->fd = create_tmp(w->dirfd, w->tmpname);
 	if (w->fd < 0) {
-		err = -errno;
+		err = w->fd;
 		rps__seterr(err, "checkpoint: creating %.200s: %s", w->tmp, strerror(-err));
 		goto err_free;
 	}
@@ -423,7 +450,7 @@ int rps__ckpt_create(const char *dir, const struct rps__ckpt_header *h, int leve
 
 err_unlink:
 	close(w->fd);
-	unlink(w->tmp);
+	unlinkat(w->dirfd, w->tmpname, 0);
 err_free:
 	writer_free(w);
 	return err;
@@ -594,14 +621,14 @@ int rps__ckpt_finish(struct rps__ckpt_writer *w, uint64_t *bytes_written)
 		rps__seterr(err, "checkpoint: syncing %.200s: %s", w->tmp, strerror(-err));
 		goto err_unlink;
 	}
-	if (rename(w->tmp, w->path) < 0) {
+	if (renameat(w->dirfd, w->tmpname, w->dirfd, w->name) < 0) {
 		err = -errno;
 		rps__seterr(err, "checkpoint: renaming %.200s: %s", w->tmp, strerror(-err));
 		goto err_unlink;
 	}
 	close(w->fd);
 	w->fd = -1;
-	err = fsync_path(w->dir);
+	err = fsync(w->dirfd) < 0 ? -errno : 0;
 	if (err) {
 		/* the file is whole, but its name may not survive a crash */
 		rps__seterr(err, "checkpoint: syncing directory %.200s: %s", w->dir, strerror(-err));
@@ -614,7 +641,7 @@ int rps__ckpt_finish(struct rps__ckpt_writer *w, uint64_t *bytes_written)
 
 err_unlink:
 	close(w->fd);
-	unlink(w->tmp);
+	unlinkat(w->dirfd, w->tmpname, 0);
 err_free:
 	writer_free(w);
 	return err;
@@ -626,7 +653,7 @@ void rps__ckpt_abort(struct rps__ckpt_writer *w)
 		return;
 	if (w->fd >= 0) {
 		close(w->fd);
-		unlink(w->tmp);
+		unlinkat(w->dirfd, w->tmpname, 0);
 	}
 	writer_free(w);
 }

@@ -51,12 +51,19 @@ static void rm_tree(const char *path)
 	rmdir(path);
 }
 
-/* dir does not exist yet: create must make it (and its parent). */
+/* dir does not exist yet, its parent does: create must make it. */
 static void setup(void)
 {
-	snprintf(base, sizeof(base), "/tmp/test_ckpt.XXXXXX");
+	const char *tmp = getenv("TMPDIR");
+
+	snprintf(base, sizeof(base), "%s/test_ckpt.XXXXXX", tmp && *tmp ? tmp : "/tmp");
 	if (!mkdtemp(base)) {
 		perror("mkdtemp");
+		exit(1);
+	}
+	snprintf(dir, sizeof(dir), "%s/run", base);
+	if (mkdir(dir, 0700) < 0) {
+		perror("mkdir");
 		exit(1);
 	}
 	snprintf(dir, sizeof(dir), "%s/run/step", base);
@@ -793,6 +800,55 @@ static void test_list(void)
 	CU_ASSERT_EQUAL(n, 0);
 }
 
+/* Issue 10 item 7: symlinks planted under the writer's file names are never
+ * followed, the file is private, and missing parents are not made. */
+static void test_writer_ignores_planted_symlinks(void)
+{
+	char victim[512], tmpname[600], final[512], got[16] = { 0 };
+	struct stat st;
+	FILE *f;
+
+	snprintf(victim, sizeof(victim), "%s/victim", base);
+	spit(victim, (const uint8_t *)"victim", 6);
+	CU_ASSERT_EQUAL_FATAL(mkdir(dir, 0755), 0);
+	member_path(final, sizeof(final), 7);
+	snprintf(tmpname, sizeof(tmpname), "%s.tmp", final);
+	CU_ASSERT_EQUAL_FATAL(symlink(victim, tmpname), 0);
+	CU_ASSERT_EQUAL_FATAL(symlink(victim, final), 0);
+	nmodel = 0;
+	add_shards(add_tensor("t", 3, 1, 0, 0), SHARD_ELEMS, 0, 0);
+	CU_ASSERT_EQUAL_FATAL(write_model(7, SHARD_ELEMS, 1, NULL), 0);
+	f = fopen(victim, "r");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	CU_ASSERT_EQUAL(fread(got, 1, sizeof(got) - 1, f), 6);
+	fclose(f);
+	CU_ASSERT_STRING_EQUAL(got, "victim");
+	CU_ASSERT_EQUAL_FATAL(lstat(final, &st), 0);
+	CU_ASSERT_TRUE(S_ISREG(st.st_mode));
+	CU_ASSERT_EQUAL(st.st_mode & 07777, 0600);
+	CU_ASSERT_EQUAL(lstat(tmpname, &st), -1);
+	CU_ASSERT_EQUAL(check_model(final, SHARD_ELEMS), 0);
+}
+
+static void test_writer_makes_no_parents(void)
+{
+	struct rps__ckpt_header h = hdr_of(3, 4);
+	struct rps__ckpt_writer *w = NULL;
+	char deep[600], top[600];
+	struct stat st;
+
+	snprintf(top, sizeof(top), "%s/a", base);
+	snprintf(deep, sizeof(deep), "%s/a/b/c", base);
+	CU_ASSERT_EQUAL(rps__ckpt_create(deep, &h, 1, &w), -ENOENT);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "its parent does not exist"));
+	CU_ASSERT_EQUAL(stat(top, &st), -1);
+	/* the last component is made, private */
+	CU_ASSERT_EQUAL_FATAL(rps__ckpt_create(dir, &h, 1, &w), 0);
+	rps__ckpt_abort(w);
+	CU_ASSERT_EQUAL_FATAL(stat(dir, &st), 0);
+	CU_ASSERT_EQUAL(st.st_mode & 07777, 0700);
+}
+
 static void test_open_errors(void)
 {
 	struct rps__ckpt_reader *r;
@@ -819,6 +875,8 @@ int main(void)
 		{ "abort leaves no file", test_abort },
 		{ "list finds exactly the member files", test_list },
 		{ "open errors", test_open_errors },
+		{ "writer ignores planted symlinks, file 0600", test_writer_ignores_planted_symlinks },
+		{ "writer makes no missing parents", test_writer_makes_no_parents },
 	};
 	unsigned failed;
 	CU_pSuite s;
