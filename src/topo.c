@@ -163,7 +163,8 @@ int rps__topo_open(const struct rps__topo_opts *o, struct rps__topo **out)
 			goto err;
 		}
 		if (hwloc_topology_set_xmlbuffer(t->topo, xml, (int)strlen(xml) + 1)) {
-			ret = rps__seterr(-EINVAL, "topology XML document: hwloc refuses it: %s", strerror(errno));
+			ret = rps__seterr(-EINVAL, "topology XML document: hwloc refuses it: %s (expected hwloc 2 XML, as `lstopo --of xml` writes)",
+					  strerror(errno));
 			goto err;
 		}
 	} else if (xml) {
@@ -173,7 +174,8 @@ int rps__topo_open(const struct rps__topo_opts *o, struct rps__topo **out)
 			goto err;
 		}
 		if (hwloc_topology_set_xml(t->topo, xml)) {
-			ret = rps__seterr(-EINVAL, "topology XML file %s: hwloc refuses it: %s", xml, strerror(errno));
+			ret = rps__seterr(-EINVAL, "topology XML file %s: hwloc refuses it: %s (expected hwloc 2 XML, as `lstopo --of xml` writes)",
+					  xml, strerror(errno));
 			goto err;
 		}
 	} else {
