@@ -647,6 +647,30 @@ static int spec_check(const char *name, const struct rps__tensor_spec *sp)
 	return 0;
 }
 
+/* What rps__srv_tensor_add would check of a tensor it is told about, with
+ * no side effect: a partition image is validated whole before anything of
+ * it is installed.  *l: the tensor's layout on this server. */
+int rps__srv_spec_valid(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
+			struct rps__layout *l)
+{
+	struct rps__optim o = {
+		.type = (enum rps_optimizer)sp->optimizer, .lr = sp->lr, .momentum = sp->momentum,
+		.beta1 = sp->beta1, .beta2 = sp->beta2, .eps = sp->eps,
+		.weight_decay = sp->weight_decay, .rescale = sp->rescale,
+	};
+	int ret = spec_check(name, sp);
+
+	if (ret)
+		return ret;
+	ret = rps__optim_validate(&o);
+	if (ret)
+		return rps__preerr(ret, "tensor '%s'", name);
+	if (sp->count > UINT64_MAX - srv->shard_elems)
+		return rps__seterr(-EFBIG, "tensor '%s': %llu elements is beyond any layout", name,
+				   (unsigned long long)sp->count);
+	return rps__layout_init(l, name, sp->count, srv->shard_elems, srv->map.npart);
+}
+
 /* Know a tensor (its spec and layout) without holding any of its shards:
  * regions come with the partitions this server owns or receives. */
 int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,

@@ -283,6 +283,8 @@ int rps__srv_post_recv(struct conn *c, uint32_t i);
 struct tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name);
 int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
 			struct tensor **out);
+int rps__srv_spec_valid(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
+			struct rps__layout *l);
 int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t part, bool has_init,
 			  struct conn *init_conn);
 int rps__srv_region_register(struct rps__server *srv, struct tensor *t, uint32_t part);
@@ -307,6 +309,11 @@ void rps__cp_on_conn_gone(struct rps__server *srv, struct conn *c);
 void rps__cp_on_send_done(struct rps__server *srv, struct conn *c);
 int rps__cp_accept_peer(struct rps__server *srv, uint64_t from_id, uint64_t to_id, const char **why);
 void rps__cp_peer_attached(struct rps__server *srv, struct conn *c);
+/* A partition image (what a move ships): build one of a partition served
+ * here (malloc'ed), and validate then install one as a move's destination
+ * does (tests and the fuzz harness drive these). */
+int rps__cp_image_build(struct rps__server *srv, uint32_t part, void **img, size_t *len);
+int rps__cp_image_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len);
 /* Is the partition served here under this epoch right now? */
 static inline bool rps__cp_serving(const struct rps__server *srv, uint32_t part)
 {
