@@ -1107,9 +1107,20 @@ static void reconcile(struct rps__server *srv)
 				}
 				rps__log(RPS__LOG_INFO, "partition %u is ours now (epoch %llu)", p,
 					 (unsigned long long)mp->epoch);
+			} else if (pl->st != PART_ACTIVE && (mp->lost || (srv->restarted && !pl->cleared))) {
+				/* A restart took what was in memory: refuse it (never
+				 * zeros) until restored or accepted empty. */
+				if (!mp->lost && !pl->gone)
+					rps__log(RPS__LOG_ERROR, "partition %u lost with member %llu (restarted): restore it"
+						 " (psctl restore DIR) or accept it empty (psctl forget-lost %u)", p,
+						 (unsigned long long)srv->my_id, p);
+				pl->gone = !mp->lost;
+				pl->st = PART_NONE;
+				pl->epoch = mp->epoch;
+				continue;
 			} else if (pl->st != PART_ACTIVE) {
 				uint32_t i;
-				/* (bootstrap, or a restart: what was in memory is gone) */
+				/* (bootstrap, or a lost partition accepted empty) */
 				for (i = 0; i < srv->ntensors; i++)
 					if (srv->tensors[i] && !rps__srv_region_alloc(srv, srv->tensors[i], p, false, NULL))
 						rps__srv_region_register(srv, srv->tensors[i], p);
@@ -1131,6 +1142,8 @@ static void reconcile(struct rps__server *srv)
 			continue;
 		}
 		/* not ours */
+		pl->gone = false;
+		pl->cleared = false;
 		if (pl->st == PART_ACTIVE || pl->st == PART_LEAVING || pl->st == PART_SHIPPED) {
 			rps__log(RPS__LOG_INFO, "partition %u now belongs to member %llu (epoch %llu)", p,
 				 (unsigned long long)mp->owner, (unsigned long long)mp->epoch);
@@ -1171,7 +1184,12 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 	else
 		rps__log(cmd.type == RPS__SMAP_NOP ? RPS__LOG_DEBUG : RPS__LOG_INFO, "log entry %llu: %s",
 			 (unsigned long long)index, what);
-	if (!ret && cmd.type == RPS__SMAP_REMOVE_MEMBER && cmd.id == srv->my_id)
+	if (!ret && cmd.type == RPS__SMAP_CLEAR_LOST && srv->map.parts[cmd.part].owner == srv->my_id) {
+		srv->parts[cmd.part].gone = false;
+		srv->parts[cmd.part].cleared = true;
+	}
+	if (!ret && (cmd.type == RPS__SMAP_REMOVE_MEMBER || cmd.type == RPS__SMAP_FORCE_REMOVE) &&
+	    cmd.id == srv->my_id)
 		/* linger a moment: workers with operations on their way learn
 		 * from refusals that the partitions moved, not from a reset */
 		srv->removed_at = rps__now_ns() + ms_ns(srv->cfg.drain_ms);
@@ -1200,6 +1218,32 @@ static int bootstrap_map(struct rps__server *srv)
 	for (i = 0; i < srv->ncluster; i++)
 		uris[i] = rps__uri_str(&srv->cluster[i], bufs[i], sizeof(bufs[i]));
 	return rps__smap_init(&srv->map, uris, (uint32_t)srv->ncluster, srv->cfg.npart);
+}
+
+void rps__cp_restored(struct rps__server *srv)
+{
+	struct rps__smap_cmd cmd;
+	bool local = false;
+	uint32_t p;
+
+	for (p = 0; p < srv->map.npart; p++) {
+		struct part_local *pl = &srv->parts[p];
+		if (srv->map.parts[p].owner != srv->my_id || !rps__cp_lost(srv, p))
+			continue;
+		rps__log(RPS__LOG_INFO, "partition %u restored from a checkpoint", p);
+		pl->gone = false;
+		pl->cleared = true;
+		local = true;
+		if (!srv->map.parts[p].lost)
+			continue;
+		memset(&cmd, 0, sizeof(cmd));
+		cmd.type = RPS__SMAP_CLEAR_LOST;
+		cmd.part = p;
+		cmd.epoch = srv->map.parts[p].epoch;
+		propose_cmd(srv, &cmd);
+	}
+	if (local)
+		reconcile(srv);
 }
 
 static int cb_restore(void *ctx, uint64_t index, const void *data, size_t len)
@@ -1384,7 +1428,14 @@ static void admin_map_changed(struct rps__server *srv)
 				continue;
 			}
 			break;
+		case RPS__ADMIN_FORCE_REMOVE:
+			if (!rps__smap_member(&srv->map, a->id) && !in_conf(&st, a->id)) {
+				admin_done(srv, i, 0, 0, NULL);
+				continue;
+			}
+			break;
 		case RPS__ADMIN_NOP:
+		case RPS__ADMIN_FORGET_LOST:
 			if (srv->map.applied >= a->index) {
 				if (rps__rnode_term_at(srv->rnode, a->index) == a->term)
 					admin_done(srv, i, 0, 0, NULL);
@@ -1488,6 +1539,45 @@ static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	case RPS__ADMIN_NOP:
 		cmd.type = RPS__SMAP_NOP;
 		break;
+	case RPS__ADMIN_FORCE_REMOVE:
+		if (a->id == srv->my_id) {
+			admin_reply(srv, c, req_id, -EBUSY, 0, 0,
+				    "this server leads the group: transfer leadership first (psctl transfer-leader)");
+			return;
+		}
+		cmd.type = RPS__SMAP_FORCE_REMOVE;
+		cmd.id = a->id;
+		break;
+	case RPS__ADMIN_FORGET_LOST: {
+		uint32_t p, n = 0;
+		/* one CLEAR_LOST per partition; the answer waits for the last */
+		for (p = 0; p < srv->map.npart; p++) {
+			if (!srv->map.parts[p].lost || (a->part != UINT32_MAX && a->part != p))
+				continue;
+			cmd.type = RPS__SMAP_CLEAR_LOST;
+			cmd.part = p;
+			cmd.epoch = srv->map.parts[p].epoch;
+			ret = rps__smap_cmd_encode(&cmd, buf, sizeof(buf), &len);
+			if (!ret)
+				ret = rps__rnode_propose(srv->rnode, buf, len, &index, &term);
+			if (ret) {
+				admin_reply(srv, c, req_id, ret, 0, 0, rps__errbuf());
+				return;
+			}
+			n++;
+		}
+		if (!n) {
+			admin_reply(srv, c, req_id, -ENOENT, 0, 0, a->part == UINT32_MAX ? "no partition is lost" :
+				    "that partition is not lost");
+			return;
+		}
+		if (admin_wait_add(srv, c, req_id, a, 0, index))
+			admin_reply(srv, c, req_id, -ENOMEM, 0, 0, "out of memory");
+		else
+			srv->admin[srv->nadmin - 1].term = term;
+		rps__rnode_process(srv->rnode);
+		return;
+	}
 	case RPS__ADMIN_TRANSFER_LEADER: {
 		uint64_t to = a->id, best = 0;
 		uint32_t i;
@@ -1733,6 +1823,18 @@ static void move_duties(struct rps__server *srv, uint64_t now)
 				propose_cmd(srv, &cmd);
 			}
 			break;
+		case PART_NONE:
+			/* restarted without it: the cluster must learn it is lost */
+			if (pl->gone && !srv->map.parts[p].lost && srv->map.parts[p].owner == srv->my_id &&
+			    !srv->map.parts[p].moving_to && now >= pl->next_try) {
+				pl->next_try = now + PEER_RETRY_NS / 2;
+				cmd.type = RPS__SMAP_MARK_LOST;
+				cmd.part = p;
+				cmd.from = srv->my_id;
+				cmd.epoch = srv->map.parts[p].epoch;
+				propose_cmd(srv, &cmd);
+			}
+			break;
 		case PART_DRAINING:
 			if (now >= pl->free_at) {
 				regions_free_part(srv, p);
@@ -1813,6 +1915,22 @@ static void remove_tree(const char *dir)
 	rmdir(dir);
 }
 
+/* A data dir with anything in it: this server ran before, and whatever it
+ * held in memory then is gone. */
+static bool dir_has_state(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	bool any = false;
+
+	if (!d)
+		return false;
+	while (!any && (e = readdir(d)))
+		any = strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return any;
+}
+
 int rps__cp_init(struct rps__server *srv)
 {
 	struct rps__rnode_config rc;
@@ -1841,6 +1959,7 @@ int rps__cp_init(struct rps__server *srv)
 	}
 	if (ret)
 		goto err_mr;
+	srv->restarted = dir_has_state(srv->data_dir);
 	if (!srv->cfg.join_id) {
 		int n = srv->ncluster >= 5 ? 5 : srv->ncluster >= 3 ? 3 : srv->ncluster;
 		for (i = 0; i < n; i++)

@@ -367,6 +367,10 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	}
 	local = d->shard;
 	s = &t->shards[local];
+	if (rps__cp_lost(srv, s->part)) {
+		push_ack(c, slot, -ENODATA, 0, 0);
+		return CONSUMED;
+	}
 	/* Fencing: only the owner of the partition, under the epoch the map
 	 * gave it, takes pushes.  A refused push was not applied: the worker
 	 * refreshes its map and sends it to the new owner. */
@@ -857,6 +861,15 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 	uint32_t p;
 	int ret;
 
+	if (!(req->flags & RPS__CREATE_OPEN_ONLY))
+		for (p = 0; p < srv->map.npart; p++)
+			if (srv->map.parts[p].owner == srv->my_id && rps__cp_lost(srv, p)) {
+				/* a tensor here would have empty shards where trained ones were */
+				rps__log(RPS__LOG_WARN, "create of '%s' from %s refused: partition %u is lost", req->name,
+					 rps__ep_peer(c->ep), p);
+				conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENODATA, NULL, 0);
+				return;
+			}
 	if (t) {
 		if (!(req->flags & RPS__CREATE_OPEN_ONLY) && !spec_equal(&t->spec, &req->spec)) {
 			rps__log(RPS__LOG_WARN, "worker %s: tensor '%s' exists with different options",
@@ -943,6 +956,10 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 		return;
 	}
 	local = w->shard;
+	if (rps__cp_lost(srv, t->shards[local].part)) {
+		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -ENODATA, NULL, 0);
+		return;
+	}
 	if (!t->shards[local].hdr || !rps__cp_serving(srv, t->shards[local].part)) {
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, RPS_ESTALE_EPOCH, NULL, 0);
 		return;
