@@ -1110,7 +1110,7 @@ static void reconcile(struct rps__server *srv)
 			} else if (pl->st != PART_ACTIVE && (mp->lost || (srv->restarted && !pl->cleared))) {
 				/* A restart took what was in memory: refuse it (never
 				 * zeros) until restored or accepted empty. */
-				if (!mp->lost && !pl->gone)
+				if (!mp->lost && !pl->gone && srv->rnode)	/* (after replay: below) */
 					rps__log(RPS__LOG_ERROR, "partition %u lost with member %llu (restarted): restore it"
 						 " (psctl restore DIR) or accept it empty (psctl forget-lost %u)", p,
 						 (unsigned long long)srv->my_id, p);
@@ -1995,6 +1995,11 @@ int rps__cp_init(struct rps__server *srv)
 			goto err_rnode;
 		reconcile(srv);
 	}
+	for (i = 0; i < (int)srv->map.npart; i++)
+		if (srv->parts[i].gone)
+			rps__log(RPS__LOG_ERROR, "partition %d lost with member %llu (restarted): restore it"
+				 " (psctl restore DIR) or accept it empty (psctl forget-lost %d)", i,
+				 (unsigned long long)srv->my_id, i);
 	if (nvoters == 1 && srv->ncluster == 1)
 		rps__rnode_campaign(srv->rnode);
 	map_publish(srv);
