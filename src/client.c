@@ -2103,6 +2103,17 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 	if (ret)
 		goto out;
 	ret = tensor_regions(cl, t, msg, to, reps, rstatus, false);
+	if (ret == -ENODATA) {
+		/* a server refused it: some of its shards are in a lost partition */
+		uint32_t p;
+		for (p = 0; p < cl->map.npart && p < t->layout.nservers; p++)
+			if (cl->map.parts[p].lost && rps__server_nshards(&t->layout, p)) {
+				rps__seterr(-ENODATA, "partition %u lost with member %llu: restore it (psctl restore DIR)"
+					    " or accept it empty (psctl forget-lost %u)", p,
+					    (unsigned long long)cl->map.parts[p].lost, p);
+				break;
+			}
+	}
 	if (ret) {
 		rps__preerr(ret, "tensor '%s'", name);
 		goto out;
@@ -2302,7 +2313,8 @@ static bool worth_resending(const struct rps_client *cl, const struct shard_op *
 	if (op->result != -ECONNRESET)
 		return retryable(op->result);
 	p = rps__shard_server(&op->t->layout, op->shard);
-	return p < cl->map.npart && cl->map.parts[p].owner != op->c->member_id;
+	/* (a partition lost with its server: resent, it is refused saying so) */
+	return p < cl->map.npart && (cl->map.parts[p].owner != op->c->member_id || cl->map.parts[p].lost);
 }
 
 static int retry_stale(struct rps_client *cl, struct rps_request *r)

@@ -861,15 +861,24 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 	uint32_t p;
 	int ret;
 
-	if (!(req->flags & RPS__CREATE_OPEN_ONLY))
-		for (p = 0; p < srv->map.npart; p++)
-			if (srv->map.parts[p].owner == srv->my_id && rps__cp_lost(srv, p)) {
-				/* a tensor here would have empty shards where trained ones were */
+	if (!(req->flags & RPS__CREATE_OPEN_ONLY)) {
+		struct rps__layout l;
+		/* a tensor with shards in a lost partition here would have empty
+		 * shards where trained ones were; the others are created as usual
+		 * (a spec with no layout is refused below, saying why) */
+		if (t)
+			l = t->layout;
+		else if (rps__layout_init(&l, req->name, req->spec.count, srv->shard_elems, srv->map.npart))
+			l.nservers = 0;
+		for (p = 0; p < l.nservers && p < srv->map.npart; p++)
+			if (srv->map.parts[p].owner == srv->my_id && rps__cp_lost(srv, p) &&
+			    rps__server_nshards(&l, p)) {
 				rps__log(RPS__LOG_WARN, "create of '%s' from %s refused: partition %u is lost", req->name,
 					 rps__ep_peer(c->ep), p);
 				conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENODATA, NULL, 0);
 				return;
 			}
+	}
 	if (t) {
 		if (!(req->flags & RPS__CREATE_OPEN_ONLY) && !spec_equal(&t->spec, &req->spec)) {
 			rps__log(RPS__LOG_WARN, "worker %s: tensor '%s' exists with different options",

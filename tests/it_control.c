@@ -20,7 +20,11 @@
  *  - a follower cut off from its peers (RPS_FAULT=isolate-signals): moves
  *    commit without it, and it catches up once back; psctl finds the leader
  *    when the first server of its list is the one cut off;
- *  - transfer-leader; bad psctl input and a malformed ADMIN message.
+ *  - transfer-leader; bad psctl input and a malformed ADMIN message;
+ *  - lost partitions: a partition owner killed and restarted, or a dead
+ *    one forced out (remove-server --force): what it held is refused
+ *    (-ENODATA), never served as zeros, the rest stays exact, until a
+ *    restore or forget-lost.
  *
  * Workers never wait for the parent while it acts, so training runs through
  * every psctl command; the parent then stops them after a number of steps
@@ -2378,9 +2382,11 @@ static void test_remove_server_force_dead_member(void)
 	t0 = now_s();
 	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --timeout 5 move %d %llu", live, P,
 		      other);
-	fprintf(stderr, "[move from the dead member: exit %d after %.1f s] ", rc, now_s() - t0);
+	fprintf(stderr, "[move from the dead member: exit %d after %.1f s: %s] ", rc, now_s() - t0, err);
 	CU_ASSERT_EQUAL(rc, 1);
 	CU_ASSERT(one_line(err));
+	status_lost(live, pl);
+	CU_ASSERT_EQUAL(pl[P].moving_to, other);	/* left moving: only its dead source could abort it */
 
 	/* forced out: its partitions pass to the others, lost, one epoch on */
 	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --timeout 10 remove-server --force %llu",
