@@ -1240,6 +1240,7 @@ void rps__cp_restored(struct rps__server *srv)
 		cmd.type = RPS__SMAP_CLEAR_LOST;
 		cmd.part = p;
 		cmd.epoch = srv->map.parts[p].epoch;
+		pl->next_try = rps__now_ns() + PEER_RETRY_NS / 2;	/* (move_duties retries) */
 		propose_cmd(srv, &cmd);
 	}
 	if (local)
@@ -1794,6 +1795,19 @@ static void move_duties(struct rps__server *srv, uint64_t now)
 		struct rps__smap_cmd cmd;
 
 		memset(&cmd, 0, sizeof(cmd));
+		/* Its contents are here again (restored, or accepted empty, since
+		 * the restart) yet the map says lost: a MARK_LOST proposed before
+		 * that (or a CLEAR_LOST dropped with a leader) was ordered after
+		 * it.  Clear it again: the restore wins, whatever the order. */
+		if (pl->cleared && !pl->gone && srv->map.parts[p].lost && srv->map.parts[p].owner == srv->my_id &&
+		    !srv->map.parts[p].moving_to && now >= pl->next_try) {
+			pl->next_try = now + PEER_RETRY_NS / 2;
+			cmd.type = RPS__SMAP_CLEAR_LOST;
+			cmd.part = p;
+			cmd.epoch = srv->map.parts[p].epoch;
+			propose_cmd(srv, &cmd);
+			continue;
+		}
 		switch (pl->st) {
 		case PART_LEAVING:
 			if (fence_partition(srv, p) && ship_partition(srv, p))
