@@ -394,7 +394,8 @@ static int restore_file(struct rps__server *srv, const char *file, uint32_t *ins
 			}
 			s = &t->shards[cs->index];
 			p = s->part;
-			if (!rps__cp_serving(srv, p))
+			/* and lost partitions it owns: a restore is what brings them back */
+			if (!rps__cp_serving(srv, p) && !(srv->map.parts[p].owner == srv->my_id && rps__cp_lost(srv, p)))
 				continue;
 			if (!t->regions[p].mem) {
 				ret = rps__srv_region_alloc(srv, t, p, false, NULL);
@@ -547,6 +548,8 @@ void rps__ck_on_message(struct rps__server *srv, struct conn *c, const struct rp
 		uint32_t installed;
 		uint64_t seen, bytes;
 		int ret = rps__ck_restore(srv, req->path, &installed, &seen, &bytes);
+		if (!ret)
+			rps__cp_restored(srv);
 		rep.nshards = installed;
 		rep.seen_shards = seen;
 		rep.bytes = bytes;

@@ -322,6 +322,7 @@ static const char *status_text(int status)
 	case -EPROTO: return "protocol error: librdmaps and rdmapsd versions differ?";
 	case -ENOMEM: return "the server is out of memory: raise rdmapsd --memory-limit or add servers";
 	case -ECONNRESET: return "connection lost: is rdmapsd running and reachable?";
+	case -ENODATA: return "the shard's partition was lost with its server: restore it (psctl restore DIR) or accept it empty (psctl forget-lost PART)";
 	case RPS_ELEASE: return "the shard lock lease expired";
 	case RPS_ESTALE_EPOCH: return "the shard moved and no server serves it yet (a move in progress or aborted?)";
 	case -EAGAIN: return "the server is not ready (it has not learnt the shard map yet)";
@@ -760,13 +761,49 @@ static void op_start(struct shard_op *op)
 		post_push_write(op);
 }
 
+/* The shard's partition lost its contents (its owner restarted or was
+ * forced out): one line saying which and what to do, never zeros. */
+static bool op_lost(struct shard_op *op)
+{
+	const struct rps__smap *m = &op->t->cl->map;
+	uint32_t p = rps__shard_server(&op->t->layout, op->shard);
+	struct rps_request *r = op->req;
+
+	if (p >= m->npart || !m->parts[p].lost)
+		return false;
+	if (r && !r->status) {
+		r->status = -ENODATA;
+		snprintf(r->msg, sizeof(r->msg), "partition %u lost with member %llu: restore it (psctl restore DIR)"
+			 " or accept it empty (psctl forget-lost %u)", p, (unsigned long long)m->parts[p].lost, p);
+	}
+	op_report(op, -ENODATA);
+	return true;
+}
+
 static void op_submit(struct shard_op *op)
 {
 	struct conn *c = op->c;
+	uint32_t p = rps__shard_server(&op->t->layout, op->shard);
+	int k;
 
 	active_add(c, op);
-	if (op->t->part[rps__shard_server(&op->t->layout, op->shard)].conn < 0) {
-		op_report(op, RPS_ESTALE_EPOCH);	/* no server serves it now: refresh */
+	if (op_lost(op)) {
+		active_del(c, op);
+		return;
+	}
+	if (op->t->part[p].conn < 0) {
+		/* no server serves it now: its owner gone, or a move: refresh */
+		for (k = 0; p < op->t->cl->map.npart && k < op->t->cl->nservers; k++) {
+			struct conn *o = &op->t->cl->conns[k];
+			if (o->member_id == op->t->cl->map.parts[p].owner && (o->dead || !o->ep)) {
+				op->c = o;	/* the message names the server that is gone */
+				op_report(op, o->err ? o->err : -ECONNRESET);
+				op->c = c;
+				active_del(c, op);
+				return;
+			}
+		}
+		op_report(op, RPS_ESTALE_EPOCH);
 		active_del(c, op);
 		return;
 	}
@@ -2066,6 +2103,17 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 	if (ret)
 		goto out;
 	ret = tensor_regions(cl, t, msg, to, reps, rstatus, false);
+	if (ret == -ENODATA) {
+		/* a server refused it: some of its shards are in a lost partition */
+		uint32_t p;
+		for (p = 0; p < cl->map.npart && p < t->layout.nservers; p++)
+			if (cl->map.parts[p].lost && rps__server_nshards(&t->layout, p)) {
+				rps__seterr(-ENODATA, "partition %u lost with member %llu: restore it (psctl restore DIR)"
+					    " or accept it empty (psctl forget-lost %u)", p,
+					    (unsigned long long)cl->map.parts[p].lost, p);
+				break;
+			}
+	}
 	if (ret) {
 		rps__preerr(ret, "tensor '%s'", name);
 		goto out;
@@ -2265,7 +2313,8 @@ static bool worth_resending(const struct rps_client *cl, const struct shard_op *
 	if (op->result != -ECONNRESET)
 		return retryable(op->result);
 	p = rps__shard_server(&op->t->layout, op->shard);
-	return p < cl->map.npart && cl->map.parts[p].owner != op->c->member_id;
+	/* (a partition lost with its server: resent, it is refused saying so) */
+	return p < cl->map.npart && (cl->map.parts[p].owner != op->c->member_id || cl->map.parts[p].lost);
 }
 
 static int retry_stale(struct rps_client *cl, struct rps_request *r)

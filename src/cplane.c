@@ -33,6 +33,7 @@
  * servers never wait on each other's accept.
  */
 #include "config.h"
+#include "agg.h"
 #include "common.h"
 #include "server_int.h"
 #include "uri.h"
@@ -621,15 +622,202 @@ static void regions_free_part(struct rps__server *srv, uint32_t part)
 			rps__srv_region_free(srv, srv->tensors[i], part);
 }
 
+/* What the validation pass keeps of each tensor of an image. */
+struct img_tensor {
+	const char *name;
+	struct rps__tensor_spec spec;
+	struct rps__layout layout;
+	uint32_t nsh;
+	uint64_t *steps;	/* per shard of the partition, in image order */
+};
+
+static void img_tensors_free(struct img_tensor *it, uint32_t n)
+{
+	if (!it)
+		return;
+	for (uint32_t i = 0; i < n; i++)
+		free(it[i].steps);
+	free(it);
+}
+
+/*
+ * Walk a partition image and check every field against this server before
+ * anything of it is installed (install_partition trusts what passes): the
+ * crc only says the bytes arrived as sent, not that the sender (a buggy or
+ * confused peer, or another build) sent something this server can use.
+ * No side effect: 0, or -EBADMSG with a message naming the first bad field.
+ */
+static int check_partition_image(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
+				 size_t len)
+{
+	struct rbuf b = { .p = img, .len = len };
+	struct img_tensor *its = NULL;
+	uint32_t nt, i, j, k, np;
+	const char *why = NULL;
+	char what[160] = "";
+	int ret = 0;
+
+#define BAD(...) do { snprintf(what, sizeof(what), __VA_ARGS__); goto bad; } while (0)
+	if (get32(&b) != MIG_MAGIC || get32(&b) != MIG_VERSION || get32(&b) != part || get64(&b) != epoch)
+		return rps__seterr(-EBADMSG, "partition %u: not the image of this move", part);
+	nt = get32(&b);
+	/* every tensor takes at least its name, spec and count */
+	if (b.bad || nt > (b.len - b.off) / (RPS__NAME_MAX + sizeof(struct rps__tensor_spec) + 4))
+		BAD("%u tensors cannot fit the image", nt);
+	its = calloc(nt ? nt : 1, sizeof(*its));
+	if (!its)
+		return rps__seterr(-ENOMEM, "partition %u: out of memory checking its image", part);
+	for (i = 0; i < nt; i++) {
+		struct img_tensor *it = &its[i];
+		const struct rps__tensor_spec *sp;
+		struct tensor *t;
+		bool sync, bounded;
+		size_t nstate;
+
+		it->name = get(&b, RPS__NAME_MAX);
+		sp = get(&b, sizeof(*sp));
+		if (!it->name || !sp)
+			BAD("truncated in tensor %u of %u", i + 1, nt);
+		if (!memchr(it->name, '\0', RPS__NAME_MAX) || !it->name[0])
+			BAD("tensor %u has no valid name", i + 1);
+		for (k = 0; k < i; k++)
+			if (!strcmp(its[k].name, it->name))
+				BAD("tensor '%s' comes twice", it->name);
+		memcpy(&it->spec, sp, sizeof(it->spec));
+		t = rps__srv_tensor_by_name(srv, it->name);
+		if (t) {
+			if (memcmp(&t->spec, &it->spec, sizeof(it->spec)))
+				BAD("tensor '%s' exists here with other options", it->name);
+			it->layout = t->layout;
+		} else if (rps__srv_spec_valid(srv, it->name, &it->spec, &it->layout)) {
+			BAD("%s", rps__errbuf());
+		}
+		sync = it->spec.mode == RPS_MODE_SYNC;
+		bounded = it->spec.mode == RPS_MODE_BOUNDED;
+		it->nsh = get32(&b);
+		if (b.bad || it->nsh != rps__server_nshards(&it->layout, part))
+			BAD("tensor '%s' has %u shards in the partition, this server expects %u", it->name, it->nsh,
+			    rps__server_nshards(&it->layout, part));
+		it->steps = calloc(it->nsh ? it->nsh : 1, sizeof(*it->steps));
+		if (!it->steps) {
+			ret = rps__seterr(-ENOMEM, "partition %u: out of memory checking its image", part);
+			goto out;
+		}
+		for (j = 0; j < it->nsh; j++) {
+			uint32_t index = get32(&b), ready, next_rank, elems, ndd;
+			uint64_t step = get64(&b), min_clock = get64(&b), lockv = get64(&b);
+			const struct dedup *dd;
+			(void)min_clock;
+			ready = get32(&b);
+			next_rank = get32(&b);
+			elems = get32(&b);
+			if (b.bad)
+				BAD("truncated in tensor '%s' shard %u", it->name, j);
+			if (index != rps__server_shard(&it->layout, part, j))
+				BAD("tensor '%s': shard %u where shard %u of the partition belongs", it->name, index,
+				    rps__server_shard(&it->layout, part, j));
+			/* the published seq is step * 2, the lock word keeps 48 bits of version */
+			if (step > (UINT64_MAX >> 2) || lockv >= (1ull << 48) - 1)
+				BAD("tensor '%s' shard %u: version %llu / lock version %llu out of range", it->name,
+				    index, (unsigned long long)step, (unsigned long long)lockv);
+			if (ready > 1)
+				BAD("tensor '%s' shard %u: ready flag %u", it->name, index, ready);
+			if (sync ? next_rank >= (uint32_t)it->spec.num_workers : next_rank != 0)
+				BAD("tensor '%s' shard %u: next rank %u (%d workers)", it->name, index, next_rank,
+				    it->spec.num_workers);
+			if (elems != rps__shard_elems(&it->layout, index))
+				BAD("tensor '%s' shard %u: %u elements, the shard has %u", it->name, index, elems,
+				    rps__shard_elems(&it->layout, index));
+			it->steps[j] = step;
+			nstate = rps__optim_state_len((enum rps_optimizer)it->spec.optimizer, elems);
+			if (!get(&b, (size_t)elems * 4) || (nstate && !get(&b, nstate * 4)) ||
+			    (sync && !get(&b, (size_t)elems * 4)))
+				BAD("tensor '%s' shard %u: truncated in its values", it->name, index);
+			if (bounded) {
+				const uint64_t *clocks = get(&b, (size_t)it->spec.num_workers * 8);
+				uint64_t lo = UINT64_MAX, c;
+				if (!clocks)
+					BAD("tensor '%s' shard %u: truncated in its clocks", it->name, index);
+				for (k = 0; k < (uint32_t)it->spec.num_workers; k++) {
+					memcpy(&c, &clocks[k], 8);
+					lo = RPS__MIN(lo, c);
+				}
+				if (lo != min_clock)
+					BAD("tensor '%s' shard %u: minimum clock %llu, its clocks say %llu", it->name,
+					    index, (unsigned long long)min_clock, (unsigned long long)lo);
+			}
+			ndd = get32(&b);
+			if (b.bad || ndd > (b.len - b.off) / sizeof(*dd) || ndd > 1u << 20)
+				BAD("tensor '%s' shard %u: %u applied-push sets cannot fit the image", it->name, index, ndd);
+			dd = get(&b, (size_t)ndd * sizeof(*dd));
+			for (k = 0; k < ndd; k++) {
+				struct dedup d;
+				memcpy(&d, &dd[k], sizeof(d));
+				if (d.next >= DEDUP_IDS)
+					BAD("tensor '%s' shard %u: applied-push set %u is malformed", it->name, index, k);
+			}
+		}
+	}
+	np = get32(&b);
+	if (b.bad || np > (b.len - b.off) / (RPS__NAME_MAX + 4 + 8 + 4 + 8))
+		BAD("%u parked pushes cannot fit the image", np);
+	for (i = 0; i < np; i++) {
+		const char *name = get(&b, RPS__NAME_MAX);
+		uint32_t shard = get32(&b), rank;
+		uint64_t clock = get64(&b), nbytes, want;
+		struct img_tensor *it = NULL;
+		rank = get32(&b);
+		nbytes = get64(&b);
+		if (b.bad || !memchr(name, '\0', RPS__NAME_MAX))
+			BAD("truncated in parked push %u of %u", i + 1, np);
+		for (k = 0; k < nt && !it; k++)
+			if (!strcmp(its[k].name, name))
+				it = &its[k];
+		if (!it)
+			BAD("parked push %u: tensor '%s' is not in the partition", i + 1, name);
+		if (it->spec.mode != RPS_MODE_SYNC)
+			BAD("parked push %u: tensor '%s' is not in sync mode", i + 1, it->name);
+		if (shard >= it->layout.nshards || rps__shard_server(&it->layout, shard) != part)
+			BAD("parked push %u: tensor '%s' shard %u is not in the partition", i + 1, it->name, shard);
+		want = (uint64_t)rps__shard_elems(&it->layout, shard) * rps__dtype_size((enum rps_dtype)it->spec.dtype);
+		if (nbytes != want)
+			BAD("parked push %u: %llu bytes for tensor '%s' shard %u, which takes %llu", i + 1,
+			    (unsigned long long)nbytes, it->name, shard, (unsigned long long)want);
+		if (rank >= (uint32_t)it->spec.num_workers)
+			BAD("parked push %u: rank %u of %d workers", i + 1, rank, it->spec.num_workers);
+		if (clock < it->steps[rps__shard_local_index(&it->layout, shard)] || clock == UINT64_MAX)
+			BAD("parked push %u: clock %llu of tensor '%s' shard %u is not ahead of its version", i + 1,
+			    (unsigned long long)clock, it->name, shard);
+		if (!get(&b, nbytes))
+			BAD("parked push %u: truncated in its data", i + 1);
+	}
+	if (b.off != b.len)
+		BAD("%zu bytes after its end", b.len - b.off);
+	goto out;
+#undef BAD
+bad:
+	why = what;
+	ret = rps__seterr(-EBADMSG, "partition %u: image refused, nothing installed: %s (at byte %zu of %zu)", part,
+			  why, b.off, b.len);
+out:
+	img_tensors_free(its, nt);
+	return ret;
+}
+
 /* Install an image READ from the old owner: tensors it does not know yet
- * come with it.  The regions are filled before they are registered. */
+ * come with it.  The regions are filled before they are registered.  The
+ * image passed check_partition_image first: nothing is changed for one
+ * that fails. */
 static int install_partition(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
 			     size_t len)
 {
 	struct rbuf b = { .p = img, .len = len };
 	uint32_t nt, i, j, np;
-	int ret = 0;
+	int ret;
 
+	ret = check_partition_image(srv, part, epoch, img, len);
+	if (ret)
+		return ret;
 	if (get32(&b) != MIG_MAGIC || get32(&b) != MIG_VERSION || get32(&b) != part || get64(&b) != epoch)
 		return rps__seterr(-EBADMSG, "partition %u: not the image of this move", part);
 	regions_free_part(srv, part);
@@ -747,6 +935,25 @@ bad:
 fail:
 	regions_free_part(srv, part);
 	return ret;
+}
+
+int rps__cp_image_build(struct rps__server *srv, uint32_t part, void **img, size_t *len)
+{
+	struct wbuf b = { 0 };
+	int ret = serialize_partition(srv, part, &b);
+
+	if (ret) {
+		free(b.p);
+		return rps__seterr(ret, "partition %u: out of memory serialising it", part);
+	}
+	*img = b.p;
+	*len = b.len;
+	return 0;
+}
+
+int rps__cp_image_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len)
+{
+	return install_partition(srv, part, epoch, img, len);
 }
 
 static void propose_cmd(struct rps__server *srv, const struct rps__smap_cmd *cmd);
@@ -900,9 +1107,20 @@ static void reconcile(struct rps__server *srv)
 				}
 				rps__log(RPS__LOG_INFO, "partition %u is ours now (epoch %llu)", p,
 					 (unsigned long long)mp->epoch);
+			} else if (pl->st != PART_ACTIVE && (mp->lost || (srv->restarted && !pl->cleared))) {
+				/* A restart took what was in memory: refuse it (never
+				 * zeros) until restored or accepted empty. */
+				if (!mp->lost && !pl->gone && srv->rnode)	/* (after replay: below) */
+					rps__log(RPS__LOG_ERROR, "partition %u lost with member %llu (restarted): restore it"
+						 " (psctl restore DIR) or accept it empty (psctl forget-lost %u)", p,
+						 (unsigned long long)srv->my_id, p);
+				pl->gone = !mp->lost;
+				pl->st = PART_NONE;
+				pl->epoch = mp->epoch;
+				continue;
 			} else if (pl->st != PART_ACTIVE) {
 				uint32_t i;
-				/* (bootstrap, or a restart: what was in memory is gone) */
+				/* (bootstrap, or a lost partition accepted empty) */
 				for (i = 0; i < srv->ntensors; i++)
 					if (srv->tensors[i] && !rps__srv_region_alloc(srv, srv->tensors[i], p, false, NULL))
 						rps__srv_region_register(srv, srv->tensors[i], p);
@@ -924,6 +1142,8 @@ static void reconcile(struct rps__server *srv)
 			continue;
 		}
 		/* not ours */
+		pl->gone = false;
+		pl->cleared = false;
 		if (pl->st == PART_ACTIVE || pl->st == PART_LEAVING || pl->st == PART_SHIPPED) {
 			rps__log(RPS__LOG_INFO, "partition %u now belongs to member %llu (epoch %llu)", p,
 				 (unsigned long long)mp->owner, (unsigned long long)mp->epoch);
@@ -964,7 +1184,12 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 	else
 		rps__log(cmd.type == RPS__SMAP_NOP ? RPS__LOG_DEBUG : RPS__LOG_INFO, "log entry %llu: %s",
 			 (unsigned long long)index, what);
-	if (!ret && cmd.type == RPS__SMAP_REMOVE_MEMBER && cmd.id == srv->my_id)
+	if (!ret && cmd.type == RPS__SMAP_CLEAR_LOST && srv->map.parts[cmd.part].owner == srv->my_id) {
+		srv->parts[cmd.part].gone = false;
+		srv->parts[cmd.part].cleared = true;
+	}
+	if (!ret && (cmd.type == RPS__SMAP_REMOVE_MEMBER || cmd.type == RPS__SMAP_FORCE_REMOVE) &&
+	    cmd.id == srv->my_id)
 		/* linger a moment: workers with operations on their way learn
 		 * from refusals that the partitions moved, not from a reset */
 		srv->removed_at = rps__now_ns() + ms_ns(srv->cfg.drain_ms);
@@ -993,6 +1218,33 @@ static int bootstrap_map(struct rps__server *srv)
 	for (i = 0; i < srv->ncluster; i++)
 		uris[i] = rps__uri_str(&srv->cluster[i], bufs[i], sizeof(bufs[i]));
 	return rps__smap_init(&srv->map, uris, (uint32_t)srv->ncluster, srv->cfg.npart);
+}
+
+void rps__cp_restored(struct rps__server *srv)
+{
+	struct rps__smap_cmd cmd;
+	bool local = false;
+	uint32_t p;
+
+	for (p = 0; p < srv->map.npart; p++) {
+		struct part_local *pl = &srv->parts[p];
+		if (srv->map.parts[p].owner != srv->my_id || !rps__cp_lost(srv, p))
+			continue;
+		rps__log(RPS__LOG_INFO, "partition %u restored from a checkpoint", p);
+		pl->gone = false;
+		pl->cleared = true;
+		local = true;
+		if (!srv->map.parts[p].lost)
+			continue;
+		memset(&cmd, 0, sizeof(cmd));
+		cmd.type = RPS__SMAP_CLEAR_LOST;
+		cmd.part = p;
+		cmd.epoch = srv->map.parts[p].epoch;
+		pl->next_try = rps__now_ns() + PEER_RETRY_NS / 2;	/* (move_duties retries) */
+		propose_cmd(srv, &cmd);
+	}
+	if (local)
+		reconcile(srv);
 }
 
 static int cb_restore(void *ctx, uint64_t index, const void *data, size_t len)
@@ -1177,7 +1429,14 @@ static void admin_map_changed(struct rps__server *srv)
 				continue;
 			}
 			break;
+		case RPS__ADMIN_FORCE_REMOVE:
+			if (!rps__smap_member(&srv->map, a->id) && !in_conf(&st, a->id)) {
+				admin_done(srv, i, 0, 0, NULL);
+				continue;
+			}
+			break;
 		case RPS__ADMIN_NOP:
+		case RPS__ADMIN_FORGET_LOST:
 			if (srv->map.applied >= a->index) {
 				if (rps__rnode_term_at(srv->rnode, a->index) == a->term)
 					admin_done(srv, i, 0, 0, NULL);
@@ -1281,6 +1540,45 @@ static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	case RPS__ADMIN_NOP:
 		cmd.type = RPS__SMAP_NOP;
 		break;
+	case RPS__ADMIN_FORCE_REMOVE:
+		if (a->id == srv->my_id) {
+			admin_reply(srv, c, req_id, -EBUSY, 0, 0,
+				    "this server leads the group: transfer leadership first (psctl transfer-leader)");
+			return;
+		}
+		cmd.type = RPS__SMAP_FORCE_REMOVE;
+		cmd.id = a->id;
+		break;
+	case RPS__ADMIN_FORGET_LOST: {
+		uint32_t p, n = 0;
+		/* one CLEAR_LOST per partition; the answer waits for the last */
+		for (p = 0; p < srv->map.npart; p++) {
+			if (!srv->map.parts[p].lost || (a->part != UINT32_MAX && a->part != p))
+				continue;
+			cmd.type = RPS__SMAP_CLEAR_LOST;
+			cmd.part = p;
+			cmd.epoch = srv->map.parts[p].epoch;
+			ret = rps__smap_cmd_encode(&cmd, buf, sizeof(buf), &len);
+			if (!ret)
+				ret = rps__rnode_propose(srv->rnode, buf, len, &index, &term);
+			if (ret) {
+				admin_reply(srv, c, req_id, ret, 0, 0, rps__errbuf());
+				return;
+			}
+			n++;
+		}
+		if (!n) {
+			admin_reply(srv, c, req_id, -ENOENT, 0, 0, a->part == UINT32_MAX ? "no partition is lost" :
+				    "that partition is not lost");
+			return;
+		}
+		if (admin_wait_add(srv, c, req_id, a, 0, index))
+			admin_reply(srv, c, req_id, -ENOMEM, 0, 0, "out of memory");
+		else
+			srv->admin[srv->nadmin - 1].term = term;
+		rps__rnode_process(srv->rnode);
+		return;
+	}
 	case RPS__ADMIN_TRANSFER_LEADER: {
 		uint64_t to = a->id, best = 0;
 		uint32_t i;
@@ -1497,6 +1795,19 @@ static void move_duties(struct rps__server *srv, uint64_t now)
 		struct rps__smap_cmd cmd;
 
 		memset(&cmd, 0, sizeof(cmd));
+		/* Its contents are here again (restored, or accepted empty, since
+		 * the restart) yet the map says lost: a MARK_LOST proposed before
+		 * that (or a CLEAR_LOST dropped with a leader) was ordered after
+		 * it.  Clear it again: the restore wins, whatever the order. */
+		if (pl->cleared && !pl->gone && srv->map.parts[p].lost && srv->map.parts[p].owner == srv->my_id &&
+		    !srv->map.parts[p].moving_to && now >= pl->next_try) {
+			pl->next_try = now + PEER_RETRY_NS / 2;
+			cmd.type = RPS__SMAP_CLEAR_LOST;
+			cmd.part = p;
+			cmd.epoch = srv->map.parts[p].epoch;
+			propose_cmd(srv, &cmd);
+			continue;
+		}
 		switch (pl->st) {
 		case PART_LEAVING:
 			if (fence_partition(srv, p) && ship_partition(srv, p))
@@ -1523,6 +1834,18 @@ static void move_duties(struct rps__server *srv, uint64_t now)
 				cmd.part = p;
 				cmd.to = srv->my_id;
 				cmd.epoch = pl->epoch;
+				propose_cmd(srv, &cmd);
+			}
+			break;
+		case PART_NONE:
+			/* restarted without it: the cluster must learn it is lost */
+			if (pl->gone && !srv->map.parts[p].lost && srv->map.parts[p].owner == srv->my_id &&
+			    !srv->map.parts[p].moving_to && now >= pl->next_try) {
+				pl->next_try = now + PEER_RETRY_NS / 2;
+				cmd.type = RPS__SMAP_MARK_LOST;
+				cmd.part = p;
+				cmd.from = srv->my_id;
+				cmd.epoch = srv->map.parts[p].epoch;
 				propose_cmd(srv, &cmd);
 			}
 			break;
@@ -1606,6 +1929,22 @@ static void remove_tree(const char *dir)
 	rmdir(dir);
 }
 
+/* A data dir with anything in it: this server ran before, and whatever it
+ * held in memory then is gone. */
+static bool dir_has_state(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	bool any = false;
+
+	if (!d)
+		return false;
+	while (!any && (e = readdir(d)))
+		any = strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return any;
+}
+
 int rps__cp_init(struct rps__server *srv)
 {
 	struct rps__rnode_config rc;
@@ -1634,6 +1973,7 @@ int rps__cp_init(struct rps__server *srv)
 	}
 	if (ret)
 		goto err_mr;
+	srv->restarted = dir_has_state(srv->data_dir);
 	if (!srv->cfg.join_id) {
 		int n = srv->ncluster >= 5 ? 5 : srv->ncluster >= 3 ? 3 : srv->ncluster;
 		for (i = 0; i < n; i++)
@@ -1669,6 +2009,11 @@ int rps__cp_init(struct rps__server *srv)
 			goto err_rnode;
 		reconcile(srv);
 	}
+	for (i = 0; i < (int)srv->map.npart; i++)
+		if (srv->parts[i].gone)
+			rps__log(RPS__LOG_ERROR, "partition %d lost with member %llu (restarted): restore it"
+				 " (psctl restore DIR) or accept it empty (psctl forget-lost %d)", i,
+				 (unsigned long long)srv->my_id, i);
 	if (nvoters == 1 && srv->ncluster == 1)
 		rps__rnode_campaign(srv->rnode);
 	map_publish(srv);

@@ -263,6 +263,8 @@ enum rps__admin_op {
 	RPS__ADMIN_REMOVE_SERVER = 3,	/* id: must own nothing (psctl moves it out first) */
 	RPS__ADMIN_TRANSFER_LEADER = 4,	/* to id (0: the most caught-up voter) */
 	RPS__ADMIN_NOP = 5,		/* commit a no-op entry and answer once applied here */
+	RPS__ADMIN_FORGET_LOST = 6,	/* part (UINT32_MAX: every one): accept a lost partition empty */
+	RPS__ADMIN_FORCE_REMOVE = 7,	/* id: a dead member goes, its partitions lost (smap FORCE_REMOVE) */
 };
 
 struct rps__admin {

@@ -47,6 +47,7 @@ static struct {
 	int nservers;
 	bool json;
 	bool no_rebalance;
+	bool force;
 	int timeout_ms;		/* --timeout: what an operation may take */
 	int rpc_ms;		/* connect / STATUS */
 	int level;		/* checkpoint: igzip level, -1: not given */
@@ -68,6 +69,9 @@ static void usage(FILE *f)
 "                              partitions to it until the members are balanced\n"
 "  remove-server ID            move member ID's partitions to the others, take\n"
 "                              leadership away from it, remove it\n"
+"  remove-server --force ID    member ID is dead: abort its moves, give its\n"
+"                              partitions to the others marked lost, remove it\n"
+"  forget-lost PART|all        accept a lost partition empty\n"
 "  transfer-leader [ID]        make ID (default: the server's choice) the leader\n"
 "  checkpoint DIR              write a consistent checkpoint of every tensor to\n"
 "                              DIR (a directory every server can write)\n"
@@ -880,6 +884,36 @@ static int transfer(struct leader *L, uint64_t to)
 	return 0;
 }
 
+/* A dead member goes at once: the leader aborts its moves, hands its
+ * partitions to the others marked lost, and removes it. */
+static int cmd_force_remove(uint64_t id)
+{
+	struct rps__admin_rep rep;
+	char what[96];
+
+	snprintf(what, sizeof(what), "force removal of member %" PRIu64, id);
+	if (admin(RPS__ADMIN_FORCE_REMOVE, 0, id, NULL, &rep, what))
+		return fail_err();
+	printf("member %" PRIu64 " removed; its partitions are lost: psctl restore DIR, or psctl forget-lost all\n", id);
+	return 0;
+}
+
+/* Accept lost partitions empty (their contents are gone for good). */
+static int cmd_forget_lost(uint32_t part)
+{
+	struct rps__admin_rep rep;
+	char what[96];
+
+	if (part == UINT32_MAX)
+		snprintf(what, sizeof(what), "forget every lost partition");
+	else
+		snprintf(what, sizeof(what), "forget lost partition %" PRIu32, part);
+	if (admin(RPS__ADMIN_FORGET_LOST, part, 0, NULL, &rep, what))
+		return fail_err();
+	printf("%s: done, served empty from now on\n", what);
+	return 0;
+}
+
 static int cmd_remove_server(uint64_t id)
 {
 	static struct leader L;
@@ -1161,13 +1195,14 @@ static int cmd_transfer_leader(uint64_t to)
 
 int main(int argc, char **argv)
 {
-	enum { OPT_JSON = 256, OPT_TIMEOUT, OPT_NO_REBALANCE, OPT_LEVEL };
+	enum { OPT_JSON = 256, OPT_TIMEOUT, OPT_NO_REBALANCE, OPT_LEVEL, OPT_FORCE };
 	static const struct option longopts[] = {
 		{ "servers", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "timeout", required_argument, NULL, OPT_TIMEOUT },
 		{ "no-rebalance", no_argument, NULL, OPT_NO_REBALANCE },
 		{ "level", required_argument, NULL, OPT_LEVEL },
+		{ "force", no_argument, NULL, OPT_FORCE },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -1200,6 +1235,9 @@ int main(int argc, char **argv)
 			break;
 		case OPT_NO_REBALANCE:
 			g.no_rebalance = true;
+			break;
+		case OPT_FORCE:
+			g.force = true;
 			break;
 		case OPT_LEVEL:
 			if (!strcmp(optarg, "0") || !strcmp(optarg, "1") || !strcmp(optarg, "2") || !strcmp(optarg, "3"))
@@ -1236,6 +1274,8 @@ int main(int argc, char **argv)
 		for (i = 0; i < nargs; i++) {
 			if (!strcmp(args[i], "--no-rebalance"))
 				g.no_rebalance = true;
+			else if (!strcmp(args[i], "--force"))
+				g.force = true;
 			else if (!strcmp(args[i], "--json"))
 				g.json = true;
 			else if (args[i][0] == '-' && args[i][1])
@@ -1247,8 +1287,10 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(cmd, "status") && strcmp(cmd, "move") && strcmp(cmd, "add-server") &&
 	    strcmp(cmd, "remove-server") && strcmp(cmd, "transfer-leader") && strcmp(cmd, "checkpoint") &&
-	    strcmp(cmd, "restore"))
+	    strcmp(cmd, "restore") && strcmp(cmd, "forget-lost"))
 		die_usage("unknown command '%s'", cmd);
+	if (g.force && strcmp(cmd, "remove-server"))
+		die_usage("--force goes with remove-server");
 	if (g.no_rebalance && strcmp(cmd, "add-server"))
 		die_usage("--no-rebalance goes with add-server");
 	if (g.level >= 0 && strcmp(cmd, "checkpoint"))
@@ -1264,6 +1306,7 @@ int main(int argc, char **argv)
 			{ "transfer-leader", 0, 1, " [ID]" },
 			{ "checkpoint", 1, 1, " DIR" },
 			{ "restore", 1, 1, " DIR" },
+			{ "forget-lost", 1, 1, " PART|all" },
 		};
 		size_t i;
 		for (i = 0; i < RPS__ARRAY_SIZE(shapes); i++)
@@ -1282,6 +1325,9 @@ int main(int argc, char **argv)
 			die_usage("URI '%s': at most %u characters", args[1], RPS__SMAP_URI_MAX - 1);
 	} else if (!strcmp(cmd, "remove-server")) {
 		id = parse_u64(args[0], "ID", 1, UINT64_MAX);
+	} else if (!strcmp(cmd, "forget-lost")) {
+		part = !strcmp(args[0], "all") ? UINT32_MAX :
+		       (uint32_t)parse_u64(args[0], "PART", 0, RPS__SMAP_MAX_PART - 1);
 	} else if (!strcmp(cmd, "transfer-leader") && nargs == 1) {
 		id = parse_u64(args[0], "ID", 1, UINT64_MAX);
 	}
@@ -1300,8 +1346,12 @@ int main(int argc, char **argv)
 		ret = cmd_move(part, id);
 	else if (!strcmp(cmd, "add-server"))
 		ret = cmd_add_server(id, args[1]);
+	else if (!strcmp(cmd, "remove-server") && g.force)
+		ret = cmd_force_remove(id);
 	else if (!strcmp(cmd, "remove-server"))
 		ret = cmd_remove_server(id);
+	else if (!strcmp(cmd, "forget-lost"))
+		ret = cmd_forget_lost(part);
 	else if (!strcmp(cmd, "checkpoint"))
 		ret = cmd_checkpoint(args[0]);
 	else if (!strcmp(cmd, "restore"))

@@ -367,6 +367,10 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	}
 	local = d->shard;
 	s = &t->shards[local];
+	if (rps__cp_lost(srv, s->part)) {
+		push_ack(c, slot, -ENODATA, 0, 0);
+		return CONSUMED;
+	}
 	/* Fencing: only the owner of the partition, under the epoch the map
 	 * gave it, takes pushes.  A refused push was not applied: the worker
 	 * refreshes its map and sends it to the new owner. */
@@ -647,6 +651,30 @@ static int spec_check(const char *name, const struct rps__tensor_spec *sp)
 	return 0;
 }
 
+/* What rps__srv_tensor_add would check of a tensor it is told about, with
+ * no side effect: a partition image is validated whole before anything of
+ * it is installed.  *l: the tensor's layout on this server. */
+int rps__srv_spec_valid(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
+			struct rps__layout *l)
+{
+	struct rps__optim o = {
+		.type = (enum rps_optimizer)sp->optimizer, .lr = sp->lr, .momentum = sp->momentum,
+		.beta1 = sp->beta1, .beta2 = sp->beta2, .eps = sp->eps,
+		.weight_decay = sp->weight_decay, .rescale = sp->rescale,
+	};
+	int ret = spec_check(name, sp);
+
+	if (ret)
+		return ret;
+	ret = rps__optim_validate(&o);
+	if (ret)
+		return rps__preerr(ret, "tensor '%s'", name);
+	if (sp->count > UINT64_MAX - srv->shard_elems)
+		return rps__seterr(-EFBIG, "tensor '%s': %llu elements is beyond any layout", name,
+				   (unsigned long long)sp->count);
+	return rps__layout_init(l, name, sp->count, srv->shard_elems, srv->map.npart);
+}
+
 /* Know a tensor (its spec and layout) without holding any of its shards:
  * regions come with the partitions this server owns or receives. */
 int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
@@ -833,6 +861,24 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 	uint32_t p;
 	int ret;
 
+	if (!(req->flags & RPS__CREATE_OPEN_ONLY)) {
+		struct rps__layout l;
+		/* a tensor with shards in a lost partition here would have empty
+		 * shards where trained ones were; the others are created as usual
+		 * (a spec with no layout is refused below, saying why) */
+		if (t)
+			l = t->layout;
+		else if (rps__layout_init(&l, req->name, req->spec.count, srv->shard_elems, srv->map.npart))
+			l.nservers = 0;
+		for (p = 0; p < l.nservers && p < srv->map.npart; p++)
+			if (srv->map.parts[p].owner == srv->my_id && rps__cp_lost(srv, p) &&
+			    rps__server_nshards(&l, p)) {
+				rps__log(RPS__LOG_WARN, "create of '%s' from %s refused: partition %u is lost", req->name,
+					 rps__ep_peer(c->ep), p);
+				conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENODATA, NULL, 0);
+				return;
+			}
+	}
 	if (t) {
 		if (!(req->flags & RPS__CREATE_OPEN_ONLY) && !spec_equal(&t->spec, &req->spec)) {
 			rps__log(RPS__LOG_WARN, "worker %s: tensor '%s' exists with different options",
@@ -919,6 +965,10 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 		return;
 	}
 	local = w->shard;
+	if (rps__cp_lost(srv, t->shards[local].part)) {
+		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -ENODATA, NULL, 0);
+		return;
+	}
 	if (!t->shards[local].hdr || !rps__cp_serving(srv, t->shards[local].part)) {
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, RPS_ESTALE_EPOCH, NULL, 0);
 		return;

@@ -175,6 +175,9 @@ struct part_local {
 	uint32_t blob_crc;
 	bool offered;		/* MIGRATE sent, reply pending */
 	bool installed;		/* destination answered 0 */
+	bool gone;		/* ours, but its contents went with a restart: refused
+				 * (-ENODATA) and proposed as lost until the map says so */
+	bool cleared;		/* restored or accepted empty since the restart */
 };
 
 struct peer {
@@ -251,6 +254,7 @@ struct rps__server {
 	uint64_t next_duty;		/* ns */
 	uint64_t read_ctx;
 	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
+	bool restarted;			/* started from a --data-dir that held state */
 	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
 	struct ckpt_state *ckpt;	/* ckpt_srv.c */
 };
@@ -283,6 +287,8 @@ int rps__srv_post_recv(struct conn *c, uint32_t i);
 struct tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name);
 int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
 			struct tensor **out);
+int rps__srv_spec_valid(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
+			struct rps__layout *l);
 int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t part, bool has_init,
 			  struct conn *init_conn);
 int rps__srv_region_register(struct rps__server *srv, struct tensor *t, uint32_t part);
@@ -303,10 +309,23 @@ int rps__cp_run_timers(struct rps__server *srv, uint64_t now);
 void rps__cp_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
 			void *body, uint32_t body_len);
 void rps__cp_on_read_done(struct rps__server *srv, struct conn *c, bool ok);
+/* A checkpoint was restored here: lost partitions owned here are back. */
+void rps__cp_restored(struct rps__server *srv);
 void rps__cp_on_conn_gone(struct rps__server *srv, struct conn *c);
 void rps__cp_on_send_done(struct rps__server *srv, struct conn *c);
 int rps__cp_accept_peer(struct rps__server *srv, uint64_t from_id, uint64_t to_id, const char **why);
 void rps__cp_peer_attached(struct rps__server *srv, struct conn *c);
+/* A partition image (what a move ships): build one of a partition served
+ * here (malloc'ed), and validate then install one as a move's destination
+ * does (tests and the fuzz harness drive these). */
+int rps__cp_image_build(struct rps__server *srv, uint32_t part, void **img, size_t *len);
+int rps__cp_image_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len);
+/* Are the partition's contents lost (restarted owner, or the map says so)?
+ * Then nothing of it is served: -ENODATA, never zeros. */
+static inline bool rps__cp_lost(const struct rps__server *srv, uint32_t part)
+{
+	return srv->map.parts[part].lost || srv->parts[part].gone;
+}
 /* Is the partition served here under this epoch right now? */
 static inline bool rps__cp_serving(const struct rps__server *srv, uint32_t part)
 {

@@ -19,7 +19,7 @@
 #include <string.h>
 
 _Static_assert(sizeof(struct rps__smap_member) == 8 + RPS__SMAP_URI_MAX, "member layout has no padding");
-_Static_assert(sizeof(struct rps__smap_part) == 24, "partition layout has no padding");
+_Static_assert(sizeof(struct rps__smap_part) == 32, "partition layout has no padding");
 _Static_assert(sizeof(struct rps__smap_cmd) == 40 + RPS__SMAP_URI_MAX, "command layout has no padding");
 
 /* ------------------------------------------------------------------------ */
@@ -77,6 +77,15 @@ uint32_t rps__smap_owned(const struct rps__smap *m, uint64_t id)
 
 	for (uint32_t p = 0; p < m->npart && p < RPS__SMAP_MAX_PART; p++)
 		n += m->parts[p].owner == id;
+	return n;
+}
+
+uint32_t rps__smap_nlost(const struct rps__smap *m)
+{
+	uint32_t n = 0;
+
+	for (uint32_t p = 0; p < m->npart && p < RPS__SMAP_MAX_PART; p++)
+		n += m->parts[p].lost != 0;
 	return n;
 }
 
@@ -207,6 +216,9 @@ static int check_begin(const struct rps__smap *m, const struct rps__smap_cmd *c)
 	if (p->moving_to)
 		return rps__seterr(-EBUSY, "move partition %" PRIu32 ": already moving to member %llu",
 				   c->part, ull(p->moving_to));
+	if (p->lost)
+		return rps__seterr(-ENODATA, "move partition %" PRIu32 ": its contents were lost with member %llu:"
+				   " restore it or forget it first", c->part, ull(p->lost));
 	if (member_index(m, c->to) < 0)
 		return rps__seterr(-ENOENT, "move partition %" PRIu32 ": destination %llu is not a member",
 				   c->part, ull(c->to));
@@ -255,6 +267,59 @@ static int check_abort(const struct rps__smap *m, const struct rps__smap_cmd *c)
 	return 0;
 }
 
+static int check_mark_lost(const struct rps__smap *m, const struct rps__smap_cmd *c)
+{
+	const struct rps__smap_part *p;
+	int err = check_part(m, c, "mark lost");
+
+	if (err)
+		return err;
+	p = &m->parts[c->part];
+	if (c->from != p->owner || c->epoch != p->epoch)
+		return rps__seterr(-ESTALE, "mark lost partition %" PRIu32 ": member %llu at epoch %llu is not its owner,"
+				   " member %llu at epoch %llu is", c->part, ull(c->from), ull(c->epoch),
+				   ull(p->owner), ull(p->epoch));
+	if (p->moving_to)
+		return rps__seterr(-EBUSY, "mark lost partition %" PRIu32 ": moving to member %llu",
+				   c->part, ull(p->moving_to));
+	if (p->lost)
+		return rps__seterr(-EALREADY, "mark lost partition %" PRIu32 ": already lost with member %llu",
+				   c->part, ull(p->lost));
+	return 0;
+}
+
+static int check_clear_lost(const struct rps__smap *m, const struct rps__smap_cmd *c)
+{
+	const struct rps__smap_part *p;
+	int err = check_part(m, c, "clear lost");
+
+	if (err)
+		return err;
+	p = &m->parts[c->part];
+	if (!p->lost)
+		return rps__seterr(-ESTALE, "clear lost partition %" PRIu32 ": it is not lost", c->part);
+	if (c->epoch != p->epoch)
+		return rps__seterr(-ESTALE, "clear lost partition %" PRIu32
+				   ": epoch %llu is stale, the partition is at epoch %llu",
+				   c->part, ull(c->epoch), ull(p->epoch));
+	return 0;
+}
+
+static int check_force_remove(const struct rps__smap *m, const struct rps__smap_cmd *c)
+{
+	if (c->id == 0)
+		return rps__seterr(-EINVAL, "force remove member: id 0 is never a member");
+	if (member_index(m, c->id) < 0)
+		return rps__seterr(-ENOENT, "force remove member %llu: not a member", ull(c->id));
+	if (m->nmembers < 2)
+		return rps__seterr(-EBUSY, "force remove member %llu: it is the last member", ull(c->id));
+	for (uint32_t p = 0; p < m->npart; p++)
+		if (m->parts[p].owner == c->id && m->parts[p].epoch >= RPS__EPOCH_MOVED - 1)
+			return rps__seterr(-EOVERFLOW, "force remove member %llu: partition %" PRIu32
+					   " is at its last epoch", ull(c->id), p);
+	return 0;
+}
+
 int rps__smap_check(const struct rps__smap *m, const struct rps__smap_cmd *c)
 {
 	switch (c->type) {
@@ -270,6 +335,12 @@ int rps__smap_check(const struct rps__smap *m, const struct rps__smap_cmd *c)
 		return check_abort(m, c);
 	case RPS__SMAP_NOP:
 		return 0;
+	case RPS__SMAP_MARK_LOST:
+		return check_mark_lost(m, c);
+	case RPS__SMAP_CLEAR_LOST:
+		return check_clear_lost(m, c);
+	case RPS__SMAP_FORCE_REMOVE:
+		return check_force_remove(m, c);
 	default:
 		return rps__seterr(-EINVAL, "shard map command: unknown type %" PRIu32, c->type);
 	}
@@ -298,6 +369,31 @@ static void do_remove(struct rps__smap *m, const struct rps__smap_cmd *c)
 	memmove(&m->members[i], &m->members[i + 1], (m->nmembers - i - 1) * sizeof(m->members[0]));
 	m->nmembers--;
 	memset(&m->members[m->nmembers], 0, sizeof(m->members[0]));
+}
+
+/* A dead member goes: moves from or to it are off, its partitions pass to
+ * the others in turn (by id), one epoch on, marked lost with it. */
+static void do_force_remove(struct rps__smap *m, const struct rps__smap_cmd *c)
+{
+	uint32_t next = 0;
+
+	for (uint32_t p = 0; p < m->npart; p++) {
+		struct rps__smap_part *pp = &m->parts[p];
+
+		if (pp->moving_to == c->id)
+			pp->moving_to = 0;
+		if (pp->owner != c->id)
+			continue;
+		pp->moving_to = 0;
+		if (m->members[next % m->nmembers].id == c->id)
+			next++;
+		pp->owner = m->members[next % m->nmembers].id;
+		next++;
+		pp->epoch++;
+		if (!pp->lost)
+			pp->lost = c->id;
+	}
+	do_remove(m, c);
 }
 
 int rps__smap_apply(struct rps__smap *m, uint64_t index, const struct rps__smap_cmd *c)
@@ -332,6 +428,15 @@ int rps__smap_apply(struct rps__smap *m, uint64_t index, const struct rps__smap_
 		break;
 	case RPS__SMAP_MOVE_ABORT:
 		m->parts[c->part].moving_to = 0;
+		break;
+	case RPS__SMAP_MARK_LOST:
+		m->parts[c->part].lost = c->from;
+		break;
+	case RPS__SMAP_CLEAR_LOST:
+		m->parts[c->part].lost = 0;
+		break;
+	case RPS__SMAP_FORCE_REMOVE:
+		do_force_remove(m, c);
 		break;
 	}
 	return 0;
@@ -390,7 +495,7 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c)
 		return rps__seterr(-EBADMSG, "shard map command: version %u, this build reads version %u",
 				   rps__le_get16(p + 4), CMD_VERSION);
 	type = rps__le_get32(p + 6);
-	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_NOP)
+	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_FORCE_REMOVE)
 		return rps__seterr(-EBADMSG, "shard map command: unknown type %" PRIu32, type);
 	ulen = rps__le_get16(p + 46);
 	if (ulen >= RPS__SMAP_URI_MAX)
@@ -425,9 +530,12 @@ const char *rps__smap_cmd_name(uint32_t type)
 		[RPS__SMAP_MOVE_COMMIT] = "MOVE_COMMIT",
 		[RPS__SMAP_MOVE_ABORT] = "MOVE_ABORT",
 		[RPS__SMAP_NOP] = "NOP",
+		[RPS__SMAP_MARK_LOST] = "MARK_LOST",
+		[RPS__SMAP_CLEAR_LOST] = "CLEAR_LOST",
+		[RPS__SMAP_FORCE_REMOVE] = "FORCE_REMOVE",
 	};
 
-	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_NOP)
+	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_FORCE_REMOVE)
 		return "?";
 	return names[type];
 }
@@ -457,6 +565,16 @@ const char *rps__smap_cmd_str(const struct rps__smap_cmd *c, char *buf, size_t l
 	case RPS__SMAP_NOP:
 		snprintf(buf, len, "no-op");
 		break;
+	case RPS__SMAP_MARK_LOST:
+		snprintf(buf, len, "partition %" PRIu32 " lost with member %llu (epoch %llu)", c->part,
+			 ull(c->from), ull(c->epoch));
+		break;
+	case RPS__SMAP_CLEAR_LOST:
+		snprintf(buf, len, "partition %" PRIu32 " no longer lost (epoch %llu)", c->part, ull(c->epoch));
+		break;
+	case RPS__SMAP_FORCE_REMOVE:
+		snprintf(buf, len, "force remove member %llu", ull(c->id));
+		break;
 	default:
 		snprintf(buf, len, "unknown shard map command type %" PRIu32, c->type);
 		break;
@@ -469,18 +587,28 @@ const char *rps__smap_cmd_str(const struct rps__smap_cmd *c, char *buf, size_t l
  *
  *	"SMAP", u16 version, u64 applied, u64 max_id, u32 npart, u32 nmembers,
  *	nmembers x { u64 id, u16 uri length, uri bytes },
- *	npart x { u64 owner, u64 epoch, u64 moving_to },
+ *	npart x { u64 owner, u64 epoch, u64 moving_to [, u64 lost (version 2)] },
  *	u32 crc32c of everything before it
+ *
+ * Version 2 adds the lost field; a map with no lost partition is written as
+ * version 1, so builds that predate it still read it.
  */
 
 #define MAP_MAGIC "SMAP"
 #define MAP_VERSION 1u
+#define MAP_VERSION_LOST 2u
+#define MAP_PART_LOST (4u * 8u)
 #define MAP_HDR (4u + 2u + 8u + 8u + 4u + 4u)
 #define MAP_MEMBER_HDR (8u + 2u)
 #define MAP_PART (3u * 8u)
 
 _Static_assert(MAP_HDR + RPS__SMAP_MAX_MEMBERS * (MAP_MEMBER_HDR + RPS__SMAP_URI_MAX - 1) +
-	       RPS__SMAP_MAX_PART * MAP_PART + 4u <= RPS__SMAP_ENC_MAX, "a map fits RPS__SMAP_ENC_MAX");
+	       RPS__SMAP_MAX_PART * MAP_PART_LOST + 4u <= RPS__SMAP_ENC_MAX, "a map fits RPS__SMAP_ENC_MAX");
+
+static size_t part_size(const struct rps__smap *m)
+{
+	return rps__smap_nlost(m) ? MAP_PART_LOST : MAP_PART;
+}
 
 /* 0 if the struct can be encoded at all (its counts stay inside it). */
 static int encodable(const struct rps__smap *m)
@@ -503,12 +631,12 @@ size_t rps__smap_encoded_size(const struct rps__smap *m)
 
 	for (uint32_t i = 0; i < nm; i++)
 		n += MAP_MEMBER_HDR + strnlen(m->members[i].uri, RPS__SMAP_URI_MAX - 1);
-	return n + (size_t)RPS__MIN(m->npart, RPS__SMAP_MAX_PART) * MAP_PART;
+	return n + (size_t)RPS__MIN(m->npart, RPS__SMAP_MAX_PART) * part_size(m);
 }
 
 int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *len)
 {
-	size_t need;
+	size_t need, psize;
 	uint8_t *p = buf;
 	int err = encodable(m);
 
@@ -517,8 +645,9 @@ int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *l
 	need = rps__smap_encoded_size(m);
 	if (need > cap)
 		return rps__seterr(-ENOSPC, "shard map: needs %zu bytes, buffer has %zu", need, cap);
+	psize = part_size(m);
 	memcpy(p, MAP_MAGIC, 4);
-	rps__le_put16(p + 4, MAP_VERSION);
+	rps__le_put16(p + 4, psize == MAP_PART ? MAP_VERSION : MAP_VERSION_LOST);
 	rps__le_put64(p + 6, m->applied);
 	rps__le_put64(p + 14, m->max_id);
 	rps__le_put32(p + 22, m->npart);
@@ -532,10 +661,12 @@ int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *l
 		memcpy(p + MAP_MEMBER_HDR, m->members[i].uri, ulen);
 		p += MAP_MEMBER_HDR + ulen;
 	}
-	for (uint32_t i = 0; i < m->npart; i++, p += MAP_PART) {
+	for (uint32_t i = 0; i < m->npart; i++, p += psize) {
 		rps__le_put64(p, m->parts[i].owner);
 		rps__le_put64(p + 8, m->parts[i].epoch);
 		rps__le_put64(p + 16, m->parts[i].moving_to);
+		if (psize == MAP_PART_LOST)
+			rps__le_put64(p + 24, m->parts[i].lost);
 	}
 	rps__le_put32(p, crc32c(buf, (size_t)(p - (uint8_t *)buf)));
 	p += 4;
@@ -584,7 +715,7 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 	struct rps__smap m;
 	struct reader rd = { buf, len };
 	const uint8_t *p = take(&rd, MAP_HDR), *q;
-	size_t body;
+	size_t body, psize;
 	uint32_t crc;
 	int err;
 
@@ -592,9 +723,10 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 		return rps__seterr(-EBADMSG, "shard map: truncated, %zu bytes is shorter than its header", len);
 	if (memcmp(p, MAP_MAGIC, 4) != 0)
 		return rps__seterr(-EBADMSG, "shard map: bad magic, not an encoded shard map");
-	if (rps__le_get16(p + 4) != MAP_VERSION)
-		return rps__seterr(-EBADMSG, "shard map: version %u, this build reads version %u",
-				   rps__le_get16(p + 4), MAP_VERSION);
+	if (rps__le_get16(p + 4) != MAP_VERSION && rps__le_get16(p + 4) != MAP_VERSION_LOST)
+		return rps__seterr(-EBADMSG, "shard map: version %u, this build reads versions %u and %u",
+				   rps__le_get16(p + 4), MAP_VERSION, MAP_VERSION_LOST);
+	psize = rps__le_get16(p + 4) == MAP_VERSION ? MAP_PART : MAP_PART_LOST;
 	memset(&m, 0, sizeof(m));
 	m.applied = rps__le_get64(p + 6);
 	m.max_id = rps__le_get64(p + 14);
@@ -628,13 +760,15 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 		memcpy(m.members[i].uri, q, ulen);
 	}
 	for (uint32_t i = 0; i < m.npart; i++) {
-		q = take(&rd, MAP_PART);
+		q = take(&rd, psize);
 		if (!q)
 			return rps__seterr(-EBADMSG, "shard map: truncated in partition %" PRIu32 " of %" PRIu32,
 					   i, m.npart);
 		m.parts[i].owner = rps__le_get64(q);
 		m.parts[i].epoch = rps__le_get64(q + 8);
 		m.parts[i].moving_to = rps__le_get64(q + 16);
+		if (psize == MAP_PART_LOST)
+			m.parts[i].lost = rps__le_get64(q + 24);
 	}
 	body = len - rd.left;
 	q = take(&rd, 4);
@@ -708,7 +842,8 @@ void rps__smap_print(const struct rps__smap *m, FILE *f)
 		for (uint32_t q = p; q < npart; q++) {
 			const struct rps__smap_part *b = &m->parts[q];
 
-			sel[q] = !done[q] && !b->moving_to && b->owner == a->owner && b->epoch == a->epoch;
+			sel[q] = !done[q] && !b->moving_to && b->owner == a->owner && b->epoch == a->epoch &&
+				 b->lost == a->lost;
 			if (sel[q]) {
 				done[q] = true;
 				count++;
@@ -718,7 +853,10 @@ void rps__smap_print(const struct rps__smap *m, FILE *f)
 			sel[q] = false;
 		fprintf(f, "partition%s ", count == 1 ? "" : "s");
 		print_ranges(f, sel, npart);
-		fprintf(f, " -> member %llu (epoch %llu)\n", ull(a->owner), ull(a->epoch));
+		fprintf(f, " -> member %llu (epoch %llu)", ull(a->owner), ull(a->epoch));
+		if (a->lost)
+			fprintf(f, " LOST with member %llu: psctl restore DIR, or psctl forget-lost", ull(a->lost));
+		fputc('\n', f);
 	}
 }
 
@@ -745,8 +883,9 @@ void rps__smap_print_json(const struct rps__smap *m, FILE *f)
 
 	fprintf(f, "{\"applied\":%llu,\"partitions\":[", ull(m->applied));
 	for (uint32_t p = 0; p < npart; p++)
-		fprintf(f, "%s{\"partition\":%" PRIu32 ",\"owner\":%llu,\"epoch\":%llu,\"moving_to\":%llu}",
-			p ? "," : "", p, ull(m->parts[p].owner), ull(m->parts[p].epoch), ull(m->parts[p].moving_to));
+		fprintf(f, "%s{\"partition\":%" PRIu32 ",\"owner\":%llu,\"epoch\":%llu,\"moving_to\":%llu,\"lost\":%llu}",
+			p ? "," : "", p, ull(m->parts[p].owner), ull(m->parts[p].epoch), ull(m->parts[p].moving_to),
+			ull(m->parts[p].lost));
 	fputs("],\"members\":[", f);
 	for (uint32_t i = 0; i < nm; i++) {
 		fprintf(f, "%s{\"id\":%llu,\"uri\":", i ? "," : "", ull(m->members[i].id));

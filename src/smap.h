@@ -51,6 +51,8 @@ struct rps__smap_part {
 	uint64_t owner;		/* member id */
 	uint64_t epoch;		/* >= 1; moves on with every committed move */
 	uint64_t moving_to;	/* 0, or the destination of a move in progress */
+	uint64_t lost;		/* 0, or the member whose memory its contents were lost with:
+				 * refused (-ENODATA) until restored or forgotten */
 };
 
 struct rps__smap {
@@ -69,6 +71,12 @@ enum rps__smap_cmd_type {
 	RPS__SMAP_MOVE_COMMIT = 4,	/* part, to, epoch (the one BEGIN named) */
 	RPS__SMAP_MOVE_ABORT = 5,	/* part, epoch */
 	RPS__SMAP_NOP = 6,		/* changes nothing but applied (commit latency probes) */
+	RPS__SMAP_MARK_LOST = 7,	/* part, from (current owner), epoch: its owner restarted
+					 * without it (the contents are gone) */
+	RPS__SMAP_CLEAR_LOST = 8,	/* part, epoch: restored, or accepted empty */
+	RPS__SMAP_FORCE_REMOVE = 9,	/* id: a dead member goes: its moves are aborted, its
+					 * partitions pass to the others (round robin by id,
+					 * epoch + 1) marked lost with it */
 };
 
 struct rps__smap_cmd {
@@ -94,6 +102,8 @@ static inline uint32_t rps__smap_part_of(const struct rps__smap *m, uint32_t see
 const struct rps__smap_member *rps__smap_member(const struct rps__smap *m, uint64_t id);
 /* Partitions owned by id (a move in progress still counts for its owner). */
 uint32_t rps__smap_owned(const struct rps__smap *m, uint64_t id);
+/* Partitions whose contents are lost (the lost field set). */
+uint32_t rps__smap_nlost(const struct rps__smap *m);
 
 /* Check a command against the state without applying it: 0, or a negative
  * errno with a one-line message (rps__seterr) saying why:
@@ -101,7 +111,9 @@ uint32_t rps__smap_owned(const struct rps__smap *m, uint64_t id);
  * -ENOSPC member table full, -ESTALE epoch or owner not the current one,
  * -EBUSY partition already moving (BEGIN) or member still owns partitions
  * or is a move's target (REMOVE), -EINVAL malformed (to == from, bad type,
- * id 0, id <= max_id on ADD, empty uri). */
+ * id 0, id <= max_id on ADD, empty uri), -ENODATA a move of a lost
+ * partition, -EALREADY MARK_LOST of a lost one, -EBUSY FORCE_REMOVE of the
+ * last member. */
 int rps__smap_check(const struct rps__smap *m, const struct rps__smap_cmd *c);
 /* Apply a command committed at Raft index `index` (> m->applied): applies
  * it if the check passes, otherwise leaves the state as it was; either way
@@ -120,7 +132,7 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c);
  * RPS__SMAP_ENC_MAX bounds the size.  decode: -EBADMSG malformed or
  * truncated, -EILSEQ crc mismatch (message says so). */
 #define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (8u + RPS__SMAP_URI_MAX) + \
-			   RPS__SMAP_MAX_PART * 24u + 4u)
+			   RPS__SMAP_MAX_PART * 32u + 4u)
 size_t rps__smap_encoded_size(const struct rps__smap *m);
 int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *len);
 int rps__smap_decode(const void *buf, size_t len, struct rps__smap *m);
@@ -131,7 +143,7 @@ const char *rps__smap_cmd_str(const struct rps__smap_cmd *c, char *buf, size_t l
 
 /* Human table / JSON of the map (psctl status).  JSON is one object:
  * {"applied":N,"partitions":[{"partition":0,"owner":1,"epoch":1,
- *   "moving_to":0},...],"members":[{"id":1,"uri":"tcp://..."},...]} */
+ *   "moving_to":0,"lost":0},...],"members":[{"id":1,"uri":"tcp://..."},...]} */
 void rps__smap_print(const struct rps__smap *m, FILE *f);
 void rps__smap_print_json(const struct rps__smap *m, FILE *f);
 

@@ -20,7 +20,11 @@
  *  - a follower cut off from its peers (RPS_FAULT=isolate-signals): moves
  *    commit without it, and it catches up once back; psctl finds the leader
  *    when the first server of its list is the one cut off;
- *  - transfer-leader; bad psctl input and a malformed ADMIN message.
+ *  - transfer-leader; bad psctl input and a malformed ADMIN message;
+ *  - lost partitions: a partition owner killed and restarted, or a dead
+ *    one forced out (remove-server --force): what it held is refused
+ *    (-ENODATA), never served as zeros, the rest stays exact, until a
+ *    restore or forget-lost.
  *
  * Workers never wait for the parent while it acts, so training runs through
  * every psctl command; the parent then stops them after a number of steps
@@ -35,6 +39,7 @@
 #include "ctl.h"
 #include "proto.h"
 #include "raft.h"
+#include "shard.h"
 #include "smap.h"
 #include "transport.h"
 #include "uri.h"
@@ -1989,6 +1994,463 @@ static void test_move_corrupted_refused(void)
 	free(after);
 }
 
+/* ---- lost partitions: a restarted owner, a dead member forced out -------------------- */
+
+/*
+ * One single-shard tensor per partition (NAME-P-k, the first k whose name
+ * hash lands on partition P), each pushed (P+1) per step: so which
+ * partition a pull touches is known, and its exact value too.  A worker
+ * keeps its client across the kill and restart and does what the parent
+ * says (struct lost_shared); a fresh worker creates and pulls once.
+ */
+#define LOST_COUNT 1024u	/* fp32: one 4 KiB shard */
+
+enum lost_cmd { LW_PUSH = 1, LW_PULL, LW_EXIT };
+
+struct lost_shared {
+	_Atomic int seq;	/* the parent raises it once cmd is set */
+	_Atomic int cmd;
+};
+
+static struct lost_shared *lost_sh;
+
+struct lost_arg {
+	const char *prefix;
+	bool oneshot;		/* create, pull once, exit */
+	char names[NPART][64];
+};
+
+/* What a worker saw of one tensor. */
+struct lost_rep {
+	int ret;		/* of the create or the pull */
+	unsigned long long lost_member;	/* N of "lost with member N" in rps_last_error(), or 0 */
+	uint64_t version;
+	float value;		/* element 0 */
+	int uniform;		/* every element equals element 0 */
+};
+
+static void lost_names(struct lost_arg *a)
+{
+	unsigned p, k;
+
+	for (p = 0; p < NPART; p++)
+		for (k = 0;; k++) {
+			snprintf(a->names[p], sizeof(a->names[p]), "%s-%u-%u", a->prefix, p, k);
+			if (rps__name_hash(a->names[p]) % NPART == p)
+				break;
+		}
+}
+
+static void lost_note(struct lost_rep *r, int ret)
+{
+	const char *m = strstr(rps_last_error(), "lost with member ");
+
+	r->ret = ret;
+	r->lost_member = 0;
+	if (ret && m)
+		r->lost_member = strtoull(m + strlen("lost with member "), NULL, 10);
+}
+
+static int lost_create(rps_client_t *cl, const char *name, rps_tensor_t **t)
+{
+	struct rps_tensor_opts o;
+
+	rps_tensor_opts_init(&o);
+	o.count = LOST_COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SUM;
+	o.rescale = 1.0f;
+	return rps_tensor_create(cl, name, &o, t);
+}
+
+static void lost_pull(rps_tensor_t *t, float *buf, struct lost_rep *r)
+{
+	uint32_t i;
+	int ret = rps_pull(t, buf, LOST_COUNT * sizeof(float), &r->version);
+
+	lost_note(r, ret);
+	if (ret)
+		return;
+	r->value = buf[0];
+	r->uniform = 1;
+	for (i = 1; i < LOST_COUNT; i++)
+		r->uniform &= buf[i] == buf[0];
+}
+
+static int lost_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct lost_arg *a = arg;
+	float *g = malloc(LOST_COUNT * sizeof(float)), *buf = malloc(LOST_COUNT * sizeof(float));
+	struct lost_rep rep[NPART];
+	rps_tensor_t *t[NPART] = { 0 };
+	struct rps_client_opts co;
+	rps_client_t *cl;
+	int ret, seen = 0, p, s;
+	uint32_t i;
+
+	(void)rank;
+	(void)nworkers;
+	memset(rep, 0, sizeof(rep));
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = 15000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail("connect", ret);
+	for (p = 0; p < NPART; p++) {
+		ret = lost_create(cl, a->names[p], &t[p]);
+		lost_note(&rep[p], ret);
+		if (ret && !a->oneshot)
+			return fail("create", ret);
+		if (!ret && a->oneshot)
+			lost_pull(t[p], buf, &rep[p]);
+	}
+	if (a->oneshot) {
+		it_write_all(out_fd, rep, sizeof(rep));
+		goto out;
+	}
+	/* three steps, then at the parent's command */
+	for (s = 0; s < 3; s++)
+		for (p = 0; p < NPART; p++) {
+			for (i = 0; i < LOST_COUNT; i++)
+				g[i] = (float)(p + 1);
+			if ((ret = rps_push(t[p], g, LOST_COUNT * sizeof(float))))
+				return fail("push", ret);
+		}
+	it_write_all(out_fd, &ret, sizeof(ret));
+	for (;;) {
+		int cmd;
+		while (atomic_load(&lost_sh->seq) == seen)
+			usleep(1000);
+		seen = atomic_load(&lost_sh->seq);
+		cmd = atomic_load(&lost_sh->cmd);
+		if (cmd == LW_EXIT)
+			break;
+		for (p = 0; p < NPART; p++) {
+			if (cmd == LW_PUSH) {
+				for (i = 0; i < LOST_COUNT; i++)
+					g[i] = (float)(p + 1);
+				lost_note(&rep[p], rps_push(t[p], g, LOST_COUNT * sizeof(float)));
+			} else {
+				lost_pull(t[p], buf, &rep[p]);
+			}
+		}
+		it_write_all(out_fd, rep, sizeof(rep));
+	}
+out:
+	for (p = 0; p < NPART; p++)
+		if (t[p])
+			rps_tensor_close(t[p]);
+	rps_client_close(cl);
+	free(g);
+	free(buf);
+	return 0;
+}
+
+/* Tell the long-lived worker what to do; read what it saw. */
+static void lost_cmd(struct it_workers *w, int cmd, struct lost_rep *rep)
+{
+	atomic_store(&lost_sh->cmd, cmd);
+	atomic_fetch_add(&lost_sh->seq, 1);
+	if (cmd != LW_EXIT)
+		CU_ASSERT_EQUAL_FATAL(it_worker_read(w, 0, rep, NPART * sizeof(*rep)), 0);
+}
+
+/* A fresh client creates every tensor and pulls it once. */
+static void lost_fresh(const char *servers, const struct lost_arg *a0, struct lost_rep *rep)
+{
+	struct lost_arg a = *a0;
+	struct it_workers w;
+
+	a.oneshot = true;
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, lost_worker, servers, &a, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, rep, NPART * sizeof(*rep)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+}
+
+/* Partition p lost with member `lost` (0: not lost): its tensor refused with
+ * -ENODATA naming the member, never served; the others exact at `steps`
+ * steps. */
+static void check_lost_reps(const struct lost_rep *rep, const unsigned long long *lost, int steps, const char *when)
+{
+	int p, bad = 0;
+
+	for (p = 0; p < NPART; p++) {
+		const struct lost_rep *r = &rep[p];
+		bool ok = lost[p] ? r->ret == -ENODATA && r->lost_member == lost[p] :
+				    !r->ret && r->uniform && r->value == (float)(steps * (p + 1)) &&
+				    r->version == (uint64_t)steps;
+		if (!ok) {
+			fprintf(stderr, "%s: partition %d (lost with %llu): ret %d (lost with member %llu), version %llu, "
+				"value %g%s; expected %s\n", when, p, lost[p], r->ret, r->lost_member,
+				(unsigned long long)r->version, (double)r->value, r->uniform ? "" : " (not uniform)",
+				lost[p] ? "-ENODATA naming the member" : "the trained value");
+			bad++;
+		}
+	}
+	CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* psctl status --json: every partition's owner, epoch, moving_to and lost. */
+struct part_lost {
+	unsigned long long owner, epoch, moving_to, lost;
+};
+
+static int json_map_lost(const char *s, struct part_lost *parts)
+{
+	const char *p = strstr(s, "\"map\":{");
+	int n = 0;
+
+	if (!p)
+		return -1;
+	while ((p = strstr(p, "{\"partition\":"))) {
+		unsigned part;
+		if (n >= NPART ||
+		    sscanf(p, "{\"partition\":%u,\"owner\":%llu,\"epoch\":%llu,\"moving_to\":%llu,\"lost\":%llu}", &part,
+			   &parts[n].owner, &parts[n].epoch, &parts[n].moving_to, &parts[n].lost) != 5 ||
+		    part != (unsigned)n)
+			return -1;
+		n++;
+		p++;
+	}
+	return n == NPART ? 0 : -1;
+}
+
+static void status_lost(const char *servers, struct part_lost *parts)
+{
+	int rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --json status", servers);
+
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(json_valid(out));
+	memset(parts, 0, NPART * sizeof(*parts));
+	CU_ASSERT_EQUAL_FATAL(json_map_lost(out, parts), 0);
+}
+
+/* Wait until server i's map says every partition in lost[] is lost as
+ * it says (and no other is): 0, or -1 after timeout_ms. */
+static int wait_lost_map(int i, const unsigned long long *lost, int timeout_ms)
+{
+	double until = now_s() + timeout_ms / 1000.0;
+	struct mstatus ms;
+
+	while (now_s() < until) {
+		if (!member_status(&clu, i, &ms)) {
+			int p, same = 0;
+			for (p = 0; p < NPART; p++)
+				same += ms.map.parts[p].lost == lost[p];
+			if (same == NPART)
+				return 0;
+		}
+		sleep_ms(50);
+	}
+	return -1;
+}
+
+/*
+ * Item 5: a partition owner killed with SIGKILL and restarted from its
+ * --data-dir had its shards only in memory.  It must refuse them (-ENODATA,
+ * "partition N lost with member M"), never serve them as zeros, while the
+ * other partitions serve their exact values; psctl status shows them lost,
+ * and a restore of a checkpoint taken before the kill brings them back.
+ */
+static void test_restarted_owner_refuses_lost_partitions(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	static struct lost_arg a = { .prefix = "restart" };
+	unsigned long long lost[NPART] = { 0 }, none[NPART] = { 0 }, vid;
+	struct lost_rep rep[NPART];
+	struct part_lost pl[NPART];
+	char pout[4096] = "", perr[2048] = "", dir[256], cmd[300];
+	struct it_workers w;
+	int l, v, p, rc, ready = -1;
+
+	snprintf(dir, sizeof(dir), "/tmp/it_control_lost.%d", (int)getpid());
+	lost_names(&a);
+	memset(lost_sh, 0, sizeof(*lost_sh));
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, false, 10000, NULL);
+	CU_ASSERT_FATAL(l >= 0);
+	v = (l + 1) % 3;	/* a follower: the group keeps its leader */
+	vid = (unsigned long long)v + 1;
+	for (p = 0; p < NPART; p++)
+		lost[p] = (unsigned long long)(p % 3) + 1 == vid ? vid : 0;	/* bootstrap owners */
+
+	/* 3 steps, a checkpoint, 2 more steps: every value exact */
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, lost_worker, clu.servers, &a, -1, NULL), 0);
+	trainers = w;
+	trainers_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_worker_read(&w, 0, &ready, sizeof(ready)), 0);
+	CU_ASSERT_EQUAL_FATAL(ready, 0);
+	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "checkpoint %s", dir);
+	if (rc)
+		fprintf(stderr, "psctl checkpoint: %s%s", pout, perr);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	lost_cmd(&w, LW_PUSH, rep);
+	lost_cmd(&w, LW_PUSH, rep);
+	lost_cmd(&w, LW_PULL, rep);
+	check_lost_reps(rep, none, 5, "before the kill");
+
+	/* the member is killed and comes back from its data dir, memory empty */
+	it_server_kill(&clu, v);
+	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, v), 0);
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, true, 20000, NULL) >= 0);
+	CU_ASSERT_EQUAL(wait_lost_map(l, lost, 20000), 0);
+
+	/* the worker that trained: refused where lost, exact elsewhere */
+	lost_cmd(&w, LW_PULL, rep);
+	check_lost_reps(rep, lost, 5, "restarted, the worker that trained");
+	lost_cmd(&w, LW_EXIT, rep);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	trainers_up = false;
+	/* a new worker (a training job started again): the same, never zeros */
+	lost_fresh(clu.servers, &a, rep);
+	check_lost_reps(rep, lost, 5, "restarted, a new worker");
+
+	/* psctl status says which */
+	status_lost(clu.servers, pl);
+	for (p = 0; p < NPART; p++) {
+		CU_ASSERT_EQUAL(pl[p].lost, lost[p]);
+		CU_ASSERT_EQUAL(pl[p].owner, (unsigned long long)(p % 3) + 1);
+		CU_ASSERT_EQUAL(pl[p].epoch, 1);
+	}
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "status");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(strstr(out, "LOST with member") != NULL);
+
+	/* the checkpoint taken before the kill brings them back, exactly */
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", dir);
+	if (rc)
+		fprintf(stderr, "psctl restore: %s%s", pout, perr);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT_EQUAL(wait_lost_map(l, none, 20000), 0);
+	lost_fresh(clu.servers, &a, rep);
+	check_lost_reps(rep, none, 3, "restored");
+	status_lost(clu.servers, pl);
+	for (p = 0; p < NPART; p++)
+		CU_ASSERT_EQUAL(pl[p].lost, 0);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "forget-lost all");
+	CU_ASSERT_EQUAL(rc, 1);	/* nothing left to forget */
+	CU_ASSERT(one_line(err));
+	stop_all(&clu);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	CU_ASSERT_EQUAL(system(cmd), 0);
+}
+
+/*
+ * Item 6: a member that is dead for good (R=1).  A move of one of its
+ * partitions cannot finish, and must not hang: psctl gives up with an
+ * error.  psctl remove-server --force takes it out: its partitions pass to
+ * the live members one epoch on, flagged lost (refused with -ENODATA,
+ * never zeros), the others keep their exact values; forget-lost accepts
+ * them empty.
+ */
+static void test_remove_server_force_dead_member(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS " --move-timeout-ms 1000", .data_dir = 1 };
+	static struct lost_arg a = { .prefix = "force" };
+	unsigned long long lost[NPART] = { 0 }, none[NPART] = { 0 }, vid, other;
+	struct lost_rep rep[NPART];
+	struct part_lost pl[NPART];
+	char live[700];
+	struct it_workers w;
+	int l, v, p, P = -1, rc, ready = -1, live_members;
+	double t0;
+
+	lost_names(&a);
+	memset(lost_sh, 0, sizeof(*lost_sh));
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, false, 10000, NULL);
+	CU_ASSERT_FATAL(l >= 0);
+	v = (l + 1) % 3;
+	vid = (unsigned long long)v + 1;
+	other = (unsigned long long)(l + 2) % 3 + 1;
+	snprintf(live, sizeof(live), "%s,%s", clu.uri[l], clu.uri[(l + 2) % 3]);
+	for (p = 0; p < NPART; p++)
+		if ((unsigned long long)(p % 3) + 1 == vid) {
+			lost[p] = vid;
+			if (P < 0)
+				P = p;
+		}
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, lost_worker, clu.servers, &a, -1, NULL), 0);
+	trainers = w;
+	trainers_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_worker_read(&w, 0, &ready, sizeof(ready)), 0);
+	CU_ASSERT_EQUAL_FATAL(ready, 0);
+	lost_cmd(&w, LW_PULL, rep);
+	check_lost_reps(rep, none, 3, "before the kill");
+
+	it_server_kill(&clu, v);
+	CU_ASSERT_FATAL(wait_agreement(&clu, (1u << l) | (1u << ((l + 2) % 3)), false, 20000, NULL) >= 0);
+	/* a move out of the dead member fails, it does not hang */
+	t0 = now_s();
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --timeout 5 move %d %llu", live, P,
+		      other);
+	fprintf(stderr, "[move from the dead member: exit %d after %.1f s: %s] ", rc, now_s() - t0, err);
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(one_line(err));
+	status_lost(live, pl);
+	CU_ASSERT_EQUAL(pl[P].moving_to, other);	/* left moving: only its dead source could abort it */
+
+	/* forced out: its partitions pass to the others, lost, one epoch on */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --timeout 10 remove-server --force %llu",
+		      live, vid);
+	if (rc)
+		fprintf(stderr, "psctl remove-server --force: exit %d: %s", rc, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	status_lost(live, pl);
+	for (p = 0; p < NPART; p++) {
+		if (lost[p]) {
+			CU_ASSERT(pl[p].owner != vid && pl[p].owner >= 1 && pl[p].owner <= 3);
+			CU_ASSERT_EQUAL(pl[p].epoch, 2);
+		} else {
+			CU_ASSERT_EQUAL(pl[p].owner, (unsigned long long)(p % 3) + 1);
+			CU_ASSERT_EQUAL(pl[p].epoch, 1);
+		}
+		CU_ASSERT_EQUAL(pl[p].moving_to, 0);
+		CU_ASSERT_EQUAL(pl[p].lost, lost[p]);
+	}
+	{
+		char pat[32];
+		snprintf(pat, sizeof(pat), "{\"id\":%llu,", vid);
+		CU_ASSERT_EQUAL(count_of(out, pat), 0);	/* neither a member nor in the map */
+		live_members = count_of(out, "{\"id\":");
+		CU_ASSERT_EQUAL(live_members, 2 * 2);
+	}
+
+	/* the worker that trained, and a new one: refused where lost, exact elsewhere */
+	lost_cmd(&w, LW_PULL, rep);
+	check_lost_reps(rep, lost, 3, "forced out, the worker that trained");
+	lost_cmd(&w, LW_PUSH, rep);
+	for (p = 0; p < NPART; p++)
+		CU_ASSERT_EQUAL(rep[p].ret, lost[p] ? -ENODATA : 0);
+	lost_cmd(&w, LW_EXIT, rep);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	trainers_up = false;
+	lost_fresh(live, &a, rep);
+	for (p = 0; p < NPART; p++)	/* (the others took one more step) */
+		if (!lost[p]) {
+			CU_ASSERT_EQUAL(rep[p].ret, 0);
+			CU_ASSERT(rep[p].uniform && rep[p].value == (float)(4 * (p + 1)) && rep[p].version == 4);
+		} else {
+			CU_ASSERT_EQUAL(rep[p].ret, -ENODATA);
+			CU_ASSERT_EQUAL(rep[p].lost_member, vid);
+		}
+
+	/* accepted empty: zeros at version 0 where lost, the rest untouched */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s forget-lost all", live);
+	if (rc)
+		fprintf(stderr, "psctl forget-lost: exit %d: %s", rc, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT_EQUAL(wait_lost_map(l, none, 20000), 0);
+	lost_fresh(live, &a, rep);
+	for (p = 0; p < NPART; p++) {
+		CU_ASSERT_EQUAL(rep[p].ret, 0);
+		CU_ASSERT(rep[p].uniform);
+		CU_ASSERT_EQUAL(rep[p].value, lost[p] ? 0.0f : (float)(4 * (p + 1)));
+		CU_ASSERT_EQUAL(rep[p].version, lost[p] ? 0u : 4u);
+	}
+	stop_all(&clu);
+}
+
 /* RPS_IT_ONLY=text runs only the tests whose names contain it. */
 static void add_test(CU_pSuite s, const char *name, CU_TestFunc fn)
 {
@@ -2014,7 +2476,8 @@ int main(void)
 	}
 	signal(SIGPIPE, SIG_IGN);
 	train_sh = mmap(NULL, sizeof(*train_sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (train_sh == MAP_FAILED) {
+	lost_sh = mmap(NULL, sizeof(*lost_sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (train_sh == MAP_FAILED || lost_sh == MAP_FAILED) {
 		perror("it_control: mmap");
 		return 1;
 	}
@@ -2043,6 +2506,10 @@ int main(void)
 		 test_checkpoint_adam_exact);
 	add_test(s, "a partition image corrupted in flight is refused, the move aborted, nothing lost",
 		 test_move_corrupted_refused);
+	add_test(s, "restarted owner refuses lost partitions (-ENODATA, never zeros); a restore brings them back",
+		 test_restarted_owner_refuses_lost_partitions);
+	add_test(s, "remove-server --force of a dead member: its partitions lost, the rest exact; forget-lost",
+		 test_remove_server_force_dead_member);
 	CU_basic_set_mode(CU_BRM_VERBOSE);
 	CU_basic_run_tests();
 	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

@@ -379,7 +379,7 @@ static void test_add_member(void)
 	c = cmd_add(100, "tcp://z:1");
 	c.type = 0;
 	refuse_cmd(&m, c, -EINVAL);
-	c.type = 7;
+	c.type = 10;
 	refuse_cmd(&m, c, -EINVAL);
 	/* a no-op moves nothing but applied */
 	c.type = RPS__SMAP_NOP;
@@ -552,6 +552,92 @@ static void test_move_abort(void)
 	refuse_cmd(&m, cmd_begin(9, 1, 2, RPS__EPOCH_MOVED - 1), -EOVERFLOW);
 }
 
+static struct rps__smap_cmd cmd_lost(uint32_t type, uint32_t part, uint64_t from, uint64_t epoch)
+{
+	struct rps__smap_cmd c;
+
+	memset(&c, 0, sizeof(c));
+	c.type = type;
+	c.part = part;
+	c.from = from;
+	c.epoch = epoch;
+	return c;
+}
+
+/* A partition whose contents were lost is marked so by its owner, refuses
+ * moves until restored or forgotten, and a forced removal hands a dead
+ * member's partitions to the others marked lost. */
+static void test_lost_partitions(void)
+{
+	static struct rps__smap m, d;
+	static uint8_t buf[RPS__SMAP_ENC_MAX];
+	struct rps__smap_cmd c;
+	size_t len = 0;
+	uint32_t p;
+
+	init3(&m, 8);		/* partition p owned by p % 3 + 1 */
+	refuse_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, 1, 1, 1), -ESTALE);	/* not its owner */
+	refuse_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, 1, 2, 7), -ESTALE);	/* stale epoch */
+	refuse_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, 99, 2, 1), -ENOENT);
+	refuse_cmd(&m, cmd_lost(RPS__SMAP_CLEAR_LOST, 1, 0, 1), -ESTALE);	/* not lost */
+	accept_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, 1, 2, 1));
+	CU_ASSERT_EQUAL(m.parts[1].lost, 2);
+	CU_ASSERT_EQUAL(m.parts[1].owner, 2);
+	CU_ASSERT_EQUAL(rps__smap_nlost(&m), 1);
+	refuse_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, 1, 2, 1), -EALREADY);
+	refuse_cmd(&m, cmd_begin(1, 2, 3, 1), -ENODATA);		/* nothing to move */
+	/* a lost map is version 2 and round-trips */
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, buf, sizeof(buf), &len), 0);
+	CU_ASSERT_EQUAL(buf[4], 2);
+	CU_ASSERT_EQUAL(len, rps__smap_encoded_size(&m));
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), 0);
+	CU_ASSERT_EQUAL(memcmp(&m, &d, sizeof(m)), 0);
+	CU_ASSERT_EQUAL(decode_exact(buf, len - 1, &d), -EBADMSG);
+	refuse_cmd(&m, cmd_lost(RPS__SMAP_CLEAR_LOST, 1, 0, 2), -ESTALE);
+	accept_cmd(&m, cmd_lost(RPS__SMAP_CLEAR_LOST, 1, 0, 1));
+	CU_ASSERT_EQUAL(m.parts[1].lost, 0);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, buf, sizeof(buf), &len), 0);
+	CU_ASSERT_EQUAL(buf[4], 1);		/* nothing lost: readable by older builds */
+
+	/* member 2 is dead with a move of its own and one into it under way */
+	accept_cmd(&m, cmd_begin(4, 2, 3, 1));
+	accept_cmd(&m, cmd_begin(0, 1, 2, 1));
+	accept_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, 7, 2, 1));
+	refuse_cmd(&m, cmd_remove(2), -EBUSY);
+	memset(&c, 0, sizeof(c));
+	c.type = RPS__SMAP_FORCE_REMOVE;
+	c.id = 9;
+	refuse_cmd(&m, c, -ENOENT);
+	c.id = 2;
+	accept_cmd(&m, c);
+	CU_ASSERT_PTR_NULL(rps__smap_member(&m, 2));
+	CU_ASSERT_EQUAL(m.nmembers, 2);
+	CU_ASSERT_EQUAL(m.parts[0].owner, 1);		/* the move into it is off */
+	CU_ASSERT_EQUAL(m.parts[0].moving_to, 0);
+	CU_ASSERT_EQUAL(m.parts[0].lost, 0);
+	CU_ASSERT_EQUAL(m.parts[0].epoch, 1);
+	/* its partitions 1, 4, 7 go to 1, 3, 1, one epoch on, lost with it */
+	CU_ASSERT_EQUAL(m.parts[1].owner, 1);
+	CU_ASSERT_EQUAL(m.parts[4].owner, 3);
+	CU_ASSERT_EQUAL(m.parts[7].owner, 1);
+	for (p = 1; p < 8; p += 3) {
+		CU_ASSERT_EQUAL(m.parts[p].lost, 2);
+		CU_ASSERT_EQUAL(m.parts[p].moving_to, 0);
+		CU_ASSERT_EQUAL(m.parts[p].epoch, 2);
+	}
+	CU_ASSERT_EQUAL(rps__smap_nlost(&m), 3);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, buf, sizeof(buf), &len), 0);
+	CU_ASSERT_EQUAL(decode_exact(buf, len, &d), 0);
+	/* the last member cannot be forced out */
+	c.id = 3;
+	accept_cmd(&m, c);
+	c.id = 1;
+	refuse_cmd(&m, c, -EBUSY);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 1), 8);
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_FORCE_REMOVE), "FORCE_REMOVE");
+}
+
 static void test_messages(void)
 {
 	static struct rps__smap m;
@@ -595,7 +681,7 @@ static void test_messages(void)
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_MOVE_ABORT), "MOVE_ABORT");
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(0), "?");
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_NOP), "NOP");
-	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(7), "?");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(10), "?");
 
 	c = cmd_begin(7, 2, 3, 4);
 	CU_ASSERT_PTR_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), buf);
@@ -941,7 +1027,7 @@ static void test_cmd_codec(void)
 	buf[4] = 1;
 	buf[6] = 0;
 	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
-	buf[6] = 7;
+	buf[6] = 10;
 	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
 	buf[6] = 1;
 	buf[46] = 128;
@@ -996,9 +1082,9 @@ static void test_print(void)
 	out = capture(rps__smap_print_json, &m);
 	CU_ASSERT_STRING_EQUAL(out,
 		"{\"applied\":1,\"partitions\":["
-		"{\"partition\":0,\"owner\":1,\"epoch\":1,\"moving_to\":0},"
-		"{\"partition\":1,\"owner\":2,\"epoch\":1,\"moving_to\":0},"
-		"{\"partition\":2,\"owner\":1,\"epoch\":1,\"moving_to\":2}],"
+		"{\"partition\":0,\"owner\":1,\"epoch\":1,\"moving_to\":0,\"lost\":0},"
+		"{\"partition\":1,\"owner\":2,\"epoch\":1,\"moving_to\":0,\"lost\":0},"
+		"{\"partition\":2,\"owner\":1,\"epoch\":1,\"moving_to\":2,\"lost\":0}],"
 		"\"members\":[{\"id\":1,\"uri\":\"tcp://a:1\"},"
 		"{\"id\":2,\"uri\":\"x\\\"y\\\\z\\u000a\\u007f\"}]}\n");
 
@@ -1176,6 +1262,7 @@ int main(void)
 	CU_add_test(s, "remove member: only when it owns nothing", test_remove_member);
 	CU_add_test(s, "move begin and commit", test_move_commit);
 	CU_add_test(s, "move abort", test_move_abort);
+	CU_add_test(s, "lost partitions: marked, cleared, forced removal", test_lost_partitions);
 	CU_add_test(s, "messages, names and replayed indexes", test_messages);
 	CU_add_test(s, "map round-trips byte-identical", test_map_roundtrip);
 	CU_add_test(s, "map truncation and flipped bits refused", test_map_truncated_and_flipped);

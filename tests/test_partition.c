@@ -1,0 +1,285 @@
+/*
+ * test_partition.c - unit tests of the partition image a move ships: an
+ * in-process server (one member, TCP on loopback, nothing served) builds
+ * the image of one of its partitions, a field is made bad, and installing
+ * it as a move's destination would must refuse it whole and change
+ * nothing.  Before the validation pass, a parked push that did not fit its
+ * tensor was installed and crashed the server when it was drained
+ * (rps__srv_drain_held -> sync_take -> rps__agg_copy).
+ */
+#include "config.h"
+#include "common.h"
+#include "server_int.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+#define SHARD_BYTES 1024u	/* 256 fp32 per shard */
+#define NPART 4u
+
+static struct rps__server *srv;
+
+static int suite_init(void)
+{
+	struct rps__server_config cfg;
+
+	rps__server_config_init(&cfg);
+	cfg.listen.kind = RPS__KIND_TCP;
+	snprintf(cfg.listen.host, sizeof(cfg.listen.host), "127.0.0.1");
+	cfg.shard_bytes = SHARD_BYTES;
+	cfg.npart = NPART;
+	cfg.fsync_none = 1;
+	cfg.no_pin = 1;
+	if (rps__server_create(&cfg, &srv)) {
+		fprintf(stderr, "test_partition: %s\n", rps__errbuf());
+		return -1;
+	}
+	return 0;
+}
+
+static int suite_fini(void)
+{
+	rps__server_destroy(srv);
+	srv = NULL;
+	return 0;
+}
+
+/* A tensor with its shards of partition 0 here. */
+static struct tensor *tensor_new(const char *name, enum rps_mode mode, int nworkers)
+{
+	struct rps__tensor_spec sp;
+	struct tensor *t = NULL;
+	uint32_t p;
+
+	memset(&sp, 0, sizeof(sp));
+	sp.count = 4 * NPART * (SHARD_BYTES / 4);	/* 4 shards in every partition */
+	sp.dtype = RPS_DTYPE_F32;
+	sp.mode = mode;
+	sp.optimizer = RPS_OPT_SGD;
+	sp.lr = 0.5f;
+	sp.rescale = 1.0f;
+	sp.num_workers = nworkers;
+	CU_ASSERT_EQUAL_FATAL(rps__srv_tensor_add(srv, name, &sp, &t), 0);
+	for (p = 0; p < NPART; p++) {
+		CU_ASSERT_EQUAL_FATAL(rps__srv_region_alloc(srv, t, p, false, NULL), 0);
+		CU_ASSERT_EQUAL_FATAL(rps__srv_region_register(srv, t, p), 0);
+	}
+	return t;
+}
+
+/* A parked push of the first shard of partition 0 (as park() keeps one). */
+static void park_one(struct tensor *t, uint64_t clock, int rank, size_t nbytes)
+{
+	struct parked *pk;
+
+	if (srv->nparked == srv->parked_cap) {
+		srv->parked_cap = srv->parked_cap ? srv->parked_cap * 2 : 16;
+		srv->parked = realloc(srv->parked, srv->parked_cap * sizeof(*srv->parked));
+		CU_ASSERT_PTR_NOT_NULL_FATAL(srv->parked);
+	}
+	pk = &srv->parked[srv->nparked++];
+	pk->t = t;
+	pk->local = rps__server_shard(&t->layout, 0, 0);
+	pk->clock = clock;
+	pk->rank = rank;
+	pk->nbytes = nbytes;
+	pk->data = calloc(1, nbytes ? nbytes : 1);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(pk->data);
+	srv->parked_bytes += nbytes;
+}
+
+static void unpark_all(void)
+{
+	while (srv->nparked) {
+		struct parked *pk = &srv->parked[--srv->nparked];
+		srv->parked_bytes -= pk->nbytes;
+		free(pk->data);
+	}
+}
+
+/* What installing must not change when it refuses. */
+struct before {
+	uint32_t ntensors, nparked;
+	void *mem[8];
+	uint64_t step0[8];
+	float p0[8];
+};
+
+static void snap(struct before *b)
+{
+	uint32_t i;
+
+	memset(b, 0, sizeof(*b));
+	b->ntensors = srv->ntensors;
+	b->nparked = srv->nparked;
+	for (i = 0; i < srv->ntensors && i < 8; i++) {
+		struct tensor *t = srv->tensors[i];
+		struct shard *s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+		b->mem[i] = t->regions[0].mem;
+		b->step0[i] = s->step;
+		b->p0[i] = s->params ? s->params[0] : -1.0f;
+	}
+}
+
+static void assert_unchanged(const struct before *b)
+{
+	struct before now;
+	uint32_t i;
+
+	snap(&now);
+	CU_ASSERT_EQUAL(now.ntensors, b->ntensors);
+	CU_ASSERT_EQUAL(now.nparked, b->nparked);
+	for (i = 0; i < 8; i++) {
+		CU_ASSERT_PTR_EQUAL(now.mem[i], b->mem[i]);
+		CU_ASSERT_EQUAL(now.step0[i], b->step0[i]);
+		CU_ASSERT_EQUAL(now.p0[i], b->p0[i]);
+	}
+}
+
+/* Build partition 0's image with what is parked now, unpark it, install it:
+ * the install's result.  A refused image must leave everything as it was;
+ * one that is taken is drained as the server would. */
+static int ship_and_install(void)
+{
+	struct before b;
+	void *img = NULL;
+	size_t len = 0;
+	int ret;
+
+	CU_ASSERT_EQUAL_FATAL(rps__cp_image_build(srv, 0, &img, &len), 0);
+	unpark_all();
+	snap(&b);
+	ret = rps__cp_image_install(srv, 0, srv->parts[0].epoch, img, len);
+	if (ret)
+		assert_unchanged(&b);
+	else
+		rps__srv_drain_held(srv);
+	free(img);
+	return ret;
+}
+
+static void test_install_takes_valid_image(void)
+{
+	struct tensor *t = rps__srv_tensor_by_name(srv, "sync1");
+	struct shard *s;
+
+	if (!t)
+		t = tensor_new("sync1", RPS_MODE_SYNC, 2);
+	s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+	s->params[0] = 3.0f;
+	park_one(t, 0, 1, (size_t)s->elems * 4);
+	CU_ASSERT_EQUAL(ship_and_install(), 0);
+	s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+	CU_ASSERT_EQUAL(s->params[0], 3.0f);
+	CU_ASSERT_EQUAL(srv->nparked, 1u);	/* rank 1 waits for rank 0 */
+	unpark_all();
+}
+
+static void test_install_refuses_bad_parked_push(void)
+{
+	struct tensor *t = rps__srv_tensor_by_name(srv, "sync1");
+	struct shard *s;
+
+	if (!t)
+		t = tensor_new("sync1", RPS_MODE_SYNC, 2);
+	s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+	/* a push of 8 bytes for a shard of 1 KiB: summing it read past it */
+	park_one(t, s->step, 0, 8);
+	CU_ASSERT_EQUAL(ship_and_install(), -EBADMSG);
+	CU_ASSERT(strstr(rps__errbuf(), "parked push 1: 8 bytes") != NULL);
+	/* a rank beyond the tensor's workers */
+	park_one(t, s->step, 2, (size_t)s->elems * 4);
+	CU_ASSERT_EQUAL(ship_and_install(), -EBADMSG);
+	CU_ASSERT(strstr(rps__errbuf(), "rank 2 of 2 workers") != NULL);
+	/* a clock behind the shard's version */
+	s->step = 5;
+	park_one(t, 4, 0, (size_t)s->elems * 4);
+	CU_ASSERT_EQUAL(ship_and_install(), -EBADMSG);
+	CU_ASSERT(strstr(rps__errbuf(), "clock 4") != NULL);
+	s->step = 0;
+}
+
+static void test_install_refuses_push_parked_for_async_tensor(void)
+{
+	struct tensor *t = tensor_new("async1", RPS_MODE_ASYNC, 0);
+	struct shard *s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+
+	/* right size, but an async shard has no accumulator: summing it
+	 * dereferenced NULL */
+	park_one(t, 0, 0, (size_t)s->elems * 4);
+	CU_ASSERT_EQUAL(ship_and_install(), -EBADMSG);
+	CU_ASSERT(strstr(rps__errbuf(), "not in sync mode") != NULL);
+}
+
+/* Field by field: every byte of a valid image flipped in turn must be
+ * refused (or be a value the server can use), never crash or leave part
+ * of the image installed. */
+static void test_install_refuses_mutated_fields(void)
+{
+	struct tensor *t = rps__srv_tensor_by_name(srv, "sync1");
+	void *img = NULL;
+	unsigned char *m;
+	size_t len = 0, i;
+	int refused = 0;
+
+	if (!t)
+		t = tensor_new("sync1", RPS_MODE_SYNC, 2);
+	park_one(t, 0, 1, (size_t)t->shards[rps__server_shard(&t->layout, 0, 0)].elems * 4);
+	CU_ASSERT_EQUAL_FATAL(rps__cp_image_build(srv, 0, &img, &len), 0);
+	unpark_all();
+	m = malloc(len);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+	/* the header, and every count and spec byte up to the first values */
+	for (i = 0; i < len && i < 256; i++) {
+		struct before b;
+		int ret;
+		memcpy(m, img, len);
+		m[i] ^= 0x80;
+		snap(&b);
+		ret = rps__cp_image_install(srv, 0, srv->parts[0].epoch, m, len);
+		if (ret) {
+			CU_ASSERT_EQUAL(ret, -EBADMSG);
+			assert_unchanged(&b);
+			refused++;
+		} else {
+			rps__srv_drain_held(srv);
+			unpark_all();
+		}
+	}
+	/* truncated anywhere */
+	for (i = 0; i < len; i += 97) {
+		struct before b;
+		snap(&b);
+		CU_ASSERT_EQUAL(rps__cp_image_install(srv, 0, srv->parts[0].epoch, img, i), -EBADMSG);
+		assert_unchanged(&b);
+	}
+	CU_ASSERT(refused > 0);
+	free(m);
+	free(img);
+}
+
+int main(void)
+{
+	CU_pSuite s;
+	unsigned fails;
+
+	rps__log_level = RPS__LOG_ERROR;
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	s = CU_add_suite("partition image", suite_init, suite_fini);
+	CU_add_test(s, "a valid image is installed", test_install_takes_valid_image);
+	CU_add_test(s, "install refuses a bad parked push", test_install_refuses_bad_parked_push);
+	CU_add_test(s, "install refuses a push parked for an async tensor",
+		    test_install_refuses_push_parked_for_async_tensor);
+	CU_add_test(s, "install refuses mutated fields, changing nothing", test_install_refuses_mutated_fields);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+	CU_cleanup_registry();
+	return fails ? 1 : 0;
+}
