@@ -243,6 +243,7 @@ struct rps__raft_status {
 	uint64_t lead_transferee;
 	bool promotable;		/* a voter of its own configuration */
 	struct rps__raft_conf_state conf;
+	uint64_t refused;		/* messages dropped unread (see rps__raft_step) */
 };
 
 struct rps__raft_progress_info {
