@@ -1000,6 +1000,64 @@ static void test_unusable_term_leaves_node_restartable(void)
 	CU_ASSERT_TRUE(has_sequence(&nodes[1], 2));
 }
 
+/* The path of the node's only log segment, NULL if it has several. */
+static const char *only_segment(uint64_t id)
+{
+	static char path[512];
+	DIR *d = opendir(nodes[id].dir);
+	struct dirent *de;
+	unsigned n = 0;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+	while ((de = readdir(d)))
+		if (!strncmp(de->d_name, "wal-", 4)) {
+			snprintf(path, sizeof(path), "%s/%s", nodes[id].dir, de->d_name);
+			n++;
+		}
+	closedir(d);
+	return n == 1 ? path : NULL;
+}
+
+/* A segment cut in the middle used to pass for a torn tail: the node came
+ * back with a third of its committed entries and led a new term. */
+static void test_truncated_log_refused_at_open(void)
+{
+	const char *seg;
+	off_t size;
+
+	cfg_n_peers = 1;
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	CU_ASSERT_EQUAL_FATAL(open_node(1, true), 0);
+	CU_ASSERT_EQUAL(rps__rnode_campaign(nodes[1].rn), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[1].rn), 0);
+	CU_ASSERT_EQUAL_FATAL(wait_leader(), 1);
+	for (unsigned i = 0; i < 12; i++)
+		CU_ASSERT_EQUAL(propose(1), 0);
+	CU_ASSERT_TRUE(wait_items(12));
+	close_node(1);
+
+	seg = only_segment(1);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(seg);
+	{
+		FILE *f = fopen(seg, "rb");
+
+		CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+		fseeko(f, 0, SEEK_END);
+		size = ftello(f);
+		fclose(f);
+	}
+	CU_ASSERT_EQUAL_FATAL(truncate(seg, size / 2 + 3), 0);
+	CU_ASSERT_EQUAL(open_node(1, true), -EBADMSG);
+	CU_ASSERT_PTR_NULL(nodes[1].rn);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), ") is out of range [lastIndex("));
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "was the raft log corrupted, truncated, or lost?"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), nodes[1].dir));
+	CU_ASSERT_PTR_NULL(strchr(rps__errbuf(), '\n'));
+	/* and so on every try: nothing was repaired in between */
+	CU_ASSERT_EQUAL(open_node(1, true), -EBADMSG);
+	CU_ASSERT_EQUAL(nodes[1].n_items, 0);
+}
+
 static void test_dir_in_use(void)
 {
 	struct rps__rnode *second = NULL;
@@ -1052,6 +1110,7 @@ int main(void)
 		{ "directory already open: -EBUSY", test_dir_in_use },
 		{ "a term that cannot be incremented leaves the node restartable",
 		  test_unusable_term_leaves_node_restartable },
+		{ "a log truncated below its commit index is refused", test_truncated_log_refused_at_open },
 	};
 	CU_pSuite s;
 	unsigned failed;
