@@ -1444,7 +1444,7 @@ int rps__raft_step(struct rps__raft *r, const struct rps__raft_msg *m)
 		r->refused++;
 		if (!*why)
 			return 0;	/* a stranger's answer: routine around membership changes */
-		return rps__seterr(-EPROTO, "raft %llu: dropped a %s from %llu (term %llu): %s",
+		return rps__seterr(-EPROTO, "raft %llu: dropped %s from %llu (term %llu): %s",
 				   (unsigned long long)r->id, rps__raft_msg_type_name(m->type),
 				   (unsigned long long)m->from, (unsigned long long)m->term, why);
 	}

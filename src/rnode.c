@@ -588,7 +588,7 @@ int rps__rnode_recv_from(struct rps__rnode *n, uint64_t peer, const void *buf, s
 	if (err)
 		return rps__preerr(err, "rnode %llu: dropping a message", (unsigned long long)n->id);
 	if (peer != RPS__RAFT_NONE && m->from != peer) {
-		err = rps__seterr(-EPROTO, "rnode %llu: dropped a %s that says it is from %llu, sent by %llu",
+		err = rps__seterr(-EPROTO, "rnode %llu: dropped %s that says it is from %llu, sent by %llu",
 				  (unsigned long long)n->id, rps__raft_msg_type_name(m->type),
 				  (unsigned long long)m->from, (unsigned long long)peer);
 		rps__raft_msg_free(m);
