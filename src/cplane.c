@@ -1707,7 +1707,7 @@ void rps__cp_on_message(struct rps__server *srv, struct conn *c, const struct rp
 		if (c->role == CONN_PEER && rps__cp_isolated)
 			return;
 		if (c->role == CONN_PEER) {
-			if (rps__rnode_recv(srv->rnode, body, body_len))
+			if (rps__rnode_recv_from(srv->rnode, c->peer_id, body, body_len))
 				rps__log(RPS__LOG_WARN, "peer %llu: %s", (unsigned long long)c->peer_id, rps__errbuf());
 			return;
 		}

@@ -28,6 +28,12 @@
 #include <string.h>
 
 #define READS_MAX 256u		/* pending ReadIndex requests at a leader */
+/* Every campaign increments the term: a term that cannot be incremented is
+ * refused wherever it comes from, so no node ever persists a term its next
+ * campaign would wrap to 0 (which the log then refuses, on every restart). */
+#define TERM_MAX (UINT64_MAX - 1)
+/* No real log gets near this; above it index arithmetic could wrap. */
+#define INDEX_MAX (UINT64_MAX >> 1)
 
 /* ------------------------------------------------------------------------ */
 /* in-flight window of a follower in replicate state: the last index of each
@@ -151,6 +157,8 @@ struct rps__raft {
 	struct rps__raft_hard_state ready_hs;
 	uint64_t ready_last_index;
 	uint64_t ready_applied_to;
+
+	uint64_t refused;		/* messages dropped by refuse_reason() */
 };
 
 static void become_follower(struct rps__raft *r, uint64_t term, uint64_t lead);
@@ -874,7 +882,7 @@ static void campaign(struct rps__raft *r, bool pre, bool transfer)
 
 static void hup(struct rps__raft *r, bool transfer)
 {
-	if (r->role == RPS__RAFT_LEADER || !promotable(r))
+	if (r->role == RPS__RAFT_LEADER || !promotable(r) || r->term >= TERM_MAX)
 		return;
 	campaign(r, r->cfg.pre_vote && !transfer, transfer);
 }
@@ -1373,8 +1381,49 @@ static void handle_vote_request(struct rps__raft *r, const struct rps__raft_msg 
 	}
 }
 
+/* Is m from a node we may hear?  Our configuration may lag behind the
+ * leader's, so (Raft thesis 4.1) appends from a leader and vote requests from
+ * a candidate it does not list yet are heard; anything else from a
+ * non-member answers a message we never sent it (or comes from the leader we
+ * follow). */
+static bool sender_known(const struct rps__raft *r, const struct rps__raft_msg *m)
+{
+	if (rps__raft_conf_is_voter(&r->conf, m->from) || rps__raft_conf_is_learner(&r->conf, m->from))
+		return true;
+	switch (m->type) {
+	case RPS__RAFT_MSG_APP:
+	case RPS__RAFT_MSG_HEARTBEAT:
+	case RPS__RAFT_MSG_SNAP:
+	case RPS__RAFT_MSG_VOTE:
+	case RPS__RAFT_MSG_PRE_VOTE:
+		return true;
+	default:
+		return r->lead != RPS__RAFT_NONE && m->from == r->lead;
+	}
+}
+
+/* Why m must be dropped before it touches anything: NULL if it may be
+ * stepped, "" for a stranger's message (dropped quietly), else what is wrong
+ * with it (values no correct peer sends, and that would leave persisted
+ * state the node cannot continue or restart from). */
+static const char *refuse_reason(const struct rps__raft *r, const struct rps__raft_msg *m)
+{
+	if (m->term > TERM_MAX)
+		return "its term cannot be incremented";
+	if (!sender_known(r, m))
+		return "";
+	if (m->type == RPS__RAFT_MSG_SNAP && m->snapshot &&
+	    (m->snapshot->term > m->term || m->snapshot->index > INDEX_MAX))
+		return "its snapshot is from a later term or at an impossible index";
+	if (m->type == RPS__RAFT_MSG_APP_RESP && !m->reject && r->role == RPS__RAFT_LEADER &&
+	    m->term == r->term && m->index > log_last(&r->log))
+		return "it acknowledges entries beyond the leader's log";
+	return NULL;
+}
+
 int rps__raft_step(struct rps__raft *r, const struct rps__raft_msg *m)
 {
+	const char *why;
 	int err = 0;
 
 	if (r->broken)
@@ -1390,6 +1439,15 @@ int rps__raft_step(struct rps__raft *r, const struct rps__raft_msg *m)
 				   (unsigned long long)r->id, (unsigned long long)m->to);
 	if (m->from == r->id)
 		return 0;
+	why = refuse_reason(r, m);
+	if (why) {
+		r->refused++;
+		if (!*why)
+			return 0;	/* a stranger's answer: routine around membership changes */
+		return rps__seterr(-EPROTO, "raft %llu: dropped %s from %llu (term %llu): %s",
+				   (unsigned long long)r->id, rps__raft_msg_type_name(m->type),
+				   (unsigned long long)m->from, (unsigned long long)m->term, why);
+	}
 
 	if (m->term > r->term) {
 		if (m->type == RPS__RAFT_MSG_VOTE || m->type == RPS__RAFT_MSG_PRE_VOTE) {
@@ -1530,6 +1588,9 @@ int rps__raft_campaign(struct rps__raft *r)
 		return rps__seterr(-EBUSY, "raft: campaign while a ready is outstanding");
 	if (!promotable(r))
 		return rps__seterr(-EPERM, "raft %llu: not a voter, cannot campaign", (unsigned long long)r->id);
+	if (r->term >= TERM_MAX)
+		return rps__seterr(-EOVERFLOW, "raft %llu: term %llu is the last one: no campaign can follow it",
+				   (unsigned long long)r->id, (unsigned long long)r->term);
 	hup(r, false);
 	return r->broken;
 }
@@ -1851,6 +1912,11 @@ static int restore_persisted(struct rps__raft *r, const struct rps__raft_persist
 		if (err)
 			return err;
 	}
+	if (hs->term > TERM_MAX || log_last_term(&r->log) > TERM_MAX || log_last(&r->log) > INDEX_MAX)
+		return rps__seterr(-EINVAL, "raft: restored term %llu (log up to %llu, term %llu) cannot be"
+				   " incremented: the log is unusable; restore this node from a peer",
+				   (unsigned long long)hs->term, (unsigned long long)log_last(&r->log),
+				   (unsigned long long)log_last_term(&r->log));
 	r->term = hs->term;
 	r->vote = hs->vote;
 	r->log.committed = RPS__MAX(hs->commit, r->log.snap_index);
@@ -1978,6 +2044,7 @@ void rps__raft_status(const struct rps__raft *r, struct rps__raft_status *st)
 	st->lead_transferee = r->lead_transferee;
 	st->promotable = promotable(r);
 	st->conf = r->conf;
+	st->refused = r->refused;
 }
 
 int rps__raft_entry_at(const struct rps__raft *r, uint64_t index, const struct rps__raft_entry **e)

@@ -243,6 +243,7 @@ struct rps__raft_status {
 	uint64_t lead_transferee;
 	bool promotable;		/* a voter of its own configuration */
 	struct rps__raft_conf_state conf;
+	uint64_t refused;		/* messages dropped unread (see rps__raft_step) */
 };
 
 struct rps__raft_progress_info {
@@ -263,7 +264,14 @@ void rps__raft_free(struct rps__raft *r);
 
 /* One tick of the logical clock. */
 int rps__raft_tick(struct rps__raft *r);
-/* A message from a peer (borrowed: the core copies what it keeps). */
+/* A message from a peer (borrowed: the core copies what it keeps).  Dropped
+ * before it changes anything, and counted in status.refused: a term that
+ * cannot be incremented, a snapshot from a later term or at an index above
+ * 2^63, an ack beyond the leader's log (-EPROTO, a peer broke the protocol),
+ * and a non-member's message other than an append or a vote request, which
+ * a node must hear from a leader or candidate its configuration does not
+ * list yet (returns 0: routine around membership changes).  No campaign goes
+ * past term 2^64-2 (rps__raft_campaign: -EOVERFLOW). */
 int rps__raft_step(struct rps__raft *r, const struct rps__raft_msg *m);
 /* Start an election now (PreVote first if configured), e.g. at start up. */
 int rps__raft_campaign(struct rps__raft *r);

@@ -574,6 +574,11 @@ int rps__rnode_tick(struct rps__rnode *n)
 
 int rps__rnode_recv(struct rps__rnode *n, const void *buf, size_t len)
 {
+	return rps__rnode_recv_from(n, RPS__RAFT_NONE, buf, len);
+}
+
+int rps__rnode_recv_from(struct rps__rnode *n, uint64_t peer, const void *buf, size_t len)
+{
 	struct rps__raft_msg *m;
 	int err = check_alive(n);
 
@@ -582,6 +587,13 @@ int rps__rnode_recv(struct rps__rnode *n, const void *buf, size_t len)
 	err = rps__raft_msg_decode(buf, len, &m);
 	if (err)
 		return rps__preerr(err, "rnode %llu: dropping a message", (unsigned long long)n->id);
+	if (peer != RPS__RAFT_NONE && m->from != peer) {
+		err = rps__seterr(-EPROTO, "rnode %llu: dropped %s that says it is from %llu, sent by %llu",
+				  (unsigned long long)n->id, rps__raft_msg_type_name(m->type),
+				  (unsigned long long)m->from, (unsigned long long)peer);
+		rps__raft_msg_free(m);
+		return err;
+	}
 	err = rps__raft_step(n->raft, m);
 	rps__raft_msg_free(m);
 	return err;

@@ -78,6 +78,10 @@ int rps__rnode_tick(struct rps__rnode *n);
 /* An encoded message from a peer: decoded and stepped; -EBADMSG if it
  * does not decode (the caller drops it; nothing changed). */
 int rps__rnode_recv(struct rps__rnode *n, const void *buf, size_t len);
+/* The same from a connection known to be member peer: a message claiming
+ * another sender is dropped (-EPROTO).  The core drops what no peer may send
+ * (see rps__raft_step) with -EPROTO too; nothing changes either way. */
+int rps__rnode_recv_from(struct rps__rnode *n, uint64_t peer, const void *buf, size_t len);
 /* Run ready/advance until the core has nothing more.  A failed WAL write is
  * fatal for the node (-EIO; the process should exit and restart). */
 int rps__rnode_process(struct rps__rnode *n);

@@ -37,6 +37,15 @@
  * (refused).  The price: bit rot in the very last batch is indistinguishable
  * from a torn write and is dropped too.
  *
+ * Commit witness COMMIT, 24 bytes:  0 magic "RPSCMT\r\n"  8 u64 commit index
+ *   16 u32 crc(0..15)  20 u32 zero.
+ *   The hard state lives in the log, so a log cut short (a truncated or lost
+ *   segment) takes its own commit index with it and passes for a torn tail.
+ *   Once a save that raised the commit index is durable, the index is also
+ *   written here (one pwrite, never synced): it can only lag what the log
+ *   durably holds, so open refuses a log whose last index is below it.  A
+ *   missing or damaged witness only weakens that check.
+ *
  * Crash ordering: new segments and snapshots are written under a .tmp name,
  * synced, renamed and the directory synced, so a file with a final name is
  * always whole.  A snapshot is durable before its marker enters the log, and
@@ -90,6 +99,10 @@ enum { REC_ENTRY = 1, REC_HARD_STATE = 2, REC_SNAPSHOT = 3 };
 
 #define RESTORE_HINT "restore this node from a peer: remove %.150s and rejoin"
 
+#define WITNESS_NAME "COMMIT"
+#define WITNESS_MAGIC "RPSCMT\r\n"
+#define WITNESS_SIZE 24u
+
 struct wal_seg {
 	uint64_t seq;
 	uint64_t base_index;
@@ -105,6 +118,8 @@ struct rps__wal {
 	int dir_fd;
 	int lock_fd;
 	int seg_fd;		/* the last segment, open for appends */
+	int witness_fd;		/* COMMIT, see the top of the file */
+	uint64_t witness;	/* the commit index written there */
 	struct rps__wal_opts opts;
 	struct wal_seg *segs;	/* oldest first; the last one is seg_fd */
 	size_t n_segs, cap_segs;
@@ -241,6 +256,38 @@ static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
 		off += (uint64_t)n;
 	}
 	return 0;
+}
+
+/* The commit index the witness file holds, 0 if it is absent or damaged. */
+static uint64_t witness_read(int dir_fd)
+{
+	uint8_t buf[WITNESS_SIZE + 1];
+	ssize_t n;
+	int fd = openat(dir_fd, WITNESS_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	n = pread(fd, buf, sizeof(buf), 0);
+	close(fd);
+	if (n != WITNESS_SIZE || memcmp(buf, WITNESS_MAGIC, MAGIC_LEN) != 0 ||
+	    crc32c(0, buf, 16) != rps__le_get32(buf + 16))
+		return 0;
+	return rps__le_get64(buf + 8);
+}
+
+/* Called only once the save holding commit is durable.  A failed write is
+ * not fatal: the witness then lags, which only weakens open's check. */
+static void witness_write(struct rps__wal *w, uint64_t commit)
+{
+	uint8_t buf[WITNESS_SIZE] = { 0 };
+
+	if (w->witness_fd < 0)
+		return;
+	memcpy(buf, WITNESS_MAGIC, MAGIC_LEN);
+	rps__le_put64(buf + 8, commit);
+	rps__le_put32(buf + 16, crc32c(0, buf, 16));
+	if (pwrite_all(w->witness_fd, buf, sizeof(buf), 0) == 0)
+		w->witness = commit;
 }
 
 static int read_file(int dir_fd, const char *name, uint8_t **out, size_t *size)
@@ -998,6 +1045,8 @@ int rps__wal_save(struct rps__wal *w, const struct rps__wal_hard_state *hs,
 	}
 	if (hs)
 		w->hs = *hs;
+	if (hs && hs->commit > w->witness)
+		witness_write(w, hs->commit);
 	return 0;
 }
 
@@ -1393,6 +1442,7 @@ int rps__wal_open(const char *dir, const struct rps__wal_opts *o,
 	struct rps__wal_snapshot snap = { 0 };
 	uint8_t *snap_buf = NULL;
 	bool has_snap = false, needs_marker = false, dir_changed = false;
+	uint64_t tocommit;
 	size_t damaged = 0;
 	char name[NAME_BUF], damage[512] = "";
 	int err;
@@ -1403,7 +1453,7 @@ int rps__wal_open(const char *dir, const struct rps__wal_opts *o,
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return rps__seterr(-ENOMEM, "wal: out of memory");
-	w->dir_fd = w->lock_fd = w->seg_fd = -1;
+	w->dir_fd = w->lock_fd = w->seg_fd = w->witness_fd = -1;
 	if (o)
 		w->opts = *o;
 	if (!w->opts.segment_size)
@@ -1464,10 +1514,14 @@ int rps__wal_open(const char *dir, const struct rps__wal_opts *o,
 			      &needs_marker, &damaged, damage, sizeof(damage));
 	if (err)
 		goto out_replay;
-	if (r.hs.commit > replay_last(&r)) {
-		err = rps__seterr(-EBADMSG, "wal: %.150s: commit index %" PRIu64 " is past the last"
-				  " entry %" PRIu64 ": " RESTORE_HINT, dir, r.hs.commit,
-				  replay_last(&r), dir);
+	/* A torn tail is only ever the last, unacknowledged save: a log that
+	 * ends below an index known committed lost acknowledged entries. */
+	tocommit = RPS__MAX(r.hs.commit, witness_read(w->dir_fd));
+	if (tocommit > replay_last(&r)) {
+		err = rps__seterr(-EBADMSG, "wal: %.150s: tocommit(%" PRIu64 ") is out of range [lastIndex(%"
+				  PRIu64 ")]: was the raft log corrupted, truncated, or lost? Restore %.150s"
+				  " from a backup or a replica, or remove it and rejoin the cluster",
+				  dir, tocommit, replay_last(&r), dir);
 		goto out_snap;
 	}
 
@@ -1560,6 +1614,13 @@ int rps__wal_open(const char *dir, const struct rps__wal_opts *o,
 		err = wal_append_marker(w, snap.index, snap.term);	/* finish save_snapshot */
 	if (err)
 		goto out_snap;
+	w->witness_fd = openat(w->dir_fd, WITNESS_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (w->witness_fd < 0) {
+		err = -errno;
+		rps__seterr(err, "wal: opening %.150s/" WITNESS_NAME ": %s", dir, strerror(-err));
+		goto out_snap;
+	}
+	witness_write(w, tocommit);	/* a directory from before the witness gets one */
 
 	if (rec) {
 		err = fill_recovered(rec, &r);
@@ -1597,6 +1658,8 @@ void rps__wal_close(struct rps__wal *w)
 		return;
 	if (w->seg_fd >= 0)
 		close(w->seg_fd);
+	if (w->witness_fd >= 0)
+		close(w->witness_fd);
 	if (w->lock_fd >= 0)
 		close(w->lock_fd);	/* drops the flock */
 	if (w->dir_fd >= 0)

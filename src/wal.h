@@ -11,6 +11,8 @@
  *
  * Directory contents (format details at the top of wal.c):
  *   LOCK                                   flock()ed while a process has it open
+ *   COMMIT                                 the last durable commit index, a
+ *                                          witness that outlives a cut-short log
  *   wal-<seq>-<base index>.log             log segments, 16 hex digits each
  *   snap-<index>-<term>.snap               snapshots, 16 hex digits each
  *   *.tmp                                  unfinished files, removed by open
@@ -124,7 +126,10 @@ struct rps__wal;
  * marker a crash prevented gets its marker.  Nothing is changed when open
  * refuses.
  * Errors: -EBADMSG damaged log or snapshot that is not a torn tail (message:
- * file, offset, "restore this node from a peer: remove DIR and rejoin"),
+ * file, offset, "restore this node from a peer: remove DIR and rejoin"), or a
+ * log that ends below an index known committed (truncated or lost: message
+ * "tocommit(N) is out of range [lastIndex(M)]: was the raft log corrupted,
+ * truncated, or lost?" and what to do),
  * -EBUSY another process has dir open, -errno from the file system.
  */
 int rps__wal_open(const char *dir, const struct rps__wal_opts *o,

@@ -20,6 +20,10 @@
 #include <string.h>
 
 #define SIM_TICK_UNITS 4u
+/* Random runs: every HOSTILE_EVERY-th delivery is preceded by forged twins
+ * no peer may send (see inject_hostile); a prime, to vary the message type. */
+#define HOSTILE_EVERY 61u
+#define STRANGER (SIM_MAX_IDS + 1)	/* never a member */
 #define NODE_OK(s, id) ((id) >= 1 && (id) <= SIM_MAX_IDS && (s)->nodes[id].r)
 
 struct sim_store {
@@ -143,6 +147,7 @@ struct sim {
 	size_t n_reads;
 	size_t cap_reads;
 	uint64_t next_ctx;
+	uint64_t deliveries;
 
 	struct rps__raft_conf_state conf_view;	/* latest applied configuration */
 	uint64_t conf_view_index;
@@ -1022,6 +1027,39 @@ static void maybe_compact(struct sim *s, struct sim_node *n)
 /* ------------------------------------------------------------------------ */
 /* driving */
 
+/* Forged twins of m that the core must drop without changing anything: the
+ * same message with a term that cannot be incremented, and a stranger's
+ * answer of a higher term.  So the safety checks keep judging only what
+ * correct peers sent. */
+static void inject_hostile(struct sim *s, struct sim_node *n, const struct rps__raft_msg *m)
+{
+	struct rps__raft_status a, b;
+	struct rps__raft_msg f = *m;
+	int err;
+
+	rps__raft_status(n->r, &a);
+	f.term = UINT64_MAX;
+	err = rps__raft_step(n->r, &f);
+	if (err != -EPROTO)
+		sim_fail(s, "node %llu: a %s of term 2^64-1 was not refused: %d", (unsigned long long)n->id,
+			 rps__raft_msg_type_name(m->type), err);
+	memset(&f, 0, sizeof(f));
+	f.type = RPS__RAFT_MSG_APP_RESP;
+	f.to = n->id;
+	f.from = STRANGER;
+	f.term = a.term + 1;
+	err = rps__raft_step(n->r, &f);
+	if (err)
+		sim_fail(s, "node %llu: a stranger's answer failed the step: %d", (unsigned long long)n->id, err);
+	rps__raft_status(n->r, &b);
+	if (b.term != a.term || b.vote != a.vote || b.role != a.role || b.leader != a.leader ||
+	    b.commit != a.commit || b.last_index != a.last_index || b.snapshot_index != a.snapshot_index ||
+	    b.refused != a.refused + 2)
+		sim_fail(s, "node %llu: refused messages changed its state (term %llu -> %llu, refused %llu -> %llu)",
+			 (unsigned long long)n->id, (unsigned long long)a.term, (unsigned long long)b.term,
+			 (unsigned long long)a.refused, (unsigned long long)b.refused);
+}
+
 static void deliver(struct sim *s, struct packet *p)
 {
 	struct sim_node *n = &s->nodes[p->to];
@@ -1042,6 +1080,8 @@ static void deliver(struct sim *s, struct packet *p)
 		rps__raft_msg_free(m);
 		return;
 	}
+	if (s->random_mode && ++s->deliveries % HOSTILE_EVERY == 0)
+		inject_hostile(s, n, m);
 	err = rps__raft_step(n->r, m);
 	if (err)
 		sim_fail(s, "node %llu: step of a %s from %llu failed: %d", (unsigned long long)n->id,

@@ -29,7 +29,9 @@
  *    the commit index on disk never passes the log on disk;
  *  - term >= the last log term; the configuration in force is the latest
  *    one in the log; a leader proposes a membership change only when the
- *    previous one is committed and it committed an entry of its term.
+ *    previous one is committed and it committed an entry of its term;
+ *  - in random runs, forged twins of every 61st delivery (a term of 2^64-1,
+ *    a stranger's answer) are refused and change nothing.
  * And at the end of a random run: linearisability of the client history
  * (writes "move shard s to owner o", ReadIndex reads), and liveness once
  * every fault is healed (a leader, every member caught up, and a

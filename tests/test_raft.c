@@ -1145,6 +1145,119 @@ static void test_removed_node_does_not_disrupt(void)
 	sim_free(s);
 }
 
+/* Nothing a peer sends may leave state that cannot go on or restart: a term
+ * that cannot be incremented (the next campaign would wrap to 0), a snapshot
+ * from the future, an ack of entries the leader never had.  Such messages,
+ * and answers from nodes outside the configuration, are counted and dropped
+ * without changing anything. */
+static void test_unusable_messages_refused(void)
+{
+	static const uint64_t terms[] = { 1, 2 };
+	struct rps__raft_config cfg = config(1, false, true);
+	struct rps__raft *r = core_with_log(&cfg, 3, terms, 2, 2, 1);
+	struct rps__raft_snapshot snap = { .index = 50, .term = 99, .conf = { .n_voters = 1, .voters = { 1 } } };
+	struct rps__raft_status a, b;
+	struct rps__raft_ready rd;
+	struct rps__raft_msg m;
+	struct got g;
+	static const uint8_t max_term_types[] = {
+		RPS__RAFT_MSG_APP_RESP, RPS__RAFT_MSG_HEARTBEAT, RPS__RAFT_MSG_APP, RPS__RAFT_MSG_VOTE,
+		RPS__RAFT_MSG_PRE_VOTE, RPS__RAFT_MSG_VOTE_RESP, RPS__RAFT_MSG_TIMEOUT_NOW,
+	};
+
+	elect(r, &g);
+	rps__raft_status(r, &a);
+	CU_ASSERT_EQUAL(a.refused, 0);
+	for (size_t i = 0; i < RPS__ARRAY_SIZE(max_term_types); i++) {
+		m = msg(max_term_types[i], 2, 1, UINT64_MAX);
+		CU_ASSERT_EQUAL(rps__raft_step(r, &m), -EPROTO);
+		CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "cannot be incremented"));
+	}
+	/* a stranger's answer, even of a plausible term */
+	m = msg(RPS__RAFT_MSG_APP_RESP, 9, 1, a.term + 1);
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	m = msg(RPS__RAFT_MSG_HEARTBEAT_RESP, 9, 1, a.term);
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	/* an ack of entries beyond the leader's log */
+	m = msg(RPS__RAFT_MSG_APP_RESP, 2, 1, a.term);
+	m.index = UINT64_MAX;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), -EPROTO);
+	rps__raft_status(r, &b);
+	CU_ASSERT_EQUAL(b.term, a.term);
+	CU_ASSERT_EQUAL(b.vote, a.vote);
+	CU_ASSERT_EQUAL(b.role, RPS__RAFT_LEADER);
+	CU_ASSERT_EQUAL(b.commit, a.commit);
+	CU_ASSERT_EQUAL(b.last_index, a.last_index);
+	CU_ASSERT_EQUAL(b.refused, RPS__ARRAY_SIZE(max_term_types) + 3);
+	CU_ASSERT_EQUAL(rps__raft_ready(r, &rd), 0);	/* nothing to persist or send */
+	{
+		struct rps__raft_progress_info pi;
+
+		CU_ASSERT_EQUAL(rps__raft_progress(r, 2, &pi), 0);
+		CU_ASSERT(pi.match <= a.last_index);
+		CU_ASSERT(pi.next <= a.last_index + 1);
+	}
+	rps__raft_free(r);
+
+	/* a follower: snapshots from a future term or at an index that cannot
+	 * be followed by another entry */
+	r = core_with_log(&cfg, 3, terms, 2, 2, 1);
+	rps__raft_status(r, &a);
+	m = msg(RPS__RAFT_MSG_SNAP, 2, 1, 3);
+	m.snapshot = &snap;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), -EPROTO);
+	snap.term = 3;
+	snap.index = UINT64_MAX;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), -EPROTO);
+	rps__raft_status(r, &b);
+	CU_ASSERT_EQUAL(b.term, a.term);
+	CU_ASSERT_EQUAL(b.snapshot_index, a.snapshot_index);
+	CU_ASSERT_EQUAL(b.commit, a.commit);
+	CU_ASSERT_EQUAL(rps__raft_ready(r, &rd), 0);
+	/* a real one still installs */
+	snap.index = 50;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	rps__raft_status(r, &b);
+	CU_ASSERT_EQUAL(b.snapshot_index, 50);
+	CU_ASSERT_EQUAL(b.term, 3);
+	drain(r, &g);
+	rps__raft_free(r);
+
+	/* the last usable term is reachable, but no campaign goes past it */
+	r = core_with_log(&cfg, 3, terms, 2, 2, 1);
+	m = msg(RPS__RAFT_MSG_HEARTBEAT, 2, 1, UINT64_MAX - 1);
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	drain(r, &g);
+	CU_ASSERT_EQUAL(g.hs.term, UINT64_MAX - 1);
+	CU_ASSERT_EQUAL(rps__raft_campaign(r), -EOVERFLOW);
+	for (int i = 0; i < 100; i++) {
+		CU_ASSERT_EQUAL(rps__raft_tick(r), 0);
+		drain(r, &g);
+		CU_ASSERT_EQUAL(g.n, 0);
+	}
+	rps__raft_status(r, &b);
+	CU_ASSERT_EQUAL(b.term, UINT64_MAX - 1);
+	CU_ASSERT_EQUAL(b.role, RPS__RAFT_FOLLOWER);
+	rps__raft_free(r);
+
+	/* Raft thesis 4.1: a leader or a candidate this node's configuration
+	 * does not list yet is still heard */
+	r = core_with_log(&cfg, 3, terms, 2, 2, 1);
+	m = msg(RPS__RAFT_MSG_VOTE, 4, 1, 3);
+	m.index = 3;
+	m.log_term = 2;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	drain(r, &g);
+	CU_ASSERT_FALSE(must_find(&g, RPS__RAFT_MSG_VOTE_RESP, 4)->reject);
+	m = msg(RPS__RAFT_MSG_HEARTBEAT, 4, 1, 3);
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	drain(r, &g);
+	CU_ASSERT_PTR_NOT_NULL(find(&g, RPS__RAFT_MSG_HEARTBEAT_RESP, 4));
+	rps__raft_status(r, &b);
+	CU_ASSERT_EQUAL(b.refused, 0);
+	rps__raft_free(r);
+}
+
 /* ------------------------------------------------------------------------ */
 /* snapshots, restarts */
 
@@ -1627,6 +1740,7 @@ int main(void)
 		{ "learner catches up, then promoted", test_learner_catches_up_then_promoted },
 		{ "membership change rules", test_membership_change_rules },
 		{ "removed node does not disrupt", test_removed_node_does_not_disrupt },
+		{ "unusable messages and strangers refused", test_unusable_messages_refused },
 		{ "snapshot install (and resend)", test_snapshot_install },
 		{ "restart recovers persisted state", test_restart_recovers_persisted_state },
 		{ "ReadIndex", test_read_index },

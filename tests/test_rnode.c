@@ -82,6 +82,7 @@ static size_t q_head, q_n, q_cap;
 static unsigned cfg_compact;
 static enum rps__wal_fsync cfg_fsync;
 static unsigned next_payload;
+static size_t cfg_n_peers;		/* a bootstrap node gets the first of peers3 */
 
 /* ---- the state machine and the callbacks ---------------------------------- */
 
@@ -266,6 +267,7 @@ static void setup(void)
 	cfg_compact = 0;
 	cfg_fsync = RPS__WAL_FSYNC_NONE;
 	next_payload = 0;
+	cfg_n_peers = 3;
 }
 
 static void queue_clear(void)
@@ -297,7 +299,7 @@ static int open_node(uint64_t id, bool bootstrap)
 	struct rps__rnode_config cfg = {
 		.id = id,
 		.peers = bootstrap ? peers3 : NULL,
-		.n_peers = bootstrap ? 3 : 0,
+		.n_peers = bootstrap ? cfg_n_peers : 0,
 		.dir = t->dir,
 		.fsync = cfg_fsync,
 		.compact_every = cfg_compact,
@@ -936,6 +938,126 @@ static void test_corrupted_message_refused(void)
 		CU_ASSERT_TRUE(has_sequence(&nodes[id], 2));
 }
 
+/* Hand node `to` an encoded message of the given type and term from `from`. */
+static int recv_forged(uint64_t to, uint8_t type, uint64_t from, uint64_t term)
+{
+	struct rps__raft_msg m = { .type = type, .to = to, .from = from, .term = term };
+	uint8_t buf[256];
+	size_t len;
+
+	CU_ASSERT_EQUAL_FATAL(rps__raft_msg_encode(&m, buf, sizeof(buf), &len), 0);
+	return rps__rnode_recv(nodes[to].rn, buf, len);
+}
+
+/* One message with a term that cannot be incremented used to make the node
+ * campaign at term 0, which the WAL refused, then and on every restart. */
+static void test_unusable_term_leaves_node_restartable(void)
+{
+	struct rps__raft_status a, b;
+
+	cfg_n_peers = 1;	/* a single voter campaigns alone: nothing stops it */
+	CU_ASSERT_EQUAL_FATAL(open_node(1, true), 0);
+	CU_ASSERT_EQUAL(rps__rnode_campaign(nodes[1].rn), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[1].rn), 0);
+	CU_ASSERT_EQUAL_FATAL(wait_leader(), 1);
+	CU_ASSERT_EQUAL(propose(1), 0);
+	CU_ASSERT_TRUE(wait_items(1));
+	rps__rnode_status(nodes[1].rn, &a);
+
+	CU_ASSERT_EQUAL(recv_forged(1, RPS__RAFT_MSG_APP_RESP, 2, UINT64_MAX), -EPROTO);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "cannot be incremented"));
+	CU_ASSERT_EQUAL(recv_forged(1, RPS__RAFT_MSG_HEARTBEAT, 2, UINT64_MAX), -EPROTO);
+	/* a connection from member 3 cannot speak for 2 */
+	{
+		struct rps__raft_msg m = { .type = RPS__RAFT_MSG_HEARTBEAT, .to = 1, .from = 2, .term = a.term + 1 };
+		uint8_t buf[256];
+		size_t len;
+
+		CU_ASSERT_EQUAL_FATAL(rps__raft_msg_encode(&m, buf, sizeof(buf), &len), 0);
+		CU_ASSERT_EQUAL(rps__rnode_recv_from(nodes[1].rn, 3, buf, len), -EPROTO);
+		CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "sent by 3"));
+	}
+	/* a non-member's answer of a higher term is dropped too */
+	CU_ASSERT_EQUAL(recv_forged(1, RPS__RAFT_MSG_APP_RESP, 2, a.term + 1), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[1].rn), 0);
+	run(50);
+	rps__rnode_status(nodes[1].rn, &b);
+	CU_ASSERT_EQUAL(b.term, a.term);
+	CU_ASSERT_EQUAL(b.role, RPS__RAFT_LEADER);
+	CU_ASSERT_EQUAL(b.refused, 3);
+
+	/* the same directory opens again and the node goes on */
+	close_node(1);
+	CU_ASSERT_EQUAL_FATAL(open_node(1, true), 0);
+	rps__rnode_status(nodes[1].rn, &b);
+	CU_ASSERT_EQUAL(b.term, a.term);
+	CU_ASSERT_EQUAL(nodes[1].n_items, 1);
+	CU_ASSERT_EQUAL(rps__rnode_campaign(nodes[1].rn), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[1].rn), 0);
+	CU_ASSERT_EQUAL_FATAL(wait_leader(), 1);
+	CU_ASSERT_EQUAL(propose(1), 0);
+	CU_ASSERT_TRUE(wait_items(2));
+	CU_ASSERT_TRUE(has_sequence(&nodes[1], 2));
+}
+
+/* The path of the node's only log segment, NULL if it has several. */
+static const char *only_segment(uint64_t id)
+{
+	static char path[512];
+	DIR *d = opendir(nodes[id].dir);
+	struct dirent *de;
+	unsigned n = 0;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+	while ((de = readdir(d)))
+		if (!strncmp(de->d_name, "wal-", 4)) {
+			snprintf(path, sizeof(path), "%s/%s", nodes[id].dir, de->d_name);
+			n++;
+		}
+	closedir(d);
+	return n == 1 ? path : NULL;
+}
+
+/* A segment cut in the middle used to pass for a torn tail: the node came
+ * back with a third of its committed entries and led a new term. */
+static void test_truncated_log_refused_at_open(void)
+{
+	const char *seg;
+	off_t size;
+
+	cfg_n_peers = 1;
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	CU_ASSERT_EQUAL_FATAL(open_node(1, true), 0);
+	CU_ASSERT_EQUAL(rps__rnode_campaign(nodes[1].rn), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[1].rn), 0);
+	CU_ASSERT_EQUAL_FATAL(wait_leader(), 1);
+	for (unsigned i = 0; i < 12; i++)
+		CU_ASSERT_EQUAL(propose(1), 0);
+	CU_ASSERT_TRUE(wait_items(12));
+	close_node(1);
+
+	seg = only_segment(1);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(seg);
+	{
+		FILE *f = fopen(seg, "rb");
+
+		CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+		fseeko(f, 0, SEEK_END);
+		size = ftello(f);
+		fclose(f);
+	}
+	CU_ASSERT_EQUAL_FATAL(truncate(seg, size / 2 + 3), 0);
+	CU_ASSERT_EQUAL(open_node(1, true), -EBADMSG);
+	CU_ASSERT_PTR_NULL(nodes[1].rn);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), ") is out of range [lastIndex("));
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "was the raft log corrupted, truncated, or lost?"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), nodes[1].dir));
+	CU_ASSERT_PTR_NULL(strchr(rps__errbuf(), '\n'));
+	/* and so on every try: nothing was repaired in between */
+	CU_ASSERT_EQUAL(open_node(1, true), -EBADMSG);
+	CU_ASSERT_EQUAL(nodes[1].n_items, 0);
+}
+
 static void test_dir_in_use(void)
 {
 	struct rps__rnode *second = NULL;
@@ -986,6 +1108,9 @@ int main(void)
 		{ "ReadIndex on leader and follower", test_read_index },
 		{ "corrupted messages refused, nothing changes", test_corrupted_message_refused },
 		{ "directory already open: -EBUSY", test_dir_in_use },
+		{ "a term that cannot be incremented leaves the node restartable",
+		  test_unusable_term_leaves_node_restartable },
+		{ "a log truncated below its commit index is refused", test_truncated_log_refused_at_open },
 	};
 	CU_pSuite s;
 	unsigned failed;

@@ -640,10 +640,18 @@ static void test_hole_in_last_save(void)
 	struct rps__wal *w;
 	uint8_t *img;
 
+	uint8_t *witness;
+	size_t witness_len;
+
 	CU_ASSERT_EQUAL_FATAL(rps__wal_open(dir, &o, &w, NULL), 0);
 	CU_ASSERT_EQUAL(save_range(w, 1, 4, 1, &(struct rps__wal_hard_state){ 1, 1, 2 }), 0);
+	witness = slurp("COMMIT", &witness_len);
 	CU_ASSERT_EQUAL(save_range(w, 5, 7, 2, &(struct rps__wal_hard_state){ 2, 1, 6 }), 0);
 	rps__wal_close(w);
+	/* the crash came before the save returned: its commit index never
+	 * reached the witness (see the top of wal.c) */
+	spit("COMMIT", witness, witness_len);
+	free(witness);
 	CU_ASSERT_EQUAL_FATAL(list("wal-", segs), 1);
 	img = slurp(segs[0], &size);
 	n = walk(img, size, offs, sizes, 64);
@@ -735,6 +743,71 @@ static void test_zero_filled_tail(void)
 	CU_ASSERT_EQUAL_FATAL(rps__wal_open(dir, &o, &w, &rec), 0);
 	check_entries(&rec, 1, 9);
 	CU_ASSERT_EQUAL(rec.truncated_bytes, sizes[n - 1] + 512);
+	rps__wal_recovered_free(&rec);
+	rps__wal_close(w);
+	free(img);
+}
+
+/* Twelve saves of one entry each; save i carries commit min(i, commit_max). */
+static void build_twelve(uint64_t commit_max)
+{
+	struct rps__wal_opts o = opts(0, 0);
+	struct rps__wal *w;
+
+	CU_ASSERT_EQUAL_FATAL(rps__wal_open(dir, &o, &w, NULL), 0);
+	for (uint64_t i = 1; i <= 12; i++)
+		CU_ASSERT_EQUAL_FATAL(save_range(w, i, i, 1, &(struct rps__wal_hard_state){
+					1, 1, i < commit_max ? i : commit_max }), 0);
+	rps__wal_close(w);
+}
+
+/* A torn tail can only be the last save, which was never acknowledged; a
+ * log cut short below its own commit index lost committed entries. */
+static void test_truncated_log_refused(void)
+{
+	struct rps__wal_opts o = opts(0, 0);
+	struct rps__wal_recovered rec;
+	static char segs[MAXFILES][64];
+	size_t size, offs[64], sizes[64], n;
+	struct rps__wal *w = NULL;
+	struct stat st;
+	uint8_t *img;
+
+	build_twelve(12);
+	CU_ASSERT_EQUAL_FATAL(list("wal-", segs), 1);
+	img = slurp(segs[0], &size);
+	n = walk(img, size, offs, sizes, 64);
+	CU_ASSERT_EQUAL_FATAL(n, 1 + 12 * 2);	/* opening hs, 12 x (entry, hs) */
+	spit(segs[0], img, offs[9] + 10);	/* inside entry 5 */
+	CU_ASSERT_EQUAL(rps__wal_open(dir, &o, &w, &rec), -EBADMSG);
+	CU_ASSERT_PTR_NULL(w);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "tocommit(12) is out of range [lastIndex(4)]:"
+				      " was the raft log corrupted, truncated, or lost?"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "remove it and rejoin"));
+	CU_ASSERT_PTR_NULL(strchr(rps__errbuf(), '\n'));
+	/* refused: nothing was repaired */
+	CU_ASSERT_EQUAL(stat(path_of(segs[0]), &st), 0);
+	CU_ASSERT_EQUAL((size_t)st.st_size, offs[9] + 10);
+	CU_ASSERT_EQUAL(rps__wal_open(dir, &o, &w, &rec), -EBADMSG);
+	/* cut at a record boundary, nothing torn at all: the same */
+	spit(segs[0], img, offs[9]);
+	CU_ASSERT_EQUAL(rps__wal_open(dir, &o, &w, &rec), -EBADMSG);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "tocommit(12) is out of range [lastIndex(4)]"));
+	free(img);
+	teardown();
+	setup();
+
+	/* a torn last save whose entry was not committed yet still opens */
+	build_twelve(11);
+	CU_ASSERT_EQUAL_FATAL(list("wal-", segs), 1);
+	img = slurp(segs[0], &size);
+	n = walk(img, size, offs, sizes, 64);
+	CU_ASSERT_EQUAL_FATAL(n, 1 + 12 * 2);
+	spit(segs[0], img, offs[n - 2] + 10);	/* inside entry 12, the last save */
+	CU_ASSERT_EQUAL_FATAL(rps__wal_open(dir, &o, &w, &rec), 0);
+	check_entries(&rec, 1, 11);
+	CU_ASSERT_EQUAL(rec.hs.commit, 11);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rec.note, "torn tail"));
 	rps__wal_recovered_free(&rec);
 	rps__wal_close(w);
 	free(img);
@@ -1089,6 +1162,7 @@ int main(void)
 		{ "a hole inside the last save drops the whole save", test_hole_in_last_save },
 		{ "a torn conflicting save leaves the old suffix", test_torn_conflicting_save },
 		{ "zero-filled tail is a torn tail", test_zero_filled_tail },
+		{ "a log truncated below its commit index is refused", test_truncated_log_refused },
 		{ "index gap and falling term refused", test_gaps_and_terms_refused },
 		{ "missing segments refused", test_missing_segment_refused },
 		{ "damaged snapshot: fallback to the previous one", test_damaged_snapshot },
