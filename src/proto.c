@@ -159,6 +159,22 @@ int rps__msg_check(const void *buf, size_t len)
 	return 0;
 }
 
+int rps__name_check(const char *name)
+{
+	char esc[4 * RPS__NAME_MAX];
+	size_t i, n = strnlen(name, RPS__NAME_MAX);
+
+	if (n == 0 || n >= RPS__NAME_MAX)
+		return rps__seterr(-ENAMETOOLONG, "tensor name '%s': give 1 to %u bytes", rps__escape(name, esc, sizeof(esc)),
+				   RPS__NAME_MAX - 1);
+	for (i = 0; i < n; i++)
+		if ((unsigned char)name[i] < 0x21 || (unsigned char)name[i] > 0x7e)
+			return rps__seterr(-EINVAL, "tensor name '%s': byte %zu is 0x%02x: names are printable ASCII "
+					   "without spaces (0x21 to 0x7e)", rps__escape(name, esc, sizeof(esc)), i,
+					   (unsigned char)name[i]);
+	return 0;
+}
+
 int rps__desc_check(const struct rps__push_desc *d, size_t slot_size)
 {
 	if (d->magic != RPS__DESC_MAGIC)
