@@ -326,6 +326,10 @@ static const char *status_text(int status)
 	case RPS_ELEASE: return "the shard lock lease expired";
 	case RPS_ESTALE_EPOCH: return "the shard moved and no server serves it yet (a move in progress or aborted?)";
 	case -EAGAIN: return "the server is not ready (it has not learnt the shard map yet)";
+	case -ECONNREFUSED: return "this server refused the connection when the client connected (is rdmapsd running there?)";
+	case -EHOSTUNREACH: return "this server could not be reached (or its address is bad) when the client connected";
+	case -ERANGE: return "the push's clock is beyond the steps the tensor can reach (a foreign or corrupted client?)";
+	case -EPIPE: return "a worker of this sync tensor disconnected before its push: the step can never complete";
 	default: return "failed";
 	}
 }
@@ -1022,8 +1026,18 @@ static void on_read(struct shard_op *op)
 	op_release(op);
 }
 
-static void on_wait_rep(struct shard_op *op, int status)
+static void on_wait_rep(struct shard_op *op, int status, const struct rps__wait_rep *rep)
 {
+	struct rps_request *r = op->req;
+
+	/* sync: a rank left before its push for the step this pull needs;
+	 * say which, and where, instead of a bare error */
+	if (status == -EPIPE && rep && r && !r->status) {
+		r->status = status;
+		snprintf(r->msg, sizeof(r->msg), "%s: tensor '%s' shard %u: worker rank %d disconnected before its push "
+			 "for step %llu, which can never complete: restart the job (from a checkpoint)", op->c->name,
+			 op->t->name, op->shard, rep->missing_rank, (unsigned long long)rep->version);
+	}
 	if (status) {
 		op_report(op, status);
 		op_release(op);
@@ -1059,7 +1073,8 @@ static void on_ctrl_reply(struct conn *c, void *buf, uint32_t len)
 	if (e->op) {
 		struct shard_op *op = e->op;
 		ctrl_give(c, idx);
-		on_wait_rep(op, h.status);
+		on_wait_rep(op, h.status,
+			    h.len == sizeof(h) + sizeof(struct rps__wait_rep) ? rps__msg_body(buf) : NULL);
 		return;
 	}
 	r = e->req;
@@ -1635,11 +1650,15 @@ static int map_read_sync(struct rps_client *cl, struct conn *c)
 	return rps__preerr(ret, "%s: reading the shard map", c->name);
 }
 
-/* Connect to the members of the map we have no connection to. */
+/* Connect to the members of the map we have no connection to.  A member
+ * that cannot be reached (or has a bad address) is not an error here: its
+ * connection is left dead with the reason and its address, so ops on its
+ * shards fail naming it while the others work.  Only a member that
+ * disagrees on the cluster's configuration fails the whole call. */
 static int connect_members(struct rps_client *cl)
 {
 	uint32_t i;
-	int k, ret = 0;
+	int k, ret = 0, first_err = 0;
 
 	for (i = 0; i < cl->map.nmembers; i++) {
 		const struct rps__smap_member *m = &cl->map.members[i];
@@ -1655,24 +1674,28 @@ static int connect_members(struct rps_client *cl)
 				break;
 		if (k == cl->nservers && cl->nservers == (int)RPS__SMAP_MAX_MEMBERS)
 			continue;
-		if (rps__uri_parse(m->uri, &u)) {
-			ret = rps__seterr(-EINVAL, "member %llu has a bad address '%s'", (unsigned long long)m->id, m->uri);
-			continue;
-		}
 		if (k < cl->nservers)
 			conn_free(&cl->conns[k]);
 		memset(&cl->conns[k], 0, sizeof(cl->conns[k]));
-		ret = conn_setup(cl, &cl->conns[k], &u, k);
+		if (rps__uri_parse(m->uri, &u)) {
+			char esc[4 * RPS__SMAP_URI_MAX];
+			snprintf(cl->conns[k].name, sizeof(cl->conns[k].name), "member %llu at '%s'",
+				 (unsigned long long)m->id, rps__escape(m->uri, esc, sizeof(esc)));
+			ret = -EHOSTUNREACH;
+		} else {
+			ret = conn_setup(cl, &cl->conns[k], &u, k);
+		}
 		if (ret) {
-			char msg[400];
-			snprintf(msg, sizeof(msg), "%s", rps__errbuf());
 			conn_free(&cl->conns[k]);
+			cl->conns[k].cl = cl;
+			cl->conns[k].index = k;
 			cl->conns[k].dead = true;
-			cl->conns[k].err = -ECONNRESET;	/* to its ops: the server is gone */
+			/* to its ops: a server we had is gone (as before the
+			 * attempt); one we never reached refused or is unreachable */
+			cl->conns[k].err = k < cl->nservers ? -ECONNRESET : ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
 			cl->conns[k].member_id = m->id;
 			if (k == cl->nservers)
 				cl->nservers++;
-			rps__seterr(ret, "%s", msg);
 			continue;
 		}
 		cl->conns[k].member_id = cl->conns[k].hello.member_id;
@@ -1681,11 +1704,15 @@ static int connect_members(struct rps_client *cl)
 			cl->conns[k].err = -EINVAL;
 			ret = rps__seterr(-EINVAL, "%s uses --shard-size %u but the cluster uses %u: give every rdmapsd the same",
 					  cl->conns[k].name, cl->conns[k].hello.shard_elems * 4, cl->shard_elems * 4);
+			if (!first_err)
+				first_err = ret;
 		}
 		if (k == cl->nservers)
 			cl->nservers++;
 	}
-	return ret;
+	if (!first_err)
+		rps__clearerr();
+	return first_err;
 }
 
 /* Take the poller role from a user thread (the progress thread stands by). */
@@ -2022,6 +2049,17 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 			rp = &page[i];
 		}
 	}
+	/* partitions of a member we never reached: route them to its dead
+	 * connection, so their ops fail naming it (not as "moved") */
+	pthread_mutex_lock(&cl->lock);
+	for (p = 0; p < t->layout.nservers && p < cl->map.npart; p++) {
+		if (t->part[p].conn >= 0)
+			continue;
+		for (i = 0; i < cl->nservers; i++)
+			if (cl->conns[i].dead && !cl->conns[i].ep && cl->conns[i].member_id == cl->map.parts[p].owner)
+				t->part[p].conn = i;
+	}
+	pthread_mutex_unlock(&cl->lock);
 out:
 	free(page);
 	free(pst);
@@ -2201,8 +2239,9 @@ RPS_EXPORT int rps_tensor_create(rps_client_t *cl, const char *name, const struc
 	rps__clearerr();
 	if (!cl || !name || !out)
 		return rps__seterr(-EINVAL, "rps_tensor_create: NULL argument");
-	if (!*name || strlen(name) >= RPS__NAME_MAX)
-		return rps__seterr(-ENAMETOOLONG, "tensor name '%s': give 1 to %u bytes", name, RPS__NAME_MAX - 1);
+	ret = rps__name_check(name);
+	if (ret)
+		return ret;
 	memset(&msg, 0, sizeof(msg));
 	snprintf(msg.name, sizeof(msg.name), "%s", name);
 	ret = spec_from_opts(name, opts, cl->num_workers, &msg.spec);
@@ -2215,12 +2254,14 @@ RPS_EXPORT int rps_tensor_create(rps_client_t *cl, const char *name, const struc
 RPS_EXPORT int rps_tensor_open(rps_client_t *cl, const char *name, rps_tensor_t **out)
 {
 	struct rps__create msg;
+	int ret;
 
 	rps__clearerr();
 	if (!cl || !name || !out)
 		return rps__seterr(-EINVAL, "rps_tensor_open: NULL argument");
-	if (!*name || strlen(name) >= RPS__NAME_MAX)
-		return rps__seterr(-ENAMETOOLONG, "tensor name '%s': give 1 to %u bytes", name, RPS__NAME_MAX - 1);
+	ret = rps__name_check(name);
+	if (ret)
+		return ret;
 	memset(&msg, 0, sizeof(msg));
 	snprintf(msg.name, sizeof(msg.name), "%s", name);
 	msg.flags = RPS__CREATE_OPEN_ONLY;
@@ -2599,6 +2640,9 @@ RPS_EXPORT int rps_barrier(rps_client_t *cl)
 	}
 	ret = ctrl_call(cl, RPS__MSG_BARRIER, &b, sizeof(b), to, 0, NULL, NULL);
 	free(to);
+	if (ret == -EINVAL)
+		rps__seterr(ret, "rps_barrier: the workers already waiting in this barrier were connected with "
+			    "another num_workers than this one's %d: give every worker the same", cl->num_workers);
 	return ret;
 }
 

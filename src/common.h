@@ -45,6 +45,10 @@ void rps__clearerr(void);
 enum { RPS__LOG_ERROR, RPS__LOG_WARN, RPS__LOG_INFO, RPS__LOG_DEBUG };
 extern int rps__log_level;
 void rps__log(int level, const char *fmt, ...) RPS__PRINTF(2, 3);
+/* s with control bytes written as \xNN, into out (len bytes, truncated);
+ * returns out.  rps__log applies it to every line; use it for peer
+ * strings that go elsewhere (replies, error messages). */
+const char *rps__escape(const char *s, char *out, size_t len);
 
 static inline uint64_t rps__now_ns(void)
 {

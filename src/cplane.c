@@ -1477,6 +1477,27 @@ static int admin_wait_add(struct rps__server *srv, struct conn *c, uint64_t req_
 	return 0;
 }
 
+/* A member's address goes to every client and server in the map: one that
+ * does not parse (or holds control bytes) would be carried there for good.
+ * Refuse it with a line; true if it is fine. */
+static bool admin_uri_ok(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__admin *a)
+{
+	struct rps__uri u;
+	size_t k, n = strlen(a->uri);
+	bool ok = n < RPS__SMAP_URI_MAX && rps__uri_parse(a->uri, &u) == 0;
+	char esc[4 * sizeof(a->uri)], msg[200];
+
+	for (k = 0; ok && k < n; k++)
+		ok = (unsigned char)a->uri[k] >= 0x21 && (unsigned char)a->uri[k] <= 0x7e;
+	if (ok)
+		return true;
+	snprintf(msg, sizeof(msg), "bad address '%.100s' for member %llu: give tcp://HOST:PORT or verbs://ADDR:PORT",
+		 rps__escape(a->uri, esc, sizeof(esc)), (unsigned long long)a->id);
+	rps__log(RPS__LOG_WARN, "admin %s: add-server: %s", rps__ep_peer(c->ep), msg);
+	admin_reply(srv, c, req_id, -EINVAL, 0, 0, msg);
+	return false;
+}
+
 static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__admin *a)
 {
 	struct rps__smap_cmd cmd;
@@ -1509,6 +1530,8 @@ static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 		}
 		break;
 	case RPS__ADMIN_ADD_SERVER:
+		if (!admin_uri_ok(srv, c, req_id, a))
+			return;
 		if (rps__smap_member(&srv->map, a->id) && !strcmp(rps__smap_member(&srv->map, a->id)->uri, a->uri)) {
 			/* already a member: wait for the learner to be added */
 			if (admin_wait_add(srv, c, req_id, a, 0, srv->map.applied))

@@ -53,16 +53,40 @@ void rps__clearerr(void)
 
 int rps__log_level = RPS__LOG_WARN;
 
+/* Control bytes (a newline above all) as \xNN: a peer's string logged as
+ * is could end the line and forge one of its own. */
+const char *rps__escape(const char *s, char *out, size_t len)
+{
+	size_t o = 0;
+
+	if (!len)
+		return out;
+	for (; *s && o + 1 < len; s++) {
+		unsigned char ch = (unsigned char)*s;
+		if (ch >= 0x20 && ch != 0x7f) {
+			out[o++] = (char)ch;
+		} else if (o + 5 < len) {
+			snprintf(out + o, len - o, "\\x%02x", ch);
+			o += 4;
+		} else {
+			break;
+		}
+	}
+	out[o] = '\0';
+	return out;
+}
+
 void rps__log(int level, const char *fmt, ...)
 {
 	static const char *const names[] = { "error", "warn", "info", "debug" };
+	char line[1024], esc[4 * sizeof(line)];
 	va_list ap;
 
 	if (level > rps__log_level)
 		return;
 	va_start(ap, fmt);
-	fprintf(stderr, "%s: ", names[level]);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
+	/* one record, one line, whatever the arguments held */
+	fprintf(stderr, "%s: %s\n", names[level], rps__escape(line, esc, sizeof(esc)));
 }

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <isa-l/crc.h>
+#include <stdbool.h>
 #include <string.h>
 
 _Static_assert(sizeof(struct rps__msg_hdr) == 24, "message header layout");
@@ -18,31 +19,37 @@ _Static_assert(sizeof(struct rps__conn_priv) <= 56, "connect private data fits a
 
 #define VAR ((size_t)-1)
 
+/* Only replies may come as a bare header (an error without its body): a
+ * request's handler always reads its body, so a request without one would
+ * be answered from whatever an earlier message left in the buffer. */
+#define REPLY 1
+
 static const struct {
 	const char *name;
 	size_t body;		/* VAR: variable, at least min */
 	size_t min;
+	int reply;		/* REPLY: an error may omit the body */
 } msg_types[RPS__MSG_TYPE_MAX] = {
 	[RPS__MSG_HELLO] = { "HELLO", sizeof(struct rps__hello) },
-	[RPS__MSG_HELLO_REP] = { "HELLO_REP", sizeof(struct rps__hello_rep) },
+	[RPS__MSG_HELLO_REP] = { "HELLO_REP", sizeof(struct rps__hello_rep), 0, REPLY },
 	[RPS__MSG_CREATE] = { "CREATE", sizeof(struct rps__create) },
-	[RPS__MSG_CREATE_REP] = { "CREATE_REP", sizeof(struct rps__create_rep) },
-	[RPS__MSG_PUSH_ACK] = { "PUSH_ACK", sizeof(struct rps__push_ack) },
+	[RPS__MSG_CREATE_REP] = { "CREATE_REP", sizeof(struct rps__create_rep), 0, REPLY },
+	[RPS__MSG_PUSH_ACK] = { "PUSH_ACK", sizeof(struct rps__push_ack), 0, REPLY },
 	[RPS__MSG_WAIT] = { "WAIT", sizeof(struct rps__wait) },
-	[RPS__MSG_WAIT_REP] = { "WAIT_REP", sizeof(struct rps__wait_rep) },
+	[RPS__MSG_WAIT_REP] = { "WAIT_REP", sizeof(struct rps__wait_rep), 0, REPLY },
 	[RPS__MSG_BARRIER] = { "BARRIER", sizeof(struct rps__barrier) },
-	[RPS__MSG_BARRIER_REP] = { "BARRIER_REP", 0 },
+	[RPS__MSG_BARRIER_REP] = { "BARRIER_REP", 0, 0, REPLY },
 	[RPS__MSG_RAFT] = { "RAFT", VAR },
 	[RPS__MSG_PROPOSE] = { "PROPOSE", VAR },
-	[RPS__MSG_PROPOSE_REP] = { "PROPOSE_REP", sizeof(struct rps__propose_rep) },
+	[RPS__MSG_PROPOSE_REP] = { "PROPOSE_REP", sizeof(struct rps__propose_rep), 0, REPLY },
 	[RPS__MSG_MIGRATE] = { "MIGRATE", sizeof(struct rps__migrate) },
-	[RPS__MSG_MIGRATE_REP] = { "MIGRATE_REP", 0 },
+	[RPS__MSG_MIGRATE_REP] = { "MIGRATE_REP", 0, 0, REPLY },
 	[RPS__MSG_STATUS] = { "STATUS", 0 },
-	[RPS__MSG_STATUS_REP] = { "STATUS_REP", VAR, sizeof(struct rps__status_rep) },
+	[RPS__MSG_STATUS_REP] = { "STATUS_REP", VAR, sizeof(struct rps__status_rep), REPLY },
 	[RPS__MSG_ADMIN] = { "ADMIN", sizeof(struct rps__admin) },
-	[RPS__MSG_ADMIN_REP] = { "ADMIN_REP", sizeof(struct rps__admin_rep) },
+	[RPS__MSG_ADMIN_REP] = { "ADMIN_REP", sizeof(struct rps__admin_rep), 0, REPLY },
 	[RPS__MSG_CKPT] = { "CKPT", VAR, sizeof(struct rps__ckpt_req) },
-	[RPS__MSG_CKPT_REP] = { "CKPT_REP", VAR, sizeof(struct rps__ckpt_rep) },
+	[RPS__MSG_CKPT_REP] = { "CKPT_REP", VAR, sizeof(struct rps__ckpt_rep), REPLY },
 };
 
 long rps__msg_body_size(unsigned type)
@@ -88,6 +95,7 @@ size_t rps__msg_build(void *buf, unsigned type, uint64_t req_id, int32_t status,
 int rps__msg_check(const void *buf, size_t len)
 {
 	struct rps__msg_hdr h;
+	bool bare;
 	long body;
 
 	if (len < sizeof(h))
@@ -100,15 +108,20 @@ int rps__msg_check(const void *buf, size_t len)
 	body = rps__msg_body_size(h.type);
 	if (body == -1)
 		return rps__seterr(-EBADMSG, "malformed message: unknown type %u", h.type);
-	/* Error replies may omit the body. */
+	if (h.flags || h.reserved)
+		return rps__seterr(-EBADMSG, "malformed %s message: reserved header fields set",
+				   rps__msg_type_name(h.type));
+	/* Error replies may omit the body; requests never do. */
+	bare = msg_types[h.type].reply == REPLY && h.status < 0 && len == sizeof(h);
 	if (body == RPS__BODY_VAR) {
-		if (len - sizeof(h) < rps__msg_body_min(h.type) && !(h.status < 0 && len == sizeof(h)))
+		if (len - sizeof(h) < rps__msg_body_min(h.type) && !bare)
 			return rps__seterr(-EBADMSG, "malformed %s message: body of %zu bytes, expected at least %zu",
 					   rps__msg_type_name(h.type), len - sizeof(h), rps__msg_body_min(h.type));
-	} else if (len - sizeof(h) != (size_t)body && !(h.status < 0 && len == sizeof(h)))
+	} else if (len - sizeof(h) != (size_t)body && !bare)
 		return rps__seterr(-EBADMSG, "malformed %s message: body of %zu bytes, expected %ld",
 				   rps__msg_type_name(h.type), len - sizeof(h), body);
-	if (h.type == RPS__MSG_CREATE) {
+	/* From here on a body is only read when it arrived. */
+	if (h.type == RPS__MSG_CREATE && !bare) {
 		const struct rps__create *c = (const void *)((const char *)buf + sizeof(h));
 		if (!memchr(c->name, '\0', sizeof(c->name)) || !c->name[0])
 			return rps__seterr(-EBADMSG, "malformed CREATE message: tensor name not terminated or empty");
@@ -136,13 +149,29 @@ int rps__msg_check(const void *buf, size_t len)
 		if (!memchr(a->msg, '\0', sizeof(a->msg)))
 			return rps__seterr(-EBADMSG, "malformed ADMIN_REP message: text not terminated");
 	}
-	if (h.type == RPS__MSG_HELLO || h.type == RPS__MSG_HELLO_REP) {
+	if ((h.type == RPS__MSG_HELLO || h.type == RPS__MSG_HELLO_REP) && !bare) {
 		uint64_t magic;
 		memcpy(&magic, (const char *)buf + sizeof(h), sizeof(magic));
-		if (len > sizeof(h) && magic != RPS__HELLO_MAGIC)
+		if (magic != RPS__HELLO_MAGIC)
 			return rps__seterr(-EPROTO, "peer speaks another byte order or protocol (hello magic 0x%016llx)",
 					   (unsigned long long)magic);
 	}
+	return 0;
+}
+
+int rps__name_check(const char *name)
+{
+	char esc[4 * RPS__NAME_MAX];
+	size_t i, n = strnlen(name, RPS__NAME_MAX);
+
+	if (n == 0 || n >= RPS__NAME_MAX)
+		return rps__seterr(-ENAMETOOLONG, "tensor name '%s': give 1 to %u bytes", rps__escape(name, esc, sizeof(esc)),
+				   RPS__NAME_MAX - 1);
+	for (i = 0; i < n; i++)
+		if ((unsigned char)name[i] < 0x21 || (unsigned char)name[i] > 0x7e)
+			return rps__seterr(-EINVAL, "tensor name '%s': byte %zu is 0x%02x: names are printable ASCII "
+					   "without spaces (0x21 to 0x7e)", rps__escape(name, esc, sizeof(esc)), i,
+					   (unsigned char)name[i]);
 	return 0;
 }
 

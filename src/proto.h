@@ -169,6 +169,8 @@ struct rps__wait {
 struct rps__wait_rep {
 	uint64_t version;
 	uint64_t min_clock;
+	int32_t missing_rank;	/* -EPIPE: the sync rank that left before its push for step `version` */
+	uint32_t reserved;
 };
 
 struct rps__barrier {
@@ -330,6 +332,11 @@ static inline void *rps__msg_body(void *buf)
 	return (char *)buf + sizeof(struct rps__msg_hdr);
 }
 const char *rps__msg_type_name(unsigned type);
+
+/* Tensor names: 1 to RPS__NAME_MAX-1 bytes of printable ASCII without
+ * space (0x21-0x7e), so a name can never break or forge a log line.
+ * 0, -ENAMETOOLONG (empty or too long) or -EINVAL, with a message. */
+int rps__name_check(const char *name);
 
 /* Validate a push descriptor found in a slot of slot_size bytes. */
 int rps__desc_check(const struct rps__push_desc *d, size_t slot_size);

@@ -431,6 +431,18 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 		push_ack(c, slot, -EINVAL, 0, rps__srv_release_lock(srv, t, s, holds));
 		return CONSUMED;
 	}
+	/* Sync: a rank can be at most this many steps ahead of the shard:
+	 * its pushes for the steps between are all here, in its slots or
+	 * parked.  A clock past that can never be taken: parked, it would
+	 * hold its share of --park-limit forever. */
+	if (t->spec.mode == RPS_MODE_SYNC && d->clock > s->step &&
+	    d->clock - s->step > 1 + srv->cfg.nslots + srv->cfg.park_limit / RPS__MAX(d->nbytes, 1u)) {
+		rps__log(RPS__LOG_DEBUG, "worker %s (rank %d): tensor '%s' shard %u: clock %llu is beyond reach of step %llu",
+			 rps__ep_peer(c->ep), c->rank, t->name, s->index, (unsigned long long)d->clock,
+			 (unsigned long long)s->step);
+		push_ack(c, slot, -ERANGE, s->step, 0);
+		return CONSUMED;
+	}
 	if (!s->ready)
 		return NOT_YET;
 
@@ -636,6 +648,7 @@ static void tensor_free(struct rps__server *srv, struct tensor *t)
 		rps__srv_region_free(srv, t, p);
 	free(t->regions);
 	free(t->shards);
+	free(t->ranks);
 	free(t);
 }
 
@@ -853,14 +866,29 @@ static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_i
 	conn_reply(c, RPS__MSG_CREATE_REP, req_id, 0, &rep, sizeof(rep));
 }
 
+/* A connection of a rank opened a sync tensor (see struct tensor.ranks). */
+static void rank_opened(struct tensor *t, const struct conn *c)
+{
+	if (t->spec.mode != RPS_MODE_SYNC || c->rank < 0 || c->rank >= t->spec.num_workers)
+		return;
+	if (!t->ranks && !(t->ranks = calloc((size_t)t->spec.num_workers, 1)))
+		return;		/* then a missing rank shows as a timeout, as before */
+	t->ranks[c->rank] = RANK_LIVE;
+}
+
 static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 		      const struct rps__create *req)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, req->name);
+	struct tensor *t;
 	bool created = false;
 	uint32_t p;
 	int ret;
 
+	/* what librdmaps refuses cannot come from it: say so, escaped */
+	ret = rps__name_check(req->name);
+	if (ret)
+		goto err;
+	t = rps__srv_tensor_by_name(srv, req->name);
 	if (!(req->flags & RPS__CREATE_OPEN_ONLY)) {
 		struct rps__layout l;
 		/* a tensor with shards in a lost partition here would have empty
@@ -886,6 +914,7 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 			conn_reply(c, RPS__MSG_CREATE_REP, req_id, -EEXIST, NULL, 0);
 			return;
 		}
+		rank_opened(t, c);
 		create_reply(srv, c, req_id, t, false, req->first);
 		return;
 	}
@@ -911,6 +940,7 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 		}
 	}
 	created = true;
+	rank_opened(t, c);
 	{
 		uint32_t n = 0;
 		for (p = 0; p < t->layout.nservers; p++)
@@ -954,6 +984,74 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	conn_reply(c, RPS__MSG_HELLO_REP, req_id, 0, &rep, sizeof(rep));
 }
 
+/* Sync: the lowest rank whose connections all closed while the shard's
+ * current step still lacks its push (neither added nor parked here), or -1.
+ * Such a step can never complete: the rank cannot rejoin (its clock would
+ * start again at 0). */
+static int missing_rank(struct rps__server *srv, struct tensor *t, uint32_t local)
+{
+	struct shard *s = &t->shards[local];
+	uint32_t i;
+	int r;
+
+	if (t->spec.mode != RPS_MODE_SYNC || !t->ranks || !s->hdr || !s->ready)
+		return -1;
+	for (r = s->next_rank; r < t->spec.num_workers; r++) {
+		bool parked = false;
+		if (t->ranks[r] != RANK_GONE)
+			continue;
+		for (i = 0; i < srv->nparked && !parked; i++)
+			parked = srv->parked[i].t == t && srv->parked[i].local == local &&
+				 srv->parked[i].rank == r && srv->parked[i].clock == s->step;
+		if (!parked)
+			return r;
+	}
+	return -1;
+}
+
+/* Tell a waiter that its version will never come, and which rank it waits for. */
+static void wait_fail_missing(struct conn *c, uint64_t req_id, struct shard *s, int rank)
+{
+	struct rps__wait_rep rep = { .version = s->step, .min_clock = s->hdr->min_clock, .missing_rank = rank };
+
+	conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EPIPE, &rep, sizeof(rep));
+}
+
+/* A worker's last connection closed: note its rank gone from the sync
+ * tensors it opened here, and fail the waits that only it could satisfy. */
+static void rank_left(struct rps__server *srv, struct conn *c)
+{
+	uint32_t i;
+
+	if (c->role != CONN_WORKER || !c->hello_done || c->rank < 0)
+		return;
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *o = srv->conns[i];
+		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank)
+			return;		/* the rank still has a connection here */
+	}
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		if (t && t->ranks && c->rank < t->spec.num_workers && t->ranks[c->rank] == RANK_LIVE)
+			t->ranks[c->rank] = RANK_GONE;
+	}
+	i = 0;
+	while (i < srv->nwaiters) {
+		struct waiter *w = &srv->waiters[i];
+		struct tensor *t = tensor_by_id(srv, w->tensor_id);
+		int r = t ? missing_rank(srv, t, w->local) : -1;
+		if (r >= 0 && w->conn != c && w->min_version > t->shards[w->local].step) {
+			rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
+				 "failing the waits for it", t->name, w->local, r,
+				 (unsigned long long)t->shards[w->local].step);
+			wait_fail_missing(w->conn, w->req_id, &t->shards[w->local], r);
+			*w = srv->waiters[--srv->nwaiters];
+			continue;
+		}
+		i++;
+	}
+}
+
 static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__wait *w)
 {
 	struct tensor *t = tensor_by_id(srv, w->tensor_id);
@@ -972,6 +1070,13 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 	if (!t->shards[local].hdr || !rps__cp_serving(srv, t->shards[local].part)) {
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, RPS_ESTALE_EPOCH, NULL, 0);
 		return;
+	}
+	if (w->min_version > t->shards[local].step) {
+		int r = missing_rank(srv, t, local);
+		if (r >= 0) {
+			wait_fail_missing(c, req_id, &t->shards[local], r);
+			return;
+		}
 	}
 	if (srv->nwaiters == srv->waiters_cap) {
 		uint32_t cap = srv->waiters_cap ? srv->waiters_cap * 2 : 64;
@@ -998,6 +1103,14 @@ static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
+	/* The first arrival fixes the barrier's size: a worker that counts
+	 * differently must not release (or hold back) the others. */
+	if (srv->barrier.n && c->num_workers != srv->barrier.need) {
+		rps__log(RPS__LOG_WARN, "worker %s (rank %d): barrier with num_workers %d, but the %u waiting say %d: refused",
+			 rps__ep_peer(c->ep), c->rank, c->num_workers, srv->barrier.n, srv->barrier.need);
+		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
+		return;
+	}
 	if (srv->barrier.n == srv->barrier.cap) {
 		uint32_t cap = srv->barrier.cap ? srv->barrier.cap * 2 : 16;
 		struct conn **nc = realloc(srv->barrier.conn, cap * sizeof(*nc));
@@ -1014,8 +1127,9 @@ static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
 	}
 	srv->barrier.conn[srv->barrier.n] = c;
 	srv->barrier.req_id[srv->barrier.n] = req_id;
+	if (!srv->barrier.n)
+		srv->barrier.need = c->num_workers;
 	srv->barrier.n++;
-	srv->barrier.need = c->num_workers;
 	if ((int)srv->barrier.n < srv->barrier.need)
 		return;
 	for (i = 0; i < srv->barrier.n; i++)
@@ -1042,7 +1156,9 @@ static void on_message(struct rps__server *srv, struct conn *c, void *buf, uint3
 		return;
 	}
 	if (h.type == RPS__MSG_STATUS) {
-		rps__cp_on_message(srv, c, &h, body, len - (uint32_t)sizeof(h));
+		/* The reply (map included) does not fit a worker's buffers:
+		 * refuse it, quietly, so a worker cannot flood the log. */
+		conn_reply(c, RPS__MSG_STATUS_REP, h.req_id, -EPERM, NULL, 0);
 		return;
 	}
 	if (!c->hello_done && h.type != RPS__MSG_HELLO) {
@@ -1285,6 +1401,7 @@ static void conn_destroy(struct rps__server *srv, struct conn *c)
 					 t->name, t->shards[j].index);
 			}
 	}
+	rank_left(srv, c);
 	for (i = 0; i < srv->nconns; i++)
 		if (srv->conns[i] == c) {
 			srv->conns[i] = srv->conns[--srv->nconns];

@@ -114,7 +114,13 @@ struct tensor {
 	struct shard *shards;		/* every shard of the tensor, hdr NULL if not here */
 	struct region *regions;		/* per partition */
 	uint64_t hold_limit;		/* sync, checkpoint: no step is applied past this */
+	/* sync: per rank, RANK_LIVE once a connection of that rank opened the
+	 * tensor here, RANK_GONE once its last connection closed (NULL: none
+	 * seen yet), so waiters learn which rank a step waits for in vain */
+	uint8_t *ranks;
 };
+
+enum { RANK_UNSEEN, RANK_LIVE, RANK_GONE };
 
 enum conn_role_kind { CONN_WORKER = 1, CONN_PEER = 2, CONN_ADMIN = 3 };
 

@@ -17,6 +17,8 @@
 #include "agg.h"
 #include "optim.h"
 #include "proto.h"
+#include "common.h"
+#include "shard.h"
 #include "transport.h"
 
 #include <CUnit/Basic.h>
@@ -770,6 +772,120 @@ static void test_several_tensors_threads(void)
 
 /* ---- bad input -------------------------------------------------------------- */
 
+/* ---- barrier size, a dead sync worker (issue 10, items 15 and 17) ---------- */
+
+/* Ranks 0 and 1 say num_workers 3; a third connection that says 1 arrives
+ * once they wait.  It must not release them: refused, and they stay held
+ * (until their short timeout).  Each writes what rps_barrier returned. */
+static int barrier_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_client_opts o;
+	rps_client_t *cl;
+	int ret;
+
+	(void)nworkers;
+	(void)arg;
+	rps_client_opts_init(&o);
+	o.servers = servers;
+	o.rank = rank == 2 ? 0 : rank;
+	o.num_workers = rank == 2 ? 1 : 3;
+	o.timeout_ms = 3000;
+	if ((ret = rps_client_connect(&o, &cl)))
+		return fail("connect", ret);
+	if (rank == 2) {
+		struct timespec ts = { 0, 500 * 1000000L };	/* after the other two */
+		nanosleep(&ts, NULL);
+	}
+	ret = rps_barrier(cl);
+	it_write_all(out_fd, &ret, sizeof(ret));
+	rps_client_close(cl);
+	return 0;
+}
+
+static void test_barrier_size_fixed_by_first_arrival(void)
+{
+	struct it_workers w;
+	int r, ret[3] = { 1, 1, 1 };
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 3, barrier_worker, cluster.servers, NULL, -1, NULL), 0);
+	for (r = 0; r < 3; r++) {
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &ret[r], sizeof(ret[r])), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	CU_ASSERT_EQUAL(ret[0], -ETIMEDOUT);
+	CU_ASSERT_EQUAL(ret[1], -ETIMEDOUT);
+	CU_ASSERT_EQUAL(ret[2], -EINVAL);
+}
+
+/* Three sync workers do a step; rank 2 then dies.  The others' next pull
+ * fails at once, naming the rank and the tensor, not after the timeout. */
+struct orphan_res {
+	int ret;
+	char msg[512];
+};
+
+static int orphan_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct sync_arg a = { .count = 2 * SHARD_BYTES / 4, .dtype = RPS_DTYPE_F32, .opt = RPS_OPT_SUM,
+			      .name = "orphaned-by-rank-2" };
+	struct orphan_res res = { .ret = -100 };
+	float *g = calloc(a.count, sizeof(float)), *p = calloc(a.count, sizeof(float));
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)arg;
+	sync_opts(&a, &o, NULL);
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = rank;
+	co.num_workers = nworkers;
+	co.timeout_ms = 20000;	/* the error must come from the servers, not from this */
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail("connect", ret);
+	if ((ret = rps_tensor_create(cl, a.name, &o, &t)))
+		return fail("create", ret);
+	if ((ret = rps_push(t, g, a.count * sizeof(float))) || (ret = rps_pull(t, p, a.count * sizeof(float), NULL)))
+		return fail("step 0", ret);
+	if (rank == 2)
+		raise(SIGKILL);
+	ret = rps_push(t, g, a.count * sizeof(float));
+	if (!ret)
+		ret = rps_pull(t, p, a.count * sizeof(float), NULL);
+	res.ret = ret;
+	snprintf(res.msg, sizeof(res.msg), "%s", rps_last_error());
+	it_write_all(out_fd, &res, sizeof(res));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	return 0;
+}
+
+static void test_sync_dead_worker_named(void)
+{
+	struct orphan_res res;
+	struct it_workers w;
+	int r;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 3, orphan_worker, cluster.servers, NULL, -1, NULL), 0);
+	for (r = 0; r < 2; r++) {
+		memset(&res, 0, sizeof(res));
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &res, sizeof(res)), 0);
+		if (res.ret != -EPIPE || !strstr(res.msg, "rank 2"))
+			fprintf(stderr, "rank %d: %d: %s\n", r, res.ret, res.msg);
+		CU_ASSERT_EQUAL(res.ret, -EPIPE);
+		CU_ASSERT(strstr(res.msg, "rank 2") != NULL);
+		CU_ASSERT(strstr(res.msg, "orphaned-by-rank-2") != NULL);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 2), 128 + SIGKILL);
+}
+
 static void test_bad_input(void)
 {
 	struct rps_tensor_opts o;
@@ -859,7 +975,16 @@ struct raw_peer {
 	char *buf;
 };
 
+static int raw_connect_to(struct raw_peer *p, uint16_t port, const struct rps__conn_priv *priv, char *reply,
+			  size_t *reply_len);
+
 static int raw_connect(struct raw_peer *p, const struct rps__conn_priv *priv, char *reply, size_t *reply_len)
+{
+	return raw_connect_to(p, cluster.port[0], priv, reply, reply_len);
+}
+
+static int raw_connect_to(struct raw_peer *p, uint16_t port, const struct rps__conn_priv *priv, char *reply,
+			  size_t *reply_len)
 {
 	struct rps__fabric_attr fa = { .kind = strcmp(cluster.scheme, "verbs") ? RPS__KIND_TCP : RPS__KIND_VERBS,
 				       .host = cluster.addr };
@@ -872,7 +997,7 @@ static int raw_connect(struct raw_peer *p, const struct rps__conn_priv *priv, ch
 	if ((ret = rps__fabric_open(&fa, &p->fab)) || (ret = rps__cq_create(p->fab, 256, &p->cq)) ||
 	    (ret = rps__mr_reg(p->fab, p->buf, 65536, RPS__ACCESS_LOCAL, &p->mr)))
 		return ret;
-	ret = rps__connect(p->fab, cluster.addr, cluster.port[0], p->cq, &ea, priv, sizeof(*priv), 5000,
+	ret = rps__connect(p->fab, cluster.addr, port, p->cq, &ea, priv, sizeof(*priv), 5000,
 			   reply, reply_len, &p->ep);
 	if (ret)
 		return ret;
@@ -912,6 +1037,32 @@ static int raw_send(struct raw_peer *p, const void *msg, size_t len)
 
 	memcpy(p->buf, msg, len);
 	return rps__post(p->ep, &wr, 1);
+}
+
+/* The next message received: its header, and up to len bytes of its body
+ * into body (receive buffers are reposted).  0, 1 if the connection was
+ * dropped (flushed), -1 if nothing came within 5 s. */
+static int raw_recv(struct raw_peer *p, struct rps__msg_hdr *h, void *body, size_t len)
+{
+	struct rps__wc wc;
+	int i;
+
+	for (i = 0; i < 500; i++) {
+		if (rps__cq_wait(p->cq, &wc, 1, 10) <= 0)
+			continue;
+		if (wc.status == RPS__WC_FLUSH_ERR)
+			return 1;
+		if (wc.status == RPS__WC_SUCCESS && wc.opcode == RPS__WC_RECV) {
+			char *b = p->buf + 32768 + wc.wr_id * 512;
+			struct rps__sge sge = { .addr = b, .len = 512, .mr = p->mr };
+			memcpy(h, b, sizeof(*h));
+			if (body)
+				memcpy(body, b + sizeof(*h), RPS__MIN(len, 512 - sizeof(*h)));
+			rps__post_recv(p->ep, &sge, wc.wr_id);
+			return 0;
+		}
+	}
+	return -1;
 }
 
 static void test_malformed_peer(void)
@@ -1007,6 +1158,233 @@ static void test_malformed_peer(void)
 	CU_ASSERT_EQUAL(rps_pull(t, v, 0, NULL), -EMSGSIZE);
 	rps_tensor_close(t);
 	rps_client_close(cl);
+}
+
+/* HELLO as worker rank 0 of n on p; the reply into rep.  0 or -1. */
+static int raw_hello(struct raw_peer *p, int n, struct rps__hello_rep *rep)
+{
+	struct rps__hello h = { .magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = 0,
+				.num_workers = n, .client_id = 4242 };
+	char msg[RPS__MSG_MAX];
+	struct rps__msg_hdr mh;
+	size_t len = rps__msg_build(msg, RPS__MSG_HELLO, 1, 0, &h, sizeof(h));
+
+	if (raw_send(p, msg, len) || raw_recv(p, &mh, rep, sizeof(*rep)) || mh.type != RPS__MSG_HELLO_REP)
+		return -1;
+	return 0;
+}
+
+/* A CREATE, then a bare CREATE header with status -1: the second is a
+ * malformed request (the connection is dropped), never answered from the
+ * body the first left in the receive buffer (issue 10, item 14). */
+static void test_header_only_create_not_answered_from_stale_bytes(void)
+{
+	struct rps__conn_priv good = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct rps__hello_rep hr;
+	struct rps__create c;
+	struct rps__create_rep cr;
+	struct rps__msg_hdr mh;
+	struct raw_peer p;
+	char msg[RPS__MSG_MAX];
+	size_t len;
+	int i, got;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(raw_connect(&p, &good, NULL, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_hello(&p, 1, &hr), 0);
+	memset(&c, 0, sizeof(c));
+	snprintf(c.name, sizeof(c.name), "stale-create");
+	c.spec.count = 16;
+	c.spec.dtype = RPS_DTYPE_F32;
+	c.spec.mode = RPS_MODE_ASYNC;
+	c.spec.optimizer = RPS_OPT_SUM;
+	c.spec.rescale = 1.0f;
+	/* enough of them that every receive buffer of the connection holds one */
+	for (i = 0; i < 64; i++) {
+		len = rps__msg_build(msg, RPS__MSG_CREATE, 2, 0, &c, sizeof(c));
+		CU_ASSERT_EQUAL(raw_send(&p, msg, len), 0);
+		CU_ASSERT_EQUAL_FATAL(raw_recv(&p, &mh, &cr, sizeof(cr)), 0);
+		CU_ASSERT_EQUAL(mh.type, RPS__MSG_CREATE_REP);
+		CU_ASSERT_EQUAL(mh.status, 0);
+	}
+	len = rps__msg_build(msg, RPS__MSG_CREATE, 3, -1, NULL, 0);
+	CU_ASSERT_EQUAL(raw_send(&p, msg, len), 0);
+	got = raw_recv(&p, &mh, &cr, sizeof(cr));
+	if (got == 0)
+		fprintf(stderr, "bare CREATE answered: %s status %d\n", rps__msg_type_name(mh.type), mh.status);
+	CU_ASSERT_EQUAL(got, 1);	/* dropped: flushed, no reply */
+	raw_close(&p);
+}
+
+/* STATUS on a worker connection: refused with -EPERM at once (the reply
+ * would not fit a worker's buffers), the connection kept (item 19). */
+static void test_status_on_worker_connection_refused(void)
+{
+	struct rps__conn_priv good = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct rps__hello_rep hr;
+	struct rps__msg_hdr mh;
+	struct raw_peer p;
+	char msg[RPS__MSG_MAX];
+	size_t len;
+	int i;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(raw_connect(&p, &good, NULL, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_hello(&p, 1, &hr), 0);
+	for (i = 0; i < 3; i++) {
+		len = rps__msg_build(msg, RPS__MSG_STATUS, 10 + (uint64_t)i, 0, NULL, 0);
+		CU_ASSERT_EQUAL(raw_send(&p, msg, len), 0);
+		mh.type = 0;
+		CU_ASSERT_EQUAL(raw_recv(&p, &mh, NULL, 0), 0);
+		CU_ASSERT_EQUAL(mh.type, RPS__MSG_STATUS_REP);
+		CU_ASSERT_EQUAL(mh.status, -EPERM);
+		CU_ASSERT_EQUAL(mh.req_id, 10 + (uint64_t)i);
+	}
+	raw_close(&p);
+}
+
+/* A sync push with clock 2^64-1 can never be taken: refused with -ERANGE,
+ * not acknowledged and parked for good (item 19). */
+static void test_sync_push_unreachable_clock_refused(void)
+{
+	struct rps__conn_priv good = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct rps__hello_rep hr;
+	struct rps__create c;
+	struct rps__create_rep cr;
+	struct rps__push_ack ack;
+	struct rps__push_desc d;
+	struct rps__msg_hdr mh;
+	struct raw_peer p;
+	struct rps__wr wr;
+	char msg[RPS__MSG_MAX];
+	size_t len;
+	int k;
+	uint32_t r;
+	bool here = false;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(raw_connect(&p, &good, NULL, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_hello(&p, 2, &hr), 0);
+	/* a one-shard sync tensor whose shard this server serves */
+	for (k = 0; k < 32 && !here; k++) {
+		memset(&c, 0, sizeof(c));
+		snprintf(c.name, sizeof(c.name), "far-clock-%d", k);
+		c.spec.count = 16;
+		c.spec.dtype = RPS_DTYPE_F32;
+		c.spec.mode = RPS_MODE_SYNC;
+		c.spec.optimizer = RPS_OPT_SUM;
+		c.spec.rescale = 1.0f;
+		c.spec.num_workers = 2;
+		len = rps__msg_build(msg, RPS__MSG_CREATE, 2, 0, &c, sizeof(c));
+		CU_ASSERT_EQUAL_FATAL(raw_send(&p, msg, len), 0);
+		CU_ASSERT_EQUAL_FATAL(raw_recv(&p, &mh, &cr, sizeof(cr)), 0);
+		CU_ASSERT_EQUAL_FATAL(mh.status, 0);
+		{
+			struct rps__layout l;
+			rps__layout_init(&l, c.name, 16, hr.shard_elems, 64);	/* rdmapsd's default --partitions */
+			for (r = 0; r < cr.nregions; r++)
+				if (cr.regions[r].part == rps__shard_server(&l, 0))
+					here = true;
+		}
+	}
+	CU_ASSERT_FATAL(here);
+	memset(&d, 0, sizeof(d));
+	d.magic = RPS__DESC_MAGIC;
+	d.kind = RPS__PUSH_GRAD;
+	d.dtype = RPS_DTYPE_F32;
+	d.tensor_id = cr.tensor_id;
+	d.shard = 0;
+	d.nbytes = 16 * 4;
+	d.rank = 0;
+	d.clock = UINT64_MAX;
+	d.push_id = 1;
+	{
+		struct rps__layout l;
+		rps__layout_init(&l, c.name, 16, hr.shard_elems, 64);	/* rdmapsd's default --partitions */
+		for (r = 0; r < cr.nregions; r++)
+			if (cr.regions[r].part == rps__shard_server(&l, 0))
+				d.epoch = cr.regions[r].epoch;
+	}
+	memset(p.buf, 0, RPS__PUSH_DESC_SIZE + d.nbytes);
+	memcpy(p.buf, &d, sizeof(d));
+	memset(&wr, 0, sizeof(wr));
+	wr.op = RPS__OP_WRITE_IMM;
+	wr.sge = (struct rps__sge){ .addr = p.buf, .len = RPS__PUSH_DESC_SIZE + d.nbytes, .mr = p.mr };
+	wr.raddr = hr.slot_addr;
+	wr.rkey = hr.slot_rkey;
+	wr.imm = 0;
+	CU_ASSERT_EQUAL(rps__post(p.ep, &wr, 1), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_recv(&p, &mh, &ack, sizeof(ack)), 0);
+	CU_ASSERT_EQUAL(mh.type, RPS__MSG_PUSH_ACK);
+	CU_ASSERT_EQUAL(mh.status, -ERANGE);
+	raw_close(&p);
+}
+
+/* A tensor name that would forge a log line: the library refuses it, and a
+ * server refuses it from the wire and logs it escaped, on one line (item 16). */
+#define FORGED_NAME "x\nerror: raft: rnode 1: wal: disk I/O error"
+
+static void test_tensor_name_forging_a_log_line_refused(void)
+{
+	struct rps__conn_priv good = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct it_cluster logged;
+	struct rps__hello_rep hr;
+	struct rps__create c;
+	struct rps__create_rep cr;
+	struct rps__msg_hdr mh;
+	struct rps_tensor_opts o;
+	struct raw_peer p;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	char msg[RPS__MSG_MAX], logpath[] = "/tmp/rps-it-log.XXXXXX", args[600], line[1024];
+	size_t len;
+	FILE *f;
+	int fd, forged = 0, refused = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	/* the library */
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 1, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.count = 16;
+	o.mode = RPS_MODE_ASYNC;
+	CU_ASSERT_EQUAL(rps_tensor_create(cl, FORGED_NAME, &o, &t), -EINVAL);
+	CU_ASSERT(strstr(rps_last_error(), "printable") != NULL);
+	CU_ASSERT(strchr(rps_last_error(), '\n') == NULL);
+	CU_ASSERT_EQUAL(rps_tensor_open(cl, "with space", &t), -EINVAL);
+	rps_client_close(cl);
+
+	/* the server, its log in a file */
+	fd = mkstemp(logpath);
+	CU_ASSERT_FATAL(fd >= 0);
+	close(fd);
+	snprintf(args, sizeof(args), SERVER_ARGS " 2>%s", logpath);
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&logged, 1, args), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_connect_to(&p, logged.port[0], &good, NULL, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_hello(&p, 1, &hr), 0);
+	memset(&c, 0, sizeof(c));
+	snprintf(c.name, sizeof(c.name), "%s", FORGED_NAME);
+	c.spec.count = 16;
+	c.spec.dtype = RPS_DTYPE_F32;
+	c.spec.mode = RPS_MODE_ASYNC;
+	c.spec.optimizer = RPS_OPT_SUM;
+	c.spec.rescale = 1.0f;
+	len = rps__msg_build(msg, RPS__MSG_CREATE, 2, 0, &c, sizeof(c));
+	CU_ASSERT_EQUAL(raw_send(&p, msg, len), 0);
+	CU_ASSERT_EQUAL(raw_recv(&p, &mh, &cr, sizeof(cr)), 0);
+	CU_ASSERT_EQUAL(mh.type, RPS__MSG_CREATE_REP);
+	CU_ASSERT_EQUAL(mh.status, -EINVAL);
+	raw_close(&p);
+	CU_ASSERT_EQUAL(it_cluster_stop(&logged), 0);
+	f = fopen(logpath, "r");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	while (fgets(line, sizeof(line), f)) {
+		forged += !strncmp(line, "error: raft", 11);
+		refused += strstr(line, "x\\x0aerror: raft") != NULL;
+	}
+	fclose(f);
+	unlink(logpath);
+	CU_ASSERT_EQUAL(forged, 0);
+	CU_ASSERT_EQUAL(refused, 1);
 }
 
 /* Nobody listening: a clear error, quickly. */
@@ -1131,10 +1509,19 @@ int main(void)
 	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
 	CU_add_test(s, "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders);
 	CU_add_test(s, "--memory-limit refuses what does not fit", test_memory_limit);
+	CU_add_test(s, "barrier: the first arrival fixes its size, a mismatch is refused",
+		    test_barrier_size_fixed_by_first_arrival);
+	CU_add_test(s, "sync: a dead worker is named to the others", test_sync_dead_worker_named);
 	/* from here on the test process opens the fabric itself: no more forks */
 	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
 	CU_add_test(s, "bad input gives clear errors", test_bad_input);
 	CU_add_test(s, "malformed peers refused or dropped", test_malformed_peer);
+	CU_add_test(s, "a bare CREATE header is not answered from stale bytes",
+		    test_header_only_create_not_answered_from_stale_bytes);
+	CU_add_test(s, "STATUS on a worker connection refused", test_status_on_worker_connection_refused);
+	CU_add_test(s, "a sync push with an unreachable clock refused", test_sync_push_unreachable_clock_refused);
+	CU_add_test(s, "a tensor name forging a log line refused, logged escaped",
+		    test_tensor_name_forging_a_log_line_refused);
 	CU_add_test(s, "no server listening", test_server_absent);
 	CU_add_test(s, "server killed under a worker", test_server_killed);
 	CU_basic_set_mode(CU_BRM_VERBOSE);
