@@ -203,6 +203,11 @@ static void write_seeds(const char *dir)
 		memcpy(h.data, &priv, sizeof(priv));
 		hello_put(buf, &h);
 		seed(dir, "hello-connect", 0, buf, TCP_HELLO_SIZE);
+		/* issue 10 item 9: the largest depths a hello may announce */
+		h.sq_depth = h.rq_depth = TCP_MAX_DEPTH;
+		hello_put(buf, &h);
+		seed(dir, "issue10-item9-hello-max-depth", 0, buf, TCP_HELLO_SIZE);
+		h.sq_depth = h.rq_depth = 128;
 		h.type = HELLO_ACCEPT;
 		hello_put(buf, &h);
 		seed(dir, "hello-accept", 0, buf, TCP_HELLO_SIZE);

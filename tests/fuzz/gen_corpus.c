@@ -225,7 +225,7 @@ static void gen_raft(void)
 		l = enc_raft(&bad, enc, sizeof(enc));
 		n += chunk(in + n, 0, enc, l);	/* from 2, not a member */
 		n += chunk(in + n, 1 | 40 << 2, NULL, 0);
-		put("raft", "crash-item3-term-max-app-resp", in, n);
+		put("raft", "issue10-item3-term-max-app-resp", in, n);
 	}
 }
 
@@ -366,9 +366,9 @@ static void gen_proto(void)
 			0x53, 0x50, 0x02, 0x00, 0x18, 0x00, 0x00, 0x00, 0x01, 0x00, 0x04, 0x00,
 			0x00, 0x00, 0x00, 0xf8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00,
 		};
-		put("proto", "crash-item14-hello-rep-header-only", item14, sizeof(item14));
+		put("proto", "issue10-item14-hello-rep-header-only", item14, sizeof(item14));
 		/* its server-side twin: a header-only CREATE with status -1 */
-		msg("crash-item14-create-header-only", RPS__MSG_CREATE, -1, NULL, 0);
+		msg("issue10-item14-create-header-only", RPS__MSG_CREATE, -1, NULL, 0);
 	}
 }
 
@@ -555,6 +555,12 @@ static void gen_admin(void)
 	a.op = RPS__ADMIN_MOVE;
 	a.part = 5;
 	admin("move-to-2", 1, &a, sizeof(a));
+	/* issue 10 item 11: the server took a member uri psctl would refuse */
+	a.op = RPS__ADMIN_ADD_SERVER;
+	a.id = 3;
+	snprintf(a.uri, sizeof(a.uri), "\x01\x02garbage");
+	admin("issue10-item11-add-server-garbage-uri", 1, &a, sizeof(a));
+	a.id = 2;
 	a.op = RPS__ADMIN_REMOVE_SERVER;
 	admin("remove-server", 1, &a, sizeof(a));
 	a.op = RPS__ADMIN_TRANSFER_LEADER;
