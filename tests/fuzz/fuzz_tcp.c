@@ -29,6 +29,10 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 
+#ifndef MAP_FIXED_NOREPLACE	/* older headers: the address is only a hint then */
+#define MAP_FIXED_NOREPLACE 0
+#endif
+
 #define FUZZ_REGION 0x500000000000ull
 #define FUZZ_REGION_LEN 4096u
 
