@@ -1406,6 +1406,28 @@ static bool sender_known(const struct rps__raft *r, const struct rps__raft_msg *
  * stepped, "" for a stranger's message (dropped quietly), else what is wrong
  * with it (values no correct peer sends, and that would leave persisted
  * state the node cannot continue or restart from). */
+/*
+ * What a real leader's append always is: entries at index+1, index+2...,
+ * terms from log_term up, never past the message's term. Anything else
+ * would be persisted as a log the WAL refuses to reopen (terms going down),
+ * so one forged message could brick the node for good.
+ */
+static bool app_entries_ordered(const struct rps__raft_msg *m)
+{
+	uint64_t prev = m->log_term;
+
+	if (m->n_entries && m->index > INDEX_MAX - m->n_entries)
+		return false;
+	for (uint32_t i = 0; i < m->n_entries; i++) {
+		const struct rps__raft_entry *e = &m->entries[i];
+
+		if (e->term < prev || e->term > m->term)	/* (indexes: checked in append) */
+			return false;
+		prev = e->term;
+	}
+	return true;
+}
+
 static const char *refuse_reason(const struct rps__raft *r, const struct rps__raft_msg *m)
 {
 	if (m->term > TERM_MAX)
@@ -1415,6 +1437,8 @@ static const char *refuse_reason(const struct rps__raft *r, const struct rps__ra
 	if (m->type == RPS__RAFT_MSG_SNAP && m->snapshot &&
 	    (m->snapshot->term > m->term || m->snapshot->index > INDEX_MAX))
 		return "its snapshot is from a later term or at an impossible index";
+	if (m->type == RPS__RAFT_MSG_APP && !app_entries_ordered(m))
+		return "its entries' terms go down or pass the message's term";
 	if (m->type == RPS__RAFT_MSG_APP_RESP && !m->reject && r->role == RPS__RAFT_LEADER &&
 	    m->term == r->term && m->index > log_last(&r->log))
 		return "it acknowledges entries beyond the leader's log";

@@ -1150,6 +1150,47 @@ static void test_removed_node_does_not_disrupt(void)
  * from the future, an ack of entries the leader never had.  Such messages,
  * and answers from nodes outside the configuration, are counted and dropped
  * without changing anything. */
+/* Found by fuzz_raft: an append whose entries' terms go down (or pass the
+ * message's term) was persisted as a log that the WAL
+ * refuses to reopen. Refused now, nothing persisted; a real one still goes. */
+static void test_app_entries_out_of_order_refused(void)
+{
+	static const uint64_t terms[] = { 1, 2 };
+	struct rps__raft_config cfg = config(1, false, true);
+	struct rps__raft *r = core_with_log(&cfg, 3, terms, 2, 2, 1);
+	struct rps__raft_entry e[2] = { { .term = 3, .index = 4 }, { .term = 2, .index = 5 } };
+	struct rps__raft_status a, b;
+	struct rps__raft_ready rd;
+	struct rps__raft_msg m;
+	struct got g;
+
+	rps__raft_status(r, &a);
+	m = msg(RPS__RAFT_MSG_APP, 2, 1, 3);
+	m.index = 3;
+	m.log_term = 2;
+	m.entries = e;
+	m.n_entries = 2;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), -EPROTO);	/* terms 3 then 2 */
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "terms go down"));
+	e[1].term = 4;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), -EPROTO);	/* past the message's term */
+	e[1].term = 3;
+	e[0].term = 1;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), -EPROTO);	/* below the previous entry's term */
+	rps__raft_status(r, &b);
+	CU_ASSERT_EQUAL(b.refused, a.refused + 3);
+	CU_ASSERT_EQUAL(b.term, a.term);
+	CU_ASSERT_EQUAL(b.last_index, a.last_index);
+	CU_ASSERT_EQUAL(rps__raft_ready(r, &rd), 0);
+	e[0].term = 3;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	drain(r, &g);
+	rps__raft_status(r, &b);
+	CU_ASSERT_EQUAL(b.last_index, 5);
+	CU_ASSERT_EQUAL(b.term, 3);
+	rps__raft_free(r);
+}
+
 static void test_unusable_messages_refused(void)
 {
 	static const uint64_t terms[] = { 1, 2 };
@@ -1741,6 +1782,7 @@ int main(void)
 		{ "membership change rules", test_membership_change_rules },
 		{ "removed node does not disrupt", test_removed_node_does_not_disrupt },
 		{ "unusable messages and strangers refused", test_unusable_messages_refused },
+		{ "appended entries out of order refused", test_app_entries_out_of_order_refused },
 		{ "snapshot install (and resend)", test_snapshot_install },
 		{ "restart recovers persisted state", test_restart_recovers_persisted_state },
 		{ "ReadIndex", test_read_index },
