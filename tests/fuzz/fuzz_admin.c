@@ -109,16 +109,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	cfg.move_timeout_ms = 500;
 	cfg.drain_ms = 100;
 	cfg.mem_limit = 64u << 20;
-	/* a fixed machine (tests/topo): discovering this one's PCI devices
-	 * takes ~20 s under ASan, and fork mode restarts the process often */
-	{
-		static char topo[512];
-		const char *slash = strrchr(__FILE__, '/');
-		snprintf(topo, sizeof(topo), "%.*s/../topo/single-node.xml",
-			 slash ? (int)(slash - __FILE__) : 1, slash ? __FILE__ : ".");
-		if (access(topo, R_OK) == 0)
-			cfg.topology = topo;
-	}
+	cfg.topology = fuzz_topology();
 	if (rps__server_create(&cfg, &srv)) {
 		fprintf(stderr, "fuzz_admin: starting the server: %s\n", rps__errbuf());
 		abort();

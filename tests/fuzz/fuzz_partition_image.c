@@ -20,6 +20,7 @@
 #include "config.h"
 #include "common.h"
 #include "server_int.h"
+#include "fuzz_common.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -130,6 +131,7 @@ static void setup(void)
 	cfg.npart = NPART;
 	cfg.fsync_none = 1;
 	cfg.no_pin = 1;
+	cfg.topology = fuzz_topology();
 	if (rps__server_create(&cfg, &srv))
 		die("starting the server");
 	s = tensor_new("sync", RPS_MODE_SYNC, RPS_OPT_ADAM, 3);
