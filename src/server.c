@@ -61,9 +61,16 @@ void rps__server_config_init(struct rps__server_config *cfg)
 
 /* ---- memory accounting ------------------------------------------------ */
 
+size_t rps__server_min_memory(const struct rps__server_config *cfg)
+{
+	size_t slot = RPS__ALIGN_UP(RPS__PUSH_DESC_SIZE + (size_t)cfg->shard_bytes, 64);
+
+	return (size_t)cfg->nslots * slot + rps__shard_stride(cfg->shard_bytes / 4);
+}
+
 int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what)
 {
-	if (srv->cfg.mem_limit && srv->mem_used + bytes > srv->cfg.mem_limit)
+	if (srv->cfg.mem_limit && bytes > srv->cfg.mem_limit - srv->mem_used)
 		return rps__seterr(-ENOMEM, "%s: %zu bytes would exceed the memory limit (%zu of %zu used): raise rdmapsd --memory-limit",
 				   what, bytes, srv->mem_used, srv->cfg.mem_limit);
 	srv->mem_used += bytes;
@@ -632,6 +639,7 @@ static void tensor_free(struct rps__server *srv, struct tensor *t)
 		rps__srv_region_free(srv, t, p);
 	free(t->regions);
 	free(t->shards);
+	rps__srv_mem_give(srv, t->meta_charged);
 	free(t);
 }
 
@@ -653,6 +661,7 @@ int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct 
 			struct tensor **out)
 {
 	struct tensor *t, **grown;
+	size_t meta;
 	uint32_t i;
 	int ret;
 
@@ -682,6 +691,22 @@ int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct 
 	if (ret)
 		goto err_free;
 	t->stride = rps__shard_stride(srv->shard_elems);
+	/* Every server keeps the whole shard table of every tensor: charge it
+	 * before allocating it, or one CREATE with a huge count could take
+	 * gigabytes past --memory-limit.  Without a limit, cap the table. */
+	meta = sizeof(*t) + (size_t)t->layout.nshards * sizeof(*t->shards) +
+	       (size_t)srv->map.npart * sizeof(*t->regions);
+	if (t->layout.nshards > RPS__TENSOR_SHARDS_MAX) {
+		ret = rps__seterr(-EFBIG, "tensor '%s': %llu elements make %u shards, more than %u: raise rdmapsd --shard-size",
+				  name, (unsigned long long)sp->count, t->layout.nshards, RPS__TENSOR_SHARDS_MAX);
+		goto err_free;
+	}
+	ret = rps__srv_mem_take(srv, meta, "shard table");
+	if (ret) {
+		rps__preerr(ret, "tensor '%s' (%llu elements)", name, (unsigned long long)sp->count);
+		goto err_free;
+	}
+	t->meta_charged = meta;
 	t->shards = calloc(t->layout.nshards, sizeof(*t->shards));
 	t->regions = calloc(srv->map.npart, sizeof(*t->regions));
 	if (!t->shards || !t->regions) {
@@ -1428,6 +1453,10 @@ int rps__server_run(struct rps__server *srv)
 		uint64_t now;
 		int n, i, timeout, cp_ms;
 
+		/* here, not only after poll(): busy completions or --spin-us
+		 * may keep the loop from sleeping for as long as they last */
+		if (srv->stopping)
+			return 0;
 		n = rps__cq_poll(srv->cq, wc, (int)RPS__ARRAY_SIZE(wc));
 		if (n < 0) {
 			rps__log(RPS__LOG_ERROR, "polling completions: %s", rps__errbuf());
@@ -1487,7 +1516,10 @@ int rps__server_run(struct rps__server *srv)
 void rps__server_stop(struct rps__server *srv)
 {
 	uint64_t one = 1;
-	ssize_t r = write(srv->stop_fd, &one, sizeof(one));
+	ssize_t r;
+
+	srv->stopping = 1;
+	r = write(srv->stop_fd, &one, sizeof(one));
 
 	(void)r;
 }
@@ -1530,8 +1562,15 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 				   cfg->shard_bytes);
 	if (cfg->nslots < 1 || cfg->nslots > 64)
 		return rps__seterr(-EINVAL, "--slots %u: must be between 1 and 64 (workers use at most 64)", cfg->nslots);
-	if (cfg->max_conns < 1)
-		return rps__seterr(-EINVAL, "--max-connections must be at least 1");
+	if (cfg->max_conns < 1 || cfg->max_conns > RPS__SERVER_CONNS_MAX)
+		return rps__seterr(-EINVAL, "--max-connections %u: must be between 1 and %u", cfg->max_conns,
+				   RPS__SERVER_CONNS_MAX);
+	if (cfg->spin_us < 0 || (uint32_t)cfg->spin_us > RPS__SERVER_SPIN_US_MAX)
+		return rps__seterr(-EINVAL, "--spin-us %d: must be between 0 and %u", cfg->spin_us,
+				   RPS__SERVER_SPIN_US_MAX);
+	if (cfg->mem_limit && cfg->mem_limit < rps__server_min_memory(cfg))
+		return rps__seterr(-EINVAL, "--memory-limit %zu: below the %zu bytes one worker connection and one shard need",
+				   cfg->mem_limit, rps__server_min_memory(cfg));
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return rps__seterr(-ENOMEM, "out of memory");

@@ -14,6 +14,12 @@
 
 struct rps__server;
 
+/* Bounds of the configuration (rdmapsd refuses values beyond them). */
+#define RPS__SERVER_MEM_MAX (1ull << 50)	/* --memory-limit, --park-limit: 1 PiB */
+#define RPS__SERVER_CONNS_MAX 4096u		/* --max-connections */
+#define RPS__SERVER_SPIN_US_MAX 1000000u	/* --spin-us: 1 s */
+#define RPS__TENSOR_SHARDS_MAX (1u << 24)	/* shards of one tensor (~120 B of metadata each) */
+
 struct rps__server_config {
 	struct rps__uri listen;		/* where to accept workers */
 	const char *cluster;		/* static cluster list (NULL: just this server) */
@@ -41,6 +47,8 @@ struct rps__server_config {
 };
 
 void rps__server_config_init(struct rps__server_config *cfg);
+/* The least --memory-limit that admits one worker connection and one shard. */
+size_t rps__server_min_memory(const struct rps__server_config *cfg);
 int rps__server_create(const struct rps__server_config *cfg, struct rps__server **out);
 /* Serve until rps__server_stop().  Returns 0 after a clean stop. */
 int rps__server_run(struct rps__server *srv);

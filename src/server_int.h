@@ -7,6 +7,7 @@
 #ifndef RPS_SERVER_INT_H
 #define RPS_SERVER_INT_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -114,6 +115,7 @@ struct tensor {
 	struct shard *shards;		/* every shard of the tensor, hdr NULL if not here */
 	struct region *regions;		/* per partition */
 	uint64_t hold_limit;		/* sync, checkpoint: no step is applied past this */
+	size_t meta_charged;		/* shard table & co, counted against --memory-limit */
 };
 
 enum conn_role_kind { CONN_WORKER = 1, CONN_PEER = 2, CONN_ADMIN = 3 };
@@ -212,6 +214,7 @@ struct rps__server {
 	struct rps__topo *topo;		/* hwloc: where memory and the serving thread go */
 	struct rps__placement place;
 	int stop_fd;
+	volatile sig_atomic_t stopping;	/* rps__server_stop: seen inside the busy-poll too */
 	struct conn **conns;
 	uint32_t nconns, conns_cap;
 	struct tensor **tensors;

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "cluster.h"
 #include "agg.h"
+#include "common.h"
 #include "optim.h"
 #include "proto.h"
 #include "transport.h"
@@ -1009,6 +1010,171 @@ static void test_malformed_peer(void)
 	rps_client_close(cl);
 }
 
+/* ---- command line and process lifetime ----------------------------------- */
+
+/* Every bad number is refused at start: exit status 2 (bad usage, as
+ * rdmapsd(8) says), one line on stderr that names the option. */
+static void test_cli_numbers_refused_at_start(void)
+{
+	static const struct {
+		const char *args, *option;
+	} bad[] = {
+		{ "--memory-limit nan", "--memory-limit" },
+		{ "--memory-limit inf", "--memory-limit" },
+		{ "--memory-limit 1e30", "--memory-limit" },
+		{ "--memory-limit -1", "--memory-limit" },
+		{ "--memory-limit 4G7", "--memory-limit" },
+		{ "--memory-limit 100", "--memory-limit" },		/* starts, then refuses every worker */
+		{ "--memory-limit 99999999999999999999", "--memory-limit" },
+		{ "--shard-size inf", "--shard-size" },
+		{ "--shard-size 2G", "--shard-size" },
+		{ "--shard-size 66", "--shard-size" },
+		{ "--slots 0", "--slots" },
+		{ "--slots 65", "--slots" },
+		{ "--max-connections 0", "--max-connections" },
+		{ "--max-connections 4294967296", "--max-connections" },
+		{ "--park-limit nan", "--park-limit" },
+		{ "--spin-us 4294967295", "--spin-us" },
+		{ "--spin-us -1", "--spin-us" },
+		{ "--lease-ms 0", "--lease-ms" },
+		{ "--partitions 257", "--partitions" },
+		{ "--numa-node -1", "--numa-node" },
+		{ "--tick-ms 1.5", "--tick-ms" },
+	};
+	char err[1024];
+	size_t i;
+
+	for (i = 0; i < RPS__ARRAY_SIZE(bad); i++) {
+		char *nl;
+		int st;
+
+		err[0] = '\0';
+		st = it_rdmapsd_run(5000, err, sizeof(err), "--listen tcp://127.0.0.1:0 %s", bad[i].args);
+		nl = strchr(err, '\n');
+		if (st != 2 || !nl || nl[1] || strncmp(err, "rdmapsd: ", 9) || !strstr(err, bad[i].option))
+			fprintf(stderr, "\n  rdmapsd %s: exit %d, stderr: %s\n", bad[i].args, st, err);
+		CU_ASSERT_EQUAL(st, 2);
+		CU_ASSERT(nl && !nl[1]);	/* exactly one line */
+		CU_ASSERT(strncmp(err, "rdmapsd: ", 9) == 0);
+		CU_ASSERT(strstr(err, bad[i].option) != NULL);
+	}
+}
+
+/* A worker pushing in a loop until the server goes away (or 30 s): every
+ * push is a completion at the server, so it never goes to sleep. */
+static int busy_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	float v[256] = { 0 };
+	time_t end = time(NULL) + 30;
+	int ret, one = 1;
+
+	(void)nworkers;
+	(void)arg;
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 256;
+	if ((ret = rps_tensor_create(cl, "busy", &o, &t)))
+		return fail("create", ret);
+	it_write_all(out_fd, &one, sizeof(one));	/* serving: signal now */
+	while (time(NULL) < end && rps_push(t, v, sizeof(v)) == 0)
+		;
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	return 0;
+}
+
+/* SIGTERM stops a server that busy-polls (--spin-us) with requests coming
+ * in all the time: it used to check for the signal only when it slept. */
+static void test_sigterm_stops_spinning_server(void)
+{
+	struct it_cluster spin;
+	struct it_workers w;
+	int ready = 0;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&spin, 1, "--spin-us 1000000"), 0);
+	CU_ASSERT_EQUAL(it_workers_start(&w, 1, busy_worker, spin.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &ready, sizeof(ready)), 0);
+	CU_ASSERT_EQUAL(ready, 1);
+	usleep(200 * 1000);
+	kill(spin.pid[0], SIGTERM);
+	/* a liveness bound, not a speed assertion: it never stopped before */
+	CU_ASSERT_EQUAL(it_server_wait_exit(&spin, 0, 5000), 0);
+	it_server_kill(&spin, 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	it_cluster_stop(&spin);
+}
+
+/* Is sig caught (a handler installed) in process pid? */
+static bool sig_caught(pid_t pid, int sig)
+{
+	char path[64], line[256];
+	unsigned long long mask = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "SigCgt: %llx", &mask) == 1)
+			break;
+	fclose(f);
+	return mask & (1ull << (sig - 1));
+}
+
+/* A SIGTERM while rdmapsd exits after a failed start (here: the port file
+ * cannot be written) reached a freed server (a use-after-free under ASan).
+ * RPS_FAULT=exit-delay keeps the process alive after the server is gone
+ * so that the signal lands there; the exit must stay the clean "1". */
+static void test_signal_during_exit_is_harmless(void)
+{
+	char err[4096] = "";
+	int pe[2], st = -1, i;
+	ssize_t n, got = 0;
+	pid_t pid;
+
+	CU_ASSERT_EQUAL_FATAL(pipe(pe), 0);
+	fflush(NULL);
+	pid = fork();
+	CU_ASSERT_FATAL(pid >= 0);
+	if (pid == 0) {
+		const char *d = getenv("RDMAPSD");
+		dup2(pe[1], 2);
+		close(pe[0]);
+		close(pe[1]);
+		putenv((char *)"RPS_FAULT=exit-delay");
+		execl(d ? d : "./rdmapsd", "rdmapsd", "--listen", "tcp://127.0.0.1:0", "--log-level", "error",
+		      "--port-file", "/nonexistent/dir/port", (char *)NULL);
+		_exit(127);
+	}
+	close(pe[1]);
+	/* once the handler is in, SIGTERM until it is gone */
+	for (i = 0; i < 2000 && !sig_caught(pid, SIGTERM) && waitpid(pid, &st, WNOHANG) == 0; i++)
+		usleep(5000);
+	for (i = 0; i < 2000 && waitpid(pid, &st, WNOHANG) == 0; i++) {
+		kill(pid, SIGTERM);
+		usleep(2000);
+	}
+	if (i == 2000) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+	}
+	while ((n = read(pe[0], err + got, sizeof(err) - 1 - (size_t)got)) > 0)
+		got += n;
+	err[got] = '\0';
+	close(pe[0]);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 1)
+		fprintf(stderr, "\n  status 0x%x, stderr: %s\n", st, err);
+	CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+	CU_ASSERT(strstr(err, "--port-file") != NULL);
+	CU_ASSERT(strstr(err, "ERROR: AddressSanitizer") == NULL);
+}
+
 /* Nobody listening: a clear error, quickly. */
 static void test_server_absent(void)
 {
@@ -1131,6 +1297,9 @@ int main(void)
 	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
 	CU_add_test(s, "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders);
 	CU_add_test(s, "--memory-limit refuses what does not fit", test_memory_limit);
+	CU_add_test(s, "bad numbers on the command line refused at start", test_cli_numbers_refused_at_start);
+	CU_add_test(s, "SIGTERM stops a server spinning under load", test_sigterm_stops_spinning_server);
+	CU_add_test(s, "a signal during exit is harmless", test_signal_during_exit_is_harmless);
 	/* from here on the test process opens the fabric itself: no more forks */
 	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
 	CU_add_test(s, "bad input gives clear errors", test_bad_input);
