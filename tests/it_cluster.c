@@ -626,6 +626,73 @@ static void test_memory_limit(void)
 	CU_ASSERT_EQUAL(it_cluster_stop(&small), 0);
 }
 
+/* A CREATE whose shard table alone is over --memory-limit (2^34 elements in
+ * 64K shards: 2^20 shards, ~120 MiB of metadata under a 64M limit) is
+ * refused before the table is allocated: ENOMEM, and the server's peak RSS
+ * stays small.  It used to calloc and fill the table first. */
+static int huge_count_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret, results[3];
+
+	(void)arg;
+	(void)nworkers;
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 1ull << 34;
+	results[0] = rps_tensor_create(cl, "huge", &o, &t);
+	results[1] = strstr(rps_last_error(), "--memory-limit") != NULL;
+	o.count = 1000;	/* and the server still serves */
+	results[2] = rps_tensor_create(cl, "small", &o, &t);
+	if (!results[2])
+		rps_tensor_close(t);
+	rps_client_close(cl);
+	it_write_all(out_fd, results, sizeof(results));
+	return 0;
+}
+
+static long vm_hwm_kib(pid_t pid)
+{
+	char path[64], line[256];
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+static void test_create_charges_shard_table(void)
+{
+	struct it_cluster small;
+	struct it_workers w;
+	int results[3] = { 0, 0, -1 };
+	long hwm;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&small, 1, "--shard-size 64K --slots 4 --memory-limit 64M"), 0);
+	CU_ASSERT_EQUAL(it_workers_start(&w, 1, huge_count_worker, small.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, results, sizeof(results)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_EQUAL(results[0], -ENOMEM);
+	CU_ASSERT_EQUAL(results[1], 1);
+	CU_ASSERT_EQUAL(results[2], 0);
+	hwm = vm_hwm_kib(small.pid[0]);
+	if (hwm >= 64 * 1024)
+		fprintf(stderr, "\n  server VmHWM %ld KiB\n", hwm);
+	CU_ASSERT(hwm > 0 && hwm < 64 * 1024);	/* the table alone is ~120 MiB */
+	CU_ASSERT_EQUAL(it_cluster_stop(&small), 0);
+}
+
 /* --verify: a bit flipped after the checksum was computed is caught by the
  * server and never applied; the pushes around it are. */
 static void test_verify_flipped_bit(void)
@@ -1297,6 +1364,8 @@ int main(void)
 	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
 	CU_add_test(s, "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders);
 	CU_add_test(s, "--memory-limit refuses what does not fit", test_memory_limit);
+	CU_add_test(s, "a shard table over --memory-limit is refused before it is allocated",
+		    test_create_charges_shard_table);
 	CU_add_test(s, "bad numbers on the command line refused at start", test_cli_numbers_refused_at_start);
 	CU_add_test(s, "SIGTERM stops a server spinning under load", test_sigterm_stops_spinning_server);
 	CU_add_test(s, "a signal during exit is harmless", test_signal_during_exit_is_harmless);
