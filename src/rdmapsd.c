@@ -44,8 +44,9 @@ static void usage(FILE *f)
 		"  -L, --lease-ms MS         break a shard lock held longer than this (default 5000)\n"
 		"  -m, --memory-limit BYTES  cap on shard + staging memory (default: none)\n"
 		"      --park-limit BYTES    out-of-turn sync pushes set aside (default 256M)\n"
-		"  -C, --max-connections N   worker connections at once (default 64)\n"
-		"      --spin-us US          busy-poll this long before sleeping (default 0)\n"
+		"  -C, --max-connections N   worker connections at once, 1..4096 (default 64)\n"
+		"      --idle-timeout-ms MS  drop a worker that sent nothing for MS (default 0: never)\n"
+		"      --spin-us US          busy-poll this long before sleeping, up to 1000000 (default 0)\n"
 		"      --numa-node N         shards and staging slots on NUMA node N (default: the HCA's)\n"
 		"      --cpus LIST           pin the serving thread to these cpus, e.g. 0-3,8 (default: the HCA's)\n"
 		"      --no-pin              bind no memory and pin no thread\n"
@@ -130,6 +131,7 @@ int main(int argc, char **argv)
 		{ "memory-limit", required_argument, NULL, 'm' },
 		{ "max-connections", required_argument, NULL, 'C' },
 		{ "spin-us", required_argument, NULL, 1 },
+		{ "idle-timeout-ms", required_argument, NULL, 8 },
 		{ "park-limit", required_argument, NULL, 7 },
 		{ "numa-node", required_argument, NULL, 2 },
 		{ "cpus", required_argument, NULL, 3 },
@@ -239,6 +241,10 @@ int main(int argc, char **argv)
 			break;
 		case 'C':
 			if (opt_u32("--max-connections", optarg, 1, RPS__SERVER_CONNS_MAX, &cfg.max_conns))
+				return 2;
+			break;
+		case 8:
+			if (opt_u32("--idle-timeout-ms", optarg, 0, 86400000, &cfg.idle_timeout_ms))
 				return 2;
 			break;
 		case 7:

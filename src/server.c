@@ -1329,6 +1329,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		return;
 	}
 	c->peer_id = priv.role == RPS__ROLE_PEER ? priv.from_id : 0;
+	c->last_active_ns = rps__now_ns();
 	attr.sq_depth = c->nsend + 8;
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
@@ -1403,6 +1404,7 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 	}
 	if (kind != WRID_RECV || idx >= c->nrecv)
 		return;
+	c->last_active_ns = rps__now_ns();
 	if (!c->dead) {
 		if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_WORKER)
 			on_push(srv, c, wc->imm);
@@ -1428,6 +1430,25 @@ static void reap_dead(struct rps__server *srv)
 	}
 }
 
+/* --idle-timeout-ms: a worker that sent nothing for that long gives its
+ * --max-connections place back.  Pulls and lock operations are one-sided
+ * (no completion here), so only requests and pushes count as activity. */
+static void drop_idle_workers(struct rps__server *srv, uint64_t now)
+{
+	uint64_t limit = (uint64_t)srv->cfg.idle_timeout_ms * 1000000ull;
+	char why[96];
+	uint32_t i;
+
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *c = srv->conns[i];
+		if (c->role != CONN_WORKER || c->dead || now - c->last_active_ns < limit)
+			continue;
+		snprintf(why, sizeof(why), "idle for %u ms: dropped (rdmapsd --idle-timeout-ms)",
+			 srv->cfg.idle_timeout_ms);
+		conn_fail(c, why);
+	}
+}
+
 static void accept_pending(struct rps__server *srv)
 {
 	struct rps__conn_req *req;
@@ -1436,12 +1457,15 @@ static void accept_pending(struct rps__server *srv)
 		accept_one(srv, req);
 }
 
+#define LISTENER_CHECK_NS (250ull * 1000000ull)
+
 int rps__server_run(struct rps__server *srv)
 {
 	struct rps__wc wc[32];
 	uint64_t spin_ns = (uint64_t)srv->cfg.spin_us * 1000ull;
 	uint64_t scan_every = RPS__MAX((uint64_t)srv->cfg.lease_ms * 1000000ull / 4, 1000000ull);
 	uint64_t idle_since = rps__now_ns();
+	uint64_t next_listener_check = 0;
 
 	/* The serving thread near the HCA; what it mallocs (optimizer state,
 	 * accumulators) then lands on its node by first touch. */
@@ -1469,6 +1493,14 @@ int rps__server_run(struct rps__server *srv)
 		if (now >= srv->next_lease_scan) {
 			scan_locks(srv, 0);
 			srv->next_lease_scan = now + scan_every;
+		}
+		/* the listener drops silent handshakes only when asked: ask on a
+		 * timer too, not only when a new connection arrives */
+		if (now >= next_listener_check) {
+			accept_pending(srv);
+			if (srv->cfg.idle_timeout_ms)
+				drop_idle_workers(srv, now);
+			next_listener_check = now + LISTENER_CHECK_NS;
 		}
 		cp_ms = rps__cp_run_timers(srv, now);
 		if (cp_ms < 0)
@@ -1503,6 +1535,8 @@ int rps__server_run(struct rps__server *srv)
 		timeout = (int)((srv->next_lease_scan - now) / 1000000ull) + 1;
 		if (cp_ms < timeout)
 			timeout = cp_ms;
+		if ((int)(LISTENER_CHECK_NS / 1000000ull) < timeout)
+			timeout = (int)(LISTENER_CHECK_NS / 1000000ull);
 		if (poll(pfd, 3, timeout) < 0 && errno != EINTR)
 			return rps__seterr(-errno, "poll: %s", strerror(errno));
 		if (pfd[2].revents)

@@ -28,6 +28,7 @@ struct rps__server_config {
 	uint32_t nslots;		/* staging slots per worker connection */
 	uint32_t lease_ms;		/* a shard lock held longer than this is broken */
 	uint32_t max_conns;		/* worker connections at once */
+	uint32_t idle_timeout_ms;	/* drop a worker connection with no completion this long (0: never) */
 	size_t mem_limit;		/* bytes for shards + staging; 0 = unlimited */
 	size_t park_limit;		/* bytes of out-of-turn sync pushes kept aside */
 	int spin_us;			/* busy-poll this long before sleeping */

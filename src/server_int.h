@@ -131,6 +131,7 @@ struct conn {
 	int num_workers;
 	uint64_t client_id;
 	uint32_t owner;
+	uint64_t last_active_ns;	/* last completion (--idle-timeout-ms) */
 	size_t msg_max;		/* bytes per control buffer */
 	/* staging slots (workers) */
 	char *slots;

@@ -28,6 +28,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -691,6 +696,139 @@ static void test_create_charges_shard_table(void)
 		fprintf(stderr, "\n  server VmHWM %ld KiB\n", hwm);
 	CU_ASSERT(hwm > 0 && hwm < 64 * 1024);	/* the table alone is ~120 MiB */
 	CU_ASSERT_EQUAL(it_cluster_stop(&small), 0);
+}
+
+/* A worker that connects and creates a tensor: 0 when it could. */
+static int connect_create_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)nworkers;
+	(void)arg;
+	(void)out_fd;
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 100;
+	if ((ret = rps_tensor_create(cl, "after-silence", &o, &t)))
+		return fail("create", ret);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	return 0;
+}
+
+#define SILENT_CONNS 1100	/* more than tcp.c's TCP_MAX_PENDING (1024) */
+
+/* TCP connections that never send their hello: past the table of pending
+ * handshakes the oldest are dropped (a real client still gets in), and
+ * they are dropped on a timer, with nothing else happening on the
+ * listener.  RPS_TCP_HELLO_TIMEOUT_MS=1000 shortens the 10 s default. */
+static void test_silent_handshakes_evicted_and_reaped(void)
+{
+	struct it_server_opts so = { .env = "RPS_TCP_HELLO_TIMEOUT_MS=1000" };
+	struct rlimit rl;
+	struct it_cluster one;
+	struct it_workers w;
+	struct sockaddr_in sin;
+	static int fd[SILENT_CONNS];
+	int i, n = 0, closed = 0, waited;
+
+	if (strcmp(cluster.scheme, "tcp"))
+		return;	/* the tcp transport's handshake */
+	CU_ASSERT_EQUAL_FATAL(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < SILENT_CONNS + 200) {
+		fprintf(stderr, "\n  skipped: RLIMIT_NOFILE hard limit %llu\n", (unsigned long long)rl.rlim_max);
+		return;
+	}
+	rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > 4096 ? 4096 : rl.rlim_max;
+	CU_ASSERT_EQUAL_FATAL(setrlimit(RLIMIT_NOFILE, &rl), 0);	/* the server inherits it */
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&one, 1, &so), 0);
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_port = htons(one.port[0]);
+	inet_pton(AF_INET, one.addr, &sin.sin_addr);
+	for (i = 0; i < SILENT_CONNS; i++) {
+		fd[i] = socket(AF_INET, SOCK_STREAM, 0);
+		if (fd[i] >= 0 && connect(fd[i], (struct sockaddr *)&sin, sizeof(sin)) == 0)
+			n++;
+	}
+	CU_ASSERT_EQUAL(n, SILENT_CONNS);
+	/* a real client, while they all sit there */
+	CU_ASSERT_EQUAL(it_workers_start(&w, 1, connect_create_worker, one.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	/* then nothing happens on the listener: every silent one is hung up on,
+	 * well within a liveness bound of 10 s */
+	for (waited = 0; waited < 10000 && closed < SILENT_CONNS; waited += 100) {
+		usleep(100 * 1000);
+		for (i = 0, closed = 0; i < SILENT_CONNS; i++) {
+			char b;
+			struct pollfd pfd = { .fd = fd[i], .events = POLLIN };
+			closed += fd[i] < 0 || (poll(&pfd, 1, 0) == 1 && recv(fd[i], &b, 1, MSG_DONTWAIT) <= 0);
+			if (fd[i] >= 0 && pfd.revents) {
+				close(fd[i]);
+				fd[i] = -1;
+			}
+		}
+	}
+	if (closed < SILENT_CONNS)
+		fprintf(stderr, "\n  %d of %d silent connections still open after %d ms\n", SILENT_CONNS - closed,
+			SILENT_CONNS, waited);
+	CU_ASSERT_EQUAL(closed, SILENT_CONNS);
+	for (i = 0; i < SILENT_CONNS; i++)
+		if (fd[i] >= 0)
+			close(fd[i]);
+	CU_ASSERT_EQUAL(it_cluster_stop(&one), 0);
+}
+
+/* Connects, says so, sends nothing for 2 s, then tries a request: its
+ * result (nonzero: the server dropped it meanwhile). */
+static int idle_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret, one = 1;
+
+	(void)nworkers;
+	(void)arg;
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	it_write_all(out_fd, &one, sizeof(one));
+	usleep(2000 * 1000);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 100;
+	ret = rps_tensor_create(cl, "idle", &o, &t);
+	if (!ret)
+		rps_tensor_close(t);
+	rps_client_close(cl);
+	it_write_all(out_fd, &ret, sizeof(ret));
+	return 0;
+}
+
+/* --idle-timeout-ms: an idle worker gives its --max-connections place back
+ * (here the only one), so the next worker gets in. */
+static void test_idle_worker_frees_its_place(void)
+{
+	struct it_cluster one;
+	struct it_workers idle, next;
+	int ready = 0, idle_ret = 0;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&one, 1, "--max-connections 1 --idle-timeout-ms 300"), 0);
+	CU_ASSERT_EQUAL(it_workers_start(&idle, 1, idle_worker, one.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&idle, 0, &ready, sizeof(ready)), 0);
+	CU_ASSERT_EQUAL(ready, 1);
+	usleep(1000 * 1000);
+	CU_ASSERT_EQUAL(it_workers_start(&next, 1, connect_create_worker, one.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&next, 0), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&idle, 0, &idle_ret, sizeof(idle_ret)), 0);
+	CU_ASSERT(idle_ret < 0);	/* it was dropped */
+	CU_ASSERT_EQUAL(it_worker_wait(&idle, 0), 0);
+	CU_ASSERT_EQUAL(it_cluster_stop(&one), 0);
 }
 
 /* --verify: a bit flipped after the checksum was computed is caught by the
@@ -1366,6 +1504,8 @@ int main(void)
 	CU_add_test(s, "--memory-limit refuses what does not fit", test_memory_limit);
 	CU_add_test(s, "a shard table over --memory-limit is refused before it is allocated",
 		    test_create_charges_shard_table);
+	CU_add_test(s, "silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped);
+	CU_add_test(s, "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place);
 	CU_add_test(s, "bad numbers on the command line refused at start", test_cli_numbers_refused_at_start);
 	CU_add_test(s, "SIGTERM stops a server spinning under load", test_sigterm_stops_spinning_server);
 	CU_add_test(s, "a signal during exit is harmless", test_signal_during_exit_is_harmless);
