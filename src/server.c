@@ -1123,6 +1123,7 @@ void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
 		rps__topo_free(srv->topo, c->sbufs, (size_t)c->nsend * c->msg_max);
 	free(c->sfree);
 	free(c->slot_state);
+	rps__srv_mem_give(srv, c->bufs_charged);
 	if (c->owner)
 		srv->owner_used[c->owner] = 0;
 	free(c);
@@ -1168,6 +1169,15 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
 		c->msg_max = RPS__BIG_MSG_MAX;
 		c->nrecv = PEER_RECV;
 		c->nsend = PEER_SEND;
+		/* 2 MiB each: counted like staging slots, or many psctl
+		 * connections could take what --memory-limit promises to cap */
+		ret = rps__srv_mem_take(srv, (size_t)(c->nrecv + c->nsend) * c->msg_max,
+					role == CONN_PEER ? "peer connection buffers" : "admin connection buffers");
+		if (ret) {
+			free(c);
+			return ret;
+		}
+		c->bufs_charged = (size_t)(c->nrecv + c->nsend) * c->msg_max;
 	}
 	c->rbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nrecv * c->msg_max);
 	c->sbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nsend * c->msg_max);
@@ -1209,12 +1219,12 @@ static int conn_table_add(struct rps__server *srv, struct conn *c)
 	return 0;
 }
 
-static uint32_t count_workers(const struct rps__server *srv)
+static uint32_t count_role(const struct rps__server *srv, enum conn_role_kind role)
 {
 	uint32_t i, n = 0;
 
 	for (i = 0; i < srv->nconns; i++)
-		n += srv->conns[i]->role == CONN_WORKER;
+		n += srv->conns[i]->role == role;
 	return n;
 }
 
@@ -1314,8 +1324,12 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		why = "protocol version mismatch: upgrade librdmaps or rdmapsd";
 	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_ADMIN)
 		why = "unknown connection role";
-	else if (priv.role == RPS__ROLE_WORKER && count_workers(srv) >= srv->cfg.max_conns)
+	else if (req->peer_sq_depth > ANNOUNCED_SQ_MAX)
+		why = "announced send queue depth over 1024";
+	else if (priv.role == RPS__ROLE_WORKER && count_role(srv, CONN_WORKER) >= srv->cfg.max_conns)
 		why = "server full: raise rdmapsd --max-connections";
+	else if (priv.role == RPS__ROLE_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
+		why = "too many admin connections (16): close psctl sessions";
 	if (!why && priv.role == RPS__ROLE_PEER)
 		rps__cp_accept_peer(srv, priv.from_id, priv.to_id, &why);
 	if (why) {
@@ -1325,7 +1339,8 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 	ret = rps__srv_conn_new(srv, (enum conn_role_kind)priv.role, &c);
 	if (ret) {
 		rps__log(RPS__LOG_WARN, "connection refused: %s", rps__errbuf());
-		rps__reject(req, "server out of memory", 21);
+		reject_with(req, ret == -ENOMEM ? "server out of memory: raise rdmapsd --memory-limit"
+						: "server out of resources");
 		return;
 	}
 	c->peer_id = priv.role == RPS__ROLE_PEER ? priv.from_id : 0;

@@ -24,6 +24,8 @@
 #define CTRL_CREDITS 32u	/* control requests a worker may have outstanding */
 #define PEER_RECV 32u		/* receive buffers of a peer / admin connection */
 #define PEER_SEND 32u
+#define ADMIN_CONNS_MAX 16u	/* psctl connections at once (rdmapsd(8)) */
+#define ANNOUNCED_SQ_MAX 1024u	/* a connector's send queue depth: ours use < 256 */
 #define WRID_RECV 1u
 #define WRID_SEND 2u
 #define WRID_READ 3u		/* migration: the destination READs the partition */
@@ -132,6 +134,7 @@ struct conn {
 	uint64_t client_id;
 	uint32_t owner;
 	uint64_t last_active_ns;	/* last completion (--idle-timeout-ms) */
+	size_t bufs_charged;	/* peer/admin message buffers, against --memory-limit */
 	size_t msg_max;		/* bytes per control buffer */
 	/* staging slots (workers) */
 	char *slots;

@@ -2414,6 +2414,7 @@ static int pending_progress(struct tcp_listener *l, struct tcp_pending *p, struc
 	req->fab = l->fab;
 	req->fd = p->fd;
 	req->peer_sq_depth = h.sq_depth;
+	req->base.peer_sq_depth = h.sq_depth;
 	snprintf(req->peer, sizeof(req->peer), "%s", p->peer);
 	pending_unlink(l, p);
 	free(p);

@@ -1380,6 +1380,104 @@ static void test_signal_during_exit_is_harmless(void)
 	CU_ASSERT(strstr(err, "ERROR: AddressSanitizer") == NULL);
 }
 
+/* A raw admin connection to server 0 of cl announcing sq_depth: 0 or the
+ * error; the refusal's reason in reply. */
+static int raw_admin(struct it_cluster *cl, struct raw_peer *p, uint32_t sq_depth, char *reply, size_t *reply_len)
+{
+	struct rps__conn_priv priv = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION,
+				       .role = RPS__ROLE_ADMIN };
+	struct rps__fabric_attr fa = { .kind = RPS__KIND_TCP, .host = cl->addr };
+	struct rps__ep_attr ea = { .sq_depth = sq_depth, .rq_depth = 8 };
+	int ret;
+
+	memset(p, 0, sizeof(*p));
+	if ((ret = rps__fabric_open(&fa, &p->fab)) || (ret = rps__cq_create(p->fab, 256, &p->cq)))
+		return ret;
+	return rps__connect(p->fab, cl->addr, cl->port[0], p->cq, &ea, &priv, sizeof(priv), 5000, reply,
+			    reply_len, &p->ep);
+}
+
+static long vm_rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+#define ADMIN_TRIES 40
+
+/* Admin connections are capped (16), their buffers count against
+ * --memory-limit, and a connector announcing a huge send queue depth (which
+ * sizes the server's response pool) is refused: 200 such connections took a
+ * server under -m 64M -C 8 from 8 MiB to 2.4 GiB.  Workers are still served. */
+static void test_admin_connections_bounded(void)
+{
+	static struct raw_peer p[ADMIN_TRIES];
+	struct it_cluster one;
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t = NULL;
+	long rss0, rss;
+	int i, ok = 0, full = 0, deep = 0;
+
+	if (strcmp(cluster.scheme, "tcp"))
+		return;	/* the announced depth is the tcp handshake's */
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&one, 1, "--memory-limit 64M --max-connections 8"), 0);
+	rss0 = vm_rss_kib(one.pid[0]);
+	for (i = 0; i < ADMIN_TRIES; i++) {
+		char reply[64] = "";
+		size_t reply_len = sizeof(reply) - 1;
+		int ret = raw_admin(&one, &p[i], 65536, reply, &reply_len);
+		ok += ret == 0;
+		deep += ret == -ECONNREFUSED && strstr(reply, "depth") != NULL;
+	}
+	CU_ASSERT_EQUAL(ok, 0);
+	CU_ASSERT_EQUAL(deep, ADMIN_TRIES);
+	for (i = 0; i < ADMIN_TRIES; i++) {
+		raw_close(&p[i]);
+		p[i].buf = NULL;
+	}
+	for (i = 0, ok = 0; i < ADMIN_TRIES; i++) {
+		char reply[64] = "";
+		size_t reply_len = sizeof(reply) - 1;
+		int ret = raw_admin(&one, &p[i], 8, reply, &reply_len);
+		ok += ret == 0;
+		full += ret == -ECONNREFUSED && strstr(reply, "admin connections") != NULL;
+	}
+	CU_ASSERT_EQUAL(ok, 16);
+	CU_ASSERT_EQUAL(full, ADMIN_TRIES - 16);
+	rss = vm_rss_kib(one.pid[0]);
+	if (rss - rss0 > 64 * 1024)
+		fprintf(stderr, "\n  server RSS %ld KiB -> %ld KiB\n", rss0, rss);
+	CU_ASSERT(rss > 0 && rss - rss0 <= 64 * 1024);
+	/* a worker still gets in and is served */
+	rps_client_opts_init(&co);
+	co.servers = one.servers;
+	co.timeout_ms = 10000;
+	CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 100;
+	CU_ASSERT_EQUAL(rps_tensor_create(cl, "beside-admins", &o, &t), 0);
+	if (t)
+		rps_tensor_close(t);
+	rps_client_close(cl);
+	for (i = 0; i < ADMIN_TRIES; i++)
+		raw_close(&p[i]);
+	CU_ASSERT_EQUAL(it_cluster_stop(&one), 0);
+}
+
 /* Nobody listening: a clear error, quickly. */
 static void test_server_absent(void)
 {
@@ -1513,6 +1611,7 @@ int main(void)
 	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
 	CU_add_test(s, "bad input gives clear errors", test_bad_input);
 	CU_add_test(s, "malformed peers refused or dropped", test_malformed_peer);
+	CU_add_test(s, "admin connections capped, deep queues refused", test_admin_connections_bounded);
 	CU_add_test(s, "no server listening", test_server_absent);
 	CU_add_test(s, "server killed under a worker", test_server_killed);
 	CU_basic_set_mode(CU_BRM_VERBOSE);
