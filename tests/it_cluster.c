@@ -1361,11 +1361,11 @@ static void test_signal_during_exit_is_harmless(void)
 	/* once the handler is in, SIGTERM until it is gone */
 	for (i = 0; i < 2000 && !sig_caught(pid, SIGTERM) && waitpid(pid, &st, WNOHANG) == 0; i++)
 		usleep(5000);
-	for (i = 0; i < 2000 && waitpid(pid, &st, WNOHANG) == 0; i++) {
+	for (i = 0; i < 5000 && waitpid(pid, &st, WNOHANG) == 0; i++) {
 		kill(pid, SIGTERM);
 		usleep(2000);
 	}
-	if (i == 2000) {
+	if (i == 5000) {
 		kill(pid, SIGKILL);
 		waitpid(pid, &st, 0);
 	}
