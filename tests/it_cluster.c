@@ -1359,7 +1359,7 @@ static void test_signal_during_exit_is_harmless(void)
 	}
 	close(pe[1]);
 	/* once the handler is in, SIGTERM until it is gone */
-	for (i = 0; i < 2000 && !sig_caught(pid, SIGTERM) && waitpid(pid, &st, WNOHANG) == 0; i++)
+	for (i = 0; i < 6000 && !sig_caught(pid, SIGTERM) && waitpid(pid, &st, WNOHANG) == 0; i++)
 		usleep(5000);
 	for (i = 0; i < 5000 && waitpid(pid, &st, WNOHANG) == 0; i++) {
 		kill(pid, SIGTERM);
