@@ -36,6 +36,7 @@
 #include "client.h"
 #include "common.h"
 #include "ctl.h"
+#include "parse.h"
 #include "proto.h"
 #include "raft.h"
 #include "server.h"
@@ -520,24 +521,9 @@ static void usage(FILE *f)
 
 static int parse_size(const char *s, size_t *out)
 {
-	unsigned long long v;
-	char *end;
+	uint64_t v;
 
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s || *s == '-')
-		return -EINVAL;
-	switch (*end) {
-	case 'k': case 'K': v <<= 10; end++; break;
-	case 'm': case 'M': v <<= 20; end++; break;
-	case 'g': case 'G': v <<= 30; end++; break;
-	default: break;
-	}
-	if (*end == 'i')
-		end++;
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end)
+	if (rps__parse_size("size", s, 0, SIZE_MAX, &v))
 		return -EINVAL;
 	*out = (size_t)v;
 	return 0;
@@ -545,14 +531,11 @@ static int parse_size(const char *s, size_t *out)
 
 static long parse_long(const char *s, const char *what, long min, long max)
 {
-	char *end;
-	long v;
+	uint64_t v;
 
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < min || v > max)
-		die_usage("%s: '%s' is not a number in %ld..%ld", what, s, min, max);
-	return v;
+	if (rps__parse_u64(what, s, (uint64_t)min, (uint64_t)max, &v))
+		die_usage("%s", rps__errbuf());
+	return (long)v;
 }
 
 static void parse_sweep(struct opts *o, const char *s)
@@ -768,7 +751,7 @@ static void parse_option(struct opts *o, int c, const char *arg)
 		o->shard_bytes = (uint32_t)sz;
 		break;
 	case OPT_SLOTS: o->slots = (uint32_t)parse_long(arg, "--slots", 1, 1024); break;
-	case OPT_SPIN: o->spin_us = (int)parse_long(arg, "--spin-us", 0, 10000000); break;
+	case OPT_SPIN: o->spin_us = (int)parse_long(arg, "--spin-us", 0, RPS__SERVER_SPIN_US_MAX); break;
 	case OPT_TIMEOUT: o->timeout_ms = (int)parse_long(arg, "--timeout-ms", 1, 3600000); break;
 	case OPT_SERVER: o->role = ROLE_SERVER; break;
 	case OPT_LISTEN: o->listen = arg; break;

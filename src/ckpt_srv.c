@@ -32,6 +32,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,9 +238,14 @@ static void *writer_main(void *arg)
 	};
 	struct rps__ckpt_writer *w = NULL;
 	struct timespec ts;
+	sigset_t all;
 	uint32_t t, i;
 	int ret;
 
+	/* SIGTERM/SIGINT belong to the serving thread (rdmapsd blocks them
+	 * there before tearing the server down): never run their handler here */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	h.time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	ret = rps__ckpt_create(ck->path, &h, ck->level, &w);

@@ -321,6 +321,7 @@ static const char *status_text(int status)
 	case -EFAULT: return "remote access error: the server revoked or never granted this memory";
 	case -EPROTO: return "protocol error: librdmaps and rdmapsd versions differ?";
 	case -ENOMEM: return "the server is out of memory: raise rdmapsd --memory-limit or add servers";
+	case -EFBIG: return "the tensor has too many shards: lower its count or raise rdmapsd --shard-size";
 	case -ECONNRESET: return "connection lost: is rdmapsd running and reachable?";
 	case -ENODATA: return "the shard's partition was lost with its server: restore it (psctl restore DIR) or accept it empty (psctl forget-lost PART)";
 	case RPS_ELEASE: return "the shard lock lease expired";

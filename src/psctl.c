@@ -19,6 +19,7 @@
  */
 #include "config.h"
 #include "common.h"
+#include "parse.h"
 #include "ctl.h"
 #include "proto.h"
 #include "raft.h"
@@ -158,15 +159,12 @@ static void sleep_ms(unsigned ms)
 
 static uint64_t parse_u64(const char *s, const char *what, uint64_t min, uint64_t max)
 {
-	unsigned long long v;
-	char *end;
+	uint64_t v;
 
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (*s < '0' || *s > '9' || errno || *end || v < min || v > max) {
+	if (rps__parse_u64(what, s, min, max, &v)) {
 		if (max == UINT64_MAX)
 			die_usage("%s '%s': expected a member id (a positive integer)", what, s);
-		die_usage("%s '%s': expected an integer from %" PRIu64 " to %" PRIu64, what, s, min, max);
+		die_usage("%s", rps__errbuf());
 	}
 	return v;
 }

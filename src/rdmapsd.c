@@ -6,6 +6,7 @@
 #include "common.h"
 #include "server.h"
 #include "server_int.h"
+#include "parse.h"
 #include "uri.h"
 
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 static struct rps__server *the_server;
 
@@ -42,8 +44,9 @@ static void usage(FILE *f)
 		"  -L, --lease-ms MS         break a shard lock held longer than this (default 5000)\n"
 		"  -m, --memory-limit BYTES  cap on shard + staging memory (default: none)\n"
 		"      --park-limit BYTES    out-of-turn sync pushes set aside (default 256M)\n"
-		"  -C, --max-connections N   worker connections at once (default 64)\n"
-		"      --spin-us US          busy-poll this long before sleeping (default 0)\n"
+		"  -C, --max-connections N   worker connections at once, 1..4096 (default 64)\n"
+		"      --idle-timeout-ms MS  drop a worker that sent nothing for MS (default 0: never)\n"
+		"      --spin-us US          busy-poll this long before sleeping, up to 1000000 (default 0)\n"
 		"      --numa-node N         shards and staging slots on NUMA node N (default: the HCA's)\n"
 		"      --cpus LIST           pin the serving thread to these cpus, e.g. 0-3,8 (default: the HCA's)\n"
 		"      --no-pin              bind no memory and pin no thread\n"
@@ -64,44 +67,56 @@ static void usage(FILE *f)
 		"  -V, --version             print the version\n");
 }
 
-static int parse_size(const char *s, size_t *out)
+/* Every bad option value: one line naming the option and what is allowed,
+ * exit status 2 (bad usage, as for an unknown option; rdmapsd(8)). */
+static int opt_u32(const char *what, const char *s, uint64_t min, uint64_t max, uint32_t *out)
 {
-	char *end;
-	double v;
+	uint64_t v;
 
-	errno = 0;
-	v = strtod(s, &end);
-	if (errno || end == s || v < 0)
-		return -EINVAL;
-	switch (*end) {
-	case 'k': case 'K': v *= 1024; end++; break;
-	case 'm': case 'M': v *= 1024 * 1024; end++; break;
-	case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
-	default: break;
-	}
-	if (*end == 'i' || *end == 'B')
-		end++;
-	if (*end == 'B')
-		end++;
-	if (*end)
-		return -EINVAL;
-	*out = (size_t)v;
-	return 0;
-}
-
-static int parse_uint(const char *s, const char *what, uint32_t *out)
-{
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || end == s || *end || v > UINT32_MAX) {
-		fprintf(stderr, "rdmapsd: %s: '%s' is not a number\n", what, s);
+	if (rps__parse_u64(what, s, min, max, &v)) {
+		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
 		return -EINVAL;
 	}
 	*out = (uint32_t)v;
 	return 0;
+}
+
+static int opt_size(const char *what, const char *s, uint64_t min, uint64_t max, size_t *out)
+{
+	uint64_t v;
+
+	if (rps__parse_size(what, s, min, max, &v)) {
+		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+		return -EINVAL;
+	}
+	*out = (size_t)v;
+	return 0;
+}
+
+/* Test hook (RPS_FAULT=exit-delay): linger after the server is destroyed,
+ * so that a test can signal the process then (rdmapsd(8) ENVIRONMENT). */
+static void exit_delay(void)
+{
+	struct timespec ts = { 0, 300 * 1000000L };
+
+	if (getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "exit-delay"))
+		while (nanosleep(&ts, &ts) && errno == EINTR)
+			;
+}
+
+/* A SIGTERM from now on must not reach on_signal: it would stop a server
+ * that is being freed.  Blocked, it stays pending until we exit. */
+static void server_destroy(void)
+{
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	rps__server_destroy(the_server);
+	the_server = NULL;
+	exit_delay();
 }
 
 int main(int argc, char **argv)
@@ -116,6 +131,7 @@ int main(int argc, char **argv)
 		{ "memory-limit", required_argument, NULL, 'm' },
 		{ "max-connections", required_argument, NULL, 'C' },
 		{ "spin-us", required_argument, NULL, 1 },
+		{ "idle-timeout-ms", required_argument, NULL, 8 },
 		{ "park-limit", required_argument, NULL, 7 },
 		{ "numa-node", required_argument, NULL, 2 },
 		{ "cpus", required_argument, NULL, 3 },
@@ -137,7 +153,7 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	struct rps__server_config cfg;
-	const char *port_file = NULL, *restore_dir = NULL;
+	const char *port_file = NULL, *restore_dir = NULL, *mem_arg = NULL;
 	int show_topology = 0;
 	struct sigaction sa;
 	char uri[300];
@@ -172,88 +188,76 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 11:
-			if (parse_uint(optarg, "--partitions", &cfg.npart))
+			if (opt_u32("--partitions", optarg, 1, 256, &cfg.npart))
 				return 2;
-			if (cfg.npart < 1 || cfg.npart > 256) {
-				fprintf(stderr, "rdmapsd: --partitions %u: must be between 1 and 256\n", cfg.npart);
-				return 2;
-			}
 			break;
 		case 12:
-			if (parse_uint(optarg, "--join", &u))
+			if (opt_u32("--join", optarg, 1, UINT32_MAX, &u))
 				return 2;
-			if (!u) {
-				fprintf(stderr, "rdmapsd: --join 0: member ids start at 1\n");
-				return 2;
-			}
 			cfg.join_id = u;
 			break;
 		case 13:
-			if (parse_uint(optarg, "--tick-ms", &cfg.tick_ms))
+			if (opt_u32("--tick-ms", optarg, 1, 60000, &cfg.tick_ms))
 				return 2;
-			if (!cfg.tick_ms) {
-				fprintf(stderr, "rdmapsd: --tick-ms must be at least 1\n");
-				return 2;
-			}
 			break;
 		case 14:
-			if (parse_uint(optarg, "--election-ticks", &cfg.election_ticks))
+			if (opt_u32("--election-ticks", optarg, 3, 100000, &cfg.election_ticks))
 				return 2;
-			if (cfg.election_ticks < 3) {
-				fprintf(stderr, "rdmapsd: --election-ticks must be at least 3\n");
-				return 2;
-			}
 			break;
 		case 15:
-			if (parse_uint(optarg, "--move-timeout-ms", &cfg.move_timeout_ms))
+			if (opt_u32("--move-timeout-ms", optarg, 1, 86400000, &cfg.move_timeout_ms))
 				return 2;
 			break;
 		case 16:
 			restore_dir = optarg;
 			break;
 		case 'i':
-			if (parse_uint(optarg, "--index", &u))
+			if (opt_u32("--index", optarg, 0, RPS__SMAP_MAX_MEMBERS - 1, &u))
 				return 2;
 			cfg.index = (int)u;
 			break;
 		case 's':
-			if (parse_size(optarg, &sz) || sz > UINT32_MAX) {
-				fprintf(stderr, "rdmapsd: --shard-size: '%s' is not a size (e.g. 1M)\n", optarg);
+			if (opt_size("--shard-size", optarg, 64, 1u << 30, &sz))
+				return 2;
+			if (sz % 4) {
+				fprintf(stderr, "rdmapsd: --shard-size '%s': must be a multiple of 4 (fp32 elements)\n",
+					optarg);
 				return 2;
 			}
 			cfg.shard_bytes = (uint32_t)sz;
 			break;
 		case 'S':
-			if (parse_uint(optarg, "--slots", &cfg.nslots))
+			if (opt_u32("--slots", optarg, 1, 64, &cfg.nslots))
 				return 2;
 			break;
 		case 'L':
-			if (parse_uint(optarg, "--lease-ms", &cfg.lease_ms))
+			if (opt_u32("--lease-ms", optarg, 1, 86400000, &cfg.lease_ms))
 				return 2;
 			break;
 		case 'm':
-			if (parse_size(optarg, &cfg.mem_limit)) {
-				fprintf(stderr, "rdmapsd: --memory-limit: '%s' is not a size (e.g. 4G)\n", optarg);
+			if (opt_size("--memory-limit", optarg, 1, RPS__SERVER_MEM_MAX, &cfg.mem_limit))
 				return 2;
-			}
+			mem_arg = optarg;
 			break;
 		case 'C':
-			if (parse_uint(optarg, "--max-connections", &cfg.max_conns))
+			if (opt_u32("--max-connections", optarg, 1, RPS__SERVER_CONNS_MAX, &cfg.max_conns))
+				return 2;
+			break;
+		case 8:
+			if (opt_u32("--idle-timeout-ms", optarg, 0, 86400000, &cfg.idle_timeout_ms))
 				return 2;
 			break;
 		case 7:
-			if (parse_size(optarg, &cfg.park_limit)) {
-				fprintf(stderr, "rdmapsd: --park-limit: '%s' is not a size (e.g. 256M)\n", optarg);
+			if (opt_size("--park-limit", optarg, 0, RPS__SERVER_MEM_MAX, &cfg.park_limit))
 				return 2;
-			}
 			break;
 		case 1:
-			if (parse_uint(optarg, "--spin-us", &u))
+			if (opt_u32("--spin-us", optarg, 0, RPS__SERVER_SPIN_US_MAX, &u))
 				return 2;
 			cfg.spin_us = (int)u;
 			break;
 		case 2:
-			if (parse_uint(optarg, "--numa-node", &u) || u > INT32_MAX)
+			if (opt_u32("--numa-node", optarg, 0, 4095, &u))
 				return 2;
 			cfg.numa_node = (int)u;
 			break;
@@ -299,6 +303,13 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
+	if (cfg.mem_limit && cfg.mem_limit < rps__server_min_memory(&cfg)) {
+		char need[24];
+		fprintf(stderr, "rdmapsd: --memory-limit '%s': below the %s bytes that one worker connection "
+			"(--slots x --shard-size) and one shard need: raise it\n", mem_arg,
+			rps__size_str(rps__server_min_memory(&cfg), need, sizeof(need)));
+		return 2;
+	}
 	if (show_topology) {
 		ret = rps__server_show_topology(&cfg, stdout);
 		if (ret)
@@ -316,7 +327,7 @@ int main(int argc, char **argv)
 		ret = rps__ck_restore(the_server, restore_dir, &installed, &seen, &bytes);
 		if (ret) {
 			fprintf(stderr, "rdmapsd: --restore %s: %s\n", restore_dir, rps__errbuf());
-			rps__server_destroy(the_server);
+			server_destroy();
 			return 1;
 		}
 	}
@@ -342,14 +353,14 @@ int main(int argc, char **argv)
 		f = fopen(tmp, "w");
 		if (!f || fprintf(f, "%u\n", cfg.listen.port) < 0 || fclose(f) || rename(tmp, port_file)) {
 			fprintf(stderr, "rdmapsd: writing --port-file %s: %s\n", port_file, strerror(errno));
-			rps__server_destroy(the_server);
+			server_destroy();
 			return 1;
 		}
 	}
 	ret = rps__server_run(the_server);
 	if (ret)
 		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
-	rps__server_destroy(the_server);
+	server_destroy();
 	rps__log(RPS__LOG_INFO, "rdmapsd stopped");
 	return ret ? 1 : 0;
 }

@@ -61,9 +61,16 @@ void rps__server_config_init(struct rps__server_config *cfg)
 
 /* ---- memory accounting ------------------------------------------------ */
 
+size_t rps__server_min_memory(const struct rps__server_config *cfg)
+{
+	size_t slot = RPS__ALIGN_UP(RPS__PUSH_DESC_SIZE + (size_t)cfg->shard_bytes, 64);
+
+	return (size_t)cfg->nslots * slot + rps__shard_stride(cfg->shard_bytes / 4);
+}
+
 int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what)
 {
-	if (srv->cfg.mem_limit && srv->mem_used + bytes > srv->cfg.mem_limit)
+	if (srv->cfg.mem_limit && bytes > srv->cfg.mem_limit - srv->mem_used)
 		return rps__seterr(-ENOMEM, "%s: %zu bytes would exceed the memory limit (%zu of %zu used): raise rdmapsd --memory-limit",
 				   what, bytes, srv->mem_used, srv->cfg.mem_limit);
 	srv->mem_used += bytes;
@@ -649,6 +656,7 @@ static void tensor_free(struct rps__server *srv, struct tensor *t)
 	free(t->regions);
 	free(t->shards);
 	free(t->ranks);
+	rps__srv_mem_give(srv, t->meta_charged);
 	free(t);
 }
 
@@ -694,6 +702,7 @@ int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct 
 			struct tensor **out)
 {
 	struct tensor *t, **grown;
+	size_t meta;
 	uint32_t i;
 	int ret;
 
@@ -723,6 +732,22 @@ int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct 
 	if (ret)
 		goto err_free;
 	t->stride = rps__shard_stride(srv->shard_elems);
+	/* Every server keeps the whole shard table of every tensor: charge it
+	 * before allocating it, or one CREATE with a huge count could take
+	 * gigabytes past --memory-limit.  Without a limit, cap the table. */
+	meta = sizeof(*t) + (size_t)t->layout.nshards * sizeof(*t->shards) +
+	       (size_t)srv->map.npart * sizeof(*t->regions);
+	if (t->layout.nshards > RPS__TENSOR_SHARDS_MAX) {
+		ret = rps__seterr(-EFBIG, "tensor '%s': %llu elements make %u shards, more than %u: raise rdmapsd --shard-size",
+				  name, (unsigned long long)sp->count, t->layout.nshards, RPS__TENSOR_SHARDS_MAX);
+		goto err_free;
+	}
+	ret = rps__srv_mem_take(srv, meta, "shard table");
+	if (ret) {
+		rps__preerr(ret, "tensor '%s' (%llu elements)", name, (unsigned long long)sp->count);
+		goto err_free;
+	}
+	t->meta_charged = meta;
 	t->shards = calloc(t->layout.nshards, sizeof(*t->shards));
 	t->regions = calloc(srv->map.npart, sizeof(*t->regions));
 	if (!t->shards || !t->regions) {
@@ -1264,6 +1289,7 @@ void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
 		rps__topo_free(srv->topo, c->sbufs, (size_t)c->nsend * c->msg_max);
 	free(c->sfree);
 	free(c->slot_state);
+	rps__srv_mem_give(srv, c->bufs_charged);
 	if (c->owner)
 		srv->owner_used[c->owner] = 0;
 	free(c);
@@ -1309,6 +1335,15 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
 		c->msg_max = RPS__BIG_MSG_MAX;
 		c->nrecv = PEER_RECV;
 		c->nsend = PEER_SEND;
+		/* 2 MiB each: counted like staging slots, or many psctl
+		 * connections could take what --memory-limit promises to cap */
+		ret = rps__srv_mem_take(srv, (size_t)(c->nrecv + c->nsend) * c->msg_max,
+					role == CONN_PEER ? "peer connection buffers" : "admin connection buffers");
+		if (ret) {
+			free(c);
+			return ret;
+		}
+		c->bufs_charged = (size_t)(c->nrecv + c->nsend) * c->msg_max;
 	}
 	c->rbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nrecv * c->msg_max);
 	c->sbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nsend * c->msg_max);
@@ -1350,12 +1385,12 @@ static int conn_table_add(struct rps__server *srv, struct conn *c)
 	return 0;
 }
 
-static uint32_t count_workers(const struct rps__server *srv)
+static uint32_t count_role(const struct rps__server *srv, enum conn_role_kind role)
 {
 	uint32_t i, n = 0;
 
 	for (i = 0; i < srv->nconns; i++)
-		n += srv->conns[i]->role == CONN_WORKER;
+		n += srv->conns[i]->role == role;
 	return n;
 }
 
@@ -1456,8 +1491,12 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		why = "protocol version mismatch: upgrade librdmaps or rdmapsd";
 	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_ADMIN)
 		why = "unknown connection role";
-	else if (priv.role == RPS__ROLE_WORKER && count_workers(srv) >= srv->cfg.max_conns)
+	else if (req->peer_sq_depth > ANNOUNCED_SQ_MAX)
+		why = "announced send queue depth over 1024";
+	else if (priv.role == RPS__ROLE_WORKER && count_role(srv, CONN_WORKER) >= srv->cfg.max_conns)
 		why = "server full: raise rdmapsd --max-connections";
+	else if (priv.role == RPS__ROLE_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
+		why = "too many admin connections (16): close psctl sessions";
 	if (!why && priv.role == RPS__ROLE_PEER)
 		rps__cp_accept_peer(srv, priv.from_id, priv.to_id, &why);
 	if (why) {
@@ -1467,10 +1506,12 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 	ret = rps__srv_conn_new(srv, (enum conn_role_kind)priv.role, &c);
 	if (ret) {
 		rps__log(RPS__LOG_WARN, "connection refused: %s", rps__errbuf());
-		rps__reject(req, "server out of memory", 21);
+		reject_with(req, ret == -ENOMEM ? "server out of memory: raise rdmapsd --memory-limit"
+						: "server out of resources");
 		return;
 	}
 	c->peer_id = priv.role == RPS__ROLE_PEER ? priv.from_id : 0;
+	c->last_active_ns = rps__now_ns();
 	attr.sq_depth = c->nsend + 8;
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
@@ -1545,6 +1586,7 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 	}
 	if (kind != WRID_RECV || idx >= c->nrecv)
 		return;
+	c->last_active_ns = rps__now_ns();
 	if (!c->dead) {
 		if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_WORKER)
 			on_push(srv, c, wc->imm);
@@ -1570,6 +1612,25 @@ static void reap_dead(struct rps__server *srv)
 	}
 }
 
+/* --idle-timeout-ms: a worker that sent nothing for that long gives its
+ * --max-connections place back.  Pulls and lock operations are one-sided
+ * (no completion here), so only requests and pushes count as activity. */
+static void drop_idle_workers(struct rps__server *srv, uint64_t now)
+{
+	uint64_t limit = (uint64_t)srv->cfg.idle_timeout_ms * 1000000ull;
+	char why[96];
+	uint32_t i;
+
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *c = srv->conns[i];
+		if (c->role != CONN_WORKER || c->dead || now - c->last_active_ns < limit)
+			continue;
+		snprintf(why, sizeof(why), "idle for %u ms: dropped (rdmapsd --idle-timeout-ms)",
+			 srv->cfg.idle_timeout_ms);
+		conn_fail(c, why);
+	}
+}
+
 static void accept_pending(struct rps__server *srv)
 {
 	struct rps__conn_req *req;
@@ -1578,12 +1639,15 @@ static void accept_pending(struct rps__server *srv)
 		accept_one(srv, req);
 }
 
+#define LISTENER_CHECK_NS (250ull * 1000000ull)
+
 int rps__server_run(struct rps__server *srv)
 {
 	struct rps__wc wc[32];
 	uint64_t spin_ns = (uint64_t)srv->cfg.spin_us * 1000ull;
 	uint64_t scan_every = RPS__MAX((uint64_t)srv->cfg.lease_ms * 1000000ull / 4, 1000000ull);
 	uint64_t idle_since = rps__now_ns();
+	uint64_t next_listener_check = 0;
 
 	/* The serving thread near the HCA; what it mallocs (optimizer state,
 	 * accumulators) then lands on its node by first touch. */
@@ -1595,6 +1659,10 @@ int rps__server_run(struct rps__server *srv)
 		uint64_t now;
 		int n, i, timeout, cp_ms;
 
+		/* here, not only after poll(): busy completions or --spin-us
+		 * may keep the loop from sleeping for as long as they last */
+		if (srv->stopping)
+			return 0;
 		n = rps__cq_poll(srv->cq, wc, (int)RPS__ARRAY_SIZE(wc));
 		if (n < 0) {
 			rps__log(RPS__LOG_ERROR, "polling completions: %s", rps__errbuf());
@@ -1607,6 +1675,14 @@ int rps__server_run(struct rps__server *srv)
 		if (now >= srv->next_lease_scan) {
 			scan_locks(srv, 0);
 			srv->next_lease_scan = now + scan_every;
+		}
+		/* the listener drops silent handshakes only when asked: ask on a
+		 * timer too, not only when a new connection arrives */
+		if (now >= next_listener_check) {
+			accept_pending(srv);
+			if (srv->cfg.idle_timeout_ms)
+				drop_idle_workers(srv, now);
+			next_listener_check = now + LISTENER_CHECK_NS;
 		}
 		cp_ms = rps__cp_run_timers(srv, now);
 		if (cp_ms < 0)
@@ -1641,6 +1717,8 @@ int rps__server_run(struct rps__server *srv)
 		timeout = (int)((srv->next_lease_scan - now) / 1000000ull) + 1;
 		if (cp_ms < timeout)
 			timeout = cp_ms;
+		if ((int)(LISTENER_CHECK_NS / 1000000ull) < timeout)
+			timeout = (int)(LISTENER_CHECK_NS / 1000000ull);
 		if (poll(pfd, 3, timeout) < 0 && errno != EINTR)
 			return rps__seterr(-errno, "poll: %s", strerror(errno));
 		if (pfd[2].revents)
@@ -1654,7 +1732,10 @@ int rps__server_run(struct rps__server *srv)
 void rps__server_stop(struct rps__server *srv)
 {
 	uint64_t one = 1;
-	ssize_t r = write(srv->stop_fd, &one, sizeof(one));
+	ssize_t r;
+
+	srv->stopping = 1;
+	r = write(srv->stop_fd, &one, sizeof(one));
 
 	(void)r;
 }
@@ -1697,8 +1778,15 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 				   cfg->shard_bytes);
 	if (cfg->nslots < 1 || cfg->nslots > 64)
 		return rps__seterr(-EINVAL, "--slots %u: must be between 1 and 64 (workers use at most 64)", cfg->nslots);
-	if (cfg->max_conns < 1)
-		return rps__seterr(-EINVAL, "--max-connections must be at least 1");
+	if (cfg->max_conns < 1 || cfg->max_conns > RPS__SERVER_CONNS_MAX)
+		return rps__seterr(-EINVAL, "--max-connections %u: must be between 1 and %u", cfg->max_conns,
+				   RPS__SERVER_CONNS_MAX);
+	if (cfg->spin_us < 0 || (uint32_t)cfg->spin_us > RPS__SERVER_SPIN_US_MAX)
+		return rps__seterr(-EINVAL, "--spin-us %d: must be between 0 and %u", cfg->spin_us,
+				   RPS__SERVER_SPIN_US_MAX);
+	if (cfg->mem_limit && cfg->mem_limit < rps__server_min_memory(cfg))
+		return rps__seterr(-EINVAL, "--memory-limit %zu: below the %zu bytes one worker connection and one shard need",
+				   cfg->mem_limit, rps__server_min_memory(cfg));
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return rps__seterr(-ENOMEM, "out of memory");

@@ -14,6 +14,12 @@
 
 struct rps__server;
 
+/* Bounds of the configuration (rdmapsd refuses values beyond them). */
+#define RPS__SERVER_MEM_MAX (1ull << 50)	/* --memory-limit, --park-limit: 1 PiB */
+#define RPS__SERVER_CONNS_MAX 4096u		/* --max-connections */
+#define RPS__SERVER_SPIN_US_MAX 1000000u	/* --spin-us: 1 s */
+#define RPS__TENSOR_SHARDS_MAX (1u << 24)	/* shards of one tensor (~120 B of metadata each) */
+
 struct rps__server_config {
 	struct rps__uri listen;		/* where to accept workers */
 	const char *cluster;		/* static cluster list (NULL: just this server) */
@@ -22,6 +28,7 @@ struct rps__server_config {
 	uint32_t nslots;		/* staging slots per worker connection */
 	uint32_t lease_ms;		/* a shard lock held longer than this is broken */
 	uint32_t max_conns;		/* worker connections at once */
+	uint32_t idle_timeout_ms;	/* drop a worker connection with no completion this long (0: never) */
 	size_t mem_limit;		/* bytes for shards + staging; 0 = unlimited */
 	size_t park_limit;		/* bytes of out-of-turn sync pushes kept aside */
 	int spin_us;			/* busy-poll this long before sleeping */
@@ -41,6 +48,8 @@ struct rps__server_config {
 };
 
 void rps__server_config_init(struct rps__server_config *cfg);
+/* The least --memory-limit that admits one worker connection and one shard. */
+size_t rps__server_min_memory(const struct rps__server_config *cfg);
 int rps__server_create(const struct rps__server_config *cfg, struct rps__server **out);
 /* Serve until rps__server_stop().  Returns 0 after a clean stop. */
 int rps__server_run(struct rps__server *srv);

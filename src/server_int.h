@@ -7,6 +7,7 @@
 #ifndef RPS_SERVER_INT_H
 #define RPS_SERVER_INT_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -23,6 +24,8 @@
 #define CTRL_CREDITS 32u	/* control requests a worker may have outstanding */
 #define PEER_RECV 32u		/* receive buffers of a peer / admin connection */
 #define PEER_SEND 32u
+#define ADMIN_CONNS_MAX 16u	/* psctl connections at once (rdmapsd(8)) */
+#define ANNOUNCED_SQ_MAX 1024u	/* a connector's send queue depth: ours use < 256 */
 #define WRID_RECV 1u
 #define WRID_SEND 2u
 #define WRID_READ 3u		/* migration: the destination READs the partition */
@@ -118,6 +121,7 @@ struct tensor {
 	 * tensor here, RANK_GONE once its last connection closed (NULL: none
 	 * seen yet), so waiters learn which rank a step waits for in vain */
 	uint8_t *ranks;
+	size_t meta_charged;		/* shard table & co, counted against --memory-limit */
 };
 
 enum { RANK_UNSEEN, RANK_LIVE, RANK_GONE };
@@ -135,6 +139,8 @@ struct conn {
 	int num_workers;
 	uint64_t client_id;
 	uint32_t owner;
+	uint64_t last_active_ns;	/* last completion (--idle-timeout-ms) */
+	size_t bufs_charged;	/* peer/admin message buffers, against --memory-limit */
 	size_t msg_max;		/* bytes per control buffer */
 	/* staging slots (workers) */
 	char *slots;
@@ -221,6 +227,7 @@ struct rps__server {
 	struct rps__topo *topo;		/* hwloc: where memory and the serving thread go */
 	struct rps__placement place;
 	int stop_fd;
+	volatile sig_atomic_t stopping;	/* rps__server_stop: seen inside the busy-poll too */
 	struct conn **conns;
 	uint32_t nconns, conns_cap;
 	struct tensor **tensors;

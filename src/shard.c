@@ -29,7 +29,8 @@ int rps__layout_init(struct rps__layout *l, const char *name, uint64_t count,
 		return rps__seterr(-EINVAL, "tensor '%s': count must be at least 1", name);
 	if (!shard_elems || !nservers)
 		return rps__seterr(-EINVAL, "tensor '%s': no servers or zero shard size", name);
-	nshards = (count + shard_elems - 1) / shard_elems;
+	/* not (count + shard_elems - 1) / shard_elems: that wraps near 2^64 */
+	nshards = count / shard_elems + (count % shard_elems != 0);
 	if (nshards > UINT32_MAX)
 		return rps__seterr(-EFBIG, "tensor '%s': %llu elements need too many shards: raise rdmapsd --shard-size",
 				   name, (unsigned long long)count);

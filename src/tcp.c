@@ -52,6 +52,7 @@
 #include "config.h"
 #include "transport.h"
 #include "common.h"
+#include "parse.h"
 
 #include <endian.h>
 #include <errno.h>
@@ -326,8 +327,10 @@ struct tcp_listener {
 	struct tcp_fabric *fab;
 	int fd;
 	int epfd;			/* listening socket + pending sockets */
-	struct tcp_pending *pending;
+	struct tcp_pending *pending;	/* newest first */
+	struct tcp_pending *pending_tail;	/* the oldest: evicted first when full */
 	uint32_t npending;
+	uint64_t hello_timeout_ns;
 };
 
 struct tcp_conn_req {
@@ -2201,6 +2204,18 @@ static void tcp_ep_close(struct rps__ep *base)
 /* ------------------------------------------------------------------------ */
 /* connections                                                              */
 
+/* RPS_TCP_HELLO_TIMEOUT_MS: tests shorten the 10 s a connection may take
+ * to send its hello (rdmapsd(8) ENVIRONMENT). */
+static uint64_t hello_timeout_ns(void)
+{
+	const char *e = getenv("RPS_TCP_HELLO_TIMEOUT_MS");
+	uint64_t ms;
+
+	if (!e || rps__parse_u64("RPS_TCP_HELLO_TIMEOUT_MS", e, 1, 3600000, &ms))
+		return TCP_HELLO_TIMEOUT_NS;
+	return ms * 1000000ull;
+}
+
 static int tcp_listen(struct rps__fabric *base, const char *host, uint16_t port, struct rps__listener **out)
 {
 	struct tcp_fabric *fab = rps__container_of(base, struct tcp_fabric, base);
@@ -2264,6 +2279,7 @@ static int tcp_listen(struct rps__fabric *base, const char *host, uint16_t port,
 						      : ((struct sockaddr_in *)&ss)->sin_port);
 	l->fab = fab;
 	l->fd = fd;
+	l->hello_timeout_ns = hello_timeout_ns();
 	*out = &l->base;
 	return 0;
 
@@ -2290,6 +2306,8 @@ static void pending_unlink(struct tcp_listener *l, struct tcp_pending *p)
 		p->prev->next = p->next;
 	if (p->next)
 		p->next->prev = p->prev;
+	if (l->pending_tail == p)
+		l->pending_tail = p->prev;
 	l->npending--;
 }
 
@@ -2312,7 +2330,7 @@ static void listener_reap_stale(struct tcp_listener *l)
 	now = rps__now_ns();
 	for (p = l->pending; p; p = next) {
 		next = p->next;
-		if (now - p->since_ns > TCP_HELLO_TIMEOUT_NS)
+		if (now - p->since_ns > l->hello_timeout_ns)
 			pending_drop(l, p);
 	}
 }
@@ -2333,7 +2351,11 @@ static void listener_accept_all(struct tcp_listener *l)
 				continue;
 			return;	/* EAGAIN, or EMFILE & co: retried at the next call */
 		}
-		p = l->npending < TCP_MAX_PENDING ? calloc(1, sizeof(*p)) : NULL;
+		/* full: the oldest silent connection goes, not the newcomer,
+		 * or a thousand idle sockets would lock every client out */
+		if (l->npending >= TCP_MAX_PENDING)
+			pending_drop(l, l->pending_tail);
+		p = calloc(1, sizeof(*p));
 		if (!p) {
 			close(fd);
 			continue;
@@ -2350,6 +2372,8 @@ static void listener_accept_all(struct tcp_listener *l)
 		p->next = l->pending;
 		if (l->pending)
 			l->pending->prev = p;
+		else
+			l->pending_tail = p;
 		l->pending = p;
 		l->npending++;
 	}
@@ -2390,6 +2414,7 @@ static int pending_progress(struct tcp_listener *l, struct tcp_pending *p, struc
 	req->fab = l->fab;
 	req->fd = p->fd;
 	req->peer_sq_depth = h.sq_depth;
+	req->base.peer_sq_depth = h.sq_depth;
 	snprintf(req->peer, sizeof(req->peer), "%s", p->peer);
 	pending_unlink(l, p);
 	free(p);

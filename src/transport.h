@@ -291,6 +291,8 @@ struct rps__conn_req {
 	struct rps__fabric *fab;
 	uint8_t data[RPS__PRIVDATA_MAX];
 	size_t len;
+	uint32_t peer_sq_depth;		/* tcp: the depth the connector announced, which
+					 * sizes our response pool (0: not known) */
 };
 struct rps__ep {
 	struct rps__fabric *fab;

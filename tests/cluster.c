@@ -440,21 +440,50 @@ static int psctl_argv(const struct it_cluster *cl, char *args, char **argv)
 	return n;
 }
 
+static int run_argv(char **argv, const char *args, int timeout_ms, char *out, size_t out_len, char *err,
+		    size_t err_len);
+
 int it_psctl(const struct it_cluster *cl, int timeout_ms, char *out, size_t out_len, char *err, size_t err_len,
 	     const char *fmt, ...)
 {
-	char args[2048], words[2048], *argv[PSCTL_MAX_ARGS], *buf[2] = { out, err };
-	size_t cap[2] = { out_len, err_len }, got[2] = { 0, 0 };
-	int po[2], pe[2], open_fds = 2, st, waited = 0;
-	struct pollfd pfd[2];
+	char args[2048], words[2048], *argv[PSCTL_MAX_ARGS];
 	va_list ap;
-	pid_t pid;
 
 	va_start(ap, fmt);
 	vsnprintf(args, sizeof(args), fmt, ap);
 	va_end(ap);
 	memcpy(words, args, sizeof(words));
 	psctl_argv(cl, words, argv);
+	return run_argv(argv, args, timeout_ms, out, out_len, err, err_len);
+}
+
+int it_rdmapsd_run(int timeout_ms, char *err, size_t err_len, const char *fmt, ...)
+{
+	char args[2048], words[2048], *argv[PSCTL_MAX_ARGS], *save = NULL, *w;
+	va_list ap;
+	int n = 0;
+
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof(args), fmt, ap);
+	va_end(ap);
+	memcpy(words, args, sizeof(words));
+	argv[n++] = (char *)rdmapsd_path();
+	for (w = strtok_r(words, " ", &save); w && n < PSCTL_MAX_ARGS - 1; w = strtok_r(NULL, " ", &save))
+		argv[n++] = w;
+	argv[n] = NULL;
+	return run_argv(argv, args, timeout_ms, NULL, 0, err, err_len);
+}
+
+/* Run argv[0] with argv, collect its output; as it_psctl. */
+static int run_argv(char **argv, const char *args, int timeout_ms, char *out, size_t out_len, char *err,
+		    size_t err_len)
+{
+	char *buf[2] = { out, err };
+	size_t cap[2] = { out_len, err_len }, got[2] = { 0, 0 };
+	int po[2], pe[2], open_fds = 2, st, waited = 0;
+	struct pollfd pfd[2];
+	pid_t pid;
+
 	if (pipe(po))
 		return -1;
 	if (pipe(pe)) {
@@ -479,7 +508,7 @@ int it_psctl(const struct it_cluster *cl, int timeout_ms, char *out, size_t out_
 		close(po[1]);
 		close(pe[1]);
 		execv(argv[0], argv);
-		fprintf(stderr, "it_psctl: cannot run %s: %s\n", argv[0], strerror(errno));
+		fprintf(stderr, "it_cluster: cannot run %s: %s\n", argv[0], strerror(errno));
 		_exit(127);
 	}
 	remember(pid);
@@ -492,7 +521,7 @@ int it_psctl(const struct it_cluster *cl, int timeout_ms, char *out, size_t out_
 		if (r < 0 && errno != EINTR)
 			break;
 		if (r == 0 && (waited += 100) > timeout_ms) {
-			fprintf(stderr, "it_psctl: psctl %s: still running after %d ms: killed\n", args, timeout_ms);
+			fprintf(stderr, "it_cluster: %s %s: still running after %d ms: killed\n", argv[0], args, timeout_ms);
 			kill(pid, SIGKILL);
 			timeout_ms = 1 << 30;
 		}

@@ -63,6 +63,11 @@ const char *it_psctl_path(void);
  * after timeout_ms. */
 int it_psctl(const struct it_cluster *cl, int timeout_ms, char *out, size_t out_len, char *err, size_t err_len,
 	     const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+/* Run rdmapsd (no shell) with the arguments in fmt (split on spaces) as
+ * it_psctl runs psctl: its exit status, 128+signal, or -1; standard error
+ * in err; killed after timeout_ms. */
+int it_rdmapsd_run(int timeout_ms, char *err, size_t err_len, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 /* Start psctl like it_psctl but do not wait: its pid.  Standard output goes
  * to /dev/null, standard error to err_path (NULL: ours). */
 pid_t it_psctl_spawn(const struct it_cluster *cl, const char *err_path, const char *fmt, ...)

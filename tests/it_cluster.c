@@ -15,6 +15,7 @@
 #include "config.h"
 #include "cluster.h"
 #include "agg.h"
+#include "common.h"
 #include "optim.h"
 #include "proto.h"
 #include "common.h"
@@ -29,6 +30,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -625,6 +631,207 @@ static void test_memory_limit(void)
 	CU_ASSERT_EQUAL(results[1], 1);
 	CU_ASSERT_EQUAL(results[2], 0);
 	CU_ASSERT_EQUAL(it_cluster_stop(&small), 0);
+}
+
+/* A CREATE whose shard table alone is over --memory-limit (2^34 elements in
+ * 64K shards: 2^20 shards, ~120 MiB of metadata under a 64M limit) is
+ * refused before the table is allocated: ENOMEM, and the server's peak RSS
+ * stays small.  It used to calloc and fill the table first. */
+static int huge_count_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret, results[3];
+
+	(void)arg;
+	(void)nworkers;
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 1ull << 34;
+	results[0] = rps_tensor_create(cl, "huge", &o, &t);
+	results[1] = strstr(rps_last_error(), "--memory-limit") != NULL;
+	o.count = 1000;	/* and the server still serves */
+	results[2] = rps_tensor_create(cl, "small", &o, &t);
+	if (!results[2])
+		rps_tensor_close(t);
+	rps_client_close(cl);
+	it_write_all(out_fd, results, sizeof(results));
+	return 0;
+}
+
+static long vm_hwm_kib(pid_t pid)
+{
+	char path[64], line[256];
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+static void test_create_charges_shard_table(void)
+{
+	struct it_cluster small;
+	struct it_workers w;
+	int results[3] = { 0, 0, -1 };
+	long hwm0, hwm;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&small, 1, "--shard-size 64K --slots 4 --memory-limit 64M"), 0);
+	hwm0 = vm_hwm_kib(small.pid[0]);	/* a sanitized server starts far bigger */
+	CU_ASSERT_EQUAL(it_workers_start(&w, 1, huge_count_worker, small.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, results, sizeof(results)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_EQUAL(results[0], -ENOMEM);
+	CU_ASSERT_EQUAL(results[1], 1);
+	CU_ASSERT_EQUAL(results[2], 0);
+	hwm = vm_hwm_kib(small.pid[0]);
+	if (hwm - hwm0 >= 64 * 1024)
+		fprintf(stderr, "\n  server VmHWM %ld KiB -> %ld KiB\n", hwm0, hwm);
+	CU_ASSERT(hwm0 > 0 && hwm - hwm0 < 64 * 1024);	/* the table alone is ~120 MiB */
+	CU_ASSERT_EQUAL(it_cluster_stop(&small), 0);
+}
+
+/* A worker that connects and creates a tensor: 0 when it could. */
+static int connect_create_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)nworkers;
+	(void)arg;
+	(void)out_fd;
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 100;
+	if ((ret = rps_tensor_create(cl, "after-silence", &o, &t)))
+		return fail("create", ret);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	return 0;
+}
+
+#define SILENT_CONNS 1100	/* more than tcp.c's TCP_MAX_PENDING (1024) */
+
+/* TCP connections that never send their hello: past the table of pending
+ * handshakes the oldest are dropped (a real client still gets in), and
+ * they are dropped on a timer, with nothing else happening on the
+ * listener.  RPS_TCP_HELLO_TIMEOUT_MS=1000 shortens the 10 s default. */
+static void test_silent_handshakes_evicted_and_reaped(void)
+{
+	struct it_server_opts so = { .env = "RPS_TCP_HELLO_TIMEOUT_MS=1000" };
+	struct rlimit rl;
+	struct it_cluster one;
+	struct it_workers w;
+	struct sockaddr_in sin;
+	static int fd[SILENT_CONNS];
+	int i, n = 0, closed = 0, waited;
+
+	if (strcmp(cluster.scheme, "tcp"))
+		return;	/* the tcp transport's handshake */
+	CU_ASSERT_EQUAL_FATAL(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < SILENT_CONNS + 200) {
+		fprintf(stderr, "\n  skipped: RLIMIT_NOFILE hard limit %llu\n", (unsigned long long)rl.rlim_max);
+		return;
+	}
+	rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > 4096 ? 4096 : rl.rlim_max;
+	CU_ASSERT_EQUAL_FATAL(setrlimit(RLIMIT_NOFILE, &rl), 0);	/* the server inherits it */
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&one, 1, &so), 0);
+	memset(&sin, 0, sizeof(sin));
+	sin.sin_family = AF_INET;
+	sin.sin_port = htons(one.port[0]);
+	inet_pton(AF_INET, one.addr, &sin.sin_addr);
+	for (i = 0; i < SILENT_CONNS; i++) {
+		fd[i] = socket(AF_INET, SOCK_STREAM, 0);
+		if (fd[i] >= 0 && connect(fd[i], (struct sockaddr *)&sin, sizeof(sin)) == 0)
+			n++;
+	}
+	CU_ASSERT_EQUAL(n, SILENT_CONNS);
+	/* a real client, while they all sit there */
+	CU_ASSERT_EQUAL(it_workers_start(&w, 1, connect_create_worker, one.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	/* then nothing happens on the listener: every silent one is hung up on,
+	 * well within a liveness bound of 10 s */
+	for (waited = 0; waited < 10000 && closed < SILENT_CONNS; waited += 100) {
+		usleep(100 * 1000);
+		for (i = 0, closed = 0; i < SILENT_CONNS; i++) {
+			char b;
+			struct pollfd pfd = { .fd = fd[i], .events = POLLIN };
+			closed += fd[i] < 0 || (poll(&pfd, 1, 0) == 1 && recv(fd[i], &b, 1, MSG_DONTWAIT) <= 0);
+			if (fd[i] >= 0 && pfd.revents) {
+				close(fd[i]);
+				fd[i] = -1;
+			}
+		}
+	}
+	if (closed < SILENT_CONNS)
+		fprintf(stderr, "\n  %d of %d silent connections still open after %d ms\n", SILENT_CONNS - closed,
+			SILENT_CONNS, waited);
+	CU_ASSERT_EQUAL(closed, SILENT_CONNS);
+	for (i = 0; i < SILENT_CONNS; i++)
+		if (fd[i] >= 0)
+			close(fd[i]);
+	CU_ASSERT_EQUAL(it_cluster_stop(&one), 0);
+}
+
+/* Connects, says so, sends nothing for 2 s, then tries a request: its
+ * result (nonzero: the server dropped it meanwhile). */
+static int idle_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret, one = 1;
+
+	(void)nworkers;
+	(void)arg;
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	it_write_all(out_fd, &one, sizeof(one));
+	usleep(2000 * 1000);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 100;
+	ret = rps_tensor_create(cl, "idle", &o, &t);
+	if (!ret)
+		rps_tensor_close(t);
+	rps_client_close(cl);
+	it_write_all(out_fd, &ret, sizeof(ret));
+	return 0;
+}
+
+/* --idle-timeout-ms: an idle worker gives its --max-connections place back
+ * (here the only one), so the next worker gets in. */
+static void test_idle_worker_frees_its_place(void)
+{
+	struct it_cluster one;
+	struct it_workers idle, next;
+	int ready = 0, idle_ret = 0;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&one, 1, "--max-connections 1 --idle-timeout-ms 300"), 0);
+	CU_ASSERT_EQUAL(it_workers_start(&idle, 1, idle_worker, one.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&idle, 0, &ready, sizeof(ready)), 0);
+	CU_ASSERT_EQUAL(ready, 1);
+	usleep(1000 * 1000);
+	CU_ASSERT_EQUAL(it_workers_start(&next, 1, connect_create_worker, one.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&next, 0), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&idle, 0, &idle_ret, sizeof(idle_ret)), 0);
+	CU_ASSERT(idle_ret < 0);	/* it was dropped */
+	CU_ASSERT_EQUAL(it_worker_wait(&idle, 0), 0);
+	CU_ASSERT_EQUAL(it_cluster_stop(&one), 0);
 }
 
 /* --verify: a bit flipped after the checksum was computed is caught by the
@@ -1387,6 +1594,269 @@ static void test_tensor_name_forging_a_log_line_refused(void)
 	CU_ASSERT_EQUAL(refused, 1);
 }
 
+/* ---- command line and process lifetime ----------------------------------- */
+
+/* Every bad number is refused at start: exit status 2 (bad usage, as
+ * rdmapsd(8) says), one line on stderr that names the option. */
+static void test_cli_numbers_refused_at_start(void)
+{
+	static const struct {
+		const char *args, *option;
+	} bad[] = {
+		{ "--memory-limit nan", "--memory-limit" },
+		{ "--memory-limit inf", "--memory-limit" },
+		{ "--memory-limit 1e30", "--memory-limit" },
+		{ "--memory-limit -1", "--memory-limit" },
+		{ "--memory-limit 4G7", "--memory-limit" },
+		{ "--memory-limit 100", "--memory-limit" },		/* starts, then refuses every worker */
+		{ "--memory-limit 99999999999999999999", "--memory-limit" },
+		{ "--shard-size inf", "--shard-size" },
+		{ "--shard-size 2G", "--shard-size" },
+		{ "--shard-size 66", "--shard-size" },
+		{ "--slots 0", "--slots" },
+		{ "--slots 65", "--slots" },
+		{ "--max-connections 0", "--max-connections" },
+		{ "--max-connections 4294967296", "--max-connections" },
+		{ "--park-limit nan", "--park-limit" },
+		{ "--spin-us 4294967295", "--spin-us" },
+		{ "--spin-us -1", "--spin-us" },
+		{ "--lease-ms 0", "--lease-ms" },
+		{ "--partitions 257", "--partitions" },
+		{ "--numa-node -1", "--numa-node" },
+		{ "--tick-ms 1.5", "--tick-ms" },
+	};
+	char err[1024];
+	size_t i;
+
+	for (i = 0; i < RPS__ARRAY_SIZE(bad); i++) {
+		char *nl;
+		int st;
+
+		err[0] = '\0';
+		st = it_rdmapsd_run(5000, err, sizeof(err), "--listen tcp://127.0.0.1:0 %s", bad[i].args);
+		nl = strchr(err, '\n');
+		if (st != 2 || !nl || nl[1] || strncmp(err, "rdmapsd: ", 9) || !strstr(err, bad[i].option))
+			fprintf(stderr, "\n  rdmapsd %s: exit %d, stderr: %s\n", bad[i].args, st, err);
+		CU_ASSERT_EQUAL(st, 2);
+		CU_ASSERT(nl && !nl[1]);	/* exactly one line */
+		CU_ASSERT(strncmp(err, "rdmapsd: ", 9) == 0);
+		CU_ASSERT(strstr(err, bad[i].option) != NULL);
+	}
+}
+
+/* A worker pushing in a loop until the server goes away (or 30 s): every
+ * push is a completion at the server, so it never goes to sleep. */
+static int busy_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	float v[256] = { 0 };
+	time_t end = time(NULL) + 30;
+	int ret, one = 1;
+
+	(void)nworkers;
+	(void)arg;
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 256;
+	if ((ret = rps_tensor_create(cl, "busy", &o, &t)))
+		return fail("create", ret);
+	it_write_all(out_fd, &one, sizeof(one));	/* serving: signal now */
+	while (time(NULL) < end && rps_push(t, v, sizeof(v)) == 0)
+		;
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	return 0;
+}
+
+/* SIGTERM stops a server that busy-polls (--spin-us) with requests coming
+ * in all the time: it used to check for the signal only when it slept. */
+static void test_sigterm_stops_spinning_server(void)
+{
+	struct it_cluster spin;
+	struct it_workers w;
+	int ready = 0;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&spin, 1, "--spin-us 1000000"), 0);
+	CU_ASSERT_EQUAL(it_workers_start(&w, 1, busy_worker, spin.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &ready, sizeof(ready)), 0);
+	CU_ASSERT_EQUAL(ready, 1);
+	usleep(200 * 1000);
+	kill(spin.pid[0], SIGTERM);
+	/* a liveness bound, not a speed assertion: it never stopped before */
+	CU_ASSERT_EQUAL(it_server_wait_exit(&spin, 0, 5000), 0);
+	it_server_kill(&spin, 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	it_cluster_stop(&spin);
+}
+
+/* Is sig caught (a handler installed) in process pid? */
+static bool sig_caught(pid_t pid, int sig)
+{
+	char path[64], line[256];
+	unsigned long long mask = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "SigCgt: %llx", &mask) == 1)
+			break;
+	fclose(f);
+	return mask & (1ull << (sig - 1));
+}
+
+/* A SIGTERM while rdmapsd exits after a failed start (here: the port file
+ * cannot be written) reached a freed server (a use-after-free under ASan).
+ * RPS_FAULT=exit-delay keeps the process alive after the server is gone
+ * so that the signal lands there; the exit must stay the clean "1". */
+static void test_signal_during_exit_is_harmless(void)
+{
+	char err[4096] = "";
+	int pe[2], st = -1, i;
+	ssize_t n, got = 0;
+	pid_t pid;
+
+	CU_ASSERT_EQUAL_FATAL(pipe(pe), 0);
+	fflush(NULL);
+	pid = fork();
+	CU_ASSERT_FATAL(pid >= 0);
+	if (pid == 0) {
+		const char *d = getenv("RDMAPSD");
+		dup2(pe[1], 2);
+		close(pe[0]);
+		close(pe[1]);
+		putenv((char *)"RPS_FAULT=exit-delay");
+		execl(d ? d : "./rdmapsd", "rdmapsd", "--listen", "tcp://127.0.0.1:0", "--log-level", "error",
+		      "--port-file", "/nonexistent/dir/port", (char *)NULL);
+		_exit(127);
+	}
+	close(pe[1]);
+	/* once the handler is in, SIGTERM until it is gone */
+	for (i = 0; i < 6000 && !sig_caught(pid, SIGTERM) && waitpid(pid, &st, WNOHANG) == 0; i++)
+		usleep(5000);
+	for (i = 0; i < 5000 && waitpid(pid, &st, WNOHANG) == 0; i++) {
+		kill(pid, SIGTERM);
+		usleep(2000);
+	}
+	if (i == 5000) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+	}
+	while ((n = read(pe[0], err + got, sizeof(err) - 1 - (size_t)got)) > 0)
+		got += n;
+	err[got] = '\0';
+	close(pe[0]);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 1)
+		fprintf(stderr, "\n  status 0x%x, stderr: %s\n", st, err);
+	CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+	CU_ASSERT(strstr(err, "--port-file") != NULL);
+	CU_ASSERT(strstr(err, "ERROR: AddressSanitizer") == NULL);
+}
+
+/* A raw admin connection to server 0 of cl announcing sq_depth: 0 or the
+ * error; the refusal's reason in reply. */
+static int raw_admin(struct it_cluster *cl, struct raw_peer *p, uint32_t sq_depth, char *reply, size_t *reply_len)
+{
+	struct rps__conn_priv priv = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION,
+				       .role = RPS__ROLE_ADMIN };
+	struct rps__fabric_attr fa = { .kind = RPS__KIND_TCP, .host = cl->addr };
+	struct rps__ep_attr ea = { .sq_depth = sq_depth, .rq_depth = 8 };
+	int ret;
+
+	memset(p, 0, sizeof(*p));
+	if ((ret = rps__fabric_open(&fa, &p->fab)) || (ret = rps__cq_create(p->fab, 256, &p->cq)))
+		return ret;
+	return rps__connect(p->fab, cl->addr, cl->port[0], p->cq, &ea, &priv, sizeof(priv), 5000, reply,
+			    reply_len, &p->ep);
+}
+
+static long vm_rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	long kib = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+#define ADMIN_TRIES 40
+
+/* Admin connections are capped (16), their buffers count against
+ * --memory-limit, and a connector announcing a huge send queue depth (which
+ * sizes the server's response pool) is refused: 200 such connections took a
+ * server under -m 64M -C 8 from 8 MiB to 2.4 GiB.  Workers are still served. */
+static void test_admin_connections_bounded(void)
+{
+	static struct raw_peer p[ADMIN_TRIES];
+	struct it_cluster one;
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t = NULL;
+	long rss0, rss;
+	int i, ok = 0, full = 0, deep = 0;
+
+	if (strcmp(cluster.scheme, "tcp"))
+		return;	/* the announced depth is the tcp handshake's */
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&one, 1, "--memory-limit 64M --max-connections 8"), 0);
+	rss0 = vm_rss_kib(one.pid[0]);
+	for (i = 0; i < ADMIN_TRIES; i++) {
+		char reply[64] = "";
+		size_t reply_len = sizeof(reply) - 1;
+		int ret = raw_admin(&one, &p[i], 65536, reply, &reply_len);
+		ok += ret == 0;
+		deep += ret == -ECONNREFUSED && strstr(reply, "depth") != NULL;
+	}
+	CU_ASSERT_EQUAL(ok, 0);
+	CU_ASSERT_EQUAL(deep, ADMIN_TRIES);
+	for (i = 0; i < ADMIN_TRIES; i++) {
+		raw_close(&p[i]);
+		p[i].buf = NULL;
+	}
+	for (i = 0, ok = 0; i < ADMIN_TRIES; i++) {
+		char reply[64] = "";
+		size_t reply_len = sizeof(reply) - 1;
+		int ret = raw_admin(&one, &p[i], 8, reply, &reply_len);
+		ok += ret == 0;
+		full += ret == -ECONNREFUSED && strstr(reply, "admin connections") != NULL;
+	}
+	CU_ASSERT_EQUAL(ok, 16);
+	CU_ASSERT_EQUAL(full, ADMIN_TRIES - 16);
+	rss = vm_rss_kib(one.pid[0]);
+	if (rss - rss0 > 64 * 1024)
+		fprintf(stderr, "\n  server RSS %ld KiB -> %ld KiB\n", rss0, rss);
+	CU_ASSERT(rss > 0 && rss - rss0 <= 64 * 1024);
+	/* a worker still gets in and is served */
+	rps_client_opts_init(&co);
+	co.servers = one.servers;
+	co.timeout_ms = 10000;
+	CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_ASYNC;
+	o.count = 100;
+	CU_ASSERT_EQUAL(rps_tensor_create(cl, "beside-admins", &o, &t), 0);
+	if (t)
+		rps_tensor_close(t);
+	rps_client_close(cl);
+	for (i = 0; i < ADMIN_TRIES; i++)
+		raw_close(&p[i]);
+	CU_ASSERT_EQUAL(it_cluster_stop(&one), 0);
+}
+
 /* Nobody listening: a clear error, quickly. */
 static void test_server_absent(void)
 {
@@ -1512,6 +1982,13 @@ int main(void)
 	CU_add_test(s, "barrier: the first arrival fixes its size, a mismatch is refused",
 		    test_barrier_size_fixed_by_first_arrival);
 	CU_add_test(s, "sync: a dead worker is named to the others", test_sync_dead_worker_named);
+	CU_add_test(s, "a shard table over --memory-limit is refused before it is allocated",
+		    test_create_charges_shard_table);
+	CU_add_test(s, "silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped);
+	CU_add_test(s, "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place);
+	CU_add_test(s, "bad numbers on the command line refused at start", test_cli_numbers_refused_at_start);
+	CU_add_test(s, "SIGTERM stops a server spinning under load", test_sigterm_stops_spinning_server);
+	CU_add_test(s, "a signal during exit is harmless", test_signal_during_exit_is_harmless);
 	/* from here on the test process opens the fabric itself: no more forks */
 	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
 	CU_add_test(s, "bad input gives clear errors", test_bad_input);
@@ -1522,6 +1999,7 @@ int main(void)
 	CU_add_test(s, "a sync push with an unreachable clock refused", test_sync_push_unreachable_clock_refused);
 	CU_add_test(s, "a tensor name forging a log line refused, logged escaped",
 		    test_tensor_name_forging_a_log_line_refused);
+	CU_add_test(s, "admin connections capped, deep queues refused", test_admin_connections_bounded);
 	CU_add_test(s, "no server listening", test_server_absent);
 	CU_add_test(s, "server killed under a worker", test_server_killed);
 	CU_basic_set_mode(CU_BRM_VERBOSE);

@@ -61,6 +61,21 @@ static void test_layout_covers_every_element_once(void)
 		}
 }
 
+/* Counts near 2^64 used to wrap in the shard count: 2^64-1 elements made
+ * 0 shards and the tensor was accepted. */
+static void test_layout_refuses_count_overflow(void)
+{
+	struct rps__layout l;
+
+	CU_ASSERT_EQUAL(rps__layout_init(&l, "t", UINT64_MAX, 16384, 4), -EFBIG);
+	CU_ASSERT_EQUAL(rps__layout_init(&l, "t", UINT64_MAX - 100, 262144, 64), -EFBIG);
+	CU_ASSERT_EQUAL(rps__layout_init(&l, "t", UINT64_MAX, 1u << 28, 1), -EFBIG);
+	/* the largest count that fits: 2^32-1 full shards */
+	CU_ASSERT_EQUAL(rps__layout_init(&l, "t", (uint64_t)UINT32_MAX * 16, 16, 1), 0);
+	CU_ASSERT_EQUAL(l.nshards, UINT32_MAX);
+	CU_ASSERT_EQUAL(rps__layout_init(&l, "t", (uint64_t)UINT32_MAX * 16 + 1, 16, 1), -EFBIG);
+}
+
 static void test_layout_spreads_and_is_deterministic(void)
 {
 	struct rps__layout a, b;
@@ -130,6 +145,7 @@ int main(void)
 	CU_add_test(s, "lock word encoding", test_lock_word);
 	CU_add_test(s, "layout covers every element once", test_layout_covers_every_element_once);
 	CU_add_test(s, "layout spreads evenly, deterministically", test_layout_spreads_and_is_deterministic);
+	CU_add_test(s, "layout refuses counts whose shard count overflows", test_layout_refuses_count_overflow);
 	CU_add_test(s, "shard stride", test_stride);
 	CU_add_test(s, "address parsing", test_uri);
 	CU_basic_set_mode(CU_BRM_VERBOSE);
