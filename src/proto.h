@@ -21,7 +21,8 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define RPS__PROTO_VERSION 2u
+/* 3: WAIT_REP names a missing rank; lost partitions in the map and STATUS_REP */
+#define RPS__PROTO_VERSION 3u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
