@@ -30,7 +30,9 @@ extern "C" {
 #define RPS_VERSION_MINOR 1
 
 /* rdmaps' own error codes, beyond the errno values (all negative). */
-#define RPS_ESTALE_EPOCH (-10001)	/* the shard moved; the map was stale (reserved) */
+#define RPS_ESTALE_EPOCH (-10001)	/* the shard moved and the map was stale: returned only
+					 * when no server served the shard for timeout_ms
+					 * (the library follows moves itself) */
 #define RPS_ELEASE	 (-10002)	/* a shard lock lease expired (pushes retry it themselves) */
 
 typedef struct rps_client rps_client_t;
@@ -58,12 +60,15 @@ enum rps_optimizer {
 
 struct rps_client_opts {
 	size_t size;		/* sizeof(struct rps_client_opts) */
-	/* Comma-separated server list, in the order rdmapsd's --cluster gives:
-	 * "tcp://10.0.0.1:7000,tcp://10.0.0.2:7000" or "verbs://10.0.0.1:7000". */
+	/* Comma-separated list of one or more servers of the cluster, in any
+	 * order (the first that answers gives the shard map, which names the
+	 * others): "tcp://10.0.0.1:7000,tcp://10.0.0.2:7000" or
+	 * "verbs://10.0.0.1:7000". */
 	const char *servers;
 	int rank;		/* this worker's rank, 0 .. num_workers-1 */
 	int num_workers;	/* workers taking part in sync/bounded tensors */
-	int timeout_ms;		/* give up on one operation after this (default 30000) */
+	int timeout_ms;		/* give up on one operation after this
+				 * (0 or less: the default, 30000) */
 	int verify;		/* 1: checksum every push end to end (crc32c); a
 				 * corrupted push is refused with -EILSEQ, never applied */
 	int spin_us;		/* busy-poll this long before sleeping (default 0):
