@@ -4,7 +4,9 @@
  * This header is all a trainer needs: it exposes no verbs type, no queue
  * pair, no memory key.  Conventions:
  *  - Handles are opaque.  Option structs begin with a `size` member set by
- *    the matching *_opts_init(), so they can grow without breaking the ABI.
+ *    the matching *_opts_init(), so they can grow without breaking the ABI:
+ *    the init macros pass the library the caller's sizeof, and the library
+ *    never writes past it (see rdmaps(3), "ABI").
  *  - Every function that can fail returns 0 (or a non-negative count) on
  *    success and a negative errno on failure; rps_strerror() names the code
  *    and rps_last_error() gives the calling thread's one-line account of
@@ -26,11 +28,25 @@
 extern "C" {
 #endif
 
+/* The release of this header: the one place the version is written.
+ * configure.ac reads AC_INIT's version from these three lines, and
+ * `make check` (tests/abi-symbols.sh) checks the .map and -version-info
+ * against them.  Keep each a bare number. */
 #define RPS_VERSION_MAJOR 0
 #define RPS_VERSION_MINOR 1
+#define RPS_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, as rps_version() returns it. */
+#define RPS_VERSION_NUMBER (RPS_VERSION_MAJOR * 10000 + RPS_VERSION_MINOR * 100 + RPS_VERSION_PATCH)
+#define RPS__STR(x) #x
+#define RPS__XSTR(x) RPS__STR(x)
+/* "MAJOR.MINOR.PATCH" */
+#define RPS_VERSION_STRING RPS__XSTR(RPS_VERSION_MAJOR) "." RPS__XSTR(RPS_VERSION_MINOR) "." \
+	RPS__XSTR(RPS_VERSION_PATCH)
 
 /* rdmaps' own error codes, beyond the errno values (all negative). */
-#define RPS_ESTALE_EPOCH (-10001)	/* the shard moved; the map was stale (reserved) */
+#define RPS_ESTALE_EPOCH (-10001)	/* the shard moved and the map was stale: returned only
+					 * when no server served the shard for timeout_ms
+					 * (the library follows moves itself) */
 #define RPS_ELEASE	 (-10002)	/* a shard lock lease expired (pushes retry it themselves) */
 
 typedef struct rps_client rps_client_t;
@@ -58,12 +74,15 @@ enum rps_optimizer {
 
 struct rps_client_opts {
 	size_t size;		/* sizeof(struct rps_client_opts) */
-	/* Comma-separated server list, in the order rdmapsd's --cluster gives:
-	 * "tcp://10.0.0.1:7000,tcp://10.0.0.2:7000" or "verbs://10.0.0.1:7000". */
+	/* Comma-separated list of one or more servers of the cluster, in any
+	 * order (the first that answers gives the shard map, which names the
+	 * others): "tcp://10.0.0.1:7000,tcp://10.0.0.2:7000" or
+	 * "verbs://10.0.0.1:7000". */
 	const char *servers;
 	int rank;		/* this worker's rank, 0 .. num_workers-1 */
 	int num_workers;	/* workers taking part in sync/bounded tensors */
-	int timeout_ms;		/* give up on one operation after this (default 30000) */
+	int timeout_ms;		/* give up on one operation after this
+				 * (0 or less: the default, 30000) */
 	int verify;		/* 1: checksum every push end to end (crc32c); a
 				 * corrupted push is refused with -EILSEQ, never applied */
 	int spin_us;		/* busy-poll this long before sleeping (default 0):
@@ -85,8 +104,20 @@ struct rps_tensor_opts {
 	const float *init;	/* count initial values, or NULL for zeros */
 };
 
-void rps_client_opts_init(struct rps_client_opts *opts);
-void rps_tensor_opts_init(struct rps_tensor_opts *opts);
+/* Set opts to the defaults.  `size` is the caller's sizeof(*opts): the
+ * library writes at most that many bytes (zeroing what it does not know)
+ * and sets opts->size to the part of the structure it understands,
+ * min(size, the library's sizeof).  Call them through the macros below,
+ * which pass the sizeof of the structure this header declares. */
+void rps_client_opts_init_sized(struct rps_client_opts *opts, size_t size);
+void rps_tensor_opts_init_sized(struct rps_tensor_opts *opts, size_t size);
+#define rps_client_opts_init(opts) rps_client_opts_init_sized((opts), sizeof(*(opts)))
+#define rps_tensor_opts_init(opts) rps_tensor_opts_init_sized((opts), sizeof(*(opts)))
+
+/* The library's version, RPS_VERSION_NUMBER of the header it was built
+ * with (compare it with this header's to detect a mismatch); *string (if
+ * string is not NULL) receives its "MAJOR.MINOR.PATCH". */
+int rps_version(const char **string);
 
 /* Connect to every server of the cluster. */
 int rps_client_connect(const struct rps_client_opts *opts, rps_client_t **out);
@@ -104,7 +135,8 @@ int rps_tensor_create(rps_client_t *client, const char *name,
 		      const struct rps_tensor_opts *opts, rps_tensor_t **out);
 /* Open an existing tensor; -ENOENT if no server holds it. */
 int rps_tensor_open(rps_client_t *client, const char *name, rps_tensor_t **out);
-/* Fill opts with the tensor's description (init is NULL). */
+/* Fill opts with the tensor's description (init is NULL).  opts->size must
+ * be set (by rps_tensor_opts_init()); at most that many bytes are written. */
 int rps_tensor_info(const rps_tensor_t *tensor, struct rps_tensor_opts *opts);
 /* Number of shards and the servers they live on are the library's business;
  * this tells how many there are, for reporting. */

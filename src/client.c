@@ -1771,27 +1771,60 @@ static int fault_count(const char *spec, const char *name)
 
 /* ---- the API ------------------------------------------------------------- */
 
-RPS_EXPORT void rps_client_opts_init(struct rps_client_opts *opts)
+/* The caller's struct may be older (smaller) or newer (larger) than ours:
+ * build the defaults in a struct of our own, then copy no more than the
+ * caller has, zeroing the caller's members we do not know. */
+static void opts_copy_out(void *dst, size_t size, const void *ours, size_t our_size)
 {
-	memset(opts, 0, sizeof(*opts));
-	opts->size = sizeof(*opts);
-	opts->num_workers = 1;
-	opts->timeout_ms = 30000;
+	memcpy(dst, ours, RPS__MIN(size, our_size));
+	if (size > our_size)
+		memset((char *)dst + our_size, 0, size - our_size);
 }
 
-RPS_EXPORT void rps_tensor_opts_init(struct rps_tensor_opts *opts)
+RPS_EXPORT void rps_client_opts_init_sized(struct rps_client_opts *opts, size_t size)
 {
-	memset(opts, 0, sizeof(*opts));
-	opts->size = sizeof(*opts);
-	opts->dtype = RPS_DTYPE_F32;
-	opts->mode = RPS_MODE_SYNC;
-	opts->optimizer = RPS_OPT_SUM;
-	opts->lr = 0.01f;
-	opts->momentum = 0.9f;
-	opts->beta1 = 0.9f;
-	opts->beta2 = 0.999f;
-	opts->eps = 1e-8f;
-	opts->rescale = 1.0f;
+	struct rps_client_opts d;
+
+	if (!opts || size < sizeof(d.size))
+		return;
+	memset(&d, 0, sizeof(d));
+	d.size = RPS__MIN(size, sizeof(d));
+	d.num_workers = 1;
+	d.timeout_ms = 30000;
+	opts_copy_out(opts, size, &d, sizeof(d));
+}
+
+static void tensor_opts_defaults(struct rps_tensor_opts *d)
+{
+	memset(d, 0, sizeof(*d));
+	d->size = sizeof(*d);
+	d->dtype = RPS_DTYPE_F32;
+	d->mode = RPS_MODE_SYNC;
+	d->optimizer = RPS_OPT_SUM;
+	d->lr = 0.01f;
+	d->momentum = 0.9f;
+	d->beta1 = 0.9f;
+	d->beta2 = 0.999f;
+	d->eps = 1e-8f;
+	d->rescale = 1.0f;
+}
+
+RPS_EXPORT void rps_tensor_opts_init_sized(struct rps_tensor_opts *opts, size_t size)
+{
+	struct rps_tensor_opts d;
+
+	if (!opts || size < sizeof(d.size))
+		return;
+	tensor_opts_defaults(&d);
+	d.size = RPS__MIN(size, sizeof(d));
+	opts_copy_out(opts, size, &d, sizeof(d));
+}
+
+RPS_EXPORT int rps_version(const char **string)
+{
+	if (string)
+		*string = RPS_VERSION_STRING;
+	return RPS_VERSION_NUMBER;
 }
 
 RPS_EXPORT int rps_client_close(rps_client_t *cl)
@@ -2271,25 +2304,28 @@ RPS_EXPORT int rps_tensor_open(rps_client_t *cl, const char *name, rps_tensor_t 
 
 RPS_EXPORT int rps_tensor_info(const rps_tensor_t *t, struct rps_tensor_opts *o)
 {
+	struct rps_tensor_opts d;
 	size_t size;
 
 	if (!t || !o || o->size < offsetof(struct rps_tensor_opts, init))
 		return rps__seterr(-EINVAL, "rps_tensor_info: NULL argument or options not initialised");
+	/* filled in a struct of our own: an older caller's is smaller */
 	size = o->size;
-	rps_tensor_opts_init(o);
-	o->size = RPS__MIN(size, sizeof(*o));
-	o->count = t->spec.count;
-	o->dtype = (enum rps_dtype)t->spec.dtype;
-	o->mode = (enum rps_mode)t->spec.mode;
-	o->staleness = t->spec.staleness;
-	o->optimizer = (enum rps_optimizer)t->spec.optimizer;
-	o->lr = t->spec.lr;
-	o->momentum = t->spec.momentum;
-	o->beta1 = t->spec.beta1;
-	o->beta2 = t->spec.beta2;
-	o->eps = t->spec.eps;
-	o->weight_decay = t->spec.weight_decay;
-	o->rescale = t->spec.rescale;
+	tensor_opts_defaults(&d);
+	d.size = RPS__MIN(size, sizeof(d));
+	d.count = t->spec.count;
+	d.dtype = (enum rps_dtype)t->spec.dtype;
+	d.mode = (enum rps_mode)t->spec.mode;
+	d.staleness = t->spec.staleness;
+	d.optimizer = (enum rps_optimizer)t->spec.optimizer;
+	d.lr = t->spec.lr;
+	d.momentum = t->spec.momentum;
+	d.beta1 = t->spec.beta1;
+	d.beta2 = t->spec.beta2;
+	d.eps = t->spec.eps;
+	d.weight_decay = t->spec.weight_decay;
+	d.rescale = t->spec.rescale;
+	memcpy(o, &d, d.size);
 	return 0;
 }
 
