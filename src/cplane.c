@@ -35,11 +35,11 @@
 #include "config.h"
 #include "agg.h"
 #include "common.h"
+#include "crc.h"
 #include "server_int.h"
 #include "uri.h"
 
 #include <errno.h>
-#include <isa-l/crc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -576,7 +576,7 @@ static int ship_partition(struct rps__server *srv, uint32_t part)
 	}
 	pl->blob = b.p;
 	pl->blob_len = b.len;
-	pl->blob_crc = crc32_iscsi((unsigned char *)b.p, (int)b.len, 0xffffffffu);
+	pl->blob_crc = rps__crc32c_noinv(b.p, b.len);
 	/* Test hook: a bit flipped after the crc, as a bad link or DIMM would */
 	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "corrupt-migration")))
 		((unsigned char *)pl->blob)[pl->blob_len / 2] ^= 0x04;
@@ -972,7 +972,7 @@ void rps__cp_on_read_done(struct rps__server *srv, struct conn *c, bool ok)
 			 (unsigned long long)m.from);
 		return;
 	}
-	crc = crc32_iscsi(c->rd_buf, (int)m.len, 0xffffffffu);
+	crc = rps__crc32c_noinv(c->rd_buf, m.len);
 	if (crc != m.crc) {
 		rps__log(RPS__LOG_ERROR, "partition %u from member %llu: crc32c %08x, expected %08x: corrupted in flight, refused",
 			 m.part, (unsigned long long)m.from, crc, m.crc);
