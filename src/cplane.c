@@ -36,6 +36,7 @@
 #include "agg.h"
 #include "common.h"
 #include "crc.h"
+#include "fsutil.h"
 #include "server_int.h"
 #include "uri.h"
 
@@ -1934,24 +1935,6 @@ static int make_temp_dir(struct rps__server *srv)
 	return srv->data_dir ? 0 : -ENOMEM;
 }
 
-static void remove_tree(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char path[4096];
-
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		unlink(path);
-	}
-	closedir(d);
-	rmdir(dir);
-}
-
 /* A data dir with anything in it: this server ran before, and whatever it
  * held in memory then is gone. */
 static bool dir_has_state(const char *dir)
@@ -2046,7 +2029,7 @@ err_rnode:
 	srv->rnode = NULL;
 err_dir:
 	if (srv->data_dir_temp)
-		remove_tree(srv->data_dir);
+		(void)rps__remove_tree(srv->data_dir);
 	free(srv->data_dir);
 	srv->data_dir = NULL;
 err_mr:
@@ -2067,7 +2050,7 @@ void rps__cp_fini(struct rps__server *srv)
 	rps__rnode_close(srv->rnode);
 	srv->rnode = NULL;
 	if (srv->data_dir_temp && srv->data_dir)
-		remove_tree(srv->data_dir);
+		(void)rps__remove_tree(srv->data_dir);
 	free(srv->data_dir);
 	free(srv->admin);
 	rps__mr_dereg(srv->mapbuf_mr);
