@@ -43,13 +43,13 @@
 #include "config.h"
 #include "ckpt.h"
 #include "common.h"
+#include "crc.h"
 #include "le.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <isa-l/crc.h>
 #include <isa-l/igzip_lib.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -130,28 +130,12 @@ static float getf(const uint8_t *p)
 	return f;
 }
 
-/* Standard CRC-32C, chainable (as in wal.c). */
-static uint32_t crc32c(uint32_t crc, const void *buf, size_t len)
-{
-	const unsigned char *p = buf;
-
-	crc = ~crc;
-	while (len) {
-		size_t n = RPS__MIN(len, (size_t)1 << 30);
-
-		crc = crc32_iscsi((unsigned char *)p, (int)n, crc);
-		p += n;
-		len -= n;
-	}
-	return ~crc;
-}
-
 static uint32_t chain_add(uint32_t chain, uint32_t rec_crc)
 {
 	uint8_t b[4];
 
 	rps__le_put32(b, rec_crc);
-	return crc32c(chain, b, 4);
+	return rps__crc32c(chain, b, 4);
 }
 
 /* n u64 / f32 values to little-endian bytes and back; a copy on LE hosts. */
@@ -361,7 +345,7 @@ static void header_encode(uint8_t *p, const struct rps__ckpt_header *h)
 	rps__le_put32(p + 28, h->shard_elems);
 	rps__le_put64(p + 32, h->ckpt_id);
 	rps__le_put64(p + 40, h->time_ns);
-	rps__le_put32(p + 60, crc32c(0, p, 60));
+	rps__le_put32(p + 60, rps__crc32c(0, p, 60));
 }
 
 static void writer_free(struct rps__ckpt_writer *w)
@@ -493,10 +477,10 @@ static int put_record(struct rps__ckpt_writer *w, uint32_t type, size_t len)
 	rps__le_put32(hdr + 4, flags);
 	rps__le_put32(hdr + 8, (uint32_t)len);
 	rps__le_put32(hdr + 12, stored_len);
-	rps__le_put32(hdr + 16, crc32c(0, w->raw, len));
-	rps__le_put32(hdr + 20, stored == w->raw ? rps__le_get32(hdr + 16) : crc32c(0, stored, stored_len));
+	rps__le_put32(hdr + 16, rps__crc32c(0, w->raw, len));
+	rps__le_put32(hdr + 20, stored == w->raw ? rps__le_get32(hdr + 16) : rps__crc32c(0, stored, stored_len));
 	rps__le_put32(hdr + 24, 0);
-	rec_crc = crc32c(0, hdr, 28);
+	rec_crc = rps__crc32c(0, hdr, 28);
 	rps__le_put32(hdr + 28, rec_crc);
 	err = write_all(w->fd, hdr, sizeof(hdr));
 	if (!err)
@@ -609,7 +593,7 @@ int rps__ckpt_finish(struct rps__ckpt_writer *w, uint64_t *bytes_written)
 	rps__le_put64(t + 8, w->records);
 	rps__le_put64(t + 16, w->raw_total);
 	rps__le_put32(t + 24, w->chain);
-	rps__le_put32(t + 28, crc32c(0, t, 28));
+	rps__le_put32(t + 28, rps__crc32c(0, t, 28));
 	err = write_all(w->fd, t, sizeof(t));
 	if (err) {
 		rps__seterr(err, "checkpoint: writing %.200s: %s", w->tmp, strerror(-err));
@@ -761,7 +745,7 @@ int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__
 		 * else claiming another version is damage. */
 		if (version > RPS__CKPT_VERSION && hsize >= HDR_SIZE && hsize <= HDR_SIZE_MAX &&
 		    hsize % 4 == 0 && read_full(r->fd, hdr + 16, hsize - 16) == (ssize_t)(hsize - 16) &&
-		    crc32c(0, hdr, hsize - 4) == rps__le_get32(hdr + hsize - 4)) {
+		    rps__crc32c(0, hdr, hsize - 4) == rps__le_get32(hdr + hsize - 4)) {
 			err = rps__seterr(-EPROTO, "checkpoint %.200s: format version %u, written by a"
 					  " newer rdmaps (this one reads version %u): restore with"
 					  " that version", file, version, RPS__CKPT_VERSION);
@@ -777,7 +761,7 @@ int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__
 	err = read_exact(r, hdr + 16, HDR_SIZE - 16);
 	if (err)
 		goto err_free;
-	if (crc32c(0, hdr, 60) != rps__le_get32(hdr + 60)) {
+	if (rps__crc32c(0, hdr, 60) != rps__le_get32(hdr + 60)) {
 		err = BAD(r, -EILSEQ, 0, "header checksum mismatch");
 		goto err_free;
 	}
@@ -926,7 +910,7 @@ int rps__ckpt_next(struct rps__ckpt_reader *r, struct rps__ckpt_item *it)
 	if (err)
 		return err;
 	rec_crc = rps__le_get32(hdr + 28);
-	if (crc32c(0, hdr, 28) != rec_crc)
+	if (rps__crc32c(0, hdr, 28) != rec_crc)
 		return BAD(r, -EILSEQ, at, "record header checksum mismatch");
 	type = rps__le_get32(hdr);
 	if (type == REC_TRAILER) {
@@ -961,7 +945,7 @@ int rps__ckpt_next(struct rps__ckpt_reader *r, struct rps__ckpt_item *it)
 	err = read_exact(r, (flags & REC_DEFLATED) ? r->stored : r->raw, stored_len);
 	if (err)
 		return err;
-	if (crc32c(0, (flags & REC_DEFLATED) ? r->stored : r->raw, stored_len) != rps__le_get32(hdr + 20))
+	if (rps__crc32c(0, (flags & REC_DEFLATED) ? r->stored : r->raw, stored_len) != rps__le_get32(hdr + 20))
 		return BAD(r, -EILSEQ, at, "record checksum mismatch");
 	if (flags & REC_DEFLATED) {
 		struct inflate_state st;
@@ -977,7 +961,7 @@ int rps__ckpt_next(struct rps__ckpt_reader *r, struct rps__ckpt_item *it)
 			return BAD(r, -EBADMSG, at, "compressed record does not inflate to %u bytes", raw_len);
 	}
 	raw = r->raw;
-	if (crc32c(0, raw, raw_len) != rps__le_get32(hdr + 16))
+	if (rps__crc32c(0, raw, raw_len) != rps__le_get32(hdr + 16))
 		return BAD(r, -EILSEQ, at, "record data checksum mismatch");
 	r->records++;
 	r->raw_total += raw_len;

@@ -35,11 +35,12 @@
 #include "config.h"
 #include "agg.h"
 #include "common.h"
+#include "crc.h"
+#include "fsutil.h"
 #include "server_int.h"
 #include "uri.h"
 
 #include <errno.h>
-#include <isa-l/crc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -576,7 +577,7 @@ static int ship_partition(struct rps__server *srv, uint32_t part)
 	}
 	pl->blob = b.p;
 	pl->blob_len = b.len;
-	pl->blob_crc = crc32_iscsi((unsigned char *)b.p, (int)b.len, 0xffffffffu);
+	pl->blob_crc = rps__crc32c_noinv(b.p, b.len);
 	/* Test hook: a bit flipped after the crc, as a bad link or DIMM would */
 	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "corrupt-migration")))
 		((unsigned char *)pl->blob)[pl->blob_len / 2] ^= 0x04;
@@ -972,7 +973,7 @@ void rps__cp_on_read_done(struct rps__server *srv, struct conn *c, bool ok)
 			 (unsigned long long)m.from);
 		return;
 	}
-	crc = crc32_iscsi(c->rd_buf, (int)m.len, 0xffffffffu);
+	crc = rps__crc32c_noinv(c->rd_buf, m.len);
 	if (crc != m.crc) {
 		rps__log(RPS__LOG_ERROR, "partition %u from member %llu: crc32c %08x, expected %08x: corrupted in flight, refused",
 			 m.part, (unsigned long long)m.from, crc, m.crc);
@@ -1934,24 +1935,6 @@ static int make_temp_dir(struct rps__server *srv)
 	return srv->data_dir ? 0 : -ENOMEM;
 }
 
-static void remove_tree(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char path[4096];
-
-	if (!d)
-		return;
-	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		unlink(path);
-	}
-	closedir(d);
-	rmdir(dir);
-}
-
 /* A data dir with anything in it: this server ran before, and whatever it
  * held in memory then is gone. */
 static bool dir_has_state(const char *dir)
@@ -2046,7 +2029,7 @@ err_rnode:
 	srv->rnode = NULL;
 err_dir:
 	if (srv->data_dir_temp)
-		remove_tree(srv->data_dir);
+		(void)rps__remove_tree(srv->data_dir);
 	free(srv->data_dir);
 	srv->data_dir = NULL;
 err_mr:
@@ -2067,7 +2050,7 @@ void rps__cp_fini(struct rps__server *srv)
 	rps__rnode_close(srv->rnode);
 	srv->rnode = NULL;
 	if (srv->data_dir_temp && srv->data_dir)
-		remove_tree(srv->data_dir);
+		(void)rps__remove_tree(srv->data_dir);
 	free(srv->data_dir);
 	free(srv->admin);
 	rps__mr_dereg(srv->mapbuf_mr);

@@ -5,9 +5,9 @@
 #include "config.h"
 #include "proto.h"
 #include "common.h"
+#include "crc.h"
 
 #include <errno.h>
-#include <isa-l/crc.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -192,5 +192,5 @@ int rps__desc_check(const struct rps__push_desc *d, size_t slot_size)
 
 uint32_t rps__push_crc(const struct rps__push_desc *d)
 {
-	return crc32_iscsi((unsigned char *)d + RPS__PUSH_DESC_SIZE, (int)d->nbytes, 0xffffffffu);
+	return rps__crc32c_noinv((const unsigned char *)d + RPS__PUSH_DESC_SIZE, d->nbytes);
 }

@@ -233,7 +233,7 @@ struct rps__migrate {
 	uint64_t from;		/* source member id */
 	uint64_t addr;		/* the partition's state, registered for READ */
 	uint32_t rkey;
-	uint32_t crc;		/* crc32c (ISA-L) of the len bytes */
+	uint32_t crc;		/* rps__crc32c_noinv (crc.h) of the len bytes */
 	uint64_t len;
 };
 
@@ -304,7 +304,7 @@ struct rps__push_desc {
 	uint64_t lock;		/* async/bounded: the lock word the worker holds */
 	uint64_t push_id;	/* unique per worker: duplicates are refused */
 	uint64_t epoch;
-	uint32_t crc;		/* RPS__DESC_CRC: crc32c (ISA-L) of the data */
+	uint32_t crc;		/* RPS__DESC_CRC: rps__crc32c_noinv (crc.h) of the data */
 	uint32_t flags;
 };
 
@@ -312,7 +312,7 @@ enum rps__desc_flags {
 	RPS__DESC_CRC = 1u << 0,	/* crc is set: verify before applying */
 };
 
-/* crc32c of the data after a descriptor (ISA-L), as --verify uses it. */
+/* rps__crc32c_noinv (crc.h) of the data after a descriptor, as --verify uses it. */
 uint32_t rps__push_crc(const struct rps__push_desc *d);
 
 /* Validate a received message: length, magic, type, body size for its

@@ -11,11 +11,11 @@
 #include "config.h"
 #include "smap.h"
 #include "common.h"
+#include "crc.h"
 #include "le.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <isa-l/crc.h>
 #include <string.h>
 
 _Static_assert(sizeof(struct rps__smap_member) == 8 + RPS__SMAP_URI_MAX, "member layout has no padding");
@@ -38,12 +38,6 @@ static const uint8_t *take(struct reader *rd, size_t n)
 	rd->p += n;
 	rd->left -= n;
 	return p;
-}
-
-static uint32_t crc32c(const void *buf, size_t len)
-{
-	/* ISA-L takes an int length; an encoded map is far below that. */
-	return crc32_iscsi((unsigned char *)buf, (int)len, 0xffffffffu);
 }
 
 static unsigned long long ull(uint64_t v)
@@ -668,7 +662,7 @@ int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *l
 		if (psize == MAP_PART_LOST)
 			rps__le_put64(p + 24, m->parts[i].lost);
 	}
-	rps__le_put32(p, crc32c(buf, (size_t)(p - (uint8_t *)buf)));
+	rps__le_put32(p, rps__crc32c_noinv(buf, (size_t)(p - (uint8_t *)buf)));
 	p += 4;
 	*len = (size_t)(p - (uint8_t *)buf);
 	return 0;
@@ -776,7 +770,7 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 		return rps__seterr(-EBADMSG, "shard map: truncated before its checksum (%zu bytes)", len);
 	if (rd.left)
 		return rps__seterr(-EBADMSG, "shard map: %zu bytes after the checksum", rd.left);
-	crc = crc32c(buf, body);
+	crc = rps__crc32c_noinv(buf, body);
 	if (rps__le_get32(q) != crc)
 		return rps__seterr(-EILSEQ, "shard map: crc32c mismatch (stored %08" PRIx32 ", computed %08" PRIx32
 				   "): the map is corrupt", rps__le_get32(q), crc);

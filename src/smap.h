@@ -128,7 +128,7 @@ int rps__smap_cmd_encode(const struct rps__smap_cmd *c, void *buf, size_t cap, s
 int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c);
 
 /* The whole map (snapshots, and what servers send workers and psctl):
- * little-endian, versioned, ends with a crc32c (ISA-L) of what precedes it.
+ * little-endian, versioned, ends with a crc32c (rps__crc32c_noinv, crc.h) of what precedes it.
  * RPS__SMAP_ENC_MAX bounds the size.  decode: -EBADMSG malformed or
  * truncated, -EILSEQ crc mismatch (message says so). */
 #define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (8u + RPS__SMAP_URI_MAX) + \

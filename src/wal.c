@@ -56,6 +56,7 @@
 #include "config.h"
 #include "wal.h"
 #include "common.h"
+#include "crc.h"
 #include "le.h"
 
 #include <dirent.h>
@@ -63,7 +64,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
-#include <isa-l/crc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,23 +139,6 @@ struct rps__wal {
 };
 
 /* ---- small helpers ------------------------------------------------------ */
-
-/* Standard CRC-32C, chainable: crc32c(crc32c(0, a), b) == crc32c(0, ab).
- * ISA-L's crc32_iscsi neither inverts nor takes more than an int of length. */
-static uint32_t crc32c(uint32_t crc, const void *buf, size_t len)
-{
-	const unsigned char *p = buf;
-
-	crc = ~crc;
-	while (len) {
-		size_t n = RPS__MIN(len, (size_t)1 << 30);
-
-		crc = crc32_iscsi((unsigned char *)p, (int)n, crc);
-		p += n;
-		len -= n;
-	}
-	return ~crc;
-}
 
 static int grow(void **arr, size_t *cap, size_t need, size_t elem)
 {
@@ -270,7 +253,7 @@ static uint64_t witness_read(int dir_fd)
 	n = pread(fd, buf, sizeof(buf), 0);
 	close(fd);
 	if (n != WITNESS_SIZE || memcmp(buf, WITNESS_MAGIC, MAGIC_LEN) != 0 ||
-	    crc32c(0, buf, 16) != rps__le_get32(buf + 16))
+	    rps__crc32c(0, buf, 16) != rps__le_get32(buf + 16))
 		return 0;
 	return rps__le_get64(buf + 8);
 }
@@ -285,7 +268,7 @@ static void witness_write(struct rps__wal *w, uint64_t commit)
 		return;
 	memcpy(buf, WITNESS_MAGIC, MAGIC_LEN);
 	rps__le_put64(buf + 8, commit);
-	rps__le_put32(buf + 16, crc32c(0, buf, 16));
+	rps__le_put32(buf + 16, rps__crc32c(0, buf, 16));
 	if (pwrite_all(w->witness_fd, buf, sizeof(buf), 0) == 0)
 		w->witness = commit;
 }
@@ -345,7 +328,7 @@ static void rec_seal(uint8_t *p, uint8_t kind, uint32_t len, uint64_t batch, uin
 	rps__le_put32(p + 12, left);
 	rps__le_put64(p + 16, batch);
 	memset(p + REC_HDR_SIZE + len, 0, total - REC_HDR_SIZE - len);
-	rps__le_put32(p, crc32c(0, p + 4, total - 4));
+	rps__le_put32(p, rps__crc32c(0, p + 4, total - 4));
 }
 
 struct rec_view {
@@ -390,7 +373,7 @@ static const char *rec_parse(const uint8_t *buf, size_t size, size_t off, struct
 	v->size = rec_size(v->len);
 	if (v->size > room)
 		return "record runs past the end of the file";
-	if (crc32c(0, p + 4, v->size - 4) != rps__le_get32(p))
+	if (rps__crc32c(0, p + 4, v->size - 4) != rps__le_get32(p))
 		return "checksum mismatch";
 	v->payload = p + REC_HDR_SIZE;
 	return NULL;
@@ -407,7 +390,7 @@ static void seg_header_encode(uint8_t *p, uint64_t seq, uint64_t base_index,
 	rps__le_put64(p + 24, base_index);
 	rps__le_put64(p + 32, base_term);
 	rps__le_put64(p + 40, first_batch);
-	rps__le_put32(p + 60, crc32c(0, p, 60));
+	rps__le_put32(p + 60, rps__crc32c(0, p, 60));
 }
 
 /* ---- replay ------------------------------------------------------------- */
@@ -634,7 +617,7 @@ static int replay_segment(struct replay *r, const char *name, uint64_t name_seq,
 	r->keep_size = size;
 	r->torn_bytes = 0;
 	if (size < SEG_HDR_SIZE || memcmp(buf, SEG_MAGIC, MAGIC_LEN) != 0 ||
-	    crc32c(0, buf, 60) != rps__le_get32(buf + 60))
+	    rps__crc32c(0, buf, 60) != rps__le_get32(buf + 60))
 		return replay_damaged(r, 0, "bad segment header");
 	if (rps__le_get32(buf + 8) != FORMAT_VERSION || rps__le_get32(buf + 12) != SEG_HDR_SIZE)
 		return rps__seterr(-EBADMSG, "wal: %.150s/%s: format version %u, this build reads %u:"
@@ -708,7 +691,7 @@ static int snap_load(int dir_fd, const char *dir, const char *name, uint64_t ind
 	if (err)
 		return rps__seterr(err, "wal: reading snapshot %.150s/%s: %s", dir, name, strerror(-err));
 	if (size < SNAP_HDR_SIZE + SNAP_TRAILER_SIZE || memcmp(buf, SNAP_MAGIC, MAGIC_LEN) != 0 ||
-	    crc32c(0, buf, 60) != rps__le_get32(buf + 60)) {
+	    rps__crc32c(0, buf, 60) != rps__le_get32(buf + 60)) {
 		why = "bad header";
 		goto bad;
 	}
@@ -729,7 +712,7 @@ static int snap_load(int dir_fd, const char *dir, const char *name, uint64_t ind
 		why = "wrong size (truncated?)";
 		goto bad;
 	}
-	if (crc32c(0, buf, size - SNAP_TRAILER_SIZE) != rps__le_get32(buf + size - SNAP_TRAILER_SIZE)) {
+	if (rps__crc32c(0, buf, size - SNAP_TRAILER_SIZE) != rps__le_get32(buf + size - SNAP_TRAILER_SIZE)) {
 		why = "checksum mismatch";
 		goto bad;
 	}
@@ -781,10 +764,10 @@ static int snap_write(struct rps__wal *w, const struct rps__wal_snapshot *s)
 	rps__le_put32(hdr + 32, (uint32_t)s->n_voters);
 	rps__le_put32(hdr + 36, (uint32_t)s->n_learners);
 	rps__le_put64(hdr + 40, s->len);
-	rps__le_put32(hdr + 60, crc32c(0, hdr, 60));
-	crc = crc32c(0, hdr, sizeof(hdr));
-	crc = crc32c(crc, w->buf, ids_len);
-	crc = crc32c(crc, s->data, s->len);
+	rps__le_put32(hdr + 60, rps__crc32c(0, hdr, 60));
+	crc = rps__crc32c(0, hdr, sizeof(hdr));
+	crc = rps__crc32c(crc, w->buf, ids_len);
+	crc = rps__crc32c(crc, s->data, s->len);
 	rps__le_put32(trailer, crc);
 
 	fd = openat(w->dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

@@ -40,6 +40,8 @@
 #include <unistd.h>
 
 #include "rdmaps.h"
+#include "lib/cutest.h"
+#include "lib/watchdog.h"
 
 #define NSERVERS 2
 #define NWORKERS 4
@@ -1908,27 +1910,16 @@ static void test_server_killed(void)
 
 /* A test that fails must fail, not hang (a worker that died can leave the
  * others waiting): past this, kill everything we started and fail. */
-#define TEST_WATCHDOG_S 240
-
-static void on_watchdog(int sig)
-{
-	static const char msg[] = "it_cluster: a test ran past its watchdog: killing every process it started\n";
-	ssize_t r = write(2, msg, sizeof(msg) - 1);
-
-	(void)sig;
-	(void)r;
-	it_kill_all();
-	_exit(1);
-}
+#define TEST_WATCHDOG_S 240	/* seconds per test; RPS_IT_WATCHDOG_S overrides it */
 
 static void test_setup(void)
 {
-	alarm(TEST_WATCHDOG_S);
+	watchdog_arm();
 }
 
 static void test_teardown(void)
 {
-	alarm(0);
+	watchdog_disarm();
 }
 
 static int suite_init(void)
@@ -1955,8 +1946,39 @@ static int suite_clean(void)
 
 int main(void)
 {
-	CU_pSuite s;
-	unsigned failed;
+	static const struct cutest tests[] = {
+		{ "sync Adam fp32 bit-identical to reference", test_sync_adam_f32 },
+		{ "sync momentum bf16 bit-identical to reference", test_sync_momentum_bf16 },
+		{ "sync SGD fp16 bit-identical to reference", test_sync_sgd_f16 },
+		{ "async exact sums, version == pushes", test_async_exact },
+		{ "bounded staleness never exceeds k", test_bounded_staleness },
+		{ "several tensors, threads sharing a client", test_several_tensors_threads },
+		{ "worker killed mid-push", test_worker_killed_mid_push },
+		{ "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock },
+		{ "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders },
+		{ "--memory-limit refuses what does not fit", test_memory_limit },
+		{ "barrier: the first arrival fixes its size, a mismatch is refused", test_barrier_size_fixed_by_first_arrival },
+		{ "sync: a dead worker is named to the others", test_sync_dead_worker_named },
+		{ "a shard table over --memory-limit is refused before it is allocated", test_create_charges_shard_table },
+		{ "silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped },
+		{ "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place },
+		{ "bad numbers on the command line refused at start", test_cli_numbers_refused_at_start },
+		{ "SIGTERM stops a server spinning under load", test_sigterm_stops_spinning_server },
+		{ "a signal during exit is harmless", test_signal_during_exit_is_harmless },
+		{ "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit },
+		{ "bad input gives clear errors", test_bad_input },
+		{ "malformed peers refused or dropped", test_malformed_peer },
+		{ "a bare CREATE header is not answered from stale bytes", test_header_only_create_not_answered_from_stale_bytes },
+		{ "STATUS on a worker connection refused", test_status_on_worker_connection_refused },
+		{ "a sync push with an unreachable clock refused", test_sync_push_unreachable_clock_refused },
+		{ "a tensor name forging a log line refused, logged escaped", test_tensor_name_forging_a_log_line_refused },
+		{ "admin connections capped, deep queues refused", test_admin_connections_bounded },
+		{ "no server listening", test_server_absent },
+		{ "server killed under a worker", test_server_killed },
+	};
+	const struct cutest_suite suites[] = {
+		{ "data plane, 2 servers x 4 workers", suite_init, suite_clean, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+	};
 
 	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
 	    !getenv("RPS_IT_ADDR")) {
@@ -1964,47 +1986,6 @@ int main(void)
 		return 77;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	signal(SIGALRM, on_watchdog);
-	s = CU_add_suite_with_setup_and_teardown("data plane, 2 servers x 4 workers", suite_init, suite_clean,
-						 test_setup, test_teardown);
-	CU_add_test(s, "sync Adam fp32 bit-identical to reference", test_sync_adam_f32);
-	CU_add_test(s, "sync momentum bf16 bit-identical to reference", test_sync_momentum_bf16);
-	CU_add_test(s, "sync SGD fp16 bit-identical to reference", test_sync_sgd_f16);
-	CU_add_test(s, "async exact sums, version == pushes", test_async_exact);
-	CU_add_test(s, "bounded staleness never exceeds k", test_bounded_staleness);
-	CU_add_test(s, "several tensors, threads sharing a client", test_several_tensors_threads);
-	CU_add_test(s, "worker killed mid-push", test_worker_killed_mid_push);
-	CU_add_test(s, "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock);
-	CU_add_test(s, "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders);
-	CU_add_test(s, "--memory-limit refuses what does not fit", test_memory_limit);
-	CU_add_test(s, "barrier: the first arrival fixes its size, a mismatch is refused",
-		    test_barrier_size_fixed_by_first_arrival);
-	CU_add_test(s, "sync: a dead worker is named to the others", test_sync_dead_worker_named);
-	CU_add_test(s, "a shard table over --memory-limit is refused before it is allocated",
-		    test_create_charges_shard_table);
-	CU_add_test(s, "silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped);
-	CU_add_test(s, "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place);
-	CU_add_test(s, "bad numbers on the command line refused at start", test_cli_numbers_refused_at_start);
-	CU_add_test(s, "SIGTERM stops a server spinning under load", test_sigterm_stops_spinning_server);
-	CU_add_test(s, "a signal during exit is harmless", test_signal_during_exit_is_harmless);
-	/* from here on the test process opens the fabric itself: no more forks */
-	CU_add_test(s, "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit);
-	CU_add_test(s, "bad input gives clear errors", test_bad_input);
-	CU_add_test(s, "malformed peers refused or dropped", test_malformed_peer);
-	CU_add_test(s, "a bare CREATE header is not answered from stale bytes",
-		    test_header_only_create_not_answered_from_stale_bytes);
-	CU_add_test(s, "STATUS on a worker connection refused", test_status_on_worker_connection_refused);
-	CU_add_test(s, "a sync push with an unreachable clock refused", test_sync_push_unreachable_clock_refused);
-	CU_add_test(s, "a tensor name forging a log line refused, logged escaped",
-		    test_tensor_name_forging_a_log_line_refused);
-	CU_add_test(s, "admin connections capped, deep queues refused", test_admin_connections_bounded);
-	CU_add_test(s, "no server listening", test_server_absent);
-	CU_add_test(s, "server killed under a worker", test_server_killed);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	watchdog_init("it_cluster", TEST_WATCHDOG_S, it_kill_all);
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

@@ -59,6 +59,8 @@
 #include <unistd.h>
 
 #include "rdmaps.h"
+#include "lib/cutest.h"
+#include "lib/watchdog.h"
 
 #define NWORKERS 4
 #define NPART 8
@@ -1855,34 +1857,21 @@ static void test_dead_member_does_not_break_connect(void)
 
 /* A test that fails must fail, not hang: past this, kill everything we
  * started and fail. */
-#define TEST_WATCHDOG_S 60
-
-static void on_watchdog(int sig)
-{
-	static const char msg[] = "it_control: a test ran past its watchdog: killing every process it started\n";
-	ssize_t r = write(2, msg, sizeof(msg) - 1);
-
-	(void)sig;
-	(void)r;
-	it_kill_all();
-	_exit(1);
-}
+#define TEST_WATCHDOG_S 60	/* seconds per test; RPS_IT_WATCHDOG_S overrides it */
 
 static double t_test;
 
 static void test_setup(void)
 {
-	const char *env = getenv("RPS_IT_WATCHDOG_S");	/* slower fabrics (TCG VM) */
-
 	t_test = now_s();
-	alarm(env && atoi(env) > 0 ? (unsigned)atoi(env) : TEST_WATCHDOG_S);
+	watchdog_arm();
 }
 
 static void test_teardown(void)
 {
 	int i;
 
-	alarm(0);
+	watchdog_disarm();
 	/* what a failed fatal assertion left running */
 	if (trainers_up) {
 		for (i = 0; i < trainers.n; i++)
@@ -2624,19 +2613,32 @@ static void test_remove_server_force_dead_member(void)
 	stop_all(&clu);
 }
 
-/* RPS_IT_ONLY=text runs only the tests whose names contain it. */
-static void add_test(CU_pSuite s, const char *name, CU_TestFunc fn)
-{
-	const char *only = getenv("RPS_IT_ONLY");
-
-	if (!only || strstr(name, only))
-		CU_add_test(s, name, fn);
-}
-
 int main(void)
 {
-	CU_pSuite s;
-	unsigned failed;
+	static const struct cutest tests[] = {
+		{ "status: one leader, one term, valid JSON", test_status },
+		{ "moves during async training, exact", test_moves_async },
+		{ "moves during sync training, exact", test_moves_sync },
+		{ "moves during bounded training, exact", test_moves_bounded },
+		{ "add-server and remove-server during training", test_add_remove },
+		{ "leader killed right after a move is issued, restarted", test_leader_killed_mid_move },
+		{ "leader killed while a move waits for its destination, restarted", test_leader_killed_stalled_move },
+		{ "leader killed, restarted, the move aborted without its destination", test_leader_killed_aborted_move },
+		{ "follower cut off, moves go on, it catches up", test_follower_isolated },
+		{ "psctl finds the leader past a server cut off from the group", test_psctl_past_isolated },
+		{ "transfer-leader", test_transfer_leader },
+		{ "bad input: clear errors, exit 1 or 2, malformed ADMIN dropped", test_bad_input },
+		{ "checkpoint during sync training; restore onto fewer and more servers; damage refused", test_checkpoint_restore },
+		{ "checkpoint: parameters, versions and Adam state restored bit-identical", test_checkpoint_adam_exact },
+		{ "a partition image corrupted in flight is refused, the move aborted, nothing lost", test_move_corrupted_refused },
+		{ "restarted owner refuses lost partitions (-ENODATA, never zeros); a restore brings them back", test_restarted_owner_refuses_lost_partitions },
+		{ "remove-server --force of a dead member: its partitions lost, the rest exact; forget-lost", test_remove_server_force_dead_member },
+		{ "ADD_SERVER with a garbage uri refused by the server", test_add_server_garbage_uri_refused },
+		{ "a dead member: clients connect, its shards fail naming it", test_dead_member_does_not_break_connect },
+	};
+	const struct cutest_suite suites[] = {
+		{ "control plane, 3 servers, psctl", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+	};
 
 	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
 	    !getenv("RPS_IT_ADDR")) {
@@ -2654,40 +2656,6 @@ int main(void)
 		perror("it_control: mmap");
 		return 1;
 	}
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	signal(SIGALRM, on_watchdog);
-	s = CU_add_suite_with_setup_and_teardown("control plane, 3 servers, psctl", NULL, NULL, test_setup,
-						 test_teardown);
-	add_test(s, "status: one leader, one term, valid JSON", test_status);
-	add_test(s, "moves during async training, exact", test_moves_async);
-	add_test(s, "moves during sync training, exact", test_moves_sync);
-	add_test(s, "moves during bounded training, exact", test_moves_bounded);
-	add_test(s, "add-server and remove-server during training", test_add_remove);
-	add_test(s, "leader killed right after a move is issued, restarted", test_leader_killed_mid_move);
-	add_test(s, "leader killed while a move waits for its destination, restarted",
-		    test_leader_killed_stalled_move);
-	add_test(s, "leader killed, restarted, the move aborted without its destination",
-		    test_leader_killed_aborted_move);
-	add_test(s, "follower cut off, moves go on, it catches up", test_follower_isolated);
-	add_test(s, "psctl finds the leader past a server cut off from the group", test_psctl_past_isolated);
-	add_test(s, "transfer-leader", test_transfer_leader);
-	add_test(s, "bad input: clear errors, exit 1 or 2, malformed ADMIN dropped", test_bad_input);
-	add_test(s, "checkpoint during sync training; restore onto fewer and more servers; damage refused",
-		 test_checkpoint_restore);
-	add_test(s, "checkpoint: parameters, versions and Adam state restored bit-identical",
-		 test_checkpoint_adam_exact);
-	add_test(s, "a partition image corrupted in flight is refused, the move aborted, nothing lost",
-		 test_move_corrupted_refused);
-	add_test(s, "restarted owner refuses lost partitions (-ENODATA, never zeros); a restore brings them back",
-		 test_restarted_owner_refuses_lost_partitions);
-	add_test(s, "remove-server --force of a dead member: its partitions lost, the rest exact; forget-lost",
-		 test_remove_server_force_dead_member);
-	add_test(s, "ADD_SERVER with a garbage uri refused by the server", test_add_server_garbage_uri_refused);
-	add_test(s, "a dead member: clients connect, its shards fail naming it", test_dead_member_does_not_break_connect);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	watchdog_init("it_control", TEST_WATCHDOG_S, it_kill_all);
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "rdmaps.h"
+#include "lib/cutest.h"
 
 #define CANARY 0xa5
 /* room for the structure, any growth the test simulates, and a canary */
@@ -224,26 +225,22 @@ static void test_tensor_info_writes_at_most_callers_size(void)
 
 int main(void)
 {
-	CU_pSuite s;
-	unsigned fails;
+	static const struct cutest opts_tests[] = {
+		{ "client opts init: an older struct is not overrun", test_client_opts_init_older_struct_not_overrun },
+		{ "tensor opts init: an older struct is not overrun", test_tensor_opts_init_older_struct_not_overrun },
+		{ "opts init: a newer struct's unknown tail is zeroed", test_opts_init_newer_struct_tail_zeroed },
+		{ "opts init: a size below sizeof(size) writes nothing", test_opts_init_tiny_size_writes_nothing },
+		{ "rps_version matches the header and configure", test_version_matches_header_and_configure },
+	};
+	static const struct cutest info_tests[] = {
+		{ "rps_tensor_info writes at most the caller's size", test_tensor_info_writes_at_most_callers_size },
+	};
+	const struct cutest_suite suites[] = {
+		{ "option structures and version", NULL, NULL, NULL, NULL, opts_tests, CUTEST_COUNT(opts_tests) },
+		{ "rps_tensor_info, one in-process server", suite_server_init, suite_server_fini, NULL, NULL, info_tests,
+		  CUTEST_COUNT(info_tests) },
+	};
 
 	rps__log_level = RPS__LOG_ERROR;
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("option structures and version", NULL, NULL);
-	CU_add_test(s, "client opts init: an older struct is not overrun",
-		    test_client_opts_init_older_struct_not_overrun);
-	CU_add_test(s, "tensor opts init: an older struct is not overrun",
-		    test_tensor_opts_init_older_struct_not_overrun);
-	CU_add_test(s, "opts init: a newer struct's unknown tail is zeroed", test_opts_init_newer_struct_tail_zeroed);
-	CU_add_test(s, "opts init: a size below sizeof(size) writes nothing", test_opts_init_tiny_size_writes_nothing);
-	CU_add_test(s, "rps_version matches the header and configure", test_version_matches_header_and_configure);
-	s = CU_add_suite("rps_tensor_info, one in-process server", suite_server_init, suite_server_fini);
-	CU_add_test(s, "rps_tensor_info writes at most the caller's size",
-		    test_tensor_info_writes_at_most_callers_size);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-	CU_cleanup_registry();
-	return fails ? 1 : 0;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

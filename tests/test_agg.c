@@ -45,6 +45,7 @@ static float float_of(uint32_t u)
 
 #define TEST_RNG_SEED 0x9e3779b97f4a7c15ull
 #include "test_rng.h"
+#include "lib/cutest.h"
 
 /* Independent definitions of the 16-bit formats' values. */
 static double ref_bf16_value(uint16_t h)
@@ -633,10 +634,7 @@ static void test_isa_selection(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		CU_TestFunc fn;
-	} tests[] = {
+	static const struct cutest tests[] = {
 		{ "bf16 -> f32, all 65536 patterns", test_bf16_widen_all },
 		{ "f16 -> f32, all 65536 patterns", test_f16_widen_all },
 		{ "bf16 -> f32 -> bf16, all patterns", test_bf16_roundtrip_all },
@@ -653,25 +651,10 @@ int main(void)
 		{ "dtype names", test_dtype_names },
 		{ "code path selection", test_isa_selection },
 	};
-	CU_pSuite suite;
-	unsigned int failures;
+	const struct cutest_suite suites[] = {
+		{ "agg", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return CU_get_error();
-	suite = CU_add_suite("agg", NULL, NULL);
-	if (!suite)
-		goto fail;
-	for (size_t i = 0; i < RPS__ARRAY_SIZE(tests); i++)
-		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
-			goto fail;
 	printf("agg code paths: best is %s\n", rps__agg_isa_name(rps__agg_best_isa()));
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failures = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-	CU_cleanup_registry();
-	return failures ? 1 : 0;
-fail:
-	fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
-	CU_cleanup_registry();
-	return 1;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

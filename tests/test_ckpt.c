@@ -11,6 +11,7 @@
 #include "config.h"
 #include "ckpt.h"
 #include "common.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <dirent.h>
@@ -862,10 +863,7 @@ static void test_open_errors(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} tests[] = {
+	static const struct cutest tests[] = {
 		{ "round trip, levels 0..3, bit-identical", test_round_trip },
 		{ "compression only when it pays", test_compression },
 		{ "every truncation refused", test_truncation },
@@ -878,17 +876,9 @@ int main(void)
 		{ "writer ignores planted symlinks, file 0600", test_writer_ignores_planted_symlinks },
 		{ "writer makes no missing parents", test_writer_makes_no_parents },
 	};
-	unsigned failed;
-	CU_pSuite s;
+	const struct cutest_suite suites[] = {
+		{ "ckpt", NULL, NULL, setup, teardown, tests, CUTEST_COUNT(tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite_with_setup_and_teardown("ckpt", NULL, NULL, setup, teardown);
-	for (size_t i = 0; i < RPS__ARRAY_SIZE(tests); i++)
-		CU_add_test(s, tests[i].name, tests[i].fn);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

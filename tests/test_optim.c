@@ -31,6 +31,7 @@
 
 #define TEST_RNG_SEED 0x243f6a8885a308d3ull
 #include "test_rng.h"
+#include "lib/cutest.h"
 
 static uint32_t bits_of(float f)
 {
@@ -444,10 +445,7 @@ static void test_names(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		CU_TestFunc fn;
-	} tests[] = {
+	static const struct cutest tests[] = {
 		{ "sum = reference, all variants and sizes", test_sum },
 		{ "sgd = reference, all variants and sizes", test_sgd },
 		{ "momentum = reference, all variants and sizes", test_momentum },
@@ -460,26 +458,11 @@ int main(void)
 		{ "names", test_names },
 		{ "code path selection", test_path_selection },
 	};
-	CU_pSuite suite;
-	unsigned int failures;
+	const struct cutest_suite suites[] = {
+		{ "optim", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return CU_get_error();
-	suite = CU_add_suite("optim", NULL, NULL);
-	if (!suite)
-		goto fail;
-	for (size_t i = 0; i < RPS__ARRAY_SIZE(tests); i++)
-		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
-			goto fail;
 	printf("optim code paths: best is %s\n",
 	       rps__optim_best_path() == RPS__OPTIM_AVX2 ? "avx2" : "baseline");
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failures = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-	CU_cleanup_registry();
-	return failures ? 1 : 0;
-fail:
-	fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
-	CU_cleanup_registry();
-	return 1;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

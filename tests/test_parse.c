@@ -6,6 +6,7 @@
 #include "config.h"
 #include "common.h"
 #include "parse.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -129,34 +130,16 @@ static void test_size_str(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		CU_TestFunc fn;
-	} tests[] = {
+	static const struct cutest tests[] = {
 		{ "sizes: digits, fractions, K/M/G/T, i, B", test_size_accepts },
 		{ "sizes: nan, inf, 1e30, signs, junk, overflow refused", test_size_refuses },
 		{ "sizes: min/max and the error line", test_size_range },
 		{ "integers: range, signs, junk, overflow", test_u64 },
 		{ "sizes printed exactly", test_size_str },
 	};
-	CU_pSuite suite;
-	unsigned int failures;
+	const struct cutest_suite suites[] = {
+		{ "parse", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return CU_get_error();
-	suite = CU_add_suite("parse", NULL, NULL);
-	if (!suite)
-		goto fail;
-	for (size_t i = 0; i < RPS__ARRAY_SIZE(tests); i++)
-		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
-			goto fail;
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failures = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-	CU_cleanup_registry();
-	return failures ? 1 : 0;
-fail:
-	fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
-	CU_cleanup_registry();
-	return 1;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "rdmaps.h"
+#include "lib/cutest.h"
 
 #define SHARD_BYTES 1024u	/* 256 fp32 per shard */
 #define NPART 4u
@@ -265,21 +266,16 @@ static void test_install_refuses_mutated_fields(void)
 
 int main(void)
 {
-	CU_pSuite s;
-	unsigned fails;
+	static const struct cutest tests[] = {
+		{ "a valid image is installed", test_install_takes_valid_image },
+		{ "install refuses a bad parked push", test_install_refuses_bad_parked_push },
+		{ "install refuses a push parked for an async tensor", test_install_refuses_push_parked_for_async_tensor },
+		{ "install refuses mutated fields, changing nothing", test_install_refuses_mutated_fields },
+	};
+	const struct cutest_suite suites[] = {
+		{ "partition image", suite_init, suite_fini, NULL, NULL, tests, CUTEST_COUNT(tests) },
+	};
 
 	rps__log_level = RPS__LOG_ERROR;
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("partition image", suite_init, suite_fini);
-	CU_add_test(s, "a valid image is installed", test_install_takes_valid_image);
-	CU_add_test(s, "install refuses a bad parked push", test_install_refuses_bad_parked_push);
-	CU_add_test(s, "install refuses a push parked for an async tensor",
-		    test_install_refuses_push_parked_for_async_tensor);
-	CU_add_test(s, "install refuses mutated fields, changing nothing", test_install_refuses_mutated_fields);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-	CU_cleanup_registry();
-	return fails ? 1 : 0;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

@@ -5,6 +5,7 @@
  */
 #include "config.h"
 #include "proto.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -289,25 +290,20 @@ static void test_push_crc_catches_every_flipped_bit(void)
 
 int main(void)
 {
-	CU_pSuite s;
-	unsigned failed;
+	static const struct cutest tests[] = {
+		{ "every message type round-trips", test_roundtrip_every_type },
+		{ "malformed messages refused", test_malformed },
+		{ "error replies may omit the body", test_error_reply_without_body },
+		{ "CREATE names must be terminated", test_create_name_terminated },
+		{ "the HELLO_REP fuzz reproducer is refused, not read past", test_header_only_hello_rep_not_read_past },
+		{ "every type with a body shorter than its own refused", test_every_short_body_refused },
+		{ "foreign byte order detected", test_foreign_byte_order },
+		{ "push descriptors checked against the slot", test_push_desc },
+		{ "push crc32c catches every flipped bit", test_push_crc_catches_every_flipped_bit },
+	};
+	const struct cutest_suite suites[] = {
+		{ "proto", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("proto", NULL, NULL);
-	CU_add_test(s, "every message type round-trips", test_roundtrip_every_type);
-	CU_add_test(s, "malformed messages refused", test_malformed);
-	CU_add_test(s, "error replies may omit the body", test_error_reply_without_body);
-	CU_add_test(s, "CREATE names must be terminated", test_create_name_terminated);
-	CU_add_test(s, "the HELLO_REP fuzz reproducer is refused, not read past",
-		    test_header_only_hello_rep_not_read_past);
-	CU_add_test(s, "every type with a body shorter than its own refused", test_every_short_body_refused);
-	CU_add_test(s, "foreign byte order detected", test_foreign_byte_order);
-	CU_add_test(s, "push descriptors checked against the slot", test_push_desc);
-	CU_add_test(s, "push crc32c catches every flipped bit", test_push_crc_catches_every_flipped_bit);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

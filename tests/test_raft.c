@@ -18,6 +18,7 @@
 #include "common.h"
 #include "raft.h"
 #include "raft_sim.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -1752,10 +1753,7 @@ static void test_simulator_random_seeds(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} core_tests[] = {
+	static const struct cutest core_tests[] = {
 		{ "bootstrap snapshot, joiner waits", test_bootstrap_and_join },
 		{ "config and restore validation", test_config_and_restore_validation },
 		{ "ready/advance contract", test_ready_contract },
@@ -1789,20 +1787,14 @@ int main(void)
 		{ "codec round trip", test_codec_roundtrip },
 		{ "codec rejects malformed input", test_codec_rejects_malformed },
 	};
-	CU_pSuite core, sim;
-	unsigned failed;
+	static const struct cutest sim_tests[] = {
+		{ "linearisability checker", test_linearizability_checker },
+		{ "random seeds", test_simulator_random_seeds },
+	};
+	const struct cutest_suite suites[] = {
+		{ "raft", NULL, NULL, NULL, NULL, core_tests, CUTEST_COUNT(core_tests) },
+		{ "raft simulator", NULL, NULL, NULL, NULL, sim_tests, CUTEST_COUNT(sim_tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	core = CU_add_suite("raft", NULL, NULL);
-	for (size_t i = 0; i < RPS__ARRAY_SIZE(core_tests); i++)
-		CU_add_test(core, core_tests[i].name, core_tests[i].fn);
-	sim = CU_add_suite("raft simulator", NULL, NULL);
-	CU_add_test(sim, "linearisability checker", test_linearizability_checker);
-	CU_add_test(sim, "random seeds", test_simulator_random_seeds);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

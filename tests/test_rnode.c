@@ -16,6 +16,7 @@
 #include "config.h"
 #include "rnode.h"
 #include "common.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <dirent.h>
@@ -1094,10 +1095,7 @@ static void test_dir_in_use(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} tests[] = {
+	static const struct cutest tests[] = {
 		{ "bootstrap, one leader, role_change", test_bootstrap_and_election },
 		{ "proposals apply everywhere in order, once", test_proposals_commit_everywhere },
 		{ "the same with fsync ALWAYS", test_proposals_fsync_always },
@@ -1112,17 +1110,9 @@ int main(void)
 		  test_unusable_term_leaves_node_restartable },
 		{ "a log truncated below its commit index is refused", test_truncated_log_refused_at_open },
 	};
-	CU_pSuite s;
-	unsigned failed;
+	const struct cutest_suite suites[] = {
+		{ "rnode", NULL, NULL, setup, teardown, tests, CUTEST_COUNT(tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite_with_setup_and_teardown("rnode", NULL, NULL, setup, teardown);
-	for (size_t i = 0; i < RPS__ARRAY_SIZE(tests); i++)
-		CU_add_test(s, tests[i].name, tests[i].fn);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

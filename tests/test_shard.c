@@ -5,6 +5,7 @@
 #include "config.h"
 #include "shard.h"
 #include "uri.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -136,21 +137,17 @@ static void test_uri(void)
 
 int main(void)
 {
-	CU_pSuite s;
-	unsigned failed;
+	static const struct cutest tests[] = {
+		{ "lock word encoding", test_lock_word },
+		{ "layout covers every element once", test_layout_covers_every_element_once },
+		{ "layout spreads evenly, deterministically", test_layout_spreads_and_is_deterministic },
+		{ "layout refuses counts whose shard count overflows", test_layout_refuses_count_overflow },
+		{ "shard stride", test_stride },
+		{ "address parsing", test_uri },
+	};
+	const struct cutest_suite suites[] = {
+		{ "shard", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("shard", NULL, NULL);
-	CU_add_test(s, "lock word encoding", test_lock_word);
-	CU_add_test(s, "layout covers every element once", test_layout_covers_every_element_once);
-	CU_add_test(s, "layout spreads evenly, deterministically", test_layout_spreads_and_is_deterministic);
-	CU_add_test(s, "layout refuses counts whose shard count overflows", test_layout_refuses_count_overflow);
-	CU_add_test(s, "shard stride", test_stride);
-	CU_add_test(s, "address parsing", test_uri);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

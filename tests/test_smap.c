@@ -11,6 +11,7 @@
 
 #define TEST_RNG_SEED 0x5eed5a3a9ull
 #include "test_rng.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -1250,30 +1251,26 @@ static void test_determinism(void)
 
 int main(void)
 {
-	CU_pSuite s;
-	unsigned failed;
+	static const struct cutest tests[] = {
+		{ "bootstrap placement and limits", test_init },
+		{ "partition of a shard", test_part_of },
+		{ "add member: accepted and refused", test_add_member },
+		{ "remove member: only when it owns nothing", test_remove_member },
+		{ "move begin and commit", test_move_commit },
+		{ "move abort", test_move_abort },
+		{ "lost partitions: marked, cleared, forced removal", test_lost_partitions },
+		{ "messages, names and replayed indexes", test_messages },
+		{ "map round-trips byte-identical", test_map_roundtrip },
+		{ "map truncation and flipped bits refused", test_map_truncated_and_flipped },
+		{ "map with invalid content refused", test_map_invalid_content },
+		{ "map garbage never crashes", test_map_garbage },
+		{ "command codec", test_cmd_codec },
+		{ "table and JSON output", test_print },
+		{ "replicas stay identical under random commands", test_determinism },
+	};
+	const struct cutest_suite suites[] = {
+		{ "smap", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("smap", NULL, NULL);
-	CU_add_test(s, "bootstrap placement and limits", test_init);
-	CU_add_test(s, "partition of a shard", test_part_of);
-	CU_add_test(s, "add member: accepted and refused", test_add_member);
-	CU_add_test(s, "remove member: only when it owns nothing", test_remove_member);
-	CU_add_test(s, "move begin and commit", test_move_commit);
-	CU_add_test(s, "move abort", test_move_abort);
-	CU_add_test(s, "lost partitions: marked, cleared, forced removal", test_lost_partitions);
-	CU_add_test(s, "messages, names and replayed indexes", test_messages);
-	CU_add_test(s, "map round-trips byte-identical", test_map_roundtrip);
-	CU_add_test(s, "map truncation and flipped bits refused", test_map_truncated_and_flipped);
-	CU_add_test(s, "map with invalid content refused", test_map_invalid_content);
-	CU_add_test(s, "map garbage never crashes", test_map_garbage);
-	CU_add_test(s, "command codec", test_cmd_codec);
-	CU_add_test(s, "table and JSON output", test_print);
-	CU_add_test(s, "replicas stay identical under random commands", test_determinism);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

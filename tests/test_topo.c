@@ -13,6 +13,7 @@
 #include "config.h"
 #include "common.h"
 #include "topo.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -738,34 +739,30 @@ static void test_real_respects_affinity(void)
 
 int main(void)
 {
-	CU_pSuite s;
-	unsigned failed;
+	static const struct cutest tests[] = {
+		{ "HCA on NUMA node 1 of 2", test_hca_on_node1 },
+		{ "HCA on NUMA node 0 of 2", test_hca_on_node0 },
+		{ "two HCAs, chosen by name", test_two_hcas_by_name },
+		{ "unknown device: whole machine, warned", test_unknown_device },
+		{ "no device: whole machine", test_no_device },
+		{ "--numa-node override", test_numa_override },
+		{ "--cpus override", test_cpus_override },
+		{ "--no-pin", test_no_pin },
+		{ "single-node machine", test_single_node },
+		{ "rxe and unlocated HCA: no locality", test_no_locality },
+		{ "several local nodes: the first", test_several_local_nodes },
+		{ "XML document in memory; load errors", test_xml_string_and_errors },
+		{ "XML topology binds and pins nothing", test_xml_binds_nothing },
+		{ "describe and print", test_describe },
+		{ "this machine: whole machine without HCA", test_real_whole_machine },
+		{ "this machine: alloc zeroed, page-aligned, bound", test_real_alloc },
+		{ "this machine: unbound memory is reported once", test_real_unbound_warns_once },
+		{ "this machine: pinning changes the thread's affinity", test_real_pin },
+		{ "this machine: derived cpus respect the process affinity", test_real_respects_affinity },
+	};
+	const struct cutest_suite suites[] = {
+		{ "topo", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("topo", NULL, NULL);
-	CU_add_test(s, "HCA on NUMA node 1 of 2", test_hca_on_node1);
-	CU_add_test(s, "HCA on NUMA node 0 of 2", test_hca_on_node0);
-	CU_add_test(s, "two HCAs, chosen by name", test_two_hcas_by_name);
-	CU_add_test(s, "unknown device: whole machine, warned", test_unknown_device);
-	CU_add_test(s, "no device: whole machine", test_no_device);
-	CU_add_test(s, "--numa-node override", test_numa_override);
-	CU_add_test(s, "--cpus override", test_cpus_override);
-	CU_add_test(s, "--no-pin", test_no_pin);
-	CU_add_test(s, "single-node machine", test_single_node);
-	CU_add_test(s, "rxe and unlocated HCA: no locality", test_no_locality);
-	CU_add_test(s, "several local nodes: the first", test_several_local_nodes);
-	CU_add_test(s, "XML document in memory; load errors", test_xml_string_and_errors);
-	CU_add_test(s, "XML topology binds and pins nothing", test_xml_binds_nothing);
-	CU_add_test(s, "describe and print", test_describe);
-	CU_add_test(s, "this machine: whole machine without HCA", test_real_whole_machine);
-	CU_add_test(s, "this machine: alloc zeroed, page-aligned, bound", test_real_alloc);
-	CU_add_test(s, "this machine: unbound memory is reported once", test_real_unbound_warns_once);
-	CU_add_test(s, "this machine: pinning changes the thread's affinity", test_real_pin);
-	CU_add_test(s, "this machine: derived cpus respect the process affinity", test_real_respects_affinity);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

@@ -16,6 +16,7 @@
 #include "config.h"
 #include "transport.h"
 #include "common.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <arpa/inet.h>
@@ -1555,10 +1556,7 @@ static int suite_clean(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} tests[] = {
+	static const struct cutest tests[] = {
 		{ "connect and accept with private data", test_connect_private_data },
 		{ "reject with private data", test_reject_private_data },
 		{ "handshake checks magic, byte order, version (tcp)", test_handshake_checks },
@@ -1585,9 +1583,6 @@ int main(void)
 		{ "local CAS mixed with remote CAS", test_local_cas_mixed },
 	};
 	const char *kind = getenv("RPS_TEST_TRANSPORT");
-	CU_pSuite suite;
-	unsigned failed;
-	size_t i;
 
 	g_addr = getenv("RPS_TEST_ADDR");
 	if (!g_addr || !*g_addr)
@@ -1607,22 +1602,6 @@ int main(void)
 		return 2;
 	}
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	suite = CU_add_suite(g_kind == RPS__KIND_TCP ? "transport (tcp)" : "transport (verbs)",
-			     suite_init, suite_clean);
-	if (!suite)
-		goto err;
-	for (i = 0; i < RPS__ARRAY_SIZE(tests); i++)
-		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
-			goto err;
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
-err:
-	fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
-	CU_cleanup_registry();
-	return 1;
+	return cutest_run1(g_kind == RPS__KIND_TCP ? "transport (tcp)" : "transport (verbs)", suite_init,
+			   suite_clean, NULL, NULL, tests, CUTEST_COUNT(tests));
 }

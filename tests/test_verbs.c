@@ -15,6 +15,7 @@
 #include "config.h"
 #include "transport.h"
 #include "common.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <infiniband/verbs.h>
@@ -1825,10 +1826,7 @@ static void t_faults(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} tests[] = {
+	static const struct cutest tests[] = {
 		{ "device by name / by address, wildcard listen", t_open },
 		{ "registration fails cleanly under a low memlock limit", t_memlock },
 		{ "private data both ways, reject with a reason", t_privdata },
@@ -1844,24 +1842,12 @@ int main(void)
 		{ "errors with a peer: bad WRs, full RQ, oversized SEND", t_peer_errors },
 		{ "injected errors: codes, messages, nothing leaked", t_faults },
 	};
-	const char *only = getenv("RPS_TEST_ONLY");
-	CU_pSuite s;
-	unsigned i, fails;
 
 	if (!rps__verbs_available()) {
 		printf("test_verbs: no RDMA device (ibv_get_device_list is empty): skipped\n");
 		return 77;
 	}
 	printf("test_verbs: device found, RPS_TEST_ADDR=%s\n", test_addr());
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 99;
-	s = CU_add_suite("verbs", NULL, NULL);
-	for (i = 0; i < RPS__ARRAY_SIZE(tests); i++)
-		if (!only || strstr(tests[i].name, only))
-			CU_add_test(s, tests[i].name, tests[i].fn);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	fails = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-	CU_cleanup_registry();
-	return fails ? 1 : 0;
+	/* RPS_TEST_ONLY=text runs only the tests whose names contain it (cutest.h) */
+	return cutest_run1("verbs", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests));
 }

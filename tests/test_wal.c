@@ -12,6 +12,7 @@
 #include "config.h"
 #include "wal.h"
 #include "common.h"
+#include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
 #include <dirent.h>
@@ -1148,10 +1149,7 @@ static void test_lock_and_leftovers(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		void (*fn)(void);
-	} tests[] = {
+	static const struct cutest tests[] = {
 		{ "fresh node, then entries/hard state/snapshot round-trip", test_fresh_and_roundtrip },
 		{ "conflicting suffix replaced; invalid saves refused", test_conflict_truncation },
 		{ "segment rollover, 3100 records", test_rollover_and_many_records },
@@ -1174,18 +1172,10 @@ int main(void)
 		{ "a failed sync makes the log unusable", test_sync_failure_is_sticky },
 		{ "directory lock, leftover temp files", test_lock_and_leftovers },
 	};
-	CU_pSuite s;
-	unsigned failed;
-
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
 	/* setup/teardown per test: each one gets a fresh directory */
-	s = CU_add_suite_with_setup_and_teardown("wal", NULL, NULL, setup, teardown);
-	for (size_t i = 0; i < RPS__ARRAY_SIZE(tests); i++)
-		CU_add_test(s, tests[i].name, tests[i].fn);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+	const struct cutest_suite suites[] = {
+		{ "wal", NULL, NULL, setup, teardown, tests, CUTEST_COUNT(tests) },
+	};
+
+	return cutest_run(suites, CUTEST_COUNT(suites));
 }

@@ -1,0 +1,51 @@
+/*
+ * cutest.c - the one CUnit main of the test programs (see cutest.h).
+ */
+#include "config.h"
+#include "cutest.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *only_filter(void)
+{
+	const char *only = getenv("RPS_TEST_ONLY");
+
+	if (!only || !*only)
+		only = getenv("RPS_IT_ONLY");
+	return only && *only ? only : NULL;
+}
+
+int cutest_run(const struct cutest_suite *suites, size_t nsuites)
+{
+	const char *only = only_filter();
+	unsigned failed;
+
+	if (CU_initialize_registry() != CUE_SUCCESS) {
+		fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
+		return 99;
+	}
+	for (size_t i = 0; i < nsuites; i++) {
+		const struct cutest_suite *su = &suites[i];
+		CU_pSuite s = CU_add_suite_with_setup_and_teardown(su->name, su->init, su->clean, su->setup,
+								   su->teardown);
+
+		if (!s)
+			goto err;
+		for (size_t j = 0; j < su->ntests; j++)
+			if ((!only || strstr(su->tests[j].name, only)) &&
+			    !CU_add_test(s, su->tests[j].name, su->tests[j].fn))
+				goto err;
+	}
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	if (CU_basic_run_tests() != CUE_SUCCESS)
+		goto err;
+	failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed() + CU_get_number_of_suites_failed();
+	CU_cleanup_registry();
+	return failed ? 1 : 0;
+err:
+	fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
+	CU_cleanup_registry();
+	return 99;
+}
