@@ -1661,7 +1661,7 @@ int rps__server_run(struct rps__server *srv)
 
 		/* here, not only after poll(): busy completions or --spin-us
 		 * may keep the loop from sleeping for as long as they last */
-		if (srv->stopping)
+		if (__atomic_load_n(&srv->stopping, __ATOMIC_RELAXED))
 			return 0;
 		n = rps__cq_poll(srv->cq, wc, (int)RPS__ARRAY_SIZE(wc));
 		if (n < 0) {
@@ -1734,7 +1734,9 @@ void rps__server_stop(struct rps__server *srv)
 	uint64_t one = 1;
 	ssize_t r;
 
-	srv->stopping = 1;
+	/* atomic, not only volatile: a signal handler (rdmapsd) or another
+	 * thread (tests, psperf's in-process servers) may call this */
+	__atomic_store_n(&srv->stopping, 1, __ATOMIC_RELAXED);
 	r = write(srv->stop_fd, &one, sizeof(one));
 
 	(void)r;

@@ -1796,6 +1796,18 @@ static long vm_rss_kib(pid_t pid)
 }
 
 #define ADMIN_TRIES 40
+/* ThreadSanitizer's shadow memory makes the server's RSS grow ~3x what it
+ * serves (165 MiB here); the leak this guards grew by gigabytes. */
+#if defined(__SANITIZE_THREAD__)
+#define RSS_SLACK 8
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RSS_SLACK 8
+#endif
+#endif
+#ifndef RSS_SLACK
+#define RSS_SLACK 1
+#endif
 
 /* Admin connections are capped (16), their buffers count against
  * --memory-limit, and a connector announcing a huge send queue depth (which
@@ -1839,9 +1851,9 @@ static void test_admin_connections_bounded(void)
 	CU_ASSERT_EQUAL(ok, 16);
 	CU_ASSERT_EQUAL(full, ADMIN_TRIES - 16);
 	rss = vm_rss_kib(one.pid[0]);
-	if (rss - rss0 > 64 * 1024)
+	if (rss - rss0 > 64 * 1024 * RSS_SLACK)
 		fprintf(stderr, "\n  server RSS %ld KiB -> %ld KiB\n", rss0, rss);
-	CU_ASSERT(rss > 0 && rss - rss0 <= 64 * 1024);
+	CU_ASSERT(rss > 0 && rss - rss0 <= 64 * 1024 * RSS_SLACK);
 	/* a worker still gets in and is served */
 	rps_client_opts_init(&co);
 	co.servers = one.servers;
