@@ -803,7 +803,7 @@ static int idle_worker(int rank, int nworkers, const char *servers, void *arg, i
 	if ((ret = connect_worker(servers, rank, 1, &cl)))
 		return fail("connect", ret);
 	it_write_all(out_fd, &one, sizeof(one));
-	usleep(2000 * 1000);
+	usleep(5000 * 1000);	/* well past the server's --idle-timeout-ms */
 	rps_tensor_opts_init(&o);
 	o.mode = RPS_MODE_ASYNC;
 	o.count = 100;
@@ -823,11 +823,13 @@ static void test_idle_worker_frees_its_place(void)
 	struct it_workers idle, next;
 	int ready = 0, idle_ret = 0;
 
-	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&one, 1, "--max-connections 1 --idle-timeout-ms 300"), 0);
+	/* 1.5 s: the next worker's own connect-to-create gap must stay well
+	 * below it even in a sanitized build on a loaded machine */
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&one, 1, "--max-connections 1 --idle-timeout-ms 1500"), 0);
 	CU_ASSERT_EQUAL(it_workers_start(&idle, 1, idle_worker, one.servers, NULL, -1, NULL), 0);
 	CU_ASSERT_EQUAL(it_worker_read(&idle, 0, &ready, sizeof(ready)), 0);
 	CU_ASSERT_EQUAL(ready, 1);
-	usleep(1000 * 1000);
+	usleep(3500 * 1000);
 	CU_ASSERT_EQUAL(it_workers_start(&next, 1, connect_create_worker, one.servers, NULL, -1, NULL), 0);
 	CU_ASSERT_EQUAL(it_worker_wait(&next, 0), 0);
 	CU_ASSERT_EQUAL(it_worker_read(&idle, 0, &idle_ret, sizeof(idle_ret)), 0);
