@@ -3,6 +3,8 @@
  */
 #include "config.h"
 #include "cluster.h"
+#include "fsutil.h"
+#include "lib/tmpdir.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -173,7 +175,7 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 	cl->nservers = n;
 	cl->scheme = getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp";
 	cl->addr = getenv("RPS_IT_ADDR") ? getenv("RPS_IT_ADDR") : "127.0.0.1";
-	snprintf(cl->dir, sizeof(cl->dir), "%s/rps-it.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	snprintf(cl->dir, sizeof(cl->dir), "%s/rps-it.XXXXXX", test_tmpdir());
 	if (!mkdtemp(cl->dir))
 		return -errno;
 	for (i = 0; i < n; i++) {
@@ -265,32 +267,6 @@ int it_server_wait_exit(struct it_cluster *cl, int i, int timeout_ms)
 	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
 }
 
-static void remove_tree(const char *path)
-{
-	struct stat sb;
-	DIR *d;
-	struct dirent *e;
-	char sub[1024];
-
-	if (lstat(path, &sb) != 0)
-		return;
-	if (!S_ISDIR(sb.st_mode)) {
-		unlink(path);
-		return;
-	}
-	d = opendir(path);
-	if (d) {
-		while ((e = readdir(d))) {
-			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-				continue;
-			snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
-			remove_tree(sub);
-		}
-		closedir(d);
-	}
-	rmdir(path);
-}
-
 int it_cluster_stop(struct it_cluster *cl)
 {
 	int i, bad = 0;
@@ -308,7 +284,7 @@ int it_cluster_stop(struct it_cluster *cl)
 		cl->pid[i] = 0;
 	}
 	if (cl->dir[0])
-		remove_tree(cl->dir);
+		rps__remove_tree(cl->dir);
 	return bad;
 }
 

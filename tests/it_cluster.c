@@ -42,6 +42,7 @@
 #include "rdmaps.h"
 #include "lib/cutest.h"
 #include "lib/watchdog.h"
+#include "lib/tmpdir.h"
 
 #define NSERVERS 2
 #define NWORKERS 4
@@ -1547,7 +1548,7 @@ static void test_tensor_name_forging_a_log_line_refused(void)
 	struct raw_peer p;
 	rps_client_t *cl;
 	rps_tensor_t *t;
-	char msg[RPS__MSG_MAX], logpath[] = "/tmp/rps-it-log.XXXXXX", args[600], line[1024];
+	char msg[RPS__MSG_MAX], logpath[256], args[600], line[1024];
 	size_t len;
 	FILE *f;
 	int fd, forged = 0, refused = 0;
@@ -1565,6 +1566,7 @@ static void test_tensor_name_forging_a_log_line_refused(void)
 	rps_client_close(cl);
 
 	/* the server, its log in a file */
+	snprintf(logpath, sizeof(logpath), "%s/rps-it-log.XXXXXX", test_tmpdir());
 	fd = mkstemp(logpath);
 	CU_ASSERT_FATAL(fd >= 0);
 	close(fd);

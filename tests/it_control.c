@@ -61,6 +61,7 @@
 #include "rdmaps.h"
 #include "lib/cutest.h"
 #include "lib/watchdog.h"
+#include "lib/tmpdir.h"
 
 #define NWORKERS 4
 #define NPART 8
@@ -1946,7 +1947,7 @@ static void test_checkpoint_restore(void)
 	unsigned long long cut = 0;
 	int rc, steps;
 
-	snprintf(dir, sizeof(dir), "/tmp/it_control_ckpt.%d", (int)getpid());
+	snprintf(dir, sizeof(dir), "%s/it_control_ckpt.%d", test_tmpdir(), (int)getpid());
 	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
 	start_training(&clu, &trainers, &a, NULL);
@@ -2097,7 +2098,7 @@ static void test_checkpoint_adam_exact(void)
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(want);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(got);
-	snprintf(dir, sizeof(dir), "/tmp/it_control_adam.%d", (int)getpid());
+	snprintf(dir, sizeof(dir), "%s/it_control_adam.%d", test_tmpdir(), (int)getpid());
 	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
 	adam_run(clu.servers, 0, 20, &v1, want);
@@ -2425,7 +2426,7 @@ static void test_restarted_owner_refuses_lost_partitions(void)
 	struct it_workers w;
 	int l, v, p, rc, ready = -1;
 
-	snprintf(dir, sizeof(dir), "/tmp/it_control_lost.%d", (int)getpid());
+	snprintf(dir, sizeof(dir), "%s/it_control_lost.%d", test_tmpdir(), (int)getpid());
 	lost_names(&a);
 	memset(lost_sh, 0, sizeof(*lost_sh));
 	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);

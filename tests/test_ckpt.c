@@ -12,6 +12,8 @@
 #include "ckpt.h"
 #include "common.h"
 #include "lib/cutest.h"
+#include "fsutil.h"
+#include "lib/tmpdir.h"
 
 #include <CUnit/Basic.h>
 #include <dirent.h>
@@ -32,36 +34,10 @@ static char dir[300];
 
 /* ---- fixtures ------------------------------------------------------------ */
 
-static void rm_tree(const char *path)
-{
-	DIR *d = opendir(path);
-	struct dirent *de;
-
-	if (!d)
-		return;
-	while ((de = readdir(d))) {
-		char sub[1024];
-
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		snprintf(sub, sizeof(sub), "%s/%s", path, de->d_name);
-		if (unlink(sub) < 0)
-			rm_tree(sub);
-	}
-	closedir(d);
-	rmdir(path);
-}
-
 /* dir does not exist yet, its parent does: create must make it. */
 static void setup(void)
 {
-	const char *tmp = getenv("TMPDIR");
-
-	snprintf(base, sizeof(base), "%s/test_ckpt.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	if (!mkdtemp(base)) {
-		perror("mkdtemp");
-		exit(1);
-	}
+	test_mkdtemp(base, sizeof(base), "test_ckpt");
 	snprintf(dir, sizeof(dir), "%s/run", base);
 	if (mkdir(dir, 0700) < 0) {
 		perror("mkdir");
@@ -72,7 +48,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-	rm_tree(base);
+	rps__remove_tree(base);
 }
 
 static size_t count_files(const char *path)

@@ -17,6 +17,8 @@
 #include "rnode.h"
 #include "common.h"
 #include "lib/cutest.h"
+#include "fsutil.h"
+#include "lib/tmpdir.h"
 
 #include <CUnit/Basic.h>
 #include <dirent.h>
@@ -238,27 +240,9 @@ static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader,
 
 /* ---- the cluster ----------------------------------------------------------- */
 
-static void rm_tree(const char *path)
-{
-	DIR *d = opendir(path);
-	struct dirent *de;
-
-	if (!d)
-		return;
-	while ((de = readdir(d)))
-		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-			unlinkat(dirfd(d), de->d_name, 0);
-	closedir(d);
-	rmdir(path);
-}
-
 static void setup(void)
 {
-	strcpy(base, "/tmp/test_rnode.XXXXXX");
-	if (!mkdtemp(base)) {
-		perror("mkdtemp");
-		exit(1);
-	}
+	test_mkdtemp(base, sizeof(base), "test_rnode");
 	memset(nodes, 0, sizeof(nodes));
 	for (uint64_t id = 1; id <= MAXN; id++) {
 		nodes[id].id = id;
@@ -283,7 +267,7 @@ static void teardown(void)
 	for (uint64_t id = 1; id <= MAXN; id++) {
 		rps__rnode_close(nodes[id].rn);
 		free(nodes[id].items);
-		rm_tree(nodes[id].dir);
+		rps__remove_tree(nodes[id].dir);
 	}
 	memset(nodes, 0, sizeof(nodes));
 	queue_clear();

@@ -13,6 +13,8 @@
 #include "wal.h"
 #include "common.h"
 #include "lib/cutest.h"
+#include "fsutil.h"
+#include "lib/tmpdir.h"
 
 #include <CUnit/Basic.h>
 #include <dirent.h>
@@ -67,29 +69,12 @@ static struct rps__wal_opts opts(uint64_t segment_size, unsigned keep)
 	return o;
 }
 
-static void rm_tree(const char *path)
-{
-	DIR *d = opendir(path);
-	struct dirent *de;
-
-	if (!d)
-		return;
-	while ((de = readdir(d)))
-		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-			unlinkat(dirfd(d), de->d_name, 0);
-	closedir(d);
-	rmdir(path);
-}
-
 /* A fresh, not yet existing directory: open must create it. */
 static void setup(void)
 {
-	char base[] = "/tmp/test_wal.XXXXXX";
+	char base[200];
 
-	if (!mkdtemp(base)) {
-		perror("mkdtemp");
-		exit(1);
-	}
+	test_mkdtemp(base, sizeof(base), "test_wal");
 	snprintf(dir, sizeof(dir), "%s/node", base);
 	memset(&syncs, 0, sizeof(syncs));
 	memset(model_term, 0, sizeof(model_term));
@@ -99,7 +84,7 @@ static void teardown(void)
 {
 	char *slash;
 
-	rm_tree(dir);
+	rps__remove_tree(dir);
 	slash = strrchr(dir, '/');
 	*slash = '\0';
 	rmdir(dir);
