@@ -1336,6 +1336,17 @@ static void propose_cmd(struct rps__server *srv, const struct rps__smap_cmd *cmd
 		peer_send(srv, leader, RPS__MSG_PROPOSE, 0, 0, buf, len);
 }
 
+/* Propose on this node, which leads: 0 with the entry's index and term, or a
+ * negative errno with the reason in rps__errbuf() (for an admin's answer). */
+static int propose_here(struct rps__server *srv, const struct rps__smap_cmd *cmd, uint64_t *index, uint64_t *term)
+{
+	char buf[RPS__SMAP_CMD_MAX];
+	size_t len;
+	int ret = rps__smap_cmd_encode(cmd, buf, sizeof(buf), &len);
+
+	return ret ? ret : rps__rnode_propose(srv->rnode, buf, len, index, term);
+}
+
 static void on_propose(struct rps__server *srv, struct conn *c, uint64_t req_id, const void *body, size_t len)
 {
 	struct rps__propose_rep rep = { 0 };
@@ -1503,8 +1514,6 @@ static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 {
 	struct rps__smap_cmd cmd;
 	struct rps__raft_status st;
-	char buf[RPS__SMAP_CMD_MAX];
-	size_t len;
 	uint64_t index = 0, epoch = 0, term = 0;
 	int ret;
 
@@ -1582,9 +1591,7 @@ static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 			cmd.type = RPS__SMAP_CLEAR_LOST;
 			cmd.part = p;
 			cmd.epoch = srv->map.parts[p].epoch;
-			ret = rps__smap_cmd_encode(&cmd, buf, sizeof(buf), &len);
-			if (!ret)
-				ret = rps__rnode_propose(srv->rnode, buf, len, &index, &term);
+			ret = propose_here(srv, &cmd, &index, &term);
 			if (ret) {
 				admin_reply(srv, c, req_id, ret, 0, 0, rps__errbuf());
 				return;
@@ -1637,9 +1644,7 @@ static void on_admin(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	}
 	ret = rps__smap_check(&srv->map, &cmd);
 	if (!ret)
-		ret = rps__smap_cmd_encode(&cmd, buf, sizeof(buf), &len);
-	if (!ret)
-		ret = rps__rnode_propose(srv->rnode, buf, len, &index, &term);
+		ret = propose_here(srv, &cmd, &index, &term);
 	if (ret) {
 		admin_reply(srv, c, req_id, ret, 0, 0, rps__errbuf());
 		return;
