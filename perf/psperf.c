@@ -32,16 +32,16 @@
  * the end of the file.
  */
 #include "config.h"
-#include "agg.h"
-#include "client.h"
-#include "common.h"
-#include "ctl.h"
-#include "parse.h"
-#include "proto.h"
-#include "raft.h"
-#include "server.h"
-#include "transport.h"
-#include "uri.h"
+#include "kernels/agg.h"
+#include "client/client.h"
+#include "common/common.h"
+#include "client/ctl.h"
+#include "common/parse.h"
+#include "proto/proto.h"
+#include "control/raft.h"
+#include "server/server.h"
+#include "transport/transport.h"
+#include "transport/uri.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

@@ -3,7 +3,7 @@
  */
 #include "config.h"
 #include "cluster.h"
-#include "fsutil.h"
+#include "common/fsutil.h"
 #include "lib/tmpdir.h"
 
 #include <arpa/inet.h>

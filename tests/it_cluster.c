@@ -14,13 +14,13 @@
  */
 #include "config.h"
 #include "cluster.h"
-#include "agg.h"
-#include "common.h"
-#include "optim.h"
-#include "proto.h"
-#include "common.h"
-#include "shard.h"
-#include "transport.h"
+#include "kernels/agg.h"
+#include "common/common.h"
+#include "kernels/optim.h"
+#include "proto/proto.h"
+#include "common/common.h"
+#include "proto/shard.h"
+#include "transport/transport.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>

@@ -36,13 +36,13 @@
  */
 #include "config.h"
 #include "cluster.h"
-#include "ctl.h"
-#include "proto.h"
-#include "raft.h"
-#include "shard.h"
-#include "smap.h"
-#include "transport.h"
-#include "uri.h"
+#include "client/ctl.h"
+#include "proto/proto.h"
+#include "control/raft.h"
+#include "proto/shard.h"
+#include "proto/smap.h"
+#include "transport/transport.h"
+#include "transport/uri.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>

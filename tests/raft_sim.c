@@ -11,7 +11,7 @@
  */
 #include "config.h"
 #include "raft_sim.h"
-#include "common.h"
+#include "common/common.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -1,6 +1,6 @@
 /*
  * raft_sim.h - a deterministic simulator that drives several Raft cores
- * (src/raft.h) over a simulated network and simulated stable storage, and
+ * (src/control/raft.h) over a simulated network and simulated stable storage, and
  * checks Raft's safety properties at every step.
  *
  * Each node is an application as raft.h describes it: it persists every
@@ -57,7 +57,7 @@
 #ifndef RPS_TEST_RAFT_SIM_H
 #define RPS_TEST_RAFT_SIM_H
 
-#include "raft.h"
+#include "control/raft.h"
 
 #include <stdbool.h>
 #include <stddef.h>

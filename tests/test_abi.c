@@ -9,8 +9,8 @@
  * rps_tensor_info runs against an in-process server on loopback TCP.
  */
 #include "config.h"
-#include "common.h"
-#include "server.h"
+#include "common/common.h"
+#include "server/server.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * test_agg.c - unit tests of gradient aggregation (src/agg.c).
+ * test_agg.c - unit tests of gradient aggregation (src/kernels/agg.c).
  *
  * Conversions are checked against definitions written here independently
  * (ldexp for the values, a nearest-value search over every representable
@@ -9,8 +9,8 @@
  * promise of results bit-identical to a single-process reference rests on it.
  */
 #include "config.h"
-#include "agg.h"
-#include "common.h"
+#include "kernels/agg.h"
+#include "common/common.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * test_ckpt.c - unit tests of checkpoint files (src/ckpt.c): round trips
+ * test_ckpt.c - unit tests of checkpoint files (src/control/ckpt.c): round trips
  * bit for bit, compression chosen only when it pays, and a reader that
  * refuses every truncation, every flipped bit and hand-made files that are
  * well checksummed but malformed.  Run it under valgrind too: the reader
@@ -9,10 +9,10 @@
  * documented at the top of ckpt.c, so a change of format has to change both.
  */
 #include "config.h"
-#include "ckpt.h"
-#include "common.h"
+#include "control/ckpt.h"
+#include "common/common.h"
 #include "lib/cutest.h"
-#include "fsutil.h"
+#include "common/fsutil.h"
 #include "lib/tmpdir.h"
 
 #include <CUnit/Basic.h>

@@ -1,5 +1,5 @@
 /*
- * test_optim.c - unit tests of the server's optimizers (src/optim.c).
+ * test_optim.c - unit tests of the server's optimizers (src/kernels/optim.c).
  *
  * The reference below restates optim.h's formulas as the plainest possible
  * scalar loop; the library's blocked, vectorised loops must match it bit for
@@ -10,8 +10,8 @@
  * misreading of the formulas.
  */
 #include "config.h"
-#include "optim.h"
-#include "common.h"
+#include "kernels/optim.h"
+#include "common/common.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>

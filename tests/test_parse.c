@@ -1,11 +1,11 @@
 /*
- * test_parse.c - unit tests of the command-line number parser (src/parse.c):
+ * test_parse.c - unit tests of the command-line number parser (src/common/parse.c):
  * every edge the tools used to get wrong (nan, inf, 1e30, negatives that
  * strtoull wraps, overflow, trailing junk) and the error line it leaves.
  */
 #include "config.h"
-#include "common.h"
-#include "parse.h"
+#include "common/common.h"
+#include "common/parse.h"
 #include "lib/cutest.h"
 
 #include <CUnit/Basic.h>

@@ -8,8 +8,8 @@
  * (rps__srv_drain_held -> sync_take -> rps__agg_copy).
  */
 #include "config.h"
-#include "common.h"
-#include "server_int.h"
+#include "common/common.h"
+#include "server/server_int.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -85,7 +85,7 @@ static void park_one(struct tensor *t, uint64_t clock, int rank, size_t nbytes)
 	}
 	pk = &srv->parked[srv->nparked++];
 	pk->t = t;
-	pk->local = rps__server_shard(&t->layout, 0, 0);
+	pk->local = rps__part_shard(&t->layout, 0, 0);
 	pk->clock = clock;
 	pk->rank = rank;
 	pk->nbytes = nbytes;
@@ -120,7 +120,7 @@ static void snap(struct before *b)
 	b->nparked = srv->nparked;
 	for (i = 0; i < srv->ntensors && i < 8; i++) {
 		struct tensor *t = srv->tensors[i];
-		struct shard *s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+		struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 		b->mem[i] = t->regions[0].mem;
 		b->step0[i] = s->step;
 		b->p0[i] = s->params ? s->params[0] : -1.0f;
@@ -171,11 +171,11 @@ static void test_install_takes_valid_image(void)
 
 	if (!t)
 		t = tensor_new("sync1", RPS_MODE_SYNC, 2);
-	s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+	s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 	s->params[0] = 3.0f;
 	park_one(t, 0, 1, (size_t)s->elems * 4);
 	CU_ASSERT_EQUAL(ship_and_install(), 0);
-	s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+	s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 	CU_ASSERT_EQUAL(s->params[0], 3.0f);
 	CU_ASSERT_EQUAL(srv->nparked, 1u);	/* rank 1 waits for rank 0 */
 	unpark_all();
@@ -188,7 +188,7 @@ static void test_install_refuses_bad_parked_push(void)
 
 	if (!t)
 		t = tensor_new("sync1", RPS_MODE_SYNC, 2);
-	s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+	s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 	/* a push of 8 bytes for a shard of 1 KiB: summing it read past it */
 	park_one(t, s->step, 0, 8);
 	CU_ASSERT_EQUAL(ship_and_install(), -EBADMSG);
@@ -208,7 +208,7 @@ static void test_install_refuses_bad_parked_push(void)
 static void test_install_refuses_push_parked_for_async_tensor(void)
 {
 	struct tensor *t = tensor_new("async1", RPS_MODE_ASYNC, 0);
-	struct shard *s = &t->shards[rps__server_shard(&t->layout, 0, 0)];
+	struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 
 	/* right size, but an async shard has no accumulator: summing it
 	 * dereferenced NULL */
@@ -230,7 +230,7 @@ static void test_install_refuses_mutated_fields(void)
 
 	if (!t)
 		t = tensor_new("sync1", RPS_MODE_SYNC, 2);
-	park_one(t, 0, 1, (size_t)t->shards[rps__server_shard(&t->layout, 0, 0)].elems * 4);
+	park_one(t, 0, 1, (size_t)t->shards[rps__part_shard(&t->layout, 0, 0)].elems * 4);
 	CU_ASSERT_EQUAL_FATAL(rps__cp_image_build(srv, 0, &img, &len), 0);
 	unpark_all();
 	m = malloc(len);

@@ -4,7 +4,7 @@
  * with -EBADMSG (or -EPROTO for a foreign byte order), never read past.
  */
 #include "config.h"
-#include "proto.h"
+#include "proto/proto.h"
 #include "lib/cutest.h"
 
 #include <CUnit/Basic.h>

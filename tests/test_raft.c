@@ -1,5 +1,5 @@
 /*
- * test_raft.c - unit tests of the Raft core (src/raft.c) and the seeded
+ * test_raft.c - unit tests of the Raft core (src/control/raft.c) and the seeded
  * simulator runs (tests/raft_sim.c).
  *
  * The unit tests follow etcd-raft's checklist: elections and vote rules,
@@ -15,8 +15,8 @@
  * RAFT_SIM_TRACE=1 prints its events (2: and every message).
  */
 #include "config.h"
-#include "common.h"
-#include "raft.h"
+#include "common/common.h"
+#include "control/raft.h"
 #include "raft_sim.h"
 #include "lib/cutest.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_rnode.c - unit tests of the Raft node (src/rnode.c): the core driven
+ * test_rnode.c - unit tests of the Raft node (src/control/rnode.c): the core driven
  * over a real write-ahead log per node, in an in-process cluster.
  *
  * Every node has its own WAL directory under one mkdtemp directory, and a
@@ -14,10 +14,10 @@
  * ReadIndex, and refusal of corrupted messages.
  */
 #include "config.h"
-#include "rnode.h"
-#include "common.h"
+#include "control/rnode.h"
+#include "common/common.h"
 #include "lib/cutest.h"
-#include "fsutil.h"
+#include "common/fsutil.h"
 #include "lib/tmpdir.h"
 
 #include <CUnit/Basic.h>

@@ -3,8 +3,8 @@
  * and address parsing.
  */
 #include "config.h"
-#include "shard.h"
-#include "uri.h"
+#include "proto/shard.h"
+#include "transport/uri.h"
 #include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
@@ -50,9 +50,9 @@ static void test_layout_covers_every_element_once(void)
 			CU_ASSERT_EQUAL(covered, counts[c]);
 			/* every shard is listed by exactly its server, at its local index */
 			for (s = 0; s < nservers; s++) {
-				uint32_t n = rps__server_nshards(&l, s);
+				uint32_t n = rps__part_nshards(&l, s);
 				for (j = 0; j < n; j++) {
-					uint32_t g = rps__server_shard(&l, s, j);
+					uint32_t g = rps__part_shard(&l, s, j);
 					CU_ASSERT_EQUAL(rps__shard_server(&l, g), s);
 					CU_ASSERT_EQUAL(rps__shard_local_index(&l, g), j);
 				}

@@ -6,8 +6,8 @@
  * staying byte-identical with the invariants holding at every step.
  */
 #include "config.h"
-#include "smap.h"
-#include "common.h"
+#include "proto/smap.h"
+#include "common/common.h"
 
 #define TEST_RNG_SEED 0x5eed5a3a9ull
 #include "test_rng.h"

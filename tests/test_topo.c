@@ -1,5 +1,5 @@
 /*
- * test_topo.c - unit tests of hwloc placement (src/topo.c).
+ * test_topo.c - unit tests of hwloc placement (src/common/topo.c).
  *
  * Without RDMA hardware: synthetic machines in tests/topo/ (*.xml each saying
  * what it is in its Machine's rdmapsFixture info) decide where memory and
@@ -11,8 +11,8 @@
  * test harness sets srcdir), else tests/topo.
  */
 #include "config.h"
-#include "common.h"
-#include "topo.h"
+#include "common/common.h"
+#include "common/topo.h"
 #include "lib/cutest.h"
 
 #include <CUnit/Basic.h>

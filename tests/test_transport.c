@@ -1,5 +1,5 @@
 /*
- * test_transport.c - the transport contract (src/transport.h) as one CUnit
+ * test_transport.c - the transport contract (src/transport/transport.h) as one CUnit
  * suite that runs unchanged on every provider.
  *
  *   RPS_TEST_TRANSPORT  tcp (default) | verbs
@@ -14,8 +14,8 @@
  * completions land in a mailbox that the tests read.
  */
 #include "config.h"
-#include "transport.h"
-#include "common.h"
+#include "transport/transport.h"
+#include "common/common.h"
 #include "lib/cutest.h"
 
 #include <CUnit/Basic.h>

@@ -13,8 +13,8 @@
  * a device; it only collects exit statuses, and kills a body that hangs.
  */
 #include "config.h"
-#include "transport.h"
-#include "common.h"
+#include "transport/transport.h"
+#include "common/common.h"
 #include "lib/cutest.h"
 
 #include <CUnit/Basic.h>

@@ -1,5 +1,5 @@
 /*
- * test_wal.c - unit tests of the Raft log on disk (src/wal.c): round trips,
+ * test_wal.c - unit tests of the Raft log on disk (src/control/wal.c): round trips,
  * conflict truncation, rollover, compaction, and crash simulation done by
  * editing the files the way a crash or a bad disk would: every prefix of the
  * last write, a bit flip in every record, zero-filled tails, damaged
@@ -10,10 +10,10 @@
  * the top of wal.c, so a change of format has to change both.
  */
 #include "config.h"
-#include "wal.h"
-#include "common.h"
+#include "control/wal.h"
+#include "common/common.h"
 #include "lib/cutest.h"
-#include "fsutil.h"
+#include "common/fsutil.h"
 #include "lib/tmpdir.h"
 
 #include <CUnit/Basic.h>

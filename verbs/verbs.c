@@ -48,8 +48,8 @@
  * check costs one predictable branch.
  */
 #include "config.h"
-#include "transport.h"
-#include "common.h"
+#include "transport/transport.h"
+#include "common/common.h"
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>

@@ -24,13 +24,13 @@ PKG_CFLAGS=$(pkg-config --cflags libisal hwloc)
 PKG_LIBS="$(pkg-config --libs libisal hwloc) -lm"
 INC="-I$out/inc -I$srcdir/include -I$srcdir/src"
 
-# every product source but the programs' mains and the verbs provider,
+# every product source but the programs (src/programs) and the verbs provider,
 # the out-of-date ones compiled in parallel (JOBS, default: the cpus)
 objs="" stale=""
-for src in "$srcdir"/src/*.c; do
-	base=$(basename "$src" .c)
-	case $base in rdmapsd|psctl) continue ;; esac
-	obj="$out/obj/$base.o"
+for src in "$srcdir"/src/*/*.c; do
+	layer=$(basename "$(dirname "$src")")
+	[ "$layer" = programs ] && continue
+	obj="$out/obj/${layer}_$(basename "$src" .c).o"
 	if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ "$out/inc/config.h" -nt "$obj" ] ||
 	   [ -n "$(find "$srcdir/src" "$srcdir/include" -name '*.h' -newer "$obj" 2>/dev/null | head -1)" ]; then
 		stale="$stale $src"
@@ -41,10 +41,10 @@ if [ -n "$stale" ]; then
 	export CLANG CFLAGS_FUZZ SAN INC PKG_CFLAGS out
 	# shellcheck disable=SC2016
 	printf '%s\n' $stale | xargs -P "${JOBS:-$(nproc 2>/dev/null || echo 2)}" -I{} sh -c '
-		base=$(basename "{}" .c)
-		echo "  CC(fuzz) src/$base.c"
-		rm -f "$out/obj/$base.o"
-		$CLANG $CFLAGS_FUZZ -fsanitize=fuzzer-no-link $SAN $INC $PKG_CFLAGS -c "{}" -o "$out/obj/$base.o"'
+		layer=$(basename "$(dirname "{}")") base=$(basename "{}" .c)
+		echo "  CC(fuzz) src/$layer/$base.c"
+		rm -f "$out/obj/${layer}_$base.o"
+		$CLANG $CFLAGS_FUZZ -fsanitize=fuzzer-no-link $SAN $INC $PKG_CFLAGS -c "{}" -o "$out/obj/${layer}_$base.o"'
 fi
 rm -f "$out/libfuzzcore.a"
 ar rcs "$out/libfuzzcore.a" $objs

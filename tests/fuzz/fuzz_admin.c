@@ -1,7 +1,7 @@
 /*
  * fuzz_admin.c - libFuzzer harness for admin requests: what psctl sends an
  * rdmapsd (STATUS, ADMIN, CKPT), decoded and acted on by a real server,
- * and the replies decoded as psctl does (src/ctl.c and the shard map).
+ * and the replies decoded as psctl does (src/client/ctl.c and the shard map).
  *
  * One rdmapsd runs in this process for the whole fuzzing session (a
  * one-member cluster on 127.0.0.1, 8 partitions, its data and checkpoints
@@ -21,12 +21,12 @@
  */
 #include "config.h"
 #include "fuzz_common.h"
-#include "common.h"
-#include "ctl.h"
-#include "proto.h"
-#include "server.h"
-#include "smap.h"
-#include "uri.h"
+#include "common/common.h"
+#include "client/ctl.h"
+#include "proto/proto.h"
+#include "server/server.h"
+#include "proto/smap.h"
+#include "transport/uri.h"
 
 #include <pthread.h>
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_ckpt.c - libFuzzer harness for the checkpoint file reader
- * (src/ckpt.c).
+ * (src/control/ckpt.c).
  *
  * The input is written as DIR/member-1.rpsck and read back as a restore
  * does: rps__ckpt_open(), then rps__ckpt_next() to the end.  Every array a
@@ -10,7 +10,7 @@
  */
 #include "config.h"
 #include "fuzz_common.h"
-#include "ckpt.h"
+#include "control/ckpt.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

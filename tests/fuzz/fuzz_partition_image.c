@@ -18,8 +18,8 @@
  * An input shorter than one record installs the valid image itself.
  */
 #include "config.h"
-#include "common.h"
-#include "server_int.h"
+#include "common/common.h"
+#include "server/server_int.h"
 #include "fuzz_common.h"
 
 #include <stdint.h>
@@ -81,7 +81,7 @@ static void park(struct tensor *t, uint32_t j, uint64_t clock, int rank)
 	}
 	pk = &srv->parked[srv->nparked++];
 	pk->t = t;
-	pk->local = rps__server_shard(&t->layout, 0, j);
+	pk->local = rps__part_shard(&t->layout, 0, j);
 	pk->clock = clock;
 	pk->rank = rank;
 	pk->nbytes = (size_t)t->shards[pk->local].elems * 4;
@@ -138,16 +138,16 @@ static void setup(void)
 	b = tensor_new("bounded", RPS_MODE_BOUNDED, RPS_OPT_MOMENTUM, 2);
 	a = tensor_new("async", RPS_MODE_ASYNC, RPS_OPT_SGD, 0);
 	(void)a;
-	for (j = 0; j < rps__server_nshards(&s->layout, 0); j++) {
-		struct shard *sh = &s->shards[rps__server_shard(&s->layout, 0, j)];
+	for (j = 0; j < rps__part_nshards(&s->layout, 0); j++) {
+		struct shard *sh = &s->shards[rps__part_shard(&s->layout, 0, j)];
 		sh->step = 4;
 		sh->next_rank = 1;
 		sh->params[0] = 1.5f;
 		park(s, j, 4, 2);
 		park(s, j, 5, 0);
 	}
-	for (j = 0; j < rps__server_nshards(&b->layout, 0); j++) {
-		struct shard *sh = &b->shards[rps__server_shard(&b->layout, 0, j)];
+	for (j = 0; j < rps__part_nshards(&b->layout, 0); j++) {
+		struct shard *sh = &b->shards[rps__part_shard(&b->layout, 0, j)];
 		sh->clocks[0] = 3;
 		sh->clocks[1] = 2;
 		sh->hdr->min_clock = 2;

@@ -1,5 +1,5 @@
 /*
- * fuzz_proto.c - libFuzzer harness for the wire messages (src/proto.c).
+ * fuzz_proto.c - libFuzzer harness for the wire messages (src/proto/proto.c).
  *
  * The input is one received message, header included, in a buffer of
  * exactly its size (so reading one byte past what arrived is an ASan
@@ -13,10 +13,10 @@
  */
 #include "config.h"
 #include "fuzz_common.h"
-#include "proto.h"
-#include "raft.h"
-#include "smap.h"
-#include "common.h"
+#include "proto/proto.h"
+#include "control/raft.h"
+#include "proto/smap.h"
+#include "common/common.h"
 
 static bool is_request(unsigned type)
 {

@@ -1,5 +1,5 @@
 /*
- * fuzz_raft.c - libFuzzer harness for Raft messages (src/raft.c): the wire
+ * fuzz_raft.c - libFuzzer harness for Raft messages (src/control/raft.c): the wire
  * decoder, and a node stepped with what it decodes.
  *
  * Input: one byte choosing the node's starting role (% 4: follower, leader
@@ -18,7 +18,7 @@
  */
 #include "config.h"
 #include "fuzz_common.h"
-#include "raft.h"
+#include "control/raft.h"
 
 struct model {
 	uint64_t term, commit;

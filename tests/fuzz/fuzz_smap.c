@@ -1,6 +1,6 @@
 /*
  * fuzz_smap.c - libFuzzer harness for the shard map codecs and command
- * application (src/smap.c).
+ * application (src/proto/smap.c).
  *
  * First byte even: the rest is an encoded map (as in a snapshot or a
  * STATUS_REP).  What decodes must encode back to a map that decodes to the
@@ -12,7 +12,7 @@
  */
 #include "config.h"
 #include "fuzz_common.h"
-#include "smap.h"
+#include "proto/smap.h"
 
 static FILE *devnull;
 

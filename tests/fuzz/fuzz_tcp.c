@@ -1,6 +1,6 @@
 /*
  * fuzz_tcp.c - libFuzzer harness for the TCP provider's wire decoding
- * (src/tcp.c): the 72-byte handshake hello and the frame stream.
+ * (src/transport/tcp.c): the 72-byte handshake hello and the frame stream.
  *
  * tcp.c is included whole: its decoders (hello_get/hello_check, rx_parse
  * and the rx_* handlers behind ep_rx) are static and work on an endpoint,
@@ -22,8 +22,8 @@
  * RPS_FUZZ_WRITE_SEEDS=DIR: write seed inputs made with the provider's
  * own encoders (hello_put, hdr_put) to DIR and exit.
  */
-#include "../../src/tcp.c"
-#include "proto.h"
+#include "../../src/transport/tcp.c"
+#include "proto/proto.h"
 #include "fuzz_common.h"
 
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /*
- * fuzz_wal.c - libFuzzer harness for the Raft log on disk (src/wal.c).
+ * fuzz_wal.c - libFuzzer harness for the Raft log on disk (src/control/wal.c).
  *
  * Input: [u8 mode][u32 segment length LE][segment bytes][snapshot bytes].
  * mode bit 0: write the segment, bit 1: write the snapshot, into an empty
@@ -12,9 +12,9 @@
  */
 #include "config.h"
 #include "fuzz_common.h"
-#include "wal.h"
-#include "le.h"
-#include "common.h"
+#include "control/wal.h"
+#include "common/le.h"
+#include "common/common.h"
 
 #include <endian.h>
 

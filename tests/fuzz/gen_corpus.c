@@ -12,14 +12,14 @@
  * encoders are static in tcp.c.
  */
 #include "config.h"
-#include "ckpt.h"
-#include "common.h"
-#include "le.h"
-#include "proto.h"
-#include "raft.h"
+#include "control/ckpt.h"
+#include "common/common.h"
+#include "common/le.h"
+#include "proto/proto.h"
+#include "control/raft.h"
 #include "rdmaps.h"
-#include "smap.h"
-#include "wal.h"
+#include "proto/smap.h"
+#include "control/wal.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 /*
  * tmpdir.h - where tests put their scratch files: $TMPDIR when set (so
  * parallel or sandboxed runs stay out of each other's way), else /tmp.
- * Remove what they make with rps__remove_tree (src/fsutil.h).
+ * Remove what they make with rps__remove_tree (src/common/fsutil.h).
  */
 #ifndef RPS_TESTS_TMPDIR_H
 #define RPS_TESTS_TMPDIR_H

@@ -1,0 +1,366 @@
+/*
+ * rdmapsd.c - the rdmaps server daemon: parses options, runs the server core
+ * (server.c) until SIGTERM or SIGINT, and shuts down cleanly.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "server/server.h"
+#include "server/server_int.h"
+#include "common/parse.h"
+#include "transport/uri.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+static struct rps__server *the_server;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	if (the_server)
+		rps__server_stop(the_server);
+}
+
+static void on_isolate(int sig)
+{
+	rps__cp_isolated = sig == SIGUSR1;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: rdmapsd [options]\n"
+		"  -l, --listen URI          tcp://HOST:PORT or verbs://ADDR:PORT (default tcp://127.0.0.1:7000)\n"
+		"  -c, --cluster LIST        comma-separated URIs of every server, in the same order everywhere\n"
+		"  -i, --index N             this server's place in --cluster (default: found by --listen)\n"
+		"  -s, --shard-size BYTES    parameter bytes per shard, same on every server (default 1M)\n"
+		"  -S, --slots N             staging slots per worker connection (default 8)\n"
+		"  -L, --lease-ms MS         break a shard lock held longer than this (default 5000)\n"
+		"  -m, --memory-limit BYTES  cap on shard + staging memory (default: none)\n"
+		"      --park-limit BYTES    out-of-turn sync pushes set aside (default 256M)\n"
+		"  -C, --max-connections N   worker connections at once, 1..4096 (default 64)\n"
+		"      --idle-timeout-ms MS  drop a worker that sent nothing for MS (default 0: never)\n"
+		"      --spin-us US          busy-poll this long before sleeping, up to 1000000 (default 0)\n"
+		"      --numa-node N         shards and staging slots on NUMA node N (default: the HCA's)\n"
+		"      --cpus LIST           pin the serving thread to these cpus, e.g. 0-3,8 (default: the HCA's)\n"
+		"      --no-pin              bind no memory and pin no thread\n"
+		"      --show-topology       print the NUMA nodes, RDMA devices and the placement chosen, and exit\n"
+		"      --topology FILE       read the machine from an hwloc XML file (lstopo --of xml), to debug placement\n"
+		"  -d, --data-dir DIR        the Raft log and snapshots (default: a temporary dir removed at exit)\n"
+		"      --fsync always|none   sync the log before answering (default always)\n"
+		"      --partitions N        partitions of a new cluster, 1..256 (default 64)\n"
+		"      --join ID             start empty as member ID of a running cluster whose servers (some or\n"
+		"                            all) --cluster lists; then: psctl add-server ID URI\n"
+		"      --tick-ms MS          Raft tick (default 50)\n"
+		"      --election-ticks N    ticks without a leader before an election (default 10)\n"
+		"      --move-timeout-ms MS  abort a partition move not installed by then (default 30000)\n"
+		"      --restore DIR         load the checkpoint in DIR (psctl checkpoint) before serving\n"
+		"  -p, --port-file PATH      write the listening port here once ready\n"
+		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
+		"  -h, --help                this text\n"
+		"  -V, --version             print the version\n");
+}
+
+/* Every bad option value: one line naming the option and what is allowed,
+ * exit status 2 (bad usage, as for an unknown option; rdmapsd(8)). */
+static int opt_u32(const char *what, const char *s, uint64_t min, uint64_t max, uint32_t *out)
+{
+	uint64_t v;
+
+	if (rps__parse_u64(what, s, min, max, &v)) {
+		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+		return -EINVAL;
+	}
+	*out = (uint32_t)v;
+	return 0;
+}
+
+static int opt_size(const char *what, const char *s, uint64_t min, uint64_t max, size_t *out)
+{
+	uint64_t v;
+
+	if (rps__parse_size(what, s, min, max, &v)) {
+		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+		return -EINVAL;
+	}
+	*out = (size_t)v;
+	return 0;
+}
+
+/* Test hook (RPS_FAULT=exit-delay): linger after the server is destroyed,
+ * so that a test can signal the process then (rdmapsd(8) ENVIRONMENT). */
+static void exit_delay(void)
+{
+	struct timespec ts = { 0, 300 * 1000000L };
+
+	if (getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "exit-delay"))
+		while (nanosleep(&ts, &ts) && errno == EINTR)
+			;
+}
+
+/* A SIGTERM from now on must not reach on_signal: it would stop a server
+ * that is being freed.  Blocked, it stays pending until we exit. */
+static void server_destroy(void)
+{
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	rps__server_destroy(the_server);
+	the_server = NULL;
+	exit_delay();
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "listen", required_argument, NULL, 'l' },
+		{ "cluster", required_argument, NULL, 'c' },
+		{ "index", required_argument, NULL, 'i' },
+		{ "shard-size", required_argument, NULL, 's' },
+		{ "slots", required_argument, NULL, 'S' },
+		{ "lease-ms", required_argument, NULL, 'L' },
+		{ "memory-limit", required_argument, NULL, 'm' },
+		{ "max-connections", required_argument, NULL, 'C' },
+		{ "spin-us", required_argument, NULL, 1 },
+		{ "idle-timeout-ms", required_argument, NULL, 8 },
+		{ "park-limit", required_argument, NULL, 7 },
+		{ "numa-node", required_argument, NULL, 2 },
+		{ "cpus", required_argument, NULL, 3 },
+		{ "no-pin", no_argument, NULL, 4 },
+		{ "show-topology", no_argument, NULL, 5 },
+		{ "topology", required_argument, NULL, 6 },
+		{ "port-file", required_argument, NULL, 'p' },
+		{ "data-dir", required_argument, NULL, 'd' },
+		{ "fsync", required_argument, NULL, 10 },
+		{ "partitions", required_argument, NULL, 11 },
+		{ "join", required_argument, NULL, 12 },
+		{ "tick-ms", required_argument, NULL, 13 },
+		{ "election-ticks", required_argument, NULL, 14 },
+		{ "move-timeout-ms", required_argument, NULL, 15 },
+		{ "restore", required_argument, NULL, 16 },
+		{ "log-level", required_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct rps__server_config cfg;
+	const char *port_file = NULL, *restore_dir = NULL, *mem_arg = NULL;
+	int show_topology = 0;
+	struct sigaction sa;
+	char uri[300];
+	size_t sz;
+	uint32_t u;
+	int c, ret;
+
+	rps__server_config_init(&cfg);
+	rps__log_level = RPS__LOG_INFO;
+	while ((c = getopt_long(argc, argv, "l:c:i:s:S:L:m:C:p:d:v:hV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'l':
+			if (rps__uri_parse(optarg, &cfg.listen)) {
+				fprintf(stderr, "rdmapsd: --listen: %s\n", rps__errbuf());
+				return 2;
+			}
+			break;
+		case 'c':
+			cfg.cluster = optarg;
+			break;
+		case 'd':
+			cfg.data_dir = optarg;
+			break;
+		case 10:
+			if (!strcmp(optarg, "always")) {
+				cfg.fsync_none = 0;
+			} else if (!strcmp(optarg, "none")) {
+				cfg.fsync_none = 1;
+			} else {
+				fprintf(stderr, "rdmapsd: --fsync: '%s': say always or none\n", optarg);
+				return 2;
+			}
+			break;
+		case 11:
+			if (opt_u32("--partitions", optarg, 1, 256, &cfg.npart))
+				return 2;
+			break;
+		case 12:
+			if (opt_u32("--join", optarg, 1, UINT32_MAX, &u))
+				return 2;
+			cfg.join_id = u;
+			break;
+		case 13:
+			if (opt_u32("--tick-ms", optarg, 1, 60000, &cfg.tick_ms))
+				return 2;
+			break;
+		case 14:
+			if (opt_u32("--election-ticks", optarg, 3, 100000, &cfg.election_ticks))
+				return 2;
+			break;
+		case 15:
+			if (opt_u32("--move-timeout-ms", optarg, 1, 86400000, &cfg.move_timeout_ms))
+				return 2;
+			break;
+		case 16:
+			restore_dir = optarg;
+			break;
+		case 'i':
+			if (opt_u32("--index", optarg, 0, RPS__SMAP_MAX_MEMBERS - 1, &u))
+				return 2;
+			cfg.index = (int)u;
+			break;
+		case 's':
+			if (opt_size("--shard-size", optarg, 64, 1u << 30, &sz))
+				return 2;
+			if (sz % 4) {
+				fprintf(stderr, "rdmapsd: --shard-size '%s': must be a multiple of 4 (fp32 elements)\n",
+					optarg);
+				return 2;
+			}
+			cfg.shard_bytes = (uint32_t)sz;
+			break;
+		case 'S':
+			if (opt_u32("--slots", optarg, 1, 64, &cfg.nslots))
+				return 2;
+			break;
+		case 'L':
+			if (opt_u32("--lease-ms", optarg, 1, 86400000, &cfg.lease_ms))
+				return 2;
+			break;
+		case 'm':
+			if (opt_size("--memory-limit", optarg, 1, RPS__SERVER_MEM_MAX, &cfg.mem_limit))
+				return 2;
+			mem_arg = optarg;
+			break;
+		case 'C':
+			if (opt_u32("--max-connections", optarg, 1, RPS__SERVER_CONNS_MAX, &cfg.max_conns))
+				return 2;
+			break;
+		case 8:
+			if (opt_u32("--idle-timeout-ms", optarg, 0, 86400000, &cfg.idle_timeout_ms))
+				return 2;
+			break;
+		case 7:
+			if (opt_size("--park-limit", optarg, 0, RPS__SERVER_MEM_MAX, &cfg.park_limit))
+				return 2;
+			break;
+		case 1:
+			if (opt_u32("--spin-us", optarg, 0, RPS__SERVER_SPIN_US_MAX, &u))
+				return 2;
+			cfg.spin_us = (int)u;
+			break;
+		case 2:
+			if (opt_u32("--numa-node", optarg, 0, 4095, &u))
+				return 2;
+			cfg.numa_node = (int)u;
+			break;
+		case 3:
+			cfg.cpus = optarg;
+			break;
+		case 4:
+			cfg.no_pin = 1;
+			break;
+		case 5:
+			show_topology = 1;
+			break;
+		case 6:
+			cfg.topology = optarg;
+			break;
+		case 'p':
+			port_file = optarg;
+			break;
+		case 'v':
+			if (!strcasecmp(optarg, "error")) rps__log_level = RPS__LOG_ERROR;
+			else if (!strcasecmp(optarg, "warn")) rps__log_level = RPS__LOG_WARN;
+			else if (!strcasecmp(optarg, "info")) rps__log_level = RPS__LOG_INFO;
+			else if (!strcasecmp(optarg, "debug")) rps__log_level = RPS__LOG_DEBUG;
+			else {
+				fprintf(stderr, "rdmapsd: --log-level: say error, warn, info or debug\n");
+				return 2;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("rdmapsd %s\n", PACKAGE_VERSION);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "rdmapsd: unexpected argument '%s'\n", argv[optind]);
+		usage(stderr);
+		return 2;
+	}
+
+	if (cfg.mem_limit && cfg.mem_limit < rps__server_min_memory(&cfg)) {
+		char need[24];
+		fprintf(stderr, "rdmapsd: --memory-limit '%s': below the %s bytes that one worker connection "
+			"(--slots x --shard-size) and one shard need: raise it\n", mem_arg,
+			rps__size_str(rps__server_min_memory(&cfg), need, sizeof(need)));
+		return 2;
+	}
+	if (show_topology) {
+		ret = rps__server_show_topology(&cfg, stdout);
+		if (ret)
+			fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+		return ret ? 1 : 0;
+	}
+	ret = rps__server_create(&cfg, &the_server);
+	if (ret) {
+		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+		return 1;
+	}
+	if (restore_dir) {
+		uint32_t installed;
+		uint64_t seen, bytes;
+		ret = rps__ck_restore(the_server, restore_dir, &installed, &seen, &bytes);
+		if (ret) {
+			fprintf(stderr, "rdmapsd: --restore %s: %s\n", restore_dir, rps__errbuf());
+			server_destroy();
+			return 1;
+		}
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	if (getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "isolate-signals")) {
+		sa.sa_handler = on_isolate;
+		sigaction(SIGUSR1, &sa, NULL);
+		sigaction(SIGUSR2, &sa, NULL);
+	}
+
+	cfg.listen.port = rps__server_port(the_server);
+	rps__log(RPS__LOG_INFO, "rdmapsd %s serving on %s (device %s), shards of %u bytes, %u staging slots per worker",
+		 PACKAGE_VERSION, rps__uri_str(&cfg.listen, uri, sizeof(uri)),
+		 rps__server_fabric_name(the_server), cfg.shard_bytes, cfg.nslots);
+	if (port_file) {
+		char tmp[4096];
+		FILE *f;
+		snprintf(tmp, sizeof(tmp), "%s.tmp", port_file);
+		f = fopen(tmp, "w");
+		if (!f || fprintf(f, "%u\n", cfg.listen.port) < 0 || fclose(f) || rename(tmp, port_file)) {
+			fprintf(stderr, "rdmapsd: writing --port-file %s: %s\n", port_file, strerror(errno));
+			server_destroy();
+			return 1;
+		}
+	}
+	ret = rps__server_run(the_server);
+	if (ret)
+		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+	server_destroy();
+	rps__log(RPS__LOG_INFO, "rdmapsd stopped");
+	return ret ? 1 : 0;
+}

@@ -1,0 +1,348 @@
+/*
+ * server_int.h - what the parts of the server share: the data plane
+ * (server.c: connections, shards, pushes) and the control plane (cplane.c:
+ * the Raft node, peer connections, the shard map, moves, psctl requests).
+ * Private to rdmapsd.
+ */
+#ifndef RPS_SERVER_INT_H
+#define RPS_SERVER_INT_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/optim.h"
+#include "proto/proto.h"
+#include "control/raft.h"
+#include "control/rnode.h"
+#include "server/server.h"
+#include "proto/shard.h"
+#include "proto/smap.h"
+#include "common/topo.h"
+#include "transport/transport.h"
+
+#define CTRL_CREDITS 32u	/* control requests a worker may have outstanding */
+#define PEER_RECV 32u		/* receive buffers of a peer / admin connection */
+#define PEER_SEND 32u
+#define ADMIN_CONNS_MAX 16u	/* psctl connections at once (rdmapsd(8)) */
+#define ANNOUNCED_SQ_MAX 1024u	/* a connector's send queue depth: ours use < 256 */
+#define WRID_RECV 1u
+#define WRID_SEND 2u
+#define WRID_READ 3u		/* migration: the destination READs the partition */
+
+struct conn;
+struct tensor;
+
+/* A push that arrived but may not be consumed yet. */
+struct held {
+	struct conn *conn;
+	uint32_t slot;
+};
+
+/*
+ * A sync push that arrived before its turn (an earlier rank's push of its
+ * step, or the step itself, is not in yet), copied out of its slot so the
+ * slot can be acknowledged and reused.  Without this, a worker whose slots
+ * all hold out-of-turn pushes could wait on another worker that waits on it
+ * (two workers pushing tensors in different orders).  Bounded by
+ * park_limit (and the memory limit); past that, pushes wait in their slots.
+ * Parked pushes were acknowledged, so a move carries them along.
+ */
+struct parked {
+	struct tensor *t;
+	uint32_t local;		/* global shard index */
+	uint64_t clock;
+	int rank;
+	void *data;		/* the gradient, in the tensor's dtype */
+	size_t nbytes;
+};
+
+struct waiter {
+	struct conn *conn;
+	uint64_t req_id;
+	uint32_t tensor_id;
+	uint32_t local;		/* global shard index */
+	uint64_t min_version;
+	uint64_t min_clock;
+};
+
+/* The last pushes applied per worker (client id), for idempotent retries.
+ * A set, not a high-water mark: a push refused by a moving shard is resent
+ * after later pushes of the same worker may have been applied. */
+#define DEDUP_IDS 16u
+struct dedup {
+	uint64_t client;
+	uint64_t ids[DEDUP_IDS];
+	uint32_t next;
+	uint32_t reserved;
+};
+
+struct shard {
+	struct rps__shard_hdr *hdr;	/* NULL: the shard is not here */
+	float *params;
+	uint32_t index;		/* global shard index */
+	uint32_t part;		/* its partition */
+	uint32_t elems;
+	bool ready;		/* initial values in place */
+	struct conn *init_conn;	/* who must send them */
+	float *state;		/* optimizer state */
+	float *acc;		/* sync: this step's sum so far */
+	float *scratch;		/* gradients converted to fp32 */
+	uint64_t step;		/* updates applied == published version */
+	int next_rank;		/* sync: whose contribution comes next */
+	uint64_t *clocks;	/* bounded: pushes applied per rank */
+	uint64_t lease_word;	/* lock word seen by the lease scan ... */
+	uint64_t lease_since;	/* ... since this time (ns) */
+	struct dedup *dd;	/* async/bounded: last push id per worker */
+	uint32_t ndd;
+};
+
+/* A tensor's shards of one partition on this server: one registration, so
+ * giving the partition away revokes remote access to exactly them. */
+struct region {
+	void *mem;		/* NULL: none here */
+	size_t len;
+	struct rps__mr *mr;
+	size_t mem_charged;
+	uint32_t nsh;
+};
+
+struct tensor {
+	char name[RPS__NAME_MAX];
+	uint32_t id;
+	struct rps__tensor_spec spec;
+	struct rps__layout layout;	/* "servers" = partitions */
+	struct rps__optim optim;
+	size_t stride;
+	struct shard *shards;		/* every shard of the tensor, hdr NULL if not here */
+	struct region *regions;		/* per partition */
+	uint64_t hold_limit;		/* sync, checkpoint: no step is applied past this */
+	/* sync: per rank, RANK_LIVE once a connection of that rank opened the
+	 * tensor here, RANK_GONE once its last connection closed (NULL: none
+	 * seen yet), so waiters learn which rank a step waits for in vain */
+	uint8_t *ranks;
+	size_t meta_charged;		/* shard table & co, counted against --memory-limit */
+};
+
+enum { RANK_UNSEEN, RANK_LIVE, RANK_GONE };
+
+enum conn_role_kind { CONN_WORKER = 1, CONN_PEER = 2, CONN_ADMIN = 3 };
+
+struct conn {
+	struct rps__server *srv;
+	struct rps__ep *ep;
+	enum conn_role_kind role;
+	uint64_t peer_id;	/* CONN_PEER: the other server */
+	bool hello_done;
+	bool dead;
+	int rank;
+	int num_workers;
+	uint64_t client_id;
+	uint32_t owner;
+	uint64_t last_active_ns;	/* last completion (--idle-timeout-ms) */
+	size_t bufs_charged;	/* peer/admin message buffers, against --memory-limit */
+	size_t msg_max;		/* bytes per control buffer */
+	/* staging slots (workers) */
+	char *slots;
+	struct rps__mr *slots_mr;
+	uint8_t *slot_state;	/* 0 free, 1 held */
+	/* control buffers */
+	char *rbufs;
+	struct rps__mr *rbufs_mr;
+	uint32_t nrecv;
+	char *sbufs;
+	struct rps__mr *sbufs_mr;
+	uint32_t nsend;
+	uint32_t *sfree;
+	uint32_t nsfree;
+	/* migration READ target (peers) */
+	void *rd_buf;
+	size_t rd_len;
+	struct rps__mr *rd_mr;
+	bool rd_busy;
+	struct rps__migrate rd_mig;
+	uint64_t rd_req_id;
+};
+
+/* What this server does with a partition. */
+enum part_state {
+	PART_NONE = 0,	/* not ours */
+	PART_ACTIVE,	/* ours, serving */
+	PART_LEAVING,	/* MOVE_BEGIN from us: fencing its shards */
+	PART_SHIPPED,	/* fenced and offered to the destination */
+	PART_INCOMING,	/* installed here, waiting for MOVE_COMMIT */
+	PART_DRAINING,	/* moved away: regions freed at free_at */
+};
+
+struct part_local {
+	enum part_state st;
+	uint64_t epoch;		/* ACTIVE: the epoch served; moves: the one BEGIN named */
+	uint64_t to;		/* LEAVING/SHIPPED: the destination */
+	uint64_t next_try;	/* ns: next offer / proposal */
+	uint64_t give_up;	/* ns: SHIPPED without a commit by then: propose ABORT */
+	uint64_t free_at;	/* DRAINING */
+	void *blob;		/* SHIPPED: the partition's state, registered for READ */
+	size_t blob_len;
+	struct rps__mr *blob_mr;
+	uint32_t blob_crc;
+	bool offered;		/* MIGRATE sent, reply pending */
+	bool installed;		/* destination answered 0 */
+	bool gone;		/* ours, but its contents went with a restart: refused
+				 * (-ENODATA) and proposed as lost until the map says so */
+	bool cleared;		/* restored or accepted empty since the restart */
+};
+
+struct peer {
+	uint64_t id;
+	struct conn *c;		/* NULL: not connected */
+	uint64_t next_connect;	/* ns */
+	uint32_t inflight;	/* sends not yet completed */
+};
+
+/* A psctl request waiting for the log. */
+struct admin_wait {
+	struct conn *conn;
+	uint64_t req_id;
+	uint32_t op;
+	uint32_t part;
+	uint64_t id;
+	uint64_t epoch;		/* MOVE: the epoch BEGIN named */
+	uint64_t index;		/* proposals: where it must apply */
+	uint64_t term;
+	uint64_t deadline;	/* ns */
+	int stage;
+};
+
+struct rps__server {
+	struct rps__server_config cfg;
+	struct rps__uri *cluster;
+	int ncluster;
+	int index;
+	uint64_t my_id;
+	uint32_t shard_elems;
+	size_t slot_size;
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__listener *listener;
+	struct rps__topo *topo;		/* hwloc: where memory and the serving thread go */
+	struct rps__placement place;
+	int stop_fd;
+	volatile sig_atomic_t stopping;	/* rps__server_stop: seen inside the busy-poll too */
+	struct conn **conns;
+	uint32_t nconns, conns_cap;
+	struct tensor **tensors;
+	uint32_t ntensors;
+	struct held *held;
+	uint32_t nheld, held_cap;
+	struct parked *parked;
+	uint32_t nparked, parked_cap;
+	size_t parked_bytes;
+	struct waiter *waiters;
+	uint32_t nwaiters, waiters_cap;
+	/* barrier */
+	struct {
+		struct conn **conn;
+		uint64_t *req_id;
+		uint32_t n, cap;
+		int need;
+	} barrier;
+	size_t mem_used;
+	uint8_t owner_used[RPS__LOCK_OWNER_MAX + 1];
+	uint32_t next_owner;
+	uint64_t next_lease_scan;
+
+	/* control plane (cplane.c) */
+	struct rps__smap map;		/* applied state of the shard map */
+	struct part_local parts[RPS__SMAP_MAX_PART];
+	char *mapbuf;			/* the encoded map, READ by workers */
+	struct rps__mr *mapbuf_mr;
+	struct rps__rnode *rnode;
+	char *data_dir;			/* ours to remove at exit when temporary */
+	bool data_dir_temp;
+	struct peer peers[RPS__SMAP_MAX_MEMBERS];
+	uint32_t npeers;
+	struct admin_wait *admin;
+	uint32_t nadmin, admin_cap;
+	uint64_t next_tick;		/* ns */
+	uint64_t next_duty;		/* ns */
+	uint64_t read_ctx;
+	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
+	bool restarted;			/* started from a --data-dir that held state */
+	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
+	struct ckpt_state *ckpt;	/* ckpt_srv.c */
+};
+
+/* ckpt_srv.c: checkpoints and restores */
+void rps__ck_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			const void *body, uint32_t body_len);
+void rps__ck_timers(struct rps__server *srv, uint64_t now);
+void rps__ck_conn_gone(struct rps__server *srv, struct conn *c);
+/* Install what the checkpoint in dir holds for the partitions served here.
+ * *installed / *seen: shards installed here / shards in all the files. */
+int rps__ck_restore(struct rps__server *srv, const char *dir, uint32_t *installed, uint64_t *seen,
+		    uint64_t *bytes);
+void rps__ck_fini(struct rps__server *srv);
+
+/* Test hook (rdmapsd with RPS_FAULT=isolate-signals): SIGUSR1 cuts this
+ * server off from its peers (connections dropped, none accepted or made,
+ * Raft messages lost), SIGUSR2 ends that.  Workers are not affected. */
+extern volatile int rps__cp_isolated;
+
+/* server.c, for cplane.c */
+void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
+			 const void *body, size_t len);
+void rps__srv_conn_fail(struct conn *c, const char *why);
+int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out);
+void rps__srv_conn_free(struct rps__server *srv, struct conn *c);
+/* Post the receives of an outgoing connection and add it to the table. */
+int rps__srv_conn_attach(struct rps__server *srv, struct conn *c);
+int rps__srv_post_recv(struct conn *c, uint32_t i);
+struct tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name);
+int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
+			struct tensor **out);
+int rps__srv_spec_valid(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
+			struct rps__layout *l);
+int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t part, bool has_init,
+			  struct conn *init_conn);
+int rps__srv_region_register(struct rps__server *srv, struct tensor *t, uint32_t part);
+void rps__srv_region_free(struct rps__server *srv, struct tensor *t, uint32_t part);
+uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w);
+void rps__srv_publish(struct shard *s, uint64_t epoch);
+void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local);
+void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part);
+void rps__srv_drain_held(struct rps__server *srv);
+int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what);
+void rps__srv_mem_give(struct rps__server *srv, size_t bytes);
+
+/* cplane.c, for server.c */
+int rps__cp_init(struct rps__server *srv);
+void rps__cp_fini(struct rps__server *srv);
+/* Timers: ticks, peer connections, move duties.  Returns ms until due. */
+int rps__cp_run_timers(struct rps__server *srv, uint64_t now);
+void rps__cp_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			void *body, uint32_t body_len);
+void rps__cp_on_read_done(struct rps__server *srv, struct conn *c, bool ok);
+/* A checkpoint was restored here: lost partitions owned here are back. */
+void rps__cp_restored(struct rps__server *srv);
+void rps__cp_on_conn_gone(struct rps__server *srv, struct conn *c);
+void rps__cp_on_send_done(struct rps__server *srv, struct conn *c);
+int rps__cp_accept_peer(struct rps__server *srv, uint64_t from_id, uint64_t to_id, const char **why);
+void rps__cp_peer_attached(struct rps__server *srv, struct conn *c);
+/* A partition image (what a move ships): build one of a partition served
+ * here (malloc'ed), and validate then install one as a move's destination
+ * does (tests and the fuzz harness drive these). */
+int rps__cp_image_build(struct rps__server *srv, uint32_t part, void **img, size_t *len);
+int rps__cp_image_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len);
+/* Are the partition's contents lost (restarted owner, or the map says so)?
+ * Then nothing of it is served: -ENODATA, never zeros. */
+static inline bool rps__cp_lost(const struct rps__server *srv, uint32_t part)
+{
+	return srv->map.parts[part].lost || srv->parts[part].gone;
+}
+/* Is the partition served here under this epoch right now? */
+static inline bool rps__cp_serving(const struct rps__server *srv, uint32_t part)
+{
+	return srv->parts[part].st == PART_ACTIVE;
+}
+
+#endif

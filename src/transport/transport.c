@@ -1,0 +1,211 @@
+/*
+ * transport.c - provider dispatch for the fabric abstraction (transport.h).
+ *
+ * Picks the provider at rps__fabric_open() and forwards every call through
+ * the object's fabric ops table, so the product above never branches on the
+ * transport.
+ */
+#include "config.h"
+#include "transport/transport.h"
+#include "common/common.h"
+
+#include <errno.h>
+#include <poll.h>
+
+int rps__fabric_open(const struct rps__fabric_attr *attr, struct rps__fabric **out)
+{
+	switch (attr->kind) {
+	case RPS__KIND_TCP:
+		return rps__tcp_ops.fabric_open(attr, out);
+	case RPS__KIND_VERBS:
+#ifdef HAVE_VERBS
+		return rps__verbs_ops.fabric_open(attr, out);
+#else
+		return rps__seterr(-ENOSYS, "verbs transport: not built (configure found no libibverbs/librdmacm): use tcp://");
+#endif
+	}
+	return rps__seterr(-EINVAL, "unknown transport kind %d", (int)attr->kind);
+}
+
+void rps__fabric_close(struct rps__fabric *fab)
+{
+	if (fab)
+		fab->ops->fabric_close(fab);
+}
+
+enum rps__kind rps__fabric_kind(const struct rps__fabric *fab)
+{
+	return fab->kind;
+}
+
+const char *rps__fabric_name(const struct rps__fabric *fab)
+{
+	return fab->ops->fabric_name(fab);
+}
+
+int rps__mr_reg(struct rps__fabric *fab, void *addr, size_t len, int access, struct rps__mr **out)
+{
+	return fab->ops->mr_reg(fab, addr, len, access, out);
+}
+
+int rps__mr_dereg(struct rps__mr *mr)
+{
+	return mr ? mr->fab->ops->mr_dereg(mr) : 0;
+}
+
+uint32_t rps__mr_rkey(const struct rps__mr *mr) { return mr->rkey; }
+void *rps__mr_addr(const struct rps__mr *mr) { return mr->addr; }
+size_t rps__mr_len(const struct rps__mr *mr) { return mr->len; }
+
+int rps__local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word,
+		   uint64_t compare, uint64_t swap, uint64_t *old)
+{
+	return fab->ops->local_cas(fab, mr, word, compare, swap, old);
+}
+
+int rps__cq_create(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out)
+{
+	return fab->ops->cq_create(fab, depth, out);
+}
+
+void rps__cq_destroy(struct rps__cq *cq)
+{
+	if (cq)
+		cq->fab->ops->cq_destroy(cq);
+}
+
+int rps__cq_poll(struct rps__cq *cq, struct rps__wc *wc, int n)
+{
+	return cq->fab->ops->cq_poll(cq, wc, n);
+}
+
+int rps__cq_fd(struct rps__cq *cq)
+{
+	return cq->fab->ops->cq_fd(cq);
+}
+
+int rps__cq_arm(struct rps__cq *cq)
+{
+	return cq->fab->ops->cq_arm(cq);
+}
+
+int rps__cq_wait(struct rps__cq *cq, struct rps__wc *wc, int n, int timeout_ms)
+{
+	struct pollfd pfd;
+	int ret;
+
+	ret = rps__cq_poll(cq, wc, n);
+	if (ret != 0)
+		return ret;
+	ret = rps__cq_arm(cq);
+	if (ret < 0)
+		return ret;
+	if (ret > 0) {
+		ret = rps__cq_poll(cq, wc, n);
+		if (ret != 0)
+			return ret;
+	}
+	pfd.fd = rps__cq_fd(cq);
+	pfd.events = POLLIN;
+	pfd.revents = 0;
+	ret = poll(&pfd, 1, timeout_ms);
+	if (ret < 0)
+		return errno == EINTR ? 0 : rps__seterr(-errno, "poll on completion queue failed");
+	return rps__cq_poll(cq, wc, n);
+}
+
+int rps__listen(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__listener **out)
+{
+	return fab->ops->listen(fab, host, port, out);
+}
+
+uint16_t rps__listener_port(const struct rps__listener *l) { return l->port; }
+
+int rps__listener_fd(struct rps__listener *l)
+{
+	return l->fab->ops->listener_fd(l);
+}
+
+int rps__listener_get_request(struct rps__listener *l, struct rps__conn_req **out)
+{
+	return l->fab->ops->listener_get_request(l, out);
+}
+
+const void *rps__conn_req_data(const struct rps__conn_req *req, size_t *len)
+{
+	*len = req->len;
+	return req->data;
+}
+
+int rps__accept(struct rps__conn_req *req, struct rps__cq *cq, const struct rps__ep_attr *attr,
+		const void *data, size_t len, struct rps__ep **out)
+{
+	if (len > RPS__PRIVDATA_MAX)
+		return rps__seterr(-EINVAL, "accept: private data of %zu bytes exceeds %d", len, RPS__PRIVDATA_MAX);
+	return req->fab->ops->accept(req, cq, attr, data, len, out);
+}
+
+int rps__reject(struct rps__conn_req *req, const void *data, size_t len)
+{
+	if (len > RPS__PRIVDATA_MAX)
+		len = RPS__PRIVDATA_MAX;
+	return req->fab->ops->reject(req, data, len);
+}
+
+void rps__listener_close(struct rps__listener *l)
+{
+	if (l)
+		l->fab->ops->listener_close(l);
+}
+
+int rps__connect(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *cq,
+		 const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+		 void *reply, size_t *reply_len, struct rps__ep **out)
+{
+	if (len > RPS__PRIVDATA_MAX)
+		return rps__seterr(-EINVAL, "connect: private data of %zu bytes exceeds %d", len, RPS__PRIVDATA_MAX);
+	return fab->ops->connect(fab, host, port, cq, attr, data, len, timeout_ms, reply, reply_len, out);
+}
+
+void rps__ep_close(struct rps__ep *ep)
+{
+	if (ep)
+		ep->fab->ops->ep_close(ep);
+}
+
+void rps__ep_set_context(struct rps__ep *ep, void *ctx) { ep->context = ctx; }
+void *rps__ep_context(const struct rps__ep *ep) { return ep->context; }
+const char *rps__ep_peer(const struct rps__ep *ep) { return ep->peer; }
+int rps__ep_is_error(const struct rps__ep *ep) { return __atomic_load_n(&ep->error, __ATOMIC_ACQUIRE); }
+
+int rps__post(struct rps__ep *ep, const struct rps__wr *wr, int n)
+{
+	return ep->fab->ops->post(ep, wr, n);
+}
+
+int rps__post_recv(struct rps__ep *ep, const struct rps__sge *sge, uint64_t wr_id)
+{
+	return ep->fab->ops->post_recv(ep, sge, wr_id);
+}
+
+const char *rps__wc_status_str(enum rps__wc_status s)
+{
+	switch (s) {
+	case RPS__WC_SUCCESS: return "success";
+	case RPS__WC_FLUSH_ERR: return "flushed (endpoint in error or disconnected)";
+	case RPS__WC_REM_ACCESS_ERR: return "remote access error (bad key, bounds or rights)";
+	case RPS__WC_REM_OP_ERR: return "remote operation error";
+	case RPS__WC_RETRY_EXC_ERR: return "transport retry exceeded (peer unreachable)";
+	case RPS__WC_RNR_RETRY_EXC_ERR: return "receiver not ready, retries exceeded";
+	case RPS__WC_LOC_ERR: return "local protection or length error";
+	case RPS__WC_GENERAL_ERR: return "general error";
+	}
+	return "unknown completion status";
+}
+
+#ifndef HAVE_VERBS
+int rps__verbs_available(void)
+{
+	return 0;
+}
+#endif

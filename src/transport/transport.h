@@ -1,0 +1,310 @@
+/*
+ * transport.h - the fabric abstraction between the product and the wire.
+ *
+ * It speaks RDMA semantics, not sockets: a fabric (device + protection
+ * domain), registered memory regions (address, length, lkey, rkey),
+ * completion queues, and connected reliable endpoints with the ordering
+ * guarantees of an RC queue pair.  Operations: one-sided WRITE,
+ * WRITE_WITH_IMM, READ, 8-byte atomic CAS and FETCH_ADD, two-sided
+ * SEND/RECV.  Two implementations: verbs/ (real RC QPs over rdma_cm) and
+ * src/transport/tcp.c (the same semantics over sockets; the target applies one-sided
+ * operations on behalf of the initiator with the bounds and key checks an HCA
+ * makes).  Everything above this interface is written once.
+ *
+ * Contract (both implementations):
+ *  - Every function returns 0 (or a count) on success, a negative errno on
+ *    failure, and leaves a one-line message in rps__errbuf() saying what
+ *    failed and what to do.
+ *  - Progress: completions are produced when the consumer calls
+ *    rps__cq_poll().  The TCP transport makes progress only inside
+ *    rps__cq_poll() of the CQ that an endpoint is bound to (manual progress,
+ *    like libfabric's FI_PROGRESS_MANUAL): a process that is the target of
+ *    one-sided operations must keep polling that CQ.  Verbs progresses in the
+ *    HCA.
+ *  - Ordering: operations posted on one endpoint are executed at the target
+ *    in posting order, except that a READ or atomic may be overtaken by later
+ *    WRITEs/SENDs unless RPS__WR_FENCE is set on the later op (IB rules).
+ *    A WRITE followed by a WRITE_IMM or SEND on the same endpoint is placed
+ *    before the immediate/receive completion is seen.  Completions of one
+ *    endpoint's send queue are delivered in posting order.  Across endpoints
+ *    there is no order.
+ *  - Errors: a remote access error (bad rkey, out of bounds, missing access
+ *    right, misaligned atomic) completes that op with
+ *    RPS__WC_REM_ACCESS_ERR, writes nothing, and moves the endpoint to the
+ *    error state: every later or outstanding op and every posted receive
+ *    completes with RPS__WC_FLUSH_ERR.  A peer that disconnects or dies also
+ *    flushes every posted receive and outstanding op with RPS__WC_FLUSH_ERR
+ *    (or RPS__WC_RETRY_EXC_ERR), so a consumer that keeps receives posted
+ *    always learns that a peer is gone.
+ *  - Unsignaled ops produce no completion unless they fail.  The transport
+ *    keeps the send queue from overflowing on its own (it signals internally
+ *    and swallows those completions); rps__post() returns -EAGAIN when the
+ *    send queue is full, and the caller polls and retries.
+ *  - rps__post() on one endpoint may be called from several threads.
+ *    rps__cq_poll() on one CQ is called by one thread at a time.
+ */
+#ifndef RPS_TRANSPORT_H
+#define RPS_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What an IB CM REQ/REP/REJ carries for us.  The kernel CM pads a REQ's
+ * private data to 56 bytes; verbs recovers the length of shorter payloads,
+ * so keep connect data under 56 bytes to read it back exactly. */
+#define RPS__PRIVDATA_MAX 56
+
+struct rps__fabric;
+struct rps__mr;
+struct rps__cq;
+struct rps__ep;
+struct rps__listener;
+struct rps__conn_req;
+
+enum rps__kind {
+	RPS__KIND_TCP = 1,
+	RPS__KIND_VERBS = 2,
+};
+
+struct rps__fabric_attr {
+	enum rps__kind kind;
+	const char *device;	/* verbs: device name (NULL: the one that routes to host) */
+	const char *host;	/* verbs: an address that selects the device (local to
+				 * bind, or remote to resolve); tcp: unused */
+};
+
+enum rps__access {
+	RPS__ACCESS_LOCAL = 0,
+	RPS__ACCESS_REMOTE_WRITE = 1 << 0,
+	RPS__ACCESS_REMOTE_READ = 1 << 1,
+	RPS__ACCESS_REMOTE_ATOMIC = 1 << 2,
+};
+
+enum rps__op {
+	RPS__OP_SEND = 1,
+	RPS__OP_WRITE,
+	RPS__OP_WRITE_IMM,
+	RPS__OP_READ,
+	RPS__OP_CAS,
+	RPS__OP_FADD,
+};
+
+enum rps__wr_flags {
+	RPS__WR_SIGNALED = 1 << 0,	/* produce a completion on success */
+	RPS__WR_INLINE = 1 << 1,	/* copy the payload at post time; mr may be NULL */
+	RPS__WR_FENCE = 1 << 2,		/* wait for earlier READs/atomics first */
+};
+
+struct rps__sge {
+	void *addr;
+	uint32_t len;
+	struct rps__mr *mr;	/* registered region holding [addr, addr+len) */
+};
+
+/* One work request.  CAS/FADD: sge is the 8-byte aligned local word that
+ * receives the old value, raddr must be 8-byte aligned. */
+struct rps__wr {
+	uint64_t wr_id;
+	enum rps__op op;
+	int flags;
+	struct rps__sge sge;
+	uint64_t raddr;
+	uint32_t rkey;
+	uint32_t imm;		/* WRITE_IMM (and SEND, if RPS__WR_IMM is ever needed) */
+	uint64_t compare_add;	/* CAS: compare; FADD: the addend */
+	uint64_t swap;		/* CAS: the new value */
+};
+
+enum rps__wc_status {
+	RPS__WC_SUCCESS = 0,
+	RPS__WC_FLUSH_ERR,		/* endpoint in error / disconnected */
+	RPS__WC_REM_ACCESS_ERR,		/* bad rkey, bounds, rights, alignment */
+	RPS__WC_REM_OP_ERR,		/* target could not carry out the op */
+	RPS__WC_RETRY_EXC_ERR,		/* peer unreachable / dead */
+	RPS__WC_RNR_RETRY_EXC_ERR,	/* peer had no receive posted, for too long */
+	RPS__WC_LOC_ERR,		/* local protection / length error */
+	RPS__WC_GENERAL_ERR,
+};
+
+enum rps__wc_opcode {
+	RPS__WC_SEND = 1,
+	RPS__WC_WRITE,
+	RPS__WC_READ,
+	RPS__WC_CAS,
+	RPS__WC_FADD,
+	RPS__WC_RECV,		/* a SEND arrived in a posted receive */
+	RPS__WC_RECV_IMM,	/* a WRITE_IMM consumed a posted receive; byte_len = bytes written */
+};
+
+struct rps__wc {
+	uint64_t wr_id;
+	enum rps__wc_status status;
+	enum rps__wc_opcode opcode;	/* valid only when status == SUCCESS */
+	uint32_t byte_len;		/* RECV: bytes received */
+	uint32_t imm;			/* RECV_IMM: the immediate data */
+	struct rps__ep *ep;		/* the endpoint it belongs to */
+};
+
+struct rps__ep_attr {
+	uint32_t sq_depth;	/* outstanding send-queue WRs (0: 128) */
+	uint32_t rq_depth;	/* posted receives (0: 128) */
+	uint32_t max_inline;	/* bytes a WR may carry inline (0: 64) */
+};
+
+/* fabric */
+int rps__fabric_open(const struct rps__fabric_attr *attr, struct rps__fabric **out);
+void rps__fabric_close(struct rps__fabric *fab);
+enum rps__kind rps__fabric_kind(const struct rps__fabric *fab);
+const char *rps__fabric_name(const struct rps__fabric *fab);	/* "tcp", "rxe0", "mlx5_0" */
+/* Which device is present: 1 if verbs finds at least one RDMA device. */
+int rps__verbs_available(void);
+
+/* memory registration: pre-register pools, never per message */
+int rps__mr_reg(struct rps__fabric *fab, void *addr, size_t len, int access,
+		struct rps__mr **out);
+int rps__mr_dereg(struct rps__mr *mr);	/* revokes remote access at once */
+uint32_t rps__mr_rkey(const struct rps__mr *mr);
+void *rps__mr_addr(const struct rps__mr *mr);
+size_t rps__mr_len(const struct rps__mr *mr);
+
+/* Atomic compare-and-swap on a word of a local registered region that is
+ * atomic with respect to remote atomics on this fabric (verbs: through a
+ * loopback QP, since IBV_ATOMIC_HCA does not order CPU stores against HCA
+ * atomics).  *old receives the previous value.  Synchronous. */
+int rps__local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word,
+		   uint64_t compare, uint64_t swap, uint64_t *old);
+
+/* completion queues */
+int rps__cq_create(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out);
+void rps__cq_destroy(struct rps__cq *cq);
+int rps__cq_poll(struct rps__cq *cq, struct rps__wc *wc, int n);	/* >= 0 completions */
+int rps__cq_fd(struct rps__cq *cq);	/* readable when rps__cq_poll may have work */
+/* Before sleeping on rps__cq_fd(): arm; if it returns 1, poll once more (a
+ * completion that raced with arming is found by that poll); 0 means the
+ * fd will wake the caller for anything still to come, so it may sleep at
+ * once (TCP, when nothing is queued: saves a syscall per round trip). */
+int rps__cq_arm(struct rps__cq *cq);
+/* Convenience: poll up to n, blocking up to timeout_ms (-1: forever) when none. */
+int rps__cq_wait(struct rps__cq *cq, struct rps__wc *wc, int n, int timeout_ms);
+
+/* connections */
+int rps__listen(struct rps__fabric *fab, const char *host, uint16_t port,
+		struct rps__listener **out);
+uint16_t rps__listener_port(const struct rps__listener *l);	/* useful with port 0 */
+int rps__listener_fd(struct rps__listener *l);
+/* Non-blocking: -EAGAIN when no request is waiting. */
+int rps__listener_get_request(struct rps__listener *l, struct rps__conn_req **out);
+const void *rps__conn_req_data(const struct rps__conn_req *req, size_t *len);
+int rps__accept(struct rps__conn_req *req, struct rps__cq *cq,
+		const struct rps__ep_attr *attr, const void *data, size_t len,
+		struct rps__ep **out);	/* consumes req */
+int rps__reject(struct rps__conn_req *req, const void *data, size_t len);	/* consumes req */
+void rps__listener_close(struct rps__listener *l);
+
+/* Blocking connect.  -ECONNREFUSED when the peer rejected: its private data
+ * (if any) is copied to reply/reply_len.  On success the accept's private
+ * data is copied there.  reply may be NULL; otherwise it must hold
+ * RPS__PRIVDATA_MAX bytes and *reply_len is set on return.  timeout_ms < 0
+ * waits for ever.  rps__accept() may block until the initiator confirms
+ * the connection (verbs: at most ~20 s), so nothing is sent to a peer that
+ * is not ready.  On verbs, a peer's disconnect becomes flushed receives
+ * inside rps__cq_poll() or rps__listener_get_request(). */
+int rps__connect(struct rps__fabric *fab, const char *host, uint16_t port,
+		 struct rps__cq *cq, const struct rps__ep_attr *attr,
+		 const void *data, size_t len, int timeout_ms,
+		 void *reply, size_t *reply_len, struct rps__ep **out);
+/* Disconnect and free.  Completions of this endpoint still queued in its CQ
+ * are dropped. */
+void rps__ep_close(struct rps__ep *ep);
+void rps__ep_set_context(struct rps__ep *ep, void *ctx);
+void *rps__ep_context(const struct rps__ep *ep);
+const char *rps__ep_peer(const struct rps__ep *ep);	/* "10.0.2.15:7000" */
+int rps__ep_is_error(const struct rps__ep *ep);
+
+/* data movement.  rps__post is all-or-nothing: -EAGAIN when the n WRs do
+ * not fit the send queue (none posted), -EINVAL when n exceeds its depth or
+ * a local buffer lies outside its region.  Posting to an endpoint in the
+ * error state succeeds and completes with RPS__WC_FLUSH_ERR, as IB does.
+ * A SEND larger than the posted receive fails with RPS__WC_LOC_ERR at the
+ * receiver and RPS__WC_REM_OP_ERR at the sender.  rps__ep_close() may be
+ * called from any thread. */
+int rps__post(struct rps__ep *ep, const struct rps__wr *wr, int n);
+int rps__post_recv(struct rps__ep *ep, const struct rps__sge *sge, uint64_t wr_id);
+
+const char *rps__wc_status_str(enum rps__wc_status s);
+
+/*
+ * Provider dispatch.  Each implementation fills one ops table; the generic
+ * functions above call through fab->ops / the object's fabric.  Objects of
+ * every provider start with the common part below (container_of style).
+ */
+struct rps__transport_ops {
+	const char *name;
+	int (*fabric_open)(const struct rps__fabric_attr *attr, struct rps__fabric **out);
+	void (*fabric_close)(struct rps__fabric *fab);
+	const char *(*fabric_name)(const struct rps__fabric *fab);
+	int (*mr_reg)(struct rps__fabric *fab, void *addr, size_t len, int access, struct rps__mr **out);
+	int (*mr_dereg)(struct rps__mr *mr);
+	int (*local_cas)(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word,
+			 uint64_t compare, uint64_t swap, uint64_t *old);
+	int (*cq_create)(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out);
+	void (*cq_destroy)(struct rps__cq *cq);
+	int (*cq_poll)(struct rps__cq *cq, struct rps__wc *wc, int n);
+	int (*cq_fd)(struct rps__cq *cq);
+	int (*cq_arm)(struct rps__cq *cq);
+	int (*listen)(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__listener **out);
+	int (*listener_fd)(struct rps__listener *l);
+	int (*listener_get_request)(struct rps__listener *l, struct rps__conn_req **out);
+	int (*accept)(struct rps__conn_req *req, struct rps__cq *cq, const struct rps__ep_attr *attr,
+		      const void *data, size_t len, struct rps__ep **out);
+	int (*reject)(struct rps__conn_req *req, const void *data, size_t len);
+	void (*listener_close)(struct rps__listener *l);
+	int (*connect)(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *cq,
+		       const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+		       void *reply, size_t *reply_len, struct rps__ep **out);
+	void (*ep_close)(struct rps__ep *ep);
+	int (*post)(struct rps__ep *ep, const struct rps__wr *wr, int n);
+	int (*post_recv)(struct rps__ep *ep, const struct rps__sge *sge, uint64_t wr_id);
+};
+
+/* Common heads; providers embed these first in their private structs. */
+struct rps__fabric {
+	const struct rps__transport_ops *ops;
+	enum rps__kind kind;
+};
+struct rps__mr {
+	struct rps__fabric *fab;
+	void *addr;
+	size_t len;
+	uint32_t lkey;
+	uint32_t rkey;
+	int access;
+};
+struct rps__cq {
+	struct rps__fabric *fab;
+};
+struct rps__listener {
+	struct rps__fabric *fab;
+	uint16_t port;
+};
+struct rps__conn_req {
+	struct rps__fabric *fab;
+	uint8_t data[RPS__PRIVDATA_MAX];
+	size_t len;
+	uint32_t peer_sq_depth;		/* tcp: the depth the connector announced, which
+					 * sizes our response pool (0: not known) */
+};
+struct rps__ep {
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	void *context;
+	int error;			/* set once the endpoint is in the error state */
+	char peer[64];
+};
+
+extern const struct rps__transport_ops rps__tcp_ops;
+#ifdef HAVE_VERBS
+extern const struct rps__transport_ops rps__verbs_ops;
+#endif
+
+#endif

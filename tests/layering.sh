@@ -1,0 +1,68 @@
+#!/bin/sh
+# The layers stay layers (README "Source tree"):
+#  1. only verbs/ includes <infiniband/*> or <rdma/*> (the product: src/,
+#     include/, perf/; tests of the verbs provider may look at verbs);
+#  2. a layer includes headers of itself and of the layers it may use, never
+#     of a layer above it;
+#  3. librdmaps.so defines no symbol of the server or the control plane, so
+#     the version script hides nothing that should not be there.
+# Run by `make check`, which sets top_srcdir and top_builddir.
+set -e
+: "${top_srcdir:=.}" "${top_builddir:=.}"
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+
+# 1. verbs headers
+hits=$(cd "$top_srcdir" && grep -rlE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(infiniband|rdma)/' src include perf || true)
+[ -z "$hits" ] || bad "outside verbs/, these include verbs headers: $hits"
+
+# 2. include direction: the layers each layer may use (itself included)
+allowed() {
+	case $1 in
+	common) echo "common" ;;
+	transport | verbs) echo "common transport" ;;
+	proto) echo "common proto" ;;
+	kernels) echo "common kernels" ;;
+	client) echo "common transport proto kernels client" ;;
+	server) echo "common transport proto kernels server control" ;;	# TODO(seam): drop control
+	control) echo "common transport proto kernels server control" ;;
+	programs) echo "common transport proto kernels client server control" ;;
+	*) echo "" ;;
+	esac
+}
+nfiles=0
+for f in "$top_srcdir"/src/*/*.[ch] "$top_srcdir"/verbs/*.[ch]; do
+	[ -f "$f" ] || continue
+	nfiles=$((nfiles + 1))
+	layer=$(basename "$(dirname "$f")")
+	ok=$(allowed "$layer")
+	[ -n "$ok" ] || { bad "${f#"$top_srcdir"/}: in no known layer (add it to tests/layering.sh and README)"; continue; }
+	for used in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([a-z]*\)\/.*/\1/p' "$f" | sort -u); do
+		case " $ok " in
+		*" $used "*) ;;
+		*) bad "${f#"$top_srcdir"/} ($layer) includes $used/: $layer may use only: $ok" ;;
+		esac
+	done
+	# an unqualified product header would hide the direction
+	sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^/"]*\.h\)".*/\1/p' "$f" | while read -r h; do
+		case $h in config.h | rdmaps.h) ;; *) echo "FAIL: ${f#"$top_srcdir"/} includes \"$h\": name its layer (\"layer/$h\")" ;; esac
+	done | grep . && fail=1
+done
+[ "$nfiles" -gt 20 ] || bad "found only $nfiles sources under src/*/ and verbs/"
+
+# 3. no server or control-plane code in the client library
+so=$top_builddir/.libs/librdmaps.so
+if [ -f "$so" ]; then
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/layering.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	nm --defined-only "$so" | awk '{ print $3 }' | sort -u >"$tmp/lib"
+	for a in "$top_builddir"/src/server/.libs/librps_server.a "$top_builddir"/src/control/.libs/librps_control.a; do
+		[ -f "$a" ] || { bad "no $a: build first"; continue; }
+		nm --defined-only "$a" 2>/dev/null | awk 'NF == 3 && $2 ~ /[TDBR]/ { print $3 }' | sort -u >"$tmp/srv"
+		leaked=$(comm -12 "$tmp/lib" "$tmp/srv")
+		[ -z "$leaked" ] || bad "librdmaps.so defines symbols of $(basename "$a"): $(echo $leaked)"
+	done
+	[ -s "$tmp/lib" ] || bad "nm found no symbol in $so"
+fi
+[ $fail -eq 0 ] && echo "layering: $nfiles sources in their layers; librdmaps holds no server code"
+exit $fail
