@@ -73,190 +73,24 @@
 #include <unistd.h>
 
 #include "rdmaps.h"
+#include "psperf_int.h"
 
-#define MAX_BYTES (64u << 20)		/* largest --size */
 #define AUTO_BYTES (256ull << 20)	/* default iterations: about this many bytes a pass */
 #define AUTO_ITERS_MAX 1000L
 #define AUTO_ITERS_MIN 20L
-#define MAX_LOCAL 64			/* --servers / --workers in local mode */
-#define SOCK_MAGIC 0x4b434f53u		/* "SOCK" */
 #define RAWT_MAGIC 0x54574152u		/* "RAWT" */
 #define RAWT_NRX 2u
-#define SOCK_PORT_OFFSET 1		/* --server --baseline: socket responder on port+1 */
-#define RAWT_PORT_OFFSET 2		/* ... transport responder on port+2 */
 
-/* ---- options -------------------------------------------------------------- */
-
-enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_CRC, T_IGZIP, T_NTESTS };
-static const char *const test_names[T_NTESTS] = { "push", "pull", "pushpull", "lock", "agg", "commit", "crc",
+const char *const psperf_test_names[T_NTESTS] = { "push", "pull", "pushpull", "lock", "agg", "commit", "crc",
 						  "igzip" };
 /* all = the data-plane tests; commit (a cluster of its own), crc and igzip
  * (checkpoint kernels, in-process) only when named */
 #define DEFAULT_TESTS ((1u << T_COMMIT) - 1)
 #define COMMIT_SERVERS 3		/* commit test, local mode: a Raft group of three */
 
-/* Tests measured in-process, without a cluster: agg, crc, igzip. */
-static bool in_process(enum test_id t)
-{
-	return t == T_AGG || t == T_CRC || t == T_IGZIP;
-}
-
-enum role { ROLE_LOCAL, ROLE_SERVER, ROLE_WORKER };
-
-struct opts {
-	enum role role;
-	unsigned tests;
-	int nservers, nworkers;
-	bool nservers_set;		/* --servers given (commit: else COMMIT_SERVERS) */
-	bool fsync_none;		/* --fsync none (commit test, --server) */
-	size_t size_min, size_max;
-	unsigned factor;
-	long iters, warmup;		/* -1: automatic */
-	int window;
-	enum rps_mode mode;
-	uint32_t staleness;
-	enum rps_dtype dtype;
-	enum rps_optimizer optimizer;
-	enum rps__kind kind;
-	bool kind_set;
-	const char *device, *addr;
-	bool baseline, raw_transport;
-	const char *json, *label, *tag;
-	bool csv, quiet;
-	const char *listen, *cluster;
-	int index;
-	const char *connect;
-	int rank, num_workers;
-	uint32_t shard_bytes, slots;
-	int spin_us, timeout_ms;
-	int argc;
-	char **argv;
-};
-
-/* ---- statistics ----------------------------------------------------------- */
-
-struct samples {
-	uint64_t *v;		/* nanoseconds */
-	size_t n, cap;
-};
-
-struct stats {
-	bool valid;
-	uint64_t n;
-	double min, typ, avg, p99, p999;	/* microseconds */
-	double gbs, ops;			/* GB/s (1e9 bytes), operations per second */
-};
-
-/* A pass: per-op samples plus the wall-clock span they were taken in. */
-struct pass {
-	struct samples s;
-	uint64_t t0, t1;
-};
-
-/* ---- the plan ------------------------------------------------------------- */
-
-enum raw_op {
-	RAW_NONE,
-	RAW_SOCK_RR,		/* socket: a bytes there, b bytes back */
-	RAW_SOCK_STREAM,	/* socket: one-way stream of a-byte messages */
-	RAW_WRITE,		/* transport: WRITE of a bytes + its completion */
-	RAW_READ,
-	RAW_CAS,
-	RAW_SEND_PP,		/* transport: SEND a bytes, the peer SENDs b back */
-	RAW_WRITE_BW,		/* transport: WRITEs of a bytes, --window in flight */
-	RAW_READ_BW,
-	RAW_MEMCPY,		/* in-process memcpy of W buffers of a bytes */
-};
-
-struct raw_result {
-	enum raw_op op;
-	size_t a, b;
-	long iters, count;
-	bool is_bw;
-	bool transport_tcp;	/* a transport op run over the tcp transport */
-	struct stats st;
-	char name[64];
-	int err;
-};
-
-struct row {
-	enum test_id test;
-	size_t bytes;		/* the row's --size (gradient bytes) */
-	double moved;		/* payload bytes one operation moves */
-	char label[32];		/* lock / agg / commit / igzip rows */
-	bool zeros;		/* igzip: of zeros, not parameter-like floats */
-	double ratio;		/* igzip: input bytes / deflated bytes */
-	int workers;		/* workers doing the operation at once */
-	bool lock_alone;
-	bool lock_release;	/* the release half of a lock pair */
-	bool commit_rtt;	/* commit test: the STATUS round trip row */
-	long iters, warmup;
-	struct pass lat, bw;	/* merged over workers */
-	struct stats s_lat, s_bw;
-	struct raw_result *raw_lat, *raw_bw;
-	struct raw_result *raw_x[2];	/* --raw-transport extras over tcp */
-	double x_lat, x_bw;
-	double x_rtt;		/* commit row: its t_typ / the admin round trip's */
-};
-
-struct worker;
-
-struct run {
-	struct opts *o;
-	struct row *rows;
-	size_t nrows;
-	size_t *sizes;
-	size_t nsizes;
-	int W;			/* workers taking part in the cluster */
-	int nservers;		/* servers of the cluster */
-	enum rps__kind kind;
-	char addr[256];		/* local: where servers listen; baseline: where peers are */
-	char device[64];
-	char servers[4096];
-	char cpu[128];
-	struct raw_result *raws;
-	size_t nraws;
-	bool remote_peer;
-	uint16_t sock_port, rawt_port;
-	char base_err[600];	/* the first baseline failure */
-	/* the commit test */
-	char commit_servers[4096];
-	uint64_t commit_leader, commit_term;
-	int commit_voters;
-	int commit_fsync;	/* what the leader's STATUS says: 1 always, 0 none, -1 unknown */
-	/* progress, written by worker 0, read by the main thread */
-	atomic_long prog_row, prog_done, prog_total;
-	atomic_int prog_phase;
-	/* local orchestration */
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	int nfinished;
-	bool failed;
-	char err[1024];
-};
-
-struct baseline;
-
-struct worker {
-	struct run *run;
-	int rank;
-	struct baseline *bl;	/* worker 0 with --baseline */
-	pthread_t thread;
-	rps_client_t *cl;
-	rps_tensor_t **tens;	/* one per size index */
-	rps_tensor_t *lockt;
-	void *grad;
-	float *pull;
-	struct pass *lat, *bw;	/* per row */
-	int status;
-	char err[1024];
-};
-
 /* ---- small helpers -------------------------------------------------------- */
 
-static void die_usage(const char *fmt, ...) RPS__PRINTF(1, 2);
-
-static void die_usage(const char *fmt, ...)
+void psperf_die_usage(const char *fmt, ...)
 {
 	va_list ap;
 
@@ -268,7 +102,7 @@ static void die_usage(const char *fmt, ...)
 	exit(2);
 }
 
-static void *xcalloc(size_t n, size_t size)
+void *psperf_xcalloc(size_t n, size_t size)
 {
 	void *p = calloc(n ? n : 1, size ? size : 1);
 
@@ -279,7 +113,7 @@ static void *xcalloc(size_t n, size_t size)
 	return p;
 }
 
-static void *xalloc_aligned(size_t len)
+void *psperf_xalloc_aligned(size_t len)
 {
 	void *p = NULL;
 
@@ -291,7 +125,7 @@ static void *xalloc_aligned(size_t len)
 	return p;
 }
 
-static const char *human(size_t b, char *buf, size_t len)
+const char *psperf_human(size_t b, char *buf, size_t len)
 {
 	if (b >= (1u << 20) && b % (1u << 20) == 0)
 		snprintf(buf, len, "%zu MiB", b >> 20);
@@ -307,7 +141,7 @@ static bool is_pow2(size_t x)
 	return x && !(x & (x - 1));
 }
 
-static void sleep_ms(int ms)
+void psperf_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
 
@@ -316,7 +150,7 @@ static void sleep_ms(int ms)
 
 /* ---- samples and statistics ------------------------------------------------ */
 
-static void samples_reserve(struct samples *s, size_t n)
+void psperf_samples_reserve(struct samples *s, size_t n)
 {
 	if (n <= s->cap)
 		return;
@@ -328,26 +162,26 @@ static void samples_reserve(struct samples *s, size_t n)
 	s->cap = n;
 }
 
-static void samples_add(struct samples *s, uint64_t ns)
+void psperf_samples_add(struct samples *s, uint64_t ns)
 {
 	if (s->n == s->cap)
-		samples_reserve(s, s->cap ? s->cap * 2 : 1024);
+		psperf_samples_reserve(s, s->cap ? s->cap * 2 : 1024);
 	s->v[s->n++] = ns;
 }
 
-static void samples_free(struct samples *s)
+void psperf_samples_free(struct samples *s)
 {
 	free(s->v);
 	memset(s, 0, sizeof(*s));
 }
 
-static void pass_merge(struct pass *dst, const struct pass *src)
+void psperf_pass_merge(struct pass *dst, const struct pass *src)
 {
 	size_t i;
 
 	if (!src->s.n)
 		return;
-	samples_reserve(&dst->s, dst->s.n + src->s.n);
+	psperf_samples_reserve(&dst->s, dst->s.n + src->s.n);
 	for (i = 0; i < src->s.n; i++)
 		dst->s.v[dst->s.n++] = src->s.v[i];
 	if (!dst->t0 || src->t0 < dst->t0)
@@ -377,7 +211,7 @@ static double quantile_us(const uint64_t *v, size_t n, double q)
 }
 
 /* Sort the pass's samples and fill st; bytes_per_op gives the bandwidth. */
-static void stats_compute(struct stats *st, struct pass *p, double bytes_per_op)
+void psperf_stats_compute(struct stats *st, struct pass *p, double bytes_per_op)
 {
 	double sum = 0, wall;
 	size_t i, n = p->s.n;
@@ -534,7 +368,7 @@ static long parse_long(const char *s, const char *what, long min, long max)
 	uint64_t v;
 
 	if (rps__parse_u64(what, s, (uint64_t)min, (uint64_t)max, &v))
-		die_usage("%s", rps__errbuf());
+		psperf_die_usage("%s", rps__errbuf());
 	return (long)v;
 }
 
@@ -547,17 +381,17 @@ static void parse_sweep(struct opts *o, const char *s)
 	a = buf;
 	b = strchr(a, ':');
 	if (!b)
-		die_usage("--sweep '%s': expected MIN:MAX[:FACTOR], e.g. 4:64M", s);
+		psperf_die_usage("--sweep '%s': expected MIN:MAX[:FACTOR], e.g. 4:64M", s);
 	*b++ = '\0';
 	c = strchr(b, ':');
 	if (c)
 		*c++ = '\0';
 	if (parse_size(a, &o->size_min) || parse_size(b, &o->size_max) || (c && parse_size(c, &f)))
-		die_usage("--sweep '%s': MIN, MAX and FACTOR are sizes such as 8, 4K, 1M", s);
+		psperf_die_usage("--sweep '%s': MIN, MAX and FACTOR are sizes such as 8, 4K, 1M", s);
 	if (!is_pow2(o->size_min) || !is_pow2(o->size_max) || o->size_min > o->size_max)
-		die_usage("--sweep '%s': MIN and MAX must be powers of two, MIN <= MAX", s);
+		psperf_die_usage("--sweep '%s': MIN and MAX must be powers of two, MIN <= MAX", s);
 	if (!is_pow2(f) || f < 2 || f > (1u << 20))
-		die_usage("--sweep '%s': FACTOR must be a power of two >= 2", s);
+		psperf_die_usage("--sweep '%s': FACTOR must be a power of two >= 2", s);
 	o->factor = (unsigned)f;
 }
 
@@ -574,15 +408,15 @@ static unsigned parse_tests(const char *s)
 			continue;
 		}
 		for (i = 0; i < T_NTESTS; i++)
-			if (!strcasecmp(tok, test_names[i]))
+			if (!strcasecmp(tok, psperf_test_names[i]))
 				break;
 		if (i == T_NTESTS)
-			die_usage("--test: unknown test '%s' (push, pull, pushpull, lock, agg, commit, crc, igzip,"
+			psperf_die_usage("--test: unknown test '%s' (push, pull, pushpull, lock, agg, commit, crc, igzip,"
 				  " all)", tok);
 		mask |= 1u << i;
 	}
 	if (!mask)
-		die_usage("--test: give at least one test");
+		psperf_die_usage("--test: give at least one test");
 	return mask;
 }
 
@@ -594,7 +428,7 @@ static enum rps_mode parse_mode(const char *s)
 		return RPS_MODE_BOUNDED;
 	if (!strcasecmp(s, "async") || !strcasecmp(s, "asp"))
 		return RPS_MODE_ASYNC;
-	die_usage("--mode: say sync, bounded or async, not '%s'", s);
+	psperf_die_usage("--mode: say sync, bounded or async, not '%s'", s);
 	return RPS_MODE_ASYNC;
 }
 
@@ -606,16 +440,16 @@ static enum rps_optimizer parse_optimizer(const char *s)
 	for (i = 0; i < 4; i++)
 		if (!strcasecmp(s, names[i]))
 			return (enum rps_optimizer)(RPS_OPT_SUM + i);
-	die_usage("--optimizer: say sum, sgd, momentum or adam, not '%s'", s);
+	psperf_die_usage("--optimizer: say sum, sgd, momentum or adam, not '%s'", s);
 	return RPS_OPT_SUM;
 }
 
-static const char *mode_name(enum rps_mode m)
+const char *psperf_mode_name(enum rps_mode m)
 {
 	return m == RPS_MODE_SYNC ? "sync" : m == RPS_MODE_BOUNDED ? "bounded" : "async";
 }
 
-static const char *optimizer_name(enum rps_optimizer p)
+const char *psperf_optimizer_name(enum rps_optimizer p)
 {
 	static const char *const names[] = { "sum", "sgd", "momentum", "adam" };
 
@@ -703,7 +537,7 @@ static void parse_one_size(struct opts *o, const char *arg)
 	size_t sz;
 
 	if (parse_size(arg, &sz) || !sz)
-		die_usage("--size '%s': expected a size such as 8, 4K or 1M", arg);
+		psperf_die_usage("--size '%s': expected a size such as 8, 4K or 1M", arg);
 	o->size_min = o->size_max = sz;
 	o->factor = 2;
 }
@@ -715,7 +549,7 @@ static void parse_transport(struct opts *o, const char *arg)
 	else if (!strcasecmp(arg, "verbs") || !strcasecmp(arg, "rdma"))
 		o->kind = RPS__KIND_VERBS;
 	else
-		die_usage("--transport: say tcp or verbs, not '%s'", arg);
+		psperf_die_usage("--transport: say tcp or verbs, not '%s'", arg);
 	o->kind_set = true;
 }
 
@@ -734,7 +568,7 @@ static void parse_option(struct opts *o, int c, const char *arg)
 	case OPT_STALENESS: o->staleness = (uint32_t)parse_long(arg, "--staleness", 0, 1000000); break;
 	case 'd':
 		if (rps__dtype_parse(arg, &o->dtype))
-			die_usage("--dtype: say f32, bf16 or f16, not '%s'", arg);
+			psperf_die_usage("--dtype: say f32, bf16 or f16, not '%s'", arg);
 		break;
 	case OPT_OPTIMIZER: o->optimizer = parse_optimizer(arg); break;
 	case OPT_SERVERS:
@@ -747,7 +581,7 @@ static void parse_option(struct opts *o, int c, const char *arg)
 	case OPT_ADDR: o->addr = arg; break;
 	case OPT_SHARD:
 		if (parse_size(arg, &sz) || sz < 64 || sz % 4 || sz > (1u << 30))
-			die_usage("--shard-size '%s': a multiple of 4 between 64 and 1G", arg);
+			psperf_die_usage("--shard-size '%s': a multiple of 4 between 64 and 1G", arg);
 		o->shard_bytes = (uint32_t)sz;
 		break;
 	case OPT_SLOTS: o->slots = (uint32_t)parse_long(arg, "--slots", 1, 1024); break;
@@ -772,7 +606,7 @@ static void parse_option(struct opts *o, int c, const char *arg)
 		else if (!strcasecmp(arg, "none"))
 			o->fsync_none = true;
 		else
-			die_usage("--fsync: say always or none, not '%s'", arg);
+			psperf_die_usage("--fsync: say always or none, not '%s'", arg);
 		break;
 	case 'q': o->quiet = true; break;
 	default: break;
@@ -784,37 +618,37 @@ static void check_sizes(const struct opts *o)
 	size_t dt = rps__dtype_size(o->dtype);
 
 	if (o->size_max > MAX_BYTES)
-		die_usage("sizes are at most 64M (%zu asked)", o->size_max);
+		psperf_die_usage("sizes are at most 64M (%zu asked)", o->size_max);
 	if (o->size_min < dt || o->size_min % dt)
-		die_usage("--size/--sweep: %zu bytes is not a whole number of %s elements (%zu bytes each)",
+		psperf_die_usage("--size/--sweep: %zu bytes is not a whole number of %s elements (%zu bytes each)",
 			  o->size_min, rps__dtype_name(o->dtype), dt);
 }
 
 static void check_roles(struct opts *o)
 {
 	if (o->role == ROLE_SERVER && !o->listen)
-		die_usage("--server needs --listen tcp://HOST:PORT or verbs://ADDR:PORT");
+		psperf_die_usage("--server needs --listen tcp://HOST:PORT or verbs://ADDR:PORT");
 	if (o->role == ROLE_SERVER && o->connect)
-		die_usage("--server and --connect exclude each other");
+		psperf_die_usage("--server and --connect exclude each other");
 	if (o->role != ROLE_WORKER && (o->rank >= 0 || o->num_workers > 0))
-		die_usage("--rank and --num-workers go with --connect (local mode: --workers N)");
+		psperf_die_usage("--rank and --num-workers go with --connect (local mode: --workers N)");
 	if (o->role != ROLE_SERVER && (o->listen || o->cluster || o->index >= 0))
-		die_usage("--listen, --cluster and --index go with --server");
+		psperf_die_usage("--listen, --cluster and --index go with --server");
 	if (o->role == ROLE_WORKER && o->tests == (1u << T_COMMIT) && o->rank < 0 && o->num_workers < 1) {
 		o->rank = 0;	/* the commit test alone: one admin client, no workers */
 		o->num_workers = 1;
 	}
 	if (o->role == ROLE_WORKER) {
 		if (o->rank < 0 || o->num_workers < 1)
-			die_usage("--connect needs --rank R and --num-workers N");
+			psperf_die_usage("--connect needs --rank R and --num-workers N");
 		if (o->rank >= o->num_workers)
-			die_usage("--rank %d is not below --num-workers %d", o->rank, o->num_workers);
+			psperf_die_usage("--rank %d is not below --num-workers %d", o->rank, o->num_workers);
 	}
 	if (strlen(o->tag) > 24)
-		die_usage("--tag '%s': at most 24 characters", o->tag);
+		psperf_die_usage("--tag '%s': at most 24 characters", o->tag);
 }
 
-static void parse_args(struct opts *o, int argc, char **argv)
+void psperf_parse_args(struct opts *o, int argc, char **argv)
 {
 	int c;
 
@@ -829,11 +663,11 @@ static void parse_args(struct opts *o, int argc, char **argv)
 			exit(0);
 		}
 		if (c == '?' || c == ':')
-			die_usage("bad option");
+			psperf_die_usage("bad option");
 		parse_option(o, c, optarg);
 	}
 	if (optind < argc)
-		die_usage("unexpected argument '%s'", argv[optind]);
+		psperf_die_usage("unexpected argument '%s'", argv[optind]);
 	check_sizes(o);
 	check_roles(o);
 }
@@ -923,7 +757,7 @@ static bool rdma_device_addr(const char *want, char *dev, size_t dlen, char *add
 }
 
 /* Local mode: pick the transport and the address to run on. */
-static int choose_fabric(struct run *r)
+int psperf_choose_fabric(struct run *r)
 {
 	struct opts *o = r->o;
 	char dev[64] = "";
@@ -963,7 +797,7 @@ static long row_iters(const struct opts *o, size_t bytes)
 	return n < AUTO_ITERS_MIN ? AUTO_ITERS_MIN : n > AUTO_ITERS_MAX ? AUTO_ITERS_MAX : n;
 }
 
-static long row_warmup(const struct opts *o, long iters)
+long psperf_row_warmup(const struct opts *o, long iters)
 {
 	long n = iters / 10;
 
@@ -977,7 +811,7 @@ static void plan_sizes(struct run *r)
 	const struct opts *o = r->o;
 	size_t s;
 
-	r->sizes = xcalloc(64, sizeof(*r->sizes));
+	r->sizes = psperf_xcalloc(64, sizeof(*r->sizes));
 	for (s = o->size_min; s <= o->size_max && r->nsizes < 64; s *= o->factor) {
 		r->sizes[r->nsizes++] = s;
 		if (s > SIZE_MAX / o->factor)
@@ -994,7 +828,7 @@ static struct row *plan_add(struct run *r, enum test_id t, size_t bytes)
 	row->bytes = bytes;
 	row->workers = r->W;
 	row->iters = row_iters(r->o, bytes);
-	row->warmup = row_warmup(r->o, row->iters);
+	row->warmup = psperf_row_warmup(r->o, row->iters);
 	return row;
 }
 
@@ -1044,14 +878,14 @@ static void plan_commit(struct run *r)
 	}
 }
 
-static void plan_rows(struct run *r)
+void psperf_plan_rows(struct run *r)
 {
 	const struct opts *o = r->o;
 	int t;
 	size_t i;
 
 	plan_sizes(r);
-	r->rows = xcalloc(T_NTESTS * (r->nsizes + 4), sizeof(*r->rows));
+	r->rows = psperf_xcalloc(T_NTESTS * (r->nsizes + 4), sizeof(*r->rows));
 	for (t = 0; t < T_NTESTS; t++) {
 		if (!(o->tests & (1u << t)))
 			continue;
@@ -1082,7 +916,7 @@ static void plan_rows(struct run *r)
 	}
 }
 
-static size_t size_index(const struct run *r, size_t bytes)
+size_t psperf_size_index(const struct run *r, size_t bytes)
 {
 	size_t i;
 
@@ -1099,7 +933,7 @@ static bool progress_on(const struct opts *o)
 	return !o->quiet && isatty(STDERR_FILENO);
 }
 
-static void progress_set(struct run *r, long row, int phase, long total)
+void psperf_progress_set(struct run *r, long row, int phase, long total)
 {
 	atomic_store_explicit(&r->prog_row, row, memory_order_relaxed);
 	atomic_store_explicit(&r->prog_phase, phase, memory_order_relaxed);
@@ -1107,7 +941,7 @@ static void progress_set(struct run *r, long row, int phase, long total)
 	atomic_store_explicit(&r->prog_done, 0, memory_order_relaxed);
 }
 
-static void progress_print(struct run *r)
+void psperf_progress_print(struct run *r)
 {
 	static const char *const phases[] = { "setup", "warm-up", "latency", "bandwidth", "baseline" };
 	long ri = atomic_load_explicit(&r->prog_row, memory_order_relaxed);
@@ -1118,14 +952,14 @@ static void progress_print(struct run *r)
 	if (!progress_on(r->o) || ri < 0 || (size_t)ri >= r->nrows)
 		return;
 	row = &r->rows[ri];
-	fprintf(stderr, "\r\033[Kpsperf: %s %s %s %ld/%ld (row %ld of %zu)", test_names[row->test],
-		row->label[0] ? row->label : human(row->bytes, h, sizeof(h)), phases[ph % 5],
+	fprintf(stderr, "\r\033[Kpsperf: %s %s %s %ld/%ld (row %ld of %zu)", psperf_test_names[row->test],
+		row->label[0] ? row->label : psperf_human(row->bytes, h, sizeof(h)), phases[ph % 5],
 		atomic_load_explicit(&r->prog_done, memory_order_relaxed),
 		atomic_load_explicit(&r->prog_total, memory_order_relaxed), ri + 1, r->nrows);
 	fflush(stderr);
 }
 
-static void progress_clear(const struct run *r)
+void psperf_progress_clear(const struct run *r)
 {
 	if (progress_on(r->o)) {
 		fprintf(stderr, "\r\033[K");
@@ -1139,8 +973,8 @@ static int worker_fail(struct worker *w, const struct row *row, const char *what
 {
 	char h[32];
 
-	snprintf(w->err, sizeof(w->err), "%s%s%s, worker %d: %s: %s", row ? test_names[row->test] : "setup",
-		 row ? " " : "", row ? (row->label[0] ? row->label : human(row->bytes, h, sizeof(h))) : "", w->rank, what,
+	snprintf(w->err, sizeof(w->err), "%s%s%s, worker %d: %s: %s", row ? psperf_test_names[row->test] : "setup",
+		 row ? " " : "", row ? (row->label[0] ? row->label : psperf_human(row->bytes, h, sizeof(h))) : "", w->rank, what,
 		 rps_last_error()[0] ? rps_last_error() : rps_strerror(ret));
 	w->status = ret ? ret : -EIO;
 	return w->status;
@@ -1151,7 +985,7 @@ static int worker_fail(struct worker *w, const struct row *row, const char *what
 static int tensor_for(struct worker *w, const struct row *row, rps_tensor_t **out)
 {
 	const struct opts *o = w->run->o;
-	size_t i = size_index(w->run, row->bytes);
+	size_t i = psperf_size_index(w->run, row->bytes);
 	struct rps_tensor_opts to;
 	char name[64];
 	int ret;
@@ -1166,7 +1000,7 @@ static int tensor_for(struct worker *w, const struct row *row, rps_tensor_t **ou
 	to.mode = o->mode;
 	to.staleness = o->staleness;
 	to.optimizer = o->optimizer;
-	snprintf(name, sizeof(name), "%s.%s.%s.%zu", o->tag, mode_name(o->mode), rps__dtype_name(o->dtype),
+	snprintf(name, sizeof(name), "%s.%s.%s.%zu", o->tag, psperf_mode_name(o->mode), rps__dtype_name(o->dtype),
 		 row->bytes);
 	ret = rps_tensor_create(w->cl, name, &to, &w->tens[i]);
 	if (ret)
@@ -1193,7 +1027,7 @@ static int lock_tensor(struct worker *w, const struct row *row)
 
 /* ---- worker: one operation ---------------------------------------------------------------- */
 
-static size_t pull_bytes(const struct opts *o, const struct row *row)
+size_t psperf_pull_bytes(const struct opts *o, const struct row *row)
 {
 	return row->bytes / rps__dtype_size(o->dtype) * 4;
 }
@@ -1209,7 +1043,7 @@ static int op_blocking(struct worker *w, const struct row *row, rps_tensor_t *t)
 			return worker_fail(w, row, "rps_push", ret);
 	}
 	if (row->test == T_PULL || row->test == T_PUSHPULL) {
-		ret = rps_pull(t, w->pull, pull_bytes(o, row), NULL);
+		ret = rps_pull(t, w->pull, psperf_pull_bytes(o, row), NULL);
 		if (ret)
 			return worker_fail(w, row, "rps_pull", ret);
 	}
@@ -1228,7 +1062,7 @@ static int op_start(struct worker *w, const struct row *row, rps_tensor_t *t, rp
 			return worker_fail(w, row, "rps_push_start", ret);
 	}
 	if (row->test == T_PULL || row->test == T_PUSHPULL) {
-		ret = rps_pull_start(t, w->pull, pull_bytes(o, row), NULL, &req[1]);
+		ret = rps_pull_start(t, w->pull, psperf_pull_bytes(o, row), NULL, &req[1]);
 		if (ret) {
 			worker_fail(w, row, "rps_pull_start", ret);
 			if (req[0])
@@ -1257,10 +1091,6 @@ static int op_finish(struct worker *w, const struct row *row, rps_request_t **re
 
 /* ---- worker: passes ------------------------------------------------------------------------ */
 
-static struct baseline *baseline_new(struct run *r);
-static void baseline_free(struct baseline *b);
-static void baseline_row(struct run *r, struct baseline *b, const struct row *row);
-
 static int barrier(struct worker *w, const struct row *row)
 {
 	int ret = rps_barrier(w->cl);
@@ -1277,7 +1107,7 @@ static void tick(struct worker *w, long done)
 static void phase(struct worker *w, long ri, int ph, long total)
 {
 	if (w->rank == 0)
-		progress_set(w->run, ri, ph, total);
+		psperf_progress_set(w->run, ri, ph, total);
 }
 
 /* Worker 0 measures the row's raw operations while the others wait. */
@@ -1286,7 +1116,7 @@ static void row_baseline(struct worker *w, long ri)
 	if (!w->bl)
 		return;
 	phase(w, ri, 4, 0);
-	baseline_row(w->run, w->bl, &w->run->rows[ri]);
+	psperf_baseline_row(w->run, w->bl, &w->run->rows[ri]);
 }
 
 static int pass_blocking(struct worker *w, long ri, rps_tensor_t *t, long n, struct pass *out)
@@ -1296,7 +1126,7 @@ static int pass_blocking(struct worker *w, long ri, rps_tensor_t *t, long n, str
 	long i;
 
 	if (out) {
-		samples_reserve(&out->s, (size_t)n);
+		psperf_samples_reserve(&out->s, (size_t)n);
 		out->t0 = rps__now_ns();
 	}
 	for (i = 0; i < n; i++) {
@@ -1305,7 +1135,7 @@ static int pass_blocking(struct worker *w, long ri, rps_tensor_t *t, long n, str
 			return w->status;
 		t1 = rps__now_ns();
 		if (out)
-			samples_add(&out->s, t1 - t0);
+			psperf_samples_add(&out->s, t1 - t0);
 		tick(w, i + 1);
 	}
 	if (out)
@@ -1319,12 +1149,12 @@ static int pass_window(struct worker *w, long ri, rps_tensor_t *t, long n, struc
 {
 	const struct row *row = &w->run->rows[ri];
 	int win = w->run->o->window;
-	rps_request_t *(*req)[2] = xcalloc((size_t)win, sizeof(*req));
-	uint64_t *ts = xcalloc((size_t)win, sizeof(*ts));
+	rps_request_t *(*req)[2] = psperf_xcalloc((size_t)win, sizeof(*req));
+	uint64_t *ts = psperf_xcalloc((size_t)win, sizeof(*ts));
 	long posted = 0, done = 0;
 	int ret = 0;
 
-	samples_reserve(&out->s, (size_t)n);
+	psperf_samples_reserve(&out->s, (size_t)n);
 	out->t0 = rps__now_ns();
 	while (done < n) {
 		while (!ret && posted < n && posted - done < win) {
@@ -1337,7 +1167,7 @@ static int pass_window(struct worker *w, long ri, rps_tensor_t *t, long n, struc
 			break;
 		if (op_finish(w, row, req[done % win]) && !ret)
 			ret = w->status;
-		samples_add(&out->s, rps__now_ns() - ts[done % win]);
+		psperf_samples_add(&out->s, rps__now_ns() - ts[done % win]);
 		tick(w, ++done);
 	}
 	out->t1 = rps__now_ns();
@@ -1379,8 +1209,8 @@ static int lock_loop(struct worker *w, long ri, long n, bool record)
 	int ret;
 
 	if (record) {
-		samples_reserve(&acq->s, (size_t)n);
-		samples_reserve(&rel->s, (size_t)n);
+		psperf_samples_reserve(&acq->s, (size_t)n);
+		psperf_samples_reserve(&rel->s, (size_t)n);
 		acq->t0 = rel->t0 = rps__now_ns();
 	}
 	for (i = 0; i < n; i++) {
@@ -1394,8 +1224,8 @@ static int lock_loop(struct worker *w, long ri, long n, bool record)
 			return worker_fail(w, row, "rps__tensor_unlock", ret);
 		t2 = rps__now_ns();
 		if (record) {
-			samples_add(&acq->s, t1 - t0);
-			samples_add(&rel->s, t2 - t1);
+			psperf_samples_add(&acq->s, t1 - t0);
+			psperf_samples_add(&rel->s, t2 - t1);
 		}
 		tick(w, i + 1);
 	}
@@ -1425,7 +1255,7 @@ static int run_lock_rows(struct worker *w, long ri)
 
 /* ---- worker: the thread ------------------------------------------------------------------- */
 
-static void fill_gradient(void *dst, enum rps_dtype dt, size_t count)
+void psperf_fill_gradient(void *dst, enum rps_dtype dt, size_t count)
 {
 	float tmp[1024];
 	size_t i, k, n, esz = rps__dtype_size(dt);
@@ -1446,12 +1276,12 @@ static int worker_setup(struct worker *w)
 	struct rps_client_opts co;
 	int ret;
 
-	w->tens = xcalloc(w->run->nsizes, sizeof(*w->tens));
-	w->lat = xcalloc(w->run->nrows, sizeof(*w->lat));
-	w->bw = xcalloc(w->run->nrows, sizeof(*w->bw));
-	w->grad = xalloc_aligned(max);
-	w->pull = xalloc_aligned(count * 4);
-	fill_gradient(w->grad, o->dtype, count);
+	w->tens = psperf_xcalloc(w->run->nsizes, sizeof(*w->tens));
+	w->lat = psperf_xcalloc(w->run->nrows, sizeof(*w->lat));
+	w->bw = psperf_xcalloc(w->run->nrows, sizeof(*w->bw));
+	w->grad = psperf_xalloc_aligned(max);
+	w->pull = psperf_xalloc_aligned(count * 4);
+	psperf_fill_gradient(w->grad, o->dtype, count);
 	rps_client_opts_init(&co);
 	co.servers = w->run->servers;
 	co.rank = w->rank;
@@ -1464,7 +1294,7 @@ static int worker_setup(struct worker *w)
 	if (w->rank == 0)
 		snprintf(w->run->device, sizeof(w->run->device), "%s", rps__client_fabric_name(w->cl));
 	if (w->rank == 0 && o->baseline)
-		w->bl = baseline_new(w->run);
+		w->bl = psperf_baseline_new(w->run);
 	return barrier(w, NULL);
 }
 
@@ -1483,7 +1313,7 @@ static void worker_teardown(struct worker *w)
 	if (w->cl)
 		rps_client_close(w->cl);
 	w->cl = NULL;
-	baseline_free(w->bl);
+	psperf_baseline_free(w->bl);
 	w->bl = NULL;
 	free(w->tens);
 	free(w->grad);
@@ -1526,7 +1356,7 @@ static void *worker_main(void *arg)
 	if (!worker_setup(w)) {
 		for (ri = 0; ri < r->nrows && !w->status; ri++) {
 			const struct row *row = &r->rows[ri];
-			if (in_process(row->test) || row->test == T_COMMIT)
+			if (psperf_in_process(row->test) || row->test == T_COMMIT)
 				continue;
 			if (row->test == T_LOCK) {
 				run_lock_rows(w, (long)ri);
@@ -1550,17 +1380,17 @@ static void workers_merge(struct run *r, struct worker *ws, int n)
 
 	for (ri = 0; ri < r->nrows; ri++) {
 		struct row *row = &r->rows[ri];
-		if (in_process(row->test) || row->test == T_COMMIT)
+		if (psperf_in_process(row->test) || row->test == T_COMMIT)
 			continue;
 		for (i = 0; i < n; i++) {
-			pass_merge(&row->lat, &ws[i].lat[ri]);
-			pass_merge(&row->bw, &ws[i].bw[ri]);
+			psperf_pass_merge(&row->lat, &ws[i].lat[ri]);
+			psperf_pass_merge(&row->bw, &ws[i].bw[ri]);
 		}
 	}
 	for (i = 0; i < n; i++) {
 		for (ri = 0; ri < r->nrows; ri++) {
-			samples_free(&ws[i].lat[ri].s);
-			samples_free(&ws[i].bw[ri].s);
+			psperf_samples_free(&ws[i].lat[ri].s);
+			psperf_samples_free(&ws[i].bw[ri].s);
 		}
 		free(ws[i].lat);
 		free(ws[i].bw);
@@ -1590,28 +1420,14 @@ static void workers_wait(struct run *r, int n, void (*on_fail)(void *), void *ar
 			pthread_mutex_lock(&r->mu);
 		}
 		pthread_mutex_unlock(&r->mu);
-		progress_print(r);
+		psperf_progress_print(r);
 		pthread_mutex_lock(&r->mu);
 	}
 	pthread_mutex_unlock(&r->mu);
-	progress_clear(r);
+	psperf_progress_clear(r);
 }
 
 /* ---- local servers ------------------------------------------------------------------------- */
-
-struct lserver {
-	struct rps__server *srv;
-	pthread_t thread;
-	bool started;
-	int ret;
-	char err[512];
-};
-
-struct lcluster {
-	struct lserver s[MAX_LOCAL];
-	int n;
-	char dirs[MAX_LOCAL][PATH_MAX];	/* commit test: each server's --data-dir */
-};
 
 static void *server_main(void *arg)
 {
@@ -1635,7 +1451,7 @@ static void cluster_stop(void *arg)
 
 /* Stop, join and destroy every server (idempotent).  Destroying closes
  * the workers' connections, so a worker blocked on a server fails fast. */
-static void cluster_destroy(void *arg)
+void psperf_cluster_destroy(void *arg)
 {
 	struct lcluster *c = arg;
 	int i;
@@ -1693,7 +1509,7 @@ static uint16_t free_port(const char *addr)
 /* Start nservers servers on ports picked now: the shard map they
  * bootstrap names every server's address (written to list), which workers
  * then use.  c->dirs[i] non-empty: server i's data dir (commit test). */
-static int cluster_start(struct run *r, struct lcluster *c, int nservers, char *list, size_t listlen)
+int psperf_cluster_start(struct run *r, struct lcluster *c, int nservers, char *list, size_t listlen)
 {
 	const char *scheme = r->kind == RPS__KIND_VERBS ? "verbs" : "tcp";
 	size_t k = 0;
@@ -1733,7 +1549,7 @@ static int cluster_start(struct run *r, struct lcluster *c, int nservers, char *
 	return 0;
 }
 
-static int cluster_errors(struct lcluster *c)
+int psperf_cluster_errors(struct lcluster *c)
 {
 	int i, bad = 0;
 
@@ -1759,17 +1575,17 @@ static void run_init(struct run *r, struct opts *o)
 }
 
 /* Rows that workers of a data cluster measure (not agg, not commit). */
-static bool plan_has_cluster_rows(const struct run *r)
+bool psperf_plan_has_cluster_rows(const struct run *r)
 {
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++)
-		if (!in_process(r->rows[i].test) && r->rows[i].test != T_COMMIT)
+		if (!psperf_in_process(r->rows[i].test) && r->rows[i].test != T_COMMIT)
 			return true;
 	return false;
 }
 
-static struct row *plan_commit_row(struct run *r, bool rtt)
+struct row *psperf_plan_commit_row(struct run *r, bool rtt)
 {
 	size_t i;
 
@@ -1780,9 +1596,9 @@ static struct row *plan_commit_row(struct run *r, bool rtt)
 }
 
 /* Start workers, wait, merge.  n workers with ranks first..first+n-1. */
-static int run_workers(struct run *r, int first, int n, void (*on_fail)(void *), void *arg)
+int psperf_run_workers(struct run *r, int first, int n, void (*on_fail)(void *), void *arg)
 {
-	struct worker *ws = xcalloc((size_t)n, sizeof(*ws));
+	struct worker *ws = psperf_xcalloc((size_t)n, sizeof(*ws));
 	int i, started = 0, ret;
 
 	for (i = 0; i < n; i++) {
@@ -1812,17 +1628,17 @@ static int run_workers(struct run *r, int first, int n, void (*on_fail)(void *),
 	return r->failed ? -EIO : 0;
 }
 
-static int run_local_cluster(struct run *r)
+int psperf_run_local_cluster(struct run *r)
 {
 	struct lcluster c;
 	int ret;
 
 	memset(&c, 0, sizeof(c));
-	ret = cluster_start(r, &c, r->o->nservers, r->servers, sizeof(r->servers));
+	ret = psperf_cluster_start(r, &c, r->o->nservers, r->servers, sizeof(r->servers));
 	if (!ret)
-		ret = run_workers(r, 0, r->o->nworkers, cluster_destroy, &c);
-	cluster_destroy(&c);
-	if (cluster_errors(&c) && !ret)
+		ret = psperf_run_workers(r, 0, r->o->nworkers, psperf_cluster_destroy, &c);
+	psperf_cluster_destroy(&c);
+	if (psperf_cluster_errors(&c) && !ret)
 		ret = -EIO;
 	return ret;
 }
@@ -1926,7 +1742,7 @@ static int commit_find_leader(struct run *r, struct commit_target *t, uint64_t d
 			return commit_fail(r, "commit: no server of %d reported itself leader within --timeout-ms %d%s%s",
 					   t->n, r->o->timeout_ms, last[0] ? "; last error: " : " (an election in progress?)",
 					   last);
-		sleep_ms(COMMIT_POLL_MS);
+		psperf_sleep_ms(COMMIT_POLL_MS);
 	}
 }
 
@@ -1949,15 +1765,15 @@ static int commit_nop(struct run *r, struct rps__ctl *ctl, int32_t *status, stru
 
 static void commit_progress(struct run *r, const struct row *row, int ph, long total)
 {
-	progress_set(r, (long)(row - r->rows), ph, total);
-	progress_print(r);
+	psperf_progress_set(r, (long)(row - r->rows), ph, total);
+	psperf_progress_print(r);
 }
 
 static void commit_tick(struct run *r, long done)
 {
 	atomic_store_explicit(&r->prog_done, done, memory_order_relaxed);
 	if ((done & 63) == 0)
-		progress_print(r);
+		psperf_progress_print(r);
 }
 
 static void commit_label(struct run *r, struct row *cr, const struct rps__status_rep *st)
@@ -1974,7 +1790,7 @@ static void commit_label(struct run *r, struct row *cr, const struct rps__status
  * leadership moved, find the new leader. */
 static int commit_warmup(struct run *r, struct commit_target *t, int *L, long want, uint64_t deadline)
 {
-	struct row *cr = plan_commit_row(r, false);
+	struct row *cr = psperf_plan_commit_row(r, false);
 	struct rps__status_rep st;
 	struct rps__admin_rep rep;
 	int32_t status;
@@ -1994,7 +1810,7 @@ static int commit_warmup(struct run *r, struct commit_target *t, int *L, long wa
 					return -EIO;
 				commit_label(r, cr, &st);
 			}
-			sleep_ms(10);
+			psperf_sleep_ms(10);
 			continue;
 		}
 		if (status)
@@ -2009,7 +1825,7 @@ static int commit_warmup(struct run *r, struct commit_target *t, int *L, long wa
  * log index past the previous one's), then STATUS round trips. */
 static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, char *buf)
 {
-	struct row *cr = plan_commit_row(r, false), *rr = plan_commit_row(r, true);
+	struct row *cr = psperf_plan_commit_row(r, false), *rr = psperf_plan_commit_row(r, true);
 	struct rps__admin_rep rep;
 	uint64_t last = 0, t0;
 	int32_t status;
@@ -2018,12 +1834,12 @@ static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, 
 	int ret;
 
 	commit_progress(r, cr, 2, cr->iters);
-	samples_reserve(&cr->lat.s, (size_t)cr->iters);
+	psperf_samples_reserve(&cr->lat.s, (size_t)cr->iters);
 	cr->lat.t0 = rps__now_ns();
 	for (i = 0; i < cr->iters; i++) {
 		t0 = rps__now_ns();
 		ret = commit_nop(r, ctl, &status, &rep);
-		samples_add(&cr->lat.s, rps__now_ns() - t0);
+		psperf_samples_add(&cr->lat.s, rps__now_ns() - t0);
 		if (ret)
 			return commit_fail(r, "commit %ld of %ld: ADMIN NOP to %s: %s", i + 1, cr->iters, name,
 					   rps__errbuf());
@@ -2039,14 +1855,14 @@ static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, 
 	}
 	cr->lat.t1 = rps__now_ns();
 	commit_progress(r, rr, 1, rr->warmup + rr->iters);
-	samples_reserve(&rr->lat.s, (size_t)rr->iters);
+	psperf_samples_reserve(&rr->lat.s, (size_t)rr->iters);
 	for (i = -rr->warmup; i < rr->iters; i++) {
 		if (i == 0)
 			rr->lat.t0 = rps__now_ns();
 		t0 = rps__now_ns();
 		ret = rps__ctl_call(ctl, RPS__MSG_STATUS, NULL, 0, buf, RPS__BIG_MSG_MAX, &len, &status, 0);
 		if (i >= 0)
-			samples_add(&rr->lat.s, rps__now_ns() - t0);
+			psperf_samples_add(&rr->lat.s, rps__now_ns() - t0);
 		if (ret || status)
 			return commit_fail(r, "admin round trip %ld: STATUS to %s: %s", i + 1, name,
 					   ret ? rps__errbuf() : rps_strerror(status));
@@ -2058,9 +1874,9 @@ static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, 
 
 /* Find the leader of the cluster at list, warm up, time, and measure the
  * raw SEND/RECV baseline; r->err says what failed. */
-static int commit_measure(struct run *r, const char *list)
+int psperf_commit_measure(struct run *r, const char *list)
 {
-	struct row *cr = plan_commit_row(r, false);
+	struct row *cr = psperf_plan_commit_row(r, false);
 	uint64_t deadline = rps__now_ns() + (uint64_t)r->o->timeout_ms * 1000000ull;
 	struct commit_target t;
 	struct rps__status_rep st;
@@ -2069,9 +1885,9 @@ static int commit_measure(struct run *r, const char *list)
 	memset(&t, 0, sizeof(t));
 	if (rps__uri_list_parse(list, &t.uris, &t.n))
 		return commit_fail(r, "commit: %s", rps__errbuf());
-	t.ctl = xcalloc((size_t)t.n, sizeof(*t.ctl));
+	t.ctl = psperf_xcalloc((size_t)t.n, sizeof(*t.ctl));
 	t.spin_us = r->o->spin_us;
-	t.buf = xalloc_aligned(RPS__BIG_MSG_MAX);
+	t.buf = psperf_xalloc_aligned(RPS__BIG_MSG_MAX);
 	commit_progress(r, cr, 0, 0);
 	L = commit_find_leader(r, &t, deadline, &st);
 	ret = L < 0 ? -EIO : 0;
@@ -2086,7 +1902,7 @@ static int commit_measure(struct run *r, const char *list)
 	}
 	if (!ret)
 		ret = commit_passes(r, t.ctl[L], t.name, t.buf);
-	progress_clear(r);
+	psperf_progress_clear(r);
 	for (i = 0; i < t.n; i++)
 		rps__ctl_close(t.ctl[i]);
 	free(t.ctl);
@@ -2095,10 +1911,10 @@ static int commit_measure(struct run *r, const char *list)
 	if (!ret && r->o->baseline && cr->raw_lat) {
 		struct baseline *b;
 		commit_progress(r, cr, 4, 0);
-		b = baseline_new(r);
-		baseline_row(r, b, cr);
-		baseline_free(b);
-		progress_clear(r);
+		b = psperf_baseline_new(r);
+		psperf_baseline_row(r, b, cr);
+		psperf_baseline_free(b);
+		psperf_progress_clear(r);
 	}
 	return ret;
 }
@@ -2121,9 +1937,9 @@ static void remove_tree(const char *dir)
 
 /* Local mode: a cluster of its own (3 servers, or --servers), each with a
  * data dir under $TMPDIR (default /tmp) and --fsync, removed after. */
-static int run_commit_local(struct run *r)
+int psperf_run_commit_local(struct run *r)
 {
-	struct lcluster *c = xcalloc(1, sizeof(*c));
+	struct lcluster *c = psperf_xcalloc(1, sizeof(*c));
 	const char *tmp = getenv("TMPDIR");
 	char root[PATH_MAX - 32];
 	int n = r->o->nservers_set ? r->o->nservers : COMMIT_SERVERS;
@@ -2144,17 +1960,17 @@ static int run_commit_local(struct run *r)
 			return ret;
 		}
 	}
-	if (!plan_has_cluster_rows(r))
+	if (!psperf_plan_has_cluster_rows(r))
 		r->nservers = n;
-	ret = cluster_start(r, c, n, r->commit_servers, sizeof(r->commit_servers));
+	ret = psperf_cluster_start(r, c, n, r->commit_servers, sizeof(r->commit_servers));
 	if (ret)
 		commit_fail(r, "commit: the cluster of %d servers could not start (see above)", n);
 	else
-		ret = commit_measure(r, r->commit_servers);
+		ret = psperf_commit_measure(r, r->commit_servers);
 	if (!r->servers[0])
 		snprintf(r->servers, sizeof(r->servers), "%s", r->commit_servers);
-	cluster_destroy(c);
-	if (cluster_errors(c) && !ret)
+	psperf_cluster_destroy(c);
+	if (psperf_cluster_errors(c) && !ret)
 		ret = commit_fail(r, "commit: a server stopped with an error (see above)");
 	remove_tree(root);
 	free(c);
@@ -2168,13 +1984,13 @@ static void agg_pass(struct pass *p, float *acc, void **grads, int W, enum rps_d
 	long i;
 	int k;
 
-	samples_reserve(&p->s, (size_t)iters);
+	psperf_samples_reserve(&p->s, (size_t)iters);
 	p->t0 = rps__now_ns();
 	for (i = 0; i < iters; i++) {
 		uint64_t t0 = rps__now_ns();
 		for (k = 0; k < W; k++)
 			rps__agg_add(acc, grads[k], dt, n);
-		samples_add(&p->s, rps__now_ns() - t0);
+		psperf_samples_add(&p->s, rps__now_ns() - t0);
 	}
 	p->t1 = rps__now_ns();
 }
@@ -2185,7 +2001,7 @@ static void memcpy_pass(struct pass *p, char *dst, void **grads, int W, size_t b
 	long i;
 	int k;
 
-	samples_reserve(&p->s, (size_t)iters);
+	psperf_samples_reserve(&p->s, (size_t)iters);
 	p->t0 = rps__now_ns();
 	for (i = 0; i < iters; i++) {
 		uint64_t t0 = rps__now_ns();
@@ -2193,44 +2009,42 @@ static void memcpy_pass(struct pass *p, char *dst, void **grads, int W, size_t b
 			memcpy(dst, grads[k], bytes);
 			__asm__ __volatile__("" : : "r"(dst) : "memory");
 		}
-		samples_add(&p->s, rps__now_ns() - t0);
+		psperf_samples_add(&p->s, rps__now_ns() - t0);
 	}
 	p->t1 = rps__now_ns();
 	sink = dst[bytes - 1];
 	(void)sink;
 }
 
-static struct raw_result *raw_add(struct run *r, enum raw_op op, size_t a, size_t b, long iters, long count);
-
 static void run_agg_row(struct run *r, struct row *row)
 {
 	enum rps_dtype dt = r->o->dtype;
 	size_t n = row->bytes / rps__dtype_size(dt);
-	float *acc = xalloc_aligned(n * 4);
-	void **grads = xcalloc((size_t)r->W, sizeof(*grads));
-	char *dst = xalloc_aligned(row->bytes);
+	float *acc = psperf_xalloc_aligned(n * 4);
+	void **grads = psperf_xcalloc((size_t)r->W, sizeof(*grads));
+	char *dst = psperf_xalloc_aligned(row->bytes);
 	struct pass warm = { { NULL, 0, 0 }, 0, 0 };
 	struct raw_result *raw;
 	int k;
 
 	for (k = 0; k < r->W; k++) {
-		grads[k] = xalloc_aligned(row->bytes);
-		fill_gradient(grads[k], dt, n);
+		grads[k] = psperf_xalloc_aligned(row->bytes);
+		psperf_fill_gradient(grads[k], dt, n);
 	}
 	agg_pass(&warm, acc, grads, r->W, dt, n, row->warmup);
 	agg_pass(&row->lat, acc, grads, r->W, dt, n, row->iters);
-	raw = raw_add(r, RAW_MEMCPY, row->bytes, (size_t)r->W, row->iters, row->iters);
+	raw = psperf_raw_add(r, RAW_MEMCPY, row->bytes, (size_t)r->W, row->iters, row->iters);
 	if (!raw->st.valid) {
 		struct pass mp = { { NULL, 0, 0 }, 0, 0 };
 		memcpy_pass(&mp, dst, grads, r->W, row->bytes, row->warmup);
-		samples_free(&mp.s);
+		psperf_samples_free(&mp.s);
 		memset(&mp, 0, sizeof(mp));
 		memcpy_pass(&mp, dst, grads, r->W, row->bytes, row->iters);
-		stats_compute(&raw->st, &mp, (double)row->bytes * r->W);
-		samples_free(&mp.s);
+		psperf_stats_compute(&raw->st, &mp, (double)row->bytes * r->W);
+		psperf_samples_free(&mp.s);
 	}
 	row->raw_lat = row->raw_bw = raw;
-	samples_free(&warm.s);
+	psperf_samples_free(&warm.s);
 	for (k = 0; k < r->W; k++)
 		free(grads[k]);
 	free(grads);
@@ -2267,12 +2081,12 @@ static void crc_pass(struct pass *p, const void *buf, size_t bytes, long iters)
 	uint32_t c = 0;
 	long i;
 
-	samples_reserve(&p->s, (size_t)iters);
+	psperf_samples_reserve(&p->s, (size_t)iters);
 	p->t0 = rps__now_ns();
 	for (i = 0; i < iters; i++) {
 		uint64_t t0 = rps__now_ns();
 		c ^= crc32_iscsi((unsigned char *)buf, (int)bytes, 0xffffffffu);
-		samples_add(&p->s, rps__now_ns() - t0);
+		psperf_samples_add(&p->s, rps__now_ns() - t0);
 	}
 	p->t1 = rps__now_ns();
 	sink = c;
@@ -2286,7 +2100,7 @@ static size_t igzip_pass(struct pass *p, const void *buf, size_t bytes, uint8_t 
 	size_t last = 0;
 	long i;
 
-	samples_reserve(&p->s, (size_t)iters);
+	psperf_samples_reserve(&p->s, (size_t)iters);
 	p->t0 = rps__now_ns();
 	for (i = 0; i < iters; i++) {
 		struct isal_zstream zs;
@@ -2304,7 +2118,7 @@ static size_t igzip_pass(struct pass *p, const void *buf, size_t bytes, uint8_t 
 		zs.next_out = out;
 		zs.avail_out = (uint32_t)out_len;
 		last = isal_deflate_stateless(&zs) == COMP_OK ? zs.total_out : 0;
-		samples_add(&p->s, rps__now_ns() - t0);
+		psperf_samples_add(&p->s, rps__now_ns() - t0);
 	}
 	p->t1 = rps__now_ns();
 	return last;
@@ -2313,8 +2127,8 @@ static size_t igzip_pass(struct pass *p, const void *buf, size_t bytes, uint8_t 
 static void run_kernel_row(struct run *r, struct row *row)
 {
 	size_t bytes = row->bytes, out_len = bytes + bytes / 8 + 4096;
-	float *src = xalloc_aligned(bytes);
-	char *dst = xalloc_aligned(bytes);
+	float *src = psperf_xalloc_aligned(bytes);
+	char *dst = psperf_xalloc_aligned(bytes);
 	uint8_t *out = NULL, *level_buf = NULL;
 	struct pass warm = { { NULL, 0, 0 }, 0, 0 };
 	struct raw_result *raw;
@@ -2329,26 +2143,26 @@ static void run_kernel_row(struct run *r, struct row *row)
 	} else {
 		size_t got;
 
-		out = xalloc_aligned(out_len);
-		level_buf = xalloc_aligned(ISAL_DEF_LVL1_DEFAULT);
+		out = psperf_xalloc_aligned(out_len);
+		level_buf = psperf_xalloc_aligned(ISAL_DEF_LVL1_DEFAULT);
 		igzip_pass(&warm, src, bytes, out, out_len, level_buf, row->warmup);
 		got = igzip_pass(&row->lat, src, bytes, out, out_len, level_buf, row->iters);
 		row->ratio = got ? (double)bytes / (double)got : NAN;
 	}
-	raw = raw_add(r, RAW_MEMCPY, bytes, 1, row->iters, row->iters);
+	raw = psperf_raw_add(r, RAW_MEMCPY, bytes, 1, row->iters, row->iters);
 	if (!raw->st.valid) {
 		void *one[1] = { src };
 		struct pass mp = { { NULL, 0, 0 }, 0, 0 };
 
 		memcpy_pass(&mp, dst, one, 1, bytes, row->warmup);
-		samples_free(&mp.s);
+		psperf_samples_free(&mp.s);
 		memset(&mp, 0, sizeof(mp));
 		memcpy_pass(&mp, dst, one, 1, bytes, row->iters);
-		stats_compute(&raw->st, &mp, (double)bytes);
-		samples_free(&mp.s);
+		psperf_stats_compute(&raw->st, &mp, (double)bytes);
+		psperf_samples_free(&mp.s);
 	}
 	row->raw_lat = row->raw_bw = raw;
-	samples_free(&warm.s);
+	psperf_samples_free(&warm.s);
 	free(level_buf);
 	free(out);
 	free(dst);
@@ -2356,33 +2170,26 @@ static void run_kernel_row(struct run *r, struct row *row)
 }
 
 /* Every in-process row: agg, crc, igzip. */
-static void run_agg_rows(struct run *r)
+void psperf_run_agg_rows(struct run *r)
 {
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++) {
-		if (!in_process(r->rows[i].test))
+		if (!psperf_in_process(r->rows[i].test))
 			continue;
-		progress_set(r, (long)i, 2, r->rows[i].iters);
-		progress_print(r);
+		psperf_progress_set(r, (long)i, 2, r->rows[i].iters);
+		psperf_progress_print(r);
 		if (r->rows[i].test == T_AGG)
 			run_agg_row(r, &r->rows[i]);
 		else
 			run_kernel_row(r, &r->rows[i]);
 	}
-	progress_clear(r);
+	psperf_progress_clear(r);
 }
 
 /* ---- baseline: plain sockets ------------------------------------------------------------------- */
 
-enum sock_op { SOCKOP_RR = 1, SOCKOP_STREAM = 2, SOCKOP_QUIT = 3 };
-
-struct sock_cmd {
-	uint32_t magic, op;
-	uint64_t a, b, count;
-};
-
-static int io_all(int fd, void *buf, size_t len, bool wr)
+int psperf_io_all(int fd, void *buf, size_t len, bool wr)
 {
 	char *p = buf;
 
@@ -2405,7 +2212,7 @@ static void sock_nodelay(int fd)
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-static int sock_listen(const char *host, uint16_t port, uint16_t *bound)
+int psperf_sock_listen(const char *host, uint16_t port, uint16_t *bound)
 {
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE };
 	struct addrinfo *res;
@@ -2434,7 +2241,7 @@ static int sock_listen(const char *host, uint16_t port, uint16_t *bound)
 	return fd;
 }
 
-static int sock_connect(const char *host, uint16_t port)
+int psperf_sock_connect(const char *host, uint16_t port)
 {
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
 	struct addrinfo *res;
@@ -2467,24 +2274,24 @@ static void sock_serve(int fd)
 	uint64_t i;
 
 	sock_nodelay(fd);
-	while (io_all(fd, &c, sizeof(c), false) == 0 && c.magic == SOCK_MAGIC && c.op != SOCKOP_QUIT) {
+	while (psperf_io_all(fd, &c, sizeof(c), false) == 0 && c.magic == SOCK_MAGIC && c.op != SOCKOP_QUIT) {
 		size_t need = RPS__MAX(RPS__MAX(c.a, c.b), (uint64_t)8);
 		if (c.a > 4ull * MAX_BYTES || c.b > 4ull * MAX_BYTES)
 			break;
 		if (need > cap) {
 			free(buf);
-			buf = xalloc_aligned(need);
+			buf = psperf_xalloc_aligned(need);
 			cap = need;
 		}
 		if (c.op == SOCKOP_RR) {
 			for (i = 0; i < c.count; i++)
-				if (io_all(fd, buf, c.a, false) || io_all(fd, buf, c.b, true))
+				if (psperf_io_all(fd, buf, c.a, false) || psperf_io_all(fd, buf, c.b, true))
 					goto out;
 		} else {
 			for (i = 0; i < c.count; i++)
-				if (io_all(fd, buf, c.a, false))
+				if (psperf_io_all(fd, buf, c.a, false))
 					goto out;
-			if (io_all(fd, buf, 8, true))
+			if (psperf_io_all(fd, buf, 8, true))
 				goto out;
 		}
 	}
@@ -2493,15 +2300,7 @@ out:
 	close(fd);
 }
 
-struct sock_peer {
-	int lfd;
-	uint16_t port;
-	pthread_t thread;
-	volatile sig_atomic_t *stop;	/* remote mode: loop until set */
-	bool forever;
-};
-
-static void *sock_peer_main(void *arg)
+void *psperf_sock_peer_main(void *arg)
 {
 	struct sock_peer *p = arg;
 
@@ -2518,29 +2317,29 @@ static void *sock_peer_main(void *arg)
 }
 
 /* Initiator: one request/response or stream run; fills the result. */
-static int sock_run(int fd, struct raw_result *res, long warmup, struct pass *p, char *buf)
+int psperf_sock_run(int fd, struct raw_result *res, long warmup, struct pass *p, char *buf)
 {
 	struct sock_cmd c = { SOCK_MAGIC, res->op == RAW_SOCK_RR ? SOCKOP_RR : SOCKOP_STREAM, res->a, res->b, 0 };
 	long i, n = res->op == RAW_SOCK_RR ? res->iters : res->count;
 	int ret = 0;
 
 	c.count = (uint64_t)(warmup + n);
-	if (io_all(fd, &c, sizeof(c), true))
+	if (psperf_io_all(fd, &c, sizeof(c), true))
 		return -ECONNRESET;
-	samples_reserve(&p->s, (size_t)n);
+	psperf_samples_reserve(&p->s, (size_t)n);
 	for (i = -warmup; i < n && !ret; i++) {
 		uint64_t t0;
 		if (i == 0)
 			p->t0 = rps__now_ns();
 		t0 = rps__now_ns();
-		ret = io_all(fd, buf, res->a, true);
+		ret = psperf_io_all(fd, buf, res->a, true);
 		if (!ret && res->op == RAW_SOCK_RR)
-			ret = io_all(fd, buf, res->b, false);
+			ret = psperf_io_all(fd, buf, res->b, false);
 		if (i >= 0)
-			samples_add(&p->s, rps__now_ns() - t0);
+			psperf_samples_add(&p->s, rps__now_ns() - t0);
 	}
 	if (!ret && res->op == RAW_SOCK_STREAM)
-		ret = io_all(fd, buf, 8, false);
+		ret = psperf_io_all(fd, buf, 8, false);
 	p->t1 = rps__now_ns();
 	return ret;
 }
@@ -2552,31 +2351,12 @@ struct rawt_req {
 	uint64_t bytes;
 };
 
-struct rawt_rep {
-	uint32_t magic, rkey;
-	uint64_t addr, len;
-};
-
-/* One side of a raw connection.  Memory: [0, len) target/source of the
- * one-sided ops, then RAWT_NRX receive slots of len, then an 8-byte word. */
-struct rawt_side {
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
-	struct rps__listener *lis;
-	struct rps__ep *ep;
-	char *mem;
-	size_t len;
-	struct rps__mr *mr;
-	struct rawt_rep remote;
-	bool broken;
-};
-
 static size_t rawt_memlen(size_t len)
 {
 	return len * (1 + RAWT_NRX) + 64;
 }
 
-static int rawt_open(struct rawt_side *s, enum rps__kind kind, const char *device, const char *host)
+int psperf_rawt_open(struct rawt_side *s, enum rps__kind kind, const char *device, const char *host)
 {
 	struct rps__fabric_attr fa = { .kind = kind, .device = device, .host = host };
 	int ret;
@@ -2591,11 +2371,11 @@ static int rawt_open(struct rawt_side *s, enum rps__kind kind, const char *devic
 static int rawt_mem(struct rawt_side *s, size_t len, int access)
 {
 	s->len = RPS__ALIGN_UP(RPS__MAX(len, (size_t)64), 64);
-	s->mem = xalloc_aligned(rawt_memlen(s->len));
+	s->mem = psperf_xalloc_aligned(rawt_memlen(s->len));
 	return rps__mr_reg(s->fab, s->mem, rawt_memlen(s->len), access, &s->mr);
 }
 
-static void rawt_close(struct rawt_side *s)
+void psperf_rawt_close(struct rawt_side *s)
 {
 	if (s->ep)
 		rps__ep_close(s->ep);
@@ -2627,7 +2407,7 @@ static int rawt_post_rx(struct rawt_side *s, uint32_t i)
 }
 
 /* Responder: take one connection request (waiting up to timeout_ms). */
-static int rawt_accept(struct rawt_side *s, int window, int timeout_ms, volatile sig_atomic_t *stop)
+int psperf_rawt_accept(struct rawt_side *s, int window, int timeout_ms, volatile sig_atomic_t *stop)
 {
 	struct rps__conn_req *cr = NULL;
 	struct rps__ep_attr attr;
@@ -2669,7 +2449,7 @@ static int rawt_accept(struct rawt_side *s, int window, int timeout_ms, volatile
 }
 
 /* Responder progress: answer every SEND with a SEND of the same length. */
-static int rawt_peer_progress(struct rawt_side *s, int timeout_ms)
+int psperf_rawt_peer_progress(struct rawt_side *s, int timeout_ms)
 {
 	struct rps__wc wc[16];
 	int i, n;
@@ -2723,14 +2503,6 @@ static void *rawt_connect_main(void *arg)
 	return NULL;
 }
 
-/* The initiator's session: its side, and the responder's when in-process. */
-struct rawt_session {
-	struct rawt_side ini, peer;
-	bool local_peer;
-	int window;
-	int timeout_ms;
-};
-
 /* Poll the initiator's CQ (and the local responder's) until `want`
  * completions of success have come; returns how many ops completed. */
 static int rawt_wait(struct rawt_session *x, int want, uint64_t *done_at, int ndone)
@@ -2748,13 +2520,13 @@ static int rawt_wait(struct rawt_session *x, int want, uint64_t *done_at, int nd
 			if (wc[i].status != RPS__WC_SUCCESS)
 				return rps__seterr(-EIO, "raw baseline: %s", rps__wc_status_str(wc[i].status));
 			if (wc[i].opcode == RPS__WC_SEND)
-				continue;	/* our unsignaled SENDs report nothing; be safe */
+				continue;	/* our unsignaled SENDs psperf_report nothing; be safe */
 			if (done_at && got < ndone)
 				done_at[got] = rps__now_ns();
 			got++;
 		}
 		if (x->local_peer)
-			rawt_peer_progress(&x->peer, 0);
+			psperf_rawt_peer_progress(&x->peer, 0);
 		if ((++spins & 1023) == 0 && rps__now_ns() > deadline)
 			return rps__seterr(-ETIMEDOUT, "raw baseline: no completion within --timeout-ms");
 	}
@@ -2813,14 +2585,14 @@ static int rawt_one(struct rawt_session *x, const struct raw_result *res, const 
 	return rawt_wait(x, 1, NULL, 0) < 0 ? -EIO : 0;
 }
 
-static int rawt_lat(struct rawt_session *x, struct raw_result *res, long warmup, struct pass *p)
+int psperf_rawt_lat(struct rawt_session *x, struct raw_result *res, long warmup, struct pass *p)
 {
 	struct rps__wr wr;
 	long i;
 	int ret;
 
 	rawt_wr(x, res, &wr);
-	samples_reserve(&p->s, (size_t)res->iters);
+	psperf_samples_reserve(&p->s, (size_t)res->iters);
 	for (i = -warmup; i < res->iters; i++) {
 		uint64_t t0;
 		if (i == 0)
@@ -2830,23 +2602,23 @@ static int rawt_lat(struct rawt_session *x, struct raw_result *res, long warmup,
 		if (ret)
 			return ret;
 		if (i >= 0)
-			samples_add(&p->s, rps__now_ns() - t0);
+			psperf_samples_add(&p->s, rps__now_ns() - t0);
 	}
 	p->t1 = rps__now_ns();
 	return 0;
 }
 
 /* count ops with --window in flight; completions come in posting order. */
-static int rawt_bw(struct rawt_session *x, struct raw_result *res, struct pass *p)
+int psperf_rawt_bw(struct rawt_session *x, struct raw_result *res, struct pass *p)
 {
 	int win = x->window;
-	uint64_t *ts = xcalloc((size_t)win, sizeof(*ts));
+	uint64_t *ts = psperf_xcalloc((size_t)win, sizeof(*ts));
 	long posted = 0, done = 0;
 	struct rps__wr wr;
 	int ret = 0;
 
 	rawt_wr(x, res, &wr);
-	samples_reserve(&p->s, (size_t)res->count);
+	psperf_samples_reserve(&p->s, (size_t)res->count);
 	p->t0 = rps__now_ns();
 	while (done < res->count && !ret) {
 		uint64_t at;
@@ -2859,7 +2631,7 @@ static int rawt_bw(struct rawt_session *x, struct raw_result *res, struct pass *
 			ret = -EIO;
 			break;
 		}
-		samples_add(&p->s, at - ts[done % win]);
+		psperf_samples_add(&p->s, at - ts[done % win]);
 		done++;
 	}
 	p->t1 = rps__now_ns();
@@ -2880,14 +2652,14 @@ static int rawt_local_connect(struct rawt_session *x, const char *host, size_t b
 	ret = pthread_create(&th, NULL, rawt_connect_main, &job);
 	if (ret)
 		return rps__seterr(-ret, "pthread_create: %s", strerror(ret));
-	ret = rawt_accept(&x->peer, x->window, x->timeout_ms, NULL);
+	ret = psperf_rawt_accept(&x->peer, x->window, x->timeout_ms, NULL);
 	pthread_join(th, NULL);
 	if (job.ret)
 		return rps__seterr(job.ret, "%s", job.err);
 	return ret;
 }
 
-static int rawt_session_open(struct run *r, struct rawt_session *x, enum rps__kind kind, size_t bytes)
+int psperf_rawt_session_open(struct run *r, struct rawt_session *x, enum rps__kind kind, size_t bytes)
 {
 	const char *dev = kind == RPS__KIND_VERBS ? r->o->device : NULL;
 	struct rawt_conn_job job;
@@ -2897,13 +2669,13 @@ static int rawt_session_open(struct run *r, struct rawt_session *x, enum rps__ki
 	x->window = r->o->window;
 	x->timeout_ms = r->o->timeout_ms;
 	x->local_peer = !r->remote_peer;
-	ret = rawt_open(&x->ini, kind, dev, r->addr);
+	ret = psperf_rawt_open(&x->ini, kind, dev, r->addr);
 	if (!ret)
 		ret = rawt_mem(&x->ini, bytes, RPS__ACCESS_LOCAL);
 	if (ret)
 		return ret;
 	if (x->local_peer) {
-		ret = rawt_open(&x->peer, kind, dev, r->addr);
+		ret = psperf_rawt_open(&x->peer, kind, dev, r->addr);
 		return ret ? ret : rawt_local_connect(x, r->addr, bytes);
 	}
 	memset(&job, 0, sizeof(job));
@@ -2912,15 +2684,15 @@ static int rawt_session_open(struct run *r, struct rawt_session *x, enum rps__ki
 	return job.ret ? rps__seterr(job.ret, "%s", job.err) : 0;
 }
 
-static void rawt_session_close(struct rawt_session *x)
+void psperf_rawt_session_close(struct rawt_session *x)
 {
-	rawt_close(&x->ini);
-	rawt_close(&x->peer);
+	psperf_rawt_close(&x->ini);
+	psperf_rawt_close(&x->peer);
 }
 
 /* ---- baselines: which, and running them -------------------------------------------------- */
 
-static const char *raw_op_name(enum raw_op op)
+const char *psperf_raw_op_name(enum raw_op op)
 {
 	switch (op) {
 	case RAW_SOCK_RR: return "socket req/resp";
@@ -2941,7 +2713,7 @@ static bool raw_is_transport(enum raw_op op)
 	return op >= RAW_WRITE && op <= RAW_READ_BW;
 }
 
-static struct raw_result *raw_add(struct run *r, enum raw_op op, size_t a, size_t b, long iters, long count)
+struct raw_result *psperf_raw_add(struct run *r, enum raw_op op, size_t a, size_t b, long iters, long count)
 {
 	struct raw_result *x;
 	size_t i;
@@ -2952,7 +2724,7 @@ static struct raw_result *raw_add(struct run *r, enum raw_op op, size_t a, size_
 			return x;
 	}
 	if (!r->raws)
-		r->raws = xcalloc(8 * (r->nrows + 8), sizeof(*r->raws));
+		r->raws = psperf_xcalloc(8 * (r->nrows + 8), sizeof(*r->raws));
 	x = &r->raws[r->nraws++];
 	memset(x, 0, sizeof(*x));
 	x->op = op;
@@ -2966,42 +2738,42 @@ static struct raw_result *raw_add(struct run *r, enum raw_op op, size_t a, size_
 	else if (op == RAW_SEND_PP)
 		snprintf(x->name, sizeof(x->name), "SEND ping-pong %zu", a);
 	else
-		snprintf(x->name, sizeof(x->name), "%s %zu", raw_op_name(op), a);
+		snprintf(x->name, sizeof(x->name), "%s %zu", psperf_raw_op_name(op), a);
 	return x;
 }
 
 /* The raw ops that match a row: latency and bandwidth. */
 static void raw_plan_row(struct run *r, struct row *row, bool transport)
 {
-	size_t P = pull_bytes(r->o, row), S = row->bytes;
+	size_t P = psperf_pull_bytes(r->o, row), S = row->bytes;
 	long n = row->iters, total = row->iters * row->workers;
 
 	switch (row->test) {
 	case T_PUSH:
-		row->raw_lat = transport ? raw_add(r, RAW_WRITE, S, 0, n, n) : raw_add(r, RAW_SOCK_RR, S, 8, n, n);
-		row->raw_bw = transport ? raw_add(r, RAW_WRITE_BW, S, 0, n, total)
-					: raw_add(r, RAW_SOCK_STREAM, S, 0, n, total);
+		row->raw_lat = transport ? psperf_raw_add(r, RAW_WRITE, S, 0, n, n) : psperf_raw_add(r, RAW_SOCK_RR, S, 8, n, n);
+		row->raw_bw = transport ? psperf_raw_add(r, RAW_WRITE_BW, S, 0, n, total)
+					: psperf_raw_add(r, RAW_SOCK_STREAM, S, 0, n, total);
 		break;
 	case T_PULL:
-		row->raw_lat = transport ? raw_add(r, RAW_READ, P, 0, n, n) : raw_add(r, RAW_SOCK_RR, 8, P, n, n);
-		row->raw_bw = transport ? raw_add(r, RAW_READ_BW, P, 0, n, total)
-					: raw_add(r, RAW_SOCK_STREAM, P, 0, n, total);
+		row->raw_lat = transport ? psperf_raw_add(r, RAW_READ, P, 0, n, n) : psperf_raw_add(r, RAW_SOCK_RR, 8, P, n, n);
+		row->raw_bw = transport ? psperf_raw_add(r, RAW_READ_BW, P, 0, n, total)
+					: psperf_raw_add(r, RAW_SOCK_STREAM, P, 0, n, total);
 		break;
 	case T_PUSHPULL:
-		row->raw_lat = transport ? raw_add(r, RAW_SEND_PP, RPS__MAX(S, P), 0, n, n)
-					 : raw_add(r, RAW_SOCK_RR, S, P, n, n);
-		row->raw_bw = transport ? raw_add(r, RAW_WRITE_BW, S, 0, n, total)
-					: raw_add(r, RAW_SOCK_STREAM, S, 0, n, total);
+		row->raw_lat = transport ? psperf_raw_add(r, RAW_SEND_PP, RPS__MAX(S, P), 0, n, n)
+					 : psperf_raw_add(r, RAW_SOCK_RR, S, P, n, n);
+		row->raw_bw = transport ? psperf_raw_add(r, RAW_WRITE_BW, S, 0, n, total)
+					: psperf_raw_add(r, RAW_SOCK_STREAM, S, 0, n, total);
 		break;
 	case T_LOCK:
-		row->raw_lat = transport ? raw_add(r, RAW_CAS, 8, 0, n, n) : raw_add(r, RAW_SOCK_RR, 8, 8, n, n);
+		row->raw_lat = transport ? psperf_raw_add(r, RAW_CAS, 8, 0, n, n) : psperf_raw_add(r, RAW_SOCK_RR, 8, 8, n, n);
 		break;
 	case T_COMMIT: {
 		/* the admin request and reply: the same bytes, raw */
 		size_t q = sizeof(struct rps__msg_hdr) + sizeof(struct rps__admin);
 		size_t a = sizeof(struct rps__msg_hdr) + sizeof(struct rps__admin_rep);
-		row->raw_lat = transport ? raw_add(r, RAW_SEND_PP, RPS__MAX(q, a), 0, n, n)
-					 : raw_add(r, RAW_SOCK_RR, q, a, n, n);
+		row->raw_lat = transport ? psperf_raw_add(r, RAW_SEND_PP, RPS__MAX(q, a), 0, n, n)
+					 : psperf_raw_add(r, RAW_SOCK_RR, q, a, n, n);
 		break;
 	}
 	default:
@@ -3011,7 +2783,7 @@ static void raw_plan_row(struct run *r, struct row *row, bool transport)
 
 static long raw_warmup(const struct run *r, const struct raw_result *x)
 {
-	return row_warmup(r->o, x->iters);
+	return psperf_row_warmup(r->o, x->iters);
 }
 
 static int raw_run_socket(struct run *r, int fd, struct raw_result *x, char *buf)
@@ -3019,10 +2791,10 @@ static int raw_run_socket(struct run *r, int fd, struct raw_result *x, char *buf
 	struct pass p = { { NULL, 0, 0 }, 0, 0 };
 	int ret;
 
-	ret = sock_run(fd, x, raw_warmup(r, x), &p, buf);
+	ret = psperf_sock_run(fd, x, raw_warmup(r, x), &p, buf);
 	if (!ret)
-		stats_compute(&x->st, &p, x->op == RAW_SOCK_RR ? (double)(x->a + x->b) : (double)x->a);
-	samples_free(&p.s);
+		psperf_stats_compute(&x->st, &p, x->op == RAW_SOCK_RR ? (double)(x->a + x->b) : (double)x->a);
+	psperf_samples_free(&p.s);
 	return ret;
 }
 
@@ -3031,10 +2803,10 @@ static int raw_run_transport(struct run *r, struct rawt_session *s, struct raw_r
 	struct pass p = { { NULL, 0, 0 }, 0, 0 };
 	int ret;
 
-	ret = x->is_bw ? rawt_bw(s, x, &p) : rawt_lat(s, x, raw_warmup(r, x), &p);
+	ret = x->is_bw ? psperf_rawt_bw(s, x, &p) : psperf_rawt_lat(s, x, raw_warmup(r, x), &p);
 	if (!ret)
-		stats_compute(&x->st, &p, x->op == RAW_SEND_PP ? 2.0 * (double)x->a : (double)x->a);
-	samples_free(&p.s);
+		psperf_stats_compute(&x->st, &p, x->op == RAW_SEND_PP ? 2.0 * (double)x->a : (double)x->a);
+	psperf_samples_free(&p.s);
 	return ret;
 }
 
@@ -3066,13 +2838,13 @@ static void raw_plan_transport_extra(struct run *r, struct row *row)
 }
 
 /* Decide every row's raw operations before the run (--baseline). */
-static void raw_plan_all(struct run *r)
+void psperf_raw_plan_all(struct run *r)
 {
 	bool transport = r->kind == RPS__KIND_VERBS;
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++) {
-		if (in_process(r->rows[i].test))
+		if (psperf_in_process(r->rows[i].test))
 			continue;
 		raw_plan_row(r, &r->rows[i], transport);
 		if (!transport && r->o->raw_transport)
@@ -3116,17 +2888,17 @@ static int baseline_open_socket(struct run *r, struct baseline *b)
 {
 	uint16_t port = r->sock_port;
 
-	b->buf = xalloc_aligned(raw_max_bytes(r, false));
+	b->buf = psperf_xalloc_aligned(raw_max_bytes(r, false));
 	if (!r->remote_peer) {
-		b->peer.lfd = sock_listen(r->addr, 0, &b->peer.port);
+		b->peer.lfd = psperf_sock_listen(r->addr, 0, &b->peer.port);
 		if (b->peer.lfd < 0) {
 			baseline_fail(r, b, "socket baseline: listening on %s: %s", r->addr, strerror(-b->peer.lfd));
 			return -1;
 		}
-		b->peer_started = pthread_create(&b->peer.thread, NULL, sock_peer_main, &b->peer) == 0;
+		b->peer_started = pthread_create(&b->peer.thread, NULL, psperf_sock_peer_main, &b->peer) == 0;
 		port = b->peer.port;
 	}
-	b->fd = sock_connect(r->addr, port);
+	b->fd = psperf_sock_connect(r->addr, port);
 	if (b->fd < 0) {
 		baseline_fail(r, b, "socket baseline: connecting to %s port %u: %s%s", r->addr, port, strerror(-b->fd),
 			      r->remote_peer ? ": run server 0 as psperf --server --baseline" : "");
@@ -3151,7 +2923,7 @@ static int baseline_open(struct run *r, struct baseline *b)
 		return -1;
 	if (any_t) {
 		b->rs_open = true;
-		if (rawt_session_open(r, &b->rs, r->kind, raw_max_bytes(r, true))) {
+		if (psperf_rawt_session_open(r, &b->rs, r->kind, raw_max_bytes(r, true))) {
 			baseline_fail(r, b, "%s transport baseline: %s%s", r->kind == RPS__KIND_VERBS ? "verbs" : "tcp",
 				      rps__errbuf(),
 				      r->remote_peer ? " (is server 0 running psperf --server --baseline?)" : "");
@@ -3165,7 +2937,7 @@ static void baseline_close(struct baseline *b)
 {
 	if (b->fd >= 0) {
 		struct sock_cmd q = { SOCK_MAGIC, SOCKOP_QUIT, 0, 0, 0 };
-		io_all(b->fd, &q, sizeof(q), true);
+		psperf_io_all(b->fd, &q, sizeof(q), true);
 		close(b->fd);
 	}
 	if (b->peer_started)
@@ -3173,7 +2945,7 @@ static void baseline_close(struct baseline *b)
 	if (b->peer.lfd >= 0)
 		close(b->peer.lfd);
 	if (b->rs_open)
-		rawt_session_close(&b->rs);
+		psperf_rawt_session_close(&b->rs);
 	free(b->buf);
 	memset(b, 0, sizeof(*b));
 	b->fd = -1;
@@ -3199,9 +2971,9 @@ static void baseline_one(struct run *r, struct baseline *b, struct raw_result *x
 }
 
 /* NULL when the session could not open (the failure is recorded). */
-static struct baseline *baseline_new(struct run *r)
+struct baseline *psperf_baseline_new(struct run *r)
 {
-	struct baseline *b = xcalloc(1, sizeof(*b));
+	struct baseline *b = psperf_xcalloc(1, sizeof(*b));
 
 	if (baseline_open(r, b)) {
 		baseline_close(b);
@@ -3211,7 +2983,7 @@ static struct baseline *baseline_new(struct run *r)
 	return b;
 }
 
-static void baseline_free(struct baseline *b)
+void psperf_baseline_free(struct baseline *b)
 {
 	if (!b)
 		return;
@@ -3220,7 +2992,7 @@ static void baseline_free(struct baseline *b)
 }
 
 /* The raw operations of one row that are not measured yet. */
-static void baseline_row(struct run *r, struct baseline *b, const struct row *row)
+void psperf_baseline_row(struct run *r, struct baseline *b, const struct row *row)
 {
 	if (!b)
 		return;
@@ -3237,24 +3009,24 @@ static double ratio(double ours, double raw)
 	return raw > 0 && ours > 0 ? ours / raw : NAN;
 }
 
-static void compute_figures(struct run *r)
+void psperf_compute_figures(struct run *r)
 {
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++) {
 		struct row *row = &r->rows[i];
-		stats_compute(&row->s_lat, &row->lat, row->moved);
-		stats_compute(&row->s_bw, &row->bw, row->moved);
+		psperf_stats_compute(&row->s_lat, &row->lat, row->moved);
+		psperf_stats_compute(&row->s_bw, &row->bw, row->moved);
 		if (!row->s_bw.valid)
 			row->s_bw = row->s_lat;
 		row->x_lat = row->raw_lat && row->raw_lat->st.valid ? ratio(row->s_lat.typ, row->raw_lat->st.typ) : NAN;
 		row->x_bw = row->raw_bw && row->raw_bw->st.valid ? ratio(row->s_bw.gbs, row->raw_bw->st.gbs) : NAN;
-		if (in_process(row->test) && row->raw_lat)
+		if (psperf_in_process(row->test) && row->raw_lat)
 			row->x_lat = ratio(row->s_lat.typ, row->raw_lat->st.typ);
 		row->x_rtt = NAN;
 	}
 	{
-		struct row *cr = plan_commit_row(r, false), *rr = plan_commit_row(r, true);
+		struct row *cr = psperf_plan_commit_row(r, false), *rr = psperf_plan_commit_row(r, true);
 		if (cr && rr && cr->s_lat.valid && rr->s_lat.valid)
 			cr->x_rtt = ratio(cr->s_lat.typ, rr->s_lat.typ);
 	}
@@ -3267,7 +3039,7 @@ static bool show_raw(const struct run *r)
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++)
-		if (!in_process(r->rows[i].test) && (r->rows[i].raw_lat || r->rows[i].raw_bw))
+		if (!psperf_in_process(r->rows[i].test) && (r->rows[i].raw_lat || r->rows[i].raw_bw))
 			return true;
 	return false;
 }
@@ -3321,9 +3093,9 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 		       r->kind == RPS__KIND_VERBS ? "CAS + completion" : "8-byte socket request/response");
 		break;
 	default:
-		printf(" %s: %s, %s, %s; %d server(s), %d worker(s) at once; window %d\n", test_names[t],
+		printf(" %s: %s, %s, %s; %d server(s), %d worker(s) at once; window %d\n", psperf_test_names[t],
 		       t == T_PUSH ? "rps_push" : t == T_PULL ? "rps_pull" : "rps_push + rps_pull",
-		       mode_name(o->mode), rps__dtype_name(o->dtype), r->nservers, r->W, o->window);
+		       psperf_mode_name(o->mode), rps__dtype_name(o->dtype), r->nservers, r->W, o->window);
 		if (raw)
 			printf(" raw: %s\n", r->kind == RPS__KIND_VERBS
 			       ? (t == T_PUSH ? "RDMA WRITE + completion; WRITE bw" : t == T_PULL ? "RDMA READ + completion; READ bw"
@@ -3333,7 +3105,7 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 				  : "socket: S bytes there, S back; one-way stream"));
 		break;
 	}
-	if (o->role == ROLE_WORKER && !in_process(t) && t != T_COMMIT)
+	if (o->role == ROLE_WORKER && !psperf_in_process(t) && t != T_COMMIT)
 		printf(" figures of worker %d of %d only\n", o->rank, o->num_workers);
 	printf("%s\n", line);
 	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_COMMIT ? 22 : t == T_IGZIP ? 15 : 12,
@@ -3406,7 +3178,7 @@ static void print_raw_tables(const struct run *r)
 
 static void print_commit_ratio(struct run *r)
 {
-	const struct row *cr = plan_commit_row(r, false);
+	const struct row *cr = psperf_plan_commit_row(r, false);
 	char x[32];
 
 	if (!cr)
@@ -3449,10 +3221,10 @@ static void print_tables(struct run *r)
 			any |= r->rows[i].test == (enum test_id)t;
 		if (!any)
 			continue;
-		print_header(r, (enum test_id)t, raw || in_process((enum test_id)t));
+		print_header(r, (enum test_id)t, raw || psperf_in_process((enum test_id)t));
 		for (i = 0; i < r->nrows; i++)
 			if (r->rows[i].test == (enum test_id)t)
-				print_row(&r->rows[i], raw || in_process((enum test_id)t));
+				print_row(&r->rows[i], raw || psperf_in_process((enum test_id)t));
 		if (t == T_COMMIT)
 			print_commit_ratio(r);
 	}
@@ -3492,7 +3264,7 @@ static void print_csv(const struct run *r)
 	       "raw_lat_op,raw_t_typ_us,x_lat,raw_bw_op,raw_gbs,x_bw\n");
 	for (i = 0; i < r->nrows; i++) {
 		const struct row *row = &r->rows[i];
-		printf("%s,%s,%zu,%.0f,%d", test_names[row->test], row->label, row->bytes, row->moved, row->workers);
+		printf("%s,%s,%zu,%.0f,%d", psperf_test_names[row->test], row->label, row->bytes, row->moved, row->workers);
 		csv_stats(&row->s_lat);
 		csv_stats(&row->s_bw);
 		printf(",%s", row->raw_lat ? row->raw_lat->name : "");
@@ -3577,7 +3349,7 @@ static void json_raw(FILE *f, const char *key, const struct raw_result *x)
 		return;
 	}
 	fprintf(f, "{");
-	json_kv_str(f, "op", raw_op_name(x->op), true);
+	json_kv_str(f, "op", psperf_raw_op_name(x->op), true);
 	json_kv_str(f, "name", x->name, true);
 	fprintf(f, "\"a_bytes\": %zu, \"b_bytes\": %zu, \"iters\": %ld, \"count\": %ld, \"tcp_transport\": %s, ",
 		x->a, x->b, x->iters, x->count, x->transport_tcp ? "true" : "false");
@@ -3620,15 +3392,15 @@ static void json_config(FILE *f, const struct run *r)
 	fprintf(f, "\n    \"options\": {\"tests\": [");
 	for (i = 0; i < T_NTESTS; i++)
 		if (o->tests & (1u << i))
-			fprintf(f, "%s\"%s\"", (o->tests & ((1u << i) - 1)) ? ", " : "", test_names[i]);
+			fprintf(f, "%s\"%s\"", (o->tests & ((1u << i) - 1)) ? ", " : "", psperf_test_names[i]);
 	fprintf(f, "], \"servers\": %d, \"workers\": %d, \"size_min\": %zu, \"size_max\": %zu, \"factor\": %u, "
 		"\"iters\": %ld, \"warmup\": %ld, \"window\": %d, ",
 		r->nservers, r->W, o->size_min, o->size_max, o->factor, o->iters, o->warmup,
 		o->window);
-	json_kv_str(f, "mode", mode_name(o->mode), true);
+	json_kv_str(f, "mode", psperf_mode_name(o->mode), true);
 	fprintf(f, "\"staleness\": %u, ", o->staleness);
 	json_kv_str(f, "dtype", rps__dtype_name(o->dtype), true);
-	json_kv_str(f, "optimizer", optimizer_name(o->optimizer), true);
+	json_kv_str(f, "optimizer", psperf_optimizer_name(o->optimizer), true);
 	fprintf(f, "\"shard_bytes\": %u, \"slots\": %u, \"spin_us\": %d, \"timeout_ms\": %d, \"baseline\": %s, "
 		"\"rank\": %d, \"num_workers\": %d, ",
 		o->shard_bytes, o->slots, o->spin_us, o->timeout_ms, o->baseline ? "true" : "false", o->rank,
@@ -3652,7 +3424,7 @@ static void json_config(FILE *f, const struct run *r)
 static void json_row(FILE *f, const struct row *row)
 {
 	fprintf(f, "    {");
-	json_kv_str(f, "test", test_names[row->test], true);
+	json_kv_str(f, "test", psperf_test_names[row->test], true);
 	json_kv_str(f, "label", row->label, true);
 	fprintf(f, "\"bytes\": %zu, \"moved_bytes\": %.0f, \"workers\": %d, \"iters\": %ld, \"warmup\": %ld,\n     ",
 		row->bytes, row->moved, row->workers, row->iters, row->warmup);
@@ -3733,8 +3505,8 @@ static void run_free(struct run *r)
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++) {
-		samples_free(&r->rows[i].lat.s);
-		samples_free(&r->rows[i].bw.s);
+		psperf_samples_free(&r->rows[i].lat.s);
+		psperf_samples_free(&r->rows[i].bw.s);
 	}
 	free(r->rows);
 	free(r->sizes);
@@ -3744,9 +3516,9 @@ static void run_free(struct run *r)
 }
 
 /* Tables / CSV / JSON; returns the exit status. */
-static int report(struct run *r, int status)
+int psperf_report(struct run *r, int status)
 {
-	compute_figures(r);
+	psperf_compute_figures(r);
 	if (r->o->csv)
 		print_csv(r);
 	else
@@ -3765,12 +3537,12 @@ static int finish_run(struct run *r, int cluster_ret)
 		status = 1;
 	}
 	if (!status)
-		run_agg_rows(r);
+		psperf_run_agg_rows(r);
 	if (!status && r->base_err[0]) {
 		fprintf(stderr, "psperf: FAILED: --baseline: %s; the tables lack those columns\n", r->base_err);
-		status = report(r, 1);
+		status = psperf_report(r, 1);
 	} else if (!status) {
-		status = report(r, 0);
+		status = psperf_report(r, 0);
 	}
 	run_free(r);
 	return status;
@@ -3785,19 +3557,19 @@ static int role_local(struct opts *o)
 	read_cpu(&r);
 	r.W = o->nworkers;
 	r.nservers = o->nservers;
-	plan_rows(&r);
-	if (plan_has_cluster_rows(&r) || o->baseline || plan_commit_row(&r, false)) {
-		if (choose_fabric(&r)) {
+	psperf_plan_rows(&r);
+	if (psperf_plan_has_cluster_rows(&r) || o->baseline || psperf_plan_commit_row(&r, false)) {
+		if (psperf_choose_fabric(&r)) {
 			run_free(&r);
 			return 1;
 		}
 	}
 	if (o->baseline)
-		raw_plan_all(&r);
-	if (plan_has_cluster_rows(&r))
-		ret = run_local_cluster(&r);
-	if (!ret && plan_commit_row(&r, false))
-		ret = run_commit_local(&r);
+		psperf_raw_plan_all(&r);
+	if (psperf_plan_has_cluster_rows(&r))
+		ret = psperf_run_local_cluster(&r);
+	if (!ret && psperf_plan_commit_row(&r, false))
+		ret = psperf_run_commit_local(&r);
 	return finish_run(&r, ret);
 }
 
@@ -3812,7 +3584,7 @@ static int role_worker(struct opts *o)
 	read_cpu(&r);
 	r.W = o->num_workers;
 	if (rps__uri_list_parse(o->connect, &uris, &n))
-		die_usage("--connect: %s", rps__errbuf());
+		psperf_die_usage("--connect: %s", rps__errbuf());
 	r.kind = uris[0].kind;
 	r.nservers = n;
 	snprintf(r.addr, sizeof(r.addr), "%s", uris[0].host);
@@ -3825,13 +3597,13 @@ static int role_worker(struct opts *o)
 		o->baseline = false;
 		o->tests &= ~(1u << T_COMMIT);	/* rank 0 measures the commit test */
 	}
-	plan_rows(&r);
+	psperf_plan_rows(&r);
 	if (o->baseline)
-		raw_plan_all(&r);
-	if (plan_has_cluster_rows(&r))
-		ret = run_workers(&r, o->rank, 1, NULL, NULL);
-	if (!ret && plan_commit_row(&r, false))
-		ret = commit_measure(&r, o->connect);
+		psperf_raw_plan_all(&r);
+	if (psperf_plan_has_cluster_rows(&r))
+		ret = psperf_run_workers(&r, o->rank, 1, NULL, NULL);
+	if (!ret && psperf_plan_commit_row(&r, false))
+		ret = psperf_commit_measure(&r, o->connect);
 	return finish_run(&r, ret);
 }
 
@@ -3863,7 +3635,7 @@ static void *rawt_peer_main(void *arg)
 	struct rawt_peer_thread *p = arg;
 
 	while (!server_stopping) {
-		if (rawt_accept(&p->s, p->window, 0, &server_stopping)) {
+		if (psperf_rawt_accept(&p->s, p->window, 0, &server_stopping)) {
 			if (!server_stopping)
 				fprintf(stderr, "psperf: raw responder: %s\n", rps__errbuf());
 			if (p->s.ep) {
@@ -3871,10 +3643,10 @@ static void *rawt_peer_main(void *arg)
 				p->s.ep = NULL;
 			}
 			if (!server_stopping)
-				sleep_ms(100);
+				psperf_sleep_ms(100);
 		}
 		while (!server_stopping && p->s.ep && !p->s.broken)
-			rawt_peer_progress(&p->s, 100);
+			psperf_rawt_peer_progress(&p->s, 100);
 		if (p->s.ep)
 			rps__ep_close(p->s.ep);
 		if (p->s.mr)
@@ -3893,7 +3665,7 @@ static int start_responders(const struct opts *o, const struct rps__uri *u, stru
 {
 	int ret;
 
-	sp->lfd = sock_listen(u->host, (uint16_t)(u->port + SOCK_PORT_OFFSET), &sp->port);
+	sp->lfd = psperf_sock_listen(u->host, (uint16_t)(u->port + SOCK_PORT_OFFSET), &sp->port);
 	if (sp->lfd < 0) {
 		fprintf(stderr, "psperf: --baseline: socket responder on %s port %u: %s: free that port or use another --listen port\n",
 			u->host, u->port + SOCK_PORT_OFFSET, strerror(-sp->lfd));
@@ -3901,13 +3673,13 @@ static int start_responders(const struct opts *o, const struct rps__uri *u, stru
 	}
 	sp->forever = true;
 	sp->stop = &server_stopping;
-	*s_ok = pthread_create(&sp->thread, NULL, sock_peer_main, sp) == 0;
+	*s_ok = pthread_create(&sp->thread, NULL, psperf_sock_peer_main, sp) == 0;
 	tp->kind = u->kind;
 	tp->device = o->device;
 	tp->host = u->host;
 	tp->port = (uint16_t)(u->port + RAWT_PORT_OFFSET);
 	tp->window = o->window;
-	ret = rawt_open(&tp->s, u->kind, o->device, u->host);
+	ret = psperf_rawt_open(&tp->s, u->kind, o->device, u->host);
 	if (!ret)
 		ret = rps__listen(tp->s.fab, u->host, tp->port, &tp->s.lis);
 	if (ret) {
@@ -3927,10 +3699,10 @@ static void stop_responders(struct sock_peer *sp, struct rawt_peer_thread *tp, b
 		pthread_join(tp->thread, NULL);
 	if (sp->lfd >= 0)
 		close(sp->lfd);
-	rawt_close(&tp->s);
+	psperf_rawt_close(&tp->s);
 }
 
-static int role_server(struct opts *o)
+int psperf_role_server(struct opts *o)
 {
 	struct rps__server_config cfg;
 	struct sock_peer sp = { -1, 0, 0, NULL, false };
@@ -3943,7 +3715,7 @@ static int role_server(struct opts *o)
 	memset(&tp, 0, sizeof(tp));
 	rps__server_config_init(&cfg);
 	if (rps__uri_parse(o->listen, &cfg.listen))
-		die_usage("--listen: %s", rps__errbuf());
+		psperf_die_usage("--listen: %s", rps__errbuf());
 	cfg.cluster = o->cluster;
 	cfg.index = o->index;
 	cfg.shard_bytes = o->shard_bytes;
@@ -3983,9 +3755,9 @@ int main(int argc, char **argv)
 	struct opts o;
 
 	signal(SIGPIPE, SIG_IGN);
-	parse_args(&o, argc, argv);
+	psperf_parse_args(&o, argc, argv);
 	switch (o.role) {
-	case ROLE_SERVER: return role_server(&o);
+	case ROLE_SERVER: return psperf_role_server(&o);
 	case ROLE_WORKER: return role_worker(&o);
 	default: return role_local(&o);
 	}
