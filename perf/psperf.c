@@ -28,65 +28,32 @@
  * --baseline measures the raw operation on the same path in the same run:
  * plain TCP sockets over tcp, and RDMA WRITE / READ / CAS / SEND through
  * transport.h over verbs; every row then carries the ratio of our figure to
- * the raw one.  All output goes through small table / CSV / JSON writers at
- * the end of the file.
+ * the raw one.  All output goes through small table / CSV / JSON writers
+ * (output.c).
+ *
+ * This file holds main and the flow of the roles; the rest, one job a file
+ * (shared types and helpers in psperf_int.h):
+ *   options.c         usage, option parsing, the fabric and device address
+ *   plan.c            the rows of every test
+ *   worker.c          worker threads: tensors, one op, passes, merging
+ *   servers.c         in-process servers; --server and its raw responders
+ *   commit.c          the commit test
+ *   kernels.c         agg, crc, igzip in-process
+ *   baselines.c       which raw op each row compares with; running them
+ *   baseline_sock.c   plain sockets
+ *   baseline_xport.c  raw ops through transport.h
+ *   stats.c           samples, statistics, figures and ratios
+ *   output.c          tables, CSV, JSON
+ *   util.c            usage errors, allocations, the progress line
  */
 #include "config.h"
-#include "agg.h"
-#include "client.h"
-#include "common.h"
-#include "ctl.h"
-#include "parse.h"
-#include "proto.h"
-#include "raft.h"
-#include "server.h"
-#include "transport.h"
+#include "psperf_int.h"
 #include "uri.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <errno.h>
-#include <ftw.h>
-#include <getopt.h>
-#include <ifaddrs.h>
-#include <isa-l/crc.h>
-#include <isa-l/igzip_lib.h>
-#include <limits.h>
-#include <math.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stdatomic.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/utsname.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "rdmaps.h"
-#include "psperf_int.h"
-
-static void run_init(struct run *r, struct opts *o)
-{
-	memset(r, 0, sizeof(*r));
-	r->o = o;
-	pthread_mutex_init(&r->mu, NULL);
-	pthread_cond_init(&r->cv, NULL);
-	atomic_init(&r->prog_row, -1);
-	atomic_init(&r->prog_done, 0);
-	atomic_init(&r->prog_total, 0);
-	atomic_init(&r->prog_phase, 0);
-	r->commit_fsync = -1;
-}
 
 /* ---- roles ------------------------------------------------------------------------------------------ */
 
@@ -121,6 +88,19 @@ static void run_free(struct run *r)
 	free(r->raws);
 	pthread_mutex_destroy(&r->mu);
 	pthread_cond_destroy(&r->cv);
+}
+
+static void run_init(struct run *r, struct opts *o)
+{
+	memset(r, 0, sizeof(*r));
+	r->o = o;
+	pthread_mutex_init(&r->mu, NULL);
+	pthread_cond_init(&r->cv, NULL);
+	atomic_init(&r->prog_row, -1);
+	atomic_init(&r->prog_done, 0);
+	atomic_init(&r->prog_total, 0);
+	atomic_init(&r->prog_phase, 0);
+	r->commit_fsync = -1;
 }
 
 static int finish_run(struct run *r, int cluster_ret)
