@@ -6,12 +6,12 @@
 #include "config.h"
 #include "psperf_int.h"
 #include "ctl.h"
+#include "fsutil.h"
 #include "proto.h"
 #include "raft.h"
 #include "uri.h"
 
 #include <errno.h>
-#include <ftw.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -297,18 +297,10 @@ int psperf_commit_measure(struct run *r, const char *list)
 	return ret;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	remove(path);
-	return 0;
-}
-
+/* The product's rps__remove_tree; a word when something is left behind. */
 static void remove_tree(const char *dir)
 {
-	nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	rps__remove_tree(dir);
 	if (access(dir, F_OK) == 0)
 		fprintf(stderr, "psperf: could not remove %s: remove it by hand\n", dir);
 }
