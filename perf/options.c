@@ -30,18 +30,10 @@ const char *const psperf_test_names[T_NTESTS] = { "push", "pull", "pushpull", "l
 
 /* ---- usage ---------------------------------------------------------------- */
 
-static void usage(FILE *f)
+/* psperf --help, a section a function: the tests and what they vary */
+static void usage_tests(FILE *f)
 {
 	fprintf(f,
-"usage: psperf [options]                         local cluster: servers + workers in this process\n"
-"       psperf --server --listen URI [--cluster LIST --index I] [--baseline]\n"
-"       psperf --connect LIST --rank R --num-workers N [options]\n"
-"\n"
-"Measures rdmaps the way perftest measures verbs.  With no option it starts\n"
-"1 server and 2 workers on the best transport here (verbs if an RDMA device is\n"
-"present, on that device's address; else TCP on 127.0.0.1), runs a short sweep\n"
-"of every test and prints one table per test.\n"
-"\n"
 "Tests:\n"
 "  -t, --test LIST        comma-separated: push, pull, pushpull, lock, agg, commit,\n"
 "                         crc, igzip, or all (default all: every test but commit,\n"
@@ -83,7 +75,13 @@ static void usage(FILE *f)
 "      --optimizer O      sum, sgd, momentum or adam (default sum)\n"
 "      --fsync always|none  commit test (and --server): sync the Raft log before\n"
 "                         acknowledging an entry, or not (default always)\n"
-"\n"
+"\n");
+}
+
+/* the local cluster, and separate processes or hosts */
+static void usage_cluster(FILE *f)
+{
+	fprintf(f,
 "Cluster (local mode):\n"
 "      --servers N        in-process servers (default 1; commit: 3)\n"
 "      --workers N        worker threads, each its own client (default 2)\n"
@@ -110,7 +108,13 @@ static void usage(FILE *f)
 "                         rps_barrier; each prints its own figures)\n"
 "      --tag STR          tensor name prefix (default psperf; use a new one for\n"
 "                         each run against a long-running cluster)\n"
-"\n"
+"\n");
+}
+
+/* the baseline, the output and the columns */
+static void usage_output(FILE *f)
+{
+	fprintf(f,
 "Baseline and output:\n"
 "  -b, --baseline         also measure the raw transport on the same path and\n"
 "                         print our figure / raw figure on every row.  tcp: plain\n"
@@ -141,6 +145,23 @@ static void usage(FILE *f)
 "The commit table ends with commit t_typ / admin round trip t_typ.\n"
 "Progress goes to stderr when it is a terminal.  Exit status: 0 ok, 1 a test\n"
 "failed, 2 bad usage.  See psperf(1).\n");
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"usage: psperf [options]                         local cluster: servers + workers in this process\n"
+"       psperf --server --listen URI [--cluster LIST --index I] [--baseline]\n"
+"       psperf --connect LIST --rank R --num-workers N [options]\n"
+"\n"
+"Measures rdmaps the way perftest measures verbs.  With no option it starts\n"
+"1 server and 2 workers on the best transport here (verbs if an RDMA device is\n"
+"present, on that device's address; else TCP on 127.0.0.1), runs a short sweep\n"
+"of every test and prints one table per test.\n"
+"\n");
+	usage_tests(f);
+	usage_cluster(f);
+	usage_output(f);
 }
 
 /* ---- option parsing ---------------------------------------------------------- */
