@@ -135,8 +135,6 @@ struct row {
 	double x_rtt;		/* commit row: its t_typ / the admin round trip's */
 };
 
-struct worker;
-
 struct run {
 	struct opts *o;
 	struct row *rows;
@@ -173,20 +171,6 @@ struct run {
 
 struct baseline;
 
-struct worker {
-	struct run *run;
-	int rank;
-	struct baseline *bl;	/* worker 0 with --baseline */
-	pthread_t thread;
-	rps_client_t *cl;
-	rps_tensor_t **tens;	/* one per size index */
-	rps_tensor_t *lockt;
-	void *grad;
-	float *pull;
-	struct pass *lat, *bw;	/* per row */
-	int status;
-	char err[1024];
-};
 /* ---- local servers ------------------------------------------------------- */
 
 struct lserver {
@@ -226,7 +210,8 @@ struct rawt_rep {
 };
 
 /* One side of a raw connection.  Memory: [0, len) target/source of the
- * one-sided ops, then RAWT_NRX receive slots of len, then an 8-byte word. */
+ * one-sided ops, then RAWT_NRX (baseline_xport.c) receive slots of len,
+ * then an 8-byte word. */
 struct rawt_side {
 	struct rps__fabric *fab;
 	struct rps__cq *cq;

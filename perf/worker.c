@@ -14,6 +14,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+struct worker {
+	struct run *run;
+	int rank;
+	struct baseline *bl;	/* worker 0 with --baseline */
+	pthread_t thread;
+	rps_client_t *cl;
+	rps_tensor_t **tens;	/* one per size index */
+	rps_tensor_t *lockt;
+	void *grad;
+	float *pull;
+	struct pass *lat, *bw;	/* per row */
+	int status;
+	char err[1024];
+};
+
 /* ---- worker: failures --------------------------------------------------------------- */
 
 static int worker_fail(struct worker *w, const struct row *row, const char *what, int ret)
