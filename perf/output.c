@@ -1,0 +1,477 @@
+/*
+ * output.c - what psperf prints: the tables (one per test, then the raw
+ * operations), CSV on stdout, and the JSON file perf/plot reads.
+ */
+#include "config.h"
+#include "psperf_int.h"
+#include "kernels/agg.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- output: tables ---------------------------------------------------------------------------- */
+
+static bool show_raw(const struct run *r)
+{
+	size_t i;
+
+	for (i = 0; i < r->nrows; i++)
+		if (!psperf_in_process(r->rows[i].test) && (r->rows[i].raw_lat || r->rows[i].raw_bw))
+			return true;
+	return false;
+}
+
+static void fmt_num(char *buf, size_t len, double v, const char *fmt)
+{
+	if (isnan(v))
+		snprintf(buf, len, "-");
+	else
+		snprintf(buf, len, fmt, v);
+}
+
+static void print_header(const struct run *r, enum test_id t, bool raw)
+{
+	const struct opts *o = r->o;
+	char line[96];
+
+	memset(line, '-', sizeof(line) - 1);
+	line[sizeof(line) - 1] = '\0';
+	printf("%s\n", line);
+	switch (t) {
+	case T_AGG:
+		printf(" agg: rps__agg_add of %d %s gradients into an fp32 accumulator (%s code path), in-process\n",
+		       r->W, rps__dtype_name(o->dtype), rps__agg_isa_name(rps__agg_best_isa()));
+		printf(" BW = gradient bytes summed per second; raw = memcpy of the same bytes\n");
+		break;
+	case T_CRC:
+		printf(" crc: CRC-32C (ISA-L crc32_iscsi, as checkpoint and log files use) of fp32\n"
+		       " parameter-like data, in-process, one thread\n");
+		printf(" BW = bytes checksummed per second; raw = memcpy of the same bytes\n");
+		break;
+	case T_IGZIP:
+		printf(" igzip: ISA-L raw deflate, level 1 (isal_deflate_stateless, as checkpoint records use) of\n"
+		       " fp32 parameter-like data (small normal-ish floats) and of zeros, in-process, one thread\n");
+		printf(" BW = input bytes compressed per second; raw = memcpy of the same bytes;"
+		       " ratio = input / output\n");
+		break;
+	case T_COMMIT:
+		printf(" commit: ADMIN NOP to the Raft leader, answered once its log entry is applied (append to the\n"
+		       " followers, their acks, commit, apply); %d voters, leader %llu, term %llu, fsync %s;\n"
+		       " one admin connection, one call at a time.  admin round trip: STATUS on it (no log entry)\n",
+		       r->commit_voters, (unsigned long long)r->commit_leader, (unsigned long long)r->commit_term,
+		       r->commit_fsync < 0 ? "?" : r->commit_fsync ? "always" : "none");
+		if (raw)
+			printf(" raw: %s of the admin messages' sizes\n",
+			       r->kind == RPS__KIND_VERBS ? "SEND ping-pong" : "socket request/response");
+		break;
+	case T_LOCK:
+		printf(" lock: rps__tensor_lock + rps__tensor_unlock of shard 0 of an async tensor (RDMA CAS)\n");
+		printf(" xN = N workers at once on the same lock; raw = %s\n",
+		       r->kind == RPS__KIND_VERBS ? "CAS + completion" : "8-byte socket request/response");
+		break;
+	default:
+		printf(" %s: %s, %s, %s; %d server(s), %d worker(s) at once; window %d\n", psperf_test_names[t],
+		       t == T_PUSH ? "rps_push" : t == T_PULL ? "rps_pull" : "rps_push + rps_pull",
+		       psperf_mode_name(o->mode), rps__dtype_name(o->dtype), r->nservers, r->W, o->window);
+		if (raw)
+			printf(" raw: %s\n", r->kind == RPS__KIND_VERBS
+			       ? (t == T_PUSH ? "RDMA WRITE + completion; WRITE bw" : t == T_PULL ? "RDMA READ + completion; READ bw"
+				  : "SEND ping-pong; WRITE bw")
+			       : (t == T_PUSH ? "socket: S bytes there, 8 back; one-way stream of the same bytes"
+				  : t == T_PULL ? "socket: 8 bytes there, S back; one-way stream"
+				  : "socket: S bytes there, S back; one-way stream"));
+		break;
+	}
+	if (o->role == ROLE_WORKER && !psperf_in_process(t) && t != T_COMMIT)
+		printf(" figures of worker %d of %d only\n", o->rank, o->num_workers);
+	printf("%s\n", line);
+	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_COMMIT ? 22 : t == T_IGZIP ? 15 : 12,
+	       t == T_LOCK || t == T_COMMIT ? "op" : "#bytes", "#iters",
+	       "t_min[us]", "t_typ[us]", "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "BW[GB/s]", "ops/s");
+	if (raw)
+		printf(" %10s %7s %10s %7s", "raw[us]", "x_lat", "raw[GB/s]", "x_bw");
+	if (t == T_IGZIP)
+		printf(" %8s", "ratio");
+	printf("\n");
+}
+
+static void print_row(const struct row *row, bool raw)
+{
+	char first[32], b[4][32];
+	const struct stats *s = &row->s_lat;
+	bool no_bw = row->test == T_LOCK || row->test == T_COMMIT;
+	int w = row->test == T_COMMIT ? 22 : row->test == T_IGZIP ? 15 : 12;
+
+	if (row->label[0])
+		snprintf(first, sizeof(first), "%s", row->label);
+	else
+		snprintf(first, sizeof(first), "%zu", row->bytes);
+	if (!s->valid) {
+		printf(" %-*s %8s   (%s)\n", w, first, "-", row->lock_alone ? "measured by worker 0" : "no samples");
+		return;
+	}
+	fmt_num(b[0], sizeof(b[0]), no_bw ? NAN : row->s_bw.gbs, "%.3f");
+	printf(" %-*s %8llu %10.2f %10.2f %10.2f %10.2f %11.2f %10s %11.0f", w, first, (unsigned long long)s->n, s->min,
+	       s->typ, s->avg, s->p99, s->p999, b[0], no_bw ? s->ops : row->s_bw.ops);
+	if (raw) {
+		fmt_num(b[1], sizeof(b[1]), row->raw_lat && row->raw_lat->st.valid ? row->raw_lat->st.typ : NAN, "%.2f");
+		fmt_num(b[2], sizeof(b[2]), row->x_lat, "%.2f");
+		fmt_num(b[3], sizeof(b[3]), row->raw_bw && row->raw_bw->st.valid && !no_bw
+			? row->raw_bw->st.gbs : NAN, "%.3f");
+		printf(" %10s %7s %10s", b[1], b[2], b[3]);
+		fmt_num(b[0], sizeof(b[0]), row->x_bw, "%.2f");
+		printf(" %7s", no_bw ? "-" : b[0]);
+	}
+	if (row->test == T_IGZIP)
+		printf(" %8.2f", row->ratio);
+	printf("\n");
+}
+
+static void print_raw_tables(const struct run *r)
+{
+	size_t i;
+
+	if (!r->nraws)
+		return;
+	printf("------------------------------------------------------------------------------------------------\n");
+	printf(" baseline: raw operations on the same path (%s%s)\n", r->kind == RPS__KIND_VERBS ? "verbs, device " : "tcp",
+	       r->kind == RPS__KIND_VERBS ? r->device : "");
+	printf("------------------------------------------------------------------------------------------------\n");
+	printf(" %-32s %8s %10s %10s %10s %10s %11s %10s %11s\n", "op", "#iters", "t_min[us]", "t_typ[us]",
+	       "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "BW[GB/s]", "ops/s");
+	for (i = 0; i < r->nraws; i++) {
+		const struct raw_result *x = &r->raws[i];
+		char name[80];
+		snprintf(name, sizeof(name), "%s%s", x->transport_tcp ? "tcp-transport " : "", x->name);
+		if (!x->st.valid) {
+			printf(" %-32s   (not measured)\n", name);
+			continue;
+		}
+		printf(" %-32s %8llu %10.2f %10.2f %10.2f %10.2f %11.2f %10.3f %11.0f\n", name,
+		       (unsigned long long)x->st.n, x->st.min, x->st.typ, x->st.avg, x->st.p99, x->st.p999, x->st.gbs,
+		       x->st.ops);
+	}
+}
+
+static void print_commit_ratio(struct run *r)
+{
+	const struct row *cr = psperf_plan_commit_row(r, false);
+	char x[32];
+
+	if (!cr)
+		return;
+	fmt_num(x, sizeof(x), cr->x_rtt, "%.2f");
+	printf(" commit / admin round trip (t_typ): %s", x);
+	if (cr->raw_lat && cr->raw_lat->st.valid) {
+		fmt_num(x, sizeof(x), cr->x_lat, "%.2f");
+		printf("; commit / raw %s (t_typ): %s", cr->raw_lat->name, x);
+	}
+	printf("\n");
+}
+
+static void print_banner(const struct run *r)
+{
+	char host[256] = "", date[64];
+	double load[3] = { 0, 0, 0 };
+	time_t now = time(NULL);
+
+	gethostname(host, sizeof(host) - 1);
+	strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+	if (getloadavg(load, 3) < 0)
+		load[0] = load[1] = load[2] = NAN;
+	printf(" psperf %s (rdmaps %d.%d) on %s, %s: %s, device %s, %s; load %.2f %.2f %.2f\n", PACKAGE_VERSION,
+	       RPS_VERSION_MAJOR, RPS_VERSION_MINOR, host, date, r->kind == RPS__KIND_VERBS ? "verbs" : "tcp",
+	       r->device[0] ? r->device : "-", r->addr[0] ? r->addr : "-", load[0], load[1], load[2]);
+}
+
+static void print_tables(struct run *r)
+{
+	bool raw = show_raw(r);
+	int t;
+	size_t i;
+
+	print_banner(r);
+
+	for (t = 0; t < T_NTESTS; t++) {
+		bool any = false;
+		for (i = 0; i < r->nrows; i++)
+			any |= r->rows[i].test == (enum test_id)t;
+		if (!any)
+			continue;
+		print_header(r, (enum test_id)t, raw || psperf_in_process((enum test_id)t));
+		for (i = 0; i < r->nrows; i++)
+			if (r->rows[i].test == (enum test_id)t)
+				print_row(&r->rows[i], raw || psperf_in_process((enum test_id)t));
+		if (t == T_COMMIT)
+			print_commit_ratio(r);
+	}
+	print_raw_tables(r);
+	printf("------------------------------------------------------------------------------------------------\n");
+	fflush(stdout);
+}
+
+/* ---- output: CSV --------------------------------------------------------------------------------- */
+
+static void csv_num(double v)
+{
+	if (isnan(v) || isinf(v))
+		printf(",");
+	else
+		printf(",%.6g", v);
+}
+
+static void csv_stats(const struct stats *s)
+{
+	printf(",%llu", (unsigned long long)s->n);
+	csv_num(s->valid ? s->min : NAN);
+	csv_num(s->valid ? s->typ : NAN);
+	csv_num(s->valid ? s->avg : NAN);
+	csv_num(s->valid ? s->p99 : NAN);
+	csv_num(s->valid ? s->p999 : NAN);
+	csv_num(s->valid ? s->gbs : NAN);
+	csv_num(s->valid ? s->ops : NAN);
+}
+
+static void print_csv(const struct run *r)
+{
+	size_t i;
+
+	printf("test,label,bytes,moved_bytes,workers,iters,t_min_us,t_typ_us,t_avg_us,t_p99_us,t_p999_us,lat_gbs,lat_ops_s,"
+	       "bw_iters,bw_t_min_us,bw_t_typ_us,bw_t_avg_us,bw_t_p99_us,bw_t_p999_us,bw_gbs,ops_s,"
+	       "raw_lat_op,raw_t_typ_us,x_lat,raw_bw_op,raw_gbs,x_bw\n");
+	for (i = 0; i < r->nrows; i++) {
+		const struct row *row = &r->rows[i];
+		printf("%s,%s,%zu,%.0f,%d", psperf_test_names[row->test], row->label, row->bytes, row->moved, row->workers);
+		csv_stats(&row->s_lat);
+		csv_stats(&row->s_bw);
+		printf(",%s", row->raw_lat ? row->raw_lat->name : "");
+		csv_num(row->raw_lat ? row->raw_lat->st.typ : NAN);
+		csv_num(row->x_lat);
+		printf(",%s", row->raw_bw ? row->raw_bw->name : "");
+		csv_num(row->raw_bw ? row->raw_bw->st.gbs : NAN);
+		csv_num(row->x_bw);
+		printf("\n");
+	}
+	for (i = 0; i < r->nraws; i++) {
+		const struct raw_result *x = &r->raws[i];
+		printf("raw,%s%s,%zu,%zu,1", x->transport_tcp ? "tcp-transport " : "", x->name, x->a, x->b);
+		csv_stats(&x->st);
+		csv_stats(&x->st);
+		printf(",,,,,,\n");
+	}
+	fflush(stdout);
+}
+
+/* ---- output: JSON -------------------------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; s && *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			fprintf(f, "\\%c", c);
+		else if (c < 0x20)
+			fprintf(f, "\\u%04x", c);
+		else
+			fputc(c, f);
+	}
+	fputc('"', f);
+}
+
+static void json_num(FILE *f, double v)
+{
+	if (isnan(v) || isinf(v))
+		fprintf(f, "null");
+	else
+		fprintf(f, "%.6g", v);
+}
+
+static void json_kv_str(FILE *f, const char *k, const char *v, bool comma)
+{
+	fprintf(f, "\"%s\": ", k);
+	json_str(f, v);
+	fprintf(f, comma ? ", " : "");
+}
+
+static void json_stats(FILE *f, const char *key, const struct stats *s)
+{
+	fprintf(f, "\"%s\": ", key);
+	if (!s->valid) {
+		fprintf(f, "null");
+		return;
+	}
+	fprintf(f, "{\"n\": %llu, \"t_min_us\": ", (unsigned long long)s->n);
+	json_num(f, s->min);
+	fprintf(f, ", \"t_typical_us\": ");
+	json_num(f, s->typ);
+	fprintf(f, ", \"t_avg_us\": ");
+	json_num(f, s->avg);
+	fprintf(f, ", \"t_p99_us\": ");
+	json_num(f, s->p99);
+	fprintf(f, ", \"t_p999_us\": ");
+	json_num(f, s->p999);
+	fprintf(f, ", \"bw_gbs\": ");
+	json_num(f, s->gbs);
+	fprintf(f, ", \"ops_s\": ");
+	json_num(f, s->ops);
+	fprintf(f, "}");
+}
+
+static void json_raw(FILE *f, const char *key, const struct raw_result *x)
+{
+	fprintf(f, "\"%s\": ", key);
+	if (!x) {
+		fprintf(f, "null");
+		return;
+	}
+	fprintf(f, "{");
+	json_kv_str(f, "op", psperf_raw_op_name(x->op), true);
+	json_kv_str(f, "name", x->name, true);
+	fprintf(f, "\"a_bytes\": %zu, \"b_bytes\": %zu, \"iters\": %ld, \"count\": %ld, \"tcp_transport\": %s, ",
+		x->a, x->b, x->iters, x->count, x->transport_tcp ? "true" : "false");
+	json_stats(f, "stats", &x->st);
+	fprintf(f, "}");
+}
+
+static void json_config(FILE *f, const struct run *r)
+{
+	const struct opts *o = r->o;
+	struct utsname u;
+	char host[256] = "", date[64], kern[600], ver[32];
+	double load[3];
+	time_t now = time(NULL);
+	int i;
+
+	gethostname(host, sizeof(host) - 1);
+	strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+	if (uname(&u) == 0)
+		snprintf(kern, sizeof(kern), "%s %s %s %s", u.sysname, u.release, u.version, u.machine);
+	else
+		snprintf(kern, sizeof(kern), "?");
+	snprintf(ver, sizeof(ver), "%d.%d", RPS_VERSION_MAJOR, RPS_VERSION_MINOR);
+	fprintf(f, "  \"config\": {");
+	json_kv_str(f, "label", o->label ? o->label : "", true);
+	json_kv_str(f, "host", host, true);
+	json_kv_str(f, "date", date, true);
+	json_kv_str(f, "kernel", kern, true);
+	json_kv_str(f, "cpu", r->cpu, true);
+	if (getloadavg(load, 3) == 3)
+		fprintf(f, "\"loadavg\": [%.2f, %.2f, %.2f], \"ncpus\": %ld, ", load[0], load[1], load[2],
+			sysconf(_SC_NPROCESSORS_ONLN));
+	json_kv_str(f, "psperf_version", PACKAGE_VERSION, true);
+	json_kv_str(f, "rdmaps_version", ver, true);
+	json_kv_str(f, "role", o->role == ROLE_LOCAL ? "local" : "worker", true);
+	json_kv_str(f, "transport", r->kind == RPS__KIND_VERBS ? "verbs" : "tcp", true);
+	json_kv_str(f, "device", r->device, true);
+	json_kv_str(f, "addr", r->addr, true);
+	json_kv_str(f, "servers_uri", r->servers, true);
+	fprintf(f, "\n    \"options\": {\"tests\": [");
+	for (i = 0; i < T_NTESTS; i++)
+		if (o->tests & (1u << i))
+			fprintf(f, "%s\"%s\"", (o->tests & ((1u << i) - 1)) ? ", " : "", psperf_test_names[i]);
+	fprintf(f, "], \"servers\": %d, \"workers\": %d, \"size_min\": %zu, \"size_max\": %zu, \"factor\": %u, "
+		"\"iters\": %ld, \"warmup\": %ld, \"window\": %d, ",
+		r->nservers, r->W, o->size_min, o->size_max, o->factor, o->iters, o->warmup,
+		o->window);
+	json_kv_str(f, "mode", psperf_mode_name(o->mode), true);
+	fprintf(f, "\"staleness\": %u, ", o->staleness);
+	json_kv_str(f, "dtype", rps__dtype_name(o->dtype), true);
+	json_kv_str(f, "optimizer", psperf_optimizer_name(o->optimizer), true);
+	fprintf(f, "\"shard_bytes\": %u, \"slots\": %u, \"spin_us\": %d, \"timeout_ms\": %d, \"baseline\": %s, "
+		"\"rank\": %d, \"num_workers\": %d, ",
+		o->shard_bytes, o->slots, o->spin_us, o->timeout_ms, o->baseline ? "true" : "false", o->rank,
+		o->num_workers);
+	json_kv_str(f, "tag", o->tag, true);
+	json_kv_str(f, "fsync", o->fsync_none ? "none" : "always", true);
+	if (r->commit_leader)
+		fprintf(f, "\"commit_leader\": %llu, \"commit_term\": %llu, \"commit_voters\": %d, "
+			"\"commit_fsync\": %s, ", (unsigned long long)r->commit_leader,
+			(unsigned long long)r->commit_term, r->commit_voters, r->commit_fsync ? "true" : "false");
+	json_kv_str(f, "agg_isa", rps__agg_isa_name(rps__agg_best_isa()), false);
+	fprintf(f, "},\n    \"argv\": [");
+	for (i = 0; i < o->argc; i++) {
+		if (i)
+			fprintf(f, ", ");
+		json_str(f, o->argv[i]);
+	}
+	fprintf(f, "]\n  },\n");
+}
+
+static void json_row(FILE *f, const struct row *row)
+{
+	fprintf(f, "    {");
+	json_kv_str(f, "test", psperf_test_names[row->test], true);
+	json_kv_str(f, "label", row->label, true);
+	fprintf(f, "\"bytes\": %zu, \"moved_bytes\": %.0f, \"workers\": %d, \"iters\": %ld, \"warmup\": %ld,\n     ",
+		row->bytes, row->moved, row->workers, row->iters, row->warmup);
+	json_stats(f, "latency", &row->s_lat);
+	fprintf(f, ",\n     ");
+	json_stats(f, "bandwidth", &row->s_bw);
+	fprintf(f, ",\n     ");
+	json_raw(f, "raw_latency", row->raw_lat);
+	fprintf(f, ",\n     ");
+	json_raw(f, "raw_bandwidth", row->raw_bw);
+	fprintf(f, ",\n     \"x_lat\": ");
+	json_num(f, row->x_lat);
+	fprintf(f, ", \"x_bw\": ");
+	json_num(f, row->x_bw);
+	if (row->test == T_COMMIT && !row->commit_rtt) {
+		fprintf(f, ", \"x_rtt\": ");
+		json_num(f, row->x_rtt);
+	}
+	if (row->test == T_IGZIP) {
+		fprintf(f, ", \"ratio\": ");
+		json_num(f, row->ratio);
+	}
+	fprintf(f, "}");
+}
+
+static int write_json(const struct run *r, const char *path)
+{
+	FILE *f = fopen(path, "w");
+	size_t i;
+
+	if (!f) {
+		fprintf(stderr, "psperf: --json %s: %s: give a writable path\n", path, strerror(errno));
+		return -errno;
+	}
+	fprintf(f, "{\n  \"format\": \"psperf-1\",\n");
+	json_config(f, r);
+	fprintf(f, "  \"rows\": [\n");
+	for (i = 0; i < r->nrows; i++) {
+		json_row(f, &r->rows[i]);
+		fprintf(f, "%s\n", i + 1 < r->nrows ? "," : "");
+	}
+	fprintf(f, "  ],\n  \"baselines\": [\n");
+	for (i = 0; i < r->nraws; i++) {
+		fprintf(f, "    {");
+		json_raw(f, "raw", &r->raws[i]);
+		fprintf(f, "}%s\n", i + 1 < r->nraws ? "," : "");
+	}
+	fprintf(f, "  ]\n}\n");
+	if (fclose(f)) {
+		fprintf(stderr, "psperf: --json %s: %s\n", path, strerror(errno));
+		return -EIO;
+	}
+	return 0;
+}
+
+/* Tables / CSV / JSON; returns the exit status. */
+int psperf_report(struct run *r, int status)
+{
+	psperf_compute_figures(r);
+	if (r->o->csv)
+		print_csv(r);
+	else
+		print_tables(r);
+	if (r->o->json && write_json(r, r->o->json))
+		status = 1;
+	return status;
+}

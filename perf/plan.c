@@ -1,0 +1,182 @@
+/*
+ * plan.c - the plan: the sizes of the sweep and one row per test and size
+ * (lock and commit rows have labels instead), with its iterations and
+ * warm-up; every pass and figure of the run is kept in its row.
+ */
+#include "config.h"
+#include "psperf_int.h"
+#include "kernels/agg.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define AUTO_BYTES (256ull << 20)	/* default iterations: about this many bytes a pass */
+#define AUTO_ITERS_MAX 1000L
+#define AUTO_ITERS_MIN 20L
+
+/* ---- the plan: rows of every test -------------------------------------------------- */
+
+static long row_iters(const struct opts *o, size_t bytes)
+{
+	long n;
+
+	if (o->iters > 0)
+		return o->iters;
+	n = (long)(AUTO_BYTES / (bytes ? bytes : 1));
+	return n < AUTO_ITERS_MIN ? AUTO_ITERS_MIN : n > AUTO_ITERS_MAX ? AUTO_ITERS_MAX : n;
+}
+
+long psperf_row_warmup(const struct opts *o, long iters)
+{
+	long n = iters / 10;
+
+	if (o->warmup >= 0)
+		return o->warmup;
+	return n < 2 ? 2 : n > 100 ? 100 : n;
+}
+
+static void plan_sizes(struct run *r)
+{
+	const struct opts *o = r->o;
+	size_t s;
+
+	r->sizes = psperf_xcalloc(64, sizeof(*r->sizes));
+	for (s = o->size_min; s <= o->size_max && r->nsizes < 64; s *= o->factor) {
+		r->sizes[r->nsizes++] = s;
+		if (s > SIZE_MAX / o->factor)
+			break;
+	}
+}
+
+static struct row *plan_add(struct run *r, enum test_id t, size_t bytes)
+{
+	struct row *row = &r->rows[r->nrows++];
+
+	memset(row, 0, sizeof(*row));
+	row->test = t;
+	row->bytes = bytes;
+	row->workers = r->W;
+	row->iters = row_iters(r->o, bytes);
+	row->warmup = psperf_row_warmup(r->o, row->iters);
+	return row;
+}
+
+static double moved_bytes(const struct opts *o, enum test_id t, size_t bytes)
+{
+	double pull = (double)(bytes / rps__dtype_size(o->dtype)) * 4.0;
+
+	switch (t) {
+	case T_PUSH: return (double)bytes;
+	case T_PULL: return pull;
+	case T_PUSHPULL: return (double)bytes + pull;
+	default: return 0;
+	}
+}
+
+static void plan_lock(struct run *r)
+{
+	int v, alone;
+
+	for (v = 0; v < 4; v++) {
+		struct row *row;
+		alone = v < 2;
+		if (!alone && r->W < 2)
+			break;
+		row = plan_add(r, T_LOCK, 8);
+		row->lock_alone = alone;
+		row->lock_release = v % 2;
+		row->workers = alone ? 1 : r->W;
+		row->moved = 8;
+		snprintf(row->label, sizeof(row->label), "%s x%d", row->lock_release ? "release" : "acquire",
+			 row->workers);
+	}
+}
+
+/* commit: the entry's latency, then the admin round trip it compares with;
+ * the labels get the fsync policy once the leader has told it. */
+static void plan_commit(struct run *r)
+{
+	struct row *row;
+	int k;
+
+	for (k = 0; k < 2; k++) {
+		row = plan_add(r, T_COMMIT, 0);
+		row->workers = 1;
+		row->commit_rtt = k == 1;
+		snprintf(row->label, sizeof(row->label), "%s", k ? "admin round trip" : "commit");
+	}
+}
+
+void psperf_plan_rows(struct run *r)
+{
+	const struct opts *o = r->o;
+	int t;
+	size_t i;
+
+	plan_sizes(r);
+	r->rows = psperf_xcalloc(T_NTESTS * (r->nsizes + 4), sizeof(*r->rows));
+	for (t = 0; t < T_NTESTS; t++) {
+		if (!(o->tests & (1u << t)))
+			continue;
+		if (t == T_LOCK) {
+			plan_lock(r);
+			continue;
+		}
+		if (t == T_COMMIT) {
+			plan_commit(r);
+			continue;
+		}
+		for (i = 0; i < r->nsizes; i++) {
+			struct row *row = plan_add(r, (enum test_id)t, r->sizes[i]);
+			row->moved = t == T_AGG ? (double)r->sizes[i] * r->W : moved_bytes(o, (enum test_id)t, r->sizes[i]);
+			if (t == T_CRC || t == T_IGZIP) {
+				row->workers = 1;
+				row->moved = (double)r->sizes[i];
+			}
+			if (t == T_IGZIP) {
+				snprintf(row->label, sizeof(row->label), "%zu fp32", r->sizes[i]);
+				row = plan_add(r, T_IGZIP, r->sizes[i]);
+				row->workers = 1;
+				row->moved = (double)r->sizes[i];
+				row->zeros = true;
+				snprintf(row->label, sizeof(row->label), "%zu zeros", r->sizes[i]);
+			}
+		}
+	}
+}
+
+size_t psperf_size_index(const struct run *r, size_t bytes)
+{
+	size_t i;
+
+	for (i = 0; i < r->nsizes; i++)
+		if (r->sizes[i] == bytes)
+			return i;
+	return 0;
+}
+
+size_t psperf_pull_bytes(const struct opts *o, const struct row *row)
+{
+	return row->bytes / rps__dtype_size(o->dtype) * 4;
+}
+
+/* Rows that workers of a data cluster measure (not agg, not commit). */
+bool psperf_plan_has_cluster_rows(const struct run *r)
+{
+	size_t i;
+
+	for (i = 0; i < r->nrows; i++)
+		if (!psperf_in_process(r->rows[i].test) && r->rows[i].test != T_COMMIT)
+			return true;
+	return false;
+}
+
+struct row *psperf_plan_commit_row(struct run *r, bool rtt)
+{
+	size_t i;
+
+	for (i = 0; i < r->nrows; i++)
+		if (r->rows[i].test == T_COMMIT && r->rows[i].commit_rtt == rtt)
+			return &r->rows[i];
+	return NULL;
+}
