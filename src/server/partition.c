@@ -298,162 +298,194 @@ static void img_tensors_free(struct img_tensor *it, uint32_t n)
  * confused peer, or another build) sent something this server can use.
  * No side effect: 0, or -EBADMSG with a message naming the first bad field.
  */
+/* The image's findings: BAD() names the first bad field in what[] and
+ * refuses the image (-EBADMSG); check_partition_image says where. */
+#define BAD(...) do { snprintf(what, WHAT_LEN, __VA_ARGS__); return -EBADMSG; } while (0)
+#define WHAT_LEN 160
+
+/* Shard j of the partition in tensor it's part of the image. */
+static int check_shard(struct rbuf *b, struct img_tensor *it, uint32_t part, uint32_t j, char *what)
+{
+	bool sync = it->spec.mode == RPS_MODE_SYNC, bounded = it->spec.mode == RPS_MODE_BOUNDED;
+	uint32_t index = get32(b), ready, next_rank, elems, ndd, k;
+	uint64_t step = get64(b), min_clock = get64(b), lockv = get64(b);
+	const struct dedup *dd;
+	size_t nstate;
+
+	ready = get32(b);
+	next_rank = get32(b);
+	elems = get32(b);
+	if (b->bad)
+		BAD("truncated in tensor '%s' shard %u", it->name, j);
+	if (index != rps__part_shard(&it->layout, part, j))
+		BAD("tensor '%s': shard %u where shard %u of the partition belongs", it->name, index,
+		    rps__part_shard(&it->layout, part, j));
+	/* the published seq is step * 2, the lock word keeps 48 bits of version */
+	if (step > (UINT64_MAX >> 2) || lockv >= (1ull << 48) - 1)
+		BAD("tensor '%s' shard %u: version %llu / lock version %llu out of range", it->name,
+		    index, (unsigned long long)step, (unsigned long long)lockv);
+	if (ready > 1)
+		BAD("tensor '%s' shard %u: ready flag %u", it->name, index, ready);
+	if (sync ? next_rank >= (uint32_t)it->spec.num_workers : next_rank != 0)
+		BAD("tensor '%s' shard %u: next rank %u (%d workers)", it->name, index, next_rank,
+		    it->spec.num_workers);
+	if (elems != rps__shard_elems(&it->layout, index))
+		BAD("tensor '%s' shard %u: %u elements, the shard has %u", it->name, index, elems,
+		    rps__shard_elems(&it->layout, index));
+	it->steps[j] = step;
+	nstate = rps__optim_state_len((enum rps_optimizer)it->spec.optimizer, elems);
+	if (!get(b, (size_t)elems * 4) || (nstate && !get(b, nstate * 4)) ||
+	    (sync && !get(b, (size_t)elems * 4)))
+		BAD("tensor '%s' shard %u: truncated in its values", it->name, index);
+	if (bounded) {
+		const uint64_t *clocks = get(b, (size_t)it->spec.num_workers * 8);
+		uint64_t lo = UINT64_MAX, c;
+		if (!clocks)
+			BAD("tensor '%s' shard %u: truncated in its clocks", it->name, index);
+		for (k = 0; k < (uint32_t)it->spec.num_workers; k++) {
+			memcpy(&c, &clocks[k], 8);
+			lo = RPS__MIN(lo, c);
+		}
+		if (lo != min_clock)
+			BAD("tensor '%s' shard %u: minimum clock %llu, its clocks say %llu", it->name,
+			    index, (unsigned long long)min_clock, (unsigned long long)lo);
+	}
+	ndd = get32(b);
+	if (b->bad || ndd > (b->len - b->off) / sizeof(*dd) || ndd > 1u << 20)
+		BAD("tensor '%s' shard %u: %u applied-push sets cannot fit the image", it->name, index, ndd);
+	dd = get(b, (size_t)ndd * sizeof(*dd));
+	for (k = 0; k < ndd; k++) {
+		struct dedup d;
+		memcpy(&d, &dd[k], sizeof(d));
+		if (d.next >= DEDUP_IDS)
+			BAD("tensor '%s' shard %u: applied-push set %u is malformed", it->name, index, k);
+	}
+	return 0;
+}
+
+/* Tensor i of the image (its name, spec and shards), against this server. */
+static int check_tensor(struct rps__server *srv, struct rbuf *b, struct img_tensor *its, uint32_t i, uint32_t nt,
+			uint32_t part, char *what)
+{
+	struct img_tensor *it = &its[i];
+	const struct rps__tensor_spec *sp;
+	struct tensor *t;
+	uint32_t j, k;
+	int ret;
+
+	it->name = get(b, RPS__NAME_MAX);
+	sp = get(b, sizeof(*sp));
+	if (!it->name || !sp)
+		BAD("truncated in tensor %u of %u", i + 1, nt);
+	if (!memchr(it->name, '\0', RPS__NAME_MAX) || !it->name[0])
+		BAD("tensor %u has no valid name", i + 1);
+	for (k = 0; k < i; k++)
+		if (!strcmp(its[k].name, it->name))
+			BAD("tensor '%s' comes twice", it->name);
+	memcpy(&it->spec, sp, sizeof(it->spec));
+	t = rps__srv_tensor_by_name(srv, it->name);
+	if (t) {
+		if (memcmp(&t->spec, &it->spec, sizeof(it->spec)))
+			BAD("tensor '%s' exists here with other options", it->name);
+		it->layout = t->layout;
+	} else if (rps__srv_spec_valid(srv, it->name, &it->spec, &it->layout)) {
+		BAD("%s", rps__errbuf());
+	}
+	it->nsh = get32(b);
+	if (b->bad || it->nsh != rps__part_nshards(&it->layout, part))
+		BAD("tensor '%s' has %u shards in the partition, this server expects %u", it->name, it->nsh,
+		    rps__part_nshards(&it->layout, part));
+	it->steps = calloc(it->nsh ? it->nsh : 1, sizeof(*it->steps));
+	if (!it->steps)
+		return rps__seterr(-ENOMEM, "partition %u: out of memory checking its image", part);
+	for (j = 0; j < it->nsh; j++) {
+		ret = check_shard(b, it, part, j, what);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+/* Parked push i of np, of one of the image's tensors. */
+static int check_parked(struct rbuf *b, struct img_tensor *its, uint32_t nt, uint32_t part, uint32_t i,
+			uint32_t np, char *what)
+{
+	const char *name = get(b, RPS__NAME_MAX);
+	uint32_t shard = get32(b), rank, k;
+	uint64_t clock = get64(b), nbytes, want;
+	struct img_tensor *it = NULL;
+
+	rank = get32(b);
+	nbytes = get64(b);
+	if (b->bad || !memchr(name, '\0', RPS__NAME_MAX))
+		BAD("truncated in parked push %u of %u", i + 1, np);
+	for (k = 0; k < nt && !it; k++)
+		if (!strcmp(its[k].name, name))
+			it = &its[k];
+	if (!it)
+		BAD("parked push %u: tensor '%s' is not in the partition", i + 1, name);
+	if (it->spec.mode != RPS_MODE_SYNC)
+		BAD("parked push %u: tensor '%s' is not in sync mode", i + 1, it->name);
+	if (shard >= it->layout.nshards || rps__shard_server(&it->layout, shard) != part)
+		BAD("parked push %u: tensor '%s' shard %u is not in the partition", i + 1, it->name, shard);
+	want = (uint64_t)rps__shard_elems(&it->layout, shard) * rps__dtype_size((enum rps_dtype)it->spec.dtype);
+	if (nbytes != want)
+		BAD("parked push %u: %llu bytes for tensor '%s' shard %u, which takes %llu", i + 1,
+		    (unsigned long long)nbytes, it->name, shard, (unsigned long long)want);
+	if (rank >= (uint32_t)it->spec.num_workers)
+		BAD("parked push %u: rank %u of %d workers", i + 1, rank, it->spec.num_workers);
+	if (clock < it->steps[rps__shard_local_index(&it->layout, shard)] || clock == UINT64_MAX)
+		BAD("parked push %u: clock %llu of tensor '%s' shard %u is not ahead of its version", i + 1,
+		    (unsigned long long)clock, it->name, shard);
+	if (!get(b, nbytes))
+		BAD("parked push %u: truncated in its data", i + 1);
+	return 0;
+}
+
 static int check_partition_image(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
 				 size_t len)
 {
 	struct rbuf b = { .p = img, .len = len };
 	struct img_tensor *its = NULL;
-	uint32_t nt, i, j, k, np;
-	const char *why = NULL;
-	char what[160] = "";
+	uint32_t nt, i, np;
+	char what[WHAT_LEN] = "";
 	int ret = 0;
 
-#define BAD(...) do { snprintf(what, sizeof(what), __VA_ARGS__); goto bad; } while (0)
 	if (get32(&b) != MIG_MAGIC || get32(&b) != MIG_VERSION || get32(&b) != part || get64(&b) != epoch)
 		return rps__seterr(-EBADMSG, "partition %u: not the image of this move", part);
 	nt = get32(&b);
 	/* every tensor takes at least its name, spec and count */
-	if (b.bad || nt > (b.len - b.off) / (RPS__NAME_MAX + sizeof(struct rps__tensor_spec) + 4))
-		BAD("%u tensors cannot fit the image", nt);
+	if (b.bad || nt > (b.len - b.off) / (RPS__NAME_MAX + sizeof(struct rps__tensor_spec) + 4)) {
+		snprintf(what, sizeof(what), "%u tensors cannot fit the image", nt);
+		ret = -EBADMSG;
+		goto out;
+	}
 	its = calloc(nt ? nt : 1, sizeof(*its));
 	if (!its)
 		return rps__seterr(-ENOMEM, "partition %u: out of memory checking its image", part);
-	for (i = 0; i < nt; i++) {
-		struct img_tensor *it = &its[i];
-		const struct rps__tensor_spec *sp;
-		struct tensor *t;
-		bool sync, bounded;
-		size_t nstate;
-
-		it->name = get(&b, RPS__NAME_MAX);
-		sp = get(&b, sizeof(*sp));
-		if (!it->name || !sp)
-			BAD("truncated in tensor %u of %u", i + 1, nt);
-		if (!memchr(it->name, '\0', RPS__NAME_MAX) || !it->name[0])
-			BAD("tensor %u has no valid name", i + 1);
-		for (k = 0; k < i; k++)
-			if (!strcmp(its[k].name, it->name))
-				BAD("tensor '%s' comes twice", it->name);
-		memcpy(&it->spec, sp, sizeof(it->spec));
-		t = rps__srv_tensor_by_name(srv, it->name);
-		if (t) {
-			if (memcmp(&t->spec, &it->spec, sizeof(it->spec)))
-				BAD("tensor '%s' exists here with other options", it->name);
-			it->layout = t->layout;
-		} else if (rps__srv_spec_valid(srv, it->name, &it->spec, &it->layout)) {
-			BAD("%s", rps__errbuf());
+	for (i = 0; i < nt && !ret; i++)
+		ret = check_tensor(srv, &b, its, i, nt, part, what);
+	if (!ret) {
+		np = get32(&b);
+		if (b.bad || np > (b.len - b.off) / (RPS__NAME_MAX + 4 + 8 + 4 + 8)) {
+			snprintf(what, sizeof(what), "%u parked pushes cannot fit the image", np);
+			ret = -EBADMSG;
 		}
-		sync = it->spec.mode == RPS_MODE_SYNC;
-		bounded = it->spec.mode == RPS_MODE_BOUNDED;
-		it->nsh = get32(&b);
-		if (b.bad || it->nsh != rps__part_nshards(&it->layout, part))
-			BAD("tensor '%s' has %u shards in the partition, this server expects %u", it->name, it->nsh,
-			    rps__part_nshards(&it->layout, part));
-		it->steps = calloc(it->nsh ? it->nsh : 1, sizeof(*it->steps));
-		if (!it->steps) {
-			ret = rps__seterr(-ENOMEM, "partition %u: out of memory checking its image", part);
-			goto out;
-		}
-		for (j = 0; j < it->nsh; j++) {
-			uint32_t index = get32(&b), ready, next_rank, elems, ndd;
-			uint64_t step = get64(&b), min_clock = get64(&b), lockv = get64(&b);
-			const struct dedup *dd;
-			(void)min_clock;
-			ready = get32(&b);
-			next_rank = get32(&b);
-			elems = get32(&b);
-			if (b.bad)
-				BAD("truncated in tensor '%s' shard %u", it->name, j);
-			if (index != rps__part_shard(&it->layout, part, j))
-				BAD("tensor '%s': shard %u where shard %u of the partition belongs", it->name, index,
-				    rps__part_shard(&it->layout, part, j));
-			/* the published seq is step * 2, the lock word keeps 48 bits of version */
-			if (step > (UINT64_MAX >> 2) || lockv >= (1ull << 48) - 1)
-				BAD("tensor '%s' shard %u: version %llu / lock version %llu out of range", it->name,
-				    index, (unsigned long long)step, (unsigned long long)lockv);
-			if (ready > 1)
-				BAD("tensor '%s' shard %u: ready flag %u", it->name, index, ready);
-			if (sync ? next_rank >= (uint32_t)it->spec.num_workers : next_rank != 0)
-				BAD("tensor '%s' shard %u: next rank %u (%d workers)", it->name, index, next_rank,
-				    it->spec.num_workers);
-			if (elems != rps__shard_elems(&it->layout, index))
-				BAD("tensor '%s' shard %u: %u elements, the shard has %u", it->name, index, elems,
-				    rps__shard_elems(&it->layout, index));
-			it->steps[j] = step;
-			nstate = rps__optim_state_len((enum rps_optimizer)it->spec.optimizer, elems);
-			if (!get(&b, (size_t)elems * 4) || (nstate && !get(&b, nstate * 4)) ||
-			    (sync && !get(&b, (size_t)elems * 4)))
-				BAD("tensor '%s' shard %u: truncated in its values", it->name, index);
-			if (bounded) {
-				const uint64_t *clocks = get(&b, (size_t)it->spec.num_workers * 8);
-				uint64_t lo = UINT64_MAX, c;
-				if (!clocks)
-					BAD("tensor '%s' shard %u: truncated in its clocks", it->name, index);
-				for (k = 0; k < (uint32_t)it->spec.num_workers; k++) {
-					memcpy(&c, &clocks[k], 8);
-					lo = RPS__MIN(lo, c);
-				}
-				if (lo != min_clock)
-					BAD("tensor '%s' shard %u: minimum clock %llu, its clocks say %llu", it->name,
-					    index, (unsigned long long)min_clock, (unsigned long long)lo);
-			}
-			ndd = get32(&b);
-			if (b.bad || ndd > (b.len - b.off) / sizeof(*dd) || ndd > 1u << 20)
-				BAD("tensor '%s' shard %u: %u applied-push sets cannot fit the image", it->name, index, ndd);
-			dd = get(&b, (size_t)ndd * sizeof(*dd));
-			for (k = 0; k < ndd; k++) {
-				struct dedup d;
-				memcpy(&d, &dd[k], sizeof(d));
-				if (d.next >= DEDUP_IDS)
-					BAD("tensor '%s' shard %u: applied-push set %u is malformed", it->name, index, k);
-			}
-		}
+		for (i = 0; i < np && !ret; i++)
+			ret = check_parked(&b, its, nt, part, i, np, what);
 	}
-	np = get32(&b);
-	if (b.bad || np > (b.len - b.off) / (RPS__NAME_MAX + 4 + 8 + 4 + 8))
-		BAD("%u parked pushes cannot fit the image", np);
-	for (i = 0; i < np; i++) {
-		const char *name = get(&b, RPS__NAME_MAX);
-		uint32_t shard = get32(&b), rank;
-		uint64_t clock = get64(&b), nbytes, want;
-		struct img_tensor *it = NULL;
-		rank = get32(&b);
-		nbytes = get64(&b);
-		if (b.bad || !memchr(name, '\0', RPS__NAME_MAX))
-			BAD("truncated in parked push %u of %u", i + 1, np);
-		for (k = 0; k < nt && !it; k++)
-			if (!strcmp(its[k].name, name))
-				it = &its[k];
-		if (!it)
-			BAD("parked push %u: tensor '%s' is not in the partition", i + 1, name);
-		if (it->spec.mode != RPS_MODE_SYNC)
-			BAD("parked push %u: tensor '%s' is not in sync mode", i + 1, it->name);
-		if (shard >= it->layout.nshards || rps__shard_server(&it->layout, shard) != part)
-			BAD("parked push %u: tensor '%s' shard %u is not in the partition", i + 1, it->name, shard);
-		want = (uint64_t)rps__shard_elems(&it->layout, shard) * rps__dtype_size((enum rps_dtype)it->spec.dtype);
-		if (nbytes != want)
-			BAD("parked push %u: %llu bytes for tensor '%s' shard %u, which takes %llu", i + 1,
-			    (unsigned long long)nbytes, it->name, shard, (unsigned long long)want);
-		if (rank >= (uint32_t)it->spec.num_workers)
-			BAD("parked push %u: rank %u of %d workers", i + 1, rank, it->spec.num_workers);
-		if (clock < it->steps[rps__shard_local_index(&it->layout, shard)] || clock == UINT64_MAX)
-			BAD("parked push %u: clock %llu of tensor '%s' shard %u is not ahead of its version", i + 1,
-			    (unsigned long long)clock, it->name, shard);
-		if (!get(&b, nbytes))
-			BAD("parked push %u: truncated in its data", i + 1);
+	if (!ret && b.off != b.len) {
+		snprintf(what, sizeof(what), "%zu bytes after its end", b.len - b.off);
+		ret = -EBADMSG;
 	}
-	if (b.off != b.len)
-		BAD("%zu bytes after its end", b.len - b.off);
-	goto out;
-#undef BAD
-bad:
-	why = what;
-	ret = rps__seterr(-EBADMSG, "partition %u: image refused, nothing installed: %s (at byte %zu of %zu)", part,
-			  why, b.off, b.len);
 out:
+	if (ret == -EBADMSG)
+		ret = rps__seterr(-EBADMSG, "partition %u: image refused, nothing installed: %s (at byte %zu of %zu)",
+				  part, what, b.off, b.len);
 	img_tensors_free(its, nt);
 	return ret;
 }
+#undef BAD
 
 /* Install an image READ from the old owner: tensors it does not know yet
  * come with it.  The regions are filled before they are registered.  The
