@@ -40,7 +40,7 @@ struct conn {
 	unsigned last_type;
 	uint64_t last_req_id;
 	int32_t last_status;
-	char last_body[1024];
+	_Alignas(8) char last_body[1024];	/* (replies are read as their structs) */
 	size_t last_len;
 	unsigned nreplies;
 	/* conn_read */
