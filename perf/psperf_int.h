@@ -174,7 +174,7 @@ struct baseline;
 /* ---- local servers ------------------------------------------------------- */
 
 struct lserver {
-	struct rps__server *srv;
+	struct rps__daemon *srv;
 	pthread_t thread;
 	bool started;
 	int ret;

@@ -6,6 +6,7 @@
  */
 #include "config.h"
 #include "psperf_int.h"
+#include "control/daemon.h"
 #include "server/server.h"
 #include "transport/uri.h"
 
@@ -24,7 +25,7 @@ static void *server_main(void *arg)
 {
 	struct lserver *s = arg;
 
-	s->ret = rps__server_run(s->srv);
+	s->ret = rps__daemon_run(s->srv);
 	if (s->ret)
 		snprintf(s->err, sizeof(s->err), "%s", rps__errbuf());
 	return NULL;
@@ -37,7 +38,7 @@ static void cluster_stop(void *arg)
 
 	for (i = 0; i < c->n; i++)
 		if (c->s[i].started)
-			rps__server_stop(c->s[i].srv);
+			rps__daemon_stop(c->s[i].srv);
 }
 
 /* Stop, join and destroy every server (idempotent).  Destroying closes
@@ -51,7 +52,7 @@ void psperf_cluster_destroy(void *arg)
 	for (i = 0; i < c->n; i++) {
 		if (c->s[i].started)
 			pthread_join(c->s[i].thread, NULL);
-		rps__server_destroy(c->s[i].srv);
+		rps__daemon_destroy(c->s[i].srv);
 		c->s[i].srv = NULL;
 		c->s[i].started = false;
 	}
@@ -120,14 +121,14 @@ int psperf_cluster_start(struct run *r, struct lcluster *c, int nservers, char *
 				cfg.listen.port = u[i].port;
 			free(u);
 		}
-		ret = rps__server_create(&cfg, &c->s[i].srv);
+		ret = rps__daemon_create(&cfg, &c->s[i].srv);
 		if (ret) {
 			fprintf(stderr, "psperf: starting server %d on %s://%s: %s\n", i, scheme, r->addr, rps__errbuf());
 			return ret;
 		}
 		c->n = i + 1;
 		if (!r->device[0])
-			snprintf(r->device, sizeof(r->device), "%s", rps__server_fabric_name(c->s[i].srv));
+			snprintf(r->device, sizeof(r->device), "%s", rps__daemon_fabric_name(c->s[i].srv));
 		ret = pthread_create(&c->s[i].thread, NULL, server_main, &c->s[i]);
 		if (ret) {
 			fprintf(stderr, "psperf: pthread_create: %s\n", strerror(ret));
@@ -136,7 +137,7 @@ int psperf_cluster_start(struct run *r, struct lcluster *c, int nservers, char *
 		c->s[i].started = true;
 	}
 	if (nservers == 1)
-		snprintf(list, listlen, "%s://%s:%u", scheme, r->addr, rps__server_port(c->s[0].srv));
+		snprintf(list, listlen, "%s://%s:%u", scheme, r->addr, rps__daemon_port(c->s[0].srv));
 	return 0;
 }
 
@@ -169,7 +170,7 @@ int psperf_run_local_cluster(struct run *r)
 
 /* ---- --server -------------------------------------------------------------------------------------------- */
 
-static struct rps__server *the_server;
+static struct rps__daemon *the_server;
 static volatile sig_atomic_t server_stopping;
 
 static void on_signal(int sig)
@@ -177,7 +178,7 @@ static void on_signal(int sig)
 	(void)sig;
 	server_stopping = 1;
 	if (the_server)
-		rps__server_stop(the_server);
+		rps__daemon_stop(the_server);
 }
 
 struct rawt_peer_thread {
@@ -282,7 +283,7 @@ int psperf_role_server(struct opts *o)
 	cfg.nslots = o->slots;
 	cfg.spin_us = o->spin_us;
 	cfg.fsync_none = o->fsync_none;
-	ret = rps__server_create(&cfg, &the_server);
+	ret = rps__daemon_create(&cfg, &the_server);
 	if (ret) {
 		fprintf(stderr, "psperf: --server: %s\n", rps__errbuf());
 		return 1;
@@ -291,21 +292,21 @@ int psperf_role_server(struct opts *o)
 	sa.sa_handler = on_signal;
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
-	cfg.listen.port = rps__server_port(the_server);
+	cfg.listen.port = rps__daemon_port(the_server);
 	if (o->baseline && start_responders(o, &cfg.listen, &sp, &tp, &s_ok, &t_ok)) {
 		stop_responders(&sp, &tp, s_ok, t_ok);
-		rps__server_destroy(the_server);
+		rps__daemon_destroy(the_server);
 		return 1;
 	}
 	printf("psperf %s: serving on %s (device %s)%s; SIGINT or SIGTERM stops\n", PACKAGE_VERSION,
-	       rps__uri_str(&cfg.listen, uri, sizeof(uri)), rps__server_fabric_name(the_server),
+	       rps__uri_str(&cfg.listen, uri, sizeof(uri)), rps__daemon_fabric_name(the_server),
 	       o->baseline ? ", baseline responders on ports +1 (socket) and +2 (transport)" : "");
 	fflush(stdout);
-	ret = rps__server_run(the_server);
+	ret = rps__daemon_run(the_server);
 	if (ret)
 		fprintf(stderr, "psperf: --server: %s\n", rps__errbuf());
 	stop_responders(&sp, &tp, s_ok, t_ok);
-	rps__server_destroy(the_server);
+	rps__daemon_destroy(the_server);
 	the_server = NULL;
 	return ret ? 1 : 0;
 }

@@ -10,6 +10,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "control/daemon.h"
 #include "server/server.h"
 
 #include <CUnit/Basic.h>
@@ -128,13 +129,13 @@ static void test_version_matches_header_and_configure(void)
 
 /* ---- rps_tensor_info against an in-process server ------------------------ */
 
-static struct rps__server *srv;
+static struct rps__daemon *srv;
 static pthread_t srv_thread;
 static int srv_running;
 
 static void *serve(void *arg)
 {
-	return (void *)(intptr_t)rps__server_run(arg);
+	return (void *)(intptr_t)rps__daemon_run(arg);
 }
 
 static int suite_server_init(void)
@@ -147,7 +148,7 @@ static int suite_server_init(void)
 	cfg.shard_bytes = 1024;
 	cfg.fsync_none = 1;
 	cfg.no_pin = 1;
-	if (rps__server_create(&cfg, &srv)) {
+	if (rps__daemon_create(&cfg, &srv)) {
 		fprintf(stderr, "test_abi: %s\n", rps__errbuf());
 		return -1;
 	}
@@ -160,10 +161,10 @@ static int suite_server_init(void)
 static int suite_server_fini(void)
 {
 	if (srv_running) {
-		rps__server_stop(srv);
+		rps__daemon_stop(srv);
 		pthread_join(srv_thread, NULL);
 	}
-	rps__server_destroy(srv);
+	rps__daemon_destroy(srv);
 	srv = NULL;
 	return 0;
 }
@@ -179,7 +180,7 @@ static void test_tensor_info_writes_at_most_callers_size(void)
 	struct guarded g;
 	char servers[64];
 
-	snprintf(servers, sizeof(servers), "tcp://127.0.0.1:%u", (unsigned)rps__server_port(srv));
+	snprintf(servers, sizeof(servers), "tcp://127.0.0.1:%u", (unsigned)rps__daemon_port(srv));
 	rps_client_opts_init(&co);
 	co.servers = servers;
 	co.timeout_ms = 10000;

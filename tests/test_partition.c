@@ -1,6 +1,6 @@
 /*
  * test_partition.c - unit tests of the partition image a move ships: an
- * in-process server (one member, TCP on loopback, nothing served) builds
+ * in-process data plane (TCP on loopback, nothing served) builds
  * the image of one of its partitions, a field is made bad, and installing
  * it as a move's destination would must refuse it whole and change
  * nothing.  Before the validation pass, a parked push that did not fit its
@@ -25,6 +25,18 @@
 
 static struct rps__server *srv;
 
+/* What the control plane of a one-member cluster tells its data plane:
+ * NPART partitions, every one of them served here. */
+static void serve_all(void)
+{
+	const struct rps__dp_ops *dp = rps__dataplane_ops();
+	uint32_t p;
+
+	dp->set_map(srv, NPART, 1);
+	for (p = 0; p < NPART; p++)
+		dp->part_set(srv, p, &(struct rps__dp_part){ .epoch = 1, .map_epoch = 1, .serving = true });
+}
+
 static int suite_init(void)
 {
 	struct rps__server_config cfg;
@@ -40,6 +52,7 @@ static int suite_init(void)
 		fprintf(stderr, "test_partition: %s\n", rps__errbuf());
 		return -1;
 	}
+	serve_all();
 	return 0;
 }
 
@@ -152,10 +165,10 @@ static int ship_and_install(void)
 	size_t len = 0;
 	int ret;
 
-	CU_ASSERT_EQUAL_FATAL(rps__cp_image_build(srv, 0, &img, &len), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__srv_image_build(srv, 0, srv->parts[0].epoch, &img, &len), 0);
 	unpark_all();
 	snap(&b);
-	ret = rps__cp_image_install(srv, 0, srv->parts[0].epoch, img, len);
+	ret = rps__srv_image_install(srv, 0, srv->parts[0].epoch, img, len);
 	if (ret)
 		assert_unchanged(&b);
 	else
@@ -231,7 +244,7 @@ static void test_install_refuses_mutated_fields(void)
 	if (!t)
 		t = tensor_new("sync1", RPS_MODE_SYNC, 2);
 	park_one(t, 0, 1, (size_t)t->shards[rps__part_shard(&t->layout, 0, 0)].elems * 4);
-	CU_ASSERT_EQUAL_FATAL(rps__cp_image_build(srv, 0, &img, &len), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__srv_image_build(srv, 0, srv->parts[0].epoch, &img, &len), 0);
 	unpark_all();
 	m = malloc(len);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(m);
@@ -242,7 +255,7 @@ static void test_install_refuses_mutated_fields(void)
 		memcpy(m, img, len);
 		m[i] ^= 0x80;
 		snap(&b);
-		ret = rps__cp_image_install(srv, 0, srv->parts[0].epoch, m, len);
+		ret = rps__srv_image_install(srv, 0, srv->parts[0].epoch, m, len);
 		if (ret) {
 			CU_ASSERT_EQUAL(ret, -EBADMSG);
 			assert_unchanged(&b);
@@ -256,7 +269,7 @@ static void test_install_refuses_mutated_fields(void)
 	for (i = 0; i < len; i += 97) {
 		struct before b;
 		snap(&b);
-		CU_ASSERT_EQUAL(rps__cp_image_install(srv, 0, srv->parts[0].epoch, img, i), -EBADMSG);
+		CU_ASSERT_EQUAL(rps__srv_image_install(srv, 0, srv->parts[0].epoch, img, i), -EBADMSG);
 		assert_unchanged(&b);
 	}
 	CU_ASSERT(refused > 0);

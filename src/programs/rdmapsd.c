@@ -1,12 +1,14 @@
 /*
- * rdmapsd.c - the rdmaps server daemon: parses options, runs the server core
- * (server.c) until SIGTERM or SIGINT, and shuts down cleanly.
+ * rdmapsd.c - the rdmaps server daemon: parses options, runs a server node
+ * (control/daemon.h: the data plane and the control plane) until SIGTERM or
+ * SIGINT, and shuts down cleanly.
  */
 #include "config.h"
 #include "common/common.h"
+#include "control/daemon.h"
 #include "server/server.h"
-#include "server/server_int.h"
 #include "common/parse.h"
+#include "proto/smap.h"
 #include "transport/uri.h"
 
 #include <errno.h>
@@ -18,18 +20,18 @@
 #include <strings.h>
 #include <time.h>
 
-static struct rps__server *the_server;
+static struct rps__daemon *the_server;
 
 static void on_signal(int sig)
 {
 	(void)sig;
 	if (the_server)
-		rps__server_stop(the_server);
+		rps__daemon_stop(the_server);
 }
 
 static void on_isolate(int sig)
 {
-	rps__cp_isolated = sig == SIGUSR1;
+	rps__daemon_isolate(sig == SIGUSR1);
 }
 
 static void usage(FILE *f)
@@ -114,12 +116,163 @@ static void server_destroy(void)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigprocmask(SIG_BLOCK, &set, NULL);
-	rps__server_destroy(the_server);
+	rps__daemon_destroy(the_server);
 	the_server = NULL;
 	exit_delay();
 }
 
-int main(int argc, char **argv)
+/* What the command line asks for. */
+struct opts {
+	struct rps__server_config cfg;
+	const char *port_file, *restore_dir, *mem_arg;
+	int show_topology;
+};
+
+/* One option: -1 to go on, or the exit status (0 after --help/--version,
+ * 2 for a bad value). */
+static int parse_one(int c, struct opts *o)
+{
+	struct rps__server_config *cfg = &o->cfg;
+	size_t sz;
+	uint32_t u;
+
+	switch (c) {
+	case 'l':
+		if (rps__uri_parse(optarg, &cfg->listen)) {
+			fprintf(stderr, "rdmapsd: --listen: %s\n", rps__errbuf());
+			return 2;
+		}
+		break;
+	case 'c':
+		cfg->cluster = optarg;
+		break;
+	case 'd':
+		cfg->data_dir = optarg;
+		break;
+	case 10:
+		if (!strcmp(optarg, "always")) {
+			cfg->fsync_none = 0;
+		} else if (!strcmp(optarg, "none")) {
+			cfg->fsync_none = 1;
+		} else {
+			fprintf(stderr, "rdmapsd: --fsync: '%s': say always or none\n", optarg);
+			return 2;
+		}
+		break;
+	case 11:
+		if (opt_u32("--partitions", optarg, 1, 256, &cfg->npart))
+			return 2;
+		break;
+	case 12:
+		if (opt_u32("--join", optarg, 1, UINT32_MAX, &u))
+			return 2;
+		cfg->join_id = u;
+		break;
+	case 13:
+		if (opt_u32("--tick-ms", optarg, 1, 60000, &cfg->tick_ms))
+			return 2;
+		break;
+	case 14:
+		if (opt_u32("--election-ticks", optarg, 3, 100000, &cfg->election_ticks))
+			return 2;
+		break;
+	case 15:
+		if (opt_u32("--move-timeout-ms", optarg, 1, 86400000, &cfg->move_timeout_ms))
+			return 2;
+		break;
+	case 16:
+		o->restore_dir = optarg;
+		break;
+	case 'i':
+		if (opt_u32("--index", optarg, 0, RPS__SMAP_MAX_MEMBERS - 1, &u))
+			return 2;
+		cfg->index = (int)u;
+		break;
+	case 's':
+		if (opt_size("--shard-size", optarg, 64, 1u << 30, &sz))
+			return 2;
+		if (sz % 4) {
+			fprintf(stderr, "rdmapsd: --shard-size '%s': must be a multiple of 4 (fp32 elements)\n",
+				optarg);
+			return 2;
+		}
+		cfg->shard_bytes = (uint32_t)sz;
+		break;
+	case 'S':
+		if (opt_u32("--slots", optarg, 1, 64, &cfg->nslots))
+			return 2;
+		break;
+	case 'L':
+		if (opt_u32("--lease-ms", optarg, 1, 86400000, &cfg->lease_ms))
+			return 2;
+		break;
+	case 'm':
+		if (opt_size("--memory-limit", optarg, 1, RPS__SERVER_MEM_MAX, &cfg->mem_limit))
+			return 2;
+		o->mem_arg = optarg;
+		break;
+	case 'C':
+		if (opt_u32("--max-connections", optarg, 1, RPS__SERVER_CONNS_MAX, &cfg->max_conns))
+			return 2;
+		break;
+	case 8:
+		if (opt_u32("--idle-timeout-ms", optarg, 0, 86400000, &cfg->idle_timeout_ms))
+			return 2;
+		break;
+	case 7:
+		if (opt_size("--park-limit", optarg, 0, RPS__SERVER_MEM_MAX, &cfg->park_limit))
+			return 2;
+		break;
+	case 1:
+		if (opt_u32("--spin-us", optarg, 0, RPS__SERVER_SPIN_US_MAX, &u))
+			return 2;
+		cfg->spin_us = (int)u;
+		break;
+	case 2:
+		if (opt_u32("--numa-node", optarg, 0, 4095, &u))
+			return 2;
+		cfg->numa_node = (int)u;
+		break;
+	case 3:
+		cfg->cpus = optarg;
+		break;
+	case 4:
+		cfg->no_pin = 1;
+		break;
+	case 5:
+		o->show_topology = 1;
+		break;
+	case 6:
+		cfg->topology = optarg;
+		break;
+	case 'p':
+		o->port_file = optarg;
+		break;
+	case 'v':
+		if (!strcasecmp(optarg, "error")) rps__log_level = RPS__LOG_ERROR;
+		else if (!strcasecmp(optarg, "warn")) rps__log_level = RPS__LOG_WARN;
+		else if (!strcasecmp(optarg, "info")) rps__log_level = RPS__LOG_INFO;
+		else if (!strcasecmp(optarg, "debug")) rps__log_level = RPS__LOG_DEBUG;
+		else {
+			fprintf(stderr, "rdmapsd: --log-level: say error, warn, info or debug\n");
+			return 2;
+		}
+		break;
+	case 'h':
+		usage(stdout);
+		return 0;
+	case 'V':
+		printf("rdmapsd %s\n", PACKAGE_VERSION);
+		return 0;
+	default:
+		usage(stderr);
+		return 2;
+	}
+	return -1;
+}
+
+/* The command line: -1 to go on, or the exit status. */
+static int parse_options(int argc, char **argv, struct opts *o)
 {
 	static const struct option longopts[] = {
 		{ "listen", required_argument, NULL, 'l' },
@@ -152,185 +305,41 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct rps__server_config cfg;
-	const char *port_file = NULL, *restore_dir = NULL, *mem_arg = NULL;
-	int show_topology = 0;
-	struct sigaction sa;
-	char uri[300];
-	size_t sz;
-	uint32_t u;
 	int c, ret;
 
-	rps__server_config_init(&cfg);
+	memset(o, 0, sizeof(*o));
+	rps__server_config_init(&o->cfg);
 	rps__log_level = RPS__LOG_INFO;
 	while ((c = getopt_long(argc, argv, "l:c:i:s:S:L:m:C:p:d:v:hV", longopts, NULL)) != -1) {
-		switch (c) {
-		case 'l':
-			if (rps__uri_parse(optarg, &cfg.listen)) {
-				fprintf(stderr, "rdmapsd: --listen: %s\n", rps__errbuf());
-				return 2;
-			}
-			break;
-		case 'c':
-			cfg.cluster = optarg;
-			break;
-		case 'd':
-			cfg.data_dir = optarg;
-			break;
-		case 10:
-			if (!strcmp(optarg, "always")) {
-				cfg.fsync_none = 0;
-			} else if (!strcmp(optarg, "none")) {
-				cfg.fsync_none = 1;
-			} else {
-				fprintf(stderr, "rdmapsd: --fsync: '%s': say always or none\n", optarg);
-				return 2;
-			}
-			break;
-		case 11:
-			if (opt_u32("--partitions", optarg, 1, 256, &cfg.npart))
-				return 2;
-			break;
-		case 12:
-			if (opt_u32("--join", optarg, 1, UINT32_MAX, &u))
-				return 2;
-			cfg.join_id = u;
-			break;
-		case 13:
-			if (opt_u32("--tick-ms", optarg, 1, 60000, &cfg.tick_ms))
-				return 2;
-			break;
-		case 14:
-			if (opt_u32("--election-ticks", optarg, 3, 100000, &cfg.election_ticks))
-				return 2;
-			break;
-		case 15:
-			if (opt_u32("--move-timeout-ms", optarg, 1, 86400000, &cfg.move_timeout_ms))
-				return 2;
-			break;
-		case 16:
-			restore_dir = optarg;
-			break;
-		case 'i':
-			if (opt_u32("--index", optarg, 0, RPS__SMAP_MAX_MEMBERS - 1, &u))
-				return 2;
-			cfg.index = (int)u;
-			break;
-		case 's':
-			if (opt_size("--shard-size", optarg, 64, 1u << 30, &sz))
-				return 2;
-			if (sz % 4) {
-				fprintf(stderr, "rdmapsd: --shard-size '%s': must be a multiple of 4 (fp32 elements)\n",
-					optarg);
-				return 2;
-			}
-			cfg.shard_bytes = (uint32_t)sz;
-			break;
-		case 'S':
-			if (opt_u32("--slots", optarg, 1, 64, &cfg.nslots))
-				return 2;
-			break;
-		case 'L':
-			if (opt_u32("--lease-ms", optarg, 1, 86400000, &cfg.lease_ms))
-				return 2;
-			break;
-		case 'm':
-			if (opt_size("--memory-limit", optarg, 1, RPS__SERVER_MEM_MAX, &cfg.mem_limit))
-				return 2;
-			mem_arg = optarg;
-			break;
-		case 'C':
-			if (opt_u32("--max-connections", optarg, 1, RPS__SERVER_CONNS_MAX, &cfg.max_conns))
-				return 2;
-			break;
-		case 8:
-			if (opt_u32("--idle-timeout-ms", optarg, 0, 86400000, &cfg.idle_timeout_ms))
-				return 2;
-			break;
-		case 7:
-			if (opt_size("--park-limit", optarg, 0, RPS__SERVER_MEM_MAX, &cfg.park_limit))
-				return 2;
-			break;
-		case 1:
-			if (opt_u32("--spin-us", optarg, 0, RPS__SERVER_SPIN_US_MAX, &u))
-				return 2;
-			cfg.spin_us = (int)u;
-			break;
-		case 2:
-			if (opt_u32("--numa-node", optarg, 0, 4095, &u))
-				return 2;
-			cfg.numa_node = (int)u;
-			break;
-		case 3:
-			cfg.cpus = optarg;
-			break;
-		case 4:
-			cfg.no_pin = 1;
-			break;
-		case 5:
-			show_topology = 1;
-			break;
-		case 6:
-			cfg.topology = optarg;
-			break;
-		case 'p':
-			port_file = optarg;
-			break;
-		case 'v':
-			if (!strcasecmp(optarg, "error")) rps__log_level = RPS__LOG_ERROR;
-			else if (!strcasecmp(optarg, "warn")) rps__log_level = RPS__LOG_WARN;
-			else if (!strcasecmp(optarg, "info")) rps__log_level = RPS__LOG_INFO;
-			else if (!strcasecmp(optarg, "debug")) rps__log_level = RPS__LOG_DEBUG;
-			else {
-				fprintf(stderr, "rdmapsd: --log-level: say error, warn, info or debug\n");
-				return 2;
-			}
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case 'V':
-			printf("rdmapsd %s\n", PACKAGE_VERSION);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
+		ret = parse_one(c, o);
+		if (ret >= 0)
+			return ret;
 	}
 	if (optind < argc) {
 		fprintf(stderr, "rdmapsd: unexpected argument '%s'\n", argv[optind]);
 		usage(stderr);
 		return 2;
 	}
+	return -1;
+}
 
-	if (cfg.mem_limit && cfg.mem_limit < rps__server_min_memory(&cfg)) {
+/* What the options mean together: -1 to go on, or the exit status. */
+static int validate(const struct opts *o)
+{
+	if (o->cfg.mem_limit && o->cfg.mem_limit < rps__server_min_memory(&o->cfg)) {
 		char need[24];
 		fprintf(stderr, "rdmapsd: --memory-limit '%s': below the %s bytes that one worker connection "
-			"(--slots x --shard-size) and one shard need: raise it\n", mem_arg,
-			rps__size_str(rps__server_min_memory(&cfg), need, sizeof(need)));
+			"(--slots x --shard-size) and one shard need: raise it\n", o->mem_arg,
+			rps__size_str(rps__server_min_memory(&o->cfg), need, sizeof(need)));
 		return 2;
 	}
-	if (show_topology) {
-		ret = rps__server_show_topology(&cfg, stdout);
-		if (ret)
-			fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
-		return ret ? 1 : 0;
-	}
-	ret = rps__server_create(&cfg, &the_server);
-	if (ret) {
-		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
-		return 1;
-	}
-	if (restore_dir) {
-		uint32_t installed;
-		uint64_t seen, bytes;
-		ret = rps__ck_restore(the_server, restore_dir, &installed, &seen, &bytes);
-		if (ret) {
-			fprintf(stderr, "rdmapsd: --restore %s: %s\n", restore_dir, rps__errbuf());
-			server_destroy();
-			return 1;
-		}
-	}
+	return -1;
+}
+
+static void install_signals(void)
+{
+	struct sigaction sa;
+
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
 	sigaction(SIGTERM, &sa, NULL);
@@ -341,23 +350,62 @@ int main(int argc, char **argv)
 		sigaction(SIGUSR1, &sa, NULL);
 		sigaction(SIGUSR2, &sa, NULL);
 	}
+}
 
-	cfg.listen.port = rps__server_port(the_server);
+/* Say where we serve, and write --port-file: 0, or -1 (said why). */
+static int announce(struct opts *o)
+{
+	char uri[300];
+
+	o->cfg.listen.port = rps__daemon_port(the_server);
 	rps__log(RPS__LOG_INFO, "rdmapsd %s serving on %s (device %s), shards of %u bytes, %u staging slots per worker",
-		 PACKAGE_VERSION, rps__uri_str(&cfg.listen, uri, sizeof(uri)),
-		 rps__server_fabric_name(the_server), cfg.shard_bytes, cfg.nslots);
-	if (port_file) {
+		 PACKAGE_VERSION, rps__uri_str(&o->cfg.listen, uri, sizeof(uri)),
+		 rps__daemon_fabric_name(the_server), o->cfg.shard_bytes, o->cfg.nslots);
+	if (o->port_file) {
 		char tmp[4096];
 		FILE *f;
-		snprintf(tmp, sizeof(tmp), "%s.tmp", port_file);
+		snprintf(tmp, sizeof(tmp), "%s.tmp", o->port_file);
 		f = fopen(tmp, "w");
-		if (!f || fprintf(f, "%u\n", cfg.listen.port) < 0 || fclose(f) || rename(tmp, port_file)) {
-			fprintf(stderr, "rdmapsd: writing --port-file %s: %s\n", port_file, strerror(errno));
-			server_destroy();
-			return 1;
+		if (!f || fprintf(f, "%u\n", o->cfg.listen.port) < 0 || fclose(f) || rename(tmp, o->port_file)) {
+			fprintf(stderr, "rdmapsd: writing --port-file %s: %s\n", o->port_file, strerror(errno));
+			return -1;
 		}
 	}
-	ret = rps__server_run(the_server);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	int ret;
+
+	ret = parse_options(argc, argv, &o);
+	if (ret < 0)
+		ret = validate(&o);
+	if (ret >= 0)
+		return ret;
+	if (o.show_topology) {
+		ret = rps__server_show_topology(&o.cfg, stdout);
+		if (ret)
+			fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+		return ret ? 1 : 0;
+	}
+	ret = rps__daemon_create(&o.cfg, &the_server);
+	if (ret) {
+		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
+		return 1;
+	}
+	if (o.restore_dir && (ret = rps__daemon_restore(the_server, o.restore_dir))) {
+		fprintf(stderr, "rdmapsd: --restore %s: %s\n", o.restore_dir, rps__errbuf());
+		server_destroy();
+		return 1;
+	}
+	install_signals();
+	if (announce(&o)) {
+		server_destroy();
+		return 1;
+	}
+	ret = rps__daemon_run(the_server);
 	if (ret)
 		fprintf(stderr, "rdmapsd: %s\n", rps__errbuf());
 	server_destroy();

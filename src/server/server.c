@@ -374,14 +374,14 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	}
 	local = d->shard;
 	s = &t->shards[local];
-	if (rps__cp_lost(srv, s->part)) {
+	if (rps__srv_part_lost(srv, s->part)) {
 		push_ack(c, slot, -ENODATA, 0, 0);
 		return CONSUMED;
 	}
 	/* Fencing: only the owner of the partition, under the epoch the map
 	 * gave it, takes pushes.  A refused push was not applied: the worker
 	 * refreshes its map and sends it to the new owner. */
-	if (!s->hdr || !rps__cp_serving(srv, s->part) || d->epoch != srv->parts[s->part].epoch) {
+	if (!s->hdr || !rps__srv_part_serving(srv, s->part) || d->epoch != srv->parts[s->part].epoch) {
 		uint64_t left = 0;
 		/* a lock this worker took before the fence: let go of it, or
 		 * fencing would wait for the lease */
@@ -559,7 +559,7 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	memcpy(p->data, (char *)d + RPS__PUSH_DESC_SIZE, d->nbytes);
 	p->t = t;
 	if (d->shard >= t->layout.nshards || !t->shards[d->shard].hdr ||
-	    !rps__cp_serving(srv, t->shards[d->shard].part))
+	    !rps__srv_part_serving(srv, t->shards[d->shard].part))
 		return -ENOSPC;
 	p->local = d->shard;
 	p->clock = d->clock;
@@ -693,7 +693,7 @@ int rps__srv_spec_valid(struct rps__server *srv, const char *name, const struct 
 	if (sp->count > UINT64_MAX - srv->shard_elems)
 		return rps__seterr(-EFBIG, "tensor '%s': %llu elements is beyond any layout", name,
 				   (unsigned long long)sp->count);
-	return rps__layout_init(l, name, sp->count, srv->shard_elems, srv->map.npart);
+	return rps__layout_init(l, name, sp->count, srv->shard_elems, srv->npart);
 }
 
 /* Know a tensor (its spec and layout) without holding any of its shards:
@@ -728,7 +728,7 @@ int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct 
 		rps__preerr(ret, "tensor '%s'", name);
 		goto err_free;
 	}
-	ret = rps__layout_init(&t->layout, name, sp->count, srv->shard_elems, srv->map.npart);
+	ret = rps__layout_init(&t->layout, name, sp->count, srv->shard_elems, srv->npart);
 	if (ret)
 		goto err_free;
 	t->stride = rps__shard_stride(srv->shard_elems);
@@ -736,7 +736,7 @@ int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct 
 	 * before allocating it, or one CREATE with a huge count could take
 	 * gigabytes past --memory-limit.  Without a limit, cap the table. */
 	meta = sizeof(*t) + (size_t)t->layout.nshards * sizeof(*t->shards) +
-	       (size_t)srv->map.npart * sizeof(*t->regions);
+	       (size_t)srv->npart * sizeof(*t->regions);
 	if (t->layout.nshards > RPS__TENSOR_SHARDS_MAX) {
 		ret = rps__seterr(-EFBIG, "tensor '%s': %llu elements make %u shards, more than %u: raise rdmapsd --shard-size",
 				  name, (unsigned long long)sp->count, t->layout.nshards, RPS__TENSOR_SHARDS_MAX);
@@ -749,7 +749,7 @@ int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct 
 	}
 	t->meta_charged = meta;
 	t->shards = calloc(t->layout.nshards, sizeof(*t->shards));
-	t->regions = calloc(srv->map.npart, sizeof(*t->regions));
+	t->regions = calloc(srv->npart, sizeof(*t->regions));
 	if (!t->shards || !t->regions) {
 		ret = rps__seterr(-ENOMEM, "tensor '%s': out of memory", name);
 		goto err_free;
@@ -812,7 +812,7 @@ int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t pa
 		s->params = (float *)((char *)s->hdr + RPS__SHARD_HDR_SIZE);
 		s->hdr->shard = s->index;
 		s->hdr->elems = s->elems;
-		s->hdr->epoch = srv->map.parts[part].epoch;
+		s->hdr->epoch = srv->parts[part].map_epoch;
 		s->ready = !has_init;
 		s->init_conn = s->ready ? NULL : init_conn;
 		s->hdr->seq = s->ready ? 0 : 1;	/* odd: not readable until INIT */
@@ -872,11 +872,11 @@ static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_i
 	rep.tensor_id = t->id;
 	rep.created = created;
 	rep.stride = t->stride;
-	rep.map_applied = srv->map.applied;
+	rep.map_applied = srv->map_applied;
 	rep.first = first;
 	for (p = 0; p < t->layout.nservers; p++) {
 		struct region *r = &t->regions[p];
-		if (!r->mr || !rps__cp_serving(srv, p))
+		if (!r->mr || !rps__srv_part_serving(srv, p))
 			continue;
 		if (k >= first && rep.nregions < RPS__CREATE_MAX_REGIONS) {
 			struct rps__region_ref *ref = &rep.regions[rep.nregions++];
@@ -921,11 +921,10 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 		 * (a spec with no layout is refused below, saying why) */
 		if (t)
 			l = t->layout;
-		else if (rps__layout_init(&l, req->name, req->spec.count, srv->shard_elems, srv->map.npart))
+		else if (rps__layout_init(&l, req->name, req->spec.count, srv->shard_elems, srv->npart))
 			l.nservers = 0;
-		for (p = 0; p < l.nservers && p < srv->map.npart; p++)
-			if (srv->map.parts[p].owner == srv->my_id && rps__cp_lost(srv, p) &&
-			    rps__part_nshards(&l, p)) {
+		for (p = 0; p < l.nservers && p < srv->npart; p++)
+			if (srv->parts[p].owned_lost && rps__part_nshards(&l, p)) {
 				rps__log(RPS__LOG_WARN, "create of '%s' from %s refused: partition %u is lost", req->name,
 					 rps__ep_peer(c->ep), p);
 				conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENODATA, NULL, 0);
@@ -952,8 +951,7 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 		goto err;
 	for (p = 0; p < t->layout.nservers; p++) {
 		/* and partitions on their way here: they come without this tensor */
-		if (!rps__cp_serving(srv, p) && srv->parts[p].st != PART_INCOMING &&
-		    srv->map.parts[p].moving_to != srv->my_id)
+		if (!rps__srv_part_serving(srv, p) && !srv->parts[p].incoming)
 			continue;
 		ret = rps__srv_region_alloc(srv, t, p, req->spec.flags & RPS__CREATE_HAS_INIT, c);
 		if (!ret)
@@ -997,7 +995,7 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	rep.version = RPS__PROTO_VERSION;
 	rep.member_id = srv->my_id;
 	rep.map_addr = (uint64_t)(uintptr_t)srv->mapbuf;
-	rep.map_rkey = rps__mr_rkey(srv->mapbuf_mr);
+	rep.map_rkey = srv->mapbuf_mr ? rps__mr_rkey(srv->mapbuf_mr) : 0;	/* (none: no layer above) */
 	rep.map_len = RPS__MAP_BUF;
 	rep.shard_elems = srv->shard_elems;
 	rep.nslots = srv->cfg.nslots;
@@ -1088,11 +1086,11 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 		return;
 	}
 	local = w->shard;
-	if (rps__cp_lost(srv, t->shards[local].part)) {
+	if (rps__srv_part_lost(srv, t->shards[local].part)) {
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -ENODATA, NULL, 0);
 		return;
 	}
-	if (!t->shards[local].hdr || !rps__cp_serving(srv, t->shards[local].part)) {
+	if (!t->shards[local].hdr || !rps__srv_part_serving(srv, t->shards[local].part)) {
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, RPS_ESTALE_EPOCH, NULL, 0);
 		return;
 	}
@@ -1177,7 +1175,10 @@ static void on_message(struct rps__server *srv, struct conn *c, void *buf, uint3
 	}
 	memcpy(&h, buf, sizeof(h));
 	if (c->role != CONN_WORKER) {
-		rps__cp_on_message(srv, c, &h, body, len - (uint32_t)sizeof(h));
+		if (srv->hooks.on_message)
+			srv->hooks.on_message(srv->hooks.ctx, c, &h, body, len - (uint32_t)sizeof(h));
+		else
+			conn_fail(c, "sent a message type it may not send");
 		return;
 	}
 	if (h.type == RPS__MSG_STATUS) {
@@ -1400,7 +1401,8 @@ static void conn_destroy(struct rps__server *srv, struct conn *c)
 
 	if (c->role == CONN_WORKER)
 		rps__log(RPS__LOG_INFO, "worker %s (rank %d) gone", rps__ep_peer(c->ep), c->rank);
-	rps__cp_on_conn_gone(srv, c);
+	if (srv->hooks.on_conn_gone)
+		srv->hooks.on_conn_gone(srv->hooks.ctx, c);
 	if (c->owner)
 		scan_locks(srv, c->owner);
 	for (i = 0; i < srv->nheld;) {
@@ -1497,8 +1499,12 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		why = "server full: raise rdmapsd --max-connections";
 	else if (priv.role == RPS__ROLE_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
 		why = "too many admin connections (16): close psctl sessions";
-	if (!why && priv.role == RPS__ROLE_PEER)
-		rps__cp_accept_peer(srv, priv.from_id, priv.to_id, &why);
+	if (!why && priv.role == RPS__ROLE_PEER) {
+		if (srv->hooks.accept_peer)
+			srv->hooks.accept_peer(srv->hooks.ctx, priv.from_id, priv.to_id, &why);
+		else
+			why = "this server takes no peers";
+	}
 	if (why) {
 		reject_with(req, why);
 		return;
@@ -1530,8 +1536,8 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		}
 	if (conn_table_add(srv, c))
 		goto err_free;
-	if (c->role == CONN_PEER)
-		rps__cp_peer_attached(srv, c);
+	if (c->role == CONN_PEER && srv->hooks.peer_attached)
+		srv->hooks.peer_attached(srv->hooks.ctx, c);
 	else
 		rps__log(c->role == CONN_WORKER ? RPS__LOG_INFO : RPS__LOG_DEBUG, "%s connected from %s",
 			 role_name(c), rps__ep_peer(c->ep));
@@ -1540,7 +1546,7 @@ err_free:
 	conn_free(srv, c);
 }
 
-/* cplane.c: an outgoing peer connection joins the table. */
+/* peer_dial: an outgoing peer connection joins the table. */
 int rps__srv_conn_attach(struct rps__server *srv, struct conn *c)
 {
 	uint32_t i;
@@ -1565,8 +1571,8 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 	if (!c)
 		return;
 	if (wc->status != RPS__WC_SUCCESS) {
-		if (kind == WRID_READ)
-			rps__cp_on_read_done(srv, c, false);
+		if (kind == WRID_READ && srv->hooks.on_read_done)
+			srv->hooks.on_read_done(srv->hooks.ctx, c, false, NULL);
 		if (!c->dead)
 			rps__log(RPS__LOG_INFO, "%s %s: %s", role_name(c), rps__ep_peer(c->ep),
 				 rps__wc_status_str(wc->status));
@@ -1576,12 +1582,13 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 	if (kind == WRID_SEND) {
 		if (idx < c->nsend)
 			c->sfree[c->nsfree++] = idx;
-		if (c->role == CONN_PEER)
-			rps__cp_on_send_done(srv, c);
+		if (c->role == CONN_PEER && srv->hooks.on_send_done)
+			srv->hooks.on_send_done(srv->hooks.ctx, c);
 		return;
 	}
 	if (kind == WRID_READ) {
-		rps__cp_on_read_done(srv, c, true);
+		if (srv->hooks.on_read_done)
+			srv->hooks.on_read_done(srv->hooks.ctx, c, true, c->rd_buf);
 		return;
 	}
 	if (kind != WRID_RECV || idx >= c->nrecv)
@@ -1640,6 +1647,7 @@ static void accept_pending(struct rps__server *srv)
 }
 
 #define LISTENER_CHECK_NS (250ull * 1000000ull)
+#define TIMERS_IDLE_MS 1000	/* no layer above: no timers of its own */
 
 int rps__server_run(struct rps__server *srv)
 {
@@ -1656,8 +1664,9 @@ int rps__server_run(struct rps__server *srv)
 	srv->next_lease_scan = rps__now_ns() + scan_every;
 	for (;;) {
 		struct pollfd pfd[3];
+		bool stop = false;
 		uint64_t now;
-		int n, i, timeout, cp_ms;
+		int n, i, timeout, cp_ms = TIMERS_IDLE_MS;
 
 		/* here, not only after poll(): busy completions or --spin-us
 		 * may keep the loop from sleeping for as long as they last */
@@ -1684,13 +1693,12 @@ int rps__server_run(struct rps__server *srv)
 				drop_idle_workers(srv, now);
 			next_listener_check = now + LISTENER_CHECK_NS;
 		}
-		cp_ms = rps__cp_run_timers(srv, now);
+		if (srv->hooks.run_timers)
+			cp_ms = srv->hooks.run_timers(srv->hooks.ctx, now, &stop);
 		if (cp_ms < 0)
 			return cp_ms;
-		if (srv->removed_at && now >= srv->removed_at) {
-			rps__log(RPS__LOG_INFO, "removed from the cluster: stopping");
+		if (stop)
 			return 0;
-		}
 		reap_dead(srv);
 		if (n > 0) {
 			idle_since = now;
@@ -1752,29 +1760,8 @@ const char *rps__server_fabric_name(const struct rps__server *srv)
 	return rps__fabric_name(srv->fab);
 }
 
-static int find_index(struct rps__server *srv)
+int rps__server_config_check(const struct rps__server_config *cfg)
 {
-	int i;
-
-	if (srv->cfg.index >= 0) {
-		if (srv->cfg.index >= srv->ncluster)
-			return rps__seterr(-EINVAL, "--index %d is outside the %d-server cluster list",
-					   srv->cfg.index, srv->ncluster);
-		return srv->cfg.index;
-	}
-	for (i = 0; i < srv->ncluster; i++)
-		if (!strcmp(srv->cluster[i].host, srv->cfg.listen.host) &&
-		    srv->cluster[i].port == srv->cfg.listen.port)
-			return i;
-	return rps__seterr(-EINVAL, "the listen address is not in the cluster list: give --index N");
-}
-
-int rps__server_create(const struct rps__server_config *cfg, struct rps__server **out)
-{
-	struct rps__fabric_attr fattr = { 0 };
-	struct rps__server *srv;
-	int ret;
-
 	if (cfg->shard_bytes < 64 || cfg->shard_bytes % 4 || cfg->shard_bytes > (1u << 30))
 		return rps__seterr(-EINVAL, "--shard-size %u: must be a multiple of 4 between 64 B and 1 GiB",
 				   cfg->shard_bytes);
@@ -1789,37 +1776,23 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 	if (cfg->mem_limit && cfg->mem_limit < rps__server_min_memory(cfg))
 		return rps__seterr(-EINVAL, "--memory-limit %zu: below the %zu bytes one worker connection and one shard need",
 				   cfg->mem_limit, rps__server_min_memory(cfg));
+	return 0;
+}
+
+int rps__server_create(const struct rps__server_config *cfg, struct rps__server **out)
+{
+	struct rps__fabric_attr fattr = { 0 };
+	struct rps__server *srv;
+	int ret;
+
+	ret = rps__server_config_check(cfg);
+	if (ret)
+		return ret;
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return rps__seterr(-ENOMEM, "out of memory");
 	srv->cfg = *cfg;
 	srv->stop_fd = -1;
-	if (cfg->cluster) {
-		ret = rps__uri_list_parse(cfg->cluster, &srv->cluster, &srv->ncluster);
-		if (ret)
-			goto err_free;
-	} else {
-		srv->cluster = malloc(sizeof(*srv->cluster));
-		if (!srv->cluster) {
-			ret = rps__seterr(-ENOMEM, "out of memory");
-			goto err_free;
-		}
-		srv->cluster[0] = cfg->listen;
-		srv->ncluster = 1;
-	}
-	if (cfg->join_id) {
-		/* --cluster names servers to reach, not a list we are in */
-		if (!cfg->cluster)
-			srv->ncluster = 0;
-		if (srv->ncluster > (int)RPS__SMAP_MAX_MEMBERS)
-			srv->ncluster = RPS__SMAP_MAX_MEMBERS;
-		srv->index = -1;
-	} else {
-		ret = find_index(srv);
-		if (ret < 0)
-			goto err_free;
-		srv->index = ret;
-	}
 	srv->shard_elems = cfg->shard_bytes / 4;
 	srv->slot_size = RPS__ALIGN_UP(RPS__PUSH_DESC_SIZE + (size_t)cfg->shard_bytes, 64);
 	srv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -1843,13 +1816,8 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 	ret = rps__listen(srv->fab, cfg->listen.host, cfg->listen.port, &srv->listener);
 	if (ret)
 		goto err_cq;
-	ret = rps__cp_init(srv);
-	if (ret)
-		goto err_listener;
 	*out = srv;
 	return 0;
-err_listener:
-	rps__listener_close(srv->listener);
 err_cq:
 	rps__cq_destroy(srv->cq);
 err_fabric:
@@ -1859,7 +1827,6 @@ err_free:
 	if (srv->stop_fd >= 0)
 		close(srv->stop_fd);
 	free(srv->conns);
-	free(srv->cluster);
 	free(srv);
 	return ret;
 }
@@ -1872,7 +1839,9 @@ void rps__server_destroy(struct rps__server *srv)
 		return;
 	while (srv->nconns)
 		conn_destroy(srv, srv->conns[srv->nconns - 1]);
-	rps__cp_fini(srv);
+	if (srv->hooks.fini)
+		srv->hooks.fini(srv->hooks.ctx);
+	memset(&srv->hooks, 0, sizeof(srv->hooks));
 	rps__listener_close(srv->listener);
 	for (i = 0; i < srv->ntensors; i++)
 		tensor_free(srv, srv->tensors[i]);
@@ -1889,7 +1858,6 @@ void rps__server_destroy(struct rps__server *srv)
 	rps__topo_close(srv->topo);	/* after every rps__topo_free */
 	close(srv->stop_fd);
 	free(srv->conns);
-	free(srv->cluster);
 	free(srv);
 }
 

@@ -1,7 +1,9 @@
 /*
- * server.h - the parameter server core that rdmapsd runs: shards in
- * registered memory, staging slots, aggregation, optimizers, consistency
- * modes, lock leases.  One thread drives it (rps__server_run).
+ * server.h - the data plane that rdmapsd runs: shards in registered memory,
+ * staging slots, aggregation, optimizers, consistency modes, lock leases.
+ * One thread drives it (rps__server_run).  Alone it serves nothing: the
+ * control plane (control/daemon.h composes the two) tells it which
+ * partitions are its own, through dataplane.h.
  */
 #ifndef RPS_SERVER_H
 #define RPS_SERVER_H
@@ -48,6 +50,8 @@ struct rps__server_config {
 };
 
 void rps__server_config_init(struct rps__server_config *cfg);
+/* The checks rps__server_create makes of a configuration first. */
+int rps__server_config_check(const struct rps__server_config *cfg);
 /* The least --memory-limit that admits one worker connection and one shard. */
 size_t rps__server_min_memory(const struct rps__server_config *cfg);
 int rps__server_create(const struct rps__server_config *cfg, struct rps__server **out);

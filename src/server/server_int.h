@@ -1,8 +1,8 @@
 /*
- * server_int.h - what the parts of the server share: the data plane
- * (server.c: connections, shards, pushes) and the control plane (cplane.c:
- * the Raft node, peer connections, the shard map, moves, psctl requests).
- * Private to rdmapsd.
+ * server_int.h - what the files of the data plane share (server.c: the
+ * loop, connections, pushes; partition.c: the partition API; dataplane.c:
+ * the ops the control plane calls).  Private to src/server: the layer above
+ * sees struct rps__server only through dataplane.h.
  */
 #ifndef RPS_SERVER_INT_H
 #define RPS_SERVER_INT_H
@@ -13,8 +13,7 @@
 
 #include "kernels/optim.h"
 #include "proto/proto.h"
-#include "control/raft.h"
-#include "control/rnode.h"
+#include "server/dataplane.h"
 #include "server/server.h"
 #include "proto/shard.h"
 #include "proto/smap.h"
@@ -126,8 +125,6 @@ struct tensor {
 
 enum { RANK_UNSEEN, RANK_LIVE, RANK_GONE };
 
-enum conn_role_kind { CONN_WORKER = 1, CONN_PEER = 2, CONN_ADMIN = 3 };
-
 struct conn {
 	struct rps__server *srv;
 	struct rps__ep *ep;
@@ -159,66 +156,11 @@ struct conn {
 	void *rd_buf;
 	size_t rd_len;
 	struct rps__mr *rd_mr;
-	bool rd_busy;
-	struct rps__migrate rd_mig;
-	uint64_t rd_req_id;
-};
-
-/* What this server does with a partition. */
-enum part_state {
-	PART_NONE = 0,	/* not ours */
-	PART_ACTIVE,	/* ours, serving */
-	PART_LEAVING,	/* MOVE_BEGIN from us: fencing its shards */
-	PART_SHIPPED,	/* fenced and offered to the destination */
-	PART_INCOMING,	/* installed here, waiting for MOVE_COMMIT */
-	PART_DRAINING,	/* moved away: regions freed at free_at */
-};
-
-struct part_local {
-	enum part_state st;
-	uint64_t epoch;		/* ACTIVE: the epoch served; moves: the one BEGIN named */
-	uint64_t to;		/* LEAVING/SHIPPED: the destination */
-	uint64_t next_try;	/* ns: next offer / proposal */
-	uint64_t give_up;	/* ns: SHIPPED without a commit by then: propose ABORT */
-	uint64_t free_at;	/* DRAINING */
-	void *blob;		/* SHIPPED: the partition's state, registered for READ */
-	size_t blob_len;
-	struct rps__mr *blob_mr;
-	uint32_t blob_crc;
-	bool offered;		/* MIGRATE sent, reply pending */
-	bool installed;		/* destination answered 0 */
-	bool gone;		/* ours, but its contents went with a restart: refused
-				 * (-ENODATA) and proposed as lost until the map says so */
-	bool cleared;		/* restored or accepted empty since the restart */
-};
-
-struct peer {
-	uint64_t id;
-	struct conn *c;		/* NULL: not connected */
-	uint64_t next_connect;	/* ns */
-	uint32_t inflight;	/* sends not yet completed */
-};
-
-/* A psctl request waiting for the log. */
-struct admin_wait {
-	struct conn *conn;
-	uint64_t req_id;
-	uint32_t op;
-	uint32_t part;
-	uint64_t id;
-	uint64_t epoch;		/* MOVE: the epoch BEGIN named */
-	uint64_t index;		/* proposals: where it must apply */
-	uint64_t term;
-	uint64_t deadline;	/* ns */
-	int stage;
 };
 
 struct rps__server {
 	struct rps__server_config cfg;
-	struct rps__uri *cluster;
-	int ncluster;
-	int index;
-	uint64_t my_id;
+	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
 	uint32_t shard_elems;
 	size_t slot_size;
 	struct rps__fabric *fab;
@@ -251,44 +193,16 @@ struct rps__server {
 	uint32_t next_owner;
 	uint64_t next_lease_scan;
 
-	/* control plane (cplane.c) */
-	struct rps__smap map;		/* applied state of the shard map */
-	struct part_local parts[RPS__SMAP_MAX_PART];
+	/* what the control plane tells (dataplane.h) */
+	struct rps__dp_part parts[RPS__SMAP_MAX_PART];
+	uint32_t npart;			/* the map's partitions */
+	uint64_t map_applied;		/* the map's applied index (CREATE replies) */
 	char *mapbuf;			/* the encoded map, READ by workers */
 	struct rps__mr *mapbuf_mr;
-	struct rps__rnode *rnode;
-	char *data_dir;			/* ours to remove at exit when temporary */
-	bool data_dir_temp;
-	struct peer peers[RPS__SMAP_MAX_MEMBERS];
-	uint32_t npeers;
-	struct admin_wait *admin;
-	uint32_t nadmin, admin_cap;
-	uint64_t next_tick;		/* ns */
-	uint64_t next_duty;		/* ns */
-	uint64_t read_ctx;
-	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
-	bool restarted;			/* started from a --data-dir that held state */
-	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
-	struct ckpt_state *ckpt;	/* ckpt_srv.c */
+	struct rps__dp_hooks hooks;	/* the layer above */
 };
 
-/* ckpt_srv.c: checkpoints and restores */
-void rps__ck_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
-			const void *body, uint32_t body_len);
-void rps__ck_timers(struct rps__server *srv, uint64_t now);
-void rps__ck_conn_gone(struct rps__server *srv, struct conn *c);
-/* Install what the checkpoint in dir holds for the partitions served here.
- * *installed / *seen: shards installed here / shards in all the files. */
-int rps__ck_restore(struct rps__server *srv, const char *dir, uint32_t *installed, uint64_t *seen,
-		    uint64_t *bytes);
-void rps__ck_fini(struct rps__server *srv);
-
-/* Test hook (rdmapsd with RPS_FAULT=isolate-signals): SIGUSR1 cuts this
- * server off from its peers (connections dropped, none accepted or made,
- * Raft messages lost), SIGUSR2 ends that.  Workers are not affected. */
-extern volatile int rps__cp_isolated;
-
-/* server.c, for cplane.c */
+/* server.c, for the other files of the data plane */
 void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
 			 const void *body, size_t len);
 void rps__srv_conn_fail(struct conn *c, const char *why);
@@ -314,35 +228,44 @@ void rps__srv_drain_held(struct rps__server *srv);
 int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what);
 void rps__srv_mem_give(struct rps__server *srv, size_t bytes);
 
-/* cplane.c, for server.c */
-int rps__cp_init(struct rps__server *srv);
-void rps__cp_fini(struct rps__server *srv);
-/* Timers: ticks, peer connections, move duties.  Returns ms until due. */
-int rps__cp_run_timers(struct rps__server *srv, uint64_t now);
-void rps__cp_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
-			void *body, uint32_t body_len);
-void rps__cp_on_read_done(struct rps__server *srv, struct conn *c, bool ok);
-/* A checkpoint was restored here: lost partitions owned here are back. */
-void rps__cp_restored(struct rps__server *srv);
-void rps__cp_on_conn_gone(struct rps__server *srv, struct conn *c);
-void rps__cp_on_send_done(struct rps__server *srv, struct conn *c);
-int rps__cp_accept_peer(struct rps__server *srv, uint64_t from_id, uint64_t to_id, const char **why);
-void rps__cp_peer_attached(struct rps__server *srv, struct conn *c);
+/* partition.c */
+void rps__srv_regions_free_part(struct rps__server *srv, uint32_t part);
+bool rps__srv_part_fence(struct rps__server *srv, uint32_t part);
+void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch);
+void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoch);
+void rps__srv_part_create(struct rps__server *srv, uint32_t part);
+void rps__srv_part_forget_parked(struct rps__server *srv, uint32_t part);
 /* A partition image (what a move ships): build one of a partition served
  * here (malloc'ed), and validate then install one as a move's destination
  * does (tests and the fuzz harness drive these). */
-int rps__cp_image_build(struct rps__server *srv, uint32_t part, void **img, size_t *len);
-int rps__cp_image_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len);
+int rps__srv_image_build(struct rps__server *srv, uint32_t part, uint64_t epoch, void **img, size_t *len);
+int rps__srv_image_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len);
+
+/* hold.c: checkpoints */
+uint32_t rps__srv_hold_steps(struct rps__server *srv, struct rps__ckpt_target **out);
+void rps__srv_hold_tensor(struct rps__server *srv, const char *name, uint64_t step);
+void rps__srv_hold_release(struct rps__server *srv);
+bool rps__srv_hold_reached(struct rps__server *srv);
+int rps__srv_take(struct rps__server *srv, struct rps__dp_copy *copy);
+void rps__srv_copy_free(struct rps__dp_copy *copy);
+int rps__srv_restore_tensor(struct rps__server *srv, const char *file, const char *name,
+			    const struct rps__tensor_spec *spec, struct tensor **out);
+int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct tensor *t,
+			   const struct rps__dp_shard *cs);
+
+/* dataplane.c */
+struct conn *rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id, uint64_t *got_id);
+
 /* Are the partition's contents lost (restarted owner, or the map says so)?
  * Then nothing of it is served: -ENODATA, never zeros. */
-static inline bool rps__cp_lost(const struct rps__server *srv, uint32_t part)
+static inline bool rps__srv_part_lost(const struct rps__server *srv, uint32_t part)
 {
-	return srv->map.parts[part].lost || srv->parts[part].gone;
+	return srv->parts[part].lost;
 }
 /* Is the partition served here under this epoch right now? */
-static inline bool rps__cp_serving(const struct rps__server *srv, uint32_t part)
+static inline bool rps__srv_part_serving(const struct rps__server *srv, uint32_t part)
 {
-	return srv->parts[part].st == PART_ACTIVE;
+	return srv->parts[part].serving;
 }
 
 #endif

@@ -24,13 +24,14 @@
 #include "common/common.h"
 #include "client/ctl.h"
 #include "proto/proto.h"
+#include "control/daemon.h"
 #include "server/server.h"
 #include "proto/smap.h"
 #include "transport/uri.h"
 
 #include <pthread.h>
 
-static struct rps__server *srv;
+static struct rps__daemon *srv;
 static struct rps__uri addr;
 static struct rps__ctl *ctl;
 static char ckpt_dir[256];
@@ -38,7 +39,7 @@ static char ckpt_dir[256];
 static void *serve(void *arg)
 {
 	(void)arg;
-	rps__server_run(srv);
+	rps__daemon_run(srv);
 	return NULL;
 }
 
@@ -110,12 +111,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	cfg.drain_ms = 100;
 	cfg.mem_limit = 64u << 20;
 	cfg.topology = fuzz_topology();
-	if (rps__server_create(&cfg, &srv)) {
+	if (rps__daemon_create(&cfg, &srv)) {
 		fprintf(stderr, "fuzz_admin: starting the server: %s\n", rps__errbuf());
 		abort();
 	}
 	addr = cfg.listen;
-	addr.port = rps__server_port(srv);
+	addr.port = rps__daemon_port(srv);
 	FUZZ_CHECK(pthread_create(&th, NULL, serve, NULL) == 0);
 	pthread_detach(th);
 	/* wait until it leads its one-member group */

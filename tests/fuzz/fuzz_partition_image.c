@@ -1,12 +1,12 @@
 /*
  * fuzz_partition_image.c - libFuzzer harness of the partition image a move
- * ships (cplane.c), structure-aware: an in-process server (one member, TCP
+ * ships (server/partition.c), structure-aware: an in-process data plane (TCP
  * on loopback, nothing served) holds a sync, a bounded and an async tensor
  * and parked sync pushes; the harness builds the valid image of partition 0
  * once, and each input is a list of edits to it, so the fuzzer spends its
  * runs on images that get past the header and the counts.  Each edited
  * image goes through the real validation and install path
- * (rps__cp_image_install, what a move's destination runs), and one that is
+ * (rps__srv_image_install, what a move's destination runs), and one that is
  * taken is drained as the server would (rps__srv_drain_held: where a bad
  * parked push used to crash).
  *
@@ -35,6 +35,18 @@
 static struct rps__server *srv;
 static unsigned char *valid;
 static size_t valid_len;
+
+/* What the control plane of a one-member cluster tells its data plane:
+ * NPART partitions, every one of them served here. */
+static void serve_all(void)
+{
+	const struct rps__dp_ops *dp = rps__dataplane_ops();
+	uint32_t p;
+
+	dp->set_map(srv, NPART, 1);
+	for (p = 0; p < NPART; p++)
+		dp->part_set(srv, p, &(struct rps__dp_part){ .epoch = 1, .map_epoch = 1, .serving = true });
+}
 
 static void die(const char *what)
 {
@@ -134,6 +146,7 @@ static void setup(void)
 	cfg.topology = fuzz_topology();
 	if (rps__server_create(&cfg, &srv))
 		die("starting the server");
+	serve_all();
 	s = tensor_new("sync", RPS_MODE_SYNC, RPS_OPT_ADAM, 3);
 	b = tensor_new("bounded", RPS_MODE_BOUNDED, RPS_OPT_MOMENTUM, 2);
 	a = tensor_new("async", RPS_MODE_ASYNC, RPS_OPT_SGD, 0);
@@ -153,11 +166,11 @@ static void setup(void)
 		sh->hdr->min_clock = 2;
 		sh->step = 5;
 	}
-	if (rps__cp_image_build(srv, 0, &img, &valid_len))
+	if (rps__srv_image_build(srv, 0, srv->parts[0].epoch, &img, &valid_len))
 		die("building the image");
 	valid = img;
 	unpark_all();
-	if (rps__cp_image_install(srv, 0, srv->parts[0].epoch, valid, valid_len))
+	if (rps__srv_image_install(srv, 0, srv->parts[0].epoch, valid, valid_len))
 		die("the valid image is refused");
 	unpark_all();
 }
@@ -201,7 +214,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			break;
 		}
 	}
-	if (rps__cp_image_install(srv, 0, srv->parts[0].epoch, m, len) == 0)
+	if (rps__srv_image_install(srv, 0, srv->parts[0].epoch, m, len) == 0)
 		rps__srv_drain_held(srv);
 	unpark_all();
 	drop_new_tensors(3);

@@ -1,0 +1,349 @@
+/*
+ * cp_map.c - applying the shard map: the Raft node's callbacks (apply,
+ * restore, snapshot, send), bringing what this server serves in line with
+ * the map (reconcile), publishing the map to workers, and proposals.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "control/cplane_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+/* ---- the map as workers see it -------------------------------------------- */
+
+/* Workers READ the encoded map one-sidedly; its crc tells them a read that
+ * raced with this copy (they read again). */
+void rps__cp_map_publish(struct rps__cplane *cp)
+{
+	char tmp[RPS__MAP_BUF];
+	size_t len = 0;
+	uint32_t len32;
+
+	if (!cp->map.npart)
+		return;
+	/* [u32 length][encoded map]: the map's crc catches a torn read */
+	if (rps__smap_encode(&cp->map, tmp + 4, sizeof(tmp) - 4, &len)) {
+		rps__log(RPS__LOG_ERROR, "encoding the shard map: %s", rps__errbuf());
+		return;
+	}
+	len32 = (uint32_t)len;
+	memcpy(tmp, &len32, 4);
+	memset(tmp + 4 + len, 0, sizeof(tmp) - 4 - len);
+	memcpy(cp->mapbuf, tmp, sizeof(tmp));
+}
+
+/* ---- what the data plane serves by ------------------------------------------ */
+
+void rps__cp_part_sync(struct rps__cplane *cp, uint32_t p)
+{
+	const struct rps__smap_part *mp = &cp->map.parts[p];
+	const struct part_local *pl = &cp->parts[p];
+	struct rps__dp_part v = {
+		.epoch = pl->epoch, .map_epoch = mp->epoch, .serving = rps__cp_serving(cp, p),
+		.lost = rps__cp_lost(cp, p),
+		.incoming = pl->st == PART_INCOMING || mp->moving_to == cp->my_id,
+	};
+
+	v.owned_lost = mp->owner == cp->my_id && v.lost;
+	cp->dp->part_set(cp->srv, p, &v);
+}
+
+void rps__cp_parts_sync_all(struct rps__cplane *cp)
+{
+	uint32_t p;
+
+	cp->dp->set_map(cp->srv, cp->map.npart, cp->map.applied);
+	for (p = 0; p < RPS__SMAP_MAX_PART; p++)
+		rps__cp_part_sync(cp, p);
+}
+
+/* ---- applying the map ----------------------------------------------------- */
+
+/* Bring what this server does with partition p in line with the map. */
+static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
+{
+	const struct rps__smap_part *mp = &cp->map.parts[p];
+	struct part_local *pl = &cp->parts[p];
+
+	if (mp->owner == cp->my_id && !mp->moving_to) {
+		if (pl->st == PART_LEAVING || pl->st == PART_SHIPPED) {
+			rps__log(RPS__LOG_INFO, "partition %u: move aborted, serving it again", p);
+			rps__cp_blob_free(cp, pl);
+			cp->dp->part_unfence(cp->srv, p, mp->epoch);
+		} else if (pl->st == PART_INCOMING) {
+			cp->dp->part_publish(cp->srv, p, mp->epoch);
+			rps__log(RPS__LOG_INFO, "partition %u is ours now (epoch %llu)", p,
+				 (unsigned long long)mp->epoch);
+		} else if (pl->st != PART_ACTIVE && (mp->lost || (cp->restarted && !pl->cleared))) {
+			/* A restart took what was in memory: refuse it (never
+			 * zeros) until restored or accepted empty. */
+			if (!mp->lost && !pl->gone && cp->rnode)	/* (after replay: below) */
+				rps__log(RPS__LOG_ERROR, "partition %u lost with member %llu (restarted): restore it"
+					 " (psctl restore DIR) or accept it empty (psctl forget-lost %u)", p,
+					 (unsigned long long)cp->my_id, p);
+			pl->gone = !mp->lost;
+			pl->st = PART_NONE;
+			pl->epoch = mp->epoch;
+			return;
+		} else if (pl->st != PART_ACTIVE) {
+			/* (bootstrap, or a lost partition accepted empty) */
+			cp->dp->part_create(cp->srv, p);
+		}
+		pl->st = PART_ACTIVE;
+		pl->epoch = mp->epoch;
+		return;
+	}
+	if (mp->owner == cp->my_id && mp->moving_to) {
+		if (pl->st == PART_ACTIVE || pl->st == PART_NONE) {
+			pl->st = PART_LEAVING;
+			pl->epoch = mp->epoch;
+			pl->to = mp->moving_to;
+			pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
+			rps__log(RPS__LOG_INFO, "partition %u: moving to member %llu (epoch %llu): fencing", p,
+				 (unsigned long long)pl->to, (unsigned long long)pl->epoch);
+			rps__cp_part_sync(cp, p);
+			cp->dp->part_refuse(cp->srv, p);
+		}
+		return;
+	}
+	/* not ours */
+	pl->gone = false;
+	pl->cleared = false;
+	if (pl->st == PART_ACTIVE || pl->st == PART_LEAVING || pl->st == PART_SHIPPED) {
+		rps__log(RPS__LOG_INFO, "partition %u now belongs to member %llu (epoch %llu)", p,
+			 (unsigned long long)mp->owner, (unsigned long long)mp->epoch);
+		rps__cp_blob_free(cp, pl);
+		if (pl->st == PART_ACTIVE)
+			cp->dp->part_refuse(cp->srv, p);
+		pl->st = PART_DRAINING;
+		pl->free_at = now + ms_ns(cp->cfg.drain_ms);
+	} else if (pl->st == PART_INCOMING && mp->moving_to != cp->my_id) {
+		rps__log(RPS__LOG_INFO, "partition %u: move aborted, dropping what was installed", p);
+		cp->dp->part_drop(cp->srv, p);
+		pl->st = PART_NONE;
+	}
+	pl->epoch = mp->epoch;
+}
+
+/* Bring what this server does with each partition in line with the map. */
+void rps__cp_reconcile(struct rps__cplane *cp)
+{
+	uint64_t now = rps__now_ns();
+	uint32_t p;
+
+	rps__cp_parts_sync_all(cp);	/* the map changed */
+	for (p = 0; p < cp->map.npart; p++) {
+		reconcile_part(cp, p, now);
+		rps__cp_part_sync(cp, p);
+	}
+	rps__cp_map_publish(cp);
+	rps__cp_admin_map_changed(cp);
+}
+
+static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data, size_t len)
+{
+	struct rps__cplane *cp = ctx;
+	struct rps__smap_cmd cmd;
+	char what[256];
+	int ret;
+
+	(void)term;
+	if (rps__smap_cmd_decode(data, len, &cmd)) {
+		rps__log(RPS__LOG_ERROR, "log entry %llu: %s", (unsigned long long)index, rps__errbuf());
+		cp->map.applied = index;
+		cp->dp->set_map(cp->srv, cp->map.npart, cp->map.applied);
+		return;
+	}
+	ret = rps__smap_apply(&cp->map, index, &cmd);
+	rps__smap_cmd_str(&cmd, what, sizeof(what));
+	if (ret)
+		rps__log(RPS__LOG_DEBUG, "log entry %llu: %s: refused: %s", (unsigned long long)index, what,
+			 rps__errbuf());
+	else
+		rps__log(cmd.type == RPS__SMAP_NOP ? RPS__LOG_DEBUG : RPS__LOG_INFO, "log entry %llu: %s",
+			 (unsigned long long)index, what);
+	if (!ret && cmd.type == RPS__SMAP_CLEAR_LOST && cp->map.parts[cmd.part].owner == cp->my_id) {
+		cp->parts[cmd.part].gone = false;
+		cp->parts[cmd.part].cleared = true;
+	}
+	if (!ret && (cmd.type == RPS__SMAP_REMOVE_MEMBER || cmd.type == RPS__SMAP_FORCE_REMOVE) &&
+	    cmd.id == cp->my_id)
+		/* linger a moment: workers with operations on their way learn
+		 * from refusals that the partitions moved, not from a reset */
+		cp->removed_at = rps__now_ns() + ms_ns(cp->cfg.drain_ms);
+	rps__cp_reconcile(cp);
+}
+
+static void cb_conf_change(void *ctx, uint64_t index, enum rps__raft_conf_op op, uint64_t node)
+{
+	struct rps__cplane *cp = ctx;
+	static const char *names[] = { "?", "add voter", "add learner", "promote", "remove" };
+
+	rps__log(RPS__LOG_INFO, "log entry %llu: membership: %s %llu", (unsigned long long)index,
+		 names[op <= 4 ? op : 0], (unsigned long long)node);
+	rps__cp_admin_map_changed(cp);
+}
+
+int rps__cp_bootstrap_map(struct rps__cplane *cp)
+{
+	const char *uris[RPS__SMAP_MAX_MEMBERS];
+	char bufs[RPS__SMAP_MAX_MEMBERS][300];
+	int i;
+
+	if (cp->ncluster > (int)RPS__SMAP_MAX_MEMBERS)
+		return rps__seterr(-EINVAL, "--cluster lists %d servers; at most %u", cp->ncluster,
+				   RPS__SMAP_MAX_MEMBERS);
+	for (i = 0; i < cp->ncluster; i++)
+		uris[i] = rps__uri_str(&cp->cluster[i], bufs[i], sizeof(bufs[i]));
+	return rps__smap_init(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart);
+}
+
+void rps__cp_restored(struct rps__cplane *cp)
+{
+	struct rps__smap_cmd cmd;
+	bool local = false;
+	uint32_t p;
+
+	for (p = 0; p < cp->map.npart; p++) {
+		struct part_local *pl = &cp->parts[p];
+		if (cp->map.parts[p].owner != cp->my_id || !rps__cp_lost(cp, p))
+			continue;
+		rps__log(RPS__LOG_INFO, "partition %u restored from a checkpoint", p);
+		pl->gone = false;
+		pl->cleared = true;
+		local = true;
+		if (!cp->map.parts[p].lost)
+			continue;
+		memset(&cmd, 0, sizeof(cmd));
+		cmd.type = RPS__SMAP_CLEAR_LOST;
+		cmd.part = p;
+		cmd.epoch = cp->map.parts[p].epoch;
+		pl->next_try = rps__now_ns() + PEER_RETRY_NS / 2;	/* (move_duties retries) */
+		rps__cp_propose_cmd(cp, &cmd);
+	}
+	if (local)
+		rps__cp_reconcile(cp);
+}
+
+static int cb_restore(void *ctx, uint64_t index, const void *data, size_t len)
+{
+	struct rps__cplane *cp = ctx;
+	int ret;
+
+	(void)index;
+	if (!len) {
+		if (cp->cfg.join_id)
+			return 0;	/* the leader's snapshot brings the map */
+		ret = rps__cp_bootstrap_map(cp);
+	} else {
+		ret = rps__smap_decode(data, len, &cp->map);
+	}
+	if (ret)
+		return ret;
+	rps__cp_reconcile(cp);
+	return 0;
+}
+
+static int cb_snapshot(void *ctx, void **data, size_t *len)
+{
+	struct rps__cplane *cp = ctx;
+	size_t cap = rps__smap_encoded_size(&cp->map);
+	void *buf = malloc(cap);
+	int ret;
+
+	if (!buf)
+		return -ENOMEM;
+	ret = rps__smap_encode(&cp->map, buf, cap, len);
+	if (ret) {
+		free(buf);
+		return ret;
+	}
+	*data = buf;
+	return 0;
+}
+
+static int cb_send(void *ctx, uint64_t to, const void *buf, size_t len)
+{
+	struct rps__cplane *cp = ctx;
+
+	if (len + sizeof(struct rps__msg_hdr) > RPS__BIG_MSG_MAX) {
+		rps__log(RPS__LOG_WARN, "a Raft message of %zu bytes to %llu is too large for a peer buffer; dropped",
+			 len, (unsigned long long)to);
+		return -EMSGSIZE;
+	}
+	rps__cp_peer_send(cp, to, RPS__MSG_RAFT, 0, 0, buf, len);
+	return 0;
+}
+
+static void cb_read_ready(void *ctx, uint64_t read_ctx, uint64_t index)
+{
+	(void)ctx;
+	(void)read_ctx;
+	(void)index;
+}
+
+static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term)
+{
+	struct rps__cplane *cp = ctx;
+
+	(void)cp;
+	if (role == RPS__RAFT_LEADER)
+		rps__log(RPS__LOG_INFO, "raft: leader of term %llu", (unsigned long long)term);
+	else if (leader)
+		rps__log(RPS__LOG_INFO, "raft: member %llu leads term %llu", (unsigned long long)leader,
+			 (unsigned long long)term);
+}
+
+/* ---- proposals ---------------------------------------------------------------- */
+
+void rps__cp_propose_cmd(struct rps__cplane *cp, const struct rps__smap_cmd *cmd)
+{
+	char buf[RPS__SMAP_CMD_MAX];
+	size_t len;
+	uint64_t leader;
+
+	if (rps__smap_cmd_encode(cmd, buf, sizeof(buf), &len))
+		return;
+	if (rps__rnode_is_leader(cp->rnode)) {
+		rps__rnode_propose(cp->rnode, buf, len, NULL, NULL);
+		return;
+	}
+	leader = rps__rnode_leader(cp->rnode);
+	if (leader)
+		rps__cp_peer_send(cp, leader, RPS__MSG_PROPOSE, 0, 0, buf, len);
+}
+
+/* Propose on this node, which leads: 0 with the entry's index and term, or a
+ * negative errno with the reason in rps__errbuf() (for an admin's answer). */
+int rps__cp_propose_here(struct rps__cplane *cp, const struct rps__smap_cmd *cmd, uint64_t *index,
+			 uint64_t *term)
+{
+	char buf[RPS__SMAP_CMD_MAX];
+	size_t len;
+	int ret = rps__smap_cmd_encode(cmd, buf, sizeof(buf), &len);
+
+	return ret ? ret : rps__rnode_propose(cp->rnode, buf, len, index, term);
+}
+
+void rps__cp_on_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const void *body, size_t len)
+{
+	struct rps__propose_rep rep = { 0 };
+	struct rps__smap_cmd cmd;
+	int ret;
+
+	ret = rps__smap_cmd_decode(body, len, &cmd);
+	if (!ret)
+		ret = rps__rnode_propose(cp->rnode, body, len, &rep.index, NULL);
+	rep.leader = rps__rnode_leader(cp->rnode);
+	cp->dp->conn_reply(c, RPS__MSG_PROPOSE_REP, req_id, ret, &rep, sizeof(rep));
+}
+
+const struct rps__rnode_callbacks rps__cp_rnode_callbacks = {
+	.send = cb_send, .apply = cb_apply, .conf_change = cb_conf_change, .restore = cb_restore,
+	.snapshot = cb_snapshot, .read_ready = cb_read_ready, .role_change = cb_role_change,
+};

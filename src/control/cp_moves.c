@@ -1,0 +1,271 @@
+/*
+ * cp_moves.c - moves of partitions, the control plane's side: the old owner
+ * fences, ships and offers the partition, the new owner READs and installs
+ * it (through the data plane's partition API), and the duties that push a
+ * move on (offers, commits, aborts, lost partitions, draining copies).
+ */
+#include "config.h"
+#include "common/common.h"
+#include "common/crc.h"
+#include "control/cplane_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+void rps__cp_blob_free(struct rps__cplane *cp, struct part_local *pl)
+{
+	cp->dp->mem_deregister(pl->blob_mr);
+	free(pl->blob);
+	pl->blob = NULL;
+	pl->blob_mr = NULL;
+	pl->blob_len = 0;
+}
+
+int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part)
+{
+	struct part_local *pl = &cp->parts[part];
+	void *img = NULL;
+	size_t len = 0;
+	int ret;
+
+	/* readers of our copy now learn it moved */
+	cp->dp->part_publish(cp->srv, part, RPS__EPOCH_MOVED);
+	ret = cp->dp->part_serialize(cp->srv, part, pl->epoch, &img, &len);
+	if (ret)
+		return ret;
+	pl->blob = img;
+	pl->blob_len = len;
+	pl->blob_crc = rps__crc32c_noinv(img, len);
+	/* Test hook: a bit flipped after the crc, as a bad link or DIMM would */
+	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "corrupt-migration")))
+		((unsigned char *)pl->blob)[pl->blob_len / 2] ^= 0x04;
+	ret = cp->dp->mem_register(cp->srv, pl->blob, pl->blob_len, &pl->blob_mr);
+	if (ret) {
+		free(pl->blob);
+		pl->blob = NULL;
+		return ret;
+	}
+	cp->dp->part_forget_parked(cp->srv, part);
+	pl->st = PART_SHIPPED;
+	pl->offered = false;
+	pl->installed = false;
+	pl->next_try = 0;
+	rps__cp_part_sync(cp, part);
+	rps__log(RPS__LOG_INFO, "partition %u fenced (epoch %llu): %zu bytes for member %llu", part,
+		 (unsigned long long)pl->epoch, pl->blob_len, (unsigned long long)pl->to);
+	return 0;
+}
+
+void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now)
+{
+	struct part_local *pl = &cp->parts[part];
+	struct peer *p = rps__cp_peer_get(cp, pl->to, false);
+	struct rps__migrate m = {
+		.part = part, .epoch = pl->epoch, .from = cp->my_id,
+		.addr = (uint64_t)(uintptr_t)pl->blob, .rkey = cp->dp->mem_rkey(pl->blob_mr),
+		.crc = pl->blob_crc, .len = pl->blob_len,
+	};
+
+	if (!p || !p->c || cp->dp->conn_dead(p->c) || now < pl->next_try)
+		return;
+	pl->next_try = now + PEER_RETRY_NS;
+	pl->offered = true;
+	cp->dp->conn_reply(p->c, RPS__MSG_MIGRATE, part, 0, &m, sizeof(m));
+}
+
+/* The READ in flight over c, if any (one at a time per connection). */
+static struct cp_read *read_of(struct rps__cplane *cp, const struct conn *c)
+{
+	uint32_t i;
+
+	for (i = 0; i < cp->nreads; i++)
+		if (cp->reads[i].c == c)
+			return &cp->reads[i];
+	return NULL;
+}
+
+void rps__cp_reads_gone(struct rps__cplane *cp, struct conn *c)
+{
+	struct cp_read *r = read_of(cp, c);
+
+	if (r)
+		*r = cp->reads[--cp->nreads];
+}
+
+void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
+{
+	struct rps__cplane *cp = ctx;
+	struct cp_read *r = read_of(cp, c);
+	struct rps__migrate m;
+	uint64_t req_id;
+	uint32_t crc;
+	int ret;
+
+	if (!r)
+		return;
+	m = r->mig;
+	req_id = r->req_id;
+	rps__cp_reads_gone(cp, c);
+	if (!ok) {
+		rps__log(RPS__LOG_WARN, "partition %u: reading it from member %llu failed", m.part,
+			 (unsigned long long)m.from);
+		return;
+	}
+	crc = rps__crc32c_noinv(buf, m.len);
+	if (crc != m.crc) {
+		rps__log(RPS__LOG_ERROR, "partition %u from member %llu: crc32c %08x, expected %08x: corrupted in flight, refused",
+			 m.part, (unsigned long long)m.from, crc, m.crc);
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -EILSEQ, NULL, 0);
+		return;
+	}
+	if (cp->map.parts[m.part].moving_to != cp->my_id || cp->map.parts[m.part].epoch != m.epoch) {
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, RPS_ESTALE_EPOCH, NULL, 0);
+		return;
+	}
+	ret = cp->dp->part_install(cp->srv, m.part, m.epoch, buf, m.len);
+	if (ret) {
+		rps__log(RPS__LOG_ERROR, "%s", rps__errbuf());
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, ret, NULL, 0);
+		return;
+	}
+	cp->parts[m.part].st = PART_INCOMING;
+	cp->parts[m.part].epoch = m.epoch;
+	cp->parts[m.part].next_try = 0;
+	rps__cp_part_sync(cp, m.part);
+	rps__log(RPS__LOG_INFO, "partition %u installed from member %llu (%llu bytes, crc ok)", m.part,
+		 (unsigned long long)m.from, (unsigned long long)m.len);
+	cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, 0, NULL, 0);
+}
+
+void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m)
+{
+	int ret;
+
+	if (m->part >= cp->map.npart || cp->map.parts[m->part].moving_to != cp->my_id ||
+	    cp->map.parts[m->part].epoch != m->epoch) {
+		/* our log may lag: the offer comes again */
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -EAGAIN, NULL, 0);
+		return;
+	}
+	if (cp->parts[m->part].st == PART_INCOMING) {
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, 0, NULL, 0);
+		return;
+	}
+	if (read_of(cp, c) || m->len > ((uint64_t)1 << 40)) {
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -EBUSY, NULL, 0);
+		return;
+	}
+	if (cp->nreads == cp->reads_cap) {
+		uint32_t cap = cp->reads_cap ? cp->reads_cap * 2 : 4;
+		struct cp_read *g = realloc(cp->reads, cap * sizeof(*g));
+		if (!g) {
+			cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -ENOMEM, NULL, 0);
+			return;
+		}
+		cp->reads = g;
+		cp->reads_cap = cap;
+	}
+	ret = cp->dp->conn_read(c, m->addr, m->rkey, m->len);
+	if (ret) {
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, ret, NULL, 0);
+		return;
+	}
+	cp->reads[cp->nreads++] = (struct cp_read){ .c = c, .mig = *m, .req_id = req_id };
+}
+
+void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t part, int32_t status)
+{
+	struct part_local *pl;
+
+	if (part >= cp->map.npart)
+		return;
+	pl = &cp->parts[part];
+	if (pl->st != PART_SHIPPED || pl->to != cp->dp->conn_peer_id(c))
+		return;
+	if (status == 0) {
+		pl->installed = true;
+		return;
+	}
+	rps__log(status == -EAGAIN ? RPS__LOG_DEBUG : RPS__LOG_WARN, "partition %u: member %llu did not install it: %s",
+		 part, (unsigned long long)pl->to, rps_strerror(status));
+	pl->offered = false;
+}
+
+void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
+{
+	uint32_t p;
+
+	for (p = 0; p < cp->map.npart; p++) {
+		struct part_local *pl = &cp->parts[p];
+		struct rps__smap_cmd cmd;
+
+		memset(&cmd, 0, sizeof(cmd));
+		/* Its contents are here again (restored, or accepted empty, since
+		 * the restart) yet the map says lost: a MARK_LOST proposed before
+		 * that (or a CLEAR_LOST dropped with a leader) was ordered after
+		 * it.  Clear it again: the restore wins, whatever the order. */
+		if (pl->cleared && !pl->gone && cp->map.parts[p].lost && cp->map.parts[p].owner == cp->my_id &&
+		    !cp->map.parts[p].moving_to && now >= pl->next_try) {
+			pl->next_try = now + PEER_RETRY_NS / 2;
+			cmd.type = RPS__SMAP_CLEAR_LOST;
+			cmd.part = p;
+			cmd.epoch = cp->map.parts[p].epoch;
+			rps__cp_propose_cmd(cp, &cmd);
+			continue;
+		}
+		switch (pl->st) {
+		case PART_LEAVING:
+			if (cp->dp->part_fence(cp->srv, p) && rps__cp_ship_partition(cp, p))
+				rps__log(RPS__LOG_ERROR, "%s", rps__errbuf());
+			if (pl->st == PART_SHIPPED)
+				rps__cp_offer_partition(cp, p, now);
+			break;
+		case PART_SHIPPED:
+			if (!pl->installed && (!pl->offered || now >= pl->next_try))
+				rps__cp_offer_partition(cp, p, now);
+			if (!pl->installed && now >= pl->give_up && now + PEER_RETRY_NS / 2 >= pl->next_try) {
+				cmd.type = RPS__SMAP_MOVE_ABORT;
+				cmd.part = p;
+				cmd.epoch = pl->epoch;
+				rps__log(RPS__LOG_WARN, "partition %u: member %llu did not take it in time: aborting the move",
+					 p, (unsigned long long)pl->to);
+				rps__cp_propose_cmd(cp, &cmd);
+			}
+			break;
+		case PART_INCOMING:
+			if (cp->map.parts[p].moving_to == cp->my_id && now >= pl->next_try) {
+				pl->next_try = now + PEER_RETRY_NS / 2;
+				cmd.type = RPS__SMAP_MOVE_COMMIT;
+				cmd.part = p;
+				cmd.to = cp->my_id;
+				cmd.epoch = pl->epoch;
+				rps__cp_propose_cmd(cp, &cmd);
+			}
+			break;
+		case PART_NONE:
+			/* restarted without it: the cluster must learn it is lost */
+			if (pl->gone && !cp->map.parts[p].lost && cp->map.parts[p].owner == cp->my_id &&
+			    !cp->map.parts[p].moving_to && now >= pl->next_try) {
+				pl->next_try = now + PEER_RETRY_NS / 2;
+				cmd.type = RPS__SMAP_MARK_LOST;
+				cmd.part = p;
+				cmd.from = cp->my_id;
+				cmd.epoch = cp->map.parts[p].epoch;
+				rps__cp_propose_cmd(cp, &cmd);
+			}
+			break;
+		case PART_DRAINING:
+			if (now >= pl->free_at) {
+				cp->dp->part_drop(cp->srv, p);
+				pl->st = PART_NONE;
+			}
+			break;
+		default:
+			break;
+		}
+	}
+}

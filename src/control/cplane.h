@@ -1,0 +1,39 @@
+/*
+ * cplane.h - the server's control plane as the node composing it sees it
+ * (daemon.c, tests/test_cplane.c): created from the configuration, started
+ * over a data plane (its ops table and handle), it gives the hooks the
+ * server loop calls it through.
+ */
+#ifndef RPS_CPLANE_H
+#define RPS_CPLANE_H
+
+#include <stdint.h>
+
+#include "server/dataplane.h"
+#include "server/server.h"
+
+struct rps__cplane;
+
+/* Parse the cluster list and find this server in it (no I/O yet). */
+int rps__cp_create(const struct rps__server_config *cfg, struct rps__cplane **out);
+/* Open the Raft log, build the map and tell the data plane what it serves;
+ * *hooks: what to register with the server loop (ctx: cp). */
+int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct rps__server *srv,
+		  struct rps__dp_hooks *hooks);
+/* Undo rps__cp_start (the fini hook does; the data plane must still be there). */
+void rps__cp_stop(struct rps__cplane *cp);
+void rps__cp_destroy(struct rps__cplane *cp);
+
+/* Install what the checkpoint in dir holds for the partitions served here.
+ * *installed / *seen: shards installed here / shards in all the files. */
+int rps__ck_restore(struct rps__cplane *cp, const char *dir, uint32_t *installed, uint64_t *seen,
+		    uint64_t *bytes);
+/* A checkpoint was restored here: lost partitions owned here are back. */
+void rps__cp_restored(struct rps__cplane *cp);
+
+/* Test hook (rdmapsd with RPS_FAULT=isolate-signals): SIGUSR1 cuts this
+ * server off from its peers (connections dropped, none accepted or made,
+ * Raft messages lost), SIGUSR2 ends that.  Workers are not affected. */
+extern volatile int rps__cp_isolated;
+
+#endif

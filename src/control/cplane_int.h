@@ -1,0 +1,181 @@
+/*
+ * cplane_int.h - what the files of the control plane share (cplane.c: start,
+ * stop, timers, the hooks the server loop calls; cp_peers.c; cp_moves.c;
+ * cp_map.c: applying the map and proposals; cp_admin.c: psctl; ckpt_srv.c:
+ * checkpoints).  The control plane reaches the data plane only through the
+ * ops table it was given (server/dataplane.h).
+ */
+#ifndef RPS_CPLANE_INT_H
+#define RPS_CPLANE_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "control/cplane.h"
+#include "control/raft.h"
+#include "control/rnode.h"
+#include "proto/proto.h"
+#include "proto/smap.h"
+#include "server/dataplane.h"
+#include "server/server.h"
+#include "transport/uri.h"
+
+#define PEER_RETRY_NS 1000000000ull
+#define DUTY_NS 20000000ull
+
+/* What this server does with a partition. */
+enum part_state {
+	PART_NONE = 0,	/* not ours */
+	PART_ACTIVE,	/* ours, serving */
+	PART_LEAVING,	/* MOVE_BEGIN from us: fencing its shards */
+	PART_SHIPPED,	/* fenced and offered to the destination */
+	PART_INCOMING,	/* installed here, waiting for MOVE_COMMIT */
+	PART_DRAINING,	/* moved away: regions freed at free_at */
+};
+
+struct part_local {
+	enum part_state st;
+	uint64_t epoch;		/* ACTIVE: the epoch served; moves: the one BEGIN named */
+	uint64_t to;		/* LEAVING/SHIPPED: the destination */
+	uint64_t next_try;	/* ns: next offer / proposal */
+	uint64_t give_up;	/* ns: SHIPPED without a commit by then: propose ABORT */
+	uint64_t free_at;	/* DRAINING */
+	void *blob;		/* SHIPPED: the partition's state, registered for READ */
+	size_t blob_len;
+	struct rps__mr *blob_mr;
+	uint32_t blob_crc;
+	bool offered;		/* MIGRATE sent, reply pending */
+	bool installed;		/* destination answered 0 */
+	bool gone;		/* ours, but its contents went with a restart: refused
+				 * (-ENODATA) and proposed as lost until the map says so */
+	bool cleared;		/* restored or accepted empty since the restart */
+};
+
+struct peer {
+	uint64_t id;
+	struct conn *c;		/* NULL: not connected */
+	uint64_t next_connect;	/* ns */
+	uint32_t inflight;	/* sends not yet completed */
+};
+
+/* A psctl request waiting for the log. */
+struct admin_wait {
+	struct conn *conn;
+	uint64_t req_id;
+	uint32_t op;
+	uint32_t part;
+	uint64_t id;
+	uint64_t epoch;		/* MOVE: the epoch BEGIN named */
+	uint64_t index;		/* proposals: where it must apply */
+	uint64_t term;
+	uint64_t deadline;	/* ns */
+	int stage;
+};
+
+/* A partition image being READ from its old owner over a peer connection. */
+struct cp_read {
+	struct conn *c;
+	struct rps__migrate mig;
+	uint64_t req_id;
+};
+
+struct ckpt_state;
+
+struct rps__cplane {
+	const struct rps__dp_ops *dp;	/* the data plane, and ... */
+	struct rps__server *srv;	/* ... the handle its ops take */
+	struct rps__server_config cfg;
+	struct rps__uri *cluster;
+	int ncluster;
+	int index;
+	uint64_t my_id;
+	struct rps__smap map;		/* applied state of the shard map */
+	struct part_local parts[RPS__SMAP_MAX_PART];
+	char *mapbuf;			/* the encoded map, READ by workers */
+	bool mapbuf_registered;
+	struct rps__rnode *rnode;
+	char *data_dir;			/* ours to remove at exit when temporary */
+	bool data_dir_temp;
+	struct peer peers[RPS__SMAP_MAX_MEMBERS];
+	uint32_t npeers;
+	struct cp_read *reads;		/* READs of partition images in flight */
+	uint32_t nreads, reads_cap;
+	struct admin_wait *admin;
+	uint32_t nadmin, admin_cap;
+	uint64_t next_tick;		/* ns */
+	uint64_t next_duty;		/* ns */
+	uint64_t read_ctx;
+	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
+	bool restarted;			/* started from a --data-dir that held state */
+	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
+	struct ckpt_state *ckpt;	/* ckpt_srv.c */
+};
+
+static inline uint64_t ms_ns(uint64_t ms)
+{
+	return ms * 1000000ull;
+}
+
+/* Is the partition served here under this epoch right now? */
+static inline bool rps__cp_serving(const struct rps__cplane *cp, uint32_t part)
+{
+	return cp->parts[part].st == PART_ACTIVE;
+}
+
+/* Are the partition's contents lost (restarted owner, or the map says so)? */
+static inline bool rps__cp_lost(const struct rps__cplane *cp, uint32_t part)
+{
+	return cp->map.parts[part].lost || cp->parts[part].gone;
+}
+
+/* Tell the data plane what it serves partition p by (after any change of
+ * the map or of cp->parts[p]); _all after the map changed. */
+void rps__cp_part_sync(struct rps__cplane *cp, uint32_t p);
+void rps__cp_parts_sync_all(struct rps__cplane *cp);
+
+/* cp_peers.c */
+struct peer *rps__cp_peer_get(struct rps__cplane *cp, uint64_t id, bool add);
+void rps__cp_peer_send(struct rps__cplane *cp, uint64_t to, unsigned type, uint64_t req_id, int32_t status,
+		       const void *body, size_t len);
+int rps__cp_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char **why);
+void rps__cp_peer_attached(void *ctx, struct conn *c);
+void rps__cp_on_send_done(void *ctx, struct conn *c);
+void rps__cp_peers_gone(struct rps__cplane *cp, struct conn *c);
+void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now);
+
+/* cp_moves.c */
+void rps__cp_blob_free(struct rps__cplane *cp, struct part_local *pl);
+int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part);
+void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now);
+void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf);
+void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m);
+void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t part, int32_t status);
+void rps__cp_reads_gone(struct rps__cplane *cp, struct conn *c);
+void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now);
+
+/* cp_map.c */
+void rps__cp_map_publish(struct rps__cplane *cp);
+void rps__cp_reconcile(struct rps__cplane *cp);
+int rps__cp_bootstrap_map(struct rps__cplane *cp);
+void rps__cp_propose_cmd(struct rps__cplane *cp, const struct rps__smap_cmd *cmd);
+int rps__cp_propose_here(struct rps__cplane *cp, const struct rps__smap_cmd *cmd, uint64_t *index,
+			 uint64_t *term);
+void rps__cp_on_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const void *body, size_t len);
+extern const struct rps__rnode_callbacks rps__cp_rnode_callbacks;	/* (ctx: the cplane) */
+
+/* cp_admin.c */
+void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a);
+void rps__cp_on_status(struct rps__cplane *cp, struct conn *c, uint64_t req_id);
+void rps__cp_admin_map_changed(struct rps__cplane *cp);
+void rps__cp_admin_conn_gone(struct rps__cplane *cp, struct conn *c);
+void rps__cp_admin_timeouts(struct rps__cplane *cp, uint64_t now);
+void rps__cp_leader_membership(struct rps__cplane *cp);
+
+/* ckpt_srv.c: checkpoints and restores */
+void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps__msg_hdr *h,
+			const void *body, uint32_t body_len);
+void rps__ck_timers(struct rps__cplane *cp, uint64_t now);
+void rps__ck_conn_gone(struct rps__cplane *cp, struct conn *c);
+void rps__ck_fini(struct rps__cplane *cp);
+
+#endif

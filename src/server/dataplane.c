@@ -1,0 +1,257 @@
+/*
+ * dataplane.c - the data plane as the control plane sees it (dataplane.h):
+ * the ops table over the server's connections, partitions and checkpoint
+ * holds, and the registration of the layer above.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+#define PEER_CONNECT_TIMEOUT_MS 2000
+
+void rps__dp_set_hooks(struct rps__server *srv, const struct rps__dp_hooks *hooks)
+{
+	srv->hooks = *hooks;
+}
+
+/* ---- the server as a whole -------------------------------------------- */
+
+static void set_member_id(struct rps__server *srv, uint64_t id)
+{
+	srv->my_id = id;
+}
+
+static void set_map(struct rps__server *srv, uint32_t npart, uint64_t applied)
+{
+	srv->npart = npart;
+	srv->map_applied = applied;
+}
+
+static int map_register(struct rps__server *srv, void *buf, size_t len)
+{
+	int ret = rps__mr_reg(srv->fab, buf, len, RPS__ACCESS_REMOTE_READ, &srv->mapbuf_mr);
+
+	if (!ret)
+		srv->mapbuf = buf;
+	return ret;
+}
+
+static void map_deregister(struct rps__server *srv)
+{
+	rps__mr_dereg(srv->mapbuf_mr);
+	srv->mapbuf_mr = NULL;
+	srv->mapbuf = NULL;
+}
+
+static int mem_register(struct rps__server *srv, void *buf, size_t len, struct rps__mr **mr)
+{
+	return rps__mr_reg(srv->fab, buf, len, RPS__ACCESS_REMOTE_READ, mr);
+}
+
+static void mem_deregister(struct rps__mr *mr)
+{
+	rps__mr_dereg(mr);
+}
+
+static uint32_t mem_rkey(const struct rps__mr *mr)
+{
+	return rps__mr_rkey(mr);
+}
+
+static uint32_t shard_elems(const struct rps__server *srv)
+{
+	return srv->shard_elems;
+}
+
+static void stats(struct rps__server *srv, struct rps__dp_stats *st)
+{
+	uint32_t i, j;
+
+	memset(st, 0, sizeof(*st));
+	for (i = 0; i < srv->nconns; i++)
+		st->n_conns += srv->conns[i]->role == CONN_WORKER;
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		uint32_t n = 0;
+		if (!t)
+			continue;
+		for (j = 0; j < srv->npart; j++)
+			if (t->regions[j].mr && rps__srv_part_serving(srv, j)) {
+				n += t->regions[j].nsh;
+				st->shard_bytes += (uint64_t)t->regions[j].nsh * t->stride;
+			}
+		st->tensors++;
+		st->shards += n;
+	}
+}
+
+/* ---- connections -------------------------------------------------------- */
+
+static enum conn_role_kind conn_role(const struct conn *c)
+{
+	return c->role;
+}
+
+static uint64_t conn_peer_id(const struct conn *c)
+{
+	return c->peer_id;
+}
+
+static bool conn_dead(const struct conn *c)
+{
+	return c->dead;
+}
+
+static const char *conn_name(const struct conn *c)
+{
+	return c->ep ? rps__ep_peer(c->ep) : "";
+}
+
+static size_t conn_msg_max(const struct conn *c)
+{
+	return c->msg_max;
+}
+
+/* A move's destination READs the partition image into a buffer of the
+ * connection, registered once and kept for the next move. */
+static int conn_read(struct conn *c, uint64_t raddr, uint32_t rkey, uint64_t len)
+{
+	struct rps__wr wr;
+	int ret;
+
+	if (c->rd_len < len) {
+		rps__mr_dereg(c->rd_mr);
+		free(c->rd_buf);
+		c->rd_mr = NULL;
+		c->rd_len = 0;
+		c->rd_buf = malloc(len);
+		if (!c->rd_buf)
+			return -ENOMEM;
+		ret = rps__mr_reg(c->srv->fab, c->rd_buf, len, RPS__ACCESS_LOCAL, &c->rd_mr);
+		if (ret) {
+			free(c->rd_buf);
+			c->rd_buf = NULL;
+			return ret;
+		}
+		c->rd_len = len;
+	}
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = ((uint64_t)WRID_READ << 32);
+	wr.op = RPS__OP_READ;
+	wr.flags = RPS__WR_SIGNALED;
+	wr.sge.addr = c->rd_buf;
+	wr.sge.len = (uint32_t)len;
+	wr.sge.mr = c->rd_mr;
+	wr.raddr = raddr;
+	wr.rkey = rkey;
+	if (len > UINT32_MAX)
+		return -EFBIG;
+	return rps__post(c->ep, &wr, 1);
+}
+
+struct conn *rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id, uint64_t *got_id)
+{
+	struct rps__conn_priv priv = {
+		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_PEER,
+		.from_id = srv->my_id, .to_id = to_id,
+	};
+	struct rps__ep_attr attr = { 0 };
+	char reply[RPS__PRIVDATA_MAX + 1];
+	size_t reply_len = RPS__PRIVDATA_MAX;
+	struct rps__conn_priv rp;
+	struct rps__uri u;
+	struct conn *c;
+	int ret;
+
+	if (rps__uri_parse(uri, &u))
+		return NULL;
+	if (rps__srv_conn_new(srv, CONN_PEER, &c))
+		return NULL;
+	attr.sq_depth = c->nsend + 8;
+	attr.rq_depth = c->nrecv;
+	attr.max_inline = 64;
+	memset(reply, 0, sizeof(reply));
+	ret = rps__connect(srv->fab, u.host, u.port, srv->cq, &attr, &priv, sizeof(priv),
+			   PEER_CONNECT_TIMEOUT_MS, reply, &reply_len, &c->ep);
+	if (ret) {
+		rps__log(RPS__LOG_DEBUG, "peer %llu (%s): %s", (unsigned long long)to_id, uri, rps__errbuf());
+		rps__srv_conn_free(srv, c);
+		return NULL;
+	}
+	memset(&rp, 0, sizeof(rp));
+	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
+	if (reply_len < sizeof(rp) || !rp.from_id || rp.from_id == srv->my_id || (to_id && rp.from_id != to_id)) {
+		rps__log(RPS__LOG_WARN, "peer at %s answered as member %llu: not the peer expected", uri,
+			 (unsigned long long)rp.from_id);
+		rps__srv_conn_free(srv, c);
+		return NULL;
+	}
+	c->peer_id = rp.from_id;
+	if (rps__srv_conn_attach(srv, c)) {
+		rps__srv_conn_fail(c, rps__errbuf());
+		return NULL;
+	}
+	*got_id = rp.from_id;
+	return c;
+}
+
+/* ---- partitions -------------------------------------------------------- */
+
+static void part_set(struct rps__server *srv, uint32_t part, const struct rps__dp_part *view)
+{
+	if (part < RPS__SMAP_MAX_PART)
+		srv->parts[part] = *view;
+}
+
+static const struct rps__dp_ops ops = {
+	.set_member_id = set_member_id,
+	.set_map = set_map,
+	.map_register = map_register,
+	.map_deregister = map_deregister,
+	.mem_register = mem_register,
+	.mem_deregister = mem_deregister,
+	.mem_rkey = mem_rkey,
+	.port = rps__server_port,
+	.shard_elems = shard_elems,
+	.stats = stats,
+	.conn_reply = rps__srv_conn_reply,
+	.conn_fail = rps__srv_conn_fail,
+	.conn_role = conn_role,
+	.conn_peer_id = conn_peer_id,
+	.conn_dead = conn_dead,
+	.conn_name = conn_name,
+	.conn_msg_max = conn_msg_max,
+	.conn_read = conn_read,
+	.peer_dial = rps__srv_peer_dial,
+	.part_set = part_set,
+	.part_create = rps__srv_part_create,
+	.part_publish = rps__srv_part_publish,
+	.part_refuse = rps__srv_refuse_partition,
+	.part_fence = rps__srv_part_fence,
+	.part_unfence = rps__srv_part_unfence,
+	.part_serialize = rps__srv_image_build,
+	.part_forget_parked = rps__srv_part_forget_parked,
+	.part_install = rps__srv_image_install,
+	.part_drop = rps__srv_regions_free_part,
+	.hold_steps = rps__srv_hold_steps,
+	.hold_tensor = rps__srv_hold_tensor,
+	.hold_release = rps__srv_hold_release,
+	.hold_reached = rps__srv_hold_reached,
+	.drain = rps__srv_drain_held,
+	.take = rps__srv_take,
+	.copy_free = rps__srv_copy_free,
+	.restore_tensor = rps__srv_restore_tensor,
+	.restore_shard = rps__srv_restore_shard,
+};
+
+const struct rps__dp_ops *rps__dataplane_ops(void)
+{
+	return &ops;
+}

@@ -1,0 +1,667 @@
+/*
+ * partition.c - the partition API of the data plane (dataplane.h): what
+ * the control plane asks of a partition when the map changes or a move
+ * goes on.  Fencing seals the lock words of a leaving partition, the image
+ * carries it (parameters, versions, optimizer state, sync accumulators,
+ * clocks, applied push ids, parked pushes) to its new owner, which checks
+ * every field before anything of it is installed.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "kernels/agg.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+#define MIG_MAGIC 0x47494d50u	/* "PMIG" */
+#define MIG_VERSION 1u
+
+static uint64_t fenced_word(uint64_t w)
+{
+	return rps__lock_locked(rps__lock_version(w), RPS__LOCK_OWNER_FENCE);
+}
+
+static bool is_fenced(uint64_t w)
+{
+	return rps__lock_is_locked(w) && rps__lock_owner(w) == RPS__LOCK_OWNER_FENCE;
+}
+
+/* Refuse what waits for a partition that is leaving: held pushes (never
+ * applied: the workers send them to the new owner) and WAITs. */
+void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part)
+{
+	uint32_t i = 0;
+
+	while (i < srv->nwaiters) {
+		struct waiter *w = &srv->waiters[i];
+		struct tensor *t = w->tensor_id < srv->ntensors ? srv->tensors[w->tensor_id] : NULL;
+		if (t && t->shards[w->local].part == part) {
+			rps__srv_conn_reply(w->conn, RPS__MSG_WAIT_REP, w->req_id, RPS_ESTALE_EPOCH, NULL, 0);
+			*w = srv->waiters[--srv->nwaiters];
+			continue;
+		}
+		i++;
+	}
+	/* consume() refuses pushes of a partition that is not served */
+	rps__srv_drain_held(srv);
+}
+
+/* Seal every lock word of the partition.  A word a worker holds is left
+ * until its push is decided (or its lease broken): 1 when all are sealed. */
+bool rps__srv_part_fence(struct rps__server *srv, uint32_t part)
+{
+	bool all = true;
+	uint32_t i, j;
+
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		struct region *r = t ? &t->regions[part] : NULL;
+		if (!r || !r->mr)
+			continue;
+		for (j = 0; j < r->nsh; j++) {
+			struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
+			uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE), old = 0;
+			if (is_fenced(w))
+				continue;
+			if (rps__lock_is_locked(w)) {
+				all = false;
+				continue;
+			}
+			if (rps__local_cas(srv->fab, r->mr, &s->hdr->lock, w, fenced_word(w), &old) || old != w)
+				all = false;
+		}
+	}
+	for (i = 0; i < srv->nheld; i++) {
+		struct conn *c = srv->held[i].conn;
+		const struct rps__push_desc *d = (const void *)(c->slots + (size_t)srv->held[i].slot * srv->slot_size);
+		struct tensor *t = d->tensor_id < srv->ntensors ? srv->tensors[d->tensor_id] : NULL;
+		if (t && d->shard < t->layout.nshards && t->shards[d->shard].part == part)
+			all = false;
+	}
+	return all;
+}
+
+void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch)
+{
+	uint32_t i, j;
+
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		struct region *r = t ? &t->regions[part] : NULL;
+		if (!r || !r->mr)
+			continue;
+		for (j = 0; j < r->nsh; j++) {
+			struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
+			uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE), old = 0;
+			if (is_fenced(w))
+				rps__local_cas(srv->fab, r->mr, &s->hdr->lock, w,
+					       rps__lock_unlocked(rps__lock_version(w) + 1), &old);
+			rps__srv_publish(s, epoch);
+		}
+	}
+}
+
+/* A growing byte buffer for the partition image. */
+struct wbuf {
+	char *p;
+	size_t len, cap;
+	int err;
+};
+
+static void put(struct wbuf *b, const void *v, size_t n)
+{
+	if (b->err)
+		return;
+	if (b->len + n > b->cap) {
+		size_t cap = b->cap ? b->cap : 4096;
+		char *g;
+		while (cap < b->len + n)
+			cap *= 2;
+		g = realloc(b->p, cap);
+		if (!g) {
+			b->err = -ENOMEM;
+			return;
+		}
+		b->p = g;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, v, n);
+	b->len += n;
+}
+
+static void put64(struct wbuf *b, uint64_t v) { put(b, &v, 8); }
+static void put32(struct wbuf *b, uint32_t v) { put(b, &v, 4); }
+
+struct rbuf {
+	const char *p;
+	size_t len, off;
+	bool bad;
+};
+
+static const void *get(struct rbuf *b, size_t n)
+{
+	const void *v;
+
+	if (b->bad || n > b->len - b->off) {
+		b->bad = true;
+		return NULL;
+	}
+	v = b->p + b->off;
+	b->off += n;
+	return v;
+}
+
+static uint64_t get64(struct rbuf *b)
+{
+	const void *v = get(b, 8);
+	uint64_t x = 0;
+
+	if (v)
+		memcpy(&x, v, 8);
+	return x;
+}
+
+static uint32_t get32(struct rbuf *b)
+{
+	const void *v = get(b, 4);
+	uint32_t x = 0;
+
+	if (v)
+		memcpy(&x, v, 4);
+	return x;
+}
+
+/*
+ * The image of a fenced partition (host byte order: both ends are rdmapsd
+ * of the same build on one fabric; the crc covers all of it):
+ *   magic, version, part, epoch, ntensors
+ *   per tensor: name[64], spec, nshards here, then per shard:
+ *     index, step, min_clock, lock version, ready, next_rank, elems,
+ *     params, optimizer state, accumulator (sync), clocks (bounded),
+ *     n applied-push-ids, (client, push id) pairs
+ *   nparked, per parked push: tensor ordinal, shard, clock, rank, nbytes, data
+ */
+static int serialize_partition(struct rps__server *srv, uint32_t part, uint64_t epoch, struct wbuf *b)
+{
+	uint32_t i, j, nt = 0, np = 0;
+
+	put32(b, MIG_MAGIC);
+	put32(b, MIG_VERSION);
+	put32(b, part);
+	put64(b, epoch);
+	for (i = 0; i < srv->ntensors; i++)
+		nt += srv->tensors[i] && srv->tensors[i]->regions[part].mr ? 1u : 0u;
+	put32(b, nt);
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		struct region *r = t ? &t->regions[part] : NULL;
+		size_t nstate;
+		if (!r || !r->mr)
+			continue;
+		put(b, t->name, sizeof(t->name));
+		put(b, &t->spec, sizeof(t->spec));
+		put32(b, r->nsh);
+		for (j = 0; j < r->nsh; j++) {
+			struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
+			uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
+			put32(b, s->index);
+			put64(b, s->step);
+			put64(b, __atomic_load_n(&s->hdr->min_clock, __ATOMIC_ACQUIRE));
+			put64(b, rps__lock_version(w));
+			put32(b, s->ready);
+			put32(b, (uint32_t)s->next_rank);
+			put32(b, s->elems);
+			put(b, s->params, (size_t)s->elems * 4);
+			nstate = rps__optim_state_len(t->optim.type, s->elems);
+			if (nstate)
+				put(b, s->state, nstate * 4);
+			if (s->acc)
+				put(b, s->acc, (size_t)s->elems * 4);
+			if (s->clocks)
+				put(b, s->clocks, (size_t)t->spec.num_workers * 8);
+			put32(b, s->ndd);
+			if (s->ndd)
+				put(b, s->dd, (size_t)s->ndd * sizeof(*s->dd));
+		}
+	}
+	for (i = 0; i < srv->nparked; i++)
+		np += srv->parked[i].t->shards[srv->parked[i].local].part == part;
+	put32(b, np);
+	for (i = 0; i < srv->nparked; i++) {
+		struct parked *pk = &srv->parked[i];
+		if (pk->t->shards[pk->local].part != part)
+			continue;
+		put(b, pk->t->name, sizeof(pk->t->name));
+		put32(b, pk->local);
+		put64(b, pk->clock);
+		put32(b, (uint32_t)pk->rank);
+		put64(b, pk->nbytes);
+		put(b, pk->data, pk->nbytes);
+	}
+	return b->err;
+}
+
+/* Parked pushes of a shipped partition now live in the image. */
+void rps__srv_part_forget_parked(struct rps__server *srv, uint32_t part)
+{
+	uint32_t i = 0;
+
+	while (i < srv->nparked) {
+		struct parked *pk = &srv->parked[i];
+		if (pk->t->shards[pk->local].part == part) {
+			free(pk->data);
+			rps__srv_mem_give(srv, pk->nbytes);
+			srv->parked_bytes -= pk->nbytes;
+			*pk = srv->parked[--srv->nparked];
+			continue;
+		}
+		i++;
+	}
+}
+
+void rps__srv_regions_free_part(struct rps__server *srv, uint32_t part)
+{
+	uint32_t i;
+
+	for (i = 0; i < srv->ntensors; i++)
+		if (srv->tensors[i])
+			rps__srv_region_free(srv, srv->tensors[i], part);
+}
+
+/* What the validation pass keeps of each tensor of an image. */
+struct img_tensor {
+	const char *name;
+	struct rps__tensor_spec spec;
+	struct rps__layout layout;
+	uint32_t nsh;
+	uint64_t *steps;	/* per shard of the partition, in image order */
+};
+
+static void img_tensors_free(struct img_tensor *it, uint32_t n)
+{
+	if (!it)
+		return;
+	for (uint32_t i = 0; i < n; i++)
+		free(it[i].steps);
+	free(it);
+}
+
+/*
+ * Walk a partition image and check every field against this server before
+ * anything of it is installed (install_partition trusts what passes): the
+ * crc only says the bytes arrived as sent, not that the sender (a buggy or
+ * confused peer, or another build) sent something this server can use.
+ * No side effect: 0, or -EBADMSG with a message naming the first bad field.
+ */
+/* The image's findings: BAD() names the first bad field in what[] and
+ * refuses the image (-EBADMSG); check_partition_image says where. */
+#define BAD(...) do { snprintf(what, WHAT_LEN, __VA_ARGS__); return -EBADMSG; } while (0)
+#define WHAT_LEN 160
+
+/* Shard j of the partition in tensor it's part of the image. */
+static int check_shard(struct rbuf *b, struct img_tensor *it, uint32_t part, uint32_t j, char *what)
+{
+	bool sync = it->spec.mode == RPS_MODE_SYNC, bounded = it->spec.mode == RPS_MODE_BOUNDED;
+	uint32_t index = get32(b), ready, next_rank, elems, ndd, k;
+	uint64_t step = get64(b), min_clock = get64(b), lockv = get64(b);
+	const struct dedup *dd;
+	size_t nstate;
+
+	ready = get32(b);
+	next_rank = get32(b);
+	elems = get32(b);
+	if (b->bad)
+		BAD("truncated in tensor '%s' shard %u", it->name, j);
+	if (index != rps__part_shard(&it->layout, part, j))
+		BAD("tensor '%s': shard %u where shard %u of the partition belongs", it->name, index,
+		    rps__part_shard(&it->layout, part, j));
+	/* the published seq is step * 2, the lock word keeps 48 bits of version */
+	if (step > (UINT64_MAX >> 2) || lockv >= (1ull << 48) - 1)
+		BAD("tensor '%s' shard %u: version %llu / lock version %llu out of range", it->name,
+		    index, (unsigned long long)step, (unsigned long long)lockv);
+	if (ready > 1)
+		BAD("tensor '%s' shard %u: ready flag %u", it->name, index, ready);
+	if (sync ? next_rank >= (uint32_t)it->spec.num_workers : next_rank != 0)
+		BAD("tensor '%s' shard %u: next rank %u (%d workers)", it->name, index, next_rank,
+		    it->spec.num_workers);
+	if (elems != rps__shard_elems(&it->layout, index))
+		BAD("tensor '%s' shard %u: %u elements, the shard has %u", it->name, index, elems,
+		    rps__shard_elems(&it->layout, index));
+	it->steps[j] = step;
+	nstate = rps__optim_state_len((enum rps_optimizer)it->spec.optimizer, elems);
+	if (!get(b, (size_t)elems * 4) || (nstate && !get(b, nstate * 4)) ||
+	    (sync && !get(b, (size_t)elems * 4)))
+		BAD("tensor '%s' shard %u: truncated in its values", it->name, index);
+	if (bounded) {
+		const uint64_t *clocks = get(b, (size_t)it->spec.num_workers * 8);
+		uint64_t lo = UINT64_MAX, c;
+		if (!clocks)
+			BAD("tensor '%s' shard %u: truncated in its clocks", it->name, index);
+		for (k = 0; k < (uint32_t)it->spec.num_workers; k++) {
+			memcpy(&c, &clocks[k], 8);
+			lo = RPS__MIN(lo, c);
+		}
+		if (lo != min_clock)
+			BAD("tensor '%s' shard %u: minimum clock %llu, its clocks say %llu", it->name,
+			    index, (unsigned long long)min_clock, (unsigned long long)lo);
+	}
+	ndd = get32(b);
+	if (b->bad || ndd > (b->len - b->off) / sizeof(*dd) || ndd > 1u << 20)
+		BAD("tensor '%s' shard %u: %u applied-push sets cannot fit the image", it->name, index, ndd);
+	dd = get(b, (size_t)ndd * sizeof(*dd));
+	for (k = 0; k < ndd; k++) {
+		struct dedup d;
+		memcpy(&d, &dd[k], sizeof(d));
+		if (d.next >= DEDUP_IDS)
+			BAD("tensor '%s' shard %u: applied-push set %u is malformed", it->name, index, k);
+	}
+	return 0;
+}
+
+/* Tensor i of the image (its name, spec and shards), against this server. */
+static int check_tensor(struct rps__server *srv, struct rbuf *b, struct img_tensor *its, uint32_t i, uint32_t nt,
+			uint32_t part, char *what)
+{
+	struct img_tensor *it = &its[i];
+	const struct rps__tensor_spec *sp;
+	struct tensor *t;
+	uint32_t j, k;
+	int ret;
+
+	it->name = get(b, RPS__NAME_MAX);
+	sp = get(b, sizeof(*sp));
+	if (!it->name || !sp)
+		BAD("truncated in tensor %u of %u", i + 1, nt);
+	if (!memchr(it->name, '\0', RPS__NAME_MAX) || !it->name[0])
+		BAD("tensor %u has no valid name", i + 1);
+	for (k = 0; k < i; k++)
+		if (!strcmp(its[k].name, it->name))
+			BAD("tensor '%s' comes twice", it->name);
+	memcpy(&it->spec, sp, sizeof(it->spec));
+	t = rps__srv_tensor_by_name(srv, it->name);
+	if (t) {
+		if (memcmp(&t->spec, &it->spec, sizeof(it->spec)))
+			BAD("tensor '%s' exists here with other options", it->name);
+		it->layout = t->layout;
+	} else if (rps__srv_spec_valid(srv, it->name, &it->spec, &it->layout)) {
+		BAD("%s", rps__errbuf());
+	}
+	it->nsh = get32(b);
+	if (b->bad || it->nsh != rps__part_nshards(&it->layout, part))
+		BAD("tensor '%s' has %u shards in the partition, this server expects %u", it->name, it->nsh,
+		    rps__part_nshards(&it->layout, part));
+	it->steps = calloc(it->nsh ? it->nsh : 1, sizeof(*it->steps));
+	if (!it->steps)
+		return rps__seterr(-ENOMEM, "partition %u: out of memory checking its image", part);
+	for (j = 0; j < it->nsh; j++) {
+		ret = check_shard(b, it, part, j, what);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+/* Parked push i of np, of one of the image's tensors. */
+static int check_parked(struct rbuf *b, struct img_tensor *its, uint32_t nt, uint32_t part, uint32_t i,
+			uint32_t np, char *what)
+{
+	const char *name = get(b, RPS__NAME_MAX);
+	uint32_t shard = get32(b), rank, k;
+	uint64_t clock = get64(b), nbytes, want;
+	struct img_tensor *it = NULL;
+
+	rank = get32(b);
+	nbytes = get64(b);
+	if (b->bad || !memchr(name, '\0', RPS__NAME_MAX))
+		BAD("truncated in parked push %u of %u", i + 1, np);
+	for (k = 0; k < nt && !it; k++)
+		if (!strcmp(its[k].name, name))
+			it = &its[k];
+	if (!it)
+		BAD("parked push %u: tensor '%s' is not in the partition", i + 1, name);
+	if (it->spec.mode != RPS_MODE_SYNC)
+		BAD("parked push %u: tensor '%s' is not in sync mode", i + 1, it->name);
+	if (shard >= it->layout.nshards || rps__shard_server(&it->layout, shard) != part)
+		BAD("parked push %u: tensor '%s' shard %u is not in the partition", i + 1, it->name, shard);
+	want = (uint64_t)rps__shard_elems(&it->layout, shard) * rps__dtype_size((enum rps_dtype)it->spec.dtype);
+	if (nbytes != want)
+		BAD("parked push %u: %llu bytes for tensor '%s' shard %u, which takes %llu", i + 1,
+		    (unsigned long long)nbytes, it->name, shard, (unsigned long long)want);
+	if (rank >= (uint32_t)it->spec.num_workers)
+		BAD("parked push %u: rank %u of %d workers", i + 1, rank, it->spec.num_workers);
+	if (clock < it->steps[rps__shard_local_index(&it->layout, shard)] || clock == UINT64_MAX)
+		BAD("parked push %u: clock %llu of tensor '%s' shard %u is not ahead of its version", i + 1,
+		    (unsigned long long)clock, it->name, shard);
+	if (!get(b, nbytes))
+		BAD("parked push %u: truncated in its data", i + 1);
+	return 0;
+}
+
+static int check_partition_image(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
+				 size_t len)
+{
+	struct rbuf b = { .p = img, .len = len };
+	struct img_tensor *its = NULL;
+	uint32_t nt, i, np;
+	char what[WHAT_LEN] = "";
+	int ret = 0;
+
+	if (get32(&b) != MIG_MAGIC || get32(&b) != MIG_VERSION || get32(&b) != part || get64(&b) != epoch)
+		return rps__seterr(-EBADMSG, "partition %u: not the image of this move", part);
+	nt = get32(&b);
+	/* every tensor takes at least its name, spec and count */
+	if (b.bad || nt > (b.len - b.off) / (RPS__NAME_MAX + sizeof(struct rps__tensor_spec) + 4)) {
+		snprintf(what, sizeof(what), "%u tensors cannot fit the image", nt);
+		ret = -EBADMSG;
+		goto out;
+	}
+	its = calloc(nt ? nt : 1, sizeof(*its));
+	if (!its)
+		return rps__seterr(-ENOMEM, "partition %u: out of memory checking its image", part);
+	for (i = 0; i < nt && !ret; i++)
+		ret = check_tensor(srv, &b, its, i, nt, part, what);
+	if (!ret) {
+		np = get32(&b);
+		if (b.bad || np > (b.len - b.off) / (RPS__NAME_MAX + 4 + 8 + 4 + 8)) {
+			snprintf(what, sizeof(what), "%u parked pushes cannot fit the image", np);
+			ret = -EBADMSG;
+		}
+		for (i = 0; i < np && !ret; i++)
+			ret = check_parked(&b, its, nt, part, i, np, what);
+	}
+	if (!ret && b.off != b.len) {
+		snprintf(what, sizeof(what), "%zu bytes after its end", b.len - b.off);
+		ret = -EBADMSG;
+	}
+out:
+	if (ret == -EBADMSG)
+		ret = rps__seterr(-EBADMSG, "partition %u: image refused, nothing installed: %s (at byte %zu of %zu)",
+				  part, what, b.off, b.len);
+	img_tensors_free(its, nt);
+	return ret;
+}
+#undef BAD
+
+/* Install an image READ from the old owner: tensors it does not know yet
+ * come with it.  The regions are filled before they are registered.  The
+ * image passed check_partition_image first: nothing is changed for one
+ * that fails. */
+static int install_partition(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
+			     size_t len)
+{
+	struct rbuf b = { .p = img, .len = len };
+	uint32_t nt, i, j, np;
+	int ret;
+
+	ret = check_partition_image(srv, part, epoch, img, len);
+	if (ret)
+		return ret;
+	if (get32(&b) != MIG_MAGIC || get32(&b) != MIG_VERSION || get32(&b) != part || get64(&b) != epoch)
+		return rps__seterr(-EBADMSG, "partition %u: not the image of this move", part);
+	rps__srv_regions_free_part(srv, part);
+	nt = get32(&b);
+	for (i = 0; i < nt && !b.bad; i++) {
+		const char *name = get(&b, RPS__NAME_MAX);
+		const struct rps__tensor_spec *sp = get(&b, sizeof(*sp));
+		struct rps__tensor_spec spec;
+		struct tensor *t;
+		uint32_t nsh;
+		if (!name || !sp || !memchr(name, '\0', RPS__NAME_MAX))
+			goto bad;
+		memcpy(&spec, sp, sizeof(spec));
+		t = rps__srv_tensor_by_name(srv, name);
+		if (!t && (ret = rps__srv_tensor_add(srv, name, &spec, &t)))
+			goto fail;
+		nsh = get32(&b);
+		if (nsh != rps__part_nshards(&t->layout, part))
+			goto bad;
+		ret = rps__srv_region_alloc(srv, t, part, false, NULL);
+		if (ret)
+			goto fail;
+		for (j = 0; j < nsh; j++) {
+			struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
+			size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
+			const void *v;
+			if (get32(&b) != s->index)
+				goto bad;
+			s->step = get64(&b);
+			s->hdr->min_clock = get64(&b);
+			s->hdr->lock = rps__lock_unlocked(get64(&b) + 1);
+			s->ready = get32(&b) != 0;
+			s->next_rank = (int)get32(&b);
+			if (get32(&b) != s->elems)
+				goto bad;
+			if (!(v = get(&b, (size_t)s->elems * 4)))
+				goto bad;
+			memcpy(s->params, v, (size_t)s->elems * 4);
+			if (nstate) {
+				if (!(v = get(&b, nstate * 4)))
+					goto bad;
+				memcpy(s->state, v, nstate * 4);
+			}
+			if (s->acc) {
+				if (!(v = get(&b, (size_t)s->elems * 4)))
+					goto bad;
+				memcpy(s->acc, v, (size_t)s->elems * 4);
+			}
+			if (s->clocks) {
+				if (!(v = get(&b, (size_t)t->spec.num_workers * 8)))
+					goto bad;
+				memcpy(s->clocks, v, (size_t)t->spec.num_workers * 8);
+			}
+			s->ndd = get32(&b);
+			if (s->ndd > 1u << 20 || !(v = get(&b, (size_t)s->ndd * sizeof(*s->dd))))
+				goto bad;
+			if (s->ndd) {
+				s->dd = malloc((size_t)s->ndd * sizeof(*s->dd));
+				if (!s->dd) {
+					ret = rps__seterr(-ENOMEM, "out of memory");
+					goto fail;
+				}
+				memcpy(s->dd, v, (size_t)s->ndd * sizeof(*s->dd));
+			}
+			s->hdr->epoch = epoch + 1;
+			s->hdr->seq = s->ready ? s->step * 2 : 1;
+		}
+		ret = rps__srv_region_register(srv, t, part);
+		if (ret)
+			goto fail;
+	}
+	np = get32(&b);
+	for (i = 0; i < np && !b.bad; i++) {
+		const char *name = get(&b, RPS__NAME_MAX);
+		uint32_t shard = get32(&b);
+		uint64_t clock = get64(&b);
+		int rank = (int)get32(&b);
+		uint64_t nbytes = get64(&b);
+		const void *data = get(&b, nbytes);
+		struct tensor *t = name && memchr(name, '\0', RPS__NAME_MAX) ? rps__srv_tensor_by_name(srv, name) : NULL;
+		struct parked *pk;
+		if (!data || !t || shard >= t->layout.nshards)
+			goto bad;
+		if (srv->nparked == srv->parked_cap) {
+			uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
+			struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
+			if (!grown) {
+				ret = rps__seterr(-ENOMEM, "out of memory");
+				goto fail;
+			}
+			srv->parked = grown;
+			srv->parked_cap = cap;
+		}
+		pk = &srv->parked[srv->nparked];
+		pk->data = malloc(nbytes ? nbytes : 1);
+		if (!pk->data) {
+			ret = rps__seterr(-ENOMEM, "out of memory");
+			goto fail;
+		}
+		memcpy(pk->data, data, nbytes);
+		pk->t = t;
+		pk->local = shard;
+		pk->clock = clock;
+		pk->rank = rank;
+		pk->nbytes = nbytes;
+		srv->nparked++;
+		srv->parked_bytes += nbytes;
+		srv->mem_used += nbytes;
+	}
+	if (b.bad || b.off != b.len)
+		goto bad;
+	return 0;
+bad:
+	ret = rps__seterr(-EBADMSG, "partition %u: malformed image at byte %zu of %zu", part, b.off, b.len);
+fail:
+	rps__srv_regions_free_part(srv, part);
+	return ret;
+}
+
+int rps__srv_image_build(struct rps__server *srv, uint32_t part, uint64_t epoch, void **img, size_t *len)
+{
+	struct wbuf b = { 0 };
+	int ret = serialize_partition(srv, part, epoch, &b);
+
+	if (ret) {
+		free(b.p);
+		return rps__seterr(ret, "partition %u: out of memory serialising it", part);
+	}
+	*img = b.p;
+	*len = b.len;
+	return 0;
+}
+
+int rps__srv_image_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len)
+{
+	return install_partition(srv, part, epoch, img, len);
+}
+
+/* Publish an epoch in every header of the partition: a worker's READ of a
+ * moved shard (RPS__EPOCH_MOVED) sees it did not read the owner's copy. */
+void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoch)
+{
+	uint32_t i, j;
+
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		struct region *r = t ? &t->regions[part] : NULL;
+		if (!r || !r->mr)
+			continue;
+		for (j = 0; j < r->nsh; j++)
+			rps__srv_publish(&t->shards[rps__part_shard(&t->layout, part, j)], epoch);
+	}
+}
+
+/* Empty regions of every tensor known (a new cluster, or a lost partition
+ * accepted empty). */
+void rps__srv_part_create(struct rps__server *srv, uint32_t part)
+{
+	uint32_t i;
+
+	for (i = 0; i < srv->ntensors; i++)
+		if (srv->tensors[i] && !rps__srv_region_alloc(srv, srv->tensors[i], part, false, NULL))
+			rps__srv_region_register(srv, srv->tensors[i], part);
+}

@@ -1,0 +1,583 @@
+/*
+ * test_cplane.c - unit tests of the control plane through the seam: one
+ * member's control plane (a real Raft node and log, one voter) driven
+ * against a FAKE data plane (the ops table of server/dataplane.h), which
+ * records what it is asked.  The tests check the order of what a move asks
+ * of the data plane (refuse, fence, serialise, forget parked pushes; drop
+ * after the commit; install on the destination; unfence on abort), that
+ * stale or corrupt offers are refused, and a checkpoint's hold and take.
+ * Peers and psctl are fake connections whose replies are recorded.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "common/crc.h"
+#include "common/fsutil.h"
+#include "control/cplane.h"
+#include "proto/smap.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+#include "lib/cutest.h"
+#include "lib/tmpdir.h"
+
+#define NPART 4u
+
+/* ---- the fake data plane ------------------------------------------------ */
+
+struct conn {
+	enum conn_role_kind role;
+	uint64_t peer_id;
+	bool dead;
+	const char *name;
+	/* what was sent over it */
+	unsigned last_type;
+	uint64_t last_req_id;
+	int32_t last_status;
+	_Alignas(8) char last_body[1024];	/* (replies are read as their structs) */
+	size_t last_len;
+	unsigned nreplies;
+	/* conn_read */
+	bool reading;
+	uint64_t read_len;
+};
+
+#define LOG_MAX 4096
+struct rps__server {
+	char log[LOG_MAX][48];	/* what the control plane asked, in order */
+	unsigned nlog;
+	uint64_t my_id;
+	uint32_t npart;
+	uint64_t applied;
+	struct rps__dp_part parts[RPS__SMAP_MAX_PART];
+	void *mapbuf;
+	bool fence_ok;		/* part_fence's answer */
+	bool reached;		/* hold_reached's answer */
+	int mr_next;
+	float params[8];
+};
+
+static struct rps__server fake;
+
+static void note(const char *fmt, unsigned p)
+{
+	if (fake.nlog < LOG_MAX)
+		snprintf(fake.log[fake.nlog++], sizeof(fake.log[0]), fmt, p);
+}
+
+/* The index of the first entry equal to what, from `from` on; -1 if none. */
+static int logged(const char *what, int from)
+{
+	for (unsigned i = (unsigned)(from < 0 ? 0 : from); i < fake.nlog; i++)
+		if (!strcmp(fake.log[i], what))
+			return (int)i;
+	return -1;
+}
+
+static void f_set_member_id(struct rps__server *s, uint64_t id) { s->my_id = id; }
+static void f_set_map(struct rps__server *s, uint32_t npart, uint64_t applied)
+{
+	s->npart = npart;
+	s->applied = applied;
+}
+static int f_map_register(struct rps__server *s, void *buf, size_t len) { (void)len; s->mapbuf = buf; return 0; }
+static void f_map_deregister(struct rps__server *s) { s->mapbuf = NULL; }
+static int f_mem_register(struct rps__server *s, void *buf, size_t len, struct rps__mr **mr)
+{
+	(void)buf;
+	(void)len;
+	*mr = (struct rps__mr *)(uintptr_t)(0x1000 + s->mr_next++);
+	note("mem_register", 0);
+	return 0;
+}
+static void f_mem_deregister(struct rps__mr *mr) { if (mr) note("mem_deregister", 0); }
+static uint32_t f_mem_rkey(const struct rps__mr *mr) { return (uint32_t)(uintptr_t)mr; }
+static uint16_t f_port(const struct rps__server *s) { (void)s; return 7000; }
+static uint32_t f_shard_elems(const struct rps__server *s) { (void)s; return 4; }
+static void f_stats(struct rps__server *s, struct rps__dp_stats *st) { (void)s; memset(st, 0, sizeof(*st)); }
+
+static void f_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status, const void *body,
+			 size_t len)
+{
+	c->last_type = type;
+	c->last_req_id = req_id;
+	c->last_status = status;
+	c->last_len = body ? RPS__MIN(len, sizeof(c->last_body)) : 0;
+	if (body)
+		memcpy(c->last_body, body, c->last_len);
+	c->nreplies++;
+}
+static void f_conn_fail(struct conn *c, const char *why) { (void)why; c->dead = true; }
+static enum conn_role_kind f_conn_role(const struct conn *c) { return c->role; }
+static uint64_t f_conn_peer_id(const struct conn *c) { return c->peer_id; }
+static bool f_conn_dead(const struct conn *c) { return c->dead; }
+static const char *f_conn_name(const struct conn *c) { return c->name; }
+static size_t f_conn_msg_max(const struct conn *c) { (void)c; return RPS__BIG_MSG_MAX; }
+static int f_conn_read(struct conn *c, uint64_t raddr, uint32_t rkey, uint64_t len)
+{
+	(void)raddr;
+	(void)rkey;
+	c->reading = true;
+	c->read_len = len;
+	note("conn_read", 0);
+	return 0;
+}
+static struct conn *f_peer_dial(struct rps__server *s, const char *uri, uint64_t to_id, uint64_t *got_id)
+{
+	(void)s;
+	(void)uri;
+	(void)to_id;
+	(void)got_id;
+	return NULL;	/* nobody answers */
+}
+
+static void f_part_set(struct rps__server *s, uint32_t p, const struct rps__dp_part *v) { s->parts[p] = *v; }
+static void f_part_create(struct rps__server *s, uint32_t p) { (void)s; note("create %u", p); }
+static void f_part_publish(struct rps__server *s, uint32_t p, uint64_t epoch)
+{
+	(void)s;
+	note(epoch == RPS__EPOCH_MOVED ? "publish %u moved" : "publish %u", p);
+}
+static void f_part_refuse(struct rps__server *s, uint32_t p)
+{
+	/* the partition must not be served any more when what waits is refused */
+	note(s->parts[p].serving ? "refuse %u while serving" : "refuse %u", p);
+}
+static bool f_part_fence(struct rps__server *s, uint32_t p) { note("fence %u", p); return s->fence_ok; }
+static void f_part_unfence(struct rps__server *s, uint32_t p, uint64_t epoch) { (void)s; (void)epoch; note("unfence %u", p); }
+static int f_part_serialize(struct rps__server *s, uint32_t p, uint64_t epoch, void **img, size_t *len)
+{
+	(void)s;
+	(void)epoch;
+	*img = calloc(1, 64);
+	*len = 64;
+	note("serialize %u", p);
+	return *img ? 0 : -ENOMEM;
+}
+static void f_part_forget_parked(struct rps__server *s, uint32_t p) { (void)s; note("forget_parked %u", p); }
+static int f_part_install(struct rps__server *s, uint32_t p, uint64_t epoch, const void *img, size_t len)
+{
+	(void)s;
+	(void)epoch;
+	(void)img;
+	(void)len;
+	note("install %u", p);
+	return 0;
+}
+static void f_part_drop(struct rps__server *s, uint32_t p) { (void)s; note("drop %u", p); }
+
+static uint32_t f_hold_steps(struct rps__server *s, struct rps__ckpt_target **out)
+{
+	(void)s;
+	*out = calloc(1, sizeof(**out));
+	snprintf((*out)->name, sizeof((*out)->name), "w");
+	(*out)->step = 3;
+	note("hold_steps", 0);
+	return 1;
+}
+static void f_hold_tensor(struct rps__server *s, const char *name, uint64_t step)
+{
+	(void)s;
+	(void)name;
+	note("hold_tensor step %u", (unsigned)step);
+}
+static void f_hold_release(struct rps__server *s) { (void)s; note("hold_release", 0); }
+static bool f_hold_reached(struct rps__server *s) { return s->reached; }
+static void f_drain(struct rps__server *s) { (void)s; note("drain", 0); }
+static int f_take(struct rps__server *s, struct rps__dp_copy *cc)
+{
+	cc->tensors = calloc(1, sizeof(*cc->tensors));
+	cc->shards = calloc(1, sizeof(*cc->shards));
+	if (!cc->tensors || !cc->shards)
+		return -ENOMEM;
+	snprintf(cc->tensors[0].name, sizeof(cc->tensors[0].name), "w");
+	cc->tensors[0].spec.count = 4;
+	cc->tensors[0].spec.mode = RPS_MODE_SYNC;
+	cc->tensors[0].spec.num_workers = 1;
+	cc->ntensors = 1;
+	cc->shards[0].params = malloc(sizeof(s->params));
+	memcpy(cc->shards[0].params, s->params, sizeof(s->params));
+	cc->shards[0].meta = (struct rps__dp_shard){ .index = 0, .elems = 4, .version = 3, .ready = true,
+						     .params = cc->shards[0].params };
+	cc->nshards = 1;
+	cc->raw_bytes = 16;
+	note("take", 0);
+	return 0;
+}
+static void f_copy_free(struct rps__dp_copy *cc)
+{
+	for (uint32_t i = 0; i < cc->nshards; i++)
+		free(cc->shards[i].params);
+	free(cc->shards);
+	free(cc->tensors);
+	memset(cc, 0, sizeof(*cc));
+}
+static int f_restore_tensor(struct rps__server *s, const char *file, const char *name,
+			    const struct rps__tensor_spec *spec, struct tensor **t)
+{
+	(void)s;
+	(void)file;
+	(void)name;
+	(void)spec;
+	*t = (struct tensor *)(uintptr_t)1;
+	note("restore_tensor", 0);
+	return 0;
+}
+static int f_restore_shard(struct rps__server *s, const char *file, struct tensor *t, const struct rps__dp_shard *cs)
+{
+	(void)s;
+	(void)file;
+	(void)t;
+	note("restore_shard version %u", (unsigned)cs->version);
+	return 1;
+}
+
+static const struct rps__dp_ops fake_ops = {
+	.set_member_id = f_set_member_id, .set_map = f_set_map, .map_register = f_map_register,
+	.map_deregister = f_map_deregister, .mem_register = f_mem_register, .mem_deregister = f_mem_deregister,
+	.mem_rkey = f_mem_rkey, .port = f_port, .shard_elems = f_shard_elems, .stats = f_stats,
+	.conn_reply = f_conn_reply, .conn_fail = f_conn_fail, .conn_role = f_conn_role,
+	.conn_peer_id = f_conn_peer_id, .conn_dead = f_conn_dead, .conn_name = f_conn_name,
+	.conn_msg_max = f_conn_msg_max, .conn_read = f_conn_read, .peer_dial = f_peer_dial,
+	.part_set = f_part_set, .part_create = f_part_create, .part_publish = f_part_publish,
+	.part_refuse = f_part_refuse, .part_fence = f_part_fence, .part_unfence = f_part_unfence,
+	.part_serialize = f_part_serialize, .part_forget_parked = f_part_forget_parked,
+	.part_install = f_part_install, .part_drop = f_part_drop, .hold_steps = f_hold_steps,
+	.hold_tensor = f_hold_tensor, .hold_release = f_hold_release, .hold_reached = f_hold_reached,
+	.drain = f_drain, .take = f_take, .copy_free = f_copy_free, .restore_tensor = f_restore_tensor,
+	.restore_shard = f_restore_shard,
+};
+
+/* ---- the control plane under test ------------------------------------------ */
+
+static struct rps__cplane *cp;
+static struct rps__dp_hooks hooks;
+static struct conn admin = { .role = CONN_ADMIN, .name = "127.0.0.1:1" };
+static struct conn peer2 = { .role = CONN_PEER, .peer_id = 2, .name = "127.0.0.1:2" };
+static char scratch[200];
+
+static int suite_init(void)
+{
+	struct rps__server_config cfg;
+
+	rps__log_level = RPS__LOG_ERROR;
+	test_mkdtemp(scratch, sizeof(scratch), "test_cplane");
+	rps__server_config_init(&cfg);
+	cfg.npart = NPART;
+	cfg.fsync_none = 1;
+	cfg.tick_ms = 2;
+	cfg.election_ticks = 3;
+	cfg.move_timeout_ms = 300;
+	cfg.drain_ms = 20;
+	cfg.data_dir = scratch;
+	fake.fence_ok = true;
+	if (rps__cp_create(&cfg, &cp) || rps__cp_start(cp, &fake_ops, &fake, &hooks)) {
+		fprintf(stderr, "test_cplane: %s\n", rps__errbuf());
+		return -1;
+	}
+	return 0;
+}
+
+static int suite_fini(void)
+{
+	hooks.fini(hooks.ctx);
+	rps__cp_destroy(cp);
+	(void)rps__remove_tree(scratch);
+	return 0;
+}
+
+/* Run the control plane's timers until cond() holds (or 5 s). */
+static bool run_until(bool (*cond)(void))
+{
+	uint64_t end = rps__now_ns() + 5000000000ull;
+	struct timespec ts = { 0, 1000000 };
+	bool stop = false;
+
+	while (!cond()) {
+		if (rps__now_ns() > end)
+			return false;
+		CU_ASSERT(hooks.run_timers(hooks.ctx, rps__now_ns(), &stop) >= 0);
+		nanosleep(&ts, NULL);
+	}
+	return true;
+}
+
+static void send_msg(struct conn *c, unsigned type, uint64_t req_id, int32_t status, void *body, uint32_t len)
+{
+	struct rps__msg_hdr h;
+
+	memset(&h, 0, sizeof(h));
+	h.type = (uint8_t)type;
+	h.req_id = req_id;
+	h.status = status;
+	hooks.on_message(hooks.ctx, c, &h, body, len);
+}
+
+static void send_admin(uint32_t op, uint32_t part, uint64_t id, const char *uri, uint64_t req_id)
+{
+	struct rps__admin a;
+
+	memset(&a, 0, sizeof(a));
+	a.op = op;
+	a.part = part;
+	a.id = id;
+	a.timeout_ms = 5000;
+	if (uri)
+		snprintf(a.uri, sizeof(a.uri), "%s", uri);
+	send_msg(&admin, RPS__MSG_ADMIN, req_id, 0, &a, sizeof(a));
+}
+
+static void send_proposal(const struct rps__smap_cmd *cmd)
+{
+	char buf[RPS__SMAP_CMD_MAX];
+	size_t len;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_cmd_encode(cmd, buf, sizeof(buf), &len), 0);
+	send_msg(&peer2, RPS__MSG_PROPOSE, 77, 0, buf, (uint32_t)len);
+}
+
+static bool all_served(void)
+{
+	for (uint32_t p = 0; p < NPART; p++)
+		if (!fake.parts[p].serving)
+			return false;
+	return fake.npart == NPART;
+}
+
+static uint64_t want_req;
+static bool admin_answered(void)
+{
+	return admin.last_req_id == want_req && admin.last_type == RPS__MSG_ADMIN_REP;
+}
+
+static void admin_wait(uint64_t req_id)
+{
+	want_req = req_id;
+	CU_ASSERT_FATAL(run_until(admin_answered));
+}
+
+/* A new one-member cluster: every partition is created empty and served. */
+static void test_bootstrap_serves_every_partition(void)
+{
+	CU_ASSERT_FATAL(run_until(all_served));
+	CU_ASSERT_EQUAL(fake.my_id, 1u);
+	CU_ASSERT_PTR_NOT_NULL(fake.mapbuf);
+	for (uint32_t p = 0; p < NPART; p++) {
+		char what[32];
+		snprintf(what, sizeof(what), "create %u", p);
+		CU_ASSERT(logged(what, 0) >= 0);
+		CU_ASSERT(!fake.parts[p].lost);
+		CU_ASSERT_EQUAL(fake.parts[p].epoch, fake.parts[p].map_epoch);
+	}
+	/* member 2 joins the map (it never connects: peers are fakes) */
+	send_admin(RPS__ADMIN_ADD_SERVER, 0, 2, "tcp://127.0.0.1:2", 1);
+	admin_wait(1);
+	CU_ASSERT_EQUAL(admin.last_status, 0);
+}
+
+static bool shipped0(void) { return logged("forget_parked 0", 0) >= 0; }
+static bool p0_unfenced(void) { return logged("unfence 0", 0) >= 0 && fake.parts[0].serving; }
+
+/* A move that the destination never takes: refused, fenced, serialised,
+ * then aborted at the move timeout, and the partition unfenced and served. */
+static void test_move_abort_unfences(void)
+{
+	int i;
+
+	fake.nlog = 0;
+	send_admin(RPS__ADMIN_MOVE, 0, 2, NULL, 2);
+	CU_ASSERT_FATAL(run_until(shipped0));
+	CU_ASSERT(logged("refuse 0", 0) >= 0);		/* not "while serving" */
+	CU_ASSERT(logged("refuse 0 while serving", 0) < 0);
+	i = logged("refuse 0", 0);
+	i = logged("fence 0", i);
+	CU_ASSERT(i >= 0);
+	i = logged("publish 0 moved", i);
+	CU_ASSERT(i >= 0);
+	i = logged("serialize 0", i);
+	CU_ASSERT(i >= 0);
+	i = logged("mem_register", i);
+	CU_ASSERT(i >= 0);
+	CU_ASSERT(logged("forget_parked 0", i) >= 0);
+	CU_ASSERT(!fake.parts[0].serving);
+	CU_ASSERT(fake.parts[1].serving);		/* the others go on */
+	CU_ASSERT_FATAL(run_until(p0_unfenced));
+	CU_ASSERT(logged("mem_deregister", 0) >= 0);
+	CU_ASSERT(logged("drop 0", 0) < 0);
+	admin_wait(2);
+	CU_ASSERT_EQUAL(admin.last_status, -ECANCELED);
+}
+
+static bool shipped1(void) { return logged("forget_parked 1", 0) >= 0; }
+static bool p1_dropped(void) { return logged("drop 1", 0) >= 0; }
+
+/* The destination commits: the old owner stops serving and drops its copy
+ * after the drain time, never before. */
+static void test_move_commit_drops(void)
+{
+	struct rps__smap_cmd cmd;
+	uint64_t epoch;
+
+	fake.nlog = 0;
+	send_admin(RPS__ADMIN_MOVE, 1, 2, NULL, 3);
+	CU_ASSERT_FATAL(run_until(shipped1));
+	fake.nlog = 0;
+	epoch = fake.parts[1].map_epoch;
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.type = RPS__SMAP_MOVE_COMMIT;
+	cmd.part = 1;
+	cmd.to = 2;
+	cmd.epoch = epoch;
+	send_proposal(&cmd);
+	CU_ASSERT_EQUAL(peer2.last_type, RPS__MSG_PROPOSE_REP);
+	CU_ASSERT_EQUAL(peer2.last_status, 0);
+	CU_ASSERT_FATAL(run_until(p1_dropped));
+	CU_ASSERT(!fake.parts[1].serving);
+	CU_ASSERT(fake.parts[1].map_epoch > epoch);
+	CU_ASSERT(logged("unfence 1", 0) < 0);
+	admin_wait(3);
+	CU_ASSERT_EQUAL(admin.last_status, 0);
+}
+
+static bool incoming1(void) { return fake.parts[1].incoming; }
+static bool read_posted(void) { return peer2.reading; }
+static bool p1_ours(void) { return fake.parts[1].serving; }
+
+/* Partition 1 comes back: stale offers are refused, a corrupt image too,
+ * the good one is installed, committed and served. */
+static void test_move_in_installs(void)
+{
+	struct rps__migrate m;
+	char img[64];
+	uint32_t good_crc;
+
+	memset(img, 0x5a, sizeof(img));
+	good_crc = rps__crc32c_noinv(img, sizeof(img));
+	fake.nlog = 0;
+	send_admin(RPS__ADMIN_MOVE, 1, 1, NULL, 4);
+	CU_ASSERT_FATAL(run_until(incoming1));
+	CU_ASSERT(!fake.parts[1].serving);
+	memset(&m, 0, sizeof(m));
+	m.part = 1;
+	m.from = 2;
+	m.epoch = fake.parts[1].map_epoch + 1;	/* not this move's */
+	m.len = sizeof(img);
+	m.crc = good_crc;
+	send_msg(&peer2, RPS__MSG_MIGRATE, 1, 0, &m, sizeof(m));
+	CU_ASSERT_EQUAL(peer2.last_type, RPS__MSG_MIGRATE_REP);
+	CU_ASSERT_EQUAL(peer2.last_status, -EAGAIN);
+	CU_ASSERT(!peer2.reading);
+	/* the right epoch, but the bytes arrive damaged */
+	m.epoch = fake.parts[1].map_epoch;
+	m.crc = good_crc ^ 1;
+	send_msg(&peer2, RPS__MSG_MIGRATE, 1, 0, &m, sizeof(m));
+	CU_ASSERT_FATAL(run_until(read_posted));
+	send_msg(&peer2, RPS__MSG_MIGRATE, 1, 0, &m, sizeof(m));
+	CU_ASSERT_EQUAL(peer2.last_status, -EBUSY);	/* one READ at a time */
+	peer2.reading = false;
+	hooks.on_read_done(hooks.ctx, &peer2, true, img);
+	CU_ASSERT_EQUAL(peer2.last_status, -EILSEQ);
+	CU_ASSERT(logged("install 1", 0) < 0);
+	/* and whole */
+	m.crc = good_crc;
+	send_msg(&peer2, RPS__MSG_MIGRATE, 1, 0, &m, sizeof(m));
+	CU_ASSERT(peer2.reading);
+	hooks.on_read_done(hooks.ctx, &peer2, true, img);
+	CU_ASSERT_EQUAL(peer2.last_status, 0);
+	CU_ASSERT(logged("install 1", 0) >= 0);
+	CU_ASSERT_FATAL(run_until(p1_ours));
+	CU_ASSERT(logged("publish 1", 0) >= 0);
+	CU_ASSERT_EQUAL(fake.parts[1].epoch, fake.parts[1].map_epoch);
+	admin_wait(4);
+	CU_ASSERT_EQUAL(admin.last_status, 0);
+}
+
+static bool ckpt_answered(void) { return admin.last_type == RPS__MSG_CKPT_REP && admin.last_req_id == want_req; }
+
+static void send_ckpt(uint32_t op, uint64_t req_id, const struct rps__ckpt_target *t, uint32_t nt)
+{
+	char buf[sizeof(struct rps__ckpt_req) + 4 * sizeof(struct rps__ckpt_target)];
+	struct rps__ckpt_req *req = (void *)buf;
+
+	memset(buf, 0, sizeof(buf));
+	req->op = op;
+	req->ckpt_id = 9;
+	req->ntargets = nt;
+	snprintf(req->path, sizeof(req->path), "%s/ck", scratch);
+	if (nt)
+		memcpy(buf + sizeof(*req), t, nt * sizeof(*t));
+	want_req = req_id;
+	admin.last_type = 0;
+	send_msg(&admin, RPS__MSG_CKPT, req_id, 0, buf, (uint32_t)(sizeof(*req) + nt * sizeof(*t)));
+}
+
+/* A checkpoint: PREPARE holds at the steps the data plane reports, TAKE
+ * waits for the targets, copies, releases the hold, and the file is
+ * written; a restore hands its shards back to the data plane. */
+static void test_checkpoint_hold_take(void)
+{
+	struct rps__ckpt_target tg = { .name = "w", .step = 3 };
+	const struct rps__ckpt_rep *rep = (const void *)admin.last_body;
+	int i;
+
+	fake.nlog = 0;
+	send_ckpt(RPS__CKPT_PREPARE, 10, NULL, 0);
+	CU_ASSERT_FATAL(ckpt_answered());
+	CU_ASSERT_EQUAL(admin.last_status, 0);
+	CU_ASSERT_EQUAL(rep->ntargets, 1u);
+	i = logged("hold_steps", 0);
+	CU_ASSERT(logged("hold_tensor step 3", i) > i);
+	fake.reached = false;
+	send_ckpt(RPS__CKPT_TAKE, 11, &tg, 1);
+	CU_ASSERT(logged("drain", 0) >= 0);
+	CU_ASSERT(!ckpt_answered());			/* the lagging shards first */
+	CU_ASSERT(logged("take", 0) < 0);
+	fake.reached = true;
+	CU_ASSERT_FATAL(run_until(ckpt_answered));
+	CU_ASSERT_EQUAL(admin.last_status, 0);
+	i = logged("take", 0);
+	CU_ASSERT(i >= 0 && logged("hold_release", i) > i);
+	send_ckpt(RPS__CKPT_FINISH, 12, NULL, 0);
+	CU_ASSERT_FATAL(run_until(ckpt_answered));
+	CU_ASSERT_EQUAL(admin.last_status, 0);
+	CU_ASSERT(rep->bytes > 0);
+	fake.nlog = 0;
+	send_ckpt(RPS__CKPT_RESTORE, 13, NULL, 0);
+	CU_ASSERT_FATAL(ckpt_answered());
+	CU_ASSERT_EQUAL(admin.last_status, 0);
+	CU_ASSERT(logged("restore_tensor", 0) >= 0);
+	CU_ASSERT(logged("restore_shard version 3", 0) >= 0);
+}
+
+/* Message types a connection may not send, and a lost connection. */
+static void test_refusals(void)
+{
+	struct conn worker_like = { .role = CONN_ADMIN, .name = "x" };
+
+	send_msg(&worker_like, RPS__MSG_RAFT, 0, 0, NULL, 0);
+	CU_ASSERT(worker_like.dead);
+	peer2.dead = false;
+	send_msg(&peer2, RPS__MSG_ADMIN, 1, 0, NULL, 0);
+	CU_ASSERT(peer2.dead);
+	hooks.on_conn_gone(hooks.ctx, &peer2);
+}
+
+int main(void)
+{
+	static const struct cutest tests[] = {
+		{ "bootstrap serves every partition", test_bootstrap_serves_every_partition },
+		{ "move aborted: refuse, fence, serialise, then unfence", test_move_abort_unfences },
+		{ "move committed: the old copy dropped after the drain", test_move_commit_drops },
+		{ "move in: stale and corrupt offers refused, the good one installed", test_move_in_installs },
+		{ "checkpoint: hold, take, release, restore", test_checkpoint_hold_take },
+		{ "messages a connection may not send", test_refusals },
+	};
+
+	return cutest_run1("cplane", suite_init, suite_fini, NULL, NULL, tests, RPS__ARRAY_SIZE(tests));
+}
