@@ -25,7 +25,6 @@
 #include "config.h"
 #include "control/raft_int.h"
 #include "common/common.h"
-#include "common/le.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -5,11 +5,9 @@
  */
 #include "config.h"
 #include "control/raft_int.h"
-#include "common/common.h"
 #include "common/le.h"
 
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 
 bool rps__raft_id_in(const uint64_t *ids, uint32_t n, uint64_t id)

@@ -5,7 +5,6 @@
  */
 #include "config.h"
 #include "control/raft_int.h"
-#include "common/common.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -6,11 +6,8 @@
  */
 #include "config.h"
 #include "control/raft_int.h"
-#include "common/common.h"
 
-#include <errno.h>
 #include <stdlib.h>
-#include <string.h>
 
 unsigned rps__raft_quorum(const struct rps__raft *r)
 {

@@ -7,8 +7,6 @@
 #include "control/raft_int.h"
 #include "common/common.h"
 
-#include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 
 
