@@ -404,19 +404,15 @@ static int wal_batch_commit(struct rps__wal *w, size_t size)
 	return 0;
 }
 
-int rps__wal_save(struct rps__wal *w, const struct rps__wal_hard_state *hs,
-		  const struct rps__wal_entry *ents, size_t n)
+/* Check that the entries follow the log and the hard state follows the last
+ * one; *size: the bytes of the batch, *new_last: the last index after it. */
+static int save_check(const struct rps__wal *w, const struct rps__wal_hard_state *hs,
+		      const struct rps__wal_entry *ents, size_t n, size_t *size, uint64_t *new_last)
 {
-	uint64_t last = rps__wal_last_index(w), new_last = last, batch;
-	size_t size = 0, off = 0, keep;
-	uint32_t left;
-	int err;
+	uint64_t last = rps__wal_last_index(w);
 
-	if (w->broken)
-		return rps__seterr(w->broken, "wal: %.150s: an earlier write or sync failed;"
-				   " restart the node", w->dir);
-	if (!hs && n == 0)
-		return 0;
+	*size = 0;
+	*new_last = last;
 	if (n > 0) {
 		uint64_t first = ents[0].index;
 
@@ -438,31 +434,30 @@ int rps__wal_save(struct rps__wal *w, const struct rps__wal_hard_state *hs,
 				return rps__seterr(-EMSGSIZE, "wal: entry %" PRIu64 " is %zu bytes,"
 						   " more than %u", ents[i].index, ents[i].len,
 						   REC_MAX_PAYLOAD - ENTRY_FIXED);
-			size += rec_size(ENTRY_FIXED + ents[i].len);
+			*size += rec_size(ENTRY_FIXED + ents[i].len);
 		}
-		new_last = ents[n - 1].index;
+		*new_last = ents[n - 1].index;
 	}
 	if (hs) {
-		if (hs->term < w->hs.term || hs->commit > new_last)
+		if (hs->term < w->hs.term || hs->commit > *new_last)
 			return rps__seterr(-EINVAL, "wal: hard state term %" PRIu64 " commit %" PRIu64
 					   " after term %" PRIu64 " with last index %" PRIu64,
-					   hs->term, hs->commit, w->hs.term, new_last);
-		size += rec_size(HS_PAYLOAD);
+					   hs->term, hs->commit, w->hs.term, *new_last);
+		*size += rec_size(HS_PAYLOAD);
 	}
-	if (n > 0) {
-		err = rps__wal_grow((void **)&w->terms, &w->cap_terms,
-			   (size_t)(new_last - w->snap_index), sizeof(*w->terms));
-		if (err)
-			return err;
-	}
+	return 0;
+}
 
-	err = wal_batch_begin(w, size);
-	if (err)
-		return err;
-	batch = w->next_batch;
-	left = (uint32_t)(n + (hs ? 1 : 0));
-	/* entries before the hard state: a commit index never lands on disk
-	 * ahead of the entries it covers, even with reordered pages. */
+/* Encode the batch into w->buf: entries before the hard state, so a commit
+ * index never lands on disk ahead of the entries it covers, even with
+ * reordered pages. */
+static void save_encode(struct rps__wal *w, const struct rps__wal_hard_state *hs,
+			const struct rps__wal_entry *ents, size_t n)
+{
+	uint64_t batch = w->next_batch;
+	uint32_t left = (uint32_t)(n + (hs ? 1 : 0));
+	size_t off = 0;
+
 	for (size_t i = 0; i < n; i++) {
 		uint8_t *p = w->buf + off, *pl = p + REC_HDR_SIZE;
 
@@ -482,12 +477,15 @@ int rps__wal_save(struct rps__wal *w, const struct rps__wal_hard_state *hs,
 		rps__le_put64(p + REC_HDR_SIZE + 16, hs->commit);
 		rec_seal(p, REC_HARD_STATE, HS_PAYLOAD, batch, --left);
 	}
-	err = wal_batch_commit(w, size);
-	if (err)
-		return err;
+}
 
+/* The batch is durable: the log in memory and the witness follow it. */
+static void save_remember(struct rps__wal *w, const struct rps__wal_hard_state *hs,
+			  const struct rps__wal_entry *ents, size_t n)
+{
 	if (n > 0) {
-		keep = (size_t)(ents[0].index - w->snap_index - 1);	/* drops a conflicting suffix */
+		size_t keep = (size_t)(ents[0].index - w->snap_index - 1);	/* drops a conflicting suffix */
+
 		for (size_t i = 0; i < n; i++)
 			w->terms[keep + i] = ents[i].term;
 		w->n_terms = keep + n;
@@ -496,6 +494,38 @@ int rps__wal_save(struct rps__wal *w, const struct rps__wal_hard_state *hs,
 		w->hs = *hs;
 	if (hs && hs->commit > w->witness)
 		rps__wal_witness_write(w, hs->commit);
+}
+
+int rps__wal_save(struct rps__wal *w, const struct rps__wal_hard_state *hs,
+		  const struct rps__wal_entry *ents, size_t n)
+{
+	uint64_t new_last;
+	size_t size;
+	int err;
+
+	if (w->broken)
+		return rps__seterr(w->broken, "wal: %.150s: an earlier write or sync failed;"
+				   " restart the node", w->dir);
+	if (!hs && n == 0)
+		return 0;
+	err = save_check(w, hs, ents, n, &size, &new_last);
+	if (err)
+		return err;
+	if (n > 0) {
+		err = rps__wal_grow((void **)&w->terms, &w->cap_terms,
+				    (size_t)(new_last - w->snap_index), sizeof(*w->terms));
+		if (err)
+			return err;
+	}
+
+	err = wal_batch_begin(w, size);
+	if (err)
+		return err;
+	save_encode(w, hs, ents, n);
+	err = wal_batch_commit(w, size);
+	if (err)
+		return err;
+	save_remember(w, hs, ents, n);
 	return 0;
 }
 

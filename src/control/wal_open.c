@@ -150,8 +150,8 @@ static int replay_all(int dir_fd, const char *dir, const struct dir_listing *l, 
 		if (err)
 			return rps__seterr(err, "wal: reading %.150s/%s: %s", dir, name, strerror(-err));
 		r->bufs[r->n_bufs++] = buf;
-		err = rps__wal_replay_segment(r, name, l->segs[i].seq, l->segs[i].base_index, buf, size,
-				     i == 0, i + 1 == l->n_segs);
+		err = rps__wal_replay_segment(r, name, l->segs[i].seq, l->segs[i].base_index, buf,
+					      size, i == 0, i + 1 == l->n_segs);
 		if (err)
 			return err;
 	}
@@ -308,18 +308,244 @@ static int fill_recovered(struct rps__wal_recovered *rec, const struct replay *r
 	return 0;
 }
 
+/* What open read from the directory, between reading it and taking it over. */
+struct wal_found {
+	struct dir_listing l;
+	struct replay r;
+	struct rps__wal_snapshot snap;
+	uint8_t *snap_buf;
+	bool has_snap, needs_marker;
+	uint64_t tocommit;
+	size_t damaged;
+	char damage[512];
+};
+
+static void found_free(struct wal_found *f)
+{
+	free(f->snap_buf);
+	replay_free(&f->r);
+	dir_listing_free(&f->l);
+}
+
+static int open_options(struct rps__wal *w, const struct rps__wal_opts *o)
+{
+	if (o)
+		w->opts = *o;
+	if (!w->opts.segment_size)
+		w->opts.segment_size = DEFAULT_SEGMENT_SIZE;
+	if (!w->opts.keep_snapshots)
+		w->opts.keep_snapshots = DEFAULT_KEEP_SNAPSHOTS;
+	if ((w->opts.fsync != RPS__WAL_FSYNC_ALWAYS && w->opts.fsync != RPS__WAL_FSYNC_NONE) ||
+	    w->opts.segment_size < MIN_SEGMENT_SIZE)
+		return rps__seterr(-EINVAL, "wal: bad options (fsync policy %d, segment size %" PRIu64
+				   ", at least %u)", (int)w->opts.fsync, w->opts.segment_size,
+				   MIN_SEGMENT_SIZE);
+	return 0;
+}
+
+/* Create the directory if need be, open it and take its lock. */
+static int open_dir_locked(struct rps__wal *w, const char *dir)
+{
+	int err;
+
+	if (mkdir(dir, 0700) == 0) {
+		err = sync_parent(dir, &w->opts);
+		if (err)
+			return err;
+	} else if (errno != EEXIST) {
+		err = -errno;
+		return rps__seterr(err, "wal: creating directory %.150s: %s", dir, strerror(-err));
+	}
+	w->dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (w->dir_fd < 0) {
+		err = -errno;
+		return rps__seterr(err, "wal: opening %.150s: %s", dir, strerror(-err));
+	}
+	w->lock_fd = openat(w->dir_fd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (w->lock_fd < 0 || flock(w->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+		err = errno == EWOULDBLOCK ? -EBUSY : -errno;
+		return rps__seterr(err, "wal: locking %.150s/LOCK: %s%s", dir, strerror(-err),
+				   err == -EBUSY ? ": another process has this node's log open" : "");
+	}
+	return 0;
+}
+
+/* Read and check everything before changing anything: a refused open leaves
+ * the directory as it found it. */
+static int open_read(struct rps__wal *w, const char *dir, struct wal_found *f)
+{
+	int err = list_dir(w->dir_fd, dir, &f->l);
+
+	if (err)
+		return err;
+	if (f->l.n_segs == 0 && f->l.n_snaps > 0)
+		return rps__seterr(-EBADMSG, "wal: %.150s: snapshots but no log segments (the hard"
+				   " state is lost): " RESTORE_HINT, dir, dir);
+	f->r.dir = dir;
+	err = replay_all(w->dir_fd, dir, &f->l, &f->r);
+	if (err)
+		return err;
+	err = choose_snapshot(w->dir_fd, dir, &f->l, &f->r, &f->snap_buf, &f->snap, &f->has_snap,
+			      &f->needs_marker, &f->damaged, f->damage, sizeof(f->damage));
+	if (err)
+		return err;
+	/* A torn tail is only ever the last, unacknowledged save: a log that
+	 * ends below an index known committed lost acknowledged entries. */
+	f->tocommit = RPS__MAX(f->r.hs.commit, rps__wal_witness_read(w->dir_fd));
+	if (f->tocommit > rps__wal_replay_last(&f->r))
+		return rps__seterr(-EBADMSG, "wal: %.150s: tocommit(%" PRIu64 ") is out of range [lastIndex(%"
+				   PRIu64 ")]: was the raft log corrupted, truncated, or lost? Restore %.150s"
+				   " from a backup or a replica, or remove it and rejoin the cluster",
+				   dir, f->tocommit, rps__wal_replay_last(&f->r), dir);
+	return 0;
+}
+
+/* Open the last segment for appends, cutting off its torn tail if any. */
+static int open_last_segment(struct rps__wal *w, const char *dir, const struct wal_found *f,
+			     struct rps__wal_recovered *rec)
+{
+	const struct wal_seg *lastseg = &f->l.segs[f->l.n_segs - 1];
+	char name[NAME_BUF];
+	int err;
+
+	rps__wal_seg_name(name, lastseg->seq, lastseg->base_index);
+	w->seg_fd = openat(w->dir_fd, name, O_WRONLY | O_CLOEXEC);
+	if (w->seg_fd < 0) {
+		err = -errno;
+		return rps__seterr(err, "wal: opening %.150s/%s: %s", dir, name, strerror(-err));
+	}
+	w->seg_end = f->r.keep_size;
+	if (f->r.torn_bytes) {
+		if (ftruncate(w->seg_fd, (off_t)f->r.keep_size) < 0)
+			err = -errno;
+		else
+			err = rps__wal_do_sync(&w->opts, w->seg_fd, true);
+		if (err)
+			return rps__seterr(err, "wal: cutting the torn tail of %.150s/%s: %s",
+					   dir, name, strerror(-err));
+		if (rec) {
+			rec->truncated_bytes = f->r.torn_bytes;
+			rec->truncated_offset = f->r.keep_size;
+			note_add(rec->note, sizeof(rec->note), "wal: %.100s/%s: dropped an"
+				 " unfinished save (torn tail): %" PRIu64 " bytes at offset %"
+				 PRIu64, dir, name, f->r.torn_bytes, f->r.keep_size);
+		}
+	}
+	return 0;
+}
+
+/* Damaged snapshots are renamed out of the way (kept for a post-mortem):
+ * compaction must never count them as kept.  Leftover .tmp files go. */
+static int open_tidy_dir(struct rps__wal *w, const char *dir, const struct wal_found *f,
+			 struct rps__wal_recovered *rec)
+{
+	const struct dir_listing *l = &f->l;
+	bool dir_changed = false;
+	char name[NAME_BUF];
+	int err;
+
+	for (size_t i = l->n_snaps - f->damaged; i < l->n_snaps; i++) {
+		char aside[NAME_BUF + 8];
+
+		rps__wal_snap_name(name, l->snaps[i].index, l->snaps[i].term);
+		snprintf(aside, sizeof(aside), "%s.damaged", name);
+		if (renameat(w->dir_fd, name, w->dir_fd, aside) < 0) {
+			err = -errno;
+			return rps__seterr(err, "wal: renaming %.150s/%s: %s", dir, name, strerror(-err));
+		}
+		dir_changed = true;
+	}
+	if (f->damaged && rec) {
+		rec->skipped_snapshots = (unsigned)f->damaged;
+		note_add(rec->note, sizeof(rec->note), "%.120s (renamed to .damaged); recovered %s",
+			 f->damage, f->has_snap ? "from an older snapshot" : "from the log alone");
+	}
+	for (size_t i = 0; i < l->n_tmps; i++) {
+		if (unlinkat(w->dir_fd, l->tmps[i], 0) == 0)
+			dir_changed = true;
+	}
+	if (dir_changed) {
+		err = rps__wal_do_sync(&w->opts, w->dir_fd, false);
+		if (err)
+			return rps__seterr(err, "wal: syncing directory %.150s: %s", dir, strerror(-err));
+	}
+	return 0;
+}
+
+/* The runtime state continues where replay ended: the listing's segments
+ * and intact snapshots move into w. */
+static int open_take_over(struct rps__wal *w, struct wal_found *f)
+{
+	struct dir_listing *l = &f->l;
+	const struct replay *r = &f->r;
+	int err;
+
+	w->segs = l->segs;
+	w->n_segs = l->n_segs;
+	w->cap_segs = l->cap_segs;
+	l->segs = NULL;
+	w->snaps = l->snaps;
+	w->n_snaps = l->n_snaps - f->damaged;
+	w->cap_snaps = l->cap_snaps;
+	l->snaps = NULL;
+	w->hs = r->hs;
+	w->next_batch = l->n_segs ? r->next_batch : 1;
+	w->snap_index = r->base;
+	w->snap_term = r->base_term_known ? r->base_term : 0;
+	err = rps__wal_grow((void **)&w->terms, &w->cap_terms, r->n, sizeof(*w->terms));
+	if (err)
+		return err;
+	for (size_t i = 0; i < r->n; i++)
+		w->terms[i] = r->ents[i].term;
+	w->n_terms = r->n;
+	return 0;
+}
+
+/* Finish what a crash interrupted, then keep the commit witness open. */
+static int open_continue(struct rps__wal *w, const char *dir, const struct wal_found *f)
+{
+	int err = 0;
+
+	if (w->n_segs == 0)
+		err = rps__wal_roll(w);	/* a fresh node */
+	else if (w->seg_end < SEG_OPENING_SIZE)
+		err = rps__wal_save(w, &w->hs, NULL, 0);	/* the opening hard state was torn */
+	if (!err && f->needs_marker)
+		err = rps__wal_append_marker(w, f->snap.index, f->snap.term);	/* finish save_snapshot */
+	if (err)
+		return err;
+	w->witness_fd = openat(w->dir_fd, WITNESS_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (w->witness_fd < 0) {
+		err = -errno;
+		return rps__seterr(err, "wal: opening %.150s/" WITNESS_NAME ": %s", dir, strerror(-err));
+	}
+	rps__wal_witness_write(w, f->tocommit);	/* a directory from before the witness gets one */
+	return 0;
+}
+
+/* Hand the recovered log and snapshot to the caller (the snapshot's buffer
+ * moves to rec). */
+static int open_hand_over(struct rps__wal_recovered *rec, struct wal_found *f)
+{
+	int err = fill_recovered(rec, &f->r);
+
+	if (err)
+		return err;
+	rec->hs = f->r.hs;
+	rec->has_snapshot = f->has_snap;
+	if (f->has_snap) {
+		rec->snapshot = f->snap;
+		rec->snap_data_ = f->snap_buf;
+		f->snap_buf = NULL;
+	}
+	return 0;
+}
+
 int rps__wal_open(const char *dir, const struct rps__wal_opts *o,
 		  struct rps__wal **out, struct rps__wal_recovered *rec)
 {
 	struct rps__wal *w;
-	struct dir_listing l = { 0 };
-	struct replay r = { 0 };
-	struct rps__wal_snapshot snap = { 0 };
-	uint8_t *snap_buf = NULL;
-	bool has_snap = false, needs_marker = false, dir_changed = false;
-	uint64_t tocommit;
-	size_t damaged = 0;
-	char name[NAME_BUF], damage[512] = "";
+	struct wal_found f = { 0 };
 	int err;
 
 	*out = NULL;
@@ -329,198 +555,44 @@ int rps__wal_open(const char *dir, const struct rps__wal_opts *o,
 	if (!w)
 		return rps__seterr(-ENOMEM, "wal: out of memory");
 	w->dir_fd = w->lock_fd = w->seg_fd = w->witness_fd = -1;
-	if (o)
-		w->opts = *o;
-	if (!w->opts.segment_size)
-		w->opts.segment_size = DEFAULT_SEGMENT_SIZE;
-	if (!w->opts.keep_snapshots)
-		w->opts.keep_snapshots = DEFAULT_KEEP_SNAPSHOTS;
-	if ((w->opts.fsync != RPS__WAL_FSYNC_ALWAYS && w->opts.fsync != RPS__WAL_FSYNC_NONE) ||
-	    w->opts.segment_size < MIN_SEGMENT_SIZE) {
-		err = rps__seterr(-EINVAL, "wal: bad options (fsync policy %d, segment size %" PRIu64
-				  ", at least %u)", (int)w->opts.fsync, w->opts.segment_size,
-				  MIN_SEGMENT_SIZE);
+	err = open_options(w, o);
+	if (err)
 		goto out_close;
-	}
 	w->dir = strdup(dir);
 	if (!w->dir) {
 		err = rps__seterr(-ENOMEM, "wal: out of memory");
 		goto out_close;
 	}
-
-	if (mkdir(dir, 0700) == 0) {
-		err = sync_parent(dir, &w->opts);
-		if (err)
-			goto out_close;
-	} else if (errno != EEXIST) {
-		err = -errno;
-		rps__seterr(err, "wal: creating directory %.150s: %s", dir, strerror(-err));
-		goto out_close;
-	}
-	w->dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (w->dir_fd < 0) {
-		err = -errno;
-		rps__seterr(err, "wal: opening %.150s: %s", dir, strerror(-err));
-		goto out_close;
-	}
-	w->lock_fd = openat(w->dir_fd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (w->lock_fd < 0 || flock(w->lock_fd, LOCK_EX | LOCK_NB) < 0) {
-		err = errno == EWOULDBLOCK ? -EBUSY : -errno;
-		rps__seterr(err, "wal: locking %.150s/LOCK: %s%s", dir, strerror(-err),
-			    err == -EBUSY ? ": another process has this node's log open" : "");
-		goto out_close;
-	}
-
-	/* Read and check everything before changing anything: a refused
-	 * open leaves the directory as it found it. */
-	err = list_dir(w->dir_fd, dir, &l);
+	err = open_dir_locked(w, dir);
 	if (err)
 		goto out_close;
-	if (l.n_segs == 0 && l.n_snaps > 0) {
-		err = rps__seterr(-EBADMSG, "wal: %.150s: snapshots but no log segments (the hard"
-				  " state is lost): " RESTORE_HINT, dir, dir);
-		goto out_close;
-	}
-	r.dir = dir;
-	err = replay_all(w->dir_fd, dir, &l, &r);
+	err = open_read(w, dir, &f);
 	if (err)
-		goto out_replay;
-	err = choose_snapshot(w->dir_fd, dir, &l, &r, &snap_buf, &snap, &has_snap,
-			      &needs_marker, &damaged, damage, sizeof(damage));
-	if (err)
-		goto out_replay;
-	/* A torn tail is only ever the last, unacknowledged save: a log that
-	 * ends below an index known committed lost acknowledged entries. */
-	tocommit = RPS__MAX(r.hs.commit, rps__wal_witness_read(w->dir_fd));
-	if (tocommit > rps__wal_replay_last(&r)) {
-		err = rps__seterr(-EBADMSG, "wal: %.150s: tocommit(%" PRIu64 ") is out of range [lastIndex(%"
-				  PRIu64 ")]: was the raft log corrupted, truncated, or lost? Restore %.150s"
-				  " from a backup or a replica, or remove it and rejoin the cluster",
-				  dir, tocommit, rps__wal_replay_last(&r), dir);
-		goto out_snap;
-	}
+		goto out_found;
 
 	/* Accepted: repair. */
-	if (l.n_segs > 0) {
-		struct wal_seg *lastseg = &l.segs[l.n_segs - 1];
-
-		rps__wal_seg_name(name, lastseg->seq, lastseg->base_index);
-		w->seg_fd = openat(w->dir_fd, name, O_WRONLY | O_CLOEXEC);
-		if (w->seg_fd < 0) {
-			err = -errno;
-			rps__seterr(err, "wal: opening %.150s/%s: %s", dir, name, strerror(-err));
-			goto out_snap;
-		}
-		w->seg_end = r.keep_size;
-		if (r.torn_bytes) {
-			if (ftruncate(w->seg_fd, (off_t)r.keep_size) < 0)
-				err = -errno;
-			else
-				err = rps__wal_do_sync(&w->opts, w->seg_fd, true);
-			if (err) {
-				rps__seterr(err, "wal: cutting the torn tail of %.150s/%s: %s",
-					    dir, name, strerror(-err));
-				goto out_snap;
-			}
-			if (rec) {
-				rec->truncated_bytes = r.torn_bytes;
-				rec->truncated_offset = r.keep_size;
-				note_add(rec->note, sizeof(rec->note), "wal: %.100s/%s: dropped an"
-					 " unfinished save (torn tail): %" PRIu64 " bytes at offset %"
-					 PRIu64, dir, name, r.torn_bytes, r.keep_size);
-			}
-		}
-	}
-	/* Damaged snapshots are renamed out of the way (kept for a
-	 * post-mortem): compaction must never count them as kept. */
-	for (size_t i = l.n_snaps - damaged; i < l.n_snaps; i++) {
-		char aside[NAME_BUF + 8];
-
-		rps__wal_snap_name(name, l.snaps[i].index, l.snaps[i].term);
-		snprintf(aside, sizeof(aside), "%s.damaged", name);
-		if (renameat(w->dir_fd, name, w->dir_fd, aside) < 0) {
-			err = -errno;
-			rps__seterr(err, "wal: renaming %.150s/%s: %s", dir, name, strerror(-err));
-			goto out_snap;
-		}
-		dir_changed = true;
-	}
-	if (damaged && rec) {
-		rec->skipped_snapshots = (unsigned)damaged;
-		note_add(rec->note, sizeof(rec->note), "%.120s (renamed to .damaged); recovered %s",
-			 damage, has_snap ? "from an older snapshot" : "from the log alone");
-	}
-	for (size_t i = 0; i < l.n_tmps; i++) {
-		if (unlinkat(w->dir_fd, l.tmps[i], 0) == 0)
-			dir_changed = true;
-	}
-	if (dir_changed) {
-		err = rps__wal_do_sync(&w->opts, w->dir_fd, false);
-		if (err) {
-			rps__seterr(err, "wal: syncing directory %.150s: %s", dir, strerror(-err));
-			goto out_snap;
-		}
-	}
-
-	/* The runtime state continues where replay ended. */
-	w->segs = l.segs;
-	w->n_segs = l.n_segs;
-	w->cap_segs = l.cap_segs;
-	l.segs = NULL;
-	w->snaps = l.snaps;
-	w->n_snaps = l.n_snaps - damaged;
-	w->cap_snaps = l.cap_snaps;
-	l.snaps = NULL;
-	w->hs = r.hs;
-	w->next_batch = l.n_segs ? r.next_batch : 1;
-	w->snap_index = r.base;
-	w->snap_term = r.base_term_known ? r.base_term : 0;
-	err = rps__wal_grow((void **)&w->terms, &w->cap_terms, r.n, sizeof(*w->terms));
-	if (err)
-		goto out_snap;
-	for (size_t i = 0; i < r.n; i++)
-		w->terms[i] = r.ents[i].term;
-	w->n_terms = r.n;
-	if (w->n_segs == 0)
-		err = rps__wal_roll(w);	/* a fresh node */
-	else if (w->seg_end < SEG_OPENING_SIZE)
-		err = rps__wal_save(w, &w->hs, NULL, 0);	/* the opening hard state was torn */
-	if (!err && needs_marker)
-		err = rps__wal_append_marker(w, snap.index, snap.term);	/* finish save_snapshot */
-	if (err)
-		goto out_snap;
-	w->witness_fd = openat(w->dir_fd, WITNESS_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (w->witness_fd < 0) {
-		err = -errno;
-		rps__seterr(err, "wal: opening %.150s/" WITNESS_NAME ": %s", dir, strerror(-err));
-		goto out_snap;
-	}
-	rps__wal_witness_write(w, tocommit);	/* a directory from before the witness gets one */
-
-	if (rec) {
-		err = fill_recovered(rec, &r);
+	if (f.l.n_segs > 0) {
+		err = open_last_segment(w, dir, &f, rec);
 		if (err)
-			goto out_snap;
-		rec->hs = r.hs;
-		rec->has_snapshot = has_snap;
-		if (has_snap) {
-			rec->snapshot = snap;
-			rec->snap_data_ = snap_buf;
-			snap_buf = NULL;
-		}
+			goto out_found;
 	}
-	free(snap_buf);
-	replay_free(&r);
-	dir_listing_free(&l);
+	err = open_tidy_dir(w, dir, &f, rec);
+	if (err)
+		goto out_found;
+	err = open_take_over(w, &f);
+	if (!err)
+		err = open_continue(w, dir, &f);
+	if (!err && rec)
+		err = open_hand_over(rec, &f);
+	if (err)
+		goto out_found;
+	found_free(&f);
 	*out = w;
 	return 0;
 
-out_snap:
-	free(snap_buf);
-out_replay:
-	replay_free(&r);
+out_found:
+	found_free(&f);
 out_close:
-	dir_listing_free(&l);
 	rps__wal_close(w);
 	if (rec)
 		memset(rec, 0, sizeof(*rec));
