@@ -383,6 +383,100 @@ static int find_leader(struct leader *L, uint64_t deadline)
 
 /* ---- ADMIN to the leader --------------------------------------------------- */
 
+/* Where an ADMIN goes next: the leader, or the member the last answer named. */
+struct admin_try {
+	struct leader *L;
+	struct rps__uri target;
+	uint64_t target_id;
+	bool have_target;
+};
+
+/* Pick the server to ask this time.  A STATUS first, on the channel the
+ * ADMIN will use: it replaces a channel that died with an earlier server
+ * process, so a failure of the ADMIN itself means the outcome is unknown. */
+static int admin_pick_target(struct admin_try *t, uint64_t deadline)
+{
+	struct leader *L = t->L;
+	int ret;
+
+	if (t->have_target && query_status(&t->target, &L->st, &L->map))
+		t->have_target = false;
+	if (!t->have_target) {
+		ret = find_leader(L, deadline);
+		if (ret)
+			return ret;
+		t->target = L->uri;
+		t->target_id = L->id;
+	}
+	t->have_target = false;
+	return 0;
+}
+
+/* One ADMIN exchange with target: 0 and the server's *status, or a negative
+ * errno if the outcome is unknown. */
+static int admin_call(const struct rps__uri *target, const struct rps__admin *a, struct rps__admin_rep *rep,
+		      int32_t *status, const char *what)
+{
+	struct rps__ctl *ctl;
+	size_t len = 0;
+	bool cached;
+	int ret;
+
+	ret = conn_get(target, &ctl, &cached);
+	if (ret)
+		return rps__preerr(ret, "%s", what);
+	memset(rep, 0, sizeof(*rep));
+	ret = rps__ctl_call(ctl, RPS__MSG_ADMIN, a, sizeof(*a), rep, sizeof(*rep), &len, status,
+			    g.timeout_ms + ADMIN_SLACK_MS);
+	if (ret) {
+		if (ret == -ECONNRESET)
+			conn_drop(ctl);
+		return rps__preerr(ret, "%s: outcome unknown, check with psctl status", what);
+	}
+	if (len < sizeof(*rep))
+		memset(rep, 0, sizeof(*rep));
+	rep->msg[sizeof(rep->msg) - 1] = '\0';
+	return 0;
+}
+
+/* What the answer means: true if the operation is over (*ret its result),
+ * false to ask again (*ret the error to report if no try is left). */
+static bool admin_answered(struct admin_try *t, const struct rps__admin *a, int32_t status,
+			   const struct rps__admin_rep *rep, const char *what, int *ret)
+{
+	if (status == -EPERM && a->op == RPS__ADMIN_TRANSFER_LEADER && rep->leader &&
+	    rep->leader != t->target_id && (!a->id || rep->leader == a->id)) {
+		/* it handed leadership over before answering: done (asking the
+		 * new leader again would move leadership on once more) */
+		*ret = 0;
+		return true;
+	}
+	if (status == -EPERM) {
+		/* not (any more) the leader: it names the one to ask */
+		if (rep->leader && !member_uri(&t->L->map, rep->leader, &t->target)) {
+			t->have_target = true;
+			t->target_id = rep->leader;
+		}
+		*ret = rps__seterr(-EPERM, "%s: %s", what, rep->msg[0] ? rep->msg : "not the leader");
+		return false;
+	}
+	if (status == -EAGAIN) {
+		/* a leader that has not committed in its term yet, a change in flight */
+		t->have_target = true;
+		*ret = rps__seterr(-EAGAIN, "%s: %s", what, rep->msg[0] ? rep->msg : "busy, try again");
+		return false;
+	}
+	if (status < 0) {
+		if (rep->msg[0])
+			*ret = rps__seterr(status, "%s", rep->msg);
+		else
+			*ret = rps__seterr(status, "%s: %s", what, errtext(status));
+		return true;
+	}
+	*ret = 0;
+	return true;
+}
+
 /* Send one ADMIN operation to the leader, following -EPERM redirections.
  * what: "move partition 3 to member 2" for messages.  Returns 0, or a
  * negative errno with the one line to print in rps__errbuf(). */
@@ -391,94 +485,33 @@ static int admin(uint32_t op, uint32_t part, uint64_t id, const char *uri, struc
 {
 	struct rps__admin a = { .op = op, .part = part, .id = id, .timeout_ms = (uint32_t)g.timeout_ms };
 	uint64_t deadline = deadline_in(g.timeout_ms);
-	struct leader *L;
-	struct rps__uri target = { 0 };
-	uint64_t target_id = 0;
+	struct admin_try t = { 0 };
 	unsigned pause = 200;
 	int ret, attempt;
-	bool have_target = false;
 
-	L = malloc(sizeof(*L));
-	if (!L)
+	t.L = malloc(sizeof(*t.L));
+	if (!t.L)
 		return rps__seterr(-ENOMEM, "out of memory");
 	if (uri)
 		snprintf(a.uri, sizeof(a.uri), "%s", uri);
 	for (attempt = 0; attempt < REDIRECTS; attempt++) {
-		struct rps__ctl *ctl;
-		size_t len = 0;
 		int32_t status = 0;
-		bool cached;
 
 		if (attempt) {
 			sleep_ms(pause);
 			pause = RPS__MIN(pause * 2, 1000u);
 		}
-		/* A STATUS first, on the channel the ADMIN will use: it replaces a
-		 * channel that died with an earlier server process, so a failure of
-		 * the ADMIN itself means the outcome is unknown. */
-		if (have_target && query_status(&target, &L->st, &L->map))
-			have_target = false;
-		if (!have_target) {
-			ret = find_leader(L, deadline);
-			if (ret)
-				goto out;
-			target = L->uri;
-			target_id = L->id;
-		}
-		have_target = false;
-		ret = conn_get(&target, &ctl, &cached);
-		if (ret) {
-			ret = rps__preerr(ret, "%s", what);
+		ret = admin_pick_target(&t, deadline);
+		if (ret)
 			goto out;
-		}
-		memset(rep, 0, sizeof(*rep));
-		ret = rps__ctl_call(ctl, RPS__MSG_ADMIN, &a, sizeof(a), rep, sizeof(*rep), &len, &status,
-				    g.timeout_ms + ADMIN_SLACK_MS);
-		if (ret) {
-			if (ret == -ECONNRESET)
-				conn_drop(ctl);
-			ret = rps__preerr(ret, "%s: outcome unknown, check with psctl status", what);
+		ret = admin_call(&t.target, &a, rep, &status, what);
+		if (ret || admin_answered(&t, &a, status, rep, what, &ret))
 			goto out;
-		}
-		if (len < sizeof(*rep))
-			memset(rep, 0, sizeof(*rep));
-		rep->msg[sizeof(rep->msg) - 1] = '\0';
-		if (status == -EPERM && op == RPS__ADMIN_TRANSFER_LEADER && rep->leader &&
-		    rep->leader != target_id && (!id || rep->leader == id)) {
-			/* it handed leadership over before answering: done (asking the
-			 * new leader again would move leadership on once more) */
-			ret = 0;
-			goto out;
-		}
-		if (status == -EPERM) {
-			/* not (any more) the leader: it names the one to ask */
-			if (rep->leader && !member_uri(&L->map, rep->leader, &target)) {
-				have_target = true;
-				target_id = rep->leader;
-			}
-			ret = rps__seterr(-EPERM, "%s: %s", what, rep->msg[0] ? rep->msg : "not the leader");
-			continue;
-		}
-		if (status == -EAGAIN) {
-			/* a leader that has not committed in its term yet, a change in flight */
-			have_target = true;
-			ret = rps__seterr(-EAGAIN, "%s: %s", what, rep->msg[0] ? rep->msg : "busy, try again");
-			continue;
-		}
-		if (status < 0) {
-			if (rep->msg[0])
-				ret = rps__seterr(status, "%s", rep->msg);
-			else
-				ret = rps__seterr(status, "%s: %s", what, errtext(status));
-			goto out;
-		}
-		ret = 0;
-		goto out;
 	}
 	if (ret == -EPERM)
 		ret = rps__seterr(-EAGAIN, "%s: leadership kept changing: try again", what);
 out:
-	free(L);
+	free(t.L);
 	return ret;
 }
 
@@ -561,30 +594,37 @@ static void print_ids(const uint64_t *ids, uint32_t n)
 		printf("%s%" PRIu64, i ? "," : "", ids[i]);
 }
 
-static int cmd_status(void)
-{
-	static struct rps__smap map, m2, lmap;
-	static struct row rows[2 * RPS__SMAP_MAX_MEMBERS];
-	struct rps__status_rep seed;
-	const struct rps__status_rep *ld = NULL, *info;
-	struct rps__uri seed_uri;
+/* What status shows: every member's answer, and the view of the cluster. */
+struct status_view {
+	struct rps__smap *map;		/* the leader's if it answered, else the seed's */
+	struct row rows[2 * RPS__SMAP_MAX_MEMBERS];
+	uint32_t nrows;
+	struct rps__status_rep seed;	/* the first of --servers that answered */
 	char seed_name[300];
+	const struct rps__status_rep *ld;	/* the leader's STATUS, NULL if none answered */
+	const struct rps__status_rep *info;	/* ld, else seed */
 	uint64_t leader;
-	uint32_t nrows = 0, i;
+};
+
+/* STATUS to every member of the seed's map; the leader's map wins. */
+static int status_ask_members(struct status_view *v)
+{
+	static struct rps__smap m2, lmap;
+	struct rps__uri seed_uri;
 	bool have_lmap = false;
-	size_t w = 3;
+	uint32_t i;
 	int ret;
 
-	ret = query_any(&seed_uri, &seed, &map);
+	ret = query_any(&seed_uri, &v->seed, v->map);
 	if (ret)
-		return fail_err();
-	rps__uri_str(&seed_uri, seed_name, sizeof(seed_name));
-	for (i = 0; i < map.nmembers && i < RPS__SMAP_MAX_MEMBERS; i++) {
-		struct row *r = &rows[nrows++];
+		return ret;
+	rps__uri_str(&seed_uri, v->seed_name, sizeof(v->seed_name));
+	for (i = 0; i < v->map->nmembers && i < RPS__SMAP_MAX_MEMBERS; i++) {
+		struct row *r = &v->rows[v->nrows++];
 		struct rps__uri u;
 
-		r->id = map.members[i].id;
-		snprintf(r->uri, sizeof(r->uri), "%s", map.members[i].uri);
+		r->id = v->map->members[i].id;
+		snprintf(r->uri, sizeof(r->uri), "%s", v->map->members[i].uri);
 		ret = rps__uri_parse(r->uri, &u);
 		if (!ret)
 			ret = query_status(&u, &r->st, &m2);
@@ -593,84 +633,104 @@ static int cmd_status(void)
 			continue;
 		}
 		if (r->st.id != r->id) {
+			/* (the map's copy of the URI: gcc's -Wrestrict cannot tell
+			 * r->uri from r->err inside the one static view) */
 			snprintf(r->err, sizeof(r->err), "%s answers as member %" PRIu64 ", not %" PRIu64,
-				 r->uri, r->st.id, r->id);
+				 v->map->members[i].uri, r->st.id, r->id);
 			continue;
 		}
 		r->ok = true;
-		if (r->st.role == RPS__RAFT_LEADER && (!ld || r->st.term > ld->term)) {
-			ld = &r->st;
+		if (r->st.role == RPS__RAFT_LEADER && (!v->ld || r->st.term > v->ld->term)) {
+			v->ld = &r->st;
 			lmap = m2;
 			have_lmap = true;
 		}
 	}
 	if (have_lmap)
-		map = lmap;	/* the leader's map is the freshest */
-	info = ld ? ld : &seed;
-	/* Raft nodes the map does not name (being added or removed) */
-	for (i = 0; i < info->n_voters + info->n_learners && nrows < RPS__ARRAY_SIZE(rows); i++) {
+		*v->map = lmap;	/* the leader's map is the freshest */
+	v->info = v->ld ? v->ld : &v->seed;
+	v->leader = v->ld ? v->ld->id : v->seed.leader;
+	return 0;
+}
+
+/* Raft nodes the map does not name (being added or removed) */
+static void status_add_unmapped(struct status_view *v)
+{
+	const struct rps__status_rep *info = v->info;
+	uint32_t i;
+
+	for (i = 0; i < info->n_voters + info->n_learners && v->nrows < RPS__ARRAY_SIZE(v->rows); i++) {
 		uint64_t id = i < info->n_voters ? info->voters[i] : info->learners[i - info->n_voters];
 		struct row *r;
 		uint32_t k;
 		bool known = false;
 
-		for (k = 0; k < nrows; k++)
-			known = known || rows[k].id == id;
+		for (k = 0; k < v->nrows; k++)
+			known = known || v->rows[k].id == id;
 		if (known)
 			continue;
-		r = &rows[nrows++];
+		r = &v->rows[v->nrows++];
 		r->id = id;
 		snprintf(r->err, sizeof(r->err), "a Raft %s not in the shard map",
 			 i < info->n_voters ? "voter" : "learner");
 	}
-	leader = ld ? ld->id : seed.leader;
+}
 
-	if (g.json) {
-		printf("{\"leader\":");
-		if (leader)
-			printf("%" PRIu64, leader);
+static void status_print_json(const struct status_view *v)
+{
+	const struct rps__status_rep *ld = v->ld, *info = v->info;
+	uint32_t i;
+
+	printf("{\"leader\":");
+	if (v->leader)
+		printf("%" PRIu64, v->leader);
+	else
+		printf("null");
+	printf(",\"term\":%" PRIu64 ",\"voters\":", info->term);
+	json_ids(info->voters, info->n_voters);
+	printf(",\"learners\":");
+	json_ids(info->learners, info->n_learners);
+	printf(",\"fsync\":%s,\"members\":[", info->fsync ? "true" : "false");
+	for (i = 0; i < v->nrows; i++) {
+		const struct row *r = &v->rows[i];
+		uint64_t lag;
+
+		printf("%s{\"id\":%" PRIu64 ",\"uri\":", i ? "," : "", r->id);
+		json_str(r->uri);
+		if (!r->ok) {
+			printf(",\"reachable\":false,\"error\":");
+			json_str(r->err);
+			putchar('}');
+			continue;
+		}
+		printf(",\"reachable\":true,\"role\":\"%s\",\"term\":%" PRIu64 ",\"commit\":%" PRIu64
+		       ",\"applied\":%" PRIu64 ",\"last_index\":%" PRIu64 ",\"lag\":",
+		       role_name(&r->st, ld), r->st.term, r->st.commit, r->st.applied, r->st.last_index);
+		if (lag_of(ld, r->id, &lag))
+			printf("%" PRIu64, lag);
 		else
 			printf("null");
-		printf(",\"term\":%" PRIu64 ",\"voters\":", info->term);
-		json_ids(info->voters, info->n_voters);
-		printf(",\"learners\":");
-		json_ids(info->learners, info->n_learners);
-		printf(",\"fsync\":%s,\"members\":[", info->fsync ? "true" : "false");
-		for (i = 0; i < nrows; i++) {
-			const struct row *r = &rows[i];
-			uint64_t lag;
-
-			printf("%s{\"id\":%" PRIu64 ",\"uri\":", i ? "," : "", r->id);
-			json_str(r->uri);
-			if (!r->ok) {
-				printf(",\"reachable\":false,\"error\":");
-				json_str(r->err);
-				putchar('}');
-				continue;
-			}
-			printf(",\"reachable\":true,\"role\":\"%s\",\"term\":%" PRIu64 ",\"commit\":%" PRIu64
-			       ",\"applied\":%" PRIu64 ",\"last_index\":%" PRIu64 ",\"lag\":",
-			       role_name(&r->st, ld), r->st.term, r->st.commit, r->st.applied, r->st.last_index);
-			if (lag_of(ld, r->id, &lag))
-				printf("%" PRIu64, lag);
-			else
-				printf("null");
-			printf(",\"conns\":%u,\"shards\":%" PRIu64 ",\"shard_bytes\":%" PRIu64 ",\"tensors\":%" PRIu64
-			       ",\"partitions\":%u}", r->st.n_conns, r->st.shards, r->st.shard_bytes, r->st.tensors,
-			       rps__smap_owned(&map, r->id));
-		}
-		printf("],\"map\":");
-		rps__smap_print_json(&map, stdout);
-		printf("}\n");
-		return 0;
+		printf(",\"conns\":%u,\"shards\":%" PRIu64 ",\"shard_bytes\":%" PRIu64 ",\"tensors\":%" PRIu64
+		       ",\"partitions\":%u}", r->st.n_conns, r->st.shards, r->st.shard_bytes, r->st.tensors,
+		       rps__smap_owned(v->map, r->id));
 	}
+	printf("],\"map\":");
+	rps__smap_print_json(v->map, stdout);
+	printf("}\n");
+}
 
-	for (i = 0; i < nrows; i++)
-		w = RPS__MAX(w, strlen(rows[i].uri));
+static void status_print_table(const struct status_view *v)
+{
+	const struct rps__status_rep *ld = v->ld, *info = v->info;
+	uint32_t i;
+	size_t w = 3;
+
+	for (i = 0; i < v->nrows; i++)
+		w = RPS__MAX(w, strlen(v->rows[i].uri));
 	printf("%-4s %-*s %-9s %6s %8s %8s %6s %5s %5s %8s\n", "ID", (int)w, "URI", "ROLE", "TERM", "COMMIT",
 	       "APPLIED", "LAG", "CONNS", "PARTS", "SHARDS");
-	for (i = 0; i < nrows; i++) {
-		const struct row *r = &rows[i];
+	for (i = 0; i < v->nrows; i++) {
+		const struct row *r = &v->rows[i];
 		char lagbuf[24] = "-";
 		uint64_t lag;
 
@@ -688,11 +748,11 @@ static int cmd_status(void)
 			snprintf(lagbuf, sizeof(lagbuf), "%" PRIu64, lag);
 		printf("%-4" PRIu64 " %-*s %-9s %6" PRIu64 " %8" PRIu64 " %8" PRIu64 " %6s %5u %5u %8" PRIu64 "\n",
 		       r->id, (int)w, r->uri, role_name(&r->st, ld), r->st.term, r->st.commit, r->st.applied,
-		       lagbuf, r->st.n_conns, rps__smap_owned(&map, r->id), r->st.shards);
+		       lagbuf, r->st.n_conns, rps__smap_owned(v->map, r->id), r->st.shards);
 	}
 	printf("\ncluster: leader ");
-	if (leader)
-		printf("%" PRIu64, leader);
+	if (v->leader)
+		printf("%" PRIu64, v->leader);
 	else
 		printf("none (election in progress?)");
 	printf(", term %" PRIu64 ", voters ", info->term);
@@ -701,9 +761,23 @@ static int cmd_status(void)
 	print_ids(info->learners, info->n_learners);
 	printf(", fsync %s", info->fsync ? "on (durable)" : "off");
 	if (!ld)
-		printf(" (as %s sees it)", seed_name);
+		printf(" (as %s sees it)", v->seed_name);
 	printf("\n\n");
-	rps__smap_print(&map, stdout);
+	rps__smap_print(v->map, stdout);
+}
+
+static int cmd_status(void)
+{
+	static struct rps__smap map;
+	static struct status_view v = { .map = &map };
+
+	if (status_ask_members(&v))
+		return fail_err();
+	status_add_unmapped(&v);
+	if (g.json)
+		status_print_json(&v);
+	else
+		status_print_table(&v);
 	return 0;
 }
 
@@ -1191,7 +1265,9 @@ static int cmd_transfer_leader(uint64_t to)
 
 /* ---- main ------------------------------------------------------------------ */
 
-int main(int argc, char **argv)
+/* The options before the command into g (and *servers); false once --help
+ * or --version printed what they print. */
+static bool parse_options(int argc, char **argv, const char **servers)
 {
 	enum { OPT_JSON = 256, OPT_TIMEOUT, OPT_NO_REBALANCE, OPT_LEVEL, OPT_FORCE };
 	static const struct option longopts[] = {
@@ -1205,13 +1281,9 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *servers = NULL, *cmd;
-	uint32_t part = 0;
-	uint64_t id = 0;
-	char **args;
-	int nargs, c, ret;
 	double sec;
 	char *end;
+	int c;
 
 	g.timeout_ms = 30000;
 	g.level = -1;
@@ -1219,7 +1291,7 @@ int main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, ":s:hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 's':
-			servers = optarg;
+			*servers = optarg;
 			break;
 		case OPT_JSON:
 			g.json = true;
@@ -1245,10 +1317,10 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			usage(stdout);
-			return 0;
+			return false;
 		case 'V':
 			printf("psctl %s\n", PACKAGE_VERSION);
-			return 0;
+			return false;
 		case ':':
 			die_usage("%s needs an argument", argv[optind - 1]);
 			break;
@@ -1259,30 +1331,46 @@ int main(int argc, char **argv)
 		}
 	}
 	g.rpc_ms = RPS__MIN(g.timeout_ms, STATUS_MAX_MS);
-	args = argv + optind;
-	nargs = argc - optind;
-	if (nargs < 1)
-		die_usage("no command given");
-	cmd = args[0];
-	args++;
-	nargs--;
-	/* with POSIXLY_CORRECT set, options after the command arrive here */
-	{
-		int i, n = 0;
-		for (i = 0; i < nargs; i++) {
-			if (!strcmp(args[i], "--no-rebalance"))
-				g.no_rebalance = true;
-			else if (!strcmp(args[i], "--force"))
-				g.force = true;
-			else if (!strcmp(args[i], "--json"))
-				g.json = true;
-			else if (args[i][0] == '-' && args[i][1])
-				die_usage("%s: put options before the command", args[i]);
-			else
-				args[n++] = args[i];
-		}
-		nargs = n;
+	return true;
+}
+
+/* With POSIXLY_CORRECT set, options after the command arrive among its
+ * arguments: take them out.  Returns how many arguments remain. */
+static int take_trailing_options(char **args, int nargs)
+{
+	int i, n = 0;
+	for (i = 0; i < nargs; i++) {
+		if (!strcmp(args[i], "--no-rebalance"))
+			g.no_rebalance = true;
+		else if (!strcmp(args[i], "--force"))
+			g.force = true;
+		else if (!strcmp(args[i], "--json"))
+			g.json = true;
+		else if (args[i][0] == '-' && args[i][1])
+			die_usage("%s: put options before the command", args[i]);
+		else
+			args[n++] = args[i];
 	}
+	return n;
+}
+
+/* The command exists, its options go with it and it has as many arguments
+ * as it takes; else a usage error (before the servers: a usage error wins
+ * over a missing server list). */
+static void check_command(const char *cmd, int nargs)
+{
+	static const struct { const char *cmd; int min, max; const char *args; } shapes[] = {
+		{ "status", 0, 0, "" },
+		{ "move", 2, 2, " PART ID" },
+		{ "add-server", 2, 2, " ID URI [--no-rebalance]" },
+		{ "remove-server", 1, 1, " ID" },
+		{ "transfer-leader", 0, 1, " [ID]" },
+		{ "checkpoint", 1, 1, " DIR" },
+		{ "restore", 1, 1, " DIR" },
+		{ "forget-lost", 1, 1, " PART|all" },
+	};
+	size_t i;
+
 	if (strcmp(cmd, "status") && strcmp(cmd, "move") && strcmp(cmd, "add-server") &&
 	    strcmp(cmd, "remove-server") && strcmp(cmd, "transfer-leader") && strcmp(cmd, "checkpoint") &&
 	    strcmp(cmd, "restore") && strcmp(cmd, "forget-lost"))
@@ -1293,69 +1381,91 @@ int main(int argc, char **argv)
 		die_usage("--no-rebalance goes with add-server");
 	if (g.level >= 0 && strcmp(cmd, "checkpoint"))
 		die_usage("--level goes with checkpoint");
+	for (i = 0; i < RPS__ARRAY_SIZE(shapes); i++)
+		if (!strcmp(cmd, shapes[i].cmd) && (nargs < shapes[i].min || nargs > shapes[i].max))
+			die_usage("%s takes%s%s", cmd, *shapes[i].args ? "" : " no arguments", shapes[i].args);
+}
 
-	/* arguments before servers: a usage error wins over a missing server list */
-	{
-		static const struct { const char *cmd; int min, max; const char *args; } shapes[] = {
-			{ "status", 0, 0, "" },
-			{ "move", 2, 2, " PART ID" },
-			{ "add-server", 2, 2, " ID URI [--no-rebalance]" },
-			{ "remove-server", 1, 1, " ID" },
-			{ "transfer-leader", 0, 1, " [ID]" },
-			{ "checkpoint", 1, 1, " DIR" },
-			{ "restore", 1, 1, " DIR" },
-			{ "forget-lost", 1, 1, " PART|all" },
-		};
-		size_t i;
-		for (i = 0; i < RPS__ARRAY_SIZE(shapes); i++)
-			if (!strcmp(cmd, shapes[i].cmd) && (nargs < shapes[i].min || nargs > shapes[i].max))
-				die_usage("%s takes%s%s", cmd, *shapes[i].args ? "" : " no arguments", shapes[i].args);
-	}
+/* The command's arguments: *part and *id where it takes them. */
+static void parse_command_args(const char *cmd, char **args, int nargs, uint32_t *part, uint64_t *id)
+{
 	if (!strcmp(cmd, "move")) {
-		part = (uint32_t)parse_u64(args[0], "PART", 0, RPS__SMAP_MAX_PART - 1);
-		id = parse_u64(args[1], "ID", 1, UINT64_MAX);
+		*part = (uint32_t)parse_u64(args[0], "PART", 0, RPS__SMAP_MAX_PART - 1);
+		*id = parse_u64(args[1], "ID", 1, UINT64_MAX);
 	} else if (!strcmp(cmd, "add-server")) {
 		struct rps__uri u;
-		id = parse_u64(args[0], "ID", 1, UINT64_MAX);
+		*id = parse_u64(args[0], "ID", 1, UINT64_MAX);
 		if (rps__uri_parse(args[1], &u))
 			die_usage("%s", rps__errbuf());
 		if (strlen(args[1]) >= RPS__SMAP_URI_MAX)
 			die_usage("URI '%s': at most %u characters", args[1], RPS__SMAP_URI_MAX - 1);
 	} else if (!strcmp(cmd, "remove-server")) {
-		id = parse_u64(args[0], "ID", 1, UINT64_MAX);
+		*id = parse_u64(args[0], "ID", 1, UINT64_MAX);
 	} else if (!strcmp(cmd, "forget-lost")) {
-		part = !strcmp(args[0], "all") ? UINT32_MAX :
+		*part = !strcmp(args[0], "all") ? UINT32_MAX :
 		       (uint32_t)parse_u64(args[0], "PART", 0, RPS__SMAP_MAX_PART - 1);
 	} else if (!strcmp(cmd, "transfer-leader") && nargs == 1) {
-		id = parse_u64(args[0], "ID", 1, UINT64_MAX);
+		*id = parse_u64(args[0], "ID", 1, UINT64_MAX);
 	}
+}
 
+/* -s, else $RPS_SERVERS, into g.servers. */
+static void parse_servers(const char *servers)
+{
 	if (!servers || !*servers)
 		servers = getenv("RPS_SERVERS");
 	if (!servers || !*servers)
 		die_usage("no servers: give -s URI[,URI...] or set RPS_SERVERS");
 	if (rps__uri_list_parse(servers, &g.servers, &g.nservers))
 		die_usage("%s", rps__errbuf());
+}
+
+static int run_command(const char *cmd, char **args, uint32_t part, uint64_t id)
+{
+	if (!strcmp(cmd, "status"))
+		return cmd_status();
+	else if (!strcmp(cmd, "move"))
+		return cmd_move(part, id);
+	else if (!strcmp(cmd, "add-server"))
+		return cmd_add_server(id, args[1]);
+	else if (!strcmp(cmd, "remove-server") && g.force)
+		return cmd_force_remove(id);
+	else if (!strcmp(cmd, "remove-server"))
+		return cmd_remove_server(id);
+	else if (!strcmp(cmd, "forget-lost"))
+		return cmd_forget_lost(part);
+	else if (!strcmp(cmd, "checkpoint"))
+		return cmd_checkpoint(args[0]);
+	else if (!strcmp(cmd, "restore"))
+		return cmd_restore(args[0]);
+	else
+		return cmd_transfer_leader(id);
+}
+
+int main(int argc, char **argv)
+{
+	const char *servers = NULL, *cmd;
+	uint32_t part = 0;
+	uint64_t id = 0;
+	char **args;
+	int nargs, ret;
+
+	if (!parse_options(argc, argv, &servers))
+		return 0;
+	args = argv + optind;
+	nargs = argc - optind;
+	if (nargs < 1)
+		die_usage("no command given");
+	cmd = args[0];
+	args++;
+	nargs--;
+	nargs = take_trailing_options(args, nargs);
+	check_command(cmd, nargs);
+	parse_command_args(cmd, args, nargs, &part, &id);
+	parse_servers(servers);
 
 	signal(SIGPIPE, SIG_IGN);
-	if (!strcmp(cmd, "status"))
-		ret = cmd_status();
-	else if (!strcmp(cmd, "move"))
-		ret = cmd_move(part, id);
-	else if (!strcmp(cmd, "add-server"))
-		ret = cmd_add_server(id, args[1]);
-	else if (!strcmp(cmd, "remove-server") && g.force)
-		ret = cmd_force_remove(id);
-	else if (!strcmp(cmd, "remove-server"))
-		ret = cmd_remove_server(id);
-	else if (!strcmp(cmd, "forget-lost"))
-		ret = cmd_forget_lost(part);
-	else if (!strcmp(cmd, "checkpoint"))
-		ret = cmd_checkpoint(args[0]);
-	else if (!strcmp(cmd, "restore"))
-		ret = cmd_restore(args[0]);
-	else
-		ret = cmd_transfer_leader(id);
+	ret = run_command(cmd, args, part, id);
 	conns_close();
 	free(g.servers);
 	if (fflush(stdout) || ferror(stdout))
