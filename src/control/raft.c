@@ -737,6 +737,53 @@ static const char *refuse_reason(const struct rps__raft *r, const struct rps__ra
 	return NULL;
 }
 
+/* The term check common to every role (as etcd-raft's Step): a newer term
+ * makes us a follower (unless a vote request meets a leader's lease), an
+ * older one gets at most an answer.  True if that consumed m. */
+static bool step_term(struct rps__raft *r, const struct rps__raft_msg *m)
+{
+	if (m->term > r->term) {
+		if (m->type == RPS__RAFT_MSG_VOTE || m->type == RPS__RAFT_MSG_PRE_VOTE) {
+			bool forced = m->flags & RPS__RAFT_MSG_F_TRANSFER;
+			bool in_lease = r->cfg.check_quorum && r->lead != RPS__RAFT_NONE &&
+					r->election_elapsed < r->cfg.election_ticks;
+
+			/* we heard from a leader within the minimum election
+			 * timeout: do not let a node that cannot hear it (or
+			 * was removed) depose it */
+			if (!forced && in_lease)
+				return true;
+		}
+		if (m->type == RPS__RAFT_MSG_PRE_VOTE) {
+			/* never change term for a PreVote */
+		} else if (m->type == RPS__RAFT_MSG_PRE_VOTE_RESP && !m->reject) {
+			/* granted for the term we would campaign in: we move
+			 * there when we win the PreVote */
+		} else if (m->type == RPS__RAFT_MSG_APP || m->type == RPS__RAFT_MSG_HEARTBEAT ||
+			   m->type == RPS__RAFT_MSG_SNAP) {
+			rps__raft_become_follower(r, m->term, m->from);
+		} else {
+			rps__raft_become_follower(r, m->term, RPS__RAFT_NONE);
+		}
+	} else if (m->term < r->term) {
+		if ((r->cfg.check_quorum || r->cfg.pre_vote) &&
+		    (m->type == RPS__RAFT_MSG_HEARTBEAT || m->type == RPS__RAFT_MSG_APP)) {
+			/* A stale leader (or one cut off by a node whose term
+			 * ran ahead while it could not win): answer with our
+			 * term so it steps down instead of the cluster
+			 * waiting on it forever. */
+			rps__raft_msg_push(r, RPS__RAFT_MSG_APP_RESP, m->from);
+		} else if (m->type == RPS__RAFT_MSG_PRE_VOTE) {
+			struct rps__raft_msg *resp = rps__raft_msg_push(r, RPS__RAFT_MSG_PRE_VOTE_RESP, m->from);
+
+			if (resp)
+				resp->reject = 1;
+		}
+		return true;
+	}
+	return false;
+}
+
 int rps__raft_step(struct rps__raft *r, const struct rps__raft_msg *m)
 {
 	const char *why;
@@ -765,45 +812,8 @@ int rps__raft_step(struct rps__raft *r, const struct rps__raft_msg *m)
 				   (unsigned long long)m->from, (unsigned long long)m->term, why);
 	}
 
-	if (m->term > r->term) {
-		if (m->type == RPS__RAFT_MSG_VOTE || m->type == RPS__RAFT_MSG_PRE_VOTE) {
-			bool forced = m->flags & RPS__RAFT_MSG_F_TRANSFER;
-			bool in_lease = r->cfg.check_quorum && r->lead != RPS__RAFT_NONE &&
-					r->election_elapsed < r->cfg.election_ticks;
-
-			/* we heard from a leader within the minimum election
-			 * timeout: do not let a node that cannot hear it (or
-			 * was removed) depose it */
-			if (!forced && in_lease)
-				return 0;
-		}
-		if (m->type == RPS__RAFT_MSG_PRE_VOTE) {
-			/* never change term for a PreVote */
-		} else if (m->type == RPS__RAFT_MSG_PRE_VOTE_RESP && !m->reject) {
-			/* granted for the term we would campaign in: we move
-			 * there when we win the PreVote */
-		} else if (m->type == RPS__RAFT_MSG_APP || m->type == RPS__RAFT_MSG_HEARTBEAT ||
-			   m->type == RPS__RAFT_MSG_SNAP) {
-			rps__raft_become_follower(r, m->term, m->from);
-		} else {
-			rps__raft_become_follower(r, m->term, RPS__RAFT_NONE);
-		}
-	} else if (m->term < r->term) {
-		if ((r->cfg.check_quorum || r->cfg.pre_vote) &&
-		    (m->type == RPS__RAFT_MSG_HEARTBEAT || m->type == RPS__RAFT_MSG_APP)) {
-			/* A stale leader (or one cut off by a node whose term
-			 * ran ahead while it could not win): answer with our
-			 * term so it steps down instead of the cluster
-			 * waiting on it forever. */
-			rps__raft_msg_push(r, RPS__RAFT_MSG_APP_RESP, m->from);
-		} else if (m->type == RPS__RAFT_MSG_PRE_VOTE) {
-			struct rps__raft_msg *resp = rps__raft_msg_push(r, RPS__RAFT_MSG_PRE_VOTE_RESP, m->from);
-
-			if (resp)
-				resp->reject = 1;
-		}
+	if (step_term(r, m))
 		return r->broken;
-	}
 
 	switch (m->type) {
 	case RPS__RAFT_MSG_VOTE:
