@@ -29,7 +29,7 @@ allowed() {
 	client) echo "common transport proto kernels client" ;;
 	server) echo "common transport proto kernels server" ;;
 	control) echo "common transport proto kernels server control" ;;
-	programs) echo "common transport proto kernels client server control" ;;
+	programs) echo "common transport proto kernels client server control programs" ;;
 	*) echo "" ;;
 	esac
 }

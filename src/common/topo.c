@@ -336,16 +336,117 @@ syntax:
 	return rps__seterr(-EINVAL, "--cpus '%s': not a cpu list (say e.g. 0-3,8)", s);
 }
 
+/* Refuse overrides that cannot be honoured here; parse --cpus into *forced. */
+static int place_check(struct rps__topo *t, const struct rps__topo_overrides *ov, const char *cpus_ov,
+		       hwloc_bitmap_t *forced)
+{
+	if (ov->no_pin && (ov->numa_node >= 0 || cpus_ov))
+		return rps__seterr(-EINVAL, "--no-pin cannot be combined with --numa-node or --cpus");
+	if (ov->numa_node >= 0 && !hwloc_get_numanode_obj_by_os_index(t->topo, (unsigned)ov->numa_node)) {
+		char have[64];
+		list_str(hwloc_topology_get_topology_nodeset(t->topo), have, sizeof(have));
+		return rps__seterr(-EINVAL, "--numa-node %d: no such NUMA node here (nodes: %s)", ov->numa_node, have);
+	}
+	if (cpus_ov) {
+		*forced = hwloc_bitmap_alloc();
+		if (!*forced)
+			return rps__seterr(-ENOMEM, "out of memory");
+		return parse_cpus(t, cpus_ov, *forced);
+	}
+	return 0;
+}
+
+/* Choose the cpus (NULL: not pinned) and the NUMA node: as the overrides
+ * say, else where the device is.  *derived: the cpus were not given. */
+static hwloc_bitmap_t place_choose(struct rps__topo *t, const char *dev, const struct rps__topo_overrides *ov,
+				   const char *cpus_ov, hwloc_const_bitmap_t forced, struct rps__placement *out,
+				   int *derived, char *why, size_t why_len)
+{
+	hwloc_const_bitmap_t whole = hwloc_topology_get_allowed_cpuset(t->topo);
+	hwloc_bitmap_t cpus = NULL, loc_cpus = NULL;
+	int loc_node = -1;
+	char cl[128];
+
+	if (ov->no_pin) {
+		snprintf(why, why_len, "--no-pin given: nothing bound or pinned, using the whole machine");
+	} else if (ov->numa_node >= 0 && cpus_ov) {
+		out->numa_node = ov->numa_node;
+		cpus = hwloc_bitmap_dup(forced);
+		snprintf(why, why_len, "--numa-node %d and --cpus %s given", ov->numa_node, cpus_ov);
+	} else if (ov->numa_node >= 0) {
+		hwloc_obj_t node = hwloc_get_numanode_obj_by_os_index(t->topo, (unsigned)ov->numa_node);
+
+		out->numa_node = ov->numa_node;
+		if (node->cpuset && !hwloc_bitmap_iszero(node->cpuset)) {
+			cpus = hwloc_bitmap_dup(node->cpuset);
+			if (cpus)
+				hwloc_bitmap_and(cpus, cpus, whole);
+			*derived = 1;
+		}
+		list_str(cpus, cl, sizeof(cl));
+		if (cpus)
+			snprintf(why, why_len, "--numa-node %d given (cpus %s)", ov->numa_node, cl);
+		else
+			snprintf(why, why_len, "--numa-node %d given (a node without cpus: threads not pinned)",
+				 ov->numa_node);
+	} else {
+		char loc[sizeof(out->reason)];
+
+		locate(t, dev, &loc_node, &loc_cpus, out, loc, sizeof(loc));
+		out->numa_node = loc_node;
+		if (cpus_ov) {
+			cpus = hwloc_bitmap_dup(forced);
+			fmt_to(why, why_len, "%s; --cpus %s given", loc, cpus_ov);
+		} else {
+			cpus = loc_cpus;
+			loc_cpus = NULL;
+			*derived = cpus != NULL;
+			snprintf(why, why_len, "%s", loc);
+		}
+	}
+	hwloc_bitmap_free(loc_cpus);
+	return cpus;
+}
+
+/* Respect this process's cpu affinity (taskset, an MPI launcher) when the
+ * cpus were derived rather than given. */
+static void place_narrow_to_affinity(struct rps__topo *t, hwloc_bitmap_t *cpus, char *why, size_t why_len)
+{
+	hwloc_bitmap_t proc = NULL;
+	char cl[128];
+	size_t n;
+
+	if (t->thissystem && (proc = hwloc_bitmap_alloc()) &&
+	    !hwloc_get_cpubind(t->topo, proc, HWLOC_CPUBIND_PROCESS) && !hwloc_bitmap_iszero(proc) &&
+	    !hwloc_bitmap_isincluded(*cpus, proc)) {
+		char pl[128];
+
+		list_str(proc, pl, sizeof(pl));
+		n = strlen(why);
+		if (!hwloc_bitmap_intersects(*cpus, proc)) {
+			snprintf(why + n, why_len - n, "; none of them in this process's affinity (cpus %s): "
+				 "threads not pinned", pl);
+			hwloc_bitmap_free(*cpus);
+			*cpus = NULL;
+		} else {
+			hwloc_bitmap_and(*cpus, *cpus, proc);
+			list_str(*cpus, cl, sizeof(cl));
+			snprintf(why + n, why_len - n, "; threads on cpus %s, narrowed by this process's affinity",
+				 cl);
+		}
+	}
+	hwloc_bitmap_free(proc);
+}
+
 int rps__topo_place(struct rps__topo *t, const char *dev, const struct rps__topo_overrides *ov,
 		    struct rps__placement *out)
 {
 	static const struct rps__topo_overrides none = RPS__TOPO_OVERRIDES_INIT;
 	hwloc_const_bitmap_t whole = hwloc_topology_get_allowed_cpuset(t->topo);
-	hwloc_bitmap_t cpus = NULL, loc_cpus = NULL, forced = NULL, proc = NULL;
+	hwloc_bitmap_t cpus = NULL, forced = NULL;
 	const char *cpus_ov;
-	char why[sizeof(out->reason)], cl[128];
-	int loc_node = -1, derived = 0, ret = 0;
-	size_t n;
+	char why[sizeof(out->reason)];
+	int derived = 0, ret = 0;
 
 	if (!ov)
 		ov = &none;
@@ -356,59 +457,10 @@ int rps__topo_place(struct rps__topo *t, const char *dev, const struct rps__topo
 		snprintf(out->device, sizeof(out->device), "%s", dev);
 	why[0] = '\0';
 
-	if (ov->no_pin && (ov->numa_node >= 0 || cpus_ov))
-		return rps__seterr(-EINVAL, "--no-pin cannot be combined with --numa-node or --cpus");
-	if (ov->numa_node >= 0 && !hwloc_get_numanode_obj_by_os_index(t->topo, (unsigned)ov->numa_node)) {
-		char have[64];
-		list_str(hwloc_topology_get_topology_nodeset(t->topo), have, sizeof(have));
-		return rps__seterr(-EINVAL, "--numa-node %d: no such NUMA node here (nodes: %s)", ov->numa_node, have);
-	}
-	if (cpus_ov) {
-		forced = hwloc_bitmap_alloc();
-		if (!forced)
-			return rps__seterr(-ENOMEM, "out of memory");
-		ret = parse_cpus(t, cpus_ov, forced);
-		if (ret)
-			goto out;
-	}
-
-	if (ov->no_pin) {
-		snprintf(why, sizeof(why), "--no-pin given: nothing bound or pinned, using the whole machine");
-	} else if (ov->numa_node >= 0 && cpus_ov) {
-		out->numa_node = ov->numa_node;
-		cpus = hwloc_bitmap_dup(forced);
-		snprintf(why, sizeof(why), "--numa-node %d and --cpus %s given", ov->numa_node, cpus_ov);
-	} else if (ov->numa_node >= 0) {
-		hwloc_obj_t node = hwloc_get_numanode_obj_by_os_index(t->topo, (unsigned)ov->numa_node);
-
-		out->numa_node = ov->numa_node;
-		if (node->cpuset && !hwloc_bitmap_iszero(node->cpuset)) {
-			cpus = hwloc_bitmap_dup(node->cpuset);
-			if (cpus)
-				hwloc_bitmap_and(cpus, cpus, whole);
-			derived = 1;
-		}
-		list_str(cpus, cl, sizeof(cl));
-		if (cpus)
-			snprintf(why, sizeof(why), "--numa-node %d given (cpus %s)", ov->numa_node, cl);
-		else
-			snprintf(why, sizeof(why), "--numa-node %d given (a node without cpus: threads not pinned)",
-				 ov->numa_node);
-	} else {
-		char loc[sizeof(why)];
-
-		locate(t, dev, &loc_node, &loc_cpus, out, loc, sizeof(loc));
-		out->numa_node = loc_node;
-		if (cpus_ov) {
-			cpus = hwloc_bitmap_dup(forced);
-			fmt_to(why, sizeof(why), "%s; --cpus %s given", loc, cpus_ov);
-		} else {
-			cpus = loc_cpus;
-			loc_cpus = NULL;
-			derived = cpus != NULL;
-			snprintf(why, sizeof(why), "%s", loc);
-		}
-	}
+	ret = place_check(t, ov, cpus_ov, &forced);
+	if (ret)
+		goto out;
+	cpus = place_choose(t, dev, ov, cpus_ov, forced, out, &derived, why, sizeof(why));
 	if (cpus_ov && !ov->no_pin && !cpus) {
 		ret = rps__seterr(-ENOMEM, "out of memory");
 		goto out;
@@ -418,28 +470,8 @@ int rps__topo_place(struct rps__topo *t, const char *dev, const struct rps__topo
 		cpus = NULL;
 		derived = 0;
 	}
-
-	/* Respect this process's cpu affinity (taskset, an MPI launcher) when
-	 * the cpus were derived rather than given. */
-	if (cpus && derived && t->thissystem && (proc = hwloc_bitmap_alloc()) &&
-	    !hwloc_get_cpubind(t->topo, proc, HWLOC_CPUBIND_PROCESS) && !hwloc_bitmap_iszero(proc) &&
-	    !hwloc_bitmap_isincluded(cpus, proc)) {
-		char pl[128];
-
-		list_str(proc, pl, sizeof(pl));
-		n = strlen(why);
-		if (!hwloc_bitmap_intersects(cpus, proc)) {
-			snprintf(why + n, sizeof(why) - n, "; none of them in this process's affinity (cpus %s): "
-				 "threads not pinned", pl);
-			hwloc_bitmap_free(cpus);
-			cpus = NULL;
-		} else {
-			hwloc_bitmap_and(cpus, cpus, proc);
-			list_str(cpus, cl, sizeof(cl));
-			snprintf(why + n, sizeof(why) - n, "; threads on cpus %s, narrowed by this process's affinity",
-				 cl);
-		}
-	}
+	if (cpus && derived)
+		place_narrow_to_affinity(t, &cpus, why, sizeof(why));
 
 	if (cpus) {
 		if (hwloc_bitmap_last(cpus) >= CPU_SETSIZE) {
@@ -455,9 +487,7 @@ int rps__topo_place(struct rps__topo *t, const char *dev, const struct rps__topo
 	snprintf(out->reason, sizeof(out->reason), "%s", why);
 out:
 	hwloc_bitmap_free(cpus);
-	hwloc_bitmap_free(loc_cpus);
 	hwloc_bitmap_free(forced);
-	hwloc_bitmap_free(proc);
 	return ret;
 }
 

@@ -696,12 +696,76 @@ void rps__ckpt_close(struct rps__ckpt_reader *r)
 	free(r);
 }
 
+/* Open the file, which must be a regular one, and note its size. */
+static int reader_open_file(struct rps__ckpt_reader *r, const char *file)
+{
+	struct stat st;
+	int err;
+
+	r->fd = open(file, O_RDONLY | O_CLOEXEC);
+	if (r->fd < 0) {
+		err = -errno;
+		return rps__seterr(err, "checkpoint %.200s: %s", file, strerror(-err));
+	}
+	if (fstat(r->fd, &st) < 0) {
+		err = -errno;
+		return rps__seterr(err, "checkpoint %.200s: %s", file, strerror(-err));
+	}
+	if (!S_ISREG(st.st_mode))
+		return rps__seterr(-EINVAL, "checkpoint %.200s: not a regular file", file);
+	r->size = (uint64_t)st.st_size;
+	return 0;
+}
+
+/* Read and check the header: magic, version (a newer one is told apart from
+ * damage), size, checksum, reserved bytes, then its fields. */
+static int reader_read_header(struct rps__ckpt_reader *r)
+{
+	uint8_t hdr[HDR_SIZE_MAX];
+	uint32_t version, hsize;
+	int err;
+
+	err = read_exact(r, hdr, 16);
+	if (err)
+		return err;
+	if (memcmp(hdr, MAGIC, MAGIC_LEN) != 0)
+		return BAD(r, -EILSEQ, 0, "not an rdmaps checkpoint (bad magic)");
+	version = rps__le_get32(hdr + 8);
+	hsize = rps__le_get32(hdr + 12);
+	if (version != RPS__CKPT_VERSION) {
+		/* A newer file is recognised by its own header crc; anything
+		 * else claiming another version is damage. */
+		if (version > RPS__CKPT_VERSION && hsize >= HDR_SIZE && hsize <= HDR_SIZE_MAX &&
+		    hsize % 4 == 0 && read_full(r->fd, hdr + 16, hsize - 16) == (ssize_t)(hsize - 16) &&
+		    rps__crc32c(0, hdr, hsize - 4) == rps__le_get32(hdr + hsize - 4))
+			return rps__seterr(-EPROTO, "checkpoint %.200s: format version %u, written by a"
+					   " newer rdmaps (this one reads version %u): restore with"
+					   " that version", r->file, version, RPS__CKPT_VERSION);
+		return BAD(r, -EILSEQ, 8, "bad format version %u or damaged header", version);
+	}
+	if (hsize != HDR_SIZE)
+		return BAD(r, -EBADMSG, 12, "header size %u, version 1 has %u", hsize, HDR_SIZE);
+	err = read_exact(r, hdr + 16, HDR_SIZE - 16);
+	if (err)
+		return err;
+	if (rps__crc32c(0, hdr, 60) != rps__le_get32(hdr + 60))
+		return BAD(r, -EILSEQ, 0, "header checksum mismatch");
+	for (unsigned i = 48; i < 60; i++)
+		if (hdr[i])
+			return BAD(r, -EBADMSG, i, "reserved header bytes not zero");
+	r->h.member_id = rps__le_get64(hdr + 16);
+	r->h.npart = rps__le_get32(hdr + 24);
+	r->h.shard_elems = rps__le_get32(hdr + 28);
+	r->h.ckpt_id = rps__le_get64(hdr + 32);
+	r->h.time_ns = rps__le_get64(hdr + 40);
+	if (!r->h.shard_elems || r->h.shard_elems > MAX_ELEMS)
+		return BAD(r, -EBADMSG, 28, "shard size %u (1..%u)", r->h.shard_elems, MAX_ELEMS);
+	return 0;
+}
+
 int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__ckpt_header *h)
 {
 	struct rps__ckpt_reader *r;
-	uint8_t hdr[HDR_SIZE_MAX];
-	uint32_t version, hsize;
-	struct stat st;
 	int err;
 
 	if (!file || !out)
@@ -715,70 +779,11 @@ int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__
 		err = rps__seterr(-ENOMEM, "checkpoint: out of memory");
 		goto err_free;
 	}
-	r->fd = open(file, O_RDONLY | O_CLOEXEC);
-	if (r->fd < 0) {
-		err = -errno;
-		rps__seterr(err, "checkpoint %.200s: %s", file, strerror(-err));
-		goto err_free;
-	}
-	if (fstat(r->fd, &st) < 0) {
-		err = -errno;
-		rps__seterr(err, "checkpoint %.200s: %s", file, strerror(-err));
-		goto err_free;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		err = rps__seterr(-EINVAL, "checkpoint %.200s: not a regular file", file);
-		goto err_free;
-	}
-	r->size = (uint64_t)st.st_size;
-	err = read_exact(r, hdr, 16);
+	err = reader_open_file(r, file);
+	if (!err)
+		err = reader_read_header(r);
 	if (err)
 		goto err_free;
-	if (memcmp(hdr, MAGIC, MAGIC_LEN) != 0) {
-		err = BAD(r, -EILSEQ, 0, "not an rdmaps checkpoint (bad magic)");
-		goto err_free;
-	}
-	version = rps__le_get32(hdr + 8);
-	hsize = rps__le_get32(hdr + 12);
-	if (version != RPS__CKPT_VERSION) {
-		/* A newer file is recognised by its own header crc; anything
-		 * else claiming another version is damage. */
-		if (version > RPS__CKPT_VERSION && hsize >= HDR_SIZE && hsize <= HDR_SIZE_MAX &&
-		    hsize % 4 == 0 && read_full(r->fd, hdr + 16, hsize - 16) == (ssize_t)(hsize - 16) &&
-		    rps__crc32c(0, hdr, hsize - 4) == rps__le_get32(hdr + hsize - 4)) {
-			err = rps__seterr(-EPROTO, "checkpoint %.200s: format version %u, written by a"
-					  " newer rdmaps (this one reads version %u): restore with"
-					  " that version", file, version, RPS__CKPT_VERSION);
-			goto err_free;
-		}
-		err = BAD(r, -EILSEQ, 8, "bad format version %u or damaged header", version);
-		goto err_free;
-	}
-	if (hsize != HDR_SIZE) {
-		err = BAD(r, -EBADMSG, 12, "header size %u, version 1 has %u", hsize, HDR_SIZE);
-		goto err_free;
-	}
-	err = read_exact(r, hdr + 16, HDR_SIZE - 16);
-	if (err)
-		goto err_free;
-	if (rps__crc32c(0, hdr, 60) != rps__le_get32(hdr + 60)) {
-		err = BAD(r, -EILSEQ, 0, "header checksum mismatch");
-		goto err_free;
-	}
-	for (unsigned i = 48; i < 60; i++)
-		if (hdr[i]) {
-			err = BAD(r, -EBADMSG, i, "reserved header bytes not zero");
-			goto err_free;
-		}
-	r->h.member_id = rps__le_get64(hdr + 16);
-	r->h.npart = rps__le_get32(hdr + 24);
-	r->h.shard_elems = rps__le_get32(hdr + 28);
-	r->h.ckpt_id = rps__le_get64(hdr + 32);
-	r->h.time_ns = rps__le_get64(hdr + 40);
-	if (!r->h.shard_elems || r->h.shard_elems > MAX_ELEMS) {
-		err = BAD(r, -EBADMSG, 28, "shard size %u (1..%u)", r->h.shard_elems, MAX_ELEMS);
-		goto err_free;
-	}
 	if (h)
 		*h = r->h;
 	*out = r;

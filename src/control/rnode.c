@@ -450,6 +450,46 @@ static int persisted_from(const struct rps__wal_recovered *rec, struct rps__raft
 	return 0;
 }
 
+/* The core's configuration: the node's, with rnode's defaults. */
+static void raft_config(const struct rps__rnode_config *cfg, struct rps__raft_config *rc)
+{
+	rc->id = cfg->id;
+	rc->peers = cfg->peers;
+	rc->n_peers = cfg->n_peers;
+	rc->election_ticks = cfg->election_ticks ? cfg->election_ticks : RNODE_DEFAULT_ELECTION;
+	rc->heartbeat_ticks = cfg->heartbeat_ticks ? cfg->heartbeat_ticks : RNODE_DEFAULT_HEARTBEAT;
+	rc->pre_vote = true;
+	rc->check_quorum = true;
+	rc->max_inflight_msgs = RNODE_MAX_INFLIGHT;
+	rc->max_msg_entries = RNODE_MAX_MSG_ENTRIES;
+	rc->seed = cfg->seed ? cfg->seed : (cfg->id * 0x9e3779b97f4a7c15ull) ^ rps__now_ns();
+}
+
+/* The state machine catches up with the disk before anything else: the
+ * snapshot, then the committed entries after it (the core hands them out
+ * again in its first ready: skipped there as applied). */
+static int catch_up(struct rps__rnode *n, const struct rps__wal_recovered *rec)
+{
+	struct rps__raft_status st;
+	int err;
+
+	if (rec->has_snapshot) {
+		err = restore_sm(n, rec->snapshot.index, rec->snapshot.data, rec->snapshot.len);
+		if (err)
+			return err;
+	}
+	rps__raft_status(n->raft, &st);
+	for (uint64_t i = st.snapshot_index + 1; i <= st.commit; i++) {
+		const struct rps__raft_entry *e;
+
+		if (rps__raft_entry_at(n->raft, i, &e))
+			return rps__seterr(-EBADMSG, "rnode %llu: committed entry %llu is missing from the recovered log",
+					   (unsigned long long)n->id, (unsigned long long)i);
+		apply_entry(n, e);
+	}
+	return 0;
+}
+
 int rps__rnode_open(const struct rps__rnode_config *cfg, struct rps__rnode **out)
 {
 	struct rps__wal_opts wo = { 0 };
@@ -458,7 +498,6 @@ int rps__rnode_open(const struct rps__rnode_config *cfg, struct rps__rnode **out
 	struct rps__raft_persisted p;
 	struct rps__raft_snapshot snap;
 	struct rps__raft_entry *ents = NULL;
-	struct rps__raft_status st;
 	struct rps__rnode *n;
 	int err;
 
@@ -488,41 +527,16 @@ int rps__rnode_open(const struct rps__rnode_config *cfg, struct rps__rnode **out
 	err = persisted_from(&rec, &snap, &ents, &p);
 	if (err)
 		goto err_rec;
-	rc.id = cfg->id;
-	rc.peers = cfg->peers;
-	rc.n_peers = cfg->n_peers;
-	rc.election_ticks = cfg->election_ticks ? cfg->election_ticks : RNODE_DEFAULT_ELECTION;
-	rc.heartbeat_ticks = cfg->heartbeat_ticks ? cfg->heartbeat_ticks : RNODE_DEFAULT_HEARTBEAT;
-	rc.pre_vote = true;
-	rc.check_quorum = true;
-	rc.max_inflight_msgs = RNODE_MAX_INFLIGHT;
-	rc.max_msg_entries = RNODE_MAX_MSG_ENTRIES;
-	rc.seed = cfg->seed ? cfg->seed : (cfg->id * 0x9e3779b97f4a7c15ull) ^ rps__now_ns();
+	raft_config(cfg, &rc);
 	err = rps__raft_new(&rc, &p, &n->raft);
 	if (err) {
 		rps__preerr(err, "rnode %llu: recovering from %s", (unsigned long long)cfg->id, cfg->dir);
 		goto err_ents;
 	}
 
-	/* The state machine catches up with the disk before anything else:
-	 * the snapshot, then the committed entries after it (the core hands
-	 * them out again in its first ready: skipped there as applied). */
-	if (rec.has_snapshot) {
-		err = restore_sm(n, rec.snapshot.index, rec.snapshot.data, rec.snapshot.len);
-		if (err)
-			goto err_raft;
-	}
-	rps__raft_status(n->raft, &st);
-	for (uint64_t i = st.snapshot_index + 1; i <= st.commit; i++) {
-		const struct rps__raft_entry *e;
-
-		if (rps__raft_entry_at(n->raft, i, &e)) {
-			err = rps__seterr(-EBADMSG, "rnode %llu: committed entry %llu is missing from the recovered log",
-					  (unsigned long long)cfg->id, (unsigned long long)i);
-			goto err_raft;
-		}
-		apply_entry(n, e);
-	}
+	err = catch_up(n, &rec);
+	if (err)
+		goto err_raft;
 	free(ents);
 	ents = NULL;
 	rps__wal_recovered_free(&rec);

@@ -1,0 +1,206 @@
+/*
+ * psctl_ckpt.c - psctl checkpoint and restore: every member writes (or
+ * loads) its partitions in one consistent cut, driven from here.
+ */
+#include "config.h"
+#include "programs/psctl_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- checkpoint / restore --------------------------------------------------- */
+
+struct ck_member {
+	uint64_t id;
+	struct rps__uri uri;
+	struct rps__ctl *ctl;
+	uint32_t nshards;	/* checkpoint: what TAKE said */
+	uint64_t pause_ns;
+	uint64_t raw;
+};
+
+/* Every member of the map, each with its own admin channel. */
+static int ck_members(struct ck_member *m, uint32_t *n)
+{
+	struct rps__status_rep st;
+	struct rps__smap map;
+	struct rps__uri from;
+	uint32_t i;
+	int ret;
+
+	ret = psctl_query_any(&from, &st, &map);
+	if (ret)
+		return ret;
+	for (i = 0; i < map.nmembers; i++) {
+		bool cached;
+		m[i].id = map.members[i].id;
+		if (rps__uri_parse(map.members[i].uri, &m[i].uri))
+			return rps__seterr(-EINVAL, "member %llu: bad address %s", (unsigned long long)m[i].id,
+					   map.members[i].uri);
+		ret = psctl_conn_get(&m[i].uri, &m[i].ctl, &cached);
+		if (ret)
+			return rps__preerr(ret, "member %llu: every member takes part in a checkpoint",
+					   (unsigned long long)m[i].id);
+	}
+	*n = map.nmembers;
+	return 0;
+}
+
+static char ckbuf[RPS__BIG_MSG_MAX];
+
+/* One CKPT request; the reply (fixed part + targets) is left in ckbuf. */
+static int ck_call(struct ck_member *m, const struct rps__ckpt_req *req, const struct rps__ckpt_target *t,
+		   uint32_t nt, struct rps__ckpt_rep **rep)
+{
+	static char out[RPS__BIG_MSG_MAX];
+	size_t len = sizeof(*req) + (size_t)nt * sizeof(*t), rlen = 0;
+	int32_t status = 0;
+	int ret;
+
+	if (len + sizeof(struct rps__msg_hdr) > sizeof(out))
+		return rps__seterr(-E2BIG, "too many sync tensors for one request");
+	memcpy(out, req, sizeof(*req));
+	((struct rps__ckpt_req *)out)->ntargets = nt;
+	if (nt)
+		memcpy(out + sizeof(*req), t, (size_t)nt * sizeof(*t));
+	ret = rps__ctl_call(m->ctl, RPS__MSG_CKPT, out, len, ckbuf, sizeof(ckbuf), &rlen, &status, psctl_opt.rpc_ms + psctl_opt.timeout_ms);
+	if (ret)
+		return ret;
+	*rep = (struct rps__ckpt_rep *)ckbuf;
+	if (status) {
+		if (rlen >= sizeof(**rep) && (*rep)->msg[0])
+			return rps__seterr(status, "member %llu: %s", (unsigned long long)m->id, (*rep)->msg);
+		return rps__seterr(status, "member %llu: %s", (unsigned long long)m->id, psctl_errtext(status));
+	}
+	if (rlen < sizeof(**rep))
+		return rps__seterr(-EBADMSG, "member %llu: short checkpoint reply", (unsigned long long)m->id);
+	return 0;
+}
+
+int psctl_cmd_checkpoint(const char *dir)
+{
+	static struct ck_member m[RPS__SMAP_MAX_MEMBERS];
+	static struct rps__ckpt_target tg[4096];
+	struct rps__ckpt_req req;
+	struct rps__ckpt_rep *rep;
+	uint64_t bytes = 0, raw = 0, pause_max = 0;
+	uint32_t n = 0, i, k, nt = 0, shards = 0;
+	struct timespec ts;
+	int ret;
+
+	ret = ck_members(m, &n);
+	if (ret)
+		return psctl_fail_err();
+	clock_gettime(CLOCK_REALTIME, &ts);
+	memset(&req, 0, sizeof(req));
+	req.ckpt_id = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	req.level = psctl_opt.level >= 0 ? (uint32_t)psctl_opt.level : 1;
+	req.timeout_ms = (uint32_t)psctl_opt.timeout_ms;
+	if (strlen(dir) >= sizeof(req.path))
+		return psctl_fail("checkpoint directory '%s': at most %zu characters", dir, sizeof(req.path) - 1);
+	snprintf(req.path, sizeof(req.path), "%s", dir);
+	/* 1. every server holds its sync tensors and says where they are */
+	req.op = RPS__CKPT_PREPARE;
+	for (i = 0; i < n && !ret; i++) {
+		const struct rps__ckpt_target *got;
+		ret = ck_call(&m[i], &req, NULL, 0, &rep);
+		if (ret)
+			break;
+		got = (const void *)(ckbuf + sizeof(*rep));
+		for (k = 0; k < rep->ntargets; k++) {
+			uint32_t j;
+			for (j = 0; j < nt && strcmp(tg[j].name, got[k].name); j++)
+				;
+			if (j == nt) {
+				if (nt == RPS__ARRAY_SIZE(tg)) {
+					ret = rps__seterr(-E2BIG, "more than %zu sync tensors", RPS__ARRAY_SIZE(tg));
+					break;
+				}
+				tg[nt++] = got[k];
+			} else if (got[k].step > tg[j].step) {
+				tg[j].step = got[k].step;
+			}
+		}
+	}
+	/* 2. every sync tensor to the highest step any shard reached, copy
+	 * (each server answers once its copy is done: the pause is over) */
+	if (!ret) {
+		req.op = RPS__CKPT_TAKE;
+		for (i = 0; i < n && !ret; i++) {
+			ret = ck_call(&m[i], &req, tg, nt, &rep);
+			if (ret)
+				break;
+			m[i].nshards = rep->nshards;
+			m[i].pause_ns = rep->pause_ns;
+			m[i].raw = rep->raw_bytes;
+		}
+	}
+	/* 3. the files, written meanwhile by the servers' threads */
+	if (!ret) {
+		req.op = RPS__CKPT_FINISH;
+		for (i = 0; i < n && !ret; i++) {
+			ret = ck_call(&m[i], &req, NULL, 0, &rep);
+			if (ret)
+				break;
+			bytes += rep->bytes;
+			raw += m[i].raw;
+			shards += m[i].nshards;
+			pause_max = RPS__MAX(pause_max, m[i].pause_ns);
+			printf("member %llu: %u shards, %llu bytes (%.1f%% of %llu), training paused %.3f ms\n",
+			       (unsigned long long)m[i].id, m[i].nshards, (unsigned long long)rep->bytes,
+			       m[i].raw ? 100.0 * (double)rep->bytes / (double)m[i].raw : 0.0,
+			       (unsigned long long)m[i].raw, (double)m[i].pause_ns / 1e6);
+		}
+	}
+	if (ret) {
+		char msg[512];
+		snprintf(msg, sizeof(msg), "%s", rps__errbuf());
+		req.op = RPS__CKPT_ABORT;
+		for (i = 0; i < n; i++)
+			ck_call(&m[i], &req, NULL, 0, &rep);
+		return psctl_fail("checkpoint %s: %s", dir, msg);
+	}
+	printf("checkpoint %s: %u shards of %u sync tensor(s) at", dir, shards, nt);
+	for (k = 0; k < nt; k++)
+		printf(" %s@%llu", tg[k].name, (unsigned long long)tg[k].step);
+	printf("%s; %llu bytes written for %llu bytes of state; longest pause %.3f ms\n", nt ? "" : " -",
+	       (unsigned long long)bytes, (unsigned long long)raw, (double)pause_max / 1e6);
+	return 0;
+}
+
+int psctl_cmd_restore(const char *dir)
+{
+	static struct ck_member m[RPS__SMAP_MAX_MEMBERS];
+	struct rps__ckpt_req req;
+	struct rps__ckpt_rep *rep;
+	uint64_t seen = 0, total = 0;
+	uint32_t n = 0, i;
+	int ret;
+
+	ret = ck_members(m, &n);
+	if (ret)
+		return psctl_fail_err();
+	memset(&req, 0, sizeof(req));
+	req.op = RPS__CKPT_RESTORE;
+	if (strlen(dir) >= sizeof(req.path))
+		return psctl_fail("checkpoint directory '%s': at most %zu characters", dir, sizeof(req.path) - 1);
+	snprintf(req.path, sizeof(req.path), "%s", dir);
+	for (i = 0; i < n; i++) {
+		ret = ck_call(&m[i], &req, NULL, 0, &rep);
+		if (ret)
+			return psctl_fail("restore %s: %s", dir, rps__errbuf());
+		if (i && rep->seen_shards != seen)
+			return psctl_fail("restore %s: members read different checkpoints (%llu and %llu shards): is DIR the same place for every server?",
+				    dir, (unsigned long long)seen, (unsigned long long)rep->seen_shards);
+		seen = rep->seen_shards;
+		total += rep->nshards;
+		printf("member %llu: %u shards installed\n", (unsigned long long)m[i].id, rep->nshards);
+	}
+	if (total != seen)
+		return psctl_fail("restore %s: %llu of the checkpoint's %llu shards installed: a partition without a serving owner (a move in progress?)",
+			    dir, (unsigned long long)total, (unsigned long long)seen);
+	printf("restore %s: all %llu shards installed\n", dir, (unsigned long long)seen);
+	return 0;
+}
