@@ -81,7 +81,7 @@ static void usage(FILE *f)
 "Options:\n"
 "  -s, --servers LIST   servers to ask first, tcp://HOST:PORT or verbs://ADDR:PORT,\n"
 "                       comma-separated (default: $RPS_SERVERS)\n"
-"      --json           status: one JSON object instead of the tables\n"
+"      --json           one JSON object instead of the text (every command)\n"
 "      --timeout SEC    how long an operation may take (default 30)\n"
 "      --no-rebalance   add-server: add the member only\n"
 "      --level N        checkpoint: igzip level 0 (store) to 3 (default 1)\n"
@@ -561,6 +561,30 @@ static void print_ids(const uint64_t *ids, uint32_t n)
 		printf("%s%" PRIu64, i ? "," : "", ids[i]);
 }
 
+/* --json: what a command did, printed as one object when it succeeds */
+struct done_move {
+	uint32_t part;
+	uint64_t from, to, epoch;
+};
+
+static struct {
+	struct done_move moves[2 * RPS__SMAP_MAX_PART + 2];
+	unsigned nmoves;
+	bool transferred;	/* remove-server: leadership moved away first */
+	uint64_t leader, term, was;
+} done;
+
+static void json_moves(void)
+{
+	unsigned i;
+
+	printf("\"moves\":[");
+	for (i = 0; i < done.nmoves; i++)
+		printf("%s{\"partition\":%" PRIu32 ",\"from\":%" PRIu64 ",\"to\":%" PRIu64 ",\"epoch\":%" PRIu64 "}",
+		       i ? "," : "", done.moves[i].part, done.moves[i].from, done.moves[i].to, done.moves[i].epoch);
+	putchar(']');
+}
+
 static int cmd_status(void)
 {
 	static struct rps__smap map, m2, lmap;
@@ -720,6 +744,11 @@ static int do_move(uint32_t part, uint64_t from, uint64_t to)
 	ret = admin(RPS__ADMIN_MOVE, part, to, NULL, &rep, what);
 	if (ret)
 		return fail_err();
+	if (g.json) {
+		if (done.nmoves < RPS__ARRAY_SIZE(done.moves))
+			done.moves[done.nmoves++] = (struct done_move){ part, from, to, rep.epoch };
+		return 0;
+	}
 	printf("partition %u: member %" PRIu64 " -> member %" PRIu64 ", epoch %" PRIu64 "\n", part, from, to,
 	       rep.epoch);
 	fflush(stdout);
@@ -739,11 +768,22 @@ static int cmd_move(uint32_t part, uint64_t to)
 	if (!rps__smap_member(&L.map, to))
 		return fail("member %" PRIu64 " is not in the shard map: add it with psctl add-server", to);
 	if (L.map.parts[part].owner == to && !L.map.parts[part].moving_to) {
-		printf("partition %u: already on member %" PRIu64 ", epoch %" PRIu64 "\n", part, to,
-		       L.map.parts[part].epoch);
+		if (g.json)
+			printf("{\"partition\":%u,\"owner\":%" PRIu64 ",\"epoch\":%" PRIu64 ",\"moves\":[]}\n", part,
+			       to, L.map.parts[part].epoch);
+		else
+			printf("partition %u: already on member %" PRIu64 ", epoch %" PRIu64 "\n", part, to,
+			       L.map.parts[part].epoch);
 		return 0;
 	}
-	return do_move(part, L.map.parts[part].owner, to);
+	ret = do_move(part, L.map.parts[part].owner, to);
+	if (!ret && g.json) {
+		printf("{\"partition\":%u,\"owner\":%" PRIu64 ",\"epoch\":%" PRIu64 ",", part, to,
+		       done.moves[0].epoch);
+		json_moves();
+		printf("}\n");
+	}
+	return ret;
 }
 
 /* Most (most = true) or least loaded member other than skip; 0 if none.
@@ -780,6 +820,19 @@ static int pick_part(const struct rps__smap *m, uint64_t id)
 	return -1;
 }
 
+/* add-server --json; map: the leader's after the rebalancing, NULL without it */
+static void json_added(uint64_t id, const char *uri, uint64_t index, const struct rps__smap *map)
+{
+	printf("{\"id\":%" PRIu64 ",\"uri\":", id);
+	json_str(uri);
+	printf(",\"log_index\":%" PRIu64 ",", index);
+	json_moves();
+	if (map)
+		printf(",\"owned\":%u,\"partitions\":%u}\n", rps__smap_owned(map, id), map->npart);
+	else
+		printf(",\"owned\":null,\"partitions\":null}\n");
+}
+
 static int cmd_add_server(uint64_t id, const char *uri)
 {
 	static struct leader L;
@@ -793,10 +846,15 @@ static int cmd_add_server(uint64_t id, const char *uri)
 	ret = admin(RPS__ADMIN_ADD_SERVER, 0, id, uri, &rep, what);
 	if (ret)
 		return fail_err();
-	printf("member %" PRIu64 " added at %s (log index %" PRIu64 ")\n", id, uri, rep.index);
-	fflush(stdout);
-	if (g.no_rebalance)
+	if (!g.json) {
+		printf("member %" PRIu64 " added at %s (log index %" PRIu64 ")\n", id, uri, rep.index);
+		fflush(stdout);
+	}
+	if (g.no_rebalance) {
+		if (g.json)
+			json_added(id, uri, rep.index, NULL);
 		return 0;
+	}
 
 	deadline = deadline_in(g.timeout_ms);
 	for (;;) {
@@ -833,7 +891,10 @@ static int cmd_add_server(uint64_t id, const char *uri)
 			return ret;
 		deadline = deadline_in(g.timeout_ms);
 	}
-	printf("member %" PRIu64 " owns %u of %u partitions\n", id, rps__smap_owned(&L.map, id), L.map.npart);
+	if (g.json)
+		json_added(id, uri, rep.index, &L.map);
+	else
+		printf("member %" PRIu64 " owns %u of %u partitions\n", id, rps__smap_owned(&L.map, id), L.map.npart);
 	return 0;
 }
 
@@ -877,6 +938,13 @@ static int transfer(struct leader *L, uint64_t to)
 		ret = wait_leader(L, old, to);
 	if (ret)
 		return fail_err();
+	if (g.json) {
+		done.transferred = true;
+		done.leader = L->id;
+		done.term = L->st.term;
+		done.was = old;
+		return 0;
+	}
 	printf("leader: member %" PRIu64 " (term %" PRIu64 "), was member %" PRIu64 "\n", L->id, L->st.term, old);
 	fflush(stdout);
 	return 0;
@@ -892,7 +960,11 @@ static int cmd_force_remove(uint64_t id)
 	snprintf(what, sizeof(what), "force removal of member %" PRIu64, id);
 	if (admin(RPS__ADMIN_FORCE_REMOVE, 0, id, NULL, &rep, what))
 		return fail_err();
-	printf("member %" PRIu64 " removed; its partitions are lost: psctl restore DIR, or psctl forget-lost all\n", id);
+	if (g.json)
+		printf("{\"id\":%" PRIu64 ",\"forced\":true}\n", id);
+	else
+		printf("member %" PRIu64 " removed; its partitions are lost: psctl restore DIR, or psctl forget-lost all\n",
+		       id);
 	return 0;
 }
 
@@ -908,7 +980,12 @@ static int cmd_forget_lost(uint32_t part)
 		snprintf(what, sizeof(what), "forget lost partition %" PRIu32, part);
 	if (admin(RPS__ADMIN_FORGET_LOST, part, 0, NULL, &rep, what))
 		return fail_err();
-	printf("%s: done, served empty from now on\n", what);
+	if (g.json && part == UINT32_MAX)
+		printf("{\"partition\":null}\n");
+	else if (g.json)
+		printf("{\"partition\":%" PRIu32 "}\n", part);
+	else
+		printf("%s: done, served empty from now on\n", what);
 	return 0;
 }
 
@@ -973,7 +1050,19 @@ static int cmd_remove_server(uint64_t id)
 	ret = admin(RPS__ADMIN_REMOVE_SERVER, 0, id, NULL, &rep, what);
 	if (ret)
 		return fail_err();
-	printf("member %" PRIu64 " removed (log index %" PRIu64 "): stop its rdmapsd now\n", id, rep.index);
+	if (g.json) {
+		printf("{\"id\":%" PRIu64 ",\"forced\":false,\"log_index\":%" PRIu64 ",\"transfer\":", id, rep.index);
+		if (done.transferred)
+			printf("{\"leader\":%" PRIu64 ",\"term\":%" PRIu64 ",\"was\":%" PRIu64 "}", done.leader,
+			       done.term, done.was);
+		else
+			printf("null");
+		putchar(',');
+		json_moves();
+		printf("}\n");
+	} else {
+		printf("member %" PRIu64 " removed (log index %" PRIu64 "): stop its rdmapsd now\n", id, rep.index);
+	}
 	return 0;
 }
 
@@ -983,9 +1072,10 @@ struct ck_member {
 	uint64_t id;
 	struct rps__uri uri;
 	struct rps__ctl *ctl;
-	uint32_t nshards;	/* checkpoint: what TAKE said */
+	uint32_t nshards;	/* checkpoint: what TAKE said; restore: installed */
 	uint64_t pause_ns;
 	uint64_t raw;
+	uint64_t bytes;		/* checkpoint: what FINISH said */
 };
 
 /* Every member of the map, each with its own admin channel. */
@@ -1111,11 +1201,13 @@ static int cmd_checkpoint(const char *dir)
 			ret = ck_call(&m[i], &req, NULL, 0, &rep);
 			if (ret)
 				break;
+			m[i].bytes = rep->bytes;
 			bytes += rep->bytes;
 			raw += m[i].raw;
 			shards += m[i].nshards;
 			pause_max = RPS__MAX(pause_max, m[i].pause_ns);
-			printf("member %llu: %u shards, %llu bytes (%.1f%% of %llu), training paused %.3f ms\n",
+			if (!g.json)
+				printf("member %llu: %u shards, %llu bytes (%.1f%% of %llu), training paused %.3f ms\n",
 			       (unsigned long long)m[i].id, m[i].nshards, (unsigned long long)rep->bytes,
 			       m[i].raw ? 100.0 * (double)rep->bytes / (double)m[i].raw : 0.0,
 			       (unsigned long long)m[i].raw, (double)m[i].pause_ns / 1e6);
@@ -1128,6 +1220,24 @@ static int cmd_checkpoint(const char *dir)
 		for (i = 0; i < n; i++)
 			ck_call(&m[i], &req, NULL, 0, &rep);
 		return fail("checkpoint %s: %s", dir, msg);
+	}
+	if (g.json) {
+		printf("{\"dir\":");
+		json_str(dir);
+		printf(",\"shards\":%u,\"bytes\":%llu,\"raw_bytes\":%llu,\"longest_pause_ns\":%llu,\"tensors\":[",
+		       shards, (unsigned long long)bytes, (unsigned long long)raw, (unsigned long long)pause_max);
+		for (k = 0; k < nt; k++) {
+			printf("%s{\"name\":", k ? "," : "");
+			json_str(tg[k].name);
+			printf(",\"step\":%llu}", (unsigned long long)tg[k].step);
+		}
+		printf("],\"members\":[");
+		for (i = 0; i < n; i++)
+			printf("%s{\"id\":%llu,\"shards\":%u,\"bytes\":%llu,\"raw_bytes\":%llu,\"pause_ns\":%llu}",
+			       i ? "," : "", (unsigned long long)m[i].id, m[i].nshards, (unsigned long long)m[i].bytes,
+			       (unsigned long long)m[i].raw, (unsigned long long)m[i].pause_ns);
+		printf("]}\n");
+		return 0;
 	}
 	printf("checkpoint %s: %u shards of %u sync tensor(s) at", dir, shards, nt);
 	for (k = 0; k < nt; k++)
@@ -1163,11 +1273,23 @@ static int cmd_restore(const char *dir)
 				    dir, (unsigned long long)seen, (unsigned long long)rep->seen_shards);
 		seen = rep->seen_shards;
 		total += rep->nshards;
-		printf("member %llu: %u shards installed\n", (unsigned long long)m[i].id, rep->nshards);
+		m[i].nshards = rep->nshards;
+		if (!g.json)
+			printf("member %llu: %u shards installed\n", (unsigned long long)m[i].id, rep->nshards);
 	}
 	if (total != seen)
 		return fail("restore %s: %llu of the checkpoint's %llu shards installed: a partition without a serving owner (a move in progress?)",
 			    dir, (unsigned long long)total, (unsigned long long)seen);
+	if (g.json) {
+		printf("{\"dir\":");
+		json_str(dir);
+		printf(",\"shards\":%llu,\"members\":[", (unsigned long long)seen);
+		for (i = 0; i < n; i++)
+			printf("%s{\"id\":%llu,\"shards\":%u}", i ? "," : "", (unsigned long long)m[i].id,
+			       m[i].nshards);
+		printf("]}\n");
+		return 0;
+	}
 	printf("restore %s: all %llu shards installed\n", dir, (unsigned long long)seen);
 	return 0;
 }
@@ -1181,12 +1303,20 @@ static int cmd_transfer_leader(uint64_t to)
 	if (ret)
 		return fail_err();
 	if (to && L.id == to) {
-		printf("leader: member %" PRIu64 " (term %" PRIu64 "), already\n", L.id, L.st.term);
+		if (g.json)
+			printf("{\"leader\":%" PRIu64 ",\"term\":%" PRIu64 ",\"was\":%" PRIu64 "}\n", L.id, L.st.term,
+			       L.id);
+		else
+			printf("leader: member %" PRIu64 " (term %" PRIu64 "), already\n", L.id, L.st.term);
 		return 0;
 	}
 	if (to && !id_in(L.st.voters, L.st.n_voters, to, NULL))
 		return fail("member %" PRIu64 " is not a voter: only voters can lead (see psctl status)", to);
-	return transfer(&L, to);
+	ret = transfer(&L, to);
+	if (!ret && g.json)
+		printf("{\"leader\":%" PRIu64 ",\"term\":%" PRIu64 ",\"was\":%" PRIu64 "}\n", done.leader, done.term,
+		       done.was);
+	return ret;
 }
 
 /* ---- main ------------------------------------------------------------------ */
