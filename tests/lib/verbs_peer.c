@@ -112,7 +112,7 @@ int vpeer_accept(struct vpeer *p, struct rps__ep **ep)
 		return said(ret, "get_request");
 	d = rps__conn_req_data(req, &dl);
 	p->theirs_len = dl;
-	memcpy(p->theirs, d, dl < sizeof(p->theirs) ? dl : sizeof(p->theirs));
+	memcpy(p->theirs_data, d, dl < sizeof(p->theirs_data) ? dl : sizeof(p->theirs_data));
 	data = private_data(p, &len);
 	return said(rps__accept(req, p->cq, ep_attr(p), data, len, ep ? ep : &p->ep), "accept");
 }
@@ -132,8 +132,7 @@ int vpeer_connect(struct vpeer *p, int port_fd, struct rps__ep **ep)
 	}
 	data = private_data(p, &len);
 	for (;;) {
-		p->theirs_len = sizeof(p->theirs);
-		ret = rps__connect(p->fab, p->host, p->port, p->cq, ep_attr(p), data, len, 10000, p->theirs,
+		ret = rps__connect(p->fab, p->host, p->port, p->cq, ep_attr(p), data, len, 10000, p->theirs_data,
 				   &p->theirs_len, ep ? ep : &p->ep);
 		if (ret != -ECONNREFUSED || rps__now_ns() > deadline)
 			break;

@@ -57,7 +57,10 @@ struct vpeer {
 	struct rps__listener *l;	/* vpeer_listen */
 	uint16_t port;			/* the listener's, or the one connected to */
 	struct rps__ep *ep;		/* the connection accepted or made with ep == NULL */
-	struct vpeer_region theirs[VPEER_MAX_MR];	/* the peer's private data ... */
+	union {				/* the peer's private data ... */
+		struct vpeer_region theirs[VPEER_MAX_MR];
+		uint8_t theirs_data[RPS__PRIVDATA_MAX];	/* (rps__connect's reply holds this much) */
+	};
 	size_t theirs_len;		/* ... and its length in bytes */
 };
 
