@@ -1109,6 +1109,8 @@ static void run_leader_killed(enum kill_mode mode)
 		if (rc == 1) {
 			CU_ASSERT(one_line(err));
 			CU_ASSERT(strstr(err, "outcome unknown") != NULL);
+			if (!strstr(err, "outcome unknown"))
+				fprintf(stderr, "[psctl move said: %s] ", err);
 		} else {
 			CU_ASSERT_STRING_EQUAL(err, "");
 		}
