@@ -16,6 +16,7 @@
 #include "transport/transport.h"
 #include "common/common.h"
 #include "lib/cutest.h"
+#include "lib/verbs_peer.h"
 
 #include <CUnit/Basic.h>
 #include <infiniband/verbs.h>
@@ -46,12 +47,6 @@
 	} while (0)
 
 #define SEC 1000000000ull
-
-struct desc {			/* a region, as the peer needs it */
-	uint64_t addr;
-	uint32_t rkey;
-	uint32_t len;
-};
 
 static const char *test_addr(void)
 {
@@ -171,8 +166,15 @@ static void *shared_alloc(size_t len)
 	return p == MAP_FAILED ? NULL : p;
 }
 
-/* ---- transport helpers --------------------------------------------------- */
+/* ---- transport helpers (the connected pairs: tests/lib/verbs_peer.h) ------ */
 
+/* One side of a pair on the device of test_addr(). */
+static int peer_open(struct vpeer *p, const struct vpeer_opts *o)
+{
+	return vpeer_open(p, RPS__KIND_VERBS, test_addr(), o);
+}
+
+/* A fabric on the device of test_addr(), for tests without a peer. */
 static struct rps__fabric *open_fab(void)
 {
 	struct rps__fabric_attr a = { .kind = RPS__KIND_VERBS, .device = NULL, .host = test_addr() };
@@ -183,78 +185,6 @@ static struct rps__fabric *open_fab(void)
 		return NULL;
 	}
 	return f;
-}
-
-static void *alloc_reg(struct rps__fabric *fab, size_t len, int access, struct rps__mr **mr)
-{
-	void *p = aligned_alloc(4096, RPS__ALIGN_UP(len, 4096));
-
-	if (!p)
-		return NULL;
-	memset(p, 0, len);
-	if (rps__mr_reg(fab, p, len, access, mr)) {
-		fprintf(stderr, "    mr_reg: %s\n", rps__errbuf());
-		free(p);
-		return NULL;
-	}
-	return p;
-}
-
-static int connect_retry(struct rps__fabric *fab, uint16_t port, struct rps__cq *cq, const struct rps__ep_attr *attr,
-			 const void *data, size_t len, void *reply, size_t *rlen, struct rps__ep **ep)
-{
-	uint64_t deadline = rps__now_ns() + 30 * SEC;
-	int ret;
-
-	for (;;) {
-		ret = rps__connect(fab, test_addr(), port, cq, attr, data, len, 10000, reply, rlen, ep);
-		if (ret != -ECONNREFUSED || rps__now_ns() > deadline)
-			break;
-		usleep(50000);
-	}
-	if (ret)
-		fprintf(stderr, "    connect: %s\n", rps__errbuf());
-	return ret;
-}
-
-static int get_request(struct rps__listener *l, struct rps__conn_req **req)
-{
-	uint64_t deadline = rps__now_ns() + 30 * SEC;
-	struct pollfd pfd = { .fd = rps__listener_fd(l), .events = POLLIN };
-	int ret;
-
-	for (;;) {
-		ret = rps__listener_get_request(l, req);
-		if (ret != -EAGAIN)
-			return ret;
-		if (rps__now_ns() > deadline)
-			return -ETIMEDOUT;
-		poll(&pfd, 1, 100);
-	}
-}
-
-static int accept_wait(struct rps__listener *l, struct rps__cq *cq, const struct rps__ep_attr *attr,
-		       const void *data, size_t len, void *req_data, size_t *req_len, struct rps__ep **ep)
-{
-	struct rps__conn_req *req;
-	const void *d;
-	size_t dl;
-	int ret;
-
-	ret = get_request(l, &req);
-	if (ret) {
-		fprintf(stderr, "    get_request: %d %s\n", ret, rps__errbuf());
-		return ret;
-	}
-	d = rps__conn_req_data(req, &dl);
-	if (req_data)
-		memcpy(req_data, d, dl);
-	if (req_len)
-		*req_len = dl;
-	ret = rps__accept(req, cq, attr, data, len, ep);
-	if (ret)
-		fprintf(stderr, "    accept: %s\n", rps__errbuf());
-	return ret;
 }
 
 /* Wait for one completion: 1, 0 on timeout, <0 on error. */
@@ -347,55 +277,41 @@ static void t_memlock(void)
 /* Writes into the survivor's region for ever, until SIGKILL. */
 static int peer_writer(int port_fd, int ready_fd)
 {
-	struct rps__ep_attr attr = { .sq_depth = 32, .rq_depth = 4, .max_inline = 64 };
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
-	struct rps__mr *mr;
-	struct rps__ep *ep;
+	const struct vpeer_opts o = { .cq_depth = 256, .attr = { .sq_depth = 32, .rq_depth = 4, .max_inline = 64 },
+				      .mr = { { 65536, RPS__ACCESS_REMOTE_READ } }, .advertise = 1 };
 	struct rps__wc wc[16];
-	struct desc mine, theirs;
-	size_t rlen = sizeof(theirs);
-	uint16_t port;
-	char *buf;
+	struct vpeer p;
 	uint64_t i;
 
-	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 256, &cq) == 0);
-	CHECK((buf = alloc_reg(fab, 65536, RPS__ACCESS_REMOTE_READ, &mr)) != NULL);
-	memset(buf, 0x5a, 65536);
-	mine = (struct desc){ (uintptr_t)buf, rps__mr_rkey(mr), 65536 };
-	CHECK(connect_retry(fab, port, cq, &attr, &mine, sizeof(mine), &theirs, &rlen, &ep) == 0);
-	CHECK(rlen == sizeof(theirs));
+	CHECK(peer_open(&p, &o) == 0);
+	memset(p.buf[0], 0x5a, 65536);
+	CHECK(vpeer_connect(&p, port_fd, NULL) == 0);
+	CHECK(p.theirs_len == sizeof(p.theirs[0]));
 	CHECK(write_full(ready_fd, "R", 1) == 0);
 	for (i = 0;; i++) {
 		struct rps__wr wr = {
 			.wr_id = i, .op = RPS__OP_WRITE, .flags = (i % 8 == 7) ? RPS__WR_SIGNALED : 0,
-			.sge = { buf + (i % 16) * 4096, 4096, mr },
-			.raddr = theirs.addr + (i % 16) * 4096, .rkey = theirs.rkey,
+			.sge = { p.buf[0] + (i % 16) * 4096, 4096, p.mr[0] },
+			.raddr = p.theirs[0].addr + (i % 16) * 4096, .rkey = p.theirs[0].rkey,
 		};
-		int ret = rps__post(ep, &wr, 1);
+		int ret = rps__post(p.ep, &wr, 1);
 
 		CHECK(ret == 0 || ret == -EAGAIN);
-		CHECK(rps__cq_poll(cq, wc, 16) >= 0);
+		CHECK(rps__cq_poll(p.cq, wc, 16) >= 0);
 	}
 	return 0;
 }
 
 static int body_peer_killed(void)
 {
-	struct rps__ep_attr attr = { .sq_depth = 16, .rq_depth = 16, .max_inline = 64 };
+	/* buf[0]: the region it writes into; buf[1]: our receives and READ */
+	const struct vpeer_opts o = { .cq_depth = 1024, .attr = { .sq_depth = 16, .rq_depth = 16, .max_inline = 64 },
+				      .mr = { { 65536, RPS__ACCESS_REMOTE_WRITE }, { 16 * 64 + 4096, RPS__ACCESS_LOCAL } },
+				      .advertise = 1 };
 	int pp[2], rp[2], nrecv = 0, nread = 0, n, i;
-	struct rps__fabric *fab;
-	struct rps__listener *l;
-	struct rps__cq *cq;
-	struct rps__mr *mr, *lmr;
-	struct rps__ep *ep;
 	struct rps__wc wc[32];
-	struct desc mine, theirs;
-	size_t dl = 0;
-	char *region, *local, c;
-	uint16_t port;
+	struct vpeer p;
+	char *local, c;
 	uint64_t t0;
 	pid_t pid;
 
@@ -405,25 +321,20 @@ static int body_peer_killed(void)
 	if (pid == 0)
 		child_exit(peer_writer(pp[0], rp[1]));
 
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 1024, &cq) == 0);
-	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
-	port = rps__listener_port(l);
-	CHECK(port != 0);
-	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
-	CHECK((region = alloc_reg(fab, 65536, RPS__ACCESS_REMOTE_WRITE, &mr)) != NULL);
-	CHECK((local = alloc_reg(fab, 16 * 64 + 4096, RPS__ACCESS_LOCAL, &lmr)) != NULL);
-	mine = (struct desc){ (uintptr_t)region, rps__mr_rkey(mr), 65536 };
-	CHECK(accept_wait(l, cq, &attr, &mine, sizeof(mine), &theirs, &dl, &ep) == 0);
-	CHECK(dl == sizeof(theirs));
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_listen(&p, pp[1]) == 0);
+	CHECK(p.port != 0);
+	CHECK(vpeer_accept(&p, NULL) == 0);
+	CHECK(p.theirs_len == sizeof(p.theirs[0]));
+	local = p.buf[1];
 	for (i = 0; i < 16; i++) {
-		struct rps__sge sge = { local + i * 64, 64, lmr };
+		struct rps__sge sge = { local + i * 64, 64, p.mr[1] };
 
-		CHECK(rps__post_recv(ep, &sge, 100 + (uint64_t)i) == 0);
+		CHECK(rps__post_recv(p.ep, &sge, 100 + (uint64_t)i) == 0);
 	}
 	CHECK(read_full(rp[0], &c, 1, 60000) == 0);
 	usleep(300000);		/* let its WRITEs stream */
-	CHECK(region[0] == 0x5a);
+	CHECK(p.buf[0][0] == 0x5a);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	t0 = rps__now_ns();
@@ -431,15 +342,15 @@ static int body_peer_killed(void)
 		/* an op posted after the death must fail too, not hang */
 		struct rps__wr wr = {
 			.wr_id = 7, .op = RPS__OP_READ, .flags = RPS__WR_SIGNALED,
-			.sge = { local + 2048, 64, lmr }, .raddr = theirs.addr, .rkey = theirs.rkey,
+			.sge = { local + 2048, 64, p.mr[1] }, .raddr = p.theirs[0].addr, .rkey = p.theirs[0].rkey,
 		};
-		CHECK(rps__post(ep, &wr, 1) == 0);
+		CHECK(rps__post(p.ep, &wr, 1) == 0);
 	}
 	while ((nrecv < 16 || nread < 1) && secs_since(t0) < 60) {
-		n = rps__cq_wait(cq, wc, 32, 200);
+		n = rps__cq_wait(p.cq, wc, 32, 200);
 		CHECK(n >= 0);
 		for (i = 0; i < n; i++) {
-			CHECK(wc[i].ep == ep);
+			CHECK(wc[i].ep == p.ep);
 			CHECK(wc[i].status != RPS__WC_SUCCESS);
 			if (wc[i].wr_id == 7)
 				nread++;
@@ -452,13 +363,8 @@ static int body_peer_killed(void)
 	fprintf(stderr, "    peer killed: %d receives and %d READ completed in error after %.2f s\n", nrecv, nread,
 		secs_since(t0));
 	CHECK(nrecv == 16 && nread == 1);
-	CHECK(rps__ep_is_error(ep));
-	rps__ep_close(ep);
-	rps__listener_close(l);
-	CHECK(rps__mr_dereg(mr) == 0);
-	CHECK(rps__mr_dereg(lmr) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(rps__ep_is_error(p.ep));
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -471,36 +377,25 @@ static void t_peer_killed(void)
 
 static int peer_closer(int port_fd, int go_fd)
 {
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
-	struct rps__ep *ep;
-	uint16_t port;
+	const struct vpeer_opts o = { .cq_depth = 64 };
+	struct vpeer p;
 	char c;
 
-	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK(connect_retry(fab, port, cq, NULL, NULL, 0, NULL, NULL, &ep) == 0);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_connect(&p, port_fd, NULL) == 0);
 	CHECK(read_full(go_fd, &c, 1, 60000) == 0);
-	rps__ep_close(ep);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
 static int body_graceful_close(void)
 {
-	struct rps__ep_attr attr = { .sq_depth = 8, .rq_depth = 8 };
-	struct rps__fabric *fab;
-	struct rps__listener *l;
-	struct rps__cq *cq;
-	struct rps__mr *mr;
-	struct rps__ep *ep;
+	const struct vpeer_opts o = { .cq_depth = 64, .attr = { .sq_depth = 8, .rq_depth = 8 },
+				      .mr = { { 8 * 64, RPS__ACCESS_LOCAL } } };
 	struct rps__wc wc[16];
 	int pp[2], gp[2], nflush = 0, n, i;
-	uint16_t port;
+	struct vpeer p;
 	uint64_t t0;
-	char *buf;
 	pid_t pid;
 
 	CHECK(pipe(pp) == 0 && pipe(gp) == 0);
@@ -508,22 +403,18 @@ static int body_graceful_close(void)
 	CHECK(pid >= 0);
 	if (pid == 0)
 		child_exit(peer_closer(pp[0], gp[0]));
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
-	port = rps__listener_port(l);
-	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
-	CHECK((buf = alloc_reg(fab, 8 * 64, RPS__ACCESS_LOCAL, &mr)) != NULL);
-	CHECK(accept_wait(l, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_listen(&p, pp[1]) == 0);
+	CHECK(vpeer_accept(&p, NULL) == 0);
 	for (i = 0; i < 8; i++) {
-		struct rps__sge sge = { buf + i * 64, 64, mr };
+		struct rps__sge sge = { p.buf[0] + i * 64, 64, p.mr[0] };
 
-		CHECK(rps__post_recv(ep, &sge, (uint64_t)i) == 0);
+		CHECK(rps__post_recv(p.ep, &sge, (uint64_t)i) == 0);
 	}
 	CHECK(write_full(gp[1], "G", 1) == 0);
 	t0 = rps__now_ns();
 	while (nflush < 8 && secs_since(t0) < 30) {
-		n = rps__cq_wait(cq, wc, 16, 200);	/* sleeps on cq_fd: the CM event must wake it */
+		n = rps__cq_wait(p.cq, wc, 16, 200);	/* sleeps on cq_fd: the CM event must wake it */
 		CHECK(n >= 0);
 		for (i = 0; i < n; i++) {
 			CHECK(wc[i].status == RPS__WC_FLUSH_ERR);
@@ -532,21 +423,17 @@ static int body_graceful_close(void)
 	}
 	fprintf(stderr, "    peer closed: %d receives flushed after %.2f s\n", nflush, secs_since(t0));
 	CHECK(nflush == 8);
-	CHECK(rps__ep_is_error(ep));
+	CHECK(rps__ep_is_error(p.ep));
 	{
 		/* a receive posted after the error flushes too */
-		struct rps__sge sge = { buf, 64, mr };
+		struct rps__sge sge = { p.buf[0], 64, p.mr[0] };
 
-		CHECK(rps__post_recv(ep, &sge, 99) == 0);
-		CHECK(wait_one(cq, wc, 10000) == 1);
+		CHECK(rps__post_recv(p.ep, &sge, 99) == 0);
+		CHECK(wait_one(p.cq, wc, 10000) == 1);
 		CHECK(wc[0].wr_id == 99 && wc[0].status == RPS__WC_FLUSH_ERR);
 	}
 	CHECK(check_child(pid, 30) == 0);
-	rps__ep_close(ep);
-	rps__listener_close(l);
-	CHECK(rps__mr_dereg(mr) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -564,24 +451,17 @@ struct atom_shared {
 
 static int worker_atomic(int port_fd, int fadd, int iters, struct atom_shared *sh)
 {
-	struct rps__ep_attr attr = { .sq_depth = 8, .rq_depth = 1 };
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
-	struct rps__mr *mr;
-	struct rps__ep *ep;
-	struct rps__wc wc;
-	struct desc theirs;
-	size_t rlen = 0;
+	const struct vpeer_opts o = { .cq_depth = 64, .attr = { .sq_depth = 8, .rq_depth = 1 },
+				      .mr = { { 64, RPS__ACCESS_LOCAL } } };
 	uint64_t *res, expect = 0, old, t0;
-	uint16_t port;
+	struct rps__wc wc;
+	struct vpeer p;
 	int done = 0;
 
-	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK((res = alloc_reg(fab, 64, RPS__ACCESS_LOCAL, &mr)) != NULL);
-	CHECK(connect_retry(fab, port, cq, &attr, NULL, 0, &theirs, &rlen, &ep) == 0);
-	CHECK(rlen == sizeof(theirs));
+	CHECK(peer_open(&p, &o) == 0);
+	res = (uint64_t *)p.buf[0];
+	CHECK(vpeer_connect(&p, port_fd, NULL) == 0);
+	CHECK(p.theirs_len == sizeof(p.theirs[0]));
 	t0 = rps__now_ns();
 	while (!__atomic_load_n(&sh->go, __ATOMIC_ACQUIRE)) {
 		CHECK(secs_since(t0) < 60);
@@ -590,12 +470,12 @@ static int worker_atomic(int port_fd, int fadd, int iters, struct atom_shared *s
 	while (done < iters) {
 		struct rps__wr wr = {
 			.wr_id = (uint64_t)done, .op = fadd ? RPS__OP_FADD : RPS__OP_CAS, .flags = RPS__WR_SIGNALED,
-			.sge = { res, 8, mr }, .raddr = theirs.addr, .rkey = theirs.rkey,
+			.sge = { res, 8, p.mr[0] }, .raddr = p.theirs[0].addr, .rkey = p.theirs[0].rkey,
 			.compare_add = fadd ? 1 : expect, .swap = expect + 1,
 		};
 
-		CHECK(post_retry(ep, cq, &wr, 1, NULL) == 0);
-		CHECK(wait_one(cq, &wc, 30000) == 1);
+		CHECK(post_retry(p.ep, p.cq, &wr, 1, NULL) == 0);
+		CHECK(wait_one(p.cq, &wc, 30000) == 1);
 		CHECK(wc.status == RPS__WC_SUCCESS);
 		CHECK(wc.opcode == (fadd ? RPS__WC_FADD : RPS__WC_CAS));
 		CHECK(wc.wr_id == (uint64_t)done);
@@ -611,10 +491,7 @@ static int worker_atomic(int port_fd, int fadd, int iters, struct atom_shared *s
 			expect = old;	/* lost the race: retry from what is there */
 		}
 	}
-	rps__ep_close(ep);
-	CHECK(rps__mr_dereg(mr) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -622,17 +499,14 @@ static int worker_atomic(int port_fd, int fadd, int iters, struct atom_shared *s
  * this process does local_iters increments with rps__local_cas meanwhile. */
 static int atomics(int fadd, int nworkers, int iters, int local_iters)
 {
-	struct rps__fabric *fab;
-	struct rps__listener *l;
-	struct rps__cq *cq;
-	struct rps__mr *mr;
+	const struct vpeer_opts o = { .cq_depth = 64, .mr = { { 4096, RPS__ACCESS_REMOTE_ATOMIC | RPS__ACCESS_REMOTE_READ } },
+				      .advertise = 1 };
 	struct rps__ep *ep[8];
 	struct atom_shared *sh;
-	struct desc mine;
+	struct vpeer p;
 	uint64_t *region, total, expect = 0, old, final, t0;
 	pid_t pid[8];
 	int pp[2], i, done = 0, ret, fails = 0;
-	uint16_t port;
 
 	CHECK((sh = shared_alloc(sizeof(*sh))) != NULL);
 	CHECK(pipe(pp) == 0);
@@ -642,20 +516,18 @@ static int atomics(int fadd, int nworkers, int iters, int local_iters)
 		if (pid[i] == 0)
 			child_exit(worker_atomic(pp[0], fadd, iters, sh));
 	}
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
-	port = rps__listener_port(l);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_listen(&p, -1) == 0);
 	for (i = 0; i < nworkers; i++)
-		CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
-	CHECK((region = alloc_reg(fab, 4096, RPS__ACCESS_REMOTE_ATOMIC | RPS__ACCESS_REMOTE_READ, &mr)) != NULL);
-	mine = (struct desc){ (uintptr_t)&region[8], rps__mr_rkey(mr), 8 };	/* a word not at offset 0 */
+		CHECK(write_full(pp[1], &p.port, sizeof(p.port)) == 0);
+	region = (uint64_t *)p.buf[0];
+	p.mine[0] = (struct vpeer_region){ (uintptr_t)&region[8], rps__mr_rkey(p.mr[0]), 8 };	/* a word not at offset 0 */
 	for (i = 0; i < nworkers; i++)
-		CHECK(accept_wait(l, cq, NULL, &mine, sizeof(mine), NULL, NULL, &ep[i]) == 0);
+		CHECK(vpeer_accept(&p, &ep[i]) == 0);
 	t0 = rps__now_ns();
 	__atomic_store_n(&sh->go, 1, __ATOMIC_RELEASE);
 	while (done < local_iters) {
-		ret = rps__local_cas(fab, mr, &region[8], expect, expect + 1, &old);
+		ret = rps__local_cas(p.fab, p.mr[0], &region[8], expect, expect + 1, &old);
 		CHECK(ret == 0);
 		if (old == expect) {
 			done++;
@@ -679,10 +551,7 @@ static int atomics(int fadd, int nworkers, int iters, int local_iters)
 			CHECK(sh->seen[i] == 1);	/* each old value fetched exactly once */
 	for (i = 0; i < nworkers; i++)
 		rps__ep_close(ep[i]);
-	rps__listener_close(l);
-	CHECK(rps__mr_dereg(mr) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -723,20 +592,15 @@ static void t_local_cas(void)
 
 static int burst_sender(int port_fd, int done_fd)
 {
-	struct rps__ep_attr attr = { .sq_depth = 64, .rq_depth = 1, .max_inline = 64 };
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
-	struct rps__ep *ep;
+	const struct vpeer_opts o = { .cq_depth = 256, .attr = { .sq_depth = 64, .rq_depth = 1, .max_inline = 64 } };
 	struct rps__wc wc;
-	uint16_t port;
+	struct vpeer p;
 	uint32_t i;
 	int stray = 0;
 	char c;
 
-	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 256, &cq) == 0);
-	CHECK(connect_retry(fab, port, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_connect(&p, port_fd, NULL) == 0);
 	for (i = 0; i < BURST; i++) {
 		uint32_t v = i;
 		struct rps__wr wr = {
@@ -745,30 +609,24 @@ static int burst_sender(int port_fd, int done_fd)
 			.sge = { &v, sizeof(v), NULL },	/* inline: copied at post time */
 		};
 
-		CHECK(post_retry(ep, cq, &wr, 1, &stray) == 0);
+		CHECK(post_retry(p.ep, p.cq, &wr, 1, &stray) == 0);
 	}
-	CHECK(wait_one(cq, &wc, 120000) == 1);
+	CHECK(wait_one(p.cq, &wc, 120000) == 1);
 	CHECK(stray == 0);		/* unsignaled SENDs that succeed say nothing */
 	CHECK(wc.status == RPS__WC_SUCCESS && wc.wr_id == BURST - 1 && wc.opcode == RPS__WC_SEND);
 	CHECK(read_full(done_fd, &c, 1, 120000) == 0);
-	rps__ep_close(ep);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
 static int body_send_burst(void)
 {
-	struct rps__ep_attr attr = { .sq_depth = 4, .rq_depth = NRECV };
-	struct rps__fabric *fab;
-	struct rps__listener *l;
-	struct rps__cq *cq;
-	struct rps__mr *mr;
-	struct rps__ep *ep;
+	const struct vpeer_opts o = { .cq_depth = 64, .attr = { .sq_depth = 4, .rq_depth = NRECV },
+				      .mr = { { NRECV * 64, RPS__ACCESS_LOCAL } } };
 	struct rps__wc wc[NRECV];
 	int pp[2], dp[2], i, n;
 	uint32_t expect = 0;
-	uint16_t port;
+	struct vpeer p;
 	uint64_t t0;
 	char *buf;
 	pid_t pid;
@@ -778,43 +636,36 @@ static int body_send_burst(void)
 	CHECK(pid >= 0);
 	if (pid == 0)
 		child_exit(burst_sender(pp[0], dp[0]));
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
-	port = rps__listener_port(l);
-	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
-	CHECK((buf = alloc_reg(fab, NRECV * 64, RPS__ACCESS_LOCAL, &mr)) != NULL);
-	CHECK(accept_wait(l, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_listen(&p, pp[1]) == 0);
+	CHECK(vpeer_accept(&p, NULL) == 0);
+	buf = p.buf[0];
 	for (i = 0; i < NRECV; i++) {
-		struct rps__sge sge = { buf + i * 64, 64, mr };
+		struct rps__sge sge = { buf + i * 64, 64, p.mr[0] };
 
-		CHECK(rps__post_recv(ep, &sge, (uint64_t)i) == 0);
+		CHECK(rps__post_recv(p.ep, &sge, (uint64_t)i) == 0);
 	}
 	t0 = rps__now_ns();
 	while (expect < BURST) {
 		CHECK(secs_since(t0) < 120);
-		n = rps__cq_wait(cq, wc, NRECV, 200);
+		n = rps__cq_wait(p.cq, wc, NRECV, 200);
 		CHECK(n >= 0);
 		for (i = 0; i < n; i++) {
 			uint64_t slot = wc[i].wr_id;
-			struct rps__sge sge = { buf + slot * 64, 64, mr };
+			struct rps__sge sge = { buf + slot * 64, 64, p.mr[0] };
 
 			CHECK(wc[i].status == RPS__WC_SUCCESS);
 			CHECK(wc[i].opcode == RPS__WC_RECV && wc[i].byte_len == 4 && slot < NRECV);
 			CHECK(*(uint32_t *)(buf + slot * 64) == expect);	/* in order */
 			expect++;
-			CHECK(rps__post_recv(ep, &sge, slot) == 0);
+			CHECK(rps__post_recv(p.ep, &sge, slot) == 0);
 		}
 	}
 	fprintf(stderr, "    %d SENDs through %d receives: in order, no error, %.2f s\n", BURST, NRECV, secs_since(t0));
-	CHECK(!rps__ep_is_error(ep));
+	CHECK(!rps__ep_is_error(p.ep));
 	CHECK(write_full(dp[1], "D", 1) == 0);
 	CHECK(check_child(pid, 60) == 0);
-	rps__ep_close(ep);
-	rps__listener_close(l);
-	CHECK(rps__mr_dereg(mr) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -825,30 +676,29 @@ static void t_send_burst(void)
 
 /* ---- remote access errors ------------------------------------------------ */
 
-/* One bad op on a fresh connection; checks its completion and that the
- * endpoint then flushes the next op. */
-static int bad_op(struct rps__fabric *fab, uint16_t port, struct rps__cq *cq, struct rps__wr *wr, const char *what)
+/* One bad op on a fresh connection of p (to the port it connected to
+ * first); checks its completion and that the endpoint then flushes the next
+ * op. */
+static int bad_op(struct vpeer *p, struct rps__wr *wr, const char *what)
 {
 	struct rps__ep *ep;
 	struct rps__wc wc;
-	struct desc d[2];
-	size_t rlen = 0;
 	struct rps__wr next;
 
-	CHECK(connect_retry(fab, port, cq, NULL, NULL, 0, d, &rlen, &ep) == 0);
-	CHECK(rlen == sizeof(d));
+	CHECK(vpeer_connect(p, -1, &ep) == 0);
+	CHECK(p->theirs_len == 2 * sizeof(p->theirs[0]));
 	/* a valid WRITE after it must be flushed, not executed */
 	next = (struct rps__wr){ .wr_id = 2, .op = RPS__OP_WRITE, .flags = RPS__WR_SIGNALED, .sge = wr->sge,
-				 .raddr = d[0].addr, .rkey = d[0].rkey };
+				 .raddr = p->theirs[0].addr, .rkey = p->theirs[0].rkey };
 	next.sge.len = 8;
 	CHECK(rps__post(ep, wr, 1) == 0);
-	CHECK(wait_one(cq, &wc, 60000) == 1);
+	CHECK(wait_one(p->cq, &wc, 60000) == 1);
 	fprintf(stderr, "    %s: %s\n", what, rps__wc_status_str(wc.status));
 	CHECK(wc.wr_id == 1 && wc.ep == ep);
 	CHECK(wc.status == RPS__WC_REM_ACCESS_ERR);
 	CHECK(rps__ep_is_error(ep));
 	CHECK(rps__post(ep, &next, 1) == 0);
-	CHECK(wait_one(cq, &wc, 60000) == 1);
+	CHECK(wait_one(p->cq, &wc, 60000) == 1);
 	CHECK(wc.wr_id == 2 && wc.status == RPS__WC_FLUSH_ERR);
 	rps__ep_close(ep);
 	return 0;
@@ -856,59 +706,50 @@ static int bad_op(struct rps__fabric *fab, uint16_t port, struct rps__cq *cq, st
 
 static int access_initiator(int port_fd, int done_fd)
 {
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
-	struct rps__mr *mr;
-	struct rps__ep *ep;
-	struct desc d[2];
-	size_t rlen = 0;
-	uint16_t port;
-	char *buf;
+	const struct vpeer_opts o = { .cq_depth = 64, .mr = { { 4096, RPS__ACCESS_LOCAL } } };
+	struct vpeer_region *d;
+	struct vpeer p;
 
-	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK((buf = alloc_reg(fab, 4096, RPS__ACCESS_LOCAL, &mr)) != NULL);
-	memset(buf, 0x11, 4096);
+	CHECK(peer_open(&p, &o) == 0);
+	memset(p.buf[0], 0x11, 4096);
 	/* learn the regions first (connection 0 stays healthy) */
-	CHECK(connect_retry(fab, port, cq, NULL, NULL, 0, d, &rlen, &ep) == 0);
-	CHECK(rlen == sizeof(d));
+	CHECK(vpeer_connect(&p, port_fd, NULL) == 0);
+	CHECK(p.theirs_len == 2 * sizeof(p.theirs[0]));
+	d = p.theirs;
 	{
 		struct rps__wr wr = {
 			.wr_id = 1, .op = RPS__OP_WRITE, .flags = RPS__WR_SIGNALED,
-			.sge = { buf, 64, mr }, .raddr = d[0].addr, .rkey = d[0].rkey ^ 0x5a,
+			.sge = { p.buf[0], 64, p.mr[0] }, .raddr = d[0].addr, .rkey = d[0].rkey ^ 0x5a,
 		};
-		CHECK(bad_op(fab, port, cq, &wr, "WRITE with a wrong rkey") == 0);
+		CHECK(bad_op(&p, &wr, "WRITE with a wrong rkey") == 0);
 		wr.rkey = d[0].rkey;
 		wr.raddr = d[0].addr + d[0].len - 32;	/* 64 bytes, 32 past the end */
-		CHECK(bad_op(fab, port, cq, &wr, "WRITE past the end") == 0);
+		CHECK(bad_op(&p, &wr, "WRITE past the end") == 0);
 		wr.raddr = d[1].addr;
 		wr.rkey = d[1].rkey;			/* region without REMOTE_WRITE */
-		CHECK(bad_op(fab, port, cq, &wr, "WRITE to a read-only region") == 0);
+		CHECK(bad_op(&p, &wr, "WRITE to a read-only region") == 0);
 		wr = (struct rps__wr){
-			.wr_id = 1, .op = RPS__OP_CAS, .flags = RPS__WR_SIGNALED, .sge = { buf, 8, mr },
+			.wr_id = 1, .op = RPS__OP_CAS, .flags = RPS__WR_SIGNALED, .sge = { p.buf[0], 8, p.mr[0] },
 			.raddr = d[0].addr + 4, .rkey = d[0].rkey, .compare_add = 0, .swap = 1,
 		};
-		CHECK(bad_op(fab, port, cq, &wr, "misaligned CAS") == 0);
+		CHECK(bad_op(&p, &wr, "misaligned CAS") == 0);
 	}
-	rps__ep_close(ep);
+	rps__ep_close(p.ep);
+	p.ep = NULL;
 	CHECK(write_full(done_fd, "D", 1) == 0);
-	CHECK(rps__mr_dereg(mr) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
 static int body_access_errors(void)
 {
-	struct rps__fabric *fab;
-	struct rps__listener *l;
-	struct rps__cq *cq;
-	struct rps__mr *mra, *mrb;
+	const struct vpeer_opts o = { .cq_depth = 64,
+				      .mr = { { 4096, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_ATOMIC },
+					      { 4096, RPS__ACCESS_REMOTE_READ } },
+				      .advertise = 2 };
 	struct rps__ep *ep[5];
-	struct desc d[2];
 	int pp[2], dp[2], i;
-	uint16_t port;
+	struct vpeer p;
 	char *a, *b, c;
 	pid_t pid;
 
@@ -917,19 +758,14 @@ static int body_access_errors(void)
 	CHECK(pid >= 0);
 	if (pid == 0)
 		child_exit(access_initiator(pp[0], dp[1]));
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
-	port = rps__listener_port(l);
-	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
-	CHECK((a = alloc_reg(fab, 4096, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_ATOMIC, &mra)) != NULL);
-	CHECK((b = alloc_reg(fab, 4096, RPS__ACCESS_REMOTE_READ, &mrb)) != NULL);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_listen(&p, pp[1]) == 0);
+	a = p.buf[0];
+	b = p.buf[1];
 	memset(a, 0xab, 4096);
 	memset(b, 0xcd, 4096);
-	d[0] = (struct desc){ (uintptr_t)a, rps__mr_rkey(mra), 4096 };
-	d[1] = (struct desc){ (uintptr_t)b, rps__mr_rkey(mrb), 4096 };
 	for (i = 0; i < 5; i++)
-		CHECK(accept_wait(l, cq, NULL, d, sizeof(d), NULL, NULL, &ep[i]) == 0);
+		CHECK(vpeer_accept(&p, &ep[i]) == 0);
 	CHECK(read_full(dp[0], &c, 1, 120000) == 0);
 	CHECK(check_child(pid, 60) == 0);
 	for (i = 0; i < 4096; i++) {
@@ -939,11 +775,7 @@ static int body_access_errors(void)
 	fprintf(stderr, "    target bytes unchanged\n");
 	for (i = 0; i < 5; i++)
 		rps__ep_close(ep[i]);
-	rps__listener_close(l);
-	CHECK(rps__mr_dereg(mra) == 0);
-	CHECK(rps__mr_dereg(mrb) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -956,10 +788,12 @@ static void t_access_errors(void)
 
 static int privdata_client(int port_fd)
 {
+	const struct vpeer_opts o = { .cq_depth = 64 };
 	uint8_t req56[RPS__PRIVDATA_MAX], req55[55], rep[RPS__PRIVDATA_MAX];
 	struct rps__fabric *fab;
 	struct rps__cq *cq;
 	struct rps__ep *ep;
+	struct vpeer p;
 	size_t rlen;
 	uint16_t port;
 	int i, ret;
@@ -969,8 +803,9 @@ static int privdata_client(int port_fd)
 	for (i = 0; i < 55; i++)
 		req55[i] = (uint8_t)(200 - i);
 	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(peer_open(&p, &o) == 0);
+	fab = p.fab;
+	cq = p.cq;
 
 	/* 1: rejected, with a reason */
 	rlen = 999;
@@ -1001,22 +836,19 @@ static int privdata_client(int port_fd)
 	ret = rps__connect(fab, test_addr(), port, cq, NULL, NULL, 0, 10000, NULL, NULL, &ep);
 	fprintf(stderr, "    connect to a closed port: %d: %s\n", ret, rps__errbuf());
 	CHECK(ret == -ECONNREFUSED || ret == -ETIMEDOUT || ret == -EHOSTUNREACH);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
 static int body_privdata(void)
 {
+	const struct vpeer_opts o = { .cq_depth = 64 };
 	uint8_t data[RPS__PRIVDATA_MAX], rep[RPS__PRIVDATA_MAX];
 	struct rps__conn_req *req;
-	struct rps__fabric *fab;
-	struct rps__listener *l;
-	struct rps__cq *cq;
 	struct rps__ep *ep;
+	struct vpeer p;
 	const uint8_t *d;
 	size_t len;
-	uint16_t port;
 	int pp[2], i;
 	pid_t pid;
 
@@ -1027,47 +859,44 @@ static int body_privdata(void)
 	CHECK(pid >= 0);
 	if (pid == 0)
 		child_exit(privdata_client(pp[0]));
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
-	port = rps__listener_port(l);
-	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_listen(&p, pp[1]) == 0);
 
-	CHECK(get_request(l, &req) == 0);
+	CHECK(vpeer_wait_request(p.l, &req) == 0);
 	d = rps__conn_req_data(req, &len);
 	CHECK(len == 6 && !memcmp(d, "hello", 6));
 	CHECK(rps__reject(req, "go away", 8) == 0);
 
-	CHECK(get_request(l, &req) == 0);
+	CHECK(vpeer_wait_request(p.l, &req) == 0);
 	d = rps__conn_req_data(req, &len);
 	CHECK(len == RPS__PRIVDATA_MAX);
 	memcpy(data, d, len);
 	for (i = 0; i < RPS__PRIVDATA_MAX; i++)
 		CHECK(data[i] == (uint8_t)(i * 7 + 1));
-	CHECK(rps__accept(req, cq, NULL, rep, sizeof(rep), &ep) == 0);
+	CHECK(rps__accept(req, p.cq, NULL, rep, sizeof(rep), &ep) == 0);
 	CHECK(strchr(rps__ep_peer(ep), ':') != NULL);
 	fprintf(stderr, "    accepted %s\n", rps__ep_peer(ep));
 	rps__ep_close(ep);
 
-	CHECK(get_request(l, &req) == 0);
+	CHECK(vpeer_wait_request(p.l, &req) == 0);
 	d = rps__conn_req_data(req, &len);
 	CHECK(len == 55);
 	for (i = 0; i < 55; i++)
 		CHECK(d[i] == (uint8_t)(200 - i));
-	CHECK(rps__accept(req, cq, NULL, NULL, 0, &ep) == 0);
+	CHECK(rps__accept(req, p.cq, NULL, NULL, 0, &ep) == 0);
 	rps__ep_close(ep);
 
-	CHECK(get_request(l, &req) == 0);
+	CHECK(vpeer_wait_request(p.l, &req) == 0);
 	d = rps__conn_req_data(req, &len);
 	CHECK(len == 0);
-	CHECK(rps__accept(req, cq, NULL, NULL, 0, &ep) == 0);
+	CHECK(rps__accept(req, p.cq, NULL, NULL, 0, &ep) == 0);
 	rps__ep_close(ep);
 
-	rps__listener_close(l);
-	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	rps__listener_close(p.l);	/* the client's last connect finds nobody there */
+	p.l = NULL;
+	CHECK(write_full(pp[1], &p.port, sizeof(p.port)) == 0);
 	CHECK(check_child(pid, 60) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -1080,58 +909,44 @@ static void t_privdata(void)
 
 static int sq_target(int port_fd, int ready_fd, int done_fd)
 {
-	struct rps__fabric *fab;
-	struct rps__listener *l;
-	struct rps__cq *cq;
-	struct rps__mr *mr;
-	struct rps__ep *ep;
+	const struct vpeer_opts o = { .cq_depth = 64, .mr = { { 65536, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ } },
+				      .advertise = 1 };
 	struct rps__wc wc;
-	struct desc mine;
-	uint16_t port;
-	char *region, c;
+	struct vpeer p;
+	char c;
 
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
-	port = rps__listener_port(l);
-	CHECK(write_full(port_fd, &port, sizeof(port)) == 0);
-	CHECK((region = alloc_reg(fab, 65536, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ, &mr)) != NULL);
-	mine = (struct desc){ (uintptr_t)region, rps__mr_rkey(mr), 65536 };
-	CHECK(accept_wait(l, cq, NULL, &mine, sizeof(mine), NULL, NULL, &ep) == 0);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_listen(&p, port_fd) == 0);
+	CHECK(vpeer_accept(&p, NULL) == 0);
 	{
 		struct rps__sge sge = { NULL, 0, NULL };	/* WRITE_IMM consumes a receive, no bytes */
 
-		CHECK(rps__post_recv(ep, &sge, 77) == 0);
+		CHECK(rps__post_recv(p.ep, &sge, 77) == 0);
 	}
 	CHECK(write_full(ready_fd, "R", 1) == 0);
-	CHECK(wait_one(cq, &wc, 120000) == 1);
+	CHECK(wait_one(p.cq, &wc, 120000) == 1);
 	CHECK(wc.status == RPS__WC_SUCCESS && wc.wr_id == 77);
 	CHECK(wc.opcode == RPS__WC_RECV_IMM && wc.imm == 0xdeadbeef);
 	/* the WRITE_IMM's payload is in place when its immediate is seen */
-	CHECK(!memcmp(region + 60000, "immediate!", 10));
+	CHECK(!memcmp(p.buf[0] + 60000, "immediate!", 10));
 	CHECK(read_full(done_fd, &c, 1, 120000) == 0);
-	rps__ep_close(ep);
-	rps__listener_close(l);
-	CHECK(rps__mr_dereg(mr) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
 static int body_sq_full(void)
 {
-	struct rps__ep_attr attr = { .sq_depth = 8, .rq_depth = 1, .max_inline = 32 };
-	struct rps__fabric *fab;
+	const struct vpeer_opts o = { .cq_depth = 64, .attr = { .sq_depth = 8, .rq_depth = 1, .max_inline = 32 },
+				      .mr = { { 8192, RPS__ACCESS_LOCAL } } };
+	struct rps__wc wc[8];
+	struct rps__wr wr[8];
+	struct vpeer_region theirs;
+	int pp[2], rp[2], dp[2], i, ret, eagain = 0, stray = 0;
+	uint64_t t0, v, *back;
 	struct rps__cq *cq;
 	struct rps__mr *mr;
 	struct rps__ep *ep;
-	struct rps__wc wc[8];
-	struct rps__wr wr[8];
-	struct desc theirs;
-	size_t rlen = 0;
-	int pp[2], rp[2], dp[2], i, ret, eagain = 0, stray = 0;
-	uint64_t t0, v, *back;
-	uint16_t port;
+	struct vpeer p;
 	char *buf, c;
 	pid_t pid;
 
@@ -1140,12 +955,14 @@ static int body_sq_full(void)
 	CHECK(pid >= 0);
 	if (pid == 0)
 		child_exit(sq_target(pp[1], rp[1], dp[0]));
-	CHECK(read_full(pp[0], &port, sizeof(port), 60000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK((buf = alloc_reg(fab, 8192, RPS__ACCESS_LOCAL, &mr)) != NULL);
-	CHECK(connect_retry(fab, port, cq, &attr, NULL, 0, &theirs, &rlen, &ep) == 0);
-	CHECK(rlen == sizeof(theirs));
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_connect(&p, pp[0], NULL) == 0);
+	CHECK(p.theirs_len == sizeof(theirs));
+	theirs = p.theirs[0];
+	buf = p.buf[0];
+	mr = p.mr[0];
+	cq = p.cq;
+	ep = p.ep;
 
 	/* 3 unsignaled WRITEs, then a batch of 8 that cannot fit: the
 	 * transport must make room by itself (no signaled WR was in flight) */
@@ -1199,10 +1016,7 @@ static int body_sq_full(void)
 	fprintf(stderr, "    full SQ: %d EAGAINs before room was made; 2000 inline WRITEs without a completion\n", eagain);
 	CHECK(write_full(dp[1], "D", 1) == 0);
 	CHECK(check_child(pid, 60) == 0);
-	rps__ep_close(ep);
-	CHECK(rps__mr_dereg(mr) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -1215,19 +1029,13 @@ static void t_sq_full(void)
 
 static int open_client(int port_fd)
 {
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
-	struct rps__ep *ep;
-	uint16_t port;
+	const struct vpeer_opts o = { .cq_depth = 16, .data = "x", .data_len = 1 };
+	struct vpeer p;
 
-	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 16, &cq) == 0);
-	CHECK(connect_retry(fab, port, cq, NULL, "x", 1, NULL, NULL, &ep) == 0);
-	CHECK(strstr(rps__ep_peer(ep), test_addr()) != NULL);
-	rps__ep_close(ep);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_connect(&p, port_fd, NULL) == 0);
+	CHECK(strstr(rps__ep_peer(p.ep), test_addr()) != NULL);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -1236,6 +1044,7 @@ static int body_open(void)
 	struct rps__fabric_attr a = { .kind = RPS__KIND_VERBS };
 	struct rps__fabric *def, *byname, *byhost;
 	struct rps__listener *l, *l2;
+	struct rps__conn_req *req;
 	struct rps__cq *cq;
 	struct rps__ep *ep;
 	char name[64];
@@ -1275,7 +1084,8 @@ static int body_open(void)
 	CHECK(ret == -EADDRINUSE);
 	CHECK(rps__cq_create(byhost, 16, &cq) == 0);
 	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
-	CHECK(accept_wait(l, cq, NULL, NULL, 0, NULL, NULL, &ep) == 0);
+	CHECK(vpeer_wait_request(l, &req) == 0);
+	CHECK(rps__accept(req, cq, NULL, NULL, 0, &ep) == 0);
 	CHECK(check_child(pid, 60) == 0);
 	rps__ep_close(ep);
 	rps__listener_close(l);
@@ -1387,35 +1197,37 @@ static void t_local_errors(void)
 
 static int errors_client(int port_fd, int ready_fd)
 {
-	struct rps__ep_attr attr = { .sq_depth = 4, .rq_depth = 2, .max_inline = 16 };
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
-	struct rps__mr *mr;
-	struct rps__ep *ep;
+	const struct vpeer_opts o = { .cq_depth = 64, .attr = { .sq_depth = 4, .rq_depth = 2, .max_inline = 16 },
+				      .mr = { { 4096, RPS__ACCESS_LOCAL } } };
+	uint8_t rep[RPS__PRIVDATA_MAX];
 	struct rps__wc wc;
 	struct rps__wr wr;
 	struct rps__sge sge;
-	uint8_t rep[RPS__PRIVDATA_MAX];
+	struct rps__cq *cq;
+	struct rps__mr *mr;
+	struct rps__ep *ep;
+	struct vpeer p;
 	size_t rlen;
-	uint16_t port;
 	char *buf, c;
 	int i;
 
 	memset(&wr, 0, sizeof(wr));
-	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK((buf = alloc_reg(fab, 4096, RPS__ACCESS_LOCAL, &mr)) != NULL);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(read_full(port_fd, &p.port, sizeof(p.port), 30000) == 0);
+	buf = p.buf[0];
+	mr = p.mr[0];
+	cq = p.cq;
 	/* 1, 2: the server's accept fails before answering: we are rejected,
 	 * without private data */
 	for (i = 0; i < 2; i++) {
 		rlen = 99;
-		CHECK_ERR(rps__connect(fab, test_addr(), port, cq, NULL, "x", 1, 10000, rep, &rlen, &ep), -ECONNREFUSED,
+		CHECK_ERR(rps__connect(p.fab, test_addr(), p.port, cq, NULL, "x", 1, 10000, rep, &rlen, &ep), -ECONNREFUSED,
 			  "rejected by the peer");
 		CHECK(rlen == 0);
 	}
 	/* 3: a connection to misuse */
-	CHECK(connect_retry(fab, port, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
+	CHECK(vpeer_connect(&p, -1, NULL) == 0);
+	ep = p.ep;
 	CHECK_ERR(rps__post(ep, &wr, -1), -EINVAL, "negative count -1");
 	CHECK(rps__post(ep, &wr, 0) == 0);
 	wr = (struct rps__wr){ .wr_id = 1, .op = (enum rps__op)99, .sge = { buf, 8, mr } };
@@ -1453,10 +1265,7 @@ static int errors_client(int port_fd, int ready_fd)
 		CHECK(wait_one(cq, &wc, 60000) == 1);
 		CHECK(wc.status == RPS__WC_FLUSH_ERR && wc.opcode == RPS__WC_RECV && wc.wr_id == (uint64_t)i + 1);
 	}
-	rps__ep_close(ep);
-	CHECK(rps__mr_dereg(mr) == 0);
-	rps__cq_destroy(cq);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -1464,19 +1273,17 @@ static int body_peer_errors(void)
 {
 	struct rps__fabric_attr a = { .kind = RPS__KIND_VERBS };
 	struct rps__ep_attr huge = { .sq_depth = 4, .rq_depth = 1u << 30 };
-	struct rps__ep_attr attr = { .sq_depth = 4, .rq_depth = 2 };
-	struct rps__fabric *fab, *other;
-	struct rps__listener *l;
+	const struct vpeer_opts o = { .cq_depth = 64, .attr = { .sq_depth = 4, .rq_depth = 2 },
+				      .mr = { { 4096, RPS__ACCESS_LOCAL } } };
+	struct rps__fabric *other;
 	struct rps__conn_req *req;
 	struct rps__cq *cq, *ocq;
-	struct rps__mr *mr;
 	struct rps__ep *ep;
 	struct rps__wc wc;
 	struct rps__sge sge;
+	struct vpeer p;
 	int pp[2], rp[2];
 	char msg[128];
-	uint16_t port;
-	char *buf;
 	pid_t pid;
 
 	CHECK(pipe(pp) == 0 && pipe(rp) == 0);
@@ -1484,24 +1291,22 @@ static int body_peer_errors(void)
 	CHECK(pid >= 0);
 	if (pid == 0)
 		child_exit(errors_client(pp[0], rp[0]));
-	CHECK((fab = open_fab()) != NULL);
+	CHECK(peer_open(&p, &o) == 0);
+	cq = p.cq;
 	CHECK(rps__fabric_open(&a, &other) == 0);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
 	CHECK(rps__cq_create(other, 16, &ocq) == 0);
-	CHECK((buf = alloc_reg(fab, 4096, RPS__ACCESS_LOCAL, &mr)) != NULL);
-	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
-	port = rps__listener_port(l);
-	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
+	CHECK(vpeer_listen(&p, pp[1]) == 0);
 	/* 1: a CQ of another fabric */
-	CHECK(get_request(l, &req) == 0);
+	CHECK(vpeer_wait_request(p.l, &req) == 0);
 	CHECK_ERR(rps__accept(req, ocq, NULL, NULL, 0, &ep), -EINVAL, "accept: the CQ belongs to another fabric");
 	/* 2: more receives than the device allows */
-	CHECK(get_request(l, &req) == 0);
-	snprintf(msg, sizeof(msg), "rq_depth 1073741824 exceed %s's max_qp_wr", rps__fabric_name(fab));
+	CHECK(vpeer_wait_request(p.l, &req) == 0);
+	snprintf(msg, sizeof(msg), "rq_depth 1073741824 exceed %s's max_qp_wr", rps__fabric_name(p.fab));
 	CHECK_ERR(rps__accept(req, cq, &huge, NULL, 0, &ep), -EINVAL, msg);
 	/* 3 */
-	CHECK(accept_wait(l, cq, &attr, NULL, 0, NULL, NULL, &ep) == 0);
-	sge = (struct rps__sge){ buf, 8, mr };
+	CHECK(vpeer_accept(&p, NULL) == 0);
+	ep = p.ep;
+	sge = (struct rps__sge){ p.buf[0], 8, p.mr[0] };
 	CHECK(rps__post_recv(ep, &sge, 42) == 0);
 	CHECK(write_full(rp[1], "R", 1) == 0);
 	CHECK(wait_one(cq, &wc, 60000) == 1);
@@ -1510,13 +1315,9 @@ static int body_peer_errors(void)
 	CHECK(wc.status == RPS__WC_LOC_ERR);
 	CHECK(rps__ep_is_error(ep));
 	CHECK(check_child(pid, 60) == 0);
-	rps__ep_close(ep);
-	rps__listener_close(l);
-	CHECK(rps__mr_dereg(mr) == 0);
 	rps__cq_destroy(ocq);
-	rps__cq_destroy(cq);
 	rps__fabric_close(other);
-	rps__fabric_close(fab);
+	CHECK(vpeer_close(&p) == 0);
 	return 0;
 }
 
@@ -1603,19 +1404,14 @@ static int fault_seen(int r)
 /* A peer that accepts (and closes) every connection, for ever. */
 static int fault_server(int port_fd)
 {
-	struct rps__fabric *fab;
-	struct rps__listener *l;
-	struct rps__cq *cq;
+	const struct vpeer_opts o = { .cq_depth = 64 };
 	struct rps__ep *ep;
-	uint16_t port;
+	struct vpeer p;
 
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
-	CHECK(rps__listen(fab, test_addr(), 0, &l) == 0);
-	port = rps__listener_port(l);
-	CHECK(write_full(port_fd, &port, sizeof(port)) == 0);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_listen(&p, port_fd) == 0);
 	for (;;)
-		if (accept_wait(l, cq, NULL, NULL, 0, NULL, NULL, &ep) == 0)
+		if (vpeer_accept(&p, &ep) == 0)
 			rps__ep_close(ep);
 	return 0;
 }
@@ -1623,16 +1419,14 @@ static int fault_server(int port_fd)
 /* A peer that connects until it is killed. */
 static int fault_client(int port_fd)
 {
-	struct rps__fabric *fab;
-	struct rps__cq *cq;
+	const struct vpeer_opts o = { .cq_depth = 64 };
 	struct rps__ep *ep;
-	uint16_t port;
+	struct vpeer p;
 
-	CHECK(read_full(port_fd, &port, sizeof(port), 30000) == 0);
-	CHECK((fab = open_fab()) != NULL);
-	CHECK(rps__cq_create(fab, 64, &cq) == 0);
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(read_full(port_fd, &p.port, sizeof(p.port), 30000) == 0);
 	for (;;) {
-		if (rps__connect(fab, test_addr(), port, cq, NULL, NULL, 0, 10000, NULL, NULL, &ep) == 0)
+		if (rps__connect(p.fab, test_addr(), p.port, p.cq, NULL, NULL, 0, 10000, NULL, NULL, &ep) == 0)
 			rps__ep_close(ep);
 		usleep(50000);
 	}
@@ -1713,7 +1507,7 @@ static int fault_body(const struct fault_case *fc)
 		goto none;
 	port = rps__listener_port(l);
 	CHECK(write_full(pp[1], &port, sizeof(port)) == 0);
-	CHECK(get_request(l, &req) == 0);
+	CHECK(vpeer_wait_request(l, &req) == 0);
 	if (fc->scen == F_REJECT)
 		STEP(rps__reject(req, "no", 3));
 	else

@@ -70,7 +70,7 @@ static void usage(FILE *f)
 "Options:\n"
 "  -s, --servers LIST   servers to ask first, tcp://HOST:PORT or verbs://ADDR:PORT,\n"
 "                       comma-separated (default: $RPS_SERVERS)\n"
-"      --json           status: one JSON object instead of the tables\n"
+"      --json           one JSON object instead of the text (every command)\n"
 "      --timeout SEC    how long an operation may take (default 30)\n"
 "      --no-rebalance   add-server: add the member only\n"
 "      --level N        checkpoint: igzip level 0 (store) to 3 (default 1)\n"
@@ -143,6 +143,22 @@ void psctl_sleep_ms(unsigned ms)
 
 	while (nanosleep(&ts, &ts) && errno == EINTR)
 		;
+}
+
+/* A JSON string (--json output); the names and URIs psctl prints are UTF-8. */
+void psctl_json_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			printf("\\%c", c);
+		else if (c < 0x20)
+			printf("\\u%04x", c);
+		else
+			putchar(c);
+	}
+	putchar('"');
 }
 
 static uint64_t parse_u64(const char *s, const char *what, uint64_t min, uint64_t max)

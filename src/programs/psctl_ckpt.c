@@ -16,9 +16,10 @@ struct ck_member {
 	uint64_t id;
 	struct rps__uri uri;
 	struct rps__ctl *ctl;
-	uint32_t nshards;	/* checkpoint: what TAKE said */
+	uint32_t nshards;	/* checkpoint: what TAKE said; restore: installed */
 	uint64_t pause_ns;
 	uint64_t raw;
+	uint64_t bytes;		/* checkpoint: what FINISH said */
 };
 
 /* Every member of the map, each with its own admin channel. */
@@ -77,6 +78,44 @@ static int ck_call(struct ck_member *m, const struct rps__ckpt_req *req, const s
 	if (rlen < sizeof(**rep))
 		return rps__seterr(-EBADMSG, "member %llu: short checkpoint reply", (unsigned long long)m->id);
 	return 0;
+}
+
+static void ck_print_member(const struct ck_member *m)
+{
+	printf("member %llu: %u shards, %llu bytes (%.1f%% of %llu), training paused %.3f ms\n",
+	       (unsigned long long)m->id, m->nshards, (unsigned long long)m->bytes,
+	       m->raw ? 100.0 * (double)m->bytes / (double)m->raw : 0.0, (unsigned long long)m->raw,
+	       (double)m->pause_ns / 1e6);
+}
+
+/* checkpoint --json: the totals, the sync tensors' steps, every member */
+static void ck_print_json(const char *dir, const struct ck_member *m, uint32_t n,
+			  const struct rps__ckpt_target *tg, uint32_t nt)
+{
+	unsigned long long bytes = 0, raw = 0, pause_max = 0;
+	uint32_t i, shards = 0;
+
+	for (i = 0; i < n; i++) {
+		bytes += m[i].bytes;
+		raw += m[i].raw;
+		shards += m[i].nshards;
+		pause_max = RPS__MAX(pause_max, m[i].pause_ns);
+	}
+	printf("{\"dir\":");
+	psctl_json_str(dir);
+	printf(",\"shards\":%u,\"bytes\":%llu,\"raw_bytes\":%llu,\"longest_pause_ns\":%llu,\"tensors\":[",
+	       shards, bytes, raw, pause_max);
+	for (i = 0; i < nt; i++) {
+		printf("%s{\"name\":", i ? "," : "");
+		psctl_json_str(tg[i].name);
+		printf(",\"step\":%llu}", (unsigned long long)tg[i].step);
+	}
+	printf("],\"members\":[");
+	for (i = 0; i < n; i++)
+		printf("%s{\"id\":%llu,\"shards\":%u,\"bytes\":%llu,\"raw_bytes\":%llu,\"pause_ns\":%llu}",
+		       i ? "," : "", (unsigned long long)m[i].id, m[i].nshards, (unsigned long long)m[i].bytes,
+		       (unsigned long long)m[i].raw, (unsigned long long)m[i].pause_ns);
+	printf("]}\n");
 }
 
 int psctl_cmd_checkpoint(const char *dir)
@@ -144,14 +183,13 @@ int psctl_cmd_checkpoint(const char *dir)
 			ret = ck_call(&m[i], &req, NULL, 0, &rep);
 			if (ret)
 				break;
+			m[i].bytes = rep->bytes;
 			bytes += rep->bytes;
 			raw += m[i].raw;
 			shards += m[i].nshards;
 			pause_max = RPS__MAX(pause_max, m[i].pause_ns);
-			printf("member %llu: %u shards, %llu bytes (%.1f%% of %llu), training paused %.3f ms\n",
-			       (unsigned long long)m[i].id, m[i].nshards, (unsigned long long)rep->bytes,
-			       m[i].raw ? 100.0 * (double)rep->bytes / (double)m[i].raw : 0.0,
-			       (unsigned long long)m[i].raw, (double)m[i].pause_ns / 1e6);
+			if (!psctl_opt.json)
+				ck_print_member(&m[i]);
 		}
 	}
 	if (ret) {
@@ -162,12 +200,29 @@ int psctl_cmd_checkpoint(const char *dir)
 			ck_call(&m[i], &req, NULL, 0, &rep);
 		return psctl_fail("checkpoint %s: %s", dir, msg);
 	}
+	if (psctl_opt.json) {
+		ck_print_json(dir, m, n, tg, nt);
+		return 0;
+	}
 	printf("checkpoint %s: %u shards of %u sync tensor(s) at", dir, shards, nt);
 	for (k = 0; k < nt; k++)
 		printf(" %s@%llu", tg[k].name, (unsigned long long)tg[k].step);
 	printf("%s; %llu bytes written for %llu bytes of state; longest pause %.3f ms\n", nt ? "" : " -",
 	       (unsigned long long)bytes, (unsigned long long)raw, (double)pause_max / 1e6);
 	return 0;
+}
+
+/* restore --json: what every member installed */
+static void restore_print_json(const char *dir, uint64_t seen, const struct ck_member *m, uint32_t n)
+{
+	uint32_t i;
+
+	printf("{\"dir\":");
+	psctl_json_str(dir);
+	printf(",\"shards\":%llu,\"members\":[", (unsigned long long)seen);
+	for (i = 0; i < n; i++)
+		printf("%s{\"id\":%llu,\"shards\":%u}", i ? "," : "", (unsigned long long)m[i].id, m[i].nshards);
+	printf("]}\n");
 }
 
 int psctl_cmd_restore(const char *dir)
@@ -196,11 +251,17 @@ int psctl_cmd_restore(const char *dir)
 				    dir, (unsigned long long)seen, (unsigned long long)rep->seen_shards);
 		seen = rep->seen_shards;
 		total += rep->nshards;
-		printf("member %llu: %u shards installed\n", (unsigned long long)m[i].id, rep->nshards);
+		m[i].nshards = rep->nshards;
+		if (!psctl_opt.json)
+			printf("member %llu: %u shards installed\n", (unsigned long long)m[i].id, rep->nshards);
 	}
 	if (total != seen)
 		return psctl_fail("restore %s: %llu of the checkpoint's %llu shards installed: a partition without a serving owner (a move in progress?)",
 			    dir, (unsigned long long)total, (unsigned long long)seen);
+	if (psctl_opt.json) {
+		restore_print_json(dir, seen, m, n);
+		return 0;
+	}
 	printf("restore %s: all %llu shards installed\n", dir, (unsigned long long)seen);
 	return 0;
 }

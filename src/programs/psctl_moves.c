@@ -12,6 +12,38 @@
 
 /* ---- moves ------------------------------------------------------------------ */
 
+/* --json: what a command did, printed as one object when it succeeds */
+struct done_move {
+	uint32_t part;
+	uint64_t from, to, epoch;
+};
+
+static struct {
+	struct done_move moves[2 * RPS__SMAP_MAX_PART + 2];
+	unsigned nmoves;
+	bool transferred;	/* remove-server: leadership moved away first */
+	uint64_t leader, term, was;
+} done;
+
+static void json_moves(void)
+{
+	unsigned i;
+
+	printf("\"moves\":[");
+	for (i = 0; i < done.nmoves; i++)
+		printf("%s{\"partition\":%" PRIu32 ",\"from\":%" PRIu64 ",\"to\":%" PRIu64 ",\"epoch\":%" PRIu64 "}",
+		       i ? "," : "", done.moves[i].part, done.moves[i].from, done.moves[i].to, done.moves[i].epoch);
+	putchar(']');
+}
+
+/* move --json: the partition where it is now, and the moves that took it there */
+static void json_moved(uint32_t part, uint64_t owner, uint64_t epoch)
+{
+	printf("{\"partition\":%u,\"owner\":%" PRIu64 ",\"epoch\":%" PRIu64 ",", part, owner, epoch);
+	json_moves();
+	printf("}\n");
+}
+
 /* One move, printed.  from: the owner before it (for the message). */
 static int do_move(uint32_t part, uint64_t from, uint64_t to)
 {
@@ -23,6 +55,11 @@ static int do_move(uint32_t part, uint64_t from, uint64_t to)
 	ret = psctl_admin(RPS__ADMIN_MOVE, part, to, NULL, &rep, what);
 	if (ret)
 		return psctl_fail_err();
+	if (psctl_opt.json) {
+		if (done.nmoves < RPS__ARRAY_SIZE(done.moves))
+			done.moves[done.nmoves++] = (struct done_move){ part, from, to, rep.epoch };
+		return 0;
+	}
 	printf("partition %u: member %" PRIu64 " -> member %" PRIu64 ", epoch %" PRIu64 "\n", part, from, to,
 	       rep.epoch);
 	fflush(stdout);
@@ -42,11 +79,17 @@ int psctl_cmd_move(uint32_t part, uint64_t to)
 	if (!rps__smap_member(&L.map, to))
 		return psctl_fail("member %" PRIu64 " is not in the shard map: add it with psctl add-server", to);
 	if (L.map.parts[part].owner == to && !L.map.parts[part].moving_to) {
-		printf("partition %u: already on member %" PRIu64 ", epoch %" PRIu64 "\n", part, to,
-		       L.map.parts[part].epoch);
+		if (psctl_opt.json)
+			json_moved(part, to, L.map.parts[part].epoch);
+		else
+			printf("partition %u: already on member %" PRIu64 ", epoch %" PRIu64 "\n", part, to,
+			       L.map.parts[part].epoch);
 		return 0;
 	}
-	return do_move(part, L.map.parts[part].owner, to);
+	ret = do_move(part, L.map.parts[part].owner, to);
+	if (!ret && psctl_opt.json)
+		json_moved(part, to, done.moves[0].epoch);
+	return ret;
 }
 
 /* Most (most = true) or least loaded member other than skip; 0 if none.
@@ -83,6 +126,26 @@ static int pick_part(const struct rps__smap *m, uint64_t id)
 	return -1;
 }
 
+/* add-server's last word; map: the leader's after the rebalancing, NULL without it */
+static int added_print(uint64_t id, const char *uri, uint64_t index, const struct rps__smap *map)
+{
+	if (!psctl_opt.json) {
+		if (map)
+			printf("member %" PRIu64 " owns %u of %u partitions\n", id, rps__smap_owned(map, id),
+			       map->npart);
+		return 0;
+	}
+	printf("{\"id\":%" PRIu64 ",\"uri\":", id);
+	psctl_json_str(uri);
+	printf(",\"log_index\":%" PRIu64 ",", index);
+	json_moves();
+	if (map)
+		printf(",\"owned\":%u,\"partitions\":%u}\n", rps__smap_owned(map, id), map->npart);
+	else
+		printf(",\"owned\":null,\"partitions\":null}\n");
+	return 0;
+}
+
 int psctl_cmd_add_server(uint64_t id, const char *uri)
 {
 	static struct leader L;
@@ -96,10 +159,12 @@ int psctl_cmd_add_server(uint64_t id, const char *uri)
 	ret = psctl_admin(RPS__ADMIN_ADD_SERVER, 0, id, uri, &rep, what);
 	if (ret)
 		return psctl_fail_err();
-	printf("member %" PRIu64 " added at %s (log index %" PRIu64 ")\n", id, uri, rep.index);
-	fflush(stdout);
+	if (!psctl_opt.json) {
+		printf("member %" PRIu64 " added at %s (log index %" PRIu64 ")\n", id, uri, rep.index);
+		fflush(stdout);
+	}
 	if (psctl_opt.no_rebalance)
-		return 0;
+		return added_print(id, uri, rep.index, NULL);
 
 	deadline = psctl_deadline_in(psctl_opt.timeout_ms);
 	for (;;) {
@@ -136,8 +201,7 @@ int psctl_cmd_add_server(uint64_t id, const char *uri)
 			return ret;
 		deadline = psctl_deadline_in(psctl_opt.timeout_ms);
 	}
-	printf("member %" PRIu64 " owns %u of %u partitions\n", id, rps__smap_owned(&L.map, id), L.map.npart);
-	return 0;
+	return added_print(id, uri, rep.index, &L.map);
 }
 
 /* Wait until the leader is not `old` (want == 0) or is `want`. */
@@ -164,6 +228,11 @@ static int wait_leader(struct leader *L, uint64_t old, uint64_t want)
 	}
 }
 
+static void json_leader(uint64_t leader, uint64_t term, uint64_t was)
+{
+	printf("{\"leader\":%" PRIu64 ",\"term\":%" PRIu64 ",\"was\":%" PRIu64 "}", leader, term, was);
+}
+
 static int transfer(struct leader *L, uint64_t to)
 {
 	struct rps__admin_rep rep;
@@ -180,6 +249,13 @@ static int transfer(struct leader *L, uint64_t to)
 		ret = wait_leader(L, old, to);
 	if (ret)
 		return psctl_fail_err();
+	if (psctl_opt.json) {
+		done.transferred = true;
+		done.leader = L->id;
+		done.term = L->st.term;
+		done.was = old;
+		return 0;
+	}
 	printf("leader: member %" PRIu64 " (term %" PRIu64 "), was member %" PRIu64 "\n", L->id, L->st.term, old);
 	fflush(stdout);
 	return 0;
@@ -195,7 +271,11 @@ int psctl_cmd_force_remove(uint64_t id)
 	snprintf(what, sizeof(what), "force removal of member %" PRIu64, id);
 	if (psctl_admin(RPS__ADMIN_FORCE_REMOVE, 0, id, NULL, &rep, what))
 		return psctl_fail_err();
-	printf("member %" PRIu64 " removed; its partitions are lost: psctl restore DIR, or psctl forget-lost all\n", id);
+	if (psctl_opt.json)
+		printf("{\"id\":%" PRIu64 ",\"forced\":true}\n", id);
+	else
+		printf("member %" PRIu64 " removed; its partitions are lost: psctl restore DIR, or psctl forget-lost all\n",
+		       id);
 	return 0;
 }
 
@@ -211,7 +291,30 @@ int psctl_cmd_forget_lost(uint32_t part)
 		snprintf(what, sizeof(what), "forget lost partition %" PRIu32, part);
 	if (psctl_admin(RPS__ADMIN_FORGET_LOST, part, 0, NULL, &rep, what))
 		return psctl_fail_err();
-	printf("%s: done, served empty from now on\n", what);
+	if (psctl_opt.json && part == UINT32_MAX)
+		printf("{\"partition\":null}\n");
+	else if (psctl_opt.json)
+		printf("{\"partition\":%" PRIu32 "}\n", part);
+	else
+		printf("%s: done, served empty from now on\n", what);
+	return 0;
+}
+
+/* remove-server's last word */
+static int removed_print(uint64_t id, uint64_t index)
+{
+	if (!psctl_opt.json) {
+		printf("member %" PRIu64 " removed (log index %" PRIu64 "): stop its rdmapsd now\n", id, index);
+		return 0;
+	}
+	printf("{\"id\":%" PRIu64 ",\"forced\":false,\"log_index\":%" PRIu64 ",\"transfer\":", id, index);
+	if (done.transferred)
+		json_leader(done.leader, done.term, done.was);
+	else
+		printf("null");
+	putchar(',');
+	json_moves();
+	printf("}\n");
 	return 0;
 }
 
@@ -276,8 +379,7 @@ int psctl_cmd_remove_server(uint64_t id)
 	ret = psctl_admin(RPS__ADMIN_REMOVE_SERVER, 0, id, NULL, &rep, what);
 	if (ret)
 		return psctl_fail_err();
-	printf("member %" PRIu64 " removed (log index %" PRIu64 "): stop its rdmapsd now\n", id, rep.index);
-	return 0;
+	return removed_print(id, rep.index);
 }
 
 
@@ -290,10 +392,20 @@ int psctl_cmd_transfer_leader(uint64_t to)
 	if (ret)
 		return psctl_fail_err();
 	if (to && L.id == to) {
-		printf("leader: member %" PRIu64 " (term %" PRIu64 "), already\n", L.id, L.st.term);
+		if (psctl_opt.json) {
+			json_leader(L.id, L.st.term, L.id);
+			putchar('\n');
+		} else {
+			printf("leader: member %" PRIu64 " (term %" PRIu64 "), already\n", L.id, L.st.term);
+		}
 		return 0;
 	}
 	if (to && !psctl_id_in(L.st.voters, L.st.n_voters, to, NULL))
 		return psctl_fail("member %" PRIu64 " is not a voter: only voters can lead (see psctl status)", to);
-	return transfer(&L, to);
+	ret = transfer(&L, to);
+	if (!ret && psctl_opt.json) {
+		json_leader(done.leader, done.term, done.was);
+		putchar('\n');
+	}
+	return ret;
 }

@@ -54,21 +54,6 @@ static bool lag_of(const struct rps__status_rep *ld, uint64_t id, uint64_t *lag)
 	return true;
 }
 
-static void json_str(const char *s)
-{
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\')
-			printf("\\%c", c);
-		else if (c < 0x20)
-			printf("\\u%04x", c);
-		else
-			putchar(c);
-	}
-	putchar('"');
-}
-
 static void json_ids(const uint64_t *ids, uint32_t n)
 {
 	uint32_t i;
@@ -191,10 +176,10 @@ static void status_print_json(const struct status_view *v)
 		uint64_t lag;
 
 		printf("%s{\"id\":%" PRIu64 ",\"uri\":", i ? "," : "", r->id);
-		json_str(r->uri);
+		psctl_json_str(r->uri);
 		if (!r->ok) {
 			printf(",\"reachable\":false,\"error\":");
-			json_str(r->err);
+			psctl_json_str(r->err);
 			putchar('}');
 			continue;
 		}
