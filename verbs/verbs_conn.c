@@ -281,6 +281,68 @@ int rps__verbs_reject(struct rps__conn_req *breq, const void *data, size_t len)
 	return ret;
 }
 
+/* Answer the REQ with a REP carrying data (one length byte first); ep is in
+ * the CQ's table from here on. */
+static int accept_send_rep(struct v_cq *c, struct v_ep *ep, const void *data, size_t len, uint8_t resp_res,
+			   uint8_t init_depth, const char *peer)
+{
+	struct rdma_conn_param param;
+	uint8_t buf[1 + RPS__PRIVDATA_MAX];
+	int e;
+
+	buf[0] = (uint8_t)len;
+	if (len)
+		memcpy(buf + 1, data, len);
+	memset(&param, 0, sizeof(param));
+	param.private_data = buf;
+	param.private_data_len = (uint8_t)(1 + len);
+	param.responder_resources = resp_res;
+	param.initiator_depth = init_depth;
+	param.retry_count = V_RETRY;
+	param.rnr_retry_count = V_RNR_RETRY;
+	param.qp_num = ep->qpn;
+	rps__verbs_table_add(c, ep);
+	if (v_fault("rdma_accept") || rdma_accept(ep->id, &param)) {
+		e = v_errno(EIO);
+		return rps__seterr(-e, "verbs: rdma_accept(%s): %s: the peer may have given up", peer, strerror(e));
+	}
+	return 0;
+}
+
+/* Wait on the private channel tmp until the initiator's RTU: ESTABLISHED. */
+static int accept_wait_established(struct rdma_event_channel *tmp, const char *peer)
+{
+	uint64_t deadline = v_deadline(V_ACCEPT_WAIT_MS);
+	struct rdma_cm_event *ev;
+	int ret, done;
+
+	for (done = 0; !done;) {
+		ret = rps__verbs_get_event(tmp, deadline, &ev);
+		if (ret) {
+			rps__seterr(ret, "verbs: accept %s: no RTU from the peer: %s", peer, strerror(-ret));
+			return ret;
+		}
+		switch (ev->event) {
+		case RDMA_CM_EVENT_ESTABLISHED:
+			done = 1;
+			break;
+		case RDMA_CM_EVENT_REJECTED:
+		case RDMA_CM_EVENT_CONNECT_ERROR:
+		case RDMA_CM_EVENT_UNREACHABLE:
+		case RDMA_CM_EVENT_DISCONNECTED:
+		case RDMA_CM_EVENT_DEVICE_REMOVAL:
+			ret = rps__seterr(-ECONNABORTED, "verbs: accept %s: %s before the connection was established",
+					  peer, rdma_event_str(ev->event));
+			rdma_ack_cm_event(ev);
+			return ret;
+		default:
+			break;
+		}
+		rdma_ack_cm_event(ev);
+	}
+	return 0;
+}
+
 int rps__verbs_accept(struct rps__conn_req *breq, struct rps__cq *bcq, const struct rps__ep_attr *attr,
 		      const void *data, size_t len, struct rps__ep **out)
 {
@@ -288,13 +350,9 @@ int rps__verbs_accept(struct rps__conn_req *breq, struct rps__cq *bcq, const str
 	struct v_fab *f = r->fab;
 	struct v_cq *c = VCQ(bcq);
 	struct rdma_event_channel *tmp;
-	struct rdma_conn_param param;
-	struct rdma_cm_event *ev;
-	uint8_t buf[1 + RPS__PRIVDATA_MAX];
 	uint8_t resp_res, init_depth;
 	struct v_ep *ep;
-	uint64_t deadline;
-	int ret, e, done;
+	int ret, e;
 
 	if (c->fab != f) {
 		ret = rps__seterr(-EINVAL, "verbs: accept: the CQ belongs to another fabric");
@@ -327,48 +385,12 @@ int rps__verbs_accept(struct rps__conn_req *breq, struct rps__cq *bcq, const str
 		goto err_tmp;
 	}
 
-	buf[0] = (uint8_t)len;
-	if (len)
-		memcpy(buf + 1, data, len);
-	memset(&param, 0, sizeof(param));
-	param.private_data = buf;
-	param.private_data_len = (uint8_t)(1 + len);
-	param.responder_resources = resp_res;
-	param.initiator_depth = init_depth;
-	param.retry_count = V_RETRY;
-	param.rnr_retry_count = V_RNR_RETRY;
-	param.qp_num = ep->qpn;
-	rps__verbs_table_add(c, ep);
-	if (v_fault("rdma_accept") || rdma_accept(ep->id, &param)) {
-		e = v_errno(EIO);
-		ret = rps__seterr(-e, "verbs: rdma_accept(%s): %s: the peer may have given up", r->peer, strerror(e));
+	ret = accept_send_rep(c, ep, data, len, resp_res, init_depth, r->peer);
+	if (ret)
 		goto err_table;
-	}
-	deadline = v_deadline(V_ACCEPT_WAIT_MS);
-	for (done = 0; !done;) {
-		ret = rps__verbs_get_event(tmp, deadline, &ev);
-		if (ret) {
-			rps__seterr(ret, "verbs: accept %s: no RTU from the peer: %s", r->peer, strerror(-ret));
-			goto err_disc;
-		}
-		switch (ev->event) {
-		case RDMA_CM_EVENT_ESTABLISHED:
-			done = 1;
-			break;
-		case RDMA_CM_EVENT_REJECTED:
-		case RDMA_CM_EVENT_CONNECT_ERROR:
-		case RDMA_CM_EVENT_UNREACHABLE:
-		case RDMA_CM_EVENT_DISCONNECTED:
-		case RDMA_CM_EVENT_DEVICE_REMOVAL:
-			ret = rps__seterr(-ECONNABORTED, "verbs: accept %s: %s before the connection was established",
-					  r->peer, rdma_event_str(ev->event));
-			rdma_ack_cm_event(ev);
-			goto err_disc;
-		default:
-			break;
-		}
-		rdma_ack_cm_event(ev);
-	}
+	ret = accept_wait_established(tmp, r->peer);
+	if (ret)
+		goto err_disc;
 	pthread_mutex_lock(&f->cm_lock);
 	ep->id->context = ep;
 	pthread_mutex_unlock(&f->cm_lock);
@@ -420,93 +442,66 @@ void rps__verbs_listener_close(struct rps__listener *bl)
 
 /* ---- connecting ---------------------------------------------------------- */
 
-int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
-		       const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
-		       void *reply, size_t *reply_len, struct rps__ep **out)
+/* Resolve the address and the route of the peer on id (a temporary channel
+ * ch), on the fabric's device. */
+static int connect_resolve(struct v_fab *f, struct rdma_event_channel *ch, struct rdma_cm_id *id,
+			   struct sockaddr_storage *ss, const char *peer, uint64_t deadline)
 {
-	struct v_fab *f = VFAB(fab);
-	struct v_cq *c = VCQ(bcq);
-	uint64_t deadline = v_deadline(timeout_ms);
-	struct rdma_event_channel *ch;
-	struct rdma_conn_param param;
 	struct rdma_cm_event *ev;
-	struct sockaddr_storage ss;
-	struct rdma_cm_id *id;
-	uint8_t req[V_REQ_PRIV], rep[RPS__PRIVDATA_MAX];
-	struct v_ep *ep;
-	char peer[80];
-	size_t rlen = 0;
-	int ret, e, left, peer_resp;
-
-	if (reply_len)
-		*reply_len = 0;
-	if (c->fab != f)
-		return rps__seterr(-EINVAL, "verbs: connect: the CQ belongs to another fabric");
-	ret = rps__verbs_resolve(host, port, 0, &ss);
-	if (ret)
-		return ret;
-	rps__verbs_addr_str((struct sockaddr *)&ss, peer, sizeof(peer));
-	ch = rps__verbs_channel();
-	if (!ch) {
-		e = v_errno(ENODEV);
-		return rps__seterr(-e, "verbs: rdma_create_event_channel: %s: is rdma_ucm loaded?", strerror(e));
-	}
-	if (v_fault("rdma_create_id") || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP)) {
-		e = v_errno(ENOMEM);
-		ret = rps__seterr(-e, "verbs: rdma_create_id: %s", strerror(e));
-		goto err_ch;
-	}
+	int ret, e, left;
 
 	left = v_ms_left(deadline);
-	if (v_fault("rdma_resolve_addr") || rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, left < 0 ? 2000 : RPS__MAX(left, 1))) {
+	if (v_fault("rdma_resolve_addr") || rdma_resolve_addr(id, NULL, (struct sockaddr *)ss, left < 0 ? 2000 : RPS__MAX(left, 1))) {
 		e = v_errno(EHOSTUNREACH);
-		ret = rps__seterr(-e, "verbs: rdma_resolve_addr(%s): %s", peer, strerror(e));
-		goto err_id;
+		return rps__seterr(-e, "verbs: rdma_resolve_addr(%s): %s", peer, strerror(e));
 	}
 	ret = rps__verbs_get_event(ch, deadline, &ev);
 	if (ret) {
 		rps__seterr(ret, "verbs: resolving %s: %s", peer, strerror(-ret));
-		goto err_id;
+		return ret;
 	}
 	if (ev->event != RDMA_CM_EVENT_ADDR_RESOLVED) {
 		ret = rps__seterr(-EHOSTUNREACH, "verbs: %s: %s (status %d): no route to it through an RDMA device",
 				  peer, rdma_event_str(ev->event), ev->status);
 		rdma_ack_cm_event(ev);
-		goto err_id;
+		return ret;
 	}
 	rdma_ack_cm_event(ev);
-	if (id->verbs != f->ctx) {
-		ret = rps__seterr(-EXDEV, "verbs: %s is reached through RDMA device %s, but the fabric is on %s: open the fabric with that device",
-				  peer, id->verbs ? ibv_get_device_name(id->verbs->device) : "?", f->name);
-		goto err_id;
-	}
+	if (id->verbs != f->ctx)
+		return rps__seterr(-EXDEV, "verbs: %s is reached through RDMA device %s, but the fabric is on %s: open the fabric with that device",
+				   peer, id->verbs ? ibv_get_device_name(id->verbs->device) : "?", f->name);
 	left = v_ms_left(deadline);
 	if (v_fault("rdma_resolve_route") || rdma_resolve_route(id, left < 0 ? 2000 : RPS__MAX(left, 1))) {
 		e = v_errno(EHOSTUNREACH);
-		ret = rps__seterr(-e, "verbs: rdma_resolve_route(%s): %s%s", peer, strerror(e),
-				  v_is_loopback(&ss) ? ": RoCE cannot route the loopback address; use the address of the RDMA device's netdev" : "");
-		goto err_id;
+		return rps__seterr(-e, "verbs: rdma_resolve_route(%s): %s%s", peer, strerror(e),
+				   v_is_loopback(ss) ? ": RoCE cannot route the loopback address; use the address of the RDMA device's netdev" : "");
 	}
 	ret = rps__verbs_get_event(ch, deadline, &ev);
 	if (ret) {
 		rps__seterr(ret, "verbs: route to %s: %s", peer, strerror(-ret));
-		goto err_id;
+		return ret;
 	}
 	if (ev->event != RDMA_CM_EVENT_ROUTE_RESOLVED) {
 		ret = rps__seterr(-EHOSTUNREACH, "verbs: route to %s: %s (status %d)", peer, rdma_event_str(ev->event), ev->status);
 		rdma_ack_cm_event(ev);
-		goto err_id;
+		return ret;
 	}
 	rdma_ack_cm_event(ev);
+	return 0;
+}
 
-	ret = v_ep_create(f, c, attr, peer, &ep);
-	if (ret)
-		goto err_id;
-	ep->id = id;
+/* ep's QP to INIT, and the REQ carrying data on its way. */
+static int connect_send_req(struct v_fab *f, struct rdma_cm_id *id, struct v_ep *ep, const void *data, size_t len,
+			    const char *peer)
+{
+	struct rdma_conn_param param;
+	uint8_t req[V_REQ_PRIV];
+	int ret, e;
+
 	ret = rps__verbs_qp_init(id, ep->qp);
 	if (ret) {
 		rps__seterr(ret, "verbs: connect %s: QP to INIT: %s", peer, strerror(-ret));
-		goto err_ep;
+		return ret;
 	}
 	rps__verbs_req_encode(req, data, len);
 	memset(&param, 0, sizeof(param));
@@ -519,18 +514,32 @@ int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port,
 	param.qp_num = ep->qpn;
 	if (v_fault("rdma_connect") || rdma_connect(id, &param)) {
 		e = v_errno(EIO);
-		ret = rps__seterr(-e, "verbs: rdma_connect(%s): %s", peer, strerror(e));
-		goto err_ep;
+		return rps__seterr(-e, "verbs: rdma_connect(%s): %s", peer, strerror(e));
 	}
+	return 0;
+}
+
+/* Wait for the peer's answer: 0 and *evp = its CONNECT_RESPONSE (not yet
+ * acknowledged), or why not (a rejection's private data in reply). */
+static int connect_wait_rep(struct rdma_event_channel *ch, uint64_t deadline, const char *peer,
+			    void *reply, size_t *reply_len, struct rdma_cm_event **evp)
+{
+	uint8_t rep[RPS__PRIVDATA_MAX];
+	struct rdma_cm_event *ev;
+	size_t rlen = 0;
+	int ret;
+
 	for (;;) {
 		ret = rps__verbs_get_event(ch, deadline, &ev);
 		if (ret) {
 			rps__seterr(ret, "verbs: connect %s: %s", peer,
 				    ret == -ETIMEDOUT ? "timed out waiting for the peer's answer" : strerror(-ret));
-			goto err_ep;
+			return ret;
 		}
-		if (ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE)
-			break;
+		if (ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE) {
+			*evp = ev;
+			return 0;
+		}
 		switch (ev->event) {
 		case RDMA_CM_EVENT_REJECTED:
 			if (ev->status == V_REJ_CONSUMER) {
@@ -563,8 +572,58 @@ int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port,
 			memcpy(reply, rep, rlen);
 		if (ret == -ECONNREFUSED && reply_len)
 			*reply_len = rlen;
-		goto err_ep;
+		return ret;
 	}
+}
+
+int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
+		       const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+		       void *reply, size_t *reply_len, struct rps__ep **out)
+{
+	struct v_fab *f = VFAB(fab);
+	struct v_cq *c = VCQ(bcq);
+	uint64_t deadline = v_deadline(timeout_ms);
+	struct rdma_event_channel *ch;
+	struct rdma_cm_event *ev = NULL;
+	struct sockaddr_storage ss;
+	struct rdma_cm_id *id;
+	uint8_t rep[RPS__PRIVDATA_MAX];
+	struct v_ep *ep;
+	char peer[80];
+	size_t rlen = 0;
+	int ret, e, peer_resp;
+
+	if (reply_len)
+		*reply_len = 0;
+	if (c->fab != f)
+		return rps__seterr(-EINVAL, "verbs: connect: the CQ belongs to another fabric");
+	ret = rps__verbs_resolve(host, port, 0, &ss);
+	if (ret)
+		return ret;
+	rps__verbs_addr_str((struct sockaddr *)&ss, peer, sizeof(peer));
+	ch = rps__verbs_channel();
+	if (!ch) {
+		e = v_errno(ENODEV);
+		return rps__seterr(-e, "verbs: rdma_create_event_channel: %s: is rdma_ucm loaded?", strerror(e));
+	}
+	if (v_fault("rdma_create_id") || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP)) {
+		e = v_errno(ENOMEM);
+		ret = rps__seterr(-e, "verbs: rdma_create_id: %s", strerror(e));
+		goto err_ch;
+	}
+	ret = connect_resolve(f, ch, id, &ss, peer, deadline);
+	if (ret)
+		goto err_id;
+	ret = v_ep_create(f, c, attr, peer, &ep);
+	if (ret)
+		goto err_id;
+	ep->id = id;
+	ret = connect_send_req(f, id, ep, data, len, peer);
+	if (ret)
+		goto err_ep;
+	ret = connect_wait_rep(ch, deadline, peer, reply, reply_len, &ev);
+	if (ret)
+		goto err_ep;
 	/* CONNECT_RESPONSE (we own the QP): RTR/RTS, then RTU via rdma_establish */
 	rlen = rps__verbs_lp_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, rep);
 	peer_resp = ev->param.conn.responder_resources;

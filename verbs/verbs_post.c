@@ -10,6 +10,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -19,143 +20,134 @@
 
 /* ---- posting ------------------------------------------------------------- */
 
-int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
+/* The send queue is full.  If no signaled WR is in flight, polling would
+ * never free the unsignaled ones: send a signaled zero-length WRITE (needs
+ * no rkey, IBA C9-88) so that it does.  sq_lock held. */
+static void post_unstick(struct v_ep *ep, uint64_t done, uint64_t outstanding)
 {
-	struct v_ep *ep = VEP(bep);
 	struct ibv_send_wr *bad = NULL, *w;
-	struct ibv_sge *sg;
-	uint64_t done, outstanding, seq;
-	uint32_t unsig;
-	int i, ret, posted, sig;
+	uint64_t seq;
 
-	if (n <= 0)
-		return n == 0 ? 0 : rps__seterr(-EINVAL, "verbs: post: negative count %d", n);
-	if ((uint32_t)n > ep->sq_depth)
-		return rps__seterr(-EINVAL, "verbs: post: %d WRs exceed the endpoint's sq_depth %u", n, ep->sq_depth);
-
-	pthread_mutex_lock(&ep->sq_lock);
-	done = atomic_load_explicit(&ep->sq_done, memory_order_acquire);
-	outstanding = ep->sq_head - done;
-	if (outstanding + (uint64_t)n > ep->sq_depth) {
-		/* Full.  If no signaled WR is in flight, polling would never
-		 * free the unsignaled ones: send a signaled zero-length WRITE
-		 * (needs no rkey, IBA C9-88) so that it does. */
-		if (ep->sig_end <= done && outstanding < ep->sq_depth) {
-			seq = ep->sq_head;
-			w = &ep->swr[0];
-			memset(w, 0, sizeof(*w));
-			w->wr_id = seq;
-			w->opcode = IBV_WR_RDMA_WRITE;
-			w->send_flags = IBV_SEND_SIGNALED;
-			ep->sring[seq % ep->sq_depth] = (struct v_sslot){ .wr_id = 0, .op = V_OP_NOP, .user_sig = 0 };
-			if (ibv_post_send(ep->qp, w, &bad) == 0) {
-				ep->sq_head++;
-				ep->sig_end = ep->sq_head;
-				ep->unsig = 0;
-			}
-		}
-		pthread_mutex_unlock(&ep->sq_lock);
-		return rps__seterr(-EAGAIN, "verbs: send queue of %s full (%u outstanding): poll the CQ and retry",
-				   ep->base.peer, (unsigned)outstanding);
-	}
-
-	unsig = ep->unsig;
-	for (i = 0; i < n; i++) {
-		const struct rps__wr *u = &wr[i];
-		int inl = 0;
-
-		seq = ep->sq_head + (uint64_t)i;
-		w = &ep->swr[i];
-		sg = &ep->ssge[i];
+	if (ep->sig_end <= done && outstanding < ep->sq_depth) {
+		seq = ep->sq_head;
+		w = &ep->swr[0];
 		memset(w, 0, sizeof(*w));
 		w->wr_id = seq;
-		w->next = i + 1 < n ? &ep->swr[i + 1] : NULL;
-		sg->addr = (uintptr_t)u->sge.addr;
-		sg->length = u->sge.len;
-		sg->lkey = u->sge.mr ? u->sge.mr->lkey : 0;
-		w->sg_list = sg;
-		w->num_sge = u->sge.len ? 1 : 0;
-		switch (u->op) {
-		case RPS__OP_SEND:
-			w->opcode = IBV_WR_SEND;
-			inl = 1;
-			break;
-		case RPS__OP_WRITE:
-			w->opcode = IBV_WR_RDMA_WRITE;
-			inl = 1;
-			break;
-		case RPS__OP_WRITE_IMM:
-			w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-			w->imm_data = htonl(u->imm);
-			inl = 1;
-			break;
-		case RPS__OP_READ:
-			w->opcode = IBV_WR_RDMA_READ;
-			break;
-		case RPS__OP_CAS:
-			w->opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
-			break;
-		case RPS__OP_FADD:
-			w->opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-			break;
-		default:
-			ret = rps__seterr(-EINVAL, "verbs: post: unknown op %d in WR %d", (int)u->op, i);
-			goto err_unlock;
-		}
-		if (u->op == RPS__OP_WRITE || u->op == RPS__OP_WRITE_IMM || u->op == RPS__OP_READ) {
-			w->wr.rdma.remote_addr = u->raddr;
-			w->wr.rdma.rkey = u->rkey;
-		} else if (u->op == RPS__OP_CAS || u->op == RPS__OP_FADD) {
-			if (!u->sge.mr || ((uintptr_t)u->sge.addr & 7)) {
-				ret = rps__seterr(-EINVAL, "verbs: post: atomic WR %d needs an 8-byte aligned result word in a registered region", i);
-				goto err_unlock;
-			}
-			sg->length = 8;
-			w->num_sge = 1;
-			if (u->raddr & 7) {
-				/* Some providers (rxe) refuse a misaligned atomic at
-				 * post time; the contract wants a remote access
-				 * error completion and the endpoint in error, in
-				 * order.  An 8-byte READ into the trap region fails
-				 * exactly so on any device and changes nothing at
-				 * the target; rps__verbs_translate reports it as
-				 * RPS__WC_REM_ACCESS_ERR. */
-				w->opcode = IBV_WR_RDMA_READ;
-				w->wr.rdma.remote_addr = u->raddr & ~7ull;
-				w->wr.rdma.rkey = u->rkey;
-				sg->addr = (uintptr_t)ep->fab->trap_buf;
-				sg->lkey = ep->fab->trap_mr->lkey;
-				w->send_flags |= IBV_SEND_SIGNALED;
-			} else {
-				w->wr.atomic.remote_addr = u->raddr;
-				w->wr.atomic.rkey = u->rkey;
-				w->wr.atomic.compare_add = u->compare_add;
-				w->wr.atomic.swap = u->swap;
-			}
-		}
-		if ((u->flags & RPS__WR_INLINE) && inl && u->sge.len <= ep->max_inline) {
-			w->send_flags |= IBV_SEND_INLINE;
-		} else if (u->sge.len && !u->sge.mr) {
-			ret = rps__seterr(-EINVAL, "verbs: post: WR %d has %u bytes outside any registered region%s", i, u->sge.len,
-					  (u->flags & RPS__WR_INLINE) ? " and too many to inline (see ep_attr.max_inline)" : "");
-			goto err_unlock;
-		}
-		if (u->flags & RPS__WR_FENCE)
-			w->send_flags |= IBV_SEND_FENCE;
-		/* selective signalling: at least one WR in every sq_depth/2 */
-		sig = (u->flags & RPS__WR_SIGNALED) || ++unsig >= ep->sig_every;
-		if (sig) {
-			w->send_flags |= IBV_SEND_SIGNALED;
-			unsig = 0;
+		w->opcode = IBV_WR_RDMA_WRITE;
+		w->send_flags = IBV_SEND_SIGNALED;
+		ep->sring[seq % ep->sq_depth] = (struct v_sslot){ .wr_id = 0, .op = V_OP_NOP, .user_sig = 0 };
+		if (ibv_post_send(ep->qp, w, &bad) == 0) {
+			ep->sq_head++;
+			ep->sig_end = ep->sq_head;
+			ep->unsig = 0;
 		}
 	}
+}
 
-	bad = ep->swr;
-	ret = v_fault("ibv_post_send");
-	if (!ret)
-		ret = ibv_post_send(ep->qp, ep->swr, &bad);
-	posted = ret ? (int)(bad - ep->swr) : n;
-	/* commit the ring for what the device took */
+/* The remote side of atomic WR i (u) in w and sg. */
+static int build_atomic(struct v_ep *ep, const struct rps__wr *u, int i, struct ibv_send_wr *w, struct ibv_sge *sg)
+{
+	if (!u->sge.mr || ((uintptr_t)u->sge.addr & 7))
+		return rps__seterr(-EINVAL, "verbs: post: atomic WR %d needs an 8-byte aligned result word in a registered region", i);
+	sg->length = 8;
+	w->num_sge = 1;
+	if (u->raddr & 7) {
+		/* Some providers (rxe) refuse a misaligned atomic at
+		 * post time; the contract wants a remote access
+		 * error completion and the endpoint in error, in
+		 * order.  An 8-byte READ into the trap region fails
+		 * exactly so on any device and changes nothing at
+		 * the target; rps__verbs_translate reports it as
+		 * RPS__WC_REM_ACCESS_ERR. */
+		w->opcode = IBV_WR_RDMA_READ;
+		w->wr.rdma.remote_addr = u->raddr & ~7ull;
+		w->wr.rdma.rkey = u->rkey;
+		sg->addr = (uintptr_t)ep->fab->trap_buf;
+		sg->lkey = ep->fab->trap_mr->lkey;
+		w->send_flags |= IBV_SEND_SIGNALED;
+	} else {
+		w->wr.atomic.remote_addr = u->raddr;
+		w->wr.atomic.rkey = u->rkey;
+		w->wr.atomic.compare_add = u->compare_add;
+		w->wr.atomic.swap = u->swap;
+	}
+	return 0;
+}
+
+/* ep->swr[i] (and its sge) for WR i of n, u; *unsig counts the unsignaled
+ * WRs since the last signaled one.  sq_lock held. */
+static int build_swr(struct v_ep *ep, const struct rps__wr *u, int i, int n, uint32_t *unsig)
+{
+	struct ibv_send_wr *w = &ep->swr[i];
+	struct ibv_sge *sg = &ep->ssge[i];
+	uint64_t seq = ep->sq_head + (uint64_t)i;
+	int inl = 0, ret, sig;
+
+	memset(w, 0, sizeof(*w));
+	w->wr_id = seq;
+	w->next = i + 1 < n ? &ep->swr[i + 1] : NULL;
+	sg->addr = (uintptr_t)u->sge.addr;
+	sg->length = u->sge.len;
+	sg->lkey = u->sge.mr ? u->sge.mr->lkey : 0;
+	w->sg_list = sg;
+	w->num_sge = u->sge.len ? 1 : 0;
+	switch (u->op) {
+	case RPS__OP_SEND:
+		w->opcode = IBV_WR_SEND;
+		inl = 1;
+		break;
+	case RPS__OP_WRITE:
+		w->opcode = IBV_WR_RDMA_WRITE;
+		inl = 1;
+		break;
+	case RPS__OP_WRITE_IMM:
+		w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+		w->imm_data = htonl(u->imm);
+		inl = 1;
+		break;
+	case RPS__OP_READ:
+		w->opcode = IBV_WR_RDMA_READ;
+		break;
+	case RPS__OP_CAS:
+		w->opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+		break;
+	case RPS__OP_FADD:
+		w->opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+		break;
+	default:
+		return rps__seterr(-EINVAL, "verbs: post: unknown op %d in WR %d", (int)u->op, i);
+	}
+	if (u->op == RPS__OP_WRITE || u->op == RPS__OP_WRITE_IMM || u->op == RPS__OP_READ) {
+		w->wr.rdma.remote_addr = u->raddr;
+		w->wr.rdma.rkey = u->rkey;
+	} else if (u->op == RPS__OP_CAS || u->op == RPS__OP_FADD) {
+		ret = build_atomic(ep, u, i, w, sg);
+		if (ret)
+			return ret;
+	}
+	if ((u->flags & RPS__WR_INLINE) && inl && u->sge.len <= ep->max_inline) {
+		w->send_flags |= IBV_SEND_INLINE;
+	} else if (u->sge.len && !u->sge.mr) {
+		return rps__seterr(-EINVAL, "verbs: post: WR %d has %u bytes outside any registered region%s", i, u->sge.len,
+				   (u->flags & RPS__WR_INLINE) ? " and too many to inline (see ep_attr.max_inline)" : "");
+	}
+	if (u->flags & RPS__WR_FENCE)
+		w->send_flags |= IBV_SEND_FENCE;
+	/* selective signalling: at least one WR in every sq_depth/2 */
+	sig = (u->flags & RPS__WR_SIGNALED) || ++*unsig >= ep->sig_every;
+	if (sig) {
+		w->send_flags |= IBV_SEND_SIGNALED;
+		*unsig = 0;
+	}
+	return 0;
+}
+
+/* Commit the ring for the first `posted` WRs, which the device took. */
+static void commit_sring(struct v_ep *ep, const struct rps__wr *wr, int posted)
+{
+	uint64_t seq;
+	int i;
+
 	for (i = 0; i < posted; i++) {
 		seq = ep->sq_head + (uint64_t)i;
 		ep->sring[seq % ep->sq_depth] = (struct v_sslot){
@@ -171,6 +163,44 @@ int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
 		}
 	}
 	ep->sq_head += (uint64_t)posted;
+}
+
+int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
+{
+	struct v_ep *ep = VEP(bep);
+	struct ibv_send_wr *bad = NULL;
+	uint64_t done, outstanding;
+	uint32_t unsig;
+	int i, ret, posted;
+
+	if (n <= 0)
+		return n == 0 ? 0 : rps__seterr(-EINVAL, "verbs: post: negative count %d", n);
+	if ((uint32_t)n > ep->sq_depth)
+		return rps__seterr(-EINVAL, "verbs: post: %d WRs exceed the endpoint's sq_depth %u", n, ep->sq_depth);
+
+	pthread_mutex_lock(&ep->sq_lock);
+	done = atomic_load_explicit(&ep->sq_done, memory_order_acquire);
+	outstanding = ep->sq_head - done;
+	if (outstanding + (uint64_t)n > ep->sq_depth) {
+		post_unstick(ep, done, outstanding);
+		pthread_mutex_unlock(&ep->sq_lock);
+		return rps__seterr(-EAGAIN, "verbs: send queue of %s full (%u outstanding): poll the CQ and retry",
+				   ep->base.peer, (unsigned)outstanding);
+	}
+
+	unsig = ep->unsig;
+	for (i = 0; i < n; i++) {
+		ret = build_swr(ep, &wr[i], i, n, &unsig);
+		if (ret)
+			goto err_unlock;
+	}
+
+	bad = ep->swr;
+	ret = v_fault("ibv_post_send");
+	if (!ret)
+		ret = ibv_post_send(ep->qp, ep->swr, &bad);
+	posted = ret ? (int)(bad - ep->swr) : n;
+	commit_sring(ep, wr, posted);
 	pthread_mutex_unlock(&ep->sq_lock);
 	if (ret)
 		return rps__seterr(-ret, "ibv_post_send(%s): %s (%d of %d WRs posted)", ep->base.peer, strerror(ret), posted, n);
@@ -226,27 +256,23 @@ int rps__verbs_post_recv(struct rps__ep *bep, const struct rps__sge *sge, uint64
 /* A self-connected RC QP: its atomics go through the HCA like the remote
  * workers' do, so they are atomic with respect to them (a CPU CAS is not,
  * under IBV_ATOMIC_HCA). */
-static int v_lcas_setup(struct v_fab *f)
+/* The loopback QP's CQ, its result word's MR, and the QP. */
+static int lcas_create(struct v_fab *f)
 {
 	struct ibv_qp_init_attr ia;
-	struct ibv_qp_attr a;
-	union ibv_gid gid;
-	int ret, e, gidx;
+	int ret, e;
 
-	f->lcas_buf = v_fault("aligned_alloc") ? NULL : aligned_alloc(64, 64);
-	if (!f->lcas_buf)
-		return rps__seterr(-ENOMEM, "local_cas: out of memory");
 	f->lcas_cq = v_fault("ibv_create_cq") ? NULL : ibv_create_cq(f->ctx, 4, NULL, NULL, 0);
 	if (!f->lcas_cq) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "local_cas: ibv_create_cq: %s", strerror(e));
-		goto err;
+		return ret;
 	}
 	f->lcas_mr = v_fault("ibv_reg_mr") ? NULL : ibv_reg_mr(f->pd, f->lcas_buf, 64, IBV_ACCESS_LOCAL_WRITE);
 	if (!f->lcas_mr) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "local_cas: ibv_reg_mr(64 bytes): %s", strerror(e));
-		goto err;
+		return ret;
 	}
 	memset(&ia, 0, sizeof(ia));
 	ia.send_cq = f->lcas_cq;
@@ -260,8 +286,15 @@ static int v_lcas_setup(struct v_fab *f)
 	if (!f->lcas_qp) {
 		e = v_errno(ENOMEM);
 		ret = rps__seterr(-e, "local_cas: ibv_create_qp: %s", strerror(e));
-		goto err;
+		return ret;
 	}
+	return 0;
+}
+
+static int lcas_to_init(struct v_fab *f)
+{
+	struct ibv_qp_attr a;
+	int ret;
 
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_INIT;
@@ -274,8 +307,17 @@ static int v_lcas_setup(struct v_fab *f)
 		ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 	if (ret) {
 		ret = rps__seterr(-ret, "local_cas: loopback QP to INIT: %s", strerror(ret));
-		goto err;
+		return ret;
 	}
+	return 0;
+}
+
+/* RTR, connected to itself. */
+static int lcas_to_rtr(struct v_fab *f)
+{
+	struct ibv_qp_attr a;
+	union ibv_gid gid;
+	int ret, gidx;
 
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
@@ -293,7 +335,7 @@ static int v_lcas_setup(struct v_fab *f)
 		if (gidx < 0) {
 			ret = rps__seterr(-EADDRNOTAVAIL, "local_cas: port %u of %s has no GID: is its netdev up with an address?",
 					  f->port, f->name);
-			goto err;
+			return ret;
 		}
 		a.ah_attr.is_global = 1;
 		a.ah_attr.grh.dgid = gid;
@@ -306,8 +348,15 @@ static int v_lcas_setup(struct v_fab *f)
 			    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	if (ret) {
 		ret = rps__seterr(-ret, "local_cas: loopback QP to RTR: %s", strerror(ret));
-		goto err;
+		return ret;
 	}
+	return 0;
+}
+
+static int lcas_to_rts(struct v_fab *f)
+{
+	struct ibv_qp_attr a;
+	int ret;
 
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
@@ -322,11 +371,27 @@ static int v_lcas_setup(struct v_fab *f)
 			    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (ret) {
 		ret = rps__seterr(-ret, "local_cas: loopback QP to RTS: %s", strerror(ret));
-		goto err;
+		return ret;
 	}
 	return 0;
-err:
-	rps__verbs_lcas_teardown(f);
+}
+
+static int v_lcas_setup(struct v_fab *f)
+{
+	int ret;
+
+	f->lcas_buf = v_fault("aligned_alloc") ? NULL : aligned_alloc(64, 64);
+	if (!f->lcas_buf)
+		return rps__seterr(-ENOMEM, "local_cas: out of memory");
+	ret = lcas_create(f);
+	if (!ret)
+		ret = lcas_to_init(f);
+	if (!ret)
+		ret = lcas_to_rtr(f);
+	if (!ret)
+		ret = lcas_to_rts(f);
+	if (ret)
+		rps__verbs_lcas_teardown(f);
 	return ret;
 }
 
