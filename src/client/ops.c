@@ -197,7 +197,7 @@ static struct conn *route(const struct rps_tensor *t, uint32_t s)
 
 /* An op of request r on shard s of t, routed to its server. */
 struct shard_op *rps__op_init(struct shard_op *op, struct rps_request *r, struct rps_tensor *t,
-				enum op_kind kind, uint32_t s)
+			      enum op_kind kind, uint32_t s)
 {
 	op->owner = op->req = r;
 	op->t = t;

@@ -350,7 +350,7 @@ void rps__req_collect(struct rps_request *r)
 
 /* Send a control message to a set of servers and collect the replies. */
 int rps__ctrl_call(struct rps_client *cl, unsigned type, const void *body, size_t len,
-		     const bool *to, size_t reply_len, void *replies, int32_t *rstatus)
+		   const bool *to, size_t reply_len, void *replies, int32_t *rstatus)
 {
 	struct rps_request *r = rps__req_new(cl, 0);
 	int i, n = 0, status;
