@@ -23,7 +23,8 @@ hits=$(cd "$top_srcdir" && grep -rlE '^[[:space:]]*#[[:space:]]*include[[:space:
 allowed() {
 	case $1 in
 	common) echo "common" ;;
-	transport | verbs) echo "common transport" ;;
+	transport) echo "common transport" ;;
+	verbs) echo "common transport verbs" ;;
 	proto) echo "common proto" ;;
 	kernels) echo "common kernels" ;;
 	client) echo "common transport proto kernels client" ;;

@@ -1,12 +1,14 @@
 /*
  * fuzz_tcp.c - libFuzzer harness for the TCP provider's wire decoding
- * (src/transport/tcp.c): the 72-byte handshake hello and the frame stream.
+ * (src/transport/tcp_*.c): the 72-byte handshake hello and the frame stream.
  *
- * tcp.c is included whole: its decoders (hello_get/hello_check, rx_parse
- * and the rx_* handlers behind ep_rx) are static and work on an endpoint,
- * and including it drives exactly the code the provider runs, without an
- * entry point that would exist only for tests (and without touching a file
- * other changes are being made to).
+ * The provider's glue (tcp.c) and connection set-up (tcp_conn.c) are
+ * included whole, for the static functions the harness drives (the
+ * endpoint's close, ep_sizes_resolve, reply_copy); the codec and the engine
+ * (rps__tcp_hello_get/check, rx_parse and the rx_* handlers behind ep_rx)
+ * come from the product's objects through tcp_int.h.  So the harness runs
+ * exactly the code the provider runs, without an entry point that would
+ * exist only for tests.
  *
  * First byte even: the rest (zero-padded to 72 bytes) is a hello, checked
  * as the listener does; one that passes is turned into an endpoint the way
@@ -20,9 +22,10 @@
  * side is shut down, and the CQ is polled until the endpoint closes.
  *
  * RPS_FUZZ_WRITE_SEEDS=DIR: write seed inputs made with the provider's
- * own encoders (hello_put, hdr_put) to DIR and exit.
+ * own encoders (rps__tcp_hello_put, rps__tcp_hdr_put) to DIR and exit.
  */
 #include "../../src/transport/tcp.c"
+#include "../../src/transport/tcp_conn.c"
 #include "proto/proto.h"
 #include "fuzz_common.h"
 
@@ -79,8 +82,8 @@ static void fuzz_hello(const uint8_t *data, size_t size)
 	size_t plen = 0;
 
 	memcpy(raw, data, RPS__MIN(size, sizeof(raw)));
-	hello_get(&h, raw);
-	if (hello_check(&h, "fuzz") != 0)
+	rps__tcp_hello_get(&h, raw);
+	if (rps__tcp_hello_check(&h, "fuzz") != 0)
 		return;
 	FUZZ_CHECK(h.data_len <= RPS__PRIVDATA_MAX);
 	reply_copy(priv, &plen, &h);	/* the connector's view of an ACCEPT / REJECT */
@@ -88,9 +91,9 @@ static void fuzz_hello(const uint8_t *data, size_t size)
 		return;
 	/* the listener's: an endpoint sized by what the hello announced */
 	FUZZ_CHECK(ep_sizes_resolve(NULL, &sz, "fuzz") == 0);
-	if (ep_create((struct tcp_fabric *)(void *)fab, (struct tcp_cq *)(void *)cq, -1, &sz, h.sq_depth,
+	if (rps__tcp_ep_create((struct tcp_fabric *)(void *)fab, (struct tcp_cq *)(void *)cq, -1, &sz, h.sq_depth,
 		      "fuzz", &ep) == 0)
-		ep_free(ep);
+		rps__tcp_ep_free(ep);
 }
 
 static void drain_fd(int fd)
@@ -110,9 +113,9 @@ static void fuzz_frames(const uint8_t *data, size_t size)
 
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
 	FUZZ_CHECK(fcntl(fds[0], F_SETFL, O_NONBLOCK) == 0 && fcntl(fds[1], F_SETFL, O_NONBLOCK) == 0);
-	FUZZ_CHECK(ep_create((struct tcp_fabric *)(void *)fab, (struct tcp_cq *)(void *)cq, fds[0], &sz, 16,
+	FUZZ_CHECK(rps__tcp_ep_create((struct tcp_fabric *)(void *)fab, (struct tcp_cq *)(void *)cq, fds[0], &sz, 16,
 			     "fuzz", &ep) == 0);
-	FUZZ_CHECK(ep_bind(ep) == 0);
+	FUZZ_CHECK(rps__tcp_ep_bind(ep) == 0);
 	for (i = 0; i < 2; i++) {
 		struct rps__sge sge = { .addr = local + 256 * i, .len = 256, .mr = local_mr };
 		FUZZ_CHECK(rps__post_recv(&ep->base, &sge, 100 + i) == 0);
@@ -183,7 +186,7 @@ static size_t frame(uint8_t *out, uint8_t type, uint8_t status, uint32_t len, ui
 {
 	struct wire_hdr h = { .type = type, .status = status, .len = len, .seq = seq, .rkey = rkey,
 			      .raddr = raddr, .arg0 = arg0, .arg1 = arg1, .imm = imm };
-	hdr_put(out, &h);
+	rps__tcp_hdr_put(out, &h);
 	if (plen)
 		memcpy(out + TCP_HDR_SIZE, payload, plen);
 	return TCP_HDR_SIZE + plen;
@@ -205,20 +208,20 @@ static void write_seeds(const char *dir)
 		struct rps__conn_priv priv = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION,
 					       .role = RPS__ROLE_WORKER };
 		memcpy(h.data, &priv, sizeof(priv));
-		hello_put(buf, &h);
+		rps__tcp_hello_put(buf, &h);
 		seed(dir, "hello-connect", 0, buf, TCP_HELLO_SIZE);
 		/* issue 10 item 9: the largest depths a hello may announce */
 		h.sq_depth = h.rq_depth = TCP_MAX_DEPTH;
-		hello_put(buf, &h);
+		rps__tcp_hello_put(buf, &h);
 		seed(dir, "issue10-item9-hello-max-depth", 0, buf, TCP_HELLO_SIZE);
 		h.sq_depth = h.rq_depth = 128;
 		h.type = HELLO_ACCEPT;
-		hello_put(buf, &h);
+		rps__tcp_hello_put(buf, &h);
 		seed(dir, "hello-accept", 0, buf, TCP_HELLO_SIZE);
 		h.type = HELLO_REJECT;
 		h.data_len = 5;
 		memcpy(h.data, "nope", 5);
-		hello_put(buf, &h);
+		rps__tcp_hello_put(buf, &h);
 		seed(dir, "hello-reject", 0, buf, TCP_HELLO_SIZE);
 	}
 	/* requests as a peer sends them: one of each kind, in order */

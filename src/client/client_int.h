@@ -1,0 +1,297 @@
+/*
+ * client_int.h - what the files of the client library share: the client,
+ * its connections, requests and shard ops (client.c has the overview).
+ *
+ *   client.c    the API: options, connect/close, push/pull/wait, barrier,
+ *               retries after a shard moved
+ *   tensor.c    tensors: create/open (where their shards live), info, close
+ *   ops.c       the shard op state machines and the resources they hold
+ *   progress.c  the progress engine, request completion and control calls
+ *   connect.c   connection setup (HELLO), the shard map, its members
+ */
+#ifndef RPS_CLIENT_INT_H
+#define RPS_CLIENT_INT_H
+
+#include "proto/proto.h"
+#include "proto/shard.h"
+#include "proto/smap.h"
+#include "common/topo.h"
+#include "transport/transport.h"
+#include "transport/uri.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+
+#define RPS_EXPORT __attribute__((visibility("default")))
+
+#define CTRL_CREDITS 32u	/* must not exceed the server's */
+#define NBOUNCE 4u		/* pull bounce buffers per server */
+#define TORN_RETRIES 8		/* torn reads before asking the server to wait */
+#define MAX_SLOTS 64u	/* we use at most this many of a server's slots */
+
+enum wr_tag {
+	TAG_CAS_ACQ = 1,
+	TAG_WRITE = 2,
+	TAG_CAS_REL = 3,
+	TAG_READ = 4,
+	TAG_RECV = 5,
+	TAG_SEND = 6,
+};
+
+enum op_kind { OP_PUSH, OP_INIT, OP_PULL, OP_LOCK, OP_UNLOCK };
+
+enum op_state {
+	ST_QUEUED,	/* waiting for a slot / bounce buffer */
+	ST_LOCKING,	/* CAS acquire in flight */
+	ST_BACKOFF,	/* lock busy, retry at retry_at */
+	ST_WRITING,	/* WRITE_IMM posted, PUSH_ACK awaited */
+	ST_RELEASING,	/* CAS release in flight */
+	ST_READING,	/* READs in flight */
+	ST_WAITING,	/* WAIT message sent, reply awaited */
+	ST_WAIT_QUEUED,	/* a WAIT needs a control credit */
+};
+
+struct conn;
+struct rps_request;
+
+struct shard_op {
+	struct rps_request *req;	/* NULL once its part is reported */
+	struct rps_request *owner;	/* the request whose memory holds this op */
+	struct rps_tensor *t;
+	struct conn *c;
+	enum op_kind kind;
+	enum op_state state;
+	uint32_t shard;
+	uint32_t res;		/* slot or bounce buffer index */
+	bool has_res;
+	uint64_t expected;	/* CAS acquire: the unlocked word we bet on */
+	uint64_t held;		/* the locked word we hold */
+	uint64_t clock;
+	uint64_t push_id;
+	uint64_t min_version, min_clock;
+	const void *src;	/* push: this shard's part of the user buffer */
+	float *dst;		/* pull: where the parameters go */
+	int torn;
+	bool cas_done, cas_ok;	/* speculative push: the acquire CAS came back */
+	bool ack_done;		/* ... and the server's PUSH_ACK */
+	bool die_mid_write;	/* test hook: kill-mid-push chose this op */
+	bool shard_freed;	/* shard_done() ran */
+	int result;		/* what rps__op_report() said */
+	int ack_status;
+	uint64_t ack_lock;	/* the lock word the server left */
+	uint32_t backoff_us;
+	uint64_t retry_at;
+	uint32_t ctrl;		/* control entry of a WAIT */
+	struct shard_op *next;	/* queue link */
+	struct shard_op *anext, *aprev;	/* the connection's active list */
+};
+
+enum req_kind { REQ_SHARDS, REQ_CTRL };
+
+struct rps_request {
+	struct rps_client *cl;
+	enum req_kind kind;
+	int remaining;
+	int status;
+	bool done;
+	bool waited;		/* the caller has its status: free when no op is live */
+	int live_ops;		/* ops still in a connection's active list */
+	uint64_t deadline;
+	uint64_t min_version_seen;
+	uint64_t *version_out;
+	struct rps_request *dnext, *dprev;	/* deadline list */
+	/* control requests: one reply per server */
+	void *replies;		/* nservers reply bodies */
+	int32_t *rstatus;
+	size_t reply_len;
+	char msg[512];		/* one line for rps_last_error() of the waiter */
+	uint32_t nops;
+	struct shard_op ops[];
+};
+
+struct ctrl_entry {
+	bool busy;
+	struct rps_request *req;	/* control request ... */
+	struct shard_op *op;		/* ... or a pull's WAIT */
+	int server;
+};
+
+struct conn {
+	struct rps_client *cl;
+	int index;
+	uint64_t member_id;	/* the server's id in the shard map */
+	struct rps__uri uri;
+	char name[300];
+	struct rps__ep *ep;
+	bool dead;
+	int err;
+	struct rps__hello_rep hello;
+	/* staging slots: ours mirror the server's */
+	char *pbufs;
+	struct rps__mr *pbufs_mr;
+	uint32_t nslots;
+	uint32_t *free_slots, nfree_slots;
+	/* pull bounce buffers + their trailing seq words */
+	char *bbufs;
+	size_t bsize;
+	struct rps__mr *bbufs_mr;
+	uint32_t *free_bounce, nfree_bounce;
+	/* 8-byte atomic results, one per slot */
+	uint64_t *atomics;
+	struct rps__mr *atomics_mr;
+	/* control messages */
+	char *rbufs, *sbufs;
+	struct rps__mr *rbufs_mr, *sbufs_mr;
+	uint32_t nrecv;
+	struct ctrl_entry ctrl[CTRL_CREDITS];
+	uint32_t nfree_ctrl;
+	struct shard_op *slot_op[1024];	/* slot -> op awaiting its ack */
+	struct shard_op *qhead, *qtail;	/* waiting for a slot/bounce buffer */
+	struct shard_op *wqhead, *wqtail;	/* waiting for a control credit */
+	struct shard_op *shhead, *shtail;	/* locked pushes waiting for their shard */
+	struct shard_op *active;
+};
+
+struct rps_client {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct rps__fabric *fab;
+	struct rps__topo *topo;		/* verbs only: buffers near the HCA; NULL: plain memory */
+	struct rps__placement place;
+	struct rps__cq *cq;
+	struct conn *conns;	/* RPS__SMAP_MAX_MEMBERS of them, nservers in use */
+	int nservers;
+	struct rps__smap map;	/* the shard map as last read */
+	char *mapbuf;		/* registered: READ target for the map */
+	struct rps__mr *mapbuf_mr;
+	uint64_t client_id;	/* names our pushes to every server */
+	int rank, num_workers, timeout_ms;
+	uint32_t shard_elems;
+	uint64_t next_push_id;
+	pthread_t thread;
+	bool thread_started;
+	bool stopping;
+	bool polling;		/* a thread is in progress_once() */
+	bool progress_polling;	/* ... and it is the progress thread */
+	int nactive;		/* ops in the connections' active lists */
+	pthread_cond_t pcond;	/* the progress thread sleeps here when idle */
+	uint64_t spin_ns;	/* busy-poll this long before sleeping */
+	uint64_t idle_since;
+	int waiters;		/* callers blocked in a wait */
+	int wake_fd;
+	struct rps_request *deadlines;
+	struct shard_op *backoff;	/* ops in ST_BACKOFF (linked by next) */
+	bool verify;		/* crc32c on every push */
+	int fault_kill_mid_push;	/* test hooks (RPS_FAULT, see rdmaps(3)) */
+	int fault_stop_after_lock;
+	int fault_corrupt_push;
+};
+
+struct rps_tensor {
+	struct rps_client *cl;
+	char name[RPS__NAME_MAX];
+	struct rps__tensor_spec spec;
+	struct rps__layout layout;
+	struct {
+		uint32_t id;	/* the tensor's id at that server */
+		bool known;
+	} *at;			/* per connection (RPS__SMAP_MAX_MEMBERS) */
+	struct {
+		int conn;	/* who serves the partition (-1: nobody we know) */
+		uint64_t addr;	/* its region of this tensor's shards */
+		uint32_t rkey;
+		uint64_t epoch;
+	} *part;		/* per partition */
+	uint64_t stride;
+	uint64_t *lock_guess;	/* per shard: last unlocked lock word seen */
+	uint64_t *lock_held;	/* per shard: word held via rps__tensor_lock() */
+	uint8_t *shard_busy;	/* per shard: one of our locked pushes is running */
+	uint64_t clock;		/* pushes issued by this worker */
+	int live_ops;		/* ops still running (one may outlive a timed-out request) */
+	bool closing;		/* closed by the user: the last op frees it */
+};
+
+/* ---- small helpers --------------------------------------------------- */
+
+static inline uint64_t wrid(void *p, enum wr_tag tag)
+{
+	return (uint64_t)(uintptr_t)p | (uint64_t)tag;
+}
+
+static inline uint64_t wrid_idx(uint32_t idx, enum wr_tag tag)
+{
+	return ((uint64_t)idx << 3) | (uint64_t)tag;
+}
+
+static inline char *slot_buf(struct conn *c, uint32_t s)
+{
+	return c->pbufs + (size_t)s * c->hello.slot_size;
+}
+
+static inline char *bounce_buf(struct conn *c, uint32_t b)
+{
+	return c->bbufs + (size_t)b * c->bsize;
+}
+
+static inline uint64_t *bounce_seq(struct conn *c, uint32_t b)
+{
+	return (uint64_t *)(bounce_buf(c, b) + c->bsize - 64);
+}
+
+static inline void wake_progress(struct rps_client *cl)
+{
+	uint64_t one = 1;
+	ssize_t r = write(cl->wake_fd, &one, sizeof(one));
+
+	(void)r;
+}
+
+/* ---- shared between the files ------------------------------------------ */
+
+/* progress.c: requests, their completion, the progress engine */
+struct rps_request *rps__req_new(struct rps_client *cl, uint32_t nops);
+void rps__req_arm_deadline(struct rps_client *cl, struct rps_request *r);
+int rps__req_wait_locked(struct rps_client *cl, struct rps_request *r);
+void rps__req_collect(struct rps_request *r);
+void rps__req_maybe_free(struct rps_request *r);
+void rps__req_finish(struct rps_request *r);
+void rps__req_part_done_at(struct rps_request *r, int status, const struct conn *c);
+void rps__op_report(struct shard_op *op, int status);
+const char *rps__status_text(int status);
+int rps__ctrl_call(struct rps_client *cl, unsigned type, const void *body, size_t len,
+		   const bool *to, size_t reply_len, void *replies, int32_t *rstatus);
+void rps__conn_kill(struct rps_client *cl, struct conn *c);
+void *rps__progress_main(void *arg);
+
+/* ops.c: shard ops and the resources they hold */
+struct shard_op *rps__op_init(struct shard_op *op, struct rps_request *r, struct rps_tensor *t,
+			      enum op_kind kind, uint32_t s);
+void rps__op_submit(struct shard_op *op);
+void rps__active_del(struct conn *c, struct shard_op *op);
+void rps__lock_retry(struct shard_op *op);
+int rps__ctrl_take(struct conn *c);
+int rps__send_ctrl(struct conn *c, uint32_t entry, unsigned type, const void *body, size_t len);
+void rps__on_completion(struct rps_client *cl, const struct rps__wc *wc);
+
+/* connect.c: connections and the shard map */
+int rps__alloc_reg(struct rps_client *cl, size_t len, int access, char **buf, struct rps__mr **mr);
+void rps__free_reg(struct rps_client *cl, char **buf, struct rps__mr **mr, size_t len);
+int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri *u, int index);
+void rps__conn_free(struct conn *c);
+int rps__map_read_sync(struct rps_client *cl, struct conn *c);
+int rps__connect_members(struct rps_client *cl);
+int rps__map_refresh(struct rps_client *cl);
+
+/* tensor.c */
+void rps__tensor_opts_defaults(struct rps_tensor_opts *d);
+int rps__tensor_refresh(struct rps_client *cl, struct rps_tensor *t);
+void rps__tensor_free(struct rps_tensor *t);
+
+/* client.c */
+int rps__submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_request_t **async_out);
+
+#endif

@@ -1,0 +1,344 @@
+/*
+ * connect.c - the client's connections: buffers registered near the HCA,
+ * connect + HELLO, reading the shard map, connecting to its members.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "client/client_int.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- connection setup ------------------------------------------------- */
+
+int rps__alloc_reg(struct rps_client *cl, size_t len, int access, char **buf, struct rps__mr **mr)
+{
+	void *p = NULL;
+	int ret;
+
+	p = rps__topo_alloc(cl->topo, &cl->place, len);
+	if (!p)
+		return rps__seterr(-ENOMEM, "out of memory for %zu bytes of buffers", len);
+	ret = rps__mr_reg(cl->fab, p, len, access, mr);
+	if (ret) {
+		rps__topo_free(cl->topo, p, len);
+		return ret;
+	}
+	*buf = p;
+	return 0;
+}
+
+void rps__free_reg(struct rps_client *cl, char **buf, struct rps__mr **mr, size_t len)
+{
+	rps__mr_dereg(*mr);
+	*mr = NULL;
+	if (*buf)
+		rps__topo_free(cl->topo, *buf, len);
+	*buf = NULL;
+}
+
+void rps__conn_free(struct conn *c)
+{
+	if (c->ep)
+		rps__ep_close(c->ep);
+	c->ep = NULL;
+	rps__free_reg(c->cl, &c->pbufs, &c->pbufs_mr, (size_t)c->nslots * c->hello.slot_size);
+	rps__free_reg(c->cl, &c->bbufs, &c->bbufs_mr, NBOUNCE * c->bsize);
+	rps__free_reg(c->cl, (char **)&c->atomics, &c->atomics_mr, (size_t)c->nslots * 8);
+	rps__free_reg(c->cl, &c->rbufs, &c->rbufs_mr, (size_t)c->nrecv * RPS__MSG_MAX);
+	rps__free_reg(c->cl, &c->sbufs, &c->sbufs_mr, (size_t)CTRL_CREDITS * RPS__MSG_MAX);
+	free(c->free_slots);
+	free(c->free_bounce);
+	c->free_slots = c->free_bounce = NULL;
+}
+
+/* HELLO before the progress thread runs: poll the CQ here. */
+static int hello_sync(struct rps_client *cl, struct conn *c)
+{
+	struct rps__hello h = {
+		.magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = cl->rank,
+		.num_workers = cl->num_workers, .client_id = cl->client_id,
+	};
+	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	struct rps__wc wc;
+	int ret;
+
+	ret = rps__send_ctrl(c, 0, RPS__MSG_HELLO, &h, sizeof(h));
+	if (ret)
+		return rps__preerr(ret, "%s: sending HELLO", c->name);
+	while (rps__now_ns() < deadline) {
+		struct rps__msg_hdr mh;
+		char *buf;
+		uint32_t i;
+
+		ret = rps__cq_wait(cl->cq, &wc, 1, 100);
+		if (ret < 0)
+			return ret;
+		if (ret == 0)
+			continue;
+		if (wc.status != RPS__WC_SUCCESS && rps__ep_context(wc.ep) == c)
+			return rps__seterr(-ECONNRESET, "%s: connection failed during HELLO: %s", c->name,
+					   rps__wc_status_str(wc.status));
+		if ((wc.wr_id & 7u) != TAG_RECV || rps__ep_context(wc.ep) != c) {
+			if (cl->thread_started)
+				rps__on_completion(cl, &wc);	/* we hold the poller role: theirs */
+			continue;
+		}
+		i = (uint32_t)(wc.wr_id >> 3);
+		buf = c->rbufs + (size_t)i * RPS__MSG_MAX;
+		ret = rps__msg_check(buf, wc.byte_len);
+		if (ret)
+			return rps__preerr(ret, "%s", c->name);
+		memcpy(&mh, buf, sizeof(mh));
+		if (mh.type != RPS__MSG_HELLO_REP)
+			return rps__seterr(-EPROTO, "%s: expected HELLO_REP, got %s", c->name, rps__msg_type_name(mh.type));
+		if (mh.status)
+			return rps__seterr(mh.status, "%s: %s", c->name, rps__status_text(mh.status));
+		memcpy(&c->hello, rps__msg_body(buf), sizeof(c->hello));
+		{
+			struct rps__sge sge = { .addr = buf, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
+			ret = rps__post_recv(c->ep, &sge, wc.wr_id);
+			if (ret)
+				return ret;
+		}
+		return 0;
+	}
+	return rps__seterr(-ETIMEDOUT, "%s: no HELLO reply within %d ms: is it an rdmapsd?", c->name, cl->timeout_ms);
+}
+
+int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri *u, int index)
+{
+	struct rps__conn_priv priv = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct rps__ep_attr attr = { 0 };
+	char reply[RPS__PRIVDATA_MAX + 1];
+	size_t reply_len = RPS__PRIVDATA_MAX;
+	uint32_t i;
+	int ret;
+
+	c->cl = cl;
+	c->index = index;
+	c->uri = *u;
+	rps__uri_str(u, c->name, sizeof(c->name));
+	c->nrecv = CTRL_CREDITS + MAX_SLOTS + 4;
+	ret = rps__alloc_reg(cl, (size_t)c->nrecv * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->rbufs, &c->rbufs_mr);
+	if (ret)
+		return ret;
+	ret = rps__alloc_reg(cl, (size_t)CTRL_CREDITS * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->sbufs, &c->sbufs_mr);
+	if (ret)
+		return ret;
+	attr.sq_depth = MAX_SLOTS * 3 + NBOUNCE * 2 + CTRL_CREDITS + 16;
+	attr.rq_depth = c->nrecv;
+	attr.max_inline = 64;
+	memset(reply, 0, sizeof(reply));
+	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv),
+			   cl->timeout_ms, reply, &reply_len, &c->ep);
+	if (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ')
+		return rps__seterr(ret, "%s refused the connection: %.*s", c->name, (int)reply_len, reply);
+	if (ret)
+		return rps__preerr(ret, "connecting to %s", c->name);
+	rps__ep_set_context(c->ep, c);
+	for (i = 0; i < c->nrecv; i++) {
+		struct rps__sge sge = { .addr = c->rbufs + (size_t)i * RPS__MSG_MAX, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
+		ret = rps__post_recv(c->ep, &sge, wrid_idx(i, TAG_RECV));
+		if (ret)
+			return ret;
+	}
+	ret = hello_sync(cl, c);
+	if (ret)
+		return ret;
+	c->nslots = RPS__MIN(c->hello.nslots, MAX_SLOTS);
+	c->bsize = rps__shard_stride(c->hello.shard_elems) + 64;
+	ret = rps__alloc_reg(cl, (size_t)c->nslots * c->hello.slot_size, RPS__ACCESS_LOCAL, &c->pbufs, &c->pbufs_mr);
+	if (!ret)
+		ret = rps__alloc_reg(cl, NBOUNCE * c->bsize, RPS__ACCESS_LOCAL, &c->bbufs, &c->bbufs_mr);
+	if (!ret)
+		ret = rps__alloc_reg(cl, (size_t)c->nslots * 8, RPS__ACCESS_LOCAL, (char **)&c->atomics, &c->atomics_mr);
+	if (ret)
+		return ret;
+	c->free_slots = calloc(c->nslots, sizeof(uint32_t));
+	c->free_bounce = calloc(NBOUNCE, sizeof(uint32_t));
+	if (!c->free_slots || !c->free_bounce)
+		return rps__seterr(-ENOMEM, "out of memory");
+	for (i = 0; i < c->nslots; i++)
+		c->free_slots[i] = c->nslots - 1 - i;
+	c->nfree_slots = c->nslots;
+	for (i = 0; i < NBOUNCE; i++)
+		c->free_bounce[i] = NBOUNCE - 1 - i;
+	c->nfree_bounce = NBOUNCE;
+	c->nfree_ctrl = CTRL_CREDITS;
+	return 0;
+}
+
+/*
+ * Read the shard map from c's server with one RDMA READ (it crc-checks
+ * itself: a read that raced with the server rewriting it is read again).
+ * The caller holds the poller role (or the progress thread is not running).
+ */
+int rps__map_read_sync(struct rps_client *cl, struct conn *c)
+{
+	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	struct rps__smap m;
+	int tries, ret = -EIO;
+
+	for (tries = 0; tries < 8; tries++) {
+		struct rps__wr wr;
+		struct rps__wc wc;
+		bool done = false;
+
+		memset(&wr, 0, sizeof(wr));
+		wr.wr_id = TAG_READ;	/* no op: recognised below */
+		wr.op = RPS__OP_READ;
+		wr.flags = RPS__WR_SIGNALED;
+		wr.sge.addr = cl->mapbuf;
+		wr.sge.len = RPS__MIN(c->hello.map_len, RPS__MAP_BUF);
+		wr.sge.mr = cl->mapbuf_mr;
+		wr.raddr = c->hello.map_addr;
+		wr.rkey = c->hello.map_rkey;
+		ret = rps__post(c->ep, &wr, 1);
+		if (ret)
+			return rps__preerr(ret, "%s: reading the shard map", c->name);
+		while (!done) {
+			if (rps__now_ns() > deadline)
+				return rps__seterr(-ETIMEDOUT, "%s: the shard map did not arrive within %d ms", c->name,
+						   cl->timeout_ms);
+			ret = rps__cq_wait(cl->cq, &wc, 1, 100);
+			if (ret < 0)
+				return ret;
+			if (ret == 0)
+				continue;
+			if (wc.wr_id == TAG_READ && rps__ep_context(wc.ep) == c) {
+				if (wc.status != RPS__WC_SUCCESS)
+					return rps__seterr(-ECONNRESET, "%s: reading the shard map: %s", c->name,
+							   rps__wc_status_str(wc.status));
+				done = true;
+			} else if (cl->thread_started) {
+				rps__on_completion(cl, &wc);
+			}
+		}
+		{	/* [u32 length][encoded map] */
+			uint32_t len;
+			memcpy(&len, cl->mapbuf, 4);
+			ret = len <= RPS__MIN(c->hello.map_len, RPS__MAP_BUF) - 4 ?
+				rps__smap_decode(cl->mapbuf + 4, len, &m) :
+				rps__seterr(-EBADMSG, "shard map: length %u does not fit", len);
+		}
+		if (!ret) {
+			if (m.applied >= cl->map.applied || !cl->map.npart)
+				cl->map = m;
+			return 0;
+		}
+	}
+	return rps__preerr(ret, "%s: reading the shard map", c->name);
+}
+
+/* Connect to the members of the map we have no connection to.  A member
+ * that cannot be reached (or has a bad address) is not an error here: its
+ * connection is left dead with the reason and its address, so ops on its
+ * shards fail naming it while the others work.  Only a member that
+ * disagrees on the cluster's configuration fails the whole call. */
+int rps__connect_members(struct rps_client *cl)
+{
+	uint32_t i;
+	int k, ret = 0, first_err = 0;
+
+	for (i = 0; i < cl->map.nmembers; i++) {
+		const struct rps__smap_member *m = &cl->map.members[i];
+		struct rps__uri u;
+		bool have = false;
+		for (k = 0; k < cl->nservers; k++)
+			if (cl->conns[k].member_id == m->id && cl->conns[k].ep)
+				have = true;
+		if (have)
+			continue;
+		for (k = 0; k < cl->nservers; k++)	/* a slot of a dead connection to it */
+			if (cl->conns[k].member_id == m->id)
+				break;
+		if (k == cl->nservers && cl->nservers == (int)RPS__SMAP_MAX_MEMBERS)
+			continue;
+		if (k < cl->nservers)
+			rps__conn_free(&cl->conns[k]);
+		memset(&cl->conns[k], 0, sizeof(cl->conns[k]));
+		if (rps__uri_parse(m->uri, &u)) {
+			char esc[4 * RPS__SMAP_URI_MAX];
+			snprintf(cl->conns[k].name, sizeof(cl->conns[k].name), "member %llu at '%s'",
+				 (unsigned long long)m->id, rps__escape(m->uri, esc, sizeof(esc)));
+			ret = -EHOSTUNREACH;
+		} else {
+			ret = rps__conn_setup(cl, &cl->conns[k], &u, k);
+		}
+		if (ret) {
+			rps__conn_free(&cl->conns[k]);
+			cl->conns[k].cl = cl;
+			cl->conns[k].index = k;
+			cl->conns[k].dead = true;
+			/* to its ops: a server we had is gone (as before the
+			 * attempt); one we never reached refused or is unreachable */
+			cl->conns[k].err = k < cl->nservers ? -ECONNRESET : ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
+			cl->conns[k].member_id = m->id;
+			if (k == cl->nservers)
+				cl->nservers++;
+			continue;
+		}
+		cl->conns[k].member_id = cl->conns[k].hello.member_id;
+		if (cl->conns[k].hello.shard_elems != cl->shard_elems) {
+			cl->conns[k].dead = true;
+			cl->conns[k].err = -EINVAL;
+			ret = rps__seterr(-EINVAL, "%s uses --shard-size %u but the cluster uses %u: give every rdmapsd the same",
+					  cl->conns[k].name, cl->conns[k].hello.shard_elems * 4, cl->shard_elems * 4);
+			if (!first_err)
+				first_err = ret;
+		}
+		if (k == cl->nservers)
+			cl->nservers++;
+	}
+	if (!first_err)
+		rps__clearerr();
+	return first_err;
+}
+
+/* Take the poller role from a user thread (the progress thread stands by). */
+static void poll_claim(struct rps_client *cl)
+{
+	cl->waiters++;
+	if (cl->progress_polling)
+		wake_progress(cl);
+	while (cl->polling)
+		pthread_cond_wait(&cl->cond, &cl->lock);
+	cl->polling = true;
+}
+
+static void poll_release(struct rps_client *cl)
+{
+	cl->polling = false;
+	cl->waiters--;
+	pthread_cond_broadcast(&cl->cond);
+	if (!cl->waiters && cl->nactive)
+		pthread_cond_signal(&cl->pcond);
+}
+
+/* Read the map again (from any server we reach) and connect to new members. */
+int rps__map_refresh(struct rps_client *cl)
+{
+	int k, ret = -ECONNRESET;
+
+	pthread_mutex_lock(&cl->lock);
+	poll_claim(cl);
+	for (k = 0; k < cl->nservers; k++) {
+		struct conn *c = &cl->conns[k];
+		if (!c->ep || c->dead)
+			continue;
+		ret = rps__map_read_sync(cl, c);
+		if (!ret)
+			break;
+	}
+	if (!ret)
+		rps__connect_members(cl);
+	poll_release(cl);
+	pthread_mutex_unlock(&cl->lock);
+	if (ret)
+		rps__preerr(ret, "refreshing the shard map");
+	return ret;
+}

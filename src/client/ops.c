@@ -1,0 +1,785 @@
+/*
+ * ops.c - the shard op state machines (client.c has the overview) and the
+ * per-connection resources they hold: staging slots, bounce buffers,
+ * control credits, the queues of ops waiting for one.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "kernels/agg.h"
+#include "client/client_int.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- resources ------------------------------------------------------- */
+
+/* Ops are embedded in their request, which lives until the last op is
+ * inactive; `owner` keeps that link even after op->req was cleared. */
+static void active_add(struct conn *c, struct shard_op *op)
+{
+	op->owner->live_ops++;
+	op->t->live_ops++;
+	c->cl->nactive++;
+	op->aprev = NULL;
+	op->anext = c->active;
+	if (c->active)
+		c->active->aprev = op;
+	c->active = op;
+}
+
+void rps__active_del(struct conn *c, struct shard_op *op)
+{
+	if (op->aprev)
+		op->aprev->anext = op->anext;
+	else
+		c->active = op->anext;
+	if (op->anext)
+		op->anext->aprev = op->aprev;
+	op->anext = op->aprev = NULL;
+	c->cl->nactive--;
+	if (--op->t->live_ops == 0) {
+		if (op->t->closing)
+			rps__tensor_free(op->t);	/* closed while this op outlived its request */
+		else
+			pthread_cond_broadcast(&c->cl->cond);
+	}
+	op->owner->live_ops--;
+	rps__req_maybe_free(op->owner);
+}
+
+static void op_start(struct shard_op *op);
+static void op_admit(struct shard_op *op);
+
+/* async/bounded pushes run under the shard lock */
+static bool locked_push(const struct shard_op *op)
+{
+	return op->kind == OP_PUSH && op->t->spec.mode != RPS_MODE_SYNC;
+}
+
+static void queue_push(struct shard_op **head, struct shard_op **tail, struct shard_op *op)
+{
+	op->next = NULL;
+	if (*tail)
+		(*tail)->next = op;
+	else
+		*head = op;
+	*tail = op;
+}
+
+static struct shard_op *queue_pop(struct shard_op **head, struct shard_op **tail)
+{
+	struct shard_op *op = *head;
+
+	if (op) {
+		*head = op->next;
+		if (!*head)
+			*tail = NULL;
+		op->next = NULL;
+	}
+	return op;
+}
+
+static void send_wait(struct shard_op *op);
+
+/* Our locked push on this shard is decided: admit the next of ours. */
+static void shard_done(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct rps_tensor *t = op->t;
+	uint32_t shard = op->shard;
+	struct shard_op **pp = &c->shhead, *prev = NULL;
+
+	if (op->shard_freed)
+		return;
+	op->shard_freed = true;
+	t->shard_busy[shard] = 0;
+	for (; *pp; prev = *pp, pp = &(*pp)->next) {
+		struct shard_op *w = *pp;
+		if (w->t != t || w->shard != shard)
+			continue;
+		*pp = w->next;
+		if (c->shtail == w)
+			c->shtail = prev;
+		w->next = NULL;
+		t->shard_busy[shard] = 1;
+		op_admit(w);
+		break;
+	}
+}
+
+/* Give the op's slot or bounce buffer back and start whoever waited. */
+static void op_release(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct shard_op *next;
+
+	if (op->has_res) {
+		if (op->kind == OP_PULL)
+			c->free_bounce[c->nfree_bounce++] = op->res;
+		else
+			c->free_slots[c->nfree_slots++] = op->res;
+		op->has_res = false;
+	}
+	if (locked_push(op))
+		shard_done(op);
+	rps__active_del(c, op);	/* may free op: do not touch it below */
+	while ((next = c->qhead) != NULL) {
+		bool pull = next->kind == OP_PULL;
+		if ((pull && !c->nfree_bounce) || (!pull && !c->nfree_slots))
+			break;
+		queue_pop(&c->qhead, &c->qtail);
+		op_start(next);
+	}
+}
+
+int rps__ctrl_take(struct conn *c)
+{
+	uint32_t i;
+
+	for (i = 0; i < CTRL_CREDITS; i++)
+		if (!c->ctrl[i].busy) {
+			c->ctrl[i].busy = true;
+			c->nfree_ctrl--;
+			return (int)i;
+		}
+	return -1;
+}
+
+static void ctrl_give(struct conn *c, uint32_t i)
+{
+	struct shard_op *op;
+
+	c->ctrl[i] = (struct ctrl_entry){ 0 };
+	c->nfree_ctrl++;
+	op = queue_pop(&c->wqhead, &c->wqtail);
+	if (op)
+		send_wait(op);
+}
+
+static int post_one(struct conn *c, struct rps__wr *wr)
+{
+	int ret = rps__post(c->ep, wr, 1);
+
+	if (ret && !c->dead) {
+		c->dead = true;
+		c->err = -ECONNRESET;
+		rps__log(RPS__LOG_DEBUG, "%s: post failed: %s", c->name, rps__errbuf());
+	}
+	return ret;
+}
+
+int rps__send_ctrl(struct conn *c, uint32_t entry, unsigned type, const void *body, size_t len)
+{
+	struct rps__wr wr;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = wrid_idx(entry, TAG_SEND);
+	wr.op = RPS__OP_SEND;
+	wr.sge.addr = c->sbufs + (size_t)entry * RPS__MSG_MAX;
+	wr.sge.len = (uint32_t)rps__msg_build(wr.sge.addr, type, entry, 0, body, len);
+	wr.sge.mr = c->sbufs_mr;
+	return post_one(c, &wr);
+}
+
+/* ---- the shard op state machines --------------------------------------- */
+
+/* The connection to the server that serves shard s (as far as we know). */
+static struct conn *route(const struct rps_tensor *t, uint32_t s)
+{
+	int c = t->part[rps__shard_server(&t->layout, s)].conn;
+
+	return &t->cl->conns[c >= 0 ? c : 0];
+}
+
+/* An op of request r on shard s of t, routed to its server. */
+struct shard_op *rps__op_init(struct shard_op *op, struct rps_request *r, struct rps_tensor *t,
+			      enum op_kind kind, uint32_t s)
+{
+	op->owner = op->req = r;
+	op->t = t;
+	op->c = route(t, s);
+	op->kind = kind;
+	op->shard = s;
+	return op;
+}
+
+static void build_cas(struct rps__wr *wr, struct shard_op *op, enum wr_tag tag, uint64_t compare, uint64_t swap)
+{
+	struct conn *c = op->c;
+	struct rps_tensor *t = op->t;
+	uint32_t local = rps__shard_local_index(&t->layout, op->shard);
+	uint32_t p = rps__shard_server(&t->layout, op->shard);
+
+	memset(wr, 0, sizeof(*wr));
+	wr->wr_id = wrid(op, tag);
+	wr->op = RPS__OP_CAS;
+	wr->flags = RPS__WR_SIGNALED;
+	wr->sge.addr = &c->atomics[op->res];
+	wr->sge.len = 8;
+	wr->sge.mr = c->atomics_mr;
+	wr->raddr = t->part[p].addr + local * t->stride + offsetof(struct rps__shard_hdr, lock);
+	wr->rkey = t->part[p].rkey;
+	wr->compare_add = compare;
+	wr->swap = swap;
+}
+
+static void post_cas(struct shard_op *op, enum wr_tag tag, uint64_t compare, uint64_t swap)
+{
+	struct rps__wr wr;
+
+	build_cas(&wr, op, tag, compare, swap);
+	post_one(op->c, &wr);
+}
+
+/* Post the push's WRITE_IMM, preceded in the same post (one doorbell, one
+ * write on TCP) by `before` if given. */
+static void post_push_write_after(struct shard_op *op, const struct rps__wr *before)
+{
+	struct conn *c = op->c;
+	struct rps__push_desc *d = (struct rps__push_desc *)slot_buf(c, op->res);
+	struct rps__wr wrs[2], wr;
+
+	d->lock = op->held;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = wrid(op, TAG_WRITE);
+	wr.op = RPS__OP_WRITE_IMM;
+	wr.sge.addr = d;
+	wr.sge.len = RPS__PUSH_DESC_SIZE + d->nbytes;
+	wr.sge.mr = c->pbufs_mr;
+	wr.raddr = c->hello.slot_addr + (uint64_t)op->res * c->hello.slot_size;
+	wr.rkey = c->hello.slot_rkey;
+	wr.imm = op->res;
+	op->state = ST_WRITING;
+	c->slot_op[op->res] = op;
+	if (RPS__UNLIKELY(op->die_mid_write)) {
+		/* Test hook: write half of the data without the notification, and die. */
+		wr.op = RPS__OP_WRITE;
+		wr.sge.len = RPS__PUSH_DESC_SIZE + d->nbytes / 2;
+		wr.flags = RPS__WR_SIGNALED;
+		if (before)
+			post_one(c, (struct rps__wr *)before);
+		post_one(c, &wr);
+		usleep(20000);
+		raise(SIGKILL);
+	}
+	if (!before) {
+		post_one(c, &wr);
+		return;
+	}
+	wrs[0] = *before;
+	wrs[1] = wr;
+	if (rps__post(c->ep, wrs, 2) && !c->dead) {
+		c->dead = true;
+		c->err = -ECONNRESET;
+	}
+}
+
+static void post_push_write(struct shard_op *op)
+{
+	post_push_write_after(op, NULL);
+}
+
+static void post_reads(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct rps_tensor *t = op->t;
+	uint32_t local = rps__shard_local_index(&t->layout, op->shard);
+	uint32_t elems = rps__shard_elems(&t->layout, op->shard);
+	uint32_t p = rps__shard_server(&t->layout, op->shard);
+	uint64_t base = t->part[p].addr + local * t->stride;
+	struct rps__wr wr[2];
+
+	/* header + parameters, then the publish counter again: the target
+	 * executes the two READs of one endpoint in order, so equal, even
+	 * counters bracket an untorn copy. */
+	memset(wr, 0, sizeof(wr));
+	wr[0].wr_id = wrid(op, TAG_READ);
+	wr[0].op = RPS__OP_READ;
+	wr[0].sge.addr = bounce_buf(c, op->res);
+	wr[0].sge.len = RPS__SHARD_HDR_SIZE + elems * 4u;
+	wr[0].sge.mr = c->bbufs_mr;
+	wr[0].raddr = base;
+	wr[0].rkey = t->part[p].rkey;
+	wr[1] = wr[0];
+	wr[1].flags = RPS__WR_SIGNALED;
+	wr[1].sge.addr = bounce_seq(c, op->res);
+	wr[1].sge.len = 8;
+	wr[1].raddr = base + offsetof(struct rps__shard_hdr, seq);
+	op->state = ST_READING;
+	if (rps__post(c->ep, wr, 2) && !c->dead) {
+		c->dead = true;
+		c->err = -ECONNRESET;
+	}
+}
+
+static void start_lock(struct shard_op *op)
+{
+	uint32_t owner = op->c->hello.owner;
+
+	op->state = ST_LOCKING;
+	op->expected = op->t->lock_guess[op->shard];
+	post_cas(op, TAG_CAS_ACQ, op->expected, rps__lock_locked(rps__lock_version(op->expected), owner));
+}
+
+static void post_push_write_after(struct shard_op *op, const struct rps__wr *before);
+
+/*
+ * An async/bounded push in one round trip: the acquire CAS and the
+ * WRITE_IMM go out together on one endpoint.  The target executes them in
+ * order, so when the push reaches the server the CAS has already run: if
+ * it won, the lock word is the one the descriptor names and the push is
+ * applied, then the server releases the lock (through its own atomic path)
+ * and acknowledges; if it lost, the server refuses the push (RPS_ELEASE),
+ * nothing is applied, and we retry knowing the real lock word.  Our own
+ * pushes to one shard are serialised (shard_busy), so no second push of
+ * ours can carry the same word.
+ */
+static void start_locked_push(struct shard_op *op)
+{
+	struct rps__wr cas;
+
+	op->expected = op->t->lock_guess[op->shard];
+	op->held = rps__lock_locked(rps__lock_version(op->expected), op->c->hello.owner);
+	op->cas_done = op->cas_ok = op->ack_done = false;
+	build_cas(&cas, op, TAG_CAS_ACQ, op->expected, op->held);
+	post_push_write_after(op, &cas);
+}
+
+void rps__lock_retry(struct shard_op *op)
+{
+	if (op->kind == OP_LOCK)
+		start_lock(op);
+	else
+		start_locked_push(op);
+}
+
+static void fill_desc(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct rps_tensor *t = op->t;
+	struct rps__push_desc *d = (struct rps__push_desc *)slot_buf(c, op->res);
+	uint32_t elems = rps__shard_elems(&t->layout, op->shard);
+	size_t esize = op->kind == OP_INIT ? 4 : rps__dtype_size((enum rps_dtype)t->spec.dtype);
+
+	memset(d, 0, sizeof(*d));
+	d->magic = RPS__DESC_MAGIC;
+	d->kind = op->kind == OP_INIT ? RPS__PUSH_INIT : RPS__PUSH_GRAD;
+	d->dtype = (uint16_t)(op->kind == OP_INIT ? RPS_DTYPE_F32 : t->spec.dtype);
+	d->tensor_id = t->at[c->index].id;
+	d->shard = op->shard;
+	d->epoch = t->part[rps__shard_server(&t->layout, op->shard)].epoch;
+	d->nbytes = (uint32_t)(elems * esize);
+	d->rank = c->cl->rank;
+	d->clock = op->clock;
+	d->push_id = op->push_id;
+	memcpy((char *)d + RPS__PUSH_DESC_SIZE, op->src, d->nbytes);
+	if (RPS__UNLIKELY(c->cl->fault_kill_mid_push) && --c->cl->fault_kill_mid_push == 0)
+		op->die_mid_write = true;	/* counts shard pushes, not retries */
+	if (c->cl->verify) {
+		d->flags |= RPS__DESC_CRC;
+		d->crc = rps__push_crc(d);
+		if (RPS__UNLIKELY(c->cl->fault_corrupt_push) && --c->cl->fault_corrupt_push == 0)
+			((unsigned char *)d)[RPS__PUSH_DESC_SIZE + d->nbytes / 2] ^= 0x10;	/* test hook: a flipped bit */
+	}
+}
+
+/* The op has its resource: go. */
+static void op_start(struct shard_op *op)
+{
+	struct conn *c = op->c;
+
+	if (op->kind == OP_PULL) {
+		op->res = c->free_bounce[--c->nfree_bounce];
+		op->has_res = true;
+		post_reads(op);
+		return;
+	}
+	op->res = c->free_slots[--c->nfree_slots];
+	op->has_res = true;
+	if (op->kind == OP_LOCK) {
+		start_lock(op);
+		return;
+	}
+	if (op->kind == OP_UNLOCK) {
+		op->state = ST_RELEASING;
+		post_cas(op, TAG_CAS_REL, op->held, rps__lock_unlocked(rps__lock_version(op->held) + 1));
+		return;
+	}
+	fill_desc(op);
+	if (locked_push(op))
+		start_locked_push(op);
+	else
+		post_push_write(op);
+}
+
+/* The shard's partition lost its contents (its owner restarted or was
+ * forced out): one line saying which and what to do, never zeros. */
+static bool op_lost(struct shard_op *op)
+{
+	const struct rps__smap *m = &op->t->cl->map;
+	uint32_t p = rps__shard_server(&op->t->layout, op->shard);
+	struct rps_request *r = op->req;
+
+	if (p >= m->npart || !m->parts[p].lost)
+		return false;
+	if (r && !r->status) {
+		r->status = -ENODATA;
+		snprintf(r->msg, sizeof(r->msg), "partition %u lost with member %llu: restore it (psctl restore DIR)"
+			 " or accept it empty (psctl forget-lost %u)", p, (unsigned long long)m->parts[p].lost, p);
+	}
+	rps__op_report(op, -ENODATA);
+	return true;
+}
+
+void rps__op_submit(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	uint32_t p = rps__shard_server(&op->t->layout, op->shard);
+	int k;
+
+	active_add(c, op);
+	if (op_lost(op)) {
+		rps__active_del(c, op);
+		return;
+	}
+	if (op->t->part[p].conn < 0) {
+		/* no server serves it now: its owner gone, or a move: refresh */
+		for (k = 0; p < op->t->cl->map.npart && k < op->t->cl->nservers; k++) {
+			struct conn *o = &op->t->cl->conns[k];
+			if (o->member_id == op->t->cl->map.parts[p].owner && (o->dead || !o->ep)) {
+				op->c = o;	/* the message names the server that is gone */
+				rps__op_report(op, o->err ? o->err : -ECONNRESET);
+				op->c = c;
+				rps__active_del(c, op);
+				return;
+			}
+		}
+		rps__op_report(op, RPS_ESTALE_EPOCH);
+		rps__active_del(c, op);
+		return;
+	}
+	if (c->dead) {
+		rps__op_report(op, c->err ? c->err : -ECONNRESET);
+		rps__active_del(c, op);
+		return;
+	}
+	if (locked_push(op)) {
+		if (op->t->shard_busy[op->shard]) {
+			op->state = ST_QUEUED;
+			queue_push(&c->shhead, &c->shtail, op);
+			return;
+		}
+		op->t->shard_busy[op->shard] = 1;
+	}
+	op_admit(op);
+}
+
+/* The op may run: queue it for a slot or bounce buffer, or start it. */
+static void op_admit(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	bool pull = op->kind == OP_PULL;
+
+	if (c->qhead || (pull && !c->nfree_bounce) || (!pull && !c->nfree_slots)) {
+		op->state = ST_QUEUED;
+		queue_push(&c->qhead, &c->qtail, op);
+		return;
+	}
+	op_start(op);
+}
+
+static void send_wait(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	struct rps__wait w = {
+		.tensor_id = op->t->at[c->index].id,	/* (set: the op was routed here) */
+		.shard = op->shard,
+		.min_version = op->min_version,
+		.min_clock = op->min_clock,
+	};
+	int e = rps__ctrl_take(c);
+
+	if (e < 0) {
+		op->state = ST_WAIT_QUEUED;
+		queue_push(&c->wqhead, &c->wqtail, op);
+		return;
+	}
+	c->ctrl[e].op = op;
+	op->ctrl = (uint32_t)e;
+	op->state = ST_WAITING;
+	rps__send_ctrl(c, (uint32_t)e, RPS__MSG_WAIT, &w, sizeof(w));
+}
+
+static void finish_locked_push(struct shard_op *op);
+
+static void backoff(struct shard_op *op)
+{
+	/* Busy: back off (exponentially, capped) instead of hammering the word. */
+	op->backoff_us = op->backoff_us ? RPS__MIN(op->backoff_us * 2, 128u) : 2u;
+	op->retry_at = rps__now_ns() + op->backoff_us * 1000ull;
+	op->state = ST_BACKOFF;
+	op->next = op->c->cl->backoff;
+	op->c->cl->backoff = op;
+}
+
+static void on_cas_acq(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	uint64_t old = c->atomics[op->res];
+
+	if (locked_push(op)) {
+		op->cas_done = true;
+		op->cas_ok = old == op->expected;
+		if (!op->cas_ok)	/* a holder's release will most likely move it on by one */
+			op->t->lock_guess[op->shard] =
+				rps__lock_unlocked(rps__lock_version(old) + (uint64_t)rps__lock_is_locked(old));
+		else if (RPS__UNLIKELY(c->cl->fault_stop_after_lock) && --c->cl->fault_stop_after_lock == 0)
+			raise(SIGSTOP);	/* test hook: a worker that stalls holding the lock */
+		op->expected = old;	/* what the word was, for the retry decision */
+		if (op->ack_done)
+			finish_locked_push(op);
+		return;
+	}
+	if (old == op->expected) {
+		op->held = rps__lock_locked(rps__lock_version(old), c->hello.owner);
+		if (op->kind == OP_LOCK) {
+			op->t->lock_held[op->shard] = op->held;
+			rps__op_report(op, 0);
+			op_release(op);
+			return;
+		}
+		return;
+	}
+	if (rps__lock_is_locked(old) && rps__lock_owner(old) == RPS__LOCK_OWNER_FENCE) {
+		/* the shard moved away: refresh the map and go to its new owner */
+		rps__op_report(op, RPS_ESTALE_EPOCH);
+		op_release(op);
+		return;
+	}
+	op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(old));
+	if (!rps__lock_is_locked(old)) {
+		start_lock(op);	/* the version moved on: bet on the new one */
+		return;
+	}
+	backoff(op);
+}
+
+/* Both halves of a speculative push are back: decide. */
+static void finish_locked_push(struct shard_op *op)
+{
+	int status = op->ack_status;
+
+	if (status == RPS_ELEASE) {
+		/* Not applied: our CAS lost (or the lease was broken before the
+		 * push got there).  Retry; wait first if someone holds it. */
+		if (op->cas_ok)
+			op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held) + 1);
+		if (!op->cas_ok && rps__lock_is_locked(op->expected))
+			backoff(op);
+		else
+			start_locked_push(op);
+		return;
+	}
+	/* Decided (applied, or refused for good): the server has released the
+	 * lock and told us the word it left. */
+	if (op->cas_ok)
+		op->t->lock_guess[op->shard] = rps__lock_is_locked(op->ack_lock) || !op->ack_lock ?
+			rps__lock_unlocked(rps__lock_version(op->held) + 1) : op->ack_lock;
+	rps__op_report(op, status);
+	op_release(op);
+}
+
+static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const struct rps__push_ack *ack)
+{
+	struct shard_op *op;
+
+	if (h->status < 0 && h->len == sizeof(*h)) {
+		/* error without body: we cannot tell which slot; the server only
+		 * does this on protocol violations, so treat it as fatal */
+		c->dead = true;
+		c->err = h->status;
+		return;
+	}
+	if (ack->slot >= c->nslots || !(op = c->slot_op[ack->slot]) || op->state != ST_WRITING) {
+		rps__log(RPS__LOG_DEBUG, "%s: acknowledgement for an idle slot %u", c->name, ack->slot);
+		c->dead = true;
+		c->err = -EPROTO;
+		return;
+	}
+	c->slot_op[ack->slot] = NULL;
+	if (locked_push(op)) {
+		op->ack_done = true;
+		op->ack_status = h->status;
+		op->ack_lock = ack->lock;
+		if (op->cas_done)
+			finish_locked_push(op);
+		return;
+	}
+	rps__op_report(op, h->status);
+	op_release(op);
+}
+
+static void on_cas_rel(struct shard_op *op)
+{
+	uint64_t old = op->c->atomics[op->res];
+
+	if (op->kind == OP_UNLOCK) {
+		op->t->lock_held[op->shard] = 0;
+		op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held) + 1);
+		rps__op_report(op, old == op->held ? 0 : RPS_ELEASE);
+		op_release(op);
+		return;
+	}
+	/* The guess was set when the release was posted; a later push may
+	 * already be betting on it, so leave it alone here. */
+	if (old != op->held)
+		rps__log(RPS__LOG_DEBUG, "%s shard %u: lock had been broken before release", op->t->name, op->shard);
+	op_release(op);
+}
+
+static void on_read(struct shard_op *op)
+{
+	struct conn *c = op->c;
+	const struct rps__shard_hdr *hdr = (const void *)bounce_buf(c, op->res);
+	uint64_t seq1 = hdr->seq, seq2 = *bounce_seq(c, op->res);
+	uint64_t version = seq1 / 2;
+
+	if (seq1 != seq2 || (seq1 & 1)) {
+		if (++op->torn < TORN_RETRIES) {
+			post_reads(op);
+			return;
+		}
+		op->torn = 0;
+		/* Being written for a while (or not yet initialised): let the
+		 * server tell us when it is readable. */
+		if (op->min_version <= version)
+			op->min_version = version + ((seq1 & 1) ? 0 : 1);
+		send_wait(op);
+		return;
+	}
+	if (hdr->epoch != op->t->part[rps__shard_server(&op->t->layout, op->shard)].epoch) {
+		/* a copy the server no longer owns (or not yet): refresh */
+		rps__op_report(op, RPS_ESTALE_EPOCH);
+		op_release(op);
+		return;
+	}
+	if (version < op->min_version || hdr->min_clock < op->min_clock) {
+		send_wait(op);
+		return;
+	}
+	memcpy(op->dst, hdr + 1, (size_t)hdr->elems * 4u);
+	op->min_version = version;
+	rps__op_report(op, 0);
+	op_release(op);
+}
+
+static void on_wait_rep(struct shard_op *op, int status, const struct rps__wait_rep *rep)
+{
+	struct rps_request *r = op->req;
+
+	/* sync: a rank left before its push for the step this pull needs;
+	 * say which, and where, instead of a bare error */
+	if (status == -EPIPE && rep && r && !r->status) {
+		r->status = status;
+		snprintf(r->msg, sizeof(r->msg), "%s: tensor '%s' shard %u: worker rank %d disconnected before its push "
+			 "for step %llu, which can never complete: restart the job (from a checkpoint)", op->c->name,
+			 op->t->name, op->shard, rep->missing_rank, (unsigned long long)rep->version);
+	}
+	if (status) {
+		rps__op_report(op, status);
+		op_release(op);
+		return;
+	}
+	post_reads(op);
+}
+
+static void on_ctrl_reply(struct conn *c, void *buf, uint32_t len)
+{
+	struct rps__msg_hdr h;
+	struct ctrl_entry *e;
+	struct rps_request *r;
+	uint32_t idx;
+
+	if (rps__msg_check(buf, len)) {
+		rps__log(RPS__LOG_DEBUG, "%s: %s", c->name, rps__errbuf());
+		c->dead = true;
+		c->err = -EPROTO;
+		return;
+	}
+	memcpy(&h, buf, sizeof(h));
+	if (h.type == RPS__MSG_PUSH_ACK) {
+		on_push_ack(c, &h, rps__msg_body(buf));
+		return;
+	}
+	idx = (uint32_t)h.req_id;
+	if (h.req_id >= CTRL_CREDITS || !c->ctrl[idx].busy) {
+		rps__log(RPS__LOG_DEBUG, "%s: reply %s to no request", c->name, rps__msg_type_name(h.type));
+		return;
+	}
+	e = &c->ctrl[idx];
+	if (e->op) {
+		struct shard_op *op = e->op;
+		ctrl_give(c, idx);
+		on_wait_rep(op, h.status,
+			    h.len == sizeof(h) + sizeof(struct rps__wait_rep) ? rps__msg_body(buf) : NULL);
+		return;
+	}
+	r = e->req;
+	if (r) {
+		if (h.status == 0 && r->reply_len && h.len - sizeof(h) == r->reply_len)
+			memcpy((char *)r->replies + (size_t)e->server * r->reply_len, rps__msg_body(buf), r->reply_len);
+		r->rstatus[e->server] = h.status;
+		rps__req_part_done_at(r, h.status, c);
+	}
+	ctrl_give(c, idx);
+}
+
+/* ---- completions ------------------------------------------------------ */
+
+void rps__on_completion(struct rps_client *cl, const struct rps__wc *wc)
+{
+	struct conn *c = wc->ep ? rps__ep_context(wc->ep) : NULL;
+	enum wr_tag tag = (enum wr_tag)(wc->wr_id & 7u);
+	struct shard_op *op = (struct shard_op *)(uintptr_t)(wc->wr_id & ~(uint64_t)7u);
+
+	(void)cl;
+	if (!c || c->dead)
+		return;
+	if (wc->status != RPS__WC_SUCCESS) {
+		rps__log(RPS__LOG_DEBUG, "%s: %s", c->name, rps__wc_status_str(wc->status));
+		c->dead = true;
+		c->err = wc->status == RPS__WC_REM_ACCESS_ERR ? -EFAULT : -ECONNRESET;
+		return;
+	}
+	switch (tag) {
+	case TAG_RECV: {
+		uint32_t i = (uint32_t)(wc->wr_id >> 3);
+		struct rps__sge sge = { .addr = c->rbufs + (size_t)i * RPS__MSG_MAX, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
+		if (i >= c->nrecv)
+			return;
+		on_ctrl_reply(c, sge.addr, wc->byte_len);
+		if (!c->dead && rps__post_recv(c->ep, &sge, wc->wr_id)) {
+			c->dead = true;
+			c->err = -ECONNRESET;
+		}
+		break;
+	}
+	case TAG_CAS_ACQ:
+		on_cas_acq(op);
+		break;
+	case TAG_CAS_REL:
+		on_cas_rel(op);
+		break;
+	case TAG_READ:
+		if (op)		/* (a map read has no op) */
+			on_read(op);
+		break;
+	case TAG_WRITE:
+	case TAG_SEND:
+		break;
+	}
+}

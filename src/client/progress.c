@@ -1,0 +1,399 @@
+/*
+ * progress.c - the progress engine of the client: one thread at a time polls
+ * the completion queue (the progress thread, or a caller waiting for its
+ * own request), retires dead connections, runs lock retries and request
+ * deadlines; requests are created, waited for and completed here.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "client/client_int.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- request completion --------------------------------------------- */
+
+static void req_free(struct rps_request *r)
+{
+	free(r->replies);
+	free(r->rstatus);
+	free(r);
+}
+
+static void deadline_unlink(struct rps_client *cl, struct rps_request *r)
+{
+	if (r->dprev)
+		r->dprev->dnext = r->dnext;
+	else if (cl->deadlines == r)
+		cl->deadlines = r->dnext;
+	if (r->dnext)
+		r->dnext->dprev = r->dprev;
+	r->dnext = r->dprev = NULL;
+}
+
+void rps__req_maybe_free(struct rps_request *r)
+{
+	if (r->done && r->waited && r->live_ops == 0)
+		req_free(r);
+}
+
+void rps__req_finish(struct rps_request *r)
+{
+	struct rps_client *cl = r->cl;
+
+	r->done = true;
+	deadline_unlink(cl, r);
+	if (r->version_out && r->status == 0 && r->kind == REQ_SHARDS && r->min_version_seen != UINT64_MAX)
+		*r->version_out = r->min_version_seen;
+	pthread_cond_broadcast(&cl->cond);
+}
+
+const char *rps__status_text(int status)
+{
+	switch (status) {
+	case -EMSGSIZE: return "gradient size or dtype does not match the tensor";
+	case -EILSEQ: return "the push arrived corrupted (checksum mismatch) and was not applied";
+	case -EBADMSG: return "the server found the push malformed and did not apply it";
+	case -ENOENT: return "the server does not know this tensor (was it created?)";
+	case -EINVAL: return "the server refused the request as invalid (rank, shard or tensor id)";
+	case -EALREADY: return "this step already has this worker's push (duplicate)";
+	case -EEXIST: return "the tensor exists with different options (count, dtype, mode, optimizer, workers or init)";
+	case -EFAULT: return "remote access error: the server revoked or never granted this memory";
+	case -EPROTO: return "protocol error: librdmaps and rdmapsd versions differ?";
+	case -ENOMEM: return "the server is out of memory: raise rdmapsd --memory-limit or add servers";
+	case -EFBIG: return "the tensor has too many shards: lower its count or raise rdmapsd --shard-size";
+	case -ECONNRESET: return "connection lost: is rdmapsd running and reachable?";
+	case -ENODATA: return "the shard's partition was lost with its server: restore it (psctl restore DIR) or accept it empty (psctl forget-lost PART)";
+	case RPS_ELEASE: return "the shard lock lease expired";
+	case RPS_ESTALE_EPOCH: return "the shard moved and no server serves it yet (a move in progress or aborted?)";
+	case -EAGAIN: return "the server is not ready (it has not learnt the shard map yet)";
+	case -ECONNREFUSED: return "this server refused the connection when the client connected (is rdmapsd running there?)";
+	case -EHOSTUNREACH: return "this server could not be reached (or its address is bad) when the client connected";
+	case -ERANGE: return "the push's clock is beyond the steps the tensor can reach (a foreign or corrupted client?)";
+	case -EPIPE: return "a worker of this sync tensor disconnected before its push: the step can never complete";
+	default: return "failed";
+	}
+}
+
+void rps__req_part_done_at(struct rps_request *r, int status, const struct conn *c)
+{
+	if (status && !r->status) {
+		r->status = status;
+		snprintf(r->msg, sizeof(r->msg), "%s: %s", c ? c->name : "rdmaps", rps__status_text(status));
+	}
+	if (--r->remaining == 0)
+		rps__req_finish(r);
+}
+
+/* The op's part of the request is over (the op may live on to release
+ * resources). */
+void rps__op_report(struct shard_op *op, int status)
+{
+	struct rps_request *r = op->req;
+
+	if (!r)
+		return;
+	op->req = NULL;
+	op->result = status;
+	if (status == 0 && op->kind == OP_PULL && op->min_version < r->min_version_seen)
+		r->min_version_seen = op->min_version;
+	rps__req_part_done_at(r, status, op->c);
+}
+
+static const char *conn_error_text(int err)
+{
+	switch (err) {
+	case -EFAULT: return "remote access error (stale registration)";
+	case -EPROTO: return "protocol error";
+	default: return "connection lost: is rdmapsd running and reachable?";
+	}
+}
+
+/* A connection died: fail everything on it.  Closing the endpoint first
+ * drops its queued completions, so no completion can reach a freed op. */
+void rps__conn_kill(struct rps_client *cl, struct conn *c)
+{
+	struct shard_op *op;
+	uint32_t i;
+
+	if (!c->ep)
+		return;
+	rps__ep_close(c->ep);
+	c->ep = NULL;
+	if (!c->err)
+		c->err = -ECONNRESET;
+	rps__log(RPS__LOG_DEBUG, "%s: %s", c->name, conn_error_text(c->err));
+	{	/* ops in backoff that belong to this connection */
+		struct shard_op **pp = &cl->backoff;
+		while (*pp) {
+			if ((*pp)->c == c)
+				*pp = (*pp)->next;
+			else
+				pp = &(*pp)->next;
+		}
+	}
+	while ((op = c->active) != NULL) {
+		rps__op_report(op, c->err);
+		rps__active_del(c, op);
+	}
+	c->qhead = c->qtail = c->wqhead = c->wqtail = c->shhead = c->shtail = NULL;
+	for (i = 0; i < CTRL_CREDITS; i++) {
+		if (c->ctrl[i].busy && c->ctrl[i].req) {
+			c->ctrl[i].req->rstatus[c->ctrl[i].server] = c->err;
+			rps__req_part_done_at(c->ctrl[i].req, c->err, c);
+		}
+		c->ctrl[i].busy = false;
+	}
+}
+
+static void run_timers(struct rps_client *cl, uint64_t now)
+{
+	struct shard_op **pp = &cl->backoff, *op;
+	struct rps_request *r, *next;
+
+	while ((op = *pp) != NULL) {
+		if (op->retry_at <= now) {
+			*pp = op->next;
+			op->next = NULL;
+			if (!op->c->dead)
+				rps__lock_retry(op);
+			continue;
+		}
+		pp = &op->next;
+	}
+	for (r = cl->deadlines; r; r = next) {
+		next = r->dnext;
+		if (r->deadline && r->deadline <= now && !r->done) {
+			/* The request gives up; its ops keep their resources until
+			 * the transport hands them back. */
+			uint32_t i;
+			int k;
+			for (i = 0; i < r->nops; i++)
+				r->ops[i].req = NULL;
+			for (k = 0; k < cl->nservers; k++)
+				for (i = 0; i < CTRL_CREDITS; i++)
+					if (cl->conns[k].ctrl[i].req == r)
+						cl->conns[k].ctrl[i].req = NULL;
+			r->status = -ETIMEDOUT;
+			r->remaining = 0;
+			snprintf(r->msg, sizeof(r->msg),
+				 "request timed out after %d ms: a server or a worker is stalled (raise timeout_ms for slow steps)",
+				 cl->timeout_ms);
+			rps__req_finish(r);
+		}
+	}
+}
+
+/* How long progress may sleep: until the next lock retry, at most 50 ms
+ * (request deadlines are checked that often). */
+static struct timespec next_timeout(struct rps_client *cl, uint64_t now)
+{
+	uint64_t soonest = now + 50ull * 1000000ull, ns;
+	struct shard_op *op;
+	struct timespec ts;
+
+	for (op = cl->backoff; op; op = op->next)
+		soonest = RPS__MIN(soonest, op->retry_at);
+	ns = soonest > now ? soonest - now : 0;
+	ts.tv_sec = (time_t)(ns / 1000000000ull);
+	ts.tv_nsec = (long)(ns % 1000000000ull);
+	return ts;
+}
+
+/*
+ * One round of progress, with the lock held: reap completions, retire dead
+ * connections, run timers; if there was nothing to do, sleep on the CQ's
+ * file descriptor (lock dropped) for at most the next timer.  Exactly one
+ * thread polls at a time (cl->polling): the progress thread when nobody
+ * waits, otherwise a waiting caller itself, which saves the hand-off from the
+ * progress thread to the waiter on the latency path.
+ */
+static void progress_once(struct rps_client *cl)
+{
+	struct rps__wc wc[32];
+	struct pollfd pfd[2];
+	struct timespec ts;
+	uint64_t now;
+	int i, n;
+
+	n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
+	for (i = 0; i < n; i++)
+		rps__on_completion(cl, &wc[i]);
+	for (i = 0; i < cl->nservers; i++)
+		if (cl->conns[i].dead && cl->conns[i].ep)
+			rps__conn_kill(cl, &cl->conns[i]);
+	now = rps__now_ns();
+	run_timers(cl, now);
+	if (n > 0) {
+		cl->idle_since = now;
+		return;
+	}
+	if (now - cl->idle_since < cl->spin_ns)
+		return;	/* busy-poll a while before sleeping: saves a wake-up */
+	if (rps__cq_arm(cl->cq) != 0) {
+		n = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc));
+		for (i = 0; i < n; i++)
+			rps__on_completion(cl, &wc[i]);
+		if (n > 0)
+			return;
+	}
+	pfd[0] = (struct pollfd){ .fd = rps__cq_fd(cl->cq), .events = POLLIN };
+	pfd[1] = (struct pollfd){ .fd = cl->wake_fd, .events = POLLIN };
+	ts = next_timeout(cl, now);
+	pthread_mutex_unlock(&cl->lock);
+	ppoll(pfd, 2, &ts, NULL);
+	if (pfd[1].revents) {
+		uint64_t v;
+		ssize_t r = read(cl->wake_fd, &v, sizeof(v));
+		(void)r;
+	}
+	pthread_mutex_lock(&cl->lock);
+}
+
+/* The progress thread works only for requests nobody waits on (the
+ * non-blocking API, ops that outlived a timed-out request); a blocked
+ * caller polls for itself, so a blocking push costs the same wake-ups as a
+ * socket ping-pong. */
+void *rps__progress_main(void *arg)
+{
+	struct rps_client *cl = arg;
+
+	/* near the HCA when it is known (the library never logs: a refusal
+	 * leaves the thread where it was) */
+	(void)rps__topo_pin_thread(cl->topo, &cl->place);
+	pthread_mutex_lock(&cl->lock);
+	while (!cl->stopping) {
+		if (cl->waiters || cl->polling || !cl->nactive) {
+			pthread_cond_wait(&cl->pcond, &cl->lock);
+			continue;
+		}
+		cl->polling = cl->progress_polling = true;
+		progress_once(cl);
+		cl->polling = cl->progress_polling = false;
+		if (cl->waiters)
+			pthread_cond_broadcast(&cl->cond);
+	}
+	pthread_mutex_unlock(&cl->lock);
+	return NULL;
+}
+
+/* Wait for r with the lock held, polling ourselves when nobody else does. */
+static void wait_done_locked(struct rps_client *cl, const struct rps_request *r)
+{
+	if (r->done)
+		return;
+	cl->waiters++;
+	if (cl->progress_polling)
+		wake_progress(cl);	/* get the progress thread out of its sleep */
+	while (!r->done) {
+		if (cl->polling) {
+			pthread_cond_wait(&cl->cond, &cl->lock);
+			continue;
+		}
+		cl->polling = true;
+		progress_once(cl);
+		cl->polling = false;
+		if (cl->waiters > 1)
+			pthread_cond_broadcast(&cl->cond);	/* hand the poll to another waiter */
+	}
+	cl->waiters--;
+	if (cl->waiters)
+		pthread_cond_broadcast(&cl->cond);
+	else if (cl->nactive)
+		pthread_cond_signal(&cl->pcond);	/* work left that nobody waits on */
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+struct rps_request *rps__req_new(struct rps_client *cl, uint32_t nops)
+{
+	struct rps_request *r = calloc(1, sizeof(*r) + nops * sizeof(struct shard_op));
+
+	if (!r)
+		return NULL;
+	r->cl = cl;
+	r->nops = nops;
+	r->remaining = (int)nops;
+	r->min_version_seen = UINT64_MAX;
+	return r;
+}
+
+void rps__req_arm_deadline(struct rps_client *cl, struct rps_request *r)
+{
+	r->deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	r->dnext = cl->deadlines;
+	if (cl->deadlines)
+		cl->deadlines->dprev = r;
+	cl->deadlines = r;
+}
+
+/* Wait for r with the lock held and return its status.  The caller then
+ * calls rps__req_collect() (after copying anything it needs out of r). */
+int rps__req_wait_locked(struct rps_client *cl, struct rps_request *r)
+{
+	wait_done_locked(cl, r);
+	return r->status;
+}
+
+void rps__req_collect(struct rps_request *r)
+{
+	if (r->status)
+		rps__seterr(r->status, "%s", r->msg);
+	r->waited = true;
+	rps__req_maybe_free(r);
+}
+
+/* Send a control message to a set of servers and collect the replies. */
+int rps__ctrl_call(struct rps_client *cl, unsigned type, const void *body, size_t len,
+		   const bool *to, size_t reply_len, void *replies, int32_t *rstatus)
+{
+	struct rps_request *r = rps__req_new(cl, 0);
+	int i, n = 0, status;
+
+	if (!r)
+		return rps__seterr(-ENOMEM, "out of memory");
+	r->kind = REQ_CTRL;
+	r->reply_len = reply_len;
+	r->replies = calloc((size_t)cl->nservers, reply_len ? reply_len : 1);
+	r->rstatus = calloc((size_t)cl->nservers, sizeof(int32_t));
+	if (!r->replies || !r->rstatus) {
+		req_free(r);
+		return rps__seterr(-ENOMEM, "out of memory");
+	}
+	pthread_mutex_lock(&cl->lock);
+	for (i = 0; i < cl->nservers; i++) {
+		struct conn *c = &cl->conns[i];
+		int e;
+		if (!to[i])
+			continue;
+		n++;
+		r->remaining++;
+		if (c->dead || (e = rps__ctrl_take(c)) < 0) {
+			r->rstatus[i] = c->dead ? (c->err ? c->err : -ECONNRESET) : -EBUSY;
+			rps__req_part_done_at(r, r->rstatus[i], c);
+			continue;
+		}
+		c->ctrl[e].req = r;
+		c->ctrl[e].server = i;
+		rps__send_ctrl(c, (uint32_t)e, type, body, len);
+	}
+	if (n == 0 || r->remaining == 0) {
+		r->done = true;
+	} else {
+		rps__req_arm_deadline(cl, r);	/* a barrier too: a worker that died must not hang the rest */
+	}
+	wake_progress(cl);
+	status = rps__req_wait_locked(cl, r);
+	if (replies && reply_len)
+		memcpy(replies, r->replies, (size_t)cl->nservers * reply_len);
+	if (rstatus)
+		memcpy(rstatus, r->rstatus, (size_t)cl->nservers * sizeof(int32_t));
+	rps__req_collect(r);
+	pthread_mutex_unlock(&cl->lock);
+	return status;
+}

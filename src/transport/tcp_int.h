@@ -1,0 +1,359 @@
+/*
+ * tcp_int.h - what the files of the TCP provider share (tcp.c has the
+ * overview, tcp_codec.c the wire format).
+ */
+#ifndef RPS_TCP_INT_H
+#define RPS_TCP_INT_H
+
+#include "transport/transport.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#define TCP_MAGIC		0x74535052u	/* the bytes "RPSt" read as a LE u32 */
+#define TCP_VERSION		1
+#define TCP_HDR_SIZE		48
+#define TCP_RXBUF_SIZE		(128u * 1024)	/* one recv() takes this much */
+#define TCP_DIRECT_MIN		(16u * 1024)	/* payload left to read straight into its destination */
+#define TCP_RX_BUDGET		(1u << 20)	/* bytes read from one endpoint per poll, for fairness */
+#define TCP_IOV_BATCH		64
+#define TCP_EPOLL_BATCH		64
+#define TCP_MAX_DEPTH		(1u << 16)
+#define TCP_MAX_INLINE		(1u << 16)
+#define TCP_UNEXPECTED_BYTES	(64u << 20)	/* early SENDs buffered per endpoint */
+#define TCP_MAX_PENDING		1024		/* accepted sockets still sending their hello */
+#define TCP_HELLO_TIMEOUT_NS	(10ull * 1000000000ull)
+#define TCP_ACCEPT_TIMEOUT_NS	(5ull * 1000000000ull)
+
+/* rkey = generation << MR_INDEX_BITS | slot index.  The generation never is
+ * 0, so 0 is never a valid key, and a slot is reused oldest-freed first, so a
+ * stale key would only alias after 2^14 reuses of that very slot. */
+#define MR_INDEX_BITS		18
+#define MR_INDEX_MASK		((1u << MR_INDEX_BITS) - 1)
+#define MR_GEN_MAX		((1u << (32 - MR_INDEX_BITS)) - 1)
+#define MR_NONE			UINT32_MAX
+
+enum hello_type {
+	HELLO_CONNECT = 1,
+	HELLO_ACCEPT = 2,
+	HELLO_REJECT = 3,
+	HELLO_BAD_PROTOCOL = 4,	/* the listener did not understand our hello */
+};
+
+enum frame_type {
+	F_SEND = 1,
+	F_WRITE = 2,
+	F_WRITE_IMM = 3,
+	F_READ = 4,
+	F_CAS = 5,
+	F_FADD = 6,
+	F_ACK = 16,
+	F_NAK = 17,
+	F_READ_RESP = 18,
+	F_ATOMIC_RESP = 19,
+};
+
+/* Host-order images of the wire structures; rps__tcp_hello_put/rps__tcp_hdr_put convert. */
+struct wire_hello {
+	uint32_t magic;
+	uint16_t version;
+	uint8_t type;
+	uint8_t data_len;
+	uint32_t sq_depth;
+	uint32_t rq_depth;
+	uint8_t data[RPS__PRIVDATA_MAX];
+};
+#define TCP_HELLO_SIZE ((uint32_t)sizeof(struct wire_hello))
+_Static_assert(sizeof(struct wire_hello) == 72, "hello is 72 bytes on the wire");
+
+struct wire_hdr {
+	uint8_t type;
+	uint8_t status;
+	uint16_t flags;
+	uint32_t len;
+	uint32_t seq;
+	uint32_t rkey;
+	uint64_t raddr;
+	uint64_t arg0;
+	uint64_t arg1;
+	uint32_t imm;
+	uint32_t reserved;
+};
+_Static_assert(sizeof(struct wire_hdr) == TCP_HDR_SIZE, "frame header is 48 bytes on the wire");
+#define HDR_SEQ_OFFSET 8
+
+/* ------------------------------------------------------------------------ */
+/* objects                                                                  */
+
+struct tcp_mr_slot {
+	void *addr;
+	size_t len;
+	int access;
+	bool in_use;
+	uint32_t gen;
+	uint32_t next_free;
+	struct tcp_mr *mr;
+};
+
+struct tcp_fabric {
+	struct rps__fabric base;
+	pthread_rwlock_t mr_lock;	/* writers: reg/dereg; readers: every remote access */
+	struct tcp_mr_slot *slots;
+	uint32_t nslots;
+	uint32_t cap;
+	uint32_t free_head;		/* FIFO of freed slots */
+	uint32_t free_tail;
+};
+
+struct tcp_mr {
+	struct rps__mr base;
+	uint32_t index;
+};
+
+struct tcp_cq {
+	struct rps__cq base;
+	int epfd;			/* endpoint sockets + evfd: what rps__cq_fd() hands out */
+	int evfd;			/* completions queued outside the engine while armed */
+	pthread_mutex_t poll_lock;	/* engine runs vs endpoint close */
+	pthread_mutex_t lock;		/* the completion ring */
+	struct rps__wc *ring;
+	uint32_t cap;			/* power of two; grows, never loses a completion */
+	uint32_t head;
+	uint32_t count;
+	bool armed;
+	/* Endpoints whose target responses wait to be flushed (poll_lock):
+	 * the application usually answers a push within the same round of
+	 * polling, and its SEND then leaves in the same write as the ACK and
+	 * atomic response, so the initiator wakes once, not twice. */
+	struct tcp_ep **deferred;
+	uint32_t ndeferred, deferred_cap;
+};
+
+enum txe_kind {
+	TXE_OP,		/* one of our requests: lives in struct tcp_op */
+	TXE_RESP,	/* ACK / READ_RESP / ATOMIC_RESP from the response pool */
+	TXE_NAK,	/* the endpoint's single NAK */
+};
+
+/* One outgoing frame: header, and a payload that is written straight from
+ * the caller's (or the target region's) memory. */
+struct tcp_txe {
+	struct tcp_txe *next;
+	const uint8_t *payload;
+	uint32_t payload_len;
+	uint32_t sent;		/* bytes of header + payload already written */
+	uint32_t src_rkey;	/* READ_RESP: revalidated before every write; 0: none */
+	uint8_t kind;
+	uint8_t hdr[TCP_HDR_SIZE];
+};
+
+struct tcp_op {
+	struct tcp_txe txe;	/* first: a TXE_OP is container_of'd back to its op */
+	uint64_t wr_id;
+	void *local;		/* READ: destination; CAS/FADD: word for the old value */
+	uint32_t len;
+	uint32_t seq;
+	uint8_t op;		/* enum rps__op */
+	bool signaled;
+	bool fence;
+	bool responded;		/* READ/atomic: the response has been placed */
+};
+
+struct tcp_recv {
+	uint64_t wr_id;
+	uint8_t *addr;
+	uint32_t len;
+};
+
+/* A SEND or WRITE_IMM that arrived before a receive was posted for it. */
+struct tcp_unexpected {
+	struct tcp_unexpected *next;
+	uint32_t seq;
+	uint32_t len;		/* SEND: payload bytes; WRITE_IMM: bytes written */
+	uint32_t imm;
+	bool is_imm;
+	uint8_t data[];
+};
+
+enum rx_sink {
+	SINK_TARGET_MEM,	/* WRITE / WRITE_IMM payload into a registered region */
+	SINK_RECV,		/* SEND payload into the posted receive at the ring head */
+	SINK_UNEXPECTED,	/* SEND payload into a buffer until a receive is posted */
+	SINK_READ_RESP,		/* READ response into the initiator's local buffer */
+};
+
+struct tcp_rx {
+	uint8_t *buf;
+	uint32_t start;		/* unparsed bytes are buf[start, end) */
+	uint32_t end;
+	bool in_payload;
+	struct wire_hdr hdr;	/* the frame being received */
+	enum rx_sink sink;
+	uint8_t *dst;
+	uint32_t remaining;
+	struct tcp_op *op;		/* SINK_READ_RESP */
+	struct tcp_unexpected *unx;	/* SINK_UNEXPECTED */
+};
+
+enum tcp_conn_state {
+	CONN_OPEN,
+	CONN_DRAINING,	/* a NAK is queued: write what is queued, then shut down */
+	CONN_CLOSED,	/* out of epoll, nothing more is read or written */
+};
+
+struct tcp_ep {
+	struct rps__ep base;
+	struct tcp_fabric *fab;
+	struct tcp_cq *cq;
+	int fd;
+	pthread_mutex_t lock;
+	enum tcp_conn_state conn;
+	uint32_t epoll_events;
+	bool deferred;			/* in cq->deferred (poll_lock) */
+
+	/* initiator: ops[seq & sq_mask], outstanding seqs are [sq_head, sq_next) */
+	struct tcp_op *ops;
+	uint32_t sq_depth;
+	uint32_t sq_mask;
+	uint32_t sq_head;
+	uint32_t sq_next;
+	uint32_t sq_sent;	/* last op whose frame is fully written */
+	uint32_t peer_acked;	/* cumulative ACK from the peer */
+	uint32_t rd_unanswered;	/* READ/atomics sent or queued, not answered: FENCE waits */
+	struct tcp_txe *held_head;	/* ops waiting behind a FENCE */
+	struct tcp_txe *held_tail;
+	uint8_t *inline_buf;
+	uint32_t max_inline;
+
+	/* outgoing frames, FIFO */
+	struct tcp_txe *tx_head;
+	struct tcp_txe *tx_tail;
+	struct tcp_txe *resp_pool;
+	struct tcp_txe *rps__tcp_resp_free;
+	struct tcp_txe *ack_tail;	/* queued ACK that is the unsent tail: coalesce into it */
+	uint32_t ack_queued;		/* watermark carried by the last ACK queued */
+	struct tcp_txe nak;
+
+	/* target */
+	uint32_t peer_seq;		/* last request executed */
+	uint32_t peer_sq_depth;
+	struct tcp_rx rx;
+
+	/* receive queue: recvs[i & rq_mask], posted are [rq_head, rq_tail) */
+	struct tcp_recv *recvs;
+	uint32_t rq_depth;
+	uint32_t rq_mask;
+	uint32_t rq_head;
+	uint32_t rq_tail;
+	struct tcp_unexpected *unx_head;
+	struct tcp_unexpected *unx_tail;
+	uint32_t unx_count;
+	uint64_t unx_bytes;
+};
+
+struct tcp_pending {
+	struct tcp_pending *next;
+	struct tcp_pending *prev;
+	int fd;
+	uint32_t got;
+	uint64_t since_ns;
+	uint8_t hello[TCP_HELLO_SIZE];
+	char peer[64];
+};
+
+struct tcp_listener {
+	struct rps__listener base;
+	struct tcp_fabric *fab;
+	int fd;
+	int epfd;			/* listening socket + pending sockets */
+	struct tcp_pending *pending;	/* newest first */
+	struct tcp_pending *pending_tail;	/* the oldest: evicted first when full */
+	uint32_t npending;
+	uint64_t hello_timeout_ns;
+};
+
+struct tcp_conn_req {
+	struct rps__conn_req base;
+	struct tcp_fabric *fab;
+	int fd;
+	uint32_t peer_sq_depth;
+	char peer[64];
+};
+
+struct ep_sizes {
+	uint32_t sq_depth;
+	uint32_t rq_depth;
+	uint32_t max_inline;
+};
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                            */
+
+static inline bool seq_le(uint32_t a, uint32_t b)
+{
+	return (int32_t)(a - b) <= 0;
+}
+
+
+/* ------------------------------------------------------------------------ */
+/* shared between the files                                                 */
+
+/* tcp_codec.c */
+void rps__tcp_hello_put(uint8_t *out, const struct wire_hello *h);
+void rps__tcp_hello_get(struct wire_hello *h, const uint8_t *in);
+void rps__tcp_hdr_put(uint8_t *out, const struct wire_hdr *h);
+void rps__tcp_hdr_get(struct wire_hdr *h, const uint8_t *in);
+int rps__tcp_hello_check(const struct wire_hello *h, const char *peer);
+
+/* tcp.c */
+uint8_t *rps__tcp_mr_target(struct tcp_fabric *fab, uint32_t rkey, uint64_t raddr, uint64_t len, int access);
+void rps__tcp_cq_push(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t wr_id, enum rps__wc_status status,
+		      enum rps__wc_opcode opcode, uint32_t byte_len, uint32_t imm);
+int rps__tcp_cq_pop(struct tcp_cq *cq, struct rps__wc *wc, int n);
+void rps__tcp_ep_free(struct tcp_ep *ep);
+int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const struct ep_sizes *sz,
+		       uint32_t peer_sq_depth, const char *peer, struct tcp_ep **out);
+int rps__tcp_ep_bind(struct tcp_ep *ep);
+
+/* tcp_send.c */
+void rps__tcp_ep_complete(struct tcp_ep *ep, uint64_t wr_id, enum rps__wc_status status,
+			  enum rps__wc_opcode opcode, uint32_t byte_len, uint32_t imm);
+bool rps__tcp_op_wants_response(uint8_t op);
+void rps__tcp_tx_append(struct tcp_ep *ep, struct tcp_txe *txe);
+struct tcp_txe *rps__tcp_resp_alloc(struct tcp_ep *ep);
+void rps__tcp_resp_free(struct tcp_ep *ep, struct tcp_txe *txe);
+void rps__tcp_ep_abort(struct tcp_ep *ep);
+void rps__tcp_unexpected_free_all(struct tcp_ep *ep);
+bool rps__tcp_tx_purge_ops(struct tcp_ep *ep);
+void rps__tcp_ep_flush(struct tcp_ep *ep, bool has_fail, uint32_t fail_seq, enum rps__wc_status fail_status);
+void rps__tcp_ep_fail(struct tcp_ep *ep);
+void rps__tcp_target_nak(struct tcp_ep *ep, uint32_t seq, enum rps__wc_status status);
+void rps__tcp_ep_tx_flush(struct tcp_ep *ep);
+void rps__tcp_queue_ack(struct tcp_ep *ep);
+void rps__tcp_sq_release_held(struct tcp_ep *ep);
+void rps__tcp_sq_complete_done(struct tcp_ep *ep);
+int rps__tcp_post(struct rps__ep *base, const struct rps__wr *wr, int n);
+void rps__tcp_rq_match(struct tcp_ep *ep);
+bool rps__tcp_unexpected_room(const struct tcp_ep *ep, uint32_t len);
+void rps__tcp_unexpected_append(struct tcp_ep *ep, struct tcp_unexpected *u);
+int rps__tcp_post_recv(struct rps__ep *base, const struct rps__sge *sge, uint64_t wr_id);
+
+/* tcp_engine.c */
+void rps__tcp_flush_deferred(struct tcp_cq *cq);
+int rps__tcp_cq_poll(struct rps__cq *base, struct rps__wc *wc, int n);
+
+/* tcp_conn.c */
+int rps__tcp_listen(struct rps__fabric *base, const char *host, uint16_t port, struct rps__listener **out);
+int rps__tcp_listener_fd(struct rps__listener *base);
+int rps__tcp_listener_get_request(struct rps__listener *base, struct rps__conn_req **out);
+void rps__tcp_listener_close(struct rps__listener *base);
+int rps__tcp_accept(struct rps__conn_req *base, struct rps__cq *cq_base, const struct rps__ep_attr *attr,
+		    const void *data, size_t len, struct rps__ep **out);
+int rps__tcp_reject(struct rps__conn_req *base, const void *data, size_t len);
+int rps__tcp_connect(struct rps__fabric *base, const char *host, uint16_t port, struct rps__cq *cq_base,
+		     const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+		     void *reply, size_t *reply_len, struct rps__ep **out);
+
+#endif

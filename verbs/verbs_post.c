@@ -1,0 +1,465 @@
+/*
+ * verbs_post.c - posting work requests on a verbs endpoint, and the local
+ * CAS through a loopback QP (verbs.c has the overview).
+ */
+#include "config.h"
+#include "common/common.h"
+#include "transport/transport.h"
+#include "verbs/verbs_int.h"
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- posting ------------------------------------------------------------- */
+
+/* The send queue is full.  If no signaled WR is in flight, polling would
+ * never free the unsignaled ones: send a signaled zero-length WRITE (needs
+ * no rkey, IBA C9-88) so that it does.  sq_lock held. */
+static void post_unstick(struct v_ep *ep, uint64_t done, uint64_t outstanding)
+{
+	struct ibv_send_wr *bad = NULL, *w;
+	uint64_t seq;
+
+	if (ep->sig_end <= done && outstanding < ep->sq_depth) {
+		seq = ep->sq_head;
+		w = &ep->swr[0];
+		memset(w, 0, sizeof(*w));
+		w->wr_id = seq;
+		w->opcode = IBV_WR_RDMA_WRITE;
+		w->send_flags = IBV_SEND_SIGNALED;
+		ep->sring[seq % ep->sq_depth] = (struct v_sslot){ .wr_id = 0, .op = V_OP_NOP, .user_sig = 0 };
+		if (ibv_post_send(ep->qp, w, &bad) == 0) {
+			ep->sq_head++;
+			ep->sig_end = ep->sq_head;
+			ep->unsig = 0;
+		}
+	}
+}
+
+/* The remote side of atomic WR i (u) in w and sg. */
+static int build_atomic(struct v_ep *ep, const struct rps__wr *u, int i, struct ibv_send_wr *w, struct ibv_sge *sg)
+{
+	if (!u->sge.mr || ((uintptr_t)u->sge.addr & 7))
+		return rps__seterr(-EINVAL, "verbs: post: atomic WR %d needs an 8-byte aligned result word in a registered region", i);
+	sg->length = 8;
+	w->num_sge = 1;
+	if (u->raddr & 7) {
+		/* Some providers (rxe) refuse a misaligned atomic at
+		 * post time; the contract wants a remote access
+		 * error completion and the endpoint in error, in
+		 * order.  An 8-byte READ into the trap region fails
+		 * exactly so on any device and changes nothing at
+		 * the target; rps__verbs_translate reports it as
+		 * RPS__WC_REM_ACCESS_ERR. */
+		w->opcode = IBV_WR_RDMA_READ;
+		w->wr.rdma.remote_addr = u->raddr & ~7ull;
+		w->wr.rdma.rkey = u->rkey;
+		sg->addr = (uintptr_t)ep->fab->trap_buf;
+		sg->lkey = ep->fab->trap_mr->lkey;
+		w->send_flags |= IBV_SEND_SIGNALED;
+	} else {
+		w->wr.atomic.remote_addr = u->raddr;
+		w->wr.atomic.rkey = u->rkey;
+		w->wr.atomic.compare_add = u->compare_add;
+		w->wr.atomic.swap = u->swap;
+	}
+	return 0;
+}
+
+/* ep->swr[i] (and its sge) for WR i of n, u; *unsig counts the unsignaled
+ * WRs since the last signaled one.  sq_lock held. */
+static int build_swr(struct v_ep *ep, const struct rps__wr *u, int i, int n, uint32_t *unsig)
+{
+	struct ibv_send_wr *w = &ep->swr[i];
+	struct ibv_sge *sg = &ep->ssge[i];
+	uint64_t seq = ep->sq_head + (uint64_t)i;
+	int inl = 0, ret, sig;
+
+	memset(w, 0, sizeof(*w));
+	w->wr_id = seq;
+	w->next = i + 1 < n ? &ep->swr[i + 1] : NULL;
+	sg->addr = (uintptr_t)u->sge.addr;
+	sg->length = u->sge.len;
+	sg->lkey = u->sge.mr ? u->sge.mr->lkey : 0;
+	w->sg_list = sg;
+	w->num_sge = u->sge.len ? 1 : 0;
+	switch (u->op) {
+	case RPS__OP_SEND:
+		w->opcode = IBV_WR_SEND;
+		inl = 1;
+		break;
+	case RPS__OP_WRITE:
+		w->opcode = IBV_WR_RDMA_WRITE;
+		inl = 1;
+		break;
+	case RPS__OP_WRITE_IMM:
+		w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+		w->imm_data = htonl(u->imm);
+		inl = 1;
+		break;
+	case RPS__OP_READ:
+		w->opcode = IBV_WR_RDMA_READ;
+		break;
+	case RPS__OP_CAS:
+		w->opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+		break;
+	case RPS__OP_FADD:
+		w->opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+		break;
+	default:
+		return rps__seterr(-EINVAL, "verbs: post: unknown op %d in WR %d", (int)u->op, i);
+	}
+	if (u->op == RPS__OP_WRITE || u->op == RPS__OP_WRITE_IMM || u->op == RPS__OP_READ) {
+		w->wr.rdma.remote_addr = u->raddr;
+		w->wr.rdma.rkey = u->rkey;
+	} else if (u->op == RPS__OP_CAS || u->op == RPS__OP_FADD) {
+		ret = build_atomic(ep, u, i, w, sg);
+		if (ret)
+			return ret;
+	}
+	if ((u->flags & RPS__WR_INLINE) && inl && u->sge.len <= ep->max_inline) {
+		w->send_flags |= IBV_SEND_INLINE;
+	} else if (u->sge.len && !u->sge.mr) {
+		return rps__seterr(-EINVAL, "verbs: post: WR %d has %u bytes outside any registered region%s", i, u->sge.len,
+				   (u->flags & RPS__WR_INLINE) ? " and too many to inline (see ep_attr.max_inline)" : "");
+	}
+	if (u->flags & RPS__WR_FENCE)
+		w->send_flags |= IBV_SEND_FENCE;
+	/* selective signalling: at least one WR in every sq_depth/2 */
+	sig = (u->flags & RPS__WR_SIGNALED) || ++*unsig >= ep->sig_every;
+	if (sig) {
+		w->send_flags |= IBV_SEND_SIGNALED;
+		*unsig = 0;
+	}
+	return 0;
+}
+
+/* Commit the ring for the first `posted` WRs, which the device took. */
+static void commit_sring(struct v_ep *ep, const struct rps__wr *wr, int posted)
+{
+	uint64_t seq;
+	int i;
+
+	for (i = 0; i < posted; i++) {
+		seq = ep->sq_head + (uint64_t)i;
+		ep->sring[seq % ep->sq_depth] = (struct v_sslot){
+			.wr_id = wr[i].wr_id, .op = (uint8_t)wr[i].op,
+			.user_sig = (wr[i].flags & RPS__WR_SIGNALED) ? 1 : 0,
+			.force = ((wr[i].op == RPS__OP_CAS || wr[i].op == RPS__OP_FADD) && (wr[i].raddr & 7)) ?
+				 RPS__WC_REM_ACCESS_ERR : 0 };
+		if (ep->swr[i].send_flags & IBV_SEND_SIGNALED) {
+			ep->sig_end = seq + 1;
+			ep->unsig = 0;
+		} else {
+			ep->unsig++;
+		}
+	}
+	ep->sq_head += (uint64_t)posted;
+}
+
+int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
+{
+	struct v_ep *ep = VEP(bep);
+	struct ibv_send_wr *bad = NULL;
+	uint64_t done, outstanding;
+	uint32_t unsig;
+	int i, ret, posted;
+
+	if (n <= 0)
+		return n == 0 ? 0 : rps__seterr(-EINVAL, "verbs: post: negative count %d", n);
+	if ((uint32_t)n > ep->sq_depth)
+		return rps__seterr(-EINVAL, "verbs: post: %d WRs exceed the endpoint's sq_depth %u", n, ep->sq_depth);
+
+	pthread_mutex_lock(&ep->sq_lock);
+	done = atomic_load_explicit(&ep->sq_done, memory_order_acquire);
+	outstanding = ep->sq_head - done;
+	if (outstanding + (uint64_t)n > ep->sq_depth) {
+		post_unstick(ep, done, outstanding);
+		pthread_mutex_unlock(&ep->sq_lock);
+		return rps__seterr(-EAGAIN, "verbs: send queue of %s full (%u outstanding): poll the CQ and retry",
+				   ep->base.peer, (unsigned)outstanding);
+	}
+
+	unsig = ep->unsig;
+	for (i = 0; i < n; i++) {
+		ret = build_swr(ep, &wr[i], i, n, &unsig);
+		if (ret)
+			goto err_unlock;
+	}
+
+	bad = ep->swr;
+	ret = v_fault("ibv_post_send");
+	if (!ret)
+		ret = ibv_post_send(ep->qp, ep->swr, &bad);
+	posted = ret ? (int)(bad - ep->swr) : n;
+	commit_sring(ep, wr, posted);
+	pthread_mutex_unlock(&ep->sq_lock);
+	if (ret)
+		return rps__seterr(-ret, "ibv_post_send(%s): %s (%d of %d WRs posted)", ep->base.peer, strerror(ret), posted, n);
+	return 0;
+
+err_unlock:
+	pthread_mutex_unlock(&ep->sq_lock);
+	return ret;
+}
+
+int rps__verbs_post_recv(struct rps__ep *bep, const struct rps__sge *sge, uint64_t wr_id)
+{
+	struct v_ep *ep = VEP(bep);
+	struct ibv_recv_wr w, *bad;
+	struct ibv_sge sg;
+	uint64_t done;
+	int ret;
+
+	if (sge->len && !sge->mr)
+		return rps__seterr(-EINVAL, "verbs: post_recv: the buffer must be in a registered region");
+	sg.addr = (uintptr_t)sge->addr;
+	sg.length = sge->len;
+	sg.lkey = sge->mr ? sge->mr->lkey : 0;
+	memset(&w, 0, sizeof(w));
+	w.sg_list = &sg;
+	w.num_sge = sge->len ? 1 : 0;
+
+	pthread_mutex_lock(&ep->rq_lock);
+	done = atomic_load_explicit(&ep->rq_done, memory_order_acquire);
+	if (ep->rq_head - done >= ep->rq_depth) {
+		pthread_mutex_unlock(&ep->rq_lock);
+		return rps__seterr(-EAGAIN, "verbs: receive queue of %s full (%u posted): poll the CQ or raise rq_depth",
+				   ep->base.peer, ep->rq_depth);
+	}
+	ep->rring[ep->rq_head % ep->rq_depth] = wr_id;
+	w.wr_id = V_RECV_TAG | ep->rq_head;
+	ret = v_fault("ibv_post_recv");
+	if (!ret)
+		ret = ibv_post_recv(ep->qp, &w, &bad);
+	if (!ret)
+		ep->rq_head++;
+	pthread_mutex_unlock(&ep->rq_lock);
+	if (ret)
+		return rps__seterr(-ret, "ibv_post_recv(%s): %s", ep->base.peer, strerror(ret));
+	/* posted to a QP in error: make the device flush it (see rps__verbs_ep_set_error) */
+	if (__atomic_load_n(&ep->base.error, __ATOMIC_SEQ_CST))
+		rps__verbs_qp_error(ep->qp);
+	return 0;
+}
+
+/* ---- local CAS through a loopback QP ------------------------------------- */
+
+/* A self-connected RC QP: its atomics go through the HCA like the remote
+ * workers' do, so they are atomic with respect to them (a CPU CAS is not,
+ * under IBV_ATOMIC_HCA). */
+/* The loopback QP's CQ, its result word's MR, and the QP. */
+static int lcas_create(struct v_fab *f)
+{
+	struct ibv_qp_init_attr ia;
+	int ret, e;
+
+	f->lcas_cq = v_fault("ibv_create_cq") ? NULL : ibv_create_cq(f->ctx, 4, NULL, NULL, 0);
+	if (!f->lcas_cq) {
+		e = v_errno(ENOMEM);
+		ret = rps__seterr(-e, "local_cas: ibv_create_cq: %s", strerror(e));
+		return ret;
+	}
+	f->lcas_mr = v_fault("ibv_reg_mr") ? NULL : ibv_reg_mr(f->pd, f->lcas_buf, 64, IBV_ACCESS_LOCAL_WRITE);
+	if (!f->lcas_mr) {
+		e = v_errno(ENOMEM);
+		ret = rps__seterr(-e, "local_cas: ibv_reg_mr(64 bytes): %s", strerror(e));
+		return ret;
+	}
+	memset(&ia, 0, sizeof(ia));
+	ia.send_cq = f->lcas_cq;
+	ia.recv_cq = f->lcas_cq;
+	ia.qp_type = IBV_QPT_RC;
+	ia.cap.max_send_wr = 2;
+	ia.cap.max_recv_wr = 1;
+	ia.cap.max_send_sge = 1;
+	ia.cap.max_recv_sge = 1;
+	f->lcas_qp = v_fault("ibv_create_qp") ? NULL : ibv_create_qp(f->pd, &ia);
+	if (!f->lcas_qp) {
+		e = v_errno(ENOMEM);
+		ret = rps__seterr(-e, "local_cas: ibv_create_qp: %s", strerror(e));
+		return ret;
+	}
+	return 0;
+}
+
+static int lcas_to_init(struct v_fab *f)
+{
+	struct ibv_qp_attr a;
+	int ret;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = 0;
+	a.port_num = f->port;
+	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE |
+			    IBV_ACCESS_REMOTE_ATOMIC;
+	ret = v_fault("ibv_modify_qp");
+	if (!ret)
+		ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	if (ret) {
+		ret = rps__seterr(-ret, "local_cas: loopback QP to INIT: %s", strerror(ret));
+		return ret;
+	}
+	return 0;
+}
+
+/* RTR, connected to itself. */
+static int lcas_to_rtr(struct v_fab *f)
+{
+	struct ibv_qp_attr a;
+	union ibv_gid gid;
+	int ret, gidx;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = f->pattr.active_mtu;
+	a.dest_qp_num = f->lcas_qp->qp_num;	/* itself */
+	a.rq_psn = 0;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = V_MIN_RNR_TIMER;
+	a.ah_attr.port_num = f->port;
+	if (f->pattr.link_layer == IBV_LINK_LAYER_INFINIBAND && f->pattr.lid) {
+		a.ah_attr.dlid = f->pattr.lid;
+	} else {
+		/* RoCE has no LIDs: address ourselves by GID */
+		gidx = rps__verbs_gid_index(f, &gid);
+		if (gidx < 0) {
+			ret = rps__seterr(-EADDRNOTAVAIL, "local_cas: port %u of %s has no GID: is its netdev up with an address?",
+					  f->port, f->name);
+			return ret;
+		}
+		a.ah_attr.is_global = 1;
+		a.ah_attr.grh.dgid = gid;
+		a.ah_attr.grh.sgid_index = (uint8_t)gidx;
+		a.ah_attr.grh.hop_limit = 64;
+	}
+	ret = v_fault("ibv_modify_qp");
+	if (!ret)
+		ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (ret) {
+		ret = rps__seterr(-ret, "local_cas: loopback QP to RTR: %s", strerror(ret));
+		return ret;
+	}
+	return 0;
+}
+
+static int lcas_to_rts(struct v_fab *f)
+{
+	struct ibv_qp_attr a;
+	int ret;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = V_RETRY;
+	a.rnr_retry = V_RNR_RETRY;
+	a.sq_psn = 0;
+	a.max_rd_atomic = 1;
+	ret = v_fault("ibv_modify_qp");
+	if (!ret)
+		ret = ibv_modify_qp(f->lcas_qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+			    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	if (ret) {
+		ret = rps__seterr(-ret, "local_cas: loopback QP to RTS: %s", strerror(ret));
+		return ret;
+	}
+	return 0;
+}
+
+static int v_lcas_setup(struct v_fab *f)
+{
+	int ret;
+
+	f->lcas_buf = v_fault("aligned_alloc") ? NULL : aligned_alloc(64, 64);
+	if (!f->lcas_buf)
+		return rps__seterr(-ENOMEM, "local_cas: out of memory");
+	ret = lcas_create(f);
+	if (!ret)
+		ret = lcas_to_init(f);
+	if (!ret)
+		ret = lcas_to_rtr(f);
+	if (!ret)
+		ret = lcas_to_rts(f);
+	if (ret)
+		rps__verbs_lcas_teardown(f);
+	return ret;
+}
+
+int rps__verbs_local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word, uint64_t compare,
+			 uint64_t swap, uint64_t *old)
+{
+	struct v_fab *f = VFAB(fab);
+	struct ibv_send_wr w, *bad;
+	struct ibv_sge sg;
+	struct ibv_wc wc;
+	uint64_t deadline;
+	unsigned spins = 0;
+	int ret, k;
+
+	if (((uintptr_t)word & 7) || (char *)word < (char *)mr->addr ||
+	    (char *)word + 8 > (char *)mr->addr + mr->len)
+		return rps__seterr(-EINVAL, "local_cas: the word must be 8-byte aligned and inside the region");
+	if (!(mr->access & RPS__ACCESS_REMOTE_ATOMIC))
+		return rps__seterr(-EINVAL, "local_cas: register the region with RPS__ACCESS_REMOTE_ATOMIC (the loopback QP reaches it by rkey)");
+
+	pthread_mutex_lock(&f->lcas_lock);
+	if (!f->lcas_qp) {
+		ret = v_lcas_setup(f);
+		if (ret)
+			goto out;
+	}
+	sg.addr = (uintptr_t)f->lcas_buf;
+	sg.length = 8;
+	sg.lkey = f->lcas_mr->lkey;
+	memset(&w, 0, sizeof(w));
+	w.wr_id = 1;
+	w.sg_list = &sg;
+	w.num_sge = 1;
+	w.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+	w.send_flags = IBV_SEND_SIGNALED;
+	w.wr.atomic.remote_addr = (uintptr_t)word;
+	w.wr.atomic.rkey = mr->rkey;
+	w.wr.atomic.compare_add = compare;
+	w.wr.atomic.swap = swap;
+	ret = v_fault("ibv_post_send");
+	if (!ret)
+		ret = ibv_post_send(f->lcas_qp, &w, &bad);
+	if (ret) {
+		ret = rps__seterr(-ret, "local_cas: ibv_post_send: %s", strerror(ret));
+		rps__verbs_lcas_teardown(f);
+		goto out;
+	}
+	deadline = v_deadline(V_LCAS_WAIT_MS);
+	while ((k = v_fault("ibv_poll_cq") ? -1 : ibv_poll_cq(f->lcas_cq, 1, &wc)) == 0) {
+		if ((++spins & 1023) == 0) {
+			if (rps__now_ns() > deadline) {
+				/* outcome unknown: destroying the QP cancels it if not done */
+				ret = rps__seterr(-ETIMEDOUT, "local_cas: no completion from the loopback QP in %d ms", V_LCAS_WAIT_MS);
+				rps__verbs_lcas_teardown(f);
+				goto out;
+			}
+			sched_yield();
+		}
+	}
+	if (k < 0 || wc.status != IBV_WC_SUCCESS) {
+		ret = rps__seterr(k >= 0 && wc.status == IBV_WC_REM_ACCESS_ERR ? -EACCES : -EIO,
+				  "local_cas: loopback CAS failed: %s", k < 0 ? "ibv_poll_cq error" : ibv_wc_status_str(wc.status));
+		rps__verbs_lcas_teardown(f);	/* the QP is in error now; recreate next time */
+		goto out;
+	}
+	*old = *(volatile uint64_t *)f->lcas_buf;
+	ret = 0;
+out:
+	pthread_mutex_unlock(&f->lcas_lock);
+	return ret;
+}
