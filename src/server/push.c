@@ -199,33 +199,14 @@ static void update_min_clock(struct tensor *t, struct shard *s)
 	__atomic_store_n(&s->hdr->min_clock, m, __ATOMIC_RELEASE);
 }
 
-/*
- * Decide what to do with the push in (c, slot).  Every path that does not
- * return NOT_YET acknowledges the push and frees the slot: a push is applied
- * once or refused, never silently dropped.
- */
-static enum consume_result consume(struct rps__server *srv, struct conn *c, uint32_t slot)
+/* Refuse a push for a partition whose contents are lost, or that is not
+ * served here under the push's epoch.  True: refused (acknowledged). */
+static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+			    struct shard *s, const struct rps__push_desc *d)
 {
-	struct rps__push_desc *d = slot_desc(c, slot);
-	struct tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
-	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
-	uint64_t holds = 0;
-	struct shard *s;
-	uint32_t local;
-
-	if (!t) {
-		push_ack(c, slot, -ENOENT, 0, 0);
-		return CONSUMED;
-	}
-	if (d->shard >= t->layout.nshards) {
-		push_ack(c, slot, -EINVAL, 0, 0);
-		return CONSUMED;
-	}
-	local = d->shard;
-	s = &t->shards[local];
 	if (rps__srv_part_lost(srv, s->part)) {
 		push_ack(c, slot, -ENODATA, 0, 0);
-		return CONSUMED;
+		return true;
 	}
 	/* Fencing: only the owner of the partition, under the epoch the map
 	 * gave it, takes pushes.  A refused push was not applied: the worker
@@ -240,52 +221,71 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 				left = rps__srv_release_lock(srv, t, s, w);
 		}
 		push_ack(c, slot, RPS_ESTALE_EPOCH, 0, left);
+		return true;
+	}
+	return false;
+}
+
+/* The creator's initial values of a shard. */
+static enum consume_result consume_init(struct rps__server *srv, struct conn *c, uint32_t slot,
+					struct tensor *t, struct shard *s, uint32_t local,
+					const struct rps__push_desc *d)
+{
+	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
+
+	if (s->ready || s->init_conn != c) {
+		push_ack(c, slot, -EALREADY, s->step, 0);
 		return CONSUMED;
 	}
-
-	if (d->kind == RPS__PUSH_INIT) {
-		if (s->ready || s->init_conn != c) {
-			push_ack(c, slot, -EALREADY, s->step, 0);
-			return CONSUMED;
-		}
-		if (d->nbytes != (uint64_t)s->elems * 4u) {
-			push_ack(c, slot, -EMSGSIZE, 0, 0);
-			return CONSUMED;
-		}
-		publish_begin(s);
-		memcpy(s->params, data, d->nbytes);
-		s->ready = true;
-		s->init_conn = NULL;
-		publish_end(s);
-		push_ack(c, slot, 0, s->step, 0);
-		rps__srv_wake_waiters(srv, t, local);
+	if (d->nbytes != (uint64_t)s->elems * 4u) {
+		push_ack(c, slot, -EMSGSIZE, 0, 0);
 		return CONSUMED;
 	}
+	publish_begin(s);
+	memcpy(s->params, data, d->nbytes);
+	s->ready = true;
+	s->init_conn = NULL;
+	publish_end(s);
+	push_ack(c, slot, 0, s->step, 0);
+	rps__srv_wake_waiters(srv, t, local);
+	return CONSUMED;
+}
 
-	/* async and bounded: the worker must hold the shard lock it names; the
-	 * server releases it once the push is decided (the worker does not
-	 * have to come back for that: a push is one round trip). */
-	if (t->spec.mode != RPS_MODE_SYNC) {
-		uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
-		if (w != d->lock || !rps__lock_is_locked(w) || rps__lock_owner(w) != c->owner) {
-			push_ack(c, slot, RPS_ELEASE, s->step, d->lock);
-			return CONSUMED;
-		}
-		holds = w;
-		/* A retried push that was applied already (idempotent push ids):
-		 * acknowledge, do not apply again. */
-		if (dedup_seen(s, c->client_id, d->push_id)) {
-			push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, holds));
-			return CONSUMED;
-		}
+/* async and bounded: the worker must hold the shard lock it names; the
+ * server releases it once the push is decided (the worker does not
+ * have to come back for that: a push is one round trip).  True: decided
+ * here (refused, or a retry acknowledged); else *holds is the lock word. */
+static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+		       struct shard *s, const struct rps__push_desc *d, uint64_t *holds)
+{
+	uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
+
+	if (w != d->lock || !rps__lock_is_locked(w) || rps__lock_owner(w) != c->owner) {
+		push_ack(c, slot, RPS_ELEASE, s->step, d->lock);
+		return true;
 	}
+	*holds = w;
+	/* A retried push that was applied already (idempotent push ids):
+	 * acknowledge, do not apply again. */
+	if (dedup_seen(s, c->client_id, d->push_id)) {
+		push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, *holds));
+		return true;
+	}
+	return false;
+}
+
+/* Refuse a gradient of the wrong dtype or size, from the wrong rank, or
+ * (sync) for a step out of reach.  True: refused (acknowledged). */
+static bool refuse_bad_grad(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+			    struct shard *s, const struct rps__push_desc *d, uint64_t holds)
+{
 	if (d->dtype != t->spec.dtype || d->nbytes != (uint64_t)s->elems * rps__dtype_size(t->spec.dtype)) {
 		push_ack(c, slot, -EMSGSIZE, 0, rps__srv_release_lock(srv, t, s, holds));
-		return CONSUMED;
+		return true;
 	}
 	if ((t->spec.mode != RPS_MODE_ASYNC) && (d->rank < 0 || d->rank >= t->spec.num_workers || d->rank != c->rank)) {
 		push_ack(c, slot, -EINVAL, 0, rps__srv_release_lock(srv, t, s, holds));
-		return CONSUMED;
+		return true;
 	}
 	/* Sync: a rank can be at most this many steps ahead of the shard:
 	 * its pushes for the steps between are all here, in its slots or
@@ -297,21 +297,30 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 			 rps__ep_peer(c->ep), c->rank, t->name, s->index, (unsigned long long)d->clock,
 			 (unsigned long long)s->step);
 		push_ack(c, slot, -ERANGE, s->step, 0);
-		return CONSUMED;
+		return true;
 	}
-	if (!s->ready)
+	return false;
+}
+
+/* Sync: added to the step's sum in its turn, else NOT_YET. */
+static enum consume_result consume_sync(struct rps__server *srv, struct conn *c, uint32_t slot,
+					struct tensor *t, struct shard *s, uint32_t local,
+					const struct rps__push_desc *d)
+{
+	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
+	uint64_t step = s->step;
+	int ret = sync_take(srv, t, local, d->clock, d->rank, data);
+
+	if (ret == -EAGAIN)
 		return NOT_YET;
+	push_ack(c, slot, ret, step, 0);
+	return CONSUMED;
+}
 
-	if (t->spec.mode == RPS_MODE_SYNC) {
-		uint64_t step = s->step;
-		int ret = sync_take(srv, t, local, d->clock, d->rank, data);
-		if (ret == -EAGAIN)
-			return NOT_YET;
-		push_ack(c, slot, ret, step, 0);
-		return CONSUMED;
-	}
-
-	/* async and bounded: applied alone, under the lock the worker holds */
+/* async and bounded: applied alone, under the lock the worker holds */
+static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+			struct shard *s, uint32_t local, const struct rps__push_desc *d, uint64_t holds)
+{
 	shard_update(t, s, grad_fp32(s, d));
 	dedup_note(s, c->client_id, d->push_id);
 	if (t->spec.mode == RPS_MODE_BOUNDED) {
@@ -321,6 +330,45 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	}
 	push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, holds));
 	rps__srv_wake_waiters(srv, t, local);
+}
+
+/*
+ * Decide what to do with the push in (c, slot).  Every path that does not
+ * return NOT_YET acknowledges the push and frees the slot: a push is applied
+ * once or refused, never silently dropped.  The steps are static and called
+ * once: the compiler inlines them, the push path does no more than before.
+ */
+static enum consume_result consume(struct rps__server *srv, struct conn *c, uint32_t slot)
+{
+	struct rps__push_desc *d = slot_desc(c, slot);
+	struct tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
+	uint64_t holds = 0;
+	struct shard *s;
+	uint32_t local;
+
+	if (!t) {
+		push_ack(c, slot, -ENOENT, 0, 0);
+		return CONSUMED;
+	}
+	if (d->shard >= t->layout.nshards) {
+		push_ack(c, slot, -EINVAL, 0, 0);
+		return CONSUMED;
+	}
+	local = d->shard;
+	s = &t->shards[local];
+	if (refuse_unserved(srv, c, slot, t, s, d))
+		return CONSUMED;
+	if (d->kind == RPS__PUSH_INIT)
+		return consume_init(srv, c, slot, t, s, local, d);
+	if (t->spec.mode != RPS_MODE_SYNC && check_lock(srv, c, slot, t, s, d, &holds))
+		return CONSUMED;
+	if (refuse_bad_grad(srv, c, slot, t, s, d, holds))
+		return CONSUMED;
+	if (!s->ready)
+		return NOT_YET;
+	if (t->spec.mode == RPS_MODE_SYNC)
+		return consume_sync(srv, c, slot, t, s, local, d);
+	apply_async(srv, c, slot, t, s, local, d, holds);
 	return CONSUMED;
 }
 
