@@ -191,6 +191,55 @@ static void drop_idle_workers(struct rps__server *srv, uint64_t now)
 #define LISTENER_CHECK_NS (250ull * 1000000ull)
 #define TIMERS_IDLE_MS 1000	/* no layer above: no timers of its own */
 
+/* The loop's timers: the lease scan, the listener's (and --idle-timeout-ms)
+ * and the layer above's.  Returns the ms until the layer above wants to run
+ * again, or a negative errno; *stop: the layer above asks to stop. */
+static int run_timers(struct rps__server *srv, uint64_t now, uint64_t scan_every,
+		      uint64_t *next_listener_check, bool *stop)
+{
+	int cp_ms = TIMERS_IDLE_MS;
+
+	if (now >= srv->next_lease_scan) {
+		rps__srv_scan_locks(srv, 0);
+		srv->next_lease_scan = now + scan_every;
+	}
+	/* the listener drops silent handshakes only when asked: ask on a
+	 * timer too, not only when a new connection arrives */
+	if (now >= *next_listener_check) {
+		rps__srv_accept_pending(srv);
+		if (srv->cfg.idle_timeout_ms)
+			drop_idle_workers(srv, now);
+		*next_listener_check = now + LISTENER_CHECK_NS;
+	}
+	if (srv->hooks.run_timers)
+		cp_ms = srv->hooks.run_timers(srv->hooks.ctx, now, stop);
+	return cp_ms;
+}
+
+/* Sleep until a completion, a connection request, a stop or the next
+ * timer.  1: stop, 0: go on, or a negative errno. */
+static int sleep_until_work(struct rps__server *srv, uint64_t now, int cp_ms)
+{
+	struct pollfd pfd[3];
+	int timeout;
+
+	pfd[0] = (struct pollfd){ .fd = rps__cq_fd(srv->cq), .events = POLLIN };
+	pfd[1] = (struct pollfd){ .fd = rps__listener_fd(srv->listener), .events = POLLIN };
+	pfd[2] = (struct pollfd){ .fd = srv->stop_fd, .events = POLLIN };
+	timeout = (int)((srv->next_lease_scan - now) / 1000000ull) + 1;
+	if (cp_ms < timeout)
+		timeout = cp_ms;
+	if ((int)(LISTENER_CHECK_NS / 1000000ull) < timeout)
+		timeout = (int)(LISTENER_CHECK_NS / 1000000ull);
+	if (poll(pfd, 3, timeout) < 0 && errno != EINTR)
+		return rps__seterr(-errno, "poll: %s", strerror(errno));
+	if (pfd[2].revents)
+		return 1;
+	if (pfd[1].revents)
+		rps__srv_accept_pending(srv);
+	return 0;
+}
+
 int rps__server_run(struct rps__server *srv)
 {
 	struct rps__wc wc[32];
@@ -205,10 +254,9 @@ int rps__server_run(struct rps__server *srv)
 		rps__log(RPS__LOG_WARN, "%s: serving unpinned", rps__errbuf());
 	srv->next_lease_scan = rps__now_ns() + scan_every;
 	for (;;) {
-		struct pollfd pfd[3];
 		bool stop = false;
 		uint64_t now;
-		int n, i, timeout, cp_ms = TIMERS_IDLE_MS;
+		int n, i, cp_ms;
 
 		/* here, not only after poll(): busy completions or --spin-us
 		 * may keep the loop from sleeping for as long as they last */
@@ -223,20 +271,7 @@ int rps__server_run(struct rps__server *srv)
 			on_completion(srv, &wc[i]);
 		reap_dead(srv);
 		now = rps__now_ns();
-		if (now >= srv->next_lease_scan) {
-			rps__srv_scan_locks(srv, 0);
-			srv->next_lease_scan = now + scan_every;
-		}
-		/* the listener drops silent handshakes only when asked: ask on a
-		 * timer too, not only when a new connection arrives */
-		if (now >= next_listener_check) {
-			rps__srv_accept_pending(srv);
-			if (srv->cfg.idle_timeout_ms)
-				drop_idle_workers(srv, now);
-			next_listener_check = now + LISTENER_CHECK_NS;
-		}
-		if (srv->hooks.run_timers)
-			cp_ms = srv->hooks.run_timers(srv->hooks.ctx, now, &stop);
+		cp_ms = run_timers(srv, now, scan_every, &next_listener_check, &stop);
 		if (cp_ms < 0)
 			return cp_ms;
 		if (stop)
@@ -261,20 +296,9 @@ int rps__server_run(struct rps__server *srv)
 			idle_since = rps__now_ns();
 			continue;
 		}
-		pfd[0] = (struct pollfd){ .fd = rps__cq_fd(srv->cq), .events = POLLIN };
-		pfd[1] = (struct pollfd){ .fd = rps__listener_fd(srv->listener), .events = POLLIN };
-		pfd[2] = (struct pollfd){ .fd = srv->stop_fd, .events = POLLIN };
-		timeout = (int)((srv->next_lease_scan - now) / 1000000ull) + 1;
-		if (cp_ms < timeout)
-			timeout = cp_ms;
-		if ((int)(LISTENER_CHECK_NS / 1000000ull) < timeout)
-			timeout = (int)(LISTENER_CHECK_NS / 1000000ull);
-		if (poll(pfd, 3, timeout) < 0 && errno != EINTR)
-			return rps__seterr(-errno, "poll: %s", strerror(errno));
-		if (pfd[2].revents)
-			return 0;
-		if (pfd[1].revents)
-			rps__srv_accept_pending(srv);
+		n = sleep_until_work(srv, now, cp_ms);
+		if (n)
+			return n < 0 ? n : 0;
 		idle_since = rps__now_ns();
 	}
 }
