@@ -305,81 +305,124 @@ int rps__ck_restore(struct rps__cplane *cp, const char *dir, uint32_t *installed
 
 /* ---- requests ------------------------------------------------------------ */
 
+/* PREPARE: hold every sync tensor at the step it reached here, and say
+ * which steps those are. */
+static void on_prepare(struct rps__cplane *cp, struct conn *c, uint64_t req_id, struct ckpt_state *ck,
+		       const struct rps__ckpt_req *req)
+{
+	struct rps__ckpt_target *mine = NULL;
+	struct rps__ckpt_rep rep;
+	uint32_t i, n;
+
+	memset(&rep, 0, sizeof(rep));
+	if (ck->taking || ck->writing) {
+		reply(cp, c, req_id, -EBUSY, NULL, NULL, 0, "a checkpoint is in progress on this server");
+		return;
+	}
+	n = cp->dp->hold_steps(cp->srv, &mine);
+	if (n * sizeof(*mine) + sizeof(rep) + sizeof(struct rps__msg_hdr) > cp->dp->conn_msg_max(c)) {
+		free(mine);
+		reply(cp, c, req_id, -E2BIG, NULL, NULL, 0, "too many sync tensors for one reply");
+		return;
+	}
+	/* hold each at what it reached here */
+	for (i = 0; i < n; i++)
+		cp->dp->hold_tensor(cp->srv, mine[i].name, mine[i].step);
+	ck->holding = n > 0;	/* (nothing to hold: the pause is the copy) */
+	ck->hold_start = rps__now_ns();
+	ck->hold_until = ck->hold_start + (uint64_t)(req->timeout_ms ? req->timeout_ms : 30000) * 1000000ull;
+	reply(cp, c, req_id, 0, &rep, mine, n, NULL);
+	free(mine);
+}
+
+/* TAKE: hold at the targets, let lagging shards reach them, then copy
+ * (rps__ck_timers answers once the copy is made). */
+static void on_take(struct rps__cplane *cp, struct conn *c, uint64_t req_id, struct ckpt_state *ck,
+		    const struct rps__ckpt_req *req, const struct rps__ckpt_target *tg)
+{
+	uint32_t i;
+
+	if (ck->taking || ck->writing) {
+		reply(cp, c, req_id, -EBUSY, NULL, NULL, 0, "a checkpoint is in progress on this server");
+		return;
+	}
+	for (i = 0; i < req->ntargets; i++)
+		if (memchr(tg[i].name, '\0', sizeof(tg[i].name)))
+			cp->dp->hold_tensor(cp->srv, tg[i].name, tg[i].step);
+	/* a sync tensor PREPARE did not see here (no shards then): as it is */
+	if (!ck->holding)
+		ck->hold_start = rps__now_ns();
+	ck->holding = true;
+	cp->dp->drain(cp->srv);	/* lagging shards may go on to the target */
+	ck->taking = true;
+	ck->conn = c;
+	ck->req_id = req_id;
+	ck->ckpt_id = req->ckpt_id;
+	ck->level = (int)RPS__MIN(req->level, 3u);
+	ck->raw_bytes = 0;
+	snprintf(ck->path, sizeof(ck->path), "%s", req->path);
+	rps__ck_timers(cp, rps__now_ns());
+}
+
+/* FINISH: answers once the file is durable (now, if it is). */
+static void on_finish(struct rps__cplane *cp, struct conn *c, uint64_t req_id, struct ckpt_state *ck)
+{
+	struct rps__ckpt_rep rep;
+
+	memset(&rep, 0, sizeof(rep));
+	if (ck->writing) {
+		ck->fin_conn = c;
+		ck->fin_req_id = req_id;
+		return;
+	}
+	if (!ck->have_result) {
+		reply(cp, c, req_id, -ENOENT, NULL, NULL, 0, "no checkpoint was taken here");
+		return;
+	}
+	rep.bytes = ck->bytes;
+	rep.pause_ns = ck->pause_ns;
+	rep.raw_bytes = ck->raw_bytes;
+	reply(cp, c, req_id, ck->result, &rep, NULL, 0, ck->result ? ck->msg : NULL);
+}
+
+/* RESTORE: install what of the checkpoint this server serves. */
+static void on_restore(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__ckpt_req *req)
+{
+	struct rps__ckpt_rep rep;
+	uint32_t installed;
+	uint64_t seen, bytes;
+	int ret = rps__ck_restore(cp, req->path, &installed, &seen, &bytes);
+
+	memset(&rep, 0, sizeof(rep));
+	if (!ret)
+		rps__cp_restored(cp);
+	rep.nshards = installed;
+	rep.seen_shards = seen;
+	rep.bytes = bytes;
+	reply(cp, c, req_id, ret, &rep, NULL, 0, ret ? rps__errbuf() : NULL);
+}
+
 void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps__msg_hdr *h,
 			const void *body, uint32_t body_len)
 {
 	const struct rps__ckpt_req *req = body;
 	const struct rps__ckpt_target *tg = (const void *)((const char *)body + sizeof(*req));
 	struct ckpt_state *ck = state(cp);
-	struct rps__ckpt_rep rep;
-	uint32_t i;
 
 	(void)body_len;
-	memset(&rep, 0, sizeof(rep));
 	if (!ck) {
 		reply(cp, c, h->req_id, -ENOMEM, NULL, NULL, 0, "out of memory");
 		return;
 	}
 	switch (req->op) {
-	case RPS__CKPT_PREPARE: {
-		struct rps__ckpt_target *mine = NULL;
-		uint32_t n;
-		if (ck->taking || ck->writing) {
-			reply(cp, c, h->req_id, -EBUSY, NULL, NULL, 0, "a checkpoint is in progress on this server");
-			return;
-		}
-		n = cp->dp->hold_steps(cp->srv, &mine);
-		if (n * sizeof(*mine) + sizeof(rep) + sizeof(struct rps__msg_hdr) > cp->dp->conn_msg_max(c)) {
-			free(mine);
-			reply(cp, c, h->req_id, -E2BIG, NULL, NULL, 0, "too many sync tensors for one reply");
-			return;
-		}
-		/* hold each at what it reached here */
-		for (i = 0; i < n; i++)
-			cp->dp->hold_tensor(cp->srv, mine[i].name, mine[i].step);
-		ck->holding = n > 0;	/* (nothing to hold: the pause is the copy) */
-		ck->hold_start = rps__now_ns();
-		ck->hold_until = ck->hold_start + (uint64_t)(req->timeout_ms ? req->timeout_ms : 30000) * 1000000ull;
-		reply(cp, c, h->req_id, 0, &rep, mine, n, NULL);
-		free(mine);
+	case RPS__CKPT_PREPARE:
+		on_prepare(cp, c, h->req_id, ck, req);
 		return;
-	}
 	case RPS__CKPT_TAKE:
-		if (ck->taking || ck->writing) {
-			reply(cp, c, h->req_id, -EBUSY, NULL, NULL, 0, "a checkpoint is in progress on this server");
-			return;
-		}
-		for (i = 0; i < req->ntargets; i++)
-			if (memchr(tg[i].name, '\0', sizeof(tg[i].name)))
-				cp->dp->hold_tensor(cp->srv, tg[i].name, tg[i].step);
-		/* a sync tensor PREPARE did not see here (no shards then): as it is */
-		if (!ck->holding)
-			ck->hold_start = rps__now_ns();
-		ck->holding = true;
-		cp->dp->drain(cp->srv);	/* lagging shards may go on to the target */
-		ck->taking = true;
-		ck->conn = c;
-		ck->req_id = h->req_id;
-		ck->ckpt_id = req->ckpt_id;
-		ck->level = (int)RPS__MIN(req->level, 3u);
-		ck->raw_bytes = 0;
-		snprintf(ck->path, sizeof(ck->path), "%s", req->path);
-		rps__ck_timers(cp, rps__now_ns());
+		on_take(cp, c, h->req_id, ck, req, tg);
 		return;
 	case RPS__CKPT_FINISH:
-		if (ck->writing) {
-			ck->fin_conn = c;
-			ck->fin_req_id = h->req_id;
-			return;
-		}
-		if (!ck->have_result) {
-			reply(cp, c, h->req_id, -ENOENT, NULL, NULL, 0, "no checkpoint was taken here");
-			return;
-		}
-		rep.bytes = ck->bytes;
-		rep.pause_ns = ck->pause_ns;
-		rep.raw_bytes = ck->raw_bytes;
-		reply(cp, c, h->req_id, ck->result, &rep, NULL, 0, ck->result ? ck->msg : NULL);
+		on_finish(cp, c, h->req_id, ck);
 		return;
 	case RPS__CKPT_ABORT:
 		if (!ck->writing) {
@@ -388,18 +431,9 @@ void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps
 		}
 		reply(cp, c, h->req_id, 0, NULL, NULL, 0, NULL);
 		return;
-	case RPS__CKPT_RESTORE: {
-		uint32_t installed;
-		uint64_t seen, bytes;
-		int ret = rps__ck_restore(cp, req->path, &installed, &seen, &bytes);
-		if (!ret)
-			rps__cp_restored(cp);
-		rep.nshards = installed;
-		rep.seen_shards = seen;
-		rep.bytes = bytes;
-		reply(cp, c, h->req_id, ret, &rep, NULL, 0, ret ? rps__errbuf() : NULL);
+	case RPS__CKPT_RESTORE:
+		on_restore(cp, c, h->req_id, req);
 		return;
-	}
 	default:
 		reply(cp, c, h->req_id, -EINVAL, NULL, NULL, 0, "unknown checkpoint operation");
 	}

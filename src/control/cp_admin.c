@@ -164,12 +164,101 @@ static bool admin_uri_ok(struct rps__cplane *cp, struct conn *c, uint64_t req_id
 	return false;
 }
 
+/* forget-lost: one CLEAR_LOST per lost partition (or the one named); the
+ * answer waits for the last. */
+static void admin_forget_lost(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a)
+{
+	struct rps__smap_cmd cmd;
+	uint64_t index = 0, term = 0;
+	uint32_t p, n = 0;
+	int ret;
+
+	memset(&cmd, 0, sizeof(cmd));
+	for (p = 0; p < cp->map.npart; p++) {
+		if (!cp->map.parts[p].lost || (a->part != UINT32_MAX && a->part != p))
+			continue;
+		cmd.type = RPS__SMAP_CLEAR_LOST;
+		cmd.part = p;
+		cmd.epoch = cp->map.parts[p].epoch;
+		ret = rps__cp_propose_here(cp, &cmd, &index, &term);
+		if (ret) {
+			admin_reply(cp, c, req_id, ret, 0, 0, rps__errbuf());
+			return;
+		}
+		n++;
+	}
+	if (!n) {
+		admin_reply(cp, c, req_id, -ENOENT, 0, 0, a->part == UINT32_MAX ? "no partition is lost" :
+			    "that partition is not lost");
+		return;
+	}
+	if (admin_wait_add(cp, c, req_id, a, 0, index))
+		admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
+	else
+		cp->admin[cp->nadmin - 1].term = term;
+	rps__rnode_process(cp->rnode);
+}
+
+/* transfer-leader: to the member named, or the voter most up to date. */
+static void admin_transfer_leader(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
+				  const struct rps__admin *a, const struct rps__raft_status *st)
+{
+	uint64_t to = a->id, best = 0;
+	uint32_t i;
+	int ret;
+
+	if (!to) {
+		for (i = 0; i < st->conf.n_voters; i++) {
+			struct rps__raft_progress_info pi;
+			uint64_t v = st->conf.voters[i];
+			if (v == cp->my_id || rps__rnode_progress(cp->rnode, v, &pi))
+				continue;
+			if (!to || pi.match > best) {
+				to = v;
+				best = pi.match;
+			}
+		}
+	}
+	if (!to || to == cp->my_id || !rps__raft_conf_is_voter(&st->conf, to)) {
+		admin_reply(cp, c, req_id, -EINVAL, 0, 0, "no other voter to hand leadership to");
+		return;
+	}
+	ret = rps__rnode_transfer_leader(cp->rnode, to);
+	if (ret) {
+		admin_reply(cp, c, req_id, ret, 0, 0, rps__errbuf());
+		return;
+	}
+	if (admin_wait_add(cp, c, req_id, a, 0, 0))
+		admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
+}
+
+/* Propose the command and answer once the log has decided it. */
+static void admin_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a,
+			  const struct rps__smap_cmd *cmd, uint64_t epoch)
+{
+	uint64_t index = 0, term = 0;
+	int ret;
+
+	ret = rps__smap_check(&cp->map, cmd);
+	if (!ret)
+		ret = rps__cp_propose_here(cp, cmd, &index, &term);
+	if (ret) {
+		admin_reply(cp, c, req_id, ret, 0, 0, rps__errbuf());
+		return;
+	}
+	if (admin_wait_add(cp, c, req_id, a, epoch, index))
+		admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
+	else
+		cp->admin[cp->nadmin - 1].term = term;
+	/* with fsync and one voter, it may be committed already */
+	rps__rnode_process(cp->rnode);
+}
+
 void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a)
 {
 	struct rps__smap_cmd cmd;
 	struct rps__raft_status st;
-	uint64_t index = 0, epoch = 0, term = 0;
-	int ret;
+	uint64_t epoch = 0;
 
 	if (!rps__rnode_is_leader(cp->rnode)) {
 		admin_reply(cp, c, req_id, -EPERM, 0, 0, "not the leader: ask the leader");
@@ -236,79 +325,17 @@ void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, c
 		cmd.type = RPS__SMAP_FORCE_REMOVE;
 		cmd.id = a->id;
 		break;
-	case RPS__ADMIN_FORGET_LOST: {
-		uint32_t p, n = 0;
-		/* one CLEAR_LOST per partition; the answer waits for the last */
-		for (p = 0; p < cp->map.npart; p++) {
-			if (!cp->map.parts[p].lost || (a->part != UINT32_MAX && a->part != p))
-				continue;
-			cmd.type = RPS__SMAP_CLEAR_LOST;
-			cmd.part = p;
-			cmd.epoch = cp->map.parts[p].epoch;
-			ret = rps__cp_propose_here(cp, &cmd, &index, &term);
-			if (ret) {
-				admin_reply(cp, c, req_id, ret, 0, 0, rps__errbuf());
-				return;
-			}
-			n++;
-		}
-		if (!n) {
-			admin_reply(cp, c, req_id, -ENOENT, 0, 0, a->part == UINT32_MAX ? "no partition is lost" :
-				    "that partition is not lost");
-			return;
-		}
-		if (admin_wait_add(cp, c, req_id, a, 0, index))
-			admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
-		else
-			cp->admin[cp->nadmin - 1].term = term;
-		rps__rnode_process(cp->rnode);
+	case RPS__ADMIN_FORGET_LOST:
+		admin_forget_lost(cp, c, req_id, a);
 		return;
-	}
-	case RPS__ADMIN_TRANSFER_LEADER: {
-		uint64_t to = a->id, best = 0;
-		uint32_t i;
-		if (!to) {
-			for (i = 0; i < st.conf.n_voters; i++) {
-				struct rps__raft_progress_info pi;
-				uint64_t v = st.conf.voters[i];
-				if (v == cp->my_id || rps__rnode_progress(cp->rnode, v, &pi))
-					continue;
-				if (!to || pi.match > best) {
-					to = v;
-					best = pi.match;
-				}
-			}
-		}
-		if (!to || to == cp->my_id || !rps__raft_conf_is_voter(&st.conf, to)) {
-			admin_reply(cp, c, req_id, -EINVAL, 0, 0, "no other voter to hand leadership to");
-			return;
-		}
-		ret = rps__rnode_transfer_leader(cp->rnode, to);
-		if (ret) {
-			admin_reply(cp, c, req_id, ret, 0, 0, rps__errbuf());
-			return;
-		}
-		if (admin_wait_add(cp, c, req_id, a, 0, 0))
-			admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
+	case RPS__ADMIN_TRANSFER_LEADER:
+		admin_transfer_leader(cp, c, req_id, a, &st);
 		return;
-	}
 	default:
 		admin_reply(cp, c, req_id, -EINVAL, 0, 0, "unknown admin operation");
 		return;
 	}
-	ret = rps__smap_check(&cp->map, &cmd);
-	if (!ret)
-		ret = rps__cp_propose_here(cp, &cmd, &index, &term);
-	if (ret) {
-		admin_reply(cp, c, req_id, ret, 0, 0, rps__errbuf());
-		return;
-	}
-	if (admin_wait_add(cp, c, req_id, a, epoch, index))
-		admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
-	else
-		cp->admin[cp->nadmin - 1].term = term;
-	/* with fsync and one voter, it may be committed already */
-	rps__rnode_process(cp->rnode);
+	admin_propose(cp, c, req_id, a, &cmd, epoch);
 }
 
 void rps__cp_on_status(struct rps__cplane *cp, struct conn *c, uint64_t req_id)

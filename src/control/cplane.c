@@ -265,13 +265,88 @@ void rps__cp_destroy(struct rps__cplane *cp)
 	free(cp);
 }
 
-int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct rps__server *srv,
-		  struct rps__dp_hooks *hooks)
+/* The Raft log's directory: --data-dir, or a temporary one. */
+static int open_data_dir(struct rps__cplane *cp)
+{
+	int ret;
+
+	if (cp->cfg.data_dir) {
+		cp->data_dir = strdup(cp->cfg.data_dir);
+		ret = cp->data_dir ? 0 : -ENOMEM;
+	} else {
+		ret = make_temp_dir(cp);
+		if (!ret)
+			rps__log(RPS__LOG_INFO, "no --data-dir: the Raft log lives in %s and goes away at exit",
+				 cp->data_dir);
+	}
+	return ret;
+}
+
+/* The Raft node on that directory; a new cluster's voters are its first
+ * servers (up to 5).  *nvoters_out: how many. */
+static int open_raft(struct rps__cplane *cp, size_t *nvoters_out)
 {
 	struct rps__rnode_config rc;
 	uint64_t voters[5];
 	size_t nvoters = 0;
 	int ret, i;
+
+	if (!cp->cfg.join_id) {
+		int n = cp->ncluster >= 5 ? 5 : cp->ncluster >= 3 ? 3 : cp->ncluster;
+		for (i = 0; i < n; i++)
+			voters[nvoters++] = (uint64_t)i + 1;
+	}
+	memset(&rc, 0, sizeof(rc));
+	rc.id = cp->my_id;
+	rc.peers = voters;	/* copied by rps__rnode_open */
+	rc.n_peers = nvoters;
+	rc.dir = cp->data_dir;
+	rc.fsync = cp->cfg.fsync_none ? RPS__WAL_FSYNC_NONE : RPS__WAL_FSYNC_ALWAYS;
+	rc.election_ticks = cp->cfg.election_ticks;
+	rc.heartbeat_ticks = 1;
+	rc.seed = cp->my_id * 0x9e3779b97f4a7c15ull ^ rps__now_ns();
+	rc.cb = rps__cp_rnode_callbacks;
+	rc.cb.ctx = cp;
+	ret = rps__rnode_open(&rc, &cp->rnode);
+	if (ret) {
+		rps__preerr(ret, "raft log in %s", cp->data_dir);
+		return ret;
+	}
+	if (*rps__rnode_recovery_note(cp->rnode))
+		rps__log(RPS__LOG_WARN, "raft log: %s", rps__rnode_recovery_note(cp->rnode));
+	*nvoters_out = nvoters;
+	return 0;
+}
+
+/* Catch up with the log (a new cluster: the bootstrap map), and say which
+ * partitions a restart lost. */
+static int recover_map(struct rps__cplane *cp)
+{
+	int ret, i;
+
+	ret = rps__rnode_process(cp->rnode);
+	if (ret)
+		return ret;
+	if (!cp->cfg.join_id && !cp->map.npart) {
+		/* a restart whose log had no snapshot yet: the bootstrap state */
+		ret = rps__cp_bootstrap_map(cp);
+		if (ret)
+			return ret;
+		rps__cp_reconcile(cp);
+	}
+	for (i = 0; i < (int)cp->map.npart; i++)
+		if (cp->parts[i].gone)
+			rps__log(RPS__LOG_ERROR, "partition %d lost with member %llu (restarted): restore it"
+				 " (psctl restore DIR) or accept it empty (psctl forget-lost %d)", i,
+				 (unsigned long long)cp->my_id, i);
+	return 0;
+}
+
+int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct rps__server *srv,
+		  struct rps__dp_hooks *hooks)
+{
+	size_t nvoters = 0;
+	int ret;
 
 	cp->dp = dp;
 	cp->srv = srv;
@@ -286,56 +361,16 @@ int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct r
 	ret = dp->map_register(srv, cp->mapbuf, RPS__MAP_BUF);
 	if (ret)
 		goto err_buf;
-	if (cp->cfg.data_dir) {
-		cp->data_dir = strdup(cp->cfg.data_dir);
-		ret = cp->data_dir ? 0 : -ENOMEM;
-	} else {
-		ret = make_temp_dir(cp);
-		if (!ret)
-			rps__log(RPS__LOG_INFO, "no --data-dir: the Raft log lives in %s and goes away at exit",
-				 cp->data_dir);
-	}
+	ret = open_data_dir(cp);
 	if (ret)
 		goto err_mr;
 	cp->restarted = dir_has_state(cp->data_dir);
-	if (!cp->cfg.join_id) {
-		int n = cp->ncluster >= 5 ? 5 : cp->ncluster >= 3 ? 3 : cp->ncluster;
-		for (i = 0; i < n; i++)
-			voters[nvoters++] = (uint64_t)i + 1;
-	}
-	memset(&rc, 0, sizeof(rc));
-	rc.id = cp->my_id;
-	rc.peers = voters;
-	rc.n_peers = nvoters;
-	rc.dir = cp->data_dir;
-	rc.fsync = cp->cfg.fsync_none ? RPS__WAL_FSYNC_NONE : RPS__WAL_FSYNC_ALWAYS;
-	rc.election_ticks = cp->cfg.election_ticks;
-	rc.heartbeat_ticks = 1;
-	rc.seed = cp->my_id * 0x9e3779b97f4a7c15ull ^ rps__now_ns();
-	rc.cb = rps__cp_rnode_callbacks;
-	rc.cb.ctx = cp;
-	ret = rps__rnode_open(&rc, &cp->rnode);
-	if (ret) {
-		rps__preerr(ret, "raft log in %s", cp->data_dir);
+	ret = open_raft(cp, &nvoters);
+	if (ret)
 		goto err_dir;
-	}
-	if (*rps__rnode_recovery_note(cp->rnode))
-		rps__log(RPS__LOG_WARN, "raft log: %s", rps__rnode_recovery_note(cp->rnode));
-	ret = rps__rnode_process(cp->rnode);
+	ret = recover_map(cp);
 	if (ret)
 		goto err_rnode;
-	if (!cp->cfg.join_id && !cp->map.npart) {
-		/* a restart whose log had no snapshot yet: the bootstrap state */
-		ret = rps__cp_bootstrap_map(cp);
-		if (ret)
-			goto err_rnode;
-		rps__cp_reconcile(cp);
-	}
-	for (i = 0; i < (int)cp->map.npart; i++)
-		if (cp->parts[i].gone)
-			rps__log(RPS__LOG_ERROR, "partition %d lost with member %llu (restarted): restore it"
-				 " (psctl restore DIR) or accept it empty (psctl forget-lost %d)", i,
-				 (unsigned long long)cp->my_id, i);
 	if (nvoters == 1 && cp->ncluster == 1)
 		rps__rnode_campaign(cp->rnode);
 	rps__cp_map_publish(cp);

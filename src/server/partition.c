@@ -487,6 +487,127 @@ out:
 }
 #undef BAD
 
+/* What an install_* step returns for an image that is malformed after all
+ * (check_partition_image passed it): positive, so never one of the
+ * negative errnos the steps pass on. */
+#define MALFORMED 1
+
+/* One shard of a tensor's region (allocated, not yet registered). */
+static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint64_t epoch)
+{
+	size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
+	const void *v;
+
+	if (get32(b) != s->index)
+		return MALFORMED;
+	s->step = get64(b);
+	s->hdr->min_clock = get64(b);
+	s->hdr->lock = rps__lock_unlocked(get64(b) + 1);
+	s->ready = get32(b) != 0;
+	s->next_rank = (int)get32(b);
+	if (get32(b) != s->elems)
+		return MALFORMED;
+	if (!(v = get(b, (size_t)s->elems * 4)))
+		return MALFORMED;
+	memcpy(s->params, v, (size_t)s->elems * 4);
+	if (nstate) {
+		if (!(v = get(b, nstate * 4)))
+			return MALFORMED;
+		memcpy(s->state, v, nstate * 4);
+	}
+	if (s->acc) {
+		if (!(v = get(b, (size_t)s->elems * 4)))
+			return MALFORMED;
+		memcpy(s->acc, v, (size_t)s->elems * 4);
+	}
+	if (s->clocks) {
+		if (!(v = get(b, (size_t)t->spec.num_workers * 8)))
+			return MALFORMED;
+		memcpy(s->clocks, v, (size_t)t->spec.num_workers * 8);
+	}
+	s->ndd = get32(b);
+	if (s->ndd > 1u << 20 || !(v = get(b, (size_t)s->ndd * sizeof(*s->dd))))
+		return MALFORMED;
+	if (s->ndd) {
+		s->dd = malloc((size_t)s->ndd * sizeof(*s->dd));
+		if (!s->dd)
+			return rps__seterr(-ENOMEM, "out of memory");
+		memcpy(s->dd, v, (size_t)s->ndd * sizeof(*s->dd));
+	}
+	s->hdr->epoch = epoch + 1;
+	s->hdr->seq = s->ready ? s->step * 2 : 1;
+	return 0;
+}
+
+/* One tensor of the image (created here if new): its region of the
+ * partition, filled, then registered. */
+static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part, uint64_t epoch)
+{
+	const char *name = get(b, RPS__NAME_MAX);
+	const struct rps__tensor_spec *sp = get(b, sizeof(*sp));
+	struct rps__tensor_spec spec;
+	struct tensor *t;
+	uint32_t nsh, j;
+	int ret;
+
+	if (!name || !sp || !memchr(name, '\0', RPS__NAME_MAX))
+		return MALFORMED;
+	memcpy(&spec, sp, sizeof(spec));
+	t = rps__srv_tensor_by_name(srv, name);
+	if (!t && (ret = rps__srv_tensor_add(srv, name, &spec, &t)))
+		return ret;
+	nsh = get32(b);
+	if (nsh != rps__part_nshards(&t->layout, part))
+		return MALFORMED;
+	ret = rps__srv_region_alloc(srv, t, part, false, NULL);
+	if (ret)
+		return ret;
+	for (j = 0; j < nsh; j++) {
+		ret = install_shard(b, t, &t->shards[rps__part_shard(&t->layout, part, j)], epoch);
+		if (ret)
+			return ret;
+	}
+	return rps__srv_region_register(srv, t, part);
+}
+
+/* One parked push of the image. */
+static int install_parked(struct rps__server *srv, struct rbuf *b)
+{
+	const char *name = get(b, RPS__NAME_MAX);
+	uint32_t shard = get32(b);
+	uint64_t clock = get64(b);
+	int rank = (int)get32(b);
+	uint64_t nbytes = get64(b);
+	const void *data = get(b, nbytes);
+	struct tensor *t = name && memchr(name, '\0', RPS__NAME_MAX) ? rps__srv_tensor_by_name(srv, name) : NULL;
+	struct parked *pk;
+
+	if (!data || !t || shard >= t->layout.nshards)
+		return MALFORMED;
+	if (srv->nparked == srv->parked_cap) {
+		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
+		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
+		if (!grown)
+			return rps__seterr(-ENOMEM, "out of memory");
+		srv->parked = grown;
+		srv->parked_cap = cap;
+	}
+	pk = &srv->parked[srv->nparked];
+	pk->data = malloc(nbytes ? nbytes : 1);
+	if (!pk->data)
+		return rps__seterr(-ENOMEM, "out of memory");
+	memcpy(pk->data, data, nbytes);
+	pk->t = t;
+	pk->local = shard;
+	pk->clock = clock;
+	pk->rank = rank;
+	pk->nbytes = nbytes;
+	srv->nparked++;
+	srv->parked_bytes += nbytes;
+	srv->mem_used += nbytes;
+	return 0;
+}
+
 /* Install an image READ from the old owner: tensors it does not know yet
  * come with it.  The regions are filled before they are registered.  The
  * image passed check_partition_image first: nothing is changed for one
@@ -495,7 +616,7 @@ static int install_partition(struct rps__server *srv, uint32_t part, uint64_t ep
 			     size_t len)
 {
 	struct rbuf b = { .p = img, .len = len };
-	uint32_t nt, i, j, np;
+	uint32_t nt, i, np;
 	int ret;
 
 	ret = check_partition_image(srv, part, epoch, img, len);
@@ -505,120 +626,23 @@ static int install_partition(struct rps__server *srv, uint32_t part, uint64_t ep
 		return rps__seterr(-EBADMSG, "partition %u: not the image of this move", part);
 	rps__srv_regions_free_part(srv, part);
 	nt = get32(&b);
-	for (i = 0; i < nt && !b.bad; i++) {
-		const char *name = get(&b, RPS__NAME_MAX);
-		const struct rps__tensor_spec *sp = get(&b, sizeof(*sp));
-		struct rps__tensor_spec spec;
-		struct tensor *t;
-		uint32_t nsh;
-		if (!name || !sp || !memchr(name, '\0', RPS__NAME_MAX))
-			goto bad;
-		memcpy(&spec, sp, sizeof(spec));
-		t = rps__srv_tensor_by_name(srv, name);
-		if (!t && (ret = rps__srv_tensor_add(srv, name, &spec, &t)))
-			goto fail;
-		nsh = get32(&b);
-		if (nsh != rps__part_nshards(&t->layout, part))
-			goto bad;
-		ret = rps__srv_region_alloc(srv, t, part, false, NULL);
-		if (ret)
-			goto fail;
-		for (j = 0; j < nsh; j++) {
-			struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
-			size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
-			const void *v;
-			if (get32(&b) != s->index)
-				goto bad;
-			s->step = get64(&b);
-			s->hdr->min_clock = get64(&b);
-			s->hdr->lock = rps__lock_unlocked(get64(&b) + 1);
-			s->ready = get32(&b) != 0;
-			s->next_rank = (int)get32(&b);
-			if (get32(&b) != s->elems)
-				goto bad;
-			if (!(v = get(&b, (size_t)s->elems * 4)))
-				goto bad;
-			memcpy(s->params, v, (size_t)s->elems * 4);
-			if (nstate) {
-				if (!(v = get(&b, nstate * 4)))
-					goto bad;
-				memcpy(s->state, v, nstate * 4);
-			}
-			if (s->acc) {
-				if (!(v = get(&b, (size_t)s->elems * 4)))
-					goto bad;
-				memcpy(s->acc, v, (size_t)s->elems * 4);
-			}
-			if (s->clocks) {
-				if (!(v = get(&b, (size_t)t->spec.num_workers * 8)))
-					goto bad;
-				memcpy(s->clocks, v, (size_t)t->spec.num_workers * 8);
-			}
-			s->ndd = get32(&b);
-			if (s->ndd > 1u << 20 || !(v = get(&b, (size_t)s->ndd * sizeof(*s->dd))))
-				goto bad;
-			if (s->ndd) {
-				s->dd = malloc((size_t)s->ndd * sizeof(*s->dd));
-				if (!s->dd) {
-					ret = rps__seterr(-ENOMEM, "out of memory");
-					goto fail;
-				}
-				memcpy(s->dd, v, (size_t)s->ndd * sizeof(*s->dd));
-			}
-			s->hdr->epoch = epoch + 1;
-			s->hdr->seq = s->ready ? s->step * 2 : 1;
-		}
-		ret = rps__srv_region_register(srv, t, part);
-		if (ret)
-			goto fail;
+	for (i = 0; i < nt && !b.bad && !ret; i++)
+		ret = install_tensor(srv, &b, part, epoch);
+	if (!ret) {
+		np = get32(&b);
+		for (i = 0; i < np && !b.bad && !ret; i++)
+			ret = install_parked(srv, &b);
 	}
-	np = get32(&b);
-	for (i = 0; i < np && !b.bad; i++) {
-		const char *name = get(&b, RPS__NAME_MAX);
-		uint32_t shard = get32(&b);
-		uint64_t clock = get64(&b);
-		int rank = (int)get32(&b);
-		uint64_t nbytes = get64(&b);
-		const void *data = get(&b, nbytes);
-		struct tensor *t = name && memchr(name, '\0', RPS__NAME_MAX) ? rps__srv_tensor_by_name(srv, name) : NULL;
-		struct parked *pk;
-		if (!data || !t || shard >= t->layout.nshards)
-			goto bad;
-		if (srv->nparked == srv->parked_cap) {
-			uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
-			struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
-			if (!grown) {
-				ret = rps__seterr(-ENOMEM, "out of memory");
-				goto fail;
-			}
-			srv->parked = grown;
-			srv->parked_cap = cap;
-		}
-		pk = &srv->parked[srv->nparked];
-		pk->data = malloc(nbytes ? nbytes : 1);
-		if (!pk->data) {
-			ret = rps__seterr(-ENOMEM, "out of memory");
-			goto fail;
-		}
-		memcpy(pk->data, data, nbytes);
-		pk->t = t;
-		pk->local = shard;
-		pk->clock = clock;
-		pk->rank = rank;
-		pk->nbytes = nbytes;
-		srv->nparked++;
-		srv->parked_bytes += nbytes;
-		srv->mem_used += nbytes;
-	}
-	if (b.bad || b.off != b.len)
-		goto bad;
-	return 0;
-bad:
-	ret = rps__seterr(-EBADMSG, "partition %u: malformed image at byte %zu of %zu", part, b.off, b.len);
-fail:
+	if (!ret && (b.bad || b.off != b.len))
+		ret = MALFORMED;
+	if (!ret)
+		return 0;
+	if (ret == MALFORMED)
+		ret = rps__seterr(-EBADMSG, "partition %u: malformed image at byte %zu of %zu", part, b.off, b.len);
 	rps__srv_regions_free_part(srv, part);
 	return ret;
 }
+#undef MALFORMED
 
 int rps__srv_image_build(struct rps__server *srv, uint32_t part, uint64_t epoch, void **img, size_t *len)
 {

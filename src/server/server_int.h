@@ -1,8 +1,11 @@
 /*
- * server_int.h - what the files of the data plane share (server.c: the
- * loop, connections, pushes; partition.c: the partition API; dataplane.c:
- * the ops the control plane calls).  Private to src/server: the layer above
- * sees struct rps__server only through dataplane.h.
+ * server_int.h - what the files of the data plane share (server.c: create,
+ * destroy and the loop; conn.c: connections and replies; push.c: pushes,
+ * publishing and lock words; requests.c: workers' control messages;
+ * tensor.c: tensors and their regions; partition.c: the partition API;
+ * hold.c: checkpoints; dataplane.c: the ops the control plane calls).
+ * Private to src/server: the layer above sees struct rps__server only
+ * through dataplane.h.
  */
 #ifndef RPS_SERVER_INT_H
 #define RPS_SERVER_INT_H
@@ -202,33 +205,54 @@ struct rps__server {
 	struct rps__dp_hooks hooks;	/* the layer above */
 };
 
-/* server.c, for the other files of the data plane */
+/* server.c: memory accounting */
+int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what);
+void rps__srv_mem_give(struct rps__server *srv, size_t bytes);
+
+/* conn.c */
 void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
 			 const void *body, size_t len);
 void rps__srv_conn_fail(struct conn *c, const char *why);
+const char *rps__srv_role_name(const struct conn *c);
 int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out);
 void rps__srv_conn_free(struct rps__server *srv, struct conn *c);
+/* Close a connection and forget what waits on it (held pushes, waits,
+ * barrier, its locks, its rank's sync steps). */
+void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c);
 /* Post the receives of an outgoing connection and add it to the table. */
 int rps__srv_conn_attach(struct rps__server *srv, struct conn *c);
 int rps__srv_post_recv(struct conn *c, uint32_t i);
+void rps__srv_accept_pending(struct rps__server *srv);
+
+/* push.c */
+/* A push landed in (c, slot): consume, park or hold it. */
+void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot);
+void rps__srv_drain_held(struct rps__server *srv);
+uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w);
+/* Break the locks of dead_owner (a connection's), or with 0 those whose
+ * lease expired. */
+void rps__srv_scan_locks(struct rps__server *srv, uint32_t dead_owner);
+void rps__srv_publish(struct shard *s, uint64_t epoch);
+void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local);
+
+/* requests.c */
+void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uint32_t len);
+void rps__srv_rank_left(struct rps__server *srv, struct conn *c);
+
+/* tensor.c */
 struct tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name);
 int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
 			struct tensor **out);
+void rps__srv_tensor_free(struct rps__server *srv, struct tensor *t);
 int rps__srv_spec_valid(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
 			struct rps__layout *l);
 int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t part, bool has_init,
 			  struct conn *init_conn);
 int rps__srv_region_register(struct rps__server *srv, struct tensor *t, uint32_t part);
 void rps__srv_region_free(struct rps__server *srv, struct tensor *t, uint32_t part);
-uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w);
-void rps__srv_publish(struct shard *s, uint64_t epoch);
-void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local);
-void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part);
-void rps__srv_drain_held(struct rps__server *srv);
-int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what);
-void rps__srv_mem_give(struct rps__server *srv, size_t bytes);
 
 /* partition.c */
+void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part);
 void rps__srv_regions_free_part(struct rps__server *srv, uint32_t part);
 bool rps__srv_part_fence(struct rps__server *srv, uint32_t part);
 void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch);
@@ -255,6 +279,18 @@ int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct ten
 
 /* dataplane.c */
 struct conn *rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id, uint64_t *got_id);
+
+/* Inline: the push path looks a tensor up per push. */
+static inline struct tensor *rps__srv_tensor_by_id(struct rps__server *srv, uint32_t id)
+{
+	return id < srv->ntensors ? srv->tensors[id] : NULL;
+}
+
+/* Receive buffer i of a connection. */
+static inline char *rps__srv_rbuf(struct conn *c, uint32_t i)
+{
+	return c->rbufs + (size_t)i * c->msg_max;
+}
 
 /* Are the partition's contents lost (restarted owner, or the map says so)?
  * Then nothing of it is served: -ENODATA, never zeros. */

@@ -1,0 +1,388 @@
+/*
+ * conn.c - the server's connections: accepting workers, peers and psctl,
+ * their staging slots and message buffers (counted against
+ * --memory-limit), sending replies on them, and tearing one down with
+ * everything that waited on it.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "common/topo.h"
+#include "proto/proto.h"
+#include "transport/transport.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define conn_fail rps__srv_conn_fail
+#define conn_reply rps__srv_conn_reply
+#define post_recv_buf rps__srv_post_recv
+
+/* ---- sending replies -------------------------------------------------- */
+
+static char *sbuf(struct conn *c, uint32_t i)
+{
+	return c->sbufs + (size_t)i * c->msg_max;
+}
+
+const char *rps__srv_role_name(const struct conn *c)
+{
+	return c->role == CONN_PEER ? "peer" : c->role == CONN_ADMIN ? "admin" : "worker";
+}
+
+void rps__srv_conn_fail(struct conn *c, const char *why)
+{
+	if (!c->dead) {
+		if (c->role == CONN_WORKER)
+			rps__log(RPS__LOG_INFO, "worker %s (rank %d): %s", rps__ep_peer(c->ep), c->rank, why);
+		else
+			rps__log(RPS__LOG_INFO, "%s %s: %s", rps__srv_role_name(c), rps__ep_peer(c->ep), why);
+	}
+	c->dead = true;
+}
+
+void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
+			 const void *body, size_t len)
+{
+	struct rps__wr wr;
+	uint32_t i;
+	int ret;
+
+	if (c->dead)
+		return;
+	if (!c->nsfree) {
+		if (c->role == CONN_PEER)
+			return;		/* best effort: Raft and the move duties retry */
+		conn_fail(c, "exceeded its control credits");
+		return;
+	}
+	if (sizeof(struct rps__msg_hdr) + (body ? len : 0) > c->msg_max) {
+		rps__log(RPS__LOG_ERROR, "%s reply of %zu bytes does not fit a %zu-byte buffer",
+			 rps__msg_type_name(type), len, c->msg_max);
+		return;
+	}
+	i = c->sfree[--c->nsfree];
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = ((uint64_t)WRID_SEND << 32) | i;
+	wr.op = RPS__OP_SEND;
+	wr.flags = RPS__WR_SIGNALED;
+	wr.sge.addr = sbuf(c, i);
+	wr.sge.len = (uint32_t)rps__msg_build(wr.sge.addr, type, req_id, status, body, body ? len : 0);
+	wr.sge.mr = c->sbufs_mr;
+	ret = rps__post(c->ep, &wr, 1);
+	if (ret) {
+		c->sfree[c->nsfree++] = i;
+		conn_fail(c, rps__errbuf());
+	}
+}
+
+/* ---- connections ------------------------------------------------------- */
+
+int rps__srv_post_recv(struct conn *c, uint32_t i)
+{
+	struct rps__sge sge = { .addr = rps__srv_rbuf(c, i), .len = (uint32_t)c->msg_max, .mr = c->rbufs_mr };
+
+	return rps__post_recv(c->ep, &sge, ((uint64_t)WRID_RECV << 32) | i);
+}
+
+void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
+{
+	if (!c)
+		return;
+	rps__ep_close(c->ep);
+	rps__mr_dereg(c->slots_mr);
+	rps__mr_dereg(c->rbufs_mr);
+	rps__mr_dereg(c->sbufs_mr);
+	rps__mr_dereg(c->rd_mr);
+	free(c->rd_buf);
+	if (c->slots) {
+		rps__topo_free(srv->topo, c->slots, (size_t)srv->cfg.nslots * srv->slot_size);
+		rps__srv_mem_give(srv, (size_t)srv->cfg.nslots * srv->slot_size);
+	}
+	if (c->rbufs)
+		rps__topo_free(srv->topo, c->rbufs, (size_t)c->nrecv * c->msg_max);
+	if (c->sbufs)
+		rps__topo_free(srv->topo, c->sbufs, (size_t)c->nsend * c->msg_max);
+	free(c->sfree);
+	free(c->slot_state);
+	rps__srv_mem_give(srv, c->bufs_charged);
+	if (c->owner)
+		srv->owner_used[c->owner] = 0;
+	free(c);
+}
+#define conn_free rps__srv_conn_free
+
+static uint32_t owner_alloc(struct rps__server *srv);
+
+/* A connection's buffers (before the endpoint exists): workers get staging
+ * slots and small control buffers, peers and psctl big message buffers. */
+int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out)
+{
+	size_t slots_len = (size_t)srv->cfg.nslots * srv->slot_size;
+	struct conn *c;
+	uint32_t i;
+	int ret;
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return rps__seterr(-ENOMEM, "out of memory");
+	c->srv = srv;
+	c->rank = -1;
+	c->role = role;
+	if (role == CONN_WORKER) {
+		c->msg_max = RPS__MSG_MAX;
+		c->nrecv = CTRL_CREDITS + srv->cfg.nslots + 4;
+		c->nsend = CTRL_CREDITS + srv->cfg.nslots + 4;
+		ret = rps__srv_mem_take(srv, slots_len, "staging slots");
+		if (ret) {
+			free(c);
+			return ret;
+		}
+		c->slots = rps__topo_alloc(srv->topo, &srv->place, slots_len);
+		if (!c->slots) {
+			rps__srv_mem_give(srv, slots_len);
+			goto err_nomem;
+		}
+		c->slot_state = calloc(srv->cfg.nslots, 1);
+		c->owner = owner_alloc(srv);
+		if (!c->slot_state || !c->owner)
+			goto err_nomem;
+	} else {
+		c->msg_max = RPS__BIG_MSG_MAX;
+		c->nrecv = PEER_RECV;
+		c->nsend = PEER_SEND;
+		/* 2 MiB each: counted like staging slots, or many psctl
+		 * connections could take what --memory-limit promises to cap */
+		ret = rps__srv_mem_take(srv, (size_t)(c->nrecv + c->nsend) * c->msg_max,
+					role == CONN_PEER ? "peer connection buffers" : "admin connection buffers");
+		if (ret) {
+			free(c);
+			return ret;
+		}
+		c->bufs_charged = (size_t)(c->nrecv + c->nsend) * c->msg_max;
+	}
+	c->rbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nrecv * c->msg_max);
+	c->sbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nsend * c->msg_max);
+	c->sfree = calloc(c->nsend, sizeof(*c->sfree));
+	if (!c->rbufs || !c->sbufs || !c->sfree)
+		goto err_nomem;
+	for (i = 0; i < c->nsend; i++)
+		c->sfree[i] = c->nsend - 1 - i;
+	c->nsfree = c->nsend;
+	ret = c->slots ? rps__mr_reg(srv->fab, c->slots, slots_len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr) : 0;
+	if (!ret)
+		ret = rps__mr_reg(srv->fab, c->rbufs, (size_t)c->nrecv * c->msg_max, RPS__ACCESS_LOCAL, &c->rbufs_mr);
+	if (!ret)
+		ret = rps__mr_reg(srv->fab, c->sbufs, (size_t)c->nsend * c->msg_max, RPS__ACCESS_LOCAL, &c->sbufs_mr);
+	if (ret) {
+		rps__srv_conn_free(srv, c);
+		return ret;
+	}
+	*out = c;
+	return 0;
+err_nomem:
+	rps__srv_conn_free(srv, c);
+	return rps__seterr(-ENOMEM, "out of memory for a connection");
+}
+
+/* Add to the connection table (workers are capped by --max-connections;
+ * peers and psctl are not: they are few and the cluster needs them). */
+static int conn_table_add(struct rps__server *srv, struct conn *c)
+{
+	if (srv->nconns == srv->conns_cap) {
+		uint32_t cap = srv->conns_cap ? srv->conns_cap * 2 : 16;
+		struct conn **grown = realloc(srv->conns, cap * sizeof(*grown));
+		if (!grown)
+			return -ENOMEM;
+		srv->conns = grown;
+		srv->conns_cap = cap;
+	}
+	srv->conns[srv->nconns++] = c;
+	return 0;
+}
+
+static uint32_t count_role(const struct rps__server *srv, enum conn_role_kind role)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < srv->nconns; i++)
+		n += srv->conns[i]->role == role;
+	return n;
+}
+
+void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c)
+{
+	uint32_t i;
+
+	if (c->role == CONN_WORKER)
+		rps__log(RPS__LOG_INFO, "worker %s (rank %d) gone", rps__ep_peer(c->ep), c->rank);
+	if (srv->hooks.on_conn_gone)
+		srv->hooks.on_conn_gone(srv->hooks.ctx, c);
+	if (c->owner)
+		rps__srv_scan_locks(srv, c->owner);
+	for (i = 0; i < srv->nheld;) {
+		if (srv->held[i].conn == c)
+			srv->held[i] = srv->held[--srv->nheld];
+		else
+			i++;
+	}
+	for (i = 0; i < srv->nwaiters;) {
+		if (srv->waiters[i].conn == c)
+			srv->waiters[i] = srv->waiters[--srv->nwaiters];
+		else
+			i++;
+	}
+	for (i = 0; i < srv->barrier.n;) {
+		if (srv->barrier.conn[i] == c) {
+			srv->barrier.n--;
+			srv->barrier.conn[i] = srv->barrier.conn[srv->barrier.n];
+			srv->barrier.req_id[i] = srv->barrier.req_id[srv->barrier.n];
+		} else {
+			i++;
+		}
+	}
+	/* A creator that vanished before sending initial values: the shards
+	 * stay unreadable, so say so rather than publish zeros. */
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		uint32_t j;
+		for (j = 0; t && j < t->layout.nshards; j++)
+			if (t->shards[j].init_conn == c) {
+				t->shards[j].init_conn = NULL;
+				rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: creator left before sending initial values",
+					 t->name, t->shards[j].index);
+			}
+	}
+	rps__srv_rank_left(srv, c);
+	for (i = 0; i < srv->nconns; i++)
+		if (srv->conns[i] == c) {
+			srv->conns[i] = srv->conns[--srv->nconns];
+			break;
+		}
+	conn_free(srv, c);
+	/* Pushes held behind the departed worker (sync) stay held: the step
+	 * cannot complete without it, and applying a partial sum would break
+	 * the sync invariant. */
+	rps__srv_drain_held(srv);
+}
+
+static uint32_t owner_alloc(struct rps__server *srv)
+{
+	uint32_t i;
+
+	for (i = 0; i < RPS__LOCK_OWNER_MAX; i++) {
+		uint32_t o = 1 + (srv->next_owner + i) % RPS__LOCK_OWNER_MAX;
+		if (!srv->owner_used[o]) {
+			srv->owner_used[o] = 1;
+			srv->next_owner = o;
+			return o;
+		}
+	}
+	return 0;
+}
+
+static void reject_with(struct rps__conn_req *req, const char *why)
+{
+	size_t len = strlen(why) + 1;
+
+	rps__log(RPS__LOG_WARN, "rejecting a connection: %s", why);
+	rps__reject(req, why, len > RPS__PRIVDATA_MAX ? RPS__PRIVDATA_MAX : len);
+}
+
+static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
+{
+	struct rps__conn_priv priv;
+	struct rps__ep_attr attr = { 0 };
+	struct conn *c = NULL;
+	size_t len;
+	const void *data = rps__conn_req_data(req, &len);
+	const char *why = NULL;
+	uint32_t i;
+	int ret;
+
+	memset(&priv, 0, sizeof(priv));
+	memcpy(&priv, data, RPS__MIN(len, sizeof(priv)));
+	if (len < offsetof(struct rps__conn_priv, from_id) || priv.magic != RPS__DESC_MAGIC)
+		why = "not an rdmaps worker";
+	else if (priv.version != RPS__PROTO_VERSION)
+		why = "protocol version mismatch: upgrade librdmaps or rdmapsd";
+	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_ADMIN)
+		why = "unknown connection role";
+	else if (req->peer_sq_depth > ANNOUNCED_SQ_MAX)
+		why = "announced send queue depth over 1024";
+	else if (priv.role == RPS__ROLE_WORKER && count_role(srv, CONN_WORKER) >= srv->cfg.max_conns)
+		why = "server full: raise rdmapsd --max-connections";
+	else if (priv.role == RPS__ROLE_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
+		why = "too many admin connections (16): close psctl sessions";
+	if (!why && priv.role == RPS__ROLE_PEER) {
+		if (srv->hooks.accept_peer)
+			srv->hooks.accept_peer(srv->hooks.ctx, priv.from_id, priv.to_id, &why);
+		else
+			why = "this server takes no peers";
+	}
+	if (why) {
+		reject_with(req, why);
+		return;
+	}
+	ret = rps__srv_conn_new(srv, (enum conn_role_kind)priv.role, &c);
+	if (ret) {
+		rps__log(RPS__LOG_WARN, "connection refused: %s", rps__errbuf());
+		reject_with(req, ret == -ENOMEM ? "server out of memory: raise rdmapsd --memory-limit"
+						: "server out of resources");
+		return;
+	}
+	c->peer_id = priv.role == RPS__ROLE_PEER ? priv.from_id : 0;
+	c->last_active_ns = rps__now_ns();
+	attr.sq_depth = c->nsend + 8;
+	attr.rq_depth = c->nrecv;
+	attr.max_inline = 64;
+	priv.role = 0;
+	priv.from_id = srv->my_id;
+	ret = rps__accept(req, srv->cq, &attr, &priv, sizeof(priv), &c->ep);
+	if (ret) {
+		rps__log(RPS__LOG_WARN, "accept failed: %s", rps__errbuf());
+		goto err_free;
+	}
+	rps__ep_set_context(c->ep, c);
+	for (i = 0; i < c->nrecv; i++)
+		if (post_recv_buf(c, i)) {
+			rps__log(RPS__LOG_WARN, "posting receives for %s: %s", rps__ep_peer(c->ep), rps__errbuf());
+			goto err_free;
+		}
+	if (conn_table_add(srv, c))
+		goto err_free;
+	if (c->role == CONN_PEER && srv->hooks.peer_attached)
+		srv->hooks.peer_attached(srv->hooks.ctx, c);
+	else
+		rps__log(c->role == CONN_WORKER ? RPS__LOG_INFO : RPS__LOG_DEBUG, "%s connected from %s",
+			 rps__srv_role_name(c), rps__ep_peer(c->ep));
+	return;
+err_free:
+	conn_free(srv, c);
+}
+
+/* peer_dial: an outgoing peer connection joins the table. */
+int rps__srv_conn_attach(struct rps__server *srv, struct conn *c)
+{
+	uint32_t i;
+	int ret;
+
+	rps__ep_set_context(c->ep, c);
+	for (i = 0; i < c->nrecv; i++) {
+		ret = post_recv_buf(c, i);
+		if (ret)
+			return ret;
+	}
+	return conn_table_add(srv, c) ? rps__seterr(-ENOMEM, "out of memory") : 0;
+}
+
+void rps__srv_accept_pending(struct rps__server *srv)
+{
+	struct rps__conn_req *req;
+
+	while (rps__listener_get_request(srv->listener, &req) == 0)
+		accept_one(srv, req);
+}

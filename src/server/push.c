@@ -1,0 +1,549 @@
+/*
+ * push.c - pushes: consuming one when its consistency mode allows it (sync:
+ * in rank order within a step; async/bounded: under the shard lock the
+ * worker holds), holding or parking it until then, publishing the new
+ * version under the header's seqlock, and the shard lock words (released
+ * for the worker, broken when its lease expires or it disconnects).
+ */
+#include "config.h"
+#include "common/common.h"
+#include "kernels/agg.h"
+#include "kernels/optim.h"
+#include "proto/proto.h"
+#include "proto/shard.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+#define conn_fail rps__srv_conn_fail
+#define conn_reply rps__srv_conn_reply
+
+/* ---- publishing -------------------------------------------------------- */
+
+/* Seqlock writer: readers that see an odd or changed seq retry. */
+static void publish_begin(struct shard *s)
+{
+	__atomic_store_n(&s->hdr->seq, s->step * 2 + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static void publish_end(struct shard *s)
+{
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	__atomic_store_n(&s->hdr->seq, s->step * 2, __ATOMIC_RELEASE);
+}
+
+/* Publish a new epoch in the header (RPS__EPOCH_MOVED: fenced), so a
+ * worker's READ of a moved shard sees it did not read the owner's copy. */
+void rps__srv_publish(struct shard *s, uint64_t epoch)
+{
+	publish_begin(s);
+	s->hdr->epoch = epoch;
+	publish_end(s);
+}
+
+void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local)
+{
+	struct shard *s = &t->shards[local];
+	uint32_t i = 0;
+
+	while (i < srv->nwaiters) {
+		struct waiter *w = &srv->waiters[i];
+		if (w->tensor_id == t->id && w->local == local &&
+		    s->ready && s->step >= w->min_version && s->hdr->min_clock >= w->min_clock) {
+			struct rps__wait_rep rep = { .version = s->step, .min_clock = s->hdr->min_clock };
+			conn_reply(w->conn, RPS__MSG_WAIT_REP, w->req_id, 0, &rep, sizeof(rep));
+			*w = srv->waiters[--srv->nwaiters];
+			continue;
+		}
+		i++;
+	}
+}
+
+/* Apply one fp32 gradient to the shard and publish version step+1. */
+static void shard_update(struct tensor *t, struct shard *s, const float *g)
+{
+	publish_begin(s);
+	s->step++;
+	rps__optim_apply(&t->optim, s->params, g, s->state, s->elems, s->step);
+	publish_end(s);
+}
+
+/* ---- consuming pushes ------------------------------------------------- */
+
+/*
+ * Sync mode: add rank's gradient for step `clock` to the shard's sum if it
+ * is its turn (fixed summation order: rank 0's, + rank 1's, + ..., so the
+ * sum is bit-identical whatever the arrival order), and apply the step when
+ * the last rank is in.  0 taken, -EAGAIN not its turn yet, -EALREADY the
+ * step already has it.
+ */
+static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, uint64_t clock,
+		     int rank, const void *data)
+{
+	struct shard *s = &t->shards[local];
+
+	if (clock < s->step || (clock == s->step && rank < s->next_rank))
+		return -EALREADY;
+	if (clock >= t->hold_limit)
+		return -EAGAIN;		/* a checkpoint holds the tensor at this step */
+	if (!s->ready || clock > s->step || rank != s->next_rank)
+		return -EAGAIN;
+	if (s->next_rank == 0)
+		rps__agg_copy(s->acc, data, t->spec.dtype, s->elems);
+	else
+		rps__agg_add(s->acc, data, t->spec.dtype, s->elems);
+	s->next_rank++;
+	if (s->next_rank == t->spec.num_workers) {
+		s->next_rank = 0;
+		shard_update(t, s, s->acc);
+		rps__srv_wake_waiters(srv, t, local);
+	}
+	return 0;
+}
+
+enum consume_result { CONSUMED, NOT_YET };
+
+/* Release the lock word w (0: none held) on the worker's behalf, through
+ * the transport's atomic path; returns the new word for the ack.  The
+ * version moves on with every release, so a word never comes back. */
+uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w)
+{
+	uint64_t next, old = 0;
+
+	if (!w)
+		return 0;
+	next = rps__lock_unlocked(rps__lock_version(w) + 1);
+	if (rps__local_cas(srv->fab, t->regions[s->part].mr, &s->hdr->lock, w, next, &old)) {
+		rps__log(RPS__LOG_ERROR, "releasing lock of %s shard %u: %s", t->name, s->index, rps__errbuf());
+		return 0;
+	}
+	return old == w ? next : old;
+}
+
+static bool dedup_seen(const struct shard *s, uint64_t client, uint64_t push_id)
+{
+	uint32_t i, k;
+
+	for (i = 0; i < s->ndd; i++)
+		if (s->dd[i].client == client) {
+			for (k = 0; k < DEDUP_IDS; k++)
+				if (s->dd[i].ids[k] == push_id)
+					return true;
+			return false;
+		}
+	return false;
+}
+
+/* Remember a push applied for a worker: its last DEDUP_IDS pushes to this
+ * shard (a resend comes within a few of them). */
+static void dedup_note(struct shard *s, uint64_t client, uint64_t push_id)
+{
+	struct dedup *grown;
+	uint32_t i;
+
+	for (i = 0; i < s->ndd; i++)
+		if (s->dd[i].client == client)
+			break;
+	if (i == s->ndd) {
+		grown = realloc(s->dd, (s->ndd + 1) * sizeof(*grown));
+		if (!grown)
+			return;		/* then only the lock protocol guards it, as before */
+		s->dd = grown;
+		memset(&s->dd[s->ndd], 0, sizeof(*s->dd));
+		s->dd[s->ndd].client = client;
+		s->ndd++;
+	}
+	s->dd[i].ids[s->dd[i].next] = push_id;
+	s->dd[i].next = (s->dd[i].next + 1) % DEDUP_IDS;
+}
+
+static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
+{
+	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
+}
+
+static void push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
+{
+	struct rps__push_desc *d = slot_desc(c, slot);
+	struct rps__push_ack ack = {
+		.slot = slot, .shard = d->shard, .version = version, .lock = lock,
+	};
+
+	c->slot_state[slot] = 0;
+	conn_reply(c, RPS__MSG_PUSH_ACK, d->push_id, status, &ack, sizeof(ack));
+}
+
+static const float *grad_fp32(struct shard *s, const struct rps__push_desc *d)
+{
+	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
+
+	if (d->dtype == RPS_DTYPE_F32)
+		return data;
+	rps__agg_copy(s->scratch, data, (enum rps_dtype)d->dtype, s->elems);
+	return s->scratch;
+}
+
+static void update_min_clock(struct tensor *t, struct shard *s)
+{
+	uint64_t m = UINT64_MAX;
+	int r;
+
+	for (r = 0; r < t->spec.num_workers; r++)
+		m = RPS__MIN(m, s->clocks[r]);
+	__atomic_store_n(&s->hdr->min_clock, m, __ATOMIC_RELEASE);
+}
+
+/* Refuse a push for a partition whose contents are lost, or that is not
+ * served here under the push's epoch.  True: refused (acknowledged). */
+static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+			    struct shard *s, const struct rps__push_desc *d)
+{
+	if (rps__srv_part_lost(srv, s->part)) {
+		push_ack(c, slot, -ENODATA, 0, 0);
+		return true;
+	}
+	/* Fencing: only the owner of the partition, under the epoch the map
+	 * gave it, takes pushes.  A refused push was not applied: the worker
+	 * refreshes its map and sends it to the new owner. */
+	if (!s->hdr || !rps__srv_part_serving(srv, s->part) || d->epoch != srv->parts[s->part].epoch) {
+		uint64_t left = 0;
+		/* a lock this worker took before the fence: let go of it, or
+		 * fencing would wait for the lease */
+		if (s->hdr && t->regions[s->part].mr && t->spec.mode != RPS_MODE_SYNC) {
+			uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
+			if (w == d->lock && rps__lock_is_locked(w) && rps__lock_owner(w) == c->owner)
+				left = rps__srv_release_lock(srv, t, s, w);
+		}
+		push_ack(c, slot, RPS_ESTALE_EPOCH, 0, left);
+		return true;
+	}
+	return false;
+}
+
+/* The creator's initial values of a shard. */
+static enum consume_result consume_init(struct rps__server *srv, struct conn *c, uint32_t slot,
+					struct tensor *t, struct shard *s, uint32_t local,
+					const struct rps__push_desc *d)
+{
+	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
+
+	if (s->ready || s->init_conn != c) {
+		push_ack(c, slot, -EALREADY, s->step, 0);
+		return CONSUMED;
+	}
+	if (d->nbytes != (uint64_t)s->elems * 4u) {
+		push_ack(c, slot, -EMSGSIZE, 0, 0);
+		return CONSUMED;
+	}
+	publish_begin(s);
+	memcpy(s->params, data, d->nbytes);
+	s->ready = true;
+	s->init_conn = NULL;
+	publish_end(s);
+	push_ack(c, slot, 0, s->step, 0);
+	rps__srv_wake_waiters(srv, t, local);
+	return CONSUMED;
+}
+
+/* async and bounded: the worker must hold the shard lock it names; the
+ * server releases it once the push is decided (the worker does not
+ * have to come back for that: a push is one round trip).  True: decided
+ * here (refused, or a retry acknowledged); else *holds is the lock word. */
+static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+		       struct shard *s, const struct rps__push_desc *d, uint64_t *holds)
+{
+	uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
+
+	if (w != d->lock || !rps__lock_is_locked(w) || rps__lock_owner(w) != c->owner) {
+		push_ack(c, slot, RPS_ELEASE, s->step, d->lock);
+		return true;
+	}
+	*holds = w;
+	/* A retried push that was applied already (idempotent push ids):
+	 * acknowledge, do not apply again. */
+	if (dedup_seen(s, c->client_id, d->push_id)) {
+		push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, *holds));
+		return true;
+	}
+	return false;
+}
+
+/* Refuse a gradient of the wrong dtype or size, from the wrong rank, or
+ * (sync) for a step out of reach.  True: refused (acknowledged). */
+static bool refuse_bad_grad(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+			    struct shard *s, const struct rps__push_desc *d, uint64_t holds)
+{
+	if (d->dtype != t->spec.dtype || d->nbytes != (uint64_t)s->elems * rps__dtype_size(t->spec.dtype)) {
+		push_ack(c, slot, -EMSGSIZE, 0, rps__srv_release_lock(srv, t, s, holds));
+		return true;
+	}
+	if ((t->spec.mode != RPS_MODE_ASYNC) && (d->rank < 0 || d->rank >= t->spec.num_workers || d->rank != c->rank)) {
+		push_ack(c, slot, -EINVAL, 0, rps__srv_release_lock(srv, t, s, holds));
+		return true;
+	}
+	/* Sync: a rank can be at most this many steps ahead of the shard:
+	 * its pushes for the steps between are all here, in its slots or
+	 * parked.  A clock past that can never be taken: parked, it would
+	 * hold its share of --park-limit forever. */
+	if (t->spec.mode == RPS_MODE_SYNC && d->clock > s->step &&
+	    d->clock - s->step > 1 + srv->cfg.nslots + srv->cfg.park_limit / RPS__MAX(d->nbytes, 1u)) {
+		rps__log(RPS__LOG_DEBUG, "worker %s (rank %d): tensor '%s' shard %u: clock %llu is beyond reach of step %llu",
+			 rps__ep_peer(c->ep), c->rank, t->name, s->index, (unsigned long long)d->clock,
+			 (unsigned long long)s->step);
+		push_ack(c, slot, -ERANGE, s->step, 0);
+		return true;
+	}
+	return false;
+}
+
+/* Sync: added to the step's sum in its turn, else NOT_YET. */
+static enum consume_result consume_sync(struct rps__server *srv, struct conn *c, uint32_t slot,
+					struct tensor *t, struct shard *s, uint32_t local,
+					const struct rps__push_desc *d)
+{
+	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
+	uint64_t step = s->step;
+	int ret = sync_take(srv, t, local, d->clock, d->rank, data);
+
+	if (ret == -EAGAIN)
+		return NOT_YET;
+	push_ack(c, slot, ret, step, 0);
+	return CONSUMED;
+}
+
+/* async and bounded: applied alone, under the lock the worker holds */
+static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+			struct shard *s, uint32_t local, const struct rps__push_desc *d, uint64_t holds)
+{
+	shard_update(t, s, grad_fp32(s, d));
+	dedup_note(s, c->client_id, d->push_id);
+	if (t->spec.mode == RPS_MODE_BOUNDED) {
+		if (d->clock + 1 > s->clocks[d->rank])
+			s->clocks[d->rank] = d->clock + 1;
+		update_min_clock(t, s);
+	}
+	push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, holds));
+	rps__srv_wake_waiters(srv, t, local);
+}
+
+/*
+ * Decide what to do with the push in (c, slot).  Every path that does not
+ * return NOT_YET acknowledges the push and frees the slot: a push is applied
+ * once or refused, never silently dropped.  The steps are static and called
+ * once: the compiler inlines them, the push path does no more than before.
+ */
+static enum consume_result consume(struct rps__server *srv, struct conn *c, uint32_t slot)
+{
+	struct rps__push_desc *d = slot_desc(c, slot);
+	struct tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
+	uint64_t holds = 0;
+	struct shard *s;
+	uint32_t local;
+
+	if (!t) {
+		push_ack(c, slot, -ENOENT, 0, 0);
+		return CONSUMED;
+	}
+	if (d->shard >= t->layout.nshards) {
+		push_ack(c, slot, -EINVAL, 0, 0);
+		return CONSUMED;
+	}
+	local = d->shard;
+	s = &t->shards[local];
+	if (refuse_unserved(srv, c, slot, t, s, d))
+		return CONSUMED;
+	if (d->kind == RPS__PUSH_INIT)
+		return consume_init(srv, c, slot, t, s, local, d);
+	if (t->spec.mode != RPS_MODE_SYNC && check_lock(srv, c, slot, t, s, d, &holds))
+		return CONSUMED;
+	if (refuse_bad_grad(srv, c, slot, t, s, d, holds))
+		return CONSUMED;
+	if (!s->ready)
+		return NOT_YET;
+	if (t->spec.mode == RPS_MODE_SYNC)
+		return consume_sync(srv, c, slot, t, s, local, d);
+	apply_async(srv, c, slot, t, s, local, d, holds);
+	return CONSUMED;
+}
+
+static int held_add(struct rps__server *srv, struct conn *c, uint32_t slot)
+{
+	if (srv->nheld == srv->held_cap) {
+		uint32_t cap = srv->held_cap ? srv->held_cap * 2 : 64;
+		struct held *h = realloc(srv->held, cap * sizeof(*h));
+		if (!h)
+			return -ENOMEM;
+		srv->held = h;
+		srv->held_cap = cap;
+	}
+	srv->held[srv->nheld].conn = c;
+	srv->held[srv->nheld].slot = slot;
+	srv->nheld++;
+	c->slot_state[slot] = 1;
+	return 0;
+}
+
+/* Consume held pushes until none can move.  Held pushes are few (at most
+ * connections x slots), so a rescan is cheap. */
+void rps__srv_drain_held(struct rps__server *srv)
+{
+	bool progress = true;
+
+	while (progress) {
+		uint32_t i = 0;
+		progress = false;
+		while (i < srv->nparked) {
+			struct parked *p = &srv->parked[i];
+			if (sync_take(srv, p->t, p->local, p->clock, p->rank, p->data) == -EAGAIN) {
+				i++;
+				continue;
+			}
+			/* taken: its acknowledgement went out when it was parked */
+			free(p->data);
+			rps__srv_mem_give(srv, p->nbytes);
+			srv->parked_bytes -= p->nbytes;
+			*p = srv->parked[--srv->nparked];
+			progress = true;
+		}
+		i = 0;
+		while (i < srv->nheld) {
+			struct held h = srv->held[i];
+			if (!h.conn->dead && consume(srv, h.conn, h.slot) == NOT_YET) {
+				i++;
+				continue;
+			}
+			memmove(&srv->held[i], &srv->held[i + 1], (srv->nheld - i - 1) * sizeof(*srv->held));
+			srv->nheld--;
+			progress = true;
+		}
+	}
+}
+
+/* Copy an out-of-turn sync push out of its slot and acknowledge it (see
+ * struct parked).  -ENOSPC when it is not a sync push or over the budget:
+ * the push then waits in its slot. */
+static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
+{
+	struct rps__push_desc *d = slot_desc(c, slot);
+	struct tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
+	struct parked *p;
+
+	if (!t || t->spec.mode != RPS_MODE_SYNC || d->kind != RPS__PUSH_GRAD ||
+	    srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
+		return -ENOSPC;
+	if (srv->nparked == srv->parked_cap) {
+		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
+		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
+		if (!grown)
+			return -ENOSPC;
+		srv->parked = grown;
+		srv->parked_cap = cap;
+	}
+	if (rps__srv_mem_take(srv, d->nbytes, "parking a push"))
+		return -ENOSPC;
+	p = &srv->parked[srv->nparked];
+	p->data = malloc(d->nbytes ? d->nbytes : 1);
+	if (!p->data) {
+		rps__srv_mem_give(srv, d->nbytes);
+		return -ENOSPC;
+	}
+	memcpy(p->data, (char *)d + RPS__PUSH_DESC_SIZE, d->nbytes);
+	p->t = t;
+	if (d->shard >= t->layout.nshards || !t->shards[d->shard].hdr ||
+	    !rps__srv_part_serving(srv, t->shards[d->shard].part))
+		return -ENOSPC;
+	p->local = d->shard;
+	p->clock = d->clock;
+	p->rank = d->rank;
+	p->nbytes = d->nbytes;
+	srv->nparked++;
+	srv->parked_bytes += d->nbytes;
+	push_ack(c, slot, 0, t->shards[p->local].step, 0);
+	return 0;
+}
+
+void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot)
+{
+	struct rps__push_desc *d;
+	int ret;
+
+	if (!c->hello_done || slot >= srv->cfg.nslots) {
+		conn_fail(c, "sent a push to a slot it does not own");
+		return;
+	}
+	if (c->slot_state[slot]) {
+		conn_fail(c, "pushed into a slot that is still in use");
+		return;
+	}
+	d = slot_desc(c, slot);
+	ret = rps__desc_check(d, srv->slot_size);
+	if (ret) {
+		rps__log(RPS__LOG_WARN, "worker %s: %s", rps__ep_peer(c->ep), rps__errbuf());
+		push_ack(c, slot, ret, 0, 0);
+		return;
+	}
+	if (consume(srv, c, slot) == CONSUMED) {
+		rps__srv_drain_held(srv);
+		return;
+	}
+	if (park(srv, c, slot) == 0)
+		return;
+	if (held_add(srv, c, slot))
+		conn_fail(c, "out of memory holding a push");
+}
+
+/* ---- locks ------------------------------------------------------------ */
+
+/* Break a lock on behalf of a holder that is gone or past its lease.  The
+ * version moves on as with every release: a holder that is merely slow,
+ * and whose connection then takes the same shard's lock again, gets a new
+ * word, so its stale push (naming the old word) can never pass the check. */
+static void break_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w,
+		       const char *why)
+{
+	/* release_lock() returns the word it left, or what it found instead */
+	if (rps__srv_release_lock(srv, t, s, w) == rps__lock_unlocked(rps__lock_version(w) + 1))
+		rps__log(RPS__LOG_INFO, "tensor '%s' shard %u: broke lock of owner %u (%s)", t->name,
+			 s->index, rps__lock_owner(w), why);
+}
+
+void rps__srv_scan_locks(struct rps__server *srv, uint32_t dead_owner)
+{
+	uint64_t now = rps__now_ns(), lease = (uint64_t)srv->cfg.lease_ms * 1000000ull;
+	uint32_t i, j;
+
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		if (!t || t->spec.mode == RPS_MODE_SYNC)
+			continue;
+		for (j = 0; j < t->layout.nshards; j++) {
+			struct shard *s = &t->shards[j];
+			uint64_t w;
+			if (!s->hdr || !t->regions[s->part].mr)
+				continue;
+			w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
+			if (!rps__lock_is_locked(w) || rps__lock_owner(w) == RPS__LOCK_OWNER_FENCE) {
+				s->lease_word = 0;
+				continue;
+			}
+			if (dead_owner) {
+				if (rps__lock_owner(w) == dead_owner)
+					break_lock(srv, t, s, w, "its worker disconnected");
+				continue;
+			}
+			if (w != s->lease_word) {
+				s->lease_word = w;
+				s->lease_since = now;
+			} else if (now - s->lease_since >= lease) {
+				break_lock(srv, t, s, w, "lease expired");
+				s->lease_word = 0;
+			}
+		}
+	}
+}

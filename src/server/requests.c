@@ -1,0 +1,383 @@
+/*
+ * requests.c - a worker's control messages (HELLO, CREATE, WAIT, BARRIER)
+ * and what a departing rank means for the waits of sync tensors; messages
+ * of peers and psctl go up to the control plane's hook.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "proto/proto.h"
+#include "proto/shard.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+#define conn_fail rps__srv_conn_fail
+#define conn_reply rps__srv_conn_reply
+
+/* ---- control messages ---------------------------------------------------- */
+
+static bool spec_equal(const struct rps__tensor_spec *a, const struct rps__tensor_spec *b)
+{
+	return a->count == b->count && a->dtype == b->dtype && a->mode == b->mode &&
+	       a->staleness == b->staleness && a->optimizer == b->optimizer &&
+	       a->lr == b->lr && a->momentum == b->momentum && a->beta1 == b->beta1 &&
+	       a->beta2 == b->beta2 && a->eps == b->eps && a->weight_decay == b->weight_decay &&
+	       a->rescale == b->rescale && a->num_workers == b->num_workers &&
+	       (a->flags & RPS__CREATE_HAS_INIT) == (b->flags & RPS__CREATE_HAS_INIT);
+}
+
+/* The reply names the regions of partitions served here, a page at a time
+ * (the worker asks again with CREATE.first for the rest). */
+static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_id, struct tensor *t,
+			 bool created, uint32_t first)
+{
+	struct rps__create_rep rep;
+	uint32_t p, k = 0;
+
+	memset(&rep, 0, sizeof(rep));
+	rep.spec = t->spec;
+	rep.tensor_id = t->id;
+	rep.created = created;
+	rep.stride = t->stride;
+	rep.map_applied = srv->map_applied;
+	rep.first = first;
+	for (p = 0; p < t->layout.nservers; p++) {
+		struct region *r = &t->regions[p];
+		if (!r->mr || !rps__srv_part_serving(srv, p))
+			continue;
+		if (k >= first && rep.nregions < RPS__CREATE_MAX_REGIONS) {
+			struct rps__region_ref *ref = &rep.regions[rep.nregions++];
+			ref->addr = (uint64_t)(uintptr_t)r->mem;
+			ref->rkey = rps__mr_rkey(r->mr);
+			ref->part = (uint16_t)p;
+			ref->epoch = srv->parts[p].epoch;
+		}
+		k++;
+	}
+	rep.total = k;
+	conn_reply(c, RPS__MSG_CREATE_REP, req_id, 0, &rep, sizeof(rep));
+}
+
+/* A connection of a rank opened a sync tensor (see struct tensor.ranks). */
+static void rank_opened(struct tensor *t, const struct conn *c)
+{
+	if (t->spec.mode != RPS_MODE_SYNC || c->rank < 0 || c->rank >= t->spec.num_workers)
+		return;
+	if (!t->ranks && !(t->ranks = calloc((size_t)t->spec.num_workers, 1)))
+		return;		/* then a missing rank shows as a timeout, as before */
+	t->ranks[c->rank] = RANK_LIVE;
+}
+
+static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
+		      const struct rps__create *req)
+{
+	struct tensor *t;
+	bool created = false;
+	uint32_t p;
+	int ret;
+
+	/* what librdmaps refuses cannot come from it: say so, escaped */
+	ret = rps__name_check(req->name);
+	if (ret)
+		goto err;
+	t = rps__srv_tensor_by_name(srv, req->name);
+	if (!(req->flags & RPS__CREATE_OPEN_ONLY)) {
+		struct rps__layout l;
+		/* a tensor with shards in a lost partition here would have empty
+		 * shards where trained ones were; the others are created as usual
+		 * (a spec with no layout is refused below, saying why) */
+		if (t)
+			l = t->layout;
+		else if (rps__layout_init(&l, req->name, req->spec.count, srv->shard_elems, srv->npart))
+			l.nservers = 0;
+		for (p = 0; p < l.nservers && p < srv->npart; p++)
+			if (srv->parts[p].owned_lost && rps__part_nshards(&l, p)) {
+				rps__log(RPS__LOG_WARN, "create of '%s' from %s refused: partition %u is lost", req->name,
+					 rps__ep_peer(c->ep), p);
+				conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENODATA, NULL, 0);
+				return;
+			}
+	}
+	if (t) {
+		if (!(req->flags & RPS__CREATE_OPEN_ONLY) && !spec_equal(&t->spec, &req->spec)) {
+			rps__log(RPS__LOG_WARN, "worker %s: tensor '%s' exists with different options",
+				 rps__ep_peer(c->ep), req->name);
+			conn_reply(c, RPS__MSG_CREATE_REP, req_id, -EEXIST, NULL, 0);
+			return;
+		}
+		rank_opened(t, c);
+		create_reply(srv, c, req_id, t, false, req->first);
+		return;
+	}
+	if (req->flags & RPS__CREATE_OPEN_ONLY) {
+		conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENOENT, NULL, 0);
+		return;
+	}
+	ret = rps__srv_tensor_add(srv, req->name, &req->spec, &t);
+	if (ret)
+		goto err;
+	for (p = 0; p < t->layout.nservers; p++) {
+		/* and partitions on their way here: they come without this tensor */
+		if (!rps__srv_part_serving(srv, p) && !srv->parts[p].incoming)
+			continue;
+		ret = rps__srv_region_alloc(srv, t, p, req->spec.flags & RPS__CREATE_HAS_INIT, c);
+		if (!ret)
+			ret = rps__srv_region_register(srv, t, p);
+		if (ret) {
+			srv->tensors[--srv->ntensors] = NULL;
+			rps__srv_tensor_free(srv, t);
+			goto err;
+		}
+	}
+	created = true;
+	rank_opened(t, c);
+	{
+		uint32_t n = 0;
+		for (p = 0; p < t->layout.nservers; p++)
+			n += t->regions[p].nsh;
+		rps__log(RPS__LOG_INFO, "tensor '%s': %llu elements, %u of %u shards here", t->name,
+			 (unsigned long long)t->spec.count, n, t->layout.nshards);
+	}
+	create_reply(srv, c, req_id, t, created, req->first);
+	return;
+err:
+	rps__log(RPS__LOG_WARN, "create from %s: %s", rps__ep_peer(c->ep), rps__errbuf());
+	conn_reply(c, RPS__MSG_CREATE_REP, req_id, ret, NULL, 0);
+}
+
+static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__hello *h)
+{
+	struct rps__hello_rep rep;
+
+	if (h->version != RPS__PROTO_VERSION) {
+		conn_reply(c, RPS__MSG_HELLO_REP, req_id, -EPROTO, NULL, 0);
+		return;
+	}
+	c->rank = h->rank;
+	c->client_id = h->client_id;
+	c->num_workers = h->num_workers;
+	c->hello_done = true;
+	memset(&rep, 0, sizeof(rep));
+	rep.magic = RPS__HELLO_MAGIC;
+	rep.version = RPS__PROTO_VERSION;
+	rep.member_id = srv->my_id;
+	rep.map_addr = (uint64_t)(uintptr_t)srv->mapbuf;
+	rep.map_rkey = srv->mapbuf_mr ? rps__mr_rkey(srv->mapbuf_mr) : 0;	/* (none: no layer above) */
+	rep.map_len = RPS__MAP_BUF;
+	rep.shard_elems = srv->shard_elems;
+	rep.nslots = srv->cfg.nslots;
+	rep.slot_size = (uint32_t)srv->slot_size;
+	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;
+	rep.slot_rkey = rps__mr_rkey(c->slots_mr);
+	rep.owner = c->owner;
+	rep.lease_ms = srv->cfg.lease_ms;
+	conn_reply(c, RPS__MSG_HELLO_REP, req_id, 0, &rep, sizeof(rep));
+}
+
+/* Sync: the lowest rank whose connections all closed while the shard's
+ * current step still lacks its push (neither added nor parked here), or -1.
+ * Such a step can never complete: the rank cannot rejoin (its clock would
+ * start again at 0). */
+static int missing_rank(struct rps__server *srv, struct tensor *t, uint32_t local)
+{
+	struct shard *s = &t->shards[local];
+	uint32_t i;
+	int r;
+
+	if (t->spec.mode != RPS_MODE_SYNC || !t->ranks || !s->hdr || !s->ready)
+		return -1;
+	for (r = s->next_rank; r < t->spec.num_workers; r++) {
+		bool parked = false;
+		if (t->ranks[r] != RANK_GONE)
+			continue;
+		for (i = 0; i < srv->nparked && !parked; i++)
+			parked = srv->parked[i].t == t && srv->parked[i].local == local &&
+				 srv->parked[i].rank == r && srv->parked[i].clock == s->step;
+		if (!parked)
+			return r;
+	}
+	return -1;
+}
+
+/* Tell a waiter that its version will never come, and which rank it waits for. */
+static void wait_fail_missing(struct conn *c, uint64_t req_id, struct shard *s, int rank)
+{
+	struct rps__wait_rep rep = { .version = s->step, .min_clock = s->hdr->min_clock, .missing_rank = rank };
+
+	conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EPIPE, &rep, sizeof(rep));
+}
+
+/* A worker's last connection closed: note its rank gone from the sync
+ * tensors it opened here, and fail the waits that only it could satisfy. */
+void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
+{
+	uint32_t i;
+
+	if (c->role != CONN_WORKER || !c->hello_done || c->rank < 0)
+		return;
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *o = srv->conns[i];
+		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank)
+			return;		/* the rank still has a connection here */
+	}
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		if (t && t->ranks && c->rank < t->spec.num_workers && t->ranks[c->rank] == RANK_LIVE)
+			t->ranks[c->rank] = RANK_GONE;
+	}
+	i = 0;
+	while (i < srv->nwaiters) {
+		struct waiter *w = &srv->waiters[i];
+		struct tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
+		int r = t ? missing_rank(srv, t, w->local) : -1;
+		if (r >= 0 && w->conn != c && w->min_version > t->shards[w->local].step) {
+			rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
+				 "failing the waits for it", t->name, w->local, r,
+				 (unsigned long long)t->shards[w->local].step);
+			wait_fail_missing(w->conn, w->req_id, &t->shards[w->local], r);
+			*w = srv->waiters[--srv->nwaiters];
+			continue;
+		}
+		i++;
+	}
+}
+
+static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__wait *w)
+{
+	struct tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
+	struct waiter *nw;
+	uint32_t local;
+
+	if (!t || w->shard >= t->layout.nshards) {
+		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EINVAL, NULL, 0);
+		return;
+	}
+	local = w->shard;
+	if (rps__srv_part_lost(srv, t->shards[local].part)) {
+		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -ENODATA, NULL, 0);
+		return;
+	}
+	if (!t->shards[local].hdr || !rps__srv_part_serving(srv, t->shards[local].part)) {
+		conn_reply(c, RPS__MSG_WAIT_REP, req_id, RPS_ESTALE_EPOCH, NULL, 0);
+		return;
+	}
+	if (w->min_version > t->shards[local].step) {
+		int r = missing_rank(srv, t, local);
+		if (r >= 0) {
+			wait_fail_missing(c, req_id, &t->shards[local], r);
+			return;
+		}
+	}
+	if (srv->nwaiters == srv->waiters_cap) {
+		uint32_t cap = srv->waiters_cap ? srv->waiters_cap * 2 : 64;
+		nw = realloc(srv->waiters, cap * sizeof(*nw));
+		if (!nw) {
+			conn_reply(c, RPS__MSG_WAIT_REP, req_id, -ENOMEM, NULL, 0);
+			return;
+		}
+		srv->waiters = nw;
+		srv->waiters_cap = cap;
+	}
+	srv->waiters[srv->nwaiters++] = (struct waiter){
+		.conn = c, .req_id = req_id, .tensor_id = t->id, .local = local,
+		.min_version = w->min_version, .min_clock = w->min_clock,
+	};
+	rps__srv_wake_waiters(srv, t, local);
+}
+
+static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
+{
+	uint32_t i;
+
+	if (c->num_workers < 1) {
+		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
+		return;
+	}
+	/* The first arrival fixes the barrier's size: a worker that counts
+	 * differently must not release (or hold back) the others. */
+	if (srv->barrier.n && c->num_workers != srv->barrier.need) {
+		rps__log(RPS__LOG_WARN, "worker %s (rank %d): barrier with num_workers %d, but the %u waiting say %d: refused",
+			 rps__ep_peer(c->ep), c->rank, c->num_workers, srv->barrier.n, srv->barrier.need);
+		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
+		return;
+	}
+	if (srv->barrier.n == srv->barrier.cap) {
+		uint32_t cap = srv->barrier.cap ? srv->barrier.cap * 2 : 16;
+		struct conn **nc = realloc(srv->barrier.conn, cap * sizeof(*nc));
+		uint64_t *nr;
+		if (nc)
+			srv->barrier.conn = nc;
+		nr = nc ? realloc(srv->barrier.req_id, cap * sizeof(*nr)) : NULL;
+		if (!nr) {
+			conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -ENOMEM, NULL, 0);
+			return;
+		}
+		srv->barrier.req_id = nr;
+		srv->barrier.cap = cap;
+	}
+	srv->barrier.conn[srv->barrier.n] = c;
+	srv->barrier.req_id[srv->barrier.n] = req_id;
+	if (!srv->barrier.n)
+		srv->barrier.need = c->num_workers;
+	srv->barrier.n++;
+	if ((int)srv->barrier.n < srv->barrier.need)
+		return;
+	for (i = 0; i < srv->barrier.n; i++)
+		conn_reply(srv->barrier.conn[i], RPS__MSG_BARRIER_REP, srv->barrier.req_id[i], 0, NULL, 0);
+	srv->barrier.n = 0;
+}
+
+void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uint32_t len)
+{
+	struct rps__msg_hdr h;
+	void *body = rps__msg_body(buf);
+	int ret;
+
+	ret = rps__msg_check(buf, len);
+	if (ret) {
+		/* A peer that sends garbage is not trusted with more: drop it. */
+		rps__log(RPS__LOG_WARN, "%s %s: %s", rps__srv_role_name(c), rps__ep_peer(c->ep), rps__errbuf());
+		conn_fail(c, "sent a malformed message");
+		return;
+	}
+	memcpy(&h, buf, sizeof(h));
+	if (c->role != CONN_WORKER) {
+		if (srv->hooks.on_message)
+			srv->hooks.on_message(srv->hooks.ctx, c, &h, body, len - (uint32_t)sizeof(h));
+		else
+			conn_fail(c, "sent a message type it may not send");
+		return;
+	}
+	if (h.type == RPS__MSG_STATUS) {
+		/* The reply (map included) does not fit a worker's buffers:
+		 * refuse it, quietly, so a worker cannot flood the log. */
+		conn_reply(c, RPS__MSG_STATUS_REP, h.req_id, -EPERM, NULL, 0);
+		return;
+	}
+	if (!c->hello_done && h.type != RPS__MSG_HELLO) {
+		conn_fail(c, "sent a request before HELLO");
+		return;
+	}
+	switch (h.type) {
+	case RPS__MSG_HELLO:
+		on_hello(srv, c, h.req_id, body);
+		break;
+	case RPS__MSG_CREATE:
+		on_create(srv, c, h.req_id, body);
+		break;
+	case RPS__MSG_WAIT:
+		on_wait(srv, c, h.req_id, body);
+		break;
+	case RPS__MSG_BARRIER:
+		on_barrier(srv, c, h.req_id);
+		break;
+	default:
+		conn_fail(c, "sent a message type servers do not take");
+		break;
+	}
+}
