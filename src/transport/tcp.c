@@ -190,27 +190,6 @@ static int tcp_mr_dereg(struct rps__mr *base)
 	return 0;
 }
 
-/* The HCA's checks for a remote access: the key names a live region,
- * [raddr, raddr + len) lies inside it and the region grants the right
- * (RPS__ACCESS_LOCAL: no right needed).  Returns the local address, or
- * NULL.  mr_lock held for reading, and kept held while the memory is used. */
-uint8_t *rps__tcp_mr_target(struct tcp_fabric *fab, uint32_t rkey, uint64_t raddr, uint64_t len, int access)
-{
-	uint32_t index = rkey & MR_INDEX_MASK;
-	const struct tcp_mr_slot *slot;
-	uint64_t start;
-
-	if (index >= fab->nslots)
-		return NULL;
-	slot = &fab->slots[index];
-	if (!slot->in_use || slot->gen != rkey >> MR_INDEX_BITS || (access && !(slot->access & access)))
-		return NULL;
-	start = (uintptr_t)slot->addr;
-	if (raddr < start || len > slot->len || raddr - start > slot->len - len)
-		return NULL;
-	return (uint8_t *)(uintptr_t)raddr;
-}
-
 static int tcp_local_cas(struct rps__fabric *base, struct rps__mr *mr, uint64_t *word,
 			 uint64_t compare, uint64_t swap, uint64_t *old)
 {

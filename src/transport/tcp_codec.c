@@ -70,35 +70,6 @@ void rps__tcp_hello_get(struct wire_hello *h, const uint8_t *in)
 	h->rq_depth = le32toh(h->rq_depth);
 }
 
-void rps__tcp_hdr_put(uint8_t *out, const struct wire_hdr *h)
-{
-	struct wire_hdr w = *h;
-
-	w.flags = htole16(h->flags);
-	w.len = htole32(h->len);
-	w.seq = htole32(h->seq);
-	w.rkey = htole32(h->rkey);
-	w.raddr = htole64(h->raddr);
-	w.arg0 = htole64(h->arg0);
-	w.arg1 = htole64(h->arg1);
-	w.imm = htole32(h->imm);
-	w.reserved = 0;
-	memcpy(out, &w, sizeof(w));
-}
-
-void rps__tcp_hdr_get(struct wire_hdr *h, const uint8_t *in)
-{
-	memcpy(h, in, sizeof(*h));
-	h->flags = le16toh(h->flags);
-	h->len = le32toh(h->len);
-	h->seq = le32toh(h->seq);
-	h->rkey = le32toh(h->rkey);
-	h->raddr = le64toh(h->raddr);
-	h->arg0 = le64toh(h->arg0);
-	h->arg1 = le64toh(h->arg1);
-	h->imm = le32toh(h->imm);
-}
-
 /* Check a received hello: ours, same version, sane sizes.  0 or -EPROTO. */
 int rps__tcp_hello_check(const struct wire_hello *h, const char *peer)
 {

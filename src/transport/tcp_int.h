@@ -7,9 +7,11 @@
 
 #include "transport/transport.h"
 
+#include <endian.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #define TCP_MAGIC		0x74535052u	/* the bytes "RPSt" read as a LE u32 */
@@ -231,7 +233,7 @@ struct tcp_ep {
 	struct tcp_txe *tx_head;
 	struct tcp_txe *tx_tail;
 	struct tcp_txe *resp_pool;
-	struct tcp_txe *rps__tcp_resp_free;
+	struct tcp_txe *resp_free;
 	struct tcp_txe *ack_tail;	/* queued ACK that is the unsent tail: coalesce into it */
 	uint32_t ack_queued;		/* watermark carried by the last ACK queued */
 	struct tcp_txe nak;
@@ -303,12 +305,9 @@ static inline bool seq_le(uint32_t a, uint32_t b)
 /* tcp_codec.c */
 void rps__tcp_hello_put(uint8_t *out, const struct wire_hello *h);
 void rps__tcp_hello_get(struct wire_hello *h, const uint8_t *in);
-void rps__tcp_hdr_put(uint8_t *out, const struct wire_hdr *h);
-void rps__tcp_hdr_get(struct wire_hdr *h, const uint8_t *in);
 int rps__tcp_hello_check(const struct wire_hello *h, const char *peer);
 
 /* tcp.c */
-uint8_t *rps__tcp_mr_target(struct tcp_fabric *fab, uint32_t rkey, uint64_t raddr, uint64_t len, int access);
 void rps__tcp_cq_push(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t wr_id, enum rps__wc_status status,
 		      enum rps__wc_opcode opcode, uint32_t byte_len, uint32_t imm);
 int rps__tcp_cq_pop(struct tcp_cq *cq, struct rps__wc *wc, int n);
@@ -318,12 +317,6 @@ int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const 
 int rps__tcp_ep_bind(struct tcp_ep *ep);
 
 /* tcp_send.c */
-void rps__tcp_ep_complete(struct tcp_ep *ep, uint64_t wr_id, enum rps__wc_status status,
-			  enum rps__wc_opcode opcode, uint32_t byte_len, uint32_t imm);
-bool rps__tcp_op_wants_response(uint8_t op);
-void rps__tcp_tx_append(struct tcp_ep *ep, struct tcp_txe *txe);
-struct tcp_txe *rps__tcp_resp_alloc(struct tcp_ep *ep);
-void rps__tcp_resp_free(struct tcp_ep *ep, struct tcp_txe *txe);
 void rps__tcp_ep_abort(struct tcp_ep *ep);
 void rps__tcp_unexpected_free_all(struct tcp_ep *ep);
 bool rps__tcp_tx_purge_ops(struct tcp_ep *ep);
@@ -355,5 +348,95 @@ int rps__tcp_reject(struct rps__conn_req *base, const void *data, size_t len);
 int rps__tcp_connect(struct rps__fabric *base, const char *host, uint16_t port, struct rps__cq *cq_base,
 		     const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
 		     void *reply, size_t *reply_len, struct rps__ep **out);
+
+/* Small helpers of the per-frame path, inline in every file that uses them. */
+static inline void rps__tcp_hdr_put(uint8_t *out, const struct wire_hdr *h)
+{
+	struct wire_hdr w = *h;
+
+	w.flags = htole16(h->flags);
+	w.len = htole32(h->len);
+	w.seq = htole32(h->seq);
+	w.rkey = htole32(h->rkey);
+	w.raddr = htole64(h->raddr);
+	w.arg0 = htole64(h->arg0);
+	w.arg1 = htole64(h->arg1);
+	w.imm = htole32(h->imm);
+	w.reserved = 0;
+	memcpy(out, &w, sizeof(w));
+}
+
+static inline void rps__tcp_hdr_get(struct wire_hdr *h, const uint8_t *in)
+{
+	memcpy(h, in, sizeof(*h));
+	h->flags = le16toh(h->flags);
+	h->len = le32toh(h->len);
+	h->seq = le32toh(h->seq);
+	h->rkey = le32toh(h->rkey);
+	h->raddr = le64toh(h->raddr);
+	h->arg0 = le64toh(h->arg0);
+	h->arg1 = le64toh(h->arg1);
+	h->imm = le32toh(h->imm);
+}
+
+/* The HCA's checks for a remote access: the key names a live region,
+ * [raddr, raddr + len) lies inside it and the region grants the right
+ * (RPS__ACCESS_LOCAL: no right needed).  Returns the local address, or
+ * NULL.  mr_lock held for reading, and kept held while the memory is used. */
+static inline uint8_t *rps__tcp_mr_target(struct tcp_fabric *fab, uint32_t rkey, uint64_t raddr, uint64_t len, int access)
+{
+	uint32_t index = rkey & MR_INDEX_MASK;
+	const struct tcp_mr_slot *slot;
+	uint64_t start;
+
+	if (index >= fab->nslots)
+		return NULL;
+	slot = &fab->slots[index];
+	if (!slot->in_use || slot->gen != rkey >> MR_INDEX_BITS || (access && !(slot->access & access)))
+		return NULL;
+	start = (uintptr_t)slot->addr;
+	if (raddr < start || len > slot->len || raddr - start > slot->len - len)
+		return NULL;
+	return (uint8_t *)(uintptr_t)raddr;
+}
+
+static inline bool rps__tcp_op_wants_response(uint8_t op)
+{
+	return op == RPS__OP_READ || op == RPS__OP_CAS || op == RPS__OP_FADD;
+}
+
+static inline void rps__tcp_tx_append(struct tcp_ep *ep, struct tcp_txe *txe)
+{
+	txe->next = NULL;
+	txe->sent = 0;
+	if (ep->tx_tail)
+		ep->tx_tail->next = txe;
+	else
+		ep->tx_head = txe;
+	ep->tx_tail = txe;
+	ep->ack_tail = NULL;
+}
+
+static inline void rps__tcp_ep_complete(struct tcp_ep *ep, uint64_t wr_id, enum rps__wc_status status,
+			  enum rps__wc_opcode opcode, uint32_t byte_len, uint32_t imm)
+{
+	rps__tcp_cq_push(ep->cq, ep, wr_id, status, opcode, byte_len, imm);
+}
+
+static inline struct tcp_txe *rps__tcp_resp_alloc(struct tcp_ep *ep)
+{
+	struct tcp_txe *txe = ep->resp_free;
+
+	if (txe)
+		ep->resp_free = txe->next;
+	return txe;
+}
+
+static inline void rps__tcp_resp_free(struct tcp_ep *ep, struct tcp_txe *txe)
+{
+	txe->next = ep->resp_free;
+	ep->resp_free = txe;
+}
+
 
 #endif

@@ -19,12 +19,6 @@
 /* ------------------------------------------------------------------------ */
 /* endpoint state                                                           */
 
-void rps__tcp_ep_complete(struct tcp_ep *ep, uint64_t wr_id, enum rps__wc_status status,
-			  enum rps__wc_opcode opcode, uint32_t byte_len, uint32_t imm)
-{
-	rps__tcp_cq_push(ep->cq, ep, wr_id, status, opcode, byte_len, imm);
-}
-
 static enum rps__wc_opcode op_wc_opcode(uint8_t op)
 {
 	switch (op) {
@@ -35,11 +29,6 @@ static enum rps__wc_opcode op_wc_opcode(uint8_t op)
 	case RPS__OP_CAS: return RPS__WC_CAS;
 	default: return RPS__WC_FADD;
 	}
-}
-
-bool rps__tcp_op_wants_response(uint8_t op)
-{
-	return op == RPS__OP_READ || op == RPS__OP_CAS || op == RPS__OP_FADD;
 }
 
 static void ep_set_events(struct tcp_ep *ep)
@@ -56,33 +45,6 @@ static void ep_set_events(struct tcp_ep *ep)
 		return;
 	if (epoll_ctl(ep->cq->epfd, EPOLL_CTL_MOD, ep->fd, &ev) == 0)
 		ep->epoll_events = ev.events;
-}
-
-void rps__tcp_tx_append(struct tcp_ep *ep, struct tcp_txe *txe)
-{
-	txe->next = NULL;
-	txe->sent = 0;
-	if (ep->tx_tail)
-		ep->tx_tail->next = txe;
-	else
-		ep->tx_head = txe;
-	ep->tx_tail = txe;
-	ep->ack_tail = NULL;
-}
-
-struct tcp_txe *rps__tcp_resp_alloc(struct tcp_ep *ep)
-{
-	struct tcp_txe *txe = ep->rps__tcp_resp_free;
-
-	if (txe)
-		ep->rps__tcp_resp_free = txe->next;
-	return txe;
-}
-
-void rps__tcp_resp_free(struct tcp_ep *ep, struct tcp_txe *txe)
-{
-	txe->next = ep->rps__tcp_resp_free;
-	ep->rps__tcp_resp_free = txe;
 }
 
 /* Stop all traffic: out of epoll, socket shut so the peer sees EOF and flushes. */
