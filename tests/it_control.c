@@ -1318,7 +1318,7 @@ static void test_transfer_leader(void)
 {
 	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
 	struct mstatus lead;
-	unsigned long long to, v, t1, t2, was;
+	unsigned long long to, v = 0, t1 = 0, t2 = 0, was = 0;
 	int l, rc;
 
 	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
