@@ -163,7 +163,25 @@ static const char *invariant_broken(const struct rps__smap *m)
 			return "partition epoch 0";
 		if (pt->moving_to && (pt->moving_to == pt->owner || !is_member(m, pt->moving_to)))
 			return "partition moving to its owner or a non-member";
+		for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++) {
+			uint64_t b = pt->backups[k];
+
+			if (!b) {
+				if (!all_zero(&pt->backups[k], (RPS__SMAP_MAX_REPLICAS - 1 - k) * 8))
+					return "a gap in the backups";
+				break;
+			}
+			if (!is_member(m, b) || b == pt->owner || b == pt->moving_to || b == pt->joining)
+				return "a backup that is no member, the owner, the move's or the seeding's target";
+			for (uint32_t j = 0; j < k; j++)
+				if (pt->backups[j] == b)
+					return "a backup twice";
+		}
+		if (pt->joining && (pt->joining == pt->owner || !is_member(m, pt->joining)))
+			return "seeding the owner or a non-member";
 	}
+	if (m->replicas < 1 || m->replicas > RPS__SMAP_MAX_REPLICAS)
+		return "replication target out of range";
 	if (!all_zero(&m->parts[m->npart], (RPS__SMAP_MAX_PART - m->npart) * sizeof(m->parts[0])))
 		return "unused partition slots not zero";
 	return NULL;
@@ -380,7 +398,7 @@ static void test_add_member(void)
 	c = cmd_add(100, "tcp://z:1");
 	c.type = 0;
 	refuse_cmd(&m, c, -EINVAL);
-	c.type = 10;
+	c.type = RPS__SMAP_CMD_LAST + 1;
 	refuse_cmd(&m, c, -EINVAL);
 	/* a no-op moves nothing but applied */
 	c.type = RPS__SMAP_NOP;
@@ -682,7 +700,7 @@ static void test_messages(void)
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_MOVE_ABORT), "MOVE_ABORT");
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(0), "?");
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_NOP), "NOP");
-	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(10), "?");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_CMD_LAST + 1), "?");
 
 	c = cmd_begin(7, 2, 3, 4);
 	CU_ASSERT_PTR_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), buf);
@@ -1028,7 +1046,7 @@ static void test_cmd_codec(void)
 	buf[4] = 1;
 	buf[6] = 0;
 	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
-	buf[6] = 10;
+	buf[6] = RPS__SMAP_CMD_LAST + 1;
 	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
 	buf[6] = 1;
 	buf[46] = 128;
