@@ -149,6 +149,7 @@ bool rps__smap_replicated(const struct rps__smap *m)
 	return false;
 }
 
+/* Is zone already held by a replica of p (or the one being seeded)? */
 static bool zone_in_set(const struct rps__smap *m, uint32_t p, const char *zone)
 {
 	const struct rps__smap_member *o = rps__smap_member(m, m->parts[p].owner);
@@ -163,7 +164,8 @@ static bool zone_in_set(const struct rps__smap *m, uint32_t p, const char *zone)
 		if (b && strcmp(b->zone, zone) == 0)
 			return true;
 	}
-	return false;
+	o = rps__smap_member(m, m->parts[p].joining);	/* a backup soon */
+	return o && strcmp(o->zone, zone) == 0;
 }
 
 uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
@@ -716,6 +718,7 @@ static void do_force_remove(struct rps__smap *m, const struct rps__smap_cmd *c)
 			continue;
 		}
 		pp->moving_to = 0;
+		pp->joining = 0;	/* it was seeding from the dead member */
 		if (m->members[next % m->nmembers].id == c->id)
 			next++;
 		pp->owner = m->members[next % m->nmembers].id;
