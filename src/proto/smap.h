@@ -157,8 +157,9 @@ uint32_t rps__smap_nunder(const struct rps__smap *m);
 bool rps__smap_replicated(const struct rps__smap *m);
 /* Placement: the member to seed as a new backup of p, among those with
  * alive(id) true (NULL: all), outside the set and not its joiner or move
- * target: first one whose zone the set (or its joiner) does not have yet, then the fewest
- * replicas held (owned + backed), then the lowest id.  0 if none. */
+ * target: first one whose zone neither the set nor its joiner has yet,
+ * then the fewest replicas held (owned + backed), then the lowest id.
+ * 0 if none. */
 uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
 			       void *ctx);
 
