@@ -163,7 +163,25 @@ static const char *invariant_broken(const struct rps__smap *m)
 			return "partition epoch 0";
 		if (pt->moving_to && (pt->moving_to == pt->owner || !is_member(m, pt->moving_to)))
 			return "partition moving to its owner or a non-member";
+		for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++) {
+			uint64_t b = pt->backups[k];
+
+			if (!b) {
+				if (!all_zero(&pt->backups[k], (RPS__SMAP_MAX_REPLICAS - 1 - k) * 8))
+					return "a gap in the backups";
+				break;
+			}
+			if (!is_member(m, b) || b == pt->owner || b == pt->moving_to || b == pt->joining)
+				return "a backup that is no member, the owner, the move's or the seeding's target";
+			for (uint32_t j = 0; j < k; j++)
+				if (pt->backups[j] == b)
+					return "a backup twice";
+		}
+		if (pt->joining && (pt->joining == pt->owner || !is_member(m, pt->joining)))
+			return "seeding the owner or a non-member";
 	}
+	if (m->replicas < 1 || m->replicas > RPS__SMAP_MAX_REPLICAS)
+		return "replication target out of range";
 	if (!all_zero(&m->parts[m->npart], (RPS__SMAP_MAX_PART - m->npart) * sizeof(m->parts[0])))
 		return "unused partition slots not zero";
 	return NULL;
@@ -380,7 +398,7 @@ static void test_add_member(void)
 	c = cmd_add(100, "tcp://z:1");
 	c.type = 0;
 	refuse_cmd(&m, c, -EINVAL);
-	c.type = 10;
+	c.type = RPS__SMAP_CMD_LAST + 1;
 	refuse_cmd(&m, c, -EINVAL);
 	/* a no-op moves nothing but applied */
 	c.type = RPS__SMAP_NOP;
@@ -682,7 +700,7 @@ static void test_messages(void)
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_MOVE_ABORT), "MOVE_ABORT");
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(0), "?");
 	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_NOP), "NOP");
-	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(10), "?");
+	CU_ASSERT_STRING_EQUAL(rps__smap_cmd_name(RPS__SMAP_CMD_LAST + 1), "?");
 
 	c = cmd_begin(7, 2, 3, 4);
 	CU_ASSERT_PTR_EQUAL(rps__smap_cmd_str(&c, buf, sizeof(buf)), buf);
@@ -1028,7 +1046,7 @@ static void test_cmd_codec(void)
 	buf[4] = 1;
 	buf[6] = 0;
 	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
-	buf[6] = 10;
+	buf[6] = RPS__SMAP_CMD_LAST + 1;
 	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &d), -EBADMSG);
 	buf[6] = 1;
 	buf[46] = 128;
@@ -1066,6 +1084,436 @@ static void test_cmd_codec(void)
 			CU_ASSERT_EQUAL(memcmp(out, g, n), 0);
 		}
 	}
+}
+
+
+/* ------------------------------------------------------------------------ */
+/* replica sets */
+
+static struct rps__smap_cmd cmd_repl(uint32_t type, uint32_t part, uint64_t id, uint64_t to, uint64_t epoch)
+{
+	struct rps__smap_cmd c;
+
+	memset(&c, 0, sizeof(c));
+	c.type = type;
+	c.part = part;
+	c.id = id;
+	c.to = to;
+	c.epoch = epoch;
+	return c;
+}
+
+static struct rps__smap_cmd cmd_failover(uint32_t part, uint64_t from, uint64_t to, uint64_t epoch,
+					 uint32_t nkeep, const uint64_t *keep)
+{
+	struct rps__smap_cmd c = cmd_repl(RPS__SMAP_FAILOVER, part, 0, to, epoch);
+
+	c.from = from;
+	c.nkeep = nkeep;
+	for (uint32_t i = 0; i < nkeep && i < RPS__SMAP_MAX_REPLICAS - 1; i++)
+		c.keep[i] = keep[i];	/* (nkeep may be too many on purpose) */
+	return c;
+}
+
+static struct rps__smap_cmd cmd_zone(uint64_t id, const char *zone)
+{
+	struct rps__smap_cmd c = cmd_repl(RPS__SMAP_SET_ZONE, 0, id, 0, 0);
+
+	snprintf(c.zone, sizeof(c.zone), "%s", zone);
+	return c;
+}
+
+static uint8_t map_version_of(const struct rps__smap *m)
+{
+	static uint8_t enc[RPS__SMAP_ENC_MAX];
+	size_t len = 0;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(m, enc, sizeof(enc), &len), 0);
+	CU_ASSERT_EQUAL(len, rps__smap_encoded_size(m));
+	return enc[4];
+}
+
+static void test_replica_init(void)
+{
+	static const char *const u4[] = { "tcp://a:1", "tcp://b:1", "tcp://c:1", "tcp://d:1" };
+	static struct rps__smap m, r1;
+
+	/* R = 1 is the unreplicated map, byte for byte */
+	init3(&r1, 8);
+	memset(&m, 0x5a, sizeof(m));
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&m, uris3, 3, 8, 1), 0);
+	CU_ASSERT_EQUAL(memcmp(&m, &r1, sizeof(m)), 0);
+	CU_ASSERT_EQUAL(m.replicas, 1);
+	CU_ASSERT(!rps__smap_replicated(&m));
+	CU_ASSERT_EQUAL(map_version_of(&m), 1);
+	CU_ASSERT_EQUAL(rps__smap_nunder(&m), 0);
+
+	/* R = 3 of 4: backups are the next members round the ring */
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&m, u4, 4, 8, 3), 0);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	CU_ASSERT_EQUAL(m.replicas, 3);
+	for (uint32_t p = 0; p < 8; p++) {
+		CU_ASSERT_EQUAL(m.parts[p].owner, p % 4 + 1);
+		CU_ASSERT_EQUAL(m.parts[p].backups[0], (p + 1) % 4 + 1);
+		CU_ASSERT_EQUAL(m.parts[p].backups[1], (p + 2) % 4 + 1);
+		CU_ASSERT_EQUAL(rps__smap_nbackups(&m, p), 2);
+		CU_ASSERT_EQUAL(rps__smap_role(&m, p, p % 4 + 1), RPS__SMAP_ROLE_PRIMARY);
+		CU_ASSERT_EQUAL(rps__smap_role(&m, p, (p + 2) % 4 + 1), RPS__SMAP_ROLE_BACKUP);
+		CU_ASSERT_EQUAL(rps__smap_role(&m, p, (p + 3) % 4 + 1), RPS__SMAP_ROLE_NONE);
+	}
+	CU_ASSERT_EQUAL(rps__smap_role(&m, 8, 1), RPS__SMAP_ROLE_NONE);
+	CU_ASSERT_EQUAL(rps__smap_role(&m, 0, 0), RPS__SMAP_ROLE_NONE);
+	for (uint64_t id = 1; id <= 4; id++) {
+		CU_ASSERT_EQUAL(rps__smap_owned(&m, id), 2);
+		CU_ASSERT_EQUAL(rps__smap_backed(&m, id), 4);
+	}
+	CU_ASSERT(rps__smap_replicated(&m));
+	CU_ASSERT_EQUAL(map_version_of(&m), 3);
+	CU_ASSERT_EQUAL(rps__smap_nunder(&m), 0);
+
+	/* R out of range, or more copies than members */
+	CU_ASSERT_EQUAL(rps__smap_init_replicated(&m, u4, 4, 8, 0), -EINVAL);
+	CU_ASSERT_EQUAL(rps__smap_init_replicated(&m, u4, 4, 8, RPS__SMAP_MAX_REPLICAS + 1), -EINVAL);
+	CU_ASSERT_EQUAL(rps__smap_init_replicated(&m, u4, 2, 8, 3), -EINVAL);
+	CU_ASSERT_EQUAL(rps__smap_init_replicated(&m, u4, 1, 8, 2), -EINVAL);
+	CU_ASSERT_EQUAL(rps__smap_init_replicated(&m, u4, 1, 8, 1), 0);
+}
+
+static void test_replica_seeding(void)
+{
+	static struct rps__smap m;
+
+	init3(&m, 4);
+	accept_cmd(&m, cmd_repl(RPS__SMAP_SET_REPLICAS, 0, 2, 0, 0));
+	CU_ASSERT_EQUAL(m.replicas, 2);
+	CU_ASSERT_EQUAL(rps__smap_nunder(&m), 4);
+	CU_ASSERT_EQUAL(map_version_of(&m), 3);
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_SET_REPLICAS, 0, 0, 0, 0), -EINVAL);
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_SET_REPLICAS, 0, RPS__SMAP_MAX_REPLICAS + 1, 0, 0), -EINVAL);
+
+	/* partition 0 (owner 1) seeds member 2: epoch stays, then commits */
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 1, 1), -EEXIST);	/* the owner */
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 9, 1), -ENOENT);
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 2, 2), -ESTALE);
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 4, 0, 2, 1), -ENOENT);
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_COMMIT, 0, 0, 2, 1), -ESTALE);	/* nothing seeded */
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_ABORT, 0, 0, 0, 1), -ESTALE);
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 2, 1));
+	CU_ASSERT_EQUAL(m.parts[0].joining, 2);
+	CU_ASSERT_EQUAL(rps__smap_role(&m, 0, 2), RPS__SMAP_ROLE_JOINING);
+	CU_ASSERT_EQUAL(rps__smap_nunder(&m), 4);	/* seeding is not a copy yet */
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 3, 1), -EBUSY);
+	refuse_cmd(&m, cmd_begin(0, 1, 3, 1), -EBUSY);		/* no move while seeding */
+	refuse_cmd(&m, cmd_begin(0, 1, 2, 1), -EBUSY);
+	refuse_cmd(&m, cmd_remove(2), -EBUSY);
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_COMMIT, 0, 0, 3, 1), -ESTALE);
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_COMMIT, 0, 0, 2, 1));
+	CU_ASSERT_EQUAL(m.parts[0].epoch, 1);
+	CU_ASSERT_EQUAL(m.parts[0].joining, 0);
+	CU_ASSERT_EQUAL(m.parts[0].backups[0], 2);
+	CU_ASSERT_EQUAL(rps__smap_nunder(&m), 3);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	/* a backup cannot be moved to, removed, or seeded again */
+	refuse_cmd(&m, cmd_begin(0, 1, 2, 1), -EEXIST);
+	refuse_cmd(&m, cmd_remove(2), -EBUSY);
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 2, 1), -EEXIST);
+	/* a third copy, aborted */
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 3, 1));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_ABORT, 0, 0, 0, 1));
+	CU_ASSERT_EQUAL(m.parts[0].joining, 0);
+	CU_ASSERT_EQUAL(m.parts[0].epoch, 1);
+	/* the set is full at RPS__SMAP_MAX_REPLICAS */
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 3, 1));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_COMMIT, 0, 0, 3, 1));
+	accept_cmd(&m, cmd_add(4, "tcp://10.0.0.4:7000"));
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 4, 1), -ENOSPC);
+
+	/* dropping a backup moves the epoch on and keeps the order of the rest */
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_DROP, 0, 1, 0, 1), -ESTALE);	/* the owner */
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_DROP, 0, 2, 0, 2), -ESTALE);
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_DROP, 0, 2, 0, 1));
+	CU_ASSERT_EQUAL(m.parts[0].epoch, 2);
+	CU_ASSERT_EQUAL(m.parts[0].backups[0], 3);
+	CU_ASSERT_EQUAL(m.parts[0].backups[1], 0);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	/* a lost partition is not seeded */
+	accept_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, 1, 2, 1));
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 1, 0, 3, 1), -ENODATA);
+	/* a moving one neither */
+	accept_cmd(&m, cmd_begin(2, 3, 1, 1));
+	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 2, 0, 2, 1), -EBUSY);
+}
+
+static void test_replica_failover(void)
+{
+	static const char *const u4[] = { "tcp://a:1", "tcp://b:1", "tcp://c:1", "tcp://d:1" };
+	static struct rps__smap m;
+	uint64_t keep[2];
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&m, u4, 4, 4, 3), 0);
+	/* partition 0: owner 1, backups 2, 3 */
+	keep[0] = 3;
+	refuse_cmd(&m, cmd_failover(0, 2, 3, 1, 0, NULL), -ESTALE);	/* not the primary */
+	refuse_cmd(&m, cmd_failover(0, 1, 4, 1, 0, NULL), -ESTALE);	/* not a backup */
+	refuse_cmd(&m, cmd_failover(0, 1, 2, 2, 0, NULL), -ESTALE);	/* stale epoch */
+	refuse_cmd(&m, cmd_failover(0, 1, 2, 1, 1, (uint64_t[]){ 2 }), -EINVAL);	/* keeps the new primary */
+	refuse_cmd(&m, cmd_failover(0, 1, 2, 1, 1, (uint64_t[]){ 4 }), -EINVAL);	/* not a backup */
+	refuse_cmd(&m, cmd_failover(0, 1, 2, 1, 2, (uint64_t[]){ 3, 3 }), -EINVAL);
+	refuse_cmd(&m, cmd_failover(0, 1, 2, 1, 3, (uint64_t[]){ 3, 3, 3 }), -EINVAL);
+	accept_cmd(&m, cmd_failover(0, 1, 2, 1, 1, keep));
+	CU_ASSERT_EQUAL(m.parts[0].owner, 2);
+	CU_ASSERT_EQUAL(m.parts[0].epoch, 2);
+	CU_ASSERT_EQUAL(m.parts[0].backups[0], 3);
+	CU_ASSERT_EQUAL(m.parts[0].backups[1], 0);
+	CU_ASSERT_EQUAL(m.parts[0].lost, 0);
+	CU_ASSERT_EQUAL(rps__smap_nunder(&m), 1);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	/* partition 1 (owner 2, backups 3, 4) while seeding 1 and ... keeping none */
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_DROP, 1, 4, 0, 1));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 1, 0, 1, 2));
+	accept_cmd(&m, cmd_failover(1, 2, 3, 2, 0, NULL));
+	CU_ASSERT_EQUAL(m.parts[1].owner, 3);
+	CU_ASSERT_EQUAL(m.parts[1].epoch, 3);
+	CU_ASSERT_EQUAL(m.parts[1].backups[0], 0);
+	CU_ASSERT_EQUAL(m.parts[1].joining, 0);	/* the seeding came from the old primary */
+	/* keep[] order does not matter: the map's order stays */
+	accept_cmd(&m, cmd_failover(2, 3, 4, 1, 0, NULL));	/* partition 2: 3 + 4,1 -> 4 */
+	CU_ASSERT_EQUAL(m.parts[2].owner, 4);
+	CU_ASSERT_EQUAL(m.parts[2].backups[0], 0);
+	accept_cmd(&m, cmd_failover(3, 4, 2, 1, 1, (uint64_t[]){ 1 }));	/* 4 + 1,2 -> 2 keeping 1 */
+	CU_ASSERT_EQUAL(m.parts[3].owner, 2);
+	CU_ASSERT_EQUAL(m.parts[3].backups[0], 1);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	/* FORCE_REMOVE: a primary with a backup fails over to it (not lost),
+	 * a backup leaves its sets, a primary without one is lost as before */
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&m, u4, 4, 4, 2), 0);
+	/* 0: 1+2  1: 2+3  2: 3+4  3: 4+1 ; partition 1 loses its backup */
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_DROP, 1, 3, 0, 1));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 2, 0, 2, 1));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_FORCE_REMOVE, 0, 2, 0, 0));
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	CU_ASSERT_EQUAL(m.parts[0].owner, 1);	/* 2 was its backup */
+	CU_ASSERT_EQUAL(m.parts[0].backups[0], 0);
+	CU_ASSERT_EQUAL(m.parts[0].epoch, 2);
+	CU_ASSERT_EQUAL(m.parts[0].lost, 0);
+	CU_ASSERT_NOT_EQUAL(m.parts[1].owner, 2);	/* no backup: passed on, lost */
+	CU_ASSERT_EQUAL(m.parts[1].lost, 2);
+	CU_ASSERT_EQUAL(m.parts[1].epoch, 3);
+	CU_ASSERT_EQUAL(m.parts[2].joining, 0);	/* it was being seeded */
+	CU_ASSERT_EQUAL(m.parts[2].epoch, 1);
+	CU_ASSERT_EQUAL(m.parts[3].owner, 4);
+	CU_ASSERT_EQUAL(m.parts[3].backups[0], 1);
+	CU_ASSERT_EQUAL(m.parts[3].epoch, 1);
+	accept_cmd(&m, cmd_repl(RPS__SMAP_FORCE_REMOVE, 0, 4, 0, 0));
+	CU_ASSERT_EQUAL(m.parts[3].owner, 1);	/* failed over */
+	CU_ASSERT_EQUAL(m.parts[3].lost, 0);
+	CU_ASSERT_EQUAL(m.parts[3].epoch, 2);
+	CU_ASSERT_EQUAL(m.parts[2].owner, 3);	/* 4 was its backup */
+	CU_ASSERT_EQUAL(m.parts[2].backups[0], 0);
+	CU_ASSERT_EQUAL(m.parts[2].epoch, 2);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+}
+
+static bool alive_but_3(void *ctx, uint64_t id)
+{
+	(void)ctx;
+	return id != 3;
+}
+
+static void test_zones_and_placement(void)
+{
+	static const char *const u5[] = { "tcp://a:1", "tcp://b:1", "tcp://c:1", "tcp://d:1", "tcp://e:1" };
+	static struct rps__smap m;
+	struct rps__smap_cmd c;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init(&m, u5, 5, 10), 0);
+	CU_ASSERT_EQUAL(map_version_of(&m), 1);
+	accept_cmd(&m, cmd_zone(1, "rack-a"));
+	CU_ASSERT_STRING_EQUAL(m.members[0].zone, "rack-a");
+	CU_ASSERT_EQUAL(map_version_of(&m), 3);	/* a zone needs version 3 */
+	accept_cmd(&m, cmd_zone(2, "rack-a"));
+	accept_cmd(&m, cmd_zone(3, "rack-b"));
+	accept_cmd(&m, cmd_zone(4, "rack-b"));
+	refuse_cmd(&m, cmd_zone(9, "x"), -ENOENT);
+	refuse_cmd(&m, cmd_zone(5, "a b"), -EINVAL);
+	c = cmd_zone(5, "");
+	memset(c.zone, 'z', sizeof(c.zone));
+	refuse_cmd(&m, c, -EINVAL);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	/* partition 0 is on 1 (rack-a): a new zone first (3, rack-b, least
+	 * loaded first among equals: 3 before 4), unless 3 is down */
+	CU_ASSERT_EQUAL(rps__smap_pick_backup(&m, 0, NULL, NULL), 3);
+	CU_ASSERT_EQUAL(rps__smap_pick_backup(&m, 0, alive_but_3, NULL), 4);
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 3, 1));
+	/* the joiner is skipped and its zone counts as in the set: with racks
+	 * a and b in, the fewest replicas held wins (2, 4, 5 hold 2 each), then
+	 * the lowest id */
+	CU_ASSERT_EQUAL(rps__smap_pick_backup(&m, 0, NULL, NULL), 2);
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_COMMIT, 0, 0, 3, 1));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 5, 0, 2, 1));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_COMMIT, 5, 0, 2, 1));
+	/* member 2 now holds 3 replicas, 4 and 5 hold 2 */
+	CU_ASSERT_EQUAL(rps__smap_pick_backup(&m, 0, NULL, NULL), 4);
+	accept_cmd(&m, cmd_zone(1, ""));	/* cleared */
+	CU_ASSERT_STRING_EQUAL(m.members[0].zone, "");
+	CU_ASSERT_EQUAL(rps__smap_pick_backup(&m, 99, NULL, NULL), 0);
+}
+
+/* Replicated maps through both codecs: v3 round trips, v1 commands stay
+ * version 1, new commands need version 2. */
+static void test_replica_codecs(void)
+{
+	static const char *const u4[] = { "tcp://a:1", "tcp://b:1", "tcp://c:1", "tcp://d:1" };
+	static struct rps__smap m, d;
+	static uint8_t enc[RPS__SMAP_ENC_MAX];
+	uint8_t buf[RPS__SMAP_CMD_MAX];
+	struct rps__smap_cmd c, cd;
+	size_t len = 0;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&m, u4, 4, 16, 3), 0);
+	accept_cmd(&m, cmd_zone(2, "z2"));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_DROP, 3, 1, 0, 1));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 3, 0, 1, 2));
+	accept_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, 5, 2, 1));
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, enc, sizeof(enc), &len), 0);
+	CU_ASSERT_EQUAL(enc[4], 3);
+	CU_ASSERT_EQUAL(len, rps__smap_encoded_size(&m));
+	memset(&d, 0x33, sizeof(d));
+	CU_ASSERT_EQUAL(decode_exact(enc, len, &d), 0);
+	CU_ASSERT_EQUAL(memcmp(&m, &d, sizeof(m)), 0);
+	for (size_t l = 0; l < len; l++)
+		CU_ASSERT_EQUAL(decode_exact(enc, l, &d), -EBADMSG);
+	for (size_t i = 0; i < len; i += 7) {
+		enc[i] ^= 0x10;
+		CU_ASSERT_NOT_EQUAL(decode_exact(enc, len, &d), 0);
+		enc[i] ^= 0x10;
+	}
+	CU_ASSERT_EQUAL(rps__smap_encode(&m, enc, len - 1, &len), -ENOSPC);
+
+	/* invalid content, resealed: a backup that is the owner, twice, or a gap */
+	{
+		static struct rps__smap bad;
+		const uint64_t owner0 = m.parts[0].owner;
+
+		bad = m;
+		bad.parts[0].backups[1] = owner0;
+		CU_ASSERT_EQUAL(rps__smap_encode(&bad, enc, sizeof(enc), &len), 0);
+		CU_ASSERT_EQUAL(decode_exact(enc, len, &d), -EBADMSG);
+		bad = m;
+		bad.parts[0].backups[1] = bad.parts[0].backups[0];
+		CU_ASSERT_EQUAL(rps__smap_encode(&bad, enc, sizeof(enc), &len), 0);
+		CU_ASSERT_EQUAL(decode_exact(enc, len, &d), -EBADMSG);
+		bad = m;
+		bad.parts[3].joining = bad.parts[3].owner;
+		CU_ASSERT_EQUAL(rps__smap_encode(&bad, enc, sizeof(enc), &len), 0);
+		CU_ASSERT_EQUAL(decode_exact(enc, len, &d), -EBADMSG);
+		bad = m;
+		bad.replicas = 4;
+		CU_ASSERT_EQUAL(rps__smap_encode(&bad, enc, sizeof(enc), &len), 0);
+		CU_ASSERT_EQUAL(decode_exact(enc, len, &d), -EBADMSG);
+	}
+
+	/* the worst case fits RPS__SMAP_ENC_MAX */
+	{
+		static struct rps__smap big;
+		static const char *uris[RPS__SMAP_MAX_MEMBERS];
+		static char ub[RPS__SMAP_MAX_MEMBERS][RPS__SMAP_URI_MAX];
+
+		for (uint32_t i = 0; i < RPS__SMAP_MAX_MEMBERS; i++) {
+			memset(ub[i], 'a' + (int)i, RPS__SMAP_URI_MAX - 1);
+			uris[i] = ub[i];
+		}
+		CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&big, uris, RPS__SMAP_MAX_MEMBERS, RPS__SMAP_MAX_PART,
+								RPS__SMAP_MAX_REPLICAS), 0);
+		for (uint32_t i = 0; i < RPS__SMAP_MAX_MEMBERS; i++)
+			memset(big.members[i].zone, 'z', RPS__SMAP_ZONE_MAX - 1);
+		for (uint32_t p = 0; p < RPS__SMAP_MAX_PART; p++) {
+			big.parts[p].lost = big.parts[p].owner;
+			big.parts[p].joining = (p + 3) % RPS__SMAP_MAX_MEMBERS + 1;
+		}
+		CU_ASSERT_EQUAL(rps__smap_encode(&big, enc, sizeof(enc), &len), 0);
+		CU_ASSERT_EQUAL(decode_exact(enc, len, &d), 0);
+		CU_ASSERT_EQUAL(memcmp(&big, &d, sizeof(big)), 0);
+	}
+
+	/* commands: the old types are still version 1, byte for byte */
+	c = cmd_begin(7, 2, 3, 4);
+	CU_ASSERT_EQUAL(rps__smap_cmd_encode(&c, buf, sizeof(buf), &len), 0);
+	CU_ASSERT_EQUAL(len, 48);
+	CU_ASSERT_EQUAL(buf[4], 1);
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_SET_REPLICAS, .id = 2 });
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_SET_ZONE, .id = 3, .zone = "rack-7" });
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_REPLICA_BEGIN, .part = 9, .to = 4, .epoch = 3 });
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_REPLICA_COMMIT, .part = 9, .to = 4, .epoch = 3 });
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_REPLICA_ABORT, .part = 9, .epoch = 3 });
+	cmd_roundtrip(&(struct rps__smap_cmd){ .type = RPS__SMAP_REPLICA_DROP, .part = 9, .id = 4, .epoch = 3 });
+	c = cmd_failover(255, 1, 2, UINT64_MAX - 2, 2, (uint64_t[]){ 3, UINT64_MAX });
+	memset(c.zone, 'q', RPS__SMAP_ZONE_MAX - 1);
+	memset(c.uri, 'u', RPS__SMAP_URI_MAX - 1);
+	cmd_roundtrip(&c);		/* the longest command there is */
+	CU_ASSERT_EQUAL(rps__smap_cmd_encode(&c, buf, sizeof(buf), &len), 0);
+	CU_ASSERT_EQUAL(buf[4], 2);
+	c.nkeep = 3;
+	CU_ASSERT_EQUAL(rps__smap_cmd_encode(&c, buf, sizeof(buf), &len), -EINVAL);
+	memset(c.zone, 'q', RPS__SMAP_ZONE_MAX);
+	c.nkeep = 0;
+	CU_ASSERT_EQUAL(rps__smap_cmd_encode(&c, buf, sizeof(buf), &len), -EINVAL);
+
+	/* a new type under version 1, and bad tails, are refused */
+	c = cmd_repl(RPS__SMAP_REPLICA_DROP, 1, 2, 0, 3);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_cmd_encode(&c, buf, sizeof(buf), &len), 0);
+	CU_ASSERT_EQUAL(len, 48 + 2);
+	buf[4] = 1;
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &cd), -EBADMSG);
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, 48, &cd), -EBADMSG);
+	buf[4] = 2;
+	buf[48] = 3;		/* too many backups kept */
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &cd), -EBADMSG);
+	buf[48] = 0;
+	buf[49] = RPS__SMAP_ZONE_MAX;	/* zone too long */
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len, &cd), -EBADMSG);
+	buf[49] = 1;
+	buf[50] = 0;		/* NUL in the zone */
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len + 1, &cd), -EBADMSG);
+	buf[50] = 'x';
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len + 1, &cd), 0);
+	CU_ASSERT_STRING_EQUAL(cd.zone, "x");
+	/* an old type written as version 2 is read (and written back as 1) */
+	c = cmd_abort(2, 5);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_cmd_encode(&c, buf, sizeof(buf), &len), 0);
+	buf[4] = 2;
+	buf[48] = 0;
+	buf[49] = 0;
+	CU_ASSERT_EQUAL(cmd_decode_exact(buf, len + 2, &cd), 0);
+	CU_ASSERT_EQUAL(memcmp(&c, &cd, sizeof(c)), 0);
+}
+
+static void test_replica_print(void)
+{
+	static const char *const u3[] = { "tcp://a:1", "tcp://b:1", "tcp://c:1" };
+	static struct rps__smap m;
+	const char *out;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&m, u3, 3, 6, 2), 0);
+	accept_cmd(&m, cmd_zone(3, "r1"));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_DROP, 1, 3, 0, 1));
+	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 1, 0, 1, 2));
+	out = capture(rps__smap_print, &m);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "replication: 2 copies of each partition, 1 under-replicated (UNDER-REPLICATED)\n"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "partitions 0,3 -> member 1 + backup 2 (epoch 1)\n"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "partition 1 -> member 2, seeding 1 (epoch 2)\n"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "  r1\n"));
+	out = capture(rps__smap_print_json, &m);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "{\"applied\":"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, ",\"replicas\":2,\"under_replicated\":1,\"partitions\":["));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "{\"partition\":0,\"owner\":1,\"epoch\":1,\"moving_to\":0,\"lost\":0,"
+				       "\"backups\":[2],\"joining\":0}"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "{\"partition\":1,\"owner\":2,\"epoch\":2,\"moving_to\":0,\"lost\":0,"
+				       "\"backups\":[],\"joining\":1}"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "{\"id\":3,\"uri\":\"tcp://c:1\",\"zone\":\"r1\"}"));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1249,6 +1697,113 @@ static void test_determinism(void)
 	CU_ASSERT_EQUAL(ok[7], 0);
 }
 
+/* Like random_cmd, over every command type, replica sets included. */
+static struct rps__smap_cmd random_repl_cmd(const struct rps__smap *m)
+{
+	unsigned t = (unsigned)(rng() % 100);
+	uint32_t part = (uint32_t)(rng() % m->npart);
+	const struct rps__smap_part *p = &m->parts[part];
+	uint64_t epoch = p->epoch, b0 = p->backups[0] ? p->backups[0] : pick_member(m);
+	struct rps__smap_cmd c;
+
+	if (rng() % 8 == 0)
+		epoch = epoch + (rng() % 3) - 1;
+	if (t < 30)
+		return random_cmd(m);
+	if (t < 33)
+		return cmd_repl(RPS__SMAP_SET_REPLICAS, 0, rng() % 5, 0, 0);
+	if (t < 37)
+		return cmd_zone(pick_member(m), (const char *[]){ "", "a", "b", "c" }[rng() % 4]);
+	if (t < 42)
+		return cmd_lost((rng() & 1) ? RPS__SMAP_MARK_LOST : RPS__SMAP_CLEAR_LOST, part, p->owner, epoch);
+	if (t < 45)
+		return cmd_repl(RPS__SMAP_FORCE_REMOVE, 0, pick_member(m), 0, 0);
+	if (t < 62)
+		return cmd_repl(RPS__SMAP_REPLICA_BEGIN, part, 0,
+				rng() % 4 ? rps__smap_pick_backup(m, part, NULL, NULL) : pick_member(m), epoch);
+	if (t < 74)
+		return cmd_repl(RPS__SMAP_REPLICA_COMMIT, part, 0, p->joining && rng() % 5 ? p->joining : pick_member(m),
+				epoch);
+	if (t < 78)
+		return cmd_repl(RPS__SMAP_REPLICA_ABORT, part, 0, 0, epoch);
+	if (t < 86)
+		return cmd_repl(RPS__SMAP_REPLICA_DROP, part, rng() % 4 ? b0 : pick_member(m), 0, epoch);
+	c = cmd_failover(part, rng() % 6 ? p->owner : pick_member(m), rng() % 6 ? b0 : pick_member(m), epoch, 0, NULL);
+	if (p->backups[1] && rng() % 3) {
+		c.nkeep = 1;
+		c.keep[0] = p->backups[0] == c.to ? p->backups[1] : p->backups[0];
+	}
+	return c;
+}
+
+/* Two replicas of a replicated map fed the same random commands (one
+ * through the wire format) stay byte-identical; every map is valid and
+ * round-trips; an owner changes only with a new epoch, and a failover's
+ * new primary was a backup of the epoch before. */
+static void test_replica_determinism(void)
+{
+	static const char *const u5[] = { "tcp://a:1", "tcp://b:1", "tcp://c:1", "tcp://d:1", "tcp://e:1" };
+	static struct rps__smap a, b, prev, d;
+	static uint8_t enc[RPS__SMAP_ENC_MAX];
+	unsigned ok[RPS__SMAP_CMD_LAST + 1] = { 0 };
+	uint64_t index = 0;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&a, u5, 5, 16, 2), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&b, u5, 5, 16, 2), 0);
+	for (int step = 0; step < 20000; step++) {
+		struct rps__smap_cmd c = random_repl_cmd(&a), cb = c;
+		uint8_t wire[RPS__SMAP_CMD_MAX];
+		size_t wlen = 0, len = 0;
+		int rc_a, rc_b;
+		const char *why;
+
+		if (a.nmembers < 3 && rng() % 2) {	/* keep the cluster from dwindling */
+			char uri[32];
+
+			snprintf(uri, sizeof(uri), "tcp://n%llu:1", (unsigned long long)a.max_id + 1);
+			c = cmd_add(a.max_id + 1, uri);
+			cb = c;
+		}
+		index++;
+		memcpy(&prev, &a, sizeof(a));
+		rc_a = rps__smap_apply(&a, index, &c);
+		if (rps__smap_cmd_encode(&c, wire, sizeof(wire), &wlen) == 0 &&
+		    c.type >= RPS__SMAP_ADD_MEMBER && c.type <= RPS__SMAP_CMD_LAST) {
+			CU_ASSERT_EQUAL_FATAL(rps__smap_cmd_decode(wire, wlen, &cb), 0);
+			CU_ASSERT_EQUAL(memcmp(&cb, &c, sizeof(c)), 0);
+		}
+		rc_b = rps__smap_apply(&b, index, &cb);
+		CU_ASSERT_EQUAL(rc_a, rc_b);
+		CU_ASSERT_EQUAL_FATAL(memcmp(&a, &b, sizeof(a)), 0);
+		why = invariant_broken(&a);
+		if (why)
+			fprintf(stderr, "step %d: %s\n", step, why);
+		CU_ASSERT_PTR_NULL_FATAL(why);
+		if (!rc_a && c.type <= RPS__SMAP_CMD_LAST)
+			ok[c.type]++;
+		for (uint32_t p = 0; p < a.npart; p++) {
+			CU_ASSERT(a.parts[p].epoch >= prev.parts[p].epoch);
+			if (a.parts[p].owner != prev.parts[p].owner)
+				CU_ASSERT_EQUAL(a.parts[p].epoch, prev.parts[p].epoch + 1);
+			if (!rc_a && c.type == RPS__SMAP_FAILOVER && p == c.part)
+				CU_ASSERT_EQUAL(rps__smap_role(&prev, p, a.parts[p].owner), RPS__SMAP_ROLE_BACKUP);
+			/* a backup appears only through a commit of its seeding */
+			for (uint32_t k = 0; k < rps__smap_nbackups(&a, p); k++)
+				if (rps__smap_role(&prev, p, a.parts[p].backups[k]) != RPS__SMAP_ROLE_BACKUP)
+					CU_ASSERT_EQUAL(prev.parts[p].joining, a.parts[p].backups[k]);
+		}
+		CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&a, enc, sizeof(enc), &len), 0);
+		CU_ASSERT_EQUAL(len, rps__smap_encoded_size(&a));
+		CU_ASSERT_EQUAL(enc[4], rps__smap_replicated(&a) ? 3 : rps__smap_nlost(&a) ? 2 : 1);
+		CU_ASSERT_EQUAL_FATAL(rps__smap_decode(enc, len, &d), 0);
+		CU_ASSERT_EQUAL_FATAL(memcmp(&a, &d, sizeof(a)), 0);
+	}
+	/* the walk went everywhere */
+	for (unsigned t = RPS__SMAP_SET_REPLICAS; t <= RPS__SMAP_CMD_LAST; t++)
+		CU_ASSERT(ok[t] >= 10);
+	CU_ASSERT(ok[RPS__SMAP_FORCE_REMOVE] >= 10);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -1266,7 +1821,14 @@ int main(void)
 		{ "map garbage never crashes", test_map_garbage },
 		{ "command codec", test_cmd_codec },
 		{ "table and JSON output", test_print },
+		{ "replica sets: bootstrap placement", test_replica_init },
+		{ "replica sets: seeding, dropping, refusals", test_replica_seeding },
+		{ "replica sets: failover and forced removal", test_replica_failover },
+		{ "replica sets: zones and placement", test_zones_and_placement },
+		{ "replica sets: codecs keep old bytes", test_replica_codecs },
+		{ "replica sets: table and JSON", test_replica_print },
 		{ "replicas stay identical under random commands", test_determinism },
+		{ "replica sets: random commands keep replicas identical", test_replica_determinism },
 	};
 	const struct cutest_suite suites[] = {
 		{ "smap", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },

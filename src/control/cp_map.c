@@ -16,6 +16,8 @@
 
 /* ---- the map as workers see it -------------------------------------------- */
 
+_Static_assert(RPS__SMAP_ENC_MAX + 4u <= RPS__MAP_BUF, "an encoded map fits the buffer workers READ");
+
 /* Workers READ the encoded map one-sidedly; its crc tells them a read that
  * raced with this copy (they read again). */
 void rps__cp_map_publish(struct rps__cplane *cp)

@@ -219,7 +219,7 @@ struct rps__ckpt_rep {
 };
 
 /* Bytes of the registered buffer holding a server's encoded shard map. */
-#define RPS__MAP_BUF 12288u
+#define RPS__MAP_BUF 20480u
 
 struct rps__propose_rep {
 	uint64_t index;		/* where the command was applied */

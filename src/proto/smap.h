@@ -19,6 +19,15 @@
  * command is refused deterministically (every replica decides the same) and
  * whichever of COMMIT and ABORT comes first in the log wins.
  *
+ * Replica sets: a partition may also have up to RPS__SMAP_MAX_REPLICAS - 1
+ * backups (ordered; the owner is the primary) and one member being seeded as
+ * a new backup (joining, like moving_to).  Adding a backup keeps the epoch;
+ * dropping one and FAILOVER (a backup becomes primary) move it on, so a
+ * removed replica is fenced deterministically.  The map also holds the
+ * replication target R (replicas) and each member's zone label.  With R = 1,
+ * no backups and no zones, every encoding is byte-identical to the one
+ * before replica sets existed.
+ *
  * Members are the servers that can own partitions, with the address workers
  * and peers reach them at.  Ids are chosen by the operator (or 1..n for a
  * bootstrapped --cluster list), nonzero, never reused: the map remembers the
@@ -39,12 +48,15 @@
 #define RPS__SMAP_MAX_PART 256u
 #define RPS__SMAP_DEFAULT_PART 64u
 #define RPS__SMAP_URI_MAX 128u		/* including the NUL */
+#define RPS__SMAP_MAX_REPLICAS 3u	/* primary + backups */
+#define RPS__SMAP_ZONE_MAX 16u		/* including the NUL */
 /* Epoch that a fenced shard header shows: "not here any more". */
 #define RPS__EPOCH_MOVED UINT64_MAX
 
 struct rps__smap_member {
 	uint64_t id;
 	char uri[RPS__SMAP_URI_MAX];	/* "tcp://host:port" / "verbs://addr:port" */
+	char zone[RPS__SMAP_ZONE_MAX];	/* "": none declared */
 };
 
 struct rps__smap_part {
@@ -53,6 +65,8 @@ struct rps__smap_part {
 	uint64_t moving_to;	/* 0, or the destination of a move in progress */
 	uint64_t lost;		/* 0, or the member whose memory its contents were lost with:
 				 * refused (-ENODATA) until restored or forgotten */
+	uint64_t backups[RPS__SMAP_MAX_REPLICAS - 1];	/* ordered, unused slots 0 */
+	uint64_t joining;	/* 0, or a member being seeded as a new backup */
 };
 
 struct rps__smap {
@@ -60,6 +74,8 @@ struct rps__smap {
 	uint64_t max_id;	/* highest member id ever added */
 	uint32_t npart;
 	uint32_t nmembers;
+	uint32_t replicas;	/* replication target R, 1..RPS__SMAP_MAX_REPLICAS */
+	uint32_t reserved;
 	struct rps__smap_member members[RPS__SMAP_MAX_MEMBERS];	/* sorted by id */
 	struct rps__smap_part parts[RPS__SMAP_MAX_PART];
 };
@@ -76,8 +92,20 @@ enum rps__smap_cmd_type {
 	RPS__SMAP_CLEAR_LOST = 8,	/* part, epoch: restored, or accepted empty */
 	RPS__SMAP_FORCE_REMOVE = 9,	/* id: a dead member goes: its moves are aborted, its
 					 * partitions pass to the others (round robin by id,
-					 * epoch + 1) marked lost with it */
+					 * epoch + 1) marked lost with it; one with a backup
+					 * fails over to its first backup instead (not lost),
+					 * and it leaves every replica set */
+	RPS__SMAP_SET_REPLICAS = 10,	/* id: the target R (1..RPS__SMAP_MAX_REPLICAS) */
+	RPS__SMAP_SET_ZONE = 11,	/* id, zone ("" clears it) */
+	RPS__SMAP_REPLICA_BEGIN = 12,	/* part, to, epoch: `to` is seeded as a new backup */
+	RPS__SMAP_REPLICA_COMMIT = 13,	/* part, to, epoch: it is a backup now (epoch kept) */
+	RPS__SMAP_REPLICA_ABORT = 14,	/* part, epoch: the seeding is off */
+	RPS__SMAP_REPLICA_DROP = 15,	/* part, id (a backup), epoch: it leaves the set, epoch + 1 */
+	RPS__SMAP_FAILOVER = 16,	/* part, from (the primary), to (a backup), epoch, keep[]:
+					 * to becomes primary, the backups are keep[] (in
+					 * map order), moves and seeding are off, epoch + 1 */
 };
+#define RPS__SMAP_CMD_LAST RPS__SMAP_FAILOVER
 
 struct rps__smap_cmd {
 	uint32_t type;			/* enum rps__smap_cmd_type */
@@ -86,12 +114,21 @@ struct rps__smap_cmd {
 	uint64_t from, to;
 	uint64_t epoch;
 	char uri[RPS__SMAP_URI_MAX];	/* ADD_MEMBER */
+	char zone[RPS__SMAP_ZONE_MAX];	/* SET_ZONE */
+	uint32_t nkeep;			/* FAILOVER: backups that stay */
+	uint32_t reserved;
+	uint64_t keep[RPS__SMAP_MAX_REPLICAS - 1];
 };
 
 /* A bootstrapped cluster: members 1..n at uris[0..n-1], npart partitions
  * (0 = RPS__SMAP_DEFAULT_PART), partition p owned by member (p mod n) + 1,
  * epoch 1.  -EINVAL for n or npart out of range or a uri too long. */
 int rps__smap_init(struct rps__smap *m, const char *const *uris, uint32_t n, uint32_t npart);
+/* The same with replication target r (1..min(n, RPS__SMAP_MAX_REPLICAS)):
+ * partition p's backups are members ((p + k) mod n) + 1, k = 1..r-1.
+ * rps__smap_init is this with r = 1. */
+int rps__smap_init_replicated(struct rps__smap *m, const char *const *uris, uint32_t n, uint32_t npart,
+			      uint32_t r);
 
 /* The partition of shard `shard` of a tensor whose placement seed is seed. */
 static inline uint32_t rps__smap_part_of(const struct rps__smap *m, uint32_t seed, uint32_t shard)
@@ -104,6 +141,27 @@ const struct rps__smap_member *rps__smap_member(const struct rps__smap *m, uint6
 uint32_t rps__smap_owned(const struct rps__smap *m, uint64_t id);
 /* Partitions whose contents are lost (the lost field set). */
 uint32_t rps__smap_nlost(const struct rps__smap *m);
+
+enum rps__smap_role { RPS__SMAP_ROLE_NONE, RPS__SMAP_ROLE_PRIMARY, RPS__SMAP_ROLE_BACKUP,
+		      RPS__SMAP_ROLE_JOINING };
+/* Backups of partition p (0..RPS__SMAP_MAX_REPLICAS - 1). */
+uint32_t rps__smap_nbackups(const struct rps__smap *m, uint32_t p);
+/* What member id is to partition p. */
+enum rps__smap_role rps__smap_role(const struct rps__smap *m, uint32_t p, uint64_t id);
+/* Partitions id is a backup of (seeding not counted). */
+uint32_t rps__smap_backed(const struct rps__smap *m, uint64_t id);
+/* Partitions with fewer copies than the target (lost ones not counted). */
+uint32_t rps__smap_nunder(const struct rps__smap *m);
+/* Does anything need the replicated encoding (backups, a joiner, a zone,
+ * a target above 1)? */
+bool rps__smap_replicated(const struct rps__smap *m);
+/* Placement: the member to seed as a new backup of p, among those with
+ * alive(id) true (NULL: all), outside the set and not its joiner or move
+ * target: first one whose zone neither the set nor its joiner has yet,
+ * then the fewest replicas held (owned + backed), then the lowest id.
+ * 0 if none. */
+uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
+			       void *ctx);
 
 /* Check a command against the state without applying it: 0, or a negative
  * errno with a one-line message (rps__seterr) saying why:
@@ -123,7 +181,7 @@ int rps__smap_apply(struct rps__smap *m, uint64_t index, const struct rps__smap_
 /* Command wire format (little-endian, versioned).  Encoded size is at most
  * RPS__SMAP_CMD_MAX.  decode: -EBADMSG for anything malformed or truncated,
  * never reading outside buf. */
-#define RPS__SMAP_CMD_MAX 192u
+#define RPS__SMAP_CMD_MAX 256u
 int rps__smap_cmd_encode(const struct rps__smap_cmd *c, void *buf, size_t cap, size_t *len);
 int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c);
 
@@ -131,8 +189,8 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c);
  * little-endian, versioned, ends with a crc32c (rps__crc32c_noinv, crc.h) of what precedes it.
  * RPS__SMAP_ENC_MAX bounds the size.  decode: -EBADMSG malformed or
  * truncated, -EILSEQ crc mismatch (message says so). */
-#define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (8u + RPS__SMAP_URI_MAX) + \
-			   RPS__SMAP_MAX_PART * 32u + 4u)
+#define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (8u + RPS__SMAP_URI_MAX + RPS__SMAP_ZONE_MAX) + \
+			   RPS__SMAP_MAX_PART * (41u + 8u * (RPS__SMAP_MAX_REPLICAS - 1u)) + 4u)
 size_t rps__smap_encoded_size(const struct rps__smap *m);
 int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *len);
 int rps__smap_decode(const void *buf, size_t len, struct rps__smap *m);
@@ -143,7 +201,10 @@ const char *rps__smap_cmd_str(const struct rps__smap_cmd *c, char *buf, size_t l
 
 /* Human table / JSON of the map (psctl status).  JSON is one object:
  * {"applied":N,"partitions":[{"partition":0,"owner":1,"epoch":1,
- *   "moving_to":0,"lost":0},...],"members":[{"id":1,"uri":"tcp://..."},...]} */
+ *   "moving_to":0,"lost":0},...],"members":[{"id":1,"uri":"tcp://..."},...]}
+ * A replicated map (rps__smap_replicated) adds "replicas" and
+ * "under_replicated" to the object, "backups" and "joining" to each
+ * partition and "zone" to each member. */
 void rps__smap_print(const struct rps__smap *m, FILE *f);
 void rps__smap_print_json(const struct rps__smap *m, FILE *f);
 
