@@ -44,6 +44,7 @@
 #include "control/ckpt.h"
 #include "common/common.h"
 #include "common/crc.h"
+#include "common/fsutil.h"
 #include "common/le.h"
 
 #include <dirent.h>
@@ -582,6 +583,7 @@ int rps__ckpt_put_shard(struct rps__ckpt_writer *w, const struct rps__ckpt_shard
 int rps__ckpt_finish(struct rps__ckpt_writer *w, uint64_t *bytes_written)
 {
 	uint8_t t[TRAILER_SIZE];
+	enum rps__publish_step failed;
 	int err;
 
 	if (w->broken) {
@@ -600,19 +602,14 @@ int rps__ckpt_finish(struct rps__ckpt_writer *w, uint64_t *bytes_written)
 		goto err_unlink;
 	}
 	w->off += TRAILER_SIZE;
-	if (fsync(w->fd) < 0) {
-		err = -errno;
-		rps__seterr(err, "checkpoint: syncing %.200s: %s", w->tmp, strerror(-err));
-		goto err_unlink;
-	}
-	if (renameat(w->dirfd, w->tmpname, w->dirfd, w->name) < 0) {
-		err = -errno;
-		rps__seterr(err, "checkpoint: renaming %.200s: %s", w->tmp, strerror(-err));
+	err = rps__publish_at(w->dirfd, w->fd, w->tmpname, w->name, NULL, NULL, &failed);
+	if (err && failed != RPS__PUBLISH_SYNC_DIR) {
+		rps__seterr(err, "checkpoint: %s %.200s: %s", failed == RPS__PUBLISH_RENAME ? "renaming" : "syncing",
+			    w->tmp, strerror(-err));
 		goto err_unlink;
 	}
 	close(w->fd);
 	w->fd = -1;
-	err = fsync(w->dirfd) < 0 ? -errno : 0;
 	if (err) {
 		/* the file is whole, but its name may not survive a crash */
 		rps__seterr(err, "checkpoint: syncing directory %.200s: %s", w->dir, strerror(-err));
