@@ -31,6 +31,7 @@
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
+#include "req_peek.h"
 
 #define NPART 4u
 #define SHARD_BYTES 64u		/* 16 floats: one shard per test tensor */
@@ -763,32 +764,45 @@ static void test_fenced_partition(void)
 
 /* The data plane serves the partition under a newer epoch than the one
  * the workers' regions were announced with (the map still names the old
- * one): a push naming the old epoch is refused, not applied; the worker
- * re-opens the tensor, the data plane announces the epoch it serves, and
- * the push is resent and applied once.  A pull of a worker still at the
- * old epoch sees the header's new epoch, refreshes the same way and reads
- * the exact values.  (The worker gets RPS_ESTALE_EPOCH only when no server
- * serves the shard for its timeout: see the fenced and refuse tests.) */
+ * one): its answer to a push naming the old epoch is exactly
+ * RPS_ESTALE_EPOCH, and the push is not applied; the worker re-opens the
+ * tensor, the data plane announces the epoch it serves, and the push is
+ * resent and applied once.  A push naming the served epoch is applied at
+ * once.  A pull of a worker still at the old epoch sees the header's new
+ * epoch, refreshes the same way and reads the exact values.  (The worker
+ * gets RPS_ESTALE_EPOCH only when no server serves the shard for its
+ * timeout: see the fenced and refuse tests; req_peek sees the answer
+ * before the worker's retry.) */
 static void test_stale_epoch_refused(void)
 {
 	float out[COUNT];
 	uint64_t version = 99;
 	rps_tensor_t *t, *tq;
+	rps_request_t *r;
 
 	CU_ASSERT_EQUAL_FATAL(tensor(cl, "stale", RPS_MODE_ASYNC, &t), 0);
 	CU_ASSERT_EQUAL_FATAL(tensor(quick, "stale", RPS_MODE_ASYNC, &tq), 0);
 	job_part = part_of("stale");
 	fake_do(&A, do_next_epoch, NULL);
-	CU_ASSERT_EQUAL(rps_push(tq, grad, sizeof(grad)), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(tq, grad, sizeof(grad), &r), 0);
+	CU_ASSERT_EQUAL(req_peek_status(r, 5000), RPS_ESTALE_EPOCH);	/* the old epoch */
+	CU_ASSERT_EQUAL(rps_wait(r), 0);	/* resent at the served one */
 	CU_ASSERT_EQUAL(rps_pull(t, out, sizeof(out), &version), 0);
 	CU_ASSERT_EQUAL(version, 1u);		/* refused once, applied once */
 	expect(out, 1);
+	/* tq names the served epoch now: applied, not refused */
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(tq, grad, sizeof(grad), &r), 0);
+	CU_ASSERT_EQUAL(req_peek_status(r, 5000), 0);
+	CU_ASSERT_EQUAL(rps_wait(r), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, out, sizeof(out), &version), 0);
+	CU_ASSERT_EQUAL(version, 2u);
+	expect(out, 2);
 	/* the map catches up (the control plane's commit): nothing changes */
 	fake_do(&A, do_map_epoch, NULL);
 	CU_ASSERT_EQUAL(rps_push(t, grad, sizeof(grad)), 0);
 	CU_ASSERT_EQUAL(rps_pull(tq, out, sizeof(out), &version), 0);
-	CU_ASSERT_EQUAL(version, 2u);
-	expect(out, 2);
+	CU_ASSERT_EQUAL(version, 3u);
+	expect(out, 3);
 	rps_tensor_close(tq);
 	rps_tensor_close(t);
 }

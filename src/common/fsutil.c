@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -50,4 +51,27 @@ static int remove_at(int dfd, const char *name)
 int rps__remove_tree(const char *path)
 {
 	return remove_at(AT_FDCWD, path);
+}
+
+static int sync_fd(int (*sync)(int fd, void *ctx), void *ctx, int fd)
+{
+	if (sync)
+		return sync(fd, ctx);
+	return fsync(fd) < 0 ? -errno : 0;
+}
+
+int rps__publish_at(int dir_fd, int fd, const char *tmp, const char *name,
+		    int (*sync)(int fd, void *ctx), void *ctx, enum rps__publish_step *failed)
+{
+	int err;
+
+	*failed = RPS__PUBLISH_SYNC_FILE;
+	err = sync_fd(sync, ctx, fd);
+	if (err)
+		return err;
+	*failed = RPS__PUBLISH_RENAME;
+	if (renameat(dir_fd, tmp, dir_fd, name) < 0)
+		return -errno;
+	*failed = RPS__PUBLISH_SYNC_DIR;
+	return sync_fd(sync, ctx, dir_fd);
 }

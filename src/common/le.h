@@ -1,11 +1,13 @@
 /*
  * le.h - little-endian encoding of integers into byte buffers, for every
  * on-disk and on-wire format that must not depend on the host (the Raft
- * message codec, the shard map, the write-ahead log, checkpoint files).
+ * message codec, the shard map, the write-ahead log, checkpoint files), and
+ * the bounds-checked reader their decoders walk hostile input with.
  */
 #ifndef RPS_LE_H
 #define RPS_LE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 static inline void rps__le_put16(uint8_t *p, uint16_t v)
@@ -39,6 +41,24 @@ static inline void rps__le_put64(uint8_t *p, uint64_t v)
 static inline uint64_t rps__le_get64(const uint8_t *p)
 {
 	return (uint64_t)rps__le_get32(p) | (uint64_t)rps__le_get32(p + 4) << 32;
+}
+
+/* Bounds-checked reader over a byte buffer: { buf, len } starts it. */
+struct rps__reader {
+	const uint8_t *p;
+	size_t left;		/* bytes not taken yet */
+};
+
+/* The next n bytes, or NULL (and nothing taken) once fewer are left. */
+static inline const uint8_t *rps__reader_take(struct rps__reader *rd, size_t n)
+{
+	const uint8_t *p = rd->p;
+
+	if (n > rd->left)
+		return NULL;
+	rd->p += n;
+	rd->left -= n;
+	return p;
 }
 
 #endif

@@ -44,6 +44,7 @@
 #include "control/ckpt.h"
 #include "common/common.h"
 #include "common/crc.h"
+#include "common/fsutil.h"
 #include "common/le.h"
 
 #include <dirent.h>
@@ -138,26 +139,27 @@ static uint32_t chain_add(uint32_t chain, uint32_t rec_crc)
 	return rps__crc32c(chain, b, 4);
 }
 
-/* n u64 / f32 values to little-endian bytes and back; a copy on LE hosts. */
-static void u64s_to_le(uint8_t *dst, const uint64_t *src, size_t n)
+/* n host values of width 8 (u64) or 4 (f32) bytes to little-endian bytes
+ * (le_to_host goes back); a copy on LE hosts. */
+static void host_to_le(uint8_t *dst, const void *src, size_t n, size_t width)
 {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 	if (n)
-		memcpy(dst, src, n * 8);
+		memcpy(dst, src, n * width);
 #else
-	for (size_t i = 0; i < n; i++)
-		rps__le_put64(dst + 8 * i, src[i]);
-#endif
-}
+	const uint8_t *q = src;
 
-static void f32s_to_le(uint8_t *dst, const float *src, size_t n)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-	if (n)
-		memcpy(dst, src, n * 4);
-#else
-	for (size_t i = 0; i < n; i++)
-		putf(dst + 4 * i, src[i]);
+	for (size_t i = 0; i < n; i++) {
+		if (width == 8) {
+			uint64_t v;
+			memcpy(&v, q + 8 * i, 8);
+			rps__le_put64(dst + 8 * i, v);
+		} else {
+			uint32_t v;
+			memcpy(&v, q + 4 * i, 4);
+			rps__le_put32(dst + 4 * i, v);
+		}
+	}
 #endif
 }
 
@@ -571,17 +573,18 @@ int rps__ckpt_put_shard(struct rps__ckpt_writer *w, const struct rps__ckpt_shard
 	rps__le_put32(p + 32, s->nstate);
 	rps__le_put32(p + 36, 0);
 	p += SHARD_FIXED;
-	u64s_to_le(p, s->clocks, s->nclocks);
+	host_to_le(p, s->clocks, s->nclocks, 8);
 	p += 8 * (size_t)s->nclocks;
-	f32s_to_le(p, s->params, s->elems);
+	host_to_le(p, s->params, s->elems, 4);
 	p += 4 * (size_t)s->elems;
-	f32s_to_le(p, s->state, s->nstate);
+	host_to_le(p, s->state, s->nstate, 4);
 	return put_record(w, REC_SHARD, (size_t)len);
 }
 
 int rps__ckpt_finish(struct rps__ckpt_writer *w, uint64_t *bytes_written)
 {
 	uint8_t t[TRAILER_SIZE];
+	enum rps__publish_step failed;
 	int err;
 
 	if (w->broken) {
@@ -600,19 +603,14 @@ int rps__ckpt_finish(struct rps__ckpt_writer *w, uint64_t *bytes_written)
 		goto err_unlink;
 	}
 	w->off += TRAILER_SIZE;
-	if (fsync(w->fd) < 0) {
-		err = -errno;
-		rps__seterr(err, "checkpoint: syncing %.200s: %s", w->tmp, strerror(-err));
-		goto err_unlink;
-	}
-	if (renameat(w->dirfd, w->tmpname, w->dirfd, w->name) < 0) {
-		err = -errno;
-		rps__seterr(err, "checkpoint: renaming %.200s: %s", w->tmp, strerror(-err));
+	err = rps__publish_at(w->dirfd, w->fd, w->tmpname, w->name, NULL, NULL, &failed);
+	if (err && failed != RPS__PUBLISH_SYNC_DIR) {
+		rps__seterr(err, "checkpoint: %s %.200s: %s", failed == RPS__PUBLISH_RENAME ? "renaming" : "syncing",
+			    w->tmp, strerror(-err));
 		goto err_unlink;
 	}
 	close(w->fd);
 	w->fd = -1;
-	err = fsync(w->dirfd) < 0 ? -errno : 0;
 	if (err) {
 		/* the file is whole, but its name may not survive a crash */
 		rps__seterr(err, "checkpoint: syncing directory %.200s: %s", w->dir, strerror(-err));

@@ -195,28 +195,11 @@ int rps__raft_msg_encode(const struct rps__raft_msg *m, void *buf, size_t cap, s
 	return 0;
 }
 
-/* Bounds-checked reader: every take fails once the input is exhausted. */
-struct reader {
-	const uint8_t *p;
-	size_t left;
-};
-
-static const uint8_t *take(struct reader *rd, size_t n)
-{
-	const uint8_t *p = rd->p;
-
-	if (n > rd->left)
-		return NULL;
-	rd->p += n;
-	rd->left -= n;
-	return p;
-}
-
 /* First pass: validate the structure and size what the copy needs. */
 static int wire_scan(const uint8_t *buf, size_t len, uint32_t *n_entries, bool *has_snap, size_t *data)
 {
-	struct reader rd = { buf, len };
-	const uint8_t *p = take(&rd, WIRE_HDR);
+	struct rps__reader rd = { buf, len };
+	const uint8_t *p = rps__reader_take(&rd, WIRE_HDR);
 	uint32_t n;
 
 	if (!p || p[0] != WIRE_VERSION || p[1] < RPS__RAFT_MSG_APP || p[1] > RPS__RAFT_MSG_TYPE_MAX ||
@@ -231,18 +214,18 @@ static int wire_scan(const uint8_t *buf, size_t len, uint32_t *n_entries, bool *
 	*n_entries = n;
 	*data = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		const uint8_t *e = take(&rd, WIRE_ENTRY_HDR);
+		const uint8_t *e = rps__reader_take(&rd, WIRE_ENTRY_HDR);
 		uint32_t elen;
 
 		if (!e || rps__le_get32(e + 16) > RPS__RAFT_ENTRY_CONF)
 			return -EBADMSG;
 		elen = rps__le_get32(e + 20);
-		if (elen > RPS__RAFT_MAX_DATA || !take(&rd, elen))
+		if (elen > RPS__RAFT_MAX_DATA || !rps__reader_take(&rd, elen))
 			return -EBADMSG;
 		*data += elen;
 	}
 	if (*has_snap) {
-		const uint8_t *s = take(&rd, 24);
+		const uint8_t *s = rps__reader_take(&rd, 24);
 		uint32_t nv, nl, slen;
 
 		if (!s)
@@ -250,13 +233,13 @@ static int wire_scan(const uint8_t *buf, size_t len, uint32_t *n_entries, bool *
 		nv = rps__le_get32(s + 16);
 		nl = rps__le_get32(s + 20);
 		if (nv > RPS__RAFT_MAX_NODES || nl > RPS__RAFT_MAX_NODES || nv + nl > RPS__RAFT_MAX_NODES ||
-		    !take(&rd, 8u * (nv + nl)))
+		    !rps__reader_take(&rd, 8u * (nv + nl)))
 			return -EBADMSG;
-		s = take(&rd, 4);
+		s = rps__reader_take(&rd, 4);
 		if (!s)
 			return -EBADMSG;
 		slen = rps__le_get32(s);
-		if (slen > RPS__RAFT_MAX_DATA || !take(&rd, slen))
+		if (slen > RPS__RAFT_MAX_DATA || !rps__reader_take(&rd, slen))
 			return -EBADMSG;
 		*data += slen;
 	}

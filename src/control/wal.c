@@ -60,6 +60,7 @@
 #include "control/wal_int.h"
 #include "common/common.h"
 #include "common/crc.h"
+#include "common/fsutil.h"
 #include "common/le.h"
 
 #include <errno.h>
@@ -136,6 +137,33 @@ int rps__wal_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
 		off += (uint64_t)n;
 	}
 	return 0;
+}
+
+static int wal_sync_file(int fd, void *opts)
+{
+	return rps__wal_do_sync(opts, fd, false);
+}
+
+/* Publish the file fd, written whole as tmp, under name (rps__publish_at);
+ * fd stays open.  A failure before the rename removes tmp; one after it
+ * breaks the log (-EIO): whether the name survives a crash is unknown, so
+ * the node must stop. */
+int rps__wal_publish(struct rps__wal *w, int fd, const char *tmp, const char *name)
+{
+	enum rps__publish_step failed;
+	int err = rps__publish_at(w->dir_fd, fd, tmp, name, wal_sync_file, &w->opts, &failed);
+
+	if (!err)
+		return 0;
+	if (failed != RPS__PUBLISH_SYNC_DIR) {
+		rps__seterr(err, "wal: %s %.150s/%s: %s", failed == RPS__PUBLISH_RENAME ? "renaming" : "syncing",
+			    w->dir, tmp, strerror(-err));
+		unlinkat(w->dir_fd, tmp, 0);
+		return err;
+	}
+	w->broken = -EIO;
+	return rps__seterr(-EIO, "wal: syncing directory %.150s: %s: the node must stop;"
+			   " restart it", w->dir, strerror(-err));
 }
 
 /* The commit index the witness file holds, 0 if it is absent or damaged. */
@@ -331,22 +359,10 @@ int rps__wal_roll(struct rps__wal *w)
 		rps__seterr(err, "wal: writing %.150s/%s: %s", w->dir, tmp, strerror(-err));
 		goto out_unlink;
 	}
-	err = rps__wal_do_sync(&w->opts, fd, false);
-	if (err) {
-		rps__seterr(err, "wal: syncing %.150s/%s: %s", w->dir, tmp, strerror(-err));
-		goto out_unlink;
-	}
-	if (renameat(w->dir_fd, tmp, w->dir_fd, name) < 0) {
-		err = -errno;
-		rps__seterr(err, "wal: renaming %.150s/%s: %s", w->dir, tmp, strerror(-err));
-		goto out_unlink;
-	}
-	err = rps__wal_do_sync(&w->opts, w->dir_fd, false);
+	err = rps__wal_publish(w, fd, tmp, name);
 	if (err) {
 		close(fd);
-		w->broken = -EIO;
-		return rps__seterr(-EIO, "wal: syncing directory %.150s: %s: the node must stop;"
-				   " restart it", w->dir, strerror(-err));
+		return err;
 	}
 	if (w->seg_fd >= 0)
 		close(w->seg_fd);

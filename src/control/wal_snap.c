@@ -132,25 +132,9 @@ static int snap_write(struct rps__wal *w, const struct rps__wal_snapshot *s)
 		rps__seterr(err, "wal: writing %.150s/%s: %s", w->dir, tmp, strerror(-err));
 		goto out_unlink;
 	}
-	err = rps__wal_do_sync(&w->opts, fd, false);
-	if (err) {
-		rps__seterr(err, "wal: syncing %.150s/%s: %s", w->dir, tmp, strerror(-err));
-		goto out_unlink;
-	}
-	if (renameat(w->dir_fd, tmp, w->dir_fd, name) < 0) {
-		err = -errno;
-		rps__seterr(err, "wal: renaming %.150s/%s: %s", w->dir, tmp, strerror(-err));
-		goto out_unlink;
-	}
+	err = rps__wal_publish(w, fd, tmp, name);
 	close(fd);
-	err = rps__wal_do_sync(&w->opts, w->dir_fd, false);
-	if (err) {
-		/* the rename may or may not survive a crash: stop here */
-		w->broken = -EIO;
-		return rps__seterr(-EIO, "wal: syncing directory %.150s: %s: the node must stop;"
-				   " restart it", w->dir, strerror(-err));
-	}
-	return 0;
+	return err;
 
 out_unlink:
 	close(fd);

@@ -20,23 +20,6 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------ */
-/* Bounds-checked reader: every take fails once the input is exhausted. */
-struct reader {
-	const uint8_t *p;
-	size_t left;
-};
-
-static const uint8_t *take(struct reader *rd, size_t n)
-{
-	const uint8_t *p = rd->p;
-
-	if (n > rd->left)
-		return NULL;
-	rd->p += n;
-	rd->left -= n;
-	return p;
-}
-
 static unsigned long long ull(uint64_t v)
 {
 	return (unsigned long long)v;
@@ -117,9 +100,9 @@ int rps__smap_cmd_encode(const struct rps__smap_cmd *c, void *buf, size_t cap, s
 }
 
 /* The version-2 tail: keep[] and zone. */
-static int cmd_decode_tail(struct reader *rd, struct rps__smap_cmd *c)
+static int cmd_decode_tail(struct rps__reader *rd, struct rps__smap_cmd *c)
 {
-	const uint8_t *q = take(rd, 1), *z;
+	const uint8_t *q = rps__reader_take(rd, 1), *z;
 
 	if (!q)
 		return rps__seterr(-EBADMSG, "shard map command: truncated before its backups");
@@ -128,18 +111,18 @@ static int cmd_decode_tail(struct reader *rd, struct rps__smap_cmd *c)
 				   RPS__SMAP_MAX_REPLICAS - 1);
 	c->nkeep = *q;
 	for (uint32_t i = 0; i < c->nkeep; i++) {
-		q = take(rd, 8);
+		q = rps__reader_take(rd, 8);
 		if (!q)
 			return rps__seterr(-EBADMSG, "shard map command: truncated in backup %" PRIu32, i + 1);
 		c->keep[i] = rps__le_get64(q);
 	}
-	q = take(rd, 1);
+	q = rps__reader_take(rd, 1);
 	if (!q)
 		return rps__seterr(-EBADMSG, "shard map command: truncated before its zone");
 	if (*q >= RPS__SMAP_ZONE_MAX)
 		return rps__seterr(-EBADMSG, "shard map command: zone of %u bytes, the limit is %u", *q,
 				   RPS__SMAP_ZONE_MAX - 1);
-	z = take(rd, *q);
+	z = rps__reader_take(rd, *q);
 	if (!z)
 		return rps__seterr(-EBADMSG, "shard map command: truncated in its zone");
 	if (memchr(z, 0, *q))
@@ -150,8 +133,8 @@ static int cmd_decode_tail(struct reader *rd, struct rps__smap_cmd *c)
 
 int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c)
 {
-	struct reader rd = { buf, len };
-	const uint8_t *p = take(&rd, CMD_HDR), *u;
+	struct rps__reader rd = { buf, len };
+	const uint8_t *p = rps__reader_take(&rd, CMD_HDR), *u;
 	struct rps__smap_cmd out;
 	uint16_t ulen, version;
 	uint32_t type;
@@ -175,7 +158,7 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c)
 	if (ulen >= RPS__SMAP_URI_MAX)
 		return rps__seterr(-EBADMSG, "shard map command: address of %u bytes, the limit is %u",
 				   ulen, RPS__SMAP_URI_MAX - 1);
-	u = take(&rd, ulen);
+	u = rps__reader_take(&rd, ulen);
 	if (!u)
 		return rps__seterr(-EBADMSG, "shard map command: truncated, %zu bytes of %zu", len,
 				   (size_t)CMD_HDR + ulen);
@@ -493,25 +476,25 @@ static int map_validate(const struct rps__smap *m)
 }
 
 /* The parts of partition i that versions 2 and 3 add. */
-static int decode_part_tail(struct reader *rd, unsigned v, struct rps__smap_part *pp, uint32_t i)
+static int decode_part_tail(struct rps__reader *rd, unsigned v, struct rps__smap_part *pp, uint32_t i)
 {
 	const uint8_t *q;
 
 	if (v == MAP_VERSION)
 		return 0;
-	if (!(q = take(rd, 8)))
+	if (!(q = rps__reader_take(rd, 8)))
 		return rps__seterr(-EBADMSG, "shard map: truncated in partition %" PRIu32, i);
 	pp->lost = rps__le_get64(q);
 	if (v == MAP_VERSION_LOST)
 		return 0;
-	if (!(q = take(rd, 9)))
+	if (!(q = rps__reader_take(rd, 9)))
 		return rps__seterr(-EBADMSG, "shard map: truncated in the replicas of partition %" PRIu32, i);
 	pp->joining = rps__le_get64(q);
 	if (q[8] > RPS__SMAP_MAX_REPLICAS - 1)
 		return rps__seterr(-EBADMSG, "shard map: partition %" PRIu32 " has %u backups, at most %u", i, q[8],
 				   RPS__SMAP_MAX_REPLICAS - 1);
 	for (uint32_t k = 0, nb = q[8]; k < nb; k++) {
-		if (!(q = take(rd, 8)))
+		if (!(q = rps__reader_take(rd, 8)))
 			return rps__seterr(-EBADMSG, "shard map: truncated in the backups of partition %" PRIu32, i);
 		pp->backups[k] = rps__le_get64(q);
 		if (!pp->backups[k])
@@ -520,16 +503,16 @@ static int decode_part_tail(struct reader *rd, unsigned v, struct rps__smap_part
 	return 0;
 }
 
-static int decode_zone(struct reader *rd, struct rps__smap_member *mb)
+static int decode_zone(struct rps__reader *rd, struct rps__smap_member *mb)
 {
-	const uint8_t *q = take(rd, 1), *z;
+	const uint8_t *q = rps__reader_take(rd, 1), *z;
 
 	if (!q)
 		return rps__seterr(-EBADMSG, "shard map: truncated before the zone of member %llu", ull(mb->id));
 	if (*q >= RPS__SMAP_ZONE_MAX)
 		return rps__seterr(-EBADMSG, "shard map: zone of member %llu has %u bytes, the limit is %u",
 				   ull(mb->id), *q, RPS__SMAP_ZONE_MAX - 1);
-	if (!(z = take(rd, *q)))
+	if (!(z = rps__reader_take(rd, *q)))
 		return rps__seterr(-EBADMSG, "shard map: truncated in the zone of member %llu", ull(mb->id));
 	if (memchr(z, 0, *q))
 		return rps__seterr(-EBADMSG, "shard map: zone of member %llu contains a NUL byte", ull(mb->id));
@@ -540,8 +523,8 @@ static int decode_zone(struct reader *rd, struct rps__smap_member *mb)
 int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 {
 	struct rps__smap m;
-	struct reader rd = { buf, len };
-	const uint8_t *p = take(&rd, MAP_HDR), *q;
+	struct rps__reader rd = { buf, len };
+	const uint8_t *p = rps__reader_take(&rd, MAP_HDR), *q;
 	size_t body;
 	unsigned v;
 	uint32_t crc;
@@ -568,14 +551,14 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 		return rps__seterr(-EBADMSG, "shard map: %" PRIu32 " members, a map has 1 to %u",
 				   m.nmembers, RPS__SMAP_MAX_MEMBERS);
 	if (v == MAP_VERSION_REPL) {
-		if (!(q = take(&rd, MAP_REPL_HDR)))
+		if (!(q = rps__reader_take(&rd, MAP_REPL_HDR)))
 			return rps__seterr(-EBADMSG, "shard map: truncated in its replication target");
 		m.replicas = rps__le_get32(q);
 	}
 	for (uint32_t i = 0; i < m.nmembers; i++) {
 		uint16_t ulen;
 
-		q = take(&rd, MAP_MEMBER_HDR);
+		q = rps__reader_take(&rd, MAP_MEMBER_HDR);
 		if (!q)
 			return rps__seterr(-EBADMSG, "shard map: truncated in member %" PRIu32 " of %" PRIu32,
 					   i + 1, m.nmembers);
@@ -584,7 +567,7 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 		if (ulen >= RPS__SMAP_URI_MAX)
 			return rps__seterr(-EBADMSG, "shard map: address of member %llu has %u bytes, the limit is %u",
 					   ull(m.members[i].id), ulen, RPS__SMAP_URI_MAX - 1);
-		q = take(&rd, ulen);
+		q = rps__reader_take(&rd, ulen);
 		if (!q)
 			return rps__seterr(-EBADMSG, "shard map: truncated in the address of member %llu",
 					   ull(m.members[i].id));
@@ -596,7 +579,7 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 			return err;
 	}
 	for (uint32_t i = 0; i < m.npart; i++) {
-		q = take(&rd, MAP_PART);
+		q = rps__reader_take(&rd, MAP_PART);
 		if (!q)
 			return rps__seterr(-EBADMSG, "shard map: truncated in partition %" PRIu32 " of %" PRIu32,
 					   i, m.npart);
@@ -607,7 +590,7 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 			return err;
 	}
 	body = len - rd.left;
-	q = take(&rd, 4);
+	q = rps__reader_take(&rd, 4);
 	if (!q)
 		return rps__seterr(-EBADMSG, "shard map: truncated before its checksum (%zu bytes)", len);
 	if (rd.left)

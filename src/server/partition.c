@@ -51,32 +51,41 @@ void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part)
 	rps__srv_drain_held(srv);
 }
 
+typedef void shard_fn(struct rps__server *srv, struct region *r, struct shard *s, void *arg);
+
+/* fn on every shard of the partition, in each tensor that has its region. */
+static void part_each_shard(struct rps__server *srv, uint32_t part, shard_fn *fn, void *arg)
+{
+	for (uint32_t i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		struct region *r = t ? &t->regions[part] : NULL;
+		if (!r || !r->mr)
+			continue;
+		for (uint32_t j = 0; j < r->nsh; j++)
+			fn(srv, r, &t->shards[rps__part_shard(&t->layout, part, j)], arg);
+	}
+}
+
+/* Seal the shard's lock word unless a worker holds it: *all false if not sealed. */
+static void fence_shard(struct rps__server *srv, struct region *r, struct shard *s, void *all)
+{
+	uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE), old = 0;
+
+	if (is_fenced(w))
+		return;
+	if (rps__lock_is_locked(w) ||
+	    rps__local_cas(srv->fab, r->mr, &s->hdr->lock, w, fenced_word(w), &old) || old != w)
+		*(bool *)all = false;
+}
+
 /* Seal every lock word of the partition.  A word a worker holds is left
  * until its push is decided (or its lease broken): 1 when all are sealed. */
 bool rps__srv_part_fence(struct rps__server *srv, uint32_t part)
 {
 	bool all = true;
-	uint32_t i, j;
 
-	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
-		struct region *r = t ? &t->regions[part] : NULL;
-		if (!r || !r->mr)
-			continue;
-		for (j = 0; j < r->nsh; j++) {
-			struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
-			uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE), old = 0;
-			if (is_fenced(w))
-				continue;
-			if (rps__lock_is_locked(w)) {
-				all = false;
-				continue;
-			}
-			if (rps__local_cas(srv->fab, r->mr, &s->hdr->lock, w, fenced_word(w), &old) || old != w)
-				all = false;
-		}
-	}
-	for (i = 0; i < srv->nheld; i++) {
+	part_each_shard(srv, part, fence_shard, &all);
+	for (uint32_t i = 0; i < srv->nheld; i++) {
 		struct conn *c = srv->held[i].conn;
 		const struct rps__push_desc *d = (const void *)(c->slots + (size_t)srv->held[i].slot * srv->slot_size);
 		struct tensor *t = d->tensor_id < srv->ntensors ? srv->tensors[d->tensor_id] : NULL;
@@ -86,24 +95,19 @@ bool rps__srv_part_fence(struct rps__server *srv, uint32_t part)
 	return all;
 }
 
+/* Unseal the shard's lock word (a new version) and publish it at *epoch. */
+static void unfence_shard(struct rps__server *srv, struct region *r, struct shard *s, void *epoch)
+{
+	uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE), old = 0;
+
+	if (is_fenced(w))
+		rps__local_cas(srv->fab, r->mr, &s->hdr->lock, w, rps__lock_unlocked(rps__lock_version(w) + 1), &old);
+	rps__srv_publish(s, *(const uint64_t *)epoch);
+}
+
 void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch)
 {
-	uint32_t i, j;
-
-	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
-		struct region *r = t ? &t->regions[part] : NULL;
-		if (!r || !r->mr)
-			continue;
-		for (j = 0; j < r->nsh; j++) {
-			struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
-			uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE), old = 0;
-			if (is_fenced(w))
-				rps__local_cas(srv->fab, r->mr, &s->hdr->lock, w,
-					       rps__lock_unlocked(rps__lock_version(w) + 1), &old);
-			rps__srv_publish(s, epoch);
-		}
-	}
+	part_each_shard(srv, part, unfence_shard, &epoch);
 }
 
 /* A growing byte buffer for the partition image. */
