@@ -22,7 +22,7 @@
 #include <stddef.h>
 
 /* 3: WAIT_REP names a missing rank; lost partitions in the map and STATUS_REP */
-#define RPS__PROTO_VERSION 3u
+#define RPS__PROTO_VERSION 4u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -87,8 +87,14 @@ struct rps__hello {
 	uint32_t version;
 	int32_t rank;
 	int32_t num_workers;
-	uint32_t reserved;
+	uint32_t flags;		/* enum rps__hello_flags */
 	uint64_t client_id;	/* random per client: names its pushes across servers */
+};
+
+enum rps__hello_flags {
+	/* a replacement process of this rank: the server closes the rank's
+	 * other connections (a predecessor that died without a reset) */
+	RPS__HELLO_TAKEOVER = 1u << 0,
 };
 
 struct rps__hello_rep {
@@ -145,7 +151,7 @@ struct rps__region_ref {
 	uint64_t epoch;		/* the partition's epoch this region serves */
 };
 
-#define RPS__CREATE_MAX_REGIONS 16u
+#define RPS__CREATE_MAX_REGIONS 15u	/* a reply fits RPS__MSG_MAX; more come in pages */
 
 struct rps__create_rep {
 	struct rps__tensor_spec spec;	/* the tensor as it exists */
@@ -157,6 +163,12 @@ struct rps__create_rep {
 	uint32_t first;		/* index of regions[0] among them (paging: CREATE.first) */
 	uint32_t total;		/* regions in all */
 	uint32_t reserved;
+	/* sync and bounded, for the asking connection's rank, over the shards
+	 * served here: the lowest and highest first clock that rank has not
+	 * contributed yet (sync: summed or parked; bounded: pushes applied).
+	 * A new worker process of a rank resumes its clock there. */
+	uint64_t resume_clock;
+	uint64_t resume_until;
 	struct rps__region_ref regions[RPS__CREATE_MAX_REGIONS];
 };
 
