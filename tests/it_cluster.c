@@ -437,6 +437,7 @@ struct takeover_arg {
 	bool stop_after_push;	/* SIGSTOP itself after its push of step TK_DIES_AT */
 	bool takeover;		/* rps_client_opts.takeover */
 	bool alone;		/* started on its own: it is rank 2 */
+	const char *name;
 };
 
 /* Pull, retrying while a rank is gone (-EPIPE) for up to 20 s. */
@@ -477,7 +478,7 @@ static int takeover_worker(int rank, int nworkers, const char *servers, void *ar
 	o.count = count;
 	o.mode = RPS_MODE_SYNC;
 	o.optimizer = RPS_OPT_SUM;
-	if ((ret = rps_tensor_create(cl, "taken-over", &o, &t)))
+	if ((ret = rps_tensor_create(cl, a->name, &o, &t)))
 		return fail("create", ret);
 	/* a replacement learns where to resume from its first pull */
 	if (a->alone && a->grad == 100000.0f && (ret = pull_riding_through(t, p, count * sizeof(float), &first)))
@@ -525,8 +526,9 @@ static void takeover_results(struct it_workers *w, int i, uint64_t *first, float
  * the others get the replacement's, and every step completes. */
 static void test_sync_rank_takeover(void)
 {
-	struct takeover_arg others = { .steps = TK_STEPS }, dead = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true },
-			    repl = { .steps = TK_STEPS, .grad = 100000.0f, .alone = true };
+	struct takeover_arg others = { .steps = TK_STEPS, .name = "taken-over" },
+			    dead = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true, .name = "taken-over" },
+			    repl = { .steps = TK_STEPS, .grad = 100000.0f, .alone = true, .name = "taken-over" };
 	const uint64_t per = SHARD_BYTES / 4;
 	float *p = malloc(TK_SHARDS * SHARD_BYTES), *q = malloc(TK_SHARDS * SHARD_BYTES);
 	char env[64];
@@ -580,9 +582,11 @@ static void test_sync_rank_takeover(void)
  * its connections gone. */
 static void test_sync_takeover_closes_predecessor(void)
 {
-	struct takeover_arg others = { .steps = TK_STEPS },
-			    old = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true, .stop_after_push = true },
-			    repl = { .steps = TK_STEPS, .grad = 100000.0f, .alone = true, .takeover = true };
+	struct takeover_arg others = { .steps = TK_STEPS, .name = "stopped-and-taken-over" },
+			    old = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true, .stop_after_push = true,
+				    .name = "stopped-and-taken-over" },
+			    repl = { .steps = TK_STEPS, .grad = 100000.0f, .alone = true, .takeover = true,
+				     .name = "stopped-and-taken-over" };
 	float *p = malloc(TK_SHARDS * SHARD_BYTES), *q = malloc(TK_SHARDS * SHARD_BYTES);
 	struct it_workers w, wo, wr;
 	uint64_t first = 99, i;
