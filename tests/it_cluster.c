@@ -437,6 +437,7 @@ struct takeover_arg {
 	bool stop_after_push;	/* SIGSTOP itself after its push of step TK_DIES_AT */
 	bool takeover;		/* rps_client_opts.takeover */
 	bool alone;		/* started on its own: it is rank 2 */
+	int die_before;		/* > 0: SIGKILL itself before step die_before - 1 */
 	const char *name;
 };
 
@@ -484,6 +485,8 @@ static int takeover_worker(int rank, int nworkers, const char *servers, void *ar
 	if (a->alone && a->grad == 100000.0f && (ret = pull_riding_through(t, p, count * sizeof(float), &first)))
 		return fail("first pull", ret);
 	for (s = (int)first; s < a->steps; s++) {
+		if (a->die_before && s == a->die_before - 1)
+			raise(SIGKILL);
 		if ((ret = rps_push(t, g, count * sizeof(float))))
 			return fail("push", ret);
 		if (a->stop_after_push && s == TK_DIES_AT)
@@ -620,6 +623,56 @@ static void test_sync_takeover_closes_predecessor(void)
 	CU_ASSERT_EQUAL(it_worker_read(&wo, 0, &ret, sizeof(ret)), 0);
 	CU_ASSERT_EQUAL(ret, -ECONNRESET);
 	CU_ASSERT_EQUAL(it_worker_wait(&wo, 0), 0);
+	free(p);
+	free(q);
+}
+
+/* Rank 2 dies before step TK_DIES_AT; nobody replaces it.  psctl
+ * remove-rank takes it out of the tensor: the two others' pulls, failing
+ * with -EPIPE until then, go on, every later step sums their two pushes
+ * (the tensor's rescale unchanged), and rank 2's pushes before it died
+ * stay counted. */
+static void test_sync_remove_rank(void)
+{
+	struct takeover_arg others = { .steps = TK_STEPS, .name = "rank-2-removed" },
+			    dead = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true, .die_before = TK_DIES_AT + 1,
+				     .name = "rank-2-removed" };
+	const float want = 2.0f * TK_STEPS + 1000.0f * TK_DIES_AT;
+	float *p = malloc(TK_SHARDS * SHARD_BYTES), *q = malloc(TK_SHARDS * SHARD_BYTES);
+	char out[4096], err[4096];
+	struct it_workers w, wd;
+	uint64_t first = 99, i;
+	int r, rc, bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, takeover_worker, cluster.servers, &others, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wd, 1, takeover_worker, cluster.servers, &dead, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&wd, 0), 128 + SIGKILL);
+	/* a rank the tensor does not have, an async tensor's ranks: refused */
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 3 rank-2-removed");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "ranks 0..2, not 3") != NULL);
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "--json remove-rank 2 rank-2-removed");
+	if (rc)
+		fprintf(stderr, "psctl remove-rank: %s%s", out, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(strstr(out, "\"rank\":2,\"tensor\":\"rank-2-removed\"") != NULL);
+	for (r = 0; r < 2; r++) {
+		takeover_results(&w, r, &first, r ? q : p);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	CU_ASSERT_EQUAL(memcmp(p, q, TK_SHARDS * SHARD_BYTES), 0);
+	for (i = 0; i < TK_SHARDS * SHARD_BYTES / 4; i++)
+		bad += q[i] != want;
+	CU_ASSERT_EQUAL(bad, 0);
+	/* removed for good: a process of rank 2 is refused */
+	dead.die_before = 0;
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wd, 1, takeover_worker, cluster.servers, &dead, -1, NULL), 0);
+	CU_ASSERT_NOT_EQUAL(it_worker_wait(&wd, 0), 0);
+	/* and removing it again changes nothing */
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 2 rank-2-removed");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(strstr(out, "already removed") != NULL);
 	free(p);
 	free(q);
 }
@@ -2183,6 +2236,7 @@ int main(void)
 		{ "sync: a dead worker is named to the others", test_sync_dead_worker_named },
 		{ "sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover },
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
+		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },
 		{ "a shard table over --memory-limit is refused before it is allocated", test_create_charges_shard_table },
 		{ "silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped },
 		{ "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place },

@@ -54,6 +54,8 @@ enum rps__msg_type {
 	RPS__MSG_ADMIN_REP,	/* struct rps__admin_rep */
 	RPS__MSG_CKPT,		/* struct rps__ckpt_req + targets (variable); to every server */
 	RPS__MSG_CKPT_REP,	/* struct rps__ckpt_rep + targets (variable) */
+	RPS__MSG_RANK,		/* struct rps__rank_req (psctl remove-rank); to every server */
+	RPS__MSG_RANK_REP,	/* struct rps__rank_rep */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -227,6 +229,20 @@ struct rps__ckpt_rep {
 	uint32_t nshards;	/* TAKE: shards written; RESTORE: shards installed here */
 	uint32_t ntargets;	/* PREPARE: targets that follow (tensor -> this server's step) */
 	uint64_t seen_shards;	/* RESTORE: shards in all the files */
+	char msg[256];		/* failure: one line */
+};
+
+/* psctl remove-rank: a dead worker's rank leaves sync and bounded tensors
+ * for good, so the others go on without it. */
+struct rps__rank_req {
+	char name[RPS__NAME_MAX];	/* one tensor; "": every sync and bounded tensor */
+	int32_t rank;
+	uint32_t reserved;
+};
+
+struct rps__rank_rep {
+	uint32_t tensors;	/* tensors here the rank was removed from now */
+	uint32_t reserved;
 	char msg[256];		/* failure: one line */
 };
 

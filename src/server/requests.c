@@ -127,7 +127,8 @@ static void rank_opened(struct tensor *t, const struct conn *c)
 		return;
 	if (!t->ranks && !(t->ranks = calloc((size_t)t->spec.num_workers, 1)))
 		return;		/* then a missing rank shows as a timeout, as before */
-	t->ranks[c->rank] = RANK_LIVE;
+	if (t->ranks[c->rank] != RANK_REMOVED)
+		t->ranks[c->rank] = RANK_LIVE;
 }
 
 static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
@@ -455,3 +456,75 @@ void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uin
 		break;
 	}
 }
+
+/* ---- removing a rank (psctl remove-rank) ------------------------------------------ */
+
+/* Take rank out of t; -EINVAL (message set) if it cannot be. */
+static int remove_from(struct rps__server *srv, struct tensor *t, int rank)
+{
+	uint32_t local;
+	int r, left = 0;
+
+	if (rank >= t->spec.num_workers)
+		return rps__seterr(-EINVAL, "tensor '%s' has ranks 0..%d, not %d", t->name, t->spec.num_workers - 1,
+				   rank);
+	if (!t->ranks && !(t->ranks = calloc((size_t)t->spec.num_workers, 1)))
+		return rps__seterr(-ENOMEM, "out of memory");
+	for (r = 0; r < t->spec.num_workers; r++)
+		left += r != rank && t->ranks[r] != RANK_REMOVED;
+	if (!left)
+		return rps__seterr(-EINVAL, "tensor '%s': rank %d is the last one left", t->name, rank);
+	t->ranks[rank] = RANK_REMOVED;
+	for (local = 0; local < t->layout.nshards; local++) {
+		struct shard *s = &t->shards[local];
+		if (!s->hdr || !s->ready)
+			continue;
+		if (t->spec.mode == RPS_MODE_SYNC) {
+			rps__srv_sync_advance(srv, t, local);
+		} else {
+			rps__srv_update_min_clock(t, s);
+			rps__srv_wake_waiters(srv, t, local);
+		}
+	}
+	rps__log(RPS__LOG_INFO, "tensor '%s': rank %d removed, %d ranks go on", t->name, rank, left);
+	return 1;
+}
+
+/*
+ * psctl remove-rank: a dead worker's rank leaves a sync or bounded tensor
+ * (name "", every one) for good.  Sync: each shard skips the rank's turn
+ * from the first step it has not contributed to (what it already gave,
+ * summed or parked, counts), so the step completes with the others'
+ * contributions times the tensor's rescale, unchanged; bounded: the slowest
+ * clock is taken over the others.  Its later pushes are refused (-EPERM).
+ * Returns the tensors it was removed from now (0: it was already).
+ */
+int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank)
+{
+	uint32_t i;
+	int n = 0, ret;
+
+	if (rank < 0)
+		return rps__seterr(-EINVAL, "rank %d: ranks are 0 or more", rank);
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		if (!t || (name[0] && strcmp(t->name, name)))
+			continue;
+		if (t->spec.mode == RPS_MODE_ASYNC) {
+			if (name[0])
+				return rps__seterr(-EINVAL, "tensor '%s' is async: it has no ranks to remove", name);
+			continue;
+		}
+		if (rps__srv_rank_removed(t, rank))
+			continue;
+		if (!name[0] && rank >= t->spec.num_workers)
+			continue;
+		ret = remove_from(srv, t, rank);
+		if (ret < 0)
+			return ret;
+		n++;
+	}
+	rps__srv_drain_held(srv);	/* parked pushes of the next steps may go now */
+	return n;
+}
+
