@@ -438,6 +438,7 @@ struct takeover_arg {
 	bool takeover;		/* rps_client_opts.takeover */
 	bool alone;		/* started on its own: it is rank 2 */
 	int die_before;		/* > 0: SIGKILL itself before step die_before - 1 */
+	bool bounded;		/* RPS_MODE_BOUNDED, staleness 1, instead of sync */
 	const char *name;
 };
 
@@ -477,7 +478,8 @@ static int takeover_worker(int rank, int nworkers, const char *servers, void *ar
 		return fail("connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = count;
-	o.mode = RPS_MODE_SYNC;
+	o.mode = a->bounded ? RPS_MODE_BOUNDED : RPS_MODE_SYNC;
+	o.staleness = a->bounded ? 1 : 0;
 	o.optimizer = RPS_OPT_SUM;
 	if ((ret = rps_tensor_create(cl, a->name, &o, &t)))
 		return fail("create", ret);
@@ -496,7 +498,7 @@ static int takeover_worker(int rank, int nworkers, const char *servers, void *ar
 			it_write_all(out_fd, &ret, sizeof(ret));
 			return a->stop_after_push ? 0 : fail("pull", ret);
 		}
-		if (version != (uint64_t)s + 1) {
+		if (!a->bounded && version != (uint64_t)s + 1) {
 			fprintf(stderr, "worker %d: step %d pulled version %llu\n", rank, s, (unsigned long long)version);
 			return 1;
 		}
@@ -673,6 +675,42 @@ static void test_sync_remove_rank(void)
 	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 2 rank-2-removed");
 	CU_ASSERT_EQUAL(rc, 0);
 	CU_ASSERT(strstr(out, "already removed") != NULL);
+	free(p);
+	free(q);
+}
+
+/* Bounded (staleness 1): rank 2 pushes once and dies; the others' pulls
+ * wait for its clock until psctl remove-rank, then finish; every push that
+ * completed is in the tensor exactly once. */
+static void test_bounded_remove_rank(void)
+{
+	struct takeover_arg others = { .steps = TK_STEPS, .bounded = true, .name = "bounded-rank-2-removed" },
+			    dead = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true, .die_before = 2, .bounded = true,
+				     .name = "bounded-rank-2-removed" };
+	const uint64_t count = TK_SHARDS * SHARD_BYTES / 4;
+	float *p = malloc(count * sizeof(float)), *q = malloc(count * sizeof(float));
+	char out[4096], err[4096];
+	struct it_workers w, wd;
+	uint64_t first = 99, version = 0, i;
+	int r, rc, bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, takeover_worker, cluster.servers, &others, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wd, 1, takeover_worker, cluster.servers, &dead, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&wd, 0), 128 + SIGKILL);
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 2");
+	if (rc)
+		fprintf(stderr, "psctl remove-rank: %s%s", out, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	for (r = 0; r < 2; r++) {
+		takeover_results(&w, r, &first, q);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	CU_ASSERT_EQUAL_FATAL(pull_all(others.name, count, p, &version), 0);
+	CU_ASSERT_EQUAL(version, 2u * TK_STEPS + 1u);
+	for (i = 0; i < count; i++)
+		bad += p[i] != 2.0f * TK_STEPS + 1000.0f;
+	CU_ASSERT_EQUAL(bad, 0);
 	free(p);
 	free(q);
 }
@@ -2237,6 +2275,7 @@ int main(void)
 		{ "sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover },
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
 		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },
+		{ "bounded: psctl remove-rank lets the others go on", test_bounded_remove_rank },
 		{ "a shard table over --memory-limit is refused before it is allocated", test_create_charges_shard_table },
 		{ "silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped },
 		{ "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place },
