@@ -87,6 +87,11 @@ struct rps_client_opts {
 				 * corrupted push is refused with -EILSEQ, never applied */
 	int spin_us;		/* busy-poll this long before sleeping (default 0):
 				 * lower latency for a core's worth of CPU */
+	int takeover;		/* 1: this process replaces a dead worker of the
+				 * same rank: the servers close that rank's other
+				 * connections, and sync/bounded tensors opened
+				 * afterwards resume at the rank's next clock (see
+				 * rps_tensor_create) */
 };
 
 struct rps_tensor_opts {

@@ -418,6 +418,303 @@ static void test_bounded_staleness(void)
 	}
 }
 
+/*
+ * A sync worker dies in the middle of a step and a replacement process of
+ * its rank takes over (rank takeover).  3 workers, 6 steps, every gradient
+ * a constant: ranks 0 and 1 push 1, rank 2's first process 1000, its
+ * replacement 100000, so each shard's final value says whose push counted
+ * for the step the first process did not finish.  The others' pulls that
+ * meet the dead rank fail with -EPIPE and are retried until the replacement
+ * is in.
+ */
+#define TK_STEPS 6
+#define TK_DIES_AT 2		/* the first rank-2 process dies during this step */
+#define TK_SHARDS 4
+
+struct takeover_arg {
+	int steps;
+	float grad;
+	bool stop_after_push;	/* SIGSTOP itself after its push of step TK_DIES_AT */
+	bool takeover;		/* rps_client_opts.takeover */
+	bool alone;		/* started on its own: it is rank 2 */
+	int die_before;		/* > 0: SIGKILL itself before step die_before - 1 */
+	bool bounded;		/* RPS_MODE_BOUNDED, staleness 1, instead of sync */
+	const char *name;
+};
+
+/* Pull, retrying while a rank is gone (-EPIPE) for up to 20 s. */
+static int pull_riding_through(rps_tensor_t *t, float *p, size_t bytes, uint64_t *version)
+{
+	int ret, tries = 0;
+
+	while ((ret = rps_pull(t, p, bytes, version)) == -EPIPE && tries++ < 1000)
+		usleep(20000);
+	return ret;
+}
+
+static int takeover_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct takeover_arg *a = arg;
+	uint64_t count = TK_SHARDS * SHARD_BYTES / 4, version = 0, first = 0, i;
+	float *g = malloc(count * sizeof(float)), *p = malloc(count * sizeof(float));
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int s, ret;
+
+	if (a->alone)
+		rank = 2;
+	nworkers = 3;
+	for (i = 0; i < count; i++)
+		g[i] = rank < 2 ? 1.0f : a->grad;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = rank;
+	co.num_workers = nworkers;
+	co.timeout_ms = 20000;
+	co.takeover = a->takeover;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail("connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = count;
+	o.mode = a->bounded ? RPS_MODE_BOUNDED : RPS_MODE_SYNC;
+	o.staleness = a->bounded ? 1 : 0;
+	o.optimizer = RPS_OPT_SUM;
+	if ((ret = rps_tensor_create(cl, a->name, &o, &t)))
+		return fail("create", ret);
+	/* a replacement learns where to resume from its first pull */
+	if (a->alone && a->grad == 100000.0f && (ret = pull_riding_through(t, p, count * sizeof(float), &first)))
+		return fail("first pull", ret);
+	for (s = (int)first; s < a->steps; s++) {
+		if (a->die_before && s == a->die_before - 1)
+			raise(SIGKILL);
+		if ((ret = rps_push(t, g, count * sizeof(float))))
+			return fail("push", ret);
+		if (a->stop_after_push && s == TK_DIES_AT)
+			raise(SIGSTOP);
+		ret = pull_riding_through(t, p, count * sizeof(float), &version);
+		if (ret) {
+			it_write_all(out_fd, &ret, sizeof(ret));
+			return a->stop_after_push ? 0 : fail("pull", ret);
+		}
+		if (!a->bounded && version != (uint64_t)s + 1) {
+			fprintf(stderr, "worker %d: step %d pulled version %llu\n", rank, s, (unsigned long long)version);
+			return 1;
+		}
+	}
+	ret = 0;
+	it_write_all(out_fd, &ret, sizeof(ret));
+	it_write_all(out_fd, &first, sizeof(first));
+	it_write_all(out_fd, p, count * sizeof(float));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	return 0;
+}
+
+/* Read a takeover worker's results: its first step and the final tensor. */
+static void takeover_results(struct it_workers *w, int i, uint64_t *first, float *p)
+{
+	int ret = -1;
+
+	CU_ASSERT_EQUAL(it_worker_read(w, i, &ret, sizeof(ret)), 0);
+	CU_ASSERT_EQUAL(ret, 0);
+	CU_ASSERT_EQUAL(it_worker_read(w, i, first, sizeof(*first)), 0);
+	CU_ASSERT_EQUAL(it_worker_read(w, i, p, TK_SHARDS * SHARD_BYTES), 0);
+}
+
+/* The first rank-2 process dies during its push of step TK_DIES_AT (on its
+ * last shard, after the others were posted): the replacement resumes at
+ * that step, the shards that already had the dead process's push keep it,
+ * the others get the replacement's, and every step completes. */
+static void test_sync_rank_takeover(void)
+{
+	struct takeover_arg others = { .steps = TK_STEPS, .name = "taken-over" },
+			    dead = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true, .name = "taken-over" },
+			    repl = { .steps = TK_STEPS, .grad = 100000.0f, .alone = true, .name = "taken-over" };
+	const uint64_t per = SHARD_BYTES / 4;
+	float *p = malloc(TK_SHARDS * SHARD_BYTES), *q = malloc(TK_SHARDS * SHARD_BYTES);
+	char env[64];
+	struct it_workers w, wr;
+	uint64_t first = 99, first_repl = 99, i;
+	int r, sh, bad = 0, had_dead = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	/* the dying push is its (TK_DIES_AT * TK_SHARDS + TK_SHARDS)-th shard push */
+	snprintf(env, sizeof(env), "RPS_FAULT=kill-mid-push:%d", TK_DIES_AT * TK_SHARDS + TK_SHARDS);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, takeover_worker, cluster.servers, &others, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wr, 1, takeover_worker, cluster.servers, &dead, 0, env), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&wr, 0), 128 + SIGKILL);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wr, 1, takeover_worker, cluster.servers, &repl, -1, NULL), 0);
+	takeover_results(&wr, 0, &first_repl, q);
+	CU_ASSERT_EQUAL(it_worker_wait(&wr, 0), 0);
+	CU_ASSERT_EQUAL(first_repl, (uint64_t)TK_DIES_AT);
+	for (r = 0; r < 2; r++) {
+		takeover_results(&w, r, &first, p);
+		CU_ASSERT_EQUAL(first, 0u);
+		CU_ASSERT_EQUAL(memcmp(p, q, TK_SHARDS * SHARD_BYTES), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	/* per shard: 2 x 6 from ranks 0 and 1, 1000 x TK_DIES_AT from the dead
+	 * process, then step TK_DIES_AT from one of the two, then the rest
+	 * from the replacement; never both, never neither */
+	for (sh = 0; sh < TK_SHARDS; sh++) {
+		float base = 2.0f * TK_STEPS + 1000.0f * TK_DIES_AT + 100000.0f * (TK_STEPS - TK_DIES_AT - 1);
+		float v = q[sh * per];
+		if (v == base + 1000.0f)
+			had_dead++;
+		else
+			CU_ASSERT_EQUAL(v, base + 100000.0f);
+		if (sh == TK_SHARDS - 1)	/* the push it died in never counted */
+			CU_ASSERT_EQUAL(v, base + 100000.0f);
+		for (i = sh * per; i < (sh + 1) * per; i++)
+			bad += q[i] != v;
+	}
+	CU_ASSERT_EQUAL(bad, 0);
+	if (!had_dead)
+		fprintf(stderr, "  (no shard had the dead process's push of step %d this run)\n", TK_DIES_AT);
+	free(p);
+	free(q);
+}
+
+/* The first rank-2 process is stopped (SIGSTOP) after its push of step
+ * TK_DIES_AT, its connections still open, as a host that vanished without
+ * a reset.  A replacement with rps_client_opts.takeover makes the servers
+ * close them: the replacement resumes after that step (the stopped one's
+ * push counts), the job finishes, and the old process, continued, finds
+ * its connections gone. */
+static void test_sync_takeover_closes_predecessor(void)
+{
+	struct takeover_arg others = { .steps = TK_STEPS, .name = "stopped-and-taken-over" },
+			    old = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true, .stop_after_push = true,
+				    .name = "stopped-and-taken-over" },
+			    repl = { .steps = TK_STEPS, .grad = 100000.0f, .alone = true, .takeover = true,
+				     .name = "stopped-and-taken-over" };
+	float *p = malloc(TK_SHARDS * SHARD_BYTES), *q = malloc(TK_SHARDS * SHARD_BYTES);
+	struct it_workers w, wo, wr;
+	uint64_t first = 99, i;
+	int r, status, ret = 0, bad = 0;
+	const float want = 2.0f * TK_STEPS + 1000.0f * (TK_DIES_AT + 1) + 100000.0f * (TK_STEPS - TK_DIES_AT - 1);
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, takeover_worker, cluster.servers, &others, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wo, 1, takeover_worker, cluster.servers, &old, -1, NULL), 0);
+	/* wait until it stopped itself */
+	for (i = 0; i < 2000; i++) {
+		if (waitpid(wo.pid[0], &status, WUNTRACED | WNOHANG) == wo.pid[0] && WIFSTOPPED(status))
+			break;
+		usleep(10000);
+	}
+	CU_ASSERT_FATAL(i < 2000);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wr, 1, takeover_worker, cluster.servers, &repl, -1, NULL), 0);
+	takeover_results(&wr, 0, &first, q);
+	CU_ASSERT_EQUAL(it_worker_wait(&wr, 0), 0);
+	CU_ASSERT_EQUAL(first, (uint64_t)TK_DIES_AT + 1);
+	for (r = 0; r < 2; r++) {
+		takeover_results(&w, r, &first, p);
+		CU_ASSERT_EQUAL(memcmp(p, q, TK_SHARDS * SHARD_BYTES), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	for (i = 0; i < TK_SHARDS * SHARD_BYTES / 4; i++)
+		bad += q[i] != want;
+	CU_ASSERT_EQUAL(bad, 0);
+	/* the old process's connections were closed under it */
+	kill(wo.pid[0], SIGCONT);
+	CU_ASSERT_EQUAL(it_worker_read(&wo, 0, &ret, sizeof(ret)), 0);
+	CU_ASSERT_EQUAL(ret, -ECONNRESET);
+	CU_ASSERT_EQUAL(it_worker_wait(&wo, 0), 0);
+	free(p);
+	free(q);
+}
+
+/* Rank 2 dies before step TK_DIES_AT; nobody replaces it.  psctl
+ * remove-rank takes it out of the tensor: the two others' pulls, failing
+ * with -EPIPE until then, go on, every later step sums their two pushes
+ * (the tensor's rescale unchanged), and rank 2's pushes before it died
+ * stay counted. */
+static void test_sync_remove_rank(void)
+{
+	struct takeover_arg others = { .steps = TK_STEPS, .name = "rank-2-removed" },
+			    dead = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true, .die_before = TK_DIES_AT + 1,
+				     .name = "rank-2-removed" };
+	const float want = 2.0f * TK_STEPS + 1000.0f * TK_DIES_AT;
+	float *p = malloc(TK_SHARDS * SHARD_BYTES), *q = malloc(TK_SHARDS * SHARD_BYTES);
+	char out[4096], err[4096];
+	struct it_workers w, wd;
+	uint64_t first = 99, i;
+	int r, rc, bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, takeover_worker, cluster.servers, &others, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wd, 1, takeover_worker, cluster.servers, &dead, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&wd, 0), 128 + SIGKILL);
+	/* a rank the tensor does not have, an async tensor's ranks: refused */
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 3 rank-2-removed");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "ranks 0..2, not 3") != NULL);
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "--json remove-rank 2 rank-2-removed");
+	if (rc)
+		fprintf(stderr, "psctl remove-rank: %s%s", out, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(strstr(out, "\"rank\":2,\"tensor\":\"rank-2-removed\"") != NULL);
+	for (r = 0; r < 2; r++) {
+		takeover_results(&w, r, &first, r ? q : p);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	CU_ASSERT_EQUAL(memcmp(p, q, TK_SHARDS * SHARD_BYTES), 0);
+	for (i = 0; i < TK_SHARDS * SHARD_BYTES / 4; i++)
+		bad += q[i] != want;
+	CU_ASSERT_EQUAL(bad, 0);
+	/* removed for good: a process of rank 2 is refused */
+	dead.die_before = 0;
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wd, 1, takeover_worker, cluster.servers, &dead, -1, NULL), 0);
+	CU_ASSERT_NOT_EQUAL(it_worker_wait(&wd, 0), 0);
+	/* and removing it again changes nothing */
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 2 rank-2-removed");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(strstr(out, "already removed") != NULL);
+	free(p);
+	free(q);
+}
+
+/* Bounded (staleness 1): rank 2 pushes once and dies; the others' pulls
+ * wait for its clock until psctl remove-rank, then finish; every push that
+ * completed is in the tensor exactly once. */
+static void test_bounded_remove_rank(void)
+{
+	struct takeover_arg others = { .steps = TK_STEPS, .bounded = true, .name = "bounded-rank-2-removed" },
+			    dead = { .steps = TK_STEPS, .grad = 1000.0f, .alone = true, .die_before = 2, .bounded = true,
+				     .name = "bounded-rank-2-removed" };
+	const uint64_t count = TK_SHARDS * SHARD_BYTES / 4;
+	float *p = malloc(count * sizeof(float)), *q = malloc(count * sizeof(float));
+	char out[4096], err[4096];
+	struct it_workers w, wd;
+	uint64_t first = 99, version = 0, i;
+	int r, rc, bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, takeover_worker, cluster.servers, &others, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wd, 1, takeover_worker, cluster.servers, &dead, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&wd, 0), 128 + SIGKILL);
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 2");
+	if (rc)
+		fprintf(stderr, "psctl remove-rank: %s%s", out, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	for (r = 0; r < 2; r++) {
+		takeover_results(&w, r, &first, q);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	CU_ASSERT_EQUAL_FATAL(pull_all(others.name, count, p, &version), 0);
+	CU_ASSERT_EQUAL(version, 2u * TK_STEPS + 1u);
+	for (i = 0; i < count; i++)
+		bad += p[i] != 2.0f * TK_STEPS + 1000.0f;
+	CU_ASSERT_EQUAL(bad, 0);
+	free(p);
+	free(q);
+}
+
 /* ---- failures -------------------------------------------------------------- */
 
 /* A worker killed half way through a push: its partial WRITE never becomes
@@ -1975,6 +2272,10 @@ int main(void)
 		{ "--memory-limit refuses what does not fit", test_memory_limit },
 		{ "barrier: the first arrival fixes its size, a mismatch is refused", test_barrier_size_fixed_by_first_arrival },
 		{ "sync: a dead worker is named to the others", test_sync_dead_worker_named },
+		{ "sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover },
+		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
+		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },
+		{ "bounded: psctl remove-rank lets the others go on", test_bounded_remove_rank },
 		{ "a shard table over --memory-limit is refused before it is allocated", test_create_charges_shard_table },
 		{ "silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped },
 		{ "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place },

@@ -43,6 +43,15 @@ static void test_roundtrip_every_type(void)
 			memcpy(body + offsetof(struct rps__admin, uri), "tcp://x:1", 10);
 		if (type == RPS__MSG_ADMIN_REP)
 			body[offsetof(struct rps__admin_rep, msg)] = 0;
+		if (type == RPS__MSG_RANK || type == RPS__MSG_RANK_REP) {
+			/* an unterminated tensor name or message is refused */
+			len = rps__msg_build(buf, type, 1, 0, body, (size_t)n);
+			CU_ASSERT_EQUAL(rps__msg_check(buf, len), -EBADMSG);
+			if (type == RPS__MSG_RANK)
+				memcpy(body + offsetof(struct rps__rank_req, name), "w", 2);
+			else
+				body[offsetof(struct rps__rank_rep, msg)] = 0;
+		}
 		if (type == RPS__MSG_CKPT) {
 			struct rps__ckpt_req c = { .ntargets = 1 };
 			memcpy(body, &c, sizeof(c));
@@ -141,7 +150,7 @@ static bool is_reply(unsigned type)
 	switch (type) {
 	case RPS__MSG_HELLO_REP: case RPS__MSG_CREATE_REP: case RPS__MSG_PUSH_ACK: case RPS__MSG_WAIT_REP:
 	case RPS__MSG_BARRIER_REP: case RPS__MSG_PROPOSE_REP: case RPS__MSG_MIGRATE_REP:
-	case RPS__MSG_STATUS_REP: case RPS__MSG_ADMIN_REP: case RPS__MSG_CKPT_REP:
+	case RPS__MSG_STATUS_REP: case RPS__MSG_ADMIN_REP: case RPS__MSG_CKPT_REP: case RPS__MSG_RANK_REP:
 		return true;
 	default:
 		return false;

@@ -174,6 +174,8 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		cl->verify = opts->verify != 0;
 	if (opts->size >= offsetof(struct rps_client_opts, spin_us) + sizeof(opts->spin_us) && opts->spin_us > 0)
 		cl->spin_ns = (uint64_t)opts->spin_us * 1000ull;
+	if (opts->size >= offsetof(struct rps_client_opts, takeover) + sizeof(opts->takeover))
+		cl->takeover = opts->takeover != 0;
 	ret = rps__uri_list_parse(opts->servers, &uris, &nseeds);
 	if (ret)
 		goto err;

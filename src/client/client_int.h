@@ -186,6 +186,7 @@ struct rps_client {
 	struct rps_request *deadlines;
 	struct shard_op *backoff;	/* ops in ST_BACKOFF (linked by next) */
 	bool verify;		/* crc32c on every push */
+	bool takeover;		/* replaces a dead process of its rank */
 	int fault_kill_mid_push;	/* test hooks (RPS_FAULT, see rdmaps(3)) */
 	int fault_stop_after_lock;
 	int fault_corrupt_push;
@@ -211,6 +212,9 @@ struct rps_tensor {
 	uint64_t *lock_held;	/* per shard: word held via rps__tensor_lock() */
 	uint8_t *shard_busy;	/* per shard: one of our locked pushes is running */
 	uint64_t clock;		/* pushes issued by this worker */
+	/* sync, taking over a rank: pushes of a clock below this may find the
+	 * predecessor's contribution already counted (-EALREADY: success) */
+	uint64_t resume_until;
 	int live_ops;		/* ops still running (one may outlive a timed-out request) */
 	bool closing;		/* closed by the user: the last op frees it */
 };

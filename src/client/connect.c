@@ -61,6 +61,7 @@ static int hello_sync(struct rps_client *cl, struct conn *c)
 	struct rps__hello h = {
 		.magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = cl->rank,
 		.num_workers = cl->num_workers, .client_id = cl->client_id,
+		.flags = cl->takeover ? RPS__HELLO_TAKEOVER : 0,
 	};
 	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
 	struct rps__wc wc;

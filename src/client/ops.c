@@ -685,9 +685,11 @@ static void on_wait_rep(struct shard_op *op, int status, const struct rps__wait_
 	 * say which, and where, instead of a bare error */
 	if (status == -EPIPE && rep && r && !r->status) {
 		r->status = status;
-		snprintf(r->msg, sizeof(r->msg), "%s: tensor '%s' shard %u: worker rank %d disconnected before its push "
-			 "for step %llu, which can never complete: restart the job (from a checkpoint)", op->c->name,
-			 op->t->name, op->shard, rep->missing_rank, (unsigned long long)rep->version);
+		int n = snprintf(r->msg, sizeof(r->msg), "%s: tensor '%s' shard %u: worker rank %d disconnected before "
+				 "its push for step %llu: start a replacement process of that rank, then pull again",
+				 op->c->name, op->t->name, op->shard, rep->missing_rank,
+				 (unsigned long long)rep->version);
+		(void)n;	/* a cut message is still the right error */
 	}
 	if (status) {
 		rps__op_report(op, status);

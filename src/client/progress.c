@@ -75,7 +75,8 @@ const char *rps__status_text(int status)
 	case -ECONNREFUSED: return "this server refused the connection when the client connected (is rdmapsd running there?)";
 	case -EHOSTUNREACH: return "this server could not be reached (or its address is bad) when the client connected";
 	case -ERANGE: return "the push's clock is beyond the steps the tensor can reach (a foreign or corrupted client?)";
-	case -EPIPE: return "a worker of this sync tensor disconnected before its push: the step can never complete";
+	case -EPERM: return "this rank was removed from the tensor (psctl remove-rank): start the job again to bring it back";
+	case -EPIPE: return "a worker of this sync tensor disconnected before its push: the step waits for a replacement of its rank";
 	default: return "failed";
 	}
 }
@@ -99,6 +100,10 @@ void rps__op_report(struct shard_op *op, int status)
 	if (!r)
 		return;
 	op->req = NULL;
+	/* a replacement's push for a step its predecessor already gave this
+	 * shard: the predecessor's gradient stands, the step has this rank */
+	if (status == -EALREADY && op->kind == OP_PUSH && op->clock < op->t->resume_until)
+		status = 0;
 	op->result = status;
 	if (status == 0 && op->kind == OP_PULL && op->min_version < r->min_version_seen)
 		r->min_version_seen = op->min_version;

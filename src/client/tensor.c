@@ -300,6 +300,32 @@ static int tensor_send_init(struct rps_client *cl, struct rps_tensor *t, const c
 	return ret;
 }
 
+/*
+ * Where this worker's clock starts: 0 for a new job; for a process that
+ * takes over a rank, the first step the rank has not contributed to on
+ * some shard (the lowest of the servers' answers), so its first push
+ * counts for the step its predecessor did not complete.  Shards that
+ * already have that step from the predecessor answer -EALREADY up to the
+ * highest answer, which counts as done (rps__op_report).
+ */
+static void resume_rank(struct rps_client *cl, struct rps_tensor *t, const bool *to,
+			const struct rps__create_rep *reps)
+{
+	uint64_t lo = UINT64_MAX, hi = 0;
+	int i;
+
+	for (i = 0; i < cl->nservers; i++) {
+		if (!to[i] || !reps[i].total)
+			continue;
+		lo = RPS__MIN(lo, reps[i].resume_clock);
+		hi = RPS__MAX(hi, reps[i].resume_until);
+	}
+	if (lo == UINT64_MAX)
+		return;
+	t->clock = lo;
+	t->resume_until = hi;
+}
+
 /* Create (msg without OPEN_ONLY) or open the tensor `name` on every server we reach. */
 static int tensor_setup(struct rps_client *cl, const char *name, struct rps__create *msg,
 			const struct rps_tensor_opts *o, rps_tensor_t **out)
@@ -327,6 +353,7 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 		goto out;
 	t->spec = reps[first].spec;
 	t->stride = reps[first].stride;
+	resume_rank(cl, t, to, reps);
 	t->lock_guess = calloc(t->layout.nshards, sizeof(uint64_t));
 	t->lock_held = calloc(t->layout.nshards, sizeof(uint64_t));
 	t->shard_busy = calloc(t->layout.nshards, 1);

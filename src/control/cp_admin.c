@@ -385,6 +385,21 @@ void rps__cp_on_status(struct rps__cplane *cp, struct conn *c, uint64_t req_id)
 	cp->dp->conn_reply(c, RPS__MSG_STATUS_REP, req_id, 0, buf, sizeof(*rep) + len);
 }
 
+/* psctl remove-rank: the data plane's business; psctl asks every member. */
+void rps__cp_on_rank(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__rank_req *req)
+{
+	struct rps__rank_rep rep;
+	int ret;
+
+	memset(&rep, 0, sizeof(rep));
+	ret = cp->dp->rank_remove(cp->srv, req->name, req->rank);
+	if (ret < 0)
+		snprintf(rep.msg, sizeof(rep.msg), "%s", rps__errbuf());
+	else
+		rep.tensors = (uint32_t)ret;
+	cp->dp->conn_reply(c, RPS__MSG_RANK_REP, req_id, ret < 0 ? ret : 0, &rep, sizeof(rep));
+}
+
 /* ---- timers ------------------------------------------------------------------- */
 
 /* Leader: members of the map join the Raft group as learners, learners that

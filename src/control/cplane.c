@@ -77,6 +77,12 @@ static void on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h, 
 			return;
 		}
 		break;
+	case RPS__MSG_RANK:
+		if (cp->dp->conn_role(c) == CONN_ADMIN) {
+			rps__cp_on_rank(cp, c, h->req_id, body);
+			return;
+		}
+		break;
 	case RPS__MSG_ADMIN:
 		if (cp->dp->conn_role(c) == CONN_ADMIN) {
 			rps__cp_on_admin(cp, c, h->req_id, body);

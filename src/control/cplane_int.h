@@ -166,6 +166,7 @@ extern const struct rps__rnode_callbacks rps__cp_rnode_callbacks;	/* (ctx: the c
 /* cp_admin.c */
 void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a);
 void rps__cp_on_status(struct rps__cplane *cp, struct conn *c, uint64_t req_id);
+void rps__cp_on_rank(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__rank_req *req);
 void rps__cp_admin_map_changed(struct rps__cplane *cp);
 void rps__cp_admin_conn_gone(struct rps__cplane *cp, struct conn *c);
 void rps__cp_admin_timeouts(struct rps__cplane *cp, uint64_t now);

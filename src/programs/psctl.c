@@ -66,6 +66,8 @@ static void usage(FILE *f)
 "  checkpoint DIR              write a consistent checkpoint of every tensor to\n"
 "                              DIR (a directory every server can write)\n"
 "  restore DIR                 load the checkpoint in DIR into the servers\n"
+"  remove-rank RANK [TENSOR]   a dead worker's rank leaves the sync and bounded\n"
+"                              tensors (or TENSOR) for good; the others go on\n"
 "\n"
 "Options:\n"
 "  -s, --servers LIST   servers to ask first, tcp://HOST:PORT or verbs://ADDR:PORT,\n"
@@ -92,7 +94,8 @@ static void die_usage(const char *fmt, ...)
 	fprintf(stderr, "\n"
 		"usage: psctl [-s URI[,URI...]] [--json] [--timeout SEC] COMMAND [ARGS]\n"
 		"commands: status | move PART ID | add-server ID URI [--no-rebalance] |\n"
-		"          remove-server ID | transfer-leader [ID] | checkpoint DIR | restore DIR\n"
+		"          remove-server ID | transfer-leader [ID] | checkpoint DIR | restore DIR |\n"
+		"          remove-rank RANK [TENSOR]\n"
 		"          (psctl --help for more)\n");
 	exit(2);
 }
@@ -306,6 +309,31 @@ int psctl_query_any(struct rps__uri *from, struct rps__status_rep *st, struct rp
 	if (psctl_opt.nservers == 1)
 		return ret;
 	return rps__seterr(ret, "none of the %d servers answered; first: %s", psctl_opt.nservers, first);
+}
+
+int psctl_members(struct psctl_member *m, uint32_t *n, const char *why)
+{
+	struct rps__status_rep st;
+	struct rps__smap map;
+	struct rps__uri from;
+	uint32_t i;
+	int ret;
+
+	ret = psctl_query_any(&from, &st, &map);
+	if (ret)
+		return ret;
+	for (i = 0; i < map.nmembers; i++) {
+		bool cached;
+		m[i].id = map.members[i].id;
+		if (rps__uri_parse(map.members[i].uri, &m[i].uri))
+			return rps__seterr(-EINVAL, "member %llu: bad address %s", (unsigned long long)m[i].id,
+					   map.members[i].uri);
+		ret = psctl_conn_get(&m[i].uri, &m[i].ctl, &cached);
+		if (ret)
+			return rps__preerr(ret, "member %llu: %s", (unsigned long long)m[i].id, why);
+	}
+	*n = map.nmembers;
+	return 0;
 }
 
 static int member_uri(const struct rps__smap *map, uint64_t id, struct rps__uri *u)
@@ -616,12 +644,13 @@ static void check_command(const char *cmd, int nargs)
 		{ "checkpoint", 1, 1, " DIR" },
 		{ "restore", 1, 1, " DIR" },
 		{ "forget-lost", 1, 1, " PART|all" },
+		{ "remove-rank", 1, 2, " RANK [TENSOR]" },
 	};
 	size_t i;
 
 	if (strcmp(cmd, "status") && strcmp(cmd, "move") && strcmp(cmd, "add-server") &&
 	    strcmp(cmd, "remove-server") && strcmp(cmd, "transfer-leader") && strcmp(cmd, "checkpoint") &&
-	    strcmp(cmd, "restore") && strcmp(cmd, "forget-lost"))
+	    strcmp(cmd, "restore") && strcmp(cmd, "forget-lost") && strcmp(cmd, "remove-rank"))
 		die_usage("unknown command '%s'", cmd);
 	if (psctl_opt.force && strcmp(cmd, "remove-server"))
 		die_usage("--force goes with remove-server");
@@ -654,6 +683,12 @@ static void parse_command_args(const char *cmd, char **args, int nargs, uint32_t
 		       (uint32_t)parse_u64(args[0], "PART", 0, RPS__SMAP_MAX_PART - 1);
 	} else if (!strcmp(cmd, "transfer-leader") && nargs == 1) {
 		*id = parse_u64(args[0], "ID", 1, UINT64_MAX);
+	} else if (!strcmp(cmd, "remove-rank")) {
+		*id = parse_u64(args[0], "RANK", 0, INT32_MAX);
+		if (nargs == 1)
+			args[1] = NULL;		/* (within argv: at worst its NULL end) */
+		else if (rps__name_check(args[1]))
+			die_usage("%s", rps__errbuf());
 	}
 }
 
@@ -686,6 +721,8 @@ static int run_command(const char *cmd, char **args, uint32_t part, uint64_t id)
 		return psctl_cmd_checkpoint(args[0]);
 	else if (!strcmp(cmd, "restore"))
 		return psctl_cmd_restore(args[0]);
+	else if (!strcmp(cmd, "remove-rank"))
+		return psctl_cmd_remove_rank((int)id, args[1]);
 	else
 		return psctl_cmd_transfer_leader(id);
 }

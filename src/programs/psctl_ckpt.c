@@ -25,27 +25,18 @@ struct ck_member {
 /* Every member of the map, each with its own admin channel. */
 static int ck_members(struct ck_member *m, uint32_t *n)
 {
-	struct rps__status_rep st;
-	struct rps__smap map;
-	struct rps__uri from;
+	static struct psctl_member pm[RPS__SMAP_MAX_MEMBERS];
 	uint32_t i;
 	int ret;
 
-	ret = psctl_query_any(&from, &st, &map);
+	ret = psctl_members(pm, n, "every member takes part in a checkpoint");
 	if (ret)
 		return ret;
-	for (i = 0; i < map.nmembers; i++) {
-		bool cached;
-		m[i].id = map.members[i].id;
-		if (rps__uri_parse(map.members[i].uri, &m[i].uri))
-			return rps__seterr(-EINVAL, "member %llu: bad address %s", (unsigned long long)m[i].id,
-					   map.members[i].uri);
-		ret = psctl_conn_get(&m[i].uri, &m[i].ctl, &cached);
-		if (ret)
-			return rps__preerr(ret, "member %llu: every member takes part in a checkpoint",
-					   (unsigned long long)m[i].id);
+	for (i = 0; i < *n; i++) {
+		m[i].id = pm[i].id;
+		m[i].uri = pm[i].uri;
+		m[i].ctl = pm[i].ctl;
 	}
-	*n = map.nmembers;
 	return 0;
 }
 

@@ -36,6 +36,13 @@ struct leader {
 	struct rps__smap map;
 };
 
+/* A member of the map with its own admin channel. */
+struct psctl_member {
+	uint64_t id;
+	struct rps__uri uri;
+	struct rps__ctl *ctl;
+};
+
 /* psctl.c: helpers, connections, STATUS and ADMIN, main */
 int psctl_fail(const char *fmt, ...) RPS__PRINTF(1, 2);
 int psctl_fail_err(void);
@@ -48,6 +55,8 @@ int psctl_conn_get(const struct rps__uri *u, struct rps__ctl **out, bool *cached
 bool psctl_id_in(const uint64_t *ids, uint32_t n, uint64_t id, uint32_t *at);
 int psctl_query_status(const struct rps__uri *u, struct rps__status_rep *st, struct rps__smap *map);
 int psctl_query_any(struct rps__uri *from, struct rps__status_rep *st, struct rps__smap *map);
+/* every member of the map, connected; why: what a member that fails misses */
+int psctl_members(struct psctl_member *m, uint32_t *n, const char *why);
 int psctl_find_leader(struct leader *L, uint64_t deadline);
 int psctl_admin(uint32_t op, uint32_t part, uint64_t id, const char *uri, struct rps__admin_rep *rep,
 		const char *what);
@@ -66,5 +75,8 @@ int psctl_cmd_transfer_leader(uint64_t to);
 /* psctl_ckpt.c: checkpoint, restore */
 int psctl_cmd_checkpoint(const char *dir);
 int psctl_cmd_restore(const char *dir);
+
+/* psctl_ranks.c: remove-rank */
+int psctl_cmd_remove_rank(int rank, const char *tensor);
 
 #endif

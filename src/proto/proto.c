@@ -50,6 +50,8 @@ static const struct {
 	[RPS__MSG_ADMIN_REP] = { "ADMIN_REP", sizeof(struct rps__admin_rep), 0, REPLY },
 	[RPS__MSG_CKPT] = { "CKPT", VAR, sizeof(struct rps__ckpt_req), 0 },
 	[RPS__MSG_CKPT_REP] = { "CKPT_REP", VAR, sizeof(struct rps__ckpt_rep), REPLY },
+	[RPS__MSG_RANK] = { "RANK", sizeof(struct rps__rank_req), 0, 0 },
+	[RPS__MSG_RANK_REP] = { "RANK_REP", sizeof(struct rps__rank_rep), 0, REPLY },
 };
 
 long rps__msg_body_size(unsigned type)
@@ -143,6 +145,16 @@ int rps__msg_check(const void *buf, size_t len)
 		if (!memchr(c->msg, '\0', sizeof(c->msg)) ||
 		    (uint64_t)c->ntargets * sizeof(struct rps__ckpt_target) != len - sizeof(h) - sizeof(*c))
 			return rps__seterr(-EBADMSG, "malformed CKPT_REP message");
+	}
+	if (h.type == RPS__MSG_RANK && len > sizeof(h)) {
+		const struct rps__rank_req *r = (const void *)((const char *)buf + sizeof(h));
+		if (!memchr(r->name, '\0', sizeof(r->name)))
+			return rps__seterr(-EBADMSG, "malformed RANK message: name not terminated");
+	}
+	if (h.type == RPS__MSG_RANK_REP && len > sizeof(h)) {
+		const struct rps__rank_rep *r = (const void *)((const char *)buf + sizeof(h));
+		if (!memchr(r->msg, '\0', sizeof(r->msg)))
+			return rps__seterr(-EBADMSG, "malformed RANK_REP message: text not terminated");
 	}
 	if (h.type == RPS__MSG_ADMIN_REP && len > sizeof(h)) {
 		const struct rps__admin_rep *a = (const void *)((const char *)buf + sizeof(h));

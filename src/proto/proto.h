@@ -22,7 +22,7 @@
 #include <stddef.h>
 
 /* 3: WAIT_REP names a missing rank; lost partitions in the map and STATUS_REP */
-#define RPS__PROTO_VERSION 3u
+#define RPS__PROTO_VERSION 4u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -54,6 +54,8 @@ enum rps__msg_type {
 	RPS__MSG_ADMIN_REP,	/* struct rps__admin_rep */
 	RPS__MSG_CKPT,		/* struct rps__ckpt_req + targets (variable); to every server */
 	RPS__MSG_CKPT_REP,	/* struct rps__ckpt_rep + targets (variable) */
+	RPS__MSG_RANK,		/* struct rps__rank_req (psctl remove-rank); to every server */
+	RPS__MSG_RANK_REP,	/* struct rps__rank_rep */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -87,8 +89,14 @@ struct rps__hello {
 	uint32_t version;
 	int32_t rank;
 	int32_t num_workers;
-	uint32_t reserved;
+	uint32_t flags;		/* enum rps__hello_flags */
 	uint64_t client_id;	/* random per client: names its pushes across servers */
+};
+
+enum rps__hello_flags {
+	/* a replacement process of this rank: the server closes the rank's
+	 * other connections (a predecessor that died without a reset) */
+	RPS__HELLO_TAKEOVER = 1u << 0,
 };
 
 struct rps__hello_rep {
@@ -145,7 +153,7 @@ struct rps__region_ref {
 	uint64_t epoch;		/* the partition's epoch this region serves */
 };
 
-#define RPS__CREATE_MAX_REGIONS 16u
+#define RPS__CREATE_MAX_REGIONS 15u	/* a reply fits RPS__MSG_MAX; more come in pages */
 
 struct rps__create_rep {
 	struct rps__tensor_spec spec;	/* the tensor as it exists */
@@ -157,6 +165,12 @@ struct rps__create_rep {
 	uint32_t first;		/* index of regions[0] among them (paging: CREATE.first) */
 	uint32_t total;		/* regions in all */
 	uint32_t reserved;
+	/* sync and bounded, for the asking connection's rank, over the shards
+	 * served here: the lowest and highest first clock that rank has not
+	 * contributed yet (sync: summed or parked; bounded: pushes applied).
+	 * A new worker process of a rank resumes its clock there. */
+	uint64_t resume_clock;
+	uint64_t resume_until;
 	struct rps__region_ref regions[RPS__CREATE_MAX_REGIONS];
 };
 
@@ -215,6 +229,20 @@ struct rps__ckpt_rep {
 	uint32_t nshards;	/* TAKE: shards written; RESTORE: shards installed here */
 	uint32_t ntargets;	/* PREPARE: targets that follow (tensor -> this server's step) */
 	uint64_t seen_shards;	/* RESTORE: shards in all the files */
+	char msg[256];		/* failure: one line */
+};
+
+/* psctl remove-rank: a dead worker's rank leaves sync and bounded tensors
+ * for good, so the others go on without it. */
+struct rps__rank_req {
+	char name[RPS__NAME_MAX];	/* one tensor; "": every sync and bounded tensor */
+	int32_t rank;
+	uint32_t reserved;
+};
+
+struct rps__rank_rep {
+	uint32_t tensors;	/* tensors here the rank was removed from now */
+	uint32_t reserved;
 	char msg[256];		/* failure: one line */
 };
 

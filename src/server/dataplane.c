@@ -240,6 +240,7 @@ static const struct rps__dp_ops ops = {
 	.part_forget_parked = rps__srv_part_forget_parked,
 	.part_install = rps__srv_image_install,
 	.part_drop = rps__srv_regions_free_part,
+	.rank_remove = rps__srv_rank_remove,
 	.hold_steps = rps__srv_hold_steps,
 	.hold_tensor = rps__srv_hold_tensor,
 	.hold_release = rps__srv_hold_release,

@@ -153,6 +153,12 @@ struct rps__dp_ops {
 	/* free the partition's regions (revokes remote access) */
 	void (*part_drop)(struct rps__server *srv, uint32_t part);
 
+	/* ---- workers */
+	/* psctl remove-rank: rank leaves tensor name ("": every sync and
+	 * bounded one) for good; tensors it was removed from now, or a
+	 * negative errno (message in rps__errbuf) */
+	int (*rank_remove)(struct rps__server *srv, const char *name, int rank);
+
 	/* ---- checkpoints */
 	/* the highest step of each sync tensor served here (malloc'ed) */
 	uint32_t (*hold_steps)(struct rps__server *srv, struct rps__ckpt_target **out);

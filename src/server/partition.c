@@ -19,7 +19,7 @@
 #include "rdmaps.h"
 
 #define MIG_MAGIC 0x47494d50u	/* "PMIG" */
-#define MIG_VERSION 1u
+#define MIG_VERSION 2u	/* 2: removed ranks, sync contributions summed */
 
 static uint64_t fenced_word(uint64_t w)
 {
@@ -180,12 +180,27 @@ static uint32_t get32(struct rbuf *b)
 	return x;
 }
 
+/* The ranks removed from t (psctl remove-rank): a new owner must skip them too. */
+static void put_removed(struct wbuf *b, const struct tensor *t)
+{
+	uint32_t n = 0;
+	int r;
+
+	for (r = 0; r < t->spec.num_workers; r++)
+		n += rps__srv_rank_removed(t, r);
+	put32(b, n);
+	for (r = 0; r < t->spec.num_workers; r++)
+		if (rps__srv_rank_removed(t, r))
+			put32(b, (uint32_t)r);
+}
+
 /*
  * The image of a fenced partition (host byte order: both ends are rdmapsd
  * of the same build on one fabric; the crc covers all of it):
  *   magic, version, part, epoch, ntensors
- *   per tensor: name[64], spec, nshards here, then per shard:
- *     index, step, min_clock, lock version, ready, next_rank, elems,
+ *   per tensor: name[64], spec, nremoved, removed ranks, nshards here,
+ *   then per shard:
+ *     index, step, min_clock, lock version, ready, next_rank, nsummed, elems,
  *     params, optimizer state, accumulator (sync), clocks (bounded),
  *     n applied-push-ids, (client, push id) pairs
  *   nparked, per parked push: tensor ordinal, shard, clock, rank, nbytes, data
@@ -209,6 +224,7 @@ static int serialize_partition(struct rps__server *srv, uint32_t part, uint64_t 
 			continue;
 		put(b, t->name, sizeof(t->name));
 		put(b, &t->spec, sizeof(t->spec));
+		put_removed(b, t);
 		put32(b, r->nsh);
 		for (j = 0; j < r->nsh; j++) {
 			struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
@@ -219,6 +235,7 @@ static int serialize_partition(struct rps__server *srv, uint32_t part, uint64_t 
 			put64(b, rps__lock_version(w));
 			put32(b, s->ready);
 			put32(b, (uint32_t)s->next_rank);
+			put32(b, s->nsummed);
 			put32(b, s->elems);
 			put(b, s->params, (size_t)s->elems * 4);
 			nstate = rps__optim_state_len(t->optim.type, s->elems);
@@ -311,13 +328,14 @@ static void img_tensors_free(struct img_tensor *it, uint32_t n)
 static int check_shard(struct rbuf *b, struct img_tensor *it, uint32_t part, uint32_t j, char *what)
 {
 	bool sync = it->spec.mode == RPS_MODE_SYNC, bounded = it->spec.mode == RPS_MODE_BOUNDED;
-	uint32_t index = get32(b), ready, next_rank, elems, ndd, k;
+	uint32_t index = get32(b), ready, next_rank, nsummed, elems, ndd, k;
 	uint64_t step = get64(b), min_clock = get64(b), lockv = get64(b);
 	const struct dedup *dd;
 	size_t nstate;
 
 	ready = get32(b);
 	next_rank = get32(b);
+	nsummed = get32(b);
 	elems = get32(b);
 	if (b->bad)
 		BAD("truncated in tensor '%s' shard %u", it->name, j);
@@ -330,9 +348,9 @@ static int check_shard(struct rbuf *b, struct img_tensor *it, uint32_t part, uin
 		    index, (unsigned long long)step, (unsigned long long)lockv);
 	if (ready > 1)
 		BAD("tensor '%s' shard %u: ready flag %u", it->name, index, ready);
-	if (sync ? next_rank >= (uint32_t)it->spec.num_workers : next_rank != 0)
-		BAD("tensor '%s' shard %u: next rank %u (%d workers)", it->name, index, next_rank,
-		    it->spec.num_workers);
+	if (sync ? next_rank >= (uint32_t)it->spec.num_workers || nsummed > next_rank : next_rank || nsummed)
+		BAD("tensor '%s' shard %u: next rank %u, %u summed (%d workers)", it->name, index, next_rank,
+		    nsummed, it->spec.num_workers);
 	if (elems != rps__shard_elems(&it->layout, index))
 		BAD("tensor '%s' shard %u: %u elements, the shard has %u", it->name, index, elems,
 		    rps__shard_elems(&it->layout, index));
@@ -367,6 +385,26 @@ static int check_shard(struct rbuf *b, struct img_tensor *it, uint32_t part, uin
 	return 0;
 }
 
+/* The ranks removed from the image's tensor: some of its ranks, never all. */
+static int check_removed(struct rbuf *b, const struct img_tensor *it, char *what)
+{
+	uint32_t n = get32(b), k;
+	const uint32_t *r;
+
+	if (b->bad || n > (it->spec.mode == RPS_MODE_ASYNC ? 0u : (uint32_t)it->spec.num_workers - 1))
+		BAD("tensor '%s': %u removed ranks of %d", it->name, n, it->spec.num_workers);
+	r = get(b, (size_t)n * 4);
+	if (!r)
+		BAD("tensor '%s': truncated in its removed ranks", it->name);
+	for (k = 0; k < n; k++) {
+		uint32_t x;
+		memcpy(&x, &r[k], 4);
+		if (x >= (uint32_t)it->spec.num_workers)
+			BAD("tensor '%s': removed rank %u of %d", it->name, x, it->spec.num_workers);
+	}
+	return 0;
+}
+
 /* Tensor i of the image (its name, spec and shards), against this server. */
 static int check_tensor(struct rps__server *srv, struct rbuf *b, struct img_tensor *its, uint32_t i, uint32_t nt,
 			uint32_t part, char *what)
@@ -395,6 +433,9 @@ static int check_tensor(struct rps__server *srv, struct rbuf *b, struct img_tens
 	} else if (rps__srv_spec_valid(srv, it->name, &it->spec, &it->layout)) {
 		BAD("%s", rps__errbuf());
 	}
+	ret = check_removed(b, it, what);
+	if (ret)
+		return ret;
 	it->nsh = get32(b);
 	if (b->bad || it->nsh != rps__part_nshards(&it->layout, part))
 		BAD("tensor '%s' has %u shards in the partition, this server expects %u", it->name, it->nsh,
@@ -509,6 +550,7 @@ static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint
 	s->hdr->lock = rps__lock_unlocked(get64(b) + 1);
 	s->ready = get32(b) != 0;
 	s->next_rank = (int)get32(b);
+	s->nsummed = get32(b);
 	if (get32(b) != s->elems)
 		return MALFORMED;
 	if (!(v = get(b, (size_t)s->elems * 4)))
@@ -543,6 +585,22 @@ static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint
 	return 0;
 }
 
+/* The image's removed ranks join this server's (checked before). */
+static int install_removed(struct rbuf *b, struct tensor *t)
+{
+	uint32_t n = get32(b), k, r;
+
+	if (n && !t->ranks && !(t->ranks = calloc((size_t)t->spec.num_workers, 1)))
+		return rps__seterr(-ENOMEM, "out of memory");
+	for (k = 0; k < n; k++) {
+		r = get32(b);
+		if (b->bad || r >= (uint32_t)t->spec.num_workers)
+			return MALFORMED;
+		t->ranks[r] = RANK_REMOVED;
+	}
+	return 0;
+}
+
 /* One tensor of the image (created here if new): its region of the
  * partition, filled, then registered. */
 static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part, uint64_t epoch)
@@ -559,6 +617,9 @@ static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part
 	memcpy(&spec, sp, sizeof(spec));
 	t = rps__srv_tensor_by_name(srv, name);
 	if (!t && (ret = rps__srv_tensor_add(srv, name, &spec, &t)))
+		return ret;
+	ret = install_removed(b, t);
+	if (ret)
 		return ret;
 	nsh = get32(b);
 	if (nsh != rps__part_nshards(&t->layout, part))

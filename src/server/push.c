@@ -94,17 +94,50 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
 		return -EAGAIN;		/* a checkpoint holds the tensor at this step */
 	if (!s->ready || clock > s->step || rank != s->next_rank)
 		return -EAGAIN;
-	if (s->next_rank == 0)
+	if (s->nsummed == 0)
 		rps__agg_copy(s->acc, data, t->spec.dtype, s->elems);
 	else
 		rps__agg_add(s->acc, data, t->spec.dtype, s->elems);
+	s->nsummed++;
 	s->next_rank++;
-	if (s->next_rank == t->spec.num_workers) {
+	rps__srv_sync_advance(srv, t, local);
+	return 0;
+}
+
+/* Has a removed rank's push for the shard's current step been parked here
+ * before it was removed?  Then it still counts (it was acknowledged). */
+static bool parked_for_step(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank)
+{
+	uint32_t i;
+
+	for (i = 0; i < srv->nparked; i++)
+		if (srv->parked[i].t == t && srv->parked[i].local == local && srv->parked[i].rank == rank &&
+		    srv->parked[i].clock == t->shards[local].step)
+			return true;
+	return false;
+}
+
+/*
+ * Sync: pass over removed ranks whose turn it is (none of their pushes for
+ * this step is here), and apply the step once every rank had its turn.  A
+ * step with no contribution at all is never applied (the last rank cannot
+ * be removed).  Called after each contribution and when a rank is removed.
+ */
+void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local)
+{
+	struct shard *s = &t->shards[local];
+
+	for (;;) {
+		while (s->next_rank < t->spec.num_workers && rps__srv_rank_removed(t, s->next_rank) &&
+		       !parked_for_step(srv, t, local, s->next_rank))
+			s->next_rank++;
+		if (s->next_rank < t->spec.num_workers || !s->nsummed || s->step >= t->hold_limit)
+			return;
 		s->next_rank = 0;
+		s->nsummed = 0;
 		shard_update(t, s, s->acc);
 		rps__srv_wake_waiters(srv, t, local);
 	}
-	return 0;
 }
 
 enum consume_result { CONSUMED, NOT_YET };
@@ -189,13 +222,15 @@ static const float *grad_fp32(struct shard *s, const struct rps__push_desc *d)
 	return s->scratch;
 }
 
-static void update_min_clock(struct tensor *t, struct shard *s)
+/* Bounded: the slowest rank's clock, removed ranks aside (one always stays). */
+void rps__srv_update_min_clock(struct tensor *t, struct shard *s)
 {
 	uint64_t m = UINT64_MAX;
 	int r;
 
 	for (r = 0; r < t->spec.num_workers; r++)
-		m = RPS__MIN(m, s->clocks[r]);
+		if (!rps__srv_rank_removed(t, r))
+			m = RPS__MIN(m, s->clocks[r]);
 	__atomic_store_n(&s->hdr->min_clock, m, __ATOMIC_RELEASE);
 }
 
@@ -287,6 +322,11 @@ static bool refuse_bad_grad(struct rps__server *srv, struct conn *c, uint32_t sl
 		push_ack(c, slot, -EINVAL, 0, rps__srv_release_lock(srv, t, s, holds));
 		return true;
 	}
+	/* psctl remove-rank took this rank out of the tensor for good */
+	if (rps__srv_rank_removed(t, d->rank)) {
+		push_ack(c, slot, -EPERM, s->step, rps__srv_release_lock(srv, t, s, holds));
+		return true;
+	}
 	/* Sync: a rank can be at most this many steps ahead of the shard:
 	 * its pushes for the steps between are all here, in its slots or
 	 * parked.  A clock past that can never be taken: parked, it would
@@ -326,7 +366,7 @@ static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, 
 	if (t->spec.mode == RPS_MODE_BOUNDED) {
 		if (d->clock + 1 > s->clocks[d->rank])
 			s->clocks[d->rank] = d->clock + 1;
-		update_min_clock(t, s);
+		rps__srv_update_min_clock(t, s);
 	}
 	push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, holds));
 	rps__srv_wake_waiters(srv, t, local);

@@ -31,6 +31,62 @@ static bool spec_equal(const struct rps__tensor_spec *a, const struct rps__tenso
 	       (a->flags & RPS__CREATE_HAS_INIT) == (b->flags & RPS__CREATE_HAS_INIT);
 }
 
+/* Sync: has rank contributed to step clock of shard s (summed, or parked
+ * out of turn)?  Only steps from s->step on are asked about. */
+static bool sync_has(const struct rps__server *srv, const struct tensor *t, const struct shard *s,
+		     uint32_t local, int rank, uint64_t clock)
+{
+	uint32_t i;
+
+	if (clock == s->step && rank < s->next_rank)
+		return true;
+	for (i = 0; i < srv->nparked; i++)
+		if (srv->parked[i].t == t && srv->parked[i].local == local && srv->parked[i].rank == rank &&
+		    srv->parked[i].clock == clock)
+			return true;
+	return false;
+}
+
+/*
+ * Where a new process of the connection's rank resumes (rps__create_rep):
+ * per shard served here the first clock the rank has not contributed, then
+ * the lowest and highest of them.  A rank that never pushed gets 0, 0: a
+ * new job is unchanged.  Parked contributions count, held ones do not (they
+ * went with the predecessor's connection and are resent).
+ */
+static void resume_clocks(const struct rps__server *srv, const struct conn *c, const struct tensor *t,
+			  uint64_t *lo, uint64_t *hi)
+{
+	uint32_t p, j;
+	bool any = false;
+
+	*lo = *hi = 0;
+	if (t->spec.mode == RPS_MODE_ASYNC || c->rank < 0 || c->rank >= t->spec.num_workers)
+		return;
+	for (p = 0; p < t->layout.nservers; p++) {
+		if (!t->regions[p].mr || !rps__srv_part_serving(srv, p))
+			continue;
+		for (j = 0; j < rps__part_nshards(&t->layout, p); j++) {
+			uint32_t local = rps__part_shard(&t->layout, p, j);
+			const struct shard *s = &t->shards[local];
+			uint64_t next;
+
+			if (!s->hdr)
+				continue;
+			if (t->spec.mode == RPS_MODE_BOUNDED) {
+				next = s->clocks ? s->clocks[c->rank] : 0;
+			} else {
+				next = s->step;
+				while (sync_has(srv, t, s, local, c->rank, next))
+					next++;
+			}
+			*lo = any ? RPS__MIN(*lo, next) : next;
+			*hi = any ? RPS__MAX(*hi, next) : next;
+			any = true;
+		}
+	}
+}
+
 /* The reply names the regions of partitions served here, a page at a time
  * (the worker asks again with CREATE.first for the rest). */
 static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_id, struct tensor *t,
@@ -60,6 +116,7 @@ static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_i
 		k++;
 	}
 	rep.total = k;
+	resume_clocks(srv, c, t, &rep.resume_clock, &rep.resume_until);
 	conn_reply(c, RPS__MSG_CREATE_REP, req_id, 0, &rep, sizeof(rep));
 }
 
@@ -70,7 +127,8 @@ static void rank_opened(struct tensor *t, const struct conn *c)
 		return;
 	if (!t->ranks && !(t->ranks = calloc((size_t)t->spec.num_workers, 1)))
 		return;		/* then a missing rank shows as a timeout, as before */
-	t->ranks[c->rank] = RANK_LIVE;
+	if (t->ranks[c->rank] != RANK_REMOVED)
+		t->ranks[c->rank] = RANK_LIVE;
 }
 
 static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
@@ -150,6 +208,21 @@ err:
 	conn_reply(c, RPS__MSG_CREATE_REP, req_id, ret, NULL, 0);
 }
 
+/* A replacement process of c's rank: its predecessor may have died without
+ * a reset (a whole host), so close the rank's other worker connections now
+ * rather than at their idle timeout.  Their held pushes go with them (the
+ * replacement resends); what was summed or parked stays counted. */
+static void take_over_rank(struct rps__server *srv, struct conn *c)
+{
+	uint32_t i;
+
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *o = srv->conns[i];
+		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank)
+			conn_fail(o, "taken over by a new process of its rank");
+	}
+}
+
 static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__hello *h)
 {
 	struct rps__hello_rep rep;
@@ -162,6 +235,8 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	c->client_id = h->client_id;
 	c->num_workers = h->num_workers;
 	c->hello_done = true;
+	if ((h->flags & RPS__HELLO_TAKEOVER) && h->rank >= 0)
+		take_over_rank(srv, c);
 	memset(&rep, 0, sizeof(rep));
 	rep.magic = RPS__HELLO_MAGIC;
 	rep.version = RPS__PROTO_VERSION;
@@ -181,8 +256,8 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 
 /* Sync: the lowest rank whose connections all closed while the shard's
  * current step still lacks its push (neither added nor parked here), or -1.
- * Such a step can never complete: the rank cannot rejoin (its clock would
- * start again at 0). */
+ * The step cannot complete until a new process of that rank opens the
+ * tensor (it resumes at the step, see resume_clocks). */
 static int missing_rank(struct rps__server *srv, struct tensor *t, uint32_t local)
 {
 	struct shard *s = &t->shards[local];
@@ -381,3 +456,75 @@ void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uin
 		break;
 	}
 }
+
+/* ---- removing a rank (psctl remove-rank) ------------------------------------------ */
+
+/* Take rank out of t; -EINVAL (message set) if it cannot be. */
+static int remove_from(struct rps__server *srv, struct tensor *t, int rank)
+{
+	uint32_t local;
+	int r, left = 0;
+
+	if (rank >= t->spec.num_workers)
+		return rps__seterr(-EINVAL, "tensor '%s' has ranks 0..%d, not %d", t->name, t->spec.num_workers - 1,
+				   rank);
+	if (!t->ranks && !(t->ranks = calloc((size_t)t->spec.num_workers, 1)))
+		return rps__seterr(-ENOMEM, "out of memory");
+	for (r = 0; r < t->spec.num_workers; r++)
+		left += r != rank && t->ranks[r] != RANK_REMOVED;
+	if (!left)
+		return rps__seterr(-EINVAL, "tensor '%s': rank %d is the last one left", t->name, rank);
+	t->ranks[rank] = RANK_REMOVED;
+	for (local = 0; local < t->layout.nshards; local++) {
+		struct shard *s = &t->shards[local];
+		if (!s->hdr || !s->ready)
+			continue;
+		if (t->spec.mode == RPS_MODE_SYNC) {
+			rps__srv_sync_advance(srv, t, local);
+		} else {
+			rps__srv_update_min_clock(t, s);
+			rps__srv_wake_waiters(srv, t, local);
+		}
+	}
+	rps__log(RPS__LOG_INFO, "tensor '%s': rank %d removed, %d ranks go on", t->name, rank, left);
+	return 1;
+}
+
+/*
+ * psctl remove-rank: a dead worker's rank leaves a sync or bounded tensor
+ * (name "", every one) for good.  Sync: each shard skips the rank's turn
+ * from the first step it has not contributed to (what it already gave,
+ * summed or parked, counts), so the step completes with the others'
+ * contributions times the tensor's rescale, unchanged; bounded: the slowest
+ * clock is taken over the others.  Its later pushes are refused (-EPERM).
+ * Returns the tensors it was removed from now (0: it was already).
+ */
+int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank)
+{
+	uint32_t i;
+	int n = 0, ret;
+
+	if (rank < 0)
+		return rps__seterr(-EINVAL, "rank %d: ranks are 0 or more", rank);
+	for (i = 0; i < srv->ntensors; i++) {
+		struct tensor *t = srv->tensors[i];
+		if (!t || (name[0] && strcmp(t->name, name)))
+			continue;
+		if (t->spec.mode == RPS_MODE_ASYNC) {
+			if (name[0])
+				return rps__seterr(-EINVAL, "tensor '%s' is async: it has no ranks to remove", name);
+			continue;
+		}
+		if (rps__srv_rank_removed(t, rank))
+			continue;
+		if (!name[0] && rank >= t->spec.num_workers)
+			continue;
+		ret = remove_from(srv, t, rank);
+		if (ret < 0)
+			return ret;
+		n++;
+	}
+	rps__srv_drain_held(srv);	/* parked pushes of the next steps may go now */
+	return n;
+}
+

@@ -92,6 +92,7 @@ struct shard {
 	float *scratch;		/* gradients converted to fp32 */
 	uint64_t step;		/* updates applied == published version */
 	int next_rank;		/* sync: whose contribution comes next */
+	uint32_t nsummed;	/* sync: contributions in acc (removed ranks are skipped) */
 	uint64_t *clocks;	/* bounded: pushes applied per rank */
 	uint64_t lease_word;	/* lock word seen by the lease scan ... */
 	uint64_t lease_since;	/* ... since this time (ns) */
@@ -121,12 +122,19 @@ struct tensor {
 	uint64_t hold_limit;		/* sync, checkpoint: no step is applied past this */
 	/* sync: per rank, RANK_LIVE once a connection of that rank opened the
 	 * tensor here, RANK_GONE once its last connection closed (NULL: none
-	 * seen yet), so waiters learn which rank a step waits for in vain */
+	 * seen yet), so waiters learn which rank a step waits for in vain;
+	 * RANK_REMOVED (psctl remove-rank, sync and bounded) for good: its
+	 * turn is skipped from the first step it has not contributed to */
 	uint8_t *ranks;
 	size_t meta_charged;		/* shard table & co, counted against --memory-limit */
 };
 
-enum { RANK_UNSEEN, RANK_LIVE, RANK_GONE };
+enum { RANK_UNSEEN, RANK_LIVE, RANK_GONE, RANK_REMOVED };
+
+static inline bool rps__srv_rank_removed(const struct tensor *t, int rank)
+{
+	return t->ranks && rank >= 0 && rank < t->spec.num_workers && t->ranks[rank] == RANK_REMOVED;
+}
 
 struct conn {
 	struct rps__server *srv;
@@ -228,6 +236,9 @@ void rps__srv_accept_pending(struct rps__server *srv);
 /* A push landed in (c, slot): consume, park or hold it. */
 void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot);
 void rps__srv_drain_held(struct rps__server *srv);
+void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local);
+void rps__srv_update_min_clock(struct tensor *t, struct shard *s);
+int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank);
 uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w);
 /* Break the locks of dead_owner (a connection's), or with 0 those whose
  * lease expired. */
