@@ -1721,7 +1721,7 @@ static void test_simulator_random_seeds(void)
 	unsigned long long n = one ? 1 : env_ull("RAFT_SIM_SEEDS", 2500);
 	unsigned trace = one ? (unsigned)env_ull("RAFT_SIM_TRACE", 0) : 0;
 	struct sim_run_stats tot, st;
-	unsigned failures = 0;
+	unsigned failures = 0, map_ok = 0;
 	clock_t t0 = clock();
 
 	memset(&tot, 0, sizeof(tot));
@@ -1743,12 +1743,71 @@ static void test_simulator_random_seeds(void)
 		tot.transfers += st.transfers;
 		tot.snapshots += st.snapshots;
 		tot.msgs += st.msgs;
+		tot.map_reads_ok += st.map_reads_ok;
+		tot.map_refused += st.map_refused;
+		for (unsigned t = 0; t <= RPS__SMAP_CMD_LAST; t++) {
+			tot.map_ok[t] += st.map_ok[t];
+			map_ok += st.map_ok[t];
+		}
 	}
 	CU_ASSERT_EQUAL(failures, 0);
 	fprintf(stderr, "\n  %llu seeds from %llu in %.1f s: %u ticks, %u leaders, %u crashes, %u writes, %u reads, "
-		"%u membership changes, %u transfers, %u snapshots installed, %u messages\n",
+		"%u membership changes, %u transfers, %u snapshots installed, %u messages; "
+		"shard map: %u commands applied (%u failovers), %u refused, %u reads\n",
 		n, first, (double)(clock() - t0) / CLOCKS_PER_SEC, tot.ticks, tot.leaders, tot.crashes, tot.writes_ok,
-		tot.reads_ok, tot.conf_changes, tot.transfers, tot.snapshots, tot.msgs);
+		tot.reads_ok, tot.conf_changes, tot.transfers, tot.snapshots, tot.msgs, map_ok,
+		tot.map_ok[RPS__SMAP_FAILOVER], tot.map_refused, tot.map_reads_ok);
+	if (n < 500)
+		return;
+	/* the runs went everywhere: every command type applied somewhere */
+	CU_ASSERT_EQUAL(tot.map_ok[0], 0);
+	for (unsigned t = RPS__SMAP_ADD_MEMBER; t <= RPS__SMAP_CMD_LAST; t++) {
+		if (tot.map_ok[t] < 10 || getenv("RAFT_SIM_VERBOSE"))
+			fprintf(stderr, "  %u %s commands applied\n", tot.map_ok[t], rps__smap_cmd_name(t));
+		CU_ASSERT(tot.map_ok[t] >= 10);
+	}
+	CU_ASSERT(tot.map_refused >= map_ok / 4);
+	CU_ASSERT(tot.map_reads_ok >= 1000);
+}
+
+/* Each shard map check fails when what it guards is broken (the simulator
+ * injects the bug): the first seeds that fail say why. */
+static void test_simulator_map_checks_fail(void)
+{
+	static const struct {
+		enum sim_map_fault fault;
+		const char *says;
+	} cases[] = {
+		{ SIM_FAULT_SKIP_APPLY, "shard maps differ at applied index" },
+		{ SIM_FAULT_SNAPSHOT_NO_MAP, "epoch went back" },
+		{ SIM_FAULT_SNAPSHOT_NO_MAP, "shard maps differ at applied index" },
+		{ SIM_FAULT_SPLIT_OWNER, "has two owners in epoch" },
+		{ SIM_FAULT_FAILOVER_KEEPS_OLD, "the backups were" },
+		{ SIM_FAULT_OWNER_BACKUP, "is also its backup" },
+		{ SIM_FAULT_TWIN_BACKUPS, "twice" },
+		{ SIM_FAULT_STALE_READ, "not linearisable: register 4 read" },
+	};
+
+	for (size_t i = 0; i < RPS__ARRAY_SIZE(cases); i++) {
+		unsigned long long seed, failed = 0;
+		char err[1024] = "";
+
+		for (seed = 1; seed <= 200; seed++) {
+			if (!sim_run_random_fault(seed, cases[i].fault, 0, NULL, err, sizeof(err)))
+				continue;
+			failed++;
+			if (strstr(err, cases[i].says))
+				break;
+			if (getenv("RAFT_SIM_VERBOSE"))
+				fprintf(stderr, "\n  fault %d, seed %llu, not yet: %s", (int)cases[i].fault, seed, err);
+		}
+		if (getenv("RAFT_SIM_VERBOSE") && seed <= 200)
+			fprintf(stderr, "\n  fault %d, seed %llu: %s", (int)cases[i].fault, seed, err);
+		if (seed > 200)
+			fprintf(stderr, "\n  fault %d: no seed failed with \"%s\" (%llu failed otherwise, last: %s)\n",
+				(int)cases[i].fault, cases[i].says, failed, err);
+		CU_ASSERT(seed <= 200);
+	}
 }
 
 int main(void)
@@ -1790,6 +1849,7 @@ int main(void)
 	static const struct cutest sim_tests[] = {
 		{ "linearisability checker", test_linearizability_checker },
 		{ "random seeds", test_simulator_random_seeds },
+		{ "shard map checks catch injected bugs", test_simulator_map_checks_fail },
 	};
 	const struct cutest_suite suites[] = {
 		{ "raft", NULL, NULL, NULL, NULL, core_tests, CUTEST_COUNT(core_tests) },
