@@ -2184,31 +2184,42 @@ static void random_map_cmd(struct sim *s, const struct rps__smap *m, struct rps_
 	}
 }
 
-/* A client next to a random node: writes go to the node it believes leads;
- * map commands are made from the proposing node's map, as a leader would. */
+/* A client next to a random node: writes go to the node it believes leads. */
 static void random_client(struct sim *s)
 {
 	uint64_t id = random_live(s), ctx;
 	uint32_t shard = (uint32_t)rnd_below(s, SIM_SHARDS);
-	unsigned what = (unsigned)rnd_below(s, 10);
 
 	if (!id || s->nodes[id].paused_until > s->now)
 		return;
-	if (what < 3 || (what >= 6 && what < 8)) {
+	if (rnd_below(s, 2)) {
+		uint64_t lead = rps__raft_leader(s->nodes[id].r);
+
+		if (lead && lead <= SIM_MAX_IDS && s->nodes[lead].r && s->nodes[lead].paused_until <= s->now)
+			id = lead;
+		sim_write(s, id, shard, 1 + rnd_below(s, 1000));
+	} else {
+		sim_read(s, id, shard, &ctx);
+	}
+}
+
+/* The same for the shard map: a command made from the map of the node the
+ * client is next to (maybe behind: stale commands are refused alike
+ * everywhere), or a read of the whole map. */
+static void random_map_client(struct sim *s)
+{
+	uint64_t id = random_live(s), ctx;
+
+	if (!id || s->nodes[id].paused_until > s->now)
+		return;
+	if (rnd_below(s, 2)) {
 		uint64_t lead = rps__raft_leader(s->nodes[id].r);
 		struct rps__smap_cmd c;
 
-		if (rnd_below(s, 2) && lead && lead <= SIM_MAX_IDS && s->nodes[lead].r &&
-		    s->nodes[lead].paused_until <= s->now)
+		random_map_cmd(s, &s->nodes[id].map, &c);
+		if (lead && lead <= SIM_MAX_IDS && s->nodes[lead].r && s->nodes[lead].paused_until <= s->now)
 			id = lead;
-		if (what < 3) {
-			sim_write(s, id, shard, 1 + rnd_below(s, 1000));
-		} else {
-			random_map_cmd(s, &s->nodes[id].map, &c);
-			sim_map_write(s, id, &c);
-		}
-	} else if (what < 6) {
-		sim_read(s, id, shard, &ctx);
+		sim_map_write(s, id, &c);
 	} else {
 		sim_map_read(s, id, &ctx);
 	}
@@ -2362,6 +2373,8 @@ int sim_run_random_fault(uint64_t seed, enum sim_map_fault fault, unsigned trace
 				random_client(s);
 			if (chance(s, 120000))
 				random_client(s);
+			if (chance(s, 120000))
+				random_map_client(s);
 			if (chance(s, 4000)) {
 				/* sometimes a burst: only the first may pass */
 				for (unsigned k = rnd_below(s, 3) ? 1 : 3; k > 0; k--)
