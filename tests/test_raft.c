@@ -1368,6 +1368,74 @@ static void test_snapshot_install(void)
 	sim_free(s);
 }
 
+static struct rps__smap_cmd map_cmd(uint32_t type, uint32_t part, uint64_t from, uint64_t to, uint64_t epoch)
+{
+	struct rps__smap_cmd c;
+
+	memset(&c, 0, sizeof(c));
+	c.type = type;
+	c.part = part;
+	c.from = from;
+	c.to = to;
+	c.epoch = epoch;
+	return c;
+}
+
+/* Shard map commands go through the log and the product's apply on every
+ * node, refusals included; a lagging node catches up through a snapshot
+ * that carries the map, a restarted one from its disk; a ReadIndex read of
+ * the map at a follower sees the last command. */
+static void test_shard_map_through_raft(void)
+{
+	struct sim *s = cluster_led_by(3, true, true, 1);
+	struct rps__smap_cmd c[5];
+	const struct rps__smap *m1;
+	uint64_t ctx = 0;
+
+	m1 = sim_map(s, 1);
+	/* the bootstrap map: 5 members, R = 2, partition 0 on 1 backed by 2 */
+	CU_ASSERT_EQUAL(m1->nmembers, 5);
+	CU_ASSERT_EQUAL(m1->replicas, 2);
+	CU_ASSERT_EQUAL(m1->parts[0].owner, 1);
+	CU_ASSERT_EQUAL(m1->parts[0].backups[0], 2);
+	sim_isolate(s, 3);
+	c[0] = map_cmd(RPS__SMAP_FAILOVER, 0, 1, 2, 1);
+	c[1] = map_cmd(RPS__SMAP_FAILOVER, 0, 1, 2, 1);		/* a replay: refused */
+	c[2] = map_cmd(RPS__SMAP_REPLICA_BEGIN, 0, 0, 3, 2);
+	c[3] = map_cmd(RPS__SMAP_REPLICA_COMMIT, 0, 0, 3, 2);
+	c[4] = map_cmd(0, 0, 0, 0, 0);				/* undecodable */
+	for (int i = 0; i < 5; i++)
+		CU_ASSERT_EQUAL(sim_map_write(s, 1, &c[i]), 0);
+	sim_deliver_all(s);
+	sim_tick_all(s, 1);
+	CU_ASSERT_EQUAL(m1->applied, sim_applied(s, 1));
+	CU_ASSERT_EQUAL(m1->parts[0].owner, 2);
+	CU_ASSERT_EQUAL(m1->parts[0].epoch, 2);
+	CU_ASSERT_EQUAL(m1->parts[0].backups[0], 3);
+	CU_ASSERT_EQUAL(m1->parts[0].backups[1], 0);
+	CU_ASSERT_EQUAL(memcmp(m1, sim_map(s, 2), sizeof(*m1)), 0);
+	CU_ASSERT_EQUAL(sim_map(s, 3)->parts[0].owner, 1);	/* cut off */
+	/* a linearisable read of the map at a follower */
+	CU_ASSERT_EQUAL(sim_map_read(s, 2, &ctx), 0);
+	sim_deliver_all(s);
+	CU_ASSERT_EQUAL(sim_read_result(s, ctx), 1 + 5);
+	/* 3 catches up through a snapshot, which brings the map */
+	CU_ASSERT_EQUAL(sim_compact(s, 1), 0);
+	CU_ASSERT_EQUAL(sim_compact(s, 2), 0);
+	sim_heal(s);
+	sim_tick_all(s, 20);
+	CU_ASSERT_EQUAL(sim_applied(s, 3), sim_applied(s, 1));
+	CU_ASSERT_EQUAL(memcmp(m1, sim_map(s, 3), sizeof(*m1)), 0);
+	/* a restart restores the map from the node's own disk */
+	sim_crash(s, 2);
+	CU_ASSERT_EQUAL(sim_restart(s, 2), 0);
+	sim_tick_all(s, 3);
+	CU_ASSERT_EQUAL(memcmp(m1, sim_map(s, 2), sizeof(*m1)), 0);
+	CU_ASSERT_EQUAL(sim_check_linearizable(s), 0);
+	assert_no_violation(s);
+	sim_free(s);
+}
+
 static void test_restart_recovers_persisted_state(void)
 {
 	struct sim *s = cluster_led_by(3, true, true, 1);
@@ -1842,6 +1910,7 @@ int main(void)
 		{ "appended entries out of order refused", test_app_entries_out_of_order_refused },
 		{ "snapshot install (and resend)", test_snapshot_install },
 		{ "restart recovers persisted state", test_restart_recovers_persisted_state },
+		{ "shard map commands through Raft", test_shard_map_through_raft },
 		{ "ReadIndex", test_read_index },
 		{ "codec round trip", test_codec_roundtrip },
 		{ "codec rejects malformed input", test_codec_rejects_malformed },
