@@ -179,7 +179,7 @@ struct sim {
 	size_t cap_map_at;
 	uint64_t *owner_at[SIM_MAP_PARTS];	/* by epoch, over every node's history; 0: unknown */
 	size_t cap_owner_at[SIM_MAP_PARTS];
-	uint8_t snap_buf[24 * SIM_SHARDS + 8 + RPS__SMAP_ENC_MAX];
+	uint8_t snap_buf[24 * SIM_SHARDS + 8 + RPS__SMAP_ENC_MAX];	/* snapshots, map hashes */
 
 	struct sim_run_stats stats;
 	bool failed;
@@ -1066,11 +1066,11 @@ static void apply_map_entry(struct sim *s, struct sim_node *n, const struct rps_
 	note_write_applied(s, wid, e->index);
 	n->map_wid = wid;
 	memset(&before, 0, sizeof(before));
+	memset(&c, 0, sizeof(c));
 	if (s->fault == SIM_FAULT_SKIP_APPLY && n->id == 2 && ++n->map_applies % 5 == 0)
 		return;
 	if (rps__smap_cmd_decode(p + MAP_HDR, e->len - MAP_HDR, &c)) {
 		n->map.applied = e->index;
-		c.type = 0;
 		rc = -EBADMSG;
 	} else {
 		if (c.part < n->map.npart)
