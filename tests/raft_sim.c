@@ -8,6 +8,10 @@
  * tens of milliseconds.  All randomness comes from one seeded generator and
  * every loop visits nodes and packets in a fixed order: a seed replays
  * exactly.
+ *
+ * Two state machines sit side by side on every node: the toy map of
+ * raft_sim.h and the product's shard map (proto/smap.h), each with its
+ * own entry kind ('W' and 'M'); a snapshot holds both.
  */
 #include "config.h"
 #include "raft_sim.h"
@@ -25,6 +29,8 @@
 #define HOSTILE_EVERY 61u
 #define STRANGER (SIM_MAX_IDS + 1)	/* never a member */
 #define NODE_OK(s, id) ((id) >= 1 && (id) <= SIM_MAX_IDS && (s)->nodes[id].r)
+/* The linearisability register of the shard map, after the toy's shards. */
+#define SIM_MAP_REG SIM_SHARDS
 
 struct sim_store {
 	struct rps__raft_hard_state hs;
@@ -56,6 +62,11 @@ struct sim_node {
 	uint64_t destroy_at;		/* random runs: removed from the cluster */
 	uint64_t leader_since;		/* when it last became leader */
 	uint64_t isolated_until;	/* churn phase: cut off until then */
+	struct rps__smap map;		/* the product's shard map */
+	uint64_t map_wid;		/* the map write it is as of, 0: the initial map */
+	uint64_t map_hash;		/* of its encoding */
+	uint64_t map_epoch[SIM_MAP_PARTS];	/* highest epoch seen in this life */
+	unsigned map_applies;		/* for SIM_FAULT_SKIP_APPLY */
 };
 
 struct packet {
@@ -103,7 +114,15 @@ struct read_op {
 	bool have_index;
 	uint64_t wait_index;
 	uint64_t value;			/* 1 + write id seen */
+	uint64_t map_hash;		/* map reads: the map it returned */
 	enum op_state state;
+};
+
+/* The shard map any node held after applying an index. */
+struct map_rec {
+	uint64_t hash;			/* 0: nobody yet */
+	uint64_t wid;
+	uint64_t node;
 };
 
 struct sim {
@@ -152,6 +171,15 @@ struct sim {
 	struct rps__raft_conf_state conf_view;	/* latest applied configuration */
 	uint64_t conf_view_index;
 	unsigned compact_every;
+
+	enum sim_map_fault fault;
+	struct rps__smap map0;			/* the bootstrap shard map */
+	uint64_t map0_hash;
+	struct map_rec *map_at;			/* by Raft index */
+	size_t cap_map_at;
+	uint64_t *owner_at[SIM_MAP_PARTS];	/* by epoch, over every node's history; 0: unknown */
+	size_t cap_owner_at[SIM_MAP_PARTS];
+	uint8_t snap_buf[24 * SIM_SHARDS + 8 + RPS__SMAP_ENC_MAX];	/* snapshots, map hashes */
 
 	struct sim_run_stats stats;
 	bool failed;
@@ -332,6 +360,7 @@ static void store_free(struct sim_store *st)
 /* the state machine: shard -> (owner, epoch, write id) */
 
 #define CMD_LEN 21u	/* 'W', u32 shard, u64 owner, u64 write id */
+#define MAP_HDR 9u	/* 'M', u64 write id, then an encoded struct rps__smap_cmd */
 
 static void put64(uint8_t *p, uint64_t v)
 {
@@ -357,24 +386,47 @@ static void sm_encode(const struct sim_node *n, uint8_t *buf)
 	}
 }
 
-static void sm_reset(struct sim *s, struct sim_node *n, const struct rps__raft_snapshot *snap)
+static void map_changed(struct sim *s, struct sim_node *n, bool check_epochs);
+static void map_record(struct sim *s, struct sim_node *n, uint64_t index);
+
+/* A snapshot: the toy map, the map write id, the encoded shard map. */
+#define SNAP_TOY_LEN (24u * SIM_SHARDS)
+#define SNAP_HDR (SNAP_TOY_LEN + 8u)
+
+/* Both state machines as of snap (NULL or empty: the initial state).  A
+ * node restarting from its disk may restore an older map than it held
+ * before its crash; a snapshot installed while up may not (check_epochs). */
+static void sm_reset(struct sim *s, struct sim_node *n, const struct rps__raft_snapshot *snap, bool check_epochs)
 {
+	const uint8_t *p = snap ? snap->data : NULL;
+
 	memset(n->sm, 0, sizeof(n->sm));
 	n->applied = snap ? snap->index : 0;
-	if (!snap || !snap->len)
-		return;		/* the bootstrap snapshot: the initial state */
-	if (snap->len != 24 * SIM_SHARDS) {
-		sim_fail(s, "node %llu: snapshot of %u bytes is not a shard map", (unsigned long long)n->id,
-			 snap->len);
-		return;
+	n->map = s->map0;
+	n->map_wid = 0;
+	if (snap && snap->len) {
+		if (snap->len < SNAP_HDR) {
+			sim_fail(s, "node %llu: snapshot of %u bytes is not a shard map", (unsigned long long)n->id,
+				 snap->len);
+			return;
+		}
+		for (unsigned i = 0; i < SIM_SHARDS; i++) {
+			n->sm[i].owner = get64(p + 24 * i);
+			n->sm[i].epoch = get64(p + 24 * i + 8);
+			n->sm[i].wid = get64(p + 24 * i + 16);
+		}
+		n->map_wid = get64(p + SNAP_TOY_LEN);
+		if (s->fault != SIM_FAULT_SNAPSHOT_NO_MAP &&
+		    rps__smap_decode(p + SNAP_HDR, snap->len - SNAP_HDR, &n->map)) {
+			sim_fail(s, "node %llu: snapshot %llu: %s", (unsigned long long)n->id,
+				 (unsigned long long)snap->index, rps__errbuf());
+			return;
+		}
 	}
-	for (unsigned i = 0; i < SIM_SHARDS; i++) {
-		const uint8_t *p = (const uint8_t *)snap->data + 24 * i;
-
-		n->sm[i].owner = get64(p);
-		n->sm[i].epoch = get64(p + 8);
-		n->sm[i].wid = get64(p + 16);
-	}
+	if (!check_epochs)
+		memset(n->map_epoch, 0, sizeof(n->map_epoch));
+	map_changed(s, n, check_epochs);
+	map_record(s, n, n->applied);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -600,6 +652,7 @@ void sim_crash(struct sim *s, uint64_t id)
 	n->r = NULL;
 	memset(n->sm, 0, sizeof(n->sm));
 	n->applied = 0;
+	n->map_wid = 0;
 	orphan_ops(s, n);
 	s->stats.crashes++;
 }
@@ -635,7 +688,7 @@ static int start_node(struct sim *s, struct sim_node *n)
 		return err;
 	}
 	n->exists = true;
-	sm_reset(s, n, n->st.has_snap ? &n->st.snap : NULL);
+	sm_reset(s, n, n->st.has_snap ? &n->st.snap : NULL, false);
 	n->checked_commit = 0;
 	trace(s, "node %llu starts (disk: term %llu vote %llu commit %llu, snap %llu, %zu entries)",
 	      (unsigned long long)n->id, (unsigned long long)n->st.hs.term, (unsigned long long)n->st.hs.vote,
@@ -776,10 +829,16 @@ static void complete_reads(struct sim *s, struct sim_node *n)
 		if (rd->state != OP_PENDING || rd->node != n->id || rd->incarnation != n->incarnation ||
 		    !rd->have_index || n->applied < rd->wait_index)
 			continue;
-		rd->value = 1 + n->sm[rd->shard].wid;
+		if (rd->shard == SIM_MAP_REG) {
+			rd->value = 1 + n->map_wid;
+			rd->map_hash = n->map_hash;
+			s->stats.map_reads_ok++;
+		} else {
+			rd->value = 1 + n->sm[rd->shard].wid;
+			s->stats.reads_ok++;
+		}
 		rd->resp = ++s->seq;
 		rd->state = OP_DONE;
-		s->stats.reads_ok++;
 	}
 }
 
@@ -790,6 +849,18 @@ static void schedule_destroy(struct sim *s, uint64_t id)
 	if (s->random_mode && n->exists && !n->destroy_at)
 		n->destroy_at = s->now + SIM_TICK_UNITS * (1 + rnd_below(s, 3 * s->cfg.election_ticks));
 }
+
+static void note_write_applied(struct sim *s, uint64_t wid, uint64_t index)
+{
+	struct write_op *w = &s->writes[wid - 1];
+
+	if (w->log_index && w->log_index != index)
+		sim_fail(s, "write %llu applied at index %llu and at %llu", (unsigned long long)wid,
+			 (unsigned long long)w->log_index, (unsigned long long)index);
+	w->log_index = index;
+}
+
+static void apply_map_entry(struct sim *s, struct sim_node *n, const struct rps__raft_entry *e);
 
 static void apply_entry(struct sim *s, struct sim_node *n, uint64_t node_term, const struct rps__raft_entry *e)
 {
@@ -820,7 +891,6 @@ static void apply_entry(struct sim *s, struct sim_node *n, uint64_t node_term, c
 	if (e->type == RPS__RAFT_ENTRY_NORMAL && e->len == CMD_LEN && p[0] == 'W') {
 		uint32_t shard = (uint32_t)p[1] | (uint32_t)p[2] << 8 | (uint32_t)p[3] << 16 | (uint32_t)p[4] << 24;
 		uint64_t owner = get64(p + 5), wid = get64(p + 13);
-		struct write_op *w;
 
 		if (shard >= SIM_SHARDS || wid == 0 || wid > s->n_writes) {
 			sim_fail(s, "node %llu applies a garbled command at %llu", (unsigned long long)n->id,
@@ -830,12 +900,11 @@ static void apply_entry(struct sim *s, struct sim_node *n, uint64_t node_term, c
 		n->sm[shard].owner = owner;
 		n->sm[shard].epoch++;
 		n->sm[shard].wid = wid;
-		w = &s->writes[wid - 1];
-		if (w->log_index && w->log_index != e->index)
-			sim_fail(s, "write %llu applied at index %llu and at %llu", (unsigned long long)wid,
-				 (unsigned long long)w->log_index, (unsigned long long)e->index);
-		w->log_index = e->index;
+		note_write_applied(s, wid, e->index);
 	}
+	if (e->type == RPS__RAFT_ENTRY_NORMAL && e->len >= MAP_HDR && p[0] == 'M')
+		apply_map_entry(s, n, e);
+	map_record(s, n, e->index);
 	/* the client at the proposing node learns the outcome */
 	for (size_t i = 0; i < s->n_writes; i++) {
 		struct write_op *w = &s->writes[i];
@@ -851,6 +920,179 @@ static void apply_entry(struct sim *s, struct sim_node *n, uint64_t node_term, c
 			w->state = OP_FAILED;	/* overwritten: it can never commit */
 		}
 	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* the product's shard map */
+
+static uint64_t bytes_hash(const uint8_t *p, size_t len)
+{
+	uint64_t h = 0xcbf29ce484222325ull ^ len, w;
+	size_t i = 0;
+
+	for (; i + 8 <= len; i += 8) {
+		memcpy(&w, p + i, 8);
+		h = (h ^ w) * 0x100000001b3ull;
+		h ^= h >> 29;
+	}
+	for (; i < len; i++)
+		h = (h ^ p[i]) * 0x100000001b3ull;
+	return h | 1;	/* 0 means "none" */
+}
+
+static uint64_t map_hash(struct sim *s, const struct rps__smap *m)
+{
+	size_t len = 0;
+
+	if (rps__smap_encode(m, s->snap_buf, sizeof(s->snap_buf), &len)) {
+		sim_fail(s, "encoding a shard map: %s", rps__errbuf());
+		return 1;
+	}
+	return bytes_hash(s->snap_buf, len);
+}
+
+/* One partition of a node's map just changed or was restored. */
+static void check_map_part(struct sim *s, struct sim_node *n, uint32_t p, bool check_epochs)
+{
+	const struct rps__smap_part *pt = &n->map.parts[p];
+	unsigned long long id = n->id;
+	uint64_t *owner;
+
+	if (check_epochs && pt->epoch < n->map_epoch[p])
+		sim_fail(s, "node %llu: partition %u's epoch went back from %llu to %llu", id, p,
+			 (unsigned long long)n->map_epoch[p], (unsigned long long)pt->epoch);
+	n->map_epoch[p] = pt->epoch;
+	s->owner_at[p] = grow(s->owner_at[p], &s->cap_owner_at[p], pt->epoch + 1, sizeof(uint64_t));
+	owner = &s->owner_at[p][pt->epoch];
+	if (!*owner)
+		*owner = pt->owner;
+	else if (*owner != pt->owner)
+		sim_fail(s, "partition %u has two owners in epoch %llu: %llu, and %llu at node %llu", p,
+			 (unsigned long long)pt->epoch, (unsigned long long)*owner, (unsigned long long)pt->owner, id);
+	for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++) {
+		uint64_t b = pt->backups[k];
+
+		if (!b)
+			continue;
+		if (b == pt->owner)
+			sim_fail(s, "node %llu: partition %u's owner %llu is also its backup", id, p,
+				 (unsigned long long)b);
+		if (!rps__smap_member(&n->map, b) || (k && !pt->backups[k - 1]))
+			sim_fail(s, "node %llu: partition %u's backup %llu is not a member or follows a hole", id, p,
+				 (unsigned long long)b);
+		for (uint32_t j = 0; j < k; j++)
+			if (pt->backups[j] == b)
+				sim_fail(s, "node %llu: partition %u has backup %llu twice", id, p,
+					 (unsigned long long)b);
+	}
+}
+
+/* After the map changed (applied a command, or restored): the checks on the
+ * history of every partition, then the map's hash. */
+static void map_changed(struct sim *s, struct sim_node *n, bool check_epochs)
+{
+	for (uint32_t p = 0; p < n->map.npart && p < SIM_MAP_PARTS; p++)
+		check_map_part(s, n, p, check_epochs);
+	n->map_hash = map_hash(s, &n->map);
+}
+
+/* Every node's map is byte-identical at equal applied index. */
+static void map_record(struct sim *s, struct sim_node *n, uint64_t index)
+{
+	struct map_rec *r;
+
+	s->map_at = grow(s->map_at, &s->cap_map_at, index + 1, sizeof(*s->map_at));
+	r = &s->map_at[index];
+	if (!r->hash) {
+		r->hash = n->map_hash;
+		r->wid = n->map_wid;
+		r->node = n->id;
+	} else if (r->hash != n->map_hash || r->wid != n->map_wid) {
+		sim_fail(s, "shard maps differ at applied index %llu: node %llu's (as of write %llu) is not node %llu's (write %llu)",
+			 (unsigned long long)index, (unsigned long long)n->id, (unsigned long long)n->map_wid,
+			 (unsigned long long)r->node, (unsigned long long)r->wid);
+	}
+}
+
+/* The deliberate bugs of enum sim_map_fault, after an accepted command. */
+static void inject_map_fault(struct sim *s, struct sim_node *n, const struct rps__smap_cmd *c,
+			     const struct rps__smap_part *before)
+{
+	struct rps__smap_part *pt = &n->map.parts[c->part];
+	uint32_t nb = rps__smap_nbackups(&n->map, c->part);
+
+	if (c->type == RPS__SMAP_FAILOVER &&
+	    (s->fault == SIM_FAULT_FAILOVER_KEEPS_OLD || (s->fault == SIM_FAULT_SPLIT_OWNER && n->id == 2)))
+		pt->owner = before->owner;
+	if (c->type == RPS__SMAP_REPLICA_COMMIT && s->fault == SIM_FAULT_OWNER_BACKUP)
+		pt->backups[nb - 1] = pt->owner;
+	if (c->type == RPS__SMAP_REPLICA_COMMIT && s->fault == SIM_FAULT_TWIN_BACKUPS && nb > 1)
+		pt->backups[nb - 1] = pt->backups[0];
+}
+
+/* A FAILOVER that applied: its new primary was a backup the epoch before. */
+static void check_failover(struct sim *s, struct sim_node *n, const struct rps__smap_cmd *c,
+			   const struct rps__smap_part *before)
+{
+	const struct rps__smap_part *pt = &n->map.parts[c->part];
+	bool was_backup = false;
+
+	for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
+		was_backup |= before->backups[k] && before->backups[k] == pt->owner;
+	if (!was_backup || pt->owner != c->to || pt->epoch != before->epoch + 1)
+		sim_fail(s, "node %llu: FAILOVER of partition %u to %llu made %llu primary in epoch %llu; in epoch %llu the backups were %llu, %llu",
+			 (unsigned long long)n->id, c->part, (unsigned long long)c->to, (unsigned long long)pt->owner,
+			 (unsigned long long)pt->epoch, (unsigned long long)before->epoch,
+			 (unsigned long long)before->backups[0], (unsigned long long)before->backups[1]);
+}
+
+/* As src/control/cp_map.c's cb_apply: decode, apply; a refused or
+ * undecodable command changes nothing but the applied index, on every node
+ * alike. */
+static void apply_map_entry(struct sim *s, struct sim_node *n, const struct rps__raft_entry *e)
+{
+	const uint8_t *p = e->data;
+	uint64_t wid = get64(p + 1);
+	struct rps__smap_part before;
+	struct rps__smap_cmd c;
+	bool first = e->index >= s->cap_map_at || !s->map_at[e->index].hash;
+	int rc;
+
+	if (wid == 0 || wid > s->n_writes || s->writes[wid - 1].shard != SIM_MAP_REG) {
+		sim_fail(s, "node %llu applies a garbled map command at %llu", (unsigned long long)n->id,
+			 (unsigned long long)e->index);
+		return;
+	}
+	note_write_applied(s, wid, e->index);
+	n->map_wid = wid;
+	memset(&before, 0, sizeof(before));
+	memset(&c, 0, sizeof(c));
+	if (s->fault == SIM_FAULT_SKIP_APPLY && n->id == 2 && ++n->map_applies % 5 == 0)
+		return;
+	if (rps__smap_cmd_decode(p + MAP_HDR, e->len - MAP_HDR, &c)) {
+		n->map.applied = e->index;
+		rc = -EBADMSG;
+	} else {
+		if (c.part < n->map.npart)
+			before = n->map.parts[c.part];
+		rc = rps__smap_apply(&n->map, e->index, &c);
+		if (!rc && s->fault)
+			inject_map_fault(s, n, &c, &before);
+	}
+	map_changed(s, n, true);
+	if (first && s->trace) {
+		char what[256];
+
+		rps__smap_cmd_str(&c, what, sizeof(what));
+		trace(s, "node %llu applies map entry %llu: %s%s%s", (unsigned long long)n->id,
+		      (unsigned long long)e->index, what, rc ? ": refused: " : "", rc ? rps__errbuf() : "");
+	}
+	if (!rc && c.type == RPS__SMAP_FAILOVER)
+		check_failover(s, n, &c, &before);
+	if (first && rc)
+		s->stats.map_refused++;
+	else if (first)
+		s->stats.map_ok[c.type]++;
 }
 
 /* A leader's own membership change: one at a time (every earlier one
@@ -957,7 +1199,7 @@ static void handle_ready(struct sim *s, struct sim_node *n, struct rps__raft_rea
 		}
 	}
 	if (rd->snapshot)
-		sm_reset(s, n, rd->snapshot);
+		sm_reset(s, n, rd->snapshot, true);
 	for (size_t i = 0; i < rd->n_committed && !s->failed; i++)
 		apply_entry(s, n, rd->hard_state.term, &rd->committed[i]);
 	for (size_t i = 0; i < rd->n_read_states; i++)
@@ -1000,13 +1242,20 @@ int sim_compact(struct sim *s, uint64_t id)
 {
 	struct sim_node *n = &s->nodes[id];
 	const struct rps__raft_snapshot *snap;
-	uint8_t buf[24 * SIM_SHARDS];
+	uint8_t *buf = s->snap_buf;
+	size_t len;
 	int err;
 
 	if (!n->r)
 		return -ENOENT;
 	sm_encode(n, buf);
-	err = rps__raft_compact(n->r, n->applied, buf, sizeof(buf), &snap);
+	put64(buf + SNAP_TOY_LEN, n->map_wid);
+	err = rps__smap_encode(&n->map, buf + SNAP_HDR, sizeof(s->snap_buf) - SNAP_HDR, &len);
+	if (err) {
+		sim_fail(s, "node %llu: encoding its shard map: %s", (unsigned long long)id, rps__errbuf());
+		return err;
+	}
+	err = rps__raft_compact(n->r, n->applied, buf, SNAP_HDR + len, &snap);
 	if (err)
 		return err;
 	/* the snapshot and the dropped prefix reach the disk together */
@@ -1248,28 +1497,19 @@ int sim_transfer(struct sim *s, uint64_t id, uint64_t to)
 	return after_call(s, id, rps__raft_transfer_leader(s->nodes[id].r, to));
 }
 
-int sim_write(struct sim *s, uint64_t id, uint32_t shard, uint64_t owner)
+/* A client write of cmd, which already names write id n_writes + 1. */
+static int client_write(struct sim *s, uint64_t id, uint32_t reg, const uint8_t *cmd, size_t len)
 {
 	struct sim_node *n = &s->nodes[id];
-	uint8_t cmd[CMD_LEN];
 	struct write_op *w;
 	uint64_t index, term;
 	int err;
 
-	if (!NODE_OK(s, id))
-		return -ENOENT;
-	cmd[0] = 'W';
-	cmd[1] = (uint8_t)shard;
-	cmd[2] = (uint8_t)(shard >> 8);
-	cmd[3] = (uint8_t)(shard >> 16);
-	cmd[4] = (uint8_t)(shard >> 24);
-	put64(cmd + 5, owner);
-	put64(cmd + 13, s->n_writes + 1);
 	/* the write exists before the call: the apply may happen inside it */
 	s->writes = grow(s->writes, &s->cap_writes, s->n_writes + 1, sizeof(*s->writes));
 	w = &s->writes[s->n_writes];
 	memset(w, 0, sizeof(*w));
-	w->shard = shard;
+	w->shard = reg;
 	w->node = id;
 	w->incarnation = n->incarnation;
 	w->inv = ++s->seq;
@@ -1277,7 +1517,7 @@ int sim_write(struct sim *s, uint64_t id, uint32_t shard, uint64_t owner)
 	w->state = OP_PENDING;
 	w->index = UINT64_MAX;
 	s->n_writes++;
-	err = rps__raft_propose(n->r, cmd, sizeof(cmd), &index, &term);
+	err = rps__raft_propose(n->r, cmd, len, &index, &term);
 	if (err) {
 		s->n_writes--;	/* never happened */
 		return err;
@@ -1289,7 +1529,39 @@ int sim_write(struct sim *s, uint64_t id, uint32_t shard, uint64_t owner)
 	return 0;
 }
 
-int sim_read(struct sim *s, uint64_t id, uint32_t shard, uint64_t *ctx)
+int sim_write(struct sim *s, uint64_t id, uint32_t shard, uint64_t owner)
+{
+	uint8_t cmd[CMD_LEN];
+
+	if (!NODE_OK(s, id))
+		return -ENOENT;
+	cmd[0] = 'W';
+	cmd[1] = (uint8_t)shard;
+	cmd[2] = (uint8_t)(shard >> 8);
+	cmd[3] = (uint8_t)(shard >> 16);
+	cmd[4] = (uint8_t)(shard >> 24);
+	put64(cmd + 5, owner);
+	put64(cmd + 13, s->n_writes + 1);
+	return client_write(s, id, shard, cmd, sizeof(cmd));
+}
+
+int sim_map_write(struct sim *s, uint64_t id, const struct rps__smap_cmd *c)
+{
+	uint8_t cmd[MAP_HDR + RPS__SMAP_CMD_MAX];
+	size_t len;
+	int err;
+
+	if (!NODE_OK(s, id))
+		return -ENOENT;
+	err = rps__smap_cmd_encode(c, cmd + MAP_HDR, sizeof(cmd) - MAP_HDR, &len);
+	if (err)
+		return err;
+	cmd[0] = 'M';
+	put64(cmd + 1, s->n_writes + 1);
+	return client_write(s, id, SIM_MAP_REG, cmd, MAP_HDR + len);
+}
+
+static int client_read(struct sim *s, uint64_t id, uint32_t reg, uint64_t *ctx)
 {
 	struct sim_node *n = &s->nodes[id];
 	struct read_op *rd;
@@ -1300,7 +1572,7 @@ int sim_read(struct sim *s, uint64_t id, uint32_t shard, uint64_t *ctx)
 	s->reads = grow(s->reads, &s->cap_reads, s->n_reads + 1, sizeof(*s->reads));
 	rd = &s->reads[s->n_reads];
 	memset(rd, 0, sizeof(*rd));
-	rd->shard = shard;
+	rd->shard = reg;
 	rd->node = id;
 	rd->incarnation = n->incarnation;
 	rd->ctx = ((uint64_t)id << 48) | ++s->next_ctx;
@@ -1308,15 +1580,32 @@ int sim_read(struct sim *s, uint64_t id, uint32_t shard, uint64_t *ctx)
 	rd->resp = UINT64_MAX;
 	rd->state = OP_PENDING;
 	s->n_reads++;
-	err = rps__raft_read_index(n->r, rd->ctx);
+	if (reg == SIM_MAP_REG && s->fault == SIM_FAULT_STALE_READ) {
+		/* the bug: answered from whatever this node applied */
+		rd->have_index = true;
+		err = 0;
+	} else {
+		err = rps__raft_read_index(n->r, rd->ctx);
+	}
 	if (err) {
 		s->n_reads--;
 		return err;
 	}
 	if (ctx)
-		*ctx = s->reads[s->n_reads - 1].ctx;
+		*ctx = rd->ctx;
+	complete_reads(s, n);
 	process(s, n);
 	return 0;
+}
+
+int sim_read(struct sim *s, uint64_t id, uint32_t shard, uint64_t *ctx)
+{
+	return client_read(s, id, shard, ctx);
+}
+
+int sim_map_read(struct sim *s, uint64_t id, uint64_t *ctx)
+{
+	return client_read(s, id, SIM_MAP_REG, ctx);
 }
 
 uint64_t sim_read_result(struct sim *s, uint64_t ctx)
@@ -1356,6 +1645,11 @@ void sim_shard(struct sim *s, uint64_t id, uint32_t shard, uint64_t *owner, uint
 	*epoch = s->nodes[id].sm[shard].epoch;
 }
 
+const struct rps__smap *sim_map(struct sim *s, uint64_t id)
+{
+	return &s->nodes[id].map;
+}
+
 size_t sim_stored_entries(struct sim *s, uint64_t id)
 {
 	return s->nodes[id].st.n;
@@ -1368,6 +1662,8 @@ const char *sim_error(const struct sim *s)
 
 struct sim *sim_new(const struct sim_config *cfg)
 {
+	static const char *const map_uris[] = { "tcp://10.0.0.1:7000", "tcp://10.0.0.2:7000", "tcp://10.0.0.3:7000",
+						"tcp://10.0.0.4:7000", "tcp://10.0.0.5:7000" };
 	struct sim *s = calloc(1, sizeof(*s));
 
 	if (!s)
@@ -1377,6 +1673,13 @@ struct sim *sim_new(const struct sim_config *cfg)
 	s->min_delay = 1;
 	s->max_delay = 1;
 	s->compact_every = UINT32_MAX;
+	if (rps__smap_init_replicated(&s->map0, map_uris, RPS__ARRAY_SIZE(map_uris), SIM_MAP_PARTS,
+				      cfg->map_replicas ? cfg->map_replicas : 2)) {
+		fprintf(stderr, "raft_sim: %s\n", rps__errbuf());
+		free(s);
+		return NULL;
+	}
+	s->map0_hash = map_hash(s, &s->map0);
 	for (unsigned i = 0; i < cfg->n_voters && i < SIM_MAX_IDS; i++) {
 		s->initial[s->n_initial++] = i + 1;
 		s->conf_view.voters[s->conf_view.n_voters++] = i + 1;
@@ -1405,6 +1708,9 @@ void sim_free(struct sim *s)
 	free(s->emap);
 	free(s->writes);
 	free(s->reads);
+	free(s->map_at);
+	for (uint32_t p = 0; p < SIM_MAP_PARTS; p++)
+		free(s->owner_at[p]);
 	free(s);
 }
 
@@ -1475,7 +1781,7 @@ int sim_check_linearizable(struct sim *s)
 
 	if (!order || !lw || !lr || !pos || !read_of)
 		abort();
-	for (uint32_t shard = 0; shard < SIM_SHARDS && !rc; shard++) {
+	for (uint32_t shard = 0; shard <= SIM_MAP_REG && !rc; shard++) {
 		size_t nw = 0, nr = 0, bad;
 
 		for (size_t i = 0; i < s->n_writes; i++) {
@@ -1505,7 +1811,15 @@ int sim_check_linearizable(struct sim *s)
 				continue;
 			wid = (size_t)(rd->value - 1);
 			if (wid && (wid > s->n_writes || s->writes[wid - 1].shard != shard || !pos[wid - 1])) {
-				sim_fail(s, "read of shard %u returned write %zu, which was never applied there", shard, wid);
+				sim_fail(s, "read of register %u returned write %zu, which was never applied there", shard, wid);
+				rc = -1;
+				break;
+			}
+			/* a map read returned the map as of the write it saw */
+			if (shard == SIM_MAP_REG &&
+			    rd->map_hash != (wid ? s->map_at[s->writes[wid - 1].log_index].hash : s->map0_hash)) {
+				sim_fail(s, "map read at node %llu (ctx %llx) returned a map that no node held after write %zu",
+					 (unsigned long long)rd->node, (unsigned long long)rd->ctx, wid);
 				rc = -1;
 				break;
 			}
@@ -1520,13 +1834,13 @@ int sim_check_linearizable(struct sim *s)
 			const struct read_op *rd = bad < nr ? &s->reads[read_of[bad]] : NULL;
 
 			if (rd)
-				sim_fail(s, "not linearisable: shard %u read at node %llu (ctx %llx, index %llu, events %llu..%llu) returned write %llu, "
+				sim_fail(s, "not linearisable: register %u read at node %llu (ctx %llx, index %llu, events %llu..%llu) returned write %llu, "
 					 "the %zu-th write in log order",
 					 shard, (unsigned long long)rd->node, (unsigned long long)rd->ctx,
 					 (unsigned long long)rd->wait_index, (unsigned long long)rd->inv,
 					 (unsigned long long)rd->resp, (unsigned long long)(rd->value - 1), lr[bad].saw);
 			else
-				sim_fail(s, "not linearisable: shard %u writes cannot be ordered", shard);
+				sim_fail(s, "not linearisable: register %u writes cannot be ordered", shard);
 			rc = -1;
 		}
 		for (size_t k = 0; k < nw; k++)
@@ -1738,6 +2052,138 @@ static void random_admin(struct sim *s)
 	}
 }
 
+static uint64_t map_member(struct sim *s, const struct rps__smap *m)
+{
+	if (rnd_below(s, 10) == 0)
+		return rnd_below(s, m->max_id + 3);	/* 0, a stranger or a removed member */
+	return m->members[rnd_below(s, m->nmembers)].id;
+}
+
+/* Mostly a partition with a move, a seeding or a loss under way (busy
+ * returns the member concerned), from a random start; else part. */
+static uint32_t busy_part(struct sim *s, const struct rps__smap *m, uint32_t part,
+			  uint64_t (*busy)(const struct rps__smap_part *p))
+{
+	if (rnd_below(s, 5) == 0)
+		return part;
+	for (uint32_t k = 0; k < m->npart; k++)
+		if (busy(&m->parts[(part + k) % m->npart]))
+			return (part + k) % m->npart;
+	return part;
+}
+
+static uint64_t part_moving(const struct rps__smap_part *p)
+{
+	return p->moving_to;
+}
+
+static uint64_t part_joining(const struct rps__smap_part *p)
+{
+	return p->joining;
+}
+
+static uint64_t part_lost(const struct rps__smap_part *p)
+{
+	return p->lost;
+}
+
+/* Mostly a member that holds nothing (one REMOVE_MEMBER accepts). */
+static uint64_t idle_member(struct sim *s, const struct rps__smap *m)
+{
+	uint32_t start = (uint32_t)rnd_below(s, m->nmembers);
+
+	for (uint32_t i = 0; i < m->nmembers && (i || rnd_below(s, 5)); i++) {
+		uint64_t id = m->members[(start + i) % m->nmembers].id;
+		bool busy = rps__smap_owned(m, id) || rps__smap_backed(m, id);
+
+		for (uint32_t p = 0; p < m->npart && !busy; p++)
+			busy = m->parts[p].moving_to == id || m->parts[p].joining == id;
+		if (!busy)
+			return id;
+	}
+	return map_member(s, m);
+}
+
+/* A map command that a proposer looking at m would send, or one that is
+ * wrong in some way (stale epoch, wrong member, unknown partition or type):
+ * every type, weighted to failover, replica sets, moves and removals. */
+static void random_map_cmd(struct sim *s, const struct rps__smap *m, struct rps__smap_cmd *c)
+{
+	static const char *const zones[] = { "", "a", "b", "c", "no space" };
+	unsigned t = (unsigned)rnd_below(s, 100);
+	uint32_t part = (uint32_t)rnd_below(s, m->npart), nb;
+	const struct rps__smap_part *p;
+	uint64_t backup;
+
+	if (m->nmembers < 4 && rnd_below(s, 2))
+		t = 85;		/* keep the cluster from dwindling */
+	if ((t >= 33 && t < 46) || (t >= 70 && t < 79) || (t >= 93 && t < 95))
+		part = busy_part(s, m, part, t < 46 ? part_joining : t < 79 ? part_moving : part_lost);
+	p = &m->parts[part];
+	nb = rps__smap_nbackups(m, part);
+	backup = nb && rnd_below(s, 6) ? p->backups[rnd_below(s, nb)] : map_member(s, m);
+	memset(c, 0, sizeof(*c));
+	c->part = rnd_below(s, 30) ? part : m->npart + (uint32_t)rnd_below(s, 3);
+	c->epoch = rnd_below(s, 8) ? p->epoch : p->epoch + rnd_below(s, 3) - 1;
+	if (t < 22) {
+		c->type = RPS__SMAP_FAILOVER;
+		c->from = rnd_below(s, 8) ? p->owner : map_member(s, m);
+		c->to = backup;
+		for (uint32_t k = 0; k < nb; k++)
+			if (p->backups[k] != c->to && rnd_below(s, 3))
+				c->keep[c->nkeep++] = p->backups[k];
+		if (c->nkeep < RPS__SMAP_MAX_REPLICAS - 1 && rnd_below(s, 20) == 0)
+			c->keep[c->nkeep++] = map_member(s, m);
+	} else if (t < 33) {
+		c->type = RPS__SMAP_REPLICA_BEGIN;
+		c->to = rnd_below(s, 4) ? rps__smap_pick_backup(m, part, NULL, NULL) : map_member(s, m);
+	} else if (t < 42) {
+		c->type = RPS__SMAP_REPLICA_COMMIT;
+		c->to = p->joining && rnd_below(s, 5) ? p->joining : map_member(s, m);
+	} else if (t < 46) {
+		c->type = RPS__SMAP_REPLICA_ABORT;
+	} else if (t < 54) {
+		c->type = RPS__SMAP_REPLICA_DROP;
+		c->id = backup;
+	} else if (t < 58) {
+		c->type = RPS__SMAP_SET_REPLICAS;
+		c->id = rnd_below(s, 5);
+	} else if (t < 62) {
+		c->type = RPS__SMAP_SET_ZONE;
+		c->id = map_member(s, m);
+		strcpy(c->zone, zones[rnd_below(s, RPS__ARRAY_SIZE(zones))]);
+	} else if (t < 70) {
+		c->type = RPS__SMAP_MOVE_BEGIN;
+		c->from = rnd_below(s, 8) ? p->owner : map_member(s, m);
+		c->to = map_member(s, m);
+	} else if (t < 76) {
+		c->type = RPS__SMAP_MOVE_COMMIT;
+		c->to = p->moving_to && rnd_below(s, 5) ? p->moving_to : map_member(s, m);
+	} else if (t < 79) {
+		c->type = RPS__SMAP_MOVE_ABORT;
+	} else if (t < 84) {
+		c->type = RPS__SMAP_FORCE_REMOVE;
+		c->id = map_member(s, m);
+	} else if (t < 90) {
+		c->type = RPS__SMAP_ADD_MEMBER;
+		c->id = rnd_below(s, 6) ? m->max_id + 1 : map_member(s, m);
+		snprintf(c->uri, sizeof(c->uri), "tcp://10.0.1.%u:7000", (unsigned)rnd_below(s, 24));
+	} else if (t < 91) {
+		c->type = RPS__SMAP_REMOVE_MEMBER;
+		c->id = idle_member(s, m);
+	} else if (t < 93) {
+		c->type = RPS__SMAP_MARK_LOST;
+		c->from = p->owner;
+	} else if (t < 95) {
+		c->type = RPS__SMAP_CLEAR_LOST;
+	} else if (t < 97) {
+		c->type = RPS__SMAP_NOP;
+	} else {
+		/* encodes, but no node can decode it */
+		c->type = rnd_below(s, 2) ? 0 : RPS__SMAP_CMD_LAST + 1 + (uint32_t)rnd_below(s, 3);
+	}
+}
+
 /* A client next to a random node: writes go to the node it believes leads. */
 static void random_client(struct sim *s)
 {
@@ -1754,6 +2200,28 @@ static void random_client(struct sim *s)
 		sim_write(s, id, shard, 1 + rnd_below(s, 1000));
 	} else {
 		sim_read(s, id, shard, &ctx);
+	}
+}
+
+/* The same for the shard map: a command made from the map of the node the
+ * client is next to (maybe behind: stale commands are refused alike
+ * everywhere), or a read of the whole map. */
+static void random_map_client(struct sim *s)
+{
+	uint64_t id = random_live(s), ctx;
+
+	if (!id || s->nodes[id].paused_until > s->now)
+		return;
+	if (rnd_below(s, 2)) {
+		uint64_t lead = rps__raft_leader(s->nodes[id].r);
+		struct rps__smap_cmd c;
+
+		random_map_cmd(s, &s->nodes[id].map, &c);
+		if (lead && lead <= SIM_MAX_IDS && s->nodes[lead].r && s->nodes[lead].paused_until <= s->now)
+			id = lead;
+		sim_map_write(s, id, &c);
+	} else {
+		sim_map_read(s, id, &ctx);
 	}
 }
 
@@ -1846,6 +2314,12 @@ static int check_liveness(struct sim *s)
 
 int sim_run_random(uint64_t seed, unsigned trace_on, struct sim_run_stats *stats, char *err, size_t errlen)
 {
+	return sim_run_random_fault(seed, SIM_FAULT_NONE, trace_on, stats, err, errlen);
+}
+
+int sim_run_random_fault(uint64_t seed, enum sim_map_fault fault, unsigned trace_on, struct sim_run_stats *stats,
+			 char *err, size_t errlen)
+{
 	struct sim_config cfg;
 	struct sim *s;
 	uint64_t rng = seed * 0x2545f4914f6cdd1dull + 1;
@@ -1866,16 +2340,18 @@ int sim_run_random(uint64_t seed, unsigned trace_on, struct sim_run_stats *stats
 	/* single-entry appends split an old entry from the new leader's
 	 * no-op: the ground for the Figure 8 scenario */
 	cfg.max_entries = (rng >> 32) % 3 == 0 ? 1 : 2 + (unsigned)((rng >> 34) % 4);
+	cfg.map_replicas = 2 + (unsigned)((rng >> 56) % 2);
 	s = sim_new(&cfg);
 	if (!s)
 		return -ENOMEM;
+	s->fault = fault;
 	s->trace = trace_on;
 	s->random_mode = true;
 	s->compact_every = 4 + (unsigned)((rng >> 40) % 40);
 	fault_ticks = 150 + (unsigned)((rng >> 48) % 200);
-	trace(s, "seed %llu: %u voters, heartbeat %u, pre_vote %d, check_quorum %d, inflight %u, entries %u, compact every %u",
+	trace(s, "seed %llu: %u voters, heartbeat %u, pre_vote %d, check_quorum %d, inflight %u, entries %u, compact every %u, map R %u",
 	      (unsigned long long)seed, cfg.n_voters, cfg.heartbeat_ticks, cfg.pre_vote, cfg.check_quorum,
-	      cfg.max_inflight, cfg.max_entries, s->compact_every);
+	      cfg.max_inflight, cfg.max_entries, s->compact_every, cfg.map_replicas);
 
 	for (unsigned t = 0; t < fault_ticks && !s->failed; t++) {
 		if (t >= phase_end) {
@@ -1897,6 +2373,8 @@ int sim_run_random(uint64_t seed, unsigned trace_on, struct sim_run_stats *stats
 				random_client(s);
 			if (chance(s, 120000))
 				random_client(s);
+			if (chance(s, 120000))
+				random_map_client(s);
 			if (chance(s, 4000)) {
 				/* sometimes a burst: only the first may pass */
 				for (unsigned k = rnd_below(s, 3) ? 1 : 3; k > 0; k--)

@@ -6,8 +6,12 @@
  * Each node is an application as raft.h describes it: it persists every
  * ready (snapshot, entries, hard state) to an in-memory "disk", sends the
  * messages only afterwards (checked), and applies committed entries to a
- * shard map shard -> (owner, epoch, write id).  A crash throws away the core
- * and the state machine; a restart hands the core exactly what the disk holds.
+ * toy shard map shard -> (owner, epoch, write id) and, for entries of the
+ * second kind, to the product's shard map (proto/smap.h) with the product's
+ * decode and apply, as src/control/cp_map.c does (a refused or undecodable
+ * command changes nothing but the map's applied index).  Snapshots carry
+ * both.  A crash throws away the core and the state machines; a restart
+ * hands the core exactly what the disk holds.
  *
  * The network carries every message encoded (rps__raft_msg_encode/decode), so
  * the codec is exercised on every delivery.
@@ -31,11 +35,18 @@
  *    one in the log; a leader proposes a membership change only when the
  *    previous one is committed and it committed an entry of its term;
  *  - in random runs, forged twins of every 61st delivery (a term of 2^64-1,
- *    a stranger's answer) are refused and change nothing.
+ *    a stranger's answer) are refused and change nothing;
+ *  - the product's shard map: every node's encoded map is byte-identical at
+ *    equal applied index (applied or restored from a snapshot); over every
+ *    node's whole history one owner per (partition, epoch); a partition's
+ *    epoch never goes back within a node's life; the owner is never one of
+ *    its backups, backups are distinct members; a FAILOVER that applied made
+ *    primary a member that was a backup at the epoch before.
  * And at the end of a random run: linearisability of the client history
- * (writes "move shard s to owner o", ReadIndex reads), and liveness once
- * every fault is healed (a leader, every member caught up, and a
- * linearisable read served at each of them).
+ * (writes "move shard s to owner o" and shard map commands, ReadIndex reads
+ * of a shard and of the whole map, a map read's bytes being the map as of
+ * the write it saw), and liveness once every fault is healed (a leader,
+ * every member caught up, and a linearisable read served at each of them).
  *
  * A random run: 3 to 5 voters with seeded settings (PreVote and
  * CheckQuorum each on in 3 of 4 seeds, window, batch size, heartbeat), then
@@ -45,7 +56,8 @@
  * to 3.5 election timeouts, crash-heavy, or "churn" (each new leader cut off or
  * crashed within a few ticks: entries of many terms half replicated, the
  * ground of the Raft paper's Figure 8); throughout, client writes and
- * reads at random nodes, membership changes (learners added on fresh ids,
+ * reads at random nodes (shard map commands, valid and not, of every type,
+ * over a map of 5 members, 16 partitions and 2 or 3 replicas), membership changes (learners added on fresh ids,
  * promoted, removed; voters added and removed; sometimes in bursts),
  * leadership transfers, compaction, crashes at any persistence step
  * (including a torn append that keeps only a prefix) and restarts from disk.
@@ -58,6 +70,7 @@
 #define RPS_TEST_RAFT_SIM_H
 
 #include "control/raft.h"
+#include "proto/smap.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -65,6 +78,7 @@
 
 #define SIM_MAX_IDS 8u		/* node ids 1..8 */
 #define SIM_SHARDS 4u
+#define SIM_MAP_PARTS 16u	/* the product's shard map: 5 members, 16 partitions */
 
 struct sim;
 
@@ -77,6 +91,7 @@ struct sim_config {
 	bool pre_vote;
 	bool check_quorum;
 	uint64_t seed;
+	unsigned map_replicas;		/* R of the initial shard map, 0: 2 */
 };
 
 /* A cluster with nodes 1..n_voters up and no message sent yet. */
@@ -107,6 +122,13 @@ int sim_write(struct sim *s, uint64_t id, uint32_t shard, uint64_t owner);
 int sim_read(struct sim *s, uint64_t id, uint32_t shard, uint64_t *ctx);
 /* The value a completed read returned: 0 pending, else 1 + write id. */
 uint64_t sim_read_result(struct sim *s, uint64_t ctx);
+/* A shard map command (its encoding, proposed like a write), and a ReadIndex
+ * read of the whole map; sim_read_result says 1 + the write id of the map
+ * command it saw (0 the initial map). */
+int sim_map_write(struct sim *s, uint64_t id, const struct rps__smap_cmd *c);
+int sim_map_read(struct sim *s, uint64_t id, uint64_t *ctx);
+/* Node id's shard map (its state while up). */
+const struct rps__smap *sim_map(struct sim *s, uint64_t id);
 /* Compact node id's log up to what it applied (its disk and its core). */
 int sim_compact(struct sim *s, uint64_t id);
 
@@ -141,9 +163,27 @@ struct sim_run_stats {
 	unsigned transfers;
 	unsigned snapshots;
 	unsigned msgs;
+	unsigned map_reads_ok;
+	unsigned map_refused;			/* committed map commands refused (each index once) */
+	unsigned map_ok[RPS__SMAP_CMD_LAST + 1];	/* ... applied, by type */
 };
 /* trace: 0 quiet, 1 events on stderr, 2 events and every message. */
 int sim_run_random(uint64_t seed, unsigned trace, struct sim_run_stats *stats, char *err, size_t errlen);
+
+/* Deliberate bugs, to show the shard map checks catch them. */
+enum sim_map_fault {
+	SIM_FAULT_NONE,
+	SIM_FAULT_SKIP_APPLY,		/* node 2 skips every 5th map command */
+	SIM_FAULT_SNAPSHOT_NO_MAP,	/* a restored snapshot brings the initial map */
+	SIM_FAULT_SPLIT_OWNER,		/* node 2: a FAILOVER keeps the old primary (epoch + 1) */
+	SIM_FAULT_FAILOVER_KEEPS_OLD,	/* the same on every node */
+	SIM_FAULT_OWNER_BACKUP,		/* every node: REPLICA_COMMIT appends the owner */
+	SIM_FAULT_TWIN_BACKUPS,		/* every node: REPLICA_COMMIT doubles the first backup */
+	SIM_FAULT_STALE_READ,		/* map reads answer at once, without ReadIndex */
+	SIM_FAULT_KINDS,
+};
+int sim_run_random_fault(uint64_t seed, enum sim_map_fault fault, unsigned trace, struct sim_run_stats *stats,
+			 char *err, size_t errlen);
 
 /* The linearisability checker on its own, over one register whose writes
  * carry unique values, with the writes' order known (log order): times are

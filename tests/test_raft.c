@@ -1368,6 +1368,74 @@ static void test_snapshot_install(void)
 	sim_free(s);
 }
 
+static struct rps__smap_cmd map_cmd(uint32_t type, uint32_t part, uint64_t from, uint64_t to, uint64_t epoch)
+{
+	struct rps__smap_cmd c;
+
+	memset(&c, 0, sizeof(c));
+	c.type = type;
+	c.part = part;
+	c.from = from;
+	c.to = to;
+	c.epoch = epoch;
+	return c;
+}
+
+/* Shard map commands go through the log and the product's apply on every
+ * node, refusals included; a lagging node catches up through a snapshot
+ * that carries the map, a restarted one from its disk; a ReadIndex read of
+ * the map at a follower sees the last command. */
+static void test_shard_map_through_raft(void)
+{
+	struct sim *s = cluster_led_by(3, true, true, 1);
+	struct rps__smap_cmd c[5];
+	const struct rps__smap *m1;
+	uint64_t ctx = 0;
+
+	m1 = sim_map(s, 1);
+	/* the bootstrap map: 5 members, R = 2, partition 0 on 1 backed by 2 */
+	CU_ASSERT_EQUAL(m1->nmembers, 5);
+	CU_ASSERT_EQUAL(m1->replicas, 2);
+	CU_ASSERT_EQUAL(m1->parts[0].owner, 1);
+	CU_ASSERT_EQUAL(m1->parts[0].backups[0], 2);
+	sim_isolate(s, 3);
+	c[0] = map_cmd(RPS__SMAP_FAILOVER, 0, 1, 2, 1);
+	c[1] = map_cmd(RPS__SMAP_FAILOVER, 0, 1, 2, 1);		/* a replay: refused */
+	c[2] = map_cmd(RPS__SMAP_REPLICA_BEGIN, 0, 0, 3, 2);
+	c[3] = map_cmd(RPS__SMAP_REPLICA_COMMIT, 0, 0, 3, 2);
+	c[4] = map_cmd(0, 0, 0, 0, 0);				/* undecodable */
+	for (int i = 0; i < 5; i++)
+		CU_ASSERT_EQUAL(sim_map_write(s, 1, &c[i]), 0);
+	sim_deliver_all(s);
+	sim_tick_all(s, 1);
+	CU_ASSERT_EQUAL(m1->applied, sim_applied(s, 1));
+	CU_ASSERT_EQUAL(m1->parts[0].owner, 2);
+	CU_ASSERT_EQUAL(m1->parts[0].epoch, 2);
+	CU_ASSERT_EQUAL(m1->parts[0].backups[0], 3);
+	CU_ASSERT_EQUAL(m1->parts[0].backups[1], 0);
+	CU_ASSERT_EQUAL(memcmp(m1, sim_map(s, 2), sizeof(*m1)), 0);
+	CU_ASSERT_EQUAL(sim_map(s, 3)->parts[0].owner, 1);	/* cut off */
+	/* a linearisable read of the map at a follower */
+	CU_ASSERT_EQUAL(sim_map_read(s, 2, &ctx), 0);
+	sim_deliver_all(s);
+	CU_ASSERT_EQUAL(sim_read_result(s, ctx), 1 + 5);
+	/* 3 catches up through a snapshot, which brings the map */
+	CU_ASSERT_EQUAL(sim_compact(s, 1), 0);
+	CU_ASSERT_EQUAL(sim_compact(s, 2), 0);
+	sim_heal(s);
+	sim_tick_all(s, 20);
+	CU_ASSERT_EQUAL(sim_applied(s, 3), sim_applied(s, 1));
+	CU_ASSERT_EQUAL(memcmp(m1, sim_map(s, 3), sizeof(*m1)), 0);
+	/* a restart restores the map from the node's own disk */
+	sim_crash(s, 2);
+	CU_ASSERT_EQUAL(sim_restart(s, 2), 0);
+	sim_tick_all(s, 3);
+	CU_ASSERT_EQUAL(memcmp(m1, sim_map(s, 2), sizeof(*m1)), 0);
+	CU_ASSERT_EQUAL(sim_check_linearizable(s), 0);
+	assert_no_violation(s);
+	sim_free(s);
+}
+
 static void test_restart_recovers_persisted_state(void)
 {
 	struct sim *s = cluster_led_by(3, true, true, 1);
@@ -1721,7 +1789,7 @@ static void test_simulator_random_seeds(void)
 	unsigned long long n = one ? 1 : env_ull("RAFT_SIM_SEEDS", 2500);
 	unsigned trace = one ? (unsigned)env_ull("RAFT_SIM_TRACE", 0) : 0;
 	struct sim_run_stats tot, st;
-	unsigned failures = 0;
+	unsigned failures = 0, map_ok = 0;
 	clock_t t0 = clock();
 
 	memset(&tot, 0, sizeof(tot));
@@ -1743,12 +1811,71 @@ static void test_simulator_random_seeds(void)
 		tot.transfers += st.transfers;
 		tot.snapshots += st.snapshots;
 		tot.msgs += st.msgs;
+		tot.map_reads_ok += st.map_reads_ok;
+		tot.map_refused += st.map_refused;
+		for (unsigned t = 0; t <= RPS__SMAP_CMD_LAST; t++) {
+			tot.map_ok[t] += st.map_ok[t];
+			map_ok += st.map_ok[t];
+		}
 	}
 	CU_ASSERT_EQUAL(failures, 0);
 	fprintf(stderr, "\n  %llu seeds from %llu in %.1f s: %u ticks, %u leaders, %u crashes, %u writes, %u reads, "
-		"%u membership changes, %u transfers, %u snapshots installed, %u messages\n",
+		"%u membership changes, %u transfers, %u snapshots installed, %u messages; "
+		"shard map: %u commands applied (%u failovers), %u refused, %u reads\n",
 		n, first, (double)(clock() - t0) / CLOCKS_PER_SEC, tot.ticks, tot.leaders, tot.crashes, tot.writes_ok,
-		tot.reads_ok, tot.conf_changes, tot.transfers, tot.snapshots, tot.msgs);
+		tot.reads_ok, tot.conf_changes, tot.transfers, tot.snapshots, tot.msgs, map_ok,
+		tot.map_ok[RPS__SMAP_FAILOVER], tot.map_refused, tot.map_reads_ok);
+	if (n < 500)
+		return;
+	/* the runs went everywhere: every command type applied somewhere */
+	CU_ASSERT_EQUAL(tot.map_ok[0], 0);
+	for (unsigned t = RPS__SMAP_ADD_MEMBER; t <= RPS__SMAP_CMD_LAST; t++) {
+		if (tot.map_ok[t] < 10 || getenv("RAFT_SIM_VERBOSE"))
+			fprintf(stderr, "  %u %s commands applied\n", tot.map_ok[t], rps__smap_cmd_name(t));
+		CU_ASSERT(tot.map_ok[t] >= 10);
+	}
+	CU_ASSERT(tot.map_refused >= map_ok / 4);
+	CU_ASSERT(tot.map_reads_ok >= 1000);
+}
+
+/* Each shard map check fails when what it guards is broken (the simulator
+ * injects the bug): the first seeds that fail say why. */
+static void test_simulator_map_checks_fail(void)
+{
+	static const struct {
+		enum sim_map_fault fault;
+		const char *says;
+	} cases[] = {
+		{ SIM_FAULT_SKIP_APPLY, "shard maps differ at applied index" },
+		{ SIM_FAULT_SNAPSHOT_NO_MAP, "epoch went back" },
+		{ SIM_FAULT_SNAPSHOT_NO_MAP, "shard maps differ at applied index" },
+		{ SIM_FAULT_SPLIT_OWNER, "has two owners in epoch" },
+		{ SIM_FAULT_FAILOVER_KEEPS_OLD, "the backups were" },
+		{ SIM_FAULT_OWNER_BACKUP, "is also its backup" },
+		{ SIM_FAULT_TWIN_BACKUPS, "twice" },
+		{ SIM_FAULT_STALE_READ, "not linearisable: register 4 read" },
+	};
+
+	for (size_t i = 0; i < RPS__ARRAY_SIZE(cases); i++) {
+		unsigned long long seed, failed = 0;
+		char err[1024] = "";
+
+		for (seed = 1; seed <= 200; seed++) {
+			if (!sim_run_random_fault(seed, cases[i].fault, 0, NULL, err, sizeof(err)))
+				continue;
+			failed++;
+			if (strstr(err, cases[i].says))
+				break;
+			if (getenv("RAFT_SIM_VERBOSE"))
+				fprintf(stderr, "\n  fault %d, seed %llu, not yet: %s", (int)cases[i].fault, seed, err);
+		}
+		if (getenv("RAFT_SIM_VERBOSE") && seed <= 200)
+			fprintf(stderr, "\n  fault %d, seed %llu: %s", (int)cases[i].fault, seed, err);
+		if (seed > 200)
+			fprintf(stderr, "\n  fault %d: no seed failed with \"%s\" (%llu failed otherwise, last: %s)\n",
+				(int)cases[i].fault, cases[i].says, failed, err);
+		CU_ASSERT(seed <= 200);
+	}
 }
 
 int main(void)
@@ -1783,6 +1910,7 @@ int main(void)
 		{ "appended entries out of order refused", test_app_entries_out_of_order_refused },
 		{ "snapshot install (and resend)", test_snapshot_install },
 		{ "restart recovers persisted state", test_restart_recovers_persisted_state },
+		{ "shard map commands through Raft", test_shard_map_through_raft },
 		{ "ReadIndex", test_read_index },
 		{ "codec round trip", test_codec_roundtrip },
 		{ "codec rejects malformed input", test_codec_rejects_malformed },
@@ -1790,6 +1918,7 @@ int main(void)
 	static const struct cutest sim_tests[] = {
 		{ "linearisability checker", test_linearizability_checker },
 		{ "random seeds", test_simulator_random_seeds },
+		{ "shard map checks catch injected bugs", test_simulator_map_checks_fail },
 	};
 	const struct cutest_suite suites[] = {
 		{ "raft", NULL, NULL, NULL, NULL, core_tests, CUTEST_COUNT(core_tests) },
