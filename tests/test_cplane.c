@@ -61,6 +61,8 @@ struct rps__server {
 	bool reached;		/* hold_reached's answer */
 	int mr_next;
 	float params[8];
+	uint64_t lease_until;	/* set_lease */
+	unsigned nleases;
 };
 
 static struct rps__server fake;
@@ -238,6 +240,12 @@ static int f_restore_shard(struct rps__server *s, const char *file, struct tenso
 	return 1;
 }
 
+static void f_set_lease(struct rps__server *s, uint64_t until_ns)
+{
+	s->lease_until = until_ns;
+	s->nleases++;
+}
+
 static const struct rps__dp_ops fake_ops = {
 	.set_member_id = f_set_member_id, .set_map = f_set_map, .map_register = f_map_register,
 	.map_deregister = f_map_deregister, .mem_register = f_mem_register, .mem_deregister = f_mem_deregister,
@@ -251,7 +259,7 @@ static const struct rps__dp_ops fake_ops = {
 	.part_install = f_part_install, .part_drop = f_part_drop, .hold_steps = f_hold_steps,
 	.hold_tensor = f_hold_tensor, .hold_release = f_hold_release, .hold_reached = f_hold_reached,
 	.drain = f_drain, .take = f_take, .copy_free = f_copy_free, .restore_tensor = f_restore_tensor,
-	.restore_shard = f_restore_shard,
+	.restore_shard = f_restore_shard, .set_lease = f_set_lease,
 };
 
 /* ---- the control plane under test ------------------------------------------ */

@@ -284,16 +284,15 @@ static int cb_send(void *ctx, uint64_t to, const void *buf, size_t len)
 
 static void cb_read_ready(void *ctx, uint64_t read_ctx, uint64_t index)
 {
-	(void)ctx;
-	(void)read_ctx;
 	(void)index;
+	rps__cp_failover_read_ready(ctx, read_ctx);	/* (leases are the only reads) */
 }
 
 static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term)
 {
 	struct rps__cplane *cp = ctx;
 
-	(void)cp;
+	rps__cp_failover_role(cp, role == RPS__RAFT_LEADER);
 	if (role == RPS__RAFT_LEADER)
 		rps__log(RPS__LOG_INFO, "raft: leader of term %llu", (unsigned long long)term);
 	else if (leader)
