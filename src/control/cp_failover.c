@@ -96,9 +96,10 @@ void rps__cp_lease_send(struct rps__cplane *cp, uint64_t now)
 	l.t_send = now;
 	fo->sent[l.seq % FO_SENT_MAX].seq = l.seq;
 	fo->sent[l.seq % FO_SENT_MAX].t_send = now;
-	if (leader == cp->my_id)
-		rps__cp_on_lease(cp, NULL, &l);
-	else
+	if (leader == cp->my_id) {
+		if (!rps__cp_on_lease(cp, NULL, &l))
+			fo->next_send = now;	/* no round yet (a new term's first commit): next turn */
+	} else
 		rps__cp_peer_send(cp, leader, RPS__MSG_LEASE, 0, 0, &l, sizeof(l));
 }
 
@@ -179,8 +180,9 @@ void rps__cp_failover_role(struct rps__cplane *cp, bool leader)
 }
 
 /* A LEASE from member c's peer (c NULL: our own).  The grant waits for a
- * ReadIndex round, which only a leader that still leads completes. */
-void rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__lease *l)
+ * ReadIndex round, which only a leader that still leads completes; false
+ * if no round was started. */
+bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__lease *l)
 {
 	struct cp_failover *fo = &cp->fo;
 	uint64_t id = c ? cp->dp->conn_peer_id(c) : cp->my_id;
@@ -190,7 +192,7 @@ void rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__
 	int ret;
 
 	if (!fo->leading || !rps__rnode_is_leader(cp->rnode))
-		return;	/* not ours to grant; the member asks the leader it learns of */
+		return false;	/* not ours to grant; the member asks the leader it learns of */
 	if (id != cp->my_id && rps__smap_member(&cp->map, id) && (k = contact_get(cp, id, now))) {
 		if (k->failed_at)
 			rps__log(RPS__LOG_WARN, "member %llu: in contact again %llu ms after it was declared failed"
@@ -201,15 +203,16 @@ void rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__
 		k->deadline = now + fo->failover_ns;
 	}
 	if (fo->nwaits == FO_WAITS_MAX)
-		return;	/* it asks again in failover_ms / 10 */
+		return false;	/* it asks again in failover_ms / 10 */
 	ctx = cp->my_id << 48 | (++fo->next_ctx & 0xffffffffffffull);
 	ret = rps__rnode_read(cp->rnode, ctx);
 	if (ret) {
 		rps__log(RPS__LOG_DEBUG, "lease for member %llu not granted: %s", (unsigned long long)id,
 			 rps__errbuf());
-		return;
+		return false;
 	}
 	fo->waits[fo->nwaits++] = (struct fo_wait){ .read_ctx = ctx, .id = id, .seq = l->seq, .t_recv = now };
+	return true;
 }
 
 /* The ReadIndex round of a LEASE completed: a quorum acknowledged our term

@@ -214,7 +214,7 @@ uint64_t rps__cp_failover_now(void);
 void rps__cp_failover_init(struct rps__cplane *cp);
 void rps__cp_lease_send(struct rps__cplane *cp, uint64_t now);
 void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now);
-void rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__lease *l);
+bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__lease *l);
 void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct rps__lease_rep *r);
 void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx);
 void rps__cp_failover_role(struct rps__cplane *cp, bool leader);
