@@ -841,10 +841,12 @@ static unsigned leases_before;
 static bool leased_again(void) { return fake.nleases > leases_before; }
 
 /* A new leader cannot know what its predecessor granted: it declares
- * nobody failed before 1.1 x lease_ms after winning, and does after. */
+ * nobody failed before 1.1 x lease_ms after winning, and does after; a
+ * member never connected since the start is not declared failed until it
+ * was connected and then silent for failover_ms. */
 static void test_new_leader_waits(void)
 {
-	uint64_t won;
+	uint64_t won, t;
 
 	int level = rps__log_level;
 
@@ -856,16 +858,32 @@ static void test_new_leader_waits(void)
 	won = rps__cp_fake_clock_ns += 10000 * MS;
 	leases_before = fake.nleases;
 	CU_ASSERT_FATAL(rps__cp_create(&the_cfg, &cp) == 0 && rps__cp_start(cp, &fake_ops, &fake, &hooks) == 0);
+	hooks.peer_attached(hooks.ctx, &peer2);	/* (connected before it leads; 4 is not) */
+	hooks.peer_attached(hooks.ctx, &peer3);
 	CU_ASSERT_FATAL(run_until(leased_again));	/* it leads (the clock stood still) */
 	CU_ASSERT_EQUAL(fake.lease_until, won + LEASE_NS);
-	hooks.peer_attached(hooks.ctx, &peer3);
 	send_lease(&peer3, 4);
 	rps__cp_fake_clock_ns = won + LEASE_NS / 10 * 11;
 	turn();
 	CU_ASSERT(!failed(2) && !failed(3) && !failed(4));
 	rps__cp_fake_clock_ns += 1;
 	turn();
-	CU_ASSERT(failed(2) && !failed(3) && failed(4));
+	CU_ASSERT(failed(2) && !failed(3));
+	/* never connected since the start (servers come up apart): not failed,
+	 * and once it connects it has failover_ms from then */
+	CU_ASSERT(!failed(4));
+	t = rps__cp_fake_clock_ns += 1000 * MS;
+	hooks.peer_attached(hooks.ctx, &peer4);
+	send_lease(&peer3, 5);
+	turn();
+	rps__cp_fake_clock_ns = t + FAILOVER_NS / 2;
+	send_lease(&peer3, 6);
+	rps__cp_fake_clock_ns = t + FAILOVER_NS;
+	turn();
+	CU_ASSERT(!failed(4));
+	rps__cp_fake_clock_ns += 1;
+	turn();
+	CU_ASSERT(failed(4) && !failed(3));
 	rps__log_level = level;
 }
 
@@ -881,7 +899,7 @@ int main(void)
 		{ "lease: granted after a ReadIndex round, runs from t_send", test_lease_after_read_index },
 		{ "failure: declared after failover_ms exactly; R=1: nothing proposed", test_failure_without_backups },
 		{ "failover: FAILOVER, REPLICA_DROP, REPLICA_ABORT in one batch", test_failover_proposed },
-		{ "a new leader waits 1.1 x lease_ms", test_new_leader_waits },
+		{ "a new leader waits 1.1 x lease_ms; members never connected are not failed", test_new_leader_waits },
 	};
 
 	return cutest_run1("cplane", suite_init, suite_fini, NULL, NULL, tests, RPS__ARRAY_SIZE(tests));

@@ -72,7 +72,7 @@ uint64_t rps__cp_failover_now(void)
 
 void rps__cp_failover_init(struct rps__cplane *cp)
 {
-	memset(&cp->fo, 0, sizeof(cp->fo));
+	memset(&cp->fo, 0, sizeof(cp->fo));	/* (heard of nobody yet) */
 	cp->fo.failover_ns = ms_ns(cp->cfg.failover_ms);
 	cp->fo.lease_ns = cp->fo.failover_ns / 2;
 }
@@ -193,6 +193,8 @@ bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__
 
 	if (!fo->leading || !rps__rnode_is_leader(cp->rnode))
 		return false;	/* not ours to grant; the member asks the leader it learns of */
+	if (id != cp->my_id)
+		rps__cp_failover_heard(cp, id);
 	if (id != cp->my_id && rps__smap_member(&cp->map, id) && (k = contact_get(cp, id, now))) {
 		if (k->failed_at)
 			rps__log(RPS__LOG_WARN, "member %llu: in contact again %llu ms after it was declared failed"
@@ -319,6 +321,40 @@ static uint32_t propose_failover(struct rps__cplane *cp, uint64_t f)
 	return n;
 }
 
+static bool heard_of(const struct cp_failover *fo, uint64_t id)
+{
+	for (uint32_t i = 0; i < fo->nheard; i++)
+		if (fo->heard[i] == id)
+			return true;
+	return false;
+}
+
+/* A peer connection with member id (either way).  A member this server
+ * never had a connection with since it started is never declared failed:
+ * servers of a cluster come up seconds apart, and one that never came up
+ * held no lease and no acknowledged push (psctl remove-server --force
+ * deals with it).  One heard of for the first time gets failover_ms from
+ * now, whatever the election said. */
+void rps__cp_failover_heard(struct rps__cplane *cp, uint64_t id)
+{
+	struct cp_failover *fo = &cp->fo;
+	uint64_t now = rps__cp_failover_now();
+	struct fo_contact *k;
+
+	if (heard_of(fo, id))
+		return;
+	for (uint32_t i = 0; fo->nheard == RPS__SMAP_MAX_MEMBERS && i < fo->nheard;)
+		if (!rps__smap_member(&cp->map, fo->heard[i]))
+			fo->heard[i] = fo->heard[--fo->nheard];	/* (ids are never reused) */
+		else
+			i++;
+	if (fo->nheard == RPS__SMAP_MAX_MEMBERS)
+		return;
+	fo->heard[fo->nheard++] = id;
+	if (fo->leading && (k = contact_get(cp, id, now)) && !k->failed_at && k->deadline < now + fo->failover_ns)
+		k->deadline = now + fo->failover_ns;
+}
+
 /* Leader duty (every turn of the loop): declare members failed, and keep
  * proposing what their failure calls for until the map shows it applied
  * (a failed member then has no role left that calls for anything). */
@@ -342,7 +378,8 @@ void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now)
 		uint64_t id = cp->map.members[i].id;
 		struct fo_contact *k;
 
-		if (id == cp->my_id || !(k = contact_get(cp, id, now)) || k->failed_at || now <= k->deadline)
+		if (id == cp->my_id || !heard_of(fo, id) || !(k = contact_get(cp, id, now)) || k->failed_at ||
+		    now <= k->deadline)
 			continue;
 		k->failed_at = now;
 		k->next_try = now;

@@ -115,6 +115,9 @@ struct cp_failover {
 	struct fo_wait waits[FO_WAITS_MAX];
 	uint32_t nwaits;
 	uint64_t next_ctx;
+	/* members connected to us since we started (only they can be failed) */
+	uint64_t heard[RPS__SMAP_MAX_MEMBERS];
+	uint32_t nheard;
 };
 
 struct rps__cplane {
@@ -218,6 +221,7 @@ bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__
 void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct rps__lease_rep *r);
 void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx);
 void rps__cp_failover_role(struct rps__cplane *cp, bool leader);
+void rps__cp_failover_heard(struct rps__cplane *cp, uint64_t id);
 
 /* ckpt_srv.c: checkpoints and restores */
 void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps__msg_hdr *h,
