@@ -202,6 +202,11 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp)
 				   RPS__SMAP_MAX_MEMBERS);
 	for (i = 0; i < cp->ncluster; i++)
 		uris[i] = rps__uri_str(&cp->cluster[i], bufs[i], sizeof(bufs[i]));
+	/* Test hook (RPS_FAULT=bootstrap-replicas-2 or -3): a new cluster's map
+	 * with backups, for the failover tests, until --replicas exists. */
+	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "bootstrap-replicas-")))
+		return rps__smap_init_replicated(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
+						 (uint32_t)atoi(strstr(getenv("RPS_FAULT"), "bootstrap-replicas-") + 19));
 	return rps__smap_init(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart);
 }
 
