@@ -247,7 +247,9 @@ int rps__cp_create(const struct rps__server_config *cfg, struct rps__cplane **ou
 	if (!cp)
 		return rps__seterr(-ENOMEM, "out of memory");
 	cp->cfg = *cfg;
-	if ((uint64_t)cfg->failover_ms < 10ull * cfg->tick_ms) {
+	if (!cfg->failover_ms)	/* (a slow --tick-ms alone keeps working) */
+		cp->cfg.failover_ms = (uint32_t)RPS__MIN(RPS__MAX(1000ull, 10ull * cfg->tick_ms), UINT32_MAX);
+	if ((uint64_t)cp->cfg.failover_ms < 10ull * cfg->tick_ms) {
 		ret = rps__seterr(-EINVAL, "--failover-ms %u: at least 10 x --tick-ms (%u)", cfg->failover_ms,
 				  cfg->tick_ms);
 		goto err_free;

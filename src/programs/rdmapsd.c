@@ -63,7 +63,7 @@ static void usage(FILE *f)
 		"      --election-ticks N    ticks without a leader before an election (default 10)\n"
 		"      --move-timeout-ms MS  abort a partition move not installed by then (default 30000)\n"
 		"      --failover-ms MS      a server silent this long is failed; its leases last MS/2\n"
-		"                            (default 1000, at least 10 x --tick-ms)\n"
+		"                            (default 1000 or 10 x --tick-ms if more; at least that)\n"
 		"      --restore DIR         load the checkpoint in DIR (psctl checkpoint) before serving\n"
 		"  -p, --port-file PATH      write the listening port here once ready\n"
 		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
@@ -333,7 +333,7 @@ static int parse_options(int argc, char **argv, struct opts *o)
 /* What the options mean together: -1 to go on, or the exit status. */
 static int validate(const struct opts *o)
 {
-	if ((uint64_t)o->cfg.failover_ms < 10ull * o->cfg.tick_ms) {
+	if (o->cfg.failover_ms && (uint64_t)o->cfg.failover_ms < 10ull * o->cfg.tick_ms) {
 		fprintf(stderr, "rdmapsd: --failover-ms %u: at least 10 x --tick-ms (%u): a lease is renewed every"
 			" failover-ms/10 and must outlast a Raft round\n", o->cfg.failover_ms, o->cfg.tick_ms);
 		return 2;

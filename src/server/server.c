@@ -65,7 +65,6 @@ void rps__server_config_init(struct rps__server_config *cfg)
 	cfg->election_ticks = 10;
 	cfg->move_timeout_ms = 30000;
 	cfg->drain_ms = 2000;
-	cfg->failover_ms = 1000;
 }
 
 /* ---- memory accounting ------------------------------------------------ */
