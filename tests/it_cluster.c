@@ -1927,6 +1927,9 @@ static void test_cli_numbers_refused_at_start(void)
 		{ "--partitions 257", "--partitions" },
 		{ "--numa-node -1", "--numa-node" },
 		{ "--tick-ms 1.5", "--tick-ms" },
+		{ "--failover-ms 499", "--failover-ms" },		/* below 10 x the 50 ms tick */
+		{ "--tick-ms 20 --failover-ms 199", "--failover-ms" },
+		{ "--failover-ms 0", "--failover-ms" },
 	};
 	char err[1024];
 	size_t i;

@@ -2510,6 +2510,93 @@ static void test_remove_server_force_dead_member(void)
 	stop_all(&clu);
 }
 
+
+/* ---- failure detection and failover (issue 12) ----------------------------------- */
+
+#define FAILOVER_MS 800		/* (leases every 80 ms: a loaded machine's stalls stay well below) */
+
+/* What the map must say once member dead failed: with R = 2 partition p is
+ * owned by p%3+1 and backed by (p+1)%3+1 (the test hook's bootstrap map). */
+static bool failed_over(const struct rps__smap *m, unsigned long long dead, bool check)
+{
+	bool ok = true;
+
+	for (uint32_t p = 0; p < NPART; p++) {
+		unsigned long long owner = p % 3 + 1, backup = (p + 1) % 3 + 1;
+		const struct rps__smap_part *mp = &m->parts[p];
+		bool moved = owner == dead || backup == dead;
+		unsigned long long want_owner = owner == dead ? backup : owner;
+		unsigned long long want_backup = moved ? 0 : backup;
+
+		ok = ok && mp->owner == want_owner && mp->backups[0] == want_backup && mp->backups[1] == 0 &&
+		     mp->epoch == (moved ? 2u : 1u) && !mp->joining && !mp->moving_to && !mp->lost;
+		if (check) {
+			CU_ASSERT_EQUAL(mp->owner, want_owner);
+			CU_ASSERT_EQUAL(mp->backups[0], want_backup);
+			CU_ASSERT_EQUAL(mp->epoch, moved ? 2u : 1u);
+			CU_ASSERT(!mp->joining && !mp->moving_to && !mp->lost);
+		}
+	}
+	return ok;
+}
+
+/* Three servers, a map with one backup per partition (test hook), no
+ * failure among live servers over many lease periods; then one is killed
+ * (SIGKILL: no goodbye): the leader (a new one if the leader was killed)
+ * declares it failed and commits FAILOVER to the backup where it was
+ * primary and REPLICA_DROP where it was backup, epoch 2 for those, every
+ * other partition untouched, within a few failover_ms. */
+static void failover_killed(bool kill_leader)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS " --failover-ms 800",
+				    .env = "RPS_FAULT=bootstrap-replicas-2", .data_dir = 1 };
+	static struct mstatus ms, later;
+	unsigned long long dead;
+	int l, v, nl, p;
+	double t0;
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, true, 10000, &ms);
+	CU_ASSERT_FATAL(l >= 0);
+	for (p = 0; p < NPART; p++) {
+		CU_ASSERT_EQUAL_FATAL(ms.map.parts[p].owner, (unsigned long long)p % 3 + 1);
+		CU_ASSERT_EQUAL_FATAL(ms.map.parts[p].backups[0], (unsigned long long)(p + 1) % 3 + 1);
+		CU_ASSERT_EQUAL_FATAL(ms.map.parts[p].epoch, 1u);
+	}
+	/* everyone alive: nothing is declared, nothing proposed */
+	sleep_ms(3 * FAILOVER_MS);
+	CU_ASSERT_EQUAL_FATAL(wait_agreement(&clu, 0, true, 10000, &later), l);
+	CU_ASSERT_EQUAL(later.st.applied, ms.st.applied);
+	CU_ASSERT(same_map(&later.map, &ms.map));
+
+	v = kill_leader ? l : (l + 1) % 3;
+	dead = (unsigned long long)v + 1;
+	t0 = now_s();
+	it_server_kill(&clu, v);
+	for (;;) {
+		nl = wait_agreement(&clu, 0, true, 10000, &later);
+		CU_ASSERT_FATAL(nl >= 0);
+		if (failed_over(&later.map, dead, false) || now_s() - t0 > 10)
+			break;
+		sleep_ms(20);
+	}
+	fprintf(stderr, "[member %llu (%s) killed: failed over after %.2f s] ", dead,
+		kill_leader ? "the leader" : "a follower", now_s() - t0);
+	failed_over(&later.map, dead, true);
+	CU_ASSERT(now_s() - t0 < 5.0);
+	stop_all(&clu);
+}
+
+static void test_failover_follower_killed(void)
+{
+	failover_killed(false);
+}
+
+static void test_failover_leader_killed(void)
+{
+	failover_killed(true);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -2532,6 +2619,8 @@ int main(void)
 		{ "remove-server --force of a dead member: its partitions lost, the rest exact; forget-lost", test_remove_server_force_dead_member },
 		{ "ADD_SERVER with a garbage uri refused by the server", test_add_server_garbage_uri_refused },
 		{ "a dead member: clients connect, its shards fail naming it", test_dead_member_does_not_break_connect },
+		{ "failover: a follower killed, its partitions fail over to their backups", test_failover_follower_killed },
+		{ "failover: the leader killed, the new leader fails its partitions over", test_failover_leader_killed },
 	};
 	const struct cutest_suite suites[] = {
 		{ "control plane, 3 servers, psctl", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },

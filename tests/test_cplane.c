@@ -5,7 +5,10 @@
  * records what it is asked.  The tests check the order of what a move asks
  * of the data plane (refuse, fence, serialise, forget parked pushes; drop
  * after the commit; install on the destination; unfence on abort), that
- * stale or corrupt offers are refused, and a checkpoint's hold and take.
+ * stale or corrupt offers are refused, and a checkpoint's hold and take;
+ * then leases and failure detection on a clock the tests move
+ * (rps__cp_fake_clock_ns): grants after the ReadIndex round, the lease's
+ * end, when a member is declared failed, what is proposed then.
  * Peers and psctl are fake connections whose replies are recorded.
  */
 #include "config.h"
@@ -28,6 +31,10 @@
 #include "lib/tmpdir.h"
 
 #define NPART 4u
+#define T0 1000000000000ull	/* the failover clock at the start (ns) */
+#define MS 1000000ull
+#define FAILOVER_NS (1000 * MS)	/* --failover-ms's default */
+#define LEASE_NS (FAILOVER_NS / 2)
 
 /* ---- the fake data plane ------------------------------------------------ */
 
@@ -43,6 +50,10 @@ struct conn {
 	_Alignas(8) char last_body[1024];	/* (replies are read as their structs) */
 	size_t last_len;
 	unsigned nreplies;
+	/* LEASE_REP sent over it (Raft messages go over it too) */
+	struct rps__lease_rep lease_rep;
+	int32_t lease_status;
+	unsigned nlease_reps;
 	/* conn_read */
 	bool reading;
 	uint64_t read_len;
@@ -61,6 +72,8 @@ struct rps__server {
 	bool reached;		/* hold_reached's answer */
 	int mr_next;
 	float params[8];
+	uint64_t lease_until;	/* set_lease */
+	unsigned nleases;
 };
 
 static struct rps__server fake;
@@ -105,6 +118,11 @@ static void f_stats(struct rps__server *s, struct rps__dp_stats *st) { (void)s; 
 static void f_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status, const void *body,
 			 size_t len)
 {
+	if (type == RPS__MSG_LEASE_REP) {
+		c->lease_status = status;
+		memcpy(&c->lease_rep, body, sizeof(c->lease_rep));
+		c->nlease_reps++;
+	}
 	c->last_type = type;
 	c->last_req_id = req_id;
 	c->last_status = status;
@@ -238,6 +256,12 @@ static int f_restore_shard(struct rps__server *s, const char *file, struct tenso
 	return 1;
 }
 
+static void f_set_lease(struct rps__server *s, uint64_t until_ns)
+{
+	s->lease_until = until_ns;
+	s->nleases++;
+}
+
 static const struct rps__dp_ops fake_ops = {
 	.set_member_id = f_set_member_id, .set_map = f_set_map, .map_register = f_map_register,
 	.map_deregister = f_map_deregister, .mem_register = f_mem_register, .mem_deregister = f_mem_deregister,
@@ -251,13 +275,14 @@ static const struct rps__dp_ops fake_ops = {
 	.part_install = f_part_install, .part_drop = f_part_drop, .hold_steps = f_hold_steps,
 	.hold_tensor = f_hold_tensor, .hold_release = f_hold_release, .hold_reached = f_hold_reached,
 	.drain = f_drain, .take = f_take, .copy_free = f_copy_free, .restore_tensor = f_restore_tensor,
-	.restore_shard = f_restore_shard,
+	.restore_shard = f_restore_shard, .set_lease = f_set_lease,
 };
 
 /* ---- the control plane under test ------------------------------------------ */
 
 static struct rps__cplane *cp;
 static struct rps__dp_hooks hooks;
+static struct rps__server_config the_cfg;
 static struct conn admin = { .role = CONN_ADMIN, .name = "127.0.0.1:1" };
 static struct conn peer2 = { .role = CONN_PEER, .peer_id = 2, .name = "127.0.0.1:2" };
 static char scratch[200];
@@ -266,7 +291,7 @@ static int suite_init(void)
 {
 	struct rps__server_config cfg;
 
-	rps__log_level = RPS__LOG_ERROR;
+	rps__log_level = getenv("RPS_TEST_LOG") ? RPS__LOG_DEBUG : RPS__LOG_ERROR;
 	test_mkdtemp(scratch, sizeof(scratch), "test_cplane");
 	rps__server_config_init(&cfg);
 	cfg.npart = NPART;
@@ -277,6 +302,8 @@ static int suite_init(void)
 	cfg.drain_ms = 20;
 	cfg.data_dir = scratch;
 	fake.fence_ok = true;
+	rps__cp_fake_clock_ns = T0;	/* leases and failures: the tests' clock */
+	the_cfg = cfg;
 	if (rps__cp_create(&cfg, &cp) || rps__cp_start(cp, &fake_ops, &fake, &hooks)) {
 		fprintf(stderr, "test_cplane: %s\n", rps__errbuf());
 		return -1;
@@ -568,6 +595,298 @@ static void test_refusals(void)
 	hooks.on_conn_gone(hooks.ctx, &peer2);
 }
 
+
+/* ---- leases and failover (cp_failover.c) ------------------------------------ */
+
+static struct conn peer3 = { .role = CONN_PEER, .peer_id = 3, .name = "127.0.0.1:3" };
+static struct conn peer4 = { .role = CONN_PEER, .peer_id = 4, .name = "127.0.0.1:4" };
+static struct rps__smap pub;	/* the map as workers READ it */
+
+/* One turn of the server loop's timers (the failover clock does not move). */
+static void turn(void)
+{
+	bool stop = false;
+
+	CU_ASSERT(hooks.run_timers(hooks.ctx, rps__now_ns(), &stop) >= 0);
+}
+
+static void send_lease(struct conn *c, uint64_t seq)
+{
+	struct rps__lease l = { .seq = seq, .t_send = rps__cp_fake_clock_ns };
+
+	send_msg(c, RPS__MSG_LEASE, 0, 0, &l, sizeof(l));
+}
+
+static void send_lease_rep(struct conn *c, uint64_t seq, int32_t status, uint32_t granted)
+{
+	struct rps__lease_rep r = { .seq = seq, .granted = granted };
+
+	send_msg(c, RPS__MSG_LEASE_REP, 0, status, &r, sizeof(r));
+}
+
+static void read_map(void)
+{
+	uint32_t len;
+
+	memcpy(&len, fake.mapbuf, 4);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_decode((char *)fake.mapbuf + 4, len, &pub), 0);
+}
+
+static bool failed(uint64_t id)
+{
+	return rps__cp_member_failed(cp, id);
+}
+
+/* A LEASE is granted only once a ReadIndex round confirmed the leader, never
+ * on arrival; the member's lease runs from when it asked: t_send + lease_ms
+ * on its own clock, whenever the grant comes. */
+static void test_lease_after_read_index(void)
+{
+	unsigned n, i;
+	uint64_t t, t_late;
+
+	peer2.dead = false;
+	hooks.peer_attached(hooks.ctx, &peer2);
+	/* our own lease, through the same round */
+	t = rps__cp_fake_clock_ns += 10000 * MS;
+	n = fake.nleases;
+	turn();
+	CU_ASSERT_EQUAL(fake.nleases, n + 1);
+	CU_ASSERT_EQUAL(fake.lease_until, t + LEASE_NS);
+	/* a member's */
+	n = peer2.nlease_reps;
+	send_lease(&peer2, 41);
+	CU_ASSERT_EQUAL(peer2.nlease_reps, n);		/* not before the round */
+	turn();
+	CU_ASSERT_EQUAL(peer2.nlease_reps, n + 1);
+	CU_ASSERT_EQUAL(peer2.lease_status, 0);
+	CU_ASSERT_EQUAL(peer2.lease_rep.seq, 41u);
+	CU_ASSERT_EQUAL(peer2.lease_rep.granted, 1u);
+	/* 64 rounds pending: our next request (at t_late) gets none now */
+	for (i = 0; i < 64; i++)
+		send_lease(&peer2, 100 + i);
+	t_late = rps__cp_fake_clock_ns += FAILOVER_NS / 10;
+	n = fake.nleases;
+	turn();
+	CU_ASSERT_EQUAL(fake.nleases, n);
+	CU_ASSERT_EQUAL(fake.lease_until, t + LEASE_NS);
+	/* refusals and replies to requests never made change nothing */
+	rps__cp_fake_clock_ns += 200 * MS;
+	for (i = 1; i < 200; i++) {
+		send_lease_rep(&peer2, i, 0, 0);
+		send_lease_rep(&peer2, i, -EAGAIN, 1);
+	}
+	send_lease_rep(&peer2, 1000, 0, 1);
+	CU_ASSERT_EQUAL(fake.nleases, n);
+	/* its grant, 200 ms late: the lease still ends lease_ms after t_late */
+	for (i = 1; i < 200; i++)
+		send_lease_rep(&peer2, i, 0, 1);
+	CU_ASSERT_EQUAL(fake.nleases, n + 1);
+	CU_ASSERT_EQUAL(fake.lease_until, t_late + LEASE_NS);
+}
+
+static uint64_t applied_want;
+static bool applied_reached(void) { return fake.applied >= applied_want; }
+
+/* Propose cmd (as member 2 would) and wait until it is applied. */
+static void apply_cmd(uint32_t type, uint32_t part, uint64_t id, uint64_t from, uint64_t to)
+{
+	const struct rps__propose_rep *rep = (const void *)peer2.last_body;
+	struct rps__smap_cmd cmd;
+
+	read_map();
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.type = type;
+	cmd.part = part;
+	cmd.id = id;
+	cmd.from = from;
+	cmd.to = to;
+	cmd.epoch = pub.parts[part].epoch;
+	if (type == RPS__SMAP_ADD_MEMBER)
+		snprintf(cmd.uri, sizeof(cmd.uri), "tcp://127.0.0.1:%u", (unsigned)id);
+	send_proposal(&cmd);
+	CU_ASSERT_EQUAL_FATAL(peer2.last_type, RPS__MSG_PROPOSE_REP);
+	CU_ASSERT_EQUAL_FATAL(peer2.last_status, 0);
+	applied_want = rep->index;
+	CU_ASSERT_FATAL(run_until(applied_reached));
+}
+
+static void add_backup(uint32_t part, uint64_t id)
+{
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, part, 0, 0, id);
+	apply_cmd(RPS__SMAP_REPLICA_COMMIT, part, 0, 0, id);
+}
+
+/* Member 2 owns partition 3, which has no backup (R = 1): it is declared
+ * failed exactly when failover_ms passed without a LEASE, not a ns before,
+ * and nothing is proposed; a LEASE brings it back. */
+static void test_failure_without_backups(void)
+{
+	uint64_t t, applied, epoch;
+	int i;
+
+	add_backup(3, 2);
+	apply_cmd(RPS__SMAP_FAILOVER, 3, 0, 1, 2);
+	read_map();
+	CU_ASSERT_EQUAL_FATAL(pub.parts[3].owner, 2u);
+	for (uint32_t p = 0; p < NPART; p++)
+		CU_ASSERT_EQUAL_FATAL(rps__smap_nbackups(&pub, p), 0u);
+	epoch = pub.parts[3].epoch;
+	t = rps__cp_fake_clock_ns += 1000 * MS;
+	send_lease(&peer2, 1);
+	turn();
+	rps__cp_fake_clock_ns = t + FAILOVER_NS;
+	turn();
+	CU_ASSERT(!failed(2));
+	applied = fake.applied;
+	rps__cp_fake_clock_ns = t + FAILOVER_NS + 1;
+	turn();
+	CU_ASSERT(failed(2));
+	/* and through the retries: nothing to propose */
+	rps__cp_fake_clock_ns += 600 * MS;
+	for (i = 0; i < 20; i++)
+		turn();
+	CU_ASSERT_EQUAL(fake.applied, applied);
+	read_map();
+	CU_ASSERT_EQUAL(pub.parts[3].owner, 2u);
+	CU_ASSERT_EQUAL(pub.parts[3].epoch, epoch);
+	send_lease(&peer2, 2);
+	CU_ASSERT(!failed(2));
+}
+
+static bool failover_applied(void)
+{
+	read_map();
+	return pub.parts[0].owner == 3 && pub.parts[3].owner == 3 && !pub.parts[1].backups[0] &&
+	       !pub.parts[2].joining;
+}
+
+/* Members 2 and 4 fall silent, 3 goes on.  Partition 0 (primary 2, backups
+ * 3, 1) fails over to 3 keeping 1; partition 3 (primary 2, backups 4, 3) to
+ * 3, the first live backup, keeping none; partition 1 drops backup 2;
+ * partition 2's seeding of 2 is aborted.  Then nothing more is proposed. */
+static void test_failover_proposed(void)
+{
+	uint64_t t, applied, epoch[NPART];
+	int i;
+
+	hooks.peer_attached(hooks.ctx, &peer3);
+	hooks.peer_attached(hooks.ctx, &peer4);
+	apply_cmd(RPS__SMAP_ADD_MEMBER, 0, 3, 0, 0);
+	apply_cmd(RPS__SMAP_ADD_MEMBER, 0, 4, 0, 0);
+	add_backup(0, 2);
+	apply_cmd(RPS__SMAP_FAILOVER, 0, 0, 1, 2);
+	add_backup(0, 3);
+	add_backup(0, 1);
+	add_backup(3, 4);
+	add_backup(3, 3);
+	add_backup(1, 2);
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 2, 0, 0, 2);
+	read_map();
+	CU_ASSERT_EQUAL_FATAL(pub.parts[0].owner, 2u);
+	CU_ASSERT_EQUAL_FATAL(pub.parts[0].backups[0], 3u);
+	CU_ASSERT_EQUAL_FATAL(pub.parts[0].backups[1], 1u);
+	CU_ASSERT_EQUAL_FATAL(pub.parts[1].owner, 1u);
+	CU_ASSERT_EQUAL_FATAL(pub.parts[1].backups[0], 2u);
+	CU_ASSERT_EQUAL_FATAL(pub.parts[2].owner, 1u);
+	CU_ASSERT_EQUAL_FATAL(pub.parts[2].joining, 2u);
+	CU_ASSERT_EQUAL_FATAL(pub.parts[3].owner, 2u);
+	CU_ASSERT_EQUAL_FATAL(pub.parts[3].backups[0], 4u);
+	CU_ASSERT_EQUAL_FATAL(pub.parts[3].backups[1], 3u);
+	for (uint32_t p = 0; p < NPART; p++)
+		epoch[p] = pub.parts[p].epoch;
+
+	t = rps__cp_fake_clock_ns += 1000 * MS;
+	send_lease(&peer2, 3);
+	send_lease(&peer3, 1);
+	send_lease(&peer4, 1);
+	turn();
+	rps__cp_fake_clock_ns = t + FAILOVER_NS / 2;
+	send_lease(&peer3, 2);
+	turn();
+	applied = fake.applied;
+	rps__cp_fake_clock_ns = t + FAILOVER_NS;
+	turn();
+	CU_ASSERT(!failed(2) && !failed(3) && !failed(4));
+	CU_ASSERT_EQUAL(fake.applied, applied);
+	rps__cp_fake_clock_ns = t + FAILOVER_NS + 1;
+	turn();
+	CU_ASSERT(failed(2) && !failed(3) && failed(4));
+	CU_ASSERT_FATAL(run_until(failover_applied));
+	read_map();
+	CU_ASSERT_EQUAL(pub.parts[0].owner, 3u);
+	CU_ASSERT_EQUAL(pub.parts[0].backups[0], 1u);
+	CU_ASSERT_EQUAL(pub.parts[0].backups[1], 0u);
+	CU_ASSERT_EQUAL(pub.parts[0].epoch, epoch[0] + 1);
+	CU_ASSERT_EQUAL(pub.parts[1].owner, 1u);
+	CU_ASSERT_EQUAL(pub.parts[1].backups[0], 0u);
+	CU_ASSERT_EQUAL(pub.parts[1].epoch, epoch[1] + 1);
+	CU_ASSERT_EQUAL(pub.parts[2].owner, 1u);
+	CU_ASSERT_EQUAL(pub.parts[2].joining, 0u);
+	CU_ASSERT_EQUAL(pub.parts[2].epoch, epoch[2]);
+	CU_ASSERT_EQUAL(pub.parts[3].owner, 3u);
+	CU_ASSERT_EQUAL(pub.parts[3].backups[0], 0u);
+	CU_ASSERT_EQUAL(pub.parts[3].epoch, epoch[3] + 1);
+	/* one batch: the retries find nothing left to propose */
+	applied = fake.applied;
+	send_lease(&peer3, 3);
+	rps__cp_fake_clock_ns += 600 * MS;
+	for (i = 0; i < 20; i++)
+		turn();
+	CU_ASSERT_EQUAL(fake.applied, applied);
+	CU_ASSERT(!failed(3));
+}
+
+static unsigned leases_before;
+static bool leased_again(void) { return fake.nleases > leases_before; }
+
+/* A new leader cannot know what its predecessor granted: it declares
+ * nobody failed before 1.1 x lease_ms after winning, and does after; a
+ * member never connected since the start is not declared failed until it
+ * was connected and then silent for failover_ms. */
+static void test_new_leader_waits(void)
+{
+	uint64_t won, t;
+
+	int level = rps__log_level;
+
+	hooks.fini(hooks.ctx);
+	rps__cp_destroy(cp);
+	cp = NULL;
+	if (level == RPS__LOG_ERROR)
+		rps__log_level = -1;	/* (partitions 1 and 2 are "lost with the restart") */
+	won = rps__cp_fake_clock_ns += 10000 * MS;
+	leases_before = fake.nleases;
+	CU_ASSERT_FATAL(rps__cp_create(&the_cfg, &cp) == 0 && rps__cp_start(cp, &fake_ops, &fake, &hooks) == 0);
+	hooks.peer_attached(hooks.ctx, &peer2);	/* (connected before it leads; 4 is not) */
+	hooks.peer_attached(hooks.ctx, &peer3);
+	CU_ASSERT_FATAL(run_until(leased_again));	/* it leads (the clock stood still) */
+	CU_ASSERT_EQUAL(fake.lease_until, won + LEASE_NS);
+	send_lease(&peer3, 4);
+	rps__cp_fake_clock_ns = won + LEASE_NS / 10 * 11;
+	turn();
+	CU_ASSERT(!failed(2) && !failed(3) && !failed(4));
+	rps__cp_fake_clock_ns += 1;
+	turn();
+	CU_ASSERT(failed(2) && !failed(3));
+	/* never connected since the start (servers come up apart): not failed,
+	 * and once it connects it has failover_ms from then */
+	CU_ASSERT(!failed(4));
+	t = rps__cp_fake_clock_ns += 1000 * MS;
+	hooks.peer_attached(hooks.ctx, &peer4);
+	send_lease(&peer3, 5);
+	turn();
+	rps__cp_fake_clock_ns = t + FAILOVER_NS / 2;
+	send_lease(&peer3, 6);
+	rps__cp_fake_clock_ns = t + FAILOVER_NS;
+	turn();
+	CU_ASSERT(!failed(4));
+	rps__cp_fake_clock_ns += 1;
+	turn();
+	CU_ASSERT(failed(4) && !failed(3));
+	rps__log_level = level;
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -577,6 +896,10 @@ int main(void)
 		{ "move in: stale and corrupt offers refused, the good one installed", test_move_in_installs },
 		{ "checkpoint: hold, take, release, restore", test_checkpoint_hold_take },
 		{ "messages a connection may not send", test_refusals },
+		{ "lease: granted after a ReadIndex round, runs from t_send", test_lease_after_read_index },
+		{ "failure: declared after failover_ms exactly; R=1: nothing proposed", test_failure_without_backups },
+		{ "failover: FAILOVER, REPLICA_DROP, REPLICA_ABORT in one batch", test_failover_proposed },
+		{ "a new leader waits 1.1 x lease_ms; members never connected are not failed", test_new_leader_waits },
 	};
 
 	return cutest_run1("cplane", suite_init, suite_fini, NULL, NULL, tests, RPS__ARRAY_SIZE(tests));

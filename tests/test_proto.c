@@ -151,6 +151,7 @@ static bool is_reply(unsigned type)
 	case RPS__MSG_HELLO_REP: case RPS__MSG_CREATE_REP: case RPS__MSG_PUSH_ACK: case RPS__MSG_WAIT_REP:
 	case RPS__MSG_BARRIER_REP: case RPS__MSG_PROPOSE_REP: case RPS__MSG_MIGRATE_REP:
 	case RPS__MSG_STATUS_REP: case RPS__MSG_ADMIN_REP: case RPS__MSG_CKPT_REP: case RPS__MSG_RANK_REP:
+	case RPS__MSG_LEASE_REP:
 		return true;
 	default:
 		return false;

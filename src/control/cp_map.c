@@ -202,6 +202,11 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp)
 				   RPS__SMAP_MAX_MEMBERS);
 	for (i = 0; i < cp->ncluster; i++)
 		uris[i] = rps__uri_str(&cp->cluster[i], bufs[i], sizeof(bufs[i]));
+	/* Test hook (RPS_FAULT=bootstrap-replicas-2 or -3): a new cluster's map
+	 * with backups, for the failover tests, until --replicas exists. */
+	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "bootstrap-replicas-")))
+		return rps__smap_init_replicated(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
+						 (uint32_t)atoi(strstr(getenv("RPS_FAULT"), "bootstrap-replicas-") + 19));
 	return rps__smap_init(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart);
 }
 
@@ -284,16 +289,15 @@ static int cb_send(void *ctx, uint64_t to, const void *buf, size_t len)
 
 static void cb_read_ready(void *ctx, uint64_t read_ctx, uint64_t index)
 {
-	(void)ctx;
-	(void)read_ctx;
 	(void)index;
+	rps__cp_failover_read_ready(ctx, read_ctx);	/* (leases are the only reads) */
 }
 
 static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term)
 {
 	struct rps__cplane *cp = ctx;
 
-	(void)cp;
+	rps__cp_failover_role(cp, role == RPS__RAFT_LEADER);
 	if (role == RPS__RAFT_LEADER)
 		rps__log(RPS__LOG_INFO, "raft: leader of term %llu", (unsigned long long)term);
 	else if (leader)

@@ -77,6 +77,7 @@ void rps__cp_peer_attached(void *ctx, struct conn *c)
 		p->c = c;
 		p->inflight = 0;
 	}
+	rps__cp_failover_heard(cp, cp->dp->conn_peer_id(c));
 	rps__log(RPS__LOG_INFO, "peer %llu connected from %s", (unsigned long long)cp->dp->conn_peer_id(c),
 		 cp->dp->conn_name(c));
 }
@@ -138,6 +139,7 @@ static void peers_connect_seeds(struct rps__cplane *cp, uint64_t now)
 		if (p->c)
 			cp->dp->conn_fail(p->c, "replaced by a new connection");
 		p->c = c;
+		rps__cp_failover_heard(cp, id);
 		rps__log(RPS__LOG_INFO, "joining: connected to member %llu at %s", (unsigned long long)id, uri);
 	}
 }
@@ -175,6 +177,7 @@ void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now)
 			continue;
 		p->c = c;
 		p->inflight = 0;
+		rps__cp_failover_heard(cp, m->id);
 		rps__log(RPS__LOG_INFO, "connected to peer %llu at %s", (unsigned long long)m->id, m->uri);
 	}
 }

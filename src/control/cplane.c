@@ -109,6 +109,20 @@ static void on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h, 
 		if (cp->dp->conn_role(c) == CONN_PEER)
 			return;
 		break;
+	case RPS__MSG_LEASE:
+		if (cp->dp->conn_role(c) == CONN_PEER && body_len == sizeof(struct rps__lease)) {
+			if (!rps__cp_isolated)
+				rps__cp_on_lease(cp, c, body);
+			return;
+		}
+		break;
+	case RPS__MSG_LEASE_REP:
+		if (cp->dp->conn_role(c) == CONN_PEER) {
+			if (!rps__cp_isolated && body_len == sizeof(struct rps__lease_rep))
+				rps__cp_on_lease_rep(cp, h->status, body);
+			return;
+		}
+		break;
 	case RPS__MSG_MIGRATE:
 		if (cp->dp->conn_role(c) == CONN_PEER && body_len == sizeof(struct rps__migrate)) {
 			rps__cp_on_migrate(cp, c, h->req_id, body);
@@ -137,14 +151,18 @@ static void on_conn_gone(void *ctx, struct conn *c)
 	rps__cp_peers_gone(cp, c);
 }
 
-/* Timers: ticks, peer connections, move duties.  Returns ms until due. */
+/* Timers: ticks, peer connections, leases, move duties.  Returns ms until due. */
 static int run_timers(void *ctx, uint64_t now, bool *stop)
 {
 	struct rps__cplane *cp = ctx;
 	uint64_t tick = ms_ns(cp->cfg.tick_ms);
+	uint64_t fo_now = rps__cp_failover_now();
 	int ret;
 
 	rps__ck_timers(cp, now);	/* every turn: a checkpoint's hold ends as soon as it can */
+	/* every turn too: a failure is declared when it is due, not a duty later */
+	rps__cp_lease_send(cp, fo_now);
+	rps__cp_failover_duties(cp, fo_now);
 	if (now >= cp->next_tick) {
 		cp->next_tick = now + tick;
 		rps__rnode_tick(cp->rnode);
@@ -229,6 +247,13 @@ int rps__cp_create(const struct rps__server_config *cfg, struct rps__cplane **ou
 	if (!cp)
 		return rps__seterr(-ENOMEM, "out of memory");
 	cp->cfg = *cfg;
+	if (!cfg->failover_ms)	/* (a slow --tick-ms alone keeps working) */
+		cp->cfg.failover_ms = (uint32_t)RPS__MIN(RPS__MAX(1000ull, 10ull * cfg->tick_ms), UINT32_MAX);
+	if ((uint64_t)cp->cfg.failover_ms < 10ull * cfg->tick_ms) {
+		ret = rps__seterr(-EINVAL, "--failover-ms %u: at least 10 x --tick-ms (%u)", cfg->failover_ms,
+				  cfg->tick_ms);
+		goto err_free;
+	}
 	if (cfg->cluster) {
 		ret = rps__uri_list_parse(cfg->cluster, &cp->cluster, &cp->ncluster);
 		if (ret)
@@ -357,6 +382,7 @@ int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct r
 	cp->dp = dp;
 	cp->srv = srv;
 	cp->my_id = cp->cfg.join_id ? cp->cfg.join_id : (uint64_t)cp->index + 1;
+	rps__cp_failover_init(cp);	/* (before the Raft node reports its role) */
 	dp->set_member_id(srv, cp->my_id);
 	/* listening on port 0: the map must carry the port we got */
 	if (!cp->cfg.join_id && cp->ncluster == 1 && !cp->cluster[0].port)

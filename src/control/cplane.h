@@ -7,6 +7,7 @@
 #ifndef RPS_CPLANE_H
 #define RPS_CPLANE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "server/dataplane.h"
@@ -35,5 +36,11 @@ void rps__cp_restored(struct rps__cplane *cp);
  * server off from its peers (connections dropped, none accepted or made,
  * Raft messages lost), SIGUSR2 ends that.  Workers are not affected. */
 extern volatile int rps__cp_isolated;
+
+/* Test hook: nonzero, the clock of leases and failure detection
+ * (CLOCK_BOOTTIME otherwise) reads this many ns. */
+extern uint64_t rps__cp_fake_clock_ns;
+/* Has the leader (this server) declared member id failed? */
+bool rps__cp_member_failed(const struct rps__cplane *cp, uint64_t id);
 
 #endif

@@ -81,6 +81,45 @@ struct cp_read {
 
 struct ckpt_state;
 
+/* Primary leases and failure detection (cp_failover.c). */
+#define FO_SENT_MAX 8u		/* LEASE requests a member remembers */
+#define FO_WAITS_MAX 64u	/* LEASE requests a leader waits to confirm */
+
+struct fo_contact {		/* leader: what it knows of one member */
+	uint64_t id;
+	uint64_t since;		/* its last LEASE, or when we began to lead */
+	uint64_t deadline;	/* failover clock: failed once past this without a LEASE */
+	uint64_t failed_at;	/* 0: not failed */
+	uint64_t next_try;	/* failed: next batch of proposals */
+};
+
+struct fo_wait {		/* leader: a LEASE waiting for its ReadIndex round */
+	uint64_t read_ctx;
+	uint64_t id;		/* the member (us: granted locally) */
+	uint64_t seq;
+	uint64_t t_recv;
+};
+
+struct cp_failover {
+	uint64_t failover_ns, lease_ns;
+	/* member */
+	uint64_t seq;
+	uint64_t next_send;
+	struct { uint64_t seq, t_send; } sent[FO_SENT_MAX];
+	uint64_t lease_until;	/* what the data plane was told */
+	/* leader */
+	bool leading;
+	uint64_t won_at;
+	struct fo_contact contact[RPS__SMAP_MAX_MEMBERS];
+	uint32_t ncontact;
+	struct fo_wait waits[FO_WAITS_MAX];
+	uint32_t nwaits;
+	uint64_t next_ctx;
+	/* members connected to us since we started (only they can be failed) */
+	uint64_t heard[RPS__SMAP_MAX_MEMBERS];
+	uint32_t nheard;
+};
+
 struct rps__cplane {
 	const struct rps__dp_ops *dp;	/* the data plane, and ... */
 	struct rps__server *srv;	/* ... the handle its ops take */
@@ -109,6 +148,7 @@ struct rps__cplane {
 	bool restarted;			/* started from a --data-dir that held state */
 	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
 	struct ckpt_state *ckpt;	/* ckpt_srv.c */
+	struct cp_failover fo;		/* cp_failover.c */
 };
 
 static inline uint64_t ms_ns(uint64_t ms)
@@ -171,6 +211,17 @@ void rps__cp_admin_map_changed(struct rps__cplane *cp);
 void rps__cp_admin_conn_gone(struct rps__cplane *cp, struct conn *c);
 void rps__cp_admin_timeouts(struct rps__cplane *cp, uint64_t now);
 void rps__cp_leader_membership(struct rps__cplane *cp);
+
+/* cp_failover.c: primary leases, failure detection, FAILOVER proposals */
+uint64_t rps__cp_failover_now(void);
+void rps__cp_failover_init(struct rps__cplane *cp);
+void rps__cp_lease_send(struct rps__cplane *cp, uint64_t now);
+void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now);
+bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__lease *l);
+void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct rps__lease_rep *r);
+void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx);
+void rps__cp_failover_role(struct rps__cplane *cp, bool leader);
+void rps__cp_failover_heard(struct rps__cplane *cp, uint64_t id);
 
 /* ckpt_srv.c: checkpoints and restores */
 void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps__msg_hdr *h,

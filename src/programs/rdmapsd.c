@@ -62,6 +62,8 @@ static void usage(FILE *f)
 		"      --tick-ms MS          Raft tick (default 50)\n"
 		"      --election-ticks N    ticks without a leader before an election (default 10)\n"
 		"      --move-timeout-ms MS  abort a partition move not installed by then (default 30000)\n"
+		"      --failover-ms MS      a server silent this long is failed; its leases last MS/2\n"
+		"                            (default 1000 or 10 x --tick-ms if more; at least that)\n"
 		"      --restore DIR         load the checkpoint in DIR (psctl checkpoint) before serving\n"
 		"  -p, --port-file PATH      write the listening port here once ready\n"
 		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
@@ -183,6 +185,10 @@ static int parse_one(int c, struct opts *o)
 	case 16:
 		o->restore_dir = optarg;
 		break;
+	case 17:
+		if (opt_u32("--failover-ms", optarg, 1, 86400000, &cfg->failover_ms))
+			return 2;
+		break;
 	case 'i':
 		if (opt_u32("--index", optarg, 0, RPS__SMAP_MAX_MEMBERS - 1, &u))
 			return 2;
@@ -300,6 +306,7 @@ static int parse_options(int argc, char **argv, struct opts *o)
 		{ "election-ticks", required_argument, NULL, 14 },
 		{ "move-timeout-ms", required_argument, NULL, 15 },
 		{ "restore", required_argument, NULL, 16 },
+		{ "failover-ms", required_argument, NULL, 17 },
 		{ "log-level", required_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -326,6 +333,11 @@ static int parse_options(int argc, char **argv, struct opts *o)
 /* What the options mean together: -1 to go on, or the exit status. */
 static int validate(const struct opts *o)
 {
+	if (o->cfg.failover_ms && (uint64_t)o->cfg.failover_ms < 10ull * o->cfg.tick_ms) {
+		fprintf(stderr, "rdmapsd: --failover-ms %u: at least 10 x --tick-ms (%u): a lease is renewed every"
+			" failover-ms/10 and must outlast a Raft round\n", o->cfg.failover_ms, o->cfg.tick_ms);
+		return 2;
+	}
 	if (o->cfg.mem_limit && o->cfg.mem_limit < rps__server_min_memory(&o->cfg)) {
 		char need[24];
 		fprintf(stderr, "rdmapsd: --memory-limit '%s': below the %s bytes that one worker connection "

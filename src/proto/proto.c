@@ -52,6 +52,8 @@ static const struct {
 	[RPS__MSG_CKPT_REP] = { "CKPT_REP", VAR, sizeof(struct rps__ckpt_rep), REPLY },
 	[RPS__MSG_RANK] = { "RANK", sizeof(struct rps__rank_req), 0, 0 },
 	[RPS__MSG_RANK_REP] = { "RANK_REP", sizeof(struct rps__rank_rep), 0, REPLY },
+	[RPS__MSG_LEASE] = { "LEASE", sizeof(struct rps__lease), 0, 0 },
+	[RPS__MSG_LEASE_REP] = { "LEASE_REP", sizeof(struct rps__lease_rep), 0, REPLY },
 };
 
 long rps__msg_body_size(unsigned type)

@@ -56,6 +56,9 @@ enum rps__msg_type {
 	RPS__MSG_CKPT_REP,	/* struct rps__ckpt_rep + targets (variable) */
 	RPS__MSG_RANK,		/* struct rps__rank_req (psctl remove-rank); to every server */
 	RPS__MSG_RANK_REP,	/* struct rps__rank_rep */
+	/* primary leases (control/cp_failover.c): member -> leader, role PEER */
+	RPS__MSG_LEASE,		/* struct rps__lease: every failover_ms / 10 */
+	RPS__MSG_LEASE_REP,	/* struct rps__lease_rep: after a ReadIndex round */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -82,6 +85,18 @@ struct rps__conn_priv {
 	uint16_t role;		/* enum rps__conn_role */
 	uint64_t from_id;	/* PEER: the connecting server's member id */
 	uint64_t to_id;		/* PEER: the id it expects to reach */
+};
+
+/* A member asks the Raft leader for a primary lease (cp_failover.c). */
+struct rps__lease {
+	uint64_t seq;		/* the member's counter, echoed in the reply */
+	uint64_t t_send;	/* the member's CLOCK_BOOTTIME at sending, ns (for its logs) */
+};
+
+struct rps__lease_rep {
+	uint64_t seq;		/* the request's */
+	uint32_t granted;	/* 1: a quorum confirmed the leader after the request arrived */
+	uint32_t reserved;
 };
 
 struct rps__hello {

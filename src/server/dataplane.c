@@ -28,6 +28,11 @@ static void set_member_id(struct rps__server *srv, uint64_t id)
 	srv->my_id = id;
 }
 
+static void set_lease(struct rps__server *srv, uint64_t until_ns)
+{
+	srv->lease_until = until_ns;
+}
+
 static void set_map(struct rps__server *srv, uint32_t npart, uint64_t applied)
 {
 	srv->npart = npart;
@@ -212,6 +217,7 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 
 static const struct rps__dp_ops ops = {
 	.set_member_id = set_member_id,
+	.set_lease = set_lease,
 	.set_map = set_map,
 	.map_register = map_register,
 	.map_deregister = map_deregister,

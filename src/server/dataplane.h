@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "proto/proto.h"
 
@@ -176,7 +177,23 @@ struct rps__dp_ops {
 	/* 1 installed, 0 not served here, or a negative errno */
 	int (*restore_shard)(struct rps__server *srv, const char *file, struct tensor *t,
 			     const struct rps__dp_shard *cs);
+
+	/* ---- primary lease (control/cp_failover.c) */
+	/* this server may acknowledge pushes of partitions with backups until
+	 * until_ns on rps__dp_boottime_ns()'s clock, not after */
+	void (*set_lease)(struct rps__server *srv, uint64_t until_ns);
 };
+
+/* The clock of primary leases: CLOCK_BOOTTIME, which keeps counting while
+ * the machine is suspended, so a frozen server does not wake up believing
+ * its lease still holds. */
+static inline uint64_t rps__dp_boottime_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_BOOTTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* The real data plane. */
 const struct rps__dp_ops *rps__dataplane_ops(void);

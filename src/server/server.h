@@ -47,6 +47,8 @@ struct rps__server_config {
 	uint32_t election_ticks;	/* ticks before a follower campaigns (default 10) */
 	uint32_t move_timeout_ms;	/* a move not installed by then is aborted (default 30000) */
 	uint32_t drain_ms;		/* keep a moved partition's memory this long (default 2000) */
+	uint32_t failover_ms;		/* a member silent this long is failed (0: 1000, or
+					 * 10 x tick_ms if more) */
 };
 
 void rps__server_config_init(struct rps__server_config *cfg);

@@ -172,6 +172,7 @@ struct conn {
 struct rps__server {
 	struct rps__server_config cfg;
 	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
+	uint64_t lease_until;		/* primary lease: rps__dp_boottime_ns() before this (set_lease) */
 	uint32_t shard_elems;
 	size_t slot_size;
 	struct rps__fabric *fab;
@@ -313,6 +314,14 @@ static inline bool rps__srv_part_lost(const struct rps__server *srv, uint32_t pa
 static inline bool rps__srv_part_serving(const struct rps__server *srv, uint32_t part)
 {
 	return srv->parts[part].serving;
+}
+
+/* Does this server hold its primary lease at now_ns (rps__dp_boottime_ns)?
+ * A primary of a partition with backups acknowledges nothing without it
+ * (design 2.7; the control plane renews it, cp_failover.c). */
+static inline bool rps__srv_lease_held(const struct rps__server *srv, uint64_t now_ns)
+{
+	return now_ns < srv->lease_until;
 }
 
 #endif
