@@ -22,21 +22,13 @@
 
 #define conn_fail rps__srv_conn_fail
 #define conn_reply rps__srv_conn_reply
+#define publish_begin rps__srv_publish_begin
+#define publish_end rps__srv_publish_end
+#define shard_update rps__srv_shard_update
+#define dedup_seen rps__srv_dedup_seen
+#define dedup_note rps__srv_dedup_note
 
 /* ---- publishing -------------------------------------------------------- */
-
-/* Seqlock writer: readers that see an odd or changed seq retry. */
-static void publish_begin(struct shard *s)
-{
-	__atomic_store_n(&s->hdr->seq, s->step * 2 + 1, __ATOMIC_RELAXED);
-	__atomic_thread_fence(__ATOMIC_RELEASE);
-}
-
-static void publish_end(struct shard *s)
-{
-	__atomic_thread_fence(__ATOMIC_RELEASE);
-	__atomic_store_n(&s->hdr->seq, s->step * 2, __ATOMIC_RELEASE);
-}
 
 /* Publish a new epoch in the header (RPS__EPOCH_MOVED: fenced), so a
  * worker's READ of a moved shard sees it did not read the owner's copy. */
@@ -63,15 +55,6 @@ void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t l
 		}
 		i++;
 	}
-}
-
-/* Apply one fp32 gradient to the shard and publish version step+1. */
-static void shard_update(struct tensor *t, struct shard *s, const float *g)
-{
-	publish_begin(s);
-	s->step++;
-	rps__optim_apply(&t->optim, s->params, g, s->state, s->elems, s->step);
-	publish_end(s);
 }
 
 /* ---- consuming pushes ------------------------------------------------- */
@@ -126,43 +109,6 @@ uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct
 	return old == w ? next : old;
 }
 
-static bool dedup_seen(const struct shard *s, uint64_t client, uint64_t push_id)
-{
-	uint32_t i, k;
-
-	for (i = 0; i < s->ndd; i++)
-		if (s->dd[i].client == client) {
-			for (k = 0; k < DEDUP_IDS; k++)
-				if (s->dd[i].ids[k] == push_id)
-					return true;
-			return false;
-		}
-	return false;
-}
-
-/* Remember a push applied for a worker: its last DEDUP_IDS pushes to this
- * shard (a resend comes within a few of them). */
-static void dedup_note(struct shard *s, uint64_t client, uint64_t push_id)
-{
-	struct dedup *grown;
-	uint32_t i;
-
-	for (i = 0; i < s->ndd; i++)
-		if (s->dd[i].client == client)
-			break;
-	if (i == s->ndd) {
-		grown = realloc(s->dd, (s->ndd + 1) * sizeof(*grown));
-		if (!grown)
-			return;		/* then only the lock protocol guards it, as before */
-		s->dd = grown;
-		memset(&s->dd[s->ndd], 0, sizeof(*s->dd));
-		s->dd[s->ndd].client = client;
-		s->ndd++;
-	}
-	s->dd[i].ids[s->dd[i].next] = push_id;
-	s->dd[i].next = (s->dd[i].next + 1) % DEDUP_IDS;
-}
-
 static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
 {
 	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
@@ -177,26 +123,6 @@ static void push_ack(struct conn *c, uint32_t slot, int status, uint64_t version
 
 	c->slot_state[slot] = 0;
 	conn_reply(c, RPS__MSG_PUSH_ACK, d->push_id, status, &ack, sizeof(ack));
-}
-
-static const float *grad_fp32(struct shard *s, const struct rps__push_desc *d)
-{
-	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
-
-	if (d->dtype == RPS_DTYPE_F32)
-		return data;
-	rps__agg_copy(s->scratch, data, (enum rps_dtype)d->dtype, s->elems);
-	return s->scratch;
-}
-
-static void update_min_clock(struct tensor *t, struct shard *s)
-{
-	uint64_t m = UINT64_MAX;
-	int r;
-
-	for (r = 0; r < t->spec.num_workers; r++)
-		m = RPS__MIN(m, s->clocks[r]);
-	__atomic_store_n(&s->hdr->min_clock, m, __ATOMIC_RELEASE);
 }
 
 /* Refuse a push for a partition whose contents are lost, or that is not
@@ -321,13 +247,10 @@ static enum consume_result consume_sync(struct rps__server *srv, struct conn *c,
 static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
 			struct shard *s, uint32_t local, const struct rps__push_desc *d, uint64_t holds)
 {
-	shard_update(t, s, grad_fp32(s, d));
+	shard_update(t, s, rps__srv_grad_fp32(s, (const char *)d + RPS__PUSH_DESC_SIZE, d->dtype));
 	dedup_note(s, c->client_id, d->push_id);
-	if (t->spec.mode == RPS_MODE_BOUNDED) {
-		if (d->clock + 1 > s->clocks[d->rank])
-			s->clocks[d->rank] = d->clock + 1;
-		update_min_clock(t, s);
-	}
+	if (t->spec.mode == RPS_MODE_BOUNDED)
+		rps__srv_clock_note(t, s, d->rank, d->clock);
 	push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, holds));
 	rps__srv_wake_waiters(srv, t, local);
 }

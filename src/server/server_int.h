@@ -3,7 +3,9 @@
  * destroy and the loop; conn.c: connections and replies; push.c: pushes,
  * publishing and lock words; requests.c: workers' control messages;
  * tensor.c: tensors and their regions; partition.c: the partition API;
- * hold.c: checkpoints; dataplane.c: the ops the control plane calls).
+ * hold.c: checkpoints; dataplane.c: the ops the control plane calls;
+ * apply.c: applying an update, the same on primary and backups; repl.c:
+ * the replication stream).
  * Private to src/server: the layer above sees struct rps__server only
  * through dataplane.h.
  */
@@ -235,6 +237,17 @@ void rps__srv_scan_locks(struct rps__server *srv, uint32_t dead_owner);
 void rps__srv_publish(struct shard *s, uint64_t epoch);
 void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local);
 
+/* apply.c: the primary and its backups apply with these (same code, same
+ * order: bit-identical replicas).  Per push; the per-element work is in
+ * src/kernels. */
+void rps__srv_shard_apply(struct tensor *t, struct shard *s, const float *g);
+void rps__srv_shard_update(struct tensor *t, struct shard *s, const float *g);
+bool rps__srv_dedup_seen(const struct shard *s, uint64_t client, uint64_t push_id);
+void rps__srv_dedup_note(struct shard *s, uint64_t client, uint64_t push_id);
+const float *rps__srv_grad_fp32(struct shard *s, const void *data, uint16_t dtype);
+void rps__srv_update_min_clock(struct tensor *t, struct shard *s);
+void rps__srv_clock_note(struct tensor *t, struct shard *s, int rank, uint64_t clock);
+
 /* requests.c */
 void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uint32_t len);
 void rps__srv_rank_left(struct rps__server *srv, struct conn *c);
@@ -284,6 +297,20 @@ struct conn *rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64
 static inline struct tensor *rps__srv_tensor_by_id(struct rps__server *srv, uint32_t id)
 {
 	return id < srv->ntensors ? srv->tensors[id] : NULL;
+}
+
+/* Seqlock writer: readers that see an odd or changed seq retry.  Inline:
+ * two stores, on every push. */
+static inline void rps__srv_publish_begin(struct shard *s)
+{
+	__atomic_store_n(&s->hdr->seq, s->step * 2 + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static inline void rps__srv_publish_end(struct shard *s)
+{
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	__atomic_store_n(&s->hdr->seq, s->step * 2, __ATOMIC_RELEASE);
 }
 
 /* Receive buffer i of a connection. */
