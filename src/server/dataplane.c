@@ -230,6 +230,7 @@ static const struct rps__dp_ops ops = {
 	.conn_msg_max = conn_msg_max,
 	.conn_read = conn_read,
 	.peer_dial = rps__srv_peer_dial,
+	.repl_peer = rps__srv_repl_set_peer,
 	.part_set = part_set,
 	.part_create = rps__srv_part_create,
 	.part_publish = rps__srv_part_publish,

@@ -27,6 +27,7 @@
 #define shard_update rps__srv_shard_update
 #define dedup_seen rps__srv_dedup_seen
 #define dedup_note rps__srv_dedup_note
+#define push_ack rps__srv_push_ack
 
 /* ---- publishing -------------------------------------------------------- */
 
@@ -77,6 +78,11 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
 		return -EAGAIN;		/* a checkpoint holds the tensor at this step */
 	if (!s->ready || clock > s->step || rank != s->next_rank)
 		return -EAGAIN;
+	/* replicated: one step at a time, and its last contribution only
+	 * once every replica has room for the step */
+	if (rps__srv_repl_part(srv, s->part) &&
+	    (s->repl_pending || (s->next_rank + 1 == t->spec.num_workers && rps__srv_repl_reserve(srv, t, s->part))))
+		return -EAGAIN;
 	if (s->next_rank == 0)
 		rps__agg_copy(s->acc, data, t->spec.dtype, s->elems);
 	else
@@ -84,6 +90,13 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
 	s->next_rank++;
 	if (s->next_rank == t->spec.num_workers) {
 		s->next_rank = 0;
+		if (rps__srv_repl_part(srv, s->part)) {
+			/* published and woken once on every replica (repl.c) */
+			publish_begin(s);
+			rps__srv_shard_apply(t, s, s->acc);
+			rps__srv_repl_step(srv, t, s);
+			return 0;
+		}
 		shard_update(t, s, s->acc);
 		rps__srv_wake_waiters(srv, t, local);
 	}
@@ -114,7 +127,7 @@ static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
 	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
 }
 
-static void push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
+void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
 	struct rps__push_ack ack = {
@@ -165,6 +178,16 @@ static enum consume_result consume_init(struct rps__server *srv, struct conn *c,
 	}
 	if (d->nbytes != (uint64_t)s->elems * 4u) {
 		push_ack(c, slot, -EMSGSIZE, 0, 0);
+		return CONSUMED;
+	}
+	if (rps__srv_repl_part(srv, s->part)) {
+		if (rps__srv_repl_reserve(srv, t, s->part))
+			return NOT_YET;
+		publish_begin(s);
+		memcpy(s->params, data, d->nbytes);
+		s->ready = true;
+		s->init_conn = NULL;
+		rps__srv_repl_init(srv, t, s, c, slot);	/* publish, ack, wake: once replicated */
 		return CONSUMED;
 	}
 	publish_begin(s);
@@ -239,7 +262,29 @@ static enum consume_result consume_sync(struct rps__server *srv, struct conn *c,
 
 	if (ret == -EAGAIN)
 		return NOT_YET;
+	if (!ret && rps__srv_repl_part(srv, s->part)) {
+		/* acknowledged once its step is on every replica */
+		rps__srv_repl_defer_ack(srv, c, slot, t, s, d->clock, step);
+		return CONSUMED;
+	}
 	push_ack(c, slot, ret, step, 0);
+	return CONSUMED;
+}
+
+/* async and bounded, replicated: applied, shipped to every replica; the
+ * publication, the lock's release and the ack wait for them (repl.c). */
+static enum consume_result apply_async_replicated(struct rps__server *srv, struct conn *c, uint32_t slot,
+						  struct tensor *t, struct shard *s, const struct rps__push_desc *d,
+						  uint64_t holds)
+{
+	if (rps__srv_repl_reserve(srv, t, s->part))
+		return NOT_YET;
+	publish_begin(s);
+	rps__srv_shard_apply(t, s, rps__srv_grad_fp32(s, (const char *)d + RPS__PUSH_DESC_SIZE, d->dtype));
+	dedup_note(s, c->client_id, d->push_id);
+	if (t->spec.mode == RPS_MODE_BOUNDED)
+		rps__srv_clock_note(t, s, d->rank, d->clock);
+	rps__srv_repl_push(srv, t, s, d, c, slot, holds);
 	return CONSUMED;
 }
 
@@ -281,6 +326,10 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	s = &t->shards[local];
 	if (refuse_unserved(srv, c, slot, t, s, d))
 		return CONSUMED;
+	/* replicated: an update still on its way to the replicas holds the
+	 * shard (its lock, its publication) */
+	if (s->repl_pending && t->spec.mode != RPS_MODE_SYNC)
+		return NOT_YET;
 	if (d->kind == RPS__PUSH_INIT)
 		return consume_init(srv, c, slot, t, s, local, d);
 	if (t->spec.mode != RPS_MODE_SYNC && check_lock(srv, c, slot, t, s, d, &holds))
@@ -291,6 +340,8 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 		return NOT_YET;
 	if (t->spec.mode == RPS_MODE_SYNC)
 		return consume_sync(srv, c, slot, t, s, local, d);
+	if (rps__srv_repl_part(srv, s->part))
+		return apply_async_replicated(srv, c, slot, t, s, d, holds);
 	apply_async(srv, c, slot, t, s, local, d, holds);
 	return CONSUMED;
 }

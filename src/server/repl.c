@@ -1,0 +1,798 @@
+/*
+ * repl.c - the replication stream: a primary ships every update of a
+ * partition that has backups to each of them, and publishes and
+ * acknowledges it only once all of them applied it (issue 12).
+ *
+ * One REPL connection per (primary server, backup server), dialed by the
+ * primary, carries every partition between them (one ordering domain).  The
+ * backup registers REPL_SLOTS slots for it and says where in its HELLO
+ * reply, with its kernel fingerprint; an entry (struct rps__repl_desc, then
+ * the payload) is one WRITE_WITH_IMM into slot k (imm = k, slots in turn),
+ * one credit each.  The backup applies entries in order with the primary's
+ * own code (apply.c), checks the stream's continuity, the partition's seq
+ * and epoch and the resulting version, and returns credits in one
+ * cumulative REPL_ACK per loop turn.  The primary reserves a credit on
+ * every replica before applying (none: the push stays held), applies
+ * between publish_begin and a deferred publish_end, and publishes, releases
+ * the lock, acknowledges and wakes waiters when every replica confirmed
+ * (struct repl_wait).  No reader sees, and no worker is told of, a version
+ * that is not on every replica.  Transport calls only: the same over verbs.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "common/topo.h"
+#include "kernels/agg.h"
+#include "kernels/optim.h"
+#include "proto/proto.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+#define REPL_CONNECT_TIMEOUT_MS 2000
+#define REPL_REDIAL_NS (200ull * 1000000ull)
+
+enum rw_kind { RW_PUSH, RW_INIT, RW_STEP, RW_SYNC_ACK };
+
+/* An update applied here, waiting for its replicas (or, RW_SYNC_ACK, a
+ * sync contribution waiting for its step). */
+struct repl_wait {
+	enum rw_kind kind;
+	struct tensor *t;
+	struct shard *s;
+	struct conn *c;		/* the worker to acknowledge (NULL: gone, or none) */
+	uint32_t slot;
+	uint64_t holds;		/* PUSH: the lock word to release */
+	uint64_t clock;		/* SYNC_ACK: the step it is part of */
+	uint64_t version;	/* SYNC_ACK: what its ack says */
+	uint32_t nrep;
+	struct {
+		uint64_t id;
+		struct conn *rc;	/* NULL: the stream broke */
+		uint64_t cseq;		/* confirmed once rc->cseq_acked reaches it */
+	} rep[REPL_MAX];
+};
+
+static const char *fingerprint(struct rps__server *srv)
+{
+	if (!srv->repl_fp[0])
+		snprintf(srv->repl_fp, sizeof(srv->repl_fp), "rdmaps %s agg=%s optim=%d", PACKAGE_VERSION,
+			 rps__agg_isa_name(rps__agg_best_isa()), (int)rps__optim_best_path());
+	return srv->repl_fp;
+}
+
+/* Bytes per slot: the descriptor and the largest payload (a shard in
+ * fp32, or a tensor binding). */
+static uint32_t slot_size(const struct rps__server *srv)
+{
+	size_t payload = RPS__MAX((size_t)srv->shard_elems * 4u, sizeof(struct rps__repl_tensor));
+
+	return (uint32_t)RPS__ALIGN_UP(RPS__REPL_DESC_SIZE + payload, 64);
+}
+
+static uint32_t replicas(const struct rps__dp_part *v, uint64_t ids[REPL_MAX])
+{
+	uint32_t k, n = 0;
+
+	for (k = 0; k < v->nbackups && k < 2; k++)
+		ids[n++] = v->backups[k];
+	if (v->joining)
+		ids[n++] = v->joining;
+	return n;
+}
+
+static bool still_replica(const struct rps__server *srv, uint32_t part, uint64_t id)
+{
+	uint64_t ids[REPL_MAX];
+	uint32_t k, n = replicas(&srv->parts[part], ids);
+
+	for (k = 0; k < n; k++)
+		if (ids[k] == id)
+			return true;
+	return false;
+}
+
+static struct repl_peer *peer_find(struct rps__server *srv, uint64_t id)
+{
+	uint32_t i;
+
+	for (i = 0; i < srv->nrepl_peers; i++)
+		if (srv->repl_peers[i].id == id)
+			return &srv->repl_peers[i];
+	return NULL;
+}
+
+int rps__srv_repl_set_peer(struct rps__server *srv, uint64_t id, const char *uri)
+{
+	struct repl_peer *p = peer_find(srv, id);
+
+	if (!p) {
+		if (!uri || srv->nrepl_peers == RPS__SMAP_MAX_MEMBERS)
+			return uri ? -ENOSPC : 0;
+		p = &srv->repl_peers[srv->nrepl_peers++];
+		memset(p, 0, sizeof(*p));
+		p->id = id;
+	}
+	if (!uri)
+		uri = "";
+	if (strcmp(p->uri, uri)) {
+		snprintf(p->uri, sizeof(p->uri), "%s", uri);
+		if (p->conn)
+			rps__srv_conn_fail(p->conn, "its member moved to another address");
+	}
+	return 0;
+}
+
+static bool is_bound(const struct conn *rc, uint32_t tensor_id)
+{
+	return tensor_id < rc->nbound && rc->bound[tensor_id];
+}
+
+/* ---- the primary: shipping ---------------------------------------------- */
+
+int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t part)
+{
+	uint64_t ids[REPL_MAX];
+	uint32_t k, n = replicas(&srv->parts[part], ids);
+	int ret = 0;
+
+	srv->repl_active = true;
+	if (srv->nrwaits == srv->rwaits_cap) {
+		uint32_t cap = srv->rwaits_cap ? srv->rwaits_cap * 2 : 64;
+		struct repl_wait *grown = realloc(srv->rwaits, cap * sizeof(*grown));
+		if (!grown)
+			return -EAGAIN;
+		srv->rwaits = grown;
+		srv->rwaits_cap = cap;
+	}
+	for (k = 0; k < n; k++) {
+		struct repl_peer *p = peer_find(srv, ids[k]);
+		struct conn *rc = p ? p->conn : NULL;
+		if (p)
+			p->wanted = true;
+		if (!rc || rc->dead || !rc->repl_ready || rc->credits < 1u + !is_bound(rc, t->id))
+			ret = -EAGAIN;
+	}
+	return ret;
+}
+
+static void post_entry(struct rps__server *srv, struct conn *rc, struct rps__repl_desc d, const void *payload)
+{
+	uint32_t k = (uint32_t)(rc->cseq % rc->repl_nslots);
+	char *buf = rc->slots + (size_t)k * rc->repl_slot_size;
+	struct rps__wr wr;
+
+	d.magic = RPS__REPL_MAGIC;
+	d.cseq = ++rc->cseq;
+	memcpy(buf, &d, sizeof(d));
+	if (d.nbytes)
+		memcpy(buf + RPS__REPL_DESC_SIZE, payload, d.nbytes);
+	rc->credits--;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = (uint64_t)WRID_REPL << 32;
+	wr.op = RPS__OP_WRITE_IMM;
+	wr.sge.addr = buf;
+	wr.sge.len = RPS__REPL_DESC_SIZE + d.nbytes;
+	wr.sge.mr = rc->slots_mr;
+	wr.raddr = rc->repl_raddr + (uint64_t)k * rc->repl_slot_size;
+	wr.rkey = rc->repl_rkey;
+	wr.imm = k;
+	if (rps__post(rc->ep, &wr, 1))
+		rps__srv_conn_fail(rc, rps__errbuf());
+	srv->repl_stats.entries_sent++;
+}
+
+static void bind_tensor(struct rps__server *srv, struct conn *rc, struct tensor *t)
+{
+	struct rps__repl_desc d;
+	struct rps__repl_tensor bt;
+
+	if (is_bound(rc, t->id))
+		return;
+	if (t->id >= rc->nbound) {
+		uint8_t *grown = realloc(rc->bound, t->id + 1u);
+		if (!grown) {
+			rps__srv_conn_fail(rc, "out of memory binding a tensor");
+			return;
+		}
+		memset(grown + rc->nbound, 0, t->id + 1u - rc->nbound);
+		rc->bound = grown;
+		rc->nbound = t->id + 1u;
+	}
+	memset(&bt, 0, sizeof(bt));
+	snprintf(bt.name, sizeof(bt.name), "%s", t->name);
+	bt.spec = t->spec;
+	memset(&d, 0, sizeof(d));
+	d.kind = RPS__REPL_TENSOR;
+	d.tensor_id = t->id;
+	d.part = UINT32_MAX;
+	d.nbytes = sizeof(bt);
+	post_entry(srv, rc, d, &bt);
+	rc->bound[t->id] = 1;
+}
+
+/* Ship entry d (of shard s) to every replica of its partition: the wait w
+ * learns what confirms it. */
+static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, struct rps__repl_desc d,
+		 const void *payload, struct repl_wait *w)
+{
+	uint64_t ids[REPL_MAX];
+	uint32_t k, n = replicas(&srv->parts[s->part], ids);
+
+	d.tensor_id = t->id;
+	d.shard = s->index;
+	d.part = s->part;
+	d.epoch = srv->parts[s->part].epoch;
+	d.seq = ++srv->repl_seq[s->part];
+	d.version = s->step;
+	w->t = t;
+	w->s = s;
+	w->nrep = 0;
+	for (k = 0; k < n; k++) {
+		struct repl_peer *p = peer_find(srv, ids[k]);
+		struct conn *rc = p->conn;	/* rps__srv_repl_reserve saw it ready */
+		bind_tensor(srv, rc, t);
+		post_entry(srv, rc, d, payload);
+		w->rep[w->nrep].id = ids[k];
+		w->rep[w->nrep].rc = rc;
+		w->rep[w->nrep].cseq = rc->cseq;
+		w->nrep++;
+	}
+	s->repl_pending++;
+	srv->repl_stats.deferred++;
+	srv->rwaits[srv->nrwaits++] = *w;	/* room made by rps__srv_repl_reserve */
+}
+
+void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard *s,
+			const struct rps__push_desc *pd, struct conn *c, uint32_t slot, uint64_t holds)
+{
+	struct repl_wait w = { .kind = RW_PUSH, .c = c, .slot = slot, .holds = holds };
+	struct rps__repl_desc d;
+
+	memset(&d, 0, sizeof(d));
+	d.kind = RPS__REPL_PUSH;
+	d.dtype = pd->dtype;
+	d.rank = pd->rank;
+	d.nbytes = pd->nbytes;
+	d.push_id = pd->push_id;
+	d.client_id = c->client_id;
+	d.clock = pd->clock;
+	c->slot_state[slot] = 1;
+	ship(srv, t, s, d, (const char *)pd + RPS__PUSH_DESC_SIZE, &w);
+}
+
+void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard *s, struct conn *c,
+			uint32_t slot)
+{
+	struct repl_wait w = { .kind = RW_INIT, .c = c, .slot = slot };
+	struct rps__repl_desc d;
+
+	memset(&d, 0, sizeof(d));
+	d.kind = RPS__REPL_INIT;
+	d.dtype = RPS_DTYPE_F32;
+	d.nbytes = s->elems * 4u;
+	c->slot_state[slot] = 1;
+	ship(srv, t, s, d, s->params, &w);
+}
+
+/* The step's fp32 sum, once: backups do not recompute it. */
+void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard *s)
+{
+	struct repl_wait w = { .kind = RW_STEP };
+	struct rps__repl_desc d;
+
+	memset(&d, 0, sizeof(d));
+	d.kind = RPS__REPL_STEP;
+	d.dtype = RPS_DTYPE_F32;
+	d.nbytes = s->elems * 4u;
+	d.clock = s->step - 1;
+	ship(srv, t, s, d, s->acc, &w);
+}
+
+/*
+ * Sync, replicated: a contribution's ack waits for its step to be on every
+ * replica, in its slot.  Why this cannot deadlock where today's protocol
+ * does not: the step it waits for needs only the other ranks' pushes of
+ * that step, and an out-of-turn push never waits in a slot while parking
+ * has room (it is parked and acknowledged as today); so a rank whose slots
+ * all hold contributions of incomplete steps still lets every other rank
+ * deliver its pushes of those steps, which complete them.  With parking
+ * exhausted the argument no longer holds: the two-stage ack (TAKEN frees
+ * the slot, STEP_DONE completes the op) removes that condition; it needs
+ * the client and is left to do.  Parked pushes are acknowledged when
+ * parked, before their step is replicated (the same gap).
+ */
+void rps__srv_repl_defer_ack(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+			     struct shard *s, uint64_t clock, uint64_t version)
+{
+	if (srv->nrwaits == srv->rwaits_cap) {
+		uint32_t cap = srv->rwaits_cap ? srv->rwaits_cap * 2 : 64;
+		struct repl_wait *grown = realloc(srv->rwaits, cap * sizeof(*grown));
+		if (!grown) {
+			rps__srv_conn_fail(c, "out of memory deferring an acknowledgement");
+			return;
+		}
+		srv->rwaits = grown;
+		srv->rwaits_cap = cap;
+	}
+	c->slot_state[slot] = 1;
+	srv->rwaits[srv->nrwaits++] = (struct repl_wait){
+		.kind = RW_SYNC_ACK, .t = t, .s = s, .c = c, .slot = slot, .clock = clock, .version = version,
+	};
+	srv->repl_active = true;
+}
+
+/* ---- the primary: confirmation ------------------------------------------ */
+
+static bool wait_confirmed(const struct rps__server *srv, const struct repl_wait *w)
+{
+	uint32_t k;
+
+	for (k = 0; k < w->nrep; k++) {
+		/* a replica the map dropped (committed, epoch+1) is not waited for */
+		if (!still_replica(srv, w->s->part, w->rep[k].id))
+			continue;
+		if (!w->rep[k].rc || w->rep[k].rc->cseq_acked < w->rep[k].cseq)
+			return false;
+	}
+	return true;
+}
+
+static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
+{
+	struct tensor *t = w->t;
+	struct shard *s = w->s;
+	uint64_t lock = 0;
+
+	s->repl_pending--;
+	if (!s->hdr)
+		return;		/* the partition was dropped meanwhile */
+	rps__srv_publish_end(s);
+	if (w->kind == RW_PUSH && w->holds && t->regions[s->part].mr)
+		lock = rps__srv_release_lock(srv, t, s, w->holds);
+	if (w->c && w->kind != RW_STEP)
+		rps__srv_push_ack(w->c, w->slot, 0, s->step, lock);
+	rps__srv_wake_waiters(srv, t, s->index);
+}
+
+/* Complete what every replica confirmed, in order; then sync acks whose
+ * step is complete and confirmed. */
+static void confirm(struct rps__server *srv)
+{
+	bool any = false;
+	uint32_t i = 0;
+
+	while (i < srv->nrwaits) {
+		struct repl_wait w = srv->rwaits[i];
+		if (w.kind == RW_SYNC_ACK || !wait_confirmed(srv, &w)) {
+			i++;
+			continue;
+		}
+		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
+		srv->nrwaits--;
+		wait_complete(srv, &w);
+		any = true;
+	}
+	i = 0;
+	while (i < srv->nrwaits) {
+		struct repl_wait w = srv->rwaits[i];
+		if (w.kind != RW_SYNC_ACK || w.s->repl_pending || w.clock >= w.s->step) {
+			i++;
+			continue;
+		}
+		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
+		srv->nrwaits--;
+		if (w.c)
+			rps__srv_push_ack(w.c, w.slot, 0, w.version, 0);
+		any = true;
+	}
+	if (any)
+		rps__srv_drain_held(srv);
+}
+
+/* ---- the primary: the connection ------------------------------------------ */
+
+static void dial(struct rps__server *srv, struct repl_peer *p)
+{
+	struct rps__conn_priv priv = {
+		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_REPL,
+		.from_id = srv->my_id, .to_id = p->id,
+	};
+	struct rps__ep_attr attr = { 0 };
+	char reply[RPS__PRIVDATA_MAX + 1];
+	size_t reply_len = RPS__PRIVDATA_MAX;
+	struct rps__repl_hello h;
+	struct rps__conn_priv rp;
+	struct rps__uri u;
+	struct conn *c;
+
+	if (rps__uri_parse(p->uri, &u) || rps__srv_conn_new(srv, CONN_REPL, &c)) {
+		rps__log(RPS__LOG_WARN, "replication to member %llu: %s", (unsigned long long)p->id, rps__errbuf());
+		return;
+	}
+	attr.sq_depth = c->nsend + REPL_SLOTS + 8;
+	attr.rq_depth = c->nrecv;
+	attr.max_inline = 64;
+	memset(reply, 0, sizeof(reply));
+	if (rps__connect(srv->fab, u.host, u.port, srv->cq, &attr, &priv, sizeof(priv), REPL_CONNECT_TIMEOUT_MS,
+			 reply, &reply_len, &c->ep)) {
+		rps__log(RPS__LOG_INFO, "replication to member %llu (%s): %s", (unsigned long long)p->id, p->uri,
+			 rps__errbuf());
+		rps__srv_conn_free(srv, c);
+		return;
+	}
+	memset(&rp, 0, sizeof(rp));
+	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
+	if (reply_len < sizeof(rp) || rp.from_id != p->id) {
+		rps__log(RPS__LOG_WARN, "replication to %s: answered as member %llu, not %llu", p->uri,
+			 (unsigned long long)rp.from_id, (unsigned long long)p->id);
+		rps__srv_conn_free(srv, c);
+		return;
+	}
+	c->repl_out = true;
+	c->peer_id = p->id;
+	if (rps__srv_conn_attach(srv, c)) {
+		rps__srv_conn_fail(c, rps__errbuf());
+		return;
+	}
+	p->conn = c;
+	memset(&h, 0, sizeof(h));
+	h.from_id = srv->my_id;
+	snprintf(h.fingerprint, sizeof(h.fingerprint), "%s", fingerprint(srv));
+	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO, 0, 0, &h, sizeof(h));
+}
+
+/* The backup's slots: allocate our ring of the same shape. */
+static void on_hello_rep(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			 const struct rps__repl_hello_rep *r)
+{
+	size_t len;
+
+	if (h->status) {
+		rps__log(RPS__LOG_ERROR, "replication to member %llu refused (%d): its kernel fingerprint is \"%.*s\", "
+			 "ours \"%s\": run the same rdmapsd build on every server", (unsigned long long)c->peer_id,
+			 h->status, (int)sizeof(r->fingerprint), r->fingerprint, fingerprint(srv));
+		rps__srv_conn_fail(c, "replication refused");
+		return;
+	}
+	if (c->repl_ready || !r->nslots || r->nslots > 1024 || r->slot_size < slot_size(srv) ||
+	    r->slot_size % 64) {
+		rps__srv_conn_fail(c, "answered REPL_HELLO with slots we cannot use");
+		return;
+	}
+	len = (size_t)r->nslots * r->slot_size;
+	if (rps__srv_mem_take(srv, len, "replication ring"))
+		goto err;
+	c->slots = rps__topo_alloc(srv->topo, &srv->place, len);
+	if (!c->slots) {
+		rps__srv_mem_give(srv, len);
+		goto err;
+	}
+	c->slots_len = len;
+	if (rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_LOCAL, &c->slots_mr))
+		goto err;
+	c->repl_nslots = r->nslots;
+	c->repl_slot_size = r->slot_size;
+	c->repl_raddr = r->slot_addr;
+	c->repl_rkey = r->slot_rkey;
+	c->credits = r->nslots;
+	c->repl_ready = true;
+	rps__log(RPS__LOG_INFO, "replicating to member %llu (%s): %u slots of %u bytes",
+		 (unsigned long long)c->peer_id, rps__ep_peer(c->ep), r->nslots, r->slot_size);
+	rps__srv_drain_held(srv);
+	return;
+err:
+	rps__srv_conn_fail(c, "out of memory for the replication ring");
+}
+
+static void on_ack(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+		   const struct rps__repl_ack *a)
+{
+	if (h->type == RPS__MSG_REPL_NACK) {
+		rps__log(RPS__LOG_ERROR, "member %llu refused replication entry %llu (partition %u): %s",
+			 (unsigned long long)c->peer_id, (unsigned long long)a->cseq + 1, a->part,
+			 h->status == RPS_ESTALE_EPOCH ? "our epoch is older than its map's" : "it diverged");
+		rps__srv_conn_fail(c, "replication refused");
+		return;
+	}
+	if (a->cseq > c->cseq || a->cseq < c->cseq_acked || a->credits > c->repl_nslots - c->credits) {
+		rps__srv_conn_fail(c, "acknowledged replication entries never sent");
+		return;
+	}
+	c->cseq_acked = a->cseq;
+	c->credits += a->credits;
+	srv->repl_stats.acks_received++;
+	confirm(srv);
+}
+
+/* ---- the backup: applying ------------------------------------------------- */
+
+int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c)
+{
+	size_t len = (size_t)REPL_SLOTS * slot_size(srv);
+
+	if (rps__srv_mem_take(srv, len, "replication slots"))
+		return -ENOMEM;
+	c->slots = rps__topo_alloc(srv->topo, &srv->place, len);
+	if (!c->slots) {
+		rps__srv_mem_give(srv, len);
+		return -ENOMEM;
+	}
+	c->slots_len = len;
+	c->repl_nslots = REPL_SLOTS;
+	c->repl_slot_size = slot_size(srv);
+	srv->repl_active = true;
+	return rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr);
+}
+
+static void on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+		     const struct rps__repl_hello *hello)
+{
+	struct rps__repl_hello_rep rep;
+
+	memset(&rep, 0, sizeof(rep));
+	snprintf(rep.fingerprint, sizeof(rep.fingerprint), "%s", fingerprint(srv));
+	if (c->repl_ready || hello->from_id != c->peer_id) {
+		rps__srv_conn_fail(c, "sent a second or forged REPL_HELLO");
+		return;
+	}
+	if (strncmp(hello->fingerprint, fingerprint(srv), sizeof(hello->fingerprint))) {
+		rps__log(RPS__LOG_ERROR, "replication from member %llu refused: its kernel fingerprint is \"%.*s\", "
+			 "ours \"%s\": run the same rdmapsd build on every server",
+			 (unsigned long long)c->peer_id, (int)sizeof(hello->fingerprint), hello->fingerprint,
+			 fingerprint(srv));
+		rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO_REP, h->req_id, -EPROTO, &rep, sizeof(rep));
+		c->repl_refused = true;
+		return;
+	}
+	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;
+	rep.slot_rkey = rps__mr_rkey(c->slots_mr);
+	rep.nslots = c->repl_nslots;
+	rep.slot_size = c->repl_slot_size;
+	c->repl_ready = true;
+	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO_REP, h->req_id, 0, &rep, sizeof(rep));
+}
+
+/* Refuse the entry after c->cseq: the primary breaks the stream. */
+static int refuse(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, int status)
+{
+	struct rps__repl_ack a = { .cseq = c->cseq, .part = d->part };
+
+	srv->repl_stats.refused++;
+	c->repl_refused = true;
+	rps__srv_conn_reply(c, RPS__MSG_REPL_NACK, 0, status, &a, sizeof(a));
+	return -EPROTO;
+}
+
+static int broken(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int broken(struct conn *c, const char *fmt, ...)
+{
+	char why[160];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	rps__srv_conn_fail(c, why);
+	return -EPROTO;
+}
+
+/* REPL_TENSOR: know the tensor (created if unknown, as a restore does),
+ * with regions for the partitions backed here. */
+static int bind(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, const void *payload)
+{
+	struct rps__repl_tensor bt;
+	struct tensor *t;
+	uint32_t p;
+
+	if (d->nbytes != sizeof(bt))
+		return broken(c, "sent a malformed tensor binding");
+	memcpy(&bt, payload, sizeof(bt));
+	bt.name[sizeof(bt.name) - 1] = '\0';
+	if (rps__name_check(bt.name))
+		return broken(c, "sent a tensor binding with a bad name");
+	t = rps__srv_tensor_by_name(srv, bt.name);
+	if (t && !rps__srv_spec_equal(&t->spec, &bt.spec)) {
+		rps__log(RPS__LOG_ERROR, "tensor '%s' exists here with other options than on member %llu", bt.name,
+			 (unsigned long long)c->peer_id);
+		return broken(c, "replicates a tensor that differs here");
+	}
+	if (!t && rps__srv_tensor_add(srv, bt.name, &bt.spec, &t))
+		return broken(c, rps__errbuf());
+	for (p = 0; p < t->layout.nservers && p < srv->npart; p++)
+		if (srv->parts[p].backup && !t->regions[p].mem &&
+		    (rps__srv_region_alloc(srv, t, p, bt.spec.flags & RPS__CREATE_HAS_INIT, NULL) ||
+		     rps__srv_region_register(srv, t, p)))
+			return broken(c, rps__errbuf());
+	if (d->tensor_id >= c->ntmap) {
+		uint32_t *grown = realloc(c->tmap, (d->tensor_id + 1u) * sizeof(*grown));
+		if (!grown)
+			return broken(c, "out of memory binding a tensor");
+		memset(grown + c->ntmap, 0, (d->tensor_id + 1u - c->ntmap) * sizeof(*grown));
+		c->tmap = grown;
+		c->ntmap = d->tensor_id + 1u;
+	}
+	c->tmap[d->tensor_id] = t->id + 1u;
+	return 0;
+}
+
+/* Apply d with the primary's code: 0, -EAGAIN (the map is behind: later),
+ * or a negative errno (the connection failed). */
+static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d,
+		       const void *payload)
+{
+	const struct rps__dp_part *v;
+	struct tensor *t;
+	struct shard *s;
+
+	if (d->kind == RPS__REPL_TENSOR)
+		return bind(srv, c, d, payload);
+	if (d->part >= srv->npart)
+		return broken(c, "replicates partition %u of %u", d->part, srv->npart);
+	v = &srv->parts[d->part];
+	if (d->epoch < v->map_epoch) {
+		rps__log(RPS__LOG_WARN, "partition %u: refusing replication from member %llu under epoch %llu, "
+			 "older than the map's %llu", d->part, (unsigned long long)c->peer_id,
+			 (unsigned long long)d->epoch, (unsigned long long)v->map_epoch);
+		return refuse(srv, c, d, RPS_ESTALE_EPOCH);
+	}
+	if (!v->backup || d->epoch > v->map_epoch)
+		return -EAGAIN;
+	if (d->seq != srv->repl_seq[d->part] + 1)
+		return broken(c, "partition %u: replication entry %llu after %llu", d->part,
+			      (unsigned long long)d->seq, (unsigned long long)srv->repl_seq[d->part]);
+	t = d->tensor_id < c->ntmap && c->tmap[d->tensor_id] ? srv->tensors[c->tmap[d->tensor_id] - 1] : NULL;
+	if (!t || d->shard >= t->layout.nshards)
+		return broken(c, "replicates an unknown tensor or shard");
+	s = &t->shards[d->shard];
+	if (s->part != d->part || !s->hdr)
+		return broken(c, "replicates shard %u of '%s', which has no region here", d->shard, t->name);
+	switch (d->kind) {
+	case RPS__REPL_INIT:
+		if (d->nbytes != s->elems * 4u || s->ready)
+			return broken(c, "sent initial values that do not fit");
+		rps__srv_publish_begin(s);
+		memcpy(s->params, payload, d->nbytes);
+		s->ready = true;
+		rps__srv_publish_end(s);
+		break;
+	case RPS__REPL_PUSH:
+		if (t->spec.mode == RPS_MODE_SYNC || d->dtype != t->spec.dtype || !s->ready ||
+		    d->nbytes != s->elems * rps__dtype_size(t->spec.dtype) ||
+		    (t->spec.mode == RPS_MODE_BOUNDED && (d->rank < 0 || d->rank >= t->spec.num_workers)))
+			return broken(c, "sent a push that does not fit");
+		rps__srv_shard_update(t, s, rps__srv_grad_fp32(s, payload, d->dtype));
+		rps__srv_dedup_note(s, d->client_id, d->push_id);
+		if (t->spec.mode == RPS_MODE_BOUNDED)
+			rps__srv_clock_note(t, s, d->rank, d->clock);
+		break;
+	case RPS__REPL_STEP:
+		if (t->spec.mode != RPS_MODE_SYNC || d->dtype != RPS_DTYPE_F32 || !s->ready ||
+		    d->nbytes != s->elems * 4u || d->clock != s->step)
+			return broken(c, "sent a step that does not fit");
+		rps__srv_shard_update(t, s, payload);
+		break;
+	default:
+		return broken(c, "sent a replication entry of unknown kind %u", d->kind);
+	}
+	if (s->step != d->version) {
+		rps__log(RPS__LOG_ERROR, "tensor '%s' shard %u: version %llu after replication, the primary has %llu: diverged",
+			 t->name, s->index, (unsigned long long)s->step, (unsigned long long)d->version);
+		return refuse(srv, c, d, -EIO);
+	}
+	srv->repl_seq[d->part] = d->seq;
+	return 0;
+}
+
+/* The entry in the next slot in turn. */
+static int apply_next(struct rps__server *srv, struct conn *c)
+{
+	const char *buf = c->slots + (size_t)(c->cseq % c->repl_nslots) * c->repl_slot_size;
+	struct rps__repl_desc d;
+	int ret;
+
+	memcpy(&d, buf, sizeof(d));
+	if (d.magic != RPS__REPL_MAGIC || d.nbytes > c->repl_slot_size - RPS__REPL_DESC_SIZE)
+		return broken(c, "wrote a malformed replication entry");
+	if (d.cseq != c->cseq + 1)
+		return broken(c, "replication stream out of order: entry %llu after %llu",
+			      (unsigned long long)d.cseq, (unsigned long long)c->cseq);
+	ret = apply_entry(srv, c, &d, buf + RPS__REPL_DESC_SIZE);
+	if (ret)
+		return ret;
+	c->cseq++;
+	c->credits_owed++;
+	srv->repl_stats.entries_applied++;
+	return 0;
+}
+
+void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot)
+{
+	if (c->repl_refused)
+		return;		/* the primary closes on our NACK */
+	if (!c->repl_ready || slot != (c->cseq + c->npending) % c->repl_nslots) {
+		rps__srv_conn_fail(c, "wrote a replication entry out of turn");
+		return;
+	}
+	if (c->npending || apply_next(srv, c) == -EAGAIN)
+		c->npending++;
+}
+
+/* ---- both sides ------------------------------------------------------------- */
+
+void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			      const void *body)
+{
+	if (!c->repl_out && h->type == RPS__MSG_REPL_HELLO)
+		on_hello(srv, c, h, body);
+	else if (c->repl_out && h->type == RPS__MSG_REPL_HELLO_REP)
+		on_hello_rep(srv, c, h, body);
+	else if (c->repl_out && c->repl_ready && (h->type == RPS__MSG_REPL_ACK || h->type == RPS__MSG_REPL_NACK))
+		on_ack(srv, c, h, body);
+	else
+		rps__srv_conn_fail(c, "sent a message type replication does not take");
+}
+
+void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c)
+{
+	uint32_t i, k;
+
+	for (i = 0; i < srv->nrwaits; i++) {
+		struct repl_wait *w = &srv->rwaits[i];
+		if (w->c == c)
+			w->c = NULL;
+		for (k = 0; k < w->nrep; k++)
+			if (w->rep[k].rc == c)
+				w->rep[k].rc = NULL;
+	}
+	for (i = 0; i < srv->nrepl_peers; i++)
+		if (srv->repl_peers[i].conn == c) {
+			srv->repl_peers[i].conn = NULL;
+			srv->repl_peers[i].next_dial = rps__now_ns() + REPL_REDIAL_NS;
+		}
+}
+
+void rps__srv_repl_turn(struct rps__server *srv)
+{
+	uint64_t now = rps__now_ns();
+	uint32_t i;
+
+	for (i = 0; i < srv->nrepl_peers; i++) {
+		struct repl_peer *p = &srv->repl_peers[i];
+		if (p->wanted && p->uri[0] && !p->conn && now >= p->next_dial) {
+			p->next_dial = now + REPL_REDIAL_NS;
+			dial(srv, p);
+		}
+	}
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *c = srv->conns[i];
+		struct rps__repl_ack a;
+		if (c->role != CONN_REPL || c->repl_out || c->dead || c->repl_refused)
+			continue;
+		while (c->npending) {
+			int ret = apply_next(srv, c);
+			if (ret)
+				break;
+			c->npending--;
+		}
+		/* one cumulative ack per turn; no send buffer free: next turn */
+		if (c->credits_owed && c->nsfree && !c->repl_refused) {
+			a = (struct rps__repl_ack){ .cseq = c->cseq, .credits = c->credits_owed };
+			rps__srv_conn_reply(c, RPS__MSG_REPL_ACK, 0, 0, &a, sizeof(a));
+			c->credits_owed = 0;
+			srv->repl_stats.acks_sent++;
+		}
+	}
+}
+
+void rps__srv_repl_fini(struct rps__server *srv)
+{
+	free(srv->rwaits);
+	srv->rwaits = NULL;
+	srv->nrwaits = srv->rwaits_cap = 0;
+}
