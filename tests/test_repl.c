@@ -532,7 +532,7 @@ static void test_ack_waits_for_backup(void)
 	rps_tensor_t *t;
 	rps_request_t *r;
 	unsigned seed = 4;
-	int res = 1;
+	int res = 1, done;
 
 	CU_ASSERT_EQUAL_FATAL(tensor(w0, "stalled", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
 	CU_ASSERT_EQUAL(differing_shards("stalled"), 0);
@@ -540,15 +540,63 @@ static void test_ack_waits_for_backup(void)
 	fake_stall(&B);
 	CU_ASSERT_EQUAL_FATAL(rps_push_start(t, g, sizeof(g), &r), 0);
 	sleep_ms(300);
-	CU_ASSERT_EQUAL(rps_test(r, &res), 0);		/* not complete */
+	done = rps_test(r, &res);
+	CU_ASSERT_EQUAL(done, 0);		/* not complete */
 	CU_ASSERT_EQUAL(version_of(&A, "stalled", 0), 1u);	/* applied on A ... */
 	CU_ASSERT_EQUAL(find(&A, "stalled")->shards[0].hdr->seq & 1, 1u);	/* ... not published */
 	CU_ASSERT_EQUAL(version_of(&B, "stalled", 0), 0u);
 	fake_resume(&B);
-	CU_ASSERT_EQUAL(rps_wait(r), 0);
+	CU_ASSERT_EQUAL(done ? res : rps_wait(r), 0);
 	CU_ASSERT_EQUAL(version_of(&B, "stalled", 0), 1u);
 	CU_ASSERT_EQUAL(differing_shards("stalled"), 0);
 	rps_tensor_close(t);
+}
+
+/* Sync, B stalled: both ranks' pushes of a step are in, the step is
+ * applied on A but not published, no push completes and a pull waiting for
+ * the step waits; B resumed: all complete, the pull reads the step. */
+static void test_sync_ack_waits_for_backup(void)
+{
+	float g0[COUNT], g1[COUNT], out[COUNT];
+	rps_tensor_t *t0, *t1;
+	rps_request_t *r0, *r1, *rp;
+	uint64_t version = 0;
+	unsigned seed = 8;
+	int res, d0, d1, dp;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "sync-stalled", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &t0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "sync-stalled", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &t1), 0);
+	CU_ASSERT_EQUAL(differing_shards("sync-stalled"), 0);
+	random_grad(g0, RPS_DTYPE_F32, &seed);
+	random_grad(g1, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	/* rank 0 first, so neither push is parked (parked ones are acked at once) */
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g0, sizeof(g0), &r0), 0);
+	sleep_ms(50);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g1, sizeof(g1), &r1), 0);
+	sleep_ms(50);
+	CU_ASSERT_EQUAL_FATAL(rps_pull_start(t0, out, sizeof(out), &version, &rp), 0);
+	sleep_ms(300);
+	d0 = rps_test(r0, &res);
+	d1 = rps_test(r1, &res);
+	dp = rps_test(rp, &res);
+	CU_ASSERT_EQUAL(d0, 0);
+	CU_ASSERT_EQUAL(d1, 0);
+	CU_ASSERT_EQUAL(dp, 0);
+	CU_ASSERT_EQUAL(version_of(&A, "sync-stalled", 2), 1u);	/* applied on A ... */
+	CU_ASSERT_EQUAL(find(&A, "sync-stalled")->shards[2].hdr->seq & 1, 1u);	/* ... not published */
+	CU_ASSERT_EQUAL(version_of(&B, "sync-stalled", 2), 0u);
+	fake_resume(&B);
+	if (!d0)
+		CU_ASSERT_EQUAL(rps_wait(r0), 0);
+	if (!d1)
+		CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	if (!dp)
+		CU_ASSERT_EQUAL(rps_wait(rp), 0);
+	CU_ASSERT_EQUAL(version, 1u);
+	CU_ASSERT_EQUAL(differing_shards("sync-stalled"), 0);
+	rps_tensor_close(t1);
+	rps_tensor_close(t0);
 }
 
 /* B stalled with more shard pushes in flight (4 tensors x 4 shards) than
@@ -625,6 +673,7 @@ int main(void)
 		{ "bounded: backup byte-identical, clocks included", test_bounded_identical },
 		{ "sync: one entry per step, backup byte-identical", test_sync_identical },
 		{ "ack: not before the backup applied", test_ack_waits_for_backup },
+		{ "sync ack and pull: not before the backup applied the step", test_sync_ack_waits_for_backup },
 		{ "credits: exhausted, pushes held, none lost", test_credit_exhaustion },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
 	};
