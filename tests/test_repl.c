@@ -645,8 +645,16 @@ static void do_epoch_ahead(struct fake *f, void *arg)
 	part_view(f, job_part, map.parts[job_part].epoch + 1, true);
 }
 
+static void do_drop_backup(struct fake *f, void *arg)
+{
+	(void)arg;
+	part_view(f, job_part, map.parts[job_part].epoch, false);
+}
+
 /* An entry under an epoch older than B's map is refused (REPL_NACK): B
- * applies nothing, A breaks the stream, the worker gets no ack. */
+ * applies nothing, A breaks the stream, the worker gets no ack.  Once A's
+ * view of that partition drops B (the map's REPLICA_DROP), its update is
+ * no longer waited for: published; the other partitions' still wait. */
 static void test_old_epoch_refused(void)
 {
 	float g[COUNT];
@@ -661,7 +669,13 @@ static void test_old_epoch_refused(void)
 	CU_ASSERT_NOT_EQUAL(rps_push(t, g, sizeof(g)), 0);	/* never acknowledged */
 	CU_ASSERT_EQUAL(B.srv->repl_stats.refused, 1u);
 	CU_ASSERT_EQUAL(version_of(&B, "old-epoch", 0), 0u);
-	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq & 1, 1u);	/* never published */
+	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq & 1, 1u);	/* not published */
+	/* the push's 4 shards (4 partitions) went on the one stream that broke */
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 4u);
+	fake_do(&A, do_drop_backup, NULL);
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 3u);
+	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq, 2u);	/* version 1, published */
+	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].repl_pending, 0u);
 	rps_tensor_close(t);
 }
 

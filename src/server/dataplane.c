@@ -208,6 +208,9 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 {
 	if (part < RPS__SMAP_MAX_PART)
 		srv->parts[part] = *view;
+	/* a replica the map dropped is no longer waited for */
+	if (srv->nrwaits)
+		rps__srv_repl_confirm(srv);
 }
 
 static const struct rps__dp_ops ops = {

@@ -362,7 +362,7 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 
 /* Complete what every replica confirmed, in order; then sync acks whose
  * step is complete and confirmed. */
-static void confirm(struct rps__server *srv)
+void rps__srv_repl_confirm(struct rps__server *srv)
 {
 	bool any = false;
 	uint32_t i = 0;
@@ -507,7 +507,7 @@ static void on_ack(struct rps__server *srv, struct conn *c, const struct rps__ms
 	c->cseq_acked = a->cseq;
 	c->credits += a->credits;
 	srv->repl_stats.acks_received++;
-	confirm(srv);
+	rps__srv_repl_confirm(srv);
 }
 
 /* ---- the backup: applying ------------------------------------------------- */

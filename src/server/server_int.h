@@ -309,6 +309,9 @@ void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard 
  * every replica. */
 void rps__srv_repl_defer_ack(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
 			     struct shard *s, uint64_t clock, uint64_t version);
+/* Complete the waits every replica confirmed (after an ack, or a view
+ * that dropped a replica). */
+void rps__srv_repl_confirm(struct rps__server *srv);
 void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot);
 void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
 			      const void *body);
