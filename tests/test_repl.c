@@ -636,6 +636,52 @@ static void test_credit_exhaustion(void)
 	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, 16u);
 }
 
+/* Sync with B stalled and more steps (3 tensors x 4 shards) than B has
+ * slots: 8 steps go; the last contributions of the others wait in their
+ * slots (in turn, waiting only for credits: not parked, which would
+ * acknowledge them); no push completes before B resumed. */
+static void test_sync_credit_exhaustion(void)
+{
+	static const char *names[3] = { "sync-credit-0", "sync-credit-1", "sync-credit-2" };
+	float g[COUNT];
+	rps_tensor_t *t0[3], *t1[3];
+	rps_request_t *r[6];
+	uint64_t sent;
+	unsigned seed = 9;
+	int k, res, done = 0, d[6];
+
+	for (k = 0; k < 3; k++) {
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, names[k], RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t0[k]), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w1, names[k], RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t1[k]), 0);
+		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);	/* bound and initialised on B */
+	}
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	sent = A.srv->repl_stats.entries_sent;
+	for (k = 0; k < 3; k++)
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[k], g, sizeof(g), &r[k]), 0);
+	sleep_ms(50);
+	for (k = 0; k < 3; k++)
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[k], g, sizeof(g), &r[3 + k]), 0);
+	sleep_ms(300);
+	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, REPL_SLOTS);
+	CU_ASSERT_EQUAL(A.srv->nparked, 0u);
+	for (k = 0; k < 6; k++)
+		done += d[k] = rps_test(r[k], &res);
+	CU_ASSERT_EQUAL(done, 0);
+	fake_resume(&B);
+	for (k = 0; k < 6; k++)
+		if (!d[k])
+			CU_ASSERT_EQUAL(rps_wait(r[k]), 0);
+	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, 12u);
+	for (k = 0; k < 3; k++) {
+		CU_ASSERT_EQUAL(version_of(&B, names[k], 3), 1u);
+		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);
+		rps_tensor_close(t1[k]);
+		rps_tensor_close(t0[k]);
+	}
+}
+
 static uint32_t job_part;
 
 /* B's map is one epoch ahead for a partition (A deposed, not told yet). */
@@ -689,6 +735,7 @@ int main(void)
 		{ "ack: not before the backup applied", test_ack_waits_for_backup },
 		{ "sync ack and pull: not before the backup applied the step", test_sync_ack_waits_for_backup },
 		{ "credits: exhausted, pushes held, none lost", test_credit_exhaustion },
+		{ "sync credits: exhausted, last contributions held, not parked", test_sync_credit_exhaustion },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
 	};
 

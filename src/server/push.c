@@ -411,6 +411,12 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	if (!t || t->spec.mode != RPS_MODE_SYNC || d->kind != RPS__PUSH_GRAD ||
 	    srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
 		return -ENOSPC;
+	/* replicated, in its turn, waiting only for the replicas (credits, or
+	 * the previous step's confirmation): it stays in its slot, acknowledged
+	 * once its step is replicated, not when parked */
+	if (d->shard < t->layout.nshards && rps__srv_repl_part(srv, t->shards[d->shard].part) &&
+	    d->clock == t->shards[d->shard].step && d->rank == t->shards[d->shard].next_rank)
+		return -ENOSPC;
 	if (srv->nparked == srv->parked_cap) {
 		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
 		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
