@@ -60,7 +60,7 @@ struct fake {
 
 static struct fake A, B;
 static struct rps__smap map;
-static char uri_a[64], uri_b[64];
+static char uri_a[64], uri_b[64], uri_c[64];
 
 static int h_run_timers(void *ctx, uint64_t now, bool *stop)
 {
@@ -682,6 +682,49 @@ static void test_sync_credit_exhaustion(void)
 	}
 }
 
+static struct repl_peer *peer_of(struct fake *f, uint64_t id)
+{
+	uint32_t i;
+
+	for (i = 0; i < f->srv->nrepl_peers; i++)
+		if (f->srv->repl_peers[i].id == id)
+			return &f->srv->repl_peers[i];
+	return NULL;
+}
+
+static struct fake C;
+
+static void do_want_c(struct fake *f, void *arg)
+{
+	f->dp->repl_peer(f->srv, 3, uri_c);
+	peer_of(f, 3)->wanted = *(bool *)arg;
+}
+
+/* A server whose kernel fingerprint differs (another build, or another
+ * aggregation/optimizer variant chosen at run time) refuses to pair: both
+ * sides count the refusal, nothing is ever ready to carry entries. */
+static void test_fingerprint_mismatch(void)
+{
+	struct repl_peer *p;
+	bool want = true;
+
+	CU_ASSERT_EQUAL_FATAL(fake_server(&C, 3), 0);
+	snprintf(uri_c, sizeof(uri_c), "tcp://127.0.0.1:%u", (unsigned)rps__server_port(C.srv));
+	snprintf(C.srv->repl_fp, sizeof(C.srv->repl_fp), "rdmaps 0.0.0 agg=other optim=9");
+	CU_ASSERT_EQUAL_FATAL(-pthread_create(&C.thread, NULL, loop_main, &C), 0);
+	fake_do(&A, do_want_c, &want);
+	sleep_ms(300);
+	want = false;
+	fake_do(&A, do_want_c, &want);
+	p = peer_of(&A, 3);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT(!p->conn || !p->conn->repl_ready);
+	CU_ASSERT(C.srv->repl_stats.pairings_refused >= 1u);
+	CU_ASSERT(A.srv->repl_stats.pairings_refused >= 1u);
+	CU_ASSERT_EQUAL(C.srv->repl_stats.entries_applied, 0u);
+	fake_fini(&C);
+}
+
 static uint32_t job_part;
 
 /* B's map is one epoch ahead for a partition (A deposed, not told yet). */
@@ -736,6 +779,7 @@ int main(void)
 		{ "sync ack and pull: not before the backup applied the step", test_sync_ack_waits_for_backup },
 		{ "credits: exhausted, pushes held, none lost", test_credit_exhaustion },
 		{ "sync credits: exhausted, last contributions held, not parked", test_sync_credit_exhaustion },
+		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
 	};
 

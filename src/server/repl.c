@@ -453,11 +453,12 @@ static void on_hello_rep(struct rps__server *srv, struct conn *c, const struct r
 {
 	size_t len;
 
-	if (h->status) {
+	if (h->status || strncmp(r->fingerprint, fingerprint(srv), sizeof(r->fingerprint))) {
 		rps__log(RPS__LOG_ERROR, "replication to member %llu refused (%d): its kernel fingerprint is \"%.*s\", "
 			 "ours \"%s\": run the same rdmapsd build on every server", (unsigned long long)c->peer_id,
 			 h->status, (int)sizeof(r->fingerprint), r->fingerprint, fingerprint(srv));
 		rps__srv_conn_fail(c, "replication refused");
+		srv->repl_stats.pairings_refused++;
 		return;
 	}
 	if (c->repl_ready || !r->nslots || r->nslots > 1024 || r->slot_size < slot_size(srv) ||
@@ -548,6 +549,7 @@ static void on_hello(struct rps__server *srv, struct conn *c, const struct rps__
 			 fingerprint(srv));
 		rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO_REP, h->req_id, -EPROTO, &rep, sizeof(rep));
 		c->repl_refused = true;
+		srv->repl_stats.pairings_refused++;
 		return;
 	}
 	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;

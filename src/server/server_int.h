@@ -245,6 +245,7 @@ struct rps__server {
 	char repl_fp[RPS__REPL_FP_MAX];	/* kernel fingerprint */
 	struct {
 		uint64_t entries_sent, entries_applied, acks_sent, acks_received, deferred, refused;
+		uint64_t pairings_refused;	/* kernel fingerprints differed */
 	} repl_stats;
 };
 
