@@ -23,7 +23,8 @@
  * (connections, replies), push.c (pushes, publishing, lock words),
  * requests.c (HELLO, CREATE, WAIT, BARRIER), tensor.c (tensors and their
  * regions), partition.c, hold.c and dataplane.c (what the control plane
- * calls, dataplane.h).
+ * calls, dataplane.h), apply.c (applying an update, shared with backups)
+ * and repl.c (the replication stream to backups).
  */
 #include "config.h"
 #include "server/server.h"
