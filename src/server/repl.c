@@ -605,12 +605,12 @@ static int bind(struct rps__server *srv, struct conn *c, const struct rps__repl_
 		return broken(c, "replicates a tensor that differs here");
 	}
 	if (!t && rps__srv_tensor_add(srv, bt.name, &bt.spec, &t))
-		return broken(c, rps__errbuf());
+		return broken(c, "%s", rps__errbuf());
 	for (p = 0; p < t->layout.nservers && p < srv->npart; p++)
 		if (srv->parts[p].backup && !t->regions[p].mem &&
 		    (rps__srv_region_alloc(srv, t, p, bt.spec.flags & RPS__CREATE_HAS_INIT, NULL) ||
 		     rps__srv_region_register(srv, t, p)))
-			return broken(c, rps__errbuf());
+			return broken(c, "%s", rps__errbuf());
 	if (d->tensor_id >= c->ntmap) {
 		uint32_t *grown = realloc(c->tmap, (d->tensor_id + 1u) * sizeof(*grown));
 		if (!grown)
