@@ -34,8 +34,16 @@
 
 #include "rdmaps.h"
 
+/* The transport's connect blocks the loop until the other server's loop
+ * accepts (or the timeout), so dials back off: a dead backup must not
+ * stall the primary's loop most of the time, and two servers dialing each
+ * other at once (each the other's backup) give up and retry at different
+ * times.  A non-blocking connect, or one connection per pair carrying both
+ * directions, would remove the stall; slice 3 (symmetric placement) needs
+ * one of them. */
 #define REPL_CONNECT_TIMEOUT_MS 2000
 #define REPL_REDIAL_NS (200ull * 1000000ull)
+#define REPL_REDIAL_MAX_NS (5000ull * 1000000ull)
 
 enum rw_kind { RW_PUSH, RW_INIT, RW_STEP, RW_SYNC_ACK };
 
@@ -397,7 +405,8 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 
 /* ---- the primary: the connection ------------------------------------------ */
 
-static void dial(struct rps__server *srv, struct repl_peer *p)
+/* 0 connected (REPL_HELLO sent), or -1 */
+static int dial(struct rps__server *srv, struct repl_peer *p)
 {
 	struct rps__conn_priv priv = {
 		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_REPL,
@@ -413,7 +422,7 @@ static void dial(struct rps__server *srv, struct repl_peer *p)
 
 	if (rps__uri_parse(p->uri, &u) || rps__srv_conn_new(srv, CONN_REPL, &c)) {
 		rps__log(RPS__LOG_WARN, "replication to member %llu: %s", (unsigned long long)p->id, rps__errbuf());
-		return;
+		return -1;
 	}
 	attr.sq_depth = c->nsend + REPL_SLOTS + 8;
 	attr.rq_depth = c->nrecv;
@@ -424,7 +433,7 @@ static void dial(struct rps__server *srv, struct repl_peer *p)
 		rps__log(RPS__LOG_INFO, "replication to member %llu (%s): %s", (unsigned long long)p->id, p->uri,
 			 rps__errbuf());
 		rps__srv_conn_free(srv, c);
-		return;
+		return -1;
 	}
 	memset(&rp, 0, sizeof(rp));
 	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
@@ -432,19 +441,20 @@ static void dial(struct rps__server *srv, struct repl_peer *p)
 		rps__log(RPS__LOG_WARN, "replication to %s: answered as member %llu, not %llu", p->uri,
 			 (unsigned long long)rp.from_id, (unsigned long long)p->id);
 		rps__srv_conn_free(srv, c);
-		return;
+		return -1;
 	}
 	c->repl_out = true;
 	c->peer_id = p->id;
 	if (rps__srv_conn_attach(srv, c)) {
 		rps__srv_conn_fail(c, rps__errbuf());
-		return;
+		return -1;
 	}
 	p->conn = c;
 	memset(&h, 0, sizeof(h));
 	h.from_id = srv->my_id;
 	snprintf(h.fingerprint, sizeof(h.fingerprint), "%s", fingerprint(srv));
 	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO, 0, 0, &h, sizeof(h));
+	return 0;
 }
 
 /* The backup's slots: allocate our ring of the same shape. */
@@ -766,10 +776,17 @@ void rps__srv_repl_turn(struct rps__server *srv)
 
 	for (i = 0; i < srv->nrepl_peers; i++) {
 		struct repl_peer *p = &srv->repl_peers[i];
-		if (p->wanted && p->uri[0] && !p->conn && now >= p->next_dial) {
-			p->next_dial = now + REPL_REDIAL_NS;
-			dial(srv, p);
+		uint64_t backoff;
+		if (!p->wanted || !p->uri[0] || p->conn || now < p->next_dial)
+			continue;
+		if (!dial(srv, p)) {
+			p->fails = 0;
+			continue;
 		}
+		/* doubling up to 5 s, and a jitter that differs per server */
+		backoff = RPS__MIN(REPL_REDIAL_NS << RPS__MIN(p->fails, 5u), REPL_REDIAL_MAX_NS);
+		p->fails++;
+		p->next_dial = rps__now_ns() + backoff + (srv->my_id * 7919u + now) % REPL_REDIAL_NS;
 	}
 	for (i = 0; i < srv->nconns; i++) {
 		struct conn *c = srv->conns[i];

@@ -236,6 +236,7 @@ struct rps__server {
 		struct conn *conn;	/* our stream to it (we are primary) */
 		bool wanted;		/* a partition of ours has it as a replica */
 		uint64_t next_dial;
+		uint32_t fails;		/* dials failed in a row (backoff) */
 	} repl_peers[RPS__SMAP_MAX_MEMBERS];
 	uint32_t nrepl_peers;
 	bool repl_active;		/* a stream or a wait exists: repl turn has work */
