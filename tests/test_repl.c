@@ -470,6 +470,38 @@ static void test_async_identical(void)
 	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
 }
 
+/* A tensor created while its partitions had no backup (no regions on
+ * B), the partitions then backed (slice 3 seeds such a backup first; here
+ * the tensor has no initial values, so zeros are its state everywhere):
+ * the binding entry makes B allocate the regions it now backs, and the
+ * pushes land there. */
+static void test_binding_allocates_regions(void)
+{
+	struct rps_tensor_opts o;
+	float g[COUNT];
+	rps_tensor_t *t;
+	unsigned seed = 10, i;
+
+	fake_do(&A, do_views_r1, NULL);
+	fake_do(&B, do_views_r1, NULL);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SUM;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(w0, "late-backup", &o, &t), 0);
+	CU_ASSERT_PTR_NULL(find(&B, "late-backup")->regions[0].mem);
+	fake_do(&B, do_views_replicated, NULL);
+	fake_do(&A, do_views_replicated, NULL);
+	for (i = 0; i < 3; i++) {
+		random_grad(g, RPS_DTYPE_F32, &seed);
+		CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	}
+	CU_ASSERT_PTR_NOT_NULL(find(&B, "late-backup")->regions[0].mem);
+	CU_ASSERT_EQUAL(version_of(&B, "late-backup", 0), 3u);
+	CU_ASSERT_EQUAL(differing_shards("late-backup"), 0);
+	rps_tensor_close(t);
+}
+
 /* Bounded (staleness 2), the two ranks at different paces: clocks and
  * min_clock replicated exactly. */
 static void test_bounded_identical(void)
@@ -773,6 +805,7 @@ int main(void)
 	static const struct cutest tests[] = {
 		{ "R=1: no stream, no deferral, acks as today", test_r1_unchanged },
 		{ "async: backup byte-identical (fp32 Adam, bf16 momentum)", test_async_identical },
+		{ "binding: the backup allocates the regions it backs", test_binding_allocates_regions },
 		{ "bounded: backup byte-identical, clocks included", test_bounded_identical },
 		{ "sync: one entry per step, backup byte-identical", test_sync_identical },
 		{ "ack: not before the backup applied", test_ack_waits_for_backup },
