@@ -303,16 +303,21 @@ void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard 
 }
 
 /*
- * Sync, replicated: a contribution's ack waits for its step to be on every
- * replica, in its slot.  Why this cannot deadlock where today's protocol
- * does not: the step it waits for needs only the other ranks' pushes of
- * that step, and an out-of-turn push never waits in a slot while parking
- * has room (it is parked and acknowledged as today); so a rank whose slots
- * all hold contributions of incomplete steps still lets every other rank
- * deliver its pushes of those steps, which complete them.  With parking
- * exhausted the argument no longer holds: the two-stage ack (TAKEN frees
- * the slot, STEP_DONE completes the op) removes that condition; it needs
- * the client and is left to do.  Parked pushes are acknowledged when
+ * Sync, replicated: a contribution's ack waits in its slot for its step to
+ * be on every replica.  Why this adds no deadlock while parking has room:
+ * the step needs only the other ranks' pushes of that step; an out-of-turn
+ * push does not wait in a slot but is parked (and acknowledged, as today);
+ * an in-turn push that waits only for credits or the previous step's
+ * confirmation stays in its slot (push.c, park()) and depends on no worker.
+ * So a rank whose slots all hold summed contributions still lets every
+ * other rank deliver its pushes of those steps, which complete them.  With
+ * parking exhausted a cycle is possible that today's immediate ack avoids
+ * (rank A's slots hold summed T1 contributions, rank B's T2 pushes wait in
+ * its slots for A's T2, B's T1 pushes cannot go).  The two-stage ack
+ * (TAKEN frees the slot, STEP_DONE completes the op) removes it, but needs
+ * the client, and a bound on the STEP_DONE messages a connection may owe
+ * (one per taken op overruns the worker's receive buffers when a step of
+ * many shards completes): left to do.  Parked pushes are acknowledged when
  * parked, before their step is replicated (the same gap).
  */
 void rps__srv_repl_defer_ack(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
