@@ -394,13 +394,14 @@ static void do_views_replicated(struct fake *f, void *arg)
 
 /* Without backups in the views (R=1) nothing of the stream runs: no
  * connection dialed, no entry, no deferred ack, no wait; every mode's
- * pushes are acknowledged as today, with the versions today's code gives. */
+ * pushes are acknowledged as today, with the versions today's code gives,
+ * even with B's loop stalled (nothing waits for another server). */
 static void test_r1_unchanged(void)
 {
 	static const enum rps_mode modes[3] = { RPS_MODE_ASYNC, RPS_MODE_BOUNDED, RPS_MODE_SYNC };
 	static const char *names[3] = { "r1-async", "r1-bounded", "r1-sync" };
 	float g[COUNT], out[COUNT];
-	rps_tensor_t *t0, *t1;
+	rps_tensor_t *t0[3], *t1[3];
 	rps_request_t *r0, *r1;
 	uint64_t version;
 	unsigned seed = 7;
@@ -408,18 +409,24 @@ static void test_r1_unchanged(void)
 
 	fake_do(&A, do_views_r1, NULL);
 	for (m = 0; m < 3; m++) {
-		CU_ASSERT_EQUAL_FATAL(tensor(w0, names[m], modes[m], RPS_DTYPE_F32, RPS_OPT_SUM, &t0), 0);
-		CU_ASSERT_EQUAL_FATAL(tensor(w1, names[m], modes[m], RPS_DTYPE_F32, RPS_OPT_SUM, &t1), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, names[m], modes[m], RPS_DTYPE_F32, RPS_OPT_SUM, &t0[m]), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w1, names[m], modes[m], RPS_DTYPE_F32, RPS_OPT_SUM, &t1[m]), 0);
+	}
+	fake_stall(&B);
+	for (m = 0; m < 3; m++) {
 		random_grad(g, RPS_DTYPE_F32, &seed);
-		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g, sizeof(g), &r0), 0);
-		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g, sizeof(g), &r1), 0);
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[m], g, sizeof(g), &r0), 0);
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[m], g, sizeof(g), &r1), 0);
 		CU_ASSERT_EQUAL(rps_wait(r0), 0);
 		CU_ASSERT_EQUAL(rps_wait(r1), 0);
-		CU_ASSERT_EQUAL(rps_pull(t0, out, sizeof(out), &version), 0);
+		CU_ASSERT_EQUAL(rps_pull(t0[m], out, sizeof(out), &version), 0);
 		/* async, bounded: two updates; sync: one step of the two */
 		CU_ASSERT_EQUAL(version, modes[m] == RPS_MODE_SYNC ? 1u : 2u);
-		rps_tensor_close(t1);
-		rps_tensor_close(t0);
+	}
+	fake_resume(&B);
+	for (m = 0; m < 3; m++) {
+		rps_tensor_close(t1[m]);
+		rps_tensor_close(t0[m]);
 	}
 	CU_ASSERT_EQUAL(repl_conns(&A), 0u);
 	CU_ASSERT_EQUAL(repl_conns(&B), 0u);
