@@ -163,6 +163,11 @@ int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t pa
 		struct conn *rc = p ? p->conn : NULL;
 		if (p)
 			p->wanted = true;
+		else if (srv->repl_unknown != ids[k]) {
+			srv->repl_unknown = ids[k];	/* said once, not per push */
+			rps__log(RPS__LOG_ERROR, "partition %u: no address for its replica member %llu: its pushes wait",
+				 part, (unsigned long long)ids[k]);
+		}
 		if (!rc || rc->dead || !rc->repl_ready || rc->credits < 1u + !is_bound(rc, t->id))
 			ret = -EAGAIN;
 	}

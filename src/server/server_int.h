@@ -240,6 +240,7 @@ struct rps__server {
 	} repl_peers[RPS__SMAP_MAX_MEMBERS];
 	uint32_t nrepl_peers;
 	bool repl_active;		/* a stream or a wait exists: repl turn has work */
+	uint64_t repl_unknown;		/* a replica with no address, logged once */
 	struct repl_wait *rwaits;	/* updates waiting for their replicas, in order */
 	uint32_t nrwaits, rwaits_cap;
 	uint64_t repl_seq[RPS__SMAP_MAX_PART];	/* primary: entries sent; backup: applied */
