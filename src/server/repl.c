@@ -17,6 +17,7 @@
  * the lock, acknowledges and wakes waiters when every replica confirmed
  * (struct repl_wait).  No reader sees, and no worker is told of, a version
  * that is not on every replica.  Transport calls only: the same over verbs.
+ * The backup's side (pairing, applying entries) is in repl_backup.c.
  */
 #include "config.h"
 #include "common/common.h"
@@ -27,7 +28,6 @@
 #include "server/server_int.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +66,7 @@ struct repl_wait {
 	} rep[REPL_MAX];
 };
 
-static const char *fingerprint(struct rps__server *srv)
+const char *rps__srv_repl_fingerprint(struct rps__server *srv)
 {
 	if (!srv->repl_fp[0])
 		snprintf(srv->repl_fp, sizeof(srv->repl_fp), "rdmaps %s agg=%s optim=%d", PACKAGE_VERSION,
@@ -76,7 +76,7 @@ static const char *fingerprint(struct rps__server *srv)
 
 /* Bytes per slot: the descriptor and the largest payload (a shard in
  * fp32, or a tensor binding). */
-static uint32_t slot_size(const struct rps__server *srv)
+uint32_t rps__srv_repl_slot_size(const struct rps__server *srv)
 {
 	size_t payload = RPS__MAX((size_t)srv->shard_elems * 4u, sizeof(struct rps__repl_tensor));
 
@@ -462,7 +462,7 @@ static int dial(struct rps__server *srv, struct repl_peer *p)
 	p->conn = c;
 	memset(&h, 0, sizeof(h));
 	h.from_id = srv->my_id;
-	snprintf(h.fingerprint, sizeof(h.fingerprint), "%s", fingerprint(srv));
+	snprintf(h.fingerprint, sizeof(h.fingerprint), "%s", rps__srv_repl_fingerprint(srv));
 	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO, 0, 0, &h, sizeof(h));
 	return 0;
 }
@@ -473,15 +473,15 @@ static void on_hello_rep(struct rps__server *srv, struct conn *c, const struct r
 {
 	size_t len;
 
-	if (h->status || strncmp(r->fingerprint, fingerprint(srv), sizeof(r->fingerprint))) {
+	if (h->status || strncmp(r->fingerprint, rps__srv_repl_fingerprint(srv), sizeof(r->fingerprint))) {
 		rps__log(RPS__LOG_ERROR, "replication to member %llu refused (%d): its kernel fingerprint is \"%.*s\", "
 			 "ours \"%s\": run the same rdmapsd build on every server", (unsigned long long)c->peer_id,
-			 h->status, (int)sizeof(r->fingerprint), r->fingerprint, fingerprint(srv));
+			 h->status, (int)sizeof(r->fingerprint), r->fingerprint, rps__srv_repl_fingerprint(srv));
 		rps__srv_conn_fail(c, "replication refused");
 		srv->repl_stats.pairings_refused++;
 		return;
 	}
-	if (c->repl_ready || !r->nslots || r->nslots > 1024 || r->slot_size < slot_size(srv) ||
+	if (c->repl_ready || !r->nslots || r->nslots > 1024 || r->slot_size < rps__srv_repl_slot_size(srv) ||
 	    r->slot_size % 64) {
 		rps__srv_conn_fail(c, "answered REPL_HELLO with slots we cannot use");
 		return;
@@ -531,227 +531,13 @@ static void on_ack(struct rps__server *srv, struct conn *c, const struct rps__ms
 	rps__srv_repl_confirm(srv);
 }
 
-/* ---- the backup: applying ------------------------------------------------- */
-
-int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c)
-{
-	size_t len = (size_t)REPL_SLOTS * slot_size(srv);
-
-	if (rps__srv_mem_take(srv, len, "replication slots"))
-		return -ENOMEM;
-	c->slots = rps__topo_alloc(srv->topo, &srv->place, len);
-	if (!c->slots) {
-		rps__srv_mem_give(srv, len);
-		return -ENOMEM;
-	}
-	c->slots_len = len;
-	c->repl_nslots = REPL_SLOTS;
-	c->repl_slot_size = slot_size(srv);
-	srv->repl_active = true;
-	return rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr);
-}
-
-static void on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
-		     const struct rps__repl_hello *hello)
-{
-	struct rps__repl_hello_rep rep;
-
-	memset(&rep, 0, sizeof(rep));
-	snprintf(rep.fingerprint, sizeof(rep.fingerprint), "%s", fingerprint(srv));
-	if (c->repl_ready || hello->from_id != c->peer_id) {
-		rps__srv_conn_fail(c, "sent a second or forged REPL_HELLO");
-		return;
-	}
-	if (strncmp(hello->fingerprint, fingerprint(srv), sizeof(hello->fingerprint))) {
-		rps__log(RPS__LOG_ERROR, "replication from member %llu refused: its kernel fingerprint is \"%.*s\", "
-			 "ours \"%s\": run the same rdmapsd build on every server",
-			 (unsigned long long)c->peer_id, (int)sizeof(hello->fingerprint), hello->fingerprint,
-			 fingerprint(srv));
-		rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO_REP, h->req_id, -EPROTO, &rep, sizeof(rep));
-		c->repl_refused = true;
-		srv->repl_stats.pairings_refused++;
-		return;
-	}
-	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;
-	rep.slot_rkey = rps__mr_rkey(c->slots_mr);
-	rep.nslots = c->repl_nslots;
-	rep.slot_size = c->repl_slot_size;
-	c->repl_ready = true;
-	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO_REP, h->req_id, 0, &rep, sizeof(rep));
-}
-
-/* Refuse the entry after c->cseq: the primary breaks the stream. */
-static int refuse(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, int status)
-{
-	struct rps__repl_ack a = { .cseq = c->cseq, .part = d->part };
-
-	srv->repl_stats.refused++;
-	c->repl_refused = true;
-	rps__srv_conn_reply(c, RPS__MSG_REPL_NACK, 0, status, &a, sizeof(a));
-	return -EPROTO;
-}
-
-static int broken(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int broken(struct conn *c, const char *fmt, ...)
-{
-	char why[160];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	rps__srv_conn_fail(c, why);
-	return -EPROTO;
-}
-
-/* REPL_TENSOR: know the tensor (created if unknown, as a restore does),
- * with regions for the partitions backed here. */
-static int bind(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, const void *payload)
-{
-	struct rps__repl_tensor bt;
-	struct tensor *t;
-	uint32_t p;
-
-	if (d->nbytes != sizeof(bt))
-		return broken(c, "sent a malformed tensor binding");
-	memcpy(&bt, payload, sizeof(bt));
-	bt.name[sizeof(bt.name) - 1] = '\0';
-	if (rps__name_check(bt.name))
-		return broken(c, "sent a tensor binding with a bad name");
-	t = rps__srv_tensor_by_name(srv, bt.name);
-	if (t && !rps__srv_spec_equal(&t->spec, &bt.spec)) {
-		rps__log(RPS__LOG_ERROR, "tensor '%s' exists here with other options than on member %llu", bt.name,
-			 (unsigned long long)c->peer_id);
-		return broken(c, "replicates a tensor that differs here");
-	}
-	if (!t && rps__srv_tensor_add(srv, bt.name, &bt.spec, &t))
-		return broken(c, "%s", rps__errbuf());
-	for (p = 0; p < t->layout.nservers && p < srv->npart; p++)
-		if (srv->parts[p].backup && !t->regions[p].mem &&
-		    (rps__srv_region_alloc(srv, t, p, bt.spec.flags & RPS__CREATE_HAS_INIT, NULL) ||
-		     rps__srv_region_register(srv, t, p)))
-			return broken(c, "%s", rps__errbuf());
-	if (d->tensor_id >= c->ntmap) {
-		uint32_t *grown = realloc(c->tmap, (d->tensor_id + 1u) * sizeof(*grown));
-		if (!grown)
-			return broken(c, "out of memory binding a tensor");
-		memset(grown + c->ntmap, 0, (d->tensor_id + 1u - c->ntmap) * sizeof(*grown));
-		c->tmap = grown;
-		c->ntmap = d->tensor_id + 1u;
-	}
-	c->tmap[d->tensor_id] = t->id + 1u;
-	return 0;
-}
-
-/* Apply d with the primary's code: 0, -EAGAIN (the map is behind: later),
- * or a negative errno (the connection failed). */
-static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d,
-		       const void *payload)
-{
-	const struct rps__dp_part *v;
-	struct tensor *t;
-	struct shard *s;
-
-	if (d->kind == RPS__REPL_TENSOR)
-		return bind(srv, c, d, payload);
-	if (d->part >= srv->npart)
-		return broken(c, "replicates partition %u of %u", d->part, srv->npart);
-	v = &srv->parts[d->part];
-	if (d->epoch < v->map_epoch) {
-		rps__log(RPS__LOG_WARN, "partition %u: refusing replication from member %llu under epoch %llu, "
-			 "older than the map's %llu", d->part, (unsigned long long)c->peer_id,
-			 (unsigned long long)d->epoch, (unsigned long long)v->map_epoch);
-		return refuse(srv, c, d, RPS_ESTALE_EPOCH);
-	}
-	if (!v->backup || d->epoch > v->map_epoch)
-		return -EAGAIN;
-	if (d->seq != srv->repl_seq[d->part] + 1)
-		return broken(c, "partition %u: replication entry %llu after %llu", d->part,
-			      (unsigned long long)d->seq, (unsigned long long)srv->repl_seq[d->part]);
-	t = d->tensor_id < c->ntmap && c->tmap[d->tensor_id] ? srv->tensors[c->tmap[d->tensor_id] - 1] : NULL;
-	if (!t || d->shard >= t->layout.nshards)
-		return broken(c, "replicates an unknown tensor or shard");
-	s = &t->shards[d->shard];
-	if (s->part != d->part || !s->hdr)
-		return broken(c, "replicates shard %u of '%s', which has no region here", d->shard, t->name);
-	switch (d->kind) {
-	case RPS__REPL_INIT:
-		if (d->nbytes != s->elems * 4u || s->ready)
-			return broken(c, "sent initial values that do not fit");
-		rps__srv_publish_begin(s);
-		memcpy(s->params, payload, d->nbytes);
-		s->ready = true;
-		rps__srv_publish_end(s);
-		break;
-	case RPS__REPL_PUSH:
-		if (t->spec.mode == RPS_MODE_SYNC || d->dtype != t->spec.dtype || !s->ready ||
-		    d->nbytes != s->elems * rps__dtype_size(t->spec.dtype) ||
-		    (t->spec.mode == RPS_MODE_BOUNDED && (d->rank < 0 || d->rank >= t->spec.num_workers)))
-			return broken(c, "sent a push that does not fit");
-		rps__srv_shard_update(t, s, rps__srv_grad_fp32(s, payload, d->dtype));
-		rps__srv_dedup_note(s, d->client_id, d->push_id);
-		if (t->spec.mode == RPS_MODE_BOUNDED)
-			rps__srv_clock_note(t, s, d->rank, d->clock);
-		break;
-	case RPS__REPL_STEP:
-		if (t->spec.mode != RPS_MODE_SYNC || d->dtype != RPS_DTYPE_F32 || !s->ready ||
-		    d->nbytes != s->elems * 4u || d->clock != s->step)
-			return broken(c, "sent a step that does not fit");
-		rps__srv_shard_update(t, s, payload);
-		break;
-	default:
-		return broken(c, "sent a replication entry of unknown kind %u", d->kind);
-	}
-	if (s->step != d->version) {
-		rps__log(RPS__LOG_ERROR, "tensor '%s' shard %u: version %llu after replication, the primary has %llu: diverged",
-			 t->name, s->index, (unsigned long long)s->step, (unsigned long long)d->version);
-		return refuse(srv, c, d, -EIO);
-	}
-	srv->repl_seq[d->part] = d->seq;
-	return 0;
-}
-
-/* The entry in the next slot in turn. */
-static int apply_next(struct rps__server *srv, struct conn *c)
-{
-	const char *buf = c->slots + (size_t)(c->cseq % c->repl_nslots) * c->repl_slot_size;
-	struct rps__repl_desc d;
-	int ret;
-
-	memcpy(&d, buf, sizeof(d));
-	if (d.magic != RPS__REPL_MAGIC || d.nbytes > c->repl_slot_size - RPS__REPL_DESC_SIZE)
-		return broken(c, "wrote a malformed replication entry");
-	if (d.cseq != c->cseq + 1)
-		return broken(c, "replication stream out of order: entry %llu after %llu",
-			      (unsigned long long)d.cseq, (unsigned long long)c->cseq);
-	ret = apply_entry(srv, c, &d, buf + RPS__REPL_DESC_SIZE);
-	if (ret)
-		return ret;
-	c->cseq++;
-	c->credits_owed++;
-	srv->repl_stats.entries_applied++;
-	return 0;
-}
-
-void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot)
-{
-	if (c->repl_refused)
-		return;		/* the primary closes on our NACK */
-	if (!c->repl_ready || slot != (c->cseq + c->npending) % c->repl_nslots) {
-		rps__srv_conn_fail(c, "wrote a replication entry out of turn");
-		return;
-	}
-	if (c->npending || apply_next(srv, c) == -EAGAIN)
-		c->npending++;
-}
-
 /* ---- both sides ------------------------------------------------------------- */
 
 void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
 			      const void *body)
 {
 	if (!c->repl_out && h->type == RPS__MSG_REPL_HELLO)
-		on_hello(srv, c, h, body);
+		rps__srv_repl_on_hello(srv, c, h, body);
 	else if (c->repl_out && h->type == RPS__MSG_REPL_HELLO_REP)
 		on_hello_rep(srv, c, h, body);
 	else if (c->repl_out && c->repl_ready && (h->type == RPS__MSG_REPL_ACK || h->type == RPS__MSG_REPL_NACK))
@@ -800,22 +586,8 @@ void rps__srv_repl_turn(struct rps__server *srv)
 	}
 	for (i = 0; i < srv->nconns; i++) {
 		struct conn *c = srv->conns[i];
-		struct rps__repl_ack a;
-		if (c->role != CONN_REPL || c->repl_out || c->dead || c->repl_refused)
-			continue;
-		while (c->npending) {
-			int ret = apply_next(srv, c);
-			if (ret)
-				break;
-			c->npending--;
-		}
-		/* one cumulative ack per turn; no send buffer free: next turn */
-		if (c->credits_owed && c->nsfree && !c->repl_refused) {
-			a = (struct rps__repl_ack){ .cseq = c->cseq, .credits = c->credits_owed };
-			rps__srv_conn_reply(c, RPS__MSG_REPL_ACK, 0, 0, &a, sizeof(a));
-			c->credits_owed = 0;
-			srv->repl_stats.acks_sent++;
-		}
+		if (c->role == CONN_REPL && !c->repl_out && !c->dead && !c->repl_refused)
+			rps__srv_repl_backup_turn(srv, c);
 	}
 }
 

@@ -4,8 +4,8 @@
  * publishing and lock words; requests.c: workers' control messages;
  * tensor.c: tensors and their regions; partition.c: the partition API;
  * hold.c: checkpoints; dataplane.c: the ops the control plane calls;
- * apply.c: applying an update, the same on primary and backups; repl.c:
- * the replication stream).
+ * apply.c: applying an update, the same on primary and backups; repl.c
+ * and repl_backup.c: the replication stream).
  * Private to src/server: the layer above sees struct rps__server only
  * through dataplane.h.
  */
@@ -318,7 +318,13 @@ void rps__srv_repl_confirm(struct rps__server *srv);
 void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot);
 void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
 			      const void *body);
+const char *rps__srv_repl_fingerprint(struct rps__server *srv);
+uint32_t rps__srv_repl_slot_size(const struct rps__server *srv);
+/* repl_backup.c: the backup's side */
 int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c);
+void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			    const struct rps__repl_hello *hello);
+void rps__srv_repl_backup_turn(struct rps__server *srv, struct conn *c);
 void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c);
 /* Once per loop turn: dial, retry entries, batched REPL_ACKs. */
 void rps__srv_repl_turn(struct rps__server *srv);
