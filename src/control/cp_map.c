@@ -50,8 +50,18 @@ void rps__cp_part_sync(struct rps__cplane *cp, uint32_t p)
 		.lost = rps__cp_lost(cp, p),
 		.incoming = pl->st == PART_INCOMING || mp->moving_to == cp->my_id,
 	};
+	uint32_t k;
 
 	v.owned_lost = mp->owner == cp->my_id && v.lost;
+	/* the replica set: who streams to whom (src/server/repl.c) */
+	v.primary = mp->owner;
+	for (k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
+		if (mp->backups[k]) {
+			v.backups[v.nbackups++] = mp->backups[k];
+			v.backup |= mp->backups[k] == cp->my_id;
+		}
+	v.joining = mp->joining;
+	v.backup |= mp->joining && mp->joining == cp->my_id;
 	cp->dp->part_set(cp->srv, p, &v);
 }
 
@@ -60,6 +70,9 @@ void rps__cp_parts_sync_all(struct rps__cplane *cp)
 	uint32_t p;
 
 	cp->dp->set_map(cp->srv, cp->map.npart, cp->map.applied);
+	for (p = 0; p < cp->map.nmembers; p++)
+		if (cp->dp->repl_peer && cp->map.members[p].id != cp->my_id)
+			cp->dp->repl_peer(cp->srv, cp->map.members[p].id, cp->map.members[p].uri);
 	for (p = 0; p < RPS__SMAP_MAX_PART; p++)
 		rps__cp_part_sync(cp, p);
 }

@@ -13,6 +13,7 @@
 
 _Static_assert(sizeof(struct rps__msg_hdr) == 24, "message header layout");
 _Static_assert(sizeof(struct rps__push_desc) == RPS__PUSH_DESC_SIZE, "push descriptor layout");
+_Static_assert(sizeof(struct rps__repl_desc) == RPS__REPL_DESC_SIZE, "replication descriptor layout");
 _Static_assert(sizeof(struct rps__create) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "CREATE fits");
 _Static_assert(sizeof(struct rps__create_rep) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "CREATE_REP fits");
 _Static_assert(sizeof(struct rps__conn_priv) <= 56, "connect private data fits an IB CM REQ");
@@ -54,6 +55,10 @@ static const struct {
 	[RPS__MSG_RANK_REP] = { "RANK_REP", sizeof(struct rps__rank_rep), 0, REPLY },
 	[RPS__MSG_LEASE] = { "LEASE", sizeof(struct rps__lease), 0, 0 },
 	[RPS__MSG_LEASE_REP] = { "LEASE_REP", sizeof(struct rps__lease_rep), 0, REPLY },
+	[RPS__MSG_REPL_HELLO] = { "REPL_HELLO", sizeof(struct rps__repl_hello), 0, 0 },
+	[RPS__MSG_REPL_HELLO_REP] = { "REPL_HELLO_REP", sizeof(struct rps__repl_hello_rep), 0, 0 },	/* refusals carry the body too */
+	[RPS__MSG_REPL_ACK] = { "REPL_ACK", sizeof(struct rps__repl_ack), 0, 0 },
+	[RPS__MSG_REPL_NACK] = { "REPL_NACK", sizeof(struct rps__repl_ack), 0, 0 },
 };
 
 long rps__msg_body_size(unsigned type)

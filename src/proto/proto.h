@@ -59,6 +59,11 @@ enum rps__msg_type {
 	/* primary leases (control/cp_failover.c): member -> leader, role PEER */
 	RPS__MSG_LEASE,		/* struct rps__lease: every failover_ms / 10 */
 	RPS__MSG_LEASE_REP,	/* struct rps__lease_rep: after a ReadIndex round */
+	/* primary -> backup server (role REPL): the replication stream */
+	RPS__MSG_REPL_HELLO,	/* struct rps__repl_hello */
+	RPS__MSG_REPL_HELLO_REP,	/* struct rps__repl_hello_rep: the backup's slots */
+	RPS__MSG_REPL_ACK,	/* struct rps__repl_ack: entries applied, credits back */
+	RPS__MSG_REPL_NACK,	/* struct rps__repl_ack, status: the entry after seq is refused */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -76,6 +81,7 @@ enum rps__conn_role {
 	RPS__ROLE_WORKER = 1,
 	RPS__ROLE_PEER = 2,	/* another rdmapsd: Raft, proposals, migration */
 	RPS__ROLE_ADMIN = 3,	/* psctl */
+	RPS__ROLE_REPL = 4,	/* a primary's replication stream to a backup server */
 };
 
 /* Private data of the transport-level connect request. */
@@ -327,6 +333,70 @@ struct rps__admin_rep {
 	uint64_t index;		/* log index that carried it out */
 	uint64_t epoch;		/* MOVE: the partition's new epoch */
 	char msg[256];		/* failure: one line, what failed and what to do */
+};
+
+/*
+ * The replication stream (src/server/repl.c): the primary writes an entry
+ * (this descriptor, then the payload) into the backup's slot k with one
+ * WRITE_WITH_IMM, imm = k; slots are used in turn, one credit each.
+ */
+#define RPS__REPL_DESC_SIZE 128u
+#define RPS__REPL_MAGIC 0x4c504552u	/* "REPL" */
+#define RPS__REPL_FP_MAX 48u
+
+enum rps__repl_kind {
+	RPS__REPL_TENSOR = 1,	/* payload struct rps__repl_tensor: bind tensor id to name + spec */
+	RPS__REPL_INIT = 2,	/* the creator's initial values (fp32) */
+	RPS__REPL_PUSH = 3,	/* async/bounded: an applied push, the gradient as pushed */
+	RPS__REPL_STEP = 4,	/* sync: a completed step, its fp32 sum */
+};
+
+struct rps__repl_desc {
+	uint32_t magic;		/* RPS__REPL_MAGIC */
+	uint16_t kind;		/* enum rps__repl_kind */
+	uint16_t dtype;		/* of the payload */
+	uint32_t tensor_id;	/* the primary's id (bound by REPL_TENSOR) */
+	uint32_t shard;		/* global shard index */
+	uint32_t part;
+	int32_t rank;		/* PUSH: the pusher's rank (bounded clocks) */
+	uint32_t nbytes;	/* payload bytes after the descriptor */
+	uint32_t reserved;
+	uint64_t epoch;		/* the partition's epoch on the primary */
+	uint64_t seq;		/* per partition, from 1 */
+	uint64_t cseq;		/* per connection, from 1: continuity of the stream */
+	uint64_t version;	/* the shard's step after applying: the backup checks it */
+	uint64_t push_id;	/* PUSH */
+	uint64_t client_id;	/* PUSH */
+	uint64_t clock;		/* PUSH: the push's clock; STEP: the step */
+	uint8_t pad[RPS__REPL_DESC_SIZE - 92];
+};
+
+struct rps__repl_tensor {
+	char name[RPS__NAME_MAX];
+	struct rps__tensor_spec spec;
+};
+
+/* What must match for two servers to replicate to each other: the same
+ * build and the kernel variants chosen at run time, or backups would not
+ * be bit-identical. */
+struct rps__repl_hello {
+	uint64_t from_id;
+	char fingerprint[RPS__REPL_FP_MAX];
+};
+
+struct rps__repl_hello_rep {
+	uint64_t slot_addr;
+	uint32_t slot_rkey;
+	uint32_t nslots;
+	uint32_t slot_size;	/* descriptor included */
+	uint32_t reserved;
+	char fingerprint[RPS__REPL_FP_MAX];
+};
+
+struct rps__repl_ack {
+	uint64_t cseq;		/* entries applied, cumulative */
+	uint32_t credits;	/* slots freed since the last ack */
+	uint32_t part;		/* NACK: the partition refused */
 };
 
 enum rps__push_kind {

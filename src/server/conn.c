@@ -30,7 +30,8 @@ static char *sbuf(struct conn *c, uint32_t i)
 
 const char *rps__srv_role_name(const struct conn *c)
 {
-	return c->role == CONN_PEER ? "peer" : c->role == CONN_ADMIN ? "admin" : "worker";
+	return c->role == CONN_PEER ? "peer" : c->role == CONN_ADMIN ? "admin" : c->role == CONN_REPL ? "replication"
+											      : "worker";
 }
 
 void rps__srv_conn_fail(struct conn *c, const char *why)
@@ -99,9 +100,11 @@ void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
 	rps__mr_dereg(c->rd_mr);
 	free(c->rd_buf);
 	if (c->slots) {
-		rps__topo_free(srv->topo, c->slots, (size_t)srv->cfg.nslots * srv->slot_size);
-		rps__srv_mem_give(srv, (size_t)srv->cfg.nslots * srv->slot_size);
+		rps__topo_free(srv->topo, c->slots, c->slots_len);
+		rps__srv_mem_give(srv, c->slots_len);
 	}
+	free(c->tmap);
+	free(c->bound);
 	if (c->rbufs)
 		rps__topo_free(srv->topo, c->rbufs, (size_t)c->nrecv * c->msg_max);
 	if (c->sbufs)
@@ -146,10 +149,16 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
 			rps__srv_mem_give(srv, slots_len);
 			goto err_nomem;
 		}
+		c->slots_len = slots_len;
 		c->slot_state = calloc(srv->cfg.nslots, 1);
 		c->owner = owner_alloc(srv);
 		if (!c->slot_state || !c->owner)
 			goto err_nomem;
+	} else if (role == CONN_REPL) {
+		/* entries come as WRITE_IMM into slots (repl.c): each takes a receive */
+		c->msg_max = RPS__MSG_MAX;
+		c->nrecv = REPL_SLOTS + 8;
+		c->nsend = 16;
 	} else {
 		c->msg_max = RPS__BIG_MSG_MAX;
 		c->nrecv = PEER_RECV;
@@ -172,7 +181,7 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
 	for (i = 0; i < c->nsend; i++)
 		c->sfree[i] = c->nsend - 1 - i;
 	c->nsfree = c->nsend;
-	ret = c->slots ? rps__mr_reg(srv->fab, c->slots, slots_len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr) : 0;
+	ret = c->slots ? rps__mr_reg(srv->fab, c->slots, c->slots_len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr) : 0;
 	if (!ret)
 		ret = rps__mr_reg(srv->fab, c->rbufs, (size_t)c->nrecv * c->msg_max, RPS__ACCESS_LOCAL, &c->rbufs_mr);
 	if (!ret)
@@ -219,8 +228,9 @@ void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c)
 
 	if (c->role == CONN_WORKER)
 		rps__log(RPS__LOG_INFO, "worker %s (rank %d) gone", rps__ep_peer(c->ep), c->rank);
-	if (srv->hooks.on_conn_gone)
+	if (srv->hooks.on_conn_gone && c->role != CONN_REPL)
 		srv->hooks.on_conn_gone(srv->hooks.ctx, c);
+	rps__srv_repl_conn_gone(srv, c);
 	if (c->owner)
 		rps__srv_scan_locks(srv, c->owner);
 	for (i = 0; i < srv->nheld;) {
@@ -309,7 +319,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		why = "not an rdmaps worker";
 	else if (priv.version != RPS__PROTO_VERSION)
 		why = "protocol version mismatch: upgrade librdmaps or rdmapsd";
-	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_ADMIN)
+	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_REPL)
 		why = "unknown connection role";
 	else if (req->peer_sq_depth > ANNOUNCED_SQ_MAX)
 		why = "announced send queue depth over 1024";
@@ -323,18 +333,22 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		else
 			why = "this server takes no peers";
 	}
+	if (!why && priv.role == RPS__ROLE_REPL && (!priv.from_id || priv.from_id == srv->my_id || priv.to_id != srv->my_id))
+		why = "replication stream meant for another member";
 	if (why) {
 		reject_with(req, why);
 		return;
 	}
 	ret = rps__srv_conn_new(srv, (enum conn_role_kind)priv.role, &c);
+	if (!ret && priv.role == RPS__ROLE_REPL && (ret = rps__srv_repl_accepted(srv, c)))
+		conn_free(srv, c);
 	if (ret) {
 		rps__log(RPS__LOG_WARN, "connection refused: %s", rps__errbuf());
 		reject_with(req, ret == -ENOMEM ? "server out of memory: raise rdmapsd --memory-limit"
 						: "server out of resources");
 		return;
 	}
-	c->peer_id = priv.role == RPS__ROLE_PEER ? priv.from_id : 0;
+	c->peer_id = priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_REPL ? priv.from_id : 0;
 	c->last_active_ns = rps__now_ns();
 	attr.sq_depth = c->nsend + 8;
 	attr.rq_depth = c->nrecv;

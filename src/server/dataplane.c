@@ -213,6 +213,9 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 {
 	if (part < RPS__SMAP_MAX_PART)
 		srv->parts[part] = *view;
+	/* a replica the map dropped is no longer waited for */
+	if (srv->nrwaits)
+		rps__srv_repl_confirm(srv);
 }
 
 static const struct rps__dp_ops ops = {
@@ -236,6 +239,7 @@ static const struct rps__dp_ops ops = {
 	.conn_msg_max = conn_msg_max,
 	.conn_read = conn_read,
 	.peer_dial = rps__srv_peer_dial,
+	.repl_peer = rps__srv_repl_set_peer,
 	.part_set = part_set,
 	.part_create = rps__srv_part_create,
 	.part_publish = rps__srv_part_publish,

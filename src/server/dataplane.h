@@ -30,7 +30,7 @@ struct rps__mr;
 struct conn;		/* a connection of the data plane (opaque above it) */
 struct tensor;		/* a tensor of the data plane (opaque above it) */
 
-enum conn_role_kind { CONN_WORKER = 1, CONN_PEER = 2, CONN_ADMIN = 3 };
+enum conn_role_kind { CONN_WORKER = 1, CONN_PEER = 2, CONN_ADMIN = 3, CONN_REPL = 4 };
 
 /* What the data plane serves a partition by (set by the control plane). */
 struct rps__dp_part {
@@ -40,6 +40,12 @@ struct rps__dp_part {
 	bool lost;		/* its contents are lost: refused (-ENODATA), never zeros */
 	bool owned_lost;	/* ... and it is ours: creates with shards in it are refused */
 	bool incoming;		/* on its way here: new tensors get regions for it too */
+	/* the replica set (all 0 without backups: nothing is replicated) */
+	uint64_t primary;	/* the map's owner */
+	uint64_t backups[2];	/* ordered */
+	uint32_t nbackups;
+	uint64_t joining;	/* a backup being seeded, already in the ack rule */
+	bool backup;		/* we are a backup (or the joiner): regions kept, the stream applied */
 };
 
 /* A shard as a checkpoint holds it (copied out, or to restore). */
@@ -134,6 +140,8 @@ struct rps__dp_ops {
 	/* Connect to the server at uri (to_id: the member expected, 0: any);
 	 * the connection, or NULL (logged).  *got_id: who answered. */
 	struct conn *(*peer_dial)(struct rps__server *srv, const char *uri, uint64_t to_id, uint64_t *got_id);
+	/* where member id is reached, for the replication stream (NULL uri: forget it) */
+	int (*repl_peer)(struct rps__server *srv, uint64_t id, const char *uri);
 
 	/* ---- partitions */
 	void (*part_set)(struct rps__server *srv, uint32_t part, const struct rps__dp_part *view);

@@ -22,21 +22,14 @@
 
 #define conn_fail rps__srv_conn_fail
 #define conn_reply rps__srv_conn_reply
+#define publish_begin rps__srv_publish_begin
+#define publish_end rps__srv_publish_end
+#define shard_update rps__srv_shard_update
+#define dedup_seen rps__srv_dedup_seen
+#define dedup_note rps__srv_dedup_note
+#define push_ack rps__srv_push_ack
 
 /* ---- publishing -------------------------------------------------------- */
-
-/* Seqlock writer: readers that see an odd or changed seq retry. */
-static void publish_begin(struct shard *s)
-{
-	__atomic_store_n(&s->hdr->seq, s->step * 2 + 1, __ATOMIC_RELAXED);
-	__atomic_thread_fence(__ATOMIC_RELEASE);
-}
-
-static void publish_end(struct shard *s)
-{
-	__atomic_thread_fence(__ATOMIC_RELEASE);
-	__atomic_store_n(&s->hdr->seq, s->step * 2, __ATOMIC_RELEASE);
-}
 
 /* Publish a new epoch in the header (RPS__EPOCH_MOVED: fenced), so a
  * worker's READ of a moved shard sees it did not read the owner's copy. */
@@ -65,16 +58,29 @@ void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t l
 	}
 }
 
-/* Apply one fp32 gradient to the shard and publish version step+1. */
-static void shard_update(struct tensor *t, struct shard *s, const float *g)
+/* ---- consuming pushes ------------------------------------------------- */
+
+/* Has a removed rank's push for the shard's current step been parked here
+ * before it was removed?  Then it still counts (it was acknowledged). */
+static bool parked_for_step(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank)
 {
-	publish_begin(s);
-	s->step++;
-	rps__optim_apply(&t->optim, s->params, g, s->state, s->elems, s->step);
-	publish_end(s);
+	uint32_t i;
+
+	for (i = 0; i < srv->nparked; i++)
+		if (srv->parked[i].t == t && srv->parked[i].local == local && srv->parked[i].rank == rank &&
+		    srv->parked[i].clock == t->shards[local].step)
+			return true;
+	return false;
 }
 
-/* ---- consuming pushes ------------------------------------------------- */
+/* The first rank from `from` on whose turn it is at the shard's step:
+ * removed ranks with nothing parked for it are passed over. */
+static int next_turn(const struct rps__server *srv, const struct tensor *t, uint32_t local, int from)
+{
+	while (from < t->spec.num_workers && rps__srv_rank_removed(t, from) && !parked_for_step(srv, t, local, from))
+		from++;
+	return from;
+}
 
 /*
  * Sync mode: add rank's gradient for step `clock` to the shard's sum if it
@@ -94,27 +100,20 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
 		return -EAGAIN;		/* a checkpoint holds the tensor at this step */
 	if (!s->ready || clock > s->step || rank != s->next_rank)
 		return -EAGAIN;
+	/* replicated: one step at a time, and its last contribution only
+	 * once every replica has room for the step */
+	if (rps__srv_repl_part(srv, s->part) &&
+	    (s->repl_pending || (next_turn(srv, t, local, s->next_rank + 1) == t->spec.num_workers &&
+				 rps__srv_repl_reserve(srv, t, s->part))))
+		return -EAGAIN;
 	if (s->nsummed == 0)
 		rps__agg_copy(s->acc, data, t->spec.dtype, s->elems);
 	else
 		rps__agg_add(s->acc, data, t->spec.dtype, s->elems);
 	s->nsummed++;
 	s->next_rank++;
-	rps__srv_sync_advance(srv, t, local);
+	rps__srv_sync_advance(srv, t, local, rps__srv_repl_part(srv, s->part));
 	return 0;
-}
-
-/* Has a removed rank's push for the shard's current step been parked here
- * before it was removed?  Then it still counts (it was acknowledged). */
-static bool parked_for_step(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank)
-{
-	uint32_t i;
-
-	for (i = 0; i < srv->nparked; i++)
-		if (srv->parked[i].t == t && srv->parked[i].local == local && srv->parked[i].rank == rank &&
-		    srv->parked[i].clock == t->shards[local].step)
-			return true;
-	return false;
 }
 
 /*
@@ -123,16 +122,29 @@ static bool parked_for_step(const struct rps__server *srv, const struct tensor *
  * step with no contribution at all is never applied (the last rank cannot
  * be removed).  Called after each contribution and when a rank is removed.
  */
-void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local)
+void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local, bool reserved)
 {
 	struct shard *s = &t->shards[local];
 
 	for (;;) {
-		while (s->next_rank < t->spec.num_workers && rps__srv_rank_removed(t, s->next_rank) &&
-		       !parked_for_step(srv, t, local, s->next_rank))
-			s->next_rank++;
+		s->next_rank = next_turn(srv, t, local, s->next_rank);
 		if (s->next_rank < t->spec.num_workers || !s->nsummed || s->step >= t->hold_limit)
 			return;
+		if (rps__srv_repl_part(srv, s->part)) {
+			/* the step's last contribution reserved the credits
+			 * (sync_take: reserved); a removal completing it does here.
+			 * TODO(slice 2b): a removal that finds no credit leaves
+			 * the step complete but unapplied until the next call */
+			if (!reserved && rps__srv_repl_reserve(srv, t, s->part))
+				return;
+			s->next_rank = 0;
+			s->nsummed = 0;
+			/* published and woken once on every replica (repl.c) */
+			publish_begin(s);
+			rps__srv_shard_apply(t, s, s->acc);
+			rps__srv_repl_step(srv, t, s);
+			return;
+		}
 		s->next_rank = 0;
 		s->nsummed = 0;
 		shard_update(t, s, s->acc);
@@ -159,49 +171,12 @@ uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct
 	return old == w ? next : old;
 }
 
-static bool dedup_seen(const struct shard *s, uint64_t client, uint64_t push_id)
-{
-	uint32_t i, k;
-
-	for (i = 0; i < s->ndd; i++)
-		if (s->dd[i].client == client) {
-			for (k = 0; k < DEDUP_IDS; k++)
-				if (s->dd[i].ids[k] == push_id)
-					return true;
-			return false;
-		}
-	return false;
-}
-
-/* Remember a push applied for a worker: its last DEDUP_IDS pushes to this
- * shard (a resend comes within a few of them). */
-static void dedup_note(struct shard *s, uint64_t client, uint64_t push_id)
-{
-	struct dedup *grown;
-	uint32_t i;
-
-	for (i = 0; i < s->ndd; i++)
-		if (s->dd[i].client == client)
-			break;
-	if (i == s->ndd) {
-		grown = realloc(s->dd, (s->ndd + 1) * sizeof(*grown));
-		if (!grown)
-			return;		/* then only the lock protocol guards it, as before */
-		s->dd = grown;
-		memset(&s->dd[s->ndd], 0, sizeof(*s->dd));
-		s->dd[s->ndd].client = client;
-		s->ndd++;
-	}
-	s->dd[i].ids[s->dd[i].next] = push_id;
-	s->dd[i].next = (s->dd[i].next + 1) % DEDUP_IDS;
-}
-
 static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
 {
 	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
 }
 
-static void push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
+void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
 	struct rps__push_ack ack = {
@@ -210,28 +185,6 @@ static void push_ack(struct conn *c, uint32_t slot, int status, uint64_t version
 
 	c->slot_state[slot] = 0;
 	conn_reply(c, RPS__MSG_PUSH_ACK, d->push_id, status, &ack, sizeof(ack));
-}
-
-static const float *grad_fp32(struct shard *s, const struct rps__push_desc *d)
-{
-	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
-
-	if (d->dtype == RPS_DTYPE_F32)
-		return data;
-	rps__agg_copy(s->scratch, data, (enum rps_dtype)d->dtype, s->elems);
-	return s->scratch;
-}
-
-/* Bounded: the slowest rank's clock, removed ranks aside (one always stays). */
-void rps__srv_update_min_clock(struct tensor *t, struct shard *s)
-{
-	uint64_t m = UINT64_MAX;
-	int r;
-
-	for (r = 0; r < t->spec.num_workers; r++)
-		if (!rps__srv_rank_removed(t, r))
-			m = RPS__MIN(m, s->clocks[r]);
-	__atomic_store_n(&s->hdr->min_clock, m, __ATOMIC_RELEASE);
 }
 
 /* Refuse a push for a partition whose contents are lost, or that is not
@@ -274,6 +227,16 @@ static enum consume_result consume_init(struct rps__server *srv, struct conn *c,
 	}
 	if (d->nbytes != (uint64_t)s->elems * 4u) {
 		push_ack(c, slot, -EMSGSIZE, 0, 0);
+		return CONSUMED;
+	}
+	if (rps__srv_repl_part(srv, s->part)) {
+		if (rps__srv_repl_reserve(srv, t, s->part))
+			return NOT_YET;
+		publish_begin(s);
+		memcpy(s->params, data, d->nbytes);
+		s->ready = true;
+		s->init_conn = NULL;
+		rps__srv_repl_init(srv, t, s, c, slot);	/* publish, ack, wake: once replicated */
 		return CONSUMED;
 	}
 	publish_begin(s);
@@ -353,7 +316,29 @@ static enum consume_result consume_sync(struct rps__server *srv, struct conn *c,
 
 	if (ret == -EAGAIN)
 		return NOT_YET;
+	if (!ret && rps__srv_repl_part(srv, s->part)) {
+		/* acknowledged once its step is on every replica */
+		rps__srv_repl_defer_ack(srv, c, slot, t, s, d->clock, step);
+		return CONSUMED;
+	}
 	push_ack(c, slot, ret, step, 0);
+	return CONSUMED;
+}
+
+/* async and bounded, replicated: applied, shipped to every replica; the
+ * publication, the lock's release and the ack wait for them (repl.c). */
+static enum consume_result apply_async_replicated(struct rps__server *srv, struct conn *c, uint32_t slot,
+						  struct tensor *t, struct shard *s, const struct rps__push_desc *d,
+						  uint64_t holds)
+{
+	if (rps__srv_repl_reserve(srv, t, s->part))
+		return NOT_YET;
+	publish_begin(s);
+	rps__srv_shard_apply(t, s, rps__srv_grad_fp32(s, (const char *)d + RPS__PUSH_DESC_SIZE, d->dtype));
+	dedup_note(s, c->client_id, d->push_id);
+	if (t->spec.mode == RPS_MODE_BOUNDED)
+		rps__srv_clock_note(t, s, d->rank, d->clock);
+	rps__srv_repl_push(srv, t, s, d, c, slot, holds);
 	return CONSUMED;
 }
 
@@ -361,13 +346,10 @@ static enum consume_result consume_sync(struct rps__server *srv, struct conn *c,
 static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
 			struct shard *s, uint32_t local, const struct rps__push_desc *d, uint64_t holds)
 {
-	shard_update(t, s, grad_fp32(s, d));
+	shard_update(t, s, rps__srv_grad_fp32(s, (const char *)d + RPS__PUSH_DESC_SIZE, d->dtype));
 	dedup_note(s, c->client_id, d->push_id);
-	if (t->spec.mode == RPS_MODE_BOUNDED) {
-		if (d->clock + 1 > s->clocks[d->rank])
-			s->clocks[d->rank] = d->clock + 1;
-		rps__srv_update_min_clock(t, s);
-	}
+	if (t->spec.mode == RPS_MODE_BOUNDED)
+		rps__srv_clock_note(t, s, d->rank, d->clock);
 	push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, holds));
 	rps__srv_wake_waiters(srv, t, local);
 }
@@ -398,6 +380,10 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	s = &t->shards[local];
 	if (refuse_unserved(srv, c, slot, t, s, d))
 		return CONSUMED;
+	/* replicated: an update still on its way to the replicas holds the
+	 * shard (its lock, its publication) */
+	if (s->repl_pending && t->spec.mode != RPS_MODE_SYNC)
+		return NOT_YET;
 	if (d->kind == RPS__PUSH_INIT)
 		return consume_init(srv, c, slot, t, s, local, d);
 	if (t->spec.mode != RPS_MODE_SYNC && check_lock(srv, c, slot, t, s, d, &holds))
@@ -408,6 +394,8 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 		return NOT_YET;
 	if (t->spec.mode == RPS_MODE_SYNC)
 		return consume_sync(srv, c, slot, t, s, local, d);
+	if (rps__srv_repl_part(srv, s->part))
+		return apply_async_replicated(srv, c, slot, t, s, d, holds);
 	apply_async(srv, c, slot, t, s, local, d, holds);
 	return CONSUMED;
 }
@@ -476,6 +464,12 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 
 	if (!t || t->spec.mode != RPS_MODE_SYNC || d->kind != RPS__PUSH_GRAD ||
 	    srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
+		return -ENOSPC;
+	/* replicated, in its turn, waiting only for the replicas (credits, or
+	 * the previous step's confirmation): it stays in its slot, acknowledged
+	 * once its step is replicated, not when parked */
+	if (d->shard < t->layout.nshards && rps__srv_repl_part(srv, t->shards[d->shard].part) &&
+	    d->clock == t->shards[d->shard].step && d->rank == t->shards[d->shard].next_rank)
 		return -ENOSPC;
 	if (srv->nparked == srv->parked_cap) {
 		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;

@@ -21,7 +21,9 @@
 
 /* ---- control messages ---------------------------------------------------- */
 
-static bool spec_equal(const struct rps__tensor_spec *a, const struct rps__tensor_spec *b)
+#define spec_equal rps__srv_spec_equal
+
+bool rps__srv_spec_equal(const struct rps__tensor_spec *a, const struct rps__tensor_spec *b)
 {
 	return a->count == b->count && a->dtype == b->dtype && a->mode == b->mode &&
 	       a->staleness == b->staleness && a->optimizer == b->optimizer &&
@@ -180,10 +182,12 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 	if (ret)
 		goto err;
 	for (p = 0; p < t->layout.nservers; p++) {
-		/* and partitions on their way here: they come without this tensor */
-		if (!rps__srv_part_serving(srv, p) && !srv->parts[p].incoming)
+		/* and partitions on their way here: they come without this
+		 * tensor; and those we back up: the stream fills them */
+		if (!rps__srv_part_serving(srv, p) && !srv->parts[p].incoming && !srv->parts[p].backup)
 			continue;
-		ret = rps__srv_region_alloc(srv, t, p, req->spec.flags & RPS__CREATE_HAS_INIT, c);
+		ret = rps__srv_region_alloc(srv, t, p, req->spec.flags & RPS__CREATE_HAS_INIT,
+					    rps__srv_part_serving(srv, p) || srv->parts[p].incoming ? c : NULL);
 		if (!ret)
 			ret = rps__srv_region_register(srv, t, p);
 		if (ret) {
@@ -421,6 +425,10 @@ void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uin
 		return;
 	}
 	memcpy(&h, buf, sizeof(h));
+	if (c->role == CONN_REPL) {
+		rps__srv_repl_on_message(srv, c, &h, body);
+		return;
+	}
 	if (c->role != CONN_WORKER) {
 		if (srv->hooks.on_message)
 			srv->hooks.on_message(srv->hooks.ctx, c, &h, body, len - (uint32_t)sizeof(h));
@@ -480,7 +488,7 @@ static int remove_from(struct rps__server *srv, struct tensor *t, int rank)
 		if (!s->hdr || !s->ready)
 			continue;
 		if (t->spec.mode == RPS_MODE_SYNC) {
-			rps__srv_sync_advance(srv, t, local);
+			rps__srv_sync_advance(srv, t, local, false);
 		} else {
 			rps__srv_update_min_clock(t, s);
 			rps__srv_wake_waiters(srv, t, local);

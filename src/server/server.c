@@ -23,7 +23,8 @@
  * (connections, replies), push.c (pushes, publishing, lock words),
  * requests.c (HELLO, CREATE, WAIT, BARRIER), tensor.c (tensors and their
  * regions), partition.c, hold.c and dataplane.c (what the control plane
- * calls, dataplane.h).
+ * calls, dataplane.h), apply.c (applying an update, shared with backups)
+ * and repl.c (the replication stream to backups).
  */
 #include "config.h"
 #include "server/server.h"
@@ -147,6 +148,8 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 	if (!c->dead) {
 		if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_WORKER)
 			rps__srv_on_push(srv, c, wc->imm);
+		else if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_REPL && !c->repl_out)
+			rps__srv_repl_on_entry(srv, c, wc->imm);
 		else if (wc->opcode == RPS__WC_RECV_IMM)
 			conn_fail(c, "wrote into memory it does not own");
 		else
@@ -269,6 +272,8 @@ int rps__server_run(struct rps__server *srv)
 		}
 		for (i = 0; i < n; i++)
 			on_completion(srv, &wc[i]);
+		if (srv->repl_active)
+			rps__srv_repl_turn(srv);
 		reap_dead(srv);
 		now = rps__now_ns();
 		cp_ms = run_timers(srv, now, scan_every, &next_listener_check, &stop);
@@ -376,7 +381,8 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 		goto err_fabric;
 	rps__log(srv->place.warn ? RPS__LOG_WARN : RPS__LOG_INFO, "placement: %s", srv->place.reason);
 	ret = rps__cq_create(srv->fab, cfg->max_conns * 2 * (CTRL_CREDITS + cfg->nslots + 8) +
-			     (RPS__SMAP_MAX_MEMBERS + 8) * 2 * (PEER_RECV + PEER_SEND + 8), &srv->cq);
+			     (RPS__SMAP_MAX_MEMBERS + 8) * 2 * (PEER_RECV + PEER_SEND + 8) +
+			     RPS__SMAP_MAX_MEMBERS * 2 * (REPL_SLOTS + 8 + 16 + 8), &srv->cq);
 	if (ret)
 		goto err_fabric;
 	ret = rps__listen(srv->fab, cfg->listen.host, cfg->listen.port, &srv->listener);
@@ -412,6 +418,7 @@ void rps__server_destroy(struct rps__server *srv)
 	for (i = 0; i < srv->ntensors; i++)
 		rps__srv_tensor_free(srv, srv->tensors[i]);
 	free(srv->tensors);
+	rps__srv_repl_fini(srv);
 	free(srv->held);
 	while (srv->nparked)
 		free(srv->parked[--srv->nparked].data);

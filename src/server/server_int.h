@@ -3,7 +3,9 @@
  * destroy and the loop; conn.c: connections and replies; push.c: pushes,
  * publishing and lock words; requests.c: workers' control messages;
  * tensor.c: tensors and their regions; partition.c: the partition API;
- * hold.c: checkpoints; dataplane.c: the ops the control plane calls).
+ * hold.c: checkpoints; dataplane.c: the ops the control plane calls;
+ * apply.c: applying an update, the same on primary and backups; repl.c
+ * and repl_backup.c: the replication stream).
  * Private to src/server: the layer above sees struct rps__server only
  * through dataplane.h.
  */
@@ -31,6 +33,9 @@
 #define WRID_RECV 1u
 #define WRID_SEND 2u
 #define WRID_READ 3u		/* migration: the destination READs the partition */
+#define WRID_REPL 4u		/* a replication entry (unsignaled: errors only) */
+#define REPL_SLOTS 8u		/* slots of a backup per primary server */
+#define REPL_MAX 3u		/* replicas a partition waits for: 2 backups + a joiner */
 
 struct conn;
 struct tensor;
@@ -98,6 +103,7 @@ struct shard {
 	uint64_t lease_since;	/* ... since this time (ns) */
 	struct dedup *dd;	/* async/bounded: last push id per worker */
 	uint32_t ndd;
+	uint32_t repl_pending;	/* primary: an update applied, not yet on every replica */
 };
 
 /* A tensor's shards of one partition on this server: one registration, so
@@ -163,6 +169,25 @@ struct conn {
 	uint32_t nsend;
 	uint32_t *sfree;
 	uint32_t nsfree;
+	size_t slots_len;
+	/* CONN_REPL (repl.c): the primary's side (repl_out) writes entries from
+	 * its ring into the backup's slots; the backup applies them in order */
+	bool repl_out;		/* we dialed: we are the primary */
+	bool repl_ready;	/* primary: the backup answered REPL_HELLO */
+	uint32_t repl_nslots;
+	uint32_t repl_slot_size;
+	uint64_t repl_raddr;	/* primary: the backup's slots */
+	uint32_t repl_rkey;
+	uint32_t credits;	/* primary: free slots on the backup */
+	uint64_t cseq;		/* primary: entries sent; backup: entries applied */
+	uint64_t cseq_acked;	/* primary: entries the backup applied */
+	uint32_t credits_owed;	/* backup: freed since the last REPL_ACK */
+	uint32_t npending;	/* backup: entries waiting for the map to catch up */
+	bool repl_refused;	/* backup: an entry was refused (NACK): apply no more */
+	uint32_t *tmap;		/* backup: the primary's tensor id -> ours + 1 */
+	uint32_t ntmap;
+	uint8_t *bound;		/* primary: tensor ids bound on this stream */
+	uint32_t nbound;
 	/* migration READ target (peers) */
 	void *rd_buf;
 	size_t rd_len;
@@ -212,6 +237,27 @@ struct rps__server {
 	char *mapbuf;			/* the encoded map, READ by workers */
 	struct rps__mr *mapbuf_mr;
 	struct rps__dp_hooks hooks;	/* the layer above */
+
+	/* replication (repl.c) */
+	struct repl_peer {
+		uint64_t id;
+		char uri[RPS__SMAP_URI_MAX];
+		struct conn *conn;	/* our stream to it (we are primary) */
+		bool wanted;		/* a partition of ours has it as a replica */
+		uint64_t next_dial;
+		uint32_t fails;		/* dials failed in a row (backoff) */
+	} repl_peers[RPS__SMAP_MAX_MEMBERS];
+	uint32_t nrepl_peers;
+	bool repl_active;		/* a stream or a wait exists: repl turn has work */
+	uint64_t repl_unknown;		/* a replica with no address, logged once */
+	struct repl_wait *rwaits;	/* updates waiting for their replicas, in order */
+	uint32_t nrwaits, rwaits_cap;
+	uint64_t repl_seq[RPS__SMAP_MAX_PART];	/* primary: entries sent; backup: applied */
+	char repl_fp[RPS__REPL_FP_MAX];	/* kernel fingerprint */
+	struct {
+		uint64_t entries_sent, entries_applied, acks_sent, acks_received, deferred, refused;
+		uint64_t pairings_refused;	/* kernel fingerprints differed */
+	} repl_stats;
 };
 
 /* server.c: memory accounting */
@@ -237,8 +283,7 @@ void rps__srv_accept_pending(struct rps__server *srv);
 /* A push landed in (c, slot): consume, park or hold it. */
 void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot);
 void rps__srv_drain_held(struct rps__server *srv);
-void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local);
-void rps__srv_update_min_clock(struct tensor *t, struct shard *s);
+void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local, bool reserved);
 int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank);
 uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w);
 /* Break the locks of dead_owner (a connection's), or with 0 those whose
@@ -247,7 +292,61 @@ void rps__srv_scan_locks(struct rps__server *srv, uint32_t dead_owner);
 void rps__srv_publish(struct shard *s, uint64_t epoch);
 void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local);
 
+/* apply.c: the primary and its backups apply with these (same code, same
+ * order: bit-identical replicas).  Per push; the per-element work is in
+ * src/kernels. */
+void rps__srv_shard_apply(struct tensor *t, struct shard *s, const float *g);
+void rps__srv_shard_update(struct tensor *t, struct shard *s, const float *g);
+bool rps__srv_dedup_seen(const struct shard *s, uint64_t client, uint64_t push_id);
+void rps__srv_dedup_note(struct shard *s, uint64_t client, uint64_t push_id);
+const float *rps__srv_grad_fp32(struct shard *s, const void *data, uint16_t dtype);
+void rps__srv_update_min_clock(struct tensor *t, struct shard *s);
+void rps__srv_clock_note(struct tensor *t, struct shard *s, int rank, uint64_t clock);
+
+/* repl.c: the replication stream */
+static inline bool rps__srv_repl_part(const struct rps__server *srv, uint32_t part)
+{
+	return srv->parts[part].nbackups || srv->parts[part].joining;
+}
+/* 0: every replica of the partition can take the entry (and t's binding)
+ * now; -EAGAIN: not yet (the push stays held, its replica is dialed). */
+int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t part);
+/* After rps__srv_repl_reserve: ship the update just applied (published
+ * from publish_begin on, not ended) and defer its publication and the
+ * worker's ack (c, slot) until every replica confirmed it. */
+void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard *s,
+			const struct rps__push_desc *d, struct conn *c, uint32_t slot, uint64_t holds);
+void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard *s, struct conn *c,
+			uint32_t slot);
+void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard *s);
+/* Sync: the ack of a contribution to step `clock`, once that step is on
+ * every replica. */
+void rps__srv_repl_defer_ack(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+			     struct shard *s, uint64_t clock, uint64_t version);
+/* Complete the waits every replica confirmed (after an ack, or a view
+ * that dropped a replica). */
+void rps__srv_repl_confirm(struct rps__server *srv);
+void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot);
+void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			      const void *body);
+const char *rps__srv_repl_fingerprint(struct rps__server *srv);
+uint32_t rps__srv_repl_slot_size(const struct rps__server *srv);
+/* repl_backup.c: the backup's side */
+int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c);
+void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			    const struct rps__repl_hello *hello);
+void rps__srv_repl_backup_turn(struct rps__server *srv, struct conn *c);
+void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c);
+/* Once per loop turn: dial, retry entries, batched REPL_ACKs. */
+void rps__srv_repl_turn(struct rps__server *srv);
+void rps__srv_repl_fini(struct rps__server *srv);
+int rps__srv_repl_set_peer(struct rps__server *srv, uint64_t id, const char *uri);
+
+/* push.c: acknowledge the push in (c, slot) */
+void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock);
+
 /* requests.c */
+bool rps__srv_spec_equal(const struct rps__tensor_spec *a, const struct rps__tensor_spec *b);
 void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uint32_t len);
 void rps__srv_rank_left(struct rps__server *srv, struct conn *c);
 
@@ -296,6 +395,20 @@ struct conn *rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64
 static inline struct tensor *rps__srv_tensor_by_id(struct rps__server *srv, uint32_t id)
 {
 	return id < srv->ntensors ? srv->tensors[id] : NULL;
+}
+
+/* Seqlock writer: readers that see an odd or changed seq retry.  Inline:
+ * two stores, on every push. */
+static inline void rps__srv_publish_begin(struct shard *s)
+{
+	__atomic_store_n(&s->hdr->seq, s->step * 2 + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static inline void rps__srv_publish_end(struct shard *s)
+{
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	__atomic_store_n(&s->hdr->seq, s->step * 2, __ATOMIC_RELEASE);
 }
 
 /* Receive buffer i of a connection. */

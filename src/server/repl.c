@@ -1,0 +1,599 @@
+/*
+ * repl.c - the replication stream: a primary ships every update of a
+ * partition that has backups to each of them, and publishes and
+ * acknowledges it only once all of them applied it (issue 12).
+ *
+ * One REPL connection per (primary server, backup server), dialed by the
+ * primary, carries every partition between them (one ordering domain).  The
+ * backup registers REPL_SLOTS slots for it and says where in its HELLO
+ * reply, with its kernel fingerprint; an entry (struct rps__repl_desc, then
+ * the payload) is one WRITE_WITH_IMM into slot k (imm = k, slots in turn),
+ * one credit each.  The backup applies entries in order with the primary's
+ * own code (apply.c), checks the stream's continuity, the partition's seq
+ * and epoch and the resulting version, and returns credits in one
+ * cumulative REPL_ACK per loop turn.  The primary reserves a credit on
+ * every replica before applying (none: the push stays held), applies
+ * between publish_begin and a deferred publish_end, and publishes, releases
+ * the lock, acknowledges and wakes waiters when every replica confirmed
+ * (struct repl_wait).  No reader sees, and no worker is told of, a version
+ * that is not on every replica.  Transport calls only: the same over verbs.
+ * The backup's side (pairing, applying entries) is in repl_backup.c.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "common/topo.h"
+#include "kernels/agg.h"
+#include "kernels/optim.h"
+#include "proto/proto.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+/* The transport's connect blocks the loop until the other server's loop
+ * accepts (or the timeout), so dials back off: a dead backup must not
+ * stall the primary's loop most of the time, and two servers dialing each
+ * other at once (each the other's backup) give up and retry at different
+ * times.  A non-blocking connect, or one connection per pair carrying both
+ * directions, would remove the stall; slice 3 (symmetric placement) needs
+ * one of them. */
+#define REPL_CONNECT_TIMEOUT_MS 2000
+#define REPL_REDIAL_NS (200ull * 1000000ull)
+#define REPL_REDIAL_MAX_NS (5000ull * 1000000ull)
+
+enum rw_kind { RW_PUSH, RW_INIT, RW_STEP, RW_SYNC_ACK };
+
+/* An update applied here, waiting for its replicas (or, RW_SYNC_ACK, a
+ * sync contribution waiting for its step). */
+struct repl_wait {
+	enum rw_kind kind;
+	struct tensor *t;
+	struct shard *s;
+	struct conn *c;		/* the worker to acknowledge (NULL: gone, or none) */
+	uint32_t slot;
+	uint64_t holds;		/* PUSH: the lock word to release */
+	uint64_t clock;		/* SYNC_ACK: the step it is part of */
+	uint64_t version;	/* SYNC_ACK: what its ack says */
+	uint32_t nrep;
+	struct {
+		uint64_t id;
+		struct conn *rc;	/* NULL: the stream broke */
+		uint64_t cseq;		/* confirmed once rc->cseq_acked reaches it */
+	} rep[REPL_MAX];
+};
+
+const char *rps__srv_repl_fingerprint(struct rps__server *srv)
+{
+	if (!srv->repl_fp[0])
+		snprintf(srv->repl_fp, sizeof(srv->repl_fp), "rdmaps %s agg=%s optim=%d", PACKAGE_VERSION,
+			 rps__agg_isa_name(rps__agg_best_isa()), (int)rps__optim_best_path());
+	return srv->repl_fp;
+}
+
+/* Bytes per slot: the descriptor and the largest payload (a shard in
+ * fp32, or a tensor binding). */
+uint32_t rps__srv_repl_slot_size(const struct rps__server *srv)
+{
+	size_t payload = RPS__MAX((size_t)srv->shard_elems * 4u, sizeof(struct rps__repl_tensor));
+
+	return (uint32_t)RPS__ALIGN_UP(RPS__REPL_DESC_SIZE + payload, 64);
+}
+
+static uint32_t replicas(const struct rps__dp_part *v, uint64_t ids[REPL_MAX])
+{
+	uint32_t k, n = 0;
+
+	for (k = 0; k < v->nbackups && k < 2; k++)
+		ids[n++] = v->backups[k];
+	if (v->joining)
+		ids[n++] = v->joining;
+	return n;
+}
+
+static bool still_replica(const struct rps__server *srv, uint32_t part, uint64_t id)
+{
+	uint64_t ids[REPL_MAX];
+	uint32_t k, n = replicas(&srv->parts[part], ids);
+
+	for (k = 0; k < n; k++)
+		if (ids[k] == id)
+			return true;
+	return false;
+}
+
+static struct repl_peer *peer_find(struct rps__server *srv, uint64_t id)
+{
+	uint32_t i;
+
+	for (i = 0; i < srv->nrepl_peers; i++)
+		if (srv->repl_peers[i].id == id)
+			return &srv->repl_peers[i];
+	return NULL;
+}
+
+int rps__srv_repl_set_peer(struct rps__server *srv, uint64_t id, const char *uri)
+{
+	struct repl_peer *p = peer_find(srv, id);
+
+	if (!p) {
+		if (!uri || srv->nrepl_peers == RPS__SMAP_MAX_MEMBERS)
+			return uri ? -ENOSPC : 0;
+		p = &srv->repl_peers[srv->nrepl_peers++];
+		memset(p, 0, sizeof(*p));
+		p->id = id;
+	}
+	if (!uri)
+		uri = "";
+	if (strcmp(p->uri, uri)) {
+		snprintf(p->uri, sizeof(p->uri), "%s", uri);
+		if (p->conn)
+			rps__srv_conn_fail(p->conn, "its member moved to another address");
+	}
+	return 0;
+}
+
+static bool is_bound(const struct conn *rc, uint32_t tensor_id)
+{
+	return tensor_id < rc->nbound && rc->bound[tensor_id];
+}
+
+/* ---- the primary: shipping ---------------------------------------------- */
+
+int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t part)
+{
+	uint64_t ids[REPL_MAX];
+	uint32_t k, n = replicas(&srv->parts[part], ids);
+	int ret = 0;
+
+	srv->repl_active = true;
+	if (srv->nrwaits == srv->rwaits_cap) {
+		uint32_t cap = srv->rwaits_cap ? srv->rwaits_cap * 2 : 64;
+		struct repl_wait *grown = realloc(srv->rwaits, cap * sizeof(*grown));
+		if (!grown)
+			return -EAGAIN;
+		srv->rwaits = grown;
+		srv->rwaits_cap = cap;
+	}
+	for (k = 0; k < n; k++) {
+		struct repl_peer *p = peer_find(srv, ids[k]);
+		struct conn *rc = p ? p->conn : NULL;
+		if (p)
+			p->wanted = true;
+		else if (srv->repl_unknown != ids[k]) {
+			srv->repl_unknown = ids[k];	/* said once, not per push */
+			rps__log(RPS__LOG_ERROR, "partition %u: no address for its replica member %llu: its pushes wait",
+				 part, (unsigned long long)ids[k]);
+		}
+		if (!rc || rc->dead || !rc->repl_ready || rc->credits < 1u + !is_bound(rc, t->id))
+			ret = -EAGAIN;
+	}
+	return ret;
+}
+
+static void post_entry(struct rps__server *srv, struct conn *rc, struct rps__repl_desc d, const void *payload)
+{
+	uint32_t k = (uint32_t)(rc->cseq % rc->repl_nslots);
+	char *buf = rc->slots + (size_t)k * rc->repl_slot_size;
+	struct rps__wr wr;
+
+	d.magic = RPS__REPL_MAGIC;
+	d.cseq = ++rc->cseq;
+	memcpy(buf, &d, sizeof(d));
+	if (d.nbytes)
+		memcpy(buf + RPS__REPL_DESC_SIZE, payload, d.nbytes);
+	rc->credits--;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = (uint64_t)WRID_REPL << 32;
+	wr.op = RPS__OP_WRITE_IMM;
+	wr.sge.addr = buf;
+	wr.sge.len = RPS__REPL_DESC_SIZE + d.nbytes;
+	wr.sge.mr = rc->slots_mr;
+	wr.raddr = rc->repl_raddr + (uint64_t)k * rc->repl_slot_size;
+	wr.rkey = rc->repl_rkey;
+	wr.imm = k;
+	if (rps__post(rc->ep, &wr, 1))
+		rps__srv_conn_fail(rc, rps__errbuf());
+	srv->repl_stats.entries_sent++;
+}
+
+static void bind_tensor(struct rps__server *srv, struct conn *rc, struct tensor *t)
+{
+	struct rps__repl_desc d;
+	struct rps__repl_tensor bt;
+
+	if (is_bound(rc, t->id))
+		return;
+	if (t->id >= rc->nbound) {
+		uint8_t *grown = realloc(rc->bound, t->id + 1u);
+		if (!grown) {
+			rps__srv_conn_fail(rc, "out of memory binding a tensor");
+			return;
+		}
+		memset(grown + rc->nbound, 0, t->id + 1u - rc->nbound);
+		rc->bound = grown;
+		rc->nbound = t->id + 1u;
+	}
+	memset(&bt, 0, sizeof(bt));
+	snprintf(bt.name, sizeof(bt.name), "%s", t->name);
+	bt.spec = t->spec;
+	memset(&d, 0, sizeof(d));
+	d.kind = RPS__REPL_TENSOR;
+	d.tensor_id = t->id;
+	d.part = UINT32_MAX;
+	d.nbytes = sizeof(bt);
+	post_entry(srv, rc, d, &bt);
+	rc->bound[t->id] = 1;
+}
+
+/* Ship entry d (of shard s) to every replica of its partition: the wait w
+ * learns what confirms it. */
+static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, struct rps__repl_desc d,
+		 const void *payload, struct repl_wait *w)
+{
+	uint64_t ids[REPL_MAX];
+	uint32_t k, n = replicas(&srv->parts[s->part], ids);
+
+	d.tensor_id = t->id;
+	d.shard = s->index;
+	d.part = s->part;
+	d.epoch = srv->parts[s->part].epoch;
+	d.seq = ++srv->repl_seq[s->part];
+	d.version = s->step;
+	w->t = t;
+	w->s = s;
+	w->nrep = 0;
+	for (k = 0; k < n; k++) {
+		struct repl_peer *p = peer_find(srv, ids[k]);
+		struct conn *rc = p->conn;	/* rps__srv_repl_reserve saw it ready */
+		bind_tensor(srv, rc, t);
+		post_entry(srv, rc, d, payload);
+		w->rep[w->nrep].id = ids[k];
+		w->rep[w->nrep].rc = rc;
+		w->rep[w->nrep].cseq = rc->cseq;
+		w->nrep++;
+	}
+	s->repl_pending++;
+	srv->repl_stats.deferred++;
+	srv->rwaits[srv->nrwaits++] = *w;	/* room made by rps__srv_repl_reserve */
+}
+
+void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard *s,
+			const struct rps__push_desc *pd, struct conn *c, uint32_t slot, uint64_t holds)
+{
+	struct repl_wait w = { .kind = RW_PUSH, .c = c, .slot = slot, .holds = holds };
+	struct rps__repl_desc d;
+
+	memset(&d, 0, sizeof(d));
+	d.kind = RPS__REPL_PUSH;
+	d.dtype = pd->dtype;
+	d.rank = pd->rank;
+	d.nbytes = pd->nbytes;
+	d.push_id = pd->push_id;
+	d.client_id = c->client_id;
+	d.clock = pd->clock;
+	c->slot_state[slot] = 1;
+	ship(srv, t, s, d, (const char *)pd + RPS__PUSH_DESC_SIZE, &w);
+}
+
+void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard *s, struct conn *c,
+			uint32_t slot)
+{
+	struct repl_wait w = { .kind = RW_INIT, .c = c, .slot = slot };
+	struct rps__repl_desc d;
+
+	memset(&d, 0, sizeof(d));
+	d.kind = RPS__REPL_INIT;
+	d.dtype = RPS_DTYPE_F32;
+	d.nbytes = s->elems * 4u;
+	c->slot_state[slot] = 1;
+	ship(srv, t, s, d, s->params, &w);
+}
+
+/* The step's fp32 sum, once: backups do not recompute it. */
+void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard *s)
+{
+	struct repl_wait w = { .kind = RW_STEP };
+	struct rps__repl_desc d;
+
+	memset(&d, 0, sizeof(d));
+	d.kind = RPS__REPL_STEP;
+	d.dtype = RPS_DTYPE_F32;
+	d.nbytes = s->elems * 4u;
+	d.clock = s->step - 1;
+	ship(srv, t, s, d, s->acc, &w);
+}
+
+/*
+ * Sync, replicated: a contribution's ack waits in its slot for its step to
+ * be on every replica.  Why this adds no deadlock while parking has room:
+ * the step needs only the other ranks' pushes of that step; an out-of-turn
+ * push does not wait in a slot but is parked (and acknowledged, as today);
+ * an in-turn push that waits only for credits or the previous step's
+ * confirmation stays in its slot (push.c, park()) and depends on no worker.
+ * So a rank whose slots all hold summed contributions still lets every
+ * other rank deliver its pushes of those steps, which complete them.  With
+ * parking exhausted a cycle is possible that today's immediate ack avoids
+ * (rank A's slots hold summed T1 contributions, rank B's T2 pushes wait in
+ * its slots for A's T2, B's T1 pushes cannot go).  The two-stage ack
+ * (TAKEN frees the slot, STEP_DONE completes the op) removes it, but needs
+ * the client, and a bound on the STEP_DONE messages a connection may owe
+ * (one per taken op overruns the worker's receive buffers when a step of
+ * many shards completes): left to do.  Parked pushes are acknowledged when
+ * parked, before their step is replicated (the same gap).
+ */
+void rps__srv_repl_defer_ack(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+			     struct shard *s, uint64_t clock, uint64_t version)
+{
+	if (srv->nrwaits == srv->rwaits_cap) {
+		uint32_t cap = srv->rwaits_cap ? srv->rwaits_cap * 2 : 64;
+		struct repl_wait *grown = realloc(srv->rwaits, cap * sizeof(*grown));
+		if (!grown) {
+			rps__srv_conn_fail(c, "out of memory deferring an acknowledgement");
+			return;
+		}
+		srv->rwaits = grown;
+		srv->rwaits_cap = cap;
+	}
+	c->slot_state[slot] = 1;
+	srv->rwaits[srv->nrwaits++] = (struct repl_wait){
+		.kind = RW_SYNC_ACK, .t = t, .s = s, .c = c, .slot = slot, .clock = clock, .version = version,
+	};
+	srv->repl_active = true;
+}
+
+/* ---- the primary: confirmation ------------------------------------------ */
+
+static bool wait_confirmed(const struct rps__server *srv, const struct repl_wait *w)
+{
+	uint32_t k;
+
+	for (k = 0; k < w->nrep; k++) {
+		/* a replica the map dropped (committed, epoch+1) is not waited for */
+		if (!still_replica(srv, w->s->part, w->rep[k].id))
+			continue;
+		if (!w->rep[k].rc || w->rep[k].rc->cseq_acked < w->rep[k].cseq)
+			return false;
+	}
+	return true;
+}
+
+static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
+{
+	struct tensor *t = w->t;
+	struct shard *s = w->s;
+	uint64_t lock = 0;
+
+	s->repl_pending--;
+	if (!s->hdr)
+		return;		/* the partition was dropped meanwhile */
+	rps__srv_publish_end(s);
+	if (w->kind == RW_PUSH && w->holds && t->regions[s->part].mr)
+		lock = rps__srv_release_lock(srv, t, s, w->holds);
+	if (w->c && w->kind != RW_STEP)
+		rps__srv_push_ack(w->c, w->slot, 0, s->step, lock);
+	rps__srv_wake_waiters(srv, t, s->index);
+}
+
+/* Complete what every replica confirmed, in order; then sync acks whose
+ * step is complete and confirmed. */
+void rps__srv_repl_confirm(struct rps__server *srv)
+{
+	bool any = false;
+	uint32_t i = 0;
+
+	while (i < srv->nrwaits) {
+		struct repl_wait w = srv->rwaits[i];
+		if (w.kind == RW_SYNC_ACK || !wait_confirmed(srv, &w)) {
+			i++;
+			continue;
+		}
+		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
+		srv->nrwaits--;
+		wait_complete(srv, &w);
+		any = true;
+	}
+	i = 0;
+	while (i < srv->nrwaits) {
+		struct repl_wait w = srv->rwaits[i];
+		if (w.kind != RW_SYNC_ACK || w.s->repl_pending || w.clock >= w.s->step) {
+			i++;
+			continue;
+		}
+		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
+		srv->nrwaits--;
+		if (w.c)
+			rps__srv_push_ack(w.c, w.slot, 0, w.version, 0);
+		any = true;
+	}
+	if (any)
+		rps__srv_drain_held(srv);
+}
+
+/* ---- the primary: the connection ------------------------------------------ */
+
+/* 0 connected (REPL_HELLO sent), or -1 */
+static int dial(struct rps__server *srv, struct repl_peer *p)
+{
+	struct rps__conn_priv priv = {
+		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_REPL,
+		.from_id = srv->my_id, .to_id = p->id,
+	};
+	struct rps__ep_attr attr = { 0 };
+	char reply[RPS__PRIVDATA_MAX + 1];
+	size_t reply_len = RPS__PRIVDATA_MAX;
+	struct rps__repl_hello h;
+	struct rps__conn_priv rp;
+	struct rps__uri u;
+	struct conn *c;
+
+	if (rps__uri_parse(p->uri, &u) || rps__srv_conn_new(srv, CONN_REPL, &c)) {
+		rps__log(RPS__LOG_WARN, "replication to member %llu: %s", (unsigned long long)p->id, rps__errbuf());
+		return -1;
+	}
+	attr.sq_depth = c->nsend + REPL_SLOTS + 8;
+	attr.rq_depth = c->nrecv;
+	attr.max_inline = 64;
+	memset(reply, 0, sizeof(reply));
+	if (rps__connect(srv->fab, u.host, u.port, srv->cq, &attr, &priv, sizeof(priv), REPL_CONNECT_TIMEOUT_MS,
+			 reply, &reply_len, &c->ep)) {
+		rps__log(RPS__LOG_INFO, "replication to member %llu (%s): %s", (unsigned long long)p->id, p->uri,
+			 rps__errbuf());
+		rps__srv_conn_free(srv, c);
+		return -1;
+	}
+	memset(&rp, 0, sizeof(rp));
+	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
+	if (reply_len < sizeof(rp) || rp.from_id != p->id) {
+		rps__log(RPS__LOG_WARN, "replication to %s: answered as member %llu, not %llu", p->uri,
+			 (unsigned long long)rp.from_id, (unsigned long long)p->id);
+		rps__srv_conn_free(srv, c);
+		return -1;
+	}
+	c->repl_out = true;
+	c->peer_id = p->id;
+	if (rps__srv_conn_attach(srv, c)) {
+		rps__srv_conn_fail(c, rps__errbuf());
+		return -1;
+	}
+	p->conn = c;
+	memset(&h, 0, sizeof(h));
+	h.from_id = srv->my_id;
+	snprintf(h.fingerprint, sizeof(h.fingerprint), "%s", rps__srv_repl_fingerprint(srv));
+	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO, 0, 0, &h, sizeof(h));
+	return 0;
+}
+
+/* The backup's slots: allocate our ring of the same shape. */
+static void on_hello_rep(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			 const struct rps__repl_hello_rep *r)
+{
+	size_t len;
+
+	if (h->status || strncmp(r->fingerprint, rps__srv_repl_fingerprint(srv), sizeof(r->fingerprint))) {
+		rps__log(RPS__LOG_ERROR, "replication to member %llu refused (%d): its kernel fingerprint is \"%.*s\", "
+			 "ours \"%s\": run the same rdmapsd build on every server", (unsigned long long)c->peer_id,
+			 h->status, (int)sizeof(r->fingerprint), r->fingerprint, rps__srv_repl_fingerprint(srv));
+		rps__srv_conn_fail(c, "replication refused");
+		srv->repl_stats.pairings_refused++;
+		return;
+	}
+	if (c->repl_ready || !r->nslots || r->nslots > 1024 || r->slot_size < rps__srv_repl_slot_size(srv) ||
+	    r->slot_size % 64) {
+		rps__srv_conn_fail(c, "answered REPL_HELLO with slots we cannot use");
+		return;
+	}
+	len = (size_t)r->nslots * r->slot_size;
+	if (rps__srv_mem_take(srv, len, "replication ring"))
+		goto err;
+	c->slots = rps__topo_alloc(srv->topo, &srv->place, len);
+	if (!c->slots) {
+		rps__srv_mem_give(srv, len);
+		goto err;
+	}
+	c->slots_len = len;
+	if (rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_LOCAL, &c->slots_mr))
+		goto err;
+	c->repl_nslots = r->nslots;
+	c->repl_slot_size = r->slot_size;
+	c->repl_raddr = r->slot_addr;
+	c->repl_rkey = r->slot_rkey;
+	c->credits = r->nslots;
+	c->repl_ready = true;
+	rps__log(RPS__LOG_INFO, "replicating to member %llu (%s): %u slots of %u bytes",
+		 (unsigned long long)c->peer_id, rps__ep_peer(c->ep), r->nslots, r->slot_size);
+	rps__srv_drain_held(srv);
+	return;
+err:
+	rps__srv_conn_fail(c, "out of memory for the replication ring");
+}
+
+static void on_ack(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+		   const struct rps__repl_ack *a)
+{
+	if (h->type == RPS__MSG_REPL_NACK) {
+		rps__log(RPS__LOG_ERROR, "member %llu refused replication entry %llu (partition %u): %s",
+			 (unsigned long long)c->peer_id, (unsigned long long)a->cseq + 1, a->part,
+			 h->status == RPS_ESTALE_EPOCH ? "our epoch is older than its map's" : "it diverged");
+		rps__srv_conn_fail(c, "replication refused");
+		return;
+	}
+	if (a->cseq > c->cseq || a->cseq < c->cseq_acked || a->credits > c->repl_nslots - c->credits) {
+		rps__srv_conn_fail(c, "acknowledged replication entries never sent");
+		return;
+	}
+	c->cseq_acked = a->cseq;
+	c->credits += a->credits;
+	srv->repl_stats.acks_received++;
+	rps__srv_repl_confirm(srv);
+}
+
+/* ---- both sides ------------------------------------------------------------- */
+
+void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			      const void *body)
+{
+	if (!c->repl_out && h->type == RPS__MSG_REPL_HELLO)
+		rps__srv_repl_on_hello(srv, c, h, body);
+	else if (c->repl_out && h->type == RPS__MSG_REPL_HELLO_REP)
+		on_hello_rep(srv, c, h, body);
+	else if (c->repl_out && c->repl_ready && (h->type == RPS__MSG_REPL_ACK || h->type == RPS__MSG_REPL_NACK))
+		on_ack(srv, c, h, body);
+	else
+		rps__srv_conn_fail(c, "sent a message type replication does not take");
+}
+
+void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c)
+{
+	uint32_t i, k;
+
+	for (i = 0; i < srv->nrwaits; i++) {
+		struct repl_wait *w = &srv->rwaits[i];
+		if (w->c == c)
+			w->c = NULL;
+		for (k = 0; k < w->nrep; k++)
+			if (w->rep[k].rc == c)
+				w->rep[k].rc = NULL;
+	}
+	for (i = 0; i < srv->nrepl_peers; i++)
+		if (srv->repl_peers[i].conn == c) {
+			srv->repl_peers[i].conn = NULL;
+			srv->repl_peers[i].next_dial = rps__now_ns() + REPL_REDIAL_NS;
+		}
+}
+
+void rps__srv_repl_turn(struct rps__server *srv)
+{
+	uint64_t now = rps__now_ns();
+	uint32_t i;
+
+	for (i = 0; i < srv->nrepl_peers; i++) {
+		struct repl_peer *p = &srv->repl_peers[i];
+		uint64_t backoff;
+		if (!p->wanted || !p->uri[0] || p->conn || now < p->next_dial)
+			continue;
+		if (!dial(srv, p)) {
+			p->fails = 0;
+			continue;
+		}
+		/* doubling up to 5 s, and a jitter that differs per server */
+		backoff = RPS__MIN(REPL_REDIAL_NS << RPS__MIN(p->fails, 5u), REPL_REDIAL_MAX_NS);
+		p->fails++;
+		p->next_dial = rps__now_ns() + backoff + (srv->my_id * 7919u + now) % REPL_REDIAL_NS;
+	}
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *c = srv->conns[i];
+		if (c->role == CONN_REPL && !c->repl_out && !c->dead && !c->repl_refused)
+			rps__srv_repl_backup_turn(srv, c);
+	}
+}
+
+void rps__srv_repl_fini(struct rps__server *srv)
+{
+	free(srv->rwaits);
+	srv->rwaits = NULL;
+	srv->nrwaits = srv->rwaits_cap = 0;
+}

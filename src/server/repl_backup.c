@@ -1,0 +1,251 @@
+/*
+ * repl_backup.c - the backup's side of the replication stream (repl.c has
+ * the primary's): it registers slots for a primary server, pairs only with
+ * the same kernel fingerprint, and applies entries in order with the
+ * primary's own code (apply.c), checking the stream's continuity, the
+ * partition's epoch (older: REPL_NACK) and seq, and the resulting version;
+ * credits go back in one cumulative REPL_ACK per loop turn.  Backups never
+ * publish to workers: their regions are announced to nobody.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "common/topo.h"
+#include "kernels/agg.h"
+#include "proto/proto.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c)
+{
+	size_t len = (size_t)REPL_SLOTS * rps__srv_repl_slot_size(srv);
+
+	if (rps__srv_mem_take(srv, len, "replication slots"))
+		return -ENOMEM;
+	c->slots = rps__topo_alloc(srv->topo, &srv->place, len);
+	if (!c->slots) {
+		rps__srv_mem_give(srv, len);
+		return -ENOMEM;
+	}
+	c->slots_len = len;
+	c->repl_nslots = REPL_SLOTS;
+	c->repl_slot_size = rps__srv_repl_slot_size(srv);
+	srv->repl_active = true;
+	return rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr);
+}
+
+void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			    const struct rps__repl_hello *hello)
+{
+	struct rps__repl_hello_rep rep;
+
+	memset(&rep, 0, sizeof(rep));
+	snprintf(rep.fingerprint, sizeof(rep.fingerprint), "%s", rps__srv_repl_fingerprint(srv));
+	if (c->repl_ready || hello->from_id != c->peer_id) {
+		rps__srv_conn_fail(c, "sent a second or forged REPL_HELLO");
+		return;
+	}
+	if (strncmp(hello->fingerprint, rps__srv_repl_fingerprint(srv), sizeof(hello->fingerprint))) {
+		rps__log(RPS__LOG_ERROR, "replication from member %llu refused: its kernel fingerprint is \"%.*s\", "
+			 "ours \"%s\": run the same rdmapsd build on every server",
+			 (unsigned long long)c->peer_id, (int)sizeof(hello->fingerprint), hello->fingerprint,
+			 rps__srv_repl_fingerprint(srv));
+		rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO_REP, h->req_id, -EPROTO, &rep, sizeof(rep));
+		c->repl_refused = true;
+		srv->repl_stats.pairings_refused++;
+		return;
+	}
+	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;
+	rep.slot_rkey = rps__mr_rkey(c->slots_mr);
+	rep.nslots = c->repl_nslots;
+	rep.slot_size = c->repl_slot_size;
+	c->repl_ready = true;
+	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO_REP, h->req_id, 0, &rep, sizeof(rep));
+}
+
+/* Refuse the entry after c->cseq: the primary breaks the stream. */
+static int refuse(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, int status)
+{
+	struct rps__repl_ack a = { .cseq = c->cseq, .part = d->part };
+
+	srv->repl_stats.refused++;
+	c->repl_refused = true;
+	rps__srv_conn_reply(c, RPS__MSG_REPL_NACK, 0, status, &a, sizeof(a));
+	return -EPROTO;
+}
+
+static int broken(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int broken(struct conn *c, const char *fmt, ...)
+{
+	char why[160];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	rps__srv_conn_fail(c, why);
+	return -EPROTO;
+}
+
+/* REPL_TENSOR: know the tensor (created if unknown, as a restore does),
+ * with regions for the partitions backed here. */
+static int bind(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, const void *payload)
+{
+	struct rps__repl_tensor bt;
+	struct tensor *t;
+	uint32_t p;
+
+	if (d->nbytes != sizeof(bt))
+		return broken(c, "sent a malformed tensor binding");
+	memcpy(&bt, payload, sizeof(bt));
+	bt.name[sizeof(bt.name) - 1] = '\0';
+	if (rps__name_check(bt.name))
+		return broken(c, "sent a tensor binding with a bad name");
+	t = rps__srv_tensor_by_name(srv, bt.name);
+	if (t && !rps__srv_spec_equal(&t->spec, &bt.spec)) {
+		rps__log(RPS__LOG_ERROR, "tensor '%s' exists here with other options than on member %llu", bt.name,
+			 (unsigned long long)c->peer_id);
+		return broken(c, "replicates a tensor that differs here");
+	}
+	if (!t && rps__srv_tensor_add(srv, bt.name, &bt.spec, &t))
+		return broken(c, "%s", rps__errbuf());
+	for (p = 0; p < t->layout.nservers && p < srv->npart; p++)
+		if (srv->parts[p].backup && !t->regions[p].mem &&
+		    (rps__srv_region_alloc(srv, t, p, bt.spec.flags & RPS__CREATE_HAS_INIT, NULL) ||
+		     rps__srv_region_register(srv, t, p)))
+			return broken(c, "%s", rps__errbuf());
+	if (d->tensor_id >= c->ntmap) {
+		uint32_t *grown = realloc(c->tmap, (d->tensor_id + 1u) * sizeof(*grown));
+		if (!grown)
+			return broken(c, "out of memory binding a tensor");
+		memset(grown + c->ntmap, 0, (d->tensor_id + 1u - c->ntmap) * sizeof(*grown));
+		c->tmap = grown;
+		c->ntmap = d->tensor_id + 1u;
+	}
+	c->tmap[d->tensor_id] = t->id + 1u;
+	return 0;
+}
+
+/* Apply d with the primary's code: 0, -EAGAIN (the map is behind: later),
+ * or a negative errno (the connection failed). */
+static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d,
+		       const void *payload)
+{
+	const struct rps__dp_part *v;
+	struct tensor *t;
+	struct shard *s;
+
+	if (d->kind == RPS__REPL_TENSOR)
+		return bind(srv, c, d, payload);
+	if (d->part >= srv->npart)
+		return broken(c, "replicates partition %u of %u", d->part, srv->npart);
+	v = &srv->parts[d->part];
+	if (d->epoch < v->map_epoch) {
+		rps__log(RPS__LOG_WARN, "partition %u: refusing replication from member %llu under epoch %llu, "
+			 "older than the map's %llu", d->part, (unsigned long long)c->peer_id,
+			 (unsigned long long)d->epoch, (unsigned long long)v->map_epoch);
+		return refuse(srv, c, d, RPS_ESTALE_EPOCH);
+	}
+	if (!v->backup || d->epoch > v->map_epoch)
+		return -EAGAIN;
+	if (d->seq != srv->repl_seq[d->part] + 1)
+		return broken(c, "partition %u: replication entry %llu after %llu", d->part,
+			      (unsigned long long)d->seq, (unsigned long long)srv->repl_seq[d->part]);
+	t = d->tensor_id < c->ntmap && c->tmap[d->tensor_id] ? srv->tensors[c->tmap[d->tensor_id] - 1] : NULL;
+	if (!t || d->shard >= t->layout.nshards)
+		return broken(c, "replicates an unknown tensor or shard");
+	s = &t->shards[d->shard];
+	if (s->part != d->part || !s->hdr)
+		return broken(c, "replicates shard %u of '%s', which has no region here", d->shard, t->name);
+	switch (d->kind) {
+	case RPS__REPL_INIT:
+		if (d->nbytes != s->elems * 4u || s->ready)
+			return broken(c, "sent initial values that do not fit");
+		rps__srv_publish_begin(s);
+		memcpy(s->params, payload, d->nbytes);
+		s->ready = true;
+		rps__srv_publish_end(s);
+		break;
+	case RPS__REPL_PUSH:
+		if (t->spec.mode == RPS_MODE_SYNC || d->dtype != t->spec.dtype || !s->ready ||
+		    d->nbytes != s->elems * rps__dtype_size(t->spec.dtype) ||
+		    (t->spec.mode == RPS_MODE_BOUNDED && (d->rank < 0 || d->rank >= t->spec.num_workers)))
+			return broken(c, "sent a push that does not fit");
+		rps__srv_shard_update(t, s, rps__srv_grad_fp32(s, payload, d->dtype));
+		rps__srv_dedup_note(s, d->client_id, d->push_id);
+		if (t->spec.mode == RPS_MODE_BOUNDED)
+			rps__srv_clock_note(t, s, d->rank, d->clock);
+		break;
+	case RPS__REPL_STEP:
+		if (t->spec.mode != RPS_MODE_SYNC || d->dtype != RPS_DTYPE_F32 || !s->ready ||
+		    d->nbytes != s->elems * 4u || d->clock != s->step)
+			return broken(c, "sent a step that does not fit");
+		rps__srv_shard_update(t, s, payload);
+		break;
+	default:
+		return broken(c, "sent a replication entry of unknown kind %u", d->kind);
+	}
+	if (s->step != d->version) {
+		rps__log(RPS__LOG_ERROR, "tensor '%s' shard %u: version %llu after replication, the primary has %llu: diverged",
+			 t->name, s->index, (unsigned long long)s->step, (unsigned long long)d->version);
+		return refuse(srv, c, d, -EIO);
+	}
+	srv->repl_seq[d->part] = d->seq;
+	return 0;
+}
+
+/* The entry in the next slot in turn. */
+static int apply_next(struct rps__server *srv, struct conn *c)
+{
+	const char *buf = c->slots + (size_t)(c->cseq % c->repl_nslots) * c->repl_slot_size;
+	struct rps__repl_desc d;
+	int ret;
+
+	memcpy(&d, buf, sizeof(d));
+	if (d.magic != RPS__REPL_MAGIC || d.nbytes > c->repl_slot_size - RPS__REPL_DESC_SIZE)
+		return broken(c, "wrote a malformed replication entry");
+	if (d.cseq != c->cseq + 1)
+		return broken(c, "replication stream out of order: entry %llu after %llu",
+			      (unsigned long long)d.cseq, (unsigned long long)c->cseq);
+	ret = apply_entry(srv, c, &d, buf + RPS__REPL_DESC_SIZE);
+	if (ret)
+		return ret;
+	c->cseq++;
+	c->credits_owed++;
+	srv->repl_stats.entries_applied++;
+	return 0;
+}
+
+void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot)
+{
+	if (c->repl_refused)
+		return;		/* the primary closes on our NACK */
+	if (!c->repl_ready || slot != (c->cseq + c->npending) % c->repl_nslots) {
+		rps__srv_conn_fail(c, "wrote a replication entry out of turn");
+		return;
+	}
+	if (c->npending || apply_next(srv, c) == -EAGAIN)
+		c->npending++;
+}
+
+/* Once per loop turn: entries the map held back, then the ack. */
+void rps__srv_repl_backup_turn(struct rps__server *srv, struct conn *c)
+{
+	struct rps__repl_ack a;
+
+	while (c->npending && !apply_next(srv, c))
+		c->npending--;
+	/* one cumulative ack per turn; no send buffer free: next turn */
+	if (c->credits_owed && c->nsfree && !c->repl_refused && !c->dead) {
+		a = (struct rps__repl_ack){ .cseq = c->cseq, .credits = c->credits_owed };
+		rps__srv_conn_reply(c, RPS__MSG_REPL_ACK, 0, 0, &a, sizeof(a));
+		c->credits_owed = 0;
+		srv->repl_stats.acks_sent++;
+	}
+}

@@ -1,0 +1,827 @@
+/*
+ * test_repl.c - the replication stream (src/server/repl.c) between two
+ * real data planes in one process over TCP, each driven by a fake control
+ * plane as in test_dataplane.c: A (member 1) owns every partition, B
+ * (member 2) is the backup of each.  Real workers (librdmaps) push to A.
+ * The tests compare the two servers' shards byte for byte (parameters,
+ * optimizer state, versions, applied push ids, clocks), stall B's loop to
+ * show that no push is acknowledged before B applied it, exhaust B's
+ * credits, refuse an entry of an old epoch, and check that without
+ * backups nothing of the stream runs.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "kernels/agg.h"
+#include "kernels/optim.h"
+#include "proto/shard.h"
+#include "proto/smap.h"
+#include "server/dataplane.h"
+#include "server/server.h"
+#include "server/server_int.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+#include "lib/cutest.h"
+
+#define NPART 4u
+#define SHARD_BYTES 64u		/* 16 floats */
+#define COUNT 64u		/* 4 shards: one per partition */
+#define TIMER_MS 2
+#define QUICK_MS 400
+
+/* ---- the fake control planes ---------------------------------------------- */
+
+struct fake;
+typedef void (*fake_fn)(struct fake *f, void *arg);
+
+struct fake {
+	struct rps__server *srv;
+	const struct rps__dp_ops *dp;
+	uint64_t id;
+	pthread_t thread;
+	int run_ret;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	fake_fn todo;
+	void *todo_arg;
+	bool todo_done;
+	bool stall, stalled;	/* run_timers blocks the loop while stall */
+	struct rps__smap *map;
+	char *mapbuf;
+};
+
+static struct fake A, B;
+static struct rps__smap map;
+static char uri_a[64], uri_b[64], uri_c[64];
+
+static int h_run_timers(void *ctx, uint64_t now, bool *stop)
+{
+	struct fake *f = ctx;
+	fake_fn fn;
+	void *arg;
+
+	(void)now;
+	(void)stop;
+	pthread_mutex_lock(&f->lock);
+	while (f->stall) {
+		f->stalled = true;
+		pthread_cond_broadcast(&f->cond);
+		pthread_cond_wait(&f->cond, &f->lock);
+	}
+	f->stalled = false;
+	fn = f->todo;
+	arg = f->todo_arg;
+	f->todo = NULL;
+	pthread_mutex_unlock(&f->lock);
+	if (fn) {
+		fn(f, arg);
+		pthread_mutex_lock(&f->lock);
+		f->todo_done = true;
+		pthread_cond_broadcast(&f->cond);
+		pthread_mutex_unlock(&f->lock);
+	}
+	return TIMER_MS;
+}
+
+static void fake_do(struct fake *f, fake_fn fn, void *arg)
+{
+	pthread_mutex_lock(&f->lock);
+	f->todo = fn;
+	f->todo_arg = arg;
+	f->todo_done = false;
+	while (!f->todo_done)
+		pthread_cond_wait(&f->cond, &f->lock);
+	pthread_mutex_unlock(&f->lock);
+}
+
+/* Block f's loop (in run_timers) until fake_resume: it polls nothing. */
+static void fake_stall(struct fake *f)
+{
+	pthread_mutex_lock(&f->lock);
+	f->stall = true;
+	while (!f->stalled)
+		pthread_cond_wait(&f->cond, &f->lock);
+	pthread_mutex_unlock(&f->lock);
+}
+
+static void fake_resume(struct fake *f)
+{
+	pthread_mutex_lock(&f->lock);
+	f->stall = false;
+	pthread_cond_broadcast(&f->cond);
+	pthread_mutex_unlock(&f->lock);
+}
+
+static void *loop_main(void *arg)
+{
+	struct fake *f = arg;
+
+	f->run_ret = rps__server_run(f->srv);
+	return NULL;
+}
+
+static int fake_server(struct fake *f, uint64_t id)
+{
+	const struct rps__dp_hooks hooks = { .run_timers = h_run_timers, .ctx = f };
+	struct rps__server_config cfg;
+	int ret;
+
+	memset(f, 0, sizeof(*f));
+	f->dp = rps__dataplane_ops();
+	f->id = id;
+	pthread_mutex_init(&f->lock, NULL);
+	pthread_cond_init(&f->cond, NULL);
+	rps__server_config_init(&cfg);
+	cfg.listen.port = 0;
+	cfg.shard_bytes = SHARD_BYTES;
+	cfg.nslots = 16;	/* more pushes in flight than B has credits */
+	cfg.no_pin = 1;
+	ret = rps__server_create(&cfg, &f->srv);
+	if (ret)
+		return ret;
+	rps__dp_set_hooks(f->srv, &hooks);
+	f->dp->set_member_id(f->srv, id);
+	return 0;
+}
+
+static int map_publish(struct fake *f)
+{
+	char tmp[RPS__MAP_BUF];
+	size_t len = 0;
+	uint32_t len32;
+	int ret;
+
+	f->dp->set_map(f->srv, map.npart, map.applied);
+	ret = rps__smap_encode(&map, tmp + 4, sizeof(tmp) - 4, &len);
+	if (ret)
+		return ret;
+	len32 = (uint32_t)len;
+	memcpy(tmp, &len32, 4);
+	memset(tmp + 4 + len, 0, sizeof(tmp) - 4 - len);
+	memcpy(f->mapbuf, tmp, sizeof(tmp));
+	return 0;
+}
+
+/* What cp_map.c's rps__cp_part_sync tells f of partition p: A serves it,
+ * B backs it up (when the map has backups). */
+static void part_view(struct fake *f, uint32_t p, uint64_t map_epoch, bool with_backups)
+{
+	const struct rps__smap_part *mp = &map.parts[p];
+	struct rps__dp_part v = {
+		.epoch = mp->epoch, .map_epoch = map_epoch, .serving = mp->owner == f->id,
+		.primary = mp->owner,
+	};
+
+	if (with_backups && mp->backups[0]) {
+		v.backups[0] = mp->backups[0];
+		v.nbackups = 1;
+		v.backup = mp->backups[0] == f->id;
+	}
+	f->dp->part_set(f->srv, p, &v);
+}
+
+static int bootstrap(struct fake *f)
+{
+	uint32_t p;
+	int ret;
+
+	f->mapbuf = calloc(1, RPS__MAP_BUF);
+	if (!f->mapbuf)
+		return -ENOMEM;
+	ret = f->dp->map_register(f->srv, f->mapbuf, RPS__MAP_BUF);
+	if (!ret)
+		ret = map_publish(f);
+	if (ret)
+		return ret;
+	f->dp->repl_peer(f->srv, 1, uri_a);
+	f->dp->repl_peer(f->srv, 2, uri_b);
+	for (p = 0; p < NPART; p++) {
+		part_view(f, p, map.parts[p].epoch, true);
+		if (map.parts[p].owner == f->id)
+			f->dp->part_create(f->srv, p);
+	}
+	return 0;
+}
+
+/* ---- workers ----------------------------------------------------------------- */
+
+static rps_client_t *w0, *w1, *quick;
+
+static int connect_worker(int rank, int timeout_ms, rps_client_t **out)
+{
+	struct rps_client_opts o;
+
+	rps_client_opts_init(&o);
+	o.servers = uri_a;
+	o.rank = rank;
+	o.num_workers = 2;
+	o.timeout_ms = timeout_ms;
+	return rps_client_connect(&o, out);
+}
+
+static int suite_init(void)
+{
+	const char *uris[2] = { uri_a, uri_b };
+	uint32_t p;
+
+	rps__log_level = RPS__LOG_ERROR;
+	if (fake_server(&A, 1) || fake_server(&B, 2))
+		goto err;
+	snprintf(uri_a, sizeof(uri_a), "tcp://127.0.0.1:%u", (unsigned)rps__server_port(A.srv));
+	snprintf(uri_b, sizeof(uri_b), "tcp://127.0.0.1:%u", (unsigned)rps__server_port(B.srv));
+	/* every partition: A primary, B its backup */
+	if (rps__smap_init_replicated(&map, uris, 2, NPART, 2))
+		goto err;
+	for (p = 0; p < NPART; p++) {
+		map.parts[p].owner = 1;
+		map.parts[p].backups[0] = 2;
+	}
+	map.applied = 1;
+	if (bootstrap(&A) || bootstrap(&B))
+		goto err;
+	if (-pthread_create(&A.thread, NULL, loop_main, &A) || -pthread_create(&B.thread, NULL, loop_main, &B))
+		goto err;
+	if (connect_worker(0, 10000, &w0) || connect_worker(1, 10000, &w1) || connect_worker(0, QUICK_MS, &quick)) {
+		fprintf(stderr, "test_repl: %s\n", rps_last_error());
+		return -1;
+	}
+	return 0;
+err:
+	fprintf(stderr, "test_repl: %s\n", rps__errbuf());
+	return -1;
+}
+
+static void fake_fini(struct fake *f)
+{
+	rps__server_stop(f->srv);
+	pthread_join(f->thread, NULL);
+	f->dp->map_deregister(f->srv);
+	rps__server_destroy(f->srv);
+	free(f->mapbuf);
+}
+
+static int suite_fini(void)
+{
+	rps_client_close(quick);
+	rps_client_close(w1);
+	rps_client_close(w0);
+	fake_fini(&A);
+	fake_fini(&B);
+	return A.run_ret == 0 && B.run_ret == 0 ? 0 : -1;
+}
+
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+	nanosleep(&ts, NULL);
+}
+
+static float init[COUNT];
+
+static int tensor(rps_client_t *c, const char *name, enum rps_mode mode, enum rps_dtype dt,
+		  enum rps_optimizer opt, rps_tensor_t **t)
+{
+	struct rps_tensor_opts o;
+	unsigned i;
+
+	for (i = 0; i < COUNT; i++)
+		init[i] = (float)i * 0.125f - 3.0f;
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.dtype = dt;
+	o.mode = mode;
+	o.staleness = 2;
+	o.optimizer = opt;
+	o.lr = 0.05f;
+	o.init = init;
+	return rps_tensor_create(c, name, &o, t);
+}
+
+/* A random gradient in dtype dt (fp32 values rounded by the library's
+ * own conversion when dt is narrower). */
+static void random_grad(void *g, enum rps_dtype dt, unsigned *seed)
+{
+	float f[COUNT];
+	unsigned i;
+
+	for (i = 0; i < COUNT; i++)
+		f[i] = (float)(rand_r(seed) % 2001 - 1000) / 256.0f;
+	if (dt == RPS_DTYPE_F32)
+		memcpy(g, f, sizeof(f));
+	else
+		rps__f32_to_dtype(g, f, dt, COUNT);
+}
+
+/* ---- comparing the replicas ----------------------------------------------------- */
+
+static struct tensor *find(struct fake *f, const char *name)
+{
+	return rps__srv_tensor_by_name(f->srv, name);
+}
+
+/* Shards of `name` that differ between A and B (every byte of state a
+ * failover would promote), or -1 if B lacks them.  Called while both are
+ * quiet (every push acknowledged, so B applied it). */
+static int differing_shards(const char *name)
+{
+	struct tensor *ta = find(&A, name), *tb = find(&B, name);
+	uint32_t j;
+	int n = 0;
+
+	if (!ta || !tb || ta->layout.nshards != tb->layout.nshards)
+		return -1;
+	for (j = 0; j < ta->layout.nshards; j++) {
+		struct shard *a = &ta->shards[j], *b = &tb->shards[j];
+		size_t st = rps__optim_state_len(ta->optim.type, a->elems) * sizeof(float);
+		bool same;
+		if (!a->hdr || !b->hdr)
+			return -1;
+		same = a->step == b->step && a->ready == b->ready && a->hdr->seq == b->hdr->seq &&
+		       !(a->hdr->seq & 1) && a->hdr->min_clock == b->hdr->min_clock &&
+		       !memcmp(a->params, b->params, a->elems * sizeof(float)) &&
+		       (!st || !memcmp(a->state, b->state, st)) && a->ndd == b->ndd &&
+		       (!a->ndd || !memcmp(a->dd, b->dd, a->ndd * sizeof(*a->dd))) &&
+		       (!a->clocks || !memcmp(a->clocks, b->clocks, (size_t)ta->spec.num_workers * 8));
+		n += !same;
+	}
+	return n;
+}
+
+static uint64_t version_of(struct fake *f, const char *name, uint32_t shard)
+{
+	struct tensor *t = find(f, name);
+
+	return t ? t->shards[shard].step : UINT64_MAX;
+}
+
+static uint32_t repl_conns(struct fake *f)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < f->srv->nconns; i++)
+		n += f->srv->conns[i]->role == CONN_REPL;
+	return n;
+}
+
+/* ---- the tests --------------------------------------------------------------------- */
+
+static void do_views_r1(struct fake *f, void *arg)
+{
+	uint32_t p;
+
+	(void)arg;
+	for (p = 0; p < NPART; p++)
+		part_view(f, p, map.parts[p].epoch, false);
+}
+
+static void do_views_replicated(struct fake *f, void *arg)
+{
+	uint32_t p;
+
+	(void)arg;
+	for (p = 0; p < NPART; p++)
+		part_view(f, p, map.parts[p].epoch, true);
+}
+
+/* Without backups in the views (R=1) nothing of the stream runs: no
+ * connection dialed, no entry, no deferred ack, no wait; every mode's
+ * pushes are acknowledged as today, with the versions today's code gives,
+ * even with B's loop stalled (nothing waits for another server). */
+static void test_r1_unchanged(void)
+{
+	static const enum rps_mode modes[3] = { RPS_MODE_ASYNC, RPS_MODE_BOUNDED, RPS_MODE_SYNC };
+	static const char *names[3] = { "r1-async", "r1-bounded", "r1-sync" };
+	float g[COUNT], out[COUNT];
+	rps_tensor_t *t0[3], *t1[3];
+	rps_request_t *r0, *r1;
+	uint64_t version;
+	unsigned seed = 7;
+	int m;
+
+	fake_do(&A, do_views_r1, NULL);
+	for (m = 0; m < 3; m++) {
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, names[m], modes[m], RPS_DTYPE_F32, RPS_OPT_SUM, &t0[m]), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w1, names[m], modes[m], RPS_DTYPE_F32, RPS_OPT_SUM, &t1[m]), 0);
+	}
+	fake_stall(&B);
+	for (m = 0; m < 3; m++) {
+		random_grad(g, RPS_DTYPE_F32, &seed);
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[m], g, sizeof(g), &r0), 0);
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[m], g, sizeof(g), &r1), 0);
+		CU_ASSERT_EQUAL(rps_wait(r0), 0);
+		CU_ASSERT_EQUAL(rps_wait(r1), 0);
+		CU_ASSERT_EQUAL(rps_pull(t0[m], out, sizeof(out), &version), 0);
+		/* async, bounded: two updates; sync: one step of the two */
+		CU_ASSERT_EQUAL(version, modes[m] == RPS_MODE_SYNC ? 1u : 2u);
+	}
+	fake_resume(&B);
+	for (m = 0; m < 3; m++) {
+		rps_tensor_close(t1[m]);
+		rps_tensor_close(t0[m]);
+	}
+	CU_ASSERT_EQUAL(repl_conns(&A), 0u);
+	CU_ASSERT_EQUAL(repl_conns(&B), 0u);
+	CU_ASSERT_FALSE(A.srv->repl_active);
+	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent, 0u);
+	CU_ASSERT_EQUAL(A.srv->repl_stats.deferred, 0u);
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
+	CU_ASSERT_EQUAL(B.srv->repl_stats.entries_applied, 0u);
+	CU_ASSERT_EQUAL(version_of(&B, "r1-async", 0), 0u);	/* B holds it, nothing replicated */
+	fake_do(&A, do_views_replicated, NULL);
+}
+
+/* Async, two workers pushing random gradients at once (fp32 Adam, and
+ * bf16 momentum: the conversion runs on both sides): every shard of B is
+ * byte-identical to A's, push-id sets included. */
+static void test_async_identical(void)
+{
+	static const char *names[2] = { "async-adam", "async-bf16" };
+	uint16_t g16[2][COUNT];
+	float g[2][COUNT];
+	rps_tensor_t *t0, *t1;
+	rps_request_t *r0, *r1;
+	unsigned seed = 1, i;
+	int k;
+
+	for (k = 0; k < 2; k++) {
+		enum rps_dtype dt = k ? RPS_DTYPE_BF16 : RPS_DTYPE_F32;
+		enum rps_optimizer opt = k ? RPS_OPT_MOMENTUM : RPS_OPT_ADAM;
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, names[k], RPS_MODE_ASYNC, dt, opt, &t0), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w1, names[k], RPS_MODE_ASYNC, dt, opt, &t1), 0);
+		for (i = 0; i < 20; i++) {
+			void *a = k ? (void *)g16[0] : (void *)g[0], *b = k ? (void *)g16[1] : (void *)g[1];
+			size_t len = k ? sizeof(g16[0]) : sizeof(g[0]);
+			random_grad(a, dt, &seed);
+			random_grad(b, dt, &seed);
+			CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, a, len, &r0), 0);
+			CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, b, len, &r1), 0);
+			CU_ASSERT_EQUAL(rps_wait(r0), 0);
+			CU_ASSERT_EQUAL(rps_wait(r1), 0);
+		}
+		CU_ASSERT_EQUAL(version_of(&A, names[k], 0), 40u);
+		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);
+		CU_ASSERT_EQUAL(find(&B, names[k])->shards[0].ndd, 2u);
+		rps_tensor_close(t1);
+		rps_tensor_close(t0);
+	}
+	CU_ASSERT(A.srv->repl_stats.entries_sent > 0);
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
+}
+
+/* A tensor created while its partitions had no backup (no regions on
+ * B), the partitions then backed (slice 3 seeds such a backup first; here
+ * the tensor has no initial values, so zeros are its state everywhere):
+ * the binding entry makes B allocate the regions it now backs, and the
+ * pushes land there. */
+static void test_binding_allocates_regions(void)
+{
+	struct rps_tensor_opts o;
+	float g[COUNT];
+	rps_tensor_t *t;
+	unsigned seed = 10, i;
+
+	fake_do(&A, do_views_r1, NULL);
+	fake_do(&B, do_views_r1, NULL);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SUM;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(w0, "late-backup", &o, &t), 0);
+	CU_ASSERT_PTR_NULL(find(&B, "late-backup")->regions[0].mem);
+	fake_do(&B, do_views_replicated, NULL);
+	fake_do(&A, do_views_replicated, NULL);
+	for (i = 0; i < 3; i++) {
+		random_grad(g, RPS_DTYPE_F32, &seed);
+		CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	}
+	CU_ASSERT_PTR_NOT_NULL(find(&B, "late-backup")->regions[0].mem);
+	CU_ASSERT_EQUAL(version_of(&B, "late-backup", 0), 3u);
+	CU_ASSERT_EQUAL(differing_shards("late-backup"), 0);
+	rps_tensor_close(t);
+}
+
+/* Bounded (staleness 2), the two ranks at different paces: clocks and
+ * min_clock replicated exactly. */
+static void test_bounded_identical(void)
+{
+	float g[COUNT];
+	rps_tensor_t *t0, *t1;
+	unsigned seed = 2, i;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "bounded", RPS_MODE_BOUNDED, RPS_DTYPE_F32, RPS_OPT_SGD, &t0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "bounded", RPS_MODE_BOUNDED, RPS_DTYPE_F32, RPS_OPT_SGD, &t1), 0);
+	for (i = 0; i < 12; i++) {
+		random_grad(g, RPS_DTYPE_F32, &seed);
+		CU_ASSERT_EQUAL(rps_push(t0, g, sizeof(g)), 0);
+		if (i % 3 == 0) {
+			random_grad(g, RPS_DTYPE_F32, &seed);
+			CU_ASSERT_EQUAL(rps_push(t1, g, sizeof(g)), 0);
+		}
+	}
+	CU_ASSERT_EQUAL(version_of(&A, "bounded", 1), 16u);
+	CU_ASSERT_EQUAL(find(&B, "bounded")->shards[1].clocks[0], 12u);
+	CU_ASSERT_EQUAL(find(&B, "bounded")->shards[1].clocks[1], 4u);
+	CU_ASSERT_EQUAL(differing_shards("bounded"), 0);
+	rps_tensor_close(t1);
+	rps_tensor_close(t0);
+}
+
+/* Sync, two ranks, momentum: each step shipped once, as its sum. */
+static void test_sync_identical(void)
+{
+	float g0[COUNT], g1[COUNT], out[COUNT];
+	rps_tensor_t *t0, *t1;
+	rps_request_t *r0, *r1;
+	uint64_t sent = A.srv->repl_stats.entries_sent, version;
+	unsigned seed = 3, i;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "sync", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_MOMENTUM, &t0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "sync", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_MOMENTUM, &t1), 0);
+	for (i = 0; i < 10; i++) {
+		random_grad(g0, RPS_DTYPE_F32, &seed);
+		random_grad(g1, RPS_DTYPE_F32, &seed);
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g0, sizeof(g0), &r0), 0);
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g1, sizeof(g1), &r1), 0);
+		CU_ASSERT_EQUAL(rps_wait(r0), 0);
+		CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	}
+	CU_ASSERT_EQUAL(rps_pull(t1, out, sizeof(out), &version), 0);
+	CU_ASSERT_EQUAL(version, 10u);
+	CU_ASSERT_EQUAL(differing_shards("sync"), 0);
+	/* the tensor's binding, then per shard 1 INIT and 10 steps -- not 20 pushes */
+	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, 1u + 4u * (1 + 10));
+	rps_tensor_close(t1);
+	rps_tensor_close(t0);
+}
+
+/* B's loop stalled: an async push is applied on A but neither published
+ * (odd seqlock) nor acknowledged; B resumed: acknowledged, identical. */
+static void test_ack_waits_for_backup(void)
+{
+	float g[COUNT];
+	rps_tensor_t *t;
+	rps_request_t *r;
+	unsigned seed = 4;
+	int res = 1, done;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "stalled", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
+	CU_ASSERT_EQUAL(differing_shards("stalled"), 0);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t, g, sizeof(g), &r), 0);
+	sleep_ms(300);
+	done = rps_test(r, &res);
+	CU_ASSERT_EQUAL(done, 0);		/* not complete */
+	CU_ASSERT_EQUAL(version_of(&A, "stalled", 0), 1u);	/* applied on A ... */
+	CU_ASSERT_EQUAL(find(&A, "stalled")->shards[0].hdr->seq & 1, 1u);	/* ... not published */
+	CU_ASSERT_EQUAL(version_of(&B, "stalled", 0), 0u);
+	fake_resume(&B);
+	CU_ASSERT_EQUAL(done ? res : rps_wait(r), 0);
+	CU_ASSERT_EQUAL(version_of(&B, "stalled", 0), 1u);
+	CU_ASSERT_EQUAL(differing_shards("stalled"), 0);
+	rps_tensor_close(t);
+}
+
+/* Sync, B stalled: both ranks' pushes of a step are in, the step is
+ * applied on A but not published, no push completes and a pull waiting for
+ * the step waits; B resumed: all complete, the pull reads the step. */
+static void test_sync_ack_waits_for_backup(void)
+{
+	float g0[COUNT], g1[COUNT], out[COUNT];
+	rps_tensor_t *t0, *t1;
+	rps_request_t *r0, *r1, *rp;
+	uint64_t version = 0;
+	unsigned seed = 8;
+	int res, d0, d1, dp;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "sync-stalled", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &t0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "sync-stalled", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &t1), 0);
+	CU_ASSERT_EQUAL(differing_shards("sync-stalled"), 0);
+	random_grad(g0, RPS_DTYPE_F32, &seed);
+	random_grad(g1, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	/* rank 0 first, so neither push is parked (parked ones are acked at once) */
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g0, sizeof(g0), &r0), 0);
+	sleep_ms(50);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g1, sizeof(g1), &r1), 0);
+	sleep_ms(50);
+	CU_ASSERT_EQUAL_FATAL(rps_pull_start(t0, out, sizeof(out), &version, &rp), 0);
+	sleep_ms(300);
+	d0 = rps_test(r0, &res);
+	d1 = rps_test(r1, &res);
+	dp = rps_test(rp, &res);
+	CU_ASSERT_EQUAL(d0, 0);
+	CU_ASSERT_EQUAL(d1, 0);
+	CU_ASSERT_EQUAL(dp, 0);
+	CU_ASSERT_EQUAL(version_of(&A, "sync-stalled", 2), 1u);	/* applied on A ... */
+	CU_ASSERT_EQUAL(find(&A, "sync-stalled")->shards[2].hdr->seq & 1, 1u);	/* ... not published */
+	CU_ASSERT_EQUAL(version_of(&B, "sync-stalled", 2), 0u);
+	fake_resume(&B);
+	if (!d0)
+		CU_ASSERT_EQUAL(rps_wait(r0), 0);
+	if (!d1)
+		CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	if (!dp)
+		CU_ASSERT_EQUAL(rps_wait(rp), 0);
+	CU_ASSERT_EQUAL(version, 1u);
+	CU_ASSERT_EQUAL(differing_shards("sync-stalled"), 0);
+	rps_tensor_close(t1);
+	rps_tensor_close(t0);
+}
+
+/* B stalled with more shard pushes in flight (4 tensors x 4 shards) than
+ * it has slots (8): exactly 8 entries go, the rest wait held on A; B
+ * resumed, every push is applied once, on both. */
+static void test_credit_exhaustion(void)
+{
+	static const char *names[4] = { "credit-0", "credit-1", "credit-2", "credit-3" };
+	float g[COUNT], out[COUNT];
+	rps_tensor_t *t[4];
+	rps_request_t *r[4];
+	uint64_t sent, version;
+	unsigned seed = 5;
+	int k;
+
+	for (k = 0; k < 4; k++) {
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, names[k], RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t[k]), 0);
+		/* bound on the stream first: bindings take credits too */
+		random_grad(g, RPS_DTYPE_F32, &seed);
+		CU_ASSERT_EQUAL(rps_push(t[k], g, sizeof(g)), 0);
+	}
+	fake_stall(&B);
+	sent = A.srv->repl_stats.entries_sent;
+	for (k = 0; k < 4; k++)
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t[k], g, sizeof(g), &r[k]), 0);
+	sleep_ms(300);
+	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, REPL_SLOTS);
+	CU_ASSERT(A.srv->nheld >= 16u - REPL_SLOTS);
+	fake_resume(&B);
+	for (k = 0; k < 4; k++) {
+		CU_ASSERT_EQUAL(rps_wait(r[k]), 0);
+		CU_ASSERT_EQUAL(rps_pull(t[k], out, sizeof(out), &version), 0);
+		CU_ASSERT_EQUAL(version, 2u);
+		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);
+		rps_tensor_close(t[k]);
+	}
+	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, 16u);
+}
+
+/* Sync with B stalled and more steps (3 tensors x 4 shards) than B has
+ * slots: 8 steps go; the last contributions of the others wait in their
+ * slots (in turn, waiting only for credits: not parked, which would
+ * acknowledge them); no push completes before B resumed. */
+static void test_sync_credit_exhaustion(void)
+{
+	static const char *names[3] = { "sync-credit-0", "sync-credit-1", "sync-credit-2" };
+	float g[COUNT];
+	rps_tensor_t *t0[3], *t1[3];
+	rps_request_t *r[6];
+	uint64_t sent;
+	unsigned seed = 9;
+	int k, res, done = 0, d[6];
+
+	for (k = 0; k < 3; k++) {
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, names[k], RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t0[k]), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w1, names[k], RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t1[k]), 0);
+		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);	/* bound and initialised on B */
+	}
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	sent = A.srv->repl_stats.entries_sent;
+	for (k = 0; k < 3; k++)
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[k], g, sizeof(g), &r[k]), 0);
+	sleep_ms(50);
+	for (k = 0; k < 3; k++)
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[k], g, sizeof(g), &r[3 + k]), 0);
+	sleep_ms(300);
+	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, REPL_SLOTS);
+	CU_ASSERT_EQUAL(A.srv->nparked, 0u);
+	for (k = 0; k < 6; k++)
+		done += d[k] = rps_test(r[k], &res);
+	CU_ASSERT_EQUAL(done, 0);
+	fake_resume(&B);
+	for (k = 0; k < 6; k++)
+		if (!d[k])
+			CU_ASSERT_EQUAL(rps_wait(r[k]), 0);
+	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, 12u);
+	for (k = 0; k < 3; k++) {
+		CU_ASSERT_EQUAL(version_of(&B, names[k], 3), 1u);
+		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);
+		rps_tensor_close(t1[k]);
+		rps_tensor_close(t0[k]);
+	}
+}
+
+static struct repl_peer *peer_of(struct fake *f, uint64_t id)
+{
+	uint32_t i;
+
+	for (i = 0; i < f->srv->nrepl_peers; i++)
+		if (f->srv->repl_peers[i].id == id)
+			return &f->srv->repl_peers[i];
+	return NULL;
+}
+
+static struct fake C;
+
+static void do_want_c(struct fake *f, void *arg)
+{
+	f->dp->repl_peer(f->srv, 3, uri_c);
+	peer_of(f, 3)->wanted = *(bool *)arg;
+}
+
+/* A server whose kernel fingerprint differs (another build, or another
+ * aggregation/optimizer variant chosen at run time) refuses to pair: both
+ * sides count the refusal, nothing is ever ready to carry entries. */
+static void test_fingerprint_mismatch(void)
+{
+	struct repl_peer *p;
+	bool want = true;
+
+	CU_ASSERT_EQUAL_FATAL(fake_server(&C, 3), 0);
+	snprintf(uri_c, sizeof(uri_c), "tcp://127.0.0.1:%u", (unsigned)rps__server_port(C.srv));
+	snprintf(C.srv->repl_fp, sizeof(C.srv->repl_fp), "rdmaps 0.0.0 agg=other optim=9");
+	CU_ASSERT_EQUAL_FATAL(-pthread_create(&C.thread, NULL, loop_main, &C), 0);
+	fake_do(&A, do_want_c, &want);
+	sleep_ms(300);
+	want = false;
+	fake_do(&A, do_want_c, &want);
+	p = peer_of(&A, 3);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT(!p->conn || !p->conn->repl_ready);
+	CU_ASSERT(C.srv->repl_stats.pairings_refused >= 1u);
+	CU_ASSERT(A.srv->repl_stats.pairings_refused >= 1u);
+	CU_ASSERT_EQUAL(C.srv->repl_stats.entries_applied, 0u);
+	fake_fini(&C);
+}
+
+static uint32_t job_part;
+
+/* B's map is one epoch ahead for a partition (A deposed, not told yet). */
+static void do_epoch_ahead(struct fake *f, void *arg)
+{
+	(void)arg;
+	part_view(f, job_part, map.parts[job_part].epoch + 1, true);
+}
+
+static void do_drop_backup(struct fake *f, void *arg)
+{
+	(void)arg;
+	part_view(f, job_part, map.parts[job_part].epoch, false);
+}
+
+/* An entry under an epoch older than B's map is refused (REPL_NACK): B
+ * applies nothing, A breaks the stream, the worker gets no ack.  Once A's
+ * view of that partition drops B (the map's REPLICA_DROP), its update is
+ * no longer waited for: published; the other partitions' still wait. */
+static void test_old_epoch_refused(void)
+{
+	float g[COUNT];
+	rps_tensor_t *t;
+	unsigned seed = 6;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(quick, "old-epoch", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
+	CU_ASSERT_EQUAL(differing_shards("old-epoch"), 0);
+	job_part = find(&A, "old-epoch")->shards[0].part;
+	fake_do(&B, do_epoch_ahead, NULL);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	CU_ASSERT_NOT_EQUAL(rps_push(t, g, sizeof(g)), 0);	/* never acknowledged */
+	CU_ASSERT_EQUAL(B.srv->repl_stats.refused, 1u);
+	CU_ASSERT_EQUAL(version_of(&B, "old-epoch", 0), 0u);
+	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq & 1, 1u);	/* not published */
+	/* the push's 4 shards (4 partitions) went on the one stream that broke */
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 4u);
+	fake_do(&A, do_drop_backup, NULL);
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 3u);
+	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq, 2u);	/* version 1, published */
+	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].repl_pending, 0u);
+	rps_tensor_close(t);
+}
+
+int main(void)
+{
+	static const struct cutest tests[] = {
+		{ "R=1: no stream, no deferral, acks as today", test_r1_unchanged },
+		{ "async: backup byte-identical (fp32 Adam, bf16 momentum)", test_async_identical },
+		{ "binding: the backup allocates the regions it backs", test_binding_allocates_regions },
+		{ "bounded: backup byte-identical, clocks included", test_bounded_identical },
+		{ "sync: one entry per step, backup byte-identical", test_sync_identical },
+		{ "ack: not before the backup applied", test_ack_waits_for_backup },
+		{ "sync ack and pull: not before the backup applied the step", test_sync_ack_waits_for_backup },
+		{ "credits: exhausted, pushes held, none lost", test_credit_exhaustion },
+		{ "sync credits: exhausted, last contributions held, not parked", test_sync_credit_exhaustion },
+		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
+		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
+	};
+
+	return cutest_run1("repl", suite_init, suite_fini, NULL, NULL, tests, RPS__ARRAY_SIZE(tests));
+}
