@@ -674,9 +674,35 @@ static void test_sync_remove_rank(void)
 	/* and removing it again changes nothing */
 	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 2 rank-2-removed");
 	CU_ASSERT_EQUAL(rc, 0);
-	CU_ASSERT(strstr(out, "already removed") != NULL);
+	CU_ASSERT(strstr(out, "already removed from 'rank-2-removed'") != NULL);
+	/* the last rank stays; no member knows the tensor: exit 1, why said */
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 0 rank-2-removed");
+	CU_ASSERT_EQUAL(rc, 0);
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 1 rank-2-removed");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "rank 1 is the last one left") != NULL);
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 1 no-such-tensor");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "no tensor 'no-such-tensor' on any member") != NULL);
 	free(p);
 	free(q);
+}
+
+/* An async tensor has no ranks to remove: refused by name, passed over by
+ * remove-rank without one. */
+static void test_async_remove_rank_refused(void)
+{
+	struct async_arg a = { .name = "async-no-ranks", .count = 1000, .pushes = 1 };
+	char out[4096], err[4096];
+	struct it_workers w;
+	int rc;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, async_worker, cluster.servers, &a, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_worker_wait(&w, 0), 0);
+	rc = it_psctl(&cluster, 30000, out, sizeof(out), err, sizeof(err), "remove-rank 0 async-no-ranks");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "tensor 'async-no-ranks' is async: it has no ranks to remove") != NULL);
 }
 
 /* Bounded (staleness 1): rank 2 pushes once and dies; the others' pulls
@@ -2279,6 +2305,7 @@ int main(void)
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
 		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },
 		{ "bounded: psctl remove-rank lets the others go on", test_bounded_remove_rank },
+		{ "async: psctl remove-rank refuses an async tensor", test_async_remove_rank_refused },
 		{ "a shard table over --memory-limit is refused before it is allocated", test_create_charges_shard_table },
 		{ "silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped },
 		{ "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place },

@@ -60,7 +60,12 @@ struct fake {
 
 static struct fake A, B;
 static struct rps__smap map;
-static char uri_a[64], uri_b[64], uri_c[64];
+static char uri_a[300], uri_b[300], uri_c[300];
+/* TCP on loopback, or verbs with RPS_IT_TRANSPORT=verbs RPS_IT_ADDR=...
+ * (make check-rxe) */
+static const char *scheme = "tcp", *addr = "127.0.0.1";
+
+static void uri_of(char *uri, size_t len, const struct fake *f);
 
 static int h_run_timers(void *ctx, uint64_t now, bool *stop)
 {
@@ -140,6 +145,8 @@ static int fake_server(struct fake *f, uint64_t id)
 	pthread_mutex_init(&f->lock, NULL);
 	pthread_cond_init(&f->cond, NULL);
 	rps__server_config_init(&cfg);
+	cfg.listen.kind = strcmp(scheme, "verbs") ? RPS__KIND_TCP : RPS__KIND_VERBS;
+	snprintf(cfg.listen.host, sizeof(cfg.listen.host), "%s", addr);
 	cfg.listen.port = 0;
 	cfg.shard_bytes = SHARD_BYTES;
 	cfg.nslots = 16;	/* more pushes in flight than B has credits */
@@ -150,6 +157,11 @@ static int fake_server(struct fake *f, uint64_t id)
 	rps__dp_set_hooks(f->srv, &hooks);
 	f->dp->set_member_id(f->srv, id);
 	return 0;
+}
+
+static void uri_of(char *uri, size_t len, const struct fake *f)
+{
+	snprintf(uri, len, "%s://%s:%u", scheme, addr, (unsigned)rps__server_port(f->srv));
 }
 
 static int map_publish(struct fake *f)
@@ -235,8 +247,8 @@ static int suite_init(void)
 	rps__log_level = RPS__LOG_ERROR;
 	if (fake_server(&A, 1) || fake_server(&B, 2))
 		goto err;
-	snprintf(uri_a, sizeof(uri_a), "tcp://127.0.0.1:%u", (unsigned)rps__server_port(A.srv));
-	snprintf(uri_b, sizeof(uri_b), "tcp://127.0.0.1:%u", (unsigned)rps__server_port(B.srv));
+	uri_of(uri_a, sizeof(uri_a), &A);
+	uri_of(uri_b, sizeof(uri_b), &B);
 	/* every partition: A primary, B its backup */
 	if (rps__smap_init_replicated(&map, uris, 2, NPART, 2))
 		goto err;
@@ -748,7 +760,7 @@ static void test_fingerprint_mismatch(void)
 	bool want = true;
 
 	CU_ASSERT_EQUAL_FATAL(fake_server(&C, 3), 0);
-	snprintf(uri_c, sizeof(uri_c), "tcp://127.0.0.1:%u", (unsigned)rps__server_port(C.srv));
+	uri_of(uri_c, sizeof(uri_c), &C);
 	snprintf(C.srv->repl_fp, sizeof(C.srv->repl_fp), "rdmaps 0.0.0 agg=other optim=9");
 	CU_ASSERT_EQUAL_FATAL(-pthread_create(&C.thread, NULL, loop_main, &C), 0);
 	fake_do(&A, do_want_c, &want);
@@ -823,5 +835,13 @@ int main(void)
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
 	};
 
+	if (getenv("RPS_IT_TRANSPORT") && !strcmp(getenv("RPS_IT_TRANSPORT"), "verbs")) {
+		if (!getenv("RPS_IT_ADDR")) {
+			fprintf(stderr, "test_repl: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
+			return 77;
+		}
+		scheme = "verbs";
+		addr = getenv("RPS_IT_ADDR");
+	}
 	return cutest_run1("repl", suite_init, suite_fini, NULL, NULL, tests, RPS__ARRAY_SIZE(tests));
 }

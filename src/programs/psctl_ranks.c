@@ -15,6 +15,7 @@ int psctl_cmd_remove_rank(int rank, const char *tensor)
 	static struct psctl_member m[RPS__SMAP_MAX_MEMBERS];
 	uint32_t n = 0, i, total = 0, got[RPS__SMAP_MAX_MEMBERS];
 	struct rps__rank_req req;
+	bool known = false;
 	int ret;
 
 	memset(&req, 0, sizeof(req));
@@ -34,12 +35,18 @@ int psctl_cmd_remove_rank(int rank, const char *tensor)
 				    psctl_opt.timeout_ms);
 		if (ret)
 			return psctl_fail("member %llu: %s", (unsigned long long)m[i].id, rps__errbuf());
+		got[i] = 0;
+		if (status == -ENOENT && tensor)
+			continue;	/* a member may hold none of the tensor's partitions */
+		known = true;
 		if (status)
 			return psctl_fail("member %llu: %s", (unsigned long long)m[i].id,
 					  rlen >= sizeof(rep) && rep.msg[0] ? rep.msg : psctl_errtext(status));
 		got[i] = rep.tensors;
 		total += rep.tensors;
 	}
+	if (tensor && !known)
+		return psctl_fail("no tensor '%s' on any member: check its name", tensor);
 	if (psctl_opt.json) {
 		printf("{\"rank\":%d,\"tensor\":", rank);
 		if (tensor)
@@ -54,8 +61,9 @@ int psctl_cmd_remove_rank(int rank, const char *tensor)
 	}
 	for (i = 0; i < n; i++)
 		printf("member %llu: rank %d removed from %u tensors\n", (unsigned long long)m[i].id, rank, got[i]);
-	if (!total)
-		printf("rank %d: already removed, or no %s here\n", rank, tensor ? "such sync or bounded tensor" :
-		       "sync or bounded tensor");
+	if (!total && tensor)
+		printf("rank %d: already removed from '%s'\n", rank, tensor);
+	else if (!total)
+		printf("rank %d: already removed, or no sync or bounded tensor\n", rank);
 	return 0;
 }

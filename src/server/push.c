@@ -60,24 +60,27 @@ void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t l
 
 /* ---- consuming pushes ------------------------------------------------- */
 
-/* Has a removed rank's push for the shard's current step been parked here
- * before it was removed?  Then it still counts (it was acknowledged). */
-static bool parked_for_step(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank)
+/* Has rank's push for step clock of the shard been parked here (out of
+ * turn)?  A parked push was acknowledged: it counts for its step. */
+bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank,
+			 uint64_t clock)
 {
 	uint32_t i;
 
 	for (i = 0; i < srv->nparked; i++)
 		if (srv->parked[i].t == t && srv->parked[i].local == local && srv->parked[i].rank == rank &&
-		    srv->parked[i].clock == t->shards[local].step)
+		    srv->parked[i].clock == clock)
 			return true;
 	return false;
 }
 
 /* The first rank from `from` on whose turn it is at the shard's step:
- * removed ranks with nothing parked for it are passed over. */
+ * removed ranks with nothing parked for it are passed over (a push parked
+ * before the removal still counts). */
 static int next_turn(const struct rps__server *srv, const struct tensor *t, uint32_t local, int from)
 {
-	while (from < t->spec.num_workers && rps__srv_rank_removed(t, from) && !parked_for_step(srv, t, local, from))
+	while (from < t->spec.num_workers && rps__srv_rank_removed(t, from) &&
+	       !rps__srv_parked_has(srv, t, local, from, t->shards[local].step))
 		from++;
 	return from;
 }

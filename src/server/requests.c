@@ -38,15 +38,7 @@ bool rps__srv_spec_equal(const struct rps__tensor_spec *a, const struct rps__ten
 static bool sync_has(const struct rps__server *srv, const struct tensor *t, const struct shard *s,
 		     uint32_t local, int rank, uint64_t clock)
 {
-	uint32_t i;
-
-	if (clock == s->step && rank < s->next_rank)
-		return true;
-	for (i = 0; i < srv->nparked; i++)
-		if (srv->parked[i].t == t && srv->parked[i].local == local && srv->parked[i].rank == rank &&
-		    srv->parked[i].clock == clock)
-			return true;
-	return false;
+	return (clock == s->step && rank < s->next_rank) || rps__srv_parked_has(srv, t, local, rank, clock);
 }
 
 /*
@@ -505,12 +497,14 @@ static int remove_from(struct rps__server *srv, struct tensor *t, int rank)
  * summed or parked, counts), so the step completes with the others'
  * contributions times the tensor's rescale, unchanged; bounded: the slowest
  * clock is taken over the others.  Its later pushes are refused (-EPERM).
- * Returns the tensors it was removed from now (0: it was already).
+ * Returns the tensors it was removed from now (0: it was already), or
+ * -ENOENT for a named tensor not known here.
  */
 int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank)
 {
 	uint32_t i;
 	int n = 0, ret;
+	bool found = false;
 
 	if (rank < 0)
 		return rps__seterr(-EINVAL, "rank %d: ranks are 0 or more", rank);
@@ -518,6 +512,7 @@ int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank)
 		struct tensor *t = srv->tensors[i];
 		if (!t || (name[0] && strcmp(t->name, name)))
 			continue;
+		found = true;
 		if (t->spec.mode == RPS_MODE_ASYNC) {
 			if (name[0])
 				return rps__seterr(-EINVAL, "tensor '%s' is async: it has no ranks to remove", name);
@@ -532,6 +527,8 @@ int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank)
 			return ret;
 		n++;
 	}
+	if (name[0] && !found)	/* (psctl asks every member: one may not know it) */
+		return rps__seterr(-ENOENT, "no tensor '%s' here", name);
 	rps__srv_drain_held(srv);	/* parked pushes of the next steps may go now */
 	return n;
 }

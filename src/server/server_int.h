@@ -284,6 +284,8 @@ void rps__srv_accept_pending(struct rps__server *srv);
 void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot);
 void rps__srv_drain_held(struct rps__server *srv);
 void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local, bool reserved);
+bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank,
+			 uint64_t clock);
 int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank);
 uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w);
 /* Break the locks of dead_owner (a connection's), or with 0 those whose
