@@ -76,6 +76,10 @@ static void send_msg(struct conn *c, unsigned type, uint8_t flags, uint32_t kind
 		rps__msg_set_flags(wr.sge.addr, flags);
 	if (kind == WRID_STEP_DONE)
 		c->sd_inflight++;
+	if (c->role == CONN_WORKER && type < RPS__MSG_TYPE_MAX) {
+		c->srv->worker_msgs[type]++;
+		c->srv->worker_acks_flagged += flags != 0;
+	}
 	wr.sge.mr = c->sbufs_mr;
 	ret = rps__post(c->ep, &wr, 1);
 	if (ret) {

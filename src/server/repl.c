@@ -391,6 +391,8 @@ static void step_done_flush(struct rps__server *srv)
 		c->nsd -= n;
 		rps__srv_conn_send_step_done(c, &sd);
 		srv->repl_stats.step_done_sent++;
+		srv->repl_stats.step_done_entries += n;
+		srv->repl_stats.last_step_done = sd.e[n - 1];
 	}
 }
 

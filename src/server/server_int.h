@@ -263,8 +263,13 @@ struct rps__server {
 		uint64_t entries_sent, entries_applied, acks_sent, acks_received, deferred, refused;
 		uint64_t pairings_refused;	/* kernel fingerprints differed */
 		uint64_t taken_acks;		/* sync: PUSH_ACKs with RPS__ACK_TAKEN */
-		uint64_t step_done_sent;	/* sync: STEP_DONE messages */
+		uint64_t step_done_sent;	/* sync: STEP_DONE messages ... */
+		uint64_t step_done_entries;	/* ... and the entries in them */
+		struct rps__step_done_ent last_step_done;	/* the last entry sent */
 	} repl_stats;
+	/* messages sent to workers by type, PUSH_ACKs with flags apart (tests:
+	 * the acknowledgement sequence) */
+	uint64_t worker_msgs[RPS__MSG_TYPE_MAX], worker_acks_flagged;
 };
 
 /* server.c: memory accounting */
