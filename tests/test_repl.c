@@ -771,7 +771,7 @@ static void test_sync_two_stage_ack(void)
 	rps_request_t *r0[5], *r1[5];
 	uint64_t taken, sent, sd, sde, acks, flagged;
 	unsigned seed = 11;
-	int k, res, done = 0;
+	int k, res, done = 0, d0[5] = { 0 }, d1[5] = { 0 };
 	uint32_t sh;
 
 	for (k = 0; k < 5; k++) {
@@ -794,7 +794,7 @@ static void test_sync_two_stage_ack(void)
 	CU_ASSERT_EQUAL(a->nparked, 20u);
 	CU_ASSERT_EQUAL(a->nheld, 0u);
 	for (k = 0; k < 5; k++)
-		done += rps_test(r1[k], &res);
+		done += d1[k] = rps_test(r1[k], &res);	/* (a done request is collected: not waited below) */
 	CU_ASSERT_EQUAL(done, 0);
 	for (k = 0; k < 5; k++)
 		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[k], g, sizeof(g), &r0[k]), 0);
@@ -806,14 +806,19 @@ static void test_sync_two_stage_ack(void)
 	CU_ASSERT_EQUAL(a->repl_stats.step_done_sent - sd, 0u);
 	CU_ASSERT_EQUAL(a->worker_msgs[RPS__MSG_PUSH_ACK] - acks, 40u);
 	CU_ASSERT_EQUAL(a->worker_acks_flagged - flagged, 40u);
-	for (k = 0; k < 5; k++)
-		done += rps_test(r0[k], &res) + rps_test(r1[k], &res);
+	for (k = 0; k < 5; k++) {
+		done += d0[k] = rps_test(r0[k], &res);
+		if (!d1[k])
+			done += d1[k] = rps_test(r1[k], &res);
+	}
 	CU_ASSERT_EQUAL(done, 0);
 	CU_ASSERT_EQUAL(version_of(&B, names[0], 0), 0u);
 	fake_resume(&B);
 	for (k = 0; k < 5; k++) {
-		CU_ASSERT_EQUAL(rps_wait(r0[k]), 0);
-		CU_ASSERT_EQUAL(rps_wait(r1[k]), 0);
+		if (!d0[k])
+			CU_ASSERT_EQUAL(rps_wait(r0[k]), 0);
+		if (!d1[k])
+			CU_ASSERT_EQUAL(rps_wait(r1[k]), 0);
 	}
 	CU_ASSERT_EQUAL(a->repl_stats.step_done_entries - sde, 40u);
 	CU_ASSERT(a->repl_stats.step_done_sent - sd >= 2u);	/* batched: at least one per connection */
