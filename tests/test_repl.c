@@ -5,9 +5,10 @@
  * (member 2) is the backup of each.  Real workers (librdmaps) push to A.
  * The tests compare the two servers' shards byte for byte (parameters,
  * optimizer state, versions, applied push ids, clocks), stall B's loop to
- * show that no push is acknowledged before B applied it, exhaust B's
- * credits, refuse an entry of an old epoch, and check that without
- * backups nothing of the stream runs.
+ * show that no push is acknowledged before B applied it (sync: TAKEN at
+ * once, complete at STEP_DONE), exhaust B's credits, refuse an entry of an
+ * old epoch, and check that without backups nothing of the stream runs and
+ * the acknowledgements are today's.
  */
 #include "config.h"
 #include "common/common.h"
