@@ -849,6 +849,104 @@ static void test_sync_two_stage_ack(void)
 	}
 }
 
+/* A worker of rank 1 resending its push of step 0 to shard 0, fed to A's
+ * push path on A's loop thread.  The connection is marked dead, so A
+ * sends it nothing: what A decided shows in its counters and waits. */
+static struct conn resender;
+
+static void do_resend(struct fake *f, void *arg)
+{
+	struct tensor *t = arg;
+	struct rps__push_desc *d;
+
+	if (!resender.slots) {
+		resender.srv = f->srv;
+		resender.role = CONN_WORKER;
+		resender.hello_done = true;
+		resender.dead = true;
+		resender.rank = 1;
+		resender.client_id = 0x5e5e;
+		resender.slots = calloc(1, f->srv->slot_size);
+		resender.slot_state = calloc(f->srv->cfg.nslots, 1);
+		if (!resender.slots || !resender.slot_state)
+			return;
+	}
+	d = (struct rps__push_desc *)resender.slots;
+	memset(d, 0, RPS__PUSH_DESC_SIZE);
+	d->magic = RPS__DESC_MAGIC;
+	d->kind = RPS__PUSH_GRAD;
+	d->dtype = RPS_DTYPE_F32;
+	d->tensor_id = t->id;
+	d->shard = 0;
+	d->nbytes = t->shards[0].elems * 4u;
+	d->rank = 1;
+	d->clock = 0;
+	d->push_id = 77;
+	d->epoch = f->srv->parts[t->shards[0].part].epoch;
+	rps__srv_on_push(f->srv, &resender, 0);
+}
+
+static void do_resender_gone(struct fake *f, void *arg)
+{
+	(void)arg;
+	rps__srv_repl_conn_gone(f->srv, &resender);
+	free(resender.sd);
+	free(resender.slots);
+	free(resender.slot_state);
+	memset(&resender, 0, sizeof(resender));
+}
+
+/* A resend of a contribution its step already has: while the step is not
+ * on B (stalled), TAKEN again and a STEP_DONE owed (the worker must not
+ * count it done before the step is replicated); once it is, -EALREADY
+ * (the worker counts that as done for a resend), nothing owed. */
+static void test_sync_resend(void)
+{
+	float g[COUNT];
+	rps_tensor_t *t0, *t1;
+	rps_request_t *r0, *r1;
+	uint64_t taken;
+	unsigned seed = 12;
+	uint32_t waits;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "resend", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "resend", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t1), 0);
+	CU_ASSERT_EQUAL(differing_shards("resend"), 0);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g, sizeof(g), &r0), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g, sizeof(g), &r1), 0);
+	CU_ASSERT_EQUAL(await_delta(&find(&A, "resend")->shards[0].step, 0, 1), 1u);	/* applied on A */
+	sleep_ms(50);
+	taken = A.srv->repl_stats.taken_acks;
+	waits = A.srv->nrwaits;
+	fake_do(&A, do_resend, find(&A, "resend"));
+	CU_ASSERT_EQUAL(A.srv->repl_stats.taken_acks - taken, 1u);
+	CU_ASSERT_EQUAL(A.srv->nrwaits, waits + 1u);
+	CU_ASSERT_EQUAL(resender.slot_state[0], 0);	/* the slot is free */
+	fake_resume(&B);
+	CU_ASSERT_EQUAL(rps_wait(r0), 0);
+	CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	for (waits = 0; waits < 300 && __atomic_load_n(&A.srv->nrwaits, __ATOMIC_RELAXED); waits++)
+		sleep_ms(10);
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
+	CU_ASSERT_EQUAL(resender.nsd, 1u);	/* owed (dead: never sent) */
+	if (resender.nsd) {
+		CU_ASSERT_EQUAL(resender.sd[0].step, 0u);
+		CU_ASSERT_EQUAL(resender.sd[0].version, 1u);
+	}
+	taken = A.srv->repl_stats.taken_acks;
+	fake_do(&A, do_resend, find(&A, "resend"));
+	CU_ASSERT_EQUAL(A.srv->repl_stats.taken_acks - taken, 0u);	/* -EALREADY, nothing owed */
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
+	CU_ASSERT_EQUAL(resender.slot_state[0], 0);
+	CU_ASSERT_EQUAL(version_of(&A, "resend", 0), 1u);	/* counted once */
+	CU_ASSERT_EQUAL(differing_shards("resend"), 0);
+	fake_do(&A, do_resender_gone, NULL);
+	rps_tensor_close(t1);
+	rps_tensor_close(t0);
+}
+
 static struct repl_peer *peer_of(struct fake *f, uint64_t id)
 {
 	uint32_t i;
@@ -948,6 +1046,7 @@ int main(void)
 		{ "credits: exhausted, pushes held, none lost", test_credit_exhaustion },
 		{ "sync credits: exhausted, last contributions held, not parked", test_sync_credit_exhaustion },
 		{ "sync two-stage ack: TAKEN at once (in turn and parked), STEP_DONE once replicated", test_sync_two_stage_ack },
+		{ "sync resend: TAKEN while its step is unreplicated, -EALREADY after", test_sync_resend },
 		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
 	};

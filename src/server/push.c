@@ -197,9 +197,9 @@ static void push_taken(struct rps__server *srv, struct conn *c, uint32_t slot, s
 	struct rps__push_ack ack = { .slot = slot, .shard = d->shard, .version = version };
 
 	c->slot_state[slot] = 0;
-	rps__srv_conn_reply_flags(c, RPS__MSG_PUSH_ACK, RPS__ACK_TAKEN, d->push_id, 0, &ack, sizeof(ack));
-	srv->repl_stats.taken_acks++;
+	srv->repl_stats.taken_acks++;	/* (before the send: tests read it once the worker heard) */
 	rps__srv_repl_step_wait(srv, c, t, s, clock);
+	rps__srv_conn_reply_flags(c, RPS__MSG_PUSH_ACK, RPS__ACK_TAKEN, d->push_id, 0, &ack, sizeof(ack));
 }
 
 /* Refuse a push for a partition whose contents are lost, or that is not

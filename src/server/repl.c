@@ -389,10 +389,10 @@ static void step_done_flush(struct rps__server *srv)
 		memcpy(sd.e, c->sd, n * sizeof(*c->sd));
 		memmove(c->sd, c->sd + n, (c->nsd - n) * sizeof(*c->sd));
 		c->nsd -= n;
-		rps__srv_conn_send_step_done(c, &sd);
 		srv->repl_stats.step_done_sent++;
 		srv->repl_stats.step_done_entries += n;
 		srv->repl_stats.last_step_done = sd.e[n - 1];
+		rps__srv_conn_send_step_done(c, &sd);
 	}
 }
 
