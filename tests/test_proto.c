@@ -72,6 +72,10 @@ static void test_roundtrip_every_type(void)
 		}
 		if (type == RPS__MSG_CREATE)
 			memcpy(body, "name", 5);
+		if (type == RPS__MSG_STEP_DONE) {
+			uint32_t one = 1;
+			memcpy(body, &one, sizeof(one));
+		}
 		if (type == RPS__MSG_HELLO || type == RPS__MSG_HELLO_REP) {
 			uint64_t m = RPS__HELLO_MAGIC;
 			memcpy(body, &m, sizeof(m));
@@ -224,6 +228,57 @@ static void test_every_short_body_refused(void)
 	}
 }
 
+/* PUSH_ACK TAKEN and STEP_DONE (the two-stage sync ack): the flag passes on
+ * PUSH_ACK only, alone; STEP_DONE carries 1 to RPS__STEP_DONE_MAX entries
+ * and fills a worker's receive buffer exactly. */
+static void test_two_stage_ack(void)
+{
+	struct rps__push_ack ack = { .slot = 3, .shard = 9, .version = 7 };
+	struct rps__step_done sd;
+	struct rps__msg_hdr h;
+	size_t len;
+	unsigned type;
+
+	len = rps__msg_build(buf, RPS__MSG_PUSH_ACK, 42, 0, &ack, sizeof(ack));
+	rps__msg_set_flags(buf, RPS__ACK_TAKEN);
+	CU_ASSERT_EQUAL(rps__msg_check(buf, len), 0);
+	memcpy(&h, buf, sizeof(h));
+	CU_ASSERT_EQUAL(h.flags, RPS__ACK_TAKEN);
+	CU_ASSERT_EQUAL(h.req_id, 42u);
+	rps__msg_set_flags(buf, RPS__ACK_TAKEN | 2u);	/* an unknown flag */
+	CU_ASSERT_EQUAL(rps__msg_check(buf, len), -EBADMSG);
+	rps__msg_set_flags(buf, 0);
+	CU_ASSERT_EQUAL(rps__msg_check(buf, len), 0);	/* the plain ack of R=1, as before */
+	for (type = 1; type < RPS__MSG_TYPE_MAX; type++) {
+		if (type == RPS__MSG_PUSH_ACK)
+			continue;
+		len = rps__msg_build(buf, type, 1, -EINVAL, NULL, 0);
+		rps__msg_set_flags(buf, RPS__ACK_TAKEN);
+		CU_ASSERT_EQUAL(rps__msg_check(buf, len), -EBADMSG);
+	}
+	CU_ASSERT_EQUAL(sizeof(struct rps__msg_hdr) + sizeof(sd), RPS__MSG_MAX);
+	memset(&sd, 0, sizeof(sd));
+	sd.n = RPS__STEP_DONE_MAX;
+	sd.e[RPS__STEP_DONE_MAX - 1] = (struct rps__step_done_ent){ .tensor_id = 5, .shard = 2, .step = 10, .version = 11 };
+	len = rps__msg_build(buf, RPS__MSG_STEP_DONE, 0, 0, &sd, sizeof(sd));
+	CU_ASSERT_EQUAL(len, RPS__MSG_MAX);
+	CU_ASSERT_EQUAL(rps__msg_check(buf, len), 0);
+	CU_ASSERT_EQUAL(memcmp(rps__msg_body(buf), &sd, sizeof(sd)), 0);
+	sd.n = 0;
+	len = rps__msg_build(buf, RPS__MSG_STEP_DONE, 0, 0, &sd, sizeof(sd));
+	CU_ASSERT_EQUAL(rps__msg_check(buf, len), -EBADMSG);
+	sd.n = RPS__STEP_DONE_MAX + 1;
+	len = rps__msg_build(buf, RPS__MSG_STEP_DONE, 0, 0, &sd, sizeof(sd));
+	CU_ASSERT_EQUAL(rps__msg_check(buf, len), -EBADMSG);
+	sd.n = 1;
+	len = rps__msg_build(buf, RPS__MSG_STEP_DONE, 0, 0, &sd, sizeof(sd));
+	CU_ASSERT_EQUAL(rps__msg_check(buf, len), 0);
+	CU_ASSERT_EQUAL(rps__msg_check(buf, len - 1), -EBADMSG);
+	/* not a reply: never a bare header */
+	len = rps__msg_build(buf, RPS__MSG_STEP_DONE, 0, -EINVAL, NULL, 0);
+	CU_ASSERT_EQUAL(rps__msg_check(buf, len), -EBADMSG);
+}
+
 static void test_create_name_terminated(void)
 {
 	struct rps__create c;
@@ -310,6 +365,7 @@ int main(void)
 		{ "foreign byte order detected", test_foreign_byte_order },
 		{ "push descriptors checked against the slot", test_push_desc },
 		{ "push crc32c catches every flipped bit", test_push_crc_catches_every_flipped_bit },
+		{ "PUSH_ACK TAKEN and STEP_DONE", test_two_stage_ack },
 	};
 	const struct cutest_suite suites[] = {
 		{ "proto", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },

@@ -5,9 +5,10 @@
  * (member 2) is the backup of each.  Real workers (librdmaps) push to A.
  * The tests compare the two servers' shards byte for byte (parameters,
  * optimizer state, versions, applied push ids, clocks), stall B's loop to
- * show that no push is acknowledged before B applied it, exhaust B's
- * credits, refuse an entry of an old epoch, and check that without
- * backups nothing of the stream runs.
+ * show that no push is acknowledged before B applied it (sync: TAKEN at
+ * once, complete at STEP_DONE), exhaust B's credits, refuse an entry of an
+ * old epoch, and check that without backups nothing of the stream runs and
+ * the acknowledgements are today's.
  */
 #include "config.h"
 #include "common/common.h"
@@ -419,6 +420,8 @@ static void test_r1_unchanged(void)
 	unsigned seed = 7;
 	int m;
 
+	uint64_t acks = 0, flagged = 0, step_done = 0;
+
 	fake_do(&A, do_views_r1, NULL);
 	for (m = 0; m < 3; m++) {
 		CU_ASSERT_EQUAL_FATAL(tensor(w0, names[m], modes[m], RPS_DTYPE_F32, RPS_OPT_SUM, &t0[m]), 0);
@@ -426,6 +429,11 @@ static void test_r1_unchanged(void)
 	}
 	fake_stall(&B);
 	for (m = 0; m < 3; m++) {
+		if (modes[m] == RPS_MODE_SYNC) {	/* (async: lock retries ack too) */
+			acks = A.srv->worker_msgs[RPS__MSG_PUSH_ACK];
+			flagged = A.srv->worker_acks_flagged;
+			step_done = A.srv->worker_msgs[RPS__MSG_STEP_DONE];
+		}
 		random_grad(g, RPS_DTYPE_F32, &seed);
 		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[m], g, sizeof(g), &r0), 0);
 		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[m], g, sizeof(g), &r1), 0);
@@ -435,6 +443,19 @@ static void test_r1_unchanged(void)
 		/* async, bounded: two updates; sync: one step of the two */
 		CU_ASSERT_EQUAL(version, modes[m] == RPS_MODE_SYNC ? 1u : 2u);
 	}
+	/* sync, rank 1 out of turn: parked and acknowledged at once, complete
+	 * before rank 0 pushed (one ack, no TAKEN, no STEP_DONE) */
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[2], g, sizeof(g), &r1), 0);
+	CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	CU_ASSERT_EQUAL(A.srv->nparked, 4u);
+	CU_ASSERT_EQUAL(rps_push(t0[2], g, sizeof(g)), 0);
+	CU_ASSERT_EQUAL(A.srv->nparked, 0u);
+	CU_ASSERT_EQUAL(version_of(&A, names[2], 3), 2u);
+	/* sync: one plain PUSH_ACK per shard push (2 steps x 2 ranks x 4), nothing else */
+	CU_ASSERT_EQUAL(A.srv->worker_msgs[RPS__MSG_PUSH_ACK] - acks, 16u);
+	CU_ASSERT_EQUAL(A.srv->worker_acks_flagged - flagged, 0u);
+	CU_ASSERT_EQUAL(A.srv->worker_msgs[RPS__MSG_STEP_DONE] - step_done, 0u);
+	CU_ASSERT_EQUAL(A.srv->repl_stats.taken_acks, 0u);
 	fake_resume(&B);
 	for (m = 0; m < 3; m++) {
 		rps_tensor_close(t1[m]);
@@ -733,6 +754,211 @@ static void test_sync_credit_exhaustion(void)
 	}
 }
 
+/* Poll until *v - base == want (at most 3 s); returns the difference. */
+static uint64_t await_delta(const uint64_t *v, uint64_t base, uint64_t want)
+{
+	int i;
+
+	for (i = 0; i < 300 && __atomic_load_n(v, __ATOMIC_RELAXED) - base != want; i++)
+		sleep_ms(10);
+	return __atomic_load_n(v, __ATOMIC_RELAXED) - base;
+}
+
+/*
+ * The two-stage sync acknowledgement, B stalled.  Rank 1 pushes step 0 of
+ * 5 tensors x 4 shards (20 shard pushes, more than its 16 slots) first:
+ * out of turn, every one is parked and acknowledged TAKEN at once, so all
+ * 20 reach A through 16 slots; none completes.  Rank 0's 20 are summed in
+ * turn, TAKEN at once too; 8 steps fit B's credits, 12 stay parked; no
+ * STEP_DONE goes out.  B resumed: every push completes, with one STEP_DONE
+ * entry per (connection, shard), and no second PUSH_ACK; replicas
+ * identical.  Step 1, rank 0 first, completes too: the last entry names
+ * step 1, version 2.
+ */
+static void test_sync_two_stage_ack(void)
+{
+	static const char *names[5] = { "two-stage-0", "two-stage-1", "two-stage-2", "two-stage-3", "two-stage-4" };
+	struct rps__server *a = A.srv;
+	float g[COUNT];
+	rps_tensor_t *t0[5], *t1[5];
+	rps_request_t *r0[5], *r1[5];
+	uint64_t taken, sent, sd, sde, acks, flagged;
+	unsigned seed = 11;
+	int k, res, done = 0, d0[5] = { 0 }, d1[5] = { 0 };
+	uint32_t sh;
+
+	for (k = 0; k < 5; k++) {
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, names[k], RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &t0[k]), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w1, names[k], RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &t1[k]), 0);
+		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);	/* bound and initialised on B */
+	}
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	taken = a->repl_stats.taken_acks;
+	sent = a->repl_stats.entries_sent;
+	sd = a->repl_stats.step_done_sent;
+	sde = a->repl_stats.step_done_entries;
+	acks = a->worker_msgs[RPS__MSG_PUSH_ACK];
+	flagged = a->worker_acks_flagged;
+	for (k = 0; k < 5; k++)
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[k], g, sizeof(g), &r1[k]), 0);
+	CU_ASSERT_EQUAL(await_delta(&a->repl_stats.taken_acks, taken, 20), 20u);
+	sleep_ms(50);
+	CU_ASSERT_EQUAL(a->nparked, 20u);
+	CU_ASSERT_EQUAL(a->nheld, 0u);
+	for (k = 0; k < 5; k++)
+		done += d1[k] = rps_test(r1[k], &res);	/* (a done request is collected: not waited below) */
+	CU_ASSERT_EQUAL(done, 0);
+	for (k = 0; k < 5; k++)
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[k], g, sizeof(g), &r0[k]), 0);
+	CU_ASSERT_EQUAL(await_delta(&a->repl_stats.taken_acks, taken, 40), 40u);
+	sleep_ms(100);
+	CU_ASSERT_EQUAL(a->repl_stats.entries_sent - sent, REPL_SLOTS);
+	CU_ASSERT_EQUAL(a->nparked, 20u - REPL_SLOTS);
+	CU_ASSERT_EQUAL(a->nheld, 0u);
+	CU_ASSERT_EQUAL(a->repl_stats.step_done_sent - sd, 0u);
+	CU_ASSERT_EQUAL(a->worker_msgs[RPS__MSG_PUSH_ACK] - acks, 40u);
+	CU_ASSERT_EQUAL(a->worker_acks_flagged - flagged, 40u);
+	for (k = 0; k < 5; k++) {
+		done += d0[k] = rps_test(r0[k], &res);
+		if (!d1[k])
+			done += d1[k] = rps_test(r1[k], &res);
+	}
+	CU_ASSERT_EQUAL(done, 0);
+	CU_ASSERT_EQUAL(version_of(&B, names[0], 0), 0u);
+	fake_resume(&B);
+	for (k = 0; k < 5; k++) {
+		if (!d0[k])
+			CU_ASSERT_EQUAL(rps_wait(r0[k]), 0);
+		if (!d1[k])
+			CU_ASSERT_EQUAL(rps_wait(r1[k]), 0);
+	}
+	CU_ASSERT_EQUAL(a->repl_stats.step_done_entries - sde, 40u);
+	CU_ASSERT(a->repl_stats.step_done_sent - sd >= 2u);	/* batched: at least one per connection */
+	CU_ASSERT(a->repl_stats.step_done_sent - sd <= 40u);
+	CU_ASSERT_EQUAL(a->worker_msgs[RPS__MSG_PUSH_ACK] - acks, 40u);	/* no second ack */
+	CU_ASSERT_EQUAL(a->repl_stats.taken_acks - taken, 40u);
+	for (k = 0; k < 5; k++) {
+		for (sh = 0; sh < 4; sh++) {
+			CU_ASSERT_EQUAL(version_of(&A, names[k], sh), 1u);
+			CU_ASSERT_EQUAL(version_of(&B, names[k], sh), 1u);
+		}
+		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);
+	}
+	/* step 1 of one tensor, rank 0 in turn first */
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[0], g, sizeof(g), &r0[0]), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[0], g, sizeof(g), &r1[0]), 0);
+	CU_ASSERT_EQUAL(rps_wait(r0[0]), 0);
+	CU_ASSERT_EQUAL(rps_wait(r1[0]), 0);
+	CU_ASSERT_EQUAL(a->repl_stats.last_step_done.step, 1u);
+	CU_ASSERT_EQUAL(a->repl_stats.last_step_done.version, 2u);
+	CU_ASSERT_EQUAL(a->repl_stats.last_step_done.tensor_id, find(&A, names[0])->id);
+	CU_ASSERT_EQUAL(differing_shards(names[0]), 0);
+	CU_ASSERT_EQUAL(a->nrwaits, 0u);
+	for (k = 0; k < 5; k++) {
+		rps_tensor_close(t1[k]);
+		rps_tensor_close(t0[k]);
+	}
+}
+
+/* A worker of rank 1 resending its push of step 0 to shard 0, fed to A's
+ * push path on A's loop thread.  The connection is marked dead, so A
+ * sends it nothing: what A decided shows in its counters and waits. */
+static struct conn resender;
+
+static void do_resend(struct fake *f, void *arg)
+{
+	struct tensor *t = arg;
+	struct rps__push_desc *d;
+
+	if (!resender.slots) {
+		resender.srv = f->srv;
+		resender.role = CONN_WORKER;
+		resender.hello_done = true;
+		resender.dead = true;
+		resender.rank = 1;
+		resender.client_id = 0x5e5e;
+		resender.slots = calloc(1, f->srv->slot_size);
+		resender.slot_state = calloc(f->srv->cfg.nslots, 1);
+		if (!resender.slots || !resender.slot_state)
+			return;
+	}
+	d = (struct rps__push_desc *)resender.slots;
+	memset(d, 0, RPS__PUSH_DESC_SIZE);
+	d->magic = RPS__DESC_MAGIC;
+	d->kind = RPS__PUSH_GRAD;
+	d->dtype = RPS_DTYPE_F32;
+	d->tensor_id = t->id;
+	d->shard = 0;
+	d->nbytes = t->shards[0].elems * 4u;
+	d->rank = 1;
+	d->clock = 0;
+	d->push_id = 77;
+	d->epoch = f->srv->parts[t->shards[0].part].epoch;
+	rps__srv_on_push(f->srv, &resender, 0);
+}
+
+static void do_resender_gone(struct fake *f, void *arg)
+{
+	(void)arg;
+	rps__srv_repl_conn_gone(f->srv, &resender);
+	free(resender.sd);
+	free(resender.slots);
+	free(resender.slot_state);
+	memset(&resender, 0, sizeof(resender));
+}
+
+/* A resend of a contribution its step already has: while the step is not
+ * on B (stalled), TAKEN again and a STEP_DONE owed (the worker must not
+ * count it done before the step is replicated); once it is, -EALREADY
+ * (the worker counts that as done for a resend), nothing owed. */
+static void test_sync_resend(void)
+{
+	float g[COUNT];
+	rps_tensor_t *t0, *t1;
+	rps_request_t *r0, *r1;
+	uint64_t taken;
+	unsigned seed = 12;
+	uint32_t waits;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "resend", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "resend", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t1), 0);
+	CU_ASSERT_EQUAL(differing_shards("resend"), 0);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g, sizeof(g), &r0), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g, sizeof(g), &r1), 0);
+	CU_ASSERT_EQUAL(await_delta(&find(&A, "resend")->shards[0].step, 0, 1), 1u);	/* applied on A */
+	sleep_ms(50);
+	taken = A.srv->repl_stats.taken_acks;
+	waits = A.srv->nrwaits;
+	fake_do(&A, do_resend, find(&A, "resend"));
+	CU_ASSERT_EQUAL(A.srv->repl_stats.taken_acks - taken, 1u);
+	CU_ASSERT_EQUAL(A.srv->nrwaits, waits + 1u);
+	CU_ASSERT_EQUAL(resender.slot_state[0], 0);	/* the slot is free */
+	fake_resume(&B);
+	CU_ASSERT_EQUAL(rps_wait(r0), 0);
+	CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	for (waits = 0; waits < 300 && __atomic_load_n(&A.srv->nrwaits, __ATOMIC_RELAXED); waits++)
+		sleep_ms(10);
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
+	CU_ASSERT_EQUAL(resender.nsd, 1u);	/* owed (dead: never sent) */
+	if (resender.nsd) {
+		CU_ASSERT_EQUAL(resender.sd[0].step, 0u);
+		CU_ASSERT_EQUAL(resender.sd[0].version, 1u);
+	}
+	taken = A.srv->repl_stats.taken_acks;
+	fake_do(&A, do_resend, find(&A, "resend"));
+	CU_ASSERT_EQUAL(A.srv->repl_stats.taken_acks - taken, 0u);	/* -EALREADY, nothing owed */
+	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
+	CU_ASSERT_EQUAL(resender.slot_state[0], 0);
+	CU_ASSERT_EQUAL(version_of(&A, "resend", 0), 1u);	/* counted once */
+	CU_ASSERT_EQUAL(differing_shards("resend"), 0);
+	fake_do(&A, do_resender_gone, NULL);
+	rps_tensor_close(t1);
+	rps_tensor_close(t0);
+}
+
 static struct repl_peer *peer_of(struct fake *f, uint64_t id)
 {
 	uint32_t i;
@@ -831,6 +1057,8 @@ int main(void)
 		{ "sync ack and pull: not before the backup applied the step", test_sync_ack_waits_for_backup },
 		{ "credits: exhausted, pushes held, none lost", test_credit_exhaustion },
 		{ "sync credits: exhausted, last contributions held, not parked", test_sync_credit_exhaustion },
+		{ "sync two-stage ack: TAKEN at once (in turn and parked), STEP_DONE once replicated", test_sync_two_stage_ack },
+		{ "sync resend: TAKEN while its step is unreplicated, -EALREADY after", test_sync_resend },
 		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
 	};

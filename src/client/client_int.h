@@ -53,6 +53,7 @@ enum op_state {
 	ST_READING,	/* READs in flight */
 	ST_WAITING,	/* WAIT message sent, reply awaited */
 	ST_WAIT_QUEUED,	/* a WAIT needs a control credit */
+	ST_TAKEN,	/* sync, replicated: PUSH_ACK TAKEN came, slot given back, STEP_DONE awaited */
 };
 
 struct conn;
@@ -153,6 +154,7 @@ struct conn {
 	struct shard_op *qhead, *qtail;	/* waiting for a slot/bounce buffer */
 	struct shard_op *wqhead, *wqtail;	/* waiting for a control credit */
 	struct shard_op *shhead, *shtail;	/* locked pushes waiting for their shard */
+	struct shard_op *taken;	/* ST_TAKEN pushes (linked by next) */
 	struct shard_op *active;
 };
 

@@ -123,7 +123,7 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	c->index = index;
 	c->uri = *u;
 	rps__uri_str(u, c->name, sizeof(c->name));
-	c->nrecv = CTRL_CREDITS + MAX_SLOTS + 4;
+	c->nrecv = CTRL_CREDITS + MAX_SLOTS + 4 + RPS__STEP_DONE_WINDOW;	/* (the server's send window) */
 	ret = rps__alloc_reg(cl, (size_t)c->nrecv * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->rbufs, &c->rbufs_mr);
 	if (ret)
 		return ret;

@@ -111,11 +111,9 @@ static void shard_done(struct shard_op *op)
 	}
 }
 
-/* Give the op's slot or bounce buffer back and start whoever waited. */
-static void op_release(struct shard_op *op)
+static void res_give(struct shard_op *op)
 {
 	struct conn *c = op->c;
-	struct shard_op *next;
 
 	if (op->has_res) {
 		if (op->kind == OP_PULL)
@@ -124,9 +122,13 @@ static void op_release(struct shard_op *op)
 			c->free_slots[c->nfree_slots++] = op->res;
 		op->has_res = false;
 	}
-	if (locked_push(op))
-		shard_done(op);
-	rps__active_del(c, op);	/* may free op: do not touch it below */
+}
+
+/* Start the queued ops that have their slot or bounce buffer now. */
+static void start_queued(struct conn *c)
+{
+	struct shard_op *next;
+
 	while ((next = c->qhead) != NULL) {
 		bool pull = next->kind == OP_PULL;
 		if ((pull && !c->nfree_bounce) || (!pull && !c->nfree_slots))
@@ -134,6 +136,18 @@ static void op_release(struct shard_op *op)
 		queue_pop(&c->qhead, &c->qtail);
 		op_start(next);
 	}
+}
+
+/* Give the op's slot or bounce buffer back and start whoever waited. */
+static void op_release(struct shard_op *op)
+{
+	struct conn *c = op->c;
+
+	res_give(op);
+	if (locked_push(op))
+		shard_done(op);
+	rps__active_del(c, op);	/* may free op: do not touch it below */
+	start_queued(c);
 }
 
 int rps__ctrl_take(struct conn *c)
@@ -611,6 +625,22 @@ static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const stru
 		return;
 	}
 	c->slot_op[ack->slot] = NULL;
+	if (h->flags & RPS__ACK_TAKEN) {
+		/* sync with backups: summed or parked there, the slot is free;
+		 * the push completes at STEP_DONE (until then src stays the
+		 * user's, for a resend to a new primary) */
+		if (op->kind != OP_PUSH || op->t->spec.mode != RPS_MODE_SYNC || h->status) {
+			c->dead = true;
+			c->err = -EPROTO;
+			return;
+		}
+		res_give(op);
+		op->state = ST_TAKEN;
+		op->next = c->taken;
+		c->taken = op;
+		start_queued(c);
+		return;
+	}
 	if (locked_push(op)) {
 		op->ack_done = true;
 		op->ack_status = h->status;
@@ -621,6 +651,29 @@ static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const stru
 	}
 	rps__op_report(op, h->status);
 	op_release(op);
+}
+
+/* Steps replicated: complete our TAKEN pushes they cover (same tensor at
+ * this server, same shard, clock <= step). */
+static void on_step_done(struct conn *c, const struct rps__step_done *sd)
+{
+	uint32_t k;
+
+	for (k = 0; k < sd->n; k++) {
+		const struct rps__step_done_ent *e = &sd->e[k];
+		struct shard_op **pp = &c->taken, *op;
+		while ((op = *pp) != NULL) {
+			if (op->shard != e->shard || op->clock > e->step || !op->t->at[c->index].known ||
+			    op->t->at[c->index].id != e->tensor_id) {
+				pp = &op->next;
+				continue;
+			}
+			*pp = op->next;
+			op->next = NULL;
+			rps__op_report(op, 0);
+			rps__active_del(c, op);	/* may free op */
+		}
+	}
 }
 
 static void on_cas_rel(struct shard_op *op)
@@ -715,6 +768,10 @@ static void on_ctrl_reply(struct conn *c, void *buf, uint32_t len)
 	memcpy(&h, buf, sizeof(h));
 	if (h.type == RPS__MSG_PUSH_ACK) {
 		on_push_ack(c, &h, rps__msg_body(buf));
+		return;
+	}
+	if (h.type == RPS__MSG_STEP_DONE) {
+		on_step_done(c, rps__msg_body(buf));
 		return;
 	}
 	idx = (uint32_t)h.req_id;

@@ -146,7 +146,7 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 		rps__op_report(op, c->err);
 		rps__active_del(c, op);
 	}
-	c->qhead = c->qtail = c->wqhead = c->wqtail = c->shhead = c->shtail = NULL;
+	c->qhead = c->qtail = c->wqhead = c->wqtail = c->shhead = c->shtail = c->taken = NULL;
 	for (i = 0; i < CTRL_CREDITS; i++) {
 		if (c->ctrl[i].busy && c->ctrl[i].req) {
 			c->ctrl[i].req->rstatus[c->ctrl[i].server] = c->err;

@@ -17,6 +17,7 @@ _Static_assert(sizeof(struct rps__repl_desc) == RPS__REPL_DESC_SIZE, "replicatio
 _Static_assert(sizeof(struct rps__create) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "CREATE fits");
 _Static_assert(sizeof(struct rps__create_rep) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "CREATE_REP fits");
 _Static_assert(sizeof(struct rps__conn_priv) <= 56, "connect private data fits an IB CM REQ");
+_Static_assert(sizeof(struct rps__step_done) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "STEP_DONE fits");
 
 #define VAR ((size_t)-1)
 
@@ -59,6 +60,7 @@ static const struct {
 	[RPS__MSG_REPL_HELLO_REP] = { "REPL_HELLO_REP", sizeof(struct rps__repl_hello_rep), 0, 0 },	/* refusals carry the body too */
 	[RPS__MSG_REPL_ACK] = { "REPL_ACK", sizeof(struct rps__repl_ack), 0, 0 },
 	[RPS__MSG_REPL_NACK] = { "REPL_NACK", sizeof(struct rps__repl_ack), 0, 0 },
+	[RPS__MSG_STEP_DONE] = { "STEP_DONE", sizeof(struct rps__step_done), 0, 0 },
 };
 
 long rps__msg_body_size(unsigned type)
@@ -82,6 +84,11 @@ const char *rps__msg_type_name(unsigned type)
 	if (type == 0 || type >= RPS__MSG_TYPE_MAX)
 		return "unknown";
 	return msg_types[type].name;
+}
+
+void rps__msg_set_flags(void *buf, uint8_t flags)
+{
+	((struct rps__msg_hdr *)buf)->flags = flags;
 }
 
 size_t rps__msg_build(void *buf, unsigned type, uint64_t req_id, int32_t status,
@@ -117,7 +124,7 @@ int rps__msg_check(const void *buf, size_t len)
 	body = rps__msg_body_size(h.type);
 	if (body == -1)
 		return rps__seterr(-EBADMSG, "malformed message: unknown type %u", h.type);
-	if (h.flags || h.reserved)
+	if ((h.flags && !(h.type == RPS__MSG_PUSH_ACK && h.flags == RPS__ACK_TAKEN)) || h.reserved)
 		return rps__seterr(-EBADMSG, "malformed %s message: reserved header fields set",
 				   rps__msg_type_name(h.type));
 	/* Error replies may omit the body; requests never do. */
@@ -167,6 +174,12 @@ int rps__msg_check(const void *buf, size_t len)
 		const struct rps__admin_rep *a = (const void *)((const char *)buf + sizeof(h));
 		if (!memchr(a->msg, '\0', sizeof(a->msg)))
 			return rps__seterr(-EBADMSG, "malformed ADMIN_REP message: text not terminated");
+	}
+	if (h.type == RPS__MSG_STEP_DONE) {
+		const struct rps__step_done *s = (const void *)((const char *)buf + sizeof(h));
+		if (s->n == 0 || s->n > RPS__STEP_DONE_MAX)
+			return rps__seterr(-EBADMSG, "malformed STEP_DONE message: %u entries (1 to %u)", s->n,
+					   RPS__STEP_DONE_MAX);
 	}
 	if ((h.type == RPS__MSG_HELLO || h.type == RPS__MSG_HELLO_REP) && !bare) {
 		uint64_t magic;

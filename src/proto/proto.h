@@ -10,6 +10,11 @@
  *    followed by the data into one of the staging slots the server gave its
  *    connection, with a single WRITE_WITH_IMM whose immediate is the slot
  *    number.  The server answers with a PUSH_ACK message.
+ *  - Sync pushes to a partition with backups are acknowledged in two
+ *    stages: PUSH_ACK with RPS__ACK_TAKEN in the header's flags once the
+ *    gradient is summed or parked (the slot is free again, the push is not
+ *    complete), then STEP_DONE once its step is on every replica (that
+ *    completes it).  Without backups: one PUSH_ACK, no flag, as before.
  *
  * Structures are fixed-layout, host byte order; HELLO carries a magic that
  * reveals a byte-order mismatch.  rps__msg_check() validates everything a
@@ -21,8 +26,10 @@
 #include <stdint.h>
 #include <stddef.h>
 
-/* 3: WAIT_REP names a missing rank; lost partitions in the map and STATUS_REP */
-#define RPS__PROTO_VERSION 4u
+/* 3: WAIT_REP names a missing rank; lost partitions in the map and STATUS_REP
+ * 5: PUSH_ACK may carry RPS__ACK_TAKEN, STEP_DONE: a version-4 client would
+ *    refuse both as malformed and drop the connection; HELLO refuses it */
+#define RPS__PROTO_VERSION 5u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -64,6 +71,8 @@ enum rps__msg_type {
 	RPS__MSG_REPL_HELLO_REP,	/* struct rps__repl_hello_rep: the backup's slots */
 	RPS__MSG_REPL_ACK,	/* struct rps__repl_ack: entries applied, credits back */
 	RPS__MSG_REPL_NACK,	/* struct rps__repl_ack, status: the entry after seq is refused */
+	/* server -> worker: sync steps replicated (after PUSH_ACK TAKEN) */
+	RPS__MSG_STEP_DONE,	/* struct rps__step_done */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -218,6 +227,38 @@ struct rps__push_ack {
 	uint32_t shard;
 	uint64_t version;	/* the shard's version after this push was taken */
 	uint64_t lock;		/* async/bounded: the lock word the push ran under */
+};
+
+/* rps__msg_hdr.flags of a PUSH_ACK (every other message: 0) */
+enum rps__ack_flags {
+	/* sync, partition with backups: the gradient is summed or parked here,
+	 * the slot is free; the push completes at STEP_DONE */
+	RPS__ACK_TAKEN = 1u << 0,
+};
+
+/*
+ * STEP_DONE: steps of sync shards that are on every replica now.  Each
+ * entry completes every TAKEN push of this connection to that shard with a
+ * clock <= step (cumulative: a later entry covers earlier steps).  The
+ * server batches what completed for a connection into one message per loop
+ * turn, and keeps at most RPS__STEP_DONE_WINDOW of them in the
+ * connection's send queue (the rest wait for the next turn); the worker
+ * posts that many receive buffers more for them.
+ */
+#define RPS__STEP_DONE_MAX 20u
+#define RPS__STEP_DONE_WINDOW 4u
+
+struct rps__step_done_ent {
+	uint32_t tensor_id;	/* the server's id */
+	uint32_t shard;		/* global shard index */
+	uint64_t step;		/* the step completed (the pushes' clock) */
+	uint64_t version;	/* the shard's version with it applied (step + 1) */
+};
+
+struct rps__step_done {
+	uint32_t n;		/* entries used, 1..RPS__STEP_DONE_MAX */
+	uint32_t reserved;
+	struct rps__step_done_ent e[RPS__STEP_DONE_MAX];
 };
 
 /* Checkpoints (psctl checkpoint / restore), to every server. */
@@ -441,6 +482,8 @@ size_t rps__msg_body_min(unsigned type);
 /* Build header+body into buf (large enough); returns total length. */
 size_t rps__msg_build(void *buf, unsigned type, uint64_t req_id, int32_t status,
 		      const void *body, size_t body_len);
+/* Set the header's flags of a message built in buf (PUSH_ACK: TAKEN). */
+void rps__msg_set_flags(void *buf, uint8_t flags);
 static inline void *rps__msg_body(void *buf)
 {
 	return (char *)buf + sizeof(struct rps__msg_hdr);

@@ -45,8 +45,8 @@ void rps__srv_conn_fail(struct conn *c, const char *why)
 	c->dead = true;
 }
 
-void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
-			 const void *body, size_t len)
+static void send_msg(struct conn *c, unsigned type, uint8_t flags, uint32_t kind, uint64_t req_id,
+		     int32_t status, const void *body, size_t len)
 {
 	struct rps__wr wr;
 	uint32_t i;
@@ -67,17 +67,43 @@ void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t
 	}
 	i = c->sfree[--c->nsfree];
 	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = ((uint64_t)WRID_SEND << 32) | i;
+	wr.wr_id = ((uint64_t)kind << 32) | i;
 	wr.op = RPS__OP_SEND;
 	wr.flags = RPS__WR_SIGNALED;
 	wr.sge.addr = sbuf(c, i);
 	wr.sge.len = (uint32_t)rps__msg_build(wr.sge.addr, type, req_id, status, body, body ? len : 0);
+	if (flags)
+		rps__msg_set_flags(wr.sge.addr, flags);
+	if (kind == WRID_STEP_DONE)
+		c->sd_inflight++;
+	if (c->role == CONN_WORKER && type < RPS__MSG_TYPE_MAX) {
+		c->srv->worker_msgs[type]++;
+		c->srv->worker_acks_flagged += flags != 0;
+	}
 	wr.sge.mr = c->sbufs_mr;
 	ret = rps__post(c->ep, &wr, 1);
 	if (ret) {
 		c->sfree[c->nsfree++] = i;
+		c->sd_inflight -= kind == WRID_STEP_DONE;
 		conn_fail(c, rps__errbuf());
 	}
+}
+
+void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
+			 const void *body, size_t len)
+{
+	send_msg(c, type, 0, WRID_SEND, req_id, status, body, len);
+}
+
+void rps__srv_conn_reply_flags(struct conn *c, unsigned type, uint8_t flags, uint64_t req_id, int32_t status,
+			       const void *body, size_t len)
+{
+	send_msg(c, type, flags, WRID_SEND, req_id, status, body, len);
+}
+
+void rps__srv_conn_send_step_done(struct conn *c, const struct rps__step_done *sd)
+{
+	send_msg(c, RPS__MSG_STEP_DONE, 0, WRID_STEP_DONE, 0, 0, sd, sizeof(*sd));
 }
 
 /* ---- connections ------------------------------------------------------- */
@@ -105,6 +131,7 @@ void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
 	}
 	free(c->tmap);
 	free(c->bound);
+	free(c->sd);
 	if (c->rbufs)
 		rps__topo_free(srv->topo, c->rbufs, (size_t)c->nrecv * c->msg_max);
 	if (c->sbufs)
@@ -138,7 +165,8 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
 	if (role == CONN_WORKER) {
 		c->msg_max = RPS__MSG_MAX;
 		c->nrecv = CTRL_CREDITS + srv->cfg.nslots + 4;
-		c->nsend = CTRL_CREDITS + srv->cfg.nslots + 4;
+		/* + STEP_DONE's own window: it never takes an ack's buffer */
+		c->nsend = CTRL_CREDITS + srv->cfg.nslots + 4 + RPS__STEP_DONE_WINDOW;
 		ret = rps__srv_mem_take(srv, slots_len, "staging slots");
 		if (ret) {
 			free(c);

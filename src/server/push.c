@@ -190,6 +190,21 @@ void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t versi
 	conn_reply(c, RPS__MSG_PUSH_ACK, d->push_id, status, &ack, sizeof(ack));
 }
 
+/* Sync, partition with backups: the first stage of the acknowledgement
+ * (summed or parked: the slot is free); STEP_DONE completes the push once
+ * its step `clock` is on every replica (repl.c). */
+static void push_taken(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+		       struct shard *s, uint64_t clock, uint64_t version)
+{
+	struct rps__push_desc *d = slot_desc(c, slot);
+	struct rps__push_ack ack = { .slot = slot, .shard = d->shard, .version = version };
+
+	c->slot_state[slot] = 0;
+	srv->repl_stats.taken_acks++;	/* (before the send: tests read it once the worker heard) */
+	rps__srv_repl_step_wait(srv, c, t, s, clock);
+	rps__srv_conn_reply_flags(c, RPS__MSG_PUSH_ACK, RPS__ACK_TAKEN, d->push_id, 0, &ack, sizeof(ack));
+}
+
 /* Refuse a push for a partition whose contents are lost, or that is not
  * served here under the push's epoch.  True: refused (acknowledged). */
 static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
@@ -319,9 +334,11 @@ static enum consume_result consume_sync(struct rps__server *srv, struct conn *c,
 
 	if (ret == -EAGAIN)
 		return NOT_YET;
-	if (!ret && rps__srv_repl_part(srv, s->part)) {
-		/* acknowledged once its step is on every replica */
-		rps__srv_repl_defer_ack(srv, c, slot, t, s, d->clock, step);
+	/* replicated: TAKEN now, STEP_DONE once the step is on every replica;
+	 * so is a resend whose step has it but is not replicated yet */
+	if (rps__srv_repl_part(srv, s->part) &&
+	    (!ret || (ret == -EALREADY && !rps__srv_repl_step_confirmed(s, d->clock)))) {
+		push_taken(srv, c, slot, t, s, d->clock, step);
 		return CONSUMED;
 	}
 	push_ack(c, slot, ret, step, 0);
@@ -435,7 +452,7 @@ void rps__srv_drain_held(struct rps__server *srv)
 				i++;
 				continue;
 			}
-			/* taken: its acknowledgement went out when it was parked */
+			/* taken: its acknowledgement (or, replicated, its TAKEN) went out when it was parked */
 			free(p->data);
 			rps__srv_mem_give(srv, p->nbytes);
 			srv->parked_bytes -= p->nbytes;
@@ -469,8 +486,8 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	    srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
 		return -ENOSPC;
 	/* replicated, in its turn, waiting only for the replicas (credits, or
-	 * the previous step's confirmation): it stays in its slot, acknowledged
-	 * once its step is replicated, not when parked */
+	 * the previous step's confirmation): it stays in its slot (it depends
+	 * on no worker) and is summed, TAKEN, once they have room */
 	if (d->shard < t->layout.nshards && rps__srv_repl_part(srv, t->shards[d->shard].part) &&
 	    d->clock == t->shards[d->shard].step && d->rank == t->shards[d->shard].next_rank)
 		return -ENOSPC;
@@ -501,7 +518,10 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	p->nbytes = d->nbytes;
 	srv->nparked++;
 	srv->parked_bytes += d->nbytes;
-	push_ack(c, slot, 0, t->shards[p->local].step, 0);
+	if (rps__srv_repl_part(srv, t->shards[p->local].part))
+		push_taken(srv, c, slot, t, &t->shards[p->local], p->clock, t->shards[p->local].step);
+	else
+		push_ack(c, slot, 0, t->shards[p->local].step, 0);
 	return 0;
 }
 

@@ -45,10 +45,10 @@
 #define REPL_REDIAL_NS (200ull * 1000000ull)
 #define REPL_REDIAL_MAX_NS (5000ull * 1000000ull)
 
-enum rw_kind { RW_PUSH, RW_INIT, RW_STEP, RW_SYNC_ACK };
+enum rw_kind { RW_PUSH, RW_INIT, RW_STEP, RW_STEP_DONE };
 
-/* An update applied here, waiting for its replicas (or, RW_SYNC_ACK, a
- * sync contribution waiting for its step). */
+/* An update applied here, waiting for its replicas (or, RW_STEP_DONE, a
+ * sync contribution, acknowledged TAKEN, waiting for its step). */
 struct repl_wait {
 	enum rw_kind kind;
 	struct tensor *t;
@@ -56,8 +56,7 @@ struct repl_wait {
 	struct conn *c;		/* the worker to acknowledge (NULL: gone, or none) */
 	uint32_t slot;
 	uint64_t holds;		/* PUSH: the lock word to release */
-	uint64_t clock;		/* SYNC_ACK: the step it is part of */
-	uint64_t version;	/* SYNC_ACK: what its ack says */
+	uint64_t clock;		/* STEP_DONE: the step it is part of */
 	uint32_t nrep;
 	struct {
 		uint64_t id;
@@ -308,25 +307,17 @@ void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard 
 }
 
 /*
- * Sync, replicated: a contribution's ack waits in its slot for its step to
- * be on every replica.  Why this adds no deadlock while parking has room:
- * the step needs only the other ranks' pushes of that step; an out-of-turn
- * push does not wait in a slot but is parked (and acknowledged, as today);
- * an in-turn push that waits only for credits or the previous step's
- * confirmation stays in its slot (push.c, park()) and depends on no worker.
- * So a rank whose slots all hold summed contributions still lets every
- * other rank deliver its pushes of those steps, which complete them.  With
- * parking exhausted a cycle is possible that today's immediate ack avoids
- * (rank A's slots hold summed T1 contributions, rank B's T2 pushes wait in
- * its slots for A's T2, B's T1 pushes cannot go).  The two-stage ack
- * (TAKEN frees the slot, STEP_DONE completes the op) removes it, but needs
- * the client, and a bound on the STEP_DONE messages a connection may owe
- * (one per taken op overruns the worker's receive buffers when a step of
- * many shards completes): left to do.  Parked pushes are acknowledged when
- * parked, before their step is replicated (the same gap).
+ * Sync, replicated: the two-stage acknowledgement.  A contribution, summed
+ * in its turn or parked out of turn, was acknowledged TAKEN (push.c): its
+ * slot is free, as with one ack, so parking keeps its deadlock freedom (a
+ * rank whose slots all held summed contributions could otherwise block the
+ * pushes that complete those steps).  Its connection is told STEP_DONE
+ * once the step is on every replica; until then the worker keeps the
+ * gradient and resends it to a new primary if this one dies (a resend of a
+ * step already there is -EALREADY: counted).
  */
-void rps__srv_repl_defer_ack(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
-			     struct shard *s, uint64_t clock, uint64_t version)
+void rps__srv_repl_step_wait(struct rps__server *srv, struct conn *c, struct tensor *t, struct shard *s,
+			     uint64_t clock)
 {
 	if (srv->nrwaits == srv->rwaits_cap) {
 		uint32_t cap = srv->rwaits_cap ? srv->rwaits_cap * 2 : 64;
@@ -338,11 +329,71 @@ void rps__srv_repl_defer_ack(struct rps__server *srv, struct conn *c, uint32_t s
 		srv->rwaits = grown;
 		srv->rwaits_cap = cap;
 	}
-	c->slot_state[slot] = 1;
 	srv->rwaits[srv->nrwaits++] = (struct repl_wait){
-		.kind = RW_SYNC_ACK, .t = t, .s = s, .c = c, .slot = slot, .clock = clock, .version = version,
+		.kind = RW_STEP_DONE, .t = t, .s = s, .c = c, .clock = clock,
 	};
 	srv->repl_active = true;
+}
+
+/* Is step `clock` of s on every replica?  Sync ships one step at a time
+ * (sync_take waits for repl_pending), so every step before the last is. */
+bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock)
+{
+	return clock + 1 < s->step || (clock < s->step && !s->repl_pending);
+}
+
+/* Owe c a STEP_DONE for (t, s, step): one entry per shard, the latest step
+ * (it covers the earlier ones). */
+static void step_done_note(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step)
+{
+	uint32_t k;
+
+	for (k = 0; k < c->nsd; k++)
+		if (c->sd[k].tensor_id == t->id && c->sd[k].shard == s->index) {
+			if (step > c->sd[k].step) {
+				c->sd[k].step = step;
+				c->sd[k].version = step + 1;
+			}
+			return;
+		}
+	if (c->nsd == c->sd_cap) {
+		uint32_t cap = c->sd_cap ? c->sd_cap * 2 : 16;
+		struct rps__step_done_ent *grown = realloc(c->sd, cap * sizeof(*grown));
+		if (!grown) {
+			rps__srv_conn_fail(c, "out of memory for its STEP_DONE");
+			return;
+		}
+		c->sd = grown;
+		c->sd_cap = cap;
+	}
+	c->sd[c->nsd++] = (struct rps__step_done_ent){
+		.tensor_id = t->id, .shard = s->index, .step = step, .version = step + 1,
+	};
+}
+
+/* Once per loop turn: one STEP_DONE per worker connection that is owed
+ * some, within its window (the rest wait for a later turn). */
+static void step_done_flush(struct rps__server *srv)
+{
+	uint32_t i;
+
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *c = srv->conns[i];
+		struct rps__step_done sd;
+		uint32_t n;
+		if (c->role != CONN_WORKER || !c->nsd || c->dead || c->sd_inflight >= RPS__STEP_DONE_WINDOW)
+			continue;
+		n = RPS__MIN(c->nsd, RPS__STEP_DONE_MAX);
+		memset(&sd, 0, sizeof(sd));
+		sd.n = n;
+		memcpy(sd.e, c->sd, n * sizeof(*c->sd));
+		memmove(c->sd, c->sd + n, (c->nsd - n) * sizeof(*c->sd));
+		c->nsd -= n;
+		srv->repl_stats.step_done_sent++;
+		srv->repl_stats.step_done_entries += n;
+		srv->repl_stats.last_step_done = sd.e[n - 1];
+		rps__srv_conn_send_step_done(c, &sd);
+	}
 }
 
 /* ---- the primary: confirmation ------------------------------------------ */
@@ -378,8 +429,8 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 	rps__srv_wake_waiters(srv, t, s->index);
 }
 
-/* Complete what every replica confirmed, in order; then sync acks whose
- * step is complete and confirmed. */
+/* Complete what every replica confirmed, in order; then note the
+ * STEP_DONEs of sync contributions whose step is confirmed. */
 void rps__srv_repl_confirm(struct rps__server *srv)
 {
 	bool any = false;
@@ -387,7 +438,7 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 
 	while (i < srv->nrwaits) {
 		struct repl_wait w = srv->rwaits[i];
-		if (w.kind == RW_SYNC_ACK || !wait_confirmed(srv, &w)) {
+		if (w.kind == RW_STEP_DONE || !wait_confirmed(srv, &w)) {
 			i++;
 			continue;
 		}
@@ -399,15 +450,14 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 	i = 0;
 	while (i < srv->nrwaits) {
 		struct repl_wait w = srv->rwaits[i];
-		if (w.kind != RW_SYNC_ACK || w.s->repl_pending || w.clock >= w.s->step) {
+		if (w.kind != RW_STEP_DONE || !rps__srv_repl_step_confirmed(w.s, w.clock)) {
 			i++;
 			continue;
 		}
 		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
 		srv->nrwaits--;
 		if (w.c)
-			rps__srv_push_ack(w.c, w.slot, 0, w.version, 0);
-		any = true;
+			step_done_note(w.c, w.t, w.s, w.clock);	/* sent at the end of the turn */
 	}
 	if (any)
 		rps__srv_drain_held(srv);
@@ -589,6 +639,7 @@ void rps__srv_repl_turn(struct rps__server *srv)
 		if (c->role == CONN_REPL && !c->repl_out && !c->dead && !c->repl_refused)
 			rps__srv_repl_backup_turn(srv, c);
 	}
+	step_done_flush(srv);
 }
 
 void rps__srv_repl_fini(struct rps__server *srv)

@@ -130,9 +130,11 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 		c->dead = true;
 		return;
 	}
-	if (kind == WRID_SEND) {
+	if (kind == WRID_SEND || kind == WRID_STEP_DONE) {
 		if (idx < c->nsend)
 			c->sfree[c->nsfree++] = idx;
+		if (kind == WRID_STEP_DONE && c->sd_inflight)
+			c->sd_inflight--;
 		if (c->role == CONN_PEER && srv->hooks.on_send_done)
 			srv->hooks.on_send_done(srv->hooks.ctx, c);
 		return;

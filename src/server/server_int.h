@@ -34,6 +34,7 @@
 #define WRID_SEND 2u
 #define WRID_READ 3u		/* migration: the destination READs the partition */
 #define WRID_REPL 4u		/* a replication entry (unsignaled: errors only) */
+#define WRID_STEP_DONE 5u	/* a STEP_DONE send (counted in sd_inflight) */
 #define REPL_SLOTS 8u		/* slots of a backup per primary server */
 #define REPL_MAX 3u		/* replicas a partition waits for: 2 backups + a joiner */
 
@@ -188,6 +189,10 @@ struct conn {
 	uint32_t ntmap;
 	uint8_t *bound;		/* primary: tensor ids bound on this stream */
 	uint32_t nbound;
+	/* workers, sync with backups (repl.c): steps replicated, not yet told */
+	struct rps__step_done_ent *sd;
+	uint32_t nsd, sd_cap;
+	uint32_t sd_inflight;	/* STEP_DONE messages in the send queue */
 	/* migration READ target (peers) */
 	void *rd_buf;
 	size_t rd_len;
@@ -257,7 +262,14 @@ struct rps__server {
 	struct {
 		uint64_t entries_sent, entries_applied, acks_sent, acks_received, deferred, refused;
 		uint64_t pairings_refused;	/* kernel fingerprints differed */
+		uint64_t taken_acks;		/* sync: PUSH_ACKs with RPS__ACK_TAKEN */
+		uint64_t step_done_sent;	/* sync: STEP_DONE messages ... */
+		uint64_t step_done_entries;	/* ... and the entries in them */
+		struct rps__step_done_ent last_step_done;	/* the last entry sent */
 	} repl_stats;
+	/* messages sent to workers by type, PUSH_ACKs with flags apart (tests:
+	 * the acknowledgement sequence) */
+	uint64_t worker_msgs[RPS__MSG_TYPE_MAX], worker_acks_flagged;
 };
 
 /* server.c: memory accounting */
@@ -267,6 +279,11 @@ void rps__srv_mem_give(struct rps__server *srv, size_t bytes);
 /* conn.c */
 void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
 			 const void *body, size_t len);
+/* The same with header flags (PUSH_ACK: RPS__ACK_TAKEN). */
+void rps__srv_conn_reply_flags(struct conn *c, unsigned type, uint8_t flags, uint64_t req_id, int32_t status,
+			       const void *body, size_t len);
+/* A STEP_DONE, counted in c->sd_inflight until its send completes. */
+void rps__srv_conn_send_step_done(struct conn *c, const struct rps__step_done *sd);
 void rps__srv_conn_fail(struct conn *c, const char *why);
 const char *rps__srv_role_name(const struct conn *c);
 int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out);
@@ -321,10 +338,11 @@ void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard 
 void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard *s, struct conn *c,
 			uint32_t slot);
 void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard *s);
-/* Sync: the ack of a contribution to step `clock`, once that step is on
- * every replica. */
-void rps__srv_repl_defer_ack(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
-			     struct shard *s, uint64_t clock, uint64_t version);
+/* Sync: c's contribution to step `clock` was acknowledged TAKEN; tell c
+ * STEP_DONE once that step is on every replica. */
+void rps__srv_repl_step_wait(struct rps__server *srv, struct conn *c, struct tensor *t, struct shard *s,
+			     uint64_t clock);
+bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock);
 /* Complete the waits every replica confirmed (after an ack, or a view
  * that dropped a replica). */
 void rps__srv_repl_confirm(struct rps__server *srv);
