@@ -485,11 +485,14 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	if (!t || t->spec.mode != RPS_MODE_SYNC || d->kind != RPS__PUSH_GRAD ||
 	    srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
 		return -ENOSPC;
+	if (d->shard >= t->layout.nshards || !t->shards[d->shard].hdr ||
+	    !rps__srv_part_serving(srv, t->shards[d->shard].part))
+		return -ENOSPC;
 	/* replicated, in its turn, waiting only for the replicas (credits, or
 	 * the previous step's confirmation): it stays in its slot (it depends
 	 * on no worker) and is summed, TAKEN, once they have room */
-	if (d->shard < t->layout.nshards && rps__srv_repl_part(srv, t->shards[d->shard].part) &&
-	    d->clock == t->shards[d->shard].step && d->rank == t->shards[d->shard].next_rank)
+	if (rps__srv_repl_part(srv, t->shards[d->shard].part) && d->clock == t->shards[d->shard].step &&
+	    d->rank == t->shards[d->shard].next_rank)
 		return -ENOSPC;
 	if (srv->nparked == srv->parked_cap) {
 		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
@@ -509,9 +512,6 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	}
 	memcpy(p->data, (char *)d + RPS__PUSH_DESC_SIZE, d->nbytes);
 	p->t = t;
-	if (d->shard >= t->layout.nshards || !t->shards[d->shard].hdr ||
-	    !rps__srv_part_serving(srv, t->shards[d->shard].part))
-		return -ENOSPC;
 	p->local = d->shard;
 	p->clock = d->clock;
 	p->rank = d->rank;
