@@ -103,6 +103,7 @@ void rps__cp_admin_map_changed(struct rps__cplane *cp)
 			break;
 		case RPS__ADMIN_NOP:
 		case RPS__ADMIN_FORGET_LOST:
+		case RPS__ADMIN_SET_REPLICAS:
 			if (cp->map.applied >= a->index) {
 				if (rps__rnode_term_at(cp->rnode, a->index) == a->term)
 					admin_done(cp, i, 0, 0, NULL);
@@ -323,6 +324,10 @@ void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, c
 			return;
 		}
 		cmd.type = RPS__SMAP_FORCE_REMOVE;
+		cmd.id = a->id;
+		break;
+	case RPS__ADMIN_SET_REPLICAS:
+		cmd.type = RPS__SMAP_SET_REPLICAS;
 		cmd.id = a->id;
 		break;
 	case RPS__ADMIN_FORGET_LOST:

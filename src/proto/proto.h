@@ -64,6 +64,8 @@ enum rps__msg_type {
 	RPS__MSG_REPL_HELLO_REP,	/* struct rps__repl_hello_rep: the backup's slots */
 	RPS__MSG_REPL_ACK,	/* struct rps__repl_ack: entries applied, credits back */
 	RPS__MSG_REPL_NACK,	/* struct rps__repl_ack, status: the entry after seq is refused */
+	/* primary -> joiner (role PEER): seeding a new backup (control/cp_replicas.c) */
+	RPS__MSG_SEED,		/* struct rps__seed: a fenced partition's image to READ as a backup */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -286,6 +288,14 @@ struct rps__migrate {
 	uint64_t len;
 };
 
+/* SEED: a move's offer, and where the joiner's stream position starts (the
+ * primary's replication seq of the partition at the cut).  The answer is a
+ * MIGRATE_REP, as for a move. */
+struct rps__seed {
+	struct rps__migrate mig;	/* epoch: the one REPLICA_BEGIN named */
+	uint64_t seq;
+};
+
 /* STATUS_REP body: this fixed part, then the encoded shard map. */
 struct rps__status_rep {
 	uint64_t id;
@@ -317,6 +327,7 @@ enum rps__admin_op {
 	RPS__ADMIN_NOP = 5,		/* commit a no-op entry and answer once applied here */
 	RPS__ADMIN_FORGET_LOST = 6,	/* part (UINT32_MAX: every one): accept a lost partition empty */
 	RPS__ADMIN_FORCE_REMOVE = 7,	/* id: a dead member goes, its partitions lost (smap FORCE_REMOVE) */
+	RPS__ADMIN_SET_REPLICAS = 8,	/* id: the replication target R (smap SET_REPLICAS) */
 };
 
 struct rps__admin {
