@@ -328,6 +328,9 @@ enum rps__admin_op {
 	RPS__ADMIN_FORGET_LOST = 6,	/* part (UINT32_MAX: every one): accept a lost partition empty */
 	RPS__ADMIN_FORCE_REMOVE = 7,	/* id: a dead member goes, its partitions lost (smap FORCE_REMOVE) */
 	RPS__ADMIN_SET_REPLICAS = 8,	/* id: the replication target R (smap SET_REPLICAS) */
+	RPS__ADMIN_DIGEST = 9,		/* tests, any server: uri = a tensor's name, part; the answer's
+					 * index = crc32c of what this server holds of it, epoch = the
+					 * sum of its shards' versions, leader = its shard count */
 };
 
 struct rps__admin {

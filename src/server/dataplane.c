@@ -252,6 +252,7 @@ static const struct rps__dp_ops ops = {
 	.part_drop = rps__srv_regions_free_part,
 	.repl_seq = rps__srv_repl_seq,
 	.part_install_backup = rps__srv_image_install_backup,
+	.part_digest = rps__srv_part_digest,
 	.rank_remove = rps__srv_rank_remove,
 	.hold_steps = rps__srv_hold_steps,
 	.hold_tensor = rps__srv_hold_tensor,

@@ -8,6 +8,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/crc.h"
 #include "kernels/agg.h"
 #include "server/server_int.h"
 
@@ -786,4 +787,44 @@ void rps__srv_part_create(struct rps__server *srv, uint32_t part)
 	for (i = 0; i < srv->ntensors; i++)
 		if (srv->tensors[i] && !rps__srv_region_alloc(srv, srv->tensors[i], part, false, NULL))
 			rps__srv_region_register(srv, srv->tensors[i], part);
+}
+
+/* What this server holds of a tensor's partition, as one crc32c over every
+ * shard's version, ready flag, parameters, optimizer state, clocks and
+ * applied-push-id sets (not the lock word, the header or a step in
+ * progress): equal on a primary and its backups once they agree (tests
+ * compare replicas with it, psctl never shows it). */
+int rps__srv_part_digest(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
+			 uint64_t *versions, uint32_t *nshards)
+{
+	struct tensor *t = rps__srv_tensor_by_name(srv, name);
+	const struct region *r;
+	uint32_t c = 0, j;
+
+	if (!t || part >= t->layout.nservers || !(r = &t->regions[part])->mem)
+		return -ENOENT;
+	*versions = 0;
+	for (j = 0; j < r->nsh; j++) {
+		const struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
+		size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
+		uint32_t ready = s->ready;
+
+		c = rps__crc32c(c, &s->step, sizeof(s->step));
+		c = rps__crc32c(c, &ready, sizeof(ready));
+		c = rps__crc32c(c, s->params, (size_t)s->elems * 4);
+		if (nstate)
+			c = rps__crc32c(c, s->state, nstate * 4);
+		if (s->clocks)
+			c = rps__crc32c(c, s->clocks, (size_t)t->spec.num_workers * 8);
+		c = rps__crc32c(c, &s->ndd, sizeof(s->ndd));
+		for (uint32_t k = 0; k < s->ndd; k++) {
+			c = rps__crc32c(c, &s->dd[k].client, sizeof(s->dd[k].client));
+			c = rps__crc32c(c, s->dd[k].ids, sizeof(s->dd[k].ids));
+			c = rps__crc32c(c, &s->dd[k].next, sizeof(s->dd[k].next));
+		}
+		*versions += s->step;
+	}
+	*crc = c;
+	*nshards = r->nsh;
+	return 0;
 }
