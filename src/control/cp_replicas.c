@@ -115,21 +115,30 @@ bool rps__cp_replica_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now)
 		return true;
 	}
 	if (is_backup(mp, cp->my_id)) {
-		if (pl->st == PART_SEEDING)
+		if (pl->st == PART_SEEDING) {
 			rps__log(RPS__LOG_INFO, "partition %u: a backup of member %llu's now (epoch %llu)", p,
 				 (unsigned long long)mp->owner, (unsigned long long)mp->epoch);
-		if (pl->st == PART_NONE || pl->st == PART_SEEDING || pl->st == PART_BACKUP) {
 			pl->st = PART_BACKUP;
-			pl->epoch = mp->epoch;
-			return true;
 		}
-		return false;
+		if (pl->st != PART_BACKUP)
+			return false;	/* (a backup since the bootstrap: cp_map.c) */
+		pl->epoch = mp->epoch;
+		return true;
 	}
-	if (pl->st == PART_SEEDING || pl->st == PART_BACKUP) {
-		rps__log(RPS__LOG_INFO, "partition %u: no longer a replica here (%s), dropping our copy", p,
-			 pl->st == PART_SEEDING ? "seeding ended" : "dropped from the set");
+	if (pl->st == PART_SEEDING) {
+		rps__log(RPS__LOG_INFO, "partition %u: seeding ended without us, dropping what was installed", p);
 		cp->dp->part_drop(cp->srv, p);
 		pl->st = PART_NONE;
+		pl->epoch = mp->epoch;
+		return true;
+	}
+	if (pl->st == PART_BACKUP) {
+		/* dropped from the set (REPLICA_DROP, a FAILOVER that did not
+		 * keep us): the regions go like a drained partition's */
+		rps__log(RPS__LOG_INFO, "partition %u: no longer a backup of it (epoch %llu)", p,
+			 (unsigned long long)mp->epoch);
+		pl->st = PART_DRAINING;
+		pl->free_at = now + ms_ns(cp->cfg.drain_ms);
 		pl->epoch = mp->epoch;
 		return true;
 	}
