@@ -5,9 +5,11 @@
  * under-replication; after training, every backup holds exactly what its
  * primary holds (a crc32c of versions, parameters, Adam state and applied
  * push ids, asked of each server: ADMIN DIGEST).  psctl set-replicas 1
- * drops the backups; pushes go on at R = 1; set-replicas 2 seeds them again
- * from the primaries' current state (the image) and the stream goes on
- * after it (more pushes): backups equal their primaries again.
+ * drops the backups; pushes go on at R = 1; set-replicas 2, while a worker
+ * pushes, seeds them again from the primaries' current state (the image;
+ * the worker's pushes refused meanwhile are resent and applied once) and
+ * the stream goes on after it: backups equal their primaries again, at
+ * exactly the number of pushes made.
  */
 #include "config.h"
 #include "cluster.h"
@@ -235,6 +237,10 @@ static void check_replicas(const struct rps__smap *m, uint64_t steps)
 		const struct rps__smap_part *mp = &m->parts[p];
 		CU_ASSERT_EQUAL_FATAL(ask((int)mp->owner - 1, RPS__MSG_ADMIN, p, &prim), 0);
 		CU_ASSERT(prim.rep.leader >= 1);	/* (its shard count) */
+		if (prim.rep.epoch != steps * prim.rep.leader)
+			fprintf(stderr, "partition %u: %llu updates over %llu shards on its primary, %llu pushes made\n", p,
+				(unsigned long long)prim.rep.epoch, (unsigned long long)prim.rep.leader,
+				(unsigned long long)steps);
 		CU_ASSERT_EQUAL(prim.rep.epoch, steps * prim.rep.leader);
 		for (int i = 0; i < NSERVERS; i++) {
 			uint64_t id = (uint64_t)i + 1;
@@ -305,16 +311,29 @@ static void test_replicas_seeded(void)
 	CU_ASSERT_FATAL(wait_settled(1, 0, &m) >= 0);
 	run_train(10, 2);
 
-	/* raised: seeded again from what the primaries hold now */
-	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "set-replicas 2");
-	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	/* raised while a worker trains: seeded again from what the primaries
+	 * hold, each partition paused as a move pauses it (its pushes are
+	 * refused and resent, applied once) */
+	{
+		struct train_arg a = { .steps = 1500, .seed = 3 };
+		struct it_workers w;
+		double t0 = now_s();
+
+		/* (psctl answers once the target is applied: the seedings start
+		 * as the worker does) */
+		rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "set-replicas 2");
+		CU_ASSERT_EQUAL(rc, 0);
+		CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, train, clu.servers, &a, -1, NULL), 0);
+		CU_ASSERT_EQUAL(it_worker_read(&w, 0, &first, sizeof(first)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+		fprintf(stderr, "[1500 pushes across set-replicas 2: %.2f s] ", now_s() - t0);
+	}
 	t = wait_settled(2, 1, &m);
 	CU_ASSERT_FATAL(t >= 0);
-	fprintf(stderr, "[set-replicas 2: seeded again in %.2f s] ", t);
-	check_replicas(&m, 30);
+	check_replicas(&m, 1530);
 	/* and the stream goes on after the image */
-	run_train(5, 3);
-	check_replicas(&m, 35);
+	run_train(5, 4);
+	check_replicas(&m, 1535);
 	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "status");
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "0 under-replicated"));
 }
