@@ -1047,11 +1047,13 @@ static void test_replica_placement(void)
 }
 
 static bool p2_drained(void) { return logged("drop 2", 0) >= 0; }
+static bool p2_not_joining(void) { read_map(); return !pub.parts[2].joining; }
 static bool p2_backup(void) { read_map(); return pub.parts[2].backups[0] == 1 && !pub.parts[2].joining; }
 
 /* The joiner's side: a stale offer is refused, the image installed as a
  * backup at the primary's stream seq, REPLICA_COMMIT proposed; dropped
- * from the set, its copy goes after --drain-ms. */
+ * from the set, its copy goes after --drain-ms; seeded again without an
+ * image, it aborts the seeding itself after --move-timeout-ms. */
 static void test_replica_joiner(void)
 {
 	struct rps__seed sd;
@@ -1099,6 +1101,12 @@ static void test_replica_joiner(void)
 	apply_cmd(RPS__SMAP_REPLICA_DROP, 2, 1, 0, 0);
 	CU_ASSERT(!fake.parts[2].backup);
 	CU_ASSERT_FATAL(run_until(p2_drained));
+	/* seeded again, but no image comes: the joiner aborts it itself */
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 2, 0, 0, 1);
+	read_map();
+	CU_ASSERT_EQUAL_FATAL(pub.parts[2].joining, 1u);
+	CU_ASSERT_FATAL(run_until(p2_not_joining));
+	CU_ASSERT(!fake.parts[2].backup);
 	unsetenv("RPS_FAULT");
 }
 

@@ -19,7 +19,8 @@
  * plus the stream after the seq is exactly the primary's state.  The pause
  * is a move's: workers get RPS_ESTALE_EPOCH meanwhile and retry.  If the
  * joiner has not installed it by --move-timeout-ms, the primary proposes
- * REPLICA_ABORT; on ABORT (or a FAILOVER, which clears the joiner) the
+ * REPLICA_ABORT (so does a joiner that got no image by then: a primary
+ * that cannot fence or is gone); on ABORT (or a FAILOVER, which clears the joiner) the
  * primary unfences and the joiner drops what it installed: nothing is lost.
  * The leader starts one seeding per primary at a time.
  *
@@ -109,6 +110,7 @@ bool rps__cp_replica_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now)
 			pl->epoch = mp->epoch;
 			pl->installed = false;
 			pl->next_try = 0;
+			pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
 			pl->gone = false;
 			pl->cleared = false;
 		}
@@ -208,6 +210,14 @@ void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now)
 
 		if (pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED) {
 			seed_source_duty(cp, p, now);
+		} else if (pl->st == PART_SEEDING && !pl->installed && now >= pl->give_up &&
+			   now >= pl->next_try) {
+			/* no image in time (a primary that cannot fence or offer
+			 * it, or is gone): our side ends it too */
+			pl->next_try = now + PEER_RETRY_NS;
+			rps__log(RPS__LOG_WARN, "partition %u: no image from member %llu in time: aborting the seeding",
+				 p, (unsigned long long)cp->map.parts[p].owner);
+			propose_abort(cp, p);
 		} else if (pl->st == PART_SEEDING && pl->installed && now >= pl->next_try &&
 			   cp->map.parts[p].joining == cp->my_id) {
 			pl->next_try = now + REPLICA_RETRY_NS;
