@@ -78,12 +78,15 @@ bool rps__cp_replica_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now)
 
 	if (mp->owner == cp->my_id) {
 		if (pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED) {
-			if (!seeding_on || mp->joining != pl->to || mp->epoch != pl->epoch)
-				seed_source_end(cp, p);
-			return true;
+			if (seeding_on && mp->joining == pl->to && mp->epoch == pl->epoch)
+				return true;
+			/* over; or the epoch moved on (a backup dropped
+			 * meanwhile): then it starts again below */
+			seed_source_end(cp, p);
 		}
-		if (pl->st == PART_ACTIVE && seeding_on && mp->epoch == pl->epoch && !mp->lost) {
+		if (pl->st == PART_ACTIVE && seeding_on && !mp->lost) {
 			pl->st = PART_SEED_FENCING;
+			pl->epoch = mp->epoch;
 			pl->to = mp->joining;
 			pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
 			rps__log(RPS__LOG_INFO, "partition %u: seeding member %llu as a backup (epoch %llu): fencing",
