@@ -189,6 +189,18 @@ static int f_part_install(struct rps__server *s, uint32_t p, uint64_t epoch, con
 	return 0;
 }
 static void f_part_drop(struct rps__server *s, uint32_t p) { (void)s; note("drop %u", p); }
+static uint64_t f_repl_seq(struct rps__server *s, uint32_t p) { (void)s; return 100u + p; }
+static int f_part_install_backup(struct rps__server *s, uint32_t p, uint64_t epoch, const void *img, size_t len,
+				 uint64_t seq)
+{
+	(void)s;
+	(void)epoch;
+	(void)img;
+	(void)len;
+	note("install_backup %u", p);
+	note("seq %u", (unsigned)seq);
+	return 0;
+}
 
 static uint32_t f_hold_steps(struct rps__server *s, struct rps__ckpt_target **out)
 {
@@ -272,7 +284,8 @@ static const struct rps__dp_ops fake_ops = {
 	.part_set = f_part_set, .part_create = f_part_create, .part_publish = f_part_publish,
 	.part_refuse = f_part_refuse, .part_fence = f_part_fence, .part_unfence = f_part_unfence,
 	.part_serialize = f_part_serialize, .part_forget_parked = f_part_forget_parked,
-	.part_install = f_part_install, .part_drop = f_part_drop, .hold_steps = f_hold_steps,
+	.part_install = f_part_install, .part_drop = f_part_drop, .repl_seq = f_repl_seq,
+	.part_install_backup = f_part_install_backup, .hold_steps = f_hold_steps,
 	.hold_tensor = f_hold_tensor, .hold_release = f_hold_release, .hold_reached = f_hold_reached,
 	.drain = f_drain, .take = f_take, .copy_free = f_copy_free, .restore_tensor = f_restore_tensor,
 	.restore_shard = f_restore_shard, .set_lease = f_set_lease,
@@ -286,6 +299,7 @@ static struct rps__server_config the_cfg;
 static struct conn admin = { .role = CONN_ADMIN, .name = "127.0.0.1:1" };
 static struct conn peer2 = { .role = CONN_PEER, .peer_id = 2, .name = "127.0.0.1:2" };
 static char scratch[200];
+static char scratch2[200];	/* the replica tests' fresh cluster */
 
 static int suite_init(void)
 {
@@ -303,6 +317,10 @@ static int suite_init(void)
 	cfg.data_dir = scratch;
 	fake.fence_ok = true;
 	rps__cp_fake_clock_ns = T0;	/* leases and failures: the tests' clock */
+	/* Test hook: the leader proposes no REPLICA_BEGIN/DROP of its own
+	 * (the failover tests build their maps by hand); the replica tests
+	 * at the end turn it off. */
+	setenv("RPS_FAULT", "no-replica-duty", 1);
 	the_cfg = cfg;
 	if (rps__cp_create(&cfg, &cp) || rps__cp_start(cp, &fake_ops, &fake, &hooks)) {
 		fprintf(stderr, "test_cplane: %s\n", rps__errbuf());
@@ -316,6 +334,8 @@ static int suite_fini(void)
 	hooks.fini(hooks.ctx);
 	rps__cp_destroy(cp);
 	(void)rps__remove_tree(scratch);
+	if (scratch2[0])
+		(void)rps__remove_tree(scratch2);
 	return 0;
 }
 
@@ -887,6 +907,209 @@ static void test_new_leader_waits(void)
 	rps__log_level = level;
 }
 
+/* ---- replica sets: placement by the leader, seeding (cp_replicas.c) ------------ */
+
+/* A new one-member cluster in a fresh directory (the same fake data plane),
+ * then members 2 and 3, connected (so live); the replica duty runs. */
+static void fresh_cluster(void)
+{
+	struct rps__server_config cfg = the_cfg;
+
+	hooks.fini(hooks.ctx);
+	rps__cp_destroy(cp);
+	cp = NULL;
+	test_mkdtemp(scratch2, sizeof(scratch2), "test_cplane2");
+	cfg.data_dir = scratch2;
+	unsetenv("RPS_FAULT");
+	rps__cp_fake_clock_ns += 10000 * MS;
+	CU_ASSERT_FATAL(rps__cp_create(&cfg, &cp) == 0 && rps__cp_start(cp, &fake_ops, &fake, &hooks) == 0);
+	CU_ASSERT_FATAL(run_until(all_served));
+	peer2.dead = peer3.dead = false;
+	hooks.peer_attached(hooks.ctx, &peer2);
+	hooks.peer_attached(hooks.ctx, &peer3);
+	apply_cmd(RPS__SMAP_ADD_MEMBER, 0, 2, 0, 0);
+	apply_cmd(RPS__SMAP_ADD_MEMBER, 0, 3, 0, 0);
+}
+
+static void apply_zone(uint64_t id, const char *zone)
+{
+	const struct rps__propose_rep *rep = (const void *)peer2.last_body;
+	struct rps__smap_cmd cmd;
+
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.type = RPS__SMAP_SET_ZONE;
+	cmd.id = id;
+	snprintf(cmd.zone, sizeof(cmd.zone), "%s", zone);
+	send_proposal(&cmd);
+	CU_ASSERT_EQUAL_FATAL(peer2.last_status, 0);
+	applied_want = rep->index;
+	CU_ASSERT_FATAL(run_until(applied_reached));
+}
+
+/* Turns of the loop for ms (real time: the duties' clock). */
+static void turns_for(int ms)
+{
+	uint64_t end = rps__now_ns() + (uint64_t)ms * MS;
+	struct timespec ts = { 0, 1000000 };
+
+	while (rps__now_ns() < end) {
+		turn();
+		nanosleep(&ts, NULL);
+	}
+}
+
+static uint32_t njoining(void)
+{
+	uint32_t n = 0;
+
+	read_map();
+	for (uint32_t p = 0; p < NPART; p++)
+		n += pub.parts[p].joining != 0;
+	return n;
+}
+
+static bool one_joining(void) { return njoining() == 1; }
+static bool seed_offered(void) { return peer3.last_type == RPS__MSG_SEED; }
+static bool p0_backed(void) { read_map(); return pub.parts[0].backups[0] == 3 && fake.parts[0].serving; }
+static bool p1_joining(void) { read_map(); return pub.parts[1].joining == 3; }
+static bool p1_aborted(void) { return logged("unfence 1", 0) >= 0 && fake.parts[1].serving; }
+static bool none_backed(void)
+{
+	read_map();
+	for (uint32_t p = 0; p < NPART; p++)
+		if (pub.parts[p].backups[0] || pub.parts[p].joining || !fake.parts[p].serving)
+			return false;
+	return true;
+}
+
+/* The leader's placement: nothing at R = 1; at R = 2 one seeding per
+ * primary at a time, to the member of a zone the set lacks (3, not the
+ * lower id 2); the primary fences and offers its image with its stream seq
+ * (its parked pushes stay), serves again on COMMIT, and on ABORT after
+ * --move-timeout-ms; R lowered to 1: every backup dropped, every seeding
+ * aborted. */
+static void test_replica_placement(void)
+{
+	const struct rps__seed *sd = (const void *)peer3.last_body;
+	uint64_t applied, epoch0;
+
+	fresh_cluster();
+	/* R = 1: nothing proposed */
+	applied = fake.applied;
+	turns_for(200);
+	CU_ASSERT_EQUAL(fake.applied, applied);
+	CU_ASSERT_EQUAL(njoining(), 0u);
+	apply_zone(1, "a");
+	apply_zone(2, "a");
+	apply_zone(3, "b");
+	fake.nlog = 0;
+	peer3.last_type = 0;
+	epoch0 = pub.parts[0].epoch;
+	apply_cmd(RPS__SMAP_SET_REPLICAS, 0, 2, 0, 0);
+	CU_ASSERT_FATAL(run_until(one_joining));
+	CU_ASSERT_EQUAL(pub.parts[0].joining, 3u);
+	/* our side: fenced and offered like a move's source, parked pushes kept */
+	CU_ASSERT_FATAL(run_until(seed_offered));
+	CU_ASSERT(!fake.parts[0].serving);
+	CU_ASSERT(fake.parts[0].incoming);	/* (tensors created meanwhile get a region) */
+	CU_ASSERT(logged("refuse 0", 0) >= 0);
+	CU_ASSERT(logged("fence 0", logged("refuse 0", 0)) >= 0);
+	CU_ASSERT(logged("serialize 0", logged("fence 0", 0)) >= 0);
+	CU_ASSERT(logged("forget_parked 0", 0) < 0);
+	CU_ASSERT(logged("publish 0 moved", 0) < 0);
+	CU_ASSERT_EQUAL(peer3.last_req_id, 0u);
+	CU_ASSERT_EQUAL(sd->mig.part, 0u);
+	CU_ASSERT_EQUAL(sd->mig.epoch, epoch0);
+	CU_ASSERT_EQUAL(sd->mig.from, 1u);
+	CU_ASSERT_EQUAL(sd->mig.len, 64u);
+	CU_ASSERT_EQUAL(sd->seq, 100u);		/* the fake's stream seq of partition 0 */
+	/* one seeding per primary: nothing else while it lasts */
+	turns_for(700);
+	CU_ASSERT_EQUAL(njoining(), 1u);
+	/* the joiner installed it and commits: a backup, same epoch, served again */
+	send_msg(&peer3, RPS__MSG_MIGRATE_REP, 0, 0, NULL, 0);
+	apply_cmd(RPS__SMAP_REPLICA_COMMIT, 0, 0, 0, 3);
+	CU_ASSERT_FATAL(run_until(p0_backed));
+	CU_ASSERT(logged("unfence 0", 0) >= 0);
+	CU_ASSERT_EQUAL(pub.parts[0].epoch, epoch0);
+	CU_ASSERT_EQUAL(fake.parts[0].backups[0], 3u);
+	/* the next one, never installed: aborted after --move-timeout-ms */
+	CU_ASSERT_FATAL(run_until(p1_joining));
+	CU_ASSERT_FATAL(run_until(p1_aborted));
+	/* lowered: backups dropped, seedings aborted */
+	apply_cmd(RPS__SMAP_SET_REPLICAS, 0, 1, 0, 0);
+	CU_ASSERT_FATAL(run_until(none_backed));
+	CU_ASSERT_EQUAL(pub.parts[0].epoch, epoch0 + 1);	/* (REPLICA_DROP) */
+	applied = fake.applied;
+	turns_for(700);
+	CU_ASSERT_EQUAL(fake.applied, applied);
+	CU_ASSERT(none_backed());
+}
+
+static bool p2_drained(void) { return logged("drop 2", 0) >= 0; }
+static bool p2_not_joining(void) { read_map(); return !pub.parts[2].joining; }
+static bool p2_backup(void) { read_map(); return pub.parts[2].backups[0] == 1 && !pub.parts[2].joining; }
+
+/* The joiner's side: a stale offer is refused, the image installed as a
+ * backup at the primary's stream seq, REPLICA_COMMIT proposed; dropped
+ * from the set, its copy goes after --drain-ms; seeded again without an
+ * image, it aborts the seeding itself after --move-timeout-ms. */
+static void test_replica_joiner(void)
+{
+	struct rps__seed sd;
+	char img[64];
+
+	setenv("RPS_FAULT", "no-replica-duty", 1);	/* (the map is made by hand here) */
+	memset(img, 0x33, sizeof(img));
+	/* partition 2 goes to member 2, without us */
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 2, 0, 0, 2);
+	apply_cmd(RPS__SMAP_REPLICA_COMMIT, 2, 0, 0, 2);
+	apply_cmd(RPS__SMAP_FAILOVER, 2, 0, 1, 2);
+	CU_ASSERT_FATAL(run_until(p2_drained));
+	fake.nlog = 0;
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 2, 0, 0, 1);
+	read_map();
+	CU_ASSERT_EQUAL_FATAL(pub.parts[2].joining, 1u);
+	CU_ASSERT(fake.parts[2].backup && !fake.parts[2].serving);
+	memset(&sd, 0, sizeof(sd));
+	sd.mig.part = 2;
+	sd.mig.from = 2;
+	sd.mig.epoch = pub.parts[2].epoch + 1;	/* not this seeding's */
+	sd.mig.len = sizeof(img);
+	sd.mig.crc = rps__crc32c_noinv(img, sizeof(img));
+	sd.seq = 4242;
+	peer2.reading = false;
+	send_msg(&peer2, RPS__MSG_SEED, 2, 0, &sd, sizeof(sd));
+	CU_ASSERT_EQUAL(peer2.last_type, RPS__MSG_MIGRATE_REP);
+	CU_ASSERT_EQUAL(peer2.last_status, -EAGAIN);
+	CU_ASSERT(!peer2.reading);
+	sd.mig.epoch = pub.parts[2].epoch;
+	send_msg(&peer2, RPS__MSG_SEED, 2, 0, &sd, sizeof(sd));
+	CU_ASSERT_FATAL(peer2.reading);
+	peer2.reading = false;
+	hooks.on_read_done(hooks.ctx, &peer2, true, img);
+	CU_ASSERT_EQUAL(peer2.last_type, RPS__MSG_MIGRATE_REP);
+	CU_ASSERT_EQUAL(peer2.last_status, 0);
+	CU_ASSERT(logged("install_backup 2", 0) >= 0);
+	CU_ASSERT(logged("seq 4242", 0) >= 0);
+	CU_ASSERT(logged("install 2", 0) < 0);	/* (not as a move's destination) */
+	CU_ASSERT_FATAL(run_until(p2_backup));
+	CU_ASSERT(fake.parts[2].backup && !fake.parts[2].serving);
+	CU_ASSERT_EQUAL(fake.parts[2].primary, 2u);
+	/* dropped from the set: the copy goes after the drain */
+	CU_ASSERT(logged("drop 2", 0) < 0);
+	apply_cmd(RPS__SMAP_REPLICA_DROP, 2, 1, 0, 0);
+	CU_ASSERT(!fake.parts[2].backup);
+	CU_ASSERT_FATAL(run_until(p2_drained));
+	/* seeded again, but no image comes: the joiner aborts it itself */
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 2, 0, 0, 1);
+	read_map();
+	CU_ASSERT_EQUAL_FATAL(pub.parts[2].joining, 1u);
+	CU_ASSERT_FATAL(run_until(p2_not_joining));
+	CU_ASSERT(!fake.parts[2].backup);
+	unsetenv("RPS_FAULT");
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -900,6 +1123,8 @@ int main(void)
 		{ "failure: declared after failover_ms exactly; R=1: nothing proposed", test_failure_without_backups },
 		{ "failover: FAILOVER, REPLICA_DROP, REPLICA_ABORT in one batch", test_failover_proposed },
 		{ "a new leader waits 1.1 x lease_ms; members never connected are not failed", test_new_leader_waits },
+		{ "replicas: the leader seeds one per primary, zones first, drops when lowered", test_replica_placement },
+		{ "replicas: the joiner installs the image as a backup and commits", test_replica_joiner },
 	};
 
 	return cutest_run1("cplane", suite_init, suite_fini, NULL, NULL, tests, RPS__ARRAY_SIZE(tests));

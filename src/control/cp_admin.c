@@ -103,6 +103,7 @@ void rps__cp_admin_map_changed(struct rps__cplane *cp)
 			break;
 		case RPS__ADMIN_NOP:
 		case RPS__ADMIN_FORGET_LOST:
+		case RPS__ADMIN_SET_REPLICAS:
 			if (cp->map.applied >= a->index) {
 				if (rps__rnode_term_at(cp->rnode, a->index) == a->term)
 					admin_done(cp, i, 0, 0, NULL);
@@ -254,12 +255,35 @@ static void admin_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_i
 	rps__rnode_process(cp->rnode);
 }
 
+/* Tests compare replicas: what this server holds of a tensor's partition. */
+static void admin_digest(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a)
+{
+	struct rps__admin_rep rep;
+	char name[sizeof(a->uri)];
+	uint32_t crc = 0, nsh = 0;
+	int ret;
+
+	memset(&rep, 0, sizeof(rep));
+	memcpy(name, a->uri, sizeof(name));
+	name[sizeof(name) - 1] = '\0';
+	ret = cp->dp->part_digest ? cp->dp->part_digest(cp->srv, name, a->part, &crc, &rep.epoch, &nsh) : -ENOTSUP;
+	rep.index = crc;
+	rep.leader = nsh;
+	if (ret)
+		snprintf(rep.msg, sizeof(rep.msg), "nothing of tensor '%s' partition %u here", name, a->part);
+	cp->dp->conn_reply(c, RPS__MSG_ADMIN_REP, req_id, ret, &rep, sizeof(rep));
+}
+
 void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a)
 {
 	struct rps__smap_cmd cmd;
 	struct rps__raft_status st;
 	uint64_t epoch = 0;
 
+	if (a->op == RPS__ADMIN_DIGEST) {
+		admin_digest(cp, c, req_id, a);
+		return;
+	}
 	if (!rps__rnode_is_leader(cp->rnode)) {
 		admin_reply(cp, c, req_id, -EPERM, 0, 0, "not the leader: ask the leader");
 		return;
@@ -323,6 +347,10 @@ void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, c
 			return;
 		}
 		cmd.type = RPS__SMAP_FORCE_REMOVE;
+		cmd.id = a->id;
+		break;
+	case RPS__ADMIN_SET_REPLICAS:
+		cmd.type = RPS__SMAP_SET_REPLICAS;
 		cmd.id = a->id;
 		break;
 	case RPS__ADMIN_FORGET_LOST:

@@ -399,3 +399,10 @@ void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now)
 				 (unsigned long long)k->id, n, n == 1 ? "" : "s");
 	}
 }
+
+bool rps__cp_member_live(const struct rps__cplane *cp, uint64_t id)
+{
+	if (id == cp->my_id)
+		return true;
+	return cp->fo.leading && heard_of(&cp->fo, id) && !member_failed(cp, id);
+}

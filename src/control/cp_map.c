@@ -53,6 +53,8 @@ void rps__cp_part_sync(struct rps__cplane *cp, uint32_t p)
 	uint32_t k;
 
 	v.owned_lost = mp->owner == cp->my_id && v.lost;
+	/* seeding a backup: tensors created meanwhile get their region here too */
+	v.incoming |= pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED;
 	/* the replica set: who streams to whom (src/server/repl.c) */
 	v.primary = mp->owner;
 	for (k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
@@ -85,6 +87,8 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 	const struct rps__smap_part *mp = &cp->map.parts[p];
 	struct part_local *pl = &cp->parts[p];
 
+	if (rps__cp_replica_reconcile(cp, p, now))	/* seeding, backups (cp_replicas.c) */
+		return;
 	if (mp->owner == cp->my_id && !mp->moving_to) {
 		if (pl->st == PART_LEAVING || pl->st == PART_SHIPPED) {
 			rps__log(RPS__LOG_INFO, "partition %u: move aborted, serving it again", p);

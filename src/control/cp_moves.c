@@ -3,6 +3,7 @@
  * fences, ships and offers the partition, the new owner READs and installs
  * it (through the data plane's partition API), and the duties that push a
  * move on (offers, commits, aborts, lost partitions, draining copies).
+ * Seeding a backup (cp_replicas.c) uses the same image and READ.
  */
 #include "config.h"
 #include "common/common.h"
@@ -25,15 +26,15 @@ void rps__cp_blob_free(struct rps__cplane *cp, struct part_local *pl)
 	pl->blob_len = 0;
 }
 
-int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part)
+/* Serialise the fenced partition into pl->blob, registered for the
+ * other end's READ, with its crc (a move's and a seeding's image). */
+int rps__cp_blob_make(struct rps__cplane *cp, uint32_t part)
 {
 	struct part_local *pl = &cp->parts[part];
 	void *img = NULL;
 	size_t len = 0;
 	int ret;
 
-	/* readers of our copy now learn it moved */
-	cp->dp->part_publish(cp->srv, part, RPS__EPOCH_MOVED);
 	ret = cp->dp->part_serialize(cp->srv, part, pl->epoch, &img, &len);
 	if (ret)
 		return ret;
@@ -49,26 +50,47 @@ int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part)
 		pl->blob = NULL;
 		return ret;
 	}
-	cp->dp->part_forget_parked(cp->srv, part);
-	pl->st = PART_SHIPPED;
 	pl->offered = false;
 	pl->installed = false;
 	pl->next_try = 0;
+	return 0;
+}
+
+int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part)
+{
+	struct part_local *pl = &cp->parts[part];
+	int ret;
+
+	/* readers of our copy now learn it moved */
+	cp->dp->part_publish(cp->srv, part, RPS__EPOCH_MOVED);
+	ret = rps__cp_blob_make(cp, part);
+	if (ret)
+		return ret;
+	cp->dp->part_forget_parked(cp->srv, part);
+	pl->st = PART_SHIPPED;
 	rps__cp_part_sync(cp, part);
 	rps__log(RPS__LOG_INFO, "partition %u fenced (epoch %llu): %zu bytes for member %llu", part,
 		 (unsigned long long)pl->epoch, pl->blob_len, (unsigned long long)pl->to);
 	return 0;
 }
 
-void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now)
+/* Where the other end READs pl->blob. */
+struct rps__migrate rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part)
 {
-	struct part_local *pl = &cp->parts[part];
-	struct peer *p = rps__cp_peer_get(cp, pl->to, false);
-	struct rps__migrate m = {
+	const struct part_local *pl = &cp->parts[part];
+
+	return (struct rps__migrate){
 		.part = part, .epoch = pl->epoch, .from = cp->my_id,
 		.addr = (uint64_t)(uintptr_t)pl->blob, .rkey = cp->dp->mem_rkey(pl->blob_mr),
 		.crc = pl->blob_crc, .len = pl->blob_len,
 	};
+}
+
+void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now)
+{
+	struct part_local *pl = &cp->parts[part];
+	struct peer *p = rps__cp_peer_get(cp, pl->to, false);
+	struct rps__migrate m = rps__cp_blob_offer(cp, part);
 
 	if (!p || !p->c || cp->dp->conn_dead(p->c) || now < pl->next_try)
 		return;
@@ -101,14 +123,17 @@ void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
 	struct rps__cplane *cp = ctx;
 	struct cp_read *r = read_of(cp, c);
 	struct rps__migrate m;
-	uint64_t req_id;
+	uint64_t req_id, seq;
 	uint32_t crc;
+	bool seed;
 	int ret;
 
 	if (!r)
 		return;
 	m = r->mig;
 	req_id = r->req_id;
+	seed = r->seed;
+	seq = r->seq;
 	rps__cp_reads_gone(cp, c);
 	if (!ok) {
 		rps__log(RPS__LOG_WARN, "partition %u: reading it from member %llu failed", m.part,
@@ -120,6 +145,10 @@ void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
 		rps__log(RPS__LOG_ERROR, "partition %u from member %llu: crc32c %08x, expected %08x: corrupted in flight, refused",
 			 m.part, (unsigned long long)m.from, crc, m.crc);
 		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -EILSEQ, NULL, 0);
+		return;
+	}
+	if (seed) {
+		rps__cp_seed_read_done(cp, c, req_id, &m, seq, buf);
 		return;
 	}
 	if (cp->map.parts[m.part].moving_to != cp->my_id || cp->map.parts[m.part].epoch != m.epoch) {
@@ -143,8 +172,6 @@ void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
 
 void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m)
 {
-	int ret;
-
 	if (m->part >= cp->map.npart || cp->map.parts[m->part].moving_to != cp->my_id ||
 	    cp->map.parts[m->part].epoch != m->epoch) {
 		/* our log may lag: the offer comes again */
@@ -155,6 +182,16 @@ void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
 		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, 0, NULL, 0);
 		return;
 	}
+	rps__cp_read_start(cp, c, req_id, m, false, 0);
+}
+
+/* READ the image m offers over c (one at a time per connection); the
+ * answer goes back as MIGRATE_REP, at once if refused. */
+void rps__cp_read_start(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+			bool seed, uint64_t seq)
+{
+	int ret;
+
 	if (read_of(cp, c) || m->len > ((uint64_t)1 << 40)) {
 		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -EBUSY, NULL, 0);
 		return;
@@ -174,7 +211,7 @@ void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
 		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, ret, NULL, 0);
 		return;
 	}
-	cp->reads[cp->nreads++] = (struct cp_read){ .c = c, .mig = *m, .req_id = req_id };
+	cp->reads[cp->nreads++] = (struct cp_read){ .c = c, .mig = *m, .req_id = req_id, .seed = seed, .seq = seq };
 }
 
 void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t part, int32_t status)
@@ -184,7 +221,7 @@ void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t par
 	if (part >= cp->map.npart)
 		return;
 	pl = &cp->parts[part];
-	if (pl->st != PART_SHIPPED || pl->to != cp->dp->conn_peer_id(c))
+	if ((pl->st != PART_SHIPPED && pl->st != PART_SEED_SHIPPED) || pl->to != cp->dp->conn_peer_id(c))
 		return;
 	if (status == 0) {
 		pl->installed = true;

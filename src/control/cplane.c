@@ -129,6 +129,12 @@ static void on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h, 
 			return;
 		}
 		break;
+	case RPS__MSG_SEED:
+		if (cp->dp->conn_role(c) == CONN_PEER && body_len == sizeof(struct rps__seed)) {
+			rps__cp_on_seed(cp, c, h->req_id, body);
+			return;
+		}
+		break;
 	case RPS__MSG_MIGRATE_REP:
 		if (cp->dp->conn_role(c) == CONN_PEER) {
 			rps__cp_on_migrate_rep(cp, c, (uint32_t)h->req_id, h->status);
@@ -171,6 +177,9 @@ static int run_timers(void *ctx, uint64_t now, bool *stop)
 		cp->next_duty = now + DUTY_NS;
 		rps__cp_peers_connect(cp, now);
 		rps__cp_move_duties(cp, now);
+		rps__cp_seed_duties(cp, now);
+		rps__cp_replica_duties(cp, now);
+		rps__cp_config_duties(cp, now);
 		rps__cp_leader_membership(cp);
 		rps__cp_admin_timeouts(cp, now);
 		rps__cp_admin_map_changed(cp);

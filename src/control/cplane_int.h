@@ -31,6 +31,11 @@ enum part_state {
 	PART_SHIPPED,	/* fenced and offered to the destination */
 	PART_INCOMING,	/* installed here, waiting for MOVE_COMMIT */
 	PART_DRAINING,	/* moved away: regions freed at free_at */
+	/* seeding a backup (cp_replicas.c) */
+	PART_SEED_FENCING,	/* primary: REPLICA_BEGIN applied, fencing for the joiner `to` */
+	PART_SEED_SHIPPED,	/* primary: fenced, image offered to `to` */
+	PART_SEEDING,	/* the joiner: waiting for the image, then for REPLICA_COMMIT */
+	PART_BACKUP,	/* a backup: regions kept, the stream applied, not served */
 };
 
 struct part_local {
@@ -44,6 +49,7 @@ struct part_local {
 	size_t blob_len;
 	struct rps__mr *blob_mr;
 	uint32_t blob_crc;
+	uint64_t seq;		/* SEED_SHIPPED: the stream's seq at the cut */
 	bool offered;		/* MIGRATE sent, reply pending */
 	bool installed;		/* destination answered 0 */
 	bool gone;		/* ours, but its contents went with a restart: refused
@@ -77,6 +83,8 @@ struct cp_read {
 	struct conn *c;
 	struct rps__migrate mig;
 	uint64_t req_id;
+	bool seed;		/* a backup's image (SEED), not a move's */
+	uint64_t seq;		/* seed: the stream goes on after it */
 };
 
 struct ckpt_state;
@@ -149,6 +157,12 @@ struct rps__cplane {
 	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
 	struct ckpt_state *ckpt;	/* ckpt_srv.c */
 	struct cp_failover fo;		/* cp_failover.c */
+	/* cp_replicas.c */
+	uint64_t replica_next[RPS__SMAP_MAX_PART];	/* leader: next proposal for the partition (ns) */
+	uint64_t seed_src_next[RPS__SMAP_MAX_MEMBERS];	/* leader: next BEGIN from member slot i (ns) */
+	uint64_t config_next;		/* next SET_REPLICAS / SET_ZONE proposal (ns) */
+	bool replicas_settled;		/* --replicas is in the map (once per start) */
+	bool zone_settled;		/* --zone is in the map */
 };
 
 static inline uint64_t ms_ns(uint64_t ms)
@@ -185,6 +199,10 @@ void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now);
 
 /* cp_moves.c */
 void rps__cp_blob_free(struct rps__cplane *cp, struct part_local *pl);
+int rps__cp_blob_make(struct rps__cplane *cp, uint32_t part);
+struct rps__migrate rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part);
+void rps__cp_read_start(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+			bool seed, uint64_t seq);
 int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part);
 void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now);
 void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf);
@@ -192,6 +210,15 @@ void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
 void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t part, int32_t status);
 void rps__cp_reads_gone(struct rps__cplane *cp, struct conn *c);
 void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now);
+
+/* cp_replicas.c: placement (leader), seeding backups, --replicas and --zone */
+bool rps__cp_replica_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now);
+void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now);
+void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now);
+void rps__cp_config_duties(struct rps__cplane *cp, uint64_t now);
+void rps__cp_on_seed(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__seed *s);
+void rps__cp_seed_read_done(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+			    uint64_t seq, const void *buf);
 
 /* cp_map.c */
 void rps__cp_map_publish(struct rps__cplane *cp);
@@ -222,6 +249,8 @@ void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct r
 void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx);
 void rps__cp_failover_role(struct rps__cplane *cp, bool leader);
 void rps__cp_failover_heard(struct rps__cplane *cp, uint64_t id);
+/* leader: id is this server, or was heard from and is not failed */
+bool rps__cp_member_live(const struct rps__cplane *cp, uint64_t id);
 
 /* ckpt_srv.c: checkpoints and restores */
 void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps__msg_hdr *h,

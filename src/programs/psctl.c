@@ -62,6 +62,8 @@ static void usage(FILE *f)
 "  remove-server --force ID    member ID is dead: abort its moves, give its\n"
 "                              partitions to the others marked lost, remove it\n"
 "  forget-lost PART|all        accept a lost partition empty\n"
+"  set-replicas R              keep R copies (1-3) of every partition: the\n"
+"                              leader seeds or drops backups\n"
 "  transfer-leader [ID]        make ID (default: the server's choice) the leader\n"
 "  checkpoint DIR              write a consistent checkpoint of every tensor to\n"
 "                              DIR (a directory every server can write)\n"
@@ -95,7 +97,7 @@ static void die_usage(const char *fmt, ...)
 		"usage: psctl [-s URI[,URI...]] [--json] [--timeout SEC] COMMAND [ARGS]\n"
 		"commands: status | move PART ID | add-server ID URI [--no-rebalance] |\n"
 		"          remove-server ID | transfer-leader [ID] | checkpoint DIR | restore DIR |\n"
-		"          remove-rank RANK [TENSOR]\n"
+		"          remove-rank RANK [TENSOR] | set-replicas R\n"
 		"          (psctl --help for more)\n");
 	exit(2);
 }
@@ -645,12 +647,14 @@ static void check_command(const char *cmd, int nargs)
 		{ "restore", 1, 1, " DIR" },
 		{ "forget-lost", 1, 1, " PART|all" },
 		{ "remove-rank", 1, 2, " RANK [TENSOR]" },
+		{ "set-replicas", 1, 1, " R" },
 	};
 	size_t i;
 
 	if (strcmp(cmd, "status") && strcmp(cmd, "move") && strcmp(cmd, "add-server") &&
 	    strcmp(cmd, "remove-server") && strcmp(cmd, "transfer-leader") && strcmp(cmd, "checkpoint") &&
-	    strcmp(cmd, "restore") && strcmp(cmd, "forget-lost") && strcmp(cmd, "remove-rank"))
+	    strcmp(cmd, "restore") && strcmp(cmd, "forget-lost") && strcmp(cmd, "remove-rank") &&
+	    strcmp(cmd, "set-replicas"))
 		die_usage("unknown command '%s'", cmd);
 	if (psctl_opt.force && strcmp(cmd, "remove-server"))
 		die_usage("--force goes with remove-server");
@@ -681,6 +685,8 @@ static void parse_command_args(const char *cmd, char **args, int nargs, uint32_t
 	} else if (!strcmp(cmd, "forget-lost")) {
 		*part = !strcmp(args[0], "all") ? UINT32_MAX :
 		       (uint32_t)parse_u64(args[0], "PART", 0, RPS__SMAP_MAX_PART - 1);
+	} else if (!strcmp(cmd, "set-replicas")) {
+		*id = parse_u64(args[0], "R", 1, RPS__SMAP_MAX_REPLICAS);
 	} else if (!strcmp(cmd, "transfer-leader") && nargs == 1) {
 		*id = parse_u64(args[0], "ID", 1, UINT64_MAX);
 	} else if (!strcmp(cmd, "remove-rank")) {
@@ -723,6 +729,8 @@ static int run_command(const char *cmd, char **args, uint32_t part, uint64_t id)
 		return psctl_cmd_restore(args[0]);
 	else if (!strcmp(cmd, "remove-rank"))
 		return psctl_cmd_remove_rank((int)id, args[1]);
+	else if (!strcmp(cmd, "set-replicas"))
+		return psctl_cmd_set_replicas((uint32_t)id);
 	else
 		return psctl_cmd_transfer_leader(id);
 }

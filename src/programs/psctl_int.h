@@ -68,6 +68,7 @@ int psctl_cmd_status(void);
 int psctl_cmd_move(uint32_t part, uint64_t to);
 int psctl_cmd_add_server(uint64_t id, const char *uri);
 int psctl_cmd_force_remove(uint64_t id);
+int psctl_cmd_set_replicas(uint32_t r);
 int psctl_cmd_forget_lost(uint32_t part);
 int psctl_cmd_remove_server(uint64_t id);
 int psctl_cmd_transfer_leader(uint64_t to);

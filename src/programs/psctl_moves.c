@@ -279,6 +279,25 @@ int psctl_cmd_force_remove(uint64_t id)
 	return 0;
 }
 
+/* The replication target: the leader seeds or drops backups until every
+ * partition has r copies (psctl status shows how far it got). */
+int psctl_cmd_set_replicas(uint32_t r)
+{
+	struct rps__admin_rep rep;
+	char what[96];
+
+	snprintf(what, sizeof(what), "set the replication target to %" PRIu32, r);
+	if (psctl_admin(RPS__ADMIN_SET_REPLICAS, 0, r, NULL, &rep, what))
+		return psctl_fail_err();
+	if (psctl_opt.json)
+		printf("{\"replicas\":%" PRIu32 "}\n", r);
+	else
+		printf("replication target: %" PRIu32 " cop%s of every partition; the leader %s backups now"
+		       " (psctl status shows the under-replicated)\n", r, r == 1 ? "y" : "ies",
+		       r == 1 ? "drops the" : "seeds or drops");
+	return 0;
+}
+
 /* Accept lost partitions empty (their contents are gone for good). */
 int psctl_cmd_forget_lost(uint32_t part)
 {

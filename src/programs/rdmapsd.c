@@ -64,11 +64,29 @@ static void usage(FILE *f)
 		"      --move-timeout-ms MS  abort a partition move not installed by then (default 30000)\n"
 		"      --failover-ms MS      a server silent this long is failed; its leases last MS/2\n"
 		"                            (default 1000 or 10 x --tick-ms if more; at least that)\n"
+		"      --replicas R          copies of every partition, 1-3: the Raft leader makes it the\n"
+		"                            cluster's target and seeds or drops backups (default: the\n"
+		"                            cluster's target stands; 1 for a new cluster)\n"
+		"      --zone NAME           this server's zone: replicas spread over zones (up to 15\n"
+		"                            printable characters)\n"
 		"      --restore DIR         load the checkpoint in DIR (psctl checkpoint) before serving\n"
 		"  -p, --port-file PATH      write the listening port here once ready\n"
 		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
 		"  -h, --help                this text\n"
 		"  -V, --version             print the version\n");
+}
+
+/* A zone label the shard map takes (SET_ZONE's check). */
+static bool zone_ok(const char *z)
+{
+	size_t i, n = strlen(z);
+
+	if (!n || n >= RPS__SMAP_ZONE_MAX)
+		return false;
+	for (i = 0; i < n; i++)
+		if (z[i] <= ' ' || z[i] > '~')
+			return false;
+	return true;
 }
 
 /* Every bad option value: one line naming the option and what is allowed,
@@ -189,6 +207,18 @@ static int parse_one(int c, struct opts *o)
 		if (opt_u32("--failover-ms", optarg, 1, 86400000, &cfg->failover_ms))
 			return 2;
 		break;
+	case 18:
+		if (opt_u32("--replicas", optarg, 1, RPS__SMAP_MAX_REPLICAS, &cfg->replicas))
+			return 2;
+		break;
+	case 19:
+		if (!zone_ok(optarg)) {
+			fprintf(stderr, "rdmapsd: --zone '%s': 1 to %u printable characters, no spaces\n", optarg,
+				RPS__SMAP_ZONE_MAX - 1);
+			return 2;
+		}
+		cfg->zone = optarg;
+		break;
 	case 'i':
 		if (opt_u32("--index", optarg, 0, RPS__SMAP_MAX_MEMBERS - 1, &u))
 			return 2;
@@ -307,6 +337,8 @@ static int parse_options(int argc, char **argv, struct opts *o)
 		{ "move-timeout-ms", required_argument, NULL, 15 },
 		{ "restore", required_argument, NULL, 16 },
 		{ "failover-ms", required_argument, NULL, 17 },
+		{ "replicas", required_argument, NULL, 18 },
+		{ "zone", required_argument, NULL, 19 },
 		{ "log-level", required_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },

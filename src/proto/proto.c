@@ -61,6 +61,7 @@ static const struct {
 	[RPS__MSG_REPL_ACK] = { "REPL_ACK", sizeof(struct rps__repl_ack), 0, 0 },
 	[RPS__MSG_REPL_NACK] = { "REPL_NACK", sizeof(struct rps__repl_ack), 0, 0 },
 	[RPS__MSG_STEP_DONE] = { "STEP_DONE", sizeof(struct rps__step_done), 0, 0 },
+	[RPS__MSG_SEED] = { "SEED", sizeof(struct rps__seed), 0, 0 },
 };
 
 long rps__msg_body_size(unsigned type)

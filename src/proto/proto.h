@@ -28,7 +28,8 @@
 
 /* 3: WAIT_REP names a missing rank; lost partitions in the map and STATUS_REP
  * 5: PUSH_ACK may carry RPS__ACK_TAKEN, STEP_DONE: a version-4 client would
- *    refuse both as malformed and drop the connection; HELLO refuses it */
+ *    refuse both as malformed and drop the connection; HELLO refuses it.
+ *    Servers: SEED (seeding a backup), ADMIN set-replicas and digest */
 #define RPS__PROTO_VERSION 5u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
@@ -73,6 +74,8 @@ enum rps__msg_type {
 	RPS__MSG_REPL_NACK,	/* struct rps__repl_ack, status: the entry after seq is refused */
 	/* server -> worker: sync steps replicated (after PUSH_ACK TAKEN) */
 	RPS__MSG_STEP_DONE,	/* struct rps__step_done */
+	/* primary -> joiner (role PEER): seeding a new backup (control/cp_replicas.c) */
+	RPS__MSG_SEED,		/* struct rps__seed: a fenced partition's image to READ as a backup */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -327,6 +330,14 @@ struct rps__migrate {
 	uint64_t len;
 };
 
+/* SEED: a move's offer, and where the joiner's stream position starts (the
+ * primary's replication seq of the partition at the cut).  The answer is a
+ * MIGRATE_REP, as for a move. */
+struct rps__seed {
+	struct rps__migrate mig;	/* epoch: the one REPLICA_BEGIN named */
+	uint64_t seq;
+};
+
 /* STATUS_REP body: this fixed part, then the encoded shard map. */
 struct rps__status_rep {
 	uint64_t id;
@@ -358,6 +369,10 @@ enum rps__admin_op {
 	RPS__ADMIN_NOP = 5,		/* commit a no-op entry and answer once applied here */
 	RPS__ADMIN_FORGET_LOST = 6,	/* part (UINT32_MAX: every one): accept a lost partition empty */
 	RPS__ADMIN_FORCE_REMOVE = 7,	/* id: a dead member goes, its partitions lost (smap FORCE_REMOVE) */
+	RPS__ADMIN_SET_REPLICAS = 8,	/* id: the replication target R (smap SET_REPLICAS) */
+	RPS__ADMIN_DIGEST = 9,		/* tests, any server: uri = a tensor's name, part; the answer's
+					 * index = crc32c of what this server holds of it, epoch = the
+					 * sum of its shards' versions, leader = its shard count */
 };
 
 struct rps__admin {

@@ -161,6 +161,18 @@ struct rps__dp_ops {
 	int (*part_install)(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len);
 	/* free the partition's regions (revokes remote access) */
 	void (*part_drop)(struct rps__server *srv, uint32_t part);
+	/* seeding a backup (control/cp_replicas.c): the primary's replication
+	 * seq of the partition (at the cut), and, on the joiner, validate and
+	 * install the image as a backup (regions kept, not served, no parked
+	 * pushes) whose stream goes on after seq: nothing changes if refused */
+	uint64_t (*repl_seq)(struct rps__server *srv, uint32_t part);
+	int (*part_install_backup)(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
+				   size_t len, uint64_t seq);
+	/* tests: a crc32c of what this server holds of tensor name's partition
+	 * (versions, parameters, optimizer state, clocks, applied push ids):
+	 * 0, or -ENOENT if nothing */
+	int (*part_digest)(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
+			   uint64_t *versions, uint32_t *nshards);
 
 	/* ---- workers */
 	/* psctl remove-rank: rank leaves tensor name ("": every sync and

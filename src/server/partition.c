@@ -8,6 +8,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/crc.h"
 #include "kernels/agg.h"
 #include "server/server_int.h"
 
@@ -537,8 +538,10 @@ out:
  * negative errnos the steps pass on. */
 #define MALFORMED 1
 
-/* One shard of a tensor's region (allocated, not yet registered). */
-static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint64_t epoch)
+/* One shard of a tensor's region (allocated, not yet registered).  As a
+ * backup (seeding): no step in progress, as the stream leaves a backup
+ * (it gets each step's sum whole), and the header keeps the map's epoch. */
+static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint64_t epoch, bool backup)
 {
 	size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
 	const void *v;
@@ -564,7 +567,8 @@ static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint
 	if (s->acc) {
 		if (!(v = get(b, (size_t)s->elems * 4)))
 			return MALFORMED;
-		memcpy(s->acc, v, (size_t)s->elems * 4);
+		if (!backup)
+			memcpy(s->acc, v, (size_t)s->elems * 4);
 	}
 	if (s->clocks) {
 		if (!(v = get(b, (size_t)t->spec.num_workers * 8)))
@@ -580,7 +584,11 @@ static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint
 			return rps__seterr(-ENOMEM, "out of memory");
 		memcpy(s->dd, v, (size_t)s->ndd * sizeof(*s->dd));
 	}
-	s->hdr->epoch = epoch + 1;
+	if (backup) {
+		s->next_rank = 0;
+		s->nsummed = 0;
+	}
+	s->hdr->epoch = backup ? epoch : epoch + 1;
 	s->hdr->seq = s->ready ? s->step * 2 : 1;
 	return 0;
 }
@@ -603,7 +611,7 @@ static int install_removed(struct rbuf *b, struct tensor *t)
 
 /* One tensor of the image (created here if new): its region of the
  * partition, filled, then registered. */
-static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part, uint64_t epoch)
+static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part, uint64_t epoch, bool backup)
 {
 	const char *name = get(b, RPS__NAME_MAX);
 	const struct rps__tensor_spec *sp = get(b, sizeof(*sp));
@@ -624,19 +632,22 @@ static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part
 	nsh = get32(b);
 	if (nsh != rps__part_nshards(&t->layout, part))
 		return MALFORMED;
+	if (backup)	/* (the stream may have made it empty already) */
+		rps__srv_region_free(srv, t, part);
 	ret = rps__srv_region_alloc(srv, t, part, false, NULL);
 	if (ret)
 		return ret;
 	for (j = 0; j < nsh; j++) {
-		ret = install_shard(b, t, &t->shards[rps__part_shard(&t->layout, part, j)], epoch);
+		ret = install_shard(b, t, &t->shards[rps__part_shard(&t->layout, part, j)], epoch, backup);
 		if (ret)
 			return ret;
 	}
 	return rps__srv_region_register(srv, t, part);
 }
 
-/* One parked push of the image. */
-static int install_parked(struct rps__server *srv, struct rbuf *b)
+/* One parked push of the image (a backup passes over it: the primary keeps
+ * its own and replicates the step it completes). */
+static int install_parked(struct rps__server *srv, struct rbuf *b, bool backup)
 {
 	const char *name = get(b, RPS__NAME_MAX);
 	uint32_t shard = get32(b);
@@ -649,6 +660,8 @@ static int install_parked(struct rps__server *srv, struct rbuf *b)
 
 	if (!data || !t || shard >= t->layout.nshards)
 		return MALFORMED;
+	if (backup)
+		return 0;
 	if (srv->nparked == srv->parked_cap) {
 		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
 		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
@@ -678,7 +691,7 @@ static int install_parked(struct rps__server *srv, struct rbuf *b)
  * image passed check_partition_image first: nothing is changed for one
  * that fails. */
 static int install_partition(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
-			     size_t len)
+			     size_t len, bool backup)
 {
 	struct rbuf b = { .p = img, .len = len };
 	uint32_t nt, i, np;
@@ -689,14 +702,17 @@ static int install_partition(struct rps__server *srv, uint32_t part, uint64_t ep
 		return ret;
 	if (get32(&b) != MIG_MAGIC || get32(&b) != MIG_VERSION || get32(&b) != part || get64(&b) != epoch)
 		return rps__seterr(-EBADMSG, "partition %u: not the image of this move", part);
-	rps__srv_regions_free_part(srv, part);
+	/* a backup keeps the regions of tensors created after the cut (the
+	 * stream fills them); install_tensor replaces the image's own */
+	if (!backup)
+		rps__srv_regions_free_part(srv, part);
 	nt = get32(&b);
 	for (i = 0; i < nt && !b.bad && !ret; i++)
-		ret = install_tensor(srv, &b, part, epoch);
+		ret = install_tensor(srv, &b, part, epoch, backup);
 	if (!ret) {
 		np = get32(&b);
 		for (i = 0; i < np && !b.bad && !ret; i++)
-			ret = install_parked(srv, &b);
+			ret = install_parked(srv, &b, backup);
 	}
 	if (!ret && (b.bad || b.off != b.len))
 		ret = MALFORMED;
@@ -725,7 +741,25 @@ int rps__srv_image_build(struct rps__server *srv, uint32_t part, uint64_t epoch,
 
 int rps__srv_image_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len)
 {
-	return install_partition(srv, part, epoch, img, len);
+	return install_partition(srv, part, epoch, img, len, false);
+}
+
+/* Seeding a backup: the image of a partition its primary keeps serving.
+ * Regions kept, announced to nobody, no parked pushes, no step in
+ * progress; the stream goes on after seq, the primary's at the cut. */
+int rps__srv_image_install_backup(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
+				  size_t len, uint64_t seq)
+{
+	int ret = install_partition(srv, part, epoch, img, len, true);
+
+	if (!ret)
+		srv->repl_seq[part] = seq;
+	return ret;
+}
+
+uint64_t rps__srv_repl_seq(struct rps__server *srv, uint32_t part)
+{
+	return part < RPS__SMAP_MAX_PART ? srv->repl_seq[part] : 0;
 }
 
 /* Publish an epoch in every header of the partition: a worker's READ of a
@@ -753,4 +787,44 @@ void rps__srv_part_create(struct rps__server *srv, uint32_t part)
 	for (i = 0; i < srv->ntensors; i++)
 		if (srv->tensors[i] && !rps__srv_region_alloc(srv, srv->tensors[i], part, false, NULL))
 			rps__srv_region_register(srv, srv->tensors[i], part);
+}
+
+/* What this server holds of a tensor's partition, as one crc32c over every
+ * shard's version, ready flag, parameters, optimizer state, clocks and
+ * applied-push-id sets (not the lock word, the header or a step in
+ * progress): equal on a primary and its backups once they agree (tests
+ * compare replicas with it, psctl never shows it). */
+int rps__srv_part_digest(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
+			 uint64_t *versions, uint32_t *nshards)
+{
+	struct tensor *t = rps__srv_tensor_by_name(srv, name);
+	const struct region *r;
+	uint32_t c = 0, j;
+
+	if (!t || part >= t->layout.nservers || !(r = &t->regions[part])->mem)
+		return -ENOENT;
+	*versions = 0;
+	for (j = 0; j < r->nsh; j++) {
+		const struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
+		size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
+		uint32_t ready = s->ready;
+
+		c = rps__crc32c(c, &s->step, sizeof(s->step));
+		c = rps__crc32c(c, &ready, sizeof(ready));
+		c = rps__crc32c(c, s->params, (size_t)s->elems * 4);
+		if (nstate)
+			c = rps__crc32c(c, s->state, nstate * 4);
+		if (s->clocks)
+			c = rps__crc32c(c, s->clocks, (size_t)t->spec.num_workers * 8);
+		c = rps__crc32c(c, &s->ndd, sizeof(s->ndd));
+		for (uint32_t k = 0; k < s->ndd; k++) {
+			c = rps__crc32c(c, &s->dd[k].client, sizeof(s->dd[k].client));
+			c = rps__crc32c(c, s->dd[k].ids, sizeof(s->dd[k].ids));
+			c = rps__crc32c(c, &s->dd[k].next, sizeof(s->dd[k].next));
+		}
+		*versions += s->step;
+	}
+	*crc = c;
+	*nshards = r->nsh;
+	return 0;
 }

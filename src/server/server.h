@@ -49,6 +49,9 @@ struct rps__server_config {
 	uint32_t drain_ms;		/* keep a moved partition's memory this long (default 2000) */
 	uint32_t failover_ms;		/* a member silent this long is failed (0: 1000, or
 					 * 10 x tick_ms if more) */
+	uint32_t replicas;		/* --replicas R: the leader makes it the map's target
+					 * (0: not given, the map's stands) */
+	const char *zone;		/* --zone: this member's zone label (NULL: not given) */
 };
 
 void rps__server_config_init(struct rps__server_config *cfg);

@@ -395,6 +395,11 @@ void rps__srv_part_forget_parked(struct rps__server *srv, uint32_t part);
  * does (tests and the fuzz harness drive these). */
 int rps__srv_image_build(struct rps__server *srv, uint32_t part, uint64_t epoch, void **img, size_t *len);
 int rps__srv_image_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len);
+int rps__srv_image_install_backup(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
+				  size_t len, uint64_t seq);
+uint64_t rps__srv_repl_seq(struct rps__server *srv, uint32_t part);
+int rps__srv_part_digest(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
+			 uint64_t *versions, uint32_t *nshards);
 
 /* hold.c: checkpoints */
 uint32_t rps__srv_hold_steps(struct rps__server *srv, struct rps__ckpt_target **out);

@@ -1,0 +1,392 @@
+/*
+ * cp_replicas.c - replica sets in a running cluster (issue 12, design
+ * section 4): the leader places backups (REPLICA_BEGIN where a partition
+ * has fewer copies than the target R, REPLICA_DROP where it has more), the
+ * primary and the joiner seed a new backup, and --replicas / --zone reach
+ * the map.
+ *
+ * Seeding reuses a move's machinery (cp_moves.c):
+ *   primary  on applying REPLICA_BEGIN(p, to, e): stops serving p, fences it
+ *            as a move's source does, serialises it (the move's image; the
+ *            parked pushes stay here), notes its replication seq of p at the
+ *            cut and offers it to `to` (SEED: the MIGRATE body + that seq)
+ *   joiner   READs it, checks the crc, installs it as a backup (regions kept,
+ *            announced to nobody, the stream goes on after the seq), answers
+ *            MIGRATE_REP and proposes REPLICA_COMMIT(p, to, e)
+ *   everyone on applying COMMIT: `to` is a backup (epoch unchanged); the
+ *            primary unfences p and streams its next update to `to` too.
+ * Nothing is applied to p between the fence and the commit, so the image
+ * plus the stream after the seq is exactly the primary's state.  The pause
+ * is a move's: workers get RPS_ESTALE_EPOCH meanwhile and retry.  If the
+ * joiner has not installed it by --move-timeout-ms, the primary proposes
+ * REPLICA_ABORT (so does a joiner that got no image by then: a primary
+ * that cannot fence or is gone); on ABORT (or a FAILOVER, which clears the joiner) the
+ * primary unfences and the joiner drops what it installed: nothing is lost.
+ * The leader starts one seeding per primary at a time.
+ *
+ * --replicas R: the leader proposes SET_REPLICAS(R) once after this process
+ * started, when the map's target differs (the leader's flag wins, logged);
+ * psctl set-replicas changes it afterwards.  Without --replicas the map's
+ * target stands (1 for a new cluster).  --zone Z: each member proposes
+ * SET_ZONE for itself while the map says otherwise.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "control/cplane_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdmaps.h"
+
+#define REPLICA_RETRY_NS (PEER_RETRY_NS / 2)
+
+/* ---- what this server does with a partition it is a replica of ----------- */
+
+static bool is_backup(const struct rps__smap_part *mp, uint64_t id)
+{
+	for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
+		if (mp->backups[k] == id)
+			return true;
+	return false;
+}
+
+/* Primary: the seeding is over (committed, aborted): serve p again. */
+static void seed_source_end(struct rps__cplane *cp, uint32_t p)
+{
+	const struct rps__smap_part *mp = &cp->map.parts[p];
+	struct part_local *pl = &cp->parts[p];
+
+	rps__log(RPS__LOG_INFO, "partition %u: %s member %llu, serving it again (epoch %llu)", p,
+		 is_backup(mp, pl->to) ? "backed up by" : "seeding aborted for", (unsigned long long)pl->to,
+		 (unsigned long long)mp->epoch);
+	rps__cp_blob_free(cp, pl);
+	cp->dp->part_unfence(cp->srv, p, mp->epoch);
+	pl->st = PART_ACTIVE;
+	pl->epoch = mp->epoch;
+}
+
+/* Called first by reconcile_part (cp_map.c): true if the partition was
+ * dealt with here (seeding on either side, backups). */
+bool rps__cp_replica_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now)
+{
+	const struct rps__smap_part *mp = &cp->map.parts[p];
+	struct part_local *pl = &cp->parts[p];
+	bool seeding_on = mp->joining && !mp->moving_to;
+
+	if (mp->owner == cp->my_id) {
+		if (pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED) {
+			if (seeding_on && mp->joining == pl->to && mp->epoch == pl->epoch)
+				return true;
+			/* over; or the epoch moved on (a backup dropped
+			 * meanwhile): then it starts again below */
+			seed_source_end(cp, p);
+		}
+		if (pl->st == PART_ACTIVE && seeding_on && !mp->lost) {
+			pl->st = PART_SEED_FENCING;
+			pl->epoch = mp->epoch;
+			pl->to = mp->joining;
+			pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
+			rps__log(RPS__LOG_INFO, "partition %u: seeding member %llu as a backup (epoch %llu): fencing",
+				 p, (unsigned long long)pl->to, (unsigned long long)pl->epoch);
+			rps__cp_part_sync(cp, p);
+			cp->dp->part_refuse(cp->srv, p);
+			return true;
+		}
+		return false;	/* (a backup promoted, a move: cp_map.c) */
+	}
+	if (pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED) {
+		/* not ours any more (a FAILOVER took it): as after a move */
+		rps__log(RPS__LOG_INFO, "partition %u now belongs to member %llu (epoch %llu)", p,
+			 (unsigned long long)mp->owner, (unsigned long long)mp->epoch);
+		rps__cp_blob_free(cp, pl);
+		pl->st = PART_DRAINING;
+		pl->free_at = now + ms_ns(cp->cfg.drain_ms);
+		pl->epoch = mp->epoch;
+		return true;
+	}
+	if (mp->joining == cp->my_id) {
+		if (pl->st != PART_SEEDING || pl->epoch != mp->epoch) {
+			pl->st = PART_SEEDING;
+			pl->epoch = mp->epoch;
+			pl->installed = false;
+			pl->next_try = 0;
+			pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
+			pl->gone = false;
+			pl->cleared = false;
+		}
+		return true;
+	}
+	if (is_backup(mp, cp->my_id)) {
+		if (pl->st == PART_SEEDING) {
+			rps__log(RPS__LOG_INFO, "partition %u: a backup of member %llu's now (epoch %llu)", p,
+				 (unsigned long long)mp->owner, (unsigned long long)mp->epoch);
+			pl->st = PART_BACKUP;
+		}
+		if (pl->st != PART_BACKUP)
+			return false;	/* (a backup since the bootstrap: cp_map.c) */
+		pl->epoch = mp->epoch;
+		return true;
+	}
+	if (pl->st == PART_SEEDING) {
+		rps__log(RPS__LOG_INFO, "partition %u: seeding ended without us, dropping what was installed", p);
+		cp->dp->part_drop(cp->srv, p);
+		pl->st = PART_NONE;
+		pl->epoch = mp->epoch;
+		return true;
+	}
+	if (pl->st == PART_BACKUP) {
+		/* dropped from the set (REPLICA_DROP, a FAILOVER that did not
+		 * keep us): the regions go like a drained partition's */
+		rps__log(RPS__LOG_INFO, "partition %u: no longer a backup of it (epoch %llu)", p,
+			 (unsigned long long)mp->epoch);
+		pl->st = PART_DRAINING;
+		pl->free_at = now + ms_ns(cp->cfg.drain_ms);
+		pl->epoch = mp->epoch;
+		return true;
+	}
+	return false;
+}
+
+/* ---- seeding: the primary's and the joiner's duties ------------------------ */
+
+static void propose_abort(struct rps__cplane *cp, uint32_t p)
+{
+	struct rps__smap_cmd cmd;
+
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.type = RPS__SMAP_REPLICA_ABORT;
+	cmd.part = p;
+	cmd.epoch = cp->parts[p].epoch;
+	rps__cp_propose_cmd(cp, &cmd);
+}
+
+static void seed_offer(struct rps__cplane *cp, uint32_t p, uint64_t now)
+{
+	struct part_local *pl = &cp->parts[p];
+	struct peer *peer = rps__cp_peer_get(cp, pl->to, false);
+	struct rps__seed s = { .mig = rps__cp_blob_offer(cp, p), .seq = pl->seq };
+
+	if (!peer || !peer->c || cp->dp->conn_dead(peer->c) || now < pl->next_try)
+		return;
+	pl->next_try = now + PEER_RETRY_NS;
+	pl->offered = true;
+	cp->dp->conn_reply(peer->c, RPS__MSG_SEED, p, 0, &s, sizeof(s));
+}
+
+static void seed_source_duty(struct rps__cplane *cp, uint32_t p, uint64_t now)
+{
+	struct part_local *pl = &cp->parts[p];
+
+	if (pl->st == PART_SEED_FENCING) {
+		if (!cp->dp->part_fence(cp->srv, p))
+			return;
+		if (rps__cp_blob_make(cp, p)) {
+			rps__log(RPS__LOG_ERROR, "%s", rps__errbuf());
+			return;
+		}
+		pl->seq = cp->dp->repl_seq(cp->srv, p);
+		pl->st = PART_SEED_SHIPPED;
+		rps__log(RPS__LOG_INFO, "partition %u fenced (epoch %llu, stream seq %llu): %zu bytes for backup %llu",
+			 p, (unsigned long long)pl->epoch, (unsigned long long)pl->seq, pl->blob_len,
+			 (unsigned long long)pl->to);
+	}
+	if (!pl->installed && (!pl->offered || now >= pl->next_try))
+		seed_offer(cp, p, now);
+	if (!pl->installed && now >= pl->give_up && now + PEER_RETRY_NS / 2 >= pl->next_try) {
+		rps__log(RPS__LOG_WARN, "partition %u: member %llu did not take its image in time: aborting the seeding",
+			 p, (unsigned long long)pl->to);
+		propose_abort(cp, p);
+		pl->next_try = now + PEER_RETRY_NS;
+	}
+}
+
+void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now)
+{
+	struct rps__smap_cmd cmd;
+	uint32_t p;
+
+	for (p = 0; p < cp->map.npart; p++) {
+		struct part_local *pl = &cp->parts[p];
+
+		if (pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED) {
+			seed_source_duty(cp, p, now);
+		} else if (pl->st == PART_SEEDING && !pl->installed && now >= pl->give_up &&
+			   now >= pl->next_try) {
+			/* no image in time (a primary that cannot fence or offer
+			 * it, or is gone): our side ends it too */
+			pl->next_try = now + PEER_RETRY_NS;
+			rps__log(RPS__LOG_WARN, "partition %u: no image from member %llu in time: aborting the seeding",
+				 p, (unsigned long long)cp->map.parts[p].owner);
+			propose_abort(cp, p);
+		} else if (pl->st == PART_SEEDING && pl->installed && now >= pl->next_try &&
+			   cp->map.parts[p].joining == cp->my_id) {
+			pl->next_try = now + REPLICA_RETRY_NS;
+			memset(&cmd, 0, sizeof(cmd));
+			cmd.type = RPS__SMAP_REPLICA_COMMIT;
+			cmd.part = p;
+			cmd.to = cp->my_id;
+			cmd.epoch = pl->epoch;
+			rps__cp_propose_cmd(cp, &cmd);
+		}
+	}
+}
+
+/* Joiner: the primary offers the image. */
+void rps__cp_on_seed(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__seed *s)
+{
+	const struct rps__migrate *m = &s->mig;
+
+	if (m->part >= cp->map.npart || cp->map.parts[m->part].joining != cp->my_id ||
+	    cp->map.parts[m->part].epoch != m->epoch || cp->parts[m->part].st != PART_SEEDING) {
+		/* our log may lag: the offer comes again */
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -EAGAIN, NULL, 0);
+		return;
+	}
+	if (cp->parts[m->part].installed) {
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, 0, NULL, 0);
+		return;
+	}
+	rps__cp_read_start(cp, c, req_id, m, true, s->seq);
+}
+
+/* Joiner: the image arrived whole (crc checked). */
+void rps__cp_seed_read_done(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+			    uint64_t seq, const void *buf)
+{
+	struct part_local *pl = &cp->parts[m->part];
+	int ret;
+
+	if (cp->map.parts[m->part].joining != cp->my_id || cp->map.parts[m->part].epoch != m->epoch ||
+	    pl->st != PART_SEEDING) {
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, RPS_ESTALE_EPOCH, NULL, 0);
+		return;
+	}
+	if (!pl->installed) {
+		ret = cp->dp->part_install_backup(cp->srv, m->part, m->epoch, buf, m->len, seq);
+		if (ret) {
+			rps__log(RPS__LOG_ERROR, "%s", rps__errbuf());
+			cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, ret, NULL, 0);
+			return;
+		}
+		pl->installed = true;
+		pl->next_try = 0;
+		rps__log(RPS__LOG_INFO, "partition %u installed as a backup of member %llu (%llu bytes, crc ok, stream after %llu)",
+			 m->part, (unsigned long long)m->from, (unsigned long long)m->len, (unsigned long long)seq);
+	}
+	cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, 0, NULL, 0);
+}
+
+/* ---- the leader: placement -------------------------------------------------- */
+
+static bool live(void *ctx, uint64_t id)
+{
+	return rps__cp_member_live(ctx, id);
+}
+
+static int member_slot(const struct rps__smap *m, uint64_t id)
+{
+	for (uint32_t i = 0; i < m->nmembers; i++)
+		if (m->members[i].id == id)
+			return (int)i;
+	return -1;
+}
+
+/* What partition p calls for, if anything: false if nothing. */
+static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, struct rps__smap_cmd *cmd)
+{
+	const struct rps__smap *m = &cp->map;
+	const struct rps__smap_part *mp = &m->parts[p];
+	uint32_t nb = rps__smap_nbackups(m, p);
+	int src;
+
+	memset(cmd, 0, sizeof(*cmd));
+	cmd->part = p;
+	cmd->epoch = mp->epoch;
+	if (mp->lost || mp->moving_to)
+		return false;
+	if (mp->joining) {
+		/* the target was lowered meanwhile */
+		cmd->type = RPS__SMAP_REPLICA_ABORT;
+		return 1 + nb >= m->replicas;
+	}
+	if (1 + nb > m->replicas) {
+		cmd->type = RPS__SMAP_REPLICA_DROP;
+		cmd->id = mp->backups[nb - 1];
+		return true;
+	}
+	if (1 + nb == m->replicas || !rps__cp_member_live(cp, mp->owner))
+		return false;
+	/* one seeding per primary at a time */
+	src = member_slot(m, mp->owner);
+	if (src < 0 || now < cp->seed_src_next[src])
+		return false;
+	for (uint32_t q = 0; q < m->npart; q++)
+		if (m->parts[q].owner == mp->owner && m->parts[q].joining)
+			return false;
+	cmd->type = RPS__SMAP_REPLICA_BEGIN;
+	cmd->to = rps__smap_pick_backup(m, p, live, cp);
+	if (!cmd->to)
+		return false;
+	cp->seed_src_next[src] = now + REPLICA_RETRY_NS;
+	return true;
+}
+
+void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
+{
+	struct rps__smap_cmd cmd;
+	char what[256];
+	uint32_t p;
+
+	if (!cp->rnode || !rps__rnode_is_leader(cp->rnode) || !cp->fo.leading)
+		return;
+	/* Test hook: maps built by hand (test_cplane, the bootstrap-replicas
+	 * maps of the failover tests) stay as they are */
+	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "no-replica-duty")))
+		return;
+	for (p = 0; p < cp->map.npart; p++) {
+		if (now < cp->replica_next[p] || !placement_cmd(cp, p, now, &cmd))
+			continue;
+		cp->replica_next[p] = now + REPLICA_RETRY_NS;
+		rps__smap_cmd_str(&cmd, what, sizeof(what));
+		rps__log(RPS__LOG_DEBUG, "replicas (target %u): proposing %s", cp->map.replicas, what);
+		rps__cp_propose_cmd(cp, &cmd);
+	}
+}
+
+/* ---- --replicas and --zone ---------------------------------------------------- */
+
+void rps__cp_config_duties(struct rps__cplane *cp, uint64_t now)
+{
+	const struct rps__smap_member *me;
+	struct rps__smap_cmd cmd;
+
+	if (now < cp->config_next || !cp->map.npart)
+		return;
+	cp->config_next = now + REPLICA_RETRY_NS;
+	if (cp->cfg.replicas && !cp->replicas_settled && cp->rnode && rps__rnode_is_leader(cp->rnode)) {
+		if (cp->map.replicas == cp->cfg.replicas) {
+			cp->replicas_settled = true;
+		} else {
+			rps__log(RPS__LOG_INFO, "the map's replication target is %u, --replicas says %u: this leader's flag wins",
+				 cp->map.replicas, cp->cfg.replicas);
+			memset(&cmd, 0, sizeof(cmd));
+			cmd.type = RPS__SMAP_SET_REPLICAS;
+			cmd.id = cp->cfg.replicas;
+			rps__cp_propose_cmd(cp, &cmd);
+		}
+	}
+	if (cp->cfg.zone && !cp->zone_settled && (me = rps__smap_member(&cp->map, cp->my_id))) {
+		if (!strcmp(me->zone, cp->cfg.zone)) {
+			cp->zone_settled = true;
+		} else {
+			memset(&cmd, 0, sizeof(cmd));
+			cmd.type = RPS__SMAP_SET_ZONE;
+			cmd.id = cp->my_id;
+			snprintf(cmd.zone, sizeof(cmd.zone), "%s", cp->cfg.zone);
+			rps__cp_propose_cmd(cp, &cmd);
+		}
+	}
+}
