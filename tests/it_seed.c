@@ -36,7 +36,7 @@
 #define NPART 6
 #define COUNT (1024u * 2 * NPART)	/* fp32: 12 shards of 4 KiB */
 #define ARGS "--partitions 6 --shard-size 4096 --slots 4 --tick-ms 20 --move-timeout-ms 10000 --fsync none" \
-	" --failover-ms 6000 --replicas 2 --zone z1"
+	" --replicas 2 --zone z1"
 #define PSCTL_MS 40000
 #define SETTLE_MS 30000
 

@@ -94,6 +94,10 @@ enum rps__conn_role {
 	RPS__ROLE_PEER = 2,	/* another rdmapsd: Raft, proposals, migration */
 	RPS__ROLE_ADMIN = 3,	/* psctl */
 	RPS__ROLE_REPL = 4,	/* a primary's replication stream to a backup server */
+	/* the same stream, dialed by the backup: the server with the higher
+	 * member id dials (as for PEER), so two loops never wait on each
+	 * other's accept, whichever way the stream runs */
+	RPS__ROLE_REPL_REV = 5,
 };
 
 /* Private data of the transport-level connect request. */

@@ -338,6 +338,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 	size_t len;
 	const void *data = rps__conn_req_data(req, &len);
 	const char *why = NULL;
+	bool rev;
 	uint32_t i;
 	int ret;
 
@@ -347,7 +348,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		why = "not an rdmaps worker";
 	else if (priv.version != RPS__PROTO_VERSION)
 		why = "protocol version mismatch: upgrade librdmaps or rdmapsd";
-	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_REPL)
+	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_REPL_REV)
 		why = "unknown connection role";
 	else if (req->peer_sq_depth > ANNOUNCED_SQ_MAX)
 		why = "announced send queue depth over 1024";
@@ -361,13 +362,17 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		else
 			why = "this server takes no peers";
 	}
-	if (!why && priv.role == RPS__ROLE_REPL && (!priv.from_id || priv.from_id == srv->my_id || priv.to_id != srv->my_id))
+	if (!why && (priv.role == RPS__ROLE_REPL || priv.role == RPS__ROLE_REPL_REV) &&
+	    (!priv.from_id || priv.from_id == srv->my_id || priv.to_id != srv->my_id))
 		why = "replication stream meant for another member";
+	if (!why && priv.role == RPS__ROLE_REPL_REV && priv.from_id < srv->my_id)
+		why = "replication stream dialed by the lower member id (the higher one dials)";
 	if (why) {
 		reject_with(req, why);
 		return;
 	}
-	ret = rps__srv_conn_new(srv, (enum conn_role_kind)priv.role, &c);
+	rev = priv.role == RPS__ROLE_REPL_REV;	/* we are its primary */
+	ret = rps__srv_conn_new(srv, rev ? CONN_REPL : (enum conn_role_kind)priv.role, &c);
 	if (!ret && priv.role == RPS__ROLE_REPL && (ret = rps__srv_repl_accepted(srv, c)))
 		conn_free(srv, c);
 	if (ret) {
@@ -376,9 +381,9 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 						: "server out of resources");
 		return;
 	}
-	c->peer_id = priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_REPL ? priv.from_id : 0;
+	c->peer_id = priv.role >= RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN ? priv.from_id : 0;
 	c->last_active_ns = rps__now_ns();
-	attr.sq_depth = c->nsend + 8;
+	attr.sq_depth = c->nsend + 8 + (rev ? REPL_SLOTS : 0);
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
 	priv.role = 0;
@@ -396,6 +401,8 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		}
 	if (conn_table_add(srv, c))
 		goto err_free;
+	if (rev)
+		rps__srv_repl_rev_accepted(srv, c);
 	if (c->role == CONN_PEER && srv->hooks.peer_attached)
 		srv->hooks.peer_attached(srv->hooks.ctx, c);
 	else

@@ -213,6 +213,8 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 {
 	if (part < RPS__SMAP_MAX_PART)
 		srv->parts[part] = *view;
+	if (view->backup)
+		srv->repl_active = true;	/* the repl turn dials its primary when our id is the higher */
 	/* a replica the map dropped is no longer waited for */
 	if (srv->nrwaits)
 		rps__srv_repl_confirm(srv);

@@ -4,7 +4,8 @@
  * acknowledges it only once all of them applied it (issue 12).
  *
  * One REPL connection per (primary server, backup server), dialed by the
- * primary, carries every partition between them (one ordering domain).  The
+ * one with the higher member id, carries every partition between them
+ * (one ordering domain).  The
  * backup registers REPL_SLOTS slots for it and says where in its HELLO
  * reply, with its kernel fingerprint; an entry (struct rps__repl_desc, then
  * the payload) is one WRITE_WITH_IMM into slot k (imm = k, slots in turn),
@@ -35,12 +36,10 @@
 #include "rdmaps.h"
 
 /* The transport's connect blocks the loop until the other server's loop
- * accepts (or the timeout), so dials back off: a dead backup must not
- * stall the primary's loop most of the time, and two servers dialing each
- * other at once (each the other's backup) give up and retry at different
- * times.  A non-blocking connect, or one connection per pair carrying both
- * directions, would remove the stall; slice 3 (symmetric placement) needs
- * one of them. */
+ * accepts (or the timeout).  Only the higher member id dials (dial()), so
+ * no two loops wait on each other; dials back off so that a dead member
+ * stalls the loop rarely.  A non-blocking connect would remove that stall
+ * too. */
 #define REPL_CONNECT_TIMEOUT_MS 2000
 #define REPL_REDIAL_NS (200ull * 1000000ull)
 #define REPL_REDIAL_MAX_NS (5000ull * 1000000ull)
@@ -131,6 +130,8 @@ int rps__srv_repl_set_peer(struct rps__server *srv, uint64_t id, const char *uri
 		snprintf(p->uri, sizeof(p->uri), "%s", uri);
 		if (p->conn)
 			rps__srv_conn_fail(p->conn, "its member moved to another address");
+		if (p->in)
+			rps__srv_conn_fail(p->in, "its member moved to another address");
 	}
 	return 0;
 }
@@ -465,56 +466,98 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 
 /* ---- the primary: the connection ------------------------------------------ */
 
-/* 0 connected (REPL_HELLO sent), or -1 */
-static int dial(struct rps__server *srv, struct repl_peer *p)
+static void send_hello(struct rps__server *srv, struct conn *c)
+{
+	struct rps__repl_hello h;
+
+	memset(&h, 0, sizeof(h));
+	h.from_id = srv->my_id;
+	snprintf(h.fingerprint, sizeof(h.fingerprint), "%s", rps__srv_repl_fingerprint(srv));
+	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO, 0, 0, &h, sizeof(h));
+}
+
+/*
+ * Dial member p for a stream: ours to it (we are primary), or, rev, its
+ * stream to us (we are the backup).  Only the higher member id dials, as
+ * for PEER connections: the transport's connect blocks this loop until the
+ * other loop accepts, and with dials going one way only along the ids no
+ * two loops ever wait on each other (each the other's backup, or a cycle
+ * of three).  0 connected, or -1.
+ */
+static int dial(struct rps__server *srv, struct repl_peer *p, bool rev)
 {
 	struct rps__conn_priv priv = {
-		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_REPL,
-		.from_id = srv->my_id, .to_id = p->id,
+		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION,
+		.role = rev ? RPS__ROLE_REPL_REV : RPS__ROLE_REPL, .from_id = srv->my_id, .to_id = p->id,
 	};
 	struct rps__ep_attr attr = { 0 };
 	char reply[RPS__PRIVDATA_MAX + 1];
 	size_t reply_len = RPS__PRIVDATA_MAX;
-	struct rps__repl_hello h;
 	struct rps__conn_priv rp;
 	struct rps__uri u;
 	struct conn *c;
 
 	if (rps__uri_parse(p->uri, &u) || rps__srv_conn_new(srv, CONN_REPL, &c)) {
-		rps__log(RPS__LOG_WARN, "replication to member %llu: %s", (unsigned long long)p->id, rps__errbuf());
+		rps__log(RPS__LOG_WARN, "replication %s member %llu: %s", rev ? "from" : "to",
+			 (unsigned long long)p->id, rps__errbuf());
 		return -1;
 	}
-	attr.sq_depth = c->nsend + REPL_SLOTS + 8;
+	/* the backup's slots exist before the primary's REPL_HELLO can come */
+	if (rev && rps__srv_repl_accepted(srv, c)) {
+		rps__log(RPS__LOG_WARN, "replication from member %llu: %s", (unsigned long long)p->id, rps__errbuf());
+		rps__srv_conn_free(srv, c);
+		return -1;
+	}
+	attr.sq_depth = c->nsend + (rev ? 0 : REPL_SLOTS) + 8;
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
 	memset(reply, 0, sizeof(reply));
 	if (rps__connect(srv->fab, u.host, u.port, srv->cq, &attr, &priv, sizeof(priv), REPL_CONNECT_TIMEOUT_MS,
 			 reply, &reply_len, &c->ep)) {
-		rps__log(RPS__LOG_INFO, "replication to member %llu (%s): %s", (unsigned long long)p->id, p->uri,
-			 rps__errbuf());
+		rps__log(RPS__LOG_INFO, "replication %s member %llu (%s): %s", rev ? "from" : "to",
+			 (unsigned long long)p->id, p->uri, rps__errbuf());
 		rps__srv_conn_free(srv, c);
 		return -1;
 	}
 	memset(&rp, 0, sizeof(rp));
 	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
 	if (reply_len < sizeof(rp) || rp.from_id != p->id) {
-		rps__log(RPS__LOG_WARN, "replication to %s: answered as member %llu, not %llu", p->uri,
+		rps__log(RPS__LOG_WARN, "replication with %s: answered as member %llu, not %llu", p->uri,
 			 (unsigned long long)rp.from_id, (unsigned long long)p->id);
 		rps__srv_conn_free(srv, c);
 		return -1;
 	}
-	c->repl_out = true;
+	c->repl_out = !rev;
 	c->peer_id = p->id;
 	if (rps__srv_conn_attach(srv, c)) {
 		rps__srv_conn_fail(c, rps__errbuf());
 		return -1;
 	}
+	if (rev) {
+		p->in = c;
+		return 0;
+	}
 	p->conn = c;
-	memset(&h, 0, sizeof(h));
-	h.from_id = srv->my_id;
-	snprintf(h.fingerprint, sizeof(h.fingerprint), "%s", rps__srv_repl_fingerprint(srv));
-	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO, 0, 0, &h, sizeof(h));
+	send_hello(srv, c);
 	return 0;
+}
+
+/* A backup with the higher member id dialed us for its stream: it is our
+ * stream to it from now on (a newer dial replaces one it saw die). */
+void rps__srv_repl_rev_accepted(struct rps__server *srv, struct conn *c)
+{
+	struct repl_peer *p = peer_find(srv, c->peer_id);
+
+	if (!p) {
+		rps__srv_conn_fail(c, "replication from a member we know no address of");
+		return;
+	}
+	if (p->conn && p->conn != c)
+		rps__srv_conn_fail(p->conn, "its member dialed again");
+	c->repl_out = true;
+	p->conn = c;
+	srv->repl_active = true;
+	send_hello(srv, c);
 }
 
 /* The backup's slots: allocate our ring of the same shape. */
@@ -608,11 +651,45 @@ void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c)
 			if (w->rep[k].rc == c)
 				w->rep[k].rc = NULL;
 	}
-	for (i = 0; i < srv->nrepl_peers; i++)
+	for (i = 0; i < srv->nrepl_peers; i++) {
 		if (srv->repl_peers[i].conn == c) {
 			srv->repl_peers[i].conn = NULL;
 			srv->repl_peers[i].next_dial = rps__now_ns() + REPL_REDIAL_NS;
 		}
+		if (srv->repl_peers[i].in == c) {
+			srv->repl_peers[i].in = NULL;
+			srv->repl_peers[i].next_dial_in = rps__now_ns() + REPL_REDIAL_NS;
+		}
+	}
+}
+
+/* Are we a backup (or the joiner) of a partition member id leads? */
+static bool streams_to_us(const struct rps__server *srv, uint64_t id)
+{
+	uint32_t p;
+
+	for (p = 0; p < srv->npart && p < RPS__SMAP_MAX_PART; p++)
+		if (srv->parts[p].backup && srv->parts[p].primary == id)
+			return true;
+	return false;
+}
+
+/* Dial p (rev: for its stream to us) when due; back off when it fails:
+ * doubling up to 5 s, with a jitter that differs per server. */
+static void dial_when_due(struct rps__server *srv, struct repl_peer *p, bool rev, uint64_t now)
+{
+	uint64_t *next = rev ? &p->next_dial_in : &p->next_dial;
+	uint32_t *fails = rev ? &p->fails_in : &p->fails;
+
+	if (now < *next)
+		return;
+	if (!dial(srv, p, rev)) {
+		*fails = 0;
+		return;
+	}
+	*next = rps__now_ns() + RPS__MIN(REPL_REDIAL_NS << RPS__MIN(*fails, 5u), REPL_REDIAL_MAX_NS) +
+		(srv->my_id * 7919u + now) % REPL_REDIAL_NS;
+	(*fails)++;
 }
 
 void rps__srv_repl_turn(struct rps__server *srv)
@@ -620,19 +697,15 @@ void rps__srv_repl_turn(struct rps__server *srv)
 	uint64_t now = rps__now_ns();
 	uint32_t i;
 
+	/* the higher member id dials, whichever way the stream runs (dial()) */
 	for (i = 0; i < srv->nrepl_peers; i++) {
 		struct repl_peer *p = &srv->repl_peers[i];
-		uint64_t backoff;
-		if (!p->wanted || !p->uri[0] || p->conn || now < p->next_dial)
+		if (!p->uri[0] || p->id > srv->my_id)
 			continue;
-		if (!dial(srv, p)) {
-			p->fails = 0;
-			continue;
-		}
-		/* doubling up to 5 s, and a jitter that differs per server */
-		backoff = RPS__MIN(REPL_REDIAL_NS << RPS__MIN(p->fails, 5u), REPL_REDIAL_MAX_NS);
-		p->fails++;
-		p->next_dial = rps__now_ns() + backoff + (srv->my_id * 7919u + now) % REPL_REDIAL_NS;
+		if (p->wanted && !p->conn)
+			dial_when_due(srv, p, false, now);
+		if (!p->in && streams_to_us(srv, p->id))
+			dial_when_due(srv, p, true, now);
 	}
 	for (i = 0; i < srv->nconns; i++) {
 		struct conn *c = srv->conns[i];

@@ -251,6 +251,10 @@ struct rps__server {
 		bool wanted;		/* a partition of ours has it as a replica */
 		uint64_t next_dial;
 		uint32_t fails;		/* dials failed in a row (backoff) */
+		/* its stream to us, which we dial when our id is the higher */
+		struct conn *in;
+		uint64_t next_dial_in;
+		uint32_t fails_in;
 	} repl_peers[RPS__SMAP_MAX_MEMBERS];
 	uint32_t nrepl_peers;
 	bool repl_active;		/* a stream or a wait exists: repl turn has work */
@@ -353,6 +357,8 @@ const char *rps__srv_repl_fingerprint(struct rps__server *srv);
 uint32_t rps__srv_repl_slot_size(const struct rps__server *srv);
 /* repl_backup.c: the backup's side */
 int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c);
+/* a backup with a higher member id dialed us for its stream */
+void rps__srv_repl_rev_accepted(struct rps__server *srv, struct conn *c);
 void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
 			    const struct rps__repl_hello *hello);
 void rps__srv_repl_backup_turn(struct rps__server *srv, struct conn *c);
