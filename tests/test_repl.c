@@ -1059,6 +1059,7 @@ static void test_old_epoch_refused(void)
 	float g[COUNT];
 	rps_tensor_t *t;
 	unsigned seed = 6;
+	uint32_t nwaits;
 
 	CU_ASSERT_EQUAL_FATAL(tensor(quick, "old-epoch", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
 	CU_ASSERT_EQUAL(differing_shards("old-epoch"), 0);
@@ -1069,10 +1070,13 @@ static void test_old_epoch_refused(void)
 	CU_ASSERT_EQUAL(B.srv->repl_stats.refused, 1u);
 	CU_ASSERT_EQUAL(version_of(&B, "old-epoch", 0), 0u);
 	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq & 1, 1u);	/* not published */
-	/* the push's 4 shards (4 partitions) went on the one stream that broke */
-	CU_ASSERT_EQUAL(A.srv->nrwaits, 4u);
+	/* the push's shards (4 partitions) went on the one stream that broke:
+	 * the refused one and those A applied before the NACK came back (all
+	 * 4 over TCP, where they arrive in one turn; over verbs maybe fewer) */
+	nwaits = A.srv->nrwaits;
+	CU_ASSERT(nwaits >= 1u && nwaits <= 4u);
 	fake_do(&A, do_drop_backup, NULL);
-	CU_ASSERT_EQUAL(A.srv->nrwaits, 3u);
+	CU_ASSERT_EQUAL(A.srv->nrwaits, nwaits - 1u);
 	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq, 2u);	/* version 1, published */
 	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].repl_pending, 0u);
 	rps_tensor_close(t);
