@@ -203,6 +203,7 @@ static int bootstrap(struct fake *f)
 		return ret;
 	f->dp->repl_peer(f->srv, 1, uri_a);
 	f->dp->repl_peer(f->srv, 2, uri_b);
+	f->dp->set_lease(f->srv, UINT64_MAX);	/* (test_lease_fence lets it run out) */
 	for (p = 0; p < NPART; p++) {
 		part_view(f, p, map.parts[p].epoch, true);
 		if (map.parts[p].owner == f->id)

@@ -31,6 +31,7 @@ enum part_state {
 	PART_SHIPPED,	/* fenced and offered to the destination */
 	PART_INCOMING,	/* installed here, waiting for MOVE_COMMIT */
 	PART_DRAINING,	/* moved away: regions freed at free_at */
+	PART_BACKUP,	/* the map lists us as a backup: the stream fills its regions */
 };
 
 struct part_local {

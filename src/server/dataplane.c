@@ -242,6 +242,7 @@ static const struct rps__dp_ops ops = {
 	.repl_peer = rps__srv_repl_set_peer,
 	.part_set = part_set,
 	.part_create = rps__srv_part_create,
+	.part_promote = rps__srv_part_promote,
 	.part_publish = rps__srv_part_publish,
 	.part_refuse = rps__srv_refuse_partition,
 	.part_fence = rps__srv_part_fence,

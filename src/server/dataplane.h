@@ -161,6 +161,10 @@ struct rps__dp_ops {
 	int (*part_install)(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len);
 	/* free the partition's regions (revokes remote access) */
 	void (*part_drop)(struct rps__server *srv, uint32_t part);
+	/* a FAILOVER made us its primary: serve what we backed up, under epoch
+	 * (lock words unlocked anew, sync accumulators empty, the stream's seq
+	 * continued; partition.c) */
+	void (*part_promote)(struct rps__server *srv, uint32_t part, uint64_t epoch);
 
 	/* ---- workers */
 	/* psctl remove-rank: rank leaves tensor name ("": every sync and

@@ -373,8 +373,17 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 	rps__srv_publish_end(s);
 	if (w->kind == RW_PUSH && w->holds && t->regions[s->part].mr)
 		lock = rps__srv_release_lock(srv, t, s, w->holds);
-	if (w->c && w->kind != RW_STEP)
-		rps__srv_push_ack(w->c, w->slot, 0, s->step, lock);
+	if (w->c && w->kind != RW_STEP) {
+		/* On every replica, but our lease ran out: a new primary may
+		 * be serving it already, so say nothing of it; the worker
+		 * resends there (or here), where its push id is known. */
+		if (rps__srv_lease_fenced(srv, s->part)) {
+			srv->repl_stats.lease_refused++;
+			rps__srv_push_ack(w->c, w->slot, RPS_ESTALE_EPOCH, 0, lock);
+		} else {
+			rps__srv_push_ack(w->c, w->slot, 0, s->step, lock);
+		}
+	}
 	rps__srv_wake_waiters(srv, t, s->index);
 }
 
@@ -405,8 +414,12 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 		}
 		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
 		srv->nrwaits--;
-		if (w.c)
+		if (w.c && rps__srv_lease_fenced(srv, w.s->part)) {
+			srv->repl_stats.lease_refused++;	/* (as in wait_complete) */
+			rps__srv_push_ack(w.c, w.slot, RPS_ESTALE_EPOCH, 0, 0);
+		} else if (w.c) {
 			rps__srv_push_ack(w.c, w.slot, 0, w.version, 0);
+		}
 		any = true;
 	}
 	if (any)
