@@ -146,6 +146,10 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 		} else if (pl->st != PART_ACTIVE) {
 			/* (bootstrap, or a lost partition accepted empty) */
 			cp->dp->part_create(cp->srv, p);
+		} else if (pl->epoch != mp->epoch) {
+			/* still ours, its replica set changed (REPLICA_DROP): the
+			 * headers workers READ must carry the epoch they now name */
+			cp->dp->part_publish(cp->srv, p, mp->epoch);
 		}
 		pl->st = PART_ACTIVE;
 		pl->epoch = mp->epoch;

@@ -211,11 +211,16 @@ struct conn *rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64
 
 static void part_set(struct rps__server *srv, uint32_t part, const struct rps__dp_part *view)
 {
+	bool was_replicated = part < RPS__SMAP_MAX_PART && rps__srv_repl_part(srv, part);
+
 	if (part < RPS__SMAP_MAX_PART)
 		srv->parts[part] = *view;
 	/* a replica the map dropped is no longer waited for */
 	if (srv->nrwaits)
 		rps__srv_repl_confirm(srv);
+	/* nor are its credits: pushes held for them may go now */
+	if (was_replicated && srv->nheld)
+		rps__srv_drain_held(srv);
 }
 
 static const struct rps__dp_ops ops = {
