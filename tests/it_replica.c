@@ -6,7 +6,7 @@
  * them over TCP on loopback, and a server killed with SIGKILL while pushes
  * are in flight.
  *
- * Every push adds exactly 1 to every element (SGD, lr 1, gradient -1: exact
+ * Every worker pulls after each push.  Every push adds exactly 1 to every element (SGD, lr 1, gradient -1: exact
  * in fp32 up to 2^24), so after the run every element and every shard's
  * version must equal the number of pushes acknowledged to the workers: an
  * acknowledged push lost, or one applied twice (a resend the new primary
@@ -134,12 +134,16 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 			rep.longest = took;
 		rep.acked++;
 		atomic_fetch_add(&sh->acked[rank], 1);
-		if (j->mode == RPS_MODE_BOUNDED) {
-			/* my pushes so far, and everyone's up to s - staleness */
-			if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
-				return fail(rank, "pull", ret);
-			for (i = 0; i < COUNT; i++)
-				rep.bad += p[i] < (float)((s + 1 - 2) * nworkers) || p[i] < (float)(s + 1);
+		/* a pull too: its reads of the dead server's shards fail with
+		 * the connection and must ride through the failover */
+		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
+			return fail(rank, "pull", ret);
+		for (i = 0; i < COUNT; i++) {
+			/* whole numbers, my pushes so far at least; bounded:
+			 * and everyone's up to s - staleness */
+			rep.bad += p[i] < (float)(s + 1) || p[i] != (float)(int)p[i];
+			if (j->mode == RPS_MODE_BOUNDED)
+				rep.bad += p[i] < (float)((s + 1 - 2) * nworkers);
 		}
 		usleep(300);	/* leave the servers some of the 2 cores */
 	}
