@@ -6,7 +6,9 @@
  * them over TCP on loopback, and a server killed with SIGKILL while pushes
  * are in flight.
  *
- * Every worker pulls after each push.  Every push adds exactly 1 to every element (SGD, lr 1, gradient -1: exact
+ * Every worker pulls after each push, and one more worker only pulls
+ * (its reads of the dead server fail before the failover is committed,
+ * so it must ride through: see rdmaps(3), ECONNRESET).  Every push adds exactly 1 to every element (SGD, lr 1, gradient -1: exact
  * in fp32 up to 2^24), so after the run every element and every shard's
  * version must equal the number of pushes acknowledged to the workers: an
  * acknowledged push lost, or one applied twice (a resend the new primary
@@ -52,6 +54,8 @@ static bool clu_up;
 /* What the workers tell the parent while they run. */
 struct shared {
 	atomic_int acked[IT_MAX_WORKERS];	/* pushes acknowledged so far */
+	atomic_int killed;			/* the parent killed the server */
+	atomic_int stop;			/* the reader stops */
 };
 static struct shared *sh;
 
@@ -155,6 +159,61 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 	return 0;
 }
 
+/* What the reader reports: pulls done, pulls done after the kill, bad
+ * values or versions seen, the longest pull (s). */
+struct reader_report {
+	int pulls, after_kill, bad;
+	double longest;
+};
+
+/* A worker that only pulls, as fast as it can, until told to stop: its
+ * reads of the dead server's shards fail with the connection before the
+ * failover is committed (nothing else it does waits for the failover), so
+ * it must ride through it.  Every value is a whole number and no version
+ * goes back. */
+static int reader_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct job *j = arg;
+	float *p = malloc(COUNT * sizeof(float));
+	struct reader_report rep = { 0 };
+	struct rps_client_opts co;
+	uint64_t version, last = 0;
+	rps_client_t *cl;
+	rps_tensor_t *t = NULL;
+	int ret;
+	unsigned i;
+
+	(void)nworkers;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = 30000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail(rank, "reader connect", ret);
+	while ((ret = rps_tensor_open(cl, j->name, &t)) == -ENOENT)
+		usleep(10000);
+	if (ret)
+		return fail(rank, "reader open", ret);
+	while (!atomic_load(&sh->stop)) {
+		int killed = atomic_load(&sh->killed);
+		double t0 = now_s();
+		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
+			return fail(rank, "reader pull", ret);
+		if (now_s() - t0 > rep.longest)
+			rep.longest = now_s() - t0;
+		rep.pulls++;
+		rep.after_kill += killed;
+		rep.bad += version < last;
+		last = version;
+		for (i = 0; i < COUNT; i++)
+			rep.bad += p[i] != (float)(int)p[i];
+	}
+	it_write_all(out_fd, &rep, sizeof(rep));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(p);
+	return 0;
+}
+
 /* Pull with a fresh client, in a child: version, then the values. */
 static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
@@ -207,7 +266,8 @@ static void failover_run(const struct job *j, int victim)
 {
 	struct it_server_opts so = { .extra_args = SERVER_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
 				     .data_dir = 1 };
-	struct it_workers w, pw;
+	struct it_workers w, pw, rw;
+	struct reader_report rr = { 0 };
 	struct report rep[NWORKERS];
 	double t_kill, first = 0, longest = 0;
 	uint64_t version = 0;
@@ -219,10 +279,12 @@ static void failover_run(const struct job *j, int victim)
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
 	clu_up = true;
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)j, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&rw, 1, reader_worker, clu.servers, (void *)j, -1, NULL), 0);
 	while (acked_total() < KILL_AFTER)
 		sleep_ms(2);
 	t_kill = now_s();
 	it_server_kill(&clu, victim);
+	atomic_store(&sh->killed, 1);
 	for (r = 0; r < NWORKERS; r++) {
 		memset(&rep[r], 0, sizeof(rep[r]));
 		CU_ASSERT_EQUAL(it_worker_read(&w, r, &rep[r], sizeof(rep[r])), 0);
@@ -238,6 +300,12 @@ static void failover_run(const struct job *j, int victim)
 		"longest push %.3f s; first push %.3f s] ", acked, victim + 1, KILL_AFTER, now_s() - t_kill,
 		longest, first);
 	CU_ASSERT_EQUAL(acked_total(), acked);
+	atomic_store(&sh->stop, 1);
+	CU_ASSERT_EQUAL(it_worker_read(&rw, 0, &rr, sizeof(rr)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&rw, 0), 0);
+	CU_ASSERT(rr.after_kill > 0);
+	CU_ASSERT_EQUAL(rr.bad, 0);
+	fprintf(stderr, "[reader: %d pulls, %d after the kill, longest %.3f s] ", rr.pulls, rr.after_kill, rr.longest);
 
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&pw, 1, pull_worker, clu.servers, (void *)j, -1, NULL), 0);
 	ok = it_worker_read(&pw, 0, &version, sizeof(version)) == 0 &&
