@@ -157,6 +157,11 @@ static struct conn *f_peer_dial(struct rps__server *s, const char *uri, uint64_t
 
 static void f_part_set(struct rps__server *s, uint32_t p, const struct rps__dp_part *v) { s->parts[p] = *v; }
 static void f_part_create(struct rps__server *s, uint32_t p) { (void)s; note("create %u", p); }
+static void f_part_promote(struct rps__server *s, uint32_t p, uint64_t epoch)
+{
+	/* serving is set after the promotion, not before */
+	note(s->parts[p].serving || epoch != s->parts[p].map_epoch ? "promote %u early" : "promote %u", p);
+}
 static void f_part_publish(struct rps__server *s, uint32_t p, uint64_t epoch)
 {
 	(void)s;
@@ -281,7 +286,7 @@ static const struct rps__dp_ops fake_ops = {
 	.conn_reply = f_conn_reply, .conn_fail = f_conn_fail, .conn_role = f_conn_role,
 	.conn_peer_id = f_conn_peer_id, .conn_dead = f_conn_dead, .conn_name = f_conn_name,
 	.conn_msg_max = f_conn_msg_max, .conn_read = f_conn_read, .peer_dial = f_peer_dial,
-	.part_set = f_part_set, .part_create = f_part_create, .part_publish = f_part_publish,
+	.part_set = f_part_set, .part_create = f_part_create, .part_promote = f_part_promote, .part_publish = f_part_publish,
 	.part_refuse = f_part_refuse, .part_fence = f_part_fence, .part_unfence = f_part_unfence,
 	.part_serialize = f_part_serialize, .part_forget_parked = f_part_forget_parked,
 	.part_install = f_part_install, .part_drop = f_part_drop, .repl_seq = f_repl_seq,
@@ -857,6 +862,40 @@ static void test_failover_proposed(void)
 	CU_ASSERT(!failed(3));
 }
 
+static int drop_mark;
+static bool dropped_3(void) { return logged("drop 3", drop_mark) >= 0; }
+
+/* Partition 3 (primary 3): made our backup, dropped (REPLICA_DROP): its
+ * regions go after the drain, as a moved partition's; our backup again,
+ * then failed over to us: promoted (never created empty), served under
+ * the new epoch.  Partition 1, ours without backups, fails over to nobody:
+ * a FAILOVER naming us for a partition we hold no copy of makes it lost. */
+static void test_backup_promoted_or_dropped(void)
+{
+	int mark;
+
+	read_map();
+	CU_ASSERT_EQUAL_FATAL(pub.parts[3].owner, 3u);
+	add_backup(3, 1);
+	CU_ASSERT_FALSE(fake.parts[3].serving);
+	CU_ASSERT(fake.parts[3].backup);
+	drop_mark = (int)fake.nlog;
+	apply_cmd(RPS__SMAP_REPLICA_DROP, 3, 1, 0, 0);
+	CU_ASSERT_FATAL(run_until(dropped_3));
+	CU_ASSERT_FALSE(fake.parts[3].backup);
+
+	add_backup(3, 1);
+	mark = (int)fake.nlog;
+	apply_cmd(RPS__SMAP_FAILOVER, 3, 0, 3, 1);
+	read_map();
+	CU_ASSERT_EQUAL(pub.parts[3].owner, 1u);
+	CU_ASSERT(logged("promote 3", mark) >= 0);
+	CU_ASSERT(logged("create 3", mark) < 0);
+	CU_ASSERT(fake.parts[3].serving);
+	CU_ASSERT_FALSE(fake.parts[3].lost);
+	CU_ASSERT_EQUAL(fake.parts[3].epoch, pub.parts[3].epoch);
+}
+
 static unsigned leases_before;
 static bool leased_again(void) { return fake.nleases > leases_before; }
 
@@ -1122,6 +1161,7 @@ int main(void)
 		{ "lease: granted after a ReadIndex round, runs from t_send", test_lease_after_read_index },
 		{ "failure: declared after failover_ms exactly; R=1: nothing proposed", test_failure_without_backups },
 		{ "failover: FAILOVER, REPLICA_DROP, REPLICA_ABORT in one batch", test_failover_proposed },
+		{ "backup: promoted on FAILOVER, drained on REPLICA_DROP", test_backup_promoted_or_dropped },
 		{ "a new leader waits 1.1 x lease_ms; members never connected are not failed", test_new_leader_waits },
 		{ "replicas: the leader seeds one per primary, zones first, drops when lowered", test_replica_placement },
 		{ "replicas: the joiner installs the image as a backup and commits", test_replica_joiner },

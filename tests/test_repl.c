@@ -216,6 +216,7 @@ static int bootstrap(struct fake *f)
 		return ret;
 	f->dp->repl_peer(f->srv, 1, uri_a);
 	f->dp->repl_peer(f->srv, 2, uri_b);
+	f->dp->set_lease(f->srv, UINT64_MAX);	/* (test_lease_fence lets it run out) */
 	/* R=1 views first (test_r1_unchanged): the backup, B, dials its
 	 * primary as soon as its views say it backs one */
 	for (p = 0; p < NPART; p++) {
@@ -1082,6 +1083,60 @@ static void test_old_epoch_refused(void)
 	rps_tensor_close(t);
 }
 
+static void do_lease(struct fake *f, void *arg)
+{
+	f->dp->set_lease(f->srv, *(const uint64_t *)arg);
+}
+
+/* A's lease runs out while its push waits for B (stalled): once B applied
+ * it, A publishes it but refuses the ack (RPS_ESTALE_EPOCH), and refuses
+ * the worker's resends on arrival: no push of a partition with backups is
+ * acknowledged without the lease.  Lease back: acknowledged again.  Views
+ * without backups (R=1): the lease does not matter. */
+static void test_lease_fence(void)
+{
+	const uint64_t expired = 0, forever = UINT64_MAX;
+	float g[COUNT], out[COUNT];
+	uint64_t refused, version;
+	rps_tensor_t *t;
+	rps_request_t *r;
+	unsigned seed = 8;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(quick, "lease", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	refused = A.srv->repl_stats.lease_refused;
+	fake_stall(&B);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t, g, sizeof(g), &r), 0);
+	sleep_ms(100);
+	CU_ASSERT_EQUAL(version_of(&A, "lease", 0), 1u);	/* applied, waiting for B */
+	fake_do(&A, do_lease, (void *)&expired);
+	fake_resume(&B);
+	CU_ASSERT_EQUAL(rps_wait(r), RPS_ESTALE_EPOCH);
+	CU_ASSERT(A.srv->repl_stats.lease_refused >= refused + 4);	/* the push's 4 shards */
+	CU_ASSERT_EQUAL(version_of(&A, "lease", 0), 1u);	/* the resends: refused, not applied */
+	CU_ASSERT_EQUAL(version_of(&B, "lease", 0), 1u);
+	CU_ASSERT_EQUAL(find(&A, "lease")->shards[0].hdr->seq, 2u);	/* on B: published */
+	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), RPS_ESTALE_EPOCH);	/* refused on arrival */
+	CU_ASSERT_EQUAL(version_of(&A, "lease", 0), 1u);
+
+	fake_do(&A, do_lease, (void *)&forever);
+	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	CU_ASSERT_EQUAL(version_of(&A, "lease", 0), 2u);
+	CU_ASSERT_EQUAL(differing_shards("lease"), 0);
+
+	/* R=1 views: acknowledged without a lease, as today */
+	fake_do(&A, do_views_r1, NULL);
+	fake_do(&A, do_lease, (void *)&expired);
+	refused = A.srv->repl_stats.lease_refused;
+	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, out, sizeof(out), &version), 0);
+	CU_ASSERT_EQUAL(version, 3u);
+	CU_ASSERT_EQUAL(A.srv->repl_stats.lease_refused, refused);
+	fake_do(&A, do_lease, (void *)&forever);
+	fake_do(&A, do_views_replicated, NULL);
+	rps_tensor_close(t);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -1097,6 +1152,7 @@ int main(void)
 		{ "sync two-stage ack: TAKEN at once (in turn and parked), STEP_DONE once replicated", test_sync_two_stage_ack },
 		{ "sync resend: TAKEN while its step is unreplicated, -EALREADY after", test_sync_resend },
 		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
+		{ "lease: no ack without it on a partition with backups; R=1 ignores it", test_lease_fence },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
 	};
 

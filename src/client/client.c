@@ -279,6 +279,25 @@ static bool worth_resending(const struct rps_client *cl, const struct shard_op *
 	return p < cl->map.npart && (cl->map.parts[p].owner != op->c->member_id || cl->map.parts[p].lost);
 }
 
+/*
+ * Ride-through (issue 12): an op whose connection was lost, on a partition
+ * that has backups in our map and whose owner there is still the server we
+ * lost, is not an answer yet: that server may have died, and the control
+ * plane then fails the partition over to a backup within a few failover
+ * periods.  retry_stale waits for the map to move on, at most this long
+ * (and never past the op's timeout_ms), then resends with the same push id
+ * and clock; the new primary dedups a push the old one applied.
+ */
+#define FAILOVER_WAIT_MS 10000
+
+static bool rides_through(const struct rps_client *cl, const struct shard_op *op)
+{
+	uint32_t p = rps__shard_server(&op->t->layout, op->shard);
+
+	return op->result == -ECONNRESET && p < cl->map.npart && !cl->map.parts[p].lost &&
+	       cl->map.parts[p].owner == op->c->member_id && cl->map.parts[p].backups[0];
+}
+
 /* How many of r's ops are worth a retry; *t: their tensor. */
 static uint32_t count_retryable(const struct rps_request *r, struct rps_tensor **t)
 {
@@ -378,6 +397,7 @@ static void adopt_outcome(struct rps_request *r, struct rps_request *cur, int st
 static int retry_stale(struct rps_client *cl, struct rps_request *r)
 {
 	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	uint64_t ride_until = rps__now_ns() + FAILOVER_WAIT_MS * 1000000ull;
 	struct rps_request *cur = r;
 	uint32_t pause_us = 500;
 	int status = r->status;
@@ -385,7 +405,7 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 	while (retryable(status) && rps__now_ns() < deadline) {
 		struct rps_tensor *t = NULL;
 		struct rps_request *nr;
-		uint32_t i, n;
+		uint32_t i, n, waits;
 
 		n = count_retryable(cur, &t);
 		if (!n || !t)
@@ -398,14 +418,24 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		nr->kind = REQ_SHARDS;
 		nr->min_version_seen = cur->min_version_seen;
 		refresh_routes(cl, t);
-		for (i = 0, n = 0; i < cur->nops; i++)
+		for (i = 0, n = 0, waits = 0; i < cur->nops; i++) {
 			n += worth_resending(cl, &cur->ops[i]);
+			waits += !worth_resending(cl, &cur->ops[i]) && rides_through(cl, &cur->ops[i]);
+		}
 		if (n < nr->nops) {
-			/* a server died owning some of them: that is the answer */
+			/* a server died owning some of them: that is the answer,
+			 * unless their partitions can fail over (wait for it) */
+			bool wait = n + waits == nr->nops && rps__now_ns() < ride_until;
 			nr->waited = true;
 			nr->done = true;
 			rps__req_maybe_free(nr);
-			break;
+			if (!wait)
+				break;
+			pthread_mutex_unlock(&cl->lock);
+			usleep(pause_us);
+			pause_us = RPS__MIN(pause_us * 2, 50000u);
+			pthread_mutex_lock(&cl->lock);
+			continue;
 		}
 		pthread_mutex_unlock(&cl->lock);
 		usleep(pause_us);

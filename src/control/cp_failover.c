@@ -243,7 +243,8 @@ void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx)
 static void waits_expire(struct cp_failover *fo, uint64_t now)
 {
 	for (uint32_t i = 0; i < fo->nwaits;) {
-		if (now - fo->waits[i].t_recv > fo->failover_ns)
+		/* (a wait queued this turn may be later than the turn's now) */
+		if (now > fo->waits[i].t_recv && now - fo->waits[i].t_recv > fo->failover_ns)
 			fo->waits[i] = fo->waits[--fo->nwaits];
 		else
 			i++;

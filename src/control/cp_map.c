@@ -81,6 +81,39 @@ void rps__cp_parts_sync_all(struct rps__cplane *cp)
 
 /* ---- applying the map ----------------------------------------------------- */
 
+/* Does the map list us as a backup of p?  (A joiner is seeded first.) */
+static bool backs_up(const struct rps__cplane *cp, uint32_t p)
+{
+	for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
+		if (cp->map.parts[p].backups[k] == cp->my_id)
+			return true;
+	return false;
+}
+
+/* p is not ours to serve; we are, or were until now, one of its backups. */
+static void backup_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now)
+{
+	const struct rps__smap_part *mp = &cp->map.parts[p];
+	struct part_local *pl = &cp->parts[p];
+
+	pl->epoch = mp->epoch;
+	if (pl->st == PART_BACKUP) {
+		if (backs_up(cp, p))
+			return;
+		/* dropped from the set (REPLICA_DROP, or a FAILOVER that did
+		 * not keep us): the regions go like a drained partition's */
+		rps__log(RPS__LOG_INFO, "partition %u: no longer a backup of it (epoch %llu)", p,
+			 (unsigned long long)mp->epoch);
+		pl->st = PART_DRAINING;
+		pl->free_at = now + ms_ns(cp->cfg.drain_ms);
+		return;
+	}
+	/* A restart took what we held: never promote an empty copy (it stays
+	 * PART_NONE, and a promotion then finds it lost). */
+	if (!cp->restarted)
+		pl->st = PART_BACKUP;
+}
+
 /* Bring what this server does with partition p in line with the map. */
 static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 {
@@ -90,7 +123,12 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 	if (rps__cp_replica_reconcile(cp, p, now))	/* seeding, backups (cp_replicas.c) */
 		return;
 	if (mp->owner == cp->my_id && !mp->moving_to) {
-		if (pl->st == PART_LEAVING || pl->st == PART_SHIPPED) {
+		if (pl->st == PART_BACKUP) {
+			/* a FAILOVER made us primary: what the stream gave us is it */
+			rps__log(RPS__LOG_INFO, "partition %u: promoted from backup to primary (epoch %llu)", p,
+				 (unsigned long long)mp->epoch);
+			cp->dp->part_promote(cp->srv, p, mp->epoch);
+		} else if (pl->st == PART_LEAVING || pl->st == PART_SHIPPED) {
 			rps__log(RPS__LOG_INFO, "partition %u: move aborted, serving it again", p);
 			rps__cp_blob_free(cp, pl);
 			cp->dp->part_unfence(cp->srv, p, mp->epoch);
@@ -98,7 +136,7 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 			cp->dp->part_publish(cp->srv, p, mp->epoch);
 			rps__log(RPS__LOG_INFO, "partition %u is ours now (epoch %llu)", p,
 				 (unsigned long long)mp->epoch);
-		} else if (pl->st != PART_ACTIVE && (mp->lost || (cp->restarted && !pl->cleared))) {
+		} else if (pl->st != PART_ACTIVE && (mp->lost || pl->gone || (cp->restarted && !pl->cleared))) {
 			/* A restart took what was in memory: refuse it (never
 			 * zeros) until restored or accepted empty. */
 			if (!mp->lost && !pl->gone && cp->rnode)	/* (after replay: below) */
@@ -112,6 +150,10 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 		} else if (pl->st != PART_ACTIVE) {
 			/* (bootstrap, or a lost partition accepted empty) */
 			cp->dp->part_create(cp->srv, p);
+		} else if (pl->epoch != mp->epoch) {
+			/* still ours, its replica set changed (REPLICA_DROP): the
+			 * headers workers READ must carry the epoch they now name */
+			cp->dp->part_publish(cp->srv, p, mp->epoch);
 		}
 		pl->st = PART_ACTIVE;
 		pl->epoch = mp->epoch;
@@ -133,6 +175,10 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 	/* not ours */
 	pl->gone = false;
 	pl->cleared = false;
+	if (pl->st == PART_BACKUP || (pl->st == PART_NONE && backs_up(cp, p))) {
+		backup_reconcile(cp, p, now);
+		return;
+	}
 	if (pl->st == PART_ACTIVE || pl->st == PART_LEAVING || pl->st == PART_SHIPPED) {
 		rps__log(RPS__LOG_INFO, "partition %u now belongs to member %llu (epoch %llu)", p,
 			 (unsigned long long)mp->owner, (unsigned long long)mp->epoch);
@@ -189,6 +235,12 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 	if (!ret && cmd.type == RPS__SMAP_CLEAR_LOST && cp->map.parts[cmd.part].owner == cp->my_id) {
 		cp->parts[cmd.part].gone = false;
 		cp->parts[cmd.part].cleared = true;
+	}
+	if (!ret && cmd.type == RPS__SMAP_FAILOVER && cmd.to == cp->my_id && cp->parts[cmd.part].st != PART_BACKUP) {
+		/* promoted without a copy (a restart, or one dropped meanwhile):
+		 * refuse it as lost, never serve it empty */
+		rps__log(RPS__LOG_ERROR, "partition %u failed over to us, but we hold no copy of it: lost", cmd.part);
+		cp->parts[cmd.part].gone = true;
 	}
 	if (!ret && (cmd.type == RPS__SMAP_REMOVE_MEMBER || cmd.type == RPS__SMAP_FORCE_REMOVE) &&
 	    cmd.id == cp->my_id)

@@ -31,6 +31,8 @@ static void set_member_id(struct rps__server *srv, uint64_t id)
 static void set_lease(struct rps__server *srv, uint64_t until_ns)
 {
 	srv->lease_until = until_ns;
+	if (srv->nrwaits)
+		rps__srv_repl_confirm(srv);	/* STEP_DONEs held while it had run out */
 }
 
 static void set_map(struct rps__server *srv, uint32_t npart, uint64_t applied)
@@ -211,6 +213,8 @@ struct conn *rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64
 
 static void part_set(struct rps__server *srv, uint32_t part, const struct rps__dp_part *view)
 {
+	bool was_replicated = part < RPS__SMAP_MAX_PART && rps__srv_repl_part(srv, part);
+
 	if (part < RPS__SMAP_MAX_PART)
 		srv->parts[part] = *view;
 	if (view->backup)
@@ -218,6 +222,9 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 	/* a replica the map dropped is no longer waited for */
 	if (srv->nrwaits)
 		rps__srv_repl_confirm(srv);
+	/* nor are its credits: pushes held for them may go now */
+	if (was_replicated && srv->nheld)
+		rps__srv_drain_held(srv);
 }
 
 static const struct rps__dp_ops ops = {
@@ -244,6 +251,7 @@ static const struct rps__dp_ops ops = {
 	.repl_peer = rps__srv_repl_set_peer,
 	.part_set = part_set,
 	.part_create = rps__srv_part_create,
+	.part_promote = rps__srv_part_promote,
 	.part_publish = rps__srv_part_publish,
 	.part_refuse = rps__srv_refuse_partition,
 	.part_fence = rps__srv_part_fence,

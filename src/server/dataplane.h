@@ -173,6 +173,10 @@ struct rps__dp_ops {
 	 * 0, or -ENOENT if nothing */
 	int (*part_digest)(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
 			   uint64_t *versions, uint32_t *nshards);
+	/* a FAILOVER made us its primary: serve what we backed up, under epoch
+	 * (lock words unlocked anew, sync accumulators empty, the stream's seq
+	 * continued; partition.c) */
+	void (*part_promote)(struct rps__server *srv, uint32_t part, uint64_t epoch);
 
 	/* ---- workers */
 	/* psctl remove-rank: rank leaves tensor name ("": every sync and

@@ -111,6 +111,53 @@ void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoc
 	part_each_shard(srv, part, unfence_shard, &epoch);
 }
 
+/*
+ * Promotion (a FAILOVER made us primary of a partition we backed up).
+ *
+ * The stream state: srv->repl_seq[part] is the seq of the last entry this
+ * server applied as a backup, and the seq a primary numbers its next entry
+ * after.  It is kept as it is: the FAILOVER keeps only backups that applied
+ * the same entries (design 3.3), so the first entry we ship, repl_seq + 1,
+ * is exactly the one they expect next, and no REPL_RESUME exchange is
+ * needed.  What the old primary still has in flight to us is refused by the
+ * epoch check (repl_backup.c): its epoch is older than the map's now.
+ *
+ * Lock words: the old primary's workers took and released them on its
+ * copy; ours were never written remotely.  A worker that held a lock there
+ * resends with that word, so ours must be unlocked under a version no word
+ * of the old primary can carry: epoch << 32 lies above every version
+ * handed out under an older epoch unless 2^32 lock cycles of one shard
+ * passed since the last promotion (versions move by one per cycle; a move
+ * carries them on, rps__srv_part_unfence).
+ *
+ * Sync: nothing partial is replicated (only completed steps), so the
+ * accumulator starts empty at the shard's step; the contributors, whose
+ * pushes the old primary never acknowledged, resend them.
+ */
+static void promote_shard(struct rps__server *srv, struct region *r, struct shard *s, void *epoch_p)
+{
+	uint64_t epoch = *(const uint64_t *)epoch_p;
+	uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE), old = 0;
+	uint64_t version = RPS__MAX(rps__lock_version(w) + 1, epoch << 32);
+
+	rps__local_cas(srv->fab, r->mr, &s->hdr->lock, w, rps__lock_unlocked(version), &old);
+	s->lease_word = 0;
+	s->repl_pending = 0;
+	if (s->acc) {
+		memset(s->acc, 0, (size_t)s->elems * 4);
+		s->next_rank = 0;
+		s->nsummed = 0;
+	}
+	rps__srv_publish(s, epoch);
+}
+
+void rps__srv_part_promote(struct rps__server *srv, uint32_t part, uint64_t epoch)
+{
+	part_each_shard(srv, part, promote_shard, &epoch);
+	rps__log(RPS__LOG_INFO, "partition %u: promoted to primary under epoch %llu, after replication entry %llu",
+		 part, (unsigned long long)epoch, (unsigned long long)srv->repl_seq[part]);
+}
+
 /* A growing byte buffer for the partition image. */
 struct wbuf {
 	char *p;

@@ -215,9 +215,11 @@ static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t sl
 		return true;
 	}
 	/* Fencing: only the owner of the partition, under the epoch the map
-	 * gave it, takes pushes.  A refused push was not applied: the worker
+	 * gave it, takes pushes, and, if it has backups, only while this
+	 * server's lease holds.  A refused push was not applied: the worker
 	 * refreshes its map and sends it to the new owner. */
-	if (!s->hdr || !rps__srv_part_serving(srv, s->part) || d->epoch != srv->parts[s->part].epoch) {
+	if (!s->hdr || !rps__srv_part_serving(srv, s->part) || d->epoch != srv->parts[s->part].epoch ||
+	    rps__srv_lease_fenced(srv, s->part)) {
 		uint64_t left = 0;
 		/* a lock this worker took before the fence: let go of it, or
 		 * fencing would wait for the lease */

@@ -425,8 +425,17 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 	rps__srv_publish_end(s);
 	if (w->kind == RW_PUSH && w->holds && t->regions[s->part].mr)
 		lock = rps__srv_release_lock(srv, t, s, w->holds);
-	if (w->c && w->kind != RW_STEP)
-		rps__srv_push_ack(w->c, w->slot, 0, s->step, lock);
+	if (w->c && w->kind != RW_STEP) {
+		/* On every replica, but our lease ran out: a new primary may
+		 * be serving it already, so say nothing of it; the worker
+		 * resends there (or here), where its push id is known. */
+		if (rps__srv_lease_fenced(srv, s->part)) {
+			srv->repl_stats.lease_refused++;
+			rps__srv_push_ack(w->c, w->slot, RPS_ESTALE_EPOCH, 0, lock);
+		} else {
+			rps__srv_push_ack(w->c, w->slot, 0, s->step, lock);
+		}
+	}
 	rps__srv_wake_waiters(srv, t, s->index);
 }
 
@@ -451,7 +460,10 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 	i = 0;
 	while (i < srv->nrwaits) {
 		struct repl_wait w = srv->rwaits[i];
-		if (w.kind != RW_STEP_DONE || !rps__srv_repl_step_confirmed(w.s, w.clock)) {
+		/* no STEP_DONE without the lease: it waits for the lease to
+		 * come back (or the worker's resend to the new primary) */
+		if (w.kind != RW_STEP_DONE || !rps__srv_repl_step_confirmed(w.s, w.clock) ||
+		    rps__srv_lease_fenced(srv, w.s->part)) {
 			i++;
 			continue;
 		}

@@ -270,6 +270,7 @@ struct rps__server {
 		uint64_t step_done_sent;	/* sync: STEP_DONE messages ... */
 		uint64_t step_done_entries;	/* ... and the entries in them */
 		struct rps__step_done_ent last_step_done;	/* the last entry sent */
+		uint64_t lease_refused;		/* acks refused at ack time: the lease had run out */
 	} repl_stats;
 	/* messages sent to workers by type, PUSH_ACKs with flags apart (tests:
 	 * the acknowledgement sequence) */
@@ -395,6 +396,7 @@ bool rps__srv_part_fence(struct rps__server *srv, uint32_t part);
 void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch);
 void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoch);
 void rps__srv_part_create(struct rps__server *srv, uint32_t part);
+void rps__srv_part_promote(struct rps__server *srv, uint32_t part, uint64_t epoch);
 void rps__srv_part_forget_parked(struct rps__server *srv, uint32_t part);
 /* A partition image (what a move ships): build one of a partition served
  * here (malloc'ed), and validate then install one as a move's destination
@@ -466,6 +468,13 @@ static inline bool rps__srv_part_serving(const struct rps__server *srv, uint32_t
 static inline bool rps__srv_lease_held(const struct rps__server *srv, uint64_t now_ns)
 {
 	return now_ns < srv->lease_until;
+}
+/* Must what this server would acknowledge for the partition be refused
+ * (RPS_ESTALE_EPOCH) instead?  Only a partition with backups can be taken
+ * over, so only its acknowledgements need the lease: R=1 ignores it. */
+static inline bool rps__srv_lease_fenced(const struct rps__server *srv, uint32_t part)
+{
+	return rps__srv_repl_part(srv, part) && !rps__srv_lease_held(srv, rps__dp_boottime_ns());
 }
 
 #endif

@@ -1,0 +1,382 @@
+/*
+ * it_replica.c - multi-process integration tests of replicated partitions
+ * (issue 12): three rdmapsd processes whose map gives every partition one
+ * backup (RPS_FAULT=bootstrap-replicas-2: partition p is owned by member
+ * p%3+1 and backed by (p+1)%3+1), workers in forked processes pushing to
+ * them over TCP on loopback, and a server killed with SIGKILL while pushes
+ * are in flight.
+ *
+ * Every worker pulls after each push, and one more worker only pulls
+ * (its reads of the dead server fail before the failover is committed,
+ * so it must ride through: see rdmaps(3), ECONNRESET).  Every push adds exactly 1 to every element (SGD, lr 1, gradient -1: exact
+ * in fp32 up to 2^24), so after the run every element and every shard's
+ * version must equal the number of pushes acknowledged to the workers: an
+ * acknowledged push lost, or one applied twice (a resend the new primary
+ * did not recognise), shows as a difference.  Every worker must finish
+ * without an error: its operations on the dead server's partitions wait
+ * for the failover and are resent to the new primary.
+ *  - async: exact sums and versions;
+ *  - bounded (staleness 2): the same, and no pull ever misses an update
+ *    older than clock - staleness, through the failover.
+ */
+#include "config.h"
+#include "cluster.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+#include "lib/cutest.h"
+#include "lib/watchdog.h"
+
+#define NSERVERS 3
+#define NWORKERS 3
+#define NPART 8
+#define COUNT 16384u		/* fp32: 16 shards of 4 KiB, 2 per partition */
+#define PUSHES 300		/* per worker */
+#define KILL_AFTER 150		/* pushes acknowledged in all before the kill */
+#define FAILOVER_MS 300
+#define SERVER_ARGS "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 300"
+#define TEST_WATCHDOG_S 90
+
+static struct it_cluster clu;
+static bool clu_up;
+
+/* What the workers tell the parent while they run. */
+struct shared {
+	atomic_int acked[IT_MAX_WORKERS];	/* pushes acknowledged so far */
+	atomic_int killed;			/* the parent killed the server */
+	atomic_int stop;			/* the reader stops */
+};
+static struct shared *sh;
+
+struct job {
+	const char *name;
+	enum rps_mode mode;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+	nanosleep(&ts, NULL);
+}
+
+static int fail(int rank, const char *what, int ret)
+{
+	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
+	return 1;
+}
+
+/* What a worker reports: pushes acknowledged, pulls that saw too little
+ * (bounded), the longest push (s), the first push (s: connecting, the
+ * lease, the replication stream's dial). */
+struct report {
+	int acked;
+	int bad;
+	double longest;
+	double first;
+};
+
+static int push_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct job *j = arg;
+	float *g = malloc(COUNT * sizeof(float)), *p = malloc(COUNT * sizeof(float));
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	struct report rep = { 0 };
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint64_t version;
+	int s, ret;
+	unsigned i;
+
+	for (i = 0; i < COUNT; i++)
+		g[i] = -1.0f;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = rank;
+	co.num_workers = nworkers;
+	co.timeout_ms = 30000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = j->mode;
+	o.staleness = 2;
+	o.optimizer = RPS_OPT_SGD;
+	o.lr = 1.0f;
+	if ((ret = rps_tensor_create(cl, j->name, &o, &t)))
+		return fail(rank, "create", ret);
+	if ((ret = rps_barrier(cl)))
+		return fail(rank, "barrier", ret);
+	for (s = 0; s < PUSHES; s++) {
+		double t0 = now_s(), took;
+		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+			return fail(rank, "push", ret);
+		took = now_s() - t0;
+		if (!s)
+			rep.first = took;
+		else if (took > rep.longest)
+			rep.longest = took;
+		rep.acked++;
+		atomic_fetch_add(&sh->acked[rank], 1);
+		/* a pull too: its reads of the dead server's shards fail with
+		 * the connection and must ride through the failover */
+		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
+			return fail(rank, "pull", ret);
+		for (i = 0; i < COUNT; i++) {
+			/* whole numbers, my pushes so far at least; bounded:
+			 * and everyone's up to s - staleness */
+			rep.bad += p[i] < (float)(s + 1) || p[i] != (float)(int)p[i];
+			if (j->mode == RPS_MODE_BOUNDED)
+				rep.bad += p[i] < (float)((s + 1 - 2) * nworkers);
+		}
+		usleep(300);	/* leave the servers some of the 2 cores */
+	}
+	it_write_all(out_fd, &rep, sizeof(rep));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	return 0;
+}
+
+/* What the reader reports: pulls done, pulls done after the kill, bad
+ * values or versions seen, the longest pull (s). */
+struct reader_report {
+	int pulls, after_kill, bad;
+	double longest;
+};
+
+/* A worker that only pulls, as fast as it can, until told to stop: its
+ * reads of the dead server's shards fail with the connection before the
+ * failover is committed (nothing else it does waits for the failover), so
+ * it must ride through it.  Every value is a whole number and no version
+ * goes back. */
+static int reader_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct job *j = arg;
+	float *p = malloc(COUNT * sizeof(float));
+	struct reader_report rep = { 0 };
+	struct rps_client_opts co;
+	uint64_t version, last = 0;
+	rps_client_t *cl;
+	rps_tensor_t *t = NULL;
+	int ret;
+	unsigned i;
+
+	(void)nworkers;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = 30000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail(rank, "reader connect", ret);
+	while ((ret = rps_tensor_open(cl, j->name, &t)) == -ENOENT)
+		usleep(10000);
+	if (ret)
+		return fail(rank, "reader open", ret);
+	while (!atomic_load(&sh->stop)) {
+		int killed = atomic_load(&sh->killed);
+		double t0 = now_s();
+		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
+			return fail(rank, "reader pull", ret);
+		if (now_s() - t0 > rep.longest)
+			rep.longest = now_s() - t0;
+		rep.pulls++;
+		rep.after_kill += killed;
+		rep.bad += version < last;
+		last = version;
+		for (i = 0; i < COUNT; i++)
+			rep.bad += p[i] != (float)(int)p[i];
+	}
+	it_write_all(out_fd, &rep, sizeof(rep));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(p);
+	return 0;
+}
+
+/* Pull with a fresh client, in a child: version, then the values. */
+static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct job *j = arg;
+	float *p = malloc(COUNT * sizeof(float));
+	struct rps_client_opts co;
+	uint64_t version = 0;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)nworkers;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = 20000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail(rank, "connect", ret);
+	ret = rps_tensor_open(cl, j->name, &t);
+	if (!ret) {
+		ret = rps_pull(t, p, COUNT * sizeof(float), &version);
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	if (ret)
+		return fail(rank, "pull", ret);
+	it_write_all(out_fd, &version, sizeof(version));
+	it_write_all(out_fd, p, COUNT * sizeof(float));
+	free(p);
+	return 0;
+}
+
+static int acked_total(void)
+{
+	int r, n = 0;
+
+	for (r = 0; r < NWORKERS; r++)
+		n += atomic_load(&sh->acked[r]);
+	return n;
+}
+
+/*
+ * Start 3 servers with one backup per partition, NWORKERS workers pushing
+ * PUSHES times each; once KILL_AFTER pushes are acknowledged, SIGKILL
+ * member `victim + 1` (the primary of partitions victim, victim+3, ...).
+ * Every worker finishes without an error; then every element == the number
+ * of acknowledged pushes == the version a pull reports (every shard's
+ * version is that number: the pull's version is the lowest of them).
+ */
+static void failover_run(const struct job *j, int victim)
+{
+	struct it_server_opts so = { .extra_args = SERVER_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
+				     .data_dir = 1 };
+	struct it_workers w, pw, rw;
+	struct reader_report rr = { 0 };
+	struct report rep[NWORKERS];
+	double t_kill, first = 0, longest = 0;
+	uint64_t version = 0;
+	int r, acked = 0, bad = 0, ok;
+	float *p = malloc(COUNT * sizeof(float));
+	unsigned i;
+
+	memset(sh, 0, sizeof(*sh));
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)j, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&rw, 1, reader_worker, clu.servers, (void *)j, -1, NULL), 0);
+	while (acked_total() < KILL_AFTER)
+		sleep_ms(2);
+	t_kill = now_s();
+	it_server_kill(&clu, victim);
+	atomic_store(&sh->killed, 1);
+	for (r = 0; r < NWORKERS; r++) {
+		memset(&rep[r], 0, sizeof(rep[r]));
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &rep[r], sizeof(rep[r])), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+		CU_ASSERT_EQUAL(rep[r].acked, PUSHES);
+		CU_ASSERT_EQUAL(rep[r].bad, 0);
+		acked += rep[r].acked;
+		bad += rep[r].bad;
+		first = rep[r].first > first ? rep[r].first : first;
+		longest = rep[r].longest > longest ? rep[r].longest : longest;
+	}
+	fprintf(stderr, "[%d pushes acknowledged; member %d killed after %d; workers done %.2f s after the kill; "
+		"longest push %.3f s; first push %.3f s] ", acked, victim + 1, KILL_AFTER, now_s() - t_kill,
+		longest, first);
+	CU_ASSERT_EQUAL(acked_total(), acked);
+	atomic_store(&sh->stop, 1);
+	CU_ASSERT_EQUAL(it_worker_read(&rw, 0, &rr, sizeof(rr)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&rw, 0), 0);
+	CU_ASSERT(rr.after_kill > 0);
+	CU_ASSERT_EQUAL(rr.bad, 0);
+	fprintf(stderr, "[reader: %d pulls, %d after the kill, longest %.3f s] ", rr.pulls, rr.after_kill, rr.longest);
+
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&pw, 1, pull_worker, clu.servers, (void *)j, -1, NULL), 0);
+	ok = it_worker_read(&pw, 0, &version, sizeof(version)) == 0 &&
+	     it_worker_read(&pw, 0, p, COUNT * sizeof(float)) == 0;
+	CU_ASSERT_EQUAL(it_worker_wait(&pw, 0), 0);
+	CU_ASSERT_FATAL(ok);
+	bad = 0;
+	for (i = 0; i < COUNT; i++)
+		if (p[i] != (float)acked) {
+			if (bad < 4)
+				fprintf(stderr, "%s[%u] (shard %u) = %g, expected %d\n", j->name, i, i / 1024, (double)p[i],
+					acked);
+			bad++;
+		}
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)acked);
+	free(p);
+	/* the dead server is not restarted: the two others stop cleanly */
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+static void test_async_primary_killed(void)
+{
+	static const struct job j = { .name = "async-failover", .mode = RPS_MODE_ASYNC };
+
+	failover_run(&j, 1);
+}
+
+static void test_bounded_primary_killed(void)
+{
+	static const struct job j = { .name = "bounded-failover", .mode = RPS_MODE_BOUNDED };
+
+	failover_run(&j, 2);
+}
+
+static void test_setup(void)
+{
+	watchdog_arm();
+}
+
+static void test_teardown(void)
+{
+	watchdog_disarm();
+	if (clu_up) {
+		it_cluster_stop(&clu);
+		clu_up = false;
+	}
+}
+
+int main(void)
+{
+	static const struct cutest tests[] = {
+		{ "async: a primary killed mid-push: nothing acknowledged lost or doubled", test_async_primary_killed },
+		{ "bounded: a primary killed mid-push: exact, staleness kept", test_bounded_primary_killed },
+	};
+	const struct cutest_suite suites[] = {
+		{ "replicated partitions, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+	};
+
+	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
+	    !getenv("RPS_IT_ADDR")) {
+		fprintf(stderr, "it_replica: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
+		return 77;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED) {
+		perror("it_replica: mmap");
+		return 1;
+	}
+	watchdog_init("it_replica", TEST_WATCHDOG_S, it_kill_all);
+	return cutest_run(suites, CUTEST_COUNT(suites));
+}
