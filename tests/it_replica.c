@@ -46,6 +46,8 @@
 #define KILL_AFTER 150		/* pushes acknowledged in all before the kill */
 #define FAILOVER_MS 300
 #define SERVER_ARGS "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 300"
+/* restarted at once: back before the leader could declare it failed */
+#define RESTART_ARGS "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 4000"
 #define TEST_WATCHDOG_S 90
 
 static struct it_cluster clu;
@@ -262,10 +264,11 @@ static int acked_total(void)
  * of acknowledged pushes == the version a pull reports (every shard's
  * version is that number: the pull's version is the lowest of them).
  */
-static void failover_run(const struct job *j, int victim)
+static void failover_run(const struct job *j, int victim, bool restart)
 {
-	struct it_server_opts so = { .extra_args = SERVER_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
-				     .data_dir = 1 };
+	struct it_server_opts so = { .extra_args = restart ? RESTART_ARGS : SERVER_ARGS,
+				     .env = "RPS_FAULT=bootstrap-replicas-2", .data_dir = 1 };
+	char out[65536], err[4096];
 	struct it_workers w, pw, rw;
 	struct reader_report rr = { 0 };
 	struct report rep[NWORKERS];
@@ -285,6 +288,8 @@ static void failover_run(const struct job *j, int victim)
 	t_kill = now_s();
 	it_server_kill(&clu, victim);
 	atomic_store(&sh->killed, 1);
+	if (restart)	/* same --data-dir: the map comes back, the shards do not */
+		CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, victim), 0);
 	for (r = 0; r < NWORKERS; r++) {
 		memset(&rep[r], 0, sizeof(rep[r]));
 		CU_ASSERT_EQUAL(it_worker_read(&w, r, &rep[r], sizeof(rep[r])), 0);
@@ -323,7 +328,26 @@ static void failover_run(const struct job *j, int victim)
 	CU_ASSERT_EQUAL(bad, 0);
 	CU_ASSERT_EQUAL(version, (uint64_t)acked);
 	free(p);
-	/* the dead server is not restarted: the two others stop cleanly */
+	if (restart) {
+		/* it failed its partitions over and left the sets it backed
+		 * (nothing empty promoted); the leader seeds it again: two
+		 * copies of every partition, some of them on it */
+		double until = now_s() + 30;
+		char want[64];
+		bool done = false;
+
+		snprintf(want, sizeof(want), "\"backups\":[%d]", victim + 1);
+		while (!done && now_s() < until) {
+			done = it_psctl(&clu, 10000, out, sizeof(out), err, sizeof(err), "--json status") == 0 &&
+			       strstr(out, "\"under_replicated\":0,") && strstr(out, want);
+			if (!done)
+				sleep_ms(100);
+		}
+		if (!done)
+			fprintf(stderr, "psctl status: %s%s\n", out, err);
+		CU_ASSERT(done);
+	}
+	/* the dead server (or, restarted, all three) stop cleanly */
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
 }
@@ -332,14 +356,25 @@ static void test_async_primary_killed(void)
 {
 	static const struct job j = { .name = "async-failover", .mode = RPS_MODE_ASYNC };
 
-	failover_run(&j, 1);
+	failover_run(&j, 1, false);
 }
 
 static void test_bounded_primary_killed(void)
 {
 	static const struct job j = { .name = "bounded-failover", .mode = RPS_MODE_BOUNDED };
 
-	failover_run(&j, 2);
+	failover_run(&j, 2, false);
+}
+
+/* The primary restarted at once (same --data-dir) before anyone declared
+ * it failed: it comes back without its shards, fails its partitions over
+ * to their backups itself, leaves the sets it backed, and is seeded again;
+ * nothing acknowledged is lost or doubled. */
+static void test_async_primary_restarted(void)
+{
+	static const struct job j = { .name = "async-restarted", .mode = RPS_MODE_ASYNC };
+
+	failover_run(&j, 1, true);
 }
 
 static void test_setup(void)
@@ -361,6 +396,7 @@ int main(void)
 	static const struct cutest tests[] = {
 		{ "async: a primary killed mid-push: nothing acknowledged lost or doubled", test_async_primary_killed },
 		{ "bounded: a primary killed mid-push: exact, staleness kept", test_bounded_primary_killed },
+		{ "async: a primary restarted at once: fails over, rejoins as a backup", test_async_primary_restarted },
 	};
 	const struct cutest_suite suites[] = {
 		{ "replicated partitions, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },

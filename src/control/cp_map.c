@@ -90,28 +90,15 @@ static bool backs_up(const struct rps__cplane *cp, uint32_t p)
 	return false;
 }
 
-/* p is not ours to serve; we are, or were until now, one of its backups. */
-static void backup_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now)
+/* p is not ours to serve; the map made us one of its backups when the
+ * cluster began (seeded ones, and backups dropped from the set, are
+ * cp_replicas.c's).  A restart took what we held: never promote an empty
+ * copy (it stays PART_NONE: we leave the set, cp_moves.c). */
+static void backup_reconcile(struct rps__cplane *cp, uint32_t p)
 {
-	const struct rps__smap_part *mp = &cp->map.parts[p];
-	struct part_local *pl = &cp->parts[p];
-
-	pl->epoch = mp->epoch;
-	if (pl->st == PART_BACKUP) {
-		if (backs_up(cp, p))
-			return;
-		/* dropped from the set (REPLICA_DROP, or a FAILOVER that did
-		 * not keep us): the regions go like a drained partition's */
-		rps__log(RPS__LOG_INFO, "partition %u: no longer a backup of it (epoch %llu)", p,
-			 (unsigned long long)mp->epoch);
-		pl->st = PART_DRAINING;
-		pl->free_at = now + ms_ns(cp->cfg.drain_ms);
-		return;
-	}
-	/* A restart took what we held: never promote an empty copy (it stays
-	 * PART_NONE, and a promotion then finds it lost). */
+	cp->parts[p].epoch = cp->map.parts[p].epoch;
 	if (!cp->restarted)
-		pl->st = PART_BACKUP;
+		cp->parts[p].st = PART_BACKUP;
 }
 
 /* Bring what this server does with partition p in line with the map. */
@@ -139,7 +126,10 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 		} else if (pl->st != PART_ACTIVE && (mp->lost || pl->gone || (cp->restarted && !pl->cleared))) {
 			/* A restart took what was in memory: refuse it (never
 			 * zeros) until restored or accepted empty. */
-			if (!mp->lost && !pl->gone && cp->rnode)	/* (after replay: below) */
+			if (!mp->lost && !pl->gone && cp->rnode && mp->backups[0])	/* (after replay: below) */
+				rps__log(RPS__LOG_WARN, "partition %u: restarted without it: failing over to its backup,"
+					 " member %llu", p, (unsigned long long)mp->backups[0]);
+			else if (!mp->lost && !pl->gone && cp->rnode)
 				rps__log(RPS__LOG_ERROR, "partition %u lost with member %llu (restarted): restore it"
 					 " (psctl restore DIR) or accept it empty (psctl forget-lost %u)", p,
 					 (unsigned long long)cp->my_id, p);
@@ -175,8 +165,8 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 	/* not ours */
 	pl->gone = false;
 	pl->cleared = false;
-	if (pl->st == PART_BACKUP || (pl->st == PART_NONE && backs_up(cp, p))) {
-		backup_reconcile(cp, p, now);
+	if (pl->st == PART_NONE && backs_up(cp, p)) {
+		backup_reconcile(cp, p);
 		return;
 	}
 	if (pl->st == PART_ACTIVE || pl->st == PART_LEAVING || pl->st == PART_SHIPPED) {

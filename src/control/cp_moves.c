@@ -232,6 +232,46 @@ void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t par
 	pl->offered = false;
 }
 
+/*
+ * Restarted without what partition p held here (memory is gone, the map
+ * was replayed): as its primary, fail over to its first backup (the leader's
+ * failure duty may get there first: the loser is refused as stale), or,
+ * without one, tell the cluster it is lost; as its backup, leave the set
+ * (REPLICA_DROP), so nobody promotes an empty copy, and the leader seeds us
+ * again from the primary.
+ */
+static void restarted_without(struct rps__cplane *cp, uint32_t p, uint64_t now)
+{
+	const struct rps__smap_part *mp = &cp->map.parts[p];
+	struct part_local *pl = &cp->parts[p];
+	struct rps__smap_cmd cmd;
+	uint32_t k;
+
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.part = p;
+	cmd.epoch = mp->epoch;
+	if (pl->gone && !mp->lost && mp->owner == cp->my_id && !mp->moving_to) {
+		if (mp->backups[0]) {
+			cmd.type = RPS__SMAP_FAILOVER;
+			cmd.from = cp->my_id;
+			cmd.to = mp->backups[0];
+			for (k = 1; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
+				if (mp->backups[k])
+					cmd.keep[cmd.nkeep++] = mp->backups[k];
+		} else {
+			cmd.type = RPS__SMAP_MARK_LOST;
+			cmd.from = cp->my_id;
+		}
+	} else if (cp->restarted && rps__smap_role(&cp->map, p, cp->my_id) == RPS__SMAP_ROLE_BACKUP) {
+		cmd.type = RPS__SMAP_REPLICA_DROP;
+		cmd.id = cp->my_id;
+	} else {
+		return;
+	}
+	pl->next_try = now + PEER_RETRY_NS / 2;
+	rps__cp_propose_cmd(cp, &cmd);
+}
+
 void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
 {
 	uint32_t p;
@@ -284,16 +324,8 @@ void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
 			}
 			break;
 		case PART_NONE:
-			/* restarted without it: the cluster must learn it is lost */
-			if (pl->gone && !cp->map.parts[p].lost && cp->map.parts[p].owner == cp->my_id &&
-			    !cp->map.parts[p].moving_to && now >= pl->next_try) {
-				pl->next_try = now + PEER_RETRY_NS / 2;
-				cmd.type = RPS__SMAP_MARK_LOST;
-				cmd.part = p;
-				cmd.from = cp->my_id;
-				cmd.epoch = cp->map.parts[p].epoch;
-				rps__cp_propose_cmd(cp, &cmd);
-			}
+			if (now >= pl->next_try)
+				restarted_without(cp, p, now);
 			break;
 		case PART_DRAINING:
 			if (now >= pl->free_at) {

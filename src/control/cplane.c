@@ -375,7 +375,10 @@ static int recover_map(struct rps__cplane *cp)
 		rps__cp_reconcile(cp);
 	}
 	for (i = 0; i < (int)cp->map.npart; i++)
-		if (cp->parts[i].gone)
+		if (cp->parts[i].gone && cp->map.parts[i].backups[0])
+			rps__log(RPS__LOG_WARN, "partition %d: restarted without it: failing over to its backup, member %llu",
+				 i, (unsigned long long)cp->map.parts[i].backups[0]);
+		else if (cp->parts[i].gone)
 			rps__log(RPS__LOG_ERROR, "partition %d lost with member %llu (restarted): restore it"
 				 " (psctl restore DIR) or accept it empty (psctl forget-lost %d)", i,
 				 (unsigned long long)cp->my_id, i);
