@@ -686,6 +686,19 @@ static bool streams_to_us(const struct rps__server *srv, uint64_t id)
 	return false;
 }
 
+/* Is member id a replica (backup or joiner) of a partition we lead?  Not
+ * any more once the map dropped it: a dead member is not redialed for
+ * ever (each dial to a host gone without a reset blocks the loop). */
+static bool streams_from_us(const struct rps__server *srv, uint64_t id)
+{
+	uint32_t p;
+
+	for (p = 0; p < srv->npart && p < RPS__SMAP_MAX_PART; p++)
+		if (srv->parts[p].primary == srv->my_id && still_replica(srv, p, id))
+			return true;
+	return false;
+}
+
 /* Dial p (rev: for its stream to us) when due; back off when it fails:
  * doubling up to 5 s, with a jitter that differs per server. */
 static void dial_when_due(struct rps__server *srv, struct repl_peer *p, bool rev, uint64_t now)
@@ -714,7 +727,7 @@ void rps__srv_repl_turn(struct rps__server *srv)
 		struct repl_peer *p = &srv->repl_peers[i];
 		if (!p->uri[0] || p->id > srv->my_id)
 			continue;
-		if (p->wanted && !p->conn)
+		if (p->wanted && !p->conn && streams_from_us(srv, p->id))
 			dial_when_due(srv, p, false, now);
 		if (!p->in && streams_to_us(srv, p->id))
 			dial_when_due(srv, p, true, now);
