@@ -84,6 +84,9 @@ static void usage_cluster(FILE *f)
 	fprintf(f,
 "Cluster (local mode):\n"
 "      --servers N        in-process servers (default 1; commit: 3)\n"
+"      --replicas R       copies of every partition, 1 to 3, on that many of\n"
+"                         --servers (default 1): timing starts once the leader\n"
+"                         placed and seeded every backup\n"
 "      --workers N        worker threads, each its own client (default 2)\n"
 "      --transport T      tcp or verbs (default verbs if a device is found)\n"
 "      --device NAME      RDMA device (default: the first with an IPv4 address)\n"
@@ -280,6 +283,7 @@ static void opts_init(struct opts *o, int argc, char **argv)
 	o->role = ROLE_LOCAL;
 	o->tests = DEFAULT_TESTS;
 	o->nservers = 1;
+	o->replicas = 1;
 	o->nworkers = 2;
 	o->size_min = 4;
 	o->size_max = 1u << 20;
@@ -304,7 +308,7 @@ static void opts_init(struct opts *o, int argc, char **argv)
 }
 
 enum {
-	OPT_STALENESS = 256, OPT_OPTIMIZER, OPT_SERVERS, OPT_WORKERS, OPT_TRANSPORT,
+	OPT_STALENESS = 256, OPT_OPTIMIZER, OPT_REPLICAS, OPT_SERVERS, OPT_WORKERS, OPT_TRANSPORT,
 	OPT_DEVICE, OPT_ADDR, OPT_SHARD, OPT_SLOTS, OPT_SPIN, OPT_TIMEOUT, OPT_SERVER,
 	OPT_LISTEN, OPT_CLUSTER, OPT_INDEX, OPT_CONNECT, OPT_RANK, OPT_NUMW, OPT_TAG,
 	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC,
@@ -322,6 +326,7 @@ static const struct option longopts[] = {
 	{ "dtype", required_argument, NULL, 'd' },
 	{ "optimizer", required_argument, NULL, OPT_OPTIMIZER },
 	{ "servers", required_argument, NULL, OPT_SERVERS },
+	{ "replicas", required_argument, NULL, OPT_REPLICAS },
 	{ "workers", required_argument, NULL, OPT_WORKERS },
 	{ "transport", required_argument, NULL, OPT_TRANSPORT },
 	{ "device", required_argument, NULL, OPT_DEVICE },
@@ -393,6 +398,7 @@ static void parse_option(struct opts *o, int c, const char *arg)
 		o->nservers = (int)parse_long(arg, "--servers", 1, MAX_LOCAL);
 		o->nservers_set = true;
 		break;
+	case OPT_REPLICAS: o->replicas = (int)parse_long(arg, "--replicas", 1, 3); break;
 	case OPT_WORKERS: o->nworkers = (int)parse_long(arg, "--workers", 1, MAX_LOCAL); break;
 	case OPT_TRANSPORT: parse_transport(o, arg); break;
 	case OPT_DEVICE: o->device = arg; break;
@@ -462,6 +468,8 @@ static void check_roles(struct opts *o)
 		if (o->rank >= o->num_workers)
 			psperf_die_usage("--rank %d is not below --num-workers %d", o->rank, o->num_workers);
 	}
+	if (o->replicas > 1 && (o->role != ROLE_LOCAL || o->nservers < o->replicas))
+		psperf_die_usage("--replicas %d needs local mode with --servers %d or more", o->replicas, o->replicas);
 	if (strlen(o->tag) > 24)
 		psperf_die_usage("--tag '%s': at most 24 characters", o->tag);
 }

@@ -76,9 +76,10 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 		       r->kind == RPS__KIND_VERBS ? "CAS + completion" : "8-byte socket request/response");
 		break;
 	default:
-		printf(" %s: %s, %s, %s; %d server(s), %d worker(s) at once; window %d\n", psperf_test_names[t],
-		       t == T_PUSH ? "rps_push" : t == T_PULL ? "rps_pull" : "rps_push + rps_pull",
-		       psperf_mode_name(o->mode), rps__dtype_name(o->dtype), r->nservers, r->W, o->window);
+		printf(" %s: %s, %s, %s; %d server(s), %d cop%s of each partition, %d worker(s) at once; window %d\n",
+		       psperf_test_names[t], t == T_PUSH ? "rps_push" : t == T_PULL ? "rps_pull" : "rps_push + rps_pull",
+		       psperf_mode_name(o->mode), rps__dtype_name(o->dtype), r->nservers, o->replicas,
+		       o->replicas == 1 ? "y" : "ies", r->W, o->window);
 		if (raw)
 			printf(" raw: %s\n", r->kind == RPS__KIND_VERBS
 			       ? (t == T_PUSH ? "RDMA WRITE + completion; WRITE bw" : t == T_PULL ? "RDMA READ + completion; READ bw"
@@ -376,9 +377,9 @@ static void json_config(FILE *f, const struct run *r)
 	for (i = 0; i < T_NTESTS; i++)
 		if (o->tests & (1u << i))
 			fprintf(f, "%s\"%s\"", (o->tests & ((1u << i) - 1)) ? ", " : "", psperf_test_names[i]);
-	fprintf(f, "], \"servers\": %d, \"workers\": %d, \"size_min\": %zu, \"size_max\": %zu, \"factor\": %u, "
-		"\"iters\": %ld, \"warmup\": %ld, \"window\": %d, ",
-		r->nservers, r->W, o->size_min, o->size_max, o->factor, o->iters, o->warmup,
+	fprintf(f, "], \"servers\": %d, \"replicas\": %d, \"workers\": %d, \"size_min\": %zu, \"size_max\": %zu, "
+		"\"factor\": %u, \"iters\": %ld, \"warmup\": %ld, \"window\": %d, ",
+		r->nservers, o->replicas, r->W, o->size_min, o->size_max, o->factor, o->iters, o->warmup,
 		o->window);
 	json_kv_str(f, "mode", psperf_mode_name(o->mode), true);
 	fprintf(f, "\"staleness\": %u, ", o->staleness);

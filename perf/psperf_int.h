@@ -43,6 +43,7 @@ struct opts {
 	enum role role;
 	unsigned tests;
 	int nservers, nworkers;
+	int replicas;			/* --replicas: copies of each partition (local mode) */
 	bool nservers_set;		/* --servers given (commit: else COMMIT_SERVERS) */
 	bool fsync_none;		/* --fsync none (commit test, --server) */
 	size_t size_min, size_max;

@@ -6,7 +6,10 @@
  */
 #include "config.h"
 #include "psperf_int.h"
+#include "client/ctl.h"
 #include "control/daemon.h"
+#include "proto/proto.h"
+#include "proto/smap.h"
 #include "server/server.h"
 #include "transport/uri.h"
 
@@ -78,6 +81,7 @@ static void server_cfg(const struct run *r, struct rps__server_config *cfg, cons
 	cfg->nslots = o->slots;
 	cfg->spin_us = o->spin_us;
 	cfg->max_conns = (uint32_t)(o->nworkers + 4);
+	cfg->replicas = (uint32_t)o->replicas;
 }
 
 /* A TCP port that is free right now (the kernel picks it); rdma_cm listens
@@ -153,6 +157,44 @@ int psperf_cluster_errors(struct lcluster *c)
 	return bad;
 }
 
+/* --replicas R: wait until server 0's map has R copies of every
+ * partition (the leader sets the target, then seeds each backup with a
+ * partition image, a move's pause): timing starts on the replicated
+ * cluster, not during its seeding. */
+static int wait_replicated(struct run *r, const char *list)
+{
+	static char buf[RPS__BIG_MSG_MAX];
+	uint64_t deadline = rps__now_ns() + 60ull * 1000000000ull;
+	struct rps__status_rep st;
+	struct rps__smap map;
+	struct rps__ctl *ctl = NULL;
+	struct rps__uri *u = NULL;
+	int n = 0, ret;
+
+	if ((ret = rps__uri_list_parse(list, &u, &n)) || (ret = rps__ctl_open(&u[0], 5000, &ctl))) {
+		free(u);
+		return ret;
+	}
+	for (;;) {
+		size_t len = 0;
+		int32_t status = 0;
+		ret = rps__ctl_call(ctl, RPS__MSG_STATUS, NULL, 0, buf, sizeof(buf), &len, &status, 5000);
+		if (!ret && !status && len > sizeof(st) &&
+		    !rps__smap_decode(buf + sizeof(st), len - sizeof(st), &map) &&
+		    map.replicas == (uint32_t)r->o->replicas && !rps__smap_nunder(&map))
+			break;
+		if (rps__now_ns() > deadline) {
+			ret = rps__seterr(-ETIMEDOUT, "--replicas %d: the partitions were not all replicated within 60 s",
+					  r->o->replicas);
+			break;
+		}
+		psperf_sleep_ms(20);
+	}
+	rps__ctl_close(ctl);
+	free(u);
+	return ret;
+}
+
 int psperf_run_local_cluster(struct run *r)
 {
 	struct lcluster c;
@@ -160,6 +202,8 @@ int psperf_run_local_cluster(struct run *r)
 
 	memset(&c, 0, sizeof(c));
 	ret = psperf_cluster_start(r, &c, r->o->nservers, r->servers, sizeof(r->servers));
+	if (!ret && r->o->replicas > 1 && (ret = wait_replicated(r, r->servers)))
+		fprintf(stderr, "psperf: %s\n", rps__errbuf());
 	if (!ret)
 		ret = psperf_run_workers(r, 0, r->o->nworkers, psperf_cluster_destroy, &c);
 	psperf_cluster_destroy(&c);
