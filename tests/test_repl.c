@@ -791,6 +791,55 @@ static uint64_t await_delta(const uint64_t *v, uint64_t base, uint64_t want)
  * identical.  Step 1, rank 0 first, completes too: the last entry names
  * step 1, version 2.
  */
+static void do_refuse_all(struct fake *f, void *arg)
+{
+	uint32_t p;
+
+	(void)arg;
+	for (p = 0; p < NPART; p++)
+		f->dp->part_refuse(f->srv, p);
+}
+
+/* A partition refused (moved away, or paused for a move or a seeding)
+ * while sync pushes are TAKEN there and their step is not replicated: the
+ * waits are not left to time out; each connection is told to resend
+ * (STEP_DONE entries of version 0), the resends come back (here, to the
+ * same server: TAKEN again, the step already has them), and once the step
+ * is replicated they complete, counted once. */
+static void test_sync_refused_resend(void)
+{
+	struct rps__server *a = A.srv;
+	float g[COUNT];
+	rps_tensor_t *t0, *t1;
+	rps_request_t *r0, *r1;
+	uint64_t taken, resend, acks;
+	unsigned seed = 12;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "refused-resend", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "refused-resend", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t1), 0);
+	CU_ASSERT_EQUAL(differing_shards("refused-resend"), 0);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	taken = a->repl_stats.taken_acks;
+	resend = a->repl_stats.step_done_resend;
+	acks = a->worker_msgs[RPS__MSG_PUSH_ACK];
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g, sizeof(g), &r0), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g, sizeof(g), &r1), 0);
+	CU_ASSERT_EQUAL(await_delta(&a->repl_stats.taken_acks, taken, 8), 8u);	/* 4 shards x 2 ranks */
+	fake_do(&A, do_refuse_all, NULL);
+	CU_ASSERT_EQUAL(a->repl_stats.step_done_resend - resend, 8u);
+	fake_resume(&B);
+	/* rps_wait resends them (the map still names A): the step has them,
+	 * answered TAKEN again or, once replicated, -EALREADY (counted) */
+	CU_ASSERT_EQUAL(rps_wait(r0), 0);
+	CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	CU_ASSERT_EQUAL(a->worker_msgs[RPS__MSG_PUSH_ACK] - acks, 16u);
+	CU_ASSERT_EQUAL(version_of(&A, "refused-resend", 0), 1u);
+	CU_ASSERT_EQUAL(differing_shards("refused-resend"), 0);
+	rps_tensor_close(t0);
+	rps_tensor_close(t1);
+}
+
 static void test_sync_two_stage_ack(void)
 {
 	static const char *names[5] = { "two-stage-0", "two-stage-1", "two-stage-2", "two-stage-3", "two-stage-4" };
@@ -1151,6 +1200,7 @@ int main(void)
 		{ "sync credits: exhausted, last contributions held, not parked", test_sync_credit_exhaustion },
 		{ "sync two-stage ack: TAKEN at once (in turn and parked), STEP_DONE once replicated", test_sync_two_stage_ack },
 		{ "sync resend: TAKEN while its step is unreplicated, -EALREADY after", test_sync_resend },
+		{ "sync, partition refused: taken pushes told to resend, counted once", test_sync_refused_resend },
 		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
 		{ "lease: no ack without it on a partition with backups; R=1 ignores it", test_lease_fence },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },

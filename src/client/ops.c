@@ -670,7 +670,9 @@ static void on_step_done(struct conn *c, const struct rps__step_done *sd)
 			}
 			*pp = op->next;
 			op->next = NULL;
-			rps__op_report(op, 0);
+			/* version 0: the step will not complete there (the
+			 * partition moved, or paused): resent after a refresh */
+			rps__op_report(op, e->version ? 0 : RPS_ESTALE_EPOCH);
 			rps__active_del(c, op);	/* may free op */
 		}
 	}

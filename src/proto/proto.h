@@ -259,7 +259,10 @@ struct rps__step_done_ent {
 	uint32_t tensor_id;	/* the server's id */
 	uint32_t shard;		/* global shard index */
 	uint64_t step;		/* the step completed (the pushes' clock) */
-	uint64_t version;	/* the shard's version with it applied (step + 1) */
+	uint64_t version;	/* the shard's version with it applied (step + 1); 0: the
+				 * step will not complete here (the partition left this
+				 * server, or paused for a move or a seeding): resend the
+				 * pushes it covers, where the map says */
 };
 
 struct rps__step_done {

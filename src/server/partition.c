@@ -48,6 +48,7 @@ void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part)
 		}
 		i++;
 	}
+	rps__srv_repl_refuse_part(srv, part);
 	/* consume() refuses pushes of a partition that is not served */
 	rps__srv_drain_held(srv);
 }

@@ -345,15 +345,19 @@ bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock)
 
 /* Owe c a STEP_DONE for (t, s, step): one entry per shard, the latest step
  * (it covers the earlier ones). */
-static void step_done_note(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step)
+static void step_done_note(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step,
+			   bool resend)
 {
 	uint32_t k;
 
 	for (k = 0; k < c->nsd; k++)
 		if (c->sd[k].tensor_id == t->id && c->sd[k].shard == s->index) {
-			if (step > c->sd[k].step) {
-				c->sd[k].step = step;
-				c->sd[k].version = step + 1;
+			/* "resend" covers the done steps below it too (their
+			 * resends are answered -EALREADY: counted); a later
+			 * done step covers every earlier one */
+			if (resend || step > c->sd[k].step) {
+				c->sd[k].step = RPS__MAX(step, c->sd[k].step);
+				c->sd[k].version = resend ? 0 : step + 1;
 			}
 			return;
 		}
@@ -368,8 +372,27 @@ static void step_done_note(struct conn *c, const struct tensor *t, const struct 
 		c->sd_cap = cap;
 	}
 	c->sd[c->nsd++] = (struct rps__step_done_ent){
-		.tensor_id = t->id, .shard = s->index, .step = step, .version = step + 1,
+		.tensor_id = t->id, .shard = s->index, .step = step, .version = resend ? 0 : step + 1,
 	};
+}
+
+void rps__srv_repl_refuse_part(struct rps__server *srv, uint32_t part)
+{
+	uint32_t i = 0;
+
+	while (i < srv->nrwaits) {
+		struct repl_wait w = srv->rwaits[i];
+		if (w.kind != RW_STEP_DONE || w.s->part != part) {
+			i++;
+			continue;
+		}
+		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
+		srv->nrwaits--;
+		if (w.c) {
+			step_done_note(w.c, w.t, w.s, w.clock, true);	/* sent at the end of the turn */
+			srv->repl_stats.step_done_resend++;
+		}
+	}
 }
 
 /* Once per loop turn: one STEP_DONE per worker connection that is owed
@@ -470,7 +493,7 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
 		srv->nrwaits--;
 		if (w.c)
-			step_done_note(w.c, w.t, w.s, w.clock);	/* sent at the end of the turn */
+			step_done_note(w.c, w.t, w.s, w.clock, false);	/* sent at the end of the turn */
 	}
 	if (any)
 		rps__srv_drain_held(srv);

@@ -267,6 +267,7 @@ struct rps__server {
 		uint64_t entries_sent, entries_applied, acks_sent, acks_received, deferred, refused;
 		uint64_t pairings_refused;	/* kernel fingerprints differed */
 		uint64_t taken_acks;		/* sync: PUSH_ACKs with RPS__ACK_TAKEN */
+		uint64_t step_done_resend;	/* STEP_DONE entries saying "resend" */
 		uint64_t step_done_sent;	/* sync: STEP_DONE messages ... */
 		uint64_t step_done_entries;	/* ... and the entries in them */
 		struct rps__step_done_ent last_step_done;	/* the last entry sent */
@@ -351,6 +352,9 @@ bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock);
 /* Complete the waits every replica confirmed (after an ack, or a view
  * that dropped a replica). */
 void rps__srv_repl_confirm(struct rps__server *srv);
+/* The partition is refused from now (moved away, paused): its sync pushes
+ * taken here are told to resend (STEP_DONE entries of version 0). */
+void rps__srv_repl_refuse_part(struct rps__server *srv, uint32_t part);
 void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot);
 void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
 			      const void *body);
