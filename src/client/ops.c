@@ -703,6 +703,15 @@ static void on_read(struct shard_op *op)
 	uint64_t seq1 = hdr->seq, seq2 = *bounce_seq(c, op->res);
 	uint64_t version = seq1 / 2;
 
+	/* the epoch first: a copy that moved (or whose server lost its
+	 * lease) says so whatever its seq, and a version its server is
+	 * still replicating may stay odd there for ever */
+	if (hdr->epoch != op->t->part[rps__shard_server(&op->t->layout, op->shard)].epoch) {
+		/* a copy the server no longer owns (or not yet): refresh */
+		rps__op_report(op, RPS_ESTALE_EPOCH);
+		op_release(op);
+		return;
+	}
 	if (seq1 != seq2 || (seq1 & 1)) {
 		if (++op->torn < TORN_RETRIES) {
 			post_reads(op);
@@ -714,12 +723,6 @@ static void on_read(struct shard_op *op)
 		if (op->min_version <= version)
 			op->min_version = version + ((seq1 & 1) ? 0 : 1);
 		send_wait(op);
-		return;
-	}
-	if (hdr->epoch != op->t->part[rps__shard_server(&op->t->layout, op->shard)].epoch) {
-		/* a copy the server no longer owns (or not yet): refresh */
-		rps__op_report(op, RPS_ESTALE_EPOCH);
-		op_release(op);
 		return;
 	}
 	if (version < op->min_version || hdr->min_clock < op->min_clock) {

@@ -103,6 +103,11 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 					continue;
 				if (t->part[ref->part].conn >= 0 && t->part[ref->part].epoch > ref->epoch)
 					continue;
+				/* a server behind our map (cut off, or slow to
+				 * apply) offers a copy that is no longer the
+				 * primary's: never read it */
+				if (ref->part < cl->map.npart && ref->epoch < cl->map.parts[ref->part].epoch)
+					continue;
 				t->part[ref->part].conn = i;
 				t->part[ref->part].addr = ref->addr;
 				t->part[ref->part].rkey = ref->rkey;

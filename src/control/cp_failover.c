@@ -9,9 +9,12 @@
  * a ReadIndex round started after the request arrived confirms that it
  * still leads: a deposed leader grants nothing.  The member then holds its
  * lease until t_send + lease_ms (lease_ms = failover_ms / 2) and tells the
- * data plane (dp->set_lease): a primary of a partition with backups
- * acknowledges no push once its lease has run out.  The leader grants
- * itself through the same path.
+ * data plane (dp->set_lease), once it applied the log up to the ReadIndex
+ * round's index (the leader's commit index then): a primary of a partition
+ * with backups acknowledges no push once its lease has run out, and its
+ * shard headers show RPS__EPOCH_MOVED meanwhile, so that workers' READs
+ * of its copy fail too (the read fence, src/server/partition.c).  The
+ * leader grants itself through the same path.
  *
  * The leader declares a member failed after failover_ms without a LEASE,
  * and proposes, in one batch and again until the map shows them applied:
@@ -48,6 +51,20 @@
  *     B's state before B serves, and P cannot complete an acknowledgement
  *     that needs B after B moved on.  Hence no push is acknowledged by two
  *     primaries, and none that was acknowledged is lost.
+ * (d) Reads.  Workers READ P's shards without asking P, so the lease alone
+ *     does not stop them.  P's loop wakes when its lease ends and, before
+ *     anything else in that turn, writes RPS__EPOCH_MOVED into every header
+ *     of each partition with backups it is primary of (the read fence,
+ *     src/server/partition.c).  By (a) and (b) that is failover_ms -
+ *     lease_ms (less the drift: about failover_ms / 2) before B can be
+ *     promoted, so a READ that still saw P's epoch read before B
+ *     acknowledged anything, and returns every push acknowledged before
+ *     it began.  The margin is what a stall of P's serving thread may
+ *     cost; with a NIC that serves READs of a frozen process, a stall
+ *     longer than it could let a READ see P's copy after B acknowledged
+ *     more.  A grant takes effect only once P applied the log up to the
+ *     grant's ReadIndex, so the fence comes down again only on a P that
+ *     knows it is still primary.
  *
  * All times here are on the failover clock (rps__cp_failover_now): the
  * data plane's lease clock, or a test's.
@@ -79,6 +96,8 @@ void rps__cp_failover_init(struct rps__cplane *cp)
 
 /* ---- the member's side -------------------------------------------------------- */
 
+static void lease_apply(struct rps__cplane *cp);
+
 /* Ask the leader for a lease every failover_ms / 10. */
 void rps__cp_lease_send(struct rps__cplane *cp, uint64_t now)
 {
@@ -86,6 +105,7 @@ void rps__cp_lease_send(struct rps__cplane *cp, uint64_t now)
 	struct rps__lease l;
 	uint64_t leader;
 
+	lease_apply(cp);
 	if (now < fo->next_send)
 		return;
 	leader = rps__rnode_leader(cp->rnode);
@@ -103,6 +123,22 @@ void rps__cp_lease_send(struct rps__cplane *cp, uint64_t now)
 		rps__cp_peer_send(cp, leader, RPS__MSG_LEASE, 0, 0, &l, sizeof(l));
 }
 
+/* The latest grant takes effect once we applied the log up to the
+ * leader's commit index at the grant: a primary that was cut off learns of
+ * a FAILOVER that deposed it before it holds a lease again (its read fence
+ * would come down otherwise, src/server/partition.c).  Every turn. */
+static void lease_apply(struct rps__cplane *cp)
+{
+	struct cp_failover *fo = &cp->fo;
+
+	if (fo->grant_until <= fo->lease_until)
+		return;
+	if (cp->rnode && rps__rnode_applied(cp->rnode) < fo->grant_index)
+		return;
+	fo->lease_until = fo->grant_until;
+	cp->dp->set_lease(cp->srv, fo->lease_until);
+}
+
 /* A grant: the lease runs from when we asked, on our clock, never from
  * when the answer came (it may have been delayed anywhere). */
 void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct rps__lease_rep *r)
@@ -113,10 +149,13 @@ void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct r
 	if (status || !r->granted || fo->sent[r->seq % FO_SENT_MAX].seq != r->seq)
 		return;
 	until = fo->sent[r->seq % FO_SENT_MAX].t_send + fo->lease_ns;
-	if (until <= fo->lease_until)
+	if (until <= fo->lease_until || until <= fo->grant_until)
 		return;
-	fo->lease_until = until;
-	cp->dp->set_lease(cp->srv, until);
+	/* (a grant still waiting for the log is replaced: the newer one
+	 * names a later index, reached no sooner) */
+	fo->grant_until = until;
+	fo->grant_index = r->index;
+	lease_apply(cp);
 }
 
 /* ---- the leader's side: contacts and grants -------------------------------------- */
@@ -219,10 +258,10 @@ bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__
 
 /* The ReadIndex round of a LEASE completed: a quorum acknowledged our term
  * after the request arrived.  Grant it. */
-void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx)
+void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx, uint64_t index)
 {
 	struct cp_failover *fo = &cp->fo;
-	struct rps__lease_rep rep = { .granted = 1 };
+	struct rps__lease_rep rep = { .granted = 1, .index = index };
 	uint32_t i;
 	uint64_t id;
 

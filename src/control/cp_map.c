@@ -173,8 +173,12 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 		rps__log(RPS__LOG_INFO, "partition %u now belongs to member %llu (epoch %llu)", p,
 			 (unsigned long long)mp->owner, (unsigned long long)mp->epoch);
 		rps__cp_blob_free(cp, pl);
-		if (pl->st == PART_ACTIVE)
+		if (pl->st == PART_ACTIVE) {
+			/* deposed (a FAILOVER while we were cut off): workers
+			 * still READing our copy learn it moved */
+			cp->dp->part_publish(cp->srv, p, RPS__EPOCH_MOVED);
 			cp->dp->part_refuse(cp->srv, p);
+		}
 		pl->st = PART_DRAINING;
 		pl->free_at = now + ms_ns(cp->cfg.drain_ms);
 	} else if (pl->st == PART_INCOMING && mp->moving_to != cp->my_id) {
@@ -348,8 +352,7 @@ static int cb_send(void *ctx, uint64_t to, const void *buf, size_t len)
 
 static void cb_read_ready(void *ctx, uint64_t read_ctx, uint64_t index)
 {
-	(void)index;
-	rps__cp_failover_read_ready(ctx, read_ctx);	/* (leases are the only reads) */
+	rps__cp_failover_read_ready(ctx, read_ctx, index);	/* (leases are the only reads) */
 }
 
 static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term)

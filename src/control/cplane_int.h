@@ -115,6 +115,8 @@ struct cp_failover {
 	uint64_t next_send;
 	struct { uint64_t seq, t_send; } sent[FO_SENT_MAX];
 	uint64_t lease_until;	/* what the data plane was told */
+	uint64_t grant_until;	/* the latest grant ... */
+	uint64_t grant_index;	/* ... in force once we applied the log this far */
 	/* leader */
 	bool leading;
 	uint64_t won_at;
@@ -246,7 +248,7 @@ void rps__cp_lease_send(struct rps__cplane *cp, uint64_t now);
 void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now);
 bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__lease *l);
 void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct rps__lease_rep *r);
-void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx);
+void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx, uint64_t index);
 void rps__cp_failover_role(struct rps__cplane *cp, bool leader);
 void rps__cp_failover_heard(struct rps__cplane *cp, uint64_t id);
 /* leader: id is this server, or was heard from and is not failed */

@@ -691,6 +691,11 @@ int rps__rnode_progress(const struct rps__rnode *n, uint64_t id, struct rps__raf
 	return rps__raft_progress(n->raft, id, pi);
 }
 
+uint64_t rps__rnode_applied(const struct rps__rnode *n)
+{
+	return n->applied;
+}
+
 uint64_t rps__rnode_leader(const struct rps__rnode *n)
 {
 	return rps__raft_leader(n->raft);

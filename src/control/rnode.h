@@ -102,6 +102,8 @@ int rps__rnode_compact(struct rps__rnode *n);
 void rps__rnode_status(const struct rps__rnode *n, struct rps__raft_status *st);
 int rps__rnode_progress(const struct rps__rnode *n, uint64_t id, struct rps__raft_progress_info *pi);
 uint64_t rps__rnode_leader(const struct rps__rnode *n);
+/* The last index handed to the state machine. */
+uint64_t rps__rnode_applied(const struct rps__rnode *n);
 bool rps__rnode_is_leader(const struct rps__rnode *n);
 /* The term of the entry applied at index, if the log still has it (so a
  * proposer can tell whether its proposal is the entry that committed there);

@@ -119,6 +119,8 @@ struct rps__lease_rep {
 	uint64_t seq;		/* the request's */
 	uint32_t granted;	/* 1: a quorum confirmed the leader after the request arrived */
 	uint32_t reserved;
+	uint64_t index;		/* the leader's commit index then: the lease holds once
+				 * the member applied the log that far */
 };
 
 struct rps__hello {

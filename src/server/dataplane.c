@@ -31,6 +31,7 @@ static void set_member_id(struct rps__server *srv, uint64_t id)
 static void set_lease(struct rps__server *srv, uint64_t until_ns)
 {
 	srv->lease_until = until_ns;
+	rps__srv_read_fence(srv);
 	if (srv->nrwaits)
 		rps__srv_repl_confirm(srv);	/* STEP_DONEs held while it had run out */
 }
@@ -217,6 +218,7 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 
 	if (part < RPS__SMAP_MAX_PART)
 		srv->parts[part] = *view;
+	srv->rfence_dirty = true;	/* served or replicated now, or no longer */
 	if (view->backup)
 		srv->repl_active = true;	/* the repl turn dials its primary when our id is the higher */
 	/* a replica the map dropped is no longer waited for */

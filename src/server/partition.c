@@ -110,6 +110,7 @@ static void unfence_shard(struct rps__server *srv, struct region *r, struct shar
 void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch)
 {
 	part_each_shard(srv, part, unfence_shard, &epoch);
+	srv->rfence_dirty = true;	/* (the read fence may have to cover it again) */
 }
 
 /*
@@ -155,6 +156,7 @@ static void promote_shard(struct rps__server *srv, struct region *r, struct shar
 void rps__srv_part_promote(struct rps__server *srv, uint32_t part, uint64_t epoch)
 {
 	part_each_shard(srv, part, promote_shard, &epoch);
+	srv->rfence_dirty = true;
 	rps__log(RPS__LOG_INFO, "partition %u: promoted to primary under epoch %llu, after replication entry %llu",
 		 part, (unsigned long long)epoch, (unsigned long long)srv->repl_seq[part]);
 }
@@ -823,6 +825,77 @@ void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoc
 			continue;
 		for (j = 0; j < r->nsh; j++)
 			rps__srv_publish(&t->shards[rps__part_shard(&t->layout, part, j)], epoch);
+	}
+	srv->rfence_dirty = true;
+}
+
+/*
+ * The read fence (issue 12).  The lease fences acknowledgements (push.c,
+ * repl.c), but a worker READs a primary's shards one-sidedly and never asks
+ * it: a primary cut off from its peers whose partitions failed over would
+ * go on handing workers that still hold its regions the values it had,
+ * older than what the new primary has acknowledged since.  So whenever this
+ * server serves a partition with backups without holding its lease, every
+ * header of that partition shows RPS__EPOCH_MOVED: a READ of it fails the
+ * epoch check, the worker reads the map again and goes to the primary the
+ * map names.  When a lease is granted again (the control plane grants it
+ * only once this server applied the log up to the leader's commit index at
+ * the grant, cp_failover.c, so a primary deposed meanwhile knows it by
+ * then) and the partition is still served here, the headers get its epoch
+ * back.  Only the epoch word changes, by one atomic store: a READ sees
+ * either epoch, with whatever seq (a version still being replicated stays
+ * odd, unreadable, as it was).
+ *
+ * The order (cp_failover.c has the timing argument for the lease).  The
+ * lease of a primary P ends at least failover_ms - lease_ms (failover_ms /
+ * 2, less the drift) before the leader can declare P failed and a FAILOVER
+ * be committed and applied by the new primary B.  This runs at the top of
+ * every turn of P's loop, before its completions (the TCP provider serves
+ * READs inside them), and the loop sleeps no later than the lease's end; so
+ * the headers are fenced before B acknowledges anything, unless P's serving
+ * thread stalls for that whole margin (a NIC keeps serving READs of a
+ * frozen process: rdmapsd(8) states this).  A READ that saw the epoch word
+ * unfenced read it before the fence, hence before B acknowledged anything:
+ * every push acknowledged before the read began was acknowledged by P (or
+ * is in P's state from an earlier primary), and P publishes before it
+ * acknowledges, so the READ returns it.
+ */
+void rps__srv_read_fence(struct rps__server *srv)
+{
+	bool held = rps__srv_lease_held(srv, rps__dp_boottime_ns());
+	uint32_t p;
+
+	if (held == srv->rfence_held && !srv->rfence_dirty)
+		return;
+	srv->rfence_held = held;
+	srv->rfence_dirty = false;
+	for (p = 0; p < srv->npart && p < RPS__SMAP_MAX_PART; p++) {
+		bool serving = rps__srv_part_serving(srv, p);
+		bool want = !held && serving && rps__srv_repl_part(srv, p);
+		uint64_t epoch;
+
+		if (want)
+			epoch = RPS__EPOCH_MOVED;	/* (again after a change: a publish may have undone it) */
+		else if (srv->rfenced[p] && serving)
+			epoch = srv->parts[p].epoch;
+		else {
+			srv->rfenced[p] = false;
+			continue;
+		}
+		for (uint32_t i = 0; i < srv->ntensors; i++) {
+			struct tensor *t = srv->tensors[i];
+			struct region *r = t ? &t->regions[p] : NULL;
+			if (!r || !r->mr)
+				continue;
+			for (uint32_t j = 0; j < r->nsh; j++)
+				__atomic_store_n(&t->shards[rps__part_shard(&t->layout, p, j)].hdr->epoch, epoch,
+						 __ATOMIC_RELEASE);
+		}
+		if (want != srv->rfenced[p])
+			rps__log(RPS__LOG_INFO, "partition %u: %s", p,
+				 want ? "primary lease lapsed: reads fenced (headers show it moved)"
+				      : "primary lease held again: reads unfenced");
+		srv->rfenced[p] = want;
 	}
 }
 

@@ -236,6 +236,12 @@ static int sleep_until_work(struct rps__server *srv, uint64_t now, int cp_ms)
 		timeout = cp_ms;
 	if ((int)(LISTENER_CHECK_NS / 1000000ull) < timeout)
 		timeout = (int)(LISTENER_CHECK_NS / 1000000ull);
+	{	/* awake when the lease ends: the read fence goes up then */
+		uint64_t boot = rps__dp_boottime_ns();
+		if (srv->rfence_held && srv->lease_until > boot &&
+		    (srv->lease_until - boot) / 1000000ull + 1 < (uint64_t)timeout)
+			timeout = (int)((srv->lease_until - boot) / 1000000ull) + 1;
+	}
 	if (poll(pfd, 3, timeout) < 0 && errno != EINTR)
 		return rps__seterr(-errno, "poll: %s", strerror(errno));
 	if (pfd[2].revents)
@@ -267,6 +273,8 @@ int rps__server_run(struct rps__server *srv)
 		 * may keep the loop from sleeping for as long as they last */
 		if (__atomic_load_n(&srv->stopping, __ATOMIC_RELAXED))
 			return 0;
+		/* before the completions: the TCP provider serves READs in them */
+		rps__srv_read_fence(srv);
 		n = rps__cq_poll(srv->cq, wc, (int)RPS__ARRAY_SIZE(wc));
 		if (n < 0) {
 			rps__log(RPS__LOG_ERROR, "polling completions: %s", rps__errbuf());

@@ -203,6 +203,10 @@ struct rps__server {
 	struct rps__server_config cfg;
 	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
 	uint64_t lease_until;		/* primary lease: rps__dp_boottime_ns() before this (set_lease) */
+	/* the read fence (partition.c, rps__srv_read_fence) */
+	bool rfenced[RPS__SMAP_MAX_PART];	/* headers show RPS__EPOCH_MOVED for want of the lease */
+	bool rfence_held;		/* the lease as the last fence turn saw it */
+	bool rfence_dirty;		/* partitions or headers changed since: look again */
 	uint32_t shard_elems;
 	size_t slot_size;
 	struct rps__fabric *fab;
@@ -399,6 +403,9 @@ void rps__srv_regions_free_part(struct rps__server *srv, uint32_t part);
 bool rps__srv_part_fence(struct rps__server *srv, uint32_t part);
 void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch);
 void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoch);
+/* The read fence: every turn of the loop, and whenever the lease or the
+ * partitions change (partition.c). */
+void rps__srv_read_fence(struct rps__server *srv);
 void rps__srv_part_create(struct rps__server *srv, uint32_t part);
 void rps__srv_part_promote(struct rps__server *srv, uint32_t part, uint64_t epoch);
 void rps__srv_part_forget_parked(struct rps__server *srv, uint32_t part);

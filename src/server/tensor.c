@@ -219,7 +219,8 @@ int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t pa
 		s->params = (float *)((char *)s->hdr + RPS__SHARD_HDR_SIZE);
 		s->hdr->shard = s->index;
 		s->hdr->elems = s->elems;
-		s->hdr->epoch = srv->parts[part].map_epoch;
+		/* (a region made while the read fence is up starts behind it) */
+		s->hdr->epoch = srv->rfenced[part] ? RPS__EPOCH_MOVED : srv->parts[part].map_epoch;
 		s->ready = !has_init;
 		s->init_conn = s->ready ? NULL : init_conn;
 		s->hdr->seq = s->ready ? 0 : 1;	/* odd: not readable until INIT */
