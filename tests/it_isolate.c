@@ -1,0 +1,446 @@
+/*
+ * it_isolate.c - a primary cut off from its peers while workers still
+ * reach it (issue 12, test f): three rdmapsd processes whose map gives
+ * every partition one backup (--replicas 2; RPS_FAULT=bootstrap-replicas-2:
+ * partition p is owned by member p%3+1 and backed by (p+1)%3+1),
+ * --failover-ms 3000 (lease 1500 ms), and a member that is not the Raft
+ * leader isolated with RPS_FAULT=isolate-signals (SIGUSR1: its peer
+ * connections dropped, none made or accepted; workers and psctl still
+ * reach it).
+ *
+ * Workers push (async, SGD lr 1, gradient -1: every push adds exactly 1 to
+ * every element) as fast as they can and note, in memory shared with the
+ * parent, the CLOCK_MONOTONIC time each push completed.  The parent polls
+ * the leader's map (psctl --json status) until it shows a new primary for
+ * the isolated member's partitions.  Checked:
+ *  (1) no push completes between the isolation + the lease + 0.5 s and the
+ *      start of the last poll whose map still showed the isolated member as
+ *      primary (the old primary acknowledges nothing once its lease ran
+ *      out, the new one nothing before the FAILOVER is committed), and that
+ *      window lasts at least 0.2 s;
+ *  (2) long-lived clients and fresh clients (a new connection per pull)
+ *      pulling in a loop, both listing the isolated member first (its map
+ *      is the stale one), never see an element or version below the number
+ *      of pushes acknowledged before their pull began: the isolated
+ *      primary's shard headers are fenced when its lease runs out (the read
+ *      fence), so READs of its copy fail and go to the new primary;
+ *  (3) after the isolation ends, every element and the version == the
+ *      number of acknowledged pushes: nothing acknowledged lost, nothing
+ *      applied twice.
+ */
+#include "config.h"
+#include "cluster.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+#include "lib/cutest.h"
+#include "lib/json.h"
+#include "lib/watchdog.h"
+
+#define NSERVERS 3
+#define NPUSHERS 3
+#define NREADERS 2		/* long-lived clients; one more makes a fresh client per pull */
+#define NPART 6
+#define COUNT 12288u		/* fp32: 12 shards of 4 KiB, 2 per partition */
+#define MAX_PUSHES 20000	/* per worker: room for the timestamps */
+#define START_PUSHES 60		/* acknowledged in all before the isolation */
+#define LEASE_S 1.5		/* --failover-ms / 2 */
+#define SLACK_S 0.5		/* a completion noted late (the worker descheduled) */
+#define MIN_WINDOW_S 0.2
+#define AFTER_S 2.0		/* pushing goes on this long after the map moved */
+#define SERVER_ARGS "--partitions 6 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 3000 --replicas 2"
+#define TEST_WATCHDOG_S 150
+
+static struct it_cluster clu;
+static bool clu_up;
+
+struct shared {
+	atomic_int acked[NPUSHERS];		/* pushes acknowledged so far */
+	double done_at[NPUSHERS][MAX_PUSHES];	/* when each completed (CLOCK_MONOTONIC, s) */
+	atomic_int stop;			/* everyone stops */
+	double t_iso, t_moved;			/* set by the parent (0: not yet) */
+	atomic_int pulls[NREADERS + 1];		/* pulls done so far, per reader */
+};
+static struct shared *sh;
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+	nanosleep(&ts, NULL);
+}
+
+static int fail(int rank, const char *what, int ret)
+{
+	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
+	return 1;
+}
+
+/* Acknowledged so far: a lower bound of what was acknowledged before now. */
+static int acked_total(void)
+{
+	int r, n = 0;
+
+	for (r = 0; r < NPUSHERS; r++)
+		n += atomic_load(&sh->acked[r]);
+	return n;
+}
+
+static int connect_open(int rank, const char *servers, bool create, rps_client_t **cl, rps_tensor_t **t)
+{
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	int ret;
+
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = create ? rank : 0;
+	co.num_workers = create ? NPUSHERS : 1;
+	co.timeout_ms = 30000;
+	if ((ret = rps_client_connect(&co, cl)))
+		return fail(rank, "connect", ret);
+	if (!create) {
+		while ((ret = rps_tensor_open(*cl, "isolated", t)) == -ENOENT)
+			usleep(10000);
+		return ret ? fail(rank, "open", ret) : 0;
+	}
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SGD;
+	o.lr = 1.0f;
+	if ((ret = rps_tensor_create(*cl, "isolated", &o, t)))
+		return fail(rank, "create", ret);
+	return 0;
+}
+
+struct push_report {
+	int acked;
+};
+
+static int push_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *g = malloc(COUNT * sizeof(float));
+	struct push_report rep = { 0 };
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+	unsigned i;
+
+	(void)nworkers;
+	(void)arg;
+	for (i = 0; i < COUNT; i++)
+		g[i] = -1.0f;
+	if (connect_open(rank, servers, true, &cl, &t))
+		return 1;
+	while (!atomic_load(&sh->stop) && rep.acked < MAX_PUSHES) {
+		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+			return fail(rank, "push", ret);
+		sh->done_at[rank][rep.acked++] = now_s();
+		atomic_fetch_add(&sh->acked[rank], 1);
+		usleep(500);	/* leave the servers some of the 2 cores */
+	}
+	it_write_all(out_fd, &rep, sizeof(rep));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	return 0;
+}
+
+/* What a reader reports: pulls, pulls that began once the isolated
+ * primary's lease had surely run out and before the map moved, pulls that
+ * ended after it moved, and what was wrong: an element or version below
+ * the pushes acknowledged before the pull began (with the worst shortfall),
+ * or not a whole number. */
+struct read_report {
+	int pulls, fenced, after, bad;
+	long worst;
+};
+
+/* Check one pull against `lower`, acknowledged before it began. */
+static void check_pull(struct read_report *rep, const float *p, uint64_t version, int lower, double began,
+		       bool fenced)
+{
+	unsigned i;
+	int bad = 0;
+
+	for (i = 0; i < COUNT; i++)
+		if (p[i] < (float)lower || p[i] != (float)(int)p[i]) {
+			if (!bad && rep->bad < 4)
+				fprintf(stderr, "pull began %.3f s after the isolation: element %u = %g, %d acknowledged "
+					"before it began\n", sh->t_iso ? began - sh->t_iso : -1.0, i, (double)p[i], lower);
+			bad = 1;
+			if (lower - (long)p[i] > rep->worst)
+				rep->worst = lower - (long)p[i];
+		}
+	if (version < (uint64_t)lower) {
+		bad = 1;
+		if (lower - (long)version > rep->worst)
+			rep->worst = lower - (long)version;
+	}
+	rep->bad += bad;
+	rep->pulls++;
+	rep->fenced += fenced;
+	if (sh->t_moved && now_s() > sh->t_moved)
+		rep->after++;
+}
+
+/* Ranks 0 .. NREADERS - 1: long-lived clients (one connection, pulls in a
+ * loop); rank NREADERS: a fresh client for every pull. */
+static int read_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *p = malloc(COUNT * sizeof(float));
+	bool fresh = rank == NREADERS;
+	struct read_report rep = { 0 };
+	rps_client_t *cl = NULL;
+	rps_tensor_t *t = NULL;
+	uint64_t version;
+	int ret;
+
+	(void)nworkers;
+	(void)arg;
+	while (!atomic_load(&sh->stop)) {
+		int lower;
+		double began;
+		bool fenced;
+
+		if (!cl && connect_open(rank, servers, false, &cl, &t))
+			return 1;
+		began = now_s();
+		fenced = sh->t_iso && !sh->t_moved && began > sh->t_iso + LEASE_S;
+		lower = acked_total();
+		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
+			return fail(rank, "pull", ret);
+		check_pull(&rep, p, version, lower, began, fenced);
+		atomic_fetch_add(&sh->pulls[rank], 1);
+		if (fresh) {
+			rps_tensor_close(t);
+			rps_client_close(cl);
+			cl = NULL;
+		}
+		usleep(2000);
+	}
+	it_write_all(out_fd, &rep, sizeof(rep));
+	if (cl) {
+		rps_tensor_close(t);
+		rps_client_close(cl);
+	}
+	free(p);
+	return 0;
+}
+
+/* The leader's map as psctl shows it: the leader's id and the owner of
+ * partition part; false if psctl failed or named no leader. */
+static bool leader_map(uint64_t *leader, uint64_t *owner, uint32_t part)
+{
+	static char out[65536], err[4096];
+	unsigned long long l = 0, o = 0;
+
+	if (it_psctl(&clu, 10000, out, sizeof(out), err, sizeof(err), "--json status") != 0)
+		return false;
+	if (!json_u64(out, &l, "leader") || !json_u64(out, &o, "map.partitions[%u].owner", part))
+		return false;
+	*leader = l;
+	*owner = o;
+	return true;
+}
+
+/* The cluster's URI list with server first at its head. */
+static void servers_first(char *buf, size_t len, int first)
+{
+	int i, n;
+
+	n = snprintf(buf, len, "%s", clu.uri[first]);
+	for (i = 0; i < clu.nservers; i++)
+		if (i != first)
+			n += snprintf(buf + n, len - (size_t)n, ",%s", clu.uri[i]);
+}
+
+static void test_isolated_primary(void)
+{
+	struct it_server_opts so = { .extra_args = SERVER_ARGS,
+				     .env = "RPS_FAULT=bootstrap-replicas-2,isolate-signals" };
+	struct it_workers pw, rw;
+	struct push_report prep[NPUSHERS];
+	struct read_report rrep[NREADERS + 1];
+	static char servers[4096];
+	uint64_t leader = 0, owner = 0, version = 0;
+	double t_iso, t_last = 0, t_moved = 0, until, w0;
+	int victim, part, r, acked = 0, in_window = 0, before = 0, after = 0, bad = 0;
+	float *p = malloc(COUNT * sizeof(float));
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	unsigned i;
+	int k;
+
+	memset(sh, 0, sizeof(*sh));
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
+	clu_up = true;
+	/* a member that does not lead: cutting the leader off is another
+	 * story (an election first) */
+	until = now_s() + 30;
+	while (!leader_map(&leader, &owner, 0) && now_s() < until)
+		sleep_ms(100);
+	CU_ASSERT_FATAL(leader >= 1 && leader <= NSERVERS);
+	victim = (int)(leader % NSERVERS);	/* index of member leader + 1 (mod 3) */
+	part = victim;				/* member victim + 1 owns partitions victim, victim + 3 */
+	servers_first(servers, sizeof(servers), victim);
+
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&pw, NPUSHERS, push_worker, servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&rw, NREADERS + 1, read_worker, servers, NULL, -1, NULL), 0);
+	until = now_s() + 60;
+	while ((acked_total() < START_PUSHES || atomic_load(&sh->pulls[NREADERS]) < 2) && now_s() < until)
+		sleep_ms(5);
+	CU_ASSERT_FATAL(acked_total() >= START_PUSHES);
+
+	/* cut member victim + 1 off: its lease was granted on a request sent
+	 * before now, so it ends before t_iso + LEASE_S */
+	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGUSR1), 0);
+	t_iso = now_s();
+	sh->t_iso = t_iso;
+	until = t_iso + 60;
+	while (now_s() < until) {
+		double t0 = now_s();
+		uint64_t l, o;
+
+		if (!leader_map(&l, &o, (uint32_t)part))
+			continue;
+		if (o == (uint64_t)victim + 1) {
+			t_last = t0;
+		} else {
+			t_moved = t0;
+			break;
+		}
+	}
+	CU_ASSERT_FATAL(t_moved > 0);
+	sh->t_moved = t_moved;
+	/* pushes and pulls go on at the new primary for a while */
+	w0 = now_s();
+	k = acked_total();
+	while ((now_s() < w0 + AFTER_S || acked_total() < k + 30) && now_s() < w0 + 60)
+		sleep_ms(20);
+	atomic_store(&sh->stop, 1);
+
+	for (r = 0; r < NPUSHERS; r++) {
+		memset(&prep[r], 0, sizeof(prep[r]));
+		CU_ASSERT_EQUAL(it_worker_read(&pw, r, &prep[r], sizeof(prep[r])), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&pw, r), 0);
+		acked += prep[r].acked;
+	}
+	CU_ASSERT_EQUAL(acked, acked_total());
+	for (r = 0; r < NREADERS + 1; r++) {
+		memset(&rrep[r], 0, sizeof(rrep[r]));
+		CU_ASSERT_EQUAL(it_worker_read(&rw, r, &rrep[r], sizeof(rrep[r])), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&rw, r), 0);
+	}
+
+	/* (1) nobody acknowledged a push in the window, which means something */
+	w0 = t_iso + LEASE_S + SLACK_S;
+	for (r = 0; r < NPUSHERS; r++)
+		for (k = 0; k < prep[r].acked && k < MAX_PUSHES; k++) {
+			double d = sh->done_at[r][k];
+			if (d >= w0 && d <= t_last) {
+				if (in_window < 4)
+					fprintf(stderr, "worker %d: push %d completed %.3f s after the isolation, in the window "
+						"[%.3f, %.3f]\n", r, k, d - t_iso, w0 - t_iso, t_last - t_iso);
+				in_window++;
+			}
+			before += d < t_iso;
+			after += d > t_moved;
+		}
+	fprintf(stderr, "[member %d isolated; map moved %.3f s later; window [%.3f, %.3f] s; %d pushes "
+		"acknowledged, %d before the isolation, %d after the map moved] ", victim + 1, t_moved - t_iso,
+		w0 - t_iso, t_last - t_iso, acked, before, after);
+	CU_ASSERT(t_last - w0 >= MIN_WINDOW_S);
+	CU_ASSERT_EQUAL(in_window, 0);
+	CU_ASSERT(before >= START_PUSHES);
+	CU_ASSERT(after > 0);
+
+	/* (2) no pull saw less than what was acknowledged before it began;
+	 * each reader pulled across the failover */
+	for (r = 0; r < NREADERS + 1; r++) {
+		fprintf(stderr, "[%s %d: %d pulls, %d begun while fenced, %d after the map moved, %d bad (short by %ld)] ",
+			r < NREADERS ? "reader" : "fresh", r, rrep[r].pulls, rrep[r].fenced, rrep[r].after, rrep[r].bad,
+			rrep[r].worst);
+		CU_ASSERT_EQUAL(rrep[r].bad, 0);
+		CU_ASSERT(rrep[r].after > 0);
+	}
+
+	/* (3) the isolation ends; exact values, from a fresh client that
+	 * asks the formerly isolated member first */
+	CU_ASSERT_EQUAL(kill(clu.pid[victim], SIGUSR2), 0);
+	CU_ASSERT_EQUAL_FATAL(connect_open(99, servers, false, &cl, &t), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, p, COUNT * sizeof(float), &version), 0);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	for (i = 0; i < COUNT; i++)
+		if (p[i] != (float)acked) {
+			if (bad < 4)
+				fprintf(stderr, "element %u (shard %u) = %g, expected %d\n", i, i / 1024, (double)p[i],
+					acked);
+			bad++;
+		}
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)acked);
+	free(p);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+static void test_setup(void)
+{
+	watchdog_arm();
+}
+
+static void test_teardown(void)
+{
+	watchdog_disarm();
+	if (clu_up) {
+		it_cluster_stop(&clu);
+		clu_up = false;
+	}
+}
+
+int main(void)
+{
+	static const struct cutest tests[] = {
+		{ "a primary cut off from its peers: no push acknowledged by two primaries, no stale pull, exact",
+		  test_isolated_primary },
+	};
+	const struct cutest_suite suites[] = {
+		{ "isolated primary, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+	};
+
+	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
+	    !getenv("RPS_IT_ADDR")) {
+		fprintf(stderr, "it_isolate: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
+		return 77;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED) {
+		perror("it_isolate: mmap");
+		return 1;
+	}
+	watchdog_init("it_isolate", TEST_WATCHDOG_S, it_kill_all);
+	return cutest_run(suites, CUTEST_COUNT(suites));
+}
