@@ -642,6 +642,13 @@ static void send_lease(struct conn *c, uint64_t seq)
 	send_msg(c, RPS__MSG_LEASE, 0, 0, &l, sizeof(l));
 }
 
+static void send_lease_rep_at(struct conn *c, uint64_t seq, int32_t status, uint32_t granted, uint64_t index)
+{
+	struct rps__lease_rep r = { .seq = seq, .granted = granted, .index = index };
+
+	send_msg(c, RPS__MSG_LEASE_REP, 0, status, &r, sizeof(r));
+}
+
 static void send_lease_rep(struct conn *c, uint64_t seq, int32_t status, uint32_t granted)
 {
 	struct rps__lease_rep r = { .seq = seq, .granted = granted };
@@ -687,6 +694,7 @@ static void test_lease_after_read_index(void)
 	CU_ASSERT_EQUAL(peer2.lease_status, 0);
 	CU_ASSERT_EQUAL(peer2.lease_rep.seq, 41u);
 	CU_ASSERT_EQUAL(peer2.lease_rep.granted, 1u);
+	CU_ASSERT(peer2.lease_rep.index >= 1);		/* the round's: the commit index then */
 	/* 64 rounds pending: our next request (at t_late) gets none now */
 	for (i = 0; i < 64; i++)
 		send_lease(&peer2, 100 + i);
@@ -702,6 +710,12 @@ static void test_lease_after_read_index(void)
 		send_lease_rep(&peer2, i, -EAGAIN, 1);
 	}
 	send_lease_rep(&peer2, 1000, 0, 1);
+	CU_ASSERT_EQUAL(fake.nleases, n);
+	/* a grant naming an index beyond the log we applied is not in force
+	 * (a primary cut off learns it was deposed before its fence comes
+	 * down) */
+	for (i = 1; i < 200; i++)
+		send_lease_rep_at(&peer2, i, 0, 1, UINT64_MAX / 2);
 	CU_ASSERT_EQUAL(fake.nleases, n);
 	/* its grant, 200 ms late: the lease still ends lease_ms after t_late */
 	for (i = 1; i < 200; i++)

@@ -149,12 +149,15 @@ void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct r
 	if (status || !r->granted || fo->sent[r->seq % FO_SENT_MAX].seq != r->seq)
 		return;
 	until = fo->sent[r->seq % FO_SENT_MAX].t_send + fo->lease_ns;
-	if (until <= fo->lease_until || until <= fo->grant_until)
+	if (until <= fo->lease_until)
 		return;
-	/* (a grant still waiting for the log is replaced: the newer one
-	 * names a later index, reached no sooner) */
-	fo->grant_until = until;
-	fo->grant_index = r->index;
+	/* a grant still waiting for the log is replaced by a later one (its
+	 * index is reached no sooner), or by one for the same request that
+	 * names an earlier index */
+	if (until > fo->grant_until || (until == fo->grant_until && r->index < fo->grant_index)) {
+		fo->grant_until = until;
+		fo->grant_index = r->index;
+	}
 	lease_apply(cp);
 }
 

@@ -120,7 +120,9 @@ struct rps__lease_rep {
 	uint32_t granted;	/* 1: a quorum confirmed the leader after the request arrived */
 	uint32_t reserved;
 	uint64_t index;		/* the leader's commit index then: the lease holds once
-				 * the member applied the log that far */
+				 * the member applied the log that far (24 bytes since
+				 * the read fence: every server of a cluster is upgraded
+				 * together, as for any peer message) */
 };
 
 struct rps__hello {

@@ -863,7 +863,7 @@ void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoc
 void rps__srv_read_fence(struct rps__server *srv)
 {
 	bool held = rps__srv_lease_held(srv, rps__dp_boottime_ns());
-	uint32_t p;
+	uint32_t p, up = 0, down = 0;
 
 	if (held == srv->rfence_held && !srv->rfence_dirty)
 		return;
@@ -891,12 +891,16 @@ void rps__srv_read_fence(struct rps__server *srv)
 				__atomic_store_n(&t->shards[rps__part_shard(&t->layout, p, j)].hdr->epoch, epoch,
 						 __ATOMIC_RELEASE);
 		}
-		if (want != srv->rfenced[p])
-			rps__log(RPS__LOG_INFO, "partition %u: %s", p,
-				 want ? "primary lease lapsed: reads fenced (headers show it moved)"
-				      : "primary lease held again: reads unfenced");
+		up += want && !srv->rfenced[p];
+		down += !want && srv->rfenced[p];
 		srv->rfenced[p] = want;
 	}
+	if (up)
+		rps__log(RPS__LOG_INFO, "no primary lease: reads of %u partition%s fenced (their headers say moved)",
+			 up, up == 1 ? "" : "s");
+	if (down)
+		rps__log(RPS__LOG_INFO, "primary lease held: reads of %u partition%s unfenced", down,
+			 down == 1 ? "" : "s");
 }
 
 /* Empty regions of every tensor known (a new cluster, or a lost partition
