@@ -1140,13 +1140,15 @@ static void do_lease(struct fake *f, void *arg)
 /* A's lease runs out while its push waits for B (stalled): once B applied
  * it, A publishes it but refuses the ack (RPS_ESTALE_EPOCH), and refuses
  * the worker's resends on arrival: no push of a partition with backups is
- * acknowledged without the lease.  Lease back: acknowledged again.  Views
- * without backups (R=1): the lease does not matter. */
+ * acknowledged without the lease; its headers say the partition moved
+ * meanwhile (the read fence).  Lease back: acknowledged again, the epoch
+ * back in the headers.  Views without backups (R=1): the lease does not
+ * matter. */
 static void test_lease_fence(void)
 {
 	const uint64_t expired = 0, forever = UINT64_MAX;
 	float g[COUNT], out[COUNT];
-	uint64_t refused, version;
+	uint64_t refused, version, epoch;
 	rps_tensor_t *t;
 	rps_request_t *r;
 	unsigned seed = 8;
@@ -1154,11 +1156,15 @@ static void test_lease_fence(void)
 	CU_ASSERT_EQUAL_FATAL(tensor(quick, "lease", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
 	random_grad(g, RPS_DTYPE_F32, &seed);
 	refused = A.srv->repl_stats.lease_refused;
+	epoch = find(&A, "lease")->shards[0].hdr->epoch;
+	CU_ASSERT(epoch != RPS__EPOCH_MOVED);
 	fake_stall(&B);
 	CU_ASSERT_EQUAL_FATAL(rps_push_start(t, g, sizeof(g), &r), 0);
 	sleep_ms(100);
 	CU_ASSERT_EQUAL(version_of(&A, "lease", 0), 1u);	/* applied, waiting for B */
 	fake_do(&A, do_lease, (void *)&expired);
+	/* the read fence: workers' READs of A's copy fail the epoch check */
+	CU_ASSERT_EQUAL(find(&A, "lease")->shards[0].hdr->epoch, RPS__EPOCH_MOVED);
 	fake_resume(&B);
 	CU_ASSERT_EQUAL(rps_wait(r), RPS_ESTALE_EPOCH);
 	CU_ASSERT(A.srv->repl_stats.lease_refused >= refused + 4);	/* the push's 4 shards */
@@ -1169,6 +1175,7 @@ static void test_lease_fence(void)
 	CU_ASSERT_EQUAL(version_of(&A, "lease", 0), 1u);
 
 	fake_do(&A, do_lease, (void *)&forever);
+	CU_ASSERT_EQUAL(find(&A, "lease")->shards[0].hdr->epoch, epoch);	/* still primary: unfenced */
 	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
 	CU_ASSERT_EQUAL(version_of(&A, "lease", 0), 2u);
 	CU_ASSERT_EQUAL(differing_shards("lease"), 0);
@@ -1176,6 +1183,7 @@ static void test_lease_fence(void)
 	/* R=1 views: acknowledged without a lease, as today */
 	fake_do(&A, do_views_r1, NULL);
 	fake_do(&A, do_lease, (void *)&expired);
+	CU_ASSERT_EQUAL(find(&A, "lease")->shards[0].hdr->epoch, epoch);	/* nothing to fence */
 	refused = A.srv->repl_stats.lease_refused;
 	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
 	CU_ASSERT_EQUAL(rps_pull(t, out, sizeof(out), &version), 0);
