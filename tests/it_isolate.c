@@ -15,8 +15,8 @@
  * the leader's map (psctl --json status) until it shows a new primary for
  * the isolated member's partitions.  Checked:
  *  (1) no push completes between the isolation + the lease + 0.5 s and the
- *      start of the last poll whose map still showed the isolated member as
- *      primary (the old primary acknowledges nothing once its lease ran
+ *      start of the last read of the leader's map that still showed the
+ *      isolated member as primary (the old primary acknowledges nothing once its lease ran
  *      out, the new one nothing before the FAILOVER is committed), and that
  *      window lasts at least 0.2 s;
  *  (2) long-lived clients and fresh clients (a new connection per pull)
@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "rdmaps.h"
+#include "client/client_int.h"
 #include "proto/shard.h"
 #include "lib/cutest.h"
 #include "lib/json.h"
@@ -267,6 +268,17 @@ static bool leader_map(uint64_t *leader, uint64_t *owner, uint32_t part)
 	return true;
 }
 
+/* The leader's map, read as workers read it (one READ of the map it
+ * publishes): the owner of partition part; false if the read failed.  A
+ * client whose first server is the leader reads the map from it. */
+static bool leader_owner(rps_client_t *cl, uint32_t part, uint64_t *owner)
+{
+	if (rps__map_refresh(cl) || part >= cl->map.npart)
+		return false;
+	*owner = cl->map.parts[part].owner;
+	return true;
+}
+
 /* The cluster's URI list with server first at its head. */
 static void servers_first(char *buf, size_t len, int first)
 {
@@ -285,8 +297,9 @@ static void test_isolated_primary(void)
 	struct it_workers pw, rw;
 	struct push_report prep[NPUSHERS];
 	struct read_report rrep[NREADERS + 1];
-	static char servers[4096];
-	uint64_t leader = 0, owner = 0, version = 0;
+	static char servers[4096], lservers[4096];
+	uint64_t leader = 0, owner = 0, version = 0, l2 = 0;
+	rps_client_t *mcl;
 	double t_iso, t_last = 0, t_moved = 0, until, w0;
 	int victim, part, r, acked = 0, in_window = 0, before = 0, after = 0, bad = 0;
 	float *p = malloc(COUNT * sizeof(float));
@@ -327,24 +340,40 @@ static void test_isolated_primary(void)
 
 	/* cut member victim + 1 off: its lease was granted on a request sent
 	 * before now, so it ends before t_iso + LEASE_S */
+	{	/* the leader's map, polled as closely as a READ allows */
+		struct rps_client_opts co;
+
+		servers_first(lservers, sizeof(lservers), (int)leader - 1);
+		rps_client_opts_init(&co);
+		co.servers = lservers;
+		co.timeout_ms = 10000;
+		CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &mcl), 0);
+		CU_ASSERT_FATAL(leader_owner(mcl, (uint32_t)part, &owner) && owner == (uint64_t)victim + 1);
+	}
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGUSR1), 0);
 	t_iso = now_s();
 	sh->t_iso = t_iso;
 	until = t_iso + 60;
 	while (now_s() < until) {
-		double t0 = now_s();
-		uint64_t l, o;
+		double t0 = now_s();	/* (the map read after this showed it) */
 
-		if (!leader_map(&l, &o, (uint32_t)part))
+		if (!leader_owner(mcl, (uint32_t)part, &owner)) {
+			sleep_ms(1);
 			continue;
-		if (o == (uint64_t)victim + 1) {
+		}
+		if (owner == (uint64_t)victim + 1) {
 			t_last = t0;
 		} else {
 			t_moved = t0;
 			break;
 		}
+		sleep_ms(1);
 	}
+	rps_client_close(mcl);
 	CU_ASSERT_FATAL(t_moved > 0);
+	/* the leader is the one whose map we read */
+	CU_ASSERT_FATAL(leader_map(&l2, &owner, (uint32_t)part));
+	CU_ASSERT_EQUAL_FATAL(l2, leader);
 	sh->t_moved = t_moved;
 	/* pushes and pulls go on at the new primary for a while */
 	w0 = now_s();
