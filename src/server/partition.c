@@ -878,10 +878,8 @@ void rps__srv_read_fence(struct rps__server *srv)
 			epoch = RPS__EPOCH_MOVED;	/* (again after a change: a publish may have undone it) */
 		else if (srv->rfenced[p] && serving)
 			epoch = srv->parts[p].epoch;
-		else {
-			srv->rfenced[p] = false;
-			continue;
-		}
+		else
+			continue;	/* (not served here: a fence up stays noted until it is again) */
 		for (uint32_t i = 0; i < srv->ntensors; i++) {
 			struct tensor *t = srv->tensors[i];
 			struct region *r = t ? &t->regions[p] : NULL;
