@@ -259,13 +259,28 @@ static void progress(struct run *r, const struct row *row, int ph, long total, l
 	psperf_progress_print(r);
 }
 
+/* The primaries did not change since `owners` (no failover during the
+ * raise: its time would not be a re-replication's). */
+static int same_primaries(struct reseed *x, const struct row *row, const uint64_t *owners)
+{
+	uint32_t p;
+
+	for (p = 0; p < x->map.npart; p++)
+		if (x->map.parts[p].owner != owners[p])
+			return reseed_fail(x->r, "reseed %zu bytes: partition %u changed primary during the raise "
+					   "(member %llu, now %llu): a failover (a server loop stalled past "
+					   "--failover-ms on a loaded machine?), not a re-replication", row->bytes, p,
+					   (unsigned long long)owners[p], (unsigned long long)x->map.parts[p].owner);
+	return 0;
+}
+
 /* One row: its cycles of raise (timed) and drop.  The pass's span is the
  * sum of the timed raises, so that its bandwidth is bytes seeded over the
  * time spent seeding, not over the drops in between. */
 static int measure_row(struct reseed *x, struct row *row)
 {
-	uint32_t R = (uint32_t)x->r->o->replicas;
-	uint64_t t0, t1, deadline;
+	uint32_t R = (uint32_t)x->r->o->replicas, p;
+	uint64_t t0, t1, deadline, owners[RPS__SMAP_MAX_PART];
 	long k;
 	int ret;
 
@@ -275,12 +290,18 @@ static int measure_row(struct reseed *x, struct row *row)
 	for (k = 0; k < row->iters; k++) {
 		progress(x->r, row, 5, row->iters, k);
 		deadline = rps__now_ns() + (uint64_t)RESEED_WAIT_S * 1000000000ull;
+		if ((ret = wait_map(x, 1, deadline)))
+			return ret;
+		for (p = 0; p < x->map.npart; p++)
+			owners[p] = x->map.parts[p].owner;
 		if ((ret = set_replicas(x, R, deadline)))
 			return ret;
 		t0 = rps__now_ns();
 		if ((ret = wait_map(x, R, deadline)))
 			return ret;
 		t1 = rps__now_ns();
+		if ((ret = same_primaries(x, row, owners)))
+			return ret;
 		psperf_samples_add(&row->lat.s, t1 - t0);
 		row->lat.t1 += t1 - t0;
 		deadline = rps__now_ns() + (uint64_t)RESEED_WAIT_S * 1000000000ull;
