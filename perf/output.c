@@ -152,10 +152,10 @@ static void print_reseed(const struct run *r)
 	printf(" raw: %s\n", tcp ? "socket stream of the same bytes (x_bw); the tcp transport's READ (what a backup's"
 	       " image READ takes), x_read" : "RDMA READ bw (what a backup's image READ takes)");
 	printf("%s\n", line);
-	printf(" %-12s %7s %6s %10s %10s %10s %11s %11s %7s", "#bytes", "#raises", "parts", "t_min[ms]", "t_typ[ms]",
+	printf(" %-12s %7s %6s %10s %10s %10s %11s %11s %9s", "#bytes", "#raises", "parts", "t_min[ms]", "t_typ[ms]",
 	       "t_avg[ms]", "rate[MB/s]", "raw[MB/s]", "x_bw");
 	if (tcp)
-		printf(" %11s %7s", "read[MB/s]", "x_read");
+		printf(" %11s %9s", "read[MB/s]", "x_read");
 	printf("\n");
 	for (i = 0; i < r->nrows; i++) {
 		const struct row *row = &r->rows[i];
@@ -168,13 +168,13 @@ static void print_reseed(const struct run *r)
 			continue;
 		}
 		fmt_num(b[0], sizeof(b[0]), row->raw_bw && row->raw_bw->st.valid ? row->raw_bw->st.gbs * 1e3 : NAN, "%.1f");
-		fmt_num(b[1], sizeof(b[1]), row->x_bw, "%.4f");
+		fmt_num(b[1], sizeof(b[1]), row->x_bw, "%.3g");
 		fmt_num(b[2], sizeof(b[2]), rd && rd->st.valid ? rd->st.gbs * 1e3 : NAN, "%.1f");
-		fmt_num(b[3], sizeof(b[3]), rd && rd->st.valid && rd->st.gbs > 0 ? row->s_bw.gbs / rd->st.gbs : NAN, "%.4f");
-		printf(" %-12zu %7llu %6u %10.1f %10.1f %10.1f %11.2f %11s %7s", row->bytes, (unsigned long long)st->n,
+		fmt_num(b[3], sizeof(b[3]), rd && rd->st.valid && rd->st.gbs > 0 ? row->s_bw.gbs / rd->st.gbs : NAN, "%.3g");
+		printf(" %-12zu %7llu %6u %10.1f %10.1f %10.1f %11.2f %11s %9s", row->bytes, (unsigned long long)st->n,
 		       row->reseed_parts, st->min / 1e3, st->typ / 1e3, st->avg / 1e3, row->s_bw.gbs * 1e3, b[0], b[1]);
 		if (tcp)
-			printf(" %11s %7s", b[2], b[3]);
+			printf(" %11s %9s", b[2], b[3]);
 		printf("\n");
 	}
 }
