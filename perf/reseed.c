@@ -13,7 +13,7 @@
  * committed and applied on the leader) and stops when the leader's map has
  * R copies of every partition (no under-replicated one), polled with
  * STATUS; then SET_REPLICAS 1 drops the backups again and the next cycle
- * or size starts from there.  Bytes seeded = S * (R - 1): every parameter
+ * or size starts from there (after RESEED_SETTLE_MS).  Bytes seeded = S * (R - 1): every parameter
  * byte is copied into R - 1 new backups (the images also carry a few
  * bytes of header per shard, not counted).  After each size, the raw
  * bandwidth on the same path: over tcp a plain socket stream (the ratio)
@@ -38,6 +38,11 @@
 #define RESEED_WAIT_S 600		/* a raise or drop that takes longer has failed */
 #define RESEED_RAW_MSG (1u << 20)	/* raw stream / READ message size at most */
 #define RESEED_RAW_MIN 64L		/* raw messages at least, per row */
+/* Before a raise: the leader spaces its proposals for one partition 0.5 s
+ * apart (REPLICA_RETRY_NS, src/control/cp_replicas.c), so a raise right
+ * after the drop would first wait out the drop's spacing, which a
+ * re-replication after a failover does not: let it pass. */
+#define RESEED_SETTLE_MS 1000
 
 struct reseed {
 	struct run *r;
@@ -294,6 +299,7 @@ static int measure_row(struct reseed *x, struct row *row)
 			return ret;
 		for (p = 0; p < x->map.npart; p++)
 			owners[p] = x->map.parts[p].owner;
+		psperf_sleep_ms(RESEED_SETTLE_MS);
 		if ((ret = set_replicas(x, R, deadline)))
 			return ret;
 		t0 = rps__now_ns();
