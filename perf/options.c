@@ -23,9 +23,9 @@
 #include <unistd.h>
 
 const char *const psperf_test_names[T_NTESTS] = { "push", "pull", "pushpull", "lock", "agg", "commit", "crc",
-						  "igzip" };
-/* all = the data-plane tests; commit (a cluster of its own), crc and igzip
- * (checkpoint kernels, in-process) only when named */
+						  "igzip", "reseed" };
+/* all = the data-plane tests; commit and reseed (clusters of their own),
+ * crc and igzip (checkpoint kernels, in-process) only when named */
 #define DEFAULT_TESTS ((1u << T_COMMIT) - 1)
 
 /* ---- usage ---------------------------------------------------------------- */
@@ -36,8 +36,8 @@ static void usage_tests(FILE *f)
 	fprintf(f,
 "Tests:\n"
 "  -t, --test LIST        comma-separated: push, pull, pushpull, lock, agg, commit,\n"
-"                         crc, igzip, or all (default all: every test but commit,\n"
-"                         crc and igzip).  push:\n"
+"                         crc, igzip, reseed, or all (default all: every test but\n"
+"                         commit, crc, igzip and reseed).  push:\n"
 "                         rps_push of the gradient; pull: rps_pull of the\n"
 "                         parameters; pushpull: one training step\n"
 "                         (push then pull); lock: rps__tensor_lock + unlock of one\n"
@@ -56,6 +56,15 @@ static void usage_tests(FILE *f)
 "                         normal-ish floats) and of zeros, vs memcpy, with the\n"
 "                         compression ratio (in-process, one thread: what a\n"
 "                         checkpoint costs per byte)\n"
+"                         reseed: the re-replication rate.  Local mode, --servers\n"
+"                         N >= 2, --replicas R >= 2, a cluster of its own: per\n"
+"                         size S the cluster holds S bytes of fp32 parameters;\n"
+"                         set-replicas R is timed from its commit until every\n"
+"                         partition has R copies, then set-replicas 1 drops the\n"
+"                         backups again (-n cycles per size, default 1).  Rate =\n"
+"                         S * (R-1) / that time, beside the raw bandwidth of the\n"
+"                         same path (tcp: socket stream and the tcp transport's\n"
+"                         READ; verbs: RDMA READ), always measured\n"
 "  -s, --size BYTES       one size (K, M suffixes: 4K, 1M; at most 64M)\n"
 "  -S, --sweep MIN:MAX[:F]  every power of two from MIN to MAX, multiplying by F\n"
 "                         (a power of two, default 2); default 4:1M:8\n"
@@ -87,6 +96,7 @@ static void usage_cluster(FILE *f)
 "      --replicas R       copies of every partition, 1 to 3, on that many of\n"
 "                         --servers (default 1): timing starts once the leader\n"
 "                         placed and seeded every backup\n"
+"      --partitions N     partitions of the local clusters, 1..256 (default 64)\n"
 "      --workers N        worker threads, each its own client (default 2)\n"
 "      --transport T      tcp or verbs (default verbs if a device is found)\n"
 "      --device NAME      RDMA device (default: the first with an IPv4 address)\n"
@@ -233,7 +243,7 @@ static unsigned parse_tests(const char *s)
 				break;
 		if (i == T_NTESTS)
 			psperf_die_usage("--test: unknown test '%s' (push, pull, pushpull, lock, agg, commit, crc, igzip,"
-				  " all)", tok);
+				  " reseed, all)", tok);
 		mask |= 1u << i;
 	}
 	if (!mask)
@@ -311,7 +321,7 @@ enum {
 	OPT_STALENESS = 256, OPT_OPTIMIZER, OPT_REPLICAS, OPT_SERVERS, OPT_WORKERS, OPT_TRANSPORT,
 	OPT_DEVICE, OPT_ADDR, OPT_SHARD, OPT_SLOTS, OPT_SPIN, OPT_TIMEOUT, OPT_SERVER,
 	OPT_LISTEN, OPT_CLUSTER, OPT_INDEX, OPT_CONNECT, OPT_RANK, OPT_NUMW, OPT_TAG,
-	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC,
+	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC, OPT_PARTITIONS,
 };
 
 static const struct option longopts[] = {
@@ -327,6 +337,7 @@ static const struct option longopts[] = {
 	{ "optimizer", required_argument, NULL, OPT_OPTIMIZER },
 	{ "servers", required_argument, NULL, OPT_SERVERS },
 	{ "replicas", required_argument, NULL, OPT_REPLICAS },
+	{ "partitions", required_argument, NULL, OPT_PARTITIONS },
 	{ "workers", required_argument, NULL, OPT_WORKERS },
 	{ "transport", required_argument, NULL, OPT_TRANSPORT },
 	{ "device", required_argument, NULL, OPT_DEVICE },
@@ -399,6 +410,7 @@ static void parse_option(struct opts *o, int c, const char *arg)
 		o->nservers_set = true;
 		break;
 	case OPT_REPLICAS: o->replicas = (int)parse_long(arg, "--replicas", 1, 3); break;
+	case OPT_PARTITIONS: o->partitions = (uint32_t)parse_long(arg, "--partitions", 1, 256); break;
 	case OPT_WORKERS: o->nworkers = (int)parse_long(arg, "--workers", 1, MAX_LOCAL); break;
 	case OPT_TRANSPORT: parse_transport(o, arg); break;
 	case OPT_DEVICE: o->device = arg; break;
@@ -470,6 +482,13 @@ static void check_roles(struct opts *o)
 	}
 	if (o->replicas > 1 && (o->role != ROLE_LOCAL || o->nservers < o->replicas))
 		psperf_die_usage("--replicas %d needs local mode with --servers %d or more", o->replicas, o->replicas);
+	if ((o->tests & (1u << T_RESEED)) && (o->role != ROLE_LOCAL || o->nservers < 2 || o->replicas < 2))
+		psperf_die_usage("-t reseed needs local mode with --servers 2 or more and --replicas 2 or 3 "
+				 "(e.g. --servers 2 --replicas 2)");
+	if ((o->tests & (1u << T_RESEED)) && o->size_min < 4)
+		psperf_die_usage("-t reseed: sizes are fp32 parameter bytes, 4 or more");
+	if (o->partitions && o->role != ROLE_LOCAL)
+		psperf_die_usage("--partitions goes with local mode (rdmapsd --partitions for a cluster of your own)");
 	if (strlen(o->tag) > 24)
 		psperf_die_usage("--tag '%s': at most 24 characters", o->tag);
 }

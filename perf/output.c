@@ -22,7 +22,7 @@ static bool show_raw(const struct run *r)
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++)
-		if (!psperf_in_process(r->rows[i].test) && (r->rows[i].raw_lat || r->rows[i].raw_bw))
+		if (!psperf_in_process(r->rows[i].test) && r->rows[i].test != T_RESEED && (r->rows[i].raw_lat || r->rows[i].raw_bw))
 			return true;
 	return false;
 }
@@ -134,6 +134,51 @@ static void print_row(const struct row *row, bool raw)
 	printf("\n");
 }
 
+/* reseed: times in ms, rates in MB/s (a raise takes seconds) */
+static void print_reseed(const struct run *r)
+{
+	const struct opts *o = r->o;
+	bool tcp = r->kind != RPS__KIND_VERBS;
+	char line[120], b[6][32];
+	size_t i;
+
+	memset(line, '-', sizeof(line) - 1);
+	line[sizeof(line) - 1] = '\0';
+	printf("%s\n", line);
+	printf(" reseed: psctl set-replicas %d on %d server(s) holding #bytes of fp32 parameters (from 1 copy),\n"
+	       " timed from its commit until the leader's map shows %d copies of every partition; then\n"
+	       " set-replicas 1 drops the backups again.  rate = #bytes * %d / t (MB/s = 1e6 B/s)\n",
+	       o->replicas, o->nservers, o->replicas, o->replicas - 1);
+	printf(" raw: %s\n", tcp ? "socket stream of the same bytes (x_bw); the tcp transport's READ (what a backup's"
+	       " image READ takes), x_read" : "RDMA READ bw (what a backup's image READ takes)");
+	printf("%s\n", line);
+	printf(" %-12s %7s %6s %10s %10s %10s %11s %11s %9s", "#bytes", "#raises", "parts", "t_min[ms]", "t_typ[ms]",
+	       "t_avg[ms]", "rate[MB/s]", "raw[MB/s]", "x_bw");
+	if (tcp)
+		printf(" %11s %9s", "read[MB/s]", "x_read");
+	printf("\n");
+	for (i = 0; i < r->nrows; i++) {
+		const struct row *row = &r->rows[i];
+		const struct stats *st = &row->s_lat;
+		const struct raw_result *rd = row->raw_x[1];
+		if (row->test != T_RESEED)
+			continue;
+		if (!st->valid) {
+			printf(" %-12zu %7s   (not measured)\n", row->bytes, "-");
+			continue;
+		}
+		fmt_num(b[0], sizeof(b[0]), row->raw_bw && row->raw_bw->st.valid ? row->raw_bw->st.gbs * 1e3 : NAN, "%.1f");
+		fmt_num(b[1], sizeof(b[1]), row->x_bw, "%.3g");
+		fmt_num(b[2], sizeof(b[2]), rd && rd->st.valid ? rd->st.gbs * 1e3 : NAN, "%.1f");
+		fmt_num(b[3], sizeof(b[3]), rd && rd->st.valid && rd->st.gbs > 0 ? row->s_bw.gbs / rd->st.gbs : NAN, "%.3g");
+		printf(" %-12zu %7llu %6u %10.1f %10.1f %10.1f %11.2f %11s %9s", row->bytes, (unsigned long long)st->n,
+		       row->reseed_parts, st->min / 1e3, st->typ / 1e3, st->avg / 1e3, row->s_bw.gbs * 1e3, b[0], b[1]);
+		if (tcp)
+			printf(" %11s %9s", b[2], b[3]);
+		printf("\n");
+	}
+}
+
 static void print_raw_tables(const struct run *r)
 {
 	size_t i;
@@ -205,6 +250,10 @@ static void print_tables(struct run *r)
 			any |= r->rows[i].test == (enum test_id)t;
 		if (!any)
 			continue;
+		if (t == T_RESEED) {
+			print_reseed(r);
+			continue;
+		}
 		print_header(r, (enum test_id)t, raw || psperf_in_process((enum test_id)t));
 		for (i = 0; i < r->nrows; i++)
 			if (r->rows[i].test == (enum test_id)t)
@@ -391,6 +440,7 @@ static void json_config(FILE *f, const struct run *r)
 		o->num_workers);
 	json_kv_str(f, "tag", o->tag, true);
 	json_kv_str(f, "fsync", o->fsync_none ? "none" : "always", true);
+	fprintf(f, "\"partitions\": %u, ", o->partitions);
 	if (r->commit_leader)
 		fprintf(f, "\"commit_leader\": %llu, \"commit_term\": %llu, \"commit_voters\": %d, "
 			"\"commit_fsync\": %s, ", (unsigned long long)r->commit_leader,
@@ -403,6 +453,27 @@ static void json_config(FILE *f, const struct run *r)
 		json_str(f, o->argv[i]);
 	}
 	fprintf(f, "]\n  },\n");
+}
+
+/* reseed: the rate and what it is shown beside, by name */
+static void json_reseed(FILE *f, const struct row *row)
+{
+	const struct raw_result *rd = row->raw_x[1];
+
+	fprintf(f, ",\n     \"reseed\": {\"seeded_bytes\": %.0f, \"partitions_seeded\": %u, \"raises\": %llu, "
+		"\"t_typical_s\": ", row->moved, row->reseed_parts, (unsigned long long)row->s_lat.n);
+	json_num(f, row->s_lat.valid ? row->s_lat.typ / 1e6 : NAN);
+	fprintf(f, ", \"rate_gbs\": ");
+	json_num(f, row->s_bw.valid ? row->s_bw.gbs : NAN);
+	fprintf(f, ", \"raw_gbs\": ");
+	json_num(f, row->raw_bw && row->raw_bw->st.valid ? row->raw_bw->st.gbs : NAN);
+	fprintf(f, ", \"x_bw\": ");
+	json_num(f, row->x_bw);
+	fprintf(f, ",\n      ");
+	json_raw(f, "raw_read_bandwidth", rd);
+	fprintf(f, ", \"x_read\": ");
+	json_num(f, rd && rd->st.valid && rd->st.gbs > 0 && row->s_bw.valid ? row->s_bw.gbs / rd->st.gbs : NAN);
+	fprintf(f, "}");
 }
 
 static void json_row(FILE *f, const struct row *row)
@@ -431,6 +502,8 @@ static void json_row(FILE *f, const struct row *row)
 		fprintf(f, ", \"ratio\": ");
 		json_num(f, row->ratio);
 	}
+	if (row->test == T_RESEED)
+		json_reseed(f, row);
 	fprintf(f, "}");
 }
 

@@ -107,6 +107,22 @@ static void plan_commit(struct run *r)
 	}
 }
 
+/* reseed: one row per size; -n raises per size (default 1: each one
+ * seeds every partition again, seconds of work); what one raise moves is
+ * the parameter bytes times the R-1 copies it makes. */
+static void plan_reseed(struct run *r)
+{
+	size_t i;
+
+	for (i = 0; i < r->nsizes; i++) {
+		struct row *row = plan_add(r, T_RESEED, r->sizes[i]);
+		row->workers = 1;
+		row->iters = r->o->iters > 0 ? r->o->iters : 1;
+		row->warmup = 0;
+		row->moved = (double)r->sizes[i] * (double)(r->o->replicas - 1);
+	}
+}
+
 void psperf_plan_rows(struct run *r)
 {
 	const struct opts *o = r->o;
@@ -124,6 +140,10 @@ void psperf_plan_rows(struct run *r)
 		}
 		if (t == T_COMMIT) {
 			plan_commit(r);
+			continue;
+		}
+		if (t == T_RESEED) {
+			plan_reseed(r);
 			continue;
 		}
 		for (i = 0; i < r->nsizes; i++) {
@@ -160,13 +180,13 @@ size_t psperf_pull_bytes(const struct opts *o, const struct row *row)
 	return row->bytes / rps__dtype_size(o->dtype) * 4;
 }
 
-/* Rows that workers of a data cluster measure (not agg, not commit). */
+/* Rows that workers of a data cluster measure (not agg, commit, reseed). */
 bool psperf_plan_has_cluster_rows(const struct run *r)
 {
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++)
-		if (!psperf_in_process(r->rows[i].test) && r->rows[i].test != T_COMMIT)
+		if (!psperf_in_process(r->rows[i].test) && r->rows[i].test != T_COMMIT && r->rows[i].test != T_RESEED)
 			return true;
 	return false;
 }

@@ -17,7 +17,10 @@
  * against the STATUS round trip on the same admin connection; its own
  * cluster, started after the other tests' one is gone), crc and igzip (the
  * checkpoint file's kernels: ISA-L CRC-32C and level-1 raw deflate of fp32
- * parameter-like data and of zeros, against memcpy, in-process).
+ * parameter-like data and of zeros, against memcpy, in-process), reseed
+ * (the re-replication rate: psctl set-replicas R timed until every
+ * partition has R copies, against the raw bandwidth of the same path; a
+ * cluster of its own).
  *
  * How figures are taken: latency columns come from blocking calls timed one
  * by one with CLOCK_MONOTONIC after the warm-up, every worker at once, the
@@ -38,6 +41,7 @@
  *   worker.c          worker threads: tensors, one op, passes, merging
  *   servers.c         in-process servers; --server and its raw responders
  *   commit.c          the commit test
+ *   reseed.c          the reseed test
  *   kernels.c         agg, crc, igzip in-process
  *   baselines.c       which raw op each row compares with; running them
  *   baseline_sock.c   plain sockets
@@ -123,6 +127,16 @@ static int finish_run(struct run *r, int cluster_ret)
 	return status;
 }
 
+static bool has_reseed(const struct run *r)
+{
+	size_t i;
+
+	for (i = 0; i < r->nrows; i++)
+		if (r->rows[i].test == T_RESEED)
+			return true;
+	return false;
+}
+
 static int role_local(struct opts *o)
 {
 	struct run r;
@@ -133,7 +147,7 @@ static int role_local(struct opts *o)
 	r.W = o->nworkers;
 	r.nservers = o->nservers;
 	psperf_plan_rows(&r);
-	if (psperf_plan_has_cluster_rows(&r) || o->baseline || psperf_plan_commit_row(&r, false)) {
+	if (psperf_plan_has_cluster_rows(&r) || o->baseline || psperf_plan_commit_row(&r, false) || has_reseed(&r)) {
 		if (psperf_choose_fabric(&r)) {
 			run_free(&r);
 			return 1;
@@ -145,6 +159,8 @@ static int role_local(struct opts *o)
 		ret = psperf_run_local_cluster(&r);
 	if (!ret && psperf_plan_commit_row(&r, false))
 		ret = psperf_run_commit_local(&r);
+	if (!ret && has_reseed(&r))
+		ret = psperf_run_reseed_local(&r);
 	return finish_run(&r, ret);
 }
 

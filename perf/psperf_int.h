@@ -28,10 +28,11 @@
 
 /* ---- options -------------------------------------------------------------- */
 
-enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_CRC, T_IGZIP, T_NTESTS };
+enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_CRC, T_IGZIP, T_RESEED, T_NTESTS };
 extern const char *const psperf_test_names[T_NTESTS];
 
-/* Tests measured in-process, without a cluster: agg, crc, igzip. */
+/* Tests measured in-process, without a cluster: agg, crc, igzip.  (commit
+ * and reseed run on a cluster of their own.) */
 static inline bool psperf_in_process(enum test_id t)
 {
 	return t == T_AGG || t == T_CRC || t == T_IGZIP;
@@ -44,6 +45,7 @@ struct opts {
 	unsigned tests;
 	int nservers, nworkers;
 	int replicas;			/* --replicas: copies of each partition (local mode) */
+	uint32_t partitions;		/* --partitions: of the local clusters (0: the servers' default) */
 	bool nservers_set;		/* --servers given (commit: else COMMIT_SERVERS) */
 	bool fsync_none;		/* --fsync none (commit test, --server) */
 	size_t size_min, size_max;
@@ -134,6 +136,7 @@ struct row {
 	struct raw_result *raw_x[2];	/* --raw-transport extras over tcp */
 	double x_lat, x_bw;
 	double x_rtt;		/* commit row: its t_typ / the admin round trip's */
+	uint32_t reseed_parts;	/* reseed row: partition images seeded per raise */
 };
 
 struct run {
@@ -159,6 +162,8 @@ struct run {
 	uint64_t commit_leader, commit_term;
 	int commit_voters;
 	int commit_fsync;	/* what the leader's STATUS says: 1 always, 0 none, -1 unknown */
+	/* the reseed test */
+	char reseed_servers[4096];
 	/* progress, written by worker 0, read by the main thread */
 	atomic_long prog_row, prog_done, prog_total;
 	atomic_int prog_phase;
@@ -186,6 +191,7 @@ struct lcluster {
 	struct lserver s[MAX_LOCAL];
 	int n;
 	char dirs[MAX_LOCAL][PATH_MAX];	/* commit test: each server's --data-dir */
+	bool no_target;			/* reseed test: no --replicas, the test sets the target */
 };
 
 /* ---- baselines ------------------------------------------------------------ */
@@ -280,6 +286,9 @@ int psperf_role_server(struct opts *o);
 /* commit.c: the commit test */
 int psperf_commit_measure(struct run *r, const char *list);
 int psperf_run_commit_local(struct run *r);
+
+/* reseed.c: the reseed test */
+int psperf_run_reseed_local(struct run *r);
 
 /* kernels.c: agg, crc, igzip in-process */
 void psperf_run_agg_rows(struct run *r);

@@ -63,9 +63,11 @@ void psperf_cluster_destroy(void *arg)
 
 /* data_dir NULL: the server's own temporary dir, and no fsync (a data
  * benchmark: the Raft log need not survive power loss); else that dir and
- * --fsync (the commit test, where syncing is what is measured). */
+ * --fsync (the commit test, where syncing is what is measured).
+ * no_target: no --replicas (the reseed test sets the map's target itself,
+ * and a leader's flag would set it back). */
 static void server_cfg(const struct run *r, struct rps__server_config *cfg, const char *cluster, int i,
-		       const char *data_dir)
+		       const char *data_dir, bool no_target)
 {
 	const struct opts *o = r->o;
 
@@ -81,7 +83,8 @@ static void server_cfg(const struct run *r, struct rps__server_config *cfg, cons
 	cfg->nslots = o->slots;
 	cfg->spin_us = o->spin_us;
 	cfg->max_conns = (uint32_t)(o->nworkers + 4);
-	cfg->replicas = (uint32_t)o->replicas;
+	cfg->replicas = no_target ? 0 : (uint32_t)o->replicas;
+	cfg->npart = o->partitions;
 }
 
 /* A TCP port that is free right now (the kernel picks it); rdma_cm listens
@@ -117,7 +120,7 @@ int psperf_cluster_start(struct run *r, struct lcluster *c, int nservers, char *
 	}
 	for (i = 0; i < nservers; i++) {
 		struct rps__server_config cfg;
-		server_cfg(r, &cfg, list, i, c->dirs[i][0] ? c->dirs[i] : NULL);
+		server_cfg(r, &cfg, list, i, c->dirs[i][0] ? c->dirs[i] : NULL, c->no_target);
 		if (nservers > 1) {
 			struct rps__uri *u = NULL;
 			int n = 0;

@@ -83,7 +83,7 @@ void psperf_progress_set(struct run *r, long row, int phase, long total)
 
 void psperf_progress_print(struct run *r)
 {
-	static const char *const phases[] = { "setup", "warm-up", "latency", "bandwidth", "baseline" };
+	static const char *const phases[] = { "setup", "warm-up", "latency", "bandwidth", "baseline", "raise" };
 	long ri = atomic_load_explicit(&r->prog_row, memory_order_relaxed);
 	int ph = atomic_load_explicit(&r->prog_phase, memory_order_relaxed);
 	char h[32];
@@ -93,7 +93,7 @@ void psperf_progress_print(struct run *r)
 		return;
 	row = &r->rows[ri];
 	fprintf(stderr, "\r\033[Kpsperf: %s %s %s %ld/%ld (row %ld of %zu)", psperf_test_names[row->test],
-		row->label[0] ? row->label : psperf_human(row->bytes, h, sizeof(h)), phases[ph % 5],
+		row->label[0] ? row->label : psperf_human(row->bytes, h, sizeof(h)), phases[ph % 6],
 		atomic_load_explicit(&r->prog_done, memory_order_relaxed),
 		atomic_load_explicit(&r->prog_total, memory_order_relaxed), ri + 1, r->nrows);
 	fflush(stderr);
