@@ -29,8 +29,12 @@
 /* 3: WAIT_REP names a missing rank; lost partitions in the map and STATUS_REP
  * 5: PUSH_ACK may carry RPS__ACK_TAKEN, STEP_DONE: a version-4 client would
  *    refuse both as malformed and drop the connection; HELLO refuses it.
- *    Servers: SEED (seeding a backup), ADMIN set-replicas and digest */
-#define RPS__PROTO_VERSION 5u
+ *    Servers: SEED (seeding a backup), ADMIN set-replicas and digest
+ * 6: LEASE_REP carries the leader's ReadIndex (24 bytes), and a primary
+ *    without its lease shows RPS__EPOCH_MOVED in its headers (the read
+ *    fence: a version-5 reader checked the seq first and could stall on a
+ *    fenced copy whose version is unconfirmed) */
+#define RPS__PROTO_VERSION 6u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -120,9 +124,7 @@ struct rps__lease_rep {
 	uint32_t granted;	/* 1: a quorum confirmed the leader after the request arrived */
 	uint32_t reserved;
 	uint64_t index;		/* the leader's commit index then: the lease holds once
-				 * the member applied the log that far (24 bytes since
-				 * the read fence: every server of a cluster is upgraded
-				 * together, as for any peer message) */
+				 * the member applied the log that far (protocol 6) */
 };
 
 struct rps__hello {
