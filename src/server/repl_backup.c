@@ -146,7 +146,12 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 	if (d->part >= srv->npart)
 		return broken(c, "replicates partition %u of %u", d->part, srv->npart);
 	v = &srv->parts[d->part];
-	if (d->epoch < v->map_epoch) {
+	/* Older than the map's epoch: refused if it predates the primary's
+	 * (a FAILOVER or a move: the old primary must not complete an
+	 * acknowledgement through us), applied if the same primary stamped
+	 * it before it applied a change of the replica set (REPLICA_DROP:
+	 * epoch + 1, primary unchanged) that we applied first. */
+	if (d->epoch < v->map_epoch && (d->epoch < srv->primary_since[d->part] || c->peer_id != v->primary)) {
 		rps__log(RPS__LOG_WARN, "partition %u: refusing replication from member %llu under epoch %llu, "
 			 "older than the map's %llu", d->part, (unsigned long long)c->peer_id,
 			 (unsigned long long)d->epoch, (unsigned long long)v->map_epoch);
