@@ -3,8 +3,13 @@
  */
 #include "config.h"
 #include "cluster.h"
+#include "client/ctl.h"
 #include "common/fsutil.h"
+#include "control/raft.h"
 #include "lib/tmpdir.h"
+#include "proto/proto.h"
+#include "proto/smap.h"
+#include "transport/uri.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -14,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -581,4 +587,246 @@ int it_psctl_wait(pid_t pid, int timeout_ms)
 	}
 	forget(pid);
 	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+/* ---- replicas: what the servers say ------------------------------------------ */
+
+int it_member_index(const struct it_cluster *cl, uint64_t id)
+{
+	return id >= 1 && id <= (uint64_t)cl->nservers ? (int)id - 1 : -1;
+}
+
+/* A query of one server, done in a child. */
+struct query {
+	unsigned type;		/* RPS__MSG_STATUS or RPS__MSG_ADMIN (DIGEST) */
+	char uri[300];
+	char tensor[RPS__NAME_MAX];
+	uint32_t part;
+};
+
+struct query_answer {
+	int ret;		/* of the call, else the server's status */
+	struct rps__status_rep st;
+	struct rps__admin_rep rep;
+	struct rps__smap map;
+};
+
+static int query_child(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	static char buf[sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX + 64];
+	static struct query_answer a;
+	const struct query *q = arg;
+	struct rps__admin ad;
+	struct rps__ctl *ctl = NULL;
+	struct rps__uri u;
+	size_t len = 0;
+	int32_t status = 0;
+	int ret;
+
+	(void)rank;
+	(void)nworkers;
+	(void)servers;
+	memset(&a, 0, sizeof(a));
+	memset(&ad, 0, sizeof(ad));
+	ad.op = RPS__ADMIN_DIGEST;
+	ad.part = q->part;
+	snprintf(ad.uri, sizeof(ad.uri), "%s", q->tensor);
+	ret = rps__uri_parse(q->uri, &u);
+	if (!ret)
+		ret = rps__ctl_open(&u, 5000, &ctl);
+	if (!ret && q->type == RPS__MSG_STATUS)
+		ret = rps__ctl_call(ctl, RPS__MSG_STATUS, NULL, 0, buf, sizeof(buf), &len, &status, 5000);
+	else if (!ret)
+		ret = rps__ctl_call(ctl, RPS__MSG_ADMIN, &ad, sizeof(ad), &a.rep, sizeof(a.rep), &len, &status, 5000);
+	if (!ret && status)
+		ret = status;
+	if (!ret && q->type == RPS__MSG_STATUS) {
+		if (len < sizeof(struct rps__status_rep)) {
+			ret = -EBADMSG;
+		} else {
+			memcpy(&a.st, buf, sizeof(a.st));
+			ret = rps__smap_decode(buf + sizeof(struct rps__status_rep),
+					       len - sizeof(struct rps__status_rep), &a.map);
+		}
+	}
+	rps__ctl_close(ctl);
+	a.ret = ret;
+	it_write_all(out_fd, &a, sizeof(a));
+	return 0;
+}
+
+static int query(const struct it_cluster *cl, int i, struct query *q, struct query_answer *a)
+{
+	struct it_workers w;
+
+	if (i < 0 || i >= cl->nservers)
+		return -EINVAL;
+	snprintf(q->uri, sizeof(q->uri), "%s", cl->uri[i]);
+	memset(a, 0, sizeof(*a));
+	if (it_workers_start(&w, 1, query_child, NULL, q, -1, NULL))
+		return -ECHILD;
+	if (it_worker_read(&w, 0, a, sizeof(*a)))
+		a->ret = -EIO;
+	return it_worker_wait(&w, 0) ? -ECHILD : a->ret;
+}
+
+int it_member_status(const struct it_cluster *cl, int i, struct it_member *st, struct rps__smap *map)
+{
+	static struct query_answer a;
+	struct query q = { .type = RPS__MSG_STATUS };
+	int ret = query(cl, i, &q, &a);
+
+	if (ret)
+		return ret;
+	st->id = a.st.id;
+	st->term = a.st.term;
+	st->leader = a.st.leader;
+	st->leading = a.st.role == RPS__RAFT_LEADER;
+	if (map)
+		*map = a.map;
+	return 0;
+}
+
+int it_part_digest(const struct it_cluster *cl, int i, const char *tensor, uint32_t part, struct it_digest *d)
+{
+	static struct query_answer a;
+	struct query q = { .type = RPS__MSG_ADMIN, .part = part };
+	int ret;
+
+	snprintf(q.tensor, sizeof(q.tensor), "%s", tensor);
+	ret = query(cl, i, &q, &a);
+	if (ret)
+		return ret;
+	d->crc = (uint32_t)a.rep.index;
+	d->versions = a.rep.epoch;
+	d->nshards = (uint32_t)a.rep.leader;
+	return 0;
+}
+
+int it_replicas_differ(const struct it_cluster *cl, const struct rps__smap *m, const char *tensor,
+		       uint64_t *versions)
+{
+	int differ = 0, ret;
+
+	if (versions)
+		*versions = 0;
+	for (uint32_t p = 0; p < m->npart; p++) {
+		const struct rps__smap_part *mp = &m->parts[p];
+		struct it_digest prim, b;
+		int owner = it_member_index(cl, mp->owner);
+
+		ret = it_part_digest(cl, owner, tensor, p, &prim);
+		if (ret) {
+			fprintf(stderr, "it_cluster: '%s' partition %u: no digest from its primary %llu: %d\n", tensor, p,
+				(unsigned long long)mp->owner, ret);
+			return ret;
+		}
+		if (versions)
+			*versions += prim.versions;
+		for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1 && mp->backups[k]; k++) {
+			ret = it_part_digest(cl, it_member_index(cl, mp->backups[k]), tensor, p, &b);
+			if (ret) {
+				fprintf(stderr, "it_cluster: '%s' partition %u: no digest from backup %llu: %d\n", tensor,
+					p, (unsigned long long)mp->backups[k], ret);
+				return ret;
+			}
+			if (b.crc != prim.crc || b.versions != prim.versions || b.nshards != prim.nshards) {
+				fprintf(stderr, "it_cluster: '%s' partition %u: backup %llu holds crc %08x, %llu updates "
+					"over %u shards; primary %llu crc %08x, %llu over %u\n", tensor, p,
+					(unsigned long long)mp->backups[k], b.crc, (unsigned long long)b.versions,
+					b.nshards, (unsigned long long)mp->owner, prim.crc,
+					(unsigned long long)prim.versions, prim.nshards);
+				differ++;
+			}
+		}
+	}
+	return differ;
+}
+
+static int running(const struct it_cluster *cl, int i)
+{
+	/* (it_server_alive only peeks: WNOWAIT) */
+	return it_server_alive((struct it_cluster *)cl, i);
+}
+
+static int running_id(const struct it_cluster *cl, uint64_t id)
+{
+	return running(cl, it_member_index(cl, id));
+}
+
+/* Has the map settled?  NULL if so, else what is missing. */
+static const char *settled(const struct it_cluster *cl, uint32_t replicas, struct rps__smap *m, char *why,
+			   size_t len)
+{
+	static struct rps__smap mi;
+	struct it_member st;
+	uint32_t nrun = 0, want;
+	bool first = true, leader = false;
+
+	for (int i = 0; i < cl->nservers; i++) {
+		if (!running(cl, i))
+			continue;
+		nrun++;
+		if (it_member_status(cl, i, &st, &mi)) {
+			snprintf(why, len, "server %d does not answer STATUS", i);
+			return why;
+		}
+		leader = leader || st.leading;
+		if (first)
+			*m = mi;
+		else if (mi.applied != m->applied) {
+			snprintf(why, len, "server %d applied %llu, another %llu", i, (unsigned long long)mi.applied,
+				 (unsigned long long)m->applied);
+			return why;
+		}
+		first = false;
+	}
+	if (!leader) {
+		snprintf(why, len, "no leader");
+		return why;
+	}
+	if (replicas && m->replicas != replicas) {
+		snprintf(why, len, "the map's target is %u copies, not %u", m->replicas, replicas);
+		return why;
+	}
+	want = (m->replicas < nrun ? m->replicas : nrun) - 1;
+	for (uint32_t p = 0; p < m->npart; p++) {
+		const struct rps__smap_part *mp = &m->parts[p];
+		uint32_t nb = rps__smap_nbackups(m, p);
+
+		if (mp->joining || mp->moving_to || mp->lost || !running_id(cl, mp->owner) || nb != want) {
+			snprintf(why, len, "partition %u: owner %llu%s, %u backups (want %u), joining %llu, "
+				 "moving to %llu, lost %llu", p, (unsigned long long)mp->owner,
+				 running_id(cl, mp->owner) ? "" : " (not running)", nb, want,
+				 (unsigned long long)mp->joining, (unsigned long long)mp->moving_to,
+				 (unsigned long long)mp->lost);
+			return why;
+		}
+		for (uint32_t k = 0; k < nb; k++)
+			if (!running_id(cl, mp->backups[k]) || mp->backups[k] == mp->owner) {
+				snprintf(why, len, "partition %u: backup %llu not running", p,
+					 (unsigned long long)mp->backups[k]);
+				return why;
+			}
+	}
+	return NULL;
+}
+
+int it_wait_settled(const struct it_cluster *cl, uint32_t replicas, int timeout_ms, struct rps__smap *m)
+{
+	char why[512];
+	const char *w = "never asked";
+	struct timespec t0, t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		if (!(w = settled(cl, replicas, m, why, sizeof(why))))
+			return 0;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > timeout_ms)
+			break;
+		sleep_ms(50);
+	}
+	fprintf(stderr, "it_cluster: the map did not settle in %d ms: %s\n", timeout_ms, w);
+	return -ETIMEDOUT;
 }

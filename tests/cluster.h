@@ -112,4 +112,47 @@ static inline float it_randf(uint64_t *s)
 	return (float)((double)(it_rand(s) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
+/* ---- replicas: what the servers say (issue 12) ------------------------------
+ * Servers started by it_cluster_start* are members 1..n (member id = index
+ * + 1; a restart keeps it).  Each query runs in a forked child (no
+ * transport state stays in the parent, which forks workers later). */
+struct rps__smap;
+
+/* Server i's index of member id, or -1. */
+int it_member_index(const struct it_cluster *cl, uint64_t id);
+
+/* What STATUS of server i says of it (its map in *map if map is not NULL). */
+struct it_member {
+	uint64_t id;
+	uint64_t term;
+	uint64_t leader;	/* the leader it knows, 0: none */
+	int leading;		/* it is the Raft leader */
+};
+int it_member_status(const struct it_cluster *cl, int i, struct it_member *st, struct rps__smap *map);
+
+/* What server i holds of a tensor's partition (ADMIN DIGEST): a crc32c of
+ * every shard's version, parameters, optimizer state, clocks and applied
+ * push ids; the sum of the shards' versions; the shard count.  0, or
+ * -ENOENT (nothing of it here) or another -errno. */
+struct it_digest {
+	uint32_t crc;
+	uint64_t versions;
+	uint32_t nshards;
+};
+int it_part_digest(const struct it_cluster *cl, int i, const char *tensor, uint32_t part, struct it_digest *d);
+
+/* Compare every backup's digest of `tensor` with its primary's, for every
+ * partition of map m: the number of replicas that differ (each printed),
+ * or -errno if a server could not say.  *versions (may be NULL): the sum of
+ * the primaries' versions. */
+int it_replicas_differ(const struct it_cluster *cl, const struct rps__smap *m, const char *tensor,
+		       uint64_t *versions);
+
+/* Wait up to timeout_ms until the map has settled on every running server:
+ * the same applied index everywhere, a leader, the target R `replicas`
+ * (0: any), and every partition owned by a running server, none moving,
+ * lost or seeding, with min(R, servers running) - 1 backups, all running.
+ * The map in *m.  0 or -ETIMEDOUT (what was missing is printed). */
+int it_wait_settled(const struct it_cluster *cl, uint32_t replicas, int timeout_ms, struct rps__smap *m);
+
 #endif

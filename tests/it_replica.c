@@ -18,9 +18,13 @@
  *  - async: exact sums and versions;
  *  - bounded (staleness 2): the same, and no pull ever misses an update
  *    older than clock - staleness, through the failover.
+ * After each, once the map settles, every backup's digest (crc32c of the
+ * shards' versions, parameters, state, clocks and applied push ids; their
+ * versions; the shard count) equals its primary's.
  */
 #include "config.h"
 #include "cluster.h"
+#include "proto/smap.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -357,6 +361,17 @@ static void failover_run(const struct job *j, int victim, bool restart)
 		if (!done)
 			fprintf(stderr, "psctl status: %s%s\n", out, err);
 		CU_ASSERT(done);
+	}
+	/* every backup holds what its primary holds, once the map settles
+	 * (the dead member's places re-seeded on the others) */
+	{
+		static struct rps__smap m;
+		uint64_t versions = 0;
+
+		CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+		CU_ASSERT_EQUAL(it_replicas_differ(&clu, &m, j->name, &versions), 0);
+		CU_ASSERT_EQUAL(versions, (COUNT / 1024u) * (j->mode == RPS_MODE_SYNC ? (uint64_t)acked / NWORKERS :
+										 (uint64_t)acked));
 	}
 	/* the dead server (or, restarted, all three) stop cleanly */
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);

@@ -1087,11 +1087,18 @@ static void test_fingerprint_mismatch(void)
 
 static uint32_t job_part;
 
-/* B's map is one epoch ahead for a partition (A deposed, not told yet). */
+/* B's map is one epoch ahead for a partition: A deposed (member 3 made
+ * primary, A not told yet), or (arg) the same primary with its replica
+ * set changed (A has not applied it yet). */
 static void do_epoch_ahead(struct fake *f, void *arg)
 {
-	(void)arg;
-	part_view(f, job_part, map.parts[job_part].epoch + 1, true);
+	const struct rps__smap_part *mp = &map.parts[job_part];
+	struct rps__dp_part v = {
+		.epoch = mp->epoch + 1, .map_epoch = mp->epoch + 1, .primary = arg ? mp->owner : 3,
+		.backups = { f->id }, .nbackups = 1, .backup = true,
+	};
+
+	f->dp->part_set(f->srv, job_part, &v);
 }
 
 static void do_drop_backup(struct fake *f, void *arg)
@@ -1129,6 +1136,28 @@ static void test_old_epoch_refused(void)
 	CU_ASSERT_EQUAL(A.srv->nrwaits, nwaits - 1u);
 	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq, 2u);	/* version 1, published */
 	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].repl_pending, 0u);
+	rps_tensor_close(t);
+}
+
+/* The epoch moved on with the primary unchanged (a REPLICA_DROP of another
+ * backup) and B applied it before A: A's entries, stamped with the epoch
+ * before, are the same primary's and B applies them: acknowledged, equal. */
+static void test_old_epoch_same_primary(void)
+{
+	static int same = 1;
+	float g[COUNT];
+	rps_tensor_t *t;
+	unsigned seed = 7;
+	uint64_t refused = B.srv->repl_stats.refused;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(quick, "old-epoch-same", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
+	job_part = find(&A, "old-epoch-same")->shards[0].part;
+	fake_do(&B, do_epoch_ahead, &same);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	CU_ASSERT_EQUAL(B.srv->repl_stats.refused, refused);
+	CU_ASSERT_EQUAL(version_of(&B, "old-epoch-same", 0), 1u);
+	CU_ASSERT_EQUAL(differing_shards("old-epoch-same"), 0);
 	rps_tensor_close(t);
 }
 
@@ -1211,6 +1240,7 @@ int main(void)
 		{ "sync, partition refused: taken pushes told to resend, counted once", test_sync_refused_resend },
 		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
 		{ "lease: no ack without it on a partition with backups; R=1 ignores it", test_lease_fence },
+		{ "epoch: the same primary's entry of the epoch before applied", test_old_epoch_same_primary },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
 	};
 

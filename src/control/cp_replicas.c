@@ -120,6 +120,15 @@ bool rps__cp_replica_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now)
 		return true;
 	}
 	if (is_backup(mp, cp->my_id)) {
+		if (pl->st == PART_SEEDING && !pl->installed) {
+			/* a commit of an image we never installed: the log
+			 * replayed after a restart (the image went with the
+			 * memory).  Not a backup: we leave the set (cp_moves.c)
+			 * rather than be promoted empty. */
+			pl->st = PART_NONE;
+			pl->epoch = mp->epoch;
+			return false;
+		}
 		if (pl->st == PART_SEEDING) {
 			rps__log(RPS__LOG_INFO, "partition %u: a backup of member %llu's now (epoch %llu)", p,
 				 (unsigned long long)mp->owner, (unsigned long long)mp->epoch);

@@ -216,8 +216,11 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 {
 	bool was_replicated = part < RPS__SMAP_MAX_PART && rps__srv_repl_part(srv, part);
 
-	if (part < RPS__SMAP_MAX_PART)
+	if (part < RPS__SMAP_MAX_PART) {
+		if (view->primary != srv->parts[part].primary || !srv->primary_since[part])
+			srv->primary_since[part] = view->map_epoch;
 		srv->parts[part] = *view;
+	}
 	srv->rfence_dirty = true;	/* served or replicated now, or no longer */
 	if (view->backup)
 		srv->repl_active = true;	/* the repl turn dials its primary when our id is the higher */

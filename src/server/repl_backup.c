@@ -132,8 +132,9 @@ static int bind(struct rps__server *srv, struct conn *c, const struct rps__repl_
 	return 0;
 }
 
-/* Apply d with the primary's code: 0, -EAGAIN (the map is behind: later),
- * or a negative errno (the connection failed). */
+/* Apply d with the primary's code: 0, 1 (skipped: not ours to apply),
+ * -EAGAIN (the map is behind: later), or a negative errno (the connection
+ * failed). */
 static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d,
 		       const void *payload)
 {
@@ -146,14 +147,24 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 	if (d->part >= srv->npart)
 		return broken(c, "replicates partition %u of %u", d->part, srv->npart);
 	v = &srv->parts[d->part];
-	if (d->epoch < v->map_epoch) {
+	/* Older than the map's epoch: refused if it predates the primary's
+	 * (a FAILOVER or a move: the old primary must not complete an
+	 * acknowledgement through us), applied if the same primary stamped
+	 * it before it applied a change of the replica set (REPLICA_DROP:
+	 * epoch + 1, primary unchanged) that we applied first. */
+	if (d->epoch < v->map_epoch && (d->epoch < srv->primary_since[d->part] || c->peer_id != v->primary)) {
 		rps__log(RPS__LOG_WARN, "partition %u: refusing replication from member %llu under epoch %llu, "
 			 "older than the map's %llu", d->part, (unsigned long long)c->peer_id,
 			 (unsigned long long)d->epoch, (unsigned long long)v->map_epoch);
 		return refuse(srv, c, d, RPS_ESTALE_EPOCH);
 	}
-	if (!v->backup || d->epoch > v->map_epoch)
-		return -EAGAIN;
+	if (d->epoch > v->map_epoch)
+		return -EAGAIN;		/* our map is behind */
+	if (!v->backup)
+		return 1;	/* dropped from the set since (the primary stamped it
+				 * before it applied that): nobody waits for us, and
+				 * the entries after it, of partitions we still back,
+				 * must not wait behind it */
 	if (d->seq != srv->repl_seq[d->part] + 1)
 		return broken(c, "partition %u: replication entry %llu after %llu", d->part,
 			      (unsigned long long)d->seq, (unsigned long long)srv->repl_seq[d->part]);
@@ -214,7 +225,7 @@ static int apply_next(struct rps__server *srv, struct conn *c)
 		return broken(c, "replication stream out of order: entry %llu after %llu",
 			      (unsigned long long)d.cseq, (unsigned long long)c->cseq);
 	ret = apply_entry(srv, c, &d, buf + RPS__REPL_DESC_SIZE);
-	if (ret)
+	if (ret < 0)
 		return ret;
 	c->cseq++;
 	c->credits_owed++;

@@ -266,6 +266,9 @@ struct rps__server {
 	struct repl_wait *rwaits;	/* updates waiting for their replicas, in order */
 	uint32_t nrwaits, rwaits_cap;
 	uint64_t repl_seq[RPS__SMAP_MAX_PART];	/* primary: entries sent; backup: applied */
+	/* backup: the map's epoch when its primary became primary (the epoch
+	 * moves on without it when the replica set changes) */
+	uint64_t primary_since[RPS__SMAP_MAX_PART];
 	char repl_fp[RPS__REPL_FP_MAX];	/* kernel fingerprint */
 	struct {
 		uint64_t entries_sent, entries_applied, acks_sent, acks_received, deferred, refused;

@@ -1,0 +1,747 @@
+/*
+ * it_failover.c - servers killed at awkward moments in a replicated cluster
+ * (issue 12, tests a, d, e and g): rdmapsd processes with --replicas on
+ * loopback TCP, the leader placing and seeding the backups itself, workers
+ * in forked processes, a server killed with SIGKILL.
+ *
+ *  (a) sync Adam, 4 workers: a primary killed mid-step (three ranks' pushes
+ *      of a step taken there, the fourth held back until after the kill).
+ *      Gradients are multiples of 1/4 small enough that every sum is exact
+ *      in any order, so the job must end bit-identical (memcmp) to the same
+ *      job run before on the same cluster without a kill, at the same
+ *      versions.
+ *  (d) async, every push +1 per element: the Raft leader, a primary too, is
+ *      killed.  Every element and version equals the pushes acknowledged
+ *      (every worker rides through, so all of them); another member leads;
+ *      the old leader's partitions belong to their former backups, at a
+ *      later epoch.
+ *  (e) --replicas 3: a server restarted (same --data-dir) is seeded again
+ *      as a backup; a watcher kills the seed's source, the partition's
+ *      primary, the moment the map shows the joiner.  The partition goes to
+ *      the surviving full replica, not the joiner; values exact; an 8 MiB
+ *      tensor never pushed reads back as created and is equal everywhere.
+ *  (g) after each, once the map settles: every backup's digest (crc32c of
+ *      versions, parameters, optimizer state and applied push ids; sum of
+ *      versions; shard count) equals its primary's, for every tensor.
+ */
+#include "config.h"
+#include "cluster.h"
+#include "client/ctl.h"
+#include "proto/proto.h"
+#include "proto/smap.h"
+#include "transport/uri.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+#include "lib/cutest.h"
+#include "lib/watchdog.h"
+
+#define NSERVERS 3
+#define NPART 6
+#define SHARD 4096u
+#define COUNT (2u * NPART * SHARD / 4u)	/* fp32: 12 shards, 2 per partition */
+#define ARGS "--partitions 6 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 1000" \
+	" --move-timeout-ms 10000"
+#define SETTLE_MS 60000
+#define TEST_WATCHDOG_S 150
+
+static struct it_cluster clu;
+static bool clu_up;
+static struct rps__smap map0, map1;
+
+/* What the workers and the parent tell each other while they run. */
+struct shared {
+	atomic_int acked[IT_MAX_WORKERS];	/* pushes acknowledged so far */
+	atomic_int at_gate[IT_MAX_WORKERS];	/* pushing the gate step now */
+	atomic_int gate;			/* the last rank may push the gate step */
+	atomic_int stop;			/* (e): stop pushing */
+};
+static struct shared *sh;
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+	nanosleep(&ts, NULL);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int fail(int rank, const char *what, int ret)
+{
+	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
+	return 1;
+}
+
+static int acked_total(int n)
+{
+	int r, k = 0;
+
+	for (r = 0; r < n; r++)
+		k += atomic_load(&sh->acked[r]);
+	return k;
+}
+
+static uint32_t replicas;	/* the test's --replicas */
+
+static void start(int n, uint32_t r, bool data_dir)
+{
+	char args[256];
+	struct it_server_opts o = { .extra_args = args, .data_dir = data_dir };
+
+	snprintf(args, sizeof(args), "%s --replicas %u", ARGS, r);
+	replicas = r;
+	memset(sh, 0, sizeof(*sh));
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, n, &o), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, r, SETTLE_MS, &map0), 0);
+}
+
+/* The index of the Raft leader (asked of every running server until one
+ * leads), or -1. */
+static int leader_index(void)
+{
+	struct it_member st;
+	double t0 = now_s();
+
+	while (now_s() - t0 < SETTLE_MS / 1000.0) {
+		for (int i = 0; i < clu.nservers; i++)
+			if (it_server_alive(&clu, i) && !it_member_status(&clu, i, &st, NULL) && st.leading)
+				return i;
+		sleep_ms(20);
+	}
+	return -1;
+}
+
+static uint32_t owned(const struct rps__smap *m, uint64_t id)
+{
+	uint32_t n = 0;
+
+	for (uint32_t p = 0; p < m->npart; p++)
+		n += m->parts[p].owner == id;
+	return n;
+}
+
+/* (g): once settled, every backup equals its primary, for every tensor
+ * named; the sum of the primaries' versions for each in versions[]. */
+static void check_replicas(const char *const *tensors, int n, uint64_t *versions)
+{
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, replicas, SETTLE_MS, &map1), 0);
+	for (int k = 0; k < n; k++)
+		CU_ASSERT_EQUAL(it_replicas_differ(&clu, &map1, tensors[k], &versions[k]), 0);
+}
+
+/* Pull a tensor with a fresh client, in a child: version, then the values. */
+struct pull_arg {
+	const char *name;
+	size_t count;
+	float *out;		/* shared memory */
+};
+
+static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct pull_arg *a = arg;
+	struct rps_client_opts co;
+	uint64_t version = 0;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)nworkers;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = 30000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail(rank, "connect", ret);
+	ret = rps_tensor_open(cl, a->name, &t);
+	if (!ret) {
+		ret = rps_pull(t, a->out, a->count * sizeof(float), &version);
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	if (ret)
+		return fail(rank, "pull", ret);
+	it_write_all(out_fd, &version, sizeof(version));
+	return 0;
+}
+
+/* Pull `name` (count floats) into a fresh buffer (free it); its version. */
+static float *pull(const char *name, size_t count, uint64_t *version)
+{
+	struct pull_arg a = { .name = name, .count = count };
+	struct it_workers w;
+	int ok;
+
+	a.out = mmap(NULL, count * sizeof(float), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CU_ASSERT_FATAL(a.out != MAP_FAILED);
+	*version = 0;
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, pull_worker, clu.servers, &a, -1, NULL), 0);
+	ok = it_worker_read(&w, 0, version, sizeof(*version)) == 0;
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_FATAL(ok);
+	return a.out;
+}
+
+static void unpull(float *p, size_t count)
+{
+	munmap(p, count * sizeof(float));
+}
+
+/* ---- (a) sync Adam, a primary killed mid-step -------------------------------- */
+
+#define SYNC_WORKERS 4
+#define SYNC_STEPS 120
+#define GATE_STEP 40
+
+struct sync_job {
+	const char *name;
+	int gate_step;		/* the last rank holds this step until sh->gate (0: none) */
+};
+
+/* Rank r's gradient of step s: multiples of 1/4 in [-1, 1], so that a
+ * step's sum of four is exact whatever the order it is added in. */
+static void sync_grad(float *g, int rank, int step)
+{
+	uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1) + (uint64_t)step * 0x2545f4914f6cdd1dull + 1;
+
+	for (unsigned i = 0; i < COUNT; i++)
+		g[i] = 0.25f * (float)((int)(it_rand(&s) % 9u) - 4);
+}
+
+static int sync_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct sync_job *j = arg;
+	float *g = malloc(COUNT * sizeof(float));
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int s, ret;
+
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = rank;
+	co.num_workers = nworkers;
+	co.timeout_ms = 30000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = RPS_MODE_SYNC;
+	o.optimizer = RPS_OPT_ADAM;
+	o.lr = 0.01f;
+	if ((ret = rps_tensor_create(cl, j->name, &o, &t)))
+		return fail(rank, "create", ret);
+	if ((ret = rps_barrier(cl)))
+		return fail(rank, "barrier", ret);
+	for (s = 0; s < SYNC_STEPS; s++) {
+		sync_grad(g, rank, s);
+		if (j->gate_step && s == j->gate_step) {
+			if (rank == nworkers - 1)
+				while (!atomic_load(&sh->gate))
+					usleep(1000);
+			else
+				atomic_store(&sh->at_gate[rank], 1);
+		}
+		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+			return fail(rank, "push", ret);
+		atomic_fetch_add(&sh->acked[rank], 1);
+	}
+	it_write_all(out_fd, &s, sizeof(s));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	return 0;
+}
+
+/* Run a sync job to its end; with a gate, SIGKILL member `victim` once the
+ * other ranks push the gate step (taken on the primary, waiting for the
+ * last rank) and only then let the last rank push it. */
+static void run_sync(const struct sync_job *j, int victim)
+{
+	struct it_workers w;
+	int r, steps;
+
+	memset(sh, 0, sizeof(*sh));
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, SYNC_WORKERS, sync_worker, clu.servers, (void *)j, -1, NULL), 0);
+	if (j->gate_step) {
+		bool all;
+		do {
+			sleep_ms(2);
+			all = true;
+			for (r = 0; r < SYNC_WORKERS - 1; r++)
+				all = all && atomic_load(&sh->at_gate[r]);
+		} while (!all);
+		/* their pushes reach the primaries (and are taken there) */
+		sleep_ms(300);
+		CU_ASSERT_EQUAL(acked_total(SYNC_WORKERS), SYNC_WORKERS * j->gate_step);
+		it_server_kill(&clu, victim);
+		atomic_store(&sh->gate, 1);
+	}
+	for (r = 0; r < SYNC_WORKERS; r++) {
+		steps = -1;
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &steps, sizeof(steps)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+		CU_ASSERT_EQUAL(steps, SYNC_STEPS);
+	}
+}
+
+static void test_sync_adam_primary_killed(void)
+{
+	static const struct sync_job ref = { .name = "ref" }, run = { .name = "run", .gate_step = GATE_STEP };
+	static const char *const tensors[] = { "ref", "run" };
+	uint64_t vref = 0, vrun = 0, versions[2];
+	float *pref, *prun;
+	int victim, leader, diff = 0;
+	double t0;
+
+	start(NSERVERS, 2, false);
+	run_sync(&ref, -1);
+	/* a primary that is not the leader ((d) kills the leader) */
+	leader = leader_index();
+	CU_ASSERT_FATAL(leader >= 0);
+	victim = (leader + 1) % NSERVERS;
+	CU_ASSERT_FATAL(owned(&map0, (uint64_t)victim + 1) > 0);
+	t0 = now_s();
+	run_sync(&run, victim);
+	fprintf(stderr, "[member %d killed at step %d of %d; the job ended %.2f s later] ", victim + 1, GATE_STEP,
+		SYNC_STEPS, now_s() - t0);
+
+	pref = pull("ref", COUNT, &vref);
+	prun = pull("run", COUNT, &vrun);
+	CU_ASSERT_EQUAL(vref, SYNC_STEPS);
+	CU_ASSERT_EQUAL(vrun, vref);
+	for (unsigned i = 0; i < COUNT; i++)
+		if (memcmp(&pref[i], &prun[i], sizeof(float)) && diff++ < 4)
+			fprintf(stderr, "run[%u] = %.9g, without the kill %.9g\n", i, (double)prun[i], (double)pref[i]);
+	CU_ASSERT_EQUAL(memcmp(pref, prun, COUNT * sizeof(float)), 0);
+	unpull(pref, COUNT);
+	unpull(prun, COUNT);
+
+	/* (g), and every shard at the same version in both */
+	check_replicas(tensors, 2, versions);
+	CU_ASSERT_EQUAL(versions[0], (uint64_t)SYNC_STEPS * 2 * NPART);
+	CU_ASSERT_EQUAL(versions[1], versions[0]);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+/* ---- async, +1 per push -------------------------------------------------------- */
+
+struct async_job {
+	const char *name;
+	size_t count;
+	int pushes;		/* per worker; 0: until sh->stop */
+};
+
+static int async_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct async_job *j = arg;
+	float *g = malloc(j->count * sizeof(float));
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int n = 0, ret;
+
+	for (size_t i = 0; i < j->count; i++)
+		g[i] = -1.0f;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = rank;
+	co.num_workers = nworkers;
+	co.timeout_ms = 30000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = j->count;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SGD;
+	o.lr = 1.0f;
+	if ((ret = rps_tensor_create(cl, j->name, &o, &t)))
+		return fail(rank, "create", ret);
+	while (j->pushes ? n < j->pushes : !atomic_load(&sh->stop)) {
+		if ((ret = rps_push(t, g, j->count * sizeof(float))))
+			return fail(rank, "push", ret);
+		n++;
+		atomic_fetch_add(&sh->acked[rank], 1);
+		usleep(500);	/* leave the servers some of the 2 cores */
+	}
+	it_write_all(out_fd, &n, sizeof(n));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	return 0;
+}
+
+/* Every worker's count of acknowledged pushes, added up. */
+static int async_wait(struct it_workers *w)
+{
+	int r, n, total = 0;
+
+	for (r = 0; r < w->n; r++) {
+		n = 0;
+		CU_ASSERT_EQUAL(it_worker_read(w, r, &n, sizeof(n)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(w, r), 0);
+		total += n;
+	}
+	CU_ASSERT_EQUAL(acked_total(w->n), total);
+	return total;
+}
+
+/* Every element and the version equal `acked`. */
+static void check_exact(const char *name, size_t count, int acked)
+{
+	uint64_t version;
+	float *p = pull(name, count, &version);
+	size_t bad = 0;
+
+	for (size_t i = 0; i < count; i++)
+		if (p[i] != (float)acked && bad++ < 4)
+			fprintf(stderr, "%s[%zu] = %g, %d pushes acknowledged\n", name, i, (double)p[i], acked);
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)acked);
+	unpull(p, count);
+}
+
+/* ---- (d) the Raft leader, a primary, killed ------------------------------------ */
+
+#define D_WORKERS 3
+#define D_PUSHES 200
+
+static void test_leader_primary_killed(void)
+{
+	static const struct async_job j = { .name = "d", .count = COUNT, .pushes = D_PUSHES };
+	static const char *const tensors[] = { "d" };
+	struct it_workers w;
+	struct it_member st;
+	uint64_t old, versions[1];
+	int leader, acked, at_kill;
+	double t0;
+
+	start(NSERVERS, 2, false);
+	leader = leader_index();
+	CU_ASSERT_FATAL(leader >= 0);
+	old = (uint64_t)leader + 1;
+	CU_ASSERT_FATAL(owned(&map0, old) > 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
+		sleep_ms(2);
+	at_kill = acked_total(D_WORKERS);
+	t0 = now_s();
+	it_server_kill(&clu, leader);
+	acked = async_wait(&w);
+	fprintf(stderr, "[leader %llu killed after %d pushes; %d acknowledged, the last %.2f s after the kill] ",
+		(unsigned long long)old, at_kill, acked, now_s() - t0);
+	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
+	check_exact("d", COUNT, acked);
+
+	check_replicas(tensors, 1, versions);
+	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);
+	/* another member leads; the old leader's partitions went to their
+	 * first backups, at a later epoch */
+	leader = leader_index();
+	CU_ASSERT(leader >= 0 && (uint64_t)leader + 1 != old);
+	for (int i = 0; i < NSERVERS; i++)
+		if (it_server_alive(&clu, i) && !it_member_status(&clu, i, &st, NULL))
+			CU_ASSERT(st.leader != old);
+	for (uint32_t p = 0; p < NPART; p++) {
+		if (map0.parts[p].owner != old)
+			continue;
+		CU_ASSERT_EQUAL(map1.parts[p].owner, map0.parts[p].backups[0]);
+		CU_ASSERT(map1.parts[p].epoch > map0.parts[p].epoch);
+	}
+	CU_ASSERT_EQUAL(owned(&map1, old), 0);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+/* ---- (e) a kill during re-replication ------------------------------------------ */
+
+#define E_WORKERS 2
+#define BIG_COUNT (2u * 1024 * 1024)	/* fp32: 8 MiB */
+
+static float big_init(size_t i)
+{
+	return (float)(i % 4093) * 0.5f - 1000.0f;
+}
+
+static int create_big(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *init = malloc(BIG_COUNT * sizeof(float));
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)nworkers;
+	(void)arg;
+	for (size_t i = 0; i < BIG_COUNT; i++)
+		init[i] = big_init(i);
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = 30000;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = BIG_COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SGD;
+	o.init = init;
+	if ((ret = rps_tensor_create(cl, "big", &o, &t)))
+		return fail(rank, "create big", ret);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	it_write_all(out_fd, &ret, sizeof(ret));
+	free(init);
+	return 0;
+}
+
+/* What the watcher saw and did. */
+struct watch {
+	uint64_t joiner;	/* in: the member to watch for */
+	pid_t pids[IT_MAX_SERVERS];	/* in: the servers' processes */
+	int ret;		/* out: 0, or -ETIMEDOUT */
+	uint32_t part;		/* the partition it was being seeded with */
+	struct rps__smap_part seen;	/* ... as the map stood then */
+	double after;		/* seconds after the watch began */
+};
+
+/* Poll every server but the joiner for its map (one channel each) until
+ * one shows the joiner being seeded with a partition; SIGKILL that
+ * partition's primary, the seed's source, at once. */
+static int watcher(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	static char buf[sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX + 64];
+	static struct rps__smap m;
+	struct watch *wt = arg;
+	struct rps__ctl *ctl[IT_MAX_SERVERS] = { 0 };
+	double t0 = now_s();
+
+	(void)rank;
+	(void)nworkers;
+	(void)servers;
+	wt->ret = -ETIMEDOUT;
+	while (now_s() - t0 < 60) {
+		for (int i = 0; i < clu.nservers; i++) {
+			struct rps__uri u;
+			size_t len = 0;
+			int32_t status = 0;
+
+			if ((uint64_t)i + 1 == wt->joiner)
+				continue;
+			if (!ctl[i] && (rps__uri_parse(clu.uri[i], &u) || rps__ctl_open(&u, 1000, &ctl[i]))) {
+				ctl[i] = NULL;
+				continue;
+			}
+			if (rps__ctl_call(ctl[i], RPS__MSG_STATUS, NULL, 0, buf, sizeof(buf), &len, &status, 1000) ||
+			    status || len < sizeof(struct rps__status_rep)) {
+				rps__ctl_close(ctl[i]);
+				ctl[i] = NULL;
+				continue;
+			}
+			if (rps__smap_decode(buf + sizeof(struct rps__status_rep), len - sizeof(struct rps__status_rep),
+					     &m))
+				continue;
+			for (uint32_t p = 0; p < m.npart; p++) {
+				uint64_t owner = m.parts[p].owner;
+
+				if (m.parts[p].joining != wt->joiner || owner < 1 || owner > (uint64_t)clu.nservers)
+					continue;
+				kill(wt->pids[owner - 1], SIGKILL);
+				wt->ret = 0;
+				wt->part = p;
+				wt->seen = m.parts[p];
+				wt->after = now_s() - t0;
+				goto out;
+			}
+		}
+	}
+out:
+	for (int i = 0; i < clu.nservers; i++)
+		rps__ctl_close(ctl[i]);
+	it_write_all(out_fd, wt, sizeof(*wt));
+	return 0;
+}
+
+static void test_kill_during_reseeding(void)
+{
+	static const struct async_job j = { .name = "w", .count = COUNT };
+	static const char *const tensors[] = { "w", "big" };
+	struct it_workers cw, w, ww;
+	struct watch wt;
+	struct rps__smap_part seen;
+	uint64_t version, versions[2];
+	int joiner, ret = -1, acked, victim, survivor, at;
+	float *p;
+	size_t bad = 0;
+
+	start(NSERVERS, 3, true);
+	for (uint32_t q = 0; q < NPART; q++)
+		CU_ASSERT_EQUAL_FATAL(rps__smap_nbackups(&map0, q), 2);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&cw, 1, create_big, clu.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&cw, 0, &ret, sizeof(ret)), 0);
+	CU_ASSERT_EQUAL_FATAL(it_worker_wait(&cw, 0), 0);
+	CU_ASSERT_EQUAL_FATAL(ret, 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, E_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	while (acked_total(E_WORKERS) < 40)
+		sleep_ms(2);
+
+	/* a member that is not the leader goes and comes back without its
+	 * shards; the watcher waits for it to be seeded again */
+	joiner = (leader_index() + 1) % NSERVERS;
+	memset(&wt, 0, sizeof(wt));
+	wt.joiner = (uint64_t)joiner + 1;
+	it_server_kill(&clu, joiner);
+	for (int i = 0; i < NSERVERS; i++)
+		wt.pids[i] = clu.pid[i];
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&ww, 1, watcher, NULL, &wt, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, joiner), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&ww, 0, &wt, sizeof(wt)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&ww, 0), 0);
+	CU_ASSERT_EQUAL_FATAL(wt.ret, 0);
+	seen = wt.seen;
+	victim = it_member_index(&clu, seen.owner);
+	CU_ASSERT_FATAL(victim >= 0 && victim != joiner);
+	it_server_kill(&clu, victim);	/* (killed by the watcher: reaped here) */
+	/* the partition's other replica: a full one (the joiner had left
+	 * every set when it came back) */
+	CU_ASSERT_EQUAL(rps__smap_nbackups(&map0, wt.part), 2);
+	CU_ASSERT_EQUAL_FATAL(seen.backups[0] != 0 && seen.backups[1] == 0, true);
+	survivor = it_member_index(&clu, seen.backups[0]);
+	CU_ASSERT_FATAL(survivor >= 0 && survivor != joiner && survivor != victim);
+	fprintf(stderr, "[member %d restarted; seeded with partition %u from member %llu (epoch %llu), killed %.3f s "
+		"into the watch] ", joiner + 1, wt.part, (unsigned long long)seen.owner,
+		(unsigned long long)seen.epoch, wt.after);
+
+	/* training goes on through it */
+	at = acked_total(E_WORKERS);
+	while (acked_total(E_WORKERS) < at + 40)
+		sleep_ms(2);
+	atomic_store(&sh->stop, 1);
+	acked = async_wait(&w);
+	check_exact("w", COUNT, acked);
+	p = pull("big", BIG_COUNT, &version);
+	for (size_t i = 0; i < BIG_COUNT; i++)
+		if (p[i] != big_init(i) && bad++ < 4)
+			fprintf(stderr, "big[%zu] = %g, created as %g\n", i, (double)p[i], (double)big_init(i));
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, 0);
+	unpull(p, BIG_COUNT);
+
+	check_replicas(tensors, 2, versions);
+	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);
+	CU_ASSERT_EQUAL(versions[1], 0);
+	/* the surviving full replica has it, not the joiner: one FAILOVER
+	 * (seeding the joiner again keeps the epoch; had the joiner been
+	 * promoted, it would have had to fail over once more) */
+	CU_ASSERT_EQUAL(map1.parts[wt.part].owner, seen.backups[0]);
+	CU_ASSERT_EQUAL(map1.parts[wt.part].epoch, seen.epoch + 1);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+/* ---- the replica set shrinks under the stream ---------------------------------- */
+
+/* psctl set-replicas 2 while workers push at R = 3: every partition's epoch
+ * moves on (REPLICA_DROP) with its primary unchanged, and entries the
+ * primary stamped with the epoch before reach the remaining backup after
+ * it applied the drop: they are the same primary's, to be applied, not
+ * refused.  Every push completes, values exact, replicas equal. */
+static void test_set_shrinks_under_stream(void)
+{
+	static const struct async_job j = { .name = "s", .count = COUNT };
+	static const char *const tensors[] = { "s" };
+	char out[4096], err[4096];
+	struct it_workers w;
+	uint64_t versions[1];
+	int acked, at, rc;
+
+	start(NSERVERS, 3, false);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, E_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	while (acked_total(E_WORKERS) < 40)
+		sleep_ms(2);
+	rc = it_psctl(&clu, 40000, out, sizeof(out), err, sizeof(err), "set-replicas 2");
+	if (rc)
+		fprintf(stderr, "psctl set-replicas 2: %s%s", out, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	replicas = 2;
+	CU_ASSERT_EQUAL(it_wait_settled(&clu, 2, SETTLE_MS, &map1), 0);
+	at = acked_total(E_WORKERS);
+	while (acked_total(E_WORKERS) < at + 40)
+		sleep_ms(2);
+	atomic_store(&sh->stop, 1);
+	acked = async_wait(&w);
+	check_exact("s", COUNT, acked);
+	check_replicas(tensors, 1, versions);
+	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);
+	for (uint32_t p = 0; p < NPART; p++) {
+		CU_ASSERT_EQUAL(map1.parts[p].owner, map0.parts[p].owner);
+		CU_ASSERT_EQUAL(map1.parts[p].epoch, map0.parts[p].epoch + 1);
+	}
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+static void test_setup(void)
+{
+	watchdog_arm();
+}
+
+static void test_teardown(void)
+{
+	watchdog_disarm();
+	if (clu_up) {
+		it_cluster_stop(&clu);
+		clu_up = false;
+	}
+}
+
+int main(void)
+{
+	static const struct cutest tests[] = {
+		{ "(a) sync Adam: a primary killed mid-step: bit-identical to the job without the kill",
+		  test_sync_adam_primary_killed },
+		{ "(d) async: the Raft leader, a primary, killed: exact, its partitions on their backups",
+		  test_leader_primary_killed },
+		{ "(e) --replicas 3: the seed's source killed while a restarted server is seeded",
+		  test_kill_during_reseeding },
+		{ "(g) set-replicas 3 -> 2 under the stream: the same primary's entries applied, exact",
+		  test_set_shrinks_under_stream },
+	};
+	const struct cutest_suite suites[] = {
+		{ "failover, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+	};
+
+	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
+	    !getenv("RPS_IT_ADDR")) {
+		fprintf(stderr, "it_failover: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
+		return 77;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED) {
+		perror("it_failover: mmap");
+		return 1;
+	}
+	watchdog_init("it_failover", TEST_WATCHDOG_S, it_kill_all);
+	return cutest_run(suites, CUTEST_COUNT(suites));
+}
