@@ -302,6 +302,28 @@ static int wait_attached(void)
 	return -ETIMEDOUT;
 }
 
+/* Attached: which member to kill.  Never member 1 (its VM runs the
+ * workers); by default not the Raft leader either ($RPS_IT_VICTIM=leader:
+ * the leader, if it is not member 1).  A server index, or dflt. */
+static int attached_victim(int dflt)
+{
+	const char *want = getenv("RPS_IT_VICTIM");
+	char out[65536] = "", *p;
+	int leader;
+
+	if (it_psctl(&clu, 10000, out, sizeof(out), NULL, 0, "--json status") != 0 ||
+	    !(p = strstr(out, "\"leader\":")))
+		return dflt;
+	leader = atoi(p + 9);
+	if (want && !strcmp(want, "leader")) {
+		if (leader > 1)
+			return leader - 1;
+		fprintf(stderr, "[the leader is member 1, whose VM runs the workers: member %d killed instead] ", dflt + 1);
+		return dflt;
+	}
+	return leader == 2 ? 2 : 1;	/* members 2 and 3: indexes 1 and 2 */
+}
+
 static int acked_total(void)
 {
 	int r, n = 0;
@@ -336,8 +358,10 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	memset(sh, 0, sizeof(*sh));
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
 	clu_up = true;
-	if (clu.attached)
+	if (clu.attached) {
 		CU_ASSERT_EQUAL_FATAL(wait_attached(), 0);
+		victim = attached_victim(victim);
+	}
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)j, -1, NULL), 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&rw, 1, reader_worker, clu.servers, (void *)j, -1, NULL), 0);
 	while (acked_total() < (j->gate_step ? NWORKERS * j->gate_step : KILL_AFTER))

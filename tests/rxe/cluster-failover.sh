@@ -4,8 +4,9 @@
 # cluster): VM k runs rdmapsd member k on verbs://10.9.0.k, every partition
 # with one backup on another VM; VM 1 also runs it_replica's async test
 # attached to those servers: workers push and pull, and once 150 pushes are
-# acknowledged VM 2 (primary of partitions 1,4,7) is killed whole, its QEMU
-# SIGKILLed by the host: no TCP reset, no CM disconnect reaches anyone; its
+# acknowledged VM 2 or 3 (whichever does not lead Raft; RPS_IT_VICTIM=leader:
+# the one that does) is killed whole, its QEMU SIGKILLed by the host: no
+# TCP reset, no CM disconnect reaches anyone; its
 # peers see only RDMA retries running out and Raft silence.  The test asserts
 # that every worker finishes without an error and every element and version
 # equals the number of pushes acknowledged, and prints kill-to-first-ack (a
@@ -20,7 +21,7 @@ servers=verbs://10.9.0.1:$port,verbs://10.9.0.2:$port,verbs://10.9.0.3:$port
 # for 3 software-emulated VMs sharing 2 cores (defaults: 50 ms, 1 s)
 RPS_FAULT=bootstrap-replicas-2 ./rdmapsd --listen "verbs://10.9.0.$k:$port" --cluster "$servers" \
 	--index $((k - 1)) --data-dir /tmp/rdmapsd --partitions 8 --shard-size 4096 --slots 4 \
-	--tick-ms 50 --failover-ms 1000 --fsync none --log-level "${RPS_IT_LOG:-warn}" \
+	--tick-ms 50 --failover-ms 1000 --fsync none --log-level info \
 	> "$ctl/rdmapsd.$k.log" 2>&1 &
 server=$!
 if [ "$k" != 1 ]; then
