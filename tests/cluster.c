@@ -171,6 +171,28 @@ int it_cluster_start(struct it_cluster *cl, int n, const char *extra_args)
 	return it_cluster_start_opts(cl, n, &o);
 }
 
+/* The servers of $RPS_IT_ATTACH: n URIs, comma-separated. */
+static int cluster_attach(struct it_cluster *cl, int n, const char *list)
+{
+	const char *p = list;
+	int i;
+
+	cl->attached = 1;
+	cl->nservers = n;
+	snprintf(cl->servers, sizeof(cl->servers), "%s", list);
+	cl->scheme = strncmp(list, "verbs://", 8) ? "tcp" : "verbs";
+	for (i = 0; i < n; i++) {
+		size_t len = strcspn(p, ",");
+
+		if (!len || len >= sizeof(cl->uri[i]))
+			return -EINVAL;
+		memcpy(cl->uri[i], p, len);
+		cl->uri[i][len] = 0;
+		p += len + (p[len] == ',');
+	}
+	return *p ? -EINVAL : 0;
+}
+
 int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_opts *o)
 {
 	int i, k, ret;
@@ -178,6 +200,8 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 	memset(cl, 0, sizeof(*cl));
 	if (n < 1 || n > IT_MAX_SERVERS)
 		return -EINVAL;
+	if (getenv("RPS_IT_ATTACH"))
+		return cluster_attach(cl, n, getenv("RPS_IT_ATTACH"));
 	cl->nservers = n;
 	cl->scheme = getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp";
 	cl->addr = getenv("RPS_IT_ADDR") ? getenv("RPS_IT_ADDR") : "127.0.0.1";
@@ -277,6 +301,9 @@ int it_cluster_stop(struct it_cluster *cl)
 {
 	int i, bad = 0;
 
+	if (cl->attached)
+		return 0;
+
 	for (i = 0; i < cl->nservers; i++)
 		if (cl->pid[i] > 0)
 			kill(cl->pid[i], SIGTERM);
@@ -294,9 +321,37 @@ int it_cluster_stop(struct it_cluster *cl)
 	return bad;
 }
 
+/* Attached: the hook kills member i+1's host. */
+static void kill_hook(int i)
+{
+	const char *hook = getenv("RPS_IT_KILL_HOOK");
+	char member[16];
+	pid_t pid;
+	int st;
+
+	if (!hook) {
+		fprintf(stderr, "it_cluster: RPS_IT_KILL_HOOK is not set: member %d not killed\n", i + 1);
+		return;
+	}
+	snprintf(member, sizeof(member), "%d", i + 1);
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		execl("/bin/sh", "sh", "-c", hook, "sh", member, (char *)NULL);
+		_exit(127);
+	}
+	if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st))
+		fprintf(stderr, "it_cluster: RPS_IT_KILL_HOOK failed for member %d\n", i + 1);
+}
+
 void it_server_kill(struct it_cluster *cl, int i)
 {
 	int st;
+
+	if (cl->attached) {
+		kill_hook(i);
+		return;
+	}
 
 	if (cl->pid[i] <= 0)
 		return;

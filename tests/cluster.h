@@ -24,6 +24,7 @@ struct it_cluster {
 	char uri[IT_MAX_SERVERS][300];	/* server i's own URI */
 	char cmd[IT_MAX_SERVERS][2048];	/* its command line, for restarts */
 	char env[IT_MAX_SERVERS][128];	/* "NAME=value" in its environment, or "" */
+	int attached;		/* servers started elsewhere ($RPS_IT_ATTACH) */
 };
 
 /* How to start servers (it_cluster_start_opts, it_server_join). */
@@ -33,7 +34,12 @@ struct it_server_opts {
 	int data_dir;		/* 1: --data-dir DIR/data.<i> (kept across restarts) */
 };
 
-/* Start n servers with extra rdmapsd arguments (may be NULL). 0 or -errno. */
+/* Start n servers with extra rdmapsd arguments (may be NULL). 0 or -errno.
+ * With $RPS_IT_ATTACH (a URI list of n servers already running elsewhere,
+ * e.g. one per VM, started with the arguments the test expects) nothing is
+ * started: the cluster is those servers, it_cluster_stop leaves them be,
+ * and it_server_kill(i) runs $RPS_IT_KILL_HOOK (sh -c, member number i+1
+ * as $1) and returns once the hook has: the hook kills the whole host. */
 int it_cluster_start(struct it_cluster *cl, int n, const char *extra_args);
 int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_opts *o);
 /* SIGTERM every server, wait; returns the number that did not exit 0.

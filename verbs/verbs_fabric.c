@@ -323,9 +323,10 @@ int rps__verbs_qp_rtr_rts(struct v_fab *f, struct rdma_cm_id *id, struct ibv_qp 
 	if (rdma_init_qp_attr(id, &a, &mask))
 		return -v_errno(EINVAL);
 	a.max_rd_atomic = init_depth;
+	a.timeout = V_ACK_TIMEOUT;
 	a.retry_cnt = V_RETRY;
 	a.rnr_retry = V_RNR_RETRY;
-	mask |= IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+	mask |= IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
 	ret = v_fault("ibv_modify_qp");
 	return -(ret ? ret : ibv_modify_qp(qp, &a, mask));
 }

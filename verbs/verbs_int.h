@@ -21,7 +21,20 @@
 #define V_DEF_CQ_DEPTH		1024
 #define V_MAX_RD_ATOMIC		16	/* per-QP outstanding READs/atomics we ask for */
 #define V_MIN_RNR_TIMER		12	/* 0.64 ms between RNR retries */
-#define V_RETRY			7
+/*
+ * A dead peer (its host gone: no reset, no CM DREQ) shows only as
+ * transport retries running out, IBV_WC_RETRY_EXC_ERR, which the client
+ * rides through like a TCP reset.  retry_cnt 7 must not be used: rdma_rxe
+ * takes it as "retry for ever", so an operation towards a dead host would
+ * never complete.  The local ACK timeout is 4.096 us * 2^V_ACK_TIMEOUT =
+ * 268 ms; with 6 retries (7 transmissions) a dead peer errors ~1.9 s after
+ * the last ACK.  Common choices: the perftest tools use 14 (67 ms) with 7
+ * retries, UCX 1 s with 7; rdma_cm's own RoCE default is ~1 s.  268 ms sits
+ * between them: well above any live fabric's round trip (and a
+ * software-emulated RoCE VM's), and short next to the failover time.
+ */
+#define V_RETRY			6
+#define V_ACK_TIMEOUT		16
 #define V_RNR_RETRY		7	/* 7 = retry for ever: a slow receiver is not an error */
 #define V_ACCEPT_WAIT_MS	20000	/* REP -> RTU; only a dead initiator makes it long */
 #define V_LCAS_WAIT_MS		10000

@@ -132,6 +132,7 @@ RPS_EXPORT int rps_client_close(rps_client_t *cl)
 	}
 	free(cl->conns);
 	rps__free_reg(cl, &cl->mapbuf, &cl->mapbuf_mr, RPS__MAP_BUF);
+	rps__free_reg(cl, &cl->probebuf, &cl->probebuf_mr, PROBE_LEN);
 	rps__cq_destroy(cl->cq);
 	rps__fabric_close(cl->fab);
 	rps__topo_close(cl->topo);	/* after every rps__topo_free */
@@ -216,6 +217,9 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	ret = rps__alloc_reg(cl, RPS__MAP_BUF, RPS__ACCESS_LOCAL, &cl->mapbuf, &cl->mapbuf_mr);
 	if (ret)
 		goto err;
+	ret = rps__alloc_reg(cl, PROBE_LEN, RPS__ACCESS_LOCAL, &cl->probebuf, &cl->probebuf_mr);
+	if (ret)
+		goto err;
 	/* Any server of the list will do: it gives us the map, and the map
 	 * gives us every member. */
 	for (i = 0; i < nseeds; i++) {
@@ -284,11 +288,11 @@ static bool worth_resending(const struct rps_client *cl, const struct shard_op *
  * that has backups in our map and whose owner there is still the server we
  * lost, is not an answer yet: that server may have died, and the control
  * plane then fails the partition over to a backup within a few failover
- * periods.  retry_stale waits for the map to move on, at most this long
+ * periods.  retry_stale waits for the map to move on, at most FAILOVER_WAIT_MS
  * (and never past the op's timeout_ms), then resends with the same push id
  * and clock; the new primary dedups a push the old one applied.
  */
-#define FAILOVER_WAIT_MS 10000
+/* (FAILOVER_WAIT_MS: client_int.h) */
 
 static bool rides_through(const struct rps_client *cl, const struct shard_op *op)
 {

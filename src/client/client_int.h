@@ -32,6 +32,8 @@
 #define NBOUNCE 4u		/* pull bounce buffers per server */
 #define TORN_RETRIES 8		/* torn reads before asking the server to wait */
 #define MAX_SLOTS 64u	/* we use at most this many of a server's slots */
+#define PROBE_MS 500	/* a connection waited on this long without a completion is probed */
+#define PROBE_LEN 64
 
 enum wr_tag {
 	TAG_CAS_ACQ = 1,
@@ -40,6 +42,7 @@ enum wr_tag {
 	TAG_READ = 4,
 	TAG_RECV = 5,
 	TAG_SEND = 6,
+	TAG_PROBE = 7,		/* liveness probe (progress.c), no op */
 };
 
 enum op_kind { OP_PUSH, OP_INIT, OP_PULL, OP_LOCK, OP_UNLOCK };
@@ -121,6 +124,10 @@ struct ctrl_entry {
 	int server;
 };
 
+/* How long an op whose server was lost waits for its partition to fail
+ * over to a backup (ride-through, client.c). */
+#define FAILOVER_WAIT_MS 10000
+
 struct conn {
 	struct rps_client *cl;
 	int index;
@@ -130,6 +137,11 @@ struct conn {
 	struct rps__ep *ep;
 	bool dead;
 	int err;
+	uint64_t lost_ns;	/* when an established connection was lost (0: never) */
+	uint64_t busy_ns;	/* when its active list last became non-empty */
+	uint64_t wc_ns;		/* its last successful completion */
+	uint64_t probe_ns;	/* its last liveness probe */
+	bool probing;		/* a probe is outstanding */
 	struct rps__hello_rep hello;
 	/* staging slots: ours mirror the server's */
 	char *pbufs;
@@ -170,6 +182,8 @@ struct rps_client {
 	struct rps__smap map;	/* the shard map as last read */
 	char *mapbuf;		/* registered: READ target for the map */
 	struct rps__mr *mapbuf_mr;
+	char *probebuf;		/* registered: READ target for liveness probes */
+	struct rps__mr *probebuf_mr;
 	uint64_t client_id;	/* names our pushes to every server */
 	int rank, num_workers, timeout_ms;
 	uint32_t shard_elems;

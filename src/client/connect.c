@@ -235,6 +235,34 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
 	return rps__preerr(ret, "%s: reading the shard map", c->name);
 }
 
+/*
+ * Is a member whose connection we lost worth dialing again now?  Only if
+ * the map gives it something to serve us: a partition it owns or is
+ * receiving.  And not, for FAILOVER_WAIT_MS after the loss, while every
+ * partition it owns has a backup: it is being failed over, ops on it ride
+ * through to the new primary without it.  Why it matters: when a whole
+ * host dies nothing answers a dial (no reset, unlike a dead process on a
+ * live host), so the dial blocks for its whole timeout, and a map refresh
+ * dials with the client's lock held: every thread of the client would
+ * stall that long in the middle of the failover (issue 12).
+ */
+static bool redial_wanted(const struct rps_client *cl, const struct conn *c)
+{
+	bool owns = false, unbacked = false;
+	uint32_t p;
+
+	for (p = 0; p < cl->map.npart; p++) {
+		const struct rps__smap_part *pp = &cl->map.parts[p];
+		if (pp->moving_to == c->member_id)
+			return true;
+		if (pp->owner == c->member_id) {
+			owns = true;
+			unbacked |= !pp->backups[0] || pp->lost;
+		}
+	}
+	return owns && (unbacked || rps__now_ns() - c->lost_ns >= FAILOVER_WAIT_MS * 1000000ull);
+}
+
 /* Connect to the members of the map we have no connection to.  A member
  * that cannot be reached (or has a bad address) is not an error here: its
  * connection is left dead with the reason and its address, so ops on its
@@ -259,6 +287,8 @@ int rps__connect_members(struct rps_client *cl)
 				break;
 		if (k == cl->nservers && cl->nservers == (int)RPS__SMAP_MAX_MEMBERS)
 			continue;
+		if (k < cl->nservers && cl->conns[k].lost_ns && !redial_wanted(cl, &cl->conns[k]))
+			continue;
 		if (k < cl->nservers)
 			rps__conn_free(&cl->conns[k]);
 		memset(&cl->conns[k], 0, sizeof(cl->conns[k]));
@@ -278,6 +308,7 @@ int rps__connect_members(struct rps_client *cl)
 			/* to its ops: a server we had is gone (as before the
 			 * attempt); one we never reached refused or is unreachable */
 			cl->conns[k].err = k < cl->nservers ? -ECONNRESET : ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
+			cl->conns[k].lost_ns = k < cl->nservers ? rps__now_ns() : 0;
 			cl->conns[k].member_id = m->id;
 			if (k == cl->nservers)
 				cl->nservers++;

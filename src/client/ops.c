@@ -28,6 +28,8 @@ static void active_add(struct conn *c, struct shard_op *op)
 	op->anext = c->active;
 	if (c->active)
 		c->active->aprev = op;
+	if (!c->active)
+		c->busy_ns = rps__now_ns();
 	c->active = op;
 }
 
@@ -819,6 +821,7 @@ void rps__on_completion(struct rps_client *cl, const struct rps__wc *wc)
 		c->err = wc->status == RPS__WC_REM_ACCESS_ERR ? -EFAULT : -ECONNRESET;
 		return;
 	}
+	c->wc_ns = rps__now_ns();
 	switch (tag) {
 	case TAG_RECV: {
 		uint32_t i = (uint32_t)(wc->wr_id >> 3);
@@ -841,6 +844,9 @@ void rps__on_completion(struct rps_client *cl, const struct rps__wc *wc)
 	case TAG_READ:
 		if (op)		/* (a map read has no op) */
 			on_read(op);
+		break;
+	case TAG_PROBE:
+		c->probing = false;
 		break;
 	case TAG_WRITE:
 	case TAG_SEND:

@@ -130,6 +130,7 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 		return;
 	rps__ep_close(c->ep);
 	c->ep = NULL;
+	c->lost_ns = rps__now_ns();
 	if (!c->err)
 		c->err = -ECONNRESET;
 	rps__log(RPS__LOG_DEBUG, "%s: %s", c->name, conn_error_text(c->err));
@@ -159,6 +160,61 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 			rps__req_part_done_at(c->ctrl[i].req, c->err, c);
 		}
 		c->ctrl[i].busy = false;
+	}
+}
+
+/* Is anything of ours waiting on c: an op, a control request, a pull's WAIT? */
+static bool conn_waited_on(const struct conn *c)
+{
+	uint32_t i;
+
+	if (c->active)
+		return true;
+	for (i = 0; i < CTRL_CREDITS; i++)
+		if (c->ctrl[i].busy)
+			return true;
+	return false;
+}
+
+/*
+ * Liveness probes (issue 12): when a whole host dies nothing tells us (no
+ * reset, no CM disconnect), and an op whose request already reached it
+ * (a push waiting for its PUSH_ACK, a sync push for its step) has nothing
+ * outstanding at the transport level that could fail: it would wait for
+ * its request's timeout instead of riding through the failover.  So a
+ * connection that has something of ours waiting on it and no completion
+ * for PROBE_MS gets a small RDMA READ of the server's map region; a dead
+ * host fails it once the transport's retries run out (about 2 s, see
+ * verbs_int.h), which kills the connection and hands its ops to the
+ * ride-through.  A live server answers it at once: one READ per
+ * PROBE_MS per connection, and only while an answer is slow.
+ */
+static void probe_conns(struct rps_client *cl, uint64_t now)
+{
+	int k;
+
+	for (k = 0; k < cl->nservers; k++) {
+		struct conn *c = &cl->conns[k];
+		struct rps__wr wr;
+		uint64_t last;
+
+		if (!c->ep || c->dead || c->probing || !c->hello.map_len || !conn_waited_on(c))
+			continue;
+		last = RPS__MAX(RPS__MAX(c->wc_ns, c->busy_ns), c->probe_ns);
+		if (now - last < PROBE_MS * 1000000ull)
+			continue;
+		memset(&wr, 0, sizeof(wr));
+		wr.wr_id = TAG_PROBE;
+		wr.op = RPS__OP_READ;
+		wr.flags = RPS__WR_SIGNALED;
+		wr.sge.addr = cl->probebuf;
+		wr.sge.len = (uint32_t)RPS__MIN(c->hello.map_len, PROBE_LEN);
+		wr.sge.mr = cl->probebuf_mr;
+		wr.raddr = c->hello.map_addr;
+		wr.rkey = c->hello.map_rkey;
+		c->probe_ns = now;
+		if (rps__post(c->ep, &wr, 1) == 0)	/* a full queue: next time */
+			c->probing = true;
 	}
 }
 
@@ -240,6 +296,7 @@ static void progress_once(struct rps_client *cl)
 			rps__conn_kill(cl, &cl->conns[i]);
 	now = rps__now_ns();
 	run_timers(cl, now);
+	probe_conns(cl, now);
 	if (n > 0) {
 		cl->idle_since = now;
 		return;
