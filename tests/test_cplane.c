@@ -1023,11 +1023,13 @@ static bool max_joining(void) { return njoining() == SEED_MAX; }
 static uint64_t seeds_want;
 static bool seeds_offered(void) { return (peer3.seeds & seeds_want) == seeds_want; }
 
-/* The joiner (peer 3) takes partition p's image once it is offered. */
-static void take_image(uint32_t p)
+/* The joiner (peer 3) takes partition p's image once it is offered, ms
+ * later (its READ). */
+static void take_image(uint32_t p, int ms)
 {
 	seeds_want = 1ull << p;
 	CU_ASSERT_FATAL(run_until(seeds_offered));
+	turns_for(ms);
 	send_msg(&peer3, RPS__MSG_MIGRATE_REP, p, 0, NULL, 0);
 }
 static bool p0_backed(void) { read_map(); return pub.parts[0].backups[0] == 3 && fake.parts[0].serving; }
@@ -1106,9 +1108,17 @@ static void test_replica_placement(void)
 	CU_ASSERT_EQUAL(sd->mig.len, 64u);
 	CU_ASSERT_EQUAL(sd->seq, 100u);		/* the fake's stream seq of partition 0 */
 	/* the joiner takes all four in turn, each offered as soon as the
-	 * previous one is installed; no more seedings while they last */
+	 * previous one is installed, each in 100 ms: 400 ms in all, more than
+	 * --move-timeout-ms (300), but a queued one's time starts at its offer:
+	 * none aborted; no more seedings while they last */
 	for (uint32_t p = 0; p < SEED_MAX; p++)
-		take_image(p);
+		take_image(p, 100);
+	for (uint32_t p = 0; p < SEED_MAX; p++) {
+		char what[32];
+
+		snprintf(what, sizeof(what), "unfence %u", p);
+		CU_ASSERT_EQUAL(logged(what, 0), -1);
+	}
 	CU_ASSERT_EQUAL(sd->mig.part, SEED_MAX - 1);
 	CU_ASSERT_EQUAL(sd->seq, 100u + SEED_MAX - 1);
 	turns_for(700);
@@ -1123,8 +1133,8 @@ static void test_replica_placement(void)
 	apply_cmd(RPS__SMAP_REPLICA_COMMIT, 1, 0, 0, 3);
 	CU_ASSERT_FATAL(joining_within_turns(5));
 	CU_ASSERT_EQUAL(njoining(), SEED_MAX);
-	take_image(4);	/* (not aborted by the timeout below) */
-	take_image(5);
+	take_image(4, 0);	/* (not aborted by the timeout below) */
+	take_image(5, 0);
 	CU_ASSERT_FATAL(run_until(p0_backed));
 	CU_ASSERT(logged("unfence 0", 0) >= 0);
 	CU_ASSERT_EQUAL(pub.parts[0].epoch, epoch0);
@@ -1154,6 +1164,8 @@ static void test_replica_placement(void)
 
 static bool p2_drained(void) { return logged("drop 2", 0) >= 0; }
 static bool p2_not_joining(void) { read_map(); return !pub.parts[2].joining; }
+static bool p3_drained(void) { return logged("drop 3", 0) >= 0; }
+static bool p3_not_joining(void) { read_map(); return !pub.parts[3].joining; }
 static bool p2_backup(void) { read_map(); return pub.parts[2].backups[0] == 1 && !pub.parts[2].joining; }
 
 /* The joiner's side: a stale offer is refused, the image installed as a
@@ -1213,6 +1225,27 @@ static void test_replica_joiner(void)
 	CU_ASSERT_EQUAL_FATAL(pub.parts[2].joining, 1u);
 	CU_ASSERT_FATAL(run_until(p2_not_joining));
 	CU_ASSERT(!fake.parts[2].backup);
+	/* two seedings from member 2: while the first image's READ lasts,
+	 * the second's offer waits, and so does its timeout (the first's
+	 * runs out) */
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 3, 0, 0, 2);
+	apply_cmd(RPS__SMAP_REPLICA_COMMIT, 3, 0, 0, 2);
+	apply_cmd(RPS__SMAP_FAILOVER, 3, 0, 1, 2);
+	CU_ASSERT_FATAL(run_until(p3_drained));
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 2, 0, 0, 1);
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 3, 0, 0, 1);
+	read_map();
+	sd.mig.epoch = pub.parts[2].epoch;
+	peer2.reading = false;
+	send_msg(&peer2, RPS__MSG_SEED, 2, 0, &sd, sizeof(sd));
+	CU_ASSERT_FATAL(peer2.reading);
+	turns_for(600);
+	CU_ASSERT_FATAL(run_until(p2_not_joining));
+	read_map();
+	CU_ASSERT_EQUAL(pub.parts[3].joining, 1u);
+	hooks.on_read_done(hooks.ctx, &peer2, true, img);	/* (too late) */
+	CU_ASSERT_EQUAL(peer2.last_status, RPS_ESTALE_EPOCH);
+	CU_ASSERT_FATAL(run_until(p3_not_joining));
 	unsetenv("RPS_FAULT");
 }
 

@@ -20,8 +20,10 @@
  * is a move's: workers get RPS_ESTALE_EPOCH meanwhile and retry.  If the
  * joiner has not installed it by --move-timeout-ms, the primary proposes
  * REPLICA_ABORT (so does a joiner that got no image by then: a primary
- * that cannot fence or is gone); on ABORT (or a FAILOVER, which clears the joiner) the
- * primary unfences and the joiner drops what it installed: nothing is lost.
+ * that cannot fence or is gone; the time of one queued behind another
+ * image to the same joiner starts when that one is in); on ABORT (or a
+ * FAILOVER, which clears the joiner) the primary unfences and the joiner
+ * drops what it installed: nothing is lost.
  *
  * Pacing (the leader): seedings are limited by what is in flight, not by
  * time.  A primary seeds at most SEED_MAX_PER_SRC partitions at once (a
@@ -223,7 +225,11 @@ static void seed_source_duty(struct rps__cplane *cp, uint32_t p, uint64_t now)
 			 p, (unsigned long long)pl->epoch, (unsigned long long)pl->seq, pl->blob_len,
 			 (unsigned long long)pl->to);
 	}
-	if (!pl->installed && (pl->offered ? now >= pl->next_try : !offer_busy(cp, p)))
+	if (!pl->installed && !pl->offered && offer_busy(cp, p))
+		/* queued behind another image to the same joiner: its time
+		 * starts when it is offered (that one has a timeout of its own) */
+		pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
+	else if (!pl->installed && (!pl->offered || now >= pl->next_try))
 		seed_offer(cp, p, now);
 	if (!pl->installed && now >= pl->give_up && now + PEER_RETRY_NS / 2 >= pl->next_try) {
 		rps__log(RPS__LOG_WARN, "partition %u: member %llu did not take its image in time: aborting the seeding",
@@ -231,6 +237,17 @@ static void seed_source_duty(struct rps__cplane *cp, uint32_t p, uint64_t now)
 		propose_abort(cp, p);
 		pl->next_try = now + PEER_RETRY_NS;
 	}
+}
+
+/* Joiner: are we READing another image from p's primary?  We READ one at a
+ * time per connection, so p's offer waits for it. */
+static bool reading_other(const struct rps__cplane *cp, uint32_t p)
+{
+	for (uint32_t i = 0; i < cp->nreads; i++)
+		if (cp->reads[i].seed && cp->reads[i].mig.part != p &&
+		    cp->dp->conn_peer_id(cp->reads[i].c) == cp->map.parts[p].owner)
+			return true;
+	return false;
 }
 
 void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now)
@@ -243,6 +260,10 @@ void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now)
 
 		if (pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED) {
 			seed_source_duty(cp, p, now);
+		} else if (pl->st == PART_SEEDING && !pl->installed && reading_other(cp, p)) {
+			/* queued behind another image from its primary: the
+			 * wait for ours starts when that one is in */
+			pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
 		} else if (pl->st == PART_SEEDING && !pl->installed && now >= pl->give_up &&
 			   now >= pl->next_try) {
 			/* no image in time (a primary that cannot fence or offer
