@@ -31,6 +31,9 @@
 #include "lib/tmpdir.h"
 
 #define NPART 4u
+#define NPART_R 8u	/* the replica tests' fresh cluster: twice the seedings a primary runs at once */
+#define SEED_MAX 4u	/* (SEED_MAX_PER_SRC) */
+static uint32_t the_npart = NPART;	/* partitions of the cluster under test */
 #define T0 1000000000000ull	/* the failover clock at the start (ns) */
 #define MS 1000000ull
 #define FAILOVER_NS (1000 * MS)	/* --failover-ms's default */
@@ -54,6 +57,9 @@ struct conn {
 	struct rps__lease_rep lease_rep;
 	int32_t lease_status;
 	unsigned nlease_reps;
+	/* SEED offers sent over it: which partitions (bit p), the last one */
+	uint64_t seeds;
+	struct rps__seed last_seed;
 	/* conn_read */
 	bool reading;
 	uint64_t read_len;
@@ -122,6 +128,10 @@ static void f_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t
 		c->lease_status = status;
 		memcpy(&c->lease_rep, body, sizeof(c->lease_rep));
 		c->nlease_reps++;
+	}
+	if (type == RPS__MSG_SEED) {
+		c->seeds |= 1ull << (req_id & 63);
+		memcpy(&c->last_seed, body, sizeof(c->last_seed));
 	}
 	c->last_type = type;
 	c->last_req_id = req_id;
@@ -396,10 +406,10 @@ static void send_proposal(const struct rps__smap_cmd *cmd)
 
 static bool all_served(void)
 {
-	for (uint32_t p = 0; p < NPART; p++)
+	for (uint32_t p = 0; p < the_npart; p++)
 		if (!fake.parts[p].serving)
 			return false;
-	return fake.npart == NPART;
+	return fake.npart == the_npart;
 }
 
 static uint64_t want_req;
@@ -973,6 +983,8 @@ static void fresh_cluster(void)
 	cp = NULL;
 	test_mkdtemp(scratch2, sizeof(scratch2), "test_cplane2");
 	cfg.data_dir = scratch2;
+	cfg.npart = NPART_R;
+	the_npart = NPART_R;
 	unsetenv("RPS_FAULT");
 	rps__cp_fake_clock_ns += 10000 * MS;
 	CU_ASSERT_FATAL(rps__cp_create(&cfg, &cp) == 0 && rps__cp_start(cp, &fake_ops, &fake, &hooks) == 0);
@@ -1016,35 +1028,63 @@ static uint32_t njoining(void)
 	uint32_t n = 0;
 
 	read_map();
-	for (uint32_t p = 0; p < NPART; p++)
+	for (uint32_t p = 0; p < the_npart; p++)
 		n += pub.parts[p].joining != 0;
 	return n;
 }
 
-static bool one_joining(void) { return njoining() == 1; }
-static bool seed_offered(void) { return peer3.last_type == RPS__MSG_SEED; }
+static bool max_joining(void) { return njoining() == SEED_MAX; }
+static uint64_t seeds_want;
+static bool seeds_offered(void) { return (peer3.seeds & seeds_want) == seeds_want; }
+
+/* The joiner (peer 3) takes partition p's image once it is offered, ms
+ * later (its READ). */
+static void take_image(uint32_t p, int ms)
+{
+	seeds_want = 1ull << p;
+	CU_ASSERT_FATAL(run_until(seeds_offered));
+	turns_for(ms);
+	send_msg(&peer3, RPS__MSG_MIGRATE_REP, p, 0, NULL, 0);
+}
 static bool p0_backed(void) { read_map(); return pub.parts[0].backups[0] == 3 && fake.parts[0].serving; }
-static bool p1_joining(void) { read_map(); return pub.parts[1].joining == 3; }
-static bool p1_aborted(void) { return logged("unfence 1", 0) >= 0 && fake.parts[1].serving; }
+static bool p2_aborted(void) { return logged("unfence 2", 0) >= 0 && fake.parts[2].serving; }
+
+/* Turns of the loop, without sleeping, until partition p is being seeded:
+ * at most 10 (a few ms, far less than REPLICA_RETRY_NS). */
+static bool joining_within_turns(uint32_t p)
+{
+	for (int i = 0; i < 10; i++) {
+		read_map();
+		if (pub.parts[p].joining)
+			return true;
+		turn();
+	}
+	read_map();
+	return pub.parts[p].joining != 0;
+}
+
 static bool none_backed(void)
 {
 	read_map();
-	for (uint32_t p = 0; p < NPART; p++)
+	for (uint32_t p = 0; p < the_npart; p++)
 		if (pub.parts[p].backups[0] || pub.parts[p].joining || !fake.parts[p].serving)
 			return false;
 	return true;
 }
 
-/* The leader's placement: nothing at R = 1; at R = 2 one seeding per
- * primary at a time, to the member of a zone the set lacks (3, not the
- * lower id 2); the primary fences and offers its image with its stream seq
- * (its parked pushes stay), serves again on COMMIT, and on ABORT after
+/* The leader's placement: nothing at R = 1; at R = 2 up to SEED_MAX
+ * seedings per primary at once (of 8 partitions, all ours), to the member
+ * of a zone the set lacks (3, not the lower id 2); the primary fences and
+ * offers its image with its stream seq (its parked pushes stay), serves
+ * again on COMMIT; a COMMIT starts the next seeding at once (no spacing
+ * after a success, not even 0.5 s after the previous BEGIN); an ABORT
+ * backs the primary off for 0.5 s; one never installed is aborted after
  * --move-timeout-ms; R lowered to 1: every backup dropped, every seeding
  * aborted. */
 static void test_replica_placement(void)
 {
-	const struct rps__seed *sd = (const void *)peer3.last_body;
-	uint64_t applied, epoch0;
+	const struct rps__seed *sd = &peer3.last_seed;
+	uint64_t applied, epoch0, t;
 
 	fresh_cluster();
 	/* R = 1: nothing proposed */
@@ -1056,13 +1096,19 @@ static void test_replica_placement(void)
 	apply_zone(2, "a");
 	apply_zone(3, "b");
 	fake.nlog = 0;
-	peer3.last_type = 0;
+	peer3.seeds = 0;
 	epoch0 = pub.parts[0].epoch;
 	apply_cmd(RPS__SMAP_SET_REPLICAS, 0, 2, 0, 0);
-	CU_ASSERT_FATAL(run_until(one_joining));
-	CU_ASSERT_EQUAL(pub.parts[0].joining, 3u);
-	/* our side: fenced and offered like a move's source, parked pushes kept */
-	CU_ASSERT_FATAL(run_until(seed_offered));
+	CU_ASSERT_FATAL(run_until(max_joining));
+	for (uint32_t p = 0; p < NPART_R; p++)
+		CU_ASSERT_EQUAL(pub.parts[p].joining, p < SEED_MAX ? 3u : 0u);
+	/* our side: fenced and offered like a move's source, parked pushes
+	 * kept; one offer at a time to a joiner (it READs one at a time) */
+	seeds_want = 1;
+	CU_ASSERT_FATAL(run_until(seeds_offered));
+	turns_for(100);
+	CU_ASSERT_EQUAL(peer3.seeds, 1u);
+	CU_ASSERT(logged("serialize 3", 0) >= 0);
 	CU_ASSERT(!fake.parts[0].serving);
 	CU_ASSERT(fake.parts[0].incoming);	/* (tensors created meanwhile get a region) */
 	CU_ASSERT(logged("refuse 0", 0) >= 0);
@@ -1070,25 +1116,56 @@ static void test_replica_placement(void)
 	CU_ASSERT(logged("serialize 0", logged("fence 0", 0)) >= 0);
 	CU_ASSERT(logged("forget_parked 0", 0) < 0);
 	CU_ASSERT(logged("publish 0 moved", 0) < 0);
-	CU_ASSERT_EQUAL(peer3.last_req_id, 0u);
 	CU_ASSERT_EQUAL(sd->mig.part, 0u);
 	CU_ASSERT_EQUAL(sd->mig.epoch, epoch0);
 	CU_ASSERT_EQUAL(sd->mig.from, 1u);
 	CU_ASSERT_EQUAL(sd->mig.len, 64u);
 	CU_ASSERT_EQUAL(sd->seq, 100u);		/* the fake's stream seq of partition 0 */
-	/* one seeding per primary: nothing else while it lasts */
+	/* the joiner takes all four in turn, each offered as soon as the
+	 * previous one is installed, each in 100 ms: 400 ms in all, more than
+	 * --move-timeout-ms (300), but a queued one's time starts at its offer:
+	 * none aborted; no more seedings while they last */
+	for (uint32_t p = 0; p < SEED_MAX; p++)
+		take_image(p, 100);
+	for (uint32_t p = 0; p < SEED_MAX; p++) {
+		char what[32];
+
+		snprintf(what, sizeof(what), "unfence %u", p);
+		CU_ASSERT_EQUAL(logged(what, 0), -1);
+	}
+	CU_ASSERT_EQUAL(sd->mig.part, SEED_MAX - 1);
+	CU_ASSERT_EQUAL(sd->seq, 100u + SEED_MAX - 1);
 	turns_for(700);
-	CU_ASSERT_EQUAL(njoining(), 1u);
-	/* the joiner installed it and commits: a backup, same epoch, served again */
-	send_msg(&peer3, RPS__MSG_MIGRATE_REP, 0, 0, NULL, 0);
+	CU_ASSERT_EQUAL(njoining(), SEED_MAX);
+	read_map();
+	CU_ASSERT_EQUAL(pub.parts[SEED_MAX].joining, 0u);
+	/* committed: a backup, same epoch, served again; the next seeding
+	 * starts in the turns right after it, and again after the next
+	 * COMMIT, well within 0.5 s of the previous BEGIN */
 	apply_cmd(RPS__SMAP_REPLICA_COMMIT, 0, 0, 0, 3);
+	CU_ASSERT_FATAL(joining_within_turns(4));
+	apply_cmd(RPS__SMAP_REPLICA_COMMIT, 1, 0, 0, 3);
+	CU_ASSERT_FATAL(joining_within_turns(5));
+	CU_ASSERT_EQUAL(njoining(), SEED_MAX);
+	take_image(4, 0);	/* (not aborted by the timeout below) */
+	take_image(5, 0);
 	CU_ASSERT_FATAL(run_until(p0_backed));
 	CU_ASSERT(logged("unfence 0", 0) >= 0);
 	CU_ASSERT_EQUAL(pub.parts[0].epoch, epoch0);
 	CU_ASSERT_EQUAL(fake.parts[0].backups[0], 3u);
-	/* the next one, never installed: aborted after --move-timeout-ms */
-	CU_ASSERT_FATAL(run_until(p1_joining));
-	CU_ASSERT_FATAL(run_until(p1_aborted));
+	/* aborted (installed, so not the timeout's): the primary backs off
+	 * 0.5 s before the next one, 2 again (the lowest that needs one) */
+	t = rps__now_ns();
+	apply_cmd(RPS__SMAP_REPLICA_ABORT, 2, 0, 0, 0);
+	turns_for(200);
+	CU_ASSERT_EQUAL(njoining(), SEED_MAX - 1);
+	CU_ASSERT_FATAL(run_until(max_joining));
+	CU_ASSERT(rps__now_ns() - t >= 500 * MS);
+	CU_ASSERT_EQUAL(pub.parts[2].joining, 3u);
+	CU_ASSERT_EQUAL(pub.parts[6].joining, 0u);
+	/* never installed this time: aborted after --move-timeout-ms */
+	fake.nlog = 0;
+	CU_ASSERT_FATAL(run_until(p2_aborted));
 	/* lowered: backups dropped, seedings aborted */
 	apply_cmd(RPS__SMAP_SET_REPLICAS, 0, 1, 0, 0);
 	CU_ASSERT_FATAL(run_until(none_backed));
@@ -1101,6 +1178,8 @@ static void test_replica_placement(void)
 
 static bool p2_drained(void) { return logged("drop 2", 0) >= 0; }
 static bool p2_not_joining(void) { read_map(); return !pub.parts[2].joining; }
+static bool p3_drained(void) { return logged("drop 3", 0) >= 0; }
+static bool p3_not_joining(void) { read_map(); return !pub.parts[3].joining; }
 static bool p2_backup(void) { read_map(); return pub.parts[2].backups[0] == 1 && !pub.parts[2].joining; }
 
 /* The joiner's side: a stale offer is refused, the image installed as a
@@ -1160,6 +1239,27 @@ static void test_replica_joiner(void)
 	CU_ASSERT_EQUAL_FATAL(pub.parts[2].joining, 1u);
 	CU_ASSERT_FATAL(run_until(p2_not_joining));
 	CU_ASSERT(!fake.parts[2].backup);
+	/* two seedings from member 2: while the first image's READ lasts,
+	 * the second's offer waits, and so does its timeout (the first's
+	 * runs out) */
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 3, 0, 0, 2);
+	apply_cmd(RPS__SMAP_REPLICA_COMMIT, 3, 0, 0, 2);
+	apply_cmd(RPS__SMAP_FAILOVER, 3, 0, 1, 2);
+	CU_ASSERT_FATAL(run_until(p3_drained));
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 2, 0, 0, 1);
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 3, 0, 0, 1);
+	read_map();
+	sd.mig.epoch = pub.parts[2].epoch;
+	peer2.reading = false;
+	send_msg(&peer2, RPS__MSG_SEED, 2, 0, &sd, sizeof(sd));
+	CU_ASSERT_FATAL(peer2.reading);
+	turns_for(600);
+	CU_ASSERT_FATAL(run_until(p2_not_joining));
+	read_map();
+	CU_ASSERT_EQUAL(pub.parts[3].joining, 1u);
+	hooks.on_read_done(hooks.ctx, &peer2, true, img);	/* (too late) */
+	CU_ASSERT_EQUAL(peer2.last_status, RPS_ESTALE_EPOCH);
+	CU_ASSERT_FATAL(run_until(p3_not_joining));
 	unsetenv("RPS_FAULT");
 }
 
@@ -1177,7 +1277,7 @@ int main(void)
 		{ "failover: FAILOVER, REPLICA_DROP, REPLICA_ABORT in one batch", test_failover_proposed },
 		{ "backup: promoted on FAILOVER, drained on REPLICA_DROP", test_backup_promoted_or_dropped },
 		{ "a new leader waits 1.1 x lease_ms; members never connected are not failed", test_new_leader_waits },
-		{ "replicas: the leader seeds one per primary, zones first, drops when lowered", test_replica_placement },
+		{ "replicas: the leader seeds 4 per primary at once, the next on a commit, backs off on an abort", test_replica_placement },
 		{ "replicas: the joiner installs the image as a backup and commits", test_replica_joiner },
 	};
 

@@ -226,6 +226,7 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 	else
 		rps__log(cmd.type == RPS__SMAP_NOP ? RPS__LOG_DEBUG : RPS__LOG_INFO, "log entry %llu: %s",
 			 (unsigned long long)index, what);
+	rps__cp_replica_applied(cp, &cmd, ret, rps__now_ns());
 	if (!ret && cmd.type == RPS__SMAP_CLEAR_LOST && cp->map.parts[cmd.part].owner == cp->my_id) {
 		cp->parts[cmd.part].gone = false;
 		cp->parts[cmd.part].cleared = true;

@@ -225,11 +225,17 @@ void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t par
 		return;
 	if (status == 0) {
 		pl->installed = true;
+		if (pl->st == PART_SEED_SHIPPED)
+			cp->replica_kick = true;	/* offer the next image to it now */
 		return;
 	}
 	rps__log(status == -EAGAIN ? RPS__LOG_DEBUG : RPS__LOG_WARN, "partition %u: member %llu did not install it: %s",
 		 part, (unsigned long long)pl->to, rps_strerror(status));
 	pl->offered = false;
+	/* a seeding's joiner that lags the log or reads another image of ours
+	 * is ready in a moment: offer it again next turn, not a second later */
+	if (pl->st == PART_SEED_SHIPPED && (status == -EAGAIN || status == -EBUSY))
+		pl->next_try = 0;
 }
 
 /*

@@ -103,7 +103,7 @@ void rps__cp_peers_gone(struct rps__cplane *cp, struct conn *c)
 		}
 	/* a partition offered over it is offered again on the next connection */
 	for (i = 0; i < cp->map.npart; i++)
-		if (cp->parts[i].st == PART_SHIPPED && cp->parts[i].to == cp->dp->conn_peer_id(c) &&
+		if ((cp->parts[i].st == PART_SHIPPED || cp->parts[i].st == PART_SEED_SHIPPED) && cp->parts[i].to == cp->dp->conn_peer_id(c) &&
 		    !cp->parts[i].installed)
 			cp->parts[i].offered = false;
 }

@@ -20,9 +20,18 @@
  * is a move's: workers get RPS_ESTALE_EPOCH meanwhile and retry.  If the
  * joiner has not installed it by --move-timeout-ms, the primary proposes
  * REPLICA_ABORT (so does a joiner that got no image by then: a primary
- * that cannot fence or is gone); on ABORT (or a FAILOVER, which clears the joiner) the
- * primary unfences and the joiner drops what it installed: nothing is lost.
- * The leader starts one seeding per primary at a time.
+ * that cannot fence or is gone; the time of one queued behind another
+ * image to the same joiner starts when that one is in); on ABORT (or a
+ * FAILOVER, which clears the joiner) the primary unfences and the joiner
+ * drops what it installed: nothing is lost.
+ *
+ * Pacing (the leader): seedings are limited by what is in flight, not by
+ * time.  A primary seeds at most SEED_MAX_PER_SRC partitions at once (a
+ * BEGIN proposed and not applied yet counts); when one commits or aborts,
+ * the apply kicks the duties, so the next BEGIN goes out in the same loop
+ * turn.  Only a failure waits: after an ABORT the partition and its primary
+ * back off for REPLICA_RETRY_NS.  A not-yet-applied proposal is repeated
+ * for its partition at most every REPLICA_RETRY_NS (no proposal storm).
  *
  * --replicas R: the leader proposes SET_REPLICAS(R) once after this process
  * started, when the map's target differs (the leader's flag wins, logged);
@@ -42,6 +51,13 @@
 #include "rdmaps.h"
 
 #define REPLICA_RETRY_NS (PEER_RETRY_NS / 2)
+/* Seedings in flight per primary.  Each one pauses only its own partition
+ * (as a move does), so more at once do not lengthen any pause; what they
+ * cost is the primary's memory (one serialised image each, held until the
+ * commit) and the joiners' (one READ buffer each): 4 bounds that to 4
+ * images, and already keeps the wire busy while the others wait for their
+ * two log entries (BEGIN, COMMIT) and the fence. */
+#define SEED_MAX_PER_SRC 4u
 
 /* ---- what this server does with a partition it is a replica of ----------- */
 
@@ -185,6 +201,22 @@ static void seed_offer(struct rps__cplane *cp, uint32_t p, uint64_t now)
 	cp->dp->conn_reply(peer->c, RPS__MSG_SEED, p, 0, &s, sizeof(s));
 }
 
+/* Is another image of ours being READ by pl->to?  A joiner READs one image
+ * per connection at a time and refuses a second offer (-EBUSY), which would
+ * then wait PEER_RETRY_NS: offer the next one when that READ is done. */
+static bool offer_busy(const struct rps__cplane *cp, uint32_t p)
+{
+	uint64_t to = cp->parts[p].to;
+
+	for (uint32_t q = 0; q < cp->map.npart; q++) {
+		const struct part_local *ql = &cp->parts[q];
+
+		if (q != p && ql->st == PART_SEED_SHIPPED && ql->to == to && ql->offered && !ql->installed)
+			return true;
+	}
+	return false;
+}
+
 static void seed_source_duty(struct rps__cplane *cp, uint32_t p, uint64_t now)
 {
 	struct part_local *pl = &cp->parts[p];
@@ -202,7 +234,11 @@ static void seed_source_duty(struct rps__cplane *cp, uint32_t p, uint64_t now)
 			 p, (unsigned long long)pl->epoch, (unsigned long long)pl->seq, pl->blob_len,
 			 (unsigned long long)pl->to);
 	}
-	if (!pl->installed && (!pl->offered || now >= pl->next_try))
+	if (!pl->installed && !pl->offered && offer_busy(cp, p))
+		/* queued behind another image to the same joiner: its time
+		 * starts when it is offered (that one has a timeout of its own) */
+		pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
+	else if (!pl->installed && (!pl->offered || now >= pl->next_try))
 		seed_offer(cp, p, now);
 	if (!pl->installed && now >= pl->give_up && now + PEER_RETRY_NS / 2 >= pl->next_try) {
 		rps__log(RPS__LOG_WARN, "partition %u: member %llu did not take its image in time: aborting the seeding",
@@ -210,6 +246,17 @@ static void seed_source_duty(struct rps__cplane *cp, uint32_t p, uint64_t now)
 		propose_abort(cp, p);
 		pl->next_try = now + PEER_RETRY_NS;
 	}
+}
+
+/* Joiner: are we READing another image from p's primary?  We READ one at a
+ * time per connection, so p's offer waits for it. */
+static bool reading_other(const struct rps__cplane *cp, uint32_t p)
+{
+	for (uint32_t i = 0; i < cp->nreads; i++)
+		if (cp->reads[i].seed && cp->reads[i].mig.part != p &&
+		    cp->dp->conn_peer_id(cp->reads[i].c) == cp->map.parts[p].owner)
+			return true;
+	return false;
 }
 
 void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now)
@@ -222,6 +269,10 @@ void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now)
 
 		if (pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED) {
 			seed_source_duty(cp, p, now);
+		} else if (pl->st == PART_SEEDING && !pl->installed && reading_other(cp, p)) {
+			/* queued behind another image from its primary: the
+			 * wait for ours starts when that one is in */
+			pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
 		} else if (pl->st == PART_SEEDING && !pl->installed && now >= pl->give_up &&
 			   now >= pl->next_try) {
 			/* no image in time (a primary that cannot fence or offer
@@ -282,6 +333,7 @@ void rps__cp_seed_read_done(struct rps__cplane *cp, struct conn *c, uint64_t req
 		}
 		pl->installed = true;
 		pl->next_try = 0;
+		cp->replica_kick = true;	/* propose the COMMIT this turn */
 		rps__log(RPS__LOG_INFO, "partition %u installed as a backup of member %llu (%llu bytes, crc ok, stream after %llu)",
 			 m->part, (unsigned long long)m->from, (unsigned long long)m->len, (unsigned long long)seq);
 	}
@@ -303,8 +355,10 @@ static int member_slot(const struct rps__smap *m, uint64_t id)
 	return -1;
 }
 
-/* What partition p calls for, if anything: false if nothing. */
-static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, struct rps__smap_cmd *cmd)
+/* What partition p calls for, if anything: false if nothing.  inflight[i]:
+ * seedings from member slot i in the map or proposed. */
+static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, uint32_t *inflight,
+			  struct rps__smap_cmd *cmd)
 {
 	const struct rps__smap *m = &cp->map;
 	const struct rps__smap_part *mp = &m->parts[p];
@@ -328,26 +382,56 @@ static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, stru
 	}
 	if (1 + nb == m->replicas || !rps__cp_member_live(cp, mp->owner))
 		return false;
-	/* one seeding per primary at a time */
+	/* up to SEED_MAX_PER_SRC per primary; none while it backs off */
 	src = member_slot(m, mp->owner);
-	if (src < 0 || now < cp->seed_src_next[src])
+	if (src < 0 || now < cp->seed_src_next[src] || inflight[src] >= SEED_MAX_PER_SRC)
 		return false;
-	for (uint32_t q = 0; q < m->npart; q++)
-		if (m->parts[q].owner == mp->owner && m->parts[q].joining)
-			return false;
 	cmd->type = RPS__SMAP_REPLICA_BEGIN;
 	cmd->to = rps__smap_pick_backup(m, p, live, cp);
 	if (!cmd->to)
 		return false;
-	cp->seed_src_next[src] = now + REPLICA_RETRY_NS;
+	inflight[src]++;
+	cp->seed_pending[p] = now + REPLICA_RETRY_NS;
 	return true;
+}
+
+/* Every member, on applying a seeding's command (ret: 0 or why it was
+ * refused).  The leader's pacing follows the log, not a clock. */
+void rps__cp_replica_applied(struct rps__cplane *cp, const struct rps__smap_cmd *cmd, int ret, uint64_t now)
+{
+	int src;
+
+	switch (cmd->type) {
+	case RPS__SMAP_REPLICA_BEGIN:
+		cp->seed_pending[cmd->part] = 0;	/* in the map now, or refused */
+		break;
+	case RPS__SMAP_REPLICA_ABORT:
+		if (ret)
+			return;
+		/* a failure: back off before seeding it, or from its primary, again */
+		cp->replica_next[cmd->part] = now + REPLICA_RETRY_NS;
+		src = member_slot(&cp->map, cp->map.parts[cmd->part].owner);
+		if (src >= 0)
+			cp->seed_src_next[src] = now + REPLICA_RETRY_NS;
+		break;
+	case RPS__SMAP_REPLICA_COMMIT:
+		if (ret)
+			return;
+		/* (the committed partition needs nothing more: no spacing) */
+		break;
+	default:
+		return;
+	}
+	cp->replica_kick = true;
 }
 
 void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 {
+	uint32_t inflight[RPS__SMAP_MAX_MEMBERS] = { 0 };
 	struct rps__smap_cmd cmd;
 	char what[256];
 	uint32_t p;
+	int src;
 
 	if (!cp->rnode || !rps__rnode_is_leader(cp->rnode) || !cp->fo.leading)
 		return;
@@ -355,8 +439,12 @@ void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 	 * maps of the failover tests) stay as they are */
 	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "no-replica-duty")))
 		return;
+	for (p = 0; p < cp->map.npart; p++)
+		if ((cp->map.parts[p].joining || now < cp->seed_pending[p]) &&
+		    (src = member_slot(&cp->map, cp->map.parts[p].owner)) >= 0)
+			inflight[src]++;
 	for (p = 0; p < cp->map.npart; p++) {
-		if (now < cp->replica_next[p] || !placement_cmd(cp, p, now, &cmd))
+		if (now < cp->replica_next[p] || !placement_cmd(cp, p, now, inflight, &cmd))
 			continue;
 		cp->replica_next[p] = now + REPLICA_RETRY_NS;
 		rps__smap_cmd_str(&cmd, what, sizeof(what));

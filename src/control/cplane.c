@@ -173,7 +173,15 @@ static int run_timers(void *ctx, uint64_t now, bool *stop)
 		cp->next_tick = now + tick;
 		rps__rnode_tick(cp->rnode);
 	}
+	if (cp->replica_kick && now < cp->next_duty) {
+		/* a seeding ended, an image arrived: its successor, its
+		 * COMMIT, go now, not a duty turn later */
+		cp->replica_kick = false;
+		rps__cp_seed_duties(cp, now);
+		rps__cp_replica_duties(cp, now);
+	}
 	if (now >= cp->next_duty) {
+		cp->replica_kick = false;
 		cp->next_duty = now + DUTY_NS;
 		rps__cp_peers_connect(cp, now);
 		rps__cp_move_duties(cp, now);
@@ -197,6 +205,9 @@ static int run_timers(void *ctx, uint64_t now, bool *stop)
 	now = rps__now_ns();
 	{
 		uint64_t next = RPS__MIN(cp->next_tick, cp->next_duty);
+
+		if (cp->replica_kick)	/* (set by what the log applied just now) */
+			return 0;
 		return next > now ? (int)((next - now) / 1000000ull) + 1 : 0;
 	}
 }

@@ -161,7 +161,11 @@ struct rps__cplane {
 	struct cp_failover fo;		/* cp_failover.c */
 	/* cp_replicas.c */
 	uint64_t replica_next[RPS__SMAP_MAX_PART];	/* leader: next proposal for the partition (ns) */
-	uint64_t seed_src_next[RPS__SMAP_MAX_MEMBERS];	/* leader: next BEGIN from member slot i (ns) */
+	uint64_t seed_src_next[RPS__SMAP_MAX_MEMBERS];	/* leader: member slot i's back-off after an abort (ns) */
+	uint64_t seed_pending[RPS__SMAP_MAX_PART];	/* leader: a BEGIN proposed, not applied yet: it
+							 * counts toward its primary's bound until then (ns) */
+	bool replica_kick;		/* a seeding ended or an image arrived: run the
+					 * seeding and placement duties this turn */
 	uint64_t config_next;		/* next SET_REPLICAS / SET_ZONE proposal (ns) */
 	bool replicas_settled;		/* --replicas is in the map (once per start) */
 	bool zone_settled;		/* --zone is in the map */
@@ -217,6 +221,7 @@ void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now);
 bool rps__cp_replica_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now);
 void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now);
 void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now);
+void rps__cp_replica_applied(struct rps__cplane *cp, const struct rps__smap_cmd *cmd, int ret, uint64_t now);
 void rps__cp_config_duties(struct rps__cplane *cp, uint64_t now);
 void rps__cp_on_seed(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__seed *s);
 void rps__cp_seed_read_done(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
