@@ -266,6 +266,8 @@ int it_server_alive(struct it_cluster *cl, int i)
 {
 	siginfo_t si;
 
+	if (cl->attached)
+		return i >= 0 && i < cl->nservers && !cl->gone[i];
 	if (i < 0 || i >= cl->nservers || cl->pid[i] <= 0)
 		return 0;
 	memset(&si, 0, sizeof(si));
@@ -350,6 +352,8 @@ void it_server_kill(struct it_cluster *cl, int i)
 
 	if (cl->attached) {
 		kill_hook(i);
+		if (i >= 0 && i < IT_MAX_SERVERS)
+			cl->gone[i] = 1;
 		return;
 	}
 

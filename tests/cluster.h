@@ -25,6 +25,7 @@ struct it_cluster {
 	char cmd[IT_MAX_SERVERS][2048];	/* its command line, for restarts */
 	char env[IT_MAX_SERVERS][128];	/* "NAME=value" in its environment, or "" */
 	int attached;		/* servers started elsewhere ($RPS_IT_ATTACH) */
+	int gone[IT_MAX_SERVERS];	/* attached: killed through the hook (no pid to ask) */
 };
 
 /* How to start servers (it_cluster_start_opts, it_server_join). */
