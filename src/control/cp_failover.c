@@ -213,6 +213,7 @@ void rps__cp_failover_role(struct rps__cplane *cp, bool leader)
 	if (!leader)
 		return;
 	fo->won_at = now;
+	fo->last_duty = 0;
 	for (i = 0; i < cp->map.nmembers; i++)
 		if (cp->map.members[i].id != cp->my_id)
 			fo->contact[fo->ncontact++] = (struct fo_contact){
@@ -408,6 +409,20 @@ void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now)
 
 	if (!fo->leading)
 		return;
+	/* No contact is evidence of a failure only while we were listening:
+	 * a turn of this loop that lasted longer than a lease request's
+	 * period (a blocking dial to a dead host, a large image built) left
+	 * the others' requests queued unread, so every deadline moves on by
+	 * the stall.  Declaring later never breaks the lease argument. */
+	if (!rps__cp_fake_clock_ns) {	/* (a test's clock jumps on purpose) */
+		uint64_t real = rps__dp_boottime_ns();
+
+		if (fo->last_duty && real - fo->last_duty > fo->failover_ns / 10)
+			for (i = 0; i < fo->ncontact; i++)
+				if (!fo->contact[i].failed_at)
+					fo->contact[i].deadline += real - fo->last_duty;
+		fo->last_duty = real;
+	}
 	waits_expire(fo, now);
 	/* members that left the map */
 	for (i = 0; i < fo->ncontact;) {

@@ -21,6 +21,7 @@
 #include "transport/uri.h"
 
 #define PEER_RETRY_NS 1000000000ull
+#define PEER_DIAL_BACKOFF_MAX_NS (8 * PEER_RETRY_NS)
 #define DUTY_NS 20000000ull
 
 /* What this server does with a partition. */
@@ -61,6 +62,7 @@ struct peer {
 	uint64_t id;
 	struct conn *c;		/* NULL: not connected */
 	uint64_t next_connect;	/* ns */
+	uint64_t dial_backoff;	/* ns until the next dial after a failed one */
 	uint32_t inflight;	/* sends not yet completed */
 };
 
@@ -120,6 +122,7 @@ struct cp_failover {
 	/* leader */
 	bool leading;
 	uint64_t won_at;
+	uint64_t last_duty;	/* real boottime when the duties last ran (loop stalls) */
 	struct fo_contact contact[RPS__SMAP_MAX_MEMBERS];
 	uint32_t ncontact;
 	struct fo_wait waits[FO_WAITS_MAX];
