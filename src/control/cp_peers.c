@@ -171,10 +171,20 @@ void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now)
 		p = rps__cp_peer_get(cp, m->id, true);
 		if (!p || p->c || now < p->next_connect)
 			continue;
-		p->next_connect = now + PEER_RETRY_NS;
+		/* The dial blocks this loop for up to its timeout when the
+		 * member's host is dead (no reset, no CM reject), so a member
+		 * that keeps failing is dialed less and less often (1 s,
+		 * doubling up to PEER_DIAL_BACKOFF_MAX_NS) rather than every
+		 * second for as long as it stays in the map. */
+		if (!p->dial_backoff)
+			p->dial_backoff = PEER_RETRY_NS;
+		p->next_connect = now + p->dial_backoff;
 		c = cp->dp->peer_dial(cp->srv, m->uri, m->id, &id);
-		if (!c)
+		if (!c) {
+			p->dial_backoff = RPS__MIN(p->dial_backoff * 2, PEER_DIAL_BACKOFF_MAX_NS);
 			continue;
+		}
+		p->dial_backoff = 0;
 		p->c = c;
 		p->inflight = 0;
 		rps__cp_failover_heard(cp, m->id);
