@@ -325,6 +325,8 @@ static int attached_victim(int dflt)
 		fprintf(stderr, "[the leader is member 1, whose VM runs the workers: member %d killed instead] ", dflt + 1);
 		return dflt;
 	}
+	if (want && (!strcmp(want, "2") || !strcmp(want, "3")))
+		return atoi(want) - 1;	/* that member, leader or not */
 	return leader == 2 ? 2 : 1;	/* members 2 and 3: indexes 1 and 2 */
 }
 
