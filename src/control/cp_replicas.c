@@ -401,6 +401,12 @@ void rps__cp_replica_applied(struct rps__cplane *cp, const struct rps__smap_cmd 
 {
 	int src;
 
+	/* --replicas has had its way once a target equal to it is in the log:
+	 * a psctl set-replicas applied after that stands, even when it comes
+	 * before the config duty next compares the map with the flag (the
+	 * flag used to be re-proposed over it, undoing the operator's change) */
+	if (cmd->type == RPS__SMAP_SET_REPLICAS && !ret && cp->cfg.replicas && cmd->id == cp->cfg.replicas)
+		cp->replicas_settled = true;
 	switch (cmd->type) {
 	case RPS__SMAP_REPLICA_BEGIN:
 		cp->seed_pending[cmd->part] = 0;	/* in the map now, or refused */
