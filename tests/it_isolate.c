@@ -18,7 +18,8 @@
  *      start of the last read of the leader's map that still showed the
  *      isolated member as primary (the old primary acknowledges nothing once its lease ran
  *      out, the new one nothing before the FAILOVER is committed), and that
- *      window lasts at least 0.2 s;
+ *      window lasts at least 0.2 s (a run in which the leader changed
+ *      measured nothing and is run again);
  *  (2) long-lived clients and fresh clients (a new connection per pull)
  *      pulling in a loop, both listing the isolated member first (its map
  *      is the stale one), never see an element or version below the number
@@ -62,7 +63,7 @@
 #define SLACK_S 0.5		/* a completion noted late (the worker descheduled) */
 #define MIN_WINDOW_S 0.2
 #define AFTER_S 2.0		/* pushing goes on this long after the map moved */
-#define SERVER_ARGS "--partitions 6 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 3000 --replicas 2"
+#define SERVER_ARGS "--partitions 6 --shard-size 4096 --slots 4 --tick-ms 100 --fsync none --failover-ms 3000 --replicas 2"
 #define TEST_WATCHDOG_S 300
 
 static struct it_cluster clu;
@@ -374,7 +375,9 @@ static double isolated_run(void)
 	CU_ASSERT_FATAL(t_moved > 0);
 	/* the leader is the one whose map we read */
 	CU_ASSERT_FATAL(leader_map(&l2, &owner, (uint32_t)part));
-	CU_ASSERT_EQUAL_FATAL(l2, leader);
+	if (l2 != leader)	/* (the rest is checked all the same) */
+		fprintf(stderr, "[the leader changed under load, member %llu to %llu: the window was read off a "
+			"deposed leader's map] ", (unsigned long long)leader, (unsigned long long)l2);
 	sh->t_moved = t_moved;
 	/* pushes and pulls go on at the new primary for a while */
 	w0 = now_s();
@@ -413,7 +416,8 @@ static double isolated_run(void)
 	fprintf(stderr, "[member %d isolated; map moved %.3f s later; window [%.3f, %.3f] s; %d pushes "
 		"acknowledged, %d before the isolation, %d after the map moved] ", victim + 1, t_moved - t_iso,
 		w0 - t_iso, t_last - t_iso, acked_total(), before, after);
-	CU_ASSERT_EQUAL(in_window, 0);
+	if (l2 == leader)
+		CU_ASSERT_EQUAL(in_window, 0);
 	CU_ASSERT(before >= START_PUSHES);
 	CU_ASSERT(after > 0);
 
@@ -446,7 +450,7 @@ static double isolated_run(void)
 	free(p);
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
-	return t_last - (t_iso + LEASE_S + SLACK_S);
+	return l2 == leader ? t_last - (t_iso + LEASE_S + SLACK_S) : -1.0;
 }
 
 /* The window is at least failover_ms - lease_ms - SLACK_S = 1 s after the
@@ -454,7 +458,9 @@ static double isolated_run(void)
  * contact to the isolation: a renewal every failover_ms / 10, later on a
  * loaded machine.  A run whose window came out shorter than MIN_WINDOW_S
  * (everything else in it checked all the same) proves too little about
- * the lease: once more, on a fresh cluster, at most twice. */
+ * the lease, and so does one in which the leader changed (a deposed
+ * leader's map can name the old primary after the new one served): once
+ * more, on a fresh cluster, at most twice. */
 static void test_isolated_primary(void)
 {
 	double w = 0;
@@ -463,7 +469,10 @@ static void test_isolated_primary(void)
 		w = isolated_run();
 		if (w >= MIN_WINDOW_S)
 			break;
-		fprintf(stderr, "[a window of %.3f s: too short to mean something; again] ", w);
+		if (w >= 0)
+			fprintf(stderr, "[a window of %.3f s: too short to mean something; again] ", w);
+		else
+			fprintf(stderr, "[no window measured; again] ");
 	}
 	CU_ASSERT(w >= MIN_WINDOW_S);
 }
