@@ -7,6 +7,7 @@
 #include "common/fsutil.h"
 #include "control/raft.h"
 #include "lib/tmpdir.h"
+#include "lib/watchdog.h"
 #include "proto/proto.h"
 #include "proto/smap.h"
 #include "transport/uri.h"
@@ -23,11 +24,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "rdmaps.h"
 
 /* Every process we started, for it_kill_all() (async-signal-safe). */
 static volatile pid_t started[1024];
@@ -92,10 +96,19 @@ static uint16_t free_port(const char *addr)
 	return port;
 }
 
-static void sleep_ms(int ms)
+void it_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
 	nanosleep(&ts, NULL);
+}
+
+double it_now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static const char *log_level(void)
@@ -145,7 +158,7 @@ static int wait_ready(struct it_cluster *cl, int i)
 			fprintf(stderr, "it_cluster: rdmapsd %d not ready after 120 s\n", i);
 			return -ETIMEDOUT;
 		}
-		sleep_ms(10);
+		it_sleep_ms(10);
 	}
 	return 0;
 }
@@ -293,7 +306,7 @@ int it_server_wait_exit(struct it_cluster *cl, int i, int timeout_ms)
 			return -errno;
 		if (waited >= timeout_ms)
 			return -ETIMEDOUT;
-		sleep_ms(10);
+		it_sleep_ms(10);
 	}
 	cl->pid[i] = 0;
 	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
@@ -642,10 +655,62 @@ int it_psctl_wait(pid_t pid, int timeout_ms)
 			forget(pid);
 			return -ETIMEDOUT;
 		}
-		sleep_ms(10);
+		it_sleep_ms(10);
 	}
 	forget(pid);
 	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+/* ---- a test program's frame ------------------------------------------------------ */
+
+int it_worker_fail(int rank, const char *what, int ret)
+{
+	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
+	return 1;
+}
+
+/* The program's cluster, for it_test_teardown (NULL: none). */
+static struct it_cluster *prog_cl;
+static bool *prog_up;
+
+int it_prog_init(const char *prog, unsigned watchdog_s, struct it_cluster *cl, bool *up)
+{
+	const char *tr = getenv("RPS_IT_TRANSPORT");
+
+	if (tr && !strcmp(tr, "verbs") && !getenv("RPS_IT_ADDR")) {
+		fprintf(stderr, "%s: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n", prog);
+		return 77;
+	}
+	prog_cl = cl;
+	prog_up = up;
+	signal(SIGPIPE, SIG_IGN);
+	watchdog_init(prog, watchdog_s, it_kill_all);
+	return 0;
+}
+
+void *it_shared_map(const char *prog, size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED) {
+		fprintf(stderr, "%s: mmap: %s\n", prog, strerror(errno));
+		return NULL;
+	}
+	return p;
+}
+
+void it_test_setup(void)
+{
+	watchdog_arm();
+}
+
+void it_test_teardown(void)
+{
+	watchdog_disarm();
+	if (prog_cl && prog_up && *prog_up) {
+		it_cluster_stop(prog_cl);
+		*prog_up = false;
+	}
 }
 
 /* ---- replicas: what the servers say ------------------------------------------ */
@@ -884,7 +949,7 @@ int it_wait_settled(const struct it_cluster *cl, uint32_t replicas, int timeout_
 		clock_gettime(CLOCK_MONOTONIC, &t);
 		if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > timeout_ms)
 			break;
-		sleep_ms(50);
+		it_sleep_ms(50);
 	}
 	fprintf(stderr, "it_cluster: the map did not settle in %d ms: %s\n", timeout_ms, w);
 	return -ETIMEDOUT;

@@ -40,8 +40,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
@@ -49,7 +47,6 @@
 #include "proto/shard.h"
 #include "lib/cutest.h"
 #include "lib/json.h"
-#include "lib/watchdog.h"
 
 #define NSERVERS 3
 #define NPUSHERS 3
@@ -78,27 +75,6 @@ struct shared {
 };
 static struct shared *sh;
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-
-	nanosleep(&ts, NULL);
-}
-
-static int fail(int rank, const char *what, int ret)
-{
-	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
-	return 1;
-}
-
 /* Acknowledged so far: a lower bound of what was acknowledged before now. */
 static int acked_total(void)
 {
@@ -121,11 +97,11 @@ static int connect_open(int rank, const char *servers, bool create, rps_client_t
 	co.num_workers = create ? NPUSHERS : 1;
 	co.timeout_ms = 30000;
 	if ((ret = rps_client_connect(&co, cl)))
-		return fail(rank, "connect", ret);
+		return it_worker_fail(rank, "connect", ret);
 	if (!create) {
 		while ((ret = rps_tensor_open(*cl, tname, t)) == -ENOENT)
 			usleep(10000);
-		return ret ? fail(rank, "open", ret) : 0;
+		return ret ? it_worker_fail(rank, "open", ret) : 0;
 	}
 	rps_tensor_opts_init(&o);
 	o.count = COUNT;
@@ -133,7 +109,7 @@ static int connect_open(int rank, const char *servers, bool create, rps_client_t
 	o.optimizer = RPS_OPT_SGD;
 	o.lr = 1.0f;
 	if ((ret = rps_tensor_create(*cl, tname, &o, t)))
-		return fail(rank, "create", ret);
+		return it_worker_fail(rank, "create", ret);
 	return 0;
 }
 
@@ -158,8 +134,8 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 		return 1;
 	while (!atomic_load(&sh->stop) && rep.acked < MAX_PUSHES) {
 		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
-			return fail(rank, "push", ret);
-		sh->done_at[rank][rep.acked++] = now_s();
+			return it_worker_fail(rank, "push", ret);
+		sh->done_at[rank][rep.acked++] = it_now_s();
 		atomic_fetch_add(&sh->acked[rank], 1);
 		usleep(500);	/* leave the servers some of the 2 cores */
 	}
@@ -204,7 +180,7 @@ static void check_pull(struct read_report *rep, const float *p, uint64_t version
 	rep->bad += bad;
 	rep->pulls++;
 	rep->fenced += fenced;
-	if (sh->t_moved && now_s() > sh->t_moved)
+	if (sh->t_moved && it_now_s() > sh->t_moved)
 		rep->after++;
 }
 
@@ -229,11 +205,11 @@ static int read_worker(int rank, int nworkers, const char *servers, void *arg, i
 
 		if (!cl && connect_open(rank, servers, false, &cl, &t))
 			return 1;
-		began = now_s();
+		began = it_now_s();
 		fenced = sh->t_iso && !sh->t_moved && began > sh->t_iso + LEASE_S;
 		lower = acked_total();
 		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
-			return fail(rank, "pull", ret);
+			return it_worker_fail(rank, "pull", ret);
 		check_pull(&rep, p, version, lower, began, fenced);
 		atomic_fetch_add(&sh->pulls[rank], 1);
 		if (fresh) {
@@ -314,9 +290,9 @@ static double isolated_run(void)
 	clu_up = true;
 	/* a member that does not lead: cutting the leader off is another
 	 * story (an election first) */
-	until = now_s() + 30;
-	while (!leader_map(&leader, &owner, 0) && now_s() < until)
-		sleep_ms(100);
+	until = it_now_s() + 30;
+	while (!leader_map(&leader, &owner, 0) && it_now_s() < until)
+		it_sleep_ms(100);
 	CU_ASSERT_FATAL(leader >= 1 && leader <= NSERVERS);
 	victim = (int)(leader % NSERVERS);	/* index of member leader + 1 (mod 3) */
 	part = victim;				/* member victim + 1 owns partitions victim, victim + 3 */
@@ -334,9 +310,9 @@ static double isolated_run(void)
 
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&pw, NPUSHERS, push_worker, servers, NULL, -1, NULL), 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&rw, NREADERS + 1, read_worker, servers, NULL, -1, NULL), 0);
-	until = now_s() + 60;
-	while ((acked_total() < START_PUSHES || atomic_load(&sh->pulls[NREADERS]) < 2) && now_s() < until)
-		sleep_ms(5);
+	until = it_now_s() + 60;
+	while ((acked_total() < START_PUSHES || atomic_load(&sh->pulls[NREADERS]) < 2) && it_now_s() < until)
+		it_sleep_ms(5);
 	CU_ASSERT_FATAL(acked_total() >= START_PUSHES);
 
 	/* cut member victim + 1 off: its lease was granted on a request sent
@@ -352,14 +328,14 @@ static double isolated_run(void)
 		CU_ASSERT_FATAL(leader_owner(mcl, (uint32_t)part, &owner) && owner == (uint64_t)victim + 1);
 	}
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGUSR1), 0);
-	t_iso = now_s();
+	t_iso = it_now_s();
 	sh->t_iso = t_iso;
 	until = t_iso + 60;
-	while (now_s() < until) {
-		double t0 = now_s();	/* (the map read after this showed it) */
+	while (it_now_s() < until) {
+		double t0 = it_now_s();	/* (the map read after this showed it) */
 
 		if (!leader_owner(mcl, (uint32_t)part, &owner)) {
-			sleep_ms(1);
+			it_sleep_ms(1);
 			continue;
 		}
 		if (owner == (uint64_t)victim + 1) {
@@ -368,7 +344,7 @@ static double isolated_run(void)
 			t_moved = t0;
 			break;
 		}
-		sleep_ms(1);
+		it_sleep_ms(1);
 	}
 	rps_client_close(mcl);
 	CU_ASSERT_FATAL(t_moved > 0);
@@ -377,10 +353,10 @@ static double isolated_run(void)
 	CU_ASSERT_EQUAL_FATAL(l2, leader);
 	sh->t_moved = t_moved;
 	/* pushes and pulls go on at the new primary for a while */
-	w0 = now_s();
+	w0 = it_now_s();
 	k = acked_total();
-	while ((now_s() < w0 + AFTER_S || acked_total() < k + 30) && now_s() < w0 + 60)
-		sleep_ms(20);
+	while ((it_now_s() < w0 + AFTER_S || acked_total() < k + 30) && it_now_s() < w0 + 60)
+		it_sleep_ms(20);
 	atomic_store(&sh->stop, 1);
 
 	for (r = 0; r < NPUSHERS; r++) {
@@ -468,20 +444,6 @@ static void test_isolated_primary(void)
 	CU_ASSERT(w >= MIN_WINDOW_S);
 }
 
-static void test_setup(void)
-{
-	watchdog_arm();
-}
-
-static void test_teardown(void)
-{
-	watchdog_disarm();
-	if (clu_up) {
-		it_cluster_stop(&clu);
-		clu_up = false;
-	}
-}
-
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -489,20 +451,14 @@ int main(void)
 		  test_isolated_primary },
 	};
 	const struct cutest_suite suites[] = {
-		{ "isolated primary, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+		{ "isolated primary, 3 servers", NULL, NULL, it_test_setup, it_test_teardown, tests,
+		  CUTEST_COUNT(tests) },
 	};
+	int ret;
 
-	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
-	    !getenv("RPS_IT_ADDR")) {
-		fprintf(stderr, "it_isolate: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
-		return 77;
-	}
-	signal(SIGPIPE, SIG_IGN);
-	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (sh == MAP_FAILED) {
-		perror("it_isolate: mmap");
+	if ((ret = it_prog_init("it_isolate", TEST_WATCHDOG_S, &clu, &clu_up)))
+		return ret;
+	if (!(sh = it_shared_map("it_isolate", sizeof(*sh))))
 		return 1;
-	}
-	watchdog_init("it_isolate", TEST_WATCHDOG_S, it_kill_all);
 	return cutest_run(suites, CUTEST_COUNT(suites));
 }

@@ -33,19 +33,16 @@
 
 #include <CUnit/Basic.h>
 #include <errno.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
-#include "lib/watchdog.h"
 
 #define NSERVERS 3
 #define NWORKERS 3
@@ -79,33 +76,12 @@ struct job {
 	int gate_step;		/* sync: the last rank holds this step until the kill */
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static long long now_ns(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-
-	nanosleep(&ts, NULL);
-}
-
-static int fail(int rank, const char *what, int ret)
-{
-	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
-	return 1;
 }
 
 /* What a worker reports: pushes acknowledged, pulls that saw too little
@@ -139,7 +115,7 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 	co.num_workers = nworkers;
 	co.timeout_ms = 30000;
 	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "connect", ret);
+		return it_worker_fail(rank, "connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = COUNT;
 	o.mode = j->mode;
@@ -147,9 +123,9 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 	o.optimizer = RPS_OPT_SGD;
 	o.lr = 1.0f;
 	if ((ret = rps_tensor_create(cl, j->name, &o, &t)))
-		return fail(rank, "create", ret);
+		return it_worker_fail(rank, "create", ret);
 	if ((ret = rps_barrier(cl)))
-		return fail(rank, "barrier", ret);
+		return it_worker_fail(rank, "barrier", ret);
 	for (s = 0; s < PUSHES; s++) {
 		double t0, took;
 		long long start_ns, killed_ns, ack_ns, first;
@@ -158,10 +134,10 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 			usleep(1000);
 		killed_ns = atomic_load(&sh->kill_ns);
 		start_ns = now_ns();
-		t0 = now_s();
+		t0 = it_now_s();
 		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
-			return fail(rank, "push", ret);
-		took = now_s() - t0;
+			return it_worker_fail(rank, "push", ret);
+		took = it_now_s() - t0;
 		/* started once the victim was dead: every partition, the
 		 * victim's too, acknowledged it, so its new primary did */
 		ack_ns = now_ns();
@@ -178,7 +154,7 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 		/* a pull too: its reads of the dead server's shards fail with
 		 * the connection and must ride through the failover */
 		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
-			return fail(rank, "pull", ret);
+			return it_worker_fail(rank, "pull", ret);
 		for (i = 0; i < COUNT; i++) {
 			/* whole numbers, my pushes so far at least; bounded:
 			 * and everyone's up to s - staleness */
@@ -225,18 +201,18 @@ static int reader_worker(int rank, int nworkers, const char *servers, void *arg,
 	co.servers = servers;
 	co.timeout_ms = 30000;
 	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "reader connect", ret);
+		return it_worker_fail(rank, "reader connect", ret);
 	while ((ret = rps_tensor_open(cl, j->name, &t)) == -ENOENT)
 		usleep(10000);
 	if (ret)
-		return fail(rank, "reader open", ret);
+		return it_worker_fail(rank, "reader open", ret);
 	while (!atomic_load(&sh->stop)) {
 		int killed = atomic_load(&sh->killed);
-		double t0 = now_s();
+		double t0 = it_now_s();
 		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
-			return fail(rank, "reader pull", ret);
-		if (now_s() - t0 > rep.longest)
-			rep.longest = now_s() - t0;
+			return it_worker_fail(rank, "reader pull", ret);
+		if (it_now_s() - t0 > rep.longest)
+			rep.longest = it_now_s() - t0;
 		rep.pulls++;
 		rep.after_kill += killed;
 		rep.bad += version < last;
@@ -267,7 +243,7 @@ static int pull_worker(int rank, int nworkers, const char *servers, void *arg, i
 	co.servers = servers;
 	co.timeout_ms = 20000;
 	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "connect", ret);
+		return it_worker_fail(rank, "connect", ret);
 	ret = rps_tensor_open(cl, j->name, &t);
 	if (!ret) {
 		ret = rps_pull(t, p, COUNT * sizeof(float), &version);
@@ -275,7 +251,7 @@ static int pull_worker(int rank, int nworkers, const char *servers, void *arg, i
 	}
 	rps_client_close(cl);
 	if (ret)
-		return fail(rank, "pull", ret);
+		return it_worker_fail(rank, "pull", ret);
 	it_write_all(out_fd, &version, sizeof(version));
 	it_write_all(out_fd, p, COUNT * sizeof(float));
 	free(p);
@@ -287,9 +263,9 @@ static int pull_worker(int rank, int nworkers, const char *servers, void *arg, i
 static int wait_attached(void)
 {
 	char out[65536] = "";
-	double until = now_s() + 300;
+	double until = it_now_s() + 300;
 
-	while (now_s() < until) {
+	while (it_now_s() < until) {
 		const char *p = out;
 		int reachable = 0;
 
@@ -300,7 +276,7 @@ static int wait_attached(void)
 			if (reachable == NSERVERS)
 				return 0;
 		}
-		sleep_ms(200);
+		it_sleep_ms(200);
 	}
 	fprintf(stderr, "it_replica: the attached servers not all up after 300 s: %s\n", out);
 	return -ETIMEDOUT;
@@ -371,12 +347,12 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)j, -1, NULL), 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&rw, 1, reader_worker, clu.servers, (void *)j, -1, NULL), 0);
 	while (acked_total() < (j->gate_step ? NWORKERS * j->gate_step : KILL_AFTER))
-		sleep_ms(2);
+		it_sleep_ms(2);
 	if (j->gate_step)
-		sleep_ms(200);	/* the other ranks' pushes of the step: taken, waiting for the last one */
+		it_sleep_ms(200);	/* the other ranks' pushes of the step: taken, waiting for the last one */
 	at_kill = acked_total();
 	it_server_kill(&clu, victim);
-	t_kill = now_s();
+	t_kill = it_now_s();
 	atomic_store(&sh->kill_ns, now_ns());
 	atomic_store(&sh->killed, 1);
 	if (restart)	/* same --data-dir: the map comes back, the shards do not */
@@ -395,7 +371,7 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	}
 	fprintf(stderr, "[%d pushes acknowledged; member %d killed after %d; workers done %.2f s after the kill; "
 		"first push acknowledged by the new primary %.2f s after the kill; "
-		"longest push %.3f s; first push %.3f s] ", acked, victim + 1, at_kill, now_s() - t_kill,
+		"longest push %.3f s; first push %.3f s] ", acked, victim + 1, at_kill, it_now_s() - t_kill,
 		(double)(atomic_load(&sh->first_ack_ns) - atomic_load(&sh->kill_ns)) * 1e-9, longest, first);
 	/* the failover (--failover-ms 300 here, 1000 in the VM cluster) and,
 	 * a whole host killed, the transport's ~2 s to notice it: far less
@@ -431,16 +407,16 @@ static void failover_run(const struct job *j, int victim, bool restart)
 		/* it failed its partitions over and left the sets it backed
 		 * (nothing empty promoted); the leader seeds it again: two
 		 * copies of every partition, some of them on it */
-		double until = now_s() + 30;
+		double until = it_now_s() + 30;
 		char want[64];
 		bool done = false;
 
 		snprintf(want, sizeof(want), "\"backups\":[%d]", victim + 1);
-		while (!done && now_s() < until) {
+		while (!done && it_now_s() < until) {
 			done = it_psctl(&clu, 10000, out, sizeof(out), err, sizeof(err), "--json status") == 0 &&
 			       strstr(out, "\"under_replicated\":0,") && strstr(out, want);
 			if (!done)
-				sleep_ms(100);
+				it_sleep_ms(100);
 		}
 		if (!done)
 			fprintf(stderr, "psctl status: %s%s\n", out, err);
@@ -501,20 +477,6 @@ static void test_async_primary_restarted(void)
 	failover_run(&j, 1, true);
 }
 
-static void test_setup(void)
-{
-	watchdog_arm();
-}
-
-static void test_teardown(void)
-{
-	watchdog_disarm();
-	if (clu_up) {
-		it_cluster_stop(&clu);
-		clu_up = false;
-	}
-}
-
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -524,21 +486,16 @@ int main(void)
 		{ "async: a primary restarted at once: fails over, rejoins as a backup", test_async_primary_restarted },
 	};
 	const struct cutest_suite suites[] = {
-		{ "replicated partitions, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+		{ "replicated partitions, 3 servers", NULL, NULL, it_test_setup, it_test_teardown, tests,
+		  CUTEST_COUNT(tests) },
 	};
-
-	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
-	    !getenv("RPS_IT_ADDR")) {
-		fprintf(stderr, "it_replica: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
-		return 77;
-	}
-	signal(SIGPIPE, SIG_IGN);
-	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (sh == MAP_FAILED) {
-		perror("it_replica: mmap");
-		return 1;
-	}
 	/* attached (servers in VMs, software RoCE): much slower */
-	watchdog_init("it_replica", getenv("RPS_IT_ATTACH") ? 10 * TEST_WATCHDOG_S : TEST_WATCHDOG_S, it_kill_all);
+	unsigned watchdog_s = getenv("RPS_IT_ATTACH") ? 10 * TEST_WATCHDOG_S : TEST_WATCHDOG_S;
+	int ret;
+
+	if ((ret = it_prog_init("it_replica", watchdog_s, &clu, &clu_up)))
+		return ret;
+	if (!(sh = it_shared_map("it_replica", sizeof(*sh))))
+		return 1;
 	return cutest_run(suites, CUTEST_COUNT(suites));
 }
