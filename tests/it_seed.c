@@ -44,19 +44,6 @@ static struct it_cluster clu;
 static bool clu_up;
 static char out[65536], err[8192];
 
-static void sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-	nanosleep(&ts, NULL);
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- asking one server (in a child: the parent forks workers later) ------- */
 
 struct ask {
@@ -125,42 +112,17 @@ static int ask(int server, unsigned type, uint32_t part, struct answer *a)
 
 /* ---- the map ------------------------------------------------------------------- */
 
-/* Every partition has exactly nb backups on other servers, nobody seeds,
- * nothing moves, target r: on every server's copy of the map. */
-static bool settled(uint32_t r, uint32_t nb, struct rps__smap *m)
+/* Wait until the map has settled at target r (it_wait_settled) with every
+ * member and partition in it: the seconds it took, or -1. */
+static double wait_settled(uint32_t r, struct rps__smap *m)
 {
-	static struct answer a;
+	double t0 = it_now_s();
 
-	for (int i = 0; i < NSERVERS; i++) {
-		if (ask(i, RPS__MSG_STATUS, 0, &a))
-			return false;
-		if (a.map.replicas != r || a.map.npart != NPART || a.map.nmembers != NSERVERS)
-			return false;
-		for (uint32_t p = 0; p < NPART; p++) {
-			const struct rps__smap_part *mp = &a.map.parts[p];
-			if (rps__smap_nbackups(&a.map, p) != nb || mp->joining || mp->moving_to || mp->lost ||
-			    (nb && mp->backups[0] == mp->owner))
-				return false;
-		}
-		if (i == 0)
-			*m = a.map;
-		else if (a.map.applied != m->applied)
-			return false;
-	}
-	return true;
-}
-
-/* Wait until settled(r, nb): the seconds it took, or -1. */
-static double wait_settled(uint32_t r, uint32_t nb, struct rps__smap *m)
-{
-	double t0 = now_s();
-
-	while (now_s() - t0 < SETTLE_MS / 1000.0) {
-		if (settled(r, nb, m))
-			return now_s() - t0;
-		sleep_ms(50);
-	}
-	return -1;
+	if (it_wait_settled(&clu, r, SETTLE_MS, m))
+		return -1;
+	CU_ASSERT_EQUAL(m->npart, NPART);
+	CU_ASSERT_EQUAL(m->nmembers, NSERVERS);
+	return it_now_s() - t0;
 }
 
 /* ---- training --------------------------------------------------------------- */
@@ -200,10 +162,10 @@ static int train(int rank, int nworkers, const char *servers, void *arg, int out
 	for (k = 0; !ret && k < a->steps; k++) {
 		for (uint32_t i = 0; i < COUNT; i++)
 			g[i] = it_randf(&s);
-		t0 = now_s();
+		t0 = it_now_s();
 		ret = rps_push(t, g, COUNT * sizeof(float));
 		if (!k)
-			first = now_s() - t0;
+			first = it_now_s() - t0;
 	}
 	if (ret)
 		fprintf(stderr, "train: step %d: %s: %s\n", k, rps_strerror(ret), rps_last_error());
@@ -285,18 +247,18 @@ static void test_replicas_seeded(void)
 	double t, first;
 	int rc;
 
-	t = wait_settled(2, 1, &m);
+	t = wait_settled(2, &m);
 	CU_ASSERT_FATAL(t >= 0);
 	fprintf(stderr, "[--replicas 2: every partition backed up %.2f s after start] ", t);
 	/* each member proposes its own SET_ZONE, on its own schedule: since
 	 * seedings no longer wait 0.5 s apart, the backups can all be in place
 	 * before the last zone is */
-	for (double t0 = now_s(); now_s() - t0 < SETTLE_MS / 1000.0; sleep_ms(50)) {
+	for (double t0 = it_now_s(); it_now_s() - t0 < SETTLE_MS / 1000.0; it_sleep_ms(50)) {
 		uint32_t nz = 0;
 
 		for (uint32_t i = 0; i < NSERVERS; i++)
 			nz += !strcmp(m.members[i].zone, "z1");
-		if (nz == NSERVERS || wait_settled(2, 1, &m) < 0)
+		if (nz == NSERVERS || wait_settled(2, &m) < 0)
 			break;
 	}
 	for (uint32_t i = 0; i < NSERVERS; i++)
@@ -319,7 +281,7 @@ static void test_replicas_seeded(void)
 	if (rc)
 		fprintf(stderr, "psctl set-replicas 1: %s", err);
 	CU_ASSERT_EQUAL_FATAL(rc, 0);
-	CU_ASSERT_FATAL(wait_settled(1, 0, &m) >= 0);
+	CU_ASSERT_FATAL(wait_settled(1, &m) >= 0);
 	run_train(10, 2);
 
 	/* raised while a worker trains: seeded again from what the primaries
@@ -328,7 +290,7 @@ static void test_replicas_seeded(void)
 	{
 		struct train_arg a = { .steps = 1500, .seed = 3 };
 		struct it_workers w;
-		double t0 = now_s();
+		double t0 = it_now_s();
 
 		/* (psctl answers once the target is applied: the seedings start
 		 * as the worker does) */
@@ -337,9 +299,9 @@ static void test_replicas_seeded(void)
 		CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, train, clu.servers, &a, -1, NULL), 0);
 		CU_ASSERT_EQUAL(it_worker_read(&w, 0, &first, sizeof(first)), 0);
 		CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
-		fprintf(stderr, "[1500 pushes across set-replicas 2: %.2f s] ", now_s() - t0);
+		fprintf(stderr, "[1500 pushes across set-replicas 2: %.2f s] ", it_now_s() - t0);
 	}
-	t = wait_settled(2, 1, &m);
+	t = wait_settled(2, &m);
 	CU_ASSERT_FATAL(t >= 0);
 	check_replicas(&m, 1530);
 	/* and the stream goes on after the image */
