@@ -13,24 +13,18 @@
  */
 #include "config.h"
 #include "cluster.h"
-#include "client/ctl.h"
-#include "proto/proto.h"
 #include "proto/smap.h"
-#include "transport/uri.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
-#include "lib/watchdog.h"
 
 #define NSERVERS 3
 #define NPART 6
@@ -43,74 +37,6 @@
 static struct it_cluster clu;
 static bool clu_up;
 static char out[65536], err[8192];
-
-/* ---- asking one server (in a child: the parent forks workers later) ------- */
-
-struct ask {
-	unsigned type;		/* RPS__MSG_STATUS or RPS__MSG_ADMIN (DIGEST) */
-	char uri[300];
-	uint32_t part;
-};
-
-struct answer {
-	int ret;		/* of the call, else the server's status */
-	struct rps__admin_rep rep;
-	struct rps__smap map;
-};
-
-static int ask_child(int rank, int nworkers, const char *servers, void *arg, int out_fd)
-{
-	static char buf[sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX + 64];
-	static struct answer a;
-	const struct ask *q = arg;
-	struct rps__admin ad;
-	struct rps__ctl *ctl = NULL;
-	struct rps__uri u;
-	size_t len = 0;
-	int32_t status = 0;
-	int ret;
-
-	(void)rank;
-	(void)nworkers;
-	(void)servers;
-	memset(&a, 0, sizeof(a));
-	memset(&ad, 0, sizeof(ad));
-	ad.op = RPS__ADMIN_DIGEST;
-	ad.part = q->part;
-	snprintf(ad.uri, sizeof(ad.uri), "w");
-	ret = rps__uri_parse(q->uri, &u);
-	if (!ret)
-		ret = rps__ctl_open(&u, 2000, &ctl);
-	if (!ret && q->type == RPS__MSG_STATUS)
-		ret = rps__ctl_call(ctl, RPS__MSG_STATUS, NULL, 0, buf, sizeof(buf), &len, &status, 2000);
-	else if (!ret)
-		ret = rps__ctl_call(ctl, RPS__MSG_ADMIN, &ad, sizeof(ad), &a.rep, sizeof(a.rep), &len, &status, 2000);
-	if (!ret && status)
-		ret = status;
-	if (!ret && q->type == RPS__MSG_STATUS)
-		ret = len < sizeof(struct rps__status_rep) ? -EBADMSG :
-		      rps__smap_decode(buf + sizeof(struct rps__status_rep), len - sizeof(struct rps__status_rep), &a.map);
-	rps__ctl_close(ctl);
-	a.ret = ret;
-	it_write_all(out_fd, &a, sizeof(a));
-	return 0;
-}
-
-static int ask(int server, unsigned type, uint32_t part, struct answer *a)
-{
-	struct ask q = { .type = type, .part = part };
-	struct it_workers w;
-
-	snprintf(q.uri, sizeof(q.uri), "%s", clu.uri[server]);
-	memset(a, 0, sizeof(*a));
-	if (it_workers_start(&w, 1, ask_child, NULL, &q, -1, NULL))
-		return -ECHILD;
-	if (it_worker_read(&w, 0, a, sizeof(*a)))
-		a->ret = -EIO;
-	return it_worker_wait(&w, 0) ? -ECHILD : a->ret;
-}
-
-/* ---- the map ------------------------------------------------------------------- */
 
 /* Wait until the map has settled at target r (it_wait_settled) with every
  * member and partition in it: the seconds it took, or -1. */
@@ -190,36 +116,21 @@ static double run_train(int steps, uint64_t seed)
 }
 
 /* Every replica of every partition holds what its primary holds, at
- * `steps` updates per shard; the other server holds nothing of it. */
+ * `steps` updates per shard. */
 static void check_replicas(const struct rps__smap *m, uint64_t steps)
 {
-	static struct answer prim, a;
-
 	for (uint32_t p = 0; p < NPART; p++) {
 		const struct rps__smap_part *mp = &m->parts[p];
-		CU_ASSERT_EQUAL_FATAL(ask((int)mp->owner - 1, RPS__MSG_ADMIN, p, &prim), 0);
-		CU_ASSERT(prim.rep.leader >= 1);	/* (its shard count) */
-		if (prim.rep.epoch != steps * prim.rep.leader)
-			fprintf(stderr, "partition %u: %llu updates over %llu shards on its primary, %llu pushes made\n", p,
-				(unsigned long long)prim.rep.epoch, (unsigned long long)prim.rep.leader,
-				(unsigned long long)steps);
-		CU_ASSERT_EQUAL(prim.rep.epoch, steps * prim.rep.leader);
-		for (int i = 0; i < NSERVERS; i++) {
-			uint64_t id = (uint64_t)i + 1;
-			if (id == mp->owner)
-				continue;
-			if (rps__smap_role(m, p, id) == RPS__SMAP_ROLE_BACKUP) {
-				CU_ASSERT_EQUAL(ask(i, RPS__MSG_ADMIN, p, &a), 0);
-				CU_ASSERT_EQUAL(a.rep.leader, prim.rep.leader);
-				CU_ASSERT_EQUAL(a.rep.epoch, prim.rep.epoch);
-				if (a.rep.index != prim.rep.index)
-					fprintf(stderr, "partition %u: backup %d crc %08llx, primary %llu crc %08llx\n", p,
-						i + 1, (unsigned long long)a.rep.index, (unsigned long long)mp->owner,
-						(unsigned long long)prim.rep.index);
-				CU_ASSERT_EQUAL(a.rep.index, prim.rep.index);
-			}
-		}
+		struct it_digest prim;
+
+		CU_ASSERT_EQUAL_FATAL(it_part_digest(&clu, it_member_index(&clu, mp->owner), "w", p, &prim), 0);
+		CU_ASSERT(prim.nshards >= 1);
+		if (prim.versions != steps * prim.nshards)
+			fprintf(stderr, "partition %u: %llu updates over %u shards on its primary, %llu pushes made\n", p,
+				(unsigned long long)prim.versions, prim.nshards, (unsigned long long)steps);
+		CU_ASSERT_EQUAL(prim.versions, steps * prim.nshards);
 	}
+	CU_ASSERT_EQUAL(it_replicas_differ(&clu, m, "w", NULL), 0);
 }
 
 static void test_setup(void)
@@ -319,17 +230,13 @@ int main(void)
 	const struct cutest_suite suites[] = {
 		{ "replicas, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
 	};
+	int ret;
 
-	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
-	    !getenv("RPS_IT_ADDR")) {
-		fprintf(stderr, "it_seed: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
-		return 77;
-	}
+	if ((ret = it_prog_init("it_seed", 300, NULL, NULL)))
+		return ret;
 	if (access(it_psctl_path(), X_OK) != 0) {
 		fprintf(stderr, "it_seed: no psctl at %s (set PSCTL)\n", it_psctl_path());
 		return 1;
 	}
-	signal(SIGPIPE, SIG_IGN);
-	watchdog_init("it_seed", 300, it_kill_all);
 	return cutest_run(suites, CUTEST_COUNT(suites));
 }
