@@ -3,6 +3,7 @@
  */
 #include "config.h"
 #include "cluster.h"
+#include "client/client_int.h"
 #include "client/ctl.h"
 #include "common/fsutil.h"
 #include "control/raft.h"
@@ -667,6 +668,36 @@ int it_worker_fail(int rank, const char *what, int ret)
 {
 	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
 	return 1;
+}
+
+/* Every shard's part of req taken (or the request over), under the
+ * client's lock: its progress thread moves the states. */
+static bool push_taken(struct rps_request *req)
+{
+	struct rps_client *cl = req->cl;
+	bool taken = true;
+
+	pthread_mutex_lock(&cl->lock);
+	for (uint32_t i = 0; i < req->nops; i++)
+		taken = taken && req->ops[i].state == ST_TAKEN;
+	taken = taken || req->done;
+	pthread_mutex_unlock(&cl->lock);
+	return taken;
+}
+
+int it_push_taken(struct rps_tensor *t, const void *grad, size_t nbytes, int timeout_ms, struct rps_request **req)
+{
+	double until = it_now_s() + timeout_ms / 1000.0;
+	int ret = rps_push_start(t, grad, nbytes, req);
+
+	if (ret)
+		return ret;
+	while (!push_taken(*req)) {
+		if (it_now_s() > until)
+			return -ETIMEDOUT;
+		usleep(500);
+	}
+	return 0;
 }
 
 /* The program's cluster, for it_test_teardown (NULL: none). */

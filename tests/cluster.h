@@ -116,6 +116,15 @@ double it_now_s(void);
 /* In a worker: "worker <rank>: <what>: <ret> (<its name>): <rps_last_error>"
  * on stderr; returns 1, the worker's exit status. */
 int it_worker_fail(int rank, const char *what, int ret);
+/* In a worker of a sync job over partitions with backups: start pushing
+ * grad (rps_push_start) and return once every shard's part of it was taken
+ * on its primary (PUSH_ACK TAKEN: summed or parked there, its step not
+ * done yet) or the request ended; *req is then the caller's to rps_wait.
+ * 0, rps_push_start's error, or -ETIMEDOUT after timeout_ms (*req still
+ * running). */
+struct rps_tensor;
+struct rps_request;
+int it_push_taken(struct rps_tensor *t, const void *grad, size_t nbytes, int timeout_ms, struct rps_request **req);
 /* The start of main(): 77 (skip) when the tests would run over verbs
  * without $RPS_IT_ADDR; else 0 with SIGPIPE ignored and the watchdog
  * installed (watchdog_s per test; it_kill_all when it fires).  cl and up

@@ -230,12 +230,21 @@ static int sync_worker(int rank, int nworkers, const char *servers, void *arg, i
 		return it_worker_fail(rank, "barrier", ret);
 	for (s = 0; s < SYNC_STEPS; s++) {
 		sync_grad(g, rank, s);
-		if (j->gate_step && s == j->gate_step) {
-			if (rank == nworkers - 1)
-				while (!atomic_load(&sh->gate))
-					usleep(1000);
-			else
-				atomic_store(&sh->at_gate[rank], 1);
+		if (j->gate_step && s == j->gate_step && rank == nworkers - 1) {
+			while (!atomic_load(&sh->gate))
+				usleep(1000);
+		} else if (j->gate_step && s == j->gate_step) {
+			/* at the gate once taken on every primary, the step
+			 * waiting there for the last rank */
+			rps_request_t *req;
+
+			if ((ret = it_push_taken(t, g, COUNT * sizeof(float), 60000, &req)))
+				return it_worker_fail(rank, "push (taken)", ret);
+			atomic_store(&sh->at_gate[rank], 1);
+			if ((ret = rps_wait(req)))
+				return it_worker_fail(rank, "push", ret);
+			atomic_fetch_add(&sh->acked[rank], 1);
+			continue;
 		}
 		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
 			return it_worker_fail(rank, "push", ret);
@@ -249,8 +258,8 @@ static int sync_worker(int rank, int nworkers, const char *servers, void *arg, i
 }
 
 /* Run a sync job to its end; with a gate, SIGKILL member `victim` once the
- * other ranks push the gate step (taken on the primary, waiting for the
- * last rank) and only then let the last rank push it. */
+ * other ranks' pushes of the gate step are taken on the primaries (waiting
+ * there for the last rank) and only then let the last rank push it. */
 static void run_sync(const struct sync_job *j, int victim)
 {
 	struct it_workers w;
@@ -266,8 +275,6 @@ static void run_sync(const struct sync_job *j, int victim)
 			for (r = 0; r < SYNC_WORKERS - 1; r++)
 				all = all && atomic_load(&sh->at_gate[r]);
 		} while (!all);
-		/* their pushes reach the primaries (and are taken there) */
-		it_sleep_ms(300);
 		CU_ASSERT_EQUAL(acked_total(SYNC_WORKERS), SYNC_WORKERS * j->gate_step);
 		it_server_kill(&clu, victim);
 		atomic_store(&sh->gate, 1);
