@@ -65,6 +65,7 @@ struct shared {
 	atomic_int killed;			/* the parent killed the server */
 	atomic_int stop;			/* the reader stops */
 	atomic_int gate;			/* the last rank may push its gate_step */
+	atomic_int at_gate[IT_MAX_WORKERS];	/* the other ranks' gate_step pushes: taken */
 	atomic_llong kill_ns;			/* when the victim was dead (monotonic ns) */
 	atomic_llong first_ack_ns;		/* the first push started after it, acknowledged */
 };
@@ -135,7 +136,20 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 		killed_ns = atomic_load(&sh->kill_ns);
 		start_ns = now_ns();
 		t0 = it_now_s();
-		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+		if (j->gate_step && s == j->gate_step && rank < nworkers - 1) {
+			/* at the gate once taken on every primary, the step
+			 * waiting there for the last rank */
+			rps_request_t *req;
+
+			ret = it_push_taken(t, g, COUNT * sizeof(float), 120000, &req);
+			if (!ret) {
+				atomic_store(&sh->at_gate[rank], 1);
+				ret = rps_wait(req);
+			}
+		} else {
+			ret = rps_push(t, g, COUNT * sizeof(float));
+		}
+		if (ret)
 			return it_worker_fail(rank, "push", ret);
 		took = it_now_s() - t0;
 		/* started once the victim was dead: every partition, the
@@ -348,8 +362,10 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&rw, 1, reader_worker, clu.servers, (void *)j, -1, NULL), 0);
 	while (acked_total() < (j->gate_step ? NWORKERS * j->gate_step : KILL_AFTER))
 		it_sleep_ms(2);
-	if (j->gate_step)
-		it_sleep_ms(200);	/* the other ranks' pushes of the step: taken, waiting for the last one */
+	/* sync: the other ranks' pushes of the gate step taken, waiting for the last one */
+	for (r = 0; j->gate_step && r < NWORKERS - 1; r++)
+		while (!atomic_load(&sh->at_gate[r]))
+			it_sleep_ms(2);
 	at_kill = acked_total();
 	it_server_kill(&clu, victim);
 	t_kill = it_now_s();
