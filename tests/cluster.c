@@ -670,6 +670,62 @@ int it_worker_fail(int rank, const char *what, int ret)
 	return 1;
 }
 
+/* A fresh client's pull, in a child. */
+struct pull_fresh {
+	const char *name;
+	size_t count;
+	int timeout_ms;
+};
+
+static int pull_fresh_child(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct pull_fresh *a = arg;
+	float *p = malloc(a->count * sizeof(float));
+	struct rps_client_opts co;
+	uint64_t version = 0;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)nworkers;
+	if (!p)
+		return it_worker_fail(rank, "malloc", -ENOMEM);
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = a->timeout_ms;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	ret = rps_tensor_open(cl, a->name, &t);
+	if (!ret) {
+		ret = rps_pull(t, p, a->count * sizeof(float), &version);
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	if (ret)
+		return it_worker_fail(rank, "pull", ret);
+	it_write_all(out_fd, &version, sizeof(version));
+	it_write_all(out_fd, p, a->count * sizeof(float));
+	free(p);
+	return 0;
+}
+
+int it_pull_fresh(const char *servers, const char *name, float *out, size_t count, int timeout_ms,
+		  uint64_t *version)
+{
+	struct pull_fresh a = { .name = name, .count = count, .timeout_ms = timeout_ms };
+	struct it_workers w;
+	int ret = 0;
+
+	*version = 0;
+	if (it_workers_start(&w, 1, pull_fresh_child, servers, &a, -1, NULL))
+		return -ECHILD;
+	if (it_worker_read(&w, 0, version, sizeof(*version)) || it_worker_read(&w, 0, out, count * sizeof(float)))
+		ret = -EIO;
+	if (it_worker_wait(&w, 0) && !ret)
+		ret = -ECHILD;
+	return ret;
+}
+
 /* Every shard's part of req taken (or the request over), under the
  * client's lock: its progress thread moves the states. */
 static bool push_taken(struct rps_request *req)

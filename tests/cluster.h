@@ -116,6 +116,11 @@ double it_now_s(void);
 /* In a worker: "worker <rank>: <what>: <ret> (<its name>): <rps_last_error>"
  * on stderr; returns 1, the worker's exit status. */
 int it_worker_fail(int rank, const char *what, int ret);
+/* Pull count floats of tensor `name` into out with a fresh client (in a
+ * child: no client state stays here), its timeout_ms as given; its version
+ * in *version.  0, or -EIO / -ECHILD when the child failed (said on stderr). */
+int it_pull_fresh(const char *servers, const char *name, float *out, size_t count, int timeout_ms,
+		  uint64_t *version);
 /* In a worker of a sync job over partitions with backups: start pushing
  * grad (rps_push_start) and return once every shard's part of it was taken
  * on its primary (PUSH_ACK TAKEN: summed or parked there, its step not

@@ -39,7 +39,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
@@ -125,60 +124,15 @@ static void check_replicas(const char *const *tensors, int n, uint64_t *versions
 		CU_ASSERT_EQUAL(it_replicas_differ(&clu, &map1, tensors[k], &versions[k]), 0);
 }
 
-/* Pull a tensor with a fresh client, in a child: version, then the values. */
-struct pull_arg {
-	const char *name;
-	size_t count;
-	float *out;		/* shared memory */
-};
-
-static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
-{
-	const struct pull_arg *a = arg;
-	struct rps_client_opts co;
-	uint64_t version = 0;
-	rps_client_t *cl;
-	rps_tensor_t *t;
-	int ret;
-
-	(void)nworkers;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
-		return it_worker_fail(rank, "connect", ret);
-	ret = rps_tensor_open(cl, a->name, &t);
-	if (!ret) {
-		ret = rps_pull(t, a->out, a->count * sizeof(float), &version);
-		rps_tensor_close(t);
-	}
-	rps_client_close(cl);
-	if (ret)
-		return it_worker_fail(rank, "pull", ret);
-	it_write_all(out_fd, &version, sizeof(version));
-	return 0;
-}
-
-/* Pull `name` (count floats) into a fresh buffer (free it); its version. */
+/* Pull `name` (count floats) with a fresh client into a fresh buffer
+ * (free it); its version. */
 static float *pull(const char *name, size_t count, uint64_t *version)
 {
-	struct pull_arg a = { .name = name, .count = count };
-	struct it_workers w;
-	int ok;
+	float *p = malloc(count * sizeof(float));
 
-	a.out = mmap(NULL, count * sizeof(float), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	CU_ASSERT_FATAL(a.out != MAP_FAILED);
-	*version = 0;
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, pull_worker, clu.servers, &a, -1, NULL), 0);
-	ok = it_worker_read(&w, 0, version, sizeof(*version)) == 0;
-	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
-	CU_ASSERT_FATAL(ok);
-	return a.out;
-}
-
-static void unpull(float *p, size_t count)
-{
-	munmap(p, count * sizeof(float));
+	CU_ASSERT_FATAL(p != NULL);
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, name, p, count, 30000, version), 0);
+	return p;
 }
 
 /* ---- (a) sync Adam, a primary killed mid-step -------------------------------- */
@@ -316,8 +270,8 @@ static void test_sync_adam_primary_killed(void)
 		if (memcmp(&pref[i], &prun[i], sizeof(float)) && diff++ < 4)
 			fprintf(stderr, "run[%u] = %.9g, without the kill %.9g\n", i, (double)prun[i], (double)pref[i]);
 	CU_ASSERT_EQUAL(memcmp(pref, prun, COUNT * sizeof(float)), 0);
-	unpull(pref, COUNT);
-	unpull(prun, COUNT);
+	free(pref);
+	free(prun);
 
 	/* (g), and every shard at the same version in both */
 	check_replicas(tensors, 2, versions);
@@ -402,7 +356,7 @@ static void check_exact(const char *name, size_t count, int acked)
 			fprintf(stderr, "%s[%zu] = %g, %d pushes acknowledged\n", name, i, (double)p[i], acked);
 	CU_ASSERT_EQUAL(bad, 0);
 	CU_ASSERT_EQUAL(version, (uint64_t)acked);
-	unpull(p, count);
+	free(p);
 }
 
 /* ---- (d) the Raft leader, a primary, killed ------------------------------------ */
@@ -629,7 +583,7 @@ static void test_kill_during_reseeding(void)
 			fprintf(stderr, "big[%zu] = %g, created as %g\n", i, (double)p[i], (double)big_init(i));
 	CU_ASSERT_EQUAL(bad, 0);
 	CU_ASSERT_EQUAL(version, 0);
-	unpull(p, BIG_COUNT);
+	free(p);
 
 	check_replicas(tensors, 2, versions);
 	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);

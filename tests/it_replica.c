@@ -241,37 +241,6 @@ static int reader_worker(int rank, int nworkers, const char *servers, void *arg,
 	return 0;
 }
 
-/* Pull with a fresh client, in a child: version, then the values. */
-static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
-{
-	const struct job *j = arg;
-	float *p = malloc(COUNT * sizeof(float));
-	struct rps_client_opts co;
-	uint64_t version = 0;
-	rps_client_t *cl;
-	rps_tensor_t *t;
-	int ret;
-
-	(void)nworkers;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 20000;
-	if ((ret = rps_client_connect(&co, &cl)))
-		return it_worker_fail(rank, "connect", ret);
-	ret = rps_tensor_open(cl, j->name, &t);
-	if (!ret) {
-		ret = rps_pull(t, p, COUNT * sizeof(float), &version);
-		rps_tensor_close(t);
-	}
-	rps_client_close(cl);
-	if (ret)
-		return it_worker_fail(rank, "pull", ret);
-	it_write_all(out_fd, &version, sizeof(version));
-	it_write_all(out_fd, p, COUNT * sizeof(float));
-	free(p);
-	return 0;
-}
-
 /* Attached to servers started elsewhere (one per VM: tests/rxe/cluster-failover.sh):
  * wait until a leader is elected and every member reachable. */
 static int wait_attached(void)
@@ -342,12 +311,12 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	struct it_server_opts so = { .extra_args = restart ? RESTART_ARGS : SERVER_ARGS,
 				     .env = "RPS_FAULT=bootstrap-replicas-2", .data_dir = 1 };
 	char out[65536], err[4096];
-	struct it_workers w, pw, rw;
+	struct it_workers w, rw;
 	struct reader_report rr = { 0 };
 	struct report rep[NWORKERS];
 	double t_kill, first = 0, longest = 0;
 	uint64_t version = 0;
-	int r, acked = 0, bad = 0, ok, at_kill;
+	int r, acked = 0, bad = 0, at_kill;
 	float *p = malloc(COUNT * sizeof(float));
 	unsigned i;
 
@@ -402,11 +371,7 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	CU_ASSERT_EQUAL(rr.bad, 0);
 	fprintf(stderr, "[reader: %d pulls, %d after the kill, longest %.3f s] ", rr.pulls, rr.after_kill, rr.longest);
 
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&pw, 1, pull_worker, clu.servers, (void *)j, -1, NULL), 0);
-	ok = it_worker_read(&pw, 0, &version, sizeof(version)) == 0 &&
-	     it_worker_read(&pw, 0, p, COUNT * sizeof(float)) == 0;
-	CU_ASSERT_EQUAL(it_worker_wait(&pw, 0), 0);
-	CU_ASSERT_FATAL(ok);
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, j->name, p, COUNT, 20000, &version), 0);
 	bad = 0;
 	for (i = 0; i < COUNT; i++)
 		if (p[i] != (float)acked) {
