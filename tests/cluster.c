@@ -670,6 +670,18 @@ int it_worker_fail(int rank, const char *what, int ret)
 	return 1;
 }
 
+int it_client_connect(const char *servers, int rank, int nworkers, int timeout_ms, rps_client_t **cl)
+{
+	struct rps_client_opts co;
+
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = rank;
+	co.num_workers = nworkers;
+	co.timeout_ms = timeout_ms;
+	return rps_client_connect(&co, cl);
+}
+
 /* A fresh client's pull, in a child. */
 struct pull_fresh {
 	const char *name;
@@ -681,7 +693,6 @@ static int pull_fresh_child(int rank, int nworkers, const char *servers, void *a
 {
 	const struct pull_fresh *a = arg;
 	float *p = malloc(a->count * sizeof(float));
-	struct rps_client_opts co;
 	uint64_t version = 0;
 	rps_client_t *cl;
 	rps_tensor_t *t;
@@ -690,10 +701,7 @@ static int pull_fresh_child(int rank, int nworkers, const char *servers, void *a
 	(void)nworkers;
 	if (!p)
 		return it_worker_fail(rank, "malloc", -ENOMEM);
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = a->timeout_ms;
-	if ((ret = rps_client_connect(&co, &cl)))
+	if ((ret = it_client_connect(servers, 0, 1, a->timeout_ms, &cl)))
 		return it_worker_fail(rank, "connect", ret);
 	ret = rps_tensor_open(cl, a->name, &t);
 	if (!ret) {

@@ -116,6 +116,10 @@ double it_now_s(void);
 /* In a worker: "worker <rank>: <what>: <ret> (<its name>): <rps_last_error>"
  * on stderr; returns 1, the worker's exit status. */
 int it_worker_fail(int rank, const char *what, int ret);
+/* A client of servers (a URI list) as rank of nworkers, its timeout_ms:
+ * what rps_client_connect says. */
+struct rps_client;
+int it_client_connect(const char *servers, int rank, int nworkers, int timeout_ms, struct rps_client **cl);
 /* Pull count floats of tensor `name` into out with a fresh client (in a
  * child: no client state stays here), its timeout_ms as given; its version
  * in *version.  0, or -EIO / -ECHILD when the child failed (said on stderr). */

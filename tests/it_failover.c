@@ -160,18 +160,12 @@ static int sync_worker(int rank, int nworkers, const char *servers, void *arg, i
 {
 	const struct sync_job *j = arg;
 	float *g = malloc(COUNT * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	rps_client_t *cl;
 	rps_tensor_t *t;
 	int s, ret;
 
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.rank = rank;
-	co.num_workers = nworkers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
+	if ((ret = it_client_connect(servers, rank, nworkers, 30000, &cl)))
 		return it_worker_fail(rank, "connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = COUNT;
@@ -293,7 +287,6 @@ static int async_worker(int rank, int nworkers, const char *servers, void *arg, 
 {
 	const struct async_job *j = arg;
 	float *g = malloc(j->count * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	rps_client_t *cl;
 	rps_tensor_t *t;
@@ -301,12 +294,7 @@ static int async_worker(int rank, int nworkers, const char *servers, void *arg, 
 
 	for (size_t i = 0; i < j->count; i++)
 		g[i] = -1.0f;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.rank = rank;
-	co.num_workers = nworkers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
+	if ((ret = it_client_connect(servers, rank, nworkers, 30000, &cl)))
 		return it_worker_fail(rank, "connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = j->count;
@@ -424,7 +412,6 @@ static float big_init(size_t i)
 static int create_big(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
 	float *init = malloc(BIG_COUNT * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	rps_client_t *cl;
 	rps_tensor_t *t;
@@ -434,10 +421,7 @@ static int create_big(int rank, int nworkers, const char *servers, void *arg, in
 	(void)arg;
 	for (size_t i = 0; i < BIG_COUNT; i++)
 		init[i] = big_init(i);
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
+	if ((ret = it_client_connect(servers, 0, 1, 30000, &cl)))
 		return it_worker_fail(rank, "connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = BIG_COUNT;

@@ -87,16 +87,10 @@ static int acked_total(void)
 
 static int connect_open(int rank, const char *servers, bool create, rps_client_t **cl, rps_tensor_t **t)
 {
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	int ret;
 
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.rank = create ? rank : 0;
-	co.num_workers = create ? NPUSHERS : 1;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, cl)))
+	if ((ret = it_client_connect(servers, create ? rank : 0, create ? NPUSHERS : 1, 30000, cl)))
 		return it_worker_fail(rank, "connect", ret);
 	if (!create) {
 		while ((ret = rps_tensor_open(*cl, tname, t)) == -ENOENT)
@@ -315,18 +309,12 @@ static double isolated_run(void)
 		it_sleep_ms(5);
 	CU_ASSERT_FATAL(acked_total() >= START_PUSHES);
 
+	/* the leader's map, polled as closely as a READ allows */
+	servers_first(lservers, sizeof(lservers), (int)leader - 1);
+	CU_ASSERT_EQUAL_FATAL(it_client_connect(lservers, 0, 1, 10000, &mcl), 0);
+	CU_ASSERT_FATAL(leader_owner(mcl, (uint32_t)part, &owner) && owner == (uint64_t)victim + 1);
 	/* cut member victim + 1 off: its lease was granted on a request sent
 	 * before now, so it ends before t_iso + LEASE_S */
-	{	/* the leader's map, polled as closely as a READ allows */
-		struct rps_client_opts co;
-
-		servers_first(lservers, sizeof(lservers), (int)leader - 1);
-		rps_client_opts_init(&co);
-		co.servers = lservers;
-		co.timeout_ms = 10000;
-		CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &mcl), 0);
-		CU_ASSERT_FATAL(leader_owner(mcl, (uint32_t)part, &owner) && owner == (uint64_t)victim + 1);
-	}
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGUSR1), 0);
 	t_iso = it_now_s();
 	sh->t_iso = t_iso;

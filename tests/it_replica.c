@@ -99,7 +99,6 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 {
 	const struct job *j = arg;
 	float *g = malloc(COUNT * sizeof(float)), *p = malloc(COUNT * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	struct report rep = { 0 };
 	rps_client_t *cl;
@@ -110,12 +109,7 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 
 	for (i = 0; i < COUNT; i++)
 		g[i] = -1.0f;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.rank = rank;
-	co.num_workers = nworkers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
+	if ((ret = it_client_connect(servers, rank, nworkers, 30000, &cl)))
 		return it_worker_fail(rank, "connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = COUNT;
@@ -203,7 +197,6 @@ static int reader_worker(int rank, int nworkers, const char *servers, void *arg,
 	const struct job *j = arg;
 	float *p = malloc(COUNT * sizeof(float));
 	struct reader_report rep = { 0 };
-	struct rps_client_opts co;
 	uint64_t version, last = 0;
 	rps_client_t *cl;
 	rps_tensor_t *t = NULL;
@@ -211,10 +204,7 @@ static int reader_worker(int rank, int nworkers, const char *servers, void *arg,
 	unsigned i;
 
 	(void)nworkers;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
+	if ((ret = it_client_connect(servers, 0, 1, 30000, &cl)))
 		return it_worker_fail(rank, "reader connect", ret);
 	while ((ret = rps_tensor_open(cl, j->name, &t)) == -ENOENT)
 		usleep(10000);

@@ -64,7 +64,6 @@ static int train(int rank, int nworkers, const char *servers, void *arg, int out
 {
 	const struct train_arg *a = arg;
 	float *g = malloc(COUNT * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	rps_client_t *cl = NULL;
 	rps_tensor_t *t = NULL;
@@ -74,15 +73,12 @@ static int train(int rank, int nworkers, const char *servers, void *arg, int out
 
 	(void)rank;
 	(void)nworkers;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 20000;
 	rps_tensor_opts_init(&o);
 	o.count = COUNT;
 	o.mode = RPS_MODE_ASYNC;
 	o.optimizer = RPS_OPT_ADAM;
 	o.lr = 0.001f;
-	ret = g ? rps_client_connect(&co, &cl) : -ENOMEM;
+	ret = g ? it_client_connect(servers, 0, 1, 20000, &cl) : -ENOMEM;
 	if (!ret)
 		ret = rps_tensor_create(cl, "w", &o, &t);
 	for (k = 0; !ret && k < a->steps; k++) {
