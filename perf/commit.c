@@ -12,7 +12,6 @@
 #include "transport/uri.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,21 +34,6 @@ struct commit_target {
 	char name[300];		/* the leader's URI, for messages */
 	int spin_us;		/* --spin-us for the admin connections */
 };
-
-static int commit_fail(struct run *r, const char *fmt, ...) RPS__PRINTF(2, 3);
-
-static int commit_fail(struct run *r, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!r->err[0]) {
-		va_start(ap, fmt);
-		vsnprintf(r->err, sizeof(r->err), fmt, ap);
-		va_end(ap);
-	}
-	r->failed = true;
-	return -EIO;
-}
 
 static int ms_left(uint64_t deadline, int cap)
 {
@@ -117,7 +101,7 @@ static int commit_find_leader(struct run *r, struct commit_target *t, uint64_t d
 			return best;
 		}
 		if (rps__now_ns() >= deadline)
-			return commit_fail(r, "commit: no server of %d reported itself leader within --timeout-ms %d%s%s",
+			return psperf_run_fail(r, "commit: no server of %d reported itself leader within --timeout-ms %d%s%s",
 					   t->n, r->o->timeout_ms, last[0] ? "; last error: " : " (an election in progress?)",
 					   last);
 		psperf_sleep_ms(COMMIT_POLL_MS);
@@ -177,10 +161,10 @@ static int commit_warmup(struct run *r, struct commit_target *t, int *L, long wa
 	commit_progress(r, cr, 1, want);
 	while (done < want) {
 		if (commit_nop(r, t->ctl[*L], &status, &rep))
-			return commit_fail(r, "commit warm-up: ADMIN NOP to %s: %s", t->name, rps__errbuf());
+			return psperf_run_fail(r, "commit warm-up: ADMIN NOP to %s: %s", t->name, rps__errbuf());
 		if (status == -EAGAIN || status == -EPERM) {
 			if (rps__now_ns() >= deadline)
-				return commit_fail(r, "commit warm-up: %s kept answering %s to ADMIN NOP: %s", t->name,
+				return psperf_run_fail(r, "commit warm-up: %s kept answering %s to ADMIN NOP: %s", t->name,
 						   rps_strerror(status), rep.msg[0] ? rep.msg : "no message");
 			if (status == -EPERM) {
 				*L = commit_find_leader(r, t, deadline, &st);
@@ -192,7 +176,7 @@ static int commit_warmup(struct run *r, struct commit_target *t, int *L, long wa
 			continue;
 		}
 		if (status)
-			return commit_fail(r, "commit warm-up: %s refused ADMIN NOP: %s", t->name,
+			return psperf_run_fail(r, "commit warm-up: %s refused ADMIN NOP: %s", t->name,
 					   rep.msg[0] ? rep.msg : rps_strerror(status));
 		commit_tick(r, ++done);
 	}
@@ -219,13 +203,13 @@ static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, 
 		ret = commit_nop(r, ctl, &status, &rep);
 		psperf_samples_add(&cr->lat.s, rps__now_ns() - t0);
 		if (ret)
-			return commit_fail(r, "commit %ld of %ld: ADMIN NOP to %s: %s", i + 1, cr->iters, name,
+			return psperf_run_fail(r, "commit %ld of %ld: ADMIN NOP to %s: %s", i + 1, cr->iters, name,
 					   rps__errbuf());
 		if (status)
-			return commit_fail(r, "commit %ld of %ld: %s answered ADMIN NOP with %s: %s", i + 1, cr->iters,
+			return psperf_run_fail(r, "commit %ld of %ld: %s answered ADMIN NOP with %s: %s", i + 1, cr->iters,
 					   name, rps_strerror(status), rep.msg[0] ? rep.msg : "no message");
 		if (rep.index <= last)
-			return commit_fail(r, "commit %ld of %ld: %s answered at applied index %llu, not past the "
+			return psperf_run_fail(r, "commit %ld of %ld: %s answered at applied index %llu, not past the "
 					   "previous NOP's %llu: a NOP was not committed", i + 1, cr->iters, name,
 					   (unsigned long long)rep.index, (unsigned long long)last);
 		last = rep.index;
@@ -242,7 +226,7 @@ static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, 
 		if (i >= 0)
 			psperf_samples_add(&rr->lat.s, rps__now_ns() - t0);
 		if (ret || status)
-			return commit_fail(r, "admin round trip %ld: STATUS to %s: %s", i + 1, name,
+			return psperf_run_fail(r, "admin round trip %ld: STATUS to %s: %s", i + 1, name,
 					   ret ? rps__errbuf() : rps_strerror(status));
 		commit_tick(r, i + rr->warmup + 1);
 	}
@@ -262,7 +246,7 @@ int psperf_commit_measure(struct run *r, const char *list)
 
 	memset(&t, 0, sizeof(t));
 	if (rps__uri_list_parse(list, &t.uris, &t.n))
-		return commit_fail(r, "commit: %s", rps__errbuf());
+		return psperf_run_fail(r, "commit: %s", rps__errbuf());
 	t.ctl = psperf_xcalloc((size_t)t.n, sizeof(*t.ctl));
 	t.spin_us = r->o->spin_us;
 	t.buf = psperf_xalloc_aligned(RPS__BIG_MSG_MAX);
@@ -317,14 +301,14 @@ int psperf_run_commit_local(struct run *r)
 
 	snprintf(root, sizeof(root), "%s/psperf-commit.XXXXXX", tmp && *tmp ? tmp : "/tmp");
 	if (!mkdtemp(root)) {
-		ret = commit_fail(r, "commit: mkdtemp %s: %s: set TMPDIR to a writable directory", root, strerror(errno));
+		ret = psperf_run_fail(r, "commit: mkdtemp %s: %s: set TMPDIR to a writable directory", root, strerror(errno));
 		free(c);
 		return ret;
 	}
 	for (i = 0; i < n; i++) {
 		snprintf(c->dirs[i], sizeof(c->dirs[i]), "%s/s%d", root, i);
 		if (mkdir(c->dirs[i], 0700)) {
-			ret = commit_fail(r, "commit: mkdir %s: %s", c->dirs[i], strerror(errno));
+			ret = psperf_run_fail(r, "commit: mkdir %s: %s", c->dirs[i], strerror(errno));
 			remove_tree(root);
 			free(c);
 			return ret;
@@ -334,14 +318,14 @@ int psperf_run_commit_local(struct run *r)
 		r->nservers = n;
 	ret = psperf_cluster_start(r, c, n, r->commit_servers, sizeof(r->commit_servers));
 	if (ret)
-		commit_fail(r, "commit: the cluster of %d servers could not start (see above)", n);
+		psperf_run_fail(r, "commit: the cluster of %d servers could not start (see above)", n);
 	else
 		ret = psperf_commit_measure(r, r->commit_servers);
 	if (!r->servers[0])
 		snprintf(r->servers, sizeof(r->servers), "%s", r->commit_servers);
 	psperf_cluster_destroy(c);
 	if (psperf_cluster_errors(c) && !ret)
-		ret = commit_fail(r, "commit: a server stopped with an error (see above)");
+		ret = psperf_run_fail(r, "commit: a server stopped with an error (see above)");
 	remove_tree(root);
 	free(c);
 	return ret;

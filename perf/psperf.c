@@ -48,7 +48,7 @@
  *   baseline_xport.c  raw ops through transport.h
  *   stats.c           samples, statistics, figures and ratios
  *   output.c          tables, CSV, JSON
- *   util.c            usage errors, allocations, the progress line
+ *   util.c            usage errors, a test's failure, allocations, the progress line
  */
 #include "config.h"
 #include "psperf_int.h"

@@ -239,9 +239,11 @@ struct rawt_session {
 	int timeout_ms;
 };
 
-/* util.c: usage errors, allocations, sizes, the progress line */
+/* util.c: usage errors, a test's failure, allocations, sizes, the progress line */
 /* exits with status 2 */
 _Noreturn void psperf_die_usage(const char *fmt, ...) RPS__PRINTF(1, 2);
+/* marks r failed, keeps the first error in r->err; returns -EIO */
+int psperf_run_fail(struct run *r, const char *fmt, ...) RPS__PRINTF(2, 3);
 void *psperf_xcalloc(size_t n, size_t size);
 void *psperf_xalloc_aligned(size_t len);
 const char *psperf_human(size_t b, char *buf, size_t len);

@@ -29,7 +29,6 @@
 #include "transport/uri.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,21 +55,6 @@ struct reseed {
 	rps_tensor_t **tens;	/* one per size step */
 	size_t held;		/* parameter bytes the tensors hold so far */
 };
-
-static int reseed_fail(struct run *r, const char *fmt, ...) RPS__PRINTF(2, 3);
-
-static int reseed_fail(struct run *r, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!r->err[0]) {
-		va_start(ap, fmt);
-		vsnprintf(r->err, sizeof(r->err), fmt, ap);
-		va_end(ap);
-	}
-	r->failed = true;
-	return -EIO;
-}
 
 /* ---- which rows, their raw operations -------------------------------------------------------- */
 
@@ -146,7 +130,7 @@ static int find_leader(struct reseed *x, uint64_t deadline)
 			}
 		}
 		if (rps__now_ns() >= deadline)
-			return reseed_fail(x->r, "reseed: no server of %d reported itself leader%s%s", x->n,
+			return psperf_run_fail(x->r, "reseed: no server of %d reported itself leader%s%s", x->n,
 					   last[0] ? "; last error: " : "", last);
 		psperf_sleep_ms(20);
 	}
@@ -171,12 +155,12 @@ static int set_replicas(struct reseed *x, uint32_t k, uint64_t deadline)
 		ret = rps__ctl_call(x->ctl[x->leader], RPS__MSG_ADMIN, &a, sizeof(a), &rep, sizeof(rep), &len, &status,
 				    x->r->o->timeout_ms + 5000);
 		if (ret)
-			return reseed_fail(x->r, "reseed: set-replicas %u: %s", k, rps__errbuf());
+			return psperf_run_fail(x->r, "reseed: set-replicas %u: %s", k, rps__errbuf());
 		rep.msg[sizeof(rep.msg) - 1] = '\0';
 		if (!status)
 			return 0;
 		if ((status != -EPERM && status != -EAGAIN) || rps__now_ns() >= deadline)
-			return reseed_fail(x->r, "reseed: set-replicas %u refused: %s", k,
+			return psperf_run_fail(x->r, "reseed: set-replicas %u refused: %s", k,
 					   rep.msg[0] ? rep.msg : rps_strerror(status));
 		/* leadership moved, or a fresh leader has not committed yet */
 		if (status == -EPERM && find_leader(x, deadline))
@@ -207,11 +191,11 @@ static int wait_map(struct reseed *x, uint32_t k, uint64_t deadline)
 	for (;;) {
 		ret = status_of(x, x->leader, &st, true);
 		if (ret)
-			return reseed_fail(x->r, "reseed: STATUS of the leader: %s", rps__errbuf());
+			return psperf_run_fail(x->r, "reseed: STATUS of the leader: %s", rps__errbuf());
 		if (map_at(&x->map, k))
 			return 0;
 		if (rps__now_ns() >= deadline)
-			return reseed_fail(x->r, "reseed: %u of %u partitions still under-replicated after %d s (target %u)",
+			return psperf_run_fail(x->r, "reseed: %u of %u partitions still under-replicated after %d s (target %u)",
 					   rps__smap_nunder(&x->map), x->map.npart, RESEED_WAIT_S, k);
 		psperf_sleep_ms(RESEED_POLL_MS);
 	}
@@ -249,7 +233,7 @@ static int grow_to(struct reseed *x, struct row *row, size_t step)
 	free(init);
 	free(grad);
 	if (ret)
-		return reseed_fail(x->r, "reseed %zu bytes: %s %s: %s", row->bytes, x->tens[step] ? "rps_push to" :
+		return psperf_run_fail(x->r, "reseed %zu bytes: %s %s: %s", row->bytes, x->tens[step] ? "rps_push to" :
 				   "rps_tensor_create", name, rps_last_error()[0] ? rps_last_error() : rps_strerror(ret));
 	x->held = row->bytes;
 	return 0;
@@ -272,7 +256,7 @@ static int same_primaries(struct reseed *x, const struct row *row, const uint64_
 
 	for (p = 0; p < x->map.npart; p++)
 		if (x->map.parts[p].owner != owners[p])
-			return reseed_fail(x->r, "reseed %zu bytes: partition %u changed primary during the raise "
+			return psperf_run_fail(x->r, "reseed %zu bytes: partition %u changed primary during the raise "
 					   "(member %llu, now %llu): a failover (a server loop stalled past "
 					   "--failover-ms on a loaded machine?), not a re-replication", row->bytes, p,
 					   (unsigned long long)owners[p], (unsigned long long)x->map.parts[p].owner);
@@ -329,7 +313,7 @@ static int reseed_measure(struct reseed *x)
 	if ((ret = find_leader(x, deadline)))
 		return ret;
 	if (!map_at(&x->map, 1))
-		return reseed_fail(r, "reseed: the new cluster's map has a replication target of %u, not 1",
+		return psperf_run_fail(r, "reseed: the new cluster's map has a replication target of %u, not 1",
 				   x->map.replicas);
 	rps_client_opts_init(&co);
 	co.servers = r->reseed_servers;
@@ -338,7 +322,7 @@ static int reseed_measure(struct reseed *x)
 	co.timeout_ms = r->o->timeout_ms;
 	co.spin_us = r->o->spin_us;
 	if ((ret = rps_client_connect(&co, &x->cl)))
-		return reseed_fail(r, "reseed: rps_client_connect: %s", rps_last_error());
+		return psperf_run_fail(r, "reseed: rps_client_connect: %s", rps_last_error());
 	x->tens = psperf_xcalloc(r->nrows, sizeof(*x->tens));
 	for (i = 0; i < r->nrows; i++) {
 		struct row *row = &r->rows[i];
@@ -388,9 +372,9 @@ int psperf_run_reseed_local(struct run *r)
 	c->no_target = true;
 	ret = psperf_cluster_start(r, c, r->o->nservers, r->reseed_servers, sizeof(r->reseed_servers));
 	if (ret) {
-		reseed_fail(r, "reseed: the cluster of %d servers could not start (see above)", r->o->nservers);
+		psperf_run_fail(r, "reseed: the cluster of %d servers could not start (see above)", r->o->nservers);
 	} else if (rps__uri_list_parse(r->reseed_servers, &x->uris, &x->n)) {
-		ret = reseed_fail(r, "reseed: %s", rps__errbuf());
+		ret = psperf_run_fail(r, "reseed: %s", rps__errbuf());
 	} else {
 		if (!r->servers[0])
 			snprintf(r->servers, sizeof(r->servers), "%s", r->reseed_servers);
@@ -402,7 +386,7 @@ int psperf_run_reseed_local(struct run *r)
 	reseed_close(x);
 	psperf_cluster_destroy(c);
 	if (psperf_cluster_errors(c) && !ret)
-		ret = reseed_fail(r, "reseed: a server stopped with an error (see above)");
+		ret = psperf_run_fail(r, "reseed: a server stopped with an error (see above)");
 	free(x);
 	free(c);
 	return ret;

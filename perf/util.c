@@ -1,10 +1,12 @@
 /*
- * util.c - psperf's small helpers: usage errors, allocations that exit
- * when memory runs out, sizes in words, and the progress line on stderr.
+ * util.c - psperf's small helpers: usage errors, a test's failure,
+ * allocations that exit when memory runs out, sizes in words, and the
+ * progress line on stderr.
  */
 #include "config.h"
 #include "psperf_int.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,21 @@ void psperf_die_usage(const char *fmt, ...)
 	va_end(ap);
 	fprintf(stderr, " (psperf --help lists the options)\n");
 	exit(2);
+}
+
+/* The main thread's tests (commit, reseed) stop at their first error:
+ * keep that one (a later one is usually its consequence). */
+int psperf_run_fail(struct run *r, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!r->err[0]) {
+		va_start(ap, fmt);
+		vsnprintf(r->err, sizeof(r->err), fmt, ap);
+		va_end(ap);
+	}
+	r->failed = true;
+	return -EIO;
 }
 
 void *psperf_xcalloc(size_t n, size_t size)

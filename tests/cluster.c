@@ -3,10 +3,12 @@
  */
 #include "config.h"
 #include "cluster.h"
+#include "client/client_int.h"
 #include "client/ctl.h"
 #include "common/fsutil.h"
 #include "control/raft.h"
 #include "lib/tmpdir.h"
+#include "lib/watchdog.h"
 #include "proto/proto.h"
 #include "proto/smap.h"
 #include "transport/uri.h"
@@ -23,11 +25,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "rdmaps.h"
 
 /* Every process we started, for it_kill_all() (async-signal-safe). */
 static volatile pid_t started[1024];
@@ -92,10 +97,19 @@ static uint16_t free_port(const char *addr)
 	return port;
 }
 
-static void sleep_ms(int ms)
+void it_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
 	nanosleep(&ts, NULL);
+}
+
+double it_now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static const char *log_level(void)
@@ -145,7 +159,7 @@ static int wait_ready(struct it_cluster *cl, int i)
 			fprintf(stderr, "it_cluster: rdmapsd %d not ready after 120 s\n", i);
 			return -ETIMEDOUT;
 		}
-		sleep_ms(10);
+		it_sleep_ms(10);
 	}
 	return 0;
 }
@@ -293,7 +307,7 @@ int it_server_wait_exit(struct it_cluster *cl, int i, int timeout_ms)
 			return -errno;
 		if (waited >= timeout_ms)
 			return -ETIMEDOUT;
-		sleep_ms(10);
+		it_sleep_ms(10);
 	}
 	cl->pid[i] = 0;
 	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
@@ -642,10 +656,156 @@ int it_psctl_wait(pid_t pid, int timeout_ms)
 			forget(pid);
 			return -ETIMEDOUT;
 		}
-		sleep_ms(10);
+		it_sleep_ms(10);
 	}
 	forget(pid);
 	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+/* ---- a test program's frame ------------------------------------------------------ */
+
+int it_worker_fail(int rank, const char *what, int ret)
+{
+	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
+	return 1;
+}
+
+int it_client_connect(const char *servers, int rank, int nworkers, int timeout_ms, rps_client_t **cl)
+{
+	struct rps_client_opts co;
+
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = rank;
+	co.num_workers = nworkers;
+	co.timeout_ms = timeout_ms;
+	return rps_client_connect(&co, cl);
+}
+
+/* A fresh client's pull, in a child. */
+struct pull_fresh {
+	const char *name;
+	size_t count;
+	int timeout_ms;
+};
+
+static int pull_fresh_child(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct pull_fresh *a = arg;
+	float *p = malloc(a->count * sizeof(float));
+	uint64_t version = 0;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)nworkers;
+	if (!p)
+		return it_worker_fail(rank, "malloc", -ENOMEM);
+	if ((ret = it_client_connect(servers, 0, 1, a->timeout_ms, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	ret = rps_tensor_open(cl, a->name, &t);
+	if (!ret) {
+		ret = rps_pull(t, p, a->count * sizeof(float), &version);
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	if (ret)
+		return it_worker_fail(rank, "pull", ret);
+	it_write_all(out_fd, &version, sizeof(version));
+	it_write_all(out_fd, p, a->count * sizeof(float));
+	free(p);
+	return 0;
+}
+
+int it_pull_fresh(const char *servers, const char *name, float *out, size_t count, int timeout_ms,
+		  uint64_t *version)
+{
+	struct pull_fresh a = { .name = name, .count = count, .timeout_ms = timeout_ms };
+	struct it_workers w;
+	int ret = 0;
+
+	*version = 0;
+	if (it_workers_start(&w, 1, pull_fresh_child, servers, &a, -1, NULL))
+		return -ECHILD;
+	if (it_worker_read(&w, 0, version, sizeof(*version)) || it_worker_read(&w, 0, out, count * sizeof(float)))
+		ret = -EIO;
+	if (it_worker_wait(&w, 0) && !ret)
+		ret = -ECHILD;
+	return ret;
+}
+
+/* Every shard's part of req taken (or the request over), under the
+ * client's lock: its progress thread moves the states. */
+static bool push_taken(struct rps_request *req)
+{
+	struct rps_client *cl = req->cl;
+	bool taken = true;
+
+	pthread_mutex_lock(&cl->lock);
+	for (uint32_t i = 0; i < req->nops; i++)
+		taken = taken && req->ops[i].state == ST_TAKEN;
+	taken = taken || req->done;
+	pthread_mutex_unlock(&cl->lock);
+	return taken;
+}
+
+int it_push_taken(struct rps_tensor *t, const void *grad, size_t nbytes, int timeout_ms, struct rps_request **req)
+{
+	double until = it_now_s() + timeout_ms / 1000.0;
+	int ret = rps_push_start(t, grad, nbytes, req);
+
+	if (ret)
+		return ret;
+	while (!push_taken(*req)) {
+		if (it_now_s() > until)
+			return -ETIMEDOUT;
+		usleep(500);
+	}
+	return 0;
+}
+
+/* The program's cluster, for it_test_teardown (NULL: none). */
+static struct it_cluster *prog_cl;
+static bool *prog_up;
+
+int it_prog_init(const char *prog, unsigned watchdog_s, struct it_cluster *cl, bool *up)
+{
+	const char *tr = getenv("RPS_IT_TRANSPORT");
+
+	if (tr && !strcmp(tr, "verbs") && !getenv("RPS_IT_ADDR")) {
+		fprintf(stderr, "%s: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n", prog);
+		return 77;
+	}
+	prog_cl = cl;
+	prog_up = up;
+	signal(SIGPIPE, SIG_IGN);
+	watchdog_init(prog, watchdog_s, it_kill_all);
+	return 0;
+}
+
+void *it_shared_map(const char *prog, size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED) {
+		fprintf(stderr, "%s: mmap: %s\n", prog, strerror(errno));
+		return NULL;
+	}
+	return p;
+}
+
+void it_test_setup(void)
+{
+	watchdog_arm();
+}
+
+void it_test_teardown(void)
+{
+	watchdog_disarm();
+	if (prog_cl && prog_up && *prog_up) {
+		it_cluster_stop(prog_cl);
+		*prog_up = false;
+	}
 }
 
 /* ---- replicas: what the servers say ------------------------------------------ */
@@ -884,7 +1044,7 @@ int it_wait_settled(const struct it_cluster *cl, uint32_t replicas, int timeout_
 		clock_gettime(CLOCK_MONOTONIC, &t);
 		if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > timeout_ms)
 			break;
-		sleep_ms(50);
+		it_sleep_ms(50);
 	}
 	fprintf(stderr, "it_cluster: the map did not settle in %d ms: %s\n", timeout_ms, w);
 	return -ETIMEDOUT;

@@ -6,6 +6,7 @@
 #ifndef RPS_TEST_CLUSTER_H
 #define RPS_TEST_CLUSTER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -104,6 +105,49 @@ void it_kill_all(void);
 
 /* Write all of buf to fd (in workers). */
 int it_write_all(int fd, const void *buf, size_t len);
+
+/* ---- a test program's frame --------------------------------------------------
+ * The programs whose tests each start a cluster of their own (it_failover,
+ * it_isolate, it_replica, it_seed) share their main() and per-test set-up. */
+
+void it_sleep_ms(int ms);
+/* CLOCK_MONOTONIC, in seconds. */
+double it_now_s(void);
+/* In a worker: "worker <rank>: <what>: <ret> (<its name>): <rps_last_error>"
+ * on stderr; returns 1, the worker's exit status. */
+int it_worker_fail(int rank, const char *what, int ret);
+/* A client of servers (a URI list) as rank of nworkers, its timeout_ms:
+ * what rps_client_connect says. */
+struct rps_client;
+int it_client_connect(const char *servers, int rank, int nworkers, int timeout_ms, struct rps_client **cl);
+/* Pull count floats of tensor `name` into out with a fresh client (in a
+ * child: no client state stays here), its timeout_ms as given; its version
+ * in *version.  0, or -EIO / -ECHILD when the child failed (said on stderr). */
+int it_pull_fresh(const char *servers, const char *name, float *out, size_t count, int timeout_ms,
+		  uint64_t *version);
+/* In a worker of a sync job over partitions with backups: start pushing
+ * grad (rps_push_start) and return once every shard's part of it was taken
+ * on its primary (PUSH_ACK TAKEN: summed or parked there, its step not
+ * done yet) or the request ended; *req is then the caller's to rps_wait.
+ * 0, rps_push_start's error, or -ETIMEDOUT after timeout_ms (*req still
+ * running). */
+struct rps_tensor;
+struct rps_request;
+int it_push_taken(struct rps_tensor *t, const void *grad, size_t nbytes, int timeout_ms, struct rps_request **req);
+/* The start of main(): 77 (skip) when the tests would run over verbs
+ * without $RPS_IT_ADDR; else 0 with SIGPIPE ignored and the watchdog
+ * installed (watchdog_s per test; it_kill_all when it fires).  cl and up
+ * (may be NULL): the program's cluster and whether it runs, for
+ * it_test_teardown. */
+int it_prog_init(const char *prog, unsigned watchdog_s, struct it_cluster *cl, bool *up);
+/* len bytes (zeroed) the program shares with the workers it forks, or
+ * NULL (said on stderr). */
+void *it_shared_map(const char *prog, size_t len);
+/* A suite's per-test set-up and tear-down: the watchdog armed; disarmed,
+ * and the cluster it_prog_init was given stopped if a test (a failed
+ * assertion) left it running. */
+void it_test_setup(void);
+void it_test_teardown(void);
 
 /* Deterministic pseudo-random numbers for gradients. */
 static inline uint64_t it_rand(uint64_t *s)

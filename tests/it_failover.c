@@ -39,13 +39,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
-#include "lib/watchdog.h"
 
 #define NSERVERS 3
 #define NPART 6
@@ -68,27 +65,6 @@ struct shared {
 	atomic_int stop;			/* (e): stop pushing */
 };
 static struct shared *sh;
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-
-	nanosleep(&ts, NULL);
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int fail(int rank, const char *what, int ret)
-{
-	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
-	return 1;
-}
 
 static int acked_total(int n)
 {
@@ -119,13 +95,13 @@ static void start(int n, uint32_t r, bool data_dir)
 static int leader_index(void)
 {
 	struct it_member st;
-	double t0 = now_s();
+	double t0 = it_now_s();
 
-	while (now_s() - t0 < SETTLE_MS / 1000.0) {
+	while (it_now_s() - t0 < SETTLE_MS / 1000.0) {
 		for (int i = 0; i < clu.nservers; i++)
 			if (it_server_alive(&clu, i) && !it_member_status(&clu, i, &st, NULL) && st.leading)
 				return i;
-		sleep_ms(20);
+		it_sleep_ms(20);
 	}
 	return -1;
 }
@@ -148,60 +124,15 @@ static void check_replicas(const char *const *tensors, int n, uint64_t *versions
 		CU_ASSERT_EQUAL(it_replicas_differ(&clu, &map1, tensors[k], &versions[k]), 0);
 }
 
-/* Pull a tensor with a fresh client, in a child: version, then the values. */
-struct pull_arg {
-	const char *name;
-	size_t count;
-	float *out;		/* shared memory */
-};
-
-static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
-{
-	const struct pull_arg *a = arg;
-	struct rps_client_opts co;
-	uint64_t version = 0;
-	rps_client_t *cl;
-	rps_tensor_t *t;
-	int ret;
-
-	(void)nworkers;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "connect", ret);
-	ret = rps_tensor_open(cl, a->name, &t);
-	if (!ret) {
-		ret = rps_pull(t, a->out, a->count * sizeof(float), &version);
-		rps_tensor_close(t);
-	}
-	rps_client_close(cl);
-	if (ret)
-		return fail(rank, "pull", ret);
-	it_write_all(out_fd, &version, sizeof(version));
-	return 0;
-}
-
-/* Pull `name` (count floats) into a fresh buffer (free it); its version. */
+/* Pull `name` (count floats) with a fresh client into a fresh buffer
+ * (free it); its version. */
 static float *pull(const char *name, size_t count, uint64_t *version)
 {
-	struct pull_arg a = { .name = name, .count = count };
-	struct it_workers w;
-	int ok;
+	float *p = malloc(count * sizeof(float));
 
-	a.out = mmap(NULL, count * sizeof(float), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	CU_ASSERT_FATAL(a.out != MAP_FAILED);
-	*version = 0;
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, pull_worker, clu.servers, &a, -1, NULL), 0);
-	ok = it_worker_read(&w, 0, version, sizeof(*version)) == 0;
-	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
-	CU_ASSERT_FATAL(ok);
-	return a.out;
-}
-
-static void unpull(float *p, size_t count)
-{
-	munmap(p, count * sizeof(float));
+	CU_ASSERT_FATAL(p != NULL);
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, name, p, count, 30000, version), 0);
+	return p;
 }
 
 /* ---- (a) sync Adam, a primary killed mid-step -------------------------------- */
@@ -229,39 +160,42 @@ static int sync_worker(int rank, int nworkers, const char *servers, void *arg, i
 {
 	const struct sync_job *j = arg;
 	float *g = malloc(COUNT * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	rps_client_t *cl;
 	rps_tensor_t *t;
 	int s, ret;
 
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.rank = rank;
-	co.num_workers = nworkers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "connect", ret);
+	if ((ret = it_client_connect(servers, rank, nworkers, 30000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = COUNT;
 	o.mode = RPS_MODE_SYNC;
 	o.optimizer = RPS_OPT_ADAM;
 	o.lr = 0.01f;
 	if ((ret = rps_tensor_create(cl, j->name, &o, &t)))
-		return fail(rank, "create", ret);
+		return it_worker_fail(rank, "create", ret);
 	if ((ret = rps_barrier(cl)))
-		return fail(rank, "barrier", ret);
+		return it_worker_fail(rank, "barrier", ret);
 	for (s = 0; s < SYNC_STEPS; s++) {
 		sync_grad(g, rank, s);
-		if (j->gate_step && s == j->gate_step) {
-			if (rank == nworkers - 1)
-				while (!atomic_load(&sh->gate))
-					usleep(1000);
-			else
-				atomic_store(&sh->at_gate[rank], 1);
+		if (j->gate_step && s == j->gate_step && rank == nworkers - 1) {
+			while (!atomic_load(&sh->gate))
+				usleep(1000);
+		} else if (j->gate_step && s == j->gate_step) {
+			/* at the gate once taken on every primary, the step
+			 * waiting there for the last rank */
+			rps_request_t *req;
+
+			if ((ret = it_push_taken(t, g, COUNT * sizeof(float), 60000, &req)))
+				return it_worker_fail(rank, "push (taken)", ret);
+			atomic_store(&sh->at_gate[rank], 1);
+			if ((ret = rps_wait(req)))
+				return it_worker_fail(rank, "push", ret);
+			atomic_fetch_add(&sh->acked[rank], 1);
+			continue;
 		}
 		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
-			return fail(rank, "push", ret);
+			return it_worker_fail(rank, "push", ret);
 		atomic_fetch_add(&sh->acked[rank], 1);
 	}
 	it_write_all(out_fd, &s, sizeof(s));
@@ -272,8 +206,8 @@ static int sync_worker(int rank, int nworkers, const char *servers, void *arg, i
 }
 
 /* Run a sync job to its end; with a gate, SIGKILL member `victim` once the
- * other ranks push the gate step (taken on the primary, waiting for the
- * last rank) and only then let the last rank push it. */
+ * other ranks' pushes of the gate step are taken on the primaries (waiting
+ * there for the last rank) and only then let the last rank push it. */
 static void run_sync(const struct sync_job *j, int victim)
 {
 	struct it_workers w;
@@ -284,13 +218,11 @@ static void run_sync(const struct sync_job *j, int victim)
 	if (j->gate_step) {
 		bool all;
 		do {
-			sleep_ms(2);
+			it_sleep_ms(2);
 			all = true;
 			for (r = 0; r < SYNC_WORKERS - 1; r++)
 				all = all && atomic_load(&sh->at_gate[r]);
 		} while (!all);
-		/* their pushes reach the primaries (and are taken there) */
-		sleep_ms(300);
 		CU_ASSERT_EQUAL(acked_total(SYNC_WORKERS), SYNC_WORKERS * j->gate_step);
 		it_server_kill(&clu, victim);
 		atomic_store(&sh->gate, 1);
@@ -319,10 +251,10 @@ static void test_sync_adam_primary_killed(void)
 	CU_ASSERT_FATAL(leader >= 0);
 	victim = (leader + 1) % NSERVERS;
 	CU_ASSERT_FATAL(owned(&map0, (uint64_t)victim + 1) > 0);
-	t0 = now_s();
+	t0 = it_now_s();
 	run_sync(&run, victim);
 	fprintf(stderr, "[member %d killed at step %d of %d; the job ended %.2f s later] ", victim + 1, GATE_STEP,
-		SYNC_STEPS, now_s() - t0);
+		SYNC_STEPS, it_now_s() - t0);
 
 	pref = pull("ref", COUNT, &vref);
 	prun = pull("run", COUNT, &vrun);
@@ -332,8 +264,8 @@ static void test_sync_adam_primary_killed(void)
 		if (memcmp(&pref[i], &prun[i], sizeof(float)) && diff++ < 4)
 			fprintf(stderr, "run[%u] = %.9g, without the kill %.9g\n", i, (double)prun[i], (double)pref[i]);
 	CU_ASSERT_EQUAL(memcmp(pref, prun, COUNT * sizeof(float)), 0);
-	unpull(pref, COUNT);
-	unpull(prun, COUNT);
+	free(pref);
+	free(prun);
 
 	/* (g), and every shard at the same version in both */
 	check_replicas(tensors, 2, versions);
@@ -355,7 +287,6 @@ static int async_worker(int rank, int nworkers, const char *servers, void *arg, 
 {
 	const struct async_job *j = arg;
 	float *g = malloc(j->count * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	rps_client_t *cl;
 	rps_tensor_t *t;
@@ -363,23 +294,18 @@ static int async_worker(int rank, int nworkers, const char *servers, void *arg, 
 
 	for (size_t i = 0; i < j->count; i++)
 		g[i] = -1.0f;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.rank = rank;
-	co.num_workers = nworkers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "connect", ret);
+	if ((ret = it_client_connect(servers, rank, nworkers, 30000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = j->count;
 	o.mode = RPS_MODE_ASYNC;
 	o.optimizer = RPS_OPT_SGD;
 	o.lr = 1.0f;
 	if ((ret = rps_tensor_create(cl, j->name, &o, &t)))
-		return fail(rank, "create", ret);
+		return it_worker_fail(rank, "create", ret);
 	while (j->pushes ? n < j->pushes : !atomic_load(&sh->stop)) {
 		if ((ret = rps_push(t, g, j->count * sizeof(float))))
-			return fail(rank, "push", ret);
+			return it_worker_fail(rank, "push", ret);
 		n++;
 		atomic_fetch_add(&sh->acked[rank], 1);
 		usleep(500);	/* leave the servers some of the 2 cores */
@@ -418,7 +344,7 @@ static void check_exact(const char *name, size_t count, int acked)
 			fprintf(stderr, "%s[%zu] = %g, %d pushes acknowledged\n", name, i, (double)p[i], acked);
 	CU_ASSERT_EQUAL(bad, 0);
 	CU_ASSERT_EQUAL(version, (uint64_t)acked);
-	unpull(p, count);
+	free(p);
 }
 
 /* ---- (d) the Raft leader, a primary, killed ------------------------------------ */
@@ -443,13 +369,13 @@ static void test_leader_primary_killed(void)
 	CU_ASSERT_FATAL(owned(&map0, old) > 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
 	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
-		sleep_ms(2);
+		it_sleep_ms(2);
 	at_kill = acked_total(D_WORKERS);
-	t0 = now_s();
+	t0 = it_now_s();
 	it_server_kill(&clu, leader);
 	acked = async_wait(&w);
 	fprintf(stderr, "[leader %llu killed after %d pushes; %d acknowledged, the last %.2f s after the kill] ",
-		(unsigned long long)old, at_kill, acked, now_s() - t0);
+		(unsigned long long)old, at_kill, acked, it_now_s() - t0);
 	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
 	check_exact("d", COUNT, acked);
 
@@ -486,7 +412,6 @@ static float big_init(size_t i)
 static int create_big(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
 	float *init = malloc(BIG_COUNT * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	rps_client_t *cl;
 	rps_tensor_t *t;
@@ -496,18 +421,15 @@ static int create_big(int rank, int nworkers, const char *servers, void *arg, in
 	(void)arg;
 	for (size_t i = 0; i < BIG_COUNT; i++)
 		init[i] = big_init(i);
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "connect", ret);
+	if ((ret = it_client_connect(servers, 0, 1, 30000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = BIG_COUNT;
 	o.mode = RPS_MODE_ASYNC;
 	o.optimizer = RPS_OPT_SGD;
 	o.init = init;
 	if ((ret = rps_tensor_create(cl, "big", &o, &t)))
-		return fail(rank, "create big", ret);
+		return it_worker_fail(rank, "create big", ret);
 	rps_tensor_close(t);
 	rps_client_close(cl);
 	it_write_all(out_fd, &ret, sizeof(ret));
@@ -534,13 +456,13 @@ static int watcher(int rank, int nworkers, const char *servers, void *arg, int o
 	static struct rps__smap m;
 	struct watch *wt = arg;
 	struct rps__ctl *ctl[IT_MAX_SERVERS] = { 0 };
-	double t0 = now_s();
+	double t0 = it_now_s();
 
 	(void)rank;
 	(void)nworkers;
 	(void)servers;
 	wt->ret = -ETIMEDOUT;
-	while (now_s() - t0 < 60) {
+	while (it_now_s() - t0 < 60) {
 		for (int i = 0; i < clu.nservers; i++) {
 			struct rps__uri u;
 			size_t len = 0;
@@ -570,7 +492,7 @@ static int watcher(int rank, int nworkers, const char *servers, void *arg, int o
 				wt->ret = 0;
 				wt->part = p;
 				wt->seen = m.parts[p];
-				wt->after = now_s() - t0;
+				wt->after = it_now_s() - t0;
 				goto out;
 			}
 		}
@@ -603,7 +525,7 @@ static void test_kill_during_reseeding(void)
 	CU_ASSERT_EQUAL_FATAL(ret, 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, E_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
 	while (acked_total(E_WORKERS) < 40)
-		sleep_ms(2);
+		it_sleep_ms(2);
 
 	/* a member that is not the leader goes and comes back without its
 	 * shards; the watcher waits for it to be seeded again */
@@ -635,7 +557,7 @@ static void test_kill_during_reseeding(void)
 	/* training goes on through it */
 	at = acked_total(E_WORKERS);
 	while (acked_total(E_WORKERS) < at + 40)
-		sleep_ms(2);
+		it_sleep_ms(2);
 	atomic_store(&sh->stop, 1);
 	acked = async_wait(&w);
 	check_exact("w", COUNT, acked);
@@ -645,7 +567,7 @@ static void test_kill_during_reseeding(void)
 			fprintf(stderr, "big[%zu] = %g, created as %g\n", i, (double)p[i], (double)big_init(i));
 	CU_ASSERT_EQUAL(bad, 0);
 	CU_ASSERT_EQUAL(version, 0);
-	unpull(p, BIG_COUNT);
+	free(p);
 
 	check_replicas(tensors, 2, versions);
 	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);
@@ -678,7 +600,7 @@ static void test_set_shrinks_under_stream(void)
 	start(NSERVERS, 3, false);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, E_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
 	while (acked_total(E_WORKERS) < 40)
-		sleep_ms(2);
+		it_sleep_ms(2);
 	rc = it_psctl(&clu, 40000, out, sizeof(out), err, sizeof(err), "set-replicas 2");
 	if (rc)
 		fprintf(stderr, "psctl set-replicas 2: %s%s", out, err);
@@ -687,7 +609,7 @@ static void test_set_shrinks_under_stream(void)
 	CU_ASSERT_EQUAL(it_wait_settled(&clu, 2, SETTLE_MS, &map1), 0);
 	at = acked_total(E_WORKERS);
 	while (acked_total(E_WORKERS) < at + 40)
-		sleep_ms(2);
+		it_sleep_ms(2);
 	atomic_store(&sh->stop, 1);
 	acked = async_wait(&w);
 	check_exact("s", COUNT, acked);
@@ -699,20 +621,6 @@ static void test_set_shrinks_under_stream(void)
 	}
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
-}
-
-static void test_setup(void)
-{
-	watchdog_arm();
-}
-
-static void test_teardown(void)
-{
-	watchdog_disarm();
-	if (clu_up) {
-		it_cluster_stop(&clu);
-		clu_up = false;
-	}
 }
 
 int main(void)
@@ -728,20 +636,13 @@ int main(void)
 		  test_set_shrinks_under_stream },
 	};
 	const struct cutest_suite suites[] = {
-		{ "failover, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+		{ "failover, 3 servers", NULL, NULL, it_test_setup, it_test_teardown, tests, CUTEST_COUNT(tests) },
 	};
+	int ret;
 
-	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
-	    !getenv("RPS_IT_ADDR")) {
-		fprintf(stderr, "it_failover: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
-		return 77;
-	}
-	signal(SIGPIPE, SIG_IGN);
-	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (sh == MAP_FAILED) {
-		perror("it_failover: mmap");
+	if ((ret = it_prog_init("it_failover", TEST_WATCHDOG_S, &clu, &clu_up)))
+		return ret;
+	if (!(sh = it_shared_map("it_failover", sizeof(*sh))))
 		return 1;
-	}
-	watchdog_init("it_failover", TEST_WATCHDOG_S, it_kill_all);
 	return cutest_run(suites, CUTEST_COUNT(suites));
 }

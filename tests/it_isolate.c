@@ -41,8 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
@@ -50,7 +48,6 @@
 #include "proto/shard.h"
 #include "lib/cutest.h"
 #include "lib/json.h"
-#include "lib/watchdog.h"
 
 #define NSERVERS 3
 #define NPUSHERS 3
@@ -79,27 +76,6 @@ struct shared {
 };
 static struct shared *sh;
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-
-	nanosleep(&ts, NULL);
-}
-
-static int fail(int rank, const char *what, int ret)
-{
-	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
-	return 1;
-}
-
 /* Acknowledged so far: a lower bound of what was acknowledged before now. */
 static int acked_total(void)
 {
@@ -112,21 +88,15 @@ static int acked_total(void)
 
 static int connect_open(int rank, const char *servers, bool create, rps_client_t **cl, rps_tensor_t **t)
 {
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	int ret;
 
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.rank = create ? rank : 0;
-	co.num_workers = create ? NPUSHERS : 1;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, cl)))
-		return fail(rank, "connect", ret);
+	if ((ret = it_client_connect(servers, create ? rank : 0, create ? NPUSHERS : 1, 30000, cl)))
+		return it_worker_fail(rank, "connect", ret);
 	if (!create) {
 		while ((ret = rps_tensor_open(*cl, tname, t)) == -ENOENT)
 			usleep(10000);
-		return ret ? fail(rank, "open", ret) : 0;
+		return ret ? it_worker_fail(rank, "open", ret) : 0;
 	}
 	rps_tensor_opts_init(&o);
 	o.count = COUNT;
@@ -134,7 +104,7 @@ static int connect_open(int rank, const char *servers, bool create, rps_client_t
 	o.optimizer = RPS_OPT_SGD;
 	o.lr = 1.0f;
 	if ((ret = rps_tensor_create(*cl, tname, &o, t)))
-		return fail(rank, "create", ret);
+		return it_worker_fail(rank, "create", ret);
 	return 0;
 }
 
@@ -159,8 +129,8 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 		return 1;
 	while (!atomic_load(&sh->stop) && rep.acked < MAX_PUSHES) {
 		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
-			return fail(rank, "push", ret);
-		sh->done_at[rank][rep.acked++] = now_s();
+			return it_worker_fail(rank, "push", ret);
+		sh->done_at[rank][rep.acked++] = it_now_s();
 		atomic_fetch_add(&sh->acked[rank], 1);
 		usleep(500);	/* leave the servers some of the 2 cores */
 	}
@@ -205,7 +175,7 @@ static void check_pull(struct read_report *rep, const float *p, uint64_t version
 	rep->bad += bad;
 	rep->pulls++;
 	rep->fenced += fenced;
-	if (sh->t_moved && now_s() > sh->t_moved)
+	if (sh->t_moved && it_now_s() > sh->t_moved)
 		rep->after++;
 }
 
@@ -230,11 +200,11 @@ static int read_worker(int rank, int nworkers, const char *servers, void *arg, i
 
 		if (!cl && connect_open(rank, servers, false, &cl, &t))
 			return 1;
-		began = now_s();
+		began = it_now_s();
 		fenced = sh->t_iso && !sh->t_moved && began > sh->t_iso + LEASE_S;
 		lower = acked_total();
 		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
-			return fail(rank, "pull", ret);
+			return it_worker_fail(rank, "pull", ret);
 		check_pull(&rep, p, version, lower, began, fenced);
 		atomic_fetch_add(&sh->pulls[rank], 1);
 		if (fresh) {
@@ -315,9 +285,9 @@ static double isolated_run(void)
 	clu_up = true;
 	/* a member that does not lead: cutting the leader off is another
 	 * story (an election first) */
-	until = now_s() + 30;
-	while (!leader_map(&leader, &owner, 0) && now_s() < until)
-		sleep_ms(100);
+	until = it_now_s() + 30;
+	while (!leader_map(&leader, &owner, 0) && it_now_s() < until)
+		it_sleep_ms(100);
 	CU_ASSERT_FATAL(leader >= 1 && leader <= NSERVERS);
 	victim = (int)(leader % NSERVERS);	/* index of member leader + 1 (mod 3) */
 	part = victim;				/* member victim + 1 owns partitions victim, victim + 3 */
@@ -335,32 +305,26 @@ static double isolated_run(void)
 
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&pw, NPUSHERS, push_worker, servers, NULL, -1, NULL), 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&rw, NREADERS + 1, read_worker, servers, NULL, -1, NULL), 0);
-	until = now_s() + 60;
-	while ((acked_total() < START_PUSHES || atomic_load(&sh->pulls[NREADERS]) < 2) && now_s() < until)
-		sleep_ms(5);
+	until = it_now_s() + 60;
+	while ((acked_total() < START_PUSHES || atomic_load(&sh->pulls[NREADERS]) < 2) && it_now_s() < until)
+		it_sleep_ms(5);
 	CU_ASSERT_FATAL(acked_total() >= START_PUSHES);
 
+	/* the leader's map, polled as closely as a READ allows */
+	servers_first(lservers, sizeof(lservers), (int)leader - 1);
+	CU_ASSERT_EQUAL_FATAL(it_client_connect(lservers, 0, 1, 10000, &mcl), 0);
+	CU_ASSERT_FATAL(leader_owner(mcl, (uint32_t)part, &owner) && owner == (uint64_t)victim + 1);
 	/* cut member victim + 1 off: its lease was granted on a request sent
 	 * before now, so it ends before t_iso + LEASE_S */
-	{	/* the leader's map, polled as closely as a READ allows */
-		struct rps_client_opts co;
-
-		servers_first(lservers, sizeof(lservers), (int)leader - 1);
-		rps_client_opts_init(&co);
-		co.servers = lservers;
-		co.timeout_ms = 10000;
-		CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &mcl), 0);
-		CU_ASSERT_FATAL(leader_owner(mcl, (uint32_t)part, &owner) && owner == (uint64_t)victim + 1);
-	}
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGUSR1), 0);
-	t_iso = now_s();
+	t_iso = it_now_s();
 	sh->t_iso = t_iso;
 	until = t_iso + 60;
-	while (now_s() < until) {
-		double t0 = now_s();	/* (the map read after this showed it) */
+	while (it_now_s() < until) {
+		double t0 = it_now_s();	/* (the map read after this showed it) */
 
 		if (!leader_owner(mcl, (uint32_t)part, &owner)) {
-			sleep_ms(1);
+			it_sleep_ms(1);
 			continue;
 		}
 		if (owner == (uint64_t)victim + 1) {
@@ -369,7 +333,7 @@ static double isolated_run(void)
 			t_moved = t0;
 			break;
 		}
-		sleep_ms(1);
+		it_sleep_ms(1);
 	}
 	rps_client_close(mcl);
 	CU_ASSERT_FATAL(t_moved > 0);
@@ -380,10 +344,10 @@ static double isolated_run(void)
 			"deposed leader's map] ", (unsigned long long)leader, (unsigned long long)l2);
 	sh->t_moved = t_moved;
 	/* pushes and pulls go on at the new primary for a while */
-	w0 = now_s();
+	w0 = it_now_s();
 	k = acked_total();
-	while ((now_s() < w0 + AFTER_S || acked_total() < k + 30) && now_s() < w0 + 60)
-		sleep_ms(20);
+	while ((it_now_s() < w0 + AFTER_S || acked_total() < k + 30) && it_now_s() < w0 + 60)
+		it_sleep_ms(20);
 	atomic_store(&sh->stop, 1);
 
 	for (r = 0; r < NPUSHERS; r++) {
@@ -477,20 +441,6 @@ static void test_isolated_primary(void)
 	CU_ASSERT(w >= MIN_WINDOW_S);
 }
 
-static void test_setup(void)
-{
-	watchdog_arm();
-}
-
-static void test_teardown(void)
-{
-	watchdog_disarm();
-	if (clu_up) {
-		it_cluster_stop(&clu);
-		clu_up = false;
-	}
-}
-
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -498,20 +448,14 @@ int main(void)
 		  test_isolated_primary },
 	};
 	const struct cutest_suite suites[] = {
-		{ "isolated primary, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+		{ "isolated primary, 3 servers", NULL, NULL, it_test_setup, it_test_teardown, tests,
+		  CUTEST_COUNT(tests) },
 	};
+	int ret;
 
-	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
-	    !getenv("RPS_IT_ADDR")) {
-		fprintf(stderr, "it_isolate: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
-		return 77;
-	}
-	signal(SIGPIPE, SIG_IGN);
-	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (sh == MAP_FAILED) {
-		perror("it_isolate: mmap");
+	if ((ret = it_prog_init("it_isolate", TEST_WATCHDOG_S, &clu, &clu_up)))
+		return ret;
+	if (!(sh = it_shared_map("it_isolate", sizeof(*sh))))
 		return 1;
-	}
-	watchdog_init("it_isolate", TEST_WATCHDOG_S, it_kill_all);
 	return cutest_run(suites, CUTEST_COUNT(suites));
 }

@@ -33,19 +33,16 @@
 
 #include <CUnit/Basic.h>
 #include <errno.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
-#include "lib/watchdog.h"
 
 #define NSERVERS 3
 #define NWORKERS 3
@@ -68,6 +65,7 @@ struct shared {
 	atomic_int killed;			/* the parent killed the server */
 	atomic_int stop;			/* the reader stops */
 	atomic_int gate;			/* the last rank may push its gate_step */
+	atomic_int at_gate[IT_MAX_WORKERS];	/* the other ranks' gate_step pushes: taken */
 	atomic_llong kill_ns;			/* when the victim was dead (monotonic ns) */
 	atomic_llong first_ack_ns;		/* the first push started after it, acknowledged */
 };
@@ -79,33 +77,12 @@ struct job {
 	int gate_step;		/* sync: the last rank holds this step until the kill */
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static long long now_ns(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-
-	nanosleep(&ts, NULL);
-}
-
-static int fail(int rank, const char *what, int ret)
-{
-	fprintf(stderr, "worker %d: %s: %d (%s): %s\n", rank, what, ret, rps_strerror(ret), rps_last_error());
-	return 1;
 }
 
 /* What a worker reports: pushes acknowledged, pulls that saw too little
@@ -122,7 +99,6 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 {
 	const struct job *j = arg;
 	float *g = malloc(COUNT * sizeof(float)), *p = malloc(COUNT * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	struct report rep = { 0 };
 	rps_client_t *cl;
@@ -133,13 +109,8 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 
 	for (i = 0; i < COUNT; i++)
 		g[i] = -1.0f;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.rank = rank;
-	co.num_workers = nworkers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "connect", ret);
+	if ((ret = it_client_connect(servers, rank, nworkers, 30000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
 	rps_tensor_opts_init(&o);
 	o.count = COUNT;
 	o.mode = j->mode;
@@ -147,9 +118,9 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 	o.optimizer = RPS_OPT_SGD;
 	o.lr = 1.0f;
 	if ((ret = rps_tensor_create(cl, j->name, &o, &t)))
-		return fail(rank, "create", ret);
+		return it_worker_fail(rank, "create", ret);
 	if ((ret = rps_barrier(cl)))
-		return fail(rank, "barrier", ret);
+		return it_worker_fail(rank, "barrier", ret);
 	for (s = 0; s < PUSHES; s++) {
 		double t0, took;
 		long long start_ns, killed_ns, ack_ns, first;
@@ -158,10 +129,23 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 			usleep(1000);
 		killed_ns = atomic_load(&sh->kill_ns);
 		start_ns = now_ns();
-		t0 = now_s();
-		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
-			return fail(rank, "push", ret);
-		took = now_s() - t0;
+		t0 = it_now_s();
+		if (j->gate_step && s == j->gate_step && rank < nworkers - 1) {
+			/* at the gate once taken on every primary, the step
+			 * waiting there for the last rank */
+			rps_request_t *req;
+
+			ret = it_push_taken(t, g, COUNT * sizeof(float), 120000, &req);
+			if (!ret) {
+				atomic_store(&sh->at_gate[rank], 1);
+				ret = rps_wait(req);
+			}
+		} else {
+			ret = rps_push(t, g, COUNT * sizeof(float));
+		}
+		if (ret)
+			return it_worker_fail(rank, "push", ret);
+		took = it_now_s() - t0;
 		/* started once the victim was dead: every partition, the
 		 * victim's too, acknowledged it, so its new primary did */
 		ack_ns = now_ns();
@@ -178,7 +162,7 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 		/* a pull too: its reads of the dead server's shards fail with
 		 * the connection and must ride through the failover */
 		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
-			return fail(rank, "pull", ret);
+			return it_worker_fail(rank, "pull", ret);
 		for (i = 0; i < COUNT; i++) {
 			/* whole numbers, my pushes so far at least; bounded:
 			 * and everyone's up to s - staleness */
@@ -213,7 +197,6 @@ static int reader_worker(int rank, int nworkers, const char *servers, void *arg,
 	const struct job *j = arg;
 	float *p = malloc(COUNT * sizeof(float));
 	struct reader_report rep = { 0 };
-	struct rps_client_opts co;
 	uint64_t version, last = 0;
 	rps_client_t *cl;
 	rps_tensor_t *t = NULL;
@@ -221,22 +204,19 @@ static int reader_worker(int rank, int nworkers, const char *servers, void *arg,
 	unsigned i;
 
 	(void)nworkers;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 30000;
-	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "reader connect", ret);
+	if ((ret = it_client_connect(servers, 0, 1, 30000, &cl)))
+		return it_worker_fail(rank, "reader connect", ret);
 	while ((ret = rps_tensor_open(cl, j->name, &t)) == -ENOENT)
 		usleep(10000);
 	if (ret)
-		return fail(rank, "reader open", ret);
+		return it_worker_fail(rank, "reader open", ret);
 	while (!atomic_load(&sh->stop)) {
 		int killed = atomic_load(&sh->killed);
-		double t0 = now_s();
+		double t0 = it_now_s();
 		if ((ret = rps_pull(t, p, COUNT * sizeof(float), &version)))
-			return fail(rank, "reader pull", ret);
-		if (now_s() - t0 > rep.longest)
-			rep.longest = now_s() - t0;
+			return it_worker_fail(rank, "reader pull", ret);
+		if (it_now_s() - t0 > rep.longest)
+			rep.longest = it_now_s() - t0;
 		rep.pulls++;
 		rep.after_kill += killed;
 		rep.bad += version < last;
@@ -251,45 +231,14 @@ static int reader_worker(int rank, int nworkers, const char *servers, void *arg,
 	return 0;
 }
 
-/* Pull with a fresh client, in a child: version, then the values. */
-static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
-{
-	const struct job *j = arg;
-	float *p = malloc(COUNT * sizeof(float));
-	struct rps_client_opts co;
-	uint64_t version = 0;
-	rps_client_t *cl;
-	rps_tensor_t *t;
-	int ret;
-
-	(void)nworkers;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 20000;
-	if ((ret = rps_client_connect(&co, &cl)))
-		return fail(rank, "connect", ret);
-	ret = rps_tensor_open(cl, j->name, &t);
-	if (!ret) {
-		ret = rps_pull(t, p, COUNT * sizeof(float), &version);
-		rps_tensor_close(t);
-	}
-	rps_client_close(cl);
-	if (ret)
-		return fail(rank, "pull", ret);
-	it_write_all(out_fd, &version, sizeof(version));
-	it_write_all(out_fd, p, COUNT * sizeof(float));
-	free(p);
-	return 0;
-}
-
 /* Attached to servers started elsewhere (one per VM: tests/rxe/cluster-failover.sh):
  * wait until a leader is elected and every member reachable. */
 static int wait_attached(void)
 {
 	char out[65536] = "";
-	double until = now_s() + 300;
+	double until = it_now_s() + 300;
 
-	while (now_s() < until) {
+	while (it_now_s() < until) {
 		const char *p = out;
 		int reachable = 0;
 
@@ -300,7 +249,7 @@ static int wait_attached(void)
 			if (reachable == NSERVERS)
 				return 0;
 		}
-		sleep_ms(200);
+		it_sleep_ms(200);
 	}
 	fprintf(stderr, "it_replica: the attached servers not all up after 300 s: %s\n", out);
 	return -ETIMEDOUT;
@@ -352,12 +301,12 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	struct it_server_opts so = { .extra_args = restart ? RESTART_ARGS : SERVER_ARGS,
 				     .env = "RPS_FAULT=bootstrap-replicas-2", .data_dir = 1 };
 	char out[65536], err[4096];
-	struct it_workers w, pw, rw;
+	struct it_workers w, rw;
 	struct reader_report rr = { 0 };
 	struct report rep[NWORKERS];
 	double t_kill, first = 0, longest = 0;
 	uint64_t version = 0;
-	int r, acked = 0, bad = 0, ok, at_kill;
+	int r, acked = 0, bad = 0, at_kill;
 	float *p = malloc(COUNT * sizeof(float));
 	unsigned i;
 
@@ -371,12 +320,14 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)j, -1, NULL), 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&rw, 1, reader_worker, clu.servers, (void *)j, -1, NULL), 0);
 	while (acked_total() < (j->gate_step ? NWORKERS * j->gate_step : KILL_AFTER))
-		sleep_ms(2);
-	if (j->gate_step)
-		sleep_ms(200);	/* the other ranks' pushes of the step: taken, waiting for the last one */
+		it_sleep_ms(2);
+	/* sync: the other ranks' pushes of the gate step taken, waiting for the last one */
+	for (r = 0; j->gate_step && r < NWORKERS - 1; r++)
+		while (!atomic_load(&sh->at_gate[r]))
+			it_sleep_ms(2);
 	at_kill = acked_total();
 	it_server_kill(&clu, victim);
-	t_kill = now_s();
+	t_kill = it_now_s();
 	atomic_store(&sh->kill_ns, now_ns());
 	atomic_store(&sh->killed, 1);
 	if (restart)	/* same --data-dir: the map comes back, the shards do not */
@@ -395,7 +346,7 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	}
 	fprintf(stderr, "[%d pushes acknowledged; member %d killed after %d; workers done %.2f s after the kill; "
 		"first push acknowledged by the new primary %.2f s after the kill; "
-		"longest push %.3f s; first push %.3f s] ", acked, victim + 1, at_kill, now_s() - t_kill,
+		"longest push %.3f s; first push %.3f s] ", acked, victim + 1, at_kill, it_now_s() - t_kill,
 		(double)(atomic_load(&sh->first_ack_ns) - atomic_load(&sh->kill_ns)) * 1e-9, longest, first);
 	/* the failover (--failover-ms 300 here, 1000 in the VM cluster) and,
 	 * a whole host killed, the transport's ~2 s to notice it: far less
@@ -410,11 +361,7 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	CU_ASSERT_EQUAL(rr.bad, 0);
 	fprintf(stderr, "[reader: %d pulls, %d after the kill, longest %.3f s] ", rr.pulls, rr.after_kill, rr.longest);
 
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&pw, 1, pull_worker, clu.servers, (void *)j, -1, NULL), 0);
-	ok = it_worker_read(&pw, 0, &version, sizeof(version)) == 0 &&
-	     it_worker_read(&pw, 0, p, COUNT * sizeof(float)) == 0;
-	CU_ASSERT_EQUAL(it_worker_wait(&pw, 0), 0);
-	CU_ASSERT_FATAL(ok);
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, j->name, p, COUNT, 20000, &version), 0);
 	bad = 0;
 	for (i = 0; i < COUNT; i++)
 		if (p[i] != (float)acked) {
@@ -431,16 +378,16 @@ static void failover_run(const struct job *j, int victim, bool restart)
 		/* it failed its partitions over and left the sets it backed
 		 * (nothing empty promoted); the leader seeds it again: two
 		 * copies of every partition, some of them on it */
-		double until = now_s() + 30;
+		double until = it_now_s() + 30;
 		char want[64];
 		bool done = false;
 
 		snprintf(want, sizeof(want), "\"backups\":[%d]", victim + 1);
-		while (!done && now_s() < until) {
+		while (!done && it_now_s() < until) {
 			done = it_psctl(&clu, 10000, out, sizeof(out), err, sizeof(err), "--json status") == 0 &&
 			       strstr(out, "\"under_replicated\":0,") && strstr(out, want);
 			if (!done)
-				sleep_ms(100);
+				it_sleep_ms(100);
 		}
 		if (!done)
 			fprintf(stderr, "psctl status: %s%s\n", out, err);
@@ -501,20 +448,6 @@ static void test_async_primary_restarted(void)
 	failover_run(&j, 1, true);
 }
 
-static void test_setup(void)
-{
-	watchdog_arm();
-}
-
-static void test_teardown(void)
-{
-	watchdog_disarm();
-	if (clu_up) {
-		it_cluster_stop(&clu);
-		clu_up = false;
-	}
-}
-
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -524,21 +457,16 @@ int main(void)
 		{ "async: a primary restarted at once: fails over, rejoins as a backup", test_async_primary_restarted },
 	};
 	const struct cutest_suite suites[] = {
-		{ "replicated partitions, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+		{ "replicated partitions, 3 servers", NULL, NULL, it_test_setup, it_test_teardown, tests,
+		  CUTEST_COUNT(tests) },
 	};
-
-	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
-	    !getenv("RPS_IT_ADDR")) {
-		fprintf(stderr, "it_replica: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
-		return 77;
-	}
-	signal(SIGPIPE, SIG_IGN);
-	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (sh == MAP_FAILED) {
-		perror("it_replica: mmap");
-		return 1;
-	}
 	/* attached (servers in VMs, software RoCE): much slower */
-	watchdog_init("it_replica", getenv("RPS_IT_ATTACH") ? 10 * TEST_WATCHDOG_S : TEST_WATCHDOG_S, it_kill_all);
+	unsigned watchdog_s = getenv("RPS_IT_ATTACH") ? 10 * TEST_WATCHDOG_S : TEST_WATCHDOG_S;
+	int ret;
+
+	if ((ret = it_prog_init("it_replica", watchdog_s, &clu, &clu_up)))
+		return ret;
+	if (!(sh = it_shared_map("it_replica", sizeof(*sh))))
+		return 1;
 	return cutest_run(suites, CUTEST_COUNT(suites));
 }

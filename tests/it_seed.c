@@ -13,24 +13,18 @@
  */
 #include "config.h"
 #include "cluster.h"
-#include "client/ctl.h"
-#include "proto/proto.h"
 #include "proto/smap.h"
-#include "transport/uri.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
-#include "lib/watchdog.h"
 
 #define NSERVERS 3
 #define NPART 6
@@ -44,123 +38,17 @@ static struct it_cluster clu;
 static bool clu_up;
 static char out[65536], err[8192];
 
-static void sleep_ms(int ms)
+/* Wait until the map has settled at target r (it_wait_settled) with every
+ * member and partition in it: the seconds it took, or -1. */
+static double wait_settled(uint32_t r, struct rps__smap *m)
 {
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-	nanosleep(&ts, NULL);
-}
+	double t0 = it_now_s();
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ---- asking one server (in a child: the parent forks workers later) ------- */
-
-struct ask {
-	unsigned type;		/* RPS__MSG_STATUS or RPS__MSG_ADMIN (DIGEST) */
-	char uri[300];
-	uint32_t part;
-};
-
-struct answer {
-	int ret;		/* of the call, else the server's status */
-	struct rps__admin_rep rep;
-	struct rps__smap map;
-};
-
-static int ask_child(int rank, int nworkers, const char *servers, void *arg, int out_fd)
-{
-	static char buf[sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX + 64];
-	static struct answer a;
-	const struct ask *q = arg;
-	struct rps__admin ad;
-	struct rps__ctl *ctl = NULL;
-	struct rps__uri u;
-	size_t len = 0;
-	int32_t status = 0;
-	int ret;
-
-	(void)rank;
-	(void)nworkers;
-	(void)servers;
-	memset(&a, 0, sizeof(a));
-	memset(&ad, 0, sizeof(ad));
-	ad.op = RPS__ADMIN_DIGEST;
-	ad.part = q->part;
-	snprintf(ad.uri, sizeof(ad.uri), "w");
-	ret = rps__uri_parse(q->uri, &u);
-	if (!ret)
-		ret = rps__ctl_open(&u, 2000, &ctl);
-	if (!ret && q->type == RPS__MSG_STATUS)
-		ret = rps__ctl_call(ctl, RPS__MSG_STATUS, NULL, 0, buf, sizeof(buf), &len, &status, 2000);
-	else if (!ret)
-		ret = rps__ctl_call(ctl, RPS__MSG_ADMIN, &ad, sizeof(ad), &a.rep, sizeof(a.rep), &len, &status, 2000);
-	if (!ret && status)
-		ret = status;
-	if (!ret && q->type == RPS__MSG_STATUS)
-		ret = len < sizeof(struct rps__status_rep) ? -EBADMSG :
-		      rps__smap_decode(buf + sizeof(struct rps__status_rep), len - sizeof(struct rps__status_rep), &a.map);
-	rps__ctl_close(ctl);
-	a.ret = ret;
-	it_write_all(out_fd, &a, sizeof(a));
-	return 0;
-}
-
-static int ask(int server, unsigned type, uint32_t part, struct answer *a)
-{
-	struct ask q = { .type = type, .part = part };
-	struct it_workers w;
-
-	snprintf(q.uri, sizeof(q.uri), "%s", clu.uri[server]);
-	memset(a, 0, sizeof(*a));
-	if (it_workers_start(&w, 1, ask_child, NULL, &q, -1, NULL))
-		return -ECHILD;
-	if (it_worker_read(&w, 0, a, sizeof(*a)))
-		a->ret = -EIO;
-	return it_worker_wait(&w, 0) ? -ECHILD : a->ret;
-}
-
-/* ---- the map ------------------------------------------------------------------- */
-
-/* Every partition has exactly nb backups on other servers, nobody seeds,
- * nothing moves, target r: on every server's copy of the map. */
-static bool settled(uint32_t r, uint32_t nb, struct rps__smap *m)
-{
-	static struct answer a;
-
-	for (int i = 0; i < NSERVERS; i++) {
-		if (ask(i, RPS__MSG_STATUS, 0, &a))
-			return false;
-		if (a.map.replicas != r || a.map.npart != NPART || a.map.nmembers != NSERVERS)
-			return false;
-		for (uint32_t p = 0; p < NPART; p++) {
-			const struct rps__smap_part *mp = &a.map.parts[p];
-			if (rps__smap_nbackups(&a.map, p) != nb || mp->joining || mp->moving_to || mp->lost ||
-			    (nb && mp->backups[0] == mp->owner))
-				return false;
-		}
-		if (i == 0)
-			*m = a.map;
-		else if (a.map.applied != m->applied)
-			return false;
-	}
-	return true;
-}
-
-/* Wait until settled(r, nb): the seconds it took, or -1. */
-static double wait_settled(uint32_t r, uint32_t nb, struct rps__smap *m)
-{
-	double t0 = now_s();
-
-	while (now_s() - t0 < SETTLE_MS / 1000.0) {
-		if (settled(r, nb, m))
-			return now_s() - t0;
-		sleep_ms(50);
-	}
-	return -1;
+	if (it_wait_settled(&clu, r, SETTLE_MS, m))
+		return -1;
+	CU_ASSERT_EQUAL(m->npart, NPART);
+	CU_ASSERT_EQUAL(m->nmembers, NSERVERS);
+	return it_now_s() - t0;
 }
 
 /* ---- training --------------------------------------------------------------- */
@@ -176,7 +64,6 @@ static int train(int rank, int nworkers, const char *servers, void *arg, int out
 {
 	const struct train_arg *a = arg;
 	float *g = malloc(COUNT * sizeof(float));
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	rps_client_t *cl = NULL;
 	rps_tensor_t *t = NULL;
@@ -186,24 +73,21 @@ static int train(int rank, int nworkers, const char *servers, void *arg, int out
 
 	(void)rank;
 	(void)nworkers;
-	rps_client_opts_init(&co);
-	co.servers = servers;
-	co.timeout_ms = 20000;
 	rps_tensor_opts_init(&o);
 	o.count = COUNT;
 	o.mode = RPS_MODE_ASYNC;
 	o.optimizer = RPS_OPT_ADAM;
 	o.lr = 0.001f;
-	ret = g ? rps_client_connect(&co, &cl) : -ENOMEM;
+	ret = g ? it_client_connect(servers, 0, 1, 20000, &cl) : -ENOMEM;
 	if (!ret)
 		ret = rps_tensor_create(cl, "w", &o, &t);
 	for (k = 0; !ret && k < a->steps; k++) {
 		for (uint32_t i = 0; i < COUNT; i++)
 			g[i] = it_randf(&s);
-		t0 = now_s();
+		t0 = it_now_s();
 		ret = rps_push(t, g, COUNT * sizeof(float));
 		if (!k)
-			first = now_s() - t0;
+			first = it_now_s() - t0;
 	}
 	if (ret)
 		fprintf(stderr, "train: step %d: %s: %s\n", k, rps_strerror(ret), rps_last_error());
@@ -228,36 +112,21 @@ static double run_train(int steps, uint64_t seed)
 }
 
 /* Every replica of every partition holds what its primary holds, at
- * `steps` updates per shard; the other server holds nothing of it. */
+ * `steps` updates per shard. */
 static void check_replicas(const struct rps__smap *m, uint64_t steps)
 {
-	static struct answer prim, a;
-
 	for (uint32_t p = 0; p < NPART; p++) {
 		const struct rps__smap_part *mp = &m->parts[p];
-		CU_ASSERT_EQUAL_FATAL(ask((int)mp->owner - 1, RPS__MSG_ADMIN, p, &prim), 0);
-		CU_ASSERT(prim.rep.leader >= 1);	/* (its shard count) */
-		if (prim.rep.epoch != steps * prim.rep.leader)
-			fprintf(stderr, "partition %u: %llu updates over %llu shards on its primary, %llu pushes made\n", p,
-				(unsigned long long)prim.rep.epoch, (unsigned long long)prim.rep.leader,
-				(unsigned long long)steps);
-		CU_ASSERT_EQUAL(prim.rep.epoch, steps * prim.rep.leader);
-		for (int i = 0; i < NSERVERS; i++) {
-			uint64_t id = (uint64_t)i + 1;
-			if (id == mp->owner)
-				continue;
-			if (rps__smap_role(m, p, id) == RPS__SMAP_ROLE_BACKUP) {
-				CU_ASSERT_EQUAL(ask(i, RPS__MSG_ADMIN, p, &a), 0);
-				CU_ASSERT_EQUAL(a.rep.leader, prim.rep.leader);
-				CU_ASSERT_EQUAL(a.rep.epoch, prim.rep.epoch);
-				if (a.rep.index != prim.rep.index)
-					fprintf(stderr, "partition %u: backup %d crc %08llx, primary %llu crc %08llx\n", p,
-						i + 1, (unsigned long long)a.rep.index, (unsigned long long)mp->owner,
-						(unsigned long long)prim.rep.index);
-				CU_ASSERT_EQUAL(a.rep.index, prim.rep.index);
-			}
-		}
+		struct it_digest prim;
+
+		CU_ASSERT_EQUAL_FATAL(it_part_digest(&clu, it_member_index(&clu, mp->owner), "w", p, &prim), 0);
+		CU_ASSERT(prim.nshards >= 1);
+		if (prim.versions != steps * prim.nshards)
+			fprintf(stderr, "partition %u: %llu updates over %u shards on its primary, %llu pushes made\n", p,
+				(unsigned long long)prim.versions, prim.nshards, (unsigned long long)steps);
+		CU_ASSERT_EQUAL(prim.versions, steps * prim.nshards);
 	}
+	CU_ASSERT_EQUAL(it_replicas_differ(&clu, m, "w", NULL), 0);
 }
 
 static void test_setup(void)
@@ -285,18 +154,18 @@ static void test_replicas_seeded(void)
 	double t, first;
 	int rc;
 
-	t = wait_settled(2, 1, &m);
+	t = wait_settled(2, &m);
 	CU_ASSERT_FATAL(t >= 0);
 	fprintf(stderr, "[--replicas 2: every partition backed up %.2f s after start] ", t);
 	/* each member proposes its own SET_ZONE, on its own schedule: since
 	 * seedings no longer wait 0.5 s apart, the backups can all be in place
 	 * before the last zone is */
-	for (double t0 = now_s(); now_s() - t0 < SETTLE_MS / 1000.0; sleep_ms(50)) {
+	for (double t0 = it_now_s(); it_now_s() - t0 < SETTLE_MS / 1000.0; it_sleep_ms(50)) {
 		uint32_t nz = 0;
 
 		for (uint32_t i = 0; i < NSERVERS; i++)
 			nz += !strcmp(m.members[i].zone, "z1");
-		if (nz == NSERVERS || wait_settled(2, 1, &m) < 0)
+		if (nz == NSERVERS || wait_settled(2, &m) < 0)
 			break;
 	}
 	for (uint32_t i = 0; i < NSERVERS; i++)
@@ -319,7 +188,7 @@ static void test_replicas_seeded(void)
 	if (rc)
 		fprintf(stderr, "psctl set-replicas 1: %s", err);
 	CU_ASSERT_EQUAL_FATAL(rc, 0);
-	CU_ASSERT_FATAL(wait_settled(1, 0, &m) >= 0);
+	CU_ASSERT_FATAL(wait_settled(1, &m) >= 0);
 	run_train(10, 2);
 
 	/* raised while a worker trains: seeded again from what the primaries
@@ -328,7 +197,7 @@ static void test_replicas_seeded(void)
 	{
 		struct train_arg a = { .steps = 1500, .seed = 3 };
 		struct it_workers w;
-		double t0 = now_s();
+		double t0 = it_now_s();
 
 		/* (psctl answers once the target is applied: the seedings start
 		 * as the worker does) */
@@ -337,9 +206,9 @@ static void test_replicas_seeded(void)
 		CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, train, clu.servers, &a, -1, NULL), 0);
 		CU_ASSERT_EQUAL(it_worker_read(&w, 0, &first, sizeof(first)), 0);
 		CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
-		fprintf(stderr, "[1500 pushes across set-replicas 2: %.2f s] ", now_s() - t0);
+		fprintf(stderr, "[1500 pushes across set-replicas 2: %.2f s] ", it_now_s() - t0);
 	}
-	t = wait_settled(2, 1, &m);
+	t = wait_settled(2, &m);
 	CU_ASSERT_FATAL(t >= 0);
 	check_replicas(&m, 1530);
 	/* and the stream goes on after the image */
@@ -357,17 +226,13 @@ int main(void)
 	const struct cutest_suite suites[] = {
 		{ "replicas, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
 	};
+	int ret;
 
-	if (!strcmp(getenv("RPS_IT_TRANSPORT") ? getenv("RPS_IT_TRANSPORT") : "tcp", "verbs") &&
-	    !getenv("RPS_IT_ADDR")) {
-		fprintf(stderr, "it_seed: verbs needs RPS_IT_ADDR (an address of an RDMA device)\n");
-		return 77;
-	}
+	if ((ret = it_prog_init("it_seed", 300, NULL, NULL)))
+		return ret;
 	if (access(it_psctl_path(), X_OK) != 0) {
 		fprintf(stderr, "it_seed: no psctl at %s (set PSCTL)\n", it_psctl_path());
 		return 1;
 	}
-	signal(SIGPIPE, SIG_IGN);
-	watchdog_init("it_seed", 300, it_kill_all);
 	return cutest_run(suites, CUTEST_COUNT(suites));
 }
