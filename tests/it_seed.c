@@ -133,12 +133,14 @@ static void test_setup(void)
 {
 	struct it_server_opts o = { .extra_args = ARGS };
 
+	it_test_setup();	/* a hung test is stopped by the watchdog */
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &o), 0);
 	clu_up = true;
 }
 
 static void test_teardown(void)
 {
+	it_test_teardown();	/* (stops nothing: it_prog_init was given no cluster) */
 	if (clu_up)
 		CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
