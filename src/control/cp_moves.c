@@ -317,6 +317,9 @@ void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
 				rps__log(RPS__LOG_WARN, "partition %u: member %llu did not take it in time: aborting the move",
 					 p, (unsigned long long)pl->to);
 				rps__cp_propose_cmd(cp, &cmd);
+				/* again in 0.5 s if it does not commit (no leader, no
+				 * quorum), not every turn of the loop */
+				pl->next_try = now + PEER_RETRY_NS;
 			}
 			break;
 		case PART_INCOMING:
