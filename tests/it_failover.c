@@ -493,6 +493,7 @@ static void run_primary_stopped(bool leader_too)
 {
 	static const struct async_job j = { .name = "d2", .count = COUNT, .pushes = D_PUSHES };
 	static const char *const tensors[] = { "d2" };
+	static char servers[sizeof(clu.servers)];
 	struct it_workers w;
 	uint64_t old, versions[1];
 	int leader, victim, acked, at_stop;
@@ -509,7 +510,13 @@ static void run_primary_stopped(bool leader_too)
 	CU_ASSERT_FATAL(leader_too ? victim == leader : victim != leader);
 	old = (uint64_t)victim + 1;
 	CU_ASSERT_FATAL(owned(&map0, old) > 0);
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	/* the victim first in the workers' list: their first connection,
+	 * whose map they read first and which a refresh would ask first */
+	snprintf(servers, sizeof(servers), "%s", clu.uri[victim]);
+	for (int i = 0; i < NSERVERS; i++)
+		if (i != victim)
+			snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), ",%s", clu.uri[i]);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, servers, (void *)&j, -1, NULL), 0);
 	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
 		sleep_ms(2);
 	at_stop = acked_total(D_WORKERS);
