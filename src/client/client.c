@@ -271,20 +271,24 @@ static bool retryable(int status)
 
 /* After a refresh: resend an op whose connection was lost only if its
  * shard's partition has a new owner (a server that left the cluster after
- * its partitions moved), or its owner answers a new connection (dialed
- * again by the refresh: it was alive, only slow or cut off a while; the
- * push id makes a resent push that it applied before harmless); a server
- * that died owning it is an error. */
+ * its partitions moved), or, the partition having backups (the op rode
+ * through), its owner answers a new connection (dialed again by the
+ * refresh: it was alive, only slow or cut off a while; the push id makes
+ * a resent push that it applied before harmless); a server that died
+ * owning it is an error. */
 static bool worth_resending(const struct rps_client *cl, const struct shard_op *op)
 {
+	const struct rps__smap_part *pp;
 	uint32_t p;
 
 	if (op->result != -ECONNRESET)
 		return retryable(op->result);
 	p = rps__shard_server(&op->t->layout, op->shard);
+	if (p >= cl->map.npart)
+		return false;
+	pp = &cl->map.parts[p];
 	/* (a partition lost with its server: resent, it is refused saying so) */
-	return p < cl->map.npart && (cl->map.parts[p].owner != op->c->member_id || cl->map.parts[p].lost ||
-				     (op->c->ep && !op->c->dead));
+	return pp->owner != op->c->member_id || pp->lost || (pp->backups[0] && op->c->ep && !op->c->dead);
 }
 
 /*
