@@ -15,6 +15,13 @@
  *      (every worker rides through, so all of them); another member leads;
  *      the old leader's partitions belong to their former backups, at a
  *      later epoch.
+ *  (d2, d3) the same, the victim (the leader, d2; another primary, d3)
+ *      stopped with SIGSTOP instead: a host that dies silently, its
+ *      connections left open.  Every push acknowledged within the
+ *      workers' 30 s timeout, exact; SIGKILLed once they are done.
+ *  (d4) a primary stopped 6 s then continued, never failed over: its
+ *      connections are declared lost meanwhile; dialed again, every push
+ *      resent there once, exact, nothing moved.
  *  (e) --replicas 3: a server restarted (same --data-dir) is seeded again
  *      as a backup; a watcher kills the seed's source, the partition's
  *      primary, the moment the map shows the joiner.  The partition goes to
@@ -76,13 +83,14 @@ static int acked_total(int n)
 }
 
 static uint32_t replicas;	/* the test's --replicas */
+static const char *more_args = "";	/* (d4): after ARGS, the last word on a flag */
 
 static void start(int n, uint32_t r, bool data_dir)
 {
 	char args[256];
 	struct it_server_opts o = { .extra_args = args, .data_dir = data_dir };
 
-	snprintf(args, sizeof(args), "%s --replicas %u", ARGS, r);
+	snprintf(args, sizeof(args), "%s --replicas %u%s", ARGS, r, more_args);
 	replicas = r;
 	memset(sh, 0, sizeof(*sh));
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, n, &o), 0);
@@ -399,6 +407,130 @@ static void test_leader_primary_killed(void)
 	clu_up = false;
 }
 
+/* ---- (d2, d3) a primary stopped: the Raft leader, or not ----------------------- */
+
+/* A host that dies silently (power, kernel panic) resets nothing: its
+ * peers' connections stay open and only go quiet.  SIGSTOP is that on
+ * loopback: the process's sockets stay open, nothing answers.  The same
+ * job as (d), the victim the Raft leader (d2) or another primary (d3);
+ * every push must be acknowledged long before the workers' 30 s timeout,
+ * and the stopped member is SIGKILLed only once they are done. */
+static void run_primary_stopped(bool leader_too)
+{
+	static const struct async_job j = { .name = "d2", .count = COUNT, .pushes = D_PUSHES };
+	static const char *const tensors[] = { "d2" };
+	static char servers[sizeof(clu.servers)];
+	struct it_workers w;
+	uint64_t old, versions[1];
+	int leader, victim, acked, at_stop;
+	double t0, took;
+
+	start(NSERVERS, 2, false);
+	leader = leader_index();
+	CU_ASSERT_FATAL(leader >= 0);
+	/* the leader, or a member after it that owns a partition */
+	victim = leader;
+	for (int i = 1; !leader_too && i < NSERVERS && victim == leader; i++)
+		if (owned(&map0, (uint64_t)((leader + i) % NSERVERS) + 1) > 0)
+			victim = (leader + i) % NSERVERS;
+	CU_ASSERT_FATAL(leader_too ? victim == leader : victim != leader);
+	old = (uint64_t)victim + 1;
+	CU_ASSERT_FATAL(owned(&map0, old) > 0);
+	/* the victim first in the workers' list: their first connection,
+	 * whose map they read first and which a refresh would ask first */
+	snprintf(servers, sizeof(servers), "%s", clu.uri[victim]);
+	for (int i = 0; i < NSERVERS; i++)
+		if (i != victim)
+			snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), ",%s", clu.uri[i]);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, servers, (void *)&j, -1, NULL), 0);
+	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
+		sleep_ms(2);
+	at_stop = acked_total(D_WORKERS);
+	t0 = now_s();
+	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
+	acked = async_wait(&w);
+	took = now_s() - t0;
+	fprintf(stderr, "[%s %llu stopped after %d pushes; %d acknowledged, the last %.2f s after the stop] ",
+		leader_too ? "leader" : "primary", (unsigned long long)old, at_stop, acked, took);
+	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
+	it_server_kill(&clu, victim);
+	check_exact("d2", COUNT, acked);
+
+	check_replicas(tensors, 1, versions);
+	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);
+	for (uint32_t p = 0; p < NPART; p++) {
+		if (map0.parts[p].owner != old)
+			continue;
+		CU_ASSERT_EQUAL(map1.parts[p].owner, map0.parts[p].backups[0]);
+		CU_ASSERT(map1.parts[p].epoch > map0.parts[p].epoch);
+	}
+	CU_ASSERT_EQUAL(owned(&map1, old), 0);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+static void test_leader_primary_stopped(void)
+{
+	run_primary_stopped(true);
+}
+
+static void test_primary_stopped(void)
+{
+	run_primary_stopped(false);
+}
+
+/* ---- (d4) a primary stalled, not dead ------------------------------------------ */
+
+#define D4_STALL_MS 6000
+
+/* A stopped process that comes back: its connections are declared lost
+ * after PROBE_DEAD_MS without an answer (as for a dead host), but the
+ * control plane does not fail it over (--failover-ms 60000), so its
+ * partitions are still its own when the ride-through's wait is over: the
+ * client must dial it again and resend, push ids unchanged.  Every push
+ * acknowledged, exact: none lost, none applied twice. */
+static void test_primary_stalled(void)
+{
+	static const struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
+	static const char *const tensors[] = { "d4" };
+	struct it_workers w;
+	uint64_t versions[1];
+	int leader, victim = -1, acked, at_stop;
+	double t0;
+
+	more_args = " --failover-ms 60000";
+	start(NSERVERS, 2, false);
+	more_args = "";
+	leader = leader_index();
+	CU_ASSERT_FATAL(leader >= 0);
+	for (int i = 1; i < NSERVERS && victim < 0; i++)
+		if (owned(&map0, (uint64_t)((leader + i) % NSERVERS) + 1) > 0)
+			victim = (leader + i) % NSERVERS;
+	CU_ASSERT_FATAL(victim >= 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
+		sleep_ms(2);
+	at_stop = acked_total(D_WORKERS);
+	t0 = now_s();
+	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
+	sleep_ms(D4_STALL_MS);	/* the stall itself: what the test is about */
+	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGCONT), 0);
+	acked = async_wait(&w);
+	fprintf(stderr, "[member %d stalled %d ms after %d pushes; %d acknowledged, the last %.2f s after the stall began] ",
+		victim + 1, D4_STALL_MS, at_stop, acked, now_s() - t0);
+	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
+	check_exact("d4", COUNT, acked);
+	check_replicas(tensors, 1, versions);
+	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);
+	/* nothing failed over: the same owners at the same epochs */
+	for (uint32_t p = 0; p < NPART; p++) {
+		CU_ASSERT_EQUAL(map1.parts[p].owner, map0.parts[p].owner);
+		CU_ASSERT_EQUAL(map1.parts[p].epoch, map0.parts[p].epoch);
+	}
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
 /* ---- (e) a kill during re-replication ------------------------------------------ */
 
 #define E_WORKERS 2
@@ -630,6 +762,12 @@ int main(void)
 		  test_sync_adam_primary_killed },
 		{ "(d) async: the Raft leader, a primary, killed: exact, its partitions on their backups",
 		  test_leader_primary_killed },
+		{ "(d2) async: the Raft leader, a primary, stopped (SIGSTOP), not killed: exact, its partitions on their backups",
+		  test_leader_primary_stopped },
+		{ "(d3) async: a primary, not the leader, stopped (SIGSTOP): exact, its partitions on their backups",
+		  test_primary_stopped },
+		{ "(d4) async: a primary stalled 6 s (SIGSTOP, SIGCONT), not failed over: dialed again, exact",
+		  test_primary_stalled },
 		{ "(e) --replicas 3: the seed's source killed while a restarted server is seeded",
 		  test_kill_during_reseeding },
 		{ "(g) set-replicas 3 -> 2 under the stream: the same primary's entries applied, exact",

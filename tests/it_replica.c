@@ -257,7 +257,8 @@ static int wait_attached(void)
 
 /* Attached: which member to kill.  Never member 1 (its VM runs the
  * workers); by default not the Raft leader either ($RPS_IT_VICTIM=leader:
- * the leader, if it is not member 1).  A server index, or dflt. */
+ * the leader; if that is member 1, it hands the leadership to member
+ * dflt + 1 first).  A server index, or dflt. */
 static int attached_victim(int dflt)
 {
 	const char *want = getenv("RPS_IT_VICTIM");
@@ -269,8 +270,23 @@ static int attached_victim(int dflt)
 		return dflt;
 	leader = atoi(p + 9);
 	if (want && !strcmp(want, "leader")) {
+		double until = now_s() + 60;
+
 		if (leader > 1)
 			return leader - 1;
+		/* member 1's VM runs the workers: hand the leadership to
+		 * member dflt + 1 first, and kill that leader */
+		if (it_psctl(&clu, 30000, out, sizeof(out), NULL, 0, "--json --timeout 20 transfer-leader %d", dflt + 1))
+			fprintf(stderr, "[psctl transfer-leader %d failed] ", dflt + 1);
+		while (now_s() < until) {
+			if (it_psctl(&clu, 10000, out, sizeof(out), NULL, 0, "--json status") == 0 &&
+			    (p = strstr(out, "\"leader\":")) && atoi(p + 9) == dflt + 1) {
+				fprintf(stderr, "[the leader was member 1, whose VM runs the workers: "
+					"leadership handed to member %d] ", dflt + 1);
+				return dflt;
+			}
+			sleep_ms(200);
+		}
 		fprintf(stderr, "[the leader is member 1, whose VM runs the workers: member %d killed instead] ", dflt + 1);
 		return dflt;
 	}

@@ -271,16 +271,24 @@ static bool retryable(int status)
 
 /* After a refresh: resend an op whose connection was lost only if its
  * shard's partition has a new owner (a server that left the cluster after
- * its partitions moved); a server that died owning it is an error. */
+ * its partitions moved), or, the partition having backups (the op rode
+ * through), its owner answers a new connection (dialed again by the
+ * refresh: it was alive, only slow or cut off a while; the push id makes
+ * a resent push that it applied before harmless); a server that died
+ * owning it is an error. */
 static bool worth_resending(const struct rps_client *cl, const struct shard_op *op)
 {
+	const struct rps__smap_part *pp;
 	uint32_t p;
 
 	if (op->result != -ECONNRESET)
 		return retryable(op->result);
 	p = rps__shard_server(&op->t->layout, op->shard);
+	if (p >= cl->map.npart)
+		return false;
+	pp = &cl->map.parts[p];
 	/* (a partition lost with its server: resent, it is refused saying so) */
-	return p < cl->map.npart && (cl->map.parts[p].owner != op->c->member_id || cl->map.parts[p].lost);
+	return pp->owner != op->c->member_id || pp->lost || (pp->backups[0] && op->c->ep && !op->c->dead);
 }
 
 /*
@@ -290,7 +298,12 @@ static bool worth_resending(const struct rps_client *cl, const struct shard_op *
  * plane then fails the partition over to a backup within a few failover
  * periods.  retry_stale waits for the map to move on, at most FAILOVER_WAIT_MS
  * (and never past the op's timeout_ms), then resends with the same push id
- * and clock; the new primary dedups a push the old one applied.
+ * and clock; the new primary dedups a push the old one applied.  If the
+ * map has not moved on by then, a refresh dials the owner again
+ * (rps__connect_members): one that answers was alive (a liveness probe's
+ * verdict on a stalled server, or a connection cut while it was not) and
+ * gets the ops again; one that does not (its loss time moves past the
+ * start of the wait) is the answer: the error.
  */
 /* (FAILOVER_WAIT_MS: client_int.h) */
 
@@ -300,6 +313,12 @@ static bool rides_through(const struct rps_client *cl, const struct shard_op *op
 
 	return op->result == -ECONNRESET && p < cl->map.npart && !cl->map.parts[p].lost &&
 	       cl->map.parts[p].owner == op->c->member_id && cl->map.parts[p].backups[0];
+}
+
+/* Has the owner of a riding op been dialed again since `since`, in vain? */
+static bool redial_failed(const struct shard_op *op, uint64_t since)
+{
+	return op->c->dead && !op->c->ep && op->c->lost_ns > since;
 }
 
 /* How many of r's ops are worth a retry; *t: their tensor. */
@@ -400,8 +419,9 @@ static void adopt_outcome(struct rps_request *r, struct rps_request *cur, int st
  */
 static int retry_stale(struct rps_client *cl, struct rps_request *r)
 {
-	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
-	uint64_t ride_until = rps__now_ns() + FAILOVER_WAIT_MS * 1000000ull;
+	uint64_t start = rps__now_ns();
+	uint64_t deadline = start + (uint64_t)cl->timeout_ms * 1000000ull;
+	uint64_t ride_until = start + FAILOVER_WAIT_MS * 1000000ull;
 	struct rps_request *cur = r;
 	uint32_t pause_us = 500;
 	int status = r->status;
@@ -409,7 +429,7 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 	while (retryable(status) && rps__now_ns() < deadline) {
 		struct rps_tensor *t = NULL;
 		struct rps_request *nr;
-		uint32_t i, n, waits;
+		uint32_t i, n, waits, given_up;
 
 		n = count_retryable(cur, &t);
 		if (!n || !t)
@@ -422,14 +442,19 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		nr->kind = REQ_SHARDS;
 		nr->min_version_seen = cur->min_version_seen;
 		refresh_routes(cl, t);
-		for (i = 0, n = 0, waits = 0; i < cur->nops; i++) {
-			n += worth_resending(cl, &cur->ops[i]);
-			waits += !worth_resending(cl, &cur->ops[i]) && rides_through(cl, &cur->ops[i]);
+		for (i = 0, n = 0, waits = 0, given_up = 0; i < cur->nops; i++) {
+			const struct shard_op *op = &cur->ops[i];
+			bool riding = !worth_resending(cl, op) && rides_through(cl, op);
+			n += worth_resending(cl, op);
+			waits += riding;
+			given_up += riding && redial_failed(op, start);
 		}
 		if (n < nr->nops) {
 			/* a server died owning some of them: that is the answer,
-			 * unless their partitions can fail over (wait for it) */
-			bool wait = n + waits == nr->nops && rps__now_ns() < ride_until;
+			 * unless their partitions can fail over (wait for it),
+			 * or, that time over, their owner was not dialed again
+			 * yet (the next refresh does) */
+			bool wait = n + waits == nr->nops && (rps__now_ns() < ride_until || !given_up);
 			nr->waited = true;
 			nr->done = true;
 			rps__req_maybe_free(nr);

@@ -34,6 +34,12 @@
 #define MAX_SLOTS 64u	/* we use at most this many of a server's slots */
 #define PROBE_MS 500	/* a connection waited on this long without a completion is probed */
 #define PROBE_LEN 64
+/* A probe unanswered this long: the connection is lost.  Verbs gives up
+ * by itself after its retries (about 2 s); TCP to a host that died
+ * silently (or to a stopped process) never does: the kernel keeps the
+ * connection open and acknowledges nothing.  A server that was only slow
+ * is dialed again and its ops resent (ride-through, client.c). */
+#define PROBE_DEAD_MS 4000
 
 enum wr_tag {
 	TAG_CAS_ACQ = 1,
@@ -180,6 +186,7 @@ struct rps_client {
 	struct conn *conns;	/* RPS__SMAP_MAX_MEMBERS of them, nservers in use */
 	int nservers;
 	struct rps__smap map;	/* the shard map as last read */
+	int map_from;		/* the connection that answered the last map read (-1: none) */
 	char *mapbuf;		/* registered: READ target for the map */
 	struct rps__mr *mapbuf_mr;
 	char *probebuf;		/* registered: READ target for liveness probes */

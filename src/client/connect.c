@@ -180,7 +180,12 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
  */
 int rps__map_read_sync(struct rps_client *cl, struct conn *c)
 {
-	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	/* no longer than a liveness probe waits: a refresh tries the members
+	 * in turn, and one whose host died silently (nothing of ours waited
+	 * on it, so no probe found it out) must not hold the client's lock
+	 * for the whole timeout while the others have the map */
+	int wait_ms = RPS__MIN(cl->timeout_ms, PROBE_DEAD_MS);
+	uint64_t deadline = rps__now_ns() + (uint64_t)wait_ms * 1000000ull;
 	struct rps__smap m;
 	int tries, ret = -EIO;
 
@@ -202,9 +207,14 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
 		if (ret)
 			return rps__preerr(ret, "%s: reading the shard map", c->name);
 		while (!done) {
-			if (rps__now_ns() > deadline)
+			if (rps__now_ns() > deadline) {
+				if (cl->thread_started) {	/* as a probe's verdict: lost */
+					c->dead = true;
+					c->err = -ECONNRESET;
+				}
 				return rps__seterr(-ETIMEDOUT, "%s: the shard map did not arrive within %d ms", c->name,
-						   cl->timeout_ms);
+						   wait_ms);
+			}
 			ret = rps__cq_wait(cl->cq, &wc, 1, 100);
 			if (ret < 0)
 				return ret;
@@ -229,6 +239,7 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
 		if (!ret) {
 			if (m.applied >= cl->map.applied || !cl->map.npart)
 				cl->map = m;
+			cl->map_from = c->index;
 			return 0;
 		}
 	}
@@ -351,18 +362,39 @@ static void poll_release(struct rps_client *cl)
 		pthread_cond_signal(&cl->pcond);
 }
 
+/* Which members a refresh asks, in turn (pass 0, 1, 2): the one that
+ * answered the last map read; the others with no liveness probe
+ * outstanding; those with one (slow to answer, or their host is gone:
+ * each costs up to PROBE_DEAD_MS).  A member whose host died silently
+ * must not be asked before those that answer. */
+static bool map_ask_in_pass(const struct rps_client *cl, const struct conn *c, int pass)
+{
+	if (!c->ep || c->dead)
+		return false;
+	if (pass == 0)
+		return c->index == cl->map_from && !c->probing;
+	if (c->index == cl->map_from && !c->probing)
+		return false;	/* asked in pass 0 */
+	return pass == 1 ? !c->probing : c->probing;
+}
+
 /* Read the map again (from any server we reach) and connect to new members. */
 int rps__map_refresh(struct rps_client *cl)
 {
-	int k, ret = -ECONNRESET;
+	int k, pass, ret = -ECONNRESET;
 
 	pthread_mutex_lock(&cl->lock);
 	poll_claim(cl);
-	for (k = 0; k < cl->nservers; k++) {
-		struct conn *c = &cl->conns[k];
-		if (!c->ep || c->dead)
-			continue;
-		ret = rps__map_read_sync(cl, c);
+	for (pass = 0; pass < 3; pass++) {
+		for (k = 0; k < cl->nservers; k++) {
+			struct conn *c = &cl->conns[k];
+			/* (a read that failed marks its connection dead: not asked again) */
+			if (!map_ask_in_pass(cl, c, pass))
+				continue;
+			ret = rps__map_read_sync(cl, c);
+			if (!ret)
+				break;
+		}
 		if (!ret)
 			break;
 	}

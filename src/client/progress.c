@@ -176,6 +176,19 @@ static bool conn_waited_on(const struct conn *c)
 	return false;
 }
 
+/* Does the cluster replicate (a partition with a backup in our map)?  Then
+ * the control plane fails a silent member over, and what waits on it is
+ * better answered elsewhere; without backups a slow server is waited for. */
+static bool replicated(const struct rps_client *cl)
+{
+	uint32_t p;
+
+	for (p = 0; p < cl->map.npart; p++)
+		if (cl->map.parts[p].backups[0])
+			return true;
+	return false;
+}
+
 /*
  * Liveness probes (issue 12): when a whole host dies nothing tells us (no
  * reset, no CM disconnect), and an op whose request already reached it
@@ -187,7 +200,12 @@ static bool conn_waited_on(const struct conn *c)
  * host fails it once the transport's retries run out (about 2 s, see
  * verbs_int.h), which kills the connection and hands its ops to the
  * ride-through.  A live server answers it at once: one READ per
- * PROBE_MS per connection, and only while an answer is slow.
+ * PROBE_MS per connection, and only while an answer is slow.  A transport
+ * that never fails it (TCP to a silent host, or to a stopped process)
+ * gets the same verdict after PROBE_DEAD_MS without an answer, if the
+ * cluster replicates.  That verdict can be wrong (a server stalled that
+ * long): the ride-through then dials it again and resends, push ids
+ * unchanged, once its partitions have not failed over (client.c).
  */
 static void probe_conns(struct rps_client *cl, uint64_t now)
 {
@@ -198,8 +216,22 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 		struct rps__wr wr;
 		uint64_t last;
 
-		if (!c->ep || c->dead || c->probing || !c->hello.map_len || !conn_waited_on(c))
+		if (!c->ep || c->dead || !c->hello.map_len || !conn_waited_on(c))
 			continue;
+		if (c->probing) {
+			/* no answer at all: the connection is lost, as verbs
+			 * would decide, so its ops ride through the failover
+			 * (and a tensor refresh's OPEN does not wait its whole
+			 * timeout); a server that was only slow is dialed
+			 * again and its ops resent there (client.c) */
+			if (now - c->probe_ns >= PROBE_DEAD_MS * 1000000ull && replicated(cl)) {
+				rps__log(RPS__LOG_DEBUG, "%s: no answer to a liveness probe for %d ms: connection lost",
+					 c->name, PROBE_DEAD_MS);
+				c->dead = true;
+				c->err = -ECONNRESET;
+			}
+			continue;
+		}
 		last = RPS__MAX(RPS__MAX(c->wc_ns, c->busy_ns), c->probe_ns);
 		if (now - last < PROBE_MS * 1000000ull)
 			continue;

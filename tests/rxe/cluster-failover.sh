@@ -5,7 +5,8 @@
 # with one backup on another VM; VM 1 also runs it_replica's async test
 # attached to those servers: workers push and pull, and once 150 pushes are
 # acknowledged VM 2 or 3 (whichever does not lead Raft; RPS_IT_VICTIM=leader:
-# the one that does) is killed whole, its QEMU SIGKILLed by the host: no
+# the one that does, member 1 handing its leadership to member 2 first if it
+# leads) is killed whole, its QEMU SIGKILLed by the host: no
 # TCP reset, no CM disconnect reaches anyone; its
 # peers see only RDMA retries running out and Raft silence.  The test asserts
 # that every worker finishes without an error and every element and version
