@@ -270,7 +270,7 @@ static int attached_victim(int dflt)
 		return dflt;
 	leader = atoi(p + 9);
 	if (want && !strcmp(want, "leader")) {
-		double until = now_s() + 60;
+		double until = it_now_s() + 60;
 
 		if (leader > 1)
 			return leader - 1;
@@ -278,14 +278,14 @@ static int attached_victim(int dflt)
 		 * member dflt + 1 first, and kill that leader */
 		if (it_psctl(&clu, 30000, out, sizeof(out), NULL, 0, "--json --timeout 20 transfer-leader %d", dflt + 1))
 			fprintf(stderr, "[psctl transfer-leader %d failed] ", dflt + 1);
-		while (now_s() < until) {
+		while (it_now_s() < until) {
 			if (it_psctl(&clu, 10000, out, sizeof(out), NULL, 0, "--json status") == 0 &&
 			    (p = strstr(out, "\"leader\":")) && atoi(p + 9) == dflt + 1) {
 				fprintf(stderr, "[the leader was member 1, whose VM runs the workers: "
 					"leadership handed to member %d] ", dflt + 1);
 				return dflt;
 			}
-			sleep_ms(200);
+			it_sleep_ms(200);
 		}
 		fprintf(stderr, "[the leader is member 1, whose VM runs the workers: member %d killed instead] ", dflt + 1);
 		return dflt;
