@@ -444,12 +444,12 @@ static void run_primary_stopped(bool leader_too)
 			snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), ",%s", clu.uri[i]);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, servers, (void *)&j, -1, NULL), 0);
 	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
-		sleep_ms(2);
+		it_sleep_ms(2);
 	at_stop = acked_total(D_WORKERS);
-	t0 = now_s();
+	t0 = it_now_s();
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
 	acked = async_wait(&w);
-	took = now_s() - t0;
+	took = it_now_s() - t0;
 	fprintf(stderr, "[%s %llu stopped after %d pushes; %d acknowledged, the last %.2f s after the stop] ",
 		leader_too ? "leader" : "primary", (unsigned long long)old, at_stop, acked, took);
 	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
@@ -509,15 +509,15 @@ static void test_primary_stalled(void)
 	CU_ASSERT_FATAL(victim >= 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
 	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
-		sleep_ms(2);
+		it_sleep_ms(2);
 	at_stop = acked_total(D_WORKERS);
-	t0 = now_s();
+	t0 = it_now_s();
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
-	sleep_ms(D4_STALL_MS);	/* the stall itself: what the test is about */
+	it_sleep_ms(D4_STALL_MS);	/* the stall itself: what the test is about */
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGCONT), 0);
 	acked = async_wait(&w);
 	fprintf(stderr, "[member %d stalled %d ms after %d pushes; %d acknowledged, the last %.2f s after the stall began] ",
-		victim + 1, D4_STALL_MS, at_stop, acked, now_s() - t0);
+		victim + 1, D4_STALL_MS, at_stop, acked, it_now_s() - t0);
 	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
 	check_exact("d4", COUNT, acked);
 	check_replicas(tensors, 1, versions);
