@@ -267,11 +267,19 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp)
 	for (i = 0; i < cp->ncluster; i++)
 		uris[i] = rps__uri_str(&cp->cluster[i], bufs[i], sizeof(bufs[i]));
 	/* Test hook (RPS_FAULT=bootstrap-replicas-2 or -3): a new cluster's map
-	 * with backups, for the failover tests, until --replicas exists. */
+	 * with that many copies, for the failover tests. */
 	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "bootstrap-replicas-")))
 		return rps__smap_init_replicated(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
 						 (uint32_t)atoi(strstr(getenv("RPS_FAULT"), "bootstrap-replicas-") + 19));
-	return rps__smap_init(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart);
+	/* R = 2 from 2 servers on (issue 12's default), with the backups in the
+	 * map from the start: nothing is stored yet, so nothing is seeded.  It
+	 * depends on --cluster alone, never on this member's --replicas: every
+	 * founding member builds this map by itself (again when it replays its
+	 * log after a restart, whatever flags it has then), and they must all
+	 * agree.  A --replicas that differs reaches the map through the leader
+	 * (SET_REPLICAS, then drops or seedings: cp_replicas.c). */
+	return rps__smap_init_replicated(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
+					 cp->ncluster >= 2 ? 2 : 1);
 }
 
 void rps__cp_restored(struct rps__cplane *cp)

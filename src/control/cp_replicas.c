@@ -36,7 +36,9 @@
  * --replicas R: the leader proposes SET_REPLICAS(R) once after this process
  * started, when the map's target differs (the leader's flag wins, logged);
  * psctl set-replicas changes it afterwards.  Without --replicas the map's
- * target stands (1 for a new cluster).  --zone Z: each member proposes
+ * target stands.  A new cluster starts at 2 from 2 servers on, its backups
+ * placed in the bootstrap map (cp_map.c); a --replicas 1 or 3 then comes
+ * through here: drops (epoch + 1 each) or seedings.  --zone Z: each member proposes
  * SET_ZONE for itself while the map says otherwise.
  */
 #include "config.h"
