@@ -20,6 +20,7 @@
 #include "proto/proto.h"
 #include "common/common.h"
 #include "proto/shard.h"
+#include "proto/smap.h"
 #include "transport/transport.h"
 
 #include <CUnit/Basic.h>
@@ -1400,6 +1401,23 @@ static int orphan_worker(int rank, int nworkers, const char *servers, void *arg,
 	return 0;
 }
 
+/* The default (issue 12): from 2 servers on, every partition has a
+ * backup on the other server, from the start; the tests below train on
+ * that. */
+static void test_default_replicas(void)
+{
+	static struct rps__smap m;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&cluster, 0, 30000, &m), 0);
+	CU_ASSERT_EQUAL(m.replicas, 2u);
+	CU_ASSERT_EQUAL(rps__smap_nunder(&m), 0u);
+	for (uint32_t p = 0; p < m.npart; p++) {
+		CU_ASSERT_EQUAL(rps__smap_nbackups(&m, p), 1u);
+		CU_ASSERT_EQUAL(m.parts[p].epoch, 1u);	/* placed, not seeded or dropped */
+	}
+}
+
 /* psctl set-replicas k, and wait until the map has k copies everywhere. */
 static int set_replicas(uint32_t k)
 {
@@ -2308,6 +2326,7 @@ static int suite_clean(void)
 int main(void)
 {
 	static const struct cutest tests[] = {
+		{ "2 servers without --replicas: 2 copies of every partition", test_default_replicas },
 		{ "sync Adam fp32 bit-identical to reference", test_sync_adam_f32 },
 		{ "sync momentum bf16 bit-identical to reference", test_sync_momentum_bf16 },
 		{ "sync SGD fp16 bit-identical to reference", test_sync_sgd_f16 },

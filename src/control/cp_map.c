@@ -154,8 +154,11 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 			pl->st = PART_LEAVING;
 			pl->epoch = mp->epoch;
 			pl->to = mp->moving_to;
+			pl->switching = rps__smap_role(&cp->map, p, pl->to) == RPS__SMAP_ROLE_BACKUP;
+			pl->next_try = 0;
 			pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
-			rps__log(RPS__LOG_INFO, "partition %u: moving to member %llu (epoch %llu): fencing", p,
+			rps__log(RPS__LOG_INFO, "partition %u: %s member %llu (epoch %llu): fencing", p,
+				 pl->switching ? "switching to its backup," : "moving to",
 				 (unsigned long long)pl->to, (unsigned long long)pl->epoch);
 			rps__cp_part_sync(cp, p);
 			cp->dp->part_refuse(cp->srv, p);
