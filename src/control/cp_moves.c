@@ -157,7 +157,7 @@ void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
 		return;
 	}
 	ret = cp->dp->part_install(cp->srv, m.part, m.epoch, buf, m.len);
-	if (!ret)
+	if (!ret && cp->dp->part_repl_seq_set)
 		/* the partition's backups hold the stream up to the fence: we
 		 * number our first entry after it (0 from a sender without it,
 		 * which never moves a partition with backups mid-stream) */
