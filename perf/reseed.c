@@ -312,6 +312,11 @@ static int reseed_measure(struct reseed *x)
 
 	if ((ret = find_leader(x, deadline)))
 		return ret;
+	/* a new cluster of 2 or more servers starts with a backup of every
+	 * partition (no --replicas here: see server_cfg): the raises start
+	 * from 1 copy */
+	if ((ret = set_replicas(x, 1, deadline)) || (ret = wait_map(x, 1, deadline)))
+		return ret;
 	if (!map_at(&x->map, 1))
 		return psperf_run_fail(r, "reseed: the new cluster's map has a replication target of %u, not 1",
 				   x->map.replicas);

@@ -160,10 +160,20 @@ int psperf_cluster_errors(struct lcluster *c)
 	return bad;
 }
 
-/* --replicas R: wait until server 0's map has R copies of every
- * partition (the leader sets the target, then seeds each backup with a
- * partition image, a move's pause): timing starts on the replicated
- * cluster, not during its seeding. */
+/* --replicas R: wait until server 0's map has exactly R copies of every
+ * partition (a new cluster of 2 or more servers starts with 2: the leader
+ * sets the target, then seeds each backup with a partition image, a move's
+ * pause, or drops them, each an epoch change): timing starts on the
+ * cluster at R, not while it gets there. */
+/* A partition with more copies than the target (drops to come)? */
+static bool over(const struct rps__smap *m)
+{
+	for (uint32_t p = 0; p < m->npart; p++)
+		if (1 + rps__smap_nbackups(m, p) > m->replicas || m->parts[p].joining)
+			return true;
+	return false;
+}
+
 static int wait_replicated(struct run *r, const char *list)
 {
 	static char buf[RPS__BIG_MSG_MAX];
@@ -184,7 +194,7 @@ static int wait_replicated(struct run *r, const char *list)
 		ret = rps__ctl_call(ctl, RPS__MSG_STATUS, NULL, 0, buf, sizeof(buf), &len, &status, 5000);
 		if (!ret && !status && len > sizeof(st) &&
 		    !rps__smap_decode(buf + sizeof(st), len - sizeof(st), &map) &&
-		    map.replicas == (uint32_t)r->o->replicas && !rps__smap_nunder(&map))
+		    map.replicas == (uint32_t)r->o->replicas && !rps__smap_nunder(&map) && !over(&map))
 			break;
 		if (rps__now_ns() > deadline) {
 			ret = rps__seterr(-ETIMEDOUT, "--replicas %d: the partitions were not all replicated within 60 s",
@@ -205,7 +215,7 @@ int psperf_run_local_cluster(struct run *r)
 
 	memset(&c, 0, sizeof(c));
 	ret = psperf_cluster_start(r, &c, r->o->nservers, r->servers, sizeof(r->servers));
-	if (!ret && r->o->replicas > 1 && (ret = wait_replicated(r, r->servers)))
+	if (!ret && r->o->nservers > 1 && (ret = wait_replicated(r, r->servers)))
 		fprintf(stderr, "psperf: %s\n", rps__errbuf());
 	if (!ret)
 		ret = psperf_run_workers(r, 0, r->o->nworkers, psperf_cluster_destroy, &c);

@@ -1033,10 +1033,13 @@ static const char *settled(const struct it_cluster *cl, uint32_t replicas, struc
 
 int it_wait_settled(const struct it_cluster *cl, uint32_t replicas, int timeout_ms, struct rps__smap *m)
 {
+	static struct rps__smap scratch;
 	char why[512];
 	const char *w = "never asked";
 	struct timespec t0, t;
 
+	if (!m)
+		m = &scratch;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (;;) {
 		if (!(w = settled(cl, replicas, m, why, sizeof(why))))

@@ -203,7 +203,8 @@ int it_replicas_differ(const struct it_cluster *cl, const struct rps__smap *m, c
  * the same applied index everywhere, a leader, the target R `replicas`
  * (0: any), and every partition owned by a running server, none moving,
  * lost or seeding, with min(R, servers running) - 1 backups, all running.
- * The map in *m.  0 or -ETIMEDOUT (what was missing is printed). */
+ * The map in *m (m may be NULL).  0 or -ETIMEDOUT (what was missing is
+ * printed). */
 int it_wait_settled(const struct it_cluster *cl, uint32_t replicas, int timeout_ms, struct rps__smap *m);
 
 #endif

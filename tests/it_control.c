@@ -67,7 +67,15 @@
 #define NWORKERS 4
 #define NPART 8
 #define COUNT 16384u		/* fp32: 16 shards of 4 KiB, 2 per partition */
-#define BASE_ARGS "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 20 --move-timeout-ms 10000"
+/* The tests of moves and membership run at R = 1, as they were written (the
+ * default is 2 from 2 servers on: it_seed tests moves of replicated
+ * partitions); BASE0 is for the failover tests, which bring their own map. */
+#define BASE0 "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 20 --move-timeout-ms 10000"
+#define BASE_ARGS BASE0 " --replicas 1"
+/* The bootstrap map of 2 or more servers has a backup of every partition;
+ * --replicas 1 drops them (REPLICA_DROP: epoch + 1): what the tests start
+ * from, once the map settled (start_n). */
+#define EPOCH0 2u
 #define FAST_ARGS BASE_ARGS " --fsync none"
 #define DURABLE_ARGS BASE_ARGS " --fsync always"
 #define PSCTL_MS 40000		/* psctl runs with --timeout 20: kill it well after that */
@@ -438,7 +446,7 @@ static void bootstrap_ex(struct part_ex *ex, int n)
 
 	for (p = 0; p < NPART; p++) {
 		ex[p].owner = (unsigned long long)(p % n) + 1;
-		ex[p].epoch = 1;
+		ex[p].epoch = EPOCH0;
 	}
 }
 
@@ -761,14 +769,23 @@ static void stop_all(struct it_cluster *cl)
 	clu_up = false;
 }
 
-static int start3(struct it_cluster *cl, const struct it_server_opts *o)
+/* n servers; with --replicas 1, once the map has dropped the bootstrap's
+ * backups everywhere (the tests count epochs from there: EPOCH0). */
+static int start_n(struct it_cluster *cl, int n, const struct it_server_opts *o)
 {
-	int ret = it_cluster_start_opts(cl, 3, o);
+	int ret = it_cluster_start_opts(cl, n, o);
 
 	if (ret)
 		fprintf(stderr, "it_control: cannot start the servers: %s\n", strerror(-ret));
 	clu_up = !ret;
+	if (!ret && o->extra_args && strstr(o->extra_args, "--replicas 1") && !getenv("RPS_IT_ATTACH"))
+		ret = it_wait_settled(cl, 1, 30000, NULL);
 	return ret;
+}
+
+static int start3(struct it_cluster *cl, const struct it_server_opts *o)
+{
+	return start_n(cl, 3, o);
 }
 
 /* ---- 1. status ------------------------------------------------------------------ */
@@ -851,7 +868,7 @@ static void test_status(void)
 		CU_ASSERT_EQUAL(n, NPART);
 		for (p = 0; p < n; p++) {
 			CU_ASSERT_EQUAL(got[p].owner, ex[p].owner);
-			CU_ASSERT_EQUAL(got[p].epoch, 1);
+			CU_ASSERT_EQUAL(got[p].epoch, EPOCH0);
 		}
 	}
 	/* the validator is not a rubber stamp */
@@ -893,7 +910,7 @@ static void run_moves(enum rps_mode mode, const char *name)
 	check_trained(clu.servers, &a, steps);
 	/* owners moved on, epochs raised once per move, on every member */
 	for (j = 0; j < NPART; j++) {
-		CU_ASSERT_EQUAL(ex[j].epoch, 1u + (unsigned)moved[j]);
+		CU_ASSERT_EQUAL(ex[j].epoch, EPOCH0 + (unsigned)moved[j]);
 		CU_ASSERT_EQUAL(ex[j].owner, (unsigned long long)((j % 3 + moved[j]) % 3) + 1);
 	}
 	CU_ASSERT(wait_agreement(&clu, 0, true, 10000, &lead) >= 0);
@@ -1823,7 +1840,7 @@ static void restore_into(int n, const char *dir, const char *name, float want, u
 	struct mstatus lead;
 	int rc;
 
-	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, n, &o), 0);
+	CU_ASSERT_EQUAL_FATAL(start_n(&clu, n, &o), 0);
 	clu_up = true;
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
 	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "--json restore %s", dir);
@@ -1880,7 +1897,7 @@ static void test_checkpoint_restore(void)
 		char args[512];
 		struct it_server_opts ro = { .extra_args = args, .data_dir = 1 };
 		snprintf(args, sizeof(args), "%s --restore %s", FAST_ARGS, dir);
-		CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 3, &ro), 0);
+		CU_ASSERT_EQUAL_FATAL(start_n(&clu, 3, &ro), 0);
 		clu_up = true;
 		CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
 		check_tensor(clu.servers, a.name, (float)cut * step_sum(&a), cut);
@@ -1891,7 +1908,7 @@ static void test_checkpoint_restore(void)
 	snprintf(bad, sizeof(bad), "%s.bad", dir);
 	CU_ASSERT_EQUAL_FATAL(copy_dir(dir, bad), 0);
 	CU_ASSERT_EQUAL_FATAL(damage(bad, false), 0);
-	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 2, &o), 0);
+	CU_ASSERT_EQUAL_FATAL(start_n(&clu, 2, &o), 0);
 	clu_up = true;
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
 	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", bad);
@@ -1907,7 +1924,7 @@ static void test_checkpoint_restore(void)
 	/* servers with another shard size cannot take it: they say which */
 	{
 		struct it_server_opts so = { .extra_args = FAST_ARGS " --shard-size 8192", .data_dir = 1 };
-		CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 2, &so), 0);
+		CU_ASSERT_EQUAL_FATAL(start_n(&clu, 2, &so), 0);
 		clu_up = true;
 		CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
 		rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", dir);
@@ -2014,7 +2031,7 @@ static void test_checkpoint_adam_exact(void)
 	CU_ASSERT_EQUAL(v1, 30u);
 	stop_all(&clu);
 	/* onto 2 servers: the same ten steps from the checkpoint */
-	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 2, &o), 0);
+	CU_ASSERT_EQUAL_FATAL(start_n(&clu, 2, &o), 0);
 	clu_up = true;
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
 	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", dir);
@@ -2374,7 +2391,7 @@ static void test_restarted_owner_refuses_lost_partitions(void)
 	for (p = 0; p < NPART; p++) {
 		CU_ASSERT_EQUAL(pl[p].lost, lost[p]);
 		CU_ASSERT_EQUAL(pl[p].owner, (unsigned long long)(p % 3) + 1);
-		CU_ASSERT_EQUAL(pl[p].epoch, 1);
+		CU_ASSERT_EQUAL(pl[p].epoch, EPOCH0);
 	}
 	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "status");
 	CU_ASSERT_EQUAL(rc, 0);
@@ -2464,10 +2481,10 @@ static void test_remove_server_force_dead_member(void)
 	for (p = 0; p < NPART; p++) {
 		if (lost[p]) {
 			CU_ASSERT(pl[p].owner != vid && pl[p].owner >= 1 && pl[p].owner <= 3);
-			CU_ASSERT_EQUAL(pl[p].epoch, 2);
+			CU_ASSERT_EQUAL(pl[p].epoch, EPOCH0 + 1);
 		} else {
 			CU_ASSERT_EQUAL(pl[p].owner, (unsigned long long)(p % 3) + 1);
-			CU_ASSERT_EQUAL(pl[p].epoch, 1);
+			CU_ASSERT_EQUAL(pl[p].epoch, EPOCH0);
 		}
 		CU_ASSERT_EQUAL(pl[p].moving_to, 0);
 		CU_ASSERT_EQUAL(pl[p].lost, lost[p]);
@@ -2555,7 +2572,7 @@ static bool failed_over(const struct rps__smap *m, unsigned long long dead, bool
  * other partition untouched, within a few failover_ms. */
 static void failover_killed(bool kill_leader)
 {
-	struct it_server_opts o = { .extra_args = FAST_ARGS " --failover-ms 800",
+	struct it_server_opts o = { .extra_args = BASE0 " --fsync none --failover-ms 800",
 				    .env = "RPS_FAULT=bootstrap-replicas-2,no-replica-duty", .data_dir = 1 };
 	static struct mstatus ms, later;
 	unsigned long long dead;

@@ -220,10 +220,89 @@ static void test_replicas_seeded(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "0 under-replicated"));
 }
 
+/* A worker pushes `steps` more while psctl runs `cmd`: 0 if both did. */
+static int train_across(int steps, uint64_t seed, const char *cmd)
+{
+	struct train_arg a = { .steps = steps, .seed = seed };
+	struct it_workers w;
+	double first = -1, t0 = now_s();
+	int rc;
+
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, train, clu.servers, &a, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &first, sizeof(first)), 0);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "%s", cmd);
+	if (rc)
+		fprintf(stderr, "psctl %s: exit %d: %s", cmd, rc, err);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	fprintf(stderr, "[%d pushes across psctl %s: %.2f s] ", steps, cmd, now_s() - t0);
+	return rc;
+}
+
+/* At R = 2, while a worker pushes: psctl move of a partition to its backup
+ * (a planned switch: the backup becomes primary under epoch + 1, nothing
+ * copied; the leader seeds a new backup), to the member outside its set
+ * (the image; its backup follows the new primary's stream), then
+ * remove-server of a member that is primary and backup of partitions (its
+ * primaries switch to their backups, the leader seeds replacements for its
+ * backups before it leaves).  After each: every push applied exactly once
+ * (versions) and every backup byte-identical to its primary. */
+static void test_moves_replicated(void)
+{
+	static struct rps__smap m, m2;
+	uint64_t b0, e0, o1, b1, e1, out1 = 0;
+	char cmd[64];
+	uint32_t p;
+
+	CU_ASSERT_FATAL(wait_settled(2, 1, &m) >= 0);
+	run_train(20, 1);
+	check_replicas(&m, 20);
+
+	/* to its backup */
+	b0 = m.parts[0].backups[0];
+	e0 = m.parts[0].epoch;
+	snprintf(cmd, sizeof(cmd), "move 0 %llu", (unsigned long long)b0);
+	CU_ASSERT_EQUAL(train_across(400, 2, cmd), 0);
+	CU_ASSERT_FATAL(wait_settled(2, 1, &m) >= 0);
+	CU_ASSERT_EQUAL(m.parts[0].owner, b0);
+	CU_ASSERT_EQUAL(m.parts[0].epoch, e0 + 1);	/* (seeding keeps the epoch) */
+	check_replicas(&m, 420);
+
+	/* outside its set */
+	o1 = m.parts[1].owner;
+	b1 = m.parts[1].backups[0];
+	e1 = m.parts[1].epoch;
+	for (uint64_t id = 1; id <= NSERVERS; id++)
+		if (id != o1 && id != b1)
+			out1 = id;
+	snprintf(cmd, sizeof(cmd), "move 1 %llu", (unsigned long long)out1);
+	CU_ASSERT_EQUAL(train_across(400, 3, cmd), 0);
+	CU_ASSERT_FATAL(wait_settled(2, 1, &m) >= 0);
+	CU_ASSERT_EQUAL(m.parts[1].owner, out1);
+	CU_ASSERT_EQUAL(m.parts[1].backups[0], b1);
+	CU_ASSERT_EQUAL(m.parts[1].epoch, e1 + 1);
+	check_replicas(&m, 820);
+
+	/* remove-server 3: primary of some partitions, backup of others */
+	CU_ASSERT_FATAL(rps__smap_owned(&m, 3) > 0 && rps__smap_backed(&m, 3) > 0);
+	CU_ASSERT_EQUAL(train_across(400, 4, "remove-server 3"), 0);
+	CU_ASSERT_EQUAL(it_server_wait_exit(&clu, 2, 30000), 0);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m2), 0);
+	CU_ASSERT_EQUAL(m2.nmembers, 2u);
+	for (p = 0; p < NPART; p++) {
+		CU_ASSERT(m2.parts[p].owner == 1 || m2.parts[p].owner == 2);
+		CU_ASSERT_EQUAL(rps__smap_nbackups(&m2, p), 1u);
+		CU_ASSERT_EQUAL(rps__smap_role(&m2, p, 3), RPS__SMAP_ROLE_NONE);
+	}
+	check_replicas(&m2, 1220);
+	run_train(5, 5);
+	check_replicas(&m2, 1225);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
 		{ "--replicas 2: backups placed and seeded, byte-identical; set-replicas 1 then 2", test_replicas_seeded },
+		{ "R = 2: move to a backup, move outside the set, remove-server: exact, replicas identical", test_moves_replicated },
 	};
 	const struct cutest_suite suites[] = {
 		{ "replicas, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },

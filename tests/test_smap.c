@@ -1214,8 +1214,31 @@ static void test_replica_seeding(void)
 	CU_ASSERT_EQUAL(rps__smap_nunder(&m), 3);
 	CU_ASSERT_PTR_NULL(invariant_broken(&m));
 
-	/* a backup cannot be moved to, removed, or seeded again */
-	refuse_cmd(&m, cmd_begin(0, 1, 2, 1), -EEXIST);
+	/* a move to a backup is a planned switch: the COMMIT makes it primary
+	 * (it leaves the backups, the old owner leaves the set), epoch + 1;
+	 * a DROP of it aborts the switch */
+	{
+		static struct rps__smap sw;
+
+		sw = m;
+		accept_cmd(&sw, cmd_begin(0, 1, 2, 1));
+		CU_ASSERT_EQUAL(sw.parts[0].moving_to, 2);
+		accept_cmd(&sw, cmd_commit(0, 2, 1));
+		CU_ASSERT_EQUAL(sw.parts[0].owner, 2);
+		CU_ASSERT_EQUAL(sw.parts[0].epoch, 2);
+		CU_ASSERT_EQUAL(rps__smap_nbackups(&sw, 0), 0u);
+		CU_ASSERT_EQUAL(rps__smap_role(&sw, 0, 1), RPS__SMAP_ROLE_NONE);
+		CU_ASSERT_PTR_NULL(invariant_broken(&sw));
+		sw = m;
+		accept_cmd(&sw, cmd_begin(0, 1, 2, 1));
+		accept_cmd(&sw, cmd_repl(RPS__SMAP_REPLICA_DROP, 0, 2, 0, 1));
+		CU_ASSERT_EQUAL(sw.parts[0].moving_to, 0);
+		CU_ASSERT_EQUAL(sw.parts[0].owner, 1);
+		CU_ASSERT_EQUAL(sw.parts[0].epoch, 2);
+		refuse_cmd(&sw, cmd_commit(0, 2, 1), -ESTALE);
+		CU_ASSERT_PTR_NULL(invariant_broken(&sw));
+	}
+	/* a backup cannot be removed, or seeded again */
 	refuse_cmd(&m, cmd_remove(2), -EBUSY);
 	refuse_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 2, 1), -EEXIST);
 	/* a third copy, aborted */

@@ -36,7 +36,7 @@ fail() {
 
 start() {	# start INDEX: rdmapsd number INDEX (member id INDEX+1) on its data dir
 	./rdmapsd --listen "verbs://$addr:$((base + $1))" --cluster "$cluster" --index "$1" \
-		--data-dir "$dir/d$1" --fsync none --partitions 8 >>"$dir/log$1" 2>&1 &
+		--data-dir "$dir/d$1" --fsync none --partitions 8 --replicas 1 >>"$dir/log$1" 2>&1 &
 	eval "pid$1=$!"
 }
 
@@ -71,6 +71,9 @@ look() {
 
 # until N members answer, all in one term, with one leader (not member NOT)
 agreed() { [ "$n" -ge "$1" ] && [ "$nl" -eq 1 ] && [ "$nt" -eq 1 ] && [ "$leader" != "$2" ]; }
+# --replicas 1: the bootstrap map's backups (R = 2 from 2 servers on) are
+# dropped, one epoch each; moves wait for that (a move names the epoch)
+unreplicated() { ! printf '%s\n' "$js" | grep -q '"backups"'; }
 
 # until WHAT (a shell condition) holds after a look, or the deadline
 poll() {
@@ -97,7 +100,7 @@ move() {
 
 echo "== 3 rdmapsd over verbs on $dev ($cluster), data in $dir"
 for i in 0 1 2; do start $i; done
-poll 'agreed 3 0' || fail "no leader that all three agree on"
+poll 'agreed 3 0 && unreplicated' || fail "no leader that all three agree on, at 1 copy"
 echo "leader: member $leader, term $term; every member agrees:"
 printf '%s\n' "$m" | sed 's/^/  id role term applied: /'
 

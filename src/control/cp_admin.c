@@ -77,7 +77,7 @@ void rps__cp_admin_map_changed(struct rps__cplane *cp)
 				continue;
 			}
 			if (!mp->moving_to && cp->map.applied >= a->index && mp->epoch == a->epoch) {
-				snprintf(msg, sizeof(msg), "move of partition %u to member %llu was aborted: the destination did not install it in time (see its log)",
+				snprintf(msg, sizeof(msg), "move of partition %u to member %llu was aborted: the destination did not install it in time, or, a backup, did not confirm the owner's updates (see their logs)",
 					 a->part, (unsigned long long)a->id);
 				admin_done(cp, i, -ECANCELED, mp->epoch, msg);
 				continue;
@@ -274,6 +274,15 @@ static void admin_digest(struct rps__cplane *cp, struct conn *c, uint64_t req_id
 	cp->dp->conn_reply(c, RPS__MSG_ADMIN_REP, req_id, ret, &rep, sizeof(rep));
 }
 
+/* Is id a backup of a partition, or being seeded as one? */
+static bool holds_replicas(const struct rps__smap *m, uint64_t id)
+{
+	for (uint32_t p = 0; p < m->npart; p++)
+		if (m->parts[p].joining == id || rps__smap_role(m, p, id) == RPS__SMAP_ROLE_BACKUP)
+			return true;
+	return false;
+}
+
 void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a)
 {
 	struct rps__smap_cmd cmd;
@@ -332,6 +341,19 @@ void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, c
 			if (admin_wait_add(cp, c, req_id, a, 0, cp->map.applied))
 				admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
 			rps__cp_admin_map_changed(cp);
+			return;
+		}
+		if (!rps__smap_owned(&cp->map, a->id) && holds_replicas(&cp->map, a->id)) {
+			/* its backup roles go elsewhere first: the leader's
+			 * placement (cp_replicas.c) seeds replacements, then
+			 * proposes REMOVE_MEMBER; we answer when it is out */
+			rps__log(RPS__LOG_INFO, "remove-server %llu: moving its backups to other members first",
+				 (unsigned long long)a->id);
+			cp->removing = a->id;
+			cp->removing_next = 0;
+			cp->replica_kick = true;
+			if (admin_wait_add(cp, c, req_id, a, 0, cp->map.applied))
+				admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
 			return;
 		}
 		cmd.type = RPS__SMAP_REMOVE_MEMBER;

@@ -154,8 +154,11 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 			pl->st = PART_LEAVING;
 			pl->epoch = mp->epoch;
 			pl->to = mp->moving_to;
+			pl->switching = rps__smap_role(&cp->map, p, pl->to) == RPS__SMAP_ROLE_BACKUP;
+			pl->next_try = 0;
 			pl->give_up = now + ms_ns(cp->cfg.move_timeout_ms);
-			rps__log(RPS__LOG_INFO, "partition %u: moving to member %llu (epoch %llu): fencing", p,
+			rps__log(RPS__LOG_INFO, "partition %u: %s member %llu (epoch %llu): fencing", p,
+				 pl->switching ? "switching to its backup," : "moving to",
 				 (unsigned long long)pl->to, (unsigned long long)pl->epoch);
 			rps__cp_part_sync(cp, p);
 			cp->dp->part_refuse(cp->srv, p);
@@ -267,11 +270,19 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp)
 	for (i = 0; i < cp->ncluster; i++)
 		uris[i] = rps__uri_str(&cp->cluster[i], bufs[i], sizeof(bufs[i]));
 	/* Test hook (RPS_FAULT=bootstrap-replicas-2 or -3): a new cluster's map
-	 * with backups, for the failover tests, until --replicas exists. */
+	 * with that many copies, for the failover tests. */
 	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "bootstrap-replicas-")))
 		return rps__smap_init_replicated(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
 						 (uint32_t)atoi(strstr(getenv("RPS_FAULT"), "bootstrap-replicas-") + 19));
-	return rps__smap_init(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart);
+	/* R = 2 from 2 servers on (issue 12's default), with the backups in the
+	 * map from the start: nothing is stored yet, so nothing is seeded.  It
+	 * depends on --cluster alone, never on this member's --replicas: every
+	 * founding member builds this map by itself (again when it replays its
+	 * log after a restart, whatever flags it has then), and they must all
+	 * agree.  A --replicas that differs reaches the map through the leader
+	 * (SET_REPLICAS, then drops or seedings: cp_replicas.c). */
+	return rps__smap_init_replicated(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
+					 cp->ncluster >= 2 ? 2 : 1);
 }
 
 void rps__cp_restored(struct rps__cplane *cp)

@@ -67,6 +67,7 @@ int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part)
 	if (ret)
 		return ret;
 	cp->dp->part_forget_parked(cp->srv, part);
+	pl->seq = cp->dp->repl_seq(cp->srv, part);	/* (fenced: every backup holds it) */
 	pl->st = PART_SHIPPED;
 	rps__cp_part_sync(cp, part);
 	rps__log(RPS__LOG_INFO, "partition %u fenced (epoch %llu): %zu bytes for member %llu", part,
@@ -90,7 +91,7 @@ void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now
 {
 	struct part_local *pl = &cp->parts[part];
 	struct peer *p = rps__cp_peer_get(cp, pl->to, false);
-	struct rps__migrate m = rps__cp_blob_offer(cp, part);
+	struct rps__seed m = { .mig = rps__cp_blob_offer(cp, part), .seq = pl->seq };
 
 	if (!p || !p->c || cp->dp->conn_dead(p->c) || now < pl->next_try)
 		return;
@@ -156,6 +157,11 @@ void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
 		return;
 	}
 	ret = cp->dp->part_install(cp->srv, m.part, m.epoch, buf, m.len);
+	if (!ret && cp->dp->part_repl_seq_set)
+		/* the partition's backups hold the stream up to the fence: we
+		 * number our first entry after it (0 from a sender without it,
+		 * which never moves a partition with backups mid-stream) */
+		cp->dp->part_repl_seq_set(cp->srv, m.part, seq);
 	if (ret) {
 		rps__log(RPS__LOG_ERROR, "%s", rps__errbuf());
 		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, ret, NULL, 0);
@@ -170,7 +176,8 @@ void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
 	cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, 0, NULL, 0);
 }
 
-void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m)
+void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+			uint64_t seq)
 {
 	if (m->part >= cp->map.npart || cp->map.parts[m->part].moving_to != cp->my_id ||
 	    cp->map.parts[m->part].epoch != m->epoch) {
@@ -182,7 +189,7 @@ void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
 		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, 0, NULL, 0);
 		return;
 	}
-	rps__cp_read_start(cp, c, req_id, m, false, 0);
+	rps__cp_read_start(cp, c, req_id, m, false, seq);
 }
 
 /* READ the image m offers over c (one at a time per connection); the
@@ -278,6 +285,47 @@ static void restarted_without(struct rps__cplane *cp, uint32_t p, uint64_t now)
 	rps__cp_propose_cmd(cp, &cmd);
 }
 
+/*
+ * A planned switch (psctl move of a partition to one of its backups): the
+ * fence holds until every update applied here is confirmed by every backup
+ * (part_fence), so the destination, which applies the stream in order,
+ * holds exactly our state and the stream position: nothing is shipped, we
+ * propose the COMMIT.  It promotes the backup under epoch + 1 as a
+ * FAILOVER does, but with nothing in flight; we leave the set and drain.
+ * Workers meanwhile get RPS_ESTALE_EPOCH and retry, as during a move.
+ */
+static void switch_fenced(struct rps__cplane *cp, uint32_t p)
+{
+	struct part_local *pl = &cp->parts[p];
+
+	/* readers of our copy now learn it moved */
+	cp->dp->part_publish(cp->srv, p, RPS__EPOCH_MOVED);
+	/* never replicated (a future step, out of turn): their workers resend
+	 * them to the new primary, as after a failover */
+	cp->dp->part_forget_parked(cp->srv, p);
+	pl->st = PART_SHIPPED;
+	pl->installed = true;
+	pl->next_try = 0;
+	rps__cp_part_sync(cp, p);
+	rps__log(RPS__LOG_INFO, "partition %u fenced (epoch %llu, stream seq %llu): its backup %llu takes over",
+		 p, (unsigned long long)pl->epoch, (unsigned long long)cp->dp->repl_seq(cp->srv, p),
+		 (unsigned long long)pl->to);
+}
+
+static void switch_commit(struct rps__cplane *cp, uint32_t p, uint64_t now)
+{
+	struct part_local *pl = &cp->parts[p];
+	struct rps__smap_cmd cmd;
+
+	memset(&cmd, 0, sizeof(cmd));
+	pl->next_try = now + PEER_RETRY_NS / 2;
+	cmd.type = RPS__SMAP_MOVE_COMMIT;
+	cmd.part = p;
+	cmd.to = pl->to;
+	cmd.epoch = pl->epoch;
+	rps__cp_propose_cmd(cp, &cmd);
+}
+
 void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
 {
 	uint32_t p;
@@ -302,12 +350,33 @@ void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
 		}
 		switch (pl->st) {
 		case PART_LEAVING:
+			if (pl->switching) {
+				if (cp->dp->part_fence(cp->srv, p))
+					switch_fenced(cp, p);
+				else if (now >= pl->give_up && now >= pl->next_try) {
+					/* a backup that confirms nothing (its stream
+					 * broke, it is dying): we serve on */
+					rps__log(RPS__LOG_WARN, "partition %u: backup %llu did not confirm what we applied in time:"
+						 " aborting the switch", p, (unsigned long long)pl->to);
+					pl->next_try = now + PEER_RETRY_NS / 2;
+					cmd.type = RPS__SMAP_MOVE_ABORT;
+					cmd.part = p;
+					cmd.epoch = pl->epoch;
+					rps__cp_propose_cmd(cp, &cmd);
+				}
+				break;
+			}
 			if (cp->dp->part_fence(cp->srv, p) && rps__cp_ship_partition(cp, p))
 				rps__log(RPS__LOG_ERROR, "%s", rps__errbuf());
 			if (pl->st == PART_SHIPPED)
 				rps__cp_offer_partition(cp, p, now);
 			break;
 		case PART_SHIPPED:
+			if (pl->switching) {
+				if (now >= pl->next_try)
+					switch_commit(cp, p, now);
+				break;
+			}
 			if (!pl->installed && (!pl->offered || now >= pl->next_try))
 				rps__cp_offer_partition(cp, p, now);
 			if (!pl->installed && now >= pl->give_up && now + PEER_RETRY_NS / 2 >= pl->next_try) {

@@ -33,10 +33,18 @@
  * back off for REPLICA_RETRY_NS.  A not-yet-applied proposal is repeated
  * for its partition at most every REPLICA_RETRY_NS (no proposal storm).
  *
+ * remove-server (cp_admin.c) of a member that still backs partitions: the
+ * leader seeds a replacement on another member first where the set has
+ * room for one (no moment with fewer copies than before), else drops it
+ * first; it never places a backup on the member it removes, and proposes
+ * REMOVE_MEMBER once the member holds nothing.
+ *
  * --replicas R: the leader proposes SET_REPLICAS(R) once after this process
  * started, when the map's target differs (the leader's flag wins, logged);
  * psctl set-replicas changes it afterwards.  Without --replicas the map's
- * target stands (1 for a new cluster).  --zone Z: each member proposes
+ * target stands.  A new cluster starts at 2 from 2 servers on, its backups
+ * placed in the bootstrap map (cp_map.c); a --replicas 1 or 3 then comes
+ * through here: drops (epoch + 1 each) or seedings.  --zone Z: each member proposes
  * SET_ZONE for itself while the map says otherwise.
  */
 #include "config.h"
@@ -344,7 +352,9 @@ void rps__cp_seed_read_done(struct rps__cplane *cp, struct conn *c, uint64_t req
 
 static bool live(void *ctx, uint64_t id)
 {
-	return rps__cp_member_live(ctx, id);
+	const struct rps__cplane *cp = ctx;
+
+	return id != cp->removing && rps__cp_member_live(cp, id);
 }
 
 static int member_slot(const struct rps__smap *m, uint64_t id)
@@ -370,6 +380,32 @@ static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, uint
 	cmd->epoch = mp->epoch;
 	if (mp->lost || mp->moving_to)
 		return false;
+	if (cp->removing && mp->joining == cp->removing) {
+		cmd->type = RPS__SMAP_REPLICA_ABORT;
+		return true;
+	}
+	if (cp->removing && rps__smap_role(m, p, cp->removing) == RPS__SMAP_ROLE_BACKUP) {
+		/* the copies without it: 1 + nb - 1 */
+		if (mp->joining)
+			return false;	/* its replacement is being seeded */
+		cmd->type = RPS__SMAP_REPLICA_DROP;
+		cmd->id = cp->removing;
+		if (nb >= m->replicas || nb == RPS__SMAP_MAX_REPLICAS - 1 || !rps__cp_member_live(cp, mp->owner))
+			return true;
+		src = member_slot(m, mp->owner);
+		if (src < 0 || now < cp->seed_src_next[src] || inflight[src] >= SEED_MAX_PER_SRC)
+			return false;
+		cmd->type = RPS__SMAP_REPLICA_BEGIN;
+		cmd->to = rps__smap_pick_backup(m, p, live, cp);
+		if (!cmd->to) {
+			/* nowhere to put another copy: it just goes */
+			cmd->type = RPS__SMAP_REPLICA_DROP;
+			return true;
+		}
+		inflight[src]++;
+		cp->seed_pending[p] = now + REPLICA_RETRY_NS;
+		return true;
+	}
 	if (mp->joining) {
 		/* the target was lowered meanwhile */
 		cmd->type = RPS__SMAP_REPLICA_ABORT;
@@ -431,6 +467,32 @@ void rps__cp_replica_applied(struct rps__cplane *cp, const struct rps__smap_cmd 
 	cp->replica_kick = true;
 }
 
+/* remove-server: once the member holds nothing, it goes. */
+static void removing_duty(struct rps__cplane *cp, uint64_t now)
+{
+	const struct rps__smap *m = &cp->map;
+	struct rps__smap_cmd cmd;
+	uint32_t p;
+
+	if (!cp->removing)
+		return;
+	if (!rps__smap_member(m, cp->removing)) {
+		cp->removing = 0;
+		return;
+	}
+	if (now < cp->removing_next || rps__smap_owned(m, cp->removing) || rps__smap_backed(m, cp->removing))
+		return;
+	for (p = 0; p < m->npart; p++)
+		if (m->parts[p].joining == cp->removing || m->parts[p].moving_to == cp->removing)
+			return;
+	cp->removing_next = now + REPLICA_RETRY_NS;
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.type = RPS__SMAP_REMOVE_MEMBER;
+	cmd.id = cp->removing;
+	rps__log(RPS__LOG_INFO, "member %llu holds no replica any more: removing it", (unsigned long long)cmd.id);
+	rps__cp_propose_cmd(cp, &cmd);
+}
+
 void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 {
 	uint32_t inflight[RPS__SMAP_MAX_MEMBERS] = { 0 };
@@ -457,6 +519,7 @@ void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 		rps__log(RPS__LOG_DEBUG, "replicas (target %u): proposing %s", cp->map.replicas, what);
 		rps__cp_propose_cmd(cp, &cmd);
 	}
+	removing_duty(cp, now);
 }
 
 /* ---- --replicas and --zone ---------------------------------------------------- */

@@ -124,8 +124,10 @@ static void on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h, 
 		}
 		break;
 	case RPS__MSG_MIGRATE:
-		if (cp->dp->conn_role(c) == CONN_PEER && body_len == sizeof(struct rps__migrate)) {
-			rps__cp_on_migrate(cp, c, h->req_id, body);
+		if (cp->dp->conn_role(c) == CONN_PEER &&
+		    (body_len == sizeof(struct rps__migrate) || body_len == sizeof(struct rps__seed))) {
+			rps__cp_on_migrate(cp, c, h->req_id, body,
+					   body_len == sizeof(struct rps__seed) ? ((const struct rps__seed *)body)->seq : 0);
 			return;
 		}
 		break;

@@ -29,7 +29,8 @@ enum part_state {
 	PART_NONE = 0,	/* not ours */
 	PART_ACTIVE,	/* ours, serving */
 	PART_LEAVING,	/* MOVE_BEGIN from us: fencing its shards */
-	PART_SHIPPED,	/* fenced and offered to the destination */
+	PART_SHIPPED,	/* fenced and offered to the destination (or, switching to a
+			 * backup, fenced: the COMMIT proposed) */
 	PART_INCOMING,	/* installed here, waiting for MOVE_COMMIT */
 	PART_DRAINING,	/* moved away: regions freed at free_at */
 	/* seeding a backup (cp_replicas.c) */
@@ -50,9 +51,10 @@ struct part_local {
 	size_t blob_len;
 	struct rps__mr *blob_mr;
 	uint32_t blob_crc;
-	uint64_t seq;		/* SEED_SHIPPED: the stream's seq at the cut */
+	uint64_t seq;		/* SEED_SHIPPED, SHIPPED: the stream's seq at the cut */
 	bool offered;		/* MIGRATE sent, reply pending */
 	bool installed;		/* destination answered 0 */
+	bool switching;		/* LEAVING/SHIPPED: `to` is a backup (a planned switch) */
 	bool gone;		/* ours, but its contents went with a restart: refused
 				 * (-ENODATA) and proposed as lost until the map says so */
 	bool cleared;		/* restored or accepted empty since the restart */
@@ -172,6 +174,9 @@ struct rps__cplane {
 	uint64_t config_next;		/* next SET_REPLICAS / SET_ZONE proposal (ns) */
 	bool replicas_settled;		/* --replicas is in the map (once per start) */
 	bool zone_settled;		/* --zone is in the map */
+	uint64_t removing;		/* leader: psctl remove-server of this member waits for
+					 * its backup roles to move elsewhere (0: none) */
+	uint64_t removing_next;		/* its REMOVE_MEMBER proposed again no sooner (ns) */
 };
 
 static inline uint64_t ms_ns(uint64_t ms)
@@ -215,7 +220,8 @@ void rps__cp_read_start(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
 int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part);
 void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now);
 void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf);
-void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m);
+void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+			uint64_t seq);
 void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t part, int32_t status);
 void rps__cp_reads_gone(struct rps__cplane *cp, struct conn *c);
 void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now);

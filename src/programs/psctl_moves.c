@@ -383,7 +383,11 @@ int psctl_cmd_remove_server(uint64_t id)
 			psctl_sleep_ms(200);
 			continue;
 		}
-		to = pick_member(&L.map, id, false, NULL);
+		/* a backup takes over where there is one (a planned switch:
+		 * nothing to copy); else the least loaded member */
+		to = L.map.parts[q].backups[0];
+		if (!to)
+			to = pick_member(&L.map, id, false, NULL);
 		if (!to)
 			return psctl_fail("no other member to move partition %d to", q);
 		if (moves++ > 2 * RPS__SMAP_MAX_PART)

@@ -44,7 +44,8 @@ static const struct {
 	[RPS__MSG_RAFT] = { "RAFT", VAR, 0, 0 },
 	[RPS__MSG_PROPOSE] = { "PROPOSE", VAR, 0, 0 },
 	[RPS__MSG_PROPOSE_REP] = { "PROPOSE_REP", sizeof(struct rps__propose_rep), 0, REPLY },
-	[RPS__MSG_MIGRATE] = { "MIGRATE", sizeof(struct rps__migrate), 0, 0 },
+	/* (a struct rps__seed: with the stream's seq, for the backups) */
+	[RPS__MSG_MIGRATE] = { "MIGRATE", VAR, sizeof(struct rps__migrate), 0 },
 	[RPS__MSG_MIGRATE_REP] = { "MIGRATE_REP", 0, 0, REPLY },
 	[RPS__MSG_STATUS] = { "STATUS", 0, 0, 0 },
 	[RPS__MSG_STATUS_REP] = { "STATUS_REP", VAR, sizeof(struct rps__status_rep), REPLY },

@@ -57,7 +57,10 @@ enum rps__msg_type {
 	RPS__MSG_RAFT,		/* body: an encoded rps__raft_msg (variable) */
 	RPS__MSG_PROPOSE,	/* body: an encoded rps__smap_cmd (variable); to the leader */
 	RPS__MSG_PROPOSE_REP,	/* struct rps__propose_rep, once applied (or refused) */
-	RPS__MSG_MIGRATE,	/* struct rps__migrate: a fenced partition is ready to READ */
+	RPS__MSG_MIGRATE,	/* struct rps__migrate, or struct rps__seed (the stream's seq
+				 * at the fence, which the new owner numbers after, so the
+				 * partition's backups follow it): a fenced partition is
+				 * ready to READ */
 	RPS__MSG_MIGRATE_REP,	/* no body: the destination installed it (status) */
 	/* psctl -> server (role ADMIN); also accepted from peers */
 	RPS__MSG_STATUS,	/* no body */

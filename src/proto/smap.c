@@ -333,9 +333,7 @@ static int check_begin(const struct rps__smap *m, const struct rps__smap_cmd *c)
 	if (member_index(m, c->to) < 0)
 		return rps__seterr(-ENOENT, "move partition %" PRIu32 ": destination %llu is not a member",
 				   c->part, ull(c->to));
-	if (rps__smap_role(m, c->part, c->to) != RPS__SMAP_ROLE_NONE)
-		return rps__seterr(-EEXIST, "move partition %" PRIu32 ": member %llu already holds a replica of it"
-				   " (a planned hand-over to a backup is a failover)", c->part, ull(c->to));
+	/* (to a backup: a planned switch, no image; a joiner is refused above) */
 	if (p->epoch >= RPS__EPOCH_MOVED - 1)
 		return rps__seterr(-EOVERFLOW, "move partition %" PRIu32 ": epoch %llu is the last one",
 				   c->part, ull(p->epoch));
@@ -736,6 +734,8 @@ int rps__smap_apply(struct rps__smap *m, uint64_t index, const struct rps__smap_
 		break;
 	case RPS__SMAP_MOVE_COMMIT:
 		p = &m->parts[c->part];
+		if (backup_index(m, c->part, c->to) >= 0)	/* a planned switch: the backup leads */
+			backup_remove(p, (uint32_t)backup_index(m, c->part, c->to));
 		p->owner = c->to;
 		p->epoch++;
 		p->moving_to = 0;
@@ -773,6 +773,8 @@ int rps__smap_apply(struct rps__smap *m, uint64_t index, const struct rps__smap_
 	case RPS__SMAP_REPLICA_DROP:
 		p = &m->parts[c->part];
 		backup_remove(p, (uint32_t)backup_index(m, c->part, c->id));
+		if (p->moving_to == c->id)
+			p->moving_to = 0;	/* the switch to it is off */
 		p->epoch++;
 		break;
 	case RPS__SMAP_FAILOVER:

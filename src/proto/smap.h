@@ -15,6 +15,13 @@
  *                                      its shards to `to`
  *   MOVE_COMMIT(p, to, epoch e)        owner := to, epoch := e + 1
  *   MOVE_ABORT(p, epoch e)             the move is off, owner keeps p
+ * A move to one of the partition's backups is a planned switch: the owner
+ * fences it until every backup confirmed what it applied, ships nothing
+ * (the backup holds the same state) and proposes the COMMIT itself, which
+ * makes the backup primary (it leaves the backups) and drops the old owner
+ * from the set; the leader then seeds a new backup.  A REPLICA_DROP of
+ * the destination aborts it.
+ *
  * Commands carry the epoch they expect, so a duplicate, late or replayed
  * command is refused deterministically (every replica decides the same) and
  * whichever of COMMIT and ABORT comes first in the log wins.
@@ -83,8 +90,9 @@ struct rps__smap {
 enum rps__smap_cmd_type {
 	RPS__SMAP_ADD_MEMBER = 1,	/* id, uri */
 	RPS__SMAP_REMOVE_MEMBER = 2,	/* id: must own no partition and be no move's target */
-	RPS__SMAP_MOVE_BEGIN = 3,	/* part, from (current owner), to, epoch (current) */
-	RPS__SMAP_MOVE_COMMIT = 4,	/* part, to, epoch (the one BEGIN named) */
+	RPS__SMAP_MOVE_BEGIN = 3,	/* part, from (current owner), to (not its joiner), epoch (current) */
+	RPS__SMAP_MOVE_COMMIT = 4,	/* part, to, epoch (the one BEGIN named); a backup `to`
+					 * leaves the backups */
 	RPS__SMAP_MOVE_ABORT = 5,	/* part, epoch */
 	RPS__SMAP_NOP = 6,		/* changes nothing but applied (commit latency probes) */
 	RPS__SMAP_MARK_LOST = 7,	/* part, from (current owner), epoch: its owner restarted

@@ -456,9 +456,10 @@ static int map_validate(const struct rps__smap *m)
 					return rps__seterr(-EBADMSG, "shard map: partition %" PRIu32 " has a gap in its backups", i);
 				continue;
 			}
-			if (!is_member(m, b) || b == p->owner || b == p->moving_to || b == p->joining)
+			/* (a move's target may be a backup: a planned switch) */
+			if (!is_member(m, b) || b == p->owner || b == p->joining)
 				return rps__seterr(-EBADMSG, "shard map: partition %" PRIu32 " has backup %llu,"
-						   " not another member outside its move and seeding", i, ull(b));
+						   " not another member outside its seeding", i, ull(b));
 			for (uint32_t j = 0; j < k; j++)
 				if (p->backups[j] == b)
 					return rps__seterr(-EBADMSG, "shard map: partition %" PRIu32 " has backup %llu twice",

@@ -266,6 +266,7 @@ static const struct rps__dp_ops ops = {
 	.part_install = rps__srv_image_install,
 	.part_drop = rps__srv_regions_free_part,
 	.repl_seq = rps__srv_repl_seq,
+	.part_repl_seq_set = rps__srv_repl_seq_set,
 	.part_install_backup = rps__srv_image_install_backup,
 	.part_digest = rps__srv_part_digest,
 	.rank_remove = rps__srv_rank_remove,

@@ -166,6 +166,9 @@ struct rps__dp_ops {
 	 * install the image as a backup (regions kept, not served, no parked
 	 * pushes) whose stream goes on after seq: nothing changes if refused */
 	uint64_t (*repl_seq)(struct rps__server *srv, uint32_t part);
+	/* a move's new owner: the stream goes on after seq (the old owner's
+	 * at the fence), which the partition's backups applied last */
+	void (*part_repl_seq_set)(struct rps__server *srv, uint32_t part, uint64_t seq);
 	int (*part_install_backup)(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
 				   size_t len, uint64_t seq);
 	/* tests: a crc32c of what this server holds of tensor name's partition

@@ -81,12 +81,15 @@ static void fence_shard(struct rps__server *srv, struct region *r, struct shard 
 }
 
 /* Seal every lock word of the partition.  A word a worker holds is left
- * until its push is decided (or its lease broken): 1 when all are sealed. */
+ * until its push is decided (or its lease broken): 1 when all are sealed
+ * and no update of it waits for its replicas. */
 bool rps__srv_part_fence(struct rps__server *srv, uint32_t part)
 {
 	bool all = true;
 
 	part_each_shard(srv, part, fence_shard, &all);
+	if (rps__srv_repl_busy(srv, part))
+		all = false;
 	for (uint32_t i = 0; i < srv->nheld; i++) {
 		struct conn *c = srv->held[i].conn;
 		const struct rps__push_desc *d = (const void *)(c->slots + (size_t)srv->held[i].slot * srv->slot_size);
@@ -810,6 +813,12 @@ int rps__srv_image_install_backup(struct rps__server *srv, uint32_t part, uint64
 uint64_t rps__srv_repl_seq(struct rps__server *srv, uint32_t part)
 {
 	return part < RPS__SMAP_MAX_PART ? srv->repl_seq[part] : 0;
+}
+
+void rps__srv_repl_seq_set(struct rps__server *srv, uint32_t part, uint64_t seq)
+{
+	if (part < RPS__SMAP_MAX_PART)
+		srv->repl_seq[part] = seq;
 }
 
 /* Publish an epoch in every header of the partition: a worker's READ of a

@@ -376,6 +376,18 @@ static void step_done_note(struct conn *c, const struct tensor *t, const struct 
 	};
 }
 
+/* Does an update of the partition still wait for its replicas (a step or a
+ * push applied here, not yet confirmed by every backup)?  A fence waits
+ * for them: what a move ships, or what a backup takes over in a planned
+ * switch, must be what every backup holds. */
+bool rps__srv_repl_busy(const struct rps__server *srv, uint32_t part)
+{
+	for (uint32_t i = 0; i < srv->nrwaits; i++)
+		if (srv->rwaits[i].kind != RW_STEP_DONE && srv->rwaits[i].s->part == part)
+			return true;
+	return false;
+}
+
 void rps__srv_repl_refuse_part(struct rps__server *srv, uint32_t part)
 {
 	uint32_t i = 0;

@@ -362,6 +362,7 @@ void rps__srv_repl_confirm(struct rps__server *srv);
 /* The partition is refused from now (moved away, paused): its sync pushes
  * taken here are told to resend (STEP_DONE entries of version 0). */
 void rps__srv_repl_refuse_part(struct rps__server *srv, uint32_t part);
+bool rps__srv_repl_busy(const struct rps__server *srv, uint32_t part);
 void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot);
 void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
 			      const void *body);
@@ -420,6 +421,7 @@ int rps__srv_image_install(struct rps__server *srv, uint32_t part, uint64_t epoc
 int rps__srv_image_install_backup(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
 				  size_t len, uint64_t seq);
 uint64_t rps__srv_repl_seq(struct rps__server *srv, uint32_t part);
+void rps__srv_repl_seq_set(struct rps__server *srv, uint32_t part, uint64_t seq);
 int rps__srv_part_digest(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
 			 uint64_t *versions, uint32_t *nshards);
 
