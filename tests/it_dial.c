@@ -19,6 +19,8 @@
  *      its FIN): the dial's timeout, a timer of the loop now;
  *  (3) each of members 2 and 3 dials again after that (at least 2 dials
  *      each, every one of them passing (1)).
+ * (A dial the dialer gave up before the test read its hello, the test busy
+ * asking the other member, is not asked about.)
  * The time STATUS took is printed, not asserted.
  */
 #include "config.h"
@@ -160,6 +162,9 @@ static void test_dial_black_hole(void)
 				continue;
 			}
 			h[i].from_id = priv.from_id;
+			/* given up already (we were busy with another): not asked */
+			if (closed_by_peer(h[i].fd))
+				continue;
 			dials[priv.from_id]++;
 			/* (1) its dial to us is pending: does it serve? */
 			k = it_member_index(&clu, priv.from_id);
