@@ -207,7 +207,7 @@ int rps__dial_start(struct rps__fabric *fab, const char *host, uint16_t port, st
 
 int rps__dial_fd(const struct rps__dial *d, short *events)
 {
-	if (d->fab->ops->dial_fd)
+	if (d->fab->ops->dial_start)
 		return d->fab->ops->dial_fd(d, events);
 	*events = 0;
 	return -1;
@@ -218,7 +218,7 @@ int rps__dial_step(struct rps__dial *base, void *reply, size_t *reply_len, struc
 	struct sync_dial *d = (struct sync_dial *)base;
 	int ret;
 
-	if (base->fab->ops->dial_step)
+	if (base->fab->ops->dial_start)
 		return base->fab->ops->dial_step(base, reply, reply_len, out);
 	ret = d->ret;
 	if (reply && d->reply_len)
@@ -239,7 +239,7 @@ void rps__dial_cancel(struct rps__dial *base)
 
 	if (!base)
 		return;
-	if (base->fab->ops->dial_cancel) {
+	if (base->fab->ops->dial_start) {
 		base->fab->ops->dial_cancel(base);
 		return;
 	}

@@ -281,7 +281,7 @@ struct rps__transport_ops {
 	int (*connect)(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *cq,
 		       const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
 		       void *reply, size_t *reply_len, struct rps__ep **out);
-	/* optional (NULL: rps__dial_start() runs connect) */
+	/* optional, all four or none (dial_start NULL: rps__dial_start() runs connect) */
 	int (*dial_start)(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *cq,
 			  const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
 			  struct rps__dial **out);
