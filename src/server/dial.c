@@ -38,6 +38,8 @@ int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind ki
 		srv->dials = grown;
 		srv->dials_cap = cap;
 	}
+	if (strlen(uri) >= sizeof(d->uri))	/* its owner finds it by its uri */
+		return rps__seterr(-ENAMETOOLONG, "dial %s: address too long", uri);
 	ret = rps__uri_parse(uri, &u);
 	if (ret)
 		return ret;
@@ -52,7 +54,6 @@ int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind ki
 	snprintf(d->uri, sizeof(d->uri), "%s", uri);
 	d->deadline = rps__now_ns() + (uint64_t)timeout_ms * 1000000ull;
 	srv->ndials++;
-	srv->dials_started++;
 	return 0;
 }
 

@@ -206,7 +206,7 @@ struct srv_dial {
 	struct conn *c;		/* in no table until its owner attaches it */
 	enum srv_dial_kind kind;
 	uint64_t to_id;		/* 0: a --join seed, whoever answers */
-	char uri[RPS__SMAP_URI_MAX];
+	char uri[320];		/* (a --cluster address may be longer than a map's) */
 	uint64_t deadline;	/* ns: the loop wakes for it */
 };
 
@@ -261,7 +261,6 @@ struct rps__server {
 	/* outgoing connections under way (dial.c) */
 	struct srv_dial *dials;
 	uint32_t ndials, dials_cap;
-	uint64_t dials_started;
 
 	/* replication (repl.c) */
 	struct repl_peer {
