@@ -71,6 +71,9 @@ struct fake {
 	struct conn *gone_conn;		/* the last on_conn_gone */
 	struct conn *peer_conn;		/* the last peer_attached */
 	uint64_t peer_id;		/* ... its conn_peer_id */
+	unsigned n_dialed;		/* peer_dialed calls */
+	struct conn *dialed_conn;	/* the last one's connection (NULL: failed) */
+	uint64_t dialed_id;		/* ... its conn_peer_id */
 	uint64_t accept_from, accept_to;	/* the last accept_peer */
 	uint64_t refuse_from;		/* accept_peer refuses this member */
 	bool read_ok;
@@ -168,6 +171,19 @@ static void h_peer_attached(void *ctx, struct conn *c)
 	fake_unlock(f);
 }
 
+static void h_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct conn *c)
+{
+	struct fake *f = ctx;
+
+	(void)uri;
+	(void)to_id;
+	fake_lock(f);
+	f->n_dialed++;
+	f->dialed_conn = c;
+	f->dialed_id = c ? f->dp->conn_peer_id(c) : 0;
+	fake_unlock(f);
+}
+
 static int h_run_timers(void *ctx, uint64_t now, bool *stop)
 {
 	struct fake *f = ctx;
@@ -223,7 +239,7 @@ static int fake_server(struct fake *f, uint64_t member_id)
 	const struct rps__dp_hooks hooks = {
 		.on_message = h_on_message, .on_conn_gone = h_on_conn_gone, .on_read_done = h_on_read_done,
 		.on_send_done = h_on_send_done, .accept_peer = h_accept_peer, .peer_attached = h_peer_attached,
-		.run_timers = h_run_timers, .fini = h_fini, .ctx = f,
+		.peer_dialed = h_peer_dialed, .run_timers = h_run_timers, .fini = h_fini, .ctx = f,
 	};
 	struct rps__server_config cfg;
 	int ret;
@@ -560,7 +576,23 @@ static char peer_mem[64];
 
 static void do_dial(struct fake *f, void *arg)
 {
-	job_conn = f->dp->peer_dial(f->srv, arg, 1, &job_got);
+	CU_ASSERT_EQUAL(f->dp->peer_dial(f->srv, arg, 1), 0);
+}
+
+/* Dial from f and wait for peer_dialed: job_conn and job_got. */
+static void dial_wait(struct fake *f, const char *uri)
+{
+	unsigned n;
+
+	fake_lock(f);
+	n = f->n_dialed;
+	fake_unlock(f);
+	fake_do(f, do_dial, (void *)uri);
+	CU_ASSERT_FATAL(fake_wait(f, &f->n_dialed, n + 1));
+	fake_lock(f);
+	job_conn = f->dialed_conn;
+	job_got = f->dialed_id;
+	fake_unlock(f);
 }
 
 static void do_member2(struct fake *f, void *arg)
@@ -602,7 +634,7 @@ static void test_hooks_peer(void)
 	CU_ASSERT_EQUAL_FATAL(fake_server(&B, 3), 0);
 	CU_ASSERT_EQUAL_FATAL(fake_start(&B), 0);
 	A.refuse_from = 3;
-	fake_do(&B, do_dial, servers);
+	dial_wait(&B, servers);
 	CU_ASSERT_PTR_NULL(job_conn);
 	fake_lock(&A);
 	CU_ASSERT_EQUAL(A.n_accept, 1u);
@@ -613,7 +645,7 @@ static void test_hooks_peer(void)
 
 	/* as member 2 */
 	fake_do(&B, do_member2, NULL);
-	fake_do(&B, do_dial, servers);
+	dial_wait(&B, servers);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(job_conn);
 	CU_ASSERT_EQUAL(job_got, 1u);
 	CU_ASSERT_FATAL(fake_wait(&A, &A.n_attached, 1));

@@ -470,6 +470,104 @@ static void test_connect_private_data(void)
 	server_mailbox_reset();
 }
 
+/* Step d until it is over, sleeping on its descriptor in between. */
+static int dial_finish(struct rps__dial *d, void *reply, size_t *reply_len, struct rps__ep **out)
+{
+	for (;;) {
+		struct pollfd p = { .fd = -1 };
+		int ret = rps__dial_step(d, reply, reply_len, out);
+
+		if (ret != -EINPROGRESS)
+			return ret;
+		p.fd = rps__dial_fd(d, &p.events);
+		if (p.fd >= 0)
+			poll(&p, 1, 50);
+	}
+}
+
+/* The non-blocking connect: it completes as rps__connect does; to a
+ * listener that accepts and never answers (a peer whose host is gone
+ * without a reset), each step returns at once (-EINPROGRESS) until the
+ * deadline, then -ETIMEDOUT; a dial under way can be cancelled (tcp; verbs
+ * completes its dial inside rps__dial_start). */
+static void test_dial(void)
+{
+	static const char hello[] = "dialing member 1";
+	static const char welcome[] = "member 1 here";
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	uint8_t reply[RPS__PRIVDATA_MAX];
+	size_t reply_len = sizeof(reply);
+	socklen_t slen = sizeof(sa);
+	struct rps__dial *d;
+	struct rps__ep *ep, *sep;
+	struct rps__cq *cq;
+	int lfd, fd, ret, steps = 0;
+	short events;
+
+	CU_ASSERT_FATAL(rps__cq_create(cli_fab, 64, &cq) == 0);
+	server_policy(false, welcome, sizeof(welcome));
+	CU_ASSERT_EQUAL_FATAL(rps__dial_start(cli_fab, g_addr, rps__listener_port(srv.listener), cq, NULL,
+					      hello, sizeof(hello), WAIT_MS, &d), 0);
+	ret = dial_finish(d, reply, &reply_len, &ep);
+	CU_ASSERT_EQUAL_FATAL(ret, 0);
+	CU_ASSERT_EQUAL(reply_len, sizeof(welcome));
+	CU_ASSERT(memcmp(reply, welcome, sizeof(welcome)) == 0);
+	sep = server_take_ep();
+	CU_ASSERT_PTR_NOT_NULL_FATAL(sep);
+	pthread_mutex_lock(&srv.lock);
+	CU_ASSERT_EQUAL(srv.req_len, sizeof(hello));
+	CU_ASSERT(memcmp(srv.req_data, hello, sizeof(hello)) == 0);
+	pthread_mutex_unlock(&srv.lock);
+	rps__ep_close(ep);
+	rps__ep_close(sep);
+	server_mailbox_reset();
+	CU_ASSERT_EQUAL(rps__dial_start(cli_fab, g_addr, 1, cq, NULL, hello, RPS__PRIVDATA_MAX + 1, WAIT_MS, &d),
+			-EINVAL);
+	CU_ASSERT_EQUAL(rps__dial_start(cli_fab, g_addr, 1, cq, NULL, hello, sizeof(hello), -1, &d), -EINVAL);
+	if (g_kind != RPS__KIND_TCP)
+		goto out;
+
+	/* a black hole: the kernel completes the handshake, nobody answers */
+	CU_ASSERT_EQUAL_FATAL(inet_pton(AF_INET, g_addr, &sa.sin_addr), 1);
+	lfd = socket(AF_INET, SOCK_STREAM, 0);
+	CU_ASSERT_FATAL(lfd >= 0);
+	CU_ASSERT_EQUAL_FATAL(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	CU_ASSERT_EQUAL_FATAL(listen(lfd, 8), 0);
+	CU_ASSERT_EQUAL_FATAL(getsockname(lfd, (struct sockaddr *)&sa, &slen), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__dial_start(cli_fab, g_addr, ntohs(sa.sin_port), cq, NULL, hello, sizeof(hello),
+					      300, &d), 0);
+	do {
+		struct pollfd p = { .fd = -1 };
+		ret = rps__dial_step(d, reply, &reply_len, &ep);
+		if (ret != -EINPROGRESS)
+			break;
+		steps++;
+		p.fd = rps__dial_fd(d, &p.events);
+		CU_ASSERT(p.fd >= 0);
+		poll(&p, 1, 20);
+	} while (steps < 10000);
+	CU_ASSERT_EQUAL(ret, -ETIMEDOUT);
+	CU_ASSERT(steps >= 2);	/* the steps before the deadline did not wait for it */
+	CU_ASSERT_EQUAL(reply_len, 0);
+	fd = accept(lfd, NULL, NULL);	/* it did reach the listener */
+	CU_ASSERT(fd >= 0);
+	if (fd >= 0)
+		close(fd);
+
+	/* cancelled while it waits for the answer */
+	CU_ASSERT_EQUAL_FATAL(rps__dial_start(cli_fab, g_addr, ntohs(sa.sin_port), cq, NULL, hello, sizeof(hello),
+					      WAIT_MS, &d), 0);
+	ret = rps__dial_step(d, reply, &reply_len, &ep);
+	CU_ASSERT_EQUAL(ret, -EINPROGRESS);
+	if (ret == -EINPROGRESS) {	/* (else it is over, and freed) */
+		CU_ASSERT(rps__dial_fd(d, &events) >= 0);
+		rps__dial_cancel(d);
+	}
+	close(lfd);
+out:
+	rps__cq_destroy(cq);
+}
+
 static void test_reject_private_data(void)
 {
 	static const char why[] = "shard 7 moved to server 2";
@@ -1559,6 +1657,7 @@ int main(void)
 	static const struct cutest tests[] = {
 		{ "connect and accept with private data", test_connect_private_data },
 		{ "reject with private data", test_reject_private_data },
+		{ "non-blocking dial: connects, times out on a silent listener, cancels", test_dial },
 		{ "handshake checks magic, byte order, version (tcp)", test_handshake_checks },
 		{ "WRITE then READ back", test_write_read_back },
 		{ "WRITEs then WRITE_IMM: data placed before the immediate", test_writes_then_write_imm },

@@ -108,40 +108,98 @@ void rps__cp_peers_gone(struct rps__cplane *cp, struct conn *c)
 			cp->parts[i].offered = false;
 }
 
+static void seed_uri(const struct rps__cplane *cp, int i, char *uri, size_t len)
+{
+	rps__uri_str(&cp->cluster[i], uri, len);
+}
+
+/* --join: dial each --cluster address we have no connection to. */
 static void peers_connect_seeds(struct rps__cplane *cp, uint64_t now)
 {
 	int i;
 
 	for (i = 0; i < cp->ncluster; i++) {
 		char uri[300];
-		uint64_t id = 0;
-		struct conn *c;
-		struct peer *p;
 		uint32_t k;
 		bool have = false;
 
-		rps__uri_str(&cp->cluster[i], uri, sizeof(uri));
+		seed_uri(cp, i, uri, sizeof(uri));
 		for (k = 0; k < cp->npeers; k++)
 			if (cp->peers[k].c && !cp->dp->conn_dead(cp->peers[k].c) && *cp->dp->conn_name(cp->peers[k].c) &&
 			    !strcmp(cp->dp->conn_name(cp->peers[k].c), uri + (strstr(uri, "://") ? strstr(uri, "://") - uri + 3 : 0)))
 				have = true;
-		if (have || now < cp->seed_next[i])
+		if (have || cp->seed_dialing[i] || now < cp->seed_next[i])
 			continue;
 		cp->seed_next[i] = now + PEER_RETRY_NS;
-		c = cp->dp->peer_dial(cp->srv, uri, 0, &id);
-		if (!c)
-			continue;
-		p = rps__cp_peer_get(cp, id, true);
-		if (!p) {
-			cp->dp->conn_fail(c, "too many peers");
-			continue;
-		}
-		if (p->c)
-			cp->dp->conn_fail(p->c, "replaced by a new connection");
-		p->c = c;
-		rps__cp_failover_heard(cp, id);
-		rps__log(RPS__LOG_INFO, "joining: connected to member %llu at %s", (unsigned long long)id, uri);
+		if (!cp->dp->peer_dial(cp->srv, uri, 0))
+			cp->seed_dialing[i] = true;
 	}
+}
+
+/* A --join seed's dial is over. */
+static void seed_dialed(struct rps__cplane *cp, const char *uri, struct conn *c)
+{
+	char s[300];
+	uint64_t id;
+	struct peer *p;
+	int i;
+
+	for (i = 0; i < cp->ncluster; i++) {
+		seed_uri(cp, i, s, sizeof(s));
+		if (!strcmp(s, uri) && cp->seed_dialing[i]) {
+			cp->seed_dialing[i] = false;
+			cp->seed_next[i] = rps__now_ns() + PEER_RETRY_NS;
+			break;
+		}
+	}
+	if (!c)
+		return;
+	id = cp->dp->conn_peer_id(c);
+	p = rps__cp_peer_get(cp, id, true);
+	if (!p) {
+		cp->dp->conn_fail(c, "too many peers");
+		return;
+	}
+	if (p->c)
+		cp->dp->conn_fail(p->c, "replaced by a new connection");
+	p->c = c;
+	rps__cp_failover_heard(cp, id);
+	rps__log(RPS__LOG_INFO, "joining: connected to member %llu at %s", (unsigned long long)id, uri);
+}
+
+/* A dial the data plane ran for us is over (c NULL: it failed).  A member
+ * that does not answer is dialed again PEER_RETRY_NS after its dial ended:
+ * a dial no longer stops the loop, so no backing off is needed to keep a
+ * dead member's dials from stalling it. */
+void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct conn *c)
+{
+	struct rps__cplane *cp = ctx;
+	struct peer *p;
+
+	if (c && rps__cp_isolated) {
+		cp->dp->conn_fail(c, "isolated (fault injection)");
+		c = NULL;
+	}
+	if (!to_id) {
+		seed_dialed(cp, uri, c);
+		return;
+	}
+	p = rps__cp_peer_get(cp, to_id, true);
+	if (!p) {
+		if (c)
+			cp->dp->conn_fail(c, "too many peers");
+		return;
+	}
+	p->dialing = false;
+	p->next_connect = rps__now_ns() + PEER_RETRY_NS;
+	if (!c)
+		return;
+	if (p->c)	/* it dialed us meanwhile: ours is the newer */
+		cp->dp->conn_fail(p->c, "replaced by a new connection");
+	p->c = c;
+	p->inflight = 0;
+	rps__cp_failover_heard(cp, to_id);
+	rps__log(RPS__LOG_INFO, "connected to peer %llu at %s", (unsigned long long)to_id, uri);
 }
 
 /* Connect to the members with lower ids (they connect to us otherwise). */
@@ -162,32 +220,15 @@ void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now)
 	}
 	for (i = 0; i < cp->map.nmembers; i++) {
 		const struct rps__smap_member *m = &cp->map.members[i];
-		uint64_t id = 0;
 		struct peer *p;
-		struct conn *c;
 
 		if (m->id >= cp->my_id)
 			continue;
 		p = rps__cp_peer_get(cp, m->id, true);
-		if (!p || p->c || now < p->next_connect)
+		if (!p || p->c || p->dialing || now < p->next_connect)
 			continue;
-		/* The dial blocks this loop for up to its timeout when the
-		 * member's host is dead (no reset, no CM reject), so a member
-		 * that keeps failing is dialed less and less often (1 s,
-		 * doubling up to PEER_DIAL_BACKOFF_MAX_NS) rather than every
-		 * second for as long as it stays in the map. */
-		if (!p->dial_backoff)
-			p->dial_backoff = PEER_RETRY_NS;
-		p->next_connect = now + p->dial_backoff;
-		c = cp->dp->peer_dial(cp->srv, m->uri, m->id, &id);
-		if (!c) {
-			p->dial_backoff = RPS__MIN(p->dial_backoff * 2, PEER_DIAL_BACKOFF_MAX_NS);
-			continue;
-		}
-		p->dial_backoff = 0;
-		p->c = c;
-		p->inflight = 0;
-		rps__cp_failover_heard(cp, m->id);
-		rps__log(RPS__LOG_INFO, "connected to peer %llu at %s", (unsigned long long)m->id, m->uri);
+		p->next_connect = now + PEER_RETRY_NS;
+		if (!cp->dp->peer_dial(cp->srv, m->uri, m->id))
+			p->dialing = true;
 	}
 }

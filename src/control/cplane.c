@@ -435,6 +435,7 @@ int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct r
 		.on_message = on_message, .on_conn_gone = on_conn_gone,
 		.on_read_done = rps__cp_on_read_done, .on_send_done = rps__cp_on_send_done,
 		.accept_peer = rps__cp_accept_peer, .peer_attached = rps__cp_peer_attached,
+		.peer_dialed = rps__cp_peer_dialed,
 		.run_timers = run_timers, .fini = fini, .ctx = cp,
 	};
 	return 0;

@@ -21,7 +21,6 @@
 #include "transport/uri.h"
 
 #define PEER_RETRY_NS 1000000000ull
-#define PEER_DIAL_BACKOFF_MAX_NS (8 * PEER_RETRY_NS)
 #define DUTY_NS 20000000ull
 
 /* What this server does with a partition. */
@@ -64,7 +63,7 @@ struct peer {
 	uint64_t id;
 	struct conn *c;		/* NULL: not connected */
 	uint64_t next_connect;	/* ns */
-	uint64_t dial_backoff;	/* ns until the next dial after a failed one */
+	bool dialing;		/* a dial is under way (peer_dialed ends it) */
 	uint32_t inflight;	/* sends not yet completed */
 };
 
@@ -162,6 +161,7 @@ struct rps__cplane {
 	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
 	bool restarted;			/* started from a --data-dir that held state */
 	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
+	bool seed_dialing[RPS__SMAP_MAX_MEMBERS];	/* ... under way */
 	struct ckpt_state *ckpt;	/* ckpt_srv.c */
 	struct cp_failover fo;		/* cp_failover.c */
 	/* cp_replicas.c */
@@ -207,6 +207,7 @@ void rps__cp_peer_send(struct rps__cplane *cp, uint64_t to, unsigned type, uint6
 		       const void *body, size_t len);
 int rps__cp_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char **why);
 void rps__cp_peer_attached(void *ctx, struct conn *c);
+void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct conn *c);
 void rps__cp_on_send_done(void *ctx, struct conn *c);
 void rps__cp_peers_gone(struct rps__cplane *cp, struct conn *c);
 void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now);

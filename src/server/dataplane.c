@@ -164,50 +164,57 @@ static int conn_read(struct conn *c, uint64_t raddr, uint32_t rkey, uint64_t len
 	return rps__post(c->ep, &wr, 1);
 }
 
-struct conn *rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id, uint64_t *got_id)
+/* Dial a peer (to_id 0: a --join seed): the loop goes on meanwhile
+ * (dial.c), and the layer above hears how it went (peer_dialed). */
+int rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 {
 	struct rps__conn_priv priv = {
 		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_PEER,
 		.from_id = srv->my_id, .to_id = to_id,
 	};
 	struct rps__ep_attr attr = { 0 };
-	char reply[RPS__PRIVDATA_MAX + 1];
-	size_t reply_len = RPS__PRIVDATA_MAX;
-	struct rps__conn_priv rp;
-	struct rps__uri u;
 	struct conn *c;
 	int ret;
 
-	if (rps__uri_parse(uri, &u))
-		return NULL;
-	if (rps__srv_conn_new(srv, CONN_PEER, &c))
-		return NULL;
+	ret = rps__srv_conn_new(srv, CONN_PEER, &c);
+	if (ret)
+		return ret;
 	attr.sq_depth = c->nsend + 8;
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
-	memset(reply, 0, sizeof(reply));
-	ret = rps__connect(srv->fab, u.host, u.port, srv->cq, &attr, &priv, sizeof(priv),
-			   PEER_CONNECT_TIMEOUT_MS, reply, &reply_len, &c->ep);
+	ret = rps__srv_dial(srv, c, SRV_DIAL_PEER, to_id, uri, &priv, &attr, PEER_CONNECT_TIMEOUT_MS);
 	if (ret) {
 		rps__log(RPS__LOG_DEBUG, "peer %llu (%s): %s", (unsigned long long)to_id, uri, rps__errbuf());
 		rps__srv_conn_free(srv, c);
-		return NULL;
 	}
-	memset(&rp, 0, sizeof(rp));
-	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
-	if (reply_len < sizeof(rp) || !rp.from_id || rp.from_id == srv->my_id || (to_id && rp.from_id != to_id)) {
+	return ret;
+}
+
+void rps__srv_peer_dialed(struct rps__server *srv, struct conn *c, int ret, uint64_t to_id, const char *uri,
+			  const struct rps__conn_priv *rp)
+{
+	if (ret) {
+		rps__log(RPS__LOG_DEBUG, "peer %llu (%s): %s", (unsigned long long)to_id, uri, rps__errbuf());
+		goto fail;
+	}
+	if (!rp->from_id || rp->from_id == srv->my_id || (to_id && rp->from_id != to_id)) {
 		rps__log(RPS__LOG_WARN, "peer at %s answered as member %llu: not the peer expected", uri,
-			 (unsigned long long)rp.from_id);
+			 (unsigned long long)rp->from_id);
+		goto fail;
+	}
+	c->peer_id = rp->from_id;
+	if (rps__srv_conn_attach(srv, c)) {	/* in no table yet when it fails */
+		rps__log(RPS__LOG_WARN, "peer at %s: %s", uri, rps__errbuf());
+		goto fail;
+	}
+	if (srv->hooks.peer_dialed)
+		srv->hooks.peer_dialed(srv->hooks.ctx, uri, to_id, c);
+	return;
+fail:
+	if (c)
 		rps__srv_conn_free(srv, c);
-		return NULL;
-	}
-	c->peer_id = rp.from_id;
-	if (rps__srv_conn_attach(srv, c)) {
-		rps__srv_conn_fail(c, rps__errbuf());
-		return NULL;
-	}
-	*got_id = rp.from_id;
-	return c;
+	if (srv->hooks.peer_dialed)
+		srv->hooks.peer_dialed(srv->hooks.ctx, uri, to_id, NULL);
 }
 
 /* ---- partitions -------------------------------------------------------- */

@@ -100,6 +100,9 @@ struct rps__dp_hooks {
 	/* May this peer connect?  0, or a negative errno and *why. */
 	int (*accept_peer)(void *ctx, uint64_t from_id, uint64_t to_id, const char **why);
 	void (*peer_attached)(void *ctx, struct conn *c);
+	/* A peer_dial is over: c the connection (attached, its peer id
+	 * set), or NULL: it failed. */
+	void (*peer_dialed)(void *ctx, const char *uri, uint64_t to_id, struct conn *c);
 	/* Every turn of the loop: ms until due, or a negative errno to stop
 	 * with it; *stop set: stop cleanly (0). */
 	int (*run_timers)(void *ctx, uint64_t now, bool *stop);
@@ -137,9 +140,10 @@ struct rps__dp_ops {
 	/* READ len bytes at (raddr, rkey) of the other end into a buffer of the
 	 * connection; on_read_done follows.  0 or a negative errno. */
 	int (*conn_read)(struct conn *c, uint64_t raddr, uint32_t rkey, uint64_t len);
-	/* Connect to the server at uri (to_id: the member expected, 0: any);
-	 * the connection, or NULL (logged).  *got_id: who answered. */
-	struct conn *(*peer_dial)(struct rps__server *srv, const char *uri, uint64_t to_id, uint64_t *got_id);
+	/* Start connecting to the server at uri (to_id: the member expected,
+	 * 0: any).  The loop goes on meanwhile; hooks.peer_dialed says how it
+	 * went.  0, or a negative errno (logged): no peer_dialed then. */
+	int (*peer_dial)(struct rps__server *srv, const char *uri, uint64_t to_id);
 	/* where member id is reached, for the replication stream (NULL uri: forget it) */
 	int (*repl_peer)(struct rps__server *srv, uint64_t id, const char *uri);
 

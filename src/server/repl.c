@@ -35,11 +35,9 @@
 
 #include "rdmaps.h"
 
-/* The transport's connect blocks the loop until the other server's loop
- * accepts (or the timeout).  Only the higher member id dials (dial()), so
- * no two loops wait on each other; dials back off so that a dead member
- * stalls the loop rarely.  A non-blocking connect would remove that stall
- * too. */
+/* A dial does not stop the loop (dial.c): the stream's work waits until it
+ * is up or failed.  Only the higher member id dials (dial()); dials back
+ * off so that a dead member is not dialed without end. */
 #define REPL_CONNECT_TIMEOUT_MS 2000
 #define REPL_REDIAL_NS (200ull * 1000000ull)
 #define REPL_REDIAL_MAX_NS (5000ull * 1000000ull)
@@ -526,10 +524,9 @@ static void send_hello(struct rps__server *srv, struct conn *c)
 /*
  * Dial member p for a stream: ours to it (we are primary), or, rev, its
  * stream to us (we are the backup).  Only the higher member id dials, as
- * for PEER connections: the transport's connect blocks this loop until the
- * other loop accepts, and with dials going one way only along the ids no
- * two loops ever wait on each other (each the other's backup, or a cycle
- * of three).  0 connected, or -1.
+ * for PEER connections, so two servers never both dial for one stream.
+ * The dial goes on while the loop runs (dial.c): pushes for p stay held
+ * until repl_dialed() has the stream up.  0 started, or -1.
  */
 static int dial(struct rps__server *srv, struct repl_peer *p, bool rev)
 {
@@ -538,13 +535,9 @@ static int dial(struct rps__server *srv, struct repl_peer *p, bool rev)
 		.role = rev ? RPS__ROLE_REPL_REV : RPS__ROLE_REPL, .from_id = srv->my_id, .to_id = p->id,
 	};
 	struct rps__ep_attr attr = { 0 };
-	char reply[RPS__PRIVDATA_MAX + 1];
-	size_t reply_len = RPS__PRIVDATA_MAX;
-	struct rps__conn_priv rp;
-	struct rps__uri u;
 	struct conn *c;
 
-	if (rps__uri_parse(p->uri, &u) || rps__srv_conn_new(srv, CONN_REPL, &c)) {
+	if (rps__srv_conn_new(srv, CONN_REPL, &c)) {
 		rps__log(RPS__LOG_WARN, "replication %s member %llu: %s", rev ? "from" : "to",
 			 (unsigned long long)p->id, rps__errbuf());
 		return -1;
@@ -558,35 +551,72 @@ static int dial(struct rps__server *srv, struct repl_peer *p, bool rev)
 	attr.sq_depth = c->nsend + (rev ? 0 : REPL_SLOTS) + 8;
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
-	memset(reply, 0, sizeof(reply));
-	if (rps__connect(srv->fab, u.host, u.port, srv->cq, &attr, &priv, sizeof(priv), REPL_CONNECT_TIMEOUT_MS,
-			 reply, &reply_len, &c->ep)) {
+	if (rps__srv_dial(srv, c, rev ? SRV_DIAL_REPL_REV : SRV_DIAL_REPL, p->id, p->uri, &priv, &attr,
+			  REPL_CONNECT_TIMEOUT_MS)) {
 		rps__log(RPS__LOG_INFO, "replication %s member %llu (%s): %s", rev ? "from" : "to",
 			 (unsigned long long)p->id, p->uri, rps__errbuf());
 		rps__srv_conn_free(srv, c);
 		return -1;
 	}
-	memset(&rp, 0, sizeof(rp));
-	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
-	if (reply_len < sizeof(rp) || rp.from_id != p->id) {
-		rps__log(RPS__LOG_WARN, "replication with %s: answered as member %llu, not %llu", p->uri,
-			 (unsigned long long)rp.from_id, (unsigned long long)p->id);
+	return 0;
+}
+
+/* Back off after a failed dial: doubling up to 5 s, with a jitter that
+ * differs per server. */
+static void dial_failed(struct rps__server *srv, struct repl_peer *p, bool rev)
+{
+	uint64_t now = rps__now_ns();
+	uint64_t *next = rev ? &p->next_dial_in : &p->next_dial;
+	uint32_t *fails = rev ? &p->fails_in : &p->fails;
+
+	*next = now + RPS__MIN(REPL_REDIAL_NS << RPS__MIN(*fails, 5u), REPL_REDIAL_MAX_NS) +
+		(srv->my_id * 7919u + now) % REPL_REDIAL_NS;
+	(*fails)++;
+}
+
+/* A dial is over: the stream is up, or p is dialed again later. */
+void rps__srv_repl_dialed(struct rps__server *srv, struct conn *c, bool rev, int ret, uint64_t to_id,
+			  const char *uri, const struct rps__conn_priv *rp)
+{
+	struct repl_peer *p = peer_find(srv, to_id);
+
+	if (!p || strcmp(p->uri, uri)) {	/* it moved meanwhile: dialed anew */
 		rps__srv_conn_free(srv, c);
-		return -1;
+		return;
+	}
+	if (ret) {
+		rps__log(RPS__LOG_INFO, "replication %s member %llu (%s): %s", rev ? "from" : "to",
+			 (unsigned long long)p->id, p->uri, rps__errbuf());
+		goto fail;
+	}
+	if (rp->from_id != p->id) {
+		rps__log(RPS__LOG_WARN, "replication with %s: answered as member %llu, not %llu", p->uri,
+			 (unsigned long long)rp->from_id, (unsigned long long)p->id);
+		goto fail;
 	}
 	c->repl_out = !rev;
 	c->peer_id = p->id;
-	if (rps__srv_conn_attach(srv, c)) {
-		rps__srv_conn_fail(c, rps__errbuf());
-		return -1;
+	if (rps__srv_conn_attach(srv, c)) {	/* in no table yet when it fails */
+		rps__log(RPS__LOG_WARN, "replication with %s: %s", p->uri, rps__errbuf());
+		goto fail;
 	}
 	if (rev) {
+		p->fails_in = 0;
+		if (p->in)	/* it dialed us meanwhile?  Ours is the newer */
+			rps__srv_conn_fail(p->in, "dialed again");
 		p->in = c;
-		return 0;
+		return;
 	}
+	p->fails = 0;
+	if (p->conn)
+		rps__srv_conn_fail(p->conn, "dialed again");
 	p->conn = c;
 	send_hello(srv, c);
-	return 0;
+	srv->repl_active = true;
+	return;
+fail:
+	rps__srv_conn_free(srv, c);
+	dial_failed(srv, p, rev);
 }
 
 /* A backup with the higher member id dialed us for its stream: it is our
@@ -723,7 +753,7 @@ static bool streams_to_us(const struct rps__server *srv, uint64_t id)
 
 /* Is member id a replica (backup or joiner) of a partition we lead?  Not
  * any more once the map dropped it: a dead member is not redialed for
- * ever (each dial to a host gone without a reset blocks the loop). */
+ * ever. */
 static bool streams_from_us(const struct rps__server *srv, uint64_t id)
 {
 	uint32_t p;
@@ -734,22 +764,15 @@ static bool streams_from_us(const struct rps__server *srv, uint64_t id)
 	return false;
 }
 
-/* Dial p (rev: for its stream to us) when due; back off when it fails:
- * doubling up to 5 s, with a jitter that differs per server. */
+/* Dial p (rev: for its stream to us) when due and not under way. */
 static void dial_when_due(struct rps__server *srv, struct repl_peer *p, bool rev, uint64_t now)
 {
 	uint64_t *next = rev ? &p->next_dial_in : &p->next_dial;
-	uint32_t *fails = rev ? &p->fails_in : &p->fails;
 
-	if (now < *next)
+	if (now < *next || rps__srv_dialing(srv, rev ? SRV_DIAL_REPL_REV : SRV_DIAL_REPL, p->id))
 		return;
-	if (!dial(srv, p, rev)) {
-		*fails = 0;
-		return;
-	}
-	*next = rps__now_ns() + RPS__MIN(REPL_REDIAL_NS << RPS__MIN(*fails, 5u), REPL_REDIAL_MAX_NS) +
-		(srv->my_id * 7919u + now) % REPL_REDIAL_NS;
-	(*fails)++;
+	if (dial(srv, p, rev))
+		dial_failed(srv, p, rev);
 }
 
 void rps__srv_repl_turn(struct rps__server *srv)

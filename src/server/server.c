@@ -23,8 +23,9 @@
  * (connections, replies), push.c (pushes, publishing, lock words),
  * requests.c (HELLO, CREATE, WAIT, BARRIER), tensor.c (tensors and their
  * regions), partition.c, hold.c and dataplane.c (what the control plane
- * calls, dataplane.h), apply.c (applying an update, shared with backups)
- * and repl.c (the replication stream to backups).
+ * calls, dataplane.h), apply.c (applying an update, shared with backups),
+ * repl.c (the replication stream to backups) and dial.c (outgoing
+ * connections while they are under way).
  */
 #include "config.h"
 #include "server/server.h"
@@ -221,12 +222,14 @@ static int run_timers(struct rps__server *srv, uint64_t now, uint64_t scan_every
 	return cp_ms;
 }
 
-/* Sleep until a completion, a connection request, a stop or the next
- * timer.  1: stop, 0: go on, or a negative errno. */
+#define SLEEP_DIALS_MAX 32	/* more dials than that: stepped without sleeping */
+
+/* Sleep until a completion, a connection request, a dial's progress, a
+ * stop or the next timer.  1: stop, 0: go on, or a negative errno. */
 static int sleep_until_work(struct rps__server *srv, uint64_t now, int cp_ms)
 {
-	struct pollfd pfd[3];
-	int timeout;
+	struct pollfd pfd[3 + SLEEP_DIALS_MAX];
+	int timeout, ndials;
 
 	pfd[0] = (struct pollfd){ .fd = rps__cq_fd(srv->cq), .events = POLLIN };
 	pfd[1] = (struct pollfd){ .fd = rps__listener_fd(srv->listener), .events = POLLIN };
@@ -242,7 +245,9 @@ static int sleep_until_work(struct rps__server *srv, uint64_t now, int cp_ms)
 		    (srv->lease_until - boot) / 1000000ull + 1 < (uint64_t)timeout)
 			timeout = (int)((srv->lease_until - boot) / 1000000ull) + 1;
 	}
-	if (poll(pfd, 3, timeout) < 0 && errno != EINTR)
+	/* and when a dial moves on or times out (dial.c) */
+	ndials = rps__srv_dials_poll(srv, pfd + 3, SLEEP_DIALS_MAX, now, &timeout);
+	if (poll(pfd, 3 + (nfds_t)ndials, timeout) < 0 && errno != EINTR)
 		return rps__seterr(-errno, "poll: %s", strerror(errno));
 	if (pfd[2].revents)
 		return 1;
@@ -282,6 +287,8 @@ int rps__server_run(struct rps__server *srv)
 		}
 		for (i = 0; i < n; i++)
 			on_completion(srv, &wc[i]);
+		if (srv->ndials)
+			rps__srv_dials_turn(srv);
 		if (srv->repl_active)
 			rps__srv_repl_turn(srv);
 		reap_dead(srv);
@@ -419,6 +426,7 @@ void rps__server_destroy(struct rps__server *srv)
 
 	if (!srv)
 		return;
+	rps__srv_dials_fini(srv);	/* their connections are in no table */
 	while (srv->nconns)
 		rps__srv_conn_destroy(srv, srv->conns[srv->nconns - 1]);
 	if (srv->hooks.fini)

@@ -199,6 +199,17 @@ struct conn {
 	struct rps__mr *rd_mr;
 };
 
+/* dial.c: an outgoing connection under way */
+enum srv_dial_kind { SRV_DIAL_PEER, SRV_DIAL_REPL, SRV_DIAL_REPL_REV };
+struct srv_dial {
+	struct rps__dial *d;
+	struct conn *c;		/* in no table until its owner attaches it */
+	enum srv_dial_kind kind;
+	uint64_t to_id;		/* 0: a --join seed, whoever answers */
+	char uri[320];		/* (a --cluster address may be longer than a map's) */
+	uint64_t deadline;	/* ns: the loop wakes for it */
+};
+
 struct rps__server {
 	struct rps__server_config cfg;
 	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
@@ -246,6 +257,10 @@ struct rps__server {
 	char *mapbuf;			/* the encoded map, READ by workers */
 	struct rps__mr *mapbuf_mr;
 	struct rps__dp_hooks hooks;	/* the layer above */
+
+	/* outgoing connections under way (dial.c) */
+	struct srv_dial *dials;
+	uint32_t ndials, dials_cap;
 
 	/* replication (repl.c) */
 	struct repl_peer {
@@ -438,7 +453,27 @@ int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct ten
 			   const struct rps__dp_shard *cs);
 
 /* dataplane.c */
-struct conn *rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id, uint64_t *got_id);
+int rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id);
+/* a PEER dial is over: ret 0 and rp its accept's private data, or why not */
+void rps__srv_peer_dialed(struct rps__server *srv, struct conn *c, int ret, uint64_t to_id, const char *uri,
+			  const struct rps__conn_priv *rp);
+
+/* repl.c: a REPL dial is over (the same) */
+void rps__srv_repl_dialed(struct rps__server *srv, struct conn *c, bool rev, int ret, uint64_t to_id,
+			  const char *uri, const struct rps__conn_priv *rp);
+
+/* dial.c: start a dial of c (0: c is the dial's until its owner finishes
+ * it; or a negative errno, c still the caller's); is one to to_id under
+ * way; step them every turn; their descriptors for poll() (the number put
+ * in pfd, *timeout lowered to the nearest deadline); free them at destroy */
+int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind kind, uint64_t to_id,
+		  const char *uri, const struct rps__conn_priv *priv, const struct rps__ep_attr *attr,
+		  int timeout_ms);
+bool rps__srv_dialing(const struct rps__server *srv, enum srv_dial_kind kind, uint64_t to_id);
+void rps__srv_dials_turn(struct rps__server *srv);
+struct pollfd;
+int rps__srv_dials_poll(struct rps__server *srv, struct pollfd *pfd, int max, uint64_t now, int *timeout);
+void rps__srv_dials_fini(struct rps__server *srv);
 
 /* Inline: the push path looks a tensor up per push. */
 static inline struct tensor *rps__srv_tensor_by_id(struct rps__server *srv, uint32_t id)

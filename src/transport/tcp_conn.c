@@ -97,33 +97,6 @@ static int fd_write_all(int fd, const void *buf, size_t len, uint64_t deadline)
 	return 0;
 }
 
-/* Read exactly len bytes: never more, the bytes after belong to the engine. */
-static int fd_read_all(int fd, void *buf, size_t len, uint64_t deadline)
-{
-	uint8_t *p = buf;
-	ssize_t n;
-	int ret;
-
-	while (len) {
-		n = recv(fd, p, len, MSG_DONTWAIT);
-		if (n > 0) {
-			p += n;
-			len -= (size_t)n;
-			continue;
-		}
-		if (n == 0)
-			return -ECONNRESET;
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN && errno != EWOULDBLOCK)
-			return -errno;
-		ret = fd_wait(fd, POLLIN, deadline);
-		if (ret < 0)
-			return ret;
-	}
-	return 0;
-}
-
 static int hello_send(int fd, enum hello_type type, const struct ep_sizes *sz,
 		      const void *data, size_t len, uint64_t deadline)
 {
@@ -472,53 +445,180 @@ int rps__tcp_reject(struct rps__conn_req *base, const void *data, size_t len)
 	return ret;
 }
 
-/* Try each address of host in turn until one connects (non-blocking connect
- * bounded by the deadline).  Returns the socket or a negative errno. */
-static int connect_socket(const char *host, uint16_t port, uint64_t deadline, char *peer, size_t peerlen)
+/*
+ * Connecting, as a dial the caller steps (transport.h): the socket's
+ * connect to each address of host in turn, our hello out, the listener's
+ * reply in, none of which waits.  rps__tcp_connect() is the same dial with
+ * a poll() between the steps.
+ */
+enum dial_state { DIAL_CONNECT, DIAL_HELLO_OUT, DIAL_HELLO_IN };
+
+struct tcp_dial {
+	struct rps__dial base;
+	struct tcp_fabric *fab;
+	struct tcp_cq *cq;
+	struct ep_sizes sz;
+	enum dial_state state;
+	struct addrinfo *res, *ai;	/* the address tried now */
+	int fd;				/* -1: the next address is to be tried */
+	int err;			/* why the last address failed */
+	uint64_t deadline;
+	char host[256];
+	uint16_t port;
+	char peer[64];
+	uint8_t out[TCP_HELLO_SIZE];
+	uint32_t sent;
+	uint8_t in[TCP_HELLO_SIZE];
+	uint32_t got;
+};
+
+static void dial_free(struct tcp_dial *d)
+{
+	if (d->fd >= 0)
+		close(d->fd);
+	if (d->res)
+		freeaddrinfo(d->res);
+	free(d);
+}
+
+int rps__tcp_dial_start(struct rps__fabric *base, const char *host, uint16_t port, struct rps__cq *cq_base,
+			const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+			struct rps__dial **out)
 {
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
-	struct addrinfo *res, *ai;
+	struct wire_hello h = { .magic = TCP_MAGIC, .version = TCP_VERSION, .type = HELLO_CONNECT };
+	struct tcp_dial *d;
 	char portstr[8];
-	int fd = -1, gai, err = ECONNREFUSED, ret;
-	socklen_t elen;
+	int ret, gai;
 
+	if (!host || !*host)
+		host = "127.0.0.1";
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return rps__seterr(-ENOMEM, "connect to %s:%u: out of memory", host, port);
+	d->fd = -1;
+	ret = ep_sizes_resolve(attr, &d->sz, "connect");
+	if (ret) {
+		dial_free(d);
+		return ret;
+	}
 	snprintf(portstr, sizeof(portstr), "%u", port);
-	gai = getaddrinfo(host, portstr, &hints, &res);
-	if (gai)
+	gai = getaddrinfo(host, portstr, &hints, &d->res);
+	if (gai) {
+		d->res = NULL;
+		dial_free(d);
 		return rps__seterr(-EHOSTUNREACH, "connect to %s:%u: cannot resolve: %s: check the host name",
 				   host, port, gai_strerror(gai));
-	for (ai = res; ai; ai = ai->ai_next) {
-		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-		if (fd < 0) {
-			err = errno;
+	}
+	d->base.fab = base;
+	d->fab = rps__container_of(base, struct tcp_fabric, base);
+	d->cq = rps__container_of(cq_base, struct tcp_cq, base);
+	d->ai = d->res;
+	d->err = ECONNREFUSED;
+	d->deadline = rps__now_ns() + (uint64_t)timeout_ms * 1000000 + 1;
+	snprintf(d->host, sizeof(d->host), "%s", host);
+	d->port = port;
+	h.data_len = (uint8_t)len;
+	h.sq_depth = d->sz.sq_depth;
+	h.rq_depth = d->sz.rq_depth;
+	if (len)
+		memcpy(h.data, data, len);
+	rps__tcp_hello_put(d->out, &h);
+	*out = &d->base;
+	return 0;
+}
+
+int rps__tcp_dial_fd(const struct rps__dial *base, short *events)
+{
+	const struct tcp_dial *d = rps__container_of(base, const struct tcp_dial, base);
+
+	*events = d->state == DIAL_HELLO_IN ? POLLIN : POLLOUT;
+	return d->fd;
+}
+
+void rps__tcp_dial_cancel(struct rps__dial *base)
+{
+	if (base)
+		dial_free(rps__container_of(base, struct tcp_dial, base));
+}
+
+/* The socket's connect, address after address.  0: connected,
+ * -EINPROGRESS, or why none of them connects. */
+static int dial_connect(struct tcp_dial *d)
+{
+	socklen_t elen;
+	int err;
+
+	for (;;) {
+		if (d->fd >= 0) {
+			struct pollfd pfd = { .fd = d->fd, .events = POLLOUT };
+			if (poll(&pfd, 1, 0) == 0)
+				return rps__now_ns() >= d->deadline ? -ETIMEDOUT : -EINPROGRESS;
+			elen = sizeof(err);
+			if (getsockopt(d->fd, SOL_SOCKET, SO_ERROR, &err, &elen))
+				err = errno;
+			if (!err)
+				break;
+			d->err = err;
+			close(d->fd);
+			d->fd = -1;
+			d->ai = d->ai->ai_next;
+		}
+		if (!d->ai)
+			return -d->err;
+		d->fd = socket(d->ai->ai_family, d->ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, d->ai->ai_protocol);
+		if (d->fd < 0) {
+			d->err = errno;
+			d->ai = d->ai->ai_next;
 			continue;
 		}
-		if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+		if (connect(d->fd, d->ai->ai_addr, d->ai->ai_addrlen) == 0)
 			break;
-		if (errno == EINPROGRESS) {
-			ret = fd_wait(fd, POLLOUT, deadline);
-			elen = sizeof(err);
-			if (ret == 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) == 0 && err == 0)
-				break;
-			if (ret)
-				err = -ret;
-		} else {
-			err = errno;
+		if (errno != EINPROGRESS) {
+			d->err = errno;
+			close(d->fd);
+			d->fd = -1;
+			d->ai = d->ai->ai_next;
 		}
-		close(fd);
-		fd = -1;
-		if (err == ETIMEDOUT)
-			break;
 	}
-	if (fd >= 0)
-		sockaddr_str(ai->ai_addr, ai->ai_addrlen, peer, peerlen);
-	freeaddrinfo(res);
-	if (fd < 0)
-		return rps__seterr(-err, "connect to %s:%u: %s: %s", host, port, strerror(err),
-				   err == ECONNREFUSED ? "is the server listening there?"
-				   : err == ETIMEDOUT ? "the host does not answer, check the address and firewall"
-				   : "check the address and the network");
-	return fd;
+	sockaddr_str(d->ai->ai_addr, d->ai->ai_addrlen, d->peer, sizeof(d->peer));
+	sock_tune(d->fd);
+	d->state = DIAL_HELLO_OUT;
+	return 0;
+}
+
+/* Our hello out, the reply in.  0: the reply is here, -EINPROGRESS, or
+ * what broke. */
+static int dial_hello(struct tcp_dial *d)
+{
+	ssize_t n;
+
+	while (d->state == DIAL_HELLO_OUT) {
+		n = send(d->fd, d->out + d->sent, TCP_HELLO_SIZE - d->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return -EINPROGRESS;
+		if (n < 0)
+			return -errno;
+		d->sent += (uint32_t)n;
+		if (d->sent == TCP_HELLO_SIZE)
+			d->state = DIAL_HELLO_IN;
+	}
+	/* exactly the hello: the bytes after it belong to the engine */
+	while (d->got < TCP_HELLO_SIZE) {
+		n = recv(d->fd, d->in + d->got, TCP_HELLO_SIZE - d->got, MSG_DONTWAIT);
+		if (n == 0)
+			return -ECONNRESET;
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return -EINPROGRESS;
+		if (n < 0)
+			return -errno;
+		d->got += (uint32_t)n;
+	}
+	return 0;
 }
 
 /* reply holds RPS__PRIVDATA_MAX bytes; reply_len is set to what came. */
@@ -530,79 +630,102 @@ static void reply_copy(void *reply, size_t *reply_len, const struct wire_hello *
 		*reply_len = h->data_len;
 }
 
-int rps__tcp_connect(struct rps__fabric *base, const char *host, uint16_t port, struct rps__cq *cq_base,
-		     const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
-		     void *reply, size_t *reply_len, struct rps__ep **out)
+int rps__tcp_dial_step(struct rps__dial *base, void *reply, size_t *reply_len, struct rps__ep **out)
 {
-	struct tcp_fabric *fab = rps__container_of(base, struct tcp_fabric, base);
-	struct tcp_cq *cq = rps__container_of(cq_base, struct tcp_cq, base);
-	uint64_t deadline = timeout_ms < 0 ? 0 : rps__now_ns() + (uint64_t)timeout_ms * 1000000 + 1;
-	uint8_t raw[TCP_HELLO_SIZE];
+	struct tcp_dial *d = rps__container_of(base, struct tcp_dial, base);
 	struct wire_hello h;
-	struct ep_sizes sz;
 	struct tcp_ep *ep = NULL;
-	char peer[64];
-	int fd, ret;
+	int ret;
 
-	ret = ep_sizes_resolve(attr, &sz, "connect");
-	if (ret)
-		return ret;
-	if (!host || !*host)
-		host = "127.0.0.1";
-	fd = connect_socket(host, port, deadline, peer, sizeof(peer));
-	if (fd < 0) {
-		if (reply_len)
-			*reply_len = 0;
-		return fd;
+	if (reply_len)
+		*reply_len = 0;
+	if (d->state == DIAL_CONNECT) {
+		ret = dial_connect(d);
+		if (ret == -EINPROGRESS)
+			return ret;
+		if (ret) {
+			ret = rps__seterr(ret, "connect to %s:%u: %s: %s", d->host, d->port, strerror(-ret),
+					  ret == -ECONNREFUSED ? "is the server listening there?"
+					  : ret == -ETIMEDOUT ? "the host does not answer, check the address and firewall"
+					  : "check the address and the network");
+			goto out;
+		}
 	}
-	sock_tune(fd);
-	ret = hello_send(fd, HELLO_CONNECT, &sz, data, len, deadline);
-	if (!ret)
-		ret = fd_read_all(fd, raw, sizeof(raw), deadline);
+	ret = dial_hello(d);
+	if (ret == -EINPROGRESS && rps__now_ns() < d->deadline)
+		return ret;
+	if (ret == -EINPROGRESS)
+		ret = -ETIMEDOUT;
 	if (ret) {
-		ret = rps__seterr(ret, "connect to %s: handshake: %s: %s", peer, strerror(-ret),
+		ret = rps__seterr(ret, "connect to %s: handshake: %s: %s", d->peer, strerror(-ret),
 				  ret == -ETIMEDOUT ? "the server does not accept, is it polling its listener?"
 						    : "is that an rdmaps tcp endpoint?");
-		goto err_close;
+		goto out;
 	}
-	rps__tcp_hello_get(&h, raw);
-	ret = rps__tcp_hello_check(&h, peer);
+	rps__tcp_hello_get(&h, d->in);
+	ret = rps__tcp_hello_check(&h, d->peer);
 	if (ret)
-		goto err_close;
+		goto out;
 	switch (h.type) {
 	case HELLO_ACCEPT:
 		break;
 	case HELLO_REJECT:
 		reply_copy(reply, reply_len, &h);
 		ret = rps__seterr(-ECONNREFUSED, "connect to %s: rejected by the server (%u bytes of reason)",
-				  peer, h.data_len);
-		goto err_close_noreply;
+				  d->peer, h.data_len);
+		goto out;
 	case HELLO_BAD_PROTOCOL:
 		ret = rps__seterr(-EPROTO, "connect to %s: the server refused our hello (protocol version %u, "
-				  "it speaks %u): run the same rdmaps release on both sides", peer,
+				  "it speaks %u): run the same rdmaps release on both sides", d->peer,
 				  TCP_VERSION, h.version);
-		goto err_close;
+		goto out;
 	default:
 		ret = rps__seterr(-EPROTO, "connect to %s: unexpected handshake reply type %u: "
-				  "is that an rdmaps tcp endpoint?", peer, h.type);
-		goto err_close;
+				  "is that an rdmaps tcp endpoint?", d->peer, h.type);
+		goto out;
 	}
-	ret = rps__tcp_ep_create(fab, cq, fd, &sz, h.sq_depth, peer, &ep);
+	ret = rps__tcp_ep_create(d->fab, d->cq, d->fd, &d->sz, h.sq_depth, d->peer, &ep);
 	if (ret)
-		goto err_close;
+		goto out;
 	ret = rps__tcp_ep_bind(ep);
-	if (ret)
-		goto err_free_ep;
+	if (ret) {
+		rps__tcp_ep_free(ep);
+		goto out;
+	}
+	d->fd = -1;	/* the endpoint's now */
 	reply_copy(reply, reply_len, &h);
 	*out = &ep->base;
-	return 0;
+out:
+	dial_free(d);
+	return ret;
+}
 
-err_free_ep:
-	rps__tcp_ep_free(ep);
-err_close:
+int rps__tcp_connect(struct rps__fabric *base, const char *host, uint16_t port, struct rps__cq *cq_base,
+		     const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+		     void *reply, size_t *reply_len, struct rps__ep **out)
+{
+	struct rps__dial *d;
+	struct tcp_dial *td;
+	short events;
+	int ret, fd;
+
 	if (reply_len)
 		*reply_len = 0;
-err_close_noreply:
-	close(fd);
-	return ret;
+	/* for ever: a deadline no one reaches */
+	ret = rps__tcp_dial_start(base, host, port, cq_base, attr, data, len,
+				  timeout_ms < 0 ? INT32_MAX : timeout_ms, &d);
+	if (ret)
+		return ret;
+	td = rps__container_of(d, struct tcp_dial, base);
+	for (;;) {
+		ret = rps__tcp_dial_step(d, reply, reply_len, out);
+		if (ret != -EINPROGRESS)
+			return ret;
+		fd = rps__tcp_dial_fd(d, &events);
+		ret = fd_wait(fd, events, td->deadline);
+		if (ret && ret != -ETIMEDOUT) {
+			rps__tcp_dial_cancel(d);
+			return rps__seterr(ret, "connect to %s:%u: poll: %s", host, port, strerror(-ret));
+		}
+	}
 }

@@ -345,6 +345,12 @@ void rps__tcp_listener_close(struct rps__listener *base);
 int rps__tcp_accept(struct rps__conn_req *base, struct rps__cq *cq_base, const struct rps__ep_attr *attr,
 		    const void *data, size_t len, struct rps__ep **out);
 int rps__tcp_reject(struct rps__conn_req *base, const void *data, size_t len);
+int rps__tcp_dial_start(struct rps__fabric *base, const char *host, uint16_t port, struct rps__cq *cq_base,
+			const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+			struct rps__dial **out);
+int rps__tcp_dial_fd(const struct rps__dial *base, short *events);
+int rps__tcp_dial_step(struct rps__dial *base, void *reply, size_t *reply_len, struct rps__ep **out);
+void rps__tcp_dial_cancel(struct rps__dial *base);
 int rps__tcp_connect(struct rps__fabric *base, const char *host, uint16_t port, struct rps__cq *cq_base,
 		     const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
 		     void *reply, size_t *reply_len, struct rps__ep **out);

@@ -11,6 +11,9 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 int rps__fabric_open(const struct rps__fabric_attr *attr, struct rps__fabric **out)
 {
@@ -165,6 +168,83 @@ int rps__connect(struct rps__fabric *fab, const char *host, uint16_t port, struc
 	if (len > RPS__PRIVDATA_MAX)
 		return rps__seterr(-EINVAL, "connect: private data of %zu bytes exceeds %d", len, RPS__PRIVDATA_MAX);
 	return fab->ops->connect(fab, host, port, cq, attr, data, len, timeout_ms, reply, reply_len, out);
+}
+
+/* A provider without an asynchronous connect: the dial is the blocking
+ * connect's result, handed out by the first step. */
+struct sync_dial {
+	struct rps__dial base;
+	int ret;
+	struct rps__ep *ep;
+	uint8_t reply[RPS__PRIVDATA_MAX];
+	size_t reply_len;
+	char err[256];
+};
+
+int rps__dial_start(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *cq,
+		    const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+		    struct rps__dial **out)
+{
+	struct sync_dial *d;
+
+	if (len > RPS__PRIVDATA_MAX)
+		return rps__seterr(-EINVAL, "connect: private data of %zu bytes exceeds %d", len, RPS__PRIVDATA_MAX);
+	if (timeout_ms < 0)
+		return rps__seterr(-EINVAL, "connect: a dial needs a timeout");
+	if (fab->ops->dial_start)
+		return fab->ops->dial_start(fab, host, port, cq, attr, data, len, timeout_ms, out);
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return rps__seterr(-ENOMEM, "connect: out of memory");
+	d->base.fab = fab;
+	d->reply_len = sizeof(d->reply);
+	d->ret = fab->ops->connect(fab, host, port, cq, attr, data, len, timeout_ms, d->reply, &d->reply_len, &d->ep);
+	if (d->ret)
+		snprintf(d->err, sizeof(d->err), "%s", rps__errbuf());
+	*out = &d->base;
+	return 0;
+}
+
+int rps__dial_fd(const struct rps__dial *d, short *events)
+{
+	if (d->fab->ops->dial_start)
+		return d->fab->ops->dial_fd(d, events);
+	*events = 0;
+	return -1;
+}
+
+int rps__dial_step(struct rps__dial *base, void *reply, size_t *reply_len, struct rps__ep **out)
+{
+	struct sync_dial *d = (struct sync_dial *)base;
+	int ret;
+
+	if (base->fab->ops->dial_start)
+		return base->fab->ops->dial_step(base, reply, reply_len, out);
+	ret = d->ret;
+	if (reply && d->reply_len)
+		memcpy(reply, d->reply, d->reply_len);
+	if (reply_len)
+		*reply_len = d->reply_len;
+	if (ret)
+		rps__seterr(ret, "%s", d->err);
+	else
+		*out = d->ep;
+	free(d);
+	return ret;
+}
+
+void rps__dial_cancel(struct rps__dial *base)
+{
+	struct sync_dial *d = (struct sync_dial *)base;
+
+	if (!base)
+		return;
+	if (base->fab->ops->dial_start) {
+		base->fab->ops->dial_cancel(base);
+		return;
+	}
+	rps__ep_close(d->ep);
+	free(d);
 }
 
 void rps__ep_close(struct rps__ep *ep)

@@ -213,6 +213,25 @@ int rps__connect(struct rps__fabric *fab, const char *host, uint16_t port,
 		 struct rps__cq *cq, const struct rps__ep_attr *attr,
 		 const void *data, size_t len, int timeout_ms,
 		 void *reply, size_t *reply_len, struct rps__ep **out);
+/*
+ * Non-blocking connect, for an event loop that must not stop for a peer
+ * whose host died without a reset.  rps__dial_start() begins (its deadline
+ * is timeout_ms from now, which must be >= 0); the loop waits on
+ * rps__dial_fd() for *events (fd < 0: nothing to wait on, step again at
+ * once) or until the deadline, and calls rps__dial_step(): -EINPROGRESS
+ * while it is under way, else it is over and the dial is freed: 0 and *out,
+ * or a negative errno, with reply/reply_len as rps__connect() sets them.
+ * rps__dial_cancel() frees a dial still under way.  A provider without an
+ * asynchronous connect completes the dial inside rps__dial_start() (the
+ * blocking rps__connect(), reported by the first step).
+ */
+struct rps__dial;
+int rps__dial_start(struct rps__fabric *fab, const char *host, uint16_t port,
+		    struct rps__cq *cq, const struct rps__ep_attr *attr,
+		    const void *data, size_t len, int timeout_ms, struct rps__dial **out);
+int rps__dial_fd(const struct rps__dial *d, short *events);
+int rps__dial_step(struct rps__dial *d, void *reply, size_t *reply_len, struct rps__ep **out);
+void rps__dial_cancel(struct rps__dial *d);
 /* Disconnect and free.  Completions of this endpoint still queued in its CQ
  * are dropped. */
 void rps__ep_close(struct rps__ep *ep);
@@ -262,6 +281,13 @@ struct rps__transport_ops {
 	int (*connect)(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *cq,
 		       const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
 		       void *reply, size_t *reply_len, struct rps__ep **out);
+	/* optional, all four or none (dial_start NULL: rps__dial_start() runs connect) */
+	int (*dial_start)(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *cq,
+			  const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+			  struct rps__dial **out);
+	int (*dial_fd)(const struct rps__dial *d, short *events);
+	int (*dial_step)(struct rps__dial *d, void *reply, size_t *reply_len, struct rps__ep **out);
+	void (*dial_cancel)(struct rps__dial *d);
 	void (*ep_close)(struct rps__ep *ep);
 	int (*post)(struct rps__ep *ep, const struct rps__wr *wr, int n);
 	int (*post_recv)(struct rps__ep *ep, const struct rps__sge *sge, uint64_t wr_id);
@@ -293,6 +319,9 @@ struct rps__conn_req {
 	size_t len;
 	uint32_t peer_sq_depth;		/* tcp: the depth the connector announced, which
 					 * sizes our response pool (0: not known) */
+};
+struct rps__dial {
+	struct rps__fabric *fab;
 };
 struct rps__ep {
 	struct rps__fabric *fab;

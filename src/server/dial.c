@@ -1,0 +1,135 @@
+/*
+ * dial.c - the server's outgoing connections (PEER for the control plane,
+ * REPL both ways) while they are under way.  A dial must not stop the loop:
+ * a peer whose host died without a reset answers nothing, and a blocking
+ * connect held the loop (Raft heartbeats, lease grants, failover, every
+ * worker) for its whole timeout, dial after dial.  So a dial is started
+ * (rps__dial_start), its descriptor joins the loop's poll() and its
+ * deadline the loop's timeout, and each turn steps it; when it is over,
+ * connected or not, its owner finishes it (dataplane.c for PEER, repl.c
+ * for REPL).  Until then the connection is in no table: work for it
+ * (replication entries, peer messages) waits as it does for a connection
+ * that is down.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "server/server_int.h"
+#include "transport/uri.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind kind, uint64_t to_id,
+		  const char *uri, const struct rps__conn_priv *priv, const struct rps__ep_attr *attr,
+		  int timeout_ms)
+{
+	struct srv_dial *d;
+	struct rps__uri u;
+	int ret;
+
+	if (srv->ndials == srv->dials_cap) {
+		uint32_t cap = srv->dials_cap ? srv->dials_cap * 2 : 8;
+		struct srv_dial *grown = realloc(srv->dials, cap * sizeof(*grown));
+		if (!grown)
+			return rps__seterr(-ENOMEM, "out of memory");
+		srv->dials = grown;
+		srv->dials_cap = cap;
+	}
+	if (strlen(uri) >= sizeof(d->uri))	/* its owner finds it by its uri */
+		return rps__seterr(-ENAMETOOLONG, "dial %s: address too long", uri);
+	ret = rps__uri_parse(uri, &u);
+	if (ret)
+		return ret;
+	d = &srv->dials[srv->ndials];
+	memset(d, 0, sizeof(*d));
+	ret = rps__dial_start(srv->fab, u.host, u.port, srv->cq, attr, priv, sizeof(*priv), timeout_ms, &d->d);
+	if (ret)
+		return ret;
+	d->c = c;
+	d->kind = kind;
+	d->to_id = to_id;
+	snprintf(d->uri, sizeof(d->uri), "%s", uri);
+	d->deadline = rps__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	srv->ndials++;
+	return 0;
+}
+
+bool rps__srv_dialing(const struct rps__server *srv, enum srv_dial_kind kind, uint64_t to_id)
+{
+	uint32_t i;
+
+	for (i = 0; i < srv->ndials; i++)
+		if (srv->dials[i].kind == kind && srv->dials[i].to_id == to_id)
+			return true;
+	return false;
+}
+
+void rps__srv_dials_turn(struct rps__server *srv)
+{
+	uint32_t i = 0;
+
+	while (i < srv->ndials) {
+		struct srv_dial d = srv->dials[i];
+		struct rps__conn_priv rp;
+		char reply[RPS__PRIVDATA_MAX + 1];
+		size_t reply_len = RPS__PRIVDATA_MAX;
+		int ret;
+
+		memset(reply, 0, sizeof(reply));
+		ret = rps__dial_step(d.d, reply, &reply_len, &d.c->ep);
+		if (ret == -EINPROGRESS) {
+			i++;
+			continue;
+		}
+		/* over (the dial freed itself): out of the table before its
+		 * owner runs, which may start another */
+		memmove(&srv->dials[i], &srv->dials[i + 1], (srv->ndials - i - 1) * sizeof(d));
+		srv->ndials--;
+		memset(&rp, 0, sizeof(rp));
+		if (!ret) {
+			memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
+			if (reply_len < sizeof(rp))
+				rp.from_id = 0;	/* not an rdmapsd: the owner refuses it */
+		}
+		if (d.kind == SRV_DIAL_PEER)
+			rps__srv_peer_dialed(srv, d.c, ret, d.to_id, d.uri, &rp);
+		else
+			rps__srv_repl_dialed(srv, d.c, d.kind == SRV_DIAL_REPL_REV, ret, d.to_id, d.uri, &rp);
+	}
+}
+
+int rps__srv_dials_poll(struct rps__server *srv, struct pollfd *pfd, int max, uint64_t now, int *timeout)
+{
+	uint32_t i;
+	int n = 0;
+
+	for (i = 0; i < srv->ndials; i++) {
+		const struct srv_dial *d = &srv->dials[i];
+		short events;
+		int fd = rps__dial_fd(d->d, &events);
+		int ms = d->deadline > now ? (int)((d->deadline - now) / 1000000ull) + 1 : 0;
+
+		if (fd < 0 || n == max)
+			ms = 0;	/* nothing to wait on (or no room): step it at once */
+		else
+			pfd[n++] = (struct pollfd){ .fd = fd, .events = events };
+		if (ms < *timeout)
+			*timeout = ms;
+	}
+	return n;
+}
+
+void rps__srv_dials_fini(struct rps__server *srv)
+{
+	while (srv->ndials) {
+		struct srv_dial *d = &srv->dials[--srv->ndials];
+		rps__dial_cancel(d->d);
+		rps__srv_conn_free(srv, d->c);
+	}
+	free(srv->dials);
+	srv->dials = NULL;
+	srv->dials_cap = 0;
+}
