@@ -225,7 +225,7 @@ static int train_across(int steps, uint64_t seed, const char *cmd)
 {
 	struct train_arg a = { .steps = steps, .seed = seed };
 	struct it_workers w;
-	double first = -1, t0 = now_s();
+	double first = -1, t0 = it_now_s();
 	int rc;
 
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, train, clu.servers, &a, -1, NULL), 0);
@@ -234,7 +234,7 @@ static int train_across(int steps, uint64_t seed, const char *cmd)
 	if (rc)
 		fprintf(stderr, "psctl %s: exit %d: %s", cmd, rc, err);
 	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
-	fprintf(stderr, "[%d pushes across psctl %s: %.2f s] ", steps, cmd, now_s() - t0);
+	fprintf(stderr, "[%d pushes across psctl %s: %.2f s] ", steps, cmd, it_now_s() - t0);
 	return rc;
 }
 
@@ -253,7 +253,7 @@ static void test_moves_replicated(void)
 	char cmd[64];
 	uint32_t p;
 
-	CU_ASSERT_FATAL(wait_settled(2, 1, &m) >= 0);
+	CU_ASSERT_FATAL(wait_settled(2, &m) >= 0);
 	run_train(20, 1);
 	check_replicas(&m, 20);
 
@@ -262,7 +262,7 @@ static void test_moves_replicated(void)
 	e0 = m.parts[0].epoch;
 	snprintf(cmd, sizeof(cmd), "move 0 %llu", (unsigned long long)b0);
 	CU_ASSERT_EQUAL(train_across(400, 2, cmd), 0);
-	CU_ASSERT_FATAL(wait_settled(2, 1, &m) >= 0);
+	CU_ASSERT_FATAL(wait_settled(2, &m) >= 0);
 	CU_ASSERT_EQUAL(m.parts[0].owner, b0);
 	CU_ASSERT_EQUAL(m.parts[0].epoch, e0 + 1);	/* (seeding keeps the epoch) */
 	check_replicas(&m, 420);
@@ -276,7 +276,7 @@ static void test_moves_replicated(void)
 			out1 = id;
 	snprintf(cmd, sizeof(cmd), "move 1 %llu", (unsigned long long)out1);
 	CU_ASSERT_EQUAL(train_across(400, 3, cmd), 0);
-	CU_ASSERT_FATAL(wait_settled(2, 1, &m) >= 0);
+	CU_ASSERT_FATAL(wait_settled(2, &m) >= 0);
 	CU_ASSERT_EQUAL(m.parts[1].owner, out1);
 	CU_ASSERT_EQUAL(m.parts[1].backups[0], b1);
 	CU_ASSERT_EQUAL(m.parts[1].epoch, e1 + 1);
