@@ -31,9 +31,7 @@
  *    REP and REJ have room for a one-byte length prefix.
  *  - rps__accept() blocks until the initiator's RTU arrives (ESTABLISHED), at
  *    most V_ACCEPT_WAIT_MS; rps__connect() until the REP, within timeout_ms
- *    (negative: no limit).  rps__dial_start() is the same connect without
- *    the waits: each rps__dial_step() takes the events of its channel that
- *    came (address, route, the REP) and starts the next stage.
+ *    (negative: no limit).
  *  - A misaligned atomic goes out as an 8-byte READ into a region without
  *    LOCAL_WRITE: it fails in order on every device and is reported as
  *    RPS__WC_REM_ACCESS_ERR, as the contract says, where some providers (rxe)
@@ -279,10 +277,6 @@ const struct rps__transport_ops rps__verbs_ops = {
 	.reject = rps__verbs_reject,
 	.listener_close = rps__verbs_listener_close,
 	.connect = rps__verbs_connect,
-	.dial_start = rps__verbs_dial_start,
-	.dial_fd = rps__verbs_dial_fd,
-	.dial_step = rps__verbs_dial_step,
-	.dial_cancel = rps__verbs_dial_cancel,
 	.ep_close = rps__verbs_ep_close,
 	.post = rps__verbs_post,
 	.post_recv = rps__verbs_post_recv,

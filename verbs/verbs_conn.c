@@ -13,7 +13,6 @@
 
 #include <errno.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,60 +519,14 @@ static int connect_send_req(struct v_fab *f, struct rdma_cm_id *id, struct v_ep 
 	return 0;
 }
 
-/* One event on the way to the peer's answer: 1 and *evp = its
- * CONNECT_RESPONSE (not yet acknowledged), 0: not the answer (acknowledged,
- * wait on), or why not (acknowledged; a rejection's private data in reply). */
-static int rep_event(struct rdma_cm_event *ev, const char *peer, void *reply, size_t *reply_len,
-		     struct rdma_cm_event **evp)
-{
-	uint8_t rep[RPS__PRIVDATA_MAX];
-	size_t rlen = 0;
-	int ret;
-
-	switch (ev->event) {
-	case RDMA_CM_EVENT_CONNECT_RESPONSE:
-		*evp = ev;
-		return 1;
-	case RDMA_CM_EVENT_REJECTED:
-		if (ev->status == V_REJ_CONSUMER) {
-			rlen = rps__verbs_lp_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, rep);
-			ret = rps__seterr(-ECONNREFUSED, "verbs: connect %s: rejected by the peer%s%.*s", peer,
-					  rlen ? ": " : "", (int)strnlen((char *)rep, rlen), (char *)rep);
-		} else {
-			ret = rps__seterr(-ECONNREFUSED, "verbs: connect %s: refused (%s, IB CM reason %d)", peer,
-					  ev->status == V_REJ_INVALID_SID ? "nobody listens on that port" : "rejected by the CM",
-					  ev->status);
-		}
-		break;
-	case RDMA_CM_EVENT_UNREACHABLE:
-		ret = ev->status == -ETIMEDOUT ?
-			rps__seterr(-ETIMEDOUT, "verbs: connect %s: no answer from the peer's CM", peer) :
-			rps__seterr(-EHOSTUNREACH, "verbs: connect %s: unreachable (status %d)", peer, ev->status);
-		break;
-	case RDMA_CM_EVENT_CONNECT_ERROR:
-	case RDMA_CM_EVENT_DISCONNECTED:
-	case RDMA_CM_EVENT_DEVICE_REMOVAL:
-		ret = rps__seterr(-ECONNABORTED, "verbs: connect %s: %s (status %d)", peer,
-				  rdma_event_str(ev->event), ev->status);
-		break;
-	default:
-		rdma_ack_cm_event(ev);
-		return 0;
-	}
-	rdma_ack_cm_event(ev);
-	if (ret == -ECONNREFUSED && reply && rlen)
-		memcpy(reply, rep, rlen);
-	if (ret == -ECONNREFUSED && reply_len)
-		*reply_len = rlen;
-	return ret;
-}
-
 /* Wait for the peer's answer: 0 and *evp = its CONNECT_RESPONSE (not yet
  * acknowledged), or why not (a rejection's private data in reply). */
 static int connect_wait_rep(struct rdma_event_channel *ch, uint64_t deadline, const char *peer,
 			    void *reply, size_t *reply_len, struct rdma_cm_event **evp)
 {
+	uint8_t rep[RPS__PRIVDATA_MAX];
 	struct rdma_cm_event *ev;
+	size_t rlen = 0;
 	int ret;
 
 	for (;;) {
@@ -583,58 +536,44 @@ static int connect_wait_rep(struct rdma_event_channel *ch, uint64_t deadline, co
 				    ret == -ETIMEDOUT ? "timed out waiting for the peer's answer" : strerror(-ret));
 			return ret;
 		}
-		ret = rep_event(ev, peer, reply, reply_len, evp);
-		if (ret)
-			return ret < 0 ? ret : 0;
-	}
-}
-
-/* The peer answered (ev, its CONNECT_RESPONSE, acknowledged here): our QP
- * to RTS, the RTU out, the id onto the fabric's channel.  0, or why not,
- * with what this did undone (the caller frees ep, id and ch). */
-static int connect_finish(struct v_fab *f, struct v_cq *c, struct rdma_cm_id *id, struct v_ep *ep,
-			  struct rdma_cm_event *ev, const char *peer, void *reply, size_t *reply_len)
-{
-	uint8_t rep[RPS__PRIVDATA_MAX];
-	size_t rlen;
-	int ret, e, peer_resp;
-
-	/* CONNECT_RESPONSE (we own the QP): RTR/RTS, then RTU via rdma_establish */
-	rlen = rps__verbs_lp_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, rep);
-	peer_resp = ev->param.conn.responder_resources;
-	rdma_ack_cm_event(ev);
-	ret = rps__verbs_qp_rtr_rts(f, id, ep->qp, f->max_rd, (uint8_t)RPS__MIN(f->max_init, peer_resp));
-	if (ret) {
-		rps__seterr(ret, "verbs: connect %s: QP to RTS: %s", peer, strerror(-ret));
-		rdma_reject(id, NULL, 0);
+		if (ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE) {
+			*evp = ev;
+			return 0;
+		}
+		switch (ev->event) {
+		case RDMA_CM_EVENT_REJECTED:
+			if (ev->status == V_REJ_CONSUMER) {
+				rlen = rps__verbs_lp_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, rep);
+				ret = rps__seterr(-ECONNREFUSED, "verbs: connect %s: rejected by the peer%s%.*s", peer,
+						  rlen ? ": " : "", (int)strnlen((char *)rep, rlen), (char *)rep);
+			} else {
+				ret = rps__seterr(-ECONNREFUSED, "verbs: connect %s: refused (%s, IB CM reason %d)", peer,
+						  ev->status == V_REJ_INVALID_SID ? "nobody listens on that port" : "rejected by the CM",
+						  ev->status);
+			}
+			break;
+		case RDMA_CM_EVENT_UNREACHABLE:
+			ret = ev->status == -ETIMEDOUT ?
+				rps__seterr(-ETIMEDOUT, "verbs: connect %s: no answer from the peer's CM", peer) :
+				rps__seterr(-EHOSTUNREACH, "verbs: connect %s: unreachable (status %d)", peer, ev->status);
+			break;
+		case RDMA_CM_EVENT_CONNECT_ERROR:
+		case RDMA_CM_EVENT_DISCONNECTED:
+		case RDMA_CM_EVENT_DEVICE_REMOVAL:
+			ret = rps__seterr(-ECONNABORTED, "verbs: connect %s: %s (status %d)", peer,
+					  rdma_event_str(ev->event), ev->status);
+			break;
+		default:
+			rdma_ack_cm_event(ev);
+			continue;
+		}
+		rdma_ack_cm_event(ev);
+		if (ret == -ECONNREFUSED && reply && rlen)
+			memcpy(reply, rep, rlen);
+		if (ret == -ECONNREFUSED && reply_len)
+			*reply_len = rlen;
 		return ret;
 	}
-	rps__verbs_table_add(c, ep);
-	if (v_fault("rdma_establish") || rdma_establish(id)) {
-		e = v_errno(EIO);
-		ret = rps__seterr(-e, "verbs: connect %s: rdma_establish: %s", peer, strerror(e));
-		rps__verbs_table_del(c, ep);
-		return ret;
-	}
-	pthread_mutex_lock(&f->cm_lock);
-	id->context = ep;
-	pthread_mutex_unlock(&f->cm_lock);
-	if (v_fault("rdma_migrate_id") || rdma_migrate_id(id, f->cm_ch)) {
-		e = v_errno(EIO);
-		ret = rps__seterr(-e, "verbs: connect %s: rdma_migrate_id: %s", peer, strerror(e));
-		pthread_mutex_lock(&f->cm_lock);
-		id->context = NULL;
-		pthread_mutex_unlock(&f->cm_lock);
-		rps__verbs_qp_error(ep->qp);
-		rdma_disconnect(id);
-		rps__verbs_table_del(c, ep);
-		return ret;
-	}
-	if (reply && rlen)
-		memcpy(reply, rep, rlen);
-	if (reply_len)
-		*reply_len = rlen;
-	return 0;
 }
 
 int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
@@ -648,9 +587,11 @@ int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port,
 	struct rdma_cm_event *ev = NULL;
 	struct sockaddr_storage ss;
 	struct rdma_cm_id *id;
+	uint8_t rep[RPS__PRIVDATA_MAX];
 	struct v_ep *ep;
 	char peer[80];
-	int ret, e;
+	size_t rlen = 0;
+	int ret, e, peer_resp;
 
 	if (reply_len)
 		*reply_len = 0;
@@ -683,13 +624,48 @@ int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port,
 	ret = connect_wait_rep(ch, deadline, peer, reply, reply_len, &ev);
 	if (ret)
 		goto err_ep;
-	ret = connect_finish(f, c, id, ep, ev, peer, reply, reply_len);
-	if (ret)
-		goto err_ep;
+	/* CONNECT_RESPONSE (we own the QP): RTR/RTS, then RTU via rdma_establish */
+	rlen = rps__verbs_lp_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, rep);
+	peer_resp = ev->param.conn.responder_resources;
+	rdma_ack_cm_event(ev);
+	ret = rps__verbs_qp_rtr_rts(f, id, ep->qp, f->max_rd, (uint8_t)RPS__MIN(f->max_init, peer_resp));
+	if (ret) {
+		rps__seterr(ret, "verbs: connect %s: QP to RTS: %s", peer, strerror(-ret));
+		goto err_rej;
+	}
+	rps__verbs_table_add(c, ep);
+	if (v_fault("rdma_establish") || rdma_establish(id)) {
+		e = v_errno(EIO);
+		ret = rps__seterr(-e, "verbs: connect %s: rdma_establish: %s", peer, strerror(e));
+		goto err_table;
+	}
+	pthread_mutex_lock(&f->cm_lock);
+	id->context = ep;
+	pthread_mutex_unlock(&f->cm_lock);
+	if (v_fault("rdma_migrate_id") || rdma_migrate_id(id, f->cm_ch)) {
+		e = v_errno(EIO);
+		ret = rps__seterr(-e, "verbs: connect %s: rdma_migrate_id: %s", peer, strerror(e));
+		goto err_ctx;
+	}
 	rdma_destroy_event_channel(ch);
+	if (reply && rlen)
+		memcpy(reply, rep, rlen);
+	if (reply_len)
+		*reply_len = rlen;
 	*out = &ep->base;
 	return 0;
 
+err_ctx:
+	pthread_mutex_lock(&f->cm_lock);
+	id->context = NULL;
+	pthread_mutex_unlock(&f->cm_lock);
+	rps__verbs_qp_error(ep->qp);
+	rdma_disconnect(id);
+err_table:
+	rps__verbs_table_del(c, ep);
+	goto err_ep;
+err_rej:
+	rdma_reject(id, NULL, 0);
 err_ep:
 	ibv_destroy_qp(ep->qp);
 	v_ep_free(ep);
@@ -697,203 +673,5 @@ err_id:
 	rdma_destroy_id(id);
 err_ch:
 	rdma_destroy_event_channel(ch);
-	return ret;
-}
-
-/*
- * The same connect as a dial the caller steps (transport.h): the per-dial
- * event channel is non-blocking, so each step takes the events that came
- * (address resolved, route resolved, the peer's answer) and starts the next
- * stage, and rps__dial_fd() is the channel's descriptor.  A peer whose host
- * is gone answers no REQ: the dial runs out at its deadline without the
- * caller waiting for it.
- */
-enum v_dial_state { VD_ADDR, VD_ROUTE, VD_REP };
-
-struct v_dial {
-	struct rps__dial base;
-	struct v_fab *f;
-	struct v_cq *c;
-	struct rps__ep_attr attr;
-	const struct rps__ep_attr *attrp;	/* &attr, or NULL: the defaults */
-	uint8_t data[RPS__PRIVDATA_MAX];
-	size_t len;
-	struct rdma_event_channel *ch;
-	struct rdma_cm_id *id;
-	struct v_ep *ep;			/* from the route on */
-	enum v_dial_state state;
-	uint64_t deadline;
-	char peer[80];
-};
-
-static void v_dial_free(struct v_dial *d)
-{
-	if (d->ep) {
-		ibv_destroy_qp(d->ep->qp);
-		v_ep_free(d->ep);
-	}
-	if (d->id)
-		rdma_destroy_id(d->id);
-	if (d->ch)
-		rdma_destroy_event_channel(d->ch);
-	free(d);
-}
-
-int rps__verbs_dial_start(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
-			  const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
-			  struct rps__dial **out)
-{
-	struct v_fab *f = VFAB(fab);
-	struct v_cq *c = VCQ(bcq);
-	struct sockaddr_storage ss;
-	struct v_dial *d;
-	int ret, e;
-
-	if (c->fab != f)
-		return rps__seterr(-EINVAL, "verbs: connect: the CQ belongs to another fabric");
-	d = calloc(1, sizeof(*d));
-	if (!d)
-		return rps__seterr(-ENOMEM, "verbs: connect: out of memory");
-	d->base.fab = fab;
-	d->f = f;
-	d->c = c;
-	if (attr) {
-		d->attr = *attr;
-		d->attrp = &d->attr;
-	}
-	if (len)
-		memcpy(d->data, data, len);
-	d->len = len;
-	d->deadline = v_deadline(timeout_ms);
-	ret = rps__verbs_resolve(host, port, 0, &ss);
-	if (ret)
-		goto err;
-	rps__verbs_addr_str((struct sockaddr *)&ss, d->peer, sizeof(d->peer));
-	d->ch = rps__verbs_channel();
-	if (!d->ch) {
-		e = v_errno(ENODEV);
-		ret = rps__seterr(-e, "verbs: rdma_create_event_channel: %s: is rdma_ucm loaded?", strerror(e));
-		goto err;
-	}
-	if (v_fault("rdma_create_id") || rdma_create_id(d->ch, &d->id, NULL, RDMA_PS_TCP)) {
-		e = v_errno(ENOMEM);
-		d->id = NULL;
-		ret = rps__seterr(-e, "verbs: rdma_create_id: %s", strerror(e));
-		goto err;
-	}
-	if (v_fault("rdma_resolve_addr") ||
-	    rdma_resolve_addr(d->id, NULL, (struct sockaddr *)&ss, RPS__MAX(v_ms_left(d->deadline), 1))) {
-		e = v_errno(EHOSTUNREACH);
-		ret = rps__seterr(-e, "verbs: rdma_resolve_addr(%s): %s", d->peer, strerror(e));
-		goto err;
-	}
-	d->state = VD_ADDR;
-	*out = &d->base;
-	return 0;
-err:
-	v_dial_free(d);
-	return ret;
-}
-
-int rps__verbs_dial_fd(const struct rps__dial *base, short *events)
-{
-	*events = POLLIN;
-	return rps__container_of(base, const struct v_dial, base)->ch->fd;
-}
-
-void rps__verbs_dial_cancel(struct rps__dial *base)
-{
-	if (base)
-		v_dial_free(rps__container_of(base, struct v_dial, base));
-}
-
-/* One CM event of the dial: the next stage started (0), the peer's answer
- * (1, *rep), or why the dial failed. */
-static int v_dial_event(struct v_dial *d, struct rdma_cm_event *ev, void *reply, size_t *reply_len,
-			struct rdma_cm_event **rep)
-{
-	int ret, e;
-
-	switch (d->state) {
-	case VD_ADDR:
-		if (ev->event != RDMA_CM_EVENT_ADDR_RESOLVED) {
-			ret = rps__seterr(-EHOSTUNREACH, "verbs: %s: %s (status %d): no route to it through an RDMA device",
-					  d->peer, rdma_event_str(ev->event), ev->status);
-			rdma_ack_cm_event(ev);
-			return ret;
-		}
-		rdma_ack_cm_event(ev);
-		if (d->id->verbs != d->f->ctx)
-			return rps__seterr(-EXDEV, "verbs: %s is reached through RDMA device %s, but the fabric is on %s: open the fabric with that device",
-					   d->peer, d->id->verbs ? ibv_get_device_name(d->id->verbs->device) : "?", d->f->name);
-		if (v_fault("rdma_resolve_route") || rdma_resolve_route(d->id, RPS__MAX(v_ms_left(d->deadline), 1))) {
-			e = v_errno(EHOSTUNREACH);
-			return rps__seterr(-e, "verbs: rdma_resolve_route(%s): %s", d->peer, strerror(e));
-		}
-		d->state = VD_ROUTE;
-		return 0;
-	case VD_ROUTE:
-		if (ev->event != RDMA_CM_EVENT_ROUTE_RESOLVED) {
-			ret = rps__seterr(-EHOSTUNREACH, "verbs: route to %s: %s (status %d)", d->peer,
-					  rdma_event_str(ev->event), ev->status);
-			rdma_ack_cm_event(ev);
-			return ret;
-		}
-		rdma_ack_cm_event(ev);
-		ret = v_ep_create(d->f, d->c, d->attrp, d->peer, &d->ep);
-		if (ret) {
-			d->ep = NULL;
-			return ret;
-		}
-		d->ep->id = d->id;
-		ret = connect_send_req(d->f, d->id, d->ep, d->data, d->len, d->peer);
-		if (ret)
-			return ret;
-		d->state = VD_REP;
-		return 0;
-	case VD_REP:
-		return rep_event(ev, d->peer, reply, reply_len, rep);
-	}
-	return rps__seterr(-EINVAL, "verbs: connect %s: bad dial state", d->peer);
-}
-
-int rps__verbs_dial_step(struct rps__dial *base, void *reply, size_t *reply_len, struct rps__ep **out)
-{
-	static const char *const waiting[] = { "resolving", "route to", "connect" };
-	struct v_dial *d = rps__container_of(base, struct v_dial, base);
-	struct rdma_cm_event *ev, *rep = NULL;
-	int ret;
-
-	if (reply_len)
-		*reply_len = 0;
-	for (;;) {
-		if (rdma_get_cm_event(d->ch, &ev)) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-				ret = -v_errno(EIO);
-				ret = rps__seterr(ret, "verbs: %s %s: %s", waiting[d->state], d->peer, strerror(-ret));
-				break;
-			}
-			if (errno == EINTR)
-				continue;
-			if (v_ms_left(d->deadline) != 0)
-				return -EINPROGRESS;
-			ret = rps__seterr(-ETIMEDOUT, "verbs: %s %s: %s", waiting[d->state], d->peer,
-					  d->state == VD_REP ? "timed out waiting for the peer's answer" : strerror(ETIMEDOUT));
-			break;
-		}
-		ret = v_dial_event(d, ev, reply, reply_len, &rep);
-		if (ret < 0)
-			break;
-		if (ret == 0)
-			continue;
-		ret = connect_finish(d->f, d->c, d->id, d->ep, rep, d->peer, reply, reply_len);
-		if (ret)
-			break;
-		*out = &d->ep->base;
-		d->ep = NULL;	/* the endpoint's now, with its id */
-		d->id = NULL;
-		break;
-	}
-	v_dial_free(d);
 	return ret;
 }

@@ -229,12 +229,6 @@ int rps__verbs_reject(struct rps__conn_req *breq, const void *data, size_t len);
 int rps__verbs_accept(struct rps__conn_req *breq, struct rps__cq *bcq, const struct rps__ep_attr *attr,
 		      const void *data, size_t len, struct rps__ep **out);
 void rps__verbs_listener_close(struct rps__listener *bl);
-int rps__verbs_dial_start(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
-			  const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
-			  struct rps__dial **out);
-int rps__verbs_dial_fd(const struct rps__dial *base, short *events);
-int rps__verbs_dial_step(struct rps__dial *base, void *reply, size_t *reply_len, struct rps__ep **out);
-void rps__verbs_dial_cancel(struct rps__dial *base);
 int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
 		       const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
 		       void *reply, size_t *reply_len, struct rps__ep **out);
