@@ -543,6 +543,10 @@ static void test_sync_rank_takeover(void)
 	int r, sh, bad = 0, had_dead = 0;
 
 	CU_ASSERT_FATAL(cluster_up);
+	/* run alone (RPS_TEST_ONLY) it would start before the cluster holds
+	 * its leases: the dying process's fenced pushes, retried, would count
+	 * towards its kill-mid-push */
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&cluster, 0, 30000, NULL), 0);
 	/* the dying push is its (TK_DIES_AT * TK_SHARDS + TK_SHARDS)-th shard push */
 	snprintf(env, sizeof(env), "RPS_FAULT=kill-mid-push:%d", TK_DIES_AT * TK_SHARDS + TK_SHARDS);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, takeover_worker, cluster.servers, &others, -1, NULL), 0);
