@@ -543,6 +543,10 @@ static void test_sync_rank_takeover(void)
 	int r, sh, bad = 0, had_dead = 0;
 
 	CU_ASSERT_FATAL(cluster_up);
+	/* run alone (RPS_TEST_ONLY) it would start before the cluster holds
+	 * its leases: the dying process's fenced pushes, retried, would count
+	 * towards its kill-mid-push */
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&cluster, 0, 30000, NULL), 0);
 	/* the dying push is its (TK_DIES_AT * TK_SHARDS + TK_SHARDS)-th shard push */
 	snprintf(env, sizeof(env), "RPS_FAULT=kill-mid-push:%d", TK_DIES_AT * TK_SHARDS + TK_SHARDS);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, takeover_worker, cluster.servers, &others, -1, NULL), 0);
@@ -1364,7 +1368,7 @@ struct orphan_res {
 static int orphan_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
 	struct sync_arg a = { .count = 2 * SHARD_BYTES / 4, .dtype = RPS_DTYPE_F32, .opt = RPS_OPT_SUM,
-			      .name = "orphaned-by-rank-2" };
+			      .name = arg };
 	struct orphan_res res = { .ret = -100 };
 	float *g = calloc(a.count, sizeof(float)), *p = calloc(a.count, sizeof(float));
 	struct rps_client_opts co;
@@ -1373,7 +1377,6 @@ static int orphan_worker(int rank, int nworkers, const char *servers, void *arg,
 	rps_tensor_t *t;
 	int ret;
 
-	(void)arg;
 	sync_opts(&a, &o, NULL);
 	rps_client_opts_init(&co);
 	co.servers = servers;
@@ -1429,18 +1432,20 @@ static int set_replicas(uint32_t k)
 	return ret ? -EIO : it_wait_settled(&cluster, k, 60000, NULL);
 }
 
-/* At R = 1, as written: with backups, the survivors' pushes are TAKEN and
- * wait for a STEP_DONE that nobody fails when a rank dies (they time out
- * instead of being told which rank is missing; a known gap). */
-static void test_sync_dead_worker_named(void)
+/* Three sync workers on tensor `name`, rank 2 killed after step 0: ranks 0
+ * and 1 are told -EPIPE naming rank 2 and the tensor, well before their
+ * 20 s timeout.  With backups (two-stage ack, map m) their step-1 pushes
+ * are TAKEN; the primary ends them when it sees the step orphaned, and
+ * the pull names the rank, as at R = 1. */
+static void check_dead_worker_named(const char *name, const struct rps__smap *m)
 {
+	uint64_t versions = 0;
 	struct orphan_res res;
 	struct it_workers w;
+	double t0 = it_now_s();
 	int r;
 
-	CU_ASSERT_FATAL(cluster_up);
-	CU_ASSERT_EQUAL_FATAL(set_replicas(1), 0);
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 3, orphan_worker, cluster.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 3, orphan_worker, cluster.servers, (void *)name, -1, NULL), 0);
 	for (r = 0; r < 2; r++) {
 		memset(&res, 0, sizeof(res));
 		CU_ASSERT_EQUAL(it_worker_read(&w, r, &res, sizeof(res)), 0);
@@ -1448,10 +1453,48 @@ static void test_sync_dead_worker_named(void)
 			fprintf(stderr, "rank %d: %d: %s\n", r, res.ret, res.msg);
 		CU_ASSERT_EQUAL(res.ret, -EPIPE);
 		CU_ASSERT(strstr(res.msg, "rank 2") != NULL);
-		CU_ASSERT(strstr(res.msg, "orphaned-by-rank-2") != NULL);
+		CU_ASSERT(strstr(res.msg, name) != NULL);
 		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
 	}
 	CU_ASSERT_EQUAL(it_worker_wait(&w, 2), 128 + SIGKILL);
+	CU_ASSERT(it_now_s() - t0 < 15.0);	/* the servers said so, not the 20 s timeout */
+	/* with backups: nothing of step 1 applied or shipped, the backups
+	 * identical to their primaries at step 0 done (version 1, 2 shards) */
+	for (uint32_t p = 0; m && p < m->npart; p++) {
+		struct it_digest prim, b;
+		int ret = it_part_digest(&cluster, it_member_index(&cluster, m->parts[p].owner), name, p, &prim);
+		int bret = it_part_digest(&cluster, it_member_index(&cluster, m->parts[p].backups[0]), name, p, &b);
+
+		CU_ASSERT_EQUAL(bret, ret);
+		if (ret == -ENOENT)	/* the tensor's 2 shards are not in every partition */
+			continue;
+		CU_ASSERT_EQUAL(ret, 0);
+		CU_ASSERT_EQUAL(b.crc, prim.crc);
+		CU_ASSERT_EQUAL(b.versions, prim.versions);
+		CU_ASSERT_EQUAL(b.nshards, prim.nshards);
+		versions += prim.versions;
+	}
+	if (m)
+		CU_ASSERT_EQUAL(versions, 2u);
+}
+
+/* At the default, R = 2. */
+static void test_sync_dead_worker_named(void)
+{
+	static struct rps__smap m;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&cluster, 2, 30000, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(m.replicas, 2u);
+	check_dead_worker_named("orphaned-by-rank-2", &m);
+}
+
+/* And at R = 1 (one PUSH_ACK; the pull's WAIT names the rank). */
+static void test_sync_dead_worker_named_r1(void)
+{
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(set_replicas(1), 0);
+	check_dead_worker_named("r1-orphaned-by-rank-2", NULL);
 	CU_ASSERT_EQUAL(set_replicas(2), 0);	/* the default again, for the tests after it */
 }
 
@@ -2339,6 +2382,7 @@ int main(void)
 		{ "--memory-limit refuses what does not fit", test_memory_limit },
 		{ "barrier: the first arrival fixes its size, a mismatch is refused", test_barrier_size_fixed_by_first_arrival },
 		{ "sync: a dead worker is named to the others", test_sync_dead_worker_named },
+		{ "sync, R = 1: a dead worker is named to the others", test_sync_dead_worker_named_r1 },
 		{ "sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover },
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
 		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },

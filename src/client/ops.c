@@ -656,7 +656,9 @@ static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const stru
 }
 
 /* Steps replicated: complete our TAKEN pushes they cover (same tensor at
- * this server, same shard, clock <= step). */
+ * this server, same shard, clock <= step).  An orphaned step (a rank left
+ * before its push) completes those of that step alone, as taken: as
+ * without backups, the push is done and the pull's WAIT names the rank. */
 static void on_step_done(struct conn *c, const struct rps__step_done *sd)
 {
 	uint32_t k;
@@ -666,7 +668,8 @@ static void on_step_done(struct conn *c, const struct rps__step_done *sd)
 		struct shard_op **pp = &c->taken, *op;
 		while ((op = *pp) != NULL) {
 			if (op->shard != e->shard || op->clock > e->step || !op->t->at[c->index].known ||
-			    op->t->at[c->index].id != e->tensor_id) {
+			    op->t->at[c->index].id != e->tensor_id ||
+			    (e->missing_rank >= 0 && op->clock != e->step)) {
 				pp = &op->next;
 				continue;
 			}
@@ -674,7 +677,10 @@ static void on_step_done(struct conn *c, const struct rps__step_done *sd)
 			op->next = NULL;
 			/* version 0: the step will not complete there (the
 			 * partition moved, or paused): resent after a refresh */
-			rps__op_report(op, e->version ? 0 : RPS_ESTALE_EPOCH);
+			if (e->missing_rank >= 0)
+				rps__log(RPS__LOG_DEBUG, "%s: '%s' shard %u step %llu: taken, orphaned by rank %d",
+					 c->name, op->t->name, op->shard, (unsigned long long)e->step, e->missing_rank);
+			rps__op_report(op, e->version || e->missing_rank >= 0 ? 0 : RPS_ESTALE_EPOCH);
 			rps__active_del(c, op);	/* may free op */
 		}
 	}

@@ -33,8 +33,10 @@
  * 6: LEASE_REP carries the leader's ReadIndex (24 bytes), and a primary
  *    without its lease shows RPS__EPOCH_MOVED in its headers (the read
  *    fence: a version-5 reader checked the seq first and could stall on a
- *    fenced copy whose version is unconfirmed) */
-#define RPS__PROTO_VERSION 6u
+ *    fenced copy whose version is unconfirmed)
+ * 7: a STEP_DONE entry names the rank its step is orphaned by (32 bytes;
+ *    a version-6 client would take such an entry for a resend, and loop) */
+#define RPS__PROTO_VERSION 7u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -260,8 +262,15 @@ enum rps__ack_flags {
  * turn, and keeps at most RPS__STEP_DONE_WINDOW of them in the
  * connection's send queue (the rest wait for the next turn); the worker
  * posts that many receive buffers more for them.
+ *
+ * An entry with missing_rank >= 0 completes the TAKEN pushes of exactly
+ * step `step` (not the earlier ones) as taken, not replicated: that rank's
+ * last connection closed before its push for the step, which cannot
+ * complete (nor be replicated) until a new process of the rank pushes or
+ * psctl remove-rank drops it.  The sum so far stays; the worker's pull
+ * then fails, its WAIT_REP naming the rank, as without backups.
  */
-#define RPS__STEP_DONE_MAX 20u
+#define RPS__STEP_DONE_MAX 15u
 #define RPS__STEP_DONE_WINDOW 4u
 
 struct rps__step_done_ent {
@@ -272,6 +281,8 @@ struct rps__step_done_ent {
 				 * step will not complete here (the partition left this
 				 * server, or paused for a move or a seeding): resend the
 				 * pushes it covers, where the map says */
+	int32_t missing_rank;	/* >= 0: the step is orphaned by that rank (version 0); -1 */
+	uint32_t reserved;
 };
 
 struct rps__step_done {

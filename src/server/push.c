@@ -198,11 +198,18 @@ static void push_taken(struct rps__server *srv, struct conn *c, uint32_t slot, s
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
 	struct rps__push_ack ack = { .slot = slot, .shard = d->shard, .version = version };
+	int r;
 
 	c->slot_state[slot] = 0;
 	srv->repl_stats.taken_acks++;	/* (before the send: tests read it once the worker heard) */
 	rps__srv_repl_step_wait(srv, c, t, s, clock);
 	rps__srv_conn_reply_flags(c, RPS__MSG_PUSH_ACK, RPS__ACK_TAKEN, d->push_id, 0, &ack, sizeof(ack));
+	/* a rank already left before its push for the step: end this one at
+	 * once as taken, naming the rank (that STEP_DONE entry goes after the
+	 * TAKEN, at the end of the turn) */
+	r = rps__srv_missing_rank(srv, t, (uint32_t)(s - t->shards));
+	if (r >= 0)
+		rps__srv_repl_step_orphaned(srv, t, s, r);
 }
 
 /* Refuse a push for a partition whose contents are lost, or that is not

@@ -341,24 +341,8 @@ bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock)
 	return clock + 1 < s->step || (clock < s->step && !s->repl_pending);
 }
 
-/* Owe c a STEP_DONE for (t, s, step): one entry per shard, the latest step
- * (it covers the earlier ones). */
-static void step_done_note(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step,
-			   bool resend)
+static void sd_append(struct conn *c, struct rps__step_done_ent e)
 {
-	uint32_t k;
-
-	for (k = 0; k < c->nsd; k++)
-		if (c->sd[k].tensor_id == t->id && c->sd[k].shard == s->index) {
-			/* "resend" covers the done steps below it too (their
-			 * resends are answered -EALREADY: counted); a later
-			 * done step covers every earlier one */
-			if (resend || step > c->sd[k].step) {
-				c->sd[k].step = RPS__MAX(step, c->sd[k].step);
-				c->sd[k].version = resend ? 0 : step + 1;
-			}
-			return;
-		}
 	if (c->nsd == c->sd_cap) {
 		uint32_t cap = c->sd_cap ? c->sd_cap * 2 : 16;
 		struct rps__step_done_ent *grown = realloc(c->sd, cap * sizeof(*grown));
@@ -369,9 +353,83 @@ static void step_done_note(struct conn *c, const struct tensor *t, const struct 
 		c->sd = grown;
 		c->sd_cap = cap;
 	}
-	c->sd[c->nsd++] = (struct rps__step_done_ent){
+	c->sd[c->nsd++] = e;
+}
+
+/* Owe c a STEP_DONE for (t, s, step): one entry per shard, the latest step
+ * (it covers the earlier ones). */
+static void step_done_note(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step,
+			   bool resend)
+{
+	uint32_t k;
+
+	for (k = 0; k < c->nsd; k++)
+		if (c->sd[k].tensor_id == t->id && c->sd[k].shard == s->index && c->sd[k].missing_rank < 0) {
+			/* "resend" covers the done steps below it too (their
+			 * resends are answered -EALREADY: counted); a later
+			 * done step covers every earlier one */
+			if (resend || step > c->sd[k].step) {
+				c->sd[k].step = RPS__MAX(step, c->sd[k].step);
+				c->sd[k].version = resend ? 0 : step + 1;
+			}
+			return;
+		}
+	sd_append(c, (struct rps__step_done_ent){
 		.tensor_id = t->id, .shard = s->index, .step = step, .version = resend ? 0 : step + 1,
-	};
+		.missing_rank = -1,
+	});
+}
+
+/* Owe c the end of its TAKEN push to step `step` of (t, s), orphaned by
+ * `rank`: an entry of its own (it covers that step alone, so a done entry
+ * of an earlier step, before or after it, still says that one is on every
+ * replica). */
+static void step_done_orphaned(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step, int rank)
+{
+	uint32_t k;
+
+	for (k = 0; k < c->nsd; k++)
+		if (c->sd[k].tensor_id == t->id && c->sd[k].shard == s->index && c->sd[k].missing_rank >= 0 &&
+		    c->sd[k].step == step)
+			return;
+	sd_append(c, (struct rps__step_done_ent){
+		.tensor_id = t->id, .shard = s->index, .step = step, .version = 0, .missing_rank = rank,
+	});
+}
+
+/*
+ * Sync: `rank` left before its push for the current step of s, which
+ * cannot complete until a new process of that rank pushes or psctl
+ * remove-rank drops it (requests.c, rps__srv_missing_rank).  Without
+ * backups the others' pushes were acknowledged, and their pulls' WAITs are
+ * failed naming the rank; here their pushes were TAKEN and would wait for
+ * a STEP_DONE past their timeout.  End those of the current step or a
+ * later one as taken (STEP_DONE entries naming the rank), so that the
+ * workers go on to the pull that says which rank is missing, as without
+ * backups.  Nothing is applied or shipped: the sum so far stays (here
+ * only, until the step completes), and the step completes and replicates
+ * whole once the rank is replaced or removed.
+ */
+void rps__srv_repl_step_orphaned(struct rps__server *srv, struct tensor *t, struct shard *s, int rank)
+{
+	uint32_t i = 0;
+
+	while (i < srv->nrwaits) {
+		struct repl_wait w = srv->rwaits[i];
+		if (w.kind != RW_STEP_DONE || w.s != s || w.clock < s->step) {
+			i++;
+			continue;
+		}
+		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
+		srv->nrwaits--;
+		if (w.c) {
+			rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
+				 "ending the taken push of %s", t->name, s->index, rank,
+				 (unsigned long long)w.clock, rps__ep_peer(w.c->ep));
+			step_done_orphaned(w.c, t, s, w.clock, rank);	/* sent at the end of the turn */
+			srv->repl_stats.step_done_orphaned++;
+		}
+	}
 }
 
 /* Does an update of the partition still wait for its replicas (a step or a

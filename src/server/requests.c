@@ -254,7 +254,7 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
  * current step still lacks its push (neither added nor parked here), or -1.
  * The step cannot complete until a new process of that rank opens the
  * tensor (it resumes at the step, see resume_clocks). */
-static int missing_rank(struct rps__server *srv, struct tensor *t, uint32_t local)
+int rps__srv_missing_rank(struct rps__server *srv, struct tensor *t, uint32_t local)
 {
 	struct shard *s = &t->shards[local];
 	uint32_t i;
@@ -284,7 +284,8 @@ static void wait_fail_missing(struct conn *c, uint64_t req_id, struct shard *s, 
 }
 
 /* A worker's last connection closed: note its rank gone from the sync
- * tensors it opened here, and fail the waits that only it could satisfy. */
+ * tensors it opened here, and fail the waits that only it could satisfy
+ * (with backups, the TAKEN pushes waiting for the step too). */
 void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
 {
 	uint32_t i;
@@ -298,14 +299,21 @@ void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
 	}
 	for (i = 0; i < srv->ntensors; i++) {
 		struct tensor *t = srv->tensors[i];
-		if (t && t->ranks && c->rank < t->spec.num_workers && t->ranks[c->rank] == RANK_LIVE)
-			t->ranks[c->rank] = RANK_GONE;
+		uint32_t local;
+		if (!t || !t->ranks || c->rank >= t->spec.num_workers || t->ranks[c->rank] != RANK_LIVE)
+			continue;
+		t->ranks[c->rank] = RANK_GONE;
+		for (local = 0; local < t->layout.nshards; local++) {
+			int r = rps__srv_missing_rank(srv, t, local);
+			if (r >= 0)
+				rps__srv_repl_step_orphaned(srv, t, &t->shards[local], r);
+		}
 	}
 	i = 0;
 	while (i < srv->nwaiters) {
 		struct waiter *w = &srv->waiters[i];
 		struct tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
-		int r = t ? missing_rank(srv, t, w->local) : -1;
+		int r = t ? rps__srv_missing_rank(srv, t, w->local) : -1;
 		if (r >= 0 && w->conn != c && w->min_version > t->shards[w->local].step) {
 			rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
 				 "failing the waits for it", t->name, w->local, r,
@@ -338,7 +346,7 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 		return;
 	}
 	if (w->min_version > t->shards[local].step) {
-		int r = missing_rank(srv, t, local);
+		int r = rps__srv_missing_rank(srv, t, local);
 		if (r >= 0) {
 			wait_fail_missing(c, req_id, &t->shards[local], r);
 			return;

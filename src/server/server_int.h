@@ -290,6 +290,7 @@ struct rps__server {
 		uint64_t pairings_refused;	/* kernel fingerprints differed */
 		uint64_t taken_acks;		/* sync: PUSH_ACKs with RPS__ACK_TAKEN */
 		uint64_t step_done_resend;	/* STEP_DONE entries saying "resend" */
+		uint64_t step_done_orphaned;	/* ... and "orphaned by a rank" */
 		uint64_t step_done_sent;	/* sync: STEP_DONE messages ... */
 		uint64_t step_done_entries;	/* ... and the entries in them */
 		struct rps__step_done_ent last_step_done;	/* the last entry sent */
@@ -371,6 +372,9 @@ void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard 
 void rps__srv_repl_step_wait(struct rps__server *srv, struct conn *c, struct tensor *t, struct shard *s,
 			     uint64_t clock);
 bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock);
+/* Sync: the current step of s is orphaned by `rank` (gone before its
+ * push): fail the TAKEN pushes of that step and later ones, naming it. */
+void rps__srv_repl_step_orphaned(struct rps__server *srv, struct tensor *t, struct shard *s, int rank);
 /* Complete the waits every replica confirmed (after an ack, or a view
  * that dropped a replica). */
 void rps__srv_repl_confirm(struct rps__server *srv);
@@ -403,6 +407,9 @@ void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t versi
 bool rps__srv_spec_equal(const struct rps__tensor_spec *a, const struct rps__tensor_spec *b);
 void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uint32_t len);
 void rps__srv_rank_left(struct rps__server *srv, struct conn *c);
+/* Sync: the rank that orphaned the current step of shard `local` (gone
+ * before its push), or -1. */
+int rps__srv_missing_rank(struct rps__server *srv, struct tensor *t, uint32_t local);
 
 /* tensor.c */
 struct tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name);
