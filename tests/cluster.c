@@ -830,11 +830,10 @@ struct query_answer {
 	struct rps__smap map;
 };
 
-static int query_child(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+static void query_run(const struct query *q, int out_fd)
 {
 	static char buf[sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX + 64];
 	static struct query_answer a;
-	const struct query *q = arg;
 	struct rps__admin ad;
 	struct rps__ctl *ctl = NULL;
 	struct rps__uri u;
@@ -842,9 +841,6 @@ static int query_child(int rank, int nworkers, const char *servers, void *arg, i
 	int32_t status = 0;
 	int ret;
 
-	(void)rank;
-	(void)nworkers;
-	(void)servers;
 	memset(&a, 0, sizeof(a));
 	memset(&ad, 0, sizeof(ad));
 	ad.op = RPS__ADMIN_DIGEST;
@@ -871,22 +867,81 @@ static int query_child(int rank, int nworkers, const char *servers, void *arg, i
 	rps__ctl_close(ctl);
 	a.ret = ret;
 	it_write_all(out_fd, &a, sizeof(a));
-	return 0;
+}
+
+/* The query runs in a process of its own, exec'd afresh: a child only
+ * forked from a test that used verbs itself (a client of its own) would
+ * inherit librdmacm's open devices, whose use the kernel refuses in the
+ * child ("changed security contexts after opening file descriptor").
+ * The test binary runs itself with RPS_IT_QUERY=RFD,WFD set; this
+ * constructor, before main, reads the query from RFD, answers on WFD. */
+__attribute__((constructor)) static void query_exec_entry(void)
+{
+	static struct query q;
+	const char *e = getenv("RPS_IT_QUERY");
+	int rfd, wfd;
+	size_t got = 0;
+
+	if (!e || sscanf(e, "%d,%d", &rfd, &wfd) != 2)
+		return;
+	while (got < sizeof(q)) {
+		ssize_t n = read(rfd, (char *)&q + got, sizeof(q) - got);
+		if (n <= 0)
+			_exit(2);
+		got += (size_t)n;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	query_run(&q, wfd);
+	_exit(0);
 }
 
 static int query(const struct it_cluster *cl, int i, struct query *q, struct query_answer *a)
 {
-	struct it_workers w;
+	int req[2], ans[2], st = 0, ret;
+	size_t got = 0;
+	pid_t pid;
 
 	if (i < 0 || i >= cl->nservers)
 		return -EINVAL;
 	snprintf(q->uri, sizeof(q->uri), "%s", cl->uri[i]);
 	memset(a, 0, sizeof(*a));
-	if (it_workers_start(&w, 1, query_child, NULL, q, -1, NULL))
+	if (pipe(req) || pipe(ans))
+		return -errno;
+	pid = fork();
+	if (pid == 0) {
+		char env[64], *argv[] = { "it-query", NULL };
+
+		close(req[1]);
+		close(ans[0]);
+		snprintf(env, sizeof(env), "%d,%d", req[0], ans[1]);
+		setenv("RPS_IT_QUERY", env, 1);
+		execv("/proc/self/exe", argv);
+		_exit(127);
+	}
+	close(req[0]);
+	close(ans[1]);
+	if (pid < 0) {
+		close(req[1]);
+		close(ans[0]);
 		return -ECHILD;
-	if (it_worker_read(&w, 0, a, sizeof(*a)))
-		a->ret = -EIO;
-	return it_worker_wait(&w, 0) ? -ECHILD : a->ret;
+	}
+	ret = it_write_all(req[1], q, sizeof(*q));
+	close(req[1]);
+	while (!ret && got < sizeof(*a)) {
+		ssize_t n = read(ans[0], (char *)a + got, sizeof(*a) - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			ret = -EIO;
+		else
+			got += (size_t)n;
+	}
+	close(ans[0]);
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (ret || !WIFEXITED(st) || WEXITSTATUS(st))
+		return ret ? ret : -ECHILD;
+	return a->ret;
 }
 
 int it_member_status(const struct it_cluster *cl, int i, struct it_member *st, struct rps__smap *map)
