@@ -275,51 +275,13 @@ static int async_worker(int rank, int nworkers, const char *servers, void *arg, 
 	return 0;
 }
 
-/* Pull with a fresh client, in a child process: the test process itself
- * must not open an RDMA device before it forks more workers (librdmacm keeps
- * device contexts open process-wide, and a forked child would share them). */
-struct pull_arg {
-	const char *name;
-	uint64_t count;
-};
-
-static int pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
-{
-	const struct pull_arg *a = arg;
-	float *p = malloc(a->count * sizeof(float));
-	uint64_t version = 0;
-	rps_client_t *cl;
-	rps_tensor_t *t;
-	int ret;
-
-	(void)nworkers;
-	ret = connect_worker(servers, rank, 1, &cl);
-	if (ret)
-		return fail("connect", ret);
-	ret = rps_tensor_open(cl, a->name, &t);
-	if (!ret) {
-		ret = rps_pull(t, p, a->count * sizeof(float), &version);
-		rps_tensor_close(t);
-	}
-	rps_client_close(cl);
-	if (ret)
-		return fail("pull", ret);
-	it_write_all(out_fd, &version, sizeof(version));
-	it_write_all(out_fd, p, a->count * sizeof(float));
-	free(p);
-	return 0;
-}
-
+/* Pull with a fresh client, in a child process (it_pull_fresh): the test
+ * process itself must not open an RDMA device before it forks more
+ * workers (librdmacm keeps device contexts open process-wide, and a forked
+ * child would share them). */
 static int pull_all(const char *name, uint64_t count, float *out, uint64_t *version)
 {
-	struct pull_arg a = { .name = name, .count = count };
-	struct it_workers w;
-	int ret;
-
-	if (it_workers_start(&w, 1, pull_worker, cluster.servers, &a, -1, NULL))
-		return -ECHILD;
-	ret = it_worker_read(&w, 0, version, sizeof(*version)) || it_worker_read(&w, 0, out, count * sizeof(float));
-	return it_worker_wait(&w, 0) || ret ? -EIO : 0;
+	return it_pull_fresh(cluster.servers, name, out, count, 20000, version);
 }
 
 static void test_async_exact(void)
