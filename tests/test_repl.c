@@ -1107,6 +1107,59 @@ static void do_drop_backup(struct fake *f, void *arg)
 	part_view(f, job_part, map.parts[job_part].epoch, false);
 }
 
+/* Partition job_part: B joins it (being seeded, arg: its image not in
+ * yet) instead of backing it up, or (NULL) backs it up again. */
+static void do_joining(struct fake *f, void *arg)
+{
+	const struct rps__smap_part *mp = &map.parts[job_part];
+	struct rps__dp_part v = { .epoch = mp->epoch, .map_epoch = mp->epoch, .serving = mp->owner == f->id,
+				  .primary = mp->owner };
+
+	if (!arg) {
+		part_view(f, job_part, mp->epoch, true);
+		return;
+	}
+	v.joining = 2;
+	v.backup = f->id == 2;
+	f->dp->part_set(f->srv, job_part, &v);
+}
+
+static void do_seq_set(struct fake *f, void *arg)
+{
+	f->dp->part_repl_seq_set(f->srv, job_part, *(const uint64_t *)arg);
+}
+
+/* A joiner whose image is not in yet takes the entries its primary ships
+ * before fencing the partition (the image, cut after them, holds them):
+ * acknowledged, not applied, the stream kept.  Breaking it instead would
+ * stall every partition the stream carries. */
+static void test_joiner_before_image(void)
+{
+	float g[COUNT];
+	rps_tensor_t *t;
+	unsigned seed = 8;
+	uint64_t refused = B.srv->repl_stats.refused, seq;
+	int joining = 1;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "joining", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
+	job_part = find(&A, "joining")->shards[0].part;
+	fake_do(&B, do_joining, &joining);
+	fake_do(&A, do_joining, &joining);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	CU_ASSERT_EQUAL(version_of(&A, "joining", 0), 2u);
+	CU_ASSERT_EQUAL(version_of(&B, "joining", 0), 0u);	/* skipped: the image brings it */
+	CU_ASSERT_EQUAL(B.srv->repl_stats.refused, refused);
+	CU_ASSERT_PTR_NOT_NULL(peer_of(&A, 2)->conn);
+	/* B a backup again, its stream position as an installed image's */
+	seq = A.srv->repl_seq[job_part];
+	fake_do(&B, do_seq_set, &seq);
+	fake_do(&B, do_joining, NULL);
+	fake_do(&A, do_joining, NULL);
+	rps_tensor_close(t);
+}
+
 /* An entry under an epoch older than B's map is refused (REPL_NACK): B
  * applies nothing, A breaks the stream, the worker gets no ack.  Once A's
  * view of that partition drops B (the map's REPLICA_DROP), its update is
@@ -1240,6 +1293,7 @@ int main(void)
 		{ "sync, partition refused: taken pushes told to resend, counted once", test_sync_refused_resend },
 		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
 		{ "lease: no ack without it on a partition with backups; R=1 ignores it", test_lease_fence },
+		{ "joining: entries before the image acknowledged, not applied, the stream kept", test_joiner_before_image },
 		{ "epoch: the same primary's entry of the epoch before applied", test_old_epoch_same_primary },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },
 	};

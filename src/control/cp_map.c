@@ -64,6 +64,7 @@ void rps__cp_part_sync(struct rps__cplane *cp, uint32_t p)
 		}
 	v.joining = mp->joining;
 	v.backup |= mp->joining && mp->joining == cp->my_id;
+	v.seeded = mp->joining && mp->joining == cp->my_id && pl->st == PART_SEEDING && pl->installed;
 	cp->dp->part_set(cp->srv, p, &v);
 }
 

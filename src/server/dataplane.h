@@ -46,6 +46,7 @@ struct rps__dp_part {
 	uint32_t nbackups;
 	uint64_t joining;	/* a backup being seeded, already in the ack rule */
 	bool backup;		/* we are a backup (or the joiner): regions kept, the stream applied */
+	bool seeded;		/* we are the joiner and its image is installed here */
 };
 
 /* A shard as a checkpoint holds it (copied out, or to restore). */
@@ -175,6 +176,11 @@ struct rps__dp_ops {
 	void (*part_repl_seq_set)(struct rps__server *srv, uint32_t part, uint64_t seq);
 	int (*part_install_backup)(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
 				   size_t len, uint64_t seq);
+	/* the primary: a replica (backup or joiner) of the partition whose
+	 * replication stream broke before it confirmed an update, so that it
+	 * no longer holds what the partition holds; 0 if none (or the map
+	 * dropped it already) */
+	uint64_t (*part_diverged)(struct rps__server *srv, uint32_t part);
 	/* tests: a crc32c of what this server holds of tensor name's partition
 	 * (versions, parameters, optimizer state, clocks, applied push ids):
 	 * 0, or -ENOENT if nothing */

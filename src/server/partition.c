@@ -805,8 +805,11 @@ int rps__srv_image_install_backup(struct rps__server *srv, uint32_t part, uint64
 {
 	int ret = install_partition(srv, part, epoch, img, len, true);
 
-	if (!ret)
+	if (!ret) {
 		srv->repl_seq[part] = seq;
+		if (part < RPS__SMAP_MAX_PART)
+			srv->parts[part].seeded = true;	/* (the next view says so too) */
+	}
 	return ret;
 }
 

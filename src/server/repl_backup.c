@@ -165,6 +165,13 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 				 * before it applied that): nobody waits for us, and
 				 * the entries after it, of partitions we still back,
 				 * must not wait behind it */
+	if (v->joining == srv->my_id && !v->seeded)
+		return 1;	/* joining, the image not here yet: its cut comes
+				 * after every entry the primary shipped before its
+				 * fence (the fence waits for their confirmation), so
+				 * the image holds this one; acknowledged, not applied.
+				 * Breaking the stream instead would stall every
+				 * partition it carries (repl.c: a broken stream) */
 	if (d->seq != srv->repl_seq[d->part] + 1)
 		return broken(c, "partition %u: replication entry %llu after %llu", d->part,
 			      (unsigned long long)d->seq, (unsigned long long)srv->repl_seq[d->part]);
@@ -211,6 +218,30 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 	return 0;
 }
 
+/* Test hook (RPS_FAULT=repl-break-at-N): once, when this backup has
+ * applied N entries, break the stream it came on, as a network fault
+ * would, with the backup alive and the primary's later entries unconfirmed
+ * (tests/it_replica.c). */
+static bool fault_break(const struct rps__server *srv)
+{
+	static long at = -1;
+	const char *f;
+
+	if (RPS__LIKELY(at == 0))
+		return false;
+	if (at < 0) {
+		f = getenv("RPS_FAULT");
+		f = f ? strstr(f, "repl-break-at-") : NULL;
+		at = f ? atol(f + 14) : 0;
+		if (at <= 0)
+			return at = 0, false;
+	}
+	if (srv->repl_stats.entries_applied < (uint64_t)at)
+		return false;
+	at = 0;
+	return true;
+}
+
 /* The entry in the next slot in turn. */
 static int apply_next(struct rps__server *srv, struct conn *c)
 {
@@ -218,6 +249,8 @@ static int apply_next(struct rps__server *srv, struct conn *c)
 	struct rps__repl_desc d;
 	int ret;
 
+	if (RPS__UNLIKELY(fault_break(srv)))
+		return broken(c, "test hook: replication stream broken");
 	memcpy(&d, buf, sizeof(d));
 	if (d.magic != RPS__REPL_MAGIC || d.nbytes > c->repl_slot_size - RPS__REPL_DESC_SIZE)
 		return broken(c, "wrote a malformed replication entry");
