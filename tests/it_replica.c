@@ -425,6 +425,80 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	clu_up = false;
 }
 
+/*
+ * A replication stream broken with every server alive: each server, as a
+ * backup, breaks the stream it applies entries from once, after BREAK_AT
+ * entries (RPS_FAULT=repl-break-at-N), as a network fault would.  The
+ * entries it had not confirmed are gone with the stream, so its primary
+ * has the map drop it (REPLICA_DROP: the partition's epoch moves on), or
+ * every update waiting for it, and every worker, would wait for ever; the
+ * leader seeds a backup again.  Every push completes, exact; once the map
+ * settles every partition has its two copies again, identical.
+ */
+#define BREAK_AT 150
+static void stream_broken_run(const struct job *j)
+{
+	char env[128];
+	struct it_server_opts so = { .extra_args = SERVER_ARGS, .env = env };
+	static struct rps__smap m;
+	struct it_workers w;
+	struct report rep[NWORKERS];
+	float *p = malloc(COUNT * sizeof(float));
+	uint64_t version = 0, versions = 0;
+	int r, acked = 0, bad = 0, moved = 0;
+	unsigned i;
+
+	snprintf(env, sizeof(env), "RPS_FAULT=bootstrap-replicas-2,repl-break-at-%d", BREAK_AT);
+	memset(sh, 0, sizeof(*sh));
+	atomic_store(&sh->gate, 1);
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)j, -1, NULL), 0);
+	for (r = 0; r < NWORKERS; r++) {
+		memset(&rep[r], 0, sizeof(rep[r]));
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &rep[r], sizeof(rep[r])), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+		CU_ASSERT_EQUAL(rep[r].acked, PUSHES);
+		CU_ASSERT_EQUAL(rep[r].bad, 0);
+		acked += rep[r].acked;
+	}
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, j->name, p, COUNT, 20000, &version), 0);
+	for (i = 0; i < COUNT; i++)
+		if (p[i] != (float)acked) {
+			if (bad < 4)
+				fprintf(stderr, "%s[%u] = %g, expected %d\n", j->name, i, (double)p[i], acked);
+			bad++;
+		}
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, j->mode == RPS_MODE_SYNC ? (uint64_t)acked / NWORKERS : (uint64_t)acked);
+	free(p);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	for (i = 0; i < m.npart; i++)
+		moved += m.parts[i].epoch > 1;	/* a backup dropped there (and seeded again) */
+	fprintf(stderr, "[%d pushes acknowledged; %d of %u partitions dropped a backup and seeded one again] ", acked,
+		moved, m.npart);
+	CU_ASSERT(moved > 0);
+	CU_ASSERT_EQUAL(it_replicas_differ(&clu, &m, j->name, &versions), 0);
+	CU_ASSERT_EQUAL(versions, (COUNT / 1024u) * (j->mode == RPS_MODE_SYNC ? (uint64_t)acked / NWORKERS :
+									 (uint64_t)acked));
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+static void test_async_stream_broken(void)
+{
+	static const struct job j = { .name = "async-broken", .mode = RPS_MODE_ASYNC };
+
+	stream_broken_run(&j);
+}
+
+static void test_sync_stream_broken(void)
+{
+	static const struct job j = { .name = "sync-broken", .mode = RPS_MODE_SYNC };
+
+	stream_broken_run(&j);
+}
+
 static void test_async_primary_killed(void)
 {
 	static const struct job j = { .name = "async-failover", .mode = RPS_MODE_ASYNC };
@@ -471,6 +545,8 @@ int main(void)
 		{ "bounded: a primary killed mid-push: exact, staleness kept", test_bounded_primary_killed },
 		{ "sync: a primary killed mid-step: every step completes, exact", test_sync_primary_killed },
 		{ "async: a primary restarted at once: fails over, rejoins as a backup", test_async_primary_restarted },
+		{ "async: a backup's stream broken, every server alive: dropped, seeded again, exact", test_async_stream_broken },
+		{ "sync: a backup's stream broken, every server alive: every step completes, exact", test_sync_stream_broken },
 	};
 	const struct cutest_suite suites[] = {
 		{ "replicated partitions, 3 servers", NULL, NULL, it_test_setup, it_test_teardown, tests,

@@ -1152,6 +1152,7 @@ static void test_joiner_before_image(void)
 	CU_ASSERT_EQUAL(version_of(&B, "joining", 0), 0u);	/* skipped: the image brings it */
 	CU_ASSERT_EQUAL(B.srv->repl_stats.refused, refused);
 	CU_ASSERT_PTR_NOT_NULL(peer_of(&A, 2)->conn);
+	CU_ASSERT_EQUAL(A.srv->repl_diverged[job_part], 0u);
 	/* B a backup again, its stream position as an installed image's */
 	seq = A.srv->repl_seq[job_part];
 	fake_do(&B, do_seq_set, &seq);
@@ -1185,6 +1186,8 @@ static void test_old_epoch_refused(void)
 	 * 4 over TCP, where they arrive in one turn; over verbs maybe fewer) */
 	nwaits = A.srv->nrwaits;
 	CU_ASSERT(nwaits >= 1u && nwaits <= 4u);
+	/* the stream broke with updates unconfirmed: A asks to drop B */
+	CU_ASSERT_EQUAL(A.srv->repl_diverged[job_part], B.id);
 	fake_do(&A, do_drop_backup, NULL);
 	CU_ASSERT_EQUAL(A.srv->nrwaits, nwaits - 1u);
 	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq, 2u);	/* version 1, published */

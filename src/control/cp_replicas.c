@@ -267,6 +267,33 @@ static bool reading_other(const struct rps__cplane *cp, uint32_t p)
 	return false;
 }
 
+/* Primary: a replica whose stream broke before it confirmed an update
+ * (src/server/repl.c) leaves the set: the waits for it end once the map
+ * drops it, and the leader seeds a backup again. */
+static void diverged_duty(struct rps__cplane *cp, uint32_t p, uint64_t now)
+{
+	const struct rps__smap_part *mp = &cp->map.parts[p];
+	struct rps__smap_cmd cmd;
+	uint64_t id;
+
+	if (mp->owner != cp->my_id || !cp->dp->part_diverged || now < cp->diverged_next[p] ||
+	    !(id = cp->dp->part_diverged(cp->srv, p)))
+		return;
+	cp->diverged_next[p] = now + REPLICA_RETRY_NS;
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.part = p;
+	cmd.epoch = mp->epoch;
+	if (mp->joining == id) {
+		cmd.type = RPS__SMAP_REPLICA_ABORT;
+	} else if (is_backup(mp, id)) {
+		cmd.type = RPS__SMAP_REPLICA_DROP;
+		cmd.id = id;
+	} else {
+		return;
+	}
+	rps__cp_propose_cmd(cp, &cmd);
+}
+
 void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now)
 {
 	struct rps__smap_cmd cmd;
@@ -274,6 +301,8 @@ void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now)
 
 	for (p = 0; p < cp->map.npart; p++) {
 		struct part_local *pl = &cp->parts[p];
+
+		diverged_duty(cp, p, now);
 
 		if (pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED) {
 			seed_source_duty(cp, p, now);

@@ -166,6 +166,7 @@ struct rps__cplane {
 	struct cp_failover fo;		/* cp_failover.c */
 	/* cp_replicas.c */
 	uint64_t replica_next[RPS__SMAP_MAX_PART];	/* leader: next proposal for the partition (ns) */
+	uint64_t diverged_next[RPS__SMAP_MAX_PART];	/* primary: next DROP of a diverged replica (ns) */
 	uint64_t seed_src_next[RPS__SMAP_MAX_MEMBERS];	/* leader: member slot i's back-off after an abort (ns) */
 	uint64_t seed_pending[RPS__SMAP_MAX_PART];	/* leader: a BEGIN proposed, not applied yet: it
 							 * counts toward its primary's bound until then (ns) */

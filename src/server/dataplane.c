@@ -275,6 +275,7 @@ static const struct rps__dp_ops ops = {
 	.repl_seq = rps__srv_repl_seq,
 	.part_repl_seq_set = rps__srv_repl_seq_set,
 	.part_install_backup = rps__srv_image_install_backup,
+	.part_diverged = rps__srv_repl_diverged,
 	.part_digest = rps__srv_part_digest,
 	.rank_remove = rps__srv_rank_remove,
 	.hold_steps = rps__srv_hold_steps,

@@ -54,6 +54,8 @@ struct repl_wait {
 	uint32_t slot;
 	uint64_t holds;		/* PUSH: the lock word to release */
 	uint64_t clock;		/* STEP_DONE: the step it is part of */
+	uint64_t since;		/* when it began waiting (rps__now_ns) */
+	bool warned;		/* said once that it waits long */
 	uint32_t nrep;
 	struct {
 		uint64_t id;
@@ -243,6 +245,8 @@ static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, str
 	d.version = s->step;
 	w->t = t;
 	w->s = s;
+	w->since = rps__now_ns();
+	w->warned = false;
 	w->nrep = 0;
 	for (k = 0; k < n; k++) {
 		struct repl_peer *p = peer_find(srv, ids[k]);
@@ -329,7 +333,7 @@ void rps__srv_repl_step_wait(struct rps__server *srv, struct conn *c, struct ten
 		srv->rwaits_cap = cap;
 	}
 	srv->rwaits[srv->nrwaits++] = (struct repl_wait){
-		.kind = RW_STEP_DONE, .t = t, .s = s, .c = c, .clock = clock,
+		.kind = RW_STEP_DONE, .t = t, .s = s, .c = c, .clock = clock, .since = rps__now_ns(),
 	};
 	srv->repl_active = true;
 }
@@ -774,6 +778,16 @@ void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const str
 		rps__srv_conn_fail(c, "sent a message type replication does not take");
 }
 
+/*
+ * A broken stream.  Entries it carried that the replica had not confirmed
+ * are gone with it (nothing resends them), so that replica no longer holds
+ * what its partition holds, and the updates waiting for it would wait for
+ * ever: the partition's primary asks the map to drop it (REPLICA_DROP, or
+ * REPLICA_ABORT for a joiner: control/cp_replicas.c), which ends those
+ * waits (a replica the map dropped is not waited for), and the leader
+ * seeds a backup again.  A replica that confirmed everything keeps its
+ * place: a new stream goes on from the seq it applied.
+ */
 void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c)
 {
 	uint32_t i, k;
@@ -782,9 +796,18 @@ void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c)
 		struct repl_wait *w = &srv->rwaits[i];
 		if (w->c == c)
 			w->c = NULL;
-		for (k = 0; k < w->nrep; k++)
-			if (w->rep[k].rc == c)
-				w->rep[k].rc = NULL;
+		for (k = 0; k < w->nrep; k++) {
+			if (w->rep[k].rc != c)
+				continue;
+			w->rep[k].rc = NULL;
+			if (c->cseq_acked < w->rep[k].cseq && still_replica(srv, w->s->part, w->rep[k].id) &&
+			    !srv->repl_diverged[w->s->part]) {
+				srv->repl_diverged[w->s->part] = w->rep[k].id;
+				rps__log(RPS__LOG_WARN, "partition %u: the replication stream to member %llu broke before it "
+					 "confirmed every update: asking to drop it from the set (it is seeded again)",
+					 w->s->part, (unsigned long long)w->rep[k].id);
+			}
+		}
 	}
 	for (i = 0; i < srv->nrepl_peers; i++) {
 		if (srv->repl_peers[i].conn == c) {
@@ -796,6 +819,15 @@ void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c)
 			srv->repl_peers[i].next_dial_in = rps__now_ns() + REPL_REDIAL_NS;
 		}
 	}
+}
+
+uint64_t rps__srv_repl_diverged(struct rps__server *srv, uint32_t part)
+{
+	if (part >= RPS__SMAP_MAX_PART || !srv->repl_diverged[part])
+		return 0;
+	if (srv->parts[part].primary != srv->my_id || !still_replica(srv, part, srv->repl_diverged[part]))
+		srv->repl_diverged[part] = 0;	/* dropped (or no longer ours): done */
+	return srv->repl_diverged[part];
 }
 
 /* Are we a backup (or the joiner) of a partition member id leads? */
@@ -833,6 +865,40 @@ static void dial_when_due(struct rps__server *srv, struct repl_peer *p, bool rev
 		dial_failed(srv, p, rev);
 }
 
+/* An update that waits this long for a replica says so, once: a stalled
+ * stream is otherwise silent (its workers time out much later, naming no
+ * cause).  Checked at most every REPL_SLOW_NS. */
+#define REPL_SLOW_NS (2000ull * 1000000ull)
+
+static void warn_slow(struct rps__server *srv, uint64_t now)
+{
+	if (now < srv->repl_slow_check)
+		return;
+	srv->repl_slow_check = now + REPL_SLOW_NS / 2;
+	for (uint32_t i = 0; i < srv->nrwaits; i++) {
+		struct repl_wait *w = &srv->rwaits[i];
+		if (w->warned || now - w->since < REPL_SLOW_NS || w->kind == RW_STEP_DONE)
+			continue;
+		w->warned = true;
+		for (uint32_t k = 0; k < w->nrep; k++) {
+			const struct conn *rc = w->rep[k].rc;
+			if (!still_replica(srv, w->s->part, w->rep[k].id) || (rc && rc->cseq_acked >= w->rep[k].cseq))
+				continue;
+			if (rc)
+				rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: an update waits %.1f s for "
+					 "member %llu to confirm replication entry %llu (it confirmed %llu)",
+					 w->s->part, w->t->name, w->s->index, (double)(now - w->since) * 1e-9,
+					 (unsigned long long)w->rep[k].id, (unsigned long long)w->rep[k].cseq,
+					 (unsigned long long)rc->cseq_acked);
+			else
+				rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: an update waits %.1f s for "
+					 "member %llu, whose replication stream broke before it confirmed it",
+					 w->s->part, w->t->name, w->s->index, (double)(now - w->since) * 1e-9,
+					 (unsigned long long)w->rep[k].id);
+		}
+	}
+}
+
 void rps__srv_repl_turn(struct rps__server *srv)
 {
 	uint64_t now = rps__now_ns();
@@ -854,6 +920,8 @@ void rps__srv_repl_turn(struct rps__server *srv)
 			rps__srv_repl_backup_turn(srv, c);
 	}
 	step_done_flush(srv);
+	if (srv->nrwaits)
+		warn_slow(srv, now);
 }
 
 void rps__srv_repl_fini(struct rps__server *srv)

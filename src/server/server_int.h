@@ -277,10 +277,13 @@ struct rps__server {
 	} repl_peers[RPS__SMAP_MAX_MEMBERS];
 	uint32_t nrepl_peers;
 	bool repl_active;		/* a stream or a wait exists: repl turn has work */
+	uint64_t repl_slow_check;	/* next look for updates that wait long (repl.c) */
 	uint64_t repl_unknown;		/* a replica with no address, logged once */
 	struct repl_wait *rwaits;	/* updates waiting for their replicas, in order */
 	uint32_t nrwaits, rwaits_cap;
 	uint64_t repl_seq[RPS__SMAP_MAX_PART];	/* primary: entries sent; backup: applied */
+	uint64_t repl_diverged[RPS__SMAP_MAX_PART];	/* primary: a replica whose stream broke before it
+							 * confirmed an update (repl.c): to be dropped */
 	/* backup: the map's epoch when its primary became primary (the epoch
 	 * moves on without it when the replica set changes) */
 	uint64_t primary_since[RPS__SMAP_MAX_PART];
@@ -395,6 +398,7 @@ void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struc
 			    const struct rps__repl_hello *hello);
 void rps__srv_repl_backup_turn(struct rps__server *srv, struct conn *c);
 void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c);
+uint64_t rps__srv_repl_diverged(struct rps__server *srv, uint32_t part);
 /* Once per loop turn: dial, retry entries, batched REPL_ACKs. */
 void rps__srv_repl_turn(struct rps__server *srv);
 void rps__srv_repl_fini(struct rps__server *srv);
