@@ -250,6 +250,23 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 	}
 }
 
+/* What an op still waits for, for a timeout's message. */
+static const char *op_state_what(const struct shard_op *op)
+{
+	switch (op->state) {
+	case ST_QUEUED: return "queued for a staging slot";
+	case ST_LOCKING: return "taking the shard lock";
+	case ST_BACKOFF: return "waiting for the shard lock";
+	case ST_WRITING: return "pushed, no acknowledgement";
+	case ST_RELEASING: return "releasing the shard lock";
+	case ST_READING: return "reading";
+	case ST_WAITING: return "waiting for a newer version";
+	case ST_WAIT_QUEUED: return "queued for a control credit";
+	case ST_TAKEN: return "taken into its step, waiting for the step to be on every replica";
+	}
+	return "in flight";
+}
+
 static void run_timers(struct rps_client *cl, uint64_t now)
 {
 	struct shard_op **pp = &cl->backoff, *op;
@@ -270,19 +287,29 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 		if (r->deadline && r->deadline <= now && !r->done) {
 			/* The request gives up; its ops keep their resources until
 			 * the transport hands them back. */
+			const struct shard_op *stuck = NULL;
 			uint32_t i;
 			int k;
-			for (i = 0; i < r->nops; i++)
+			for (i = 0; i < r->nops; i++) {
+				if (r->ops[i].req == r && !stuck)
+					stuck = &r->ops[i];
 				r->ops[i].req = NULL;
+			}
 			for (k = 0; k < cl->nservers; k++)
 				for (i = 0; i < CTRL_CREDITS; i++)
 					if (cl->conns[k].ctrl[i].req == r)
 						cl->conns[k].ctrl[i].req = NULL;
 			r->status = -ETIMEDOUT;
 			r->remaining = 0;
-			snprintf(r->msg, sizeof(r->msg),
-				 "request timed out after %d ms: a server or a worker is stalled (raise timeout_ms for slow steps)",
-				 cl->timeout_ms);
+			if (stuck && stuck->c)
+				snprintf(r->msg, sizeof(r->msg),
+					 "request timed out after %d ms: shard %u at %s: %s: a server or a worker is "
+					 "stalled (raise timeout_ms for slow steps)", cl->timeout_ms, stuck->shard,
+					 stuck->c->name, op_state_what(stuck));
+			else
+				snprintf(r->msg, sizeof(r->msg),
+					 "request timed out after %d ms: a server or a worker is stalled (raise timeout_ms "
+					 "for slow steps)", cl->timeout_ms);
 			rps__req_finish(r);
 		}
 	}
