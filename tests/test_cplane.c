@@ -1175,6 +1175,46 @@ static void test_replica_placement(void)
 	CU_ASSERT(none_backed());
 }
 
+static bool p0_joining_3(void) { read_map(); return pub.parts[0].joining == 3; }
+static bool p0_zone_spread(void)
+{
+	read_map();
+	return pub.parts[0].backups[0] == 3 && !pub.parts[0].backups[1] && !pub.parts[0].joining;
+}
+
+/* Zones declared after the backups were placed (a cluster bootstrapped
+ * before its members' SET_ZONE): partition 0 on 1 (zone a) is backed by 2
+ * (zone a too) while 3 (zone b) holds none of it.  The leader seeds a copy
+ * on 3 first (three copies for a moment: not aborted as one too many),
+ * then drops 2, the copy that shares a zone; partition 1, backed by 3,
+ * spans both zones already and is left alone. */
+static void test_replica_zones_late(void)
+{
+	fresh_cluster();
+	setenv("RPS_FAULT", "no-replica-duty", 1);
+	apply_cmd(RPS__SMAP_SET_REPLICAS, 0, 2, 0, 0);
+	for (uint32_t p = 0; p < NPART_R; p++)
+		add_backup(p, p == 1 ? 3 : 2);
+	apply_zone(1, "a");
+	apply_zone(2, "a");
+	apply_zone(3, "b");
+	unsetenv("RPS_FAULT");
+	CU_ASSERT_FATAL(run_until(p0_joining_3));
+	read_map();
+	CU_ASSERT_EQUAL(pub.parts[0].backups[0], 2u);	/* kept until the new copy is in */
+	CU_ASSERT_EQUAL(pub.parts[1].joining, 0u);
+	take_image(0, 0);
+	turns_for(100);
+	read_map();
+	CU_ASSERT_EQUAL(pub.parts[0].joining, 3u);	/* not aborted */
+	apply_cmd(RPS__SMAP_REPLICA_COMMIT, 0, 0, 0, 3);
+	CU_ASSERT_FATAL(run_until(p0_zone_spread));
+	read_map();
+	CU_ASSERT_EQUAL(pub.parts[1].backups[0], 3u);
+	CU_ASSERT_EQUAL(pub.parts[1].backups[1], 0u);
+	CU_ASSERT_EQUAL(pub.parts[1].joining, 0u);
+}
+
 static bool p2_drained(void) { return logged("drop 2", 0) >= 0; }
 static bool p2_not_joining(void) { read_map(); return !pub.parts[2].joining; }
 static bool p3_drained(void) { return logged("drop 3", 0) >= 0; }
@@ -1278,6 +1318,7 @@ int main(void)
 		{ "a new leader waits 1.1 x lease_ms; members never connected are not failed", test_new_leader_waits },
 		{ "replicas: the leader seeds 4 per primary at once, the next on a commit, backs off on an abort", test_replica_placement },
 		{ "replicas: the joiner installs the image as a backup and commits", test_replica_joiner },
+		{ "replicas: zones declared after placement: a copy seeded in the missing zone, then the duplicate dropped", test_replica_zones_late },
 	};
 
 	return cutest_run1("cplane", suite_init, suite_fini, NULL, NULL, tests, RPS__ARRAY_SIZE(tests));

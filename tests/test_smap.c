@@ -1380,7 +1380,18 @@ static void test_zones_and_placement(void)
 	accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_COMMIT, 5, 0, 2, 1));
 	/* member 2 now holds 3 replicas, 4 and 5 hold 2 */
 	CU_ASSERT_EQUAL(rps__smap_pick_backup(&m, 0, NULL, NULL), 4);
+	/* partition 0 spans racks a and b; 5 has both copies in rack a (1,
+	 * 2): 2 is the copy to give up first */
+	CU_ASSERT_EQUAL(m.parts[5].owner, 1u);
+	CU_ASSERT_EQUAL(rps__smap_in_zone(&m, 0, "rack-a"), 1u);
+	CU_ASSERT_EQUAL(rps__smap_in_zone(&m, 0, "rack-b"), 1u);
+	CU_ASSERT_EQUAL(rps__smap_in_zone(&m, 5, "rack-a"), 2u);
+	CU_ASSERT_EQUAL(rps__smap_in_zone(&m, 5, ""), 0u);
+	CU_ASSERT_EQUAL(rps__smap_zone_duplicate(&m, 0), 0u);
+	CU_ASSERT_EQUAL(rps__smap_zone_duplicate(&m, 5), 2u);
+	CU_ASSERT_EQUAL(rps__smap_zone_duplicate(&m, 1), 0u);	/* no backup */
 	accept_cmd(&m, cmd_zone(1, ""));	/* cleared */
+	CU_ASSERT_EQUAL(rps__smap_zone_duplicate(&m, 5), 0u);	/* undeclared zones share nothing */
 	CU_ASSERT_STRING_EQUAL(m.members[0].zone, "");
 	CU_ASSERT_EQUAL(rps__smap_pick_backup(&m, 99, NULL, NULL), 0);
 }

@@ -394,6 +394,16 @@ static int member_slot(const struct rps__smap *m, uint64_t id)
 	return -1;
 }
 
+/* Would a copy of p on member `to` spread it over one more zone, while two
+ * of its copies share one?  (A seeding beyond the target for that is a
+ * zone move, not one to abort.) */
+static bool zone_move(const struct rps__smap *m, uint32_t p, uint64_t to)
+{
+	const struct rps__smap_member *mb = to ? rps__smap_member(m, to) : NULL;
+
+	return mb && mb->zone[0] && !rps__smap_in_zone(m, p, mb->zone) && rps__smap_zone_duplicate(m, p);
+}
+
 /* What partition p calls for, if anything: false if nothing.  inflight[i]:
  * seedings from member slot i in the map or proposed. */
 static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, uint32_t *inflight,
@@ -436,16 +446,28 @@ static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, uint
 		return true;
 	}
 	if (mp->joining) {
-		/* the target was lowered meanwhile */
+		/* the target was lowered meanwhile (not a copy on its way to
+		 * another zone: below) */
 		cmd->type = RPS__SMAP_REPLICA_ABORT;
-		return 1 + nb >= m->replicas;
+		return 1 + nb > m->replicas || (1 + nb == m->replicas && !zone_move(m, p, mp->joining));
 	}
 	if (1 + nb > m->replicas) {
+		/* a copy that shares its zone goes first (a zone move ends so) */
 		cmd->type = RPS__SMAP_REPLICA_DROP;
-		cmd->id = mp->backups[nb - 1];
+		cmd->id = rps__smap_zone_duplicate(m, p);
+		if (!cmd->id)
+			cmd->id = mp->backups[nb - 1];
 		return true;
 	}
-	if (1 + nb == m->replicas || !rps__cp_member_live(cp, mp->owner))
+	if (!rps__cp_member_live(cp, mp->owner))
+		return false;
+	/* Full, but two copies in one zone while a live member of a zone the
+	 * set lacks holds none (zones declared after the backups were placed,
+	 * as in a cluster bootstrapped before its members' SET_ZONE): seed a
+	 * copy there first, then drop the duplicate (above), so the set never
+	 * has fewer than R copies.  Not with R = 3: no room for the extra one. */
+	if (1 + nb == m->replicas &&
+	    (nb == RPS__SMAP_MAX_REPLICAS - 1 || !zone_move(m, p, rps__smap_pick_backup(m, p, live, cp))))
 		return false;
 	/* up to SEED_MAX_PER_SRC per primary; none while it backs off */
 	src = member_slot(m, mp->owner);

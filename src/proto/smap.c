@@ -178,6 +178,38 @@ uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*ali
 	return best;
 }
 
+static const char *zone_of(const struct rps__smap *m, uint64_t id)
+{
+	const struct rps__smap_member *mb = rps__smap_member(m, id);
+
+	return mb ? mb->zone : "";
+}
+
+uint32_t rps__smap_in_zone(const struct rps__smap *m, uint32_t p, const char *zone)
+{
+	uint32_t n;
+
+	if (p >= m->npart || p >= RPS__SMAP_MAX_PART || !zone[0])
+		return 0;
+	n = strcmp(zone_of(m, m->parts[p].owner), zone) == 0;
+	for (uint32_t k = 0; k < rps__smap_nbackups(m, p); k++)
+		n += strcmp(zone_of(m, m->parts[p].backups[k]), zone) == 0;
+	return n;
+}
+
+uint64_t rps__smap_zone_duplicate(const struct rps__smap *m, uint32_t p)
+{
+	if (p >= m->npart || p >= RPS__SMAP_MAX_PART)
+		return 0;
+	for (uint32_t k = rps__smap_nbackups(m, p); k-- > 0;) {
+		uint64_t id = m->parts[p].backups[k];
+
+		if (rps__smap_in_zone(m, p, zone_of(m, id)) > 1)
+			return id;
+	}
+	return 0;
+}
+
 static bool uri_taken(const struct rps__smap *m, const char *uri)
 {
 	for (uint32_t i = 0; i < m->nmembers && i < RPS__SMAP_MAX_MEMBERS; i++)

@@ -170,6 +170,12 @@ bool rps__smap_replicated(const struct rps__smap *m);
  * 0 if none. */
 uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
 			       void *ctx);
+/* How many replicas of p (its primary and backups, not a joiner) are in
+ * zone (0 for ""). */
+uint32_t rps__smap_in_zone(const struct rps__smap *m, uint32_t p, const char *zone);
+/* A backup of p that shares a declared zone with another replica of p
+ * (the last such in set order), 0 if none: the copy to give up first. */
+uint64_t rps__smap_zone_duplicate(const struct rps__smap *m, uint32_t p);
 
 /* Check a command against the state without applying it: 0, or a negative
  * errno with a one-line message (rps__seterr) saying why:
