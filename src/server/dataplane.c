@@ -227,8 +227,10 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 		if (view->primary != srv->parts[part].primary || !srv->primary_since[part])
 			srv->primary_since[part] = view->map_epoch;
 		srv->parts[part] = *view;
-		if (view->primary != srv->my_id)
-			srv->repl_diverged[part] = 0;	/* (a DROP is the primary's to ask) */
+		/* a diverged replica the map dropped (or a partition no longer
+		 * ours) is forgotten at once, before a seeding may name the
+		 * same member again */
+		rps__srv_repl_diverged(srv, part);
 	}
 	srv->rfence_dirty = true;	/* served or replicated now, or no longer */
 	if (view->backup)

@@ -867,7 +867,8 @@ static void dial_when_due(struct rps__server *srv, struct repl_peer *p, bool rev
 
 /* An update that waits this long for a replica says so, once: a stalled
  * stream is otherwise silent (its workers time out much later, naming no
- * cause).  Checked at most every REPL_SLOW_NS. */
+ * cause).  Checked every REPL_SLOW_NS / 2, one line a time at most (a
+ * window of pushes stalls together). */
 #define REPL_SLOW_NS (2000ull * 1000000ull)
 
 static void warn_slow(struct rps__server *srv, uint64_t now)
@@ -895,6 +896,7 @@ static void warn_slow(struct rps__server *srv, uint64_t now)
 					 "member %llu, whose replication stream broke before it confirmed it",
 					 w->s->part, w->t->name, w->s->index, (double)(now - w->since) * 1e-9,
 					 (unsigned long long)w->rep[k].id);
+			return;
 		}
 	}
 }
