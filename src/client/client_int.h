@@ -80,6 +80,7 @@ struct shard_op {
 	bool has_res;
 	uint64_t expected;	/* CAS acquire: the unlocked word we bet on */
 	uint64_t held;		/* the locked word we hold */
+	uint64_t written_ns;	/* ST_WRITING since (its push posted) */
 	uint64_t clock;
 	uint64_t push_id;
 	uint64_t min_version, min_clock;
@@ -146,6 +147,7 @@ struct conn {
 	uint64_t lost_ns;	/* when an established connection was lost (0: never) */
 	uint64_t busy_ns;	/* when its active list last became non-empty */
 	uint64_t wc_ns;		/* its last successful completion */
+	uint64_t rx_ns;		/* its last message from the server (a SEND: the process, not its NIC) */
 	uint64_t probe_ns;	/* its last liveness probe */
 	bool probing;		/* a probe is outstanding */
 	struct rps__hello_rep hello;

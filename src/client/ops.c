@@ -270,6 +270,7 @@ static void post_push_write_after(struct shard_op *op, const struct rps__wr *bef
 	wr.rkey = c->hello.slot_rkey;
 	wr.imm = op->res;
 	op->state = ST_WRITING;
+	op->written_ns = rps__now_ns();
 	c->slot_op[op->res] = op;
 	if (RPS__UNLIKELY(op->die_mid_write)) {
 		/* Test hook: write half of the data without the notification, and die. */
@@ -831,6 +832,7 @@ void rps__on_completion(struct rps_client *cl, const struct rps__wc *wc)
 	switch (tag) {
 	case TAG_RECV: {
 		uint32_t i = (uint32_t)(wc->wr_id >> 3);
+		c->rx_ns = c->wc_ns;
 		struct rps__sge sge = { .addr = c->rbufs + (size_t)i * RPS__MSG_MAX, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
 		if (i >= c->nrecv)
 			return;

@@ -190,6 +190,27 @@ static bool replicated(const struct rps_client *cl)
 }
 
 /*
+ * A stopped or hung server process behind a live NIC: the HCA (or rxe, in
+ * the kernel) answers the probe's READ for it, so probes cannot tell.  Its
+ * messages can: a push waiting PROBE_DEAD_MS for its acknowledgement, with
+ * no message at all from the server meanwhile, gets the verdict a probe
+ * unanswered that long gets.  (A push a live server holds acknowledges
+ * soon: a sync push out of turn is TAKEN at once, one waiting for a backup
+ * waits for that backup's failover, failover_ms.  What waits on other
+ * workers, a TAKEN push or a pull's WAIT, is not counted.)
+ */
+static bool process_silent(const struct conn *c, uint64_t now)
+{
+	const struct shard_op *op;
+	uint64_t oldest = now;
+
+	for (op = c->active; op; op = op->anext)
+		if (op->state == ST_WRITING && op->written_ns < oldest)
+			oldest = op->written_ns;
+	return now - RPS__MAX(oldest, c->rx_ns) >= PROBE_DEAD_MS * 1000000ull;
+}
+
+/*
  * Liveness probes (issue 12): when a whole host dies nothing tells us (no
  * reset, no CM disconnect), and an op whose request already reached it
  * (a push waiting for its PUSH_ACK, a sync push for its step) has nothing
@@ -218,6 +239,13 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 
 		if (!c->ep || c->dead || !c->hello.map_len || !conn_waited_on(c))
 			continue;
+		if (process_silent(c, now) && replicated(cl)) {
+			rps__log(RPS__LOG_DEBUG, "%s: no message for %d ms while a push waits for its acknowledgement: "
+				 "connection lost", c->name, PROBE_DEAD_MS);
+			c->dead = true;
+			c->err = -ECONNRESET;
+			continue;
+		}
 		if (c->probing) {
 			/* no answer at all: the connection is lost, as verbs
 			 * would decide, so its ops ride through the failover
