@@ -304,6 +304,23 @@ static int acked_total(void)
 	return n;
 }
 
+/* Read every push worker's report and reap it: each finished all its
+ * pushes without a bad pull.  The pushes acknowledged in all. */
+static int collect_reports(struct it_workers *w, struct report rep[NWORKERS])
+{
+	int r, acked = 0;
+
+	for (r = 0; r < NWORKERS; r++) {
+		memset(&rep[r], 0, sizeof(rep[r]));
+		CU_ASSERT_EQUAL(it_worker_read(w, r, &rep[r], sizeof(rep[r])), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(w, r), 0);
+		CU_ASSERT_EQUAL(rep[r].acked, PUSHES);
+		CU_ASSERT_EQUAL(rep[r].bad, 0);
+		acked += rep[r].acked;
+	}
+	return acked;
+}
+
 /*
  * Start 3 servers with one backup per partition, NWORKERS workers pushing
  * PUSHES times each; once KILL_AFTER pushes are acknowledged, SIGKILL
@@ -349,14 +366,8 @@ static void failover_run(const struct job *j, int victim, bool restart)
 	if (restart)	/* same --data-dir: the map comes back, the shards do not */
 		CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, victim), 0);
 	atomic_store(&sh->gate, 1);
+	acked = collect_reports(&w, rep);
 	for (r = 0; r < NWORKERS; r++) {
-		memset(&rep[r], 0, sizeof(rep[r]));
-		CU_ASSERT_EQUAL(it_worker_read(&w, r, &rep[r], sizeof(rep[r])), 0);
-		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
-		CU_ASSERT_EQUAL(rep[r].acked, PUSHES);
-		CU_ASSERT_EQUAL(rep[r].bad, 0);
-		acked += rep[r].acked;
-		bad += rep[r].bad;
 		first = rep[r].first > first ? rep[r].first : first;
 		longest = rep[r].longest > longest ? rep[r].longest : longest;
 	}
@@ -445,7 +456,7 @@ static void stream_broken_run(const struct job *j)
 	struct report rep[NWORKERS];
 	float *p = malloc(COUNT * sizeof(float));
 	uint64_t version = 0, versions = 0;
-	int r, acked = 0, bad = 0, moved = 0;
+	int acked = 0, bad = 0, moved = 0;
 	unsigned i;
 
 	snprintf(env, sizeof(env), "RPS_FAULT=bootstrap-replicas-2,repl-break-at-%d", BREAK_AT);
@@ -454,14 +465,7 @@ static void stream_broken_run(const struct job *j)
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
 	clu_up = true;
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)j, -1, NULL), 0);
-	for (r = 0; r < NWORKERS; r++) {
-		memset(&rep[r], 0, sizeof(rep[r]));
-		CU_ASSERT_EQUAL(it_worker_read(&w, r, &rep[r], sizeof(rep[r])), 0);
-		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
-		CU_ASSERT_EQUAL(rep[r].acked, PUSHES);
-		CU_ASSERT_EQUAL(rep[r].bad, 0);
-		acked += rep[r].acked;
-	}
+	acked = collect_reports(&w, rep);
 	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, j->name, p, COUNT, 20000, &version), 0);
 	for (i = 0; i < COUNT; i++)
 		if (p[i] != (float)acked) {
