@@ -204,6 +204,8 @@ static bool process_silent(const struct conn *c, uint64_t now)
 	const struct shard_op *op;
 	uint64_t oldest = now;
 
+	if (now - c->rx_ns < PROBE_DEAD_MS * 1000000ull)
+		return false;	/* it spoke lately: no need to look at the ops */
 	for (op = c->active; op; op = op->anext)
 		if (op->state == ST_WRITING && op->written_ns < oldest)
 			oldest = op->written_ns;
