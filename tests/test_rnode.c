@@ -86,6 +86,8 @@ static unsigned cfg_compact;
 static enum rps__wal_fsync cfg_fsync;
 static unsigned next_payload;
 static size_t cfg_n_peers;		/* a bootstrap node gets the first of peers3 */
+static uint8_t cfg_boot[64];		/* a bootstrap node's initial state (cb_restore's */
+static size_t cfg_boot_len;		/*   format), if cfg_boot_len */
 
 /* ---- the state machine and the callbacks ---------------------------------- */
 
@@ -253,6 +255,7 @@ static void setup(void)
 	cfg_fsync = RPS__WAL_FSYNC_NONE;
 	next_payload = 0;
 	cfg_n_peers = 3;
+	cfg_boot_len = 0;
 }
 
 static void queue_clear(void)
@@ -285,6 +288,8 @@ static int open_node(uint64_t id, bool bootstrap)
 		.id = id,
 		.peers = bootstrap ? peers3 : NULL,
 		.n_peers = bootstrap ? cfg_n_peers : 0,
+		.boot_state = cfg_boot_len ? cfg_boot : NULL,
+		.boot_state_len = cfg_boot_len,
 		.dir = t->dir,
 		.fsync = cfg_fsync,
 		.compact_every = cfg_compact,
@@ -713,6 +718,74 @@ static void test_compaction_and_snapshot_catch_up(void)
 	CU_ASSERT_EQUAL(nodes[c].order_errors, 0);
 }
 
+/* cfg_boot: a state machine of one item, index 0, holding text. */
+static void set_boot_state(const char *text)
+{
+	uint64_t count = 1, index = 0;
+	uint32_t len = (uint32_t)strlen(text);
+
+	memcpy(cfg_boot, &count, 8);
+	memcpy(cfg_boot + 8, &index, 8);
+	memcpy(cfg_boot + 16, &len, 4);
+	memcpy(cfg_boot + 20, text, len);
+	cfg_boot_len = 20 + len;
+}
+
+static bool boot_item_is(const struct tnode *t, const char *text)
+{
+	return t->n_items >= 1 && t->items[0].index == 0 && t->items[0].len == strlen(text) &&
+	       memcmp(t->items[0].data, text, strlen(text)) == 0;
+}
+
+/* A new cluster's initial state is in its bootstrap snapshot: a restart
+ * replays onto that one even if it is given another, and a node that joins
+ * later receives it from the leader. */
+static void test_bootstrap_state_kept(void)
+{
+	uint64_t l, idx = 0;
+	size_t formed_len;
+
+	set_boot_state("formed");
+	formed_len = cfg_boot_len;
+	start_cluster();
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_EQUAL(nodes[id].restores, 1);
+		CU_ASSERT_EQUAL(nodes[id].restore_index, 1);
+		CU_ASSERT_EQUAL(nodes[id].restore_len, formed_len);
+		CU_ASSERT_EQUAL(nodes[id].restore_items, 1);
+		CU_ASSERT_TRUE(boot_item_is(&nodes[id], "formed"));
+	}
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	for (unsigned i = 0; i < 4; i++)
+		CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_TRUE(wait_items(5));
+
+	/* every node restarts with another initial state: unused */
+	for (uint64_t id = 1; id <= 3; id++)
+		close_node(id);
+	set_boot_state("other");
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_EQUAL_FATAL(open_node(id, true), 0);
+		CU_ASSERT_EQUAL(nodes[id].restores, 1);
+		CU_ASSERT_EQUAL(nodes[id].restore_len, formed_len);
+		CU_ASSERT_TRUE(boot_item_is(&nodes[id], "formed"));
+		CU_ASSERT_EQUAL(nodes[id].applies, 4);
+		CU_ASSERT_EQUAL(nodes[id].n_items, 5);
+	}
+
+	/* a node that joins gets it with the leader's snapshot */
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	CU_ASSERT_EQUAL_FATAL(open_node(4, false), 0);
+	CU_ASSERT_EQUAL(rps__rnode_conf_change(nodes[l].rn, RPS__RAFT_CONF_ADD_LEARNER, 4, &idx), 0);
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[l].rn), 0);
+	CU_ASSERT_TRUE(wait_items(5));
+	CU_ASSERT_EQUAL(nodes[4].restores, 1);
+	CU_ASSERT_EQUAL(nodes[4].restore_len, formed_len);
+	CU_ASSERT_TRUE(boot_item_is(&nodes[4], "formed"));
+}
+
 static void test_learner_joins_and_is_promoted(void)
 {
 	uint64_t l, idx = 0;
@@ -1086,6 +1159,7 @@ int main(void)
 		{ "crash and reopen: replay without double applies", test_restart_replays_once },
 		{ "compaction; a cut-off node catches up by snapshot", test_compaction_and_snapshot_catch_up },
 		{ "a learner joins and is promoted", test_learner_joins_and_is_promoted },
+		{ "the bootstrap state is kept: restarts and joiners get the one formed", test_bootstrap_state_kept },
 		{ "leadership transfer", test_transfer_leader },
 		{ "ReadIndex on leader and follower", test_read_index },
 		{ "corrupted messages refused, nothing changes", test_corrupted_message_refused },

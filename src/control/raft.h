@@ -207,6 +207,8 @@ struct rps__raft_config {
 	uint64_t id;			/* nonzero, never reused by another node */
 	const uint64_t *peers;		/* bootstrap voters (including id) of a new cluster; */
 	size_t n_peers;			/*   ignored when state is restored, 0 to join one */
+	const void *boot_state;		/* the state machine's data in a new cluster's */
+	size_t boot_state_len;		/*   snapshot at index 1 (copied; may be empty) */
 	unsigned election_ticks;	/* > heartbeat_ticks; timeouts drawn in [e, 2e) */
 	unsigned heartbeat_ticks;	/* >= 1 */
 	bool pre_vote;

@@ -276,6 +276,8 @@ static int validate_config(const struct rps__raft_config *cfg)
 		return rps__seterr(-EINVAL, "raft: max_inflight_msgs and max_msg_entries must be >= 1");
 	if (cfg->n_peers > RPS__RAFT_MAX_NODES)
 		return rps__seterr(-EINVAL, "raft: at most %u peers", RPS__RAFT_MAX_NODES);
+	if (cfg->boot_state_len > UINT32_MAX || (cfg->boot_state_len && !cfg->boot_state))
+		return rps__seterr(-EINVAL, "raft: a bootstrap state of %zu bytes", cfg->boot_state_len);
 	for (size_t i = 0; i < cfg->n_peers; i++) {
 		if (cfg->peers[i] == RPS__RAFT_NONE)
 			return rps__seterr(-EINVAL, "raft: peer id 0 is reserved");
@@ -345,13 +347,24 @@ static int restore_persisted(struct rps__raft *r, const struct rps__raft_persist
  * identical one, it is persisted atomically (a torn log write could keep only
  * part of a list of "add voter" entries, and a node that restarted believing
  * it formed a cluster alone would elect itself), and nodes that join later
- * receive it by InstallSnapshot. */
+ * receive it by InstallSnapshot.  The state machine's initial data
+ * (boot_state) lives in that snapshot too, so a restart replays the log onto
+ * the state it was formed with, whatever its command line says by then. */
 static int bootstrap(struct rps__raft *r, const struct rps__raft_config *cfg)
 {
 	struct rps__raft_snapshot s = { .index = 1, .term = 1 };
 
 	if (!cfg->n_peers)
 		return 0;	/* joins an existing cluster: learns everything from it */
+	if (cfg->boot_state_len) {
+		void *data = malloc(cfg->boot_state_len);
+
+		if (!data)
+			return rps__seterr(-ENOMEM, "raft: no memory for the bootstrap state");
+		memcpy(data, cfg->boot_state, cfg->boot_state_len);
+		s.data = data;
+		s.len = (uint32_t)cfg->boot_state_len;
+	}
 	for (size_t i = 0; i < cfg->n_peers; i++)
 		s.conf.voters[i] = cfg->peers[i];
 	s.conf.n_voters = (uint32_t)cfg->n_peers;
@@ -382,7 +395,8 @@ int rps__raft_new(const struct rps__raft_config *cfg, const struct rps__raft_per
 		return rps__seterr(-ENOMEM, "raft: no memory for a core");
 	r->id = cfg->id;
 	r->cfg = *cfg;
-	r->cfg.peers = NULL;	/* not kept: the caller owns it */
+	r->cfg.peers = NULL;	/* not kept: the caller owns them */
+	r->cfg.boot_state = NULL;
 	r->rng = cfg->seed ^ (cfg->id * 0x9e3779b97f4a7c15ull);
 	err = -ENOMEM;
 	r->inflight_pool = calloc((size_t)RPS__RAFT_MAX_NODES * cfg->max_inflight_msgs, sizeof(uint64_t));

@@ -385,6 +385,8 @@ static int check_config(const struct rps__rnode_config *cfg)
 		return rps__seterr(-EINVAL, "rnode: node id 0 is reserved");
 	if (cfg->n_peers && !cfg->peers)
 		return rps__seterr(-EINVAL, "rnode: %zu peers but no peer list", cfg->n_peers);
+	if (cfg->boot_state_len && !cfg->boot_state)
+		return rps__seterr(-EINVAL, "rnode: a %zu-byte bootstrap state but no data", cfg->boot_state_len);
 	if (!cfg->cb.send || !cfg->cb.apply || !cfg->cb.restore || !cfg->cb.snapshot)
 		return rps__seterr(-EINVAL, "rnode: the send, apply, restore and snapshot callbacks are required");
 	if (cfg->fsync != RPS__WAL_FSYNC_ALWAYS && cfg->fsync != RPS__WAL_FSYNC_NONE)
@@ -456,6 +458,8 @@ static void raft_config(const struct rps__rnode_config *cfg, struct rps__raft_co
 	rc->id = cfg->id;
 	rc->peers = cfg->peers;
 	rc->n_peers = cfg->n_peers;
+	rc->boot_state = cfg->boot_state;
+	rc->boot_state_len = cfg->boot_state_len;
 	rc->election_ticks = cfg->election_ticks ? cfg->election_ticks : RNODE_DEFAULT_ELECTION;
 	rc->heartbeat_ticks = cfg->heartbeat_ticks ? cfg->heartbeat_ticks : RNODE_DEFAULT_HEARTBEAT;
 	rc->pre_vote = true;

@@ -42,7 +42,8 @@ struct rps__rnode_callbacks {
 	/* A committed membership change (after the core took it into effect). */
 	void (*conf_change)(void *ctx, uint64_t index, enum rps__raft_conf_op op, uint64_t node);
 	/* Reset the state machine to a snapshot (len 0: the initial state of a
-	 * bootstrapped cluster; the application then builds it itself). */
+	 * cluster bootstrapped without boot_state; the application then builds
+	 * it itself). */
 	int (*restore)(void *ctx, uint64_t index, const void *data, size_t len);
 	/* Serialize the state machine as of the last applied entry into a
 	 * malloc'ed buffer (the rnode frees it).  0 or a negative errno. */
@@ -59,6 +60,8 @@ struct rps__rnode_config {
 	uint64_t id;			/* this node, nonzero */
 	const uint64_t *peers;		/* bootstrap voters (including id); ignored */
 	size_t n_peers;			/*   when the WAL holds state; 0 to join */
+	const void *boot_state;		/* a new cluster's initial state machine: the */
+	size_t boot_state_len;		/*   bootstrap snapshot's data (copied; optional) */
 	const char *dir;		/* WAL + snapshots (created if absent) */
 	enum rps__wal_fsync fsync;	/* default durable */
 	unsigned election_ticks;	/* 0 = 10 */
