@@ -1302,6 +1302,43 @@ static void test_replica_joiner(void)
 	unsetenv("RPS_FAULT");
 }
 
+/* A member restarted with other flags replays its log onto the map its
+ * cluster was formed with (the log's bootstrap snapshot holds it), not onto
+ * one its new flags, or newer defaults, would build. */
+static void test_bootstrap_map_kept(void)
+{
+	struct rps__server_config cfg = the_cfg;
+	char dir[200];
+	int level;
+
+	hooks.fini(hooks.ctx);
+	rps__cp_destroy(cp);
+	test_mkdtemp(dir, sizeof(dir), "test_cplane3");
+	cfg.data_dir = dir;
+	cfg.npart = NPART_R;
+	cp = NULL;
+	CU_ASSERT_FATAL(rps__cp_create(&cfg, &cp) == 0 && rps__cp_start(cp, &fake_ops, &fake, &hooks) == 0);
+	read_map();
+	CU_ASSERT_EQUAL(pub.npart, NPART_R);
+	hooks.fini(hooks.ctx);
+	rps__cp_destroy(cp);
+
+	cfg.npart = NPART;
+	cp = NULL;
+	level = rps__log_level;
+	if (level == RPS__LOG_ERROR)
+		rps__log_level = -1;	/* (its partitions are "lost with the restart": a fake data plane) */
+	CU_ASSERT_FATAL(rps__cp_create(&cfg, &cp) == 0 && rps__cp_start(cp, &fake_ops, &fake, &hooks) == 0);
+	rps__log_level = level;
+	read_map();
+	CU_ASSERT_EQUAL(pub.npart, NPART_R);
+	CU_ASSERT_EQUAL(pub.nmembers, 1u);
+	CU_ASSERT_EQUAL(pub.parts[NPART_R - 1].owner, 1u);
+
+	fresh_cluster();	/* (stops this one; the suite's end finds a cluster to stop) */
+	(void)rps__remove_tree(dir);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -1319,6 +1356,7 @@ int main(void)
 		{ "replicas: the leader seeds 4 per primary at once, the next on a commit, backs off on an abort", test_replica_placement },
 		{ "replicas: the joiner installs the image as a backup and commits", test_replica_joiner },
 		{ "replicas: zones declared after placement: a copy seeded in the missing zone, then the duplicate dropped", test_replica_zones_late },
+		{ "a restart replays onto the bootstrap map its cluster was formed with", test_bootstrap_map_kept },
 	};
 
 	return cutest_run1("cplane", suite_init, suite_fini, NULL, NULL, tests, RPS__ARRAY_SIZE(tests));

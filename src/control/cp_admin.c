@@ -463,9 +463,9 @@ void rps__cp_leader_membership(struct rps__cplane *cp)
 	if (!rps__rnode_is_leader(cp->rnode))
 		return;
 	rps__rnode_status(cp->rnode, &st);
-	/* The bootstrap snapshot is empty (every founding member builds the
-	 * map from --cluster); a member that joins later needs the map in the
-	 * snapshot it is sent. */
+	/* A member that joins later is sent the snapshot and the log after
+	 * it: one taken now, not the bootstrap snapshot (which holds no map
+	 * in a log formed before the map went into it). */
 	if (st.snapshot_index <= 1 && st.applied > 1 && rps__rnode_compact(cp->rnode))
 		rps__log(RPS__LOG_WARN, "raft: %s", rps__errbuf());
 	target = cp->map.nmembers >= 5 ? 5 : cp->map.nmembers >= 3 ? 3 : cp->map.nmembers;

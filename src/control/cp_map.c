@@ -259,7 +259,7 @@ static void cb_conf_change(void *ctx, uint64_t index, enum rps__raft_conf_op op,
 	rps__cp_admin_map_changed(cp);
 }
 
-int rps__cp_bootstrap_map(struct rps__cplane *cp)
+int rps__cp_bootstrap_map(struct rps__cplane *cp, struct rps__smap *m)
 {
 	const char *uris[RPS__SMAP_MAX_MEMBERS];
 	char bufs[RPS__SMAP_MAX_MEMBERS][300];
@@ -273,16 +273,18 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp)
 	/* Test hook (RPS_FAULT=bootstrap-replicas-2 or -3): a new cluster's map
 	 * with that many copies, for the failover tests. */
 	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "bootstrap-replicas-")))
-		return rps__smap_init_replicated(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
+		return rps__smap_init_replicated(m, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
 						 (uint32_t)atoi(strstr(getenv("RPS_FAULT"), "bootstrap-replicas-") + 19));
 	/* R = 2 from 2 servers on (issue 12's default), with the backups in the
 	 * map from the start: nothing is stored yet, so nothing is seeded.  It
 	 * depends on --cluster alone, never on this member's --replicas: every
-	 * founding member builds this map by itself (again when it replays its
-	 * log after a restart, whatever flags it has then), and they must all
-	 * agree.  A --replicas that differs reaches the map through the leader
-	 * (SET_REPLICAS, then drops or seedings: cp_replicas.c). */
-	return rps__smap_init_replicated(&cp->map, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
+	 * founding member builds this map by itself, and they must all agree.
+	 * A --replicas that differs reaches the map through the leader
+	 * (SET_REPLICAS, then drops or seedings: cp_replicas.c).  The map goes
+	 * into the Raft log's bootstrap snapshot (cplane.c open_raft): a
+	 * restart replays onto it, not onto what its flags or this code's
+	 * defaults would build by then. */
+	return rps__smap_init_replicated(m, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
 					 cp->ncluster >= 2 ? 2 : 1);
 }
 
@@ -322,7 +324,9 @@ static int cb_restore(void *ctx, uint64_t index, const void *data, size_t len)
 	if (!len) {
 		if (cp->cfg.join_id)
 			return 0;	/* the leader's snapshot brings the map */
-		ret = rps__cp_bootstrap_map(cp);
+		/* a log bootstrapped without its map (before it went into the
+		 * bootstrap snapshot): build it again */
+		ret = rps__cp_bootstrap_map(cp, &cp->map);
 	} else {
 		ret = rps__smap_decode(data, len, &cp->map);
 	}

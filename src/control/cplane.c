@@ -335,24 +335,62 @@ static int open_data_dir(struct rps__cplane *cp)
 	return ret;
 }
 
+/* A new cluster's shard map, encoded for the Raft log's bootstrap snapshot
+ * (*buf malloc'ed).  Used only if the log is new: a restart replays onto the
+ * map its cluster was formed with, even if --cluster or the defaults that
+ * build the map have changed since. */
+static int encode_bootstrap_map(struct rps__cplane *cp, void **buf, size_t *len)
+{
+	struct rps__smap *m = calloc(1, sizeof(*m));
+	size_t cap;
+	int ret;
+
+	*buf = NULL;
+	if (!m)
+		return rps__seterr(-ENOMEM, "no memory for the bootstrap shard map");
+	ret = rps__cp_bootstrap_map(cp, m);
+	if (ret)
+		goto out;
+	cap = rps__smap_encoded_size(m);
+	*buf = malloc(cap);
+	if (!*buf) {
+		ret = rps__seterr(-ENOMEM, "no memory for the bootstrap shard map");
+		goto out;
+	}
+	ret = rps__smap_encode(m, *buf, cap, len);
+	if (ret) {
+		free(*buf);
+		*buf = NULL;
+	}
+out:
+	free(m);
+	return ret;
+}
+
 /* The Raft node on that directory; a new cluster's voters are its first
  * servers (up to 5).  *nvoters_out: how many. */
 static int open_raft(struct rps__cplane *cp, size_t *nvoters_out)
 {
 	struct rps__rnode_config rc;
 	uint64_t voters[5];
-	size_t nvoters = 0;
+	size_t nvoters = 0, boot_len = 0;
+	void *boot = NULL;
 	int ret, i;
 
 	if (!cp->cfg.join_id) {
 		int n = cp->ncluster >= 5 ? 5 : cp->ncluster >= 3 ? 3 : cp->ncluster;
 		for (i = 0; i < n; i++)
 			voters[nvoters++] = (uint64_t)i + 1;
+		ret = encode_bootstrap_map(cp, &boot, &boot_len);
+		if (ret)
+			return ret;
 	}
 	memset(&rc, 0, sizeof(rc));
 	rc.id = cp->my_id;
 	rc.peers = voters;	/* copied by rps__rnode_open */
 	rc.n_peers = nvoters;
+	rc.boot_state = boot;	/* copied too */
+	rc.boot_state_len = boot_len;
 	rc.dir = cp->data_dir;
 	rc.fsync = cp->cfg.fsync_none ? RPS__WAL_FSYNC_NONE : RPS__WAL_FSYNC_ALWAYS;
 	rc.election_ticks = cp->cfg.election_ticks;
@@ -361,6 +399,7 @@ static int open_raft(struct rps__cplane *cp, size_t *nvoters_out)
 	rc.cb = rps__cp_rnode_callbacks;
 	rc.cb.ctx = cp;
 	ret = rps__rnode_open(&rc, &cp->rnode);
+	free(boot);
 	if (ret) {
 		rps__preerr(ret, "raft log in %s", cp->data_dir);
 		return ret;
@@ -382,7 +421,7 @@ static int recover_map(struct rps__cplane *cp)
 		return ret;
 	if (!cp->cfg.join_id && !cp->map.npart) {
 		/* a restart whose log had no snapshot yet: the bootstrap state */
-		ret = rps__cp_bootstrap_map(cp);
+		ret = rps__cp_bootstrap_map(cp, &cp->map);
 		if (ret)
 			return ret;
 		rps__cp_reconcile(cp);

@@ -241,7 +241,8 @@ void rps__cp_seed_read_done(struct rps__cplane *cp, struct conn *c, uint64_t req
 /* cp_map.c */
 void rps__cp_map_publish(struct rps__cplane *cp);
 void rps__cp_reconcile(struct rps__cplane *cp);
-int rps__cp_bootstrap_map(struct rps__cplane *cp);
+/* A new cluster's shard map, from --cluster, into *m. */
+int rps__cp_bootstrap_map(struct rps__cplane *cp, struct rps__smap *m);
 void rps__cp_propose_cmd(struct rps__cplane *cp, const struct rps__smap_cmd *cmd);
 int rps__cp_propose_here(struct rps__cplane *cp, const struct rps__smap_cmd *cmd, uint64_t *index,
 			 uint64_t *term);
