@@ -241,7 +241,7 @@ bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__
 	if (id != cp->my_id && rps__smap_member(&cp->map, id) && (k = contact_get(cp, id, now))) {
 		if (k->failed_at)
 			rps__log(RPS__LOG_WARN, "member %llu: in contact again %llu ms after it was declared failed"
-				 " (it rejoins as a backup once re-replication exists)", (unsigned long long)id,
+				 " (what failed over stays; it is seeded as a backup where a replica set lacks one)", (unsigned long long)id,
 				 (unsigned long long)((now - k->failed_at) / 1000000ull));
 		k->failed_at = 0;
 		k->since = now;
