@@ -15,6 +15,8 @@
  *  - connect and accept each run on a temporary event channel and wait for the
  *    connection to be established before returning, so no peer ever sends to
  *    a QP that is not yet in RTR (that would cost a full transport retry).
+ *    A dial (rps__dial_start) is the same connect stepped by the caller's
+ *    loop on that channel's descriptor: no step waits.
  *    Established ids then migrate to the fabric's event channel, which any
  *    rps__cq_poll() drains, so DISCONNECTED moves the QP to ERR and the posted
  *    receives flush: a consumer with receives posted learns that a peer died.
@@ -31,7 +33,7 @@
  *    REP and REJ have room for a one-byte length prefix.
  *  - rps__accept() blocks until the initiator's RTU arrives (ESTABLISHED), at
  *    most V_ACCEPT_WAIT_MS; rps__connect() until the REP, within timeout_ms
- *    (negative: no limit).
+ *    (negative: no limit); rps__dial_step() never.
  *  - A misaligned atomic goes out as an 8-byte READ into a region without
  *    LOCAL_WRITE: it fails in order on every device and is reported as
  *    RPS__WC_REM_ACCESS_ERR, as the contract says, where some providers (rxe)
@@ -277,6 +279,10 @@ const struct rps__transport_ops rps__verbs_ops = {
 	.reject = rps__verbs_reject,
 	.listener_close = rps__verbs_listener_close,
 	.connect = rps__verbs_connect,
+	.dial_start = rps__verbs_dial_start,
+	.dial_fd = rps__verbs_dial_fd,
+	.dial_step = rps__verbs_dial_step,
+	.dial_cancel = rps__verbs_dial_cancel,
 	.ep_close = rps__verbs_ep_close,
 	.post = rps__verbs_post,
 	.post_recv = rps__verbs_post_recv,

@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -442,68 +443,159 @@ void rps__verbs_listener_close(struct rps__listener *bl)
 
 /* ---- connecting ---------------------------------------------------------- */
 
-/* Resolve the address and the route of the peer on id (a temporary channel
- * ch), on the fabric's device. */
-static int connect_resolve(struct v_fab *f, struct rdma_event_channel *ch, struct rdma_cm_id *id,
-			   struct sockaddr_storage *ss, const char *peer, uint64_t deadline)
-{
-	struct rdma_cm_event *ev;
-	int ret, e, left;
+/*
+ * Connecting, as a dial the caller steps (transport.h): the CM resolves the
+ * address, then the route, our REQ goes out and the peer's REP comes in,
+ * each an event on the dial's own non-blocking channel, whose descriptor
+ * the caller polls; no step waits.  A peer whose host died answers nothing,
+ * and a server's loop that connected to it blocking stood still (Raft
+ * heartbeats, leases, every worker) for the whole timeout.
+ * rps__verbs_connect() is the same dial with a poll() between the steps.
+ */
+enum v_dial_state { V_DIAL_ADDR, V_DIAL_ROUTE, V_DIAL_REP };
 
-	left = v_ms_left(deadline);
-	if (v_fault("rdma_resolve_addr") || rdma_resolve_addr(id, NULL, (struct sockaddr *)ss, left < 0 ? 2000 : RPS__MAX(left, 1))) {
+struct v_dial {
+	struct rps__dial base;
+	struct v_fab *fab;
+	struct v_cq *cq;
+	struct rps__ep_attr attr;
+	int has_attr;
+	enum v_dial_state state;
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+	struct v_ep *ep;		/* from the route on; its QP in INIT once the REQ is out */
+	struct sockaddr_storage ss;
+	uint64_t deadline;		/* UINT64_MAX: none (rps__verbs_connect's timeout < 0) */
+	uint8_t data[RPS__PRIVDATA_MAX];
+	size_t len;
+	char peer[80];
+};
+
+static void dial_free(struct v_dial *d)
+{
+	if (d->ep) {
+		ibv_destroy_qp(d->ep->qp);
+		v_ep_free(d->ep);
+	}
+	if (d->id)
+		rdma_destroy_id(d->id);
+	if (d->ch)
+		rdma_destroy_event_channel(d->ch);
+	free(d);
+}
+
+/* The ms a CM resolution may take: what is left, 2 s without a deadline. */
+static int dial_cm_timeout(const struct v_dial *d)
+{
+	int left = v_ms_left(d->deadline);
+
+	return left < 0 ? 2000 : RPS__MAX(left, 1);
+}
+
+static int dial_begin(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
+		      const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+		      struct v_dial **out)
+{
+	struct v_fab *f = VFAB(fab);
+	struct v_cq *c = VCQ(bcq);
+	struct v_dial *d;
+	int ret, e;
+
+	if (c->fab != f)
+		return rps__seterr(-EINVAL, "verbs: connect: the CQ belongs to another fabric");
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return rps__seterr(-ENOMEM, "verbs: connect: out of memory");
+	d->base.fab = fab;
+	d->fab = f;
+	d->cq = c;
+	if (attr) {
+		d->attr = *attr;
+		d->has_attr = 1;
+	}
+	memcpy(d->data, data, len);
+	d->len = len;
+	d->deadline = v_deadline(timeout_ms);
+	ret = rps__verbs_resolve(host, port, 0, &d->ss);
+	if (ret)
+		goto err;
+	rps__verbs_addr_str((struct sockaddr *)&d->ss, d->peer, sizeof(d->peer));
+	d->ch = rps__verbs_channel();
+	if (!d->ch) {
+		e = v_errno(ENODEV);
+		ret = rps__seterr(-e, "verbs: rdma_create_event_channel: %s: is rdma_ucm loaded?", strerror(e));
+		goto err;
+	}
+	if (v_fault("rdma_create_id") || rdma_create_id(d->ch, &d->id, NULL, RDMA_PS_TCP)) {
+		e = v_errno(ENOMEM);
+		d->id = NULL;
+		ret = rps__seterr(-e, "verbs: rdma_create_id: %s", strerror(e));
+		goto err;
+	}
+	if (v_fault("rdma_resolve_addr") ||
+	    rdma_resolve_addr(d->id, NULL, (struct sockaddr *)&d->ss, dial_cm_timeout(d))) {
 		e = v_errno(EHOSTUNREACH);
-		return rps__seterr(-e, "verbs: rdma_resolve_addr(%s): %s", peer, strerror(e));
+		ret = rps__seterr(-e, "verbs: rdma_resolve_addr(%s): %s", d->peer, strerror(e));
+		goto err;
 	}
-	ret = rps__verbs_get_event(ch, deadline, &ev);
-	if (ret) {
-		rps__seterr(ret, "verbs: resolving %s: %s", peer, strerror(-ret));
-		return ret;
-	}
+	d->state = V_DIAL_ADDR;
+	*out = d;
+	return 0;
+err:
+	dial_free(d);
+	return ret;
+}
+
+/* The address is resolved: on our device?  Then the route. */
+static int dial_on_addr(struct v_dial *d, struct rdma_cm_event *ev)
+{
+	int ret, e;
+
 	if (ev->event != RDMA_CM_EVENT_ADDR_RESOLVED) {
 		ret = rps__seterr(-EHOSTUNREACH, "verbs: %s: %s (status %d): no route to it through an RDMA device",
-				  peer, rdma_event_str(ev->event), ev->status);
+				  d->peer, rdma_event_str(ev->event), ev->status);
 		rdma_ack_cm_event(ev);
 		return ret;
 	}
 	rdma_ack_cm_event(ev);
-	if (id->verbs != f->ctx)
+	if (d->id->verbs != d->fab->ctx)
 		return rps__seterr(-EXDEV, "verbs: %s is reached through RDMA device %s, but the fabric is on %s: open the fabric with that device",
-				   peer, id->verbs ? ibv_get_device_name(id->verbs->device) : "?", f->name);
-	left = v_ms_left(deadline);
-	if (v_fault("rdma_resolve_route") || rdma_resolve_route(id, left < 0 ? 2000 : RPS__MAX(left, 1))) {
+				   d->peer, d->id->verbs ? ibv_get_device_name(d->id->verbs->device) : "?", d->fab->name);
+	if (v_fault("rdma_resolve_route") || rdma_resolve_route(d->id, dial_cm_timeout(d))) {
 		e = v_errno(EHOSTUNREACH);
-		return rps__seterr(-e, "verbs: rdma_resolve_route(%s): %s%s", peer, strerror(e),
-				   v_is_loopback(ss) ? ": RoCE cannot route the loopback address; use the address of the RDMA device's netdev" : "");
+		return rps__seterr(-e, "verbs: rdma_resolve_route(%s): %s%s", d->peer, strerror(e),
+				   v_is_loopback(&d->ss) ? ": RoCE cannot route the loopback address; use the address of the RDMA device's netdev" : "");
 	}
-	ret = rps__verbs_get_event(ch, deadline, &ev);
-	if (ret) {
-		rps__seterr(ret, "verbs: route to %s: %s", peer, strerror(-ret));
-		return ret;
-	}
-	if (ev->event != RDMA_CM_EVENT_ROUTE_RESOLVED) {
-		ret = rps__seterr(-EHOSTUNREACH, "verbs: route to %s: %s (status %d)", peer, rdma_event_str(ev->event), ev->status);
-		rdma_ack_cm_event(ev);
-		return ret;
-	}
-	rdma_ack_cm_event(ev);
+	d->state = V_DIAL_ROUTE;
 	return 0;
 }
 
-/* ep's QP to INIT, and the REQ carrying data on its way. */
-static int connect_send_req(struct v_fab *f, struct rdma_cm_id *id, struct v_ep *ep, const void *data, size_t len,
-			    const char *peer)
+/* The route is resolved: the endpoint, its QP to INIT, and the REQ carrying
+ * our private data on its way. */
+static int dial_on_route(struct v_dial *d, struct rdma_cm_event *ev)
 {
+	struct v_fab *f = d->fab;
 	struct rdma_conn_param param;
 	uint8_t req[V_REQ_PRIV];
 	int ret, e;
 
-	ret = rps__verbs_qp_init(id, ep->qp);
-	if (ret) {
-		rps__seterr(ret, "verbs: connect %s: QP to INIT: %s", peer, strerror(-ret));
+	if (ev->event != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+		ret = rps__seterr(-EHOSTUNREACH, "verbs: route to %s: %s (status %d)", d->peer,
+				  rdma_event_str(ev->event), ev->status);
+		rdma_ack_cm_event(ev);
 		return ret;
 	}
-	rps__verbs_req_encode(req, data, len);
+	rdma_ack_cm_event(ev);
+	ret = v_ep_create(f, d->cq, d->has_attr ? &d->attr : NULL, d->peer, &d->ep);
+	if (ret) {
+		d->ep = NULL;
+		return ret;
+	}
+	d->ep->id = d->id;
+	ret = rps__verbs_qp_init(d->id, d->ep->qp);
+	if (ret)
+		return rps__seterr(ret, "verbs: connect %s: QP to INIT: %s", d->peer, strerror(-ret));
+	rps__verbs_req_encode(req, d->data, d->len);
 	memset(&param, 0, sizeof(param));
 	param.private_data = req;
 	param.private_data_len = V_REQ_PRIV;
@@ -511,132 +603,78 @@ static int connect_send_req(struct v_fab *f, struct rdma_cm_id *id, struct v_ep 
 	param.initiator_depth = f->max_init;
 	param.retry_count = V_RETRY;
 	param.rnr_retry_count = V_RNR_RETRY;
-	param.qp_num = ep->qpn;
-	if (v_fault("rdma_connect") || rdma_connect(id, &param)) {
+	param.qp_num = d->ep->qpn;
+	if (v_fault("rdma_connect") || rdma_connect(d->id, &param)) {
 		e = v_errno(EIO);
-		return rps__seterr(-e, "verbs: rdma_connect(%s): %s", peer, strerror(e));
+		return rps__seterr(-e, "verbs: rdma_connect(%s): %s", d->peer, strerror(e));
 	}
+	d->state = V_DIAL_REP;
 	return 0;
 }
 
-/* Wait for the peer's answer: 0 and *evp = its CONNECT_RESPONSE (not yet
- * acknowledged), or why not (a rejection's private data in reply). */
-static int connect_wait_rep(struct rdma_event_channel *ch, uint64_t deadline, const char *peer,
-			    void *reply, size_t *reply_len, struct rdma_cm_event **evp)
+/* What the peer answered, if it is not its REP: 1 for an event that says
+ * nothing (skip it), else why the connection failed (a rejection's private
+ * data in rep/rlen).  ev is acknowledged unless it is the REP (0). */
+static int dial_classify_rep(const struct v_dial *d, struct rdma_cm_event *ev, uint8_t *rep, size_t *rlen)
 {
-	uint8_t rep[RPS__PRIVDATA_MAX];
-	struct rdma_cm_event *ev;
-	size_t rlen = 0;
 	int ret;
 
-	for (;;) {
-		ret = rps__verbs_get_event(ch, deadline, &ev);
-		if (ret) {
-			rps__seterr(ret, "verbs: connect %s: %s", peer,
-				    ret == -ETIMEDOUT ? "timed out waiting for the peer's answer" : strerror(-ret));
-			return ret;
+	switch (ev->event) {
+	case RDMA_CM_EVENT_CONNECT_RESPONSE:
+		return 0;
+	case RDMA_CM_EVENT_REJECTED:
+		if (ev->status == V_REJ_CONSUMER) {
+			*rlen = rps__verbs_lp_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, rep);
+			ret = rps__seterr(-ECONNREFUSED, "verbs: connect %s: rejected by the peer%s%.*s", d->peer,
+					  *rlen ? ": " : "", (int)strnlen((char *)rep, *rlen), (char *)rep);
+		} else {
+			ret = rps__seterr(-ECONNREFUSED, "verbs: connect %s: refused (%s, IB CM reason %d)", d->peer,
+					  ev->status == V_REJ_INVALID_SID ? "nobody listens on that port" : "rejected by the CM",
+					  ev->status);
 		}
-		if (ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE) {
-			*evp = ev;
-			return 0;
-		}
-		switch (ev->event) {
-		case RDMA_CM_EVENT_REJECTED:
-			if (ev->status == V_REJ_CONSUMER) {
-				rlen = rps__verbs_lp_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, rep);
-				ret = rps__seterr(-ECONNREFUSED, "verbs: connect %s: rejected by the peer%s%.*s", peer,
-						  rlen ? ": " : "", (int)strnlen((char *)rep, rlen), (char *)rep);
-			} else {
-				ret = rps__seterr(-ECONNREFUSED, "verbs: connect %s: refused (%s, IB CM reason %d)", peer,
-						  ev->status == V_REJ_INVALID_SID ? "nobody listens on that port" : "rejected by the CM",
-						  ev->status);
-			}
-			break;
-		case RDMA_CM_EVENT_UNREACHABLE:
-			ret = ev->status == -ETIMEDOUT ?
-				rps__seterr(-ETIMEDOUT, "verbs: connect %s: no answer from the peer's CM", peer) :
-				rps__seterr(-EHOSTUNREACH, "verbs: connect %s: unreachable (status %d)", peer, ev->status);
-			break;
-		case RDMA_CM_EVENT_CONNECT_ERROR:
-		case RDMA_CM_EVENT_DISCONNECTED:
-		case RDMA_CM_EVENT_DEVICE_REMOVAL:
-			ret = rps__seterr(-ECONNABORTED, "verbs: connect %s: %s (status %d)", peer,
-					  rdma_event_str(ev->event), ev->status);
-			break;
-		default:
-			rdma_ack_cm_event(ev);
-			continue;
-		}
-		rdma_ack_cm_event(ev);
-		if (ret == -ECONNREFUSED && reply && rlen)
-			memcpy(reply, rep, rlen);
-		if (ret == -ECONNREFUSED && reply_len)
-			*reply_len = rlen;
-		return ret;
+		break;
+	case RDMA_CM_EVENT_UNREACHABLE:
+		ret = ev->status == -ETIMEDOUT ?
+			rps__seterr(-ETIMEDOUT, "verbs: connect %s: no answer from the peer's CM", d->peer) :
+			rps__seterr(-EHOSTUNREACH, "verbs: connect %s: unreachable (status %d)", d->peer, ev->status);
+		break;
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+	case RDMA_CM_EVENT_DISCONNECTED:
+	case RDMA_CM_EVENT_DEVICE_REMOVAL:
+		ret = rps__seterr(-ECONNABORTED, "verbs: connect %s: %s (status %d)", d->peer,
+				  rdma_event_str(ev->event), ev->status);
+		break;
+	default:
+		ret = 1;
+		break;
 	}
+	rdma_ack_cm_event(ev);
+	return ret;
 }
 
-int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
-		       const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
-		       void *reply, size_t *reply_len, struct rps__ep **out)
+/* The REP is in (we own the QP): RTR/RTS, then RTU via rdma_establish, and
+ * the id joins the fabric's CM channel.  On success the endpoint is the
+ * caller's and d no longer holds it. */
+static int dial_on_rep(struct v_dial *d, struct rdma_cm_event *ev, uint8_t *rep, size_t *rlen)
 {
-	struct v_fab *f = VFAB(fab);
-	struct v_cq *c = VCQ(bcq);
-	uint64_t deadline = v_deadline(timeout_ms);
-	struct rdma_event_channel *ch;
-	struct rdma_cm_event *ev = NULL;
-	struct sockaddr_storage ss;
-	struct rdma_cm_id *id;
-	uint8_t rep[RPS__PRIVDATA_MAX];
-	struct v_ep *ep;
-	char peer[80];
-	size_t rlen = 0;
+	struct v_fab *f = d->fab;
+	struct v_ep *ep = d->ep;
+	struct rdma_cm_id *id = d->id;
 	int ret, e, peer_resp;
 
-	if (reply_len)
-		*reply_len = 0;
-	if (c->fab != f)
-		return rps__seterr(-EINVAL, "verbs: connect: the CQ belongs to another fabric");
-	ret = rps__verbs_resolve(host, port, 0, &ss);
-	if (ret)
-		return ret;
-	rps__verbs_addr_str((struct sockaddr *)&ss, peer, sizeof(peer));
-	ch = rps__verbs_channel();
-	if (!ch) {
-		e = v_errno(ENODEV);
-		return rps__seterr(-e, "verbs: rdma_create_event_channel: %s: is rdma_ucm loaded?", strerror(e));
-	}
-	if (v_fault("rdma_create_id") || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP)) {
-		e = v_errno(ENOMEM);
-		ret = rps__seterr(-e, "verbs: rdma_create_id: %s", strerror(e));
-		goto err_ch;
-	}
-	ret = connect_resolve(f, ch, id, &ss, peer, deadline);
-	if (ret)
-		goto err_id;
-	ret = v_ep_create(f, c, attr, peer, &ep);
-	if (ret)
-		goto err_id;
-	ep->id = id;
-	ret = connect_send_req(f, id, ep, data, len, peer);
-	if (ret)
-		goto err_ep;
-	ret = connect_wait_rep(ch, deadline, peer, reply, reply_len, &ev);
-	if (ret)
-		goto err_ep;
-	/* CONNECT_RESPONSE (we own the QP): RTR/RTS, then RTU via rdma_establish */
-	rlen = rps__verbs_lp_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, rep);
+	*rlen = rps__verbs_lp_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, rep);
 	peer_resp = ev->param.conn.responder_resources;
 	rdma_ack_cm_event(ev);
 	ret = rps__verbs_qp_rtr_rts(f, id, ep->qp, f->max_rd, (uint8_t)RPS__MIN(f->max_init, peer_resp));
 	if (ret) {
-		rps__seterr(ret, "verbs: connect %s: QP to RTS: %s", peer, strerror(-ret));
-		goto err_rej;
+		rps__seterr(ret, "verbs: connect %s: QP to RTS: %s", d->peer, strerror(-ret));
+		rdma_reject(id, NULL, 0);
+		return ret;
 	}
-	rps__verbs_table_add(c, ep);
+	rps__verbs_table_add(d->cq, ep);
 	if (v_fault("rdma_establish") || rdma_establish(id)) {
 		e = v_errno(EIO);
-		ret = rps__seterr(-e, "verbs: connect %s: rdma_establish: %s", peer, strerror(e));
+		ret = rps__seterr(-e, "verbs: connect %s: rdma_establish: %s", d->peer, strerror(e));
 		goto err_table;
 	}
 	pthread_mutex_lock(&f->cm_lock);
@@ -644,15 +682,11 @@ int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port,
 	pthread_mutex_unlock(&f->cm_lock);
 	if (v_fault("rdma_migrate_id") || rdma_migrate_id(id, f->cm_ch)) {
 		e = v_errno(EIO);
-		ret = rps__seterr(-e, "verbs: connect %s: rdma_migrate_id: %s", peer, strerror(e));
+		ret = rps__seterr(-e, "verbs: connect %s: rdma_migrate_id: %s", d->peer, strerror(e));
 		goto err_ctx;
 	}
-	rdma_destroy_event_channel(ch);
-	if (reply && rlen)
-		memcpy(reply, rep, rlen);
-	if (reply_len)
-		*reply_len = rlen;
-	*out = &ep->base;
+	d->ep = NULL;	/* the caller's, with the id */
+	d->id = NULL;
 	return 0;
 
 err_ctx:
@@ -662,16 +696,159 @@ err_ctx:
 	rps__verbs_qp_error(ep->qp);
 	rdma_disconnect(id);
 err_table:
-	rps__verbs_table_del(c, ep);
-	goto err_ep;
-err_rej:
-	rdma_reject(id, NULL, 0);
-err_ep:
-	ibv_destroy_qp(ep->qp);
-	v_ep_free(ep);
-err_id:
-	rdma_destroy_id(id);
-err_ch:
-	rdma_destroy_event_channel(ch);
+	rps__verbs_table_del(d->cq, ep);
 	return ret;
+}
+
+/* Why the dial ran out of time, by how far it got. */
+static int dial_timed_out(const struct v_dial *d)
+{
+	switch (d->state) {
+	case V_DIAL_ADDR:
+		return rps__seterr(-ETIMEDOUT, "verbs: resolving %s: %s", d->peer, strerror(ETIMEDOUT));
+	case V_DIAL_ROUTE:
+		return rps__seterr(-ETIMEDOUT, "verbs: route to %s: %s", d->peer, strerror(ETIMEDOUT));
+	default:
+		return rps__seterr(-ETIMEDOUT, "verbs: connect %s: timed out waiting for the peer's answer", d->peer);
+	}
+}
+
+/* Reading the channel failed, by how far the dial got. */
+static int dial_event_failed(const struct v_dial *d, int ret)
+{
+	switch (d->state) {
+	case V_DIAL_ADDR:
+		return rps__seterr(ret, "verbs: resolving %s: %s", d->peer, strerror(-ret));
+	case V_DIAL_ROUTE:
+		return rps__seterr(ret, "verbs: route to %s: %s", d->peer, strerror(-ret));
+	default:
+		return rps__seterr(ret, "verbs: connect %s: %s", d->peer, strerror(-ret));
+	}
+}
+
+/* Every event that is in, in turn: 0 connected (*out), -EINPROGRESS, or
+ * why not; over unless -EINPROGRESS.  The channel is read only when poll()
+ * says an event is there: one read per event, as the blocking connect did. */
+static int dial_advance(struct v_dial *d, uint8_t *rep, size_t *rlen, struct rps__ep **out)
+{
+	struct rdma_cm_event *ev;
+	int ret;
+
+	for (;;) {
+		struct pollfd p = { .fd = d->ch->fd, .events = POLLIN };
+
+		if (poll(&p, 1, 0) <= 0)
+			return v_ms_left(d->deadline) == 0 ? dial_timed_out(d) : -EINPROGRESS;
+		/* deadline 0: take what is there, never wait */
+		ret = rps__verbs_get_event(d->ch, 0, &ev);
+		if (ret == -ETIMEDOUT)
+			return v_ms_left(d->deadline) == 0 ? dial_timed_out(d) : -EINPROGRESS;
+		if (ret)
+			return dial_event_failed(d, ret);
+		switch (d->state) {
+		case V_DIAL_ADDR:
+			ret = dial_on_addr(d, ev);
+			break;
+		case V_DIAL_ROUTE:
+			ret = dial_on_route(d, ev);
+			break;
+		case V_DIAL_REP:
+			ret = dial_classify_rep(d, ev, rep, rlen);
+			if (ret == 1)
+				continue;
+			if (ret == 0) {
+				struct v_ep *ep = d->ep;
+
+				ret = dial_on_rep(d, ev, rep, rlen);
+				if (ret == 0)
+					*out = &ep->base;
+			}
+			return ret;
+		}
+		if (ret)
+			return ret;
+	}
+}
+
+int rps__verbs_dial_start(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
+			  const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+			  struct rps__dial **out)
+{
+	struct v_dial *d;
+	int ret = dial_begin(fab, host, port, bcq, attr, data, len, timeout_ms, &d);
+
+	if (!ret)
+		*out = &d->base;
+	return ret;
+}
+
+int rps__verbs_dial_fd(const struct rps__dial *base, short *events)
+{
+	const struct v_dial *d = rps__container_of(base, const struct v_dial, base);
+
+	*events = POLLIN;
+	return d->ch->fd;
+}
+
+/* reply holds RPS__PRIVDATA_MAX bytes (transport.h); the REP's or a
+ * rejection's private data lands there. */
+static void dial_reply(const uint8_t *rep, size_t rlen, void *reply, size_t *reply_len)
+{
+	if (reply && rlen)
+		memcpy(reply, rep, rlen);
+	if (reply_len)
+		*reply_len = rlen;
+}
+
+int rps__verbs_dial_step(struct rps__dial *base, void *reply, size_t *reply_len, struct rps__ep **out)
+{
+	struct v_dial *d = rps__container_of(base, struct v_dial, base);
+	uint8_t rep[RPS__PRIVDATA_MAX];
+	size_t rlen = 0;
+	int ret;
+
+	if (reply_len)
+		*reply_len = 0;
+	ret = dial_advance(d, rep, &rlen, out);
+	if (ret == -EINPROGRESS)
+		return ret;
+	if (ret == 0 || ret == -ECONNREFUSED)
+		dial_reply(rep, rlen, reply, reply_len);
+	dial_free(d);
+	return ret;
+}
+
+void rps__verbs_dial_cancel(struct rps__dial *base)
+{
+	if (base)
+		dial_free(rps__container_of(base, struct v_dial, base));
+}
+
+int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
+		       const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+		       void *reply, size_t *reply_len, struct rps__ep **out)
+{
+	struct v_dial *d;
+	int ret;
+
+	if (reply_len)
+		*reply_len = 0;
+	ret = dial_begin(fab, host, port, bcq, attr, data, len, timeout_ms, &d);
+	if (ret)
+		return ret;
+	for (;;) {
+		struct pollfd pfd = { .fd = d->ch->fd, .events = POLLIN };
+		int left;
+
+		ret = rps__verbs_dial_step(&d->base, reply, reply_len, out);
+		if (ret != -EINPROGRESS)
+			return ret;
+		left = v_ms_left(d->deadline);
+		if (poll(&pfd, 1, left) < 0 && errno != EINTR)
+			ret = rps__seterr(-errno, "verbs: connect %s: poll: %s", d->peer, strerror(errno));
+		if (ret != -EINPROGRESS) {
+			dial_free(d);
+			return ret;
+		}
+	}
 }

@@ -232,6 +232,12 @@ void rps__verbs_listener_close(struct rps__listener *bl);
 int rps__verbs_connect(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
 		       const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
 		       void *reply, size_t *reply_len, struct rps__ep **out);
+int rps__verbs_dial_start(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__cq *bcq,
+			  const struct rps__ep_attr *attr, const void *data, size_t len, int timeout_ms,
+			  struct rps__dial **out);
+int rps__verbs_dial_fd(const struct rps__dial *d, short *events);
+int rps__verbs_dial_step(struct rps__dial *d, void *reply, size_t *reply_len, struct rps__ep **out);
+void rps__verbs_dial_cancel(struct rps__dial *d);
 
 /* verbs_post.c */
 int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n);
