@@ -32,7 +32,7 @@
  *    length in its last byte when it is shorter than 56 (see v_req_encode).
  *    REP and REJ have room for a one-byte length prefix.
  *  - rps__accept() blocks until the initiator's RTU arrives (ESTABLISHED), at
- *    most V_ACCEPT_WAIT_MS; rps__connect() until the REP, within timeout_ms
+ *    most V_ACCEPT_WAIT_MS (then the fabric's channel settles it); rps__connect() until the REP, within timeout_ms
  *    (negative: no limit); rps__dial_step() never.
  *  - A misaligned atomic goes out as an 8-byte READ into a region without
  *    LOCAL_WRITE: it fails in order on every device and is reported as

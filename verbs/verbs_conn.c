@@ -310,7 +310,9 @@ static int accept_send_rep(struct v_cq *c, struct v_ep *ep, const void *data, si
 	return 0;
 }
 
-/* Wait on the private channel tmp until the initiator's RTU: ESTABLISHED. */
+/* Wait on the private channel tmp for the initiator's RTU (ESTABLISHED), at
+ * most V_ACCEPT_WAIT_MS: 0 once it came or the wait is over (the fabric's
+ * CM channel then takes what comes later), or why the connection failed. */
 static int accept_wait_established(struct rdma_event_channel *tmp, const char *peer)
 {
 	uint64_t deadline = v_deadline(V_ACCEPT_WAIT_MS);
@@ -319,6 +321,11 @@ static int accept_wait_established(struct rdma_event_channel *tmp, const char *p
 
 	for (done = 0; !done;) {
 		ret = rps__verbs_get_event(tmp, deadline, &ev);
+		if (ret == -ETIMEDOUT) {
+			rps__log(RPS__LOG_DEBUG, "verbs: accept %s: no RTU within %d ms: the endpoint is handed out,"
+				 " the CM settles it", peer, V_ACCEPT_WAIT_MS);
+			return 0;
+		}
 		if (ret) {
 			rps__seterr(ret, "verbs: accept %s: no RTU from the peer: %s", peer, strerror(-ret));
 			return ret;

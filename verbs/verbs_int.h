@@ -36,7 +36,13 @@
 #define V_RETRY			6
 #define V_ACK_TIMEOUT		16
 #define V_RNR_RETRY		7	/* 7 = retry for ever: a slow receiver is not an error */
-#define V_ACCEPT_WAIT_MS	20000	/* REP -> RTU; only a dead initiator makes it long */
+/* REP -> RTU, waited for inside rps__accept() so that a live initiator's QP
+ * is in RTR before we send (else the first packets cost a transport retry).
+ * Past it the endpoint is handed out anyway and the CM settles it later (an
+ * initiator that died mid-handshake: CONNECT_ERROR, the endpoint fails):
+ * a server accepting a peer waits inside its loop, and this stays well
+ * under a lease (failover_ms / 2, renewed every failover_ms / 10). */
+#define V_ACCEPT_WAIT_MS	250
 #define V_LCAS_WAIT_MS		10000
 #define V_HOUSEKEEP_NS		1000000ull	/* check CM events at least every 1 ms of polling */
 #define V_ACK_BATCH		64

@@ -206,8 +206,8 @@ void rps__listener_close(struct rps__listener *l);
  * data is copied there.  reply may be NULL; otherwise it must hold
  * RPS__PRIVDATA_MAX bytes and *reply_len is set on return.  timeout_ms < 0
  * waits for ever.  rps__accept() may block until the initiator confirms
- * the connection (verbs: at most ~20 s), so nothing is sent to a peer that
- * is not ready.  On verbs, a peer's disconnect becomes flushed receives
+ * the connection (verbs: at most 250 ms), so nothing is sent to a live peer
+ * that is not ready; a peer that did not confirm by then fails later.  On verbs, a peer's disconnect becomes flushed receives
  * inside rps__cq_poll() or rps__listener_get_request(). */
 int rps__connect(struct rps__fabric *fab, const char *host, uint16_t port,
 		 struct rps__cq *cq, const struct rps__ep_attr *attr,
