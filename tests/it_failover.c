@@ -488,22 +488,23 @@ static void test_primary_stopped(void)
 
 #define D4_STALL_MS 6000
 
-/* A stopped process that comes back: its connections are declared lost
- * after PROBE_DEAD_MS without an answer (as for a dead host), but the
- * control plane does not fail it over (--failover-ms 60000), so its
- * partitions are still its own when the ride-through's wait is over: the
- * client must dial it again and resend, push ids unchanged.  Every push
- * acknowledged, exact: none lost, none applied twice. */
-static void test_primary_stalled(void)
+/* The job of (d) on a cluster that fails nobody over (--failover-ms 60000,
+ * then `args`): the first member after the leader that owns a partition is
+ * stopped once a third of the pushes are acknowledged and continued
+ * stall_ms later.  Every push acknowledged, exact, every backup equal to
+ * its primary, nothing moved: the same owners at the same epochs.  The
+ * stalled member's index. */
+static int run_stalled(const struct async_job *j, int stall_ms, const char *args)
 {
-	static const struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
-	static const char *const tensors[] = { "d4" };
+	const char *const tensors[] = { j->name };
+	char extra[512];
 	struct it_workers w;
 	uint64_t versions[1];
 	int leader, victim = -1, acked, at_stop;
 	double t0;
 
-	more_args = " --failover-ms 60000";
+	snprintf(extra, sizeof(extra), " --failover-ms 60000%s", args);
+	more_args = extra;
 	start(NSERVERS, 2, false);
 	more_args = "";
 	leader = leader_index();
@@ -512,28 +513,41 @@ static void test_primary_stalled(void)
 		if (owned(&map0, (uint64_t)((leader + i) % NSERVERS) + 1) > 0)
 			victim = (leader + i) % NSERVERS;
 	CU_ASSERT_FATAL(victim >= 0);
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)j, -1, NULL), 0);
 	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
 		it_sleep_ms(2);
 	at_stop = acked_total(D_WORKERS);
 	t0 = it_now_s();
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
-	it_sleep_ms(D4_STALL_MS);	/* the stall itself: what the test is about */
+	it_sleep_ms(stall_ms);	/* the stall itself: what the test is about */
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGCONT), 0);
 	acked = async_wait(&w);
 	fprintf(stderr, "[member %d stalled %d ms after %d pushes; %d acknowledged, the last %.2f s after the stall began] ",
-		victim + 1, D4_STALL_MS, at_stop, acked, it_now_s() - t0);
+		victim + 1, stall_ms, at_stop, acked, it_now_s() - t0);
 	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
-	check_exact("d4", COUNT, acked);
+	check_exact(j->name, COUNT, acked);
 	check_replicas(tensors, 1, versions);
 	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);
-	/* nothing failed over: the same owners at the same epochs */
 	for (uint32_t p = 0; p < NPART; p++) {
 		CU_ASSERT_EQUAL(map1.parts[p].owner, map0.parts[p].owner);
 		CU_ASSERT_EQUAL(map1.parts[p].epoch, map0.parts[p].epoch);
 	}
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
+	return victim;
+}
+
+/* A stopped process that comes back: its connections are declared lost
+ * after PROBE_DEAD_MS without an answer (as for a dead host), but the
+ * control plane does not fail it over, so its partitions are still its own
+ * when the ride-through's wait is over: the client must dial it again and
+ * resend, push ids unchanged.  Every push acknowledged, exact: none lost,
+ * none applied twice. */
+static void test_primary_stalled(void)
+{
+	static const struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
+
+	run_stalled(&j, D4_STALL_MS, "");
 }
 
 /* ---- (e) a kill during re-replication ------------------------------------------ */
