@@ -22,6 +22,9 @@
  *  (d4) a primary stopped 6 s then continued, never failed over: its
  *      connections are declared lost meanwhile; dialed again, every push
  *      resent there once, exact, nothing moved.
+ *  (d5) the same for 3 s, as the backup of another's partitions: that
+ *      primary warns of the updates waiting for it, one line a check at
+ *      most, naming it and the stream's position; exact, nothing moved.
  *  (e) --replicas 3: a server restarted (same --data-dir) is seeded again
  *      as a backup; a watcher kills the seed's source, the partition's
  *      primary, the moment the map shows the joiner.  The partition goes to
@@ -35,6 +38,7 @@
 #include "cluster.h"
 #include "client/ctl.h"
 #include "proto/proto.h"
+#include "proto/shard.h"
 #include "proto/smap.h"
 #include "transport/uri.h"
 
@@ -50,6 +54,7 @@
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
+#include "lib/tmpdir.h"
 
 #define NSERVERS 3
 #define NPART 6
@@ -83,11 +88,11 @@ static int acked_total(int n)
 }
 
 static uint32_t replicas;	/* the test's --replicas */
-static const char *more_args = "";	/* (d4): after ARGS, the last word on a flag */
+static const char *more_args = "";	/* (d4, d5): after ARGS, the last word on a flag */
 
 static void start(int n, uint32_t r, bool data_dir)
 {
-	char args[256];
+	char args[1024];
 	struct it_server_opts o = { .extra_args = args, .data_dir = data_dir };
 
 	snprintf(args, sizeof(args), "%s --replicas %u%s", ARGS, r, more_args);
@@ -484,9 +489,10 @@ static void test_primary_stopped(void)
 	run_primary_stopped(false);
 }
 
-/* ---- (d4) a primary stalled, not dead ------------------------------------------ */
+/* ---- (d4, d5) a member stalled, not dead --------------------------------------- */
 
 #define D4_STALL_MS 6000
+#define D5_STALL_MS 3000
 
 /* The job of (d) on a cluster that fails nobody over (--failover-ms 60000,
  * then `args`): the first member after the leader that owns a partition is
@@ -548,6 +554,57 @@ static void test_primary_stalled(void)
 	static const struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
 
 	run_stalled(&j, D4_STALL_MS, "");
+}
+
+/* The same member stalled 3 s, the backup of another's partitions: the
+ * updates of that primary wait for it.  Past 2 s the primary says so at
+ * warn level (the servers' stderr, in a file), naming the partition, the
+ * tensor and shard, the member, the entry waited for and the one it
+ * confirmed; one line a check (every 1 s) at most, not one per update
+ * waiting (one per shard of the 2 partitions it backs: 4 at once, the
+ * other workers' pushes held by the shard locks): a wait from 2 s to just
+ * past 3 s spans one check or two.  No stream broke. */
+static void test_backup_stalled_warned(void)
+{
+	static const struct async_job j = { .name = "d5", .count = COUNT, .pushes = D_PUSHES };
+	char logpath[256], args[300], line[1024], tensor[32];
+	unsigned long long member, entry, confirmed;
+	unsigned part, shard, nwarn = 0, nparsed = 0;
+	struct rps__layout l;
+	double waited;
+	int victim, fd;
+	FILE *f;
+
+	snprintf(logpath, sizeof(logpath), "%s/rps-it-log.XXXXXX", test_tmpdir());
+	fd = mkstemp(logpath);
+	CU_ASSERT_FATAL(fd >= 0);
+	close(fd);
+	snprintf(args, sizeof(args), " 2>>%s", logpath);	/* (appended: the 3 servers write it) */
+	victim = run_stalled(&j, D5_STALL_MS, args);
+	CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, j.name, COUNT, SHARD / 4, NPART), 0);
+	f = fopen(logpath, "r");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	while (fgets(line, sizeof(line), f)) {
+		if (!strstr(line, "an update waits"))
+			continue;
+		nwarn++;
+		fprintf(stderr, "[%.*s] ", (int)strcspn(line, "\n"), line);
+		if (sscanf(line, "warn: partition %u: tensor '%31[^']' shard %u: an update waits %lf s for member %llu to "
+			   "confirm replication entry %llu (it confirmed %llu)", &part, tensor, &shard, &waited, &member,
+			   &entry, &confirmed) != 7)
+			continue;
+		nparsed++;
+		CU_ASSERT_STRING_EQUAL(tensor, j.name);
+		CU_ASSERT_EQUAL(member, (unsigned long long)victim + 1);
+		CU_ASSERT(part < NPART && map0.parts[part].owner != member && map0.parts[part].backups[0] == member);
+		CU_ASSERT(shard < l.nshards && rps__shard_server(&l, shard) == part);
+		CU_ASSERT(waited >= 2.0 && waited < D5_STALL_MS / 1000.0 + 1.0);
+		CU_ASSERT(entry > confirmed);
+	}
+	fclose(f);
+	unlink(logpath);
+	CU_ASSERT_EQUAL(nparsed, nwarn);
+	CU_ASSERT(nwarn >= 1 && nwarn <= 2);
 }
 
 /* ---- (e) a kill during re-replication ------------------------------------------ */
@@ -787,6 +844,8 @@ int main(void)
 		  test_primary_stopped },
 		{ "(d4) async: a primary stalled 6 s (SIGSTOP, SIGCONT), not failed over: dialed again, exact",
 		  test_primary_stalled },
+		{ "(d5) async: a backup stalled 3 s: its primary warns, one line a check, naming it; exact",
+		  test_backup_stalled_warned },
 		{ "(e) --replicas 3: the seed's source killed while a restarted server is seeded",
 		  test_kill_during_reseeding },
 		{ "(g) set-replicas 3 -> 2 under the stream: the same primary's entries applied, exact",
