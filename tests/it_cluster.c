@@ -2326,7 +2326,7 @@ static void test_timeout_names_shard(void)
 	check_timed_out(rps_pull(t, buf, sizeof(buf), NULL), shard, cluster.uri[victim], "reading");
 	took = it_now_s() - t0;
 	CU_ASSERT_EQUAL(kill(cluster.pid[victim], SIGCONT), 0);
-	CU_ASSERT(took >= 2 * STALL_TIMEOUT_MS / 1000.0 && took < 2 * STALL_TIMEOUT_MS / 1000.0 + 1.0);
+	CU_ASSERT(took >= 2 * STALL_TIMEOUT_MS / 1000.0 && took < 2 * STALL_TIMEOUT_MS / 1000.0 + 5.0);
 	CU_ASSERT_EQUAL(rps_pull(t, buf, sizeof(buf), NULL), 0);
 	CU_ASSERT_EQUAL(rps_push(t, buf, sizeof(buf)), 0);
 	rps_tensor_close(t);
