@@ -10,7 +10,8 @@
  *    version equals the number of pushes;
  *  - bounded(k): no pull ever misses an update older than clock - k.
  * Then failures: a worker killed half way through a push, a worker stalled
- * holding a shard lock past its lease, a server killed, bad input.
+ * holding a shard lock past its lease, a server stopped (what a timeout
+ * names), a server killed, bad input.
  */
 #include "config.h"
 #include "cluster.h"
@@ -2258,6 +2259,80 @@ static void test_server_absent(void)
 	CU_ASSERT(strstr(rps_last_error(), ":1") != NULL);
 }
 
+/* A request a server stopped with SIGSTOP never answers, at R = 1 (no
+ * failover, and no liveness probe gives up on a server without backups):
+ * -ETIMEDOUT after the client's timeout_ms, the message naming the first
+ * shard still outstanding (the tensor's lowest on that server, not its
+ * shard 0), the server's URI and what the op waited for.  Continued, the
+ * server answers again and the client goes on. */
+#define STALL_TIMEOUT_MS 1000
+
+static void check_timed_out(int ret, uint32_t shard, const char *uri, const char *what)
+{
+	char want[512];
+
+	snprintf(want, sizeof(want), "request timed out after %d ms: shard %u at %s: %s: a server or a worker is "
+		 "stalled (raise timeout_ms for slow steps)", STALL_TIMEOUT_MS, shard, uri, what);
+	CU_ASSERT_EQUAL(ret, -ETIMEDOUT);
+	CU_ASSERT_STRING_EQUAL(rps_last_error(), want);
+}
+
+static void test_timeout_names_shard(void)
+{
+	static struct rps__smap m;
+	static float buf[8 * SHARD_BYTES / 4];	/* 8 shards */
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	struct rps__layout l;
+	struct it_member st;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	char name[32];
+	uint32_t shard;
+	int victim = -1;
+	double t0, took;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(set_replicas(1), 0);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&cluster, 1, 30000, &m), 0);
+	/* not the leader (its Raft and leases stay undisturbed) */
+	for (int i = 0; i < NSERVERS; i++)
+		if (!it_member_status(&cluster, i, &st, NULL) && !st.leading)
+			victim = i;
+	CU_ASSERT_FATAL(victim >= 0);
+	/* a tensor whose shard 0 is on the other server: the shard named is
+	 * the first one outstanding, not merely the first */
+	shard = 0;
+	for (int k = 0; k < 64 && !shard; k++) {
+		snprintf(name, sizeof(name), "stalled-%d", k);
+		CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, name, RPS__ARRAY_SIZE(buf), SHARD_BYTES / 4, m.npart), 0);
+		for (shard = 0; shard < l.nshards; shard++)
+			if (it_member_index(&cluster, m.parts[rps__shard_server(&l, shard)].owner) == victim)
+				break;
+	}
+	CU_ASSERT_FATAL(shard > 0 && shard < l.nshards);
+
+	rps_client_opts_init(&co);
+	co.servers = cluster.servers;
+	co.timeout_ms = STALL_TIMEOUT_MS;
+	CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.count = RPS__ARRAY_SIZE(buf);
+	o.mode = RPS_MODE_ASYNC;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, name, &o, &t), 0);
+	CU_ASSERT_EQUAL_FATAL(kill(cluster.pid[victim], SIGSTOP), 0);
+	t0 = it_now_s();
+	check_timed_out(rps_push(t, buf, sizeof(buf)), shard, cluster.uri[victim], "pushed, no acknowledgement");
+	check_timed_out(rps_pull(t, buf, sizeof(buf), NULL), shard, cluster.uri[victim], "reading");
+	took = it_now_s() - t0;
+	CU_ASSERT_EQUAL(kill(cluster.pid[victim], SIGCONT), 0);
+	CU_ASSERT(took >= 2 * STALL_TIMEOUT_MS / 1000.0 && took < 2 * STALL_TIMEOUT_MS / 1000.0 + 5.0);
+	CU_ASSERT_EQUAL(rps_pull(t, buf, sizeof(buf), NULL), 0);
+	CU_ASSERT_EQUAL(rps_push(t, buf, sizeof(buf)), 0);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+}
+
 /* A server killed under a worker, at R = 1: the next operation fails with
  * a clear error instead of hanging (with backups, the default from 2
  * servers on, it fails over instead: it_replica, it_failover). Runs last:
@@ -2365,6 +2440,8 @@ int main(void)
 		{ "a tensor name forging a log line refused, logged escaped", test_tensor_name_forging_a_log_line_refused },
 		{ "admin connections capped, deep queues refused", test_admin_connections_bounded },
 		{ "no server listening", test_server_absent },
+		{ "a request to a stopped server times out naming the shard, the server, what it waited for",
+		  test_timeout_names_shard },
 		{ "server killed under a worker", test_server_killed },
 	};
 	const struct cutest_suite suites[] = {

@@ -22,6 +22,9 @@
  *  (d4) a primary stopped 6 s then continued, never failed over: its
  *      connections are declared lost meanwhile; dialed again, every push
  *      resent there once, exact, nothing moved.
+ *  (d5) the same for 3 s, as the backup of another's partitions: that
+ *      primary warns of the updates waiting for it, one line a check at
+ *      most, naming it and the stream's position; exact, nothing moved.
  *  (e) --replicas 3: a server restarted (same --data-dir) is seeded again
  *      as a backup; a watcher kills the seed's source, the partition's
  *      primary, the moment the map shows the joiner.  The partition goes to
@@ -35,6 +38,7 @@
 #include "cluster.h"
 #include "client/ctl.h"
 #include "proto/proto.h"
+#include "proto/shard.h"
 #include "proto/smap.h"
 #include "transport/uri.h"
 
@@ -50,6 +54,7 @@
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
+#include "lib/tmpdir.h"
 
 #define NSERVERS 3
 #define NPART 6
@@ -83,11 +88,11 @@ static int acked_total(int n)
 }
 
 static uint32_t replicas;	/* the test's --replicas */
-static const char *more_args = "";	/* (d4): after ARGS, the last word on a flag */
+static const char *more_args = "";	/* (d4, d5): after ARGS, the last word on a flag */
 
 static void start(int n, uint32_t r, bool data_dir)
 {
-	char args[256];
+	char args[1024];
 	struct it_server_opts o = { .extra_args = args, .data_dir = data_dir };
 
 	snprintf(args, sizeof(args), "%s --replicas %u%s", ARGS, r, more_args);
@@ -484,26 +489,29 @@ static void test_primary_stopped(void)
 	run_primary_stopped(false);
 }
 
-/* ---- (d4) a primary stalled, not dead ------------------------------------------ */
+/* ---- (d4, d5) a member stalled, not dead --------------------------------------- */
 
 #define D4_STALL_MS 6000
+#define D5_STALL_MS 3000
 
-/* A stopped process that comes back: its connections are declared lost
- * after PROBE_DEAD_MS without an answer (as for a dead host), but the
- * control plane does not fail it over (--failover-ms 60000), so its
- * partitions are still its own when the ride-through's wait is over: the
- * client must dial it again and resend, push ids unchanged.  Every push
- * acknowledged, exact: none lost, none applied twice. */
-static void test_primary_stalled(void)
+/* The job of (d) on a cluster that fails nobody over (--failover-ms 60000,
+ * then `args`): the first member after the leader that owns a partition is
+ * stopped once a third of the pushes are acknowledged and continued
+ * stall_ms later.  Every push acknowledged, exact, every backup equal to
+ * its primary, nothing moved: the same owners at the same epochs.  The
+ * stalled member's index; *t_done: when the last push was acknowledged, in
+ * seconds from the stall's start. */
+static int run_stalled(const struct async_job *j, int stall_ms, const char *args, double *t_done)
 {
-	static const struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
-	static const char *const tensors[] = { "d4" };
+	const char *const tensors[] = { j->name };
+	char extra[512];
 	struct it_workers w;
 	uint64_t versions[1];
 	int leader, victim = -1, acked, at_stop;
 	double t0;
 
-	more_args = " --failover-ms 60000";
+	snprintf(extra, sizeof(extra), " --failover-ms 60000%s", args);
+	more_args = extra;
 	start(NSERVERS, 2, false);
 	more_args = "";
 	leader = leader_index();
@@ -512,28 +520,111 @@ static void test_primary_stalled(void)
 		if (owned(&map0, (uint64_t)((leader + i) % NSERVERS) + 1) > 0)
 			victim = (leader + i) % NSERVERS;
 	CU_ASSERT_FATAL(victim >= 0);
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)j, -1, NULL), 0);
 	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
 		it_sleep_ms(2);
 	at_stop = acked_total(D_WORKERS);
 	t0 = it_now_s();
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
-	it_sleep_ms(D4_STALL_MS);	/* the stall itself: what the test is about */
+	it_sleep_ms(stall_ms);	/* the stall itself: what the test is about */
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGCONT), 0);
 	acked = async_wait(&w);
+	*t_done = it_now_s() - t0;
 	fprintf(stderr, "[member %d stalled %d ms after %d pushes; %d acknowledged, the last %.2f s after the stall began] ",
-		victim + 1, D4_STALL_MS, at_stop, acked, it_now_s() - t0);
+		victim + 1, stall_ms, at_stop, acked, *t_done);
 	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
-	check_exact("d4", COUNT, acked);
+	check_exact(j->name, COUNT, acked);
 	check_replicas(tensors, 1, versions);
 	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);
-	/* nothing failed over: the same owners at the same epochs */
 	for (uint32_t p = 0; p < NPART; p++) {
 		CU_ASSERT_EQUAL(map1.parts[p].owner, map0.parts[p].owner);
 		CU_ASSERT_EQUAL(map1.parts[p].epoch, map0.parts[p].epoch);
 	}
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
+	return victim;
+}
+
+/* A stopped process that comes back: its connections are declared lost
+ * after PROBE_DEAD_MS without an answer (as for a dead host), but the
+ * control plane does not fail it over, so its partitions are still its own
+ * when the ride-through's wait is over: the client must dial it again and
+ * resend, push ids unchanged.  Every push acknowledged, exact: none lost,
+ * none applied twice. */
+static void test_primary_stalled(void)
+{
+	static const struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
+	double t_done;
+
+	run_stalled(&j, D4_STALL_MS, "", &t_done);
+}
+
+/* The same member stalled 3 s, the backup of another's partitions: the
+ * updates of that primary wait for it.  Past 2 s the primary says so at
+ * warn level (the servers' stderr, in a file), naming the partition, the
+ * tensor and shard, the member, the entry waited for and the one it
+ * confirmed; one line a check (every 1 s) at most, not one per update
+ * waiting (one per shard of the 2 partitions it backs: 4 at once, the
+ * other workers' pushes held by the shard locks).  Checks run 1 s apart,
+ * and none warns once every update is confirmed, before the last push is
+ * acknowledged (t_done): each primary of a partition the member backs says
+ * at most 1 + (t_done - 2 s) lines.  No stream broke. */
+static void test_backup_stalled_warned(void)
+{
+	static const struct async_job j = { .name = "d5", .count = COUNT, .pushes = D_PUSHES };
+	char logpath[256], args[300], line[1024], tensor[32];
+	unsigned long long member, entry, confirmed;
+	unsigned part, shard, nwarn = 0, nparsed = 0;
+	struct rps__layout l;
+	unsigned nprimaries = 0, bound;
+	uint64_t primaries[NSERVERS];
+	double waited, t_done;
+	int victim, fd;
+	FILE *f;
+
+	snprintf(logpath, sizeof(logpath), "%s/rps-it-log.XXXXXX", test_tmpdir());
+	fd = mkstemp(logpath);
+	CU_ASSERT_FATAL(fd >= 0);
+	close(fd);
+	snprintf(args, sizeof(args), " 2>>%s", logpath);	/* (appended: the 3 servers write it) */
+	victim = run_stalled(&j, D5_STALL_MS, args, &t_done);
+	for (uint32_t p = 0; p < NPART; p++) {
+		unsigned k = 0;
+
+		if (rps__smap_role(&map0, p, (uint64_t)victim + 1) != RPS__SMAP_ROLE_BACKUP)
+			continue;
+		while (k < nprimaries && primaries[k] != map0.parts[p].owner)
+			k++;
+		if (k == nprimaries)
+			primaries[nprimaries++] = map0.parts[p].owner;
+	}
+	CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, j.name, COUNT, SHARD / 4, NPART), 0);
+	f = fopen(logpath, "r");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	while (fgets(line, sizeof(line), f)) {
+		if (!strstr(line, "an update waits"))
+			continue;
+		nwarn++;
+		fprintf(stderr, "[%.*s] ", (int)strcspn(line, "\n"), line);
+		if (sscanf(line, "warn: partition %u: tensor '%31[^']' shard %u: an update waits %lf s for member %llu to "
+			   "confirm replication entry %llu (it confirmed %llu)", &part, tensor, &shard, &waited, &member,
+			   &entry, &confirmed) != 7)
+			continue;
+		nparsed++;
+		CU_ASSERT_STRING_EQUAL(tensor, j.name);
+		CU_ASSERT_EQUAL(member, (unsigned long long)victim + 1);
+		CU_ASSERT(part < NPART && map0.parts[part].owner != member && map0.parts[part].backups[0] == member);
+		CU_ASSERT(shard < l.nshards && rps__shard_server(&l, shard) == part);
+		CU_ASSERT(waited >= 2.0 && waited < 30.0);
+		CU_ASSERT(entry > confirmed);
+	}
+	fclose(f);
+	unlink(logpath);
+	CU_ASSERT_EQUAL(nparsed, nwarn);
+	bound = nprimaries * (1 + (unsigned)(t_done > 2.0 ? t_done - 2.0 : 0.0));
+	fprintf(stderr, "[%u warning lines, at most %u: %u primaries, the last push %.2f s after the stall began] ",
+		nwarn, bound, nprimaries, t_done);
+	CU_ASSERT(nwarn >= 1 && nwarn <= bound);
 }
 
 /* ---- (e) a kill during re-replication ------------------------------------------ */
@@ -773,6 +864,8 @@ int main(void)
 		  test_primary_stopped },
 		{ "(d4) async: a primary stalled 6 s (SIGSTOP, SIGCONT), not failed over: dialed again, exact",
 		  test_primary_stalled },
+		{ "(d5) async: a backup stalled 3 s: its primary warns, one line a check, naming it; exact",
+		  test_backup_stalled_warned },
 		{ "(e) --replicas 3: the seed's source killed while a restarted server is seeded",
 		  test_kill_during_reseeding },
 		{ "(g) set-replicas 3 -> 2 under the stream: the same primary's entries applied, exact",

@@ -80,6 +80,7 @@ struct rps__server {
 	float params[8];
 	uint64_t lease_until;	/* set_lease */
 	unsigned nleases;
+	uint64_t diverged[RPS__SMAP_MAX_PART];	/* part_diverged's answer */
 };
 
 static struct rps__server fake;
@@ -282,6 +283,8 @@ static int f_restore_shard(struct rps__server *s, const char *file, struct tenso
 	return 1;
 }
 
+static uint64_t f_part_diverged(struct rps__server *s, uint32_t p) { return s->diverged[p]; }
+
 static void f_set_lease(struct rps__server *s, uint64_t until_ns)
 {
 	s->lease_until = until_ns;
@@ -302,7 +305,7 @@ static const struct rps__dp_ops fake_ops = {
 	.part_install_backup = f_part_install_backup, .hold_steps = f_hold_steps,
 	.hold_tensor = f_hold_tensor, .hold_release = f_hold_release, .hold_reached = f_hold_reached,
 	.drain = f_drain, .take = f_take, .copy_free = f_copy_free, .restore_tensor = f_restore_tensor,
-	.restore_shard = f_restore_shard, .set_lease = f_set_lease,
+	.restore_shard = f_restore_shard, .set_lease = f_set_lease, .part_diverged = f_part_diverged,
 };
 
 /* ---- the control plane under test ------------------------------------------ */
@@ -1215,6 +1218,65 @@ static void test_replica_zones_late(void)
 	CU_ASSERT_EQUAL(pub.parts[1].joining, 0u);
 }
 
+static bool p0_not_joining(void) { read_map(); return !pub.parts[0].joining; }
+static bool p1_not_backed(void) { read_map(); return !pub.parts[1].backups[0]; }
+
+/* The map stays as it is for 700 ms (past REPLICA_RETRY_NS): no command
+ * applied (pub.applied: the last map command's index, whatever the
+ * membership entries do), its first partitions (len bytes) equal to want. */
+static void map_stays(const struct rps__smap_part *want, size_t len)
+{
+	uint64_t applied;
+
+	read_map();
+	applied = pub.applied;
+	turns_for(700);
+	read_map();
+	CU_ASSERT_EQUAL(pub.applied, applied);
+	CU_ASSERT_EQUAL(memcmp(pub.parts, want, len), 0);
+}
+
+/* A replica whose stream broke before it confirmed an update (the data
+ * plane's part_diverged names it): the primary has the map drop it, one
+ * command each, not repeated: REPLICA_ABORT of partition 0's seeding of 3
+ * (the joiner; the epoch stays), REPLICA_DROP of partition 1's backup 2
+ * (the next epoch).  A member the partition's set does not hold (2 for
+ * partition 0, 2 for partition 2, backed by 3) gets nothing proposed. */
+static void test_replica_diverged(void)
+{
+	struct rps__smap_part want[3];
+
+	fresh_cluster();
+	setenv("RPS_FAULT", "no-replica-duty", 1);	/* (the map is made by hand here) */
+	peer3.seeds = 0;	/* (offered in the tests before) */
+	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 0, 0, 0, 3);
+	take_image(0, 0);	/* (installed: no timeout ends this seeding) */
+	add_backup(1, 2);
+	add_backup(2, 3);
+	read_map();
+	memcpy(want, pub.parts, sizeof(want));
+	CU_ASSERT_EQUAL_FATAL(want[0].joining, 3u);
+	/* neither */
+	fake.diverged[0] = 2;
+	fake.diverged[2] = 2;
+	map_stays(want, sizeof(want));
+	/* the joiner: the seeding aborted, nothing else */
+	fake.diverged[0] = 3;
+	fake.diverged[2] = 0;
+	CU_ASSERT_FATAL(run_until(p0_not_joining));
+	want[0].joining = 0;
+	map_stays(want, sizeof(want));
+	/* the backup: dropped, nothing else */
+	fake.diverged[0] = 0;
+	fake.diverged[1] = 2;
+	CU_ASSERT_FATAL(run_until(p1_not_backed));
+	want[1].backups[0] = 0;
+	want[1].epoch++;
+	map_stays(want, sizeof(want));
+	fake.diverged[1] = 0;
+	unsetenv("RPS_FAULT");
+}
+
 static bool p2_drained(void) { return logged("drop 2", 0) >= 0; }
 static bool p2_not_joining(void) { read_map(); return !pub.parts[2].joining; }
 static bool p3_drained(void) { return logged("drop 3", 0) >= 0; }
@@ -1356,6 +1418,7 @@ int main(void)
 		{ "replicas: the leader seeds 4 per primary at once, the next on a commit, backs off on an abort", test_replica_placement },
 		{ "replicas: the joiner installs the image as a backup and commits", test_replica_joiner },
 		{ "replicas: zones declared after placement: a copy seeded in the missing zone, then the duplicate dropped", test_replica_zones_late },
+		{ "replicas: a diverged joiner's seeding aborted, a diverged backup dropped, anyone else left alone", test_replica_diverged },
 		{ "a restart replays onto the bootstrap map its cluster was formed with", test_bootstrap_map_kept },
 	};
 
