@@ -18,5 +18,9 @@ uint32_t rps__client_shard_bytes(const rps_client_t *cl);
 /* Payload bytes the client's work requests put on the wire so far
  * (rps__fabric_tx_bytes): psperf's bytes per payload byte. */
 uint64_t rps__client_tx_bytes(const rps_client_t *cl);
+/* Shard pushes a server refused unapplied with RPS_ESTALE_EPOCH (moved,
+ * or fenced while its lease was out): each goes again, gradient and all,
+ * to the partition's owner. */
+uint64_t rps__client_pushes_fenced(const rps_client_t *cl);
 
 #endif
