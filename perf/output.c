@@ -95,6 +95,8 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_COMMIT ? 22 : t == T_IGZIP ? 15 : 12,
 	       t == T_LOCK || t == T_COMMIT ? "op" : "#bytes", "#iters",
 	       "t_min[us]", "t_typ[us]", "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "BW[GB/s]", "ops/s");
+	if (t == T_PUSH || t == T_PUSHPULL)
+		printf(" %6s", "tx/B");
 	if (raw)
 		printf(" %10s %7s %10s %7s", "raw[us]", "x_lat", "raw[GB/s]", "x_bw");
 	if (t == T_IGZIP)
@@ -120,6 +122,10 @@ static void print_row(const struct row *row, bool raw)
 	fmt_num(b[0], sizeof(b[0]), no_bw ? NAN : row->s_bw.gbs, "%.3f");
 	printf(" %-*s %8llu %10.2f %10.2f %10.2f %10.2f %11.2f %10s %11.0f", w, first, (unsigned long long)s->n, s->min,
 	       s->typ, s->avg, s->p99, s->p999, b[0], no_bw ? s->ops : row->s_bw.ops);
+	if (row->test == T_PUSH || row->test == T_PUSHPULL) {
+		fmt_num(b[1], sizeof(b[1]), row->tx_per_byte, "%.3f");
+		printf(" %6s", b[1]);
+	}
 	if (raw) {
 		fmt_num(b[1], sizeof(b[1]), row->raw_lat && row->raw_lat->st.valid ? row->raw_lat->st.typ : NAN, "%.2f");
 		fmt_num(b[2], sizeof(b[2]), row->x_lat, "%.2f");
@@ -294,7 +300,7 @@ static void print_csv(const struct run *r)
 
 	printf("test,label,bytes,moved_bytes,workers,iters,t_min_us,t_typ_us,t_avg_us,t_p99_us,t_p999_us,lat_gbs,lat_ops_s,"
 	       "bw_iters,bw_t_min_us,bw_t_typ_us,bw_t_avg_us,bw_t_p99_us,bw_t_p999_us,bw_gbs,ops_s,"
-	       "raw_lat_op,raw_t_typ_us,x_lat,raw_bw_op,raw_gbs,x_bw\n");
+	       "raw_lat_op,raw_t_typ_us,x_lat,raw_bw_op,raw_gbs,x_bw,tx_per_byte\n");
 	for (i = 0; i < r->nrows; i++) {
 		const struct row *row = &r->rows[i];
 		printf("%s,%s,%zu,%.0f,%d", psperf_test_names[row->test], row->label, row->bytes, row->moved, row->workers);
@@ -306,6 +312,7 @@ static void print_csv(const struct run *r)
 		printf(",%s", row->raw_bw ? row->raw_bw->name : "");
 		csv_num(row->raw_bw ? row->raw_bw->st.gbs : NAN);
 		csv_num(row->x_bw);
+		csv_num(row->tx_per_byte);
 		printf("\n");
 	}
 	for (i = 0; i < r->nraws; i++) {
@@ -494,6 +501,8 @@ static void json_row(FILE *f, const struct row *row)
 	json_num(f, row->x_lat);
 	fprintf(f, ", \"x_bw\": ");
 	json_num(f, row->x_bw);
+	fprintf(f, ", \"tx_per_byte\": ");
+	json_num(f, row->tx_per_byte);
 	if (row->test == T_COMMIT && !row->commit_rtt) {
 		fprintf(f, ", \"x_rtt\": ");
 		json_num(f, row->x_rtt);

@@ -90,6 +90,7 @@ struct stats {
 struct pass {
 	struct samples s;
 	uint64_t t0, t1;
+	uint64_t tx;		/* payload bytes the workers' clients put on the wire */
 };
 
 /* ---- the plan ------------------------------------------------------------- */
@@ -135,6 +136,7 @@ struct row {
 	struct raw_result *raw_lat, *raw_bw;
 	struct raw_result *raw_x[2];	/* --raw-transport extras over tcp */
 	double x_lat, x_bw;
+	double tx_per_byte;	/* push rows: wire bytes (rps__fabric_tx_bytes) per gradient byte */
 	double x_rtt;		/* commit row: its t_typ / the admin round trip's */
 	uint32_t reseed_parts;	/* reseed row: partition images seeded per raise */
 };

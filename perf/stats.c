@@ -42,6 +42,7 @@ void psperf_pass_merge(struct pass *dst, const struct pass *src)
 {
 	size_t i;
 
+	dst->tx += src->tx;
 	if (!src->s.n)
 		return;
 	psperf_samples_reserve(&dst->s, dst->s.n + src->s.n);
@@ -121,6 +122,13 @@ void psperf_compute_figures(struct run *r)
 		if (psperf_in_process(row->test) && row->raw_lat)
 			row->x_lat = ratio(row->s_lat.typ, row->raw_lat->st.typ);
 		row->x_rtt = NAN;
+		row->tx_per_byte = NAN;
+		if (row->test == T_PUSH || row->test == T_PUSHPULL) {
+			/* the bandwidth pass if there was one: windows and contention */
+			const struct pass *p = row->bw.s.n ? &row->bw : &row->lat;
+			if (p->s.n && row->bytes)
+				row->tx_per_byte = (double)p->tx / ((double)row->bytes * (double)p->s.n);
+		}
 	}
 	{
 		struct row *cr = psperf_plan_commit_row(r, false), *rr = psperf_plan_commit_row(r, true);

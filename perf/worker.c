@@ -179,7 +179,7 @@ static void row_baseline(struct worker *w, long ri)
 static int pass_blocking(struct worker *w, long ri, rps_tensor_t *t, long n, struct pass *out)
 {
 	const struct row *row = &w->run->rows[ri];
-	uint64_t t0, t1;
+	uint64_t t0, t1, tx0 = rps__client_tx_bytes(w->cl);
 	long i;
 
 	if (out) {
@@ -195,8 +195,10 @@ static int pass_blocking(struct worker *w, long ri, rps_tensor_t *t, long n, str
 			psperf_samples_add(&out->s, t1 - t0);
 		tick(w, i + 1);
 	}
-	if (out)
+	if (out) {
 		out->t1 = rps__now_ns();
+		out->tx = rps__client_tx_bytes(w->cl) - tx0;
+	}
 	return 0;
 }
 
@@ -209,6 +211,7 @@ static int pass_window(struct worker *w, long ri, rps_tensor_t *t, long n, struc
 	rps_request_t *(*req)[2] = psperf_xcalloc((size_t)win, sizeof(*req));
 	uint64_t *ts = psperf_xcalloc((size_t)win, sizeof(*ts));
 	long posted = 0, done = 0;
+	uint64_t tx0 = rps__client_tx_bytes(w->cl);
 	int ret = 0;
 
 	psperf_samples_reserve(&out->s, (size_t)n);
@@ -228,6 +231,7 @@ static int pass_window(struct worker *w, long ri, rps_tensor_t *t, long n, struc
 		tick(w, ++done);
 	}
 	out->t1 = rps__now_ns();
+	out->tx = rps__client_tx_bytes(w->cl) - tx0;
 	free(req);
 	free(ts);
 	return ret;

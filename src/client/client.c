@@ -715,6 +715,16 @@ const char *rps__client_fabric_name(const rps_client_t *cl)
 	return rps__fabric_name(cl->fab);
 }
 
+uint64_t rps__client_tx_bytes(const rps_client_t *cl)
+{
+	return rps__fabric_tx_bytes(cl->fab);
+}
+
+uint64_t rps__client_pushes_fenced(const rps_client_t *cl)
+{
+	return __atomic_load_n(&cl->pushes_fenced, __ATOMIC_RELAXED);
+}
+
 uint32_t rps__client_shard_bytes(const rps_client_t *cl)
 {
 	return cl->shard_elems * 4u;

@@ -88,6 +88,7 @@ struct shard_op {
 	float *dst;		/* pull: where the parameters go */
 	int torn;
 	bool cas_done, cas_ok;	/* speculative push: the acquire CAS came back */
+	bool in_slot;		/* push: its gradient is in the server's slot */
 	bool ack_done;		/* ... and the server's PUSH_ACK */
 	bool die_mid_write;	/* test hook: kill-mid-push chose this op */
 	bool shard_freed;	/* shard_done() ran */
@@ -185,6 +186,7 @@ struct rps_client {
 	struct rps__topo *topo;		/* verbs only: buffers near the HCA; NULL: plain memory */
 	struct rps__placement place;
 	struct rps__cq *cq;
+	uint64_t pushes_fenced;	/* rps__client_pushes_fenced (atomic) */
 	struct conn *conns;	/* RPS__SMAP_MAX_MEMBERS of them, nservers in use */
 	int nservers;
 	struct rps__smap map;	/* the shard map as last read */

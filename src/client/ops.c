@@ -252,7 +252,10 @@ static void post_cas(struct shard_op *op, enum wr_tag tag, uint64_t compare, uin
 }
 
 /* Post the push's WRITE_IMM, preceded in the same post (one doorbell, one
- * write on TCP) by `before` if given. */
+ * write on TCP) by `before` if given.  The gradient goes once: a push sent
+ * again to the same slot (its CAS lost, or its lease was broken) finds it
+ * in the server's slot, where the server never writes, and sends only the
+ * descriptor, which names the lock word of this try. */
 static void post_push_write_after(struct shard_op *op, const struct rps__wr *before)
 {
 	struct conn *c = op->c;
@@ -264,11 +267,12 @@ static void post_push_write_after(struct shard_op *op, const struct rps__wr *bef
 	wr.wr_id = wrid(op, TAG_WRITE);
 	wr.op = RPS__OP_WRITE_IMM;
 	wr.sge.addr = d;
-	wr.sge.len = RPS__PUSH_DESC_SIZE + d->nbytes;
+	wr.sge.len = RPS__PUSH_DESC_SIZE + (op->in_slot ? 0 : d->nbytes);
 	wr.sge.mr = c->pbufs_mr;
 	wr.raddr = c->hello.slot_addr + (uint64_t)op->res * c->hello.slot_size;
 	wr.rkey = c->hello.slot_rkey;
 	wr.imm = op->res;
+	op->in_slot = true;
 	op->state = ST_WRITING;
 	op->written_ns = rps__now_ns();
 	c->slot_op[op->res] = op;
@@ -351,9 +355,11 @@ static void post_push_write_after(struct shard_op *op, const struct rps__wr *bef
  * it won, the lock word is the one the descriptor names and the push is
  * applied, then the server releases the lock (through its own atomic path)
  * and acknowledges; if it lost, the server refuses the push (RPS_ELEASE),
- * nothing is applied, and we retry knowing the real lock word.  Our own
- * pushes to one shard are serialised (shard_busy), so no second push of
- * ours can carry the same word.
+ * nothing is applied, and we retry knowing the real lock word: the CAS and
+ * the descriptor alone, the gradient being in the slot already (contended
+ * pushes used to send it again on every try).  Our own pushes to one shard
+ * are serialised (shard_busy), so no second push of ours can carry the
+ * same word.
  */
 static void start_locked_push(struct shard_op *op)
 {
@@ -417,6 +423,7 @@ static void op_start(struct shard_op *op)
 	}
 	op->res = c->free_slots[--c->nfree_slots];
 	op->has_res = true;
+	op->in_slot = false;	/* a slot whose server side holds nothing of ours */
 	if (op->kind == OP_LOCK) {
 		start_lock(op);
 		return;
@@ -628,6 +635,8 @@ static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const stru
 		return;
 	}
 	c->slot_op[ack->slot] = NULL;
+	if (h->status == RPS_ESTALE_EPOCH)
+		__atomic_add_fetch(&c->cl->pushes_fenced, 1, __ATOMIC_RELAXED);
 	if (h->flags & RPS__ACK_TAKEN) {
 		/* sync with backups: summed or parked there, the slot is free;
 		 * the push completes at STEP_DONE (until then src stays the

@@ -260,7 +260,34 @@ int rps__ep_is_error(const struct rps__ep *ep) { return __atomic_load_n(&ep->err
 
 int rps__post(struct rps__ep *ep, const struct rps__wr *wr, int n)
 {
-	return ep->fab->ops->post(ep, wr, n);
+	uint64_t bytes = 0;
+	int ret = ep->fab->ops->post(ep, wr, n);
+
+	if (ret)
+		return ret;
+	for (int i = 0; i < n; i++)
+		switch (wr[i].op) {
+		case RPS__OP_WRITE:
+		case RPS__OP_WRITE_IMM:
+		case RPS__OP_SEND:
+			bytes += wr[i].sge.len;
+			break;
+		case RPS__OP_CAS:
+			bytes += 16;	/* compare and swap */
+			break;
+		case RPS__OP_FADD:
+			bytes += 8;
+			break;
+		default:
+			break;		/* a READ asks; the peer sends */
+		}
+	__atomic_add_fetch(&ep->fab->tx_bytes, bytes, __ATOMIC_RELAXED);
+	return 0;
+}
+
+uint64_t rps__fabric_tx_bytes(const struct rps__fabric *fab)
+{
+	return __atomic_load_n(&fab->tx_bytes, __ATOMIC_RELAXED);
 }
 
 int rps__post_recv(struct rps__ep *ep, const struct rps__sge *sge, uint64_t wr_id)

@@ -156,6 +156,11 @@ int rps__fabric_open(const struct rps__fabric_attr *attr, struct rps__fabric **o
 void rps__fabric_close(struct rps__fabric *fab);
 enum rps__kind rps__fabric_kind(const struct rps__fabric *fab);
 const char *rps__fabric_name(const struct rps__fabric *fab);	/* "tcp", "rxe0", "mlx5_0" */
+/* Payload bytes this fabric's work requests have put on the wire since it
+ * was opened: WRITE and SEND data and atomic operands, not transport headers
+ * nor what a READ brings back (the peer sends that).  For benchmarks: what a
+ * protocol costs in bytes, the same way on every transport. */
+uint64_t rps__fabric_tx_bytes(const struct rps__fabric *fab);
 /* Which device is present: 1 if verbs finds at least one RDMA device. */
 int rps__verbs_available(void);
 
@@ -297,6 +302,7 @@ struct rps__transport_ops {
 struct rps__fabric {
 	const struct rps__transport_ops *ops;
 	enum rps__kind kind;
+	uint64_t tx_bytes;		/* rps__fabric_tx_bytes (atomic, relaxed) */
 };
 struct rps__mr {
 	struct rps__fabric *fab;
