@@ -17,6 +17,7 @@
 #include "transport/transport.h"
 #include "common/common.h"
 #include "lib/cutest.h"
+#include "lib/verbs_peer.h"
 
 #include <CUnit/Basic.h>
 #include <arpa/inet.h>
@@ -470,23 +471,6 @@ static void test_connect_private_data(void)
 	server_mailbox_reset();
 }
 
-/* The next connection request at l, waiting up to WAIT_MS (*out NULL if none). */
-static int wait_request(struct rps__listener *l, struct rps__conn_req **out)
-{
-	uint64_t end = rps__now_ns() + (uint64_t)WAIT_MS * 1000000;
-	int ret;
-
-	*out = NULL;
-	while ((ret = rps__listener_get_request(l, out)) == -EAGAIN && rps__now_ns() < end) {
-		struct pollfd p = { .fd = rps__listener_fd(l), .events = POLLIN };
-
-		poll(&p, 1, 50);
-	}
-	if (ret)
-		*out = NULL;
-	return ret;
-}
-
 /* Step d until it is over, sleeping on its descriptor in between. */
 static int dial_finish(struct rps__dial *d, void *reply, size_t *reply_len, struct rps__ep **out)
 {
@@ -562,7 +546,8 @@ static void test_dial(void)
 	CU_ASSERT(steps >= 2);	/* the steps before the deadline did not wait for it */
 	CU_ASSERT_EQUAL(reply_len, 0);
 	/* it did reach the listener, with its private data */
-	CU_ASSERT_EQUAL(wait_request(hole, &req), 0);
+	req = NULL;
+	CU_ASSERT_EQUAL(vpeer_wait_request(hole, &req), 0);
 	if (req) {
 		size_t len;
 		const void *data = rps__conn_req_data(req, &len);
