@@ -400,6 +400,103 @@ static void test_async_contended_once(void)
 	free(p);
 }
 
+/* ---- windows pipeline: a worker's pushes to one shard go as chains ------ */
+
+#define WIN_PUSHES 200
+#define WIN_WINDOW 8
+
+/* Like contended_worker, with WIN_WINDOW pushes in flight: reports the
+ * client's bytes on the wire, fenced pushes, pushes posted as chain
+ * members and those of them requeued. */
+static int window_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const uint64_t count = SHARD_BYTES / 4;
+	float *g = malloc(count * sizeof(float));
+	rps_request_t *req[WIN_WINDOW] = { 0 };
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint64_t i, out[4], requeued;
+	int k, ret;
+
+	(void)arg;
+	for (i = 0; i < count; i++)
+		g[i] = async_g(rank, i);
+	rps_tensor_opts_init(&o);
+	o.count = count;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SUM;
+	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
+		return fail("connect", ret);
+	if ((ret = rps_tensor_create(cl, "windowed", &o, &t)))
+		return fail("create", ret);
+	out[0] = rps__client_tx_bytes(cl);
+	out[1] = rps__client_pushes_fenced(cl);
+	for (k = 0; k < WIN_PUSHES + WIN_WINDOW; k++) {
+		rps_request_t **r = &req[k % WIN_WINDOW];
+		if (*r && (ret = rps_wait(*r)))
+			return fail("push (wait)", ret);
+		*r = NULL;
+		if (k < WIN_PUSHES && (ret = rps_push_start(t, g, count * sizeof(float), r)))
+			return fail("push", ret);
+	}
+	out[0] = rps__client_tx_bytes(cl) - out[0];
+	out[1] = rps__client_pushes_fenced(cl) - out[1];
+	out[2] = rps__client_pushes_chained(cl, &requeued);
+	out[3] = requeued;
+	it_write_all(out_fd, out, sizeof(out));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	return 0;
+}
+
+/* Every worker keeps 8 pushes in flight to one shard.  A worker's pushes
+ * to a shard go out together as a chain, the pushes after the first under
+ * its lock word (they used to go one at a time).  Every push is applied
+ * exactly once: exact sums, the version is the number of pushes.  Chains
+ * there were in every worker; with the workers contending, members whose
+ * head lost the lock went back to the queue, and still each gradient
+ * crossed the wire once (+5% for the retries' descriptors and CASes). */
+static void test_async_windows_chain(void)
+{
+	const uint64_t count = SHARD_BYTES / 4;
+	float *p = malloc(count * sizeof(float));
+	uint64_t out[NWORKERS][4], i, version = 0, requeued = 0;
+	struct it_workers w;
+	int r, bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, window_worker, cluster.servers, NULL, -1, NULL), 0);
+	for (r = 0; r < NWORKERS; r++) {
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, out[r], sizeof(out[r])), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	CU_ASSERT_EQUAL_FATAL(pull_all("windowed", count, p, &version), 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)NWORKERS * WIN_PUSHES);
+	for (i = 0; i < count; i++) {
+		float want = 0;
+		for (r = 0; r < NWORKERS; r++)
+			want += async_g(r, i) * (float)WIN_PUSHES;
+		bad += p[i] != want;
+	}
+	CU_ASSERT_EQUAL(bad, 0);
+	fprintf(stderr, "[chained, requeued, fenced, bytes per gradient byte:");
+	for (r = 0; r < NWORKERS; r++) {
+		uint64_t sent = (WIN_PUSHES + out[r][1]) * (uint64_t)CT_PER_PUSH;
+
+		fprintf(stderr, " %llu %llu %llu %.3f", (unsigned long long)out[r][2], (unsigned long long)out[r][3],
+			(unsigned long long)out[r][1],
+			(double)out[r][0] / ((double)WIN_PUSHES * SHARD_BYTES));
+		CU_ASSERT(out[r][2] > 0);
+		CU_ASSERT(out[r][0] <= sent + (uint64_t)WIN_PUSHES * SHARD_BYTES / 100 * 5);
+		requeued += out[r][3];
+	}
+	fprintf(stderr, "] ");
+	CU_ASSERT(requeued > 0);
+	free(p);
+}
+
 /* ---- bounded(k): staleness never exceeds k ------------------------------- */
 
 #define BOUND_K 2
@@ -1986,6 +2083,187 @@ static void test_sync_push_unreachable_clock_refused(void)
 	raw_close(&p);
 }
 
+/* One signalled READ or CAS of the 8-byte lock word at raddr/rkey by p; the
+ * word it found.  0 or -1. */
+static int raw_lock_op(struct raw_peer *p, uint64_t raddr, uint32_t rkey, bool cas, uint64_t compare,
+		       uint64_t swap, uint64_t *found)
+{
+	struct rps__wr wr;
+	struct rps__wc wc;
+	int i;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.op = cas ? RPS__OP_CAS : RPS__OP_READ;
+	wr.flags = RPS__WR_SIGNALED;
+	wr.sge = (struct rps__sge){ .addr = p->buf + 16384, .len = 8, .mr = p->mr };
+	wr.raddr = raddr;
+	wr.rkey = rkey;
+	wr.compare_add = compare;
+	wr.swap = swap;
+	if (rps__post(p->ep, &wr, 1))
+		return -1;
+	for (i = 0; i < 20; i++)
+		if (raw_wait(p, &wc) == RPS__WC_SUCCESS && wc.opcode == (cas ? RPS__WC_CAS : RPS__WC_READ)) {
+			memcpy(found, p->buf + 16384, 8);
+			return 0;
+		}
+	return -1;
+}
+
+/* A push of 16 ones into slot `slot` under lock word `lock`, saying HOLD
+ * or not; its acknowledgement's status and lock word.  0 or -1. */
+static int raw_push_ones(struct raw_peer *p, const struct rps__hello_rep *hr, struct rps__push_desc *d,
+			 uint32_t slot, uint64_t lock, bool hold, int *status, uint64_t *ack_lock)
+{
+	char *b = p->buf + 4096 + slot * 1024;
+	struct rps__push_ack ack;
+	struct rps__msg_hdr mh;
+	struct rps__wr wr;
+	float ones[16];
+	int i;
+
+	for (i = 0; i < 16; i++)
+		ones[i] = 1.0f;
+	d->lock = lock;
+	d->flags = hold ? RPS__DESC_HOLD : 0;
+	d->push_id++;
+	memset(b, 0, RPS__PUSH_DESC_SIZE);
+	memcpy(b, d, sizeof(*d));
+	memcpy(b + RPS__PUSH_DESC_SIZE, ones, sizeof(ones));
+	memset(&wr, 0, sizeof(wr));
+	wr.op = RPS__OP_WRITE_IMM;
+	wr.sge = (struct rps__sge){ .addr = b, .len = RPS__PUSH_DESC_SIZE + d->nbytes, .mr = p->mr };
+	wr.raddr = hr->slot_addr + (uint64_t)slot * hr->slot_size;
+	wr.rkey = hr->slot_rkey;
+	wr.imm = slot;
+	if (rps__post(p->ep, &wr, 1) || raw_recv(p, &mh, &ack, sizeof(ack)) || mh.type != RPS__MSG_PUSH_ACK)
+		return -1;
+	*status = mh.status;
+	*ack_lock = ack.lock;
+	return 0;
+}
+
+/* The wire rules of a chain (a window's pushes to one shard, ops.c), as a
+ * hostile worker could use them: a push saying HOLD is applied and leaves
+ * the lock held, so the next push under the same word passes, and the last
+ * releases it.  A HOLD that nothing follows holds the lock only until its
+ * lease (--lease-ms 400): broken then, and a push still naming that word is
+ * refused (RPS_ELEASE), not applied. */
+static void test_hold_keeps_lock_until_lease(void)
+{
+	struct rps__conn_priv good = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct rps__hello_rep hr;
+	struct rps__create c;
+	struct rps__create_rep cr;
+	struct rps__msg_hdr mh;
+	struct rps__push_desc d;
+	struct raw_peer p;
+	uint64_t lockaddr = 0, w, held, ack_lock, version = 0;
+	uint32_t rkey = 0, r;
+	char msg[RPS__MSG_MAX];
+	size_t len;
+	int k, st, srv = -1;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	float v[16];
+
+	CU_ASSERT_FATAL(cluster_up);
+	/* a one-shard async tensor whose shard is served where we are connected */
+	for (k = 0; k < 64 && !lockaddr; k++) {
+		srv = k % NSERVERS;
+		CU_ASSERT_EQUAL_FATAL(raw_connect_to(&p, cluster.port[srv], &good, NULL, NULL), 0);
+		CU_ASSERT_EQUAL_FATAL(raw_hello(&p, 1, &hr), 0);
+		memset(&c, 0, sizeof(c));
+		snprintf(c.name, sizeof(c.name), "held-%d", k / NSERVERS);
+		c.spec.count = 16;
+		c.spec.dtype = RPS_DTYPE_F32;
+		c.spec.mode = RPS_MODE_ASYNC;
+		c.spec.optimizer = RPS_OPT_SUM;
+		c.spec.rescale = 1.0f;
+		c.spec.num_workers = 1;
+		len = rps__msg_build(msg, RPS__MSG_CREATE, 2, 0, &c, sizeof(c));
+		CU_ASSERT_EQUAL_FATAL(raw_send(&p, msg, len), 0);
+		CU_ASSERT_EQUAL_FATAL(raw_recv(&p, &mh, &cr, sizeof(cr)), 0);
+		CU_ASSERT_EQUAL_FATAL(mh.status, 0);
+		{
+			struct rps__layout l;
+			rps__layout_init(&l, c.name, 16, hr.shard_elems, 64);	/* rdmapsd's default --partitions */
+			for (r = 0; r < cr.nregions; r++)
+				if (cr.regions[r].part == rps__shard_server(&l, 0)) {
+					lockaddr = cr.regions[r].addr + offsetof(struct rps__shard_hdr, lock);
+					rkey = cr.regions[r].rkey;
+					d.epoch = cr.regions[r].epoch;
+				}
+		}
+		if (!lockaddr)
+			raw_close(&p);
+	}
+	CU_ASSERT_FATAL(lockaddr != 0);
+	memset(&d.magic, 0, offsetof(struct rps__push_desc, epoch));
+	d.magic = RPS__DESC_MAGIC;
+	d.kind = RPS__PUSH_GRAD;
+	d.dtype = RPS_DTYPE_F32;
+	d.tensor_id = cr.tensor_id;
+	d.shard = 0;
+	d.nbytes = 16 * 4;
+	d.rank = 0;
+	d.push_id = 100;
+
+	/* take the lock, push with HOLD: applied, the word stays ours (a
+	 * cluster just started refuses pushes, fenced, until the partition's
+	 * lease is granted: the lock is let go then, and taken again) */
+	for (k = 0; k < 100; k++) {
+		CU_ASSERT_EQUAL_FATAL(raw_lock_op(&p, lockaddr, rkey, false, 0, 0, &w), 0);
+		CU_ASSERT_FATAL(!rps__lock_is_locked(w));
+		held = rps__lock_locked(rps__lock_version(w), hr.owner);
+		CU_ASSERT_EQUAL_FATAL(raw_lock_op(&p, lockaddr, rkey, true, w, held, &w), 0);
+		CU_ASSERT_EQUAL_FATAL(raw_push_ones(&p, &hr, &d, 0, held, true, &st, &ack_lock), 0);
+		if (st != RPS_ESTALE_EPOCH)
+			break;
+		usleep(50000);
+	}
+	if (st)
+		fprintf(stderr, "[push with HOLD: %s] ", rps_strerror(st));
+	CU_ASSERT_EQUAL(st, 0);
+	CU_ASSERT_EQUAL(ack_lock, held);
+	CU_ASSERT_EQUAL(raw_lock_op(&p, lockaddr, rkey, false, 0, 0, &w), 0);
+	CU_ASSERT_EQUAL(w, held);
+	/* the next under the same word, without HOLD: applied, released */
+	CU_ASSERT_EQUAL(raw_push_ones(&p, &hr, &d, 1, held, false, &st, &ack_lock), 0);
+	CU_ASSERT_EQUAL(st, 0);
+	CU_ASSERT_EQUAL(ack_lock, rps__lock_unlocked(rps__lock_version(held) + 1));
+	CU_ASSERT_EQUAL(raw_lock_op(&p, lockaddr, rkey, false, 0, 0, &w), 0);
+	CU_ASSERT_EQUAL(w, rps__lock_unlocked(rps__lock_version(held) + 1));
+
+	/* a HOLD nothing follows: the lease breaks the lock */
+	held = rps__lock_locked(rps__lock_version(w), hr.owner);
+	CU_ASSERT_EQUAL_FATAL(raw_lock_op(&p, lockaddr, rkey, true, w, held, &w), 0);
+	CU_ASSERT_EQUAL(raw_push_ones(&p, &hr, &d, 0, held, true, &st, &ack_lock), 0);
+	CU_ASSERT_EQUAL(st, 0);
+	CU_ASSERT_EQUAL(ack_lock, held);
+	for (k = 0; k < 100; k++) {	/* 400 ms, and a scan (every 1 s at most) */
+		CU_ASSERT_EQUAL_FATAL(raw_lock_op(&p, lockaddr, rkey, false, 0, 0, &w), 0);
+		if (w != held)
+			break;
+		usleep(50000);
+	}
+	CU_ASSERT_EQUAL(w, rps__lock_unlocked(rps__lock_version(held) + 1));
+	/* a push still naming the broken word: refused, not applied */
+	CU_ASSERT_EQUAL(raw_push_ones(&p, &hr, &d, 1, held, false, &st, &ack_lock), 0);
+	CU_ASSERT_EQUAL(st, RPS_ELEASE);
+	raw_close(&p);
+
+	/* three pushes applied, each once */
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 1, &cl), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_open(cl, c.name, &t), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, v, sizeof(v), &version), 0);
+	CU_ASSERT_EQUAL(version, 3u);
+	for (k = 0; k < 16; k++)
+		CU_ASSERT_EQUAL(v[k], 3.0f);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+}
+
 /* A tensor name that would forge a log line: the library refuses it, and a
  * server refuses it from the wire and logs it escaped, on one line (item 16). */
 #define FORGED_NAME "x\nerror: raft: rnode 1: wal: disk I/O error"
@@ -2510,6 +2788,7 @@ int main(void)
 		{ "sync SGD fp16 bit-identical to reference", test_sync_sgd_f16 },
 		{ "async exact sums, version == pushes", test_async_exact },
 		{ "async, contended: each gradient crosses the wire once, exact", test_async_contended_once },
+		{ "async, windows of 8: a worker's pushes to one shard go as chains, exact", test_async_windows_chain },
 		{ "bounded staleness never exceeds k", test_bounded_staleness },
 		{ "several tensors, threads sharing a client", test_several_tensors_threads },
 		{ "worker killed mid-push", test_worker_killed_mid_push },
@@ -2534,6 +2813,7 @@ int main(void)
 		{ "bad input gives clear errors", test_bad_input },
 		{ "malformed peers refused or dropped", test_malformed_peer },
 		{ "a bare CREATE header is not answered from stale bytes", test_header_only_create_not_answered_from_stale_bytes },
+		{ "HOLD keeps a shard lock for the next push, until its lease", test_hold_keeps_lock_until_lease },
 		{ "STATUS on a worker connection refused", test_status_on_worker_connection_refused },
 		{ "a sync push with an unreachable clock refused", test_sync_push_unreachable_clock_refused },
 		{ "a tensor name forging a log line refused, logged escaped", test_tensor_name_forging_a_log_line_refused },

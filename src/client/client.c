@@ -725,6 +725,13 @@ uint64_t rps__client_pushes_fenced(const rps_client_t *cl)
 	return __atomic_load_n(&cl->pushes_fenced, __ATOMIC_RELAXED);
 }
 
+uint64_t rps__client_pushes_chained(const rps_client_t *cl, uint64_t *requeued)
+{
+	if (requeued)
+		*requeued = __atomic_load_n(&cl->pushes_requeued, __ATOMIC_RELAXED);
+	return __atomic_load_n(&cl->pushes_chained, __ATOMIC_RELAXED);
+}
+
 uint32_t rps__client_shard_bytes(const rps_client_t *cl)
 {
 	return cl->shard_elems * 4u;

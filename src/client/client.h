@@ -22,5 +22,10 @@ uint64_t rps__client_tx_bytes(const rps_client_t *cl);
  * or fenced while its lease was out): each goes again, gradient and all,
  * to the partition's owner. */
 uint64_t rps__client_pushes_fenced(const rps_client_t *cl);
+/* Pushes posted as members of a chain (a window's pushes to one shard
+ * pipelined under their head's lock word, ops.c), and, in *requeued if
+ * given, those of them refused because the head's word was not ours and
+ * queued again. */
+uint64_t rps__client_pushes_chained(const rps_client_t *cl, uint64_t *requeued);
 
 #endif

@@ -91,7 +91,8 @@ struct shard_op {
 	bool in_slot;		/* push: its gradient is in the server's slot */
 	bool ack_done;		/* ... and the server's PUSH_ACK */
 	bool die_mid_write;	/* test hook: kill-mid-push chose this op */
-	bool shard_freed;	/* shard_done() ran */
+	bool shard_turn;	/* counted in t->shard_busy: one of the shard's pushes out */
+	bool chained;		/* posted under the word of the push before it, no CAS */
 	int result;		/* what rps__op_report() said */
 	int ack_status;
 	uint64_t ack_lock;	/* the lock word the server left */
@@ -187,6 +188,8 @@ struct rps_client {
 	struct rps__placement place;
 	struct rps__cq *cq;
 	uint64_t pushes_fenced;	/* rps__client_pushes_fenced (atomic) */
+	uint64_t pushes_chained;	/* rps__client_pushes_chained (atomic) */
+	uint64_t pushes_requeued;	/* ... and those of them requeued */
 	struct conn *conns;	/* RPS__SMAP_MAX_MEMBERS of them, nservers in use */
 	int nservers;
 	struct rps__smap map;	/* the shard map as last read */
@@ -237,7 +240,7 @@ struct rps_tensor {
 	uint64_t stride;
 	uint64_t *lock_guess;	/* per shard: last unlocked lock word seen */
 	uint64_t *lock_held;	/* per shard: word held via rps__tensor_lock() */
-	uint8_t *shard_busy;	/* per shard: one of our locked pushes is running */
+	uint32_t *shard_busy;	/* per shard: our locked pushes out (a chain) */
 	uint64_t clock;		/* pushes issued by this worker */
 	/* sync, taking over a rank: pushes of a clock below this may find the
 	 * predecessor's contribution already counted (-EALREADY: success) */

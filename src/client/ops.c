@@ -87,29 +87,56 @@ static struct shard_op *queue_pop(struct shard_op **head, struct shard_op **tail
 
 static void send_wait(struct shard_op *op);
 
-/* Our locked push on this shard is decided: admit the next of ours. */
-static void shard_done(struct shard_op *op)
+/* op is one of our locked pushes out on its shard (a chain's head or member). */
+static void shard_take(struct shard_op *op)
 {
-	struct conn *c = op->c;
-	struct rps_tensor *t = op->t;
-	uint32_t shard = op->shard;
+	op->shard_turn = true;
+	op->t->shard_busy[op->shard]++;
+}
+
+/* The first of our pushes waiting for shard s of t, taken out of the queue. */
+static struct shard_op *shard_queue_take(struct conn *c, const struct rps_tensor *t, uint32_t s)
+{
 	struct shard_op **pp = &c->shhead, *prev = NULL;
 
-	if (op->shard_freed)
-		return;
-	op->shard_freed = true;
-	t->shard_busy[shard] = 0;
 	for (; *pp; prev = *pp, pp = &(*pp)->next) {
 		struct shard_op *w = *pp;
-		if (w->t != t || w->shard != shard)
+		if (w->t != t || w->shard != s)
 			continue;
 		*pp = w->next;
 		if (c->shtail == w)
 			c->shtail = prev;
 		w->next = NULL;
-		t->shard_busy[shard] = 1;
-		op_admit(w);
-		break;
+		return w;
+	}
+	return NULL;
+}
+
+static void shard_queue_push_front(struct conn *c, struct shard_op *op)
+{
+	op->state = ST_QUEUED;
+	op->next = c->shhead;
+	c->shhead = op;
+	if (!c->shtail)
+		c->shtail = op;
+}
+
+/* One of our locked pushes on this shard is decided (or back in the queue):
+ * once none is out, the first waiting goes, leading those behind it. */
+static void shard_done(struct shard_op *op)
+{
+	struct rps_tensor *t = op->t;
+	struct shard_op *next;
+
+	if (!op->shard_turn)
+		return;
+	op->shard_turn = false;
+	if (--t->shard_busy[op->shard])
+		return;
+	next = shard_queue_take(op->c, t, op->shard);
+	if (next) {
+		shard_take(next);
+		op_admit(next);
 	}
 }
 
@@ -256,13 +283,14 @@ static void post_cas(struct shard_op *op, enum wr_tag tag, uint64_t compare, uin
  * again to the same slot (its CAS lost, or its lease was broken) finds it
  * in the server's slot, where the server never writes, and sends only the
  * descriptor, which names the lock word of this try. */
-static void post_push_write_after(struct shard_op *op, const struct rps__wr *before)
+static void post_push_write_after(struct shard_op *op, const struct rps__wr *before, bool hold)
 {
 	struct conn *c = op->c;
 	struct rps__push_desc *d = (struct rps__push_desc *)slot_buf(c, op->res);
 	struct rps__wr wrs[2], wr;
 
 	d->lock = op->held;
+	d->flags = (d->flags & ~(uint32_t)RPS__DESC_HOLD) | (hold ? RPS__DESC_HOLD : 0);
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = wrid(op, TAG_WRITE);
 	wr.op = RPS__OP_WRITE_IMM;
@@ -301,7 +329,7 @@ static void post_push_write_after(struct shard_op *op, const struct rps__wr *bef
 
 static void post_push_write(struct shard_op *op)
 {
-	post_push_write_after(op, NULL);
+	post_push_write_after(op, NULL, false);
 }
 
 static void post_reads(struct shard_op *op)
@@ -346,7 +374,8 @@ static void start_lock(struct shard_op *op)
 	post_cas(op, TAG_CAS_ACQ, op->expected, rps__lock_locked(rps__lock_version(op->expected), owner));
 }
 
-static void post_push_write_after(struct shard_op *op, const struct rps__wr *before);
+static void post_push_write_after(struct shard_op *op, const struct rps__wr *before, bool hold);
+static void fill_desc(struct shard_op *op);
 
 /*
  * An async/bounded push in one round trip: the acquire CAS and the
@@ -357,19 +386,81 @@ static void post_push_write_after(struct shard_op *op, const struct rps__wr *bef
  * and acknowledges; if it lost, the server refuses the push (RPS_ELEASE),
  * nothing is applied, and we retry knowing the real lock word: the CAS and
  * the descriptor alone, the gradient being in the slot already (contended
- * pushes used to send it again on every try).  Our own pushes to one shard
- * are serialised (shard_busy), so no second push of ours can carry the
- * same word.
+ * pushes used to send it again on every try).  hold: pushes of ours to the
+ * shard follow under this word (a chain, below).
  */
-static void start_locked_push(struct shard_op *op)
+static void start_locked_push(struct shard_op *op, bool hold)
 {
 	struct rps__wr cas;
 
 	op->expected = op->t->lock_guess[op->shard];
 	op->held = rps__lock_locked(rps__lock_version(op->expected), op->c->hello.owner);
 	op->cas_done = op->cas_ok = op->ack_done = false;
+	op->chained = false;
 	build_cas(&cas, op, TAG_CAS_ACQ, op->expected, op->held);
-	post_push_write_after(op, &cas);
+	post_push_write_after(op, &cas, hold);
+}
+
+/*
+ * A window of pushes to one shard pipelines as a chain.  The pushes of ours
+ * waiting for the shard go out right behind the head, each naming the word
+ * the head's CAS takes and sending no CAS of its own; every push but the
+ * last says HOLD, so the server applies it and keeps the lock for the next,
+ * which arrives behind it on the same endpoint, and the last releases it.
+ * The pushes of a chain are applied in the order they were posted.  If the
+ * head's CAS lost, the word was never ours and the server refuses every
+ * push of the chain (RPS_ELEASE): the members go back to the queue
+ * (chain_requeue) and a new chain starts once the head is decided.  A word
+ * never comes back (each release moves the version on), so a member can
+ * only ever pass under the head it was posted with.
+ *
+ * Only a head alone on its shard leads a chain (a head retried while its
+ * old members are out goes alone), and members take free slots only when
+ * no other op waits for one.
+ */
+static void start_locked_chain(struct shard_op *head)
+{
+	struct conn *c = head->c;
+	struct shard_op *m[MAX_SLOTS], *w;
+	uint32_t n = 0, i;
+
+	while (head->t->shard_busy[head->shard] == 1 + n && n < RPS__ARRAY_SIZE(m) &&
+	       (w = shard_queue_take(c, head->t, head->shard)) != NULL) {
+		if (!w->has_res && (!c->nfree_slots || c->qhead)) {
+			shard_queue_push_front(c, w);
+			break;
+		}
+		shard_take(w);
+		if (!w->has_res) {
+			w->res = c->free_slots[--c->nfree_slots];
+			w->has_res = true;
+			w->in_slot = false;
+			fill_desc(w);
+		}
+		m[n++] = w;
+	}
+	start_locked_push(head, n > 0);
+	for (i = 0; i < n; i++) {
+		w = m[i];
+		w->chained = true;
+		w->expected = head->expected;
+		w->held = head->held;
+		w->cas_done = w->cas_ok = true;	/* it has no CAS: the head's stands for it */
+		w->ack_done = false;
+		post_push_write_after(w, NULL, i + 1 < n);
+		__atomic_add_fetch(&c->cl->pushes_chained, 1, __ATOMIC_RELAXED);
+	}
+}
+
+/* A member of a chain whose word was not ours (the head's CAS lost, or the
+ * lease broke meanwhile): back to the front of the queue, its gradient
+ * still in its slot. */
+static void chain_requeue(struct shard_op *op)
+{
+	op->chained = false;
+	__atomic_add_fetch(&op->c->cl->pushes_requeued, 1, __ATOMIC_RELAXED);
+	shard_queue_push_front(op->c, op);
+	shard_done(op);		/* the last out starts a new chain */
 }
 
 void rps__lock_retry(struct shard_op *op)
@@ -377,7 +468,7 @@ void rps__lock_retry(struct shard_op *op)
 	if (op->kind == OP_LOCK)
 		start_lock(op);
 	else
-		start_locked_push(op);
+		start_locked_chain(op);
 }
 
 static void fill_desc(struct shard_op *op)
@@ -421,9 +512,13 @@ static void op_start(struct shard_op *op)
 		post_reads(op);
 		return;
 	}
-	op->res = c->free_slots[--c->nfree_slots];
-	op->has_res = true;
-	op->in_slot = false;	/* a slot whose server side holds nothing of ours */
+	if (!op->has_res) {	/* (a push back from a chain keeps its slot) */
+		op->res = c->free_slots[--c->nfree_slots];
+		op->has_res = true;
+		op->in_slot = false;	/* a slot whose server side holds nothing of ours */
+		if (op->kind == OP_PUSH || op->kind == OP_INIT)
+			fill_desc(op);
+	}
 	if (op->kind == OP_LOCK) {
 		start_lock(op);
 		return;
@@ -433,9 +528,8 @@ static void op_start(struct shard_op *op)
 		post_cas(op, TAG_CAS_REL, op->held, rps__lock_unlocked(rps__lock_version(op->held) + 1));
 		return;
 	}
-	fill_desc(op);
 	if (locked_push(op))
-		start_locked_push(op);
+		start_locked_chain(op);
 	else
 		post_push_write(op);
 }
@@ -497,7 +591,7 @@ void rps__op_submit(struct shard_op *op)
 			queue_push(&c->shhead, &c->shtail, op);
 			return;
 		}
-		op->t->shard_busy[op->shard] = 1;
+		shard_take(op);
 	}
 	op_admit(op);
 }
@@ -508,6 +602,10 @@ static void op_admit(struct shard_op *op)
 	struct conn *c = op->c;
 	bool pull = op->kind == OP_PULL;
 
+	if (op->has_res) {
+		op_start(op);
+		return;
+	}
 	if (c->qhead || (pull && !c->nfree_bounce) || (!pull && !c->nfree_slots)) {
 		op->state = ST_QUEUED;
 		queue_push(&c->qhead, &c->qtail, op);
@@ -600,12 +698,16 @@ static void finish_locked_push(struct shard_op *op)
 	if (status == RPS_ELEASE) {
 		/* Not applied: our CAS lost (or the lease was broken before the
 		 * push got there).  Retry; wait first if someone holds it. */
+		if (op->chained) {
+			chain_requeue(op);
+			return;
+		}
 		if (op->cas_ok)
 			op->t->lock_guess[op->shard] = rps__lock_unlocked(rps__lock_version(op->held) + 1);
 		if (!op->cas_ok && rps__lock_is_locked(op->expected))
 			backoff(op);
 		else
-			start_locked_push(op);
+			start_locked_chain(op);
 		return;
 	}
 	/* Decided (applied, or refused for good): the server has released the

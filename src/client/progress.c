@@ -146,9 +146,9 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 	while ((op = c->active) != NULL) {
 		/* its shard is free for our next push (a resend to the
 		 * partition's new primary, issue 12), which goes elsewhere */
-		if (op->kind == OP_PUSH && op->t->spec.mode != RPS_MODE_SYNC && !op->shard_freed) {
-			op->shard_freed = true;
-			op->t->shard_busy[op->shard] = 0;
+		if (op->shard_turn) {
+			op->shard_turn = false;
+			op->t->shard_busy[op->shard]--;
 		}
 		rps__op_report(op, c->err);
 		rps__active_del(c, op);

@@ -361,7 +361,7 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 	resume_rank(cl, t, to, reps);
 	t->lock_guess = calloc(t->layout.nshards, sizeof(uint64_t));
 	t->lock_held = calloc(t->layout.nshards, sizeof(uint64_t));
-	t->shard_busy = calloc(t->layout.nshards, 1);
+	t->shard_busy = calloc(t->layout.nshards, sizeof(*t->shard_busy));
 	if (!t->lock_guess || !t->lock_held || !t->shard_busy) {
 		ret = rps__seterr(-ENOMEM, "out of memory");
 		goto out;

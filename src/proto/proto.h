@@ -506,6 +506,9 @@ struct rps__push_desc {
 
 enum rps__desc_flags {
 	RPS__DESC_CRC = 1u << 0,	/* crc is set: verify before applying */
+	/* async/bounded: applied, the lock stays held: the next push of the
+	 * worker's chain follows under the same word (client ops.c) */
+	RPS__DESC_HOLD = 1u << 1,
 };
 
 /* rps__crc32c_noinv (crc.h) of the data after a descriptor, as --verify uses it. */

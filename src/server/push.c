@@ -179,6 +179,19 @@ static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
 	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
 }
 
+/* A push applied under lock word w is done with it: released, unless the
+ * worker's next push follows under the same word (RPS__DESC_HOLD), which
+ * then restarts the lease.  Returns the word for the ack. */
+static uint64_t release_unless_held(struct rps__server *srv, struct tensor *t, struct shard *s,
+				    const struct rps__push_desc *d, uint64_t w)
+{
+	if (d->flags & RPS__DESC_HOLD) {
+		s->lease_word = 0;
+		return w;
+	}
+	return rps__srv_release_lock(srv, t, s, w);
+}
+
 void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
@@ -293,7 +306,7 @@ static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, s
 	/* A retried push that was applied already (idempotent push ids):
 	 * acknowledge, do not apply again. */
 	if (dedup_seen(s, c->client_id, d->push_id)) {
-		push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, *holds));
+		push_ack(c, slot, 0, s->step, release_unless_held(srv, t, s, d, *holds));
 		return true;
 	}
 	return false;
@@ -367,7 +380,7 @@ static enum consume_result apply_async_replicated(struct rps__server *srv, struc
 	dedup_note(s, c->client_id, d->push_id);
 	if (t->spec.mode == RPS_MODE_BOUNDED)
 		rps__srv_clock_note(t, s, d->rank, d->clock);
-	rps__srv_repl_push(srv, t, s, d, c, slot, holds);
+	rps__srv_repl_push(srv, t, s, d, c, slot, holds);	/* (HOLD: kept past the replicas) */
 	return CONSUMED;
 }
 
@@ -379,7 +392,7 @@ static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, 
 	dedup_note(s, c->client_id, d->push_id);
 	if (t->spec.mode == RPS_MODE_BOUNDED)
 		rps__srv_clock_note(t, s, d->rank, d->clock);
-	push_ack(c, slot, 0, s->step, rps__srv_release_lock(srv, t, s, holds));
+	push_ack(c, slot, 0, s->step, release_unless_held(srv, t, s, d, holds));
 	rps__srv_wake_waiters(srv, t, local);
 }
 

@@ -52,7 +52,8 @@ struct repl_wait {
 	struct shard *s;
 	struct conn *c;		/* the worker to acknowledge (NULL: gone, or none) */
 	uint32_t slot;
-	uint64_t holds;		/* PUSH: the lock word to release */
+	uint64_t holds;		/* PUSH: the lock word to release ... */
+	bool hold;		/* ... unless the worker's next push follows under it */
 	uint64_t clock;		/* STEP_DONE: the step it is part of */
 	uint64_t since;		/* when it began waiting (rps__now_ns) */
 	bool warned;		/* said once that it waits long */
@@ -266,7 +267,8 @@ static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, str
 void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard *s,
 			const struct rps__push_desc *pd, struct conn *c, uint32_t slot, uint64_t holds)
 {
-	struct repl_wait w = { .kind = RW_PUSH, .c = c, .slot = slot, .holds = holds };
+	struct repl_wait w = { .kind = RW_PUSH, .c = c, .slot = slot, .holds = holds,
+			       .hold = (pd->flags & RPS__DESC_HOLD) != 0 };
 	struct rps__repl_desc d;
 
 	memset(&d, 0, sizeof(d));
@@ -518,8 +520,12 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 	if (!s->hdr)
 		return;		/* the partition was dropped meanwhile */
 	rps__srv_publish_end(s);
-	if (w->kind == RW_PUSH && w->holds && t->regions[s->part].mr)
+	if (w->kind == RW_PUSH && w->holds && w->hold) {
+		lock = w->holds;	/* kept for the chain's next push: its lease starts again */
+		s->lease_word = 0;
+	} else if (w->kind == RW_PUSH && w->holds && t->regions[s->part].mr) {
 		lock = rps__srv_release_lock(srv, t, s, w->holds);
+	}
 	if (w->c && w->kind != RW_STEP) {
 		/* On every replica, but our lease ran out: a new primary may
 		 * be serving it already, so say nothing of it; the worker
