@@ -1,6 +1,7 @@
 /*
  * baseline_xport.c - the raw transport baseline: RDMA WRITE / READ / CAS /
- * SEND ping-pong, one by one and --window in flight, through transport.h
+ * SEND ping-pong / WRITE_WITH_IMM answered by a SEND, one by one and
+ * --window in flight, through transport.h
  * (over verbs, or over tcp with --raw-transport), with a responder that is
  * either in-process or psperf --server --baseline.
  */
@@ -120,7 +121,8 @@ int psperf_rawt_accept(struct rawt_side *s, int window, int timeout_ms, volatile
 	return ret;
 }
 
-/* Responder progress: answer every SEND with a SEND of the same length. */
+/* Responder progress: answer every SEND with a SEND of the same length,
+ * and every WRITE_IMM with a SEND of as many bytes as its immediate says. */
 int psperf_rawt_peer_progress(struct rawt_side *s, int timeout_ms)
 {
 	struct rps__wc wc[16];
@@ -132,9 +134,10 @@ int psperf_rawt_peer_progress(struct rawt_side *s, int timeout_ms)
 			s->broken = true;
 			continue;
 		}
-		if (wc[i].opcode == RPS__WC_RECV) {
-			struct rps__wr wr = { .op = RPS__OP_SEND, .sge = { s->mem, wc[i].byte_len, s->mr } };
-			if (wc[i].byte_len <= 64)
+		if (wc[i].opcode == RPS__WC_RECV || wc[i].opcode == RPS__WC_RECV_IMM) {
+			uint32_t len = wc[i].opcode == RPS__WC_RECV ? wc[i].byte_len : wc[i].imm;
+			struct rps__wr wr = { .op = RPS__OP_SEND, .sge = { s->mem, (uint32_t)RPS__MIN(len, s->len), s->mr } };
+			if (wr.sge.len <= 64)
 				wr.flags |= RPS__WR_INLINE;
 			if (rawt_post_rx(s, (uint32_t)wc[i].wr_id) || rps__post(s->ep, &wr, 1))
 				s->broken = true;
@@ -221,12 +224,18 @@ static void rawt_wr(struct rawt_session *x, const struct raw_result *res, struct
 		wr->op = RPS__OP_CAS;
 		wr->sge = (struct rps__sge){ s->mem + s->len * (1 + RAWT_NRX), 8, s->mr };
 		break;
+	case RAW_WRITE_IMM_PP:
+		/* the immediate tells the responder how many bytes to SEND back */
+		wr->op = RPS__OP_WRITE_IMM;
+		wr->flags = 0;
+		wr->imm = (uint32_t)res->b;
+		break;
 	default:
 		wr->op = RPS__OP_SEND;
 		wr->flags = 0;
 		break;
 	}
-	if ((wr->op == RPS__OP_WRITE || wr->op == RPS__OP_SEND) && res->a <= 64)
+	if ((wr->op == RPS__OP_WRITE || wr->op == RPS__OP_WRITE_IMM || wr->op == RPS__OP_SEND) && res->a <= 64)
 		wr->flags |= RPS__WR_INLINE;
 }
 
@@ -240,12 +249,13 @@ static int rawt_post(struct rawt_session *x, const struct rps__wr *wr)
 	return ret;
 }
 
-/* One op: post it, wait for its completion (SEND: for the peer's reply). */
+/* One op: post it, wait for its completion (SEND, WRITE_IMM: for the
+ * peer's reply). */
 static int rawt_one(struct rawt_session *x, const struct raw_result *res, const struct rps__wr *wr)
 {
 	int ret;
 
-	if (res->op == RAW_SEND_PP) {
+	if (res->op == RAW_SEND_PP || res->op == RAW_WRITE_IMM_PP) {
 		struct rps__sge sge = { x->ini.mem + x->ini.len, (uint32_t)x->ini.len, x->ini.mr };
 		ret = rps__post_recv(x->ini.ep, &sge, 0);
 		if (ret)

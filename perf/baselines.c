@@ -24,6 +24,7 @@ const char *psperf_raw_op_name(enum raw_op op)
 	case RAW_READ: return "READ";
 	case RAW_CAS: return "CAS";
 	case RAW_SEND_PP: return "SEND ping-pong";
+	case RAW_WRITE_IMM_PP: return "WRITE_IMM ping-pong";
 	case RAW_WRITE_BW: return "WRITE bw";
 	case RAW_READ_BW: return "READ bw";
 	case RAW_MEMCPY: return "memcpy";
@@ -60,6 +61,8 @@ struct raw_result *psperf_raw_add(struct run *r, enum raw_op op, size_t a, size_
 		snprintf(x->name, sizeof(x->name), "socket %zu->%zu", a, b);
 	else if (op == RAW_SEND_PP)
 		snprintf(x->name, sizeof(x->name), "SEND ping-pong %zu", a);
+	else if (op == RAW_WRITE_IMM_PP)
+		snprintf(x->name, sizeof(x->name), "WRITE_IMM ping-pong %zu->%zu", a, b);
 	else
 		snprintf(x->name, sizeof(x->name), "%s %zu", psperf_raw_op_name(op), a);
 	return x;
@@ -69,11 +72,17 @@ struct raw_result *psperf_raw_add(struct run *r, enum raw_op op, size_t a, size_
 static void raw_plan_row(struct run *r, struct row *row, bool transport)
 {
 	size_t P = psperf_pull_bytes(r->o, row), S = row->bytes;
+	size_t ack = sizeof(struct rps__msg_hdr) + sizeof(struct rps__push_ack);
 	long n = row->iters, total = row->iters * row->workers;
 
 	switch (row->test) {
 	case T_PUSH:
-		row->raw_lat = transport ? psperf_raw_add(r, RAW_WRITE, S, 0, n, n) : psperf_raw_add(r, RAW_SOCK_RR, S, 8, n, n);
+		/* the least a server-applied push takes: the gradient with an
+		 * immediate that wakes the server, and its PUSH_ACK back; the
+		 * bare WRITE beside it for reference */
+		row->raw_lat = transport ? psperf_raw_add(r, RAW_WRITE_IMM_PP, S, ack, n, n)
+					 : psperf_raw_add(r, RAW_SOCK_RR, S, 8, n, n);
+		row->raw_ref = transport ? psperf_raw_add(r, RAW_WRITE, S, 0, n, n) : NULL;
 		row->raw_bw = transport ? psperf_raw_add(r, RAW_WRITE_BW, S, 0, n, total)
 					: psperf_raw_add(r, RAW_SOCK_STREAM, S, 0, n, total);
 		break;
@@ -128,7 +137,8 @@ static int raw_run_transport(struct run *r, struct rawt_session *s, struct raw_r
 
 	ret = x->is_bw ? psperf_rawt_bw(s, x, &p) : psperf_rawt_lat(s, x, raw_warmup(r, x), &p);
 	if (!ret)
-		psperf_stats_compute(&x->st, &p, x->op == RAW_SEND_PP ? 2.0 * (double)x->a : (double)x->a);
+		psperf_stats_compute(&x->st, &p, x->op == RAW_SEND_PP ? 2.0 * (double)x->a
+					     : x->op == RAW_WRITE_IMM_PP ? (double)(x->a + x->b) : (double)x->a);
 	psperf_samples_free(&p.s);
 	return ret;
 }
@@ -147,17 +157,19 @@ static size_t raw_max_bytes(const struct run *r, bool transport)
  * reference (row->raw_x; they do not enter the ratios). */
 static void raw_plan_transport_extra(struct run *r, struct row *row)
 {
-	struct raw_result *keep_l = row->raw_lat, *keep_b = row->raw_bw;
+	struct raw_result *keep_l = row->raw_lat, *keep_b = row->raw_bw, *keep_r = row->raw_ref;
+	int i;
 
 	raw_plan_row(r, row, true);
 	row->raw_x[0] = row->raw_lat;
 	row->raw_x[1] = row->raw_bw;
+	row->raw_x[2] = row->raw_ref;
 	row->raw_lat = keep_l;
 	row->raw_bw = keep_b;
-	if (row->raw_x[0])
-		row->raw_x[0]->transport_tcp = true;
-	if (row->raw_x[1])
-		row->raw_x[1]->transport_tcp = true;
+	row->raw_ref = keep_r;
+	for (i = 0; i < 3; i++)
+		if (row->raw_x[i])
+			row->raw_x[i]->transport_tcp = true;
 }
 
 /* Decide every row's raw operations before the run (--baseline). */
@@ -320,7 +332,9 @@ void psperf_baseline_row(struct run *r, struct baseline *b, const struct row *ro
 	if (!b)
 		return;
 	baseline_one(r, b, row->raw_lat);
+	baseline_one(r, b, row->raw_ref);
 	baseline_one(r, b, row->raw_bw);
 	baseline_one(r, b, row->raw_x[0]);
+	baseline_one(r, b, row->raw_x[2]);
 	baseline_one(r, b, row->raw_x[1]);
 }

@@ -5,6 +5,7 @@
 #include "config.h"
 #include "psperf_int.h"
 #include "kernels/agg.h"
+#include "proto/proto.h"
 
 #include <errno.h>
 #include <math.h>
@@ -27,6 +28,17 @@ static bool show_raw(const struct run *r)
 	return false;
 }
 
+/* push rows over verbs: the bare WRITE beside the WRITE_IMM ping-pong */
+static bool show_ref(const struct run *r, enum test_id t)
+{
+	size_t i;
+
+	for (i = 0; i < r->nrows; i++)
+		if (r->rows[i].test == t && r->rows[i].raw_ref)
+			return true;
+	return false;
+}
+
 static void fmt_num(char *buf, size_t len, double v, const char *fmt)
 {
 	if (isnan(v))
@@ -35,7 +47,7 @@ static void fmt_num(char *buf, size_t len, double v, const char *fmt)
 		snprintf(buf, len, fmt, v);
 }
 
-static void print_header(const struct run *r, enum test_id t, bool raw)
+static void print_header(const struct run *r, enum test_id t, bool raw, bool ref)
 {
 	const struct opts *o = r->o;
 	char line[96];
@@ -80,7 +92,11 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 		       psperf_test_names[t], t == T_PUSH ? "rps_push" : t == T_PULL ? "rps_pull" : "rps_push + rps_pull",
 		       psperf_mode_name(o->mode), rps__dtype_name(o->dtype), r->nservers, o->replicas,
 		       o->replicas == 1 ? "y" : "ies", r->W, o->window);
-		if (raw)
+		if (raw && ref)
+			printf(" raw: RDMA WRITE_WITH_IMM of S bytes, a SEND of %zu back (PUSH_ACK's size); WRITE bw\n"
+			       " ref: RDMA WRITE + completion\n",
+			       sizeof(struct rps__msg_hdr) + sizeof(struct rps__push_ack));
+		else if (raw)
 			printf(" raw: %s\n", r->kind == RPS__KIND_VERBS
 			       ? (t == T_PUSH ? "RDMA WRITE + completion; WRITE bw" : t == T_PULL ? "RDMA READ + completion; READ bw"
 				  : "SEND ping-pong; WRITE bw")
@@ -99,12 +115,14 @@ static void print_header(const struct run *r, enum test_id t, bool raw)
 		printf(" %6s", "tx/B");
 	if (raw)
 		printf(" %10s %7s %10s %7s", "raw[us]", "x_lat", "raw[GB/s]", "x_bw");
+	if (raw && ref)
+		printf(" %10s %7s", "ref[us]", "x_ref");
 	if (t == T_IGZIP)
 		printf(" %8s", "ratio");
 	printf("\n");
 }
 
-static void print_row(const struct row *row, bool raw)
+static void print_row(const struct row *row, bool raw, bool ref)
 {
 	char first[32], b[4][32];
 	const struct stats *s = &row->s_lat;
@@ -134,6 +152,11 @@ static void print_row(const struct row *row, bool raw)
 		printf(" %10s %7s %10s", b[1], b[2], b[3]);
 		fmt_num(b[0], sizeof(b[0]), row->x_bw, "%.2f");
 		printf(" %7s", no_bw ? "-" : b[0]);
+	}
+	if (raw && ref) {
+		fmt_num(b[1], sizeof(b[1]), row->raw_ref && row->raw_ref->st.valid ? row->raw_ref->st.typ : NAN, "%.2f");
+		fmt_num(b[2], sizeof(b[2]), row->x_ref, "%.2f");
+		printf(" %10s %7s", b[1], b[2]);
 	}
 	if (row->test == T_IGZIP)
 		printf(" %8.2f", row->ratio);
@@ -185,27 +208,37 @@ static void print_reseed(const struct run *r)
 	}
 }
 
+static void raw_label(const struct raw_result *x, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s%s", x->transport_tcp ? "tcp-transport " : "", x->name);
+}
+
 static void print_raw_tables(const struct run *r)
 {
+	char name[80];
+	int w = 32;
 	size_t i;
 
 	if (!r->nraws)
 		return;
+	for (i = 0; i < r->nraws; i++) {	/* the op column fits the longest name */
+		raw_label(&r->raws[i], name, sizeof(name));
+		w = RPS__MAX(w, (int)strlen(name));
+	}
 	printf("------------------------------------------------------------------------------------------------\n");
 	printf(" baseline: raw operations on the same path (%s%s)\n", r->kind == RPS__KIND_VERBS ? "verbs, device " : "tcp",
 	       r->kind == RPS__KIND_VERBS ? r->device : "");
 	printf("------------------------------------------------------------------------------------------------\n");
-	printf(" %-32s %8s %10s %10s %10s %10s %11s %10s %11s\n", "op", "#iters", "t_min[us]", "t_typ[us]",
+	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s\n", w, "op", "#iters", "t_min[us]", "t_typ[us]",
 	       "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "BW[GB/s]", "ops/s");
 	for (i = 0; i < r->nraws; i++) {
 		const struct raw_result *x = &r->raws[i];
-		char name[80];
-		snprintf(name, sizeof(name), "%s%s", x->transport_tcp ? "tcp-transport " : "", x->name);
+		raw_label(x, name, sizeof(name));
 		if (!x->st.valid) {
-			printf(" %-32s   (not measured)\n", name);
+			printf(" %-*s   (not measured)\n", w, name);
 			continue;
 		}
-		printf(" %-32s %8llu %10.2f %10.2f %10.2f %10.2f %11.2f %10.3f %11.0f\n", name,
+		printf(" %-*s %8llu %10.2f %10.2f %10.2f %10.2f %11.2f %10.3f %11.0f\n", w, name,
 		       (unsigned long long)x->st.n, x->st.min, x->st.typ, x->st.avg, x->st.p99, x->st.p999, x->st.gbs,
 		       x->st.ops);
 	}
@@ -244,7 +277,7 @@ static void print_banner(const struct run *r)
 
 static void print_tables(struct run *r)
 {
-	bool raw = show_raw(r);
+	bool raw = show_raw(r), ref;
 	int t;
 	size_t i;
 
@@ -260,10 +293,11 @@ static void print_tables(struct run *r)
 			print_reseed(r);
 			continue;
 		}
-		print_header(r, (enum test_id)t, raw || psperf_in_process((enum test_id)t));
+		ref = show_ref(r, (enum test_id)t);
+		print_header(r, (enum test_id)t, raw || psperf_in_process((enum test_id)t), ref);
 		for (i = 0; i < r->nrows; i++)
 			if (r->rows[i].test == (enum test_id)t)
-				print_row(&r->rows[i], raw || psperf_in_process((enum test_id)t));
+				print_row(&r->rows[i], raw || psperf_in_process((enum test_id)t), ref);
 		if (t == T_COMMIT)
 			print_commit_ratio(r);
 	}
@@ -300,7 +334,7 @@ static void print_csv(const struct run *r)
 
 	printf("test,label,bytes,moved_bytes,workers,iters,t_min_us,t_typ_us,t_avg_us,t_p99_us,t_p999_us,lat_gbs,lat_ops_s,"
 	       "bw_iters,bw_t_min_us,bw_t_typ_us,bw_t_avg_us,bw_t_p99_us,bw_t_p999_us,bw_gbs,ops_s,"
-	       "raw_lat_op,raw_t_typ_us,x_lat,raw_bw_op,raw_gbs,x_bw,tx_per_byte\n");
+	       "raw_lat_op,raw_t_typ_us,x_lat,raw_bw_op,raw_gbs,x_bw,tx_per_byte,raw_ref_op,raw_ref_t_typ_us,x_ref\n");
 	for (i = 0; i < r->nrows; i++) {
 		const struct row *row = &r->rows[i];
 		printf("%s,%s,%zu,%.0f,%d", psperf_test_names[row->test], row->label, row->bytes, row->moved, row->workers);
@@ -313,6 +347,9 @@ static void print_csv(const struct run *r)
 		csv_num(row->raw_bw ? row->raw_bw->st.gbs : NAN);
 		csv_num(row->x_bw);
 		csv_num(row->tx_per_byte);
+		printf(",%s", row->raw_ref ? row->raw_ref->name : "");
+		csv_num(row->raw_ref ? row->raw_ref->st.typ : NAN);
+		csv_num(row->x_ref);
 		printf("\n");
 	}
 	for (i = 0; i < r->nraws; i++) {
@@ -320,7 +357,7 @@ static void print_csv(const struct run *r)
 		printf("raw,%s%s,%zu,%zu,1", x->transport_tcp ? "tcp-transport " : "", x->name, x->a, x->b);
 		csv_stats(&x->st);
 		csv_stats(&x->st);
-		printf(",,,,,,\n");
+		printf(",,,,,,,,,,\n");
 	}
 	fflush(stdout);
 }
@@ -497,10 +534,18 @@ static void json_row(FILE *f, const struct row *row)
 	json_raw(f, "raw_latency", row->raw_lat);
 	fprintf(f, ",\n     ");
 	json_raw(f, "raw_bandwidth", row->raw_bw);
+	if (row->raw_ref) {
+		fprintf(f, ",\n     ");
+		json_raw(f, "raw_reference", row->raw_ref);
+	}
 	fprintf(f, ",\n     \"x_lat\": ");
 	json_num(f, row->x_lat);
 	fprintf(f, ", \"x_bw\": ");
 	json_num(f, row->x_bw);
+	if (row->raw_ref) {
+		fprintf(f, ", \"x_ref\": ");
+		json_num(f, row->x_ref);
+	}
 	fprintf(f, ", \"tx_per_byte\": ");
 	json_num(f, row->tx_per_byte);
 	if (row->test == T_COMMIT && !row->commit_rtt) {

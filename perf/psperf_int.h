@@ -103,6 +103,7 @@ enum raw_op {
 	RAW_READ,
 	RAW_CAS,
 	RAW_SEND_PP,		/* transport: SEND a bytes, the peer SENDs b back */
+	RAW_WRITE_IMM_PP,	/* transport: WRITE_WITH_IMM of a bytes, the peer SENDs b back */
 	RAW_WRITE_BW,		/* transport: WRITEs of a bytes, --window in flight */
 	RAW_READ_BW,
 	RAW_MEMCPY,		/* in-process memcpy of W buffers of a bytes */
@@ -134,8 +135,9 @@ struct row {
 	struct pass lat, bw;	/* merged over workers */
 	struct stats s_lat, s_bw;
 	struct raw_result *raw_lat, *raw_bw;
-	struct raw_result *raw_x[2];	/* --raw-transport extras over tcp */
-	double x_lat, x_bw;
+	struct raw_result *raw_ref;	/* push over verbs: the bare WRITE, beside raw_lat */
+	struct raw_result *raw_x[3];	/* --raw-transport extras over tcp: lat, bw, ref */
+	double x_lat, x_bw, x_ref;
 	double tx_per_byte;	/* push rows: wire bytes (rps__fabric_tx_bytes) per gradient byte */
 	double x_rtt;		/* commit row: its t_typ / the admin round trip's */
 	uint32_t reseed_parts;	/* reseed row: partition images seeded per raise */

@@ -119,6 +119,7 @@ void psperf_compute_figures(struct run *r)
 			row->s_bw = row->s_lat;
 		row->x_lat = row->raw_lat && row->raw_lat->st.valid ? ratio(row->s_lat.typ, row->raw_lat->st.typ) : NAN;
 		row->x_bw = row->raw_bw && row->raw_bw->st.valid ? ratio(row->s_bw.gbs, row->raw_bw->st.gbs) : NAN;
+		row->x_ref = row->raw_ref && row->raw_ref->st.valid ? ratio(row->s_lat.typ, row->raw_ref->st.typ) : NAN;
 		if (psperf_in_process(row->test) && row->raw_lat)
 			row->x_lat = ratio(row->s_lat.typ, row->raw_lat->st.typ);
 		row->x_rtt = NAN;

@@ -30,4 +30,6 @@ fi
 echo "== psperf over verbs on $dev ($addr), with its own raw baselines"
 ./psperf --transport verbs --addr "$addr" -t push,pull,lock -S 8:4K:8 --workers 1 -W 1 -n 300 --baseline || rc=1
 ./psperf --transport verbs --addr "$addr" -t push -s 1M --workers 1 -n 100 --baseline || rc=1
+echo "== psperf push over verbs on $dev, busy-polling (as perftest), beside WRITE_IMM ping-pong and WRITE"
+./psperf --transport verbs --addr "$addr" -t push -S 8:4K:8 --workers 1 -W 1 -n 300 --baseline --spin-us 100000 || rc=1
 exit $rc
