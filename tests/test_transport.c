@@ -1585,6 +1585,164 @@ static void test_local_cas_mixed(void)
 
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* scatter/gather                                                           */
+
+/* WRITE and WRITE_IMM gather their entries, in order, into one contiguous
+ * payload at the target; the entries come from two regions (a staging
+ * buffer and "user" memory) and may be empty; the fabric counts the sum. */
+static void test_gather_write(void)
+{
+	const uint32_t big = 3u << 20;
+	uint8_t *user = malloc(big + 8);
+	struct rps__sge rsge = { srv_recv_mem, 64, srv_recv_mr };
+	struct rps__mr *user_mr = NULL;
+	struct rps__wc wc;
+	struct rps__wr wr;
+	struct conn c;
+	uint64_t tx0;
+
+	CU_ASSERT_FATAL(user != NULL);
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	CU_ASSERT_FATAL(rps__mr_reg(cli_fab, user, big + 8, RPS__ACCESS_LOCAL, &user_mr) == 0);
+	memset(srv_mem, 0, 2 * big);
+
+	/* a 64-byte "descriptor" from cli_mem, then 3 MiB from user memory,
+	 * then an empty entry and 5 odd bytes: one WRITE_IMM */
+	fill(cli_mem, 64, 21);
+	fill(user, big + 8, 22);
+	wr = wr_make(RPS__OP_WRITE_IMM, 0, 7, cli_mem, 64, cli_mr, srv_mem + 1, rps__mr_rkey(srv_mr));
+	wr.sgl[1] = (struct rps__sge){ user + 3, big, user_mr };
+	wr.sgl[2] = (struct rps__sge){ user, 0, user_mr };
+	wr.sgl[3] = (struct rps__sge){ cli_mem + 100, 5, cli_mr };
+	wr.num_sge = 4;
+	wr.imm = 0xAB;
+	fill(cli_mem + 100, 5, 23);
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &rsge, 901), 0);
+	tx0 = rps__fabric_tx_bytes(cli_fab);
+	CU_ASSERT_EQUAL(run1(&c, wr, &wc), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(rps__fabric_tx_bytes(cli_fab) - tx0, 64u + big + 5u);
+	CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_RECV_IMM);
+	CU_ASSERT_EQUAL(wc.byte_len, 64u + big + 5u);
+	CU_ASSERT_EQUAL(wc.imm, 0xAB);
+	CU_ASSERT(all_bytes(srv_mem, 1, 0));
+	CU_ASSERT(memcmp(srv_mem + 1, cli_mem, 64) == 0);
+	CU_ASSERT(memcmp(srv_mem + 1 + 64, user + 3, big) == 0);
+	CU_ASSERT(memcmp(srv_mem + 1 + 64 + big, cli_mem + 100, 5) == 0);
+	CU_ASSERT(all_bytes(srv_mem + 1 + 64 + big + 5, 64, 0));
+
+	/* inline with two entries: both copied at post time */
+	wr = wr_make(RPS__OP_WRITE, RPS__WR_INLINE, 8, cli_mem + 200, 10, NULL, srv_mem + 8192,
+		     rps__mr_rkey(srv_mr));
+	wr.sgl[1] = (struct rps__sge){ cli_mem + 300, 20, NULL };
+	wr.num_sge = 2;
+	fill(cli_mem + 200, 200, 24);
+	memcpy(cli_mem + 4096, cli_mem + 200, 10);
+	memcpy(cli_mem + 4096 + 10, cli_mem + 300, 20);
+	CU_ASSERT_EQUAL(run1(&c, wr, NULL), RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(srv_mem + 8192, cli_mem + 4096, 30) == 0);
+
+	/* too many entries, or one outside its region: refused at post */
+	wr = wr_make(RPS__OP_WRITE, 0, 9, cli_mem, 64, cli_mr, srv_mem, rps__mr_rkey(srv_mr));
+	wr.num_sge = RPS__WR_MAX_SGE + 1;
+	CU_ASSERT_EQUAL(rps__post(c.ep, &wr, 1), -EINVAL);
+	wr.num_sge = 2;
+	wr.sgl[1] = (struct rps__sge){ user, 64, cli_mr };
+	CU_ASSERT_EQUAL(rps__post(c.ep, &wr, 1), -EINVAL);
+	CU_ASSERT_EQUAL(rps__ep_is_error(c.ep), 0);
+
+	rps__mr_dereg(user_mr);
+	conn_close(&c);
+	free(user);
+}
+
+/* A READ scatters in order over its entries: a header into one buffer,
+ * the rest into another region, with an odd split. */
+static void test_scatter_read(void)
+{
+	const uint32_t hdr = 64, body = (2u << 20) + 13;
+	float *user = malloc(body + 64);
+	struct rps__mr *user_mr = NULL;
+	struct rps__wc wc;
+	struct rps__wr wr;
+	struct conn c;
+
+	CU_ASSERT_FATAL(user != NULL);
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	CU_ASSERT_FATAL(rps__mr_reg(cli_fab, user, body + 64, RPS__ACCESS_LOCAL, &user_mr) == 0);
+	fill(srv_mem, hdr + body, 31);
+	memset(cli_mem, 0, hdr + 16);
+	memset(user, 0, body + 64);
+	wr = wr_make(RPS__OP_READ, 0, 11, cli_mem, hdr, cli_mr, srv_mem + 5, rps__mr_rkey(srv_mr));
+	wr.sgl[1] = (struct rps__sge){ (uint8_t *)user + 7, body, user_mr };
+	wr.num_sge = 2;
+	CU_ASSERT_EQUAL(run1(&c, wr, &wc), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_READ);
+	CU_ASSERT(memcmp(cli_mem, srv_mem + 5, hdr) == 0);
+	CU_ASSERT(all_bytes(cli_mem + hdr, 16, 0));
+	CU_ASSERT(all_bytes((uint8_t *)user, 7, 0));
+	CU_ASSERT(memcmp((uint8_t *)user + 7, srv_mem + 5 + hdr, body) == 0);
+	CU_ASSERT(all_bytes((uint8_t *)user + 7 + body, 64 - 7, 0));
+
+	/* small ones, an empty first entry, three pieces, several in one post */
+	{
+		struct rps__wr w[2];
+		memset(cli_mem, 0, 4096);
+		w[0] = wr_make(RPS__OP_READ, 0, 12, cli_mem, 0, cli_mr, srv_mem + 100, rps__mr_rkey(srv_mr));
+		w[0].sgl[1] = (struct rps__sge){ cli_mem + 10, 3, cli_mr };
+		w[0].sgl[2] = (struct rps__sge){ cli_mem + 20, 1, cli_mr };
+		w[0].sgl[3] = (struct rps__sge){ cli_mem + 30, 40, cli_mr };
+		w[0].num_sge = 4;
+		w[1] = wr_make(RPS__OP_READ, RPS__WR_SIGNALED, 13, cli_mem + 200, 8, cli_mr, srv_mem + 100,
+			       rps__mr_rkey(srv_mr));
+		CU_ASSERT_EQUAL_FATAL(rps__post(c.ep, w, 2), 0);
+		CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+		CU_ASSERT_EQUAL(wc.wr_id, 13);
+		CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+		CU_ASSERT(memcmp(cli_mem + 10, srv_mem + 100, 3) == 0);
+		CU_ASSERT(memcmp(cli_mem + 20, srv_mem + 103, 1) == 0);
+		CU_ASSERT(memcmp(cli_mem + 30, srv_mem + 104, 40) == 0);
+		CU_ASSERT(all_bytes(cli_mem + 13, 7, 0) && all_bytes(cli_mem + 21, 9, 0));
+		CU_ASSERT(memcmp(cli_mem + 200, srv_mem + 100, 8) == 0);
+	}
+	rps__mr_dereg(user_mr);
+	conn_close(&c);
+	free(user);
+}
+
+/* tcp sends from memory it never registered (the implicit region);
+ * verbs has none. */
+static void test_implicit_region(void)
+{
+	static uint8_t stack_like[1000];
+	struct rps__mr *imr = NULL;
+	struct rps__wr wr;
+	struct conn c;
+	int ret = rps__mr_reg_implicit(cli_fab, &imr);
+
+	if (g_kind != RPS__KIND_TCP) {
+		CU_ASSERT_EQUAL(ret, -EOPNOTSUPP);
+		return;
+	}
+	CU_ASSERT_EQUAL_FATAL(ret, 0);
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	fill(stack_like, sizeof(stack_like), 41);
+	fill(cli_mem, 64, 42);
+	memset(srv_mem, 0, 2048);
+	wr = wr_make(RPS__OP_WRITE, 0, 14, cli_mem, 64, cli_mr, srv_mem, rps__mr_rkey(srv_mr));
+	wr.sgl[1] = (struct rps__sge){ stack_like, sizeof(stack_like), imr };
+	wr.num_sge = 2;
+	CU_ASSERT_EQUAL(run1(&c, wr, NULL), RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(srv_mem, cli_mem, 64) == 0);
+	CU_ASSERT(memcmp(srv_mem + 64, stack_like, sizeof(stack_like)) == 0);
+	/* no key names it: a peer cannot reach it */
+	CU_ASSERT_EQUAL(run1(&c, wr_make(RPS__OP_WRITE, 0, 15, cli_mem, 8, cli_mr, stack_like,
+					 rps__mr_rkey(imr)), NULL), RPS__WC_REM_ACCESS_ERR);
+	conn_close(&c);
+	rps__mr_dereg(imr);
+}
+
 static int suite_init(void)
 {
 	struct rps__fabric_attr fattr = { .kind = g_kind, .host = g_addr };
@@ -1662,6 +1820,9 @@ int main(void)
 		{ "WRITE then READ back", test_write_read_back },
 		{ "WRITEs then WRITE_IMM: data placed before the immediate", test_writes_then_write_imm },
 		{ "READ", test_read },
+		{ "WRITE/WRITE_IMM gather several entries", test_gather_write },
+		{ "READ scatters over several entries", test_scatter_read },
+		{ "implicit region: send from unregistered memory (tcp)", test_implicit_region },
 		{ "CAS success and failure", test_cas },
 		{ "FADD", test_fadd },
 		{ "SEND/RECV burst beyond the posted receives", test_send_recv_burst },

@@ -64,7 +64,7 @@ static int v_ep_create(struct v_fab *f, struct v_cq *c, const struct rps__ep_att
 	}
 	ep->sring = calloc(ep->sq_depth, sizeof(*ep->sring));
 	ep->swr = calloc(ep->sq_depth + 1, sizeof(*ep->swr));
-	ep->ssge = calloc(ep->sq_depth + 1, sizeof(*ep->ssge));
+	ep->ssge = calloc((size_t)(ep->sq_depth + 1) * RPS__WR_MAX_SGE, sizeof(*ep->ssge));
 	ep->rring = calloc(ep->rq_depth, sizeof(*ep->rring));
 	if (!ep->sring || !ep->swr || !ep->ssge || !ep->rring) {
 		ret = rps__seterr(-ENOMEM, "verbs: out of memory for endpoint rings (sq %u, rq %u)", ep->sq_depth, ep->rq_depth);
@@ -78,7 +78,9 @@ static int v_ep_create(struct v_fab *f, struct v_cq *c, const struct rps__ep_att
 	ia.sq_sig_all = 0;
 	ia.cap.max_send_wr = ep->sq_depth;
 	ia.cap.max_recv_wr = ep->rq_depth;
-	ia.cap.max_send_sge = 1;
+	/* a push sends its descriptor and the user's gradient as one WRITE_IMM
+	 * of two entries; a pull reads a header and user memory in one READ */
+	ia.cap.max_send_sge = RPS__MIN(RPS__WR_MAX_SGE, RPS__MAX(f->dattr.max_sge, 1));
 	ia.cap.max_recv_sge = 1;
 	ia.cap.max_inline_data = ep->max_inline;
 	ep->qp = v_fault("ibv_create_qp") ? NULL : ibv_create_qp(f->pd, &ia);

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,18 +80,34 @@ static int build_atomic(struct v_ep *ep, const struct rps__wr *u, int i, struct 
 static int build_swr(struct v_ep *ep, const struct rps__wr *u, int i, int n, uint32_t *unsig)
 {
 	struct ibv_send_wr *w = &ep->swr[i];
-	struct ibv_sge *sg = &ep->ssge[i];
+	struct ibv_sge *sg = &ep->ssge[(size_t)i * RPS__WR_MAX_SGE];
 	uint64_t seq = ep->sq_head + (uint64_t)i;
-	int inl = 0, ret, sig;
+	uint64_t len = rps__wr_len(u);
+	int inl = 0, ret, sig, k, nsge = rps__wr_nsge(u);
+	bool unreg = false;
 
+	if (u->num_sge < 0 || u->num_sge > RPS__WR_MAX_SGE)
+		return rps__seterr(-EINVAL, "verbs: post: WR %d has %d scatter/gather entries, at most %d", i,
+				   u->num_sge, RPS__WR_MAX_SGE);
 	memset(w, 0, sizeof(*w));
 	w->wr_id = seq;
 	w->next = i + 1 < n ? &ep->swr[i + 1] : NULL;
-	sg->addr = (uintptr_t)u->sge.addr;
-	sg->length = u->sge.len;
-	sg->lkey = u->sge.mr ? u->sge.mr->lkey : 0;
 	w->sg_list = sg;
-	w->num_sge = u->sge.len ? 1 : 0;
+	/* empty entries are left out: a zero-length WRITE carries no SGE */
+	for (k = 0; k < nsge; k++) {
+		if (!u->sgl[k].len)
+			continue;
+		sg[w->num_sge].addr = (uintptr_t)u->sgl[k].addr;
+		sg[w->num_sge].length = u->sgl[k].len;
+		sg[w->num_sge].lkey = u->sgl[k].mr ? u->sgl[k].mr->lkey : 0;
+		unreg |= !u->sgl[k].mr;
+		w->num_sge++;
+	}
+	if (!w->num_sge) {	/* (an atomic's result word is filled in below) */
+		sg->addr = (uintptr_t)u->sge.addr;
+		sg->length = 0;
+		sg->lkey = u->sge.mr ? u->sge.mr->lkey : 0;
+	}
 	switch (u->op) {
 	case RPS__OP_SEND:
 		w->opcode = IBV_WR_SEND;
@@ -125,10 +142,11 @@ static int build_swr(struct v_ep *ep, const struct rps__wr *u, int i, int n, uin
 		if (ret)
 			return ret;
 	}
-	if ((u->flags & RPS__WR_INLINE) && inl && u->sge.len <= ep->max_inline) {
+	if ((u->flags & RPS__WR_INLINE) && inl && len <= ep->max_inline) {
 		w->send_flags |= IBV_SEND_INLINE;
-	} else if (u->sge.len && !u->sge.mr) {
-		return rps__seterr(-EINVAL, "verbs: post: WR %d has %u bytes outside any registered region%s", i, u->sge.len,
+	} else if (unreg && u->op != RPS__OP_CAS && u->op != RPS__OP_FADD) {
+		return rps__seterr(-EINVAL, "verbs: post: WR %d has %llu bytes outside any registered region%s", i,
+				   (unsigned long long)len,
 				   (u->flags & RPS__WR_INLINE) ? " and too many to inline (see ep_attr.max_inline)" : "");
 	}
 	if (u->flags & RPS__WR_FENCE)

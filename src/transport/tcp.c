@@ -166,11 +166,34 @@ err_unlock:
 	return ret;
 }
 
+/* Sends read the caller's memory as they go (sendmsg iovecs), so any
+ * address will do as a source.  The region takes no slot: no key names
+ * it, so no peer ever reaches it. */
+static int tcp_mr_reg_implicit(struct rps__fabric *base, struct rps__mr **out)
+{
+	struct tcp_mr *mr = calloc(1, sizeof(*mr));
+
+	if (!mr)
+		return rps__seterr(-ENOMEM, "mr_reg_implicit: out of memory");
+	mr->index = MR_NONE;
+	mr->base.fab = base;
+	mr->base.addr = NULL;
+	mr->base.len = SIZE_MAX;
+	mr->base.access = RPS__ACCESS_LOCAL;
+	*out = &mr->base;
+	return 0;
+}
+
 static int tcp_mr_dereg(struct rps__mr *base)
 {
 	struct tcp_mr *mr = rps__container_of(base, struct tcp_mr, base);
 	struct tcp_fabric *fab = rps__container_of(base->fab, struct tcp_fabric, base);
 	struct tcp_mr_slot *slot;
+
+	if (mr->index == MR_NONE) {	/* the implicit region */
+		free(mr);
+		return 0;
+	}
 
 	/* Taking the lock for writing waits out every remote access in flight
 	 * (they hold it for reading): once we return, no byte of the region is
@@ -517,6 +540,7 @@ const struct rps__transport_ops rps__tcp_ops = {
 	.fabric_name = tcp_fabric_name,
 	.mr_reg = tcp_mr_reg,
 	.mr_dereg = tcp_mr_dereg,
+	.mr_reg_implicit = tcp_mr_reg_implicit,
 	.local_cas = tcp_local_cas,
 	.cq_create = tcp_cq_create,
 	.cq_destroy = tcp_cq_destroy,

@@ -22,13 +22,41 @@
 
 static void rx_payload_done(struct tcp_ep *ep);
 
+/* A READ response scatters over its op's segments: move to the next one
+ * that takes bytes.  false when there is none (the payload is in). */
+static bool rx_next_seg(struct tcp_rx *rx)
+{
+	if (rx->sink != SINK_READ_RESP)
+		return false;
+	while (++rx->seg < rx->op->ndst) {
+		if (rx->op->dst[rx->seg].len) {
+			rx->dst = rx->op->dst[rx->seg].addr;
+			rx->remaining = rx->op->dst[rx->seg].len;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* k payload bytes were placed at rx->dst. */
+static void rx_placed(struct tcp_ep *ep, uint32_t k)
+{
+	struct tcp_rx *rx = &ep->rx;
+
+	rx->dst += k;
+	rx->remaining -= k;
+	if (!rx->remaining && !rx_next_seg(rx))
+		rx_payload_done(ep);
+}
+
 static void rx_begin_payload(struct tcp_ep *ep, enum rx_sink sink, uint8_t *dst, uint32_t len)
 {
 	ep->rx.sink = sink;
 	ep->rx.dst = dst;
 	ep->rx.remaining = len;
+	ep->rx.seg = 0;
 	ep->rx.in_payload = true;
-	if (!len)
+	if (!len && !rx_next_seg(&ep->rx))
 		rx_payload_done(ep);
 }
 
@@ -189,7 +217,8 @@ static void rx_read(struct tcp_ep *ep)
 	 * allows; RPS__WR_FENCE on the WRITE prevents it. */
 	rps__tcp_hdr_put(txe->hdr, &resp);
 	txe->kind = TXE_RESP;
-	txe->payload = src;
+	txe->seg[0] = (struct tcp_seg){ src, h->len };
+	txe->nseg = h->len ? 1 : 0;
 	txe->payload_len = h->len;
 	txe->src_rkey = h->len ? h->rkey : 0;
 	rps__tcp_tx_append(ep, txe);
@@ -229,7 +258,7 @@ static void rx_atomic(struct tcp_ep *ep)
 	resp.arg0 = old;
 	rps__tcp_hdr_put(txe->hdr, &resp);
 	txe->kind = TXE_RESP;
-	txe->payload = NULL;
+	txe->nseg = 0;
 	txe->payload_len = 0;
 	txe->src_rkey = 0;
 	rps__tcp_tx_append(ep, txe);
@@ -290,7 +319,8 @@ static void rx_read_resp(struct tcp_ep *ep)
 		return;
 	}
 	ep->rx.op = op;
-	rx_begin_payload(ep, SINK_READ_RESP, op->local, h->len);
+	/* (the lengths add up to op->len: checked at post) */
+	rx_begin_payload(ep, SINK_READ_RESP, op->ndst ? op->dst[0].addr : NULL, op->ndst ? op->dst[0].len : 0);
 }
 
 static void rx_atomic_resp(struct tcp_ep *ep)
@@ -345,10 +375,7 @@ static void rx_sink_copy(struct tcp_ep *ep, const uint8_t *src, uint32_t k)
 	} else {
 		memcpy(rx->dst, src, k);
 	}
-	rx->dst += k;
-	rx->remaining -= k;
-	if (!rx->remaining)
-		rx_payload_done(ep);
+	rx_placed(ep, k);
 }
 
 static void rx_parse(struct tcp_ep *ep)
@@ -393,12 +420,8 @@ static ssize_t rx_read_direct(struct tcp_ep *ep)
 	n = recv(ep->fd, rx->dst, rx->remaining, MSG_DONTWAIT);
 	if (locked)
 		pthread_rwlock_unlock(&ep->fab->mr_lock);
-	if (n > 0) {
-		rx->dst += n;
-		rx->remaining -= (uint32_t)n;
-		if (!rx->remaining)
-			rx_payload_done(ep);
-	}
+	if (n > 0)
+		rx_placed(ep, (uint32_t)n);
 	return n;
 }
 

@@ -139,12 +139,21 @@ enum txe_kind {
 	TXE_NAK,	/* the endpoint's single NAK */
 };
 
+/* A run of memory: a frame's payload or a READ's destination is up to
+ * RPS__WR_MAX_SGE of them. */
+struct tcp_seg {
+	uint8_t *addr;
+	uint32_t len;
+};
+
 /* One outgoing frame: header, and a payload that is written straight from
- * the caller's (or the target region's) memory. */
+ * the caller's (or the target region's) memory: the segments of a work
+ * request go to the socket as iovecs of one sendmsg, never copied. */
 struct tcp_txe {
 	struct tcp_txe *next;
-	const uint8_t *payload;
-	uint32_t payload_len;
+	struct tcp_seg seg[RPS__WR_MAX_SGE];	/* the payload, in order */
+	uint8_t nseg;
+	uint32_t payload_len;	/* of every segment */
 	uint32_t sent;		/* bytes of header + payload already written */
 	uint32_t src_rkey;	/* READ_RESP: revalidated before every write; 0: none */
 	uint8_t kind;
@@ -154,7 +163,9 @@ struct tcp_txe {
 struct tcp_op {
 	struct tcp_txe txe;	/* first: a TXE_OP is container_of'd back to its op */
 	uint64_t wr_id;
-	void *local;		/* READ: destination; CAS/FADD: word for the old value */
+	void *local;		/* CAS/FADD: word for the old value */
+	struct tcp_seg dst[RPS__WR_MAX_SGE];	/* READ: where the response goes, in order */
+	uint8_t ndst;
 	uint32_t len;
 	uint32_t seq;
 	uint8_t op;		/* enum rps__op */
@@ -194,8 +205,9 @@ struct tcp_rx {
 	struct wire_hdr hdr;	/* the frame being received */
 	enum rx_sink sink;
 	uint8_t *dst;
-	uint32_t remaining;
+	uint32_t remaining;		/* bytes left for dst (SINK_READ_RESP: in op->dst[seg]) */
 	struct tcp_op *op;		/* SINK_READ_RESP */
+	uint8_t seg;			/* SINK_READ_RESP: the segment being filled */
 	struct tcp_unexpected *unx;	/* SINK_UNEXPECTED */
 };
 

@@ -160,7 +160,7 @@ void rps__tcp_target_nak(struct tcp_ep *ep, uint32_t seq, enum rps__wc_status st
 	rps__tcp_ep_flush(ep, false, 0, RPS__WC_FLUSH_ERR);
 	rps__tcp_hdr_put(ep->nak.hdr, &h);
 	ep->nak.kind = TXE_NAK;
-	ep->nak.payload = NULL;
+	ep->nak.nseg = 0;
 	ep->nak.payload_len = 0;
 	ep->nak.src_rkey = 0;
 	rps__tcp_tx_append(ep, &ep->nak);
@@ -202,7 +202,8 @@ static void tx_advance(struct tcp_ep *ep, size_t n)
 
 /* A READ response is read from the target region when it is written to the
  * socket, not when the request was executed: check that the region was not
- * deregistered meanwhile.  mr_lock held for reading. */
+ * deregistered meanwhile.  mr_lock held for reading.  (A response is one
+ * segment.) */
 static bool tx_sources_valid(struct tcp_ep *ep, struct tcp_txe *first, int count)
 {
 	struct tcp_txe *txe;
@@ -213,7 +214,7 @@ static bool tx_sources_valid(struct tcp_ep *ep, struct tcp_txe *first, int count
 		if (!txe->src_rkey)
 			continue;
 		done = txe->sent > TCP_HDR_SIZE ? txe->sent - TCP_HDR_SIZE : 0;
-		if (!rps__tcp_mr_target(ep->fab, txe->src_rkey, (uintptr_t)(txe->payload + done),
+		if (!rps__tcp_mr_target(ep->fab, txe->src_rkey, (uintptr_t)(txe->seg[0].addr + done),
 			       txe->payload_len - done, RPS__ACCESS_REMOTE_READ))
 			return false;
 	}
@@ -235,8 +236,8 @@ void rps__tcp_ep_tx_flush(struct tcp_ep *ep)
 		cnt = 0;
 		nframes = 0;
 		need_lock = false;
-		for (txe = ep->tx_head; txe && cnt + 2 <= TCP_IOV_BATCH; txe = txe->next, nframes++) {
-			uint32_t off = txe->sent;
+		for (txe = ep->tx_head; txe && cnt + 1 + txe->nseg <= TCP_IOV_BATCH; txe = txe->next, nframes++) {
+			uint32_t off = txe->sent, k;
 
 			if (off < TCP_HDR_SIZE) {
 				iov[cnt].iov_base = txe->hdr + off;
@@ -245,9 +246,15 @@ void rps__tcp_ep_tx_flush(struct tcp_ep *ep)
 			} else {
 				off -= TCP_HDR_SIZE;
 			}
-			if (txe->payload_len > off) {
-				iov[cnt].iov_base = (void *)(uintptr_t)(txe->payload + off);
-				iov[cnt++].iov_len = txe->payload_len - off;
+			/* the segments still unsent, straight from their memory */
+			for (k = 0; k < txe->nseg; k++) {
+				if (off >= txe->seg[k].len) {
+					off -= txe->seg[k].len;
+					continue;
+				}
+				iov[cnt].iov_base = txe->seg[k].addr + off;
+				iov[cnt++].iov_len = txe->seg[k].len - off;
+				off = 0;
 				need_lock |= txe->src_rkey != 0;
 			}
 		}
@@ -313,7 +320,7 @@ void rps__tcp_queue_ack(struct tcp_ep *ep)
 	h.seq = w;
 	rps__tcp_hdr_put(txe->hdr, &h);
 	txe->kind = TXE_RESP;
-	txe->payload = NULL;
+	txe->nseg = 0;
 	txe->payload_len = 0;
 	txe->src_rkey = 0;
 	rps__tcp_tx_append(ep, txe);
@@ -377,30 +384,50 @@ static int sge_check(const struct tcp_ep *ep, const struct rps__sge *sge, const 
 	return 0;
 }
 
+/* Every entry of wr in its region (an inline payload needs none). */
+static int sgl_check(const struct tcp_ep *ep, const struct rps__wr *wr)
+{
+	int i, ret;
+
+	for (i = 0; i < rps__wr_nsge(wr); i++) {
+		if (wr->flags & RPS__WR_INLINE) {
+			if (wr->sgl[i].len && !wr->sgl[i].addr)
+				return rps__seterr(-EINVAL, "post: inline payload of %u bytes at NULL", wr->sgl[i].len);
+			continue;
+		}
+		ret = sge_check(ep, &wr->sgl[i], "post");
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
 static int wr_check(const struct tcp_ep *ep, const struct rps__wr *wr)
 {
 	bool inl = wr->flags & RPS__WR_INLINE;
 
+	if (wr->num_sge < 0 || wr->num_sge > RPS__WR_MAX_SGE)
+		return rps__seterr(-EINVAL, "post: %d scatter/gather entries, at most %d: split the request",
+				   wr->num_sge, RPS__WR_MAX_SGE);
+	if (rps__wr_len(wr) > UINT32_MAX)
+		return rps__seterr(-EINVAL, "post: %llu bytes in one request, at most 4 GiB - 1: split it",
+				   (unsigned long long)rps__wr_len(wr));
 	switch (wr->op) {
 	case RPS__OP_SEND:
 	case RPS__OP_WRITE:
 	case RPS__OP_WRITE_IMM:
-		if (!inl)
-			return sge_check(ep, &wr->sge, "post");
-		if (wr->sge.len > ep->max_inline)
-			return rps__seterr(-EINVAL, "post: inline payload of %u bytes exceeds max_inline %u: "
+		if (inl && rps__wr_len(wr) > ep->max_inline)
+			return rps__seterr(-EINVAL, "post: inline payload of %llu bytes exceeds max_inline %u: "
 					   "raise rps__ep_attr.max_inline or register the buffer",
-					   wr->sge.len, ep->max_inline);
-		if (wr->sge.len && !wr->sge.addr)
-			return rps__seterr(-EINVAL, "post: inline payload of %u bytes at NULL", wr->sge.len);
-		return 0;
+					   (unsigned long long)rps__wr_len(wr), ep->max_inline);
+		return sgl_check(ep, wr);
 	case RPS__OP_READ:
 		if (inl)
 			return rps__seterr(-EINVAL, "post: a READ cannot be inline: drop RPS__WR_INLINE");
-		return sge_check(ep, &wr->sge, "post");
+		return sgl_check(ep, wr);
 	case RPS__OP_CAS:
 	case RPS__OP_FADD:
-		if (inl || wr->sge.len != 8 || ((uintptr_t)wr->sge.addr & 7))
+		if (inl || rps__wr_nsge(wr) != 1 || wr->sge.len != 8 || ((uintptr_t)wr->sge.addr & 7))
 			return rps__seterr(-EINVAL, "post: an atomic needs one 8-byte aligned registered local word "
 					   "for the old value (got %p+%u%s)", wr->sge.addr, wr->sge.len,
 					   inl ? ", inline" : "");
@@ -413,11 +440,12 @@ static void op_prepare(struct tcp_ep *ep, const struct rps__wr *wr)
 {
 	uint32_t slot = ep->sq_next & ep->sq_mask;
 	struct tcp_op *op = &ep->ops[slot];
+	int i, nsge = rps__wr_nsge(wr);
 	struct wire_hdr h = {
 		.seq = ep->sq_next,
 		.rkey = wr->rkey,
 		.raddr = wr->raddr,
-		.len = wr->sge.len,
+		.len = (uint32_t)rps__wr_len(wr),
 	};
 
 	op->wr_id = wr->wr_id;
@@ -426,11 +454,12 @@ static void op_prepare(struct tcp_ep *ep, const struct rps__wr *wr)
 	op->fence = wr->flags & RPS__WR_FENCE;
 	op->responded = false;
 	op->seq = ep->sq_next;
-	op->len = wr->sge.len;
+	op->len = h.len;
 	op->local = NULL;
+	op->ndst = 0;
 	op->txe.kind = TXE_OP;
 	op->txe.src_rkey = 0;
-	op->txe.payload = NULL;
+	op->txe.nseg = 0;
 	op->txe.payload_len = 0;
 
 	switch (wr->op) {
@@ -439,19 +468,30 @@ static void op_prepare(struct tcp_ep *ep, const struct rps__wr *wr)
 	case RPS__OP_WRITE_IMM:
 		h.type = wr->op == RPS__OP_SEND ? F_SEND : wr->op == RPS__OP_WRITE ? F_WRITE : F_WRITE_IMM;
 		h.imm = wr->op == RPS__OP_WRITE_IMM ? wr->imm : 0;
-		op->txe.payload_len = wr->sge.len;
-		if ((wr->flags & RPS__WR_INLINE) && wr->sge.len) {
+		op->txe.payload_len = h.len;
+		if ((wr->flags & RPS__WR_INLINE) && h.len) {
 			uint8_t *copy = ep->inline_buf + (size_t)slot * ep->max_inline;
 
-			memcpy(copy, wr->sge.addr, wr->sge.len);
-			op->txe.payload = copy;
-		} else {
-			op->txe.payload = wr->sge.addr;
+			op->txe.seg[0] = (struct tcp_seg){ copy, h.len };
+			op->txe.nseg = 1;
+			for (i = 0; i < nsge; i++) {
+				if (!wr->sgl[i].len)
+					continue;
+				memcpy(copy, wr->sgl[i].addr, wr->sgl[i].len);
+				copy += wr->sgl[i].len;
+			}
+			break;
 		}
+		/* zero-copy: the frame is written from the caller's memory,
+		 * which the contract keeps unchanged until the completion */
+		for (i = 0; i < nsge; i++)
+			if (wr->sgl[i].len)
+				op->txe.seg[op->txe.nseg++] = (struct tcp_seg){ wr->sgl[i].addr, wr->sgl[i].len };
 		break;
 	case RPS__OP_READ:
 		h.type = F_READ;
-		op->local = wr->sge.addr;
+		for (i = 0; i < nsge; i++)
+			op->dst[op->ndst++] = (struct tcp_seg){ wr->sgl[i].addr, wr->sgl[i].len };
 		break;
 	case RPS__OP_CAS:
 	case RPS__OP_FADD:

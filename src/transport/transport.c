@@ -51,6 +51,14 @@ int rps__mr_reg(struct rps__fabric *fab, void *addr, size_t len, int access, str
 	return fab->ops->mr_reg(fab, addr, len, access, out);
 }
 
+int rps__mr_reg_implicit(struct rps__fabric *fab, struct rps__mr **out)
+{
+	if (!fab->ops->mr_reg_implicit)
+		return rps__seterr(-EOPNOTSUPP, "mr_reg_implicit: the %s transport sends only from registered "
+				   "memory: register the buffer", fab->ops->name);
+	return fab->ops->mr_reg_implicit(fab, out);
+}
+
 int rps__mr_dereg(struct rps__mr *mr)
 {
 	return mr ? mr->fab->ops->mr_dereg(mr) : 0;
@@ -270,7 +278,7 @@ int rps__post(struct rps__ep *ep, const struct rps__wr *wr, int n)
 		case RPS__OP_WRITE:
 		case RPS__OP_WRITE_IMM:
 		case RPS__OP_SEND:
-			bytes += wr[i].sge.len;
+			bytes += rps__wr_len(&wr[i]);
 			break;
 		case RPS__OP_CAS:
 			bytes += 16;	/* compare and swap */

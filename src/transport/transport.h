@@ -101,13 +101,26 @@ struct rps__sge {
 	struct rps__mr *mr;	/* registered region holding [addr, addr+len) */
 };
 
-/* One work request.  CAS/FADD: sge is the 8-byte aligned local word that
- * receives the old value, raddr must be 8-byte aligned. */
+/* Scatter/gather entries one work request may carry. */
+#define RPS__WR_MAX_SGE 4
+
+/* One work request.  Its local memory is sgl[0 .. num_sge-1]; num_sge 0
+ * means 1, so a request that fills only `sge` (the same entry as sgl[0])
+ * is a one-entry request.  WRITE, WRITE_IMM and SEND gather the entries
+ * in order into one message (the target sees one contiguous payload);
+ * READ scatters what it reads over them in order.  CAS/FADD: one entry,
+ * the 8-byte aligned local word that receives the old value, raddr must
+ * be 8-byte aligned.  The memory of every entry is read (or written)
+ * until the request completes, not at post time, unless RPS__WR_INLINE. */
 struct rps__wr {
 	uint64_t wr_id;
 	enum rps__op op;
 	int flags;
-	struct rps__sge sge;
+	union {
+		struct rps__sge sge;
+		struct rps__sge sgl[RPS__WR_MAX_SGE];
+	};
+	int num_sge;		/* 0 or 1: sge alone; at most RPS__WR_MAX_SGE */
 	uint64_t raddr;
 	uint32_t rkey;
 	uint32_t imm;		/* WRITE_IMM (and SEND, if RPS__WR_IMM is ever needed) */
@@ -151,6 +164,22 @@ struct rps__ep_attr {
 	uint32_t max_inline;	/* bytes a WR may carry inline (0: 64) */
 };
 
+/* The entries of wr (num_sge 0 counts as 1), and the bytes they hold. */
+static inline int rps__wr_nsge(const struct rps__wr *wr)
+{
+	return wr->num_sge > 1 ? wr->num_sge : 1;
+}
+
+static inline uint64_t rps__wr_len(const struct rps__wr *wr)
+{
+	uint64_t len = 0;
+	int i, n = rps__wr_nsge(wr);
+
+	for (i = 0; i < n && i < RPS__WR_MAX_SGE; i++)
+		len += wr->sgl[i].len;
+	return len;
+}
+
 /* fabric */
 int rps__fabric_open(const struct rps__fabric_attr *attr, struct rps__fabric **out);
 void rps__fabric_close(struct rps__fabric *fab);
@@ -168,6 +197,13 @@ int rps__verbs_available(void);
 int rps__mr_reg(struct rps__fabric *fab, void *addr, size_t len, int access,
 		struct rps__mr **out);
 int rps__mr_dereg(struct rps__mr *mr);	/* revokes remote access at once */
+/* A local-only region spanning the whole address space, for the sources
+ * of WRITE, WRITE_IMM and SEND (not for READ targets nor remote access):
+ * with it a caller can send from memory it did not register.  TCP has one
+ * (its sends read the caller's memory as they go); verbs says -EOPNOTSUPP
+ * (that would be implicit on-demand paging, which we do not use).
+ * rps__mr_dereg() releases it. */
+int rps__mr_reg_implicit(struct rps__fabric *fab, struct rps__mr **out);
 uint32_t rps__mr_rkey(const struct rps__mr *mr);
 void *rps__mr_addr(const struct rps__mr *mr);
 size_t rps__mr_len(const struct rps__mr *mr);
@@ -269,6 +305,7 @@ struct rps__transport_ops {
 	const char *(*fabric_name)(const struct rps__fabric *fab);
 	int (*mr_reg)(struct rps__fabric *fab, void *addr, size_t len, int access, struct rps__mr **out);
 	int (*mr_dereg)(struct rps__mr *mr);
+	int (*mr_reg_implicit)(struct rps__fabric *fab, struct rps__mr **out);	/* optional */
 	int (*local_cas)(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word,
 			 uint64_t compare, uint64_t swap, uint64_t *old);
 	int (*cq_create)(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out);
