@@ -52,6 +52,7 @@ extern "C" {
 typedef struct rps_client rps_client_t;
 typedef struct rps_tensor rps_tensor_t;
 typedef struct rps_request rps_request_t;
+typedef struct rps_buffer rps_buffer_t;
 
 enum rps_dtype {
 	RPS_DTYPE_F32 = 1,	/* IEEE binary32 */
@@ -171,6 +172,20 @@ int rps_pull_start(rps_tensor_t *tensor, float *out, size_t nbytes, uint64_t *ve
 int rps_test(rps_request_t *req, int *result);
 /* Wait for the request, free it, return its status. */
 int rps_wait(rps_request_t *req);
+
+/* Register [addr, addr + len) with the client for zero-copy: a push whose
+ * gradient (or a pull whose destination) lies inside it moves straight
+ * between this memory and the network, without the client's copy (verbs:
+ * the memory is pinned and registered with the device; tcp: recorded).
+ * Pushes from memory not registered still work, through a copy (tcp
+ * sends from any memory without one).  Register a few large buffers once,
+ * not one per call: registering is slow.  The buffer belongs to this
+ * client alone; another client's pushes from it take the copy. */
+int rps_buffer_register(rps_client_t *client, void *addr, size_t len, rps_buffer_t **out);
+/* Release the registration (not the memory).  -EBUSY while a push or pull
+ * that uses the buffer is still running (one that timed out, too): wait
+ * for its request first.  rps_client_close() releases those still left. */
+int rps_buffer_deregister(rps_buffer_t *buf);
 
 /* Wait until all num_workers workers have entered the barrier (call it from
  * one thread per worker).  -ETIMEDOUT after timeout_ms: a worker is gone. */

@@ -131,6 +131,8 @@ RPS_EXPORT int rps_client_close(rps_client_t *cl)
 		rps__conn_free(&cl->conns[i]);
 	}
 	free(cl->conns);
+	rps__buffers_free(cl);
+	rps__mr_dereg(cl->implicit_mr);
 	rps__free_reg(cl, &cl->mapbuf, &cl->mapbuf_mr, RPS__MAP_BUF);
 	rps__free_reg(cl, &cl->probebuf, &cl->probebuf_mr, PROBE_LEN);
 	rps__cq_destroy(cl->cq);
@@ -209,6 +211,11 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 			cl->topo = NULL;
 			cl->place.numa_node = -1;
 		}
+		rps__clearerr();
+	}
+	/* tcp sends from any memory: every push goes without the copy */
+	if (rps__mr_reg_implicit(cl->fab, &cl->implicit_mr)) {
+		cl->implicit_mr = NULL;
 		rps__clearerr();
 	}
 	ret = rps__cq_create(cl->fab, RPS__SMAP_MAX_MEMBERS * (MAX_SLOTS * 4 + NBOUNCE * 2 + CTRL_CREDITS * 2 + 32), &cl->cq);
@@ -713,6 +720,20 @@ int rps__tensor_unlock(rps_tensor_t *t, uint32_t shard)
 const char *rps__client_fabric_name(const rps_client_t *cl)
 {
 	return rps__fabric_name(cl->fab);
+}
+
+void rps__client_set_copy(rps_client_t *cl, int copy)
+{
+	pthread_mutex_lock(&cl->lock);
+	cl->copy_always = copy != 0;
+	pthread_mutex_unlock(&cl->lock);
+}
+
+uint64_t rps__client_zcopy(const rps_client_t *cl, uint64_t *pulls)
+{
+	if (pulls)
+		*pulls = __atomic_load_n(&cl->zc_pulls, __ATOMIC_RELAXED);
+	return __atomic_load_n(&cl->zc_pushes, __ATOMIC_RELAXED);
 }
 
 uint64_t rps__client_tx_bytes(const rps_client_t *cl)

@@ -18,6 +18,13 @@ uint32_t rps__client_shard_bytes(const rps_client_t *cl);
 /* Payload bytes the client's work requests put on the wire so far
  * (rps__fabric_tx_bytes): psperf's bytes per payload byte. */
 uint64_t rps__client_tx_bytes(const rps_client_t *cl);
+/* copy 1: every push is copied to a staging slot and every pull from a
+ * bounce buffer, registered buffers or not (the path before zero-copy):
+ * for benchmarks that compare the two in one run. */
+void rps__client_set_copy(rps_client_t *cl, int copy);
+/* Shard pushes sent from the caller's memory (no copy to a staging slot),
+ * and in *pulls if given, shard pulls read straight into it. */
+uint64_t rps__client_zcopy(const rps_client_t *cl, uint64_t *pulls);
 /* Shard pushes a server refused unapplied with RPS_ESTALE_EPOCH (moved,
  * or fenced while its lease was out): each goes again, gradient and all,
  * to the partition's owner. */

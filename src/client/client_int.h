@@ -8,6 +8,7 @@
  *   ops.c       the shard op state machines and the resources they hold
  *   progress.c  the progress engine, request completion and control calls
  *   connect.c   connection setup (HELLO), the shard map, its members
+ *   buffer.c    user memory registered for zero-copy pushes and pulls
  */
 #ifndef RPS_CLIENT_INT_H
 #define RPS_CLIENT_INT_H
@@ -86,6 +87,10 @@ struct shard_op {
 	uint64_t min_version, min_clock;
 	const void *src;	/* push: this shard's part of the user buffer */
 	float *dst;		/* pull: where the parameters go */
+	struct rps_buffer *buf;	/* the registered buffer src/dst lies in (NULL: none) */
+	struct rps__mr *src_mr;	/* push: src's region when its WRITE_IMM sends the
+				 * gradient from src (zero-copy); NULL: copied to the slot */
+	bool zc_dst;		/* pull: the READ scatters the parameters into dst */
 	int torn;
 	bool cas_done, cas_ok;	/* speculative push: the acquire CAS came back */
 	bool in_slot;		/* push: its gradient is in the server's slot */
@@ -180,6 +185,16 @@ struct conn {
 	struct shard_op *active;
 };
 
+/* User memory registered with the client's fabric (buffer.c). */
+struct rps_buffer {
+	struct rps_client *cl;
+	char *addr;
+	size_t len;
+	struct rps__mr *mr;
+	uint32_t users;		/* live shard ops reading or writing it */
+	struct rps_buffer *next, *prev;
+};
+
 struct rps_client {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -190,6 +205,7 @@ struct rps_client {
 	uint64_t pushes_fenced;	/* rps__client_pushes_fenced (atomic) */
 	uint64_t pushes_chained;	/* rps__client_pushes_chained (atomic) */
 	uint64_t pushes_requeued;	/* ... and those of them requeued */
+	uint64_t zc_pushes, zc_pulls;	/* rps__client_zcopy (atomic) */
 	struct conn *conns;	/* RPS__SMAP_MAX_MEMBERS of them, nservers in use */
 	int nservers;
 	struct rps__smap map;	/* the shard map as last read */
@@ -215,6 +231,10 @@ struct rps_client {
 	int wake_fd;
 	struct rps_request *deadlines;
 	struct shard_op *backoff;	/* ops in ST_BACKOFF (linked by next) */
+	struct rps_buffer *buffers;	/* registered by the user (buffer.c) */
+	struct rps__mr *implicit_mr;	/* tcp: any memory is a send source (zero-copy
+					 * pushes from unregistered memory); NULL: none */
+	bool copy_always;	/* rps__client_set_copy: no zero-copy */
 	bool verify;		/* crc32c on every push */
 	bool takeover;		/* replaces a dead process of its rank */
 	int fault_kill_mid_push;	/* test hooks (RPS_FAULT, see rdmaps(3)) */
@@ -324,6 +344,10 @@ int rps__map_refresh(struct rps_client *cl);
 void rps__tensor_opts_defaults(struct rps_tensor_opts *d);
 int rps__tensor_refresh(struct rps_client *cl, struct rps_tensor *t);
 void rps__tensor_free(struct rps_tensor *t);
+
+/* buffer.c */
+struct rps_buffer *rps__buffer_find(struct rps_client *cl, const void *addr, size_t len);
+void rps__buffers_free(struct rps_client *cl);
 
 /* client.c */
 int rps__submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_request_t **async_out);

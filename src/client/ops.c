@@ -5,6 +5,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/crc.h"
 #include "kernels/agg.h"
 #include "client/client_int.h"
 
@@ -17,10 +18,30 @@
 
 /* ---- resources ------------------------------------------------------- */
 
+/* The registered buffer that holds the op's part of the user's memory: a
+ * push's gradient, a pull's parameters (a buffer stays registered while
+ * an op that uses it is live). */
+static void op_find_buffer(struct rps_client *cl, struct shard_op *op)
+{
+	const struct rps_tensor *t = op->t;
+	size_t elems = rps__shard_elems(&t->layout, op->shard);
+
+	op->buf = NULL;
+	if (!cl->buffers || cl->copy_always)
+		return;
+	if (op->kind == OP_PUSH)
+		op->buf = rps__buffer_find(cl, op->src, elems * rps__dtype_size((enum rps_dtype)t->spec.dtype));
+	else if (op->kind == OP_PULL)
+		op->buf = rps__buffer_find(cl, op->dst, elems * 4u);
+	if (op->buf)
+		op->buf->users++;
+}
+
 /* Ops are embedded in their request, which lives until the last op is
  * inactive; `owner` keeps that link even after op->req was cleared. */
 static void active_add(struct conn *c, struct shard_op *op)
 {
+	op_find_buffer(c->cl, op);
 	op->owner->live_ops++;
 	op->t->live_ops++;
 	c->cl->nactive++;
@@ -43,6 +64,10 @@ void rps__active_del(struct conn *c, struct shard_op *op)
 		op->anext->aprev = op->aprev;
 	op->anext = op->aprev = NULL;
 	c->cl->nactive--;
+	if (op->buf) {		/* inactive: the fabric is done with its memory */
+		op->buf->users--;
+		op->buf = NULL;
+	}
 	if (--op->t->live_ops == 0) {
 		if (op->t->closing)
 			rps__tensor_free(op->t);	/* closed while this op outlived its request */
@@ -295,8 +320,16 @@ static void post_push_write_after(struct shard_op *op, const struct rps__wr *bef
 	wr.wr_id = wrid(op, TAG_WRITE);
 	wr.op = RPS__OP_WRITE_IMM;
 	wr.sge.addr = d;
-	wr.sge.len = RPS__PUSH_DESC_SIZE + (op->in_slot ? 0 : d->nbytes);
+	wr.sge.len = RPS__PUSH_DESC_SIZE + (op->in_slot || op->src_mr ? 0 : d->nbytes);
 	wr.sge.mr = c->pbufs_mr;
+	if (op->src_mr && !op->in_slot) {
+		/* zero-copy: the gradient follows the descriptor from the
+		 * user's memory, landing right behind it in the slot */
+		wr.sgl[1].addr = (void *)(uintptr_t)op->src;
+		wr.sgl[1].len = d->nbytes;
+		wr.sgl[1].mr = op->src_mr;
+		wr.num_sge = 2;
+	}
 	wr.raddr = c->hello.slot_addr + (uint64_t)op->res * c->hello.slot_size;
 	wr.rkey = c->hello.slot_rkey;
 	wr.imm = op->res;
@@ -307,7 +340,10 @@ static void post_push_write_after(struct shard_op *op, const struct rps__wr *bef
 	if (RPS__UNLIKELY(op->die_mid_write)) {
 		/* Test hook: write half of the data without the notification, and die. */
 		wr.op = RPS__OP_WRITE;
-		wr.sge.len = RPS__PUSH_DESC_SIZE + d->nbytes / 2;
+		if (wr.num_sge == 2)
+			wr.sgl[1].len = d->nbytes / 2;
+		else
+			wr.sge.len = RPS__PUSH_DESC_SIZE + d->nbytes / 2;
 		wr.flags = RPS__WR_SIGNALED;
 		if (before)
 			post_one(c, (struct rps__wr *)before);
@@ -353,7 +389,16 @@ static void post_reads(struct shard_op *op)
 	wr[0].sge.mr = c->bbufs_mr;
 	wr[0].raddr = base;
 	wr[0].rkey = t->part[p].rkey;
+	op->zc_dst = op->buf != NULL;
+	if (op->zc_dst) {
+		/* zero-copy: the header to the bounce buffer, the parameters
+		 * straight into the user's registered memory */
+		wr[0].sge.len = RPS__SHARD_HDR_SIZE;
+		wr[0].sgl[1] = (struct rps__sge){ .addr = op->dst, .len = elems * 4u, .mr = op->buf->mr };
+		wr[0].num_sge = 2;
+	}
 	wr[1] = wr[0];
+	wr[1].num_sge = 0;
 	wr[1].flags = RPS__WR_SIGNALED;
 	wr[1].sge.addr = bounce_seq(c, op->res);
 	wr[1].sge.len = 8;
@@ -478,6 +523,7 @@ static void fill_desc(struct shard_op *op)
 	struct rps__push_desc *d = (struct rps__push_desc *)slot_buf(c, op->res);
 	uint32_t elems = rps__shard_elems(&t->layout, op->shard);
 	size_t esize = op->kind == OP_INIT ? 4 : rps__dtype_size((enum rps_dtype)t->spec.dtype);
+	bool corrupt;
 
 	memset(d, 0, sizeof(*d));
 	d->magic = RPS__DESC_MAGIC;
@@ -490,13 +536,24 @@ static void fill_desc(struct shard_op *op)
 	d->rank = c->cl->rank;
 	d->clock = op->clock;
 	d->push_id = op->push_id;
-	memcpy((char *)d + RPS__PUSH_DESC_SIZE, op->src, d->nbytes);
+	corrupt = c->cl->verify && RPS__UNLIKELY(c->cl->fault_corrupt_push) && --c->cl->fault_corrupt_push == 0;
+	/* Zero-copy when the fabric can send from the gradient where it is:
+	 * it lies in a registered buffer, or the fabric sends from any memory
+	 * (tcp).  The test hook that flips a bit never touches user memory:
+	 * its push takes the copy. */
+	op->src_mr = NULL;
+	if (op->kind == OP_PUSH && !corrupt)
+		op->src_mr = op->buf ? op->buf->mr : c->cl->copy_always ? NULL : c->cl->implicit_mr;
+	if (!op->src_mr)
+		memcpy((char *)d + RPS__PUSH_DESC_SIZE, op->src, d->nbytes);
+	else
+		__atomic_add_fetch(&c->cl->zc_pushes, 1, __ATOMIC_RELAXED);
 	if (RPS__UNLIKELY(c->cl->fault_kill_mid_push) && --c->cl->fault_kill_mid_push == 0)
 		op->die_mid_write = true;	/* counts shard pushes, not retries */
 	if (c->cl->verify) {
 		d->flags |= RPS__DESC_CRC;
-		d->crc = rps__push_crc(d);
-		if (RPS__UNLIKELY(c->cl->fault_corrupt_push) && --c->cl->fault_corrupt_push == 0)
+		d->crc = op->src_mr ? rps__crc32c_noinv(op->src, d->nbytes) : rps__push_crc(d);
+		if (corrupt)
 			((unsigned char *)d)[RPS__PUSH_DESC_SIZE + d->nbytes / 2] ^= 0x10;	/* test hook: a flipped bit */
 	}
 }
@@ -849,7 +906,10 @@ static void on_read(struct shard_op *op)
 		send_wait(op);
 		return;
 	}
-	memcpy(op->dst, hdr + 1, (size_t)hdr->elems * 4u);
+	if (!op->zc_dst)	/* (else the READ put them there) */
+		memcpy(op->dst, hdr + 1, (size_t)hdr->elems * 4u);
+	else
+		__atomic_add_fetch(&c->cl->zc_pulls, 1, __ATOMIC_RELAXED);
 	op->min_version = version;
 	rps__op_report(op, 0);
 	op_release(op);

@@ -301,6 +301,8 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 {
 	struct shard_op **pp = &cl->backoff, *op;
 	struct rps_request *r, *next;
+	bool zc_kill[RPS__SMAP_MAX_MEMBERS] = { false };
+	int k;
 
 	while ((op = *pp) != NULL) {
 		if (op->retry_at <= now) {
@@ -319,10 +321,16 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 			 * the transport hands them back. */
 			const struct shard_op *stuck = NULL;
 			uint32_t i;
-			int k;
 			for (i = 0; i < r->nops; i++) {
-				if (r->ops[i].req == r && !stuck)
-					stuck = &r->ops[i];
+				const struct shard_op *o = &r->ops[i];
+				if (o->req == r && !stuck)
+					stuck = o;
+				/* A zero-copy op still moving the user's memory:
+				 * the caller may reuse it once we return, so its
+				 * connection goes (below), and the fabric with it. */
+				if (o->req == r && o->c && ((o->state == ST_WRITING && o->src_mr) ||
+							    (o->state == ST_READING && o->zc_dst)))
+					zc_kill[o->c->index] = true;
 				r->ops[i].req = NULL;
 			}
 			for (k = 0; k < cl->nservers; k++)
@@ -343,6 +351,12 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 			rps__req_finish(r);
 		}
 	}
+	/* (the lock is held throughout: no waiter returns before this) */
+	for (k = 0; k < cl->nservers; k++)
+		if (zc_kill[k] && cl->conns[k].ep) {
+			cl->conns[k].err = -ETIMEDOUT;
+			rps__conn_kill(cl, &cl->conns[k]);
+		}
 }
 
 /* How long progress may sleep: until the next lock retry, at most 50 ms
