@@ -310,6 +310,191 @@ static void test_async_exact(void)
 	free(p);
 }
 
+/* ---- registered buffers: zero-copy pushes and pulls ----------------------- */
+
+#define ZC_COUNT (2 * SHARD_BYTES / 4 + 1001)	/* 3 shards, the last one short */
+
+static rps_tensor_t *zc_tensor(rps_client_t *cl, const char *name, enum rps_mode mode, enum rps_dtype dt)
+{
+	struct rps_tensor_opts o;
+	rps_tensor_t *t = NULL;
+
+	rps_tensor_opts_init(&o);
+	o.count = ZC_COUNT;
+	o.dtype = dt;
+	o.mode = mode;
+	o.optimizer = RPS_OPT_SUM;
+	CU_ASSERT_EQUAL(rps_tensor_create(cl, name, &o, &t), 0);
+	return t;
+}
+
+/* Pushes and pulls from registered memory give the very values the copy
+ * path gives (async, sync, bf16; blocking and started), and put no more
+ * bytes on the wire; the registered path is the one taken. */
+static void test_registered_buffers(void)
+{
+	const size_t n = ZC_COUNT;
+	float *g = malloc(n * 4), *p = malloc(n * 4), *q = malloc(n * 4), *heap = malloc(n * 4);
+	uint16_t *g16 = malloc(n * 2);
+	rps_buffer_t *gb = NULL, *pb = NULL, *g16b = NULL;
+	uint64_t tx_zc, tx_copy, zc0, zpulls0, zpulls1, version = 0;
+	rps_request_t *req = NULL;
+	rps_tensor_t *ta, *ts, *tb;
+	rps_client_t *cl;
+	size_t i;
+	int bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 1, &cl), 0);
+	for (i = 0; i < n; i++)
+		g[i] = heap[i] = (float)((i * 7) % 101) - 50.0f;
+	CU_ASSERT_EQUAL_FATAL(rps_buffer_register(cl, g, n * 4, &gb), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_buffer_register(cl, p, n * 4, &pb), 0);
+	ta = zc_tensor(cl, "zc-async", RPS_MODE_ASYNC, RPS_DTYPE_F32);
+	CU_ASSERT_FATAL(ta != NULL);
+
+	/* async: registered, then the copy path forced, then plain heap memory
+	 * (after a first push that learns the lock words: a CAS that lost
+	 * adds its retry's bytes) */
+	CU_ASSERT_EQUAL(rps_push(ta, g, n * 4), 0);
+	zc0 = rps__client_zcopy(cl, &zpulls0);
+	tx_zc = rps__client_tx_bytes(cl);
+	CU_ASSERT_EQUAL(rps_push(ta, g, n * 4), 0);
+	tx_zc = rps__client_tx_bytes(cl) - tx_zc;
+	CU_ASSERT_EQUAL(rps__client_zcopy(cl, NULL) - zc0, 3);	/* every shard without a copy */
+	rps__client_set_copy(cl, 1);
+	tx_copy = rps__client_tx_bytes(cl);
+	CU_ASSERT_EQUAL(rps_push(ta, g, n * 4), 0);
+	tx_copy = rps__client_tx_bytes(cl) - tx_copy;
+	rps__client_set_copy(cl, 0);
+	CU_ASSERT_EQUAL(rps__client_zcopy(cl, NULL) - zc0, 3);
+	CU_ASSERT_EQUAL(tx_zc, tx_copy);	/* the same bytes: descriptor + gradient (+ CAS) */
+	CU_ASSERT(tx_zc >= n * 4 + 3 * RPS__PUSH_DESC_SIZE);
+	CU_ASSERT_EQUAL(rps_push_start(ta, heap, n * 4, &req), 0);
+	CU_ASSERT_EQUAL(rps_wait(req), 0);
+	memset(p, 0xff, n * 4);
+	CU_ASSERT_EQUAL(rps_pull(ta, p, n * 4, &version), 0);
+	rps__client_zcopy(cl, &zpulls1);
+	CU_ASSERT_EQUAL(zpulls1 - zpulls0, 3);
+	CU_ASSERT_EQUAL(version, 4);
+	for (i = 0; i < n; i++)
+		bad += p[i] != 4.0f * g[i];
+	CU_ASSERT_EQUAL(bad, 0);
+	/* a pull into memory not registered: the copy, the same values */
+	CU_ASSERT_EQUAL(rps_pull(ta, q, n * 4, NULL), 0);
+	CU_ASSERT(memcmp(p, q, n * 4) == 0);
+	/* started forms, from a part of a registered buffer at an offset: a
+	 * registration is found for any range inside it */
+	CU_ASSERT_EQUAL(rps_push_start(ta, g, n * 4, &req), 0);
+	CU_ASSERT_EQUAL(rps_wait(req), 0);
+	CU_ASSERT_EQUAL(rps_pull_start(ta, p, n * 4, &version, &req), 0);
+	CU_ASSERT_EQUAL(rps_wait(req), 0);
+	CU_ASSERT_EQUAL(version, 5);
+	for (i = 0, bad = 0; i < n; i++)
+		bad += p[i] != 5.0f * g[i];
+	CU_ASSERT_EQUAL(bad, 0);
+
+	/* sync, one worker: each push is a step */
+	ts = zc_tensor(cl, "zc-sync", RPS_MODE_SYNC, RPS_DTYPE_F32);
+	CU_ASSERT_FATAL(ts != NULL);
+	CU_ASSERT_EQUAL(rps_push(ts, g, n * 4), 0);
+	CU_ASSERT_EQUAL(rps_push_start(ts, g, n * 4, &req), 0);
+	CU_ASSERT_EQUAL(rps_wait(req), 0);
+	CU_ASSERT_EQUAL(rps_pull(ts, p, n * 4, &version), 0);
+	CU_ASSERT_EQUAL(version, 2);
+	for (i = 0, bad = 0; i < n; i++)
+		bad += p[i] != 2.0f * g[i];
+	CU_ASSERT_EQUAL(bad, 0);
+
+	/* bf16 from a registered buffer: the server gets the same 2-byte values */
+	rps__f32_to_dtype(g16, g, RPS_DTYPE_BF16, n);
+	CU_ASSERT_EQUAL_FATAL(rps_buffer_register(cl, g16, n * 2, &g16b), 0);
+	tb = zc_tensor(cl, "zc-bf16", RPS_MODE_ASYNC, RPS_DTYPE_BF16);
+	CU_ASSERT_FATAL(tb != NULL);
+	CU_ASSERT_EQUAL(rps_push(tb, g16, n * 2), 0);
+	CU_ASSERT_EQUAL(rps_pull(tb, p, n * 4, NULL), 0);
+	for (i = 0, bad = 0; i < n; i++)
+		bad += p[i] != rps__bf16_to_f32(g16[i]);
+	CU_ASSERT_EQUAL(bad, 0);
+
+	rps_tensor_close(ta);
+	rps_tensor_close(ts);
+	rps_tensor_close(tb);
+	CU_ASSERT_EQUAL(rps_buffer_deregister(gb), 0);
+	CU_ASSERT_EQUAL(rps_buffer_deregister(pb), 0);
+	/* g16b is left for rps_client_close (valgrind: nothing leaks) */
+	(void)g16b;
+	CU_ASSERT_EQUAL(rps_client_close(cl), 0);
+	free(g16);
+	free(heap);
+	free(q);
+	free(p);
+	free(g);
+}
+
+/* The rules: nothing empty is registered; a buffer in use by a running
+ * request is not deregistered (-EBUSY), and is once it completed; a
+ * buffer of one client means nothing to another (its pushes copy). */
+static void test_registered_buffer_rules(void)
+{
+	const size_t n = ZC_COUNT;
+	float *g = malloc(n * 4), *p = malloc(n * 4);
+	rps_buffer_t *pb = NULL, *gb = NULL, *dummy = NULL;
+	rps_client_t *c0, *c1;
+	rps_tensor_t *t0, *t1;
+	rps_request_t *req, *preq;
+	uint64_t z0, z1, version = 0;
+	size_t i;
+	int bad = 0;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 2, &c0), 0);
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 1, 2, &c1), 0);
+	for (i = 0; i < n; i++)
+		g[i] = (float)(i % 13);
+	CU_ASSERT_EQUAL(rps_buffer_register(c0, NULL, 64, &dummy), -EINVAL);
+	CU_ASSERT_EQUAL(rps_buffer_register(c0, g, 0, &dummy), -EINVAL);
+	CU_ASSERT(strstr(rps_last_error(), "empty") != NULL);
+	CU_ASSERT_EQUAL(rps_buffer_register(NULL, g, 64, &dummy), -EINVAL);
+	CU_ASSERT_EQUAL(rps_buffer_register(c0, g, 64, NULL), -EINVAL);
+	CU_ASSERT_PTR_NULL(dummy);
+	CU_ASSERT_EQUAL(rps_buffer_deregister(NULL), 0);
+
+	CU_ASSERT_EQUAL_FATAL(rps_buffer_register(c0, p, n * 4, &pb), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_buffer_register(c0, g, n * 4, &gb), 0);
+	t0 = zc_tensor(c0, "zc-rules", RPS_MODE_SYNC, RPS_DTYPE_F32);
+	t1 = zc_tensor(c1, "zc-rules", RPS_MODE_SYNC, RPS_DTYPE_F32);
+	CU_ASSERT_FATAL(t0 && t1);
+	/* rank 0's push and pull of step 1 wait for rank 1's push (the push
+	 * too: the partitions have backups): their buffers are busy */
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g, n * 4, &preq), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_pull_start(t0, p, n * 4, &version, &req), 0);
+	usleep(50000);
+	CU_ASSERT_EQUAL(rps_buffer_deregister(pb), -EBUSY);
+	CU_ASSERT(strstr(rps_last_error(), "still use it") != NULL);
+	CU_ASSERT_EQUAL(rps_buffer_deregister(gb), -EBUSY);
+	/* rank 1 pushes from memory rank 0's client registered: its own copy */
+	z0 = rps__client_zcopy(c1, NULL);
+	CU_ASSERT_EQUAL(rps_push(t1, g, n * 4), 0);
+	z1 = rps__client_zcopy(c1, NULL);
+	if (strncmp(cluster.servers, "tcp", 3) != 0)
+		CU_ASSERT_EQUAL(z1, z0);	/* (tcp sends every push from the caller's memory) */
+	CU_ASSERT_EQUAL(rps_wait(preq), 0);
+	CU_ASSERT_EQUAL(rps_wait(req), 0);
+	CU_ASSERT_EQUAL(version, 1);
+	for (i = 0; i < n; i++)
+		bad += p[i] != 2.0f * g[i];
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(rps_buffer_deregister(pb), 0);
+	CU_ASSERT_EQUAL(rps_buffer_deregister(gb), 0);
+	rps_tensor_close(t0);
+	rps_tensor_close(t1);
+	rps_client_close(c0);
+	rps_client_close(c1);
+	free(p);
+	free(g);
+}
+
 /* ---- contended async pushes: each gradient goes once --------------------- */
 
 #define CT_PUSHES 60
@@ -2787,6 +2972,8 @@ int main(void)
 		{ "sync momentum bf16 bit-identical to reference", test_sync_momentum_bf16 },
 		{ "sync SGD fp16 bit-identical to reference", test_sync_sgd_f16 },
 		{ "async exact sums, version == pushes", test_async_exact },
+		{ "registered buffers: zero-copy pushes and pulls, exact, no more bytes", test_registered_buffers },
+		{ "registered buffers: empty refused, busy not deregistered, per client", test_registered_buffer_rules },
 		{ "async, contended: each gradient crosses the wire once, exact", test_async_contended_once },
 		{ "async, windows of 8: a worker's pushes to one shard go as chains, exact", test_async_windows_chain },
 		{ "bounded staleness never exceeds k", test_bounded_staleness },
