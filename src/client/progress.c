@@ -325,11 +325,14 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 				const struct shard_op *o = &r->ops[i];
 				if (o->req == r && !stuck)
 					stuck = o;
-				/* A zero-copy op still moving the user's memory:
-				 * the caller may reuse it once we return, so its
-				 * connection goes (below), and the fabric with it. */
-				if (o->req == r && o->c && ((o->state == ST_WRITING && o->src_mr) ||
-							    (o->state == ST_READING && o->zc_dst)))
+				/* A push sent from memory the user did not
+				 * register, its frame maybe not all written
+				 * yet: the caller may reuse the memory once we
+				 * return, so the connection goes (below).
+				 * (Registered memory stays busy instead, see
+				 * rps_buffer_deregister.) */
+				if (o->req == r && o->c && o->state == ST_WRITING && o->src_mr &&
+				    o->src_mr == cl->implicit_mr)
 					zc_kill[o->c->index] = true;
 				r->ops[i].req = NULL;
 			}
@@ -353,7 +356,8 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 	}
 	/* (the lock is held throughout: no waiter returns before this) */
 	for (k = 0; k < cl->nservers; k++)
-		if (zc_kill[k] && cl->conns[k].ep) {
+		if (zc_kill[k] && cl->conns[k].ep && rps__ep_tx_pending(cl->conns[k].ep)) {
+			cl->conns[k].dead = true;
 			cl->conns[k].err = -ETIMEDOUT;
 			rps__conn_kill(cl, &cl->conns[k]);
 		}

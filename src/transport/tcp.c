@@ -541,6 +541,7 @@ const struct rps__transport_ops rps__tcp_ops = {
 	.mr_reg = tcp_mr_reg,
 	.mr_dereg = tcp_mr_dereg,
 	.mr_reg_implicit = tcp_mr_reg_implicit,
+	.ep_tx_pending = rps__tcp_ep_tx_pending,
 	.local_cas = tcp_local_cas,
 	.cq_create = tcp_cq_create,
 	.cq_destroy = tcp_cq_destroy,

@@ -558,6 +558,17 @@ int rps__tcp_post(struct rps__ep *base, const struct rps__wr *wr, int n)
 	return 0;
 }
 
+int rps__tcp_ep_tx_pending(struct rps__ep *base)
+{
+	struct tcp_ep *ep = rps__container_of(base, struct tcp_ep, base);
+	int pending;
+
+	pthread_mutex_lock(&ep->lock);
+	pending = ep->tx_head != NULL || ep->held_head != NULL;
+	pthread_mutex_unlock(&ep->lock);
+	return pending;
+}
+
 /* ------------------------------------------------------------------------ */
 /* receiving: posted receives and early arrivals                            */
 

@@ -266,6 +266,11 @@ void *rps__ep_context(const struct rps__ep *ep) { return ep->context; }
 const char *rps__ep_peer(const struct rps__ep *ep) { return ep->peer; }
 int rps__ep_is_error(const struct rps__ep *ep) { return __atomic_load_n(&ep->error, __ATOMIC_ACQUIRE); }
 
+int rps__ep_tx_pending(struct rps__ep *ep)
+{
+	return ep->fab->ops->ep_tx_pending ? ep->fab->ops->ep_tx_pending(ep) : 1;
+}
+
 int rps__post(struct rps__ep *ep, const struct rps__wr *wr, int n)
 {
 	uint64_t bytes = 0;

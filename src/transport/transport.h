@@ -280,6 +280,10 @@ void rps__ep_set_context(struct rps__ep *ep, void *ctx);
 void *rps__ep_context(const struct rps__ep *ep);
 const char *rps__ep_peer(const struct rps__ep *ep);	/* "10.0.2.15:7000" */
 int rps__ep_is_error(const struct rps__ep *ep);
+/* 1 if local memory of posted sends (WRITE, WRITE_IMM, SEND) may still be
+ * read: tcp, while frames wait to be handed to the kernel (which copies
+ * them); verbs cannot tell before their completions, so always 1. */
+int rps__ep_tx_pending(struct rps__ep *ep);
 
 /* data movement.  rps__post is all-or-nothing: -EAGAIN when the n WRs do
  * not fit the send queue (none posted), -EINVAL when n exceeds its depth or
@@ -333,6 +337,7 @@ struct rps__transport_ops {
 	void (*ep_close)(struct rps__ep *ep);
 	int (*post)(struct rps__ep *ep, const struct rps__wr *wr, int n);
 	int (*post_recv)(struct rps__ep *ep, const struct rps__sge *sge, uint64_t wr_id);
+	int (*ep_tx_pending)(struct rps__ep *ep);	/* optional: NULL means always 1 */
 };
 
 /* Common heads; providers embed these first in their private structs. */
