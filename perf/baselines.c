@@ -120,7 +120,7 @@ static long raw_warmup(const struct run *r, const struct raw_result *x)
 
 static int raw_run_socket(struct run *r, int fd, struct raw_result *x, char *buf)
 {
-	struct pass p = { { NULL, 0, 0 }, 0, 0, 0 };
+	struct pass p = { { NULL, 0, 0 }, 0, 0, 0, 0 };
 	int ret;
 
 	ret = psperf_sock_run(fd, x, raw_warmup(r, x), &p, buf);
@@ -132,7 +132,7 @@ static int raw_run_socket(struct run *r, int fd, struct raw_result *x, char *buf
 
 static int raw_run_transport(struct run *r, struct rawt_session *s, struct raw_result *x)
 {
-	struct pass p = { { NULL, 0, 0 }, 0, 0, 0 };
+	struct pass p = { { NULL, 0, 0 }, 0, 0, 0, 0 };
 	int ret;
 
 	ret = x->is_bw ? psperf_rawt_bw(s, x, &p) : psperf_rawt_lat(s, x, raw_warmup(r, x), &p);

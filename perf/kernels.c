@@ -61,7 +61,7 @@ static void run_agg_row(struct run *r, struct row *row)
 	float *acc = psperf_xalloc_aligned(n * 4);
 	void **grads = psperf_xcalloc((size_t)r->W, sizeof(*grads));
 	char *dst = psperf_xalloc_aligned(row->bytes);
-	struct pass warm = { { NULL, 0, 0 }, 0, 0, 0 };
+	struct pass warm = { { NULL, 0, 0 }, 0, 0, 0, 0 };
 	struct raw_result *raw;
 	int k;
 
@@ -73,7 +73,7 @@ static void run_agg_row(struct run *r, struct row *row)
 	agg_pass(&row->lat, acc, grads, r->W, dt, n, row->iters);
 	raw = psperf_raw_add(r, RAW_MEMCPY, row->bytes, (size_t)r->W, row->iters, row->iters);
 	if (!raw->st.valid) {
-		struct pass mp = { { NULL, 0, 0 }, 0, 0, 0 };
+		struct pass mp = { { NULL, 0, 0 }, 0, 0, 0, 0 };
 		memcpy_pass(&mp, dst, grads, r->W, row->bytes, row->warmup);
 		psperf_samples_free(&mp.s);
 		memset(&mp, 0, sizeof(mp));
@@ -172,7 +172,7 @@ static void run_kernel_row(struct run *r, struct row *row)
 	float *src = psperf_xalloc_aligned(bytes);
 	char *dst = psperf_xalloc_aligned(bytes);
 	uint8_t *out = NULL, *level_buf = NULL;
-	struct pass warm = { { NULL, 0, 0 }, 0, 0, 0 };
+	struct pass warm = { { NULL, 0, 0 }, 0, 0, 0, 0 };
 	struct raw_result *raw;
 
 	if (row->zeros)
@@ -194,7 +194,7 @@ static void run_kernel_row(struct run *r, struct row *row)
 	raw = psperf_raw_add(r, RAW_MEMCPY, bytes, 1, row->iters, row->iters);
 	if (!raw->st.valid) {
 		void *one[1] = { src };
-		struct pass mp = { { NULL, 0, 0 }, 0, 0, 0 };
+		struct pass mp = { { NULL, 0, 0 }, 0, 0, 0, 0 };
 
 		memcpy_pass(&mp, dst, one, 1, bytes, row->warmup);
 		psperf_samples_free(&mp.s);

@@ -107,6 +107,11 @@ static void usage_cluster(FILE *f)
 "      --spin-us US       servers and workers busy-poll this long before\n"
 "                         sleeping (default 0; perftest always busy-polls)\n"
 "      --timeout-ms MS    give up on one operation after this (default 30000)\n"
+"      --registered       workers push from and pull into buffers registered\n"
+"                         with rps_buffer_register (zero-copy)\n"
+"      --copy             workers copy every push to a staging slot and every\n"
+"                         pull from a bounce buffer (the path before zero-copy;\n"
+"                         by default tcp pushes from the caller's memory)\n"
 "\n"
 "Separate processes / hosts:\n"
 "      --server           run one server until SIGINT/SIGTERM\n"
@@ -326,7 +331,7 @@ enum {
 	OPT_STALENESS = 256, OPT_OPTIMIZER, OPT_REPLICAS, OPT_SERVERS, OPT_WORKERS, OPT_TRANSPORT,
 	OPT_DEVICE, OPT_ADDR, OPT_SHARD, OPT_SLOTS, OPT_SPIN, OPT_TIMEOUT, OPT_SERVER,
 	OPT_LISTEN, OPT_CLUSTER, OPT_INDEX, OPT_CONNECT, OPT_RANK, OPT_NUMW, OPT_TAG,
-	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC, OPT_PARTITIONS,
+	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC, OPT_PARTITIONS, OPT_REGISTERED, OPT_COPY,
 };
 
 static const struct option longopts[] = {
@@ -361,6 +366,8 @@ static const struct option longopts[] = {
 	{ "tag", required_argument, NULL, OPT_TAG },
 	{ "baseline", no_argument, NULL, 'b' },
 	{ "raw-transport", no_argument, NULL, OPT_RAWT },
+	{ "registered", no_argument, NULL, OPT_REGISTERED },
+	{ "copy", no_argument, NULL, OPT_COPY },
 	{ "json", required_argument, NULL, 'j' },
 	{ "csv", no_argument, NULL, OPT_CSV },
 	{ "label", required_argument, NULL, OPT_LABEL },
@@ -438,6 +445,8 @@ static void parse_option(struct opts *o, int c, const char *arg)
 	case OPT_TAG: o->tag = arg; break;
 	case 'b': o->baseline = true; break;
 	case OPT_RAWT: o->raw_transport = true; break;
+	case OPT_REGISTERED: o->zcopy = 1; break;
+	case OPT_COPY: o->zcopy = -1; break;
 	case 'j': o->json = arg; break;
 	case OPT_CSV: o->csv = true; break;
 	case OPT_LABEL: o->label = arg; break;

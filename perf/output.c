@@ -113,6 +113,8 @@ static void print_header(const struct run *r, enum test_id t, bool raw, bool ref
 	       "t_min[us]", "t_typ[us]", "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "BW[GB/s]", "ops/s");
 	if (t == T_PUSH || t == T_PUSHPULL)
 		printf(" %6s", "tx/B");
+	if (t == T_PUSH || t == T_PULL || t == T_PUSHPULL)
+		printf(" %8s", "cpu_s/GB");
 	if (raw)
 		printf(" %10s %7s %10s %7s", "raw[us]", "x_lat", "raw[GB/s]", "x_bw");
 	if (raw && ref)
@@ -143,6 +145,10 @@ static void print_row(const struct row *row, bool raw, bool ref)
 	if (row->test == T_PUSH || row->test == T_PUSHPULL) {
 		fmt_num(b[1], sizeof(b[1]), row->tx_per_byte, "%.3f");
 		printf(" %6s", b[1]);
+	}
+	if (row->test == T_PUSH || row->test == T_PULL || row->test == T_PUSHPULL) {
+		fmt_num(b[1], sizeof(b[1]), row->cpu_s_per_gb, "%.3f");
+		printf(" %8s", b[1]);
 	}
 	if (raw) {
 		fmt_num(b[1], sizeof(b[1]), row->raw_lat && row->raw_lat->st.valid ? row->raw_lat->st.typ : NAN, "%.2f");
@@ -334,7 +340,8 @@ static void print_csv(const struct run *r)
 
 	printf("test,label,bytes,moved_bytes,workers,iters,t_min_us,t_typ_us,t_avg_us,t_p99_us,t_p999_us,lat_gbs,lat_ops_s,"
 	       "bw_iters,bw_t_min_us,bw_t_typ_us,bw_t_avg_us,bw_t_p99_us,bw_t_p999_us,bw_gbs,ops_s,"
-	       "raw_lat_op,raw_t_typ_us,x_lat,raw_bw_op,raw_gbs,x_bw,tx_per_byte,raw_ref_op,raw_ref_t_typ_us,x_ref\n");
+	       "raw_lat_op,raw_t_typ_us,x_lat,raw_bw_op,raw_gbs,x_bw,tx_per_byte,raw_ref_op,raw_ref_t_typ_us,x_ref,"
+	       "cpu_s_per_gb\n");
 	for (i = 0; i < r->nrows; i++) {
 		const struct row *row = &r->rows[i];
 		printf("%s,%s,%zu,%.0f,%d", psperf_test_names[row->test], row->label, row->bytes, row->moved, row->workers);
@@ -350,6 +357,7 @@ static void print_csv(const struct run *r)
 		printf(",%s", row->raw_ref ? row->raw_ref->name : "");
 		csv_num(row->raw_ref ? row->raw_ref->st.typ : NAN);
 		csv_num(row->x_ref);
+		csv_num(row->cpu_s_per_gb);
 		printf("\n");
 	}
 	for (i = 0; i < r->nraws; i++) {
@@ -357,7 +365,7 @@ static void print_csv(const struct run *r)
 		printf("raw,%s%s,%zu,%zu,1", x->transport_tcp ? "tcp-transport " : "", x->name, x->a, x->b);
 		csv_stats(&x->st);
 		csv_stats(&x->st);
-		printf(",,,,,,,,,,\n");
+		printf(",,,,,,,,,,,\n");
 	}
 	fflush(stdout);
 }
@@ -548,6 +556,8 @@ static void json_row(FILE *f, const struct row *row)
 	}
 	fprintf(f, ", \"tx_per_byte\": ");
 	json_num(f, row->tx_per_byte);
+	fprintf(f, ", \"cpu_s_per_gb\": ");
+	json_num(f, row->cpu_s_per_gb);
 	if (row->test == T_COMMIT && !row->commit_rtt) {
 		fprintf(f, ", \"x_rtt\": ");
 		json_num(f, row->x_rtt);

@@ -60,6 +60,7 @@ struct opts {
 	bool kind_set;
 	const char *device, *addr;
 	bool baseline, raw_transport;
+	int zcopy;			/* --copy -1, --registered 1, else 0: the library's default */
 	const char *json, *label, *tag;
 	bool csv, quiet;
 	const char *listen, *cluster;
@@ -91,6 +92,7 @@ struct pass {
 	struct samples s;
 	uint64_t t0, t1;
 	uint64_t tx;		/* payload bytes the workers' clients put on the wire */
+	uint64_t cpu_ns;	/* the process's user + system CPU time over the pass */
 };
 
 /* ---- the plan ------------------------------------------------------------- */
@@ -139,6 +141,7 @@ struct row {
 	struct raw_result *raw_x[3];	/* --raw-transport extras over tcp: lat, bw, ref */
 	double x_lat, x_bw, x_ref;
 	double tx_per_byte;	/* push rows: wire bytes (rps__fabric_tx_bytes) per gradient byte */
+	double cpu_s_per_gb;	/* push/pull rows: process CPU seconds per 1e9 bytes moved */
 	double x_rtt;		/* commit row: its t_typ / the admin round trip's */
 	uint32_t reseed_parts;	/* reseed row: partition images seeded per raise */
 };

@@ -43,6 +43,10 @@ void psperf_pass_merge(struct pass *dst, const struct pass *src)
 	size_t i;
 
 	dst->tx += src->tx;
+	/* the workers of one process measure the same process CPU over
+	 * nearly the same span: the largest is the pass's */
+	if (src->cpu_ns > dst->cpu_ns)
+		dst->cpu_ns = src->cpu_ns;
 	if (!src->s.n)
 		return;
 	psperf_samples_reserve(&dst->s, dst->s.n + src->s.n);
@@ -124,6 +128,12 @@ void psperf_compute_figures(struct run *r)
 			row->x_lat = ratio(row->s_lat.typ, row->raw_lat->st.typ);
 		row->x_rtt = NAN;
 		row->tx_per_byte = NAN;
+		row->cpu_s_per_gb = NAN;
+		if (row->test == T_PUSH || row->test == T_PULL || row->test == T_PUSHPULL) {
+			const struct pass *p = row->bw.s.n ? &row->bw : &row->lat;
+			if (p->s.n && row->moved > 0 && p->cpu_ns)
+				row->cpu_s_per_gb = ((double)p->cpu_ns / 1e9) / (row->moved * (double)p->s.n / 1e9);
+		}
 		if (row->test == T_PUSH || row->test == T_PUSHPULL) {
 			/* the bandwidth pass if there was one: windows and contention */
 			const struct pass *p = row->bw.s.n ? &row->bw : &row->lat;

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 struct worker {
 	struct run *run;
@@ -24,6 +25,7 @@ struct worker {
 	rps_tensor_t *lockt;
 	void *grad;
 	float *pull;
+	rps_buffer_t *grad_buf, *pull_buf;	/* --registered */
 	struct pass *lat, *bw;	/* per row */
 	int status;
 	char err[1024];
@@ -148,6 +150,18 @@ static int op_finish(struct worker *w, const struct row *row, rps_request_t **re
 
 /* ---- worker: passes ------------------------------------------------------------------------ */
 
+/* User + system CPU time of the whole process (every worker, the clients'
+ * progress threads; local mode: the servers too). */
+static uint64_t process_cpu_ns(void)
+{
+	struct rusage ru;
+
+	if (getrusage(RUSAGE_SELF, &ru))
+		return 0;
+	return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000ull +
+	       ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ull;
+}
+
 static int barrier(struct worker *w, const struct row *row)
 {
 	int ret = rps_barrier(w->cl);
@@ -179,7 +193,7 @@ static void row_baseline(struct worker *w, long ri)
 static int pass_blocking(struct worker *w, long ri, rps_tensor_t *t, long n, struct pass *out)
 {
 	const struct row *row = &w->run->rows[ri];
-	uint64_t t0, t1, tx0 = rps__client_tx_bytes(w->cl);
+	uint64_t t0, t1, tx0 = rps__client_tx_bytes(w->cl), cpu0 = process_cpu_ns();
 	long i;
 
 	if (out) {
@@ -198,6 +212,7 @@ static int pass_blocking(struct worker *w, long ri, rps_tensor_t *t, long n, str
 	if (out) {
 		out->t1 = rps__now_ns();
 		out->tx = rps__client_tx_bytes(w->cl) - tx0;
+		out->cpu_ns = process_cpu_ns() - cpu0;
 	}
 	return 0;
 }
@@ -211,7 +226,7 @@ static int pass_window(struct worker *w, long ri, rps_tensor_t *t, long n, struc
 	rps_request_t *(*req)[2] = psperf_xcalloc((size_t)win, sizeof(*req));
 	uint64_t *ts = psperf_xcalloc((size_t)win, sizeof(*ts));
 	long posted = 0, done = 0;
-	uint64_t tx0 = rps__client_tx_bytes(w->cl);
+	uint64_t tx0 = rps__client_tx_bytes(w->cl), cpu0 = process_cpu_ns();
 	int ret = 0;
 
 	psperf_samples_reserve(&out->s, (size_t)n);
@@ -232,6 +247,7 @@ static int pass_window(struct worker *w, long ri, rps_tensor_t *t, long n, struc
 	}
 	out->t1 = rps__now_ns();
 	out->tx = rps__client_tx_bytes(w->cl) - tx0;
+	out->cpu_ns = process_cpu_ns() - cpu0;
 	free(req);
 	free(ts);
 	return ret;
@@ -352,6 +368,15 @@ static int worker_setup(struct worker *w)
 	ret = rps_client_connect(&co, &w->cl);
 	if (ret)
 		return worker_fail(w, NULL, "rps_client_connect", ret);
+	if (o->zcopy < 0)
+		rps__client_set_copy(w->cl, 1);
+	if (o->zcopy > 0) {
+		ret = rps_buffer_register(w->cl, w->grad, max, &w->grad_buf);
+		if (!ret)
+			ret = rps_buffer_register(w->cl, w->pull, count * 4, &w->pull_buf);
+		if (ret)
+			return worker_fail(w, NULL, "rps_buffer_register", ret);
+	}
 	if (w->rank == 0)
 		snprintf(w->run->device, sizeof(w->run->device), "%s", rps__client_fabric_name(w->cl));
 	if (w->rank == 0 && o->baseline)
@@ -371,6 +396,11 @@ static void worker_teardown(struct worker *w)
 			rps_tensor_close(w->tens[i]);
 	if (w->lockt && !w->status)
 		rps_tensor_close(w->lockt);
+	if (!w->status) {	/* (else rps_client_close releases them) */
+		rps_buffer_deregister(w->grad_buf);
+		rps_buffer_deregister(w->pull_buf);
+	}
+	w->grad_buf = w->pull_buf = NULL;
 	if (w->cl)
 		rps_client_close(w->cl);
 	w->cl = NULL;
