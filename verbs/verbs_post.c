@@ -95,8 +95,17 @@ static int build_swr(struct v_ep *ep, const struct rps__wr *u, int i, int n, uin
 	w->sg_list = sg;
 	/* empty entries are left out: a zero-length WRITE carries no SGE */
 	for (k = 0; k < nsge; k++) {
+		const struct rps__mr *mr = u->sgl[k].mr;
+		uintptr_t a = (uintptr_t)u->sgl[k].addr;
+
 		if (!u->sgl[k].len)
 			continue;
+		/* the contract's check, at post time as on tcp (the HCA would
+		 * fail it later, and the QP with it) */
+		if (mr && !(u->flags & RPS__WR_INLINE) &&
+		    (a < (uintptr_t)mr->addr || u->sgl[k].len > mr->len || a - (uintptr_t)mr->addr > mr->len - u->sgl[k].len))
+			return rps__seterr(-EINVAL, "verbs: post: WR %d entry %d (%p+%u) lies outside its region %p+%zu: "
+					   "pass the region that holds it", i, k, u->sgl[k].addr, u->sgl[k].len, mr->addr, mr->len);
 		sg[w->num_sge].addr = (uintptr_t)u->sgl[k].addr;
 		sg[w->num_sge].length = u->sgl[k].len;
 		sg[w->num_sge].lkey = u->sgl[k].mr ? u->sgl[k].mr->lkey : 0;
