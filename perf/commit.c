@@ -8,10 +8,12 @@
 #include "client/ctl.h"
 #include "common/fsutil.h"
 #include "proto/proto.h"
+#include "proto/smap.h"
 #include "control/raft.h"
 #include "transport/uri.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,6 +283,70 @@ int psperf_commit_measure(struct run *r, const char *list)
 	return ret;
 }
 
+/* What one NOP adds to a server's WAL: one entry record (24-byte header,
+ * then term, index, type and the encoded command, padded to 8 bytes; the
+ * format at the top of src/control/wal.c).  Its commit index goes with the
+ * next entry's batch. */
+static size_t nop_batch_bytes(void)
+{
+	struct rps__smap_cmd cmd;
+	uint8_t buf[512];
+	size_t len = 0;
+
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.type = RPS__SMAP_NOP;
+	if (rps__smap_cmd_encode(&cmd, buf, sizeof(buf), &len))
+		len = 48;
+	return 24 + RPS__ALIGN_UP(17 + len, 8);
+}
+
+/* The durable commit's yardstick, in the same run: appends of a NOP's WAL
+ * batch to a file beside the data dirs, each followed by fdatasync, one at
+ * a time (what each server does once per entry).  Not fatal: a word and no
+ * figure if the file system refuses. */
+static void commit_sync_baseline(struct run *r, const char *root)
+{
+	struct row *cr = psperf_plan_commit_row(r, false);
+	long n = cr ? RPS__MAX(cr->iters, 1L) : 1000, warm = cr ? cr->warmup : 100;
+	size_t bytes = nop_batch_bytes();
+	struct pass p;
+	char path[PATH_MAX], buf[512];
+	uint64_t off = 0, t0;
+	int fd;
+
+	memset(&p, 0, sizeof(p));
+	memset(buf, 0x5a, sizeof(buf));
+	snprintf(path, sizeof(path), "%s/fdatasync.bin", root);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		fprintf(stderr, "psperf: commit: fdatasync baseline: %s: %s\n", path, strerror(errno));
+		return;
+	}
+	commit_progress(r, cr, 4, 0);
+	psperf_samples_reserve(&p.s, (size_t)n);
+	for (long i = -warm; i < n; i++) {
+		if (i == 0)
+			p.t0 = rps__now_ns();
+		t0 = rps__now_ns();
+		if (pwrite(fd, buf, bytes, (off_t)off) != (ssize_t)bytes || fdatasync(fd)) {
+			fprintf(stderr, "psperf: commit: fdatasync baseline: %s: %s\n", path, strerror(errno));
+			break;
+		}
+		off += bytes;
+		if (i >= 0)
+			psperf_samples_add(&p.s, rps__now_ns() - t0);
+	}
+	p.t1 = rps__now_ns();
+	close(fd);
+	unlink(path);
+	psperf_progress_clear(r);
+	if ((long)p.s.n == n) {
+		psperf_stats_compute(&r->commit_sync, &p, (double)bytes);
+		r->commit_sync_bytes = bytes;
+	}
+	psperf_samples_free(&p.s);
+}
+
 /* The product's rps__remove_tree; a word when something is left behind. */
 static void remove_tree(const char *dir)
 {
@@ -321,6 +387,8 @@ int psperf_run_commit_local(struct run *r)
 		psperf_run_fail(r, "commit: the cluster of %d servers could not start (see above)", n);
 	else
 		ret = psperf_commit_measure(r, r->commit_servers);
+	if (!ret && r->o->baseline && !r->o->fsync_none)
+		commit_sync_baseline(r, root);
 	if (!r->servers[0])
 		snprintf(r->servers, sizeof(r->servers), "%s", r->commit_servers);
 	psperf_cluster_destroy(c);

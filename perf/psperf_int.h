@@ -166,6 +166,8 @@ struct run {
 	uint64_t commit_leader, commit_term;
 	int commit_voters;
 	int commit_fsync;	/* what the leader's STATUS says: 1 always, 0 none, -1 unknown */
+	struct stats commit_sync;	/* --baseline, local, fsync always: one append + fdatasync */
+	size_t commit_sync_bytes;	/*   of this many bytes (a NOP's WAL batch) */
 	/* the reseed test */
 	char reseed_servers[4096];
 	/* progress, written by worker 0, read by the main thread */
