@@ -65,6 +65,7 @@ struct tnode {
 	enum rps__raft_role last_role;
 	uint64_t last_leader;
 	unsigned reads;
+	unsigned syncs;			/* WAL syncs (fsync ALWAYS), kept across reopens */
 	uint64_t read_ctx;
 	uint64_t read_index;
 	uint64_t read_applied;		/* last_index when read_ready came */
@@ -230,6 +231,18 @@ static void cb_read_ready(void *ctx, uint64_t read_ctx, uint64_t index)
 	t->read_applied = t->last_index;
 }
 
+/* The WAL's sync: counted, not done (the tests crash processes, not the
+ * machine). */
+static int cb_sync(int fd, bool data_only, void *ctx)
+{
+	struct tnode *t = ctx;
+
+	(void)fd;
+	(void)data_only;
+	t->syncs++;
+	return 0;
+}
+
 static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term)
 {
 	struct tnode *t = ctx;
@@ -304,6 +317,8 @@ static int open_node(uint64_t id, bool bootstrap)
 			.role_change = cb_role_change,
 			.ctx = t,
 		},
+		.sync_fn = cb_sync,
+		.sync_ctx = t,
 	};
 	int err;
 
@@ -567,6 +582,60 @@ static void test_proposals_fsync_always(void)
 {
 	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
 	check_proposals(10);
+}
+
+static unsigned syncs_of(uint64_t id)
+{
+	return nodes[id].syncs;
+}
+
+/* fsync ALWAYS: an entry costs every node one sync, the leader's while its
+ * append travels; the commit index alone is not synced, but reaches the
+ * followers at once (no heartbeat needed) and reaches their disk with the
+ * next entry's save. */
+static void test_commit_index_not_synced(void)
+{
+	unsigned before[MAXN + 1];
+	uint64_t l, f;
+
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	run(3);
+	for (uint64_t id = 1; id <= 3; id++)
+		before[id] = syncs_of(id);
+
+	CU_ASSERT_EQUAL(propose(l), 0);
+	/* the leader synced its entry; its append is on its way */
+	CU_ASSERT_EQUAL(syncs_of(l), before[l] + 1);
+	deliver();	/* appends, acks, the commit index: no tick */
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 1));
+		CU_ASSERT_EQUAL(syncs_of(id), before[id] + 1);
+	}
+
+	/* the commit index goes to a follower's disk with the next entry */
+	CU_ASSERT_EQUAL(propose(l), 0);
+	deliver();
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 2));
+		CU_ASSERT_EQUAL(syncs_of(id), before[id] + 2);
+	}
+	/* nor do heartbeats sync the commit index that waits */
+	run(3);
+	for (uint64_t id = 1; id <= 3; id++)
+		CU_ASSERT_EQUAL(syncs_of(id), before[id] + 2);
+	f = other_than(l, 0);
+	close_node(f);
+	CU_ASSERT_EQUAL_FATAL(open_node(f, true), 0);
+	/* at open, from disk: at least the first (its commit came with the
+	 * second's save) */
+	CU_ASSERT(nodes[f].n_items >= 1);
+	CU_ASSERT_TRUE(has_sequence(&nodes[f], nodes[f].n_items));
+	CU_ASSERT_TRUE(wait_items(2));
+	CU_ASSERT_TRUE(has_sequence(&nodes[f], 2));
+	CU_ASSERT_EQUAL(nodes[f].order_errors, 0);
 }
 
 static void test_restart_replays_once(void)
@@ -1156,6 +1225,8 @@ int main(void)
 		{ "bootstrap, one leader, role_change", test_bootstrap_and_election },
 		{ "proposals apply everywhere in order, once", test_proposals_commit_everywhere },
 		{ "the same with fsync ALWAYS", test_proposals_fsync_always },
+		{ "fsync ALWAYS: one sync per entry per node, the commit index unsynced but prompt",
+		  test_commit_index_not_synced },
 		{ "crash and reopen: replay without double applies", test_restart_replays_once },
 		{ "compaction; a cut-off node catches up by snapshot", test_compaction_and_snapshot_catch_up },
 		{ "a learner joins and is promoted", test_learner_joins_and_is_promoted },
