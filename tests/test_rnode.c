@@ -638,6 +638,40 @@ static void test_commit_index_not_synced(void)
 	CU_ASSERT_EQUAL(nodes[f].order_errors, 0);
 }
 
+/* Proposals made before one process share one WAL write and sync on every
+ * node, and one append message per follower. */
+static void test_batched_proposals_one_sync(void)
+{
+	unsigned before[MAXN + 1];
+	uint64_t l;
+	size_t apps = 0;
+
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	run(3);
+	for (uint64_t id = 1; id <= 3; id++)
+		before[id] = syncs_of(id);
+	for (unsigned i = 0; i < 5; i++) {
+		char p[PAYLOAD_MAX];
+		int n = snprintf(p, sizeof(p), "p%u", next_payload++);
+
+		CU_ASSERT_EQUAL(rps__rnode_propose(nodes[l].rn, p, (size_t)n, NULL, NULL), 0);
+	}
+	CU_ASSERT_EQUAL(q_n, 0);	/* nothing before process */
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[l].rn), 0);
+	CU_ASSERT_EQUAL(syncs_of(l), before[l] + 1);
+	for (size_t i = q_head; i < q_n; i++)
+		apps += queue[i].from == l;
+	CU_ASSERT_EQUAL(apps, 2);	/* one append to each follower */
+	deliver();
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 5));
+		CU_ASSERT_EQUAL(syncs_of(id), before[id] + 1);
+	}
+}
+
 static void test_restart_replays_once(void)
 {
 	uint64_t l, l2;
@@ -1227,6 +1261,8 @@ int main(void)
 		{ "the same with fsync ALWAYS", test_proposals_fsync_always },
 		{ "fsync ALWAYS: one sync per entry per node, the commit index unsynced but prompt",
 		  test_commit_index_not_synced },
+		{ "proposals before one process: one sync per node, one append per follower",
+		  test_batched_proposals_one_sync },
 		{ "crash and reopen: replay without double applies", test_restart_replays_once },
 		{ "compaction; a cut-off node catches up by snapshot", test_compaction_and_snapshot_catch_up },
 		{ "a learner joins and is promoted", test_learner_joins_and_is_promoted },
