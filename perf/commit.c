@@ -283,10 +283,10 @@ int psperf_commit_measure(struct run *r, const char *list)
 	return ret;
 }
 
-/* What one NOP adds to a server's WAL: one entry record (24-byte header,
- * then term, index, type and the encoded command, padded to 8 bytes; the
- * format at the top of src/control/wal.c).  Its commit index goes with the
- * next entry's batch. */
+/* What one NOP adds to a server's WAL in one batch (the format at the top
+ * of src/control/wal.c): its entry record (24-byte header, then term, index,
+ * type and the encoded command, padded to 8 bytes) and a hard state record
+ * (24 + 24) carrying the commit index of the entry before. */
 static size_t nop_batch_bytes(void)
 {
 	struct rps__smap_cmd cmd;
@@ -297,7 +297,7 @@ static size_t nop_batch_bytes(void)
 	cmd.type = RPS__SMAP_NOP;
 	if (rps__smap_cmd_encode(&cmd, buf, sizeof(buf), &len))
 		len = 48;
-	return 24 + RPS__ALIGN_UP(17 + len, 8);
+	return 24 + RPS__ALIGN_UP(17 + len, 8) + 24 + 24;
 }
 
 /* The durable commit's yardstick, in the same run: appends of a NOP's WAL
