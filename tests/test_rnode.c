@@ -66,6 +66,8 @@ struct tnode {
 	uint64_t last_leader;
 	unsigned reads;
 	unsigned syncs;			/* WAL syncs (fsync ALWAYS), kept across reopens */
+	char events[64];		/* s(end) f(lush) y (sync), from the last clear */
+	size_t n_events;
 	uint64_t read_ctx;
 	uint64_t read_index;
 	uint64_t read_applied;		/* last_index when read_ready came */
@@ -115,11 +117,19 @@ static void sm_push(struct tnode *t, uint64_t index, const void *data, size_t le
 	memcpy(it->data, data, it->len);
 }
 
+static void note_event(struct tnode *t, char what)
+{
+	if (t->n_events + 1 < sizeof(t->events))
+		t->events[t->n_events++] = what;
+	t->events[t->n_events] = '\0';
+}
+
 static int cb_send(void *ctx, uint64_t to, const void *buf, size_t len)
 {
 	struct tnode *t = ctx;
 	uint8_t *copy = malloc(len);
 
+	note_event(t, 's');
 	if (!copy)
 		abort();
 	memcpy(copy, buf, len);
@@ -240,7 +250,13 @@ static int cb_sync(int fd, bool data_only, void *ctx)
 	(void)fd;
 	(void)data_only;
 	t->syncs++;
+	note_event(t, 'y');
 	return 0;
+}
+
+static void cb_flush(void *ctx)
+{
+	note_event(ctx, 'f');
 }
 
 static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term)
@@ -315,6 +331,7 @@ static int open_node(uint64_t id, bool bootstrap)
 			.snapshot = cb_snapshot,
 			.read_ready = cb_read_ready,
 			.role_change = cb_role_change,
+			.flush = cb_flush,
 			.ctx = t,
 		},
 		.sync_fn = cb_sync,
@@ -636,6 +653,28 @@ static void test_commit_index_not_synced(void)
 	CU_ASSERT_TRUE(wait_items(2));
 	CU_ASSERT_TRUE(has_sequence(&nodes[f], 2));
 	CU_ASSERT_EQUAL(nodes[f].order_errors, 0);
+}
+
+/* fsync ALWAYS: a leader hands its appends to send, has the transport put
+ * them on the wire (flush), and only then syncs its own write, so the
+ * followers sync while it does; a follower syncs before it answers. */
+static void test_leader_flushes_before_sync(void)
+{
+	uint64_t l, f;
+
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	run(3);
+	f = other_than(l, 0);
+	nodes[l].n_events = nodes[f].n_events = 0;
+	CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_STRING_EQUAL(nodes[l].events, "ssfy");
+	deliver();
+	CU_ASSERT_EQUAL(strncmp(nodes[f].events, "ys", 2), 0);
+	CU_ASSERT_PTR_NULL(strchr(nodes[f].events, 'f'));	/* nothing sent before its sync */
+	CU_ASSERT_TRUE(has_sequence(&nodes[f], 1));
 }
 
 /* Proposals made before one process share one WAL write and sync on every
@@ -1261,6 +1300,8 @@ int main(void)
 		{ "the same with fsync ALWAYS", test_proposals_fsync_always },
 		{ "fsync ALWAYS: one sync per entry per node, the commit index unsynced but prompt",
 		  test_commit_index_not_synced },
+		{ "fsync ALWAYS: a leader's appends are flushed to the wire before its sync",
+		  test_leader_flushes_before_sync },
 		{ "proposals before one process: one sync per node, one append per follower",
 		  test_batched_proposals_one_sync },
 		{ "crash and reopen: replay without double applies", test_restart_replays_once },

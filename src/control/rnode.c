@@ -334,6 +334,11 @@ static int handle_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 		      rd->hard_state.term == n->hs_term && rd->hard_state.vote == n->hs_vote;
 	if (rd->role == RPS__RAFT_LEADER || commit_only)
 		send_msgs(n, rd->msgs, rd->n_msgs);
+	/* and make sure they are on the wire before the sync: the transport
+	 * may hold them until its next poll, which comes after the sync */
+	if (rd->role == RPS__RAFT_LEADER && !commit_only && rd->n_msgs && n->fsync == RPS__WAL_FSYNC_ALWAYS &&
+	    (rd->n_entries || rd->hard_state_changed) && n->cb.flush)
+		n->cb.flush(n->cb.ctx);
 	if (!commit_only) {
 		err = save_ready(n, rd);
 		if (err)

@@ -56,6 +56,11 @@ struct rps__rnode_callbacks {
 	void (*read_ready)(void *ctx, uint64_t read_ctx, uint64_t index);
 	/* Role or leader changed (for logging and for the server's duties). */
 	void (*role_change)(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term);
+	/* Optional: what send handed over may wait in the transport until the
+	 * caller polls again; called after a leader's messages went to send and
+	 * before the WAL sync that follows them, so that they travel while
+	 * this node syncs. */
+	void (*flush)(void *ctx);
 	void *ctx;
 };
 
