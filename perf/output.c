@@ -261,8 +261,8 @@ static void print_commit_ratio(struct run *r)
 	if (r->commit_sync.valid) {
 		const struct stats *st = &r->commit_sync;
 
-		printf(" fdatasync of a %zu B append beside the data dirs (a NOP's WAL batch), %llu times:"
-		       " t_min %.2f  t_typ %.2f  t_p99 %.2f us\n", r->commit_sync_bytes,
+		printf(" fdatasync of a %zu B append beside the data dirs (a NOP's WAL batch), %llu times"
+		       " between the NOPs: t_min %.2f  t_typ %.2f  t_p99 %.2f us\n", r->commit_sync_bytes,
 		       (unsigned long long)st->n, st->min, st->typ, st->p99);
 		fmt_num(x, sizeof(x), cr->s_lat.valid && st->typ > 0 ? cr->s_lat.typ / st->typ : NAN, "%.2f");
 		printf(" commit / fdatasync (t_typ): %s\n", x);

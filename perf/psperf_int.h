@@ -292,7 +292,8 @@ int psperf_run_local_cluster(struct run *r);
 int psperf_role_server(struct opts *o);
 
 /* commit.c: the commit test */
-int psperf_commit_measure(struct run *r, const char *list);
+/* sync_root: also the fdatasync yardstick, in a file there (local mode) */
+int psperf_commit_measure(struct run *r, const char *list, const char *sync_root);
 int psperf_run_commit_local(struct run *r);
 
 /* reseed.c: the reseed test */
