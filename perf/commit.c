@@ -8,10 +8,12 @@
 #include "client/ctl.h"
 #include "common/fsutil.h"
 #include "proto/proto.h"
+#include "proto/smap.h"
 #include "control/raft.h"
 #include "transport/uri.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,28 +185,131 @@ static int commit_warmup(struct run *r, struct commit_target *t, int *L, long wa
 	return 0;
 }
 
+/* What one NOP adds to a server's WAL in one batch (the format at the top
+ * of src/control/wal.c): its entry record (24-byte header, then term, index,
+ * type and the encoded command, padded to 8 bytes) and a hard state record
+ * (24 + 24) carrying the commit index of the entry before. */
+static size_t nop_batch_bytes(void)
+{
+	struct rps__smap_cmd cmd;
+	uint8_t buf[512];
+	size_t len = 0;
+
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.type = RPS__SMAP_NOP;
+	if (rps__smap_cmd_encode(&cmd, buf, sizeof(buf), &len))
+		len = 48;
+	return 24 + RPS__ALIGN_UP(17 + len, 8) + 24 + 24;
+}
+
+/* The durable commit's yardstick: appends of a NOP's WAL batch to a file
+ * beside the data dirs, each followed by fdatasync, one at a time (what
+ * each server does once per entry).  Taken in blocks between blocks of
+ * NOPs, so that both see the same disk (others' load on it comes and
+ * goes).  Not fatal: a word and no figure if the file system refuses. */
+struct sync_yardstick {
+	int fd;
+	char path[PATH_MAX];
+	uint64_t off;
+	size_t bytes;
+	uint8_t buf[512];
+	struct pass p;
+	uint64_t spent;		/* ns taken between the NOPs */
+};
+
+#define SYNC_BLOCK 50		/* NOPs, then as many syncs */
+#define SYNC_WARMUP 20
+
+static int sync_one(struct sync_yardstick *y, bool keep)
+{
+	uint64_t t0 = rps__now_ns();
+
+	if (pwrite(y->fd, y->buf, y->bytes, (off_t)y->off) != (ssize_t)y->bytes || fdatasync(y->fd)) {
+		fprintf(stderr, "psperf: commit: fdatasync yardstick: %s: %s\n", y->path, strerror(errno));
+		close(y->fd);
+		unlink(y->path);
+		y->fd = -1;
+		return -1;
+	}
+	y->off += y->bytes;
+	if (keep)
+		psperf_samples_add(&y->p.s, rps__now_ns() - t0);
+	y->spent += rps__now_ns() - t0;
+	return 0;
+}
+
+static void sync_open(struct sync_yardstick *y, const char *root, long n)
+{
+	memset(y, 0, sizeof(*y));
+	y->fd = -1;
+	if (!root)
+		return;
+	y->bytes = nop_batch_bytes();
+	memset(y->buf, 0x5a, sizeof(y->buf));
+	snprintf(y->path, sizeof(y->path), "%s/fdatasync.bin", root);
+	y->fd = open(y->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (y->fd < 0) {
+		fprintf(stderr, "psperf: commit: fdatasync yardstick: %s: %s\n", y->path, strerror(errno));
+		return;
+	}
+	psperf_samples_reserve(&y->p.s, (size_t)n);
+	for (int i = 0; i < SYNC_WARMUP && y->fd >= 0; i++)
+		sync_one(y, false);
+	y->spent = 0;
+}
+
+static void sync_block(struct sync_yardstick *y, long k)
+{
+	for (long i = 0; i < k && y->fd >= 0; i++)
+		sync_one(y, true);
+}
+
+static void sync_close(struct run *r, struct sync_yardstick *y)
+{
+	if (y->fd >= 0) {
+		close(y->fd);
+		unlink(y->path);
+		if (y->p.s.n) {
+			y->p.t0 = 0;
+			y->p.t1 = y->spent;
+			psperf_stats_compute(&r->commit_sync, &y->p, (double)y->bytes);
+			r->commit_sync_bytes = y->bytes;
+		}
+	}
+	psperf_samples_free(&y->p.s);
+}
+
 /* The timed passes: NOPs (each answered once its entry is applied, at a
- * log index past the previous one's), then STATUS round trips. */
-static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, char *buf)
+ * log index past the previous one's; with sync_root, blocks of them between
+ * blocks of the fdatasync yardstick), then STATUS round trips. */
+static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, char *buf, const char *sync_root)
 {
 	struct row *cr = psperf_plan_commit_row(r, false), *rr = psperf_plan_commit_row(r, true);
 	struct rps__admin_rep rep;
+	struct sync_yardstick y;
 	uint64_t last = 0, t0;
 	int32_t status;
 	size_t len;
 	long i;
 	int ret;
 
+	sync_open(&y, sync_root, cr->iters);
 	commit_progress(r, cr, 2, cr->iters);
 	psperf_samples_reserve(&cr->lat.s, (size_t)cr->iters);
 	cr->lat.t0 = rps__now_ns();
 	for (i = 0; i < cr->iters; i++) {
+		if (i && i % SYNC_BLOCK == 0)
+			sync_block(&y, SYNC_BLOCK);
 		t0 = rps__now_ns();
 		ret = commit_nop(r, ctl, &status, &rep);
 		psperf_samples_add(&cr->lat.s, rps__now_ns() - t0);
-		if (ret)
+		if (ret) {
+			sync_close(r, &y);
 			return psperf_run_fail(r, "commit %ld of %ld: ADMIN NOP to %s: %s", i + 1, cr->iters, name,
 					   rps__errbuf());
+		}
+		if (status || rep.index <= last)
+			sync_close(r, &y);
 		if (status)
 			return psperf_run_fail(r, "commit %ld of %ld: %s answered ADMIN NOP with %s: %s", i + 1, cr->iters,
 					   name, rps_strerror(status), rep.msg[0] ? rep.msg : "no message");
@@ -215,7 +320,9 @@ static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, 
 		last = rep.index;
 		commit_tick(r, i + 1);
 	}
-	cr->lat.t1 = rps__now_ns();
+	sync_block(&y, cr->iters - (long)y.p.s.n);
+	cr->lat.t1 = rps__now_ns() - y.spent;	/* (ops/s: the NOPs' time alone) */
+	sync_close(r, &y);
 	commit_progress(r, rr, 1, rr->warmup + rr->iters);
 	psperf_samples_reserve(&rr->lat.s, (size_t)rr->iters);
 	for (i = -rr->warmup; i < rr->iters; i++) {
@@ -236,7 +343,7 @@ static int commit_passes(struct run *r, struct rps__ctl *ctl, const char *name, 
 
 /* Find the leader of the cluster at list, warm up, time, and measure the
  * raw SEND/RECV baseline; r->err says what failed. */
-int psperf_commit_measure(struct run *r, const char *list)
+int psperf_commit_measure(struct run *r, const char *list, const char *sync_root)
 {
 	struct row *cr = psperf_plan_commit_row(r, false);
 	uint64_t deadline = rps__now_ns() + (uint64_t)r->o->timeout_ms * 1000000ull;
@@ -263,7 +370,7 @@ int psperf_commit_measure(struct run *r, const char *list)
 		ret = commit_warmup(r, &t, &L, RPS__MAX(cr->warmup, 1L), deadline);
 	}
 	if (!ret)
-		ret = commit_passes(r, t.ctl[L], t.name, t.buf);
+		ret = commit_passes(r, t.ctl[L], t.name, t.buf, sync_root);
 	psperf_progress_clear(r);
 	for (i = 0; i < t.n; i++)
 		rps__ctl_close(t.ctl[i]);
@@ -320,7 +427,7 @@ int psperf_run_commit_local(struct run *r)
 	if (ret)
 		psperf_run_fail(r, "commit: the cluster of %d servers could not start (see above)", n);
 	else
-		ret = psperf_commit_measure(r, r->commit_servers);
+		ret = psperf_commit_measure(r, r->commit_servers, r->o->baseline && !r->o->fsync_none ? root : NULL);
 	if (!r->servers[0])
 		snprintf(r->servers, sizeof(r->servers), "%s", r->commit_servers);
 	psperf_cluster_destroy(c);

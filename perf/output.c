@@ -264,6 +264,15 @@ static void print_commit_ratio(struct run *r)
 		printf("; commit / raw %s (t_typ): %s", cr->raw_lat->name, x);
 	}
 	printf("\n");
+	if (r->commit_sync.valid) {
+		const struct stats *st = &r->commit_sync;
+
+		printf(" fdatasync of a %zu B append beside the data dirs (a NOP's WAL batch), %llu times"
+		       " between the NOPs: t_min %.2f  t_typ %.2f  t_p99 %.2f us\n", r->commit_sync_bytes,
+		       (unsigned long long)st->n, st->min, st->typ, st->p99);
+		fmt_num(x, sizeof(x), cr->s_lat.valid && st->typ > 0 ? cr->s_lat.typ / st->typ : NAN, "%.2f");
+		printf(" commit / fdatasync (t_typ): %s\n", x);
+	}
 }
 
 static void print_banner(const struct run *r)
@@ -497,6 +506,10 @@ static void json_config(FILE *f, const struct run *r)
 		fprintf(f, "\"commit_leader\": %llu, \"commit_term\": %llu, \"commit_voters\": %d, "
 			"\"commit_fsync\": %s, ", (unsigned long long)r->commit_leader,
 			(unsigned long long)r->commit_term, r->commit_voters, r->commit_fsync ? "true" : "false");
+	if (r->commit_sync.valid)
+		fprintf(f, "\"commit_fdatasync\": {\"bytes\": %zu, \"n\": %llu, \"t_min_us\": %.3f, "
+			"\"t_typ_us\": %.3f, \"t_p99_us\": %.3f}, ", r->commit_sync_bytes,
+			(unsigned long long)r->commit_sync.n, r->commit_sync.min, r->commit_sync.typ, r->commit_sync.p99);
 	json_kv_str(f, "agg_isa", rps__agg_isa_name(rps__agg_best_isa()), false);
 	fprintf(f, "},\n    \"argv\": [");
 	for (i = 0; i < o->argc; i++) {

@@ -194,7 +194,7 @@ static int role_worker(struct opts *o)
 	if (psperf_plan_has_cluster_rows(&r))
 		ret = psperf_run_workers(&r, o->rank, 1, NULL, NULL);
 	if (!ret && psperf_plan_commit_row(&r, false))
-		ret = psperf_commit_measure(&r, o->connect);
+		ret = psperf_commit_measure(&r, o->connect, NULL);
 	return finish_run(&r, ret);
 }
 

@@ -169,6 +169,8 @@ struct run {
 	uint64_t commit_leader, commit_term;
 	int commit_voters;
 	int commit_fsync;	/* what the leader's STATUS says: 1 always, 0 none, -1 unknown */
+	struct stats commit_sync;	/* --baseline, local, fsync always: one append + fdatasync */
+	size_t commit_sync_bytes;	/*   of this many bytes (a NOP's WAL batch) */
 	/* the reseed test */
 	char reseed_servers[4096];
 	/* progress, written by worker 0, read by the main thread */
@@ -293,7 +295,8 @@ int psperf_run_local_cluster(struct run *r);
 int psperf_role_server(struct opts *o);
 
 /* commit.c: the commit test */
-int psperf_commit_measure(struct run *r, const char *list);
+/* sync_root: also the fdatasync yardstick, in a file there (local mode) */
+int psperf_commit_measure(struct run *r, const char *list, const char *sync_root);
 int psperf_run_commit_local(struct run *r);
 
 /* reseed.c: the reseed test */

@@ -38,6 +38,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -2417,7 +2418,12 @@ static void test_hold_keeps_lock_until_lease(void)
 	CU_ASSERT_EQUAL(raw_push_ones(&p, &hr, &d, 1, held, false, &st, &ack_lock), 0);
 	CU_ASSERT_EQUAL(st, 0);
 	CU_ASSERT_EQUAL(ack_lock, rps__lock_unlocked(rps__lock_version(held) + 1));
-	CU_ASSERT_EQUAL(raw_lock_op(&p, lockaddr, rkey, false, 0, 0, &w), 0);
+	for (k = 0; k < 100; k++) {	/* (the release follows the acknowledgement) */
+		CU_ASSERT_EQUAL_FATAL(raw_lock_op(&p, lockaddr, rkey, false, 0, 0, &w), 0);
+		if (w != held)
+			break;
+		usleep(1000);
+	}
 	CU_ASSERT_EQUAL(w, rps__lock_unlocked(rps__lock_version(held) + 1));
 
 	/* a HOLD nothing follows: the lease breaks the lock */
@@ -2894,6 +2900,113 @@ static void test_timeout_names_shard(void)
 	rps_client_close(cl);
 }
 
+/* A request that timed out leaves shard ops behind: the pushes queued for
+ * a slot (the stopped server holds them all), the pull's READs still out.
+ * The caller has its error and may free its buffers: none of those ops may
+ * read the gradient or write the output after that.  The worker makes both
+ * buffers inaccessible once its calls returned, the server goes on, and
+ * the worker pushes and pulls again from other buffers, which makes the ops
+ * left behind end: a late read or write of the old buffers would kill it
+ * (SIGSEGV), and did before abandoned ops were let go. */
+struct abandon_arg {
+	pid_t victim;
+	char name[32];
+	uint64_t count;
+};
+
+static int abandon_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct abandon_arg *a = arg;
+	size_t bytes = a->count * sizeof(float), i;
+	float *g = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	float *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	float *other = calloc(a->count, sizeof(float));
+	struct rps_client_opts co;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret, k;
+
+	(void)rank;
+	(void)nworkers;
+	(void)out_fd;
+	if (g == MAP_FAILED || p == MAP_FAILED || !other)
+		return fail("mmap", -ENOMEM);
+	for (i = 0; i < a->count; i++)
+		g[i] = 1.0f;
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.timeout_ms = STALL_TIMEOUT_MS;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return fail("connect", ret);
+	if ((ret = rps_tensor_open(cl, a->name, &t)))
+		return fail("open", ret);
+	kill(a->victim, SIGSTOP);
+	ret = rps_push(t, g, bytes);
+	if (ret != -ETIMEDOUT)
+		return fail("push to a stopped server (want -ETIMEDOUT)", ret);
+	ret = rps_pull(t, p, bytes, NULL);	/* (over verbs its NIC serves the READs) */
+	if (ret != -ETIMEDOUT && ret != 0)
+		return fail("pull from a stopped server", ret);
+	/* the calls returned: the caller may free these now */
+	if (mprotect(g, bytes, PROT_NONE) || mprotect(p, bytes, PROT_NONE))
+		return fail("mprotect", -errno);
+	kill(a->victim, SIGCONT);
+	for (k = 0; k < 3; k++) {
+		if ((ret = rps_push(t, other, bytes)))
+			return fail("push after the stall", ret);
+		if ((ret = rps_pull(t, other, bytes, NULL)))
+			return fail("pull after the stall", ret);
+	}
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	munmap(g, bytes);
+	munmap(p, bytes);
+	free(other);
+	return 0;
+}
+
+static void test_timed_out_ops_leave_buffers_alone(void)
+{
+	static struct rps__smap m;
+	static struct abandon_arg a;
+	struct rps_tensor_opts o;
+	struct rps__layout l;
+	struct it_member st;
+	struct it_workers w;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint32_t shard, here = 0;
+	int victim = -1, k;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(set_replicas(1), 0);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&cluster, 1, 30000, &m), 0);
+	for (int i = 0; i < NSERVERS; i++)	/* not the leader */
+		if (!it_member_status(&cluster, i, &st, NULL) && !st.leading)
+			victim = i;
+	CU_ASSERT_FATAL(victim >= 0);
+	/* 24 shards, more of them on the victim than it gives us slots (4) */
+	a.count = 24 * SHARD_BYTES / 4;
+	for (k = 0; k < 64 && here < 6; k++) {
+		snprintf(a.name, sizeof(a.name), "abandoned-%d", k);
+		CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, a.name, a.count, SHARD_BYTES / 4, m.npart), 0);
+		for (here = 0, shard = 0; shard < l.nshards; shard++)
+			here += it_member_index(&cluster, m.parts[rps__shard_server(&l, shard)].owner) == victim;
+	}
+	CU_ASSERT_FATAL(here >= 6);
+	a.victim = cluster.pid[victim];
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 1, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.count = a.count;
+	o.mode = RPS_MODE_ASYNC;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, a.name, &o, &t), 0);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, abandon_worker, cluster.servers, &a, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	kill(a.victim, SIGCONT);	/* (whatever became of the worker) */
+}
+
 /* A server killed under a worker, at R = 1: the next operation fails with
  * a clear error instead of hanging (with backups, the default from 2
  * servers on, it fails over instead: it_replica, it_failover). Runs last:
@@ -3008,6 +3121,8 @@ int main(void)
 		{ "no server listening", test_server_absent },
 		{ "a request to a stopped server times out naming the shard, the server, what it waited for",
 		  test_timeout_names_shard },
+		{ "a timed-out request's shard ops never touch the caller's buffers after it returned",
+		  test_timed_out_ops_leave_buffers_alone },
 		{ "server killed under a worker", test_server_killed },
 	};
 	const struct cutest_suite suites[] = {

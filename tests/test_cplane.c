@@ -19,10 +19,12 @@
 #include "proto/smap.h"
 
 #include <CUnit/Basic.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -679,6 +681,50 @@ static void read_map(void)
 static bool failed(uint64_t id)
 {
 	return rps__cp_member_failed(cp, id);
+}
+
+/* The Raft log's bytes on disk (its segments in the data dir). */
+static long long wal_bytes(void)
+{
+	DIR *d = opendir(scratch);
+	struct dirent *de;
+	long long sum = 0;
+	char path[512];
+	struct stat sb;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+	while ((de = readdir(d)))
+		if (!strncmp(de->d_name, "wal-", 4)) {
+			snprintf(path, sizeof(path), "%s/%s", scratch, de->d_name);
+			if (stat(path, &sb) == 0)
+				sum += (long long)sb.st_size;
+		}
+	closedir(d);
+	return sum;
+}
+
+/* psctl requests handled in one turn of the loop are proposed together: one
+ * WAL batch (one write, one sync) for all of them, answered in that turn. */
+static void test_admin_proposals_batched(void)
+{
+	unsigned n0 = admin.nreplies;
+	long long b0, b1, b2;
+
+	b0 = wal_bytes();
+	send_admin(RPS__ADMIN_NOP, 0, 0, NULL, 200);
+	turn();
+	CU_ASSERT_EQUAL(admin.nreplies, n0 + 1);
+	CU_ASSERT_EQUAL(admin.last_status, 0);
+	b1 = wal_bytes();
+	CU_ASSERT(b1 > b0);
+	for (uint64_t k = 0; k < 4; k++)
+		send_admin(RPS__ADMIN_NOP, 0, 0, NULL, 201 + k);
+	turn();
+	CU_ASSERT_EQUAL(admin.nreplies, n0 + 5);
+	CU_ASSERT_EQUAL(admin.last_status, 0);
+	b2 = wal_bytes();
+	/* four entries and one hard state, not four of each */
+	CU_ASSERT(b2 - b1 < 4 * (b1 - b0));
 }
 
 /* A LEASE is granted only once a ReadIndex round confirmed the leader, never
@@ -1410,6 +1456,7 @@ int main(void)
 		{ "move in: stale and corrupt offers refused, the good one installed", test_move_in_installs },
 		{ "checkpoint: hold, take, release, restore", test_checkpoint_hold_take },
 		{ "messages a connection may not send", test_refusals },
+		{ "psctl requests of one turn: one WAL batch", test_admin_proposals_batched },
 		{ "lease: granted after a ReadIndex round, runs from t_send", test_lease_after_read_index },
 		{ "failure: declared after failover_ms exactly; R=1: nothing proposed", test_failure_without_backups },
 		{ "failover: FAILOVER, REPLICA_DROP, REPLICA_ABORT in one batch", test_failover_proposed },

@@ -65,6 +65,9 @@ struct tnode {
 	enum rps__raft_role last_role;
 	uint64_t last_leader;
 	unsigned reads;
+	unsigned syncs;			/* WAL syncs (fsync ALWAYS), kept across reopens */
+	char events[64];		/* s(end) f(lush) y (sync), from the last clear */
+	size_t n_events;
 	uint64_t read_ctx;
 	uint64_t read_index;
 	uint64_t read_applied;		/* last_index when read_ready came */
@@ -114,11 +117,19 @@ static void sm_push(struct tnode *t, uint64_t index, const void *data, size_t le
 	memcpy(it->data, data, it->len);
 }
 
+static void note_event(struct tnode *t, char what)
+{
+	if (t->n_events + 1 < sizeof(t->events))
+		t->events[t->n_events++] = what;
+	t->events[t->n_events] = '\0';
+}
+
 static int cb_send(void *ctx, uint64_t to, const void *buf, size_t len)
 {
 	struct tnode *t = ctx;
 	uint8_t *copy = malloc(len);
 
+	note_event(t, 's');
 	if (!copy)
 		abort();
 	memcpy(copy, buf, len);
@@ -230,6 +241,24 @@ static void cb_read_ready(void *ctx, uint64_t read_ctx, uint64_t index)
 	t->read_applied = t->last_index;
 }
 
+/* The WAL's sync: counted, not done (the tests crash processes, not the
+ * machine). */
+static int cb_sync(int fd, bool data_only, void *ctx)
+{
+	struct tnode *t = ctx;
+
+	(void)fd;
+	(void)data_only;
+	t->syncs++;
+	note_event(t, 'y');
+	return 0;
+}
+
+static void cb_flush(void *ctx)
+{
+	note_event(ctx, 'f');
+}
+
 static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term)
 {
 	struct tnode *t = ctx;
@@ -302,8 +331,11 @@ static int open_node(uint64_t id, bool bootstrap)
 			.snapshot = cb_snapshot,
 			.read_ready = cb_read_ready,
 			.role_change = cb_role_change,
+			.flush = cb_flush,
 			.ctx = t,
 		},
+		.sync_fn = cb_sync,
+		.sync_ctx = t,
 	};
 	int err;
 
@@ -567,6 +599,116 @@ static void test_proposals_fsync_always(void)
 {
 	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
 	check_proposals(10);
+}
+
+static unsigned syncs_of(uint64_t id)
+{
+	return nodes[id].syncs;
+}
+
+/* fsync ALWAYS: an entry costs every node one sync, the leader's while its
+ * append travels; the commit index alone is not synced, but reaches the
+ * followers at once (no heartbeat needed) and reaches their disk with the
+ * next entry's save. */
+static void test_commit_index_not_synced(void)
+{
+	unsigned before[MAXN + 1];
+	uint64_t l, f;
+
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	run(3);
+	for (uint64_t id = 1; id <= 3; id++)
+		before[id] = syncs_of(id);
+
+	CU_ASSERT_EQUAL(propose(l), 0);
+	/* the leader synced its entry; its append is on its way */
+	CU_ASSERT_EQUAL(syncs_of(l), before[l] + 1);
+	deliver();	/* appends, acks, the commit index: no tick */
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 1));
+		CU_ASSERT_EQUAL(syncs_of(id), before[id] + 1);
+	}
+
+	/* the commit index goes to a follower's disk with the next entry */
+	CU_ASSERT_EQUAL(propose(l), 0);
+	deliver();
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 2));
+		CU_ASSERT_EQUAL(syncs_of(id), before[id] + 2);
+	}
+	/* nor do heartbeats sync the commit index that waits */
+	run(3);
+	for (uint64_t id = 1; id <= 3; id++)
+		CU_ASSERT_EQUAL(syncs_of(id), before[id] + 2);
+	f = other_than(l, 0);
+	close_node(f);
+	CU_ASSERT_EQUAL_FATAL(open_node(f, true), 0);
+	/* at open, from disk: at least the first (its commit came with the
+	 * second's save) */
+	CU_ASSERT(nodes[f].n_items >= 1);
+	CU_ASSERT_TRUE(has_sequence(&nodes[f], nodes[f].n_items));
+	CU_ASSERT_TRUE(wait_items(2));
+	CU_ASSERT_TRUE(has_sequence(&nodes[f], 2));
+	CU_ASSERT_EQUAL(nodes[f].order_errors, 0);
+}
+
+/* fsync ALWAYS: a leader hands its appends to send, has the transport put
+ * them on the wire (flush), and only then syncs its own write, so the
+ * followers sync while it does; a follower syncs before it answers. */
+static void test_leader_flushes_before_sync(void)
+{
+	uint64_t l, f;
+
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	run(3);
+	f = other_than(l, 0);
+	nodes[l].n_events = nodes[f].n_events = 0;
+	CU_ASSERT_EQUAL(propose(l), 0);
+	CU_ASSERT_STRING_EQUAL(nodes[l].events, "ssfy");
+	deliver();
+	CU_ASSERT_EQUAL(strncmp(nodes[f].events, "ys", 2), 0);
+	CU_ASSERT_PTR_NULL(strchr(nodes[f].events, 'f'));	/* nothing sent before its sync */
+	CU_ASSERT_TRUE(has_sequence(&nodes[f], 1));
+}
+
+/* Proposals made before one process share one WAL write and sync on every
+ * node, and one append message per follower. */
+static void test_batched_proposals_one_sync(void)
+{
+	unsigned before[MAXN + 1];
+	uint64_t l;
+	size_t apps = 0;
+
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	run(3);
+	for (uint64_t id = 1; id <= 3; id++)
+		before[id] = syncs_of(id);
+	for (unsigned i = 0; i < 5; i++) {
+		char p[PAYLOAD_MAX];
+		int n = snprintf(p, sizeof(p), "p%u", next_payload++);
+
+		CU_ASSERT_EQUAL(rps__rnode_propose(nodes[l].rn, p, (size_t)n, NULL, NULL), 0);
+	}
+	CU_ASSERT_EQUAL(q_n, 0);	/* nothing before process */
+	CU_ASSERT_EQUAL(rps__rnode_process(nodes[l].rn), 0);
+	CU_ASSERT_EQUAL(syncs_of(l), before[l] + 1);
+	for (size_t i = q_head; i < q_n; i++)
+		apps += queue[i].from == l;
+	CU_ASSERT_EQUAL(apps, 2);	/* one append to each follower */
+	deliver();
+	for (uint64_t id = 1; id <= 3; id++) {
+		CU_ASSERT_TRUE(has_sequence(&nodes[id], 5));
+		CU_ASSERT_EQUAL(syncs_of(id), before[id] + 1);
+	}
 }
 
 static void test_restart_replays_once(void)
@@ -1156,6 +1298,12 @@ int main(void)
 		{ "bootstrap, one leader, role_change", test_bootstrap_and_election },
 		{ "proposals apply everywhere in order, once", test_proposals_commit_everywhere },
 		{ "the same with fsync ALWAYS", test_proposals_fsync_always },
+		{ "fsync ALWAYS: one sync per entry per node, the commit index unsynced but prompt",
+		  test_commit_index_not_synced },
+		{ "fsync ALWAYS: a leader's appends are flushed to the wire before its sync",
+		  test_leader_flushes_before_sync },
+		{ "proposals before one process: one sync per node, one append per follower",
+		  test_batched_proposals_one_sync },
 		{ "crash and reopen: replay without double applies", test_restart_replays_once },
 		{ "compaction; a cut-off node catches up by snapshot", test_compaction_and_snapshot_catch_up },
 		{ "a learner joins and is promoted", test_learner_joins_and_is_promoted },

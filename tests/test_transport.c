@@ -1414,6 +1414,50 @@ static void test_send_before_recv(void)
 	conn_close(&c);
 }
 
+/* A SEND posted while the TCP provider holds an ACK for the consumer's next
+ * poll waits behind it; rps__cq_flush puts both on the wire without that
+ * poll (a server about to fsync calls it).  Verbs holds nothing. */
+static void test_flush_sends_held(void)
+{
+	struct rps__sge csge = { cli_mem + 0x1000, 64, cli_mr };
+	struct rps__sge ssge = { srv_recv_mem, 64, srv_recv_mr };
+	struct rps__wr wr;
+	struct rps__wc wc;
+	struct conn c;
+	bool got = false;
+
+	CU_ASSERT_FATAL(conn_open(&c) == 0);
+	/* the server sends; the client's poll takes it and holds its ACK */
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.ep, &csge, 7), 0);
+	fill(srv_recv_mem + 0x1000, 32, 5);
+	wr = wr_make(RPS__OP_SEND, RPS__WR_SIGNALED, 8, srv_recv_mem + 0x1000, 32, srv_recv_mr, NULL, 0);
+	CU_ASSERT_EQUAL_FATAL(post1(c.sep, wr), 0);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 7);
+	CU_ASSERT_EQUAL(wc.opcode, RPS__WC_RECV);
+	/* the client answers and flushes, and does not poll */
+	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &ssge, 9), 0);
+	fill(cli_mem, 40, 6);
+	wr = wr_make(RPS__OP_SEND, RPS__WR_SIGNALED, 10, cli_mem, 40, cli_mr, NULL, 0);
+	CU_ASSERT_EQUAL_FATAL(post1(c.ep, wr), 0);
+	CU_ASSERT_EQUAL(rps__cq_flush(c.cq), 0);
+	while (!got && server_wait_wc(c.sep, &wc)) {
+		if (wc.wr_id == 8) {	/* the server's SEND, acknowledged by the same write */
+			CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+			continue;
+		}
+		got = wc.wr_id == 9;
+		CU_ASSERT_EQUAL(wc.opcode, RPS__WC_RECV);
+		CU_ASSERT_EQUAL(wc.byte_len, 40);
+		CU_ASSERT(memcmp(srv_recv_mem, cli_mem, 40) == 0);
+	}
+	CU_ASSERT(got);
+	CU_ASSERT_FATAL(cli_wait(c.cq, &wc));
+	CU_ASSERT_EQUAL(wc.wr_id, 10);
+	CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+	conn_close(&c);
+}
+
 /* TCP: the target buffers at most rq_depth (128 by default) early SENDs;
  * the next one fails with RNR_RETRY_EXC_ERR, everything else flushes.
  * (Verbs retries RNR per its rnr_retry setting, so this is TCP only.) */
@@ -1837,6 +1881,7 @@ int main(void)
 		{ "send queue full gives -EAGAIN", test_sq_full },
 		{ "FENCE: a READ is not overtaken by a fenced WRITE", test_fence },
 		{ "SEND before any receive completes only once received", test_send_before_recv },
+		{ "a SEND held behind an ACK leaves on cq_flush, without a poll", test_flush_sends_held },
 		{ "early SENDs beyond the bound: RNR_RETRY_EXC_ERR (tcp)", test_rnr_bound },
 		{ "CAS race: no lost increment", test_cas_race },
 		{ "FADD race: no lost increment", test_fadd_race },

@@ -87,6 +87,23 @@ static bool locked_push(const struct shard_op *op)
 	return op->kind == OP_PUSH && op->t->spec.mode != RPS_MODE_SYNC;
 }
 
+/*
+ * A request that timed out has its error, and its caller may free the memory
+ * it pushed from or pulled into (rps_push: "the buffer may be reused at
+ * once").  Its ops lost their request (op->req NULL, run_timers) and stay
+ * until the transport is done with them, but none may touch that memory
+ * any more: one that has not started yet (queued for a slot, a bounce
+ * buffer or its shard, or a chain member sent back to the queue) is let go
+ * instead of starting, and a pull lets go at its next completion instead of
+ * copying or reading again.  A push already posted goes on from the copy in
+ * its slot (the gradient was copied when it started), so its outcome stays
+ * what a timeout says: unknown.
+ */
+static bool abandoned(const struct shard_op *op)
+{
+	return !op->req && (op->kind == OP_PUSH || op->kind == OP_INIT || op->kind == OP_PULL);
+}
+
 static void queue_push(struct shard_op **head, struct shard_op **tail, struct shard_op *op)
 {
 	op->next = NULL;
@@ -471,6 +488,10 @@ static void start_locked_chain(struct shard_op *head)
 
 	while (head->t->shard_busy[head->shard] == 1 + n && n < RPS__ARRAY_SIZE(m) &&
 	       (w = shard_queue_take(c, head->t, head->shard)) != NULL) {
+		if (abandoned(w)) {
+			op_release(w);	/* its request timed out: see op_start */
+			continue;
+		}
 		if (!w->has_res && (!c->nfree_slots || c->qhead)) {
 			shard_queue_push_front(c, w);
 			break;
@@ -563,6 +584,10 @@ static void op_start(struct shard_op *op)
 {
 	struct conn *c = op->c;
 
+	if (abandoned(op)) {
+		op_release(op);	/* (gives back a requeued push's slot) */
+		return;
+	}
 	if (op->kind == OP_PULL) {
 		op->res = c->free_bounce[--c->nfree_bounce];
 		op->has_res = true;
@@ -880,6 +905,10 @@ static void on_read(struct shard_op *op)
 	uint64_t seq1 = hdr->seq, seq2 = *bounce_seq(c, op->res);
 	uint64_t version = seq1 / 2;
 
+	if (abandoned(op)) {	/* its caller has its timeout: see op_start */
+		op_release(op);
+		return;
+	}
 	/* the epoch first: a copy that moved (or whose server lost its
 	 * lease) says so whatever its seq, and a version its server is
 	 * still replicating may stay odd there for ever */
@@ -919,6 +948,10 @@ static void on_wait_rep(struct shard_op *op, int status, const struct rps__wait_
 {
 	struct rps_request *r = op->req;
 
+	if (abandoned(op)) {	/* its caller has its timeout: see op_start */
+		op_release(op);
+		return;
+	}
 	/* sync: a rank left before its push for the step this pull needs;
 	 * say which, and where, instead of a bare error */
 	if (status == -EPIPE && rep && r && !r->status) {

@@ -197,7 +197,7 @@ static void admin_forget_lost(struct rps__cplane *cp, struct conn *c, uint64_t r
 		admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
 	else
 		cp->admin[cp->nadmin - 1].term = term;
-	rps__rnode_process(cp->rnode);
+	/* processed by the loop's turn after this batch of messages */
 }
 
 /* transfer-leader: to the member named, or the voter most up to date. */
@@ -251,8 +251,9 @@ static void admin_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_i
 		admin_reply(cp, c, req_id, -ENOMEM, 0, 0, "out of memory");
 	else
 		cp->admin[cp->nadmin - 1].term = term;
-	/* with fsync and one voter, it may be committed already */
-	rps__rnode_process(cp->rnode);
+	/* Not processed here: the server loop's turn right after this batch
+	 * of messages does it (cplane.c, run_timers), so proposals that
+	 * arrived together go out as one append and one WAL sync. */
 }
 
 /* Tests compare replicas: what this server holds of a tensor's partition. */

@@ -367,6 +367,14 @@ static int cb_send(void *ctx, uint64_t to, const void *buf, size_t len)
 	return 0;
 }
 
+static void cb_flush(void *ctx)
+{
+	struct rps__cplane *cp = ctx;
+
+	if (cp->dp->flush)
+		cp->dp->flush(cp->srv);
+}
+
 static void cb_read_ready(void *ctx, uint64_t read_ctx, uint64_t index)
 {
 	rps__cp_failover_read_ready(ctx, read_ctx, index);	/* (leases are the only reads) */
@@ -431,4 +439,5 @@ void rps__cp_on_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
 const struct rps__rnode_callbacks rps__cp_rnode_callbacks = {
 	.send = cb_send, .apply = cb_apply, .conf_change = cb_conf_change, .restore = cb_restore,
 	.snapshot = cb_snapshot, .read_ready = cb_read_ready, .role_change = cb_role_change,
+	.flush = cb_flush,
 };

@@ -279,7 +279,9 @@ int rps__raft_step(struct rps__raft *r, const struct rps__raft_msg *m);
 int rps__raft_campaign(struct rps__raft *r);
 
 /* Append data at the leader; *index and *term (may be NULL) say where: the
- * proposal succeeded iff the entry applied at *index has term *term. */
+ * proposal succeeded iff the entry applied at *index has term *term.  The
+ * appends to the followers go out with the next ready, so proposals made
+ * before it travel together: one message per follower. */
 int rps__raft_propose(struct rps__raft *r, const void *data, size_t len, uint64_t *index,
 		      uint64_t *term);
 int rps__raft_propose_conf_change(struct rps__raft *r, enum rps__raft_conf_op op, uint64_t node,

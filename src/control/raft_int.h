@@ -107,6 +107,7 @@ struct rps__raft {
 	size_t n_read_states;
 	size_t cap_read_states;
 
+	bool bcast_pending;		/* proposals not yet sent: ready sends them */
 	struct rps__raft_hard_state prev_hs;	/* persisted, as far as we know */
 	bool ready_out;
 	struct rps__raft_hard_state ready_hs;

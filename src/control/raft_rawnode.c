@@ -41,7 +41,10 @@ int rps__raft_propose(struct rps__raft *r, const void *data, size_t len, uint64_
 	err = rps__raft_leader_append(r, RPS__RAFT_ENTRY_NORMAL, data, len, index);
 	if (err)
 		return err;
-	rps__raft_bcast_append(r);
+	/* Sent by the next ready, not now: proposals made before it go to
+	 * each follower as one append (one write and sync there), not as one
+	 * message per proposal. */
+	r->bcast_pending = true;
 	return r->broken;
 }
 
@@ -196,6 +199,15 @@ int rps__raft_ready(struct rps__raft *r, struct rps__raft_ready *rd)
 		return r->broken;
 	if (r->ready_out)
 		return rps__seterr(-EBUSY, "raft: ready called twice without advance");
+	if (r->bcast_pending) {
+		r->bcast_pending = false;
+		if (r->role == RPS__RAFT_LEADER)
+			for (unsigned i = 0; i < r->n_prs; i++)
+				while (rps__raft_send_append(r, &r->prs[i], false))
+					;
+		if (r->broken)
+			return r->broken;
+	}
 	memset(rd, 0, sizeof(*rd));
 	rd->role = r->role;
 	rd->leader = r->lead;

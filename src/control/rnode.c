@@ -5,7 +5,8 @@
  *
  * The module owns the ready/advance loop of raft.h: every ready is made
  * durable in the WAL (snapshot first, then entries and hard state as one
- * batch) before its messages are encoded and handed to the send callback;
+ * batch) before its messages are encoded and handed to the send callback
+ * (except a leader's, and a commit index's, see handle_ready);
  * then the state machine is reset from the snapshot, if any, the committed
  * entries are applied, and ReadIndex reads are released once the applied
  * index reaches them.  Every compact_every applied entries the state machine
@@ -54,7 +55,9 @@ struct rps__rnode {
 	struct rps__raft *raft;
 
 	uint64_t applied;		/* last index handed to the state machine */
-	uint64_t hs_term, hs_vote;	/* the hard state's term and vote as on disk */
+	uint64_t hs_term, hs_vote;	/* the hard state as on disk (its commit may */
+	uint64_t hs_commit;		/*   lag the core's: see handle_ready) */
+	enum rps__wal_fsync fsync;
 	enum rps__raft_role role;	/* as last reported through role_change */
 	uint64_t leader;
 
@@ -135,6 +138,9 @@ static int save_snapshot(struct rps__rnode *n, const struct rps__raft_snapshot *
 	return 0;
 }
 
+/* The hard state goes with every save in which it differs from the disk's,
+ * so a commit index left unwritten rides with the next save.  With fsync
+ * always a commit index alone is never written (see handle_ready). */
 static int save_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 {
 	struct rps__wal_hard_state hs = {
@@ -142,10 +148,12 @@ static int save_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 		.vote = rd->hard_state.vote,
 		.commit = rd->hard_state.commit,
 	};
+	bool tv_new = hs.term != n->hs_term || hs.vote != n->hs_vote;
+	bool hs_new = tv_new || hs.commit != n->hs_commit;
 	struct rps__wal_entry *we;
 	int err;
 
-	if (!rd->n_entries && !rd->hard_state_changed)
+	if (!rd->n_entries && !tv_new && (!hs_new || n->fsync != RPS__WAL_FSYNC_NONE))
 		return 0;
 	if (rd->n_entries) {
 		we = grow_array(n->wents, &n->wents_cap, rd->n_entries, sizeof(*we));
@@ -167,15 +175,16 @@ static int save_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 			};
 		}
 	}
-	err = rps__wal_save(n->wal, rd->hard_state_changed ? &hs : NULL, n->wents, rd->n_entries);
+	err = rps__wal_save(n->wal, hs_new ? &hs : NULL, n->wents, rd->n_entries);
 	if (err) {
 		rps__preerr(err, "rnode %llu: persisting %zu entries and the hard state", (unsigned long long)n->id,
 			    rd->n_entries);
 		return kill_node(n, -EIO);
 	}
-	if (rd->hard_state_changed) {
+	if (hs_new) {
 		n->hs_term = hs.term;
 		n->hs_vote = hs.vote;
+		n->hs_commit = hs.commit;
 	}
 	return 0;
 }
@@ -312,12 +321,24 @@ static int handle_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 	 * the followers' acknowledgements only in a later step, after this
 	 * save is done.  Everyone else sends only what is on disk. */
 	/* A ready that only moves the commit index promises nothing either:
-	 * apply first (the leader answers its proposer now) and sync the
-	 * commit index after, off the commit latency. */
+	 * apply first (the leader answers its proposer now) and write the
+	 * commit index after.  With fsync always it is not written at all
+	 * but goes with the next save, which syncs anyway: Raft needs no
+	 * durable commit index (a restart learns it again from the leader;
+	 * etcd does not sync it either), and a sync for it alone cost every
+	 * node a second fdatasync per entry, on the same disk as the next
+	 * entry's.  Written unsynced it could not be: a torn unsynced batch
+	 * before a synced one would look like damage to an acknowledged save
+	 * (wal.h). */
 	commit_only = !rd->snapshot && !rd->n_entries && rd->hard_state_changed &&
 		      rd->hard_state.term == n->hs_term && rd->hard_state.vote == n->hs_vote;
 	if (rd->role == RPS__RAFT_LEADER || commit_only)
 		send_msgs(n, rd->msgs, rd->n_msgs);
+	/* and make sure they are on the wire before the sync: the transport
+	 * may hold them until its next poll, which comes after the sync */
+	if (rd->role == RPS__RAFT_LEADER && !commit_only && rd->n_msgs && n->fsync == RPS__WAL_FSYNC_ALWAYS &&
+	    (rd->n_entries || rd->hard_state_changed) && n->cb.flush)
+		n->cb.flush(n->cb.ctx);
 	if (!commit_only) {
 		err = save_ready(n, rd);
 		if (err)
@@ -519,6 +540,8 @@ int rps__rnode_open(const struct rps__rnode_config *cfg, struct rps__rnode **out
 	n->leader = RPS__RAFT_NONE;
 
 	wo.fsync = cfg->fsync;
+	wo.sync_fn = cfg->sync_fn;
+	wo.sync_ctx = cfg->sync_ctx;
 	err = rps__wal_open(cfg->dir, &wo, &n->wal, &rec);
 	if (err) {
 		rps__preerr(err, "rnode %llu", (unsigned long long)cfg->id);
@@ -526,6 +549,8 @@ int rps__rnode_open(const struct rps__rnode_config *cfg, struct rps__rnode **out
 	}
 	n->hs_term = rec.hs.term;
 	n->hs_vote = rec.hs.vote;
+	n->hs_commit = rec.hs.commit;
+	n->fsync = cfg->fsync;
 	snprintf(n->note, sizeof(n->note), "%s", rec.note);
 
 	err = persisted_from(&rec, &snap, &ents, &p);

@@ -4,11 +4,14 @@
  *
  * The server's event loop owns one rnode.  It calls rps__rnode_tick() every
  * tick_ms, hands it every RAFT message a peer sent (rps__rnode_recv), and
- * calls rps__rnode_process() after either; process runs the ready/advance
- * loop: persist (WAL, per the fsync policy), then send through the send
- * callback, then apply committed entries through apply, serve reads, and
- * compact the log every compact_every applied entries with a snapshot taken
- * through the snapshot callback.
+ * calls rps__rnode_process() after either (once after a batch of them: the
+ * proposals and messages of one batch then share one WAL write and sync);
+ * process runs the ready/advance loop: persist (WAL, per the fsync policy),
+ * then send through the send callback, then apply committed entries through
+ * apply, serve reads, and compact the log every compact_every applied
+ * entries with a snapshot taken through the snapshot callback.  A leader
+ * sends before it persists, and a commit index alone is never synced (see
+ * rnode.c): one fdatasync per node per batch of entries.
  *
  * Opening recovers what the WAL holds: a snapshot goes to restore, the
  * committed entries after it to apply, before open returns; so the state
@@ -53,6 +56,11 @@ struct rps__rnode_callbacks {
 	void (*read_ready)(void *ctx, uint64_t read_ctx, uint64_t index);
 	/* Role or leader changed (for logging and for the server's duties). */
 	void (*role_change)(void *ctx, enum rps__raft_role role, uint64_t leader, uint64_t term);
+	/* Optional: what send handed over may wait in the transport until the
+	 * caller polls again; called after a leader's messages went to send and
+	 * before the WAL sync that follows them, so that they travel while
+	 * this node syncs. */
+	void (*flush)(void *ctx);
 	void *ctx;
 };
 
@@ -69,6 +77,10 @@ struct rps__rnode_config {
 	unsigned compact_every;		/* applied entries between snapshots; 0 = 1024 */
 	uint64_t seed;			/* randomised timeouts (0: from id and time) */
 	struct rps__rnode_callbacks cb;
+	/* Test hook, handed to the WAL (rps__wal_opts.sync_fn): called
+	 * instead of every sync fsync always asks for.  NULL: the real one. */
+	int (*sync_fn)(int fd, bool data_only, void *ctx);
+	void *sync_ctx;
 };
 
 /* Open the WAL in cfg->dir, recover, create the core.  Errors: those of

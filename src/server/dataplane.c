@@ -243,6 +243,11 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 		rps__srv_drain_held(srv);
 }
 
+static void flush(struct rps__server *srv)
+{
+	(void)rps__cq_flush(srv->cq);
+}
+
 static const struct rps__dp_ops ops = {
 	.set_member_id = set_member_id,
 	.set_lease = set_lease,
@@ -263,6 +268,7 @@ static const struct rps__dp_ops ops = {
 	.conn_name = conn_name,
 	.conn_msg_max = conn_msg_max,
 	.conn_read = conn_read,
+	.flush = flush,
 	.peer_dial = rps__srv_peer_dial,
 	.repl_peer = rps__srv_repl_set_peer,
 	.part_set = part_set,

@@ -141,6 +141,10 @@ struct rps__dp_ops {
 	/* READ len bytes at (raddr, rkey) of the other end into a buffer of the
 	 * connection; on_read_done follows.  0 or a negative errno. */
 	int (*conn_read)(struct conn *c, uint64_t raddr, uint32_t rkey, uint64_t len);
+	/* Put on the wire now what the transport holds back until the loop
+	 * polls again (rps__cq_flush): before blocking for long, an fsync.
+	 * May be NULL (nothing held back). */
+	void (*flush)(struct rps__server *srv);
 	/* Start connecting to the server at uri (to_id: the member expected,
 	 * 0: any).  The loop goes on meanwhile; hooks.peer_dialed says how it
 	 * went.  0, or a negative errno (logged): no peer_dialed then. */

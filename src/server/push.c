@@ -192,6 +192,24 @@ static uint64_t release_unless_held(struct rps__server *srv, struct tensor *t, s
 	return rps__srv_release_lock(srv, t, s, w);
 }
 
+void rps__srv_ack_then_release(struct rps__server *srv, struct conn *c, uint32_t slot, int status,
+			       struct tensor *t, struct shard *s, uint64_t w, bool hold)
+{
+	uint64_t next = rps__lock_unlocked(rps__lock_version(w) + 1), left;
+
+	if (!w || hold || !t->regions[s->part].mr) {
+		if (hold)
+			s->lease_word = 0;
+		rps__srv_push_ack(c, slot, status, s->step, w && !hold ? 0 : w);
+		return;
+	}
+	rps__srv_push_ack(c, slot, status, s->step, next);
+	left = rps__srv_release_lock(srv, t, s, w);
+	if (left != next)
+		rps__log(RPS__LOG_DEBUG, "tensor '%s' shard %u: lock word %#llx at its release, not %#llx",
+			 t->name, s->index, (unsigned long long)left, (unsigned long long)w);
+}
+
 void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
@@ -392,7 +410,7 @@ static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, 
 	dedup_note(s, c->client_id, d->push_id);
 	if (t->spec.mode == RPS_MODE_BOUNDED)
 		rps__srv_clock_note(t, s, d->rank, d->clock);
-	push_ack(c, slot, 0, s->step, release_unless_held(srv, t, s, d, holds));
+	rps__srv_ack_then_release(srv, c, slot, 0, t, s, holds, (d->flags & RPS__DESC_HOLD) != 0);
 	rps__srv_wake_waiters(srv, t, local);
 }
 

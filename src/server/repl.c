@@ -520,21 +520,26 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 	if (!s->hdr)
 		return;		/* the partition was dropped meanwhile */
 	rps__srv_publish_end(s);
-	if (w->kind == RW_PUSH && w->holds && w->hold) {
-		lock = w->holds;	/* kept for the chain's next push: its lease starts again */
-		s->lease_word = 0;
-	} else if (w->kind == RW_PUSH && w->holds && t->regions[s->part].mr) {
-		lock = rps__srv_release_lock(srv, t, s, w->holds);
-	}
-	if (w->c && w->kind != RW_STEP) {
-		/* On every replica, but our lease ran out: a new primary may
-		 * be serving it already, so say nothing of it; the worker
-		 * resends there (or here), where its push id is known. */
-		if (rps__srv_lease_fenced(srv, s->part)) {
-			srv->repl_stats.lease_refused++;
-			rps__srv_push_ack(w->c, w->slot, RPS_ESTALE_EPOCH, 0, lock);
-		} else {
-			rps__srv_push_ack(w->c, w->slot, 0, s->step, lock);
+	if (w->kind == RW_PUSH && w->holds && w->c && !rps__srv_lease_fenced(srv, s->part)) {
+		/* acknowledged, then released (or kept for the chain's next push) */
+		rps__srv_ack_then_release(srv, w->c, w->slot, 0, t, s, w->holds, w->hold);
+	} else {
+		if (w->kind == RW_PUSH && w->holds && w->hold) {
+			lock = w->holds;	/* kept for the chain's next push: its lease starts again */
+			s->lease_word = 0;
+		} else if (w->kind == RW_PUSH && w->holds && t->regions[s->part].mr) {
+			lock = rps__srv_release_lock(srv, t, s, w->holds);
+		}
+		if (w->c && w->kind != RW_STEP) {
+			/* On every replica, but our lease ran out: a new primary may
+			 * be serving it already, so say nothing of it; the worker
+			 * resends there (or here), where its push id is known. */
+			if (rps__srv_lease_fenced(srv, s->part)) {
+				srv->repl_stats.lease_refused++;
+				rps__srv_push_ack(w->c, w->slot, RPS_ESTALE_EPOCH, 0, lock);
+			} else {
+				rps__srv_push_ack(w->c, w->slot, 0, s->step, lock);
+			}
 		}
 	}
 	rps__srv_wake_waiters(srv, t, s->index);

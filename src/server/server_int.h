@@ -337,6 +337,15 @@ bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, 
 			 uint64_t clock);
 int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank);
 uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w);
+/* An async/bounded push applied under lock word w: acknowledged with the
+ * word its release leaves, then released (hold: kept for the chain's next
+ * push, its lease restarted).  The acknowledgement goes first so that the
+ * release (on verbs a CAS through the loopback QP, tens of microseconds on
+ * Soft-RoCE) is off the push's round trip: the worker's next CAS needs a
+ * whole round trip to come back, and if it ever came first it would lose
+ * and be retried, never applied twice. */
+void rps__srv_ack_then_release(struct rps__server *srv, struct conn *c, uint32_t slot, int status,
+			       struct tensor *t, struct shard *s, uint64_t w, bool hold);
 /* Break the locks of dead_owner (a connection's), or with 0 those whose
  * lease expired. */
 void rps__srv_scan_locks(struct rps__server *srv, uint32_t dead_owner);

@@ -397,6 +397,16 @@ static int tcp_cq_fd(struct rps__cq *base)
 	return rps__container_of(base, struct tcp_cq, base)->epfd;
 }
 
+static int tcp_cq_flush(struct rps__cq *base)
+{
+	struct tcp_cq *cq = rps__container_of(base, struct tcp_cq, base);
+
+	pthread_mutex_lock(&cq->poll_lock);
+	rps__tcp_flush_deferred(cq);
+	pthread_mutex_unlock(&cq->poll_lock);
+	return 0;
+}
+
 static int tcp_cq_arm(struct rps__cq *base)
 {
 	struct tcp_cq *cq = rps__container_of(base, struct tcp_cq, base);
@@ -548,6 +558,7 @@ const struct rps__transport_ops rps__tcp_ops = {
 	.cq_poll = rps__tcp_cq_poll,
 	.cq_fd = tcp_cq_fd,
 	.cq_arm = tcp_cq_arm,
+	.cq_flush = tcp_cq_flush,
 	.listen = rps__tcp_listen,
 	.listener_fd = rps__tcp_listener_fd,
 	.listener_get_request = rps__tcp_listener_get_request,

@@ -100,6 +100,11 @@ int rps__cq_arm(struct rps__cq *cq)
 	return cq->fab->ops->cq_arm(cq);
 }
 
+int rps__cq_flush(struct rps__cq *cq)
+{
+	return cq->fab->ops->cq_flush ? cq->fab->ops->cq_flush(cq) : 0;
+}
+
 int rps__cq_wait(struct rps__cq *cq, struct rps__wc *wc, int n, int timeout_ms)
 {
 	struct pollfd pfd;

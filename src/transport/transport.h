@@ -225,6 +225,12 @@ int rps__cq_fd(struct rps__cq *cq);	/* readable when rps__cq_poll may have work 
  * fd will wake the caller for anything still to come, so it may sleep at
  * once (TCP, when nothing is queued: saves a syscall per round trip). */
 int rps__cq_arm(struct rps__cq *cq);
+/* Put on the wire now what the CQ's endpoints hold back for the next poll.
+ * TCP holds ACKs (and what is posted behind them) until the consumer polls
+ * again, so that they leave with its answers in one write; a consumer about
+ * to block for long without polling (an fsync) calls this first.  Verbs
+ * holds nothing: a no-op. */
+int rps__cq_flush(struct rps__cq *cq);
 /* Convenience: poll up to n, blocking up to timeout_ms (-1: forever) when none. */
 int rps__cq_wait(struct rps__cq *cq, struct rps__wc *wc, int n, int timeout_ms);
 
@@ -317,6 +323,7 @@ struct rps__transport_ops {
 	int (*cq_poll)(struct rps__cq *cq, struct rps__wc *wc, int n);
 	int (*cq_fd)(struct rps__cq *cq);
 	int (*cq_arm)(struct rps__cq *cq);
+	int (*cq_flush)(struct rps__cq *cq);	/* NULL: nothing is held back */
 	int (*listen)(struct rps__fabric *fab, const char *host, uint16_t port, struct rps__listener **out);
 	int (*listener_fd)(struct rps__listener *l);
 	int (*listener_get_request)(struct rps__listener *l, struct rps__conn_req **out);
