@@ -301,7 +301,6 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 {
 	struct shard_op **pp = &cl->backoff, *op;
 	struct rps_request *r, *next;
-	bool zc_kill[RPS__SMAP_MAX_MEMBERS] = { false };
 	int k;
 
 	while ((op = *pp) != NULL) {
@@ -322,19 +321,25 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 			const struct shard_op *stuck = NULL;
 			uint32_t i;
 			for (i = 0; i < r->nops; i++) {
-				const struct shard_op *o = &r->ops[i];
+				struct shard_op *o = &r->ops[i];
 				if (o->req == r && !stuck)
 					stuck = o;
 				/* A push sent from memory the user did not
-				 * register, its frame maybe not all written
-				 * yet: the caller may reuse the memory once we
-				 * return, so the connection goes (below).
-				 * (Registered memory stays busy instead, see
-				 * rps_buffer_deregister.) */
-				if (o->req == r && o->c && o->state == ST_WRITING && o->src_mr &&
-				    o->src_mr == cl->implicit_mr)
-					zc_kill[o->c->index] = true;
-				r->ops[i].req = NULL;
+				 * register (tcp sends from any memory), its
+				 * frame maybe not all written: the caller may
+				 * reuse that memory once we return, so its
+				 * bytes go to the op's slot buffer and the
+				 * frame reads them there.  (Registered memory
+				 * stays busy instead: rps_buffer_deregister.) */
+				if (o->req == r && o->c && o->c->ep && o->state == ST_WRITING && o->has_res &&
+				    o->src_mr && o->src_mr == cl->implicit_mr) {
+					char *copy = slot_buf(o->c, o->res) + RPS__PUSH_DESC_SIZE;
+					size_t n = ((const struct rps__push_desc *)slot_buf(o->c, o->res))->nbytes;
+					memcpy(copy, o->src, n);
+					if (rps__ep_rebase(o->c->ep, o->src, copy, n) == 0)
+						o->src_mr = NULL;
+				}
+				o->req = NULL;
 			}
 			for (k = 0; k < cl->nservers; k++)
 				for (i = 0; i < CTRL_CREDITS; i++)
@@ -354,13 +359,6 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 			rps__req_finish(r);
 		}
 	}
-	/* (the lock is held throughout: no waiter returns before this) */
-	for (k = 0; k < cl->nservers; k++)
-		if (zc_kill[k] && cl->conns[k].ep && rps__ep_tx_pending(cl->conns[k].ep)) {
-			cl->conns[k].dead = true;
-			cl->conns[k].err = -ETIMEDOUT;
-			rps__conn_kill(cl, &cl->conns[k]);
-		}
 }
 
 /* How long progress may sleep: until the next lock retry, at most 50 ms

@@ -340,7 +340,7 @@ void rps__tcp_queue_ack(struct tcp_ep *ep);
 void rps__tcp_sq_release_held(struct tcp_ep *ep);
 void rps__tcp_sq_complete_done(struct tcp_ep *ep);
 int rps__tcp_post(struct rps__ep *base, const struct rps__wr *wr, int n);
-int rps__tcp_ep_tx_pending(struct rps__ep *base);
+int rps__tcp_ep_rebase(struct rps__ep *base, const void *from, void *to, size_t len);
 void rps__tcp_rq_match(struct tcp_ep *ep);
 bool rps__tcp_unexpected_room(const struct tcp_ep *ep, uint32_t len);
 void rps__tcp_unexpected_append(struct tcp_ep *ep, struct tcp_unexpected *u);

@@ -558,15 +558,29 @@ int rps__tcp_post(struct rps__ep *base, const struct rps__wr *wr, int n)
 	return 0;
 }
 
-int rps__tcp_ep_tx_pending(struct rps__ep *base)
+/* The frames not written yet (sent in part, queued, or held behind a
+ * FENCE) read their segments from the caller's memory when the socket takes
+ * them (rps__tcp_ep_tx_flush, under ep->lock): point those in [from, from +
+ * len) at the copy.  The bytes are the same, so a frame half written goes
+ * on from the copy at the same offset. */
+int rps__tcp_ep_rebase(struct rps__ep *base, const void *from, void *to, size_t len)
 {
 	struct tcp_ep *ep = rps__container_of(base, struct tcp_ep, base);
-	int pending;
+	const uint8_t *lo = from, *hi = lo + len;
+	struct tcp_txe *lists[2], *txe;
+	uint32_t k;
+	int l;
 
 	pthread_mutex_lock(&ep->lock);
-	pending = ep->tx_head != NULL || ep->held_head != NULL;
+	lists[0] = ep->tx_head;
+	lists[1] = ep->held_head;
+	for (l = 0; l < 2; l++)
+		for (txe = lists[l]; txe; txe = txe->next)
+			for (k = 0; k < txe->nseg; k++)
+				if (txe->seg[k].addr >= lo && txe->seg[k].addr < hi)
+					txe->seg[k].addr = (uint8_t *)to + (txe->seg[k].addr - lo);
 	pthread_mutex_unlock(&ep->lock);
-	return pending;
+	return 0;
 }
 
 /* ------------------------------------------------------------------------ */

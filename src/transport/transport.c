@@ -271,9 +271,12 @@ void *rps__ep_context(const struct rps__ep *ep) { return ep->context; }
 const char *rps__ep_peer(const struct rps__ep *ep) { return ep->peer; }
 int rps__ep_is_error(const struct rps__ep *ep) { return __atomic_load_n(&ep->error, __ATOMIC_ACQUIRE); }
 
-int rps__ep_tx_pending(struct rps__ep *ep)
+int rps__ep_rebase(struct rps__ep *ep, const void *from, void *to, size_t len)
 {
-	return ep->fab->ops->ep_tx_pending ? ep->fab->ops->ep_tx_pending(ep) : 1;
+	if (!ep->fab->ops->ep_rebase)
+		return rps__seterr(-EOPNOTSUPP, "%s: posted memory stays the caller's until its completion",
+				   rps__fabric_name(ep->fab));
+	return ep->fab->ops->ep_rebase(ep, from, to, len);
 }
 
 int rps__post(struct rps__ep *ep, const struct rps__wr *wr, int n)

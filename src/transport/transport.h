@@ -286,10 +286,13 @@ void rps__ep_set_context(struct rps__ep *ep, void *ctx);
 void *rps__ep_context(const struct rps__ep *ep);
 const char *rps__ep_peer(const struct rps__ep *ep);	/* "10.0.2.15:7000" */
 int rps__ep_is_error(const struct rps__ep *ep);
-/* 1 if local memory of posted sends (WRITE, WRITE_IMM, SEND) may still be
- * read: tcp, while frames wait to be handed to the kernel (which copies
- * them); verbs cannot tell before their completions, so always 1. */
-int rps__ep_tx_pending(struct rps__ep *ep);
+/* Posted sends (WRITE, WRITE_IMM, SEND) whose local memory lies in
+ * [from, from + len) and is not written yet read the same offsets of
+ * [to, to + len) instead: the caller copied those bytes there first, and
+ * may reuse `from` once this returns (tcp, whose implicit region sends from
+ * memory the caller did not register).  -EOPNOTSUPP where posted memory
+ * must stay registered until the completion (verbs). */
+int rps__ep_rebase(struct rps__ep *ep, const void *from, void *to, size_t len);
 
 /* data movement.  rps__post is all-or-nothing: -EAGAIN when the n WRs do
  * not fit the send queue (none posted), -EINVAL when n exceeds its depth or
@@ -344,7 +347,7 @@ struct rps__transport_ops {
 	void (*ep_close)(struct rps__ep *ep);
 	int (*post)(struct rps__ep *ep, const struct rps__wr *wr, int n);
 	int (*post_recv)(struct rps__ep *ep, const struct rps__sge *sge, uint64_t wr_id);
-	int (*ep_tx_pending)(struct rps__ep *ep);	/* optional: NULL means always 1 */
+	int (*ep_rebase)(struct rps__ep *ep, const void *from, void *to, size_t len);	/* optional */
 };
 
 /* Common heads; providers embed these first in their private structs. */
