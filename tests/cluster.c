@@ -439,8 +439,14 @@ int it_worker_wait(struct it_workers *w, int i)
 	w->pid[i] = 0;
 	close(w->fd[i]);
 	w->fd[i] = -1;
-	if (WIFSIGNALED(st))
+	if (WIFSIGNALED(st)) {
+		/* (a worker's own failures print a line; a crash prints none;
+		 * SIGKILL is the tests' own) */
+		if (WTERMSIG(st) != SIGKILL)
+			fprintf(stderr, "it_cluster: worker %d: killed by signal %d (%s)\n", i, WTERMSIG(st),
+				strsignal(WTERMSIG(st)));
 		return 128 + WTERMSIG(st);
+	}
 	return WEXITSTATUS(st);
 }
 

@@ -496,25 +496,35 @@ static void test_registered_buffer_rules(void)
 	free(g);
 }
 
-/* ---- contended async pushes: each gradient goes once --------------------- */
+/* ---- contended async pushes: each gradient goes once; windows chain ----- */
 
-#define CT_PUSHES 60
 #define CT_PER_PUSH (SHARD_BYTES + RPS__PUSH_DESC_SIZE + 16)	/* gradient, descriptor, CAS */
 
-/* Every worker pushes one shard as fast as it can; reports the payload
- * bytes its client put on the wire while it did, and how many of its
- * pushes a server refused as fenced (sent again whole, rightly). */
+/* Every worker pushes one shard of tensor `name` `pushes` times, `window`
+ * in flight at once. */
+struct contended_job {
+	const char *name;
+	int pushes, window;
+};
+
+/* What a worker reports: the payload bytes its client put on the wire
+ * while it pushed, its pushes a server refused as fenced (sent again
+ * whole, rightly), those posted as chain members, and those of them
+ * requeued. */
+enum { CT_TX, CT_FENCED, CT_CHAINED, CT_REQUEUED, CT_NOUT };
+
 static int contended_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
+	const struct contended_job *j = arg;
 	const uint64_t count = SHARD_BYTES / 4;
 	float *g = malloc(count * sizeof(float));
+	rps_request_t *req[8] = { 0 };
 	struct rps_tensor_opts o;
 	rps_client_t *cl;
 	rps_tensor_t *t;
-	uint64_t i, tx[2];
+	uint64_t i, out[CT_NOUT];
 	int k, ret;
 
-	(void)arg;
 	for (i = 0; i < count; i++)
 		g[i] = async_g(rank, i);
 	rps_tensor_opts_init(&o);
@@ -523,113 +533,21 @@ static int contended_worker(int rank, int nworkers, const char *servers, void *a
 	o.optimizer = RPS_OPT_SUM;
 	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
 		return fail("connect", ret);
-	if ((ret = rps_tensor_create(cl, "contended", &o, &t)))
+	if ((ret = rps_tensor_create(cl, j->name, &o, &t)))
 		return fail("create", ret);
-	tx[0] = rps__client_tx_bytes(cl);
-	tx[1] = rps__client_pushes_fenced(cl);
-	for (k = 0; k < CT_PUSHES; k++)
-		if ((ret = rps_push(t, g, count * sizeof(float))))
-			return fail("push", ret);
-	tx[0] = rps__client_tx_bytes(cl) - tx[0];
-	tx[1] = rps__client_pushes_fenced(cl) - tx[1];
-	it_write_all(out_fd, tx, sizeof(tx));
-	rps_tensor_close(t);
-	rps_client_close(cl);
-	free(g);
-	return 0;
-}
-
-/* Workers pushing one shard at once lose its lock to each other most of
- * the time.  A push whose CAS lost goes again as its CAS and its 64-byte
- * descriptor: its gradient is in the server's slot already, so each
- * gradient crosses the wire once (it used to go again with every try:
- * 1.5-1.9 bytes per gradient byte).  Exact, and every client's bytes are
- * its pushes' gradients, descriptors and CASes (those refused as fenced,
- * on a loaded host whose server's lease ran out, twice) plus at most 5%
- * for the retries; retries there were (else this proves nothing). */
-static void test_async_contended_once(void)
-{
-	const uint64_t count = SHARD_BYTES / 4;
-	float *p = malloc(count * sizeof(float));
-	uint64_t tx[NWORKERS][2], i, version = 0, retried = 0;
-	struct it_workers w;
-	int r, bad = 0;
-
-	CU_ASSERT_FATAL(cluster_up);
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, contended_worker, cluster.servers, NULL, -1, NULL), 0);
-	for (r = 0; r < NWORKERS; r++) {
-		CU_ASSERT_EQUAL(it_worker_read(&w, r, tx[r], sizeof(tx[r])), 0);
-		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
-	}
-	CU_ASSERT_EQUAL_FATAL(pull_all("contended", count, p, &version), 0);
-	CU_ASSERT_EQUAL(version, (uint64_t)NWORKERS * CT_PUSHES);
-	for (i = 0; i < count; i++) {
-		float want = 0;
-		for (r = 0; r < NWORKERS; r++)
-			want += async_g(r, i) * (float)CT_PUSHES;
-		bad += p[i] != want;
-	}
-	CU_ASSERT_EQUAL(bad, 0);
-	fprintf(stderr, "[bytes per gradient byte:");
-	for (r = 0; r < NWORKERS; r++) {
-		uint64_t sent = (CT_PUSHES + tx[r][1]) * (uint64_t)CT_PER_PUSH;	/* every gradient that had to go */
-
-		fprintf(stderr, " %.3f (%llu fenced)", (double)tx[r][0] / ((double)CT_PUSHES * SHARD_BYTES),
-			(unsigned long long)tx[r][1]);
-		CU_ASSERT(tx[r][0] >= sent);
-		CU_ASSERT(tx[r][0] <= sent + (uint64_t)CT_PUSHES * SHARD_BYTES / 100 * 5);
-		if (tx[r][0] >= sent)
-			retried += tx[r][0] - sent;
-	}
-	fprintf(stderr, "; %llu bytes of retries] ", (unsigned long long)retried);
-	CU_ASSERT(retried > 0);
-	free(p);
-}
-
-/* ---- windows pipeline: a worker's pushes to one shard go as chains ------ */
-
-#define WIN_PUSHES 200
-#define WIN_WINDOW 8
-
-/* Like contended_worker, with WIN_WINDOW pushes in flight: reports the
- * client's bytes on the wire, fenced pushes, pushes posted as chain
- * members and those of them requeued. */
-static int window_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
-{
-	const uint64_t count = SHARD_BYTES / 4;
-	float *g = malloc(count * sizeof(float));
-	rps_request_t *req[WIN_WINDOW] = { 0 };
-	struct rps_tensor_opts o;
-	rps_client_t *cl;
-	rps_tensor_t *t;
-	uint64_t i, out[4], requeued;
-	int k, ret;
-
-	(void)arg;
-	for (i = 0; i < count; i++)
-		g[i] = async_g(rank, i);
-	rps_tensor_opts_init(&o);
-	o.count = count;
-	o.mode = RPS_MODE_ASYNC;
-	o.optimizer = RPS_OPT_SUM;
-	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
-		return fail("connect", ret);
-	if ((ret = rps_tensor_create(cl, "windowed", &o, &t)))
-		return fail("create", ret);
-	out[0] = rps__client_tx_bytes(cl);
-	out[1] = rps__client_pushes_fenced(cl);
-	for (k = 0; k < WIN_PUSHES + WIN_WINDOW; k++) {
-		rps_request_t **r = &req[k % WIN_WINDOW];
+	out[CT_TX] = rps__client_tx_bytes(cl);
+	out[CT_FENCED] = rps__client_pushes_fenced(cl);
+	for (k = 0; k < j->pushes + j->window; k++) {
+		rps_request_t **r = &req[k % j->window];
 		if (*r && (ret = rps_wait(*r)))
 			return fail("push (wait)", ret);
 		*r = NULL;
-		if (k < WIN_PUSHES && (ret = rps_push_start(t, g, count * sizeof(float), r)))
+		if (k < j->pushes && (ret = rps_push_start(t, g, count * sizeof(float), r)))
 			return fail("push", ret);
 	}
-	out[0] = rps__client_tx_bytes(cl) - out[0];
-	out[1] = rps__client_pushes_fenced(cl) - out[1];
-	out[2] = rps__client_pushes_chained(cl, &requeued);
-	out[3] = requeued;
+	out[CT_TX] = rps__client_tx_bytes(cl) - out[CT_TX];
+	out[CT_FENCED] = rps__client_pushes_fenced(cl) - out[CT_FENCED];
+	out[CT_CHAINED] = rps__client_pushes_chained(cl, &out[CT_REQUEUED]);
 	it_write_all(out_fd, out, sizeof(out));
 	rps_tensor_close(t);
 	rps_client_close(cl);
@@ -637,50 +555,91 @@ static int window_worker(int rank, int nworkers, const char *servers, void *arg,
 	return 0;
 }
 
-/* Every worker keeps 8 pushes in flight to one shard.  A worker's pushes
- * to a shard go out together as a chain, the pushes after the first under
- * its lock word (they used to go one at a time).  Every push is applied
- * exactly once: exact sums, the version is the number of pushes.  Chains
- * there were in every worker; with the workers contending, members whose
- * head lost the lock went back to the queue, and still each gradient
- * crossed the wire once (+5% for the retries' descriptors and CASes). */
-static void test_async_windows_chain(void)
+/* Run j on every worker: every push applied once (exact sums, the version
+ * is the number of pushes), and every client's bytes at most its pushes'
+ * gradients, descriptors and CASes (those refused as fenced, on a loaded
+ * host whose server's lease ran out, twice) plus 5% for the retries.
+ * out: what each worker reported. */
+static void contended_run(const struct contended_job *j, uint64_t out[NWORKERS][CT_NOUT])
 {
 	const uint64_t count = SHARD_BYTES / 4;
 	float *p = malloc(count * sizeof(float));
-	uint64_t out[NWORKERS][4], i, version = 0, requeued = 0;
+	uint64_t i, version = 0;
 	struct it_workers w;
 	int r, bad = 0;
 
-	CU_ASSERT_FATAL(cluster_up);
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, window_worker, cluster.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, contended_worker, cluster.servers, (void *)j, -1,
+					       NULL), 0);
 	for (r = 0; r < NWORKERS; r++) {
 		CU_ASSERT_EQUAL(it_worker_read(&w, r, out[r], sizeof(out[r])), 0);
 		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
 	}
-	CU_ASSERT_EQUAL_FATAL(pull_all("windowed", count, p, &version), 0);
-	CU_ASSERT_EQUAL(version, (uint64_t)NWORKERS * WIN_PUSHES);
+	CU_ASSERT_EQUAL_FATAL(pull_all(j->name, count, p, &version), 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)NWORKERS * j->pushes);
 	for (i = 0; i < count; i++) {
 		float want = 0;
 		for (r = 0; r < NWORKERS; r++)
-			want += async_g(r, i) * (float)WIN_PUSHES;
+			want += async_g(r, i) * (float)j->pushes;
 		bad += p[i] != want;
 	}
 	CU_ASSERT_EQUAL(bad, 0);
 	fprintf(stderr, "[chained, requeued, fenced, bytes per gradient byte:");
 	for (r = 0; r < NWORKERS; r++) {
-		uint64_t sent = (WIN_PUSHES + out[r][1]) * (uint64_t)CT_PER_PUSH;
+		uint64_t sent = (j->pushes + out[r][CT_FENCED]) * (uint64_t)CT_PER_PUSH;
 
-		fprintf(stderr, " %llu %llu %llu %.3f", (unsigned long long)out[r][2], (unsigned long long)out[r][3],
-			(unsigned long long)out[r][1],
-			(double)out[r][0] / ((double)WIN_PUSHES * SHARD_BYTES));
-		CU_ASSERT(out[r][2] > 0);
-		CU_ASSERT(out[r][0] <= sent + (uint64_t)WIN_PUSHES * SHARD_BYTES / 100 * 5);
-		requeued += out[r][3];
+		fprintf(stderr, " %llu %llu %llu %.3f", (unsigned long long)out[r][CT_CHAINED],
+			(unsigned long long)out[r][CT_REQUEUED], (unsigned long long)out[r][CT_FENCED],
+			(double)out[r][CT_TX] / ((double)j->pushes * SHARD_BYTES));
+		CU_ASSERT(out[r][CT_TX] <= sent + (uint64_t)j->pushes * SHARD_BYTES / 100 * 5);
 	}
 	fprintf(stderr, "] ");
-	CU_ASSERT(requeued > 0);
 	free(p);
+}
+
+/* Workers pushing one shard at once lose its lock to each other most of
+ * the time.  A push whose CAS lost goes again as its CAS and its 64-byte
+ * descriptor: its gradient is in the server's slot already, so each
+ * gradient crosses the wire once (it used to go again with every try:
+ * 1.5-1.9 bytes per gradient byte).  One push in flight, so each sends its
+ * own CAS: at least every gradient, descriptor and CAS went, and retries
+ * there were (else this proves nothing). */
+static void test_async_contended_once(void)
+{
+	static const struct contended_job j = { .name = "contended", .pushes = 60, .window = 1 };
+	uint64_t out[NWORKERS][CT_NOUT], retried = 0;
+	int r;
+
+	CU_ASSERT_FATAL(cluster_up);
+	contended_run(&j, out);
+	for (r = 0; r < NWORKERS; r++) {
+		uint64_t sent = (j.pushes + out[r][CT_FENCED]) * (uint64_t)CT_PER_PUSH;
+
+		CU_ASSERT(out[r][CT_TX] >= sent);
+		if (out[r][CT_TX] >= sent)
+			retried += out[r][CT_TX] - sent;
+	}
+	CU_ASSERT(retried > 0);
+}
+
+/* Every worker keeps 8 pushes in flight to one shard.  A worker's pushes
+ * to a shard go out together as a chain, the pushes after the first under
+ * its lock word (they used to go one at a time).  Chains there were in
+ * every worker; with the workers contending, members whose head lost the
+ * lock went back to the queue, and still each gradient crossed the wire
+ * once. */
+static void test_async_windows_chain(void)
+{
+	static const struct contended_job j = { .name = "windowed", .pushes = 200, .window = 8 };
+	uint64_t out[NWORKERS][CT_NOUT], requeued = 0;
+	int r;
+
+	CU_ASSERT_FATAL(cluster_up);
+	contended_run(&j, out);
+	for (r = 0; r < NWORKERS; r++) {
+		CU_ASSERT(out[r][CT_CHAINED] > 0);
+		requeued += out[r][CT_REQUEUED];
+	}
+	CU_ASSERT(requeued > 0);
 }
 
 /* ---- bounded(k): staleness never exceeds k ------------------------------- */
@@ -2922,6 +2881,7 @@ static int abandon_worker(int rank, int nworkers, const char *servers, void *arg
 	float *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	float *other = calloc(a->count, sizeof(float));
 	struct rps_client_opts co;
+	struct rps_tensor_opts o;
 	rps_client_t *cl;
 	rps_tensor_t *t;
 	int ret, k;
@@ -2938,8 +2898,11 @@ static int abandon_worker(int rank, int nworkers, const char *servers, void *arg
 	co.timeout_ms = STALL_TIMEOUT_MS;
 	if ((ret = rps_client_connect(&co, &cl)))
 		return fail("connect", ret);
-	if ((ret = rps_tensor_open(cl, a->name, &t)))
-		return fail("open", ret);
+	rps_tensor_opts_init(&o);
+	o.count = a->count;
+	o.mode = RPS_MODE_ASYNC;
+	if ((ret = rps_tensor_create(cl, a->name, &o, &t)))
+		return fail("create", ret);
 	kill(a->victim, SIGSTOP);
 	ret = rps_push(t, g, bytes);
 	if (ret != -ETIMEDOUT)
@@ -2969,12 +2932,9 @@ static void test_timed_out_ops_leave_buffers_alone(void)
 {
 	static struct rps__smap m;
 	static struct abandon_arg a;
-	struct rps_tensor_opts o;
 	struct rps__layout l;
 	struct it_member st;
 	struct it_workers w;
-	rps_client_t *cl;
-	rps_tensor_t *t;
 	uint32_t shard, here = 0;
 	int victim = -1, k;
 
@@ -2995,16 +2955,12 @@ static void test_timed_out_ops_leave_buffers_alone(void)
 	}
 	CU_ASSERT_FATAL(here >= 6);
 	a.victim = cluster.pid[victim];
-	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 1, &cl), 0);
-	rps_tensor_opts_init(&o);
-	o.count = a.count;
-	o.mode = RPS_MODE_ASYNC;
-	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, a.name, &o, &t), 0);
-	rps_tensor_close(t);
-	rps_client_close(cl);
+	/* (the worker creates the tensor: over verbs, a worker forked after
+	 * this process opened the device could not open it: v_check_fork) */
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, abandon_worker, cluster.servers, &a, -1, NULL), 0);
 	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
 	kill(a.victim, SIGCONT);	/* (whatever became of the worker) */
+	CU_ASSERT_EQUAL(set_replicas(2), 0);	/* the default again, for the tests after it */
 }
 
 /* A server killed under a worker, at R = 1: the next operation fails with
@@ -3096,6 +3052,10 @@ int main(void)
 		{ "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders },
 		{ "--memory-limit refuses what does not fit", test_memory_limit },
 		{ "barrier: the first arrival fixes its size, a mismatch is refused", test_barrier_size_fixed_by_first_arrival },
+		/* (before the tests whose checks open a client in this process:
+		 * over verbs a worker forked after that cannot open the device) */
+		{ "a timed-out request's shard ops never touch the caller's buffers after it returned",
+		  test_timed_out_ops_leave_buffers_alone },
 		{ "sync: a dead worker is named to the others", test_sync_dead_worker_named },
 		{ "sync, R = 1: a dead worker is named to the others", test_sync_dead_worker_named_r1 },
 		{ "sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover },
@@ -3121,8 +3081,6 @@ int main(void)
 		{ "no server listening", test_server_absent },
 		{ "a request to a stopped server times out naming the shard, the server, what it waited for",
 		  test_timeout_names_shard },
-		{ "a timed-out request's shard ops never touch the caller's buffers after it returned",
-		  test_timed_out_ops_leave_buffers_alone },
 		{ "server killed under a worker", test_server_killed },
 	};
 	const struct cutest_suite suites[] = {

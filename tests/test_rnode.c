@@ -606,6 +606,22 @@ static unsigned syncs_of(uint64_t id)
 	return nodes[id].syncs;
 }
 
+/* A 3-node cluster with fsync ALWAYS, its leader elected and settled;
+ * before[id]: each node's syncs so far, if given.  The leader's id. */
+static uint64_t start_synced_cluster(unsigned *before)
+{
+	uint64_t l;
+
+	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
+	start_cluster();
+	l = wait_leader();
+	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
+	run(3);
+	for (uint64_t id = 1; before && id <= 3; id++)
+		before[id] = syncs_of(id);
+	return l;
+}
+
 /* fsync ALWAYS: an entry costs every node one sync, the leader's while its
  * append travels; the commit index alone is not synced, but reaches the
  * followers at once (no heartbeat needed) and reaches their disk with the
@@ -615,13 +631,7 @@ static void test_commit_index_not_synced(void)
 	unsigned before[MAXN + 1];
 	uint64_t l, f;
 
-	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
-	start_cluster();
-	l = wait_leader();
-	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
-	run(3);
-	for (uint64_t id = 1; id <= 3; id++)
-		before[id] = syncs_of(id);
+	l = start_synced_cluster(before);
 
 	CU_ASSERT_EQUAL(propose(l), 0);
 	/* the leader synced its entry; its append is on its way */
@@ -662,11 +672,7 @@ static void test_leader_flushes_before_sync(void)
 {
 	uint64_t l, f;
 
-	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
-	start_cluster();
-	l = wait_leader();
-	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
-	run(3);
+	l = start_synced_cluster(NULL);
 	f = other_than(l, 0);
 	nodes[l].n_events = nodes[f].n_events = 0;
 	CU_ASSERT_EQUAL(propose(l), 0);
@@ -685,13 +691,7 @@ static void test_batched_proposals_one_sync(void)
 	uint64_t l;
 	size_t apps = 0;
 
-	cfg_fsync = RPS__WAL_FSYNC_ALWAYS;
-	start_cluster();
-	l = wait_leader();
-	CU_ASSERT_NOT_EQUAL_FATAL(l, 0);
-	run(3);
-	for (uint64_t id = 1; id <= 3; id++)
-		before[id] = syncs_of(id);
+	l = start_synced_cluster(before);
 	for (unsigned i = 0; i < 5; i++) {
 		char p[PAYLOAD_MAX];
 		int n = snprintf(p, sizeof(p), "p%u", next_payload++);

@@ -1172,6 +1172,45 @@ static void t_open(void)
 	run_isolated("open", body_open, 120);
 }
 
+/* A process forked after its parent opened the devices inherits
+ * librdmacm's handles, which the kernel refuses it: its fabric open says
+ * so (-EPERM) instead of failing later, or crashing, in a post. */
+static int forked_open(void)
+{
+	struct rps__fabric_attr a = { .kind = RPS__KIND_VERBS };
+	struct rps__fabric *f = NULL;
+	int ret = rps__fabric_open(&a, &f);
+
+	fprintf(stderr, "    forked after the parent opened: %d: %s\n", ret, rps__errbuf());
+	CHECK(ret == -EPERM && f == NULL);
+	CHECK(strstr(rps__errbuf(), "forked") && strstr(rps__errbuf(), "after fork()"));
+	return 0;
+}
+
+static int body_fork_refused(void)
+{
+	struct rps__fabric_attr a = { .kind = RPS__KIND_VERBS };
+	struct rps__fabric *f;
+	pid_t pid;
+	int st;
+
+	CHECK(rps__fabric_open(&a, &f) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		child_exit(forked_open());
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	rps__fabric_close(f);
+	CHECK(rps__fabric_open(&a, &f) == 0);	/* this process still may */
+	rps__fabric_close(f);
+	return 0;
+}
+
+static void t_fork_refused(void)
+{
+	run_isolated("fork", body_fork_refused, 120);
+}
+
 /* ---- error cases a device produces on demand ------------------------------- */
 
 /* The first error message of a test must name what failed: exact code and
@@ -1698,6 +1737,7 @@ int main(void)
 {
 	static const struct cutest tests[] = {
 		{ "device by name / by address, wildcard listen", t_open },
+		{ "a child forked after its parent opened the device is refused in one line", t_fork_refused },
 		{ "registration fails cleanly under a low memlock limit", t_memlock },
 		{ "private data both ways, reject with a reason", t_privdata },
 		{ "full send queue, inline writes, WRITE_IMM", t_sq_full },

@@ -63,6 +63,28 @@ out:
 	return ret;
 }
 
+/*
+ * librdmacm opens every RDMA device once per process, on first use, and
+ * keeps those contexts until exit; a child forked after that inherits them,
+ * but their files were opened by the parent, and the kernel refuses its
+ * verbs commands on them ("changed security contexts after opening file
+ * descriptor"): a post whose doorbell is refused that way even reports no
+ * failed WR.  librdmacm cannot open them again for the child, so a forked
+ * child is told so, at once, in one line.
+ */
+static _Atomic pid_t v_rdmacm_pid;
+
+static int v_check_fork(void)
+{
+	pid_t me = getpid(), first = 0;
+
+	if (atomic_compare_exchange_strong(&v_rdmacm_pid, &first, me) || first == me)
+		return 0;
+	return rps__seterr(-EPERM, "verbs: process %ld was forked after process %ld opened the RDMA devices, and "
+			   "their handles are not this process's: open librdmaps only after fork(), or exec() a "
+			   "new program", (long)me, (long)first);
+}
+
 int rps__verbs_fabric_open(const struct rps__fabric_attr *attr, struct rps__fabric **out)
 {
 	struct ibv_context *want = NULL;
@@ -70,6 +92,8 @@ int rps__verbs_fabric_open(const struct rps__fabric_attr *attr, struct rps__fabr
 	uint8_t port = 1;
 	int n = 0, i, ret, e;
 
+	if ((ret = v_check_fork()))
+		return ret;
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return rps__seterr(-ENOMEM, "verbs: out of memory opening the fabric");

@@ -226,7 +226,10 @@ int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
 	ret = v_fault("ibv_post_send");
 	if (!ret)
 		ret = ibv_post_send(ep->qp, ep->swr, &bad);
-	posted = ret ? (int)(bad - ep->swr) : n;
+	/* the WR that failed, and those before it were taken; a provider
+	 * whose doorbell failed names none (rxe: NULL): count none taken,
+	 * the endpoint is failed by its caller anyway */
+	posted = !ret ? n : (bad >= ep->swr && bad < ep->swr + n) ? (int)(bad - ep->swr) : 0;
 	commit_sring(ep, wr, posted);
 	pthread_mutex_unlock(&ep->sq_lock);
 	if (ret)

@@ -236,7 +236,9 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 	if (view->backup)
 		srv->repl_active = true;	/* the repl turn dials its primary when our id is the higher */
 	/* a replica the map dropped is no longer waited for */
-	if (srv->nrwaits)
+	if (srv->nrwaits && part < RPS__SMAP_MAX_PART)
+		rps__srv_repl_view_changed(srv, part);
+	else if (srv->nrwaits)
 		rps__srv_repl_confirm(srv);
 	/* nor are its credits: pushes held for them may go now */
 	if (was_replicated && srv->nheld)

@@ -179,19 +179,6 @@ static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
 	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
 }
 
-/* A push applied under lock word w is done with it: released, unless the
- * worker's next push follows under the same word (RPS__DESC_HOLD), which
- * then restarts the lease.  Returns the word for the ack. */
-static uint64_t release_unless_held(struct rps__server *srv, struct tensor *t, struct shard *s,
-				    const struct rps__push_desc *d, uint64_t w)
-{
-	if (d->flags & RPS__DESC_HOLD) {
-		s->lease_word = 0;
-		return w;
-	}
-	return rps__srv_release_lock(srv, t, s, w);
-}
-
 void rps__srv_ack_then_release(struct rps__server *srv, struct conn *c, uint32_t slot, int status,
 			       struct tensor *t, struct shard *s, uint64_t w, bool hold)
 {
@@ -324,7 +311,7 @@ static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, s
 	/* A retried push that was applied already (idempotent push ids):
 	 * acknowledge, do not apply again. */
 	if (dedup_seen(s, c->client_id, d->push_id)) {
-		push_ack(c, slot, 0, s->step, release_unless_held(srv, t, s, d, *holds));
+		rps__srv_ack_then_release(srv, c, slot, 0, t, s, *holds, (d->flags & RPS__DESC_HOLD) != 0);
 		return true;
 	}
 	return false;

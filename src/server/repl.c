@@ -502,7 +502,7 @@ static bool wait_confirmed(const struct rps__server *srv, const struct repl_wait
 
 	for (k = 0; k < w->nrep; k++) {
 		/* a replica the map dropped (committed, epoch+1) is not waited for */
-		if (!still_replica(srv, w->s->part, w->rep[k].id))
+		if (!w->rep[k].id || !still_replica(srv, w->s->part, w->rep[k].id))
 			continue;
 		if (!w->rep[k].rc || w->rep[k].rc->cseq_acked < w->rep[k].cseq)
 			return false;
@@ -543,6 +543,32 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 		}
 	}
 	rps__srv_wake_waiters(srv, t, s->index);
+}
+
+/*
+ * The map changed partition part's replica set.  A replica it dropped is
+ * let go by every update waiting for it, for good: were the member seeded
+ * again later (a joiner), its image is fenced after these updates, so it
+ * holds them, and the stream the wait named is gone with the old one.
+ * Matching by id alone would wait on that dead stream again once the
+ * member is back (the drop and the seeding are applied in one loop turn
+ * under load): its primary could then never fence the image the joiner
+ * waits for, and both sides would time out the seeding.
+ */
+void rps__srv_repl_view_changed(struct rps__server *srv, uint32_t part)
+{
+	for (uint32_t i = 0; i < srv->nrwaits; i++) {
+		struct repl_wait *w = &srv->rwaits[i];
+
+		if (w->kind == RW_STEP_DONE || w->s->part != part)
+			continue;
+		for (uint32_t k = 0; k < w->nrep; k++)
+			if (w->rep[k].id && !still_replica(srv, part, w->rep[k].id)) {
+				w->rep[k].id = 0;
+				w->rep[k].rc = NULL;
+			}
+	}
+	rps__srv_repl_confirm(srv);
 }
 
 /* Complete what every replica confirmed, in order; then note the
@@ -811,8 +837,11 @@ void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c)
 			if (w->rep[k].rc != c)
 				continue;
 			w->rep[k].rc = NULL;
-			if (c->cseq_acked < w->rep[k].cseq && still_replica(srv, w->s->part, w->rep[k].id) &&
-			    !srv->repl_diverged[w->s->part]) {
+			if (c->cseq_acked >= w->rep[k].cseq) {
+				w->rep[k].id = 0;	/* it confirmed this one before the break */
+				continue;
+			}
+			if (still_replica(srv, w->s->part, w->rep[k].id) && !srv->repl_diverged[w->s->part]) {
 				srv->repl_diverged[w->s->part] = w->rep[k].id;
 				rps__log(RPS__LOG_WARN, "partition %u: the replication stream to member %llu broke before it "
 					 "confirmed every update: asking to drop it from the set (it is seeded again)",
@@ -836,8 +865,20 @@ uint64_t rps__srv_repl_diverged(struct rps__server *srv, uint32_t part)
 {
 	if (part >= RPS__SMAP_MAX_PART || !srv->repl_diverged[part])
 		return 0;
-	if (srv->parts[part].primary != srv->my_id || !still_replica(srv, part, srv->repl_diverged[part]))
+	if (srv->parts[part].primary != srv->my_id || !still_replica(srv, part, srv->repl_diverged[part])) {
 		srv->repl_diverged[part] = 0;	/* dropped (or no longer ours): done */
+		/* another replica's stream may have broken meanwhile (R = 3):
+		 * it is the next to drop, else its waits would last for ever */
+		for (uint32_t i = 0; i < srv->nrwaits && srv->parts[part].primary == srv->my_id; i++) {
+			const struct repl_wait *w = &srv->rwaits[i];
+
+			if (w->kind == RW_STEP_DONE || w->s->part != part)
+				continue;
+			for (uint32_t k = 0; k < w->nrep; k++)
+				if (w->rep[k].id && !w->rep[k].rc && still_replica(srv, part, w->rep[k].id))
+					return srv->repl_diverged[part] = w->rep[k].id;
+		}
+	}
 	return srv->repl_diverged[part];
 }
 
@@ -894,7 +935,8 @@ static void warn_slow(struct rps__server *srv, uint64_t now)
 		w->warned = true;
 		for (uint32_t k = 0; k < w->nrep; k++) {
 			const struct conn *rc = w->rep[k].rc;
-			if (!still_replica(srv, w->s->part, w->rep[k].id) || (rc && rc->cseq_acked >= w->rep[k].cseq))
+			if (!w->rep[k].id || !still_replica(srv, w->s->part, w->rep[k].id) ||
+			    (rc && rc->cseq_acked >= w->rep[k].cseq))
 				continue;
 			if (rc)
 				rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: an update waits %.1f s for "

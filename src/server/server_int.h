@@ -390,6 +390,9 @@ void rps__srv_repl_step_orphaned(struct rps__server *srv, struct tensor *t, stru
 /* Complete the waits every replica confirmed (after an ack, or a view
  * that dropped a replica). */
 void rps__srv_repl_confirm(struct rps__server *srv);
+/* The map changed part's replica set: the replicas it dropped are let go
+ * by the waits for good (a member seeded again is a new replica). */
+void rps__srv_repl_view_changed(struct rps__server *srv, uint32_t part);
 /* The partition is refused from now (moved away, paused): its sync pushes
  * taken here are told to resend (STEP_DONE entries of version 0). */
 void rps__srv_repl_refuse_part(struct rps__server *srv, uint32_t part);
