@@ -53,6 +53,7 @@ typedef struct rps_client rps_client_t;
 typedef struct rps_tensor rps_tensor_t;
 typedef struct rps_request rps_request_t;
 typedef struct rps_buffer rps_buffer_t;
+typedef struct rps_group rps_group_t;
 
 enum rps_dtype {
 	RPS_DTYPE_F32 = 1,	/* IEEE binary32 */
@@ -186,6 +187,29 @@ int rps_buffer_register(rps_client_t *client, void *addr, size_t len, rps_buffer
  * that uses the buffer is still running (one that timed out, too): wait
  * for its request first.  rps_client_close() releases those still left. */
 int rps_buffer_deregister(rps_buffer_t *buf);
+
+/* A group: n small tensors (biases, norms) pushed and pulled as one.  The
+ * servers hold the members back to back as one tensor, named NAME#HHHHHHHH
+ * (a hash of the counts: groups that disagree on their members never share
+ * it), with opts (count left 0, or the sum; init, if given, the members'
+ * initial values back to back).  Every worker creates it with the same
+ * counts; member i has counts[i] elements.  A group push sends every
+ * member's gradient (grads[i], nbytes[i] = counts[i] * sizeof(dtype)) in
+ * one push of that tensor: the members share its shards and its round
+ * trips, and each is updated exactly as a tensor of its own would be (the
+ * optimizers are elementwise).  A group pull fills outs[i] (counts[i] * 4
+ * bytes, fp32); *version is the lowest version of the shards read.  One
+ * push or pull of a group runs at a time (they copy through the group's
+ * staging buffer); the buffers may be reused at once after return. */
+int rps_group_create(rps_client_t *client, const char *name, const struct rps_tensor_opts *opts,
+		     uint32_t n, const uint64_t *counts, rps_group_t **out);
+int rps_group_push(rps_group_t *group, const void *const *grads, const size_t *nbytes);
+int rps_group_pull(rps_group_t *group, float *const *outs, const size_t *nbytes, uint64_t *version);
+/* The group's tensor on the servers (for rps_tensor_info and the like;
+ * the group owns it: do not close it). */
+rps_tensor_t *rps_group_tensor(const rps_group_t *group);
+/* Release the group's handle and staging buffer (the tensor stays). */
+void rps_group_close(rps_group_t *group);
 
 /* Wait until all num_workers workers have entered the barrier (call it from
  * one thread per worker).  -ETIMEDOUT after timeout_ms: a worker is gone. */

@@ -496,6 +496,168 @@ static void test_registered_buffer_rules(void)
 	free(g);
 }
 
+/* ---- groups: many small tensors pushed and pulled as one ---------------- */
+
+#define GRP_N 200
+#define GRP_STEPS 6
+
+static const uint32_t grp_sep[] = { 0, 1, 57, 198, 199 };	/* also pushed as tensors of their own */
+
+static uint64_t grp_count(uint32_t i)
+{
+	return 1 + (i * 37u) % 97u;	/* 1 to 97 elements: shards hold several members */
+}
+
+/* Rank r's gradient of member i, element k, step s: multiples of 1/8. */
+static float grp_grad(int rank, int step, uint32_t i, uint64_t k)
+{
+	return 0.125f * (float)((int)((rank * 7 + step * 13 + i * 3 + k * 5) % 17u) - 8);
+}
+
+struct grp_res {
+	int ret;
+	uint64_t mismatched;	/* members' elements differing from their own tensor's */
+	uint64_t version, sep_version, alt_version;
+};
+
+static int grp_fail(int out_fd, struct grp_res *res, const char *what, int ret)
+{
+	res->ret = ret ? ret : -1;
+	fail(what, ret);
+	it_write_all(out_fd, res, sizeof(*res));
+	return 1;
+}
+
+/* Sync Adam: a group of GRP_N members pushed GRP_STEPS times, and some of
+ * its members pushed as tensors of their own with the same gradients: each
+ * member's parameters equal its own tensor's, bit for bit.  Rank 0 also
+ * checks the refusals, and that a group split otherwise is another
+ * tensor. */
+static int group_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	uint64_t counts[GRP_N], alt[GRP_N], total = 0, bad = 0;
+	size_t nbytes[GRP_N], sep_bytes;
+	float *grads[GRP_N], *outs[GRP_N], *sep_out;
+	rps_tensor_t *sep[RPS__ARRAY_SIZE(grp_sep)];
+	struct grp_res res = { 0 };
+	struct rps_tensor_opts o;
+	rps_group_t *g, *g2;
+	rps_client_t *cl;
+	char name[64];
+	int ret, s;
+	uint32_t i, j;
+
+	(void)arg;
+	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
+		return grp_fail(out_fd, &res, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.mode = RPS_MODE_SYNC;
+	o.optimizer = RPS_OPT_ADAM;
+	o.lr = 0.01f;
+	for (i = 0; i < GRP_N; i++) {
+		counts[i] = grp_count(i);
+		alt[i] = counts[i];
+		nbytes[i] = counts[i] * sizeof(float);
+		grads[i] = malloc(nbytes[i]);
+		outs[i] = malloc(nbytes[i]);
+		if (!grads[i] || !outs[i])
+			return grp_fail(out_fd, &res, "malloc", -ENOMEM);
+		total += counts[i];
+	}
+	if ((ret = rps_group_create(cl, "grp", &o, GRP_N, counts, &g)))
+		return grp_fail(out_fd, &res, "group create", ret);
+	for (j = 0; j < RPS__ARRAY_SIZE(grp_sep); j++) {
+		o.count = counts[grp_sep[j]];
+		snprintf(name, sizeof(name), "grp-own-%u", grp_sep[j]);
+		if ((ret = rps_tensor_create(cl, name, &o, &sep[j])))
+			return grp_fail(out_fd, &res, "create a member's own tensor", ret);
+	}
+	o.count = 0;
+	if (rank == 0) {
+		/* refusals, each naming what is wrong */
+		nbytes[3] += 4;
+		ret = rps_group_push(g, (const void *const *)grads, nbytes);
+		if (ret != -EINVAL || !strstr(rps_last_error(), "member 3"))
+			return grp_fail(out_fd, &res, "a member of the wrong size (want -EINVAL naming member 3)", ret);
+		nbytes[3] -= 4;
+		if ((ret = rps_group_create(cl, "grp-none", &o, 0, counts, &g2)) != -EINVAL)
+			return grp_fail(out_fd, &res, "a group of no members (want -EINVAL)", ret);
+		if ((ret = rps_group_create(cl, "a-group-name-of-fifty-five-bytes-is-one-too-many-for-it", &o, GRP_N,
+					    counts, &g2)) != -ENAMETOOLONG)
+			return grp_fail(out_fd, &res, "a group name of 55 bytes (want -ENAMETOOLONG)", ret);
+		o.count = total + 1;
+		if ((ret = rps_group_create(cl, "grp", &o, GRP_N, counts, &g2)) != -EINVAL)
+			return grp_fail(out_fd, &res, "opts.count not the members' sum (want -EINVAL)", ret);
+		o.count = 0;
+	}
+	for (s = 0; s < GRP_STEPS; s++) {
+		for (i = 0; i < GRP_N; i++)
+			for (uint64_t k = 0; k < counts[i]; k++)
+				grads[i][k] = grp_grad(rank, s, i, k);
+		if ((ret = rps_group_push(g, (const void *const *)grads, nbytes)))
+			return grp_fail(out_fd, &res, "group push", ret);
+		for (j = 0; j < RPS__ARRAY_SIZE(grp_sep); j++)
+			if ((ret = rps_push(sep[j], grads[grp_sep[j]], nbytes[grp_sep[j]])))
+				return grp_fail(out_fd, &res, "push to a member's own tensor", ret);
+	}
+	if ((ret = rps_group_pull(g, outs, nbytes, &res.version)))
+		return grp_fail(out_fd, &res, "group pull", ret);
+	for (j = 0; j < RPS__ARRAY_SIZE(grp_sep); j++) {
+		sep_bytes = nbytes[grp_sep[j]];
+		sep_out = malloc(sep_bytes);
+		if (!sep_out || (ret = rps_pull(sep[j], sep_out, sep_bytes, &res.sep_version)))
+			return grp_fail(out_fd, &res, "pull a member's own tensor", ret);
+		for (uint64_t k = 0; k < counts[grp_sep[j]]; k++)
+			bad += memcmp(&sep_out[k], &outs[grp_sep[j]][k], sizeof(float)) != 0;
+		free(sep_out);
+		rps_tensor_close(sep[j]);
+	}
+	res.mismatched = bad;
+	if (rank == 0) {
+		/* the same total split otherwise: a tensor of its own, untouched */
+		alt[0]++;
+		alt[1]--;
+		if ((ret = rps_group_create(cl, "grp", &o, GRP_N, alt, &g2)))
+			return grp_fail(out_fd, &res, "a group split otherwise", ret);
+		nbytes[0] += 4;
+		nbytes[1] -= 4;
+		grads[0] = realloc(grads[0], nbytes[0]);
+		if (!grads[0] || (ret = rps_group_pull(g2, grads, nbytes, &res.alt_version)))
+			return grp_fail(out_fd, &res, "pull the group split otherwise", ret);
+		rps_group_close(g2);
+	} else {
+		res.alt_version = 0;
+	}
+	rps_group_close(g);
+	rps_client_close(cl);
+	for (i = 0; i < GRP_N; i++) {
+		free(grads[i]);
+		free(outs[i]);
+	}
+	it_write_all(out_fd, &res, sizeof(res));
+	return 0;
+}
+
+static void test_group(void)
+{
+	struct it_workers w;
+	struct grp_res res;
+	int r;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, group_worker, cluster.servers, NULL, -1, NULL), 0);
+	for (r = 0; r < NWORKERS; r++) {
+		memset(&res, 0xff, sizeof(res));
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &res, sizeof(res)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+		CU_ASSERT_EQUAL(res.ret, 0);
+		CU_ASSERT_EQUAL(res.mismatched, 0);
+		CU_ASSERT_EQUAL(res.version, GRP_STEPS);
+		CU_ASSERT_EQUAL(res.sep_version, GRP_STEPS);
+		CU_ASSERT_EQUAL(res.alt_version, 0);
+	}
+}
+
 /* ---- contended async pushes: each gradient goes once; windows chain ----- */
 
 #define CT_PER_PUSH (SHARD_BYTES + RPS__PUSH_DESC_SIZE + 16)	/* gradient, descriptor, CAS */
@@ -3043,6 +3205,8 @@ int main(void)
 		{ "async exact sums, version == pushes", test_async_exact },
 		{ "registered buffers: zero-copy pushes and pulls, exact, no more bytes", test_registered_buffers },
 		{ "registered buffers: empty refused, busy not deregistered, per client", test_registered_buffer_rules },
+		{ "groups: 200 small tensors pushed and pulled as one, each exactly as a tensor of its own",
+		  test_group },
 		{ "async, contended: each gradient crosses the wire once, exact", test_async_contended_once },
 		{ "async, windows of 8: a worker's pushes to one shard go as chains, exact", test_async_windows_chain },
 		{ "bounded staleness never exceeds k", test_bounded_staleness },
