@@ -179,8 +179,8 @@ void psperf_raw_plan_all(struct run *r)
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++) {
-		if (psperf_in_process(r->rows[i].test) || r->rows[i].test == T_RESEED)
-			continue;	/* (reseed plans its own: reseed.c) */
+		if (psperf_in_process(r->rows[i].test) || r->rows[i].test == T_RESEED || r->rows[i].test == T_GROUP)
+			continue;	/* (reseed plans its own: reseed.c; group compares its two rows) */
 		raw_plan_row(r, &r->rows[i], transport);
 		if (!transport && r->o->raw_transport)
 			raw_plan_transport_extra(r, &r->rows[i]);

@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 const char *const psperf_test_names[T_NTESTS] = { "push", "pull", "pushpull", "lock", "agg", "commit", "crc",
-						  "igzip", "reseed" };
+						  "igzip", "reseed", "group" };
 /* all = the data-plane tests; commit and reseed (clusters of their own),
  * crc and igzip (checkpoint kernels, in-process) only when named */
 #define DEFAULT_TESTS ((1u << T_COMMIT) - 1)
@@ -36,8 +36,8 @@ static void usage_tests(FILE *f)
 	fprintf(f,
 "Tests:\n"
 "  -t, --test LIST        comma-separated: push, pull, pushpull, lock, agg, commit,\n"
-"                         crc, igzip, reseed, or all (default all: every test but\n"
-"                         commit, crc, igzip and reseed).  push:\n"
+"                         crc, igzip, reseed, group, or all (default all: every\n"
+"                         test but commit, crc, igzip, reseed and group).  push:\n"
 "                         rps_push of the gradient; pull: rps_pull of the\n"
 "                         parameters; pushpull: one training step\n"
 "                         (push then pull); lock: rps__tensor_lock + unlock of one\n"
@@ -65,6 +65,12 @@ static void usage_tests(FILE *f)
 "                         S * (R-1) / that time, beside the raw bandwidth of the\n"
 "                         same path (tcp: socket stream and the tcp transport's\n"
 "                         READ; verbs: RDMA READ), always measured\n"
+"                         group: per size S, rps_group_push of a group of\n"
+"                         --group N members of S bytes each, beside the same N\n"
+"                         tensors pushed one by one (N rps_push calls); both\n"
+"                         rows move N * S bytes an op, and the group row's\n"
+"                         x_sep is its tensors per second over theirs\n"
+"      --group N          members of the group test's group (default 256)\n"
 "  -s, --size BYTES       one size (K, M suffixes: 4K, 1M; at most 64M)\n"
 "  -S, --sweep MIN:MAX[:F]  every power of two from MIN to MAX, multiplying by F\n"
 "                         (a power of two, default 2); default 4:1M:8\n"
@@ -253,7 +259,7 @@ static unsigned parse_tests(const char *s)
 				break;
 		if (i == T_NTESTS)
 			psperf_die_usage("--test: unknown test '%s' (push, pull, pushpull, lock, agg, commit, crc, igzip,"
-				  " reseed, all)", tok);
+				  " reseed, group, all)", tok);
 		mask |= 1u << i;
 	}
 	if (!mask)
@@ -323,6 +329,7 @@ static void opts_init(struct opts *o, int argc, char **argv)
 	o->shard_bytes = 1u << 20;
 	o->slots = 8;
 	o->timeout_ms = 30000;
+	o->group_n = 256;
 	o->argc = argc;
 	o->argv = argv;
 }
@@ -331,7 +338,7 @@ enum {
 	OPT_STALENESS = 256, OPT_OPTIMIZER, OPT_REPLICAS, OPT_SERVERS, OPT_WORKERS, OPT_TRANSPORT,
 	OPT_DEVICE, OPT_ADDR, OPT_SHARD, OPT_SLOTS, OPT_SPIN, OPT_TIMEOUT, OPT_SERVER,
 	OPT_LISTEN, OPT_CLUSTER, OPT_INDEX, OPT_CONNECT, OPT_RANK, OPT_NUMW, OPT_TAG,
-	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC, OPT_PARTITIONS, OPT_REGISTERED, OPT_COPY,
+	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC, OPT_PARTITIONS, OPT_REGISTERED, OPT_COPY, OPT_GROUP,
 };
 
 static const struct option longopts[] = {
@@ -368,6 +375,7 @@ static const struct option longopts[] = {
 	{ "raw-transport", no_argument, NULL, OPT_RAWT },
 	{ "registered", no_argument, NULL, OPT_REGISTERED },
 	{ "copy", no_argument, NULL, OPT_COPY },
+	{ "group", required_argument, NULL, OPT_GROUP },
 	{ "json", required_argument, NULL, 'j' },
 	{ "csv", no_argument, NULL, OPT_CSV },
 	{ "label", required_argument, NULL, OPT_LABEL },
@@ -410,6 +418,7 @@ static void parse_option(struct opts *o, int c, const char *arg)
 	case 'n': o->iters = parse_long(arg, "--iters", 1, 100000000); break;
 	case 'w': o->warmup = parse_long(arg, "--warmup", 0, 100000000); break;
 	case 'W': o->window = (int)parse_long(arg, "--window", 1, 1024); break;
+	case OPT_GROUP: o->group_n = (int)parse_long(arg, "--group", 1, 65536); break;
 	case 'm': o->mode = parse_mode(arg); break;
 	case OPT_STALENESS: o->staleness = (uint32_t)parse_long(arg, "--staleness", 0, 1000000); break;
 	case 'd':

@@ -82,6 +82,13 @@ static void print_header(const struct run *r, enum test_id t, bool raw, bool ref
 			printf(" raw: %s of the admin messages' sizes\n",
 			       r->kind == RPS__KIND_VERBS ? "SEND ping-pong" : "socket request/response");
 		break;
+	case T_GROUP:
+		printf(" group: rps_group_push of %d members of S bytes (one op), beside the same %d tensors pushed\n"
+		       " one by one (%d rps_push calls an op); %s, %s, %d server(s), %d worker(s) at once.\n"
+		       " tensors/s = %d x ops/s; x_sep = the group's tensors/s over the one-by-one pushes'\n",
+		       o->group_n, o->group_n, o->group_n, psperf_mode_name(o->mode), rps__dtype_name(o->dtype),
+		       r->nservers, r->W, o->group_n);
+		break;
 	case T_LOCK:
 		printf(" lock: rps__tensor_lock + rps__tensor_unlock of shard 0 of an async tensor (RDMA CAS)\n");
 		printf(" xN = N workers at once on the same lock; raw = %s\n",
@@ -108,7 +115,7 @@ static void print_header(const struct run *r, enum test_id t, bool raw, bool ref
 	if (o->role == ROLE_WORKER && !psperf_in_process(t) && t != T_COMMIT)
 		printf(" figures of worker %d of %d only\n", o->rank, o->num_workers);
 	printf("%s\n", line);
-	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_COMMIT ? 22 : t == T_IGZIP ? 15 : 12,
+	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_COMMIT ? 22 : t == T_IGZIP ? 15 : t == T_GROUP ? 20 : 12,
 	       t == T_LOCK || t == T_COMMIT ? "op" : "#bytes", "#iters",
 	       "t_min[us]", "t_typ[us]", "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "BW[GB/s]", "ops/s");
 	if (t == T_PUSH || t == T_PUSHPULL)
@@ -121,6 +128,8 @@ static void print_header(const struct run *r, enum test_id t, bool raw, bool ref
 		printf(" %10s %7s", "ref[us]", "x_ref");
 	if (t == T_IGZIP)
 		printf(" %8s", "ratio");
+	if (t == T_GROUP)
+		printf(" %11s %7s", "tensors/s", "x_sep");
 	printf("\n");
 }
 
@@ -129,7 +138,7 @@ static void print_row(const struct row *row, bool raw, bool ref)
 	char first[32], b[4][32];
 	const struct stats *s = &row->s_lat;
 	bool no_bw = row->test == T_LOCK || row->test == T_COMMIT;
-	int w = row->test == T_COMMIT ? 22 : row->test == T_IGZIP ? 15 : 12;
+	int w = row->test == T_COMMIT ? 22 : row->test == T_IGZIP ? 15 : row->test == T_GROUP ? 20 : 12;
 
 	if (row->label[0])
 		snprintf(first, sizeof(first), "%s", row->label);
@@ -166,6 +175,10 @@ static void print_row(const struct row *row, bool raw, bool ref)
 	}
 	if (row->test == T_IGZIP)
 		printf(" %8.2f", row->ratio);
+	if (row->test == T_GROUP) {
+		fmt_num(b[1], sizeof(b[1]), row->x_group, "%.1f");
+		printf(" %11.0f %7s", s->ops * (row->moved / (double)row->bytes), row->group_separate ? "" : b[1]);
+	}
 	printf("\n");
 }
 
@@ -581,6 +594,10 @@ static void json_row(FILE *f, const struct row *row)
 	}
 	if (row->test == T_RESEED)
 		json_reseed(f, row);
+	if (row->test == T_GROUP) {
+		fprintf(f, ", \"separate\": %s, \"x_sep\": ", row->group_separate ? "true" : "false");
+		json_num(f, row->group_separate ? NAN : row->x_group);
+	}
 	fprintf(f, "}");
 }
 

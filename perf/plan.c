@@ -92,6 +92,27 @@ static void plan_lock(struct run *r)
 	}
 }
 
+/* group: per size, the group push and the same tensors pushed one by one;
+ * both move N members of S bytes an operation. */
+static void plan_group(struct run *r)
+{
+	size_t i;
+	int k;
+
+	for (i = 0; i < r->nsizes; i++)
+		for (k = 0; k < 2; k++) {
+			struct row *row = plan_add(r, T_GROUP, r->sizes[i]);
+			row->group_separate = k == 1;
+			row->moved = (double)r->sizes[i] * r->o->group_n;
+			if (r->o->iters <= 0) {	/* automatic: an op is N pushes */
+				row->iters = RPS__MAX(row->iters / r->o->group_n, 20);
+				row->warmup = psperf_row_warmup(r->o, row->iters);
+			}
+			snprintf(row->label, sizeof(row->label), k ? "%dx%zu apart" : "%dx%zu group", r->o->group_n,
+				 r->sizes[i]);
+		}
+}
+
 /* commit: the entry's latency, then the admin round trip it compares with;
  * the labels get the fsync policy once the leader has told it. */
 static void plan_commit(struct run *r)
@@ -130,7 +151,7 @@ void psperf_plan_rows(struct run *r)
 	size_t i;
 
 	plan_sizes(r);
-	r->rows = psperf_xcalloc(T_NTESTS * (r->nsizes + 4), sizeof(*r->rows));
+	r->rows = psperf_xcalloc(T_NTESTS * (2 * r->nsizes + 4), sizeof(*r->rows));
 	for (t = 0; t < T_NTESTS; t++) {
 		if (!(o->tests & (1u << t)))
 			continue;
@@ -144,6 +165,10 @@ void psperf_plan_rows(struct run *r)
 		}
 		if (t == T_RESEED) {
 			plan_reseed(r);
+			continue;
+		}
+		if (t == T_GROUP) {
+			plan_group(r);
 			continue;
 		}
 		for (i = 0; i < r->nsizes; i++) {

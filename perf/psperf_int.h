@@ -28,7 +28,7 @@
 
 /* ---- options -------------------------------------------------------------- */
 
-enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_CRC, T_IGZIP, T_RESEED, T_NTESTS };
+enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_CRC, T_IGZIP, T_RESEED, T_GROUP, T_NTESTS };
 extern const char *const psperf_test_names[T_NTESTS];
 
 /* Tests measured in-process, without a cluster: agg, crc, igzip.  (commit
@@ -61,6 +61,7 @@ struct opts {
 	const char *device, *addr;
 	bool baseline, raw_transport;
 	int zcopy;			/* --copy -1, --registered 1, else 0: the library's default */
+	int group_n;			/* --group: members of the group test's group */
 	const char *json, *label, *tag;
 	bool csv, quiet;
 	const char *listen, *cluster;
@@ -133,6 +134,8 @@ struct row {
 	bool lock_alone;
 	bool lock_release;	/* the release half of a lock pair */
 	bool commit_rtt;	/* commit test: the STATUS round trip row */
+	bool group_separate;	/* group test: the same tensors pushed one by one */
+	double x_group;		/* group row: its tensors/s / the separate pushes' */
 	long iters, warmup;
 	struct pass lat, bw;	/* merged over workers */
 	struct stats s_lat, s_bw;

@@ -127,6 +127,11 @@ void psperf_compute_figures(struct run *r)
 		if (psperf_in_process(row->test) && row->raw_lat)
 			row->x_lat = ratio(row->s_lat.typ, row->raw_lat->st.typ);
 		row->x_rtt = NAN;
+		row->x_group = NAN;
+		/* the group row and the row of its tensors apart move the same
+		 * bytes an op: the ratio of their rates is that of tensors/s */
+		if (row->test == T_GROUP && !row->group_separate && i + 1 < r->nrows && r->rows[i + 1].group_separate)
+			row->x_group = -1;	/* (filled below, once the next row's figures are in) */
 		row->tx_per_byte = NAN;
 		row->cpu_s_per_gb = NAN;
 		if (row->test == T_PUSH || row->test == T_PULL || row->test == T_PUSHPULL) {
@@ -141,6 +146,10 @@ void psperf_compute_figures(struct run *r)
 				row->tx_per_byte = (double)p->tx / ((double)row->bytes * (double)p->s.n);
 		}
 	}
+	for (i = 0; i + 1 < r->nrows; i++)
+		if (r->rows[i].x_group == -1)
+			r->rows[i].x_group = r->rows[i].s_lat.valid && r->rows[i + 1].s_lat.valid
+				? ratio(r->rows[i].s_lat.gbs, r->rows[i + 1].s_lat.gbs) : NAN;
 	{
 		struct row *cr = psperf_plan_commit_row(r, false), *rr = psperf_plan_commit_row(r, true);
 		if (cr && rr && cr->s_lat.valid && rr->s_lat.valid)

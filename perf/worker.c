@@ -330,6 +330,109 @@ static int run_lock_rows(struct worker *w, long ri)
 	return barrier(w, row);
 }
 
+/* Rows ri (the group) and ri+1 (the same tensors apart): N members of S
+ * bytes each, pushed as one group, then one by one. */
+static int group_pass(struct worker *w, long ri, rps_group_t *g, rps_tensor_t **apart, const void *const *grads,
+		      const size_t *nbytes, long n, struct pass *out)
+{
+	const struct row *row = &w->run->rows[ri];
+	int N = w->run->o->group_n, ret;
+	uint64_t t0, cpu0 = process_cpu_ns(), tx0 = rps__client_tx_bytes(w->cl);
+
+	if (out) {
+		psperf_samples_reserve(&out->s, (size_t)n);
+		out->t0 = rps__now_ns();
+	}
+	for (long i = 0; i < n; i++) {
+		t0 = rps__now_ns();
+		if (g && (ret = rps_group_push(g, grads, nbytes)))
+			return worker_fail(w, row, "rps_group_push", ret);
+		for (int k = 0; !g && k < N; k++)
+			if ((ret = rps_push(apart[k], grads[k], nbytes[k])))
+				return worker_fail(w, row, "rps_push", ret);
+		if (out)
+			psperf_samples_add(&out->s, rps__now_ns() - t0);
+		tick(w, i + 1);
+	}
+	if (out) {
+		out->t1 = rps__now_ns();
+		out->tx = rps__client_tx_bytes(w->cl) - tx0;
+		out->cpu_ns = process_cpu_ns() - cpu0;
+	}
+	return 0;
+}
+
+static int run_group_rows(struct worker *w, long ri)
+{
+	const struct opts *o = w->run->o;
+	const struct row *row = &w->run->rows[ri];
+	int N = o->group_n, k, ret = 0;
+	size_t S = row->bytes, esz = rps__dtype_size(o->dtype);
+	uint64_t *counts = psperf_xcalloc((size_t)N, sizeof(*counts));
+	size_t *nbytes = psperf_xcalloc((size_t)N, sizeof(*nbytes));
+	const void **grads = psperf_xcalloc((size_t)N, sizeof(*grads));
+	rps_tensor_t **apart = psperf_xcalloc((size_t)N, sizeof(*apart));
+	char *buf = psperf_xalloc_aligned((size_t)N * S);
+	struct rps_tensor_opts to;
+	rps_group_t *g = NULL;
+	char name[64];
+
+	psperf_fill_gradient(buf, o->dtype, (size_t)N * S / esz);
+	rps_tensor_opts_init(&to);
+	to.dtype = o->dtype;
+	to.mode = o->mode;
+	to.staleness = o->staleness;
+	to.optimizer = o->optimizer;
+	for (k = 0; k < N; k++) {
+		counts[k] = S / esz;
+		nbytes[k] = S;
+		grads[k] = buf + (size_t)k * S;
+	}
+	phase(w, ri, 0, 0);
+	snprintf(name, sizeof(name), "%s.g.%s.%zu", o->tag, psperf_mode_name(o->mode), S);
+	ret = rps_group_create(w->cl, name, &to, (uint32_t)N, counts, &g);
+	if (ret) {
+		worker_fail(w, row, "rps_group_create", ret);
+		goto out;
+	}
+	to.count = S / esz;
+	for (k = 0; k < N; k++) {
+		snprintf(name, sizeof(name), "%s.a.%s.%zu.%d", o->tag, psperf_mode_name(o->mode), S, k);
+		if ((ret = rps_tensor_create(w->cl, name, &to, &apart[k]))) {
+			worker_fail(w, row, "rps_tensor_create", ret);
+			goto out;
+		}
+	}
+	for (k = 0; k < 2 && !w->status; k++) {
+		long r = ri + k;
+		rps_group_t *gk = k ? NULL : g;
+
+		if (barrier(w, &w->run->rows[r]))
+			break;
+		phase(w, r, 1, w->run->rows[r].warmup);
+		if (group_pass(w, r, gk, apart, grads, nbytes, w->run->rows[r].warmup, NULL) ||
+		    barrier(w, &w->run->rows[r]))
+			break;
+		phase(w, r, 2, w->run->rows[r].iters);
+		if (group_pass(w, r, gk, apart, grads, nbytes, w->run->rows[r].iters, &w->lat[r]))
+			break;
+	}
+	if (!w->status)
+		barrier(w, row);
+out:
+	for (k = 0; k < N && !w->status; k++)
+		if (apart[k])
+			rps_tensor_close(apart[k]);
+	if (g && !w->status)
+		rps_group_close(g);
+	free(counts);
+	free(nbytes);
+	free(grads);
+	free(apart);
+	free(buf);
+	return w->status;
+}
+
 /* ---- worker: the thread ------------------------------------------------------------------- */
 
 void psperf_fill_gradient(void *dst, enum rps_dtype dt, size_t count)
@@ -452,6 +555,11 @@ static void *worker_main(void *arg)
 			if (row->test == T_LOCK) {
 				run_lock_rows(w, (long)ri);
 				ri++;	/* the release row is filled by the same loop */
+				continue;
+			}
+			if (row->test == T_GROUP) {
+				run_group_rows(w, (long)ri);
+				ri++;	/* and the row of the same tensors apart */
 				continue;
 			}
 			run_data_row(w, (long)ri);
