@@ -3203,8 +3203,6 @@ int main(void)
 		{ "sync momentum bf16 bit-identical to reference", test_sync_momentum_bf16 },
 		{ "sync SGD fp16 bit-identical to reference", test_sync_sgd_f16 },
 		{ "async exact sums, version == pushes", test_async_exact },
-		{ "registered buffers: zero-copy pushes and pulls, exact, no more bytes", test_registered_buffers },
-		{ "registered buffers: empty refused, busy not deregistered, per client", test_registered_buffer_rules },
 		{ "groups: 200 small tensors pushed and pulled as one, each exactly as a tensor of its own",
 		  test_group },
 		{ "async, contended: each gradient crosses the wire once, exact", test_async_contended_once },
@@ -3233,6 +3231,10 @@ int main(void)
 		{ "bad numbers on the command line refused at start", test_cli_numbers_refused_at_start },
 		{ "SIGTERM stops a server spinning under load", test_sigterm_stops_spinning_server },
 		{ "a signal during exit is harmless", test_signal_during_exit_is_harmless },
+		/* from here on, tests connect in this process (over verbs, a
+		 * worker forked after that could not open the device) */
+		{ "registered buffers: zero-copy pushes and pulls, exact, no more bytes", test_registered_buffers },
+		{ "registered buffers: empty refused, busy not deregistered, per client", test_registered_buffer_rules },
 		{ "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit },
 		{ "bad input gives clear errors", test_bad_input },
 		{ "malformed peers refused or dropped", test_malformed_peer },
