@@ -15,6 +15,15 @@
 #include <string.h>
 #include <sys/resource.h>
 
+/* The group test: N members of S bytes, as one group and as N tensors. */
+struct group_set {
+	rps_group_t *g;
+	rps_tensor_t **apart;
+	const void **grads;
+	size_t *nbytes;
+	int n;
+};
+
 struct worker {
 	struct run *run;
 	int rank;
@@ -23,6 +32,7 @@ struct worker {
 	rps_client_t *cl;
 	rps_tensor_t **tens;	/* one per size index */
 	rps_tensor_t *lockt;
+	struct group_set *grp;	/* the group test's row pair, while it runs */
 	void *grad;
 	float *pull;
 	rps_buffer_t *grad_buf, *pull_buf;	/* --registered */
@@ -94,7 +104,16 @@ static int lock_tensor(struct worker *w, const struct row *row)
 static int op_blocking(struct worker *w, const struct row *row, rps_tensor_t *t)
 {
 	const struct opts *o = w->run->o;
+	const struct group_set *gs = w->grp;
 	int ret = 0;
+
+	if (row->test == T_GROUP && !row->group_separate) {
+		ret = rps_group_push(gs->g, gs->grads, gs->nbytes);
+		return ret ? worker_fail(w, row, "rps_group_push", ret) : 0;
+	}
+	for (int k = 0; row->test == T_GROUP && k < gs->n; k++)
+		if ((ret = rps_push(gs->apart[k], gs->grads[k], gs->nbytes[k])))
+			return worker_fail(w, row, "rps_push", ret);
 
 	if (row->test == T_PUSH || row->test == T_PUSHPULL) {
 		ret = rps_push(t, w->grad, row->bytes);
@@ -331,37 +350,7 @@ static int run_lock_rows(struct worker *w, long ri)
 }
 
 /* Rows ri (the group) and ri+1 (the same tensors apart): N members of S
- * bytes each, pushed as one group, then one by one. */
-static int group_pass(struct worker *w, long ri, rps_group_t *g, rps_tensor_t **apart, const void *const *grads,
-		      const size_t *nbytes, long n, struct pass *out)
-{
-	const struct row *row = &w->run->rows[ri];
-	int N = w->run->o->group_n, ret;
-	uint64_t t0, cpu0 = process_cpu_ns(), tx0 = rps__client_tx_bytes(w->cl);
-
-	if (out) {
-		psperf_samples_reserve(&out->s, (size_t)n);
-		out->t0 = rps__now_ns();
-	}
-	for (long i = 0; i < n; i++) {
-		t0 = rps__now_ns();
-		if (g && (ret = rps_group_push(g, grads, nbytes)))
-			return worker_fail(w, row, "rps_group_push", ret);
-		for (int k = 0; !g && k < N; k++)
-			if ((ret = rps_push(apart[k], grads[k], nbytes[k])))
-				return worker_fail(w, row, "rps_push", ret);
-		if (out)
-			psperf_samples_add(&out->s, rps__now_ns() - t0);
-		tick(w, i + 1);
-	}
-	if (out) {
-		out->t1 = rps__now_ns();
-		out->tx = rps__client_tx_bytes(w->cl) - tx0;
-		out->cpu_ns = process_cpu_ns() - cpu0;
-	}
-	return 0;
-}
-
+ * bytes each, pushed as one group, then one by one (op_blocking). */
 static int run_group_rows(struct worker *w, long ri)
 {
 	const struct opts *o = w->run->o;
@@ -374,6 +363,7 @@ static int run_group_rows(struct worker *w, long ri)
 	rps_tensor_t **apart = psperf_xcalloc((size_t)N, sizeof(*apart));
 	char *buf = psperf_xalloc_aligned((size_t)N * S);
 	struct rps_tensor_opts to;
+	struct group_set gs = { .apart = apart, .grads = grads, .nbytes = nbytes, .n = N };
 	rps_group_t *g = NULL;
 	char name[64];
 
@@ -403,20 +393,21 @@ static int run_group_rows(struct worker *w, long ri)
 			goto out;
 		}
 	}
+	gs.g = g;
+	w->grp = &gs;
 	for (k = 0; k < 2 && !w->status; k++) {
 		long r = ri + k;
-		rps_group_t *gk = k ? NULL : g;
 
 		if (barrier(w, &w->run->rows[r]))
 			break;
 		phase(w, r, 1, w->run->rows[r].warmup);
-		if (group_pass(w, r, gk, apart, grads, nbytes, w->run->rows[r].warmup, NULL) ||
-		    barrier(w, &w->run->rows[r]))
+		if (pass_blocking(w, r, NULL, w->run->rows[r].warmup, NULL) || barrier(w, &w->run->rows[r]))
 			break;
 		phase(w, r, 2, w->run->rows[r].iters);
-		if (group_pass(w, r, gk, apart, grads, nbytes, w->run->rows[r].iters, &w->lat[r]))
+		if (pass_blocking(w, r, NULL, w->run->rows[r].iters, &w->lat[r]))
 			break;
 	}
+	w->grp = NULL;
 	if (!w->status)
 		barrier(w, row);
 out:
