@@ -579,7 +579,16 @@ static int group_worker(int rank, int nworkers, const char *servers, void *arg, 
 		ret = rps_group_push(g, (const void *const *)grads, nbytes);
 		if (ret != -EINVAL || !strstr(rps_last_error(), "member 3"))
 			return grp_fail(out_fd, &res, "a member of the wrong size (want -EINVAL naming member 3)", ret);
+		ret = rps_group_pull(g, outs, nbytes, NULL);
+		if (ret != -EINVAL || !strstr(rps_last_error(), "member 3"))
+			return grp_fail(out_fd, &res, "a pull into a member of the wrong size (want -EINVAL)", ret);
 		nbytes[3] -= 4;
+		sep_out = outs[5];
+		outs[5] = NULL;
+		ret = rps_group_pull(g, outs, nbytes, NULL);
+		outs[5] = sep_out;
+		if (ret != -EINVAL || !(strstr(rps_last_error(), "member 5 of") && strstr(rps_last_error(), "NULL buffer")))
+			return grp_fail(out_fd, &res, "a pull into a NULL member (want -EINVAL)", ret);
 		if ((ret = rps_group_create(cl, "grp-none", &o, 0, counts, &g2)) != -EINVAL)
 			return grp_fail(out_fd, &res, "a group of no members (want -EINVAL)", ret);
 		if ((ret = rps_group_create(cl, "a-group-name-of-fifty-five-bytes-is-one-too-many-for-it", &o, GRP_N,
