@@ -928,10 +928,40 @@ static void warn_slow(struct rps__server *srv, uint64_t now)
 	if (now < srv->repl_slow_check)
 		return;
 	srv->repl_slow_check = now + REPL_SLOW_NS / 2;
+	/* A STEP_DONE its step allows, still held: every path that confirms
+	 * a step should have sent it.  Say so, and send it, rather than let
+	 * the workers time out. */
+	for (uint32_t i = 0; i < srv->nrwaits; i++) {
+		const struct repl_wait *w = &srv->rwaits[i];
+
+		if (w->kind == RW_STEP_DONE && now - w->since >= REPL_SLOW_NS &&
+		    rps__srv_repl_step_confirmed(w->s, w->clock) && !rps__srv_lease_fenced(srv, w->s->part)) {
+			rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: the STEP_DONE of step %llu was due "
+				 "%.1f s ago and not sent: sending it now (a missed wakeup; please report)",
+				 w->s->part, w->t->name, w->s->index, (unsigned long long)w->clock,
+				 (double)(now - w->since) * 1e-9);
+			rps__srv_repl_confirm(srv);
+			return;
+		}
+	}
 	for (uint32_t i = 0; i < srv->nrwaits; i++) {
 		struct repl_wait *w = &srv->rwaits[i];
-		if (w->warned || now - w->since < REPL_SLOW_NS || w->kind == RW_STEP_DONE)
+		if (w->warned || now - w->since < REPL_SLOW_NS)
 			continue;
+		if (w->kind == RW_STEP_DONE) {
+			/* waiting for the other ranks is the sync contract; a
+			 * step applied here and still not confirmed is not */
+			if (w->clock >= w->s->step)
+				continue;
+			w->warned = true;
+			rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: a taken push of step %llu waits "
+				 "%.1f s for its STEP_DONE: the shard is at step %llu, %u update%s of it wait%s for "
+				 "replicas%s", w->s->part, w->t->name, w->s->index, (unsigned long long)w->clock,
+				 (double)(now - w->since) * 1e-9, (unsigned long long)w->s->step, w->s->repl_pending,
+				 w->s->repl_pending == 1 ? "" : "s", w->s->repl_pending == 1 ? "s" : "",
+				 rps__srv_lease_fenced(srv, w->s->part) ? ", and the partition's lease ran out" : "");
+			return;
+		}
 		w->warned = true;
 		for (uint32_t k = 0; k < w->nrep; k++) {
 			const struct conn *rc = w->rep[k].rc;
