@@ -22,9 +22,10 @@
  *  (d4) a primary stopped 6 s then continued, never failed over: its
  *      connections are declared lost meanwhile; dialed again, every push
  *      resent there once, exact, nothing moved.
- *  (d5) the same for 3 s, as the backup of another's partitions: that
- *      primary warns of the updates waiting for it, one line a check at
- *      most, naming it and the stream's position; exact, nothing moved.
+ *  (d5) a member stopped for 3 s, the backup of the partition that holds
+ *      a one-shard tensor's pushes: that primary warns of the updates
+ *      waiting for it, one line a check at most, naming it and the
+ *      stream's position; exact, nothing moved.
  *  (e) --replicas 3: a server restarted (same --data-dir) is seeded again
  *      as a backup; a watcher kills the seed's source, the partition's
  *      primary, the moment the map shows the joiner.  The partition goes to
@@ -501,9 +502,38 @@ static void test_primary_stopped(void)
  * its primary, nothing moved: the same owners at the same epochs.  The
  * stalled member's index; *t_done: when the last push was acknowledged, in
  * seconds from the stall's start. */
-static int run_stalled(const struct async_job *j, int stall_ms, const char *args, double *t_done)
+/* (d5) A one-shard tensor (its name: prefix-N for the first N that
+ * does it) in a partition whose backup is the first member after the
+ * leader that backs one: every push waits for that member, so a stall of
+ * it is sure to hold an update.  (With the job's 12 shards the stalled
+ * member is also a primary of some: when it stops just after confirming
+ * every update of the others, the workers wait on its own shards alone,
+ * and no update ever waits for it as a backup.)  That member's index. */
+static int place_on_backup(struct async_job *j, const char *prefix, char *name, size_t len, int leader)
 {
-	const char *const tensors[] = { j->name };
+	for (int i = 1; i < NSERVERS; i++) {
+		uint64_t id = (uint64_t)((leader + i) % NSERVERS) + 1;
+
+		for (int n = 0; n < 1000; n++) {
+			struct rps__layout l;
+
+			snprintf(name, len, "%s-%d", prefix, n);
+			CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, name, SHARD / 4, SHARD / 4, NPART), 0);
+			if (rps__smap_role(&map0, rps__shard_server(&l, 0), id) == RPS__SMAP_ROLE_BACKUP) {
+				j->name = name;
+				j->count = SHARD / 4;
+				return (int)id - 1;
+			}
+		}
+	}
+	return -1;
+}
+
+/* backup_only: the victim is found, and the job placed, by place_on_backup */
+static int run_stalled(struct async_job *j, int stall_ms, const char *args, bool backup_only, double *t_done)
+{
+	static char placed[32];
+	const char *tensors[1];
 	char extra[512];
 	struct it_workers w;
 	uint64_t versions[1];
@@ -516,10 +546,13 @@ static int run_stalled(const struct async_job *j, int stall_ms, const char *args
 	more_args = "";
 	leader = leader_index();
 	CU_ASSERT_FATAL(leader >= 0);
-	for (int i = 1; i < NSERVERS && victim < 0; i++)
+	if (backup_only)
+		victim = place_on_backup(j, j->name, placed, sizeof(placed), leader);
+	for (int i = 1; i < NSERVERS && victim < 0 && !backup_only; i++)
 		if (owned(&map0, (uint64_t)((leader + i) % NSERVERS) + 1) > 0)
 			victim = (leader + i) % NSERVERS;
 	CU_ASSERT_FATAL(victim >= 0);
+	tensors[0] = j->name;
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)j, -1, NULL), 0);
 	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
 		it_sleep_ms(2);
@@ -533,9 +566,9 @@ static int run_stalled(const struct async_job *j, int stall_ms, const char *args
 	fprintf(stderr, "[member %d stalled %d ms after %d pushes; %d acknowledged, the last %.2f s after the stall began] ",
 		victim + 1, stall_ms, at_stop, acked, *t_done);
 	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
-	check_exact(j->name, COUNT, acked);
+	check_exact(j->name, j->count, acked);
 	check_replicas(tensors, 1, versions);
-	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * 2 * NPART);
+	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked * (j->count / (SHARD / 4)));
 	for (uint32_t p = 0; p < NPART; p++) {
 		CU_ASSERT_EQUAL(map1.parts[p].owner, map0.parts[p].owner);
 		CU_ASSERT_EQUAL(map1.parts[p].epoch, map0.parts[p].epoch);
@@ -553,25 +586,24 @@ static int run_stalled(const struct async_job *j, int stall_ms, const char *args
  * none applied twice. */
 static void test_primary_stalled(void)
 {
-	static const struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
+	struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
 	double t_done;
 
-	run_stalled(&j, D4_STALL_MS, "", &t_done);
+	run_stalled(&j, D4_STALL_MS, "", false, &t_done);
 }
 
-/* The same member stalled 3 s, the backup of another's partitions: the
- * updates of that primary wait for it.  Past 2 s the primary says so at
- * warn level (the servers' stderr, in a file), naming the partition, the
- * tensor and shard, the member, the entry waited for and the one it
- * confirmed; one line a check (every 1 s) at most, not one per update
- * waiting (one per shard of the 2 partitions it backs: 4 at once, the
- * other workers' pushes held by the shard locks).  Checks run 1 s apart,
+/* A member stalled 3 s, the backup of the partition of a one-shard
+ * tensor (place_on_backup): the updates of that primary wait for it.
+ * Past 2 s the primary says so at warn level (the servers' stderr, in a
+ * file), naming the partition, the tensor and shard, the member, the
+ * entry waited for and the one it confirmed; one line a check (every 1 s)
+ * at most, not one per update waiting.  Checks run 1 s apart,
  * and none warns once every update is confirmed, before the last push is
  * acknowledged (t_done): each primary of a partition the member backs says
  * at most 1 + (t_done - 2 s) lines.  No stream broke. */
 static void test_backup_stalled_warned(void)
 {
-	static const struct async_job j = { .name = "d5", .count = COUNT, .pushes = D_PUSHES };
+	struct async_job j = { .name = "d5", .count = COUNT, .pushes = D_PUSHES };
 	char logpath[256], args[300], line[1024], tensor[32];
 	unsigned long long member, entry, confirmed;
 	unsigned part, shard, nwarn = 0, nparsed = 0, nvictim = 0;
@@ -587,7 +619,7 @@ static void test_backup_stalled_warned(void)
 	CU_ASSERT_FATAL(fd >= 0);
 	close(fd);
 	snprintf(args, sizeof(args), " 2>>%s", logpath);	/* (appended: the 3 servers write it) */
-	victim = run_stalled(&j, D5_STALL_MS, args, &t_done);
+	victim = run_stalled(&j, D5_STALL_MS, args, true, &t_done);
 	for (uint32_t p = 0; p < NPART; p++) {
 		unsigned k = 0;
 
@@ -598,7 +630,7 @@ static void test_backup_stalled_warned(void)
 		if (k == nprimaries)
 			primaries[nprimaries++] = map0.parts[p].owner;
 	}
-	CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, j.name, COUNT, SHARD / 4, NPART), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, j.name, j.count, SHARD / 4, NPART), 0);
 	f = fopen(logpath, "r");
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
 	while (fgets(line, sizeof(line), f)) {

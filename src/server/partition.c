@@ -936,9 +936,16 @@ int rps__srv_part_digest(struct rps__server *srv, const char *name, uint32_t par
 	const struct region *r;
 	uint32_t c = 0, j;
 
-	if (!t || part >= t->layout.nservers || !(r = &t->regions[part])->mem)
+	if (!t || part >= t->layout.nservers)
 		return -ENOENT;
 	*versions = 0;
+	*crc = 0;
+	*nshards = 0;
+	/* a small tensor has no shard in this partition: nothing, everywhere */
+	if (!rps__part_nshards(&t->layout, part))
+		return 0;
+	if (!(r = &t->regions[part])->mem)
+		return -ENOENT;
 	for (j = 0; j < r->nsh; j++) {
 		const struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
 		size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
