@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "kernels/agg.h"
 #include "server/server_int.h"
 
 #include <CUnit/Basic.h>
@@ -64,7 +65,14 @@ static int suite_fini(void)
 }
 
 /* A tensor with its shards of partition 0 here. */
+static struct tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt);
+
 static struct tensor *tensor_new(const char *name, enum rps_mode mode, int nworkers)
+{
+	return tensor_new_dt(name, mode, nworkers, RPS_DTYPE_F32);
+}
+
+static struct tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt)
 {
 	struct rps__tensor_spec sp;
 	struct tensor *t = NULL;
@@ -72,7 +80,7 @@ static struct tensor *tensor_new(const char *name, enum rps_mode mode, int nwork
 
 	memset(&sp, 0, sizeof(sp));
 	sp.count = 4 * NPART * (SHARD_BYTES / 4);	/* 4 shards in every partition */
-	sp.dtype = RPS_DTYPE_F32;
+	sp.dtype = dt;
 	sp.mode = mode;
 	sp.optimizer = RPS_OPT_SGD;
 	sp.lr = 0.5f;
@@ -96,7 +104,7 @@ static void park_one(struct tensor *t, uint64_t clock, int rank, size_t nbytes)
 		srv->parked = realloc(srv->parked, srv->parked_cap * sizeof(*srv->parked));
 		CU_ASSERT_PTR_NOT_NULL_FATAL(srv->parked);
 	}
-	pk = &srv->parked[srv->nparked++];
+	pk = memset(&srv->parked[srv->nparked++], 0, sizeof(*pk));
 	pk->t = t;
 	pk->local = rps__part_shard(&t->layout, 0, 0);
 	pk->clock = clock;
@@ -104,6 +112,7 @@ static void park_one(struct tensor *t, uint64_t clock, int rank, size_t nbytes)
 	pk->nbytes = nbytes;
 	pk->data = calloc(1, nbytes ? nbytes : 1);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(pk->data);
+	pk->cap = nbytes;
 	srv->parked_bytes += nbytes;
 }
 
@@ -277,6 +286,105 @@ static void test_install_refuses_mutated_fields(void)
 	free(img);
 }
 
+/* A sync push taken early (push.c) lives in its shard's accumulator, not
+ * in a buffer of its own: the image carries it as an ordinary parked push
+ * with the very bytes the worker sent (narrowed back from the exact fp32
+ * widening), and giving the partition away forgets it. */
+static void test_early_push_in_image(void)
+{
+	struct tensor *t = tensor_new_dt("early-bf16", RPS_MODE_SYNC, 2, RPS_DTYPE_BF16);
+	struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
+	uint16_t *sent = malloc((size_t)s->elems * 2);
+	struct parked *pk;
+	void *img = NULL;
+	size_t len = 0;
+	uint32_t i;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(sent);
+	for (i = 0; i < s->elems; i++)
+		sent[i] = rps__f32_to_bf16((float)i * -0.37f + 1.0f / 3.0f);
+	sent[1] = 0x8000;		/* -0 */
+	sent[2] = 0x0001;		/* the smallest subnormal */
+	/* what take_early leaves: rank 1's push alone in the sum */
+	rps__agg_copy(s->acc, sent, RPS_DTYPE_BF16, s->elems);
+	s->early_rank = 1;
+	park_one(t, s->step, 1, (size_t)s->elems * 2);
+	pk = &srv->parked[srv->nparked - 1];
+	free(pk->data);
+	pk->data = NULL;
+	pk->cap = 0;
+	pk->in_acc = true;
+	srv->parked_bytes -= pk->nbytes;	/* (an early push takes no parking bytes) */
+	CU_ASSERT_EQUAL_FATAL(rps__srv_image_build(srv, 0, srv->parts[0].epoch, &img, &len), 0);
+	rps__srv_part_forget_parked(srv, 0);
+	CU_ASSERT_EQUAL(srv->nparked, 0u);
+	CU_ASSERT_EQUAL(s->early_rank, -1);
+	CU_ASSERT_EQUAL(srv->parked_bytes, 0u);
+	CU_ASSERT_EQUAL_FATAL(rps__srv_image_install(srv, 0, srv->parts[0].epoch, img, len), 0);
+	CU_ASSERT_EQUAL_FATAL(srv->nparked, 1u);
+	pk = &srv->parked[0];
+	CU_ASSERT_FALSE(pk->in_acc);
+	CU_ASSERT_EQUAL(pk->rank, 1);
+	CU_ASSERT_EQUAL(pk->nbytes, (size_t)s->elems * 2);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(pk->data);
+	CU_ASSERT(memcmp(pk->data, sent, (size_t)s->elems * 2) == 0);
+	CU_ASSERT_EQUAL(s->early_rank, -1);
+	unpark_all();
+	free(img);
+	free(sent);
+}
+
+/* Parking buffers go back to a pool and come out again for the next push
+ * of a size they fit, still counted against --memory-limit; under the
+ * limit, kept ones are freed before anything is refused. */
+static void test_park_pool(void)
+{
+	size_t used = srv->mem_used, cap = 0, cap2 = 0, limit = srv->cfg.mem_limit;
+	struct parked p;
+	void *a, *b;
+
+	a = rps__srv_park_buf_get(srv, 1000, &cap);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	CU_ASSERT_EQUAL(cap, 1000u);
+	CU_ASSERT_EQUAL(srv->mem_used, used + 1000);
+	memset(&p, 0, sizeof(p));
+	p.data = a;
+	p.cap = cap;
+	p.nbytes = 1000;
+	srv->parked_bytes += 1000;
+	rps__srv_parked_release(srv, &p);
+	CU_ASSERT_PTR_NULL(p.data);
+	CU_ASSERT_EQUAL(srv->parked_bytes, 0u);
+	CU_ASSERT_EQUAL(srv->npark_pool, 1u);
+	CU_ASSERT_EQUAL(srv->mem_used, used + 1000);	/* kept: still counted */
+	/* a push of 800 bytes reuses it; one of 400 would waste half: not */
+	b = rps__srv_park_buf_get(srv, 800, &cap2);
+	CU_ASSERT_PTR_EQUAL(b, a);
+	CU_ASSERT_EQUAL(cap2, 1000u);
+	CU_ASSERT_EQUAL(srv->npark_pool, 0u);
+	p.data = b;
+	p.cap = cap2;
+	p.nbytes = 800;
+	srv->parked_bytes += 800;
+	rps__srv_parked_release(srv, &p);
+	b = rps__srv_park_buf_get(srv, 400, &cap2);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+	CU_ASSERT_PTR_NOT_EQUAL(b, a);
+	CU_ASSERT_EQUAL(cap2, 400u);
+	CU_ASSERT_EQUAL(srv->mem_used, used + 1400);
+	free(b);
+	rps__srv_mem_give(srv, 400);
+	/* the limit: 500 bytes left, a take of 800 frees the kept 1000 */
+	srv->cfg.mem_limit = srv->mem_used + 500;
+	CU_ASSERT_EQUAL(rps__srv_mem_take(srv, 800, "a test"), 0);
+	CU_ASSERT_EQUAL(srv->npark_pool, 0u);
+	CU_ASSERT_EQUAL(srv->mem_used, used + 800);
+	CU_ASSERT_EQUAL(rps__srv_mem_take(srv, 1000, "a test"), -ENOMEM);	/* (200 left) */
+	rps__srv_mem_give(srv, 800);
+	srv->cfg.mem_limit = limit;
+	CU_ASSERT_EQUAL(srv->mem_used, used);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -284,6 +392,8 @@ int main(void)
 		{ "install refuses a bad parked push", test_install_refuses_bad_parked_push },
 		{ "install refuses a push parked for an async tensor", test_install_refuses_push_parked_for_async_tensor },
 		{ "install refuses mutated fields, changing nothing", test_install_refuses_mutated_fields },
+		{ "a push taken early travels in the image as a parked push", test_early_push_in_image },
+		{ "kept parking buffers are reused, and give way under the memory limit", test_park_pool },
 	};
 	const struct cutest_suite suites[] = {
 		{ "partition image", suite_init, suite_fini, NULL, NULL, tests, CUTEST_COUNT(tests) },

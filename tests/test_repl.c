@@ -612,6 +612,128 @@ static void test_sync_identical(void)
 	rps_tensor_close(t0);
 }
 
+/* Shards of a and b on A whose parameters or optimizer state differ. */
+static int differing_tensors(const char *a, const char *b)
+{
+	struct tensor *ta = find(&A, a), *tb = find(&A, b);
+	uint32_t j;
+	int n = 0;
+
+	if (!ta || !tb || ta->layout.nshards != tb->layout.nshards)
+		return -1;
+	for (j = 0; j < ta->layout.nshards; j++) {
+		struct shard *x = &ta->shards[j], *y = &tb->shards[j];
+		size_t st = rps__optim_state_len(ta->optim.type, x->elems) * sizeof(float);
+		n += x->step != y->step || memcmp(x->params, y->params, x->elems * sizeof(float)) ||
+		     (st && memcmp(x->state, y->state, st));
+	}
+	return n;
+}
+
+static uint64_t await_delta(const uint64_t *v, uint64_t base, uint64_t want);
+
+struct remove_arg {
+	const char *name;
+	int rank, ret;
+};
+
+static void do_remove_rank(struct fake *f, void *arg)
+{
+	struct remove_arg *r = arg;
+
+	r->ret = rps__srv_rank_remove(f->srv, r->name, r->rank);
+}
+
+/* Sync without backups: rank 1's push coming before rank 0's is summed at
+ * once (taken early, never copied aside), and rank 0's is added to it when
+ * it comes; the parameters and Adam state are bit-identical to the same
+ * pushes in rank order, fp32 and bf16.  If rank 0 is removed meanwhile the
+ * step is rank 1's alone, as if rank 1 had pushed after the removal.  With
+ * backups the same push is parked instead (its step is acknowledged in two
+ * stages). */
+static void test_sync_early(void)
+{
+	static const enum rps_dtype dts[2] = { RPS_DTYPE_F32, RPS_DTYPE_BF16 };
+	float g0[COUNT], g1[COUNT];
+	char early[32], inorder[32];
+	rps_tensor_t *e0, *e1, *o0, *o1;
+	struct remove_arg rm;
+	rps_request_t *r1;
+	unsigned seed = 21, d, i;
+	uint64_t taken, parked;
+
+	fake_do(&A, do_views_r1, NULL);
+	fake_do(&B, do_views_r1, NULL);
+	for (d = 0; d < 2; d++) {
+		size_t nb = COUNT * rps__dtype_size(dts[d]);
+		snprintf(early, sizeof(early), "early-%u", d);
+		snprintf(inorder, sizeof(inorder), "inorder-%u", d);
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, early, RPS_MODE_SYNC, dts[d], RPS_OPT_ADAM, &e0), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w1, early, RPS_MODE_SYNC, dts[d], RPS_OPT_ADAM, &e1), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, inorder, RPS_MODE_SYNC, dts[d], RPS_OPT_ADAM, &o0), 0);
+		CU_ASSERT_EQUAL_FATAL(tensor(w1, inorder, RPS_MODE_SYNC, dts[d], RPS_OPT_ADAM, &o1), 0);
+		for (i = 0; i < 5; i++) {
+			random_grad(g0, dts[d], &seed);
+			random_grad(g1, dts[d], &seed);
+			taken = A.srv->sync_early;
+			parked = A.srv->sync_parked;
+			/* rank 1 first: acknowledged before rank 0 pushed */
+			CU_ASSERT_EQUAL(rps_push(e1, g1, nb), 0);
+			CU_ASSERT_EQUAL(A.srv->sync_early - taken, 4u);	/* every shard */
+			CU_ASSERT_EQUAL(A.srv->sync_parked, parked);
+			CU_ASSERT_EQUAL(A.srv->parked_bytes, 0u);
+			CU_ASSERT_EQUAL(version_of(&A, early, 0), i);	/* not applied yet */
+			CU_ASSERT_EQUAL(find(&A, early)->shards[0].early_rank, 1);
+			CU_ASSERT_EQUAL(rps_push(e0, g0, nb), 0);
+			CU_ASSERT_EQUAL(version_of(&A, early, 0), i + 1);
+			CU_ASSERT_EQUAL(find(&A, early)->shards[0].early_rank, -1);
+			/* the reference: the same pushes in rank order */
+			CU_ASSERT_EQUAL(rps_push(o0, g0, nb), 0);
+			CU_ASSERT_EQUAL(rps_push(o1, g1, nb), 0);
+			CU_ASSERT_EQUAL(A.srv->sync_early - taken, 4u);
+			CU_ASSERT_EQUAL(differing_tensors(early, inorder), 0);
+		}
+		CU_ASSERT_EQUAL(A.srv->nparked, 0u);
+		/* rank 0 removed while rank 1's push is in the sum */
+		random_grad(g1, dts[d], &seed);
+		CU_ASSERT_EQUAL(rps_push(e1, g1, nb), 0);
+		CU_ASSERT_EQUAL(version_of(&A, early, 0), 5u);
+		rm = (struct remove_arg){ .name = early, .rank = 0 };
+		fake_do(&A, do_remove_rank, &rm);
+		CU_ASSERT_EQUAL(rm.ret, 1);
+		CU_ASSERT_EQUAL(version_of(&A, early, 0), 6u);
+		rm = (struct remove_arg){ .name = inorder, .rank = 0 };
+		fake_do(&A, do_remove_rank, &rm);
+		CU_ASSERT_EQUAL(rm.ret, 1);
+		CU_ASSERT_EQUAL(rps_push(o1, g1, nb), 0);
+		CU_ASSERT_EQUAL(differing_tensors(early, inorder), 0);
+		CU_ASSERT_EQUAL(A.srv->nparked, 0u);
+		rps_tensor_close(o1);
+		rps_tensor_close(o0);
+		rps_tensor_close(e1);
+		rps_tensor_close(e0);
+	}
+	/* with backups: parked, not taken early */
+	fake_do(&B, do_views_replicated, NULL);
+	fake_do(&A, do_views_replicated, NULL);
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "early-r2", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &e0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "early-r2", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &e1), 0);
+	random_grad(g0, RPS_DTYPE_F32, &seed);
+	random_grad(g1, RPS_DTYPE_F32, &seed);
+	taken = A.srv->sync_early;
+	parked = A.srv->sync_parked;
+	/* (complete once the step is on B: after rank 0's push) */
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(e1, g1, sizeof(g1), &r1), 0);
+	CU_ASSERT_EQUAL(await_delta(&A.srv->sync_parked, parked, 4), 4u);
+	CU_ASSERT_EQUAL(A.srv->sync_early, taken);
+	CU_ASSERT_EQUAL(rps_push(e0, g0, sizeof(g0)), 0);
+	CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	CU_ASSERT_EQUAL(version_of(&A, "early-r2", 0), 1u);
+	CU_ASSERT_EQUAL(differing_shards("early-r2"), 0);
+	rps_tensor_close(e1);
+	rps_tensor_close(e0);
+}
+
 /* B's loop stalled: an async push is applied on A but neither published
  * (odd seqlock) nor acknowledged; B resumed: acknowledged, identical. */
 static void test_ack_waits_for_backup(void)
@@ -1287,6 +1409,7 @@ int main(void)
 		{ "binding: the backup allocates the regions it backs", test_binding_allocates_regions },
 		{ "bounded: backup byte-identical, clocks included", test_bounded_identical },
 		{ "sync: one entry per step, backup byte-identical", test_sync_identical },
+		{ "sync: the second rank first is summed at once, not parked; bit-identical", test_sync_early },
 		{ "ack: not before the backup applied", test_ack_waits_for_backup },
 		{ "sync ack and pull: not before the backup applied the step", test_sync_ack_waits_for_backup },
 		{ "credits: exhausted, pushes held, none lost", test_credit_exhaustion },

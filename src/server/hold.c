@@ -209,6 +209,7 @@ int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct ten
 	s->step = cs->version;
 	s->next_rank = 0;
 	s->nsummed = 0;
+	s->early_rank = -1;
 	s->ready = cs->ready;
 	s->init_conn = NULL;
 	__atomic_store_n(&s->hdr->min_clock, cs->min_clock, __ATOMIC_RELEASE);

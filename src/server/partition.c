@@ -149,9 +149,11 @@ static void promote_shard(struct rps__server *srv, struct region *r, struct shar
 	s->lease_word = 0;
 	s->repl_pending = 0;
 	if (s->acc) {
+		/* (a backup takes no pushes: nothing was taken early here) */
 		memset(s->acc, 0, (size_t)s->elems * 4);
 		s->next_rank = 0;
 		s->nsummed = 0;
+		s->early_rank = -1;
 	}
 	rps__srv_publish(s, epoch);
 }
@@ -171,10 +173,13 @@ struct wbuf {
 	int err;
 };
 
-static void put(struct wbuf *b, const void *v, size_t n)
+/* n bytes at the end of the buffer for the caller to fill, or NULL */
+static void *put_space(struct wbuf *b, size_t n)
 {
+	void *at;
+
 	if (b->err)
-		return;
+		return NULL;
 	if (b->len + n > b->cap) {
 		size_t cap = b->cap ? b->cap : 4096;
 		char *g;
@@ -183,13 +188,22 @@ static void put(struct wbuf *b, const void *v, size_t n)
 		g = realloc(b->p, cap);
 		if (!g) {
 			b->err = -ENOMEM;
-			return;
+			return NULL;
 		}
 		b->p = g;
 		b->cap = cap;
 	}
-	memcpy(b->p + b->len, v, n);
+	at = b->p + b->len;
 	b->len += n;
+	return at;
+}
+
+static void put(struct wbuf *b, const void *v, size_t n)
+{
+	void *at = put_space(b, n);
+
+	if (at && n)
+		memcpy(at, v, n);
 }
 
 static void put64(struct wbuf *b, uint64_t v) { put(b, &v, 8); }
@@ -316,7 +330,16 @@ static int serialize_partition(struct rps__server *srv, uint32_t part, uint64_t 
 		put64(b, pk->clock);
 		put32(b, (uint32_t)pk->rank);
 		put64(b, pk->nbytes);
-		put(b, pk->data, pk->nbytes);
+		if (pk->in_acc) {
+			/* taken early: the accumulator holds it alone, widened
+			 * exactly from the dtype, so narrowing gives it back */
+			const struct shard *s = &pk->t->shards[pk->local];
+			void *at = put_space(b, pk->nbytes);
+			if (at)
+				rps__f32_to_dtype(at, s->acc, pk->t->spec.dtype, s->elems);
+		} else {
+			put(b, pk->data, pk->nbytes);
+		}
 	}
 	return b->err;
 }
@@ -329,9 +352,9 @@ void rps__srv_part_forget_parked(struct rps__server *srv, uint32_t part)
 	while (i < srv->nparked) {
 		struct parked *pk = &srv->parked[i];
 		if (pk->t->shards[pk->local].part == part) {
-			free(pk->data);
-			rps__srv_mem_give(srv, pk->nbytes);
-			srv->parked_bytes -= pk->nbytes;
+			if (pk->in_acc)
+				pk->t->shards[pk->local].early_rank = -1;
+			rps__srv_parked_release(srv, pk);
 			*pk = srv->parked[--srv->nparked];
 			continue;
 		}
@@ -607,6 +630,7 @@ static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint
 	s->ready = get32(b) != 0;
 	s->next_rank = (int)get32(b);
 	s->nsummed = get32(b);
+	s->early_rank = -1;	/* (a push taken early comes as a parked one) */
 	if (get32(b) != s->elems)
 		return MALFORMED;
 	if (!(v = get(b, (size_t)s->elems * 4)))
@@ -723,10 +747,11 @@ static int install_parked(struct rps__server *srv, struct rbuf *b, bool backup)
 		srv->parked = grown;
 		srv->parked_cap = cap;
 	}
-	pk = &srv->parked[srv->nparked];
+	pk = memset(&srv->parked[srv->nparked], 0, sizeof(*pk));
 	pk->data = malloc(nbytes ? nbytes : 1);
 	if (!pk->data)
 		return rps__seterr(-ENOMEM, "out of memory");
+	pk->cap = nbytes;
 	memcpy(pk->data, data, nbytes);
 	pk->t = t;
 	pk->local = shard;

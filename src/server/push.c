@@ -74,6 +74,81 @@ bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, 
 	return false;
 }
 
+/* ---- parking buffers --------------------------------------------------- */
+
+#define PARK_POOL_MAX 4096u	/* buffers kept, whatever their size */
+
+void *rps__srv_park_buf_get(struct rps__server *srv, size_t nbytes, size_t *cap)
+{
+	uint32_t i = srv->npark_pool;
+	void *buf;
+
+	nbytes = RPS__MAX(nbytes, 1u);
+	/* a kept one that fits and is not twice too big (bf16 beside fp32) */
+	while (i--) {
+		struct park_buf *pb = &srv->park_pool[i];
+		if (pb->cap >= nbytes && pb->cap / 2 < nbytes) {
+			buf = pb->buf;
+			*cap = pb->cap;
+			srv->park_pool_bytes -= pb->cap;	/* (still in mem_used) */
+			*pb = srv->park_pool[--srv->npark_pool];
+			return buf;
+		}
+	}
+	if (rps__srv_mem_take(srv, nbytes, "parking a push"))
+		return NULL;
+	buf = malloc(nbytes);
+	if (!buf) {
+		rps__srv_mem_give(srv, nbytes);
+		rps__seterr(-ENOMEM, "parking a push: out of memory");
+		return NULL;
+	}
+	*cap = nbytes;
+	return buf;
+}
+
+void rps__srv_park_pool_trim(struct rps__server *srv, size_t bytes)
+{
+	size_t freed = 0;
+
+	while (srv->npark_pool && freed < bytes) {
+		struct park_buf *pb = &srv->park_pool[--srv->npark_pool];
+		free(pb->buf);
+		srv->park_pool_bytes -= pb->cap;
+		rps__srv_mem_give(srv, pb->cap);
+		freed += pb->cap;
+	}
+}
+
+/* Kept while the pool is under a quarter of --park-limit: a steady job
+ * parks about as much as it takes, and that much is reused. */
+void rps__srv_parked_release(struct rps__server *srv, struct parked *p)
+{
+	if (p->in_acc || !p->data) {
+		p->data = NULL;
+		return;
+	}
+	srv->parked_bytes -= p->nbytes;
+	if (srv->npark_pool == srv->park_pool_cap && srv->npark_pool < PARK_POOL_MAX) {
+		uint32_t cap = srv->park_pool_cap ? srv->park_pool_cap * 2 : 16;
+		struct park_buf *grown = realloc(srv->park_pool, cap * sizeof(*grown));
+		if (grown) {
+			srv->park_pool = grown;
+			srv->park_pool_cap = cap;
+		}
+	}
+	if (srv->npark_pool < srv->park_pool_cap && srv->park_pool_bytes + p->cap <= srv->cfg.park_limit / 4) {
+		srv->park_pool[srv->npark_pool].buf = p->data;
+		srv->park_pool[srv->npark_pool].cap = p->cap;
+		srv->npark_pool++;
+		srv->park_pool_bytes += p->cap;
+	} else {
+		free(p->data);
+		rps__srv_mem_give(srv, p->cap);
+	}
+	p->data = NULL;
+}
+
 /* The first rank from `from` on whose turn it is at the shard's step:
  * removed ranks with nothing parked for it are passed over (a push parked
  * before the removal still counts). */
@@ -91,11 +166,18 @@ static int next_turn(const struct rps__server *srv, const struct tensor *t, uint
  * sum is bit-identical whatever the arrival order), and apply the step when
  * the last rank is in.  0 taken, -EAGAIN not its turn yet, -EALREADY the
  * step already has it.
+ *
+ * A push taken early (take_early) sits alone in the accumulator: then the
+ * push of next_rank makes the sum of both at once, early + next, which is
+ * next + early to the bit (one IEEE addition commutes), and the turn passes
+ * both.  If next_rank is removed meanwhile, the early rank's own turn comes
+ * with data NULL (its parked entry): the accumulator already holds it.
  */
 static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, uint64_t clock,
 		     int rank, const void *data)
 {
 	struct shard *s = &t->shards[local];
+	int early = s->early_rank, last;
 
 	if (clock < s->step || (clock == s->step && rank < s->next_rank))
 		return -EALREADY;
@@ -103,18 +185,33 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
 		return -EAGAIN;		/* a checkpoint holds the tensor at this step */
 	if (!s->ready || clock > s->step || rank != s->next_rank)
 		return -EAGAIN;
+	if (!data && rank != early) {
+		/* an entry taken early whose sum is gone: nothing to add */
+		rps__log(RPS__LOG_ERROR, "tensor '%s' shard %u: rank %d's push taken early is not in the sum",
+			 t->name, s->index, rank);
+		return -EALREADY;
+	}
+	last = early >= 0 ? early : rank;	/* the last rank this take passes */
 	/* replicated: one step at a time, and its last contribution only
 	 * once every replica has room for the step */
 	if (rps__srv_repl_part(srv, s->part) &&
-	    (s->repl_pending || (next_turn(srv, t, local, s->next_rank + 1) == t->spec.num_workers &&
+	    (s->repl_pending || (next_turn(srv, t, local, last + 1) == t->spec.num_workers &&
 				 rps__srv_repl_reserve(srv, t, s->part))))
 		return -EAGAIN;
-	if (s->nsummed == 0)
-		rps__agg_copy(s->acc, data, t->spec.dtype, s->elems);
-	else
+	if (rank == early) {
+		s->nsummed++;			/* (next_rank's turn was passed over) */
+	} else if (early >= 0) {
 		rps__agg_add(s->acc, data, t->spec.dtype, s->elems);
-	s->nsummed++;
-	s->next_rank++;
+		s->nsummed += 2;
+	} else {
+		if (s->nsummed == 0)
+			rps__agg_copy(s->acc, data, t->spec.dtype, s->elems);
+		else
+			rps__agg_add(s->acc, data, t->spec.dtype, s->elems);
+		s->nsummed++;
+	}
+	s->early_rank = -1;
+	s->next_rank = last + 1;
 	rps__srv_sync_advance(srv, t, local, rps__srv_repl_part(srv, s->part));
 	return 0;
 }
@@ -480,9 +577,7 @@ void rps__srv_drain_held(struct rps__server *srv)
 				continue;
 			}
 			/* taken: its acknowledgement (or, replicated, its TAKEN) went out when it was parked */
-			free(p->data);
-			rps__srv_mem_give(srv, p->nbytes);
-			srv->parked_bytes -= p->nbytes;
+			rps__srv_parked_release(srv, p);
 			*p = srv->parked[--srv->nparked];
 			progress = true;
 		}
@@ -500,6 +595,53 @@ void rps__srv_drain_held(struct rps__server *srv)
 	}
 }
 
+static int parked_slot(struct rps__server *srv, struct parked **out)
+{
+	if (srv->nparked == srv->parked_cap) {
+		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
+		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
+		if (!grown)
+			return -ENOMEM;
+		srv->parked = grown;
+		srv->parked_cap = cap;
+	}
+	*out = memset(&srv->parked[srv->nparked], 0, sizeof(**out));
+	return 0;
+}
+
+/*
+ * Sync, no backups: the push of the rank whose turn comes right after
+ * next_rank's, with nothing summed yet, goes into the accumulator at once
+ * (one pass over the data: the copy aside and the later sum cost two, and
+ * with two workers every other push would be parked).  sync_take adds
+ * next_rank's to it when it comes.  A partition with backups parks
+ * instead: its pushes are acknowledged in two stages and the replicas
+ * apply whole steps, so nothing is gained there.  0: taken, acknowledged.
+ */
+static int take_early(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+		      const struct rps__push_desc *d)
+{
+	struct shard *s = &t->shards[d->shard];
+	struct parked *p;
+
+	if (rps__srv_repl_part(srv, s->part) || !s->ready || s->nsummed || s->early_rank >= 0 ||
+	    d->clock != s->step || d->clock >= t->hold_limit || d->rank <= s->next_rank ||
+	    d->rank != next_turn(srv, t, d->shard, s->next_rank + 1) || parked_slot(srv, &p))
+		return -EAGAIN;
+	rps__agg_copy(s->acc, (const char *)d + RPS__PUSH_DESC_SIZE, t->spec.dtype, s->elems);
+	s->early_rank = d->rank;
+	p->t = t;
+	p->local = d->shard;
+	p->clock = d->clock;
+	p->rank = d->rank;
+	p->nbytes = d->nbytes;
+	p->in_acc = true;
+	srv->nparked++;
+	srv->sync_early++;
+	push_ack(c, slot, 0, s->step, 0);
+	return 0;
+}
+
 /* Copy an out-of-turn sync push out of its slot and acknowledge it (see
  * struct parked).  -ENOSPC when it is not a sync push or over the budget:
  * the push then waits in its slot. */
@@ -509,11 +651,14 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	struct tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
 	struct parked *p;
 
-	if (!t || t->spec.mode != RPS_MODE_SYNC || d->kind != RPS__PUSH_GRAD ||
-	    srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
+	if (!t || t->spec.mode != RPS_MODE_SYNC || d->kind != RPS__PUSH_GRAD)
 		return -ENOSPC;
 	if (d->shard >= t->layout.nshards || !t->shards[d->shard].hdr ||
 	    !rps__srv_part_serving(srv, t->shards[d->shard].part))
+		return -ENOSPC;
+	if (take_early(srv, c, slot, t, d) == 0)
+		return 0;
+	if (srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
 		return -ENOSPC;
 	/* replicated, in its turn, waiting only for the replicas (credits, or
 	 * the previous step's confirmation): it stays in its slot (it depends
@@ -521,22 +666,11 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	if (rps__srv_repl_part(srv, t->shards[d->shard].part) && d->clock == t->shards[d->shard].step &&
 	    d->rank == t->shards[d->shard].next_rank)
 		return -ENOSPC;
-	if (srv->nparked == srv->parked_cap) {
-		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
-		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
-		if (!grown)
-			return -ENOSPC;
-		srv->parked = grown;
-		srv->parked_cap = cap;
-	}
-	if (rps__srv_mem_take(srv, d->nbytes, "parking a push"))
+	if (parked_slot(srv, &p))
 		return -ENOSPC;
-	p = &srv->parked[srv->nparked];
-	p->data = malloc(d->nbytes ? d->nbytes : 1);
-	if (!p->data) {
-		rps__srv_mem_give(srv, d->nbytes);
+	p->data = rps__srv_park_buf_get(srv, d->nbytes, &p->cap);
+	if (!p->data)
 		return -ENOSPC;
-	}
 	memcpy(p->data, (char *)d + RPS__PUSH_DESC_SIZE, d->nbytes);
 	p->t = t;
 	p->local = d->shard;
@@ -545,6 +679,7 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	p->nbytes = d->nbytes;
 	srv->nparked++;
 	srv->parked_bytes += d->nbytes;
+	srv->sync_parked++;
 	if (rps__srv_repl_part(srv, t->shards[p->local].part))
 		push_taken(srv, c, slot, t, &t->shards[p->local], p->clock, t->shards[p->local].step);
 	else

@@ -80,6 +80,9 @@ size_t rps__server_min_memory(const struct rps__server_config *cfg)
 
 int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what)
 {
+	/* kept parking buffers give way before anything is refused */
+	if (srv->cfg.mem_limit && bytes > srv->cfg.mem_limit - srv->mem_used && srv->park_pool_bytes)
+		rps__srv_park_pool_trim(srv, bytes - (srv->cfg.mem_limit - srv->mem_used));
 	if (srv->cfg.mem_limit && bytes > srv->cfg.mem_limit - srv->mem_used)
 		return rps__seterr(-ENOMEM, "%s: %zu bytes would exceed the memory limit (%zu of %zu used): raise rdmapsd --memory-limit",
 				   what, bytes, srv->mem_used, srv->cfg.mem_limit);
@@ -439,8 +442,10 @@ void rps__server_destroy(struct rps__server *srv)
 	rps__srv_repl_fini(srv);
 	free(srv->held);
 	while (srv->nparked)
-		free(srv->parked[--srv->nparked].data);
+		rps__srv_parked_release(srv, &srv->parked[--srv->nparked]);
 	free(srv->parked);
+	rps__srv_park_pool_trim(srv, SIZE_MAX);
+	free(srv->park_pool);
 	free(srv->waiters);
 	free(srv->barrier.conn);
 	free(srv->barrier.req_id);

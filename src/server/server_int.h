@@ -61,8 +61,13 @@ struct parked {
 	uint32_t local;		/* global shard index */
 	uint64_t clock;
 	int rank;
-	void *data;		/* the gradient, in the tensor's dtype */
+	void *data;		/* the gradient, in the tensor's dtype (NULL: in_acc) */
 	size_t nbytes;
+	size_t cap;		/* bytes of data (a pool buffer may be larger) */
+	/* taken early (push.c, take_early): the gradient is the shard's
+	 * accumulator itself, which holds it alone until next_rank's push
+	 * comes; the entry stands for the push (it counts for its step) */
+	bool in_acc;
 };
 
 struct waiter {
@@ -99,6 +104,8 @@ struct shard {
 	uint64_t step;		/* updates applied == published version */
 	int next_rank;		/* sync: whose contribution comes next */
 	uint32_t nsummed;	/* sync: contributions in acc (removed ranks are skipped) */
+	int early_rank;		/* sync: -1, or the rank after next_rank whose push acc holds
+				 * alone (nsummed 0), taken before next_rank's (push.c) */
 	uint64_t *clocks;	/* bounded: pushes applied per rank */
 	uint64_t lease_word;	/* lock word seen by the lease scan ... */
 	uint64_t lease_since;	/* ... since this time (ns) */
@@ -236,6 +243,17 @@ struct rps__server {
 	struct parked *parked;
 	uint32_t nparked, parked_cap;
 	size_t parked_bytes;
+	/* parking buffers kept for reuse (push.c): a steady sync job parks and
+	 * frees one shard-sized buffer per out-of-turn push, and a fresh one
+	 * costs page faults on every touch */
+	struct park_buf {
+		void *buf;
+		size_t cap;
+	} *park_pool;
+	uint32_t npark_pool, park_pool_cap;
+	size_t park_pool_bytes;		/* counted in mem_used */
+	uint64_t sync_early;		/* sync pushes summed at once out of turn (take_early) */
+	uint64_t sync_parked;		/* ... and copied aside (park) */
 	struct waiter *waiters;
 	uint32_t nwaiters, waiters_cap;
 	/* barrier */
@@ -335,6 +353,14 @@ void rps__srv_drain_held(struct rps__server *srv);
 void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local, bool reserved);
 bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank,
 			 uint64_t clock);
+/* A parked entry's gradient is gone (taken, shipped, dropped): its buffer
+ * back to the pool (or freed), its bytes off the budget. */
+void rps__srv_parked_release(struct rps__server *srv, struct parked *p);
+/* A buffer of at least nbytes for a parked push, charged to --memory-limit
+ * (from the pool when one fits); NULL when the limit refuses it. */
+void *rps__srv_park_buf_get(struct rps__server *srv, size_t nbytes, size_t *cap);
+/* Give back up to `bytes` of kept parking buffers (SIZE_MAX: all). */
+void rps__srv_park_pool_trim(struct rps__server *srv, size_t bytes);
 int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank);
 uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w);
 /* An async/bounded push applied under lock word w: acknowledged with the

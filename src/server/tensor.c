@@ -164,6 +164,7 @@ int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct 
 	for (i = 0; i < t->layout.nshards; i++) {
 		t->shards[i].index = i;
 		t->shards[i].part = rps__shard_server(&t->layout, i);
+		t->shards[i].early_rank = -1;
 		t->shards[i].elems = rps__shard_elems(&t->layout, i);
 	}
 	t->hold_limit = UINT64_MAX;
@@ -226,6 +227,7 @@ int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t pa
 		s->hdr->seq = s->ready ? 0 : 1;	/* odd: not readable until INIT */
 		s->step = 0;
 		s->next_rank = 0;
+		s->early_rank = -1;
 		n = rps__optim_state_len(t->optim.type, s->elems);
 		if (n && !(s->state = calloc(n, sizeof(float))))
 			goto err_nomem;

@@ -91,7 +91,7 @@ static void park(struct tensor *t, uint32_t j, uint64_t clock, int rank)
 		if (!srv->parked)
 			abort();
 	}
-	pk = &srv->parked[srv->nparked++];
+	pk = memset(&srv->parked[srv->nparked++], 0, sizeof(*pk));
 	pk->t = t;
 	pk->local = rps__part_shard(&t->layout, 0, j);
 	pk->clock = clock;
@@ -100,6 +100,7 @@ static void park(struct tensor *t, uint32_t j, uint64_t clock, int rank)
 	pk->data = calloc(1, pk->nbytes);
 	if (!pk->data)
 		abort();
+	pk->cap = pk->nbytes;
 	srv->parked_bytes += pk->nbytes;
 }
 
