@@ -110,6 +110,8 @@ static void usage_cluster(FILE *f)
 "                         (default: the device's address; tcp: 127.0.0.1)\n"
 "      --shard-size BYTES parameter bytes per shard (default 1M)\n"
 "      --slots N          staging slots per worker connection (default 8)\n"
+"      --threads N        serving threads of each server (rdmapsd --threads;\n"
+"                         default 1)\n"
 "      --spin-us US       servers and workers busy-poll this long before\n"
 "                         sleeping (default 0; perftest always busy-polls)\n"
 "      --timeout-ms MS    give up on one operation after this (default 30000)\n"
@@ -336,7 +338,7 @@ static void opts_init(struct opts *o, int argc, char **argv)
 
 enum {
 	OPT_STALENESS = 256, OPT_OPTIMIZER, OPT_REPLICAS, OPT_SERVERS, OPT_WORKERS, OPT_TRANSPORT,
-	OPT_DEVICE, OPT_ADDR, OPT_SHARD, OPT_SLOTS, OPT_SPIN, OPT_TIMEOUT, OPT_SERVER,
+	OPT_DEVICE, OPT_ADDR, OPT_SHARD, OPT_SLOTS, OPT_SPIN, OPT_THREADS, OPT_TIMEOUT, OPT_SERVER,
 	OPT_LISTEN, OPT_CLUSTER, OPT_INDEX, OPT_CONNECT, OPT_RANK, OPT_NUMW, OPT_TAG,
 	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC, OPT_PARTITIONS, OPT_REGISTERED, OPT_COPY, OPT_GROUP,
 };
@@ -361,6 +363,7 @@ static const struct option longopts[] = {
 	{ "addr", required_argument, NULL, OPT_ADDR },
 	{ "shard-size", required_argument, NULL, OPT_SHARD },
 	{ "slots", required_argument, NULL, OPT_SLOTS },
+	{ "threads", required_argument, NULL, OPT_THREADS },
 	{ "spin-us", required_argument, NULL, OPT_SPIN },
 	{ "timeout-ms", required_argument, NULL, OPT_TIMEOUT },
 	{ "server", no_argument, NULL, OPT_SERVER },
@@ -443,6 +446,7 @@ static void parse_option(struct opts *o, int c, const char *arg)
 		break;
 	case OPT_SLOTS: o->slots = (uint32_t)parse_long(arg, "--slots", 1, 1024); break;
 	case OPT_SPIN: o->spin_us = (int)parse_long(arg, "--spin-us", 0, RPS__SERVER_SPIN_US_MAX); break;
+	case OPT_THREADS: o->threads = (uint32_t)parse_long(arg, "--threads", 1, RPS__SERVER_THREADS_MAX); break;
 	case OPT_TIMEOUT: o->timeout_ms = (int)parse_long(arg, "--timeout-ms", 1, 3600000); break;
 	case OPT_SERVER: o->role = ROLE_SERVER; break;
 	case OPT_LISTEN: o->listen = arg; break;

@@ -68,7 +68,7 @@ struct opts {
 	int index;
 	const char *connect;
 	int rank, num_workers;
-	uint32_t shard_bytes, slots;
+	uint32_t shard_bytes, slots, threads;
 	int spin_us, timeout_ms;
 	int argc;
 	char **argv;

@@ -82,6 +82,7 @@ static void server_cfg(const struct run *r, struct rps__server_config *cfg, cons
 	cfg->shard_bytes = o->shard_bytes;
 	cfg->nslots = o->slots;
 	cfg->spin_us = o->spin_us;
+	cfg->nthreads = o->threads;
 	cfg->max_conns = (uint32_t)(o->nworkers + 4);
 	cfg->replicas = no_target ? 0 : (uint32_t)o->replicas;
 	cfg->npart = o->partitions;
@@ -339,6 +340,7 @@ int psperf_role_server(struct opts *o)
 	cfg.shard_bytes = o->shard_bytes;
 	cfg.nslots = o->slots;
 	cfg.spin_us = o->spin_us;
+	cfg.nthreads = o->threads;
 	cfg.fsync_none = o->fsync_none;
 	ret = rps__daemon_create(&cfg, &the_server);
 	if (ret) {

@@ -1,11 +1,13 @@
 /*
- * daemon.c - a server node: creates the data plane, starts the control
- * plane over it and registers the control plane's hooks with its loop.
+ * daemon.c - a server node: creates the data plane (with --threads N, N
+ * instances of it, threads.c), starts the control plane over it and
+ * registers the control plane's hooks with its (first instance's) loop.
  */
 #include "config.h"
 #include "common/common.h"
 #include "control/cplane.h"
 #include "control/daemon.h"
+#include "server/dataplane.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -31,17 +33,18 @@ int rps__daemon_create(const struct rps__server_config *cfg, struct rps__daemon 
 	ret = rps__cp_create(cfg, &d->cp);
 	if (ret)
 		goto err_free;
-	ret = rps__server_create(cfg, &d->srv);
+	ret = rps__server_group_create(cfg, &d->srv);
 	if (ret)
 		goto err_cp;
-	ret = rps__cp_start(d->cp, rps__dataplane_ops(), d->srv, &hooks);
+	ret = rps__cp_start(d->cp, cfg->nthreads > 1 ? rps__dataplane_ops_group() : rps__dataplane_ops(), d->srv,
+			    &hooks);
 	if (ret)
 		goto err_server;
 	rps__dp_set_hooks(d->srv, &hooks);
 	*out = d;
 	return 0;
 err_server:
-	rps__server_destroy(d->srv);
+	rps__server_group_destroy(d->srv);
 err_cp:
 	rps__cp_destroy(d->cp);
 err_free:
@@ -59,19 +62,26 @@ int rps__daemon_restore(struct rps__daemon *d, const char *dir)
 
 int rps__daemon_run(struct rps__daemon *d)
 {
-	return rps__server_run(d->srv);
+	int ret = rps__server_group_start(d->srv), joined;
+
+	if (ret)
+		return ret;
+	ret = rps__server_run(d->srv);
+	rps__server_group_stop(d->srv);
+	joined = rps__server_group_join(d->srv);
+	return ret ? ret : joined;
 }
 
 void rps__daemon_stop(struct rps__daemon *d)
 {
-	rps__server_stop(d->srv);
+	rps__server_group_stop(d->srv);
 }
 
 void rps__daemon_destroy(struct rps__daemon *d)
 {
 	if (!d)
 		return;
-	rps__server_destroy(d->srv);	/* (its fini hook stops the control plane) */
+	rps__server_group_destroy(d->srv);	/* (the first's fini hook stops the control plane) */
 	rps__cp_destroy(d->cp);
 	free(d);
 }

@@ -48,6 +48,8 @@ static void usage(FILE *f)
 		"      --park-limit BYTES    out-of-turn sync pushes set aside (default 256M)\n"
 		"  -C, --max-connections N   worker connections at once, 1..4096 (default 64)\n"
 		"      --idle-timeout-ms MS  drop a worker that sent nothing for MS (default 0: never)\n"
+		"  -T, --threads N           serving threads, 1..16, each on port + its index with its share of\n"
+		"                            the partitions, same on every server (default 1)\n"
 		"      --spin-us US          busy-poll this long before sleeping, up to 1000000 (default 0)\n"
 		"      --numa-node N         shards and staging slots on NUMA node N (default: the HCA's)\n"
 		"      --cpus LIST           pin the serving thread to these cpus, e.g. 0-3,8 (default: the HCA's)\n"
@@ -260,6 +262,10 @@ static int parse_one(int c, struct opts *o)
 		if (opt_size("--park-limit", optarg, 0, RPS__SERVER_MEM_MAX, &cfg->park_limit))
 			return 2;
 		break;
+	case 'T':
+		if (opt_u32("--threads", optarg, 1, RPS__SERVER_THREADS_MAX, &cfg->nthreads))
+			return 2;
+		break;
 	case 1:
 		if (opt_u32("--spin-us", optarg, 0, RPS__SERVER_SPIN_US_MAX, &u))
 			return 2;
@@ -320,6 +326,7 @@ static int parse_options(int argc, char **argv, struct opts *o)
 		{ "lease-ms", required_argument, NULL, 'L' },
 		{ "memory-limit", required_argument, NULL, 'm' },
 		{ "max-connections", required_argument, NULL, 'C' },
+		{ "threads", required_argument, NULL, 'T' },
 		{ "spin-us", required_argument, NULL, 1 },
 		{ "idle-timeout-ms", required_argument, NULL, 8 },
 		{ "park-limit", required_argument, NULL, 7 },
@@ -350,7 +357,7 @@ static int parse_options(int argc, char **argv, struct opts *o)
 	memset(o, 0, sizeof(*o));
 	rps__server_config_init(&o->cfg);
 	rps__log_level = RPS__LOG_INFO;
-	while ((c = getopt_long(argc, argv, "l:c:i:s:S:L:m:C:p:d:v:hV", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "l:c:i:s:S:L:m:C:T:p:d:v:hV", longopts, NULL)) != -1) {
 		ret = parse_one(c, o);
 		if (ret >= 0)
 			return ret;

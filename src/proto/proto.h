@@ -150,7 +150,9 @@ enum rps__hello_flags {
 struct rps__hello_rep {
 	uint64_t magic;
 	uint32_t version;
-	uint32_t reserved0;
+	uint32_t nthreads;	/* serving threads (rdmapsd --threads; 0: one): the k-th
+				 * listens on this port + k and serves the partitions
+				 * p with p % nthreads == k */
 	uint64_t member_id;	/* this server's id in the shard map */
 	uint64_t map_addr;	/* the encoded shard map, for one-sided READs ... */
 	uint32_t map_rkey;
@@ -162,7 +164,7 @@ struct rps__hello_rep {
 	uint32_t slot_rkey;
 	uint32_t owner;		/* this connection's lock owner id */
 	uint32_t lease_ms;
-	uint32_t reserved;
+	uint32_t thread_index;	/* which of nthreads this port serves */
 };
 
 enum rps__create_flags {
@@ -340,6 +342,9 @@ struct rps__rank_rep {
 
 /* Bytes of the registered buffer holding a server's encoded shard map. */
 #define RPS__MAP_BUF 20480u
+/* A serving thread's port past the first has no map: its HELLO names 64
+ * readable bytes instead, which a worker's liveness probe READs. */
+#define RPS__PROBE_AREA 64u
 
 struct rps__propose_rep {
 	uint64_t index;		/* where the command was applied */

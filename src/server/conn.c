@@ -356,6 +356,8 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		why = "server full: raise rdmapsd --max-connections";
 	else if (priv.role == RPS__ROLE_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
 		why = "too many admin connections (16): close psctl sessions";
+	if (!why && srv->thread_index && (priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_ADMIN))
+		why = "a serving thread's port: use the first port";	/* (56 bytes at most) */
 	if (!why && priv.role == RPS__ROLE_PEER) {
 		if (srv->hooks.accept_peer)
 			srv->hooks.accept_peer(srv->hooks.ctx, priv.from_id, priv.to_id, &why);

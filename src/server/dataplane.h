@@ -238,6 +238,9 @@ static inline uint64_t rps__dp_boottime_ns(void)
 
 /* The real data plane. */
 const struct rps__dp_ops *rps__dataplane_ops(void);
+/* The same over the instances of rps__server_group_create (threads.c):
+ * the srv it takes is the first instance. */
+const struct rps__dp_ops *rps__dataplane_ops_group(void);
 /* Register the layer above (once, before rps__server_run). */
 void rps__dp_set_hooks(struct rps__server *srv, const struct rps__dp_hooks *hooks);
 

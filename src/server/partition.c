@@ -760,7 +760,7 @@ static int install_parked(struct rps__server *srv, struct rbuf *b, bool backup)
 	pk->nbytes = nbytes;
 	srv->nparked++;
 	srv->parked_bytes += nbytes;
-	srv->mem_used += nbytes;
+	rps__srv_mem_charge(srv, nbytes);
 	return 0;
 }
 

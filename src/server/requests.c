@@ -236,10 +236,12 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	memset(&rep, 0, sizeof(rep));
 	rep.magic = RPS__HELLO_MAGIC;
 	rep.version = RPS__PROTO_VERSION;
+	rep.nthreads = srv->nthreads;
 	rep.member_id = srv->my_id;
 	rep.map_addr = (uint64_t)(uintptr_t)srv->mapbuf;
 	rep.map_rkey = srv->mapbuf_mr ? rps__mr_rkey(srv->mapbuf_mr) : 0;	/* (none: no layer above) */
-	rep.map_len = RPS__MAP_BUF;
+	rep.map_len = srv->thread_index ? RPS__PROBE_AREA : RPS__MAP_BUF;	/* (threads.c) */
+	rep.thread_index = srv->thread_index;
 	rep.shard_elems = srv->shard_elems;
 	rep.nslots = srv->cfg.nslots;
 	rep.slot_size = (uint32_t)srv->slot_size;

@@ -78,20 +78,49 @@ size_t rps__server_min_memory(const struct rps__server_config *cfg)
 	return (size_t)cfg->nslots * slot + rps__shard_stride(cfg->shard_bytes / 4);
 }
 
+/* What the limit is checked against: this server's use, or with serving
+ * threads their sum (the first instance's mem_group, atomic: an instance
+ * takes memory when a worker connects or creates a tensor, or a push is
+ * parked; never per push otherwise). */
+static size_t mem_counted(const struct rps__server *srv)
+{
+	return srv->nthreads > 1 ? __atomic_load_n(&srv->first->mem_group, __ATOMIC_RELAXED) : srv->mem_used;
+}
+
 int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what)
 {
+	size_t limit = srv->cfg.mem_limit, used = mem_counted(srv);
+
 	/* kept parking buffers give way before anything is refused */
-	if (srv->cfg.mem_limit && bytes > srv->cfg.mem_limit - srv->mem_used && srv->park_pool_bytes)
-		rps__srv_park_pool_trim(srv, bytes - (srv->cfg.mem_limit - srv->mem_used));
-	if (srv->cfg.mem_limit && bytes > srv->cfg.mem_limit - srv->mem_used)
+	if (limit && bytes > limit - RPS__MIN(used, limit) && srv->park_pool_bytes) {
+		rps__srv_park_pool_trim(srv, bytes - (limit - RPS__MIN(used, limit)));
+		used = mem_counted(srv);
+	}
+	if (srv->nthreads > 1) {
+		do {
+			if (limit && (used > limit || bytes > limit - used))
+				break;
+		} while (!__atomic_compare_exchange_n(&srv->first->mem_group, &used, used + bytes, false,
+						      __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+	}
+	if (limit && (used > limit || bytes > limit - used))
 		return rps__seterr(-ENOMEM, "%s: %zu bytes would exceed the memory limit (%zu of %zu used): raise rdmapsd --memory-limit",
-				   what, bytes, srv->mem_used, srv->cfg.mem_limit);
+				   what, bytes, used, limit);
 	srv->mem_used += bytes;
 	return 0;
 }
 
+void rps__srv_mem_charge(struct rps__server *srv, size_t bytes)
+{
+	if (srv->nthreads > 1)
+		__atomic_fetch_add(&srv->first->mem_group, bytes, __ATOMIC_RELAXED);
+	srv->mem_used += bytes;
+}
+
 void rps__srv_mem_give(struct rps__server *srv, size_t bytes)
 {
+	if (srv->nthreads > 1)
+		__atomic_fetch_sub(&srv->first->mem_group, bytes, __ATOMIC_RELAXED);
 	srv->mem_used -= bytes;
 }
 
@@ -231,12 +260,13 @@ static int run_timers(struct rps__server *srv, uint64_t now, uint64_t scan_every
  * stop or the next timer.  1: stop, 0: go on, or a negative errno. */
 static int sleep_until_work(struct rps__server *srv, uint64_t now, int cp_ms)
 {
-	struct pollfd pfd[3 + SLEEP_DIALS_MAX];
+	struct pollfd pfd[4 + SLEEP_DIALS_MAX];
 	int timeout, ndials;
 
 	pfd[0] = (struct pollfd){ .fd = rps__cq_fd(srv->cq), .events = POLLIN };
 	pfd[1] = (struct pollfd){ .fd = rps__listener_fd(srv->listener), .events = POLLIN };
 	pfd[2] = (struct pollfd){ .fd = srv->stop_fd, .events = POLLIN };
+	pfd[3] = (struct pollfd){ .fd = srv->mbox.fd, .events = POLLIN };	/* (-1: none, ignored) */
 	timeout = (int)((srv->next_lease_scan - now) / 1000000ull) + 1;
 	if (cp_ms < timeout)
 		timeout = cp_ms;
@@ -249,8 +279,10 @@ static int sleep_until_work(struct rps__server *srv, uint64_t now, int cp_ms)
 			timeout = (int)((srv->lease_until - boot) / 1000000ull) + 1;
 	}
 	/* and when a dial moves on or times out (dial.c) */
-	ndials = rps__srv_dials_poll(srv, pfd + 3, SLEEP_DIALS_MAX, now, &timeout);
-	if (poll(pfd, 3 + (nfds_t)ndials, timeout) < 0 && errno != EINTR)
+	ndials = rps__srv_dials_poll(srv, pfd + 4, SLEEP_DIALS_MAX, now, &timeout);
+	if (__atomic_load_n(&srv->mbox.pending, __ATOMIC_ACQUIRE))
+		timeout = 0;	/* asked between our last look and now */
+	if (poll(pfd, 4 + (nfds_t)ndials, timeout) < 0 && errno != EINTR)
 		return rps__seterr(-errno, "poll: %s", strerror(errno));
 	if (pfd[2].revents)
 		return 1;
@@ -281,6 +313,7 @@ int rps__server_run(struct rps__server *srv)
 		 * may keep the loop from sleeping for as long as they last */
 		if (__atomic_load_n(&srv->stopping, __ATOMIC_RELAXED))
 			return 0;
+		rps__srv_mbox_poll(srv);	/* what the control plane's thread asks */
 		/* before the completions: the TCP provider serves READs in them */
 		rps__srv_read_fence(srv);
 		n = rps__cq_poll(srv->cq, wc, (int)RPS__ARRAY_SIZE(wc));
@@ -384,6 +417,9 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 		return rps__seterr(-ENOMEM, "out of memory");
 	srv->cfg = *cfg;
 	srv->stop_fd = -1;
+	srv->mbox.fd = -1;
+	srv->nthreads = 1;
+	srv->first = srv;
 	srv->shard_elems = cfg->shard_bytes / 4;
 	srv->slot_size = RPS__ALIGN_UP(RPS__PUSH_DESC_SIZE + (size_t)cfg->shard_bytes, 64);
 	srv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

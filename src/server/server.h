@@ -21,6 +21,7 @@ struct rps__server;
 #define RPS__SERVER_CONNS_MAX 4096u		/* --max-connections */
 #define RPS__SERVER_SPIN_US_MAX 1000000u	/* --spin-us: 1 s */
 #define RPS__TENSOR_SHARDS_MAX (1u << 24)	/* shards of one tensor (~120 B of metadata each) */
+#define RPS__SERVER_THREADS_MAX 16u		/* --threads */
 
 struct rps__server_config {
 	struct rps__uri listen;		/* where to accept workers */
@@ -34,6 +35,7 @@ struct rps__server_config {
 	size_t mem_limit;		/* bytes for shards + staging; 0 = unlimited */
 	size_t park_limit;		/* bytes of out-of-turn sync pushes kept aside */
 	int spin_us;			/* busy-poll this long before sleeping */
+	uint32_t nthreads;		/* --threads: serving threads (0, 1: one), each on port + its index */
 	int numa_node;			/* --numa-node: shards and slots on this NUMA node (-1: near the HCA) */
 	const char *cpus;		/* --cpus: pin the serving thread here (NULL: near the HCA) */
 	int no_pin;			/* --no-pin: bind and pin nothing */
@@ -67,6 +69,21 @@ void rps__server_stop(struct rps__server *srv);
 void rps__server_destroy(struct rps__server *srv);
 uint16_t rps__server_port(const struct rps__server *srv);
 const char *rps__server_fabric_name(const struct rps__server *srv);
+/*
+ * rdmapsd --threads N (threads.c): N instances, the k-th listening on the
+ * first's port + k and serving the partitions p with p % N == k, each run
+ * by a thread of its own; the first is run by the caller with
+ * rps__server_run and takes the control plane (rps__dataplane_ops_group).
+ * N <= 1: rps__server_create.  Start the others' threads once the first
+ * is set up; stop (async-signal-safe) and join them all; destroy all.
+ */
+int rps__server_group_create(const struct rps__server_config *cfg, struct rps__server **first);
+int rps__server_group_start(struct rps__server *first);
+void rps__server_group_stop(struct rps__server *first);
+/* 0, or the first error an instance stopped with */
+int rps__server_group_join(struct rps__server *first);
+void rps__server_group_destroy(struct rps__server *first);
+
 /* rdmapsd --show-topology: open the fabric (no listening), decide the
  * placement as rps__server_create would, print it with the machine. */
 int rps__server_show_topology(const struct rps__server_config *cfg, FILE *f);

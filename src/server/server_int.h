@@ -12,6 +12,7 @@
 #ifndef RPS_SERVER_INT_H
 #define RPS_SERVER_INT_H
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -217,8 +218,31 @@ struct srv_dial {
 	uint64_t deadline;	/* ns: the loop wakes for it */
 };
 
+/* threads.c: a call one serving thread asks of another (the control
+ * plane's thread of the others), run between two turns of its loop */
+struct srv_mbox {
+	pthread_mutex_t lock;
+	pthread_cond_t done;
+	void (*fn)(struct rps__server *srv, void *arg);
+	void *arg;
+	bool pending;		/* atomic: the loop looks at it every turn */
+	int fd;			/* eventfd: wakes the loop from poll() */
+	char err[512];		/* fn's failure message, for the caller's thread */
+};
+
 struct rps__server {
 	struct rps__server_config cfg;
+	/* serving threads (threads.c, rdmapsd --threads): this one is
+	 * thread_index of nthreads, each a data plane of its own serving the
+	 * partitions p with p % nthreads == thread_index; the first runs the
+	 * control plane and holds the others in group */
+	uint32_t nthreads, thread_index;
+	struct rps__server **group;	/* the first: every instance (group[0] == itself) */
+	struct rps__server *first;	/* ... and every instance's first */
+	struct srv_mbox mbox;
+	pthread_t thread;		/* instances past the first: their serving thread */
+	bool thread_running;		/* (atomic) calls go through the mailbox while it runs */
+	int thread_ret;
 	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
 	uint64_t lease_until;		/* primary lease: rps__dp_boottime_ns() before this (set_lease) */
 	/* the read fence (partition.c, rps__srv_read_fence) */
@@ -264,6 +288,7 @@ struct rps__server {
 		int need;
 	} barrier;
 	size_t mem_used;
+	size_t mem_group;		/* the first instance: every instance's mem_used (threads) */
 	uint8_t owner_used[RPS__LOCK_OWNER_MAX + 1];
 	uint32_t next_owner;
 	uint64_t next_lease_scan;
@@ -322,8 +347,19 @@ struct rps__server {
 	uint64_t worker_msgs[RPS__MSG_TYPE_MAX], worker_acks_flagged;
 };
 
+/* threads.c: the mailbox of an instance (threads.c): run what another
+ * thread asked (every loop turn: one atomic load when nothing is asked) */
+void rps__srv_mbox_serve(struct rps__server *srv);
+static inline void rps__srv_mbox_poll(struct rps__server *srv)
+{
+	if (__atomic_load_n(&srv->mbox.pending, __ATOMIC_ACQUIRE))
+		rps__srv_mbox_serve(srv);
+}
+
 /* server.c: memory accounting */
 int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what);
+/* The same without the limit (what an image brings must be installed whole). */
+void rps__srv_mem_charge(struct rps__server *srv, size_t bytes);
 void rps__srv_mem_give(struct rps__server *srv, size_t bytes);
 
 /* conn.c */

@@ -1,0 +1,891 @@
+/*
+ * threads.c - serving threads (rdmapsd --threads N): N data planes in one
+ * process, one control plane over them.
+ *
+ * Instance k of N is a whole data plane (server.c and the rest): its own
+ * fabric, completion queue, listener (the member's port + k), connections,
+ * tensors, held and parked pushes, waiters and replication streams.  It
+ * serves the partitions p with p % N == k and no others, so no two
+ * threads ever touch the same shard, connection or list: the hot path has
+ * no lock and nothing shared to contend on.  A worker opens one connection
+ * per instance (the HELLO reply names N) and sends each shard op to the
+ * instance of its partition; the replication stream of a partition runs
+ * between the instances of the same index on its primary and its backups.
+ *
+ * The control plane (Raft, the map, moves, checkpoints, psctl) runs on the
+ * first instance's thread and talks to all of them through the ops table
+ * below, the same dataplane.h contract as one instance: an op on a
+ * partition goes to that partition's instance, an op on the server as a
+ * whole to each.  The first instance's ops run in place; another's run on
+ * its own thread, between two turns of its loop (its mailbox: one atomic
+ * load a turn when nothing is asked), while the control plane waits.
+ * Instances past the first never call back into the control plane (they
+ * have no hooks: peers and psctl connect to the first only), so a call can
+ * never wait on its caller.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+
+/* ---- the mailbox ---------------------------------------------------------- */
+
+static int mbox_init(struct rps__server *srv)
+{
+	srv->mbox.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (srv->mbox.fd < 0)
+		return rps__seterr(-errno, "eventfd: %s", strerror(errno));
+	pthread_mutex_init(&srv->mbox.lock, NULL);
+	pthread_cond_init(&srv->mbox.done, NULL);
+	return 0;
+}
+
+static void mbox_fini(struct rps__server *srv)
+{
+	if (srv->mbox.fd < 0)
+		return;
+	close(srv->mbox.fd);
+	srv->mbox.fd = -1;
+	pthread_cond_destroy(&srv->mbox.done);
+	pthread_mutex_destroy(&srv->mbox.lock);
+}
+
+void rps__srv_mbox_serve(struct rps__server *srv)
+{
+	struct srv_mbox *mb = &srv->mbox;
+	uint64_t v;
+	ssize_t r = read(mb->fd, &v, sizeof(v));
+
+	(void)r;
+	rps__clearerr();
+	mb->fn(srv, mb->arg);
+	/* the message of a failure, for the caller's thread (errbuf is ours) */
+	snprintf(mb->err, sizeof(mb->err), "%s", rps__errbuf());
+	pthread_mutex_lock(&mb->lock);
+	__atomic_store_n(&mb->pending, false, __ATOMIC_RELEASE);
+	pthread_cond_broadcast(&mb->done);
+	pthread_mutex_unlock(&mb->lock);
+}
+
+/* Run fn on inst's thread and wait for it; in place on the first instance
+ * (the caller's own thread) and on an instance whose thread is not running
+ * (before start, after stop: nothing else touches it then). */
+static void call_on(struct rps__server *inst, void (*fn)(struct rps__server *srv, void *arg), void *arg)
+{
+	struct srv_mbox *mb = &inst->mbox;
+	uint64_t one = 1;
+	ssize_t r;
+
+	if (inst == inst->first || mb->fd < 0) {
+		fn(inst, arg);
+		return;
+	}
+	pthread_mutex_lock(&mb->lock);
+	if (!inst->thread_running) {
+		pthread_mutex_unlock(&mb->lock);
+		fn(inst, arg);
+		return;
+	}
+	mb->fn = fn;
+	mb->arg = arg;
+	__atomic_store_n(&mb->pending, true, __ATOMIC_RELEASE);
+	r = write(mb->fd, &one, sizeof(one));
+	(void)r;
+	while (__atomic_load_n(&mb->pending, __ATOMIC_ACQUIRE))
+		pthread_cond_wait(&mb->done, &mb->lock);
+	if (mb->err[0])
+		rps__seterr(0, "%s", mb->err);
+	pthread_mutex_unlock(&mb->lock);
+}
+
+static void call_all(struct rps__server *srv, void (*fn)(struct rps__server *srv, void *arg), void *arg)
+{
+	uint32_t k;
+
+	for (k = 0; k < srv->nthreads; k++)
+		call_on(srv->group[k], fn, arg);
+}
+
+static struct rps__server *inst_of(struct rps__server *srv, uint32_t part)
+{
+	return srv->group[part % srv->nthreads];
+}
+
+/* ---- the instances' threads --------------------------------------------------- */
+
+static void *instance_main(void *arg)
+{
+	struct rps__server *srv = arg;
+	int ret = rps__server_run(srv);
+
+	pthread_mutex_lock(&srv->mbox.lock);
+	srv->thread_ret = ret;
+	srv->thread_running = false;
+	if (__atomic_load_n(&srv->mbox.pending, __ATOMIC_ACQUIRE)) {	/* asked as it stopped */
+		rps__clearerr();
+		srv->mbox.fn(srv, srv->mbox.arg);
+		snprintf(srv->mbox.err, sizeof(srv->mbox.err), "%s", rps__errbuf());
+		__atomic_store_n(&srv->mbox.pending, false, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&srv->mbox.done);
+	}
+	pthread_mutex_unlock(&srv->mbox.lock);
+	if (ret) {
+		rps__log(RPS__LOG_ERROR, "serving thread %u stopped: %s", srv->thread_index, rps__errbuf());
+		rps__server_group_stop(srv->first);
+	}
+	return NULL;
+}
+
+int rps__server_group_start(struct rps__server *first)
+{
+	uint32_t k;
+	int ret;
+
+	for (k = 1; k < first->nthreads; k++) {
+		struct rps__server *srv = first->group[k];
+		pthread_mutex_lock(&srv->mbox.lock);
+		srv->thread_running = true;
+		pthread_mutex_unlock(&srv->mbox.lock);
+		ret = pthread_create(&srv->thread, NULL, instance_main, srv);
+		if (ret) {
+			srv->thread_running = false;
+			rps__server_group_stop(first);
+			rps__server_group_join(first);
+			return rps__seterr(-ret, "starting serving thread %u: %s", k, strerror(ret));
+		}
+	}
+	return 0;
+}
+
+void rps__server_group_stop(struct rps__server *first)
+{
+	uint32_t k;
+
+	for (k = 0; k < first->nthreads; k++)
+		rps__server_stop(first->group ? first->group[k] : first);
+}
+
+int rps__server_group_join(struct rps__server *first)
+{
+	uint32_t k;
+	int ret = 0;
+
+	for (k = 1; k < first->nthreads; k++) {
+		struct rps__server *srv = first->group[k];
+		if (!srv->thread)
+			continue;
+		pthread_join(srv->thread, NULL);
+		srv->thread = 0;
+		if (srv->thread_ret && !ret)
+			ret = srv->thread_ret;
+	}
+	return ret;
+}
+
+/* ---- create and destroy ----------------------------------------------------------- */
+
+/* What a HELLO names in place of the map past the first instance (the
+ * map is the first's alone: its control plane rewrites it). */
+static int probe_area(struct rps__server *srv)
+{
+	void *buf = calloc(1, RPS__PROBE_AREA);
+	int ret;
+
+	if (!buf)
+		return rps__seterr(-ENOMEM, "out of memory");
+	ret = rps__mr_reg(srv->fab, buf, RPS__PROBE_AREA, RPS__ACCESS_REMOTE_READ, &srv->mapbuf_mr);
+	if (ret) {
+		free(buf);
+		return ret;
+	}
+	srv->mapbuf = buf;
+	return 0;
+}
+
+static void probe_area_free(struct rps__server *srv)
+{
+	if (!srv->mapbuf)
+		return;
+	rps__mr_dereg(srv->mapbuf_mr);
+	free(srv->mapbuf);
+	srv->mapbuf_mr = NULL;
+	srv->mapbuf = NULL;
+}
+
+void rps__server_group_destroy(struct rps__server *first)
+{
+	struct rps__server **group;
+	uint32_t k, n;
+
+	if (!first)
+		return;
+	group = first->group;
+	n = first->nthreads;
+	rps__server_group_stop(first);
+	rps__server_group_join(first);
+	/* the others account their memory alone from now: the first goes
+	 * first (its fini hook stops the control plane, which may still call
+	 * into them, in place now that their threads are gone) */
+	for (k = 1; group && k < n; k++) {
+		group[k]->first = group[k];
+		group[k]->nthreads = 1;
+	}
+	rps__server_destroy(first);
+	for (k = 1; group && k < n; k++) {
+		probe_area_free(group[k]);
+		mbox_fini(group[k]);
+		rps__server_destroy(group[k]);
+	}
+	free(group);
+}
+
+#define PORT_TRIES 16	/* an ephemeral first port whose followers were taken */
+
+static int group_create_once(const struct rps__server_config *cfg, struct rps__server **out)
+{
+	struct rps__server_config c = *cfg;
+	struct rps__server **group = calloc(cfg->nthreads, sizeof(*group));
+	uint32_t k;
+	int ret;
+
+	if (!group)
+		return rps__seterr(-ENOMEM, "out of memory");
+	for (k = 0; k < cfg->nthreads; k++) {
+		if (k)
+			c.listen.port = (uint16_t)(rps__server_port(group[0]) + k);
+		ret = rps__server_create(&c, &group[k]);
+		if (ret)
+			goto err;
+		group[k]->nthreads = cfg->nthreads;
+		group[k]->thread_index = k;
+		group[k]->first = group[0];
+		if (k && (ret = mbox_init(group[k]) ?: probe_area(group[k]))) {
+			mbox_fini(group[k]);
+			rps__server_destroy(group[k]);
+			goto err;
+		}
+	}
+	group[0]->group = group;
+	/* what each took alone so far now counts for the whole (mem_take) */
+	for (k = 0; k < cfg->nthreads; k++)
+		group[0]->mem_group += group[k]->mem_used;
+	*out = group[0];
+	return 0;
+err:
+	while (k--) {
+		probe_area_free(group[k]);
+		mbox_fini(group[k]);
+		rps__server_destroy(group[k]);
+	}
+	free(group);
+	return ret;
+}
+
+int rps__server_group_create(const struct rps__server_config *cfg, struct rps__server **out)
+{
+	int tries, ret;
+
+	if (cfg->nthreads <= 1)
+		return rps__server_create(cfg, out);
+	if (cfg->nthreads > RPS__SERVER_THREADS_MAX)
+		return rps__seterr(-EINVAL, "--threads %u: at most %u", cfg->nthreads, RPS__SERVER_THREADS_MAX);
+	if (cfg->listen.port && (uint32_t)cfg->listen.port + cfg->nthreads - 1 > 65535)
+		return rps__seterr(-EINVAL, "--threads %u: ports %u to %u do not exist", cfg->nthreads,
+				   cfg->listen.port, cfg->listen.port + cfg->nthreads - 1);
+	for (tries = 0;; tries++) {
+		ret = group_create_once(cfg, out);
+		/* an ephemeral first port: its followers may be taken, try another */
+		if (ret != -EADDRINUSE || cfg->listen.port || tries == PORT_TRIES)
+			break;
+	}
+	if (ret == -EADDRINUSE)
+		rps__preerr(ret, "--threads %u listens on %u ports in a row from the first", cfg->nthreads,
+			    cfg->nthreads);
+	return ret;
+}
+
+/* ---- the ops table over the instances --------------------------------------------- */
+
+static const struct rps__dp_ops *one;	/* an instance's own ops (dataplane.c) */
+
+struct args {
+	uint32_t part;
+	uint64_t u64, seq;
+	const void *ptr;
+	const char *name;
+	const struct rps__dp_part *view;
+	void **img;
+	size_t *len;
+	size_t size;
+	uint32_t *crc, *nshards;
+	uint64_t *versions;
+	int rank;
+	int ret;
+	bool b;
+	struct rps__ckpt_target *targets;
+	uint32_t ntargets;
+	struct rps__dp_copy copy;
+	struct rps__dp_stats st;
+	const struct rps__tensor_spec *spec;
+	struct tensor *t;
+	const struct rps__dp_shard *cs;
+};
+
+/* the server as a whole */
+
+static void do_member_id(struct rps__server *s, void *a) { one->set_member_id(s, ((struct args *)a)->u64); }
+static void g_set_member_id(struct rps__server *srv, uint64_t id)
+{
+	struct args a = { .u64 = id };
+
+	call_all(srv, do_member_id, &a);
+}
+
+static void do_lease(struct rps__server *s, void *a) { one->set_lease(s, ((struct args *)a)->u64); }
+static void g_set_lease(struct rps__server *srv, uint64_t until_ns)
+{
+	struct args a = { .u64 = until_ns };
+
+	call_all(srv, do_lease, &a);
+}
+
+static void do_map(struct rps__server *s, void *a)
+{
+	one->set_map(s, ((struct args *)a)->part, ((struct args *)a)->u64);
+}
+static void g_set_map(struct rps__server *srv, uint32_t npart, uint64_t applied)
+{
+	struct args a = { .part = npart, .u64 = applied };
+
+	call_all(srv, do_map, &a);
+}
+
+static void do_stats(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+	struct rps__dp_stats st;
+
+	one->stats(s, &st);
+	x->st.n_conns += st.n_conns;
+	x->st.shards += st.shards;
+	x->st.shard_bytes += st.shard_bytes;
+	x->st.tensors = RPS__MAX(x->st.tensors, st.tensors);	/* (every instance knows every tensor) */
+}
+static void g_stats(struct rps__server *srv, struct rps__dp_stats *st)
+{
+	struct args a;
+
+	memset(&a, 0, sizeof(a));
+	call_all(srv, do_stats, &a);
+	*st = a.st;
+}
+
+/* The replication stream of instance k goes to the backup's instance k. */
+static void do_repl_peer(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+	struct rps__uri u;
+	char uri[RPS__SMAP_URI_MAX];
+
+	if (!x->name || !s->thread_index) {
+		x->ret = one->repl_peer(s, x->u64, x->name) ?: x->ret;
+		return;
+	}
+	if (rps__uri_parse(x->name, &u) || (uint32_t)u.port + s->thread_index > 65535) {
+		x->ret = rps__seterr(-EINVAL, "member %llu: '%s' has no port for serving thread %u",
+				     (unsigned long long)x->u64, x->name, s->thread_index);
+		return;
+	}
+	u.port = (uint16_t)(u.port + s->thread_index);
+	rps__uri_str(&u, uri, sizeof(uri));
+	x->ret = one->repl_peer(s, x->u64, uri) ?: x->ret;
+}
+static int g_repl_peer(struct rps__server *srv, uint64_t id, const char *uri)
+{
+	struct args a = { .u64 = id, .name = uri };
+
+	call_all(srv, do_repl_peer, &a);
+	return a.ret;
+}
+
+/* partitions: each on its own instance */
+
+static void do_part_set(struct rps__server *s, void *a) { one->part_set(s, ((struct args *)a)->part, ((struct args *)a)->view); }
+static void g_part_set(struct rps__server *srv, uint32_t part, const struct rps__dp_part *view)
+{
+	struct args a = { .part = part, .view = view };
+
+	call_on(inst_of(srv, part), do_part_set, &a);
+}
+
+static void do_part_create(struct rps__server *s, void *a) { one->part_create(s, ((struct args *)a)->part); }
+static void g_part_create(struct rps__server *srv, uint32_t part)
+{
+	struct args a = { .part = part };
+
+	call_on(inst_of(srv, part), do_part_create, &a);
+}
+
+static void do_part_promote(struct rps__server *s, void *a)
+{
+	one->part_promote(s, ((struct args *)a)->part, ((struct args *)a)->u64);
+}
+static void g_part_promote(struct rps__server *srv, uint32_t part, uint64_t epoch)
+{
+	struct args a = { .part = part, .u64 = epoch };
+
+	call_on(inst_of(srv, part), do_part_promote, &a);
+}
+
+static void do_part_publish(struct rps__server *s, void *a)
+{
+	one->part_publish(s, ((struct args *)a)->part, ((struct args *)a)->u64);
+}
+static void g_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoch)
+{
+	struct args a = { .part = part, .u64 = epoch };
+
+	call_on(inst_of(srv, part), do_part_publish, &a);
+}
+
+static void do_part_refuse(struct rps__server *s, void *a) { one->part_refuse(s, ((struct args *)a)->part); }
+static void g_part_refuse(struct rps__server *srv, uint32_t part)
+{
+	struct args a = { .part = part };
+
+	call_on(inst_of(srv, part), do_part_refuse, &a);
+}
+
+static void do_part_fence(struct rps__server *s, void *a)
+{
+	((struct args *)a)->b = one->part_fence(s, ((struct args *)a)->part);
+}
+static bool g_part_fence(struct rps__server *srv, uint32_t part)
+{
+	struct args a = { .part = part };
+
+	call_on(inst_of(srv, part), do_part_fence, &a);
+	return a.b;
+}
+
+static void do_part_unfence(struct rps__server *s, void *a)
+{
+	one->part_unfence(s, ((struct args *)a)->part, ((struct args *)a)->u64);
+}
+static void g_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch)
+{
+	struct args a = { .part = part, .u64 = epoch };
+
+	call_on(inst_of(srv, part), do_part_unfence, &a);
+}
+
+static void do_part_serialize(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+
+	x->ret = one->part_serialize(s, x->part, x->u64, x->img, x->len);
+}
+static int g_part_serialize(struct rps__server *srv, uint32_t part, uint64_t epoch, void **img, size_t *len)
+{
+	struct args a = { .part = part, .u64 = epoch, .img = img, .len = len };
+
+	call_on(inst_of(srv, part), do_part_serialize, &a);
+	return a.ret;
+}
+
+static void do_forget_parked(struct rps__server *s, void *a) { one->part_forget_parked(s, ((struct args *)a)->part); }
+static void g_part_forget_parked(struct rps__server *srv, uint32_t part)
+{
+	struct args a = { .part = part };
+
+	call_on(inst_of(srv, part), do_forget_parked, &a);
+}
+
+static void do_part_install(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+
+	x->ret = one->part_install(s, x->part, x->u64, x->ptr, x->size);
+}
+static int g_part_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len)
+{
+	struct args a = { .part = part, .u64 = epoch, .ptr = img, .size = len };
+
+	call_on(inst_of(srv, part), do_part_install, &a);
+	return a.ret;
+}
+
+static void do_part_drop(struct rps__server *s, void *a) { one->part_drop(s, ((struct args *)a)->part); }
+static void g_part_drop(struct rps__server *srv, uint32_t part)
+{
+	struct args a = { .part = part };
+
+	call_on(inst_of(srv, part), do_part_drop, &a);
+}
+
+static void do_repl_seq(struct rps__server *s, void *a)
+{
+	((struct args *)a)->u64 = one->repl_seq(s, ((struct args *)a)->part);
+}
+static uint64_t g_repl_seq(struct rps__server *srv, uint32_t part)
+{
+	struct args a = { .part = part };
+
+	call_on(inst_of(srv, part), do_repl_seq, &a);
+	return a.u64;
+}
+
+static void do_seq_set(struct rps__server *s, void *a)
+{
+	one->part_repl_seq_set(s, ((struct args *)a)->part, ((struct args *)a)->u64);
+}
+static void g_part_repl_seq_set(struct rps__server *srv, uint32_t part, uint64_t seq)
+{
+	struct args a = { .part = part, .u64 = seq };
+
+	call_on(inst_of(srv, part), do_seq_set, &a);
+}
+
+static void do_install_backup(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+
+	x->ret = one->part_install_backup(s, x->part, x->u64, x->ptr, x->size, x->seq);
+}
+static int g_part_install_backup(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
+				 size_t len, uint64_t seq)
+{
+	struct args a = { .part = part, .u64 = epoch, .ptr = img, .size = len, .seq = seq };
+
+	call_on(inst_of(srv, part), do_install_backup, &a);
+	return a.ret;
+}
+
+static void do_diverged(struct rps__server *s, void *a)
+{
+	((struct args *)a)->u64 = one->part_diverged(s, ((struct args *)a)->part);
+}
+static uint64_t g_part_diverged(struct rps__server *srv, uint32_t part)
+{
+	struct args a = { .part = part };
+
+	call_on(inst_of(srv, part), do_diverged, &a);
+	return a.u64;
+}
+
+static void do_digest(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+
+	x->ret = one->part_digest(s, x->name, x->part, x->crc, x->versions, x->nshards);
+}
+static int g_part_digest(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
+			 uint64_t *versions, uint32_t *nshards)
+{
+	struct args a = { .part = part, .name = name, .crc = crc, .versions = versions, .nshards = nshards };
+
+	call_on(inst_of(srv, part), do_digest, &a);
+	return a.ret;
+}
+
+/* workers */
+
+static void do_rank_remove(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+
+	x->ret = one->rank_remove(s, x->name, x->rank);
+}
+/* Every instance knows every tensor (workers create it on each): the
+ * count is one instance's; an error other than "not here" wins. */
+static int g_rank_remove(struct rps__server *srv, const char *name, int rank)
+{
+	char msg[512] = "";
+	int ret = -ENOENT;
+	uint32_t k;
+
+	for (k = 0; k < srv->nthreads; k++) {
+		struct args a = { .name = name, .rank = rank };
+		call_on(srv->group[k], do_rank_remove, &a);
+		if (a.ret < 0 && a.ret != -ENOENT) {
+			if (ret >= 0 || ret == -ENOENT)
+				snprintf(msg, sizeof(msg), "%s", rps__errbuf());
+			ret = ret < 0 && ret != -ENOENT ? ret : a.ret;
+		} else if (a.ret >= 0 && (ret == -ENOENT || (ret >= 0 && a.ret > ret))) {
+			ret = a.ret;
+		} else if (a.ret == -ENOENT && ret == -ENOENT) {
+			snprintf(msg, sizeof(msg), "%s", rps__errbuf());
+		}
+	}
+	if (ret < 0)
+		rps__seterr(ret, "%s", msg);
+	return ret;
+}
+
+/* checkpoints */
+
+static void do_hold_steps(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+	struct rps__ckpt_target *t = NULL, *grown;
+	uint32_t n = one->hold_steps(s, &t), i, j;
+
+	if (!t) {
+		x->ret = -ENOMEM;
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		for (j = 0; j < x->ntargets && strcmp(x->targets[j].name, t[i].name); j++)
+			;
+		if (j < x->ntargets) {
+			x->targets[j].step = RPS__MAX(x->targets[j].step, t[i].step);
+			continue;
+		}
+		grown = realloc(x->targets, (x->ntargets + 1) * sizeof(*grown));
+		if (!grown) {
+			x->ret = -ENOMEM;
+			break;
+		}
+		x->targets = grown;
+		x->targets[x->ntargets++] = t[i];
+	}
+	free(t);
+}
+static uint32_t g_hold_steps(struct rps__server *srv, struct rps__ckpt_target **out)
+{
+	struct args a;
+
+	memset(&a, 0, sizeof(a));
+	call_all(srv, do_hold_steps, &a);
+	if (a.ret || !a.targets) {
+		free(a.targets);
+		*out = a.ret ? NULL : calloc(1, sizeof(**out));	/* (NULL: out of memory, as one instance says) */
+		return 0;
+	}
+	*out = a.targets;
+	return a.ntargets;
+}
+
+static void do_hold_tensor(struct rps__server *s, void *a)
+{
+	one->hold_tensor(s, ((struct args *)a)->name, ((struct args *)a)->u64);
+}
+static void g_hold_tensor(struct rps__server *srv, const char *name, uint64_t step)
+{
+	struct args a = { .name = name, .u64 = step };
+
+	call_all(srv, do_hold_tensor, &a);
+}
+
+static void do_hold_release(struct rps__server *s, void *a)
+{
+	(void)a;
+	one->hold_release(s);
+}
+static void g_hold_release(struct rps__server *srv)
+{
+	call_all(srv, do_hold_release, NULL);
+}
+
+static void do_hold_reached(struct rps__server *s, void *a)
+{
+	if (!one->hold_reached(s))
+		((struct args *)a)->b = false;
+}
+static bool g_hold_reached(struct rps__server *srv)
+{
+	struct args a = { .b = true };
+
+	call_all(srv, do_hold_reached, &a);
+	return a.b;
+}
+
+static void do_drain(struct rps__server *s, void *a)
+{
+	(void)a;
+	one->drain(s);
+}
+static void g_drain(struct rps__server *srv)
+{
+	call_all(srv, do_drain, NULL);
+}
+
+/* Each instance's copy, then one copy of them all: tensors by name, the
+ * shards of each tensor in index order (as one instance gives them). */
+static void do_take(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+
+	x->ret = one->take(s, &x->copy);
+}
+
+struct taken {
+	const char *name;
+	uint32_t index;
+	struct rps__dp_shard_copy *sc;
+};
+
+static int taken_cmp(const void *a, const void *b)
+{
+	const struct taken *x = a, *y = b;
+	int c = strcmp(x->name, y->name);
+
+	return c ? c : (x->index > y->index) - (x->index < y->index);
+}
+
+static int g_take(struct rps__server *srv, struct rps__dp_copy *out)
+{
+	struct rps__dp_copy *parts = calloc(srv->nthreads, sizeof(*parts));
+	struct taken *all = NULL;
+	uint32_t k, i, n = 0, m = 0;
+	int ret = 0;
+
+	memset(out, 0, sizeof(*out));
+	if (!parts)
+		return rps__seterr(-ENOMEM, "out of memory");
+	for (k = 0; k < srv->nthreads && !ret; k++) {
+		struct args a;
+		memset(&a, 0, sizeof(a));
+		call_on(srv->group[k], do_take, &a);
+		parts[k] = a.copy;
+		ret = a.ret;
+		n += a.copy.nshards;
+		m += a.copy.ntensors;
+	}
+	if (ret)
+		goto out;
+	all = calloc(n ? n : 1, sizeof(*all));
+	out->tensors = calloc(m ? m : 1, sizeof(*out->tensors));
+	out->shards = calloc(n ? n : 1, sizeof(*out->shards));
+	if (!all || !out->tensors || !out->shards) {
+		ret = rps__seterr(-ENOMEM, "out of memory");
+		goto out;
+	}
+	n = 0;
+	for (k = 0; k < srv->nthreads; k++)
+		for (i = 0; i < parts[k].nshards; i++)
+			all[n++] = (struct taken){ .name = parts[k].tensors[parts[k].shards[i].tensor].name,
+						   .index = parts[k].shards[i].meta.index,
+						   .sc = &parts[k].shards[i] };
+	qsort(all, n, sizeof(*all), taken_cmp);
+	for (i = 0; i < n; i++) {
+		struct rps__dp_shard_copy *sc = &out->shards[out->nshards++];
+		if (!out->ntensors || strcmp(out->tensors[out->ntensors - 1].name, all[i].name)) {
+			/* (the spec of the instance that gave this shard: the same everywhere) */
+			for (k = 0; k < srv->nthreads; k++)
+				if (all[i].sc >= parts[k].shards && all[i].sc < parts[k].shards + parts[k].nshards)
+					break;
+			out->tensors[out->ntensors] = parts[k].tensors[all[i].sc->tensor];
+			out->ntensors++;
+		}
+		*sc = *all[i].sc;
+		sc->tensor = out->ntensors - 1;
+		all[i].sc->params = NULL;	/* (now the merged copy's) */
+		all[i].sc->state = NULL;
+		all[i].sc->clocks = NULL;
+	}
+	for (k = 0; k < srv->nthreads; k++)
+		out->raw_bytes += parts[k].raw_bytes;
+out:
+	for (k = 0; k < srv->nthreads; k++)
+		one->copy_free(&parts[k]);
+	free(parts);
+	free(all);
+	return ret;
+}
+
+static void do_restore_tensor(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+	struct tensor *t = NULL;
+	int r = one->restore_tensor(s, (const char *)x->ptr, x->name, x->spec, &t);
+
+	if (r && !x->ret)
+		x->ret = r;
+	if (s == s->first)
+		x->t = t;
+}
+static int g_restore_tensor(struct rps__server *srv, const char *file, const char *name,
+			    const struct rps__tensor_spec *spec, struct tensor **out)
+{
+	struct args a = { .ptr = file, .name = name, .spec = spec };
+
+	call_all(srv, do_restore_tensor, &a);
+	*out = a.t;
+	return a.ret;
+}
+
+static void do_restore_shard(struct rps__server *s, void *a)
+{
+	struct args *x = a;
+	struct tensor *t = rps__srv_tensor_by_name(s, x->t->name);
+
+	x->ret = t ? one->restore_shard(s, (const char *)x->ptr, t, x->cs)
+		   : rps__seterr(-ENOENT, "%s: tensor '%s' is not on serving thread %u", (const char *)x->ptr,
+				 x->t->name, s->thread_index);
+}
+static int g_restore_shard(struct rps__server *srv, const char *file, struct tensor *t,
+			   const struct rps__dp_shard *cs)
+{
+	struct args a = { .ptr = file, .t = t, .cs = cs };
+
+	if (cs->index >= t->layout.nshards)
+		return one->restore_shard(srv, file, t, cs);	/* (it says what is wrong) */
+	call_on(inst_of(srv, rps__shard_server(&t->layout, cs->index)), do_restore_shard, &a);
+	return a.ret;
+}
+
+static struct rps__dp_ops group_ops;
+static pthread_once_t group_ops_once = PTHREAD_ONCE_INIT;
+
+static void group_ops_init(void)
+{
+	{
+		one = rps__dataplane_ops();
+		group_ops = *one;	/* the first instance's own: its connections, memory, port */
+		group_ops.set_member_id = g_set_member_id;
+		group_ops.set_lease = g_set_lease;
+		group_ops.set_map = g_set_map;
+		group_ops.stats = g_stats;
+		group_ops.repl_peer = g_repl_peer;
+		group_ops.part_set = g_part_set;
+		group_ops.part_create = g_part_create;
+		group_ops.part_promote = g_part_promote;
+		group_ops.part_publish = g_part_publish;
+		group_ops.part_refuse = g_part_refuse;
+		group_ops.part_fence = g_part_fence;
+		group_ops.part_unfence = g_part_unfence;
+		group_ops.part_serialize = g_part_serialize;
+		group_ops.part_forget_parked = g_part_forget_parked;
+		group_ops.part_install = g_part_install;
+		group_ops.part_drop = g_part_drop;
+		group_ops.repl_seq = g_repl_seq;
+		group_ops.part_repl_seq_set = g_part_repl_seq_set;
+		group_ops.part_install_backup = g_part_install_backup;
+		group_ops.part_diverged = g_part_diverged;
+		group_ops.part_digest = g_part_digest;
+		group_ops.rank_remove = g_rank_remove;
+		group_ops.hold_steps = g_hold_steps;
+		group_ops.hold_tensor = g_hold_tensor;
+		group_ops.hold_release = g_hold_release;
+		group_ops.hold_reached = g_hold_reached;
+		group_ops.drain = g_drain;
+		group_ops.take = g_take;
+		group_ops.restore_tensor = g_restore_tensor;
+		group_ops.restore_shard = g_restore_shard;
+	}
+}
+
+const struct rps__dp_ops *rps__dataplane_ops_group(void)
+{
+	pthread_once(&group_ops_once, group_ops_init);
+	return &group_ops;
+}
