@@ -183,7 +183,7 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	if (ret)
 		goto err;
 	cl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	cl->conns = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*cl->conns));
+	cl->conns = calloc(MAX_CONNS, sizeof(*cl->conns));
 	if (cl->wake_fd < 0 || !cl->conns) {
 		ret = rps__seterr(-ENOMEM, "out of memory or file descriptors");
 		goto err;
@@ -218,7 +218,7 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		cl->implicit_mr = NULL;
 		rps__clearerr();
 	}
-	ret = rps__cq_create(cl->fab, RPS__SMAP_MAX_MEMBERS * (MAX_SLOTS * 4 + NBOUNCE * 2 + CTRL_CREDITS * 2 + 32), &cl->cq);
+	ret = rps__cq_create(cl->fab, MAX_CONNS * (MAX_SLOTS * 4 + NBOUNCE * 2 + CTRL_CREDITS * 2 + 32), &cl->cq);
 	if (ret)
 		goto err;
 	ret = rps__alloc_reg(cl, RPS__MAP_BUF, RPS__ACCESS_LOCAL, &cl->mapbuf, &cl->mapbuf_mr);
@@ -657,7 +657,7 @@ RPS_EXPORT int rps_barrier(rps_client_t *cl)
 	rps__clearerr();
 	if (!cl)
 		return rps__seterr(-EINVAL, "rps_barrier: NULL client");
-	to = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*to));
+	to = calloc(MAX_CONNS, sizeof(*to));
 	if (!to)
 		return rps__seterr(-ENOMEM, "out of memory");
 	/* the lowest member id counts arrivals: every worker picks the same */
@@ -665,7 +665,8 @@ RPS_EXPORT int rps_barrier(rps_client_t *cl)
 		int i, best = -1;
 		pthread_mutex_lock(&cl->lock);
 		for (i = 0; i < cl->nservers; i++)
-			if (cl->conns[i].ep && (best < 0 || cl->conns[i].member_id < cl->conns[best].member_id))
+			if (cl->conns[i].ep && !cl->conns[i].thread &&
+			    (best < 0 || cl->conns[i].member_id < cl->conns[best].member_id))
 				best = i;
 		pthread_mutex_unlock(&cl->lock);
 		to[best < 0 ? 0 : best] = true;

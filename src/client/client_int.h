@@ -33,6 +33,9 @@
 #define NBOUNCE 4u		/* pull bounce buffers per server */
 #define TORN_RETRIES 8		/* torn reads before asking the server to wait */
 #define MAX_SLOTS 64u	/* we use at most this many of a server's slots */
+/* Connections at most: one per member and serving thread of it (rdmapsd
+ * --threads), as many as the completion queue is sized for. */
+#define MAX_CONNS 64u
 #define PROBE_MS 500	/* a connection waited on this long without a completion is probed */
 #define PROBE_LEN 64
 /* A probe unanswered this long: the connection is lost.  Verbs gives up
@@ -146,6 +149,7 @@ struct conn {
 	struct rps_client *cl;
 	int index;
 	uint64_t member_id;	/* the server's id in the shard map */
+	uint32_t thread;	/* which of its serving threads (its port + thread) */
 	struct rps__uri uri;
 	char name[300];
 	struct rps__ep *ep;
@@ -206,7 +210,7 @@ struct rps_client {
 	uint64_t pushes_chained;	/* rps__client_pushes_chained (atomic) */
 	uint64_t pushes_requeued;	/* ... and those of them requeued */
 	uint64_t zc_pushes, zc_pulls;	/* rps__client_zcopy (atomic) */
-	struct conn *conns;	/* RPS__SMAP_MAX_MEMBERS of them, nservers in use */
+	struct conn *conns;	/* MAX_CONNS of them, nservers in use */
 	int nservers;
 	struct rps__smap map;	/* the shard map as last read */
 	int map_from;		/* the connection that answered the last map read (-1: none) */
@@ -250,7 +254,7 @@ struct rps_tensor {
 	struct {
 		uint32_t id;	/* the tensor's id at that server */
 		bool known;
-	} *at;			/* per connection (RPS__SMAP_MAX_MEMBERS) */
+	} *at;			/* per connection (MAX_CONNS) */
 	struct {
 		int conn;	/* who serves the partition (-1: nobody we know) */
 		uint64_t addr;	/* its region of this tensor's shards */

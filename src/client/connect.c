@@ -274,68 +274,107 @@ static bool redial_wanted(const struct rps_client *cl, const struct conn *c)
 	return owns && (unbacked || rps__now_ns() - c->lost_ns >= FAILOVER_WAIT_MS * 1000000ull);
 }
 
-/* Connect to the members of the map we have no connection to.  A member
- * that cannot be reached (or has a bad address) is not an error here: its
- * connection is left dead with the reason and its address, so ops on its
- * shards fail naming it while the others work.  Only a member that
- * disagrees on the cluster's configuration fails the whole call. */
+/* The connection to serving thread `thread` of member m (its URI's port
+ * + thread): made if we have none, or made again if it was lost and is
+ * wanted.  A member that cannot be reached (or has a bad address) is not
+ * an error here: its connection is left dead with the reason and its
+ * address, so ops on its shards fail naming it while the others work.
+ * Only a server that disagrees on the cluster's configuration is.
+ * Returns that, or 0; *conn: its connection (-1: no room). */
+static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member *m, uint32_t thread, int *conn)
+{
+	struct rps__uri u;
+	int k, ret;
+
+	*conn = -1;
+	for (k = 0; k < cl->nservers; k++)
+		if (cl->conns[k].member_id == m->id && cl->conns[k].thread == thread && cl->conns[k].ep) {
+			*conn = k;
+			return 0;
+		}
+	for (k = 0; k < cl->nservers; k++)	/* a slot of a dead connection to it */
+		if (cl->conns[k].member_id == m->id && cl->conns[k].thread == thread)
+			break;
+	if (k == cl->nservers && cl->nservers == (int)MAX_CONNS)
+		return 0;
+	*conn = k;
+	if (k < cl->nservers && cl->conns[k].lost_ns && !redial_wanted(cl, &cl->conns[k]))
+		return 0;
+	if (k < cl->nservers)
+		rps__conn_free(&cl->conns[k]);
+	memset(&cl->conns[k], 0, sizeof(cl->conns[k]));
+	if (rps__uri_parse(m->uri, &u) || (uint32_t)u.port + thread > 65535) {
+		char esc[4 * RPS__SMAP_URI_MAX];
+		snprintf(cl->conns[k].name, sizeof(cl->conns[k].name), "member %llu at '%s'",
+			 (unsigned long long)m->id, rps__escape(m->uri, esc, sizeof(esc)));
+		ret = -EHOSTUNREACH;
+	} else {
+		u.port = (uint16_t)(u.port + thread);
+		ret = rps__conn_setup(cl, &cl->conns[k], &u, k);
+	}
+	if (ret) {
+		rps__conn_free(&cl->conns[k]);
+		cl->conns[k].cl = cl;
+		cl->conns[k].index = k;
+		cl->conns[k].dead = true;
+		/* to its ops: a server we had is gone (as before the
+		 * attempt); one we never reached refused or is unreachable */
+		cl->conns[k].err = k < cl->nservers ? -ECONNRESET : ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
+		cl->conns[k].lost_ns = k < cl->nservers ? rps__now_ns() : 0;
+		cl->conns[k].member_id = m->id;
+		cl->conns[k].thread = thread;
+		if (k == cl->nservers)
+			cl->nservers++;
+		return 0;
+	}
+	cl->conns[k].member_id = cl->conns[k].hello.member_id;
+	cl->conns[k].thread = thread;
+	if (k == cl->nservers)
+		cl->nservers++;
+	ret = 0;
+	if (cl->conns[k].hello.shard_elems != cl->shard_elems)
+		ret = rps__seterr(-EINVAL, "%s uses --shard-size %u but the cluster uses %u: give every rdmapsd the same",
+				  cl->conns[k].name, cl->conns[k].hello.shard_elems * 4, cl->shard_elems * 4);
+	else if (cl->conns[k].hello.thread_index != thread || cl->conns[k].hello.member_id != m->id)
+		ret = rps__seterr(-EINVAL, "%s is not serving thread %u of member %llu (it says thread %u of member %llu): "
+				  "is another server listening there?", cl->conns[k].name, thread,
+				  (unsigned long long)m->id, cl->conns[k].hello.thread_index,
+				  (unsigned long long)cl->conns[k].hello.member_id);
+	if (ret) {
+		cl->conns[k].dead = true;
+		cl->conns[k].err = -EINVAL;
+	}
+	return ret;
+}
+
+/* Connect to the members of the map we have no connection to, and to
+ * each serving thread of theirs (rdmapsd --threads: the first one's HELLO
+ * says how many).  Only a member that disagrees on the cluster's
+ * configuration fails the whole call. */
 int rps__connect_members(struct rps_client *cl)
 {
-	uint32_t i;
-	int k, ret = 0, first_err = 0;
+	uint32_t i, t, nthreads;
+	int first_err = 0, ret, k;
 
 	for (i = 0; i < cl->map.nmembers; i++) {
 		const struct rps__smap_member *m = &cl->map.members[i];
-		struct rps__uri u;
-		bool have = false;
-		for (k = 0; k < cl->nservers; k++)
-			if (cl->conns[k].member_id == m->id && cl->conns[k].ep)
-				have = true;
-		if (have)
+		ret = connect_endpoint(cl, m, 0, &k);
+		if (ret && !first_err)
+			first_err = ret;
+		if (ret || k < 0 || !cl->conns[k].ep)
 			continue;
-		for (k = 0; k < cl->nservers; k++)	/* a slot of a dead connection to it */
-			if (cl->conns[k].member_id == m->id)
-				break;
-		if (k == cl->nservers && cl->nservers == (int)RPS__SMAP_MAX_MEMBERS)
-			continue;
-		if (k < cl->nservers && cl->conns[k].lost_ns && !redial_wanted(cl, &cl->conns[k]))
-			continue;
-		if (k < cl->nservers)
-			rps__conn_free(&cl->conns[k]);
-		memset(&cl->conns[k], 0, sizeof(cl->conns[k]));
-		if (rps__uri_parse(m->uri, &u)) {
-			char esc[4 * RPS__SMAP_URI_MAX];
-			snprintf(cl->conns[k].name, sizeof(cl->conns[k].name), "member %llu at '%s'",
-				 (unsigned long long)m->id, rps__escape(m->uri, esc, sizeof(esc)));
-			ret = -EHOSTUNREACH;
-		} else {
-			ret = rps__conn_setup(cl, &cl->conns[k], &u, k);
-		}
-		if (ret) {
-			rps__conn_free(&cl->conns[k]);
-			cl->conns[k].cl = cl;
-			cl->conns[k].index = k;
-			cl->conns[k].dead = true;
-			/* to its ops: a server we had is gone (as before the
-			 * attempt); one we never reached refused or is unreachable */
-			cl->conns[k].err = k < cl->nservers ? -ECONNRESET : ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
-			cl->conns[k].lost_ns = k < cl->nservers ? rps__now_ns() : 0;
-			cl->conns[k].member_id = m->id;
-			if (k == cl->nservers)
-				cl->nservers++;
-			continue;
-		}
-		cl->conns[k].member_id = cl->conns[k].hello.member_id;
-		if (cl->conns[k].hello.shard_elems != cl->shard_elems) {
-			cl->conns[k].dead = true;
-			cl->conns[k].err = -EINVAL;
-			ret = rps__seterr(-EINVAL, "%s uses --shard-size %u but the cluster uses %u: give every rdmapsd the same",
-					  cl->conns[k].name, cl->conns[k].hello.shard_elems * 4, cl->shard_elems * 4);
-			if (!first_err)
+		nthreads = RPS__MAX(cl->conns[k].hello.nthreads, 1u);
+		for (t = 1; t < nthreads; t++) {
+			ret = connect_endpoint(cl, m, t, &k);
+			if (ret && !first_err)
 				first_err = ret;
+			if (k >= 0 && cl->conns[k].ep && RPS__MAX(cl->conns[k].hello.nthreads, 1u) != nthreads && !first_err) {
+				first_err = rps__seterr(-EINVAL, "%s says %u serving threads, its first port %u",
+							cl->conns[k].name, cl->conns[k].hello.nthreads, nthreads);
+				cl->conns[k].dead = true;
+				cl->conns[k].err = -EINVAL;
+			}
 		}
-		if (k == cl->nservers)
-			cl->nservers++;
 	}
 	if (!first_err)
 		rps__clearerr();
@@ -369,7 +408,7 @@ static void poll_release(struct rps_client *cl)
  * must not be asked before those that answer. */
 static bool map_ask_in_pass(const struct rps_client *cl, const struct conn *c, int pass)
 {
-	if (!c->ep || c->dead)
+	if (!c->ep || c->dead || c->thread)	/* (a serving thread past the first has no map) */
 		return false;
 	if (pass == 0)
 		return c->index == cl->map_from && !c->probing;

@@ -66,9 +66,9 @@ static int spec_from_opts(const char *name, const struct rps_tensor_opts *o, int
 static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const struct rps__create *msg,
 			  bool *to, struct rps__create_rep *reps, int32_t *rstatus, bool tolerate)
 {
-	struct rps__create_rep *page = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*page));
-	int32_t *pst = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*pst));
-	bool *one = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*one));
+	struct rps__create_rep *page = calloc(MAX_CONNS, sizeof(*page));
+	int32_t *pst = calloc(MAX_CONNS, sizeof(*pst));
+	bool *one = calloc(MAX_CONNS, sizeof(*one));
 	struct rps__create m = *msg;
 	uint32_t p, k;
 	int i, ret;
@@ -78,6 +78,22 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 		goto out;
 	}
 	ret = rps__ctrl_call(cl, RPS__MSG_CREATE, msg, sizeof(*msg), to, sizeof(*reps), reps, rstatus);
+	if (ret && !tolerate && (msg->flags & RPS__CREATE_OPEN_ONLY)) {
+		/* a server that does not know the tensor holds none of it (a
+		 * member restarted since, or a serving thread no shard of it
+		 * reached): an open needs one that knows it and no other error */
+		bool known = false, other = false;
+		for (i = 0; i < cl->nservers; i++) {
+			if (!to[i])
+				continue;
+			known |= rstatus[i] == 0;
+			other |= rstatus[i] != 0 && rstatus[i] != -ENOENT;
+		}
+		if (known && !other) {
+			ret = 0;
+			rps__clearerr();
+		}
+	}
 	if (ret && !tolerate)
 		goto out;
 	ret = 0;
@@ -116,7 +132,7 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 			pthread_mutex_unlock(&cl->lock);
 			if (rp->first + rp->nregions >= rp->total || !rp->nregions)
 				break;
-			memset(one, 0, RPS__SMAP_MAX_MEMBERS * sizeof(*one));
+			memset(one, 0, MAX_CONNS * sizeof(*one));
 			one[i] = true;
 			m.first = rp->first + rp->nregions;
 			ret = rps__ctrl_call(cl, RPS__MSG_CREATE, &m, sizeof(m), one, sizeof(*page), page, pst);
@@ -149,7 +165,7 @@ out:
 
 static bool *live_conns(struct rps_client *cl)
 {
-	bool *to = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*to));
+	bool *to = calloc(MAX_CONNS, sizeof(*to));
 	int i;
 
 	if (!to)
@@ -164,8 +180,8 @@ static bool *live_conns(struct rps_client *cl)
 /* After a stale epoch: where does the tensor live now? */
 int rps__tensor_refresh(struct rps_client *cl, struct rps_tensor *t)
 {
-	struct rps__create_rep *reps = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*reps));
-	int32_t *rstatus = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*rstatus));
+	struct rps__create_rep *reps = calloc(MAX_CONNS, sizeof(*reps));
+	int32_t *rstatus = calloc(MAX_CONNS, sizeof(*rstatus));
 	bool *to = live_conns(cl);
 	struct rps__create msg;
 	int ret;
@@ -194,7 +210,7 @@ static int tensor_new(struct rps_client *cl, const char *name, const struct rps_
 	int ret;
 
 	t = calloc(1, sizeof(*t));
-	if (!t || !(t->at = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*t->at))) ||
+	if (!t || !(t->at = calloc(MAX_CONNS, sizeof(*t->at))) ||
 	    !(t->part = calloc(cl->map.npart, sizeof(*t->part)))) {
 		ret = rps__seterr(-ENOMEM, "out of memory");
 		goto err;
@@ -251,7 +267,7 @@ static int tensor_locate(struct rps_client *cl, struct rps_tensor *t, const char
 	}
 	*first = -1;
 	for (i = 0; i < cl->nservers; i++) {
-		if (!to[i])
+		if (!to[i] || rstatus[i])	/* (an open: one that does not know it, tensor_regions) */
 			continue;
 		if (*first < 0)
 			*first = i;
@@ -341,9 +357,9 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 	struct rps_tensor *t = NULL;
 	int i, first, ret;
 
-	reps = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*reps));
-	rstatus = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*rstatus));
-	to = calloc(RPS__SMAP_MAX_MEMBERS, sizeof(*to));
+	reps = calloc(MAX_CONNS, sizeof(*reps));
+	rstatus = calloc(MAX_CONNS, sizeof(*rstatus));
+	to = calloc(MAX_CONNS, sizeof(*to));
 	if (!reps || !rstatus || !to) {
 		ret = rps__seterr(-ENOMEM, "out of memory");
 		goto out;
