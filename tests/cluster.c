@@ -97,6 +97,41 @@ static uint16_t free_port(const char *addr)
 	return port;
 }
 
+/* rdmapsd --threads from RPS_IT_THREADS (the suite runs with 1 and 2):
+ * server k of a thread listens on the port + k */
+unsigned it_threads(void)
+{
+	const char *e = getenv("RPS_IT_THREADS");
+	unsigned n = e ? (unsigned)atoi(e) : 1;
+
+	return n >= 1 && n <= 16 ? n : 1;
+}
+
+/* A port that is free right now with the n - 1 after it (serving threads). */
+static uint16_t free_ports(const char *addr, unsigned n)
+{
+	unsigned k, tries;
+
+	for (tries = 0; tries < 64; tries++) {
+		uint16_t p = free_port(addr);
+		bool ok = p && (uint32_t)p + n - 1 <= 65535;
+		for (k = 1; ok && k < n; k++) {
+			struct sockaddr_in sin;
+			int fd = socket(AF_INET, SOCK_STREAM, 0);
+			memset(&sin, 0, sizeof(sin));
+			sin.sin_family = AF_INET;
+			sin.sin_port = htons((uint16_t)(p + k));
+			inet_pton(AF_INET, addr, &sin.sin_addr);
+			ok = fd >= 0 && bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0;
+			if (fd >= 0)
+				close(fd);
+		}
+		if (ok)
+			return p;
+	}
+	return 0;
+}
+
 void it_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
@@ -171,8 +206,9 @@ static void server_cmd(struct it_cluster *cl, int i, const char *args, const str
 
 	if (o && o->data_dir)
 		snprintf(data, sizeof(data), " --data-dir %s/data.%d", cl->dir, i);
-	snprintf(cmd, sizeof(cmd), "exec %s --listen %s %s --port-file %s/port.%d --log-level %s%s %s",
-		 rdmapsd_path(), cl->uri[i], args, cl->dir, i, log_level(), data,
+	snprintf(cmd, sizeof(cmd), "exec %s --listen %s --threads %u %s --port-file %s/port.%d --log-level %s%s %s",
+		 rdmapsd_path(), cl->uri[i], o && o->threads ? o->threads : it_threads(), args, cl->dir, i,
+		 log_level(), data,
 		 o && o->extra_args ? o->extra_args : "");
 	memcpy(cl->cmd[i], cmd, sizeof(cmd));
 	snprintf(cl->env[i], sizeof(cl->env[i]), "%s", o && o->env ? o->env : "");
@@ -223,7 +259,7 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 	if (!mkdtemp(cl->dir))
 		return -errno;
 	for (i = 0; i < n; i++) {
-		cl->port[i] = free_port(cl->addr);
+		cl->port[i] = free_ports(cl->addr, o && o->threads ? o->threads : it_threads());
 		snprintf(cl->uri[i], sizeof(cl->uri[i]), "%s://%s:%u", cl->scheme, cl->addr, cl->port[i]);
 		k = (int)strlen(cl->servers);
 		snprintf(cl->servers + k, sizeof(cl->servers) - (size_t)k, "%s%s", i ? "," : "", cl->uri[i]);
@@ -255,7 +291,7 @@ int it_server_join(struct it_cluster *cl, uint64_t id, const struct it_server_op
 
 	if (i >= IT_MAX_SERVERS)
 		return -ENOSPC;
-	cl->port[i] = free_port(cl->addr);
+	cl->port[i] = free_ports(cl->addr, o && o->threads ? o->threads : it_threads());
 	snprintf(cl->uri[i], sizeof(cl->uri[i]), "%s://%s:%u", cl->scheme, cl->addr, cl->port[i]);
 	snprintf(args, sizeof(args), "--join %llu --cluster %s", (unsigned long long)id, cl->servers);
 	server_cmd(cl, i, args, o);

@@ -34,6 +34,7 @@ struct it_server_opts {
 	const char *extra_args;	/* more rdmapsd arguments, or NULL */
 	const char *env;	/* "NAME=value" to put in the servers' environment, or NULL */
 	int data_dir;		/* 1: --data-dir DIR/data.<i> (kept across restarts) */
+	unsigned threads;	/* rdmapsd --threads (0: $RPS_IT_THREADS, or 1) */
 };
 
 /* Start n servers with extra rdmapsd arguments (may be NULL). 0 or -errno.
@@ -110,6 +111,8 @@ int it_write_all(int fd, const void *buf, size_t len);
  * The programs whose tests each start a cluster of their own (it_failover,
  * it_isolate, it_replica, it_seed) share their main() and per-test set-up. */
 
+/* rdmapsd --threads of the servers started (RPS_IT_THREADS, default 1) */
+unsigned it_threads(void);
 void it_sleep_ms(int ms);
 /* CLOCK_MONOTONIC, in seconds. */
 double it_now_s(void);

@@ -2488,11 +2488,24 @@ static void test_hold_keeps_lock_until_lease(void)
 	float v[16];
 
 	CU_ASSERT_FATAL(cluster_up);
-	/* a one-shard async tensor whose shard is served where we are connected */
+	/* a one-shard async tensor whose shard is served where we are
+	 * connected (rdmapsd --threads: by the port of its partition's
+	 * serving thread) */
 	for (k = 0; k < 64 && !lockaddr; k++) {
+		uint32_t nthreads, th;
+		struct rps__layout l0;
 		srv = k % NSERVERS;
 		CU_ASSERT_EQUAL_FATAL(raw_connect_to(&p, cluster.port[srv], &good, NULL, NULL), 0);
 		CU_ASSERT_EQUAL_FATAL(raw_hello(&p, 1, &hr), 0);
+		nthreads = hr.nthreads ? hr.nthreads : 1;
+		snprintf(c.name, sizeof(c.name), "held-%d", k / NSERVERS);
+		rps__layout_init(&l0, c.name, 16, hr.shard_elems, 64);
+		th = rps__shard_server(&l0, 0) % nthreads;
+		if (th) {
+			raw_close(&p);
+			CU_ASSERT_EQUAL_FATAL(raw_connect_to(&p, (uint16_t)(cluster.port[srv] + th), &good, NULL, NULL), 0);
+			CU_ASSERT_EQUAL_FATAL(raw_hello(&p, 1, &hr), 0);
+		}
 		memset(&c, 0, sizeof(c));
 		snprintf(c.name, sizeof(c.name), "held-%d", k / NSERVERS);
 		c.spec.count = 16;
@@ -2519,6 +2532,25 @@ static void test_hold_keeps_lock_until_lease(void)
 			raw_close(&p);
 	}
 	CU_ASSERT_FATAL(lockaddr != 0);
+	/* the library opens it on every serving thread, as it creates them */
+	if (hr.nthreads > 1) {
+		struct raw_peer q;
+		uint32_t th;
+		int sv;
+		for (sv = 0; sv < NSERVERS; sv++)
+			for (th = 0; th < hr.nthreads; th++) {
+				struct rps__msg_hdr qh;
+				struct rps__hello_rep qr;
+				struct rps__create_rep qc;
+				CU_ASSERT_EQUAL_FATAL(raw_connect_to(&q, (uint16_t)(cluster.port[sv] + th), &good, NULL, NULL), 0);
+				CU_ASSERT_EQUAL_FATAL(raw_hello(&q, 1, &qr), 0);
+				len = rps__msg_build(msg, RPS__MSG_CREATE, 2, 0, &c, sizeof(c));
+				CU_ASSERT_EQUAL_FATAL(raw_send(&q, msg, len), 0);
+				CU_ASSERT_EQUAL_FATAL(raw_recv(&q, &qh, &qc, sizeof(qc)), 0);
+				CU_ASSERT_EQUAL(qh.status, 0);
+				raw_close(&q);
+			}
+	}
 	memset(&d.magic, 0, offsetof(struct rps__push_desc, epoch));
 	d.magic = RPS__DESC_MAGIC;
 	d.kind = RPS__PUSH_GRAD;
@@ -2842,6 +2874,134 @@ static int raw_admin(struct it_cluster *cl, struct raw_peer *p, uint32_t sq_dept
 			    reply_len, &p->ep);
 }
 
+/* A worker of the library on a server with serving threads: every mode's
+ * values exact over the threads' partitions (async: 3 pushes of ones;
+ * sync, 1 rank: 3 steps; bf16 too), results[i] 0 when right. */
+static int threads_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	static const enum rps_mode modes[3] = { RPS_MODE_ASYNC, RPS_MODE_SYNC, RPS_MODE_BOUNDED };
+	const uint32_t n = 64 * 16384;	/* a 64K shard in each of the 64 partitions */
+	float *g = malloc(n * 4), *v = malloc(n * 4);
+	int results[3] = { -1, -1, -1 }, m, k, ret;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint64_t version;
+
+	(void)arg;
+	(void)nworkers;
+	if (!g || !v)
+		return fail("malloc", -ENOMEM);
+	if ((ret = connect_worker(servers, rank, 1, &cl)))
+		return fail("connect", ret);
+	for (uint32_t i = 0; i < n; i++)
+		g[i] = (float)(i % 7) - 3.0f;
+	for (m = 0; m < 3; m++) {
+		char name[32];
+		snprintf(name, sizeof(name), "threads-%d", m);
+		rps_tensor_opts_init(&o);
+		o.mode = modes[m];
+		o.count = n;
+		if ((ret = rps_tensor_create(cl, name, &o, &t)))
+			return fail("create", ret);
+		for (k = 0; k < 3; k++)
+			if ((ret = rps_push(t, g, n * 4)))
+				return fail("push", ret);
+		if ((ret = rps_pull(t, v, n * 4, &version)))
+			return fail("pull", ret);
+		results[m] = version != 3;
+		for (uint32_t i = 0; i < n; i++)
+			results[m] += v[i] != 3.0f * g[i];
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	free(g);
+	free(v);
+	it_write_all(out_fd, results, sizeof(results));
+	return 0;
+}
+
+/* rdmapsd --threads 3: the first port's HELLO names 3 serving threads;
+ * thread k's port (+k) answers as thread k with no map (64 readable bytes
+ * for probes), refuses psctl and peers, and holds only the partitions p
+ * with p % 3 == k; a worker of the library gets exact values in every mode
+ * over all three, and psctl reaches the server on its first port. */
+static void test_serving_threads(void)
+{
+	struct rps__conn_priv good = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct rps__conn_priv admin = good, peer = good;
+	struct it_server_opts so = { .extra_args = "--shard-size 64K --slots 4", .threads = 3 };
+	struct it_cluster three;
+	struct it_workers w;
+	struct raw_peer p;
+	struct rps__hello_rep hr;
+	struct rps__create c;
+	struct rps__create_rep cr;
+	struct rps__msg_hdr mh;
+	struct rps__layout l;
+	char msg[RPS__MSG_MAX], reply[256], out[4096];
+	int results[3] = { -1, -1, -1 };
+	uint32_t k, r, part, want;
+	size_t len, reply_len;
+
+	if (strcmp(cluster.scheme, "tcp"))
+		return;	/* (over verbs the suites run with RPS_IT_THREADS=2) */
+	admin.role = RPS__ROLE_ADMIN;
+	peer.role = RPS__ROLE_PEER;
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&three, 1, &so), 0);
+	for (k = 0; k < 3; k++) {
+		CU_ASSERT_EQUAL_FATAL(raw_connect_to(&p, (uint16_t)(three.port[0] + k), &good, NULL, NULL), 0);
+		CU_ASSERT_EQUAL_FATAL(raw_hello(&p, 1, &hr), 0);
+		CU_ASSERT_EQUAL(hr.nthreads, 3u);
+		CU_ASSERT_EQUAL(hr.thread_index, k);
+		CU_ASSERT_EQUAL(hr.map_len, k ? RPS__PROBE_AREA : RPS__MAP_BUF);
+		/* a tensor with a shard in every partition: this port has its own */
+		memset(&c, 0, sizeof(c));
+		snprintf(c.name, sizeof(c.name), "threads-raw");
+		c.spec.count = 64 * 16384;
+		c.spec.dtype = RPS_DTYPE_F32;
+		c.spec.mode = RPS_MODE_ASYNC;
+		c.spec.optimizer = RPS_OPT_SUM;
+		c.spec.rescale = 1.0f;
+		c.spec.num_workers = 1;
+		len = rps__msg_build(msg, RPS__MSG_CREATE, 2, 0, &c, sizeof(c));
+		CU_ASSERT_EQUAL_FATAL(raw_send(&p, msg, len), 0);
+		CU_ASSERT_EQUAL_FATAL(raw_recv(&p, &mh, &cr, sizeof(cr)), 0);
+		CU_ASSERT_EQUAL_FATAL(mh.status, 0);
+		CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, c.name, c.spec.count, hr.shard_elems, 64), 0);
+		for (part = 0, want = 0; part < 64; part++)
+			want += part % 3 == k && rps__part_nshards(&l, part);
+		CU_ASSERT_EQUAL(cr.total, want);
+		for (r = 0; r < cr.nregions; r++)
+			CU_ASSERT_EQUAL(cr.regions[r].part % 3, k);
+		raw_close(&p);
+		if (!k)
+			continue;
+		/* psctl and peers: the first port only */
+		memset(reply, 0, sizeof(reply));
+		reply_len = sizeof(reply) - 1;
+		CU_ASSERT_EQUAL(raw_connect_to(&p, (uint16_t)(three.port[0] + k), &admin, reply, &reply_len),
+				-ECONNREFUSED);
+		CU_ASSERT(strstr(reply, "first port") != NULL);
+		raw_close(&p);
+		memset(reply, 0, sizeof(reply));
+		reply_len = sizeof(reply) - 1;
+		CU_ASSERT_EQUAL(raw_connect_to(&p, (uint16_t)(three.port[0] + k), &peer, reply, &reply_len),
+				-ECONNREFUSED);
+		CU_ASSERT(strstr(reply, "first port") != NULL);
+		raw_close(&p);
+	}
+	CU_ASSERT_EQUAL(it_workers_start(&w, 1, threads_worker, three.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, results, sizeof(results)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_EQUAL(results[0], 0);
+	CU_ASSERT_EQUAL(results[1], 0);
+	CU_ASSERT_EQUAL(results[2], 0);
+	CU_ASSERT_EQUAL(it_psctl(&three, 10000, out, sizeof(out), NULL, 0, "status"), 0);
+	CU_ASSERT(strstr(out, "threads-0") != NULL || strstr(out, "member") != NULL);
+	CU_ASSERT_EQUAL(it_cluster_stop(&three), 0);
+}
+
 static long vm_rss_kib(pid_t pid)
 {
 	char path[64], line[256];
@@ -2983,7 +3143,7 @@ static void test_timeout_names_shard(void)
 	struct it_member st;
 	rps_client_t *cl;
 	rps_tensor_t *t;
-	char name[32];
+	char name[32], uri[sizeof(cluster.uri[0])];
 	uint32_t shard;
 	int victim = -1;
 	bool verbs = !strcmp(cluster.scheme, "verbs");
@@ -3008,6 +3168,9 @@ static void test_timeout_names_shard(void)
 				break;
 	}
 	CU_ASSERT_FATAL(shard > 0 && shard < l.nshards);
+	/* (with serving threads: the port of the shard's partition's) */
+	snprintf(uri, sizeof(uri), "%s://%s:%u", cluster.scheme, cluster.addr,
+		 cluster.port[victim] + rps__shard_server(&l, shard) % it_threads());
 
 	rps_client_opts_init(&co);
 	co.servers = cluster.servers;
@@ -3019,11 +3182,11 @@ static void test_timeout_names_shard(void)
 	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, name, &o, &t), 0);
 	CU_ASSERT_EQUAL_FATAL(kill(cluster.pid[victim], SIGSTOP), 0);
 	t0 = it_now_s();
-	check_timed_out(rps_push(t, buf, sizeof(buf)), shard, cluster.uri[victim], "pushed, no acknowledgement");
+	check_timed_out(rps_push(t, buf, sizeof(buf)), shard, uri, "pushed, no acknowledgement");
 	if (verbs) {
 		CU_ASSERT_EQUAL(rps_pull(t, buf, sizeof(buf), NULL), 0);
 	} else {
-		check_timed_out(rps_pull(t, buf, sizeof(buf), NULL), shard, cluster.uri[victim], "reading");
+		check_timed_out(rps_pull(t, buf, sizeof(buf), NULL), shard, uri, "reading");
 	}
 	took = it_now_s() - t0;
 	CU_ASSERT_EQUAL(kill(cluster.pid[victim], SIGCONT), 0);
@@ -3226,6 +3389,7 @@ int main(void)
 		{ "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock },
 		{ "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders },
 		{ "--memory-limit refuses what does not fit", test_memory_limit },
+		{ "--threads 3: each port serves its share of the partitions, exact in every mode", test_serving_threads },
 		{ "barrier: the first arrival fixes its size, a mismatch is refused", test_barrier_size_fixed_by_first_arrival },
 		/* (before the tests whose checks open a client in this process:
 		 * over verbs a worker forked after that cannot open the device) */
