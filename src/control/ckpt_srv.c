@@ -322,6 +322,7 @@ static void on_prepare(struct rps__cplane *cp, struct conn *c, uint64_t req_id, 
 	n = cp->dp->hold_steps(cp->srv, &mine);
 	if (n * sizeof(*mine) + sizeof(rep) + sizeof(struct rps__msg_hdr) > cp->dp->conn_msg_max(c)) {
 		free(mine);
+		cp->dp->hold_release(cp->srv);	/* (serving threads hold as they answer) */
 		reply(cp, c, req_id, -E2BIG, NULL, NULL, 0, "too many sync tensors for one reply");
 		return;
 	}

@@ -202,7 +202,9 @@ struct rps__dp_ops {
 	int (*rank_remove)(struct rps__server *srv, const char *name, int rank);
 
 	/* ---- checkpoints */
-	/* the highest step of each sync tensor served here (malloc'ed) */
+	/* the highest step of each sync tensor served here (malloc'ed); with
+	 * serving threads (threads.c) each thread is held at its own at once,
+	 * so none moves past what it answered before hold_tensor */
 	uint32_t (*hold_steps)(struct rps__server *srv, struct rps__ckpt_target **out);
 	/* apply no step of this sync tensor past step */
 	void (*hold_tensor)(struct rps__server *srv, const char *name, uint64_t step);

@@ -642,6 +642,10 @@ static void do_hold_steps(struct rps__server *s, void *a)
 		x->ret = -ENOMEM;
 		return;
 	}
+	/* held at once where they are: this thread goes on while the control
+	 * plane asks the others, and PREPARE holds at the highest of all */
+	for (i = 0; i < n; i++)
+		one->hold_tensor(s, t[i].name, t[i].step);
 	for (i = 0; i < n; i++) {
 		for (j = 0; j < x->ntargets && strcmp(x->targets[j].name, t[i].name); j++)
 			;
