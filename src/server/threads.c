@@ -267,7 +267,7 @@ static int group_create_once(const struct rps__server_config *cfg, struct rps__s
 		group[k]->nthreads = cfg->nthreads;
 		group[k]->thread_index = k;
 		group[k]->first = group[0];
-		if (k && (ret = mbox_init(group[k]) ?: probe_area(group[k]))) {
+		if (k && ((ret = mbox_init(group[k])) || (ret = probe_area(group[k])))) {
 			mbox_fini(group[k]);
 			rps__server_destroy(group[k]);
 			goto err;
@@ -394,9 +394,11 @@ static void do_repl_peer(struct rps__server *s, void *a)
 	struct args *x = a;
 	struct rps__uri u;
 	char uri[RPS__SMAP_URI_MAX];
+	int r;
 
 	if (!x->name || !s->thread_index) {
-		x->ret = one->repl_peer(s, x->u64, x->name) ?: x->ret;
+		r = one->repl_peer(s, x->u64, x->name);
+		x->ret = r ? r : x->ret;
 		return;
 	}
 	if (rps__uri_parse(x->name, &u) || (uint32_t)u.port + s->thread_index > 65535) {
@@ -406,7 +408,8 @@ static void do_repl_peer(struct rps__server *s, void *a)
 	}
 	u.port = (uint16_t)(u.port + s->thread_index);
 	rps__uri_str(&u, uri, sizeof(uri));
-	x->ret = one->repl_peer(s, x->u64, uri) ?: x->ret;
+	r = one->repl_peer(s, x->u64, uri);
+	x->ret = r ? r : x->ret;
 }
 static int g_repl_peer(struct rps__server *srv, uint64_t id, const char *uri)
 {
