@@ -107,14 +107,20 @@ unsigned it_threads(void)
 	return n >= 1 && n <= 16 ? n : 1;
 }
 
-/* A port that is free right now with the n - 1 after it (serving threads). */
-static uint16_t free_ports(const char *addr, unsigned n)
+/* A port that is free right now with the n - 1 after it (serving
+ * threads), and none of them a port the cluster's first `upto` servers
+ * got (the kernel may hand the same ephemeral port out twice in a row:
+ * two servers of one cluster once got one port). */
+static uint16_t free_ports(const struct it_cluster *cl, int upto, unsigned n)
 {
+	const char *addr = cl->addr;
 	unsigned k, tries;
 
 	for (tries = 0; tries < 64; tries++) {
 		uint16_t p = free_port(addr);
 		bool ok = p && (uint32_t)p + n - 1 <= 65535;
+		for (int j = 0; ok && j < upto; j++)
+			ok = (uint32_t)p + n <= cl->port[j] || p >= (uint32_t)cl->port[j] + n;
 		for (k = 1; ok && k < n; k++) {
 			struct sockaddr_in sin;
 			int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -259,7 +265,7 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 	if (!mkdtemp(cl->dir))
 		return -errno;
 	for (i = 0; i < n; i++) {
-		cl->port[i] = free_ports(cl->addr, o && o->threads ? o->threads : it_threads());
+		cl->port[i] = free_ports(cl, i, o && o->threads ? o->threads : it_threads());
 		snprintf(cl->uri[i], sizeof(cl->uri[i]), "%s://%s:%u", cl->scheme, cl->addr, cl->port[i]);
 		k = (int)strlen(cl->servers);
 		snprintf(cl->servers + k, sizeof(cl->servers) - (size_t)k, "%s%s", i ? "," : "", cl->uri[i]);
@@ -291,7 +297,7 @@ int it_server_join(struct it_cluster *cl, uint64_t id, const struct it_server_op
 
 	if (i >= IT_MAX_SERVERS)
 		return -ENOSPC;
-	cl->port[i] = free_ports(cl->addr, o && o->threads ? o->threads : it_threads());
+	cl->port[i] = free_ports(cl, i, o && o->threads ? o->threads : it_threads());
 	snprintf(cl->uri[i], sizeof(cl->uri[i]), "%s://%s:%u", cl->scheme, cl->addr, cl->port[i]);
 	snprintf(args, sizeof(args), "--join %llu --cluster %s", (unsigned long long)id, cl->servers);
 	server_cmd(cl, i, args, o);
