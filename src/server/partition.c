@@ -739,15 +739,8 @@ static int install_parked(struct rps__server *srv, struct rbuf *b, bool backup)
 		return MALFORMED;
 	if (backup)
 		return 0;
-	if (srv->nparked == srv->parked_cap) {
-		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
-		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
-		if (!grown)
-			return rps__seterr(-ENOMEM, "out of memory");
-		srv->parked = grown;
-		srv->parked_cap = cap;
-	}
-	pk = memset(&srv->parked[srv->nparked], 0, sizeof(*pk));
+	if (rps__srv_parked_slot(srv, &pk))
+		return rps__seterr(-ENOMEM, "out of memory");
 	pk->data = malloc(nbytes ? nbytes : 1);
 	if (!pk->data)
 		return rps__seterr(-ENOMEM, "out of memory");

@@ -595,7 +595,7 @@ void rps__srv_drain_held(struct rps__server *srv)
 	}
 }
 
-static int parked_slot(struct rps__server *srv, struct parked **out)
+int rps__srv_parked_slot(struct rps__server *srv, struct parked **out)
 {
 	if (srv->nparked == srv->parked_cap) {
 		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
@@ -626,7 +626,7 @@ static int take_early(struct rps__server *srv, struct conn *c, uint32_t slot, st
 
 	if (rps__srv_repl_part(srv, s->part) || !s->ready || s->nsummed || s->early_rank >= 0 ||
 	    d->clock != s->step || d->clock >= t->hold_limit || d->rank <= s->next_rank ||
-	    d->rank != next_turn(srv, t, d->shard, s->next_rank + 1) || parked_slot(srv, &p))
+	    d->rank != next_turn(srv, t, d->shard, s->next_rank + 1) || rps__srv_parked_slot(srv, &p))
 		return -EAGAIN;
 	rps__agg_copy(s->acc, (const char *)d + RPS__PUSH_DESC_SIZE, t->spec.dtype, s->elems);
 	s->early_rank = d->rank;
@@ -666,7 +666,7 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	if (rps__srv_repl_part(srv, t->shards[d->shard].part) && d->clock == t->shards[d->shard].step &&
 	    d->rank == t->shards[d->shard].next_rank)
 		return -ENOSPC;
-	if (parked_slot(srv, &p))
+	if (rps__srv_parked_slot(srv, &p))
 		return -ENOSPC;
 	p->data = rps__srv_park_buf_get(srv, d->nbytes, &p->cap);
 	if (!p->data)

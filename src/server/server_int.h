@@ -392,6 +392,9 @@ bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, 
 /* A parked entry's gradient is gone (taken, shipped, dropped): its buffer
  * back to the pool (or freed), its bytes off the budget. */
 void rps__srv_parked_release(struct rps__server *srv, struct parked *p);
+/* The next entry of the parked list, zeroed (not counted in nparked
+ * until the caller fills it and counts it); -ENOMEM. */
+int rps__srv_parked_slot(struct rps__server *srv, struct parked **out);
 /* A buffer of at least nbytes for a parked push, charged to --memory-limit
  * (from the pool when one fits); NULL when the limit refuses it. */
 void *rps__srv_park_buf_get(struct rps__server *srv, size_t nbytes, size_t *cap);
