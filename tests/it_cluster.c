@@ -2257,6 +2257,18 @@ static int raw_hello(struct raw_peer *p, int n, struct rps__hello_rep *rep)
 	return 0;
 }
 
+/* Send CREATE c, take its reply: the reply's status, or -1000 if it did not come. */
+static int raw_create(struct raw_peer *p, const struct rps__create *c, struct rps__create_rep *rep)
+{
+	char msg[RPS__MSG_MAX];
+	struct rps__msg_hdr mh;
+	size_t len = rps__msg_build(msg, RPS__MSG_CREATE, 2, 0, c, sizeof(*c));
+
+	if (raw_send(p, msg, len) || raw_recv(p, &mh, rep, sizeof(*rep)))
+		return -1000;
+	return mh.status;
+}
+
 /* A CREATE, then a bare CREATE header with status -1: the second is a
  * malformed request (the connection is dropped), never answered from the
  * body the first left in the receive buffer (issue 10, item 14). */
@@ -2539,15 +2551,11 @@ static void test_hold_keeps_lock_until_lease(void)
 		int sv;
 		for (sv = 0; sv < NSERVERS; sv++)
 			for (th = 0; th < hr.nthreads; th++) {
-				struct rps__msg_hdr qh;
 				struct rps__hello_rep qr;
 				struct rps__create_rep qc;
 				CU_ASSERT_EQUAL_FATAL(raw_connect_to(&q, (uint16_t)(cluster.port[sv] + th), &good, NULL, NULL), 0);
 				CU_ASSERT_EQUAL_FATAL(raw_hello(&q, 1, &qr), 0);
-				len = rps__msg_build(msg, RPS__MSG_CREATE, 2, 0, &c, sizeof(c));
-				CU_ASSERT_EQUAL_FATAL(raw_send(&q, msg, len), 0);
-				CU_ASSERT_EQUAL_FATAL(raw_recv(&q, &qh, &qc, sizeof(qc)), 0);
-				CU_ASSERT_EQUAL(qh.status, 0);
+				CU_ASSERT_EQUAL(raw_create(&q, &c, &qc), 0);
 				raw_close(&q);
 			}
 	}
@@ -2937,12 +2945,11 @@ static void test_serving_threads(void)
 	struct rps__hello_rep hr;
 	struct rps__create c;
 	struct rps__create_rep cr;
-	struct rps__msg_hdr mh;
 	struct rps__layout l;
-	char msg[RPS__MSG_MAX], reply[256], out[4096];
+	char reply[256], out[4096];
 	int results[3] = { -1, -1, -1 };
 	uint32_t k, r, part, want;
-	size_t len, reply_len;
+	size_t reply_len;
 
 	if (strcmp(cluster.scheme, "tcp"))
 		return;	/* (over verbs the suites run with RPS_IT_THREADS=2) */
@@ -2964,10 +2971,7 @@ static void test_serving_threads(void)
 		c.spec.optimizer = RPS_OPT_SUM;
 		c.spec.rescale = 1.0f;
 		c.spec.num_workers = 1;
-		len = rps__msg_build(msg, RPS__MSG_CREATE, 2, 0, &c, sizeof(c));
-		CU_ASSERT_EQUAL_FATAL(raw_send(&p, msg, len), 0);
-		CU_ASSERT_EQUAL_FATAL(raw_recv(&p, &mh, &cr, sizeof(cr)), 0);
-		CU_ASSERT_EQUAL_FATAL(mh.status, 0);
+		CU_ASSERT_EQUAL_FATAL(raw_create(&p, &c, &cr), 0);
 		CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, c.name, c.spec.count, hr.shard_elems, 64), 0);
 		for (part = 0, want = 0; part < 64; part++)
 			want += part % 3 == k && rps__part_nshards(&l, part);
