@@ -205,16 +205,46 @@ static int wait_ready(struct it_cluster *cl, int i)
 	return 0;
 }
 
+static char ckpt_dir[256];
+static pid_t ckpt_dir_owner;
+
+static void ckpt_dir_remove(void)
+{
+	/* (forked workers that exit() run this too: not theirs to remove) */
+	if (ckpt_dir[0] && getpid() == ckpt_dir_owner)
+		rps__remove_tree(ckpt_dir);
+}
+
+const char *it_ckpt_dir(void)
+{
+	if (!ckpt_dir[0]) {
+		test_mkdtemp(ckpt_dir, sizeof(ckpt_dir), "rps-it-ckpt");
+		ckpt_dir_owner = getpid();
+		atexit(ckpt_dir_remove);
+	}
+	return ckpt_dir;
+}
+
+/* RPS_IT_NO_KEY=1: the suite without keys (beyond loopback too: insecure). */
+static bool no_key(void)
+{
+	const char *no = getenv("RPS_IT_NO_KEY");
+
+	return no && !strcmp(no, "1");
+}
+
 /* Server i's command line: what every server gets, then `args`. */
 static void server_cmd(struct it_cluster *cl, int i, const char *args, const struct it_server_opts *o)
 {
-	char data[400] = "", cmd[sizeof(cl->cmd[i])];
+	char data[400] = "", ckpt[300] = "", cmd[sizeof(cl->cmd[i])];
 
 	if (o && o->data_dir)
 		snprintf(data, sizeof(data), " --data-dir %s/data.%d", cl->dir, i);
-	snprintf(cmd, sizeof(cmd), "exec %s --listen %s --threads %u %s --port-file %s/port.%d --log-level %s%s %s",
+	if (!o || !o->no_ckpt_dir)
+		snprintf(ckpt, sizeof(ckpt), " --checkpoint-dir %s", it_ckpt_dir());
+	snprintf(cmd, sizeof(cmd), "exec %s --listen %s --threads %u %s --port-file %s/port.%d --log-level %s%s%s%s %s",
 		 rdmapsd_path(), cl->uri[i], o && o->threads ? o->threads : it_threads(), args, cl->dir, i,
-		 log_level(), data,
+		 log_level(), data, ckpt, no_key() ? " --insecure" : "",
 		 o && o->extra_args ? o->extra_args : "");
 	memcpy(cl->cmd[i], cmd, sizeof(cmd));
 	snprintf(cl->env[i], sizeof(cl->env[i]), "%s", o && o->env ? o->env : "");

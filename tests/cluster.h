@@ -35,7 +35,14 @@ struct it_server_opts {
 	const char *env;	/* "NAME=value" to put in the servers' environment, or NULL */
 	int data_dir;		/* 1: --data-dir DIR/data.<i> (kept across restarts) */
 	unsigned threads;	/* rdmapsd --threads (0: $RPS_IT_THREADS, or 1) */
+	int no_ckpt_dir;	/* 1: no --checkpoint-dir (checkpoints are refused) */
 };
+
+/* The --checkpoint-dir every server started here gets (unless
+ * no_ckpt_dir): one directory for the whole test program, so a checkpoint
+ * one cluster takes (psctl checkpoint NAME) restores into the next.  Made
+ * on first use, removed when the process that made it exits. */
+const char *it_ckpt_dir(void);
 
 /* Start n servers with extra rdmapsd arguments (may be NULL). 0 or -errno.
  * With $RPS_IT_ATTACH (a URI list of n servers already running elsewhere,

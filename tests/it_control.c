@@ -25,6 +25,11 @@
  *    one forced out (remove-server --force): what it held is refused
  *    (-ENODATA), never served as zeros, the rest stays exact, until a
  *    restore or forget-lost.
+ *  - checkpoints: taken during training and restored exactly onto fewer
+ *    and more servers; a request names a checkpoint under the servers'
+ *    --checkpoint-dir and whatever could leave it (absolute paths, "..",
+ *    links planted in it) is refused, as is every request to a server
+ *    without one.
  *
  * Workers never wait for the parent while it acts, so training runs through
  * every psctl command; the parent then stops them after a number of steps
@@ -1810,7 +1815,7 @@ static void test_teardown(void)
 
 static int copy_dir(const char *from, const char *to)
 {
-	char cmd[1024];
+	char cmd[2048];
 
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
 	return system(cmd);
@@ -1830,12 +1835,12 @@ static int damage(const char *dir, bool truncate_it)
 	return system(cmd);
 }
 
-/* A cluster of n servers, the checkpoint in dir restored into it, the
- * tensor pulled: every element want, version want_version. */
-static void restore_into(int n, const char *dir, const char *name, float want, uint64_t want_version)
+/* A cluster of n servers, the checkpoint ck restored into it, the tensor
+ * pulled: every element want, version want_version. */
+static void restore_into(int n, const char *ck, const char *name, float want, uint64_t want_version)
 {
 	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
-	char pout[4096] = "", perr[2048] = "";
+	char pout[4096] = "", perr[2048] = "", got[64] = "";
 	unsigned long long installed;
 	struct mstatus lead;
 	int rc;
@@ -1843,11 +1848,12 @@ static void restore_into(int n, const char *dir, const char *name, float want, u
 	CU_ASSERT_EQUAL_FATAL(start_n(&clu, n, &o), 0);
 	clu_up = true;
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
-	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "--json restore %s", dir);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "--json restore %s", ck);
 	if (rc)
 		fprintf(stderr, "psctl restore: %s%s", pout, perr);
 	CU_ASSERT_EQUAL(rc, 0);
 	CU_ASSERT(json_u64(pout, &installed, "shards"));
+	CU_ASSERT(json_str(pout, got, sizeof(got), "name") && !strcmp(got, ck));
 	check_tensor(clu.servers, name, want, want_version);
 	stop_all(&clu);
 }
@@ -1856,23 +1862,26 @@ static void test_checkpoint_restore(void)
 {
 	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
 	struct train_arg a = { .name = "ckpt-sync", .mode = RPS_MODE_SYNC, .check_every = 10 };
-	char pout[4096] = "", perr[2048] = "", dir[256], bad[300], name[64];
+	/* the checkpoint "sync", under every server's --checkpoint-dir; its
+	 * files are in dir here (the harness gives every server the same) */
+	char pout[4096] = "", perr[2048] = "", dir[512], bad[600], name[64];
 	unsigned long long v;
 	int k;
 	struct mstatus lead;
 	unsigned long long cut = 0;
 	int rc, steps;
 
-	snprintf(dir, sizeof(dir), "%s/it_control_ckpt.%d", test_tmpdir(), (int)getpid());
+	snprintf(dir, sizeof(dir), "%s/sync", it_ckpt_dir());
 	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
 	start_training(&clu, &trainers, &a, NULL);
 	wait_progress(&trainers, 30);
 	/* the checkpoint, taken while the workers train */
-	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "--json checkpoint %s", dir);
+	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "--json checkpoint sync");
 	if (rc)
 		fprintf(stderr, "psctl checkpoint: %s%s", pout, perr);
 	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	CU_ASSERT(json_str(pout, name, sizeof(name), "name") && !strcmp(name, "sync"));
 	for (k = 0; k < json_len(pout, "tensors"); k++)
 		if (json_str(pout, name, sizeof(name), "tensors[%d].name", k) && !strcmp(name, "ckpt-sync"))
 			break;
@@ -1890,11 +1899,12 @@ static void test_checkpoint_restore(void)
 	fprintf(stderr, "[cut at step %llu] ", cut);
 
 	/* the same step on every shard, onto fewer and onto more servers */
-	restore_into(2, dir, a.name, (float)cut * step_sum(&a), cut);
-	restore_into(4, dir, a.name, (float)cut * step_sum(&a), cut);
-	/* and by rdmapsd --restore at start-up */
+	restore_into(2, "sync", a.name, (float)cut * step_sum(&a), cut);
+	restore_into(4, "sync", a.name, (float)cut * step_sum(&a), cut);
+	/* and by rdmapsd --restore at start-up: the operator's command line
+	 * gives a path */
 	{
-		char args[512];
+		char args[1024];
 		struct it_server_opts ro = { .extra_args = args, .data_dir = 1 };
 		snprintf(args, sizeof(args), "%s --restore %s", FAST_ARGS, dir);
 		CU_ASSERT_EQUAL_FATAL(start_n(&clu, 3, &ro), 0);
@@ -1905,19 +1915,19 @@ static void test_checkpoint_restore(void)
 	}
 
 	/* a flipped byte and a cut-off end are refused, with the file named */
-	snprintf(bad, sizeof(bad), "%s.bad", dir);
+	snprintf(bad, sizeof(bad), "%s.bad", dir);	/* the checkpoint sync.bad */
 	CU_ASSERT_EQUAL_FATAL(copy_dir(dir, bad), 0);
 	CU_ASSERT_EQUAL_FATAL(damage(bad, false), 0);
 	CU_ASSERT_EQUAL_FATAL(start_n(&clu, 2, &o), 0);
 	clu_up = true;
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
-	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", bad);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore sync.bad");
 	CU_ASSERT_EQUAL(rc, 1);
 	CU_ASSERT(strstr(perr, ".rpsck") != NULL);
 	CU_ASSERT(one_line(perr));
 	CU_ASSERT_EQUAL_FATAL(copy_dir(dir, bad), 0);
 	CU_ASSERT_EQUAL_FATAL(damage(bad, true), 0);
-	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", bad);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore sync.bad");
 	CU_ASSERT_EQUAL(rc, 1);
 	CU_ASSERT(strstr(perr, ".rpsck") != NULL);
 	stop_all(&clu);
@@ -1927,14 +1937,14 @@ static void test_checkpoint_restore(void)
 		CU_ASSERT_EQUAL_FATAL(start_n(&clu, 2, &so), 0);
 		clu_up = true;
 		CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
-		rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", dir);
+		rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore sync");
 		CU_ASSERT_EQUAL(rc, 1);
 		CU_ASSERT(strstr(perr, "--shard-size") != NULL);
 		CU_ASSERT(one_line(perr));
 		stop_all(&clu);
 	}
 	{
-		char cmd[700];
+		char cmd[1300];
 		snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", dir, bad);
 		CU_ASSERT_EQUAL(system(cmd), 0);
 	}
@@ -2011,19 +2021,18 @@ static void test_checkpoint_adam_exact(void)
 {
 	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
 	float *want = malloc(COUNT * sizeof(float)), *got = malloc(COUNT * sizeof(float));
-	char pout[4096] = "", perr[2048] = "", dir[256], cmd[600];
+	char pout[4096] = "", perr[2048] = "", cmd[600];
 	uint64_t v1 = 0, v2 = 0;
 	struct mstatus lead;
 	int rc;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(want);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(got);
-	snprintf(dir, sizeof(dir), "%s/it_control_adam.%d", test_tmpdir(), (int)getpid());
 	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
 	adam_run(clu.servers, 0, 20, &v1, want);
 	CU_ASSERT_EQUAL(v1, 20u);
-	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "checkpoint %s", dir);
+	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "checkpoint runs/adam/step20");
 	if (rc)
 		fprintf(stderr, "psctl checkpoint: %s%s", pout, perr);
 	CU_ASSERT_EQUAL_FATAL(rc, 0);
@@ -2034,14 +2043,225 @@ static void test_checkpoint_adam_exact(void)
 	CU_ASSERT_EQUAL_FATAL(start_n(&clu, 2, &o), 0);
 	clu_up = true;
 	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
-	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", dir);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore runs/adam/step20");
 	CU_ASSERT_EQUAL_FATAL(rc, 0);
 	adam_run(clu.servers, 20, 30, &v2, got);
 	CU_ASSERT_EQUAL(v2, 30u);
 	CU_ASSERT_EQUAL(memcmp(want, got, COUNT * sizeof(float)), 0);
 	stop_all(&clu);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s/runs'", it_ckpt_dir());
 	CU_ASSERT_EQUAL(system(cmd), 0);
+	free(want);
+	free(got);
+}
+
+/* ---- checkpoints stay under --checkpoint-dir ------------------------------------- */
+
+/* One CKPT request (op, name) to a server, as a psctl would send it, in a
+ * child: the status and the reply's message line. */
+struct ckpt_raw_arg {
+	const char *uri;
+	uint32_t op;
+	const char *name;
+};
+
+static int ckpt_raw_child(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct ckpt_raw_arg *a = arg;
+	static char buf[RPS__BIG_MSG_MAX];
+	struct rps__ckpt_req req;
+	struct rps__ctl *ctl = NULL;
+	char msg[256] = "";
+	struct rps__uri u;
+	size_t len = 0;
+	int32_t status = 0;
+	int ret;
+
+	(void)rank;
+	(void)nworkers;
+	(void)servers;
+	memset(&req, 0, sizeof(req));
+	req.op = a->op;
+	req.timeout_ms = 1000;
+	snprintf(req.name, sizeof(req.name), "%s", a->name);
+	ret = rps__uri_parse(a->uri, &u);
+	if (!ret)
+		ret = rps__ctl_open(&u, 2000, &ctl);
+	if (!ret)
+		ret = rps__ctl_call(ctl, RPS__MSG_CKPT, &req, sizeof(req), buf, sizeof(buf), &len, &status, 5000);
+	if (!ret) {
+		ret = status;
+		if (len >= sizeof(struct rps__ckpt_rep))
+			memcpy(msg, ((struct rps__ckpt_rep *)(void *)buf)->msg, sizeof(msg) - 1);
+	}
+	rps__ctl_close(ctl);
+	it_write_all(out_fd, &ret, sizeof(ret));
+	it_write_all(out_fd, msg, sizeof(msg));
+	return 0;
+}
+
+/* What server i answers op of name: its status, the message in msg. */
+static int ckpt_raw(struct it_cluster *cl, int i, uint32_t op, const char *name, char *msg)
+{
+	struct ckpt_raw_arg a = { .uri = cl->uri[i], .op = op, .name = name };
+	struct it_workers w;
+	int ret = -EIO;
+
+	msg[0] = '\0';
+	if (it_workers_start(&w, 1, ckpt_raw_child, NULL, &a, -1, NULL))
+		return -ECHILD;
+	if (it_worker_read(&w, 0, &ret, sizeof(ret)) || it_worker_read(&w, 0, msg, 256))
+		ret = -EIO;
+	return it_worker_wait(&w, 0) ? -ECHILD : ret;
+}
+
+/* Entries in a directory (not . and ..), -1 if it cannot be read. */
+static int dir_entries(const char *path)
+{
+	char cmd[600];
+	FILE *f;
+	int n = -1;
+
+	snprintf(cmd, sizeof(cmd), "ls -A '%s' | wc -l", path);
+	f = popen(cmd, "r");
+	if (f && fscanf(f, "%d", &n) != 1)
+		n = -1;
+	if (f)
+		pclose(f);
+	return n;
+}
+
+/* psctl checkpoint/restore of name on the running cluster: refused with
+ * exit 1 and one line holding want. */
+static void psctl_refused(const char *cmd, const char *name, const char *want)
+{
+	char pout[4096] = "", perr[2048] = "";
+	int rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "%s %s", cmd, name);
+
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(one_line(perr));
+	if (!strstr(perr, want)) {
+		fprintf(stderr, "psctl %s %s said: %s(wanted '%s')\n", cmd, name, perr, want);
+		CU_FAIL("psctl's line does not say why");
+	}
+}
+
+/*
+ * A checkpoint request names a checkpoint, never a path: the servers write
+ * it only under their --checkpoint-dir, files 0600 and directories 0700,
+ * and restore it exactly.  Absolute paths, "..", empty names and components
+ * are refused (-EINVAL), a symbolic link planted under the directory is
+ * never followed (-ELOOP; nothing is written where it points), and a server
+ * without --checkpoint-dir refuses every request (-EPERM).  Each refusal is
+ * one psctl line, and the servers keep serving.
+ */
+static void test_checkpoint_confined(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS, .data_dir = 1 };
+	struct it_server_opts off = { .extra_args = FAST_ARGS, .data_dir = 1, .no_ckpt_dir = 1 };
+	static const char *const bad[] = { "", "/etc", "..", "a/../../x", "../x", "a//b", "a/", "./a", "a:b" };
+	float *want = malloc(COUNT * sizeof(float)), *got = malloc(COUNT * sizeof(float));
+	char pout[4096] = "", perr[2048] = "", path[1024], outside[256], msg[256];
+	const char *ck = it_ckpt_dir();
+	uint64_t v = 0;
+	struct stat sb;
+	struct mstatus lead;
+	size_t i;
+	int rc, m;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(want);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(got);
+	test_mkdtemp(outside, sizeof(outside), "it_control_outside");
+	CU_ASSERT_EQUAL_FATAL(start_n(&clu, 2, &o), 0);
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+	adam_run(clu.servers, 0, 5, &v, want);
+	CU_ASSERT_EQUAL(v, 5u);
+
+	/* a name: DIR/NAME/member-<id>.rpsck on every server, private */
+	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "checkpoint conf/a");
+	if (rc)
+		fprintf(stderr, "psctl checkpoint: %s%s", pout, perr);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	for (m = 1; m <= 2; m++) {
+		snprintf(path, sizeof(path), "%s/conf/a/member-%d.rpsck", ck, m);
+		CU_ASSERT_EQUAL_FATAL(lstat(path, &sb), 0);
+		CU_ASSERT(S_ISREG(sb.st_mode));
+		CU_ASSERT_EQUAL(sb.st_mode & 07777, 0600);
+	}
+	snprintf(path, sizeof(path), "%s/conf", ck);
+	CU_ASSERT(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0700);
+	snprintf(path, sizeof(path), "%s/conf/a", ck);
+	CU_ASSERT(stat(path, &sb) == 0 && (sb.st_mode & 07777) == 0700);
+
+	/* names that leave the directory: -EINVAL, before anything is held */
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		CU_ASSERT_EQUAL(ckpt_raw(&clu, 0, RPS__CKPT_PREPARE, bad[i], msg), -EINVAL);
+		CU_ASSERT(strstr(msg, "checkpoint name") != NULL);
+		CU_ASSERT_EQUAL(ckpt_raw(&clu, 1, RPS__CKPT_RESTORE, bad[i], msg), -EINVAL);
+		CU_ASSERT(strstr(msg, "checkpoint name") != NULL);
+	}
+	psctl_refused("checkpoint", outside, "is an absolute path");
+	psctl_refused("restore", "/etc", "is an absolute path");
+	psctl_refused("checkpoint", "..", "'..' component");
+	psctl_refused("checkpoint", "a/../../x", "'..' component");
+	psctl_refused("restore", "conf/../../x", "'..' component");
+	psctl_refused("checkpoint", "a//b", "empty component");
+	CU_ASSERT_EQUAL(dir_entries(outside), 0);
+
+	/* a link planted under the directory is never followed */
+	snprintf(path, sizeof(path), "%s/evil", ck);
+	CU_ASSERT_EQUAL_FATAL(symlink(outside, path), 0);
+	psctl_refused("checkpoint", "evil", "'evil' under --checkpoint-dir is a symbolic link");
+	psctl_refused("checkpoint", "evil/x", "'evil' under --checkpoint-dir is a symbolic link");
+	CU_ASSERT_EQUAL(ckpt_raw(&clu, 0, RPS__CKPT_RESTORE, "evil", msg), -ELOOP);
+	CU_ASSERT(strstr(msg, "symbolic link") != NULL);
+	CU_ASSERT_EQUAL(dir_entries(outside), 0);	/* nothing went through it */
+	/* nor a link under a checkpoint's own name: its target stays unread */
+	snprintf(path, sizeof(path), "%s/conf/b", ck);
+	CU_ASSERT_EQUAL_FATAL(symlink(outside, path), 0);
+	psctl_refused("restore", "conf/b", "'conf/b' under --checkpoint-dir is a symbolic link");
+	CU_ASSERT_EQUAL(dir_entries(outside), 0);
+	psctl_refused("restore", "conf/none", "no such checkpoint");
+
+	/* the servers kept serving: the values are still exact */
+	CU_ASSERT_EQUAL(it_pull_fresh(clu.servers, "ckpt-adam", got, COUNT, 20000, &v), 0);
+	CU_ASSERT_EQUAL(v, 5u);
+	CU_ASSERT_EQUAL(memcmp(want, got, COUNT * sizeof(float)), 0);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "status");
+	CU_ASSERT_EQUAL(rc, 0);
+	stop_all(&clu);
+
+	/* the checkpoint restores exactly into 3 new servers */
+	CU_ASSERT_EQUAL_FATAL(start_n(&clu, 3, &o), 0);
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore conf/a");
+	if (rc)
+		fprintf(stderr, "psctl restore: %s%s", pout, perr);
+	CU_ASSERT_EQUAL(rc, 0);
+	memset(got, 0, COUNT * sizeof(float));
+	CU_ASSERT_EQUAL(it_pull_fresh(clu.servers, "ckpt-adam", got, COUNT, 20000, &v), 0);
+	CU_ASSERT_EQUAL(v, 5u);
+	CU_ASSERT_EQUAL(memcmp(want, got, COUNT * sizeof(float)), 0);
+	stop_all(&clu);
+
+	/* no --checkpoint-dir: every request refused, -EPERM, said so */
+	CU_ASSERT_EQUAL_FATAL(start_n(&clu, 2, &off), 0);
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0, false, 10000, &lead) >= 0);
+	CU_ASSERT_EQUAL(ckpt_raw(&clu, 0, RPS__CKPT_PREPARE, "conf/c", msg), -EPERM);
+	CU_ASSERT(strstr(msg, "rdmapsd has no --checkpoint-dir: checkpoints are off") != NULL);
+	CU_ASSERT_EQUAL(ckpt_raw(&clu, 1, RPS__CKPT_TAKE, "conf/c", msg), -EPERM);
+	CU_ASSERT_EQUAL(ckpt_raw(&clu, 1, RPS__CKPT_RESTORE, "conf/a", msg), -EPERM);
+	psctl_refused("checkpoint", "conf/c", "rdmapsd has no --checkpoint-dir: checkpoints are off");
+	psctl_refused("restore", "conf/a", "rdmapsd has no --checkpoint-dir: checkpoints are off");
+	snprintf(path, sizeof(path), "%s/conf/c", ck);
+	CU_ASSERT_EQUAL(lstat(path, &sb), -1);
+	adam_run(clu.servers, 0, 5, &v, got);	/* and they serve */
+	CU_ASSERT_EQUAL(v, 5u);
+	CU_ASSERT_EQUAL(memcmp(want, got, COUNT * sizeof(float)), 0);
+	stop_all(&clu);
+
+	snprintf(path, sizeof(path), "rm -rf '%s/conf' '%s/evil' '%s'", ck, ck, outside);
+	CU_ASSERT_EQUAL(system(path), 0);
 	free(want);
 	free(got);
 }
@@ -2340,11 +2560,10 @@ static void test_restarted_owner_refuses_lost_partitions(void)
 	unsigned long long lost[NPART] = { 0 }, none[NPART] = { 0 }, vid;
 	struct lost_rep rep[NPART];
 	struct part_lost pl[NPART];
-	char pout[4096] = "", perr[2048] = "", dir[256], cmd[300];
+	char pout[4096] = "", perr[2048] = "", cmd[600];
 	struct it_workers w;
 	int l, v, p, rc, ready = -1;
 
-	snprintf(dir, sizeof(dir), "%s/it_control_lost.%d", test_tmpdir(), (int)getpid());
 	lost_names(&a);
 	memset(lost_sh, 0, sizeof(*lost_sh));
 	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
@@ -2361,7 +2580,7 @@ static void test_restarted_owner_refuses_lost_partitions(void)
 	trainers_up = true;
 	CU_ASSERT_EQUAL_FATAL(it_worker_read(&w, 0, &ready, sizeof(ready)), 0);
 	CU_ASSERT_EQUAL_FATAL(ready, 0);
-	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "checkpoint %s", dir);
+	rc = it_psctl(&clu, 60000, pout, sizeof(pout), perr, sizeof(perr), "checkpoint lost");
 	if (rc)
 		fprintf(stderr, "psctl checkpoint: %s%s", pout, perr);
 	CU_ASSERT_EQUAL_FATAL(rc, 0);
@@ -2398,7 +2617,7 @@ static void test_restarted_owner_refuses_lost_partitions(void)
 	CU_ASSERT(strstr(out, "LOST with member") != NULL);
 
 	/* the checkpoint taken before the kill brings them back, exactly */
-	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore %s", dir);
+	rc = it_psctl(&clu, 30000, pout, sizeof(pout), perr, sizeof(perr), "restore lost");
 	if (rc)
 		fprintf(stderr, "psctl restore: %s%s", pout, perr);
 	CU_ASSERT_EQUAL(rc, 0);
@@ -2412,7 +2631,7 @@ static void test_restarted_owner_refuses_lost_partitions(void)
 	CU_ASSERT_EQUAL(rc, 1);	/* nothing left to forget */
 	CU_ASSERT(one_line(err));
 	stop_all(&clu);
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s/lost'", it_ckpt_dir());
 	CU_ASSERT_EQUAL(system(cmd), 0);
 }
 
@@ -2638,6 +2857,7 @@ int main(void)
 		{ "bad input: clear errors, exit 1 or 2, malformed ADMIN dropped", test_bad_input },
 		{ "checkpoint during sync training; restore onto fewer and more servers; damage refused", test_checkpoint_restore },
 		{ "checkpoint: parameters, versions and Adam state restored bit-identical", test_checkpoint_adam_exact },
+		{ "checkpoint names stay under --checkpoint-dir: paths, '..', links refused; off without it", test_checkpoint_confined },
 		{ "a partition image corrupted in flight is refused, the move aborted, nothing lost", test_move_corrupted_refused },
 		{ "restarted owner refuses lost partitions (-ENODATA, never zeros); a restore brings them back", test_restarted_owner_refuses_lost_partitions },
 		{ "remove-server --force of a dead member: its partitions lost, the rest exact; forget-lost", test_remove_server_force_dead_member },

@@ -5,6 +5,9 @@
  * well checksummed but malformed.  Run it under valgrind too: the reader
  * must not touch memory it did not read from the file.
  *
+ * Checkpoint names (what a request may put under --checkpoint-dir) and the
+ * directory walk that never follows a link are tested here too.
+ *
  * The malformed files are built here with their own encoder of the format
  * documented at the top of ckpt.c, so a change of format has to change both.
  */
@@ -837,6 +840,150 @@ static void test_open_errors(void)
 	CU_ASSERT_EQUAL(rps__ckpt_open(base, &r, NULL), -EINVAL);	/* a directory */
 }
 
+/* ---- names under a --checkpoint-dir ---------------------------------------- */
+
+static void test_name_check(void)
+{
+	static const char *const good[] = { "a", "run1", "run1/step-1000", "A.b_c-9/x.y/z", ".hidden", "a..b" };
+	static const char *const bad[] = { "", "/", "/abs", "/tmp/x", ".", "..", "../x", "a/..", "a/../../x",
+					   "a/./b", "a//b", "a/", "a b", "a\\b", "a:b", "a\nb", "\xc3\xa9" };
+	char longest[RPS__CKPT_NAME_MAX + 2];
+	size_t i;
+
+	for (i = 0; i < RPS__ARRAY_SIZE(good); i++)
+		CU_ASSERT_EQUAL(rps__ckpt_name_check(good[i]), 0);
+	for (i = 0; i < RPS__ARRAY_SIZE(bad); i++) {
+		if (rps__ckpt_name_check(bad[i]) != -EINVAL)
+			fprintf(stderr, "name '%s' not refused\n", bad[i]);
+		CU_ASSERT_EQUAL(rps__ckpt_name_check(bad[i]), -EINVAL);
+		CU_ASSERT(strncmp(rps__errbuf(), "checkpoint name", 15) == 0);
+		CU_ASSERT(strchr(rps__errbuf(), '\n') == NULL);	/* one line, whatever the name held */
+	}
+	CU_ASSERT_EQUAL(rps__ckpt_name_check(NULL), -EINVAL);
+	memset(longest, 'a', sizeof(longest));
+	longest[RPS__CKPT_NAME_MAX] = '\0';
+	CU_ASSERT_EQUAL(rps__ckpt_name_check(longest), 0);
+	longest[RPS__CKPT_NAME_MAX] = 'a';
+	longest[RPS__CKPT_NAME_MAX + 1] = '\0';
+	CU_ASSERT_EQUAL(rps__ckpt_name_check(longest), -EINVAL);
+}
+
+/* Directories made under the base, 0700 whatever the umask; links never
+ * followed, not even to make a directory where they point. */
+static void test_name_open(void)
+{
+	char outside[512], path[600];
+	struct stat st;
+	mode_t old;
+	int bfd, fd;
+
+	snprintf(outside, sizeof(outside), "%s/outside", base);
+	CU_ASSERT_EQUAL_FATAL(mkdir(outside, 0700), 0);
+	CU_ASSERT_EQUAL_FATAL(mkdir(dir, 0700), 0);
+	bfd = open(dir, O_RDONLY | O_DIRECTORY);
+	CU_ASSERT_FATAL(bfd >= 0);
+
+	old = umask(0277);
+	fd = rps__ckpt_name_open(bfd, "run/step1", true);
+	umask(old);
+	CU_ASSERT_FATAL(fd >= 0);
+	close(fd);
+	snprintf(path, sizeof(path), "%s/run", dir);
+	CU_ASSERT(stat(path, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 07777) == 0700);
+	snprintf(path, sizeof(path), "%s/run/step1", dir);
+	CU_ASSERT(stat(path, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 07777) == 0700);
+	fd = rps__ckpt_name_open(bfd, "run/step1", false);	/* there now */
+	CU_ASSERT(fd >= 0);
+	if (fd >= 0)
+		close(fd);
+	CU_ASSERT_EQUAL(rps__ckpt_name_open(bfd, "run/step2", false), -ENOENT);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "no such checkpoint: 'run/step2'"));
+	snprintf(path, sizeof(path), "%s/run/step2", dir);
+	CU_ASSERT_EQUAL(lstat(path, &st), -1);			/* not made */
+	CU_ASSERT_EQUAL(rps__ckpt_name_open(bfd, "../x", true), -EINVAL);
+
+	/* a link, as the whole name or on the way: -ELOOP, nothing made beyond it */
+	snprintf(path, sizeof(path), "%s/ln", dir);
+	CU_ASSERT_EQUAL_FATAL(symlink(outside, path), 0);
+	CU_ASSERT_EQUAL(rps__ckpt_name_open(bfd, "ln", true), -ELOOP);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "'ln' under --checkpoint-dir is a symbolic link"));
+	CU_ASSERT_EQUAL(rps__ckpt_name_open(bfd, "ln", false), -ELOOP);
+	CU_ASSERT_EQUAL(rps__ckpt_name_open(bfd, "ln/x", true), -ELOOP);
+	snprintf(path, sizeof(path), "%s/run/ln", dir);
+	CU_ASSERT_EQUAL_FATAL(symlink(outside, path), 0);
+	CU_ASSERT_EQUAL(rps__ckpt_name_open(bfd, "run/ln/x", true), -ELOOP);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "'run/ln'"));
+	CU_ASSERT_EQUAL(count_files(outside), 0);
+	/* a dangling one too */
+	snprintf(path, sizeof(path), "%s/dangling", dir);
+	CU_ASSERT_EQUAL_FATAL(symlink("/nonexistent/rps-test", path), 0);
+	CU_ASSERT_EQUAL(rps__ckpt_name_open(bfd, "dangling", true), -ELOOP);
+	/* a file is no directory */
+	snprintf(path, sizeof(path), "%s/file", dir);
+	spit(path, (const uint8_t *)"x", 1);
+	CU_ASSERT_EQUAL(rps__ckpt_name_open(bfd, "file/x", true), -ENOTDIR);
+	close(bfd);
+}
+
+/* The _at writer and reader: the file 0600 whatever the umask; listing and
+ * opening skip and refuse member files that are links. */
+static void test_at_variants(void)
+{
+	struct rps__ckpt_header h = hdr_of(7, SHARD_ELEMS);
+	struct rps__ckpt_writer *w;
+	struct rps__ckpt_reader *r;
+	char path[600], target[600], **names = NULL;
+	struct stat st;
+	size_t n = 0;
+	mode_t old;
+	int bfd, fd;
+
+	CU_ASSERT_EQUAL_FATAL(mkdir(dir, 0700), 0);
+	bfd = open(dir, O_RDONLY | O_DIRECTORY);
+	CU_ASSERT_FATAL(bfd >= 0);
+	fd = rps__ckpt_name_open(bfd, "ck", true);
+	CU_ASSERT_FATAL(fd >= 0);
+	nmodel = 0;
+	add_shards(add_tensor("t", 3, 1, 0, 0), SHARD_ELEMS, 0, 0);
+	old = umask(0277);
+	CU_ASSERT_EQUAL_FATAL(rps__ckpt_create_at(fd, "DIR/ck", &h, 1, &w), 0);
+	umask(old);
+	CU_ASSERT_EQUAL(rps__ckpt_put_tensor(w, model[0].name, &model[0].spec), 0);
+	for (size_t i = 0; i < model[0].nshards; i++) {
+		struct rps__ckpt_shard v = view(&model[0].shards[i]);
+
+		CU_ASSERT_EQUAL(rps__ckpt_put_shard(w, &v), 0);
+	}
+	CU_ASSERT_EQUAL_FATAL(rps__ckpt_finish(w, NULL), 0);
+	snprintf(path, sizeof(path), "%s/ck/member-7.rpsck", dir);
+	CU_ASSERT_EQUAL_FATAL(lstat(path, &st), 0);
+	CU_ASSERT(S_ISREG(st.st_mode));
+	CU_ASSERT_EQUAL(st.st_mode & 07777, 0600);
+	CU_ASSERT_EQUAL(check_model(path, SHARD_ELEMS), 0);
+
+	/* member-8 a link to a good file elsewhere: neither listed nor opened */
+	snprintf(target, sizeof(target), "%s/elsewhere.rpsck", base);
+	CU_ASSERT_EQUAL_FATAL(link(path, target), 0);
+	snprintf(path, sizeof(path), "%s/ck/member-8.rpsck", dir);
+	CU_ASSERT_EQUAL_FATAL(symlink(target, path), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__ckpt_list_at(fd, "DIR/ck", &names, &n), 0);
+	CU_ASSERT_EQUAL_FATAL(n, 1);
+	CU_ASSERT_STRING_EQUAL(names[0], "member-7.rpsck");
+	rps__ckpt_free_list(names, n);
+	CU_ASSERT_EQUAL(rps__ckpt_open_at(fd, "member-8.rpsck", "DIR/ck/member-8.rpsck", &r, NULL), -ELOOP);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "DIR/ck/member-8.rpsck: a symbolic link"));
+	CU_ASSERT_EQUAL_FATAL(rps__ckpt_open_at(fd, "member-7.rpsck", "DIR/ck/member-7.rpsck", &r, &h), 0);
+	CU_ASSERT_EQUAL(h.member_id, 7u);
+	rps__ckpt_close(r);
+	/* the path-based list (rdmapsd --restore DIR, the operator's) still follows it */
+	snprintf(path, sizeof(path), "%s/ck", dir);
+	CU_ASSERT_EQUAL_FATAL(rps__ckpt_list(path, &names, &n), 0);
+	CU_ASSERT_EQUAL(n, 2);
+	rps__ckpt_free_list(names, n);
+	close(fd);
+	close(bfd);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -851,6 +998,9 @@ int main(void)
 		{ "open errors", test_open_errors },
 		{ "writer ignores planted symlinks, file 0600", test_writer_ignores_planted_symlinks },
 		{ "writer makes no missing parents", test_writer_makes_no_parents },
+		{ "checkpoint names: what may be under --checkpoint-dir", test_name_check },
+		{ "names opened under the base: 0700, no link followed", test_name_open },
+		{ "_at writer and reader: 0600 under any umask, links skipped", test_at_variants },
 	};
 	const struct cutest_suite suites[] = {
 		{ "ckpt", NULL, NULL, setup, teardown, tests, CUTEST_COUNT(tests) },

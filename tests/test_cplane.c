@@ -15,6 +15,7 @@
 #include "common/common.h"
 #include "common/crc.h"
 #include "common/fsutil.h"
+#include "control/ckpt.h"
 #include "control/cplane.h"
 #include "proto/smap.h"
 
@@ -319,6 +320,7 @@ static struct conn admin = { .role = CONN_ADMIN, .name = "127.0.0.1:1" };
 static struct conn peer2 = { .role = CONN_PEER, .peer_id = 2, .name = "127.0.0.1:2" };
 static char scratch[200];
 static char scratch2[200];	/* the replica tests' fresh cluster */
+static char ckpt_dir[300];	/* --checkpoint-dir: scratch/ckpt */
 
 static int suite_init(void)
 {
@@ -334,6 +336,8 @@ static int suite_init(void)
 	cfg.move_timeout_ms = 300;
 	cfg.drain_ms = 20;
 	cfg.data_dir = scratch;
+	snprintf(ckpt_dir, sizeof(ckpt_dir), "%s/ckpt", scratch);
+	cfg.ckpt_dir = ckpt_dir;
 	fake.fence_ok = true;
 	rps__cp_fake_clock_ns = T0;	/* leases and failures: the tests' clock */
 	/* Test hook: the leader proposes no REPLICA_BEGIN/DROP of its own
@@ -566,7 +570,8 @@ static void test_move_in_installs(void)
 
 static bool ckpt_answered(void) { return admin.last_type == RPS__MSG_CKPT_REP && admin.last_req_id == want_req; }
 
-static void send_ckpt(uint32_t op, uint64_t req_id, const struct rps__ckpt_target *t, uint32_t nt)
+static void send_ckpt_named(uint32_t op, uint64_t req_id, const char *name, const struct rps__ckpt_target *t,
+			    uint32_t nt)
 {
 	char buf[sizeof(struct rps__ckpt_req) + 4 * sizeof(struct rps__ckpt_target)];
 	struct rps__ckpt_req *req = (void *)buf;
@@ -575,12 +580,18 @@ static void send_ckpt(uint32_t op, uint64_t req_id, const struct rps__ckpt_targe
 	req->op = op;
 	req->ckpt_id = 9;
 	req->ntargets = nt;
-	snprintf(req->path, sizeof(req->path), "%s/ck", scratch);
+	snprintf(req->name, sizeof(req->name), "%s", name);
 	if (nt)
 		memcpy(buf + sizeof(*req), t, nt * sizeof(*t));
 	want_req = req_id;
 	admin.last_type = 0;
 	send_msg(&admin, RPS__MSG_CKPT, req_id, 0, buf, (uint32_t)(sizeof(*req) + nt * sizeof(*t)));
+}
+
+/* The checkpoint "ck" under the --checkpoint-dir. */
+static void send_ckpt(uint32_t op, uint64_t req_id, const struct rps__ckpt_target *t, uint32_t nt)
+{
+	send_ckpt_named(op, req_id, "ck", t, nt);
 }
 
 /* A checkpoint: PREPARE holds at the steps the data plane reports, TAKE
@@ -619,6 +630,52 @@ static void test_checkpoint_hold_take(void)
 	CU_ASSERT_EQUAL(admin.last_status, 0);
 	CU_ASSERT(logged("restore_tensor", 0) >= 0);
 	CU_ASSERT(logged("restore_shard version 3", 0) >= 0);
+	{
+		/* the file went under --checkpoint-dir, private */
+		char file[400];
+		struct stat sb;
+
+		snprintf(file, sizeof(file), "%s/ck/member-1.rpsck", ckpt_dir);
+		CU_ASSERT_EQUAL_FATAL(stat(file, &sb), 0);
+		CU_ASSERT_EQUAL(sb.st_mode & 07777, 0600);
+	}
+}
+
+/* A name that could leave --checkpoint-dir is refused (-EINVAL, one line
+ * saying why) before anything is held, copied or read. */
+static void test_checkpoint_bad_names(void)
+{
+	static const char *const bad[] = { "", "/tmp/x", "..", "a/../../x", "a//b", "a/", "./a", "a b", "a\\b" };
+	const struct rps__ckpt_rep *rep = (const void *)admin.last_body;
+	char toolong[RPS__CKPT_NAME_MAX + 2];
+	size_t i;
+
+	memset(toolong, 'a', sizeof(toolong) - 1);
+	toolong[sizeof(toolong) - 1] = '\0';
+	for (i = 0; i <= RPS__ARRAY_SIZE(bad); i++) {
+		const char *name = i < RPS__ARRAY_SIZE(bad) ? bad[i] : toolong;
+
+		fake.nlog = 0;
+		send_ckpt_named(RPS__CKPT_PREPARE, 20 + i, name, NULL, 0);
+		CU_ASSERT_FATAL(ckpt_answered());
+		CU_ASSERT_EQUAL(admin.last_status, -EINVAL);
+		CU_ASSERT(strstr(rep->msg, "checkpoint name") != NULL);
+		CU_ASSERT(strchr(rep->msg, '\n') == NULL);
+		CU_ASSERT(logged("hold_steps", 0) < 0);		/* nothing held */
+		send_ckpt_named(RPS__CKPT_TAKE, 40 + i, name, NULL, 0);
+		CU_ASSERT_FATAL(ckpt_answered());
+		CU_ASSERT_EQUAL(admin.last_status, -EINVAL);
+		CU_ASSERT(logged("drain", 0) < 0);
+		send_ckpt_named(RPS__CKPT_RESTORE, 60 + i, name, NULL, 0);
+		CU_ASSERT_FATAL(ckpt_answered());
+		CU_ASSERT_EQUAL(admin.last_status, -EINVAL);
+		CU_ASSERT(logged("restore_tensor", 0) < 0);
+	}
+	/* a good name of no checkpoint: not found, said so */
+	send_ckpt_named(RPS__CKPT_RESTORE, 80, "no/such", NULL, 0);
+	CU_ASSERT_FATAL(ckpt_answered());
+	CU_ASSERT_EQUAL(admin.last_status, -ENOENT);
+	CU_ASSERT(strstr(rep->msg, "no such checkpoint") != NULL);
 }
 
 /* Message types a connection may not send, and a lost connection. */
@@ -1455,6 +1512,7 @@ int main(void)
 		{ "move committed: the old copy dropped after the drain", test_move_commit_drops },
 		{ "move in: stale and corrupt offers refused, the good one installed", test_move_in_installs },
 		{ "checkpoint: hold, take, release, restore", test_checkpoint_hold_take },
+		{ "checkpoint: names that could leave --checkpoint-dir refused first", test_checkpoint_bad_names },
 		{ "messages a connection may not send", test_refusals },
 		{ "psctl requests of one turn: one WAL batch", test_admin_proposals_batched },
 		{ "lease: granted after a ReadIndex round, runs from t_send", test_lease_after_read_index },

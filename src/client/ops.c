@@ -628,7 +628,7 @@ static bool op_lost(struct shard_op *op)
 		return false;
 	if (r && !r->status) {
 		r->status = -ENODATA;
-		snprintf(r->msg, sizeof(r->msg), "partition %u lost with member %llu: restore it (psctl restore DIR)"
+		snprintf(r->msg, sizeof(r->msg), "partition %u lost with member %llu: restore it (psctl restore NAME)"
 			 " or accept it empty (psctl forget-lost %u)", p, (unsigned long long)m->parts[p].lost, p);
 	}
 	rps__op_report(op, -ENODATA);

@@ -68,7 +68,7 @@ const char *rps__status_text(int status)
 	case -ENOMEM: return "the server is out of memory: raise rdmapsd --memory-limit or add servers";
 	case -EFBIG: return "the tensor has too many shards: lower its count or raise rdmapsd --shard-size";
 	case -ECONNRESET: return "connection lost: is rdmapsd running and reachable?";
-	case -ENODATA: return "the shard's partition was lost with its server: restore it (psctl restore DIR) or accept it empty (psctl forget-lost PART)";
+	case -ENODATA: return "the shard's partition was lost with its server: restore it (psctl restore NAME) or accept it empty (psctl forget-lost PART)";
 	case RPS_ELEASE: return "the shard lock lease expired";
 	case RPS_ESTALE_EPOCH: return "the shard moved and no server serves it yet (a move in progress or aborted?)";
 	case -EAGAIN: return "the server is not ready (it has not learnt the shard map yet)";

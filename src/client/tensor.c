@@ -240,7 +240,7 @@ static void explain_lost(const struct rps_client *cl, const struct rps_tensor *t
 
 	for (p = 0; p < cl->map.npart && p < t->layout.nservers; p++)
 		if (cl->map.parts[p].lost && rps__part_nshards(&t->layout, p)) {
-			rps__seterr(-ENODATA, "partition %u lost with member %llu: restore it (psctl restore DIR)"
+			rps__seterr(-ENODATA, "partition %u lost with member %llu: restore it (psctl restore NAME)"
 				    " or accept it empty (psctl forget-lost %u)", p,
 				    (unsigned long long)cl->map.parts[p].lost, p);
 			break;

@@ -267,11 +267,11 @@ static void parent_of(char *buf, size_t size, const char *dir)
 }
 
 /*
- * Open DIR for the writer, making DIR itself (mode 0700) if it is missing
- * but never its parents: a mistyped path fails instead of growing a tree.
- * The files are then made relative to this descriptor, so nothing the
- * directory's other users plant later (a symlink named like our temporary
- * file, a rename of DIR) can redirect our writes.
+ * Open DIR, making DIR itself (mode 0700, whatever the umask) if it is
+ * missing but never its parents: a mistyped path fails instead of growing
+ * a tree.  The files are then made relative to this descriptor, so nothing
+ * the directory's other users plant later (a symlink named like our
+ * temporary file, a rename of DIR) can redirect our writes.
  */
 static int open_dir(const char *dir)
 {
@@ -286,17 +286,34 @@ static int open_dir(const char *dir)
 	if (fd < 0)
 		return -errno;
 	if (created) {
-		/* the new directory's entry must survive a crash too */
+		/* private, and the new directory's entry must survive a crash too */
 		char parent[PATH_BUF];
-		int err;
+		int err = fchmod(fd, 0700) < 0 ? -errno : 0;
 
-		parent_of(parent, sizeof(parent), dir);
-		err = fsync_path(parent);
+		if (!err) {
+			parent_of(parent, sizeof(parent), dir);
+			err = fsync_path(parent);
+		}
 		if (err) {
 			close(fd);
 			return err;
 		}
 	}
+	return fd;
+}
+
+int rps__ckpt_dir_open(const char *dir)
+{
+	int fd;
+
+	if (!dir || !*dir)
+		return rps__seterr(-EINVAL, "checkpoint: no directory given");
+	fd = open_dir(dir);
+	if (fd == -ENOENT)
+		return rps__seterr(fd, "checkpoint directory %.200s: its parent does not exist; "
+				   "create it first (only the last component is made)", dir);
+	if (fd < 0)
+		return rps__seterr(fd, "checkpoint directory %.200s: %s", dir, strerror(-fd));
 	return fd;
 }
 
@@ -316,7 +333,132 @@ static int create_tmp(int dirfd, const char *name)
 			return -errno;
 		fd = openat(dirfd, name, flags, 0600);
 	}
-	return fd < 0 ? -errno : fd;
+	if (fd < 0)
+		return -errno;
+	/* 0600 exactly: the umask may only have narrowed it */
+	if (fchmod(fd, 0600) < 0) {
+		int err = -errno;
+
+		close(fd);
+		unlinkat(dirfd, name, 0);
+		return err;
+	}
+	return fd;
+}
+
+/* ---- checkpoint names -------------------------------------------------------- */
+
+static bool name_char_ok(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+	       c == '_' || c == '-' || c == '/';
+}
+
+int rps__ckpt_name_check(const char *name)
+{
+	size_t n, i, start;
+
+	if (!name || !*name)
+		return rps__seterr(-EINVAL, "checkpoint name is empty: give one such as run1/step1000");
+	n = strnlen(name, RPS__CKPT_NAME_MAX + 1);
+	if (n > RPS__CKPT_NAME_MAX)
+		return rps__seterr(-EINVAL, "checkpoint name longer than %u characters: give a shorter one",
+				   RPS__CKPT_NAME_MAX);
+	for (i = 0; i < n; i++)
+		if (!name_char_ok(name[i])) {
+			unsigned char c = (unsigned char)name[i];
+
+			if (c >= ' ' && c < 0x7f)
+				return rps__seterr(-EINVAL, "checkpoint name: '%c' not allowed: use A-Z a-z 0-9"
+						   " . _ - and / between components", c);
+			return rps__seterr(-EINVAL, "checkpoint name: byte %#04x not allowed: use A-Z a-z"
+					   " 0-9 . _ - and / between components", c);
+		}
+	if (name[0] == '/')
+		return rps__seterr(-EINVAL, "checkpoint name is an absolute path: give one relative to"
+				   " the servers' --checkpoint-dir");
+	for (start = 0; start <= n; start = i + 1) {
+		for (i = start; i < n && name[i] != '/'; i++)
+			;
+		if (i == start)
+			return rps__seterr(-EINVAL, "checkpoint name has an empty component ('//' or a '/'"
+					   " at the end)");
+		if ((i - start == 1 && name[start] == '.') ||
+		    (i - start == 2 && name[start] == '.' && name[start + 1] == '.'))
+			return rps__seterr(-EINVAL, "checkpoint name has a '.' or '..' component: it must"
+					   " stay under --checkpoint-dir");
+	}
+	return 0;
+}
+
+/* The last component of path (the name up to it, for messages), in dfd:
+ * a directory, opened without following a link; made (0700, its parent
+ * synced) when missing and make is set. */
+static int open_component(int dfd, const char *comp, const char *path, bool make)
+{
+	const int flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+	bool made = false;
+	struct stat st;
+	int fd, err;
+
+	if (make) {
+		if (mkdirat(dfd, comp, 0700) == 0)
+			made = true;
+		else if (errno != EEXIST)
+			goto fail;
+	}
+	fd = openat(dfd, comp, flags);
+	if (fd < 0)
+		goto fail;
+	/* 0700 exactly: the umask may only have narrowed it */
+	if (made && (fchmod(fd, 0700) < 0 || fsync(dfd) < 0)) {
+		err = -errno;
+		close(fd);
+		return rps__seterr(err, "checkpoint: making '%s' under --checkpoint-dir: %s", path, strerror(-err));
+	}
+	return fd;
+
+fail:
+	err = -errno;
+	/* O_NOFOLLOW | O_DIRECTORY says ENOTDIR (or ELOOP) for a link: tell it apart */
+	if ((err == -ENOTDIR || err == -ELOOP) && fstatat(dfd, comp, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    S_ISLNK(st.st_mode))
+		return rps__seterr(-ELOOP, "'%s' under --checkpoint-dir is a symbolic link: refused"
+				   " (checkpoints never follow links)", path);
+	if (err == -ENOENT)
+		return rps__seterr(err, "no such checkpoint: '%s' is missing under --checkpoint-dir", path);
+	return rps__seterr(err, "checkpoint: '%s' under --checkpoint-dir: %s", path, strerror(-err));
+}
+
+int rps__ckpt_name_open(int base_fd, const char *name, bool make)
+{
+	char comp[RPS__CKPT_NAME_MAX + 1], upto[RPS__CKPT_NAME_MAX + 1];
+	const char *p = name;
+	int fd, err;
+
+	err = rps__ckpt_name_check(name);
+	if (err)
+		return err;
+	fd = fcntl(base_fd, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0) {
+		err = -errno;
+		return rps__seterr(err, "checkpoint: --checkpoint-dir: %s", strerror(-err));
+	}
+	while (*p) {
+		size_t len = strcspn(p, "/");
+		int next;
+
+		memcpy(comp, p, len);
+		comp[len] = '\0';
+		snprintf(upto, sizeof(upto), "%.*s", (int)(p - name + (ptrdiff_t)len), name);
+		next = open_component(fd, comp, upto, make);
+		close(fd);
+		if (next < 0)
+			return next;
+		fd = next;
+		p += len + (p[len] == '/');
+	}
+	return fd;
 }
 
 /* Elements of shard index of a tensor of count elements; 0 if none. */
@@ -363,31 +505,41 @@ static void writer_free(struct rps__ckpt_writer *w)
 	free(w);
 }
 
-int rps__ckpt_create(const char *dir, const struct rps__ckpt_header *h, int level,
+/* What every writer is started with; 0 or -EINVAL. */
+static int create_args(const struct rps__ckpt_header *h, int level, struct rps__ckpt_writer **out)
+{
+	if (!h || !out)
+		return rps__seterr(-EINVAL, "checkpoint: no header given");
+	if (level < 0 || level > 3)
+		return rps__seterr(-EINVAL, "checkpoint: compression level %d: use 0 (store) to 3", level);
+	if (!h->shard_elems || h->shard_elems > MAX_ELEMS)
+		return rps__seterr(-EINVAL, "checkpoint: shard size %u: must be 1..%u", h->shard_elems,
+				   MAX_ELEMS);
+	return 0;
+}
+
+/* The writer in the directory dirfd (its own from now on, closed by
+ * writer_free, also on failure); label: how messages name the directory. */
+static int create_in(int dirfd, const char *label, const struct rps__ckpt_header *h, int level,
 		     struct rps__ckpt_writer **out)
 {
 	struct rps__ckpt_writer *w;
 	uint8_t hdr[HDR_SIZE];
 	int err;
 
-	if (!dir || !*dir || !h || !out)
-		return rps__seterr(-EINVAL, "checkpoint: no directory or header given");
-	if (level < 0 || level > 3)
-		return rps__seterr(-EINVAL, "checkpoint: compression level %d: use 0 (store) to 3", level);
-	if (!h->shard_elems || h->shard_elems > MAX_ELEMS)
-		return rps__seterr(-EINVAL, "checkpoint: shard size %u: must be 1..%u", h->shard_elems,
-				   MAX_ELEMS);
 	w = calloc(1, sizeof(*w));
-	if (!w)
+	if (!w) {
+		close(dirfd);
 		return rps__seterr(-ENOMEM, "checkpoint: out of memory");
+	}
 	w->fd = -1;
-	w->dirfd = -1;
+	w->dirfd = dirfd;
 	w->level = level;
 	w->shard_elems = h->shard_elems;
 	snprintf(w->name, sizeof(w->name), PREFIX "%" PRIu64 SUFFIX, h->member_id);
 	snprintf(w->tmpname, sizeof(w->tmpname), "%s.tmp", w->name);
-	w->dir = strdup(dir);
-	if (!w->dir || asprintf(&w->path, "%s/%s", dir, w->name) < 0) {
+	w->dir = strdup(label);
+	if (!w->dir || asprintf(&w->path, "%s/%s", label, w->name) < 0) {
 		w->path = NULL;
 		err = rps__seterr(-ENOMEM, "checkpoint: out of memory");
 		goto err_free;
@@ -407,16 +559,6 @@ int rps__ckpt_create(const char *dir, const struct rps__ckpt_header *h, int leve
 			err = rps__seterr(-ENOMEM, "checkpoint: out of memory");
 			goto err_free;
 		}
-	}
-	w->dirfd = open_dir(dir);
-	if (w->dirfd < 0) {
-		err = w->dirfd;
-		if (err == -ENOENT)
-			rps__seterr(err, "checkpoint: directory %.200s: its parent does not exist; "
-				    "create it first (only the last component is made)", dir);
-		else
-			rps__seterr(err, "checkpoint: directory %.200s: %s", dir, strerror(-err));
-		goto err_free;
 	}
 	w->fd = create_tmp(w->dirfd, w->tmpname);
 	if (w->fd < 0) {
@@ -440,6 +582,34 @@ err_unlink:
 err_free:
 	writer_free(w);
 	return err;
+}
+
+int rps__ckpt_create(const char *dir, const struct rps__ckpt_header *h, int level,
+		     struct rps__ckpt_writer **out)
+{
+	int err = create_args(h, level, out), fd;
+
+	if (err)
+		return err;
+	fd = rps__ckpt_dir_open(dir);
+	if (fd < 0)
+		return fd;
+	return create_in(fd, dir, h, level, out);
+}
+
+int rps__ckpt_create_at(int dir_fd, const char *label, const struct rps__ckpt_header *h, int level,
+			struct rps__ckpt_writer **out)
+{
+	int err = create_args(h, level, out), fd;
+
+	if (err)
+		return err;
+	fd = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
+	if (fd < 0) {
+		err = -errno;
+		return rps__seterr(err, "checkpoint directory %.200s: %s", label, strerror(-err));
+	}
+	return create_in(fd, label, h, level, out);
 }
 
 /* Seal and write the record whose raw bytes are w->raw[0..len). */
@@ -694,23 +864,28 @@ void rps__ckpt_close(struct rps__ckpt_reader *r)
 	free(r);
 }
 
-/* Open the file, which must be a regular one, and note its size. */
-static int reader_open_file(struct rps__ckpt_reader *r, const char *file)
+/* Open the file name in dfd (AT_FDCWD: a path), which must be a regular
+ * one, and note its size.  O_NONBLOCK: a fifo planted under a member
+ * file's name must not hang the reader (no effect on a regular file). */
+static int reader_open_file(struct rps__ckpt_reader *r, int dfd, const char *name, int flags)
 {
 	struct stat st;
 	int err;
 
-	r->fd = open(file, O_RDONLY | O_CLOEXEC);
+	r->fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC | flags);
 	if (r->fd < 0) {
 		err = -errno;
-		return rps__seterr(err, "checkpoint %.200s: %s", file, strerror(-err));
+		if (err == -ELOOP && (flags & O_NOFOLLOW))
+			return rps__seterr(err, "checkpoint %.200s: a symbolic link: refused (checkpoints never"
+					   " follow links)", r->file);
+		return rps__seterr(err, "checkpoint %.200s: %s", r->file, strerror(-err));
 	}
 	if (fstat(r->fd, &st) < 0) {
 		err = -errno;
-		return rps__seterr(err, "checkpoint %.200s: %s", file, strerror(-err));
+		return rps__seterr(err, "checkpoint %.200s: %s", r->file, strerror(-err));
 	}
 	if (!S_ISREG(st.st_mode))
-		return rps__seterr(-EINVAL, "checkpoint %.200s: not a regular file", file);
+		return rps__seterr(-EINVAL, "checkpoint %.200s: not a regular file", r->file);
 	r->size = (uint64_t)st.st_size;
 	return 0;
 }
@@ -761,23 +936,23 @@ static int reader_read_header(struct rps__ckpt_reader *r)
 	return 0;
 }
 
-int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__ckpt_header *h)
+/* The reader of name in dfd; label: the file's name in messages. */
+static int open_in(int dfd, const char *name, const char *label, int flags, struct rps__ckpt_reader **out,
+		   struct rps__ckpt_header *h)
 {
 	struct rps__ckpt_reader *r;
 	int err;
 
-	if (!file || !out)
-		return rps__seterr(-EINVAL, "checkpoint: no file given");
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return rps__seterr(-ENOMEM, "checkpoint: out of memory");
 	r->fd = -1;
-	r->file = strdup(file);
+	r->file = strdup(label);
 	if (!r->file) {
 		err = rps__seterr(-ENOMEM, "checkpoint: out of memory");
 		goto err_free;
 	}
-	err = reader_open_file(r, file);
+	err = reader_open_file(r, dfd, name, flags);
 	if (!err)
 		err = reader_read_header(r);
 	if (err)
@@ -790,6 +965,21 @@ int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__
 err_free:
 	rps__ckpt_close(r);
 	return err;
+}
+
+int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__ckpt_header *h)
+{
+	if (!file || !out)
+		return rps__seterr(-EINVAL, "checkpoint: no file given");
+	return open_in(AT_FDCWD, file, file, 0, out, h);
+}
+
+int rps__ckpt_open_at(int dir_fd, const char *name, const char *label, struct rps__ckpt_reader **out,
+		      struct rps__ckpt_header *h)
+{
+	if (!name || !label || !out)
+		return rps__seterr(-EINVAL, "checkpoint: no file given");
+	return open_in(dir_fd, name, label, O_NOFOLLOW, out, h);
 }
 
 static int parse_tensor(struct rps__ckpt_reader *r, uint64_t at, struct rps__ckpt_item *it)
@@ -997,28 +1187,23 @@ void rps__ckpt_free_list(char **files, size_t n)
 	free(files);
 }
 
-int rps__ckpt_list(const char *dir, char ***files, size_t *n)
+/* The member files of the directory d (closed here), sorted: their paths
+ * (label/name), or with names_only their names; links followed or not as
+ * stat_flags says. */
+static int list_in(DIR *d, const char *label, bool names_only, int stat_flags, char ***files, size_t *n)
 {
 	char **v = NULL, **nv;
 	size_t cnt = 0, cap = 0;
 	struct dirent *de;
 	struct stat st;
-	DIR *d;
 	int err;
 
-	*files = NULL;
-	*n = 0;
-	d = opendir(dir);
-	if (!d) {
-		err = -errno;
-		return rps__seterr(err, "checkpoint directory %.200s: %s", dir, strerror(-err));
-	}
 	while ((de = readdir(d))) {
 		char *path;
 
 		if (!member_name(de->d_name))
 			continue;
-		if (fstatat(dirfd(d), de->d_name, &st, 0) < 0 || !S_ISREG(st.st_mode))
+		if (fstatat(dirfd(d), de->d_name, &st, stat_flags) < 0 || !S_ISREG(st.st_mode))
 			continue;
 		if (cnt == cap) {
 			cap = cap ? 2 * cap : 8;
@@ -1029,7 +1214,11 @@ int rps__ckpt_list(const char *dir, char ***files, size_t *n)
 			}
 			v = nv;
 		}
-		if (asprintf(&path, "%s/%s", dir, de->d_name) < 0) {
+		if (names_only)
+			path = strdup(de->d_name);
+		else if (asprintf(&path, "%s/%s", label, de->d_name) < 0)
+			path = NULL;
+		if (!path) {
 			err = rps__seterr(-ENOMEM, "checkpoint: out of memory");
 			goto err_free;
 		}
@@ -1038,7 +1227,7 @@ int rps__ckpt_list(const char *dir, char ***files, size_t *n)
 	closedir(d);
 	if (!cnt) {
 		free(v);
-		return rps__seterr(-ENOENT, "checkpoint directory %.200s: no member-*" SUFFIX " files", dir);
+		return rps__seterr(-ENOENT, "checkpoint directory %.200s: no member-*" SUFFIX " files", label);
 	}
 	qsort(v, cnt, sizeof(*v), cmp_str);
 	*files = v;
@@ -1049,4 +1238,38 @@ err_free:
 	rps__ckpt_free_list(v, cnt);
 	closedir(d);
 	return err;
+}
+
+int rps__ckpt_list(const char *dir, char ***files, size_t *n)
+{
+	DIR *d;
+	int err;
+
+	*files = NULL;
+	*n = 0;
+	d = opendir(dir);
+	if (!d) {
+		err = -errno;
+		return rps__seterr(err, "checkpoint directory %.200s: %s", dir, strerror(-err));
+	}
+	return list_in(d, dir, false, 0, files, n);
+}
+
+int rps__ckpt_list_at(int dir_fd, const char *label, char ***names, size_t *n)
+{
+	int fd, err;
+	DIR *d;
+
+	*names = NULL;
+	*n = 0;
+	fd = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
+	d = fd < 0 ? NULL : fdopendir(fd);
+	if (!d) {
+		err = -errno;
+		if (fd >= 0)
+			close(fd);
+		return rps__seterr(err, "checkpoint directory %.200s: %s", label, strerror(-err));
+	}
+	rewinddir(d);	/* (a dup shares the offset) */
+	return list_in(d, label, true, AT_SYMLINK_NOFOLLOW, names, n);
 }

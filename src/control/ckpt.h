@@ -2,8 +2,8 @@
  * ckpt.h - checkpoint files: what a server writes of the shards it owns at a
  * consistent cut, and what a (maybe differently sized) cluster reads back.
  *
- * One file per server per checkpoint, PATH/member-<id>.rpsck, written to a
- * temporary name, fsync'ed, renamed.  Format (little-endian; version 1;
+ * One file per server per checkpoint, PATH/member-<id>.rpsck (mode 0600),
+ * written to a temporary name, fsync'ed, renamed.  Format (little-endian; version 1;
  * documented in rdmaps-checkpoint(5)):
  *   file header   magic "RPSCKPT1", version, member id, npart, shard elems,
  *                 checkpoint id, wall time, crc32c of the header
@@ -53,13 +53,39 @@ struct rps__ckpt_shard {
 
 #define RPS__CKPT_SHARD_READY 1u	/* initial values were in place */
 
+/*
+ * Where checkpoints go.  A server writes and reads only under the directory
+ * its operator gave (rdmapsd --checkpoint-dir); a request from the network
+ * names a checkpoint in it (psctl checkpoint NAME), never a path.
+ */
+#define RPS__CKPT_NAME_MAX 128u
+
+/* Open the operator's directory dir (a descriptor, O_CLOEXEC), making dir
+ * itself (0700) if it is missing but never its parents.  -errno with a
+ * message naming dir. */
+int rps__ckpt_dir_open(const char *dir);
+/* Is name a checkpoint name: 1..RPS__CKPT_NAME_MAX characters of A-Z a-z
+ * 0-9 . _ -, components separated by single '/', none of them empty, "."
+ * or "..", no leading '/'.  0, or -EINVAL with a one-line reason. */
+int rps__ckpt_name_check(const char *name);
+/* The directory name (checked as above) under base_fd, opened one
+ * component at a time without following a symbolic link (-ELOOP names
+ * it); make: missing components are made, 0700.  A descriptor, or -errno
+ * with a one-line reason. */
+int rps__ckpt_name_open(int base_fd, const char *name, bool make);
+
 struct rps__ckpt_writer;
 
-/* Start PATH/member-<id>.rpsck (PATH created if absent).  level: igzip
- * compression level 0..3 (0: store only).  Errors: -errno from the file
- * system, with a message naming the path. */
+/* Start PATH/member-<id>.rpsck (PATH created, 0700, if absent; its parent
+ * must exist) as 0600.  level: igzip compression level 0..3 (0: store
+ * only).  Errors: -errno from the file system, with a message naming the
+ * path. */
 int rps__ckpt_create(const char *dir, const struct rps__ckpt_header *h, int level,
 		     struct rps__ckpt_writer **out);
+/* The same in the directory dir_fd (not closed: the writer keeps a
+ * duplicate); label: how messages name the directory. */
+int rps__ckpt_create_at(int dir_fd, const char *label, const struct rps__ckpt_header *h, int level,
+			struct rps__ckpt_writer **out);
 /* A tensor; its shards follow (any number, any order). */
 int rps__ckpt_put_tensor(struct rps__ckpt_writer *w, const char *name, const struct rps__tensor_spec *spec);
 int rps__ckpt_put_shard(struct rps__ckpt_writer *w, const struct rps__ckpt_shard *s);
@@ -83,6 +109,10 @@ struct rps__ckpt_item {
 
 /* Open one file and check its header. */
 int rps__ckpt_open(const char *file, struct rps__ckpt_reader **out, struct rps__ckpt_header *h);
+/* The same for the file name in dir_fd, refused if it is a symbolic link;
+ * label: how messages name the file. */
+int rps__ckpt_open_at(int dir_fd, const char *name, const char *label, struct rps__ckpt_reader **out,
+		      struct rps__ckpt_header *h);
 /* 1 and the next item, 0 at a valid end (trailer checked), < 0 refused. */
 int rps__ckpt_next(struct rps__ckpt_reader *r, struct rps__ckpt_item *it);
 void rps__ckpt_close(struct rps__ckpt_reader *r);
@@ -90,6 +120,9 @@ void rps__ckpt_close(struct rps__ckpt_reader *r);
 /* The files of a checkpoint directory (member-*.rpsck), sorted; *files is
  * malloc'ed, free with rps__ckpt_free_list.  -ENOENT if none. */
 int rps__ckpt_list(const char *dir, char ***files, size_t *n);
+/* The same in dir_fd, as file names (for rps__ckpt_open_at); symbolic
+ * links are not listed.  label: how messages name the directory. */
+int rps__ckpt_list_at(int dir_fd, const char *label, char ***names, size_t *n);
 void rps__ckpt_free_list(char **files, size_t n);
 
 #endif

@@ -13,7 +13,8 @@
  *            before it pulls), then copies every shard it serves
  *            (parameters, optimizer state, version, clocks) in memory,
  *            releases the hold and answers; a thread writes the copies to
- *            DIR/member-<id>.rpsck (ckpt.h: crc32c, igzip)
+ *            DIR/NAME/member-<id>.rpsck (ckpt.h: crc32c, igzip), DIR the
+ *            operator's --checkpoint-dir, NAME the request's
  *   FINISH   answers once that file is durable
  * So every sync tensor is cut at the same step on every shard, and
  * training pauses for the catch-up of lagging shards plus a memory copy;
@@ -24,6 +25,12 @@
  * partitions this server serves now (the cluster may have another number of
  * servers or partitions: placement is recomputed), creating tensors it does
  * not know.  It is meant for a cluster whose workers have not started.
+ *
+ * A request from the network names a checkpoint, never a path: without
+ * --checkpoint-dir every one is refused (-EPERM), a name that could leave
+ * the directory is refused (-EINVAL), and no symbolic link under it is
+ * followed (-ELOOP).  Only rdmapsd --restore, from the operator's command
+ * line, takes a path.
  */
 #include "config.h"
 #include "control/ckpt.h"
@@ -31,12 +38,14 @@
 #include "control/cplane_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "rdmaps.h"
 
@@ -54,7 +63,9 @@ struct ckpt_state {
 	bool writing;		/* the thread runs */
 	uint64_t ckpt_id;
 	int level;
-	char path[256];
+	int base_fd;		/* --checkpoint-dir, open; -1: none given */
+	char *base;		/* its path, for messages */
+	char name[RPS__CKPT_NAME_MAX + 1];	/* the TAKE's checkpoint, under base */
 	uint64_t pause_ns;
 	uint64_t raw_bytes;
 	/* the copies, handed to the writer thread */
@@ -71,10 +82,52 @@ static struct ckpt_state *state(struct rps__cplane *cp)
 {
 	if (!cp->ckpt) {
 		cp->ckpt = calloc(1, sizeof(*cp->ckpt));
-		if (cp->ckpt)
+		if (cp->ckpt) {
 			cp->ckpt->dp = cp->dp;
+			cp->ckpt->base_fd = -1;
+		}
 	}
 	return cp->ckpt;
+}
+
+int rps__ck_init(struct rps__cplane *cp)
+{
+	struct ckpt_state *ck = state(cp);
+	int fd;
+
+	if (!ck)
+		return rps__seterr(-ENOMEM, "out of memory");
+	if (!cp->cfg.ckpt_dir) {
+		rps__log(RPS__LOG_INFO, "no --checkpoint-dir: psctl checkpoint and restore are refused");
+		return 0;
+	}
+	ck->base = strdup(cp->cfg.ckpt_dir);
+	if (!ck->base)
+		return rps__seterr(-ENOMEM, "out of memory");
+	fd = rps__ckpt_dir_open(ck->base);
+	if (fd < 0)
+		return fd;
+	ck->base_fd = fd;
+	if (access(ck->base, W_OK | X_OK) < 0)
+		rps__log(RPS__LOG_WARN, "--checkpoint-dir %s: not writable by this server (%s): checkpoints will fail",
+			 ck->base, strerror(errno));
+	return 0;
+}
+
+/* May a request name this checkpoint here?  0, or a refusal (the reason
+ * in rps__errbuf, logged: someone may be probing). */
+static int name_ok(const struct ckpt_state *ck, const char *name)
+{
+	int ret;
+
+	if (ck->base_fd < 0)
+		ret = rps__seterr(-EPERM, "rdmapsd has no --checkpoint-dir: checkpoints are off (start it"
+				  " with --checkpoint-dir DIR)");
+	else
+		ret = rps__ckpt_name_check(name);
+	if (ret)
+		rps__log(RPS__LOG_WARN, "checkpoint request refused: %s", rps__errbuf());
+	return ret;
 }
 
 static void reply(struct rps__cplane *cp, struct conn *c, uint64_t req_id, int status, const struct rps__ckpt_rep *rep0,
@@ -129,10 +182,11 @@ static void *writer_main(void *arg)
 	};
 	struct rps__dp_copy *cc = &ck->copy;
 	struct rps__ckpt_writer *w = NULL;
+	char label[4096];
 	struct timespec ts;
 	sigset_t all;
 	uint32_t t, i;
-	int ret;
+	int ret, dfd;
 
 	/* SIGTERM/SIGINT belong to the serving thread (rdmapsd blocks them
 	 * there before tearing the server down): never run their handler here */
@@ -140,7 +194,12 @@ static void *writer_main(void *arg)
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	h.time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	ret = rps__ckpt_create(ck->path, &h, ck->level, &w);
+	/* DIR/NAME, made as needed, never through a link */
+	snprintf(label, sizeof(label), "%s/%s", ck->base, ck->name);
+	dfd = rps__ckpt_name_open(ck->base_fd, ck->name, true);
+	ret = dfd < 0 ? dfd : rps__ckpt_create_at(dfd, label, &h, ck->level, &w);
+	if (dfd >= 0)
+		close(dfd);
 	for (t = 0; !ret && t < cc->ntensors; t++) {
 		ret = rps__ckpt_put_tensor(w, cc->tensors[t].name, &cc->tensors[t].spec);
 		for (i = 0; !ret && i < cc->nshards; i++)
@@ -217,8 +276,8 @@ void rps__ck_timers(struct rps__cplane *cp, uint64_t now)
 		if (ck->result)
 			rps__log(RPS__LOG_ERROR, "checkpoint %llu: %s", (unsigned long long)ck->ckpt_id, ck->msg);
 		else
-			rps__log(RPS__LOG_INFO, "checkpoint %llu: %llu bytes written to %s",
-				 (unsigned long long)ck->ckpt_id, (unsigned long long)ck->bytes, ck->path);
+			rps__log(RPS__LOG_INFO, "checkpoint %llu: %llu bytes written to %s/%s",
+				 (unsigned long long)ck->ckpt_id, (unsigned long long)ck->bytes, ck->base, ck->name);
 		ck->have_result = true;
 		if (ck->fin_conn)
 			reply(cp, ck->fin_conn, ck->fin_req_id, ck->result, &rep, NULL, 0, ck->result ? ck->msg : NULL);
@@ -237,8 +296,10 @@ void rps__ck_conn_gone(struct rps__cplane *cp, struct conn *c)
 
 /* ---- restore ---------------------------------------------------------- */
 
-static int restore_file(struct rps__cplane *cp, const char *file, uint32_t *installed, uint64_t *seen,
-			uint64_t *bytes)
+/* One file: name in dfd (AT_FDCWD: file is a path), file its name in
+ * messages. */
+static int restore_file(struct rps__cplane *cp, int dfd, const char *name, const char *file, uint32_t *installed,
+			uint64_t *seen, uint64_t *bytes)
 {
 	uint32_t shard_elems = cp->dp->shard_elems(cp->srv);
 	struct rps__ckpt_reader *r;
@@ -247,7 +308,7 @@ static int restore_file(struct rps__cplane *cp, const char *file, uint32_t *inst
 	struct tensor *t = NULL;
 	int ret;
 
-	ret = rps__ckpt_open(file, &r, &h);
+	ret = dfd == AT_FDCWD ? rps__ckpt_open(file, &r, &h) : rps__ckpt_open_at(dfd, name, file, &r, &h);
 	if (ret)
 		return ret;
 	if (h.shard_elems != shard_elems) {
@@ -282,24 +343,60 @@ static int restore_file(struct rps__cplane *cp, const char *file, uint32_t *inst
 	return ret < 0 ? ret : 0;
 }
 
-int rps__ck_restore(struct rps__cplane *cp, const char *dir, uint32_t *installed, uint64_t *seen, uint64_t *bytes)
+/* Every member file of the directory dfd (AT_FDCWD: the path dir); dir
+ * names it in messages. */
+static int restore_dir(struct rps__cplane *cp, int dfd, const char *dir, uint32_t *installed, uint64_t *seen,
+		       uint64_t *bytes)
 {
-	char **files = NULL;
+	char **files = NULL, file[4096];
 	size_t n = 0, i;
 	int ret;
 
 	*installed = 0;
 	*seen = 0;
 	*bytes = 0;
-	ret = rps__ckpt_list(dir, &files, &n);
+	ret = dfd == AT_FDCWD ? rps__ckpt_list(dir, &files, &n) : rps__ckpt_list_at(dfd, dir, &files, &n);
 	if (ret)
 		return ret;
-	for (i = 0; i < n && !ret; i++)
-		ret = restore_file(cp, files[i], installed, seen, bytes);
+	for (i = 0; i < n && !ret; i++) {
+		if (dfd == AT_FDCWD) {
+			ret = restore_file(cp, dfd, files[i], files[i], installed, seen, bytes);
+		} else {
+			snprintf(file, sizeof(file), "%s/%s", dir, files[i]);
+			ret = restore_file(cp, dfd, files[i], file, installed, seen, bytes);
+		}
+	}
 	rps__ckpt_free_list(files, n);
 	if (!ret)
 		rps__log(RPS__LOG_INFO, "restored %u of the %llu shards of %s (the rest belong to other servers)",
 			 *installed, (unsigned long long)*seen, dir);
+	return ret;
+}
+
+int rps__ck_restore(struct rps__cplane *cp, const char *dir, uint32_t *installed, uint64_t *seen, uint64_t *bytes)
+{
+	return restore_dir(cp, AT_FDCWD, dir, installed, seen, bytes);
+}
+
+/* psctl restore NAME: the checkpoint NAME under --checkpoint-dir. */
+static int restore_name(struct rps__cplane *cp, const struct ckpt_state *ck, const char *name, uint32_t *installed,
+			uint64_t *seen, uint64_t *bytes)
+{
+	char label[4096];
+	int dfd, ret;
+
+	*installed = 0;
+	*seen = 0;
+	*bytes = 0;
+	ret = name_ok(ck, name);
+	if (ret)
+		return ret;
+	dfd = rps__ckpt_name_open(ck->base_fd, name, false);
+	if (dfd < 0)
+		return dfd;
+	snprintf(label, sizeof(label), "%s/%s", ck->base, name);
+	ret = restore_dir(cp, dfd, label, installed, seen, bytes);
+	close(dfd);
 	return ret;
 }
 
@@ -313,8 +410,13 @@ static void on_prepare(struct rps__cplane *cp, struct conn *c, uint64_t req_id, 
 	struct rps__ckpt_target *mine = NULL;
 	struct rps__ckpt_rep rep;
 	uint32_t i, n;
+	int ret = name_ok(ck, req->name);
 
 	memset(&rep, 0, sizeof(rep));
+	if (ret) {
+		reply(cp, c, req_id, ret, NULL, NULL, 0, rps__errbuf());
+		return;
+	}
 	if (ck->taking || ck->writing) {
 		reply(cp, c, req_id, -EBUSY, NULL, NULL, 0, "a checkpoint is in progress on this server");
 		return;
@@ -342,7 +444,12 @@ static void on_take(struct rps__cplane *cp, struct conn *c, uint64_t req_id, str
 		    const struct rps__ckpt_req *req, const struct rps__ckpt_target *tg)
 {
 	uint32_t i;
+	int ret = name_ok(ck, req->name);
 
+	if (ret) {
+		reply(cp, c, req_id, ret, NULL, NULL, 0, rps__errbuf());
+		return;
+	}
 	if (ck->taking || ck->writing) {
 		reply(cp, c, req_id, -EBUSY, NULL, NULL, 0, "a checkpoint is in progress on this server");
 		return;
@@ -361,7 +468,12 @@ static void on_take(struct rps__cplane *cp, struct conn *c, uint64_t req_id, str
 	ck->ckpt_id = req->ckpt_id;
 	ck->level = (int)RPS__MIN(req->level, 3u);
 	ck->raw_bytes = 0;
-	snprintf(ck->path, sizeof(ck->path), "%s", req->path);
+	{
+		size_t len = strnlen(req->name, sizeof(ck->name) - 1);	/* (name_ok: it fits) */
+
+		memcpy(ck->name, req->name, len);
+		ck->name[len] = '\0';
+	}
 	rps__ck_timers(cp, rps__now_ns());
 }
 
@@ -387,12 +499,13 @@ static void on_finish(struct rps__cplane *cp, struct conn *c, uint64_t req_id, s
 }
 
 /* RESTORE: install what of the checkpoint this server serves. */
-static void on_restore(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__ckpt_req *req)
+static void on_restore(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct ckpt_state *ck,
+		       const struct rps__ckpt_req *req)
 {
 	struct rps__ckpt_rep rep;
 	uint32_t installed;
 	uint64_t seen, bytes;
-	int ret = rps__ck_restore(cp, req->path, &installed, &seen, &bytes);
+	int ret = restore_name(cp, ck, req->name, &installed, &seen, &bytes);
 
 	memset(&rep, 0, sizeof(rep));
 	if (!ret)
@@ -433,7 +546,7 @@ void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps
 		reply(cp, c, h->req_id, 0, NULL, NULL, 0, NULL);
 		return;
 	case RPS__CKPT_RESTORE:
-		on_restore(cp, c, h->req_id, req);
+		on_restore(cp, c, h->req_id, ck, req);
 		return;
 	default:
 		reply(cp, c, h->req_id, -EINVAL, NULL, NULL, 0, "unknown checkpoint operation");
@@ -449,6 +562,9 @@ void rps__ck_fini(struct rps__cplane *cp)
 	if (ck->writing)
 		pthread_join(ck->thread, NULL);
 	free_copies(ck);
+	if (ck->base_fd >= 0)
+		close(ck->base_fd);
+	free(ck->base);
 	free(ck);
 	cp->ckpt = NULL;
 }

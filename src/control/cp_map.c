@@ -132,7 +132,7 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 					 " member %llu", p, (unsigned long long)mp->backups[0]);
 			else if (!mp->lost && !pl->gone && cp->rnode)
 				rps__log(RPS__LOG_ERROR, "partition %u lost with member %llu (restarted): restore it"
-					 " (psctl restore DIR) or accept it empty (psctl forget-lost %u)", p,
+					 " (psctl restore NAME) or accept it empty (psctl forget-lost %u)", p,
 					 (unsigned long long)cp->my_id, p);
 			pl->gone = !mp->lost;
 			pl->st = PART_NONE;

@@ -432,7 +432,7 @@ static int recover_map(struct rps__cplane *cp)
 				 i, (unsigned long long)cp->map.parts[i].backups[0]);
 		else if (cp->parts[i].gone)
 			rps__log(RPS__LOG_ERROR, "partition %d lost with member %llu (restarted): restore it"
-				 " (psctl restore DIR) or accept it empty (psctl forget-lost %d)", i,
+				 " (psctl restore NAME) or accept it empty (psctl forget-lost %d)", i,
 				 (unsigned long long)cp->my_id, i);
 	return 0;
 }
@@ -461,9 +461,14 @@ int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct r
 	if (ret)
 		goto err_mr;
 	cp->restarted = dir_has_state(cp->data_dir);
+	/* (after that look: a --checkpoint-dir made inside --data-dir is no
+	 * sign of a restart) */
+	ret = rps__ck_init(cp);
+	if (ret)
+		goto err_ck;
 	ret = open_raft(cp, &nvoters);
 	if (ret)
-		goto err_dir;
+		goto err_ck;
 	ret = recover_map(cp);
 	if (ret)
 		goto err_rnode;
@@ -481,7 +486,8 @@ int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct r
 err_rnode:
 	rps__rnode_close(cp->rnode);
 	cp->rnode = NULL;
-err_dir:
+err_ck:
+	rps__ck_fini(cp);
 	if (cp->data_dir_temp)
 		(void)rps__remove_tree(cp->data_dir);
 	free(cp->data_dir);

@@ -271,7 +271,9 @@ void rps__cp_failover_heard(struct rps__cplane *cp, uint64_t id);
 /* leader: id is this server, or was heard from and is not failed */
 bool rps__cp_member_live(const struct rps__cplane *cp, uint64_t id);
 
-/* ckpt_srv.c: checkpoints and restores */
+/* ckpt_srv.c: checkpoints and restores.  rps__ck_init opens --checkpoint-dir
+ * (rps__ck_fini closes it). */
+int rps__ck_init(struct rps__cplane *cp);
 void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps__msg_hdr *h,
 			const void *body, uint32_t body_len);
 void rps__ck_timers(struct rps__cplane *cp, uint64_t now);

@@ -65,9 +65,9 @@ static void usage(FILE *f)
 "  set-replicas R              keep R copies (1-3) of every partition: the\n"
 "                              leader seeds or drops backups\n"
 "  transfer-leader [ID]        make ID (default: the server's choice) the leader\n"
-"  checkpoint DIR              write a consistent checkpoint of every tensor to\n"
-"                              DIR (a directory every server can write)\n"
-"  restore DIR                 load the checkpoint in DIR into the servers\n"
+"  checkpoint NAME             write a consistent checkpoint of every tensor as\n"
+"                              NAME under every server's --checkpoint-dir\n"
+"  restore NAME                load the checkpoint NAME into the servers\n"
 "  remove-rank RANK [TENSOR]   a dead worker's rank leaves the sync and bounded\n"
 "                              tensors (or TENSOR) for good; the others go on\n"
 "\n"
@@ -96,7 +96,7 @@ static void die_usage(const char *fmt, ...)
 	fprintf(stderr, "\n"
 		"usage: psctl [-s URI[,URI...]] [--json] [--timeout SEC] COMMAND [ARGS]\n"
 		"commands: status | move PART ID | add-server ID URI [--no-rebalance] |\n"
-		"          remove-server ID | transfer-leader [ID] | checkpoint DIR | restore DIR |\n"
+		"          remove-server ID | transfer-leader [ID] | checkpoint NAME | restore NAME |\n"
 		"          remove-rank RANK [TENSOR] | set-replicas R\n"
 		"          (psctl --help for more)\n");
 	exit(2);
@@ -643,8 +643,8 @@ static void check_command(const char *cmd, int nargs)
 		{ "add-server", 2, 2, " ID URI [--no-rebalance]" },
 		{ "remove-server", 1, 1, " ID" },
 		{ "transfer-leader", 0, 1, " [ID]" },
-		{ "checkpoint", 1, 1, " DIR" },
-		{ "restore", 1, 1, " DIR" },
+		{ "checkpoint", 1, 1, " NAME" },
+		{ "restore", 1, 1, " NAME" },
 		{ "forget-lost", 1, 1, " PART|all" },
 		{ "remove-rank", 1, 2, " RANK [TENSOR]" },
 		{ "set-replicas", 1, 1, " R" },

@@ -1,6 +1,8 @@
 /*
  * psctl_ckpt.c - psctl checkpoint and restore: every member writes (or
- * loads) its partitions in one consistent cut, driven from here.
+ * loads) its partitions in one consistent cut, driven from here.  A
+ * checkpoint is named, not placed: each server keeps it under its own
+ * --checkpoint-dir and checks the name (psctl sends it as given).
  */
 #include "config.h"
 #include "programs/psctl_int.h"
@@ -80,7 +82,7 @@ static void ck_print_member(const struct ck_member *m)
 }
 
 /* checkpoint --json: the totals, the sync tensors' steps, every member */
-static void ck_print_json(const char *dir, const struct ck_member *m, uint32_t n,
+static void ck_print_json(const char *name, const struct ck_member *m, uint32_t n,
 			  const struct rps__ckpt_target *tg, uint32_t nt)
 {
 	unsigned long long bytes = 0, raw = 0, pause_max = 0;
@@ -92,8 +94,8 @@ static void ck_print_json(const char *dir, const struct ck_member *m, uint32_t n
 		shards += m[i].nshards;
 		pause_max = RPS__MAX(pause_max, m[i].pause_ns);
 	}
-	printf("{\"dir\":");
-	psctl_json_str(dir);
+	printf("{\"name\":");
+	psctl_json_str(name);
 	printf(",\"shards\":%u,\"bytes\":%llu,\"raw_bytes\":%llu,\"longest_pause_ns\":%llu,\"tensors\":[",
 	       shards, bytes, raw, pause_max);
 	for (i = 0; i < nt; i++) {
@@ -109,7 +111,7 @@ static void ck_print_json(const char *dir, const struct ck_member *m, uint32_t n
 	printf("]}\n");
 }
 
-int psctl_cmd_checkpoint(const char *dir)
+int psctl_cmd_checkpoint(const char *name)
 {
 	static struct ck_member m[RPS__SMAP_MAX_MEMBERS];
 	static struct rps__ckpt_target tg[4096];
@@ -128,9 +130,9 @@ int psctl_cmd_checkpoint(const char *dir)
 	req.ckpt_id = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	req.level = psctl_opt.level >= 0 ? (uint32_t)psctl_opt.level : 1;
 	req.timeout_ms = (uint32_t)psctl_opt.timeout_ms;
-	if (strlen(dir) >= sizeof(req.path))
-		return psctl_fail("checkpoint directory '%s': at most %zu characters", dir, sizeof(req.path) - 1);
-	snprintf(req.path, sizeof(req.path), "%s", dir);
+	if (strlen(name) >= sizeof(req.name))
+		return psctl_fail("checkpoint name of %zu characters: too long (at most %zu)", strlen(name), sizeof(req.name) - 1);
+	snprintf(req.name, sizeof(req.name), "%s", name);
 	/* 1. every server holds its sync tensors and says where they are */
 	req.op = RPS__CKPT_PREPARE;
 	for (i = 0; i < n && !ret; i++) {
@@ -189,13 +191,13 @@ int psctl_cmd_checkpoint(const char *dir)
 		req.op = RPS__CKPT_ABORT;
 		for (i = 0; i < n; i++)
 			ck_call(&m[i], &req, NULL, 0, &rep);
-		return psctl_fail("checkpoint %s: %s", dir, msg);
+		return psctl_fail("checkpoint %s: %s", name, msg);
 	}
 	if (psctl_opt.json) {
-		ck_print_json(dir, m, n, tg, nt);
+		ck_print_json(name, m, n, tg, nt);
 		return 0;
 	}
-	printf("checkpoint %s: %u shards of %u sync tensor(s) at", dir, shards, nt);
+	printf("checkpoint %s: %u shards of %u sync tensor(s) at", name, shards, nt);
 	for (k = 0; k < nt; k++)
 		printf(" %s@%llu", tg[k].name, (unsigned long long)tg[k].step);
 	printf("%s; %llu bytes written for %llu bytes of state; longest pause %.3f ms\n", nt ? "" : " -",
@@ -204,19 +206,19 @@ int psctl_cmd_checkpoint(const char *dir)
 }
 
 /* restore --json: what every member installed */
-static void restore_print_json(const char *dir, uint64_t seen, const struct ck_member *m, uint32_t n)
+static void restore_print_json(const char *name, uint64_t seen, const struct ck_member *m, uint32_t n)
 {
 	uint32_t i;
 
-	printf("{\"dir\":");
-	psctl_json_str(dir);
+	printf("{\"name\":");
+	psctl_json_str(name);
 	printf(",\"shards\":%llu,\"members\":[", (unsigned long long)seen);
 	for (i = 0; i < n; i++)
 		printf("%s{\"id\":%llu,\"shards\":%u}", i ? "," : "", (unsigned long long)m[i].id, m[i].nshards);
 	printf("]}\n");
 }
 
-int psctl_cmd_restore(const char *dir)
+int psctl_cmd_restore(const char *name)
 {
 	static struct ck_member m[RPS__SMAP_MAX_MEMBERS];
 	struct rps__ckpt_req req;
@@ -230,16 +232,16 @@ int psctl_cmd_restore(const char *dir)
 		return psctl_fail_err();
 	memset(&req, 0, sizeof(req));
 	req.op = RPS__CKPT_RESTORE;
-	if (strlen(dir) >= sizeof(req.path))
-		return psctl_fail("checkpoint directory '%s': at most %zu characters", dir, sizeof(req.path) - 1);
-	snprintf(req.path, sizeof(req.path), "%s", dir);
+	if (strlen(name) >= sizeof(req.name))
+		return psctl_fail("checkpoint name of %zu characters: too long (at most %zu)", strlen(name), sizeof(req.name) - 1);
+	snprintf(req.name, sizeof(req.name), "%s", name);
 	for (i = 0; i < n; i++) {
 		ret = ck_call(&m[i], &req, NULL, 0, &rep);
 		if (ret)
-			return psctl_fail("restore %s: %s", dir, rps__errbuf());
+			return psctl_fail("restore %s: %s", name, rps__errbuf());
 		if (i && rep->seen_shards != seen)
-			return psctl_fail("restore %s: members read different checkpoints (%llu and %llu shards): is DIR the same place for every server?",
-				    dir, (unsigned long long)seen, (unsigned long long)rep->seen_shards);
+			return psctl_fail("restore %s: members read different checkpoints (%llu and %llu shards): do their --checkpoint-dir hold the same %s?",
+				    name, (unsigned long long)seen, (unsigned long long)rep->seen_shards, name);
 		seen = rep->seen_shards;
 		total += rep->nshards;
 		m[i].nshards = rep->nshards;
@@ -248,11 +250,11 @@ int psctl_cmd_restore(const char *dir)
 	}
 	if (total != seen)
 		return psctl_fail("restore %s: %llu of the checkpoint's %llu shards installed: a partition without a serving owner (a move in progress?)",
-			    dir, (unsigned long long)total, (unsigned long long)seen);
+			    name, (unsigned long long)total, (unsigned long long)seen);
 	if (psctl_opt.json) {
-		restore_print_json(dir, seen, m, n);
+		restore_print_json(name, seen, m, n);
 		return 0;
 	}
-	printf("restore %s: all %llu shards installed\n", dir, (unsigned long long)seen);
+	printf("restore %s: all %llu shards installed\n", name, (unsigned long long)seen);
 	return 0;
 }

@@ -74,8 +74,8 @@ int psctl_cmd_remove_server(uint64_t id);
 int psctl_cmd_transfer_leader(uint64_t to);
 
 /* psctl_ckpt.c: checkpoint, restore */
-int psctl_cmd_checkpoint(const char *dir);
-int psctl_cmd_restore(const char *dir);
+int psctl_cmd_checkpoint(const char *name);
+int psctl_cmd_restore(const char *name);
 
 /* psctl_ranks.c: remove-rank */
 int psctl_cmd_remove_rank(int rank, const char *tensor);

@@ -274,7 +274,7 @@ int psctl_cmd_force_remove(uint64_t id)
 	if (psctl_opt.json)
 		printf("{\"id\":%" PRIu64 ",\"forced\":true}\n", id);
 	else
-		printf("member %" PRIu64 " removed; its partitions are lost: psctl restore DIR, or psctl forget-lost all\n",
+		printf("member %" PRIu64 " removed; its partitions are lost: psctl restore NAME, or psctl forget-lost all\n",
 		       id);
 	return 0;
 }

@@ -72,7 +72,10 @@ static void usage(FILE *f)
 		"                            2 servers on, else 1)\n"
 		"      --zone NAME           this server's zone: replicas spread over zones (up to 15\n"
 		"                            printable characters)\n"
-		"      --restore DIR         load the checkpoint in DIR (psctl checkpoint) before serving\n"
+		"      --checkpoint-dir DIR  psctl checkpoint NAME and restore NAME use DIR/NAME, and nothing\n"
+		"                            outside DIR (default: none, they are refused)\n"
+		"      --restore DIR         load the checkpoint in the directory DIR (a path, e.g.\n"
+		"                            CKDIR/NAME of psctl checkpoint NAME) before serving\n"
 		"  -p, --port-file PATH      write the listening port here once ready\n"
 		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
 		"  -h, --help                this text\n"
@@ -214,6 +217,9 @@ static int parse_one(int c, struct opts *o)
 		if (opt_u32("--replicas", optarg, 1, RPS__SMAP_MAX_REPLICAS, &cfg->replicas))
 			return 2;
 		break;
+	case 20:
+		cfg->ckpt_dir = optarg;
+		break;
 	case 19:
 		if (!zone_ok(optarg)) {
 			fprintf(stderr, "rdmapsd: --zone '%s': 1 to %u printable characters, no spaces\n", optarg,
@@ -347,6 +353,7 @@ static int parse_options(int argc, char **argv, struct opts *o)
 		{ "failover-ms", required_argument, NULL, 17 },
 		{ "replicas", required_argument, NULL, 18 },
 		{ "zone", required_argument, NULL, 19 },
+		{ "checkpoint-dir", required_argument, NULL, 20 },
 		{ "log-level", required_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },

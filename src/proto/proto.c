@@ -151,9 +151,9 @@ int rps__msg_check(const void *buf, size_t len)
 	}
 	if (h.type == RPS__MSG_CKPT && len > sizeof(h)) {
 		const struct rps__ckpt_req *c = (const void *)((const char *)buf + sizeof(h));
-		if (!memchr(c->path, '\0', sizeof(c->path)) ||
+		if (!memchr(c->name, '\0', sizeof(c->name)) ||
 		    (uint64_t)c->ntargets * sizeof(struct rps__ckpt_target) != len - sizeof(h) - sizeof(*c))
-			return rps__seterr(-EBADMSG, "malformed CKPT message: path not terminated or %u targets do not fit",
+			return rps__seterr(-EBADMSG, "malformed CKPT message: name not terminated or %u targets do not fit",
 					   c->ntargets);
 	}
 	if (h.type == RPS__MSG_CKPT_REP && len > sizeof(h)) {

@@ -298,7 +298,7 @@ enum rps__ckpt_op {
 	RPS__CKPT_PREPARE = 1,	/* hold sync tensors at their current step; reply: tensor -> step */
 	RPS__CKPT_TAKE = 2,	/* bring sync tensors to the targets, copy, release; a thread writes */
 	RPS__CKPT_ABORT = 3,	/* release a hold */
-	RPS__CKPT_RESTORE = 4,	/* install what the files of path hold for partitions served here */
+	RPS__CKPT_RESTORE = 4,	/* install what the files of name hold for partitions served here */
 	RPS__CKPT_FINISH = 5,	/* answer once the file of the last TAKE is written */
 };
 
@@ -313,7 +313,8 @@ struct rps__ckpt_req {
 	uint64_t ckpt_id;
 	uint32_t timeout_ms;	/* PREPARE: release the hold by itself after this (0: 30 s) */
 	uint32_t level;		/* igzip level 0..3 */
-	char path[256];		/* directory of the checkpoint's files */
+	char name[256];		/* the checkpoint: a directory under the server's
+				 * --checkpoint-dir (never a path: rps__ckpt_name_check) */
 };
 
 struct rps__ckpt_rep {

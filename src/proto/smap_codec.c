@@ -698,7 +698,7 @@ void rps__smap_print(const struct rps__smap *m, FILE *f)
 		print_backups(a, f);
 		fprintf(f, " (epoch %llu)", ull(a->epoch));
 		if (a->lost)
-			fprintf(f, " LOST with member %llu: psctl restore DIR, or psctl forget-lost", ull(a->lost));
+			fprintf(f, " LOST with member %llu: psctl restore NAME, or psctl forget-lost", ull(a->lost));
 		fputc('\n', f);
 	}
 }

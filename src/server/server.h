@@ -54,6 +54,8 @@ struct rps__server_config {
 	uint32_t replicas;		/* --replicas R: the leader makes it the map's target
 					 * (0: not given, the map's stands) */
 	const char *zone;		/* --zone: this member's zone label (NULL: not given) */
+	const char *ckpt_dir;		/* --checkpoint-dir: the only place psctl checkpoint and
+					 * restore write and read (NULL: they are refused) */
 };
 
 void rps__server_config_init(struct rps__server_config *cfg);

@@ -4,19 +4,20 @@
  * and the replies decoded as psctl does (src/client/ctl.c and the shard map).
  *
  * One rdmapsd runs in this process for the whole fuzzing session (a
- * one-member cluster on 127.0.0.1, 8 partitions, its data and checkpoints
- * in a scratch directory), and every input is one request over an admin
+ * one-member cluster on 127.0.0.1, 8 partitions, its data and its
+ * --checkpoint-dir in a scratch directory), and every input is one request over an admin
  * connection (rps__ctl_call), reopened if the server drops it:
  *   [u8 sel][body]
  *   sel % 4 == 0  STATUS; the reply's shard map must decode
  *   sel % 4 == 1  ADMIN: body laid over struct rps__admin
  *   sel % 4 == 2  CKPT: body laid over struct rps__ckpt_req + targets
  *   sel % 4 == 3  body[0] is any message type, the rest its raw body
- * Structure-aware unless sel bit 7 is set: the uri / path are terminated,
- * ntargets agrees with the length, and timeouts are capped at 300 ms.
- * Always, for safety: a checkpoint path is replaced by one in the scratch
- * directory, and a member uri that names a host other than 127.0.0.1 is
- * pointed at 127.0.0.1 (the server would dial it).  The server's state
+ * Structure-aware unless sel bit 7 is set: the uri / checkpoint name are
+ * terminated, ntargets agrees with the length, and timeouts are capped at
+ * 300 ms.  The checkpoint name is fuzzed as it comes: the server must keep
+ * every one under its --checkpoint-dir (the scratch directory) or refuse
+ * it.  Always, for safety: a member uri that names a host other than
+ * 127.0.0.1 is pointed at 127.0.0.1 (the server would dial it).  The server's state
  * carries over from input to input, as a real server's does.
  */
 #include "config.h"
@@ -111,6 +112,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	cfg.drain_ms = 100;
 	cfg.mem_limit = 64u << 20;
 	cfg.topology = fuzz_topology();
+	cfg.ckpt_dir = ckpt_dir;
 	if (rps__daemon_create(&cfg, &srv)) {
 		fprintf(stderr, "fuzz_admin: starting the server: %s\n", rps__errbuf());
 		abort();
@@ -185,8 +187,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			blen = sizeof(*c) + c->ntargets * sizeof(struct rps__ckpt_target);
 			c->timeout_ms %= 301;
 			c->level %= 4;
+			c->name[sizeof(c->name) - 1] = '\0';
 		}
-		snprintf(c->path, sizeof(c->path), "%s", ckpt_dir);
 		if (!call(RPS__MSG_CKPT, body, blen, rep, sizeof(rep), &len, &st, 2000) && len)
 			FUZZ_CHECK(len >= sizeof(struct rps__ckpt_rep));
 		free(body);

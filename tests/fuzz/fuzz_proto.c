@@ -115,7 +115,7 @@ static void consume(const char *buf, size_t len)
 	case RPS__MSG_CKPT: {
 		struct rps__ckpt_req c;
 		memcpy(&c, body, sizeof(c));
-		FUZZ_CHECK(memchr(c.path, '\0', sizeof(c.path)));
+		FUZZ_CHECK(memchr(c.name, '\0', sizeof(c.name)));
 		consume_targets(body + sizeof(c), blen - sizeof(c), c.ntargets);
 		break;
 	}

@@ -327,7 +327,7 @@ static void gen_proto(void)
 		c->ntargets = 2;
 		c->ckpt_id = 11;
 		c->level = 1;
-		snprintf(c->path, sizeof(c->path), "/tmp/ckpt");
+		snprintf(c->name, sizeof(c->name), "run1/step3");
 		snprintf(t[0].name, sizeof(t[0].name), "a");
 		t[0].step = 3;
 		snprintf(t[1].name, sizeof(t[1].name), "b");
