@@ -94,6 +94,14 @@ struct rps_client_opts {
 				 * connections, and sync/bounded tensors opened
 				 * afterwards resume at the rank's next clock (see
 				 * rps_tensor_create) */
+	/* The key file proving who this worker is (README "Security"; made
+	 * by `psctl keygen`): NULL reads $RDMAPS_KEY_FILE.  With a key every
+	 * connection authenticates both ways; a worker key reaches only the
+	 * tensors under its scope, a reader key only pulls. */
+	const char *key_file;
+	int insecure;		/* 1: connect without a key to servers beyond
+				 * loopback (also $RDMAPS_INSECURE=1); without
+				 * it such a connect fails with -EACCES */
 };
 
 struct rps_tensor_opts {

@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 const char *const psperf_test_names[T_NTESTS] = { "push", "pull", "pushpull", "lock", "agg", "commit", "crc",
-						  "igzip", "reseed", "group" };
+						  "igzip", "reseed", "group", "connect" };
 /* all = the data-plane tests; commit and reseed (clusters of their own),
  * crc and igzip (checkpoint kernels, in-process) only when named */
 #define DEFAULT_TESTS ((1u << T_COMMIT) - 1)
@@ -36,8 +36,9 @@ static void usage_tests(FILE *f)
 	fprintf(f,
 "Tests:\n"
 "  -t, --test LIST        comma-separated: push, pull, pushpull, lock, agg, commit,\n"
-"                         crc, igzip, reseed, group, or all (default all: every\n"
-"                         test but commit, crc, igzip, reseed and group).  push:\n"
+"                         crc, igzip, reseed, group, connect, or all (default all:\n"
+"                         every test but commit, crc, igzip, reseed, group and\n"
+"                         connect).  push:\n"
 "                         rps_push of the gradient; pull: rps_pull of the\n"
 "                         parameters; pushpull: one training step\n"
 "                         (push then pull); lock: rps__tensor_lock + unlock of one\n"
@@ -56,6 +57,10 @@ static void usage_tests(FILE *f)
 "                         normal-ish floats) and of zeros, vs memcpy, with the\n"
 "                         compression ratio (in-process, one thread: what a\n"
 "                         checkpoint costs per byte)\n"
+"                         connect: what the handshake costs: an admin channel and\n"
+"                         a worker's client connected and closed, to a server\n"
+"                         with a key and to one without (local mode, -n each,\n"
+"                         default 200)\n"
 "                         reseed: the re-replication rate.  Local mode, --servers\n"
 "                         N >= 2, --replicas R >= 2, a cluster of its own: per\n"
 "                         size S the cluster holds S bytes of fp32 parameters;\n"
@@ -90,6 +95,9 @@ static void usage_tests(FILE *f)
 "      --optimizer O      sum, sgd, momentum or adam (default sum)\n"
 "      --fsync always|none  commit test (and --server): sync the Raft log before\n"
 "                         acknowledging an entry, or not (default always)\n"
+"      --key FILE         the key every connection proves (default $RDMAPS_KEY_FILE;\n"
+"                         the local cluster makes one for the run if none is given)\n"
+"      --insecure         --server / --connect without a key beyond loopback\n"
 "\n");
 }
 
@@ -340,7 +348,7 @@ enum {
 	OPT_STALENESS = 256, OPT_OPTIMIZER, OPT_REPLICAS, OPT_SERVERS, OPT_WORKERS, OPT_TRANSPORT,
 	OPT_DEVICE, OPT_ADDR, OPT_SHARD, OPT_SLOTS, OPT_SPIN, OPT_THREADS, OPT_TIMEOUT, OPT_SERVER,
 	OPT_LISTEN, OPT_CLUSTER, OPT_INDEX, OPT_CONNECT, OPT_RANK, OPT_NUMW, OPT_TAG,
-	OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC, OPT_PARTITIONS, OPT_REGISTERED, OPT_COPY, OPT_GROUP,
+	OPT_KEY, OPT_INSECURE, OPT_RAWT, OPT_CSV, OPT_LABEL, OPT_FSYNC, OPT_PARTITIONS, OPT_REGISTERED, OPT_COPY, OPT_GROUP,
 };
 
 static const struct option longopts[] = {
@@ -383,6 +391,8 @@ static const struct option longopts[] = {
 	{ "csv", no_argument, NULL, OPT_CSV },
 	{ "label", required_argument, NULL, OPT_LABEL },
 	{ "fsync", required_argument, NULL, OPT_FSYNC },
+	{ "key", required_argument, NULL, OPT_KEY },
+	{ "insecure", no_argument, NULL, OPT_INSECURE },
 	{ "quiet", no_argument, NULL, 'q' },
 	{ "help", no_argument, NULL, 'h' },
 	{ "version", no_argument, NULL, 'V' },
@@ -417,6 +427,8 @@ static void parse_option(struct opts *o, int c, const char *arg)
 	switch (c) {
 	case 't': o->tests = parse_tests(arg); break;
 	case 's': parse_one_size(o, arg); break;
+	case OPT_KEY: setenv("RDMAPS_KEY_FILE", arg, 1); break;	/* (servers and library read it there) */
+	case OPT_INSECURE: setenv("RDMAPS_INSECURE", "1", 1); break;
 	case 'S': parse_sweep(o, arg); break;
 	case 'n': o->iters = parse_long(arg, "--iters", 1, 100000000); break;
 	case 'w': o->warmup = parse_long(arg, "--warmup", 0, 100000000); break;
@@ -512,6 +524,8 @@ static void check_roles(struct opts *o)
 	if ((o->tests & (1u << T_RESEED)) && (o->role != ROLE_LOCAL || o->nservers < 2 || o->replicas < 2))
 		psperf_die_usage("-t reseed needs local mode with --servers 2 or more and --replicas 2 or 3 "
 				 "(e.g. --servers 2 --replicas 2)");
+	if ((o->tests & (1u << T_CONNECT)) && o->role != ROLE_LOCAL)
+		psperf_die_usage("-t connect needs local mode (it starts the servers it connects to)");
 	if ((o->tests & (1u << T_RESEED)) && o->size_min < 4)
 		psperf_die_usage("-t reseed: sizes are fp32 parameter bytes, 4 or more");
 	if (o->partitions && o->role != ROLE_LOCAL)

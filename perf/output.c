@@ -82,6 +82,11 @@ static void print_header(const struct run *r, enum test_id t, bool raw, bool ref
 			printf(" raw: %s of the admin messages' sizes\n",
 			       r->kind == RPS__KIND_VERBS ? "SEND ping-pong" : "socket request/response");
 		break;
+	case T_CONNECT:
+		printf(" connect: an admin channel (connect, AUTH, its answer; then close) and a worker's client\n"
+		       " (rps_client_connect + rps_client_close: fabric, buffers, handshake, HELLO, the shard map), to\n"
+		       " a one-server cluster with a key and to one without, one connect at a time\n");
+		break;
 	case T_GROUP:
 		printf(" group: rps_group_push of %d members of S bytes (one op), beside the same %d tensors pushed\n"
 		       " one by one (%d rps_push calls an op); %s, %s, %d server(s), %d worker(s) at once.\n"
@@ -112,11 +117,12 @@ static void print_header(const struct run *r, enum test_id t, bool raw, bool ref
 				  : "socket: S bytes there, S back; one-way stream"));
 		break;
 	}
-	if (o->role == ROLE_WORKER && !psperf_in_process(t) && t != T_COMMIT)
+	if (o->role == ROLE_WORKER && !psperf_in_process(t) && t != T_COMMIT && t != T_CONNECT)
 		printf(" figures of worker %d of %d only\n", o->rank, o->num_workers);
 	printf("%s\n", line);
-	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s", t == T_COMMIT ? 22 : t == T_IGZIP ? 15 : t == T_GROUP ? 20 : 12,
-	       t == T_LOCK || t == T_COMMIT ? "op" : "#bytes", "#iters",
+	printf(" %-*s %8s %10s %10s %10s %10s %11s %10s %11s",
+	       t == T_COMMIT || t == T_CONNECT ? 22 : t == T_IGZIP ? 15 : t == T_GROUP ? 20 : 12,
+	       t == T_LOCK || t == T_COMMIT || t == T_CONNECT ? "op" : "#bytes", "#iters",
 	       "t_min[us]", "t_typ[us]", "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "BW[GB/s]", "ops/s");
 	if (t == T_PUSH || t == T_PUSHPULL)
 		printf(" %6s", "tx/B");
@@ -137,8 +143,9 @@ static void print_row(const struct row *row, bool raw, bool ref)
 {
 	char first[32], b[4][32];
 	const struct stats *s = &row->s_lat;
-	bool no_bw = row->test == T_LOCK || row->test == T_COMMIT;
-	int w = row->test == T_COMMIT ? 22 : row->test == T_IGZIP ? 15 : row->test == T_GROUP ? 20 : 12;
+	bool no_bw = row->test == T_LOCK || row->test == T_COMMIT || row->test == T_CONNECT;
+	int w = row->test == T_COMMIT || row->test == T_CONNECT ? 22 : row->test == T_IGZIP ? 15 :
+		row->test == T_GROUP ? 20 : 12;
 
 	if (row->label[0])
 		snprintf(first, sizeof(first), "%s", row->label);
@@ -288,6 +295,16 @@ static void print_commit_ratio(struct run *r)
 	}
 }
 
+static void print_connect_ratio(struct run *r)
+{
+	const struct row *a = psperf_plan_connect_row(r, false, false), *w = psperf_plan_connect_row(r, false, true);
+	char xa[32], xw[32];
+
+	fmt_num(xa, sizeof(xa), a ? a->x_key : NAN, "%.2f");
+	fmt_num(xw, sizeof(xw), w ? w->x_key : NAN, "%.2f");
+	printf(" with a key / without (t_typ): admin %s, worker %s\n", xa, xw);
+}
+
 static void print_banner(const struct run *r)
 {
 	char host[256] = "", date[64];
@@ -328,6 +345,8 @@ static void print_tables(struct run *r)
 				print_row(&r->rows[i], raw || psperf_in_process((enum test_id)t), ref);
 		if (t == T_COMMIT)
 			print_commit_ratio(r);
+		if (t == T_CONNECT)
+			print_connect_ratio(r);
 	}
 	print_raw_tables(r);
 	printf("------------------------------------------------------------------------------------------------\n");
@@ -587,6 +606,10 @@ static void json_row(FILE *f, const struct row *row)
 	if (row->test == T_COMMIT && !row->commit_rtt) {
 		fprintf(f, ", \"x_rtt\": ");
 		json_num(f, row->x_rtt);
+	}
+	if (row->test == T_CONNECT && !row->connect_nokey) {
+		fprintf(f, ", \"x_key\": ");
+		json_num(f, row->x_key);
 	}
 	if (row->test == T_IGZIP) {
 		fprintf(f, ", \"ratio\": ");

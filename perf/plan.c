@@ -128,6 +128,24 @@ static void plan_commit(struct run *r)
 	}
 }
 
+/* connect: an admin channel and a worker's client, each to a server with
+ * a key (the handshake) and to one without; -n connects each (default 200). */
+static void plan_connect(struct run *r)
+{
+	int k;
+
+	for (k = 0; k < 4; k++) {
+		struct row *row = plan_add(r, T_CONNECT, 0);
+		row->workers = 1;
+		row->connect_worker = k >= 2;
+		row->connect_nokey = k % 2 == 1;
+		row->iters = r->o->iters > 0 ? r->o->iters : 200;
+		row->warmup = RPS__MAX(row->iters / 20, 2L);
+		snprintf(row->label, sizeof(row->label), "%s, %s", row->connect_worker ? "worker" : "admin",
+			 row->connect_nokey ? "no key" : "key");
+	}
+}
+
 /* reseed: one row per size; -n raises per size (default 1: each one
  * seeds every partition again, seconds of work); what one raise moves is
  * the parameter bytes times the R-1 copies it makes. */
@@ -165,6 +183,10 @@ void psperf_plan_rows(struct run *r)
 		}
 		if (t == T_RESEED) {
 			plan_reseed(r);
+			continue;
+		}
+		if (t == T_CONNECT) {
+			plan_connect(r);
 			continue;
 		}
 		if (t == T_GROUP) {
@@ -211,7 +233,8 @@ bool psperf_plan_has_cluster_rows(const struct run *r)
 	size_t i;
 
 	for (i = 0; i < r->nrows; i++)
-		if (!psperf_in_process(r->rows[i].test) && r->rows[i].test != T_COMMIT && r->rows[i].test != T_RESEED)
+		if (!psperf_in_process(r->rows[i].test) && r->rows[i].test != T_COMMIT && r->rows[i].test != T_RESEED &&
+		    r->rows[i].test != T_CONNECT)
 			return true;
 	return false;
 }
@@ -222,6 +245,17 @@ struct row *psperf_plan_commit_row(struct run *r, bool rtt)
 
 	for (i = 0; i < r->nrows; i++)
 		if (r->rows[i].test == T_COMMIT && r->rows[i].commit_rtt == rtt)
+			return &r->rows[i];
+	return NULL;
+}
+
+struct row *psperf_plan_connect_row(struct run *r, bool nokey, bool worker)
+{
+	size_t i;
+
+	for (i = 0; i < r->nrows; i++)
+		if (r->rows[i].test == T_CONNECT && r->rows[i].connect_nokey == nokey &&
+		    r->rows[i].connect_worker == worker)
 			return &r->rows[i];
 	return NULL;
 }

@@ -147,7 +147,8 @@ static int role_local(struct opts *o)
 	r.W = o->nworkers;
 	r.nservers = o->nservers;
 	psperf_plan_rows(&r);
-	if (psperf_plan_has_cluster_rows(&r) || o->baseline || psperf_plan_commit_row(&r, false) || has_reseed(&r)) {
+	if (psperf_plan_has_cluster_rows(&r) || o->baseline || psperf_plan_commit_row(&r, false) || has_reseed(&r) ||
+	    psperf_plan_connect_row(&r, false, false)) {
 		if (psperf_choose_fabric(&r)) {
 			run_free(&r);
 			return 1;
@@ -161,6 +162,8 @@ static int role_local(struct opts *o)
 		ret = psperf_run_commit_local(&r);
 	if (!ret && has_reseed(&r))
 		ret = psperf_run_reseed_local(&r);
+	if (!ret && psperf_plan_connect_row(&r, false, false))
+		ret = psperf_run_connect_local(&r);
 	return finish_run(&r, ret);
 }
 

@@ -28,7 +28,8 @@
 
 /* ---- options -------------------------------------------------------------- */
 
-enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_CRC, T_IGZIP, T_RESEED, T_GROUP, T_NTESTS };
+enum test_id { T_PUSH, T_PULL, T_PUSHPULL, T_LOCK, T_AGG, T_COMMIT, T_CRC, T_IGZIP, T_RESEED, T_GROUP, T_CONNECT,
+	       T_NTESTS };
 extern const char *const psperf_test_names[T_NTESTS];
 
 /* Tests measured in-process, without a cluster: agg, crc, igzip.  (commit
@@ -135,6 +136,9 @@ struct row {
 	bool lock_release;	/* the release half of a lock pair */
 	bool commit_rtt;	/* commit test: the STATUS round trip row */
 	bool group_separate;	/* group test: the same tensors pushed one by one */
+	bool connect_nokey;	/* connect test: to a server without a key */
+	bool connect_worker;	/* connect test: rps_client_connect, not an admin channel */
+	double x_key;		/* connect row with a key: its t_typ / the same without */
 	double x_group;		/* group row: its tensors/s / the separate pushes' */
 	long iters, warmup;
 	struct pass lat, bw;	/* merged over workers */
@@ -204,6 +208,7 @@ struct lcluster {
 	int n;
 	char dirs[MAX_LOCAL][PATH_MAX];	/* commit test: each server's --data-dir */
 	bool no_target;			/* reseed test: no --replicas, the test sets the target */
+	bool no_key;			/* connect test: servers without a key */
 };
 
 /* ---- baselines ------------------------------------------------------------ */
@@ -285,6 +290,9 @@ size_t psperf_size_index(const struct run *r, size_t bytes);
 size_t psperf_pull_bytes(const struct opts *o, const struct row *row);
 bool psperf_plan_has_cluster_rows(const struct run *r);
 struct row *psperf_plan_commit_row(struct run *r, bool rtt);
+/* the connect test's row: with or without a key, worker or admin connects */
+struct row *psperf_plan_connect_row(struct run *r, bool nokey, bool worker);
+int psperf_run_connect_local(struct run *r);
 
 /* worker.c: worker threads */
 void psperf_fill_gradient(void *dst, enum rps_dtype dt, size_t count);

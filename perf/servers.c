@@ -8,6 +8,7 @@
 #include "psperf_int.h"
 #include "client/ctl.h"
 #include "control/daemon.h"
+#include "proto/auth.h"
 #include "proto/proto.h"
 #include "proto/smap.h"
 #include "server/server.h"
@@ -66,8 +67,61 @@ void psperf_cluster_destroy(void *arg)
  * --fsync (the commit test, where syncing is what is measured).
  * no_target: no --replicas (the reseed test sets the map's target itself,
  * and a leader's flag would set it back). */
+/*
+ * The servers psperf starts run with a key, as a deployment does, so the
+ * connect path measured is the real one: RDMAPS_KEY_FILE's (psperf --key),
+ * else a cluster key made for this run, in a directory removed at exit.
+ * Its workers, in this process or forked, find it in RDMAPS_KEY_FILE.
+ */
+static struct rps__keyring *run_keys;
+static char run_key_dir[64];
+static pid_t run_key_owner;
+
+static void run_key_remove(void)
+{
+	char path[128];
+
+	if (getpid() != run_key_owner)
+		return;
+	snprintf(path, sizeof(path), "%s/cluster.key", run_key_dir);
+	unlink(path);
+	rmdir(run_key_dir);
+}
+
+static struct rps__keyring *psperf_keys(void)
+{
+	const char *path = rps__key_path(NULL);
+	char made[128];
+
+	if (run_keys)
+		return run_keys;
+	if (!path) {
+		snprintf(run_key_dir, sizeof(run_key_dir), "%s/psperf-key.XXXXXX",
+			 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+		if (!mkdtemp(run_key_dir)) {
+			fprintf(stderr, "psperf: making a key for this run: mkdtemp %s: %s\n", run_key_dir,
+				strerror(errno));
+			exit(1);
+		}
+		snprintf(made, sizeof(made), "%s/cluster.key", run_key_dir);
+		if (rps__key_write(made, RPS__KEY_CLUSTER, NULL, NULL)) {
+			fprintf(stderr, "psperf: making a key for this run: %s\n", rps__errbuf());
+			exit(1);
+		}
+		run_key_owner = getpid();
+		atexit(run_key_remove);
+		setenv("RDMAPS_KEY_FILE", made, 1);
+		path = made;
+	}
+	if (rps__keyring_open(path, true, &run_keys)) {
+		fprintf(stderr, "psperf: --key: %s\n", rps__errbuf());
+		exit(1);
+	}
+	return run_keys;
+}
+
 static void server_cfg(const struct run *r, struct rps__server_config *cfg, const char *cluster, int i,
-		       const char *data_dir, bool no_target)
+		       const char *data_dir, bool no_target, bool no_key)
 {
 	const struct opts *o = r->o;
 
@@ -86,6 +140,8 @@ static void server_cfg(const struct run *r, struct rps__server_config *cfg, cons
 	cfg->max_conns = (uint32_t)(o->nworkers + 4);
 	cfg->replicas = no_target ? 0 : (uint32_t)o->replicas;
 	cfg->npart = o->partitions;
+	cfg->keys = no_key ? NULL : psperf_keys();
+	cfg->insecure = no_key;	/* (psperf's own servers, measured without a key) */
 }
 
 /* A TCP port that is free right now (the kernel picks it); rdma_cm listens
@@ -121,7 +177,7 @@ int psperf_cluster_start(struct run *r, struct lcluster *c, int nservers, char *
 	}
 	for (i = 0; i < nservers; i++) {
 		struct rps__server_config cfg;
-		server_cfg(r, &cfg, list, i, c->dirs[i][0] ? c->dirs[i] : NULL, c->no_target);
+		server_cfg(r, &cfg, list, i, c->dirs[i][0] ? c->dirs[i] : NULL, c->no_target, c->no_key);
 		if (nservers > 1) {
 			struct rps__uri *u = NULL;
 			int n = 0;
@@ -342,6 +398,14 @@ int psperf_role_server(struct opts *o)
 	cfg.spin_us = o->spin_us;
 	cfg.nthreads = o->threads;
 	cfg.fsync_none = o->fsync_none;
+	if (rps__key_path(NULL)) {
+		cfg.keys = psperf_keys();
+	} else if (!getenv("RDMAPS_INSECURE") && !rps__host_is_loopback(cfg.listen.host)) {
+		fprintf(stderr, "psperf: --server on %s without a key: give --key FILE (psctl keygen makes one), "
+			"or --insecure on a network you trust\n", cfg.listen.host);
+		return 2;
+	}
+	cfg.insecure = getenv("RDMAPS_INSECURE") != NULL;
 	ret = rps__daemon_create(&cfg, &the_server);
 	if (ret) {
 		fprintf(stderr, "psperf: --server: %s\n", rps__errbuf());

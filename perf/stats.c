@@ -150,6 +150,13 @@ void psperf_compute_figures(struct run *r)
 		if (r->rows[i].x_group == -1)
 			r->rows[i].x_group = r->rows[i].s_lat.valid && r->rows[i + 1].s_lat.valid
 				? ratio(r->rows[i].s_lat.gbs, r->rows[i + 1].s_lat.gbs) : NAN;
+	for (i = 0; i < r->nrows; i++) {
+		struct row *row = &r->rows[i], *nk;
+		row->x_key = NAN;
+		if (row->test == T_CONNECT && !row->connect_nokey &&
+		    (nk = psperf_plan_connect_row(r, true, row->connect_worker)) && row->s_lat.valid && nk->s_lat.valid)
+			row->x_key = ratio(row->s_lat.typ, nk->s_lat.typ);
+	}
 	{
 		struct row *cr = psperf_plan_commit_row(r, false), *rr = psperf_plan_commit_row(r, true);
 		if (cr && rr && cr->s_lat.valid && rr->s_lat.valid)

@@ -5,10 +5,12 @@
 #include "cluster.h"
 #include "client/client_int.h"
 #include "client/ctl.h"
+#include "common/common.h"
 #include "common/fsutil.h"
 #include "control/raft.h"
 #include "lib/tmpdir.h"
 #include "lib/watchdog.h"
+#include "proto/auth.h"
 #include "proto/proto.h"
 #include "proto/smap.h"
 #include "transport/uri.h"
@@ -279,8 +281,60 @@ static int cluster_attach(struct it_cluster *cl, int n, const char *list)
 	return *p ? -EINVAL : 0;
 }
 
+/* Every test cluster runs with a key, as a deployment does (README
+ * "Security"): one cluster key for the whole program, in RDMAPS_KEY_FILE,
+ * which rdmapsd, psctl and librdmaps read (RPS_IT_NO_KEY=1: none). */
+static char key_dir[64];
+static pid_t key_owner;
+
+static void key_remove(void)
+{
+	char path[128];
+
+	if (!key_dir[0] || getpid() != key_owner)	/* (forked workers exit too) */
+		return;
+	snprintf(path, sizeof(path), "%s/cluster.key", key_dir);
+	unlink(path);
+	rmdir(key_dir);
+}
+
+int it_key_ensure(void)
+{
+	char path[128];
+	const char *no = getenv("RPS_IT_NO_KEY");
+
+	if (no && !strcmp(no, "1")) {	/* and no key from outside either */
+		unsetenv("RDMAPS_KEY_FILE");
+		setenv("RDMAPS_INSECURE", "1", 1);
+		return 0;
+	}
+	if (getenv("RDMAPS_KEY_FILE"))
+		return 0;
+	snprintf(key_dir, sizeof(key_dir), "%s/rps-it-key.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	if (!mkdtemp(key_dir)) {
+		fprintf(stderr, "mkdtemp %s: %s\n", key_dir, strerror(errno));
+		key_dir[0] = '\0';
+		return -errno;
+	}
+	snprintf(path, sizeof(path), "%s/cluster.key", key_dir);
+	if (rps__key_write(path, RPS__KEY_CLUSTER, NULL, NULL)) {
+		fprintf(stderr, "%s\n", rps__errbuf());
+		rmdir(key_dir);
+		key_dir[0] = '\0';
+		return -EIO;
+	}
+	key_owner = getpid();
+	atexit(key_remove);
+	setenv("RDMAPS_KEY_FILE", path, 1);
+	return 0;
+}
+
 int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_opts *o)
 {
+	int kret = it_key_ensure();
+
+	if (kret)
+		return kret;
 	int i, k, ret;
 
 	memset(cl, 0, sizeof(*cl));

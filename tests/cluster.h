@@ -51,6 +51,9 @@ const char *it_ckpt_dir(void);
  * and it_server_kill(i) runs $RPS_IT_KILL_HOOK (sh -c, member number i+1
  * as $1) and returns once the hook has: the hook kills the whole host. */
 int it_cluster_start(struct it_cluster *cl, int n, const char *extra_args);
+/* Make the program's cluster key and set RDMAPS_KEY_FILE (it_cluster_start
+ * does: every test runs with a key), unless set or RPS_IT_NO_KEY=1. */
+int it_key_ensure(void);
 int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_opts *o);
 /* SIGTERM every server, wait; returns the number that did not exit 0.
  * Removes the scratch directory (data directories included). */

@@ -19,6 +19,7 @@
 #include "kernels/agg.h"
 #include "common/common.h"
 #include "kernels/optim.h"
+#include "proto/auth.h"
 #include "proto/proto.h"
 #include "common/common.h"
 #include "proto/shard.h"
@@ -2066,12 +2067,62 @@ static int raw_connect(struct raw_peer *p, const struct rps__conn_priv *priv, ch
 	return raw_connect_to(p, cluster.port[0], priv, reply, reply_len);
 }
 
+/* The key the harness gave the cluster (RDMAPS_KEY_FILE), into *k:
+ * true if there is one. */
+static bool raw_key(struct rps__key *k)
+{
+	const char *path = rps__key_path(NULL);
+
+	return path && !rps__key_load(path, k);
+}
+
+static int raw_send(struct raw_peer *p, const void *msg, size_t len);
+static int raw_recv(struct raw_peer *p, struct rps__msg_hdr *h, void *body, size_t len);
+
+/* The handshake a connection to a server with a key starts with (what
+ * librdmaps does): 0 once both proofs held. */
+static int raw_auth(struct raw_peer *p, const struct rps__key *k, const struct rps__conn_priv *req,
+		    const struct rps__conn_priv *rep)
+{
+	enum rps__key_role want = req->role == RPS__ROLE_ADMIN ? RPS__KEY_ADMIN :
+				  req->role == RPS__ROLE_WORKER ? RPS__KEY_WORKER : RPS__KEY_PEER;
+	struct rps__auth a;
+	struct rps__auth_rep ar;
+	struct rps__auth_transcript t;
+	struct rps__key proven;
+	struct rps__msg_hdr h;
+	char msg[256];
+	size_t len;
+	int ret;
+
+	ret = rps__auth_connect(k, NULL, want, k->scope, req, rep, rps__ep_local(p->ep), rps__ep_peer(p->ep), "raw",
+				&a, &t, &proven);
+	if (ret)
+		return ret;
+	len = rps__msg_build(msg, RPS__MSG_AUTH, 1, 0, &a, sizeof(a));
+	if (raw_send(p, msg, len) || raw_recv(p, &h, &ar, sizeof(ar)))
+		return -EIO;
+	if (h.type != RPS__MSG_AUTH_REP)
+		return -EPROTO;
+	ret = rps__auth_connect_check(&proven, &t, &h, &ar, "raw");
+	if (!ret && want == RPS__KEY_PEER) {
+		len = rps__msg_build(msg, RPS__MSG_AUTH_DONE, 2, 0, NULL, 0);
+		ret = raw_send(p, msg, len) ? -EIO : 0;
+	}
+	return ret;
+}
+
 static int raw_connect_to(struct raw_peer *p, uint16_t port, const struct rps__conn_priv *priv, char *reply,
 			  size_t *reply_len)
 {
 	struct rps__fabric_attr fa = { .kind = strcmp(cluster.scheme, "verbs") ? RPS__KIND_TCP : RPS__KIND_VERBS,
 				       .host = cluster.addr };
 	struct rps__ep_attr ea = { 0 };
+	struct rps__conn_priv req = *priv, rep;
+	char own[RPS__PRIVDATA_MAX + 1];
+	size_t own_len = RPS__PRIVDATA_MAX;
+	struct rps__key k;
+	bool keyed = priv->magic == RPS__DESC_MAGIC && raw_key(&k);
 	int ret, i;
 
 	memset(p, 0, sizeof(*p));
@@ -2080,7 +2131,14 @@ static int raw_connect_to(struct raw_peer *p, uint16_t port, const struct rps__c
 	if ((ret = rps__fabric_open(&fa, &p->fab)) || (ret = rps__cq_create(p->fab, 256, &p->cq)) ||
 	    (ret = rps__mr_reg(p->fab, p->buf, 65536, RPS__ACCESS_LOCAL, &p->mr)))
 		return ret;
-	ret = rps__connect(p->fab, cluster.addr, port, p->cq, &ea, priv, sizeof(*priv), 5000,
+	if (keyed)
+		rps__auth_priv_init(&req, &k);
+	if (!reply) {
+		reply = own;
+		reply_len = &own_len;
+	}
+	memset(reply, 0, *reply_len);
+	ret = rps__connect(p->fab, cluster.addr, port, p->cq, &ea, &req, sizeof(req), 5000,
 			   reply, reply_len, &p->ep);
 	if (ret)
 		return ret;
@@ -2088,7 +2146,13 @@ static int raw_connect_to(struct raw_peer *p, uint16_t port, const struct rps__c
 		struct rps__sge sge = { .addr = p->buf + 32768 + i * 512, .len = 512, .mr = p->mr };
 		rps__post_recv(p->ep, &sge, (uint64_t)i);
 	}
-	return 0;
+	if (keyed) {
+		memset(&rep, 0, sizeof(rep));
+		memcpy(&rep, reply, RPS__MIN(*reply_len, sizeof(rep)));
+		ret = raw_auth(p, &k, &req, &rep);
+		rps__key_clear(&k);
+	}
+	return ret;
 }
 
 static void raw_close(struct raw_peer *p)
@@ -2875,7 +2939,13 @@ static int raw_admin(struct it_cluster *cl, struct raw_peer *p, uint32_t sq_dept
 	struct rps__ep_attr ea = { .sq_depth = sq_depth, .rq_depth = 8 };
 	int ret;
 
+	struct rps__key k;
+
 	memset(p, 0, sizeof(*p));
+	if (raw_key(&k)) {	/* (connected, not authenticated: it counts all the same) */
+		rps__auth_priv_init(&priv, &k);
+		rps__key_clear(&k);
+	}
 	if ((ret = rps__fabric_open(&fa, &p->fab)) || (ret = rps__cq_create(p->fab, 256, &p->cq)))
 		return ret;
 	return rps__connect(p->fab, cl->addr, cl->port[0], p->cq, &ea, &priv, sizeof(priv), 5000, reply,

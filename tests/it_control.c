@@ -42,6 +42,8 @@
 #include "config.h"
 #include "cluster.h"
 #include "client/ctl.h"
+#include "proto/auth.h"
+#include "common/common.h"
 #include "proto/proto.h"
 #include "control/raft.h"
 #include "proto/shard.h"
@@ -1401,14 +1403,56 @@ struct raw_peer {
 	struct rps__ep *ep;
 	struct rps__mr *mr;
 	char *buf;
+	char *last;		/* the buffer raw_next's message is in */
 };
 
 #define RAW_RECV 4
 #define RAW_BUF ((RAW_RECV + 1) * RPS__BIG_MSG_MAX)
 
+static int raw_send(struct raw_peer *p, const void *msg, size_t len);
+static int raw_next(struct raw_peer *p, struct rps__msg_hdr *hdr);
+
+/* With the harness's key (RDMAPS_KEY_FILE): the admin's AUTH, as psctl
+ * sends it, and the server's proof checked. */
+static int raw_auth(struct raw_peer *p, const struct rps__conn_priv *req, const void *reply, size_t reply_len,
+		    const struct rps__key *k)
+{
+	struct rps__conn_priv rep;
+	struct rps__auth a;
+	struct rps__auth_rep ar;
+	struct rps__auth_transcript t;
+	struct rps__key proven;
+	struct rps__msg_hdr h;
+	char msg[256];
+	size_t len;
+	int ret, i;
+
+	memset(&rep, 0, sizeof(rep));
+	memcpy(&rep, reply, RPS__MIN(reply_len, sizeof(rep)));
+	ret = rps__auth_connect(k, NULL, RPS__KEY_ADMIN, "", req, &rep, rps__ep_local(p->ep), rps__ep_peer(p->ep),
+				"raw", &a, &t, &proven);
+	if (ret)
+		return ret;
+	len = rps__msg_build(msg, RPS__MSG_AUTH, 1, 0, &a, sizeof(a));
+	if (raw_send(p, msg, len) || raw_next(p, &h) || h.type != RPS__MSG_AUTH_REP)
+		return -EIO;
+	memcpy(&ar, p->last + sizeof(h), sizeof(ar));
+	i = (int)((p->last - p->buf) / RPS__BIG_MSG_MAX) - 1;
+	{	/* (raw_next leaves it to its caller to post the buffer again) */
+		struct rps__sge sge = { .addr = p->last, .len = RPS__BIG_MSG_MAX, .mr = p->mr };
+		rps__post_recv(p->ep, &sge, (uint64_t)i);
+	}
+	return rps__auth_connect_check(&proven, &t, &h, &ar, "raw");
+}
+
 static int raw_connect(struct raw_peer *p, const struct raw_arg *a)
 {
 	struct rps__conn_priv priv = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_ADMIN };
+	char reply[RPS__PRIVDATA_MAX + 1];
+	size_t reply_len = RPS__PRIVDATA_MAX;
+	const char *kp = rps__key_path(NULL);
+	struct rps__key k;
+	bool keyed = kp && !rps__key_load(kp, &k);
 	struct rps__fabric_attr fa = { .kind = strcmp(a->scheme, "verbs") ? RPS__KIND_TCP : RPS__KIND_VERBS,
 				       .host = a->addr };
 	struct rps__ep_attr ea = { .sq_depth = 8, .rq_depth = RAW_RECV };
@@ -1420,7 +1464,10 @@ static int raw_connect(struct raw_peer *p, const struct raw_arg *a)
 	if ((ret = rps__fabric_open(&fa, &p->fab)) || (ret = rps__cq_create(p->fab, 64, &p->cq)) ||
 	    (ret = rps__mr_reg(p->fab, p->buf, RAW_BUF, RPS__ACCESS_LOCAL, &p->mr)))
 		return ret;
-	ret = rps__connect(p->fab, a->addr, a->port, p->cq, &ea, &priv, sizeof(priv), 5000, NULL, NULL, &p->ep);
+	if (keyed)
+		rps__auth_priv_init(&priv, &k);
+	ret = rps__connect(p->fab, a->addr, a->port, p->cq, &ea, &priv, sizeof(priv), 5000, reply, &reply_len,
+			   &p->ep);
 	if (ret)
 		return ret;
 	for (i = 0; i < RAW_RECV; i++) {
@@ -1429,7 +1476,11 @@ static int raw_connect(struct raw_peer *p, const struct raw_arg *a)
 		if ((ret = rps__post_recv(p->ep, &sge, (uint64_t)i)))
 			return ret;
 	}
-	return 0;
+	if (keyed) {
+		ret = raw_auth(p, &priv, reply, reply_len, &k);
+		rps__key_clear(&k);
+	}
+	return ret;
 }
 
 static void raw_close(struct raw_peer *p)
@@ -1466,7 +1517,8 @@ static int raw_next(struct raw_peer *p, struct rps__msg_hdr *hdr)
 		if (wc.status == RPS__WC_FLUSH_ERR || wc.status == RPS__WC_RETRY_EXC_ERR)
 			return 1;
 		if (wc.status == RPS__WC_SUCCESS && wc.opcode == RPS__WC_RECV) {
-			memcpy(hdr, p->buf + (size_t)(wc.wr_id + 1) * RPS__BIG_MSG_MAX, sizeof(*hdr));
+			p->last = p->buf + (size_t)(wc.wr_id + 1) * RPS__BIG_MSG_MAX;
+			memcpy(hdr, p->last, sizeof(*hdr));
 			return 0;
 		}
 	}
@@ -1636,7 +1688,7 @@ static int raw_bad_uri_worker(int rank, int nworkers, const char *servers, void 
 		len = rps__msg_build(msg, RPS__MSG_ADMIN, 1, 0, &ad, sizeof(ad));
 		if (raw_send(&p, msg, len) == 0 && raw_next(&p, &h) == 0 && h.type == RPS__MSG_ADMIN_REP) {
 			struct rps__admin_rep rep;
-			memcpy(&rep, p.buf + RPS__BIG_MSG_MAX + sizeof(h), sizeof(rep));
+			memcpy(&rep, p.last + sizeof(h), sizeof(rep));
 			res.status = h.status;
 			memcpy(res.msg, rep.msg, sizeof(res.msg));
 			res.msg[sizeof(res.msg) - 1] = '\0';

@@ -143,7 +143,7 @@ static void h_on_send_done(void *ctx, struct conn *c)
 	fake_unlock(f);
 }
 
-static int h_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char **why)
+static int h_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char *addr, const char **why)
 {
 	struct fake *f = ctx;
 	int ret = 0;

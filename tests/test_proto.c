@@ -72,6 +72,17 @@ static void test_roundtrip_every_type(void)
 		}
 		if (type == RPS__MSG_CREATE)
 			memcpy(body, "name", 5);
+		if (type == RPS__MSG_AUTH || type == RPS__MSG_AUTH_REP) {
+			/* an unterminated scope or reason, or AUTH's reserved word set, is refused */
+			len = rps__msg_build(buf, type, 1, 0, body, (size_t)n);
+			CU_ASSERT_EQUAL(rps__msg_check(buf, len), -EBADMSG);
+			if (type == RPS__MSG_AUTH) {
+				struct rps__auth a = { .key_role = 3 };
+				memcpy(body, &a, sizeof(a));	/* scope "", reserved 0 */
+			} else {
+				body[offsetof(struct rps__auth_rep, why)] = 0;
+			}
+		}
 		if (type == RPS__MSG_STEP_DONE) {
 			uint32_t one = 1;
 			memcpy(body, &one, sizeof(one));

@@ -134,6 +134,8 @@ static void *loop_main(void *arg)
 	return NULL;
 }
 
+static struct rps__keyring *keys;	/* (shared by both servers; freed at exit) */
+
 static int fake_server(struct fake *f, uint64_t id)
 {
 	const struct rps__dp_hooks hooks = { .run_timers = h_run_timers, .ctx = f };
@@ -152,6 +154,11 @@ static int fake_server(struct fake *f, uint64_t id)
 	cfg.shard_bytes = SHARD_BYTES;
 	cfg.nslots = 16;	/* more pushes in flight than B has credits */
 	cfg.no_pin = 1;
+	/* with RDMAPS_KEY_FILE (the verbs tests set it) the servers authenticate
+	 * their streams and the library's workers as a deployment's do */
+	if (rps__key_path(NULL) && !keys && rps__keyring_open(rps__key_path(NULL), true, &keys))
+		return -EINVAL;
+	cfg.keys = keys;
 	ret = rps__server_create(&cfg, &f->srv);
 	if (ret)
 		return ret;

@@ -258,6 +258,7 @@ int rps__verbs_listener_get_request(struct rps__listener *bl, struct rps__conn_r
 		r->peer_init_depth = ev->param.conn.initiator_depth;
 		r->peer_resp_res = ev->param.conn.responder_resources;
 		rps__verbs_addr_str(rdma_get_peer_addr(id), r->peer, sizeof(r->peer));
+		snprintf(r->base.peer, sizeof(r->base.peer), "%s", r->peer);
 		/* ack now: the private data is copied, and rdma_migrate_id would
 		 * otherwise wait for this ack */
 		rdma_ack_cm_event(ev);
@@ -372,6 +373,7 @@ int rps__verbs_accept(struct rps__conn_req *breq, struct rps__cq *bcq, const str
 	if (ret)
 		goto err_reject;
 	ep->id = r->id;
+	rps__verbs_addr_str(rdma_get_local_addr(ep->id), ep->base.local, sizeof(ep->base.local));
 	/* what the peer asked for, within what this device can do */
 	resp_res = (uint8_t)RPS__MIN(r->peer_init_depth, f->max_rd);
 	init_depth = (uint8_t)RPS__MIN(r->peer_resp_res, f->max_init);
@@ -601,6 +603,7 @@ static int dial_on_route(struct v_dial *d, struct rdma_cm_event *ev)
 		return ret;
 	}
 	d->ep->id = d->id;
+	rps__verbs_addr_str(rdma_get_local_addr(d->id), d->ep->base.local, sizeof(d->ep->base.local));
 	ret = rps__verbs_qp_init(d->id, d->ep->qp);
 	if (ret)
 		return rps__seterr(ret, "verbs: connect %s: QP to INIT: %s", d->peer, strerror(-ret));

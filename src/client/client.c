@@ -143,6 +143,7 @@ RPS_EXPORT int rps_client_close(rps_client_t *cl)
 	pthread_cond_destroy(&cl->cond);
 	pthread_cond_destroy(&cl->pcond);
 	pthread_mutex_destroy(&cl->lock);
+	rps__keyring_close(cl->keys);
 	free(cl);
 	return 0;
 }
@@ -179,6 +180,17 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		cl->spin_ns = (uint64_t)opts->spin_us * 1000ull;
 	if (opts->size >= offsetof(struct rps_client_opts, takeover) + sizeof(opts->takeover))
 		cl->takeover = opts->takeover != 0;
+	{
+		const char *given = NULL, *path, *e = getenv("RDMAPS_INSECURE");
+		if (opts->size >= offsetof(struct rps_client_opts, key_file) + sizeof(opts->key_file))
+			given = opts->key_file;
+		if (opts->size >= offsetof(struct rps_client_opts, insecure) + sizeof(opts->insecure))
+			cl->insecure = opts->insecure != 0;
+		cl->insecure = cl->insecure || (e && !strcmp(e, "1"));
+		path = rps__key_path(given);
+		if (path && (ret = rps__keyring_open(path, false, &cl->keys)))
+			goto err;
+	}
 	ret = rps__uri_list_parse(opts->servers, &uris, &nseeds);
 	if (ret)
 		goto err;

@@ -13,6 +13,7 @@
 #ifndef RPS_CLIENT_INT_H
 #define RPS_CLIENT_INT_H
 
+#include "proto/auth.h"
 #include "proto/proto.h"
 #include "proto/shard.h"
 #include "proto/smap.h"
@@ -241,6 +242,8 @@ struct rps_client {
 	bool copy_always;	/* rps__client_set_copy: no zero-copy */
 	bool verify;		/* crc32c on every push */
 	bool takeover;		/* replaces a dead process of its rank */
+	struct rps__keyring *keys;	/* opts.key_file / $RDMAPS_KEY_FILE (NULL: none) */
+	bool insecure;		/* no key, yet servers beyond loopback */
 	int fault_kill_mid_push;	/* test hooks (RPS_FAULT, see rdmaps(3)) */
 	int fault_stop_after_lock;
 	int fault_corrupt_push;

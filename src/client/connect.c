@@ -55,21 +55,20 @@ void rps__conn_free(struct conn *c)
 	c->free_slots = c->free_bounce = NULL;
 }
 
-/* HELLO before the progress thread runs: poll the CQ here. */
-static int hello_sync(struct rps_client *cl, struct conn *c)
+/* One request before the progress thread takes the connection (AUTH,
+ * HELLO): send it and poll the CQ here for its reply, of type rep_type,
+ * whose body (len bytes) goes to rep.  A refusal's status is returned
+ * with the header in *h (the body is copied too: AUTH_REP says why). */
+static int call_sync(struct rps_client *cl, struct conn *c, unsigned type, const void *body, size_t len,
+		     unsigned rep_type, void *rep, size_t rep_len, struct rps__msg_hdr *hout)
 {
-	struct rps__hello h = {
-		.magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = cl->rank,
-		.num_workers = cl->num_workers, .client_id = cl->client_id,
-		.flags = cl->takeover ? RPS__HELLO_TAKEOVER : 0,
-	};
 	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
 	struct rps__wc wc;
 	int ret;
 
-	ret = rps__send_ctrl(c, 0, RPS__MSG_HELLO, &h, sizeof(h));
+	ret = rps__send_ctrl(c, 0, type, body, len);
 	if (ret)
-		return rps__preerr(ret, "%s: sending HELLO", c->name);
+		return rps__preerr(ret, "%s: sending %s", c->name, rps__msg_type_name(type));
 	while (rps__now_ns() < deadline) {
 		struct rps__msg_hdr mh;
 		char *buf;
@@ -81,8 +80,8 @@ static int hello_sync(struct rps_client *cl, struct conn *c)
 		if (ret == 0)
 			continue;
 		if (wc.status != RPS__WC_SUCCESS && rps__ep_context(wc.ep) == c)
-			return rps__seterr(-ECONNRESET, "%s: connection failed during HELLO: %s", c->name,
-					   rps__wc_status_str(wc.status));
+			return rps__seterr(-ECONNRESET, "%s: connection failed during %s: %s", c->name,
+					   rps__msg_type_name(type), rps__wc_status_str(wc.status));
 		if ((wc.wr_id & 7u) != TAG_RECV || rps__ep_context(wc.ep) != c) {
 			if (cl->thread_started)
 				rps__on_completion(cl, &wc);	/* we hold the poller role: theirs */
@@ -94,25 +93,69 @@ static int hello_sync(struct rps_client *cl, struct conn *c)
 		if (ret)
 			return rps__preerr(ret, "%s", c->name);
 		memcpy(&mh, buf, sizeof(mh));
-		if (mh.type != RPS__MSG_HELLO_REP)
-			return rps__seterr(-EPROTO, "%s: expected HELLO_REP, got %s", c->name, rps__msg_type_name(mh.type));
-		if (mh.status)
-			return rps__seterr(mh.status, "%s: %s", c->name, rps__status_text(mh.status));
-		memcpy(&c->hello, rps__msg_body(buf), sizeof(c->hello));
+		if (mh.type != rep_type)
+			return rps__seterr(-EPROTO, "%s: expected %s, got %s", c->name, rps__msg_type_name(rep_type),
+					   rps__msg_type_name(mh.type));
+		memset(rep, 0, rep_len);
+		memcpy(rep, rps__msg_body(buf), RPS__MIN(rep_len, wc.byte_len - sizeof(mh)));
+		if (hout)
+			*hout = mh;
 		{
 			struct rps__sge sge = { .addr = buf, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
 			ret = rps__post_recv(c->ep, &sge, wc.wr_id);
 			if (ret)
 				return ret;
 		}
+		if (mh.status && !hout)
+			return rps__seterr(mh.status, "%s: %s", c->name, rps__status_text(mh.status));
 		return 0;
 	}
-	return rps__seterr(-ETIMEDOUT, "%s: no HELLO reply within %d ms: is it an rdmapsd?", c->name, cl->timeout_ms);
+	return rps__seterr(-ETIMEDOUT, "%s: no %s within %d ms: is it an rdmapsd?", c->name,
+			   rps__msg_type_name(rep_type), cl->timeout_ms);
+}
+
+/* HELLO before the progress thread runs. */
+static int hello_sync(struct rps_client *cl, struct conn *c)
+{
+	struct rps__hello h = {
+		.magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = cl->rank,
+		.num_workers = cl->num_workers, .client_id = cl->client_id,
+		.flags = cl->takeover ? RPS__HELLO_TAKEOVER : 0,
+	};
+
+	return call_sync(cl, c, RPS__MSG_HELLO, &h, sizeof(h), RPS__MSG_HELLO_REP, &c->hello, sizeof(c->hello),
+			 NULL);
+}
+
+/* Both sides prove they hold the key (proto/auth.h), before anything else. */
+static int auth_sync(struct rps_client *cl, struct conn *c, const struct rps__conn_priv *req,
+		     const struct rps__conn_priv *rep)
+{
+	struct rps__key cur, proven;
+	struct rps__auth msg;
+	struct rps__auth_rep ar;
+	struct rps__auth_transcript t;
+	struct rps__msg_hdr h;
+	int ret;
+
+	rps__keyring_get(cl->keys, &cur, NULL);
+	ret = rps__auth_connect(&cur, NULL, cur.role == RPS__KEY_READER ? RPS__KEY_READER : RPS__KEY_WORKER,
+				cur.scope, req, rep, rps__ep_local(c->ep), rps__ep_peer(c->ep), c->name, &msg, &t,
+				&proven);
+	rps__key_clear(&cur);
+	if (!ret)
+		ret = call_sync(cl, c, RPS__MSG_AUTH, &msg, sizeof(msg), RPS__MSG_AUTH_REP, &ar, sizeof(ar), &h);
+	if (!ret)
+		ret = rps__auth_connect_check(&proven, &t, &h, &ar, c->name);
+	rps__key_clear(&proven);
+	return ret;
 }
 
 int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri *u, int index)
 {
 	struct rps__conn_priv priv = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
+	struct rps__conn_priv rp;
+	struct rps__key cur;
 	struct rps__ep_attr attr = { 0 };
 	char reply[RPS__PRIVDATA_MAX + 1];
 	size_t reply_len = RPS__PRIVDATA_MAX;
@@ -134,12 +177,22 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
 	memset(reply, 0, sizeof(reply));
+	if (!cl->keys && !cl->insecure && !rps__host_is_loopback(u->host))
+		return rps__seterr(-EACCES, "connecting to %s without a key: give a key file (RDMAPS_KEY_FILE, made "
+				   "by psctl keygen), or set insecure on a trusted network", c->name);
+	if (cl->keys) {
+		rps__keyring_get(cl->keys, &cur, NULL);
+		rps__auth_priv_init(&priv, &cur);
+		rps__key_clear(&cur);
+	}
 	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv),
 			   cl->timeout_ms, reply, &reply_len, &c->ep);
 	if (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ')
 		return rps__seterr(ret, "%s refused the connection: %.*s", c->name, (int)reply_len, reply);
 	if (ret)
 		return rps__preerr(ret, "connecting to %s", c->name);
+	memset(&rp, 0, sizeof(rp));
+	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
 	rps__ep_set_context(c->ep, c);
 	for (i = 0; i < c->nrecv; i++) {
 		struct rps__sge sge = { .addr = c->rbufs + (size_t)i * RPS__MSG_MAX, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
@@ -147,6 +200,8 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 		if (ret)
 			return ret;
 	}
+	if (cl->keys && (ret = auth_sync(cl, c, &priv, &rp)))
+		return ret;
 	ret = hello_sync(cl, c);
 	if (ret)
 		return ret;

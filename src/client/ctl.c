@@ -11,6 +11,7 @@
  */
 #include "config.h"
 #include "client/ctl.h"
+#include "proto/auth.h"
 #include "common/common.h"
 #include "proto/proto.h"
 #include "transport/transport.h"
@@ -129,6 +130,9 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 	struct rps__conn_priv priv = {
 		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_ADMIN,
 	};
+	struct rps__conn_priv rp;
+	struct rps__key key = { .role = RPS__KEY_NONE };
+	const char *key_path = rps__key_path(NULL), *insecure = getenv("RDMAPS_INSECURE");
 	struct rps__fabric_attr fattr = { 0 };
 	struct rps__ep_attr attr = { 0 };
 	char reply[RPS__PRIVDATA_MAX + 1];
@@ -144,6 +148,16 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 	rps__uri_str(u, ctl->name, sizeof(ctl->name));
 	ctl->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
 	ctl->next_req = 1;
+	/* the same rule as rps_client_connect: the key from RDMAPS_KEY_FILE
+	 * (psctl --key sets it), no key only on loopback unless insecure */
+	if (key_path && (ret = rps__key_load(key_path, &key)))
+		goto err;
+	if (!key_path && !(insecure && !strcmp(insecure, "1")) && !rps__host_is_loopback(u->host)) {
+		ret = rps__seterr(-EACCES, "connect %s: no key: give --key FILE (or RDMAPS_KEY_FILE; psctl keygen "
+				  "makes one), or --insecure on a trusted network", ctl->name);
+		goto err;
+	}
+	rps__auth_priv_init(&priv, key_path ? &key : NULL);
 	fattr.kind = u->kind;
 	fattr.host = u->kind == RPS__KIND_VERBS ? u->host : NULL;	/* the device that routes there */
 	ret = rps__fabric_open(&fattr, &ctl->fab);
@@ -185,10 +199,32 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 			goto err;
 		}
 	}
+	if (key_path) {	/* both prove they hold the key (proto/auth.h) */
+		struct rps__key proven;
+		struct rps__auth msg;
+		struct rps__auth_rep ar;
+		struct rps__auth_transcript t;
+		struct rps__msg_hdr h = { 0 };
+		size_t got = 0;
+
+		memset(&rp, 0, sizeof(rp));
+		memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
+		ret = rps__auth_connect(&key, NULL, RPS__KEY_ADMIN, "", &priv, &rp, rps__ep_local(ctl->ep),
+					rps__ep_peer(ctl->ep), ctl->name, &msg, &t, &proven);
+		if (!ret)
+			ret = rps__ctl_call(ctl, RPS__MSG_AUTH, &msg, sizeof(msg), &ar, sizeof(ar), &got, &h.status, 0);
+		if (!ret)
+			ret = rps__auth_connect_check(&proven, &t, &h, &ar, ctl->name);
+		rps__key_clear(&proven);
+		if (ret)
+			goto err;
+	}
+	rps__key_clear(&key);
 	*out = ctl;
 	return 0;
 
 err:
+	rps__key_clear(&key);
 	rps__ctl_close(ctl);
 	return ret;
 }

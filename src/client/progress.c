@@ -75,7 +75,9 @@ const char *rps__status_text(int status)
 	case -ECONNREFUSED: return "this server refused the connection when the client connected (is rdmapsd running there?)";
 	case -EHOSTUNREACH: return "this server could not be reached (or its address is bad) when the client connected";
 	case -ERANGE: return "the push's clock is beyond the steps the tensor can reach (a foreign or corrupted client?)";
-	case -EPERM: return "this rank was removed from the tensor (psctl remove-rank): start the job again to bring it back";
+	case -EPERM: return "refused: a reader key does not push, or this rank was removed from the tensor (psctl "
+			    "remove-rank: start the job again to bring it back)";
+	case -EACCES: return "refused: the tensor is outside this key's scope (README \"Security\")";
 	case -EPIPE: return "a worker of this sync tensor disconnected before its push: the step waits for a replacement of its rank";
 	default: return "failed";
 	}

@@ -8,7 +8,9 @@
 #include "common/common.h"
 #include "transport/uri.h"
 #include "control/cplane_int.h"
+#include "proto/auth.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,9 +41,28 @@ void rps__cp_peer_send(struct rps__cplane *cp, uint64_t to, unsigned type, uint6
 	cp->dp->conn_reply(p->c, type, req_id, status, body, len);
 }
 
-int rps__cp_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char **why)
+/* Does a member's address in the map name the host a peer connected from?
+ * Numeric addresses are compared; a host name is taken as it is (the map
+ * is written by key holders only). */
+static bool member_addr_matches(const char *uri, const char *addr)
+{
+	struct rps__uri u;
+	struct in6_addr a6;
+	struct in_addr a4;
+	char host[64];
+
+	if (rps__uri_parse(uri, &u))
+		return false;
+	if (inet_pton(AF_INET, u.host, &a4) != 1 && inet_pton(AF_INET6, u.host, &a6) != 1)
+		return true;
+	rps__auth_host(addr, host, sizeof(host));
+	return !strcmp(host, u.host);
+}
+
+int rps__cp_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char *addr, const char **why)
 {
 	struct rps__cplane *cp = ctx;
+	const struct rps__smap_member *m;
 	struct peer *p;
 
 	if (rps__cp_isolated) {
@@ -55,6 +76,14 @@ int rps__cp_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char 
 	if (!from_id || from_id == cp->my_id) {
 		*why = "bad peer id";
 		return -EINVAL;
+	}
+	/* (a member not in the map yet may join: it holds the cluster key) */
+	m = addr ? rps__smap_member(&cp->map, from_id) : NULL;
+	if (m && !member_addr_matches(m->uri, addr)) {
+		rps__log(RPS__LOG_WARN, "a peer at %s says it is member %llu, whose address is %s: refused", addr,
+			 (unsigned long long)from_id, m->uri);
+		*why = "not the address the map gives that member";
+		return -EACCES;
 	}
 	p = rps__cp_peer_get(cp, from_id, true);
 	if (!p) {

@@ -206,7 +206,7 @@ void rps__cp_parts_sync_all(struct rps__cplane *cp);
 struct peer *rps__cp_peer_get(struct rps__cplane *cp, uint64_t id, bool add);
 void rps__cp_peer_send(struct rps__cplane *cp, uint64_t to, unsigned type, uint64_t req_id, int32_t status,
 		       const void *body, size_t len);
-int rps__cp_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char **why);
+int rps__cp_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char *addr, const char **why);
 void rps__cp_peer_attached(void *ctx, struct conn *c);
 void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct conn *c);
 void rps__cp_on_send_done(void *ctx, struct conn *c);

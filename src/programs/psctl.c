@@ -23,6 +23,7 @@
 #include "config.h"
 #include "programs/psctl_int.h"
 #include "common/parse.h"
+#include "proto/auth.h"
 #include "control/raft.h"
 #include "rdmaps.h"
 
@@ -70,6 +71,9 @@ static void usage(FILE *f)
 "  restore NAME                load the checkpoint NAME into the servers\n"
 "  remove-rank RANK [TENSOR]   a dead worker's rank leaves the sync and bounded\n"
 "                              tensors (or TENSOR) for good; the others go on\n"
+"  keygen FILE                 write a new cluster key to FILE (mode 0600); with\n"
+"                              --role admin|worker|reader [--scope PREFIX], a key\n"
+"                              derived from the cluster key that --key names\n"
 "\n"
 "Options:\n"
 "  -s, --servers LIST   servers to ask first, tcp://HOST:PORT or verbs://ADDR:PORT,\n"
@@ -78,6 +82,10 @@ static void usage(FILE *f)
 "      --timeout SEC    how long an operation may take (default 30)\n"
 "      --no-rebalance   add-server: add the member only\n"
 "      --level N        checkpoint: igzip level 0 (store) to 3 (default 1)\n"
+"      --key FILE       the admin (or cluster) key (default: $RDMAPS_KEY_FILE)\n"
+"      --insecure       without a key, talk to servers beyond loopback anyway\n"
+"      --role ROLE      keygen: admin, worker or reader (default: a cluster key)\n"
+"      --scope PREFIX   keygen: the tensor-name prefix a worker or reader key covers\n"
 "  -h, --help           this text\n"
 "  -V, --version        print the version\n"
 "\n"
@@ -541,13 +549,51 @@ out:
 	return ret;
 }
 
+/* ---- keygen ---------------------------------------------------------------- */
+
+/* psctl keygen FILE: a new cluster key, or (--role) a key derived from the
+ * cluster key that --key / $RDMAPS_KEY_FILE names. */
+static int keygen(const char *path)
+{
+	enum rps__key_role role = RPS__KEY_CLUSTER;
+	struct rps__key cluster;
+	const char *from = rps__key_path(NULL);
+	int ret;
+
+	if (psctl_opt.role && rps__key_role_parse(psctl_opt.role, &role))
+		die_usage("--role: %s", rps__errbuf());
+	if (psctl_opt.scope && role != RPS__KEY_WORKER && role != RPS__KEY_READER)
+		die_usage("--scope goes with --role worker or reader");
+	if (role == RPS__KEY_CLUSTER) {
+		ret = rps__key_write(path, role, NULL, NULL);
+	} else {
+		if (!from)
+			return psctl_fail("keygen --role %s: give the cluster key to derive it from (--key FILE)",
+					  psctl_opt.role);
+		ret = rps__key_load(from, &cluster);
+		if (!ret)
+			ret = rps__key_write(path, role, psctl_opt.scope ? psctl_opt.scope : "", &cluster);
+		rps__key_clear(&cluster);
+	}
+	if (ret)
+		return psctl_fail("keygen: %s", rps__errbuf());
+	if (!psctl_opt.json)
+		printf("wrote a key of role %s%s%s%s to %s (mode 0600)\n", rps__key_role_name(role),
+		       psctl_opt.scope ? " for tensors under '" : "", psctl_opt.scope ? psctl_opt.scope : "",
+		       psctl_opt.scope ? "'" : "", path);
+	else
+		printf("{\"key_file\":\"%s\",\"role\":\"%s\"}\n", path, rps__key_role_name(role));
+	return 0;
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 /* The options before the command into g (and *servers); false once --help
  * or --version printed what they print. */
 static bool parse_options(int argc, char **argv, const char **servers)
 {
-	enum { OPT_JSON = 256, OPT_TIMEOUT, OPT_NO_REBALANCE, OPT_LEVEL, OPT_FORCE };
+	enum { OPT_JSON = 256, OPT_TIMEOUT, OPT_NO_REBALANCE, OPT_LEVEL, OPT_FORCE, OPT_KEY, OPT_INSECURE, OPT_ROLE,
+	       OPT_SCOPE };
 	static const struct option longopts[] = {
 		{ "servers", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, OPT_JSON },
@@ -555,6 +601,10 @@ static bool parse_options(int argc, char **argv, const char **servers)
 		{ "no-rebalance", no_argument, NULL, OPT_NO_REBALANCE },
 		{ "level", required_argument, NULL, OPT_LEVEL },
 		{ "force", no_argument, NULL, OPT_FORCE },
+		{ "key", required_argument, NULL, OPT_KEY },
+		{ "insecure", no_argument, NULL, OPT_INSECURE },
+		{ "role", required_argument, NULL, OPT_ROLE },
+		{ "scope", required_argument, NULL, OPT_SCOPE },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -586,6 +636,18 @@ static bool parse_options(int argc, char **argv, const char **servers)
 			break;
 		case OPT_FORCE:
 			psctl_opt.force = true;
+			break;
+		case OPT_KEY:	/* (the library reads them from the environment) */
+			setenv("RDMAPS_KEY_FILE", optarg, 1);
+			break;
+		case OPT_INSECURE:
+			setenv("RDMAPS_INSECURE", "1", 1);
+			break;
+		case OPT_ROLE:
+			psctl_opt.role = optarg;
+			break;
+		case OPT_SCOPE:
+			psctl_opt.scope = optarg;
 			break;
 		case OPT_LEVEL:
 			if (!strcmp(optarg, "0") || !strcmp(optarg, "1") || !strcmp(optarg, "2") || !strcmp(optarg, "3"))
@@ -624,6 +686,12 @@ static int take_trailing_options(char **args, int nargs)
 			psctl_opt.force = true;
 		else if (!strcmp(args[i], "--json"))
 			psctl_opt.json = true;
+		else if ((!strcmp(args[i], "--role") || !strcmp(args[i], "--scope")) && i + 1 < nargs) {
+			if (args[i][2] == 'r')
+				psctl_opt.role = args[++i];
+			else
+				psctl_opt.scope = args[++i];
+		}
 		else if (args[i][0] == '-' && args[i][1])
 			die_usage("%s: put options before the command", args[i]);
 		else
@@ -648,14 +716,17 @@ static void check_command(const char *cmd, int nargs)
 		{ "forget-lost", 1, 1, " PART|all" },
 		{ "remove-rank", 1, 2, " RANK [TENSOR]" },
 		{ "set-replicas", 1, 1, " R" },
+		{ "keygen", 1, 1, " FILE [--role ROLE] [--scope PREFIX]" },
 	};
 	size_t i;
 
 	if (strcmp(cmd, "status") && strcmp(cmd, "move") && strcmp(cmd, "add-server") &&
 	    strcmp(cmd, "remove-server") && strcmp(cmd, "transfer-leader") && strcmp(cmd, "checkpoint") &&
 	    strcmp(cmd, "restore") && strcmp(cmd, "forget-lost") && strcmp(cmd, "remove-rank") &&
-	    strcmp(cmd, "set-replicas"))
+	    strcmp(cmd, "set-replicas") && strcmp(cmd, "keygen"))
 		die_usage("unknown command '%s'", cmd);
+	if ((psctl_opt.role || psctl_opt.scope) && strcmp(cmd, "keygen"))
+		die_usage("--role and --scope go with keygen");
 	if (psctl_opt.force && strcmp(cmd, "remove-server"))
 		die_usage("--force goes with remove-server");
 	if (psctl_opt.no_rebalance && strcmp(cmd, "add-server"))
@@ -755,6 +826,8 @@ int main(int argc, char **argv)
 	nargs = take_trailing_options(args, nargs);
 	check_command(cmd, nargs);
 	parse_command_args(cmd, args, nargs, &part, &id);
+	if (!strcmp(cmd, "keygen"))
+		return keygen(args[0]);
 	parse_servers(servers);
 
 	signal(SIGPIPE, SIG_IGN);

@@ -22,6 +22,7 @@ struct psctl_opt {
 	bool json;
 	bool no_rebalance;
 	bool force;
+	const char *role, *scope;	/* keygen */
 	int timeout_ms;		/* --timeout: what an operation may take */
 	int rpc_ms;		/* connect / STATUS */
 	int level;		/* checkpoint: igzip level, -1: not given */

@@ -8,11 +8,13 @@
 #include "control/daemon.h"
 #include "server/server.h"
 #include "common/parse.h"
+#include "proto/auth.h"
 #include "proto/smap.h"
 #include "transport/uri.h"
 
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +78,9 @@ static void usage(FILE *f)
 		"                            outside DIR (default: none, they are refused)\n"
 		"      --restore DIR         load the checkpoint in the directory DIR (a path, e.g.\n"
 		"                            CKDIR/NAME of psctl checkpoint NAME) before serving\n"
+		"      --key FILE            the cluster key (psctl keygen FILE; default $RDMAPS_KEY_FILE): every\n"
+		"                            connection proves it holds it; SIGHUP reloads it (rotation)\n"
+		"      --insecure            without a key, listen beyond loopback anyway (trusted networks only)\n"
 		"  -p, --port-file PATH      write the listening port here once ready\n"
 		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
 		"  -h, --help                this text\n"
@@ -150,7 +155,7 @@ static void server_destroy(void)
 /* What the command line asks for. */
 struct opts {
 	struct rps__server_config cfg;
-	const char *port_file, *restore_dir, *mem_arg;
+	const char *port_file, *restore_dir, *mem_arg, *key_file;
 	int show_topology;
 };
 
@@ -219,6 +224,12 @@ static int parse_one(int c, struct opts *o)
 		break;
 	case 20:
 		cfg->ckpt_dir = optarg;
+		break;
+	case 22:
+		o->key_file = optarg;
+		break;
+	case 21:
+		cfg->insecure = 1;
 		break;
 	case 19:
 		if (!zone_ok(optarg)) {
@@ -354,6 +365,8 @@ static int parse_options(int argc, char **argv, struct opts *o)
 		{ "replicas", required_argument, NULL, 18 },
 		{ "zone", required_argument, NULL, 19 },
 		{ "checkpoint-dir", required_argument, NULL, 20 },
+		{ "key", required_argument, NULL, 22 },
+		{ "insecure", no_argument, NULL, 21 },
 		{ "log-level", required_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -380,6 +393,12 @@ static int parse_options(int argc, char **argv, struct opts *o)
 /* What the options mean together: -1 to go on, or the exit status. */
 static int validate(const struct opts *o)
 {
+	if (!o->key_file && !o->cfg.insecure && !o->show_topology && !rps__host_is_loopback(o->cfg.listen.host)) {
+		fprintf(stderr, "rdmapsd: listening on %s without a key lets anyone who reaches it own the cluster: "
+			"make one (psctl keygen FILE) and give --key FILE, or --insecure on a network you trust\n",
+			o->cfg.listen.host);
+		return 2;
+	}
 	if (o->cfg.failover_ms && (uint64_t)o->cfg.failover_ms < 10ull * o->cfg.tick_ms) {
 		fprintf(stderr, "rdmapsd: --failover-ms %u: at least 10 x --tick-ms (%u): a lease is renewed every"
 			" failover-ms/10 and must outlast a Raft round\n", o->cfg.failover_ms, o->cfg.tick_ms);
@@ -393,6 +412,61 @@ static int validate(const struct opts *o)
 		return 2;
 	}
 	return -1;
+}
+
+/* SIGHUP: read the key file again (a rotation starts or ends).  A thread
+ * of its own takes the signal, so the reload may read files and lock. */
+static void *reload_keys(void *arg)
+{
+	struct rps__keyring *ring = arg;
+	sigset_t set;
+	int sig, ret;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGHUP);
+	for (;;) {
+		if (sigwait(&set, &sig))
+			continue;
+		ret = rps__keyring_reload(ring);
+		if (ret < 0)
+			rps__log(RPS__LOG_ERROR, "SIGHUP: %s", rps__errbuf());
+		else if (ret)
+			rps__log(RPS__LOG_WARN, "SIGHUP: a new cluster key (id %016llx); the previous one is still "
+				 "taken until the next SIGHUP with this key", (unsigned long long)ring->cur.id);
+		else
+			rps__log(RPS__LOG_WARN, "SIGHUP: the key is unchanged; only it is taken now (id %016llx)",
+				 (unsigned long long)ring->cur.id);
+	}
+	return NULL;
+}
+
+static int keys_open(struct opts *o)
+{
+	const char *path = rps__key_path(o->key_file);
+	pthread_t t;
+	sigset_t set;
+	int ret;
+
+	if (!path)
+		return 0;
+	ret = rps__keyring_open(path, true, &o->cfg.keys);
+	if (ret) {
+		fprintf(stderr, "rdmapsd: --key: %s\n", rps__errbuf());
+		return -1;
+	}
+	/* before any other thread: they all inherit the mask */
+	sigemptyset(&set);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	ret = pthread_create(&t, NULL, reload_keys, o->cfg.keys);
+	if (ret) {
+		fprintf(stderr, "rdmapsd: pthread_create: %s\n", strerror(ret));
+		return -1;
+	}
+	pthread_detach(t);
+	rps__log(RPS__LOG_INFO, "cluster key %016llx from %s: every connection authenticates",
+		 (unsigned long long)o->cfg.keys->cur.id, path);
+	return 0;
 }
 
 static void install_signals(void)
@@ -439,10 +513,14 @@ int main(int argc, char **argv)
 	int ret;
 
 	ret = parse_options(argc, argv, &o);
+	if (ret < 0 && !o.key_file)
+		o.key_file = rps__key_path(NULL);	/* $RDMAPS_KEY_FILE */
 	if (ret < 0)
 		ret = validate(&o);
 	if (ret >= 0)
 		return ret;
+	if (!o.show_topology && keys_open(&o))
+		return 1;
 	if (o.show_topology) {
 		ret = rps__server_show_topology(&o.cfg, stdout);
 		if (ret)

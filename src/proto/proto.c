@@ -63,6 +63,9 @@ static const struct {
 	[RPS__MSG_REPL_NACK] = { "REPL_NACK", sizeof(struct rps__repl_ack), 0, 0 },
 	[RPS__MSG_STEP_DONE] = { "STEP_DONE", sizeof(struct rps__step_done), 0, 0 },
 	[RPS__MSG_SEED] = { "SEED", sizeof(struct rps__seed), 0, 0 },
+	[RPS__MSG_AUTH] = { "AUTH", sizeof(struct rps__auth), 0, 0 },
+	[RPS__MSG_AUTH_REP] = { "AUTH_REP", sizeof(struct rps__auth_rep), 0, 0 },	/* refusals say why */
+	[RPS__MSG_AUTH_DONE] = { "AUTH_DONE", 0, 0, 0 },
 };
 
 long rps__msg_body_size(unsigned type)
@@ -161,6 +164,16 @@ int rps__msg_check(const void *buf, size_t len)
 		if (!memchr(c->msg, '\0', sizeof(c->msg)) ||
 		    (uint64_t)c->ntargets * sizeof(struct rps__ckpt_target) != len - sizeof(h) - sizeof(*c))
 			return rps__seterr(-EBADMSG, "malformed CKPT_REP message");
+	}
+	if (h.type == RPS__MSG_AUTH) {
+		const struct rps__auth *a = (const void *)((const char *)buf + sizeof(h));
+		if (!memchr(a->scope, '\0', sizeof(a->scope)) || a->reserved)
+			return rps__seterr(-EBADMSG, "malformed AUTH message: scope not terminated");
+	}
+	if (h.type == RPS__MSG_AUTH_REP) {
+		const struct rps__auth_rep *a = (const void *)((const char *)buf + sizeof(h));
+		if (!memchr(a->why, '\0', sizeof(a->why)))
+			return rps__seterr(-EBADMSG, "malformed AUTH_REP message: reason not terminated");
 	}
 	if (h.type == RPS__MSG_RANK && len > sizeof(h)) {
 		const struct rps__rank_req *r = (const void *)((const char *)buf + sizeof(h));

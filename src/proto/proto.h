@@ -35,8 +35,10 @@
  *    fence: a version-5 reader checked the seq first and could stall on a
  *    fenced copy whose version is unconfirmed)
  * 7: a STEP_DONE entry names the rank its step is orphaned by (32 bytes;
- *    a version-6 client would take such an entry for a resend, and loop) */
-#define RPS__PROTO_VERSION 7u
+ *    a version-6 client would take such an entry for a resend, and loop)
+ * 8: the connect data carries a key id and a nonce, and a connection to a
+ *    server with a key starts with AUTH / AUTH_REP (proto/auth.h) */
+#define RPS__PROTO_VERSION 8u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -85,6 +87,11 @@ enum rps__msg_type {
 	RPS__MSG_STEP_DONE,	/* struct rps__step_done */
 	/* primary -> joiner (role PEER): seeding a new backup (control/cp_replicas.c) */
 	RPS__MSG_SEED,		/* struct rps__seed: a fenced partition's image to READ as a backup */
+	/* the first messages of a connection to a server with a key (auth.h) */
+	RPS__MSG_AUTH,		/* struct rps__auth: the connector's proof */
+	RPS__MSG_AUTH_REP,	/* struct rps__auth_rep: the server's proof, or why not */
+	RPS__MSG_AUTH_DONE,	/* no body: a server that dialed checked AUTH_REP and is ready
+				 * (until then the accepting server sends nothing more) */
 	RPS__MSG_TYPE_MAX
 };
 
@@ -109,13 +116,30 @@ enum rps__conn_role {
 	RPS__ROLE_REPL_REV = 5,
 };
 
-/* Private data of the transport-level connect request. */
+/* Private data of the transport-level connect request, and of its accept
+ * (role 0, from_id: the server's member id). */
 struct rps__conn_priv {
 	uint32_t magic;		/* RPS__DESC_MAGIC */
 	uint16_t version;
 	uint16_t role;		/* enum rps__conn_role */
 	uint64_t from_id;	/* PEER: the connecting server's member id */
 	uint64_t to_id;		/* PEER: the id it expects to reach */
+	uint64_t key_id;	/* the cluster key's id (auth.h); 0: no key, no AUTH */
+	uint8_t nonce[16];	/* fresh: the connector's, then the server's */
+};
+
+/* AUTH: the first message on a connection to a server with a key. */
+struct rps__auth {
+	uint32_t key_role;	/* enum rps__key_role proven */
+	uint32_t reserved;
+	uint64_t key_id;	/* the cluster key it derives from */
+	char scope[RPS__NAME_MAX];	/* worker/reader: tensor-name prefix */
+	uint8_t mac[32];	/* MAC_C of the transcript (auth.h) */
+};
+
+struct rps__auth_rep {
+	uint8_t mac[32];	/* status 0: MAC_S of the transcript */
+	char why[64];		/* status < 0: what was refused */
 };
 
 /* A member asks the Raft leader for a primary lease (cp_failover.c). */

@@ -119,6 +119,7 @@ void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
 {
 	if (!c)
 		return;
+	rps__srv_auth_dial_free(c);
 	rps__ep_close(c->ep);
 	rps__mr_dereg(c->slots_mr);
 	rps__mr_dereg(c->rbufs_mr);
@@ -330,13 +331,21 @@ static void reject_with(struct rps__conn_req *req, const char *why)
 	rps__reject(req, why, len > RPS__PRIVDATA_MAX ? RPS__PRIVDATA_MAX : len);
 }
 
-static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
+static bool peer_is_loopback(struct rps__conn_req *req)
 {
-	struct rps__conn_priv priv;
+	char host[64];
+
+	rps__auth_host(req->peer, host, sizeof(host));
+	return rps__host_is_loopback(host);
+}
+
+static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
+{
+	struct rps__conn_priv priv, req;
 	struct rps__ep_attr attr = { 0 };
 	struct conn *c = NULL;
 	size_t len;
-	const void *data = rps__conn_req_data(req, &len);
+	const void *data = rps__conn_req_data(req_, &len);
 	const char *why = NULL;
 	bool rev;
 	uint32_t i;
@@ -350,7 +359,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		why = "protocol version mismatch: upgrade librdmaps or rdmapsd";
 	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_REPL_REV)
 		why = "unknown connection role";
-	else if (req->peer_sq_depth > ANNOUNCED_SQ_MAX)
+	else if (req_->peer_sq_depth > ANNOUNCED_SQ_MAX)
 		why = "announced send queue depth over 1024";
 	else if (priv.role == RPS__ROLE_WORKER && count_role(srv, CONN_WORKER) >= srv->cfg.max_conns)
 		why = "server full: raise rdmapsd --max-connections";
@@ -358,9 +367,14 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 		why = "too many admin connections (16): close psctl sessions";
 	if (!why && srv->thread_index && (priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_ADMIN))
 		why = "a serving thread's port: use the first port";	/* (56 bytes at most) */
-	if (!why && priv.role == RPS__ROLE_PEER) {
+	if (!why && srv->cfg.keys && !priv.key_id)
+		why = "key required: --key FILE or RDMAPS_KEY_FILE";
+	if (!why && !srv->cfg.keys && !srv->cfg.insecure && !peer_is_loopback(req_))
+		why = "no key: loopback only (rdmapsd --key or --insecure)";
+	if (!why && priv.role == RPS__ROLE_PEER && !srv->cfg.keys) {
+		/* (with a key: once it proved it holds it, rps__srv_conn_authed) */
 		if (srv->hooks.accept_peer)
-			srv->hooks.accept_peer(srv->hooks.ctx, priv.from_id, priv.to_id, &why);
+			srv->hooks.accept_peer(srv->hooks.ctx, priv.from_id, priv.to_id, NULL, &why);
 		else
 			why = "this server takes no peers";
 	}
@@ -370,27 +384,32 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 	if (!why && priv.role == RPS__ROLE_REPL_REV && priv.from_id < srv->my_id)
 		why = "replication stream dialed by the lower member id (the higher one dials)";
 	if (why) {
-		reject_with(req, why);
+		reject_with(req_, why);
 		return;
 	}
 	rev = priv.role == RPS__ROLE_REPL_REV;	/* we are its primary */
 	ret = rps__srv_conn_new(srv, rev ? CONN_REPL : (enum conn_role_kind)priv.role, &c);
-	if (!ret && priv.role == RPS__ROLE_REPL && (ret = rps__srv_repl_accepted(srv, c)))
+	/* (with a key the backup's slots wait for the proof) */
+	if (!ret && priv.role == RPS__ROLE_REPL && !srv->cfg.keys && (ret = rps__srv_repl_accepted(srv, c)))
 		conn_free(srv, c);
 	if (ret) {
 		rps__log(RPS__LOG_WARN, "connection refused: %s", rps__errbuf());
-		reject_with(req, ret == -ENOMEM ? "server out of memory: raise rdmapsd --memory-limit"
+		reject_with(req_, ret == -ENOMEM ? "server out of memory: raise rdmapsd --memory-limit"
 						: "server out of resources");
 		return;
 	}
+	c->repl_rev_in = rev;
 	c->peer_id = priv.role >= RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN ? priv.from_id : 0;
 	c->last_active_ns = rps__now_ns();
 	attr.sq_depth = c->nsend + 8 + (rev ? REPL_SLOTS : 0);
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
+	req = priv;
 	priv.role = 0;
 	priv.from_id = srv->my_id;
-	ret = rps__accept(req, srv->cq, &attr, &priv, sizeof(priv), &c->ep);
+	priv.to_id = 0;
+	rps__srv_auth_accepted(srv, c, &req, &priv);
+	ret = rps__accept(req_, srv->cq, &attr, &priv, sizeof(priv), &c->ep);
 	if (ret) {
 		rps__log(RPS__LOG_WARN, "accept failed: %s", rps__errbuf());
 		goto err_free;
@@ -401,18 +420,45 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req)
 			rps__log(RPS__LOG_WARN, "posting receives for %s: %s", rps__ep_peer(c->ep), rps__errbuf());
 			goto err_free;
 		}
+	c->recvs_posted = true;
 	if (conn_table_add(srv, c))
 		goto err_free;
-	if (rev)
+	if (c->authed)
+		rps__srv_conn_authed(srv, c);
+	return;
+err_free:
+	conn_free(srv, c);
+}
+
+/* What a connection does once it is authed (at once on a server without a
+ * key): a peer is taken by the control plane, a replication stream starts. */
+void rps__srv_conn_authed(struct rps__server *srv, struct conn *c)
+{
+	const char *why = NULL;
+
+	if (c->role == CONN_PEER && srv->cfg.keys) {
+		/* (without a key it was asked before the accept) */
+		if (!srv->hooks.accept_peer)
+			why = "this server takes no peers";
+		else
+			srv->hooks.accept_peer(srv->hooks.ctx, c->auth_req.from_id, c->auth_req.to_id,
+					       rps__ep_peer(c->ep), &why);
+		if (why) {
+			conn_fail(c, why);
+			return;
+		}
+	}
+	if (c->role == CONN_REPL && srv->cfg.keys && !c->repl_rev_in && rps__srv_repl_accepted(srv, c)) {
+		conn_fail(c, rps__errbuf());
+		return;
+	}
+	if (c->repl_rev_in)
 		rps__srv_repl_rev_accepted(srv, c);
 	if (c->role == CONN_PEER && srv->hooks.peer_attached)
 		srv->hooks.peer_attached(srv->hooks.ctx, c);
 	else
 		rps__log(c->role == CONN_WORKER ? RPS__LOG_INFO : RPS__LOG_DEBUG, "%s connected from %s",
 			 rps__srv_role_name(c), rps__ep_peer(c->ep));
-	return;
-err_free:
-	conn_free(srv, c);
 }
 
 /* peer_dial: an outgoing peer connection joins the table. */
@@ -422,11 +468,13 @@ int rps__srv_conn_attach(struct rps__server *srv, struct conn *c)
 	int ret;
 
 	rps__ep_set_context(c->ep, c);
-	for (i = 0; i < c->nrecv; i++) {
+	for (i = 0; !c->recvs_posted && i < c->nrecv; i++) {	/* (the handshake posted them) */
 		ret = post_recv_buf(c, i);
 		if (ret)
 			return ret;
 	}
+	c->recvs_posted = true;
+	c->authed = true;
 	return conn_table_add(srv, c) ? rps__seterr(-ENOMEM, "out of memory") : 0;
 }
 

@@ -99,7 +99,7 @@ struct rps__dp_hooks {
 	void (*on_read_done)(void *ctx, struct conn *c, bool ok, const void *buf);
 	void (*on_send_done)(void *ctx, struct conn *c);
 	/* May this peer connect?  0, or a negative errno and *why. */
-	int (*accept_peer)(void *ctx, uint64_t from_id, uint64_t to_id, const char **why);
+	int (*accept_peer)(void *ctx, uint64_t from_id, uint64_t to_id, const char *addr, const char **why);
 	void (*peer_attached)(void *ctx, struct conn *c);
 	/* A peer_dial is over: c the connection (attached, its peer id
 	 * set), or NULL: it failed. */

@@ -45,7 +45,14 @@ int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind ki
 		return ret;
 	d = &srv->dials[srv->ndials];
 	memset(d, 0, sizeof(*d));
-	ret = rps__dial_start(srv->fab, u.host, u.port, srv->cq, attr, priv, sizeof(*priv), timeout_ms, &d->d);
+	d->priv = *priv;
+	if (srv->cfg.keys) {	/* our key's id and a fresh nonce (auth.c) */
+		struct rps__key cur;
+		rps__keyring_get(srv->cfg.keys, &cur, NULL);
+		rps__auth_priv_init(&d->priv, &cur);
+		rps__key_clear(&cur);
+	}
+	ret = rps__dial_start(srv->fab, u.host, u.port, srv->cq, attr, &d->priv, sizeof(d->priv), timeout_ms, &d->d);
 	if (ret)
 		return ret;
 	d->c = c;
@@ -67,6 +74,14 @@ bool rps__srv_dialing(const struct rps__server *srv, enum srv_dial_kind kind, ui
 	return false;
 }
 
+static void finish(struct rps__server *srv, struct srv_dial *d, int ret, const struct rps__conn_priv *rp)
+{
+	if (d->kind == SRV_DIAL_PEER)
+		rps__srv_peer_dialed(srv, d->c, ret, d->to_id, d->uri, rp);
+	else
+		rps__srv_repl_dialed(srv, d->c, d->kind == SRV_DIAL_REPL_REV, ret, d->to_id, d->uri, rp);
+}
+
 void rps__srv_dials_turn(struct rps__server *srv)
 {
 	uint32_t i = 0;
@@ -78,6 +93,25 @@ void rps__srv_dials_turn(struct rps__server *srv)
 		size_t reply_len = RPS__PRIVDATA_MAX;
 		int ret;
 
+		if (d.authing) {	/* connected: waiting for the other's proof (auth.c) */
+			if (d.c->authed) {
+				/* ready: the other server may talk from now on */
+				rps__srv_conn_reply(d.c, RPS__MSG_AUTH_DONE, 0, 0, NULL, 0);
+				ret = d.c->dead ? rps__seterr(-ECONNRESET, "%s: the handshake failed", d.uri) : 0;
+			}
+			else if (d.c->dead)
+				ret = rps__seterr(-EACCES, "%s: the handshake failed", d.uri);
+			else if (rps__now_ns() >= d.deadline)
+				ret = rps__seterr(-ETIMEDOUT, "%s: no AUTH_REP in time", d.uri);
+			else {
+				i++;
+				continue;
+			}
+			memmove(&srv->dials[i], &srv->dials[i + 1], (srv->ndials - i - 1) * sizeof(d));
+			srv->ndials--;
+			finish(srv, &d, ret, &d.rp);
+			continue;
+		}
 		memset(reply, 0, sizeof(reply));
 		ret = rps__dial_step(d.d, reply, &reply_len, &d.c->ep);
 		if (ret == -EINPROGRESS) {
@@ -94,10 +128,20 @@ void rps__srv_dials_turn(struct rps__server *srv)
 			if (reply_len < sizeof(rp))
 				rp.from_id = 0;	/* not an rdmapsd: the owner refuses it */
 		}
-		if (d.kind == SRV_DIAL_PEER)
-			rps__srv_peer_dialed(srv, d.c, ret, d.to_id, d.uri, &rp);
-		else
-			rps__srv_repl_dialed(srv, d.c, d.kind == SRV_DIAL_REPL_REV, ret, d.to_id, d.uri, &rp);
+		if (!ret && srv->cfg.keys && rp.from_id) {
+			/* prove ourselves; the owner hears of it once the other did */
+			ret = rps__srv_auth_dialed(srv, d.c, &d.priv, &rp, d.uri);
+			if (!ret) {
+				d.d = NULL;
+				d.rp = rp;
+				d.authing = true;
+				d.deadline = rps__now_ns() + RPS__AUTH_TIMEOUT_MS * 1000000ull;
+				srv->dials[srv->ndials++] = d;	/* (room: it was just taken out) */
+				continue;
+			}
+			rps__log(RPS__LOG_WARN, "%s", rps__errbuf());
+		}
+		finish(srv, &d, ret, &rp);
 	}
 }
 
@@ -109,10 +153,12 @@ int rps__srv_dials_poll(struct rps__server *srv, struct pollfd *pfd, int max, ui
 	for (i = 0; i < srv->ndials; i++) {
 		const struct srv_dial *d = &srv->dials[i];
 		short events;
-		int fd = rps__dial_fd(d->d, &events);
+		int fd = d->authing ? -1 : rps__dial_fd(d->d, &events);
 		int ms = d->deadline > now ? (int)((d->deadline - now) / 1000000ull) + 1 : 0;
 
-		if (fd < 0 || n == max)
+		if (d->authing)
+			;	/* the CQ wakes the loop for AUTH_REP; the deadline for the rest */
+		else if (fd < 0 || n == max)
 			ms = 0;	/* nothing to wait on (or no room): step it at once */
 		else
 			pfd[n++] = (struct pollfd){ .fd = fd, .events = events };

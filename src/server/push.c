@@ -414,6 +414,30 @@ static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, s
 	return false;
 }
 
+/* A worker key covers the tensors under its scope only, a reader key no
+ * push at all (README "Security"): refused, and a lock the push names and
+ * its connection holds is let go, so no one waits for its lease. */
+static bool refuse_out_of_scope(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+				struct shard *s, const struct rps__push_desc *d)
+{
+	bool in_scope = rps__srv_scope_allows(c, t->name);
+	uint64_t w, released = 0;
+	char why[200];
+
+	if (in_scope && c->key_role != RPS__KEY_READER)
+		return false;
+	if (t->spec.mode != RPS_MODE_SYNC && s->hdr) {
+		w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
+		if (w == d->lock && rps__lock_is_locked(w) && rps__lock_owner(w) == c->owner)
+			released = rps__srv_release_lock(srv, t, s, w);
+	}
+	snprintf(why, sizeof(why), "a %s of '%s' pushed to '%s'%s", rps__key_role_name(c->key_role), c->scope,
+		 t->name, in_scope ? " (readers do not push)" : ", outside its scope");
+	rps__srv_log_refusal(srv, c, why);
+	push_ack(c, slot, in_scope ? -EPERM : -EACCES, 0, released);
+	return true;
+}
+
 /* Refuse a gradient of the wrong dtype or size, from the wrong rank, or
  * (sync) for a step out of reach.  True: refused (acknowledged). */
 static bool refuse_bad_grad(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
@@ -523,6 +547,8 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	local = d->shard;
 	s = &t->shards[local];
 	if (refuse_unserved(srv, c, slot, t, s, d))
+		return CONSUMED;
+	if (srv->cfg.keys && refuse_out_of_scope(srv, c, slot, t, s, d))
 		return CONSUMED;
 	/* replicated: an update still on its way to the replicas holds the
 	 * shard (its lock, its publication) */

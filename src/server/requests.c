@@ -137,6 +137,17 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 	ret = rps__name_check(req->name);
 	if (ret)
 		goto err;
+	if (!rps__srv_scope_allows(c, req->name) ||
+	    (c->key_role == RPS__KEY_READER && !(req->flags & RPS__CREATE_OPEN_ONLY))) {
+		/* nothing about the tensor is told, not even whether it exists */
+		char why[200];
+		snprintf(why, sizeof(why), "a %s of '%s' may not %s '%s'", rps__key_role_name(c->key_role), c->scope,
+			 req->flags & RPS__CREATE_OPEN_ONLY ? "open" : "create", req->name);
+		rps__srv_log_refusal(srv, c, why);
+		conn_reply(c, RPS__MSG_CREATE_REP, req_id, c->key_role == RPS__KEY_READER &&
+			   rps__srv_scope_allows(c, req->name) ? -EPERM : -EACCES, NULL, 0);
+		return;
+	}
 	t = rps__srv_tensor_by_name(srv, req->name);
 	if (!(req->flags & RPS__CREATE_OPEN_ONLY)) {
 		struct rps__layout l;
@@ -427,6 +438,14 @@ void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uin
 		return;
 	}
 	memcpy(&h, buf, sizeof(h));
+	if (!c->authed) {
+		rps__srv_auth_on_message(srv, c, &h, body);
+		return;
+	}
+	if (h.type == RPS__MSG_AUTH || h.type == RPS__MSG_AUTH_REP || h.type == RPS__MSG_AUTH_DONE) {
+		conn_fail(c, "sent AUTH twice");
+		return;
+	}
 	if (c->role == CONN_REPL) {
 		rps__srv_repl_on_message(srv, c, &h, body);
 		return;

@@ -180,7 +180,9 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 	if (kind != WRID_RECV || idx >= c->nrecv)
 		return;
 	c->last_active_ns = rps__now_ns();
-	if (!c->dead) {
+	if (!c->dead && !c->authed && wc->opcode == RPS__WC_RECV_IMM) {
+		conn_fail(c, "wrote before it authenticated");
+	} else if (!c->dead) {
 		if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_WORKER)
 			rps__srv_on_push(srv, c, wc->imm);
 		else if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_REPL && !c->repl_out)
@@ -245,6 +247,7 @@ static int run_timers(struct rps__server *srv, uint64_t now, uint64_t scan_every
 	 * timer too, not only when a new connection arrives */
 	if (now >= *next_listener_check) {
 		rps__srv_accept_pending(srv);
+		rps__srv_auth_timers(srv, now);
 		if (srv->cfg.idle_timeout_ms)
 			drop_idle_workers(srv, now);
 		*next_listener_check = now + LISTENER_CHECK_NS;

@@ -15,6 +15,7 @@
 #include "transport/uri.h"
 
 struct rps__server;
+struct rps__keyring;
 
 /* Bounds of the configuration (rdmapsd refuses values beyond them). */
 #define RPS__SERVER_MEM_MAX (1ull << 50)	/* --memory-limit, --park-limit: 1 PiB */
@@ -54,6 +55,11 @@ struct rps__server_config {
 	uint32_t replicas;		/* --replicas R: the leader makes it the map's target
 					 * (0: not given, the map's stands) */
 	const char *zone;		/* --zone: this member's zone label (NULL: not given) */
+	/* security (README "Security") */
+	struct rps__keyring *keys;	/* --key: the cluster key, every connection authenticates
+					 * (NULL: none; then only loopback peers are taken
+					 * unless insecure) */
+	int insecure;			/* --insecure: no key, and peers beyond loopback */
 	const char *ckpt_dir;		/* --checkpoint-dir: the only place psctl checkpoint and
 					 * restore write and read (NULL: they are refused) */
 };

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "kernels/optim.h"
+#include "proto/auth.h"
 #include "proto/proto.h"
 #include "server/dataplane.h"
 #include "server/server.h"
@@ -201,6 +202,18 @@ struct conn {
 	struct rps__step_done_ent *sd;
 	uint32_t nsd, sd_cap;
 	uint32_t sd_inflight;	/* STEP_DONE messages in the send queue */
+	/* authentication (auth.c): on a server with a key a connection sends
+	 * nothing but AUTH (AUTH_REP, one we dialed) until it is authed */
+	bool authed;
+	bool auth_refused;	/* AUTH failed: closed at auth_deadline_ns, after the refusal left */
+	bool recvs_posted;
+	bool auth_proven;	/* a server's AUTH held: AUTH_DONE awaited */
+	bool repl_rev_in;	/* a REPL_REV stream it dialed: we are its primary */
+	uint8_t key_role;	/* enum rps__key_role it proved (NONE: no key here) */
+	char scope[64];		/* worker/reader: its tensor-name prefix */
+	uint64_t auth_deadline_ns;
+	struct rps__conn_priv auth_req, auth_rep;	/* the connect data, both ways */
+	struct srv_auth_dial *auth_dial;	/* we dialed: what checks the answer */
 	/* migration READ target (peers) */
 	void *rd_buf;
 	size_t rd_len;
@@ -216,6 +229,9 @@ struct srv_dial {
 	uint64_t to_id;		/* 0: a --join seed, whoever answers */
 	char uri[320];		/* (a --cluster address may be longer than a map's) */
 	uint64_t deadline;	/* ns: the loop wakes for it */
+	struct rps__conn_priv priv;	/* what the connect request carried */
+	struct rps__conn_priv rp;	/* the accept's, once connected */
+	bool authing;		/* connected, AUTH sent, AUTH_REP awaited (d is NULL) */
 };
 
 /* threads.c: a call one serving thread asks of another (the control
@@ -231,6 +247,8 @@ struct srv_mbox {
 };
 
 struct rps__server {
+	uint64_t auth_log_ns;		/* auth.c: when a refusal was last logged */
+	uint64_t auth_refusals_quiet;	/* ... and how many since went unlogged */
 	struct rps__server_config cfg;
 	/* serving threads (threads.c, rdmapsd --threads): this one is
 	 * thread_index of nthreads, each a data plane of its own serving the
@@ -381,6 +399,22 @@ void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c);
 int rps__srv_conn_attach(struct rps__server *srv, struct conn *c);
 int rps__srv_post_recv(struct conn *c, uint32_t i);
 void rps__srv_accept_pending(struct rps__server *srv);
+/* auth.c: the handshake on the server's connections */
+#define RPS__AUTH_TIMEOUT_MS 10000	/* a connection not authed by then is dropped */
+void rps__srv_auth_accepted(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+			    struct rps__conn_priv *rep);
+int rps__srv_auth_dialed(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+			 const struct rps__conn_priv *rep, const char *uri);
+void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			      const void *body);
+void rps__srv_auth_timers(struct rps__server *srv, uint64_t now);
+void rps__srv_auth_dial_free(struct conn *c);
+/* Log a refusal, once a second at most (hostile peers must not flood the log). */
+void rps__srv_log_refusal(struct rps__server *srv, const struct conn *c, const char *why);
+/* conn.c: what an accepted connection does once authed */
+void rps__srv_conn_authed(struct rps__server *srv, struct conn *c);
+/* A tensor name a connection's scope covers (every name: no key here). */
+bool rps__srv_scope_allows(const struct conn *c, const char *name);
 
 /* push.c */
 /* A push landed in (c, slot): consume, park or hold it. */

@@ -482,6 +482,12 @@ int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const 
 	ep->base.fab = &fab->base;
 	ep->base.cq = &cq->base;
 	snprintf(ep->base.peer, sizeof(ep->base.peer), "%s", peer);
+	{
+		struct sockaddr_storage ss;
+		socklen_t slen = sizeof(ss);
+		if (!getsockname(fd, (struct sockaddr *)&ss, &slen))
+			rps__tcp_sockaddr_str((struct sockaddr *)&ss, slen, ep->base.local, sizeof(ep->base.local));
+	}
 	ep->fab = fab;
 	ep->cq = cq;
 	ep->fd = fd;

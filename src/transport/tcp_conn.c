@@ -23,7 +23,7 @@
 /* ------------------------------------------------------------------------ */
 /* sockets and the handshake                                                */
 
-static void sockaddr_str(const struct sockaddr *sa, socklen_t salen, char *buf, size_t len)
+void rps__tcp_sockaddr_str(const struct sockaddr *sa, socklen_t salen, char *buf, size_t len)
 {
 	char host[INET6_ADDRSTRLEN], serv[8];
 
@@ -291,7 +291,7 @@ static void listener_accept_all(struct tcp_listener *l)
 		}
 		p->fd = fd;
 		p->since_ns = rps__now_ns();
-		sockaddr_str((struct sockaddr *)&ss, slen, p->peer, sizeof(p->peer));
+		rps__tcp_sockaddr_str((struct sockaddr *)&ss, slen, p->peer, sizeof(p->peer));
 		ev.data.ptr = p;
 		if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev)) {
 			close(fd);
@@ -345,6 +345,7 @@ static int pending_progress(struct tcp_listener *l, struct tcp_pending *p, struc
 	req->peer_sq_depth = h.sq_depth;
 	req->base.peer_sq_depth = h.sq_depth;
 	snprintf(req->peer, sizeof(req->peer), "%s", p->peer);
+	snprintf(req->base.peer, sizeof(req->base.peer), "%s", p->peer);
 	pending_unlink(l, p);
 	free(p);
 	*out = &req->base;
@@ -581,7 +582,7 @@ static int dial_connect(struct tcp_dial *d)
 			d->ai = d->ai->ai_next;
 		}
 	}
-	sockaddr_str(d->ai->ai_addr, d->ai->ai_addrlen, d->peer, sizeof(d->peer));
+	rps__tcp_sockaddr_str(d->ai->ai_addr, d->ai->ai_addrlen, d->peer, sizeof(d->peer));
 	sock_tune(d->fd);
 	d->state = DIAL_HELLO_OUT;
 	return 0;

@@ -324,6 +324,8 @@ void rps__tcp_cq_push(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t wr_id, enum
 		      enum rps__wc_opcode opcode, uint32_t byte_len, uint32_t imm);
 int rps__tcp_cq_pop(struct tcp_cq *cq, struct rps__wc *wc, int n);
 void rps__tcp_ep_free(struct tcp_ep *ep);
+/* "10.0.0.1:7000" / "[fe80::1]:7000" */
+void rps__tcp_sockaddr_str(const struct sockaddr *sa, socklen_t salen, char *buf, size_t len);
 int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const struct ep_sizes *sz,
 		       uint32_t peer_sq_depth, const char *peer, struct tcp_ep **out);
 int rps__tcp_ep_bind(struct tcp_ep *ep);

@@ -269,6 +269,7 @@ void rps__ep_close(struct rps__ep *ep)
 void rps__ep_set_context(struct rps__ep *ep, void *ctx) { ep->context = ctx; }
 void *rps__ep_context(const struct rps__ep *ep) { return ep->context; }
 const char *rps__ep_peer(const struct rps__ep *ep) { return ep->peer; }
+const char *rps__ep_local(const struct rps__ep *ep) { return ep->local; }
 int rps__ep_is_error(const struct rps__ep *ep) { return __atomic_load_n(&ep->error, __ATOMIC_ACQUIRE); }
 
 int rps__ep_rebase(struct rps__ep *ep, const void *from, void *to, size_t len)

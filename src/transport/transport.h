@@ -285,6 +285,7 @@ void rps__ep_close(struct rps__ep *ep);
 void rps__ep_set_context(struct rps__ep *ep, void *ctx);
 void *rps__ep_context(const struct rps__ep *ep);
 const char *rps__ep_peer(const struct rps__ep *ep);	/* "10.0.2.15:7000" */
+const char *rps__ep_local(const struct rps__ep *ep);	/* our end of it, the same way */
 int rps__ep_is_error(const struct rps__ep *ep);
 /* Posted sends (WRITE, WRITE_IMM, SEND) whose local memory lies in
  * [from, from + len) and is not written yet read the same offsets of
@@ -377,6 +378,7 @@ struct rps__conn_req {
 	size_t len;
 	uint32_t peer_sq_depth;		/* tcp: the depth the connector announced, which
 					 * sizes our response pool (0: not known) */
+	char peer[64];			/* the connector's address, as rps__ep_peer() */
 };
 struct rps__dial {
 	struct rps__fabric *fab;
@@ -387,6 +389,7 @@ struct rps__ep {
 	void *context;
 	int error;			/* set once the endpoint is in the error state */
 	char peer[64];
+	char local[64];			/* our address of this connection ("" if not known) */
 };
 
 extern const struct rps__transport_ops rps__tcp_ops;

@@ -16,6 +16,9 @@
 set -u
 k=${RXE_VM_INDEX:?run by tests/rxe/vm cluster}
 ctl=${RXE_CLUSTER_CTL:?}
+# the cluster key the host made for the three VMs (make check-rxe-cluster)
+RDMAPS_KEY_FILE=$ctl/cluster.key
+export RDMAPS_KEY_FILE
 port=7470
 servers=verbs://10.9.0.1:$port,verbs://10.9.0.2:$port,verbs://10.9.0.3:$port
 # it_replica's server arguments, with Raft's tick and the failover time

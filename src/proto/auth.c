@@ -1,0 +1,682 @@
+/*
+ * auth.c - key files, key derivation and the handshake's MACs (auth.h).
+ * The primitives are libsodium's; nothing here is a primitive of its own.
+ */
+#include "config.h"
+#include "proto/auth.h"
+#include "common/common.h"
+#include "proto/proto.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#define KEY_FILE_MAX 4096
+
+static const char *const role_names[] = {
+	[RPS__KEY_NONE] = "none", [RPS__KEY_CLUSTER] = "cluster", [RPS__KEY_ADMIN] = "admin",
+	[RPS__KEY_WORKER] = "worker", [RPS__KEY_READER] = "reader", [RPS__KEY_PEER] = "peer",
+};
+
+const char *rps__key_role_name(enum rps__key_role role)
+{
+	return (unsigned)role < sizeof(role_names) / sizeof(role_names[0]) ? role_names[role] : "?";
+}
+
+int rps__key_role_parse(const char *s, enum rps__key_role *out)
+{
+	enum rps__key_role r;
+
+	for (r = RPS__KEY_CLUSTER; r <= RPS__KEY_READER; r++)
+		if (!strcmp(s, role_names[r])) {
+			*out = r;
+			return 0;
+		}
+	return rps__seterr(-EINVAL, "unknown key role '%s': cluster, admin, worker or reader", s);
+}
+
+static int sodium_ready(void)
+{
+	if (sodium_init() < 0)
+		return rps__seterr(-EIO, "libsodium could not start (sodium_init failed): is /dev/urandom readable?");
+	return 0;
+}
+
+void rps__auth_random(void *buf, size_t len)
+{
+	if (sodium_init() < 0)	/* (it aborts on its own if no entropy is to be had) */
+		abort();
+	randombytes_buf(buf, len);
+}
+
+void rps__key_clear(struct rps__key *k)
+{
+	sodium_memzero(k, sizeof(*k));
+}
+
+static void hmac(const uint8_t *key, size_t keylen, const void *const *parts, const size_t *lens, int n,
+		 uint8_t out[32])
+{
+	crypto_auth_hmacsha256_state st;
+	int i;
+
+	crypto_auth_hmacsha256_init(&st, key, keylen);
+	for (i = 0; i < n; i++)
+		crypto_auth_hmacsha256_update(&st, parts[i], lens[i]);
+	crypto_auth_hmacsha256_final(&st, out);
+	sodium_memzero(&st, sizeof(st));
+}
+
+uint64_t rps__key_id(const uint8_t *secret, size_t len)
+{
+	static const char label[] = "rdmaps-key-id-v1";
+	const void *parts[] = { label };
+	size_t lens[] = { sizeof(label) };
+	uint8_t out[32];
+	uint64_t id;
+
+	hmac(secret, len, parts, lens, 1, out);
+	memcpy(&id, out, sizeof(id));
+	return id ? id : 1;	/* 0 means "no key" on the wire */
+}
+
+int rps__key_derive(const struct rps__key *cluster, enum rps__key_role role, const char *scope,
+		    struct rps__key *out)
+{
+	static const char label[] = "rdmaps-key-v1";
+	const char *name = rps__key_role_name(role);
+	const void *parts[3];
+	size_t lens[3];
+	struct rps__key k;
+
+	if (cluster->role != RPS__KEY_CLUSTER)
+		return rps__seterr(-EINVAL, "keys are derived from the cluster key, not a %s key",
+				   rps__key_role_name(cluster->role));
+	if (role < RPS__KEY_ADMIN || role > RPS__KEY_PEER)
+		return rps__seterr(-EINVAL, "no key of role %s is derived", name);
+	if (!scope || role == RPS__KEY_ADMIN || role == RPS__KEY_PEER)
+		scope = "";
+	if (strlen(scope) >= RPS__SCOPE_MAX)
+		return rps__seterr(-ENAMETOOLONG, "scope '%s' is longer than %u bytes", scope, RPS__SCOPE_MAX - 1);
+	parts[0] = label;
+	lens[0] = sizeof(label);
+	parts[1] = name;
+	lens[1] = strlen(name) + 1;
+	parts[2] = scope;
+	lens[2] = strlen(scope);
+	memset(&k, 0, sizeof(k));
+	k.role = role;
+	snprintf(k.scope, sizeof(k.scope), "%s", scope);
+	k.id = cluster->id;
+	k.len = RPS__KEY_BYTES;
+	hmac(cluster->secret, cluster->len, parts, lens, 3, k.secret);
+	*out = k;
+	sodium_memzero(&k, sizeof(k));
+	return 0;
+}
+
+bool rps__key_may(enum rps__key_role have, enum rps__key_role want)
+{
+	if (have == RPS__KEY_CLUSTER)
+		return want >= RPS__KEY_ADMIN && want <= RPS__KEY_PEER;
+	return have == want && have != RPS__KEY_NONE;
+}
+
+const char *rps__key_path(const char *given)
+{
+	const char *e;
+
+	if (given && given[0])
+		return given;
+	e = getenv("RDMAPS_KEY_FILE");
+	return e && e[0] ? e : NULL;
+}
+
+/* hex (even length) or base64 (with or without padding) into out. */
+static int decode_secret(const char *s, uint8_t *out, size_t cap, size_t *len)
+{
+	size_t n = strlen(s), bin = 0;
+	const char *end;
+
+	if (n % 2 == 0 && !sodium_hex2bin(out, cap, s, n, NULL, &bin, &end) && !*end) {
+		*len = bin;
+		return 0;
+	}
+	if (!sodium_base642bin(out, cap, s, n, NULL, &bin, &end, sodium_base64_VARIANT_ORIGINAL) && !*end) {
+		*len = bin;
+		return 0;
+	}
+	if (!sodium_base642bin(out, cap, s, n, NULL, &bin, &end, sodium_base64_VARIANT_ORIGINAL_NO_PADDING) &&
+	    !*end) {
+		*len = bin;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static char *trim(char *s)
+{
+	char *e;
+
+	while (*s == ' ' || *s == '\t')
+		s++;
+	e = s + strlen(s);
+	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' || e[-1] == '\n'))
+		*--e = '\0';
+	return s;
+}
+
+static int read_key_file(const char *path, char *buf, size_t cap)
+{
+	struct stat st;
+	ssize_t n;
+	size_t got = 0;
+	int fd, ret = 0;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0)
+		return rps__seterr(-errno, "key file %s: %s", path, strerror(errno));
+	if (fstat(fd, &st)) {
+		ret = rps__seterr(-errno, "key file %s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		ret = rps__seterr(-EINVAL, "key file %s is not a regular file", path);
+		goto out;
+	}
+	if (st.st_mode & 077) {
+		ret = rps__seterr(-EPERM, "key file %s is readable by others (mode %04o): chmod 600 %s", path,
+				  (unsigned)(st.st_mode & 07777), path);
+		goto out;
+	}
+	while (got < cap - 1 && (n = read(fd, buf + got, cap - 1 - got)) != 0) {
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			ret = rps__seterr(-errno, "key file %s: %s", path, strerror(errno));
+			goto out;
+		}
+		got += (size_t)n;
+	}
+	buf[got] = '\0';
+	if (got == cap - 1)
+		ret = rps__seterr(-EFBIG, "key file %s is over %zu bytes: is it a key file?", path, cap - 1);
+out:
+	close(fd);
+	return ret;
+}
+
+int rps__key_load(const char *path, struct rps__key *out)
+{
+	char *buf, *line, *save = NULL;
+	struct rps__key k;
+	bool have_role = false, have_id = false, have_secret = false, bare = false;
+	uint64_t id = 0;
+	int ret;
+
+	ret = sodium_ready();
+	if (ret)
+		return ret;
+	buf = malloc(KEY_FILE_MAX);
+	if (!buf)
+		return rps__seterr(-ENOMEM, "out of memory");
+	memset(&k, 0, sizeof(k));
+	ret = read_key_file(path, buf, KEY_FILE_MAX);
+	if (ret)
+		goto out;
+	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *s = trim(line), *v;
+
+		if (!*s || *s == '#')
+			continue;
+		v = s + strcspn(s, " \t");
+		if (*v)
+			*v++ = '\0';
+		v = trim(v);
+		if (!*v && !have_role && !have_secret && !bare) {	/* a bare secret */
+			v = s;
+			s = "secret";
+			bare = true;
+		}
+		if (!strcmp(s, "role")) {
+			ret = rps__key_role_parse(v, &k.role);
+			if (ret) {
+				ret = rps__preerr(ret, "key file %s", path);
+				goto out;
+			}
+			have_role = true;
+		} else if (!strcmp(s, "scope")) {
+			if (strlen(v) >= sizeof(k.scope) || strchr(v, ' ')) {
+				ret = rps__seterr(-EINVAL, "key file %s: scope '%s' is not a tensor-name prefix", path, v);
+				goto out;
+			}
+			snprintf(k.scope, sizeof(k.scope), "%s", v);
+		} else if (!strcmp(s, "id")) {
+			char *end;
+			errno = 0;
+			id = strtoull(v, &end, 16);
+			if (errno || *end || !id) {
+				ret = rps__seterr(-EINVAL, "key file %s: bad id '%s'", path, v);
+				goto out;
+			}
+			have_id = true;
+		} else if (!strcmp(s, "secret")) {
+			if (have_secret || decode_secret(v, k.secret, sizeof(k.secret), &k.len)) {
+				ret = rps__seterr(-EINVAL, "key file %s: the secret is not one hex or base64 string", path);
+				goto out;
+			}
+			have_secret = true;
+		} else {
+			ret = rps__seterr(-EINVAL, "key file %s: unknown line '%s' (is it an rdmaps key?)", path, s);
+			goto out;
+		}
+	}
+	if (!have_secret) {
+		ret = rps__seterr(-EINVAL, "key file %s holds no secret: make one with `psctl keygen %s`", path, path);
+		goto out;
+	}
+	if (!have_role)
+		k.role = RPS__KEY_CLUSTER;
+	if (k.role == RPS__KEY_CLUSTER ? k.len < RPS__KEY_BYTES : k.len != RPS__KEY_BYTES) {
+		ret = rps__seterr(-EINVAL, "key file %s: the secret is %zu bytes, a %s key has %s32", path, k.len,
+				  rps__key_role_name(k.role), k.role == RPS__KEY_CLUSTER ? "at least " : "");
+		goto out;
+	}
+	if (k.role == RPS__KEY_CLUSTER) {
+		k.id = rps__key_id(k.secret, k.len);
+		if (have_id && id != k.id) {
+			ret = rps__seterr(-EINVAL, "key file %s: its id does not match its secret (edited?)", path);
+			goto out;
+		}
+		k.scope[0] = '\0';
+	} else if (!have_id) {
+		ret = rps__seterr(-EINVAL, "key file %s: a %s key names the id of its cluster key", path,
+				  rps__key_role_name(k.role));
+		goto out;
+	} else {
+		k.id = id;
+	}
+	if (k.role == RPS__KEY_ADMIN)
+		k.scope[0] = '\0';
+	*out = k;
+out:
+	sodium_memzero(&k, sizeof(k));
+	sodium_memzero(buf, KEY_FILE_MAX);
+	free(buf);
+	return ret;
+}
+
+int rps__key_write(const char *path, enum rps__key_role role, const char *scope, const struct rps__key *from)
+{
+	struct rps__key k;
+	char hex[2 * RPS__KEY_MAX + 1];
+	FILE *f;
+	int fd, ret;
+
+	ret = sodium_ready();
+	if (ret)
+		return ret;
+	memset(&k, 0, sizeof(k));
+	if (role == RPS__KEY_CLUSTER) {
+		k.role = RPS__KEY_CLUSTER;
+		k.len = RPS__KEY_BYTES;
+		randombytes_buf(k.secret, k.len);
+		k.id = rps__key_id(k.secret, k.len);
+	} else {
+		if (!from)
+			return rps__seterr(-EINVAL, "a %s key is made from the cluster key: give it",
+					   rps__key_role_name(role));
+		ret = rps__key_derive(from, role, scope, &k);
+		if (ret)
+			return ret;
+	}
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0) {
+		ret = rps__seterr(-errno, "writing key file %s: %s%s", path, strerror(errno),
+				  errno == EEXIST ? " (never overwritten: remove it first)" : "");
+		goto out;
+	}
+	if (fchmod(fd, 0600)) {
+		ret = rps__seterr(-errno, "key file %s: chmod: %s", path, strerror(errno));
+		close(fd);
+		goto err_unlink;
+	}
+	f = fdopen(fd, "w");
+	if (!f) {
+		ret = rps__seterr(-errno, "key file %s: %s", path, strerror(errno));
+		close(fd);
+		goto err_unlink;
+	}
+	sodium_bin2hex(hex, sizeof(hex), k.secret, k.len);
+	fprintf(f, "# rdmaps %s key%s%s%s: keep it secret (mode 0600). Made by psctl keygen.\n",
+		rps__key_role_name(k.role), k.scope[0] ? " for tensors under '" : "", k.scope,
+		k.scope[0] ? "'" : "");
+	fprintf(f, "role %s\n", rps__key_role_name(k.role));
+	if (k.role == RPS__KEY_WORKER || k.role == RPS__KEY_READER)
+		fprintf(f, "scope %s\n", k.scope);
+	fprintf(f, "id %016llx\nsecret %s\n", (unsigned long long)k.id, hex);
+	sodium_memzero(hex, sizeof(hex));
+	if (fflush(f) || fsync(fileno(f))) {
+		ret = rps__seterr(-errno, "key file %s: %s", path, strerror(errno));
+		fclose(f);
+		goto err_unlink;
+	}
+	if (fclose(f)) {
+		ret = rps__seterr(-errno, "key file %s: %s", path, strerror(errno));
+		goto err_unlink;
+	}
+	goto out;
+err_unlink:
+	unlink(path);
+out:
+	sodium_memzero(&k, sizeof(k));
+	return ret;
+}
+
+/* at most cap - 1 bytes of src, the rest of dst (zeroed) untouched */
+static void copy_field(char *dst, size_t cap, const char *src)
+{
+	memcpy(dst, src, strnlen(src, cap - 1));
+}
+
+void rps__auth_mac(const struct rps__key *k, const struct rps__auth_transcript *t, bool client,
+		   uint8_t mac[RPS__MAC_BYTES])
+{
+	static const char label_c[] = "rdmaps-auth-v1 client";
+	static const char label_s[] = "rdmaps-auth-v1 server";
+	struct rps__auth_transcript z;
+	const void *parts[2];
+	size_t lens[2];
+
+	/* fixed layout, padding and unused bytes zeroed */
+	memset(&z, 0, sizeof(z));
+	z.conn_role = t->conn_role;
+	z.key_role = t->key_role;
+	copy_field(z.scope, sizeof(z.scope), t->scope);
+	z.key_id = t->key_id;
+	z.from_id = t->from_id;
+	z.to_id = t->to_id;
+	z.server_id = t->server_id;
+	memcpy(z.nonce_c, t->nonce_c, sizeof(z.nonce_c));
+	memcpy(z.nonce_s, t->nonce_s, sizeof(z.nonce_s));
+	copy_field(z.client_addr, sizeof(z.client_addr), t->client_addr);
+	copy_field(z.server_addr, sizeof(z.server_addr), t->server_addr);
+	parts[0] = client ? label_c : label_s;
+	lens[0] = sizeof(label_c);
+	parts[1] = &z;
+	lens[1] = sizeof(z);
+	hmac(k->secret, k->len, parts, lens, 2, mac);
+}
+
+int rps__auth_check(const struct rps__key *k, const struct rps__auth_transcript *t, bool client,
+		    const uint8_t mac[RPS__MAC_BYTES])
+{
+	uint8_t want[RPS__MAC_BYTES];
+	int ret;
+
+	rps__auth_mac(k, t, client, want);
+	ret = crypto_verify_32(want, mac) ? -EACCES : 0;
+	sodium_memzero(want, sizeof(want));
+	return ret;
+}
+
+void rps__auth_host(const char *addr, char *host, size_t len)
+{
+	const char *end;
+	size_t n;
+
+	if (addr[0] == '[') {	/* [v6]:port */
+		addr++;
+		end = strchr(addr, ']');
+		n = end ? (size_t)(end - addr) : strlen(addr);
+	} else {
+		end = strrchr(addr, ':');
+		n = end && !memchr(addr, ':', (size_t)(end - addr)) ? (size_t)(end - addr) : strlen(addr);
+	}
+	if (n > 7 && !strncasecmp(addr, "::ffff:", 7) && memchr(addr + 7, '.', n - 7)) {
+		addr += 7;
+		n -= 7;
+	}
+	if (n >= len)
+		n = len - 1;
+	memcpy(host, addr, n);
+	host[n] = '\0';
+}
+
+bool rps__host_is_loopback(const char *host)
+{
+	return !strcmp(host, "localhost") || !strcmp(host, "::1") || !strcmp(host, "[::1]") ||
+	       !strncmp(host, "127.", 4) || !strncmp(host, "::ffff:127.", 11);
+}
+
+/* ---- key rings -------------------------------------------------------- */
+
+int rps__keyring_open(const char *path, bool server, struct rps__keyring **out)
+{
+	struct rps__keyring *ring;
+	int ret;
+
+	*out = NULL;
+	if (strlen(path) >= sizeof(ring->path))
+		return rps__seterr(-ENAMETOOLONG, "key file path %s is too long", path);
+	ring = calloc(1, sizeof(*ring));
+	if (!ring)
+		return rps__seterr(-ENOMEM, "out of memory");
+	ret = rps__key_load(path, &ring->cur);
+	if (!ret && server && ring->cur.role != RPS__KEY_CLUSTER)
+		ret = rps__seterr(-EINVAL, "key file %s holds a %s key: servers take the cluster key "
+				  "(the one psctl keygen FILE makes)", path, rps__key_role_name(ring->cur.role));
+	if (ret) {
+		rps__key_clear(&ring->cur);
+		free(ring);
+		return ret;
+	}
+	snprintf(ring->path, sizeof(ring->path), "%s", path);
+	pthread_mutex_init(&ring->lock, NULL);
+	*out = ring;
+	return 0;
+}
+
+void rps__keyring_close(struct rps__keyring *ring)
+{
+	if (!ring)
+		return;
+	pthread_mutex_destroy(&ring->lock);
+	sodium_memzero(ring, sizeof(*ring));
+	free(ring);
+}
+
+void rps__keyring_get(struct rps__keyring *ring, struct rps__key *cur, struct rps__key *prev)
+{
+	pthread_mutex_lock(&ring->lock);
+	*cur = ring->cur;
+	if (prev)
+		*prev = ring->prev;
+	pthread_mutex_unlock(&ring->lock);
+}
+
+int rps__keyring_reload(struct rps__keyring *ring)
+{
+	struct rps__key k;
+	int ret;
+
+	ret = rps__key_load(ring->path, &k);
+	if (!ret && k.role != ring->cur.role)
+		ret = rps__seterr(-EINVAL, "key file %s now holds a %s key, not a %s key: kept the old one", ring->path,
+				  rps__key_role_name(k.role), rps__key_role_name(ring->cur.role));
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&ring->lock);
+	if (k.id == ring->cur.id && k.len == ring->cur.len && !sodium_memcmp(k.secret, ring->cur.secret, k.len)) {
+		rps__key_clear(&ring->prev);	/* the rotation is over */
+		ret = 0;
+	} else {
+		ring->prev = ring->cur;
+		ring->cur = k;
+		ret = 1;
+	}
+	pthread_mutex_unlock(&ring->lock);
+	rps__key_clear(&k);
+	return ret;
+}
+
+/* ---- the handshake ---------------------------------------------------- */
+
+bool rps__auth_role_fits(unsigned conn_role, enum rps__key_role key_role)
+{
+	switch (conn_role) {
+	case RPS__ROLE_WORKER:
+		return key_role == RPS__KEY_WORKER || key_role == RPS__KEY_READER;
+	case RPS__ROLE_ADMIN:
+		return key_role == RPS__KEY_ADMIN;
+	case RPS__ROLE_PEER:
+	case RPS__ROLE_REPL:
+	case RPS__ROLE_REPL_REV:
+		return key_role == RPS__KEY_PEER;
+	default:
+		return false;
+	}
+}
+
+void rps__auth_priv_init(struct rps__conn_priv *p, const struct rps__key *k)
+{
+	p->key_id = k && k->role != RPS__KEY_NONE ? k->id : 0;
+	if (p->key_id)
+		rps__auth_random(p->nonce, sizeof(p->nonce));
+	else
+		memset(p->nonce, 0, sizeof(p->nonce));
+}
+
+static void transcript(struct rps__auth_transcript *t, const struct rps__conn_priv *req,
+		       const struct rps__conn_priv *rep, enum rps__key_role role, const char *scope, uint64_t key_id,
+		       const char *client_addr, const char *server_addr)
+{
+	memset(t, 0, sizeof(*t));
+	t->conn_role = req->role;
+	t->key_role = (uint16_t)role;
+	copy_field(t->scope, sizeof(t->scope), scope);
+	t->key_id = key_id;
+	t->from_id = req->from_id;
+	t->to_id = req->to_id;
+	t->server_id = rep->from_id;
+	memcpy(t->nonce_c, req->nonce, sizeof(t->nonce_c));
+	memcpy(t->nonce_s, rep->nonce, sizeof(t->nonce_s));
+	rps__auth_host(client_addr, t->client_addr, sizeof(t->client_addr));
+	rps__auth_host(server_addr, t->server_addr, sizeof(t->server_addr));
+}
+
+static bool zero(const uint8_t *p, size_t n)
+{
+	size_t i;
+	uint8_t acc = 0;
+
+	for (i = 0; i < n; i++)
+		acc |= p[i];
+	return !acc;
+}
+
+int rps__auth_connect(const struct rps__key *cur, const struct rps__key *prev, enum rps__key_role want,
+		      const char *scope, const struct rps__conn_priv *req, const struct rps__conn_priv *rep,
+		      const char *local_addr, const char *peer_addr, const char *who, struct rps__auth *msg,
+		      struct rps__auth_transcript *t, struct rps__key *proven)
+{
+	const struct rps__key *k = NULL;
+	int ret;
+
+	if (!rep->key_id || zero(rep->nonce, sizeof(rep->nonce)))
+		return rps__seterr(-EACCES, "%s does not authenticate (an rdmapsd without --key): "
+				   "not trusted with a keyed connection", who);
+	if (cur && cur->role != RPS__KEY_NONE && cur->id == rep->key_id)
+		k = cur;
+	else if (prev && prev->role != RPS__KEY_NONE && prev->id == rep->key_id)
+		k = prev;
+	if (!k)
+		return rps__seterr(-EACCES, "%s has another cluster key (id %016llx, ours %016llx): the key is "
+				   "from another cluster, or a rotation is half done", who,
+				   (unsigned long long)rep->key_id, (unsigned long long)(cur ? cur->id : 0));
+	if (want == RPS__KEY_ADMIN || want == RPS__KEY_PEER)
+		scope = "";
+	if (k->role == RPS__KEY_CLUSTER) {
+		ret = rps__key_derive(k, want, scope, proven);
+		if (ret)
+			return ret;
+	} else if (k->role == want) {
+		*proven = *k;
+	} else {
+		return rps__seterr(-EACCES, "a key of role %s cannot open a connection of role %s (%s)", rps__key_role_name(k->role),
+				   rps__key_role_name(want), who);
+	}
+	transcript(t, req, rep, proven->role, proven->scope, proven->id, local_addr, peer_addr);
+	memset(msg, 0, sizeof(*msg));
+	msg->key_role = proven->role;
+	msg->key_id = proven->id;
+	copy_field(msg->scope, sizeof(msg->scope), proven->scope);
+	rps__auth_mac(proven, t, true, msg->mac);
+	return 0;
+}
+
+int rps__auth_connect_check(const struct rps__key *proven, const struct rps__auth_transcript *t,
+			    const struct rps__msg_hdr *h, const struct rps__auth_rep *rep, const char *who)
+{
+	if (h->status < 0)
+		return rps__seterr(h->status == -EPERM ? -EPERM : -EACCES, "%s refused the key: %s", who,
+				   rep->why[0] ? rep->why : "authentication failed");
+	if (rps__auth_check(proven, t, false, rep->mac))
+		return rps__seterr(-EACCES, "%s could not prove it holds the cluster key: "
+				   "not an rdmapsd of this cluster (or a relay between)", who);
+	return 0;
+}
+
+int rps__auth_accept(struct rps__keyring *ring, const struct rps__conn_priv *req, const struct rps__conn_priv *rep,
+		     const struct rps__auth *msg, const char *local_addr, const char *peer_addr,
+		     struct rps__auth_rep *out, enum rps__key_role *role, char scope[RPS__SCOPE_MAX])
+{
+	struct rps__key cur, prev, k;
+	struct rps__auth_transcript t;
+	const struct rps__key *cl = NULL;
+	enum rps__key_role want = (enum rps__key_role)msg->key_role;
+	int ret = -EACCES;
+
+	memset(out, 0, sizeof(*out));
+	if (!rps__auth_role_fits(req->role, want)) {
+		snprintf(out->why, sizeof(out->why), "a %s key may not open this kind of connection",
+			 rps__key_role_name(want));
+		return -EACCES;
+	}
+	rps__keyring_get(ring, &cur, &prev);
+	if (msg->key_id == cur.id)
+		cl = &cur;
+	else if (prev.role != RPS__KEY_NONE && msg->key_id == prev.id)
+		cl = &prev;
+	if (!cl) {
+		snprintf(out->why, sizeof(out->why), "a key of another cluster key (id %016llx)",
+			 (unsigned long long)msg->key_id);
+		goto out;
+	}
+	if (rps__key_derive(cl, want, msg->scope, &k)) {
+		snprintf(out->why, sizeof(out->why), "a key this server cannot check");
+		goto out;
+	}
+	transcript(&t, req, rep, want, k.scope, k.id, peer_addr, local_addr);
+	if (rps__auth_check(&k, &t, true, msg->mac)) {
+		snprintf(out->why, sizeof(out->why), "wrong key, or a proof made for another connection");
+		goto out;
+	}
+	rps__auth_mac(&k, &t, false, out->mac);
+	*role = want;
+	memset(scope, 0, RPS__SCOPE_MAX);
+	copy_field(scope, RPS__SCOPE_MAX, k.scope);
+	ret = 0;
+out:
+	rps__key_clear(&cur);
+	rps__key_clear(&prev);
+	rps__key_clear(&k);
+	return ret;
+}

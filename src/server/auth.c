@@ -1,0 +1,196 @@
+/*
+ * auth.c - the handshake on the server's side of every connection
+ * (proto/auth.h has the protocol).  An accepted connection sends AUTH
+ * first; nothing else it sends is read, and nothing is told it (no rkey,
+ * no address, no name), until its proof holds.  A connection we dial
+ * (peer, replication) sends AUTH and waits in the dial table (dial.c)
+ * until the other server's AUTH_REP proves it holds the cluster key too.
+ */
+#include "config.h"
+#include "common/common.h"
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct srv_auth_dial {
+	struct rps__key proven;
+	struct rps__auth_transcript t;
+};
+
+/* Refusals are logged once a second at most, whoever sends them. */
+void rps__srv_log_refusal(struct rps__server *srv, const struct conn *c, const char *why)
+{
+	uint64_t now = rps__now_ns();
+
+	if (now - srv->auth_log_ns < 1000000000ull) {
+		srv->auth_refusals_quiet++;
+		return;
+	}
+	rps__log(RPS__LOG_WARN, "%s %s refused: %s (%llu more refusals not logged before)",
+		 rps__srv_role_name(c), rps__ep_peer(c->ep), why, (unsigned long long)srv->auth_refusals_quiet);
+	srv->auth_log_ns = now;
+	srv->auth_refusals_quiet = 0;
+}
+
+void rps__srv_auth_accepted(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+			    struct rps__conn_priv *rep)
+{
+	struct rps__key cur, prev;
+
+	if (!srv->cfg.keys) {
+		c->authed = true;
+		rps__auth_priv_init(rep, NULL);
+		return;
+	}
+	rps__keyring_get(srv->cfg.keys, &cur, &prev);
+	/* mid-rotation: answer with the key the connector has, if we have it */
+	rps__auth_priv_init(rep, prev.role != RPS__KEY_NONE && req->key_id == prev.id ? &prev : &cur);
+	rps__key_clear(&cur);
+	rps__key_clear(&prev);
+	c->authed = false;
+	c->auth_req = *req;
+	c->auth_rep = *rep;
+	c->auth_deadline_ns = rps__now_ns() + RPS__AUTH_TIMEOUT_MS * 1000000ull;
+}
+
+/* A dial connected: prove ourselves.  The dial stays in the table until
+ * the answer. */
+int rps__srv_auth_dialed(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+			 const struct rps__conn_priv *rep, const char *uri)
+{
+	struct rps__key cur, prev;
+	struct rps__auth msg;
+	int ret;
+
+	c->auth_dial = calloc(1, sizeof(*c->auth_dial));
+	if (!c->auth_dial)
+		return rps__seterr(-ENOMEM, "out of memory");
+	rps__keyring_get(srv->cfg.keys, &cur, &prev);
+	ret = rps__auth_connect(&cur, &prev, RPS__KEY_PEER, "", req, rep, rps__ep_local(c->ep), rps__ep_peer(c->ep),
+				uri, &msg, &c->auth_dial->t, &c->auth_dial->proven);
+	rps__key_clear(&cur);
+	rps__key_clear(&prev);
+	if (ret)
+		return ret;
+	c->authed = false;
+	c->auth_deadline_ns = rps__now_ns() + RPS__AUTH_TIMEOUT_MS * 1000000ull;
+	rps__ep_set_context(c->ep, c);
+	if (!c->recvs_posted) {
+		uint32_t i;
+		for (i = 0; i < c->nrecv; i++) {
+			ret = rps__srv_post_recv(c, i);
+			if (ret)
+				return ret;
+		}
+		c->recvs_posted = true;
+	}
+	rps__srv_conn_reply(c, RPS__MSG_AUTH, 0, 0, &msg, sizeof(msg));
+	return c->dead ? rps__seterr(-ECONNRESET, "%s: sending AUTH failed", uri) : 0;
+}
+
+void rps__srv_auth_dial_free(struct conn *c)
+{
+	if (c->auth_dial) {
+		rps__key_clear(&c->auth_dial->proven);
+		free(c->auth_dial);
+		c->auth_dial = NULL;
+	}
+}
+
+void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+			      const void *body)
+{
+	struct rps__auth_rep rep;
+	enum rps__key_role role = RPS__KEY_NONE;
+	char scope[RPS__SCOPE_MAX];
+	int ret;
+
+	if (c->auth_refused)
+		return;		/* it goes at its deadline: read nothing more */
+	if (!srv->cfg.keys) {	/* (cannot be: without a key every connection is authed) */
+		c->dead = true;
+		return;
+	}
+	if (c->auth_dial) {	/* we dialed: the other server's proof */
+		if (h->type != RPS__MSG_AUTH_REP) {
+			rps__srv_log_refusal(srv, c, "sent something else before proving it holds the key");
+			c->dead = true;
+			return;
+		}
+		if (rps__auth_connect_check(&c->auth_dial->proven, &c->auth_dial->t, h, body,
+					    rps__ep_peer(c->ep))) {
+			rps__log(RPS__LOG_WARN, "%s", rps__errbuf());
+			c->dead = true;
+			return;
+		}
+		rps__srv_auth_dial_free(c);
+		c->authed = true;	/* the dial table hands it to its owner */
+		return;
+	}
+	if (c->auth_proven) {	/* a server that dialed: it is ready once it says so */
+		if (h->type != RPS__MSG_AUTH_DONE) {
+			rps__srv_log_refusal(srv, c, "sent a request before AUTH_DONE");
+			c->dead = true;
+			return;
+		}
+		c->authed = true;
+		rps__srv_conn_authed(srv, c);
+		return;
+	}
+	if (h->type != RPS__MSG_AUTH) {
+		rps__srv_log_refusal(srv, c, "sent a request before AUTH");
+		c->dead = true;
+		return;
+	}
+	ret = rps__auth_accept(srv->cfg.keys, &c->auth_req, &c->auth_rep, body, rps__ep_local(c->ep),
+			       rps__ep_peer(c->ep), &rep, &role, scope);
+	if (ret) {
+		rps__srv_log_refusal(srv, c, rep.why);
+		rps__srv_conn_reply(c, RPS__MSG_AUTH_REP, h->req_id, ret, &rep, sizeof(rep));
+		c->auth_refused = true;	/* the refusal leaves, then the connection goes */
+		c->auth_deadline_ns = rps__now_ns() + 200000000ull;
+		return;
+	}
+	c->key_role = (uint8_t)role;
+	memcpy(c->scope, scope, sizeof(c->scope));
+	rps__srv_conn_reply(c, RPS__MSG_AUTH_REP, h->req_id, 0, &rep, sizeof(rep));
+	rps__log(RPS__LOG_DEBUG, "%s %s authenticated as %s%s%s", rps__srv_role_name(c), rps__ep_peer(c->ep),
+		 rps__key_role_name(role), c->scope[0] ? " of " : "", c->scope);
+	if (role == RPS__KEY_PEER) {
+		/* the dialing server hands the connection to its owner when it
+		 * has checked our proof, and says so: nothing of ours may reach
+		 * it before (it would find a connection no one owns yet) */
+		c->auth_proven = true;
+		return;
+	}
+	c->authed = true;
+	rps__srv_conn_authed(srv, c);
+}
+
+/* Accepted connections that did not authenticate in time, and refused
+ * ones whose refusal had its time to leave. */
+void rps__srv_auth_timers(struct rps__server *srv, uint64_t now)
+{
+	uint32_t i;
+
+	if (!srv->cfg.keys)
+		return;
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *c = srv->conns[i];
+		if (c->authed || c->dead || now < c->auth_deadline_ns)
+			continue;
+		if (!c->auth_refused)
+			rps__srv_log_refusal(srv, c, "no AUTH in time");
+		c->dead = true;
+	}
+}
+
+bool rps__srv_scope_allows(const struct conn *c, const char *name)
+{
+	if (!c->srv->cfg.keys)
+		return true;
+	return !strncmp(name, c->scope, strnlen(c->scope, sizeof(c->scope)));
+}

@@ -1,0 +1,550 @@
+/*
+ * it_auth.c - only key holders get in (README "Security"), against real
+ * rdmapsd processes on loopback:
+ *  - no key, another cluster's key, a forged proof, a replayed handshake, a
+ *    request before AUTH, a worker's proof on an admin connection: each
+ *    refused, nothing learnt (no HELLO_REP, no server proof), and the
+ *    server keeps serving a well-behaved worker, exactly;
+ *  - scopes: job B cannot create, open or enumerate job A's tensors, a
+ *    reader opens and pulls but neither creates nor pushes, psctl takes an
+ *    admin key only;
+ *  - protected mode: no key beyond loopback refused at start (rdmapsd) and
+ *    at connect (librdmaps, psctl); --insecure starts; a key file others
+ *    may read is refused;
+ *  - rotation: SIGHUP takes a new key while the old one still works, a
+ *    second SIGHUP ends it.
+ */
+#include "config.h"
+#include "cluster.h"
+#include "common/common.h"
+#include "proto/auth.h"
+#include "proto/proto.h"
+#include "transport/transport.h"
+#include "lib/cutest.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+
+#define SERVER_ARGS "--partitions 4 --shard-size 4096 --slots 4 --fsync none"
+#define COUNT 3000	/* elements of a test tensor: a shard in each of a few partitions */
+#define WATCHDOG_S 300
+
+static struct it_cluster clu;
+static bool clu_up;
+static char kdir[64];
+
+static const char *kpath(const char *name)
+{
+	static char p[4][128];
+	static int i;
+
+	i = (i + 1) % 4;
+	snprintf(p[i], sizeof(p[i]), "%s/%s", kdir, name);
+	return p[i];
+}
+
+/* A key of role/scope derived from the cluster's (the harness's) key. */
+static void derived(const char *name, enum rps__key_role role, const char *scope)
+{
+	struct rps__key c;
+
+	unlink(kpath(name));
+	CU_ASSERT_EQUAL_FATAL(rps__key_load(getenv("RDMAPS_KEY_FILE"), &c), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__key_write(kpath(name), role, scope, &c), 0);
+	rps__key_clear(&c);
+}
+
+static int connect_with(const char *key_file, rps_client_t **cl)
+{
+	struct rps_client_opts co;
+
+	rps_client_opts_init(&co);
+	co.servers = clu.servers;
+	co.rank = 0;
+	co.num_workers = 1;
+	co.timeout_ms = 10000;
+	co.key_file = key_file;
+	return rps_client_connect(&co, cl);
+}
+
+static int create_async(rps_client_t *cl, const char *name, rps_tensor_t **t)
+{
+	struct rps_tensor_opts o;
+
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	return rps_tensor_create(cl, name, &o, t);
+}
+
+/* Push ones n times and check every element reads n. */
+static void push_ones_check(rps_tensor_t *t, int n, uint64_t version)
+{
+	static float g[COUNT], v[COUNT];
+	uint64_t ver = 0;
+	int i, bad = 0;
+
+	for (i = 0; i < COUNT; i++)
+		g[i] = 1.0f;
+	for (i = 0; i < n; i++)
+		CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, v, sizeof(v), &ver), 0);
+	for (i = 0; i < COUNT; i++)
+		bad += v[i] != (float)version;
+	CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* ---- raw connections: the wire protocol, as an attacker speaks it ------- */
+
+struct raw {
+	struct rps__fabric *fab;
+	struct rps__cq *cq;
+	struct rps__ep *ep;
+	struct rps__mr *mr;
+	char *buf;
+	struct rps__conn_priv req, rep;
+};
+
+#define RAW_RECV 8
+
+/* Connect to server 0 as role, with key id and nonce of k (NULL: none);
+ * req_over: connect data to send instead (a replay). */
+static int raw_open(struct raw *r, unsigned role, const struct rps__key *k, const struct rps__conn_priv *req_over)
+{
+	struct rps__fabric_attr fa = { .kind = RPS__KIND_TCP };
+	struct rps__ep_attr ea = { .sq_depth = 16, .rq_depth = RAW_RECV };
+	char reply[RPS__PRIVDATA_MAX + 1];
+	size_t reply_len = RPS__PRIVDATA_MAX;
+	int ret, i;
+
+	memset(r, 0, sizeof(*r));
+	r->buf = aligned_alloc(4096, 65536);
+	memset(r->buf, 0, 65536);
+	r->req = (struct rps__conn_priv){ .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION,
+					  .role = (uint16_t)role };
+	rps__auth_priv_init(&r->req, k);
+	if (req_over)
+		r->req = *req_over;
+	if ((ret = rps__fabric_open(&fa, &r->fab)) || (ret = rps__cq_create(r->fab, 64, &r->cq)) ||
+	    (ret = rps__mr_reg(r->fab, r->buf, 65536, RPS__ACCESS_LOCAL, &r->mr)))
+		return ret;
+	memset(reply, 0, sizeof(reply));
+	ret = rps__connect(r->fab, clu.addr, clu.port[0], r->cq, &ea, &r->req, sizeof(r->req), 5000, reply,
+			   &reply_len, &r->ep);
+	if (ret)
+		return ret;
+	memcpy(&r->rep, reply, RPS__MIN(reply_len, sizeof(r->rep)));
+	for (i = 0; i < RAW_RECV; i++) {
+		struct rps__sge sge = { .addr = r->buf + 32768 + i * 1024, .len = 1024, .mr = r->mr };
+		rps__post_recv(r->ep, &sge, (uint64_t)i);
+	}
+	return 0;
+}
+
+static void raw_close(struct raw *r)
+{
+	if (r->ep)
+		rps__ep_close(r->ep);
+	if (r->mr)
+		rps__mr_dereg(r->mr);
+	if (r->cq)
+		rps__cq_destroy(r->cq);
+	if (r->fab)
+		rps__fabric_close(r->fab);
+	free(r->buf);
+	memset(r, 0, sizeof(*r));
+}
+
+static int raw_send(struct raw *r, unsigned type, const void *body, size_t len)
+{
+	struct rps__wr wr = { .op = RPS__OP_SEND, .flags = RPS__WR_SIGNALED };
+	size_t n = rps__msg_build(r->buf, type, 7, 0, body, len);
+
+	wr.sge = (struct rps__sge){ .addr = r->buf, .len = (uint32_t)n, .mr = r->mr };
+	return rps__post(r->ep, &wr, 1);
+}
+
+/* The next message: 0 (header, body copied), 1 the connection dropped,
+ * -1 nothing within ms. */
+static int raw_recv(struct raw *r, struct rps__msg_hdr *h, void *body, size_t cap, int ms)
+{
+	struct rps__wc wc;
+	int i;
+
+	for (i = 0; i < ms / 10; i++) {
+		if (rps__cq_wait(r->cq, &wc, 1, 10) <= 0)
+			continue;
+		if (wc.status != RPS__WC_SUCCESS)
+			return 1;
+		if (wc.opcode == RPS__WC_RECV) {
+			char *b = r->buf + 32768 + wc.wr_id * 1024;
+			struct rps__sge sge = { .addr = b, .len = 1024, .mr = r->mr };
+			memcpy(h, b, sizeof(*h));
+			memset(body, 0, cap);
+			memcpy(body, b + sizeof(*h), RPS__MIN(cap, wc.byte_len - sizeof(*h)));
+			rps__post_recv(r->ep, &sge, wc.wr_id);
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* Dropped within ms, with nothing but (at most) an AUTH_REP before. */
+static bool raw_dropped(struct raw *r, int ms)
+{
+	struct rps__msg_hdr h;
+	char body[512];
+	int ret;
+
+	while ((ret = raw_recv(r, &h, body, sizeof(body), ms)) == 0)
+		if (h.type != RPS__MSG_AUTH_REP)
+			return false;
+	return ret == 1;
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	while (n--)
+		if (*p++)
+			return false;
+	return true;
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+static void up(void);
+
+static void test_refused(void)
+{
+	rps_client_t *good, *cl;
+	rps_tensor_t *t;
+	struct rps__key c, w, other;
+	struct rps__auth a, saved;
+	struct rps__auth_rep ar;
+	struct rps__auth_transcript tr;
+	struct rps__msg_hdr h;
+	struct rps__hello hello = { .magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .num_workers = 1 };
+	struct raw r, r2;
+	char out[4096], err[4096];
+	const char *key = getenv("RDMAPS_KEY_FILE");
+	char *saved_env;
+
+	up();
+	CU_ASSERT_FATAL(key != NULL);
+	CU_ASSERT_EQUAL_FATAL(connect_with(NULL, &good), 0);
+	CU_ASSERT_EQUAL_FATAL(create_async(good, "good/t", &t), 0);
+	push_ones_check(t, 2, 2);
+	CU_ASSERT_EQUAL_FATAL(rps__key_load(key, &c), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__key_derive(&c, RPS__KEY_WORKER, "", &w), 0);
+
+	/* no key at all: refused at connect, saying what to do */
+	saved_env = strdup(key);
+	unsetenv("RDMAPS_KEY_FILE");
+	CU_ASSERT_EQUAL(connect_with(NULL, &cl), -ECONNREFUSED);
+	CU_ASSERT(strstr(rps_last_error(), "key required") != NULL);
+	setenv("RDMAPS_KEY_FILE", saved_env, 1);
+	free(saved_env);
+	/* another cluster's key: the worker refuses before proving anything */
+	CU_ASSERT_EQUAL_FATAL(rps__key_write(kpath("other.key"), RPS__KEY_CLUSTER, NULL, NULL), 0);
+	CU_ASSERT_EQUAL(connect_with(kpath("other.key"), &cl), -EACCES);
+	CU_ASSERT(strstr(rps_last_error(), "another cluster key") != NULL);
+	/* ... and its proof, forced on the server anyway, fails there */
+	CU_ASSERT_EQUAL_FATAL(rps__key_load(kpath("other.key"), &other), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_open(&r, RPS__ROLE_WORKER, &c, NULL), 0);
+	r.rep.key_id = other.id;	/* as if the server had named ours */
+	CU_ASSERT_EQUAL_FATAL(rps__auth_connect(&other, NULL, RPS__KEY_WORKER, "", &r.req, &r.rep, rps__ep_local(r.ep),
+						rps__ep_peer(r.ep), "raw", &a, &tr, &w), 0);
+	CU_ASSERT_EQUAL(raw_send(&r, RPS__MSG_AUTH, &a, sizeof(a)), 0);
+	CU_ASSERT_EQUAL(raw_recv(&r, &h, &ar, sizeof(ar), 5000), 0);
+	CU_ASSERT_EQUAL(h.type, RPS__MSG_AUTH_REP);
+	CU_ASSERT_EQUAL(h.status, -EACCES);
+	CU_ASSERT(strstr(ar.why, "another cluster key") != NULL);
+	CU_ASSERT(all_zero(ar.mac, sizeof(ar.mac)));		/* no proof of the server's */
+	CU_ASSERT(raw_dropped(&r, 5000));
+	raw_close(&r);
+	CU_ASSERT_EQUAL_FATAL(rps__key_derive(&c, RPS__KEY_WORKER, "", &w), 0);
+
+	/* a forged proof: one bit off */
+	CU_ASSERT_EQUAL_FATAL(raw_open(&r, RPS__ROLE_WORKER, &c, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__auth_connect(&c, NULL, RPS__KEY_WORKER, "", &r.req, &r.rep, rps__ep_local(r.ep),
+						rps__ep_peer(r.ep), "raw", &a, &tr, &w), 0);
+	a.mac[0] ^= 0x80;
+	CU_ASSERT_EQUAL(raw_send(&r, RPS__MSG_AUTH, &a, sizeof(a)), 0);
+	CU_ASSERT_EQUAL(raw_recv(&r, &h, &ar, sizeof(ar), 5000), 0);
+	CU_ASSERT_EQUAL(h.status, -EACCES);
+	CU_ASSERT(all_zero(ar.mac, sizeof(ar.mac)));
+	CU_ASSERT(raw_send(&r, RPS__MSG_HELLO, &hello, sizeof(hello)) == 0);	/* read by no one */
+	CU_ASSERT(raw_dropped(&r, 5000));
+	raw_close(&r);
+
+	/* a request before AUTH: dropped, no HELLO_REP (no slot, map or rkey) */
+	CU_ASSERT_EQUAL_FATAL(raw_open(&r, RPS__ROLE_WORKER, &c, NULL), 0);
+	CU_ASSERT_EQUAL(raw_send(&r, RPS__MSG_HELLO, &hello, sizeof(hello)), 0);
+	CU_ASSERT(raw_dropped(&r, 5000));
+	raw_close(&r);
+
+	/* a good handshake recorded, then replayed whole (same connect data,
+	 * same AUTH) on a new connection: the server's nonce is new */
+	CU_ASSERT_EQUAL_FATAL(raw_open(&r, RPS__ROLE_WORKER, &c, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__auth_connect(&c, NULL, RPS__KEY_WORKER, "", &r.req, &r.rep, rps__ep_local(r.ep),
+						rps__ep_peer(r.ep), "raw", &a, &tr, &w), 0);
+	saved = a;
+	CU_ASSERT_EQUAL(raw_send(&r, RPS__MSG_AUTH, &a, sizeof(a)), 0);
+	CU_ASSERT_EQUAL(raw_recv(&r, &h, &ar, sizeof(ar), 5000), 0);
+	CU_ASSERT_EQUAL(h.status, 0);
+	CU_ASSERT_EQUAL(rps__auth_connect_check(&w, &tr, &h, &ar, "raw"), 0);	/* the server proved itself */
+	CU_ASSERT_EQUAL(raw_send(&r, RPS__MSG_HELLO, &hello, sizeof(hello)), 0);
+	CU_ASSERT_EQUAL(raw_recv(&r, &h, out, sizeof(out), 5000), 0);
+	CU_ASSERT_EQUAL(h.type, RPS__MSG_HELLO_REP);
+	CU_ASSERT_EQUAL(h.status, 0);
+	CU_ASSERT_EQUAL_FATAL(raw_open(&r2, RPS__ROLE_WORKER, NULL, &r.req), 0);
+	CU_ASSERT(memcmp(r2.rep.nonce, r.rep.nonce, sizeof(r.rep.nonce)) != 0);
+	CU_ASSERT_EQUAL(raw_send(&r2, RPS__MSG_AUTH, &saved, sizeof(saved)), 0);
+	CU_ASSERT_EQUAL(raw_recv(&r2, &h, &ar, sizeof(ar), 5000), 0);
+	CU_ASSERT_EQUAL(h.status, -EACCES);
+	CU_ASSERT(all_zero(ar.mac, sizeof(ar.mac)));
+	CU_ASSERT(raw_dropped(&r2, 5000));
+	raw_close(&r2);
+	raw_close(&r);
+
+	/* a worker's proof on an admin connection (the role is in the proof
+	 * and must fit the connection) */
+	CU_ASSERT_EQUAL_FATAL(raw_open(&r, RPS__ROLE_ADMIN, &c, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__auth_connect(&c, NULL, RPS__KEY_WORKER, "", &r.req, &r.rep, rps__ep_local(r.ep),
+						rps__ep_peer(r.ep), "raw", &a, &tr, &w), 0);
+	CU_ASSERT_EQUAL(raw_send(&r, RPS__MSG_AUTH, &a, sizeof(a)), 0);
+	CU_ASSERT_EQUAL(raw_recv(&r, &h, &ar, sizeof(ar), 5000), 0);
+	CU_ASSERT_EQUAL(h.status, -EACCES);
+	CU_ASSERT(raw_dropped(&r, 5000));
+	raw_close(&r);
+	/* a peer with no key proposing anything: refused at connect */
+	CU_ASSERT_EQUAL(raw_open(&r, RPS__ROLE_PEER, NULL, NULL), -ECONNREFUSED);
+	raw_close(&r);
+
+	/* psctl with a worker key: refused, one line */
+	derived("w.key", RPS__KEY_WORKER, "good/");
+	CU_ASSERT_EQUAL(it_psctl(&clu, 20000, out, sizeof(out), err, sizeof(err), "--key %s status", kpath("w.key")), 1);
+	CU_ASSERT(strstr(err, "cannot open a connection of role admin") != NULL);
+
+	/* and all the while the good worker was served, exactly */
+	push_ones_check(t, 3, 5);
+	rps_tensor_close(t);
+	rps_client_close(good);
+	rps__key_clear(&c);
+	rps__key_clear(&w);
+	rps__key_clear(&other);
+}
+
+static void test_scopes(void)
+{
+	rps_client_t *a, *b, *rd;
+	rps_tensor_t *ta, *tb, *t;
+	static float g[COUNT], v[COUNT];
+	char out[8192], err[4096];
+	uint64_t ver = 0;
+	int i, bad = 0;
+
+	up();
+	derived("a.key", RPS__KEY_WORKER, "jobA/");
+	derived("b.key", RPS__KEY_WORKER, "jobB/");
+	derived("ra.key", RPS__KEY_READER, "jobA/");
+	derived("adm.key", RPS__KEY_ADMIN, NULL);
+	CU_ASSERT_EQUAL_FATAL(connect_with(kpath("a.key"), &a), 0);
+	CU_ASSERT_EQUAL_FATAL(connect_with(kpath("b.key"), &b), 0);
+	CU_ASSERT_EQUAL_FATAL(connect_with(kpath("ra.key"), &rd), 0);
+	CU_ASSERT_EQUAL_FATAL(create_async(a, "jobA/w", &ta), 0);
+	CU_ASSERT_EQUAL_FATAL(create_async(b, "jobB/w", &tb), 0);
+	push_ones_check(ta, 4, 4);
+	push_ones_check(tb, 1, 1);
+
+	/* job B: no create, no open, under job A's prefix (and no telling whether it exists) */
+	CU_ASSERT_EQUAL(rps_tensor_open(b, "jobA/w", &t), -EACCES);
+	CU_ASSERT_EQUAL(rps_tensor_open(b, "jobA/none", &t), -EACCES);
+	CU_ASSERT_EQUAL(create_async(b, "jobA/x", &t), -EACCES);
+	CU_ASSERT_EQUAL(create_async(b, "other", &t), -EACCES);
+	/* the reader: opens and pulls job A's, nothing more */
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_open(rd, "jobA/w", &t), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, v, sizeof(v), &ver), 0);
+	for (i = 0; i < COUNT; i++)
+		bad += v[i] != 4.0f;
+	CU_ASSERT_EQUAL(bad, 0);
+	for (i = 0; i < COUNT; i++)
+		g[i] = 100.0f;
+	{
+		int pr = rps_push(t, g, sizeof(g));
+		if (pr != -EPERM)
+			fprintf(stderr, "reader push: %d %s\n", pr, rps_last_error());
+		CU_ASSERT_EQUAL(pr, -EPERM);
+	}
+	rps_tensor_close(t);
+	CU_ASSERT_EQUAL(create_async(rd, "jobA/new", &t), -EPERM);
+	CU_ASSERT_EQUAL(rps_tensor_open(rd, "jobB/w", &t), -EACCES);
+	/* nothing of that changed job A's values */
+	push_ones_check(ta, 1, 5);
+	/* psctl: only an admin (or the cluster) key runs it */
+	CU_ASSERT_EQUAL(it_psctl(&clu, 20000, out, sizeof(out), err, sizeof(err), "--key %s status", kpath("ra.key")),
+			1);
+	CU_ASSERT_EQUAL(it_psctl(&clu, 20000, out, sizeof(out), err, sizeof(err), "--key %s status", kpath("adm.key")),
+			0);
+	CU_ASSERT(strstr(out, "leader") != NULL);
+	rps_tensor_close(ta);
+	rps_tensor_close(tb);
+	rps_client_close(rd);
+	rps_client_close(b);
+	rps_client_close(a);
+}
+
+static void test_protected(void)
+{
+	char err[4096], out[4096];
+	char *key;
+	rps_client_t *cl;
+	struct rps_client_opts co;
+	int rc;
+
+	up();
+	key = strdup(getenv("RDMAPS_KEY_FILE"));
+	unsetenv("RDMAPS_KEY_FILE");
+	/* rdmapsd: no key beyond loopback refused at start, saying how to make one */
+	rc = it_rdmapsd_run(20000, err, sizeof(err), "--listen tcp://0.0.0.0:0 " SERVER_ARGS);
+	CU_ASSERT_EQUAL(rc, 2);
+	CU_ASSERT(strstr(err, "without a key") != NULL && strstr(err, "psctl keygen") != NULL);
+	/* --insecure starts it (--show-topology: it would serve; exits at once) */
+	rc = it_rdmapsd_run(20000, err, sizeof(err), "--listen tcp://0.0.0.0:0 --insecure --show-topology");
+	CU_ASSERT_EQUAL(rc, 0);
+	/* librdmaps and psctl: no key, a server beyond loopback: refused before connecting */
+	rps_client_opts_init(&co);
+	co.servers = "tcp://192.0.2.1:7000";
+	co.timeout_ms = 2000;
+	CU_ASSERT_EQUAL(rps_client_connect(&co, &cl), -EACCES);
+	CU_ASSERT(strstr(rps_last_error(), "without a key") != NULL);
+	rc = it_psctl(&clu, 20000, out, sizeof(out), err, sizeof(err), "-s tcp://192.0.2.1:7000 status");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "no key") != NULL);
+	setenv("RDMAPS_KEY_FILE", key, 1);
+	/* a key file others may read is refused */
+	unlink(kpath("open.key"));
+	CU_ASSERT_EQUAL_FATAL(rps__key_write(kpath("open.key"), RPS__KEY_CLUSTER, NULL, NULL), 0);
+	chmod(kpath("open.key"), 0644);
+	rc = it_rdmapsd_run(20000, err, sizeof(err), "--key %s " SERVER_ARGS " --listen tcp://127.0.0.1:0",
+			    kpath("open.key"));
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "chmod 600") != NULL);
+	free(key);
+}
+
+/* Until connect_with(key) gives want (0 or an error), up to 10 s. */
+static int connect_until(const char *key, int want)
+{
+	rps_client_t *cl;
+	int i, ret = 1;
+
+	for (i = 0; i < 100; i++) {
+		ret = connect_with(key, &cl);
+		if (!ret)
+			rps_client_close(cl);
+		if (ret == want)
+			break;
+		it_sleep_ms(100);
+	}
+	return ret;
+}
+
+static void test_rotation(void)
+{
+	struct it_cluster rot;
+	struct it_server_opts o;
+	struct rps__key k1, k2;
+	char args[512];
+
+	/* the server's own key file, rewritten in place */
+	unlink(kpath("rot.key"));
+	unlink(kpath("rot1.w"));
+	unlink(kpath("rot2.w"));
+	CU_ASSERT_EQUAL_FATAL(rps__key_write(kpath("rot.key"), RPS__KEY_CLUSTER, NULL, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__key_load(kpath("rot.key"), &k1), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__key_write(kpath("rot1.w"), RPS__KEY_WORKER, "", &k1), 0);
+	snprintf(args, sizeof(args), SERVER_ARGS " --key %s", kpath("rot.key"));
+	memset(&o, 0, sizeof(o));
+	o.extra_args = args;
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&rot, 1, &o), 0);
+	snprintf(clu.servers, sizeof(clu.servers), "%s", rot.servers);	/* (connect_with's) */
+	CU_ASSERT_EQUAL(connect_until(kpath("rot1.w"), 0), 0);
+	/* a new key in the file, SIGHUP: both taken */
+	unlink(kpath("rot.key"));
+	CU_ASSERT_EQUAL_FATAL(rps__key_write(kpath("rot.key"), RPS__KEY_CLUSTER, NULL, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__key_load(kpath("rot.key"), &k2), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__key_write(kpath("rot2.w"), RPS__KEY_WORKER, "", &k2), 0);
+	CU_ASSERT(k1.id != k2.id);
+	CU_ASSERT_EQUAL(connect_until(kpath("rot2.w"), -EACCES), -EACCES);	/* not yet */
+	kill(rot.pid[0], SIGHUP);
+	CU_ASSERT_EQUAL(connect_until(kpath("rot2.w"), 0), 0);
+	CU_ASSERT_EQUAL(connect_until(kpath("rot1.w"), 0), 0);	/* the old one still */
+	/* SIGHUP with the file unchanged: the rotation is over */
+	kill(rot.pid[0], SIGHUP);
+	CU_ASSERT_EQUAL(connect_until(kpath("rot1.w"), -EACCES), -EACCES);
+	CU_ASSERT(strstr(rps_last_error(), "another cluster key") != NULL);
+	CU_ASSERT_EQUAL(connect_until(kpath("rot2.w"), 0), 0);
+	it_cluster_stop(&rot);
+	rps__key_clear(&k1);
+	rps__key_clear(&k2);
+}
+
+static int suite_init(void)
+{
+	snprintf(kdir, sizeof(kdir), "%s/rps-it-auth.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	return mkdtemp(kdir) ? it_key_ensure() : -1;
+}
+
+/* One server for a test (the teardown stops it). */
+static void up(void)
+{
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&clu, 1, SERVER_ARGS), 0);
+	clu_up = true;
+}
+
+static int suite_clean(void)
+{
+	char cmd[128];
+
+	if (clu_up)
+		it_cluster_stop(&clu);
+	clu_up = false;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", kdir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+	static const struct cutest tests[] = {
+		{ "no key, another cluster's, forged, replayed, before AUTH, wrong role: refused, "
+		  "nothing learnt, the server serves on", test_refused },
+		{ "scopes: job B cannot create, open or push job A's; a reader only pulls; psctl takes admin keys",
+		  test_scopes },
+		{ "protected mode: no key beyond loopback refused (rdmapsd, librdmaps, psctl); "
+		  "--insecure starts; a readable key file refused", test_protected },
+		{ "rotation: SIGHUP takes the new key and keeps the old, a second SIGHUP drops it", test_rotation },
+	};
+	const struct cutest_suite suites[] = {
+		{ "authentication", suite_init, suite_clean, it_test_setup, it_test_teardown, tests,
+		  CUTEST_COUNT(tests) },
+	};
+	int ret;
+	const char *tr = getenv("RPS_IT_TRANSPORT");
+
+	if ((tr && strcmp(tr, "tcp")) || getenv("RPS_IT_ATTACH") || (getenv("RPS_IT_NO_KEY") &&
+									 !strcmp(getenv("RPS_IT_NO_KEY"), "1")))
+		return 77;	/* raw connections speak tcp; the attacks need the harness's key */
+	ret = it_prog_init("it_auth", WATCHDOG_S, &clu, &clu_up);
+	if (ret)
+		return ret;
+	return cutest_run(suites, CUTEST_COUNT(suites));
+}
