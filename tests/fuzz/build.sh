@@ -20,8 +20,8 @@ mkdir -p "$out/obj" "$out/inc"
 { cat "$builddir/config.h"; echo '#undef HAVE_VERBS'; } > "$out/inc/config.h.new"
 cmp -s "$out/inc/config.h.new" "$out/inc/config.h" 2>/dev/null || mv "$out/inc/config.h.new" "$out/inc/config.h"
 rm -f "$out/inc/config.h.new"
-PKG_CFLAGS=$(pkg-config --cflags libisal hwloc)
-PKG_LIBS="$(pkg-config --libs libisal hwloc) -lm"
+PKG_CFLAGS=$(pkg-config --cflags libisal hwloc libsodium)
+PKG_LIBS="$(pkg-config --libs libisal hwloc libsodium) -lm"
 INC="-I$out/inc -I$srcdir/include -I$srcdir/src"
 
 # every product source but the programs (src/programs) and the verbs provider,
