@@ -443,8 +443,8 @@ static void *reload_keys(void *arg)
 static int keys_open(struct opts *o)
 {
 	const char *path = rps__key_path(o->key_file);
+	sigset_t all, old;
 	pthread_t t;
-	sigset_t set;
 	int ret;
 
 	if (!path)
@@ -454,11 +454,17 @@ static int keys_open(struct opts *o)
 		fprintf(stderr, "rdmapsd: --key: %s\n", rps__errbuf());
 		return -1;
 	}
-	/* before any other thread: they all inherit the mask */
-	sigemptyset(&set);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	/* The reload thread takes every signal blocked, so SIGTERM and SIGINT
+	 * still run their handler on a thread of the server's (one that
+	 * stopped it may then destroy it: run on the reload thread, the
+	 * handler raced with the main thread closing what it writes to).
+	 * SIGHUP stays blocked everywhere else, before any other thread
+	 * exists: they all inherit that mask, and sigwait takes it. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
 	ret = pthread_create(&t, NULL, reload_keys, o->cfg.keys);
+	sigaddset(&old, SIGHUP);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (ret) {
 		fprintf(stderr, "rdmapsd: pthread_create: %s\n", strerror(ret));
 		return -1;
