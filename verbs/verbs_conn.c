@@ -115,6 +115,7 @@ void rps__verbs_ep_close(struct rps__ep *bep)
 	pthread_mutex_unlock(&f->cm_lock);
 	if (ep->in_table)
 		rps__verbs_table_del(ep->cq, ep);	/* its queued completions are now dropped */
+	rps__verbs_windows_release_ep(ep);	/* keys issued on it fail from here on */
 	ibv_destroy_qp(ep->qp);
 	rdma_destroy_id(ep->id);
 	v_ep_free(ep);

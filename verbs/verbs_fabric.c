@@ -169,6 +169,17 @@ int rps__verbs_fabric_open(const struct rps__fabric_attr *attr, struct rps__fabr
 	}
 	pthread_mutex_init(&f->cm_lock, NULL);
 	pthread_mutex_init(&f->lcas_lock, NULL);
+	pthread_mutex_init(&f->mw_lock, NULL);
+	/* Type 2 windows (bound by a WR on one QP, honoured on that QP alone)
+	 * scope remote access to a connection; without them a windowed region
+	 * is registered with its rights, reachable from every QP of the PD. */
+	f->windows = (f->dattr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) &&
+		     f->dattr.max_mw > 0;
+	{
+		const char *no = getenv("RPS_VERBS_NO_WINDOWS");
+		if (no && strcmp(no, "0") && *no)
+			f->windows = 0;
+	}
 	*out = &f->base;
 	return 0;
 
@@ -188,6 +199,16 @@ err_free:
 
 void rps__verbs_lcas_teardown(struct v_fab *f)
 {
+	struct v_mr *m;
+
+	/* the loopback QP's windows go first: a bound window holds its QP */
+	while ((m = f->lcas_mrs)) {
+		f->lcas_mrs = m->lcas_next;
+		ibv_dealloc_mw(m->lcas_mw);
+		m->lcas_mw = NULL;
+		m->lcas_rkey = 0;
+		m->lcas_next = NULL;
+	}
 	if (f->lcas_qp)
 		ibv_destroy_qp(f->lcas_qp);
 	if (f->lcas_mr)
@@ -207,6 +228,7 @@ void rps__verbs_fabric_close(struct rps__fabric *fab)
 
 	rps__verbs_lcas_teardown(f);
 	pthread_mutex_destroy(&f->lcas_lock);
+	pthread_mutex_destroy(&f->mw_lock);
 	pthread_mutex_destroy(&f->cm_lock);
 	rdma_destroy_event_channel(f->cm_ch);
 	ibv_dereg_mr(f->trap_mr);
@@ -223,9 +245,13 @@ const char *rps__verbs_fabric_name(const struct rps__fabric *fab)
 
 /* ---- memory registration -------------------------------------------------- */
 
-static int v_access(int access)
+static int v_access(const struct v_fab *f, int access)
 {
 	int a = IBV_ACCESS_LOCAL_WRITE;	/* remote write/atomic need it, and READ targets */
+
+	/* a windowed region grants nothing remotely itself: windows do */
+	if ((access & RPS__ACCESS_WINDOWED) && f->windows)
+		return a | IBV_ACCESS_MW_BIND;
 
 	if (access & RPS__ACCESS_REMOTE_WRITE)
 		a |= IBV_ACCESS_REMOTE_WRITE;
@@ -249,7 +275,7 @@ int rps__verbs_mr_reg(struct rps__fabric *fab, void *addr, size_t len, int acces
 	if (!m)
 		return rps__seterr(-ENOMEM, "ibv_reg_mr: out of memory");
 	errno = 0;
-	m->mr = v_fault("ibv_reg_mr") ? NULL : ibv_reg_mr(f->pd, addr, len, v_access(access));
+	m->mr = v_fault("ibv_reg_mr") ? NULL : ibv_reg_mr(f->pd, addr, len, v_access(f, access));
 	if (!m->mr) {
 		e = v_errno(ENOMEM);
 		free(m);
@@ -272,11 +298,78 @@ int rps__verbs_mr_reg(struct rps__fabric *fab, void *addr, size_t len, int acces
 	return 0;
 }
 
+int rps__verbs_fabric_windows(const struct rps__fabric *fab)
+{
+	return VFAB((struct rps__fabric *)fab)->windows;
+}
+
+/* A window just bound: on its region's list and its endpoint's. */
+void rps__verbs_windows_link(struct v_fab *f, struct v_mw *w)
+{
+	pthread_mutex_lock(&f->mw_lock);
+	w->mr_next = w->mr->mws;
+	w->mr->mws = w;
+	w->ep_next = w->ep->mws;
+	w->ep->mws = w;
+	pthread_mutex_unlock(&f->mw_lock);
+}
+
+/* Deallocating a type 2 window invalidates it: its key fails from then on. */
+static void window_free(struct v_mw *w)
+{
+	ibv_dealloc_mw(w->mw);
+	free(w);
+}
+
+/* The windows of an endpoint, before its QP goes. */
+void rps__verbs_windows_release_ep(struct v_ep *ep)
+{
+	struct v_mw *w, **pp;
+
+	pthread_mutex_lock(&ep->fab->mw_lock);
+	while ((w = ep->mws)) {
+		ep->mws = w->ep_next;
+		for (pp = &w->mr->mws; *pp != w; pp = &(*pp)->mr_next)
+			;
+		*pp = w->mr_next;
+		window_free(w);
+	}
+	pthread_mutex_unlock(&ep->fab->mw_lock);
+}
+
+/* The windows on a region (a device refuses to deregister a region that
+ * windows are bound to), and its window on the loopback QP. */
+static void windows_release_mr(struct v_fab *f, struct v_mr *m)
+{
+	struct v_mw *w, **pp;
+	struct v_mr **mp;
+
+	pthread_mutex_lock(&f->mw_lock);
+	while ((w = m->mws)) {
+		m->mws = w->mr_next;
+		for (pp = &w->ep->mws; *pp != w; pp = &(*pp)->ep_next)
+			;
+		*pp = w->ep_next;
+		window_free(w);
+	}
+	pthread_mutex_unlock(&f->mw_lock);
+	pthread_mutex_lock(&f->lcas_lock);
+	if (m->lcas_mw) {
+		for (mp = &f->lcas_mrs; *mp != m; mp = &(*mp)->lcas_next)
+			;
+		*mp = m->lcas_next;
+		ibv_dealloc_mw(m->lcas_mw);
+		m->lcas_mw = NULL;
+	}
+	pthread_mutex_unlock(&f->lcas_lock);
+}
+
 int rps__verbs_mr_dereg(struct rps__mr *mr)
 {
 	struct v_mr *m = rps__container_of(mr, struct v_mr, base);
 	int ret;
 
+	windows_release_mr(VFAB(mr->fab), m);
 	/* the HCA stops honouring the rkey when this returns */
 	ret = v_fault("ibv_dereg_mr");
 	if (!ret)

@@ -77,11 +77,33 @@ struct v_fab {
 	struct ibv_qp *lcas_qp;
 	struct ibv_mr *lcas_mr;
 	uint64_t *lcas_buf;
+	struct v_mr *lcas_mrs;		/* regions with a window on the loopback QP (lcas_lock) */
+	/* memory windows (type 2, bound per QP): 0 when the device has none */
+	int windows;
+	pthread_mutex_t mw_lock;	/* every v_mw's two lists */
 };
+
+struct v_mw;
 
 struct v_mr {
 	struct rps__mr base;
 	struct ibv_mr *mr;
+	struct v_mw *mws;		/* windows on it (fab->mw_lock) */
+	/* local_cas reaches a windowed region through a window of its own on
+	 * the loopback QP (fab->lcas_lock) */
+	struct ibv_mw *lcas_mw;
+	uint32_t lcas_rkey;
+	struct v_mr *lcas_next;
+};
+
+/* A type 2 memory window on one region, bound to one endpoint's QP: on two
+ * lists, so that whichever of the two goes first takes it along. */
+struct v_mw {
+	struct ibv_mw *mw;
+	struct v_mr *mr;
+	struct v_ep *ep;
+	struct v_mw *mr_next;
+	struct v_mw *ep_next;
 };
 
 struct v_ep;
@@ -132,6 +154,7 @@ struct v_ep {
 	uint64_t rq_head;
 	_Atomic uint64_t rq_done;
 	uint64_t *rring;
+	struct v_mw *mws;		/* windows bound to this QP (fab->mw_lock) */
 };
 
 struct v_lis {
@@ -209,6 +232,9 @@ void rps__verbs_fabric_close(struct rps__fabric *fab);
 const char *rps__verbs_fabric_name(const struct rps__fabric *fab);
 int rps__verbs_mr_reg(struct rps__fabric *fab, void *addr, size_t len, int access, struct rps__mr **out);
 int rps__verbs_mr_dereg(struct rps__mr *mr);
+int rps__verbs_fabric_windows(const struct rps__fabric *fab);
+void rps__verbs_windows_link(struct v_fab *f, struct v_mw *w);
+void rps__verbs_windows_release_ep(struct v_ep *ep);
 int rps__verbs_gid_index(struct v_fab *f, union ibv_gid *gid);
 int rps__verbs_qp_init(struct rdma_cm_id *id, struct ibv_qp *qp);
 int rps__verbs_qp_rtr_rts(struct v_fab *f, struct rdma_cm_id *id, struct ibv_qp *qp, uint8_t resp_res,
@@ -248,6 +274,8 @@ void rps__verbs_dial_cancel(struct rps__dial *d);
 /* verbs_post.c */
 int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n);
 int rps__verbs_post_recv(struct rps__ep *bep, const struct rps__sge *sge, uint64_t wr_id);
+int rps__verbs_mw_bind(struct rps__ep *bep, struct rps__mr *bmr, int access, uint32_t *rkey);
+uint32_t rps__verbs_ep_sq_room(struct rps__ep *bep);
 int rps__verbs_local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word, uint64_t compare,
 			 uint64_t swap, uint64_t *old);
 

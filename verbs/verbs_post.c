@@ -241,6 +241,106 @@ err_unlock:
 	return ret;
 }
 
+static unsigned v_mw_access(int access)
+{
+	return ((access & RPS__ACCESS_REMOTE_WRITE) ? IBV_ACCESS_REMOTE_WRITE : 0) |
+	       ((access & RPS__ACCESS_REMOTE_READ) ? IBV_ACCESS_REMOTE_READ : 0) |
+	       ((access & RPS__ACCESS_REMOTE_ATOMIC) ? IBV_ACCESS_REMOTE_ATOMIC : 0);
+}
+
+/* A type 2 window over the whole region (rxe checks a window's accesses
+ * against its region's bounds, so a narrower window buys nothing there),
+ * bound by a WR on the endpoint's QP: the device honours its key on that
+ * QP alone.  The bind takes a send-queue slot like any WR (V_OP_NOP in the
+ * ring: it completes silently, or fails the endpoint). */
+int rps__verbs_mw_bind(struct rps__ep *bep, struct rps__mr *bmr, int access, uint32_t *rkey)
+{
+	struct v_ep *ep = VEP(bep);
+	struct v_mr *m = rps__container_of(bmr, struct v_mr, base);
+	struct ibv_send_wr w, *bad = NULL;
+	uint64_t done, outstanding, seq;
+	struct v_mw *vw;
+	uint32_t key;
+	int ret, e;
+
+	if (!ep->fab->windows) {	/* registered with its rights: its own key */
+		*rkey = bmr->rkey;
+		return 0;
+	}
+	vw = calloc(1, sizeof(*vw));
+	if (!vw)
+		return rps__seterr(-ENOMEM, "ibv_alloc_mw: out of memory");
+	errno = 0;
+	vw->mw = v_fault("ibv_alloc_mw") ? NULL : ibv_alloc_mw(ep->fab->pd, IBV_MW_TYPE_2);
+	if (!vw->mw) {
+		e = v_errno(ENOMEM);
+		free(vw);
+		return rps__seterr(-e, "ibv_alloc_mw(%s): %s: the device's memory windows ran out "
+				   "(max_mw %d): fewer connections or tensors per server", ep->fab->name, strerror(e),
+				   ep->fab->dattr.max_mw);
+	}
+	vw->mr = m;
+	vw->ep = ep;
+	key = ibv_inc_rkey(vw->mw->rkey);
+
+	pthread_mutex_lock(&ep->sq_lock);
+	done = atomic_load_explicit(&ep->sq_done, memory_order_acquire);
+	outstanding = ep->sq_head - done;
+	if (outstanding + 1 > ep->sq_depth) {
+		post_unstick(ep, done, outstanding);
+		pthread_mutex_unlock(&ep->sq_lock);
+		ibv_dealloc_mw(vw->mw);
+		free(vw);
+		return rps__seterr(-EAGAIN, "verbs: mw_bind: send queue of %s full (%u outstanding): poll the CQ and retry",
+				   ep->base.peer, (unsigned)outstanding);
+	}
+	seq = ep->sq_head;
+	memset(&w, 0, sizeof(w));
+	w.wr_id = seq;
+	w.opcode = IBV_WR_BIND_MW;
+	w.bind_mw.mw = vw->mw;
+	w.bind_mw.rkey = key;
+	w.bind_mw.bind_info.mr = m->mr;
+	w.bind_mw.bind_info.addr = (uintptr_t)bmr->addr;
+	w.bind_mw.bind_info.length = bmr->len;
+	w.bind_mw.bind_info.mw_access_flags = v_mw_access(access);
+	if (ep->unsig + 1 >= ep->sig_every)
+		w.send_flags = IBV_SEND_SIGNALED;
+	ret = v_fault("ibv_post_send");
+	if (!ret)
+		ret = ibv_post_send(ep->qp, &w, &bad);
+	if (!ret) {
+		ep->sring[seq % ep->sq_depth] = (struct v_sslot){ .wr_id = 0, .op = V_OP_NOP, .user_sig = 0 };
+		ep->sq_head++;
+		if (w.send_flags & IBV_SEND_SIGNALED) {
+			ep->sig_end = ep->sq_head;
+			ep->unsig = 0;
+		} else {
+			ep->unsig++;
+		}
+	}
+	pthread_mutex_unlock(&ep->sq_lock);
+	if (ret) {
+		ibv_dealloc_mw(vw->mw);
+		free(vw);
+		return rps__seterr(-ret, "ibv_post_send(%s): binding a memory window: %s", ep->base.peer, strerror(ret));
+	}
+	rps__verbs_windows_link(ep->fab, vw);
+	*rkey = key;
+	return 0;
+}
+
+uint32_t rps__verbs_ep_sq_room(struct rps__ep *bep)
+{
+	struct v_ep *ep = VEP(bep);
+	uint64_t outstanding;
+
+	pthread_mutex_lock(&ep->sq_lock);
+	outstanding = ep->sq_head - atomic_load_explicit(&ep->sq_done, memory_order_acquire);
+	pthread_mutex_unlock(&ep->sq_lock);
+	return outstanding >= ep->sq_depth ? 0 : (uint32_t)(ep->sq_depth - outstanding);
+}
+
 int rps__verbs_post_recv(struct rps__ep *bep, const struct rps__sge *sge, uint64_t wr_id)
 {
 	struct v_ep *ep = VEP(bep);
@@ -425,16 +525,95 @@ static int v_lcas_setup(struct v_fab *f)
 	return ret;
 }
 
-int rps__verbs_local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word, uint64_t compare,
-			 uint64_t swap, uint64_t *old)
+/* Post w on the loopback QP and wait for its completion.  On failure the
+ * QP is torn down (in error, or its outcome unknown): the next call
+ * recreates it.  lcas_lock held. */
+static int lcas_post_wait(struct v_fab *f, struct ibv_send_wr *w, const char *what)
 {
-	struct v_fab *f = VFAB(fab);
-	struct ibv_send_wr w, *bad;
-	struct ibv_sge sg;
+	struct ibv_send_wr *bad;
 	struct ibv_wc wc;
 	uint64_t deadline;
 	unsigned spins = 0;
 	int ret, k;
+
+	ret = v_fault("ibv_post_send");
+	if (!ret)
+		ret = ibv_post_send(f->lcas_qp, w, &bad);
+	if (ret) {
+		ret = rps__seterr(-ret, "local_cas: ibv_post_send (%s): %s", what, strerror(ret));
+		rps__verbs_lcas_teardown(f);
+		return ret;
+	}
+	deadline = v_deadline(V_LCAS_WAIT_MS);
+	while ((k = v_fault("ibv_poll_cq") ? -1 : ibv_poll_cq(f->lcas_cq, 1, &wc)) == 0) {
+		if ((++spins & 1023) == 0) {
+			if (rps__now_ns() > deadline) {
+				/* outcome unknown: destroying the QP cancels it if not done */
+				ret = rps__seterr(-ETIMEDOUT, "local_cas: no completion from the loopback QP in %d ms (%s)",
+						  V_LCAS_WAIT_MS, what);
+				rps__verbs_lcas_teardown(f);
+				return ret;
+			}
+			sched_yield();
+		}
+	}
+	if (k < 0 || wc.status != IBV_WC_SUCCESS) {
+		ret = rps__seterr(k >= 0 && wc.status == IBV_WC_REM_ACCESS_ERR ? -EACCES : -EIO,
+				  "local_cas: loopback %s failed: %s", what,
+				  k < 0 ? "ibv_poll_cq error" : ibv_wc_status_str(wc.status));
+		rps__verbs_lcas_teardown(f);	/* the QP is in error now; recreate next time */
+		return ret;
+	}
+	return 0;
+}
+
+/* A windowed region's key reaches nothing: the loopback QP gets a window
+ * of its own on it, kept until the region or the QP goes.  lcas_lock held. */
+static int lcas_window(struct v_fab *f, struct v_mr *m)
+{
+	struct ibv_send_wr w;
+	struct ibv_mw *mw;
+	uint32_t key;
+	int ret, e;
+
+	errno = 0;
+	mw = v_fault("ibv_alloc_mw") ? NULL : ibv_alloc_mw(f->pd, IBV_MW_TYPE_2);
+	if (!mw) {
+		e = v_errno(ENOMEM);
+		return rps__seterr(-e, "local_cas: ibv_alloc_mw: %s", strerror(e));
+	}
+	key = ibv_inc_rkey(mw->rkey);
+	memset(&w, 0, sizeof(w));
+	w.wr_id = 2;
+	w.opcode = IBV_WR_BIND_MW;
+	w.send_flags = IBV_SEND_SIGNALED;
+	w.bind_mw.mw = mw;
+	w.bind_mw.rkey = key;
+	w.bind_mw.bind_info.mr = m->mr;
+	w.bind_mw.bind_info.addr = (uintptr_t)m->base.addr;
+	w.bind_mw.bind_info.length = m->base.len;
+	w.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_ATOMIC;
+	ret = lcas_post_wait(f, &w, "window bind");
+	if (ret) {
+		ibv_dealloc_mw(mw);
+		return ret;
+	}
+	m->lcas_mw = mw;
+	m->lcas_rkey = key;
+	m->lcas_next = f->lcas_mrs;
+	f->lcas_mrs = m;
+	return 0;
+}
+
+int rps__verbs_local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word, uint64_t compare,
+			 uint64_t swap, uint64_t *old)
+{
+	struct v_fab *f = VFAB(fab);
+	struct v_mr *m = rps__container_of(mr, struct v_mr, base);
+	struct ibv_send_wr w;
+	struct ibv_sge sg;
+	uint32_t rkey = mr->rkey;
+	int ret;
 
 	if (((uintptr_t)word & 7) || (char *)word < (char *)mr->addr ||
 	    (char *)word + 8 > (char *)mr->addr + mr->len)
@@ -448,6 +627,11 @@ int rps__verbs_local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *
 		if (ret)
 			goto out;
 	}
+	if ((mr->access & RPS__ACCESS_WINDOWED) && f->windows) {
+		if (!m->lcas_mw && (ret = lcas_window(f, m)))
+			goto out;
+		rkey = m->lcas_rkey;
+	}
 	sg.addr = (uintptr_t)f->lcas_buf;
 	sg.length = 8;
 	sg.lkey = f->lcas_mr->lkey;
@@ -458,35 +642,12 @@ int rps__verbs_local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *
 	w.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
 	w.send_flags = IBV_SEND_SIGNALED;
 	w.wr.atomic.remote_addr = (uintptr_t)word;
-	w.wr.atomic.rkey = mr->rkey;
+	w.wr.atomic.rkey = rkey;
 	w.wr.atomic.compare_add = compare;
 	w.wr.atomic.swap = swap;
-	ret = v_fault("ibv_post_send");
-	if (!ret)
-		ret = ibv_post_send(f->lcas_qp, &w, &bad);
-	if (ret) {
-		ret = rps__seterr(-ret, "local_cas: ibv_post_send: %s", strerror(ret));
-		rps__verbs_lcas_teardown(f);
+	ret = lcas_post_wait(f, &w, "CAS");
+	if (ret)
 		goto out;
-	}
-	deadline = v_deadline(V_LCAS_WAIT_MS);
-	while ((k = v_fault("ibv_poll_cq") ? -1 : ibv_poll_cq(f->lcas_cq, 1, &wc)) == 0) {
-		if ((++spins & 1023) == 0) {
-			if (rps__now_ns() > deadline) {
-				/* outcome unknown: destroying the QP cancels it if not done */
-				ret = rps__seterr(-ETIMEDOUT, "local_cas: no completion from the loopback QP in %d ms", V_LCAS_WAIT_MS);
-				rps__verbs_lcas_teardown(f);
-				goto out;
-			}
-			sched_yield();
-		}
-	}
-	if (k < 0 || wc.status != IBV_WC_SUCCESS) {
-		ret = rps__seterr(k >= 0 && wc.status == IBV_WC_REM_ACCESS_ERR ? -EACCES : -EIO,
-				  "local_cas: loopback CAS failed: %s", k < 0 ? "ibv_poll_cq error" : ibv_wc_status_str(wc.status));
-		rps__verbs_lcas_teardown(f);	/* the QP is in error now; recreate next time */
-		goto out;
-	}
 	*old = *(volatile uint64_t *)f->lcas_buf;
 	ret = 0;
 out:

@@ -131,7 +131,8 @@ static int tcp_mr_reg(struct rps__fabric *base, void *addr, size_t len, int acce
 
 	if (!addr || !len)
 		return rps__seterr(-EINVAL, "mr_reg: empty region (addr %p, len %zu): register a real buffer", addr, len);
-	if (access & ~(RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ | RPS__ACCESS_REMOTE_ATOMIC))
+	if (access & ~(RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ | RPS__ACCESS_REMOTE_ATOMIC |
+		       RPS__ACCESS_WINDOWED))
 		return rps__seterr(-EINVAL, "mr_reg: unknown access bits 0x%x", access);
 	mr = calloc(1, sizeof(*mr));
 	if (!mr)
@@ -145,10 +146,13 @@ static int tcp_mr_reg(struct rps__fabric *base, void *addr, size_t len, int acce
 	slot->gen = slot->gen % MR_GEN_MAX + 1;
 	slot->addr = addr;
 	slot->len = len;
-	slot->access = access;
+	/* a windowed region's own key reaches it only locally (local_cas) */
+	slot->access = (access & RPS__ACCESS_WINDOWED) ? RPS__ACCESS_LOCAL : access;
 	slot->in_use = true;
 	slot->next_free = MR_NONE;
 	slot->mr = mr;
+	slot->owner = 0;
+	slot->parent = MR_NONE;
 	mr->index = slot_index;
 	mr->base.fab = base;
 	mr->base.addr = addr;
@@ -184,11 +188,43 @@ static int tcp_mr_reg_implicit(struct rps__fabric *base, struct rps__mr **out)
 	return 0;
 }
 
+/* Back to the free FIFO, oldest-freed reused first.  mr_lock held for writing. */
+static void mr_slot_free(struct tcp_fabric *fab, uint32_t index)
+{
+	struct tcp_mr_slot *slot = &fab->slots[index];
+
+	if (slot->owner)
+		fab->nwindows--;
+	slot->in_use = false;
+	slot->mr = NULL;
+	slot->owner = 0;
+	slot->parent = MR_NONE;
+	slot->next_free = MR_NONE;
+	if (fab->free_tail == MR_NONE)
+		fab->free_head = index;
+	else
+		fab->slots[fab->free_tail].next_free = index;
+	fab->free_tail = index;
+}
+
+/* Free the windows that answer to endpoint `owner`, or that lie on region
+ * slot `parent` (MR_NONE / 0: no such condition).  mr_lock held for writing. */
+static void windows_free(struct tcp_fabric *fab, uint64_t owner, uint32_t parent)
+{
+	uint32_t i;
+
+	for (i = 0; i < fab->nslots && fab->nwindows; i++) {
+		const struct tcp_mr_slot *slot = &fab->slots[i];
+
+		if (slot->in_use && slot->owner && (slot->owner == owner || slot->parent == parent))
+			mr_slot_free(fab, i);
+	}
+}
+
 static int tcp_mr_dereg(struct rps__mr *base)
 {
 	struct tcp_mr *mr = rps__container_of(base, struct tcp_mr, base);
 	struct tcp_fabric *fab = rps__container_of(base->fab, struct tcp_fabric, base);
-	struct tcp_mr_slot *slot;
 
 	if (mr->index == MR_NONE) {	/* the implicit region */
 		free(mr);
@@ -197,20 +233,71 @@ static int tcp_mr_dereg(struct rps__mr *base)
 
 	/* Taking the lock for writing waits out every remote access in flight
 	 * (they hold it for reading): once we return, no byte of the region is
-	 * touched on behalf of a peer again. */
+	 * touched on behalf of a peer again, through its key or a window. */
 	pthread_rwlock_wrlock(&fab->mr_lock);
-	slot = &fab->slots[mr->index];
-	slot->in_use = false;
-	slot->mr = NULL;
-	slot->next_free = MR_NONE;
-	if (fab->free_tail == MR_NONE)
-		fab->free_head = mr->index;
-	else
-		fab->slots[fab->free_tail].next_free = mr->index;
-	fab->free_tail = mr->index;
+	windows_free(fab, 0, mr->index);
+	mr_slot_free(fab, mr->index);
 	pthread_rwlock_unlock(&fab->mr_lock);
 	free(mr);
 	return 0;
+}
+
+/* A window is a slot of its own: a key the peer cannot tell from a region's,
+ * owned by the endpoint (rps__tcp_mr_target checks the owner). */
+static int tcp_mw_bind(struct rps__ep *bep, struct rps__mr *base, int access, uint32_t *rkey)
+{
+	struct tcp_ep *ep = rps__container_of(bep, struct tcp_ep, base);
+	struct tcp_mr *mr = rps__container_of(base, struct tcp_mr, base);
+	struct tcp_fabric *fab = ep->fab;
+	struct tcp_mr_slot *slot;
+	uint32_t index = 0;
+	int ret;
+
+	pthread_rwlock_wrlock(&fab->mr_lock);
+	ret = mr_slot_alloc(fab, &index);
+	if (ret) {
+		pthread_rwlock_unlock(&fab->mr_lock);
+		return ret;
+	}
+	slot = &fab->slots[index];
+	slot->gen = slot->gen % MR_GEN_MAX + 1;
+	slot->addr = base->addr;
+	slot->len = base->len;
+	slot->access = access;
+	slot->in_use = true;
+	slot->next_free = MR_NONE;
+	slot->mr = NULL;
+	slot->owner = ep->id;
+	slot->parent = mr->index;
+	fab->nwindows++;
+	*rkey = slot->gen << MR_INDEX_BITS | index;
+	pthread_rwlock_unlock(&fab->mr_lock);
+	return 0;
+}
+
+static int tcp_fabric_windows(const struct rps__fabric *fab)
+{
+	(void)fab;
+	return 1;
+}
+
+/* Windows of an endpoint die with it (called as it is freed). */
+void rps__tcp_windows_release(struct tcp_ep *ep)
+{
+	pthread_rwlock_wrlock(&ep->fab->mr_lock);
+	windows_free(ep->fab, ep->id, MR_NONE);
+	pthread_rwlock_unlock(&ep->fab->mr_lock);
+}
+
+static uint32_t tcp_ep_sq_room(struct rps__ep *bep)
+{
+	struct tcp_ep *ep = rps__container_of(bep, struct tcp_ep, base);
+	uint32_t used;
+
+	pthread_mutex_lock(&ep->lock);
+	used = ep->sq_next - ep->sq_head;
+	pthread_mutex_unlock(&ep->lock);
+	return used >= ep->sq_depth ? 0 : ep->sq_depth - used;
 }
 
 static int tcp_local_cas(struct rps__fabric *base, struct rps__mr *mr, uint64_t *word,
@@ -224,7 +311,7 @@ static int tcp_local_cas(struct rps__fabric *base, struct rps__mr *mr, uint64_t 
 	/* Same lock and same __atomic builtins as the engine uses for remote
 	 * CAS/FADD, so the two are atomic with respect to each other. */
 	pthread_rwlock_rdlock(&fab->mr_lock);
-	if (mr->fab != base || !rps__tcp_mr_target(fab, mr->rkey, (uintptr_t)word, 8, RPS__ACCESS_LOCAL)) {
+	if (mr->fab != base || !rps__tcp_mr_target(fab, 0, mr->rkey, (uintptr_t)word, 8, RPS__ACCESS_LOCAL)) {
 		pthread_rwlock_unlock(&fab->mr_lock);
 		return rps__seterr(-EINVAL, "local_cas: word %p is not inside registered region %p+%zu: "
 				   "pass the region that holds it", (void *)word, mr->addr, mr->len);
@@ -436,6 +523,8 @@ static int tcp_cq_arm(struct rps__cq *base)
 
 void rps__tcp_ep_free(struct tcp_ep *ep)
 {
+	if (ep->fab && ep->id)
+		rps__tcp_windows_release(ep);
 	rps__tcp_unexpected_free_all(ep);
 	pthread_mutex_destroy(&ep->lock);
 	free(ep->rx.buf);
@@ -489,6 +578,7 @@ int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const 
 			rps__tcp_sockaddr_str((struct sockaddr *)&ss, slen, ep->base.local, sizeof(ep->base.local));
 	}
 	ep->fab = fab;
+	ep->id = atomic_fetch_add_explicit(&fab->next_ep_id, 1, memory_order_relaxed) + 1;
 	ep->cq = cq;
 	ep->fd = fd;
 	ep->conn = CONN_OPEN;
@@ -557,6 +647,9 @@ const struct rps__transport_ops rps__tcp_ops = {
 	.mr_reg = tcp_mr_reg,
 	.mr_dereg = tcp_mr_dereg,
 	.mr_reg_implicit = tcp_mr_reg_implicit,
+	.mw_bind = tcp_mw_bind,
+	.fabric_windows = tcp_fabric_windows,
+	.ep_sq_room = tcp_ep_sq_room,
 	.ep_rebase = rps__tcp_ep_rebase,
 	.local_cas = tcp_local_cas,
 	.cq_create = tcp_cq_create,

@@ -179,7 +179,7 @@ static void rx_write(struct tcp_ep *ep)
 		return;
 	if (h->len) {	/* IB: a zero-length WRITE checks no key */
 		pthread_rwlock_rdlock(&ep->fab->mr_lock);
-		dst = rps__tcp_mr_target(ep->fab, h->rkey, h->raddr, h->len, RPS__ACCESS_REMOTE_WRITE);
+		dst = rps__tcp_mr_target(ep->fab, ep->id, h->rkey, h->raddr, h->len, RPS__ACCESS_REMOTE_WRITE);
 		pthread_rwlock_unlock(&ep->fab->mr_lock);
 		if (!dst) {
 			rps__tcp_target_nak(ep, h->seq, RPS__WC_REM_ACCESS_ERR);
@@ -200,7 +200,7 @@ static void rx_read(struct tcp_ep *ep)
 		return;
 	if (h->len) {
 		pthread_rwlock_rdlock(&ep->fab->mr_lock);
-		src = rps__tcp_mr_target(ep->fab, h->rkey, h->raddr, h->len, RPS__ACCESS_REMOTE_READ);
+		src = rps__tcp_mr_target(ep->fab, ep->id, h->rkey, h->raddr, h->len, RPS__ACCESS_REMOTE_READ);
 		pthread_rwlock_unlock(&ep->fab->mr_lock);
 		if (!src) {
 			rps__tcp_target_nak(ep, h->seq, RPS__WC_REM_ACCESS_ERR);
@@ -236,7 +236,7 @@ static void rx_atomic(struct tcp_ep *ep)
 	if (!rx_request_in_order(ep))
 		return;
 	pthread_rwlock_rdlock(&ep->fab->mr_lock);
-	word = (uint64_t *)(void *)rps__tcp_mr_target(ep->fab, h->rkey, h->raddr, 8, RPS__ACCESS_REMOTE_ATOMIC);
+	word = (uint64_t *)(void *)rps__tcp_mr_target(ep->fab, ep->id, h->rkey, h->raddr, 8, RPS__ACCESS_REMOTE_ATOMIC);
 	if (!word || (h->raddr & 7)) {
 		pthread_rwlock_unlock(&ep->fab->mr_lock);
 		rps__tcp_target_nak(ep, h->seq, RPS__WC_REM_ACCESS_ERR);
@@ -365,7 +365,7 @@ static void rx_sink_copy(struct tcp_ep *ep, const uint8_t *src, uint32_t k)
 
 	if (rx->sink == SINK_TARGET_MEM) {
 		pthread_rwlock_rdlock(&ep->fab->mr_lock);
-		if (!rps__tcp_mr_target(ep->fab, rx->hdr.rkey, (uintptr_t)rx->dst, rx->remaining, RPS__ACCESS_REMOTE_WRITE)) {
+		if (!rps__tcp_mr_target(ep->fab, ep->id, rx->hdr.rkey, (uintptr_t)rx->dst, rx->remaining, RPS__ACCESS_REMOTE_WRITE)) {
 			pthread_rwlock_unlock(&ep->fab->mr_lock);
 			rps__tcp_target_nak(ep, rx->hdr.seq, RPS__WC_REM_ACCESS_ERR);
 			return;
@@ -411,7 +411,7 @@ static ssize_t rx_read_direct(struct tcp_ep *ep)
 
 	if (locked) {
 		pthread_rwlock_rdlock(&ep->fab->mr_lock);
-		if (!rps__tcp_mr_target(ep->fab, rx->hdr.rkey, (uintptr_t)rx->dst, rx->remaining, RPS__ACCESS_REMOTE_WRITE)) {
+		if (!rps__tcp_mr_target(ep->fab, ep->id, rx->hdr.rkey, (uintptr_t)rx->dst, rx->remaining, RPS__ACCESS_REMOTE_WRITE)) {
 			pthread_rwlock_unlock(&ep->fab->mr_lock);
 			rps__tcp_target_nak(ep, rx->hdr.seq, RPS__WC_REM_ACCESS_ERR);
 			return -1;

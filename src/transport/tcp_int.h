@@ -9,6 +9,7 @@
 
 #include <endian.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -89,14 +90,19 @@ _Static_assert(sizeof(struct wire_hdr) == TCP_HDR_SIZE, "frame header is 48 byte
 /* ------------------------------------------------------------------------ */
 /* objects                                                                  */
 
+/* A slot names a registered region, or a window on one: a window copies
+ * its region's bounds, grants its own rights, and answers only on the
+ * endpoint that owns it (memory windows, IB type 2: bound to one QP). */
 struct tcp_mr_slot {
 	void *addr;
 	size_t len;
-	int access;
+	int access;		/* remote rights through this key (0: local use only) */
 	bool in_use;
 	uint32_t gen;
 	uint32_t next_free;
-	struct tcp_mr *mr;
+	struct tcp_mr *mr;	/* regions */
+	uint64_t owner;		/* windows: the endpoint's id (0: a region, any endpoint) */
+	uint32_t parent;	/* windows: the region's slot (MR_NONE: a region) */
 };
 
 struct tcp_fabric {
@@ -107,6 +113,8 @@ struct tcp_fabric {
 	uint32_t cap;
 	uint32_t free_head;		/* FIFO of freed slots */
 	uint32_t free_tail;
+	uint32_t nwindows;		/* slots that are windows (mr_lock) */
+	_Atomic uint64_t next_ep_id;	/* window owners: never reused, unlike pointers */
 };
 
 struct tcp_mr {
@@ -221,6 +229,7 @@ struct tcp_ep {
 	struct rps__ep base;
 	struct tcp_fabric *fab;
 	struct tcp_cq *cq;
+	uint64_t id;			/* owns the windows bound to it (never 0) */
 	int fd;
 	pthread_mutex_t lock;
 	enum tcp_conn_state conn;
@@ -323,6 +332,7 @@ int rps__tcp_hello_check(const struct wire_hello *h, const char *peer);
 void rps__tcp_cq_push(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t wr_id, enum rps__wc_status status,
 		      enum rps__wc_opcode opcode, uint32_t byte_len, uint32_t imm);
 int rps__tcp_cq_pop(struct tcp_cq *cq, struct rps__wc *wc, int n);
+void rps__tcp_windows_release(struct tcp_ep *ep);
 void rps__tcp_ep_free(struct tcp_ep *ep);
 /* "10.0.0.1:7000" / "[fe80::1]:7000" */
 void rps__tcp_sockaddr_str(const struct sockaddr *sa, socklen_t salen, char *buf, size_t len);
@@ -400,11 +410,13 @@ static inline void rps__tcp_hdr_get(struct wire_hdr *h, const uint8_t *in)
 	h->imm = le32toh(h->imm);
 }
 
-/* The HCA's checks for a remote access: the key names a live region,
- * [raddr, raddr + len) lies inside it and the region grants the right
+/* The HCA's checks for a remote access: the key names a live region or a
+ * window that endpoint ep_id owns, [raddr, raddr + len) lies inside it and
+ * the key grants the right
  * (RPS__ACCESS_LOCAL: no right needed).  Returns the local address, or
  * NULL.  mr_lock held for reading, and kept held while the memory is used. */
-static inline uint8_t *rps__tcp_mr_target(struct tcp_fabric *fab, uint32_t rkey, uint64_t raddr, uint64_t len, int access)
+static inline uint8_t *rps__tcp_mr_target(struct tcp_fabric *fab, uint64_t ep_id, uint32_t rkey, uint64_t raddr,
+					  uint64_t len, int access)
 {
 	uint32_t index = rkey & MR_INDEX_MASK;
 	const struct tcp_mr_slot *slot;
@@ -413,7 +425,8 @@ static inline uint8_t *rps__tcp_mr_target(struct tcp_fabric *fab, uint32_t rkey,
 	if (index >= fab->nslots)
 		return NULL;
 	slot = &fab->slots[index];
-	if (!slot->in_use || slot->gen != rkey >> MR_INDEX_BITS || (access && !(slot->access & access)))
+	if (!slot->in_use || slot->gen != rkey >> MR_INDEX_BITS || (access && !(slot->access & access)) ||
+	    (slot->owner && slot->owner != ep_id))
 		return NULL;
 	start = (uintptr_t)slot->addr;
 	if (raddr < start || len > slot->len || raddr - start > slot->len - len)

@@ -214,7 +214,7 @@ static bool tx_sources_valid(struct tcp_ep *ep, struct tcp_txe *first, int count
 		if (!txe->src_rkey)
 			continue;
 		done = txe->sent > TCP_HDR_SIZE ? txe->sent - TCP_HDR_SIZE : 0;
-		if (!rps__tcp_mr_target(ep->fab, txe->src_rkey, (uintptr_t)(txe->seg[0].addr + done),
+		if (!rps__tcp_mr_target(ep->fab, ep->id, txe->src_rkey, (uintptr_t)(txe->seg[0].addr + done),
 			       txe->payload_len - done, RPS__ACCESS_REMOTE_READ))
 			return false;
 	}

@@ -10,6 +10,7 @@
 #include "common/common.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +49,12 @@ const char *rps__fabric_name(const struct rps__fabric *fab)
 
 int rps__mr_reg(struct rps__fabric *fab, void *addr, size_t len, int access, struct rps__mr **out)
 {
-	return fab->ops->mr_reg(fab, addr, len, access, out);
+	static _Atomic uint64_t serials;
+	int ret = fab->ops->mr_reg(fab, addr, len, access, out);
+
+	if (!ret)
+		(*out)->serial = atomic_fetch_add_explicit(&serials, 1, memory_order_relaxed) + 1;
+	return ret;
 }
 
 int rps__mr_reg_implicit(struct rps__fabric *fab, struct rps__mr **out)
@@ -65,6 +71,30 @@ int rps__mr_dereg(struct rps__mr *mr)
 }
 
 uint32_t rps__mr_rkey(const struct rps__mr *mr) { return mr->rkey; }
+uint64_t rps__mr_serial(const struct rps__mr *mr) { return mr->serial; }
+
+#define REMOTE_RIGHTS (RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ | RPS__ACCESS_REMOTE_ATOMIC)
+
+int rps__mw_bind(struct rps__ep *ep, struct rps__mr *mr, int access, uint32_t *rkey)
+{
+	if (!mr || mr->fab != ep->fab || !(mr->access & RPS__ACCESS_WINDOWED))
+		return rps__seterr(-EINVAL, "mw_bind: the region is not a windowed region of this fabric: "
+				   "register it with RPS__ACCESS_WINDOWED");
+	if (!access || (access & ~REMOTE_RIGHTS) || (access & ~mr->access))
+		return rps__seterr(-EINVAL, "mw_bind: rights 0x%x are not a subset of the region's 0x%x",
+				   (unsigned)access, (unsigned)(mr->access & REMOTE_RIGHTS));
+	return ep->fab->ops->mw_bind(ep, mr, access, rkey);
+}
+
+int rps__fabric_windows(const struct rps__fabric *fab)
+{
+	return fab->ops->fabric_windows(fab);
+}
+
+uint32_t rps__ep_sq_room(struct rps__ep *ep)
+{
+	return ep->fab->ops->ep_sq_room(ep);
+}
 void *rps__mr_addr(const struct rps__mr *mr) { return mr->addr; }
 size_t rps__mr_len(const struct rps__mr *mr) { return mr->len; }
 

@@ -78,6 +78,10 @@ enum rps__access {
 	RPS__ACCESS_REMOTE_WRITE = 1 << 0,
 	RPS__ACCESS_REMOTE_READ = 1 << 1,
 	RPS__ACCESS_REMOTE_ATOMIC = 1 << 2,
+	/* The region's own rkey reaches nothing remotely: peers get at it only
+	 * through windows bound to one endpoint each (rps__mw_bind), with at
+	 * most the REMOTE_* rights given here. */
+	RPS__ACCESS_WINDOWED = 1 << 3,
 };
 
 enum rps__op {
@@ -205,6 +209,34 @@ int rps__mr_dereg(struct rps__mr *mr);	/* revokes remote access at once */
  * rps__mr_dereg() releases it. */
 int rps__mr_reg_implicit(struct rps__fabric *fab, struct rps__mr **out);
 uint32_t rps__mr_rkey(const struct rps__mr *mr);
+/* A number no other registration of this process ever had (a pointer to a
+ * freed region may come back for the next one): for caches keyed by region. */
+uint64_t rps__mr_serial(const struct rps__mr *mr);
+
+/*
+ * Memory windows: remote access to a region scoped to one connection.
+ * rps__mw_bind() gives ep's peer the rights `access` (REMOTE_* bits, a
+ * subset of those mr was registered with) to the whole of mr, through an
+ * rkey that is valid on ep alone: the same key used on any other endpoint
+ * fails with RPS__WC_REM_ACCESS_ERR, as a guessed one does.  The window
+ * dies with ep (rps__ep_close) or with mr (rps__mr_dereg), whichever goes
+ * first; a key saved from it fails afterwards.  mr must be registered with
+ * RPS__ACCESS_WINDOWED.  Verbs binds a type 2 memory window on ep's QP
+ * (a work request: it takes a send-queue slot until a later signaled WR
+ * completes, and -EAGAIN says the queue is full); the bind is ordered
+ * before whatever is posted on ep after it, so a reply that carries the
+ * key finds it valid.  TCP keeps a key table entry owned by ep.
+ *
+ * rps__fabric_windows() is 1 when windows are scoped as above, 0 when the
+ * device has no type 2 windows (or RPS_VERBS_NO_WINDOWS=1 is set): then a
+ * WINDOWED region is registered with its REMOTE_* rights, and
+ * rps__mw_bind() hands out the region's own key, valid on every
+ * connection of this process (checked by the rights still).
+ */
+int rps__mw_bind(struct rps__ep *ep, struct rps__mr *mr, int access, uint32_t *rkey);
+int rps__fabric_windows(const struct rps__fabric *fab);
+/* Send-queue slots free on ep now (its depth less what is outstanding). */
+uint32_t rps__ep_sq_room(struct rps__ep *ep);
 void *rps__mr_addr(const struct rps__mr *mr);
 size_t rps__mr_len(const struct rps__mr *mr);
 
@@ -320,6 +352,9 @@ struct rps__transport_ops {
 	int (*mr_reg)(struct rps__fabric *fab, void *addr, size_t len, int access, struct rps__mr **out);
 	int (*mr_dereg)(struct rps__mr *mr);
 	int (*mr_reg_implicit)(struct rps__fabric *fab, struct rps__mr **out);	/* optional */
+	int (*mw_bind)(struct rps__ep *ep, struct rps__mr *mr, int access, uint32_t *rkey);
+	int (*fabric_windows)(const struct rps__fabric *fab);
+	uint32_t (*ep_sq_room)(struct rps__ep *ep);
 	int (*local_cas)(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word,
 			 uint64_t compare, uint64_t swap, uint64_t *old);
 	int (*cq_create)(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out);
@@ -364,6 +399,7 @@ struct rps__mr {
 	uint32_t lkey;
 	uint32_t rkey;
 	int access;
+	uint64_t serial;		/* rps__mr_serial (set by rps__mr_reg) */
 };
 struct rps__cq {
 	struct rps__fabric *fab;
