@@ -120,7 +120,12 @@ static int f_mem_register(struct rps__server *s, void *buf, size_t len, struct r
 	return 0;
 }
 static void f_mem_deregister(struct rps__mr *mr) { if (mr) note("mem_deregister", 0); }
-static uint32_t f_mem_rkey(const struct rps__mr *mr) { return (uint32_t)(uintptr_t)mr; }
+static int f_mem_window(struct conn *c, struct rps__mr *mr, uint32_t *rkey)
+{
+	(void)c;
+	*rkey = (uint32_t)(uintptr_t)mr;
+	return 0;
+}
 static uint16_t f_port(const struct rps__server *s) { (void)s; return 7000; }
 static uint32_t f_shard_elems(const struct rps__server *s) { (void)s; return 4; }
 static void f_stats(struct rps__server *s, struct rps__dp_stats *st) { (void)s; memset(st, 0, sizeof(*st)); }
@@ -297,7 +302,7 @@ static void f_set_lease(struct rps__server *s, uint64_t until_ns)
 static const struct rps__dp_ops fake_ops = {
 	.set_member_id = f_set_member_id, .set_map = f_set_map, .map_register = f_map_register,
 	.map_deregister = f_map_deregister, .mem_register = f_mem_register, .mem_deregister = f_mem_deregister,
-	.mem_rkey = f_mem_rkey, .port = f_port, .shard_elems = f_shard_elems, .stats = f_stats,
+	.mem_window = f_mem_window, .port = f_port, .shard_elems = f_shard_elems, .stats = f_stats,
 	.conn_reply = f_conn_reply, .conn_fail = f_conn_fail, .conn_role = f_conn_role,
 	.conn_peer_id = f_conn_peer_id, .conn_dead = f_conn_dead, .conn_name = f_conn_name,
 	.conn_msg_max = f_conn_msg_max, .conn_read = f_conn_read, .peer_dial = f_peer_dial,

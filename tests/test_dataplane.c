@@ -613,6 +613,12 @@ static void do_mem_register(struct fake *f, void *arg)
 	CU_ASSERT_EQUAL(f->dp->mem_register(f->srv, peer_mem, sizeof(peer_mem), &job_mr), 0);
 }
 
+/* B's key for A: a window of the connection A's message came in on */
+static void do_mem_window(struct fake *f, void *arg)
+{
+	CU_ASSERT_EQUAL(f->dp->mem_window(f->msg_conn, job_mr, (uint32_t *)arg), 0);
+}
+
 static void do_read_peer(struct fake *f, void *arg)
 {
 	CU_ASSERT_EQUAL(f->dp->conn_read(job_conn, (uint64_t)(uintptr_t)peer_mem, *(uint32_t *)arg,
@@ -680,7 +686,7 @@ static void test_hooks_peer(void)
 		peer_mem[i] = (char)(i * 7 + 1);
 	fake_do(&B, do_mem_register, NULL);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(job_mr);
-	rkey = B.dp->mem_rkey(job_mr);
+	fake_do(&B, do_mem_window, &rkey);
 	fake_do(&A, do_read_peer, &rkey);
 	CU_ASSERT_FATAL(fake_wait(&A, &A.n_read_done, 1));
 	fake_lock(&A);

@@ -545,6 +545,19 @@ static int push_start(rps_tensor_t *t, const void *grad, size_t nbytes, rps_requ
 				   t->name, nbytes, (unsigned long long)t->spec.count,
 				   rps__dtype_name((enum rps_dtype)t->spec.dtype),
 				   (unsigned long long)(t->spec.count * esize));
+	/* a reader's connections have no window on the staging slots (and
+	 * read-only ones on the tensors): say so here, not as a broken QP */
+	if (cl->keys) {
+		struct rps__key k;
+
+		rps__keyring_get(cl->keys, &k, NULL);
+		if (k.role == RPS__KEY_READER) {
+			rps__key_clear(&k);
+			return rps__seterr(-EPERM, "rps_push '%s': this client's key is a reader key, which pulls "
+					   "only: push with a worker key (psctl keygen --role worker)", t->name);
+		}
+		rps__key_clear(&k);
+	}
 	r = rps__req_new(cl, t->layout.nshards);
 	if (!r)
 		return rps__seterr(-ENOMEM, "out of memory");

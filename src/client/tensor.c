@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rdmaps.h"
 
@@ -63,6 +64,9 @@ static int spec_from_opts(const char *name, const struct rps_tensor_opts *o, int
  * tolerate, a server that fails (gone, or does not know the tensor) is
  * skipped; otherwise its error is returned.
  */
+/* Empty pages in a row a server may answer before we give up on it. */
+#define CREATE_EMPTY_PAGES 1000u
+
 static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const struct rps__create *msg,
 			  bool *to, struct rps__create_rep *reps, int32_t *rstatus, bool tolerate)
 {
@@ -70,7 +74,7 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 	int32_t *pst = calloc(MAX_CONNS, sizeof(*pst));
 	bool *one = calloc(MAX_CONNS, sizeof(*one));
 	struct rps__create m = *msg;
-	uint32_t p, k;
+	uint32_t p, k, empty = 0;
 	int i, ret;
 
 	if (!page || !pst || !one) {
@@ -130,8 +134,22 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 				t->part[ref->part].epoch = ref->epoch;
 			}
 			pthread_mutex_unlock(&cl->lock);
-			if (rp->first + rp->nregions >= rp->total || !rp->nregions)
+			if (rp->first + rp->nregions >= rp->total)
 				break;
+			/* An empty page: the server had no send-queue room to
+			 * bind our windows; it has after its next replies. */
+			if (!rp->nregions) {
+				if (++empty > CREATE_EMPTY_PAGES) {
+					ret = rps__seterr(-EBUSY, "tensor '%s': %s gave no region for %u tries (its send "
+							  "queue had no room for our memory windows): try again",
+							  t->name, cl->conns[i].name, CREATE_EMPTY_PAGES);
+					if (!tolerate)
+						goto out;
+					ret = 0;
+					break;
+				}
+				usleep(1000);
+			}
 			memset(one, 0, MAX_CONNS * sizeof(*one));
 			one[i] = true;
 			m.first = rp->first + rp->nregions;

@@ -75,27 +75,34 @@ int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part)
 	return 0;
 }
 
-/* Where the other end READs pl->blob. */
-struct rps__migrate rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part)
+/* Where the other end of c READs pl->blob: through a window of c alone. */
+int rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part, struct conn *c, struct rps__migrate *m)
 {
 	const struct part_local *pl = &cp->parts[part];
+	uint32_t rkey;
+	int ret = cp->dp->mem_window(c, pl->blob_mr, &rkey);
 
-	return (struct rps__migrate){
+	if (ret)
+		return ret;
+	*m = (struct rps__migrate){
 		.part = part, .epoch = pl->epoch, .from = cp->my_id,
-		.addr = (uint64_t)(uintptr_t)pl->blob, .rkey = cp->dp->mem_rkey(pl->blob_mr),
+		.addr = (uint64_t)(uintptr_t)pl->blob, .rkey = rkey,
 		.crc = pl->blob_crc, .len = pl->blob_len,
 	};
+	return 0;
 }
 
 void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now)
 {
 	struct part_local *pl = &cp->parts[part];
 	struct peer *p = rps__cp_peer_get(cp, pl->to, false);
-	struct rps__seed m = { .mig = rps__cp_blob_offer(cp, part), .seq = pl->seq };
+	struct rps__seed m = { .seq = pl->seq };
 
 	if (!p || !p->c || cp->dp->conn_dead(p->c) || now < pl->next_try)
 		return;
 	pl->next_try = now + PEER_RETRY_NS;
+	if (rps__cp_blob_offer(cp, part, p->c, &m.mig))
+		return;		/* (no window now: offered again at next_try) */
 	pl->offered = true;
 	cp->dp->conn_reply(p->c, RPS__MSG_MIGRATE, part, 0, &m, sizeof(m));
 }

@@ -200,11 +200,13 @@ static void seed_offer(struct rps__cplane *cp, uint32_t p, uint64_t now)
 {
 	struct part_local *pl = &cp->parts[p];
 	struct peer *peer = rps__cp_peer_get(cp, pl->to, false);
-	struct rps__seed s = { .mig = rps__cp_blob_offer(cp, p), .seq = pl->seq };
+	struct rps__seed s = { .seq = pl->seq };
 
 	if (!peer || !peer->c || cp->dp->conn_dead(peer->c) || now < pl->next_try)
 		return;
 	pl->next_try = now + PEER_RETRY_NS;
+	if (rps__cp_blob_offer(cp, p, peer->c, &s.mig))
+		return;		/* (no window now: offered again at next_try) */
 	pl->offered = true;
 	cp->dp->conn_reply(peer->c, RPS__MSG_SEED, p, 0, &s, sizeof(s));
 }

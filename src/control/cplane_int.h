@@ -216,7 +216,7 @@ void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now);
 /* cp_moves.c */
 void rps__cp_blob_free(struct rps__cplane *cp, struct part_local *pl);
 int rps__cp_blob_make(struct rps__cplane *cp, uint32_t part);
-struct rps__migrate rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part);
+int rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part, struct conn *c, struct rps__migrate *m);
 void rps__cp_read_start(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
 			bool seed, uint64_t seq);
 int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part);

@@ -91,6 +91,11 @@ uint16_t rps__daemon_port(const struct rps__daemon *d)
 	return rps__server_port(d->srv);
 }
 
+int rps__daemon_windows(const struct rps__daemon *d)
+{
+	return rps__server_windows(d->srv);
+}
+
 const char *rps__daemon_fabric_name(const struct rps__daemon *d)
 {
 	return rps__server_fabric_name(d->srv);

@@ -500,6 +500,13 @@ static int announce(struct opts *o)
 	rps__log(RPS__LOG_INFO, "rdmapsd %s serving on %s (device %s), shards of %u bytes, %u staging slots per worker",
 		 PACKAGE_VERSION, rps__uri_str(&o->cfg.listen, uri, sizeof(uri)),
 		 rps__daemon_fabric_name(the_server), o->cfg.shard_bytes, o->cfg.nslots);
+	if (rps__daemon_windows(the_server))
+		rps__log(RPS__LOG_INFO, "remote access is scoped to one connection: every key a peer gets is a "
+			 "memory window bound to its connection alone");
+	else
+		rps__log(RPS__LOG_WARN, "device %s has no type 2 memory windows (or RPS_VERBS_NO_WINDOWS is set): "
+			 "a region's key works on every connection of this server, not only the one it was given to",
+			 rps__daemon_fabric_name(the_server));
 	if (o->port_file) {
 		char tmp[4096];
 		FILE *f;

@@ -139,12 +139,46 @@ void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
 		rps__topo_free(srv->topo, c->sbufs, (size_t)c->nsend * c->msg_max);
 	free(c->sfree);
 	free(c->slot_state);
+	free(c->wins);
 	rps__srv_mem_give(srv, c->bufs_charged);
 	if (c->owner)
 		srv->owner_used[c->owner] = 0;
 	free(c);
 }
 #define conn_free rps__srv_conn_free
+
+int rps__srv_conn_window(struct conn *c, struct rps__mr *mr, int access, uint32_t *rkey)
+{
+	uint64_t serial = rps__mr_serial(mr);
+	struct conn_window *w;
+	uint32_t i, cap;
+	int ret;
+
+	for (i = 0; i < c->nwins; i++)
+		if (c->wins[i].serial == serial && c->wins[i].access == access) {
+			*rkey = c->wins[i].rkey;
+			return 0;
+		}
+	if (!c->ep)
+		return rps__seterr(-ENOTCONN, "no connection to bind a memory window to");
+	/* a reply must always find its slot: binds take only what is left */
+	if (rps__ep_sq_room(c->ep) <= c->nsfree + 1)
+		return rps__seterr(-EAGAIN, "send queue of %s too full to bind a memory window now",
+				   rps__ep_peer(c->ep));
+	if (c->nwins == c->wins_cap) {
+		cap = c->wins_cap ? 2 * c->wins_cap : 8;
+		w = realloc(c->wins, cap * sizeof(*w));
+		if (!w)
+			return rps__seterr(-ENOMEM, "out of memory for the windows of %s", rps__ep_peer(c->ep));
+		c->wins = w;
+		c->wins_cap = cap;
+	}
+	ret = rps__mw_bind(c->ep, mr, access, rkey);
+	if (ret)
+		return ret;
+	c->wins[c->nwins++] = (struct conn_window){ .serial = serial, .access = access, .rkey = *rkey };
+	return 0;
+}
 
 static uint32_t owner_alloc(struct rps__server *srv);
 
@@ -210,7 +244,8 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
 	for (i = 0; i < c->nsend; i++)
 		c->sfree[i] = c->nsend - 1 - i;
 	c->nsfree = c->nsend;
-	ret = c->slots ? rps__mr_reg(srv->fab, c->slots, c->slots_len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr) : 0;
+	ret = c->slots ? rps__mr_reg(srv->fab, c->slots, c->slots_len, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED,
+					 &c->slots_mr) : 0;
 	if (!ret)
 		ret = rps__mr_reg(srv->fab, c->rbufs, (size_t)c->nrecv * c->msg_max, RPS__ACCESS_LOCAL, &c->rbufs_mr);
 	if (!ret)
@@ -401,7 +436,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	c->repl_rev_in = rev;
 	c->peer_id = priv.role >= RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN ? priv.from_id : 0;
 	c->last_active_ns = rps__now_ns();
-	attr.sq_depth = c->nsend + 8 + (rev ? REPL_SLOTS : 0);
+	attr.sq_depth = c->nsend + 8 + RPS__BIND_RESERVE + (rev ? REPL_SLOTS : 0);
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
 	req = priv;

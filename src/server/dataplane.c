@@ -44,7 +44,7 @@ static void set_map(struct rps__server *srv, uint32_t npart, uint64_t applied)
 
 static int map_register(struct rps__server *srv, void *buf, size_t len)
 {
-	int ret = rps__mr_reg(srv->fab, buf, len, RPS__ACCESS_REMOTE_READ, &srv->mapbuf_mr);
+	int ret = rps__mr_reg(srv->fab, buf, len, RPS__ACCESS_REMOTE_READ | RPS__ACCESS_WINDOWED, &srv->mapbuf_mr);
 
 	if (!ret)
 		srv->mapbuf = buf;
@@ -60,7 +60,7 @@ static void map_deregister(struct rps__server *srv)
 
 static int mem_register(struct rps__server *srv, void *buf, size_t len, struct rps__mr **mr)
 {
-	return rps__mr_reg(srv->fab, buf, len, RPS__ACCESS_REMOTE_READ, mr);
+	return rps__mr_reg(srv->fab, buf, len, RPS__ACCESS_REMOTE_READ | RPS__ACCESS_WINDOWED, mr);
 }
 
 static void mem_deregister(struct rps__mr *mr)
@@ -68,9 +68,9 @@ static void mem_deregister(struct rps__mr *mr)
 	rps__mr_dereg(mr);
 }
 
-static uint32_t mem_rkey(const struct rps__mr *mr)
+static int mem_window(struct conn *c, struct rps__mr *mr, uint32_t *rkey)
 {
-	return rps__mr_rkey(mr);
+	return rps__srv_conn_window(c, mr, RPS__ACCESS_REMOTE_READ, rkey);
 }
 
 static uint32_t shard_elems(const struct rps__server *srv)
@@ -179,7 +179,7 @@ int rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 	ret = rps__srv_conn_new(srv, CONN_PEER, &c);
 	if (ret)
 		return ret;
-	attr.sq_depth = c->nsend + 8;
+	attr.sq_depth = c->nsend + 8 + RPS__BIND_RESERVE;
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
 	ret = rps__srv_dial(srv, c, SRV_DIAL_PEER, to_id, uri, &priv, &attr, PEER_CONNECT_TIMEOUT_MS);
@@ -258,7 +258,7 @@ static const struct rps__dp_ops ops = {
 	.map_deregister = map_deregister,
 	.mem_register = mem_register,
 	.mem_deregister = mem_deregister,
-	.mem_rkey = mem_rkey,
+	.mem_window = mem_window,
 	.port = rps__server_port,
 	.shard_elems = shard_elems,
 	.stats = stats,

@@ -124,7 +124,9 @@ struct rps__dp_ops {
 	/* memory the other servers READ (a shipped partition): register, give up */
 	int (*mem_register)(struct rps__server *srv, void *buf, size_t len, struct rps__mr **mr);
 	void (*mem_deregister)(struct rps__mr *mr);
-	uint32_t (*mem_rkey)(const struct rps__mr *mr);
+	/* the key by which c's peer READs mr: a window of c alone (-EAGAIN:
+	 * no room to bind one now; try again later) */
+	int (*mem_window)(struct conn *c, struct rps__mr *mr, uint32_t *rkey);
 	uint16_t (*port)(const struct rps__server *srv);
 	uint32_t (*shard_elems)(const struct rps__server *srv);
 	void (*stats)(struct rps__server *srv, struct rps__dp_stats *st);

@@ -647,7 +647,7 @@ static int dial(struct rps__server *srv, struct repl_peer *p, bool rev)
 		rps__srv_conn_free(srv, c);
 		return -1;
 	}
-	attr.sq_depth = c->nsend + (rev ? 0 : REPL_SLOTS) + 8;
+	attr.sq_depth = c->nsend + (rev ? 0 : REPL_SLOTS) + 8 + RPS__BIND_RESERVE;
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
 	if (rps__srv_dial(srv, c, rev ? SRV_DIAL_REPL_REV : SRV_DIAL_REPL, p->id, p->uri, &priv, &attr,

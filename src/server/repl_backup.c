@@ -37,13 +37,14 @@ int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c)
 	c->repl_nslots = REPL_SLOTS;
 	c->repl_slot_size = rps__srv_repl_slot_size(srv);
 	srv->repl_active = true;
-	return rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_REMOTE_WRITE, &c->slots_mr);
+	return rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED, &c->slots_mr);
 }
 
 void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
 			    const struct rps__repl_hello *hello)
 {
 	struct rps__repl_hello_rep rep;
+	int ret;
 
 	memset(&rep, 0, sizeof(rep));
 	snprintf(rep.fingerprint, sizeof(rep.fingerprint), "%s", rps__srv_repl_fingerprint(srv));
@@ -61,8 +62,13 @@ void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struc
 		srv->repl_stats.pairings_refused++;
 		return;
 	}
+	/* the primary writes our slots through a window of this stream alone */
+	ret = rps__srv_conn_window(c, c->slots_mr, RPS__ACCESS_REMOTE_WRITE, &rep.slot_rkey);
+	if (ret) {
+		rps__srv_conn_fail(c, rps__errbuf());
+		return;
+	}
 	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;
-	rep.slot_rkey = rps__mr_rkey(c->slots_mr);
 	rep.nslots = c->repl_nslots;
 	rep.slot_size = c->repl_slot_size;
 	c->repl_ready = true;

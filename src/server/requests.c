@@ -82,12 +82,18 @@ static void resume_clocks(const struct rps__server *srv, const struct conn *c, c
 }
 
 /* The reply names the regions of partitions served here, a page at a time
- * (the worker asks again with CREATE.first for the rest). */
+ * (the worker asks again with CREATE.first for the rest), each through a
+ * window of this connection's own: read and atomics for a worker, read
+ * alone for a reader.  A page stops short where the send queue has no
+ * room left to bind (an empty one: the worker asks again shortly). */
 static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_id, struct tensor *t,
 			 bool created, uint32_t first)
 {
+	int access = RPS__ACCESS_REMOTE_READ | (c->key_role == RPS__KEY_READER ? 0 : RPS__ACCESS_REMOTE_ATOMIC);
 	struct rps__create_rep rep;
-	uint32_t p, k = 0;
+	bool cut = false;
+	uint32_t p, k = 0, rkey;
+	int ret;
 
 	memset(&rep, 0, sizeof(rep));
 	rep.spec = t->spec;
@@ -100,12 +106,24 @@ static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_i
 		struct region *r = &t->regions[p];
 		if (!r->mr || !rps__srv_part_serving(srv, p))
 			continue;
-		if (k >= first && rep.nregions < RPS__CREATE_MAX_REGIONS) {
-			struct rps__region_ref *ref = &rep.regions[rep.nregions++];
-			ref->addr = (uint64_t)(uintptr_t)r->mem;
-			ref->rkey = rps__mr_rkey(r->mr);
-			ref->part = (uint16_t)p;
-			ref->epoch = srv->parts[p].epoch;
+		if (k >= first && rep.nregions < RPS__CREATE_MAX_REGIONS && !cut) {
+			struct rps__region_ref *ref = &rep.regions[rep.nregions];
+
+			ret = rps__srv_conn_window(c, r->mr, access, &rkey);
+			if (ret == -EAGAIN) {
+				cut = true;
+			} else if (ret) {
+				rps__log(RPS__LOG_WARN, "tensor '%s' for %s: %s", t->name, rps__ep_peer(c->ep),
+					 rps__errbuf());
+				conn_reply(c, RPS__MSG_CREATE_REP, req_id, ret, NULL, 0);
+				return;
+			} else {
+				ref->addr = (uint64_t)(uintptr_t)r->mem;
+				ref->rkey = rkey;
+				ref->part = (uint16_t)p;
+				ref->epoch = srv->parts[p].epoch;
+				rep.nregions++;
+			}
 		}
 		k++;
 	}
@@ -233,9 +251,22 @@ static void take_over_rank(struct rps__server *srv, struct conn *c)
 static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__hello *h)
 {
 	struct rps__hello_rep rep;
+	uint32_t map_rkey = 0, slot_rkey = 0;
+	int ret = 0;
 
 	if (h->version != RPS__PROTO_VERSION) {
 		conn_reply(c, RPS__MSG_HELLO_REP, req_id, -EPROTO, NULL, 0);
+		return;
+	}
+	/* the map to READ and, but for a reader, the staging slots to WRITE:
+	 * through windows of this connection alone */
+	if (srv->mapbuf_mr)
+		ret = rps__srv_conn_window(c, srv->mapbuf_mr, RPS__ACCESS_REMOTE_READ, &map_rkey);
+	if (!ret && c->slots_mr && c->key_role != RPS__KEY_READER)
+		ret = rps__srv_conn_window(c, c->slots_mr, RPS__ACCESS_REMOTE_WRITE, &slot_rkey);
+	if (ret) {
+		rps__log(RPS__LOG_WARN, "HELLO of %s: %s", rps__ep_peer(c->ep), rps__errbuf());
+		conn_reply(c, RPS__MSG_HELLO_REP, req_id, ret, NULL, 0);
 		return;
 	}
 	c->rank = h->rank;
@@ -250,14 +281,14 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	rep.nthreads = srv->nthreads;
 	rep.member_id = srv->my_id;
 	rep.map_addr = (uint64_t)(uintptr_t)srv->mapbuf;
-	rep.map_rkey = srv->mapbuf_mr ? rps__mr_rkey(srv->mapbuf_mr) : 0;	/* (none: no layer above) */
+	rep.map_rkey = map_rkey;	/* (0: no map, no layer above) */
 	rep.map_len = srv->thread_index ? RPS__PROBE_AREA : RPS__MAP_BUF;	/* (threads.c) */
 	rep.thread_index = srv->thread_index;
 	rep.shard_elems = srv->shard_elems;
 	rep.nslots = srv->cfg.nslots;
 	rep.slot_size = (uint32_t)srv->slot_size;
 	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;
-	rep.slot_rkey = rps__mr_rkey(c->slots_mr);
+	rep.slot_rkey = slot_rkey;	/* (0: a reader pushes nothing) */
 	rep.owner = c->owner;
 	rep.lease_ms = srv->cfg.lease_ms;
 	conn_reply(c, RPS__MSG_HELLO_REP, req_id, 0, &rep, sizeof(rep));

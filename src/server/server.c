@@ -382,6 +382,11 @@ uint16_t rps__server_port(const struct rps__server *srv)
 	return rps__listener_port(srv->listener);
 }
 
+int rps__server_windows(const struct rps__server *srv)
+{
+	return rps__fabric_windows(srv->fab);
+}
+
 const char *rps__server_fabric_name(const struct rps__server *srv)
 {
 	return rps__fabric_name(srv->fab);

@@ -77,6 +77,9 @@ void rps__server_stop(struct rps__server *srv);
 void rps__server_destroy(struct rps__server *srv);
 uint16_t rps__server_port(const struct rps__server *srv);
 const char *rps__server_fabric_name(const struct rps__server *srv);
+/* 1: each connection's remote access goes through memory windows of its
+ * own (rps__fabric_windows); 0: through the regions' keys, process-wide. */
+int rps__server_windows(const struct rps__server *srv);
 /*
  * rdmapsd --threads N (threads.c): N instances, the k-th listening on the
  * first's port + k and serving the partitions p with p % N == k, each run

@@ -38,6 +38,10 @@
 #define WRID_REPL 4u		/* a replication entry (unsignaled: errors only) */
 #define WRID_STEP_DONE 5u	/* a STEP_DONE send (counted in sd_inflight) */
 #define REPL_SLOTS 8u		/* slots of a backup per primary server */
+/* Send-queue slots every connection has beyond its sends, for the memory
+ * windows it is given (a bind is a WR on verbs, retired by the next
+ * signaled completion): CREATE pages stop short rather than use them up. */
+#define RPS__BIND_RESERVE 32u
 #define REPL_MAX 3u		/* replicas a partition waits for: 2 backups + a joiner */
 
 struct conn;
@@ -152,6 +156,12 @@ static inline bool rps__srv_rank_removed(const struct tensor *t, int rank)
 	return t->ranks && rank >= 0 && rank < t->spec.num_workers && t->ranks[rank] == RANK_REMOVED;
 }
 
+struct conn_window {
+	uint64_t serial;	/* rps__mr_serial of the region */
+	int access;
+	uint32_t rkey;
+};
+
 struct conn {
 	struct rps__server *srv;
 	struct rps__ep *ep;
@@ -214,6 +224,10 @@ struct conn {
 	uint64_t auth_deadline_ns;
 	struct rps__conn_priv auth_req, auth_rep;	/* the connect data, both ways */
 	struct srv_auth_dial *auth_dial;	/* we dialed: what checks the answer */
+	/* the memory windows given to this connection (rps__srv_conn_window):
+	 * each region's key is valid on this connection alone */
+	struct conn_window *wins;
+	uint32_t nwins, wins_cap;
 	/* migration READ target (peers) */
 	void *rd_buf;
 	size_t rd_len;
@@ -392,6 +406,11 @@ void rps__srv_conn_fail(struct conn *c, const char *why);
 const char *rps__srv_role_name(const struct conn *c);
 int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out);
 void rps__srv_conn_free(struct rps__server *srv, struct conn *c);
+/* The key by which c's peer reaches mr with `access`: a window bound to
+ * c's endpoint alone (once per region and rights; the window dies with the
+ * connection or the region).  -EAGAIN: c's send queue has no room to bind
+ * one now beyond its replies (ask again after the next reply). */
+int rps__srv_conn_window(struct conn *c, struct rps__mr *mr, int access, uint32_t *rkey);
 /* Close a connection and forget what waits on it (held pushes, waits,
  * barrier, its locks, its rank's sync steps). */
 void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c);

@@ -253,7 +253,8 @@ int rps__srv_region_register(struct rps__server *srv, struct tensor *t, uint32_t
 
 	if (!r->mem || r->mr)
 		return 0;
-	ret = rps__mr_reg(srv->fab, r->mem, r->len, RPS__ACCESS_REMOTE_READ | RPS__ACCESS_REMOTE_ATOMIC, &r->mr);
+	ret = rps__mr_reg(srv->fab, r->mem, r->len, RPS__ACCESS_REMOTE_READ | RPS__ACCESS_REMOTE_ATOMIC |
+			  RPS__ACCESS_WINDOWED, &r->mr);
 	if (ret)
 		rps__srv_region_free(srv, t, part);
 	return ret;

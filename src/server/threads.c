@@ -201,7 +201,8 @@ static int probe_area(struct rps__server *srv)
 
 	if (!buf)
 		return rps__seterr(-ENOMEM, "out of memory");
-	ret = rps__mr_reg(srv->fab, buf, RPS__PROBE_AREA, RPS__ACCESS_REMOTE_READ, &srv->mapbuf_mr);
+	ret = rps__mr_reg(srv->fab, buf, RPS__PROBE_AREA, RPS__ACCESS_REMOTE_READ | RPS__ACCESS_WINDOWED,
+			  &srv->mapbuf_mr);
 	if (ret) {
 		free(buf);
 		return ret;
