@@ -218,6 +218,70 @@ static bool all_zero(const uint8_t *p, size_t n)
 	return true;
 }
 
+/* A raw connection that proves key role/scope (derived from cluster) and
+ * says HELLO, as librdmaps does: 0, or -1. */
+static int raw_worker(struct raw *r, const struct rps__key *cluster, enum rps__key_role role, const char *scope,
+		      struct rps__hello_rep *hr)
+{
+	struct rps__hello hello = { .magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = -1,
+				    .num_workers = 1 };
+	struct rps__key k, proven;
+	struct rps__auth a;
+	struct rps__auth_rep ar;
+	struct rps__auth_transcript tr;
+	struct rps__msg_hdr h;
+	int ok = -1;
+
+	if (rps__key_derive(cluster, role, scope, &k))
+		return -1;
+	if (raw_open(r, RPS__ROLE_WORKER, &k, NULL) == 0 &&
+	    rps__auth_connect(&k, NULL, role, scope, &r->req, &r->rep, rps__ep_local(r->ep), rps__ep_peer(r->ep),
+			      "raw", &a, &tr, &proven) == 0 &&
+	    raw_send(r, RPS__MSG_AUTH, &a, sizeof(a)) == 0 && raw_recv(r, &h, &ar, sizeof(ar), 5000) == 0 &&
+	    h.status == 0 && rps__auth_connect_check(&proven, &tr, &h, &ar, "raw") == 0 &&
+	    raw_send(r, RPS__MSG_HELLO, &hello, sizeof(hello)) == 0 && raw_recv(r, &h, hr, sizeof(*hr), 5000) == 0 &&
+	    h.type == RPS__MSG_HELLO_REP && h.status == 0)
+		ok = 0;
+	rps__key_clear(&k);
+	rps__key_clear(&proven);
+	return ok;
+}
+
+/* CREATE with OPEN_ONLY on a raw connection: the reply's status. */
+static int raw_open_tensor(struct raw *r, const char *name, struct rps__create_rep *rep)
+{
+	struct rps__create m;
+	struct rps__msg_hdr h;
+
+	memset(&m, 0, sizeof(m));
+	snprintf(m.name, sizeof(m.name), "%s", name);
+	m.flags = RPS__CREATE_OPEN_ONLY;
+	if (raw_send(r, RPS__MSG_CREATE, &m, sizeof(m)) || raw_recv(r, &h, rep, sizeof(*rep), 5000))
+		return -EIO;
+	return h.type == RPS__MSG_CREATE_REP ? h.status : -EPROTO;
+}
+
+/* One one-sided op on a raw connection: its completion status, or -1. */
+static int raw_op(struct raw *r, enum rps__op op, uint64_t raddr, uint32_t rkey, uint32_t len)
+{
+	struct rps__wr wr = { .op = op, .flags = RPS__WR_SIGNALED, .raddr = raddr, .rkey = rkey };
+	struct rps__wc wc;
+	int i;
+
+	wr.sge = (struct rps__sge){ .addr = r->buf + 16384, .len = len, .mr = r->mr };
+	if (op == RPS__OP_CAS) {
+		wr.sge.len = 8;
+		wr.compare_add = 0;
+		wr.swap = 1;	/* a lock word made odd: what the attack did */
+	}
+	if (rps__post(r->ep, &wr, 1))
+		return -1;
+	for (i = 0; i < 500; i++)
+		if (rps__cq_wait(r->cq, &wc, 1, 10) == 1 && wc.opcode != RPS__WC_RECV)
+			return (int)wc.status;
+	return -1;
+}
+
 /* ---- tests --------------------------------------------------------------- */
 
 static void up(void);
@@ -402,6 +466,75 @@ static void test_scopes(void)
 	rps_client_close(a);
 }
 
+/* Every key a connection gets works on that connection alone, and only
+ * for what its role does; a saved key dies with its connection. */
+static void test_remote_access(void)
+{
+	rps_client_t *a;
+	rps_tensor_t *ta;
+	struct rps__key c;
+	struct raw r1, r2, rr;
+	struct rps__hello_rep h1, h2, hr;
+	struct rps__create_rep cr, crr;
+	uint64_t raddr, saddr;
+	uint32_t rkey, skey;
+
+	up();
+	derived("a.key", RPS__KEY_WORKER, "jobA/");
+	CU_ASSERT_EQUAL_FATAL(connect_with(kpath("a.key"), &a), 0);
+	CU_ASSERT_EQUAL_FATAL(create_async(a, "jobA/keys", &ta), 0);
+	push_ones_check(ta, 2, 2);
+	CU_ASSERT_EQUAL_FATAL(rps__key_load(getenv("RDMAPS_KEY_FILE"), &c), 0);
+
+	/* two connections of the same worker key: each its own keys */
+	CU_ASSERT_EQUAL_FATAL(raw_worker(&r1, &c, RPS__KEY_WORKER, "jobA/", &h1), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_worker(&r2, &c, RPS__KEY_WORKER, "jobA/", &h2), 0);
+	CU_ASSERT_NOT_EQUAL(h1.slot_rkey, 0u);
+	CU_ASSERT_NOT_EQUAL(h1.slot_rkey, h2.slot_rkey);
+	CU_ASSERT_NOT_EQUAL(h1.map_rkey, h2.map_rkey);
+	CU_ASSERT_EQUAL_FATAL(raw_open_tensor(&r1, "jobA/keys", &cr), 0);
+	CU_ASSERT_FATAL(cr.nregions >= 1);
+	raddr = cr.regions[0].addr;
+	rkey = cr.regions[0].rkey;
+	saddr = h1.slot_addr;
+	skey = h1.slot_rkey;
+	CU_ASSERT_EQUAL(raw_op(&r1, RPS__OP_READ, raddr, rkey, 64), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(raw_op(&r1, RPS__OP_READ, h1.map_addr, h1.map_rkey, 64), RPS__WC_SUCCESS);
+	/* r1's keys on r2: refused, and r2 is done for */
+	CU_ASSERT_EQUAL(raw_op(&r2, RPS__OP_CAS, raddr, rkey, 8), RPS__WC_REM_ACCESS_ERR);
+	raw_close(&r2);
+	CU_ASSERT_EQUAL_FATAL(raw_worker(&r2, &c, RPS__KEY_WORKER, "jobA/", &h2), 0);
+	CU_ASSERT_EQUAL(raw_op(&r2, RPS__OP_WRITE, saddr, skey, 64), RPS__WC_REM_ACCESS_ERR);
+	raw_close(&r2);
+	CU_ASSERT_EQUAL_FATAL(raw_worker(&r2, &c, RPS__KEY_WORKER, "jobA/", &h2), 0);
+	CU_ASSERT_EQUAL(raw_op(&r2, RPS__OP_READ, h1.map_addr, h1.map_rkey, 64), RPS__WC_REM_ACCESS_ERR);
+	raw_close(&r2);
+	/* r1 goes: its saved keys fail on the connection that follows */
+	raw_close(&r1);
+	CU_ASSERT_EQUAL_FATAL(raw_worker(&r2, &c, RPS__KEY_WORKER, "jobA/", &h2), 0);
+	CU_ASSERT_EQUAL(raw_op(&r2, RPS__OP_READ, raddr, rkey, 64), RPS__WC_REM_ACCESS_ERR);
+	raw_close(&r2);
+
+	/* a reader: no key to the staging slots, read-only keys to tensors */
+	CU_ASSERT_EQUAL_FATAL(raw_worker(&rr, &c, RPS__KEY_READER, "jobA/", &hr), 0);
+	CU_ASSERT_EQUAL(hr.slot_rkey, 0u);
+	CU_ASSERT_EQUAL_FATAL(raw_open_tensor(&rr, "jobA/keys", &crr), 0);
+	CU_ASSERT_FATAL(crr.nregions >= 1);
+	CU_ASSERT_EQUAL(raw_op(&rr, RPS__OP_READ, crr.regions[0].addr, crr.regions[0].rkey, 64), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(raw_op(&rr, RPS__OP_CAS, crr.regions[0].addr, crr.regions[0].rkey, 8), RPS__WC_REM_ACCESS_ERR);
+	raw_close(&rr);
+	CU_ASSERT_EQUAL_FATAL(raw_worker(&rr, &c, RPS__KEY_READER, "jobA/", &hr), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_open_tensor(&rr, "jobA/keys", &crr), 0);
+	CU_ASSERT_EQUAL(raw_op(&rr, RPS__OP_WRITE, crr.regions[0].addr, crr.regions[0].rkey, 64), RPS__WC_REM_ACCESS_ERR);
+	raw_close(&rr);
+	rps__key_clear(&c);
+
+	/* nothing of that changed the tensor, and the server serves on */
+	push_ones_check(ta, 1, 3);
+	rps_tensor_close(ta);
+	rps_client_close(a);
+}
+
 static void test_protected(void)
 {
 	char err[4096], out[4096];
@@ -529,6 +662,8 @@ int main(void)
 		  "nothing learnt, the server serves on", test_refused },
 		{ "scopes: job B cannot create, open or push job A's; a reader only pulls; psctl takes admin keys",
 		  test_scopes },
+		{ "remote access: a key works on its connection alone, a reader only reads, a closed "
+		  "connection's keys die", test_remote_access },
 		{ "protected mode: no key beyond loopback refused (rdmapsd, librdmaps, psctl); "
 		  "--insecure starts; a readable key file refused", test_protected },
 		{ "rotation: SIGHUP takes the new key and keeps the old, a second SIGHUP drops it", test_rotation },

@@ -1262,6 +1262,222 @@ static void test_dereg_revokes(void)
 	CU_ASSERT_EQUAL(rps__mr_dereg(mr2), 0);
 }
 
+/* ---- memory windows ------------------------------------------------------ */
+
+#define WIN_LEN 8192
+#define WIN_ALL (RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_REMOTE_READ | RPS__ACCESS_REMOTE_ATOMIC)
+
+static uint8_t *win_mem(void)
+{
+	return srv_mem + (6u << 20);
+}
+
+static struct rps__mr *win_reg(void)
+{
+	struct rps__mr *mr = NULL;
+
+	CU_ASSERT_EQUAL(rps__mr_reg(srv_fab, win_mem(), WIN_LEN, WIN_ALL | RPS__ACCESS_WINDOWED, &mr), 0);
+	return mr;
+}
+
+/* The server binds a window on c's server side and tells the client its key
+ * in a SEND, as rdmapsd does: the bind is ordered before the SEND, so the
+ * key is valid by the time the client has it.  0, or -1. */
+static int window_give(struct conn *c, struct rps__mr *mr, int access, uint32_t *rkey)
+{
+	struct rps__sge rsge = { .addr = cli_mem + CLI_LEN - 64, .len = 64, .mr = cli_mr };
+	struct rps__wr wr;
+	struct rps__wc wc;
+	uint32_t key;
+
+	if (rps__post_recv(c->ep, &rsge, 77))
+		return -1;
+	if (rps__mw_bind(c->sep, mr, access, &key)) {
+		fprintf(stderr, "mw_bind: %s\n", rps__errbuf());
+		return -1;
+	}
+	wr = wr_make(RPS__OP_SEND, RPS__WR_SIGNALED | RPS__WR_INLINE, 78, &key, sizeof(key), NULL, NULL, 0);
+	server_mailbox_reset();	/* (a closed endpoint's flushes may share c->sep's address) */
+	if (post1(c->sep, wr))
+		return -1;
+	/* the client first: on tcp its polls make the progress that ACKs the SEND */
+	if (!cli_wait(c->cq, &wc) || wc.status != RPS__WC_SUCCESS || wc.opcode != RPS__WC_RECV) {
+		fprintf(stderr, "window_give: no RECV at the client (%s)\n", rps__wc_status_str(wc.status));
+		return -1;
+	}
+	rps__cq_flush(c->cq);	/* (tcp holds the ACK for the next poll) */
+	if (!server_wait_wc(c->sep, &wc) || wc.status != RPS__WC_SUCCESS) {
+		fprintf(stderr, "window_give: the server's SEND did not complete\n");
+		return -1;
+	}
+	memcpy(rkey, cli_mem + CLI_LEN - 64, sizeof(*rkey));
+	return 0;
+}
+
+/* A window's key works on its connection and nowhere else; the region's own
+ * key reaches nothing remotely. */
+static void test_window_scoped(void)
+{
+	struct rps__mr *mr = win_reg();
+	uint8_t *mem = win_mem();
+	struct rps__wr wr;
+	struct conn a;
+	uint32_t key;
+	int scoped = rps__fabric_windows(srv_fab);
+
+	CU_ASSERT_FATAL(mr != NULL);
+	if (g_kind == RPS__KIND_TCP)
+		CU_ASSERT_EQUAL(scoped, 1);
+	memset(mem, 0, WIN_LEN);
+	CU_ASSERT_EQUAL_FATAL(conn_open(&a), 0);
+	CU_ASSERT_EQUAL_FATAL(window_give(&a, mr, WIN_ALL, &key), 0);
+
+	/* on its own connection: every right it was given */
+	fill(cli_mem, 4096, 71);
+	CU_ASSERT_EQUAL(run1(&a, wr_make(RPS__OP_WRITE, 0, 1, cli_mem, 4096, cli_mr, mem, key), NULL),
+			RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(mem, cli_mem, 4096) == 0);
+	memset(cli_mem + 4096, 0, 4096);
+	CU_ASSERT_EQUAL(run1(&a, wr_make(RPS__OP_READ, 0, 2, cli_mem + 4096, 4096, cli_mr, mem, key), NULL),
+			RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(cli_mem + 4096, mem, 4096) == 0);
+	memset(mem + 4096, 0, 8);
+	wr = wr_make(RPS__OP_CAS, 0, 3, cli_mem + 8192, 8, cli_mr, mem + 4096, key);
+	wr.compare_add = 0;
+	wr.swap = 0x1234;
+	CU_ASSERT_EQUAL(run1(&a, wr, NULL), RPS__WC_SUCCESS);
+	CU_ASSERT_EQUAL(*(uint64_t *)(mem + 4096), 0x1234u);
+
+	/* the same key on another connection: refused, nothing written */
+	memcpy(cli_mem + 12288, mem, 4096);
+	fill(cli_mem, 64, 72);
+	if (scoped) {
+		CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 4, cli_mem, 64, cli_mr, mem, key)),
+				RPS__WC_REM_ACCESS_ERR);
+		wr = wr_make(RPS__OP_CAS, 0, 5, cli_mem + 8192, 8, cli_mr, mem + 4096, key);
+		wr.compare_add = 0x1234;
+		wr.swap = 1;
+		CU_ASSERT_EQUAL(run_fresh(wr), RPS__WC_REM_ACCESS_ERR);
+		CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_READ, 0, 6, cli_mem + 4096, 64, cli_mr, mem, key)),
+				RPS__WC_REM_ACCESS_ERR);
+		/* nor does the region's own key (a guessed one) */
+		CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_WRITE, 0, 7, cli_mem, 64, cli_mr, mem, rps__mr_rkey(mr))),
+				RPS__WC_REM_ACCESS_ERR);
+		CU_ASSERT(memcmp(mem, cli_mem + 12288, 4096) == 0);
+		CU_ASSERT_EQUAL(*(uint64_t *)(mem + 4096), 0x1234u);
+	} else {
+		/* no type 2 windows: the region's key, on every connection */
+		CU_ASSERT_EQUAL(key, rps__mr_rkey(mr));
+		CU_ASSERT_EQUAL(run_fresh(wr_make(RPS__OP_READ, 0, 6, cli_mem + 4096, 64, cli_mr, mem, key)),
+				RPS__WC_SUCCESS);
+	}
+	conn_close(&a);
+	CU_ASSERT_EQUAL(rps__mr_dereg(mr), 0);
+}
+
+/* A window grants what it was bound with, not what the region has. */
+static void test_window_rights(void)
+{
+	struct rps__mr *mr = win_reg();
+	uint8_t *mem = win_mem();
+	struct rps__wr wr;
+	struct conn a;
+	uint32_t key;
+
+	CU_ASSERT_FATAL(mr != NULL);
+	fill(mem, WIN_LEN, 73);
+	memcpy(cli_mem + 12288, mem, 4096);
+	/* read-only (a reader's tensor): READ works, CAS and WRITE do not */
+	CU_ASSERT_EQUAL_FATAL(conn_open(&a), 0);
+	CU_ASSERT_EQUAL_FATAL(window_give(&a, mr, RPS__ACCESS_REMOTE_READ, &key), 0);
+	memset(cli_mem, 0, 4096);
+	CU_ASSERT_EQUAL(run1(&a, wr_make(RPS__OP_READ, 0, 1, cli_mem, 4096, cli_mr, mem, key), NULL),
+			RPS__WC_SUCCESS);
+	CU_ASSERT(memcmp(cli_mem, mem, 4096) == 0);
+	wr = wr_make(RPS__OP_CAS, 0, 2, cli_mem + 8192, 8, cli_mr, mem, key);
+	wr.compare_add = *(uint64_t *)mem;
+	wr.swap = 0;
+	CU_ASSERT_EQUAL(run1(&a, wr, NULL), RPS__WC_REM_ACCESS_ERR);
+	conn_close(&a);
+	CU_ASSERT_EQUAL_FATAL(conn_open(&a), 0);
+	CU_ASSERT_EQUAL_FATAL(window_give(&a, mr, RPS__ACCESS_REMOTE_READ, &key), 0);
+	fill(cli_mem, 64, 74);
+	CU_ASSERT_EQUAL(run1(&a, wr_make(RPS__OP_WRITE, 0, 3, cli_mem, 64, cli_mr, mem, key), NULL),
+			RPS__WC_REM_ACCESS_ERR);
+	conn_close(&a);
+	CU_ASSERT(memcmp(mem, cli_mem + 12288, 4096) == 0);
+
+	/* the contract's refusals, at bind time */
+	CU_ASSERT_EQUAL_FATAL(conn_open(&a), 0);
+	{
+		uint32_t k2;
+		CU_ASSERT_EQUAL(rps__mw_bind(a.sep, srv_ro_mr, RPS__ACCESS_REMOTE_READ, &k2), -EINVAL);
+		CU_ASSERT_EQUAL(rps__mw_bind(a.sep, mr, 0, &k2), -EINVAL);
+		CU_ASSERT_EQUAL(rps__mw_bind(a.sep, mr, RPS__ACCESS_WINDOWED, &k2), -EINVAL);
+	}
+	conn_close(&a);
+	CU_ASSERT_EQUAL(rps__mr_dereg(mr), 0);
+	{	/* rights the region does not have */
+		struct rps__mr *ro = NULL;
+		uint32_t k3;
+		CU_ASSERT_EQUAL_FATAL(rps__mr_reg(srv_fab, mem, WIN_LEN, RPS__ACCESS_REMOTE_READ | RPS__ACCESS_WINDOWED,
+						  &ro), 0);
+		CU_ASSERT_EQUAL_FATAL(conn_open(&a), 0);
+		CU_ASSERT_EQUAL(rps__mw_bind(a.sep, ro, RPS__ACCESS_REMOTE_WRITE, &k3), -EINVAL);
+		conn_close(&a);
+		CU_ASSERT_EQUAL(rps__mr_dereg(ro), 0);
+	}
+}
+
+/* Deregistering the region takes its windows along (a saved key fails
+ * afterwards, even on its own live connection); closing a connection takes
+ * its windows, and the region stays usable through new ones. */
+static void test_window_revoked(void)
+{
+	struct rps__mr *mr = win_reg();
+	uint8_t *mem = win_mem();
+	struct conn a, b;
+	uint32_t ka, kb;
+	uint64_t old = 0;
+	int i;
+
+	CU_ASSERT_FATAL(mr != NULL);
+	memset(mem, 0, WIN_LEN);
+	/* many connections come and go, each with its window */
+	for (i = 0; i < 20; i++) {
+		CU_ASSERT_EQUAL_FATAL(conn_open(&a), 0);
+		CU_ASSERT_EQUAL_FATAL(window_give(&a, mr, WIN_ALL, &ka), 0);
+		fill(cli_mem, 64, 80 + (unsigned)i);
+		CU_ASSERT_EQUAL(run1(&a, wr_make(RPS__OP_WRITE, 0, 1, cli_mem, 64, cli_mr, mem, ka), NULL),
+				RPS__WC_SUCCESS);
+		CU_ASSERT(memcmp(mem, cli_mem, 64) == 0);
+		conn_close(&a);
+	}
+	/* the local CAS reaches a windowed region (verbs: its own window on
+	 * the loopback QP) */
+	*(uint64_t *)(mem + 64) = 5;
+	CU_ASSERT_EQUAL(rps__local_cas(srv_fab, mr, (uint64_t *)(void *)(mem + 64), 5, 6, &old), 0);
+	CU_ASSERT_EQUAL(old, 5u);
+	CU_ASSERT_EQUAL(*(uint64_t *)(mem + 64), 6u);
+
+	CU_ASSERT_EQUAL_FATAL(conn_open(&a), 0);
+	CU_ASSERT_EQUAL_FATAL(conn_open(&b), 0);
+	CU_ASSERT_EQUAL_FATAL(window_give(&a, mr, WIN_ALL, &ka), 0);
+	CU_ASSERT_EQUAL_FATAL(window_give(&b, mr, WIN_ALL, &kb), 0);
+	if (rps__fabric_windows(srv_fab))
+		CU_ASSERT_NOT_EQUAL(ka, kb);
+	memcpy(cli_mem + 12288, mem, 4096);
+	CU_ASSERT_EQUAL(rps__mr_dereg(mr), 0);
+	fill(cli_mem, 64, 99);
+	CU_ASSERT_EQUAL(run1(&a, wr_make(RPS__OP_WRITE, 0, 2, cli_mem, 64, cli_mr, mem, ka), NULL),
+			RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT_EQUAL(run1(&b, wr_make(RPS__OP_READ, 0, 3, cli_mem + 4096, 64, cli_mr, mem, kb), NULL),
+			RPS__WC_REM_ACCESS_ERR);
+	CU_ASSERT(memcmp(mem, cli_mem + 12288, 4096) == 0);
+	conn_close(&a);
+	conn_close(&b);
+}
+
 static void test_peer_close_flushes(void)
 {
 	struct rps__sge sge;
@@ -1877,6 +2093,9 @@ int main(void)
 		{ "misaligned atomic", test_misaligned_atomic },
 		{ "region without the right", test_missing_rights },
 		{ "dereg revokes remote access", test_dereg_revokes },
+		{ "a memory window works on its connection alone", test_window_scoped },
+		{ "a memory window grants the rights it was bound with", test_window_rights },
+		{ "windows die with their region and their connection", test_window_revoked },
 		{ "peer close flushes posted receives", test_peer_close_flushes },
 		{ "send queue full gives -EAGAIN", test_sq_full },
 		{ "FENCE: a READ is not overtaken by a fenced WRITE", test_fence },
