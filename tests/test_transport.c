@@ -1287,7 +1287,7 @@ static int window_give(struct conn *c, struct rps__mr *mr, int access, uint32_t 
 {
 	struct rps__sge rsge = { .addr = cli_mem + CLI_LEN - 64, .len = 64, .mr = cli_mr };
 	struct rps__wr wr;
-	struct rps__wc wc;
+	struct rps__wc wc = { .status = RPS__WC_GENERAL_ERR };
 	uint32_t key;
 
 	if (rps__post_recv(c->ep, &rsge, 77))
@@ -1297,19 +1297,14 @@ static int window_give(struct conn *c, struct rps__mr *mr, int access, uint32_t 
 		return -1;
 	}
 	wr = wr_make(RPS__OP_SEND, RPS__WR_SIGNALED | RPS__WR_INLINE, 78, &key, sizeof(key), NULL, NULL, 0);
-	server_mailbox_reset();	/* (a closed endpoint's flushes may share c->sep's address) */
 	if (post1(c->sep, wr))
 		return -1;
-	/* the client first: on tcp its polls make the progress that ACKs the SEND */
+	/* (the server's own completion of the SEND is left to the mailbox) */
 	if (!cli_wait(c->cq, &wc) || wc.status != RPS__WC_SUCCESS || wc.opcode != RPS__WC_RECV) {
 		fprintf(stderr, "window_give: no RECV at the client (%s)\n", rps__wc_status_str(wc.status));
 		return -1;
 	}
 	rps__cq_flush(c->cq);	/* (tcp holds the ACK for the next poll) */
-	if (!server_wait_wc(c->sep, &wc) || wc.status != RPS__WC_SUCCESS) {
-		fprintf(stderr, "window_give: the server's SEND did not complete\n");
-		return -1;
-	}
 	memcpy(rkey, cli_mem + CLI_LEN - 64, sizeof(*rkey));
 	return 0;
 }
@@ -1385,6 +1380,11 @@ static void test_window_rights(void)
 	uint32_t key;
 
 	CU_ASSERT_FATAL(mr != NULL);
+	if (!rps__fabric_windows(srv_fab)) {
+		/* no windows: a key has the region's rights (test_missing_rights) */
+		CU_ASSERT_EQUAL(rps__mr_dereg(mr), 0);
+		return;
+	}
 	fill(mem, WIN_LEN, 73);
 	memcpy(cli_mem + 12288, mem, 4096);
 	/* read-only (a reader's tensor): READ works, CAS and WRITE do not */
