@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -157,7 +158,18 @@ def spawn(args) -> int:
             env = {k: v for k, v in os.environ.items() if k not in ALL_LAUNCH_VARS}
             env.update({"RDMAPS_SERVERS": args.servers, rank_var: str(r), size_var: str(args.workers)})
             cmd = [sys.executable, os.path.abspath(__file__), "--worker"] + child_args(args)
-            procs.append(subprocess.Popen(cmd, env=env))
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        # one relay thread per trainer: whole lines, never interleaved
+        lock = threading.Lock()
+
+        def relay(p):
+            for line in p.stdout:
+                with lock:
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+        relays = [threading.Thread(target=relay, args=(p,), daemon=True) for p in procs]
+        for t in relays:
+            t.start()
         rc = 0
         deadline = time.monotonic() + args.job_timeout
         for p in procs:
@@ -171,6 +183,8 @@ def spawn(args) -> int:
                 for q in procs:          # one trainer failed: the others would wait for it
                     if q.poll() is None:
                         q.kill()
+        for t in relays:
+            t.join(10)
         return rc
     finally:
         if servers:
