@@ -8,8 +8,9 @@ and buffer.
 Without --servers it starts one rdmapsd on loopback (TCP).  The C loop
 (bench_loop.c) is compiled here with cc against rdmaps.h and the library
 the package loaded.  Tensors are async with the "sum" optimizer, so a push
-waits for no other worker.  For each size it alternates C and Python
-rounds and reports the median per call, the bandwidth and Python/C.
+waits for no other worker.  For each size it reports the median per call, the bandwidth and Python/C.  The
+samples are paired (a C call, then a Python call, alternating which comes
+first), so a shared machine's load drift hits both sides alike.
 """
 from __future__ import annotations
 
@@ -63,25 +64,30 @@ def main() -> int:
             count = max(1, nbytes // 4)
             t = c.tensor(f"bench/{nbytes}/{os.getpid()}", count, mode="async")
             buf = np.ones(count, np.float32)
-            n = max(5, min(20000, int(2e8 // max(nbytes, 1)) if nbytes > 4096 else 20000))
+            n = 3000 if nbytes <= 4096 else max(20, int(1e9 // nbytes // args.rounds))
             for op in ("push", "pull"):
                 pull = op == "pull"
                 call = (lambda: t.pull(buf)) if pull else (lambda: t.push(buf))
                 for _ in range(max(1, n // 10)):       # warm up
                     call()
+                # paired samples: one C call, then one Python call, n times,
+                # alternating which goes first, so a loaded machine's drift
+                # hits both sides alike; medians of each side
                 cs, ps = [], []
-                for r in range(args.rounds):
-                    for side in ((0, 1) if r % 2 else (1, 0)):     # alternate who goes first
-                        if side:
-                            s = loop.rps_bench_loop(t._h, buf.ctypes.data, buf.nbytes, n, int(pull))
-                            if s < 0:
-                                raise rdmaps.RdmapsError(int(-s), _lib.last_error())
-                            cs.append(s / n)
-                        else:
-                            t0 = time.perf_counter()
-                            for _ in range(n):
-                                call()
-                            ps.append((time.perf_counter() - t0) / n)
+                h, addr, nb, pf = t._h, buf.ctypes.data, buf.nbytes, time.perf_counter
+                for i in range(n * args.rounds):
+                    if i % 2:
+                        t0 = pf()
+                        call()
+                        ps.append(pf() - t0)
+                    s = loop.rps_bench_loop(h, addr, nb, 1, int(pull))
+                    if s < 0:
+                        raise rdmaps.RdmapsError(int(-s), _lib.last_error())
+                    cs.append(s)
+                    if not i % 2:
+                        t0 = pf()
+                        call()
+                        ps.append(pf() - t0)
                 cm, pm = statistics.median(cs), statistics.median(ps)
                 print(f"{op:4} {buf.nbytes:9d} {cm * 1e6:10.2f} {pm * 1e6:10.2f} {buf.nbytes / cm / 1e6:9.1f} "
                       f"{buf.nbytes / pm / 1e6:9.1f} {cm / pm:7.3f} {(pm - cm) * 1e6:8.2f}", flush=True)
