@@ -31,7 +31,9 @@ CLIENT
     RDMAPS_WORLD_SIZE, RANK/WORLD_SIZE (torchrun), SLURM_PROCID/SLURM_NTASKS,
     OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE and PMI_RANK/PMI_SIZE.  With no
     launcher a process is rank 0 of 1.  Client.source names the winner
-    ("caller", "rdmaps", "torchrun", "slurm", "openmpi", "pmi" or "none").
+    ("caller", "rdmaps", "torchrun", "slurm", "openmpi", "pmi" or "none"),
+    and the logger "rdmaps" says it at level DEBUG (the C library never
+    logs).
 
 TENSORS
     Client.tensor(name, count, dtype="f32", mode="sync", staleness=0,
@@ -89,6 +91,7 @@ from __future__ import annotations
 
 import ctypes
 import errno as _errno
+import logging
 import threading
 import weakref
 from typing import Any, Dict, Optional, Union
@@ -98,6 +101,8 @@ from ._lib import ClientOpts, TensorOpts, lib
 
 __all__ = ["Client", "Tensor", "Request", "RdmapsError", "version", "ESTALE_EPOCH", "ELEASE",
            "DTYPES", "MODES", "OPTIMIZERS"]
+
+_log = logging.getLogger("rdmaps")
 
 ESTALE_EPOCH = 10001
 ELEASE = 10002
@@ -470,6 +475,7 @@ class Client:
         self.rank: int = o.rank
         self.world_size: int = o.num_workers
         self.servers: str = o.servers.decode()
+        _log.debug("rank %d of %d from %s; servers %s", self.rank, self.world_size, self.source, self.servers)
         h = ctypes.c_void_p()
         _check(lib.rps_client_connect(ctypes.byref(o), ctypes.byref(h)))
         self._h = h

@@ -276,6 +276,15 @@ def test_client_from_env(servers, monkeypatch):
         assert (c.source, c.rank, c.world_size) == ("none", 0, 1)
 
 
+def test_debug_log_names_the_launcher(servers, monkeypatch, caplog):
+    monkeypatch.setenv("RDMAPS_SERVERS", servers.uris)
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    with caplog.at_level("DEBUG", logger="rdmaps"):
+        rdmaps.Client().close()
+    assert "rank 0 of 1 from slurm" in caplog.text
+
+
 # ---- threads and the GIL ----
 
 def test_threads_push_while_others_pull(client):
