@@ -1,7 +1,8 @@
 #!/bin/sh
 # The Python package's pytest suite (python/tests): the API against two
 # rdmapsd on loopback, the digits example (sync bit-identical to a
-# reference, async and bounded learning, launch paths).  It needs an
+# reference, async and bounded learning, launch paths, srun under a private
+# single-node Slurm where one is installed), rdmaps.torch.  It needs an
 # interpreter with torch, numpy, sklearn and pytest: $RDMAPS_PYTHON if set,
 # else Debian's /usr/bin/python3 (python3-torch and friends install there),
 # else the first python3 on PATH; without one it is skipped (77).
