@@ -1,4 +1,4 @@
-"""rdmaps - Python client of the rdmaps parameter server.
+"""Python client of the rdmaps parameter server (help(rdmaps) is its manual).
 
 SYNOPSIS
     import numpy as np, rdmaps

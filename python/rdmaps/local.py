@@ -1,4 +1,4 @@
-"""rdmaps.local - rdmapsd servers on loopback, for examples and tests.
+"""rdmapsd servers on loopback, for examples and tests.
 
     with rdmaps.local.LocalServers(2) as servers:
         client = rdmaps.Client(servers.uris, rank=0, world_size=1)

@@ -1,4 +1,4 @@
-"""rdmaps.torch - data-parallel PyTorch training on rdmaps servers.
+"""Data-parallel PyTorch training on rdmaps servers.
 
     import rdmaps, rdmaps.torch
     client = rdmaps.Client()                     # servers/rank/world from the launcher
