@@ -129,6 +129,24 @@ void rps_tensor_opts_init_sized(struct rps_tensor_opts *opts, size_t size);
 #define rps_client_opts_init(opts) rps_client_opts_init_sized((opts), sizeof(*(opts)))
 #define rps_tensor_opts_init(opts) rps_tensor_opts_init_sized((opts), sizeof(*(opts)))
 
+/* Fill the members of opts the caller left unset from the environment a
+ * launcher set up, for workers started by torchrun, Slurm, Open MPI or a
+ * PMI launcher.  Unset means: servers NULL, rank < 0, num_workers < 1
+ * (rps_client_opts_init() sets rank 0 and num_workers 1, which are real
+ * values: set them to -1 to ask for the environment's).  servers comes from
+ * RDMAPS_SERVERS (the pointer is getenv()'s); rank and num_workers from the
+ * first launcher with either of its variables set, in this order:
+ * RDMAPS_RANK/RDMAPS_WORLD_SIZE ("rdmaps"), RANK/WORLD_SIZE ("torchrun"),
+ * SLURM_PROCID/SLURM_NTASKS ("slurm"), OMPI_COMM_WORLD_RANK/
+ * OMPI_COMM_WORLD_SIZE ("openmpi"), PMI_RANK/PMI_SIZE ("pmi").  *source
+ * (if source is not NULL) receives that name, "caller" if the caller set
+ * both rank and num_workers, or "none" if no launcher's variables are set
+ * (rank and num_workers are then left as they were).  Returns 0; -EINVAL
+ * for a launcher's variable that is not a number, one of its pair missing,
+ * or a rank not below the world size; -ENOENT when servers is NULL and
+ * RDMAPS_SERVERS is unset.  On failure opts is unchanged. */
+int rps_client_opts_from_env(struct rps_client_opts *opts, const char **source);
+
 /* The library's version, RPS_VERSION_NUMBER of the header it was built
  * with (compare it with this header's to detect a mismatch); *string (if
  * string is not NULL) receives its "MAJOR.MINOR.PATCH". */
