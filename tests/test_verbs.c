@@ -1472,7 +1472,7 @@ static int count_fds(void)
 	return count;
 }
 
-enum fscen { F_OPEN, F_CQ, F_LISTEN, F_CONNECT, F_ACCEPT, F_REJECT, F_LCAS };
+enum fscen { F_OPEN, F_CQ, F_LISTEN, F_CONNECT, F_ACCEPT, F_REJECT, F_LCAS, F_LCASW };
 
 struct fault_case {
 	const char *spec;	/* RPS_VERBS_FAULT */
@@ -1555,7 +1555,7 @@ static int fault_body(const struct fault_case *fc)
 	struct rps__listener *l;
 	struct rps__conn_req *req;
 	struct rps__cq *cq;
-	struct rps__mr *mr;
+	struct rps__mr *mr, *wmr = NULL;
 	struct rps__ep *ep;
 	struct rps__wc wc;
 	struct ibv_context **devs;
@@ -1588,10 +1588,17 @@ static int fault_body(const struct fault_case *fc)
 	STEP(rps__fabric_open(&fa, &fab));
 	if (fc->scen == F_OPEN)
 		goto none;
+	if ((fc->scen == F_LCASW || !strncmp(fc->spec, "ibv_alloc_mw", 12)) && !rps__fabric_windows(fab)) {
+		fprintf(stderr, "    (%s has no memory windows: nothing to fail)\n", rps__fabric_name(fab));
+		return 2;
+	}
 	CHECK((buf = aligned_alloc(4096, 4096)) != NULL);
 	memset(buf, 0, 4096);
-	if (fc->scen == F_LCAS) {
-		STEP(rps__mr_reg(fab, buf, 4096, RPS__ACCESS_REMOTE_ATOMIC, &mr));
+	if (fc->scen == F_LCAS || fc->scen == F_LCASW) {
+		/* (F_LCASW: a windowed region, which the loopback QP reaches
+		 * through a window of its own, where the device has them) */
+		STEP(rps__mr_reg(fab, buf, 4096, RPS__ACCESS_REMOTE_ATOMIC |
+				 (fc->scen == F_LCASW ? RPS__ACCESS_WINDOWED : 0), &mr));
 		STEP(rps__local_cas(fab, mr, buf + 1, 0, 1, &old));
 		CHECK(buf[1] == 1);
 		goto none;
@@ -1610,8 +1617,15 @@ static int fault_body(const struct fault_case *fc)
 		STEP(rps__connect(fab, test_addr(), port, cq, NULL, NULL, 0, 10000, NULL, NULL, &ep));
 		STEP(rps__post_recv(ep, &sge, 1));
 		STEP(rps__post(ep, &wr, 1));
+		if (rps__fabric_windows(fab)) {	/* a window bound on the QP */
+			uint32_t k;
+
+			STEP(rps__mr_reg(fab, buf + 2048, 2048, RPS__ACCESS_REMOTE_READ | RPS__ACCESS_WINDOWED, &wmr));
+			STEP(rps__mw_bind(ep, wmr, RPS__ACCESS_REMOTE_READ, &k));
+		}
 		rps__ep_close(ep);
 		STEP(rps__mr_dereg(mr));
+		rps__mr_dereg(wmr);
 		goto none;
 	}
 	STEP(rps__listen(fab, test_addr(), 0, &l));
@@ -1670,6 +1684,10 @@ static const struct fault_case fault_cases[] = {
 	{ "ibv_query_gid:0", F_LCAS, -EADDRNOTAVAIL, "has no GID", 0 },
 	{ "ibv_post_send:1:12", F_LCAS, -ENOMEM, "local_cas: ibv_post_send: Cannot allocate memory", 1 },
 	{ "ibv_poll_cq", F_LCAS, -EIO, "local_cas: loopback CAS failed: ibv_poll_cq error", 1 },
+	{ "ibv_alloc_mw", F_CONNECT, -ENOMEM, "Cannot allocate memory: the device's memory windows ran out", 1 },
+	{ "ibv_alloc_mw", F_LCASW, -ENOMEM, "local_cas: ibv_alloc_mw: Cannot allocate memory", 1 },
+	{ "ibv_post_send:1:12", F_LCASW, -ENOMEM, "local_cas: ibv_post_send: Cannot allocate memory (window bind)", 1 },
+	{ "ibv_poll_cq", F_LCASW, -EIO, "local_cas: loopback window bind failed: ibv_poll_cq error", 1 },
 	{ "getaddrinfo:2", F_CONNECT, -EHOSTUNREACH, "verbs: cannot resolve host", 0 },
 	{ "rdma_create_event_channel:2", F_CONNECT, -ENOMEM, "is rdma_ucm loaded?", 0 },
 	{ "rdma_create_id:2", F_CONNECT, -ENOMEM, "verbs: rdma_create_id: Cannot allocate memory", 0 },
@@ -1702,7 +1720,7 @@ static const struct fault_case fault_cases[] = {
 
 static void t_faults(void)
 {
-	static const char *names[] = { "open", "cq", "listen", "connect", "accept", "reject", "lcas" };
+	static const char *names[] = { "open", "cq", "listen", "connect", "accept", "reject", "lcas", "lcas, windowed" };
 	unsigned i;
 	int status;
 	pid_t pid;

@@ -540,7 +540,7 @@ static int lcas_post_wait(struct v_fab *f, struct ibv_send_wr *w, const char *wh
 	if (!ret)
 		ret = ibv_post_send(f->lcas_qp, w, &bad);
 	if (ret) {
-		ret = rps__seterr(-ret, "local_cas: ibv_post_send (%s): %s", what, strerror(ret));
+		ret = rps__seterr(-ret, "local_cas: ibv_post_send: %s (%s)", strerror(ret), what);
 		rps__verbs_lcas_teardown(f);
 		return ret;
 	}
