@@ -1297,14 +1297,21 @@ static int window_give(struct conn *c, struct rps__mr *mr, int access, uint32_t 
 		return -1;
 	}
 	wr = wr_make(RPS__OP_SEND, RPS__WR_SIGNALED | RPS__WR_INLINE, 78, &key, sizeof(key), NULL, NULL, 0);
+	server_mailbox_reset();	/* (a closed endpoint's flushes may share c->sep's address) */
 	if (post1(c->sep, wr))
 		return -1;
-	/* (the server's own completion of the SEND is left to the mailbox) */
 	if (!cli_wait(c->cq, &wc) || wc.status != RPS__WC_SUCCESS || wc.opcode != RPS__WC_RECV) {
 		fprintf(stderr, "window_give: no RECV at the client (%s)\n", rps__wc_status_str(wc.status));
 		return -1;
 	}
 	rps__cq_flush(c->cq);	/* (tcp holds the ACK for the next poll) */
+	/* The server's SEND, posted from this thread while a server thread
+	 * polls its CQ, completes there too (verbs once lost such a completion
+	 * when it came before the post had filled its ring slot). */
+	if (!server_wait_wc(c->sep, &wc) || wc.status != RPS__WC_SUCCESS || wc.wr_id != 78) {
+		fprintf(stderr, "window_give: the server's SEND did not complete\n");
+		return -1;
+	}
 	memcpy(rkey, cli_mem + CLI_LEN - 64, sizeof(*rkey));
 	return 0;
 }

@@ -169,19 +169,36 @@ static int build_swr(struct v_ep *ep, const struct rps__wr *u, int i, int n, uin
 	return 0;
 }
 
-/* Commit the ring for the first `posted` WRs, which the device took. */
-static void commit_sring(struct v_ep *ep, const struct rps__wr *wr, int posted)
+/* The ring slots of the n WRs about to be posted, written before they are:
+ * another thread polling the CQ may see a WR's completion before
+ * ibv_post_send() has even returned here, and rps__verbs_translate() reads
+ * the slot to know whose it is and whether the caller asked for it (a slot
+ * written after would be read stale, and a signaled completion swallowed as
+ * one of ours).  Slots past what the device takes are never read.
+ * sq_lock held. */
+static void fill_sring(struct v_ep *ep, const struct rps__wr *wr, int n)
 {
 	uint64_t seq;
 	int i;
 
-	for (i = 0; i < posted; i++) {
+	for (i = 0; i < n; i++) {
 		seq = ep->sq_head + (uint64_t)i;
 		ep->sring[seq % ep->sq_depth] = (struct v_sslot){
 			.wr_id = wr[i].wr_id, .op = (uint8_t)wr[i].op,
 			.user_sig = (wr[i].flags & RPS__WR_SIGNALED) ? 1 : 0,
 			.force = ((wr[i].op == RPS__OP_CAS || wr[i].op == RPS__OP_FADD) && (wr[i].raddr & 7)) ?
 				 RPS__WC_REM_ACCESS_ERR : 0 };
+	}
+}
+
+/* Commit the ring for the first `posted` WRs, which the device took. */
+static void commit_sring(struct v_ep *ep, int posted)
+{
+	uint64_t seq;
+	int i;
+
+	for (i = 0; i < posted; i++) {
+		seq = ep->sq_head + (uint64_t)i;
 		if (ep->swr[i].send_flags & IBV_SEND_SIGNALED) {
 			ep->sig_end = seq + 1;
 			ep->unsig = 0;
@@ -222,6 +239,7 @@ int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
 			goto err_unlock;
 	}
 
+	fill_sring(ep, wr, n);
 	bad = ep->swr;
 	ret = v_fault("ibv_post_send");
 	if (!ret)
@@ -230,7 +248,7 @@ int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
 	 * whose doorbell failed names none (rxe: NULL): count none taken,
 	 * the endpoint is failed by its caller anyway */
 	posted = !ret ? n : (bad >= ep->swr && bad < ep->swr + n) ? (int)(bad - ep->swr) : 0;
-	commit_sring(ep, wr, posted);
+	commit_sring(ep, posted);
 	pthread_mutex_unlock(&ep->sq_lock);
 	if (ret)
 		return rps__seterr(-ret, "ibv_post_send(%s): %s (%d of %d WRs posted)", ep->base.peer, strerror(ret), posted, n);
@@ -306,11 +324,12 @@ int rps__verbs_mw_bind(struct rps__ep *bep, struct rps__mr *bmr, int access, uin
 	w.bind_mw.bind_info.mw_access_flags = v_mw_access(access);
 	if (ep->unsig + 1 >= ep->sig_every)
 		w.send_flags = IBV_SEND_SIGNALED;
+	/* (the slot first: see fill_sring) */
+	ep->sring[seq % ep->sq_depth] = (struct v_sslot){ .wr_id = 0, .op = V_OP_NOP, .user_sig = 0 };
 	ret = v_fault("ibv_post_send");
 	if (!ret)
 		ret = ibv_post_send(ep->qp, &w, &bad);
 	if (!ret) {
-		ep->sring[seq % ep->sq_depth] = (struct v_sslot){ .wr_id = 0, .op = V_OP_NOP, .user_sig = 0 };
 		ep->sq_head++;
 		if (w.send_flags & IBV_SEND_SIGNALED) {
 			ep->sig_end = ep->sq_head;
