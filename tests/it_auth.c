@@ -220,11 +220,11 @@ static bool all_zero(const uint8_t *p, size_t n)
 
 /* A raw connection that proves key role/scope (derived from cluster) and
  * says HELLO, as librdmaps does: 0, or -1. */
-static int raw_worker(struct raw *r, const struct rps__key *cluster, enum rps__key_role role, const char *scope,
-		      struct rps__hello_rep *hr)
+static int raw_worker_as(struct raw *r, const struct rps__key *cluster, enum rps__key_role role, const char *scope,
+			 int rank, int num_workers, uint32_t flags, struct rps__hello_rep *hr)
 {
-	struct rps__hello hello = { .magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = -1,
-				    .num_workers = 1 };
+	struct rps__hello hello = { .magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = rank,
+				    .num_workers = num_workers, .flags = flags };
 	struct rps__key k, proven;
 	struct rps__auth a;
 	struct rps__auth_rep ar;
@@ -245,6 +245,36 @@ static int raw_worker(struct raw *r, const struct rps__key *cluster, enum rps__k
 	rps__key_clear(&k);
 	rps__key_clear(&proven);
 	return ok;
+}
+
+static int raw_worker(struct raw *r, const struct rps__key *cluster, enum rps__key_role role, const char *scope,
+		      struct rps__hello_rep *hr)
+{
+	return raw_worker_as(r, cluster, role, scope, -1, 1, 0, hr);
+}
+
+static int raw_open_tensor(struct raw *r, const char *name, struct rps__create_rep *rep);
+
+/* Alive: a request on it is answered (an OPEN of a name it may open). */
+static bool raw_alive(struct raw *r, const char *name)
+{
+	struct rps__create_rep rep;
+	int ret = raw_open_tensor(r, name, &rep);
+
+	return ret == 0 || ret == -ENOENT;
+}
+
+/* A message of type `type` within ms: its status, or 1 (dropped), -1 (none). */
+static int raw_expect(struct raw *r, unsigned type, void *body, size_t cap, int ms)
+{
+	struct rps__msg_hdr h;
+	char tmp[512];
+	int ret;
+
+	while ((ret = raw_recv(r, &h, body ? body : tmp, body ? cap : sizeof(tmp), ms)) == 0)
+		if (h.type == type)
+			return h.status;
+	return ret;
 }
 
 /* CREATE with OPEN_ONLY on a raw connection: the reply's status. */
@@ -466,6 +496,92 @@ static void test_scopes(void)
 	rps_client_close(a);
 }
 
+/* Scopes do not leak through ranks, barriers or waits (issue 30 item 10):
+ * a job B key's takeover spares job A's rank, a reader's takes over
+ * nothing; a job B worker's barrier arrival does not release job A's, a
+ * reader arrives at none; WAIT on a job A tensor id from job B is
+ * refused (-EACCES), as an id that does not exist is. */
+static void test_scope_leaks(void)
+{
+	rps_client_t *a;
+	rps_tensor_t *ta;
+	struct rps__key c;
+	struct raw a0, a1, b0, rb, ra, bw;
+	struct rps__hello_rep hr;
+	struct rps__create_rep cr;
+	struct rps__wait w;
+	struct rps__wait_rep wr;
+	struct rps__barrier bar = { 0 };
+
+	up();
+	derived("a.key", RPS__KEY_WORKER, "jobA/");
+	CU_ASSERT_EQUAL_FATAL(connect_with(kpath("a.key"), &a), 0);
+	CU_ASSERT_EQUAL_FATAL(create_async(a, "jobA/leak", &ta), 0);
+	push_ones_check(ta, 2, 2);
+	CU_ASSERT_EQUAL_FATAL(rps__key_load(getenv("RDMAPS_KEY_FILE"), &c), 0);
+
+	/* takeover: job A's rank 1 survives job B's and any reader's takeover of rank 1 (the
+	 * library's connection above is job A's rank 0) */
+	CU_ASSERT_EQUAL_FATAL(raw_worker_as(&a0, &c, RPS__KEY_WORKER, "jobA/", 1, 2, 0, &hr), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_worker_as(&rb, &c, RPS__KEY_READER, "jobB/", 1, 2, RPS__HELLO_TAKEOVER, &hr), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_worker_as(&b0, &c, RPS__KEY_WORKER, "jobB/", 1, 2, RPS__HELLO_TAKEOVER, &hr), 0);
+	CU_ASSERT_EQUAL_FATAL(raw_worker_as(&ra, &c, RPS__KEY_READER, "jobA/", 1, 2, RPS__HELLO_TAKEOVER, &hr), 0);
+	CU_ASSERT(raw_alive(&a0, "jobA/leak"));
+	CU_ASSERT(raw_alive(&b0, "jobB/none"));
+	/* ... and the reader of job A is no rank of job A's to take over either */
+	CU_ASSERT_EQUAL_FATAL(raw_worker_as(&a1, &c, RPS__KEY_WORKER, "jobA/", 1, 2, RPS__HELLO_TAKEOVER, &hr), 0);
+	CU_ASSERT(raw_dropped(&a0, 5000));	/* (a takeover within job A still works) */
+	CU_ASSERT(raw_alive(&ra, "jobA/leak"));
+	CU_ASSERT(raw_alive(&b0, "jobB/none"));
+	raw_close(&a0);
+	raw_close(&a1);
+	raw_close(&ra);
+
+	/* barrier: job A's two ranks; job B's worker and reader arrive first */
+	CU_ASSERT_EQUAL_FATAL(raw_worker_as(&a0, &c, RPS__KEY_WORKER, "jobA/", 0, 2, 0, &hr), 0);
+	CU_ASSERT_EQUAL(raw_send(&a0, RPS__MSG_BARRIER, &bar, sizeof(bar)), 0);
+	CU_ASSERT_EQUAL(raw_send(&rb, RPS__MSG_BARRIER, &bar, sizeof(bar)), 0);
+	CU_ASSERT_EQUAL(raw_expect(&rb, RPS__MSG_BARRIER_REP, NULL, 0, 5000), -EPERM);
+	CU_ASSERT_EQUAL(raw_send(&b0, RPS__MSG_BARRIER, &bar, sizeof(bar)), 0);
+	CU_ASSERT_EQUAL(raw_expect(&a0, RPS__MSG_BARRIER_REP, NULL, 0, 1000), -1);	/* not released */
+	CU_ASSERT_EQUAL(raw_expect(&b0, RPS__MSG_BARRIER_REP, NULL, 0, 100), -1);
+	CU_ASSERT_EQUAL_FATAL(raw_worker_as(&a1, &c, RPS__KEY_WORKER, "jobA/", 1, 2, 0, &hr), 0);
+	CU_ASSERT_EQUAL(raw_send(&a1, RPS__MSG_BARRIER, &bar, sizeof(bar)), 0);
+	CU_ASSERT_EQUAL(raw_expect(&a0, RPS__MSG_BARRIER_REP, NULL, 0, 5000), 0);
+	CU_ASSERT_EQUAL(raw_expect(&a1, RPS__MSG_BARRIER_REP, NULL, 0, 5000), 0);
+	CU_ASSERT_EQUAL(raw_expect(&b0, RPS__MSG_BARRIER_REP, NULL, 0, 500), -1);	/* job B still waits */
+
+	/* WAIT: job A's tensor id from job B (worker or reader), refused as an unknown id is */
+	CU_ASSERT_EQUAL_FATAL(raw_open_tensor(&a0, "jobA/leak", &cr), 0);
+	memset(&w, 0, sizeof(w));
+	w.tensor_id = cr.tensor_id;
+	CU_ASSERT_EQUAL(raw_send(&a0, RPS__MSG_WAIT, &w, sizeof(w)), 0);
+	memset(&wr, 0, sizeof(wr));
+	CU_ASSERT_EQUAL(raw_expect(&a0, RPS__MSG_WAIT_REP, &wr, sizeof(wr), 5000), 0);
+	CU_ASSERT_EQUAL(wr.version, 2u);
+	CU_ASSERT_EQUAL_FATAL(raw_worker_as(&bw, &c, RPS__KEY_WORKER, "jobB/", 3, 4, 0, &hr), 0);
+	CU_ASSERT_EQUAL(raw_send(&bw, RPS__MSG_WAIT, &w, sizeof(w)), 0);
+	memset(&wr, 0, sizeof(wr));
+	CU_ASSERT_EQUAL(raw_expect(&bw, RPS__MSG_WAIT_REP, &wr, sizeof(wr), 5000), -EACCES);
+	CU_ASSERT_EQUAL(wr.version, 0u);	/* nothing told */
+	CU_ASSERT_EQUAL(raw_send(&rb, RPS__MSG_WAIT, &w, sizeof(w)), 0);
+	CU_ASSERT_EQUAL(raw_expect(&rb, RPS__MSG_WAIT_REP, NULL, 0, 5000), -EACCES);
+	w.tensor_id = cr.tensor_id + 1000;
+	CU_ASSERT_EQUAL(raw_send(&bw, RPS__MSG_WAIT, &w, sizeof(w)), 0);
+	CU_ASSERT_EQUAL(raw_expect(&bw, RPS__MSG_WAIT_REP, NULL, 0, 5000), -EACCES);
+	raw_close(&bw);
+	raw_close(&a0);
+	raw_close(&a1);
+	raw_close(&b0);
+	raw_close(&rb);
+	rps__key_clear(&c);
+
+	/* and job A's tensor is as it was */
+	push_ones_check(ta, 1, 3);
+	rps_tensor_close(ta);
+	rps_client_close(a);
+}
+
 /* Every key a connection gets works on that connection alone, and only
  * for what its role does; a saved key dies with its connection. */
 static void test_remote_access(void)
@@ -662,6 +778,8 @@ int main(void)
 		  "nothing learnt, the server serves on", test_refused },
 		{ "scopes: job B cannot create, open or push job A's; a reader only pulls; psctl takes admin keys",
 		  test_scopes },
+		{ "scope leaks: another job's or a reader's takeover, barrier arrival and WAIT refused or "
+		  "confined to its job", test_scope_leaks },
 		{ "remote access: a key works on its connection alone, a reader only reads, a closed "
 		  "connection's keys die", test_remote_access },
 		{ "protected mode: no key beyond loopback refused (rdmapsd, librdmaps, psctl); "

@@ -194,3 +194,8 @@ bool rps__srv_scope_allows(const struct conn *c, const char *name)
 		return true;
 	return !strncmp(name, c->scope, strnlen(c->scope, sizeof(c->scope)));
 }
+
+bool rps__srv_same_scope(const struct conn *a, const struct conn *b)
+{
+	return !strncmp(a->scope, b->scope, sizeof(a->scope));
+}

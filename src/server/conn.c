@@ -309,14 +309,11 @@ void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c)
 		else
 			i++;
 	}
-	for (i = 0; i < srv->barrier.n;) {
-		if (srv->barrier.conn[i] == c) {
-			srv->barrier.n--;
-			srv->barrier.conn[i] = srv->barrier.conn[srv->barrier.n];
-			srv->barrier.req_id[i] = srv->barrier.req_id[srv->barrier.n];
-		} else {
+	for (i = 0; i < srv->narrivals;) {
+		if (srv->arrivals[i].conn == c)
+			srv->arrivals[i] = srv->arrivals[--srv->narrivals];
+		else
 			i++;
-		}
 	}
 	/* A creator that vanished before sending initial values: the shards
 	 * stay unreadable, so say so rather than publish zeros. */

@@ -491,8 +491,7 @@ void rps__server_destroy(struct rps__server *srv)
 	rps__srv_park_pool_trim(srv, SIZE_MAX);
 	free(srv->park_pool);
 	free(srv->waiters);
-	free(srv->barrier.conn);
-	free(srv->barrier.req_id);
+	free(srv->arrivals);
 	rps__cq_destroy(srv->cq);
 	rps__fabric_close(srv->fab);
 	rps__topo_close(srv->topo);	/* after every rps__topo_free */

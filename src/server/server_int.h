@@ -312,13 +312,14 @@ struct rps__server {
 	uint64_t sync_parked;		/* ... and copied aside (park) */
 	struct waiter *waiters;
 	uint32_t nwaiters, waiters_cap;
-	/* barrier */
-	struct {
-		struct conn **conn;
-		uint64_t *req_id;
-		uint32_t n, cap;
+	/* barrier arrivals (requests.c): one barrier per key scope, each
+	 * released when as many of its scope arrived as its first said */
+	struct srv_arrival {
+		struct conn *conn;
+		uint64_t req_id;
 		int need;
-	} barrier;
+	} *arrivals;
+	uint32_t narrivals, arrivals_cap;
 	size_t mem_used;
 	size_t mem_group;		/* the first instance: every instance's mem_used (threads) */
 	uint8_t owner_used[RPS__LOCK_OWNER_MAX + 1];
@@ -434,6 +435,8 @@ void rps__srv_log_refusal(struct rps__server *srv, const struct conn *c, const c
 void rps__srv_conn_authed(struct rps__server *srv, struct conn *c);
 /* A tensor name a connection's scope covers (every name: no key here). */
 bool rps__srv_scope_allows(const struct conn *c, const char *name);
+/* Two connections of the same job: the same key scope (both "": no key). */
+bool rps__srv_same_scope(const struct conn *a, const struct conn *b);
 
 /* push.c */
 /* A push landed in (c, slot): consume, park or hold it. */
