@@ -39,6 +39,7 @@
 
 static struct it_cluster clu;
 static bool clu_up;
+static int raw_server;	/* which server raw connections go to */
 static char kdir[64];
 
 static const char *kpath(const char *name)
@@ -137,7 +138,7 @@ static int raw_open(struct raw *r, unsigned role, const struct rps__key *k, cons
 	    (ret = rps__mr_reg(r->fab, r->buf, 65536, RPS__ACCESS_LOCAL, &r->mr)))
 		return ret;
 	memset(reply, 0, sizeof(reply));
-	ret = rps__connect(r->fab, clu.addr, clu.port[0], r->cq, &ea, &r->req, sizeof(r->req), 5000, reply,
+	ret = rps__connect(r->fab, clu.addr, clu.port[raw_server], r->cq, &ea, &r->req, sizeof(r->req), 5000, reply,
 			   &reply_len, &r->ep);
 	if (ret)
 		return ret;
@@ -750,6 +751,41 @@ static void test_preauth_slots(void)
 	rps__key_clear(&c);
 }
 
+/* A worker that finds a member full is told so by the ops that need it,
+ * not "is rdmapsd running there?" (issue 32). */
+static void test_member_full(void)
+{
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	struct rps__key c;
+	struct rps__hello_rep hr;
+	struct raw r;
+	int ret;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&clu, 2, SERVER_ARGS " --max-connections 1"), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(rps__key_load(getenv("RDMAPS_KEY_FILE"), &c), 0);
+	raw_server = 1;		/* the second server's one place taken */
+	CU_ASSERT_EQUAL_FATAL(raw_worker(&r, &c, RPS__KEY_WORKER, "", &hr), 0);
+	raw_server = 0;
+	CU_ASSERT_EQUAL_FATAL(connect_with(NULL, &cl), 0);
+	/* (the create is done where it can be; the push needs every shard) */
+	ret = create_async(cl, "full/t", &t);
+	if (!ret) {
+		static float g[COUNT];
+		ret = rps_push(t, g, sizeof(g));
+		rps_tensor_close(t);
+	}
+	CU_ASSERT_EQUAL(ret, -ECONNREFUSED);
+	if (!strstr(rps_last_error(), "server full"))
+		fprintf(stderr, "\n  the worker was told: %s\n", rps_last_error());
+	CU_ASSERT(strstr(rps_last_error(), "server full: raise rdmapsd --max-connections") != NULL);
+	CU_ASSERT(strstr(rps_last_error(), "is rdmapsd running there") == NULL);
+	rps_client_close(cl);
+	raw_close(&r);
+	rps__key_clear(&c);
+}
+
 /* Unauthenticated peer connections are capped (64 waiting per address:
  * the oldest go) and hold no big buffers: 300 of them cost the server a
  * few MiB, not 2 MiB each (600 MiB before). */
@@ -985,6 +1021,7 @@ int main(void)
 		  test_scopes },
 		{ "pre-authentication: silent sockets keep no worker or admin out and go after 3 s; "
 		  "then 'server full' says so", test_preauth_slots },
+		{ "a member full: the worker's op says 'server full'", test_member_full },
 		{ "pre-authentication: unauthenticated peers capped per address, no big buffers before AUTH",
 		  test_preauth_peers },
 		{ "scope leaks: another job's or a reader's takeover, barrier arrival and WAIT refused or "
