@@ -39,7 +39,8 @@
 
 static struct it_cluster clu;
 static bool clu_up;
-static int raw_server;	/* which server raw connections go to */
+static int raw_server;	/* which server raw connections go to ... */
+static unsigned raw_thread;	/* ... and which of its serving threads */
 static char kdir[64];
 
 static const char *kpath(const char *name)
@@ -138,7 +139,7 @@ static int raw_open(struct raw *r, unsigned role, const struct rps__key *k, cons
 	    (ret = rps__mr_reg(r->fab, r->buf, 65536, RPS__ACCESS_LOCAL, &r->mr)))
 		return ret;
 	memset(reply, 0, sizeof(reply));
-	ret = rps__connect(r->fab, clu.addr, clu.port[raw_server], r->cq, &ea, &r->req, sizeof(r->req), 5000, reply,
+	ret = rps__connect(r->fab, clu.addr, (uint16_t)(clu.port[raw_server] + raw_thread), r->cq, &ea, &r->req, sizeof(r->req), 5000, reply,
 			   &reply_len, &r->ep);
 	if (ret)
 		return ret;
@@ -617,6 +618,8 @@ static void test_scope_leaks(void)
 	struct rps__wait w;
 	struct rps__wait_rep wr;
 	struct rps__barrier bar = { 0 };
+	uint32_t sh;
+	int st;
 
 	up();
 	derived("a.key", RPS__KEY_WORKER, "jobA/");
@@ -660,9 +663,13 @@ static void test_scope_leaks(void)
 	CU_ASSERT_EQUAL_FATAL(raw_open_tensor(&a0, "jobA/leak", &cr), 0);
 	memset(&w, 0, sizeof(w));
 	w.tensor_id = cr.tensor_id;
-	CU_ASSERT_EQUAL(raw_send(&a0, RPS__MSG_WAIT, &w, sizeof(w)), 0);
-	memset(&wr, 0, sizeof(wr));
-	CU_ASSERT_EQUAL(raw_expect(&a0, RPS__MSG_WAIT_REP, &wr, sizeof(wr), 5000), 0);
+	for (sh = 0, st = -1; sh < 3 && st; sh++) {	/* a shard this server (thread) serves */
+		w.shard = sh;
+		memset(&wr, 0, sizeof(wr));
+		CU_ASSERT_EQUAL(raw_send(&a0, RPS__MSG_WAIT, &w, sizeof(w)), 0);
+		st = raw_expect(&a0, RPS__MSG_WAIT_REP, &wr, sizeof(wr), 5000);
+	}
+	CU_ASSERT_EQUAL(st, 0);
 	CU_ASSERT_EQUAL(wr.version, 2u);
 	CU_ASSERT_EQUAL_FATAL(raw_worker_as(&bw, &c, RPS__KEY_WORKER, "jobB/", 3, 4, 0, &hr), 0);
 	CU_ASSERT_EQUAL(raw_send(&bw, RPS__MSG_WAIT, &w, sizeof(w)), 0);
@@ -759,15 +766,20 @@ static void test_member_full(void)
 	rps_tensor_t *t;
 	struct rps__key c;
 	struct rps__hello_rep hr;
-	struct raw r;
+	struct raw r[16];
+	unsigned k;
 	int ret;
 
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&clu, 2, SERVER_ARGS " --max-connections 1"), 0);
 	clu_up = true;
 	CU_ASSERT_EQUAL_FATAL(rps__key_load(getenv("RDMAPS_KEY_FILE"), &c), 0);
-	raw_server = 1;		/* the second server's one place taken */
-	CU_ASSERT_EQUAL_FATAL(raw_worker(&r, &c, RPS__KEY_WORKER, "", &hr), 0);
+	raw_server = 1;		/* the second server's one place taken, on each thread */
+	for (k = 0; k < it_threads(); k++) {
+		raw_thread = k;
+		CU_ASSERT_EQUAL_FATAL(raw_worker(&r[k], &c, RPS__KEY_WORKER, "", &hr), 0);
+	}
 	raw_server = 0;
+	raw_thread = 0;
 	CU_ASSERT_EQUAL_FATAL(connect_with(NULL, &cl), 0);
 	/* (the create is done where it can be; the push needs every shard) */
 	ret = create_async(cl, "full/t", &t);
@@ -782,7 +794,8 @@ static void test_member_full(void)
 	CU_ASSERT(strstr(rps_last_error(), "server full: raise rdmapsd --max-connections") != NULL);
 	CU_ASSERT(strstr(rps_last_error(), "is rdmapsd running there") == NULL);
 	rps_client_close(cl);
-	raw_close(&r);
+	for (k = 0; k < it_threads(); k++)
+		raw_close(&r[k]);
 	rps__key_clear(&c);
 }
 
