@@ -1,7 +1,9 @@
 /*
  * conn.c - the server's connections: accepting workers, peers and psctl,
  * their staging slots and message buffers (counted against
- * --memory-limit), sending replies on them, and tearing one down with
+ * --memory-limit; with a key, given only once the connection
+ * authenticated, and only then counted against --max-connections or the
+ * admin slots), sending replies on them, and tearing one down with
  * everything that waited on it.
  */
 #include "config.h"
