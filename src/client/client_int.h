@@ -156,6 +156,7 @@ struct conn {
 	struct rps__ep *ep;
 	bool dead;
 	int err;
+	char refused[256];	/* err -ECONNREFUSED: the line saying why ("server full: ..."), for its ops */
 	uint64_t lost_ns;	/* when an established connection was lost (0: never) */
 	uint64_t busy_ns;	/* when its active list last became non-empty */
 	uint64_t wc_ns;		/* its last successful completion */

@@ -368,7 +368,11 @@ static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member
 		ret = rps__conn_setup(cl, &cl->conns[k], &u, k);
 	}
 	if (ret) {
+		char why[sizeof(cl->conns[k].refused)];
+		/* the server's reason, for the ops that fail for want of it */
+		snprintf(why, sizeof(why), "%s", ret == -ECONNREFUSED && k == cl->nservers ? rps__errbuf() : "");
 		rps__conn_free(&cl->conns[k]);
+		memcpy(cl->conns[k].refused, why, sizeof(why));
 		cl->conns[k].cl = cl;
 		cl->conns[k].index = k;
 		cl->conns[k].dead = true;

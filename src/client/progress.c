@@ -87,7 +87,10 @@ void rps__req_part_done_at(struct rps_request *r, int status, const struct conn 
 {
 	if (status && !r->status) {
 		r->status = status;
-		snprintf(r->msg, sizeof(r->msg), "%s: %s", c ? c->name : "rdmaps", rps__status_text(status));
+		if (c && status == -ECONNREFUSED && c->err == status && c->refused[0])
+			snprintf(r->msg, sizeof(r->msg), "%s", c->refused);	/* what the server said */
+		else
+			snprintf(r->msg, sizeof(r->msg), "%s: %s", c ? c->name : "rdmaps", rps__status_text(status));
 	}
 	if (--r->remaining == 0)
 		rps__req_finish(r);

@@ -625,6 +625,9 @@ int rps__auth_connect(const struct rps__key *cur, const struct rps__key *prev, e
 int rps__auth_connect_check(const struct rps__key *proven, const struct rps__auth_transcript *t,
 			    const struct rps__msg_hdr *h, const struct rps__auth_rep *rep, const char *who)
 {
+	if (h->status == -ECONNREFUSED)	/* the key held, but no room (server full, memory) */
+		return rps__seterr(-ECONNREFUSED, "%s refused the connection: %.*s", who, (int)sizeof(rep->why),
+				   rep->why[0] ? rep->why : "no room");
 	if (h->status < 0)
 		return rps__seterr(h->status == -EPERM ? -EPERM : -EACCES, "%s refused the key: %s", who,
 				   rep->why[0] ? rep->why : "authentication failed");

@@ -53,7 +53,7 @@ void rps__srv_auth_accepted(struct rps__server *srv, struct conn *c, const struc
 	c->authed = false;
 	c->auth_req = *req;
 	c->auth_rep = *rep;
-	c->auth_deadline_ns = rps__now_ns() + RPS__AUTH_TIMEOUT_MS * 1000000ull;
+	c->auth_deadline_ns = rps__now_ns() + RPS__PREAUTH_TIMEOUT_MS * 1000000ull;
 }
 
 /* A dial connected: prove ourselves.  The dial stays in the table until
@@ -106,6 +106,7 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const str
 	struct rps__auth_rep rep;
 	enum rps__key_role role = RPS__KEY_NONE;
 	char scope[RPS__SCOPE_MAX];
+	const char *why = NULL;
 	int ret;
 
 	if (c->auth_refused)
@@ -147,7 +148,21 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const str
 	}
 	ret = rps__auth_accept(srv->cfg.keys, &c->auth_req, &c->auth_rep, body, rps__ep_local(c->ep),
 			       rps__ep_peer(c->ep), &rep, &role, scope);
+	if (!ret && (why = rps__srv_conn_over_budget(srv, c))) {
+		/* it counts from now on: the budget is asked again (the
+		 * accept's answer is old, others may have authenticated since) */
+		ret = -ECONNREFUSED;
+	} else if (!ret && rps__srv_conn_grow(srv, c)) {
+		/* (body is read no more: its buffer went with the small ones) */
+		rps__log(RPS__LOG_WARN, "%s %s: %s", rps__srv_role_name(c), rps__ep_peer(c->ep), rps__errbuf());
+		why = "server out of memory: raise rdmapsd --memory-limit";
+		ret = -ECONNREFUSED;
+	}
 	if (ret) {
+		if (why) {
+			memset(&rep, 0, sizeof(rep));	/* no proof of ours with it */
+			snprintf(rep.why, sizeof(rep.why), "%s", why);
+		}
 		rps__srv_log_refusal(srv, c, rep.why);
 		rps__srv_conn_reply(c, RPS__MSG_AUTH_REP, h->req_id, ret, &rep, sizeof(rep));
 		c->auth_refused = true;	/* the refusal leaves, then the connection goes */
@@ -193,4 +208,9 @@ bool rps__srv_scope_allows(const struct conn *c, const char *name)
 	if (!c->srv->cfg.keys)
 		return true;
 	return !strncmp(name, c->scope, strnlen(c->scope, sizeof(c->scope)));
+}
+
+bool rps__srv_same_scope(const struct conn *a, const struct conn *b)
+{
+	return !strncmp(a->scope, b->scope, sizeof(a->scope));
 }

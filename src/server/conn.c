@@ -1,7 +1,9 @@
 /*
  * conn.c - the server's connections: accepting workers, peers and psctl,
  * their staging slots and message buffers (counted against
- * --memory-limit), sending replies on them, and tearing one down with
+ * --memory-limit; with a key, given only once the connection
+ * authenticated, and only then counted against --max-connections or the
+ * admin slots), sending replies on them, and tearing one down with
  * everything that waited on it.
  */
 #include "config.h"
@@ -14,6 +16,7 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -115,34 +118,48 @@ int rps__srv_post_recv(struct conn *c, uint32_t i)
 	return rps__post_recv(c->ep, &sge, ((uint64_t)WRID_RECV << 32) | i);
 }
 
-void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
+/* Give back a connection's buffers (and its lock owner): the endpoint must
+ * be closed, or have none of them posted. */
+static void conn_release_bufs(struct rps__server *srv, struct conn *c)
 {
-	if (!c)
-		return;
-	rps__srv_auth_dial_free(c);
-	rps__ep_close(c->ep);
 	rps__mr_dereg(c->slots_mr);
 	rps__mr_dereg(c->rbufs_mr);
 	rps__mr_dereg(c->sbufs_mr);
-	rps__mr_dereg(c->rd_mr);
-	free(c->rd_buf);
 	if (c->slots) {
 		rps__topo_free(srv->topo, c->slots, c->slots_len);
 		rps__srv_mem_give(srv, c->slots_len);
 	}
-	free(c->tmap);
-	free(c->bound);
-	free(c->sd);
 	if (c->rbufs)
 		rps__topo_free(srv->topo, c->rbufs, (size_t)c->nrecv * c->msg_max);
 	if (c->sbufs)
 		rps__topo_free(srv->topo, c->sbufs, (size_t)c->nsend * c->msg_max);
 	free(c->sfree);
 	free(c->slot_state);
-	free(c->wins);
 	rps__srv_mem_give(srv, c->bufs_charged);
 	if (c->owner)
 		srv->owner_used[c->owner] = 0;
+	c->slots_mr = c->rbufs_mr = c->sbufs_mr = NULL;
+	c->slots = c->rbufs = c->sbufs = NULL;
+	c->slots_len = c->bufs_charged = 0;
+	c->sfree = NULL;
+	c->slot_state = NULL;
+	c->owner = 0;
+	c->nsfree = 0;
+}
+
+void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
+{
+	if (!c)
+		return;
+	rps__srv_auth_dial_free(c);
+	rps__ep_close(c->ep);
+	conn_release_bufs(srv, c);
+	rps__mr_dereg(c->rd_mr);
+	free(c->rd_buf);
+	free(c->tmap);
+	free(c->bound);
+	free(c->sd);
+	free(c->wins);
 	free(c);
 }
 #define conn_free rps__srv_conn_free
@@ -182,31 +199,55 @@ int rps__srv_conn_window(struct conn *c, struct rps__mr *mr, int access, uint32_
 
 static uint32_t owner_alloc(struct rps__server *srv);
 
-/* A connection's buffers (before the endpoint exists): workers get staging
- * slots and small control buffers, peers and psctl big message buffers. */
-int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out)
+/* The buffers of a connection of role, once it may use them: workers get
+ * staging slots and small control buffers, peers and psctl big message
+ * buffers.  The queue depths an endpoint needs for them are nrecv and
+ * nsend (accept_one sizes a lean connection's endpoint by them too). */
+static void full_sizes(const struct rps__server *srv, enum conn_role_kind role, size_t *msg_max, uint32_t *nrecv,
+		       uint32_t *nsend)
+{
+	if (role == CONN_WORKER) {
+		*msg_max = RPS__MSG_MAX;
+		*nrecv = CTRL_CREDITS + srv->cfg.nslots + 4;
+		/* + STEP_DONE's own window: it never takes an ack's buffer */
+		*nsend = CTRL_CREDITS + srv->cfg.nslots + 4 + RPS__STEP_DONE_WINDOW;
+	} else if (role == CONN_REPL) {
+		/* entries come as WRITE_IMM into slots (repl.c): each takes a receive */
+		*msg_max = RPS__MSG_MAX;
+		*nrecv = REPL_SLOTS + 8;
+		*nsend = 16;
+	} else {
+		*msg_max = RPS__BIG_MSG_MAX;
+		*nrecv = PEER_RECV;
+		*nsend = PEER_SEND;
+	}
+}
+
+_Static_assert(sizeof(struct rps__msg_hdr) + sizeof(struct rps__auth) <= PREAUTH_MSG_MAX &&
+	       sizeof(struct rps__msg_hdr) + sizeof(struct rps__auth_rep) <= PREAUTH_MSG_MAX,
+	       "the handshake fits a lean connection's buffers");
+
+/* Allocate and register c's buffers: the full set of its role, or (lean)
+ * what the handshake needs: one receive (AUTH, then a peer's AUTH_DONE)
+ * and two sends (AUTH_REP), so that a connection that proved nothing
+ * holds next to no memory.  On failure the caller releases what was got. */
+static int conn_bufs(struct rps__server *srv, struct conn *c, bool lean)
 {
 	size_t slots_len = (size_t)srv->cfg.nslots * srv->slot_size;
-	struct conn *c;
 	uint32_t i;
 	int ret;
 
-	c = calloc(1, sizeof(*c));
-	if (!c)
-		return rps__seterr(-ENOMEM, "out of memory");
-	c->srv = srv;
-	c->rank = -1;
-	c->role = role;
-	if (role == CONN_WORKER) {
-		c->msg_max = RPS__MSG_MAX;
-		c->nrecv = CTRL_CREDITS + srv->cfg.nslots + 4;
-		/* + STEP_DONE's own window: it never takes an ack's buffer */
-		c->nsend = CTRL_CREDITS + srv->cfg.nslots + 4 + RPS__STEP_DONE_WINDOW;
+	if (lean) {
+		c->msg_max = PREAUTH_MSG_MAX;
+		c->nrecv = 1;
+		c->nsend = 2;
+	} else {
+		full_sizes(srv, c->role, &c->msg_max, &c->nrecv, &c->nsend);
+	}
+	if (!lean && c->role == CONN_WORKER) {
 		ret = rps__srv_mem_take(srv, slots_len, "staging slots");
-		if (ret) {
-			free(c);
+		if (ret)
 			return ret;
-		}
 		c->slots = rps__topo_alloc(srv->topo, &srv->place, slots_len);
 		if (!c->slots) {
 			rps__srv_mem_give(srv, slots_len);
@@ -217,23 +258,13 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
 		c->owner = owner_alloc(srv);
 		if (!c->slot_state || !c->owner)
 			goto err_nomem;
-	} else if (role == CONN_REPL) {
-		/* entries come as WRITE_IMM into slots (repl.c): each takes a receive */
-		c->msg_max = RPS__MSG_MAX;
-		c->nrecv = REPL_SLOTS + 8;
-		c->nsend = 16;
-	} else {
-		c->msg_max = RPS__BIG_MSG_MAX;
-		c->nrecv = PEER_RECV;
-		c->nsend = PEER_SEND;
+	} else if (!lean && c->role != CONN_REPL) {
 		/* 2 MiB each: counted like staging slots, or many psctl
 		 * connections could take what --memory-limit promises to cap */
 		ret = rps__srv_mem_take(srv, (size_t)(c->nrecv + c->nsend) * c->msg_max,
-					role == CONN_PEER ? "peer connection buffers" : "admin connection buffers");
-		if (ret) {
-			free(c);
+					c->role == CONN_PEER ? "peer connection buffers" : "admin connection buffers");
+		if (ret)
 			return ret;
-		}
 		c->bufs_charged = (size_t)(c->nrecv + c->nsend) * c->msg_max;
 	}
 	c->rbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nrecv * c->msg_max);
@@ -250,15 +281,80 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
 		ret = rps__mr_reg(srv->fab, c->rbufs, (size_t)c->nrecv * c->msg_max, RPS__ACCESS_LOCAL, &c->rbufs_mr);
 	if (!ret)
 		ret = rps__mr_reg(srv->fab, c->sbufs, (size_t)c->nsend * c->msg_max, RPS__ACCESS_LOCAL, &c->sbufs_mr);
+	return ret;
+err_nomem:
+	return rps__seterr(-ENOMEM, "out of memory for a connection");
+}
+
+static int conn_create(struct rps__server *srv, enum conn_role_kind role, bool lean, struct conn **out)
+{
+	struct conn *c;
+	int ret;
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return rps__seterr(-ENOMEM, "out of memory");
+	c->srv = srv;
+	c->rank = -1;
+	c->role = role;
+	c->lean = lean;
+	ret = conn_bufs(srv, c, lean);
 	if (ret) {
-		rps__srv_conn_free(srv, c);
+		conn_free(srv, c);
 		return ret;
 	}
 	*out = c;
 	return 0;
-err_nomem:
-	rps__srv_conn_free(srv, c);
-	return rps__seterr(-ENOMEM, "out of memory for a connection");
+}
+
+/* A connection's buffers (before the endpoint exists), in full: the ones
+ * we dial.  Accepted ones start lean while they authenticate. */
+int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out)
+{
+	return conn_create(srv, role, false, out);
+}
+
+int rps__srv_conn_grow(struct rps__server *srv, struct conn *c)
+{
+	struct conn n;
+	uint32_t i;
+	int ret;
+
+	if (!c->lean)
+		return 0;
+	/* (nothing of the small buffers is posted or in flight: the AUTH
+	 * that leads here was its one receive, and nothing was sent yet) */
+	memset(&n, 0, sizeof(n));
+	n.role = c->role;
+	ret = conn_bufs(srv, &n, false);
+	if (ret) {
+		conn_release_bufs(srv, &n);
+		return ret;
+	}
+	conn_release_bufs(srv, c);
+	c->msg_max = n.msg_max;
+	c->nrecv = n.nrecv;
+	c->nsend = n.nsend;
+	c->slots = n.slots;
+	c->slots_len = n.slots_len;
+	c->slots_mr = n.slots_mr;
+	c->slot_state = n.slot_state;
+	c->owner = n.owner;
+	c->rbufs = n.rbufs;
+	c->rbufs_mr = n.rbufs_mr;
+	c->sbufs = n.sbufs;
+	c->sbufs_mr = n.sbufs_mr;
+	c->sfree = n.sfree;
+	c->nsfree = n.nsfree;
+	c->bufs_charged = n.bufs_charged;
+	c->lean = false;
+	c->bufs_gen++;
+	for (i = 0; i < c->nrecv; i++) {
+		ret = post_recv_buf(c, i);
+		if (ret)
+			return ret;
+	}
+	return 0;
 }
 
 /* Add to the connection table (workers are capped by --max-connections;
@@ -277,13 +373,62 @@ static int conn_table_add(struct rps__server *srv, struct conn *c)
 	return 0;
 }
 
+/* Authenticated connections of role: the ones --max-connections and the
+ * admin slots count (one still proving its key takes no place). */
 static uint32_t count_role(const struct rps__server *srv, enum conn_role_kind role)
 {
 	uint32_t i, n = 0;
 
 	for (i = 0; i < srv->nconns; i++)
-		n += srv->conns[i]->role == role;
+		n += srv->conns[i]->role == role && srv->conns[i]->authed && !srv->conns[i]->dead;
 	return n;
+}
+
+#define WHY_FULL "server full: raise rdmapsd --max-connections"
+#define WHY_ADMIN_FULL "too many admin connections (16): close psctl sessions"
+
+const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struct conn *c)
+{
+	if (c->role == CONN_WORKER && count_role(srv, CONN_WORKER) >= srv->cfg.max_conns)
+		return WHY_FULL;
+	if (c->role == CONN_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
+		return WHY_ADMIN_FULL;
+	return NULL;
+}
+
+/* Room for one more connection waiting to authenticate, from host: past
+ * the budget (PREAUTH_*), the oldest waiting one of that host, or else of
+ * all, is closed.  Evicting rather than refusing the newcomer: silent
+ * sockets opened ahead of a worker cannot keep it out, and a burst of
+ * them costs the flooder its own older ones. */
+static void preauth_room(struct rps__server *srv, const char *host)
+{
+	struct conn *oldest = NULL, *oldest_host = NULL;
+	uint32_t i, n = 0, n_host = 0;
+	char h[96];
+
+	for (i = 0; i < srv->nconns; i++) {
+		struct conn *o = srv->conns[i];
+		if (o->authed || o->dead)
+			continue;
+		n++;
+		if (!oldest || o->accepted_ns < oldest->accepted_ns)
+			oldest = o;
+		rps__auth_host(rps__ep_peer(o->ep), h, sizeof(h));
+		if (strcmp(h, host))
+			continue;
+		n_host++;
+		if (!oldest_host || o->accepted_ns < oldest_host->accepted_ns)
+			oldest_host = o;
+	}
+	if (n_host >= PREAUTH_PER_HOST)
+		oldest = oldest_host;
+	else if (n < PREAUTH_MAX)
+		return;
+	snprintf(h, sizeof(h), "closed: %u connections%s wait to authenticate",
+		 n_host >= PREAUTH_PER_HOST ? n_host : n, n_host >= PREAUTH_PER_HOST ? " from its address" : "");
+	rps__srv_log_refusal(srv, oldest, h);
+	oldest->dead = true;
 }
 
 void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c)
@@ -309,14 +454,11 @@ void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c)
 		else
 			i++;
 	}
-	for (i = 0; i < srv->barrier.n;) {
-		if (srv->barrier.conn[i] == c) {
-			srv->barrier.n--;
-			srv->barrier.conn[i] = srv->barrier.conn[srv->barrier.n];
-			srv->barrier.req_id[i] = srv->barrier.req_id[srv->barrier.n];
-		} else {
+	for (i = 0; i < srv->narrivals;) {
+		if (srv->arrivals[i].conn == c)
+			srv->arrivals[i] = srv->arrivals[--srv->narrivals];
+		else
 			i++;
-		}
 	}
 	/* A creator that vanished before sending initial values: the shards
 	 * stay unreadable, so say so rather than publish zeros. */
@@ -397,9 +539,9 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	else if (req_->peer_sq_depth > ANNOUNCED_SQ_MAX)
 		why = "announced send queue depth over 1024";
 	else if (priv.role == RPS__ROLE_WORKER && count_role(srv, CONN_WORKER) >= srv->cfg.max_conns)
-		why = "server full: raise rdmapsd --max-connections";
+		why = WHY_FULL;	/* (asked again once it authenticated: rps__srv_conn_over_budget) */
 	else if (priv.role == RPS__ROLE_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
-		why = "too many admin connections (16): close psctl sessions";
+		why = WHY_ADMIN_FULL;
 	if (!why && srv->thread_index && (priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_ADMIN))
 		why = "a serving thread's port: use the first port";	/* (56 bytes at most) */
 	if (!why && srv->cfg.keys && !priv.key_id)
@@ -423,7 +565,13 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 		return;
 	}
 	rev = priv.role == RPS__ROLE_REPL_REV;	/* we are its primary */
-	ret = rps__srv_conn_new(srv, rev ? CONN_REPL : (enum conn_role_kind)priv.role, &c);
+	if (srv->cfg.keys) {	/* (without a key it is authed at once) */
+		char host[64];
+		rps__auth_host(req_->peer, host, sizeof(host));
+		preauth_room(srv, host);
+	}
+	/* with a key: lean until it proved it (rps__srv_conn_grow) */
+	ret = conn_create(srv, rev ? CONN_REPL : (enum conn_role_kind)priv.role, srv->cfg.keys != NULL, &c);
 	/* (with a key the backup's slots wait for the proof) */
 	if (!ret && priv.role == RPS__ROLE_REPL && !srv->cfg.keys && (ret = rps__srv_repl_accepted(srv, c)))
 		conn_free(srv, c);
@@ -435,9 +583,14 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	}
 	c->repl_rev_in = rev;
 	c->peer_id = priv.role >= RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN ? priv.from_id : 0;
-	c->last_active_ns = rps__now_ns();
-	attr.sq_depth = c->nsend + 8 + RPS__BIND_RESERVE + (rev ? REPL_SLOTS : 0);
-	attr.rq_depth = c->nrecv;
+	c->last_active_ns = c->accepted_ns = rps__now_ns();
+	{	/* the queues its full buffers need, lean or not: a QP's depths are for good */
+		size_t mm;
+		uint32_t nr, ns;
+		full_sizes(srv, c->role, &mm, &nr, &ns);
+		attr.sq_depth = ns + 8 + RPS__BIND_RESERVE + (rev ? REPL_SLOTS : 0);
+		attr.rq_depth = nr;
+	}
 	attr.max_inline = 64;
 	req = priv;
 	priv.role = 0;

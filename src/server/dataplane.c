@@ -84,7 +84,7 @@ static void stats(struct rps__server *srv, struct rps__dp_stats *st)
 
 	memset(st, 0, sizeof(*st));
 	for (i = 0; i < srv->nconns; i++)
-		st->n_conns += srv->conns[i]->role == CONN_WORKER;
+		st->n_conns += srv->conns[i]->role == CONN_WORKER && srv->conns[i]->authed;
 	for (i = 0; i < srv->ntensors; i++) {
 		struct tensor *t = srv->tensors[i];
 		uint32_t n = 0;

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,14 +237,17 @@ err:
 /* A replacement process of c's rank: its predecessor may have died without
  * a reset (a whole host), so close the rank's other worker connections now
  * rather than at their idle timeout.  Their held pushes go with them (the
- * replacement resends); what was summed or parked stays counted. */
+ * replacement resends); what was summed or parked stays counted.  A rank
+ * is a rank of one job: only connections of the same key scope and role
+ * are taken over, and never by a reader (on_hello). */
 static void take_over_rank(struct rps__server *srv, struct conn *c)
 {
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
 		struct conn *o = srv->conns[i];
-		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank)
+		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank &&
+		    o->key_role == c->key_role && rps__srv_same_scope(o, c))
 			conn_fail(o, "taken over by a new process of its rank");
 	}
 }
@@ -273,7 +277,7 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	c->client_id = h->client_id;
 	c->num_workers = h->num_workers;
 	c->hello_done = true;
-	if ((h->flags & RPS__HELLO_TAKEOVER) && h->rank >= 0)
+	if ((h->flags & RPS__HELLO_TAKEOVER) && h->rank >= 0 && c->key_role != RPS__KEY_READER)
 		take_over_rank(srv, c);
 	memset(&rep, 0, sizeof(rep));
 	rep.magic = RPS__HELLO_MAGIC;
@@ -327,8 +331,23 @@ static void wait_fail_missing(struct conn *c, uint64_t req_id, struct shard *s, 
 	conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EPIPE, &rep, sizeof(rep));
 }
 
-/* A worker's last connection closed: note its rank gone from the sync
- * tensors it opened here, and fail the waits that only it could satisfy
+/* Another connection of c's rank that may reach t (of t's job) is left. */
+static bool rank_reaches(const struct rps__server *srv, const struct conn *c, const struct tensor *t)
+{
+	uint32_t i;
+
+	for (i = 0; i < srv->nconns; i++) {
+		const struct conn *o = srv->conns[i];
+		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank &&
+		    rps__srv_scope_allows(o, t->name))
+			return true;
+	}
+	return false;
+}
+
+/* A worker's connection closed: note its rank gone from the sync tensors
+ * it opened here that no other connection of the rank may reach (another
+ * job's rank of the same number does not keep it), and fail the waits that only it could satisfy
  * (with backups, the TAKEN pushes waiting for the step too). */
 void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
 {
@@ -336,15 +355,11 @@ void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
 
 	if (c->role != CONN_WORKER || !c->hello_done || c->rank < 0)
 		return;
-	for (i = 0; i < srv->nconns; i++) {
-		struct conn *o = srv->conns[i];
-		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank)
-			return;		/* the rank still has a connection here */
-	}
 	for (i = 0; i < srv->ntensors; i++) {
 		struct tensor *t = srv->tensors[i];
 		uint32_t local;
-		if (!t || !t->ranks || c->rank >= t->spec.num_workers || t->ranks[c->rank] != RANK_LIVE)
+		if (!t || !t->ranks || c->rank >= t->spec.num_workers || t->ranks[c->rank] != RANK_LIVE ||
+		    !rps__srv_scope_allows(c, t->name) || rank_reaches(srv, c, t))
 			continue;
 		t->ranks[c->rank] = RANK_GONE;
 		for (local = 0; local < t->layout.nshards; local++) {
@@ -376,6 +391,17 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 	struct waiter *nw;
 	uint32_t local;
 
+	/* out of scope: refused as CREATE refuses it, and an id unknown here
+	 * the same way to a scoped key (telling them apart would tell which
+	 * ids exist) */
+	if ((t && !rps__srv_scope_allows(c, t->name)) || (!t && c->scope[0])) {
+		char why[120];
+		snprintf(why, sizeof(why), "a %s of '%s' may not wait on tensor id %u", rps__key_role_name(c->key_role),
+			 c->scope, w->tensor_id);
+		rps__srv_log_refusal(srv, c, why);
+		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EACCES, NULL, 0);
+		return;
+	}
 	if (!t || w->shard >= t->layout.nshards) {
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EINVAL, NULL, 0);
 		return;
@@ -413,46 +439,58 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 	rps__srv_wake_waiters(srv, t, local);
 }
 
+/* Barriers are per key scope: job B's workers neither arrive at job A's
+ * barrier nor see it (without a key every scope is "", one barrier). */
 static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
 {
-	uint32_t i;
+	uint32_t i, n = 0;
+	int need = 0;
 
+	if (c->key_role == RPS__KEY_READER) {
+		/* a reader is no rank of the job: it must not release one */
+		rps__srv_log_refusal(srv, c, "a reader may not arrive at a barrier");
+		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EPERM, NULL, 0);
+		return;
+	}
 	if (c->num_workers < 1) {
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
+	for (i = 0; i < srv->narrivals; i++)
+		if (rps__srv_same_scope(srv->arrivals[i].conn, c)) {
+			need = srv->arrivals[i].need;
+			n++;
+		}
 	/* The first arrival fixes the barrier's size: a worker that counts
 	 * differently must not release (or hold back) the others. */
-	if (srv->barrier.n && c->num_workers != srv->barrier.need) {
+	if (n && c->num_workers != need) {
 		rps__log(RPS__LOG_WARN, "worker %s (rank %d): barrier with num_workers %d, but the %u waiting say %d: refused",
-			 rps__ep_peer(c->ep), c->rank, c->num_workers, srv->barrier.n, srv->barrier.need);
+			 rps__ep_peer(c->ep), c->rank, c->num_workers, n, need);
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
-	if (srv->barrier.n == srv->barrier.cap) {
-		uint32_t cap = srv->barrier.cap ? srv->barrier.cap * 2 : 16;
-		struct conn **nc = realloc(srv->barrier.conn, cap * sizeof(*nc));
-		uint64_t *nr;
-		if (nc)
-			srv->barrier.conn = nc;
-		nr = nc ? realloc(srv->barrier.req_id, cap * sizeof(*nr)) : NULL;
-		if (!nr) {
+	if (srv->narrivals == srv->arrivals_cap) {
+		uint32_t cap = srv->arrivals_cap ? srv->arrivals_cap * 2 : 16;
+		struct srv_arrival *na = realloc(srv->arrivals, cap * sizeof(*na));
+		if (!na) {
 			conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -ENOMEM, NULL, 0);
 			return;
 		}
-		srv->barrier.req_id = nr;
-		srv->barrier.cap = cap;
+		srv->arrivals = na;
+		srv->arrivals_cap = cap;
 	}
-	srv->barrier.conn[srv->barrier.n] = c;
-	srv->barrier.req_id[srv->barrier.n] = req_id;
-	if (!srv->barrier.n)
-		srv->barrier.need = c->num_workers;
-	srv->barrier.n++;
-	if ((int)srv->barrier.n < srv->barrier.need)
+	srv->arrivals[srv->narrivals++] = (struct srv_arrival){ .conn = c, .req_id = req_id, .need = c->num_workers };
+	if ((int)n + 1 < c->num_workers)
 		return;
-	for (i = 0; i < srv->barrier.n; i++)
-		conn_reply(srv->barrier.conn[i], RPS__MSG_BARRIER_REP, srv->barrier.req_id[i], 0, NULL, 0);
-	srv->barrier.n = 0;
+	for (i = 0; i < srv->narrivals;) {
+		struct srv_arrival *a = &srv->arrivals[i];
+		if (rps__srv_same_scope(a->conn, c)) {
+			conn_reply(a->conn, RPS__MSG_BARRIER_REP, a->req_id, 0, NULL, 0);
+			*a = srv->arrivals[--srv->narrivals];
+		} else {
+			i++;
+		}
+	}
 }
 
 void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uint32_t len)

@@ -150,7 +150,7 @@ static int place_server(const struct rps__server_config *cfg, struct rps__fabric
 static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 {
 	struct conn *c = wc->ep ? rps__ep_context(wc->ep) : NULL;
-	uint32_t kind = (uint32_t)(wc->wr_id >> 32), idx = (uint32_t)wc->wr_id;
+	uint32_t kind = (uint32_t)(wc->wr_id >> 32), idx = (uint32_t)wc->wr_id, gen;
 
 	if (!c)
 		return;
@@ -180,6 +180,7 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 	if (kind != WRID_RECV || idx >= c->nrecv)
 		return;
 	c->last_active_ns = rps__now_ns();
+	gen = c->bufs_gen;
 	if (!c->dead && !c->authed && wc->opcode == RPS__WC_RECV_IMM) {
 		conn_fail(c, "wrote before it authenticated");
 	} else if (!c->dead) {
@@ -192,7 +193,8 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 		else
 			rps__srv_on_message(srv, c, rps__srv_rbuf(c, idx), wc->byte_len);
 	}
-	if (!c->dead && post_recv_buf(c, idx))
+	/* (a connection that authenticated has new buffers, all posted) */
+	if (!c->dead && c->bufs_gen == gen && post_recv_buf(c, idx))
 		conn_fail(c, rps__errbuf());
 }
 
@@ -446,7 +448,8 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 	rps__log(srv->place.warn ? RPS__LOG_WARN : RPS__LOG_INFO, "placement: %s", srv->place.reason);
 	ret = rps__cq_create(srv->fab, cfg->max_conns * 2 * (CTRL_CREDITS + cfg->nslots + 8) +
 			     (RPS__SMAP_MAX_MEMBERS + 8) * 2 * (PEER_RECV + PEER_SEND + 8) +
-			     RPS__SMAP_MAX_MEMBERS * 2 * (REPL_SLOTS + 8 + 16 + 8), &srv->cq);
+			     RPS__SMAP_MAX_MEMBERS * 2 * (REPL_SLOTS + 8 + 16 + 8) +
+			     PREAUTH_MAX * 4 /* (a lean connection: 1 receive, 2 sends) */, &srv->cq);
 	if (ret)
 		goto err_fabric;
 	ret = rps__listen(srv->fab, cfg->listen.host, cfg->listen.port, &srv->listener);
@@ -491,8 +494,7 @@ void rps__server_destroy(struct rps__server *srv)
 	rps__srv_park_pool_trim(srv, SIZE_MAX);
 	free(srv->park_pool);
 	free(srv->waiters);
-	free(srv->barrier.conn);
-	free(srv->barrier.req_id);
+	free(srv->arrivals);
 	rps__cq_destroy(srv->cq);
 	rps__fabric_close(srv->fab);
 	rps__topo_close(srv->topo);	/* after every rps__topo_free */

@@ -31,6 +31,15 @@
 #define PEER_RECV 32u		/* receive buffers of a peer / admin connection */
 #define PEER_SEND 32u
 #define ADMIN_CONNS_MAX 16u	/* psctl connections at once (rdmapsd(8)) */
+/* Accepted connections that have not authenticated yet (with a key): a
+ * budget of their own, per port, and per source address within it; past
+ * it the oldest waiting one (of that address) is closed.  They count
+ * against --max-connections and the admin slots only once authenticated,
+ * and hold one small buffer each until then (rdmapsd(8), README
+ * "Security"). */
+#define PREAUTH_MAX 256u
+#define PREAUTH_PER_HOST 64u
+#define PREAUTH_MSG_MAX RPS__MSG_MAX	/* AUTH, AUTH_REP and AUTH_DONE fit */
 #define ANNOUNCED_SQ_MAX 1024u	/* a connector's send queue depth: ours use < 256 */
 #define WRID_RECV 1u
 #define WRID_SEND 2u
@@ -215,6 +224,9 @@ struct conn {
 	/* authentication (auth.c): on a server with a key a connection sends
 	 * nothing but AUTH (AUTH_REP, one we dialed) until it is authed */
 	bool authed;
+	bool lean;		/* accepted, not authed: one small buffer each way (conn.c) */
+	uint32_t bufs_gen;	/* bumped when the buffers are replaced (rps__srv_conn_grow) */
+	uint64_t accepted_ns;	/* when it was accepted (the oldest waiting goes first) */
 	bool auth_refused;	/* AUTH failed: closed at auth_deadline_ns, after the refusal left */
 	bool recvs_posted;
 	bool auth_proven;	/* a server's AUTH held: AUTH_DONE awaited */
@@ -312,13 +324,14 @@ struct rps__server {
 	uint64_t sync_parked;		/* ... and copied aside (park) */
 	struct waiter *waiters;
 	uint32_t nwaiters, waiters_cap;
-	/* barrier */
-	struct {
-		struct conn **conn;
-		uint64_t *req_id;
-		uint32_t n, cap;
+	/* barrier arrivals (requests.c): one barrier per key scope, each
+	 * released when as many of its scope arrived as its first said */
+	struct srv_arrival {
+		struct conn *conn;
+		uint64_t req_id;
 		int need;
-	} barrier;
+	} *arrivals;
+	uint32_t narrivals, arrivals_cap;
 	size_t mem_used;
 	size_t mem_group;		/* the first instance: every instance's mem_used (threads) */
 	uint8_t owner_used[RPS__LOCK_OWNER_MAX + 1];
@@ -405,6 +418,13 @@ void rps__srv_conn_send_step_done(struct conn *c, const struct rps__step_done *s
 void rps__srv_conn_fail(struct conn *c, const char *why);
 const char *rps__srv_role_name(const struct conn *c);
 int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out);
+/* An accepted connection authenticated: its real buffers (staging slots,
+ * big message buffers) replace the small one, and its receives are posted.
+ * On failure (the memory limit, message set) it keeps the small ones. */
+int rps__srv_conn_grow(struct rps__server *srv, struct conn *c);
+/* Why an authenticated connection of c's role would be one too many
+ * (--max-connections, the admin slots), or NULL. */
+const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struct conn *c);
 void rps__srv_conn_free(struct rps__server *srv, struct conn *c);
 /* The key by which c's peer reaches mr with `access`: a window bound to
  * c's endpoint alone (once per region and rights; the window dies with the
@@ -419,7 +439,8 @@ int rps__srv_conn_attach(struct rps__server *srv, struct conn *c);
 int rps__srv_post_recv(struct conn *c, uint32_t i);
 void rps__srv_accept_pending(struct rps__server *srv);
 /* auth.c: the handshake on the server's connections */
-#define RPS__AUTH_TIMEOUT_MS 10000	/* a connection not authed by then is dropped */
+#define RPS__AUTH_TIMEOUT_MS 10000	/* a connection we dialed not authed by then is dropped */
+#define RPS__PREAUTH_TIMEOUT_MS 3000	/* ... one accepted (AUTH, and a peer's AUTH_DONE) */
 void rps__srv_auth_accepted(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
 			    struct rps__conn_priv *rep);
 int rps__srv_auth_dialed(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
@@ -434,6 +455,8 @@ void rps__srv_log_refusal(struct rps__server *srv, const struct conn *c, const c
 void rps__srv_conn_authed(struct rps__server *srv, struct conn *c);
 /* A tensor name a connection's scope covers (every name: no key here). */
 bool rps__srv_scope_allows(const struct conn *c, const char *name);
+/* Two connections of the same job: the same key scope (both "": no key). */
+bool rps__srv_same_scope(const struct conn *a, const struct conn *b);
 
 /* push.c */
 /* A push landed in (c, slot): consume, park or hold it. */
