@@ -10,13 +10,28 @@
  * the worker's pushes refused meanwhile are resent and applied once) and
  * the stream goes on after it: backups equal their primaries again, at
  * exactly the number of pushes made.
+ *
+ * Sync, a step acknowledged in part before the partition had a backup
+ * (issue 30, item 2): at R = 1, four workers, two sync Adam tensors; of
+ * one step, ranks 0 and 2 push the first tensor (rank 0's summed, rank
+ * 2's parked) and ranks 1 and 3 the second (rank 1's taken early, rank
+ * 3's parked), all acknowledged plainly.  Then set-replicas 2 seeds a
+ * backup of every partition (the map shows them all in place), a primary
+ * is killed with SIGKILL, and only then do the other ranks push that
+ * step.  The promoted backups must hold what the seeding image carried of
+ * the step, and sum it in rank order: every worker pulls every step, and
+ * the parameters end bit-identical (memcmp) to a reference the test
+ * computes (each step's gradients summed in rank order, then Adam).
  */
 #include "config.h"
 #include "cluster.h"
+#include "kernels/agg.h"
+#include "kernels/optim.h"
 #include "proto/smap.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -298,14 +313,240 @@ static void test_moves_replicated(void)
 	check_replicas(&m2, 1225);
 }
 
+/* ---- sync: a step acknowledged before the seeding, then a failover ----------- */
+
+#define SS_ARGS "--partitions 6 --shard-size 4096 --slots 4 --tick-ms 20 --move-timeout-ms 10000 --fsync none" \
+	" --replicas 1 --failover-ms 1000"
+#define SS_WORKERS 4
+#define SS_COUNT (1024u * NPART)	/* fp32: a 4 KiB shard in each partition */
+#define SS_STEPS 5
+#define SS_GATE 2		/* the step half pushed before the seeding */
+#define SS_TIMEOUT_MS 30000
+
+/* What the workers and the parent tell each other. */
+struct ss_shared {
+	atomic_int ready[SS_WORKERS];	/* rank pushed its part of SS_GATE, acknowledged */
+	atomic_int go;			/* seeded and killed: push the rest */
+};
+static struct ss_shared *ss;
+static const char *const ss_names[2] = { "ss-a", "ss-b" };
+
+/* Does rank push step SS_GATE of tensor k before the seeding?  "ss-a":
+ * ranks 0 (summed: its turn) and 2 (parked); "ss-b": ranks 1 (taken early:
+ * the turn after the next one, nothing summed) and 3 (parked). */
+static bool ss_before(int k, int rank)
+{
+	return rank % 2 == k;
+}
+
+/* Magnitudes 8^rank apart: summed in another order, the bits differ. */
+static void ss_grad(int k, int rank, int step, float *g)
+{
+	uint64_t seed = 0x9e3779b97f4a7c15ull ^ ((uint64_t)rank << 32) ^ ((uint64_t)k << 48) ^ (uint64_t)(step + 1);
+
+	for (uint32_t i = 0; i < SS_COUNT; i++)
+		g[i] = it_randf(&seed) * (float)(1u << (3 * rank));
+}
+
+static void ss_opts(struct rps_tensor_opts *o, float *init)
+{
+	uint64_t seed = 42;
+
+	for (uint32_t i = 0; init && i < SS_COUNT; i++)
+		init[i] = it_randf(&seed);
+	rps_tensor_opts_init(o);
+	o->count = SS_COUNT;
+	o->mode = RPS_MODE_SYNC;
+	o->optimizer = RPS_OPT_ADAM;
+	o->lr = 0.01f;
+	o->weight_decay = 0.01f;
+	o->rescale = 1.0f / SS_WORKERS;
+	o->init = init;
+}
+
+static int ss_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *g = malloc(SS_COUNT * sizeof(float)), *p = malloc(2 * SS_COUNT * sizeof(float));
+	float *init = malloc(SS_COUNT * sizeof(float));
+	struct rps_tensor_opts o;
+	rps_tensor_t *t[2] = { NULL, NULL };
+	rps_client_t *cl;
+	uint64_t version;
+	int ret, k, s, pass;
+
+	(void)arg;
+	if (!g || !p || !init)
+		return it_worker_fail(rank, "malloc", -ENOMEM);
+	if ((ret = it_client_connect(servers, rank, nworkers, SS_TIMEOUT_MS, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	for (k = 0; k < 2; k++) {
+		ss_opts(&o, init);
+		if ((ret = rps_tensor_create(cl, ss_names[k], &o, &t[k])))
+			return it_worker_fail(rank, "create", ret);
+	}
+	if ((ret = rps_barrier(cl)))
+		return it_worker_fail(rank, "barrier", ret);
+	for (s = 0; s < SS_STEPS; s++) {
+		for (pass = 0; pass < 1 + (s == SS_GATE); pass++) {
+			for (k = 0; k < 2; k++) {
+				if (s == SS_GATE && ss_before(k, rank) != (pass == 0))
+					continue;
+				ss_grad(k, rank, s, g);
+				if ((ret = rps_push(t[k], g, SS_COUNT * sizeof(float))))
+					return it_worker_fail(rank, "push", ret);
+			}
+			if (s == SS_GATE && pass == 0) {
+				atomic_store(&ss->ready[rank], 1);
+				while (!atomic_load(&ss->go))
+					usleep(2000);
+			}
+		}
+		for (k = 0; k < 2; k++) {
+			if ((ret = rps_pull(t[k], p + k * SS_COUNT, SS_COUNT * sizeof(float), &version)))
+				return it_worker_fail(rank, "pull", ret);
+			if (version != (uint64_t)s + 1) {
+				fprintf(stderr, "worker %d: step %d of '%s' pulled version %llu\n", rank, s, ss_names[k],
+					(unsigned long long)version);
+				return 1;
+			}
+		}
+	}
+	it_write_all(out_fd, p, 2 * SS_COUNT * sizeof(float));
+	for (k = 0; k < 2; k++)
+		rps_tensor_close(t[k]);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	free(init);
+	return 0;
+}
+
+/* The reference: one process, each step's gradients summed in rank order,
+ * the tensor's optimizer (the servers' own kernels). */
+static void ss_reference(int k, float *ref)
+{
+	float *sum = malloc(SS_COUNT * sizeof(float)), *g = malloc(SS_COUNT * sizeof(float));
+	float *state = calloc(rps__optim_state_len(RPS_OPT_ADAM, SS_COUNT) + 1, sizeof(float));
+	struct rps_tensor_opts o;
+	struct rps__optim opt;
+
+	CU_ASSERT_FATAL(sum && g && state);
+	ss_opts(&o, ref);
+	opt = (struct rps__optim){ .type = o.optimizer, .lr = o.lr, .momentum = o.momentum, .beta1 = o.beta1,
+				   .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
+				   .rescale = o.rescale };
+	for (int s = 0; s < SS_STEPS; s++) {
+		for (int r = 0; r < SS_WORKERS; r++) {
+			ss_grad(k, r, s, g);
+			if (r == 0)
+				rps__agg_copy(sum, g, RPS_DTYPE_F32, SS_COUNT);
+			else
+				rps__agg_add(sum, g, RPS_DTYPE_F32, SS_COUNT);
+		}
+		rps__optim_apply(&opt, ref, sum, state, SS_COUNT, (uint64_t)s + 1);
+	}
+	free(sum);
+	free(g);
+	free(state);
+}
+
+/* A member that does not lead the Raft group, primary of a partition: the
+ * victim (a leader's death would add an election to the failover, not
+ * change what it tests).  Its index, or -1. */
+static int ss_victim(const struct rps__smap *m)
+{
+	struct it_member st;
+	int leader = -1;
+
+	for (double t0 = it_now_s(); leader < 0 && it_now_s() - t0 < SETTLE_MS / 1000.0; it_sleep_ms(20))
+		for (int i = 0; i < clu.nservers && leader < 0; i++)
+			if (!it_member_status(&clu, i, &st, NULL) && st.leading)
+				leader = i;
+	for (uint32_t p = 0; p < m->npart; p++) {
+		int i = it_member_index(&clu, m->parts[p].owner);
+		if (i >= 0 && i != leader && m->parts[p].backups[0])
+			return i;
+	}
+	return -1;
+}
+
+static void test_sync_step_seeded_then_failover(void)
+{
+	static struct rps__smap m;
+	static float ref[2][SS_COUNT], got[2 * SS_COUNT];
+	struct it_workers w;
+	double t0;
+	int r, k, rc, victim, ready = 0;
+
+	if (!ss)
+		ss = it_shared_map("it_seed", sizeof(*ss));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ss);
+	memset(ss, 0, sizeof(*ss));
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 1, SETTLE_MS, &m), 0);
+	for (uint32_t p = 0; p < m.npart; p++)
+		CU_ASSERT_EQUAL(m.parts[p].backups[0], 0);
+	for (k = 0; k < 2; k++)
+		ss_reference(k, ref[k]);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, SS_WORKERS, ss_worker, clu.servers, NULL, -1, NULL), 0);
+	/* half of step SS_GATE acknowledged, at R = 1 */
+	for (t0 = it_now_s(); ready < SS_WORKERS && it_now_s() - t0 < SS_TIMEOUT_MS / 1000.0; it_sleep_ms(20))
+		for (r = 0, ready = 0; r < SS_WORKERS; r++)
+			ready += atomic_load(&ss->ready[r]);
+	CU_ASSERT_EQUAL_FATAL(ready, SS_WORKERS);
+	/* every partition seeded a backup: the images cut mid-step */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "set-replicas 2");
+	if (rc)
+		fprintf(stderr, "psctl set-replicas 2: %s", err);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	victim = ss_victim(&m);
+	CU_ASSERT_FATAL(victim >= 0);
+	fprintf(stderr, "[killing member %d, primary of %u partitions, before the step's other pushes] ",
+		victim + 1, rps__smap_owned(&m, (uint64_t)victim + 1));
+	it_server_kill(&clu, victim);
+	atomic_store(&ss->go, 1);
+	for (r = 0; r < SS_WORKERS; r++) {
+		rc = it_worker_read(&w, r, got, sizeof(got));
+		CU_ASSERT_EQUAL(rc, 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+		if (rc)
+			continue;
+		for (k = 0; k < 2; k++) {
+			bool same = !memcmp(got + k * SS_COUNT, ref[k], sizeof(ref[k]));
+			if (!same)
+				fprintf(stderr, "worker %d: '%s' differs from the rank-order reference\n", r, ss_names[k]);
+			CU_ASSERT(same);
+		}
+	}
+	/* and the replicas, once placed again, hold what their primaries hold */
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	for (k = 0; k < 2; k++)
+		CU_ASSERT_EQUAL(it_replicas_differ(&clu, &m, ss_names[k], NULL), 0);
+}
+
+static void ss_setup(void)
+{
+	struct it_server_opts o = { .extra_args = SS_ARGS };
+
+	it_test_setup();
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &o), 0);
+	clu_up = true;
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
 		{ "--replicas 2: backups placed and seeded, byte-identical; set-replicas 1 then 2", test_replicas_seeded },
 		{ "R = 2: move to a backup, move outside the set, remove-server: exact, replicas identical", test_moves_replicated },
 	};
+	static const struct cutest ss_tests[] = {
+		{ "sync: a step acknowledged at R = 1, a backup seeded, its primary killed: bit-identical",
+		  test_sync_step_seeded_then_failover },
+	};
 	const struct cutest_suite suites[] = {
 		{ "replicas, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+		{ "sync step across a seeding, 3 servers", NULL, NULL, ss_setup, test_teardown, ss_tests,
+		  CUTEST_COUNT(ss_tests) },
 	};
 	int ret;
 

@@ -6,6 +6,12 @@
  * nothing.  Before the validation pass, a parked push that did not fit its
  * tensor was installed and crashed the server when it was drained
  * (rps__srv_drain_held -> sync_take -> rps__agg_copy).
+ *
+ * Seeding a backup installs the same image: a sync step in progress in it
+ * (acknowledged before the partition had backups, never resent) is kept,
+ * taken on by nothing while the server is a backup, forgotten once the
+ * primary's step is applied there, and taken on in rank order once the
+ * backup is promoted (issue 30, item 2).
  */
 #include "config.h"
 #include "common/common.h"
@@ -385,6 +391,134 @@ static void test_park_pool(void)
 	CU_ASSERT_EQUAL(srv->mem_used, used);
 }
 
+/* ---- seeding a backup mid-step ---------------------------------------------- */
+
+/* Partition 0 as a backup of member 2 (not served), or served again. */
+static void part0_backup(void)
+{
+	rps__dataplane_ops()->part_set(srv, 0, &(struct rps__dp_part){
+		.epoch = 1, .map_epoch = 1, .primary = 2, .backups = { 1 }, .nbackups = 1, .backup = true });
+}
+
+static void fill(float *g, uint32_t n, float scale, uint32_t salt)
+{
+	for (uint32_t i = 0; i < n; i++)
+		g[i] = ((float)((i * 2654435761u + salt) % 1000u) - 500.0f) / 3.0f * scale;
+}
+
+/* Tensor `name`'s first shard of partition 0 mid-step, as a primary
+ * without backups leaves it: rank 0's push summed, rank 1's parked in its
+ * turn (held there for replication credits when the image was cut), rank
+ * 0's push of the next step parked.  The image is built, the parked
+ * pushes go (they travel in it), and it is installed as a backup's seed.
+ * *sp: the shard installed; g: three gradients of its size. */
+static void seed_mid_step(const char *name, struct tensor **tp, struct shard **sp, float *g[3])
+{
+	struct tensor *t = tensor_new(name, RPS_MODE_SYNC, 3);
+	struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
+	size_t bytes = (size_t)s->elems * 4;
+	void *img = NULL;
+	size_t len = 0;
+
+	for (int k = 0; k < 3; k++) {
+		g[k] = malloc(bytes);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(g[k]);
+		fill(g[k], s->elems, (float)(1u << (4 * k)), (uint32_t)k * 7919u);
+	}
+	s->step = 3;
+	rps__agg_copy(s->acc, g[0], RPS_DTYPE_F32, s->elems);
+	s->nsummed = 1;
+	s->next_rank = 1;
+	park_one(t, 3, 1, bytes);
+	memcpy(srv->parked[srv->nparked - 1].data, g[1], bytes);
+	park_one(t, 4, 0, bytes);
+	memcpy(srv->parked[srv->nparked - 1].data, g[2], bytes);
+	CU_ASSERT_EQUAL_FATAL(rps__srv_image_build(srv, 0, srv->parts[0].epoch, &img, &len), 0);
+	unpark_all();
+	part0_backup();
+	CU_ASSERT_EQUAL_FATAL(rps__srv_image_install_backup(srv, 0, 1, img, len, 7), 0);
+	CU_ASSERT_EQUAL(rps__srv_repl_seq(srv, 0), 7u);
+	free(img);
+	*tp = t;
+	*sp = &t->shards[rps__part_shard(&t->layout, 0, 0)];
+}
+
+/* The parked push of (t, s) for clock and rank, or NULL. */
+static struct parked *parked_of(const struct tensor *t, const struct shard *s, uint64_t clock, int rank)
+{
+	for (uint32_t i = 0; i < srv->nparked; i++)
+		if (srv->parked[i].t == t && srv->parked[i].local == s->index && srv->parked[i].clock == clock &&
+		    srv->parked[i].rank == rank)
+			return &srv->parked[i];
+	return NULL;
+}
+
+/* A backup keeps the step in progress, takes nothing on while it is one,
+ * and once promoted goes on from there: rank 1's parked push is summed
+ * after rank 0's, to the bits of the rank-order sum. */
+static void test_seeded_backup_keeps_step(void)
+{
+	struct tensor *t;
+	struct shard *s;
+	float *g[3], *ref;
+	struct parked *pk;
+
+	seed_mid_step("seed-promoted", &t, &s, g);
+	ref = malloc((size_t)s->elems * 4);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ref);
+	CU_ASSERT_EQUAL(s->step, 3u);
+	CU_ASSERT_EQUAL(s->next_rank, 1);
+	CU_ASSERT_EQUAL(s->nsummed, 1u);
+	CU_ASSERT(memcmp(s->acc, g[0], (size_t)s->elems * 4) == 0);
+	CU_ASSERT_EQUAL(srv->nparked, 2u);
+	pk = parked_of(t, s, 3, 1);
+	CU_ASSERT_FATAL(pk && pk->data && !memcmp(pk->data, g[1], (size_t)s->elems * 4));
+	CU_ASSERT_PTR_NOT_NULL(parked_of(t, s, 4, 0));
+	/* a backup takes nothing on: the primary's step comes whole */
+	rps__srv_drain_held(srv);
+	CU_ASSERT_EQUAL(s->next_rank, 1);
+	CU_ASSERT_EQUAL(s->nsummed, 1u);
+	CU_ASSERT_EQUAL(srv->nparked, 2u);
+	/* promoted (a FAILOVER): served from here on, rank 1's turn is taken */
+	rps__dataplane_ops()->part_promote(srv, 0, 2);
+	rps__dataplane_ops()->part_set(srv, 0, &(struct rps__dp_part){ .epoch = 2, .map_epoch = 2, .serving = true });
+	rps__agg_copy(ref, g[0], RPS_DTYPE_F32, s->elems);
+	rps__agg_add(ref, g[1], RPS_DTYPE_F32, s->elems);
+	CU_ASSERT_EQUAL(s->step, 3u);		/* (rank 2's push is not in) */
+	CU_ASSERT_EQUAL(s->next_rank, 2);
+	CU_ASSERT_EQUAL(s->nsummed, 2u);
+	CU_ASSERT(memcmp(s->acc, ref, (size_t)s->elems * 4) == 0);
+	CU_ASSERT_EQUAL(srv->nparked, 1u);
+	CU_ASSERT_PTR_NOT_NULL(parked_of(t, s, 4, 0));
+	unpark_all();
+	serve_all();
+	for (int k = 0; k < 3; k++)
+		free(g[k]);
+	free(ref);
+}
+
+/* The primary's step, applied on the backup, holds what the seeding image
+ * carried of it: forgotten, the later step's parked push kept. */
+static void test_seeded_backup_step_replicated(void)
+{
+	struct tensor *t;
+	struct shard *s;
+	float *g[3];
+
+	seed_mid_step("seed-replicated", &t, &s, g);
+	CU_ASSERT_EQUAL(srv->nparked, 2u);
+	s->step = 4;				/* (what REPL_STEP's apply leaves) */
+	rps__srv_sync_step_replicated(srv, t, s->index);
+	CU_ASSERT_EQUAL(s->next_rank, 0);
+	CU_ASSERT_EQUAL(s->nsummed, 0u);
+	CU_ASSERT_EQUAL(srv->nparked, 1u);
+	CU_ASSERT_PTR_NOT_NULL(parked_of(t, s, 4, 0));
+	unpark_all();
+	serve_all();
+	for (int k = 0; k < 3; k++)
+		free(g[k]);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -394,6 +528,9 @@ int main(void)
 		{ "install refuses mutated fields, changing nothing", test_install_refuses_mutated_fields },
 		{ "a push taken early travels in the image as a parked push", test_early_push_in_image },
 		{ "kept parking buffers are reused, and give way under the memory limit", test_park_pool },
+		{ "a backup seeded mid-step keeps the step, takes nothing; promoted, goes on in rank order",
+		  test_seeded_backup_keeps_step },
+		{ "a backup forgets the seeded step once the primary's step is applied", test_seeded_backup_step_replicated },
 	};
 	const struct cutest_suite suites[] = {
 		{ "partition image", suite_init, suite_fini, NULL, NULL, tests, CUTEST_COUNT(tests) },

@@ -308,7 +308,9 @@ static void switch_fenced(struct rps__cplane *cp, uint32_t p)
 	/* readers of our copy now learn it moved */
 	cp->dp->part_publish(cp->srv, p, RPS__EPOCH_MOVED);
 	/* never replicated (a future step, out of turn): their workers resend
-	 * them to the new primary, as after a failover */
+	 * them to the new primary, as after a failover (those acknowledged
+	 * before the partition had backups, which nobody resends, the backup
+	 * holds from its seeding image: partition.c, promote_shard) */
 	cp->dp->part_forget_parked(cp->srv, p);
 	pl->st = PART_SHIPPED;
 	pl->installed = true;

@@ -222,6 +222,7 @@ fail:
 static void part_set(struct rps__server *srv, uint32_t part, const struct rps__dp_part *view)
 {
 	bool was_replicated = part < RPS__SMAP_MAX_PART && rps__srv_repl_part(srv, part);
+	bool was_serving = part < RPS__SMAP_MAX_PART && rps__srv_part_serving(srv, part);
 
 	if (part < RPS__SMAP_MAX_PART) {
 		if (view->primary != srv->parts[part].primary || !srv->primary_since[part])
@@ -242,6 +243,11 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 		rps__srv_repl_confirm(srv);
 	/* nor are its credits: pushes held for them may go now */
 	if (was_replicated && srv->nheld)
+		rps__srv_drain_held(srv);
+	/* served here from now on (promoted, unfenced): parked pushes in
+	 * their turn (a promoted backup's, from its seeding image) are taken
+	 * now, not at the next push, which may well be parked behind them */
+	else if (view->serving && !was_serving && srv->nparked)
 		rps__srv_drain_held(srv);
 }
 

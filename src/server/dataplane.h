@@ -155,6 +155,7 @@ struct rps__dp_ops {
 	int (*repl_peer)(struct rps__server *srv, uint64_t id, const char *uri);
 
 	/* ---- partitions */
+	/* the partition's view; served from now on: parked pushes in their turn are taken */
 	void (*part_set)(struct rps__server *srv, uint32_t part, const struct rps__dp_part *view);
 	/* empty regions of every tensor known (a new cluster, a loss accepted) */
 	void (*part_create)(struct rps__server *srv, uint32_t part);
@@ -170,12 +171,14 @@ struct rps__dp_ops {
 	void (*part_forget_parked)(struct rps__server *srv, uint32_t part);
 	/* validate then install an image as a move's destination: nothing changes if refused */
 	int (*part_install)(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len);
-	/* free the partition's regions (revokes remote access) */
+	/* free the partition's regions (revokes remote access) and forget
+	 * its parked pushes */
 	void (*part_drop)(struct rps__server *srv, uint32_t part);
 	/* seeding a backup (control/cp_replicas.c): the primary's replication
 	 * seq of the partition (at the cut), and, on the joiner, validate and
-	 * install the image as a backup (regions kept, not served, no parked
-	 * pushes) whose stream goes on after seq: nothing changes if refused */
+	 * install the image as a backup (regions kept, not served; a sync
+	 * step in progress and its parked pushes kept, taken on only once
+	 * promoted) whose stream goes on after seq: nothing changes if refused */
 	uint64_t (*repl_seq)(struct rps__server *srv, uint32_t part);
 	/* a move's new owner: the stream goes on after seq (the old owner's
 	 * at the fence), which the partition's backups applied last */
@@ -193,8 +196,8 @@ struct rps__dp_ops {
 	int (*part_digest)(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
 			   uint64_t *versions, uint32_t *nshards);
 	/* a FAILOVER made us its primary: serve what we backed up, under epoch
-	 * (lock words unlocked anew, sync accumulators empty, the stream's seq
-	 * continued; partition.c) */
+	 * (lock words unlocked anew, a sync step in progress a seeding brought
+	 * kept, the stream's seq continued; partition.c) */
 	void (*part_promote)(struct rps__server *srv, uint32_t part, uint64_t epoch);
 
 	/* ---- workers */

@@ -3,8 +3,9 @@
  * the control plane asks of a partition when the map changes or a move
  * goes on.  Fencing seals the lock words of a leaving partition, the image
  * carries it (parameters, versions, optimizer state, sync accumulators,
- * clocks, applied push ids, parked pushes) to its new owner, which checks
- * every field before anything of it is installed.
+ * clocks, applied push ids, parked pushes) to its new owner, or to a new
+ * backup (which keeps the sync step in progress too), which checks every
+ * field before anything of it is installed.
  */
 #include "config.h"
 #include "common/common.h"
@@ -135,9 +136,17 @@ void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoc
  * passed since the last promotion (versions move by one per cycle; a move
  * carries them on, rps__srv_part_unfence).
  *
- * Sync: nothing partial is replicated (only completed steps), so the
- * accumulator starts empty at the shard's step; the contributors, whose
- * pushes the old primary never acknowledged, resend them.
+ * Sync: the stream replicates completed steps only.  What the old primary
+ * acknowledged of the step in progress before the partition had this
+ * backup (summed, parked, taken early: plain acknowledgements, never
+ * resent) came with the seeding image and is kept here as it was there:
+ * the partial sum of ranks 0..next_rank-1 in rank order, and the parked
+ * pushes, taken in their turn once we serve (dataplane.c, part_set), so
+ * the step sums in the same order to the same bits.  Contributions the old
+ * primary acknowledged TAKEN since are resent by their workers: one of a
+ * rank already in the sum, or parked here, is counted once (-EALREADY;
+ * push.c, park).  A backup seeded before the step began holds nothing of
+ * it: every contribution to it was TAKEN, and is resent.
  */
 static void promote_shard(struct rps__server *srv, struct region *r, struct shard *s, void *epoch_p)
 {
@@ -148,13 +157,9 @@ static void promote_shard(struct rps__server *srv, struct region *r, struct shar
 	rps__local_cas(srv->fab, r->mr, &s->hdr->lock, w, rps__lock_unlocked(version), &old);
 	s->lease_word = 0;
 	s->repl_pending = 0;
-	if (s->acc) {
-		/* (a backup takes no pushes: nothing was taken early here) */
-		memset(s->acc, 0, (size_t)s->elems * 4);
-		s->next_rank = 0;
-		s->nsummed = 0;
-		s->early_rank = -1;
-	}
+	/* (a backup takes no pushes: nothing was taken early here; a push
+	 * taken early on the primary came in the image as a parked one) */
+	s->early_rank = -1;
 	rps__srv_publish(s, epoch);
 }
 
@@ -366,6 +371,7 @@ void rps__srv_regions_free_part(struct rps__server *srv, uint32_t part)
 {
 	uint32_t i;
 
+	rps__srv_part_forget_parked(srv, part);	/* (a backup's, from its image) */
 	for (i = 0; i < srv->ntensors; i++)
 		if (srv->tensors[i])
 			rps__srv_region_free(srv, srv->tensors[i], part);
@@ -615,8 +621,8 @@ out:
 #define MALFORMED 1
 
 /* One shard of a tensor's region (allocated, not yet registered).  As a
- * backup (seeding): no step in progress, as the stream leaves a backup
- * (it gets each step's sum whole), and the header keeps the map's epoch. */
+ * backup (seeding) too, the step in progress is kept (promote_shard says
+ * why); the header keeps the map's epoch. */
 static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint64_t epoch, bool backup)
 {
 	size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
@@ -644,8 +650,7 @@ static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint
 	if (s->acc) {
 		if (!(v = get(b, (size_t)s->elems * 4)))
 			return MALFORMED;
-		if (!backup)
-			memcpy(s->acc, v, (size_t)s->elems * 4);
+		memcpy(s->acc, v, (size_t)s->elems * 4);
 	}
 	if (s->clocks) {
 		if (!(v = get(b, (size_t)t->spec.num_workers * 8)))
@@ -660,10 +665,6 @@ static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint
 		if (!s->dd)
 			return rps__seterr(-ENOMEM, "out of memory");
 		memcpy(s->dd, v, (size_t)s->ndd * sizeof(*s->dd));
-	}
-	if (backup) {
-		s->next_rank = 0;
-		s->nsummed = 0;
 	}
 	s->hdr->epoch = backup ? epoch : epoch + 1;
 	s->hdr->seq = s->ready ? s->step * 2 : 1;
@@ -722,9 +723,12 @@ static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part
 	return rps__srv_region_register(srv, t, part);
 }
 
-/* One parked push of the image (a backup passes over it: the primary keeps
- * its own and replicates the step it completes). */
-static int install_parked(struct rps__server *srv, struct rbuf *b, bool backup)
+/* One parked push of the image.  A backup keeps it too: it was
+ * acknowledged before the partition had this backup, so nobody resends it
+ * should the backup be promoted before the step that takes it is
+ * replicated (sync_take takes nothing on a backup; the primary's step,
+ * once applied here, covers it: rps__srv_sync_step_replicated). */
+static int install_parked(struct rps__server *srv, struct rbuf *b)
 {
 	const char *name = get(b, RPS__NAME_MAX);
 	uint32_t shard = get32(b);
@@ -737,8 +741,6 @@ static int install_parked(struct rps__server *srv, struct rbuf *b, bool backup)
 
 	if (!data || !t || shard >= t->layout.nshards)
 		return MALFORMED;
-	if (backup)
-		return 0;
 	if (rps__srv_parked_slot(srv, &pk))
 		return rps__seterr(-ENOMEM, "out of memory");
 	pk->data = malloc(nbytes ? nbytes : 1);
@@ -774,16 +776,19 @@ static int install_partition(struct rps__server *srv, uint32_t part, uint64_t ep
 	if (get32(&b) != MIG_MAGIC || get32(&b) != MIG_VERSION || get32(&b) != part || get64(&b) != epoch)
 		return rps__seterr(-EBADMSG, "partition %u: not the image of this move", part);
 	/* a backup keeps the regions of tensors created after the cut (the
-	 * stream fills them); install_tensor replaces the image's own */
+	 * stream fills them); install_tensor replaces the image's own.  The
+	 * image's parked pushes replace any held here (a seeding again). */
 	if (!backup)
 		rps__srv_regions_free_part(srv, part);
+	else
+		rps__srv_part_forget_parked(srv, part);
 	nt = get32(&b);
 	for (i = 0; i < nt && !b.bad && !ret; i++)
 		ret = install_tensor(srv, &b, part, epoch, backup);
 	if (!ret) {
 		np = get32(&b);
 		for (i = 0; i < np && !b.bad && !ret; i++)
-			ret = install_parked(srv, &b, backup);
+			ret = install_parked(srv, &b);
 	}
 	if (!ret && (b.bad || b.off != b.len))
 		ret = MALFORMED;
@@ -816,8 +821,9 @@ int rps__srv_image_install(struct rps__server *srv, uint32_t part, uint64_t epoc
 }
 
 /* Seeding a backup: the image of a partition its primary keeps serving.
- * Regions kept, announced to nobody, no parked pushes, no step in
- * progress; the stream goes on after seq, the primary's at the cut. */
+ * Regions kept, announced to nobody; the step in progress and the parked
+ * pushes kept, not taken (promote_shard); the stream goes on after seq,
+ * the primary's at the cut. */
 int rps__srv_image_install_backup(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
 				  size_t len, uint64_t seq)
 {

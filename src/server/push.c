@@ -181,6 +181,11 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
 
 	if (clock < s->step || (clock == s->step && rank < s->next_rank))
 		return -EALREADY;
+	/* only the partition's primary sums, and only while it serves: a
+	 * backup keeps the step its image carried (seeding) for when it is
+	 * promoted, and a fenced partition's image is cut already */
+	if (!rps__srv_part_serving(srv, s->part))
+		return -EAGAIN;
 	if (clock >= t->hold_limit)
 		return -EAGAIN;		/* a checkpoint holds the tensor at this step */
 	if (!s->ready || clock > s->step || rank != s->next_rank)
@@ -226,6 +231,8 @@ void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t l
 {
 	struct shard *s = &t->shards[local];
 
+	if (!rps__srv_part_serving(srv, s->part))
+		return;		/* (a backup applies the primary's steps, whole) */
 	for (;;) {
 		s->next_rank = next_turn(srv, t, local, s->next_rank);
 		if (s->next_rank < t->spec.num_workers || !s->nsummed || s->step >= t->hold_limit)
@@ -249,6 +256,33 @@ void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t l
 		s->nsummed = 0;
 		shard_update(t, s, s->acc);
 		rps__srv_wake_waiters(srv, t, local);
+	}
+}
+
+/*
+ * Sync, a backup: the primary's step `s->step - 1` of the shard is applied
+ * here (its sum, REPL_STEP).  The step in progress that a seeding image
+ * brought (the partial sum, which ranks are in, pushes parked for it) is
+ * in that sum: forgotten, as are parked pushes of every step now applied.
+ * Parked pushes of later steps stay: they were acknowledged before the
+ * partition had this backup, and nobody will resend them.
+ */
+void rps__srv_sync_step_replicated(struct rps__server *srv, struct tensor *t, uint32_t local)
+{
+	struct shard *s = &t->shards[local];
+	uint32_t i = 0;
+
+	s->next_rank = 0;
+	s->nsummed = 0;
+	s->early_rank = -1;
+	while (i < srv->nparked) {
+		struct parked *p = &srv->parked[i];
+		if (p->t == t && p->local == local && p->clock < s->step) {
+			rps__srv_parked_release(srv, p);
+			*p = srv->parked[--srv->nparked];
+			continue;
+		}
+		i++;
 	}
 }
 
@@ -682,6 +716,15 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	if (d->shard >= t->layout.nshards || !t->shards[d->shard].hdr ||
 	    !rps__srv_part_serving(srv, t->shards[d->shard].part))
 		return -ENOSPC;
+	/* the same push parked already (a resend to a primary promoted with
+	 * the image's parked pushes): that entry stands for it, once */
+	if (rps__srv_parked_has(srv, t, d->shard, d->rank, d->clock)) {
+		if (rps__srv_repl_part(srv, t->shards[d->shard].part))
+			push_taken(srv, c, slot, t, &t->shards[d->shard], d->clock, t->shards[d->shard].step);
+		else
+			push_ack(c, slot, 0, t->shards[d->shard].step, 0);
+		return 0;
+	}
 	if (take_early(srv, c, slot, t, d) == 0)
 		return 0;
 	if (srv->parked_bytes + d->nbytes > srv->cfg.park_limit)

@@ -211,6 +211,8 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 		    d->nbytes != s->elems * 4u || d->clock != s->step)
 			return broken(c, "sent a step that does not fit");
 		rps__srv_shard_update(t, s, payload);
+		/* the step a seeding image carried is in this sum */
+		rps__srv_sync_step_replicated(srv, t, d->shard);
 		break;
 	default:
 		return broken(c, "sent a replication entry of unknown kind %u", d->kind);

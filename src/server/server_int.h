@@ -69,7 +69,9 @@ struct held {
  * all hold out-of-turn pushes could wait on another worker that waits on it
  * (two workers pushing tensors in different orders).  Bounded by
  * park_limit (and the memory limit); past that, pushes wait in their slots.
- * Parked pushes were acknowledged, so a move carries them along.
+ * Parked pushes were acknowledged, so a move carries them along, and so
+ * does a seeding: a backup keeps them (not taken there) until the
+ * primary's step covers them or the backup is promoted.
  */
 struct parked {
 	struct tensor *t;
@@ -463,6 +465,9 @@ bool rps__srv_same_scope(const struct conn *a, const struct conn *b);
 void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot);
 void rps__srv_drain_held(struct rps__server *srv);
 void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local, bool reserved);
+/* A backup applied its primary's step of the shard: the step in progress a
+ * seeding image brought, and parked pushes of applied steps, are forgotten. */
+void rps__srv_sync_step_replicated(struct rps__server *srv, struct tensor *t, uint32_t local);
 bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank,
 			 uint64_t clock);
 /* A parked entry's gradient is gone (taken, shipped, dropped): its buffer
