@@ -18,7 +18,7 @@
 
 #include <sodium.h>
 
-#define KEY_FILE_MAX 4096
+#define KEY_FILE_MAX 4096		/* longest key file read (rdmapsd(8)): bytes */
 
 static const char *const role_names[] = {
 	[RPS__KEY_NONE] = "none", [RPS__KEY_CLUSTER] = "cluster", [RPS__KEY_ADMIN] = "admin",
@@ -196,7 +196,9 @@ static int read_key_file(const char *path, char *buf, size_t cap)
 				  (unsigned)(st.st_mode & 07777), path);
 		goto out;
 	}
-	while (got < cap - 1 && (n = read(fd, buf + got, cap - 1 - got)) != 0) {
+	/* one byte more than the limit: a file of exactly cap - 1 bytes is
+	 * whole, one byte more is too long */
+	while (got < cap && (n = read(fd, buf + got, cap - got)) != 0) {
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -205,9 +207,13 @@ static int read_key_file(const char *path, char *buf, size_t cap)
 		}
 		got += (size_t)n;
 	}
+	if (got == cap) {
+		ret = rps__seterr(-EFBIG, "key file %s is over %zu bytes, the most a key file may have: is it a key "
+				  "file? (a cluster key's secret is %d to %d bytes)", path, cap - 1, RPS__KEY_BYTES,
+				  RPS__KEY_MAX);
+		goto out;
+	}
 	buf[got] = '\0';
-	if (got == cap - 1)
-		ret = rps__seterr(-EFBIG, "key file %s is over %zu bytes: is it a key file?", path, cap - 1);
 out:
 	close(fd);
 	return ret;
@@ -224,11 +230,11 @@ int rps__key_load(const char *path, struct rps__key *out)
 	ret = sodium_ready();
 	if (ret)
 		return ret;
-	buf = malloc(KEY_FILE_MAX);
+	buf = malloc(KEY_FILE_MAX + 1);
 	if (!buf)
 		return rps__seterr(-ENOMEM, "out of memory");
 	memset(&k, 0, sizeof(k));
-	ret = read_key_file(path, buf, KEY_FILE_MAX);
+	ret = read_key_file(path, buf, KEY_FILE_MAX + 1);
 	if (ret)
 		goto out;
 	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
@@ -268,10 +274,29 @@ int rps__key_load(const char *path, struct rps__key *out)
 			}
 			have_id = true;
 		} else if (!strcmp(s, "secret")) {
-			if (have_secret || decode_secret(v, k.secret, sizeof(k.secret), &k.len)) {
-				ret = rps__seterr(-EINVAL, "key file %s: the secret is not one hex or base64 string", path);
+			/* decoded with room to spare, so a secret too long is told
+			 * as such, not as one that does not decode */
+			uint8_t *raw = malloc(KEY_FILE_MAX);
+			size_t rawlen = 0;
+
+			if (!raw) {
+				ret = rps__seterr(-ENOMEM, "out of memory");
 				goto out;
 			}
+			ret = have_secret ? -EINVAL : decode_secret(v, raw, KEY_FILE_MAX, &rawlen);
+			if (!ret && rawlen > sizeof(k.secret))
+				ret = rps__seterr(-EINVAL, "key file %s: the secret is %zu bytes, over the %zu a key may "
+						  "have: make a key with psctl keygen (32 bytes)", path, rawlen,
+						  sizeof(k.secret));
+			else if (ret)
+				ret = rps__seterr(-EINVAL, "key file %s: the secret is not one hex or base64 string",
+						  path);
+			else
+				memcpy(k.secret, raw, (k.len = rawlen));
+			sodium_memzero(raw, KEY_FILE_MAX);
+			free(raw);
+			if (ret)
+				goto out;
 			have_secret = true;
 		} else {
 			ret = rps__seterr(-EINVAL, "key file %s: unknown line '%s' (is it an rdmaps key?)", path, s);
@@ -308,7 +333,7 @@ int rps__key_load(const char *path, struct rps__key *out)
 	*out = k;
 out:
 	sodium_memzero(&k, sizeof(k));
-	sodium_memzero(buf, KEY_FILE_MAX);
+	sodium_memzero(buf, KEY_FILE_MAX + 1);
 	free(buf);
 	return ret;
 }
