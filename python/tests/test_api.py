@@ -380,3 +380,60 @@ def test_gil_released_during_a_blocking_pull(servers):
     np.testing.assert_array_equal(result["out"], np.full(4, 3, np.float32))
     c0.close()
     c1.close()
+
+
+# ---- validation at the edges: every value checked against its C type ----
+
+@pytest.mark.parametrize("kw", [
+    dict(rank=2 ** 32 + 1, world_size=4),       # ctypes would make it rank 1
+    dict(rank=-1, world_size=4),
+    dict(rank=2 ** 31, world_size=4),
+    dict(rank=0, world_size=2 ** 32 + 4),       # ... world size 4
+    dict(rank=0, world_size=0),
+    dict(rank=0, world_size=-3),
+    dict(rank=0, world_size=1, timeout_ms=2 ** 32 + 10000),
+    dict(rank=0, world_size=1, timeout_ms=-5),
+    dict(rank=0, world_size=1, spin_us=2 ** 31),
+])
+def test_client_ints_out_of_range(servers, kw):
+    with pytest.raises(ValueError, match="is outside"):
+        rdmaps.Client(servers.uris, **kw)
+
+
+def test_client_ints_at_the_edges(servers):
+    with rdmaps.Client(servers.uris, rank=3, world_size=4, timeout_ms=2 ** 31 - 1) as c:
+        assert (c.rank, c.world_size) == (3, 4)
+
+
+def test_tensor_name_with_nul_refused(client):
+    n = name("nul")
+    with pytest.raises(ValueError, match="NUL"):
+        client.tensor(n + "\0b", 8, mode="async")
+    with pytest.raises(ValueError, match="NUL"):
+        client.open(n + "\0b")
+    with pytest.raises(rdmaps.RdmapsError) as e:   # nothing was created under the cut name
+        client.open(n)
+    assert e.value.errno == errno.ENOENT
+
+
+@pytest.mark.parametrize("count", [0, -1, 2 ** 63 + 1, 2 ** 64 + 1, -(2 ** 64) + 1])
+def test_tensor_count_out_of_range(client, count):
+    with pytest.raises(ValueError, match="count"):
+        client.tensor(name("count"), count, mode="async")
+
+
+@pytest.mark.parametrize("staleness", [-1, 2 ** 32, 2 ** 32 + 2])
+def test_tensor_staleness_out_of_range(client, staleness):
+    with pytest.raises(ValueError, match="staleness"):
+        client.tensor(name("stale"), 8, mode="bounded", staleness=staleness)
+
+
+@pytest.mark.parametrize("knob", ["lr", "momentum", "beta1", "beta2", "eps", "weight_decay", "rescale"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 1e39])
+def test_tensor_hyper_not_finite(client, knob, value):
+    n = name("hyper")
+    with pytest.raises(ValueError, match=knob):
+        client.tensor(n, 8, mode="async", optimizer="adam", **{knob: value})
+    with pytest.raises(rdmaps.RdmapsError) as e:
+        client.open(n)
+    assert e.value.errno == errno.ENOENT
