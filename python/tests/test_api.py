@@ -200,9 +200,9 @@ def test_unknown_tensor(client):
 
 
 def test_bad_options_are_the_librarys_errors(client):
-    with pytest.raises(rdmaps.RdmapsError) as e:
-        client.tensor(name(), 0)
-    assert e.value.errno == errno.EINVAL and e.value.message
+    with pytest.raises(rdmaps.RdmapsError) as e:   # (count 0 is Python's ValueError: see below)
+        client.tensor(name(), 4, optimizer="adam", beta1=1.0)
+    assert e.value.errno == errno.EINVAL and "beta1" in e.value.message
     with pytest.raises(rdmaps.RdmapsError) as e:
         client.tensor("has space", 4)
     assert e.value.errno == errno.EINVAL
