@@ -4,6 +4,7 @@ import ctypes
 import errno
 import gc
 import itertools
+import os
 import threading
 import time
 
@@ -437,3 +438,22 @@ def test_tensor_hyper_not_finite(client, knob, value):
     with pytest.raises(rdmaps.RdmapsError) as e:
         client.open(n)
     assert e.value.errno == errno.ENOENT
+
+
+# ---- the loopback key (README "Security"): servers started without --key ----
+
+def test_loopback_key_keeps_other_users_out(servers, tmp_path, monkeypatch):
+    key = os.path.join(os.environ["RDMAPS_RUNTIME_DIR"], "loopback.key")
+    assert os.stat(key).st_mode & 0o777 == 0o600           # made by the servers (conftest's directory)
+    assert os.stat(os.path.dirname(key)).st_mode & 0o777 == 0o700
+    with rdmaps.Client(servers.uris, rank=0, world_size=1, timeout_ms=10000) as c:   # this user: in
+        t = c.tensor(name("lo"), 4, mode="async")
+        t.push(np.ones(4, np.float32))
+        assert t.pull().tolist() == [1, 1, 1, 1]
+    other = tmp_path / "other-user"                         # another user's view: no key
+    other.mkdir(mode=0o700)
+    monkeypatch.setenv("RDMAPS_RUNTIME_DIR", str(other))
+    with pytest.raises(rdmaps.RdmapsError) as e:
+        rdmaps.Client(servers.uris, rank=0, world_size=1, timeout_ms=10000)
+    assert e.value.errno == errno.ECONNREFUSED
+    assert "key required" in e.value.message and str(other) in e.value.message
