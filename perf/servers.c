@@ -16,6 +16,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -404,6 +405,15 @@ int psperf_role_server(struct opts *o)
 		fprintf(stderr, "psperf: --server on %s without a key: give --key FILE (psctl keygen makes one), "
 			"or --insecure on a network you trust\n", cfg.listen.host);
 		return 2;
+	} else if (!getenv("RDMAPS_INSECURE")) {	/* as rdmapsd: this user's loopback key */
+		char local[PATH_MAX];
+		bool made;
+
+		if (rps__local_key_ensure(local, sizeof(local), &made) ||
+		    rps__keyring_open(local, true, &cfg.keys)) {
+			fprintf(stderr, "psperf: --server without --key: %s\n", rps__errbuf());
+			return 1;
+		}
 	}
 	cfg.insecure = getenv("RDMAPS_INSECURE") != NULL;
 	ret = rps__daemon_create(&cfg, &the_server);

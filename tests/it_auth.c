@@ -23,6 +23,7 @@
 #include "lib/cutest.h"
 
 #include <CUnit/Basic.h>
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -944,6 +945,136 @@ static void test_protected(void)
 	free(key);
 }
 
+/* Entries of a directory but . and .. */
+static int dir_entries(const char *path)
+{
+	DIR *d = opendir(path);
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return n;
+}
+
+/* Start n servers without --key (and with extra, e.g. --insecure), their
+ * loopback key in runtime; the harness's key left out of their
+ * environment.  clu's addresses become theirs (connect_with, raw_open). */
+static void start_keyless(struct it_cluster *lo, int n, const char *runtime, const char *extra)
+{
+	struct it_server_opts o;
+	char args[512];
+
+	snprintf(args, sizeof(args), SERVER_ARGS "%s", extra);
+	memset(&o, 0, sizeof(o));
+	o.extra_args = args;
+	o.env = "RDMAPS_KEY_FILE=";
+	setenv("RDMAPS_RUNTIME_DIR", runtime, 1);
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(lo, n, &o), 0);
+	clu = *lo;
+}
+
+/* A server started without --key (nor --insecure) keeps loopback for its
+ * own user: it makes this user's loopback key (0600 in a 0700 directory;
+ * of two servers starting at once one makes it, both hold it), that
+ * user's librdmaps and psctl find it and get in, and another local user
+ * (an empty RDMAPS_RUNTIME_DIR: no key) is refused at connect, as a
+ * worker, an admin or a fake peer.  --insecure still lets anyone in, and
+ * a client holding the loopback key does not trust such a server unless
+ * told insecure. */
+static void test_loopback_key(void)
+{
+	static struct it_cluster lo, saved;
+	char a[128], b[128], kf[160], out[4096], err[4096], *key, *runtime;
+	const unsigned roles[] = { RPS__ROLE_WORKER, RPS__ROLE_ADMIN, RPS__ROLE_PEER };
+	struct stat st;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	struct raw r;
+	int rc;
+
+	saved = clu;
+	key = strdup(getenv("RDMAPS_KEY_FILE"));
+	runtime = getenv("RDMAPS_RUNTIME_DIR") ? strdup(getenv("RDMAPS_RUNTIME_DIR")) : NULL;
+	snprintf(a, sizeof(a), "%s/rt-user", kdir);	/* made by the first server */
+	snprintf(b, sizeof(b), "%s/rt-other", kdir);	/* another user's view: no key */
+	CU_ASSERT_EQUAL_FATAL(mkdir(b, 0700), 0);
+	snprintf(kf, sizeof(kf), "%s/" RPS__LOCAL_KEY_NAME, a);
+
+	start_keyless(&lo, 2, a, "");
+	unsetenv("RDMAPS_KEY_FILE");
+	CU_ASSERT_EQUAL(stat(a, &st), 0);
+	CU_ASSERT_EQUAL(st.st_mode & 07777, 0700);
+	CU_ASSERT_EQUAL(stat(kf, &st), 0);
+	CU_ASSERT_EQUAL(st.st_mode & 07777, 0600);
+	CU_ASSERT_EQUAL(dir_entries(a), 1);		/* the key alone: nothing left aside */
+	/* this user: in, on both servers (a tensor over every partition), and psctl */
+	CU_ASSERT_EQUAL(connect_with(NULL, &cl), 0);
+	if (cl) {
+		CU_ASSERT_EQUAL(create_async(cl, "lo/t", &t), 0);
+		push_ones_check(t, 2, 2);
+		rps_tensor_close(t);
+		rps_client_close(cl);
+	}
+	rc = it_psctl(&lo, 20000, out, sizeof(out), err, sizeof(err), "status");
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT(strstr(out, lo.uri[1]) != NULL);	/* both members, one cluster */
+
+	/* another local user: refused at connect, whatever it claims to be */
+	setenv("RDMAPS_RUNTIME_DIR", b, 1);
+	cl = NULL;
+	CU_ASSERT_EQUAL(connect_with(NULL, &cl), -ECONNREFUSED);
+	CU_ASSERT(strstr(rps_last_error(), "key required") != NULL);
+	CU_ASSERT(strstr(rps_last_error(), b) != NULL);	/* says where the key would be */
+	rc = it_psctl(&lo, 20000, out, sizeof(out), err, sizeof(err), "status");
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "key required") != NULL);
+	for (size_t i = 0; i < sizeof(roles) / sizeof(roles[0]); i++) {
+		CU_ASSERT_EQUAL(raw_open(&r, roles[i], NULL, NULL), -ECONNREFUSED);
+		raw_close(&r);
+	}
+	/* a loopback key directory others may enter is refused, by server and client */
+	setenv("RDMAPS_RUNTIME_DIR", a, 1);
+	CU_ASSERT_EQUAL(chmod(a, 0755), 0);
+	CU_ASSERT_EQUAL(connect_with(NULL, &cl), -EPERM);
+	CU_ASSERT(strstr(rps_last_error(), "chmod 700") != NULL);
+	rc = it_rdmapsd_run(20000, err, sizeof(err), "--listen tcp://127.0.0.1:0 " SERVER_ARGS);
+	CU_ASSERT_EQUAL(rc, 1);
+	CU_ASSERT(strstr(err, "chmod 700") != NULL);
+	CU_ASSERT_EQUAL(chmod(a, 0700), 0);
+	it_cluster_stop(&lo);
+
+	/* --insecure: anyone on loopback, as before; this user's client, holding
+	 * the loopback key, trusts it only when told insecure */
+	setenv("RDMAPS_KEY_FILE", key, 1);
+	start_keyless(&lo, 1, a, " --insecure");
+	unsetenv("RDMAPS_KEY_FILE");
+	CU_ASSERT_EQUAL(connect_with(NULL, &cl), -EACCES);
+	CU_ASSERT(strstr(rps_last_error(), "takes no key") != NULL);
+	setenv("RDMAPS_INSECURE", "1", 1);
+	CU_ASSERT_EQUAL(connect_with(NULL, &cl), 0);
+	if (cl)
+		rps_client_close(cl);
+	unsetenv("RDMAPS_INSECURE");
+	setenv("RDMAPS_RUNTIME_DIR", b, 1);	/* no key: in, as today */
+	CU_ASSERT_EQUAL(connect_with(NULL, &cl), 0);
+	if (cl)
+		rps_client_close(cl);
+	it_cluster_stop(&lo);
+
+	setenv("RDMAPS_KEY_FILE", key, 1);
+	if (runtime)
+		setenv("RDMAPS_RUNTIME_DIR", runtime, 1);
+	else
+		unsetenv("RDMAPS_RUNTIME_DIR");
+	free(runtime);
+	free(key);
+	clu = saved;
+}
+
 /* Until connect_with(key) gives want (0 or an error), up to 10 s. */
 static int connect_until(const char *key, int want)
 {
@@ -1044,6 +1175,8 @@ int main(void)
 		{ "protected mode: no key beyond loopback refused (rdmapsd, librdmaps, psctl); "
 		  "--insecure starts; a readable key file refused", test_protected },
 		{ "rotation: SIGHUP takes the new key and keeps the old, a second SIGHUP drops it", test_rotation },
+		{ "loopback key: a server without --key takes only its user's clients; --insecure anyone",
+		  test_loopback_key },
 	};
 	const struct cutest_suite suites[] = {
 		{ "authentication", suite_init, suite_clean, it_test_setup, it_test_teardown, tests,

@@ -164,6 +164,56 @@ static void test_key_files_refused(void)
 	CU_ASSERT_EQUAL(rps__key_load(path("missing.key"), &k), -ENOENT);
 }
 
+/* The limits rdmapsd(8) gives: a key file of up to 4096 bytes is read, one
+ * byte more is refused saying the limit; a secret of up to 128 bytes is
+ * taken, a longer one is refused as too long (not as undecodable). */
+static void test_key_file_limits(void)
+{
+	static char text[4200];
+	struct rps__key k;
+
+	/* one comment line, then 64 hex digits of secret and a newline */
+	memset(text, 0, sizeof(text));
+	memset(text, '#', 4096 - 65);
+	text[4096 - 65 - 1] = '\n';
+	memset(text + 4096 - 65, 'b', 64);
+	text[4095] = '\n';
+	CU_ASSERT_EQUAL_FATAL(strlen(text), 4096);
+	write_file(path("full.key"), text, 0600);
+	CU_ASSERT_EQUAL(rps__key_load(path("full.key"), &k), 0);	/* exactly the limit: read */
+	CU_ASSERT_EQUAL(k.len, 32);
+	CU_ASSERT_EQUAL(k.secret[31], 0xbb);
+	text[4096] = '\n';						/* one byte more */
+	write_file(path("over.key"), text, 0600);
+	rps__clearerr();
+	CU_ASSERT_EQUAL(rps__key_load(path("over.key"), &k), -EFBIG);
+	CU_ASSERT(strstr(rps__errbuf(), "over 4096 bytes") != NULL);
+	CU_ASSERT(strchr(rps__errbuf(), '\n') == NULL);
+
+	/* a secret of 128 bytes (256 hex digits) is a cluster key; 129 is not */
+	memset(text, 0, sizeof(text));
+	memcpy(text, "secret ", 7);
+	memset(text + 7, 'c', 256);
+	text[7 + 256] = '\n';
+	write_file(path("long.key"), text, 0600);
+	CU_ASSERT_EQUAL(rps__key_load(path("long.key"), &k), 0);
+	CU_ASSERT_EQUAL(k.len, 128);
+	memset(text + 7, 'c', 258);
+	text[7 + 258] = '\n';
+	write_file(path("longer.key"), text, 0600);
+	rps__clearerr();
+	CU_ASSERT_EQUAL(rps__key_load(path("longer.key"), &k), -EINVAL);
+	CU_ASSERT(strstr(rps__errbuf(), "the secret is 129 bytes, over the 128") != NULL);
+	/* base64 too */
+	memset(text, 0, sizeof(text));
+	memcpy(text, "secret ", 7);
+	memset(text + 7, 'Q', 176);	/* 132 bytes */
+	text[7 + 176] = '\n';
+	write_file(path("long64.key"), text, 0600);
+	CU_ASSERT_EQUAL(rps__key_load(path("long64.key"), &k), -EINVAL);
+	CU_ASSERT(strstr(rps__errbuf(), "the secret is 132 bytes") != NULL);
+}
+
 /* One handshake between a connector holding `have` (proving `want` with
  * scope) and a server holding the cluster key c: what each side's check
  * says.  tamper() may change the AUTH the server reads. */
@@ -380,6 +430,7 @@ int main(void)
 		{ "keygen: mode 0600, never over a file, derived keys read back", test_keygen_roundtrip },
 		{ "derivation bound to role and scope", test_derivation_bound },
 		{ "key files: readable by others, short, junk, edited ids refused", test_key_files_refused },
+		{ "key files: the size limits, and a secret too long said so", test_key_file_limits },
 		{ "handshake: each role, and every relabelled or foreign proof refused", test_handshake },
 		{ "handshake: replayed AUTH, replayed or reflected server proof, keyless server", test_replay },
 		{ "rotation: changed key adds, unchanged key ends, wrong kind refused", test_rotation },

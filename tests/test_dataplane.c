@@ -22,6 +22,7 @@
 
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -760,6 +761,38 @@ static void test_served_push_pull(void)
 	rps_tensor_close(t);
 }
 
+/* rps_tensor_create refuses a NaN or infinite hyper-parameter, even one
+ * its optimizer does not use, with -EINVAL and one line, before any server
+ * is asked (nothing is created). */
+static void test_create_not_finite(void)
+{
+	struct rps_tensor_opts o;
+	rps_tensor_t *t = NULL;
+	float bad[] = { NAN, INFINITY, -INFINITY };
+
+	for (unsigned i = 0; i < 3; i++) {
+		for (int opt = RPS_OPT_SUM; opt <= RPS_OPT_ADAM; opt++) {
+			rps_tensor_opts_init(&o);
+			o.count = COUNT;
+			o.mode = RPS_MODE_ASYNC;
+			o.optimizer = (enum rps_optimizer)opt;
+			o.lr = bad[i];
+			CU_ASSERT_EQUAL(rps_tensor_create(cl, "notfinite", &o, &t), -EINVAL);
+			CU_ASSERT_PTR_NULL(t);
+			CU_ASSERT(strstr(rps_last_error(), "tensor 'notfinite'") != NULL);
+			CU_ASSERT(strstr(rps_last_error(), "learning rate") != NULL);
+			CU_ASSERT(strchr(rps_last_error(), '\n') == NULL);
+			rps_tensor_opts_init(&o);
+			o.count = COUNT;
+			o.optimizer = (enum rps_optimizer)opt;
+			o.momentum = bad[i];
+			CU_ASSERT_EQUAL(rps_tensor_create(cl, "notfinite", &o, &t), -EINVAL);
+			CU_ASSERT(strstr(rps_last_error(), "momentum") != NULL);
+		}
+	}
+	CU_ASSERT_EQUAL(rps_tensor_open(cl, "notfinite", &t), -ENOENT);
+}
+
 /* A fenced partition (refused, locks sealed, headers say moved): a push
  * is not applied; the worker follows the move and, no server serving the
  * shard for its timeout_ms, gets RPS_ESTALE_EPOCH; a pull too.  Unfenced
@@ -1034,6 +1067,7 @@ int main(void)
 		{ "hooks: a peer accepted, attached, messaged, READ, gone", test_hooks_peer },
 		{ "hooks: run_timers' delay, errno and stop obeyed; fini", test_hooks_run_timers },
 		{ "served partition: push then pull, exact values", test_served_push_pull },
+		{ "create: a NaN or infinite hyper-parameter refused, one line", test_create_not_finite },
 		{ "fenced partition: refused, not applied; unfenced: applied", test_fenced_partition },
 		{ "stale epoch: refused, not applied; resent at the served epoch", test_stale_epoch_refused },
 		{ "refuse: a waiting pull answered RPS_ESTALE_EPOCH", test_refuse_waiters },

@@ -409,6 +409,21 @@ static void test_validate(void)
 	o.lr = -1.0f;
 	o.eps = 0.0f;
 	CU_ASSERT_EQUAL(rps__optim_validate(&o), 0);
+	/* ... but never a NaN or an infinity, in any knob of any optimizer */
+	for (size_t t = 0; t < RPS__ARRAY_SIZE(all_types); t++) {
+		for (int k = 0; k < 7; k++) {
+			for (int nan = 0; nan < 2; nan++) {
+				float *f[] = { &o.lr, &o.momentum, &o.beta1, &o.beta2, &o.eps, &o.weight_decay,
+					       &o.rescale };
+
+				o = optim_default(all_types[t]);
+				*f[k] = nan ? NAN : -INFINITY;
+				expect_invalid(o, "a knob not finite");
+				CU_ASSERT(strstr(rps__errbuf(), "is not a finite number") != NULL);
+				CU_ASSERT(strchr(rps__errbuf(), '\n') == NULL);
+			}
+		}
+	}
 }
 
 static void test_path_selection(void)

@@ -381,6 +381,9 @@ static void test_add_member(void)
 	refuse_cmd(&m, c, -EINVAL);
 	memset(longuri, 'u', sizeof(longuri) - 1);
 	longuri[sizeof(longuri) - 1] = '\0';
+	refuse_cmd(&m, cmd_add(11, longuri), -EINVAL);			/* 127 bytes, no address */
+	memcpy(longuri, "tcp://", 6);
+	memcpy(longuri + sizeof(longuri) - 3, ":1", 2);
 	accept_cmd(&m, cmd_add(11, longuri));				/* 127 bytes fit */
 	CU_ASSERT_STRING_EQUAL(rps__smap_member(&m, 11)->uri, longuri);
 
@@ -413,6 +416,45 @@ static void test_add_member(void)
 	}
 	c.type = UINT32_MAX;
 	refuse_cmd(&m, c, -EINVAL);
+}
+
+/* ADD_MEMBER with an address no member could be dialed at is refused when
+ * applied (not only when psctl proposes it): the map stays as it was. */
+static void test_add_member_bad_uri(void)
+{
+	static struct rps__smap m, before;
+	static const char *const bad[] = {
+		"10.0.0.4:7000", "http://h:1", "tcp://", "tcp://h", "tcp://h:", "tcp://:7000", "tcp://h:0",
+		"tcp://h:65536", "tcp://h:99999999", "tcp://h:7a", "tcp://h:-1", "tcp://h: 7", " tcp://h:7",
+		"tcp://a b:7", "tcp://h:7\n", "tcp://[::1]", "tcp://[]:7", "tcp://[::1:7", "tcp://a:b:7",
+		"verbs://h/x:7", "TCP://h:7", "tcp://h:7\x7f",
+	};
+	static const char *const good[] = { "tcp://h:1", "tcp://[::1]:65535", "verbs://10.0.0.9:7000" };
+	uint64_t id = 4;
+	size_t i;
+
+	init3(&m, 8);
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct rps__smap_cmd c = cmd_add(id, bad[i]);
+
+		CU_ASSERT_FALSE(rps__smap_uri_ok(bad[i]));
+		before = m;
+		CU_ASSERT_EQUAL(rps__smap_apply(&m, next_index, &c), -EINVAL);
+		if (!strstr(rps__errbuf(), "bad address"))
+			fprintf(stderr, "'%s': %s\n", bad[i], rps__errbuf());
+		CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "bad address"));
+		CU_ASSERT_EQUAL(m.applied, next_index);
+		next_index++;
+		before.applied = m.applied;
+		CU_ASSERT_EQUAL(memcmp(&before, &m, sizeof(m)), 0);	/* nothing else changed */
+	}
+	CU_ASSERT_EQUAL(m.nmembers, 3);
+	for (i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		CU_ASSERT_TRUE(rps__smap_uri_ok(good[i]));
+		accept_cmd(&m, cmd_add(id++, good[i]));
+	}
+	CU_ASSERT_EQUAL(m.nmembers, 6);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
 }
 
 static void test_remove_member(void)
@@ -1852,6 +1894,7 @@ int main(void)
 		{ "bootstrap placement and limits", test_init },
 		{ "partition of a shard", test_part_of },
 		{ "add member: accepted and refused", test_add_member },
+		{ "add member: an unparseable address refused when applied", test_add_member_bad_uri },
 		{ "remove member: only when it owns nothing", test_remove_member },
 		{ "move begin and commit", test_move_commit },
 		{ "move abort", test_move_abort },

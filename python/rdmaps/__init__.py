@@ -92,6 +92,7 @@ from __future__ import annotations
 import ctypes
 import errno as _errno
 import logging
+import math
 import threading
 import weakref
 from typing import Any, Dict, Optional, Union
@@ -426,6 +427,33 @@ def _dtype_name(dtype: Any) -> str:
     raise TypeError(f"rdmaps: dtype {dtype!r}: give 'f32', 'bf16' or 'f16'")
 
 
+_INT_MAX = 2 ** 31 - 1
+
+
+def _int_in(what: str, v: Any, lo: int, hi: int) -> int:
+    """v as an int in [lo, hi], else ValueError (never wrapped into the C type)."""
+    n = int(v)
+    if not lo <= n <= hi:
+        raise ValueError(f"rdmaps: {what} = {n} is outside {lo} to {hi}")
+    return n
+
+
+def _hyper(what: str, v: Any) -> float:
+    """v as a finite float32, else ValueError (NaN, inf, or too large for fp32)."""
+    f = float(v)
+    if not math.isfinite(f) or not math.isfinite(ctypes.c_float(f).value):
+        raise ValueError(f"rdmaps: {what} = {f!r} is not a finite float32")
+    return f
+
+
+def _name_bytes(name: str) -> bytes:
+    """A tensor name for C: a NUL would cut it short there, so it is refused."""
+    b = name.encode() if isinstance(name, str) else bytes(name)
+    if b"\0" in b:
+        raise ValueError(f"rdmaps: tensor name {name!r} holds a NUL byte")
+    return b
+
+
 class Client:
     """A connection to the servers of one cluster (rps_client_connect).
 
@@ -433,7 +461,11 @@ class Client:
     rank and world_size left None come from the environment
     (rps_client_opts_from_env: RDMAPS_SERVERS; RDMAPS_RANK/RDMAPS_WORLD_SIZE,
     torchrun's RANK/WORLD_SIZE, Slurm's, Open MPI's, PMI's), and with no
-    launcher at all rank 0 of 1.  ``source`` says which launcher gave them."""
+    launcher at all rank 0 of 1.  ``source`` says which launcher gave them.
+    Every number is checked against its C type's range: a rank, world size,
+    timeout, count or staleness outside it, a NaN or infinite (or beyond
+    float32) hyper-parameter and a tensor name holding a NUL are a
+    ValueError, never wrapped or cut short."""
 
     def __init__(self, servers: Optional[str] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, *, timeout_ms: Optional[int] = None,
@@ -449,14 +481,16 @@ class Client:
         if servers is not None:
             keep.append(servers.encode())
             o.servers = keep[-1]
-        o.rank = -1 if rank is None else int(rank)
-        o.num_workers = -1 if world_size is None else int(world_size)
+        # every int checked against its C type's range: ctypes would wrap
+        # 2**32 + 1 into 1 without a word
+        o.rank = -1 if rank is None else _int_in("rank", rank, 0, _INT_MAX - 1)
+        o.num_workers = -1 if world_size is None else _int_in("world_size", world_size, 1, _INT_MAX)
         if timeout_ms is not None:
-            o.timeout_ms = int(timeout_ms)
+            o.timeout_ms = _int_in("timeout_ms", timeout_ms, 0, _INT_MAX)
         if verify is not None:
             o.verify = int(bool(verify))
         if spin_us is not None:
-            o.spin_us = int(spin_us)
+            o.spin_us = _int_in("spin_us", spin_us, 0, _INT_MAX)
         if takeover is not None:
             o.takeover = int(bool(takeover))
         if insecure is not None:
@@ -498,24 +532,24 @@ class Client:
         none does."""
         o = TensorOpts()
         lib.rps_tensor_opts_init_sized(ctypes.byref(o), ctypes.sizeof(o))
-        o.count = int(count)
+        o.count = _int_in("count", count, 1, 2 ** 63)
         o.dtype = DTYPES[_dtype_name(dtype)]
         if mode not in MODES:
             raise ValueError(f"rdmaps: mode {mode!r} is none of {sorted(MODES)}")
         o.mode = MODES[mode]
-        o.staleness = int(staleness)
+        o.staleness = _int_in("staleness", staleness, 0, 2 ** 32 - 1)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"rdmaps: optimizer {optimizer!r} is none of {sorted(OPTIMIZERS)}")
         o.optimizer = OPTIMIZERS[optimizer]
         for k, v in (("lr", lr), ("momentum", momentum), ("beta1", beta1), ("beta2", beta2), ("eps", eps),
                      ("weight_decay", weight_decay), ("rescale", rescale)):
             if v is not None:
-                setattr(o, k, float(v))
+                setattr(o, k, _hyper(k, v))
         if init is not None:
             addr, _ = _out_ptr(init, int(count))
             o.init = ctypes.cast(addr, ctypes.POINTER(ctypes.c_float))
         h = ctypes.c_void_p()
-        _check(lib.rps_tensor_create(self._handle(), name.encode(), ctypes.byref(o), ctypes.byref(h)))
+        _check(lib.rps_tensor_create(self._handle(), _name_bytes(name), ctypes.byref(o), ctypes.byref(h)))
         del init    # only read during the call
         t = Tensor(self, h, name)
         self._tensors.add(t)
@@ -524,7 +558,7 @@ class Client:
     def open(self, name: str) -> Tensor:
         """Open an existing tensor (RdmapsError ENOENT if no server holds it)."""
         h = ctypes.c_void_p()
-        _check(lib.rps_tensor_open(self._handle(), name.encode(), ctypes.byref(h)))
+        _check(lib.rps_tensor_open(self._handle(), _name_bytes(name), ctypes.byref(h)))
         t = Tensor(self, h, name)
         self._tensors.add(t)
         return t

@@ -4,6 +4,7 @@ import ctypes
 import errno
 import gc
 import itertools
+import os
 import threading
 import time
 
@@ -200,9 +201,9 @@ def test_unknown_tensor(client):
 
 
 def test_bad_options_are_the_librarys_errors(client):
-    with pytest.raises(rdmaps.RdmapsError) as e:
-        client.tensor(name(), 0)
-    assert e.value.errno == errno.EINVAL and e.value.message
+    with pytest.raises(rdmaps.RdmapsError) as e:   # (count 0 is Python's ValueError: see below)
+        client.tensor(name(), 4, optimizer="adam", beta1=1.0)
+    assert e.value.errno == errno.EINVAL and "beta1" in e.value.message
     with pytest.raises(rdmaps.RdmapsError) as e:
         client.tensor("has space", 4)
     assert e.value.errno == errno.EINVAL
@@ -380,3 +381,79 @@ def test_gil_released_during_a_blocking_pull(servers):
     np.testing.assert_array_equal(result["out"], np.full(4, 3, np.float32))
     c0.close()
     c1.close()
+
+
+# ---- validation at the edges: every value checked against its C type ----
+
+@pytest.mark.parametrize("kw", [
+    dict(rank=2 ** 32 + 1, world_size=4),       # ctypes would make it rank 1
+    dict(rank=-1, world_size=4),
+    dict(rank=2 ** 31, world_size=4),
+    dict(rank=0, world_size=2 ** 32 + 4),       # ... world size 4
+    dict(rank=0, world_size=0),
+    dict(rank=0, world_size=-3),
+    dict(rank=0, world_size=1, timeout_ms=2 ** 32 + 10000),
+    dict(rank=0, world_size=1, timeout_ms=-5),
+    dict(rank=0, world_size=1, spin_us=2 ** 31),
+])
+def test_client_ints_out_of_range(servers, kw):
+    with pytest.raises(ValueError, match="is outside"):
+        rdmaps.Client(servers.uris, **kw)
+
+
+def test_client_ints_at_the_edges(servers):
+    with rdmaps.Client(servers.uris, rank=3, world_size=4, timeout_ms=2 ** 31 - 1) as c:
+        assert (c.rank, c.world_size) == (3, 4)
+
+
+def test_tensor_name_with_nul_refused(client):
+    n = name("nul")
+    with pytest.raises(ValueError, match="NUL"):
+        client.tensor(n + "\0b", 8, mode="async")
+    with pytest.raises(ValueError, match="NUL"):
+        client.open(n + "\0b")
+    with pytest.raises(rdmaps.RdmapsError) as e:   # nothing was created under the cut name
+        client.open(n)
+    assert e.value.errno == errno.ENOENT
+
+
+@pytest.mark.parametrize("count", [0, -1, 2 ** 63 + 1, 2 ** 64 + 1, -(2 ** 64) + 1])
+def test_tensor_count_out_of_range(client, count):
+    with pytest.raises(ValueError, match="count"):
+        client.tensor(name("count"), count, mode="async")
+
+
+@pytest.mark.parametrize("staleness", [-1, 2 ** 32, 2 ** 32 + 2])
+def test_tensor_staleness_out_of_range(client, staleness):
+    with pytest.raises(ValueError, match="staleness"):
+        client.tensor(name("stale"), 8, mode="bounded", staleness=staleness)
+
+
+@pytest.mark.parametrize("knob", ["lr", "momentum", "beta1", "beta2", "eps", "weight_decay", "rescale"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 1e39])
+def test_tensor_hyper_not_finite(client, knob, value):
+    n = name("hyper")
+    with pytest.raises(ValueError, match=knob):
+        client.tensor(n, 8, mode="async", optimizer="adam", **{knob: value})
+    with pytest.raises(rdmaps.RdmapsError) as e:
+        client.open(n)
+    assert e.value.errno == errno.ENOENT
+
+
+# ---- the loopback key (README "Security"): servers started without --key ----
+
+def test_loopback_key_keeps_other_users_out(servers, tmp_path, monkeypatch):
+    key = os.path.join(os.environ["RDMAPS_RUNTIME_DIR"], "loopback.key")
+    assert os.stat(key).st_mode & 0o777 == 0o600           # made by the servers (conftest's directory)
+    assert os.stat(os.path.dirname(key)).st_mode & 0o777 == 0o700
+    with rdmaps.Client(servers.uris, rank=0, world_size=1, timeout_ms=10000) as c:   # this user: in
+        t = c.tensor(name("lo"), 4, mode="async")
+        t.push(np.ones(4, np.float32))
+        assert t.pull().tolist() == [1, 1, 1, 1]
+    other = tmp_path / "other-user"                         # another user's view: no key
+    other.mkdir(mode=0o700)
+    monkeypatch.setenv("RDMAPS_RUNTIME_DIR", str(other))
+    with pytest.raises(rdmaps.RdmapsError) as e:
+        rdmaps.Client(servers.uris, rank=0, world_size=1, timeout_ms=10000)
+    assert e.value.errno == errno.ECONNREFUSED
+    assert "key required" in e.value.message and str(other) in e.value.message

@@ -32,6 +32,7 @@
 #include "client/client_int.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,8 +189,17 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 			cl->insecure = opts->insecure != 0;
 		cl->insecure = cl->insecure || (e && !strcmp(e, "1"));
 		path = rps__key_path(given);
-		if (path && (ret = rps__keyring_open(path, false, &cl->keys)))
+		if (!path && !cl->insecure) {	/* this user's loopback key, for loopback servers */
+			char local[PATH_MAX];
+
+			ret = rps__local_key_find(local, sizeof(local));
+			if (!ret && (ret = rps__keyring_open(local, false, &cl->keys)) == 0)
+				cl->keys_local = true;
+			if (ret && ret != -ENOENT)
+				goto err;
+		} else if (path && (ret = rps__keyring_open(path, false, &cl->keys))) {
 			goto err;
+		}
 	}
 	ret = rps__uri_list_parse(opts->servers, &uris, &nseeds);
 	if (ret)

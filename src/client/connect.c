@@ -7,6 +7,7 @@
 #include "client/client_int.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,7 +178,7 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	attr.rq_depth = c->nrecv;
 	attr.max_inline = 64;
 	memset(reply, 0, sizeof(reply));
-	if (!cl->keys && !cl->insecure && !rps__host_is_loopback(u->host))
+	if ((!cl->keys || cl->keys_local) && !cl->insecure && !rps__host_is_loopback(u->host))
 		return rps__seterr(-EACCES, "connecting to %s without a key: give a key file (RDMAPS_KEY_FILE, made "
 				   "by psctl keygen), or set insecure on a trusted network", c->name);
 	if (cl->keys) {
@@ -187,6 +188,15 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	}
 	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv),
 			   cl->timeout_ms, reply, &reply_len, &c->ep);
+	if (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ' && !cl->keys &&
+	    !strncmp(reply, "key required", 12)) {
+		char local[PATH_MAX] = "~/.rdmaps/" RPS__LOCAL_KEY_NAME;
+
+		rps__local_key_path(local, sizeof(local));
+		rps__clearerr();
+		return rps__seterr(ret, "%s refused the connection: %.*s (a server started without --key takes "
+				   "its user's %s)", c->name, (int)reply_len, reply, local);
+	}
 	if (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ')
 		return rps__seterr(ret, "%s refused the connection: %.*s", c->name, (int)reply_len, reply);
 	if (ret)
@@ -200,6 +210,10 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 		if (ret)
 			return ret;
 	}
+	if (cl->keys && cl->keys_local && !rp.key_id)
+		return rps__seterr(-EACCES, "%s takes no key (rdmapsd --insecure: every local user gets in): "
+				   "not trusted with this user's loopback key; set insecure (RDMAPS_INSECURE=1) to "
+				   "talk to it anyway", c->name);
 	if (cl->keys && (ret = auth_sync(cl, c, &priv, &rp)))
 		return ret;
 	ret = hello_sync(cl, c);

@@ -17,6 +17,7 @@
 #include "transport/transport.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,9 +103,9 @@ static const char *transport_reason(char *buf, size_t len)
 	return buf;
 }
 
-static int connect_error(struct rps__ctl *ctl, int ret, const char *reply, size_t reply_len)
+static int connect_error(struct rps__ctl *ctl, int ret, const char *reply, size_t reply_len, bool keyless)
 {
-	char reason[RPS__PRIVDATA_MAX + 1], old[512];
+	char reason[RPS__PRIVDATA_MAX + 1], old[512], local[PATH_MAX] = "~/.rdmaps/" RPS__LOCAL_KEY_NAME;
 	size_t i;
 
 	if (ret == -ECONNREFUSED && reply_len > 0 && reply && reply[0] >= ' ') {
@@ -112,6 +113,12 @@ static int connect_error(struct rps__ctl *ctl, int ret, const char *reply, size_
 		for (i = 0; i < reply_len && i < RPS__PRIVDATA_MAX && reply[i] >= ' '; i++)
 			reason[i] = reply[i];
 		reason[i] = '\0';
+		if (keyless && !strncmp(reason, "key required", 12)) {
+			rps__local_key_path(local, sizeof(local));
+			rps__clearerr();
+			return rps__seterr(ret, "connect %s: refused by the server: %s (a server started without "
+					   "--key takes its user's %s)", ctl->name, reason, local);
+		}
 		return rps__seterr(ret, "connect %s: refused by the server: %s", ctl->name, reason);
 	}
 	switch (ret) {
@@ -133,6 +140,7 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 	struct rps__conn_priv rp;
 	struct rps__key key = { .role = RPS__KEY_NONE };
 	const char *key_path = rps__key_path(NULL), *insecure = getenv("RDMAPS_INSECURE");
+	char local[PATH_MAX];
 	struct rps__fabric_attr fattr = { 0 };
 	struct rps__ep_attr attr = { 0 };
 	char reply[RPS__PRIVDATA_MAX + 1];
@@ -149,7 +157,16 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 	ctl->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
 	ctl->next_req = 1;
 	/* the same rule as rps_client_connect: the key from RDMAPS_KEY_FILE
-	 * (psctl --key sets it), no key only on loopback unless insecure */
+	 * (psctl --key sets it), else to a loopback server this user's
+	 * loopback key if there is one, no key only on loopback unless
+	 * insecure */
+	if (!key_path && !(insecure && !strcmp(insecure, "1")) && rps__host_is_loopback(u->host)) {
+		ret = rps__local_key_find(local, sizeof(local));
+		if (ret && ret != -ENOENT)
+			goto err;
+		if (!ret)
+			key_path = local;
+	}
 	if (key_path && (ret = rps__key_load(key_path, &key)))
 		goto err;
 	if (!key_path && !(insecure && !strcmp(insecure, "1")) && !rps__host_is_loopback(u->host)) {
@@ -183,7 +200,7 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 			   ctl->timeout_ms, reply, &reply_len, &ctl->ep);
 	if (ret) {
 		ctl->ep = NULL;
-		ret = connect_error(ctl, ret, reply, reply_len);
+		ret = connect_error(ctl, ret, reply, reply_len, !key_path);
 		goto err;
 	}
 	/* Before anything is sent: the server only ever answers, so every
@@ -209,6 +226,12 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 
 		memset(&rp, 0, sizeof(rp));
 		memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
+		if (key_path == local && !rp.key_id) {
+			ret = rps__seterr(-EACCES, "connect %s: the server takes no key (rdmapsd --insecure: every "
+					  "local user gets in): not trusted with this user's loopback key; --insecure "
+					  "talks to it anyway", ctl->name);
+			goto err;
+		}
 		ret = rps__auth_connect(&key, NULL, RPS__KEY_ADMIN, "", &priv, &rp, rps__ep_local(ctl->ep),
 					rps__ep_peer(ctl->ep), ctl->name, &msg, &t, &proven);
 		if (!ret)

@@ -151,7 +151,7 @@ static bool admin_uri_ok(struct rps__cplane *cp, struct conn *c, uint64_t req_id
 {
 	struct rps__uri u;
 	size_t k, n = strlen(a->uri);
-	bool ok = n < RPS__SMAP_URI_MAX && rps__uri_parse(a->uri, &u) == 0;
+	bool ok = n < RPS__SMAP_URI_MAX && rps__uri_parse(a->uri, &u) == 0 && rps__smap_uri_ok(a->uri);
 	char esc[4 * sizeof(a->uri)], msg[200];
 
 	for (k = 0; ok && k < n; k++)

@@ -294,6 +294,17 @@ int rps__optim_validate(const struct rps__optim *o)
 	if (name[0] == '?')
 		return rps__seterr(-EINVAL, "unknown optimizer %d: use sum, sgd, momentum or adam",
 				   (int)o->type);
+	{	/* every knob finite, used or not: a NaN never compares equal, so
+		 * a second worker's create would never match the first's */
+		const float v[] = { o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay, o->rescale };
+		static const char *const what[] = { "learning rate", "momentum", "beta1", "beta2", "eps",
+						    "weight decay", "rescale" };
+
+		for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+			if (!isfinite(v[i]))
+				return rps__seterr(-EINVAL, "optimizer %s: %s = %g is not a finite number", name,
+						   what[i], (double)v[i]);
+	}
 	if (!(o->rescale > 0.0f && isfinite(o->rescale)))
 		return rps__seterr(-EINVAL,
 				   "optimizer %s: rescale = %g must be finite and > 0 (1, or 1/W to average W workers)",

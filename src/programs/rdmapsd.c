@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -79,8 +80,9 @@ static void usage(FILE *f)
 		"      --restore DIR         load the checkpoint in the directory DIR (a path, e.g.\n"
 		"                            CKDIR/NAME of psctl checkpoint NAME) before serving\n"
 		"      --key FILE            the cluster key (psctl keygen FILE; default $RDMAPS_KEY_FILE): every\n"
-		"                            connection proves it holds it; SIGHUP reloads it (rotation)\n"
-		"      --insecure            without a key, listen beyond loopback anyway (trusted networks only)\n"
+		"                            connection proves it holds it; SIGHUP reloads it (rotation).\n"
+		"                            Without it: this user's ~/.rdmaps/loopback.key (made if none)\n"
+		"      --insecure            without a key, take anyone: beyond loopback, or every local user\n"
 		"  -p, --port-file PATH      write the listening port here once ready\n"
 		"  -v, --log-level LEVEL     error, warn, info or debug (default info)\n"
 		"  -h, --help                this text\n"
@@ -443,15 +445,25 @@ static void *reload_keys(void *arg)
 static int keys_open(struct opts *o)
 {
 	const char *path = rps__key_path(o->key_file);
+	static char local[PATH_MAX];
+	bool made = false;
 	sigset_t all, old;
 	pthread_t t;
 	int ret;
 
-	if (!path)
-		return 0;
+	if (!path && o->cfg.insecure)
+		return 0;	/* (on loopback: every local user gets in) */
+	if (!path) {	/* this user's loopback key (validate: we listen on loopback) */
+		ret = rps__local_key_ensure(local, sizeof(local), &made);
+		if (ret) {
+			fprintf(stderr, "rdmapsd: no --key: %s\n", rps__errbuf());
+			return -1;
+		}
+		path = local;
+	}
 	ret = rps__keyring_open(path, true, &o->cfg.keys);
 	if (ret) {
-		fprintf(stderr, "rdmapsd: --key: %s\n", rps__errbuf());
+		fprintf(stderr, "rdmapsd: %s: %s\n", path == local ? "no --key" : "--key", rps__errbuf());
 		return -1;
 	}
 	/* The reload thread takes every signal blocked, so SIGTERM and SIGINT
@@ -470,8 +482,13 @@ static int keys_open(struct opts *o)
 		return -1;
 	}
 	pthread_detach(t);
-	rps__log(RPS__LOG_INFO, "cluster key %016llx from %s: every connection authenticates",
-		 (unsigned long long)o->cfg.keys->cur.id, path);
+	if (path == local)
+		rps__log(RPS__LOG_INFO, "no --key: this user's loopback key %016llx (%s, %s): only clients of this "
+			 "user get in (--insecure: every local user)", (unsigned long long)o->cfg.keys->cur.id, path,
+			 made ? "made now" : "found");
+	else
+		rps__log(RPS__LOG_INFO, "cluster key %016llx from %s: every connection authenticates",
+			 (unsigned long long)o->cfg.keys->cur.id, path);
 	return 0;
 }
 

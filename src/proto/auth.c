@@ -9,6 +9,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +20,7 @@
 
 #include <sodium.h>
 
-#define KEY_FILE_MAX 4096
+#define KEY_FILE_MAX 4096		/* longest key file read (rdmapsd(8)): bytes */
 
 static const char *const role_names[] = {
 	[RPS__KEY_NONE] = "none", [RPS__KEY_CLUSTER] = "cluster", [RPS__KEY_ADMIN] = "admin",
@@ -196,7 +198,9 @@ static int read_key_file(const char *path, char *buf, size_t cap)
 				  (unsigned)(st.st_mode & 07777), path);
 		goto out;
 	}
-	while (got < cap - 1 && (n = read(fd, buf + got, cap - 1 - got)) != 0) {
+	/* one byte more than the limit: a file of exactly cap - 1 bytes is
+	 * whole, one byte more is too long */
+	while (got < cap && (n = read(fd, buf + got, cap - got)) != 0) {
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -205,9 +209,13 @@ static int read_key_file(const char *path, char *buf, size_t cap)
 		}
 		got += (size_t)n;
 	}
+	if (got == cap) {
+		ret = rps__seterr(-EFBIG, "key file %s is over %zu bytes, the most a key file may have: is it a key "
+				  "file? (a cluster key's secret is %d to %d bytes)", path, cap - 1, RPS__KEY_BYTES,
+				  RPS__KEY_MAX);
+		goto out;
+	}
 	buf[got] = '\0';
-	if (got == cap - 1)
-		ret = rps__seterr(-EFBIG, "key file %s is over %zu bytes: is it a key file?", path, cap - 1);
 out:
 	close(fd);
 	return ret;
@@ -224,11 +232,11 @@ int rps__key_load(const char *path, struct rps__key *out)
 	ret = sodium_ready();
 	if (ret)
 		return ret;
-	buf = malloc(KEY_FILE_MAX);
+	buf = malloc(KEY_FILE_MAX + 1);
 	if (!buf)
 		return rps__seterr(-ENOMEM, "out of memory");
 	memset(&k, 0, sizeof(k));
-	ret = read_key_file(path, buf, KEY_FILE_MAX);
+	ret = read_key_file(path, buf, KEY_FILE_MAX + 1);
 	if (ret)
 		goto out;
 	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
@@ -268,10 +276,29 @@ int rps__key_load(const char *path, struct rps__key *out)
 			}
 			have_id = true;
 		} else if (!strcmp(s, "secret")) {
-			if (have_secret || decode_secret(v, k.secret, sizeof(k.secret), &k.len)) {
-				ret = rps__seterr(-EINVAL, "key file %s: the secret is not one hex or base64 string", path);
+			/* decoded with room to spare, so a secret too long is told
+			 * as such, not as one that does not decode */
+			uint8_t *raw = malloc(KEY_FILE_MAX);
+			size_t rawlen = 0;
+
+			if (!raw) {
+				ret = rps__seterr(-ENOMEM, "out of memory");
 				goto out;
 			}
+			ret = have_secret ? -EINVAL : decode_secret(v, raw, KEY_FILE_MAX, &rawlen);
+			if (!ret && rawlen > sizeof(k.secret))
+				ret = rps__seterr(-EINVAL, "key file %s: the secret is %zu bytes, over the %zu a key may "
+						  "have: make a key with psctl keygen (32 bytes)", path, rawlen,
+						  sizeof(k.secret));
+			else if (ret)
+				ret = rps__seterr(-EINVAL, "key file %s: the secret is not one hex or base64 string",
+						  path);
+			else
+				memcpy(k.secret, raw, (k.len = rawlen));
+			sodium_memzero(raw, KEY_FILE_MAX);
+			free(raw);
+			if (ret)
+				goto out;
 			have_secret = true;
 		} else {
 			ret = rps__seterr(-EINVAL, "key file %s: unknown line '%s' (is it an rdmaps key?)", path, s);
@@ -308,7 +335,7 @@ int rps__key_load(const char *path, struct rps__key *out)
 	*out = k;
 out:
 	sodium_memzero(&k, sizeof(k));
-	sodium_memzero(buf, KEY_FILE_MAX);
+	sodium_memzero(buf, KEY_FILE_MAX + 1);
 	free(buf);
 	return ret;
 }
@@ -377,6 +404,116 @@ err_unlink:
 	unlink(path);
 out:
 	sodium_memzero(&k, sizeof(k));
+	return ret;
+}
+
+/* ---- this user's loopback key --------------------------------------------- */
+
+static int local_key_dir(char *buf, size_t len)
+{
+	const char *d = getenv("RDMAPS_RUNTIME_DIR"), *home = getenv("HOME");
+	int n;
+
+	if (d && d[0]) {
+		n = snprintf(buf, len, "%s", d);
+	} else {
+		if (!home || !home[0]) {
+			struct passwd *pw = getpwuid(geteuid());
+
+			home = pw ? pw->pw_dir : NULL;
+		}
+		if (!home || !home[0])
+			return rps__seterr(-ENOENT, "no home directory to keep the loopback key in: set HOME or "
+					   "RDMAPS_RUNTIME_DIR, or give --key FILE");
+		n = snprintf(buf, len, "%s/.rdmaps", home);
+	}
+	if (n < 0 || (size_t)n + sizeof("/" RPS__LOCAL_KEY_NAME) > len)
+		return rps__seterr(-ENAMETOOLONG, "the loopback key's directory %s: path too long", buf);
+	return 0;
+}
+
+int rps__local_key_path(char *buf, size_t len)
+{
+	char dir[PATH_MAX];
+	int ret = local_key_dir(dir, sizeof(dir));
+
+	if (ret)
+		return ret;
+	if ((size_t)snprintf(buf, len, "%s/%s", dir, RPS__LOCAL_KEY_NAME) >= len)
+		return rps__seterr(-ENAMETOOLONG, "the loopback key's path under %s: too long", dir);
+	return 0;
+}
+
+/* Ours, a directory, and nobody else's to enter: else nobody can trust
+ * a key in it. */
+static int local_dir_check(const char *dir)
+{
+	struct stat st;
+
+	if (stat(dir, &st))
+		return errno == ENOENT ? -ENOENT : rps__seterr(-errno, "the loopback key's directory %s: %s", dir,
+							       strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return rps__seterr(-ENOTDIR, "the loopback key's directory %s is not a directory", dir);
+	if (st.st_uid != geteuid())
+		return rps__seterr(-EPERM, "the loopback key's directory %s belongs to uid %u, not to us (uid %u): "
+				   "use another (RDMAPS_RUNTIME_DIR) or give --key FILE", dir, (unsigned)st.st_uid,
+				   (unsigned)geteuid());
+	if (st.st_mode & 077)
+		return rps__seterr(-EPERM, "the loopback key's directory %s is open to others (mode %04o): "
+				   "chmod 700 %s", dir, (unsigned)(st.st_mode & 07777), dir);
+	return 0;
+}
+
+int rps__local_key_find(char *buf, size_t len)
+{
+	char dir[PATH_MAX];
+	int ret = local_key_dir(dir, sizeof(dir));
+
+	if (!ret)
+		ret = local_dir_check(dir);
+	if (!ret)
+		ret = rps__local_key_path(buf, len);
+	if (!ret && access(buf, F_OK))
+		ret = -ENOENT;
+	if (ret == -ENOENT)
+		rps__clearerr();
+	return ret;
+}
+
+int rps__local_key_ensure(char *buf, size_t len, bool *made)
+{
+	char dir[PATH_MAX], tmp[PATH_MAX + 64];
+	uint32_t r;
+	int ret;
+
+	*made = false;
+	ret = local_key_dir(dir, sizeof(dir));
+	if (ret)
+		return ret;
+	if (mkdir(dir, 0700) && errno != EEXIST)
+		return rps__seterr(-errno, "making the loopback key's directory %s: %s (or give --key FILE)", dir,
+				   strerror(errno));
+	ret = local_dir_check(dir);
+	if (ret == -ENOENT)
+		ret = rps__seterr(-ENOENT, "the loopback key's directory %s is gone", dir);
+	if (ret)
+		return ret;
+	ret = rps__local_key_path(buf, len);
+	if (ret || !access(buf, F_OK))
+		return ret;
+	/* written whole aside, then linked into place: a reader never sees a
+	 * part of it, and link (unlike rename) never replaces another's */
+	rps__auth_random(&r, sizeof(r));
+	snprintf(tmp, sizeof(tmp), "%s/.%s.%ld.%08x", dir, RPS__LOCAL_KEY_NAME, (long)getpid(), (unsigned)r);
+	ret = rps__key_write(tmp, RPS__KEY_CLUSTER, NULL, NULL);
+	if (ret)
+		return ret;
+	if (!link(tmp, buf))
+		*made = true;
+	else if (errno != EEXIST)
+		ret = rps__seterr(-errno, "the loopback key %s: %s (or give --key FILE)", buf, strerror(errno));
+	unlink(tmp);
 	return ret;
 }
 

@@ -105,6 +105,29 @@ int rps__key_derive(const struct rps__key *cluster, enum rps__key_role role, con
 uint64_t rps__key_id(const uint8_t *secret, size_t len);
 /* The key path given, else $RDMAPS_KEY_FILE, else NULL. */
 const char *rps__key_path(const char *given);
+/*
+ * This user's loopback key (README "Security"): what protects a server
+ * started without --key (and without --insecure) from the host's other
+ * users.  One cluster key per user, in $RDMAPS_RUNTIME_DIR/loopback.key,
+ * else ~/.rdmaps/loopback.key (the directory mode 0700, the file 0600,
+ * both ours), the way X11 and Jupyter keep their cookies: the first such
+ * server makes it, every other one of the same user (a cluster of them on
+ * loopback) reads the same, and so do that user's clients (librdmaps,
+ * psctl, psperf, Python) when they talk to loopback servers without a key.
+ */
+#define RPS__LOCAL_KEY_NAME "loopback.key"
+/* The loopback key's path into buf (its directory need not exist). */
+int rps__local_key_path(char *buf, size_t len);
+/* A server's: the loopback key's path, the key made now (atomically:
+ * written aside, then linked into place, so of several servers starting at
+ * once one key wins and all read it) if there is none; *made says which.
+ * A directory that is not ours or that others may enter is refused. */
+int rps__local_key_ensure(char *buf, size_t len, bool *made);
+/* A client's: 0 and the path if the loopback key exists, -ENOENT (no
+ * message) if not, another negative errno (message set) if its directory
+ * is not safe. */
+int rps__local_key_find(char *buf, size_t len);
+
 /* Wipe a key. */
 void rps__key_clear(struct rps__key *k);
 

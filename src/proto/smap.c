@@ -210,6 +210,44 @@ uint64_t rps__smap_zone_duplicate(const struct rps__smap *m, uint32_t p)
 	return 0;
 }
 
+bool rps__smap_uri_ok(const char *uri)
+{
+	const char *h, *end, *port;
+	size_t n = strnlen(uri, RPS__SMAP_URI_MAX), i;
+	unsigned long v = 0;
+
+	if (n == 0 || n == RPS__SMAP_URI_MAX)
+		return false;
+	for (i = 0; i < n; i++)
+		if ((unsigned char)uri[i] < 0x21 || (unsigned char)uri[i] > 0x7e)
+			return false;
+	if (!strncmp(uri, "tcp://", 6))
+		h = uri + 6;
+	else if (!strncmp(uri, "verbs://", 8))
+		h = uri + 8;
+	else
+		return false;
+	if (*h == '[') {		/* [IPv6]:PORT */
+		end = strchr(h, ']');
+		if (!end || end == h + 1 || end[1] != ':' || memchr(h + 1, '[', (size_t)(end - h - 1)))
+			return false;
+		port = end + 2;
+	} else {			/* HOST:PORT, HOST without ':' '[' ']' '/' */
+		end = strchr(h, ':');
+		if (!end || end == h || strcspn(h, "[]/") < (size_t)(end - h))
+			return false;
+		port = end + 1;
+	}
+	if (!*port || strlen(port) > 5)
+		return false;
+	for (i = 0; port[i]; i++) {
+		if (port[i] < '0' || port[i] > '9')
+			return false;
+		v = v * 10 + (unsigned long)(port[i] - '0');
+	}
+	return v >= 1 && v <= 65535;
+}
+
 static bool uri_taken(const struct rps__smap *m, const char *uri)
 {
 	for (uint32_t i = 0; i < m->nmembers && i < RPS__SMAP_MAX_MEMBERS; i++)
@@ -288,6 +326,12 @@ static int check_add(const struct rps__smap *m, const struct rps__smap_cmd *c)
 	if (len == RPS__SMAP_URI_MAX)
 		return rps__seterr(-EINVAL, "add member %llu: address longer than %u bytes",
 				   ull(c->id), RPS__SMAP_URI_MAX - 1);
+	if (!rps__smap_uri_ok(c->uri)) {	/* (whoever proposed it: a member must be dialable) */
+		char esc[4 * RPS__SMAP_URI_MAX];
+
+		return rps__seterr(-EINVAL, "add member %llu: bad address '%s': give tcp://HOST:PORT or "
+				   "verbs://ADDR:PORT (port 1 to 65535)", ull(c->id), rps__escape(c->uri, esc, sizeof(esc)));
+	}
 	if (member_index(m, c->id) >= 0)
 		return rps__seterr(-EEXIST, "add member %llu: already a member", ull(c->id));
 	if (c->id <= m->max_id)

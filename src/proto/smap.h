@@ -144,6 +144,11 @@ static inline uint32_t rps__smap_part_of(const struct rps__smap *m, uint32_t see
 	return (uint32_t)(((uint64_t)seed + shard) % m->npart);
 }
 
+/* A member address the map takes: tcp://HOST:PORT or verbs://ADDR:PORT
+ * (IPv6 as [ADDR]), printable ASCII, port 1 to 65535.  ADD_MEMBER with
+ * any other is refused when applied, whoever proposed it. */
+bool rps__smap_uri_ok(const char *uri);
+
 const struct rps__smap_member *rps__smap_member(const struct rps__smap *m, uint64_t id);
 /* Partitions owned by id (a move in progress still counts for its owner). */
 uint32_t rps__smap_owned(const struct rps__smap *m, uint64_t id);

@@ -3,10 +3,34 @@
  */
 #include "config.h"
 #include "cutest.h"
+#include "tmpdir.h"
+#include "common/fsutil.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* Every test program keeps the loopback key of the servers it starts
+ * without --key (proto/auth.h) in a directory of its own, removed at exit:
+ * parallel tests, and the user's own ~/.rdmaps, never meet.  A test that
+ * wants another sets RDMAPS_RUNTIME_DIR itself. */
+static char runtime_dir[256];
+static pid_t runtime_owner;
+
+static void runtime_remove(void)
+{
+	if (runtime_dir[0] && getpid() == runtime_owner)	/* (forked workers exit too) */
+		rps__remove_tree(runtime_dir);
+}
+
+static void runtime_init(void)
+{
+	test_mkdtemp(runtime_dir, sizeof(runtime_dir), "rps-runtime");
+	runtime_owner = getpid();
+	atexit(runtime_remove);
+	setenv("RDMAPS_RUNTIME_DIR", runtime_dir, 1);
+}
 
 static const char *only_filter(void)
 {
@@ -22,6 +46,7 @@ int cutest_run(const struct cutest_suite *suites, size_t nsuites)
 	const char *only = only_filter();
 	unsigned failed;
 
+	runtime_init();
 	if (CU_initialize_registry() != CUE_SUCCESS) {
 		fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
 		return 99;
