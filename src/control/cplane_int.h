@@ -160,6 +160,11 @@ struct rps__cplane {
 	uint64_t read_ctx;
 	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
 	bool restarted;			/* started from a --data-dir that held state */
+	bool replaying;			/* applying what the log held at start: entries a
+					 * previous life of this server committed */
+	uint64_t incarnation;		/* this start's nonce (never 0): the CLEAR_LOST we
+					 * propose carry it, so a later start that replays
+					 * them knows they restored another life's memory */
 	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
 	bool seed_dialing[RPS__SMAP_MAX_MEMBERS];	/* ... under way */
 	struct ckpt_state *ckpt;	/* ckpt_srv.c */

@@ -1,0 +1,376 @@
+/*
+ * it_durable.c - what a restart of rdmapsd keeps and what it says it lost
+ * (issue 30, items 1 and 3), with real rdmapsd processes on loopback TCP,
+ * each with its --data-dir kept across restarts.
+ *
+ *  - R = 1: a server stopped with SIGTERM, killed with SIGKILL, and stopped
+ *    with SIGTERM again after a restore (psctl restore), each time started
+ *    again with the same --data-dir: every partition it owned is LOST in
+ *    the map, and a pull, an open or a create touching it fails with
+ *    -ENODATA, never zeros; the checkpoint restores it exactly.  (On the
+ *    base, the log replayed after a restore had the restore's CLEAR_LOST:
+ *    the restarted server took it for a restore of its own and served
+ *    zeros.)
+ *  - R = 2, the whole cluster stopped with SIGTERM and started again: no
+ *    copy survived, so every partition is LOST (not failed over from one
+ *    empty server to the other, nor served from zeros); the worker is told
+ *    in one line that the parameters are gone and how to get them back;
+ *    the checkpoint restores them exactly.
+ *  - Rolling restarts (three servers, R = 2): under a worker pushing +1
+ *    asynchronously, servers are killed with SIGKILL and restarted, one at
+ *    a time, on a fixed schedule; no partition is ever lost and at the end
+ *    every element equals the pushes acknowledged.
+ */
+#include "config.h"
+#include "cluster.h"
+#include "proto/smap.h"
+
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rdmaps.h"
+#include "lib/cutest.h"
+
+#define NPART 4
+#define COUNT 65536u	/* fp32: 64 shards of 4 KiB, 16 per partition */
+#define PUSHES 5
+#define ARGS "--partitions 4 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 1000"
+#define PSCTL_MS 40000
+#define SETTLE_MS 30000
+
+static struct it_cluster clu;
+static bool clu_up;
+static char out[65536], err[8192];
+
+/* ---- workers ---------------------------------------------------------------- */
+
+static void opts_async(struct rps_tensor_opts *o, uint32_t count)
+{
+	rps_tensor_opts_init(o);
+	o->count = count;
+	o->mode = RPS_MODE_ASYNC;
+	o->optimizer = RPS_OPT_SGD;
+	o->lr = 1.0f;	/* gradient -1: every push adds exactly 1 */
+}
+
+/* Create "w" and push -1 `*(int *)arg` times. */
+static int pusher(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *g = malloc(COUNT * sizeof(float));
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret, k;
+
+	(void)out_fd;
+	if (!g)
+		return 1;
+	for (uint32_t i = 0; i < COUNT; i++)
+		g[i] = -1.0f;
+	if ((ret = it_client_connect(servers, rank, nworkers, 20000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	opts_async(&o, COUNT);
+	if ((ret = rps_tensor_create(cl, "w", &o, &t)))
+		return it_worker_fail(rank, "create", ret);
+	for (k = 0; k < *(int *)arg; k++)
+		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+			return it_worker_fail(rank, "push", ret);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	return 0;
+}
+
+/* What a fresh worker sees of "w": open (then pull), and create (then
+ * pull): each call's result, the elements equal to `want`, to 0, and
+ * neither; the first error's text. */
+struct probe {
+	int open_ret, open_pull_ret, create_ret, create_pull_ret;
+	uint32_t n_want, n_zero, n_other;
+	char why[512];
+};
+
+static void probe_pull(rps_tensor_t *t, float want, float *buf, int *ret, struct probe *r)
+{
+	*ret = rps_pull(t, buf, COUNT * sizeof(float), NULL);
+	if (*ret) {
+		if (!r->why[0])
+			snprintf(r->why, sizeof(r->why), "%s", rps_last_error());
+		return;
+	}
+	for (uint32_t i = 0; i < COUNT; i++) {
+		if (buf[i] == want)
+			r->n_want++;
+		else if (buf[i] == 0.0f)
+			r->n_zero++;
+		else
+			r->n_other++;
+	}
+}
+
+static int prober(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float want = *(float *)arg;
+	float *buf = malloc(COUNT * sizeof(float));
+	struct rps_tensor_opts o;
+	struct probe r;
+	rps_client_t *cl;
+	rps_tensor_t *t = NULL;
+	int ret;
+
+	memset(&r, 0, sizeof(r));
+	r.open_pull_ret = r.create_pull_ret = 1;	/* (not tried) */
+	if (!buf)
+		return 1;
+	if ((ret = it_client_connect(servers, rank, nworkers, 5000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	r.open_ret = rps_tensor_open(cl, "w", &t);
+	if (r.open_ret && !r.why[0])
+		snprintf(r.why, sizeof(r.why), "%s", rps_last_error());
+	if (!r.open_ret) {
+		probe_pull(t, want, buf, &r.open_pull_ret, &r);
+		rps_tensor_close(t);
+		t = NULL;
+	}
+	opts_async(&o, COUNT);
+	r.create_ret = rps_tensor_create(cl, "w", &o, &t);
+	if (r.create_ret && !r.why[0])
+		snprintf(r.why, sizeof(r.why), "%s", rps_last_error());
+	if (!r.create_ret) {
+		probe_pull(t, want, buf, &r.create_pull_ret, &r);
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	free(buf);
+	return it_write_all(out_fd, &r, sizeof(r)) ? 1 : 0;
+}
+
+static void run_pushes(int n)
+{
+	struct it_workers w;
+
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, pusher, clu.servers, &n, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_worker_wait(&w, 0), 0);
+}
+
+static void probe(float want, struct probe *r)
+{
+	struct it_workers w;
+
+	memset(r, 0, sizeof(*r));
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, prober, clu.servers, &want, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_worker_read(&w, 0, r, sizeof(*r)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	fprintf(stderr, "[probe: open %d pull %d, create %d pull %d: %u = %g, %u zeros, %u other%s%s] ", r->open_ret,
+		r->open_pull_ret, r->create_ret, r->create_pull_ret, r->n_want, want, r->n_zero, r->n_other,
+		r->why[0] ? ": " : "", r->why);
+}
+
+/* Every element is `want`, through an open and through a create. */
+static void expect_exact(float want)
+{
+	struct probe r;
+
+	probe(want, &r);
+	CU_ASSERT_EQUAL(r.open_ret, 0);
+	CU_ASSERT_EQUAL(r.open_pull_ret, 0);
+	CU_ASSERT_EQUAL(r.create_ret, 0);
+	CU_ASSERT_EQUAL(r.create_pull_ret, 0);
+	CU_ASSERT_EQUAL(r.n_want, 2 * COUNT);
+	CU_ASSERT_EQUAL(r.n_zero, 0);
+	CU_ASSERT_EQUAL(r.n_other, 0);
+}
+
+/* Nothing of "w" is served: every way in fails with -ENODATA and says how
+ * to get it back, never a value. */
+static void expect_lost(void)
+{
+	struct probe r;
+
+	probe(1.0f, &r);
+	CU_ASSERT_EQUAL(r.n_want + r.n_zero + r.n_other, 0);	/* never zeros */
+	CU_ASSERT(r.open_ret == -ENODATA || (r.open_ret == 0 && r.open_pull_ret == -ENODATA));
+	CU_ASSERT(r.create_ret == -ENODATA || (r.create_ret == 0 && r.create_pull_ret == -ENODATA));
+	CU_ASSERT_PTR_NOT_NULL(strstr(r.why, "psctl restore"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(r.why, "forget-lost"));
+}
+
+/* ---- the cluster ------------------------------------------------------------------ */
+
+static void start(int n, const char *args)
+{
+	struct it_server_opts o = { .extra_args = args, .data_dir = 1 };
+
+	it_test_setup();
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, n, &o), 0);
+	clu_up = true;
+}
+
+static void test_teardown(void)
+{
+	it_test_teardown();
+	if (clu_up)
+		CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+/* SIGTERM server i and wait: it exits 0. */
+static void term(int i)
+{
+	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[i], SIGTERM), 0);
+	CU_ASSERT_EQUAL_FATAL(it_server_wait_exit(&clu, i, 30000), 0);
+}
+
+/* Wait until server `at`'s map, at an index every running server applied,
+ * marks lost exactly the partitions in `mask` (bit p), with member `with`
+ * named (0: any).  0, or -ETIMEDOUT (the map printed). */
+static int wait_lost(int at, uint32_t mask, uint64_t with)
+{
+	static struct rps__smap m;
+	struct it_member st;
+
+	for (double t0 = it_now_s(); it_now_s() - t0 < SETTLE_MS / 1000.0; it_sleep_ms(50)) {
+		uint32_t got = 0;
+		bool named = true;
+
+		if (it_member_status(&clu, at, &st, &m) || !st.leader)
+			continue;
+		for (uint32_t p = 0; p < m.npart; p++)
+			if (m.parts[p].lost) {
+				got |= 1u << p;
+				named &= !with || m.parts[p].lost == with;
+			}
+		if (got == mask && named)
+			return 0;
+	}
+	for (uint32_t p = 0; p < m.npart; p++)
+		fprintf(stderr, "partition %u: owner %llu, lost %llu, backup %llu\n", p,
+			(unsigned long long)m.parts[p].owner, (unsigned long long)m.parts[p].lost,
+			(unsigned long long)m.parts[p].backups[0]);
+	return -ETIMEDOUT;
+}
+
+static uint32_t owned_mask(const struct rps__smap *m, uint64_t id)
+{
+	uint32_t mask = 0;
+
+	for (uint32_t p = 0; p < m->npart; p++)
+		if (m->parts[p].owner == id)
+			mask |= 1u << p;
+	return mask;
+}
+
+static void psctl_ok(const char *cmd)
+{
+	int rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "%s", cmd);
+
+	if (rc)
+		fprintf(stderr, "psctl %s: exit %d: %s%s", cmd, rc, out, err);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+}
+
+/* ---- item 1: a clean stop, a restart after a restore --------------------------------- */
+
+/*
+ * R = 1, two servers.  Server 2 is stopped three times and started again
+ * with the same --data-dir: by SIGTERM, by SIGKILL after a restore, and by
+ * SIGTERM after another restore.  Each time the partitions it owned are
+ * LOST (member 2 named), every way in fails with -ENODATA, and a restore
+ * brings back exactly what the checkpoint holds.
+ */
+static void test_r1_restarts(void)
+{
+	static struct rps__smap m;
+	uint32_t mine;
+
+	start(2, ARGS " --replicas 1");
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 1, SETTLE_MS, &m), 0);
+	mine = owned_mask(&m, 2);
+	CU_ASSERT_FATAL(mine != 0);
+	run_pushes(PUSHES);
+	expect_exact(PUSHES);
+	psctl_ok("checkpoint durable-r1");
+
+	for (int round = 0; round < 3; round++) {
+		static const char *how[] = { "SIGTERM", "SIGKILL after a restore", "SIGTERM after a restore" };
+
+		fprintf(stderr, "\n[server 2: %s] ", how[round]);
+		if (round == 1)
+			it_server_kill(&clu, 1);
+		else
+			term(1);
+		CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
+		CU_ASSERT_EQUAL_FATAL(wait_lost(0, mine, 2), 0);
+		CU_ASSERT_EQUAL_FATAL(wait_lost(1, mine, 2), 0);
+		expect_lost();
+		/* what server 1 owns was never touched */
+		psctl_ok("restore durable-r1");
+		CU_ASSERT_EQUAL_FATAL(wait_lost(0, 0, 0), 0);
+		expect_exact(PUSHES);
+	}
+	/* and training goes on from there */
+	run_pushes(2);
+	expect_exact(PUSHES + 2);
+}
+
+/*
+ * R = 2, two servers, both stopped with SIGTERM and started again: no copy
+ * of anything survived.  Every partition is LOST (not failed over from one
+ * empty server to the other, not served from zeros), the worker is told
+ * how to get them back, and the checkpoint restores them exactly.
+ */
+static void test_whole_cluster_restart(void)
+{
+	static struct rps__smap m;
+
+	start(2, ARGS);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	run_pushes(PUSHES);
+	expect_exact(PUSHES);
+	psctl_ok("checkpoint durable-r2");
+	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[0], SIGTERM), 0);
+	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[1], SIGTERM), 0);
+	CU_ASSERT_EQUAL_FATAL(it_server_wait_exit(&clu, 0, 30000), 0);
+	CU_ASSERT_EQUAL_FATAL(it_server_wait_exit(&clu, 1, 30000), 0);
+	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 0), 0);
+	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
+	CU_ASSERT_EQUAL_FATAL(wait_lost(0, (1u << NPART) - 1, 0), 0);
+	CU_ASSERT_EQUAL_FATAL(wait_lost(1, (1u << NPART) - 1, 0), 0);
+	expect_lost();
+	/* a second look, after every proposal had its time: still lost */
+	it_sleep_ms(3000);
+	CU_ASSERT_EQUAL_FATAL(wait_lost(1, (1u << NPART) - 1, 0), 0);
+	expect_lost();
+	psctl_ok("restore durable-r2");
+	CU_ASSERT_EQUAL_FATAL(wait_lost(0, 0, 0), 0);
+	expect_exact(PUSHES);
+	run_pushes(2);
+	expect_exact(PUSHES + 2);
+}
+
+int main(void)
+{
+	static const struct cutest tests[] = {
+		{ "R = 1: SIGTERM, SIGKILL after a restore, SIGTERM after a restore: LOST, never zeros", test_r1_restarts },
+		{ "R = 2: the whole cluster stopped and started again: LOST, then restored", test_whole_cluster_restart },
+	};
+	const struct cutest_suite suites[] = {
+		{ "restarts with --data-dir", NULL, NULL, NULL, test_teardown, tests, CUTEST_COUNT(tests) },
+	};
+	int ret;
+
+	if ((ret = it_prog_init("it_durable", 240, NULL, NULL)))
+		return ret;
+	if (access(it_psctl_path(), X_OK) != 0) {
+		fprintf(stderr, "it_durable: no psctl at %s (set PSCTL)\n", it_psctl_path());
+		return 1;
+	}
+	return cutest_run(suites, CUTEST_COUNT(suites));
+}
