@@ -240,19 +240,27 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 			 (unsigned long long)index, what);
 	rps__cp_replica_applied(cp, &cmd, ret, rps__now_ns());
 	if (!ret && cmd.type == RPS__SMAP_CLEAR_LOST && cp->map.parts[cmd.part].owner == cp->my_id &&
-	    (cmd.id ? cmd.id == cp->incarnation : !cp->replaying)) {
+	    (cmd.id ? cmd.id == cp->incarnation : index > cp->replay_to)) {
 		/* restored here (our own CLEAR_LOST: it names this start), or
-		 * accepted empty (psctl forget-lost) since we started.  One a
-		 * previous life of this server committed restored memory that
-		 * is gone now: replayed, it must not make us serve zeros. */
+		 * accepted empty (psctl forget-lost) after what our log held
+		 * at start.  One from a previous life of this server restored
+		 * memory that is gone now: replayed, it must not make us serve
+		 * zeros (the partition is lost again: restarted_without). */
 		cp->parts[cmd.part].gone = false;
 		cp->parts[cmd.part].cleared = true;
 	}
 	if (!ret && cmd.type == RPS__SMAP_FAILOVER && cmd.to == cp->my_id && cp->parts[cmd.part].st != PART_BACKUP) {
 		/* promoted without a copy (a restart, or one dropped meanwhile):
-		 * refuse it as lost, never serve it empty */
-		rps__log(RPS__LOG_ERROR, "partition %u failed over to us, but we hold no copy of it: lost: restore it"
-			 " (psctl restore NAME) or accept it empty (psctl forget-lost %u)", cmd.part, cmd.part);
+		 * refuse it as lost, never serve it empty.  Replayed after a
+		 * restart it is history, not news: a previous life of ours was
+		 * promoted (and the restart took that copy); what became of it
+		 * since is in the entries that follow, and what is still ours
+		 * at the end fails over or is marked lost (restarted_without). */
+		if (index <= cp->replay_to)
+			rps__log(RPS__LOG_DEBUG, "partition %u: failed over to us before the restart (replayed)", cmd.part);
+		else
+			rps__log(RPS__LOG_ERROR, "partition %u failed over to us, but we hold no copy of it: lost: restore"
+				 " it (psctl restore NAME) or accept it empty (psctl forget-lost %u)", cmd.part, cmd.part);
 		cp->parts[cmd.part].gone = true;
 	}
 	if (!ret && cmd.type == RPS__SMAP_MARK_LOST && all_lost(&cp->map))

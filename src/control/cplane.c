@@ -429,9 +429,7 @@ static int recover_map(struct rps__cplane *cp)
 {
 	int ret, i;
 
-	cp->replaying = true;	/* (cb_apply: a previous life's CLEAR_LOST) */
 	ret = rps__rnode_process(cp->rnode);
-	cp->replaying = false;
 	if (ret)
 		return ret;
 	if (!cp->cfg.join_id && !cp->map.npart) {
@@ -482,9 +480,16 @@ int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct r
 	ret = rps__ck_init(cp);
 	if (ret)
 		goto err_ck;
+	cp->replay_to = UINT64_MAX;	/* (what open applies is the log's: replayed) */
 	ret = open_raft(cp, &nvoters);
 	if (ret)
 		goto err_ck;
+	{
+		struct rps__raft_status rs;
+
+		rps__rnode_status(cp->rnode, &rs);
+		cp->replay_to = rs.last_index;
+	}
 	ret = recover_map(cp);
 	if (ret)
 		goto err_rnode;

@@ -160,8 +160,9 @@ struct rps__cplane {
 	uint64_t read_ctx;
 	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
 	bool restarted;			/* started from a --data-dir that held state */
-	bool replaying;			/* applying what the log held at start: entries a
-					 * previous life of this server committed */
+	uint64_t replay_to;		/* the last index our log held at start: entries up
+					 * to it are a previous life's (replayed, applied at
+					 * open or once the leader says they committed) */
 	uint64_t incarnation;		/* this start's nonce (never 0): the CLEAR_LOST we
 					 * propose carry it, so a later start that replays
 					 * them knows they restored another life's memory */
