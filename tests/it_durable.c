@@ -355,11 +355,127 @@ static void test_whole_cluster_restart(void)
 	expect_exact(PUSHES + 2);
 }
 
+/* ---- item 3: rolling restarts ---------------------------------------------------------- */
+
+#define ROLL_COUNT 300000u	/* fp32: 19 shards of 64 KiB over 64 partitions */
+#define ROLL_ARGS "--shard-size 65536 --fsync none"
+#define ROLL_CYCLES 5
+#define ROLL_DOWN_MS 3000	/* killed, then restarted this much later */
+#define ROLL_UP_MS 5000		/* back this long before the next kill */
+
+struct roll_shared {
+	atomic_int acked;	/* pushes acknowledged */
+	atomic_int stop;	/* the parent says: enough */
+	atomic_int failed;	/* the worker's push failed */
+	char why[512];
+};
+static struct roll_shared *roll;
+
+/* Push +1 into "roll" until told to stop, counting the acknowledgements;
+ * the first failure ends it (said in roll->why). */
+static int roller(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *g = malloc(ROLL_COUNT * sizeof(float));
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)arg;
+	(void)out_fd;
+	if (!g)
+		return 1;
+	for (uint32_t i = 0; i < ROLL_COUNT; i++)
+		g[i] = -1.0f;
+	if ((ret = it_client_connect(servers, rank, nworkers, 60000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	opts_async(&o, ROLL_COUNT);
+	if ((ret = rps_tensor_create(cl, "roll", &o, &t)))
+		return it_worker_fail(rank, "create", ret);
+	while (!atomic_load(&roll->stop)) {
+		if ((ret = rps_push(t, g, ROLL_COUNT * sizeof(float)))) {
+			snprintf(roll->why, sizeof(roll->why), "push %d: %s: %s", atomic_load(&roll->acked) + 1,
+				 rps_strerror(ret), rps_last_error());
+			atomic_store(&roll->failed, 1);
+			return it_worker_fail(rank, "push", ret);
+		}
+		atomic_fetch_add(&roll->acked, 1);
+	}
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	return 0;
+}
+
+/*
+ * Three servers, R = 2, a worker pushing +1 asynchronously; on a fixed
+ * schedule a server is killed with SIGKILL, restarted with the same
+ * --data-dir ROLL_DOWN_MS later, and has ROLL_UP_MS before the next one is
+ * killed: only one server is ever down.  No partition may be lost (the
+ * worker never fails, the map never marks one), and at the end every
+ * element and the backups equal the pushes acknowledged.
+ */
+static void test_rolling_restarts(void)
+{
+	static const int victims[ROLL_CYCLES] = { 1, 2, 0, 1, 2 };
+	static struct rps__smap m;
+	static float buf[ROLL_COUNT];
+	struct it_workers w;
+	struct it_member st;
+	uint64_t version = 0;
+	uint32_t bad = 0;
+	int acked, k;
+
+	memset(roll, 0, sizeof(*roll));
+	start(3, ROLL_ARGS);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, roller, clu.servers, NULL, -1, NULL), 0);
+	while (atomic_load(&roll->acked) < 20 && !atomic_load(&roll->failed))
+		it_sleep_ms(10);
+	for (k = 0; k < ROLL_CYCLES && !atomic_load(&roll->failed); k++) {
+		int before = atomic_load(&roll->acked);
+
+		fprintf(stderr, "\n[kill %d: server %d, %d pushes so far] ", k + 1, victims[k] + 1, before);
+		it_server_kill(&clu, victims[k]);
+		it_sleep_ms(ROLL_DOWN_MS);
+		CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, victims[k]), 0);
+		it_sleep_ms(ROLL_UP_MS);
+		/* no partition lost meanwhile, in the map of a server up all along */
+		if (it_member_status(&clu, (victims[k] + 1) % 3, &st, &m) == 0)
+			for (uint32_t p = 0; p < m.npart; p++)
+				if (m.parts[p].lost) {
+					fprintf(stderr, "partition %u lost with member %llu\n", p,
+						(unsigned long long)m.parts[p].lost);
+					bad++;
+				}
+	}
+	atomic_store(&roll->stop, 1);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	if (atomic_load(&roll->failed))
+		fprintf(stderr, "the worker failed: %s\n", roll->why);
+	CU_ASSERT_EQUAL(atomic_load(&roll->failed), 0);
+	CU_ASSERT_EQUAL(bad, 0);
+	acked = atomic_load(&roll->acked);
+	fprintf(stderr, "[%d pushes acknowledged across %d kills] ", acked, k);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	for (uint32_t p = 0; p < m.npart; p++)
+		CU_ASSERT_EQUAL(m.parts[p].lost, 0);
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, "roll", buf, ROLL_COUNT, 20000, &version), 0);
+	for (uint32_t i = 0; i < ROLL_COUNT; i++)
+		bad += buf[i] != (float)acked;
+	if (bad)
+		fprintf(stderr, "%u elements differ from %d (element 0: %g)\n", bad, acked, buf[0]);
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(it_replicas_differ(&clu, &m, "roll", NULL), 0);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
 		{ "R = 1: SIGTERM, SIGKILL after a restore, SIGTERM after a restore: LOST, never zeros", test_r1_restarts },
 		{ "R = 2: the whole cluster stopped and started again: LOST, then restored", test_whole_cluster_restart },
+		{ "R = 2, 3 servers: kill -9 and restart one at a time under a pushing worker: nothing lost",
+		  test_rolling_restarts },
 	};
 	const struct cutest_suite suites[] = {
 		{ "restarts with --data-dir", NULL, NULL, NULL, test_teardown, tests, CUTEST_COUNT(tests) },
@@ -368,6 +484,8 @@ int main(void)
 
 	if ((ret = it_prog_init("it_durable", 240, NULL, NULL)))
 		return ret;
+	if (!(roll = it_shared_map("it_durable", sizeof(*roll))))
+		return 1;
 	if (access(it_psctl_path(), X_OK) != 0) {
 		fprintf(stderr, "it_durable: no psctl at %s (set PSCTL)\n", it_psctl_path());
 		return 1;

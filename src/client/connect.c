@@ -484,10 +484,20 @@ static bool map_ask_in_pass(const struct rps_client *cl, const struct conn *c, i
  * A member that restarted is not dialed again while the map gives it
  * nothing to serve us (redial_wanted), yet it may hold the backups the
  * failover promotes (rolling restarts: each member in turn killed and
- * restarted, the last one we used killed at last).  Dial the members we
- * have no live connection to, for the map, and read it from the first
- * that answers.  0, or the last error.
+ * restarted, the last one we used killed at last).  Dial those members
+ * (owning nothing in our map) for the map, and read it from the first that
+ * answers.  An owner we lost is dialed again by the usual rule (and a
+ * process whose connections a takeover closed must find them gone, not
+ * reopened for it).  0, or the last error.
  */
+static bool owns_any(const struct rps_client *cl, uint64_t id)
+{
+	for (uint32_t p = 0; p < cl->map.npart; p++)
+		if (cl->map.parts[p].owner == id || cl->map.parts[p].moving_to == id)
+			return true;
+	return false;
+}
+
 static int map_from_any_member(struct rps_client *cl)
 {
 	int ret = -ECONNRESET, k;
@@ -499,8 +509,8 @@ static int map_from_any_member(struct rps_client *cl)
 		for (k = 0; k < cl->nservers; k++)
 			live |= cl->conns[k].member_id == m->id && cl->conns[k].thread == 0 && cl->conns[k].ep &&
 				!cl->conns[k].dead;
-		if (live)
-			continue;	/* (asked already) */
+		if (live || owns_any(cl, m->id))
+			continue;	/* (asked already; or an owner: the usual rule) */
 		if (connect_endpoint_how(cl, m, 0, &k, true) || k < 0 || !cl->conns[k].ep || cl->conns[k].dead)
 			continue;
 		ret = rps__map_read_sync(cl, &cl->conns[k]);

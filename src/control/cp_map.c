@@ -258,6 +258,11 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 		 * at the end fails over or is marked lost (restarted_without). */
 		if (index <= cp->replay_to)
 			rps__log(RPS__LOG_DEBUG, "partition %u: failed over to us before the restart (replayed)", cmd.part);
+		else if (cp->map.parts[cmd.part].backups[0])
+			/* a backup it kept holds it: we hand it on (restarted_without) */
+			rps__log(RPS__LOG_WARN, "partition %u failed over to us, but we hold no copy of it: failing over"
+				 " to its backup, member %llu", cmd.part,
+				 (unsigned long long)cp->map.parts[cmd.part].backups[0]);
 		else
 			rps__log(RPS__LOG_ERROR, "partition %u failed over to us, but we hold no copy of it: lost: restore"
 				 " it (psctl restore NAME) or accept it empty (psctl forget-lost %u)", cmd.part, cmd.part);
