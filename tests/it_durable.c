@@ -355,6 +355,55 @@ static void test_whole_cluster_restart(void)
 	expect_exact(PUSHES + 2);
 }
 
+/*
+ * R = 2: a checkpoint restored into a new cluster, then a primary killed
+ * and restarted (same --data-dir): its partitions fail over to their
+ * backups, which must hold what the restore installed (not what they had
+ * before it), exactly.
+ */
+/* Wait until server `at`'s map names member `id` owner of nothing. */
+static int wait_owns_nothing(int at, uint64_t id)
+{
+	static struct rps__smap m;
+	struct it_member st;
+
+	for (double t0 = it_now_s(); it_now_s() - t0 < SETTLE_MS / 1000.0; it_sleep_ms(50))
+		if (!it_member_status(&clu, at, &st, &m) && st.leader && !owned_mask(&m, id))
+			return 0;
+	return -ETIMEDOUT;
+}
+
+static void test_restore_then_failover(void)
+{
+	static struct rps__smap m;
+
+	start(2, ARGS);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	run_pushes(PUSHES);
+	psctl_ok("checkpoint durable-fo");
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+
+	start(2, ARGS);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	psctl_ok("restore durable-fo");
+	expect_exact(PUSHES);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	CU_ASSERT_EQUAL(it_replicas_differ(&clu, &m, "w", NULL), 0);
+	CU_ASSERT_FATAL(owned_mask(&m, 2) != 0);
+	it_server_kill(&clu, 1);
+	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
+	/* its partitions failed over to member 1, which it then backs up */
+	CU_ASSERT_EQUAL_FATAL(wait_owns_nothing(0, 2), 0);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	for (uint32_t p = 0; p < m.npart; p++)
+		CU_ASSERT_EQUAL(m.parts[p].lost, 0);
+	expect_exact(PUSHES);
+	CU_ASSERT_EQUAL(it_replicas_differ(&clu, &m, "w", NULL), 0);
+	run_pushes(2);
+	expect_exact(PUSHES + 2);
+}
+
 /* ---- item 3: rolling restarts ---------------------------------------------------------- */
 
 #define ROLL_COUNT 300000u	/* fp32: 19 shards of 64 KiB over 64 partitions */
@@ -474,6 +523,8 @@ int main(void)
 	static const struct cutest tests[] = {
 		{ "R = 1: SIGTERM, SIGKILL after a restore, SIGTERM after a restore: LOST, never zeros", test_r1_restarts },
 		{ "R = 2: the whole cluster stopped and started again: LOST, then restored", test_whole_cluster_restart },
+		{ "R = 2: restored into a new cluster, a primary killed and restarted: its backup holds the restore",
+		  test_restore_then_failover },
 		{ "R = 2, 3 servers: kill -9 and restart one at a time under a pushing worker: nothing lost",
 		  test_rolling_restarts },
 	};
