@@ -23,6 +23,7 @@
  */
 #include "config.h"
 #include "cluster.h"
+#include "proto/shard.h"
 #include "proto/smap.h"
 
 #include <CUnit/Basic.h>
@@ -202,6 +203,63 @@ static void expect_lost(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(r.why, "forget-lost"));
 }
 
+/* Small tensors (one shard each), "small-0".."small-<NSMALL-1>": created
+ * with PUSHES pushes each; then, in a fresh worker, each opened and pulled:
+ * its result (0 or the error) and whether it pulled exactly PUSHES. */
+#define NSMALL 8
+#define SMALL_COUNT 1024u	/* one 4 KiB shard */
+
+struct small_rep {
+	int ret[NSMALL];
+	int exact[NSMALL];
+};
+
+static int smaller(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	bool create = *(int *)arg;
+	float g[SMALL_COUNT], buf[SMALL_COUNT];
+	struct rps_tensor_opts o;
+	struct small_rep r;
+	rps_client_t *cl;
+	int ret;
+
+	memset(&r, 0, sizeof(r));
+	for (uint32_t i = 0; i < SMALL_COUNT; i++)
+		g[i] = -1.0f;
+	if ((ret = it_client_connect(servers, rank, nworkers, 5000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	opts_async(&o, SMALL_COUNT);
+	for (int k = 0; k < NSMALL; k++) {
+		char name[32];
+		rps_tensor_t *t;
+
+		snprintf(name, sizeof(name), "small-%d", k);
+		r.ret[k] = create ? rps_tensor_create(cl, name, &o, &t) : rps_tensor_open(cl, name, &t);
+		if (r.ret[k])
+			continue;
+		for (int s = 0; create && !r.ret[k] && s < PUSHES; s++)
+			r.ret[k] = rps_push(t, g, sizeof(g));
+		if (!r.ret[k])
+			r.ret[k] = rps_pull(t, buf, sizeof(buf), NULL);
+		r.exact[k] = !r.ret[k];
+		for (uint32_t i = 0; !r.ret[k] && i < SMALL_COUNT; i++)
+			r.exact[k] &= buf[i] == (float)PUSHES;
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	return it_write_all(out_fd, &r, sizeof(r)) ? 1 : 0;
+}
+
+static void run_small(bool create, struct small_rep *r)
+{
+	struct it_workers w;
+	int c = create;
+
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, smaller, clu.servers, &c, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_worker_read(&w, 0, r, sizeof(*r)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+}
+
 /* ---- the cluster ------------------------------------------------------------------ */
 
 static void start(int n, const char *args)
@@ -296,6 +354,13 @@ static void test_r1_restarts(void)
 	CU_ASSERT_FATAL(mine != 0);
 	run_pushes(PUSHES);
 	expect_exact(PUSHES);
+	{
+		struct small_rep sr;
+
+		run_small(true, &sr);
+		for (int k = 0; k < NSMALL; k++)
+			CU_ASSERT(sr.ret[k] == 0 && sr.exact[k]);
+	}
 	psctl_ok("checkpoint durable-r1");
 
 	for (int round = 0; round < 3; round++) {
@@ -310,6 +375,29 @@ static void test_r1_restarts(void)
 		CU_ASSERT_EQUAL_FATAL(wait_lost(0, mine, 2), 0);
 		CU_ASSERT_EQUAL_FATAL(wait_lost(1, mine, 2), 0);
 		expect_lost();
+		/* a small tensor outside the lost partitions opens and pulls
+		 * exactly; one inside is refused, never zeros */
+		{
+			struct small_rep sr;
+			int opened = 0;
+
+			run_small(false, &sr);
+			for (int k = 0; k < NSMALL; k++) {
+				struct rps__layout l;
+				char name[32];
+
+				snprintf(name, sizeof(name), "small-%d", k);
+				CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, name, SMALL_COUNT, 1024, NPART), 0);
+				if (mine & (1u << rps__shard_server(&l, 0))) {
+					CU_ASSERT_EQUAL(sr.ret[k], -ENODATA);
+				} else {
+					CU_ASSERT_EQUAL(sr.ret[k], 0);
+					CU_ASSERT(sr.exact[k]);
+					opened++;
+				}
+			}
+			CU_ASSERT(opened > 0 && opened < NSMALL);	/* (both kinds, with these names) */
+		}
 		/* what server 1 owns was never touched */
 		psctl_ok("restore durable-r1");
 		CU_ASSERT_EQUAL_FATAL(wait_lost(0, 0, 0), 0);

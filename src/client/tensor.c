@@ -82,6 +82,24 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 		goto out;
 	}
 	ret = rps__ctrl_call(cl, RPS__MSG_CREATE, msg, sizeof(*msg), to, sizeof(*reps), reps, rstatus);
+	if (ret && !tolerate && (msg->flags & RPS__CREATE_OPEN_ONLY)) {
+		/* a server that does not know the tensor holds none of it (a
+		 * member restarted since, or a serving thread no shard of it
+		 * reached; ENODATA: and it owns lost partitions: the ops on
+		 * shards in them are refused, -ENODATA, ops.c): an open needs
+		 * one that knows it and no other error */
+		bool known = false, other = false;
+		for (i = 0; i < cl->nservers; i++) {
+			if (!to[i])
+				continue;
+			known |= rstatus[i] == 0;
+			other |= rstatus[i] != 0 && rstatus[i] != -ENOENT && rstatus[i] != -ENODATA;
+		}
+		if (known && !other) {
+			ret = 0;
+			rps__clearerr();
+		}
+	}
 	for (i = 0; ret && !tolerate && i < cl->nservers; i++)
 		if (to[i] && rstatus[i] == -ENODATA) {
 			/* a lost partition says more than another server's "I
@@ -90,22 +108,6 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 			ret = rps__seterr(-ENODATA, "a server holds a lost partition of it");
 			break;
 		}
-	if (ret && !tolerate && (msg->flags & RPS__CREATE_OPEN_ONLY)) {
-		/* a server that does not know the tensor holds none of it (a
-		 * member restarted since, or a serving thread no shard of it
-		 * reached): an open needs one that knows it and no other error */
-		bool known = false, other = false;
-		for (i = 0; i < cl->nservers; i++) {
-			if (!to[i])
-				continue;
-			known |= rstatus[i] == 0;
-			other |= rstatus[i] != 0 && rstatus[i] != -ENOENT;
-		}
-		if (known && !other) {
-			ret = 0;
-			rps__clearerr();
-		}
-	}
 	if (ret && !tolerate)
 		goto out;
 	ret = 0;
