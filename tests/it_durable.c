@@ -10,12 +10,16 @@
  *    -ENODATA, never zeros; the checkpoint restores it exactly.  (On the
  *    base, the log replayed after a restore had the restore's CLEAR_LOST:
  *    the restarted server took it for a restore of its own and served
- *    zeros.)
+ *    zeros.)  One-shard tensors outside the lost partitions open and pull
+ *    exactly meanwhile.
  *  - R = 2, the whole cluster stopped with SIGTERM and started again: no
  *    copy survived, so every partition is LOST (not failed over from one
  *    empty server to the other, nor served from zeros); the worker is told
  *    in one line that the parameters are gone and how to get them back;
  *    the checkpoint restores them exactly.
+ *  - R = 2: a checkpoint restored into a new cluster, then a primary
+ *    killed and restarted: its partitions fail over to backups that hold
+ *    the restore (on the base they had no copy of the restored tensor).
  *  - Rolling restarts (three servers, R = 2): under a worker pushing +1
  *    asynchronously, servers are killed with SIGKILL and restarted, one at
  *    a time, on a fixed schedule; no partition is ever lost and at the end
