@@ -349,8 +349,10 @@ static bool redial_wanted(const struct rps_client *cl, const struct conn *c)
  * an error here: its connection is left dead with the reason and its
  * address, so ops on its shards fail naming it while the others work.
  * Only a server that disagrees on the cluster's configuration is.
- * Returns that, or 0; *conn: its connection (-1: no room). */
-static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member *m, uint32_t thread, int *conn)
+ * Returns that, or 0; *conn: its connection (-1: no room).  any: made
+ * again even if not wanted (a map read with nobody else left to ask). */
+static int connect_endpoint_how(struct rps_client *cl, const struct rps__smap_member *m, uint32_t thread, int *conn,
+				bool any)
 {
 	struct rps__uri u;
 	int k, ret;
@@ -367,7 +369,7 @@ static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member
 	if (k == cl->nservers && cl->nservers == (int)MAX_CONNS)
 		return 0;
 	*conn = k;
-	if (k < cl->nservers && cl->conns[k].lost_ns && !redial_wanted(cl, &cl->conns[k]))
+	if (k < cl->nservers && cl->conns[k].lost_ns && !any && !redial_wanted(cl, &cl->conns[k]))
 		return 0;
 	if (k < cl->nservers)
 		rps__conn_free(&cl->conns[k]);
@@ -418,6 +420,11 @@ static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member
 		cl->conns[k].err = -EINVAL;
 	}
 	return ret;
+}
+
+static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member *m, uint32_t thread, int *conn)
+{
+	return connect_endpoint_how(cl, m, thread, conn, false);
 }
 
 /* Connect to the members of the map we have no connection to, and to
@@ -490,6 +497,47 @@ static bool map_ask_in_pass(const struct rps_client *cl, const struct conn *c, i
 	return pass == 1 ? !c->probing : c->probing;
 }
 
+/*
+ * No connection we hold could give the map: every member we used is gone.
+ * A member that restarted is not dialed again while the map gives it
+ * nothing to serve us (redial_wanted), yet it may hold the backups the
+ * failover promotes (rolling restarts: each member in turn killed and
+ * restarted, the last one we used killed at last).  Dial those members
+ * (owning nothing in our map) for the map, and read it from the first that
+ * answers.  An owner we lost is dialed again by the usual rule (and a
+ * process whose connections a takeover closed must find them gone, not
+ * reopened for it).  0, or the last error.
+ */
+static bool owns_any(const struct rps_client *cl, uint64_t id)
+{
+	for (uint32_t p = 0; p < cl->map.npart; p++)
+		if (cl->map.parts[p].owner == id || cl->map.parts[p].moving_to == id)
+			return true;
+	return false;
+}
+
+static int map_from_any_member(struct rps_client *cl)
+{
+	int ret = -ECONNRESET, k;
+
+	for (uint32_t i = 0; i < cl->map.nmembers; i++) {
+		const struct rps__smap_member *m = &cl->map.members[i];
+		bool live = false;
+
+		for (k = 0; k < cl->nservers; k++)
+			live |= cl->conns[k].member_id == m->id && cl->conns[k].thread == 0 && cl->conns[k].ep &&
+				!cl->conns[k].dead;
+		if (live || owns_any(cl, m->id))
+			continue;	/* (asked already; or an owner: the usual rule) */
+		if (connect_endpoint_how(cl, m, 0, &k, true) || k < 0 || !cl->conns[k].ep || cl->conns[k].dead)
+			continue;
+		ret = rps__map_read_sync(cl, &cl->conns[k]);
+		if (!ret)
+			return 0;
+	}
+	return ret;
+}
+
 /* Read the map again (from any server we reach) and connect to new members. */
 int rps__map_refresh(struct rps_client *cl)
 {
@@ -510,6 +558,8 @@ int rps__map_refresh(struct rps_client *cl)
 		if (!ret)
 			break;
 	}
+	if (ret && cl->map.nmembers)
+		ret = map_from_any_member(cl);
 	if (!ret)
 		rps__connect_members(cl);
 	poll_release(cl);

@@ -85,19 +85,29 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 	if (ret && !tolerate && (msg->flags & RPS__CREATE_OPEN_ONLY)) {
 		/* a server that does not know the tensor holds none of it (a
 		 * member restarted since, or a serving thread no shard of it
-		 * reached): an open needs one that knows it and no other error */
+		 * reached; ENODATA: and it owns lost partitions: the ops on
+		 * shards in them are refused, -ENODATA, ops.c): an open needs
+		 * one that knows it and no other error */
 		bool known = false, other = false;
 		for (i = 0; i < cl->nservers; i++) {
 			if (!to[i])
 				continue;
 			known |= rstatus[i] == 0;
-			other |= rstatus[i] != 0 && rstatus[i] != -ENOENT;
+			other |= rstatus[i] != 0 && rstatus[i] != -ENOENT && rstatus[i] != -ENODATA;
 		}
 		if (known && !other) {
 			ret = 0;
 			rps__clearerr();
 		}
 	}
+	for (i = 0; ret && !tolerate && i < cl->nservers; i++)
+		if (to[i] && rstatus[i] == -ENODATA) {
+			/* a lost partition says more than another server's "I
+			 * do not know it" (one that owns none of the lost
+			 * ones): the caller names it (explain_lost) */
+			ret = rps__seterr(-ENODATA, "a server holds a lost partition of it");
+			break;
+		}
 	if (ret && !tolerate)
 		goto out;
 	ret = 0;
@@ -254,15 +264,31 @@ err:
  * holds some of its shards and say what to do. */
 static void explain_lost(const struct rps_client *cl, const struct rps_tensor *t)
 {
-	uint32_t p;
+	uint32_t p, nlost = 0, any = UINT32_MAX;
 
+	for (p = 0; p < cl->map.npart; p++)
+		if (cl->map.parts[p].lost) {
+			nlost++;
+			any = any == UINT32_MAX ? p : any;
+		}
+	if (nlost && nlost == cl->map.npart) {
+		/* a whole cluster restarted: memory was the only copy */
+		rps__seterr(-ENODATA, "every partition is lost (its servers restarted): the parameters are gone:"
+			    " restore a checkpoint (psctl restore NAME, or rdmapsd --restore DIR) or start over"
+			    " empty (psctl forget-lost)");
+		return;
+	}
 	for (p = 0; p < cl->map.npart && p < t->layout.nservers; p++)
 		if (cl->map.parts[p].lost && rps__part_nshards(&t->layout, p)) {
-			rps__seterr(-ENODATA, "partition %u lost with member %llu: restore it (psctl restore NAME)"
-				    " or accept it empty (psctl forget-lost %u)", p,
-				    (unsigned long long)cl->map.parts[p].lost, p);
+			any = p;	/* (one of its own, rather than any) */
 			break;
 		}
+	/* (an open does not know the size yet: a server that does not know
+	 * the tensor refused it because it lost partitions) */
+	if (any != UINT32_MAX)
+		rps__seterr(-ENODATA, "partition %u lost with member %llu: restore it (psctl restore NAME)"
+			    " or accept it empty (psctl forget-lost %u)", any,
+			    (unsigned long long)cl->map.parts[any].lost, any);
 }
 
 /*

@@ -208,6 +208,14 @@ void rps__cp_reconcile(struct rps__cplane *cp)
 	rps__cp_admin_map_changed(cp);
 }
 
+static bool all_lost(const struct rps__smap *m)
+{
+	for (uint32_t p = 0; p < m->npart; p++)
+		if (!m->parts[p].lost)
+			return false;
+	return m->npart > 0;
+}
+
 static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data, size_t len)
 {
 	struct rps__cplane *cp = ctx;
@@ -231,16 +239,40 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 		rps__log(cmd.type == RPS__SMAP_NOP ? RPS__LOG_DEBUG : RPS__LOG_INFO, "log entry %llu: %s",
 			 (unsigned long long)index, what);
 	rps__cp_replica_applied(cp, &cmd, ret, rps__now_ns());
-	if (!ret && cmd.type == RPS__SMAP_CLEAR_LOST && cp->map.parts[cmd.part].owner == cp->my_id) {
+	if (!ret && cmd.type == RPS__SMAP_CLEAR_LOST && cp->map.parts[cmd.part].owner == cp->my_id &&
+	    (cmd.id ? cmd.id == cp->incarnation : index > cp->replay_to)) {
+		/* restored here (our own CLEAR_LOST: it names this start), or
+		 * accepted empty (psctl forget-lost) after what our log held
+		 * at start.  One from a previous life of this server restored
+		 * memory that is gone now: replayed, it must not make us serve
+		 * zeros (the partition is lost again: restarted_without). */
 		cp->parts[cmd.part].gone = false;
 		cp->parts[cmd.part].cleared = true;
 	}
 	if (!ret && cmd.type == RPS__SMAP_FAILOVER && cmd.to == cp->my_id && cp->parts[cmd.part].st != PART_BACKUP) {
 		/* promoted without a copy (a restart, or one dropped meanwhile):
-		 * refuse it as lost, never serve it empty */
-		rps__log(RPS__LOG_ERROR, "partition %u failed over to us, but we hold no copy of it: lost", cmd.part);
+		 * refuse it as lost, never serve it empty.  Replayed after a
+		 * restart it is history, not news: a previous life of ours was
+		 * promoted (and the restart took that copy); what became of it
+		 * since is in the entries that follow, and what is still ours
+		 * at the end fails over or is marked lost (restarted_without). */
+		if (index <= cp->replay_to)
+			rps__log(RPS__LOG_DEBUG, "partition %u: failed over to us before the restart (replayed)", cmd.part);
+		else if (cp->map.parts[cmd.part].backups[0])
+			/* a backup it kept holds it: we hand it on (restarted_without) */
+			rps__log(RPS__LOG_WARN, "partition %u failed over to us, but we hold no copy of it: failing over"
+				 " to its backup, member %llu", cmd.part,
+				 (unsigned long long)cp->map.parts[cmd.part].backups[0]);
+		else
+			rps__log(RPS__LOG_ERROR, "partition %u failed over to us, but we hold no copy of it: lost: restore"
+				 " it (psctl restore NAME) or accept it empty (psctl forget-lost %u)", cmd.part, cmd.part);
 		cp->parts[cmd.part].gone = true;
 	}
+	if (!ret && cmd.type == RPS__SMAP_MARK_LOST && all_lost(&cp->map))
+		/* (the whole cluster restarted: memory was the only copy) */
+		rps__log(RPS__LOG_ERROR, "every partition is lost: no server kept a copy of the parameters across"
+			 " its restart: restore a checkpoint (psctl restore NAME, or rdmapsd --restore DIR on every"
+			 " server) or start over empty (psctl forget-lost)");
 	if (!ret && (cmd.type == RPS__SMAP_REMOVE_MEMBER || cmd.type == RPS__SMAP_FORCE_REMOVE) &&
 	    cmd.id == cp->my_id)
 		/* linger a moment: workers with operations on their way learn
@@ -307,6 +339,7 @@ void rps__cp_restored(struct rps__cplane *cp)
 		memset(&cmd, 0, sizeof(cmd));
 		cmd.type = RPS__SMAP_CLEAR_LOST;
 		cmd.part = p;
+		cmd.id = cp->incarnation;	/* restored in this start's memory */
 		cmd.epoch = cp->map.parts[p].epoch;
 		pl->next_try = rps__now_ns() + PEER_RETRY_NS / 2;	/* (move_duties retries) */
 		rps__cp_propose_cmd(cp, &cmd);

@@ -353,6 +353,7 @@ void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
 			pl->next_try = now + PEER_RETRY_NS / 2;
 			cmd.type = RPS__SMAP_CLEAR_LOST;
 			cmd.part = p;
+			cmd.id = cp->incarnation;
 			cmd.epoch = cp->map.parts[p].epoch;
 			rps__cp_propose_cmd(cp, &cmd);
 			continue;

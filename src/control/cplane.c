@@ -243,6 +243,19 @@ static bool dir_has_state(const char *dir)
 	return any;
 }
 
+/* A number no other start of this server had (the wall clock's ns and the
+ * pid: a restart is a new process, at another time), never 0. */
+static uint64_t start_nonce(void)
+{
+	struct timespec ts;
+	uint64_t x;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	x = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	x ^= (uint64_t)getpid() << 40 ^ rps__now_ns() * 0x9e3779b97f4a7c15ull;
+	return x ? x : 1;
+}
+
 static int find_index(struct rps__cplane *cp)
 {
 	int i;
@@ -446,6 +459,7 @@ int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct r
 	cp->dp = dp;
 	cp->srv = srv;
 	cp->my_id = cp->cfg.join_id ? cp->cfg.join_id : (uint64_t)cp->index + 1;
+	cp->incarnation = start_nonce();
 	rps__cp_failover_init(cp);	/* (before the Raft node reports its role) */
 	dp->set_member_id(srv, cp->my_id);
 	/* listening on port 0: the map must carry the port we got */
@@ -466,9 +480,16 @@ int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct r
 	ret = rps__ck_init(cp);
 	if (ret)
 		goto err_ck;
+	cp->replay_to = UINT64_MAX;	/* (what open applies is the log's: replayed) */
 	ret = open_raft(cp, &nvoters);
 	if (ret)
 		goto err_ck;
+	{
+		struct rps__raft_status rs;
+
+		rps__rnode_status(cp->rnode, &rs);
+		cp->replay_to = rs.last_index;
+	}
 	ret = recover_map(cp);
 	if (ret)
 		goto err_rnode;

@@ -160,6 +160,12 @@ struct rps__cplane {
 	uint64_t read_ctx;
 	uint64_t removed_at;		/* we left the map: stop at this time (ns) */
 	bool restarted;			/* started from a --data-dir that held state */
+	uint64_t replay_to;		/* the last index our log held at start: entries up
+					 * to it are a previous life's (replayed, applied at
+					 * open or once the leader says they committed) */
+	uint64_t incarnation;		/* this start's nonce (never 0): the CLEAR_LOST we
+					 * propose carry it, so a later start that replays
+					 * them knows they restored another life's memory */
 	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
 	bool seed_dialing[RPS__SMAP_MAX_MEMBERS];	/* ... under way */
 	struct ckpt_state *ckpt;	/* ckpt_srv.c */

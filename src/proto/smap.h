@@ -97,7 +97,8 @@ enum rps__smap_cmd_type {
 	RPS__SMAP_NOP = 6,		/* changes nothing but applied (commit latency probes) */
 	RPS__SMAP_MARK_LOST = 7,	/* part, from (current owner), epoch: its owner restarted
 					 * without it (the contents are gone) */
-	RPS__SMAP_CLEAR_LOST = 8,	/* part, epoch: restored, or accepted empty */
+	RPS__SMAP_CLEAR_LOST = 8,	/* part, epoch: restored, or accepted empty; id: the owner's
+					 * start that restored it (0: psctl forget-lost) */
 	RPS__SMAP_FORCE_REMOVE = 9,	/* id: a dead member goes: its moves are aborted, its
 					 * partitions pass to the others (round robin by id,
 					 * epoch + 1) marked lost with it; one with a backup

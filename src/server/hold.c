@@ -179,6 +179,7 @@ int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct ten
 	struct shard *s;
 	uint32_t p;
 	size_t nstate;
+	bool primary, backup;
 	int ret;
 
 	if (!t || cs->index >= t->layout.nshards || cs->elems != t->shards[cs->index].elems)
@@ -186,7 +187,13 @@ int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct ten
 	s = &t->shards[cs->index];
 	p = s->part;
 	/* and lost partitions it owns: a restore is what brings them back */
-	if (!rps__srv_part_serving(srv, p) && !srv->parts[p].owned_lost)
+	primary = rps__srv_part_serving(srv, p) || srv->parts[p].owned_lost;
+	/* A backup installs it too (not counted: its primary does): the
+	 * stream carries only what is applied after, and a failover must
+	 * promote what the primary holds, not what the backup had before the
+	 * restore.  (A joiner being seeded gets the primary's image.) */
+	backup = srv->parts[p].backup && srv->parts[p].joining != srv->my_id;
+	if (!primary && !backup)
 		return 0;
 	if (!t->regions[p].mem) {
 		ret = rps__srv_region_alloc(srv, t, p, false, NULL);
@@ -214,5 +221,5 @@ int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct ten
 	s->init_conn = NULL;
 	__atomic_store_n(&s->hdr->min_clock, cs->min_clock, __ATOMIC_RELEASE);
 	__atomic_store_n(&s->hdr->seq, s->ready ? s->step * 2 : s->step * 2 + 1, __ATOMIC_RELEASE);
-	return 1;
+	return primary ? 1 : 0;
 }

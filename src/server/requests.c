@@ -178,7 +178,7 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 		else if (rps__layout_init(&l, req->name, req->spec.count, srv->shard_elems, srv->npart))
 			l.nservers = 0;
 		for (p = 0; p < l.nservers && p < srv->npart; p++)
-			if (srv->parts[p].owned_lost && rps__part_nshards(&l, p)) {
+			if (srv->parts[p].lost && rps__part_nshards(&l, p)) {
 				rps__log(RPS__LOG_WARN, "create of '%s' from %s refused: partition %u is lost", req->name,
 					 rps__ep_peer(c->ep), p);
 				conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENODATA, NULL, 0);
@@ -197,6 +197,16 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 		return;
 	}
 	if (req->flags & RPS__CREATE_OPEN_ONLY) {
+		/* unknown here, and partitions here lost: it may well have
+		 * had shards in them (a restart took the catalog with the
+		 * memory); say lost, not "never created" */
+		for (p = 0; p < srv->npart; p++)
+			if (srv->parts[p].owned_lost) {
+				rps__log(RPS__LOG_WARN, "open of '%s' from %s refused: not known here, and partition %u is"
+					 " lost", req->name, rps__ep_peer(c->ep), p);
+				conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENODATA, NULL, 0);
+				return;
+			}
 		conn_reply(c, RPS__MSG_CREATE_REP, req_id, -ENOENT, NULL, 0);
 		return;
 	}
