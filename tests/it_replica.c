@@ -597,6 +597,44 @@ static int late_seed_worker(int rank, int nworkers, const char *servers, void *a
 	return 0;
 }
 
+/* A fresh client's connect, open and pull of "late", in a child: what it
+ * returned, its message, the version and the values. */
+struct late_res {
+	int ret;
+	char msg[512];
+	uint64_t version;
+	float p[COUNT];
+};
+
+static int late_pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	static struct late_res res;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+
+	(void)rank;
+	(void)nworkers;
+	(void)arg;
+	memset(&res, 0, sizeof(res));
+	res.ret = it_client_connect(servers, 0, 1, 30000, &cl);
+	if (!res.ret) {
+		res.ret = rps_tensor_open(cl, "late", &t);
+		if (!res.ret) {
+			res.ret = rps_pull(t, res.p, sizeof(res.p), &res.version);
+			if (res.ret)
+				snprintf(res.msg, sizeof(res.msg), "%s", rps_last_error());
+			rps_tensor_close(t);
+		}
+		if (res.ret && !res.msg[0])
+			snprintf(res.msg, sizeof(res.msg), "%s", rps_last_error());
+		rps_client_close(cl);
+	} else {
+		snprintf(res.msg, sizeof(res.msg), "%s", rps_last_error());
+	}
+	it_write_all(out_fd, &res, sizeof(res));
+	return 0;
+}
+
 static void test_client_arrives_during_failover(void)
 {
 	struct it_server_opts so = { .extra_args = LATE_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2" };
@@ -638,6 +676,50 @@ static void test_client_arrives_during_failover(void)
 	clu_up = false;
 }
 
+/*
+ * The same arrival when no failover comes (--failover-ms 60000: the dead
+ * member is not declared failed within the client's ride-through wait):
+ * the pull waits that long (10 s) for the map to move on, then fails with
+ * the refusal, naming the dead member's address and saying its partitions
+ * were not failed over; the connect and open succeeded.
+ */
+#define NOFO_ARGS "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 60000"
+
+static void test_client_arrives_no_failover(void)
+{
+	struct it_server_opts so = { .extra_args = NOFO_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2" };
+	static struct late_res res;
+	static struct rps__smap m;
+	struct it_member st;
+	struct it_workers w;
+	int i, victim = -1;
+	double t_kill, took;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 30000, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, late_seed_worker, clu.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_worker_wait(&w, 0), 0);
+	for (i = 0; i < NSERVERS && victim < 0; i++)
+		if (!it_member_status(&clu, i, &st, NULL) && !st.leading)
+			victim = i;
+	CU_ASSERT_FATAL(victim >= 0);
+	it_server_kill(&clu, victim);
+	t_kill = it_now_s();
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, late_pull_worker, clu.servers, NULL, -1, NULL), 0);
+	memset(&res, 0, sizeof(res));
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &res, sizeof(res)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	took = it_now_s() - t_kill;
+	fprintf(stderr, "[member %d killed, never failed over: a fresh client's pull: %d after %.2f s: %s] ",
+		victim + 1, res.ret, took, res.msg);
+	CU_ASSERT_EQUAL(res.ret, -ECONNREFUSED);
+	CU_ASSERT(strstr(res.msg, clu.uri[victim]) != NULL);
+	CU_ASSERT(strstr(res.msg, "not failed over") != NULL);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -648,6 +730,7 @@ int main(void)
 		{ "async: a backup's stream broken, every server alive: dropped, seeded again, exact", test_async_stream_broken },
 		{ "sync: a backup's stream broken, every server alive: every step completes, exact", test_sync_stream_broken },
 		{ "a client that connects during a failover rides through it: exact pull", test_client_arrives_during_failover },
+		{ "a client that connects while a dead member is not failed over: refused after the wait, named", test_client_arrives_no_failover },
 	};
 	const struct cutest_suite suites[] = {
 		{ "replicated partitions, 3 servers", NULL, NULL, it_test_setup, it_test_teardown, tests,
