@@ -609,16 +609,22 @@ struct late_res {
 static int late_pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
 	static struct late_res res;
+	static float g[COUNT];
+	const bool *push = arg;
 	rps_client_t *cl;
 	rps_tensor_t *t;
+	unsigned i;
 
 	(void)rank;
 	(void)nworkers;
-	(void)arg;
+	for (i = 0; i < COUNT; i++)
+		g[i] = -1.0f;
 	memset(&res, 0, sizeof(res));
 	res.ret = it_client_connect(servers, 0, 1, 30000, &cl);
 	if (!res.ret) {
 		res.ret = rps_tensor_open(cl, "late", &t);
+		if (!res.ret && push && *push)
+			res.ret = rps_push(t, g, sizeof(g));
 		if (!res.ret) {
 			res.ret = rps_pull(t, res.p, sizeof(res.p), &res.version);
 			if (res.ret)
@@ -635,15 +641,16 @@ static int late_pull_worker(int rank, int nworkers, const char *servers, void *a
 	return 0;
 }
 
-static void test_client_arrives_during_failover(void)
+/* (push: the fresh client pushes -1 once before it pulls, so the push is
+ * what waits for the failover: a late worker) */
+static void late_run(bool push)
 {
 	struct it_server_opts so = { .extra_args = LATE_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2" };
+	static struct late_res res;
 	static struct rps__smap m;
 	struct it_member st;
 	struct it_workers w;
-	float *p = malloc(COUNT * sizeof(float));
-	uint64_t version = 0;
-	int i, victim = -1, bad = 0, ret;
+	int i, victim = -1, bad = 0;
 	double t_kill, took;
 
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
@@ -651,29 +658,43 @@ static void test_client_arrives_during_failover(void)
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 30000, &m), 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, late_seed_worker, clu.servers, NULL, -1, NULL), 0);
 	CU_ASSERT_EQUAL_FATAL(it_worker_wait(&w, 0), 0);
-	/* a follower (the leader's death would add an election) that owns partitions */
+	/* a follower (the leader's death would add an election); each member owns partitions */
 	for (i = 0; i < NSERVERS && victim < 0; i++)
 		if (!it_member_status(&clu, i, &st, NULL) && !st.leading)
 			victim = i;
 	CU_ASSERT_FATAL(victim >= 0);
 	it_server_kill(&clu, victim);
 	t_kill = it_now_s();
-	ret = it_pull_fresh(clu.servers, "late", p, COUNT, 30000, &version);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, late_pull_worker, clu.servers, &push, -1, NULL), 0);
+	memset(&res, 0, sizeof(res));
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &res, sizeof(res)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
 	took = it_now_s() - t_kill;
-	fprintf(stderr, "[member %d killed; a fresh client's connect, open and pull: %d after %.2f s "
-		"(--failover-ms %d)] ", victim + 1, ret, took, LATE_FAILOVER_MS);
-	CU_ASSERT_EQUAL_FATAL(ret, 0);
+	fprintf(stderr, "[member %d killed; a fresh client's connect, open, %spull: %d after %.2f s "
+		"(--failover-ms %d)%s%s] ", victim + 1, push ? "push, " : "", res.ret, took, LATE_FAILOVER_MS,
+		res.ret ? ": " : "", res.msg);
+	CU_ASSERT_EQUAL_FATAL(res.ret, 0);
 	for (i = 0; i < (int)COUNT; i++)
-		if (p[i] != late_value((unsigned)i)) {
+		if (res.p[i] != late_value((unsigned)i) + (push ? 1.0f : 0.0f)) {
 			if (bad < 4)
-				fprintf(stderr, "late[%d] = %g, expected %g\n", i, (double)p[i], (double)late_value((unsigned)i));
+				fprintf(stderr, "late[%d] = %g, expected %g\n", i, (double)res.p[i],
+					(double)late_value((unsigned)i) + (push ? 1.0 : 0.0));
 			bad++;
 		}
 	CU_ASSERT_EQUAL(bad, 0);
-	CU_ASSERT_EQUAL(version, 1u);
-	free(p);
+	CU_ASSERT_EQUAL(res.version, push ? 2u : 1u);
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
+}
+
+static void test_client_arrives_during_failover(void)
+{
+	late_run(false);
+}
+
+static void test_worker_arrives_during_failover(void)
+{
+	late_run(true);
 }
 
 /*
@@ -730,6 +751,7 @@ int main(void)
 		{ "async: a backup's stream broken, every server alive: dropped, seeded again, exact", test_async_stream_broken },
 		{ "sync: a backup's stream broken, every server alive: every step completes, exact", test_sync_stream_broken },
 		{ "a client that connects during a failover rides through it: exact pull", test_client_arrives_during_failover },
+		{ "a worker that connects during a failover pushes through it: exact", test_worker_arrives_during_failover },
 		{ "a client that connects while a dead member is not failed over: refused after the wait, named", test_client_arrives_no_failover },
 	};
 	const struct cutest_suite suites[] = {
