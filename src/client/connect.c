@@ -187,6 +187,7 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	}
 	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv),
 			   cl->timeout_ms, reply, &reply_len, &c->ep);
+	c->answered = !ret || (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ');
 	if (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ')
 		return rps__seterr(ret, "%s refused the connection: %.*s", c->name, (int)reply_len, reply);
 	if (ret)
@@ -358,6 +359,7 @@ static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member
 {
 	struct rps__uri u;
 	int k, ret, dial_err = 0;
+	bool dialed = false;
 
 	*conn = -1;
 	for (k = 0; k < cl->nservers; k++)
@@ -386,9 +388,14 @@ static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member
 	} else {
 		u.port = (uint16_t)(u.port + thread);
 		ret = rps__conn_setup(cl, &cl->conns[k], &u, k);
+		dialed = true;
 	}
 	if (ret) {
 		int why = ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
+		/* (no answer at all: what a dead server or host gives) */
+		bool silent = dialed && !cl->conns[k].answered &&
+			      (ret == -ECONNREFUSED || ret == -ETIMEDOUT || ret == -EHOSTUNREACH ||
+			       ret == -ENETUNREACH || ret == -ECONNRESET);
 
 		rps__conn_free(&cl->conns[k]);
 		cl->conns[k].cl = cl;
@@ -396,11 +403,13 @@ static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member
 		cl->conns[k].dead = true;
 		/* to its ops: a server we had is gone (as before the
 		 * attempt); one we never reached refused or is unreachable,
-		 * and, if its partitions have backups, it may just have died
-		 * with a failover under way (a client that arrives during
-		 * one, issue 30): its ops wait for that as if we had lost
-		 * our connection to it now (client.c, ride-through) */
-		if (k < cl->nservers || owns_backed(cl, m->id)) {
+		 * and, if nothing answered and its partitions have backups,
+		 * it may just have died with a failover under way (a client
+		 * that arrives during one, issue 30): its ops wait for that
+		 * as if we had lost our connection to it now (client.c,
+		 * ride-through).  (One that answered to refuse us lives: no
+		 * failover is coming.) */
+		if (k < cl->nservers || (silent && owns_backed(cl, m->id))) {
 			cl->conns[k].err = -ECONNRESET;
 			cl->conns[k].lost_ns = rps__now_ns();
 			cl->conns[k].dial_err = k < cl->nservers ? dial_err : why;
