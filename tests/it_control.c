@@ -1069,6 +1069,11 @@ static void test_join_via_follower(void)
 	o.cluster = clu.uri[f];
 	j = it_server_join(&clu, 4, &o);
 	CU_ASSERT_EQUAL_FATAL(j, 3);
+	/* not added yet: asked alone, it says it has no map, and why */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s status", clu.uri[3]);
+	CU_ASSERT(rc != 0 && one_line(err) && strstr(err, "no shard map yet") && strstr(err, "--join"));
+	if (rc == 0 || !strstr(err, "no shard map yet"))
+		fprintf(stderr, "psctl status of the joiner alone: exit %d: %s", rc, err);
 	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--json --timeout 20 add-server 4 %s",
 		      clu.uri[3]);
 	if (rc)
