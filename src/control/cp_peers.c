@@ -176,6 +176,7 @@ void rps__cp_on_seed_status(struct rps__cplane *cp, struct conn *c, int32_t stat
 {
 	struct rps__smap *m;
 	uint32_t i;
+	bool first;
 
 	if (cp->map.nmembers || status || len <= sizeof(struct rps__status_rep))
 		return;	/* (we have a map of our own now, or it has none yet) */
@@ -189,13 +190,15 @@ void rps__cp_on_seed_status(struct rps__cplane *cp, struct conn *c, int32_t stat
 		free(m);
 		return;
 	}
-	cp->nlearned = 0;
+	first = !cp->nlearned;
+	cp->nlearned = 0;	/* (a later answer is as good: the same members, or newer) */
 	for (i = 0; i < m->nmembers && i < RPS__SMAP_MAX_MEMBERS; i++)
 		if (m->members[i].id != cp->my_id)
 			cp->learned[cp->nlearned++] = m->members[i];
-	rps__log(RPS__LOG_INFO, "joining: member %llu says the cluster has %u other members: dialing those "
-		 "with lower ids than ours (%llu)", (unsigned long long)cp->dp->conn_peer_id(c), cp->nlearned,
-		 (unsigned long long)cp->my_id);
+	if (first && cp->nlearned)
+		rps__log(RPS__LOG_INFO, "joining: member %llu says the cluster has %u other members: dialing those "
+			 "with lower ids than ours (%llu)", (unsigned long long)cp->dp->conn_peer_id(c), cp->nlearned,
+			 (unsigned long long)cp->my_id);
 	free(m);
 }
 
@@ -223,11 +226,15 @@ static void peers_connect_seeds(struct rps__cplane *cp, uint64_t now)
 		if (!cp->dp->peer_dial(cp->srv, uri, 0))
 			cp->seed_dialing[i] = true;
 	}
-	for (j = 0; j < cp->npeers && !cp->nlearned && now >= cp->learn_next; j++)
-		if (cp->peers[j].c && !cp->dp->conn_dead(cp->peers[j].c)) {
-			cp->learn_next = now + PEER_RETRY_NS;	/* (asked again if it had no map yet) */
-			cp->dp->conn_reply(cp->peers[j].c, RPS__MSG_STATUS, 0, 0, NULL, 0);
-		}
+	if (!cp->nlearned && now >= cp->learn_next) {
+		/* every peer we reached (one may have no map yet: another
+		 * joiner), again each PEER_RETRY_NS until one had */
+		for (j = 0; j < cp->npeers; j++)
+			if (cp->peers[j].c && !cp->dp->conn_dead(cp->peers[j].c)) {
+				cp->learn_next = now + PEER_RETRY_NS;
+				cp->dp->conn_reply(cp->peers[j].c, RPS__MSG_STATUS, 0, 0, NULL, 0);
+			}
+	}
 	for (j = 0; j < cp->nlearned; j++) {
 		const struct rps__smap_member *m = &cp->learned[j];
 		struct peer *p;
