@@ -383,7 +383,8 @@ int it_server_join(struct it_cluster *cl, uint64_t id, const struct it_server_op
 		return -ENOSPC;
 	cl->port[i] = free_ports(cl, i, o && o->threads ? o->threads : it_threads());
 	snprintf(cl->uri[i], sizeof(cl->uri[i]), "%s://%s:%u", cl->scheme, cl->addr, cl->port[i]);
-	snprintf(args, sizeof(args), "--join %llu --cluster %s", (unsigned long long)id, cl->servers);
+	snprintf(args, sizeof(args), "--join %llu --cluster %s", (unsigned long long)id,
+		 o && o->cluster ? o->cluster : cl->servers);
 	server_cmd(cl, i, args, o);
 	cl->nservers++;
 	ret = spawn_server(cl, i);

@@ -36,6 +36,7 @@ struct it_server_opts {
 	int data_dir;		/* 1: --data-dir DIR/data.<i> (kept across restarts) */
 	unsigned threads;	/* rdmapsd --threads (0: $RPS_IT_THREADS, or 1) */
 	int no_ckpt_dir;	/* 1: no --checkpoint-dir (checkpoints are refused) */
+	const char *cluster;	/* it_server_join: its --cluster (NULL: every server started so far) */
 };
 
 /* The --checkpoint-dir every server started here gets (unless
@@ -60,7 +61,8 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 int it_cluster_stop(struct it_cluster *cl);
 void it_server_kill(struct it_cluster *cl, int i);
 /* Start one more server, index cl->nservers, on a free port with --join id
- * and --cluster naming the servers started first; waits until it listens.
+ * and --cluster naming the servers started first (or o->cluster); waits
+ * until it listens.
  * Its index, or -errno. */
 int it_server_join(struct it_cluster *cl, uint64_t id, const struct it_server_opts *o);
 /* Start server i again with the same command line (and data directory);

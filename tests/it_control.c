@@ -12,6 +12,7 @@
  *    element equals what the pushes sum to (no update lost or doubled), and
  *    the map shows the new owners with epochs raised by the number of moves;
  *  - add-server and remove-server while training; the removed server exits;
+ *    a server that joins knowing only a follower's address;
  *  - the leader killed with SIGKILL during a move (right after psctl sends
  *    it, and while the destination is cut off so the move surely waits)
  *    and restarted from its --data-dir (fsync always): the members converge
@@ -1034,6 +1035,75 @@ static void test_add_remove(void)
 	CU_ASSERT_EQUAL(members_with(out, "reachable", "true"), 3);
 	CU_ASSERT_EQUAL(members_with_id(out, 2), 0);
 	CU_ASSERT_EQUAL(members_with_id(out, 4), 2);	/* members[] and map.members[] */
+	stop_all(&clu);
+}
+
+/*
+ * A server joins through a follower (issue 30): its --cluster names one
+ * member that is not the leader, as rdmapsd(8) allows ("one is enough, in
+ * any order").  Its id is the highest, so the leader never dials it: the
+ * joiner must reach the leader itself, from what the follower tells it.
+ * It joins (add-server completes, moving 2 partitions to it), every member
+ * reports it reachable, and it serves its partitions: the workers' pushes
+ * through the join, and a fresh pull, are exact.
+ */
+static void test_join_via_follower(void)
+{
+	struct it_server_opts o = { .extra_args = FAST_ARGS };
+	struct train_arg a = { .name = "join-follower", .mode = RPS_MODE_ASYNC, .check_every = 10 };
+	struct part_ex ex[NPART];
+	struct mstatus lead;
+	char live[4 * 300 + 4];
+	int l, f, j, rc, moves, steps, p, owned4 = 0, before[NWORKERS];
+	unsigned long long jv;
+
+	CU_ASSERT_EQUAL_FATAL(start3(&clu, &o), 0);
+	l = wait_agreement(&clu, 0, true, 10000, NULL);
+	CU_ASSERT_FATAL(l >= 0);
+	f = (l + 1) % 3;
+	bootstrap_ex(ex, 3);
+	start_training(&clu, &trainers, &a, NULL);
+	wait_progress(&trainers, STEPS_BEFORE);
+	snap_progress(before);
+
+	o.cluster = clu.uri[f];
+	j = it_server_join(&clu, 4, &o);
+	CU_ASSERT_EQUAL_FATAL(j, 3);
+	/* not added yet: asked alone, it says it has no map, and why */
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s status", clu.uri[3]);
+	CU_ASSERT(rc != 0 && one_line(err) && strstr(err, "no shard map yet") && strstr(err, "--join"));
+	if (rc == 0 || !strstr(err, "no shard map yet"))
+		fprintf(stderr, "psctl status of the joiner alone: exit %d: %s", rc, err);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--json --timeout 20 add-server 4 %s",
+		      clu.uri[3]);
+	if (rc)
+		fprintf(stderr, "psctl add-server (the joiner given only member %d, a follower): exit %d: %s", f + 1,
+			rc, err);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	moves = apply_moves(out, ex);
+	CU_ASSERT_EQUAL(moves, 2);	/* 3,3,2 -> 2,2,2,2 */
+	CU_ASSERT(json_u64(out, &jv, "owned") && jv == 2);
+	check_progressed(before, "a join through a follower");
+
+	/* all four agree, member 4 among the voters or learners, reachable */
+	CU_ASSERT_FATAL(wait_agreement(&clu, 0xf, true, 10000, &lead) >= 0);
+	CU_ASSERT_EQUAL(lead.map.nmembers, 4u);
+	CU_ASSERT(rps__smap_member(&lead.map, 4) != NULL);
+	CU_ASSERT_EQUAL(lead.st.n_voters + lead.st.n_learners, 4u);
+	CU_ASSERT_EQUAL(map_differs(&lead.map, ex), 0);
+	for (p = 0; p < NPART; p++)
+		owned4 += ex[p].owner == 4;
+	CU_ASSERT_EQUAL(owned4, 2);
+	snprintf(live, sizeof(live), "%s,%s,%s,%s", clu.uri[0], clu.uri[1], clu.uri[2], clu.uri[3]);
+	rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "-s %s --json status", live);
+	CU_ASSERT_EQUAL(rc, 0);
+	CU_ASSERT_EQUAL(members_with(out, "reachable", "true"), 4);
+	check_status_map(&clu, ex, live);
+
+	/* it serves what moved to it: exact, through the join and after */
+	steps = finish_workers(&trainers, &a);
+	check_trained(live, &a, steps);
+	check_trained(clu.uri[3], &a, steps);	/* a client that knows only the joiner */
 	stop_all(&clu);
 }
 
@@ -2900,6 +2970,7 @@ int main(void)
 		{ "moves during sync training, exact", test_moves_sync },
 		{ "moves during bounded training, exact", test_moves_bounded },
 		{ "add-server and remove-server during training", test_add_remove },
+		{ "a server joins through a follower (--cluster without the leader)", test_join_via_follower },
 		{ "leader killed right after a move is issued, restarted", test_leader_killed_mid_move },
 		{ "leader killed while a move waits for its destination, restarted", test_leader_killed_stalled_move },
 		{ "leader killed, restarted, the move aborted without its destination", test_leader_killed_aborted_move },

@@ -21,6 +21,9 @@
  * After each, once the map settles, every backup's digest (crc32c of the
  * shards' versions, parameters, state, clocks and applied push ids; their
  * versions; the shard count) equals its primary's.
+ * A client that connects during a failover (a server killed, its
+ * partitions not failed over yet) connects to the others and its pull
+ * waits for the failover: exact values, not a refusal.
  * Every run also measures kill-to-first-ack: the first push started after
  * the kill and acknowledged (the new primary took it), asserted < 20 s.
  * With $RPS_IT_ATTACH (cluster.h) the servers are already running, one per
@@ -542,6 +545,202 @@ static void test_async_primary_restarted(void)
 	failover_run(&j, 1, true);
 }
 
+/*
+ * A client that arrives during a failover (issue 30): three servers, R=2,
+ * a tensor with data; a follower is killed with SIGKILL and at once, well
+ * inside --failover-ms, a fresh client connects, opens the tensor and pulls.
+ * The dead member refuses its connection, but its partitions have backups:
+ * the client connects to the others and its pull of the dead member's
+ * shards waits for the failover, as an established client's does, then
+ * returns every value exact (not -ECONNREFUSED at once).
+ */
+#define LATE_FAILOVER_MS 3000
+#define LATE_ARGS "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 3000"
+
+static float late_value(unsigned i)
+{
+	return (float)(i % 1000u) + 1.0f;	/* init i % 1000, then one push of -1 at lr 1 */
+}
+
+static int late_seed_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *init = malloc(COUNT * sizeof(float)), *g = malloc(COUNT * sizeof(float));
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	unsigned i;
+	int ret;
+
+	(void)nworkers;
+	(void)arg;
+	(void)out_fd;
+	for (i = 0; i < COUNT; i++) {
+		init[i] = (float)(i % 1000u);
+		g[i] = -1.0f;
+	}
+	if ((ret = it_client_connect(servers, rank, 1, 30000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SGD;
+	o.lr = 1.0f;
+	o.init = init;
+	if ((ret = rps_tensor_create(cl, "late", &o, &t)))
+		return it_worker_fail(rank, "create", ret);
+	if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+		return it_worker_fail(rank, "push", ret);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(init);
+	free(g);
+	return 0;
+}
+
+/* A fresh client's connect, open and pull of "late", in a child: what it
+ * returned, its message, the version and the values. */
+struct late_res {
+	int ret;
+	char msg[512];
+	uint64_t version;
+	float p[COUNT];
+};
+
+static int late_pull_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	static struct late_res res;
+	static float g[COUNT];
+	const bool *push = arg;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	unsigned i;
+
+	(void)rank;
+	(void)nworkers;
+	for (i = 0; i < COUNT; i++)
+		g[i] = -1.0f;
+	memset(&res, 0, sizeof(res));
+	res.ret = it_client_connect(servers, 0, 1, 30000, &cl);
+	if (!res.ret) {
+		res.ret = rps_tensor_open(cl, "late", &t);
+		if (!res.ret && push && *push)
+			res.ret = rps_push(t, g, sizeof(g));
+		if (!res.ret) {
+			res.ret = rps_pull(t, res.p, sizeof(res.p), &res.version);
+			if (res.ret)
+				snprintf(res.msg, sizeof(res.msg), "%s", rps_last_error());
+			rps_tensor_close(t);
+		}
+		if (res.ret && !res.msg[0])
+			snprintf(res.msg, sizeof(res.msg), "%s", rps_last_error());
+		rps_client_close(cl);
+	} else {
+		snprintf(res.msg, sizeof(res.msg), "%s", rps_last_error());
+	}
+	it_write_all(out_fd, &res, sizeof(res));
+	return 0;
+}
+
+/* (push: the fresh client pushes -1 once before it pulls, so the push is
+ * what waits for the failover: a late worker) */
+static void late_run(bool push)
+{
+	struct it_server_opts so = { .extra_args = LATE_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2" };
+	static struct late_res res;
+	static struct rps__smap m;
+	struct it_member st;
+	struct it_workers w;
+	int i, victim = -1, bad = 0;
+	double t_kill, took;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 30000, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, late_seed_worker, clu.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_worker_wait(&w, 0), 0);
+	/* a follower (the leader's death would add an election); each member owns partitions */
+	for (i = 0; i < NSERVERS && victim < 0; i++)
+		if (!it_member_status(&clu, i, &st, NULL) && !st.leading)
+			victim = i;
+	CU_ASSERT_FATAL(victim >= 0);
+	it_server_kill(&clu, victim);
+	t_kill = it_now_s();
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, late_pull_worker, clu.servers, &push, -1, NULL), 0);
+	memset(&res, 0, sizeof(res));
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &res, sizeof(res)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	took = it_now_s() - t_kill;
+	fprintf(stderr, "[member %d killed; a fresh client's connect, open, %spull: %d after %.2f s "
+		"(--failover-ms %d)%s%s] ", victim + 1, push ? "push, " : "", res.ret, took, LATE_FAILOVER_MS,
+		res.ret ? ": " : "", res.msg);
+	CU_ASSERT_EQUAL_FATAL(res.ret, 0);
+	for (i = 0; i < (int)COUNT; i++)
+		if (res.p[i] != late_value((unsigned)i) + (push ? 1.0f : 0.0f)) {
+			if (bad < 4)
+				fprintf(stderr, "late[%d] = %g, expected %g\n", i, (double)res.p[i],
+					(double)late_value((unsigned)i) + (push ? 1.0 : 0.0));
+			bad++;
+		}
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(res.version, push ? 2u : 1u);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+static void test_client_arrives_during_failover(void)
+{
+	late_run(false);
+}
+
+static void test_worker_arrives_during_failover(void)
+{
+	late_run(true);
+}
+
+/*
+ * The same arrival when no failover comes (--failover-ms 60000: the dead
+ * member is not declared failed within the client's ride-through wait):
+ * the pull waits that long (10 s) for the map to move on, then fails with
+ * the refusal, naming the dead member's address and saying its partitions
+ * were not failed over; the connect and open succeeded.
+ */
+#define NOFO_ARGS "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 20 --fsync none --failover-ms 60000"
+
+static void test_client_arrives_no_failover(void)
+{
+	struct it_server_opts so = { .extra_args = NOFO_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2" };
+	static struct late_res res;
+	static struct rps__smap m;
+	struct it_member st;
+	struct it_workers w;
+	int i, victim = -1;
+	double t_kill, took;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 30000, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, late_seed_worker, clu.servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_worker_wait(&w, 0), 0);
+	for (i = 0; i < NSERVERS && victim < 0; i++)
+		if (!it_member_status(&clu, i, &st, NULL) && !st.leading)
+			victim = i;
+	CU_ASSERT_FATAL(victim >= 0);
+	it_server_kill(&clu, victim);
+	t_kill = it_now_s();
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, late_pull_worker, clu.servers, NULL, -1, NULL), 0);
+	memset(&res, 0, sizeof(res));
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &res, sizeof(res)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	took = it_now_s() - t_kill;
+	fprintf(stderr, "[member %d killed, never failed over: a fresh client's pull: %d after %.2f s: %s] ",
+		victim + 1, res.ret, took, res.msg);
+	CU_ASSERT_EQUAL(res.ret, -ECONNREFUSED);
+	CU_ASSERT(strstr(res.msg, clu.uri[victim]) != NULL);
+	CU_ASSERT(strstr(res.msg, "not failed over") != NULL);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -551,6 +750,9 @@ int main(void)
 		{ "async: a primary restarted at once: fails over, rejoins as a backup", test_async_primary_restarted },
 		{ "async: a backup's stream broken, every server alive: dropped, seeded again, exact", test_async_stream_broken },
 		{ "sync: a backup's stream broken, every server alive: every step completes, exact", test_sync_stream_broken },
+		{ "a client that connects during a failover rides through it: exact pull", test_client_arrives_during_failover },
+		{ "a worker that connects during a failover pushes through it: exact", test_worker_arrives_during_failover },
+		{ "a client that connects while a dead member is not failed over: refused after the wait, named", test_client_arrives_no_failover },
 	};
 	const struct cutest_suite suites[] = {
 		{ "replicated partitions, 3 servers", NULL, NULL, it_test_setup, it_test_teardown, tests,

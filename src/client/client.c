@@ -427,6 +427,27 @@ static int forgive_applied(struct rps_request *nr)
 	return status;
 }
 
+/* cur ended with its ops riding through: if a member we never reached
+ * (it refused or did not answer when we connected) was why, the answer is
+ * that, not "connection lost". */
+static int explain_unreached(struct rps_request *cur, int status)
+{
+	uint32_t i;
+
+	if (status != -ECONNRESET)
+		return status;
+	for (i = 0; i < cur->nops; i++) {
+		const struct shard_op *op = &cur->ops[i];
+		if (op->result != -ECONNRESET || !op->c || !op->c->dial_err)
+			continue;
+		cur->status = op->c->dial_err;
+		snprintf(cur->msg, sizeof(cur->msg), "%s: %s, and its partitions were not failed over to their "
+			 "backups meanwhile", op->c->name, rps__status_text(cur->status));
+		return cur->status;
+	}
+	return status;
+}
+
 /* The last retry cur decided r: its status, message or version. */
 static void adopt_outcome(struct rps_request *r, struct rps_request *cur, int status)
 {
@@ -510,6 +531,7 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		if (status == -EALREADY)
 			status = forgive_applied(nr);
 	}
+	status = explain_unreached(cur, status);
 	if (cur != r)
 		adopt_outcome(r, cur, status);
 	return status;

@@ -157,7 +157,11 @@ struct conn {
 	bool dead;
 	int err;
 	char refused[256];	/* err -ECONNREFUSED: the line saying why ("server full: ..."), for its ops */
-	uint64_t lost_ns;	/* when an established connection was lost (0: never) */
+	uint64_t lost_ns;	/* when an established connection was lost, or a member
+				 * whose partitions have backups could not be reached
+				 * (0: never) */
+	int dial_err;		/* that member: why it could not be reached (0: it was) */
+	bool answered;		/* rps__conn_setup: the server answered (it lives), if only to refuse */
 	uint64_t busy_ns;	/* when its active list last became non-empty */
 	uint64_t wc_ns;		/* its last successful completion */
 	uint64_t rx_ns;		/* its last message from the server (a SEND: the process, not its NIC) */

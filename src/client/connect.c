@@ -188,6 +188,7 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	}
 	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv),
 			   cl->timeout_ms, reply, &reply_len, &c->ep);
+	c->answered = !ret || (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ');
 	if (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ' && !cl->keys &&
 	    !strncmp(reply, "key required", 12)) {
 		char local[PATH_MAX] = "~/.rdmaps/" RPS__LOCAL_KEY_NAME;
@@ -343,6 +344,24 @@ static bool redial_wanted(const struct rps_client *cl, const struct conn *c)
 	return owns && (unbacked || rps__now_ns() - c->lost_ns >= FAILOVER_WAIT_MS * 1000000ull);
 }
 
+/* Does member id own partitions, every one of them with a backup (and
+ * none lost)?  Then its death is failed over: ops on it can wait for that. */
+static bool owns_backed(const struct rps_client *cl, uint64_t id)
+{
+	bool owns = false;
+	uint32_t p;
+
+	for (p = 0; p < cl->map.npart; p++) {
+		const struct rps__smap_part *pp = &cl->map.parts[p];
+		if (pp->owner != id)
+			continue;
+		if (!pp->backups[0] || pp->lost)
+			return false;
+		owns = true;
+	}
+	return owns;
+}
+
 /* The connection to serving thread `thread` of member m (its URI's port
  * + thread): made if we have none, or made again if it was lost and is
  * wanted.  A member that cannot be reached (or has a bad address) is not
@@ -355,7 +374,8 @@ static int connect_endpoint_how(struct rps_client *cl, const struct rps__smap_me
 				bool any)
 {
 	struct rps__uri u;
-	int k, ret;
+	int k, ret, dial_err = 0;
+	bool dialed = false;
 
 	*conn = -1;
 	for (k = 0; k < cl->nservers; k++)
@@ -371,8 +391,10 @@ static int connect_endpoint_how(struct rps_client *cl, const struct rps__smap_me
 	*conn = k;
 	if (k < cl->nservers && cl->conns[k].lost_ns && !any && !redial_wanted(cl, &cl->conns[k]))
 		return 0;
-	if (k < cl->nservers)
+	if (k < cl->nservers) {
+		dial_err = cl->conns[k].dial_err;
 		rps__conn_free(&cl->conns[k]);
+	}
 	memset(&cl->conns[k], 0, sizeof(cl->conns[k]));
 	if (rps__uri_parse(m->uri, &u) || (uint32_t)u.port + thread > 65535) {
 		char esc[4 * RPS__SMAP_URI_MAX];
@@ -382,20 +404,38 @@ static int connect_endpoint_how(struct rps_client *cl, const struct rps__smap_me
 	} else {
 		u.port = (uint16_t)(u.port + thread);
 		ret = rps__conn_setup(cl, &cl->conns[k], &u, k);
+		dialed = true;
 	}
 	if (ret) {
-		char why[sizeof(cl->conns[k].refused)];
+		char reason[sizeof(cl->conns[k].refused)];
+		int why = ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
+		/* (no answer at all: what a dead server or host gives) */
+		bool silent = dialed && !cl->conns[k].answered &&
+			      (ret == -ECONNREFUSED || ret == -ETIMEDOUT || ret == -EHOSTUNREACH ||
+			       ret == -ENETUNREACH || ret == -ECONNRESET);
+
 		/* the server's reason, for the ops that fail for want of it */
-		snprintf(why, sizeof(why), "%s", ret == -ECONNREFUSED && k == cl->nservers ? rps__errbuf() : "");
+		snprintf(reason, sizeof(reason), "%s", ret == -ECONNREFUSED && k == cl->nservers ? rps__errbuf() : "");
 		rps__conn_free(&cl->conns[k]);
-		memcpy(cl->conns[k].refused, why, sizeof(why));
+		memcpy(cl->conns[k].refused, reason, sizeof(reason));
 		cl->conns[k].cl = cl;
 		cl->conns[k].index = k;
 		cl->conns[k].dead = true;
 		/* to its ops: a server we had is gone (as before the
-		 * attempt); one we never reached refused or is unreachable */
-		cl->conns[k].err = k < cl->nservers ? -ECONNRESET : ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
-		cl->conns[k].lost_ns = k < cl->nservers ? rps__now_ns() : 0;
+		 * attempt); one we never reached refused or is unreachable,
+		 * and, if nothing answered and its partitions have backups,
+		 * it may just have died with a failover under way (a client
+		 * that arrives during one, issue 30): its ops wait for that
+		 * as if we had lost our connection to it now (client.c,
+		 * ride-through).  (One that answered to refuse us lives: no
+		 * failover is coming.) */
+		if (k < cl->nservers || (silent && owns_backed(cl, m->id))) {
+			cl->conns[k].err = -ECONNRESET;
+			cl->conns[k].lost_ns = rps__now_ns();
+			cl->conns[k].dial_err = k < cl->nservers ? dial_err : why;
+		} else {
+			cl->conns[k].err = why;
+		}
 		cl->conns[k].member_id = m->id;
 		cl->conns[k].thread = thread;
 		if (k == cl->nservers)

@@ -3,6 +3,16 @@
  * dials whom (the server with the higher member id connects, so two servers
  * never wait on each other's accept), a --join server's first dials, and
  * best-effort sends over them.
+ *
+ * A --join server has no map until the leader sends it the log, and the
+ * leader sends nothing to a member it has no connection to: when the
+ * joiner's id is the higher, only the joiner can make that connection, and
+ * its --cluster may name any member but the leader ("one is enough, in any
+ * order", rdmapsd(8)).  So the joiner asks each seed it reached for its map
+ * (STATUS over the peer connection) and dials the members that map names
+ * as its own map will have it dial them: those with lower ids, by id.  The
+ * rule of who dials whom stays the same, so no pair ever holds two
+ * connections that each side would pick differently.
  */
 #include "config.h"
 #include "common/common.h"
@@ -142,9 +152,62 @@ static void seed_uri(const struct rps__cplane *cp, int i, char *uri, size_t len)
 	rps__uri_str(&cp->cluster[i], uri, len);
 }
 
-/* --join: dial each --cluster address we have no connection to. */
+/* Is a --join seed dial to this member's address under way?  (Its
+ * connection, once made, counts for that member: no second one.) */
+static bool seed_dial_to(const struct rps__cplane *cp, const char *member_uri)
+{
+	struct rps__uri u;
+	char a[300], b[300];
+	int i;
+
+	if (rps__uri_parse(member_uri, &u))
+		return false;
+	rps__uri_str(&u, a, sizeof(a));
+	for (i = 0; i < cp->ncluster; i++) {
+		seed_uri(cp, i, b, sizeof(b));
+		if (cp->seed_dialing[i] && !strcmp(a, b))
+			return true;
+	}
+	return false;
+}
+
+/* A seed answered our STATUS: its map names every member and its address. */
+void rps__cp_on_seed_status(struct rps__cplane *cp, struct conn *c, int32_t status, const void *body, size_t len)
+{
+	struct rps__smap *m;
+	uint32_t i;
+	bool first;
+
+	if (cp->map.nmembers || status || len <= sizeof(struct rps__status_rep))
+		return;	/* (we have a map of our own now, or it has none yet) */
+	m = malloc(sizeof(*m));
+	if (!m)
+		return;
+	if (rps__smap_decode((const char *)body + sizeof(struct rps__status_rep),
+			     len - sizeof(struct rps__status_rep), m)) {
+		rps__log(RPS__LOG_WARN, "joining: the map from peer %llu does not decode: %s",
+			 (unsigned long long)cp->dp->conn_peer_id(c), rps__errbuf());
+		free(m);
+		return;
+	}
+	first = !cp->nlearned;
+	cp->nlearned = 0;	/* (a later answer is as good: the same members, or newer) */
+	for (i = 0; i < m->nmembers && i < RPS__SMAP_MAX_MEMBERS; i++)
+		if (m->members[i].id != cp->my_id)
+			cp->learned[cp->nlearned++] = m->members[i];
+	if (first && cp->nlearned)
+		rps__log(RPS__LOG_INFO, "joining: member %llu says the cluster has %u other members: dialing those "
+			 "with lower ids than ours (%llu)", (unsigned long long)cp->dp->conn_peer_id(c), cp->nlearned,
+			 (unsigned long long)cp->my_id);
+	free(m);
+}
+
+/* --join: dial each --cluster address we have no connection to, ask the
+ * seeds we reached for their map, and dial the members it names (the
+ * lower ids: the others dial us once we are in their map). */
 static void peers_connect_seeds(struct rps__cplane *cp, uint64_t now)
 {
+	uint32_t j;
 	int i;
 
 	for (i = 0; i < cp->ncluster; i++) {
@@ -162,6 +225,28 @@ static void peers_connect_seeds(struct rps__cplane *cp, uint64_t now)
 		cp->seed_next[i] = now + PEER_RETRY_NS;
 		if (!cp->dp->peer_dial(cp->srv, uri, 0))
 			cp->seed_dialing[i] = true;
+	}
+	if (!cp->nlearned && now >= cp->learn_next) {
+		/* every peer we reached (one may have no map yet: another
+		 * joiner), again each PEER_RETRY_NS until one had */
+		for (j = 0; j < cp->npeers; j++)
+			if (cp->peers[j].c && !cp->dp->conn_dead(cp->peers[j].c)) {
+				cp->learn_next = now + PEER_RETRY_NS;
+				cp->dp->conn_reply(cp->peers[j].c, RPS__MSG_STATUS, 0, 0, NULL, 0);
+			}
+	}
+	for (j = 0; j < cp->nlearned; j++) {
+		const struct rps__smap_member *m = &cp->learned[j];
+		struct peer *p;
+
+		if (m->id >= cp->my_id || seed_dial_to(cp, m->uri))
+			continue;
+		p = rps__cp_peer_get(cp, m->id, true);
+		if (!p || p->c || p->dialing || now < p->next_connect)
+			continue;
+		p->next_connect = now + PEER_RETRY_NS;
+		if (!cp->dp->peer_dial(cp->srv, m->uri, m->id))
+			p->dialing = true;
 	}
 }
 

@@ -30,7 +30,8 @@
  * wins on every server.
  *
  * Peer connections: the server with the higher member id connects, so two
- * servers never wait on each other's accept.
+ * servers never wait on each other's accept (a --join server with no map
+ * yet learns the members from whichever one it reached: cp_peers.c).
  *
  * The control plane owns the map and what it does with each partition; the
  * data plane (server/dataplane.h) is reached only through the ops table it
@@ -71,6 +72,12 @@ static void on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h, 
 	case RPS__MSG_STATUS:
 		rps__cp_on_status(cp, c, h->req_id);
 		return;
+	case RPS__MSG_STATUS_REP:	/* a --join seed's answer (cp_peers.c) */
+		if (cp->dp->conn_role(c) == CONN_PEER) {
+			rps__cp_on_seed_status(cp, c, h->status, body, body_len);
+			return;
+		}
+		break;
 	case RPS__MSG_CKPT:
 		if (cp->dp->conn_role(c) == CONN_ADMIN) {
 			rps__ck_on_message(cp, c, h, body, body_len);

@@ -168,6 +168,12 @@ struct rps__cplane {
 					 * them knows they restored another life's memory */
 	uint64_t seed_next[RPS__SMAP_MAX_MEMBERS];	/* --join: next dial of each --cluster address */
 	bool seed_dialing[RPS__SMAP_MAX_MEMBERS];	/* ... under way */
+	/* --join, until our own map arrives: the members a seed's map names
+	 * (its STATUS_REP), dialed as our map will have us dial them (the
+	 * lower ids: the leader among them, when no seed is the leader) */
+	struct rps__smap_member learned[RPS__SMAP_MAX_MEMBERS];
+	uint32_t nlearned;
+	uint64_t learn_next;		/* ns: next STATUS to a seed while nothing is learned */
 	struct ckpt_state *ckpt;	/* ckpt_srv.c */
 	struct cp_failover fo;		/* cp_failover.c */
 	/* cp_replicas.c */
@@ -218,6 +224,7 @@ void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct conn
 void rps__cp_on_send_done(void *ctx, struct conn *c);
 void rps__cp_peers_gone(struct rps__cplane *cp, struct conn *c);
 void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now);
+void rps__cp_on_seed_status(struct rps__cplane *cp, struct conn *c, int32_t status, const void *body, size_t len);
 
 /* cp_moves.c */
 void rps__cp_blob_free(struct rps__cplane *cp, struct part_local *pl);

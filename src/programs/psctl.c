@@ -294,6 +294,9 @@ int psctl_query_status(const struct rps__uri *u, struct rps__status_rep *st, str
 	    st->n_voters + st->n_learners > RPS__ARRAY_SIZE(st->match))
 		return rps__seterr(-EBADMSG, "%s: STATUS reply names %u voters and %u learners, at most %zu in all",
 				   name, st->n_voters, st->n_learners, RPS__ARRAY_SIZE(st->match));
+	if (map && len == sizeof(*st))	/* (a server with no map sends none) */
+		return rps__seterr(-EAGAIN, "%s: no shard map yet: a server started with --join that the leader has "
+				   "not brought in (psctl add-server ID URI; its log says whom it reached)", name);
 	if (map) {
 		ret = rps__smap_decode(rbuf + sizeof(*st), len - sizeof(*st), map);
 		if (ret)
