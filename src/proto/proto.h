@@ -126,6 +126,12 @@ struct rps__conn_priv {
 	uint64_t to_id;		/* PEER: the id it expects to reach */
 	uint64_t key_id;	/* the cluster key's id (auth.h); 0: no key, no AUTH */
 	uint8_t nonce[16];	/* fresh: the connector's, then the server's */
+	/* PEER, both ways: the server's --threads (each thread's replication
+	 * streams go to the same thread of the other member, so members must
+	 * agree); 0: not said (a worker, psctl, or an older server) */
+	uint16_t nthreads;
+	uint16_t reserved16;
+	uint32_t reserved;
 };
 
 /* AUTH: the first message on a connection to a server with a key. */
