@@ -36,6 +36,7 @@ struct it_server_opts {
 	int data_dir;		/* 1: --data-dir DIR/data.<i> (kept across restarts) */
 	unsigned threads;	/* rdmapsd --threads (0: $RPS_IT_THREADS, or 1) */
 	int no_ckpt_dir;	/* 1: no --checkpoint-dir (checkpoints are refused) */
+	int witness_last;	/* 1: the last server started gets --witness (one thread) */
 };
 
 /* The --checkpoint-dir every server started here gets (unless

@@ -413,6 +413,8 @@ int rps__connect_members(struct rps_client *cl)
 
 	for (i = 0; i < cl->map.nmembers; i++) {
 		const struct rps__smap_member *m = &cl->map.members[i];
+		if (m->flags & RPS__SMAP_WITNESS)
+			continue;	/* it holds nothing and takes no worker (rdmapsd --witness) */
 		ret = connect_endpoint(cl, m, 0, &k);
 		if (ret && !first_err)
 			first_err = ret;

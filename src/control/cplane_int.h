@@ -175,6 +175,8 @@ struct rps__cplane {
 	uint64_t config_next;		/* next SET_REPLICAS / SET_ZONE proposal (ns) */
 	bool replicas_settled;		/* --replicas is in the map (once per start) */
 	bool zone_settled;		/* --zone is in the map */
+	bool witness_said;		/* --witness refused by the map: said once */
+	uint32_t voters_warned;		/* the voter count last warned of (2: cannot fail over) */
 	uint64_t removing;		/* leader: psctl remove-server of this member waits for
 					 * its backup roles to move elsewhere (0: none) */
 	uint64_t removing_next;		/* its REMOVE_MEMBER proposed again no sooner (ns) */

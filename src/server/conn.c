@@ -400,6 +400,8 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 		why = "server full: raise rdmapsd --max-connections";
 	else if (priv.role == RPS__ROLE_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
 		why = "too many admin connections (16): close psctl sessions";
+	if (!why && srv->cfg.witness && priv.role != RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN)
+		why = "a witness holds no data: give workers the data servers";	/* (56 bytes at most) */
 	if (!why && srv->thread_index && (priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_ADMIN))
 		why = "a serving thread's port: use the first port";	/* (56 bytes at most) */
 	if (!why && srv->cfg.keys && !priv.key_id)
@@ -444,7 +446,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	priv.role = 0;
 	priv.from_id = srv->my_id;
 	priv.to_id = 0;
-	priv.nthreads = (uint16_t)srv->nthreads;
+	priv.nthreads = srv->cfg.witness ? 0 : (uint16_t)srv->nthreads;	/* (a witness has none to match) */
 	priv.reserved16 = 0;
 	priv.reserved = 0;
 	rps__srv_auth_accepted(srv, c, &req, &priv);
@@ -473,7 +475,7 @@ bool rps__srv_peer_threads_ok(struct rps__server *srv, uint64_t peer_id, unsigne
 {
 	uint64_t now = rps__now_ns();
 
-	if (!theirs || theirs == srv->nthreads)
+	if (!theirs || theirs == srv->nthreads || srv->cfg.witness)
 		return true;
 	/* partition p's replication stream runs between the two members'
 	 * threads p % --threads: with different counts, a thread would dial

@@ -170,7 +170,7 @@ int rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 {
 	struct rps__conn_priv priv = {
 		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_PEER,
-		.from_id = srv->my_id, .to_id = to_id, .nthreads = (uint16_t)srv->nthreads,
+		.from_id = srv->my_id, .to_id = to_id, .nthreads = srv->cfg.witness ? 0 : (uint16_t)srv->nthreads,
 	};
 	struct rps__ep_attr attr = { 0 };
 	struct conn *c;
