@@ -13,6 +13,15 @@
  * A worker given only the witness's address is refused with one line
  * saying so.
  *
+ * Without a witness (item 5 too): two servers, R = 2.  Both say at start
+ * that 2 voters cannot fail over and what to add.  One is killed under an
+ * async worker whose timeout is 60 s: the survivor has no majority, so
+ * nothing fails over; the worker's push fails with -EHOSTDOWN and one line
+ * naming the dead member, the cause (no Raft majority) and what to do, in
+ * --failover-ms + 2 s (asserted below 20 s: generous on a loaded machine,
+ * far below the 60 s the worker would have waited), not -ECONNRESET after
+ * its timeout.
+ *
  * Members that disagree on --threads (item 8): partition p's replication
  * stream runs between the two members' serving threads p % --threads, so
  * with different counts a thread's stream has nobody to dial.  The peer
@@ -135,6 +144,10 @@ static void test_threads_mismatch_refused(void)
 
 struct shared {
 	atomic_int acked[W_WORKERS];
+	/* the no-witness worker's failure */
+	int ret;
+	double t_fail;		/* it_now_s() when the push failed */
+	char msg[600];
 };
 static struct shared *sh;
 
@@ -306,11 +319,95 @@ static void test_witness_failover(void)
 	clu_up = false;
 }
 
+/* Push until a push fails; say how and when in sh. */
+static int doomed_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *g = malloc(W_COUNT * sizeof(float));
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret;
+
+	(void)arg;
+	for (size_t i = 0; i < W_COUNT; i++)
+		g[i] = -1.0f;
+	if ((ret = it_client_connect(servers, rank, nworkers, 60000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = W_COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SGD;
+	o.lr = 1.0f;
+	if ((ret = rps_tensor_create(cl, "nw", &o, &t)))
+		return it_worker_fail(rank, "create", ret);
+	while (!(ret = rps_push(t, g, W_COUNT * sizeof(float)))) {
+		atomic_fetch_add(&sh->acked[rank], 1);
+		usleep(500);
+	}
+	sh->t_fail = it_now_s();
+	sh->ret = ret;
+	snprintf(sh->msg, sizeof(sh->msg), "%s", rps_last_error());
+	it_write_all(out_fd, &ret, sizeof(ret));
+	_exit(0);	/* (the client's close would wait on the dead server) */
+}
+
+static void test_two_voters_told(void)
+{
+	struct it_server_opts o = { .extra_args = W_ARGS };
+	char logs[2][300], line[1024];
+	struct it_workers w;
+	double t_kill;
+	int i, ret = 0;
+
+	memset(sh, 0, sizeof(*sh));
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 2, &o), 0);
+	clu_up = true;
+	/* again from nothing, each logging to a file of its own */
+	for (i = 0; i < 2; i++)
+		it_server_kill(&clu, i);
+	for (i = 0; i < 2; i++) {
+		size_t len = strlen(clu.cmd[i]);
+
+		snprintf(logs[i], sizeof(logs[i]), "%s/log.%d", clu.dir, i);
+		snprintf(clu.cmd[i] + len, sizeof(clu.cmd[i]) - len, " 2>%s", logs[i]);
+		CU_ASSERT_FATAL(it_server_restart(&clu, i) == 0);
+	}
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, NULL), 0);
+	for (i = 0; i < 2; i++) {
+		const char *l = file_line(logs[i], "this cluster has 2 Raft voters", line, sizeof(line));
+		CU_ASSERT_PTR_NOT_NULL(l);
+		if (l) {
+			CU_ASSERT_PTR_NOT_NULL(strstr(l, "nothing fails over"));
+			CU_ASSERT_PTR_NOT_NULL(strstr(l, "rdmapsd --witness"));
+		}
+	}
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, doomed_worker, clu.servers, NULL, -1, NULL), 0);
+	while (acked_total() < 50)
+		it_sleep_ms(2);
+	t_kill = it_now_s();
+	it_server_kill(&clu, 1);	/* member 2 */
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &ret, sizeof(ret)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	fprintf(stderr, "[push failed %.2f s after the kill: %d: %s] ", sh->t_fail - t_kill, sh->ret, sh->msg);
+	CU_ASSERT_EQUAL(sh->ret, -EHOSTDOWN);
+	CU_ASSERT(sh->t_fail - t_kill < 20.0);
+	CU_ASSERT_PTR_NOT_NULL(strstr(sh->msg, "member 2 ("));
+	CU_ASSERT_PTR_NOT_NULL(strstr(sh->msg, "cannot be failed over"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(sh->msg, "reaches 1 of 2 Raft voters, no majority"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(sh->msg, "add a witness (rdmapsd --witness)"));
+	CU_ASSERT_PTR_NULL(strchr(sh->msg, '\n'));
+	/* the survivor said it once, too */
+	CU_ASSERT_PTR_NOT_NULL(file_line(logs[0], "no Raft majority: member 2 is unreachable", line, sizeof(line)));
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
 		{ "--threads differs between members: refused at the handshake, said on both sides", test_threads_mismatch_refused },
 		{ "2 data servers + a witness, R = 2: a data server killed, failed over, exact; the witness held nothing", test_witness_failover },
+		{ "2 servers, no witness: warned at start; a worker blocked by a dead one is told why, in time", test_two_voters_told },
 	};
 	int ret;
 

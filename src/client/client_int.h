@@ -146,6 +146,16 @@ struct ctrl_entry {
  * over to a backup (ride-through, client.c). */
 #define FAILOVER_WAIT_MS 10000
 
+/* A quorum note (proto.h) at the end of c's server's map buffer, READ
+ * into buf (the map buffer, or a probe of its last RPS__PROBE_AREA
+ * bytes): notes in c->noq whether it says the server lost the Raft
+ * majority.  True if nothing can fail over then, as far as we can tell: c
+ * says so and no other member's connection is alive (a server cut off
+ * alone says so too, while the others fail its partitions over: a worker
+ * that reaches one of them rides through); the line for the user is in
+ * cl->noq_text.  Lock held. */
+bool rps__note_take(struct rps_client *cl, struct conn *c, const void *buf);
+
 struct conn {
 	struct rps_client *cl;
 	int index;
@@ -156,6 +166,7 @@ struct conn {
 	struct rps__ep *ep;
 	bool dead;
 	int err;
+	bool noq;		/* its server's quorum note says it lost the majority */
 	uint64_t lost_ns;	/* when an established connection was lost (0: never) */
 	uint64_t busy_ns;	/* when its active list last became non-empty */
 	uint64_t wc_ns;		/* its last successful completion */
@@ -219,6 +230,9 @@ struct rps_client {
 	struct rps__mr *mapbuf_mr;
 	char *probebuf;		/* registered: READ target for liveness probes */
 	struct rps__mr *probebuf_mr;
+	/* a server's quorum note (proto.h), from the last map read or probe
+	 * that carried one: "" while none says the cluster lost its majority */
+	char noq_text[480];
 	uint64_t client_id;	/* names our pushes to every server */
 	int rank, num_workers, timeout_ms;
 	uint32_t shard_elems;

@@ -295,6 +295,8 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
 			if (m.applied >= cl->map.applied || !cl->map.npart)
 				cl->map = m;
 			cl->map_from = c->index;
+			if (c->hello.map_len == RPS__MAP_BUF)
+				rps__note_take(cl, c, cl->mapbuf + RPS__MAP_BUF - sizeof(struct rps__quorum_note));
 			return 0;
 		}
 	}

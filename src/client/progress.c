@@ -6,6 +6,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/crc.h"
 #include "client/client_int.h"
 
 #include <errno.h>
@@ -87,7 +88,10 @@ void rps__req_part_done_at(struct rps_request *r, int status, const struct conn 
 {
 	if (status && !r->status) {
 		r->status = status;
-		snprintf(r->msg, sizeof(r->msg), "%s: %s", c ? c->name : "rdmaps", rps__status_text(status));
+		if (status == -EHOSTDOWN && c && c->cl->noq_text[0])	/* (rps__note_take) */
+			snprintf(r->msg, sizeof(r->msg), "%s", c->cl->noq_text);
+		else
+			snprintf(r->msg, sizeof(r->msg), "%s: %s", c ? c->name : "rdmaps", rps__status_text(status));
 	}
 	if (--r->remaining == 0)
 		rps__req_finish(r);
@@ -163,6 +167,40 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 		}
 		c->ctrl[i].busy = false;
 	}
+}
+
+bool rps__note_take(struct rps_client *cl, struct conn *c, const void *buf)
+{
+	struct rps__quorum_note n;
+	const struct rps__smap_member *lost, *by;
+	int k;
+
+	memcpy(&n, buf, sizeof(n));
+	if (!n.magic) {
+		c->noq = false;	/* that server has a majority */
+		cl->noq_text[0] = '\0';
+		return false;
+	}
+	if (n.magic != RPS__NOTE_MAGIC || !n.member || n.crc != rps__crc32c_noinv((const uint8_t *)&n + 8, sizeof(n) - 8))
+		return false;	/* torn by a rewrite: the next read tells */
+	c->noq = true;
+	for (k = 0; k < cl->nservers; k++) {
+		const struct conn *o = &cl->conns[k];
+
+		if (o->thread == 0 && o->member_id != c->member_id && o->ep && !o->dead && !o->noq) {
+			cl->noq_text[0] = '\0';	/* another server answers: it may fail over */
+			return false;
+		}
+	}
+	lost = rps__smap_member(&cl->map, n.member);
+	by = rps__smap_member(&cl->map, n.reporter);
+	snprintf(cl->noq_text, sizeof(cl->noq_text),
+		 "member %llu (%.80s) is unreachable and cannot be failed over: member %llu (%.80s) reaches %u of %u Raft voters,"
+		 " no majority, for %u ms; restart member %llu%s", (unsigned long long)n.member,
+		 lost ? lost->uri : "?", (unsigned long long)n.reporter, by ? by->uri : "?", n.reachable, n.voters,
+		 n.since_ms, (unsigned long long)n.member,
+		 n.voters == 2 ? ", and add a witness (rdmapsd --witness) so that 2 servers fail over" : "");
+	return true;
 }
 
 /* Is anything of ours waiting on c: an op, a control request, a pull's WAIT? */
@@ -274,7 +312,9 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 		wr.sge.addr = cl->probebuf;
 		wr.sge.len = (uint32_t)RPS__MIN(c->hello.map_len, PROBE_LEN);
 		wr.sge.mr = cl->probebuf_mr;
-		wr.raddr = c->hello.map_addr;
+		/* the first port's map buffer ends with the quorum note: a
+		 * server that lost the majority says so to what waits on it */
+		wr.raddr = c->hello.map_addr + (c->hello.map_len == RPS__MAP_BUF ? RPS__MAP_BUF - PROBE_LEN : 0);
 		wr.rkey = c->hello.map_rkey;
 		c->probe_ns = now;
 		if (rps__post(c->ep, &wr, 1) == 0)	/* a full queue: next time */

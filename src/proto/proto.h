@@ -377,6 +377,27 @@ struct rps__rank_rep {
  * readable bytes instead, which a worker's liveness probe READs. */
 #define RPS__PROBE_AREA 64u
 
+/*
+ * The last RPS__PROBE_AREA bytes of the map buffer (after the longest
+ * encoded map): what a server that can no longer reach a Raft majority
+ * tells workers, which read it with the map and with their liveness
+ * probes (issue 30 item 5).  A worker blocked by a dead member that cannot
+ * be failed over (two voters, one dead) gets this, not a timeout.
+ * All zero while the server has a majority (or knows of nothing wrong).
+ */
+#define RPS__NOTE_MAGIC 0x4d4a524eu	/* "NRJM" */
+struct rps__quorum_note {
+	uint32_t magic;		/* RPS__NOTE_MAGIC */
+	uint32_t crc;		/* rps__crc32c_noinv of the bytes after it (a torn READ) */
+	uint64_t member;	/* a voter this server has lost its connection to */
+	uint64_t reporter;	/* this server's member id */
+	uint32_t voters;	/* Raft voters */
+	uint32_t reachable;	/* ... this server is connected to, itself included */
+	uint32_t since_ms;	/* no lease (no majority) for this long */
+	uint32_t failover_ms;
+	uint8_t reserved[RPS__PROBE_AREA - 40];
+};
+
 struct rps__propose_rep {
 	uint64_t index;		/* where the command was applied */
 	uint64_t leader;	/* -EPERM: who to ask instead (0: unknown) */
