@@ -461,7 +461,7 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		nr->kind = REQ_SHARDS;
 		nr->min_version_seen = cur->min_version_seen;
 		refresh_routes(cl, t);
-		if (cl->noq_text[0]) {
+		if (rps__noq_final(cl)) {
 			/* the server we read the map from lost the Raft
 			 * majority: nothing moves on until an operator acts */
 			status = -EHOSTDOWN;

@@ -149,12 +149,14 @@ struct ctrl_entry {
 /* A quorum note (proto.h) at the end of c's server's map buffer, READ
  * into buf (the map buffer, or a probe of its last RPS__PROBE_AREA
  * bytes): notes in c->noq whether it says the server lost the Raft
- * majority.  True if nothing can fail over then, as far as we can tell: c
- * says so and no other member's connection is alive (a server cut off
- * alone says so too, while the others fail its partitions over: a worker
- * that reaches one of them rides through); the line for the user is in
- * cl->noq_text.  Lock held. */
+ * majority (then the line for the user is in cl->noq_text), and returns
+ * rps__noq_final(cl).  Lock held. */
 bool rps__note_take(struct rps_client *cl, struct conn *c, const void *buf);
+/* Can nothing fail over, as far as we can tell: a server said it lost the
+ * majority and no other member's connection is alive?  (A server cut off
+ * alone says so too, while the others fail its partitions over: a worker
+ * that reaches one of them rides through.)  Lock held. */
+bool rps__noq_final(const struct rps_client *cl);
 
 struct conn {
 	struct rps_client *cl;

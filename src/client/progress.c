@@ -169,29 +169,32 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 	}
 }
 
+/* Does the cluster replicate (a partition with a backup in our map)?  Then
+ * the control plane fails a silent member over, and what waits on it is
+ * better answered elsewhere; without backups a slow server is waited for. */
+static bool replicated(const struct rps_client *cl)
+{
+	uint32_t p;
+
+	for (p = 0; p < cl->map.npart; p++)
+		if (cl->map.parts[p].backups[0])
+			return true;
+	return false;
+}
+
 bool rps__note_take(struct rps_client *cl, struct conn *c, const void *buf)
 {
 	struct rps__quorum_note n;
 	const struct rps__smap_member *lost, *by;
-	int k;
 
 	memcpy(&n, buf, sizeof(n));
 	if (!n.magic) {
 		c->noq = false;	/* that server has a majority */
-		cl->noq_text[0] = '\0';
-		return false;
+		return rps__noq_final(cl);
 	}
 	if (n.magic != RPS__NOTE_MAGIC || !n.member || n.crc != rps__crc32c_noinv((const uint8_t *)&n + 8, sizeof(n) - 8))
-		return false;	/* torn by a rewrite: the next read tells */
+		return rps__noq_final(cl);	/* torn by a rewrite: the next read tells */
 	c->noq = true;
-	for (k = 0; k < cl->nservers; k++) {
-		const struct conn *o = &cl->conns[k];
-
-		if (o->thread == 0 && o->member_id != c->member_id && o->ep && !o->dead && !o->noq) {
-			cl->noq_text[0] = '\0';	/* another server answers: it may fail over */
-			return false;
-		}
-	}
 	lost = rps__smap_member(&cl->map, n.member);
 	by = rps__smap_member(&cl->map, n.reporter);
 	snprintf(cl->noq_text, sizeof(cl->noq_text),
@@ -200,7 +203,27 @@ bool rps__note_take(struct rps_client *cl, struct conn *c, const void *buf)
 		 lost ? lost->uri : "?", (unsigned long long)n.reporter, by ? by->uri : "?", n.reachable, n.voters,
 		 n.since_ms, (unsigned long long)n.member,
 		 n.voters == 2 ? ", and add a witness (rdmapsd --witness) so that 2 servers fail over" : "");
-	return true;
+	return rps__noq_final(cl);
+}
+
+bool rps__noq_final(const struct rps_client *cl)
+{
+	bool said = false;
+	int k;
+
+	if (!replicated(cl))
+		return false;	/* (without backups there is nothing to fail over) */
+	for (k = 0; k < cl->nservers; k++) {
+		const struct conn *o = &cl->conns[k];
+
+		if (o->thread)
+			continue;
+		if (o->noq && (o->err == -EHOSTDOWN || (o->ep && !o->dead)))
+			said = true;	/* (dropped for saying so: below) */
+		else if (o->ep && !o->dead)
+			return false;	/* a server that answers and has a majority */
+	}
+	return said && cl->noq_text[0];
 }
 
 /* Is anything of ours waiting on c: an op, a control request, a pull's WAIT? */
@@ -216,18 +239,6 @@ static bool conn_waited_on(const struct conn *c)
 	return false;
 }
 
-/* Does the cluster replicate (a partition with a backup in our map)?  Then
- * the control plane fails a silent member over, and what waits on it is
- * better answered elsewhere; without backups a slow server is waited for. */
-static bool replicated(const struct rps_client *cl)
-{
-	uint32_t p;
-
-	for (p = 0; p < cl->map.npart; p++)
-		if (cl->map.parts[p].backups[0])
-			return true;
-	return false;
-}
 
 /*
  * A stopped or hung server process behind a live NIC: the HCA (or rxe, in

@@ -469,9 +469,14 @@ void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now)
  * voters than a majority, the end of its map buffer says so (which voter
  * it lost, how many it reaches); workers read it with the map and with
  * their liveness probes and fail what waits with that line
- * (src/client/progress.c).  Said once in the log too.  A peer that went
- * silent without its connection breaking (a stopped host) is not named.
+ * (src/client/progress.c).  Said once in the log too.  With more than two
+ * voters a majority is lost only with two of them, which is most often a
+ * restart under way while another member died (its peers dial it again
+ * within a second or two): the note waits NOQ_WAIT_MANY x failover_ms
+ * there.  A peer that went silent without its connection breaking (a
+ * stopped host) is not named.
  */
+#define NOQ_WAIT_MANY 10
 void rps__cp_quorum_note(struct rps__cplane *cp, uint64_t now)
 {
 	struct cp_failover *fo = &cp->fo;
@@ -499,7 +504,7 @@ void rps__cp_quorum_note(struct rps__cplane *cp, uint64_t now)
 	else if (!fo->noq_since)
 		fo->noq_since = now;
 	memset(&n, 0, sizeof(n));
-	if (fo->noq_since && now - fo->noq_since >= fo->lease_ns) {
+	if (fo->noq_since && now - fo->noq_since >= (st.conf.n_voters <= 2 ? fo->lease_ns : NOQ_WAIT_MANY * fo->failover_ns)) {
 		n.magic = RPS__NOTE_MAGIC;
 		n.member = lost;
 		n.reporter = cp->my_id;
