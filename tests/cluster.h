@@ -37,6 +37,7 @@ struct it_server_opts {
 	unsigned threads;	/* rdmapsd --threads (0: $RPS_IT_THREADS, or 1) */
 	int no_ckpt_dir;	/* 1: no --checkpoint-dir (checkpoints are refused) */
 	const char *cluster;	/* it_server_join: its --cluster (NULL: every server started so far) */
+	int witness_last;	/* 1: the last server started gets --witness (one thread) */
 };
 
 /* The --checkpoint-dir every server started here gets (unless

@@ -2115,7 +2115,7 @@ static void random_map_cmd(struct sim *s, const struct rps__smap *m, struct rps_
 	const struct rps__smap_part *p;
 	uint64_t backup;
 
-	if (m->nmembers < 4 && rnd_below(s, 2))
+	if (m->nmembers - rps__smap_nwitnesses(m) < 4 && rnd_below(s, 2))
 		t = 85;		/* keep the cluster from dwindling */
 	if ((t >= 33 && t < 46) || (t >= 70 && t < 79) || (t >= 93 && t < 95))
 		part = busy_part(s, m, part, t < 46 ? part_joining : t < 79 ? part_moving : part_lost);
@@ -2176,6 +2176,9 @@ static void random_map_cmd(struct sim *s, const struct rps__smap *m, struct rps_
 		c->from = p->owner;
 	} else if (t < 95) {
 		c->type = RPS__SMAP_CLEAR_LOST;
+	} else if (t < 96) {
+		c->type = RPS__SMAP_SET_WITNESS;
+		c->id = map_member(s, m);
 	} else if (t < 97) {
 		c->type = RPS__SMAP_NOP;
 	} else {

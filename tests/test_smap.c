@@ -163,6 +163,10 @@ static const char *invariant_broken(const struct rps__smap *m)
 			return "partition epoch 0";
 		if (pt->moving_to && (pt->moving_to == pt->owner || !is_member(m, pt->moving_to)))
 			return "partition moving to its owner or a non-member";
+		if (rps__smap_is_witness(m, pt->owner) || rps__smap_is_witness(m, pt->moving_to) ||
+		    rps__smap_is_witness(m, pt->joining) || rps__smap_is_witness(m, pt->backups[0]) ||
+		    rps__smap_is_witness(m, pt->backups[1]))
+			return "a witness holds a replica of a partition";
 		for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++) {
 			uint64_t b = pt->backups[k];
 
@@ -1803,8 +1807,10 @@ static struct rps__smap_cmd random_repl_cmd(const struct rps__smap *m)
 				epoch);
 	if (t < 78)
 		return cmd_repl(RPS__SMAP_REPLICA_ABORT, part, 0, 0, epoch);
-	if (t < 86)
+	if (t < 85)
 		return cmd_repl(RPS__SMAP_REPLICA_DROP, part, rng() % 4 ? b0 : pick_member(m), 0, epoch);
+	if (t < 86)
+		return cmd_repl(RPS__SMAP_SET_WITNESS, 0, pick_member(m), 0, 0);
 	c = cmd_failover(part, rng() % 6 ? p->owner : pick_member(m), rng() % 6 ? b0 : pick_member(m), epoch, 0, NULL);
 	if (p->backups[1] && rng() % 3) {
 		c.nkeep = 1;
@@ -1834,7 +1840,7 @@ static void test_replica_determinism(void)
 		int rc_a, rc_b;
 		const char *why;
 
-		if (a.nmembers < 3 && rng() % 2) {	/* keep the cluster from dwindling */
+		if (a.nmembers - rps__smap_nwitnesses(&a) < 3 && rng() % 2) {	/* keep the cluster from dwindling */
 			char uri[32];
 
 			snprintf(uri, sizeof(uri), "tcp://n%llu:1", (unsigned long long)a.max_id + 1);
@@ -1878,7 +1884,8 @@ static void test_replica_determinism(void)
 		}
 		CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&a, enc, sizeof(enc), &len), 0);
 		CU_ASSERT_EQUAL(len, rps__smap_encoded_size(&a));
-		CU_ASSERT_EQUAL(enc[4], rps__smap_replicated(&a) ? 3 : rps__smap_nlost(&a) ? 2 : 1);
+		CU_ASSERT_EQUAL(enc[4], rps__smap_nwitnesses(&a) ? 4 : rps__smap_replicated(&a) ? 3 :
+				rps__smap_nlost(&a) ? 2 : 1);
 		CU_ASSERT_EQUAL_FATAL(rps__smap_decode(enc, len, &d), 0);
 		CU_ASSERT_EQUAL_FATAL(memcmp(&a, &d, sizeof(a)), 0);
 	}
@@ -1886,6 +1893,101 @@ static void test_replica_determinism(void)
 	for (unsigned t = RPS__SMAP_SET_REPLICAS; t <= RPS__SMAP_CMD_LAST; t++)
 		CU_ASSERT(ok[t] >= 10);
 	CU_ASSERT(ok[RPS__SMAP_FORCE_REMOVE] >= 10);
+}
+
+/* SET_WITNESS (issue 30 item 5): the member's partitions pass to their
+ * backups, it leaves every set, it is never placed again; the map keeps
+ * version 3 bytes until a member has a flag, then says so in version 4. */
+static void test_witness(void)
+{
+	static const char *const u3[] = { "tcp://a:1", "tcp://b:1", "tcp://c:1" };
+	static struct rps__smap m, before, d;
+	static uint8_t enc[RPS__SMAP_ENC_MAX];
+	struct rps__smap_cmd c;
+	char *text = NULL;
+	size_t len = 0, tlen = 0;
+	uint64_t idx = 1;
+	FILE *f;
+
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&m, u3, 3, 6, 2), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, enc, sizeof(enc), &len), 0);
+	CU_ASSERT_EQUAL(enc[4], 3);
+	before = m;
+	c = cmd_repl(RPS__SMAP_SET_WITNESS, 0, 3, 0, 0);
+	CU_ASSERT_EQUAL(rps__smap_apply(&m, idx++, &c), 0);
+	CU_ASSERT_TRUE(rps__smap_is_witness(&m, 3));
+	CU_ASSERT_FALSE(rps__smap_is_witness(&m, 1) || rps__smap_is_witness(&m, 2) || rps__smap_is_witness(&m, 9));
+	CU_ASSERT_EQUAL(rps__smap_nwitnesses(&m), 1);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 0);
+	CU_ASSERT_EQUAL(rps__smap_backed(&m, 3), 0);
+	for (uint32_t p = 0; p < 6; p++) {
+		const struct rps__smap_part *b = &before.parts[p], *a = &m.parts[p];
+
+		if (b->owner == 3) {	/* its backup holds what it acknowledged: it leads */
+			CU_ASSERT_EQUAL(a->owner, b->backups[0]);
+			CU_ASSERT_EQUAL(rps__smap_nbackups(&m, p), 0);
+			CU_ASSERT_EQUAL(a->epoch, b->epoch + 1);
+		} else if (b->backups[0] == 3) {
+			CU_ASSERT_EQUAL(a->owner, b->owner);
+			CU_ASSERT_EQUAL(rps__smap_nbackups(&m, p), 0);
+			CU_ASSERT_EQUAL(a->epoch, b->epoch + 1);
+		} else {
+			CU_ASSERT_EQUAL(memcmp(a, b, sizeof(*a)), 0);
+		}
+	}
+	/* never placed, moved to or seeded again */
+	for (uint32_t p = 0; p < 6; p++)
+		CU_ASSERT_NOT_EQUAL(rps__smap_pick_backup(&m, p, NULL, NULL), 3);
+	c = cmd_repl(RPS__SMAP_REPLICA_BEGIN, 0, 0, 3, m.parts[0].epoch);
+	CU_ASSERT_EQUAL(rps__smap_check(&m, &c), -EINVAL);
+	c = cmd_begin(0, m.parts[0].owner, 3, m.parts[0].epoch);
+	CU_ASSERT_EQUAL(rps__smap_check(&m, &c), -EINVAL);
+	/* once is enough; a member owning a partition without a backup
+	 * cannot become one */
+	c = cmd_repl(RPS__SMAP_SET_WITNESS, 0, 3, 0, 0);
+	CU_ASSERT_EQUAL(rps__smap_check(&m, &c), -EALREADY);
+	c = cmd_repl(RPS__SMAP_SET_WITNESS, 0, 2, 0, 0);
+	CU_ASSERT_EQUAL(rps__smap_check(&m, &c), -EBUSY);
+	c = cmd_repl(RPS__SMAP_SET_WITNESS, 0, 7, 0, 0);
+	CU_ASSERT_EQUAL(rps__smap_check(&m, &c), -ENOENT);
+	/* version 4 round-trips; the witness shows in the table and JSON */
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, enc, sizeof(enc), &len), 0);
+	CU_ASSERT_EQUAL(enc[4], 4);
+	CU_ASSERT_EQUAL(len, rps__smap_encoded_size(&m));
+	CU_ASSERT_EQUAL_FATAL(rps__smap_decode(enc, len, &d), 0);
+	CU_ASSERT_EQUAL(memcmp(&m, &d, sizeof(m)), 0);
+	f = open_memstream(&text, &tlen);
+	CU_ASSERT_FATAL(f != NULL);
+	rps__smap_print(&m, f);
+	rps__smap_print_json(&m, f);
+	fclose(f);
+	CU_ASSERT_PTR_NOT_NULL(strstr(text, "tcp://c:1  0  0  -  witness (votes, holds no partitions)"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(text, "{\"id\":3,\"uri\":\"tcp://c:1\",\"zone\":\"\",\"witness\":true}"));
+	CU_ASSERT_PTR_NULL(strstr(text, "{\"id\":2,\"uri\":\"tcp://b:1\",\"zone\":\"\",\"witness\""));
+	free(text);
+	/* a member flag this build does not know, or a witness holding a
+	 * partition, is refused by the decoder */
+	d = m;
+	d.members[2].flags = 2;
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&d, enc, sizeof(enc), &len), 0);
+	CU_ASSERT_EQUAL(rps__smap_decode(enc, len, &before), -EBADMSG);
+	d = m;
+	d.members[1].flags = RPS__SMAP_WITNESS;
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&d, enc, sizeof(enc), &len), 0);
+	CU_ASSERT_EQUAL(rps__smap_decode(enc, len, &before), -EBADMSG);
+	/* forced removal never gives a partition to the witness, and the
+	 * last member that is not one stays */
+	c = cmd_repl(RPS__SMAP_FORCE_REMOVE, 0, 1, 0, 0);
+	CU_ASSERT_EQUAL(rps__smap_apply(&m, idx++, &c), 0);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 2), 6);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 0);
+	c = cmd_repl(RPS__SMAP_FORCE_REMOVE, 0, 2, 0, 0);
+	CU_ASSERT_EQUAL(rps__smap_check(&m, &c), -EBUSY);
+	c = cmd_repl(RPS__SMAP_FORCE_REMOVE, 0, 3, 0, 0);
+	CU_ASSERT_EQUAL(rps__smap_apply(&m, idx++, &c), 0);
+	CU_ASSERT_EQUAL(rps__smap_nwitnesses(&m), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_encode(&m, enc, sizeof(enc), &len), 0);
+	CU_ASSERT_EQUAL(enc[4], 3);	/* no flag left: version 3 again */
 }
 
 int main(void)
@@ -1914,6 +2016,7 @@ int main(void)
 		{ "replica sets: table and JSON", test_replica_print },
 		{ "replicas stay identical under random commands", test_determinism },
 		{ "replica sets: random commands keep replicas identical", test_replica_determinism },
+		{ "witness: handed over, never placed, encoded compatibly", test_witness },
 	};
 	const struct cutest_suite suites[] = {
 		{ "smap", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },

@@ -492,6 +492,17 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		nr->kind = REQ_SHARDS;
 		nr->min_version_seen = cur->min_version_seen;
 		refresh_routes(cl, t);
+		if (rps__noq_final(cl)) {
+			/* the server we read the map from lost the Raft
+			 * majority: nothing moves on until an operator acts */
+			status = -EHOSTDOWN;
+			snprintf(cur->msg, sizeof(cur->msg), "%s", cl->noq_text);
+			snprintf(r->msg, sizeof(r->msg), "%s", cl->noq_text);
+			nr->waited = true;
+			nr->done = true;
+			rps__req_maybe_free(nr);
+			break;
+		}
 		for (i = 0, n = 0, waits = 0, given_up = 0; i < cur->nops; i++) {
 			const struct shard_op *op = &cur->ops[i];
 			bool riding = !worth_resending(cl, op) && rides_through(cl, op);

@@ -146,6 +146,18 @@ struct ctrl_entry {
  * over to a backup (ride-through, client.c). */
 #define FAILOVER_WAIT_MS 10000
 
+/* A quorum note (proto.h) at the end of c's server's map buffer, READ
+ * into buf (the map buffer, or a probe of its last RPS__PROBE_AREA
+ * bytes): notes in c->noq whether it says the server lost the Raft
+ * majority (then the line for the user is in cl->noq_text), and returns
+ * rps__noq_final(cl).  Lock held. */
+bool rps__note_take(struct rps_client *cl, struct conn *c, const void *buf);
+/* Can nothing fail over, as far as we can tell: a server said it lost the
+ * majority and no other member's connection is alive?  (A server cut off
+ * alone says so too, while the others fail its partitions over: a worker
+ * that reaches one of them rides through.)  Lock held. */
+bool rps__noq_final(const struct rps_client *cl);
+
 struct conn {
 	struct rps_client *cl;
 	int index;
@@ -162,6 +174,7 @@ struct conn {
 				 * (0: never) */
 	int dial_err;		/* that member: why it could not be reached (0: it was) */
 	bool answered;		/* rps__conn_setup: the server answered (it lives), if only to refuse */
+	bool noq;		/* its server's quorum note says it lost the majority */
 	uint64_t busy_ns;	/* when its active list last became non-empty */
 	uint64_t wc_ns;		/* its last successful completion */
 	uint64_t rx_ns;		/* its last message from the server (a SEND: the process, not its NIC) */
@@ -224,6 +237,9 @@ struct rps_client {
 	struct rps__mr *mapbuf_mr;
 	char *probebuf;		/* registered: READ target for liveness probes */
 	struct rps__mr *probebuf_mr;
+	/* a server's quorum note (proto.h), from the last map read or probe
+	 * that carried one: "" while none says the cluster lost its majority */
+	char noq_text[480];
 	uint64_t client_id;	/* names our pushes to every server */
 	int rank, num_workers, timeout_ms;
 	uint32_t shard_elems;

@@ -310,6 +310,8 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
 			if (m.applied >= cl->map.applied || !cl->map.npart)
 				cl->map = m;
 			cl->map_from = c->index;
+			if (c->hello.map_len == RPS__MAP_BUF)
+				rps__note_take(cl, c, cl->mapbuf + RPS__MAP_BUF - sizeof(struct rps__quorum_note));
 			return 0;
 		}
 	}
@@ -478,6 +480,8 @@ int rps__connect_members(struct rps_client *cl)
 
 	for (i = 0; i < cl->map.nmembers; i++) {
 		const struct rps__smap_member *m = &cl->map.members[i];
+		if (m->flags & RPS__SMAP_WITNESS)
+			continue;	/* it holds nothing and takes no worker (rdmapsd --witness) */
 		ret = connect_endpoint(cl, m, 0, &k);
 		if (ret && !first_err)
 			first_err = ret;

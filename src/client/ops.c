@@ -1059,6 +1059,12 @@ void rps__on_completion(struct rps_client *cl, const struct rps__wc *wc)
 		break;
 	case TAG_PROBE:
 		c->probing = false;
+		/* what waits on a server that lost the majority waits for
+		 * nothing: it goes with the server's word for why */
+		if (c->hello.map_len == RPS__MAP_BUF && rps__note_take(c->cl, c, c->cl->probebuf) && !c->dead) {
+			c->dead = true;
+			c->err = -EHOSTDOWN;
+		}
 		break;
 	case TAG_WRITE:
 	case TAG_SEND:

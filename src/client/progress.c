@@ -6,6 +6,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/crc.h"
 #include "client/client_int.h"
 
 #include <errno.h>
@@ -87,7 +88,9 @@ void rps__req_part_done_at(struct rps_request *r, int status, const struct conn 
 {
 	if (status && !r->status) {
 		r->status = status;
-		if (c && status == -ECONNREFUSED && c->err == status && c->refused[0])
+		if (status == -EHOSTDOWN && c && c->cl->noq_text[0])	/* (rps__note_take) */
+			snprintf(r->msg, sizeof(r->msg), "%s", c->cl->noq_text);
+		else if (c && status == -ECONNREFUSED && c->err == status && c->refused[0])
 			snprintf(r->msg, sizeof(r->msg), "%s", c->refused);	/* what the server said */
 		else
 			snprintf(r->msg, sizeof(r->msg), "%s: %s", c ? c->name : "rdmaps", rps__status_text(status));
@@ -168,6 +171,63 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 	}
 }
 
+/* Does the cluster replicate (a partition with a backup in our map)?  Then
+ * the control plane fails a silent member over, and what waits on it is
+ * better answered elsewhere; without backups a slow server is waited for. */
+static bool replicated(const struct rps_client *cl)
+{
+	uint32_t p;
+
+	for (p = 0; p < cl->map.npart; p++)
+		if (cl->map.parts[p].backups[0])
+			return true;
+	return false;
+}
+
+bool rps__note_take(struct rps_client *cl, struct conn *c, const void *buf)
+{
+	struct rps__quorum_note n;
+	const struct rps__smap_member *lost, *by;
+
+	memcpy(&n, buf, sizeof(n));
+	if (!n.magic) {
+		c->noq = false;	/* that server has a majority */
+		return rps__noq_final(cl);
+	}
+	if (n.magic != RPS__NOTE_MAGIC || !n.member || n.crc != rps__crc32c_noinv((const uint8_t *)&n + 8, sizeof(n) - 8))
+		return rps__noq_final(cl);	/* torn by a rewrite: the next read tells */
+	c->noq = true;
+	lost = rps__smap_member(&cl->map, n.member);
+	by = rps__smap_member(&cl->map, n.reporter);
+	snprintf(cl->noq_text, sizeof(cl->noq_text),
+		 "member %llu (%.80s) is unreachable and cannot be failed over: member %llu (%.80s) reaches %u of %u Raft voters,"
+		 " no majority, for %u ms; restart member %llu%s", (unsigned long long)n.member,
+		 lost ? lost->uri : "?", (unsigned long long)n.reporter, by ? by->uri : "?", n.reachable, n.voters,
+		 n.since_ms, (unsigned long long)n.member,
+		 n.voters == 2 ? ", and add a witness (rdmapsd --witness) so that 2 servers fail over" : "");
+	return rps__noq_final(cl);
+}
+
+bool rps__noq_final(const struct rps_client *cl)
+{
+	bool said = false;
+	int k;
+
+	if (!replicated(cl))
+		return false;	/* (without backups there is nothing to fail over) */
+	for (k = 0; k < cl->nservers; k++) {
+		const struct conn *o = &cl->conns[k];
+
+		if (o->thread)
+			continue;
+		if (o->noq && (o->err == -EHOSTDOWN || (o->ep && !o->dead)))
+			said = true;	/* (dropped for saying so: below) */
+		else if (o->ep && !o->dead)
+			return false;	/* a server that answers and has a majority */
+	}
+	return said && cl->noq_text[0];
+}
+
 /* Is anything of ours waiting on c: an op, a control request, a pull's WAIT? */
 static bool conn_waited_on(const struct conn *c)
 {
@@ -181,18 +241,6 @@ static bool conn_waited_on(const struct conn *c)
 	return false;
 }
 
-/* Does the cluster replicate (a partition with a backup in our map)?  Then
- * the control plane fails a silent member over, and what waits on it is
- * better answered elsewhere; without backups a slow server is waited for. */
-static bool replicated(const struct rps_client *cl)
-{
-	uint32_t p;
-
-	for (p = 0; p < cl->map.npart; p++)
-		if (cl->map.parts[p].backups[0])
-			return true;
-	return false;
-}
 
 /*
  * A stopped or hung server process behind a live NIC: the HCA (or rxe, in
@@ -277,7 +325,9 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 		wr.sge.addr = cl->probebuf;
 		wr.sge.len = (uint32_t)RPS__MIN(c->hello.map_len, PROBE_LEN);
 		wr.sge.mr = cl->probebuf_mr;
-		wr.raddr = c->hello.map_addr;
+		/* the first port's map buffer ends with the quorum note: a
+		 * server that lost the majority says so to what waits on it */
+		wr.raddr = c->hello.map_addr + (c->hello.map_len == RPS__MAP_BUF ? RPS__MAP_BUF - PROBE_LEN : 0);
 		wr.rkey = c->hello.map_rkey;
 		c->probe_ns = now;
 		if (rps__post(c->ep, &wr, 1) == 0)	/* a full queue: next time */

@@ -71,6 +71,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/crc.h"
 #include "control/cplane_int.h"
 
 #include <errno.h>
@@ -456,6 +457,74 @@ void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now)
 			rps__log(RPS__LOG_INFO, "member %llu failed: %u shard map command%s proposed",
 				 (unsigned long long)k->id, n, n == 1 ? "" : "s");
 	}
+}
+
+/* ---- no majority: what workers are told ---------------------------------------- */
+
+/*
+ * Two voters, one dead: the other has no majority, so no lease is granted
+ * (its primaries acknowledge nothing), nothing fails over and workers
+ * would wait for their timeout, then read "connection lost".  So once this
+ * server has had no lease for lease_ms past its end and reaches fewer
+ * voters than a majority, the end of its map buffer says so (which voter
+ * it lost, how many it reaches); workers read it with the map and with
+ * their liveness probes and fail what waits with that line
+ * (src/client/progress.c).  Said once in the log too.  With more than two
+ * voters a majority is lost only with two of them, which is most often a
+ * restart under way while another member died (its peers dial it again
+ * within a second or two): the note waits NOQ_WAIT_MANY x failover_ms
+ * there.  A peer that went silent without its connection breaking (a
+ * stopped host) is not named.
+ */
+#define NOQ_WAIT_MANY 10
+void rps__cp_quorum_note(struct rps__cplane *cp, uint64_t now)
+{
+	struct cp_failover *fo = &cp->fo;
+	struct rps__quorum_note n;
+	struct rps__raft_status st;
+	uint64_t lost = 0;
+	uint32_t reach = 1, i;
+
+	if (!cp->mapbuf || !cp->rnode || !cp->map.npart)
+		return;
+	rps__rnode_status(cp->rnode, &st);
+	for (i = 0; i < st.conf.n_voters; i++) {
+		struct peer *p;
+
+		if (st.conf.voters[i] == cp->my_id)
+			continue;
+		p = rps__cp_peer_get(cp, st.conf.voters[i], false);
+		if (p && p->c && !cp->dp->conn_dead(p->c))
+			reach++;
+		else if (!lost)
+			lost = st.conf.voters[i];
+	}
+	if (!lost || reach > st.conf.n_voters / 2 || now < fo->lease_until)
+		fo->noq_since = 0;
+	else if (!fo->noq_since)
+		fo->noq_since = now;
+	memset(&n, 0, sizeof(n));
+	if (fo->noq_since && now - fo->noq_since >= (st.conf.n_voters <= 2 ? fo->lease_ns : NOQ_WAIT_MANY * fo->failover_ns)) {
+		n.magic = RPS__NOTE_MAGIC;
+		n.member = lost;
+		n.reporter = cp->my_id;
+		n.voters = st.conf.n_voters;
+		n.reachable = reach;
+		n.since_ms = (uint32_t)RPS__MIN((now - fo->noq_since + fo->lease_ns) / 1000000ull, UINT32_MAX);
+		n.failover_ms = cp->cfg.failover_ms;
+		n.crc = rps__crc32c_noinv((const uint8_t *)&n + 8, sizeof(n) - 8);
+		if (fo->noq_member != lost)
+			rps__log(RPS__LOG_ERROR, "no Raft majority: member %llu is unreachable and this server reaches %u of"
+				 " %u voters, so nothing can fail over and workers are told; restart member %llu%s",
+				 (unsigned long long)lost, reach, st.conf.n_voters, (unsigned long long)lost,
+				 st.conf.n_voters == 2 ? ", and add a witness (rdmapsd --witness) so that the next death"
+				 " fails over" : "");
+		fo->noq_member = lost;
+	} else if (fo->noq_member) {
+		rps__log(RPS__LOG_INFO, "a Raft majority is reachable again");
+		fo->noq_member = 0;
+	}
+	memcpy(cp->mapbuf + RPS__MAP_BUF - sizeof(n), &n, sizeof(n));
 }
 
 bool rps__cp_member_live(const struct rps__cplane *cp, uint64_t id)

@@ -18,6 +18,9 @@
 
 _Static_assert(RPS__SMAP_ENC_MAX + 4u <= RPS__MAP_BUF, "an encoded map fits the buffer workers READ");
 
+_Static_assert(4 + RPS__SMAP_ENC_MAX <= RPS__MAP_BUF - sizeof(struct rps__quorum_note),
+	       "the longest map leaves the quorum note alone");
+
 /* Workers READ the encoded map one-sidedly; its crc tells them a read that
  * raced with this copy (they read again). */
 void rps__cp_map_publish(struct rps__cplane *cp)
@@ -35,8 +38,9 @@ void rps__cp_map_publish(struct rps__cplane *cp)
 	}
 	len32 = (uint32_t)len;
 	memcpy(tmp, &len32, 4);
-	memset(tmp + 4 + len, 0, sizeof(tmp) - 4 - len);
-	memcpy(cp->mapbuf, tmp, sizeof(tmp));
+	memset(tmp + 4 + len, 0, sizeof(tmp) - 4 - len - sizeof(struct rps__quorum_note));
+	/* (the note at the end is cp_failover.c's) */
+	memcpy(cp->mapbuf, tmp, sizeof(tmp) - sizeof(struct rps__quorum_note));
 }
 
 /* ---- what the data plane serves by ------------------------------------------ */

@@ -46,6 +46,16 @@
  * placed in the bootstrap map (cp_map.c); a --replicas 1 or 3 then comes
  * through here: drops (epoch + 1 each) or seedings.  --zone Z: each member proposes
  * SET_ZONE for itself while the map says otherwise.
+ *
+ * --witness: the member proposes SET_WITNESS for itself until the map says
+ * it is one (a new cluster's map, built from --cluster alone, places
+ * partitions on it at first: its first backup takes each over, as in a
+ * failover, and it leaves every replica set; it takes no worker
+ * connection meanwhile, so nothing was ever served from it).  A witness is
+ * never a backup, a joiner or a move target (smap.c): it only votes, so
+ * two data servers and a witness keep a Raft majority when one dies.
+ * Two voters cannot (either's death leaves no majority): every member
+ * warns of it at start.
  */
 #include "config.h"
 #include "common/common.h"
@@ -575,7 +585,27 @@ void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 	removing_duty(cp, now);
 }
 
-/* ---- --replicas and --zone ---------------------------------------------------- */
+/* ---- --replicas, --zone and --witness ------------------------------------------ */
+
+/* Two Raft voters: either's death leaves the other without a majority, so
+ * nothing fails over (and no lease holds): said once, at start and when
+ * the voters become two. */
+static void voters_warn(struct rps__cplane *cp)
+{
+	struct rps__raft_status st;
+
+	if (!cp->rnode)
+		return;
+	rps__rnode_status(cp->rnode, &st);
+	if (st.conf.n_voters == cp->voters_warned)
+		return;
+	cp->voters_warned = st.conf.n_voters;
+	if (st.conf.n_voters == 2)
+		rps__log(RPS__LOG_WARN, "this cluster has 2 Raft voters (members %llu and %llu): if one dies the other has"
+			 " no majority, so nothing fails over and workers wait; add a witness (a third server started"
+			 " with rdmapsd --witness, which holds no data) or a third server",
+			 (unsigned long long)st.conf.voters[0], (unsigned long long)st.conf.voters[1]);
+}
 
 void rps__cp_config_duties(struct rps__cplane *cp, uint64_t now)
 {
@@ -597,6 +627,18 @@ void rps__cp_config_duties(struct rps__cplane *cp, uint64_t now)
 			rps__cp_propose_cmd(cp, &cmd);
 		}
 	}
+	if (cp->cfg.witness && (me = rps__smap_member(&cp->map, cp->my_id)) && !(me->flags & RPS__SMAP_WITNESS)) {
+		memset(&cmd, 0, sizeof(cmd));
+		cmd.type = RPS__SMAP_SET_WITNESS;
+		cmd.id = cp->my_id;
+		if (!rps__smap_check(&cp->map, &cmd))
+			rps__cp_propose_cmd(cp, &cmd);
+		else if (!cp->witness_said) {
+			rps__log(RPS__LOG_ERROR, "--witness: %s", rps__errbuf());
+			cp->witness_said = true;
+		}
+	}
+	voters_warn(cp);
 	if (cp->cfg.zone && !cp->zone_settled && (me = rps__smap_member(&cp->map, cp->my_id))) {
 		if (!strcmp(me->zone, cp->cfg.zone)) {
 			cp->zone_settled = true;

@@ -181,6 +181,7 @@ static int run_timers(void *ctx, uint64_t now, bool *stop)
 	if (now >= cp->next_tick) {
 		cp->next_tick = now + tick;
 		rps__rnode_tick(cp->rnode);
+		rps__cp_quorum_note(cp, fo_now);
 	}
 	if (cp->replica_kick && now < cp->next_duty) {
 		/* a seeding ended, an image arrived: its successor, its

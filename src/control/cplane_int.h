@@ -129,6 +129,9 @@ struct cp_failover {
 	struct fo_wait waits[FO_WAITS_MAX];
 	uint32_t nwaits;
 	uint64_t next_ctx;
+	/* no majority: what workers are told (rps__cp_quorum_note) */
+	uint64_t noq_since;	/* since when (0: a majority is reachable) */
+	uint64_t noq_member;	/* the member last said to be lost (0: none said) */
 	/* members connected to us since we started (only they can be failed) */
 	uint64_t heard[RPS__SMAP_MAX_MEMBERS];
 	uint32_t nheard;
@@ -187,6 +190,8 @@ struct rps__cplane {
 	uint64_t config_next;		/* next SET_REPLICAS / SET_ZONE proposal (ns) */
 	bool replicas_settled;		/* --replicas is in the map (once per start) */
 	bool zone_settled;		/* --zone is in the map */
+	bool witness_said;		/* --witness refused by the map: said once */
+	uint32_t voters_warned;		/* the voter count last warned of (2: cannot fail over) */
 	uint64_t removing;		/* leader: psctl remove-server of this member waits for
 					 * its backup roles to move elsewhere (0: none) */
 	uint64_t removing_next;		/* its REMOVE_MEMBER proposed again no sooner (ns) */
@@ -276,6 +281,9 @@ uint64_t rps__cp_failover_now(void);
 void rps__cp_failover_init(struct rps__cplane *cp);
 void rps__cp_lease_send(struct rps__cplane *cp, uint64_t now);
 void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now);
+/* Every tick: say in the map buffer's note (proto.h) whether this server
+ * has lost the Raft majority, and which voter it lost. */
+void rps__cp_quorum_note(struct rps__cplane *cp, uint64_t now);
 bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__lease *l);
 void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct rps__lease_rep *r);
 void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx, uint64_t index);

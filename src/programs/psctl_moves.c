@@ -92,8 +92,8 @@ int psctl_cmd_move(uint32_t part, uint64_t to)
 	return ret;
 }
 
-/* Most (most = true) or least loaded member other than skip; 0 if none.
- * Ties go to the lowest id. */
+/* Most (most = true) or least loaded member other than skip, never a
+ * witness (it holds no partitions); 0 if none.  Ties go to the lowest id. */
 static uint64_t pick_member(const struct rps__smap *m, uint64_t skip, bool most, uint32_t *load)
 {
 	uint64_t best = 0;
@@ -103,7 +103,7 @@ static uint64_t pick_member(const struct rps__smap *m, uint64_t skip, bool most,
 		uint64_t id = m->members[i].id;
 		uint32_t n = rps__smap_owned(m, id);
 
-		if (id == skip)
+		if (id == skip || (m->members[i].flags & RPS__SMAP_WITNESS))
 			continue;
 		if (!best || (most ? n > best_n : n < best_n)) {
 			best = id;

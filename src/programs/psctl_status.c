@@ -191,8 +191,9 @@ static void status_print_json(const struct status_view *v)
 		else
 			printf("null");
 		printf(",\"conns\":%u,\"shards\":%" PRIu64 ",\"shard_bytes\":%" PRIu64 ",\"tensors\":%" PRIu64
-		       ",\"partitions\":%u}", r->st.n_conns, r->st.shards, r->st.shard_bytes, r->st.tensors,
-		       rps__smap_owned(v->map, r->id));
+		       ",\"partitions\":%u,\"witness\":%s}", r->st.n_conns, r->st.shards, r->st.shard_bytes,
+		       r->st.tensors, rps__smap_owned(v->map, r->id),
+		       rps__smap_is_witness(v->map, r->id) ? "true" : "false");
 	}
 	printf("],\"map\":");
 	rps__smap_print_json(v->map, stdout);
@@ -226,9 +227,10 @@ static void status_print_table(const struct status_view *v)
 		}
 		if (lag_of(ld, r->id, &lag))
 			snprintf(lagbuf, sizeof(lagbuf), "%" PRIu64, lag);
-		printf("%-4" PRIu64 " %-*s %-9s %6" PRIu64 " %8" PRIu64 " %8" PRIu64 " %6s %5u %5u %8" PRIu64 "\n",
+		printf("%-4" PRIu64 " %-*s %-9s %6" PRIu64 " %8" PRIu64 " %8" PRIu64 " %6s %5u %5u %8" PRIu64 "%s\n",
 		       r->id, (int)w, r->uri, role_name(&r->st, ld), r->st.term, r->st.commit, r->st.applied,
-		       lagbuf, r->st.n_conns, rps__smap_owned(v->map, r->id), r->st.shards);
+		       lagbuf, r->st.n_conns, rps__smap_owned(v->map, r->id), r->st.shards,
+		       rps__smap_is_witness(v->map, r->id) ? "  witness: votes, holds no data" : "");
 	}
 	printf("\ncluster: leader ");
 	if (v->leader)

@@ -75,6 +75,8 @@ static void usage(FILE *f)
 		"                            2 servers on, else 1)\n"
 		"      --zone NAME           this server's zone: replicas spread over zones (up to 15\n"
 		"                            printable characters)\n"
+		"      --witness             a Raft voter that holds no data: 2 servers + a witness fail\n"
+		"                            over like 3 (list it in --cluster; workers do not use it)\n"
 		"      --checkpoint-dir DIR  psctl checkpoint NAME and restore NAME use DIR/NAME, and nothing\n"
 		"                            outside DIR (default: none, they are refused)\n"
 		"      --restore DIR         load the checkpoint in the directory DIR (a path, e.g.\n"
@@ -227,6 +229,9 @@ static int parse_one(int c, struct opts *o)
 	case 20:
 		cfg->ckpt_dir = optarg;
 		break;
+	case 23:
+		cfg->witness = 1;
+		break;
 	case 22:
 		o->key_file = optarg;
 		break;
@@ -369,6 +374,7 @@ static int parse_options(int argc, char **argv, struct opts *o)
 		{ "checkpoint-dir", required_argument, NULL, 20 },
 		{ "key", required_argument, NULL, 22 },
 		{ "insecure", no_argument, NULL, 21 },
+		{ "witness", no_argument, NULL, 23 },
 		{ "log-level", required_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -399,6 +405,10 @@ static int validate(const struct opts *o)
 		fprintf(stderr, "rdmapsd: listening on %s without a key lets anyone who reaches it own the cluster: "
 			"make one (psctl keygen FILE) and give --key FILE, or --insecure on a network you trust\n",
 			o->cfg.listen.host);
+		return 2;
+	}
+	if (o->cfg.witness && o->restore_dir) {
+		fprintf(stderr, "rdmapsd: --witness holds no partitions: --restore is for the servers that do\n");
 		return 2;
 	}
 	if (o->cfg.failover_ms && (uint64_t)o->cfg.failover_ms < 10ull * o->cfg.tick_ms) {
@@ -549,6 +559,12 @@ int main(int argc, char **argv)
 		ret = validate(&o);
 	if (ret >= 0)
 		return ret;
+	if (o.cfg.witness && o.cfg.nthreads > 1) {
+		/* (the flags every server of a cluster is given may say more) */
+		fprintf(stderr, "rdmapsd: --witness holds no partitions: serving with one thread, not %u\n",
+			o.cfg.nthreads);
+		o.cfg.nthreads = 1;
+	}
 	if (!o.show_topology && keys_open(&o))
 		return 1;
 	if (o.show_topology) {

@@ -17,6 +17,7 @@ _Static_assert(sizeof(struct rps__repl_desc) == RPS__REPL_DESC_SIZE, "replicatio
 _Static_assert(sizeof(struct rps__create) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "CREATE fits");
 _Static_assert(sizeof(struct rps__create_rep) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "CREATE_REP fits");
 _Static_assert(sizeof(struct rps__conn_priv) <= 56, "connect private data fits an IB CM REQ");
+_Static_assert(sizeof(struct rps__quorum_note) == RPS__PROBE_AREA, "the note is what a probe READs");
 _Static_assert(sizeof(struct rps__step_done) + sizeof(struct rps__msg_hdr) <= RPS__MSG_MAX, "STEP_DONE fits");
 
 #define VAR ((size_t)-1)

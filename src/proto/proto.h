@@ -126,6 +126,12 @@ struct rps__conn_priv {
 	uint64_t to_id;		/* PEER: the id it expects to reach */
 	uint64_t key_id;	/* the cluster key's id (auth.h); 0: no key, no AUTH */
 	uint8_t nonce[16];	/* fresh: the connector's, then the server's */
+	/* PEER, both ways: the server's --threads (each thread's replication
+	 * streams go to the same thread of the other member, so members must
+	 * agree); 0: not said (a worker, psctl, or an older server) */
+	uint16_t nthreads;
+	uint16_t reserved16;
+	uint32_t reserved;
 };
 
 /* AUTH: the first message on a connection to a server with a key. */
@@ -370,6 +376,27 @@ struct rps__rank_rep {
 /* A serving thread's port past the first has no map: its HELLO names 64
  * readable bytes instead, which a worker's liveness probe READs. */
 #define RPS__PROBE_AREA 64u
+
+/*
+ * The last RPS__PROBE_AREA bytes of the map buffer (after the longest
+ * encoded map): what a server that can no longer reach a Raft majority
+ * tells workers, which read it with the map and with their liveness
+ * probes (issue 30 item 5).  A worker blocked by a dead member that cannot
+ * be failed over (two voters, one dead) gets this, not a timeout.
+ * All zero while the server has a majority (or knows of nothing wrong).
+ */
+#define RPS__NOTE_MAGIC 0x4d4a524eu	/* "NRJM" */
+struct rps__quorum_note {
+	uint32_t magic;		/* RPS__NOTE_MAGIC */
+	uint32_t crc;		/* rps__crc32c_noinv of the bytes after it (a torn READ) */
+	uint64_t member;	/* a voter this server has lost its connection to */
+	uint64_t reporter;	/* this server's member id */
+	uint32_t voters;	/* Raft voters */
+	uint32_t reachable;	/* ... this server is connected to, itself included */
+	uint32_t since_ms;	/* no lease (no majority) for this long */
+	uint32_t failover_ms;
+	uint8_t reserved[RPS__PROBE_AREA - 40];
+};
 
 struct rps__propose_rep {
 	uint64_t index;		/* where the command was applied */

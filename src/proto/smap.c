@@ -16,7 +16,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-_Static_assert(sizeof(struct rps__smap_member) == 8 + RPS__SMAP_URI_MAX + RPS__SMAP_ZONE_MAX,
+_Static_assert(sizeof(struct rps__smap_member) == 16 + RPS__SMAP_URI_MAX + RPS__SMAP_ZONE_MAX,
 	       "member layout has no padding");
 _Static_assert(sizeof(struct rps__smap_part) == 40 + 8 * (RPS__SMAP_MAX_REPLICAS - 1),
 	       "partition layout has no padding");
@@ -129,6 +129,22 @@ bool rps__smap_replicated(const struct rps__smap *m)
 	return false;
 }
 
+bool rps__smap_is_witness(const struct rps__smap *m, uint64_t id)
+{
+	const struct rps__smap_member *mb = rps__smap_member(m, id);
+
+	return mb && (mb->flags & RPS__SMAP_WITNESS);
+}
+
+uint32_t rps__smap_nwitnesses(const struct rps__smap *m)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < m->nmembers && i < RPS__SMAP_MAX_MEMBERS; i++)
+		n += (m->members[i].flags & RPS__SMAP_WITNESS) != 0;
+	return n;
+}
+
 /* Is zone already held by a replica of p (or the one being seeded)? */
 static bool zone_in_set(const struct rps__smap *m, uint32_t p, const char *zone)
 {
@@ -162,7 +178,8 @@ uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*ali
 		bool new_zone;
 		uint32_t load;
 
-		if (rps__smap_role(m, p, mb->id) != RPS__SMAP_ROLE_NONE || m->parts[p].moving_to == mb->id)
+		if (rps__smap_role(m, p, mb->id) != RPS__SMAP_ROLE_NONE || m->parts[p].moving_to == mb->id ||
+		    (mb->flags & RPS__SMAP_WITNESS))
 			continue;
 		if (alive && !alive(ctx, mb->id))
 			continue;
@@ -409,6 +426,9 @@ static int check_begin(const struct rps__smap *m, const struct rps__smap_cmd *c)
 	if (member_index(m, c->to) < 0)
 		return rps__seterr(-ENOENT, "move partition %" PRIu32 ": destination %llu is not a member",
 				   c->part, ull(c->to));
+	if (rps__smap_is_witness(m, c->to))
+		return rps__seterr(-EINVAL, "move partition %" PRIu32 ": member %llu is a witness, it holds no partitions",
+				   c->part, ull(c->to));
 	/* (to a backup: a planned switch, no image; a joiner is refused above) */
 	if (p->epoch >= RPS__EPOCH_MOVED - 1)
 		return rps__seterr(-EOVERFLOW, "move partition %" PRIu32 ": epoch %llu is the last one",
@@ -501,6 +521,9 @@ static int check_force_remove(const struct rps__smap *m, const struct rps__smap_
 		return rps__seterr(-ENOENT, "force remove member %llu: not a member", ull(c->id));
 	if (m->nmembers < 2)
 		return rps__seterr(-EBUSY, "force remove member %llu: it is the last member", ull(c->id));
+	if (!rps__smap_is_witness(m, c->id) && m->nmembers - rps__smap_nwitnesses(m) < 2)
+		return rps__seterr(-EBUSY, "force remove member %llu: it is the last member that is not a witness",
+				   ull(c->id));
 	for (uint32_t p = 0; p < m->npart; p++)
 		if ((m->parts[p].owner == c->id || backup_index(m, p, c->id) >= 0) &&
 		    m->parts[p].epoch >= RPS__EPOCH_MOVED - 1)
@@ -569,6 +592,9 @@ static int check_replica_begin(const struct rps__smap *m, const struct rps__smap
 	if (p->lost)
 		return rps__seterr(-ENODATA, "seed a backup of partition %" PRIu32 ": its contents were lost with member %llu",
 				   c->part, ull(p->lost));
+	if (rps__smap_is_witness(m, c->to))
+		return rps__seterr(-EINVAL, "seed a backup of partition %" PRIu32 ": member %llu is a witness,"
+				   " it holds no partitions", c->part, ull(c->to));
 	if (rps__smap_role(m, c->part, c->to) != RPS__SMAP_ROLE_NONE)
 		return rps__seterr(-EEXIST, "seed a backup of partition %" PRIu32 ": member %llu holds a replica already",
 				   c->part, ull(c->to));
@@ -649,6 +675,29 @@ static int check_failover(const struct rps__smap *m, const struct rps__smap_cmd 
 	return 0;
 }
 
+static int check_set_witness(const struct rps__smap *m, const struct rps__smap_cmd *c)
+{
+	if (member_index(m, c->id) < 0)
+		return rps__seterr(-ENOENT, "make member %llu a witness: not a member", ull(c->id));
+	if (rps__smap_is_witness(m, c->id))
+		return rps__seterr(-EALREADY, "make member %llu a witness: it is one already", ull(c->id));
+	if (m->nmembers - rps__smap_nwitnesses(m) < 2)
+		return rps__seterr(-EBUSY, "make member %llu a witness: no other member would hold the partitions",
+				   ull(c->id));
+	for (uint32_t p = 0; p < m->npart; p++) {
+		const struct rps__smap_part *pp = &m->parts[p];
+
+		if (pp->owner == c->id && (!pp->backups[0] || pp->lost))
+			return rps__seterr(-EBUSY, "make member %llu a witness: it owns partition %" PRIu32
+					   " %s: move its partitions to the other members first", ull(c->id), p,
+					   pp->lost ? "(lost)" : "without a backup");
+		if (rps__smap_role(m, p, c->id) != RPS__SMAP_ROLE_NONE && pp->epoch >= RPS__EPOCH_MOVED - 1)
+			return rps__seterr(-EOVERFLOW, "make member %llu a witness: partition %" PRIu32
+					   " is at its last epoch", ull(c->id), p);
+	}
+	return 0;
+}
+
 int rps__smap_check(const struct rps__smap *m, const struct rps__smap_cmd *c)
 {
 	switch (c->type) {
@@ -684,6 +733,8 @@ int rps__smap_check(const struct rps__smap *m, const struct rps__smap_cmd *c)
 		return check_replica_drop(m, c);
 	case RPS__SMAP_FAILOVER:
 		return check_failover(m, c);
+	case RPS__SMAP_SET_WITNESS:
+		return check_set_witness(m, c);
 	default:
 		return rps__seterr(-EINVAL, "shard map command: unknown type %" PRIu32, c->type);
 	}
@@ -773,7 +824,10 @@ static void do_force_remove(struct rps__smap *m, const struct rps__smap_cmd *c)
 		}
 		pp->moving_to = 0;
 		pp->joining = 0;	/* it was seeding from the dead member */
-		if (m->members[next % m->nmembers].id == c->id)
+		/* the next member in turn that is neither the dead one nor a
+		 * witness (the check left one) */
+		while (m->members[next % m->nmembers].id == c->id ||
+		       (m->members[next % m->nmembers].flags & RPS__SMAP_WITNESS))
 			next++;
 		pp->owner = m->members[next % m->nmembers].id;
 		next++;
@@ -782,6 +836,41 @@ static void do_force_remove(struct rps__smap *m, const struct rps__smap_cmd *c)
 			pp->lost = c->id;
 	}
 	do_remove(m, c);
+}
+
+/* A member becomes a witness: it leaves every replica set, its partitions
+ * pass to their first backup (which holds everything it acknowledged, as
+ * in a FAILOVER), a move to it or a seeding of it is off; epoch + 1 where
+ * anything changed, so what it served is fenced. */
+static void do_set_witness(struct rps__smap *m, const struct rps__smap_cmd *c)
+{
+	for (uint32_t p = 0; p < m->npart; p++) {
+		struct rps__smap_part *pp = &m->parts[p];
+		int k = backup_index(m, p, c->id);
+		bool changed = false;
+
+		if (pp->moving_to == c->id) {
+			pp->moving_to = 0;
+			changed = true;
+		}
+		if (pp->joining == c->id) {
+			pp->joining = 0;
+			changed = true;
+		}
+		if (k >= 0) {
+			backup_remove(pp, (uint32_t)k);
+			changed = true;
+		} else if (pp->owner == c->id) {
+			pp->owner = pp->backups[0];
+			backup_remove(pp, 0);
+			pp->moving_to = 0;
+			pp->joining = 0;
+			changed = true;
+		}
+		if (changed)
+			pp->epoch++;
+	}
+	m->members[member_index(m, c->id)].flags |= RPS__SMAP_WITNESS;
 }
 
 int rps__smap_apply(struct rps__smap *m, uint64_t index, const struct rps__smap_cmd *c)
@@ -855,6 +944,9 @@ int rps__smap_apply(struct rps__smap *m, uint64_t index, const struct rps__smap_
 		break;
 	case RPS__SMAP_FAILOVER:
 		do_failover(m, c);
+		break;
+	case RPS__SMAP_SET_WITNESS:
+		do_set_witness(m, c);
 		break;
 	}
 	return 0;

@@ -64,6 +64,15 @@ struct rps__smap_member {
 	uint64_t id;
 	char uri[RPS__SMAP_URI_MAX];	/* "tcp://host:port" / "verbs://addr:port" */
 	char zone[RPS__SMAP_ZONE_MAX];	/* "": none declared */
+	uint32_t flags;			/* enum rps__smap_member_flags */
+	uint32_t reserved;
+};
+
+enum rps__smap_member_flags {
+	/* rdmapsd --witness: a Raft voter that holds no partition, never a
+	 * primary, backup, joiner or move target (two data servers and a
+	 * witness fail over as three servers do); workers do not connect */
+	RPS__SMAP_WITNESS = 1u << 0,
 };
 
 struct rps__smap_part {
@@ -113,8 +122,14 @@ enum rps__smap_cmd_type {
 	RPS__SMAP_FAILOVER = 16,	/* part, from (the primary), to (a backup), epoch, keep[]:
 					 * to becomes primary, the backups are keep[] (in
 					 * map order), moves and seeding are off, epoch + 1 */
+	RPS__SMAP_SET_WITNESS = 17,	/* id: the member becomes a witness.  Where it was a
+					 * backup it leaves the set, where primary its first
+					 * backup takes over (as FAILOVER), a move to it or a
+					 * seeding of it is off, epoch + 1 each; refused
+					 * (-EBUSY) while it owns a partition without a backup
+					 * or it is the last member that is not a witness */
 };
-#define RPS__SMAP_CMD_LAST RPS__SMAP_FAILOVER
+#define RPS__SMAP_CMD_LAST RPS__SMAP_SET_WITNESS
 
 struct rps__smap_cmd {
 	uint32_t type;			/* enum rps__smap_cmd_type */
@@ -169,11 +184,15 @@ uint32_t rps__smap_nunder(const struct rps__smap *m);
 /* Does anything need the replicated encoding (backups, a joiner, a zone,
  * a target above 1)? */
 bool rps__smap_replicated(const struct rps__smap *m);
+/* Is member id a witness (RPS__SMAP_WITNESS)?  Members that hold data:
+ * nmembers - rps__smap_nwitnesses. */
+bool rps__smap_is_witness(const struct rps__smap *m, uint64_t id);
+uint32_t rps__smap_nwitnesses(const struct rps__smap *m);
 /* Placement: the member to seed as a new backup of p, among those with
  * alive(id) true (NULL: all), outside the set and not its joiner or move
  * target: first one whose zone neither the set nor its joiner has yet,
  * then the fewest replicas held (owned + backed), then the lowest id.
- * 0 if none. */
+ * Never a witness.  0 if none. */
 uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
 			       void *ctx);
 /* How many replicas of p (its primary and backups, not a joiner) are in
@@ -191,7 +210,8 @@ uint64_t rps__smap_zone_duplicate(const struct rps__smap *m, uint32_t p);
  * or is a move's target (REMOVE), -EINVAL malformed (to == from, bad type,
  * id 0, id <= max_id on ADD, empty uri), -ENODATA a move of a lost
  * partition, -EALREADY MARK_LOST of a lost one, -EBUSY FORCE_REMOVE of the
- * last member. */
+ * last member (or of the last one that is not a witness); MOVE_BEGIN or
+ * REPLICA_BEGIN to a witness is -EINVAL. */
 int rps__smap_check(const struct rps__smap *m, const struct rps__smap_cmd *c);
 /* Apply a command committed at Raft index `index` (> m->applied): applies
  * it if the check passes, otherwise leaves the state as it was; either way
@@ -209,7 +229,7 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c);
  * little-endian, versioned, ends with a crc32c (rps__crc32c_noinv, crc.h) of what precedes it.
  * RPS__SMAP_ENC_MAX bounds the size.  decode: -EBADMSG malformed or
  * truncated, -EILSEQ crc mismatch (message says so). */
-#define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (8u + RPS__SMAP_URI_MAX + RPS__SMAP_ZONE_MAX) + \
+#define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (12u + RPS__SMAP_URI_MAX + RPS__SMAP_ZONE_MAX) + \
 			   RPS__SMAP_MAX_PART * (41u + 8u * (RPS__SMAP_MAX_REPLICAS - 1u)) + 4u)
 size_t rps__smap_encoded_size(const struct rps__smap *m);
 int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *len);
@@ -224,7 +244,8 @@ const char *rps__smap_cmd_str(const struct rps__smap_cmd *c, char *buf, size_t l
  *   "moving_to":0,"lost":0},...],"members":[{"id":1,"uri":"tcp://..."},...]}
  * A replicated map (rps__smap_replicated) adds "replicas" and
  * "under_replicated" to the object, "backups" and "joining" to each
- * partition and "zone" to each member. */
+ * partition and "zone" to each member; a map with a witness adds
+ * "witness":true to that member. */
 void rps__smap_print(const struct rps__smap *m, FILE *f);
 void rps__smap_print_json(const struct rps__smap *m, FILE *f);
 

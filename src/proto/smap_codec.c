@@ -200,6 +200,7 @@ const char *rps__smap_cmd_name(uint32_t type)
 		[RPS__SMAP_REPLICA_ABORT] = "REPLICA_ABORT",
 		[RPS__SMAP_REPLICA_DROP] = "REPLICA_DROP",
 		[RPS__SMAP_FAILOVER] = "FAILOVER",
+		[RPS__SMAP_SET_WITNESS] = "SET_WITNESS",
 	};
 
 	if (type < RPS__SMAP_ADD_MEMBER || type > RPS__SMAP_CMD_LAST)
@@ -269,6 +270,9 @@ const char *rps__smap_cmd_str(const struct rps__smap_cmd *c, char *buf, size_t l
 			 " backup%s (epoch %llu)", c->part, ull(c->from), ull(c->to), c->nkeep,
 			 c->nkeep == 1 ? "" : "s", ull(c->epoch));
 		break;
+	case RPS__SMAP_SET_WITNESS:
+		snprintf(buf, len, "member %llu is a witness (it holds no partitions)", ull(c->id));
+		break;
 	default:
 		snprintf(buf, len, "unknown shard map command type %" PRIu32, c->type);
 		break;
@@ -281,36 +285,51 @@ const char *rps__smap_cmd_str(const struct rps__smap_cmd *c, char *buf, size_t l
  *
  *	"SMAP", u16 version, u64 applied, u64 max_id, u32 npart, u32 nmembers,
  *	[u32 replicas (version 3)]
- *	nmembers x { u64 id, u16 uri length, uri bytes [, u8 zone length, zone bytes (version 3)] },
+ *	nmembers x { u64 id, u16 uri length, uri bytes [, u8 zone length, zone bytes (versions 3, 4)]
+ *		     [, u32 flags (version 4)] },
  *	npart x { u64 owner, u64 epoch, u64 moving_to [, u64 lost (versions 2, 3)]
- *		  [, u64 joining, u8 nbackups, u64 backups[nbackups] (version 3)] },
+ *		  [, u64 joining, u8 nbackups, u64 backups[nbackups] (versions 3, 4)] },
  *	u32 crc32c of everything before it
  *
  * Version 2 adds the lost field, version 3 the replica sets, zones and the
- * replication target.  Each map is written in the oldest version that can
- * hold it (no lost partition: 1; nothing replicated: at most 2), so builds
- * that predate a version still read the maps that do not need it.
+ * replication target, version 4 the members' flags (a witness).  Each map
+ * is written in the oldest version that can hold it (no lost partition: 1;
+ * nothing replicated: at most 2; no witness: at most 3), so builds that
+ * predate a version still read the maps that do not need it.
  */
 
 #define MAP_MAGIC "SMAP"
 #define MAP_VERSION 1u
 #define MAP_VERSION_LOST 2u
 #define MAP_VERSION_REPL 3u
+#define MAP_VERSION_FLAGS 4u
 #define MAP_PART_LOST (4u * 8u)
 #define MAP_HDR (4u + 2u + 8u + 8u + 4u + 4u)
 #define MAP_MEMBER_HDR (8u + 2u)
 #define MAP_PART (3u * 8u)
 #define MAP_REPL_HDR 4u				/* replicas */
 #define MAP_REPL_MEMBER 1u			/* + zone bytes */
+#define MAP_FLAGS_MEMBER 4u
 #define MAP_REPL_PART (MAP_PART_LOST + 8u + 1u)	/* + 8 per backup */
 
 _Static_assert(MAP_HDR + MAP_REPL_HDR +
-	       RPS__SMAP_MAX_MEMBERS * (MAP_MEMBER_HDR + RPS__SMAP_URI_MAX - 1 + MAP_REPL_MEMBER + RPS__SMAP_ZONE_MAX - 1) +
+	       RPS__SMAP_MAX_MEMBERS * (MAP_MEMBER_HDR + RPS__SMAP_URI_MAX - 1 + MAP_REPL_MEMBER + RPS__SMAP_ZONE_MAX - 1 +
+					MAP_FLAGS_MEMBER) +
 	       RPS__SMAP_MAX_PART * (MAP_REPL_PART + 8u * (RPS__SMAP_MAX_REPLICAS - 1)) + 4u <= RPS__SMAP_ENC_MAX,
 	       "a map fits RPS__SMAP_ENC_MAX");
 
+static bool has_flags(const struct rps__smap *m)
+{
+	for (uint32_t i = 0; i < m->nmembers && i < RPS__SMAP_MAX_MEMBERS; i++)
+		if (m->members[i].flags)
+			return true;
+	return false;
+}
+
 static unsigned map_version(const struct rps__smap *m)
 {
+	if (has_flags(m))
+		return MAP_VERSION_FLAGS;
 	if (rps__smap_replicated(m))
 		return MAP_VERSION_REPL;
 	return rps__smap_nlost(m) ? MAP_VERSION_LOST : MAP_VERSION;
@@ -337,15 +356,18 @@ static int encodable(const struct rps__smap *m)
 size_t rps__smap_encoded_size(const struct rps__smap *m)
 {
 	unsigned v = map_version(m);
-	size_t n = MAP_HDR + 4u + (v == MAP_VERSION_REPL ? MAP_REPL_HDR : 0);
+	bool repl = v >= MAP_VERSION_REPL;
+	size_t n = MAP_HDR + 4u + (repl ? MAP_REPL_HDR : 0);
 	uint32_t nm = RPS__MIN(m->nmembers, RPS__SMAP_MAX_MEMBERS), np = RPS__MIN(m->npart, RPS__SMAP_MAX_PART);
 
 	for (uint32_t i = 0; i < nm; i++) {
 		n += MAP_MEMBER_HDR + strnlen(m->members[i].uri, RPS__SMAP_URI_MAX - 1);
-		if (v == MAP_VERSION_REPL)
+		if (repl)
 			n += MAP_REPL_MEMBER + strnlen(m->members[i].zone, RPS__SMAP_ZONE_MAX - 1);
+		if (v == MAP_VERSION_FLAGS)
+			n += MAP_FLAGS_MEMBER;
 	}
-	if (v != MAP_VERSION_REPL)
+	if (!repl)
 		return n + (size_t)np * (v == MAP_VERSION ? MAP_PART : MAP_PART_LOST);
 	for (uint32_t p = 0; p < np; p++)
 		n += MAP_REPL_PART + 8u * rps__smap_nbackups(m, p);
@@ -372,7 +394,7 @@ int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *l
 	rps__le_put32(p + 22, m->npart);
 	rps__le_put32(p + 26, m->nmembers);
 	p += MAP_HDR;
-	if (v == MAP_VERSION_REPL) {
+	if (v >= MAP_VERSION_REPL) {
 		rps__le_put32(p, m->replicas);
 		p += MAP_REPL_HDR;
 	}
@@ -383,12 +405,16 @@ int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *l
 		rps__le_put16(p + 8, (uint16_t)ulen);
 		memcpy(p + MAP_MEMBER_HDR, m->members[i].uri, ulen);
 		p += MAP_MEMBER_HDR + ulen;
-		if (v == MAP_VERSION_REPL) {
+		if (v >= MAP_VERSION_REPL) {
 			size_t zlen = strlen(m->members[i].zone);
 
 			*p = (uint8_t)zlen;
 			memcpy(p + 1, m->members[i].zone, zlen);
 			p += 1 + zlen;
+		}
+		if (v == MAP_VERSION_FLAGS) {
+			rps__le_put32(p, m->members[i].flags);
+			p += MAP_FLAGS_MEMBER;
 		}
 	}
 	for (uint32_t i = 0; i < m->npart; i++) {
@@ -469,6 +495,10 @@ static int map_validate(const struct rps__smap *m)
 				   !is_member(m, p->joining)))
 			return rps__seterr(-EBADMSG, "shard map: partition %" PRIu32 " seeds %llu,"
 					   " not another member outside its move", i, ull(p->joining));
+		if (rps__smap_is_witness(m, p->owner) || rps__smap_is_witness(m, p->moving_to) ||
+		    rps__smap_is_witness(m, p->joining) || rps__smap_is_witness(m, p->backups[0]) ||
+		    rps__smap_is_witness(m, p->backups[1]))
+			return rps__seterr(-EBADMSG, "shard map: partition %" PRIu32 " is held by a witness", i);
 	}
 	if (m->replicas == 0 || m->replicas > RPS__SMAP_MAX_REPLICAS)
 		return rps__seterr(-EBADMSG, "shard map: replication target %" PRIu32 ", the range is 1 to %u",
@@ -536,9 +566,9 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 	if (memcmp(p, MAP_MAGIC, 4) != 0)
 		return rps__seterr(-EBADMSG, "shard map: bad magic, not an encoded shard map");
 	v = rps__le_get16(p + 4);
-	if (v != MAP_VERSION && v != MAP_VERSION_LOST && v != MAP_VERSION_REPL)
+	if (v < MAP_VERSION || v > MAP_VERSION_FLAGS)
 		return rps__seterr(-EBADMSG, "shard map: version %u, this build reads versions %u to %u",
-				   v, MAP_VERSION, MAP_VERSION_REPL);
+				   v, MAP_VERSION, MAP_VERSION_FLAGS);
 	memset(&m, 0, sizeof(m));
 	m.applied = rps__le_get64(p + 6);
 	m.max_id = rps__le_get64(p + 14);
@@ -551,7 +581,7 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 	if (m.nmembers == 0 || m.nmembers > RPS__SMAP_MAX_MEMBERS)
 		return rps__seterr(-EBADMSG, "shard map: %" PRIu32 " members, a map has 1 to %u",
 				   m.nmembers, RPS__SMAP_MAX_MEMBERS);
-	if (v == MAP_VERSION_REPL) {
+	if (v >= MAP_VERSION_REPL) {
 		if (!(q = rps__reader_take(&rd, MAP_REPL_HDR)))
 			return rps__seterr(-EBADMSG, "shard map: truncated in its replication target");
 		m.replicas = rps__le_get32(q);
@@ -576,8 +606,17 @@ int rps__smap_decode(const void *buf, size_t len, struct rps__smap *out)
 			return rps__seterr(-EBADMSG, "shard map: address of member %llu contains a NUL byte",
 					   ull(m.members[i].id));
 		memcpy(m.members[i].uri, q, ulen);
-		if (v == MAP_VERSION_REPL && (err = decode_zone(&rd, &m.members[i])))
+		if (v >= MAP_VERSION_REPL && (err = decode_zone(&rd, &m.members[i])))
 			return err;
+		if (v == MAP_VERSION_FLAGS) {
+			if (!(q = rps__reader_take(&rd, MAP_FLAGS_MEMBER)))
+				return rps__seterr(-EBADMSG, "shard map: truncated in the flags of member %llu",
+						   ull(m.members[i].id));
+			m.members[i].flags = rps__le_get32(q);
+			if (m.members[i].flags & ~(uint32_t)RPS__SMAP_WITNESS)
+				return rps__seterr(-EBADMSG, "shard map: member %llu has unknown flags %#" PRIx32,
+						   ull(m.members[i].id), m.members[i].flags);
+		}
 	}
 	for (uint32_t i = 0; i < m.npart; i++) {
 		q = rps__reader_take(&rd, MAP_PART);
@@ -662,6 +701,8 @@ void rps__smap_print(const struct rps__smap *m, FILE *f)
 		if (repl)
 			fprintf(f, "  %" PRIu32 "  %s", rps__smap_backed(m, m->members[i].id),
 				m->members[i].zone[0] ? m->members[i].zone : "-");
+		if (m->members[i].flags & RPS__SMAP_WITNESS)
+			fputs("  witness (votes, holds no partitions)", f);
 		fputc('\n', f);
 	}
 	/* Settled partitions grouped by (owner, epoch) in order of their first
@@ -751,6 +792,8 @@ void rps__smap_print_json(const struct rps__smap *m, FILE *f)
 			fputs(",\"zone\":", f);
 			json_string(f, m->members[i].zone, RPS__SMAP_ZONE_MAX - 1);
 		}
+		if (m->members[i].flags & RPS__SMAP_WITNESS)
+			fputs(",\"witness\":true", f);
 		fputc('}', f);
 	}
 	fputs("]}\n", f);

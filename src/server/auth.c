@@ -175,6 +175,11 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const str
 	rps__log(RPS__LOG_DEBUG, "%s %s authenticated as %s%s%s", rps__srv_role_name(c), rps__ep_peer(c->ep),
 		 rps__key_role_name(role), c->scope[0] ? " of " : "", c->scope);
 	if (role == RPS__KEY_PEER) {
+		/* a --threads that differs is said now (the connection goes
+		 * once authed, rps__srv_conn_authed): the dialer, which says it
+		 * too once our proof holds, may drop it before its AUTH_DONE
+		 * reaches us */
+		(void)rps__srv_peer_threads_ok(srv, c->peer_id, c->peer_threads);
 		/* the dialing server hands the connection to its owner when it
 		 * has checked our proof, and says so: nothing of ours may reach
 		 * it before (it would find a connection no one owns yet) */

@@ -542,6 +542,8 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 		why = WHY_FULL;	/* (asked again once it authenticated: rps__srv_conn_over_budget) */
 	else if (priv.role == RPS__ROLE_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
 		why = WHY_ADMIN_FULL;
+	if (!why && srv->cfg.witness && priv.role != RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN)
+		why = "a witness holds no data: give workers the data servers";	/* (56 bytes at most) */
 	if (!why && srv->thread_index && (priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_ADMIN))
 		why = "a serving thread's port: use the first port";	/* (56 bytes at most) */
 	if (!why && srv->cfg.keys && !priv.key_id)
@@ -583,6 +585,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	}
 	c->repl_rev_in = rev;
 	c->peer_id = priv.role >= RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN ? priv.from_id : 0;
+	c->peer_threads = priv.role == RPS__ROLE_PEER ? priv.nthreads : 0;
 	c->last_active_ns = c->accepted_ns = rps__now_ns();
 	{	/* the queues its full buffers need, lean or not: a QP's depths are for good */
 		size_t mm;
@@ -596,6 +599,9 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	priv.role = 0;
 	priv.from_id = srv->my_id;
 	priv.to_id = 0;
+	priv.nthreads = srv->cfg.witness ? 0 : (uint16_t)srv->nthreads;	/* (a witness has none to match) */
+	priv.reserved16 = 0;
+	priv.reserved = 0;
 	rps__srv_auth_accepted(srv, c, &req, &priv);
 	ret = rps__accept(req_, srv->cq, &attr, &priv, sizeof(priv), &c->ep);
 	if (ret) {
@@ -618,12 +624,35 @@ err_free:
 	conn_free(srv, c);
 }
 
+bool rps__srv_peer_threads_ok(struct rps__server *srv, uint64_t peer_id, unsigned theirs)
+{
+	uint64_t now = rps__now_ns();
+
+	if (!theirs || theirs == srv->nthreads || srv->cfg.witness)
+		return true;
+	/* partition p's replication stream runs between the two members'
+	 * threads p % --threads: with different counts, a thread would dial
+	 * one the other member does not have, or the wrong one */
+	if (!srv->threads_log_ns || now - srv->threads_log_ns >= 30000000000ull) {
+		rps__log(RPS__LOG_ERROR,
+			 "member %llu runs --threads %u, this member (%llu) --threads %u: its peer connection "
+			 "is refused; start every member with the same --threads",
+			 (unsigned long long)peer_id, theirs, (unsigned long long)srv->my_id, srv->nthreads);
+		srv->threads_log_ns = now;
+	}
+	return false;
+}
+
 /* What a connection does once it is authed (at once on a server without a
  * key): a peer is taken by the control plane, a replication stream starts. */
 void rps__srv_conn_authed(struct rps__server *srv, struct conn *c)
 {
 	const char *why = NULL;
 
+	if (c->role == CONN_PEER && !rps__srv_peer_threads_ok(srv, c->peer_id, c->peer_threads)) {
+		conn_fail(c, "--threads differs from this member's");
+		return;
+	}
 	if (c->role == CONN_PEER && srv->cfg.keys) {
 		/* (without a key it was asked before the accept) */
 		if (!srv->hooks.accept_peer)

@@ -170,7 +170,7 @@ int rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 {
 	struct rps__conn_priv priv = {
 		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_PEER,
-		.from_id = srv->my_id, .to_id = to_id,
+		.from_id = srv->my_id, .to_id = to_id, .nthreads = srv->cfg.witness ? 0 : (uint16_t)srv->nthreads,
 	};
 	struct rps__ep_attr attr = { 0 };
 	struct conn *c;
@@ -202,6 +202,8 @@ void rps__srv_peer_dialed(struct rps__server *srv, struct conn *c, int ret, uint
 			 (unsigned long long)rp->from_id);
 		goto fail;
 	}
+	if (!rps__srv_peer_threads_ok(srv, rp->from_id, rp->nthreads))
+		goto fail;
 	c->peer_id = rp->from_id;
 	if (rps__srv_conn_attach(srv, c)) {	/* in no table yet when it fails */
 		rps__log(RPS__LOG_WARN, "peer at %s: %s", uri, rps__errbuf());

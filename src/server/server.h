@@ -55,6 +55,8 @@ struct rps__server_config {
 	uint32_t replicas;		/* --replicas R: the leader makes it the map's target
 					 * (0: not given, the map's stands) */
 	const char *zone;		/* --zone: this member's zone label (NULL: not given) */
+	int witness;			/* --witness: a Raft voter that holds no partitions and
+					 * takes no worker (control/cp_replicas.c) */
 	/* security (README "Security") */
 	struct rps__keyring *keys;	/* --key: the cluster key, every connection authenticates
 					 * (NULL: none; then only loopback peers are taken

@@ -178,6 +178,7 @@ struct conn {
 	struct rps__ep *ep;
 	enum conn_role_kind role;
 	uint64_t peer_id;	/* CONN_PEER: the other server */
+	uint16_t peer_threads;	/* CONN_PEER accepted: the --threads it said (0: not said) */
 	bool hello_done;
 	bool dead;
 	int rank;
@@ -276,6 +277,7 @@ struct srv_mbox {
 
 struct rps__server {
 	uint64_t auth_log_ns;		/* auth.c: when a refusal was last logged */
+	uint64_t threads_log_ns;	/* conn.c: when a --threads mismatch was last logged */
 	uint64_t auth_refusals_quiet;	/* ... and how many since went unlogged */
 	struct rps__server_config cfg;
 	/* serving threads (threads.c, rdmapsd --threads): this one is
@@ -455,6 +457,9 @@ void rps__srv_auth_dial_free(struct conn *c);
 void rps__srv_log_refusal(struct rps__server *srv, const struct conn *c, const char *why);
 /* conn.c: what an accepted connection does once authed */
 void rps__srv_conn_authed(struct rps__server *srv, struct conn *c);
+/* A peer said it runs `theirs` serving threads (0: not said): false, with
+ * one line logged (at most every 30 s), if they differ from ours. */
+bool rps__srv_peer_threads_ok(struct rps__server *srv, uint64_t peer_id, unsigned theirs);
 /* A tensor name a connection's scope covers (every name: no key here). */
 bool rps__srv_scope_allows(const struct conn *c, const char *name);
 /* Two connections of the same job: the same key scope (both "": no key). */
