@@ -356,7 +356,8 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 	}
 	for (i = 0; i < n; i++) {
 		char args[2400];
-		snprintf(args, sizeof(args), "--cluster %s --index %d", cl->servers, i);
+		snprintf(args, sizeof(args), "--cluster %s --index %d%s%s", cl->servers, i,
+			 o && o->last_args && i == n - 1 ? " " : "", o && o->last_args && i == n - 1 ? o->last_args : "");
 		server_cmd(cl, i, args, o);
 		ret = spawn_server(cl, i);
 		if (ret) {

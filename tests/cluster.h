@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define IT_MAX_SERVERS 8
+#define IT_MAX_SERVERS 16
 #define IT_MAX_WORKERS 16
 
 struct it_cluster {
@@ -36,6 +36,8 @@ struct it_server_opts {
 	int data_dir;		/* 1: --data-dir DIR/data.<i> (kept across restarts) */
 	unsigned threads;	/* rdmapsd --threads (0: $RPS_IT_THREADS, or 1) */
 	int no_ckpt_dir;	/* 1: no --checkpoint-dir (checkpoints are refused) */
+	const char *last_args;	/* it_cluster_start_opts: more arguments for the last
+				 * server only (e.g. --witness), or NULL */
 };
 
 /* The --checkpoint-dir every server started here gets (unless
