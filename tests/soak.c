@@ -97,6 +97,7 @@ struct shared {
 	atomic_int step[NWORKERS];			/* sync steps done and checked */
 	atomic_int stop_at;				/* >0: no sync step from this one on */
 	atomic_llong pulls;				/* pulls checked, all workers */
+	char line[NWORKERS][600];			/* a worker's failure, for the summary */
 };
 static struct shared *sh;
 
@@ -164,8 +165,9 @@ static long long sum_of(atomic_llong *a)
 
 static int wfail(int rank, const char *what, int ret)
 {
-	fprintf(stderr, "soak: worker %d (pid %d): %s: %d (%s): %s\n", rank, (int)getpid(), what, ret,
-		rps_strerror(ret), rps_last_error());
+	snprintf(sh->line[rank], sizeof(sh->line[rank]), "%s: %d (%s): %s", what, ret, rps_strerror(ret),
+		 rps_last_error());
+	fprintf(stderr, "soak: worker %d (pid %d): %s\n", rank, (int)getpid(), sh->line[rank]);
 	return 1;
 }
 
@@ -178,6 +180,7 @@ static int wbad(int rank, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
+	snprintf(sh->line[rank], sizeof(sh->line[rank]), "%s", line);
 	fprintf(stderr, "soak: worker %d (pid %d): %s\n", rank, (int)getpid(), line);
 	return 2;
 }
@@ -377,13 +380,13 @@ static int rnd_ms(int lo, int hi)
 	return lo + (int)rnd((uint64_t)(hi - lo + 1));
 }
 
-/* A random running data server's index, or -1. */
-static int pick_server(void)
+/* A random running server's index (the witness too unless data_only), or -1. */
+static int pick_server(bool data_only)
 {
 	int idx[IT_MAX_SERVERS], n = 0;
 
 	for (int i = 0; i < clu.nservers; i++)
-		if (clu.pid[i] > 0 && !is_witness(i))
+		if (clu.pid[i] > 0 && !(data_only && is_witness(i)))
 			idx[n++] = i;
 	return n ? idx[rnd((uint64_t)n)] : -1;
 }
@@ -435,7 +438,8 @@ static int nap(int ms)
 
 	do {
 		if ((r = worker_exited(&st)) >= 0)
-			return fail("worker %d exited with status %d during the run (its line above says why)", r, st);
+			return fail("worker %d exited with status %d during the run: %s", r, st,
+				    sh->line[r][0] ? sh->line[r] : "(no line: it crashed)");
 		it_sleep_ms(20);
 	} while (it_now_s() < until);
 	return 0;
@@ -519,7 +523,7 @@ static int fault_kill(char *what, size_t len)
 		worker_start(r, 1);
 		return 0;
 	}
-	int i = pick_server(), hold = rnd_ms(200, 4000);
+	int i = pick_server(false), hold = rnd_ms(200, 4000);
 
 	snprintf(what, len, "kill -9 server %d (member %d), restarted after %d ms", i, i + 1, hold);
 	it_server_kill(&clu, i);
@@ -541,7 +545,7 @@ static int fault_stop(char *what, size_t len)
 		kill(wpid[r], SIGCONT);
 		return ret;
 	}
-	int i = pick_server();
+	int i = pick_server(false);
 
 	snprintf(what, len, "SIGSTOP server %d (member %d) for %d ms", i, i + 1, hold);
 	kill(clu.pid[i], SIGSTOP);
@@ -552,7 +556,7 @@ static int fault_stop(char *what, size_t len)
 
 static int fault_term(char *what, size_t len)
 {
-	int i = pick_server(), hold = rnd_ms(200, 3000), ret;
+	int i = pick_server(false), hold = rnd_ms(200, 3000), ret;
 
 	snprintf(what, len, "SIGTERM server %d (member %d), restarted after %d ms", i, i + 1, hold);
 	kill(clu.pid[i], SIGTERM);
@@ -570,7 +574,7 @@ static int fault_term(char *what, size_t len)
 
 static int fault_partition(char *what, size_t len)
 {
-	int i = pick_server(), hold = rnd_ms(500, 6000), ret;
+	int i = pick_server(false), hold = rnd_ms(500, 6000), ret;
 
 	snprintf(what, len, "server %d (member %d) cut off from its peers for %d ms", i, i + 1, hold);
 	kill(clu.pid[i], SIGUSR1);
@@ -628,7 +632,7 @@ static int fault_membership(char *what, size_t len)
 			return fail("rdmapsd --join %" PRIu64 ": %d (%s)", id, i, strerror(-i));
 		return psctl(120, "add-server %" PRIu64 " %s", id, clu.uri[i]);
 	}
-	int i = pick_server(), ret;
+	int i = pick_server(true), ret;
 
 	snprintf(what, len, "remove-server %d", i + 1);
 	if (psctl(120, "remove-server %d", i + 1))
@@ -751,18 +755,48 @@ static int final_sync(const char *servers, int lo, int hi, int *step, const char
 	return 0;
 }
 
+/* Partition p's digest of tensor k on server i; a partition that holds
+ * none of its shards (-ENOENT: a member that joined after the tensor was
+ * made has no entry for it) is the empty digest. */
+static int digest(int i, int k, uint32_t p, struct it_digest *d)
+{
+	int ret = i < 0 ? -EINVAL : it_part_digest(&clu, i, tname[k], p, d);
+
+	if (ret == -ENOENT) {
+		memset(d, 0, sizeof(*d));
+		ret = 0;
+	}
+	return ret;
+}
+
+/* Every backup's digest (crc32c of versions, parameters, state, clocks and
+ * push ids) equals its primary's, for every tensor and partition. */
 static int replicas_identical(const char *when)
 {
 	static struct rps__smap m;
 
 	if (settle(0) || get_map(&m))
 		return -1;
-	for (int k = 0; k < 3; k++) {
-		int d = it_replicas_differ(&clu, &m, tname[k], NULL);
-		if (d)
-			return fail("%s: '%s': %d replicas differ from their primary (or could not say: %d)", when,
-				    tname[k], d > 0 ? d : 0, d);
-	}
+	for (int k = 0; k < 3; k++)
+		for (uint32_t p = 0; p < m.npart; p++) {
+			const struct rps__smap_part *mp = &m.parts[p];
+			struct it_digest prim, b;
+			int ret = digest(it_member_index(&clu, mp->owner), k, p, &prim);
+
+			if (ret)
+				return fail("%s: '%s' partition %u: no digest from its primary, member %" PRIu64 ": %d",
+					    when, tname[k], p, mp->owner, ret);
+			for (uint32_t j = 0; j < RPS__SMAP_MAX_REPLICAS - 1 && mp->backups[j]; j++) {
+				if ((ret = digest(it_member_index(&clu, mp->backups[j]), k, p, &b)))
+					return fail("%s: '%s' partition %u: no digest from backup %" PRIu64 ": %d", when,
+						    tname[k], p, mp->backups[j], ret);
+				if (b.crc != prim.crc || b.versions != prim.versions || b.nshards != prim.nshards)
+					return fail("%s: '%s' partition %u: backup %" PRIu64 " holds crc %08x, %" PRIu64
+						    " updates over %u shards; its primary %" PRIu64 " crc %08x, %" PRIu64
+						    " over %u", when, tname[k], p, mp->backups[j], b.crc, b.versions,
+						    b.nshards, mp->owner, prim.crc, prim.versions, prim.nshards);
+			}
+		}
 	return 0;
 }
 
@@ -790,8 +824,8 @@ static int finish_workers(void)
 		}
 		wpid[r] = 0;
 		if (st != -1 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-			fail("worker %d ended with status %d (its line above says why)", r,
-			     WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+			fail("worker %d ended with status %d: %s", r, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st),
+			     sh->line[r][0] ? sh->line[r] : "(no line: it crashed)");
 			bad++;
 		}
 	}
