@@ -473,14 +473,50 @@ static int get_map(struct rps__smap *m)
 	return fail("no running server answers STATUS");
 }
 
+static int digest(int i, int k, uint32_t p, struct it_digest *d);
+
+/* Does every backup the map lists hold a copy of what its primary holds
+ * (the same shards of every tensor)?  NULL, or what is missing.  The map
+ * can list a backup that holds nothing yet (a member restarted before it
+ * was declared failed, until it leaves the set and is seeded again): the
+ * next fault must not find the cluster less redundant than it looks. */
+static const char *backups_hold(const struct rps__smap *m, char *buf, size_t len)
+{
+	for (uint32_t p = 0; p < m->npart; p++) {
+		const struct rps__smap_part *mp = &m->parts[p];
+		for (int k = 0; k < 3; k++) {
+			struct it_digest prim, b;
+			if (digest(it_member_index(&clu, mp->owner), k, p, &prim))
+				return snprintf(buf, len, "partition %u: no digest from its primary", p), buf;
+			for (uint32_t j = 0; j < RPS__SMAP_MAX_REPLICAS - 1 && mp->backups[j]; j++)
+				if (digest(it_member_index(&clu, mp->backups[j]), k, p, &b) || b.nshards != prim.nshards)
+					return snprintf(buf, len, "partition %u: backup %" PRIu64 " holds %u shards of '%s', "
+							"its primary %" PRIu64 " %u", p, mp->backups[j], b.nshards, tname[k],
+							mp->owner, prim.nshards), buf;
+		}
+	}
+	return NULL;
+}
+
+/* The map settled (it_wait_settled) and every backup it lists holds a copy. */
 static int settle(uint32_t replicas)
 {
 	static struct rps__smap m;
+	double until = it_now_s() + SETTLE_MS / 1000.0;
+	char buf[256];
+	const char *w;
 
-	if (it_wait_settled(&clu, replicas, SETTLE_MS, &m))
-		return fail("the map did not settle within %d s (the line above says what was missing)",
-			    SETTLE_MS / 1000);
-	return 0;
+	for (;;) {
+		int left = (int)((until - it_now_s()) * 1000);
+		if (it_wait_settled(&clu, replicas, left > 0 ? left : 1, &m))
+			return fail("the map did not settle within %d s (the line above says what was missing)",
+				    SETTLE_MS / 1000);
+		if (!(w = backups_hold(&m, buf, sizeof(buf))))
+			return 0;
+		if (it_now_s() > until)
+			return fail("the map settled, but not the copies within %d s: %s", SETTLE_MS / 1000, w);
+		it_sleep_ms(1000);	/* (each round asks every member: keep the load down) */
+	}
 }
 
 /* Every worker progressed (a sync step each, and async pushes) since the
@@ -874,7 +910,7 @@ static unsigned parse_faults(const char *s)
 			;
 		if (k == NKINDS) {
 			fprintf(stderr, "soak: SOAK_FAULTS: unknown fault kind '%s' (kinds: kill, stop, term, partition, "
-				"move, membership, replicas, ckpt)\n", w);
+				"move, membership, replicas, ckpt, restore)\n", w);
 			exit(2);
 		}
 		mask |= 1u << k;
