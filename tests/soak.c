@@ -23,8 +23,9 @@
  *               restore takes back acknowledged pushes by design (README:
  *               "Restore into a cluster whose workers have not started").
  * After each fault the map must settle (every partition owned and backed
- * by running members, nothing lost, moving or seeding) and every worker
- * must make progress again: then the fault counts as survived.
+ * by running members, nothing lost, moving or seeding, and every backup it
+ * lists holding a copy) and every worker must make progress again: then
+ * the fault counts as survived.
  *
  * What the workers check, and what is checked at the end:
  *  - async and bounded (staleness 2): every push adds w(i) = 1 + i % 3 to
@@ -872,13 +873,11 @@ static int finish_workers(void)
 
 static bool rdmapsd_has(const char *opt)
 {
-	char err[16384] = "";
 	const char *d = getenv("RDMAPSD") ? getenv("RDMAPSD") : "./rdmapsd";
 	char cmd[1200], buf[16384];
 	FILE *f;
 	size_t n;
 
-	(void)err;
 	snprintf(cmd, sizeof(cmd), "%s --help 2>&1", d);
 	if (!(f = popen(cmd, "r")))
 		return false;
