@@ -109,6 +109,7 @@ static pid_t wpid[NWORKERS];
 static int wgen[NWORKERS];
 static char workers_servers[2048];	/* the list a replacement worker gets */
 static char log_path[512];
+static char server_extra[1024];	/* SERVER_ARGS and the log's redirection */
 
 /* Server i is the witness (SOAK_WITNESS=1: the third started). */
 static bool is_witness(int i)
@@ -456,8 +457,9 @@ static int psctl(int timeout_s, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(args, sizeof(args), fmt, ap);
 	va_end(ap);
-	rc = it_psctl(&clu, (timeout_s + 15) * 1000, out, sizeof(out), err, sizeof(err), "--timeout %d %s", timeout_s,
-		      args);
+	/* (-s the members running now: the first ones may all be gone) */
+	rc = it_psctl(&clu, (timeout_s + 15) * 1000, out, sizeof(out), err, sizeof(err), "-s %s --timeout %d %s",
+		      servers_now(), timeout_s, args);
 	if (rc)
 		return fail("psctl %s: exit %d: %s", args, rc, err[0] ? err : out);
 	return 0;
@@ -659,10 +661,15 @@ static int fault_membership(char *what, size_t len)
 		return 1;
 	}
 	if (add) {
-		struct it_server_opts o = { .extra_args = SERVER_ARGS, .env = "RPS_FAULT=isolate-signals",
+		struct it_server_opts o = { .extra_args = server_extra, .env = "RPS_FAULT=isolate-signals",
 					    .data_dir = 1 };
 		uint64_t id = (uint64_t)clu.nservers + 1;
-		int i = it_server_join(&clu, id, &o);
+		int i;
+
+		/* --cluster: the members running now (the first ones may be
+		 * gone; the joiner dials only those it is given) */
+		snprintf(clu.servers, sizeof(clu.servers), "%s", servers_now());
+		i = it_server_join(&clu, id, &o);
 
 		snprintf(what, len, "add-server %" PRIu64 " (a new rdmapsd --join)", id);
 		if (i < 0)
@@ -960,9 +967,9 @@ int main(void)
 	FILE *lf = fopen(log_path, "w");
 	if (lf)
 		fclose(lf);
-	char extra[1024], last[64];
-	snprintf(extra, sizeof(extra), "%s 2>>%s", SERVER_ARGS, log_path);
-	o.extra_args = extra;
+	char last[64];
+	snprintf(server_extra, sizeof(server_extra), "%s 2>>%s", SERVER_ARGS, log_path);
+	o.extra_args = server_extra;
 	snprintf(last, sizeof(last), "--witness");
 	if (witness)
 		o.last_args = last;
