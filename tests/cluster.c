@@ -356,8 +356,11 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 	}
 	for (i = 0; i < n; i++) {
 		char args[2400];
-		snprintf(args, sizeof(args), "--cluster %s --index %d%s", cl->servers, i,
-			 o && o->witness_last && i == n - 1 ? " --witness --threads 1" : "");
+		bool last = i == n - 1;
+
+		snprintf(args, sizeof(args), "--cluster %s --index %d%s%s%s", cl->servers, i,
+			 o && o->witness_last && last ? " --witness --threads 1" : "",
+			 o && o->last_args && last ? " " : "", o && o->last_args && last ? o->last_args : "");
 		server_cmd(cl, i, args, o);
 		ret = spawn_server(cl, i);
 		if (ret) {

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define IT_MAX_SERVERS 8
+#define IT_MAX_SERVERS 16
 #define IT_MAX_WORKERS 16
 
 struct it_cluster {
@@ -38,6 +38,8 @@ struct it_server_opts {
 	int no_ckpt_dir;	/* 1: no --checkpoint-dir (checkpoints are refused) */
 	const char *cluster;	/* it_server_join: its --cluster (NULL: every server started so far) */
 	int witness_last;	/* 1: the last server started gets --witness (one thread) */
+	const char *last_args;	/* it_cluster_start_opts: more arguments for the last
+				 * server only (e.g. --witness), or NULL */
 };
 
 /* The --checkpoint-dir every server started here gets (unless
