@@ -202,6 +202,19 @@ void rps__cp_on_seed_status(struct rps__cplane *cp, struct conn *c, int32_t stat
 	free(m);
 }
 
+/* Dial member m (a lower id: the higher id dials) unless connected, dialing
+ * or not due again yet. */
+static void peer_dial_due(struct rps__cplane *cp, const struct rps__smap_member *m, uint64_t now)
+{
+	struct peer *p = rps__cp_peer_get(cp, m->id, true);
+
+	if (!p || p->c || p->dialing || now < p->next_connect)
+		return;
+	p->next_connect = now + PEER_RETRY_NS;
+	if (!cp->dp->peer_dial(cp->srv, m->uri, m->id))
+		p->dialing = true;
+}
+
 /* --join: dial each --cluster address we have no connection to, ask the
  * seeds we reached for their map, and dial the members it names (the
  * lower ids: the others dial us once we are in their map). */
@@ -237,16 +250,9 @@ static void peers_connect_seeds(struct rps__cplane *cp, uint64_t now)
 	}
 	for (j = 0; j < cp->nlearned; j++) {
 		const struct rps__smap_member *m = &cp->learned[j];
-		struct peer *p;
 
-		if (m->id >= cp->my_id || seed_dial_to(cp, m->uri))
-			continue;
-		p = rps__cp_peer_get(cp, m->id, true);
-		if (!p || p->c || p->dialing || now < p->next_connect)
-			continue;
-		p->next_connect = now + PEER_RETRY_NS;
-		if (!cp->dp->peer_dial(cp->srv, m->uri, m->id))
-			p->dialing = true;
+		if (m->id < cp->my_id && !seed_dial_to(cp, m->uri))
+			peer_dial_due(cp, m, now);
 	}
 }
 
@@ -333,16 +339,7 @@ void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now)
 		return;
 	}
 	for (i = 0; i < cp->map.nmembers; i++) {
-		const struct rps__smap_member *m = &cp->map.members[i];
-		struct peer *p;
-
-		if (m->id >= cp->my_id)
-			continue;
-		p = rps__cp_peer_get(cp, m->id, true);
-		if (!p || p->c || p->dialing || now < p->next_connect)
-			continue;
-		p->next_connect = now + PEER_RETRY_NS;
-		if (!cp->dp->peer_dial(cp->srv, m->uri, m->id))
-			p->dialing = true;
+		if (cp->map.members[i].id < cp->my_id)
+			peer_dial_due(cp, &cp->map.members[i], now);
 	}
 }
