@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
@@ -313,6 +314,142 @@ static void test_moves_replicated(void)
 	check_replicas(&m2, 1225);
 }
 
+/* ---- a worker with several tensors across moves -------------------------------- */
+
+#define MT_N 3			/* tensors per worker */
+#define MT_MIN_STEPS 50		/* pushes of each, at least, and before the moves */
+#define MT_TIMEOUT_MS 20000
+
+static const char *const mt_names[MT_N] = { "mt-a", "mt-b", "mt-c" };
+/* shared with the worker (mapped before it forks) */
+struct mt_shared {
+	atomic_int done;	/* steps it has done */
+	atomic_int stop;	/* the parent's moves are over: stop */
+};
+static struct mt_shared *mt_sh;
+
+/* One client, MT_N async SUM tensors (each with shards in every
+ * partition, so they share every connection), all pushed each step, all
+ * ones: writes how many steps were done and the longest push (s). */
+static int train_many(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *g = malloc(COUNT * sizeof(float));
+	rps_tensor_t *t[MT_N] = { NULL };
+	struct rps_tensor_opts o;
+	rps_client_t *cl = NULL;
+	double longest = 0;
+	int ret, k = 0, j;
+
+	(void)rank;
+	(void)nworkers;
+	(void)arg;
+	for (uint32_t i = 0; g && i < COUNT; i++)
+		g[i] = 1.0f;
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SUM;
+	o.rescale = 1.0f;
+	ret = g ? it_client_connect(servers, 0, 1, MT_TIMEOUT_MS, &cl) : -ENOMEM;
+	for (j = 0; !ret && j < MT_N; j++)
+		ret = rps_tensor_create(cl, mt_names[j], &o, &t[j]);
+	for (k = 0; !ret && (k < MT_MIN_STEPS || !atomic_load(&mt_sh->stop)); k++) {
+		for (j = 0; !ret && j < MT_N; j++) {
+			double t0 = it_now_s();
+			ret = rps_push(t[j], g, COUNT * sizeof(float));
+			if (it_now_s() - t0 > longest)
+				longest = it_now_s() - t0;
+			if (ret)
+				fprintf(stderr, "train_many: step %d, %s: %s: %s\n", k, mt_names[j], rps_strerror(ret),
+					rps_last_error());
+		}
+		if (!ret)
+			atomic_store(&mt_sh->done, k + 1);
+	}
+	it_write_all(out_fd, &k, sizeof(k));
+	it_write_all(out_fd, &longest, sizeof(longest));
+	for (j = 0; j < MT_N; j++)
+		if (t[j])
+			rps_tensor_close(t[j]);
+	rps_client_close(cl);
+	free(g);
+	return ret ? 1 : 0;
+}
+
+/*
+ * Issue 30, moves: a client's memory keys are memory windows bound to its
+ * connection, and a remote access error (the old owner's region after a
+ * move) closes that connection.  The op that failed refreshes its own
+ * tensor's keys on the new connection, but the client's other tensors must
+ * not go on with the keys of the lost one: each would fail, close the new
+ * connection, and (at R = 2, where a lost server is given the failover
+ * wait before it is dialed again) stall the worker past its pushes'
+ * timeout.  One worker pushes three tensors while partitions move around
+ * the three servers, at R = 2 then at R = 1: every push succeeds within the
+ * timeout, every element of every tensor is exactly the number of steps.
+ */
+static void test_moves_many_tensors(void)
+{
+	static struct rps__smap m;
+	struct it_workers w;
+	double longest = -1;
+	int steps = -1, total = 0, moves = 0, j;
+	float *p = malloc(COUNT * sizeof(float));
+
+	CU_ASSERT_FATAL(p != NULL);
+	mt_sh = mmap(NULL, sizeof(*mt_sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CU_ASSERT_FATAL(mt_sh != MAP_FAILED);
+	CU_ASSERT_FATAL(wait_settled(2, &m) >= 0);
+	for (int r = 2; r >= 1; r--) {
+		if (r == 1) {
+			CU_ASSERT_EQUAL_FATAL(it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err),
+						       "set-replicas 1"), 0);
+			CU_ASSERT_FATAL(wait_settled(1, &m) >= 0);
+		}
+		atomic_store(&mt_sh->done, 0);
+		atomic_store(&mt_sh->stop, 0);
+		CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, train_many, clu.servers, NULL, -1, NULL), 0);
+		for (double t0 = it_now_s(); atomic_load(&mt_sh->done) < MT_MIN_STEPS && it_now_s() - t0 < 60;)
+			it_sleep_ms(10);
+		/* moves while it pushes: each partition in turn to the next member */
+		for (int i = 0; i < 6; i++) {
+			uint32_t part = (uint32_t)i % NPART;
+			uint64_t to = m.parts[part].owner % NSERVERS + 1;
+			int rc;
+
+			it_sleep_ms(200);
+			rc = it_psctl(&clu, PSCTL_MS, out, sizeof(out), err, sizeof(err), "--timeout 20 move %u %llu", part,
+				      (unsigned long long)to);
+			if (rc)
+				fprintf(stderr, "psctl move %u %llu: exit %d: %s", part, (unsigned long long)to, rc, err);
+			CU_ASSERT_EQUAL(rc, 0);
+			moves += !rc;
+			CU_ASSERT_FATAL(wait_settled((uint32_t)r, &m) >= 0);
+		}
+		atomic_store(&mt_sh->stop, 1);
+		CU_ASSERT_EQUAL(it_worker_read(&w, 0, &steps, sizeof(steps)), 0);
+		CU_ASSERT_EQUAL(it_worker_read(&w, 0, &longest, sizeof(longest)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+		fprintf(stderr, "[R = %d: %d steps of %d tensors, longest push %.2f s] ", r, steps, MT_N, longest);
+		CU_ASSERT_FATAL(steps >= MT_MIN_STEPS);
+		total += steps;
+		for (j = 0; j < MT_N; j++) {
+			uint64_t version = 0;
+			uint32_t bad = 0;
+			CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, mt_names[j], p, COUNT, 20000, &version), 0);
+			for (uint32_t i = 0; i < COUNT; i++)
+				bad += p[i] != (float)total;
+			if (bad)
+				fprintf(stderr, "%s: %u elements not %d\n", mt_names[j], bad, total);
+			CU_ASSERT_EQUAL(bad, 0);
+			CU_ASSERT_EQUAL(version, (uint64_t)total);
+		}
+	}
+	CU_ASSERT_EQUAL(moves, 12);
+	munmap(mt_sh, sizeof(*mt_sh));
+	free(p);
+}
+
 /* ---- sync: a step acknowledged before the seeding, then a failover ----------- */
 
 #define SS_ARGS "--partitions 6 --shard-size 4096 --slots 4 --tick-ms 20 --move-timeout-ms 10000 --fsync none" \
@@ -538,6 +675,7 @@ int main(void)
 	static const struct cutest tests[] = {
 		{ "--replicas 2: backups placed and seeded, byte-identical; set-replicas 1 then 2", test_replicas_seeded },
 		{ "R = 2: move to a backup, move outside the set, remove-server: exact, replicas identical", test_moves_replicated },
+		{ "moves under a worker pushing 3 tensors, R = 2 then 1: every push in time, exact", test_moves_many_tensors },
 	};
 	static const struct cutest ss_tests[] = {
 		{ "sync: a step acknowledged at R = 1, a backup seeded, its primary killed: bit-identical",

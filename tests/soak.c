@@ -289,6 +289,10 @@ static int worker_main(int rank, int takeover)
 		/* a pull waiting for a rank that died fails with EPIPE (rdmaps(3),
 		 * "Replacing a worker"): the replacement comes, pull again */
 		for (double until = it_now_s() + WORKER_TIMEOUT_MS / 1000.0;;) {
+			/* (p held the async and bounded pulls: NaN, so a shard
+			 * this pull says it read but never wrote shows as NaN,
+			 * not as another tensor's values) */
+			memset(p, 0xff, SYNC_COUNT * sizeof(float));
 			ret = rps_pull(t[2], p, SYNC_COUNT * sizeof(float), &version);
 			if (ret != -EPIPE || it_now_s() > until)
 				break;

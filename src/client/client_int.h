@@ -168,6 +168,10 @@ struct conn {
 	struct rps__ep *ep;
 	bool dead;
 	int err;
+	/* which connection this is (rps_client.conn_gen when it was made):
+	 * the memory keys a server hands out work on that connection only
+	 * (its memory windows), so a tensor's keys name the one they came on */
+	uint64_t gen;
 	char refused[256];	/* err -ECONNREFUSED: the line saying why ("server full: ..."), for its ops */
 	uint64_t lost_ns;	/* when an established connection was lost, or a member
 				 * whose partitions have backups could not be reached
@@ -231,6 +235,7 @@ struct rps_client {
 	uint64_t zc_pushes, zc_pulls;	/* rps__client_zcopy (atomic) */
 	struct conn *conns;	/* MAX_CONNS of them, nservers in use */
 	int nservers;
+	uint64_t conn_gen;	/* connections made so far (conn.gen) */
 	struct rps__smap map;	/* the shard map as last read */
 	int map_from;		/* the connection that answered the last map read (-1: none) */
 	char *mapbuf;		/* registered: READ target for the map */
@@ -285,6 +290,7 @@ struct rps_tensor {
 		uint64_t addr;	/* its region of this tensor's shards */
 		uint32_t rkey;
 		uint64_t epoch;
+		uint64_t gen;	/* conn.gen of the connection addr and rkey came on */
 	} *part;		/* per partition */
 	uint64_t stride;
 	uint64_t *lock_guess;	/* per shard: last unlocked lock word seen */

@@ -240,6 +240,7 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 		c->free_bounce[i] = NBOUNCE - 1 - i;
 	c->nfree_bounce = NBOUNCE;
 	c->nfree_ctrl = CTRL_CREDITS;
+	c->gen = ++cl->conn_gen;
 	return 0;
 }
 
@@ -343,7 +344,9 @@ static bool redial_wanted(const struct rps_client *cl, const struct conn *c)
 			unbacked |= !pp->backups[0] || pp->lost;
 		}
 	}
-	return owns && (unbacked || rps__now_ns() - c->lost_ns >= FAILOVER_WAIT_MS * 1000000ull);
+	/* a remote access error came from a server that lives (it answered):
+	 * nothing to fail over, dial it again now */
+	return owns && (unbacked || c->err == -EFAULT || rps__now_ns() - c->lost_ns >= FAILOVER_WAIT_MS * 1000000ull);
 }
 
 /* Does member id own partitions, every one of them with a backup (and

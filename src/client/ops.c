@@ -667,6 +667,16 @@ void rps__op_submit(struct shard_op *op)
 		rps__active_del(c, op);
 		return;
 	}
+	if (op->t->part[p].gen != c->gen) {
+		/* its keys came on a connection to that server we have since
+		 * lost and made again (another tensor's op found it gone): they
+		 * name memory windows that died with it, and using them would
+		 * cost the new connection too (a remote access error closes
+		 * it).  Learn the new ones first, as after a move. */
+		rps__op_report(op, RPS_ESTALE_EPOCH);
+		rps__active_del(c, op);
+		return;
+	}
 	if (locked_push(op)) {
 		if (op->t->shard_busy[op->shard]) {
 			op->state = ST_QUEUED;

@@ -142,6 +142,7 @@ static int tensor_regions(struct rps_client *cl, struct rps_tensor *t, const str
 				t->part[ref->part].addr = ref->addr;
 				t->part[ref->part].rkey = ref->rkey;
 				t->part[ref->part].epoch = ref->epoch;
+				t->part[ref->part].gen = cl->conns[i].gen;
 			}
 			pthread_mutex_unlock(&cl->lock);
 			if (rp->first + rp->nregions >= rp->total)
