@@ -12,7 +12,6 @@
  */
 #include "config.h"
 #include "common/common.h"
-#include "client/client.h"
 #include "kernels/agg.h"
 #include "kernels/optim.h"
 #include "proto/shard.h"
@@ -1409,46 +1408,6 @@ static void test_lease_fence(void)
 	rps_tensor_close(t);
 }
 
-/* Sync: a rank's push that arrives while A's lease has run out, the other
- * rank's push of the step TAKEN before, is not refused: it waits in its
- * slot, nothing applied, and is taken once the lease is back; both
- * complete, the step on both replicas.  (Refused, a rank resent it only
- * once its other shards' steps completed, which could wait for another
- * rank's refused push: a lease lapse mid-step deadlocked sync jobs, seen
- * over Soft-RoCE under load.) */
-static void test_lease_sync_waits(void)
-{
-	const uint64_t expired = 0, forever = UINT64_MAX;
-	float g[COUNT];
-	rps_tensor_t *t0, *t1;
-	rps_request_t *r0, *r1;
-	uint64_t fenced0, fenced1;
-	unsigned seed = 9;
-
-	CU_ASSERT_EQUAL_FATAL(tensor(w0, "lease-sync", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t0), 0);
-	CU_ASSERT_EQUAL_FATAL(tensor(w1, "lease-sync", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t1), 0);
-	random_grad(g, RPS_DTYPE_F32, &seed);
-	fenced0 = rps__client_pushes_fenced(w0);
-	fenced1 = rps__client_pushes_fenced(w1);
-	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g, sizeof(g), &r0), 0);	/* TAKEN, waits for rank 1 */
-	sleep_ms(100);
-	fake_do(&A, do_lease, (void *)&expired);
-	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g, sizeof(g), &r1), 0);
-	sleep_ms(300);
-	CU_ASSERT_EQUAL(rps__client_pushes_fenced(w1), fenced1);	/* not refused: it waits */
-	CU_ASSERT_EQUAL(version_of(&A, "lease-sync", 0), 0u);	/* nothing applied past the lease */
-	fake_do(&A, do_lease, (void *)&forever);
-	CU_ASSERT_EQUAL(rps_wait(r0), 0);
-	CU_ASSERT_EQUAL(rps_wait(r1), 0);
-	CU_ASSERT_EQUAL(rps__client_pushes_fenced(w0), fenced0);
-	CU_ASSERT_EQUAL(rps__client_pushes_fenced(w1), fenced1);
-	CU_ASSERT_EQUAL(version_of(&A, "lease-sync", 0), 1u);
-	CU_ASSERT_EQUAL(version_of(&B, "lease-sync", 0), 1u);
-	CU_ASSERT_EQUAL(differing_shards("lease-sync"), 0);
-	rps_tensor_close(t1);
-	rps_tensor_close(t0);
-}
-
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -1467,8 +1426,6 @@ int main(void)
 		{ "sync, partition refused: taken pushes told to resend, counted once", test_sync_refused_resend },
 		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
 		{ "lease: no ack without it on a partition with backups; R=1 ignores it", test_lease_fence },
-		{ "lease: a sync push that arrives without it waits for it, not refused (no deadlock)",
-		  test_lease_sync_waits },
 		{ "joining: entries before the image acknowledged, not applied, the stream kept", test_joiner_before_image },
 		{ "epoch: the same primary's entry of the epoch before applied", test_old_epoch_same_primary },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },

@@ -34,8 +34,6 @@ static void set_lease(struct rps__server *srv, uint64_t until_ns)
 	rps__srv_read_fence(srv);
 	if (srv->nrwaits)
 		rps__srv_repl_confirm(srv);	/* STEP_DONEs held while it had run out */
-	if (srv->nheld)
-		rps__srv_drain_held(srv);	/* sync pushes held while it had run out (push.c) */
 }
 
 static void set_map(struct rps__server *srv, uint32_t npart, uint64_t applied)

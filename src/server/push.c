@@ -361,35 +361,6 @@ static void push_taken(struct rps__server *srv, struct conn *c, uint32_t slot, s
 		rps__srv_repl_step_orphaned(srv, t, s, r);
 }
 
-/* A sync gradient: refused nowhere for a lease that ran out (it waits, see
- * sync_fenced). */
-static bool sync_grad(const struct tensor *t, const struct rps__push_desc *d)
-{
-	return t->spec.mode == RPS_MODE_SYNC && d->kind == RPS__PUSH_GRAD;
-}
-
-/*
- * Sync, a partition we serve under the push's epoch, our lease run out:
- * the push waits in its slot (held, not parked: no TAKEN) until the lease
- * is back, or the partition moved (then it is refused, drain_held), rather
- * than being refused at once like an async push.  Refused, a sync push
- * deadlocked the job: a worker resends what was refused only once every
- * other shard of its push completed (client.c, retry_stale), but its TAKEN
- * pushes complete only with their steps, and a step on a primary whose
- * lease lapsed mid-step can hold another rank's TAKEN push beside this
- * rank's refused one, and the reverse on another shard: each rank waits
- * for the other's resend.  (Soft-RoCE under load lapses leases often.)
- * Held, nothing is acknowledged past the lease (no TAKEN, no STEP_DONE),
- * and a primary that stays cut off goes silent to the worker, which then
- * rides through to the new primary as from any silent server.
- */
-static bool sync_fenced(struct rps__server *srv, const struct tensor *t, const struct shard *s,
-			const struct rps__push_desc *d)
-{
-	return sync_grad(t, d) && s->hdr && rps__srv_part_serving(srv, s->part) &&
-	       d->epoch == srv->parts[s->part].epoch && rps__srv_lease_fenced(srv, s->part);
-}
-
 /* Refuse a push for a partition whose contents are lost, or that is not
  * served here under the push's epoch.  True: refused (acknowledged). */
 static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
@@ -404,7 +375,7 @@ static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t sl
 	 * server's lease holds.  A refused push was not applied: the worker
 	 * refreshes its map and sends it to the new owner. */
 	if (!s->hdr || !rps__srv_part_serving(srv, s->part) || d->epoch != srv->parts[s->part].epoch ||
-	    (rps__srv_lease_fenced(srv, s->part) && !sync_grad(t, d))) {
+	    rps__srv_lease_fenced(srv, s->part)) {
 		uint64_t left = 0;
 		/* a lock this worker took before the fence: let go of it, or
 		 * fencing would wait for the lease */
@@ -613,8 +584,6 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 		return CONSUMED;
 	if (srv->cfg.keys && refuse_out_of_scope(srv, c, slot, t, s, d))
 		return CONSUMED;
-	if (sync_fenced(srv, t, s, d))
-		return NOT_YET;
 	/* replicated: an update still on its way to the replicas holds the
 	 * shard (its lock, its publication) */
 	if (s->repl_pending && t->spec.mode != RPS_MODE_SYNC)
@@ -747,8 +716,6 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	if (d->shard >= t->layout.nshards || !t->shards[d->shard].hdr ||
 	    !rps__srv_part_serving(srv, t->shards[d->shard].part))
 		return -ENOSPC;
-	if (sync_fenced(srv, t, &t->shards[d->shard], d))
-		return -ENOSPC;		/* no TAKEN past the lease: held until it is back */
 	/* the same push parked already (a resend to a primary promoted with
 	 * the image's parked pushes): that entry stands for it, once */
 	if (rps__srv_parked_has(srv, t, d->shard, d->rank, d->clock)) {
