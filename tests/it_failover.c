@@ -26,6 +26,11 @@
  *      a one-shard tensor's pushes: that primary warns of the updates
  *      waiting for it, one line a check at most, naming it and the
  *      stream's position; exact, nothing moved.
+ *  (d6) a member stopped that holds no copy of a one-shard tensor's
+ *      partition, beside workers of a whole-cluster tensor stalled on it:
+ *      the one-shard tensor's pushes go on being acknowledged meanwhile
+ *      (a path shared with the stopped member's streams would stall them
+ *      for as long as the stop); exact, nothing moved.
  *  (e) --replicas 3: a server restarted (same --data-dir) is seeded again
  *      as a backup; a watcher kills the seed's source, the partition's
  *      primary, the moment the map shows the joiner.  The partition goes to
@@ -663,6 +668,94 @@ static void test_backup_stalled_warned(void)
 	CU_ASSERT(nvictim >= 1 && nvictim <= bound);
 }
 
+/* ---- (d6) a member stopped that a tensor does not use -------------------------- */
+
+#define D6_WORKERS 4		/* ranks 0, 1 push the one-shard tensor; 2, 3 the whole job's */
+#define D6_BEFORE 40		/* pushes of the one-shard tensor acknowledged before the stop */
+#define D6_DURING 100		/* ... and while the member is stopped */
+#define D6_WAIT_S 30.0
+
+static int d6_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct async_job *jobs = arg;
+
+	return async_worker(rank, nworkers, servers, (void *)&jobs[rank < 2 ? 0 : 1], out_fd);
+}
+
+/*
+ * A member stopped (SIGSTOP, and --failover-ms 60000: never failed over)
+ * holds no copy of a one-shard tensor's partition: its primary and its
+ * backup are the two others.  Two workers push that tensor, two others a
+ * tensor of every partition (whose pushes stall on the stopped member, and
+ * whose entries wait for it).  Nothing of the one-shard tensor waits for
+ * it, so its pushes go on being acknowledged while it is stopped: D6_DURING
+ * of them before it is continued (a path shared with the stopped member's
+ * streams, or a loop held up by what waits for it, would stall them for as
+ * long as the stop lasts).  Then both exact, nothing moved.  The member is
+ * not the Raft leader (whose silence ends every lease).
+ */
+static void test_other_member_stopped(void)
+{
+	static char name[32];
+	static const char *tensors[2];
+	struct async_job jobs[2] = { { .name = name, .count = SHARD / 4 }, { .name = "d6all", .count = COUNT } };
+	struct it_workers w;
+	uint64_t versions[2];
+	int leader, victim, n, acked[2] = { 0, 0 }, at_stop, during;
+	double t0;
+
+	more_args = " --failover-ms 60000";
+	start(NSERVERS, 2, false);
+	more_args = "";
+	leader = leader_index();
+	CU_ASSERT_FATAL(leader >= 0);
+	victim = (leader + 1) % NSERVERS;
+	name[0] = 0;
+	for (int k = 0; k < 1000 && !name[0]; k++) {
+		struct rps__layout l;
+
+		snprintf(name, sizeof(name), "d6-%d", k);
+		CU_ASSERT_EQUAL_FATAL(rps__layout_init(&l, name, SHARD / 4, SHARD / 4, NPART), 0);
+		if (rps__smap_role(&map0, rps__shard_server(&l, 0), (uint64_t)victim + 1) != RPS__SMAP_ROLE_NONE)
+			name[0] = 0;
+	}
+	CU_ASSERT_FATAL(name[0] != 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D6_WORKERS, d6_worker, clu.servers, jobs, -1, NULL), 0);
+	while (acked_total(2) < D6_BEFORE || atomic_load(&sh->acked[2]) < 5 || atomic_load(&sh->acked[3]) < 5)
+		it_sleep_ms(2);
+	at_stop = acked_total(2);
+	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
+	t0 = it_now_s();
+	while (acked_total(2) - at_stop < D6_DURING && it_now_s() - t0 < D6_WAIT_S)
+		it_sleep_ms(10);
+	during = acked_total(2) - at_stop;
+	CU_ASSERT_EQUAL(kill(clu.pid[victim], SIGCONT), 0);
+	fprintf(stderr, "[member %d stopped after %d pushes of '%s': %d acknowledged in the %.1f s it stayed stopped] ",
+		victim + 1, at_stop, name, during, it_now_s() - t0);
+	CU_ASSERT(during >= D6_DURING);
+	atomic_store(&sh->stop, 1);
+	for (int r = 0; r < D6_WORKERS; r++) {
+		n = 0;
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &n, sizeof(n)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+		CU_ASSERT_EQUAL(n, atomic_load(&sh->acked[r]));
+		acked[r >= 2] += n;
+	}
+	check_exact(name, SHARD / 4, acked[0]);
+	check_exact("d6all", COUNT, acked[1]);
+	tensors[0] = name;
+	tensors[1] = "d6all";
+	check_replicas(tensors, 2, versions);
+	CU_ASSERT_EQUAL(versions[0], (uint64_t)acked[0]);
+	CU_ASSERT_EQUAL(versions[1], (uint64_t)acked[1] * 2 * NPART);
+	for (uint32_t p = 0; p < NPART; p++) {
+		CU_ASSERT_EQUAL(map1.parts[p].owner, map0.parts[p].owner);
+		CU_ASSERT_EQUAL(map1.parts[p].epoch, map0.parts[p].epoch);
+	}
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
 /* ---- (e) a kill during re-replication ------------------------------------------ */
 
 #define E_WORKERS 2
@@ -902,6 +995,8 @@ int main(void)
 		  test_primary_stalled },
 		{ "(d5) async: a backup stalled 3 s: its primary warns, one line a check, naming it; exact",
 		  test_backup_stalled_warned },
+		{ "(d6) async: a member stopped that holds no copy of a tensor: its pushes go on meanwhile; exact",
+		  test_other_member_stopped },
 		{ "(e) --replicas 3: the seed's source killed while a restarted server is seeded",
 		  test_kill_during_reseeding },
 		{ "(g) set-replicas 3 -> 2 under the stream: the same primary's entries applied, exact",
