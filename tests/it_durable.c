@@ -614,7 +614,21 @@ static void test_rolling_restarts(void)
 	if (bad)
 		fprintf(stderr, "%u elements differ from %d (element 0: %g)\n", bad, acked, buf[0]);
 	CU_ASSERT_EQUAL(bad, 0);
-	CU_ASSERT_EQUAL(it_replicas_differ(&clu, &m, "roll", NULL), 0);
+	/* every backup identical to its primary.  A member restarted just
+	 * before the end may still be listed as a backup, holding nothing,
+	 * until its drop commits and it is seeded again (README "Failures"):
+	 * a backup that cannot answer yet is waited for, one that answers
+	 * with another digest fails at once */
+	for (double until = it_now_s() + SETTLE_MS / 1000.0;;) {
+		int differ = it_replicas_differ(&clu, &m, "roll", NULL);
+
+		if (differ >= 0 || it_now_s() > until) {
+			CU_ASSERT_EQUAL(differ, 0);
+			break;
+		}
+		it_sleep_ms(500);
+		CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	}
 }
 
 int main(void)
