@@ -188,7 +188,11 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	}
 	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv),
 			   cl->timeout_ms, reply, &reply_len, &c->ep);
-	c->answered = !ret || (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ');
+	/* (a witness refusing us is no live data server either: at bootstrap
+	 * the map names it owner until its own SET_WITNESS hands its
+	 * partitions to their backups, so its ops wait for that map) */
+	c->answered = !ret || (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ' &&
+			       strncmp(reply, RPS__WITNESS_REFUSAL, strlen(RPS__WITNESS_REFUSAL)));
 	if (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ' && !cl->keys &&
 	    !strncmp(reply, "key required", 12)) {
 		char local[PATH_MAX] = "~/.rdmaps/" RPS__LOCAL_KEY_NAME;

@@ -42,6 +42,11 @@
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
+/* How a witness (rdmapsd --witness) begins its refusal of a worker's
+ * connection: a client takes it for a member whose partitions are on their
+ * way to their backups (the map names a witness owner until its SET_WITNESS
+ * commits), not for a live data server refusing it. */
+#define RPS__WITNESS_REFUSAL "a witness holds no data"
 #define RPS__MSG_MAX 512u		/* worker connections */
 #define RPS__BIG_MSG_MAX (32u << 10)	/* peer (Raft, migration) and admin connections */
 #define RPS__NAME_MAX 64u		/* including the terminating NUL */

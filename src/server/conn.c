@@ -543,7 +543,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	else if (priv.role == RPS__ROLE_ADMIN && count_role(srv, CONN_ADMIN) >= ADMIN_CONNS_MAX)
 		why = WHY_ADMIN_FULL;
 	if (!why && srv->cfg.witness && priv.role != RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN)
-		why = "a witness holds no data: give workers the data servers";	/* (56 bytes at most) */
+		why = RPS__WITNESS_REFUSAL ": give workers the data servers";	/* (56 bytes at most) */
 	if (!why && srv->thread_index && (priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_ADMIN))
 		why = "a serving thread's port: use the first port";	/* (56 bytes at most) */
 	if (!why && srv->cfg.keys && !priv.key_id)
