@@ -261,6 +261,17 @@ static void servers_first(char *buf, size_t len, int first)
 			n += snprintf(buf + n, len - (size_t)n, ",%s", clu.uri[i]);
 }
 
+/* Has every reader pulled again since it had done `then[r]` pulls? */
+static bool every_reader_past(const int *then)
+{
+	int r;
+
+	for (r = 0; r < NREADERS + 1; r++)
+		if (atomic_load(&sh->pulls[r]) <= then[r])
+			return false;
+	return true;
+}
+
 /* One run, on a fresh cluster: the window's length (s). */
 static double isolated_run(bool *leader_kept)
 {
@@ -272,6 +283,7 @@ static double isolated_run(bool *leader_kept)
 	static char servers[4096], lservers[4096];
 	uint64_t leader = 0, owner = 0, version = 0, l2 = 0;
 	rps_client_t *mcl;
+	int pulls_then[NREADERS + 1];
 	double t_iso, t_last = 0, t_moved = 0, until, w0;
 	int victim, part, r, acked = 0, in_window = 0, before = 0, after = 0, bad = 0;
 	float *p = malloc(COUNT * sizeof(float));
@@ -343,10 +355,15 @@ static double isolated_run(bool *leader_kept)
 		fprintf(stderr, "[the leader changed under load, member %llu to %llu: the window was read off a "
 			"deposed leader's map] ", (unsigned long long)leader, (unsigned long long)l2);
 	sh->t_moved = t_moved;
-	/* pushes and pulls go on at the new primary for a while */
+	/* pushes and pulls go on at the new primary for a while: every
+	 * reader finishes a pull after this (the fresh one dials a whole
+	 * client per pull, which under emulated verbs can take seconds) */
+	for (r = 0; r < NREADERS + 1; r++)
+		pulls_then[r] = atomic_load(&sh->pulls[r]);
 	w0 = it_now_s();
 	k = acked_total();
-	while ((it_now_s() < w0 + AFTER_S || acked_total() < k + 30) && it_now_s() < w0 + 60)
+	while ((it_now_s() < w0 + AFTER_S || acked_total() < k + 30 || !every_reader_past(pulls_then)) &&
+	       it_now_s() < w0 + 60)
 		it_sleep_ms(20);
 	atomic_store(&sh->stop, 1);
 
