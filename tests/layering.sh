@@ -9,6 +9,10 @@
 #  4. the data plane calls nothing of the control plane: librps_server.a
 #     leaves no control-plane symbol undefined (the control plane reaches
 #     it through server/dataplane.h, and it calls up through hooks).
+#  5. the providers' interface (transport/provider.h: the ops table and the
+#     objects' common heads) is included by the dispatch and the providers
+#     (src/transport/, verbs/) only: the layers above see transport.h alone
+#     (and tests/test_verbs.c, the verbs provider's white-box test).
 # Run by `make check`, which sets top_srcdir and top_builddir.
 set -e
 : "${top_srcdir:=.}" "${top_builddir:=.}"
@@ -53,6 +57,11 @@ for f in "$top_srcdir"/src/*/*.[ch] "$top_srcdir"/verbs/*.[ch]; do
 	done | grep . && fail=1
 done
 [ "$nfiles" -gt 20 ] || bad "found only $nfiles sources under src/*/ and verbs/"
+
+# 5. provider.h: the providers' side of the transport
+hits=$(cd "$top_srcdir" && grep -rlE --include='*.[ch]' '^[[:space:]]*#[[:space:]]*include[[:space:]]*"transport/provider\.h"' \
+	src include perf tests python 2>/dev/null | grep -vE '^(src/transport/|tests/test_verbs\.c$)' || true)
+[ -z "$hits" ] || bad "outside src/transport/ and verbs/, these include transport/provider.h (use transport.h): $(echo $hits)"
 
 # 3. no server or control-plane code in the client library
 so=$top_builddir/.libs/librdmaps.so
