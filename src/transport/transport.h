@@ -7,7 +7,7 @@
  * guarantees of an RC queue pair.  Operations: one-sided WRITE,
  * WRITE_WITH_IMM, READ, 8-byte atomic CAS and FETCH_ADD, two-sided
  * SEND/RECV.  Two implementations: verbs/ (real RC QPs over rdma_cm) and
- * src/transport/tcp.c (the same semantics over sockets; the target applies one-sided
+ * src/transport/tcp/ (the same semantics over sockets; the target applies one-sided
  * operations on behalf of the initiator with the bounds and key checks an HCA
  * makes).  Everything above this interface is written once.  This header is
  * what the layers above call; what a provider implements (its ops table and

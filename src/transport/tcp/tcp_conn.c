@@ -6,7 +6,7 @@
 #include "config.h"
 #include "common/common.h"
 #include "common/parse.h"
-#include "transport/tcp_int.h"
+#include "transport/tcp/tcp_int.h"
 
 #include <errno.h>
 #include <netdb.h>
