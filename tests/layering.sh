@@ -9,6 +9,11 @@
 #  4. the data plane calls nothing of the control plane: librps_server.a
 #     leaves no control-plane symbol undefined (the control plane reaches
 #     it through server/dataplane.h, and it calls up through hooks).
+#  5. the providers' interface (transport/provider.h: the ops table and the
+#     objects' common heads) is included by the dispatch and the providers
+#     (src/transport/, verbs/) only: the layers above see transport.h alone
+#     (and tests/test_verbs.c, the verbs provider's white-box test); a
+#     provider's own headers (transport/tcp/, verbs/) are that provider's.
 # Run by `make check`, which sets top_srcdir and top_builddir.
 set -e
 : "${top_srcdir:=.}" "${top_builddir:=.}"
@@ -35,10 +40,13 @@ allowed() {
 	esac
 }
 nfiles=0
-for f in "$top_srcdir"/src/*/*.[ch] "$top_srcdir"/verbs/*.[ch]; do
+for f in "$top_srcdir"/src/*/*.[ch] "$top_srcdir"/src/*/*/*.[ch] "$top_srcdir"/verbs/*.[ch]; do
 	[ -f "$f" ] || continue
 	nfiles=$((nfiles + 1))
-	layer=$(basename "$(dirname "$f")")
+	# the layer is the folder under src/ (src/transport/tcp/ is transport's)
+	layer=${f#"$top_srcdir"/}
+	layer=${layer#src/}
+	layer=${layer%%/*}
 	ok=$(allowed "$layer")
 	[ -n "$ok" ] || { bad "${f#"$top_srcdir"/}: in no known layer (add it to tests/layering.sh and README)"; continue; }
 	for used in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([a-z]*\)\/.*/\1/p' "$f" | sort -u); do
@@ -52,7 +60,15 @@ for f in "$top_srcdir"/src/*/*.[ch] "$top_srcdir"/verbs/*.[ch]; do
 		case $h in config.h | rdmaps.h) ;; *) echo "FAIL: ${f#"$top_srcdir"/} includes \"$h\": name its layer (\"layer/$h\")" ;; esac
 	done | grep . && fail=1
 done
-[ "$nfiles" -gt 20 ] || bad "found only $nfiles sources under src/*/ and verbs/"
+[ "$nfiles" -gt 20 ] || bad "found only $nfiles sources under src/*/, src/*/*/ and verbs/"
+
+# 5. provider.h: the providers' side of the transport
+hits=$(cd "$top_srcdir" && grep -rlE --include='*.[ch]' '^[[:space:]]*#[[:space:]]*include[[:space:]]*"transport/provider\.h"' \
+	src include perf tests python 2>/dev/null | grep -vE '^(src/transport/|tests/test_verbs\.c$)' || true)
+[ -z "$hits" ] || bad "outside src/transport/ and verbs/, these include transport/provider.h (use transport.h): $(echo $hits)"
+hits=$(cd "$top_srcdir" && grep -rlE --include='*.[ch]' '^[[:space:]]*#[[:space:]]*include[[:space:]]*"transport/tcp/' \
+	src include perf tests python verbs 2>/dev/null | grep -vE '^src/transport/tcp/' || true)
+[ -z "$hits" ] || bad "outside src/transport/tcp/, these include the TCP provider's headers: $(echo $hits)"
 
 # 3. no server or control-plane code in the client library
 so=$top_builddir/.libs/librdmaps.so

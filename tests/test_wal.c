@@ -21,9 +21,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <isa-l/crc.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1132,6 +1134,42 @@ static void test_lock_and_leftovers(void)
 	CU_ASSERT_EQUAL(rps__wal_open(dir, &o, &w, NULL), -EINVAL);
 }
 
+/* The write-all helpers the log and the checkpoints write with
+ * (common/fsutil.c): whole buffers, at the position or at an offset, and a
+ * short write followed by a failure reported as that failure. */
+static void test_write_all(void)
+{
+	static const char a[] = "0123456789", b[] = "ab";
+	struct rlimit old, lim;
+	char got[32] = { 0 };
+	void (*was)(int);
+	int fd;
+
+	CU_ASSERT_FATAL(mkdir(dir, 0700) == 0);	/* (the fixture leaves it to open) */
+	fd = open(path_of("w"), O_RDWR | O_CREAT | O_TRUNC, 0600);
+	CU_ASSERT_FATAL(fd >= 0);
+	CU_ASSERT_EQUAL(rps__write_all(fd, a, 10), 0);
+	CU_ASSERT_EQUAL(rps__pwrite_all(fd, b, 2, 3), 0);
+	CU_ASSERT_EQUAL(lseek(fd, 0, SEEK_CUR), 10);	/* pwrite left the position */
+	CU_ASSERT_EQUAL(rps__write_all(fd, b, 0), 0);
+	CU_ASSERT_EQUAL(pread(fd, got, sizeof(got), 0), 10);
+	CU_ASSERT_STRING_EQUAL(got, "012ab56789");
+	/* past RLIMIT_FSIZE: a short write, then EFBIG */
+	CU_ASSERT_FATAL(getrlimit(RLIMIT_FSIZE, &old) == 0);
+	lim = old;
+	lim.rlim_cur = 14;
+	was = signal(SIGXFSZ, SIG_IGN);
+	CU_ASSERT_FATAL(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+	CU_ASSERT_EQUAL(rps__write_all(fd, a, 10), -EFBIG);
+	CU_ASSERT_EQUAL(rps__pwrite_all(fd, a, 10, 10), -EFBIG);
+	CU_ASSERT_FATAL(setrlimit(RLIMIT_FSIZE, &old) == 0);
+	signal(SIGXFSZ, was);
+	CU_ASSERT_EQUAL(lseek(fd, 0, SEEK_END), 14);
+	close(fd);
+	CU_ASSERT_EQUAL(rps__write_all(fd, a, 1), -EBADF);
+	CU_ASSERT_EQUAL(rps__pwrite_all(fd, a, 1, 0), -EBADF);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -1156,6 +1194,7 @@ int main(void)
 		{ "fsync policy: one sync per save, none with NONE", test_fsync_policy },
 		{ "a failed sync makes the log unusable", test_sync_failure_is_sticky },
 		{ "directory lock, leftover temp files", test_lock_and_leftovers },
+		{ "write-all helpers: offsets, short writes, errors", test_write_all },
 	};
 	/* setup/teardown per test: each one gets a fresh directory */
 	const struct cutest_suite suites[] = {

@@ -5,7 +5,7 @@
 #ifndef RPS_VERBS_INT_H
 #define RPS_VERBS_INT_H
 
-#include "transport/transport.h"
+#include "transport/provider.h"
 #include "common/common.h"
 
 #include <infiniband/verbs.h>

@@ -75,3 +75,34 @@ int rps__publish_at(int dir_fd, int fd, const char *tmp, const char *name,
 	*failed = RPS__PUBLISH_SYNC_DIR;
 	return sync_fd(sync, ctx, dir_fd);
 }
+
+/* The one loop of both: positional when at is set. */
+static int write_loop(int fd, const void *buf, size_t len, int at, uint64_t off)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = at ? pwrite(fd, p, len, (off_t)off) : write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			return -EIO;
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+int rps__write_all(int fd, const void *buf, size_t len)
+{
+	return write_loop(fd, buf, len, 0, 0);
+}
+
+int rps__pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+	return write_loop(fd, buf, len, 1, off);
+}

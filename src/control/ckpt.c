@@ -198,25 +198,6 @@ static int grow(uint8_t **buf, size_t *cap, size_t need)
 	return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-	const uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		if (n == 0)
-			return -EIO;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 /* Bytes read (fewer only at the end of the file), or -errno. */
 static ssize_t read_full(int fd, void *buf, size_t len)
 {
@@ -567,7 +548,7 @@ static int create_in(int dirfd, const char *label, const struct rps__ckpt_header
 		goto err_free;
 	}
 	header_encode(hdr, h);
-	err = write_all(w->fd, hdr, sizeof(hdr));
+	err = rps__write_all(w->fd, hdr, sizeof(hdr));
 	if (err) {
 		rps__seterr(err, "checkpoint: writing %.200s: %s", w->tmp, strerror(-err));
 		goto err_unlink;
@@ -654,9 +635,9 @@ static int put_record(struct rps__ckpt_writer *w, uint32_t type, size_t len)
 	rps__le_put32(hdr + 24, 0);
 	rec_crc = rps__crc32c(0, hdr, 28);
 	rps__le_put32(hdr + 28, rec_crc);
-	err = write_all(w->fd, hdr, sizeof(hdr));
+	err = rps__write_all(w->fd, hdr, sizeof(hdr));
 	if (!err)
-		err = write_all(w->fd, stored, stored_len);
+		err = rps__write_all(w->fd, stored, stored_len);
 	if (err) {
 		w->broken = err;
 		return rps__seterr(err, "checkpoint: writing %.200s: %s", w->tmp, strerror(-err));
@@ -767,7 +748,7 @@ int rps__ckpt_finish(struct rps__ckpt_writer *w, uint64_t *bytes_written)
 	rps__le_put64(t + 16, w->raw_total);
 	rps__le_put32(t + 24, w->chain);
 	rps__le_put32(t + 28, rps__crc32c(0, t, 28));
-	err = write_all(w->fd, t, sizeof(t));
+	err = rps__write_all(w->fd, t, sizeof(t));
 	if (err) {
 		rps__seterr(err, "checkpoint: writing %.200s: %s", w->tmp, strerror(-err));
 		goto err_unlink;

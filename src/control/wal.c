@@ -119,26 +119,6 @@ int rps__wal_do_sync(const struct rps__wal_opts *o, int fd, bool data_only)
 	return rc ? -errno : 0;
 }
 
-int rps__wal_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
-{
-	const uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = pwrite(fd, p, len, (off_t)off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		if (n == 0)
-			return -EIO;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
-
 static int wal_sync_file(int fd, void *opts)
 {
 	return rps__wal_do_sync(opts, fd, false);
@@ -194,7 +174,7 @@ void rps__wal_witness_write(struct rps__wal *w, uint64_t commit)
 	memcpy(buf, WITNESS_MAGIC, MAGIC_LEN);
 	rps__le_put64(buf + 8, commit);
 	rps__le_put32(buf + 16, rps__crc32c(0, buf, 16));
-	if (rps__wal_pwrite_all(w->witness_fd, buf, sizeof(buf), 0) == 0)
+	if (rps__pwrite_all(w->witness_fd, buf, sizeof(buf), 0) == 0)
 		w->witness = commit;
 }
 
@@ -354,7 +334,7 @@ int rps__wal_roll(struct rps__wal *w)
 		err = -errno;
 		return rps__seterr(err, "wal: creating %.150s/%s: %s", w->dir, tmp, strerror(-err));
 	}
-	err = rps__wal_pwrite_all(fd, head, sizeof(head), 0);
+	err = rps__pwrite_all(fd, head, sizeof(head), 0);
 	if (err) {
 		rps__seterr(err, "wal: writing %.150s/%s: %s", w->dir, tmp, strerror(-err));
 		goto out_unlink;
@@ -398,7 +378,7 @@ static int wal_batch_commit(struct rps__wal *w, size_t size)
 	int err;
 
 	rps__wal_seg_name(name, w->segs[w->n_segs - 1].seq, w->segs[w->n_segs - 1].base_index);
-	err = rps__wal_pwrite_all(w->seg_fd, w->buf, size, w->seg_end);
+	err = rps__pwrite_all(w->seg_fd, w->buf, size, w->seg_end);
 	if (err) {
 		/* Cut the partial batch off so the log stays clean; if even
 		 * that fails, only a restart (replay) can sort it out. */

@@ -133,7 +133,6 @@ int rps__wal_grow(void **arr, size_t *cap, size_t need, size_t elem);
 void rps__wal_seg_name(char *out, uint64_t seq, uint64_t base);
 void rps__wal_snap_name(char *out, uint64_t index, uint64_t term);
 int rps__wal_do_sync(const struct rps__wal_opts *o, int fd, bool data_only);
-int rps__wal_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
 int rps__wal_publish(struct rps__wal *w, int fd, const char *tmp, const char *name);
 uint64_t rps__wal_witness_read(int dir_fd);
 void rps__wal_witness_write(struct rps__wal *w, uint64_t commit);

@@ -7,6 +7,7 @@
 #include "control/wal_int.h"
 #include "common/common.h"
 #include "common/crc.h"
+#include "common/fsutil.h"
 #include "common/le.h"
 
 #include <errno.h>
@@ -118,16 +119,16 @@ static int snap_write(struct rps__wal *w, const struct rps__wal_snapshot *s)
 		err = -errno;
 		return rps__seterr(err, "wal: creating %.150s/%s: %s", w->dir, tmp, strerror(-err));
 	}
-	err = rps__wal_pwrite_all(fd, hdr, sizeof(hdr), off);
+	err = rps__pwrite_all(fd, hdr, sizeof(hdr), off);
 	off += sizeof(hdr);
 	if (!err)
-		err = rps__wal_pwrite_all(fd, w->buf, ids_len, off);
+		err = rps__pwrite_all(fd, w->buf, ids_len, off);
 	off += ids_len;
 	if (!err)
-		err = rps__wal_pwrite_all(fd, s->data, s->len, off);
+		err = rps__pwrite_all(fd, s->data, s->len, off);
 	off += s->len;
 	if (!err)
-		err = rps__wal_pwrite_all(fd, trailer, sizeof(trailer), off);
+		err = rps__pwrite_all(fd, trailer, sizeof(trailer), off);
 	if (err) {
 		rps__seterr(err, "wal: writing %.150s/%s: %s", w->dir, tmp, strerror(-err));
 		goto out_unlink;

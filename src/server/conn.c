@@ -512,7 +512,7 @@ static bool peer_is_loopback(struct rps__conn_req *req)
 {
 	char host[64];
 
-	rps__auth_host(req->peer, host, sizeof(host));
+	rps__auth_host(rps__conn_req_peer(req), host, sizeof(host));
 	return rps__host_is_loopback(host);
 }
 
@@ -536,7 +536,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 		why = "protocol version mismatch: upgrade librdmaps or rdmapsd";
 	else if (priv.role < RPS__ROLE_WORKER || priv.role > RPS__ROLE_REPL_REV)
 		why = "unknown connection role";
-	else if (req_->peer_sq_depth > ANNOUNCED_SQ_MAX)
+	else if (rps__conn_req_peer_sq_depth(req_) > ANNOUNCED_SQ_MAX)
 		why = "announced send queue depth over 1024";
 	else if (priv.role == RPS__ROLE_WORKER && count_role(srv, CONN_WORKER) >= srv->cfg.max_conns)
 		why = WHY_FULL;	/* (asked again once it authenticated: rps__srv_conn_over_budget) */
@@ -569,7 +569,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	rev = priv.role == RPS__ROLE_REPL_REV;	/* we are its primary */
 	if (srv->cfg.keys) {	/* (without a key it is authed at once) */
 		char host[64];
-		rps__auth_host(req_->peer, host, sizeof(host));
+		rps__auth_host(rps__conn_req_peer(req_), host, sizeof(host));
 		preauth_room(srv, host);
 	}
 	/* with a key: lean until it proved it (rps__srv_conn_grow) */

@@ -6,7 +6,7 @@
  * transport.
  */
 #include "config.h"
-#include "transport/transport.h"
+#include "transport/provider.h"
 #include "common/common.h"
 
 #include <errno.h>
@@ -182,6 +182,9 @@ const void *rps__conn_req_data(const struct rps__conn_req *req, size_t *len)
 	*len = req->len;
 	return req->data;
 }
+
+const char *rps__conn_req_peer(const struct rps__conn_req *req) { return req->peer; }
+uint32_t rps__conn_req_peer_sq_depth(const struct rps__conn_req *req) { return req->peer_sq_depth; }
 
 int rps__accept(struct rps__conn_req *req, struct rps__cq *cq, const struct rps__ep_attr *attr,
 		const void *data, size_t len, struct rps__ep **out)

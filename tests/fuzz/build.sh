@@ -27,10 +27,11 @@ INC="-I$out/inc -I$srcdir/include -I$srcdir/src"
 # every product source but the programs (src/programs) and the verbs provider,
 # the out-of-date ones compiled in parallel (JOBS, default: the cpus)
 objs="" stale=""
-for src in "$srcdir"/src/*/*.c; do
-	layer=$(basename "$(dirname "$src")")
-	[ "$layer" = programs ] && continue
-	obj="$out/obj/${layer}_$(basename "$src" .c).o"
+for src in "$srcdir"/src/*/*.c "$srcdir"/src/*/*/*.c; do
+	[ -f "$src" ] || continue
+	rel=${src#"$srcdir"/src/}	# transport/tcp/tcp.c: object transport_tcp_tcp.o
+	[ "${rel%%/*}" = programs ] && continue
+	obj="$out/obj/$(echo "${rel%.c}" | tr / _).o"
 	if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ "$out/inc/config.h" -nt "$obj" ] ||
 	   [ -n "$(find "$srcdir/src" "$srcdir/include" -name '*.h' -newer "$obj" 2>/dev/null | head -1)" ]; then
 		stale="$stale $src"
@@ -38,13 +39,14 @@ for src in "$srcdir"/src/*/*.c; do
 	objs="$objs $obj"
 done
 if [ -n "$stale" ]; then
-	export CLANG CFLAGS_FUZZ SAN INC PKG_CFLAGS out
+	export CLANG CFLAGS_FUZZ SAN INC PKG_CFLAGS out srcdir
 	# shellcheck disable=SC2016
 	printf '%s\n' $stale | xargs -P "${JOBS:-$(nproc 2>/dev/null || echo 2)}" -I{} sh -c '
-		layer=$(basename "$(dirname "{}")") base=$(basename "{}" .c)
-		echo "  CC(fuzz) src/$layer/$base.c"
-		rm -f "$out/obj/${layer}_$base.o"
-		$CLANG $CFLAGS_FUZZ -fsanitize=fuzzer-no-link $SAN $INC $PKG_CFLAGS -c "{}" -o "$out/obj/${layer}_$base.o"'
+		rel=${1#"$srcdir"/src/}
+		obj=$(echo "${rel%.c}" | tr / _)
+		echo "  CC(fuzz) src/$rel"
+		rm -f "$out/obj/$obj.o"
+		$CLANG $CFLAGS_FUZZ -fsanitize=fuzzer-no-link $SAN $INC $PKG_CFLAGS -c "$1" -o "$out/obj/$obj.o"' sh {}
 fi
 rm -f "$out/libfuzzcore.a"
 ar rcs "$out/libfuzzcore.a" $objs

@@ -1,6 +1,6 @@
 /*
  * fuzz_tcp.c - libFuzzer harness for the TCP provider's wire decoding
- * (src/transport/tcp_*.c): the 72-byte handshake hello and the frame stream.
+ * (src/transport/tcp/tcp_*.c): the 72-byte handshake hello and the frame stream.
  *
  * The provider's glue (tcp.c) and connection set-up (tcp_conn.c) are
  * included whole, for the static functions the harness drives (the
@@ -24,8 +24,8 @@
  * RPS_FUZZ_WRITE_SEEDS=DIR: write seed inputs made with the provider's
  * own encoders (rps__tcp_hello_put, rps__tcp_hdr_put) to DIR and exit.
  */
-#include "../../src/transport/tcp.c"
-#include "../../src/transport/tcp_conn.c"
+#include "../../src/transport/tcp/tcp.c"
+#include "../../src/transport/tcp/tcp_conn.c"
 #include "proto/proto.h"
 #include "fuzz_common.h"
 

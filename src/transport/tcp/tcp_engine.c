@@ -7,7 +7,7 @@
  */
 #include "config.h"
 #include "common/common.h"
-#include "transport/tcp_int.h"
+#include "transport/tcp/tcp_int.h"
 
 #include <errno.h>
 #include <pthread.h>

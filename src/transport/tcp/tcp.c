@@ -15,7 +15,9 @@
  * the CQ the endpoint is bound to.  rps__post() only tries one non-blocking
  * writev and never waits for the socket.
  *
- * The pieces (tcp_int.h has what they share):
+ * The pieces, in src/transport/tcp/ (tcp_int.h has what they share; the
+ * interface they implement is ../provider.h):
+ *   tcp.c         this file: fabric, registration, CQs, endpoints, ops table
  *   tcp_codec.c   the wire format: handshake hello and frame header
  *   tcp_send.c    endpoint state and every frame out: posting work requests,
  *                 queueing and writing frames, failing an endpoint, receives
@@ -25,7 +27,7 @@
  */
 #include "config.h"
 #include "common/common.h"
-#include "transport/tcp_int.h"
+#include "transport/tcp/tcp_int.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -6,7 +6,7 @@
 #include "config.h"
 #include "common/common.h"
 #include "common/parse.h"
-#include "transport/tcp_int.h"
+#include "transport/tcp/tcp_int.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -73,6 +73,8 @@ static int fd_wait(int fd, short events, uint64_t deadline)
 	}
 }
 
+/* Not common/fsutil.h's rps__write_all: the socket is non-blocking, a dead
+ * peer must not raise SIGPIPE (MSG_NOSIGNAL), and the wait has a deadline. */
 static int fd_write_all(int fd, const void *buf, size_t len, uint64_t deadline)
 {
 	const uint8_t *p = buf;

@@ -41,7 +41,7 @@
  */
 #include "config.h"
 #include "common/common.h"
-#include "transport/tcp_int.h"
+#include "transport/tcp/tcp_int.h"
 
 #include <endian.h>
 #include <errno.h>

@@ -5,7 +5,7 @@
 #ifndef RPS_TCP_INT_H
 #define RPS_TCP_INT_H
 
-#include "transport/transport.h"
+#include "transport/provider.h"
 
 #include <endian.h>
 #include <pthread.h>
