@@ -94,7 +94,7 @@ struct rps_client_opts {
 				 * connections, and sync/bounded tensors opened
 				 * afterwards resume at the rank's next clock (see
 				 * rps_tensor_create) */
-	/* The key file proving who this worker is (README "Security"; made
+	/* The key file proving who this worker is (doc/security.md; made
 	 * by `psctl keygen`): NULL reads $RDMAPS_KEY_FILE.  With a key every
 	 * connection authenticates both ways; a worker key reaches only the
 	 * tensors under its scope, a reader key only pulls. */

@@ -1,6 +1,6 @@
 /*
  * connect.c - the connect test: what the handshake every connection starts
- * with costs (README "Security").  An admin channel (rps__ctl_open +
+ * with costs (doc/security.md).  An admin channel (rps__ctl_open +
  * close: the connect, AUTH and its answer) and a worker's client
  * (rps_client_connect + rps_client_close: fabric, buffers, HELLO, the
  * map), each to a one-server cluster with a key and to one without, in

@@ -20,7 +20,9 @@
  * parameter-like data and of zeros, against memcpy, in-process), reseed
  * (the re-replication rate: psctl set-replicas R timed until every
  * partition has R copies, against the raw bandwidth of the same path; a
- * cluster of its own).
+ * cluster of its own), group (small tensors pushed as one group, against
+ * the same tensors pushed one by one), connect (what the handshake costs:
+ * a connection to a server with a key, against one without).
  *
  * How figures are taken: latency columns come from blocking calls timed one
  * by one with CLOCK_MONOTONIC after the warm-up, every worker at once, the
@@ -35,13 +37,15 @@
  * (output.c).
  *
  * This file holds main and the flow of the roles; the rest, one job a file
- * (shared types and helpers in psperf_int.h):
+ * (shared types and helpers in psperf_int.h; tests/filemaps.sh checks that
+ * this names every file of perf/):
  *   options.c         usage, option parsing, the fabric and device address
  *   plan.c            the rows of every test
  *   worker.c          worker threads: tensors, one op, passes, merging
  *   servers.c         in-process servers; --server and its raw responders
  *   commit.c          the commit test
  *   reseed.c          the reseed test
+ *   connect.c         the connect test: what the handshake costs
  *   kernels.c         agg, crc, igzip in-process
  *   baselines.c       which raw op each row compares with; running them
  *   baseline_sock.c   plain sockets

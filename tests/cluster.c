@@ -281,8 +281,8 @@ static int cluster_attach(struct it_cluster *cl, int n, const char *list)
 	return *p ? -EINVAL : 0;
 }
 
-/* Every test cluster runs with a key, as a deployment does (README
- * "Security"): one cluster key for the whole program, in RDMAPS_KEY_FILE,
+/* Every test cluster runs with a key, as a deployment does
+ * (doc/security.md): one cluster key for the whole program, in RDMAPS_KEY_FILE,
  * which rdmapsd, psctl and librdmaps read (RPS_IT_NO_KEY=1: none). */
 static char key_dir[64];
 static pid_t key_owner;

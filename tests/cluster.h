@@ -181,7 +181,7 @@ static inline float it_randf(uint64_t *s)
 	return (float)((double)(it_rand(s) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
-/* ---- replicas: what the servers say (issue 12) ------------------------------
+/* ---- replicas: what the servers say -----------------------------------------
  * Servers started by it_cluster_start* are members 1..n (member id = index
  * + 1; a restart keeps it).  Each query runs in a forked child (no
  * transport state stays in the parent, which forks workers later). */

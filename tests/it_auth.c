@@ -1,5 +1,5 @@
 /*
- * it_auth.c - only key holders get in (README "Security"), against real
+ * it_auth.c - only key holders get in (doc/security.md), against real
  * rdmapsd processes on loopback:
  *  - no key, another cluster's key, a forged proof, a replayed handshake, a
  *    request before AUTH, a worker's proof on an admin connection: each
@@ -603,7 +603,7 @@ static void test_scopes(void)
 	rps_client_close(a);
 }
 
-/* Scopes do not leak through ranks, barriers or waits (issue 30 item 10):
+/* Scopes do not leak through ranks, barriers or waits (doc/security.md "Roles"):
  * a job B key's takeover spares job A's rank, a reader's takes over
  * nothing; a job B worker's barrier arrival does not release job A's, a
  * reader arrives at none; WAIT on a job A tensor id from job B is
@@ -695,7 +695,8 @@ static void test_scope_leaks(void)
 	rps_client_close(a);
 }
 
-/* Pre-authentication slots (issue 30 item 9): connections that have not
+/* Pre-authentication slots (doc/security.md "Connections that have not
+ * authenticated"): connections that have not
  * authenticated take no --max-connections or admin place, and go after
  * 3 s (rdmapsd(8)); once the authenticated workers fill the server, the
  * next is told "server full". */
@@ -760,7 +761,7 @@ static void test_preauth_slots(void)
 }
 
 /* A worker that finds a member full is told so by the ops that need it,
- * not "is rdmapsd running there?" (issue 32). */
+ * not "is rdmapsd running there?". */
 static void test_member_full(void)
 {
 	rps_client_t *cl;

@@ -1784,7 +1784,7 @@ static void test_several_tensors_threads(void)
 
 /* ---- bad input -------------------------------------------------------------- */
 
-/* ---- barrier size, a dead sync worker (issue 10, items 15 and 17) ---------- */
+/* ---- barrier size, a dead sync worker ------------------------------------- */
 
 /* Ranks 0 and 1 say num_workers 3; a third connection that says 1 arrives
  * once they wait.  It must not release them: refused, and they stay held
@@ -1876,7 +1876,7 @@ static int orphan_worker(int rank, int nworkers, const char *servers, void *arg,
 	return 0;
 }
 
-/* The default (issue 12): from 2 servers on, every partition has a
+/* The default (doc/design.md "Replication"): from 2 servers on, every partition has a
  * backup on the other server, from the start; the tests below train on
  * that. */
 static void test_default_replicas(void)
@@ -2335,7 +2335,7 @@ static int raw_create(struct raw_peer *p, const struct rps__create *c, struct rp
 
 /* A CREATE, then a bare CREATE header with status -1: the second is a
  * malformed request (the connection is dropped), never answered from the
- * body the first left in the receive buffer (issue 10, item 14). */
+ * body the first left in the receive buffer. */
 static void test_header_only_create_not_answered_from_stale_bytes(void)
 {
 	struct rps__conn_priv good = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };

@@ -1043,7 +1043,7 @@ static void test_add_remove(void)
 }
 
 /*
- * A server joins through a follower (issue 30): its --cluster names one
+ * A server joins through a follower: its --cluster names one
  * member that is not the leader, as rdmapsd(8) allows ("one is enough, in
  * any order").  Its id is the highest, so the leader never dials it: the
  * joiner must reach the leader itself, from what the follower tells it.
@@ -1731,7 +1731,7 @@ static void test_bad_input(void)
 	stop_all(&clu);
 }
 
-/* ---- a member that cannot be reached (issue 10, item 11) --------------------------- */
+/* ---- a member that cannot be reached ------------------------------------------------ */
 
 /* ADD_SERVER with an address that is not one: refused by the leader with a
  * line, never put in the map.  res: status, then the reply's text. */
@@ -2878,7 +2878,7 @@ static void test_remove_server_force_dead_member(void)
 }
 
 
-/* ---- failure detection and failover (issue 12) ----------------------------------- */
+/* ---- failure detection and failover ---------------------------------------------- */
 
 #define FAILOVER_MS 800		/* (leases every 80 ms: a loaded machine's stalls stay well below) */
 

@@ -1,6 +1,7 @@
 /*
  * it_durable.c - what a restart of rdmapsd keeps and what it says it lost
- * (issue 30, items 1 and 3), with real rdmapsd processes on loopback TCP,
+ * (doc/operations.md "Server death, without replicas", "The whole cluster
+ * stopped and started again"), with real rdmapsd processes on loopback TCP,
  * each with its --data-dir kept across restarts.
  *
  *  - R = 1: a server stopped with SIGTERM, killed with SIGKILL, and stopped
@@ -616,7 +617,7 @@ static void test_rolling_restarts(void)
 	CU_ASSERT_EQUAL(bad, 0);
 	/* every backup identical to its primary.  A member restarted just
 	 * before the end may still be listed as a backup, holding nothing,
-	 * until its drop commits and it is seeded again (README "Failures"):
+	 * until its drop commits and it is seeded again (doc/operations.md "Failures"):
 	 * a backup that cannot answer yet is waited for, one that answers
 	 * with another digest fails at once */
 	for (double until = it_now_s() + SETTLE_MS / 1000.0;;) {

@@ -1,6 +1,6 @@
 /*
  * it_failover.c - servers killed at awkward moments in a replicated cluster
- * (issue 12, tests a, d, e and g): rdmapsd processes with --replicas on
+ * (tests a, d, e and g below; doc/operations.md "Failures"): rdmapsd processes with --replicas on
  * loopback TCP, the leader placing and seeding the backups itself, workers
  * in forked processes, a server killed with SIGKILL.
  *

@@ -1,6 +1,7 @@
 /*
  * it_isolate.c - a primary cut off from its peers while workers still
- * reach it (issue 12, test f): three rdmapsd processes whose map gives
+ * reach it (doc/operations.md "A primary cut off from its peers while
+ * workers still reach it"): three rdmapsd processes whose map gives
  * every partition one backup (--replicas 2; RPS_FAULT=bootstrap-replicas-2:
  * partition p is owned by member p%3+1 and backed by (p+1)%3+1),
  * --failover-ms 3000 (lease 1500 ms), and a member that is not the Raft

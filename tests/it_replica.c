@@ -1,6 +1,6 @@
 /*
  * it_replica.c - multi-process integration tests of replicated partitions
- * (issue 12): three rdmapsd processes whose map gives every partition one
+ * (doc/operations.md "Server death, with replicas"): three rdmapsd processes whose map gives every partition one
  * backup (RPS_FAULT=bootstrap-replicas-2: partition p is owned by member
  * p%3+1 and backed by (p+1)%3+1), workers in forked processes pushing to
  * them over TCP on loopback, and a server killed with SIGKILL while pushes
@@ -546,7 +546,8 @@ static void test_async_primary_restarted(void)
 }
 
 /*
- * A client that arrives during a failover (issue 30): three servers, R=2,
+ * A client that arrives during a failover (doc/operations.md "Nobody
+ * listening"): three servers, R=2,
  * a tensor with data; a follower is killed with SIGKILL and at once, well
  * inside --failover-ms, a fresh client connects, opens the tensor and pulls.
  * The dead member refuses its connection, but its partitions have backups:

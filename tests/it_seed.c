@@ -1,5 +1,5 @@
 /*
- * it_seed.c - replicas without the test knob (issue 12, slice 3): three
+ * it_seed.c - replicas without the test knob: three
  * rdmapsd --replicas 2 on loopback TCP.  The Raft leader places a backup of
  * every partition on another server and seeds it; psctl status shows no
  * under-replication; after training, every backup holds exactly what its
@@ -12,7 +12,7 @@
  * exactly the number of pushes made.
  *
  * Sync, a step acknowledged in part before the partition had a backup
- * (issue 30, item 2): at R = 1, four workers, two sync Adam tensors; of
+ * (doc/operations.md "Server death, with replicas"): at R = 1, four workers, two sync Adam tensors; of
  * one step, ranks 0 and 2 push the first tensor (rank 0's summed, rank
  * 2's parked) and ranks 1 and 3 the second (rank 1's taken early, rank
  * 3's parked), all acknowledged plainly.  Then set-replicas 2 seeds a
@@ -377,7 +377,7 @@ static int train_many(int rank, int nworkers, const char *servers, void *arg, in
 }
 
 /*
- * Issue 30, moves: a client's memory keys are memory windows bound to its
+ * Moves: a client's memory keys are memory windows bound to its
  * connection, and a remote access error (the old owner's region after a
  * move) closes that connection.  The op that failed refreshes its own
  * tensor's keys on the new connection, but the client's other tensors must

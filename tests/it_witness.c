@@ -1,5 +1,6 @@
 /*
- * it_witness.c - who may form a cluster with whom (issue 30).
+ * it_witness.c - who may form a cluster with whom (doc/operations.md
+ * "Two servers: add a witness").
  *
  * A witness (item 5): two data servers and rdmapsd --witness, the third
  * address of --cluster, R = 2.  The witness proposes that it is one; the

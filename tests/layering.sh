@@ -1,5 +1,5 @@
 #!/bin/sh
-# The layers stay layers (README "Source tree"):
+# The layers stay layers (doc/design.md "Source tree"):
 #  1. only verbs/ includes <infiniband/*> or <rdma/*> (the product: src/,
 #     include/, perf/; tests of the verbs provider may look at verbs);
 #  2. a layer includes headers of itself and of the layers it may use, never
@@ -48,7 +48,7 @@ for f in "$top_srcdir"/src/*/*.[ch] "$top_srcdir"/src/*/*/*.[ch] "$top_srcdir"/v
 	layer=${layer#src/}
 	layer=${layer%%/*}
 	ok=$(allowed "$layer")
-	[ -n "$ok" ] || { bad "${f#"$top_srcdir"/}: in no known layer (add it to tests/layering.sh and README)"; continue; }
+	[ -n "$ok" ] || { bad "${f#"$top_srcdir"/}: in no known layer (add it to tests/layering.sh and doc/design.md)"; continue; }
 	for used in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([a-z]*\)\/.*/\1/p' "$f" | sort -u); do
 		case " $ok " in
 		*" $used "*) ;;

@@ -1,5 +1,6 @@
 /*
- * soak.c - `make check-soak`: a fault-injection soak (issue 30).
+ * soak.c - `make check-soak`: a fault-injection soak (doc/testing.md
+ * "Fault-injection soak").
  *
  * A cluster of rdmapsd processes on loopback (TCP; 3 servers, --replicas 2,
  * growing to 5 and back through add-server/remove-server) trains three
@@ -20,8 +21,9 @@
  *               checkpoint (one taken then if ckpt is off): it must hold a
  *               consistent cut of what was acknowledged while it was
  *               taken, on every replica.  Not under live training: a
- *               restore takes back acknowledged pushes by design (README:
- *               "Restore into a cluster whose workers have not started").
+ *               restore takes back acknowledged pushes by design
+ *               (doc/operations.md, "Checkpoints": "Restore into a
+ *               cluster whose workers have not started").
  * After each fault the map must settle (every partition owned and backed
  * by running members, nothing lost, moving or seeding, and every backup it
  * lists holding a copy) and every worker must make progress again: then

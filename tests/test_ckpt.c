@@ -780,7 +780,7 @@ static void test_list(void)
 	CU_ASSERT_EQUAL(n, 0);
 }
 
-/* Issue 10 item 7: symlinks planted under the writer's file names are never
+/* Symlinks planted under the writer's file names are never
  * followed, the file is private, and missing parents are not made. */
 static void test_writer_ignores_planted_symlinks(void)
 {

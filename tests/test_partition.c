@@ -11,7 +11,7 @@
  * (acknowledged before the partition had backups, never resent) is kept,
  * taken on by nothing while the server is a backup, forgotten once the
  * primary's step is applied there, and taken on in rank order once the
- * backup is promoted (issue 30, item 2).
+ * backup is promoted (doc/operations.md "Server death, with replicas").
  */
 #include "config.h"
 #include "common/common.h"

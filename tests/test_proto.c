@@ -159,7 +159,7 @@ static void test_error_reply_without_body(void)
 }
 
 /* A reply may be a bare header when it reports an error; a request never:
- * its handler would read a body that did not arrive (issue 10, item 14). */
+ * its handler would read a body that did not arrive. */
 static bool is_reply(unsigned type)
 {
 	switch (type) {

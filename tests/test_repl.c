@@ -534,7 +534,7 @@ static void test_async_identical(void)
 }
 
 /* A tensor created while its partitions had no backup (no regions on
- * B), the partitions then backed (slice 3 seeds such a backup first; here
+ * B), the partitions then backed (a running cluster seeds such a backup first; here
  * the tensor has no initial values, so zeros are its state everywhere):
  * the binding entry makes B allocate the regions it now backs, and the
  * pushes land there. */

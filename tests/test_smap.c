@@ -1895,7 +1895,7 @@ static void test_replica_determinism(void)
 	CU_ASSERT(ok[RPS__SMAP_FORCE_REMOVE] >= 10);
 }
 
-/* SET_WITNESS (issue 30 item 5): the member's partitions pass to their
+/* SET_WITNESS (doc/design.md "Small clusters: the witness"): the member's partitions pass to their
  * backups, it leaves every set, it is never placed again; the map keeps
  * version 3 bytes until a member has a flag, then says so in version 4. */
 static void test_witness(void)

@@ -1,6 +1,12 @@
 /*
  * verbs_int.h - what the files of the verbs provider share (verbs.c has the
  * overview).  Only verbs/ includes the verbs and rdma_cm headers.
+ *
+ * The files of verbs/ (tests/filemaps.sh checks that this names each):
+ *   verbs.c         the overview, shared helpers, the ops table
+ *   verbs_fabric.c  fabric, memory registration, QP state transitions, CQs
+ *   verbs_conn.c    endpoints, listening, accepting, connecting
+ *   verbs_post.c    posting, and the local CAS through a loopback QP
  */
 #ifndef RPS_VERBS_INT_H
 #define RPS_VERBS_INT_H

@@ -63,7 +63,7 @@ def _candidates() -> list:
         return [env]        # asked for: that one or an error, never another
     out = []
     here = os.path.dirname(os.path.abspath(__file__))
-    # the build tree: python/rdmaps/ -> ../../src/.libs (libtool's output)
+    # the build tree: python/rdmaps/ -> ../../.libs (libtool's output, at the top)
     for base in (os.path.join(here, "..", ".."),):
         libs = os.path.join(base, ".libs")
         out += sorted(glob.glob(os.path.join(libs, "librdmaps.so*")))

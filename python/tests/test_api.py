@@ -440,7 +440,7 @@ def test_tensor_hyper_not_finite(client, knob, value):
     assert e.value.errno == errno.ENOENT
 
 
-# ---- the loopback key (README "Security"): servers started without --key ----
+# ---- the loopback key (doc/security.md): servers started without --key ----
 
 def test_loopback_key_keeps_other_users_out(servers, tmp_path, monkeypatch):
     key = os.path.join(os.environ["RDMAPS_RUNTIME_DIR"], "loopback.key")

@@ -318,7 +318,7 @@ static bool worth_resending(const struct rps_client *cl, const struct shard_op *
 }
 
 /*
- * Ride-through (issue 12): an op whose connection was lost, on a partition
+ * Ride-through (doc/design.md "Failover and leases"): an op whose connection was lost, on a partition
  * that has backups in our map and whose owner there is still the server we
  * lost, is not an answer yet: that server may have died, and the control
  * plane then fails the partition over to a backup within a few failover

@@ -7,8 +7,14 @@
  *   tensor.c    tensors: create/open (where their shards live), info, close
  *   ops.c       the shard op state machines and the resources they hold
  *   progress.c  the progress engine, request completion and control calls
- *   connect.c   connection setup (HELLO), the shard map, its members
+ *   connect.c   connection setup (HELLO, the handshake), the shard map, its
+ *               members
  *   buffer.c    user memory registered for zero-copy pushes and pulls
+ *   group.c     small tensors pushed and pulled as one (rps_group_*)
+ *   launch.c    rps_client_opts_from_env: servers, rank and world size from
+ *               the launcher's variables
+ *   ctl.c       psctl's admin channel to one rdmapsd (ctl.h)
+ * (tests/filemaps.sh checks that this names every file of src/client/.)
  */
 #ifndef RPS_CLIENT_INT_H
 #define RPS_CLIENT_INT_H

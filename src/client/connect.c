@@ -332,7 +332,7 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
  * host dies nothing answers a dial (no reset, unlike a dead process on a
  * live host), so the dial blocks for its whole timeout, and a map refresh
  * dials with the client's lock held: every thread of the client would
- * stall that long in the middle of the failover (issue 12).
+ * stall that long in the middle of the failover.
  */
 static bool redial_wanted(const struct rps_client *cl, const struct conn *c)
 {
@@ -434,7 +434,7 @@ static int connect_endpoint_how(struct rps_client *cl, const struct rps__smap_me
 		 * attempt); one we never reached refused or is unreachable,
 		 * and, if nothing answered and its partitions have backups,
 		 * it may just have died with a failover under way (a client
-		 * that arrives during one, issue 30): its ops wait for that
+		 * that arrives during one): its ops wait for that
 		 * as if we had lost our connection to it now (client.c,
 		 * ride-through).  (One that answered to refuse us lives: no
 		 * failover is coming.) */

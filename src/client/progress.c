@@ -233,7 +233,7 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 	}
 	while ((op = c->active) != NULL) {
 		/* its shard is free for our next push (a resend to the
-		 * partition's new primary, issue 12), which goes elsewhere */
+		 * partition's new primary), which goes elsewhere */
 		if (op->shard_turn) {
 			op->shard_turn = false;
 			op->t->shard_busy[op->shard]--;
@@ -346,7 +346,7 @@ static bool process_silent(const struct conn *c, uint64_t now)
 }
 
 /*
- * Liveness probes (issue 12): when a whole host dies nothing tells us (no
+ * Liveness probes (doc/design.md "Failover and leases"): when a whole host dies nothing tells us (no
  * reset, no CM disconnect), and an op whose request already reached it
  * (a push waiting for its PUSH_ACK, a sync push for its step) has nothing
  * outstanding at the transport level that could fail: it would wait for

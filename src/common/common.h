@@ -6,6 +6,13 @@
  * buffer ("what failed: why: what to do") with rps__seterr() and returns a
  * negative errno.  The public API hands that line out through
  * rps_last_error().
+ *
+ * The files of src/common/ (tests/filemaps.sh checks that this names each):
+ *   err.c      per-thread error messages and process logging (this header)
+ *   fsutil.c   file-system helpers (fsutil.h)
+ *   parse.c    sizes and counts from the command line (parse.h)
+ *   topo.c     hwloc placement near the RDMA device (topo.h)
+ * crc.h (CRC-32C) and le.h (byte order) are headers only.
  */
 #ifndef RPS_COMMON_H
 #define RPS_COMMON_H

@@ -1,6 +1,6 @@
 /*
  * cp_failover.c - failure detection, primary leases and FAILOVER proposals
- * (issue 12, design section 3).
+ * (doc/design.md "Failover and leases").
  *
  * Every member sends LEASE {seq, t_send} to the Raft leader every
  * failover_ms / 10, t_send read on its own CLOCK_BOOTTIME (a suspended or
@@ -20,8 +20,8 @@
  * and proposes, in one batch and again until the map shows them applied:
  * FAILOVER for each partition the member was primary of that has a live
  * backup, REPLICA_DROP where it was a backup, REPLICA_ABORT where it was
- * being seeded.  A partition without backups (R = 1: every cluster until
- * replicas are configured) gets nothing: as before, the operator removes
+ * being seeded.  A partition without backups (R = 1: a single server, or
+ * --replicas 1) gets nothing: as before, the operator removes
  * the dead server (psctl remove-server --force).
  *
  * The timing argument.  Clocks drift at most rho (assumed 1e-3; quartz is
@@ -299,11 +299,14 @@ static void waits_expire(struct cp_failover *fo, uint64_t now)
 
 /* The backup of p to promote when its primary failed, 0 if none is live.
  *
- * HOOK (design 3.3): the leader should ask the live backups for their
- * applied stream seq (REPL_STATUS, waiting at most failover_ms / 4) and
- * take the highest (ties: map order), dropping backups at another seq in the
- * same FAILOVER.  That needs the replication stream; until it exists this
- * takes the first live backup in map order and keeps every other live one. */
+ * The first live backup in map order; every other live one is kept.  They
+ * may differ only in entries no worker was told of (a primary acknowledges
+ * what every replica applied): a kept backup that applied an entry more
+ * than the new primary refuses the new primary's next entry (its seq does
+ * not follow), its stream breaks, and it is dropped and seeded again
+ * (doc/design.md "Failover and leases").  Asking the live backups for
+ * their applied seq and promoting the highest would spare that seeding;
+ * not done. */
 static uint64_t choose_new_primary(const struct rps__cplane *cp, uint32_t p)
 {
 	const struct rps__smap_part *mp = &cp->map.parts[p];

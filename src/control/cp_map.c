@@ -311,7 +311,7 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp, struct rps__smap *m)
 	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "bootstrap-replicas-")))
 		return rps__smap_init_replicated(m, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
 						 (uint32_t)atoi(strstr(getenv("RPS_FAULT"), "bootstrap-replicas-") + 19));
-	/* R = 2 from 2 servers on (issue 12's default), with the backups in the
+	/* R = 2 from 2 servers on (the default, doc/design.md), with the backups in the
 	 * map from the start: nothing is stored yet, so nothing is seeded.  It
 	 * depends on --cluster alone, never on this member's --replicas: every
 	 * founding member builds this map by itself, and they must all agree.

@@ -1,6 +1,6 @@
 /*
- * cp_replicas.c - replica sets in a running cluster (issue 12, design
- * section 4): the leader places backups (REPLICA_BEGIN where a partition
+ * cp_replicas.c - replica sets in a running cluster (doc/design.md
+ * "Replication"): the leader places backups (REPLICA_BEGIN where a partition
  * has fewer copies than the target R, REPLICA_DROP where it has more), the
  * primary and the joiner seed a new backup, and --replicas / --zone reach
  * the map.

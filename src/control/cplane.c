@@ -3,7 +3,7 @@
  * of the shard map, the connections to the other servers it talks over, the
  * moves of partitions, and psctl's requests.
  *
- * Everything here runs on the serving thread, between completions: Raft
+ * Everything here runs on the (first) serving thread, between completions: Raft
  * ticks and move duties are timers of the server loop, Raft messages arrive
  * as SEND/RECV on peer connections (verbs or TCP, the transport does not
  * matter here), and a moved partition travels as one RDMA READ by the new
@@ -37,7 +37,9 @@
  * data plane (server/dataplane.h) is reached only through the ops table it
  * was given, and calls back through the hooks set up here.  Files: this one
  * (start, stop, the hooks, timers), cp_peers.c, cp_moves.c, cp_map.c
- * (applying the map, proposals), cp_admin.c (psctl), ckpt_srv.c.
+ * (applying the map, proposals), cp_failover.c (failure detection, leases,
+ * FAILOVER), cp_replicas.c (replica sets, seeding), cp_admin.c (psctl),
+ * ckpt_srv.c; cplane_int.h has the map of the whole folder.
  */
 #include "config.h"
 #include "common/common.h"

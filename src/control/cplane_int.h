@@ -1,9 +1,30 @@
 /*
- * cplane_int.h - what the files of the control plane share (cplane.c: start,
- * stop, timers, the hooks the server loop calls; cp_peers.c; cp_moves.c;
- * cp_map.c: applying the map and proposals; cp_admin.c: psctl; ckpt_srv.c:
- * checkpoints).  The control plane reaches the data plane only through the
- * ops table it was given (server/dataplane.h).
+ * cplane_int.h - what the files of the control plane share.  The control
+ * plane reaches the data plane only through the ops table it was given
+ * (server/dataplane.h).
+ *
+ * The files of src/control/ (tests/filemaps.sh checks that this names each):
+ *   cplane.c          start, stop, timers, the hooks the server loop calls
+ *   cp_peers.c        connections to the other servers
+ *   cp_map.c          applying the shard map, proposals
+ *   cp_moves.c        moves of partitions
+ *   cp_failover.c     failure detection, primary leases, FAILOVER proposals
+ *   cp_replicas.c     replica sets: placing backups, seeding them,
+ *                     --replicas and --zone, the witness
+ *   cp_admin.c        psctl's requests, the leader's membership duties
+ *   ckpt_srv.c        checkpoints and restores on the server's side
+ *   ckpt.c            checkpoint files (ckpt.h)
+ *   daemon.c          a server node: its data plane(s) and the control
+ *                     plane over them (daemon.h)
+ *   rnode.c           a Raft node: the core over its log on disk (rnode.h)
+ *   raft.c raft_log.c raft_tracker.c raft_quorum.c raft_confchange.c
+ *   raft_msg.c raft_rawnode.c
+ *                     the I/O-free Raft core (raft.h; raft_int.h says which
+ *                     file holds what)
+ *   wal.c wal_open.c wal_replay.c wal_snap.c
+ *                     the Raft log and snapshots on disk (wal.h, wal_int.h)
+ * doc/design.md has the design ("The control plane", "Replicated
+ * partitions and failover").
  */
 #ifndef RPS_CPLANE_INT_H
 #define RPS_CPLANE_INT_H

@@ -22,6 +22,10 @@
  *
  * Sources may sit at any byte offset (they come straight from network
  * buffers); n may be 0.  acc / dst and src must not overlap.
+ *
+ * The files of src/kernels/ (tests/filemaps.sh checks that this names
+ * each): agg.c, the aggregation of this header; optim.c, the optimizers
+ * (optim.h).
  */
 #ifndef RPS_AGG_H
 #define RPS_AGG_H

@@ -1,7 +1,17 @@
 /*
  * psctl_int.h - what the pieces of psctl share: the options, the leader as
  * found, the helpers and requests in psctl.c, and the commands main runs
- * (psctl_status.c, psctl_moves.c, psctl_ckpt.c).
+ * (psctl_status.c, psctl_moves.c, psctl_ckpt.c, psctl_ranks.c).
+ *
+ * The files of src/programs/ (tests/filemaps.sh checks that this names each):
+ *   rdmapsd.c        the server daemon (its node is control/daemon.c)
+ *   psctl.c          psctl: main, options, helpers, requests
+ *   psctl_status.c   psctl status
+ *   psctl_moves.c    move, add-server, remove-server, forget-lost,
+ *                    transfer-leader, set-replicas
+ *   psctl_ckpt.c     checkpoint and restore
+ *   psctl_ranks.c    remove-rank
+ * and rdmapsd.service.in, the systemd unit.
  */
 #ifndef RPS_PSCTL_INT_H
 #define RPS_PSCTL_INT_H

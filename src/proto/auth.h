@@ -1,6 +1,6 @@
 /*
  * auth.h - keys and the mutual challenge-response every connection starts
- * with (README "Security").
+ * with (doc/security.md, "How it works").
  *
  * One secret per cluster, the cluster key, held by the servers.  Every other
  * key is derived from it: K(role, scope) = HMAC-SHA256(cluster key,
@@ -106,7 +106,8 @@ uint64_t rps__key_id(const uint8_t *secret, size_t len);
 /* The key path given, else $RDMAPS_KEY_FILE, else NULL. */
 const char *rps__key_path(const char *given);
 /*
- * This user's loopback key (README "Security"): what protects a server
+ * This user's loopback key (doc/security.md "Loopback too, with nothing to
+ * type"): what protects a server
  * started without --key (and without --insecure) from the host's other
  * users.  One cluster key per user, in $RDMAPS_RUNTIME_DIR/loopback.key,
  * else ~/.rdmaps/loopback.key (the directory mode 0700, the file 0600,

@@ -19,6 +19,13 @@
  * Structures are fixed-layout, host byte order; HELLO carries a magic that
  * reveals a byte-order mismatch.  rps__msg_check() validates everything a
  * peer controls (length, type, terminated strings) before a body is used.
+ *
+ * The files of src/proto/ (tests/filemaps.sh checks that this names each):
+ *   proto.c       building and validating wire messages (this header)
+ *   shard.c       tensor placement and shard layout, the lock word (shard.h)
+ *   smap.c        the shard map's state machine (smap.h)
+ *   smap_codec.c  the shard map's wire formats and printing (smap.h)
+ *   auth.c        key files, key derivation, the handshake's MACs (auth.h)
  */
 #ifndef RPS_PROTO_H
 #define RPS_PROTO_H
@@ -386,7 +393,7 @@ struct rps__rank_rep {
  * The last RPS__PROBE_AREA bytes of the map buffer (after the longest
  * encoded map): what a server that can no longer reach a Raft majority
  * tells workers, which read it with the map and with their liveness
- * probes (issue 30 item 5).  A worker blocked by a dead member that cannot
+ * probes (doc/design.md "Small clusters: the witness").  A worker blocked by a dead member that cannot
  * be failed over (two voters, one dead) gets this, not a timeout.
  * All zero while the server has a majority (or knows of nothing wrong).
  */

@@ -13,7 +13,12 @@
  * Up: the loop calls the hooks registered with rps__dp_set_hooks (as Redis
  * ae.c calls its file and timer events): control-plane messages, lost
  * connections, finished READs, peers, timers, and fini at destroy.
- * Everything runs on the serving thread.
+ * Threads: one data plane runs on one thread, its loop's.  With serving
+ * threads (rdmapsd --threads N, threads.c) there are N data planes; the
+ * control plane and the hooks run on the first one's thread, and an op of
+ * another one runs on that one's thread, between two turns of its loop
+ * (its mailbox), while the caller waits: no op ever runs beside the loop
+ * of the data plane it touches.
  */
 #ifndef RPS_DATAPLANE_H
 #define RPS_DATAPLANE_H

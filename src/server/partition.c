@@ -122,10 +122,12 @@ void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoc
  *
  * The stream state: srv->repl_seq[part] is the seq of the last entry this
  * server applied as a backup, and the seq a primary numbers its next entry
- * after.  It is kept as it is: the FAILOVER keeps only backups that applied
- * the same entries (design 3.3), so the first entry we ship, repl_seq + 1,
- * is exactly the one they expect next, and no REPL_RESUME exchange is
- * needed.  What the old primary still has in flight to us is refused by the
+ * after.  It is kept as it is, so the first entry we ship, repl_seq + 1,
+ * is exactly the one a kept backup that applied the same entries expects
+ * next, and no REPL_RESUME exchange is needed.  One that applied an entry
+ * more (the old primary's last, never acknowledged) refuses it, its stream
+ * breaks and the map drops it; it is seeded again (doc/design.md "Failover
+ * and leases").  What the old primary still has in flight to us is refused by the
  * epoch check (repl_backup.c): its epoch is older than the map's now.
  *
  * Lock words: the old primary's workers took and released them on its
@@ -866,7 +868,7 @@ void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoc
 }
 
 /*
- * The read fence (issue 12).  The lease fences acknowledgements (push.c,
+ * The read fence (doc/design.md "The read fence").  The lease fences acknowledgements (push.c,
  * repl.c), but a worker READs a primary's shards one-sidedly and never asks
  * it: a primary cut off from its peers whose partitions failed over would
  * go on handing workers that still hold its regions the values it had,

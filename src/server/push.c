@@ -240,8 +240,10 @@ void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t l
 		if (rps__srv_repl_part(srv, s->part)) {
 			/* the step's last contribution reserved the credits
 			 * (sync_take: reserved); a removal completing it does here.
-			 * TODO(slice 2b): a removal that finds no credit leaves
-			 * the step complete but unapplied until the next call */
+			 * Not handled: a removal that finds no credit leaves the
+			 * step complete but unapplied until this runs again (a
+			 * later removal of a rank of the tensor); nothing retries
+			 * it when the credits come back. */
 			if (!reserved && rps__srv_repl_reserve(srv, t, s->part))
 				return;
 			s->next_rank = 0;
@@ -449,7 +451,7 @@ static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, s
 }
 
 /* A worker key covers the tensors under its scope only, a reader key no
- * push at all (README "Security"): refused, and a lock the push names and
+ * push at all (doc/security.md "Roles"): refused, and a lock the push names and
  * its connection holds is let go, so no one waits for its lease. */
 static bool refuse_out_of_scope(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
 				struct shard *s, const struct rps__push_desc *d)

@@ -1,7 +1,8 @@
 /*
  * repl.c - the replication stream: a primary ships every update of a
  * partition that has backups to each of them, and publishes and
- * acknowledges it only once all of them applied it (issue 12).
+ * acknowledges it only once all of them applied it (doc/design.md
+ * "Replication").
  *
  * One REPL connection per (primary server, backup server), dialed by the
  * one with the higher member id, carries every partition between them

@@ -19,13 +19,8 @@
  * is never stored by this CPU: a lease that expired, or the lock of a worker
  * that disconnected, is broken with rps__local_cas (through the HCA).
  *
- * Files: this one (create, destroy, memory accounting, the loop), conn.c
- * (connections, replies), push.c (pushes, publishing, lock words),
- * requests.c (HELLO, CREATE, WAIT, BARRIER), tensor.c (tensors and their
- * regions), partition.c, hold.c and dataplane.c (what the control plane
- * calls, dataplane.h), apply.c (applying an update, shared with backups),
- * repl.c (the replication stream to backups) and dial.c (outgoing
- * connections while they are under way).
+ * This file: create, destroy, memory accounting, the loop.  The other
+ * files of the data plane, and what each holds: server_int.h.
  */
 #include "config.h"
 #include "server/server.h"

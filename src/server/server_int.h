@@ -1,13 +1,33 @@
 /*
- * server_int.h - what the files of the data plane share (server.c: create,
- * destroy and the loop; conn.c: connections and replies; push.c: pushes,
- * publishing and lock words; requests.c: workers' control messages;
- * tensor.c: tensors and their regions; partition.c: the partition API;
- * hold.c: checkpoints; dataplane.c: the ops the control plane calls;
- * apply.c: applying an update, the same on primary and backups; repl.c
- * and repl_backup.c: the replication stream).
- * Private to src/server: the layer above sees struct rps__server only
- * through dataplane.h.
+ * server_int.h - what the files of the data plane share.  Private to
+ * src/server: the layer above sees struct rps__server only through
+ * dataplane.h.
+ *
+ * The files of src/server/ (tests/filemaps.sh checks that this names each):
+ *   server.c       create, destroy, memory accounting and the loop
+ *   conn.c         connections and replies; memory windows bound to one
+ *                  connection
+ *   auth.c         the server's side of the handshake (proto/auth.h)
+ *   dial.c         outgoing connections (peers, replication) while they are
+ *                  under way
+ *   requests.c     workers' control messages (HELLO, CREATE, WAIT, BARRIER)
+ *                  and key scopes
+ *   push.c         pushes, publishing and lock words
+ *   apply.c        applying an update, the same on primary and backups
+ *   tensor.c       tensors and their regions
+ *   partition.c    the partition API: fences, images, promotion, the read
+ *                  fence
+ *   hold.c         checkpoints: the hold, the copies, installing a restore
+ *   dataplane.c    the ops the control plane calls (dataplane.h)
+ *   repl.c         the replication stream, the primary's side, and what
+ *                  both sides share: pairing, messages, a broken stream
+ *                  (rps__srv_repl_conn_gone, rps__srv_repl_diverged)
+ *   repl_backup.c  the replication stream, the backup's side: accepting a
+ *                  primary, applying its entries
+ *   threads.c      serving threads (rdmapsd --threads N): N data planes, one
+ *                  ops table over them
+ * doc/design.md ("Replicated partitions and failover", "Serving threads")
+ * has the design of the last three.
  */
 #ifndef RPS_SERVER_INT_H
 #define RPS_SERVER_INT_H
@@ -35,8 +55,8 @@
  * budget of their own, per port, and per source address within it; past
  * it the oldest waiting one (of that address) is closed.  They count
  * against --max-connections and the admin slots only once authenticated,
- * and hold one small buffer each until then (rdmapsd(8), README
- * "Security"). */
+ * and hold one small buffer each until then (rdmapsd(8), doc/security.md
+ * "Connections that have not authenticated"). */
 #define PREAUTH_MAX 256u
 #define PREAUTH_PER_HOST 64u
 #define PREAUTH_MSG_MAX RPS__MSG_MAX	/* AUTH, AUTH_REP and AUTH_DONE fit */
@@ -553,7 +573,8 @@ void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const str
 			      const void *body);
 const char *rps__srv_repl_fingerprint(struct rps__server *srv);
 uint32_t rps__srv_repl_slot_size(const struct rps__server *srv);
-/* repl_backup.c: the backup's side */
+/* the stream's connections: repl_backup.c (accepted, on_hello,
+ * backup_turn; and rps__srv_repl_on_entry above) and repl.c (the rest) */
 int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c);
 /* a backup with a higher member id dialed us for its stream */
 void rps__srv_repl_rev_accepted(struct rps__server *srv, struct conn *c);
@@ -689,7 +710,8 @@ static inline bool rps__srv_part_serving(const struct rps__server *srv, uint32_t
 
 /* Does this server hold its primary lease at now_ns (rps__dp_boottime_ns)?
  * A primary of a partition with backups acknowledges nothing without it
- * (design 2.7; the control plane renews it, cp_failover.c). */
+ * (doc/design.md "Failover and leases"; the control plane renews it,
+ * control/cp_failover.c). */
 static inline bool rps__srv_lease_held(const struct rps__server *srv, uint64_t now_ns)
 {
 	return now_ns < srv->lease_until;

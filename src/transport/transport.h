@@ -45,6 +45,11 @@
  *    send queue is full, and the caller polls and retries.
  *  - rps__post() on one endpoint may be called from several threads.
  *    rps__cq_poll() on one CQ is called by one thread at a time.
+ *
+ * The files of src/transport/ (tests/filemaps.sh checks that this names
+ * each): transport.c, the dispatch to the provider; uri.c, endpoint
+ * addresses (uri.h); the TCP provider, tcp.c (its overview) with
+ * tcp_codec.c, tcp_send.c, tcp_engine.c and tcp_conn.c (tcp_int.h).
  */
 #ifndef RPS_TRANSPORT_H
 #define RPS_TRANSPORT_H

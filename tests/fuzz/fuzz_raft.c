@@ -14,7 +14,7 @@
  * never go down, entries consecutive with non-decreasing terms, commit
  * within the log) and every message it sends must encode and decode back
  * to the same bytes.  A violation aborts: a node that does this would
- * persist state it cannot restart from (issue 10 item 3).
+ * persist state it cannot restart from.
  */
 #include "config.h"
 #include "fuzz_common.h"

@@ -210,7 +210,7 @@ static void write_seeds(const char *dir)
 		memcpy(h.data, &priv, sizeof(priv));
 		rps__tcp_hello_put(buf, &h);
 		seed(dir, "hello-connect", 0, buf, TCP_HELLO_SIZE);
-		/* issue 10 item 9: the largest depths a hello may announce */
+		/* the largest depths a hello may announce */
 		h.sq_depth = h.rq_depth = TCP_MAX_DEPTH;
 		rps__tcp_hello_put(buf, &h);
 		seed(dir, "issue10-item9-hello-max-depth", 0, buf, TCP_HELLO_SIZE);

@@ -214,7 +214,7 @@ static void gen_raft(void)
 		n += chunk(in + n, 1 | 12 << 2, NULL, 0);
 		put("raft", "leader-propose-acks", in, n);
 	}
-	/* issue 10 item 3: an APP_RESP with term 2^64-1 to a one-voter leader;
+	/* an APP_RESP with term 2^64-1 to a one-voter leader;
 	 * it adopts the term, then campaigns at term 0 and writes an entry
 	 * whose term went down */
 	{
@@ -361,7 +361,7 @@ static void gen_proto(void)
 		put("proto", "push-desc", buf, 64 + 32);
 	}
 	{
-		/* issue 10 item 14: HELLO_REP of 24 bytes with status -1 (libFuzzer found it) */
+		/* HELLO_REP of 24 bytes with status -1 (libFuzzer found it) */
 		static const uint8_t item14[] = {
 			0x53, 0x50, 0x02, 0x00, 0x18, 0x00, 0x00, 0x00, 0x01, 0x00, 0x04, 0x00,
 			0x00, 0x00, 0x00, 0xf8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00,
@@ -555,7 +555,7 @@ static void gen_admin(void)
 	a.op = RPS__ADMIN_MOVE;
 	a.part = 5;
 	admin("move-to-2", 1, &a, sizeof(a));
-	/* issue 10 item 11: the server took a member uri psctl would refuse */
+	/* the server took a member uri psctl would refuse */
 	a.op = RPS__ADMIN_ADD_SERVER;
 	a.id = 3;
 	snprintf(a.uri, sizeof(a.uri), "\x01\x02garbage");

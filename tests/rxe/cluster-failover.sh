@@ -1,5 +1,6 @@
 #!/bin/sh
-# tests/rxe/cluster-failover.sh: whole-host death over real RDMA (issue 12).
+# tests/rxe/cluster-failover.sh: whole-host death over real RDMA (doc/testing.md
+# "Whole-host death over Soft-RoCE").
 # `make check-rxe-cluster` runs it in each of 3 Soft-RoCE VMs (tests/rxe/vm
 # cluster): VM k runs rdmapsd member k on verbs://10.9.0.k, every partition
 # with one backup on another VM; VM 1 also runs it_replica's async test

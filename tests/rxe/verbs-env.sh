@@ -10,8 +10,8 @@ if [ -z "$addr" ]; then
 	echo "SKIP: no RDMA device with an IPv4 address here (run make check-rxe for a Soft-RoCE VM)"
 	exit 77
 fi
-# Every verbs test runs with a key, as a deployment does (README
-# "Security"): the servers listen on the device's address, beyond loopback.
+# Every verbs test runs with a key, as a deployment does
+# (doc/security.md): the servers listen on the device's address, beyond loopback.
 if [ -z "${RDMAPS_KEY_FILE:-}" ]; then
 	RDMAPS_KEY_FILE=$(mktemp -d "${TMPDIR:-/tmp}/rps-verbs-key.XXXXXX")/cluster.key
 	./psctl keygen "$RDMAPS_KEY_FILE" >/dev/null || { echo "FAIL: psctl keygen"; exit 1; }
