@@ -48,8 +48,8 @@
  *
  * The files of src/transport/ (tests/filemaps.sh checks that this names
  * each): transport.c, the dispatch to the provider; uri.c, endpoint
- * addresses (uri.h); the TCP provider, tcp.c (its overview) with
- * tcp_codec.c, tcp_send.c, tcp_engine.c and tcp_conn.c (tcp_int.h).
+ * addresses (uri.h).  The TCP provider is in src/transport/tcp/ (its map:
+ * the top comment of tcp/tcp.c).
  */
 #ifndef RPS_TRANSPORT_H
 #define RPS_TRANSPORT_H

@@ -16,7 +16,8 @@
  * writev and never waits for the socket.
  *
  * The pieces, in src/transport/tcp/ (tcp_int.h has what they share; the
- * interface they implement is ../provider.h):
+ * interface they implement is ../provider.h; tests/filemaps.sh checks that
+ * this map names each):
  *   tcp.c         this file: fabric, registration, CQs, endpoints, ops table
  *   tcp_codec.c   the wire format: handshake hello and frame header
  *   tcp_send.c    endpoint state and every frame out: posting work requests,
