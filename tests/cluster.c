@@ -80,23 +80,58 @@ static const char *rdmapsd_path(void)
 	return p ? p : "./rdmapsd";
 }
 
-/* An ephemeral port that is free right now (the kernel picks it). */
-static uint16_t free_port(const char *addr)
+/* Can port be bound on addr right now? */
+static bool port_free(const char *addr, uint32_t port)
 {
 	struct sockaddr_in sin;
-	socklen_t len = sizeof(sin);
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	uint16_t port = 0;
+	bool ok;
 
 	memset(&sin, 0, sizeof(sin));
 	sin.sin_family = AF_INET;
+	sin.sin_port = htons((uint16_t)port);
 	inet_pton(AF_INET, addr, &sin.sin_addr);
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&sin, &len) == 0)
-		port = ntohs(sin.sin_port);
+	ok = fd >= 0 && bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0;
 	if (fd >= 0)
 		close(fd);
-	return port;
+	return ok;
+}
+
+/* The lowest port the kernel hands out as an ephemeral one (a connect's
+ * local port). */
+static uint32_t ephemeral_low(void)
+{
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	unsigned lo = 32768, hi = 60999;
+
+	if (f) {
+		if (fscanf(f, "%u %u", &lo, &hi) != 2)
+			lo = 32768;
+		fclose(f);
+	}
+	return lo;
+}
+
+/* A port that is free right now, below the ephemeral range: rdmapsd binds
+ * it a moment later, and an ephemeral port could be taken meanwhile by
+ * any connect() on the machine (the suites run in parallel: one lost
+ * its --threads 3 ports so).  Random, so that suites starting together
+ * pick apart. */
+static uint16_t free_port(const char *addr)
+{
+	static unsigned seed;
+	uint32_t low = 10000, high = ephemeral_low();
+
+	if (!seed)
+		seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+	if (high <= low + 1024)
+		high = 65000, low = 61000;	/* (an unusual range: above it) */
+	for (int tries = 0; tries < 256; tries++) {
+		uint32_t p = low + (uint32_t)rand_r(&seed) % (high - low - 64);
+		if (port_free(addr, p))
+			return (uint16_t)p;
+	}
+	return 0;
 }
 
 /* rdmapsd --threads from RPS_IT_THREADS (the suite runs with 1 and 2):
@@ -111,8 +146,7 @@ unsigned it_threads(void)
 
 /* A port that is free right now with the n - 1 after it (serving
  * threads), and none of them a port the cluster's first `upto` servers
- * got (the kernel may hand the same ephemeral port out twice in a row:
- * two servers of one cluster once got one port). */
+ * got (a port is free until its server binds it). */
 static uint16_t free_ports(const struct it_cluster *cl, int upto, unsigned n)
 {
 	const char *addr = cl->addr;
@@ -123,17 +157,8 @@ static uint16_t free_ports(const struct it_cluster *cl, int upto, unsigned n)
 		bool ok = p && (uint32_t)p + n - 1 <= 65535;
 		for (int j = 0; ok && j < upto; j++)
 			ok = (uint32_t)p + n <= cl->port[j] || p >= (uint32_t)cl->port[j] + n;
-		for (k = 1; ok && k < n; k++) {
-			struct sockaddr_in sin;
-			int fd = socket(AF_INET, SOCK_STREAM, 0);
-			memset(&sin, 0, sizeof(sin));
-			sin.sin_family = AF_INET;
-			sin.sin_port = htons((uint16_t)(p + k));
-			inet_pton(AF_INET, addr, &sin.sin_addr);
-			ok = fd >= 0 && bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0;
-			if (fd >= 0)
-				close(fd);
-		}
+		for (k = 1; ok && k < n; k++)
+			ok = port_free(addr, (uint32_t)p + k);
 		if (ok)
 			return p;
 	}
