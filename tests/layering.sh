@@ -4,7 +4,8 @@
 #     include/, perf/; tests of the verbs provider may look at verbs);
 #  2. a layer includes headers of itself and of the layers it may use, never
 #     of a layer above it;
-#  3. librdmaps.so defines no symbol of the server or the control plane, so
+#  3. librdmaps.so defines no symbol of the server, the control plane or
+#     psctl's admin channel, so
 #     the version script hides nothing that should not be there;
 #  4. the data plane calls nothing of the control plane: librps_server.a
 #     leaves no control-plane symbol undefined (the control plane reaches
@@ -70,13 +71,15 @@ hits=$(cd "$top_srcdir" && grep -rlE --include='*.[ch]' '^[[:space:]]*#[[:space:
 	src include perf tests python verbs 2>/dev/null | grep -vE '^src/transport/tcp/' || true)
 [ -z "$hits" ] || bad "outside src/transport/tcp/, these include the TCP provider's headers: $(echo $hits)"
 
-# 3. no server or control-plane code in the client library
+# 3. no server or control-plane code in the client library, nor psctl's
+#    admin channel (src/client/ctl.c: its own convenience library)
 so=$top_builddir/.libs/librdmaps.so
 if [ -f "$so" ]; then
 	tmp=$(mktemp -d "${TMPDIR:-/tmp}/layering.XXXXXX")
 	trap 'rm -rf "$tmp"' EXIT
 	nm --defined-only "$so" | awk '{ print $3 }' | sort -u >"$tmp/lib"
-	for a in "$top_builddir"/src/server/.libs/librps_server.a "$top_builddir"/src/control/.libs/librps_control.a; do
+	for a in "$top_builddir"/src/server/.libs/librps_server.a "$top_builddir"/src/control/.libs/librps_control.a \
+		"$top_builddir"/src/client/.libs/librps_ctl.a; do
 		[ -f "$a" ] || { bad "no $a: build first"; continue; }
 		nm --defined-only "$a" 2>/dev/null | awk 'NF == 3 && $2 ~ /[TDBR]/ { print $3 }' | sort -u >"$tmp/srv"
 		leaked=$(comm -12 "$tmp/lib" "$tmp/srv")

@@ -1,6 +1,6 @@
 /*
  * test_auth.c - unit tests of keys and the handshake's proofs
- * (src/proto/auth.c): key files (made, read, refused), derivation bound to
+ * (src/proto/auth_keys.c, auth_handshake.c): key files (made, read, refused), derivation bound to
  * role and scope, the connector's and the server's halves against each
  * other, and every way a proof must fail: another key, another role,
  * another scope, a replayed transcript, another pair of endpoints, a

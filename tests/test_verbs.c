@@ -1371,7 +1371,7 @@ static int errors_client(int port_fd, int ready_fd)
 	fprintf(stderr, "    oversized SEND at the sender: %s\n", rps__wc_status_str(wc.status));
 	CHECK(wc.wr_id == 5 && wc.ep == ep);
 	/* the receiver NAKs it, unless its QP went to ERR first (its error
-	 * completion moves it there: rps__verbs_ep_set_error), which drops
+	 * completion moves it there: verbs_fabric.c's ep_set_error), which drops
 	 * the packet: then our retries run out (seen on rxe) */
 	CHECK(wc.status == RPS__WC_REM_OP_ERR || wc.status == RPS__WC_RETRY_EXC_ERR);
 	CHECK(rps__ep_is_error(ep));

@@ -599,7 +599,7 @@ static struct v_ep *v_table_find(struct v_cq *c, uint32_t qpn)
  * once more anyway: rxe flushes the receive queue only when its responder
  * runs, and a receive posted around the error would otherwise never
  * complete.  rps__verbs_post_recv does the same for receives posted later. */
-void rps__verbs_ep_set_error(struct v_ep *ep)
+static void ep_set_error(struct v_ep *ep)
 {
 	if (!__atomic_exchange_n(&ep->base.error, 1, __ATOMIC_SEQ_CST))
 		rps__verbs_qp_error(ep->qp);
@@ -717,7 +717,7 @@ static enum rps__wc_opcode v_opcode(int op)
 }
 
 /* Under c->lock.  Returns 1 if *out is a completion for the consumer. */
-int rps__verbs_translate(struct v_cq *c, const struct ibv_wc *iw, struct rps__wc *out)
+static int translate(struct v_cq *c, const struct ibv_wc *iw, struct rps__wc *out)
 {
 	struct v_ep *ep = v_table_find(c, iw->qp_num);
 	uint64_t seq;
@@ -732,7 +732,7 @@ int rps__verbs_translate(struct v_cq *c, const struct ibv_wc *iw, struct rps__wc
 		atomic_fetch_add_explicit(&ep->rq_done, 1, memory_order_release);
 		out->opcode = RPS__WC_RECV;
 		if (iw->status != IBV_WC_SUCCESS) {
-			rps__verbs_ep_set_error(ep);
+			ep_set_error(ep);
 			out->status = v_status(iw->status, 0);
 			return 1;
 		}
@@ -757,18 +757,18 @@ int rps__verbs_translate(struct v_cq *c, const struct ibv_wc *iw, struct rps__wc
 		atomic_store_explicit(&ep->sq_done, seq + 1, memory_order_release);
 		if (force && iw->status == IBV_WC_WR_FLUSH_ERR) {
 			force = 0;	/* never executed: an earlier error flushed it */
-			rps__verbs_ep_set_error(ep);
+			ep_set_error(ep);
 		} else if (force) {
 			/* a substitute that was meant to fail; make sure the
 			 * endpoint is in error even if it did not */
 			if (iw->status == IBV_WC_SUCCESS)
 				rps__verbs_qp_error(ep->qp);
-			rps__verbs_ep_set_error(ep);
+			ep_set_error(ep);
 		} else if (iw->status == IBV_WC_SUCCESS) {
 			if (!user_sig)
 				return 0;	/* our selective-signalling completion */
 		} else {
-			rps__verbs_ep_set_error(ep);
+			ep_set_error(ep);
 			if (op == V_OP_NOP)
 				return 0;
 		}
@@ -806,7 +806,7 @@ int rps__verbs_cq_poll(struct rps__cq *cq, struct rps__wc *wc, int n)
 			break;
 		pthread_mutex_lock(&c->lock);
 		for (i = 0; i < k; i++)
-			got += rps__verbs_translate(c, &iw[i], &wc[got]);
+			got += translate(c, &iw[i], &wc[got]);
 		pthread_mutex_unlock(&c->lock);
 		if (k < want)
 			break;

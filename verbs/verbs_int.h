@@ -252,10 +252,8 @@ int rps__verbs_cq_fd(struct rps__cq *cq);
 int rps__verbs_cq_arm(struct rps__cq *cq);
 void rps__verbs_table_add(struct v_cq *c, struct v_ep *ep);
 void rps__verbs_table_del(struct v_cq *c, struct v_ep *ep);
-void rps__verbs_ep_set_error(struct v_ep *ep);
 void rps__verbs_ep_shutdown(struct v_ep *ep);
 void rps__verbs_cm_progress(struct v_fab *f, int wait_lock);
-int rps__verbs_translate(struct v_cq *c, const struct ibv_wc *iw, struct rps__wc *out);
 int rps__verbs_cq_poll(struct rps__cq *cq, struct rps__wc *wc, int n);
 
 /* verbs_conn.c */

@@ -58,7 +58,7 @@ static int build_atomic(struct v_ep *ep, const struct rps__wr *u, int i, struct 
 		 * error completion and the endpoint in error, in
 		 * order.  An 8-byte READ into the trap region fails
 		 * exactly so on any device and changes nothing at
-		 * the target; rps__verbs_translate reports it as
+		 * the target; verbs_fabric.c's translate() reports it as
 		 * RPS__WC_REM_ACCESS_ERR. */
 		w->opcode = IBV_WR_RDMA_READ;
 		w->wr.rdma.remote_addr = u->raddr & ~7ull;
@@ -171,7 +171,7 @@ static int build_swr(struct v_ep *ep, const struct rps__wr *u, int i, int n, uin
 
 /* The ring slots of the n WRs about to be posted, written before they are:
  * another thread polling the CQ may see a WR's completion before
- * ibv_post_send() has even returned here, and rps__verbs_translate() reads
+ * ibv_post_send() has even returned here, and verbs_fabric.c's translate() reads
  * the slot to know whose it is and whether the caller asked for it (a slot
  * written after would be read stale, and a signaled completion swallowed as
  * one of ours).  Slots past what the device takes are never read.
@@ -394,7 +394,7 @@ int rps__verbs_post_recv(struct rps__ep *bep, const struct rps__sge *sge, uint64
 	pthread_mutex_unlock(&ep->rq_lock);
 	if (ret)
 		return rps__seterr(-ret, "ibv_post_recv(%s): %s", ep->base.peer, strerror(ret));
-	/* posted to a QP in error: make the device flush it (see rps__verbs_ep_set_error) */
+	/* posted to a QP in error: make the device flush it (see verbs_fabric.c, ep_set_error) */
 	if (__atomic_load_n(&ep->base.error, __ATOMIC_SEQ_CST))
 		rps__verbs_qp_error(ep->qp);
 	return 0;

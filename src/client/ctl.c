@@ -54,11 +54,6 @@ struct pending {
 	bool done;
 };
 
-const char *rps__ctl_name(const struct rps__ctl *ctl)
-{
-	return ctl->name;
-}
-
 void rps__ctl_close(struct rps__ctl *ctl)
 {
 	if (!ctl)

@@ -44,9 +44,6 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 int rps__ctl_call(struct rps__ctl *ctl, unsigned type, const void *body, size_t len,
 		  void *reply, size_t cap, size_t *reply_len, int32_t *status, int timeout_ms);
 
-/* "tcp://host:port" of the server. */
-const char *rps__ctl_name(const struct rps__ctl *ctl);
-
 /* Disconnect and free (NULL is fine). */
 void rps__ctl_close(struct rps__ctl *ctl);
 /* Busy-poll this long for each reply before sleeping (benchmarks). */

@@ -61,9 +61,11 @@ volatile int rps__cp_isolated;
 
 /* ---- the hooks the server loop calls ------------------------------------------ */
 
+static void cp_stop(struct rps__cplane *cp);
+
 static void fini(void *ctx)
 {
-	rps__cp_stop(ctx);
+	cp_stop(ctx);
 }
 
 static void on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h, void *body, uint32_t body_len)
@@ -531,7 +533,8 @@ err_buf:
 	return ret;
 }
 
-void rps__cp_stop(struct rps__cplane *cp)
+/* Undo rps__cp_start (the fini hook does; the data plane must still be there). */
+static void cp_stop(struct rps__cplane *cp)
 {
 	uint32_t p;
 

@@ -21,8 +21,6 @@ int rps__cp_create(const struct rps__server_config *cfg, struct rps__cplane **ou
  * *hooks: what to register with the server loop (ctx: cp). */
 int rps__cp_start(struct rps__cplane *cp, const struct rps__dp_ops *dp, struct rps__server *srv,
 		  struct rps__dp_hooks *hooks);
-/* Undo rps__cp_start (the fini hook does; the data plane must still be there). */
-void rps__cp_stop(struct rps__cplane *cp);
 void rps__cp_destroy(struct rps__cplane *cp);
 
 /* Install what the checkpoint in dir holds for the partitions served here.

@@ -217,7 +217,7 @@ static void conns_close(void)
 }
 
 /* *cached says whether the channel was open already (it may have gone stale). */
-int psctl_conn_get(const struct rps__uri *u, struct rps__ctl **out, bool *cached)
+static int psctl_conn_get(const struct rps__uri *u, struct rps__ctl **out, bool *cached)
 {
 	char name[300];
 	int i, ret;

@@ -62,7 +62,6 @@ uint64_t psctl_deadline_in(int ms);
 bool psctl_expired(uint64_t deadline);
 void psctl_sleep_ms(unsigned ms);
 void psctl_json_str(const char *s);
-int psctl_conn_get(const struct rps__uri *u, struct rps__ctl **out, bool *cached);
 bool psctl_id_in(const uint64_t *ids, uint32_t n, uint64_t id, uint32_t *at);
 int psctl_query_status(const struct rps__uri *u, struct rps__status_rep *st, struct rps__smap *map);
 int psctl_query_any(struct rps__uri *from, struct rps__status_rep *st, struct rps__smap *map);

@@ -27,6 +27,10 @@
  *
  * Crypto is libsodium's (HMAC-SHA256, randombytes, constant-time compare):
  * a small, misuse-resistant library with a stable ABI in every distribution.
+ *
+ * Two files: auth_keys.c (roles, derivation, key files, the loopback key,
+ * key rings) and auth_handshake.c (the transcript, the proofs and their
+ * checks).
  */
 #ifndef RPS_AUTH_H
 #define RPS_AUTH_H
@@ -138,6 +142,10 @@ bool rps__key_may(enum rps__key_role have, enum rps__key_role want);
 
 /* fresh random bytes */
 void rps__auth_random(void *buf, size_t len);
+/* HMAC-SHA256 of parts[0..n) under key (auth_keys.c; shared with the
+ * handshake's MACs) */
+void rps__auth_hmac(const uint8_t *key, size_t keylen, const void *const *parts, const size_t *lens, int n,
+		    uint8_t out[32]);
 
 /* What both sides MAC. */
 struct rps__auth_transcript {
@@ -153,13 +161,6 @@ struct rps__auth_transcript {
 	char server_addr[64];
 };
 
-/* MAC_C (client = true) or MAC_S of a transcript with key k (the key of
- * the transcript's role and scope). */
-void rps__auth_mac(const struct rps__key *k, const struct rps__auth_transcript *t, bool client,
-		   uint8_t mac[RPS__MAC_BYTES]);
-/* Constant-time check of a MAC: 0 or -EACCES. */
-int rps__auth_check(const struct rps__key *k, const struct rps__auth_transcript *t, bool client,
-		    const uint8_t mac[RPS__MAC_BYTES]);
 /* The connector's half, once the accept reply (rep) is in: with the key of
  * cur/prev whose id the server named (prev may be NULL), prove key role
  * `want` (and scope) for connection role conn_role.  Fills the AUTH body,
@@ -180,8 +181,6 @@ int rps__auth_connect_check(const struct rps__key *proven, const struct rps__aut
 int rps__auth_accept(struct rps__keyring *ring, const struct rps__conn_priv *req, const struct rps__conn_priv *rep,
 		     const struct rps__auth *msg, const char *local_addr, const char *peer_addr,
 		     struct rps__auth_rep *rep_out, enum rps__key_role *role, char scope[RPS__SCOPE_MAX]);
-/* Which key roles may open a connection of conn_role. */
-bool rps__auth_role_fits(unsigned conn_role, enum rps__key_role key_role);
 /* Connect data for a connector with key k (NULL: none): key id, fresh nonce. */
 void rps__auth_priv_init(struct rps__conn_priv *p, const struct rps__key *k);
 

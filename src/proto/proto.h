@@ -25,7 +25,8 @@
  *   shard.c       tensor placement and shard layout, the lock word (shard.h)
  *   smap.c        the shard map's state machine (smap.h)
  *   smap_codec.c  the shard map's wire formats and printing (smap.h)
- *   auth.c        key files, key derivation, the handshake's MACs (auth.h)
+ *   auth_keys.c   keys: roles, derivation, key files, the loopback key, key rings (auth.h)
+ *   auth_handshake.c  the handshake's transcript, proofs and their checks (auth.h)
  */
 #ifndef RPS_PROTO_H
 #define RPS_PROTO_H

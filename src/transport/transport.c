@@ -95,8 +95,6 @@ uint32_t rps__ep_sq_room(struct rps__ep *ep)
 {
 	return ep->fab->ops->ep_sq_room(ep);
 }
-void *rps__mr_addr(const struct rps__mr *mr) { return mr->addr; }
-size_t rps__mr_len(const struct rps__mr *mr) { return mr->len; }
 
 int rps__local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word,
 		   uint64_t compare, uint64_t swap, uint64_t *old)

@@ -245,8 +245,6 @@ int rps__mw_bind(struct rps__ep *ep, struct rps__mr *mr, int access, uint32_t *r
 int rps__fabric_windows(const struct rps__fabric *fab);
 /* Send-queue slots free on ep now (its depth less what is outstanding). */
 uint32_t rps__ep_sq_room(struct rps__ep *ep);
-void *rps__mr_addr(const struct rps__mr *mr);
-size_t rps__mr_len(const struct rps__mr *mr);
 
 /* Atomic compare-and-swap on a word of a local registered region that is
  * atomic with respect to remote atomics on this fabric (verbs: through a

@@ -285,7 +285,7 @@ static int tcp_fabric_windows(const struct rps__fabric *fab)
 }
 
 /* Windows of an endpoint die with it (called as it is freed). */
-void rps__tcp_windows_release(struct tcp_ep *ep)
+static void windows_release(struct tcp_ep *ep)
 {
 	pthread_rwlock_wrlock(&ep->fab->mr_lock);
 	windows_free(ep->fab, ep->id, MR_NONE);
@@ -527,7 +527,7 @@ static int tcp_cq_arm(struct rps__cq *base)
 void rps__tcp_ep_free(struct tcp_ep *ep)
 {
 	if (ep->fab && ep->id)
-		rps__tcp_windows_release(ep);
+		windows_release(ep);
 	rps__tcp_unexpected_free_all(ep);
 	pthread_mutex_destroy(&ep->lock);
 	free(ep->rx.buf);

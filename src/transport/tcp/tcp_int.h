@@ -332,7 +332,6 @@ int rps__tcp_hello_check(const struct wire_hello *h, const char *peer);
 void rps__tcp_cq_push(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t wr_id, enum rps__wc_status status,
 		      enum rps__wc_opcode opcode, uint32_t byte_len, uint32_t imm);
 int rps__tcp_cq_pop(struct tcp_cq *cq, struct rps__wc *wc, int n);
-void rps__tcp_windows_release(struct tcp_ep *ep);
 void rps__tcp_ep_free(struct tcp_ep *ep);
 /* "10.0.0.1:7000" / "[fe80::1]:7000" */
 void rps__tcp_sockaddr_str(const struct sockaddr *sa, socklen_t salen, char *buf, size_t len);
