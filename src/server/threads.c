@@ -17,8 +17,9 @@
  * below, the same dataplane.h contract as one instance: an op on a
  * partition goes to that partition's instance, an op on the server as a
  * whole to each.  The first instance's ops run in place; another's run on
- * its own thread, between two turns of its loop (its mailbox: one atomic
- * load a turn when nothing is asked), while the control plane waits.
+ * its own thread, between two turns of its loop (its mailbox, mailbox.c:
+ * one atomic load a turn when nothing is asked), while the control plane
+ * waits.
  * Instances past the first never call back into the control plane (they
  * have no hooks: peers and psctl connect to the first only), so a call can
  * never wait on its caller.
@@ -31,87 +32,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include "rdmaps.h"
 
-/* ---- the mailbox ---------------------------------------------------------- */
+/* ---- the instances ---------------------------------------------------------------- */
 
-static int mbox_init(struct rps__server *srv)
-{
-	srv->mbox.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (srv->mbox.fd < 0)
-		return rps__seterr(-errno, "eventfd: %s", strerror(errno));
-	pthread_mutex_init(&srv->mbox.lock, NULL);
-	pthread_cond_init(&srv->mbox.done, NULL);
-	return 0;
-}
-
-static void mbox_fini(struct rps__server *srv)
-{
-	if (srv->mbox.fd < 0)
-		return;
-	close(srv->mbox.fd);
-	srv->mbox.fd = -1;
-	pthread_cond_destroy(&srv->mbox.done);
-	pthread_mutex_destroy(&srv->mbox.lock);
-}
-
-void rps__srv_mbox_serve(struct rps__server *srv)
-{
-	struct srv_mbox *mb = &srv->mbox;
-	uint64_t v;
-	ssize_t r = read(mb->fd, &v, sizeof(v));
-
-	(void)r;
-	rps__clearerr();
-	mb->fn(srv, mb->arg);
-	/* the message of a failure, for the caller's thread (errbuf is ours) */
-	snprintf(mb->err, sizeof(mb->err), "%s", rps__errbuf());
-	pthread_mutex_lock(&mb->lock);
-	__atomic_store_n(&mb->pending, false, __ATOMIC_RELEASE);
-	pthread_cond_broadcast(&mb->done);
-	pthread_mutex_unlock(&mb->lock);
-}
-
-/* Run fn on inst's thread and wait for it; in place on the first instance
- * (the caller's own thread) and on an instance whose thread is not running
- * (before start, after stop: nothing else touches it then). */
-static void call_on(struct rps__server *inst, void (*fn)(struct rps__server *srv, void *arg), void *arg)
-{
-	struct srv_mbox *mb = &inst->mbox;
-	uint64_t one = 1;
-	ssize_t r;
-
-	if (inst == inst->first || mb->fd < 0) {
-		fn(inst, arg);
-		return;
-	}
-	pthread_mutex_lock(&mb->lock);
-	if (!inst->thread_running) {
-		pthread_mutex_unlock(&mb->lock);
-		fn(inst, arg);
-		return;
-	}
-	mb->fn = fn;
-	mb->arg = arg;
-	__atomic_store_n(&mb->pending, true, __ATOMIC_RELEASE);
-	r = write(mb->fd, &one, sizeof(one));
-	(void)r;
-	while (__atomic_load_n(&mb->pending, __ATOMIC_ACQUIRE))
-		pthread_cond_wait(&mb->done, &mb->lock);
-	if (mb->err[0])
-		rps__seterr(0, "%s", mb->err);
-	pthread_mutex_unlock(&mb->lock);
-}
-
-static void call_all(struct rps__server *srv, void (*fn)(struct rps__server *srv, void *arg), void *arg)
+static void call_all(struct rps__server *srv, rps__srv_mbox_fn fn, void *arg)
 {
 	uint32_t k;
 
 	for (k = 0; k < srv->nthreads; k++)
-		call_on(srv->group[k], fn, arg);
+		rps__srv_mbox_call(srv->group[k], fn, arg);
 }
 
 static struct rps__server *inst_of(struct rps__server *srv, uint32_t part)
@@ -124,19 +55,12 @@ static struct rps__server *inst_of(struct rps__server *srv, uint32_t part)
 static void *instance_main(void *arg)
 {
 	struct rps__server *srv = arg;
-	int ret = rps__server_run(srv);
+	int ret;
 
-	pthread_mutex_lock(&srv->mbox.lock);
-	srv->thread_ret = ret;
-	srv->thread_running = false;
-	if (__atomic_load_n(&srv->mbox.pending, __ATOMIC_ACQUIRE)) {	/* asked as it stopped */
-		rps__clearerr();
-		srv->mbox.fn(srv, srv->mbox.arg);
-		snprintf(srv->mbox.err, sizeof(srv->mbox.err), "%s", rps__errbuf());
-		__atomic_store_n(&srv->mbox.pending, false, __ATOMIC_RELEASE);
-		pthread_cond_broadcast(&srv->mbox.done);
-	}
-	pthread_mutex_unlock(&srv->mbox.lock);
+	rps__srv_mbox_claim(srv);
+	ret = rps__server_run(srv);
+	srv->thread_ret = ret;	/* (read after pthread_join) */
+	rps__srv_mbox_close(srv);
 	if (ret) {
 		rps__log(RPS__LOG_ERROR, "serving thread %u stopped: %s", srv->thread_index, rps__errbuf());
 		rps__server_group_stop(srv->first);
@@ -151,12 +75,10 @@ int rps__server_group_start(struct rps__server *first)
 
 	for (k = 1; k < first->nthreads; k++) {
 		struct rps__server *srv = first->group[k];
-		pthread_mutex_lock(&srv->mbox.lock);
-		srv->thread_running = true;
-		pthread_mutex_unlock(&srv->mbox.lock);
+		rps__srv_mbox_open(srv);
 		ret = pthread_create(&srv->thread, NULL, instance_main, srv);
 		if (ret) {
-			srv->thread_running = false;
+			rps__srv_mbox_close(srv);
 			rps__server_group_stop(first);
 			rps__server_group_join(first);
 			return rps__seterr(-ret, "starting serving thread %u: %s", k, strerror(ret));
@@ -242,7 +164,7 @@ void rps__server_group_destroy(struct rps__server *first)
 	rps__server_destroy(first);
 	for (k = 1; group && k < n; k++) {
 		probe_area_free(group[k]);
-		mbox_fini(group[k]);
+		rps__srv_mbox_fini(group[k]);
 		rps__server_destroy(group[k]);
 	}
 	free(group);
@@ -268,8 +190,8 @@ static int group_create_once(const struct rps__server_config *cfg, struct rps__s
 		group[k]->nthreads = cfg->nthreads;
 		group[k]->thread_index = k;
 		group[k]->first = group[0];
-		if (k && ((ret = mbox_init(group[k])) || (ret = probe_area(group[k])))) {
-			mbox_fini(group[k]);
+		if (k && ((ret = rps__srv_mbox_init(group[k])) || (ret = probe_area(group[k])))) {
+			rps__srv_mbox_fini(group[k]);
 			rps__server_destroy(group[k]);
 			goto err;
 		}
@@ -283,7 +205,7 @@ static int group_create_once(const struct rps__server_config *cfg, struct rps__s
 err:
 	while (k--) {
 		probe_area_free(group[k]);
-		mbox_fini(group[k]);
+		rps__srv_mbox_fini(group[k]);
 		rps__server_destroy(group[k]);
 	}
 	free(group);
@@ -427,7 +349,7 @@ static void g_part_set(struct rps__server *srv, uint32_t part, const struct rps_
 {
 	struct args a = { .part = part, .view = view };
 
-	call_on(inst_of(srv, part), do_part_set, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_set, &a);
 }
 
 static void do_part_create(struct rps__server *s, void *a) { one->part_create(s, ((struct args *)a)->part); }
@@ -435,7 +357,7 @@ static void g_part_create(struct rps__server *srv, uint32_t part)
 {
 	struct args a = { .part = part };
 
-	call_on(inst_of(srv, part), do_part_create, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_create, &a);
 }
 
 static void do_part_promote(struct rps__server *s, void *a)
@@ -446,7 +368,7 @@ static void g_part_promote(struct rps__server *srv, uint32_t part, uint64_t epoc
 {
 	struct args a = { .part = part, .u64 = epoch };
 
-	call_on(inst_of(srv, part), do_part_promote, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_promote, &a);
 }
 
 static void do_part_publish(struct rps__server *s, void *a)
@@ -457,7 +379,7 @@ static void g_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoc
 {
 	struct args a = { .part = part, .u64 = epoch };
 
-	call_on(inst_of(srv, part), do_part_publish, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_publish, &a);
 }
 
 static void do_part_refuse(struct rps__server *s, void *a) { one->part_refuse(s, ((struct args *)a)->part); }
@@ -465,7 +387,7 @@ static void g_part_refuse(struct rps__server *srv, uint32_t part)
 {
 	struct args a = { .part = part };
 
-	call_on(inst_of(srv, part), do_part_refuse, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_refuse, &a);
 }
 
 static void do_part_fence(struct rps__server *s, void *a)
@@ -476,7 +398,7 @@ static bool g_part_fence(struct rps__server *srv, uint32_t part)
 {
 	struct args a = { .part = part };
 
-	call_on(inst_of(srv, part), do_part_fence, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_fence, &a);
 	return a.b;
 }
 
@@ -488,7 +410,7 @@ static void g_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoc
 {
 	struct args a = { .part = part, .u64 = epoch };
 
-	call_on(inst_of(srv, part), do_part_unfence, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_unfence, &a);
 }
 
 static void do_part_serialize(struct rps__server *s, void *a)
@@ -501,7 +423,7 @@ static int g_part_serialize(struct rps__server *srv, uint32_t part, uint64_t epo
 {
 	struct args a = { .part = part, .u64 = epoch, .img = img, .len = len };
 
-	call_on(inst_of(srv, part), do_part_serialize, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_serialize, &a);
 	return a.ret;
 }
 
@@ -510,7 +432,7 @@ static void g_part_forget_parked(struct rps__server *srv, uint32_t part)
 {
 	struct args a = { .part = part };
 
-	call_on(inst_of(srv, part), do_forget_parked, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_forget_parked, &a);
 }
 
 static void do_part_install(struct rps__server *s, void *a)
@@ -523,7 +445,7 @@ static int g_part_install(struct rps__server *srv, uint32_t part, uint64_t epoch
 {
 	struct args a = { .part = part, .u64 = epoch, .ptr = img, .size = len };
 
-	call_on(inst_of(srv, part), do_part_install, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_install, &a);
 	return a.ret;
 }
 
@@ -532,7 +454,7 @@ static void g_part_drop(struct rps__server *srv, uint32_t part)
 {
 	struct args a = { .part = part };
 
-	call_on(inst_of(srv, part), do_part_drop, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_part_drop, &a);
 }
 
 static void do_repl_seq(struct rps__server *s, void *a)
@@ -543,7 +465,7 @@ static uint64_t g_repl_seq(struct rps__server *srv, uint32_t part)
 {
 	struct args a = { .part = part };
 
-	call_on(inst_of(srv, part), do_repl_seq, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_repl_seq, &a);
 	return a.u64;
 }
 
@@ -555,7 +477,7 @@ static void g_part_repl_seq_set(struct rps__server *srv, uint32_t part, uint64_t
 {
 	struct args a = { .part = part, .u64 = seq };
 
-	call_on(inst_of(srv, part), do_seq_set, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_seq_set, &a);
 }
 
 static void do_install_backup(struct rps__server *s, void *a)
@@ -569,7 +491,7 @@ static int g_part_install_backup(struct rps__server *srv, uint32_t part, uint64_
 {
 	struct args a = { .part = part, .u64 = epoch, .ptr = img, .size = len, .seq = seq };
 
-	call_on(inst_of(srv, part), do_install_backup, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_install_backup, &a);
 	return a.ret;
 }
 
@@ -581,7 +503,7 @@ static uint64_t g_part_diverged(struct rps__server *srv, uint32_t part)
 {
 	struct args a = { .part = part };
 
-	call_on(inst_of(srv, part), do_diverged, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_diverged, &a);
 	return a.u64;
 }
 
@@ -596,7 +518,7 @@ static int g_part_digest(struct rps__server *srv, const char *name, uint32_t par
 {
 	struct args a = { .part = part, .name = name, .crc = crc, .versions = versions, .nshards = nshards };
 
-	call_on(inst_of(srv, part), do_digest, &a);
+	rps__srv_mbox_call(inst_of(srv, part), do_digest, &a);
 	return a.ret;
 }
 
@@ -618,7 +540,7 @@ static int g_rank_remove(struct rps__server *srv, const char *name, int rank)
 
 	for (k = 0; k < srv->nthreads; k++) {
 		struct args a = { .name = name, .rank = rank };
-		call_on(srv->group[k], do_rank_remove, &a);
+		rps__srv_mbox_call(srv->group[k], do_rank_remove, &a);
 		if (a.ret < 0 && a.ret != -ENOENT) {
 			if (ret >= 0 || ret == -ENOENT)
 				snprintf(msg, sizeof(msg), "%s", rps__errbuf());
@@ -762,7 +684,7 @@ static int g_take(struct rps__server *srv, struct rps__dp_copy *out)
 	for (k = 0; k < srv->nthreads && !ret; k++) {
 		struct args a;
 		memset(&a, 0, sizeof(a));
-		call_on(srv->group[k], do_take, &a);
+		rps__srv_mbox_call(srv->group[k], do_take, &a);
 		parts[k] = a.copy;
 		ret = a.ret;
 		n += a.copy.nshards;
@@ -847,7 +769,7 @@ static int g_restore_shard(struct rps__server *srv, const char *file, struct ten
 
 	if (cs->index >= t->layout.nshards)
 		return one->restore_shard(srv, file, t, cs);	/* (it says what is wrong) */
-	call_on(inst_of(srv, rps__shard_server(&t->layout, cs->index)), do_restore_shard, &a);
+	rps__srv_mbox_call(inst_of(srv, rps__shard_server(&t->layout, cs->index)), do_restore_shard, &a);
 	return a.ret;
 }
 
