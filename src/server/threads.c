@@ -16,7 +16,9 @@
  * first instance's thread and talks to all of them through the ops table
  * below, the same dataplane.h contract as one instance: an op on a
  * partition goes to that partition's instance, an op on the server as a
- * whole to each.  The first instance's ops run in place; another's run on
+ * whole to each, an op on the first's connections, memory or port to the
+ * first alone (the classes of RPS__DP_OPS, from which the table is
+ * generated).  The first instance's ops run in place; another's run on
  * its own thread, between two turns of its loop (its mailbox, mailbox.c:
  * one atomic load a turn when nothing is asked), while the control plane
  * waits.
@@ -239,17 +241,60 @@ int rps__server_group_create(const struct rps__server_config *cfg, struct rps__s
 
 static const struct rps__dp_ops *one;	/* an instance's own ops (dataplane.c) */
 
+/*
+ * The forwarding of the PART and ALL ops, generated from their lines in
+ * RPS__DP_OPS (dataplane.h).  For op f: struct fwd_f holds its arguments
+ * and its result; do_f runs f on the instance it is called on (that
+ * instance in the place of srv); g_f, in the group's table, calls do_f on
+ * the instance of the op's part (PART) or on each instance in turn (ALL).
+ * FIRST ops are the first instance's own; the _CUSTOM ones are written out
+ * below.
+ */
+#define FWD(class, ret, name, ...) FWD_##class(ret, name, __VA_ARGS__)
+#define FWD_FIRST(ret, name, ...)
+#define FWD_PART_CUSTOM(ret, name, ...)
+#define FWD_ALL_CUSTOM(ret, name, ...)
+#define FWD_PART(ret, name, ...) \
+	FWD_OP(ret, name, rps__srv_mbox_call(inst_of(srv, part), do_##name, &a), __VA_ARGS__)
+#define FWD_ALL(ret, name, ...) \
+	_Static_assert(IS_VOID(ret), #name ": an ALL op returns nothing (one that does is ALL_CUSTOM)"); \
+	FWD_OP(ret, name, call_all(srv, do_##name, &a), __VA_ARGS__)
+#define FWD_OP(ret, name, call, ...) \
+	struct fwd_##name { \
+		RPS__DP_SEQ(FWD_FIELD, __VA_ARGS__) \
+		IF(IS_VOID(ret))(, ret result;) \
+	}; \
+	static void do_##name(struct rps__server *inst, void *arg) \
+	{ \
+		struct fwd_##name *a = arg; \
+		a->srv = inst; \
+		IF(IS_VOID(ret))(, a->result =) one->name(RPS__DP_LIST(FWD_ARG, __VA_ARGS__)); \
+	} \
+	static ret g_##name(RPS__DP_PARAMS(__VA_ARGS__)) \
+	{ \
+		struct fwd_##name a = { RPS__DP_SEQ(FWD_INIT, __VA_ARGS__) }; \
+		call; \
+		IF(IS_VOID(ret))(, return a.result;) \
+	}
+#define FWD_FIELD(type, param) type param;
+#define FWD_INIT(type, param) .param = param,
+#define FWD_ARG(type, param) a->param
+/* IS_VOID(type): 1 if type is void, else 0 (a type that starts with a word) */
+#define IS_VOID(type) SECOND(VOID_PROBE_##type, 0, ~)
+#define VOID_PROBE_void ~, 1
+#define SECOND(...) SECOND_(__VA_ARGS__)
+#define SECOND_(a, b, ...) b
+#define IF(cond) RPS__DP_CAT(IF_, cond)
+#define IF_1(yes, no) yes
+#define IF_0(yes, no) no
+
+RPS__DP_OPS(FWD)
+
+/* What the _CUSTOM ops pass their instances. */
 struct args {
-	uint32_t part;
-	uint64_t u64, seq;
+	uint64_t u64;
 	const void *ptr;
 	const char *name;
-	const struct rps__dp_part *view;
-	void **img;
-	size_t *len;
-	size_t size;
-	uint32_t *crc, *nshards;
-	uint64_t *versions;
 	int rank;
 	int ret;
 	bool b;
@@ -263,33 +308,6 @@ struct args {
 };
 
 /* the server as a whole */
-
-static void do_member_id(struct rps__server *s, void *a) { one->set_member_id(s, ((struct args *)a)->u64); }
-static void g_set_member_id(struct rps__server *srv, uint64_t id)
-{
-	struct args a = { .u64 = id };
-
-	call_all(srv, do_member_id, &a);
-}
-
-static void do_lease(struct rps__server *s, void *a) { one->set_lease(s, ((struct args *)a)->u64); }
-static void g_set_lease(struct rps__server *srv, uint64_t until_ns)
-{
-	struct args a = { .u64 = until_ns };
-
-	call_all(srv, do_lease, &a);
-}
-
-static void do_map(struct rps__server *s, void *a)
-{
-	one->set_map(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_set_map(struct rps__server *srv, uint32_t npart, uint64_t applied)
-{
-	struct args a = { .part = npart, .u64 = applied };
-
-	call_all(srv, do_map, &a);
-}
 
 static void do_stats(struct rps__server *s, void *a)
 {
@@ -339,186 +357,6 @@ static int g_repl_peer(struct rps__server *srv, uint64_t id, const char *uri)
 	struct args a = { .u64 = id, .name = uri };
 
 	call_all(srv, do_repl_peer, &a);
-	return a.ret;
-}
-
-/* partitions: each on its own instance */
-
-static void do_part_set(struct rps__server *s, void *a) { one->part_set(s, ((struct args *)a)->part, ((struct args *)a)->view); }
-static void g_part_set(struct rps__server *srv, uint32_t part, const struct rps__dp_part *view)
-{
-	struct args a = { .part = part, .view = view };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_set, &a);
-}
-
-static void do_part_create(struct rps__server *s, void *a) { one->part_create(s, ((struct args *)a)->part); }
-static void g_part_create(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_create, &a);
-}
-
-static void do_part_promote(struct rps__server *s, void *a)
-{
-	one->part_promote(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_part_promote(struct rps__server *srv, uint32_t part, uint64_t epoch)
-{
-	struct args a = { .part = part, .u64 = epoch };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_promote, &a);
-}
-
-static void do_part_publish(struct rps__server *s, void *a)
-{
-	one->part_publish(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoch)
-{
-	struct args a = { .part = part, .u64 = epoch };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_publish, &a);
-}
-
-static void do_part_refuse(struct rps__server *s, void *a) { one->part_refuse(s, ((struct args *)a)->part); }
-static void g_part_refuse(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_refuse, &a);
-}
-
-static void do_part_fence(struct rps__server *s, void *a)
-{
-	((struct args *)a)->b = one->part_fence(s, ((struct args *)a)->part);
-}
-static bool g_part_fence(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_fence, &a);
-	return a.b;
-}
-
-static void do_part_unfence(struct rps__server *s, void *a)
-{
-	one->part_unfence(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch)
-{
-	struct args a = { .part = part, .u64 = epoch };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_unfence, &a);
-}
-
-static void do_part_serialize(struct rps__server *s, void *a)
-{
-	struct args *x = a;
-
-	x->ret = one->part_serialize(s, x->part, x->u64, x->img, x->len);
-}
-static int g_part_serialize(struct rps__server *srv, uint32_t part, uint64_t epoch, void **img, size_t *len)
-{
-	struct args a = { .part = part, .u64 = epoch, .img = img, .len = len };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_serialize, &a);
-	return a.ret;
-}
-
-static void do_forget_parked(struct rps__server *s, void *a) { one->part_forget_parked(s, ((struct args *)a)->part); }
-static void g_part_forget_parked(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_forget_parked, &a);
-}
-
-static void do_part_install(struct rps__server *s, void *a)
-{
-	struct args *x = a;
-
-	x->ret = one->part_install(s, x->part, x->u64, x->ptr, x->size);
-}
-static int g_part_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len)
-{
-	struct args a = { .part = part, .u64 = epoch, .ptr = img, .size = len };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_install, &a);
-	return a.ret;
-}
-
-static void do_part_drop(struct rps__server *s, void *a) { one->part_drop(s, ((struct args *)a)->part); }
-static void g_part_drop(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_part_drop, &a);
-}
-
-static void do_repl_seq(struct rps__server *s, void *a)
-{
-	((struct args *)a)->u64 = one->repl_seq(s, ((struct args *)a)->part);
-}
-static uint64_t g_repl_seq(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_repl_seq, &a);
-	return a.u64;
-}
-
-static void do_seq_set(struct rps__server *s, void *a)
-{
-	one->part_repl_seq_set(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_part_repl_seq_set(struct rps__server *srv, uint32_t part, uint64_t seq)
-{
-	struct args a = { .part = part, .u64 = seq };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_seq_set, &a);
-}
-
-static void do_install_backup(struct rps__server *s, void *a)
-{
-	struct args *x = a;
-
-	x->ret = one->part_install_backup(s, x->part, x->u64, x->ptr, x->size, x->seq);
-}
-static int g_part_install_backup(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
-				 size_t len, uint64_t seq)
-{
-	struct args a = { .part = part, .u64 = epoch, .ptr = img, .size = len, .seq = seq };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_install_backup, &a);
-	return a.ret;
-}
-
-static void do_diverged(struct rps__server *s, void *a)
-{
-	((struct args *)a)->u64 = one->part_diverged(s, ((struct args *)a)->part);
-}
-static uint64_t g_part_diverged(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_diverged, &a);
-	return a.u64;
-}
-
-static void do_digest(struct rps__server *s, void *a)
-{
-	struct args *x = a;
-
-	x->ret = one->part_digest(s, x->name, x->part, x->crc, x->versions, x->nshards);
-}
-static int g_part_digest(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
-			 uint64_t *versions, uint32_t *nshards)
-{
-	struct args a = { .part = part, .name = name, .crc = crc, .versions = versions, .nshards = nshards };
-
-	rps__srv_mbox_call(inst_of(srv, part), do_digest, &a);
 	return a.ret;
 }
 
@@ -604,27 +442,6 @@ static uint32_t g_hold_steps(struct rps__server *srv, struct rps__ckpt_target **
 	return a.ntargets;
 }
 
-static void do_hold_tensor(struct rps__server *s, void *a)
-{
-	one->hold_tensor(s, ((struct args *)a)->name, ((struct args *)a)->u64);
-}
-static void g_hold_tensor(struct rps__server *srv, const char *name, uint64_t step)
-{
-	struct args a = { .name = name, .u64 = step };
-
-	call_all(srv, do_hold_tensor, &a);
-}
-
-static void do_hold_release(struct rps__server *s, void *a)
-{
-	(void)a;
-	one->hold_release(s);
-}
-static void g_hold_release(struct rps__server *srv)
-{
-	call_all(srv, do_hold_release, NULL);
-}
-
 static void do_hold_reached(struct rps__server *s, void *a)
 {
 	if (!one->hold_reached(s))
@@ -636,16 +453,6 @@ static bool g_hold_reached(struct rps__server *srv)
 
 	call_all(srv, do_hold_reached, &a);
 	return a.b;
-}
-
-static void do_drain(struct rps__server *s, void *a)
-{
-	(void)a;
-	one->drain(s);
-}
-static void g_drain(struct rps__server *srv)
-{
-	call_all(srv, do_drain, NULL);
 }
 
 /* Each instance's copy, then one copy of them all: tensors by name, the
@@ -773,45 +580,25 @@ static int g_restore_shard(struct rps__server *srv, const char *file, struct ten
 	return a.ret;
 }
 
+/* The group's table: each op from its line in RPS__DP_OPS, the first
+ * instance's own or g_<name> by its class, and nothing else. */
+#define ENTRY(class, ret, name, ...) ENTRY_##class(name)
+#define ENTRY_FIRST(name) .name = one->name,
+#define ENTRY_PART(name) .name = g_##name,
+#define ENTRY_PART_CUSTOM(name) .name = g_##name,
+#define ENTRY_ALL(name) .name = g_##name,
+#define ENTRY_ALL_CUSTOM(name) .name = g_##name,
+#define COUNT(class, ret, name, ...) +1
+_Static_assert(sizeof(struct rps__dp_ops) == (0 RPS__DP_OPS(COUNT)) * sizeof(void (*)(void)),
+	       "struct rps__dp_ops has a member that is not in RPS__DP_OPS");
+
 static struct rps__dp_ops group_ops;
 static pthread_once_t group_ops_once = PTHREAD_ONCE_INIT;
 
 static void group_ops_init(void)
 {
-	{
-		one = rps__dataplane_ops();
-		group_ops = *one;	/* the first instance's own: its connections, memory, port */
-		group_ops.set_member_id = g_set_member_id;
-		group_ops.set_lease = g_set_lease;
-		group_ops.set_map = g_set_map;
-		group_ops.stats = g_stats;
-		group_ops.repl_peer = g_repl_peer;
-		group_ops.part_set = g_part_set;
-		group_ops.part_create = g_part_create;
-		group_ops.part_promote = g_part_promote;
-		group_ops.part_publish = g_part_publish;
-		group_ops.part_refuse = g_part_refuse;
-		group_ops.part_fence = g_part_fence;
-		group_ops.part_unfence = g_part_unfence;
-		group_ops.part_serialize = g_part_serialize;
-		group_ops.part_forget_parked = g_part_forget_parked;
-		group_ops.part_install = g_part_install;
-		group_ops.part_drop = g_part_drop;
-		group_ops.repl_seq = g_repl_seq;
-		group_ops.part_repl_seq_set = g_part_repl_seq_set;
-		group_ops.part_install_backup = g_part_install_backup;
-		group_ops.part_diverged = g_part_diverged;
-		group_ops.part_digest = g_part_digest;
-		group_ops.rank_remove = g_rank_remove;
-		group_ops.hold_steps = g_hold_steps;
-		group_ops.hold_tensor = g_hold_tensor;
-		group_ops.hold_release = g_hold_release;
-		group_ops.hold_reached = g_hold_reached;
-		group_ops.drain = g_drain;
-		group_ops.take = g_take;
-		group_ops.restore_tensor = g_restore_tensor;
-		group_ops.restore_shard = g_restore_shard;
-	}
+	one = rps__dataplane_ops();
+	group_ops = (struct rps__dp_ops){ RPS__DP_OPS(ENTRY) };
 }
 
 const struct rps__dp_ops *rps__dataplane_ops_group(void)
