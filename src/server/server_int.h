@@ -41,6 +41,7 @@
 #include "proto/auth.h"
 #include "proto/proto.h"
 #include "server/dataplane.h"
+#include "server/mailbox.h"
 #include "server/server.h"
 #include "proto/shard.h"
 #include "proto/smap.h"
@@ -283,18 +284,6 @@ struct srv_dial {
 	bool authing;		/* connected, AUTH sent, AUTH_REP awaited (d is NULL) */
 };
 
-/* threads.c: a call one serving thread asks of another (the control
- * plane's thread of the others), run between two turns of its loop */
-struct srv_mbox {
-	pthread_mutex_t lock;
-	pthread_cond_t done;
-	void (*fn)(struct rps__server *srv, void *arg);
-	void *arg;
-	bool pending;		/* atomic: the loop looks at it every turn */
-	int fd;			/* eventfd: wakes the loop from poll() */
-	char err[512];		/* fn's failure message, for the caller's thread */
-};
-
 struct rps__server {
 	uint64_t auth_log_ns;		/* auth.c: when a refusal was last logged */
 	uint64_t threads_log_ns;	/* conn.c: when a --threads mismatch was last logged */
@@ -307,9 +296,8 @@ struct rps__server {
 	uint32_t nthreads, thread_index;
 	struct rps__server **group;	/* the first: every instance (group[0] == itself) */
 	struct rps__server *first;	/* ... and every instance's first */
-	struct srv_mbox mbox;
+	struct srv_mbox mbox;		/* mailbox.c: calls of the first's thread */
 	pthread_t thread;		/* instances past the first: their serving thread */
-	bool thread_running;		/* (atomic) calls go through the mailbox while it runs */
 	int thread_ret;
 	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
 	uint64_t lease_until;		/* primary lease: rps__dp_boottime_ns() before this (set_lease) */
@@ -416,9 +404,8 @@ struct rps__server {
 	uint64_t worker_msgs[RPS__MSG_TYPE_MAX], worker_acks_flagged;
 };
 
-/* threads.c: the mailbox of an instance (threads.c): run what another
- * thread asked (every loop turn: one atomic load when nothing is asked) */
-void rps__srv_mbox_serve(struct rps__server *srv);
+/* mailbox.c: the mailbox of an instance: run what another thread asked
+ * (every loop turn: one atomic load when nothing is asked) */
 static inline void rps__srv_mbox_poll(struct rps__server *srv)
 {
 	if (__atomic_load_n(&srv->mbox.pending, __ATOMIC_ACQUIRE))

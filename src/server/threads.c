@@ -16,9 +16,12 @@
  * first instance's thread and talks to all of them through the ops table
  * below, the same dataplane.h contract as one instance: an op on a
  * partition goes to that partition's instance, an op on the server as a
- * whole to each.  The first instance's ops run in place; another's run on
- * its own thread, between two turns of its loop (its mailbox: one atomic
- * load a turn when nothing is asked), while the control plane waits.
+ * whole to each, an op on the first's connections, memory or port to the
+ * first alone (the classes of RPS__DP_OPS, from which the table is
+ * generated).  The first instance's ops run in place; another's run on
+ * its own thread, between two turns of its loop (its mailbox, mailbox.c:
+ * one atomic load a turn when nothing is asked), while the control plane
+ * waits.
  * Instances past the first never call back into the control plane (they
  * have no hooks: peers and psctl connect to the first only), so a call can
  * never wait on its caller.
@@ -31,87 +34,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include "rdmaps.h"
 
-/* ---- the mailbox ---------------------------------------------------------- */
+/* ---- the instances ---------------------------------------------------------------- */
 
-static int mbox_init(struct rps__server *srv)
-{
-	srv->mbox.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (srv->mbox.fd < 0)
-		return rps__seterr(-errno, "eventfd: %s", strerror(errno));
-	pthread_mutex_init(&srv->mbox.lock, NULL);
-	pthread_cond_init(&srv->mbox.done, NULL);
-	return 0;
-}
-
-static void mbox_fini(struct rps__server *srv)
-{
-	if (srv->mbox.fd < 0)
-		return;
-	close(srv->mbox.fd);
-	srv->mbox.fd = -1;
-	pthread_cond_destroy(&srv->mbox.done);
-	pthread_mutex_destroy(&srv->mbox.lock);
-}
-
-void rps__srv_mbox_serve(struct rps__server *srv)
-{
-	struct srv_mbox *mb = &srv->mbox;
-	uint64_t v;
-	ssize_t r = read(mb->fd, &v, sizeof(v));
-
-	(void)r;
-	rps__clearerr();
-	mb->fn(srv, mb->arg);
-	/* the message of a failure, for the caller's thread (errbuf is ours) */
-	snprintf(mb->err, sizeof(mb->err), "%s", rps__errbuf());
-	pthread_mutex_lock(&mb->lock);
-	__atomic_store_n(&mb->pending, false, __ATOMIC_RELEASE);
-	pthread_cond_broadcast(&mb->done);
-	pthread_mutex_unlock(&mb->lock);
-}
-
-/* Run fn on inst's thread and wait for it; in place on the first instance
- * (the caller's own thread) and on an instance whose thread is not running
- * (before start, after stop: nothing else touches it then). */
-static void call_on(struct rps__server *inst, void (*fn)(struct rps__server *srv, void *arg), void *arg)
-{
-	struct srv_mbox *mb = &inst->mbox;
-	uint64_t one = 1;
-	ssize_t r;
-
-	if (inst == inst->first || mb->fd < 0) {
-		fn(inst, arg);
-		return;
-	}
-	pthread_mutex_lock(&mb->lock);
-	if (!inst->thread_running) {
-		pthread_mutex_unlock(&mb->lock);
-		fn(inst, arg);
-		return;
-	}
-	mb->fn = fn;
-	mb->arg = arg;
-	__atomic_store_n(&mb->pending, true, __ATOMIC_RELEASE);
-	r = write(mb->fd, &one, sizeof(one));
-	(void)r;
-	while (__atomic_load_n(&mb->pending, __ATOMIC_ACQUIRE))
-		pthread_cond_wait(&mb->done, &mb->lock);
-	if (mb->err[0])
-		rps__seterr(0, "%s", mb->err);
-	pthread_mutex_unlock(&mb->lock);
-}
-
-static void call_all(struct rps__server *srv, void (*fn)(struct rps__server *srv, void *arg), void *arg)
+static void call_all(struct rps__server *srv, rps__srv_mbox_fn fn, void *arg)
 {
 	uint32_t k;
 
 	for (k = 0; k < srv->nthreads; k++)
-		call_on(srv->group[k], fn, arg);
+		rps__srv_mbox_call(srv->group[k], fn, arg);
 }
 
 static struct rps__server *inst_of(struct rps__server *srv, uint32_t part)
@@ -124,19 +57,12 @@ static struct rps__server *inst_of(struct rps__server *srv, uint32_t part)
 static void *instance_main(void *arg)
 {
 	struct rps__server *srv = arg;
-	int ret = rps__server_run(srv);
+	int ret;
 
-	pthread_mutex_lock(&srv->mbox.lock);
-	srv->thread_ret = ret;
-	srv->thread_running = false;
-	if (__atomic_load_n(&srv->mbox.pending, __ATOMIC_ACQUIRE)) {	/* asked as it stopped */
-		rps__clearerr();
-		srv->mbox.fn(srv, srv->mbox.arg);
-		snprintf(srv->mbox.err, sizeof(srv->mbox.err), "%s", rps__errbuf());
-		__atomic_store_n(&srv->mbox.pending, false, __ATOMIC_RELEASE);
-		pthread_cond_broadcast(&srv->mbox.done);
-	}
-	pthread_mutex_unlock(&srv->mbox.lock);
+	rps__srv_mbox_claim(srv);
+	ret = rps__server_run(srv);
+	srv->thread_ret = ret;	/* (read after pthread_join) */
+	rps__srv_mbox_close(srv);
 	if (ret) {
 		rps__log(RPS__LOG_ERROR, "serving thread %u stopped: %s", srv->thread_index, rps__errbuf());
 		rps__server_group_stop(srv->first);
@@ -151,12 +77,10 @@ int rps__server_group_start(struct rps__server *first)
 
 	for (k = 1; k < first->nthreads; k++) {
 		struct rps__server *srv = first->group[k];
-		pthread_mutex_lock(&srv->mbox.lock);
-		srv->thread_running = true;
-		pthread_mutex_unlock(&srv->mbox.lock);
+		rps__srv_mbox_open(srv);
 		ret = pthread_create(&srv->thread, NULL, instance_main, srv);
 		if (ret) {
-			srv->thread_running = false;
+			rps__srv_mbox_close(srv);
 			rps__server_group_stop(first);
 			rps__server_group_join(first);
 			return rps__seterr(-ret, "starting serving thread %u: %s", k, strerror(ret));
@@ -242,7 +166,7 @@ void rps__server_group_destroy(struct rps__server *first)
 	rps__server_destroy(first);
 	for (k = 1; group && k < n; k++) {
 		probe_area_free(group[k]);
-		mbox_fini(group[k]);
+		rps__srv_mbox_fini(group[k]);
 		rps__server_destroy(group[k]);
 	}
 	free(group);
@@ -268,8 +192,8 @@ static int group_create_once(const struct rps__server_config *cfg, struct rps__s
 		group[k]->nthreads = cfg->nthreads;
 		group[k]->thread_index = k;
 		group[k]->first = group[0];
-		if (k && ((ret = mbox_init(group[k])) || (ret = probe_area(group[k])))) {
-			mbox_fini(group[k]);
+		if (k && ((ret = rps__srv_mbox_init(group[k])) || (ret = probe_area(group[k])))) {
+			rps__srv_mbox_fini(group[k]);
 			rps__server_destroy(group[k]);
 			goto err;
 		}
@@ -283,7 +207,7 @@ static int group_create_once(const struct rps__server_config *cfg, struct rps__s
 err:
 	while (k--) {
 		probe_area_free(group[k]);
-		mbox_fini(group[k]);
+		rps__srv_mbox_fini(group[k]);
 		rps__server_destroy(group[k]);
 	}
 	free(group);
@@ -317,17 +241,60 @@ int rps__server_group_create(const struct rps__server_config *cfg, struct rps__s
 
 static const struct rps__dp_ops *one;	/* an instance's own ops (dataplane.c) */
 
+/*
+ * The forwarding of the PART and ALL ops, generated from their lines in
+ * RPS__DP_OPS (dataplane.h).  For op f: struct fwd_f holds its arguments
+ * and its result; do_f runs f on the instance it is called on (that
+ * instance in the place of srv); g_f, in the group's table, calls do_f on
+ * the instance of the op's part (PART) or on each instance in turn (ALL).
+ * FIRST ops are the first instance's own; the _CUSTOM ones are written out
+ * below.
+ */
+#define FWD(class, ret, name, ...) FWD_##class(ret, name, __VA_ARGS__)
+#define FWD_FIRST(ret, name, ...)
+#define FWD_PART_CUSTOM(ret, name, ...)
+#define FWD_ALL_CUSTOM(ret, name, ...)
+#define FWD_PART(ret, name, ...) \
+	FWD_OP(ret, name, rps__srv_mbox_call(inst_of(srv, part), do_##name, &a), __VA_ARGS__)
+#define FWD_ALL(ret, name, ...) \
+	_Static_assert(IS_VOID(ret), #name ": an ALL op returns nothing (one that does is ALL_CUSTOM)"); \
+	FWD_OP(ret, name, call_all(srv, do_##name, &a), __VA_ARGS__)
+#define FWD_OP(ret, name, call, ...) \
+	struct fwd_##name { \
+		RPS__DP_SEQ(FWD_FIELD, __VA_ARGS__) \
+		IF(IS_VOID(ret))(, ret result;) \
+	}; \
+	static void do_##name(struct rps__server *inst, void *arg) \
+	{ \
+		struct fwd_##name *a = arg; \
+		a->srv = inst; \
+		IF(IS_VOID(ret))(, a->result =) one->name(RPS__DP_LIST(FWD_ARG, __VA_ARGS__)); \
+	} \
+	static ret g_##name(RPS__DP_PARAMS(__VA_ARGS__)) \
+	{ \
+		struct fwd_##name a = { RPS__DP_SEQ(FWD_INIT, __VA_ARGS__) }; \
+		call; \
+		IF(IS_VOID(ret))(, return a.result;) \
+	}
+#define FWD_FIELD(type, param) type param;
+#define FWD_INIT(type, param) .param = param,
+#define FWD_ARG(type, param) a->param
+/* IS_VOID(type): 1 if type is void, else 0 (a type that starts with a word) */
+#define IS_VOID(type) SECOND(VOID_PROBE_##type, 0, ~)
+#define VOID_PROBE_void ~, 1
+#define SECOND(...) SECOND_(__VA_ARGS__)
+#define SECOND_(a, b, ...) b
+#define IF(cond) RPS__DP_CAT(IF_, cond)
+#define IF_1(yes, no) yes
+#define IF_0(yes, no) no
+
+RPS__DP_OPS(FWD)
+
+/* What the _CUSTOM ops pass their instances. */
 struct args {
-	uint32_t part;
-	uint64_t u64, seq;
+	uint64_t u64;
 	const void *ptr;
 	const char *name;
-	const struct rps__dp_part *view;
-	void **img;
-	size_t *len;
-	size_t size;
-	uint32_t *crc, *nshards;
-	uint64_t *versions;
 	int rank;
 	int ret;
 	bool b;
@@ -341,33 +308,6 @@ struct args {
 };
 
 /* the server as a whole */
-
-static void do_member_id(struct rps__server *s, void *a) { one->set_member_id(s, ((struct args *)a)->u64); }
-static void g_set_member_id(struct rps__server *srv, uint64_t id)
-{
-	struct args a = { .u64 = id };
-
-	call_all(srv, do_member_id, &a);
-}
-
-static void do_lease(struct rps__server *s, void *a) { one->set_lease(s, ((struct args *)a)->u64); }
-static void g_set_lease(struct rps__server *srv, uint64_t until_ns)
-{
-	struct args a = { .u64 = until_ns };
-
-	call_all(srv, do_lease, &a);
-}
-
-static void do_map(struct rps__server *s, void *a)
-{
-	one->set_map(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_set_map(struct rps__server *srv, uint32_t npart, uint64_t applied)
-{
-	struct args a = { .part = npart, .u64 = applied };
-
-	call_all(srv, do_map, &a);
-}
 
 static void do_stats(struct rps__server *s, void *a)
 {
@@ -420,186 +360,6 @@ static int g_repl_peer(struct rps__server *srv, uint64_t id, const char *uri)
 	return a.ret;
 }
 
-/* partitions: each on its own instance */
-
-static void do_part_set(struct rps__server *s, void *a) { one->part_set(s, ((struct args *)a)->part, ((struct args *)a)->view); }
-static void g_part_set(struct rps__server *srv, uint32_t part, const struct rps__dp_part *view)
-{
-	struct args a = { .part = part, .view = view };
-
-	call_on(inst_of(srv, part), do_part_set, &a);
-}
-
-static void do_part_create(struct rps__server *s, void *a) { one->part_create(s, ((struct args *)a)->part); }
-static void g_part_create(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	call_on(inst_of(srv, part), do_part_create, &a);
-}
-
-static void do_part_promote(struct rps__server *s, void *a)
-{
-	one->part_promote(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_part_promote(struct rps__server *srv, uint32_t part, uint64_t epoch)
-{
-	struct args a = { .part = part, .u64 = epoch };
-
-	call_on(inst_of(srv, part), do_part_promote, &a);
-}
-
-static void do_part_publish(struct rps__server *s, void *a)
-{
-	one->part_publish(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoch)
-{
-	struct args a = { .part = part, .u64 = epoch };
-
-	call_on(inst_of(srv, part), do_part_publish, &a);
-}
-
-static void do_part_refuse(struct rps__server *s, void *a) { one->part_refuse(s, ((struct args *)a)->part); }
-static void g_part_refuse(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	call_on(inst_of(srv, part), do_part_refuse, &a);
-}
-
-static void do_part_fence(struct rps__server *s, void *a)
-{
-	((struct args *)a)->b = one->part_fence(s, ((struct args *)a)->part);
-}
-static bool g_part_fence(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	call_on(inst_of(srv, part), do_part_fence, &a);
-	return a.b;
-}
-
-static void do_part_unfence(struct rps__server *s, void *a)
-{
-	one->part_unfence(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch)
-{
-	struct args a = { .part = part, .u64 = epoch };
-
-	call_on(inst_of(srv, part), do_part_unfence, &a);
-}
-
-static void do_part_serialize(struct rps__server *s, void *a)
-{
-	struct args *x = a;
-
-	x->ret = one->part_serialize(s, x->part, x->u64, x->img, x->len);
-}
-static int g_part_serialize(struct rps__server *srv, uint32_t part, uint64_t epoch, void **img, size_t *len)
-{
-	struct args a = { .part = part, .u64 = epoch, .img = img, .len = len };
-
-	call_on(inst_of(srv, part), do_part_serialize, &a);
-	return a.ret;
-}
-
-static void do_forget_parked(struct rps__server *s, void *a) { one->part_forget_parked(s, ((struct args *)a)->part); }
-static void g_part_forget_parked(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	call_on(inst_of(srv, part), do_forget_parked, &a);
-}
-
-static void do_part_install(struct rps__server *s, void *a)
-{
-	struct args *x = a;
-
-	x->ret = one->part_install(s, x->part, x->u64, x->ptr, x->size);
-}
-static int g_part_install(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img, size_t len)
-{
-	struct args a = { .part = part, .u64 = epoch, .ptr = img, .size = len };
-
-	call_on(inst_of(srv, part), do_part_install, &a);
-	return a.ret;
-}
-
-static void do_part_drop(struct rps__server *s, void *a) { one->part_drop(s, ((struct args *)a)->part); }
-static void g_part_drop(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	call_on(inst_of(srv, part), do_part_drop, &a);
-}
-
-static void do_repl_seq(struct rps__server *s, void *a)
-{
-	((struct args *)a)->u64 = one->repl_seq(s, ((struct args *)a)->part);
-}
-static uint64_t g_repl_seq(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	call_on(inst_of(srv, part), do_repl_seq, &a);
-	return a.u64;
-}
-
-static void do_seq_set(struct rps__server *s, void *a)
-{
-	one->part_repl_seq_set(s, ((struct args *)a)->part, ((struct args *)a)->u64);
-}
-static void g_part_repl_seq_set(struct rps__server *srv, uint32_t part, uint64_t seq)
-{
-	struct args a = { .part = part, .u64 = seq };
-
-	call_on(inst_of(srv, part), do_seq_set, &a);
-}
-
-static void do_install_backup(struct rps__server *s, void *a)
-{
-	struct args *x = a;
-
-	x->ret = one->part_install_backup(s, x->part, x->u64, x->ptr, x->size, x->seq);
-}
-static int g_part_install_backup(struct rps__server *srv, uint32_t part, uint64_t epoch, const void *img,
-				 size_t len, uint64_t seq)
-{
-	struct args a = { .part = part, .u64 = epoch, .ptr = img, .size = len, .seq = seq };
-
-	call_on(inst_of(srv, part), do_install_backup, &a);
-	return a.ret;
-}
-
-static void do_diverged(struct rps__server *s, void *a)
-{
-	((struct args *)a)->u64 = one->part_diverged(s, ((struct args *)a)->part);
-}
-static uint64_t g_part_diverged(struct rps__server *srv, uint32_t part)
-{
-	struct args a = { .part = part };
-
-	call_on(inst_of(srv, part), do_diverged, &a);
-	return a.u64;
-}
-
-static void do_digest(struct rps__server *s, void *a)
-{
-	struct args *x = a;
-
-	x->ret = one->part_digest(s, x->name, x->part, x->crc, x->versions, x->nshards);
-}
-static int g_part_digest(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
-			 uint64_t *versions, uint32_t *nshards)
-{
-	struct args a = { .part = part, .name = name, .crc = crc, .versions = versions, .nshards = nshards };
-
-	call_on(inst_of(srv, part), do_digest, &a);
-	return a.ret;
-}
-
 /* workers */
 
 static void do_rank_remove(struct rps__server *s, void *a)
@@ -618,7 +378,7 @@ static int g_rank_remove(struct rps__server *srv, const char *name, int rank)
 
 	for (k = 0; k < srv->nthreads; k++) {
 		struct args a = { .name = name, .rank = rank };
-		call_on(srv->group[k], do_rank_remove, &a);
+		rps__srv_mbox_call(srv->group[k], do_rank_remove, &a);
 		if (a.ret < 0 && a.ret != -ENOENT) {
 			if (ret >= 0 || ret == -ENOENT)
 				snprintf(msg, sizeof(msg), "%s", rps__errbuf());
@@ -682,27 +442,6 @@ static uint32_t g_hold_steps(struct rps__server *srv, struct rps__ckpt_target **
 	return a.ntargets;
 }
 
-static void do_hold_tensor(struct rps__server *s, void *a)
-{
-	one->hold_tensor(s, ((struct args *)a)->name, ((struct args *)a)->u64);
-}
-static void g_hold_tensor(struct rps__server *srv, const char *name, uint64_t step)
-{
-	struct args a = { .name = name, .u64 = step };
-
-	call_all(srv, do_hold_tensor, &a);
-}
-
-static void do_hold_release(struct rps__server *s, void *a)
-{
-	(void)a;
-	one->hold_release(s);
-}
-static void g_hold_release(struct rps__server *srv)
-{
-	call_all(srv, do_hold_release, NULL);
-}
-
 static void do_hold_reached(struct rps__server *s, void *a)
 {
 	if (!one->hold_reached(s))
@@ -714,16 +453,6 @@ static bool g_hold_reached(struct rps__server *srv)
 
 	call_all(srv, do_hold_reached, &a);
 	return a.b;
-}
-
-static void do_drain(struct rps__server *s, void *a)
-{
-	(void)a;
-	one->drain(s);
-}
-static void g_drain(struct rps__server *srv)
-{
-	call_all(srv, do_drain, NULL);
 }
 
 /* Each instance's copy, then one copy of them all: tensors by name, the
@@ -762,7 +491,7 @@ static int g_take(struct rps__server *srv, struct rps__dp_copy *out)
 	for (k = 0; k < srv->nthreads && !ret; k++) {
 		struct args a;
 		memset(&a, 0, sizeof(a));
-		call_on(srv->group[k], do_take, &a);
+		rps__srv_mbox_call(srv->group[k], do_take, &a);
 		parts[k] = a.copy;
 		ret = a.ret;
 		n += a.copy.nshards;
@@ -847,49 +576,29 @@ static int g_restore_shard(struct rps__server *srv, const char *file, struct ten
 
 	if (cs->index >= t->layout.nshards)
 		return one->restore_shard(srv, file, t, cs);	/* (it says what is wrong) */
-	call_on(inst_of(srv, rps__shard_server(&t->layout, cs->index)), do_restore_shard, &a);
+	rps__srv_mbox_call(inst_of(srv, rps__shard_server(&t->layout, cs->index)), do_restore_shard, &a);
 	return a.ret;
 }
+
+/* The group's table: each op from its line in RPS__DP_OPS, the first
+ * instance's own or g_<name> by its class, and nothing else. */
+#define ENTRY(class, ret, name, ...) ENTRY_##class(name)
+#define ENTRY_FIRST(name) .name = one->name,
+#define ENTRY_PART(name) .name = g_##name,
+#define ENTRY_PART_CUSTOM(name) .name = g_##name,
+#define ENTRY_ALL(name) .name = g_##name,
+#define ENTRY_ALL_CUSTOM(name) .name = g_##name,
+#define COUNT(class, ret, name, ...) +1
+_Static_assert(sizeof(struct rps__dp_ops) == (0 RPS__DP_OPS(COUNT)) * sizeof(void (*)(void)),
+	       "struct rps__dp_ops has a member that is not in RPS__DP_OPS");
 
 static struct rps__dp_ops group_ops;
 static pthread_once_t group_ops_once = PTHREAD_ONCE_INIT;
 
 static void group_ops_init(void)
 {
-	{
-		one = rps__dataplane_ops();
-		group_ops = *one;	/* the first instance's own: its connections, memory, port */
-		group_ops.set_member_id = g_set_member_id;
-		group_ops.set_lease = g_set_lease;
-		group_ops.set_map = g_set_map;
-		group_ops.stats = g_stats;
-		group_ops.repl_peer = g_repl_peer;
-		group_ops.part_set = g_part_set;
-		group_ops.part_create = g_part_create;
-		group_ops.part_promote = g_part_promote;
-		group_ops.part_publish = g_part_publish;
-		group_ops.part_refuse = g_part_refuse;
-		group_ops.part_fence = g_part_fence;
-		group_ops.part_unfence = g_part_unfence;
-		group_ops.part_serialize = g_part_serialize;
-		group_ops.part_forget_parked = g_part_forget_parked;
-		group_ops.part_install = g_part_install;
-		group_ops.part_drop = g_part_drop;
-		group_ops.repl_seq = g_repl_seq;
-		group_ops.part_repl_seq_set = g_part_repl_seq_set;
-		group_ops.part_install_backup = g_part_install_backup;
-		group_ops.part_diverged = g_part_diverged;
-		group_ops.part_digest = g_part_digest;
-		group_ops.rank_remove = g_rank_remove;
-		group_ops.hold_steps = g_hold_steps;
-		group_ops.hold_tensor = g_hold_tensor;
-		group_ops.hold_release = g_hold_release;
-		group_ops.hold_reached = g_hold_reached;
-		group_ops.drain = g_drain;
-		group_ops.take = g_take;
-		group_ops.restore_tensor = g_restore_tensor;
-		group_ops.restore_shard = g_restore_shard;
-	}
+	one = rps__dataplane_ops();
+	group_ops = (struct rps__dp_ops){ RPS__DP_OPS(ENTRY) };
 }
 
 const struct rps__dp_ops *rps__dataplane_ops_group(void)
