@@ -38,7 +38,7 @@
 #define RESEED_RAW_MSG (1u << 20)	/* raw stream / READ message size at most */
 #define RESEED_RAW_MIN 64L		/* raw messages at least, per row */
 /* Before a raise: the leader spaces its proposals for one partition 0.5 s
- * apart (REPLICA_RETRY_NS, src/control/cp_replicas.c), so a raise right
+ * apart (REPLICA_RETRY_NS, src/control/repl_place.c), so a raise right
  * after the drop would first wait out the drop's spacing, which a
  * re-replication after a failover does not: let it pass. */
 #define RESEED_SETTLE_MS 1000

@@ -697,7 +697,7 @@ static void test_refusals(void)
 }
 
 
-/* ---- leases and failover (cp_failover.c) ------------------------------------ */
+/* ---- leases and failover (repl_failover.c) ------------------------------------ */
 
 static struct conn peer3 = { .role = CONN_PEER, .peer_id = 3, .name = "127.0.0.1:3" };
 static struct conn peer4 = { .role = CONN_PEER, .peer_id = 4, .name = "127.0.0.1:4" };
@@ -1080,7 +1080,7 @@ static void test_new_leader_waits(void)
 	rps__log_level = level;
 }
 
-/* ---- replica sets: placement by the leader, seeding (cp_replicas.c) ------------ */
+/* ---- replica sets: placement by the leader, seeding (repl_place.c) ------------ */
 
 /* A new one-member cluster in a fresh directory (the same fake data plane),
  * then members 2 and 3, connected (so live); the replica duty runs. */

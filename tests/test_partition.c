@@ -17,6 +17,7 @@
 #include "common/common.h"
 #include "kernels/agg.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * test_repl.c - the replication stream (src/server/repl.c) between two
+ * test_repl.c - the replication stream (src/server/repl_stream.c) between two
  * real data planes in one process over TCP, each driven by a fake control
  * plane as in test_dataplane.c: A (member 1) owns every partition, B
  * (member 2) is the backup of each.  Real workers (librdmaps) push to A.
@@ -19,6 +19,7 @@
 #include "server/dataplane.h"
 #include "server/server.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>

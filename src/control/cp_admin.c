@@ -346,7 +346,7 @@ void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, c
 		}
 		if (!rps__smap_owned(&cp->map, a->id) && holds_replicas(&cp->map, a->id)) {
 			/* its backup roles go elsewhere first: the leader's
-			 * placement (cp_replicas.c) seeds replacements, then
+			 * placement (repl_place.c) seeds replacements, then
 			 * proposes REMOVE_MEMBER; we answer when it is out */
 			rps__log(RPS__LOG_INFO, "remove-server %llu: moving its backups to other members first",
 				 (unsigned long long)a->id);

@@ -39,7 +39,7 @@ void rps__cp_map_publish(struct rps__cplane *cp)
 	len32 = (uint32_t)len;
 	memcpy(tmp, &len32, 4);
 	memset(tmp + 4 + len, 0, sizeof(tmp) - 4 - len - sizeof(struct rps__quorum_note));
-	/* (the note at the end is cp_failover.c's) */
+	/* (the note at the end is repl_failover.c's) */
 	memcpy(cp->mapbuf, tmp, sizeof(tmp) - sizeof(struct rps__quorum_note));
 }
 
@@ -59,7 +59,7 @@ void rps__cp_part_sync(struct rps__cplane *cp, uint32_t p)
 	v.owned_lost = mp->owner == cp->my_id && v.lost;
 	/* seeding a backup: tensors created meanwhile get their region here too */
 	v.incoming |= pl->st == PART_SEED_FENCING || pl->st == PART_SEED_SHIPPED;
-	/* the replica set: who streams to whom (src/server/repl.c) */
+	/* the replica set: who streams to whom (src/server/repl_stream.c) */
 	v.primary = mp->owner;
 	for (k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
 		if (mp->backups[k]) {
@@ -97,7 +97,7 @@ static bool backs_up(const struct rps__cplane *cp, uint32_t p)
 
 /* p is not ours to serve; the map made us one of its backups when the
  * cluster began (seeded ones, and backups dropped from the set, are
- * cp_replicas.c's).  A restart took what we held: never promote an empty
+ * repl_place.c's).  A restart took what we held: never promote an empty
  * copy (it stays PART_NONE: we leave the set, cp_moves.c). */
 static void backup_reconcile(struct rps__cplane *cp, uint32_t p)
 {
@@ -112,7 +112,7 @@ static void reconcile_part(struct rps__cplane *cp, uint32_t p, uint64_t now)
 	const struct rps__smap_part *mp = &cp->map.parts[p];
 	struct part_local *pl = &cp->parts[p];
 
-	if (rps__cp_replica_reconcile(cp, p, now))	/* seeding, backups (cp_replicas.c) */
+	if (rps__cp_replica_reconcile(cp, p, now))	/* seeding, backups (repl_place.c) */
 		return;
 	if (mp->owner == cp->my_id && !mp->moving_to) {
 		if (pl->st == PART_BACKUP) {
@@ -316,7 +316,7 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp, struct rps__smap *m)
 	 * depends on --cluster alone, never on this member's --replicas: every
 	 * founding member builds this map by itself, and they must all agree.
 	 * A --replicas that differs reaches the map through the leader
-	 * (SET_REPLICAS, then drops or seedings: cp_replicas.c).  The map goes
+	 * (SET_REPLICAS, then drops or seedings: repl_place.c).  The map goes
 	 * into the Raft log's bootstrap snapshot (cplane.c open_raft): a
 	 * restart replays onto it, not onto what its flags or this code's
 	 * defaults would build by then. */

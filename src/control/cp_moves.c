@@ -3,7 +3,7 @@
  * fences, ships and offers the partition, the new owner READs and installs
  * it (through the data plane's partition API), and the duties that push a
  * move on (offers, commits, aborts, lost partitions, draining copies).
- * Seeding a backup (cp_replicas.c) uses the same image and READ.
+ * Seeding a backup (repl_place.c) uses the same image and READ.
  */
 #include "config.h"
 #include "common/common.h"

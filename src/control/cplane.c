@@ -37,8 +37,8 @@
  * data plane (server/dataplane.h) is reached only through the ops table it
  * was given, and calls back through the hooks set up here.  Files: this one
  * (start, stop, the hooks, timers), cp_peers.c, cp_moves.c, cp_map.c
- * (applying the map, proposals), cp_failover.c (failure detection, leases,
- * FAILOVER), cp_replicas.c (replica sets, seeding), cp_admin.c (psctl),
+ * (applying the map, proposals), repl_failover.c (failure detection, leases,
+ * FAILOVER), repl_place.c (replica sets, seeding), cp_admin.c (psctl),
  * ckpt_srv.c; cplane_int.h has the map of the whole folder.
  */
 #include "config.h"

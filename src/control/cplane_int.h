@@ -8,8 +8,8 @@
  *   cp_peers.c        connections to the other servers
  *   cp_map.c          applying the shard map, proposals
  *   cp_moves.c        moves of partitions
- *   cp_failover.c     failure detection, primary leases, FAILOVER proposals
- *   cp_replicas.c     replica sets: placing backups, seeding them,
+ *   repl_failover.c     failure detection, primary leases, FAILOVER proposals
+ *   repl_place.c     replica sets: placing backups, seeding them,
  *                     --replicas and --zone, the witness
  *   cp_admin.c        psctl's requests, the leader's membership duties
  *   ckpt_srv.c        checkpoints and restores on the server's side
@@ -53,7 +53,7 @@ enum part_state {
 			 * backup, fenced: the COMMIT proposed) */
 	PART_INCOMING,	/* installed here, waiting for MOVE_COMMIT */
 	PART_DRAINING,	/* moved away: regions freed at free_at */
-	/* seeding a backup (cp_replicas.c) */
+	/* seeding a backup (repl_place.c) */
 	PART_SEED_FENCING,	/* primary: REPLICA_BEGIN applied, fencing for the joiner `to` */
 	PART_SEED_SHIPPED,	/* primary: fenced, image offered to `to` */
 	PART_SEEDING,	/* the joiner: waiting for the image, then for REPLICA_COMMIT */
@@ -113,7 +113,7 @@ struct cp_read {
 
 struct ckpt_state;
 
-/* Primary leases and failure detection (cp_failover.c). */
+/* Primary leases and failure detection (repl_failover.c). */
 #define FO_SENT_MAX 8u		/* LEASE requests a member remembers */
 #define FO_WAITS_MAX 64u	/* LEASE requests a leader waits to confirm */
 
@@ -199,8 +199,8 @@ struct rps__cplane {
 	uint32_t nlearned;
 	uint64_t learn_next;		/* ns: next STATUS to a seed while nothing is learned */
 	struct ckpt_state *ckpt;	/* ckpt_srv.c */
-	struct cp_failover fo;		/* cp_failover.c */
-	/* cp_replicas.c */
+	struct cp_failover fo;		/* repl_failover.c */
+	/* repl_place.c */
 	uint64_t replica_next[RPS__SMAP_MAX_PART];	/* leader: next proposal for the partition (ns) */
 	uint64_t diverged_next[RPS__SMAP_MAX_PART];	/* primary: next DROP of a diverged replica (ns) */
 	uint64_t seed_src_next[RPS__SMAP_MAX_MEMBERS];	/* leader: member slot i's back-off after an abort (ns) */
@@ -267,7 +267,7 @@ void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t par
 void rps__cp_reads_gone(struct rps__cplane *cp, struct conn *c);
 void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now);
 
-/* cp_replicas.c: placement (leader), seeding backups, --replicas and --zone */
+/* repl_place.c: placement (leader), seeding backups, --replicas and --zone */
 bool rps__cp_replica_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now);
 void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now);
 void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now);
@@ -297,7 +297,7 @@ void rps__cp_admin_conn_gone(struct rps__cplane *cp, struct conn *c);
 void rps__cp_admin_timeouts(struct rps__cplane *cp, uint64_t now);
 void rps__cp_leader_membership(struct rps__cplane *cp);
 
-/* cp_failover.c: primary leases, failure detection, FAILOVER proposals */
+/* repl_failover.c: primary leases, failure detection, FAILOVER proposals */
 uint64_t rps__cp_failover_now(void);
 void rps__cp_failover_init(struct rps__cplane *cp);
 void rps__cp_lease_send(struct rps__cplane *cp, uint64_t now);

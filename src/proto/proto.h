@@ -88,7 +88,7 @@ enum rps__msg_type {
 	RPS__MSG_CKPT_REP,	/* struct rps__ckpt_rep + targets (variable) */
 	RPS__MSG_RANK,		/* struct rps__rank_req (psctl remove-rank); to every server */
 	RPS__MSG_RANK_REP,	/* struct rps__rank_rep */
-	/* primary leases (control/cp_failover.c): member -> leader, role PEER */
+	/* primary leases (control/repl_failover.c): member -> leader, role PEER */
 	RPS__MSG_LEASE,		/* struct rps__lease: every failover_ms / 10 */
 	RPS__MSG_LEASE_REP,	/* struct rps__lease_rep: after a ReadIndex round */
 	/* primary -> backup server (role REPL): the replication stream */
@@ -98,7 +98,7 @@ enum rps__msg_type {
 	RPS__MSG_REPL_NACK,	/* struct rps__repl_ack, status: the entry after seq is refused */
 	/* server -> worker: sync steps replicated (after PUSH_ACK TAKEN) */
 	RPS__MSG_STEP_DONE,	/* struct rps__step_done */
-	/* primary -> joiner (role PEER): seeding a new backup (control/cp_replicas.c) */
+	/* primary -> joiner (role PEER): seeding a new backup (control/repl_place.c) */
 	RPS__MSG_SEED,		/* struct rps__seed: a fenced partition's image to READ as a backup */
 	/* the first messages of a connection to a server with a key (auth.h) */
 	RPS__MSG_AUTH,		/* struct rps__auth: the connector's proof */
@@ -161,7 +161,7 @@ struct rps__auth_rep {
 	char why[64];		/* status < 0: what was refused */
 };
 
-/* A member asks the Raft leader for a primary lease (cp_failover.c). */
+/* A member asks the Raft leader for a primary lease (repl_failover.c). */
 struct rps__lease {
 	uint64_t seq;		/* the member's counter, echoed in the reply */
 	uint64_t t_send;	/* the member's CLOCK_BOOTTIME at sending, ns (for its logs) */
@@ -489,7 +489,7 @@ struct rps__admin_rep {
 };
 
 /*
- * The replication stream (src/server/repl.c): the primary writes an entry
+ * The replication stream (src/server/repl_stream.c): the primary writes an entry
  * (this descriptor, then the payload) into the backup's slot k with one
  * WRITE_WITH_IMM, imm = k; slots are used in turn, one credit each.
  */

@@ -1,6 +1,6 @@
 /*
  * apply.c - applying an update to a shard, shared by the primary (push.c)
- * and its backups (repl.c), so the two run the same code in the same order
+ * and its backups (repl_stream.c), so the two run the same code in the same order
  * and end bit-identical: the optimizer step, the applied-push-id set, the
  * bounded clocks.  Per-push functions; the per-element work is in
  * src/kernels.

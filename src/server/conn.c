@@ -12,6 +12,7 @@
 #include "proto/proto.h"
 #include "transport/transport.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -212,7 +213,7 @@ static void full_sizes(const struct rps__server *srv, enum conn_role_kind role, 
 		/* + STEP_DONE's own window: it never takes an ack's buffer */
 		*nsend = CTRL_CREDITS + srv->cfg.nslots + 4 + RPS__STEP_DONE_WINDOW;
 	} else if (role == CONN_REPL) {
-		/* entries come as WRITE_IMM into slots (repl.c): each takes a receive */
+		/* entries come as WRITE_IMM into slots (repl_stream.c): each takes a receive */
 		*msg_max = RPS__MSG_MAX;
 		*nrecv = REPL_SLOTS + 8;
 		*nsend = 16;

@@ -6,6 +6,7 @@
 #include "config.h"
 #include "common/common.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -201,7 +201,7 @@ struct rps__dp_hooks {
 	/* free the partition's regions (revokes remote access) and forget \
 	 * its parked pushes */ \
 	X(PART, void, part_drop, (struct rps__server *, srv), (uint32_t, part)) \
-	/* seeding a backup (control/cp_replicas.c): the primary's replication \
+	/* seeding a backup (control/repl_place.c): the primary's replication \
 	 * seq of the partition (at the cut), and, on the joiner, validate and \
 	 * install the image as a backup (regions kept, not served; a sync \
 	 * step in progress and its parked pushes kept, taken on only once \
@@ -253,7 +253,7 @@ struct rps__dp_hooks {
 	X(PART_CUSTOM, int, restore_shard, (struct rps__server *, srv), (const char *, file), (struct tensor *, t), \
 	  (const struct rps__dp_shard *, cs)) \
 	\
-	/* ---- primary lease (control/cp_failover.c) */ \
+	/* ---- primary lease (control/repl_failover.c) */ \
 	/* this server may acknowledge pushes of partitions with backups until \
 	 * until_ns on rps__dp_boottime_ns()'s clock, not after */ \
 	X(ALL, void, set_lease, (struct rps__server *, srv), (uint64_t, until_ns))

@@ -6,7 +6,7 @@
  * worker) for its whole timeout, dial after dial.  So a dial is started
  * (rps__dial_start), its descriptor joins the loop's poll() and its
  * deadline the loop's timeout, and each turn steps it; when it is over,
- * connected or not, its owner finishes it (dataplane.c for PEER, repl.c
+ * connected or not, its owner finishes it (dataplane.c for PEER, repl_stream.c
  * for REPL).  Until then the connection is in no table: work for it
  * (replication entries, peer messages) waits as it does for a connection
  * that is down.
@@ -14,6 +14,7 @@
 #include "config.h"
 #include "common/common.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 #include "transport/uri.h"
 
 #include <errno.h>

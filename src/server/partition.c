@@ -12,6 +12,7 @@
 #include "common/crc.h"
 #include "kernels/agg.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -869,7 +870,7 @@ void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoc
 
 /*
  * The read fence (doc/design.md "The read fence").  The lease fences acknowledgements (push.c,
- * repl.c), but a worker READs a primary's shards one-sidedly and never asks
+ * repl_stream.c), but a worker READs a primary's shards one-sidedly and never asks
  * it: a primary cut off from its peers whose partitions failed over would
  * go on handing workers that still hold its regions the values it had,
  * older than what the new primary has acknowledged since.  So whenever this
@@ -878,13 +879,13 @@ void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoc
  * epoch check, the worker reads the map again and goes to the primary the
  * map names.  When a lease is granted again (the control plane grants it
  * only once this server applied the log up to the leader's commit index at
- * the grant, cp_failover.c, so a primary deposed meanwhile knows it by
+ * the grant, repl_failover.c, so a primary deposed meanwhile knows it by
  * then) and the partition is still served here, the headers get its epoch
  * back.  Only the epoch word changes, by one atomic store: a READ sees
  * either epoch, with whatever seq (a version still being replicated stays
  * odd, unreadable, as it was).
  *
- * The order (cp_failover.c has the timing argument for the lease).  The
+ * The order (repl_failover.c has the timing argument for the lease).  The
  * lease of a primary P ends at least failover_ms - lease_ms (failover_ms /
  * 2, less the drift) before the leader can declare P failed and a FAILOVER
  * be committed and applied by the new primary B.  This runs at the top of

@@ -12,6 +12,7 @@
 #include "proto/proto.h"
 #include "proto/shard.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -248,7 +249,7 @@ void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t l
 				return;
 			s->next_rank = 0;
 			s->nsummed = 0;
-			/* published and woken once on every replica (repl.c) */
+			/* published and woken once on every replica (repl_stream.c) */
 			publish_begin(s);
 			rps__srv_shard_apply(t, s, s->acc);
 			rps__srv_repl_step(srv, t, s);
@@ -343,7 +344,7 @@ void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t versi
 
 /* Sync, partition with backups: the first stage of the acknowledgement
  * (summed or parked: the slot is free); STEP_DONE completes the push once
- * its step `clock` is on every replica (repl.c). */
+ * its step `clock` is on every replica (repl_stream.c). */
 static void push_taken(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
 		       struct shard *s, uint64_t clock, uint64_t version)
 {
@@ -530,7 +531,7 @@ static enum consume_result consume_sync(struct rps__server *srv, struct conn *c,
 }
 
 /* async and bounded, replicated: applied, shipped to every replica; the
- * publication, the lock's release and the ack wait for them (repl.c). */
+ * publication, the lock's release and the ack wait for them (repl_stream.c). */
 static enum consume_result apply_async_replicated(struct rps__server *srv, struct conn *c, uint32_t slot,
 						  struct tensor *t, struct shard *s, const struct rps__push_desc *d,
 						  uint64_t holds)

@@ -1,5 +1,5 @@
 /*
- * repl_backup.c - the backup's side of the replication stream (repl.c has
+ * repl_backup.c - the backup's side of the replication stream (repl_stream.c has
  * the primary's): it registers slots for a primary server, pairs only with
  * the same kernel fingerprint, and applies entries in order with the
  * primary's own code (apply.c), checking the stream's continuity, the
@@ -13,6 +13,7 @@
 #include "kernels/agg.h"
 #include "proto/proto.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -177,7 +178,7 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 				 * fence (the fence waits for their confirmation), so
 				 * the image holds this one; acknowledged, not applied.
 				 * Breaking the stream instead would stall every
-				 * partition it carries (repl.c: a broken stream) */
+				 * partition it carries (repl_stream.c: a broken stream) */
 	if (d->seq != srv->repl_seq[d->part] + 1)
 		return broken(c, "partition %u: replication entry %llu after %llu", d->part,
 			      (unsigned long long)d->seq, (unsigned long long)srv->repl_seq[d->part]);

@@ -8,6 +8,7 @@
 #include "proto/proto.h"
 #include "proto/shard.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <errno.h>
 #include <stdbool.h>

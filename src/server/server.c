@@ -31,6 +31,7 @@
 #include "common/topo.h"
 #include "transport/transport.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -56,7 +56,7 @@ struct rps__server_config {
 					 * (0: not given, the map's stands) */
 	const char *zone;		/* --zone: this member's zone label (NULL: not given) */
 	int witness;			/* --witness: a Raft voter that holds no partitions and
-					 * takes no worker (control/cp_replicas.c) */
+					 * takes no worker (control/repl_place.c) */
 	/* security (doc/security.md) */
 	struct rps__keyring *keys;	/* --key: the cluster key, every connection authenticates
 					 * (NULL: none; then only loopback peers are taken

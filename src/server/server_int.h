@@ -19,13 +19,14 @@
  *                  fence
  *   hold.c         checkpoints: the hold, the copies, installing a restore
  *   dataplane.c    the ops the control plane calls (dataplane.h)
- *   repl.c         the replication stream, the primary's side, and what
+ *   repl_stream.c  the replication stream, the primary's side, and what
  *                  both sides share: pairing, messages, a broken stream
  *                  (rps__srv_repl_conn_gone, rps__srv_repl_diverged)
  *   repl_backup.c  the replication stream, the backup's side: accepting a
- *                  primary, applying its entries
+ *                  primary, applying its entries (both: repl.h)
  *   threads.c      serving threads (rdmapsd --threads N): N data planes, one
- *                  ops table over them
+ *                  ops table over them (generated from dataplane.h's list)
+ *   mailbox.c      the calls one serving thread posts to another (mailbox.h)
  * doc/design.md ("Replicated partitions and failover", "Serving threads")
  * has the design of the last three.
  */
@@ -223,7 +224,7 @@ struct conn {
 	uint32_t *sfree;
 	uint32_t nsfree;
 	size_t slots_len;
-	/* CONN_REPL (repl.c): the primary's side (repl_out) writes entries from
+	/* CONN_REPL (repl_stream.c): the primary's side (repl_out) writes entries from
 	 * its ring into the backup's slots; the backup applies them in order */
 	bool repl_out;		/* we dialed: we are the primary */
 	bool repl_ready;	/* primary: the backup answered REPL_HELLO */
@@ -241,7 +242,7 @@ struct conn {
 	uint32_t ntmap;
 	uint8_t *bound;		/* primary: tensor ids bound on this stream */
 	uint32_t nbound;
-	/* workers, sync with backups (repl.c): steps replicated, not yet told */
+	/* workers, sync with backups (repl_stream.c): steps replicated, not yet told */
 	struct rps__step_done_ent *sd;
 	uint32_t nsd, sd_cap;
 	uint32_t sd_inflight;	/* STEP_DONE messages in the send queue */
@@ -362,7 +363,7 @@ struct rps__server {
 	struct srv_dial *dials;
 	uint32_t ndials, dials_cap;
 
-	/* replication (repl.c) */
+	/* replication (repl_stream.c) */
 	struct repl_peer {
 		uint64_t id;
 		char uri[RPS__SMAP_URI_MAX];
@@ -377,13 +378,13 @@ struct rps__server {
 	} repl_peers[RPS__SMAP_MAX_MEMBERS];
 	uint32_t nrepl_peers;
 	bool repl_active;		/* a stream or a wait exists: repl turn has work */
-	uint64_t repl_slow_check;	/* next look for updates that wait long (repl.c) */
+	uint64_t repl_slow_check;	/* next look for updates that wait long (repl_stream.c) */
 	uint64_t repl_unknown;		/* a replica with no address, logged once */
 	struct repl_wait *rwaits;	/* updates waiting for their replicas, in order */
 	uint32_t nrwaits, rwaits_cap;
 	uint64_t repl_seq[RPS__SMAP_MAX_PART];	/* primary: entries sent; backup: applied */
 	uint64_t repl_diverged[RPS__SMAP_MAX_PART];	/* primary: a replica whose stream broke before it
-							 * confirmed an update (repl.c): to be dropped */
+							 * confirmed an update (repl_stream.c): to be dropped */
 	/* backup: the map's epoch when its primary became primary (the epoch
 	 * moves on without it when the replica set changes) */
 	uint64_t primary_since[RPS__SMAP_MAX_PART];
@@ -521,59 +522,11 @@ const float *rps__srv_grad_fp32(struct shard *s, const void *data, uint16_t dtyp
 void rps__srv_update_min_clock(struct tensor *t, struct shard *s);
 void rps__srv_clock_note(struct tensor *t, struct shard *s, int rank, uint64_t clock);
 
-/* repl.c: the replication stream */
+/* the replication stream: server/repl.h; whether a partition has one */
 static inline bool rps__srv_repl_part(const struct rps__server *srv, uint32_t part)
 {
 	return srv->parts[part].nbackups || srv->parts[part].joining;
 }
-/* 0: every replica of the partition can take the entry (and t's binding)
- * now; -EAGAIN: not yet (the push stays held, its replica is dialed). */
-int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t part);
-/* After rps__srv_repl_reserve: ship the update just applied (published
- * from publish_begin on, not ended) and defer its publication and the
- * worker's ack (c, slot) until every replica confirmed it. */
-void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard *s,
-			const struct rps__push_desc *d, struct conn *c, uint32_t slot, uint64_t holds);
-void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard *s, struct conn *c,
-			uint32_t slot);
-void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard *s);
-/* Sync: c's contribution to step `clock` was acknowledged TAKEN; tell c
- * STEP_DONE once that step is on every replica. */
-void rps__srv_repl_step_wait(struct rps__server *srv, struct conn *c, struct tensor *t, struct shard *s,
-			     uint64_t clock);
-bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock);
-/* Sync: the current step of s is orphaned by `rank` (gone before its
- * push): fail the TAKEN pushes of that step and later ones, naming it. */
-void rps__srv_repl_step_orphaned(struct rps__server *srv, struct tensor *t, struct shard *s, int rank);
-/* Complete the waits every replica confirmed (after an ack, or a view
- * that dropped a replica). */
-void rps__srv_repl_confirm(struct rps__server *srv);
-/* The map changed part's replica set: the replicas it dropped are let go
- * by the waits for good (a member seeded again is a new replica). */
-void rps__srv_repl_view_changed(struct rps__server *srv, uint32_t part);
-/* The partition is refused from now (moved away, paused): its sync pushes
- * taken here are told to resend (STEP_DONE entries of version 0). */
-void rps__srv_repl_refuse_part(struct rps__server *srv, uint32_t part);
-bool rps__srv_repl_busy(const struct rps__server *srv, uint32_t part);
-void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot);
-void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
-			      const void *body);
-const char *rps__srv_repl_fingerprint(struct rps__server *srv);
-uint32_t rps__srv_repl_slot_size(const struct rps__server *srv);
-/* the stream's connections: repl_backup.c (accepted, on_hello,
- * backup_turn; and rps__srv_repl_on_entry above) and repl.c (the rest) */
-int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c);
-/* a backup with a higher member id dialed us for its stream */
-void rps__srv_repl_rev_accepted(struct rps__server *srv, struct conn *c);
-void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
-			    const struct rps__repl_hello *hello);
-void rps__srv_repl_backup_turn(struct rps__server *srv, struct conn *c);
-void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c);
-uint64_t rps__srv_repl_diverged(struct rps__server *srv, uint32_t part);
-/* Once per loop turn: dial, retry entries, batched REPL_ACKs. */
-void rps__srv_repl_turn(struct rps__server *srv);
-void rps__srv_repl_fini(struct rps__server *srv);
-int rps__srv_repl_set_peer(struct rps__server *srv, uint64_t id, const char *uri);
 
 /* push.c: acknowledge the push in (c, slot) */
 void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock);
@@ -640,7 +593,7 @@ int rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 void rps__srv_peer_dialed(struct rps__server *srv, struct conn *c, int ret, uint64_t to_id, const char *uri,
 			  const struct rps__conn_priv *rp);
 
-/* repl.c: a REPL dial is over (the same) */
+/* repl_stream.c: a REPL dial is over (the same) */
 void rps__srv_repl_dialed(struct rps__server *srv, struct conn *c, bool rev, int ret, uint64_t to_id,
 			  const char *uri, const struct rps__conn_priv *rp);
 
@@ -698,7 +651,7 @@ static inline bool rps__srv_part_serving(const struct rps__server *srv, uint32_t
 /* Does this server hold its primary lease at now_ns (rps__dp_boottime_ns)?
  * A primary of a partition with backups acknowledges nothing without it
  * (doc/design.md "Failover and leases"; the control plane renews it,
- * control/cp_failover.c). */
+ * control/repl_failover.c). */
 static inline bool rps__srv_lease_held(const struct rps__server *srv, uint64_t now_ns)
 {
 	return now_ns < srv->lease_until;

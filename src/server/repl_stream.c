@@ -1,5 +1,5 @@
 /*
- * repl.c - the replication stream: a primary ships every update of a
+ * repl_stream.c - the replication stream: a primary ships every update of a
  * partition that has backups to each of them, and publishes and
  * acknowledges it only once all of them applied it (doc/design.md
  * "Replication").
@@ -28,6 +28,7 @@
 #include "kernels/optim.h"
 #include "proto/proto.h"
 #include "server/server_int.h"
+#include "server/repl.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -821,7 +822,7 @@ void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const str
  * are gone with it (nothing resends them), so that replica no longer holds
  * what its partition holds, and the updates waiting for it would wait for
  * ever: the partition's primary asks the map to drop it (REPLICA_DROP, or
- * REPLICA_ABORT for a joiner: control/cp_replicas.c), which ends those
+ * REPLICA_ABORT for a joiner: control/repl_place.c), which ends those
  * waits (a replica the map dropped is not waited for), and the leader
  * seeds a backup again.  A replica that confirmed everything keeps its
  * place: a new stream goes on from the seq it applied.

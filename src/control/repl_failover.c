@@ -1,5 +1,5 @@
 /*
- * cp_failover.c - failure detection, primary leases and FAILOVER proposals
+ * repl_failover.c - failure detection, primary leases and FAILOVER proposals
  * (doc/design.md "Failover and leases").
  *
  * Every member sends LEASE {seq, t_send} to the Raft leader every

@@ -1,5 +1,5 @@
 /*
- * cp_replicas.c - replica sets in a running cluster (doc/design.md
+ * repl_place.c - replica sets in a running cluster (doc/design.md
  * "Replication"): the leader places backups (REPLICA_BEGIN where a partition
  * has fewer copies than the target R, REPLICA_DROP where it has more), the
  * primary and the joiner seed a new backup, and --replicas / --zone reach
@@ -280,7 +280,7 @@ static bool reading_other(const struct rps__cplane *cp, uint32_t p)
 }
 
 /* Primary: a replica whose stream broke before it confirmed an update
- * (src/server/repl.c) leaves the set: the waits for it end once the map
+ * (src/server/repl_stream.c) leaves the set: the waits for it end once the map
  * drops it, and the leader seeds a backup again. */
 static void diverged_duty(struct rps__cplane *cp, uint32_t p, uint64_t now)
 {
