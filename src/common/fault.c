@@ -24,15 +24,15 @@ static struct fault_list *current;	/* __atomic */
 static pthread_mutex_t set_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
-static void install(const char *names)
+static void install(const char *list)
 {
-	size_t n = names ? strlen(names) : 0;
+	size_t n = list ? strlen(list) : 0;
 	struct fault_list *l = calloc(1, sizeof(*l) + n + 1);
 
 	if (!l)
 		return;		/* (test hooks: the old list stays) */
 	if (n)
-		memcpy(l->names, names, n);
+		memcpy(l->names, list, n);
 	pthread_mutex_lock(&set_lock);
 	l->prev = current;
 	__atomic_store_n(&current, l, __ATOMIC_RELEASE);
