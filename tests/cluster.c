@@ -6,6 +6,7 @@
 #include "client/client_int.h"
 #include "client/ctl.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "control/raft.h"
 #include "lib/tmpdir.h"
@@ -569,8 +570,12 @@ int it_workers_start(struct it_workers *w, int n, it_worker_fn fn, const char *s
 		if (w->pid[i] == 0) {
 			int ret;
 			close(p[0]);
-			if (env && i == env_rank)
+			if (env && i == env_rank) {
 				putenv((char *)env);
+				/* (read once per process: the parent may have) */
+				if (!strncmp(env, "RPS_FAULT=", 10))
+					rps__fault_set(env + 10);
+			}
 			ret = fn(i, n, servers, arg, p[1]);
 			close(p[1]);
 			_exit(ret);

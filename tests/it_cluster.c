@@ -18,6 +18,7 @@
 #include "client/client.h"
 #include "kernels/agg.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "kernels/optim.h"
 #include "proto/auth.h"
 #include "proto/proto.h"
@@ -1655,9 +1656,9 @@ static void test_verify_flipped_bit(void)
 	rps_client_opts_init(&co);
 	co.servers = cluster.servers;
 	co.verify = 1;
-	setenv("RPS_FAULT", "corrupt-push:3", 1);
+	rps__fault_set("corrupt-push:3");
 	ret = rps_client_connect(&co, &cl);
-	unsetenv("RPS_FAULT");
+	rps__fault_set(NULL);
 	CU_ASSERT_EQUAL_FATAL(ret, 0);
 	rps_tensor_opts_init(&o);
 	o.count = 5000;
@@ -3463,8 +3464,8 @@ int main(void)
 		{ "async, windows of 8: a worker's pushes to one shard go as chains, exact", test_async_windows_chain },
 		{ "bounded staleness never exceeds k", test_bounded_staleness },
 		{ "several tensors, threads sharing a client", test_several_tensors_threads },
-		{ "worker killed mid-push", test_worker_killed_mid_push },
-		{ "worker stalled holding a lock past its lease", test_worker_stalled_holding_lock },
+		CUTEST_FAULT("worker killed mid-push", test_worker_killed_mid_push),
+		CUTEST_FAULT("worker stalled holding a lock past its lease", test_worker_stalled_holding_lock),
 		{ "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders },
 		{ "--memory-limit refuses what does not fit", test_memory_limit },
 		{ "--threads 3: each port serves its share of the partitions, exact in every mode", test_serving_threads },
@@ -3475,7 +3476,7 @@ int main(void)
 		  test_timed_out_ops_leave_buffers_alone },
 		{ "sync: a dead worker is named to the others", test_sync_dead_worker_named },
 		{ "sync, R = 1: a dead worker is named to the others", test_sync_dead_worker_named_r1 },
-		{ "sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover },
+		CUTEST_FAULT("sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover),
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
 		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },
 		{ "bounded: psctl remove-rank lets the others go on", test_bounded_remove_rank },
@@ -3485,12 +3486,12 @@ int main(void)
 		{ "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place },
 		{ "bad numbers on the command line refused at start", test_cli_numbers_refused_at_start },
 		{ "SIGTERM stops a server spinning under load", test_sigterm_stops_spinning_server },
-		{ "a signal during exit is harmless", test_signal_during_exit_is_harmless },
+		CUTEST_FAULT("a signal during exit is harmless", test_signal_during_exit_is_harmless),
 		/* from here on, tests connect in this process (over verbs, a
 		 * worker forked after that could not open the device) */
 		{ "registered buffers: zero-copy pushes and pulls, exact, no more bytes", test_registered_buffers },
 		{ "registered buffers: empty refused, busy not deregistered, per client", test_registered_buffer_rules },
-		{ "--verify: a flipped bit is refused, never applied", test_verify_flipped_bit },
+		CUTEST_FAULT("--verify: a flipped bit is refused, never applied", test_verify_flipped_bit),
 		{ "bad input gives clear errors", test_bad_input },
 		{ "malformed peers refused or dropped", test_malformed_peer },
 		{ "a bare CREATE header is not answered from stale bytes", test_header_only_create_not_answered_from_stale_bytes },

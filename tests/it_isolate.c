@@ -475,6 +475,8 @@ int main(void)
 	};
 	int ret;
 
+	if ((ret = cutest_require_faults("it_isolate")))	/* (every test: RPS_FAULT) */
+		return ret;
 	if ((ret = it_prog_init("it_isolate", TEST_WATCHDOG_S, &clu, &clu_up)))
 		return ret;
 	if (!(sh = it_shared_map("it_isolate", sizeof(*sh))))

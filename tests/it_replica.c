@@ -763,6 +763,8 @@ int main(void)
 	unsigned watchdog_s = getenv("RPS_IT_ATTACH") ? 10 * TEST_WATCHDOG_S : TEST_WATCHDOG_S;
 	int ret;
 
+	if ((ret = cutest_require_faults("it_replica")))	/* (every test: RPS_FAULT) */
+		return ret;
 	if ((ret = it_prog_init("it_replica", watchdog_s, &clu, &clu_up)))
 		return ret;
 	if (!(sh = it_shared_map("it_replica", sizeof(*sh))))

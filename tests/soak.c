@@ -948,6 +948,15 @@ int main(void)
 		printf("soak: SKIP: SOAK_WITNESS=1, but this rdmapsd has no --witness yet\n");
 		return 77;
 	}
+#ifndef RPS_FAULT_INJECTION
+	/* the partition: SIGUSR1 to a server started with isolate-signals */
+	if (faults & (1u << K_PARTITION)) {
+		printf("soak: SKIP: the partition fault needs the test hooks, and this rdmapsd was built "
+		       "without --enable-fault-injection: configure with it to run this test "
+		       "(or leave partition out of SOAK_FAULTS)\n");
+		return 77;
+	}
+#endif
 	for (int k = 0; k < NKINDS; k++)
 		if (faults & (1u << k) && k != K_RESTORE)	/* (restore: at the end) */
 			kinds[nkinds++] = k;

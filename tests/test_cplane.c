@@ -14,6 +14,7 @@
 #include "config.h"
 #include "common/common.h"
 #include "common/crc.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "control/ckpt.h"
 #include "control/cplane.h"
@@ -348,7 +349,7 @@ static int suite_init(void)
 	/* Test hook: the leader proposes no REPLICA_BEGIN/DROP of its own
 	 * (the failover tests build their maps by hand); the replica tests
 	 * at the end turn it off. */
-	setenv("RPS_FAULT", "no-replica-duty", 1);
+	rps__fault_set("no-replica-duty");
 	the_cfg = cfg;
 	if (rps__cp_create(&cfg, &cp) || rps__cp_start(cp, &fake_ops, &fake, &hooks)) {
 		fprintf(stderr, "test_cplane: %s\n", rps__errbuf());
@@ -1095,7 +1096,7 @@ static void fresh_cluster(void)
 	cfg.data_dir = scratch2;
 	cfg.npart = NPART_R;
 	the_npart = NPART_R;
-	unsetenv("RPS_FAULT");
+	rps__fault_set(NULL);
 	rps__cp_fake_clock_ns += 10000 * MS;
 	CU_ASSERT_FATAL(rps__cp_create(&cfg, &cp) == 0 && rps__cp_start(cp, &fake_ops, &fake, &hooks) == 0);
 	CU_ASSERT_FATAL(run_until(all_served));
@@ -1302,14 +1303,14 @@ static bool p0_zone_spread(void)
 static void test_replica_zones_late(void)
 {
 	fresh_cluster();
-	setenv("RPS_FAULT", "no-replica-duty", 1);
+	rps__fault_set("no-replica-duty");
 	apply_cmd(RPS__SMAP_SET_REPLICAS, 0, 2, 0, 0);
 	for (uint32_t p = 0; p < NPART_R; p++)
 		add_backup(p, p == 1 ? 3 : 2);
 	apply_zone(1, "a");
 	apply_zone(2, "a");
 	apply_zone(3, "b");
-	unsetenv("RPS_FAULT");
+	rps__fault_set(NULL);
 	CU_ASSERT_FATAL(run_until(p0_joining_3));
 	read_map();
 	CU_ASSERT_EQUAL(pub.parts[0].backups[0], 2u);	/* kept until the new copy is in */
@@ -1355,7 +1356,7 @@ static void test_replica_diverged(void)
 	struct rps__smap_part want[3];
 
 	fresh_cluster();
-	setenv("RPS_FAULT", "no-replica-duty", 1);	/* (the map is made by hand here) */
+	rps__fault_set("no-replica-duty");	/* (the map is made by hand here) */
 	peer3.seeds = 0;	/* (offered in the tests before) */
 	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 0, 0, 0, 3);
 	take_image(0, 0);	/* (installed: no timeout ends this seeding) */
@@ -1382,7 +1383,7 @@ static void test_replica_diverged(void)
 	want[1].epoch++;
 	map_stays(want, sizeof(want));
 	fake.diverged[1] = 0;
-	unsetenv("RPS_FAULT");
+	rps__fault_set(NULL);
 }
 
 static bool p2_drained(void) { return logged("drop 2", 0) >= 0; }
@@ -1400,7 +1401,7 @@ static void test_replica_joiner(void)
 	struct rps__seed sd;
 	char img[64];
 
-	setenv("RPS_FAULT", "no-replica-duty", 1);	/* (the map is made by hand here) */
+	rps__fault_set("no-replica-duty");	/* (the map is made by hand here) */
 	memset(img, 0x33, sizeof(img));
 	/* partition 2 goes to member 2, without us */
 	apply_cmd(RPS__SMAP_REPLICA_BEGIN, 2, 0, 0, 2);
@@ -1469,7 +1470,7 @@ static void test_replica_joiner(void)
 	hooks.on_read_done(hooks.ctx, &peer2, true, img);	/* (too late) */
 	CU_ASSERT_EQUAL(peer2.last_status, RPS_ESTALE_EPOCH);
 	CU_ASSERT_FATAL(run_until(p3_not_joining));
-	unsetenv("RPS_FAULT");
+	rps__fault_set(NULL);
 }
 
 /* A member restarted with other flags replays its log onto the map its
@@ -1531,6 +1532,10 @@ int main(void)
 		{ "replicas: a diverged joiner's seeding aborted, a diverged backup dropped, anyone else left alone", test_replica_diverged },
 		{ "a restart replays onto the bootstrap map its cluster was formed with", test_bootstrap_map_kept },
 	};
+	int ret;
 
+	/* (the suite runs without the leader's replica duty: no-replica-duty) */
+	if ((ret = cutest_require_faults("test_cplane")))
+		return ret;
 	return cutest_run1("cplane", suite_init, suite_fini, NULL, NULL, tests, RPS__ARRAY_SIZE(tests));
 }

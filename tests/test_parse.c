@@ -1,10 +1,12 @@
 /*
  * test_parse.c - unit tests of the command-line number parser (src/common/parse.c):
  * every edge the tools used to get wrong (nan, inf, 1e30, negatives that
- * strtoull wraps, overflow, trailing junk) and the error line it leaves.
+ * strtoull wraps, overflow, trailing junk) and the error line it leaves;
+ * and the test hooks' list (src/common/fault.c), where it is compiled in.
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "common/parse.h"
 #include "lib/cutest.h"
 
@@ -128,6 +130,33 @@ static void test_size_str(void)
 	CU_ASSERT_STRING_EQUAL(rps__size_str(UINT64_MAX, b, sizeof(b)), "18446744073709551615");
 }
 
+/* Whole names only, numbers only where asked, any place in the list. */
+static void test_fault_list(void)
+{
+	long n = 0;
+
+	rps__fault_set("isolate-signals,bootstrap-replicas-2,kill-mid-push:9");
+	CU_ASSERT(rps__fault("isolate-signals"));
+	CU_ASSERT(rps__fault("bootstrap-replicas-2"));
+	CU_ASSERT(!rps__fault("isolate"));
+	CU_ASSERT(!rps__fault("signals"));
+	CU_ASSERT(!rps__fault("kill-mid-push"));
+	CU_ASSERT(rps__fault_arg("bootstrap-replicas-", &n) && n == 2);
+	CU_ASSERT(rps__fault_arg("kill-mid-push:", &n) && n == 9);
+	CU_ASSERT(!rps__fault_arg("kill-mid-push", &n));	/* ":9" is no number */
+	CU_ASSERT(!rps__fault_arg("isolate-", &n));
+	CU_ASSERT(!rps__fault_arg("bootstrap-replicas-2", &n));	/* no digits after it */
+	rps__fault_set("repl-break-at-x,repl-break-at-12,no-replica-duty");
+	CU_ASSERT(rps__fault_arg("repl-break-at-", &n) && n == 12);
+	CU_ASSERT(rps__fault("no-replica-duty"));
+	CU_ASSERT(!rps__fault("isolate-signals"));
+	rps__fault_set("repl-break-at-99999999999");		/* too long: refused, not wrapped */
+	CU_ASSERT(!rps__fault_arg("repl-break-at-", &n));
+	rps__fault_set(NULL);
+	CU_ASSERT(!rps__fault("no-replica-duty"));
+	CU_ASSERT(!rps__fault_arg("repl-break-at-", &n));
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -136,6 +165,7 @@ int main(void)
 		{ "sizes: min/max and the error line", test_size_range },
 		{ "integers: range, signs, junk, overflow", test_u64 },
 		{ "sizes printed exactly", test_size_str },
+		CUTEST_FAULT("the test hooks' list: whole names, numbers where asked", test_fault_list),
 	};
 	const struct cutest_suite suites[] = {
 		{ "parse", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },

@@ -27,6 +27,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "kernels/agg.h"
 #include "client/client.h"
 #include "client/client_int.h"
@@ -42,13 +43,12 @@
 
 #include "rdmaps.h"
 
-static int fault_count(const char *spec, const char *name)
+/* A counted test hook ("kill-mid-push:9"): the count, 0 if not asked. */
+static int fault_count(const char *prefix)
 {
-	size_t n = strlen(name);
+	long n;
 
-	if (spec && !strncmp(spec, name, n) && spec[n] == ':')
-		return atoi(spec + n + 1);
-	return 0;
+	return rps__fault_arg(prefix, &n) && n <= INT_MAX ? (int)n : 0;
 }
 
 /* ---- the API ------------------------------------------------------------- */
@@ -172,9 +172,9 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	cl->rank = opts->rank;
 	cl->num_workers = opts->num_workers;
 	cl->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
-	cl->fault_kill_mid_push = fault_count(getenv("RPS_FAULT"), "kill-mid-push");
-	cl->fault_stop_after_lock = fault_count(getenv("RPS_FAULT"), "stop-after-lock");
-	cl->fault_corrupt_push = fault_count(getenv("RPS_FAULT"), "corrupt-push");
+	cl->fault_kill_mid_push = fault_count("kill-mid-push:");
+	cl->fault_stop_after_lock = fault_count("stop-after-lock:");
+	cl->fault_corrupt_push = fault_count("corrupt-push:");
 	if (opts->size >= offsetof(struct rps_client_opts, verify) + sizeof(opts->verify))
 		cl->verify = opts->verify != 0;
 	if (opts->size >= offsetof(struct rps_client_opts, spin_us) + sizeof(opts->spin_us) && opts->spin_us > 0)

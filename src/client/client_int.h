@@ -308,7 +308,7 @@ struct rps_client {
 	struct rps__keyring *keys;	/* opts.key_file / $RDMAPS_KEY_FILE (NULL: none) */
 	bool insecure;		/* no key, yet servers beyond loopback */
 	bool keys_local;	/* keys: this user's loopback key (loopback servers only) */
-	int fault_kill_mid_push;	/* test hooks (RPS_FAULT, see rdmaps(3)) */
+	int fault_kill_mid_push;	/* test hooks (common/fault.h, see rdmaps(3)) */
 	int fault_stop_after_lock;
 	int fault_corrupt_push;
 };

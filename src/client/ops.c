@@ -6,6 +6,7 @@
 #include "config.h"
 #include "common/common.h"
 #include "common/crc.h"
+#include "common/fault.h"
 #include "kernels/agg.h"
 #include "client/client_int.h"
 
@@ -557,7 +558,7 @@ static void fill_desc(struct shard_op *op)
 	d->rank = c->cl->rank;
 	d->clock = op->clock;
 	d->push_id = op->push_id;
-	corrupt = c->cl->verify && RPS__UNLIKELY(c->cl->fault_corrupt_push) && --c->cl->fault_corrupt_push == 0;
+	corrupt = c->cl->verify && rps__fault_countdown(&c->cl->fault_corrupt_push);
 	/* Zero-copy when the fabric can send from the gradient where it is:
 	 * it lies in a registered buffer, or the fabric sends from any memory
 	 * (tcp).  The test hook that flips a bit never touches user memory:
@@ -569,7 +570,7 @@ static void fill_desc(struct shard_op *op)
 		memcpy((char *)d + RPS__PUSH_DESC_SIZE, op->src, d->nbytes);
 	else
 		__atomic_add_fetch(&c->cl->zc_pushes, 1, __ATOMIC_RELAXED);
-	if (RPS__UNLIKELY(c->cl->fault_kill_mid_push) && --c->cl->fault_kill_mid_push == 0)
+	if (rps__fault_countdown(&c->cl->fault_kill_mid_push))
 		op->die_mid_write = true;	/* counts shard pushes, not retries */
 	if (c->cl->verify) {
 		d->flags |= RPS__DESC_CRC;
@@ -751,7 +752,7 @@ static void on_cas_acq(struct shard_op *op)
 		if (!op->cas_ok)	/* a holder's release will most likely move it on by one */
 			op->t->lock_guess[op->shard] =
 				rps__lock_unlocked(rps__lock_version(old) + (uint64_t)rps__lock_is_locked(old));
-		else if (RPS__UNLIKELY(c->cl->fault_stop_after_lock) && --c->cl->fault_stop_after_lock == 0)
+		else if (rps__fault_countdown(&c->cl->fault_stop_after_lock))
 			raise(SIGSTOP);	/* test hook: a worker that stalls holding the lock */
 		op->expected = old;	/* what the word was, for the retry decision */
 		if (op->ack_done)

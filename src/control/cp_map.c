@@ -5,6 +5,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "control/cplane_int.h"
 
 #include <errno.h>
@@ -299,6 +300,7 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp, struct rps__smap *m)
 {
 	const char *uris[RPS__SMAP_MAX_MEMBERS];
 	char bufs[RPS__SMAP_MAX_MEMBERS][300];
+	long r;
 	int i;
 
 	if (cp->ncluster > (int)RPS__SMAP_MAX_MEMBERS)
@@ -308,9 +310,8 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp, struct rps__smap *m)
 		uris[i] = rps__uri_str(&cp->cluster[i], bufs[i], sizeof(bufs[i]));
 	/* Test hook (RPS_FAULT=bootstrap-replicas-2 or -3): a new cluster's map
 	 * with that many copies, for the failover tests. */
-	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "bootstrap-replicas-")))
-		return rps__smap_init_replicated(m, uris, (uint32_t)cp->ncluster, cp->cfg.npart,
-						 (uint32_t)atoi(strstr(getenv("RPS_FAULT"), "bootstrap-replicas-") + 19));
+	if (RPS__UNLIKELY(rps__fault_arg("bootstrap-replicas-", &r)))
+		return rps__smap_init_replicated(m, uris, (uint32_t)cp->ncluster, cp->cfg.npart, (uint32_t)r);
 	/* R = 2 from 2 servers on (the default, doc/design.md), with the backups in the
 	 * map from the start: nothing is stored yet, so nothing is seeded.  It
 	 * depends on --cluster alone, never on this member's --replicas: every

@@ -8,6 +8,7 @@
 #include "config.h"
 #include "common/common.h"
 #include "common/crc.h"
+#include "common/fault.h"
 #include "control/cplane_int.h"
 
 #include <errno.h>
@@ -42,7 +43,7 @@ int rps__cp_blob_make(struct rps__cplane *cp, uint32_t part)
 	pl->blob_len = len;
 	pl->blob_crc = rps__crc32c_noinv(img, len);
 	/* Test hook: a bit flipped after the crc, as a bad link or DIMM would */
-	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "corrupt-migration")))
+	if (RPS__UNLIKELY(rps__fault("corrupt-migration")))
 		((unsigned char *)pl->blob)[pl->blob_len / 2] ^= 0x04;
 	ret = cp->dp->mem_register(cp->srv, pl->blob, pl->blob_len, &pl->blob_mr);
 	if (ret) {

@@ -59,6 +59,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "control/cplane_int.h"
 
 #include <errno.h>
@@ -568,7 +569,7 @@ void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 		return;
 	/* Test hook: maps built by hand (test_cplane, the bootstrap-replicas
 	 * maps of the failover tests) stay as they are */
-	if (RPS__UNLIKELY(getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "no-replica-duty")))
+	if (RPS__UNLIKELY(rps__fault("no-replica-duty")))
 		return;
 	for (p = 0; p < cp->map.npart; p++)
 		if ((cp->map.parts[p].joining || now < cp->seed_pending[p]) &&

@@ -5,6 +5,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "control/daemon.h"
 #include "server/server.h"
 #include "common/parse.h"
@@ -136,7 +137,7 @@ static void exit_delay(void)
 {
 	struct timespec ts = { 0, 300 * 1000000L };
 
-	if (getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "exit-delay"))
+	if (rps__fault("exit-delay"))
 		while (nanosleep(&ts, &ts) && errno == EINTR)
 			;
 }
@@ -511,7 +512,7 @@ static void install_signals(void)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	if (getenv("RPS_FAULT") && strstr(getenv("RPS_FAULT"), "isolate-signals")) {
+	if (rps__fault("isolate-signals")) {
 		sa.sa_handler = on_isolate;
 		sigaction(SIGUSR1, &sa, NULL);
 		sigaction(SIGUSR2, &sa, NULL);

@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "common/topo.h"
 #include "kernels/agg.h"
 #include "proto/proto.h"
@@ -234,17 +235,11 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 static bool fault_break(const struct rps__server *srv)
 {
 	static long at = -1;
-	const char *f;
 
-	if (RPS__LIKELY(at == 0))
+	if (!RPS__FAULT_INJECTION || RPS__LIKELY(at == 0))
 		return false;
-	if (at < 0) {
-		f = getenv("RPS_FAULT");
-		f = f ? strstr(f, "repl-break-at-") : NULL;
-		at = f ? atol(f + 14) : 0;
-		if (at <= 0)
-			return at = 0, false;
-	}
+	if (at < 0 && (!rps__fault_arg("repl-break-at-", &at) || at <= 0))
+		return at = 0, false;
 	if (srv->repl_stats.entries_applied < (uint64_t)at)
 		return false;
 	at = 0;

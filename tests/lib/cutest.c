@@ -41,10 +41,21 @@ static const char *only_filter(void)
 	return only && *only ? only : NULL;
 }
 
+int cutest_require_faults(const char *prog)
+{
+#ifdef RPS_FAULT_INJECTION
+	(void)prog;
+	return 0;
+#else
+	printf("%s: SKIP: %s\n", prog, CUTEST_NO_FAULTS);
+	return 77;
+#endif
+}
+
 int cutest_run(const struct cutest_suite *suites, size_t nsuites)
 {
 	const char *only = only_filter();
-	unsigned failed;
+	unsigned failed, nrun = 0, nskipped = 0;
 
 	runtime_init();
 	if (CU_initialize_registry() != CUE_SUCCESS) {
@@ -58,10 +69,22 @@ int cutest_run(const struct cutest_suite *suites, size_t nsuites)
 
 		if (!s)
 			goto err;
-		for (size_t j = 0; j < su->ntests; j++)
-			if ((!only || strstr(su->tests[j].name, only)) &&
-			    !CU_add_test(s, su->tests[j].name, su->tests[j].fn))
+		for (size_t j = 0; j < su->ntests; j++) {
+			if (only && !strstr(su->tests[j].name, only))
+				continue;
+			if (!su->tests[j].fn) {		/* CUTEST_FAULT in a build without them */
+				printf("SKIP: %s: %s: %s\n", su->name, su->tests[j].name, CUTEST_NO_FAULTS);
+				nskipped++;
+				continue;
+			}
+			if (!CU_add_test(s, su->tests[j].name, su->tests[j].fn))
 				goto err;
+			nrun++;
+		}
+	}
+	if (!nrun && nskipped) {
+		CU_cleanup_registry();
+		return 77;
 	}
 	CU_basic_set_mode(CU_BRM_VERBOSE);
 	if (CU_basic_run_tests() != CUE_SUCCESS)

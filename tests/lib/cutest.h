@@ -30,6 +30,23 @@ struct cutest_suite {
 
 #define CUTEST_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Tests of the test hooks (src/common/fault.h, RPS_FAULT), which only a
+ * build configured with --enable-fault-injection (config.h's
+ * RPS_FAULT_INJECTION) compiles in.  Without them, a program with some
+ * such tests lists each as CUTEST_FAULT(name, fn): cutest_run leaves it
+ * out and says so (and exits 77, SKIP, if that leaves nothing to run); a
+ * program that needs them throughout returns cutest_require_faults(name)
+ * from main first when it is not 0. */
+#define CUTEST_NO_FAULTS "built without --enable-fault-injection: configure with it to run this test"
+#ifdef RPS_FAULT_INJECTION
+#define CUTEST_FAULT(name, fn) { name, fn }
+#else
+#define CUTEST_FAULT(name, fn) { name, 0 ? (fn) : NULL }	/* (fn still compiles) */
+#endif
+
+/* 0 in a build with the hooks; else 77 (SKIP), having said why. */
+int cutest_require_faults(const char *prog);
+
 /* Register and run the suites.  Returns the exit status for main: 0 when
  * everything passed, 1 when an assertion, a test or a suite's init or
  * clean-up failed (not the count: 77 and 99 mean SKIP and ERROR to
