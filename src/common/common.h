@@ -9,9 +9,10 @@
  *
  * The files of src/common/ (tests/filemaps.sh checks that this names each):
  *   err.c      per-thread error messages and process logging (this header)
- *   fsutil.c   file-system helpers (fsutil.h)
+ *   fsutil.c   file-system helpers, the write-all loops (fsutil.h)
  *   parse.c    sizes and counts from the command line (parse.h)
  *   topo.c     hwloc placement near the RDMA device (topo.h)
+ *   fault.c    the test hooks (fault.h): only with --enable-fault-injection
  * crc.h (CRC-32C) and le.h (byte order) are headers only.
  */
 #ifndef RPS_COMMON_H
