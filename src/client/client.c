@@ -949,7 +949,3 @@ uint64_t rps__client_pushes_chained(const rps_client_t *cl, uint64_t *requeued)
 	return __atomic_load_n(&cl->pushes_chained, __ATOMIC_RELAXED);
 }
 
-uint32_t rps__client_shard_bytes(const rps_client_t *cl)
-{
-	return cl->shard_elems * 4u;
-}

@@ -14,7 +14,6 @@ int rps__tensor_lock(rps_tensor_t *t, uint32_t shard);
 int rps__tensor_unlock(rps_tensor_t *t, uint32_t shard);
 /* "tcp", "rxe0", "mlx5_0" */
 const char *rps__client_fabric_name(const rps_client_t *cl);
-uint32_t rps__client_shard_bytes(const rps_client_t *cl);
 /* Payload bytes the client's work requests put on the wire so far
  * (rps__fabric_tx_bytes): psperf's bytes per payload byte. */
 uint64_t rps__client_tx_bytes(const rps_client_t *cl);

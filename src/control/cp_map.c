@@ -73,7 +73,8 @@ void rps__cp_part_sync(struct rps__cplane *cp, uint32_t p)
 	cp->dp->part_set(cp->srv, p, &v);
 }
 
-void rps__cp_parts_sync_all(struct rps__cplane *cp)
+/* rps__cp_part_sync of every partition, after the map changed */
+static void parts_sync_all(struct rps__cplane *cp)
 {
 	uint32_t p;
 
@@ -204,7 +205,7 @@ void rps__cp_reconcile(struct rps__cplane *cp)
 	uint64_t now = rps__now_ns();
 	uint32_t p;
 
-	rps__cp_parts_sync_all(cp);	/* the map changed */
+	parts_sync_all(cp);	/* the map changed */
 	for (p = 0; p < cp->map.npart; p++) {
 		reconcile_part(cp, p, now);
 		rps__cp_part_sync(cp, p);

@@ -57,7 +57,7 @@ int rps__cp_blob_make(struct rps__cplane *cp, uint32_t part)
 	return 0;
 }
 
-int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part)
+static int ship_partition(struct rps__cplane *cp, uint32_t part)
 {
 	struct part_local *pl = &cp->parts[part];
 	int ret;
@@ -93,7 +93,7 @@ int rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part, struct conn 
 	return 0;
 }
 
-void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now)
+static void offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now)
 {
 	struct part_local *pl = &cp->parts[part];
 	struct peer *p = rps__cp_peer_get(cp, pl->to, false);
@@ -377,10 +377,10 @@ void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
 				}
 				break;
 			}
-			if (cp->dp->part_fence(cp->srv, p) && rps__cp_ship_partition(cp, p))
+			if (cp->dp->part_fence(cp->srv, p) && ship_partition(cp, p))
 				rps__log(RPS__LOG_ERROR, "%s", rps__errbuf());
 			if (pl->st == PART_SHIPPED)
-				rps__cp_offer_partition(cp, p, now);
+				offer_partition(cp, p, now);
 			break;
 		case PART_SHIPPED:
 			if (pl->switching) {
@@ -389,7 +389,7 @@ void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
 				break;
 			}
 			if (!pl->installed && (!pl->offered || now >= pl->next_try))
-				rps__cp_offer_partition(cp, p, now);
+				offer_partition(cp, p, now);
 			if (!pl->installed && now >= pl->give_up && now + PEER_RETRY_NS / 2 >= pl->next_try) {
 				cmd.type = RPS__SMAP_MOVE_ABORT;
 				cmd.part = p;

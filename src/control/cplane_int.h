@@ -236,9 +236,8 @@ static inline bool rps__cp_lost(const struct rps__cplane *cp, uint32_t part)
 }
 
 /* Tell the data plane what it serves partition p by (after any change of
- * the map or of cp->parts[p]); _all after the map changed. */
+ * the map or of cp->parts[p]). */
 void rps__cp_part_sync(struct rps__cplane *cp, uint32_t p);
-void rps__cp_parts_sync_all(struct rps__cplane *cp);
 
 /* cp_peers.c */
 struct peer *rps__cp_peer_get(struct rps__cplane *cp, uint64_t id, bool add);
@@ -258,8 +257,6 @@ int rps__cp_blob_make(struct rps__cplane *cp, uint32_t part);
 int rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part, struct conn *c, struct rps__migrate *m);
 void rps__cp_read_start(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
 			bool seed, uint64_t seq);
-int rps__cp_ship_partition(struct rps__cplane *cp, uint32_t part);
-void rps__cp_offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now);
 void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf);
 void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
 			uint64_t seq);

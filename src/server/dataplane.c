@@ -167,7 +167,7 @@ static int conn_read(struct conn *c, uint64_t raddr, uint32_t rkey, uint64_t len
 
 /* Dial a peer (to_id 0: a --join seed): the loop goes on meanwhile
  * (dial.c), and the layer above hears how it went (peer_dialed). */
-int rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
+static int peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 {
 	struct rps__conn_priv priv = {
 		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_PEER,
@@ -280,7 +280,7 @@ static const struct rps__dp_ops ops = {
 	.conn_msg_max = conn_msg_max,
 	.conn_read = conn_read,
 	.flush = flush,
-	.peer_dial = rps__srv_peer_dial,
+	.peer_dial = peer_dial,
 	.repl_peer = rps__srv_repl_set_peer,
 	.part_set = part_set,
 	.part_create = rps__srv_part_create,

@@ -588,7 +588,6 @@ int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct ten
 			   const struct rps__dp_shard *cs);
 
 /* dataplane.c */
-int rps__srv_peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id);
 /* a PEER dial is over: ret 0 and rp its accept's private data, or why not */
 void rps__srv_peer_dialed(struct rps__server *srv, struct conn *c, int ret, uint64_t to_id, const char *uri,
 			  const struct rps__conn_priv *rp);
