@@ -28,6 +28,7 @@ while read -r file sym; do
 	case $sym in
 	rps__*) ;;
 	rps_* | main) continue ;;
+	__* | .*) continue ;;	# the compiler's and sanitizers' (__odr_asan.NAME under ASan)
 	esac
 	# used by any file other than its own?
 	if ! awk -v s="$sym" -v f="$file" '$2 == s && $1 != f { found = 1; exit } END { exit !found }' "$tmp/use"; then
