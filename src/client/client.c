@@ -292,7 +292,10 @@ err:
 
 static bool retryable(int status)
 {
-	return rps__retryable(status);	/* (client_int.h) */
+	/* a moved shard, or the old owner's memory already deregistered (the
+	 * remote access error took the connection with it: the refresh
+	 * connects again), or a connection lost: worth a look at the map */
+	return status == RPS_ESTALE_EPOCH || status == -EFAULT || status == -ECONNRESET;
 }
 
 /* After a refresh: resend an op whose connection was lost only if its
@@ -457,8 +460,6 @@ static void adopt_outcome(struct rps_request *r, struct rps_request *cur, int st
 	rps__req_maybe_free(cur);
 }
 
-static int wait_shards(struct rps_client *cl, struct rps_request *r);
-
 /*
  * r finished with RPS_ESTALE_EPOCH: some shards moved (or are moving).
  * Read the map again, learn where the tensor lives now, and send the ops
@@ -537,7 +538,7 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		}
 		cur = nr;
 		submit_locked(cl, nr);
-		status = wait_shards(cl, nr);
+		status = rps__req_wait_locked(cl, nr);
 		if (status == -EALREADY)
 			status = forgive_applied(nr);
 	}
@@ -545,130 +546,6 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 	if (cur != r)
 		adopt_outcome(r, cur, status);
 	return status;
-}
-
-/* Is op still in its connection's active list (the fabric not done
- * with it)? */
-static bool op_active(const struct shard_op *op)
-{
-	return op->anext || op->aprev || (op->c && op->c->active == op);
-}
-
-/*
- * Resend, in place, the deferred ops of r that are due: ops refused while
- * r's other ops were still out (progress.c, defer_refusal).  Their tensors'
- * routes are learnt again first (the lock let go meanwhile); each op goes
- * out again as it went before, push id, clock and target unchanged, and
- * reports to r as before: nothing waits here, so a resend of a resend
- * nests nothing.  Returns how many went out; *next: the earliest time one
- * not due yet is (unchanged if none).  Lock held.
- */
-static uint32_t resend_deferred(struct rps_client *cl, struct rps_request *r, uint64_t now, uint64_t *next)
-{
-	struct rps_tensor *seen[4] = { 0 };
-	uint32_t i, k, nseen = 0, sent = 0;
-
-	/* routes first, one refresh per tensor (a request spans one, a
-	 * group's a few) */
-	for (i = 0; i < r->nops; i++) {
-		struct shard_op *op = &r->ops[i];
-		if (!op->deferred || op->resend_at > now || op_active(op))
-			continue;
-		for (k = 0; k < nseen && seen[k] != op->t; k++)
-			;
-		if (k < nseen)
-			continue;
-		if (nseen < RPS__ARRAY_SIZE(seen))
-			seen[nseen++] = op->t;
-		r->live_ops++;		/* r stays while we let go of the lock */
-		refresh_routes(cl, op->t);
-		r->live_ops--;
-		if (r->done)
-			break;		/* timed out meanwhile: nothing to resend */
-		if (rps__noq_final(cl)) {
-			/* nothing moves on until an operator acts: r ends
-			 * with them, and retry_stale says why */
-			rps__req_deferred_report(r);
-			return 0;
-		}
-	}
-	for (i = 0; !r->done && i < r->nops; i++) {
-		struct shard_op *op = &r->ops[i], keep;
-		if (!op->deferred)
-			continue;
-		if (op->resend_at > now || op_active(op)) {
-			*next = RPS__MIN(*next, op->resend_at > now ? op->resend_at : now + 500000ull);
-			continue;
-		}
-		keep = *op;
-		memset(op, 0, sizeof(*op));
-		rps__op_init(op, r, keep.t, keep.kind, keep.shard);
-		op->clock = keep.clock;
-		op->push_id = keep.push_id;
-		op->src = keep.src;
-		op->dst = keep.dst;
-		op->min_version = keep.min_version;
-		op->min_clock = keep.min_clock;
-		op->held = keep.held;
-		op->resent = true;
-		op->nresends = keep.nresends + 1;
-		r->ndeferred--;
-		r->nresent_out++;
-		sent++;
-		rps__op_submit(op);
-	}
-	rps__req_maybe_free(r);
-	return sent;
-}
-
-/* Resend the due deferred ops of every request of ours that has some.
- * Returns how many went out; *next as resend_deferred's. */
-static uint32_t resend_all_deferred(struct rps_client *cl, uint64_t *next)
-{
-	struct rps_request *list = cl->deferred, *d;
-	uint64_t now = rps__now_ns();
-	uint32_t sent = 0;
-
-	/* take the list: what is deferred meanwhile starts a new one */
-	cl->deferred = NULL;
-	for (d = list; d; d = d->defer_next)
-		d->on_deferred = false;
-	while ((d = list) != NULL) {
-		list = d->defer_next;
-		d->defer_next = NULL;
-		d->live_ops++;
-		sent += resend_deferred(cl, d, now, next);
-		d->live_ops--;
-		if (d->ndeferred && !d->done && !d->on_deferred) {
-			d->on_deferred = true;	/* some not due yet */
-			d->defer_next = cl->deferred;
-			cl->deferred = d;
-		}
-		rps__req_maybe_free(d);
-	}
-	return sent;
-}
-
-/* Wait for r (a request of shard ops), resending the ops of any request of
- * ours refused while their request's other ops were out, as they fall
- * due.  Lock held. */
-static int wait_shards(struct rps_client *cl, struct rps_request *r)
-{
-	for (;;) {
-		uint64_t next = UINT64_MAX, now;
-
-		rps__req_wait_resendable_locked(cl, r);
-		if (r->done)
-			return r->status;
-		if (resend_all_deferred(cl, &next) || r->done || !cl->deferred)
-			continue;
-		/* nothing due: let the progress thread poll a while */
-		now = rps__now_ns();
-		pthread_mutex_unlock(&cl->lock);
-		if (next > now)
-			usleep((useconds_t)RPS__MIN((next - now) / 1000ull, 50000ull));
-		pthread_mutex_lock(&cl->lock);
-	}
 }
 
 /* Submit every op of r; wait unless async_out is given. */
@@ -685,8 +562,8 @@ int rps__submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_reque
 		pthread_mutex_unlock(&cl->lock);
 		return 0;
 	}
-	status = wait_shards(cl, r);
-	if (retryable(status) && !r->retry_spent)
+	status = rps__req_wait_locked(cl, r);
+	if (retryable(status))
 		status = retry_stale(cl, r);
 	rps__req_collect(r);
 	pthread_mutex_unlock(&cl->lock);
@@ -810,10 +687,6 @@ RPS_EXPORT int rps_test(rps_request_t *r, int *result)
 		return rps__seterr(-EINVAL, "rps_test: NULL request");
 	cl = r->cl;
 	pthread_mutex_lock(&cl->lock);
-	if (!r->done && cl->deferred && r->kind == REQ_SHARDS) {
-		uint64_t next = UINT64_MAX;
-		resend_all_deferred(cl, &next);	/* (refreshes routes: blocks a little) */
-	}
 	done = r->done;
 	if (done) {
 		if (retryable(r->status))
@@ -835,8 +708,8 @@ RPS_EXPORT int rps_wait(rps_request_t *r)
 		return rps__seterr(-EINVAL, "rps_wait: NULL request");
 	cl = r->cl;
 	pthread_mutex_lock(&cl->lock);
-	status = r->kind == REQ_SHARDS ? wait_shards(cl, r) : rps__req_wait_locked(cl, r);
-	if (retryable(status) && !r->retry_spent)
+	status = rps__req_wait_locked(cl, r);
+	if (retryable(status))
 		status = retry_stale(cl, r);
 	rps__req_collect(r);
 	pthread_mutex_unlock(&cl->lock);

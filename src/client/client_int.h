@@ -27,7 +27,6 @@
 #include "transport/transport.h"
 #include "transport/uri.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -109,11 +108,6 @@ struct shard_op {
 	bool die_mid_write;	/* test hook: kill-mid-push chose this op */
 	bool shard_turn;	/* counted in t->shard_busy: one of the shard's pushes out */
 	bool chained;		/* posted under the word of the push before it, no CAS */
-	bool deferred;		/* refused while its request's other ops were out: to be
-				 * resent now, not once they complete (rps__op_report) */
-	bool resent;		/* out again after a refusal (counted in its request's nresent_out) */
-	uint32_t nresends;	/* resent so many times while its request was out */
-	uint64_t resend_at;	/* deferred: not resent before then */
 	int result;		/* what rps__op_report() said */
 	int ack_status;
 	uint64_t ack_lock;	/* the lock word the server left */
@@ -138,11 +132,6 @@ struct rps_request {
 	uint64_t min_version_seen;
 	uint64_t *version_out;
 	struct rps_request *dnext, *dprev;	/* deadline list */
-	uint32_t ndeferred;	/* its ops refused early, not resent yet (counted in remaining) */
-	uint32_t nresent_out;	/* ... and resent, not answered yet */
-	bool retry_spent;	/* timed out resending refused ops: no retry_stale after */
-	bool on_deferred;	/* in the client's list of them */
-	struct rps_request *defer_next;
 	/* control requests: one reply per server */
 	void *replies;		/* nservers reply bodies */
 	int32_t *rstatus;
@@ -158,23 +147,6 @@ struct ctrl_entry {
 	struct shard_op *op;		/* ... or a pull's WAIT */
 	int server;
 };
-
-/* A moved shard, or the old owner's memory already deregistered (the
- * remote access error took the connection with it: the refresh connects
- * again), or a connection lost: worth a look at the map and a resend. */
-static inline bool rps__retryable(int status)
-{
-	return status == RPS_ESTALE_EPOCH || status == -EFAULT || status == -ECONNRESET;
-}
-
-/* How long a refused op waits before its n-th early resend: 0.5 ms
- * doubling to 50 ms, as retry_stale paces a finished request's. */
-static inline uint64_t rps__resend_pause_ns(uint32_t n)
-{
-	uint32_t us = n >= 7 ? 50000u : 500u << n;
-
-	return (uint64_t)(us < 50000u ? us : 50000u) * 1000ull;
-}
 
 /* How long an op whose server was lost waits for its partition to fail
  * over to a backup (ride-through, client.c). */
@@ -283,9 +255,6 @@ struct rps_client {
 	int rank, num_workers, timeout_ms;
 	uint32_t shard_elems;
 	uint64_t next_push_id;
-	/* requests with ops refused while their other ops were out (linked
-	 * by defer_next): a waiter resends those ops at once (client.c) */
-	struct rps_request *deferred;
 	pthread_t thread;
 	bool thread_started;
 	bool stopping;
@@ -382,14 +351,10 @@ static inline void wake_progress(struct rps_client *cl)
 struct rps_request *rps__req_new(struct rps_client *cl, uint32_t nops);
 void rps__req_arm_deadline(struct rps_client *cl, struct rps_request *r);
 int rps__req_wait_locked(struct rps_client *cl, struct rps_request *r);
-/* ... or until some request of cl has ops to resend early (cl->deferred) */
-int rps__req_wait_resendable_locked(struct rps_client *cl, struct rps_request *r);
 void rps__req_collect(struct rps_request *r);
 void rps__req_maybe_free(struct rps_request *r);
 void rps__req_finish(struct rps_request *r);
 void rps__req_part_done_at(struct rps_request *r, int status, const struct conn *c);
-/* r's deferred ops end it as refused now (retry_stale resends them) */
-void rps__req_deferred_report(struct rps_request *r);
 void rps__op_report(struct shard_op *op, int status);
 const char *rps__status_text(int status);
 int rps__ctrl_call(struct rps_client *cl, unsigned type, const void *body, size_t len,

@@ -43,35 +43,12 @@ void rps__req_maybe_free(struct rps_request *r)
 		req_free(r);
 }
 
-/* r leaves the client's list of requests with ops to resend early. */
-static void deferred_unlink(struct rps_client *cl, struct rps_request *r)
-{
-	struct rps_request **pp;
-
-	if (!r->on_deferred)
-		return;
-	for (pp = &cl->deferred; *pp; pp = &(*pp)->defer_next)
-		if (*pp == r) {
-			*pp = r->defer_next;
-			break;
-		}
-	r->on_deferred = false;
-	r->defer_next = NULL;
-}
-
 void rps__req_finish(struct rps_request *r)
 {
 	struct rps_client *cl = r->cl;
-	uint32_t i;
 
 	r->done = true;
 	deadline_unlink(cl, r);
-	/* (timed out with ops still deferred: nothing resends them now) */
-	deferred_unlink(cl, r);
-	for (i = 0; r->ndeferred && i < r->nops; i++)
-		r->ops[i].deferred = false;
-	r->ndeferred = 0;
-	r->nresent_out = 0;	/* (their ops lost r: they report nothing) */
 	if (r->version_out && r->status == 0 && r->kind == REQ_SHARDS && r->min_version_seen != UINT64_MAX)
 		*r->version_out = r->min_version_seen;
 	pthread_cond_broadcast(&cl->cond);
@@ -107,24 +84,6 @@ const char *rps__status_text(int status)
 	}
 }
 
-/* Only r's deferred ops are left: nothing else of it is out, so retry_stale
- * resends them with the rest of what failed.  They end r as if reported
- * now. */
-void rps__req_deferred_report(struct rps_request *r)
-{
-	uint32_t i;
-
-	deferred_unlink(r->cl, r);
-	r->ndeferred = 0;
-	for (i = 0; i < r->nops; i++) {
-		struct shard_op *op = &r->ops[i];
-		if (!op->deferred)
-			continue;
-		op->deferred = false;
-		rps__req_part_done_at(r, op->result, op->c);
-	}
-}
-
 void rps__req_part_done_at(struct rps_request *r, int status, const struct conn *c)
 {
 	if (status && !r->status) {
@@ -138,28 +97,6 @@ void rps__req_part_done_at(struct rps_request *r, int status, const struct conn 
 	}
 	if (--r->remaining == 0)
 		rps__req_finish(r);
-	else if (r->ndeferred && r->remaining == (int)(r->ndeferred + r->nresent_out))
-		rps__req_deferred_report(r);	/* nothing else out: they end r */
-}
-
-/*
- * Defer op's refusal (a moved shard, a lease run out: RPS_ESTALE_EPOCH)
- * while other ops of its request are still out, other than refused ones
- * going round?  The request then does not wait for them to complete
- * before the resend: a sync push's other shards complete only with their
- * steps, which may wait for another rank's push that was refused too, and
- * that rank's resend for this rank's steps (a primary's lease lapsing
- * mid-step refuses one rank's push of a shard whose step already took the
- * other rank's).  A waiter of this client resends deferred ops as they
- * fall due (client.c).  When only refusals are left, they end the request
- * and retry_stale takes over as for any (it reads the map, rides through
- * a failover, or says the cluster lost its majority).  (A lost connection
- * goes that way at once: its ride-through waits for the map to move.)
- */
-static bool defer_refusal(const struct rps_request *r, int status)
-{
-	return r->kind == REQ_SHARDS && status == RPS_ESTALE_EPOCH &&
-	       r->remaining - 1 - (int)r->ndeferred - (int)r->nresent_out > 0;
 }
 
 /* The op's part of the request is over (the op may live on to release
@@ -175,26 +112,9 @@ void rps__op_report(struct shard_op *op, int status)
 	 * shard: the predecessor's gradient stands, the step has this rank */
 	if (status == -EALREADY && op->kind == OP_PUSH && op->clock < op->t->resume_until)
 		status = 0;
-	if (op->resent) {
-		op->resent = false;
-		r->nresent_out--;
-	}
 	op->result = status;
 	if (status == 0 && op->kind == OP_PULL && op->min_version < r->min_version_seen)
 		r->min_version_seen = op->min_version;
-	if (defer_refusal(r, status)) {
-		struct rps_client *cl = r->cl;
-		op->deferred = true;
-		op->resend_at = rps__now_ns() + rps__resend_pause_ns(op->nresends);
-		r->ndeferred++;
-		if (!r->on_deferred) {
-			r->on_deferred = true;
-			r->defer_next = cl->deferred;
-			cl->deferred = r;
-		}
-		pthread_cond_broadcast(&cl->cond);	/* a waiter resends it */
-		return;
-	}
 	rps__req_part_done_at(r, status, op->c);
 }
 
@@ -453,14 +373,12 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 		if (r->deadline && r->deadline <= now && !r->done) {
 			/* The request gives up; its ops keep their resources until
 			 * the transport hands them back. */
-			const struct shard_op *stuck = NULL, *refused = NULL;
+			const struct shard_op *stuck = NULL;
 			uint32_t i;
 			for (i = 0; i < r->nops; i++) {
 				struct shard_op *o = &r->ops[i];
 				if (o->req == r && !stuck)
 					stuck = o;
-				if ((o->deferred || (o->req == r && o->resent)) && !refused)
-					refused = o;
 				/* A push sent from memory the user did not
 				 * register (tcp sends from any memory), its
 				 * frame maybe not all written: the caller may
@@ -484,14 +402,7 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 						cl->conns[k].ctrl[i].req = NULL;
 			r->status = -ETIMEDOUT;
 			r->remaining = 0;
-			if (refused && refused->c) {
-				/* refused all along: that is the answer (no
-				 * retry_stale after: the time is spent) */
-				r->status = RPS_ESTALE_EPOCH;
-				r->retry_spent = true;
-				snprintf(r->msg, sizeof(r->msg), "%s: %s (shard %u refused for %d ms)", refused->c->name,
-					 rps__status_text(r->status), refused->shard, cl->timeout_ms);
-			} else if (stuck && stuck->c)
+			if (stuck && stuck->c)
 				snprintf(r->msg, sizeof(r->msg),
 					 "request timed out after %d ms: shard %u at %s: %s: a server or a worker is "
 					 "stalled (raise timeout_ms for slow steps)", cl->timeout_ms, stuck->shard,
@@ -599,17 +510,15 @@ void *rps__progress_main(void *arg)
 	return NULL;
 }
 
-/* Wait for r with the lock held, polling ourselves when nobody else does;
- * with `resendable`, return as well when some request has ops to resend
- * early (cl->deferred: the caller resends them). */
-static void wait_done_locked(struct rps_client *cl, const struct rps_request *r, bool resendable)
+/* Wait for r with the lock held, polling ourselves when nobody else does. */
+static void wait_done_locked(struct rps_client *cl, const struct rps_request *r)
 {
-	if (r->done || (resendable && cl->deferred))
+	if (r->done)
 		return;
 	cl->waiters++;
 	if (cl->progress_polling)
 		wake_progress(cl);	/* get the progress thread out of its sleep */
-	while (!r->done && !(resendable && cl->deferred)) {
+	while (!r->done) {
 		if (cl->polling) {
 			pthread_cond_wait(&cl->cond, &cl->lock);
 			continue;
@@ -655,13 +564,7 @@ void rps__req_arm_deadline(struct rps_client *cl, struct rps_request *r)
  * calls rps__req_collect() (after copying anything it needs out of r). */
 int rps__req_wait_locked(struct rps_client *cl, struct rps_request *r)
 {
-	wait_done_locked(cl, r, false);
-	return r->status;
-}
-
-int rps__req_wait_resendable_locked(struct rps_client *cl, struct rps_request *r)
-{
-	wait_done_locked(cl, r, true);
+	wait_done_locked(cl, r);
 	return r->status;
 }
 
