@@ -2,7 +2,8 @@
  * test_parse.c - unit tests of the command-line number parser (src/common/parse.c):
  * every edge the tools used to get wrong (nan, inf, 1e30, negatives that
  * strtoull wraps, overflow, trailing junk) and the error line it leaves;
- * and the test hooks' list (src/common/fault.c), where it is compiled in.
+ * and the test hooks' list (src/common/fault.c), where it is compiled in;
+ * and rps__grow (src/common/grow.c), every growing array's step.
  */
 #include "config.h"
 #include "common/common.h"
@@ -12,7 +13,9 @@
 
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint64_t size_ok(const char *s)
@@ -157,6 +160,43 @@ static void test_fault_list(void)
 	CU_ASSERT(!rps__fault_arg("repl-break-at-", &n));
 }
 
+/* Doubling from `first`, room for `need` at once, elements kept, and a
+ * refusal that leaves the array and its capacity as they were. */
+static void test_grow(void)
+{
+	uint64_t *a = NULL;
+	uint32_t cap = 0, i;
+
+	CU_ASSERT_EQUAL(rps__grow(&a, &cap, 0, sizeof(*a), 8), 0);
+	CU_ASSERT_PTR_NULL(a);			/* nothing needed: nothing allocated */
+	CU_ASSERT_EQUAL(cap, 0);
+	CU_ASSERT_EQUAL(rps__grow(&a, &cap, 1, sizeof(*a), 8), 0);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	CU_ASSERT_EQUAL(cap, 8);
+	for (i = 0; i < 8; i++)
+		a[i] = 1000 + i;
+	CU_ASSERT_EQUAL(rps__grow(&a, &cap, 8, sizeof(*a), 8), 0);
+	CU_ASSERT_EQUAL(cap, 8);		/* full, not over: no growth */
+	CU_ASSERT_EQUAL(rps__grow(&a, &cap, 9, sizeof(*a), 8), 0);
+	CU_ASSERT_EQUAL(cap, 16);
+	CU_ASSERT_EQUAL(rps__grow(&a, &cap, 100, sizeof(*a), 8), 0);
+	CU_ASSERT_EQUAL(cap, 128);		/* 16 doubled until 100 fits */
+	for (i = 0; i < 8; i++)
+		CU_ASSERT_EQUAL(a[i], 1000 + i);
+	/* past what a uint32_t count or a size_t byte count can hold */
+	CU_ASSERT_EQUAL(rps__grow(&a, &cap, UINT32_MAX, sizeof(*a), 8), -ENOMEM);
+	CU_ASSERT_EQUAL(cap, 128);
+	CU_ASSERT_EQUAL(rps__grow(&a, &cap, 1u << 31, SIZE_MAX / 1024, 8), -ENOMEM);
+	CU_ASSERT_EQUAL(cap, 128);
+	CU_ASSERT_EQUAL(a[7], 1007);
+	free(a);
+	a = NULL;
+	cap = 0;
+	CU_ASSERT_EQUAL(rps__grow(&a, &cap, 3, sizeof(*a), 0), 0);	/* first 0: from 1 */
+	CU_ASSERT_EQUAL(cap, 4);
+	free(a);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -165,6 +205,7 @@ int main(void)
 		{ "sizes: min/max and the error line", test_size_range },
 		{ "integers: range, signs, junk, overflow", test_u64 },
 		{ "sizes printed exactly", test_size_str },
+		{ "growing arrays: doubling, room at once, refusal keeps the array", test_grow },
 		CUTEST_FAULT("the test hooks' list: whole names, numbers where asked", test_fault_list),
 	};
 	const struct cutest_suite suites[] = {

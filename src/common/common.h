@@ -13,6 +13,7 @@
  *   parse.c    sizes and counts from the command line (parse.h)
  *   topo.c     hwloc placement near the RDMA device (topo.h)
  *   fault.c    the test hooks (fault.h): only with --enable-fault-injection
+ *   grow.c     rps__grow, the doubling step of every growing array
  * crc.h (CRC-32C) and le.h (byte order) are headers only.
  */
 #ifndef RPS_COMMON_H
@@ -57,6 +58,12 @@ void rps__log(int level, const char *fmt, ...) RPS__PRINTF(2, 3);
  * returns out.  rps__log applies it to every line; use it for peer
  * strings that go elsewhere (replies, error messages). */
 const char *rps__escape(const char *s, char *out, size_t len);
+
+/* Make room for `need` elements of `elem` bytes in the array *arrp (a
+ * pointer to the array pointer) of capacity *cap: doubling from `first`
+ * (or from *cap), realloc, *arrp and *cap updated.  0, or -ENOMEM with
+ * the array and *cap untouched. */
+int rps__grow(void *arrp, uint32_t *cap, uint32_t need, size_t elem, uint32_t first);
 
 static inline uint64_t rps__now_ns(void)
 {

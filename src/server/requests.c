@@ -399,7 +399,6 @@ void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
 static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__wait *w)
 {
 	struct tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
-	struct waiter *nw;
 	uint32_t local;
 
 	/* out of scope: refused as CREATE refuses it, and an id unknown here
@@ -433,15 +432,9 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 			return;
 		}
 	}
-	if (srv->nwaiters == srv->waiters_cap) {
-		uint32_t cap = srv->waiters_cap ? srv->waiters_cap * 2 : 64;
-		nw = realloc(srv->waiters, cap * sizeof(*nw));
-		if (!nw) {
-			conn_reply(c, RPS__MSG_WAIT_REP, req_id, -ENOMEM, NULL, 0);
-			return;
-		}
-		srv->waiters = nw;
-		srv->waiters_cap = cap;
+	if (rps__grow(&srv->waiters, &srv->waiters_cap, srv->nwaiters + 1, sizeof(*srv->waiters), 64)) {
+		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -ENOMEM, NULL, 0);
+		return;
 	}
 	srv->waiters[srv->nwaiters++] = (struct waiter){
 		.conn = c, .req_id = req_id, .tensor_id = t->id, .local = local,
