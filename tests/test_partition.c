@@ -72,17 +72,17 @@ static int suite_fini(void)
 }
 
 /* A tensor with its shards of partition 0 here. */
-static struct tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt);
+static struct srv_tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt);
 
-static struct tensor *tensor_new(const char *name, enum rps_mode mode, int nworkers)
+static struct srv_tensor *tensor_new(const char *name, enum rps_mode mode, int nworkers)
 {
 	return tensor_new_dt(name, mode, nworkers, RPS_DTYPE_F32);
 }
 
-static struct tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt)
+static struct srv_tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt)
 {
 	struct rps__tensor_spec sp;
-	struct tensor *t = NULL;
+	struct srv_tensor *t = NULL;
 	uint32_t p;
 
 	memset(&sp, 0, sizeof(sp));
@@ -102,7 +102,7 @@ static struct tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nw
 }
 
 /* A parked push of the first shard of partition 0 (as park() keeps one). */
-static void park_one(struct tensor *t, uint64_t clock, int rank, size_t nbytes)
+static void park_one(struct srv_tensor *t, uint64_t clock, int rank, size_t nbytes)
 {
 	struct parked *pk;
 
@@ -148,7 +148,7 @@ static void snap(struct before *b)
 	b->ntensors = srv->ntensors;
 	b->nparked = srv->nparked;
 	for (i = 0; i < srv->ntensors && i < 8; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 		b->mem[i] = t->regions[0].mem;
 		b->step0[i] = s->step;
@@ -195,7 +195,7 @@ static int ship_and_install(void)
 
 static void test_install_takes_valid_image(void)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, "sync1");
+	struct srv_tensor *t = rps__srv_tensor_by_name(srv, "sync1");
 	struct shard *s;
 
 	if (!t)
@@ -212,7 +212,7 @@ static void test_install_takes_valid_image(void)
 
 static void test_install_refuses_bad_parked_push(void)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, "sync1");
+	struct srv_tensor *t = rps__srv_tensor_by_name(srv, "sync1");
 	struct shard *s;
 
 	if (!t)
@@ -236,7 +236,7 @@ static void test_install_refuses_bad_parked_push(void)
 
 static void test_install_refuses_push_parked_for_async_tensor(void)
 {
-	struct tensor *t = tensor_new("async1", RPS_MODE_ASYNC, 0);
+	struct srv_tensor *t = tensor_new("async1", RPS_MODE_ASYNC, 0);
 	struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 
 	/* right size, but an async shard has no accumulator: summing it
@@ -251,7 +251,7 @@ static void test_install_refuses_push_parked_for_async_tensor(void)
  * of the image installed. */
 static void test_install_refuses_mutated_fields(void)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, "sync1");
+	struct srv_tensor *t = rps__srv_tensor_by_name(srv, "sync1");
 	void *img = NULL;
 	unsigned char *m;
 	size_t len = 0, i;
@@ -299,7 +299,7 @@ static void test_install_refuses_mutated_fields(void)
  * widening), and giving the partition away forgets it. */
 static void test_early_push_in_image(void)
 {
-	struct tensor *t = tensor_new_dt("early-bf16", RPS_MODE_SYNC, 2, RPS_DTYPE_BF16);
+	struct srv_tensor *t = tensor_new_dt("early-bf16", RPS_MODE_SYNC, 2, RPS_DTYPE_BF16);
 	struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 	uint16_t *sent = malloc((size_t)s->elems * 2);
 	struct parked *pk;
@@ -413,9 +413,9 @@ static void fill(float *g, uint32_t n, float scale, uint32_t salt)
  * 0's push of the next step parked.  The image is built, the parked
  * pushes go (they travel in it), and it is installed as a backup's seed.
  * *sp: the shard installed; g: three gradients of its size. */
-static void seed_mid_step(const char *name, struct tensor **tp, struct shard **sp, float *g[3])
+static void seed_mid_step(const char *name, struct srv_tensor **tp, struct shard **sp, float *g[3])
 {
-	struct tensor *t = tensor_new(name, RPS_MODE_SYNC, 3);
+	struct srv_tensor *t = tensor_new(name, RPS_MODE_SYNC, 3);
 	struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 	size_t bytes = (size_t)s->elems * 4;
 	void *img = NULL;
@@ -445,7 +445,7 @@ static void seed_mid_step(const char *name, struct tensor **tp, struct shard **s
 }
 
 /* The parked push of (t, s) for clock and rank, or NULL. */
-static struct parked *parked_of(const struct tensor *t, const struct shard *s, uint64_t clock, int rank)
+static struct parked *parked_of(const struct srv_tensor *t, const struct shard *s, uint64_t clock, int rank)
 {
 	for (uint32_t i = 0; i < srv->nparked; i++)
 		if (srv->parked[i].t == t && srv->parked[i].local == s->index && srv->parked[i].clock == clock &&
@@ -459,7 +459,7 @@ static struct parked *parked_of(const struct tensor *t, const struct shard *s, u
  * after rank 0's, to the bits of the rank-order sum. */
 static void test_seeded_backup_keeps_step(void)
 {
-	struct tensor *t;
+	struct srv_tensor *t;
 	struct shard *s;
 	float *g[3], *ref;
 	struct parked *pk;
@@ -502,7 +502,7 @@ static void test_seeded_backup_keeps_step(void)
  * carried of it: forgotten, the later step's parked push kept. */
 static void test_seeded_backup_step_replicated(void)
 {
-	struct tensor *t;
+	struct srv_tensor *t;
 	struct shard *s;
 	float *g[3];
 

@@ -347,7 +347,7 @@ static void random_grad(void *g, enum rps_dtype dt, unsigned *seed)
 
 /* ---- comparing the replicas ----------------------------------------------------- */
 
-static struct tensor *find(struct fake *f, const char *name)
+static struct srv_tensor *find(struct fake *f, const char *name)
 {
 	return rps__srv_tensor_by_name(f->srv, name);
 }
@@ -357,7 +357,7 @@ static struct tensor *find(struct fake *f, const char *name)
  * quiet (every push acknowledged, so B applied it). */
 static int differing_shards(const char *name)
 {
-	struct tensor *ta = find(&A, name), *tb = find(&B, name);
+	struct srv_tensor *ta = find(&A, name), *tb = find(&B, name);
 	uint32_t j;
 	int n = 0;
 
@@ -382,7 +382,7 @@ static int differing_shards(const char *name)
 
 static uint64_t version_of(struct fake *f, const char *name, uint32_t shard)
 {
-	struct tensor *t = find(f, name);
+	struct srv_tensor *t = find(f, name);
 
 	return t ? t->shards[shard].step : UINT64_MAX;
 }
@@ -623,7 +623,7 @@ static void test_sync_identical(void)
 /* Shards of a and b on A whose parameters or optimizer state differ. */
 static int differing_tensors(const char *a, const char *b)
 {
-	struct tensor *ta = find(&A, a), *tb = find(&A, b);
+	struct srv_tensor *ta = find(&A, a), *tb = find(&A, b);
 	uint32_t j;
 	int n = 0;
 
@@ -1059,11 +1059,11 @@ static void test_sync_two_stage_ack(void)
 /* A worker of rank 1 resending its push of step 0 to shard 0, fed to A's
  * push path on A's loop thread.  The connection is marked dead, so A
  * sends it nothing: what A decided shows in its counters and waits. */
-static struct conn resender;
+static struct srv_conn resender;
 
 static void do_resend(struct fake *f, void *arg)
 {
-	struct tensor *t = arg;
+	struct srv_tensor *t = arg;
 	struct rps__push_desc *d;
 
 	if (!resender.slots) {

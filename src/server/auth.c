@@ -21,7 +21,7 @@ struct srv_auth_dial {
 };
 
 /* Refusals are logged once a second at most, whoever sends them. */
-void rps__srv_log_refusal(struct rps__server *srv, const struct conn *c, const char *why)
+void rps__srv_log_refusal(struct rps__server *srv, const struct srv_conn *c, const char *why)
 {
 	uint64_t now = rps__now_ns();
 
@@ -35,7 +35,7 @@ void rps__srv_log_refusal(struct rps__server *srv, const struct conn *c, const c
 	srv->auth_refusals_quiet = 0;
 }
 
-void rps__srv_auth_accepted(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+void rps__srv_auth_accepted(struct rps__server *srv, struct srv_conn *c, const struct rps__conn_priv *req,
 			    struct rps__conn_priv *rep)
 {
 	struct rps__key cur, prev;
@@ -58,7 +58,7 @@ void rps__srv_auth_accepted(struct rps__server *srv, struct conn *c, const struc
 
 /* A dial connected: prove ourselves.  The dial stays in the table until
  * the answer. */
-int rps__srv_auth_dialed(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+int rps__srv_auth_dialed(struct rps__server *srv, struct srv_conn *c, const struct rps__conn_priv *req,
 			 const struct rps__conn_priv *rep, const char *uri)
 {
 	struct rps__key cur, prev;
@@ -91,7 +91,7 @@ int rps__srv_auth_dialed(struct rps__server *srv, struct conn *c, const struct r
 	return c->dead ? rps__seterr(-ECONNRESET, "%s: sending AUTH failed", uri) : 0;
 }
 
-void rps__srv_auth_dial_free(struct conn *c)
+void rps__srv_auth_dial_free(struct srv_conn *c)
 {
 	if (c->auth_dial) {
 		rps__key_clear(&c->auth_dial->proven);
@@ -100,7 +100,7 @@ void rps__srv_auth_dial_free(struct conn *c)
 	}
 }
 
-void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+void rps__srv_auth_on_message(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			      const void *body)
 {
 	struct rps__auth_rep rep;
@@ -199,7 +199,7 @@ void rps__srv_auth_timers(struct rps__server *srv, uint64_t now)
 	if (!srv->cfg.keys)
 		return;
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *c = srv->conns[i];
+		struct srv_conn *c = srv->conns[i];
 		if (c->authed || c->dead || now < c->auth_deadline_ns)
 			continue;
 		if (!c->auth_refused)
@@ -208,14 +208,14 @@ void rps__srv_auth_timers(struct rps__server *srv, uint64_t now)
 	}
 }
 
-bool rps__srv_scope_allows(const struct conn *c, const char *name)
+bool rps__srv_scope_allows(const struct srv_conn *c, const char *name)
 {
 	if (!c->srv->cfg.keys)
 		return true;
 	return !strncmp(name, c->scope, strnlen(c->scope, sizeof(c->scope)));
 }
 
-bool rps__srv_same_scope(const struct conn *a, const struct conn *b)
+bool rps__srv_same_scope(const struct srv_conn *a, const struct srv_conn *b)
 {
 	return !strncmp(a->scope, b->scope, sizeof(a->scope));
 }

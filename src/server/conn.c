@@ -27,18 +27,18 @@
 
 /* ---- sending replies -------------------------------------------------- */
 
-static char *sbuf(struct conn *c, uint32_t i)
+static char *sbuf(struct srv_conn *c, uint32_t i)
 {
 	return c->sbufs + (size_t)i * c->msg_max;
 }
 
-const char *rps__srv_role_name(const struct conn *c)
+const char *rps__srv_role_name(const struct srv_conn *c)
 {
 	return c->role == CONN_PEER ? "peer" : c->role == CONN_ADMIN ? "admin" : c->role == CONN_REPL ? "replication"
 											      : "worker";
 }
 
-void rps__srv_conn_fail(struct conn *c, const char *why)
+void rps__srv_conn_fail(struct srv_conn *c, const char *why)
 {
 	if (!c->dead) {
 		if (c->role == CONN_WORKER)
@@ -49,7 +49,7 @@ void rps__srv_conn_fail(struct conn *c, const char *why)
 	c->dead = true;
 }
 
-static void send_msg(struct conn *c, unsigned type, uint8_t flags, uint32_t kind, uint64_t req_id,
+static void send_msg(struct srv_conn *c, unsigned type, uint8_t flags, uint32_t kind, uint64_t req_id,
 		     int32_t status, const void *body, size_t len)
 {
 	struct rps__wr wr;
@@ -93,26 +93,26 @@ static void send_msg(struct conn *c, unsigned type, uint8_t flags, uint32_t kind
 	}
 }
 
-void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
+void rps__srv_conn_reply(struct srv_conn *c, unsigned type, uint64_t req_id, int32_t status,
 			 const void *body, size_t len)
 {
 	send_msg(c, type, 0, WRID_SEND, req_id, status, body, len);
 }
 
-void rps__srv_conn_reply_flags(struct conn *c, unsigned type, uint8_t flags, uint64_t req_id, int32_t status,
+void rps__srv_conn_reply_flags(struct srv_conn *c, unsigned type, uint8_t flags, uint64_t req_id, int32_t status,
 			       const void *body, size_t len)
 {
 	send_msg(c, type, flags, WRID_SEND, req_id, status, body, len);
 }
 
-void rps__srv_conn_send_step_done(struct conn *c, const struct rps__step_done *sd)
+void rps__srv_conn_send_step_done(struct srv_conn *c, const struct rps__step_done *sd)
 {
 	send_msg(c, RPS__MSG_STEP_DONE, 0, WRID_STEP_DONE, 0, 0, sd, sizeof(*sd));
 }
 
 /* ---- connections ------------------------------------------------------- */
 
-int rps__srv_post_recv(struct conn *c, uint32_t i)
+int rps__srv_post_recv(struct srv_conn *c, uint32_t i)
 {
 	struct rps__sge sge = { .addr = rps__srv_rbuf(c, i), .len = (uint32_t)c->msg_max, .mr = c->rbufs_mr };
 
@@ -121,7 +121,7 @@ int rps__srv_post_recv(struct conn *c, uint32_t i)
 
 /* Give back a connection's buffers (and its lock owner): the endpoint must
  * be closed, or have none of them posted. */
-static void conn_release_bufs(struct rps__server *srv, struct conn *c)
+static void conn_release_bufs(struct rps__server *srv, struct srv_conn *c)
 {
 	rps__mr_dereg(c->slots_mr);
 	rps__mr_dereg(c->rbufs_mr);
@@ -148,7 +148,7 @@ static void conn_release_bufs(struct rps__server *srv, struct conn *c)
 	c->nsfree = 0;
 }
 
-void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
+void rps__srv_conn_free(struct rps__server *srv, struct srv_conn *c)
 {
 	if (!c)
 		return;
@@ -165,7 +165,7 @@ void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
 }
 #define conn_free rps__srv_conn_free
 
-int rps__srv_conn_window(struct conn *c, struct rps__mr *mr, int access, uint32_t *rkey)
+int rps__srv_conn_window(struct srv_conn *c, struct rps__mr *mr, int access, uint32_t *rkey)
 {
 	uint64_t serial = rps__mr_serial(mr);
 	struct conn_window *w;
@@ -232,7 +232,7 @@ _Static_assert(sizeof(struct rps__msg_hdr) + sizeof(struct rps__auth) <= PREAUTH
  * what the handshake needs: one receive (AUTH, then a peer's AUTH_DONE)
  * and two sends (AUTH_REP), so that a connection that proved nothing
  * holds next to no memory.  On failure the caller releases what was got. */
-static int conn_bufs(struct rps__server *srv, struct conn *c, bool lean)
+static int conn_bufs(struct rps__server *srv, struct srv_conn *c, bool lean)
 {
 	size_t slots_len = (size_t)srv->cfg.nslots * srv->slot_size;
 	uint32_t i;
@@ -287,9 +287,9 @@ err_nomem:
 	return rps__seterr(-ENOMEM, "out of memory for a connection");
 }
 
-static int conn_create(struct rps__server *srv, enum conn_role_kind role, bool lean, struct conn **out)
+static int conn_create(struct rps__server *srv, enum conn_role_kind role, bool lean, struct srv_conn **out)
 {
-	struct conn *c;
+	struct srv_conn *c;
 	int ret;
 
 	c = calloc(1, sizeof(*c));
@@ -310,14 +310,14 @@ static int conn_create(struct rps__server *srv, enum conn_role_kind role, bool l
 
 /* A connection's buffers (before the endpoint exists), in full: the ones
  * we dial.  Accepted ones start lean while they authenticate. */
-int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out)
+int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct srv_conn **out)
 {
 	return conn_create(srv, role, false, out);
 }
 
-int rps__srv_conn_grow(struct rps__server *srv, struct conn *c)
+int rps__srv_conn_grow(struct rps__server *srv, struct srv_conn *c)
 {
-	struct conn n;
+	struct srv_conn n;
 	uint32_t i;
 	int ret;
 
@@ -360,11 +360,11 @@ int rps__srv_conn_grow(struct rps__server *srv, struct conn *c)
 
 /* Add to the connection table (workers are capped by --max-connections;
  * peers and psctl are not: they are few and the cluster needs them). */
-static int conn_table_add(struct rps__server *srv, struct conn *c)
+static int conn_table_add(struct rps__server *srv, struct srv_conn *c)
 {
 	if (srv->nconns == srv->conns_cap) {
 		uint32_t cap = srv->conns_cap ? srv->conns_cap * 2 : 16;
-		struct conn **grown = realloc(srv->conns, cap * sizeof(*grown));
+		struct srv_conn **grown = realloc(srv->conns, cap * sizeof(*grown));
 		if (!grown)
 			return -ENOMEM;
 		srv->conns = grown;
@@ -388,7 +388,7 @@ static uint32_t count_role(const struct rps__server *srv, enum conn_role_kind ro
 #define WHY_FULL "server full: raise rdmapsd --max-connections"
 #define WHY_ADMIN_FULL "too many admin connections (16): close psctl sessions"
 
-const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struct conn *c)
+const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struct srv_conn *c)
 {
 	if (c->role == CONN_WORKER && count_role(srv, CONN_WORKER) >= srv->cfg.max_conns)
 		return WHY_FULL;
@@ -404,12 +404,12 @@ const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struc
  * them costs the flooder its own older ones. */
 static void preauth_room(struct rps__server *srv, const char *host)
 {
-	struct conn *oldest = NULL, *oldest_host = NULL;
+	struct srv_conn *oldest = NULL, *oldest_host = NULL;
 	uint32_t i, n = 0, n_host = 0;
 	char h[96];
 
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *o = srv->conns[i];
+		struct srv_conn *o = srv->conns[i];
 		if (o->authed || o->dead)
 			continue;
 		n++;
@@ -432,7 +432,7 @@ static void preauth_room(struct rps__server *srv, const char *host)
 	oldest->dead = true;
 }
 
-void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c)
+void rps__srv_conn_destroy(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
 
@@ -464,7 +464,7 @@ void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c)
 	/* A creator that vanished before sending initial values: the shards
 	 * stay unreadable, so say so rather than publish zeros. */
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		uint32_t j;
 		for (j = 0; t && j < t->layout.nshards; j++)
 			if (t->shards[j].init_conn == c) {
@@ -521,7 +521,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 {
 	struct rps__conn_priv priv, req;
 	struct rps__ep_attr attr = { 0 };
-	struct conn *c = NULL;
+	struct srv_conn *c = NULL;
 	size_t len;
 	const void *data = rps__conn_req_data(req_, &len);
 	const char *why = NULL;
@@ -646,7 +646,7 @@ bool rps__srv_peer_threads_ok(struct rps__server *srv, uint64_t peer_id, unsigne
 
 /* What a connection does once it is authed (at once on a server without a
  * key): a peer is taken by the control plane, a replication stream starts. */
-void rps__srv_conn_authed(struct rps__server *srv, struct conn *c)
+void rps__srv_conn_authed(struct rps__server *srv, struct srv_conn *c)
 {
 	const char *why = NULL;
 
@@ -680,7 +680,7 @@ void rps__srv_conn_authed(struct rps__server *srv, struct conn *c)
 }
 
 /* peer_dial: an outgoing peer connection joins the table. */
-int rps__srv_conn_attach(struct rps__server *srv, struct conn *c)
+int rps__srv_conn_attach(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
 	int ret;

@@ -69,7 +69,7 @@ static void mem_deregister(struct rps__mr *mr)
 	rps__mr_dereg(mr);
 }
 
-static int mem_window(struct conn *c, struct rps__mr *mr, uint32_t *rkey)
+static int mem_window(struct srv_conn *c, struct rps__mr *mr, uint32_t *rkey)
 {
 	return rps__srv_conn_window(c, mr, RPS__ACCESS_REMOTE_READ, rkey);
 }
@@ -87,7 +87,7 @@ static void stats(struct rps__server *srv, struct rps__dp_stats *st)
 	for (i = 0; i < srv->nconns; i++)
 		st->n_conns += srv->conns[i]->role == CONN_WORKER && srv->conns[i]->authed;
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		uint32_t n = 0;
 		if (!t)
 			continue;
@@ -103,34 +103,34 @@ static void stats(struct rps__server *srv, struct rps__dp_stats *st)
 
 /* ---- connections -------------------------------------------------------- */
 
-static enum conn_role_kind conn_role(const struct conn *c)
+static enum conn_role_kind conn_role(const struct srv_conn *c)
 {
 	return c->role;
 }
 
-static uint64_t conn_peer_id(const struct conn *c)
+static uint64_t conn_peer_id(const struct srv_conn *c)
 {
 	return c->peer_id;
 }
 
-static bool conn_dead(const struct conn *c)
+static bool conn_dead(const struct srv_conn *c)
 {
 	return c->dead;
 }
 
-static const char *conn_name(const struct conn *c)
+static const char *conn_name(const struct srv_conn *c)
 {
 	return c->ep ? rps__ep_peer(c->ep) : "";
 }
 
-static size_t conn_msg_max(const struct conn *c)
+static size_t conn_msg_max(const struct srv_conn *c)
 {
 	return c->msg_max;
 }
 
 /* A move's destination READs the partition image into a buffer of the
  * connection, registered once and kept for the next move. */
-static int conn_read(struct conn *c, uint64_t raddr, uint32_t rkey, uint64_t len)
+static int conn_read(struct srv_conn *c, uint64_t raddr, uint32_t rkey, uint64_t len)
 {
 	struct rps__wr wr;
 	int ret;
@@ -174,7 +174,7 @@ static int peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 		.from_id = srv->my_id, .to_id = to_id, .nthreads = srv->cfg.witness ? 0 : (uint16_t)srv->nthreads,
 	};
 	struct rps__ep_attr attr = { 0 };
-	struct conn *c;
+	struct srv_conn *c;
 	int ret;
 
 	ret = rps__srv_conn_new(srv, CONN_PEER, &c);
@@ -191,7 +191,7 @@ static int peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 	return ret;
 }
 
-void rps__srv_peer_dialed(struct rps__server *srv, struct conn *c, int ret, uint64_t to_id, const char *uri,
+void rps__srv_peer_dialed(struct rps__server *srv, struct srv_conn *c, int ret, uint64_t to_id, const char *uri,
 			  const struct rps__conn_priv *rp)
 {
 	if (ret) {

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind kind, uint64_t to_id,
+int rps__srv_dial(struct rps__server *srv, struct srv_conn *c, enum srv_dial_kind kind, uint64_t to_id,
 		  const char *uri, const struct rps__conn_priv *priv, const struct rps__ep_attr *attr,
 		  int timeout_ms)
 {

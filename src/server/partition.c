@@ -42,7 +42,7 @@ void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part)
 
 	while (i < srv->nwaiters) {
 		struct waiter *w = &srv->waiters[i];
-		struct tensor *t = w->tensor_id < srv->ntensors ? srv->tensors[w->tensor_id] : NULL;
+		struct srv_tensor *t = w->tensor_id < srv->ntensors ? srv->tensors[w->tensor_id] : NULL;
 		if (t && t->shards[w->local].part == part) {
 			rps__srv_conn_reply(w->conn, RPS__MSG_WAIT_REP, w->req_id, RPS_ESTALE_EPOCH, NULL, 0);
 			*w = srv->waiters[--srv->nwaiters];
@@ -61,7 +61,7 @@ typedef void shard_fn(struct rps__server *srv, struct region *r, struct shard *s
 static void part_each_shard(struct rps__server *srv, uint32_t part, shard_fn *fn, void *arg)
 {
 	for (uint32_t i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		struct region *r = t ? &t->regions[part] : NULL;
 		if (!r || !r->mr)
 			continue;
@@ -93,9 +93,9 @@ bool rps__srv_part_fence(struct rps__server *srv, uint32_t part)
 	if (rps__srv_repl_busy(srv, part))
 		all = false;
 	for (uint32_t i = 0; i < srv->nheld; i++) {
-		struct conn *c = srv->held[i].conn;
+		struct srv_conn *c = srv->held[i].conn;
 		const struct rps__push_desc *d = (const void *)(c->slots + (size_t)srv->held[i].slot * srv->slot_size);
-		struct tensor *t = d->tensor_id < srv->ntensors ? srv->tensors[d->tensor_id] : NULL;
+		struct srv_tensor *t = d->tensor_id < srv->ntensors ? srv->tensors[d->tensor_id] : NULL;
 		if (t && d->shard < t->layout.nshards && t->shards[d->shard].part == part)
 			all = false;
 	}
@@ -257,7 +257,7 @@ static uint32_t get32(struct rbuf *b)
 }
 
 /* The ranks removed from t (psctl remove-rank): a new owner must skip them too. */
-static void put_removed(struct wbuf *b, const struct tensor *t)
+static void put_removed(struct wbuf *b, const struct srv_tensor *t)
 {
 	uint32_t n = 0;
 	int r;
@@ -293,7 +293,7 @@ static int serialize_partition(struct rps__server *srv, uint32_t part, uint64_t 
 		nt += srv->tensors[i] && srv->tensors[i]->regions[part].mr ? 1u : 0u;
 	put32(b, nt);
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		struct region *r = t ? &t->regions[part] : NULL;
 		size_t nstate;
 		if (!r || !r->mr)
@@ -497,7 +497,7 @@ static int check_tensor(struct rps__server *srv, struct rbuf *b, struct img_tens
 {
 	struct img_tensor *it = &its[i];
 	const struct rps__tensor_spec *sp;
-	struct tensor *t;
+	struct srv_tensor *t;
 	uint32_t j, k;
 	int ret;
 
@@ -626,7 +626,7 @@ out:
 /* One shard of a tensor's region (allocated, not yet registered).  As a
  * backup (seeding) too, the step in progress is kept (promote_shard says
  * why); the header keeps the map's epoch. */
-static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint64_t epoch, bool backup)
+static int install_shard(struct rbuf *b, struct srv_tensor *t, struct shard *s, uint64_t epoch, bool backup)
 {
 	size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
 	const void *v;
@@ -675,7 +675,7 @@ static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint
 }
 
 /* The image's removed ranks join this server's (checked before). */
-static int install_removed(struct rbuf *b, struct tensor *t)
+static int install_removed(struct rbuf *b, struct srv_tensor *t)
 {
 	uint32_t n = get32(b), k, r;
 
@@ -697,7 +697,7 @@ static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part
 	const char *name = get(b, RPS__NAME_MAX);
 	const struct rps__tensor_spec *sp = get(b, sizeof(*sp));
 	struct rps__tensor_spec spec;
-	struct tensor *t;
+	struct srv_tensor *t;
 	uint32_t nsh, j;
 	int ret;
 
@@ -739,7 +739,7 @@ static int install_parked(struct rps__server *srv, struct rbuf *b)
 	int rank = (int)get32(b);
 	uint64_t nbytes = get64(b);
 	const void *data = get(b, nbytes);
-	struct tensor *t = name && memchr(name, '\0', RPS__NAME_MAX) ? rps__srv_tensor_by_name(srv, name) : NULL;
+	struct srv_tensor *t = name && memchr(name, '\0', RPS__NAME_MAX) ? rps__srv_tensor_by_name(srv, name) : NULL;
 	struct parked *pk;
 
 	if (!data || !t || shard >= t->layout.nshards)
@@ -858,7 +858,7 @@ void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoc
 	uint32_t i, j;
 
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		struct region *r = t ? &t->regions[part] : NULL;
 		if (!r || !r->mr)
 			continue;
@@ -920,7 +920,7 @@ void rps__srv_read_fence(struct rps__server *srv)
 		else
 			continue;	/* (not served here: a fence up stays noted until it is again) */
 		for (uint32_t i = 0; i < srv->ntensors; i++) {
-			struct tensor *t = srv->tensors[i];
+			struct srv_tensor *t = srv->tensors[i];
 			struct region *r = t ? &t->regions[p] : NULL;
 			if (!r || !r->mr)
 				continue;
@@ -959,7 +959,7 @@ void rps__srv_part_create(struct rps__server *srv, uint32_t part)
 int rps__srv_part_digest(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
 			 uint64_t *versions, uint32_t *nshards)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, name);
+	struct srv_tensor *t = rps__srv_tensor_by_name(srv, name);
 	const struct region *r;
 	uint32_t c = 0, j;
 

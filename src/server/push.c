@@ -41,7 +41,7 @@ void rps__srv_publish(struct shard *s, uint64_t epoch)
 	publish_end(s);
 }
 
-void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local)
+void rps__srv_wake_waiters(struct rps__server *srv, struct srv_tensor *t, uint32_t local)
 {
 	struct shard *s = &t->shards[local];
 	uint32_t i = 0;
@@ -63,7 +63,7 @@ void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t l
 
 /* Has rank's push for step clock of the shard been parked here (out of
  * turn)?  A parked push was acknowledged: it counts for its step. */
-bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank,
+bool rps__srv_parked_has(const struct rps__server *srv, const struct srv_tensor *t, uint32_t local, int rank,
 			 uint64_t clock)
 {
 	uint32_t i;
@@ -153,7 +153,7 @@ void rps__srv_parked_release(struct rps__server *srv, struct parked *p)
 /* The first rank from `from` on whose turn it is at the shard's step:
  * removed ranks with nothing parked for it are passed over (a push parked
  * before the removal still counts). */
-static int next_turn(const struct rps__server *srv, const struct tensor *t, uint32_t local, int from)
+static int next_turn(const struct rps__server *srv, const struct srv_tensor *t, uint32_t local, int from)
 {
 	while (from < t->spec.num_workers && rps__srv_rank_removed(t, from) &&
 	       !rps__srv_parked_has(srv, t, local, from, t->shards[local].step))
@@ -174,7 +174,7 @@ static int next_turn(const struct rps__server *srv, const struct tensor *t, uint
  * both.  If next_rank is removed meanwhile, the early rank's own turn comes
  * with data NULL (its parked entry): the accumulator already holds it.
  */
-static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, uint64_t clock,
+static int sync_take(struct rps__server *srv, struct srv_tensor *t, uint32_t local, uint64_t clock,
 		     int rank, const void *data)
 {
 	struct shard *s = &t->shards[local];
@@ -228,7 +228,7 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
  * step with no contribution at all is never applied (the last rank cannot
  * be removed).  Called after each contribution and when a rank is removed.
  */
-void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local, bool reserved)
+void rps__srv_sync_advance(struct rps__server *srv, struct srv_tensor *t, uint32_t local, bool reserved)
 {
 	struct shard *s = &t->shards[local];
 
@@ -270,7 +270,7 @@ void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t l
  * Parked pushes of later steps stay: they were acknowledged before the
  * partition had this backup, and nobody will resend them.
  */
-void rps__srv_sync_step_replicated(struct rps__server *srv, struct tensor *t, uint32_t local)
+void rps__srv_sync_step_replicated(struct rps__server *srv, struct srv_tensor *t, uint32_t local)
 {
 	struct shard *s = &t->shards[local];
 	uint32_t i = 0;
@@ -294,7 +294,7 @@ enum consume_result { CONSUMED, NOT_YET };
 /* Release the lock word w (0: none held) on the worker's behalf, through
  * the transport's atomic path; returns the new word for the ack.  The
  * version moves on with every release, so a word never comes back. */
-uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w)
+uint64_t rps__srv_release_lock(struct rps__server *srv, struct srv_tensor *t, struct shard *s, uint64_t w)
 {
 	uint64_t next, old = 0;
 
@@ -308,13 +308,13 @@ uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct
 	return old == w ? next : old;
 }
 
-static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
+static struct rps__push_desc *slot_desc(struct srv_conn *c, uint32_t slot)
 {
 	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
 }
 
-void rps__srv_ack_then_release(struct rps__server *srv, struct conn *c, uint32_t slot, int status,
-			       struct tensor *t, struct shard *s, uint64_t w, bool hold)
+void rps__srv_ack_then_release(struct rps__server *srv, struct srv_conn *c, uint32_t slot, int status,
+			       struct srv_tensor *t, struct shard *s, uint64_t w, bool hold)
 {
 	uint64_t next = rps__lock_unlocked(rps__lock_version(w) + 1), left;
 
@@ -331,7 +331,7 @@ void rps__srv_ack_then_release(struct rps__server *srv, struct conn *c, uint32_t
 			 t->name, s->index, (unsigned long long)left, (unsigned long long)w);
 }
 
-void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
+void rps__srv_push_ack(struct srv_conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
 	struct rps__push_ack ack = {
@@ -345,7 +345,7 @@ void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t versi
 /* Sync, partition with backups: the first stage of the acknowledgement
  * (summed or parked: the slot is free); STEP_DONE completes the push once
  * its step `clock` is on every replica (repl_stream.c). */
-static void push_taken(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static void push_taken(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 		       struct shard *s, uint64_t clock, uint64_t version)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
@@ -366,7 +366,7 @@ static void push_taken(struct rps__server *srv, struct conn *c, uint32_t slot, s
 
 /* Refuse a push for a partition whose contents are lost, or that is not
  * served here under the push's epoch.  True: refused (acknowledged). */
-static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static bool refuse_unserved(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 			    struct shard *s, const struct rps__push_desc *d)
 {
 	if (rps__srv_part_lost(srv, s->part)) {
@@ -394,8 +394,8 @@ static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t sl
 }
 
 /* The creator's initial values of a shard. */
-static enum consume_result consume_init(struct rps__server *srv, struct conn *c, uint32_t slot,
-					struct tensor *t, struct shard *s, uint32_t local,
+static enum consume_result consume_init(struct rps__server *srv, struct srv_conn *c, uint32_t slot,
+					struct srv_tensor *t, struct shard *s, uint32_t local,
 					const struct rps__push_desc *d)
 {
 	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
@@ -432,7 +432,7 @@ static enum consume_result consume_init(struct rps__server *srv, struct conn *c,
  * server releases it once the push is decided (the worker does not
  * have to come back for that: a push is one round trip).  True: decided
  * here (refused, or a retry acknowledged); else *holds is the lock word. */
-static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static bool check_lock(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 		       struct shard *s, const struct rps__push_desc *d, uint64_t *holds)
 {
 	uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
@@ -454,7 +454,7 @@ static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, s
 /* A worker key covers the tensors under its scope only, a reader key no
  * push at all (doc/security.md "Roles"): refused, and a lock the push names and
  * its connection holds is let go, so no one waits for its lease. */
-static bool refuse_out_of_scope(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static bool refuse_out_of_scope(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 				struct shard *s, const struct rps__push_desc *d)
 {
 	bool in_scope = rps__srv_scope_allows(c, t->name);
@@ -477,7 +477,7 @@ static bool refuse_out_of_scope(struct rps__server *srv, struct conn *c, uint32_
 
 /* Refuse a gradient of the wrong dtype or size, from the wrong rank, or
  * (sync) for a step out of reach.  True: refused (acknowledged). */
-static bool refuse_bad_grad(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static bool refuse_bad_grad(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 			    struct shard *s, const struct rps__push_desc *d, uint64_t holds)
 {
 	if (d->dtype != t->spec.dtype || d->nbytes != (uint64_t)s->elems * rps__dtype_size(t->spec.dtype)) {
@@ -509,8 +509,8 @@ static bool refuse_bad_grad(struct rps__server *srv, struct conn *c, uint32_t sl
 }
 
 /* Sync: added to the step's sum in its turn, else NOT_YET. */
-static enum consume_result consume_sync(struct rps__server *srv, struct conn *c, uint32_t slot,
-					struct tensor *t, struct shard *s, uint32_t local,
+static enum consume_result consume_sync(struct rps__server *srv, struct srv_conn *c, uint32_t slot,
+					struct srv_tensor *t, struct shard *s, uint32_t local,
 					const struct rps__push_desc *d)
 {
 	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
@@ -532,8 +532,8 @@ static enum consume_result consume_sync(struct rps__server *srv, struct conn *c,
 
 /* async and bounded, replicated: applied, shipped to every replica; the
  * publication, the lock's release and the ack wait for them (repl_stream.c). */
-static enum consume_result apply_async_replicated(struct rps__server *srv, struct conn *c, uint32_t slot,
-						  struct tensor *t, struct shard *s, const struct rps__push_desc *d,
+static enum consume_result apply_async_replicated(struct rps__server *srv, struct srv_conn *c, uint32_t slot,
+						  struct srv_tensor *t, struct shard *s, const struct rps__push_desc *d,
 						  uint64_t holds)
 {
 	if (rps__srv_repl_reserve(srv, t, s->part))
@@ -548,7 +548,7 @@ static enum consume_result apply_async_replicated(struct rps__server *srv, struc
 }
 
 /* async and bounded: applied alone, under the lock the worker holds */
-static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static void apply_async(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 			struct shard *s, uint32_t local, const struct rps__push_desc *d, uint64_t holds)
 {
 	shard_update(t, s, rps__srv_grad_fp32(s, (const char *)d + RPS__PUSH_DESC_SIZE, d->dtype));
@@ -565,10 +565,10 @@ static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, 
  * once or refused, never silently dropped.  The steps are static and called
  * once: the compiler inlines them, the push path does no more than before.
  */
-static enum consume_result consume(struct rps__server *srv, struct conn *c, uint32_t slot)
+static enum consume_result consume(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
-	struct tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
+	struct srv_tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
 	uint64_t holds = 0;
 	struct shard *s;
 	uint32_t local;
@@ -607,7 +607,7 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	return CONSUMED;
 }
 
-static int held_add(struct rps__server *srv, struct conn *c, uint32_t slot)
+static int held_add(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
 	if (srv->nheld == srv->held_cap) {
 		uint32_t cap = srv->held_cap ? srv->held_cap * 2 : 64;
@@ -681,7 +681,7 @@ int rps__srv_parked_slot(struct rps__server *srv, struct parked **out)
  * instead: its pushes are acknowledged in two stages and the replicas
  * apply whole steps, so nothing is gained there.  0: taken, acknowledged.
  */
-static int take_early(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static int take_early(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 		      const struct rps__push_desc *d)
 {
 	struct shard *s = &t->shards[d->shard];
@@ -708,10 +708,10 @@ static int take_early(struct rps__server *srv, struct conn *c, uint32_t slot, st
 /* Copy an out-of-turn sync push out of its slot and acknowledge it (see
  * struct parked).  -ENOSPC when it is not a sync push or over the budget:
  * the push then waits in its slot. */
-static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
+static int park(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
-	struct tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
+	struct srv_tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
 	struct parked *p;
 
 	if (!t || t->spec.mode != RPS_MODE_SYNC || d->kind != RPS__PUSH_GRAD)
@@ -759,7 +759,7 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	return 0;
 }
 
-void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot)
+void rps__srv_on_push(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
 	struct rps__push_desc *d;
 	int ret;
@@ -795,7 +795,7 @@ void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot)
  * version moves on as with every release: a holder that is merely slow,
  * and whose connection then takes the same shard's lock again, gets a new
  * word, so its stale push (naming the old word) can never pass the check. */
-static void break_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w,
+static void break_lock(struct rps__server *srv, struct srv_tensor *t, struct shard *s, uint64_t w,
 		       const char *why)
 {
 	/* release_lock() returns the word it left, or what it found instead */
@@ -810,7 +810,7 @@ void rps__srv_scan_locks(struct rps__server *srv, uint32_t dead_owner)
 	uint32_t i, j;
 
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		if (!t || t->spec.mode == RPS_MODE_SYNC)
 			continue;
 		for (j = 0; j < t->layout.nshards; j++) {

@@ -21,23 +21,23 @@
 
 /* 0: every replica of the partition can take the entry (and t's binding)
  * now; -EAGAIN: not yet (the push stays held, its replica is dialed). */
-int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t part);
+int rps__srv_repl_reserve(struct rps__server *srv, struct srv_tensor *t, uint32_t part);
 /* After rps__srv_repl_reserve: ship the update just applied (published
  * from publish_begin on, not ended) and defer its publication and the
  * worker's ack (c, slot) until every replica confirmed it. */
-void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard *s,
-			const struct rps__push_desc *d, struct conn *c, uint32_t slot, uint64_t holds);
-void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard *s, struct conn *c,
+void rps__srv_repl_push(struct rps__server *srv, struct srv_tensor *t, struct shard *s,
+			const struct rps__push_desc *d, struct srv_conn *c, uint32_t slot, uint64_t holds);
+void rps__srv_repl_init(struct rps__server *srv, struct srv_tensor *t, struct shard *s, struct srv_conn *c,
 			uint32_t slot);
-void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard *s);
+void rps__srv_repl_step(struct rps__server *srv, struct srv_tensor *t, struct shard *s);
 /* Sync: c's contribution to step `clock` was acknowledged TAKEN; tell c
  * STEP_DONE once that step is on every replica. */
-void rps__srv_repl_step_wait(struct rps__server *srv, struct conn *c, struct tensor *t, struct shard *s,
+void rps__srv_repl_step_wait(struct rps__server *srv, struct srv_conn *c, struct srv_tensor *t, struct shard *s,
 			     uint64_t clock);
 bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock);
 /* Sync: the current step of s is orphaned by `rank` (gone before its
  * push): fail the TAKEN pushes of that step and later ones, naming it. */
-void rps__srv_repl_step_orphaned(struct rps__server *srv, struct tensor *t, struct shard *s, int rank);
+void rps__srv_repl_step_orphaned(struct rps__server *srv, struct srv_tensor *t, struct shard *s, int rank);
 /* Complete the waits every replica confirmed (after an ack, or a view
  * that dropped a replica). */
 void rps__srv_repl_confirm(struct rps__server *srv);
@@ -48,20 +48,20 @@ void rps__srv_repl_view_changed(struct rps__server *srv, uint32_t part);
  * taken here are told to resend (STEP_DONE entries of version 0). */
 void rps__srv_repl_refuse_part(struct rps__server *srv, uint32_t part);
 bool rps__srv_repl_busy(const struct rps__server *srv, uint32_t part);
-void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot);
-void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+void rps__srv_repl_on_entry(struct rps__server *srv, struct srv_conn *c, uint32_t slot);
+void rps__srv_repl_on_message(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			      const void *body);
 const char *rps__srv_repl_fingerprint(struct rps__server *srv);
 uint32_t rps__srv_repl_slot_size(const struct rps__server *srv);
 /* the stream's connections: repl_backup.c (accepted, on_hello,
  * backup_turn; and rps__srv_repl_on_entry above) and repl_stream.c (the rest) */
-int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c);
+int rps__srv_repl_accepted(struct rps__server *srv, struct srv_conn *c);
 /* a backup with a higher member id dialed us for its stream */
-void rps__srv_repl_rev_accepted(struct rps__server *srv, struct conn *c);
-void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+void rps__srv_repl_rev_accepted(struct rps__server *srv, struct srv_conn *c);
+void rps__srv_repl_on_hello(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			    const struct rps__repl_hello *hello);
-void rps__srv_repl_backup_turn(struct rps__server *srv, struct conn *c);
-void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c);
+void rps__srv_repl_backup_turn(struct rps__server *srv, struct srv_conn *c);
+void rps__srv_repl_conn_gone(struct rps__server *srv, struct srv_conn *c);
 uint64_t rps__srv_repl_diverged(struct rps__server *srv, uint32_t part);
 /* Once per loop turn: dial, retry entries, batched REPL_ACKs. */
 void rps__srv_repl_turn(struct rps__server *srv);

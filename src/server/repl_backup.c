@@ -24,7 +24,7 @@
 
 #include "rdmaps.h"
 
-int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c)
+int rps__srv_repl_accepted(struct rps__server *srv, struct srv_conn *c)
 {
 	size_t len = (size_t)REPL_SLOTS * rps__srv_repl_slot_size(srv);
 
@@ -42,7 +42,7 @@ int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c)
 	return rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED, &c->slots_mr);
 }
 
-void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+void rps__srv_repl_on_hello(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			    const struct rps__repl_hello *hello)
 {
 	struct rps__repl_hello_rep rep;
@@ -78,7 +78,7 @@ void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struc
 }
 
 /* Refuse the entry after c->cseq: the primary breaks the stream. */
-static int refuse(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, int status)
+static int refuse(struct rps__server *srv, struct srv_conn *c, const struct rps__repl_desc *d, int status)
 {
 	struct rps__repl_ack a = { .cseq = c->cseq, .part = d->part };
 
@@ -88,8 +88,8 @@ static int refuse(struct rps__server *srv, struct conn *c, const struct rps__rep
 	return -EPROTO;
 }
 
-static int broken(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int broken(struct conn *c, const char *fmt, ...)
+static int broken(struct srv_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int broken(struct srv_conn *c, const char *fmt, ...)
 {
 	char why[160];
 	va_list ap;
@@ -103,10 +103,10 @@ static int broken(struct conn *c, const char *fmt, ...)
 
 /* REPL_TENSOR: know the tensor (created if unknown, as a restore does),
  * with regions for the partitions backed here. */
-static int bind(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, const void *payload)
+static int bind_tensor(struct rps__server *srv, struct srv_conn *c, const struct rps__repl_desc *d, const void *payload)
 {
 	struct rps__repl_tensor bt;
-	struct tensor *t;
+	struct srv_tensor *t;
 	uint32_t p;
 
 	if (d->nbytes != sizeof(bt))
@@ -143,15 +143,15 @@ static int bind(struct rps__server *srv, struct conn *c, const struct rps__repl_
 /* Apply d with the primary's code: 0, 1 (skipped: not ours to apply),
  * -EAGAIN (the map is behind: later), or a negative errno (the connection
  * failed). */
-static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d,
+static int apply_entry(struct rps__server *srv, struct srv_conn *c, const struct rps__repl_desc *d,
 		       const void *payload)
 {
 	const struct rps__dp_part *v;
-	struct tensor *t;
+	struct srv_tensor *t;
 	struct shard *s;
 
 	if (d->kind == RPS__REPL_TENSOR)
-		return bind(srv, c, d, payload);
+		return bind_tensor(srv, c, d, payload);
 	if (d->part >= srv->npart)
 		return broken(c, "replicates partition %u of %u", d->part, srv->npart);
 	v = &srv->parts[d->part];
@@ -247,7 +247,7 @@ static bool fault_break(const struct rps__server *srv)
 }
 
 /* The entry in the next slot in turn. */
-static int apply_next(struct rps__server *srv, struct conn *c)
+static int apply_next(struct rps__server *srv, struct srv_conn *c)
 {
 	const char *buf = c->slots + (size_t)(c->cseq % c->repl_nslots) * c->repl_slot_size;
 	struct rps__repl_desc d;
@@ -270,7 +270,7 @@ static int apply_next(struct rps__server *srv, struct conn *c)
 	return 0;
 }
 
-void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot)
+void rps__srv_repl_on_entry(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
 	if (c->repl_refused)
 		return;		/* the primary closes on our NACK */
@@ -283,7 +283,7 @@ void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t sl
 }
 
 /* Once per loop turn: entries the map held back, then the ack. */
-void rps__srv_repl_backup_turn(struct rps__server *srv, struct conn *c)
+void rps__srv_repl_backup_turn(struct rps__server *srv, struct srv_conn *c)
 {
 	struct rps__repl_ack a;
 

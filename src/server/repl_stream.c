@@ -50,9 +50,9 @@ enum rw_kind { RW_PUSH, RW_INIT, RW_STEP, RW_STEP_DONE };
  * sync contribution, acknowledged TAKEN, waiting for its step). */
 struct repl_wait {
 	enum rw_kind kind;
-	struct tensor *t;
+	struct srv_tensor *t;
 	struct shard *s;
-	struct conn *c;		/* the worker to acknowledge (NULL: gone, or none) */
+	struct srv_conn *c;		/* the worker to acknowledge (NULL: gone, or none) */
 	uint32_t slot;
 	uint64_t holds;		/* PUSH: the lock word to release ... */
 	bool hold;		/* ... unless the worker's next push follows under it */
@@ -62,7 +62,7 @@ struct repl_wait {
 	uint32_t nrep;
 	struct {
 		uint64_t id;
-		struct conn *rc;	/* NULL: the stream broke */
+		struct srv_conn *rc;	/* NULL: the stream broke */
 		uint64_t cseq;		/* confirmed once rc->cseq_acked reaches it */
 	} rep[REPL_MAX];
 };
@@ -139,14 +139,14 @@ int rps__srv_repl_set_peer(struct rps__server *srv, uint64_t id, const char *uri
 	return 0;
 }
 
-static bool is_bound(const struct conn *rc, uint32_t tensor_id)
+static bool is_bound(const struct srv_conn *rc, uint32_t tensor_id)
 {
 	return tensor_id < rc->nbound && rc->bound[tensor_id];
 }
 
 /* ---- the primary: shipping ---------------------------------------------- */
 
-int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t part)
+int rps__srv_repl_reserve(struct rps__server *srv, struct srv_tensor *t, uint32_t part)
 {
 	uint64_t ids[REPL_MAX];
 	uint32_t k, n = replicas(&srv->parts[part], ids);
@@ -163,7 +163,7 @@ int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t pa
 	}
 	for (k = 0; k < n; k++) {
 		struct repl_peer *p = peer_find(srv, ids[k]);
-		struct conn *rc = p ? p->conn : NULL;
+		struct srv_conn *rc = p ? p->conn : NULL;
 		if (p)
 			p->wanted = true;
 		else if (srv->repl_unknown != ids[k]) {
@@ -177,7 +177,7 @@ int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t pa
 	return ret;
 }
 
-static void post_entry(struct rps__server *srv, struct conn *rc, struct rps__repl_desc d, const void *payload)
+static void post_entry(struct rps__server *srv, struct srv_conn *rc, struct rps__repl_desc d, const void *payload)
 {
 	uint32_t k = (uint32_t)(rc->cseq % rc->repl_nslots);
 	char *buf = rc->slots + (size_t)k * rc->repl_slot_size;
@@ -203,7 +203,7 @@ static void post_entry(struct rps__server *srv, struct conn *rc, struct rps__rep
 	srv->repl_stats.entries_sent++;
 }
 
-static void bind_tensor(struct rps__server *srv, struct conn *rc, struct tensor *t)
+static void bind_tensor(struct rps__server *srv, struct srv_conn *rc, struct srv_tensor *t)
 {
 	struct rps__repl_desc d;
 	struct rps__repl_tensor bt;
@@ -234,7 +234,7 @@ static void bind_tensor(struct rps__server *srv, struct conn *rc, struct tensor 
 
 /* Ship entry d (of shard s) to every replica of its partition: the wait w
  * learns what confirms it. */
-static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, struct rps__repl_desc d,
+static void ship(struct rps__server *srv, struct srv_tensor *t, struct shard *s, struct rps__repl_desc d,
 		 const void *payload, struct repl_wait *w)
 {
 	uint64_t ids[REPL_MAX];
@@ -253,7 +253,7 @@ static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, str
 	w->nrep = 0;
 	for (k = 0; k < n; k++) {
 		struct repl_peer *p = peer_find(srv, ids[k]);
-		struct conn *rc = p->conn;	/* rps__srv_repl_reserve saw it ready */
+		struct srv_conn *rc = p->conn;	/* rps__srv_repl_reserve saw it ready */
 		bind_tensor(srv, rc, t);
 		post_entry(srv, rc, d, payload);
 		w->rep[w->nrep].id = ids[k];
@@ -266,8 +266,8 @@ static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, str
 	srv->rwaits[srv->nrwaits++] = *w;	/* room made by rps__srv_repl_reserve */
 }
 
-void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard *s,
-			const struct rps__push_desc *pd, struct conn *c, uint32_t slot, uint64_t holds)
+void rps__srv_repl_push(struct rps__server *srv, struct srv_tensor *t, struct shard *s,
+			const struct rps__push_desc *pd, struct srv_conn *c, uint32_t slot, uint64_t holds)
 {
 	struct repl_wait w = { .kind = RW_PUSH, .c = c, .slot = slot, .holds = holds,
 			       .hold = (pd->flags & RPS__DESC_HOLD) != 0 };
@@ -285,7 +285,7 @@ void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard 
 	ship(srv, t, s, d, (const char *)pd + RPS__PUSH_DESC_SIZE, &w);
 }
 
-void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard *s, struct conn *c,
+void rps__srv_repl_init(struct rps__server *srv, struct srv_tensor *t, struct shard *s, struct srv_conn *c,
 			uint32_t slot)
 {
 	struct repl_wait w = { .kind = RW_INIT, .c = c, .slot = slot };
@@ -300,7 +300,7 @@ void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard 
 }
 
 /* The step's fp32 sum, once: backups do not recompute it. */
-void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard *s)
+void rps__srv_repl_step(struct rps__server *srv, struct srv_tensor *t, struct shard *s)
 {
 	struct repl_wait w = { .kind = RW_STEP };
 	struct rps__repl_desc d;
@@ -323,7 +323,7 @@ void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard 
  * gradient and resends it to a new primary if this one dies (a resend of a
  * step already there is -EALREADY: counted).
  */
-void rps__srv_repl_step_wait(struct rps__server *srv, struct conn *c, struct tensor *t, struct shard *s,
+void rps__srv_repl_step_wait(struct rps__server *srv, struct srv_conn *c, struct srv_tensor *t, struct shard *s,
 			     uint64_t clock)
 {
 	if (srv->nrwaits == srv->rwaits_cap) {
@@ -349,7 +349,7 @@ bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock)
 	return clock + 1 < s->step || (clock < s->step && !s->repl_pending);
 }
 
-static void sd_append(struct conn *c, struct rps__step_done_ent e)
+static void sd_append(struct srv_conn *c, struct rps__step_done_ent e)
 {
 	if (c->nsd == c->sd_cap) {
 		uint32_t cap = c->sd_cap ? c->sd_cap * 2 : 16;
@@ -366,7 +366,7 @@ static void sd_append(struct conn *c, struct rps__step_done_ent e)
 
 /* Owe c a STEP_DONE for (t, s, step): one entry per shard, the latest step
  * (it covers the earlier ones). */
-static void step_done_note(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step,
+static void step_done_note(struct srv_conn *c, const struct srv_tensor *t, const struct shard *s, uint64_t step,
 			   bool resend)
 {
 	uint32_t k;
@@ -392,7 +392,7 @@ static void step_done_note(struct conn *c, const struct tensor *t, const struct 
  * `rank`: an entry of its own (it covers that step alone, so a done entry
  * of an earlier step, before or after it, still says that one is on every
  * replica). */
-static void step_done_orphaned(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step, int rank)
+static void step_done_orphaned(struct srv_conn *c, const struct srv_tensor *t, const struct shard *s, uint64_t step, int rank)
 {
 	uint32_t k;
 
@@ -418,7 +418,7 @@ static void step_done_orphaned(struct conn *c, const struct tensor *t, const str
  * only, until the step completes), and the step completes and replicates
  * whole once the rank is replaced or removed.
  */
-void rps__srv_repl_step_orphaned(struct rps__server *srv, struct tensor *t, struct shard *s, int rank)
+void rps__srv_repl_step_orphaned(struct rps__server *srv, struct srv_tensor *t, struct shard *s, int rank)
 {
 	uint32_t i = 0;
 
@@ -478,7 +478,7 @@ static void step_done_flush(struct rps__server *srv)
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *c = srv->conns[i];
+		struct srv_conn *c = srv->conns[i];
 		struct rps__step_done sd;
 		uint32_t n;
 		if (c->role != CONN_WORKER || !c->nsd || c->dead || c->sd_inflight >= RPS__STEP_DONE_WINDOW)
@@ -514,7 +514,7 @@ static bool wait_confirmed(const struct rps__server *srv, const struct repl_wait
 
 static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 {
-	struct tensor *t = w->t;
+	struct srv_tensor *t = w->t;
 	struct shard *s = w->s;
 	uint64_t lock = 0;
 
@@ -612,7 +612,7 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 
 /* ---- the primary: the connection ------------------------------------------ */
 
-static void send_hello(struct rps__server *srv, struct conn *c)
+static void send_hello(struct rps__server *srv, struct srv_conn *c)
 {
 	struct rps__repl_hello h;
 
@@ -636,7 +636,7 @@ static int dial(struct rps__server *srv, struct repl_peer *p, bool rev)
 		.role = rev ? RPS__ROLE_REPL_REV : RPS__ROLE_REPL, .from_id = srv->my_id, .to_id = p->id,
 	};
 	struct rps__ep_attr attr = { 0 };
-	struct conn *c;
+	struct srv_conn *c;
 
 	if (rps__srv_conn_new(srv, CONN_REPL, &c)) {
 		rps__log(RPS__LOG_WARN, "replication %s member %llu: %s", rev ? "from" : "to",
@@ -676,7 +676,7 @@ static void dial_failed(struct rps__server *srv, struct repl_peer *p, bool rev)
 }
 
 /* A dial is over: the stream is up, or p is dialed again later. */
-void rps__srv_repl_dialed(struct rps__server *srv, struct conn *c, bool rev, int ret, uint64_t to_id,
+void rps__srv_repl_dialed(struct rps__server *srv, struct srv_conn *c, bool rev, int ret, uint64_t to_id,
 			  const char *uri, const struct rps__conn_priv *rp)
 {
 	struct repl_peer *p = peer_find(srv, to_id);
@@ -722,7 +722,7 @@ fail:
 
 /* A backup with the higher member id dialed us for its stream: it is our
  * stream to it from now on (a newer dial replaces one it saw die). */
-void rps__srv_repl_rev_accepted(struct rps__server *srv, struct conn *c)
+void rps__srv_repl_rev_accepted(struct rps__server *srv, struct srv_conn *c)
 {
 	struct repl_peer *p = peer_find(srv, c->peer_id);
 
@@ -739,7 +739,7 @@ void rps__srv_repl_rev_accepted(struct rps__server *srv, struct conn *c)
 }
 
 /* The backup's slots: allocate our ring of the same shape. */
-static void on_hello_rep(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+static void on_hello_rep(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			 const struct rps__repl_hello_rep *r)
 {
 	size_t len;
@@ -782,7 +782,7 @@ err:
 	rps__srv_conn_fail(c, "out of memory for the replication ring");
 }
 
-static void on_ack(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+static void on_ack(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 		   const struct rps__repl_ack *a)
 {
 	if (h->type == RPS__MSG_REPL_NACK) {
@@ -804,7 +804,7 @@ static void on_ack(struct rps__server *srv, struct conn *c, const struct rps__ms
 
 /* ---- both sides ------------------------------------------------------------- */
 
-void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+void rps__srv_repl_on_message(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			      const void *body)
 {
 	if (!c->repl_out && h->type == RPS__MSG_REPL_HELLO)
@@ -827,7 +827,7 @@ void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const str
  * seeds a backup again.  A replica that confirmed everything keeps its
  * place: a new stream goes on from the seq it applied.
  */
-void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c)
+void rps__srv_repl_conn_gone(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i, k;
 
@@ -966,7 +966,7 @@ static void warn_slow(struct rps__server *srv, uint64_t now)
 		}
 		w->warned = true;
 		for (uint32_t k = 0; k < w->nrep; k++) {
-			const struct conn *rc = w->rep[k].rc;
+			const struct srv_conn *rc = w->rep[k].rc;
 			if (!w->rep[k].id || !still_replica(srv, w->s->part, w->rep[k].id) ||
 			    (rc && rc->cseq_acked >= w->rep[k].cseq))
 				continue;
@@ -1002,7 +1002,7 @@ void rps__srv_repl_turn(struct rps__server *srv)
 			dial_when_due(srv, p, true, now);
 	}
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *c = srv->conns[i];
+		struct srv_conn *c = srv->conns[i];
 		if (c->role == CONN_REPL && !c->repl_out && !c->dead && !c->repl_refused)
 			rps__srv_repl_backup_turn(srv, c);
 	}

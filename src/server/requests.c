@@ -37,7 +37,7 @@ bool rps__srv_spec_equal(const struct rps__tensor_spec *a, const struct rps__ten
 
 /* Sync: has rank contributed to step clock of shard s (summed, or parked
  * out of turn)?  Only steps from s->step on are asked about. */
-static bool sync_has(const struct rps__server *srv, const struct tensor *t, const struct shard *s,
+static bool sync_has(const struct rps__server *srv, const struct srv_tensor *t, const struct shard *s,
 		     uint32_t local, int rank, uint64_t clock)
 {
 	return (clock == s->step && rank < s->next_rank) || rps__srv_parked_has(srv, t, local, rank, clock);
@@ -50,7 +50,7 @@ static bool sync_has(const struct rps__server *srv, const struct tensor *t, cons
  * new job is unchanged.  Parked contributions count, held ones do not (they
  * went with the predecessor's connection and are resent).
  */
-static void resume_clocks(const struct rps__server *srv, const struct conn *c, const struct tensor *t,
+static void resume_clocks(const struct rps__server *srv, const struct srv_conn *c, const struct srv_tensor *t,
 			  uint64_t *lo, uint64_t *hi)
 {
 	uint32_t p, j;
@@ -88,7 +88,7 @@ static void resume_clocks(const struct rps__server *srv, const struct conn *c, c
  * window of this connection's own: read and atomics for a worker, read
  * alone for a reader.  A page stops short where the send queue has no
  * room left to bind (an empty one: the worker asks again shortly). */
-static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_id, struct tensor *t,
+static void create_reply(struct rps__server *srv, struct srv_conn *c, uint64_t req_id, struct srv_tensor *t,
 			 bool created, uint32_t first)
 {
 	int access = RPS__ACCESS_REMOTE_READ | (c->key_role == RPS__KEY_READER ? 0 : RPS__ACCESS_REMOTE_ATOMIC);
@@ -134,8 +134,8 @@ static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_i
 	conn_reply(c, RPS__MSG_CREATE_REP, req_id, 0, &rep, sizeof(rep));
 }
 
-/* A connection of a rank opened a sync tensor (see struct tensor.ranks). */
-static void rank_opened(struct tensor *t, const struct conn *c)
+/* A connection of a rank opened a sync tensor (see struct srv_tensor.ranks). */
+static void rank_opened(struct srv_tensor *t, const struct srv_conn *c)
 {
 	if (t->spec.mode != RPS_MODE_SYNC || c->rank < 0 || c->rank >= t->spec.num_workers)
 		return;
@@ -145,10 +145,10 @@ static void rank_opened(struct tensor *t, const struct conn *c)
 		t->ranks[c->rank] = RANK_LIVE;
 }
 
-static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
+static void on_create(struct rps__server *srv, struct srv_conn *c, uint64_t req_id,
 		      const struct rps__create *req)
 {
-	struct tensor *t;
+	struct srv_tensor *t;
 	bool created = false;
 	uint32_t p;
 	int ret;
@@ -251,19 +251,19 @@ err:
  * replacement resends); what was summed or parked stays counted.  A rank
  * is a rank of one job: only connections of the same key scope and role
  * are taken over, and never by a reader (on_hello). */
-static void take_over_rank(struct rps__server *srv, struct conn *c)
+static void take_over_rank(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *o = srv->conns[i];
+		struct srv_conn *o = srv->conns[i];
 		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank &&
 		    o->key_role == c->key_role && rps__srv_same_scope(o, c))
 			conn_fail(o, "taken over by a new process of its rank");
 	}
 }
 
-static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__hello *h)
+static void on_hello(struct rps__server *srv, struct srv_conn *c, uint64_t req_id, const struct rps__hello *h)
 {
 	struct rps__hello_rep rep;
 	uint32_t map_rkey = 0, slot_rkey = 0;
@@ -313,7 +313,7 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
  * current step still lacks its push (neither added nor parked here), or -1.
  * The step cannot complete until a new process of that rank opens the
  * tensor (it resumes at the step, see resume_clocks). */
-int rps__srv_missing_rank(struct rps__server *srv, struct tensor *t, uint32_t local)
+int rps__srv_missing_rank(struct rps__server *srv, struct srv_tensor *t, uint32_t local)
 {
 	struct shard *s = &t->shards[local];
 	uint32_t i;
@@ -335,7 +335,7 @@ int rps__srv_missing_rank(struct rps__server *srv, struct tensor *t, uint32_t lo
 }
 
 /* Tell a waiter that its version will never come, and which rank it waits for. */
-static void wait_fail_missing(struct conn *c, uint64_t req_id, struct shard *s, int rank)
+static void wait_fail_missing(struct srv_conn *c, uint64_t req_id, struct shard *s, int rank)
 {
 	struct rps__wait_rep rep = { .version = s->step, .min_clock = s->hdr->min_clock, .missing_rank = rank };
 
@@ -343,12 +343,12 @@ static void wait_fail_missing(struct conn *c, uint64_t req_id, struct shard *s, 
 }
 
 /* Another connection of c's rank that may reach t (of t's job) is left. */
-static bool rank_reaches(const struct rps__server *srv, const struct conn *c, const struct tensor *t)
+static bool rank_reaches(const struct rps__server *srv, const struct srv_conn *c, const struct srv_tensor *t)
 {
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
-		const struct conn *o = srv->conns[i];
+		const struct srv_conn *o = srv->conns[i];
 		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank &&
 		    rps__srv_scope_allows(o, t->name))
 			return true;
@@ -360,14 +360,14 @@ static bool rank_reaches(const struct rps__server *srv, const struct conn *c, co
  * it opened here that no other connection of the rank may reach (another
  * job's rank of the same number does not keep it), and fail the waits that only it could satisfy
  * (with backups, the TAKEN pushes waiting for the step too). */
-void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
+void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
 
 	if (c->role != CONN_WORKER || !c->hello_done || c->rank < 0)
 		return;
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		uint32_t local;
 		if (!t || !t->ranks || c->rank >= t->spec.num_workers || t->ranks[c->rank] != RANK_LIVE ||
 		    !rps__srv_scope_allows(c, t->name) || rank_reaches(srv, c, t))
@@ -382,7 +382,7 @@ void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
 	i = 0;
 	while (i < srv->nwaiters) {
 		struct waiter *w = &srv->waiters[i];
-		struct tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
+		struct srv_tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
 		int r = t ? rps__srv_missing_rank(srv, t, w->local) : -1;
 		if (r >= 0 && w->conn != c && w->min_version > t->shards[w->local].step) {
 			rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
@@ -396,9 +396,9 @@ void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
 	}
 }
 
-static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__wait *w)
+static void on_wait(struct rps__server *srv, struct srv_conn *c, uint64_t req_id, const struct rps__wait *w)
 {
-	struct tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
+	struct srv_tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
 	uint32_t local;
 
 	/* out of scope: refused as CREATE refuses it, and an id unknown here
@@ -445,7 +445,7 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 
 /* Barriers are per key scope: job B's workers neither arrive at job A's
  * barrier nor see it (without a key every scope is "", one barrier). */
-static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
+static void on_barrier(struct rps__server *srv, struct srv_conn *c, uint64_t req_id)
 {
 	uint32_t i, n = 0;
 	int need = 0;
@@ -497,7 +497,7 @@ static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
 	}
 }
 
-void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uint32_t len)
+void rps__srv_on_message(struct rps__server *srv, struct srv_conn *c, void *buf, uint32_t len)
 {
 	struct rps__msg_hdr h;
 	void *body = rps__msg_body(buf);
@@ -562,7 +562,7 @@ void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uin
 /* ---- removing a rank (psctl remove-rank) ------------------------------------------ */
 
 /* Take rank out of t; -EINVAL (message set) if it cannot be. */
-static int remove_from(struct rps__server *srv, struct tensor *t, int rank)
+static int remove_from(struct rps__server *srv, struct srv_tensor *t, int rank)
 {
 	uint32_t local;
 	int r, left = 0;
@@ -611,7 +611,7 @@ int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank)
 	if (rank < 0)
 		return rps__seterr(-EINVAL, "rank %d: ranks are 0 or more", rank);
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		if (!t || (name[0] && strcmp(t->name, name)))
 			continue;
 		found = true;

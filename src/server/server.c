@@ -145,7 +145,7 @@ static int place_server(const struct rps__server_config *cfg, struct rps__fabric
 
 static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 {
-	struct conn *c = wc->ep ? rps__ep_context(wc->ep) : NULL;
+	struct srv_conn *c = wc->ep ? rps__ep_context(wc->ep) : NULL;
 	uint32_t kind = (uint32_t)(wc->wr_id >> 32), idx = (uint32_t)wc->wr_id, gen;
 
 	if (!c)
@@ -217,7 +217,7 @@ static void drop_idle_workers(struct rps__server *srv, uint64_t now)
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *c = srv->conns[i];
+		struct srv_conn *c = srv->conns[i];
 		if (c->role != CONN_WORKER || c->dead || now - c->last_active_ns < limit)
 			continue;
 		snprintf(why, sizeof(why), "idle for %u ms: dropped (rdmapsd --idle-timeout-ms)",

@@ -303,7 +303,7 @@ struct args {
 	struct rps__dp_copy copy;
 	struct rps__dp_stats st;
 	const struct rps__tensor_spec *spec;
-	struct tensor *t;
+	struct srv_tensor *t;
 	const struct rps__dp_shard *cs;
 };
 
@@ -542,7 +542,7 @@ out:
 static void do_restore_tensor(struct rps__server *s, void *a)
 {
 	struct args *x = a;
-	struct tensor *t = NULL;
+	struct srv_tensor *t = NULL;
 	int r = one->restore_tensor(s, (const char *)x->ptr, x->name, x->spec, &t);
 
 	if (r && !x->ret)
@@ -551,7 +551,7 @@ static void do_restore_tensor(struct rps__server *s, void *a)
 		x->t = t;
 }
 static int g_restore_tensor(struct rps__server *srv, const char *file, const char *name,
-			    const struct rps__tensor_spec *spec, struct tensor **out)
+			    const struct rps__tensor_spec *spec, struct srv_tensor **out)
 {
 	struct args a = { .ptr = file, .name = name, .spec = spec };
 
@@ -563,13 +563,13 @@ static int g_restore_tensor(struct rps__server *srv, const char *file, const cha
 static void do_restore_shard(struct rps__server *s, void *a)
 {
 	struct args *x = a;
-	struct tensor *t = rps__srv_tensor_by_name(s, x->t->name);
+	struct srv_tensor *t = rps__srv_tensor_by_name(s, x->t->name);
 
 	x->ret = t ? one->restore_shard(s, (const char *)x->ptr, t, x->cs)
 		   : rps__seterr(-ENOENT, "%s: tensor '%s' is not on serving thread %u", (const char *)x->ptr,
 				 x->t->name, s->thread_index);
 }
-static int g_restore_shard(struct rps__server *srv, const char *file, struct tensor *t,
+static int g_restore_shard(struct rps__server *srv, const char *file, struct srv_tensor *t,
 			   const struct rps__dp_shard *cs)
 {
 	struct args a = { .ptr = file, .t = t, .cs = cs };

@@ -54,10 +54,10 @@ static void die(const char *what)
 	abort();
 }
 
-static struct tensor *tensor_new(const char *name, enum rps_mode mode, enum rps_optimizer opt, int nworkers)
+static struct srv_tensor *tensor_new(const char *name, enum rps_mode mode, enum rps_optimizer opt, int nworkers)
 {
 	struct rps__tensor_spec sp;
-	struct tensor *t = NULL;
+	struct srv_tensor *t = NULL;
 	uint32_t p;
 
 	memset(&sp, 0, sizeof(sp));
@@ -81,7 +81,7 @@ static struct tensor *tensor_new(const char *name, enum rps_mode mode, enum rps_
 	return t;
 }
 
-static void park(struct tensor *t, uint32_t j, uint64_t clock, int rank)
+static void park(struct srv_tensor *t, uint32_t j, uint64_t clock, int rank)
 {
 	struct parked *pk;
 
@@ -109,7 +109,7 @@ static void park(struct tensor *t, uint32_t j, uint64_t clock, int rank)
 static void drop_new_tensors(uint32_t keep)
 {
 	while (srv->ntensors > keep) {
-		struct tensor *t = srv->tensors[--srv->ntensors];
+		struct srv_tensor *t = srv->tensors[--srv->ntensors];
 		for (uint32_t p = 0; p < NPART; p++)
 			rps__srv_region_free(srv, t, p);
 		free(t->regions);
@@ -132,7 +132,7 @@ static void unpark_all(void)
 static void setup(void)
 {
 	struct rps__server_config cfg;
-	struct tensor *s, *b, *a;
+	struct srv_tensor *s, *b, *a;
 	void *img;
 	uint32_t j;
 
