@@ -168,8 +168,7 @@ void rps__srv_conn_free(struct rps__server *srv, struct srv_conn *c)
 int rps__srv_conn_window(struct srv_conn *c, struct rps__mr *mr, int access, uint32_t *rkey)
 {
 	uint64_t serial = rps__mr_serial(mr);
-	struct conn_window *w;
-	uint32_t i, cap;
+	uint32_t i;
 	int ret;
 
 	for (i = 0; i < c->nwins; i++)
@@ -183,14 +182,8 @@ int rps__srv_conn_window(struct srv_conn *c, struct rps__mr *mr, int access, uin
 	if (rps__ep_sq_room(c->ep) <= c->nsfree + 1)
 		return rps__seterr(-EAGAIN, "send queue of %s too full to bind a memory window now",
 				   rps__ep_peer(c->ep));
-	if (c->nwins == c->wins_cap) {
-		cap = c->wins_cap ? 2 * c->wins_cap : 8;
-		w = realloc(c->wins, cap * sizeof(*w));
-		if (!w)
-			return rps__seterr(-ENOMEM, "out of memory for the windows of %s", rps__ep_peer(c->ep));
-		c->wins = w;
-		c->wins_cap = cap;
-	}
+	if (rps__grow(&c->wins, &c->wins_cap, c->nwins + 1, sizeof(*c->wins), 8))
+		return rps__seterr(-ENOMEM, "out of memory for the windows of %s", rps__ep_peer(c->ep));
 	ret = rps__mw_bind(c->ep, mr, access, rkey);
 	if (ret)
 		return ret;
@@ -362,14 +355,8 @@ int rps__srv_conn_grow(struct rps__server *srv, struct srv_conn *c)
  * peers and psctl are not: they are few and the cluster needs them). */
 static int conn_table_add(struct rps__server *srv, struct srv_conn *c)
 {
-	if (srv->nconns == srv->conns_cap) {
-		uint32_t cap = srv->conns_cap ? srv->conns_cap * 2 : 16;
-		struct srv_conn **grown = realloc(srv->conns, cap * sizeof(*grown));
-		if (!grown)
-			return -ENOMEM;
-		srv->conns = grown;
-		srv->conns_cap = cap;
-	}
+	if (rps__grow(&srv->conns, &srv->conns_cap, srv->nconns + 1, sizeof(*srv->conns), 16))
+		return -ENOMEM;
 	srv->conns[srv->nconns++] = c;
 	return 0;
 }

@@ -31,14 +31,8 @@ int rps__srv_dial(struct rps__server *srv, struct srv_conn *c, enum srv_dial_kin
 	struct rps__uri u;
 	int ret;
 
-	if (srv->ndials == srv->dials_cap) {
-		uint32_t cap = srv->dials_cap ? srv->dials_cap * 2 : 8;
-		struct srv_dial *grown = realloc(srv->dials, cap * sizeof(*grown));
-		if (!grown)
-			return rps__seterr(-ENOMEM, "out of memory");
-		srv->dials = grown;
-		srv->dials_cap = cap;
-	}
+	if (rps__grow(&srv->dials, &srv->dials_cap, srv->ndials + 1, sizeof(*srv->dials), 8))
+		return rps__seterr(-ENOMEM, "out of memory");
 	if (strlen(uri) >= sizeof(d->uri))	/* its owner finds it by its uri */
 		return rps__seterr(-ENAMETOOLONG, "dial %s: address too long", uri);
 	ret = rps__uri_parse(uri, &u);

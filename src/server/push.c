@@ -130,14 +130,9 @@ void rps__srv_parked_release(struct rps__server *srv, struct parked *p)
 		return;
 	}
 	srv->parked_bytes -= p->nbytes;
-	if (srv->npark_pool == srv->park_pool_cap && srv->npark_pool < PARK_POOL_MAX) {
-		uint32_t cap = srv->park_pool_cap ? srv->park_pool_cap * 2 : 16;
-		struct park_buf *grown = realloc(srv->park_pool, cap * sizeof(*grown));
-		if (grown) {
-			srv->park_pool = grown;
-			srv->park_pool_cap = cap;
-		}
-	}
+	if (srv->npark_pool < PARK_POOL_MAX)	/* failing, the buffer is freed below */
+		(void)rps__grow(&srv->park_pool, &srv->park_pool_cap, srv->npark_pool + 1, sizeof(*srv->park_pool),
+				16);
 	if (srv->npark_pool < srv->park_pool_cap && srv->park_pool_bytes + p->cap <= srv->cfg.park_limit / 4) {
 		srv->park_pool[srv->npark_pool].buf = p->data;
 		srv->park_pool[srv->npark_pool].cap = p->cap;
@@ -609,14 +604,8 @@ static enum consume_result consume(struct rps__server *srv, struct srv_conn *c, 
 
 static int held_add(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
-	if (srv->nheld == srv->held_cap) {
-		uint32_t cap = srv->held_cap ? srv->held_cap * 2 : 64;
-		struct held *h = realloc(srv->held, cap * sizeof(*h));
-		if (!h)
-			return -ENOMEM;
-		srv->held = h;
-		srv->held_cap = cap;
-	}
+	if (rps__grow(&srv->held, &srv->held_cap, srv->nheld + 1, sizeof(*srv->held), 64))
+		return -ENOMEM;
 	srv->held[srv->nheld].conn = c;
 	srv->held[srv->nheld].slot = slot;
 	srv->nheld++;
@@ -660,14 +649,8 @@ void rps__srv_drain_held(struct rps__server *srv)
 
 int rps__srv_parked_slot(struct rps__server *srv, struct parked **out)
 {
-	if (srv->nparked == srv->parked_cap) {
-		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
-		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
-		if (!grown)
-			return -ENOMEM;
-		srv->parked = grown;
-		srv->parked_cap = cap;
-	}
+	if (rps__grow(&srv->parked, &srv->parked_cap, srv->nparked + 1, sizeof(*srv->parked), 64))
+		return -ENOMEM;
 	*out = memset(&srv->parked[srv->nparked], 0, sizeof(**out));
 	return 0;
 }

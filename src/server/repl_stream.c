@@ -153,14 +153,8 @@ int rps__srv_repl_reserve(struct rps__server *srv, struct srv_tensor *t, uint32_
 	int ret = 0;
 
 	srv->repl_active = true;
-	if (srv->nrwaits == srv->rwaits_cap) {
-		uint32_t cap = srv->rwaits_cap ? srv->rwaits_cap * 2 : 64;
-		struct repl_wait *grown = realloc(srv->rwaits, cap * sizeof(*grown));
-		if (!grown)
-			return -EAGAIN;
-		srv->rwaits = grown;
-		srv->rwaits_cap = cap;
-	}
+	if (rps__grow(&srv->rwaits, &srv->rwaits_cap, srv->nrwaits + 1, sizeof(*srv->rwaits), 64))
+		return -EAGAIN;
 	for (k = 0; k < n; k++) {
 		struct repl_peer *p = peer_find(srv, ids[k]);
 		struct srv_conn *rc = p ? p->conn : NULL;
@@ -326,15 +320,9 @@ void rps__srv_repl_step(struct rps__server *srv, struct srv_tensor *t, struct sh
 void rps__srv_repl_step_wait(struct rps__server *srv, struct srv_conn *c, struct srv_tensor *t, struct shard *s,
 			     uint64_t clock)
 {
-	if (srv->nrwaits == srv->rwaits_cap) {
-		uint32_t cap = srv->rwaits_cap ? srv->rwaits_cap * 2 : 64;
-		struct repl_wait *grown = realloc(srv->rwaits, cap * sizeof(*grown));
-		if (!grown) {
-			rps__srv_conn_fail(c, "out of memory deferring an acknowledgement");
-			return;
-		}
-		srv->rwaits = grown;
-		srv->rwaits_cap = cap;
+	if (rps__grow(&srv->rwaits, &srv->rwaits_cap, srv->nrwaits + 1, sizeof(*srv->rwaits), 64)) {
+		rps__srv_conn_fail(c, "out of memory deferring an acknowledgement");
+		return;
 	}
 	srv->rwaits[srv->nrwaits++] = (struct repl_wait){
 		.kind = RW_STEP_DONE, .t = t, .s = s, .c = c, .clock = clock, .since = rps__now_ns(),
@@ -351,15 +339,9 @@ bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock)
 
 static void sd_append(struct srv_conn *c, struct rps__step_done_ent e)
 {
-	if (c->nsd == c->sd_cap) {
-		uint32_t cap = c->sd_cap ? c->sd_cap * 2 : 16;
-		struct rps__step_done_ent *grown = realloc(c->sd, cap * sizeof(*grown));
-		if (!grown) {
-			rps__srv_conn_fail(c, "out of memory for its STEP_DONE");
-			return;
-		}
-		c->sd = grown;
-		c->sd_cap = cap;
+	if (rps__grow(&c->sd, &c->sd_cap, c->nsd + 1, sizeof(*c->sd), 16)) {
+		rps__srv_conn_fail(c, "out of memory for its STEP_DONE");
+		return;
 	}
 	c->sd[c->nsd++] = e;
 }

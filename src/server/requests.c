@@ -473,15 +473,9 @@ static void on_barrier(struct rps__server *srv, struct srv_conn *c, uint64_t req
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
-	if (srv->narrivals == srv->arrivals_cap) {
-		uint32_t cap = srv->arrivals_cap ? srv->arrivals_cap * 2 : 16;
-		struct srv_arrival *na = realloc(srv->arrivals, cap * sizeof(*na));
-		if (!na) {
-			conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -ENOMEM, NULL, 0);
-			return;
-		}
-		srv->arrivals = na;
-		srv->arrivals_cap = cap;
+	if (rps__grow(&srv->arrivals, &srv->arrivals_cap, srv->narrivals + 1, sizeof(*srv->arrivals), 16)) {
+		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -ENOMEM, NULL, 0);
+		return;
 	}
 	srv->arrivals[srv->narrivals++] = (struct srv_arrival){ .conn = c, .req_id = req_id, .need = c->num_workers };
 	if ((int)n + 1 < c->num_workers)
