@@ -106,12 +106,12 @@ static void park_one(struct srv_tensor *t, uint64_t clock, int rank, size_t nbyt
 {
 	struct parked *pk;
 
-	if (srv->nparked == srv->parked_cap) {
-		srv->parked_cap = srv->parked_cap ? srv->parked_cap * 2 : 16;
-		srv->parked = realloc(srv->parked, srv->parked_cap * sizeof(*srv->parked));
-		CU_ASSERT_PTR_NOT_NULL_FATAL(srv->parked);
+	if (srv->push.nparked == srv->push.parked_cap) {
+		srv->push.parked_cap = srv->push.parked_cap ? srv->push.parked_cap * 2 : 16;
+		srv->push.parked = realloc(srv->push.parked, srv->push.parked_cap * sizeof(*srv->push.parked));
+		CU_ASSERT_PTR_NOT_NULL_FATAL(srv->push.parked);
 	}
-	pk = memset(&srv->parked[srv->nparked++], 0, sizeof(*pk));
+	pk = memset(&srv->push.parked[srv->push.nparked++], 0, sizeof(*pk));
 	pk->t = t;
 	pk->local = rps__part_shard(&t->layout, 0, 0);
 	pk->clock = clock;
@@ -120,14 +120,14 @@ static void park_one(struct srv_tensor *t, uint64_t clock, int rank, size_t nbyt
 	pk->data = calloc(1, nbytes ? nbytes : 1);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(pk->data);
 	pk->cap = nbytes;
-	srv->parked_bytes += nbytes;
+	srv->push.parked_bytes += nbytes;
 }
 
 static void unpark_all(void)
 {
-	while (srv->nparked) {
-		struct parked *pk = &srv->parked[--srv->nparked];
-		srv->parked_bytes -= pk->nbytes;
+	while (srv->push.nparked) {
+		struct parked *pk = &srv->push.parked[--srv->push.nparked];
+		srv->push.parked_bytes -= pk->nbytes;
 		free(pk->data);
 	}
 }
@@ -146,7 +146,7 @@ static void snap(struct before *b)
 
 	memset(b, 0, sizeof(*b));
 	b->ntensors = srv->ntensors;
-	b->nparked = srv->nparked;
+	b->nparked = srv->push.nparked;
 	for (i = 0; i < srv->ntensors && i < 8; i++) {
 		struct srv_tensor *t = srv->tensors[i];
 		struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
@@ -206,7 +206,7 @@ static void test_install_takes_valid_image(void)
 	CU_ASSERT_EQUAL(ship_and_install(), 0);
 	s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 	CU_ASSERT_EQUAL(s->params[0], 3.0f);
-	CU_ASSERT_EQUAL(srv->nparked, 1u);	/* rank 1 waits for rank 0 */
+	CU_ASSERT_EQUAL(srv->push.nparked, 1u);	/* rank 1 waits for rank 0 */
 	unpark_all();
 }
 
@@ -316,20 +316,20 @@ static void test_early_push_in_image(void)
 	rps__agg_copy(s->acc, sent, RPS_DTYPE_BF16, s->elems);
 	s->early_rank = 1;
 	park_one(t, s->step, 1, (size_t)s->elems * 2);
-	pk = &srv->parked[srv->nparked - 1];
+	pk = &srv->push.parked[srv->push.nparked - 1];
 	free(pk->data);
 	pk->data = NULL;
 	pk->cap = 0;
 	pk->in_acc = true;
-	srv->parked_bytes -= pk->nbytes;	/* (an early push takes no parking bytes) */
+	srv->push.parked_bytes -= pk->nbytes;	/* (an early push takes no parking bytes) */
 	CU_ASSERT_EQUAL_FATAL(rps__srv_image_build(srv, 0, srv->parts[0].epoch, &img, &len), 0);
 	rps__srv_part_forget_parked(srv, 0);
-	CU_ASSERT_EQUAL(srv->nparked, 0u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 0u);
 	CU_ASSERT_EQUAL(s->early_rank, -1);
-	CU_ASSERT_EQUAL(srv->parked_bytes, 0u);
+	CU_ASSERT_EQUAL(srv->push.parked_bytes, 0u);
 	CU_ASSERT_EQUAL_FATAL(rps__srv_image_install(srv, 0, srv->parts[0].epoch, img, len), 0);
-	CU_ASSERT_EQUAL_FATAL(srv->nparked, 1u);
-	pk = &srv->parked[0];
+	CU_ASSERT_EQUAL_FATAL(srv->push.nparked, 1u);
+	pk = &srv->push.parked[0];
 	CU_ASSERT_FALSE(pk->in_acc);
 	CU_ASSERT_EQUAL(pk->rank, 1);
 	CU_ASSERT_EQUAL(pk->nbytes, (size_t)s->elems * 2);
@@ -358,21 +358,21 @@ static void test_park_pool(void)
 	p.data = a;
 	p.cap = cap;
 	p.nbytes = 1000;
-	srv->parked_bytes += 1000;
+	srv->push.parked_bytes += 1000;
 	rps__srv_parked_release(srv, &p);
 	CU_ASSERT_PTR_NULL(p.data);
-	CU_ASSERT_EQUAL(srv->parked_bytes, 0u);
-	CU_ASSERT_EQUAL(srv->npark_pool, 1u);
+	CU_ASSERT_EQUAL(srv->push.parked_bytes, 0u);
+	CU_ASSERT_EQUAL(srv->push.npark_pool, 1u);
 	CU_ASSERT_EQUAL(srv->mem_used, used + 1000);	/* kept: still counted */
 	/* a push of 800 bytes reuses it; one of 400 would waste half: not */
 	b = rps__srv_park_buf_get(srv, 800, &cap2);
 	CU_ASSERT_PTR_EQUAL(b, a);
 	CU_ASSERT_EQUAL(cap2, 1000u);
-	CU_ASSERT_EQUAL(srv->npark_pool, 0u);
+	CU_ASSERT_EQUAL(srv->push.npark_pool, 0u);
 	p.data = b;
 	p.cap = cap2;
 	p.nbytes = 800;
-	srv->parked_bytes += 800;
+	srv->push.parked_bytes += 800;
 	rps__srv_parked_release(srv, &p);
 	b = rps__srv_park_buf_get(srv, 400, &cap2);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
@@ -384,7 +384,7 @@ static void test_park_pool(void)
 	/* the limit: 500 bytes left, a take of 800 frees the kept 1000 */
 	srv->cfg.mem_limit = srv->mem_used + 500;
 	CU_ASSERT_EQUAL(rps__srv_mem_take(srv, 800, "a test"), 0);
-	CU_ASSERT_EQUAL(srv->npark_pool, 0u);
+	CU_ASSERT_EQUAL(srv->push.npark_pool, 0u);
 	CU_ASSERT_EQUAL(srv->mem_used, used + 800);
 	CU_ASSERT_EQUAL(rps__srv_mem_take(srv, 1000, "a test"), -ENOMEM);	/* (200 left) */
 	rps__srv_mem_give(srv, 800);
@@ -431,9 +431,9 @@ static void seed_mid_step(const char *name, struct srv_tensor **tp, struct shard
 	s->nsummed = 1;
 	s->next_rank = 1;
 	park_one(t, 3, 1, bytes);
-	memcpy(srv->parked[srv->nparked - 1].data, g[1], bytes);
+	memcpy(srv->push.parked[srv->push.nparked - 1].data, g[1], bytes);
 	park_one(t, 4, 0, bytes);
-	memcpy(srv->parked[srv->nparked - 1].data, g[2], bytes);
+	memcpy(srv->push.parked[srv->push.nparked - 1].data, g[2], bytes);
 	CU_ASSERT_EQUAL_FATAL(rps__srv_image_build(srv, 0, srv->parts[0].epoch, &img, &len), 0);
 	unpark_all();
 	part0_backup();
@@ -447,10 +447,10 @@ static void seed_mid_step(const char *name, struct srv_tensor **tp, struct shard
 /* The parked push of (t, s) for clock and rank, or NULL. */
 static struct parked *parked_of(const struct srv_tensor *t, const struct shard *s, uint64_t clock, int rank)
 {
-	for (uint32_t i = 0; i < srv->nparked; i++)
-		if (srv->parked[i].t == t && srv->parked[i].local == s->index && srv->parked[i].clock == clock &&
-		    srv->parked[i].rank == rank)
-			return &srv->parked[i];
+	for (uint32_t i = 0; i < srv->push.nparked; i++)
+		if (srv->push.parked[i].t == t && srv->push.parked[i].local == s->index && srv->push.parked[i].clock == clock &&
+		    srv->push.parked[i].rank == rank)
+			return &srv->push.parked[i];
 	return NULL;
 }
 
@@ -471,7 +471,7 @@ static void test_seeded_backup_keeps_step(void)
 	CU_ASSERT_EQUAL(s->next_rank, 1);
 	CU_ASSERT_EQUAL(s->nsummed, 1u);
 	CU_ASSERT(memcmp(s->acc, g[0], (size_t)s->elems * 4) == 0);
-	CU_ASSERT_EQUAL(srv->nparked, 2u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 2u);
 	pk = parked_of(t, s, 3, 1);
 	CU_ASSERT_FATAL(pk && pk->data && !memcmp(pk->data, g[1], (size_t)s->elems * 4));
 	CU_ASSERT_PTR_NOT_NULL(parked_of(t, s, 4, 0));
@@ -479,7 +479,7 @@ static void test_seeded_backup_keeps_step(void)
 	rps__srv_drain_held(srv);
 	CU_ASSERT_EQUAL(s->next_rank, 1);
 	CU_ASSERT_EQUAL(s->nsummed, 1u);
-	CU_ASSERT_EQUAL(srv->nparked, 2u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 2u);
 	/* promoted (a FAILOVER): served from here on, rank 1's turn is taken */
 	rps__dataplane_ops()->part_promote(srv, 0, 2);
 	rps__dataplane_ops()->part_set(srv, 0, &(struct rps__dp_part){ .epoch = 2, .map_epoch = 2, .serving = true });
@@ -489,7 +489,7 @@ static void test_seeded_backup_keeps_step(void)
 	CU_ASSERT_EQUAL(s->next_rank, 2);
 	CU_ASSERT_EQUAL(s->nsummed, 2u);
 	CU_ASSERT(memcmp(s->acc, ref, (size_t)s->elems * 4) == 0);
-	CU_ASSERT_EQUAL(srv->nparked, 1u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 1u);
 	CU_ASSERT_PTR_NOT_NULL(parked_of(t, s, 4, 0));
 	unpark_all();
 	serve_all();
@@ -507,12 +507,12 @@ static void test_seeded_backup_step_replicated(void)
 	float *g[3];
 
 	seed_mid_step("seed-replicated", &t, &s, g);
-	CU_ASSERT_EQUAL(srv->nparked, 2u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 2u);
 	s->step = 4;				/* (what REPL_STEP's apply leaves) */
 	rps__srv_sync_step_replicated(srv, t, s->index);
 	CU_ASSERT_EQUAL(s->next_rank, 0);
 	CU_ASSERT_EQUAL(s->nsummed, 0u);
-	CU_ASSERT_EQUAL(srv->nparked, 1u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 1u);
 	CU_ASSERT_PTR_NOT_NULL(parked_of(t, s, 4, 0));
 	unpark_all();
 	serve_all();

@@ -46,13 +46,13 @@ void rps__srv_wake_waiters(struct rps__server *srv, struct srv_tensor *t, uint32
 	struct shard *s = &t->shards[local];
 	uint32_t i = 0;
 
-	while (i < srv->nwaiters) {
-		struct waiter *w = &srv->waiters[i];
+	while (i < srv->req.nwaiters) {
+		struct waiter *w = &srv->req.waiters[i];
 		if (w->tensor_id == t->id && w->local == local &&
 		    s->ready && s->step >= w->min_version && s->hdr->min_clock >= w->min_clock) {
 			struct rps__wait_rep rep = { .version = s->step, .min_clock = s->hdr->min_clock };
 			conn_reply(w->conn, RPS__MSG_WAIT_REP, w->req_id, 0, &rep, sizeof(rep));
-			*w = srv->waiters[--srv->nwaiters];
+			*w = srv->req.waiters[--srv->req.nwaiters];
 			continue;
 		}
 		i++;
@@ -68,9 +68,9 @@ bool rps__srv_parked_has(const struct rps__server *srv, const struct srv_tensor 
 {
 	uint32_t i;
 
-	for (i = 0; i < srv->nparked; i++)
-		if (srv->parked[i].t == t && srv->parked[i].local == local && srv->parked[i].rank == rank &&
-		    srv->parked[i].clock == clock)
+	for (i = 0; i < srv->push.nparked; i++)
+		if (srv->push.parked[i].t == t && srv->push.parked[i].local == local && srv->push.parked[i].rank == rank &&
+		    srv->push.parked[i].clock == clock)
 			return true;
 	return false;
 }
@@ -81,18 +81,18 @@ bool rps__srv_parked_has(const struct rps__server *srv, const struct srv_tensor 
 
 void *rps__srv_park_buf_get(struct rps__server *srv, size_t nbytes, size_t *cap)
 {
-	uint32_t i = srv->npark_pool;
+	uint32_t i = srv->push.npark_pool;
 	void *buf;
 
 	nbytes = RPS__MAX(nbytes, 1u);
 	/* a kept one that fits and is not twice too big (bf16 beside fp32) */
 	while (i--) {
-		struct park_buf *pb = &srv->park_pool[i];
+		struct park_buf *pb = &srv->push.park_pool[i];
 		if (pb->cap >= nbytes && pb->cap / 2 < nbytes) {
 			buf = pb->buf;
 			*cap = pb->cap;
-			srv->park_pool_bytes -= pb->cap;	/* (still in mem_used) */
-			*pb = srv->park_pool[--srv->npark_pool];
+			srv->push.park_pool_bytes -= pb->cap;	/* (still in mem_used) */
+			*pb = srv->push.park_pool[--srv->push.npark_pool];
 			return buf;
 		}
 	}
@@ -112,10 +112,10 @@ void rps__srv_park_pool_trim(struct rps__server *srv, size_t bytes)
 {
 	size_t freed = 0;
 
-	while (srv->npark_pool && freed < bytes) {
-		struct park_buf *pb = &srv->park_pool[--srv->npark_pool];
+	while (srv->push.npark_pool && freed < bytes) {
+		struct park_buf *pb = &srv->push.park_pool[--srv->push.npark_pool];
 		free(pb->buf);
-		srv->park_pool_bytes -= pb->cap;
+		srv->push.park_pool_bytes -= pb->cap;
 		rps__srv_mem_give(srv, pb->cap);
 		freed += pb->cap;
 	}
@@ -129,15 +129,15 @@ void rps__srv_parked_release(struct rps__server *srv, struct parked *p)
 		p->data = NULL;
 		return;
 	}
-	srv->parked_bytes -= p->nbytes;
-	if (srv->npark_pool < PARK_POOL_MAX)	/* failing, the buffer is freed below */
-		(void)rps__grow(&srv->park_pool, &srv->park_pool_cap, srv->npark_pool + 1, sizeof(*srv->park_pool),
+	srv->push.parked_bytes -= p->nbytes;
+	if (srv->push.npark_pool < PARK_POOL_MAX)	/* failing, the buffer is freed below */
+		(void)rps__grow(&srv->push.park_pool, &srv->push.park_pool_cap, srv->push.npark_pool + 1, sizeof(*srv->push.park_pool),
 				16);
-	if (srv->npark_pool < srv->park_pool_cap && srv->park_pool_bytes + p->cap <= srv->cfg.park_limit / 4) {
-		srv->park_pool[srv->npark_pool].buf = p->data;
-		srv->park_pool[srv->npark_pool].cap = p->cap;
-		srv->npark_pool++;
-		srv->park_pool_bytes += p->cap;
+	if (srv->push.npark_pool < srv->push.park_pool_cap && srv->push.park_pool_bytes + p->cap <= srv->cfg.park_limit / 4) {
+		srv->push.park_pool[srv->push.npark_pool].buf = p->data;
+		srv->push.park_pool[srv->push.npark_pool].cap = p->cap;
+		srv->push.npark_pool++;
+		srv->push.park_pool_bytes += p->cap;
 	} else {
 		free(p->data);
 		rps__srv_mem_give(srv, p->cap);
@@ -273,11 +273,11 @@ void rps__srv_sync_step_replicated(struct rps__server *srv, struct srv_tensor *t
 	s->next_rank = 0;
 	s->nsummed = 0;
 	s->early_rank = -1;
-	while (i < srv->nparked) {
-		struct parked *p = &srv->parked[i];
+	while (i < srv->push.nparked) {
+		struct parked *p = &srv->push.parked[i];
 		if (p->t == t && p->local == local && p->clock < s->step) {
 			rps__srv_parked_release(srv, p);
-			*p = srv->parked[--srv->nparked];
+			*p = srv->push.parked[--srv->push.nparked];
 			continue;
 		}
 		i++;
@@ -305,7 +305,7 @@ uint64_t rps__srv_release_lock(struct rps__server *srv, struct srv_tensor *t, st
 
 static struct rps__push_desc *slot_desc(struct srv_conn *c, uint32_t slot)
 {
-	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
+	return (struct rps__push_desc *)(c->bufs.slots + (size_t)slot * c->srv->slot_size);
 }
 
 void rps__srv_ack_then_release(struct rps__server *srv, struct srv_conn *c, uint32_t slot, int status,
@@ -333,7 +333,7 @@ void rps__srv_push_ack(struct srv_conn *c, uint32_t slot, int status, uint64_t v
 		.slot = slot, .shard = d->shard, .version = version, .lock = lock,
 	};
 
-	c->slot_state[slot] = 0;
+	c->bufs.slot_state[slot] = 0;
 	conn_reply(c, RPS__MSG_PUSH_ACK, d->push_id, status, &ack, sizeof(ack));
 }
 
@@ -347,8 +347,8 @@ static void push_taken(struct rps__server *srv, struct srv_conn *c, uint32_t slo
 	struct rps__push_ack ack = { .slot = slot, .shard = d->shard, .version = version };
 	int r;
 
-	c->slot_state[slot] = 0;
-	srv->repl_stats.taken_acks++;	/* (before the send: tests read it once the worker heard) */
+	c->bufs.slot_state[slot] = 0;
+	srv->repl.stats.taken_acks++;	/* (before the send: tests read it once the worker heard) */
 	rps__srv_repl_step_wait(srv, c, t, s, clock);
 	rps__srv_conn_reply_flags(c, RPS__MSG_PUSH_ACK, RPS__ACK_TAKEN, d->push_id, 0, &ack, sizeof(ack));
 	/* a rank already left before its push for the step: end this one at
@@ -456,14 +456,14 @@ static bool refuse_out_of_scope(struct rps__server *srv, struct srv_conn *c, uin
 	uint64_t w, released = 0;
 	char why[200];
 
-	if (in_scope && c->key_role != RPS__KEY_READER)
+	if (in_scope && c->auth.key_role != RPS__KEY_READER)
 		return false;
 	if (t->spec.mode != RPS_MODE_SYNC && s->hdr) {
 		w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
 		if (w == d->lock && rps__lock_is_locked(w) && rps__lock_owner(w) == c->owner)
 			released = rps__srv_release_lock(srv, t, s, w);
 	}
-	snprintf(why, sizeof(why), "a %s of '%s' pushed to '%s'%s", rps__key_role_name(c->key_role), c->scope,
+	snprintf(why, sizeof(why), "a %s of '%s' pushed to '%s'%s", rps__key_role_name(c->auth.key_role), c->auth.scope,
 		 t->name, in_scope ? " (readers do not push)" : ", outside its scope");
 	rps__srv_log_refusal(srv, c, why);
 	push_ack(c, slot, in_scope ? -EPERM : -EACCES, 0, released);
@@ -604,12 +604,12 @@ static enum consume_result consume(struct rps__server *srv, struct srv_conn *c, 
 
 static int held_add(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
-	if (rps__grow(&srv->held, &srv->held_cap, srv->nheld + 1, sizeof(*srv->held), 64))
+	if (rps__grow(&srv->push.held, &srv->push.held_cap, srv->push.nheld + 1, sizeof(*srv->push.held), 64))
 		return -ENOMEM;
-	srv->held[srv->nheld].conn = c;
-	srv->held[srv->nheld].slot = slot;
-	srv->nheld++;
-	c->slot_state[slot] = 1;
+	srv->push.held[srv->push.nheld].conn = c;
+	srv->push.held[srv->push.nheld].slot = slot;
+	srv->push.nheld++;
+	c->bufs.slot_state[slot] = 1;
 	return 0;
 }
 
@@ -622,26 +622,26 @@ void rps__srv_drain_held(struct rps__server *srv)
 	while (progress) {
 		uint32_t i = 0;
 		progress = false;
-		while (i < srv->nparked) {
-			struct parked *p = &srv->parked[i];
+		while (i < srv->push.nparked) {
+			struct parked *p = &srv->push.parked[i];
 			if (sync_take(srv, p->t, p->local, p->clock, p->rank, p->data) == -EAGAIN) {
 				i++;
 				continue;
 			}
 			/* taken: its acknowledgement (or, replicated, its TAKEN) went out when it was parked */
 			rps__srv_parked_release(srv, p);
-			*p = srv->parked[--srv->nparked];
+			*p = srv->push.parked[--srv->push.nparked];
 			progress = true;
 		}
 		i = 0;
-		while (i < srv->nheld) {
-			struct held h = srv->held[i];
+		while (i < srv->push.nheld) {
+			struct held h = srv->push.held[i];
 			if (!h.conn->dead && consume(srv, h.conn, h.slot) == NOT_YET) {
 				i++;
 				continue;
 			}
-			memmove(&srv->held[i], &srv->held[i + 1], (srv->nheld - i - 1) * sizeof(*srv->held));
-			srv->nheld--;
+			memmove(&srv->push.held[i], &srv->push.held[i + 1], (srv->push.nheld - i - 1) * sizeof(*srv->push.held));
+			srv->push.nheld--;
 			progress = true;
 		}
 	}
@@ -649,9 +649,9 @@ void rps__srv_drain_held(struct rps__server *srv)
 
 int rps__srv_parked_slot(struct rps__server *srv, struct parked **out)
 {
-	if (rps__grow(&srv->parked, &srv->parked_cap, srv->nparked + 1, sizeof(*srv->parked), 64))
+	if (rps__grow(&srv->push.parked, &srv->push.parked_cap, srv->push.nparked + 1, sizeof(*srv->push.parked), 64))
 		return -ENOMEM;
-	*out = memset(&srv->parked[srv->nparked], 0, sizeof(**out));
+	*out = memset(&srv->push.parked[srv->push.nparked], 0, sizeof(**out));
 	return 0;
 }
 
@@ -682,8 +682,8 @@ static int take_early(struct rps__server *srv, struct srv_conn *c, uint32_t slot
 	p->rank = d->rank;
 	p->nbytes = d->nbytes;
 	p->in_acc = true;
-	srv->nparked++;
-	srv->sync_early++;
+	srv->push.nparked++;
+	srv->push.sync_early++;
 	push_ack(c, slot, 0, s->step, 0);
 	return 0;
 }
@@ -713,7 +713,7 @@ static int park(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 	}
 	if (take_early(srv, c, slot, t, d) == 0)
 		return 0;
-	if (srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
+	if (srv->push.parked_bytes + d->nbytes > srv->cfg.park_limit)
 		return -ENOSPC;
 	/* replicated, in its turn, waiting only for the replicas (credits, or
 	 * the previous step's confirmation): it stays in its slot (it depends
@@ -732,9 +732,9 @@ static int park(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 	p->clock = d->clock;
 	p->rank = d->rank;
 	p->nbytes = d->nbytes;
-	srv->nparked++;
-	srv->parked_bytes += d->nbytes;
-	srv->sync_parked++;
+	srv->push.nparked++;
+	srv->push.parked_bytes += d->nbytes;
+	srv->push.sync_parked++;
 	if (rps__srv_repl_part(srv, t->shards[p->local].part))
 		push_taken(srv, c, slot, t, &t->shards[p->local], p->clock, t->shards[p->local].step);
 	else
@@ -751,7 +751,7 @@ void rps__srv_on_push(struct rps__server *srv, struct srv_conn *c, uint32_t slot
 		conn_fail(c, "sent a push to a slot it does not own");
 		return;
 	}
-	if (c->slot_state[slot]) {
+	if (c->bufs.slot_state[slot]) {
 		conn_fail(c, "pushed into a slot that is still in use");
 		return;
 	}

@@ -1,7 +1,8 @@
 /*
  * repl.h - the replication stream between a partition's primary and its
  * backups (doc/design.md "Replication"), as the rest of the data plane
- * calls it.  Private to src/server, like server_int.h (which it needs).
+ * calls it, and its parts of the server's structs.  Private to src/server,
+ * like server_int.h (which includes it).
  *
  * Replication's files share the prefix repl_ in both planes:
  *   src/server/repl_stream.c   the stream, the primary's side, and what both
@@ -17,7 +18,92 @@
 #ifndef RPS_SERVER_REPL_H
 #define RPS_SERVER_REPL_H
 
-#include "server/server_int.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "proto/proto.h"
+#include "proto/smap.h"
+
+/* (server_int.h includes this header: its structs embed the parts below) */
+struct rps__server;
+struct srv_conn;
+struct srv_tensor;
+struct shard;
+struct repl_wait;
+
+/* A replication stream's part of its connection (CONN_REPL): the primary's
+ * side (out) writes entries from its ring into the backup's slots; the
+ * backup applies them in order. */
+struct srv_conn_repl {
+	bool out;		/* we dialed: we are the primary */
+	bool ready;		/* primary: the backup answered REPL_HELLO */
+	uint32_t nslots;
+	uint32_t slot_size;
+	uint64_t raddr;		/* primary: the backup's slots */
+	uint32_t rkey;
+	uint32_t credits;	/* primary: free slots on the backup */
+	uint64_t cseq;		/* primary: entries sent; backup: entries applied */
+	uint64_t cseq_acked;	/* primary: entries the backup applied */
+	uint32_t credits_owed;	/* backup: freed since the last REPL_ACK */
+	uint32_t npending;	/* backup: entries waiting for the map to catch up */
+	bool refused;		/* backup: an entry was refused (NACK): apply no more */
+	bool rev_in;		/* a REPL_REV stream it dialed: we are its primary */
+	uint32_t *tmap;		/* backup: the primary's tensor id -> ours + 1 */
+	uint32_t ntmap;
+	uint8_t *bound;		/* primary: tensor ids bound on this stream */
+	uint32_t nbound;
+};
+
+/* A sync worker's part of its connection: steps replicated, not yet told
+ * (STEP_DONE, repl_stream.c). */
+struct srv_conn_sd {
+	struct rps__step_done_ent *ent;
+	uint32_t n, cap;
+	uint32_t inflight;	/* STEP_DONE messages in the send queue */
+};
+
+/* A member this server streams to, or is streamed to by. */
+struct repl_peer {
+	uint64_t id;
+	char uri[RPS__SMAP_URI_MAX];
+	struct srv_conn *conn;	/* our stream to it (we are primary) */
+	bool wanted;		/* a partition of ours has it as a replica */
+	uint64_t next_dial;
+	uint32_t fails;		/* dials failed in a row (backoff) */
+	/* its stream to us, which we dial when our id is the higher */
+	struct srv_conn *in;
+	uint64_t next_dial_in;
+	uint32_t fails_in;
+};
+
+/* Replication's part of the server (repl_stream.c, repl_backup.c). */
+struct srv_repl {
+	struct repl_peer peers[RPS__SMAP_MAX_MEMBERS];
+	uint32_t npeers;
+	bool active;			/* a stream or a wait exists: repl turn has work */
+	uint64_t slow_check;		/* next look for updates that wait long (repl_stream.c) */
+	uint64_t unknown;		/* a replica with no address, logged once */
+	struct repl_wait *rwaits;	/* updates waiting for their replicas, in order */
+	uint32_t nrwaits, rwaits_cap;
+	uint64_t seq[RPS__SMAP_MAX_PART];	/* primary: entries sent; backup: applied */
+	uint64_t diverged[RPS__SMAP_MAX_PART];	/* primary: a replica whose stream broke before it
+						 * confirmed an update (repl_stream.c): to be dropped */
+	/* backup: the map's epoch when its primary became primary (the epoch
+	 * moves on without it when the replica set changes) */
+	uint64_t primary_since[RPS__SMAP_MAX_PART];
+	char fp[RPS__REPL_FP_MAX];	/* kernel fingerprint */
+	struct {
+		uint64_t entries_sent, entries_applied, acks_sent, acks_received, deferred, refused;
+		uint64_t pairings_refused;	/* kernel fingerprints differed */
+		uint64_t taken_acks;		/* sync: PUSH_ACKs with RPS__ACK_TAKEN */
+		uint64_t step_done_resend;	/* STEP_DONE entries saying "resend" */
+		uint64_t step_done_orphaned;	/* ... and "orphaned by a rank" */
+		uint64_t step_done_sent;	/* sync: STEP_DONE messages ... */
+		uint64_t step_done_entries;	/* ... and the entries in them */
+		struct rps__step_done_ent last_step_done;	/* the last entry sent */
+		uint64_t lease_refused;		/* acks refused at ack time: the lease had run out */
+	} stats;
+};
 
 /* 0: every replica of the partition can take the entry (and t's binding)
  * now; -EAGAIN: not yet (the push stays held, its replica is dialed). */

@@ -91,7 +91,7 @@ static void resume_clocks(const struct rps__server *srv, const struct srv_conn *
 static void create_reply(struct rps__server *srv, struct srv_conn *c, uint64_t req_id, struct srv_tensor *t,
 			 bool created, uint32_t first)
 {
-	int access = RPS__ACCESS_REMOTE_READ | (c->key_role == RPS__KEY_READER ? 0 : RPS__ACCESS_REMOTE_ATOMIC);
+	int access = RPS__ACCESS_REMOTE_READ | (c->auth.key_role == RPS__KEY_READER ? 0 : RPS__ACCESS_REMOTE_ATOMIC);
 	struct rps__create_rep rep;
 	bool cut = false;
 	uint32_t p, k = 0, rkey;
@@ -158,13 +158,13 @@ static void on_create(struct rps__server *srv, struct srv_conn *c, uint64_t req_
 	if (ret)
 		goto err;
 	if (!rps__srv_scope_allows(c, req->name) ||
-	    (c->key_role == RPS__KEY_READER && !(req->flags & RPS__CREATE_OPEN_ONLY))) {
+	    (c->auth.key_role == RPS__KEY_READER && !(req->flags & RPS__CREATE_OPEN_ONLY))) {
 		/* nothing about the tensor is told, not even whether it exists */
 		char why[200];
-		snprintf(why, sizeof(why), "a %s of '%s' may not %s '%s'", rps__key_role_name(c->key_role), c->scope,
+		snprintf(why, sizeof(why), "a %s of '%s' may not %s '%s'", rps__key_role_name(c->auth.key_role), c->auth.scope,
 			 req->flags & RPS__CREATE_OPEN_ONLY ? "open" : "create", req->name);
 		rps__srv_log_refusal(srv, c, why);
-		conn_reply(c, RPS__MSG_CREATE_REP, req_id, c->key_role == RPS__KEY_READER &&
+		conn_reply(c, RPS__MSG_CREATE_REP, req_id, c->auth.key_role == RPS__KEY_READER &&
 			   rps__srv_scope_allows(c, req->name) ? -EPERM : -EACCES, NULL, 0);
 		return;
 	}
@@ -258,7 +258,7 @@ static void take_over_rank(struct rps__server *srv, struct srv_conn *c)
 	for (i = 0; i < srv->nconns; i++) {
 		struct srv_conn *o = srv->conns[i];
 		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank &&
-		    o->key_role == c->key_role && rps__srv_same_scope(o, c))
+		    o->auth.key_role == c->auth.key_role && rps__srv_same_scope(o, c))
 			conn_fail(o, "taken over by a new process of its rank");
 	}
 }
@@ -277,8 +277,8 @@ static void on_hello(struct rps__server *srv, struct srv_conn *c, uint64_t req_i
 	 * through windows of this connection alone */
 	if (srv->mapbuf_mr)
 		ret = rps__srv_conn_window(c, srv->mapbuf_mr, RPS__ACCESS_REMOTE_READ, &map_rkey);
-	if (!ret && c->slots_mr && c->key_role != RPS__KEY_READER)
-		ret = rps__srv_conn_window(c, c->slots_mr, RPS__ACCESS_REMOTE_WRITE, &slot_rkey);
+	if (!ret && c->bufs.slots_mr && c->auth.key_role != RPS__KEY_READER)
+		ret = rps__srv_conn_window(c, c->bufs.slots_mr, RPS__ACCESS_REMOTE_WRITE, &slot_rkey);
 	if (ret) {
 		rps__log(RPS__LOG_WARN, "HELLO of %s: %s", rps__ep_peer(c->ep), rps__errbuf());
 		conn_reply(c, RPS__MSG_HELLO_REP, req_id, ret, NULL, 0);
@@ -288,21 +288,21 @@ static void on_hello(struct rps__server *srv, struct srv_conn *c, uint64_t req_i
 	c->client_id = h->client_id;
 	c->num_workers = h->num_workers;
 	c->hello_done = true;
-	if ((h->flags & RPS__HELLO_TAKEOVER) && h->rank >= 0 && c->key_role != RPS__KEY_READER)
+	if ((h->flags & RPS__HELLO_TAKEOVER) && h->rank >= 0 && c->auth.key_role != RPS__KEY_READER)
 		take_over_rank(srv, c);
 	memset(&rep, 0, sizeof(rep));
 	rep.magic = RPS__HELLO_MAGIC;
 	rep.version = RPS__PROTO_VERSION;
-	rep.nthreads = srv->nthreads;
+	rep.nthreads = srv->thr.nthreads;
 	rep.member_id = srv->my_id;
 	rep.map_addr = (uint64_t)(uintptr_t)srv->mapbuf;
 	rep.map_rkey = map_rkey;	/* (0: no map, no layer above) */
-	rep.map_len = srv->thread_index ? RPS__PROBE_AREA : RPS__MAP_BUF;	/* (threads.c) */
-	rep.thread_index = srv->thread_index;
+	rep.map_len = srv->thr.index ? RPS__PROBE_AREA : RPS__MAP_BUF;	/* (threads.c) */
+	rep.thread_index = srv->thr.index;
 	rep.shard_elems = srv->shard_elems;
 	rep.nslots = srv->cfg.nslots;
 	rep.slot_size = (uint32_t)srv->slot_size;
-	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;
+	rep.slot_addr = (uint64_t)(uintptr_t)c->bufs.slots;
 	rep.slot_rkey = slot_rkey;	/* (0: a reader pushes nothing) */
 	rep.owner = c->owner;
 	rep.lease_ms = srv->cfg.lease_ms;
@@ -325,9 +325,9 @@ int rps__srv_missing_rank(struct rps__server *srv, struct srv_tensor *t, uint32_
 		bool parked = false;
 		if (t->ranks[r] != RANK_GONE)
 			continue;
-		for (i = 0; i < srv->nparked && !parked; i++)
-			parked = srv->parked[i].t == t && srv->parked[i].local == local &&
-				 srv->parked[i].rank == r && srv->parked[i].clock == s->step;
+		for (i = 0; i < srv->push.nparked && !parked; i++)
+			parked = srv->push.parked[i].t == t && srv->push.parked[i].local == local &&
+				 srv->push.parked[i].rank == r && srv->push.parked[i].clock == s->step;
 		if (!parked)
 			return r;
 	}
@@ -380,8 +380,8 @@ void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c)
 		}
 	}
 	i = 0;
-	while (i < srv->nwaiters) {
-		struct waiter *w = &srv->waiters[i];
+	while (i < srv->req.nwaiters) {
+		struct waiter *w = &srv->req.waiters[i];
 		struct srv_tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
 		int r = t ? rps__srv_missing_rank(srv, t, w->local) : -1;
 		if (r >= 0 && w->conn != c && w->min_version > t->shards[w->local].step) {
@@ -389,7 +389,7 @@ void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c)
 				 "failing the waits for it", t->name, w->local, r,
 				 (unsigned long long)t->shards[w->local].step);
 			wait_fail_missing(w->conn, w->req_id, &t->shards[w->local], r);
-			*w = srv->waiters[--srv->nwaiters];
+			*w = srv->req.waiters[--srv->req.nwaiters];
 			continue;
 		}
 		i++;
@@ -404,10 +404,10 @@ static void on_wait(struct rps__server *srv, struct srv_conn *c, uint64_t req_id
 	/* out of scope: refused as CREATE refuses it, and an id unknown here
 	 * the same way to a scoped key (telling them apart would tell which
 	 * ids exist) */
-	if ((t && !rps__srv_scope_allows(c, t->name)) || (!t && c->scope[0])) {
+	if ((t && !rps__srv_scope_allows(c, t->name)) || (!t && c->auth.scope[0])) {
 		char why[120];
-		snprintf(why, sizeof(why), "a %s of '%s' may not wait on tensor id %u", rps__key_role_name(c->key_role),
-			 c->scope, w->tensor_id);
+		snprintf(why, sizeof(why), "a %s of '%s' may not wait on tensor id %u", rps__key_role_name(c->auth.key_role),
+			 c->auth.scope, w->tensor_id);
 		rps__srv_log_refusal(srv, c, why);
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EACCES, NULL, 0);
 		return;
@@ -432,11 +432,11 @@ static void on_wait(struct rps__server *srv, struct srv_conn *c, uint64_t req_id
 			return;
 		}
 	}
-	if (rps__grow(&srv->waiters, &srv->waiters_cap, srv->nwaiters + 1, sizeof(*srv->waiters), 64)) {
+	if (rps__grow(&srv->req.waiters, &srv->req.waiters_cap, srv->req.nwaiters + 1, sizeof(*srv->req.waiters), 64)) {
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -ENOMEM, NULL, 0);
 		return;
 	}
-	srv->waiters[srv->nwaiters++] = (struct waiter){
+	srv->req.waiters[srv->req.nwaiters++] = (struct waiter){
 		.conn = c, .req_id = req_id, .tensor_id = t->id, .local = local,
 		.min_version = w->min_version, .min_clock = w->min_clock,
 	};
@@ -450,7 +450,7 @@ static void on_barrier(struct rps__server *srv, struct srv_conn *c, uint64_t req
 	uint32_t i, n = 0;
 	int need = 0;
 
-	if (c->key_role == RPS__KEY_READER) {
+	if (c->auth.key_role == RPS__KEY_READER) {
 		/* a reader is no rank of the job: it must not release one */
 		rps__srv_log_refusal(srv, c, "a reader may not arrive at a barrier");
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EPERM, NULL, 0);
@@ -460,9 +460,9 @@ static void on_barrier(struct rps__server *srv, struct srv_conn *c, uint64_t req
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
-	for (i = 0; i < srv->narrivals; i++)
-		if (rps__srv_same_scope(srv->arrivals[i].conn, c)) {
-			need = srv->arrivals[i].need;
+	for (i = 0; i < srv->req.narrivals; i++)
+		if (rps__srv_same_scope(srv->req.arrivals[i].conn, c)) {
+			need = srv->req.arrivals[i].need;
 			n++;
 		}
 	/* The first arrival fixes the barrier's size: a worker that counts
@@ -473,18 +473,18 @@ static void on_barrier(struct rps__server *srv, struct srv_conn *c, uint64_t req
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
-	if (rps__grow(&srv->arrivals, &srv->arrivals_cap, srv->narrivals + 1, sizeof(*srv->arrivals), 16)) {
+	if (rps__grow(&srv->req.arrivals, &srv->req.arrivals_cap, srv->req.narrivals + 1, sizeof(*srv->req.arrivals), 16)) {
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -ENOMEM, NULL, 0);
 		return;
 	}
-	srv->arrivals[srv->narrivals++] = (struct srv_arrival){ .conn = c, .req_id = req_id, .need = c->num_workers };
+	srv->req.arrivals[srv->req.narrivals++] = (struct srv_arrival){ .conn = c, .req_id = req_id, .need = c->num_workers };
 	if ((int)n + 1 < c->num_workers)
 		return;
-	for (i = 0; i < srv->narrivals;) {
-		struct srv_arrival *a = &srv->arrivals[i];
+	for (i = 0; i < srv->req.narrivals;) {
+		struct srv_arrival *a = &srv->req.arrivals[i];
 		if (rps__srv_same_scope(a->conn, c)) {
 			conn_reply(a->conn, RPS__MSG_BARRIER_REP, a->req_id, 0, NULL, 0);
-			*a = srv->arrivals[--srv->narrivals];
+			*a = srv->req.arrivals[--srv->req.narrivals];
 		} else {
 			i++;
 		}
@@ -505,7 +505,7 @@ void rps__srv_on_message(struct rps__server *srv, struct srv_conn *c, void *buf,
 		return;
 	}
 	memcpy(&h, buf, sizeof(h));
-	if (!c->authed) {
+	if (!c->auth.authed) {
 		rps__srv_auth_on_message(srv, c, &h, body);
 		return;
 	}

@@ -43,6 +43,7 @@
 #include "proto/proto.h"
 #include "server/dataplane.h"
 #include "server/mailbox.h"
+#include "server/repl.h"
 #include "server/server.h"
 #include "proto/shard.h"
 #include "proto/smap.h"
@@ -67,7 +68,7 @@
 #define WRID_SEND 2u
 #define WRID_READ 3u		/* migration: the destination READs the partition */
 #define WRID_REPL 4u		/* a replication entry (unsignaled: errors only) */
-#define WRID_STEP_DONE 5u	/* a STEP_DONE send (counted in sd_inflight) */
+#define WRID_STEP_DONE 5u	/* a STEP_DONE send (counted in sd.inflight) */
 #define REPL_SLOTS 8u		/* slots of a backup per primary server */
 /* Send-queue slots every connection has beyond its sends, for the memory
  * windows it is given (a bind is a WR on verbs, retired by the next
@@ -195,21 +196,10 @@ struct conn_window {
 	uint32_t rkey;
 };
 
-struct srv_conn {
-	struct rps__server *srv;
-	struct rps__ep *ep;
-	enum conn_role_kind role;
-	uint64_t peer_id;	/* CONN_PEER: the other server */
-	uint16_t peer_threads;	/* CONN_PEER accepted: the --threads it said (0: not said) */
-	bool hello_done;
-	bool dead;
-	int rank;
-	int num_workers;
-	uint64_t client_id;
-	uint32_t owner;
-	uint64_t last_active_ns;	/* last completion (--idle-timeout-ms) */
-	size_t bufs_charged;	/* peer/admin message buffers, against --memory-limit */
+/* A connection's staging and control buffers (conn.c). */
+struct srv_conn_bufs {
 	size_t msg_max;		/* bytes per control buffer */
+	size_t charged;		/* peer/admin message buffers, against --memory-limit */
 	/* staging slots (workers) */
 	char *slots;
 	struct rps__mr *slots_mr;
@@ -224,51 +214,61 @@ struct srv_conn {
 	uint32_t *sfree;
 	uint32_t nsfree;
 	size_t slots_len;
-	/* CONN_REPL (repl_stream.c): the primary's side (repl_out) writes entries from
-	 * its ring into the backup's slots; the backup applies them in order */
-	bool repl_out;		/* we dialed: we are the primary */
-	bool repl_ready;	/* primary: the backup answered REPL_HELLO */
-	uint32_t repl_nslots;
-	uint32_t repl_slot_size;
-	uint64_t repl_raddr;	/* primary: the backup's slots */
-	uint32_t repl_rkey;
-	uint32_t credits;	/* primary: free slots on the backup */
-	uint64_t cseq;		/* primary: entries sent; backup: entries applied */
-	uint64_t cseq_acked;	/* primary: entries the backup applied */
-	uint32_t credits_owed;	/* backup: freed since the last REPL_ACK */
-	uint32_t npending;	/* backup: entries waiting for the map to catch up */
-	bool repl_refused;	/* backup: an entry was refused (NACK): apply no more */
-	uint32_t *tmap;		/* backup: the primary's tensor id -> ours + 1 */
-	uint32_t ntmap;
-	uint8_t *bound;		/* primary: tensor ids bound on this stream */
-	uint32_t nbound;
-	/* workers, sync with backups (repl_stream.c): steps replicated, not yet told */
-	struct rps__step_done_ent *sd;
-	uint32_t nsd, sd_cap;
-	uint32_t sd_inflight;	/* STEP_DONE messages in the send queue */
-	/* authentication (auth.c): on a server with a key a connection sends
-	 * nothing but AUTH (AUTH_REP, one we dialed) until it is authed */
-	bool authed;
-	bool lean;		/* accepted, not authed: one small buffer each way (conn.c) */
-	uint32_t bufs_gen;	/* bumped when the buffers are replaced (rps__srv_conn_grow) */
-	uint64_t accepted_ns;	/* when it was accepted (the oldest waiting goes first) */
-	bool auth_refused;	/* AUTH failed: closed at auth_deadline_ns, after the refusal left */
+	bool lean;		/* accepted, not authed: one small buffer each way */
+	uint32_t gen;		/* bumped when the buffers are replaced (rps__srv_conn_grow) */
 	bool recvs_posted;
-	bool auth_proven;	/* a server's AUTH held: AUTH_DONE awaited */
-	bool repl_rev_in;	/* a REPL_REV stream it dialed: we are its primary */
+};
+
+/* A connection's authentication (auth.c): on a server with a key a
+ * connection sends nothing but AUTH (AUTH_REP, one we dialed) until it is
+ * authed. */
+struct srv_conn_auth {
+	bool authed;
+	uint64_t accepted_ns;	/* when it was accepted (the oldest waiting goes first) */
+	bool refused;		/* AUTH failed: closed at deadline_ns, after the refusal left */
+	bool proven;		/* a server's AUTH held: AUTH_DONE awaited */
 	uint8_t key_role;	/* enum rps__key_role it proved (NONE: no key here) */
 	char scope[64];		/* worker/reader: its tensor-name prefix */
-	uint64_t auth_deadline_ns;
-	struct rps__conn_priv auth_req, auth_rep;	/* the connect data, both ways */
-	struct srv_auth_dial *auth_dial;	/* we dialed: what checks the answer */
-	/* the memory windows given to this connection (rps__srv_conn_window):
-	 * each region's key is valid on this connection alone */
-	struct conn_window *wins;
-	uint32_t nwins, wins_cap;
-	/* migration READ target (peers) */
-	void *rd_buf;
-	size_t rd_len;
-	struct rps__mr *rd_mr;
+	uint64_t deadline_ns;
+	struct rps__conn_priv req, rep;	/* the connect data, both ways */
+	struct srv_auth_dial *dial;	/* we dialed: what checks the answer */
+};
+
+/* The memory windows given to a connection (conn.c, rps__srv_conn_window):
+ * each region's key is valid on this connection alone. */
+struct srv_conn_wins {
+	struct conn_window *w;
+	uint32_t n, cap;
+};
+
+/* A peer's migration READ target (dataplane.c). */
+struct srv_conn_read {
+	void *buf;
+	size_t len;
+	struct rps__mr *mr;
+};
+
+/* A connection: the core every role has, and each feature's part (embedded:
+ * no pointer to chase on the push path). */
+struct srv_conn {
+	struct rps__server *srv;
+	struct rps__ep *ep;
+	enum conn_role_kind role;
+	uint64_t peer_id;	/* CONN_PEER: the other server */
+	uint16_t peer_threads;	/* CONN_PEER accepted: the --threads it said (0: not said) */
+	bool hello_done;
+	bool dead;
+	int rank;
+	int num_workers;
+	uint64_t client_id;
+	uint32_t owner;
+	uint64_t last_active_ns;	/* last completion (--idle-timeout-ms) */
+	struct srv_conn_bufs bufs;	/* conn.c */
+	struct srv_conn_repl repl;	/* CONN_REPL (repl.h) */
+	struct srv_conn_sd sd;		/* workers, sync with backups (repl.h) */
+	struct srv_conn_auth auth;	/* auth.c */
+	struct srv_conn_wins wins;	/* conn.c */
+	struct srv_conn_read rd;	/* peers: migration (dataplane.c) */
 };
 
 /* dial.c: an outgoing connection under way */
@@ -285,27 +285,78 @@ struct srv_dial {
 	bool authing;		/* connected, AUTH sent, AUTH_REP awaited (d is NULL) */
 };
 
-struct rps__server {
-	uint64_t auth_log_ns;		/* auth.c: when a refusal was last logged */
-	uint64_t threads_log_ns;	/* conn.c: when a --threads mismatch was last logged */
-	uint64_t auth_refusals_quiet;	/* ... and how many since went unlogged */
-	struct rps__server_config cfg;
-	/* serving threads (threads.c, rdmapsd --threads): this one is
-	 * thread_index of nthreads, each a data plane of its own serving the
-	 * partitions p with p % nthreads == thread_index; the first runs the
-	 * control plane and holds the others in group */
-	uint32_t nthreads, thread_index;
+/* Serving threads (threads.c, rdmapsd --threads): this instance is index
+ * of nthreads, each a data plane of its own serving the partitions p with
+ * p % nthreads == index; the first runs the control plane and holds the
+ * others in group. */
+struct srv_threads {
+	uint32_t nthreads, index;
 	struct rps__server **group;	/* the first: every instance (group[0] == itself) */
 	struct rps__server *first;	/* ... and every instance's first */
 	struct srv_mbox mbox;		/* mailbox.c: calls of the first's thread */
 	pthread_t thread;		/* instances past the first: their serving thread */
-	int thread_ret;
+	int ret;
+};
+
+/* The read fence (partition.c, rps__srv_read_fence). */
+struct srv_read_fence {
+	bool fenced[RPS__SMAP_MAX_PART];	/* headers show RPS__EPOCH_MOVED for want of the lease */
+	bool held;		/* the lease as the last fence turn saw it */
+	bool dirty;		/* partitions or headers changed since: look again */
+};
+
+/* Pushes waiting for their turn (push.c): held in their slots, or parked. */
+struct srv_push {
+	struct held *held;
+	uint32_t nheld, held_cap;
+	struct parked *parked;
+	uint32_t nparked, parked_cap;
+	size_t parked_bytes;
+	/* parking buffers kept for reuse: a steady sync job parks and frees
+	 * one shard-sized buffer per out-of-turn push, and a fresh one costs
+	 * page faults on every touch */
+	struct park_buf {
+		void *buf;
+		size_t cap;
+	} *park_pool;
+	uint32_t npark_pool, park_pool_cap;
+	size_t park_pool_bytes;		/* counted in mem_used */
+	uint64_t sync_early;		/* sync pushes summed at once out of turn (take_early) */
+	uint64_t sync_parked;		/* ... and copied aside (park) */
+};
+
+/* Workers' requests that wait (requests.c): WAITs, and barrier arrivals
+ * (one barrier per key scope, each released when as many of its scope
+ * arrived as its first said). */
+struct srv_requests {
+	struct waiter *waiters;
+	uint32_t nwaiters, waiters_cap;
+	struct srv_arrival {
+		struct srv_conn *conn;
+		uint64_t req_id;
+		int need;
+	} *arrivals;
+	uint32_t narrivals, arrivals_cap;
+};
+
+/* Outgoing connections under way (dial.c). */
+struct srv_dials {
+	struct srv_dial *dials;
+	uint32_t ndials, dials_cap;
+};
+
+/* A data plane: the core, and each feature's part. */
+struct rps__server {
+	struct {
+		uint64_t last_ns;	/* auth.c: when a refusal was last logged */
+		uint64_t quiet;		/* ... and how many since went unlogged */
+	} auth_log;
+	uint64_t threads_log_ns;	/* conn.c: when a --threads mismatch was last logged */
+	struct rps__server_config cfg;
+	struct srv_threads thr;		/* threads.c */
 	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
 	uint64_t lease_until;		/* primary lease: rps__dp_boottime_ns() before this (set_lease) */
-	/* the read fence (partition.c, rps__srv_read_fence) */
-	bool rfenced[RPS__SMAP_MAX_PART];	/* headers show RPS__EPOCH_MOVED for want of the lease */
-	bool rfence_held;		/* the lease as the last fence turn saw it */
-	bool rfence_dirty;		/* partitions or headers changed since: look again */
+	struct srv_read_fence rfence;	/* partition.c */
 	uint32_t shard_elems;
 	size_t slot_size;
 	struct rps__fabric *fab;
@@ -319,32 +370,8 @@ struct rps__server {
 	uint32_t nconns, conns_cap;
 	struct srv_tensor **tensors;
 	uint32_t ntensors;
-	struct held *held;
-	uint32_t nheld, held_cap;
-	struct parked *parked;
-	uint32_t nparked, parked_cap;
-	size_t parked_bytes;
-	/* parking buffers kept for reuse (push.c): a steady sync job parks and
-	 * frees one shard-sized buffer per out-of-turn push, and a fresh one
-	 * costs page faults on every touch */
-	struct park_buf {
-		void *buf;
-		size_t cap;
-	} *park_pool;
-	uint32_t npark_pool, park_pool_cap;
-	size_t park_pool_bytes;		/* counted in mem_used */
-	uint64_t sync_early;		/* sync pushes summed at once out of turn (take_early) */
-	uint64_t sync_parked;		/* ... and copied aside (park) */
-	struct waiter *waiters;
-	uint32_t nwaiters, waiters_cap;
-	/* barrier arrivals (requests.c): one barrier per key scope, each
-	 * released when as many of its scope arrived as its first said */
-	struct srv_arrival {
-		struct srv_conn *conn;
-		uint64_t req_id;
-		int need;
-	} *arrivals;
-	uint32_t narrivals, arrivals_cap;
+	struct srv_push push;		/* push.c */
+	struct srv_requests req;	/* requests.c */
 	size_t mem_used;
 	size_t mem_group;		/* the first instance: every instance's mem_used (threads) */
 	uint8_t owner_used[RPS__LOCK_OWNER_MAX + 1];
@@ -359,47 +386,8 @@ struct rps__server {
 	struct rps__mr *mapbuf_mr;
 	struct rps__dp_hooks hooks;	/* the layer above */
 
-	/* outgoing connections under way (dial.c) */
-	struct srv_dial *dials;
-	uint32_t ndials, dials_cap;
-
-	/* replication (repl_stream.c) */
-	struct repl_peer {
-		uint64_t id;
-		char uri[RPS__SMAP_URI_MAX];
-		struct srv_conn *conn;	/* our stream to it (we are primary) */
-		bool wanted;		/* a partition of ours has it as a replica */
-		uint64_t next_dial;
-		uint32_t fails;		/* dials failed in a row (backoff) */
-		/* its stream to us, which we dial when our id is the higher */
-		struct srv_conn *in;
-		uint64_t next_dial_in;
-		uint32_t fails_in;
-	} repl_peers[RPS__SMAP_MAX_MEMBERS];
-	uint32_t nrepl_peers;
-	bool repl_active;		/* a stream or a wait exists: repl turn has work */
-	uint64_t repl_slow_check;	/* next look for updates that wait long (repl_stream.c) */
-	uint64_t repl_unknown;		/* a replica with no address, logged once */
-	struct repl_wait *rwaits;	/* updates waiting for their replicas, in order */
-	uint32_t nrwaits, rwaits_cap;
-	uint64_t repl_seq[RPS__SMAP_MAX_PART];	/* primary: entries sent; backup: applied */
-	uint64_t repl_diverged[RPS__SMAP_MAX_PART];	/* primary: a replica whose stream broke before it
-							 * confirmed an update (repl_stream.c): to be dropped */
-	/* backup: the map's epoch when its primary became primary (the epoch
-	 * moves on without it when the replica set changes) */
-	uint64_t primary_since[RPS__SMAP_MAX_PART];
-	char repl_fp[RPS__REPL_FP_MAX];	/* kernel fingerprint */
-	struct {
-		uint64_t entries_sent, entries_applied, acks_sent, acks_received, deferred, refused;
-		uint64_t pairings_refused;	/* kernel fingerprints differed */
-		uint64_t taken_acks;		/* sync: PUSH_ACKs with RPS__ACK_TAKEN */
-		uint64_t step_done_resend;	/* STEP_DONE entries saying "resend" */
-		uint64_t step_done_orphaned;	/* ... and "orphaned by a rank" */
-		uint64_t step_done_sent;	/* sync: STEP_DONE messages ... */
-		uint64_t step_done_entries;	/* ... and the entries in them */
-		struct rps__step_done_ent last_step_done;	/* the last entry sent */
-		uint64_t lease_refused;		/* acks refused at ack time: the lease had run out */
-	} repl_stats;
+	struct srv_dials dial;		/* dial.c */
+	struct srv_repl repl;		/* repl_stream.c, repl_backup.c (repl.h) */
 	/* messages sent to workers by type, PUSH_ACKs with flags apart (tests:
 	 * the acknowledgement sequence) */
 	uint64_t worker_msgs[RPS__MSG_TYPE_MAX], worker_acks_flagged;
@@ -409,7 +397,7 @@ struct rps__server {
  * (every loop turn: one atomic load when nothing is asked) */
 static inline void rps__srv_mbox_poll(struct rps__server *srv)
 {
-	if (__atomic_load_n(&srv->mbox.pending, __ATOMIC_ACQUIRE))
+	if (__atomic_load_n(&srv->thr.mbox.pending, __ATOMIC_ACQUIRE))
 		rps__srv_mbox_serve(srv);
 }
 
@@ -425,7 +413,7 @@ void rps__srv_conn_reply(struct srv_conn *c, unsigned type, uint64_t req_id, int
 /* The same with header flags (PUSH_ACK: RPS__ACK_TAKEN). */
 void rps__srv_conn_reply_flags(struct srv_conn *c, unsigned type, uint8_t flags, uint64_t req_id, int32_t status,
 			       const void *body, size_t len);
-/* A STEP_DONE, counted in c->sd_inflight until its send completes. */
+/* A STEP_DONE, counted in c->sd.inflight until its send completes. */
 void rps__srv_conn_send_step_done(struct srv_conn *c, const struct rps__step_done *sd);
 void rps__srv_conn_fail(struct srv_conn *c, const char *why);
 const char *rps__srv_role_name(const struct srv_conn *c);
@@ -632,7 +620,7 @@ static inline void rps__srv_publish_end(struct shard *s)
 /* Receive buffer i of a connection. */
 static inline char *rps__srv_rbuf(struct srv_conn *c, uint32_t i)
 {
-	return c->rbufs + (size_t)i * c->msg_max;
+	return c->bufs.rbufs + (size_t)i * c->bufs.msg_max;
 }
 
 /* Are the partition's contents lost (restarted owner, or the map says so)?

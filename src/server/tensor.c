@@ -221,7 +221,7 @@ int rps__srv_region_alloc(struct rps__server *srv, struct srv_tensor *t, uint32_
 		s->hdr->shard = s->index;
 		s->hdr->elems = s->elems;
 		/* (a region made while the read fence is up starts behind it) */
-		s->hdr->epoch = srv->rfenced[part] ? RPS__EPOCH_MOVED : srv->parts[part].map_epoch;
+		s->hdr->epoch = srv->rfence.fenced[part] ? RPS__EPOCH_MOVED : srv->parts[part].map_epoch;
 		s->ready = !has_init;
 		s->init_conn = s->ready ? NULL : init_conn;
 		s->hdr->seq = s->ready ? 0 : 1;	/* odd: not readable until INIT */
