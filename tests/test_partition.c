@@ -21,9 +21,13 @@
 
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
@@ -392,6 +396,36 @@ static void test_park_pool(void)
 	CU_ASSERT_EQUAL(srv->mem_used, used);
 }
 
+/* The data plane's invariants are asserted (src/server: assert.h), and
+ * the asserts are live in the build the tests use (no NDEBUG): a parked
+ * push released with more bytes than the budget counts aborts, in a child,
+ * rather than wrap parked_bytes around. */
+static void test_invariant_asserts_live(void)
+{
+	int status = 0;
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	CU_ASSERT_FATAL(pid >= 0);
+	if (pid == 0) {
+		struct rlimit none = { 0, 0 };
+		struct parked p;
+
+		setrlimit(RLIMIT_CORE, &none);	/* (no core file for an abort we want) */
+		fprintf(stderr, "test_partition: an assertion failure on parked_bytes is expected next\n");
+		memset(&p, 0, sizeof(p));
+		p.data = malloc(1000);
+		p.cap = p.nbytes = 1000;
+		srv->push.parked_bytes = 999;	/* one byte short of what p counts */
+		rps__srv_parked_release(srv, &p);
+		_exit(0);	/* the assert did not fire */
+	}
+	CU_ASSERT_EQUAL_FATAL(waitpid(pid, &status, 0), pid);
+	CU_ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+	CU_ASSERT_EQUAL(srv->push.parked_bytes, 0u);	/* (the child's copy was broken, not ours) */
+}
+
 /* ---- seeding a backup mid-step ---------------------------------------------- */
 
 /* Partition 0 as a backup of member 2 (not served), or served again. */
@@ -529,6 +563,7 @@ int main(void)
 		{ "install refuses mutated fields, changing nothing", test_install_refuses_mutated_fields },
 		{ "a push taken early travels in the image as a parked push", test_early_push_in_image },
 		{ "kept parking buffers are reused, and give way under the memory limit", test_park_pool },
+		{ "the data plane's invariants are asserted, the asserts live", test_invariant_asserts_live },
 		{ "a backup seeded mid-step keeps the step, takes nothing; promoted, goes on in rank order",
 		  test_seeded_backup_keeps_step },
 		{ "a backup forgets the seeded step once the primary's step is applied", test_seeded_backup_step_replicated },

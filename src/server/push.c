@@ -14,6 +14,7 @@
 #include "server/server_int.h"
 #include "server/repl.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -91,6 +92,7 @@ void *rps__srv_park_buf_get(struct rps__server *srv, size_t nbytes, size_t *cap)
 		if (pb->cap >= nbytes && pb->cap / 2 < nbytes) {
 			buf = pb->buf;
 			*cap = pb->cap;
+			assert(srv->push.park_pool_bytes >= pb->cap);
 			srv->push.park_pool_bytes -= pb->cap;	/* (still in mem_used) */
 			*pb = srv->push.park_pool[--srv->push.npark_pool];
 			return buf;
@@ -115,6 +117,7 @@ void rps__srv_park_pool_trim(struct rps__server *srv, size_t bytes)
 	while (srv->push.npark_pool && freed < bytes) {
 		struct park_buf *pb = &srv->push.park_pool[--srv->push.npark_pool];
 		free(pb->buf);
+		assert(srv->push.park_pool_bytes >= pb->cap);
 		srv->push.park_pool_bytes -= pb->cap;
 		rps__srv_mem_give(srv, pb->cap);
 		freed += pb->cap;
@@ -129,6 +132,7 @@ void rps__srv_parked_release(struct rps__server *srv, struct parked *p)
 		p->data = NULL;
 		return;
 	}
+	assert(srv->push.parked_bytes >= p->nbytes);	/* its bytes were counted when it was parked */
 	srv->push.parked_bytes -= p->nbytes;
 	if (srv->push.npark_pool < PARK_POOL_MAX)	/* failing, the buffer is freed below */
 		(void)rps__grow(&srv->push.park_pool, &srv->push.park_pool_cap, srv->push.npark_pool + 1, sizeof(*srv->push.park_pool),
@@ -138,6 +142,7 @@ void rps__srv_parked_release(struct rps__server *srv, struct parked *p)
 		srv->push.park_pool[srv->push.npark_pool].cap = p->cap;
 		srv->push.npark_pool++;
 		srv->push.park_pool_bytes += p->cap;
+		assert(srv->push.npark_pool <= srv->push.park_pool_cap);
 	} else {
 		free(p->data);
 		rps__srv_mem_give(srv, p->cap);
@@ -295,6 +300,8 @@ uint64_t rps__srv_release_lock(struct rps__server *srv, struct srv_tensor *t, st
 
 	if (!w)
 		return 0;
+	/* a word some holder locked: a fence is lifted by unfence_shard alone */
+	assert(rps__lock_is_locked(w) && rps__lock_owner(w) != RPS__LOCK_OWNER_FENCE);
 	next = rps__lock_unlocked(rps__lock_version(w) + 1);
 	if (rps__local_cas(srv->fab, t->regions[s->part].mr, &s->hdr->lock, w, next, &old)) {
 		rps__log(RPS__LOG_ERROR, "releasing lock of %s shard %u: %s", t->name, s->index, rps__errbuf());
@@ -609,6 +616,7 @@ static int held_add(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 	srv->push.held[srv->push.nheld].conn = c;
 	srv->push.held[srv->push.nheld].slot = slot;
 	srv->push.nheld++;
+	assert(srv->push.nheld <= srv->push.held_cap);
 	c->bufs.slot_state[slot] = 1;
 	return 0;
 }
@@ -651,6 +659,7 @@ int rps__srv_parked_slot(struct rps__server *srv, struct parked **out)
 {
 	if (rps__grow(&srv->push.parked, &srv->push.parked_cap, srv->push.nparked + 1, sizeof(*srv->push.parked), 64))
 		return -ENOMEM;
+	assert(srv->push.nparked < srv->push.parked_cap);	/* counted by the caller once filled */
 	*out = memset(&srv->push.parked[srv->push.nparked], 0, sizeof(**out));
 	return 0;
 }

@@ -16,6 +16,7 @@
 #include "server/server_int.h"
 #include "server/repl.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -224,6 +225,7 @@ static int apply_entry(struct rps__server *srv, struct srv_conn *c, const struct
 			 t->name, s->index, (unsigned long long)s->step, (unsigned long long)d->version);
 		return refuse(srv, c, d, -EIO);
 	}
+	assert(d->seq == srv->repl.seq[d->part] + 1);	/* each partition's entries in order, none twice */
 	srv->repl.seq[d->part] = d->seq;
 	return 0;
 }
@@ -264,6 +266,7 @@ static int apply_next(struct rps__server *srv, struct srv_conn *c)
 	ret = apply_entry(srv, c, &d, buf + RPS__REPL_DESC_SIZE);
 	if (ret < 0)
 		return ret;
+	assert(d.cseq == c->repl.cseq + 1);	/* applied strictly in stream order */
 	c->repl.cseq++;
 	c->repl.credits_owed++;
 	srv->repl.stats.entries_applied++;

@@ -30,6 +30,7 @@
 #include "server/server_int.h"
 #include "server/repl.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,6 +178,10 @@ static void post_entry(struct rps__server *srv, struct srv_conn *rc, struct rps_
 	char *buf = rc->bufs.slots + (size_t)k * rc->repl.slot_size;
 	struct rps__wr wr;
 
+	/* credits: a free slot on the backup for this entry (rps__srv_repl_reserve
+	 * made sure), never more than it has; nothing acked that was not sent */
+	assert(rc->repl.credits > 0 && rc->repl.credits <= rc->repl.nslots);
+	assert(rc->repl.cseq_acked <= rc->repl.cseq);
 	d.magic = RPS__REPL_MAGIC;
 	d.cseq = ++rc->repl.cseq;
 	memcpy(buf, &d, sizeof(d));
@@ -239,6 +244,7 @@ static void ship(struct rps__server *srv, struct srv_tensor *t, struct shard *s,
 	d.part = s->part;
 	d.epoch = srv->parts[s->part].epoch;
 	d.seq = ++srv->repl.seq[s->part];
+	assert(d.seq != 0);	/* forward only: never wraps */
 	d.version = s->step;
 	w->t = t;
 	w->s = s;
@@ -248,6 +254,7 @@ static void ship(struct rps__server *srv, struct srv_tensor *t, struct shard *s,
 	for (k = 0; k < n; k++) {
 		struct repl_peer *p = peer_find(srv, ids[k]);
 		struct srv_conn *rc = p->conn;	/* rps__srv_repl_reserve saw it ready */
+		assert(rc && rc->repl.ready && rc->repl.credits >= 1u + !is_bound(rc, t->id));
 		bind_tensor(srv, rc, t);
 		post_entry(srv, rc, d, payload);
 		w->rep[w->nrep].id = ids[k];
@@ -780,6 +787,7 @@ static void on_ack(struct rps__server *srv, struct srv_conn *c, const struct rps
 	}
 	c->repl.cseq_acked = a->cseq;
 	c->repl.credits += a->credits;
+	assert(c->repl.credits <= c->repl.nslots && c->repl.cseq_acked <= c->repl.cseq);
 	srv->repl.stats.acks_received++;
 	rps__srv_repl_confirm(srv);
 }

@@ -33,6 +33,7 @@
 #ifndef RPS_SERVER_INT_H
 #define RPS_SERVER_INT_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -604,15 +605,21 @@ static inline struct srv_tensor *rps__srv_tensor_by_id(struct rps__server *srv, 
 }
 
 /* Seqlock writer: readers that see an odd or changed seq retry.  Inline:
- * two stores, on every push. */
+ * two stores, on every push.  The header's version (seq / 2) never runs
+ * ahead of the shard's step; a write begins on an even seq, unless the
+ * shard is not readable yet (no initial values) or a replicated write's
+ * end waits for its replicas (repl_pending: repl_stream.c publishes it). */
 static inline void rps__srv_publish_begin(struct shard *s)
 {
+	assert(__atomic_load_n(&s->hdr->seq, __ATOMIC_RELAXED) <= s->step * 2 + 1);
+	assert(!(__atomic_load_n(&s->hdr->seq, __ATOMIC_RELAXED) & 1) || !s->ready || s->repl_pending);
 	__atomic_store_n(&s->hdr->seq, s->step * 2 + 1, __ATOMIC_RELAXED);
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
 static inline void rps__srv_publish_end(struct shard *s)
 {
+	assert(__atomic_load_n(&s->hdr->seq, __ATOMIC_RELAXED) <= s->step * 2 + 1);
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	__atomic_store_n(&s->hdr->seq, s->step * 2, __ATOMIC_RELEASE);
 }
