@@ -283,7 +283,8 @@ static int f_restore_tensor(struct rps__server *s, const char *file, const char 
 	note("restore_tensor", 0);
 	return 0;
 }
-static int f_restore_shard(struct rps__server *s, const char *file, struct srv_tensor *t, const struct rps__dp_shard *cs)
+static int f_restore_shard(struct rps__server *s, const char *file, struct srv_tensor *t,
+			   const struct rps__dp_shard *cs)
 {
 	(void)s;
 	(void)file;

@@ -482,8 +482,8 @@ static void seed_mid_step(const char *name, struct srv_tensor **tp, struct shard
 static struct parked *parked_of(const struct srv_tensor *t, const struct shard *s, uint64_t clock, int rank)
 {
 	for (uint32_t i = 0; i < srv->push.nparked; i++)
-		if (srv->push.parked[i].t == t && srv->push.parked[i].local == s->index && srv->push.parked[i].clock == clock &&
-		    srv->push.parked[i].rank == rank)
+		if (srv->push.parked[i].t == t && srv->push.parked[i].local == s->index &&
+		    srv->push.parked[i].clock == clock && srv->push.parked[i].rank == rank)
 			return &srv->push.parked[i];
 	return NULL;
 }

@@ -130,8 +130,8 @@ static int name_ok(const struct ckpt_state *ck, const char *name)
 	return ret;
 }
 
-static void reply(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, int status, const struct rps__ckpt_rep *rep0,
-		  const struct rps__ckpt_target *t, uint32_t nt, const char *msg)
+static void reply(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, int status,
+		  const struct rps__ckpt_rep *rep0, const struct rps__ckpt_target *t, uint32_t nt, const char *msg)
 {
 	size_t len = sizeof(struct rps__ckpt_rep) + (size_t)nt * sizeof(*t);
 	char *buf = calloc(1, len);

@@ -269,12 +269,14 @@ static int conn_bufs(struct rps__server *srv, struct srv_conn *c, bool lean)
 	for (i = 0; i < c->bufs.nsend; i++)
 		c->bufs.sfree[i] = c->bufs.nsend - 1 - i;
 	c->bufs.nsfree = c->bufs.nsend;
-	ret = c->bufs.slots ? rps__mr_reg(srv->fab, c->bufs.slots, c->bufs.slots_len, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED,
-					 &c->bufs.slots_mr) : 0;
+	ret = c->bufs.slots ? rps__mr_reg(srv->fab, c->bufs.slots, c->bufs.slots_len,
+					  RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED, &c->bufs.slots_mr) : 0;
 	if (!ret)
-		ret = rps__mr_reg(srv->fab, c->bufs.rbufs, (size_t)c->bufs.nrecv * c->bufs.msg_max, RPS__ACCESS_LOCAL, &c->bufs.rbufs_mr);
+		ret = rps__mr_reg(srv->fab, c->bufs.rbufs, (size_t)c->bufs.nrecv * c->bufs.msg_max, RPS__ACCESS_LOCAL,
+				  &c->bufs.rbufs_mr);
 	if (!ret)
-		ret = rps__mr_reg(srv->fab, c->bufs.sbufs, (size_t)c->bufs.nsend * c->bufs.msg_max, RPS__ACCESS_LOCAL, &c->bufs.sbufs_mr);
+		ret = rps__mr_reg(srv->fab, c->bufs.sbufs, (size_t)c->bufs.nsend * c->bufs.msg_max, RPS__ACCESS_LOCAL,
+				  &c->bufs.sbufs_mr);
 	return ret;
 err_nomem:
 	return rps__seterr(-ENOMEM, "out of memory for a connection");

@@ -250,8 +250,8 @@ struct rps__dp_hooks {
 	X(ALL_CUSTOM, int, restore_tensor, (struct rps__server *, srv), (const char *, file), (const char *, name), \
 	  (const struct rps__tensor_spec *, spec), (struct srv_tensor **, t)) \
 	/* 1 installed, 0 not served here, or a negative errno */ \
-	X(PART_CUSTOM, int, restore_shard, (struct rps__server *, srv), (const char *, file), (struct srv_tensor *, t), \
-	  (const struct rps__dp_shard *, cs)) \
+	X(PART_CUSTOM, int, restore_shard, (struct rps__server *, srv), (const char *, file), \
+	  (struct srv_tensor *, t), (const struct rps__dp_shard *, cs)) \
 	\
 	/* ---- primary lease (control/repl_failover.c) */ \
 	/* this server may acknowledge pushes of partitions with backups until \

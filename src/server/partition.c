@@ -94,7 +94,8 @@ bool rps__srv_part_fence(struct rps__server *srv, uint32_t part)
 		all = false;
 	for (uint32_t i = 0; i < srv->push.nheld; i++) {
 		struct srv_conn *c = srv->push.held[i].conn;
-		const struct rps__push_desc *d = (const void *)(c->bufs.slots + (size_t)srv->push.held[i].slot * srv->slot_size);
+		const struct rps__push_desc *d =
+			(const void *)(c->bufs.slots + (size_t)srv->push.held[i].slot * srv->slot_size);
 		struct srv_tensor *t = d->tensor_id < srv->ntensors ? srv->tensors[d->tensor_id] : NULL;
 		if (t && d->shard < t->layout.nshards && t->shards[d->shard].part == part)
 			all = false;

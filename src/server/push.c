@@ -69,10 +69,11 @@ bool rps__srv_parked_has(const struct rps__server *srv, const struct srv_tensor 
 {
 	uint32_t i;
 
-	for (i = 0; i < srv->push.nparked; i++)
-		if (srv->push.parked[i].t == t && srv->push.parked[i].local == local && srv->push.parked[i].rank == rank &&
-		    srv->push.parked[i].clock == clock)
+	for (i = 0; i < srv->push.nparked; i++) {
+		const struct parked *p = &srv->push.parked[i];
+		if (p->t == t && p->local == local && p->rank == rank && p->clock == clock)
 			return true;
+	}
 	return false;
 }
 
@@ -135,9 +136,10 @@ void rps__srv_parked_release(struct rps__server *srv, struct parked *p)
 	assert(srv->push.parked_bytes >= p->nbytes);	/* its bytes were counted when it was parked */
 	srv->push.parked_bytes -= p->nbytes;
 	if (srv->push.npark_pool < PARK_POOL_MAX)	/* failing, the buffer is freed below */
-		(void)rps__grow(&srv->push.park_pool, &srv->push.park_pool_cap, srv->push.npark_pool + 1, sizeof(*srv->push.park_pool),
-				16);
-	if (srv->push.npark_pool < srv->push.park_pool_cap && srv->push.park_pool_bytes + p->cap <= srv->cfg.park_limit / 4) {
+		(void)rps__grow(&srv->push.park_pool, &srv->push.park_pool_cap, srv->push.npark_pool + 1,
+				sizeof(*srv->push.park_pool), 16);
+	if (srv->push.npark_pool < srv->push.park_pool_cap &&
+	    srv->push.park_pool_bytes + p->cap <= srv->cfg.park_limit / 4) {
 		srv->push.park_pool[srv->push.npark_pool].buf = p->data;
 		srv->push.park_pool[srv->push.npark_pool].cap = p->cap;
 		srv->push.npark_pool++;
@@ -648,7 +650,8 @@ void rps__srv_drain_held(struct rps__server *srv)
 				i++;
 				continue;
 			}
-			memmove(&srv->push.held[i], &srv->push.held[i + 1], (srv->push.nheld - i - 1) * sizeof(*srv->push.held));
+			memmove(&srv->push.held[i], &srv->push.held[i + 1],
+				(srv->push.nheld - i - 1) * sizeof(*srv->push.held));
 			srv->push.nheld--;
 			progress = true;
 		}

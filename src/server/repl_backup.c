@@ -40,7 +40,8 @@ int rps__srv_repl_accepted(struct rps__server *srv, struct srv_conn *c)
 	c->repl.nslots = REPL_SLOTS;
 	c->repl.slot_size = rps__srv_repl_slot_size(srv);
 	srv->repl.active = true;
-	return rps__mr_reg(srv->fab, c->bufs.slots, len, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED, &c->bufs.slots_mr);
+	return rps__mr_reg(srv->fab, c->bufs.slots, len, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED,
+			   &c->bufs.slots_mr);
 }
 
 void rps__srv_repl_on_hello(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
@@ -184,7 +185,8 @@ static int apply_entry(struct rps__server *srv, struct srv_conn *c, const struct
 	if (d->seq != srv->repl.seq[d->part] + 1)
 		return broken(c, "partition %u: replication entry %llu after %llu", d->part,
 			      (unsigned long long)d->seq, (unsigned long long)srv->repl.seq[d->part]);
-	t = d->tensor_id < c->repl.ntmap && c->repl.tmap[d->tensor_id] ? srv->tensors[c->repl.tmap[d->tensor_id] - 1] : NULL;
+	t = d->tensor_id < c->repl.ntmap && c->repl.tmap[d->tensor_id] ? srv->tensors[c->repl.tmap[d->tensor_id] - 1]
+								       : NULL;
 	if (!t || d->shard >= t->layout.nshards)
 		return broken(c, "replicates an unknown tensor or shard");
 	s = &t->shards[d->shard];

@@ -361,7 +361,8 @@ static void step_done_note(struct srv_conn *c, const struct srv_tensor *t, const
 	uint32_t k;
 
 	for (k = 0; k < c->sd.n; k++)
-		if (c->sd.ent[k].tensor_id == t->id && c->sd.ent[k].shard == s->index && c->sd.ent[k].missing_rank < 0) {
+		if (c->sd.ent[k].tensor_id == t->id && c->sd.ent[k].shard == s->index &&
+		    c->sd.ent[k].missing_rank < 0) {
 			/* "resend" covers the done steps below it too (their
 			 * resends are answered -EALREADY: counted); a later
 			 * done step covers every earlier one */
@@ -381,13 +382,14 @@ static void step_done_note(struct srv_conn *c, const struct srv_tensor *t, const
  * `rank`: an entry of its own (it covers that step alone, so a done entry
  * of an earlier step, before or after it, still says that one is on every
  * replica). */
-static void step_done_orphaned(struct srv_conn *c, const struct srv_tensor *t, const struct shard *s, uint64_t step, int rank)
+static void step_done_orphaned(struct srv_conn *c, const struct srv_tensor *t, const struct shard *s, uint64_t step,
+			       int rank)
 {
 	uint32_t k;
 
 	for (k = 0; k < c->sd.n; k++)
-		if (c->sd.ent[k].tensor_id == t->id && c->sd.ent[k].shard == s->index && c->sd.ent[k].missing_rank >= 0 &&
-		    c->sd.ent[k].step == step)
+		if (c->sd.ent[k].tensor_id == t->id && c->sd.ent[k].shard == s->index &&
+		    c->sd.ent[k].missing_rank >= 0 && c->sd.ent[k].step == step)
 			return;
 	sd_append(c, (struct rps__step_done_ent){
 		.tensor_id = t->id, .shard = s->index, .step = step, .version = 0, .missing_rank = rank,

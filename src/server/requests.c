@@ -161,8 +161,8 @@ static void on_create(struct rps__server *srv, struct srv_conn *c, uint64_t req_
 	    (c->auth.key_role == RPS__KEY_READER && !(req->flags & RPS__CREATE_OPEN_ONLY))) {
 		/* nothing about the tensor is told, not even whether it exists */
 		char why[200];
-		snprintf(why, sizeof(why), "a %s of '%s' may not %s '%s'", rps__key_role_name(c->auth.key_role), c->auth.scope,
-			 req->flags & RPS__CREATE_OPEN_ONLY ? "open" : "create", req->name);
+		snprintf(why, sizeof(why), "a %s of '%s' may not %s '%s'", rps__key_role_name(c->auth.key_role),
+			 c->auth.scope, req->flags & RPS__CREATE_OPEN_ONLY ? "open" : "create", req->name);
 		rps__srv_log_refusal(srv, c, why);
 		conn_reply(c, RPS__MSG_CREATE_REP, req_id, c->auth.key_role == RPS__KEY_READER &&
 			   rps__srv_scope_allows(c, req->name) ? -EPERM : -EACCES, NULL, 0);
@@ -406,8 +406,8 @@ static void on_wait(struct rps__server *srv, struct srv_conn *c, uint64_t req_id
 	 * ids exist) */
 	if ((t && !rps__srv_scope_allows(c, t->name)) || (!t && c->auth.scope[0])) {
 		char why[120];
-		snprintf(why, sizeof(why), "a %s of '%s' may not wait on tensor id %u", rps__key_role_name(c->auth.key_role),
-			 c->auth.scope, w->tensor_id);
+		snprintf(why, sizeof(why), "a %s of '%s' may not wait on tensor id %u",
+			 rps__key_role_name(c->auth.key_role), c->auth.scope, w->tensor_id);
 		rps__srv_log_refusal(srv, c, why);
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EACCES, NULL, 0);
 		return;
@@ -473,11 +473,13 @@ static void on_barrier(struct rps__server *srv, struct srv_conn *c, uint64_t req
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
-	if (rps__grow(&srv->req.arrivals, &srv->req.arrivals_cap, srv->req.narrivals + 1, sizeof(*srv->req.arrivals), 16)) {
+	if (rps__grow(&srv->req.arrivals, &srv->req.arrivals_cap, srv->req.narrivals + 1, sizeof(*srv->req.arrivals),
+		      16)) {
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -ENOMEM, NULL, 0);
 		return;
 	}
-	srv->req.arrivals[srv->req.narrivals++] = (struct srv_arrival){ .conn = c, .req_id = req_id, .need = c->num_workers };
+	srv->req.arrivals[srv->req.narrivals++] =
+		(struct srv_arrival){ .conn = c, .req_id = req_id, .need = c->num_workers };
 	if ((int)n + 1 < c->num_workers)
 		return;
 	for (i = 0; i < srv->req.narrivals;) {
