@@ -32,8 +32,8 @@
 
 struct rps__server;
 struct rps__mr;
-struct srv_conn;		/* a connection of the data plane (opaque above it) */
-struct srv_tensor;		/* a tensor of the data plane (opaque above it) */
+struct srv_conn;	/* a connection of the data plane (opaque above it) */
+struct srv_tensor;	/* a tensor of the data plane (opaque above it) */
 
 enum conn_role_kind { CONN_WORKER = 1, CONN_PEER = 2, CONN_ADMIN = 3, CONN_REPL = 4 };
 
