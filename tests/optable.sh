@@ -34,7 +34,7 @@ refused() { ! with_op "$1" "$2" || bad "$1: compiles: $2"; }
 compiles "the list as it is" ""
 compiles "a new PART op, one line" "X(PART, int, part_new, (struct rps__server *, srv), (uint32_t, part), (uint64_t, x))"
 compiles "a new ALL op, one line" "X(ALL, void, all_new, (struct rps__server *, srv), (const char *, name))"
-compiles "a new FIRST op, one line" "X(FIRST, size_t, first_new, (const struct conn *, c))"
+compiles "a new FIRST op, one line" "X(FIRST, size_t, first_new, (const struct srv_conn *, c))"
 refused "an op of no class" "X(void, no_class, (struct rps__server *, srv))"
 refused "an op of an unknown class" "X(SOME, void, some_class, (struct rps__server *, srv))"
 refused "an ALL op with a result to combine" "X(ALL, int, all_int, (struct rps__server *, srv))"

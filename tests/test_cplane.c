@@ -45,7 +45,7 @@ static uint32_t the_npart = NPART;	/* partitions of the cluster under test */
 
 /* ---- the fake data plane ------------------------------------------------ */
 
-struct conn {
+struct srv_conn {
 	enum conn_role_kind role;
 	uint64_t peer_id;
 	bool dead;
@@ -121,7 +121,7 @@ static int f_mem_register(struct rps__server *s, void *buf, size_t len, struct r
 	return 0;
 }
 static void f_mem_deregister(struct rps__mr *mr) { if (mr) note("mem_deregister", 0); }
-static int f_mem_window(struct conn *c, struct rps__mr *mr, uint32_t *rkey)
+static int f_mem_window(struct srv_conn *c, struct rps__mr *mr, uint32_t *rkey)
 {
 	(void)c;
 	*rkey = (uint32_t)(uintptr_t)mr;
@@ -131,7 +131,7 @@ static uint16_t f_port(const struct rps__server *s) { (void)s; return 7000; }
 static uint32_t f_shard_elems(const struct rps__server *s) { (void)s; return 4; }
 static void f_stats(struct rps__server *s, struct rps__dp_stats *st) { (void)s; memset(st, 0, sizeof(*st)); }
 
-static void f_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status, const void *body,
+static void f_conn_reply(struct srv_conn *c, unsigned type, uint64_t req_id, int32_t status, const void *body,
 			 size_t len)
 {
 	if (type == RPS__MSG_LEASE_REP) {
@@ -151,13 +151,13 @@ static void f_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t
 		memcpy(c->last_body, body, c->last_len);
 	c->nreplies++;
 }
-static void f_conn_fail(struct conn *c, const char *why) { (void)why; c->dead = true; }
-static enum conn_role_kind f_conn_role(const struct conn *c) { return c->role; }
-static uint64_t f_conn_peer_id(const struct conn *c) { return c->peer_id; }
-static bool f_conn_dead(const struct conn *c) { return c->dead; }
-static const char *f_conn_name(const struct conn *c) { return c->name; }
-static size_t f_conn_msg_max(const struct conn *c) { (void)c; return RPS__BIG_MSG_MAX; }
-static int f_conn_read(struct conn *c, uint64_t raddr, uint32_t rkey, uint64_t len)
+static void f_conn_fail(struct srv_conn *c, const char *why) { (void)why; c->dead = true; }
+static enum conn_role_kind f_conn_role(const struct srv_conn *c) { return c->role; }
+static uint64_t f_conn_peer_id(const struct srv_conn *c) { return c->peer_id; }
+static bool f_conn_dead(const struct srv_conn *c) { return c->dead; }
+static const char *f_conn_name(const struct srv_conn *c) { return c->name; }
+static size_t f_conn_msg_max(const struct srv_conn *c) { (void)c; return RPS__BIG_MSG_MAX; }
+static int f_conn_read(struct srv_conn *c, uint64_t raddr, uint32_t rkey, uint64_t len)
 {
 	(void)raddr;
 	(void)rkey;
@@ -273,17 +273,18 @@ static void f_copy_free(struct rps__dp_copy *cc)
 	memset(cc, 0, sizeof(*cc));
 }
 static int f_restore_tensor(struct rps__server *s, const char *file, const char *name,
-			    const struct rps__tensor_spec *spec, struct tensor **t)
+			    const struct rps__tensor_spec *spec, struct srv_tensor **t)
 {
 	(void)s;
 	(void)file;
 	(void)name;
 	(void)spec;
-	*t = (struct tensor *)(uintptr_t)1;
+	*t = (struct srv_tensor *)(uintptr_t)1;
 	note("restore_tensor", 0);
 	return 0;
 }
-static int f_restore_shard(struct rps__server *s, const char *file, struct tensor *t, const struct rps__dp_shard *cs)
+static int f_restore_shard(struct rps__server *s, const char *file, struct srv_tensor *t,
+			   const struct rps__dp_shard *cs)
 {
 	(void)s;
 	(void)file;
@@ -322,8 +323,8 @@ static const struct rps__dp_ops fake_ops = {
 static struct rps__cplane *cp;
 static struct rps__dp_hooks hooks;
 static struct rps__server_config the_cfg;
-static struct conn admin = { .role = CONN_ADMIN, .name = "127.0.0.1:1" };
-static struct conn peer2 = { .role = CONN_PEER, .peer_id = 2, .name = "127.0.0.1:2" };
+static struct srv_conn admin = { .role = CONN_ADMIN, .name = "127.0.0.1:1" };
+static struct srv_conn peer2 = { .role = CONN_PEER, .peer_id = 2, .name = "127.0.0.1:2" };
 static char scratch[200];
 static char scratch2[200];	/* the replica tests' fresh cluster */
 static char ckpt_dir[300];	/* --checkpoint-dir: scratch/ckpt */
@@ -384,7 +385,7 @@ static bool run_until(bool (*cond)(void))
 	return true;
 }
 
-static void send_msg(struct conn *c, unsigned type, uint64_t req_id, int32_t status, void *body, uint32_t len)
+static void send_msg(struct srv_conn *c, unsigned type, uint64_t req_id, int32_t status, void *body, uint32_t len)
 {
 	struct rps__msg_hdr h;
 
@@ -687,7 +688,7 @@ static void test_checkpoint_bad_names(void)
 /* Message types a connection may not send, and a lost connection. */
 static void test_refusals(void)
 {
-	struct conn worker_like = { .role = CONN_ADMIN, .name = "x" };
+	struct srv_conn worker_like = { .role = CONN_ADMIN, .name = "x" };
 
 	send_msg(&worker_like, RPS__MSG_RAFT, 0, 0, NULL, 0);
 	CU_ASSERT(worker_like.dead);
@@ -700,8 +701,8 @@ static void test_refusals(void)
 
 /* ---- leases and failover (repl_failover.c) ------------------------------------ */
 
-static struct conn peer3 = { .role = CONN_PEER, .peer_id = 3, .name = "127.0.0.1:3" };
-static struct conn peer4 = { .role = CONN_PEER, .peer_id = 4, .name = "127.0.0.1:4" };
+static struct srv_conn peer3 = { .role = CONN_PEER, .peer_id = 3, .name = "127.0.0.1:3" };
+static struct srv_conn peer4 = { .role = CONN_PEER, .peer_id = 4, .name = "127.0.0.1:4" };
 static struct rps__smap pub;	/* the map as workers READ it */
 
 /* One turn of the server loop's timers (the failover clock does not move). */
@@ -712,21 +713,21 @@ static void turn(void)
 	CU_ASSERT(hooks.run_timers(hooks.ctx, rps__now_ns(), &stop) >= 0);
 }
 
-static void send_lease(struct conn *c, uint64_t seq)
+static void send_lease(struct srv_conn *c, uint64_t seq)
 {
 	struct rps__lease l = { .seq = seq, .t_send = rps__cp_fake_clock_ns };
 
 	send_msg(c, RPS__MSG_LEASE, 0, 0, &l, sizeof(l));
 }
 
-static void send_lease_rep_at(struct conn *c, uint64_t seq, int32_t status, uint32_t granted, uint64_t index)
+static void send_lease_rep_at(struct srv_conn *c, uint64_t seq, int32_t status, uint32_t granted, uint64_t index)
 {
 	struct rps__lease_rep r = { .seq = seq, .granted = granted, .index = index };
 
 	send_msg(c, RPS__MSG_LEASE_REP, 0, status, &r, sizeof(r));
 }
 
-static void send_lease_rep(struct conn *c, uint64_t seq, int32_t status, uint32_t granted)
+static void send_lease_rep(struct srv_conn *c, uint64_t seq, int32_t status, uint32_t granted)
 {
 	struct rps__lease_rep r = { .seq = seq, .granted = granted };
 

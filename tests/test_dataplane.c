@@ -63,17 +63,17 @@ struct fake {
 	unsigned fail_at, stop_at;
 	/* what the loop called up with */
 	unsigned n_timers, n_messages, n_gone, n_send_done, n_read_done, n_accept, n_attached, n_fini;
-	struct conn *msg_conn;		/* the last on_message */
+	struct srv_conn *msg_conn;		/* the last on_message */
 	enum conn_role_kind msg_role;
 	unsigned msg_type;
 	uint64_t msg_req_id;
 	int32_t msg_status;
 	uint32_t msg_len;
-	struct conn *gone_conn;		/* the last on_conn_gone */
-	struct conn *peer_conn;		/* the last peer_attached */
+	struct srv_conn *gone_conn;		/* the last on_conn_gone */
+	struct srv_conn *peer_conn;		/* the last peer_attached */
 	uint64_t peer_id;		/* ... its conn_peer_id */
 	unsigned n_dialed;		/* peer_dialed calls */
-	struct conn *dialed_conn;	/* the last one's connection (NULL: failed) */
+	struct srv_conn *dialed_conn;	/* the last one's connection (NULL: failed) */
 	uint64_t dialed_id;		/* ... its conn_peer_id */
 	uint64_t accept_from, accept_to;	/* the last accept_peer */
 	uint64_t refuse_from;		/* accept_peer refuses this member */
@@ -87,7 +87,7 @@ struct fake {
 static void fake_lock(struct fake *f) { pthread_mutex_lock(&f->lock); }
 static void fake_unlock(struct fake *f) { pthread_mutex_unlock(&f->lock); }
 
-static void h_on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h, void *body, uint32_t len)
+static void h_on_message(void *ctx, struct srv_conn *c, const struct rps__msg_hdr *h, void *body, uint32_t len)
 {
 	struct fake *f = ctx;
 
@@ -111,7 +111,7 @@ static void h_on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h
 	}
 }
 
-static void h_on_conn_gone(void *ctx, struct conn *c)
+static void h_on_conn_gone(void *ctx, struct srv_conn *c)
 {
 	struct fake *f = ctx;
 
@@ -121,7 +121,7 @@ static void h_on_conn_gone(void *ctx, struct conn *c)
 	fake_unlock(f);
 }
 
-static void h_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
+static void h_on_read_done(void *ctx, struct srv_conn *c, bool ok, const void *buf)
 {
 	struct fake *f = ctx;
 
@@ -134,7 +134,7 @@ static void h_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
 	fake_unlock(f);
 }
 
-static void h_on_send_done(void *ctx, struct conn *c)
+static void h_on_send_done(void *ctx, struct srv_conn *c)
 {
 	struct fake *f = ctx;
 
@@ -161,7 +161,7 @@ static int h_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char
 	return ret;
 }
 
-static void h_peer_attached(void *ctx, struct conn *c)
+static void h_peer_attached(void *ctx, struct srv_conn *c)
 {
 	struct fake *f = ctx;
 
@@ -172,7 +172,7 @@ static void h_peer_attached(void *ctx, struct conn *c)
 	fake_unlock(f);
 }
 
-static void h_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct conn *c)
+static void h_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct srv_conn *c)
 {
 	struct fake *f = ctx;
 
@@ -570,7 +570,7 @@ static void test_hooks_admin_message(void)
 	fake_unlock(&A);
 }
 
-static struct conn *job_conn;
+static struct srv_conn *job_conn;
 static uint64_t job_got;
 static struct rps__mr *job_mr;
 static char peer_mem[64];

@@ -21,9 +21,13 @@
 
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "rdmaps.h"
 #include "lib/cutest.h"
@@ -72,17 +76,17 @@ static int suite_fini(void)
 }
 
 /* A tensor with its shards of partition 0 here. */
-static struct tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt);
+static struct srv_tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt);
 
-static struct tensor *tensor_new(const char *name, enum rps_mode mode, int nworkers)
+static struct srv_tensor *tensor_new(const char *name, enum rps_mode mode, int nworkers)
 {
 	return tensor_new_dt(name, mode, nworkers, RPS_DTYPE_F32);
 }
 
-static struct tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt)
+static struct srv_tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nworkers, enum rps_dtype dt)
 {
 	struct rps__tensor_spec sp;
-	struct tensor *t = NULL;
+	struct srv_tensor *t = NULL;
 	uint32_t p;
 
 	memset(&sp, 0, sizeof(sp));
@@ -102,16 +106,16 @@ static struct tensor *tensor_new_dt(const char *name, enum rps_mode mode, int nw
 }
 
 /* A parked push of the first shard of partition 0 (as park() keeps one). */
-static void park_one(struct tensor *t, uint64_t clock, int rank, size_t nbytes)
+static void park_one(struct srv_tensor *t, uint64_t clock, int rank, size_t nbytes)
 {
 	struct parked *pk;
 
-	if (srv->nparked == srv->parked_cap) {
-		srv->parked_cap = srv->parked_cap ? srv->parked_cap * 2 : 16;
-		srv->parked = realloc(srv->parked, srv->parked_cap * sizeof(*srv->parked));
-		CU_ASSERT_PTR_NOT_NULL_FATAL(srv->parked);
+	if (srv->push.nparked == srv->push.parked_cap) {
+		srv->push.parked_cap = srv->push.parked_cap ? srv->push.parked_cap * 2 : 16;
+		srv->push.parked = realloc(srv->push.parked, srv->push.parked_cap * sizeof(*srv->push.parked));
+		CU_ASSERT_PTR_NOT_NULL_FATAL(srv->push.parked);
 	}
-	pk = memset(&srv->parked[srv->nparked++], 0, sizeof(*pk));
+	pk = memset(&srv->push.parked[srv->push.nparked++], 0, sizeof(*pk));
 	pk->t = t;
 	pk->local = rps__part_shard(&t->layout, 0, 0);
 	pk->clock = clock;
@@ -120,14 +124,14 @@ static void park_one(struct tensor *t, uint64_t clock, int rank, size_t nbytes)
 	pk->data = calloc(1, nbytes ? nbytes : 1);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(pk->data);
 	pk->cap = nbytes;
-	srv->parked_bytes += nbytes;
+	srv->push.parked_bytes += nbytes;
 }
 
 static void unpark_all(void)
 {
-	while (srv->nparked) {
-		struct parked *pk = &srv->parked[--srv->nparked];
-		srv->parked_bytes -= pk->nbytes;
+	while (srv->push.nparked) {
+		struct parked *pk = &srv->push.parked[--srv->push.nparked];
+		srv->push.parked_bytes -= pk->nbytes;
 		free(pk->data);
 	}
 }
@@ -146,9 +150,9 @@ static void snap(struct before *b)
 
 	memset(b, 0, sizeof(*b));
 	b->ntensors = srv->ntensors;
-	b->nparked = srv->nparked;
+	b->nparked = srv->push.nparked;
 	for (i = 0; i < srv->ntensors && i < 8; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 		b->mem[i] = t->regions[0].mem;
 		b->step0[i] = s->step;
@@ -195,7 +199,7 @@ static int ship_and_install(void)
 
 static void test_install_takes_valid_image(void)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, "sync1");
+	struct srv_tensor *t = rps__srv_tensor_by_name(srv, "sync1");
 	struct shard *s;
 
 	if (!t)
@@ -206,13 +210,13 @@ static void test_install_takes_valid_image(void)
 	CU_ASSERT_EQUAL(ship_and_install(), 0);
 	s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 	CU_ASSERT_EQUAL(s->params[0], 3.0f);
-	CU_ASSERT_EQUAL(srv->nparked, 1u);	/* rank 1 waits for rank 0 */
+	CU_ASSERT_EQUAL(srv->push.nparked, 1u);	/* rank 1 waits for rank 0 */
 	unpark_all();
 }
 
 static void test_install_refuses_bad_parked_push(void)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, "sync1");
+	struct srv_tensor *t = rps__srv_tensor_by_name(srv, "sync1");
 	struct shard *s;
 
 	if (!t)
@@ -236,7 +240,7 @@ static void test_install_refuses_bad_parked_push(void)
 
 static void test_install_refuses_push_parked_for_async_tensor(void)
 {
-	struct tensor *t = tensor_new("async1", RPS_MODE_ASYNC, 0);
+	struct srv_tensor *t = tensor_new("async1", RPS_MODE_ASYNC, 0);
 	struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 
 	/* right size, but an async shard has no accumulator: summing it
@@ -251,7 +255,7 @@ static void test_install_refuses_push_parked_for_async_tensor(void)
  * of the image installed. */
 static void test_install_refuses_mutated_fields(void)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, "sync1");
+	struct srv_tensor *t = rps__srv_tensor_by_name(srv, "sync1");
 	void *img = NULL;
 	unsigned char *m;
 	size_t len = 0, i;
@@ -299,7 +303,7 @@ static void test_install_refuses_mutated_fields(void)
  * widening), and giving the partition away forgets it. */
 static void test_early_push_in_image(void)
 {
-	struct tensor *t = tensor_new_dt("early-bf16", RPS_MODE_SYNC, 2, RPS_DTYPE_BF16);
+	struct srv_tensor *t = tensor_new_dt("early-bf16", RPS_MODE_SYNC, 2, RPS_DTYPE_BF16);
 	struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 	uint16_t *sent = malloc((size_t)s->elems * 2);
 	struct parked *pk;
@@ -316,20 +320,20 @@ static void test_early_push_in_image(void)
 	rps__agg_copy(s->acc, sent, RPS_DTYPE_BF16, s->elems);
 	s->early_rank = 1;
 	park_one(t, s->step, 1, (size_t)s->elems * 2);
-	pk = &srv->parked[srv->nparked - 1];
+	pk = &srv->push.parked[srv->push.nparked - 1];
 	free(pk->data);
 	pk->data = NULL;
 	pk->cap = 0;
 	pk->in_acc = true;
-	srv->parked_bytes -= pk->nbytes;	/* (an early push takes no parking bytes) */
+	srv->push.parked_bytes -= pk->nbytes;	/* (an early push takes no parking bytes) */
 	CU_ASSERT_EQUAL_FATAL(rps__srv_image_build(srv, 0, srv->parts[0].epoch, &img, &len), 0);
 	rps__srv_part_forget_parked(srv, 0);
-	CU_ASSERT_EQUAL(srv->nparked, 0u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 0u);
 	CU_ASSERT_EQUAL(s->early_rank, -1);
-	CU_ASSERT_EQUAL(srv->parked_bytes, 0u);
+	CU_ASSERT_EQUAL(srv->push.parked_bytes, 0u);
 	CU_ASSERT_EQUAL_FATAL(rps__srv_image_install(srv, 0, srv->parts[0].epoch, img, len), 0);
-	CU_ASSERT_EQUAL_FATAL(srv->nparked, 1u);
-	pk = &srv->parked[0];
+	CU_ASSERT_EQUAL_FATAL(srv->push.nparked, 1u);
+	pk = &srv->push.parked[0];
 	CU_ASSERT_FALSE(pk->in_acc);
 	CU_ASSERT_EQUAL(pk->rank, 1);
 	CU_ASSERT_EQUAL(pk->nbytes, (size_t)s->elems * 2);
@@ -358,21 +362,21 @@ static void test_park_pool(void)
 	p.data = a;
 	p.cap = cap;
 	p.nbytes = 1000;
-	srv->parked_bytes += 1000;
+	srv->push.parked_bytes += 1000;
 	rps__srv_parked_release(srv, &p);
 	CU_ASSERT_PTR_NULL(p.data);
-	CU_ASSERT_EQUAL(srv->parked_bytes, 0u);
-	CU_ASSERT_EQUAL(srv->npark_pool, 1u);
+	CU_ASSERT_EQUAL(srv->push.parked_bytes, 0u);
+	CU_ASSERT_EQUAL(srv->push.npark_pool, 1u);
 	CU_ASSERT_EQUAL(srv->mem_used, used + 1000);	/* kept: still counted */
 	/* a push of 800 bytes reuses it; one of 400 would waste half: not */
 	b = rps__srv_park_buf_get(srv, 800, &cap2);
 	CU_ASSERT_PTR_EQUAL(b, a);
 	CU_ASSERT_EQUAL(cap2, 1000u);
-	CU_ASSERT_EQUAL(srv->npark_pool, 0u);
+	CU_ASSERT_EQUAL(srv->push.npark_pool, 0u);
 	p.data = b;
 	p.cap = cap2;
 	p.nbytes = 800;
-	srv->parked_bytes += 800;
+	srv->push.parked_bytes += 800;
 	rps__srv_parked_release(srv, &p);
 	b = rps__srv_park_buf_get(srv, 400, &cap2);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
@@ -384,12 +388,42 @@ static void test_park_pool(void)
 	/* the limit: 500 bytes left, a take of 800 frees the kept 1000 */
 	srv->cfg.mem_limit = srv->mem_used + 500;
 	CU_ASSERT_EQUAL(rps__srv_mem_take(srv, 800, "a test"), 0);
-	CU_ASSERT_EQUAL(srv->npark_pool, 0u);
+	CU_ASSERT_EQUAL(srv->push.npark_pool, 0u);
 	CU_ASSERT_EQUAL(srv->mem_used, used + 800);
 	CU_ASSERT_EQUAL(rps__srv_mem_take(srv, 1000, "a test"), -ENOMEM);	/* (200 left) */
 	rps__srv_mem_give(srv, 800);
 	srv->cfg.mem_limit = limit;
 	CU_ASSERT_EQUAL(srv->mem_used, used);
+}
+
+/* The data plane's invariants are asserted (src/server: assert.h), and
+ * the asserts are live in the build the tests use (no NDEBUG): a parked
+ * push released with more bytes than the budget counts aborts, in a child,
+ * rather than wrap parked_bytes around. */
+static void test_invariant_asserts_live(void)
+{
+	int status = 0;
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	CU_ASSERT_FATAL(pid >= 0);
+	if (pid == 0) {
+		struct rlimit none = { 0, 0 };
+		struct parked p;
+
+		setrlimit(RLIMIT_CORE, &none);	/* (no core file for an abort we want) */
+		fprintf(stderr, "test_partition: an assertion failure on parked_bytes is expected next\n");
+		memset(&p, 0, sizeof(p));
+		p.data = malloc(1000);
+		p.cap = p.nbytes = 1000;
+		srv->push.parked_bytes = 999;	/* one byte short of what p counts */
+		rps__srv_parked_release(srv, &p);
+		_exit(0);	/* the assert did not fire */
+	}
+	CU_ASSERT_EQUAL_FATAL(waitpid(pid, &status, 0), pid);
+	CU_ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+	CU_ASSERT_EQUAL(srv->push.parked_bytes, 0u);	/* (the child's copy was broken, not ours) */
 }
 
 /* ---- seeding a backup mid-step ---------------------------------------------- */
@@ -413,9 +447,9 @@ static void fill(float *g, uint32_t n, float scale, uint32_t salt)
  * 0's push of the next step parked.  The image is built, the parked
  * pushes go (they travel in it), and it is installed as a backup's seed.
  * *sp: the shard installed; g: three gradients of its size. */
-static void seed_mid_step(const char *name, struct tensor **tp, struct shard **sp, float *g[3])
+static void seed_mid_step(const char *name, struct srv_tensor **tp, struct shard **sp, float *g[3])
 {
-	struct tensor *t = tensor_new(name, RPS_MODE_SYNC, 3);
+	struct srv_tensor *t = tensor_new(name, RPS_MODE_SYNC, 3);
 	struct shard *s = &t->shards[rps__part_shard(&t->layout, 0, 0)];
 	size_t bytes = (size_t)s->elems * 4;
 	void *img = NULL;
@@ -431,9 +465,9 @@ static void seed_mid_step(const char *name, struct tensor **tp, struct shard **s
 	s->nsummed = 1;
 	s->next_rank = 1;
 	park_one(t, 3, 1, bytes);
-	memcpy(srv->parked[srv->nparked - 1].data, g[1], bytes);
+	memcpy(srv->push.parked[srv->push.nparked - 1].data, g[1], bytes);
 	park_one(t, 4, 0, bytes);
-	memcpy(srv->parked[srv->nparked - 1].data, g[2], bytes);
+	memcpy(srv->push.parked[srv->push.nparked - 1].data, g[2], bytes);
 	CU_ASSERT_EQUAL_FATAL(rps__srv_image_build(srv, 0, srv->parts[0].epoch, &img, &len), 0);
 	unpark_all();
 	part0_backup();
@@ -445,12 +479,12 @@ static void seed_mid_step(const char *name, struct tensor **tp, struct shard **s
 }
 
 /* The parked push of (t, s) for clock and rank, or NULL. */
-static struct parked *parked_of(const struct tensor *t, const struct shard *s, uint64_t clock, int rank)
+static struct parked *parked_of(const struct srv_tensor *t, const struct shard *s, uint64_t clock, int rank)
 {
-	for (uint32_t i = 0; i < srv->nparked; i++)
-		if (srv->parked[i].t == t && srv->parked[i].local == s->index && srv->parked[i].clock == clock &&
-		    srv->parked[i].rank == rank)
-			return &srv->parked[i];
+	for (uint32_t i = 0; i < srv->push.nparked; i++)
+		if (srv->push.parked[i].t == t && srv->push.parked[i].local == s->index &&
+		    srv->push.parked[i].clock == clock && srv->push.parked[i].rank == rank)
+			return &srv->push.parked[i];
 	return NULL;
 }
 
@@ -459,7 +493,7 @@ static struct parked *parked_of(const struct tensor *t, const struct shard *s, u
  * after rank 0's, to the bits of the rank-order sum. */
 static void test_seeded_backup_keeps_step(void)
 {
-	struct tensor *t;
+	struct srv_tensor *t;
 	struct shard *s;
 	float *g[3], *ref;
 	struct parked *pk;
@@ -471,7 +505,7 @@ static void test_seeded_backup_keeps_step(void)
 	CU_ASSERT_EQUAL(s->next_rank, 1);
 	CU_ASSERT_EQUAL(s->nsummed, 1u);
 	CU_ASSERT(memcmp(s->acc, g[0], (size_t)s->elems * 4) == 0);
-	CU_ASSERT_EQUAL(srv->nparked, 2u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 2u);
 	pk = parked_of(t, s, 3, 1);
 	CU_ASSERT_FATAL(pk && pk->data && !memcmp(pk->data, g[1], (size_t)s->elems * 4));
 	CU_ASSERT_PTR_NOT_NULL(parked_of(t, s, 4, 0));
@@ -479,7 +513,7 @@ static void test_seeded_backup_keeps_step(void)
 	rps__srv_drain_held(srv);
 	CU_ASSERT_EQUAL(s->next_rank, 1);
 	CU_ASSERT_EQUAL(s->nsummed, 1u);
-	CU_ASSERT_EQUAL(srv->nparked, 2u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 2u);
 	/* promoted (a FAILOVER): served from here on, rank 1's turn is taken */
 	rps__dataplane_ops()->part_promote(srv, 0, 2);
 	rps__dataplane_ops()->part_set(srv, 0, &(struct rps__dp_part){ .epoch = 2, .map_epoch = 2, .serving = true });
@@ -489,7 +523,7 @@ static void test_seeded_backup_keeps_step(void)
 	CU_ASSERT_EQUAL(s->next_rank, 2);
 	CU_ASSERT_EQUAL(s->nsummed, 2u);
 	CU_ASSERT(memcmp(s->acc, ref, (size_t)s->elems * 4) == 0);
-	CU_ASSERT_EQUAL(srv->nparked, 1u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 1u);
 	CU_ASSERT_PTR_NOT_NULL(parked_of(t, s, 4, 0));
 	unpark_all();
 	serve_all();
@@ -502,17 +536,17 @@ static void test_seeded_backup_keeps_step(void)
  * carried of it: forgotten, the later step's parked push kept. */
 static void test_seeded_backup_step_replicated(void)
 {
-	struct tensor *t;
+	struct srv_tensor *t;
 	struct shard *s;
 	float *g[3];
 
 	seed_mid_step("seed-replicated", &t, &s, g);
-	CU_ASSERT_EQUAL(srv->nparked, 2u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 2u);
 	s->step = 4;				/* (what REPL_STEP's apply leaves) */
 	rps__srv_sync_step_replicated(srv, t, s->index);
 	CU_ASSERT_EQUAL(s->next_rank, 0);
 	CU_ASSERT_EQUAL(s->nsummed, 0u);
-	CU_ASSERT_EQUAL(srv->nparked, 1u);
+	CU_ASSERT_EQUAL(srv->push.nparked, 1u);
 	CU_ASSERT_PTR_NOT_NULL(parked_of(t, s, 4, 0));
 	unpark_all();
 	serve_all();
@@ -529,6 +563,7 @@ int main(void)
 		{ "install refuses mutated fields, changing nothing", test_install_refuses_mutated_fields },
 		{ "a push taken early travels in the image as a parked push", test_early_push_in_image },
 		{ "kept parking buffers are reused, and give way under the memory limit", test_park_pool },
+		{ "the data plane's invariants are asserted, the asserts live", test_invariant_asserts_live },
 		{ "a backup seeded mid-step keeps the step, takes nothing; promoted, goes on in rank order",
 		  test_seeded_backup_keeps_step },
 		{ "a backup forgets the seeded step once the primary's step is applied", test_seeded_backup_step_replicated },

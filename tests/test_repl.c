@@ -347,7 +347,7 @@ static void random_grad(void *g, enum rps_dtype dt, unsigned *seed)
 
 /* ---- comparing the replicas ----------------------------------------------------- */
 
-static struct tensor *find(struct fake *f, const char *name)
+static struct srv_tensor *find(struct fake *f, const char *name)
 {
 	return rps__srv_tensor_by_name(f->srv, name);
 }
@@ -357,7 +357,7 @@ static struct tensor *find(struct fake *f, const char *name)
  * quiet (every push acknowledged, so B applied it). */
 static int differing_shards(const char *name)
 {
-	struct tensor *ta = find(&A, name), *tb = find(&B, name);
+	struct srv_tensor *ta = find(&A, name), *tb = find(&B, name);
 	uint32_t j;
 	int n = 0;
 
@@ -382,7 +382,7 @@ static int differing_shards(const char *name)
 
 static uint64_t version_of(struct fake *f, const char *name, uint32_t shard)
 {
-	struct tensor *t = find(f, name);
+	struct srv_tensor *t = find(f, name);
 
 	return t ? t->shards[shard].step : UINT64_MAX;
 }
@@ -459,15 +459,15 @@ static void test_r1_unchanged(void)
 	 * before rank 0 pushed (one ack, no TAKEN, no STEP_DONE) */
 	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[2], g, sizeof(g), &r1), 0);
 	CU_ASSERT_EQUAL(rps_wait(r1), 0);
-	CU_ASSERT_EQUAL(A.srv->nparked, 4u);
+	CU_ASSERT_EQUAL(A.srv->push.nparked, 4u);
 	CU_ASSERT_EQUAL(rps_push(t0[2], g, sizeof(g)), 0);
-	CU_ASSERT_EQUAL(A.srv->nparked, 0u);
+	CU_ASSERT_EQUAL(A.srv->push.nparked, 0u);
 	CU_ASSERT_EQUAL(version_of(&A, names[2], 3), 2u);
 	/* sync: one plain PUSH_ACK per shard push (2 steps x 2 ranks x 4), nothing else */
 	CU_ASSERT_EQUAL(A.srv->worker_msgs[RPS__MSG_PUSH_ACK] - acks, 16u);
 	CU_ASSERT_EQUAL(A.srv->worker_acks_flagged - flagged, 0u);
 	CU_ASSERT_EQUAL(A.srv->worker_msgs[RPS__MSG_STEP_DONE] - step_done, 0u);
-	CU_ASSERT_EQUAL(A.srv->repl_stats.taken_acks, 0u);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.taken_acks, 0u);
 	fake_resume(&B);
 	for (m = 0; m < 3; m++) {
 		rps_tensor_close(t1[m]);
@@ -475,11 +475,11 @@ static void test_r1_unchanged(void)
 	}
 	CU_ASSERT_EQUAL(repl_conns(&A), 0u);
 	CU_ASSERT_EQUAL(repl_conns(&B), 0u);
-	CU_ASSERT_FALSE(A.srv->repl_active);
-	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent, 0u);
-	CU_ASSERT_EQUAL(A.srv->repl_stats.deferred, 0u);
-	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
-	CU_ASSERT_EQUAL(B.srv->repl_stats.entries_applied, 0u);
+	CU_ASSERT_FALSE(A.srv->repl.active);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.entries_sent, 0u);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.deferred, 0u);
+	CU_ASSERT_EQUAL(A.srv->repl.nrwaits, 0u);
+	CU_ASSERT_EQUAL(B.srv->repl.stats.entries_applied, 0u);
 	CU_ASSERT_EQUAL(version_of(&B, "r1-async", 0), 0u);	/* B holds it, nothing replicated */
 }
 
@@ -530,8 +530,8 @@ static void test_async_identical(void)
 		rps_tensor_close(t1);
 		rps_tensor_close(t0);
 	}
-	CU_ASSERT(A.srv->repl_stats.entries_sent > 0);
-	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
+	CU_ASSERT(A.srv->repl.stats.entries_sent > 0);
+	CU_ASSERT_EQUAL(A.srv->repl.nrwaits, 0u);
 }
 
 /* A tensor created while its partitions had no backup (no regions on
@@ -598,7 +598,7 @@ static void test_sync_identical(void)
 	float g0[COUNT], g1[COUNT], out[COUNT];
 	rps_tensor_t *t0, *t1;
 	rps_request_t *r0, *r1;
-	uint64_t sent = A.srv->repl_stats.entries_sent, version;
+	uint64_t sent = A.srv->repl.stats.entries_sent, version;
 	unsigned seed = 3, i;
 
 	CU_ASSERT_EQUAL_FATAL(tensor(w0, "sync", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_MOMENTUM, &t0), 0);
@@ -615,7 +615,7 @@ static void test_sync_identical(void)
 	CU_ASSERT_EQUAL(version, 10u);
 	CU_ASSERT_EQUAL(differing_shards("sync"), 0);
 	/* the tensor's binding, then per shard 1 INIT and 10 steps -- not 20 pushes */
-	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, 1u + 4u * (1 + 10));
+	CU_ASSERT_EQUAL(A.srv->repl.stats.entries_sent - sent, 1u + 4u * (1 + 10));
 	rps_tensor_close(t1);
 	rps_tensor_close(t0);
 }
@@ -623,7 +623,7 @@ static void test_sync_identical(void)
 /* Shards of a and b on A whose parameters or optimizer state differ. */
 static int differing_tensors(const char *a, const char *b)
 {
-	struct tensor *ta = find(&A, a), *tb = find(&A, b);
+	struct srv_tensor *ta = find(&A, a), *tb = find(&A, b);
 	uint32_t j;
 	int n = 0;
 
@@ -683,13 +683,13 @@ static void test_sync_early(void)
 		for (i = 0; i < 5; i++) {
 			random_grad(g0, dts[d], &seed);
 			random_grad(g1, dts[d], &seed);
-			taken = A.srv->sync_early;
-			parked = A.srv->sync_parked;
+			taken = A.srv->push.sync_early;
+			parked = A.srv->push.sync_parked;
 			/* rank 1 first: acknowledged before rank 0 pushed */
 			CU_ASSERT_EQUAL(rps_push(e1, g1, nb), 0);
-			CU_ASSERT_EQUAL(A.srv->sync_early - taken, 4u);	/* every shard */
-			CU_ASSERT_EQUAL(A.srv->sync_parked, parked);
-			CU_ASSERT_EQUAL(A.srv->parked_bytes, 0u);
+			CU_ASSERT_EQUAL(A.srv->push.sync_early - taken, 4u);	/* every shard */
+			CU_ASSERT_EQUAL(A.srv->push.sync_parked, parked);
+			CU_ASSERT_EQUAL(A.srv->push.parked_bytes, 0u);
 			CU_ASSERT_EQUAL(version_of(&A, early, 0), i);	/* not applied yet */
 			CU_ASSERT_EQUAL(find(&A, early)->shards[0].early_rank, 1);
 			CU_ASSERT_EQUAL(rps_push(e0, g0, nb), 0);
@@ -698,10 +698,10 @@ static void test_sync_early(void)
 			/* the reference: the same pushes in rank order */
 			CU_ASSERT_EQUAL(rps_push(o0, g0, nb), 0);
 			CU_ASSERT_EQUAL(rps_push(o1, g1, nb), 0);
-			CU_ASSERT_EQUAL(A.srv->sync_early - taken, 4u);
+			CU_ASSERT_EQUAL(A.srv->push.sync_early - taken, 4u);
 			CU_ASSERT_EQUAL(differing_tensors(early, inorder), 0);
 		}
-		CU_ASSERT_EQUAL(A.srv->nparked, 0u);
+		CU_ASSERT_EQUAL(A.srv->push.nparked, 0u);
 		/* rank 0 removed while rank 1's push is in the sum */
 		random_grad(g1, dts[d], &seed);
 		CU_ASSERT_EQUAL(rps_push(e1, g1, nb), 0);
@@ -715,7 +715,7 @@ static void test_sync_early(void)
 		CU_ASSERT_EQUAL(rm.ret, 1);
 		CU_ASSERT_EQUAL(rps_push(o1, g1, nb), 0);
 		CU_ASSERT_EQUAL(differing_tensors(early, inorder), 0);
-		CU_ASSERT_EQUAL(A.srv->nparked, 0u);
+		CU_ASSERT_EQUAL(A.srv->push.nparked, 0u);
 		rps_tensor_close(o1);
 		rps_tensor_close(o0);
 		rps_tensor_close(e1);
@@ -728,12 +728,12 @@ static void test_sync_early(void)
 	CU_ASSERT_EQUAL_FATAL(tensor(w1, "early-r2", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &e1), 0);
 	random_grad(g0, RPS_DTYPE_F32, &seed);
 	random_grad(g1, RPS_DTYPE_F32, &seed);
-	taken = A.srv->sync_early;
-	parked = A.srv->sync_parked;
+	taken = A.srv->push.sync_early;
+	parked = A.srv->push.sync_parked;
 	/* (complete once the step is on B: after rank 0's push) */
 	CU_ASSERT_EQUAL_FATAL(rps_push_start(e1, g1, sizeof(g1), &r1), 0);
-	CU_ASSERT_EQUAL(await_delta(&A.srv->sync_parked, parked, 4), 4u);
-	CU_ASSERT_EQUAL(A.srv->sync_early, taken);
+	CU_ASSERT_EQUAL(await_delta(&A.srv->push.sync_parked, parked, 4), 4u);
+	CU_ASSERT_EQUAL(A.srv->push.sync_early, taken);
 	CU_ASSERT_EQUAL(rps_push(e0, g0, sizeof(g0)), 0);
 	CU_ASSERT_EQUAL(rps_wait(r1), 0);
 	CU_ASSERT_EQUAL(version_of(&A, "early-r2", 0), 1u);
@@ -837,12 +837,12 @@ static void test_credit_exhaustion(void)
 		CU_ASSERT_EQUAL(rps_push(t[k], g, sizeof(g)), 0);
 	}
 	fake_stall(&B);
-	sent = A.srv->repl_stats.entries_sent;
+	sent = A.srv->repl.stats.entries_sent;
 	for (k = 0; k < 4; k++)
 		CU_ASSERT_EQUAL_FATAL(rps_push_start(t[k], g, sizeof(g), &r[k]), 0);
 	sleep_ms(300);
-	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, REPL_SLOTS);
-	CU_ASSERT(A.srv->nheld >= 16u - REPL_SLOTS);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.entries_sent - sent, REPL_SLOTS);
+	CU_ASSERT(A.srv->push.nheld >= 16u - REPL_SLOTS);
 	fake_resume(&B);
 	for (k = 0; k < 4; k++) {
 		CU_ASSERT_EQUAL(rps_wait(r[k]), 0);
@@ -851,7 +851,7 @@ static void test_credit_exhaustion(void)
 		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);
 		rps_tensor_close(t[k]);
 	}
-	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, 16u);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.entries_sent - sent, 16u);
 }
 
 /* Sync with B stalled and more steps (3 tensors x 4 shards) than B has
@@ -875,15 +875,15 @@ static void test_sync_credit_exhaustion(void)
 	}
 	random_grad(g, RPS_DTYPE_F32, &seed);
 	fake_stall(&B);
-	sent = A.srv->repl_stats.entries_sent;
+	sent = A.srv->repl.stats.entries_sent;
 	for (k = 0; k < 3; k++)
 		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[k], g, sizeof(g), &r[k]), 0);
 	sleep_ms(50);
 	for (k = 0; k < 3; k++)
 		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[k], g, sizeof(g), &r[3 + k]), 0);
 	sleep_ms(300);
-	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, REPL_SLOTS);
-	CU_ASSERT_EQUAL(A.srv->nparked, 0u);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.entries_sent - sent, REPL_SLOTS);
+	CU_ASSERT_EQUAL(A.srv->push.nparked, 0u);
 	for (k = 0; k < 6; k++)
 		done += d[k] = rps_test(r[k], &res);
 	CU_ASSERT_EQUAL(done, 0);
@@ -891,7 +891,7 @@ static void test_sync_credit_exhaustion(void)
 	for (k = 0; k < 6; k++)
 		if (!d[k])
 			CU_ASSERT_EQUAL(rps_wait(r[k]), 0);
-	CU_ASSERT_EQUAL(A.srv->repl_stats.entries_sent - sent, 12u);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.entries_sent - sent, 12u);
 	for (k = 0; k < 3; k++) {
 		CU_ASSERT_EQUAL(version_of(&B, names[k], 3), 1u);
 		CU_ASSERT_EQUAL(differing_shards(names[k]), 0);
@@ -950,14 +950,14 @@ static void test_sync_refused_resend(void)
 	CU_ASSERT_EQUAL(differing_shards("refused-resend"), 0);
 	random_grad(g, RPS_DTYPE_F32, &seed);
 	fake_stall(&B);
-	taken = a->repl_stats.taken_acks;
-	resend = a->repl_stats.step_done_resend;
+	taken = a->repl.stats.taken_acks;
+	resend = a->repl.stats.step_done_resend;
 	acks = a->worker_msgs[RPS__MSG_PUSH_ACK];
 	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g, sizeof(g), &r0), 0);
 	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g, sizeof(g), &r1), 0);
-	CU_ASSERT_EQUAL(await_delta(&a->repl_stats.taken_acks, taken, 8), 8u);	/* 4 shards x 2 ranks */
+	CU_ASSERT_EQUAL(await_delta(&a->repl.stats.taken_acks, taken, 8), 8u);	/* 4 shards x 2 ranks */
 	fake_do(&A, do_refuse_all, NULL);
-	CU_ASSERT_EQUAL(a->repl_stats.step_done_resend - resend, 8u);
+	CU_ASSERT_EQUAL(a->repl.stats.step_done_resend - resend, 8u);
 	fake_resume(&B);
 	/* rps_wait resends them (the map still names A): the step has them,
 	 * answered TAKEN again or, once replicated, -EALREADY (counted) */
@@ -989,29 +989,29 @@ static void test_sync_two_stage_ack(void)
 	}
 	random_grad(g, RPS_DTYPE_F32, &seed);
 	fake_stall(&B);
-	taken = a->repl_stats.taken_acks;
-	sent = a->repl_stats.entries_sent;
-	sd = a->repl_stats.step_done_sent;
-	sde = a->repl_stats.step_done_entries;
+	taken = a->repl.stats.taken_acks;
+	sent = a->repl.stats.entries_sent;
+	sd = a->repl.stats.step_done_sent;
+	sde = a->repl.stats.step_done_entries;
 	acks = a->worker_msgs[RPS__MSG_PUSH_ACK];
 	flagged = a->worker_acks_flagged;
 	for (k = 0; k < 5; k++)
 		CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[k], g, sizeof(g), &r1[k]), 0);
-	CU_ASSERT_EQUAL(await_delta(&a->repl_stats.taken_acks, taken, 20), 20u);
+	CU_ASSERT_EQUAL(await_delta(&a->repl.stats.taken_acks, taken, 20), 20u);
 	sleep_ms(50);
-	CU_ASSERT_EQUAL(a->nparked, 20u);
-	CU_ASSERT_EQUAL(a->nheld, 0u);
+	CU_ASSERT_EQUAL(a->push.nparked, 20u);
+	CU_ASSERT_EQUAL(a->push.nheld, 0u);
 	for (k = 0; k < 5; k++)
 		done += d1[k] = rps_test(r1[k], &res);	/* (a done request is collected: not waited below) */
 	CU_ASSERT_EQUAL(done, 0);
 	for (k = 0; k < 5; k++)
 		CU_ASSERT_EQUAL_FATAL(rps_push_start(t0[k], g, sizeof(g), &r0[k]), 0);
-	CU_ASSERT_EQUAL(await_delta(&a->repl_stats.taken_acks, taken, 40), 40u);
+	CU_ASSERT_EQUAL(await_delta(&a->repl.stats.taken_acks, taken, 40), 40u);
 	sleep_ms(100);
-	CU_ASSERT_EQUAL(a->repl_stats.entries_sent - sent, REPL_SLOTS);
-	CU_ASSERT_EQUAL(a->nparked, 20u - REPL_SLOTS);
-	CU_ASSERT_EQUAL(a->nheld, 0u);
-	CU_ASSERT_EQUAL(a->repl_stats.step_done_sent - sd, 0u);
+	CU_ASSERT_EQUAL(a->repl.stats.entries_sent - sent, REPL_SLOTS);
+	CU_ASSERT_EQUAL(a->push.nparked, 20u - REPL_SLOTS);
+	CU_ASSERT_EQUAL(a->push.nheld, 0u);
+	CU_ASSERT_EQUAL(a->repl.stats.step_done_sent - sd, 0u);
 	CU_ASSERT_EQUAL(a->worker_msgs[RPS__MSG_PUSH_ACK] - acks, 40u);
 	CU_ASSERT_EQUAL(a->worker_acks_flagged - flagged, 40u);
 	for (k = 0; k < 5; k++) {
@@ -1028,11 +1028,11 @@ static void test_sync_two_stage_ack(void)
 		if (!d1[k])
 			CU_ASSERT_EQUAL(rps_wait(r1[k]), 0);
 	}
-	CU_ASSERT_EQUAL(a->repl_stats.step_done_entries - sde, 40u);
-	CU_ASSERT(a->repl_stats.step_done_sent - sd >= 2u);	/* batched: at least one per connection */
-	CU_ASSERT(a->repl_stats.step_done_sent - sd <= 40u);
+	CU_ASSERT_EQUAL(a->repl.stats.step_done_entries - sde, 40u);
+	CU_ASSERT(a->repl.stats.step_done_sent - sd >= 2u);	/* batched: at least one per connection */
+	CU_ASSERT(a->repl.stats.step_done_sent - sd <= 40u);
 	CU_ASSERT_EQUAL(a->worker_msgs[RPS__MSG_PUSH_ACK] - acks, 40u);	/* no second ack */
-	CU_ASSERT_EQUAL(a->repl_stats.taken_acks - taken, 40u);
+	CU_ASSERT_EQUAL(a->repl.stats.taken_acks - taken, 40u);
 	for (k = 0; k < 5; k++) {
 		for (sh = 0; sh < 4; sh++) {
 			CU_ASSERT_EQUAL(version_of(&A, names[k], sh), 1u);
@@ -1045,11 +1045,11 @@ static void test_sync_two_stage_ack(void)
 	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1[0], g, sizeof(g), &r1[0]), 0);
 	CU_ASSERT_EQUAL(rps_wait(r0[0]), 0);
 	CU_ASSERT_EQUAL(rps_wait(r1[0]), 0);
-	CU_ASSERT_EQUAL(a->repl_stats.last_step_done.step, 1u);
-	CU_ASSERT_EQUAL(a->repl_stats.last_step_done.version, 2u);
-	CU_ASSERT_EQUAL(a->repl_stats.last_step_done.tensor_id, find(&A, names[0])->id);
+	CU_ASSERT_EQUAL(a->repl.stats.last_step_done.step, 1u);
+	CU_ASSERT_EQUAL(a->repl.stats.last_step_done.version, 2u);
+	CU_ASSERT_EQUAL(a->repl.stats.last_step_done.tensor_id, find(&A, names[0])->id);
 	CU_ASSERT_EQUAL(differing_shards(names[0]), 0);
-	CU_ASSERT_EQUAL(a->nrwaits, 0u);
+	CU_ASSERT_EQUAL(a->repl.nrwaits, 0u);
 	for (k = 0; k < 5; k++) {
 		rps_tensor_close(t1[k]);
 		rps_tensor_close(t0[k]);
@@ -1059,26 +1059,26 @@ static void test_sync_two_stage_ack(void)
 /* A worker of rank 1 resending its push of step 0 to shard 0, fed to A's
  * push path on A's loop thread.  The connection is marked dead, so A
  * sends it nothing: what A decided shows in its counters and waits. */
-static struct conn resender;
+static struct srv_conn resender;
 
 static void do_resend(struct fake *f, void *arg)
 {
-	struct tensor *t = arg;
+	struct srv_tensor *t = arg;
 	struct rps__push_desc *d;
 
-	if (!resender.slots) {
+	if (!resender.bufs.slots) {
 		resender.srv = f->srv;
 		resender.role = CONN_WORKER;
 		resender.hello_done = true;
 		resender.dead = true;
 		resender.rank = 1;
 		resender.client_id = 0x5e5e;
-		resender.slots = calloc(1, f->srv->slot_size);
-		resender.slot_state = calloc(f->srv->cfg.nslots, 1);
-		if (!resender.slots || !resender.slot_state)
+		resender.bufs.slots = calloc(1, f->srv->slot_size);
+		resender.bufs.slot_state = calloc(f->srv->cfg.nslots, 1);
+		if (!resender.bufs.slots || !resender.bufs.slot_state)
 			return;
 	}
-	d = (struct rps__push_desc *)resender.slots;
+	d = (struct rps__push_desc *)resender.bufs.slots;
 	memset(d, 0, RPS__PUSH_DESC_SIZE);
 	d->magic = RPS__DESC_MAGIC;
 	d->kind = RPS__PUSH_GRAD;
@@ -1097,9 +1097,9 @@ static void do_resender_gone(struct fake *f, void *arg)
 {
 	(void)arg;
 	rps__srv_repl_conn_gone(f->srv, &resender);
-	free(resender.sd);
-	free(resender.slots);
-	free(resender.slot_state);
+	free(resender.sd.ent);
+	free(resender.bufs.slots);
+	free(resender.bufs.slot_state);
 	memset(&resender, 0, sizeof(resender));
 }
 
@@ -1125,28 +1125,28 @@ static void test_sync_resend(void)
 	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g, sizeof(g), &r1), 0);
 	CU_ASSERT_EQUAL(await_delta(&find(&A, "resend")->shards[0].step, 0, 1), 1u);	/* applied on A */
 	sleep_ms(50);
-	taken = A.srv->repl_stats.taken_acks;
-	waits = A.srv->nrwaits;
+	taken = A.srv->repl.stats.taken_acks;
+	waits = A.srv->repl.nrwaits;
 	fake_do(&A, do_resend, find(&A, "resend"));
-	CU_ASSERT_EQUAL(A.srv->repl_stats.taken_acks - taken, 1u);
-	CU_ASSERT_EQUAL(A.srv->nrwaits, waits + 1u);
-	CU_ASSERT_EQUAL(resender.slot_state[0], 0);	/* the slot is free */
+	CU_ASSERT_EQUAL(A.srv->repl.stats.taken_acks - taken, 1u);
+	CU_ASSERT_EQUAL(A.srv->repl.nrwaits, waits + 1u);
+	CU_ASSERT_EQUAL(resender.bufs.slot_state[0], 0);	/* the slot is free */
 	fake_resume(&B);
 	CU_ASSERT_EQUAL(rps_wait(r0), 0);
 	CU_ASSERT_EQUAL(rps_wait(r1), 0);
-	for (waits = 0; waits < 300 && __atomic_load_n(&A.srv->nrwaits, __ATOMIC_RELAXED); waits++)
+	for (waits = 0; waits < 300 && __atomic_load_n(&A.srv->repl.nrwaits, __ATOMIC_RELAXED); waits++)
 		sleep_ms(10);
-	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
-	CU_ASSERT_EQUAL(resender.nsd, 1u);	/* owed (dead: never sent) */
-	if (resender.nsd) {
-		CU_ASSERT_EQUAL(resender.sd[0].step, 0u);
-		CU_ASSERT_EQUAL(resender.sd[0].version, 1u);
+	CU_ASSERT_EQUAL(A.srv->repl.nrwaits, 0u);
+	CU_ASSERT_EQUAL(resender.sd.n, 1u);	/* owed (dead: never sent) */
+	if (resender.sd.n) {
+		CU_ASSERT_EQUAL(resender.sd.ent[0].step, 0u);
+		CU_ASSERT_EQUAL(resender.sd.ent[0].version, 1u);
 	}
-	taken = A.srv->repl_stats.taken_acks;
+	taken = A.srv->repl.stats.taken_acks;
 	fake_do(&A, do_resend, find(&A, "resend"));
-	CU_ASSERT_EQUAL(A.srv->repl_stats.taken_acks - taken, 0u);	/* -EALREADY, nothing owed */
-	CU_ASSERT_EQUAL(A.srv->nrwaits, 0u);
-	CU_ASSERT_EQUAL(resender.slot_state[0], 0);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.taken_acks - taken, 0u);	/* -EALREADY, nothing owed */
+	CU_ASSERT_EQUAL(A.srv->repl.nrwaits, 0u);
+	CU_ASSERT_EQUAL(resender.bufs.slot_state[0], 0);
 	CU_ASSERT_EQUAL(version_of(&A, "resend", 0), 1u);	/* counted once */
 	CU_ASSERT_EQUAL(differing_shards("resend"), 0);
 	fake_do(&A, do_resender_gone, NULL);
@@ -1158,9 +1158,9 @@ static struct repl_peer *peer_of(struct fake *f, uint64_t id)
 {
 	uint32_t i;
 
-	for (i = 0; i < f->srv->nrepl_peers; i++)
-		if (f->srv->repl_peers[i].id == id)
-			return &f->srv->repl_peers[i];
+	for (i = 0; i < f->srv->repl.npeers; i++)
+		if (f->srv->repl.peers[i].id == id)
+			return &f->srv->repl.peers[i];
 	return NULL;
 }
 
@@ -1198,7 +1198,7 @@ static void test_fingerprint_mismatch(void)
 
 	CU_ASSERT_EQUAL_FATAL(fake_server(&C, 3), 0);
 	uri_of(uri_c, sizeof(uri_c), &C);
-	snprintf(C.srv->repl_fp, sizeof(C.srv->repl_fp), "rdmaps 0.0.0 agg=other optim=9");
+	snprintf(C.srv->repl.fp, sizeof(C.srv->repl.fp), "rdmaps 0.0.0 agg=other optim=9");
 	CU_ASSERT_EQUAL_FATAL(-pthread_create(&C.thread, NULL, loop_main, &C), 0);
 	fake_do(&A, do_want_c, &want);
 	fake_do(&C, do_c_backs_a, &want);
@@ -1208,10 +1208,10 @@ static void test_fingerprint_mismatch(void)
 	fake_do(&A, do_want_c, &want);
 	p = peer_of(&A, 3);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT(!p->conn || !p->conn->repl_ready);
-	CU_ASSERT(C.srv->repl_stats.pairings_refused >= 1u);
-	CU_ASSERT(A.srv->repl_stats.pairings_refused >= 1u);
-	CU_ASSERT_EQUAL(C.srv->repl_stats.entries_applied, 0u);
+	CU_ASSERT(!p->conn || !p->conn->repl.ready);
+	CU_ASSERT(C.srv->repl.stats.pairings_refused >= 1u);
+	CU_ASSERT(A.srv->repl.stats.pairings_refused >= 1u);
+	CU_ASSERT_EQUAL(C.srv->repl.stats.entries_applied, 0u);
 	fake_fini(&C);
 }
 
@@ -1268,7 +1268,7 @@ static void test_joiner_before_image(void)
 	float g[COUNT];
 	rps_tensor_t *t;
 	unsigned seed = 8;
-	uint64_t refused = B.srv->repl_stats.refused, seq;
+	uint64_t refused = B.srv->repl.stats.refused, seq;
 	int joining = 1;
 
 	CU_ASSERT_EQUAL_FATAL(tensor(w0, "joining", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
@@ -1280,11 +1280,11 @@ static void test_joiner_before_image(void)
 	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
 	CU_ASSERT_EQUAL(version_of(&A, "joining", 0), 2u);
 	CU_ASSERT_EQUAL(version_of(&B, "joining", 0), 0u);	/* skipped: the image brings it */
-	CU_ASSERT_EQUAL(B.srv->repl_stats.refused, refused);
+	CU_ASSERT_EQUAL(B.srv->repl.stats.refused, refused);
 	CU_ASSERT_PTR_NOT_NULL(peer_of(&A, 2)->conn);
-	CU_ASSERT_EQUAL(A.srv->repl_diverged[job_part], 0u);
+	CU_ASSERT_EQUAL(A.srv->repl.diverged[job_part], 0u);
 	/* B a backup again, its stream position as an installed image's */
-	seq = A.srv->repl_seq[job_part];
+	seq = A.srv->repl.seq[job_part];
 	fake_do(&B, do_seq_set, &seq);
 	fake_do(&B, do_joining, NULL);
 	fake_do(&A, do_joining, NULL);
@@ -1308,18 +1308,18 @@ static void test_old_epoch_refused(void)
 	fake_do(&B, do_epoch_ahead, NULL);
 	random_grad(g, RPS_DTYPE_F32, &seed);
 	CU_ASSERT_NOT_EQUAL(rps_push(t, g, sizeof(g)), 0);	/* never acknowledged */
-	CU_ASSERT_EQUAL(B.srv->repl_stats.refused, 1u);
+	CU_ASSERT_EQUAL(B.srv->repl.stats.refused, 1u);
 	CU_ASSERT_EQUAL(version_of(&B, "old-epoch", 0), 0u);
 	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq & 1, 1u);	/* not published */
 	/* the push's shards (4 partitions) went on the one stream that broke:
 	 * the refused one and those A applied before the NACK came back (all
 	 * 4 over TCP, where they arrive in one turn; over verbs maybe fewer) */
-	nwaits = A.srv->nrwaits;
+	nwaits = A.srv->repl.nrwaits;
 	CU_ASSERT(nwaits >= 1u && nwaits <= 4u);
 	/* the stream broke with updates unconfirmed: A asks to drop B */
-	CU_ASSERT_EQUAL(A.srv->repl_diverged[job_part], B.id);
+	CU_ASSERT_EQUAL(A.srv->repl.diverged[job_part], B.id);
 	fake_do(&A, do_drop_backup, NULL);
-	CU_ASSERT_EQUAL(A.srv->nrwaits, nwaits - 1u);
+	CU_ASSERT_EQUAL(A.srv->repl.nrwaits, nwaits - 1u);
 	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].hdr->seq, 2u);	/* version 1, published */
 	CU_ASSERT_EQUAL(find(&A, "old-epoch")->shards[0].repl_pending, 0u);
 	rps_tensor_close(t);
@@ -1334,14 +1334,14 @@ static void test_old_epoch_same_primary(void)
 	float g[COUNT];
 	rps_tensor_t *t;
 	unsigned seed = 7;
-	uint64_t refused = B.srv->repl_stats.refused;
+	uint64_t refused = B.srv->repl.stats.refused;
 
 	CU_ASSERT_EQUAL_FATAL(tensor(quick, "old-epoch-same", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
 	job_part = find(&A, "old-epoch-same")->shards[0].part;
 	fake_do(&B, do_epoch_ahead, &same);
 	random_grad(g, RPS_DTYPE_F32, &seed);
 	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
-	CU_ASSERT_EQUAL(B.srv->repl_stats.refused, refused);
+	CU_ASSERT_EQUAL(B.srv->repl.stats.refused, refused);
 	CU_ASSERT_EQUAL(version_of(&B, "old-epoch-same", 0), 1u);
 	CU_ASSERT_EQUAL(differing_shards("old-epoch-same"), 0);
 	rps_tensor_close(t);
@@ -1370,7 +1370,7 @@ static void test_lease_fence(void)
 
 	CU_ASSERT_EQUAL_FATAL(tensor(quick, "lease", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &t), 0);
 	random_grad(g, RPS_DTYPE_F32, &seed);
-	refused = A.srv->repl_stats.lease_refused;
+	refused = A.srv->repl.stats.lease_refused;
 	epoch = find(&A, "lease")->shards[0].hdr->epoch;
 	CU_ASSERT(epoch != RPS__EPOCH_MOVED);
 	fake_stall(&B);
@@ -1382,7 +1382,7 @@ static void test_lease_fence(void)
 	CU_ASSERT_EQUAL(find(&A, "lease")->shards[0].hdr->epoch, RPS__EPOCH_MOVED);
 	fake_resume(&B);
 	CU_ASSERT_EQUAL(rps_wait(r), RPS_ESTALE_EPOCH);
-	CU_ASSERT(A.srv->repl_stats.lease_refused >= refused + 4);	/* the push's 4 shards */
+	CU_ASSERT(A.srv->repl.stats.lease_refused >= refused + 4);	/* the push's 4 shards */
 	CU_ASSERT_EQUAL(version_of(&A, "lease", 0), 1u);	/* the resends: refused, not applied */
 	CU_ASSERT_EQUAL(version_of(&B, "lease", 0), 1u);
 	CU_ASSERT_EQUAL(find(&A, "lease")->shards[0].hdr->seq, 2u);	/* on B: published */
@@ -1399,11 +1399,11 @@ static void test_lease_fence(void)
 	fake_do(&A, do_views_r1, NULL);
 	fake_do(&A, do_lease, (void *)&expired);
 	CU_ASSERT_EQUAL(find(&A, "lease")->shards[0].hdr->epoch, epoch);	/* nothing to fence */
-	refused = A.srv->repl_stats.lease_refused;
+	refused = A.srv->repl.stats.lease_refused;
 	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
 	CU_ASSERT_EQUAL(rps_pull(t, out, sizeof(out), &version), 0);
 	CU_ASSERT_EQUAL(version, 3u);
-	CU_ASSERT_EQUAL(A.srv->repl_stats.lease_refused, refused);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.lease_refused, refused);
 	fake_do(&A, do_lease, (void *)&forever);
 	fake_do(&A, do_views_replicated, NULL);
 	rps_tensor_close(t);

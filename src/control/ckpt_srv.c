@@ -54,9 +54,9 @@ struct ckpt_state {
 	uint64_t hold_start;
 	uint64_t hold_until;
 	/* TAKE in progress (conn: whom to answer), then FINISH */
-	struct conn *conn;
+	struct srv_conn *conn;
 	uint64_t req_id;
-	struct conn *fin_conn;
+	struct srv_conn *fin_conn;
 	uint64_t fin_req_id;
 	bool have_result;	/* the last write ended: result, bytes, msg */
 	bool taking;		/* waiting for the targets */
@@ -130,8 +130,8 @@ static int name_ok(const struct ckpt_state *ck, const char *name)
 	return ret;
 }
 
-static void reply(struct rps__cplane *cp, struct conn *c, uint64_t req_id, int status, const struct rps__ckpt_rep *rep0,
-		  const struct rps__ckpt_target *t, uint32_t nt, const char *msg)
+static void reply(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, int status,
+		  const struct rps__ckpt_rep *rep0, const struct rps__ckpt_target *t, uint32_t nt, const char *msg)
 {
 	size_t len = sizeof(struct rps__ckpt_rep) + (size_t)nt * sizeof(*t);
 	char *buf = calloc(1, len);
@@ -286,7 +286,7 @@ void rps__ck_timers(struct rps__cplane *cp, uint64_t now)
 	}
 }
 
-void rps__ck_conn_gone(struct rps__cplane *cp, struct conn *c)
+void rps__ck_conn_gone(struct rps__cplane *cp, struct srv_conn *c)
 {
 	if (cp->ckpt && cp->ckpt->conn == c)
 		cp->ckpt->conn = NULL;	/* the work goes on; nobody to tell */
@@ -305,7 +305,7 @@ static int restore_file(struct rps__cplane *cp, int dfd, const char *name, const
 	struct rps__ckpt_reader *r;
 	struct rps__ckpt_header h;
 	struct rps__ckpt_item it;
-	struct tensor *t = NULL;
+	struct srv_tensor *t = NULL;
 	int ret;
 
 	ret = dfd == AT_FDCWD ? rps__ckpt_open(file, &r, &h) : rps__ckpt_open_at(dfd, name, file, &r, &h);
@@ -404,7 +404,7 @@ static int restore_name(struct rps__cplane *cp, const struct ckpt_state *ck, con
 
 /* PREPARE: hold every sync tensor at the step it reached here, and say
  * which steps those are. */
-static void on_prepare(struct rps__cplane *cp, struct conn *c, uint64_t req_id, struct ckpt_state *ck,
+static void on_prepare(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, struct ckpt_state *ck,
 		       const struct rps__ckpt_req *req)
 {
 	struct rps__ckpt_target *mine = NULL;
@@ -440,7 +440,7 @@ static void on_prepare(struct rps__cplane *cp, struct conn *c, uint64_t req_id, 
 
 /* TAKE: hold at the targets, let lagging shards reach them, then copy
  * (rps__ck_timers answers once the copy is made). */
-static void on_take(struct rps__cplane *cp, struct conn *c, uint64_t req_id, struct ckpt_state *ck,
+static void on_take(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, struct ckpt_state *ck,
 		    const struct rps__ckpt_req *req, const struct rps__ckpt_target *tg)
 {
 	uint32_t i;
@@ -478,7 +478,7 @@ static void on_take(struct rps__cplane *cp, struct conn *c, uint64_t req_id, str
 }
 
 /* FINISH: answers once the file is durable (now, if it is). */
-static void on_finish(struct rps__cplane *cp, struct conn *c, uint64_t req_id, struct ckpt_state *ck)
+static void on_finish(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, struct ckpt_state *ck)
 {
 	struct rps__ckpt_rep rep;
 
@@ -499,7 +499,7 @@ static void on_finish(struct rps__cplane *cp, struct conn *c, uint64_t req_id, s
 }
 
 /* RESTORE: install what of the checkpoint this server serves. */
-static void on_restore(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct ckpt_state *ck,
+static void on_restore(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct ckpt_state *ck,
 		       const struct rps__ckpt_req *req)
 {
 	struct rps__ckpt_rep rep;
@@ -516,7 +516,7 @@ static void on_restore(struct rps__cplane *cp, struct conn *c, uint64_t req_id, 
 	reply(cp, c, req_id, ret, &rep, NULL, 0, ret ? rps__errbuf() : NULL);
 }
 
-void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps__msg_hdr *h,
+void rps__ck_on_message(struct rps__cplane *cp, struct srv_conn *c, const struct rps__msg_hdr *h,
 			const void *body, uint32_t body_len)
 {
 	const struct rps__ckpt_req *req = body;

@@ -16,7 +16,7 @@
 
 /* ---- psctl -------------------------------------------------------------------- */
 
-static void admin_reply(struct rps__cplane *cp, struct conn *c, uint64_t req_id, int status,
+static void admin_reply(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, int status,
 			uint64_t index, uint64_t epoch, const char *msg)
 {
 	struct rps__admin_rep rep;
@@ -38,7 +38,7 @@ static void admin_done(struct rps__cplane *cp, uint32_t i, int status, uint64_t 
 	cp->admin[i] = cp->admin[--cp->nadmin];
 }
 
-void rps__cp_admin_conn_gone(struct rps__cplane *cp, struct conn *c)
+void rps__cp_admin_conn_gone(struct rps__cplane *cp, struct srv_conn *c)
 {
 	uint32_t i = 0;
 
@@ -123,7 +123,7 @@ void rps__cp_admin_map_changed(struct rps__cplane *cp)
 	}
 }
 
-static int admin_wait_add(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a,
+static int admin_wait_add(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__admin *a,
 			  uint64_t epoch, uint64_t index)
 {
 	struct admin_wait *w;
@@ -147,7 +147,7 @@ static int admin_wait_add(struct rps__cplane *cp, struct conn *c, uint64_t req_i
 /* A member's address goes to every client and server in the map: one that
  * does not parse (or holds control bytes) would be carried there for good.
  * Refuse it with a line; true if it is fine. */
-static bool admin_uri_ok(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a)
+static bool admin_uri_ok(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__admin *a)
 {
 	struct rps__uri u;
 	size_t k, n = strlen(a->uri);
@@ -167,7 +167,7 @@ static bool admin_uri_ok(struct rps__cplane *cp, struct conn *c, uint64_t req_id
 
 /* forget-lost: one CLEAR_LOST per lost partition (or the one named); the
  * answer waits for the last. */
-static void admin_forget_lost(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a)
+static void admin_forget_lost(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__admin *a)
 {
 	struct rps__smap_cmd cmd;
 	uint64_t index = 0, term = 0;
@@ -201,7 +201,7 @@ static void admin_forget_lost(struct rps__cplane *cp, struct conn *c, uint64_t r
 }
 
 /* transfer-leader: to the member named, or the voter most up to date. */
-static void admin_transfer_leader(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
+static void admin_transfer_leader(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id,
 				  const struct rps__admin *a, const struct rps__raft_status *st)
 {
 	uint64_t to = a->id, best = 0;
@@ -234,7 +234,7 @@ static void admin_transfer_leader(struct rps__cplane *cp, struct conn *c, uint64
 }
 
 /* Propose the command and answer once the log has decided it. */
-static void admin_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a,
+static void admin_propose(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__admin *a,
 			  const struct rps__smap_cmd *cmd, uint64_t epoch)
 {
 	uint64_t index = 0, term = 0;
@@ -257,7 +257,7 @@ static void admin_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_i
 }
 
 /* Tests compare replicas: what this server holds of a tensor's partition. */
-static void admin_digest(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a)
+static void admin_digest(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__admin *a)
 {
 	struct rps__admin_rep rep;
 	char name[sizeof(a->uri)];
@@ -284,7 +284,7 @@ static bool holds_replicas(const struct rps__smap *m, uint64_t id)
 	return false;
 }
 
-void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a)
+void rps__cp_on_admin(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__admin *a)
 {
 	struct rps__smap_cmd cmd;
 	struct rps__raft_status st;
@@ -389,7 +389,7 @@ void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, c
 	admin_propose(cp, c, req_id, a, &cmd, epoch);
 }
 
-void rps__cp_on_status(struct rps__cplane *cp, struct conn *c, uint64_t req_id)
+void rps__cp_on_status(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id)
 {
 	static char buf[sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX];
 	struct rps__status_rep *rep = (void *)buf;
@@ -437,7 +437,7 @@ void rps__cp_on_status(struct rps__cplane *cp, struct conn *c, uint64_t req_id)
 }
 
 /* psctl remove-rank: the data plane's business; psctl asks every member. */
-void rps__cp_on_rank(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__rank_req *req)
+void rps__cp_on_rank(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__rank_req *req)
 {
 	struct rps__rank_rep rep;
 	int ret;

@@ -462,7 +462,7 @@ int rps__cp_propose_here(struct rps__cplane *cp, const struct rps__smap_cmd *cmd
 	return ret ? ret : rps__rnode_propose(cp->rnode, buf, len, index, term);
 }
 
-void rps__cp_on_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const void *body, size_t len)
+void rps__cp_on_propose(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const void *body, size_t len)
 {
 	struct rps__propose_rep rep = { 0 };
 	struct rps__smap_cmd cmd;

@@ -77,7 +77,7 @@ static int ship_partition(struct rps__cplane *cp, uint32_t part)
 }
 
 /* Where the other end of c READs pl->blob: through a window of c alone. */
-int rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part, struct conn *c, struct rps__migrate *m)
+int rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part, struct srv_conn *c, struct rps__migrate *m)
 {
 	const struct part_local *pl = &cp->parts[part];
 	uint32_t rkey;
@@ -109,7 +109,7 @@ static void offer_partition(struct rps__cplane *cp, uint32_t part, uint64_t now)
 }
 
 /* The READ in flight over c, if any (one at a time per connection). */
-static struct cp_read *read_of(struct rps__cplane *cp, const struct conn *c)
+static struct cp_read *read_of(struct rps__cplane *cp, const struct srv_conn *c)
 {
 	uint32_t i;
 
@@ -119,7 +119,7 @@ static struct cp_read *read_of(struct rps__cplane *cp, const struct conn *c)
 	return NULL;
 }
 
-void rps__cp_reads_gone(struct rps__cplane *cp, struct conn *c)
+void rps__cp_reads_gone(struct rps__cplane *cp, struct srv_conn *c)
 {
 	struct cp_read *r = read_of(cp, c);
 
@@ -127,7 +127,7 @@ void rps__cp_reads_gone(struct rps__cplane *cp, struct conn *c)
 		*r = cp->reads[--cp->nreads];
 }
 
-void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
+void rps__cp_on_read_done(void *ctx, struct srv_conn *c, bool ok, const void *buf)
 {
 	struct rps__cplane *cp = ctx;
 	struct cp_read *r = read_of(cp, c);
@@ -184,7 +184,7 @@ void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf)
 	cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, 0, NULL, 0);
 }
 
-void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+void rps__cp_on_migrate(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__migrate *m,
 			uint64_t seq)
 {
 	if (m->part >= cp->map.npart || cp->map.parts[m->part].moving_to != cp->my_id ||
@@ -202,7 +202,7 @@ void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
 
 /* READ the image m offers over c (one at a time per connection); the
  * answer goes back as MIGRATE_REP, at once if refused. */
-void rps__cp_read_start(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+void rps__cp_read_start(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__migrate *m,
 			bool seed, uint64_t seq)
 {
 	int ret;
@@ -229,7 +229,7 @@ void rps__cp_read_start(struct rps__cplane *cp, struct conn *c, uint64_t req_id,
 	cp->reads[cp->nreads++] = (struct cp_read){ .c = c, .mig = *m, .req_id = req_id, .seed = seed, .seq = seq };
 }
 
-void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t part, int32_t status)
+void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct srv_conn *c, uint32_t part, int32_t status)
 {
 	struct part_local *pl;
 

@@ -107,7 +107,7 @@ int rps__cp_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char 
 	return 0;
 }
 
-void rps__cp_peer_attached(void *ctx, struct conn *c)
+void rps__cp_peer_attached(void *ctx, struct srv_conn *c)
 {
 	struct rps__cplane *cp = ctx;
 	struct peer *p = rps__cp_peer_get(cp, cp->dp->conn_peer_id(c), true);
@@ -121,14 +121,14 @@ void rps__cp_peer_attached(void *ctx, struct conn *c)
 		 cp->dp->conn_name(c));
 }
 
-void rps__cp_on_send_done(void *ctx, struct conn *c)
+void rps__cp_on_send_done(void *ctx, struct srv_conn *c)
 {
 	(void)ctx;
 	(void)c;
 }
 
 /* A connection went: a peer's is dialled again. */
-void rps__cp_peers_gone(struct rps__cplane *cp, struct conn *c)
+void rps__cp_peers_gone(struct rps__cplane *cp, struct srv_conn *c)
 {
 	uint32_t i;
 
@@ -172,7 +172,7 @@ static bool seed_dial_to(const struct rps__cplane *cp, const char *member_uri)
 }
 
 /* A seed answered our STATUS: its map names every member and its address. */
-void rps__cp_on_seed_status(struct rps__cplane *cp, struct conn *c, int32_t status, const void *body, size_t len)
+void rps__cp_on_seed_status(struct rps__cplane *cp, struct srv_conn *c, int32_t status, const void *body, size_t len)
 {
 	struct rps__smap *m;
 	uint32_t i;
@@ -257,7 +257,7 @@ static void peers_connect_seeds(struct rps__cplane *cp, uint64_t now)
 }
 
 /* A --join seed's dial is over. */
-static void seed_dialed(struct rps__cplane *cp, const char *uri, struct conn *c)
+static void seed_dialed(struct rps__cplane *cp, const char *uri, struct srv_conn *c)
 {
 	char s[300];
 	uint64_t id;
@@ -291,7 +291,7 @@ static void seed_dialed(struct rps__cplane *cp, const char *uri, struct conn *c)
  * that does not answer is dialed again PEER_RETRY_NS after its dial ended:
  * a dial no longer stops the loop, so no backing off is needed to keep a
  * dead member's dials from stalling it. */
-void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct conn *c)
+void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct srv_conn *c)
 {
 	struct rps__cplane *cp = ctx;
 	struct peer *p;

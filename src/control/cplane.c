@@ -68,7 +68,7 @@ static void fini(void *ctx)
 	cp_stop(ctx);
 }
 
-static void on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h, void *body, uint32_t body_len)
+static void on_message(void *ctx, struct srv_conn *c, const struct rps__msg_hdr *h, void *body, uint32_t body_len)
 {
 	struct rps__cplane *cp = ctx;
 
@@ -160,7 +160,7 @@ static void on_message(void *ctx, struct conn *c, const struct rps__msg_hdr *h, 
 	cp->dp->conn_fail(c, "sent a message type it may not send");
 }
 
-static void on_conn_gone(void *ctx, struct conn *c)
+static void on_conn_gone(void *ctx, struct srv_conn *c)
 {
 	struct rps__cplane *cp = ctx;
 

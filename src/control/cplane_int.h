@@ -82,7 +82,7 @@ struct part_local {
 
 struct peer {
 	uint64_t id;
-	struct conn *c;		/* NULL: not connected */
+	struct srv_conn *c;		/* NULL: not connected */
 	uint64_t next_connect;	/* ns */
 	bool dialing;		/* a dial is under way (peer_dialed ends it) */
 	uint32_t inflight;	/* sends not yet completed */
@@ -90,7 +90,7 @@ struct peer {
 
 /* A psctl request waiting for the log. */
 struct admin_wait {
-	struct conn *conn;
+	struct srv_conn *conn;
 	uint64_t req_id;
 	uint32_t op;
 	uint32_t part;
@@ -104,7 +104,7 @@ struct admin_wait {
 
 /* A partition image being READ from its old owner over a peer connection. */
 struct cp_read {
-	struct conn *c;
+	struct srv_conn *c;
 	struct rps__migrate mig;
 	uint64_t req_id;
 	bool seed;		/* a backup's image (SEED), not a move's */
@@ -244,24 +244,24 @@ struct peer *rps__cp_peer_get(struct rps__cplane *cp, uint64_t id, bool add);
 void rps__cp_peer_send(struct rps__cplane *cp, uint64_t to, unsigned type, uint64_t req_id, int32_t status,
 		       const void *body, size_t len);
 int rps__cp_accept_peer(void *ctx, uint64_t from_id, uint64_t to_id, const char *addr, const char **why);
-void rps__cp_peer_attached(void *ctx, struct conn *c);
-void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct conn *c);
-void rps__cp_on_send_done(void *ctx, struct conn *c);
-void rps__cp_peers_gone(struct rps__cplane *cp, struct conn *c);
+void rps__cp_peer_attached(void *ctx, struct srv_conn *c);
+void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct srv_conn *c);
+void rps__cp_on_send_done(void *ctx, struct srv_conn *c);
+void rps__cp_peers_gone(struct rps__cplane *cp, struct srv_conn *c);
 void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now);
-void rps__cp_on_seed_status(struct rps__cplane *cp, struct conn *c, int32_t status, const void *body, size_t len);
+void rps__cp_on_seed_status(struct rps__cplane *cp, struct srv_conn *c, int32_t status, const void *body, size_t len);
 
 /* cp_moves.c */
 void rps__cp_blob_free(struct rps__cplane *cp, struct part_local *pl);
 int rps__cp_blob_make(struct rps__cplane *cp, uint32_t part);
-int rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part, struct conn *c, struct rps__migrate *m);
-void rps__cp_read_start(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+int rps__cp_blob_offer(const struct rps__cplane *cp, uint32_t part, struct srv_conn *c, struct rps__migrate *m);
+void rps__cp_read_start(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__migrate *m,
 			bool seed, uint64_t seq);
-void rps__cp_on_read_done(void *ctx, struct conn *c, bool ok, const void *buf);
-void rps__cp_on_migrate(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+void rps__cp_on_read_done(void *ctx, struct srv_conn *c, bool ok, const void *buf);
+void rps__cp_on_migrate(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__migrate *m,
 			uint64_t seq);
-void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct conn *c, uint32_t part, int32_t status);
-void rps__cp_reads_gone(struct rps__cplane *cp, struct conn *c);
+void rps__cp_on_migrate_rep(struct rps__cplane *cp, struct srv_conn *c, uint32_t part, int32_t status);
+void rps__cp_reads_gone(struct rps__cplane *cp, struct srv_conn *c);
 void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now);
 
 /* repl_place.c: placement (leader), seeding backups, --replicas and --zone */
@@ -270,8 +270,8 @@ void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now);
 void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now);
 void rps__cp_replica_applied(struct rps__cplane *cp, const struct rps__smap_cmd *cmd, int ret, uint64_t now);
 void rps__cp_config_duties(struct rps__cplane *cp, uint64_t now);
-void rps__cp_on_seed(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__seed *s);
-void rps__cp_seed_read_done(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+void rps__cp_on_seed(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__seed *s);
+void rps__cp_seed_read_done(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__migrate *m,
 			    uint64_t seq, const void *buf);
 
 /* cp_map.c */
@@ -282,15 +282,15 @@ int rps__cp_bootstrap_map(struct rps__cplane *cp, struct rps__smap *m);
 void rps__cp_propose_cmd(struct rps__cplane *cp, const struct rps__smap_cmd *cmd);
 int rps__cp_propose_here(struct rps__cplane *cp, const struct rps__smap_cmd *cmd, uint64_t *index,
 			 uint64_t *term);
-void rps__cp_on_propose(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const void *body, size_t len);
+void rps__cp_on_propose(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const void *body, size_t len);
 extern const struct rps__rnode_callbacks rps__cp_rnode_callbacks;	/* (ctx: the cplane) */
 
 /* cp_admin.c */
-void rps__cp_on_admin(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__admin *a);
-void rps__cp_on_status(struct rps__cplane *cp, struct conn *c, uint64_t req_id);
-void rps__cp_on_rank(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__rank_req *req);
+void rps__cp_on_admin(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__admin *a);
+void rps__cp_on_status(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id);
+void rps__cp_on_rank(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__rank_req *req);
 void rps__cp_admin_map_changed(struct rps__cplane *cp);
-void rps__cp_admin_conn_gone(struct rps__cplane *cp, struct conn *c);
+void rps__cp_admin_conn_gone(struct rps__cplane *cp, struct srv_conn *c);
 void rps__cp_admin_timeouts(struct rps__cplane *cp, uint64_t now);
 void rps__cp_leader_membership(struct rps__cplane *cp);
 
@@ -302,7 +302,7 @@ void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now);
 /* Every tick: say in the map buffer's note (proto.h) whether this server
  * has lost the Raft majority, and which voter it lost. */
 void rps__cp_quorum_note(struct rps__cplane *cp, uint64_t now);
-bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__lease *l);
+bool rps__cp_on_lease(struct rps__cplane *cp, struct srv_conn *c, const struct rps__lease *l);
 void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct rps__lease_rep *r);
 void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx, uint64_t index);
 void rps__cp_failover_role(struct rps__cplane *cp, bool leader);
@@ -313,10 +313,10 @@ bool rps__cp_member_live(const struct rps__cplane *cp, uint64_t id);
 /* ckpt_srv.c: checkpoints and restores.  rps__ck_init opens --checkpoint-dir
  * (rps__ck_fini closes it). */
 int rps__ck_init(struct rps__cplane *cp);
-void rps__ck_on_message(struct rps__cplane *cp, struct conn *c, const struct rps__msg_hdr *h,
+void rps__ck_on_message(struct rps__cplane *cp, struct srv_conn *c, const struct rps__msg_hdr *h,
 			const void *body, uint32_t body_len);
 void rps__ck_timers(struct rps__cplane *cp, uint64_t now);
-void rps__ck_conn_gone(struct rps__cplane *cp, struct conn *c);
+void rps__ck_conn_gone(struct rps__cplane *cp, struct srv_conn *c);
 void rps__ck_fini(struct rps__cplane *cp);
 
 #endif

@@ -226,7 +226,7 @@ void rps__cp_failover_role(struct rps__cplane *cp, bool leader)
 /* A LEASE from member c's peer (c NULL: our own).  The grant waits for a
  * ReadIndex round, which only a leader that still leads completes; false
  * if no round was started. */
-bool rps__cp_on_lease(struct rps__cplane *cp, struct conn *c, const struct rps__lease *l)
+bool rps__cp_on_lease(struct rps__cplane *cp, struct srv_conn *c, const struct rps__lease *l)
 {
 	struct cp_failover *fo = &cp->fo;
 	uint64_t id = c ? cp->dp->conn_peer_id(c) : cp->my_id;

@@ -345,7 +345,7 @@ void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now)
 }
 
 /* Joiner: the primary offers the image. */
-void rps__cp_on_seed(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__seed *s)
+void rps__cp_on_seed(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__seed *s)
 {
 	const struct rps__migrate *m = &s->mig;
 
@@ -363,7 +363,7 @@ void rps__cp_on_seed(struct rps__cplane *cp, struct conn *c, uint64_t req_id, co
 }
 
 /* Joiner: the image arrived whole (crc checked). */
-void rps__cp_seed_read_done(struct rps__cplane *cp, struct conn *c, uint64_t req_id, const struct rps__migrate *m,
+void rps__cp_seed_read_done(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct rps__migrate *m,
 			    uint64_t seq, const void *buf)
 {
 	struct part_local *pl = &cp->parts[m->part];

@@ -17,14 +17,14 @@
 #include "rdmaps.h"
 
 /* Apply one fp32 gradient: version step+1, not yet published. */
-void rps__srv_shard_apply(struct tensor *t, struct shard *s, const float *g)
+void rps__srv_shard_apply(struct srv_tensor *t, struct shard *s, const float *g)
 {
 	s->step++;
 	rps__optim_apply(&t->optim, s->params, g, s->state, s->elems, s->step);
 }
 
 /* Apply one fp32 gradient to the shard and publish version step+1. */
-void rps__srv_shard_update(struct tensor *t, struct shard *s, const float *g)
+void rps__srv_shard_update(struct srv_tensor *t, struct shard *s, const float *g)
 {
 	rps__srv_publish_begin(s);
 	rps__srv_shard_apply(t, s, g);
@@ -78,7 +78,7 @@ const float *rps__srv_grad_fp32(struct shard *s, const void *data, uint16_t dtyp
 	return s->scratch;
 }
 
-void rps__srv_update_min_clock(struct tensor *t, struct shard *s)
+void rps__srv_update_min_clock(struct srv_tensor *t, struct shard *s)
 {
 	uint64_t m = UINT64_MAX;
 	int r;
@@ -91,7 +91,7 @@ void rps__srv_update_min_clock(struct tensor *t, struct shard *s)
 }
 
 /* Bounded: a push of rank with this clock was applied. */
-void rps__srv_clock_note(struct tensor *t, struct shard *s, int rank, uint64_t clock)
+void rps__srv_clock_note(struct srv_tensor *t, struct shard *s, int rank, uint64_t clock)
 {
 	if (clock + 1 > s->clocks[rank])
 		s->clocks[rank] = clock + 1;

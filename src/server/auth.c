@@ -21,27 +21,27 @@ struct srv_auth_dial {
 };
 
 /* Refusals are logged once a second at most, whoever sends them. */
-void rps__srv_log_refusal(struct rps__server *srv, const struct conn *c, const char *why)
+void rps__srv_log_refusal(struct rps__server *srv, const struct srv_conn *c, const char *why)
 {
 	uint64_t now = rps__now_ns();
 
-	if (now - srv->auth_log_ns < 1000000000ull) {
-		srv->auth_refusals_quiet++;
+	if (now - srv->auth_log.last_ns < 1000000000ull) {
+		srv->auth_log.quiet++;
 		return;
 	}
 	rps__log(RPS__LOG_WARN, "%s %s refused: %s (%llu more refusals not logged before)",
-		 rps__srv_role_name(c), rps__ep_peer(c->ep), why, (unsigned long long)srv->auth_refusals_quiet);
-	srv->auth_log_ns = now;
-	srv->auth_refusals_quiet = 0;
+		 rps__srv_role_name(c), rps__ep_peer(c->ep), why, (unsigned long long)srv->auth_log.quiet);
+	srv->auth_log.last_ns = now;
+	srv->auth_log.quiet = 0;
 }
 
-void rps__srv_auth_accepted(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+void rps__srv_auth_accepted(struct rps__server *srv, struct srv_conn *c, const struct rps__conn_priv *req,
 			    struct rps__conn_priv *rep)
 {
 	struct rps__key cur, prev;
 
 	if (!srv->cfg.keys) {
-		c->authed = true;
+		c->auth.authed = true;
 		rps__auth_priv_init(rep, NULL);
 		return;
 	}
@@ -50,57 +50,57 @@ void rps__srv_auth_accepted(struct rps__server *srv, struct conn *c, const struc
 	rps__auth_priv_init(rep, prev.role != RPS__KEY_NONE && req->key_id == prev.id ? &prev : &cur);
 	rps__key_clear(&cur);
 	rps__key_clear(&prev);
-	c->authed = false;
-	c->auth_req = *req;
-	c->auth_rep = *rep;
-	c->auth_deadline_ns = rps__now_ns() + RPS__PREAUTH_TIMEOUT_MS * 1000000ull;
+	c->auth.authed = false;
+	c->auth.req = *req;
+	c->auth.rep = *rep;
+	c->auth.deadline_ns = rps__now_ns() + RPS__PREAUTH_TIMEOUT_MS * 1000000ull;
 }
 
 /* A dial connected: prove ourselves.  The dial stays in the table until
  * the answer. */
-int rps__srv_auth_dialed(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+int rps__srv_auth_dialed(struct rps__server *srv, struct srv_conn *c, const struct rps__conn_priv *req,
 			 const struct rps__conn_priv *rep, const char *uri)
 {
 	struct rps__key cur, prev;
 	struct rps__auth msg;
 	int ret;
 
-	c->auth_dial = calloc(1, sizeof(*c->auth_dial));
-	if (!c->auth_dial)
+	c->auth.dial = calloc(1, sizeof(*c->auth.dial));
+	if (!c->auth.dial)
 		return rps__seterr(-ENOMEM, "out of memory");
 	rps__keyring_get(srv->cfg.keys, &cur, &prev);
 	ret = rps__auth_connect(&cur, &prev, RPS__KEY_PEER, "", req, rep, rps__ep_local(c->ep), rps__ep_peer(c->ep),
-				uri, &msg, &c->auth_dial->t, &c->auth_dial->proven);
+				uri, &msg, &c->auth.dial->t, &c->auth.dial->proven);
 	rps__key_clear(&cur);
 	rps__key_clear(&prev);
 	if (ret)
 		return ret;
-	c->authed = false;
-	c->auth_deadline_ns = rps__now_ns() + RPS__AUTH_TIMEOUT_MS * 1000000ull;
+	c->auth.authed = false;
+	c->auth.deadline_ns = rps__now_ns() + RPS__AUTH_TIMEOUT_MS * 1000000ull;
 	rps__ep_set_context(c->ep, c);
-	if (!c->recvs_posted) {
+	if (!c->bufs.recvs_posted) {
 		uint32_t i;
-		for (i = 0; i < c->nrecv; i++) {
+		for (i = 0; i < c->bufs.nrecv; i++) {
 			ret = rps__srv_post_recv(c, i);
 			if (ret)
 				return ret;
 		}
-		c->recvs_posted = true;
+		c->bufs.recvs_posted = true;
 	}
 	rps__srv_conn_reply(c, RPS__MSG_AUTH, 0, 0, &msg, sizeof(msg));
 	return c->dead ? rps__seterr(-ECONNRESET, "%s: sending AUTH failed", uri) : 0;
 }
 
-void rps__srv_auth_dial_free(struct conn *c)
+void rps__srv_auth_dial_free(struct srv_conn *c)
 {
-	if (c->auth_dial) {
-		rps__key_clear(&c->auth_dial->proven);
-		free(c->auth_dial);
-		c->auth_dial = NULL;
+	if (c->auth.dial) {
+		rps__key_clear(&c->auth.dial->proven);
+		free(c->auth.dial);
+		c->auth.dial = NULL;
 	}
 }
 
-void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+void rps__srv_auth_on_message(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			      const void *body)
 {
 	struct rps__auth_rep rep;
@@ -109,35 +109,35 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const str
 	const char *why = NULL;
 	int ret;
 
-	if (c->auth_refused)
+	if (c->auth.refused)
 		return;		/* it goes at its deadline: read nothing more */
 	if (!srv->cfg.keys) {	/* (cannot be: without a key every connection is authed) */
 		c->dead = true;
 		return;
 	}
-	if (c->auth_dial) {	/* we dialed: the other server's proof */
+	if (c->auth.dial) {	/* we dialed: the other server's proof */
 		if (h->type != RPS__MSG_AUTH_REP) {
 			rps__srv_log_refusal(srv, c, "sent something else before proving it holds the key");
 			c->dead = true;
 			return;
 		}
-		if (rps__auth_connect_check(&c->auth_dial->proven, &c->auth_dial->t, h, body,
+		if (rps__auth_connect_check(&c->auth.dial->proven, &c->auth.dial->t, h, body,
 					    rps__ep_peer(c->ep))) {
 			rps__log(RPS__LOG_WARN, "%s", rps__errbuf());
 			c->dead = true;
 			return;
 		}
 		rps__srv_auth_dial_free(c);
-		c->authed = true;	/* the dial table hands it to its owner */
+		c->auth.authed = true;	/* the dial table hands it to its owner */
 		return;
 	}
-	if (c->auth_proven) {	/* a server that dialed: it is ready once it says so */
+	if (c->auth.proven) {	/* a server that dialed: it is ready once it says so */
 		if (h->type != RPS__MSG_AUTH_DONE) {
 			rps__srv_log_refusal(srv, c, "sent a request before AUTH_DONE");
 			c->dead = true;
 			return;
 		}
-		c->authed = true;
+		c->auth.authed = true;
 		rps__srv_conn_authed(srv, c);
 		return;
 	}
@@ -146,7 +146,7 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const str
 		c->dead = true;
 		return;
 	}
-	ret = rps__auth_accept(srv->cfg.keys, &c->auth_req, &c->auth_rep, body, rps__ep_local(c->ep),
+	ret = rps__auth_accept(srv->cfg.keys, &c->auth.req, &c->auth.rep, body, rps__ep_local(c->ep),
 			       rps__ep_peer(c->ep), &rep, &role, scope);
 	if (!ret && (why = rps__srv_conn_over_budget(srv, c))) {
 		/* it counts from now on: the budget is asked again (the
@@ -165,15 +165,15 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const str
 		}
 		rps__srv_log_refusal(srv, c, rep.why);
 		rps__srv_conn_reply(c, RPS__MSG_AUTH_REP, h->req_id, ret, &rep, sizeof(rep));
-		c->auth_refused = true;	/* the refusal leaves, then the connection goes */
-		c->auth_deadline_ns = rps__now_ns() + 200000000ull;
+		c->auth.refused = true;	/* the refusal leaves, then the connection goes */
+		c->auth.deadline_ns = rps__now_ns() + 200000000ull;
 		return;
 	}
-	c->key_role = (uint8_t)role;
-	memcpy(c->scope, scope, sizeof(c->scope));
+	c->auth.key_role = (uint8_t)role;
+	memcpy(c->auth.scope, scope, sizeof(c->auth.scope));
 	rps__srv_conn_reply(c, RPS__MSG_AUTH_REP, h->req_id, 0, &rep, sizeof(rep));
 	rps__log(RPS__LOG_DEBUG, "%s %s authenticated as %s%s%s", rps__srv_role_name(c), rps__ep_peer(c->ep),
-		 rps__key_role_name(role), c->scope[0] ? " of " : "", c->scope);
+		 rps__key_role_name(role), c->auth.scope[0] ? " of " : "", c->auth.scope);
 	if (role == RPS__KEY_PEER) {
 		/* a --threads that differs is said now (the connection goes
 		 * once authed, rps__srv_conn_authed): the dialer, which says it
@@ -183,10 +183,10 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const str
 		/* the dialing server hands the connection to its owner when it
 		 * has checked our proof, and says so: nothing of ours may reach
 		 * it before (it would find a connection no one owns yet) */
-		c->auth_proven = true;
+		c->auth.proven = true;
 		return;
 	}
-	c->authed = true;
+	c->auth.authed = true;
 	rps__srv_conn_authed(srv, c);
 }
 
@@ -199,23 +199,23 @@ void rps__srv_auth_timers(struct rps__server *srv, uint64_t now)
 	if (!srv->cfg.keys)
 		return;
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *c = srv->conns[i];
-		if (c->authed || c->dead || now < c->auth_deadline_ns)
+		struct srv_conn *c = srv->conns[i];
+		if (c->auth.authed || c->dead || now < c->auth.deadline_ns)
 			continue;
-		if (!c->auth_refused)
+		if (!c->auth.refused)
 			rps__srv_log_refusal(srv, c, "no AUTH in time");
 		c->dead = true;
 	}
 }
 
-bool rps__srv_scope_allows(const struct conn *c, const char *name)
+bool rps__srv_scope_allows(const struct srv_conn *c, const char *name)
 {
 	if (!c->srv->cfg.keys)
 		return true;
-	return !strncmp(name, c->scope, strnlen(c->scope, sizeof(c->scope)));
+	return !strncmp(name, c->auth.scope, strnlen(c->auth.scope, sizeof(c->auth.scope)));
 }
 
-bool rps__srv_same_scope(const struct conn *a, const struct conn *b)
+bool rps__srv_same_scope(const struct srv_conn *a, const struct srv_conn *b)
 {
-	return !strncmp(a->scope, b->scope, sizeof(a->scope));
+	return !strncmp(a->auth.scope, b->auth.scope, sizeof(a->auth.scope));
 }

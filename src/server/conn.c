@@ -27,18 +27,18 @@
 
 /* ---- sending replies -------------------------------------------------- */
 
-static char *sbuf(struct conn *c, uint32_t i)
+static char *sbuf(struct srv_conn *c, uint32_t i)
 {
-	return c->sbufs + (size_t)i * c->msg_max;
+	return c->bufs.sbufs + (size_t)i * c->bufs.msg_max;
 }
 
-const char *rps__srv_role_name(const struct conn *c)
+const char *rps__srv_role_name(const struct srv_conn *c)
 {
 	return c->role == CONN_PEER ? "peer" : c->role == CONN_ADMIN ? "admin" : c->role == CONN_REPL ? "replication"
 											      : "worker";
 }
 
-void rps__srv_conn_fail(struct conn *c, const char *why)
+void rps__srv_conn_fail(struct srv_conn *c, const char *why)
 {
 	if (!c->dead) {
 		if (c->role == CONN_WORKER)
@@ -49,7 +49,7 @@ void rps__srv_conn_fail(struct conn *c, const char *why)
 	c->dead = true;
 }
 
-static void send_msg(struct conn *c, unsigned type, uint8_t flags, uint32_t kind, uint64_t req_id,
+static void send_msg(struct srv_conn *c, unsigned type, uint8_t flags, uint32_t kind, uint64_t req_id,
 		     int32_t status, const void *body, size_t len)
 {
 	struct rps__wr wr;
@@ -58,18 +58,18 @@ static void send_msg(struct conn *c, unsigned type, uint8_t flags, uint32_t kind
 
 	if (c->dead)
 		return;
-	if (!c->nsfree) {
+	if (!c->bufs.nsfree) {
 		if (c->role == CONN_PEER)
 			return;		/* best effort: Raft and the move duties retry */
 		conn_fail(c, "exceeded its control credits");
 		return;
 	}
-	if (sizeof(struct rps__msg_hdr) + (body ? len : 0) > c->msg_max) {
+	if (sizeof(struct rps__msg_hdr) + (body ? len : 0) > c->bufs.msg_max) {
 		rps__log(RPS__LOG_ERROR, "%s reply of %zu bytes does not fit a %zu-byte buffer",
-			 rps__msg_type_name(type), len, c->msg_max);
+			 rps__msg_type_name(type), len, c->bufs.msg_max);
 		return;
 	}
-	i = c->sfree[--c->nsfree];
+	i = c->bufs.sfree[--c->bufs.nsfree];
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = ((uint64_t)kind << 32) | i;
 	wr.op = RPS__OP_SEND;
@@ -79,122 +79,115 @@ static void send_msg(struct conn *c, unsigned type, uint8_t flags, uint32_t kind
 	if (flags)
 		rps__msg_set_flags(wr.sge.addr, flags);
 	if (kind == WRID_STEP_DONE)
-		c->sd_inflight++;
+		c->sd.inflight++;
 	if (c->role == CONN_WORKER && type < RPS__MSG_TYPE_MAX) {
 		c->srv->worker_msgs[type]++;
 		c->srv->worker_acks_flagged += flags != 0;
 	}
-	wr.sge.mr = c->sbufs_mr;
+	wr.sge.mr = c->bufs.sbufs_mr;
 	ret = rps__post(c->ep, &wr, 1);
 	if (ret) {
-		c->sfree[c->nsfree++] = i;
-		c->sd_inflight -= kind == WRID_STEP_DONE;
+		c->bufs.sfree[c->bufs.nsfree++] = i;
+		c->sd.inflight -= kind == WRID_STEP_DONE;
 		conn_fail(c, rps__errbuf());
 	}
 }
 
-void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
+void rps__srv_conn_reply(struct srv_conn *c, unsigned type, uint64_t req_id, int32_t status,
 			 const void *body, size_t len)
 {
 	send_msg(c, type, 0, WRID_SEND, req_id, status, body, len);
 }
 
-void rps__srv_conn_reply_flags(struct conn *c, unsigned type, uint8_t flags, uint64_t req_id, int32_t status,
+void rps__srv_conn_reply_flags(struct srv_conn *c, unsigned type, uint8_t flags, uint64_t req_id, int32_t status,
 			       const void *body, size_t len)
 {
 	send_msg(c, type, flags, WRID_SEND, req_id, status, body, len);
 }
 
-void rps__srv_conn_send_step_done(struct conn *c, const struct rps__step_done *sd)
+void rps__srv_conn_send_step_done(struct srv_conn *c, const struct rps__step_done *sd)
 {
 	send_msg(c, RPS__MSG_STEP_DONE, 0, WRID_STEP_DONE, 0, 0, sd, sizeof(*sd));
 }
 
 /* ---- connections ------------------------------------------------------- */
 
-int rps__srv_post_recv(struct conn *c, uint32_t i)
+int rps__srv_post_recv(struct srv_conn *c, uint32_t i)
 {
-	struct rps__sge sge = { .addr = rps__srv_rbuf(c, i), .len = (uint32_t)c->msg_max, .mr = c->rbufs_mr };
+	struct rps__sge sge = { .addr = rps__srv_rbuf(c, i), .len = (uint32_t)c->bufs.msg_max, .mr = c->bufs.rbufs_mr };
 
 	return rps__post_recv(c->ep, &sge, ((uint64_t)WRID_RECV << 32) | i);
 }
 
 /* Give back a connection's buffers (and its lock owner): the endpoint must
  * be closed, or have none of them posted. */
-static void conn_release_bufs(struct rps__server *srv, struct conn *c)
+static void conn_release_bufs(struct rps__server *srv, struct srv_conn *c)
 {
-	rps__mr_dereg(c->slots_mr);
-	rps__mr_dereg(c->rbufs_mr);
-	rps__mr_dereg(c->sbufs_mr);
-	if (c->slots) {
-		rps__topo_free(srv->topo, c->slots, c->slots_len);
-		rps__srv_mem_give(srv, c->slots_len);
+	rps__mr_dereg(c->bufs.slots_mr);
+	rps__mr_dereg(c->bufs.rbufs_mr);
+	rps__mr_dereg(c->bufs.sbufs_mr);
+	if (c->bufs.slots) {
+		rps__topo_free(srv->topo, c->bufs.slots, c->bufs.slots_len);
+		rps__srv_mem_give(srv, c->bufs.slots_len);
 	}
-	if (c->rbufs)
-		rps__topo_free(srv->topo, c->rbufs, (size_t)c->nrecv * c->msg_max);
-	if (c->sbufs)
-		rps__topo_free(srv->topo, c->sbufs, (size_t)c->nsend * c->msg_max);
-	free(c->sfree);
-	free(c->slot_state);
-	rps__srv_mem_give(srv, c->bufs_charged);
+	if (c->bufs.rbufs)
+		rps__topo_free(srv->topo, c->bufs.rbufs, (size_t)c->bufs.nrecv * c->bufs.msg_max);
+	if (c->bufs.sbufs)
+		rps__topo_free(srv->topo, c->bufs.sbufs, (size_t)c->bufs.nsend * c->bufs.msg_max);
+	free(c->bufs.sfree);
+	free(c->bufs.slot_state);
+	rps__srv_mem_give(srv, c->bufs.charged);
 	if (c->owner)
 		srv->owner_used[c->owner] = 0;
-	c->slots_mr = c->rbufs_mr = c->sbufs_mr = NULL;
-	c->slots = c->rbufs = c->sbufs = NULL;
-	c->slots_len = c->bufs_charged = 0;
-	c->sfree = NULL;
-	c->slot_state = NULL;
+	c->bufs.slots_mr = c->bufs.rbufs_mr = c->bufs.sbufs_mr = NULL;
+	c->bufs.slots = c->bufs.rbufs = c->bufs.sbufs = NULL;
+	c->bufs.slots_len = c->bufs.charged = 0;
+	c->bufs.sfree = NULL;
+	c->bufs.slot_state = NULL;
 	c->owner = 0;
-	c->nsfree = 0;
+	c->bufs.nsfree = 0;
 }
 
-void rps__srv_conn_free(struct rps__server *srv, struct conn *c)
+void rps__srv_conn_free(struct rps__server *srv, struct srv_conn *c)
 {
 	if (!c)
 		return;
 	rps__srv_auth_dial_free(c);
 	rps__ep_close(c->ep);
 	conn_release_bufs(srv, c);
-	rps__mr_dereg(c->rd_mr);
-	free(c->rd_buf);
-	free(c->tmap);
-	free(c->bound);
-	free(c->sd);
-	free(c->wins);
+	rps__mr_dereg(c->rd.mr);
+	free(c->rd.buf);
+	free(c->repl.tmap);
+	free(c->repl.bound);
+	free(c->sd.ent);
+	free(c->wins.w);
 	free(c);
 }
 #define conn_free rps__srv_conn_free
 
-int rps__srv_conn_window(struct conn *c, struct rps__mr *mr, int access, uint32_t *rkey)
+int rps__srv_conn_window(struct srv_conn *c, struct rps__mr *mr, int access, uint32_t *rkey)
 {
 	uint64_t serial = rps__mr_serial(mr);
-	struct conn_window *w;
-	uint32_t i, cap;
+	uint32_t i;
 	int ret;
 
-	for (i = 0; i < c->nwins; i++)
-		if (c->wins[i].serial == serial && c->wins[i].access == access) {
-			*rkey = c->wins[i].rkey;
+	for (i = 0; i < c->wins.n; i++)
+		if (c->wins.w[i].serial == serial && c->wins.w[i].access == access) {
+			*rkey = c->wins.w[i].rkey;
 			return 0;
 		}
 	if (!c->ep)
 		return rps__seterr(-ENOTCONN, "no connection to bind a memory window to");
 	/* a reply must always find its slot: binds take only what is left */
-	if (rps__ep_sq_room(c->ep) <= c->nsfree + 1)
+	if (rps__ep_sq_room(c->ep) <= c->bufs.nsfree + 1)
 		return rps__seterr(-EAGAIN, "send queue of %s too full to bind a memory window now",
 				   rps__ep_peer(c->ep));
-	if (c->nwins == c->wins_cap) {
-		cap = c->wins_cap ? 2 * c->wins_cap : 8;
-		w = realloc(c->wins, cap * sizeof(*w));
-		if (!w)
-			return rps__seterr(-ENOMEM, "out of memory for the windows of %s", rps__ep_peer(c->ep));
-		c->wins = w;
-		c->wins_cap = cap;
-	}
+	if (rps__grow(&c->wins.w, &c->wins.cap, c->wins.n + 1, sizeof(*c->wins.w), 8))
+		return rps__seterr(-ENOMEM, "out of memory for the windows of %s", rps__ep_peer(c->ep));
 	ret = rps__mw_bind(c->ep, mr, access, rkey);
 	if (ret)
 		return ret;
-	c->wins[c->nwins++] = (struct conn_window){ .serial = serial, .access = access, .rkey = *rkey };
+	c->wins.w[c->wins.n++] = (struct conn_window){ .serial = serial, .access = access, .rkey = *rkey };
 	return 0;
 }
 
@@ -232,64 +225,66 @@ _Static_assert(sizeof(struct rps__msg_hdr) + sizeof(struct rps__auth) <= PREAUTH
  * what the handshake needs: one receive (AUTH, then a peer's AUTH_DONE)
  * and two sends (AUTH_REP), so that a connection that proved nothing
  * holds next to no memory.  On failure the caller releases what was got. */
-static int conn_bufs(struct rps__server *srv, struct conn *c, bool lean)
+static int conn_bufs(struct rps__server *srv, struct srv_conn *c, bool lean)
 {
 	size_t slots_len = (size_t)srv->cfg.nslots * srv->slot_size;
 	uint32_t i;
 	int ret;
 
 	if (lean) {
-		c->msg_max = PREAUTH_MSG_MAX;
-		c->nrecv = 1;
-		c->nsend = 2;
+		c->bufs.msg_max = PREAUTH_MSG_MAX;
+		c->bufs.nrecv = 1;
+		c->bufs.nsend = 2;
 	} else {
-		full_sizes(srv, c->role, &c->msg_max, &c->nrecv, &c->nsend);
+		full_sizes(srv, c->role, &c->bufs.msg_max, &c->bufs.nrecv, &c->bufs.nsend);
 	}
 	if (!lean && c->role == CONN_WORKER) {
 		ret = rps__srv_mem_take(srv, slots_len, "staging slots");
 		if (ret)
 			return ret;
-		c->slots = rps__topo_alloc(srv->topo, &srv->place, slots_len);
-		if (!c->slots) {
+		c->bufs.slots = rps__topo_alloc(srv->topo, &srv->place, slots_len);
+		if (!c->bufs.slots) {
 			rps__srv_mem_give(srv, slots_len);
 			goto err_nomem;
 		}
-		c->slots_len = slots_len;
-		c->slot_state = calloc(srv->cfg.nslots, 1);
+		c->bufs.slots_len = slots_len;
+		c->bufs.slot_state = calloc(srv->cfg.nslots, 1);
 		c->owner = owner_alloc(srv);
-		if (!c->slot_state || !c->owner)
+		if (!c->bufs.slot_state || !c->owner)
 			goto err_nomem;
 	} else if (!lean && c->role != CONN_REPL) {
 		/* 2 MiB each: counted like staging slots, or many psctl
 		 * connections could take what --memory-limit promises to cap */
-		ret = rps__srv_mem_take(srv, (size_t)(c->nrecv + c->nsend) * c->msg_max,
+		ret = rps__srv_mem_take(srv, (size_t)(c->bufs.nrecv + c->bufs.nsend) * c->bufs.msg_max,
 					c->role == CONN_PEER ? "peer connection buffers" : "admin connection buffers");
 		if (ret)
 			return ret;
-		c->bufs_charged = (size_t)(c->nrecv + c->nsend) * c->msg_max;
+		c->bufs.charged = (size_t)(c->bufs.nrecv + c->bufs.nsend) * c->bufs.msg_max;
 	}
-	c->rbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nrecv * c->msg_max);
-	c->sbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->nsend * c->msg_max);
-	c->sfree = calloc(c->nsend, sizeof(*c->sfree));
-	if (!c->rbufs || !c->sbufs || !c->sfree)
+	c->bufs.rbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->bufs.nrecv * c->bufs.msg_max);
+	c->bufs.sbufs = rps__topo_alloc(srv->topo, &srv->place, (size_t)c->bufs.nsend * c->bufs.msg_max);
+	c->bufs.sfree = calloc(c->bufs.nsend, sizeof(*c->bufs.sfree));
+	if (!c->bufs.rbufs || !c->bufs.sbufs || !c->bufs.sfree)
 		goto err_nomem;
-	for (i = 0; i < c->nsend; i++)
-		c->sfree[i] = c->nsend - 1 - i;
-	c->nsfree = c->nsend;
-	ret = c->slots ? rps__mr_reg(srv->fab, c->slots, c->slots_len, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED,
-					 &c->slots_mr) : 0;
+	for (i = 0; i < c->bufs.nsend; i++)
+		c->bufs.sfree[i] = c->bufs.nsend - 1 - i;
+	c->bufs.nsfree = c->bufs.nsend;
+	ret = c->bufs.slots ? rps__mr_reg(srv->fab, c->bufs.slots, c->bufs.slots_len,
+					  RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED, &c->bufs.slots_mr) : 0;
 	if (!ret)
-		ret = rps__mr_reg(srv->fab, c->rbufs, (size_t)c->nrecv * c->msg_max, RPS__ACCESS_LOCAL, &c->rbufs_mr);
+		ret = rps__mr_reg(srv->fab, c->bufs.rbufs, (size_t)c->bufs.nrecv * c->bufs.msg_max, RPS__ACCESS_LOCAL,
+				  &c->bufs.rbufs_mr);
 	if (!ret)
-		ret = rps__mr_reg(srv->fab, c->sbufs, (size_t)c->nsend * c->msg_max, RPS__ACCESS_LOCAL, &c->sbufs_mr);
+		ret = rps__mr_reg(srv->fab, c->bufs.sbufs, (size_t)c->bufs.nsend * c->bufs.msg_max, RPS__ACCESS_LOCAL,
+				  &c->bufs.sbufs_mr);
 	return ret;
 err_nomem:
 	return rps__seterr(-ENOMEM, "out of memory for a connection");
 }
 
-static int conn_create(struct rps__server *srv, enum conn_role_kind role, bool lean, struct conn **out)
+static int conn_create(struct rps__server *srv, enum conn_role_kind role, bool lean, struct srv_conn **out)
 {
-	struct conn *c;
+	struct srv_conn *c;
 	int ret;
 
 	c = calloc(1, sizeof(*c));
@@ -298,7 +293,7 @@ static int conn_create(struct rps__server *srv, enum conn_role_kind role, bool l
 	c->srv = srv;
 	c->rank = -1;
 	c->role = role;
-	c->lean = lean;
+	c->bufs.lean = lean;
 	ret = conn_bufs(srv, c, lean);
 	if (ret) {
 		conn_free(srv, c);
@@ -310,18 +305,18 @@ static int conn_create(struct rps__server *srv, enum conn_role_kind role, bool l
 
 /* A connection's buffers (before the endpoint exists), in full: the ones
  * we dial.  Accepted ones start lean while they authenticate. */
-int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out)
+int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct srv_conn **out)
 {
 	return conn_create(srv, role, false, out);
 }
 
-int rps__srv_conn_grow(struct rps__server *srv, struct conn *c)
+int rps__srv_conn_grow(struct rps__server *srv, struct srv_conn *c)
 {
-	struct conn n;
+	struct srv_conn n;
 	uint32_t i;
 	int ret;
 
-	if (!c->lean)
+	if (!c->bufs.lean)
 		return 0;
 	/* (nothing of the small buffers is posted or in flight: the AUTH
 	 * that leads here was its one receive, and nothing was sent yet) */
@@ -333,24 +328,24 @@ int rps__srv_conn_grow(struct rps__server *srv, struct conn *c)
 		return ret;
 	}
 	conn_release_bufs(srv, c);
-	c->msg_max = n.msg_max;
-	c->nrecv = n.nrecv;
-	c->nsend = n.nsend;
-	c->slots = n.slots;
-	c->slots_len = n.slots_len;
-	c->slots_mr = n.slots_mr;
-	c->slot_state = n.slot_state;
+	c->bufs.msg_max = n.bufs.msg_max;
+	c->bufs.nrecv = n.bufs.nrecv;
+	c->bufs.nsend = n.bufs.nsend;
+	c->bufs.slots = n.bufs.slots;
+	c->bufs.slots_len = n.bufs.slots_len;
+	c->bufs.slots_mr = n.bufs.slots_mr;
+	c->bufs.slot_state = n.bufs.slot_state;
 	c->owner = n.owner;
-	c->rbufs = n.rbufs;
-	c->rbufs_mr = n.rbufs_mr;
-	c->sbufs = n.sbufs;
-	c->sbufs_mr = n.sbufs_mr;
-	c->sfree = n.sfree;
-	c->nsfree = n.nsfree;
-	c->bufs_charged = n.bufs_charged;
-	c->lean = false;
-	c->bufs_gen++;
-	for (i = 0; i < c->nrecv; i++) {
+	c->bufs.rbufs = n.bufs.rbufs;
+	c->bufs.rbufs_mr = n.bufs.rbufs_mr;
+	c->bufs.sbufs = n.bufs.sbufs;
+	c->bufs.sbufs_mr = n.bufs.sbufs_mr;
+	c->bufs.sfree = n.bufs.sfree;
+	c->bufs.nsfree = n.bufs.nsfree;
+	c->bufs.charged = n.bufs.charged;
+	c->bufs.lean = false;
+	c->bufs.gen++;
+	for (i = 0; i < c->bufs.nrecv; i++) {
 		ret = post_recv_buf(c, i);
 		if (ret)
 			return ret;
@@ -360,16 +355,10 @@ int rps__srv_conn_grow(struct rps__server *srv, struct conn *c)
 
 /* Add to the connection table (workers are capped by --max-connections;
  * peers and psctl are not: they are few and the cluster needs them). */
-static int conn_table_add(struct rps__server *srv, struct conn *c)
+static int conn_table_add(struct rps__server *srv, struct srv_conn *c)
 {
-	if (srv->nconns == srv->conns_cap) {
-		uint32_t cap = srv->conns_cap ? srv->conns_cap * 2 : 16;
-		struct conn **grown = realloc(srv->conns, cap * sizeof(*grown));
-		if (!grown)
-			return -ENOMEM;
-		srv->conns = grown;
-		srv->conns_cap = cap;
-	}
+	if (rps__grow(&srv->conns, &srv->conns_cap, srv->nconns + 1, sizeof(*srv->conns), 16))
+		return -ENOMEM;
 	srv->conns[srv->nconns++] = c;
 	return 0;
 }
@@ -381,14 +370,14 @@ static uint32_t count_role(const struct rps__server *srv, enum conn_role_kind ro
 	uint32_t i, n = 0;
 
 	for (i = 0; i < srv->nconns; i++)
-		n += srv->conns[i]->role == role && srv->conns[i]->authed && !srv->conns[i]->dead;
+		n += srv->conns[i]->role == role && srv->conns[i]->auth.authed && !srv->conns[i]->dead;
 	return n;
 }
 
 #define WHY_FULL "server full: raise rdmapsd --max-connections"
 #define WHY_ADMIN_FULL "too many admin connections (16): close psctl sessions"
 
-const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struct conn *c)
+const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struct srv_conn *c)
 {
 	if (c->role == CONN_WORKER && count_role(srv, CONN_WORKER) >= srv->cfg.max_conns)
 		return WHY_FULL;
@@ -404,22 +393,22 @@ const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struc
  * them costs the flooder its own older ones. */
 static void preauth_room(struct rps__server *srv, const char *host)
 {
-	struct conn *oldest = NULL, *oldest_host = NULL;
+	struct srv_conn *oldest = NULL, *oldest_host = NULL;
 	uint32_t i, n = 0, n_host = 0;
 	char h[96];
 
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *o = srv->conns[i];
-		if (o->authed || o->dead)
+		struct srv_conn *o = srv->conns[i];
+		if (o->auth.authed || o->dead)
 			continue;
 		n++;
-		if (!oldest || o->accepted_ns < oldest->accepted_ns)
+		if (!oldest || o->auth.accepted_ns < oldest->auth.accepted_ns)
 			oldest = o;
 		rps__auth_host(rps__ep_peer(o->ep), h, sizeof(h));
 		if (strcmp(h, host))
 			continue;
 		n_host++;
-		if (!oldest_host || o->accepted_ns < oldest_host->accepted_ns)
+		if (!oldest_host || o->auth.accepted_ns < oldest_host->auth.accepted_ns)
 			oldest_host = o;
 	}
 	if (n_host >= PREAUTH_PER_HOST)
@@ -432,7 +421,7 @@ static void preauth_room(struct rps__server *srv, const char *host)
 	oldest->dead = true;
 }
 
-void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c)
+void rps__srv_conn_destroy(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
 
@@ -443,28 +432,28 @@ void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c)
 	rps__srv_repl_conn_gone(srv, c);
 	if (c->owner)
 		rps__srv_scan_locks(srv, c->owner);
-	for (i = 0; i < srv->nheld;) {
-		if (srv->held[i].conn == c)
-			srv->held[i] = srv->held[--srv->nheld];
+	for (i = 0; i < srv->push.nheld;) {
+		if (srv->push.held[i].conn == c)
+			srv->push.held[i] = srv->push.held[--srv->push.nheld];
 		else
 			i++;
 	}
-	for (i = 0; i < srv->nwaiters;) {
-		if (srv->waiters[i].conn == c)
-			srv->waiters[i] = srv->waiters[--srv->nwaiters];
+	for (i = 0; i < srv->req.nwaiters;) {
+		if (srv->req.waiters[i].conn == c)
+			srv->req.waiters[i] = srv->req.waiters[--srv->req.nwaiters];
 		else
 			i++;
 	}
-	for (i = 0; i < srv->narrivals;) {
-		if (srv->arrivals[i].conn == c)
-			srv->arrivals[i] = srv->arrivals[--srv->narrivals];
+	for (i = 0; i < srv->req.narrivals;) {
+		if (srv->req.arrivals[i].conn == c)
+			srv->req.arrivals[i] = srv->req.arrivals[--srv->req.narrivals];
 		else
 			i++;
 	}
 	/* A creator that vanished before sending initial values: the shards
 	 * stay unreadable, so say so rather than publish zeros. */
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		uint32_t j;
 		for (j = 0; t && j < t->layout.nshards; j++)
 			if (t->shards[j].init_conn == c) {
@@ -521,7 +510,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 {
 	struct rps__conn_priv priv, req;
 	struct rps__ep_attr attr = { 0 };
-	struct conn *c = NULL;
+	struct srv_conn *c = NULL;
 	size_t len;
 	const void *data = rps__conn_req_data(req_, &len);
 	const char *why = NULL;
@@ -545,7 +534,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 		why = WHY_ADMIN_FULL;
 	if (!why && srv->cfg.witness && priv.role != RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN)
 		why = RPS__WITNESS_REFUSAL ": give workers the data servers";	/* (56 bytes at most) */
-	if (!why && srv->thread_index && (priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_ADMIN))
+	if (!why && srv->thr.index && (priv.role == RPS__ROLE_PEER || priv.role == RPS__ROLE_ADMIN))
 		why = "a serving thread's port: use the first port";	/* (56 bytes at most) */
 	if (!why && srv->cfg.keys && !priv.key_id)
 		why = "key required: --key FILE or RDMAPS_KEY_FILE";
@@ -584,10 +573,10 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 						: "server out of resources");
 		return;
 	}
-	c->repl_rev_in = rev;
+	c->repl.rev_in = rev;
 	c->peer_id = priv.role >= RPS__ROLE_PEER && priv.role != RPS__ROLE_ADMIN ? priv.from_id : 0;
 	c->peer_threads = priv.role == RPS__ROLE_PEER ? priv.nthreads : 0;
-	c->last_active_ns = c->accepted_ns = rps__now_ns();
+	c->last_active_ns = c->auth.accepted_ns = rps__now_ns();
 	{	/* the queues its full buffers need, lean or not: a QP's depths are for good */
 		size_t mm;
 		uint32_t nr, ns;
@@ -600,7 +589,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	priv.role = 0;
 	priv.from_id = srv->my_id;
 	priv.to_id = 0;
-	priv.nthreads = srv->cfg.witness ? 0 : (uint16_t)srv->nthreads;	/* (a witness has none to match) */
+	priv.nthreads = srv->cfg.witness ? 0 : (uint16_t)srv->thr.nthreads;	/* (a witness has none to match) */
 	priv.reserved16 = 0;
 	priv.reserved = 0;
 	rps__srv_auth_accepted(srv, c, &req, &priv);
@@ -610,15 +599,15 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 		goto err_free;
 	}
 	rps__ep_set_context(c->ep, c);
-	for (i = 0; i < c->nrecv; i++)
+	for (i = 0; i < c->bufs.nrecv; i++)
 		if (post_recv_buf(c, i)) {
 			rps__log(RPS__LOG_WARN, "posting receives for %s: %s", rps__ep_peer(c->ep), rps__errbuf());
 			goto err_free;
 		}
-	c->recvs_posted = true;
+	c->bufs.recvs_posted = true;
 	if (conn_table_add(srv, c))
 		goto err_free;
-	if (c->authed)
+	if (c->auth.authed)
 		rps__srv_conn_authed(srv, c);
 	return;
 err_free:
@@ -629,7 +618,7 @@ bool rps__srv_peer_threads_ok(struct rps__server *srv, uint64_t peer_id, unsigne
 {
 	uint64_t now = rps__now_ns();
 
-	if (!theirs || theirs == srv->nthreads || srv->cfg.witness)
+	if (!theirs || theirs == srv->thr.nthreads || srv->cfg.witness)
 		return true;
 	/* partition p's replication stream runs between the two members'
 	 * threads p % --threads: with different counts, a thread would dial
@@ -638,7 +627,7 @@ bool rps__srv_peer_threads_ok(struct rps__server *srv, uint64_t peer_id, unsigne
 		rps__log(RPS__LOG_ERROR,
 			 "member %llu runs --threads %u, this member (%llu) --threads %u: its peer connection "
 			 "is refused; start every member with the same --threads",
-			 (unsigned long long)peer_id, theirs, (unsigned long long)srv->my_id, srv->nthreads);
+			 (unsigned long long)peer_id, theirs, (unsigned long long)srv->my_id, srv->thr.nthreads);
 		srv->threads_log_ns = now;
 	}
 	return false;
@@ -646,7 +635,7 @@ bool rps__srv_peer_threads_ok(struct rps__server *srv, uint64_t peer_id, unsigne
 
 /* What a connection does once it is authed (at once on a server without a
  * key): a peer is taken by the control plane, a replication stream starts. */
-void rps__srv_conn_authed(struct rps__server *srv, struct conn *c)
+void rps__srv_conn_authed(struct rps__server *srv, struct srv_conn *c)
 {
 	const char *why = NULL;
 
@@ -659,18 +648,18 @@ void rps__srv_conn_authed(struct rps__server *srv, struct conn *c)
 		if (!srv->hooks.accept_peer)
 			why = "this server takes no peers";
 		else
-			srv->hooks.accept_peer(srv->hooks.ctx, c->auth_req.from_id, c->auth_req.to_id,
+			srv->hooks.accept_peer(srv->hooks.ctx, c->auth.req.from_id, c->auth.req.to_id,
 					       rps__ep_peer(c->ep), &why);
 		if (why) {
 			conn_fail(c, why);
 			return;
 		}
 	}
-	if (c->role == CONN_REPL && srv->cfg.keys && !c->repl_rev_in && rps__srv_repl_accepted(srv, c)) {
+	if (c->role == CONN_REPL && srv->cfg.keys && !c->repl.rev_in && rps__srv_repl_accepted(srv, c)) {
 		conn_fail(c, rps__errbuf());
 		return;
 	}
-	if (c->repl_rev_in)
+	if (c->repl.rev_in)
 		rps__srv_repl_rev_accepted(srv, c);
 	if (c->role == CONN_PEER && srv->hooks.peer_attached)
 		srv->hooks.peer_attached(srv->hooks.ctx, c);
@@ -680,19 +669,19 @@ void rps__srv_conn_authed(struct rps__server *srv, struct conn *c)
 }
 
 /* peer_dial: an outgoing peer connection joins the table. */
-int rps__srv_conn_attach(struct rps__server *srv, struct conn *c)
+int rps__srv_conn_attach(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
 	int ret;
 
 	rps__ep_set_context(c->ep, c);
-	for (i = 0; !c->recvs_posted && i < c->nrecv; i++) {	/* (the handshake posted them) */
+	for (i = 0; !c->bufs.recvs_posted && i < c->bufs.nrecv; i++) {	/* (the handshake posted them) */
 		ret = post_recv_buf(c, i);
 		if (ret)
 			return ret;
 	}
-	c->recvs_posted = true;
-	c->authed = true;
+	c->bufs.recvs_posted = true;
+	c->auth.authed = true;
 	return conn_table_add(srv, c) ? rps__seterr(-ENOMEM, "out of memory") : 0;
 }
 

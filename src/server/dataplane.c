@@ -33,7 +33,7 @@ static void set_lease(struct rps__server *srv, uint64_t until_ns)
 {
 	srv->lease_until = until_ns;
 	rps__srv_read_fence(srv);
-	if (srv->nrwaits)
+	if (srv->repl.nrwaits)
 		rps__srv_repl_confirm(srv);	/* STEP_DONEs held while it had run out */
 }
 
@@ -69,7 +69,7 @@ static void mem_deregister(struct rps__mr *mr)
 	rps__mr_dereg(mr);
 }
 
-static int mem_window(struct conn *c, struct rps__mr *mr, uint32_t *rkey)
+static int mem_window(struct srv_conn *c, struct rps__mr *mr, uint32_t *rkey)
 {
 	return rps__srv_conn_window(c, mr, RPS__ACCESS_REMOTE_READ, rkey);
 }
@@ -85,9 +85,9 @@ static void stats(struct rps__server *srv, struct rps__dp_stats *st)
 
 	memset(st, 0, sizeof(*st));
 	for (i = 0; i < srv->nconns; i++)
-		st->n_conns += srv->conns[i]->role == CONN_WORKER && srv->conns[i]->authed;
+		st->n_conns += srv->conns[i]->role == CONN_WORKER && srv->conns[i]->auth.authed;
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		uint32_t n = 0;
 		if (!t)
 			continue;
@@ -103,61 +103,61 @@ static void stats(struct rps__server *srv, struct rps__dp_stats *st)
 
 /* ---- connections -------------------------------------------------------- */
 
-static enum conn_role_kind conn_role(const struct conn *c)
+static enum conn_role_kind conn_role(const struct srv_conn *c)
 {
 	return c->role;
 }
 
-static uint64_t conn_peer_id(const struct conn *c)
+static uint64_t conn_peer_id(const struct srv_conn *c)
 {
 	return c->peer_id;
 }
 
-static bool conn_dead(const struct conn *c)
+static bool conn_dead(const struct srv_conn *c)
 {
 	return c->dead;
 }
 
-static const char *conn_name(const struct conn *c)
+static const char *conn_name(const struct srv_conn *c)
 {
 	return c->ep ? rps__ep_peer(c->ep) : "";
 }
 
-static size_t conn_msg_max(const struct conn *c)
+static size_t conn_msg_max(const struct srv_conn *c)
 {
-	return c->msg_max;
+	return c->bufs.msg_max;
 }
 
 /* A move's destination READs the partition image into a buffer of the
  * connection, registered once and kept for the next move. */
-static int conn_read(struct conn *c, uint64_t raddr, uint32_t rkey, uint64_t len)
+static int conn_read(struct srv_conn *c, uint64_t raddr, uint32_t rkey, uint64_t len)
 {
 	struct rps__wr wr;
 	int ret;
 
-	if (c->rd_len < len) {
-		rps__mr_dereg(c->rd_mr);
-		free(c->rd_buf);
-		c->rd_mr = NULL;
-		c->rd_len = 0;
-		c->rd_buf = malloc(len);
-		if (!c->rd_buf)
+	if (c->rd.len < len) {
+		rps__mr_dereg(c->rd.mr);
+		free(c->rd.buf);
+		c->rd.mr = NULL;
+		c->rd.len = 0;
+		c->rd.buf = malloc(len);
+		if (!c->rd.buf)
 			return -ENOMEM;
-		ret = rps__mr_reg(c->srv->fab, c->rd_buf, len, RPS__ACCESS_LOCAL, &c->rd_mr);
+		ret = rps__mr_reg(c->srv->fab, c->rd.buf, len, RPS__ACCESS_LOCAL, &c->rd.mr);
 		if (ret) {
-			free(c->rd_buf);
-			c->rd_buf = NULL;
+			free(c->rd.buf);
+			c->rd.buf = NULL;
 			return ret;
 		}
-		c->rd_len = len;
+		c->rd.len = len;
 	}
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = ((uint64_t)WRID_READ << 32);
 	wr.op = RPS__OP_READ;
 	wr.flags = RPS__WR_SIGNALED;
-	wr.sge.addr = c->rd_buf;
+	wr.sge.addr = c->rd.buf;
 	wr.sge.len = (uint32_t)len;
-	wr.sge.mr = c->rd_mr;
+	wr.sge.mr = c->rd.mr;
 	wr.raddr = raddr;
 	wr.rkey = rkey;
 	if (len > UINT32_MAX)
@@ -171,17 +171,17 @@ static int peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 {
 	struct rps__conn_priv priv = {
 		.magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = RPS__ROLE_PEER,
-		.from_id = srv->my_id, .to_id = to_id, .nthreads = srv->cfg.witness ? 0 : (uint16_t)srv->nthreads,
+		.from_id = srv->my_id, .to_id = to_id, .nthreads = srv->cfg.witness ? 0 : (uint16_t)srv->thr.nthreads,
 	};
 	struct rps__ep_attr attr = { 0 };
-	struct conn *c;
+	struct srv_conn *c;
 	int ret;
 
 	ret = rps__srv_conn_new(srv, CONN_PEER, &c);
 	if (ret)
 		return ret;
-	attr.sq_depth = c->nsend + 8 + RPS__BIND_RESERVE;
-	attr.rq_depth = c->nrecv;
+	attr.sq_depth = c->bufs.nsend + 8 + RPS__BIND_RESERVE;
+	attr.rq_depth = c->bufs.nrecv;
 	attr.max_inline = 64;
 	ret = rps__srv_dial(srv, c, SRV_DIAL_PEER, to_id, uri, &priv, &attr, PEER_CONNECT_TIMEOUT_MS);
 	if (ret) {
@@ -191,7 +191,7 @@ static int peer_dial(struct rps__server *srv, const char *uri, uint64_t to_id)
 	return ret;
 }
 
-void rps__srv_peer_dialed(struct rps__server *srv, struct conn *c, int ret, uint64_t to_id, const char *uri,
+void rps__srv_peer_dialed(struct rps__server *srv, struct srv_conn *c, int ret, uint64_t to_id, const char *uri,
 			  const struct rps__conn_priv *rp)
 {
 	if (ret) {
@@ -228,29 +228,29 @@ static void part_set(struct rps__server *srv, uint32_t part, const struct rps__d
 	bool was_serving = part < RPS__SMAP_MAX_PART && rps__srv_part_serving(srv, part);
 
 	if (part < RPS__SMAP_MAX_PART) {
-		if (view->primary != srv->parts[part].primary || !srv->primary_since[part])
-			srv->primary_since[part] = view->map_epoch;
+		if (view->primary != srv->parts[part].primary || !srv->repl.primary_since[part])
+			srv->repl.primary_since[part] = view->map_epoch;
 		srv->parts[part] = *view;
 		/* a diverged replica the map dropped (or a partition no longer
 		 * ours) is forgotten at once, before a seeding may name the
 		 * same member again */
 		rps__srv_repl_diverged(srv, part);
 	}
-	srv->rfence_dirty = true;	/* served or replicated now, or no longer */
+	srv->rfence.dirty = true;	/* served or replicated now, or no longer */
 	if (view->backup)
-		srv->repl_active = true;	/* the repl turn dials its primary when our id is the higher */
+		srv->repl.active = true;	/* the repl turn dials its primary when our id is the higher */
 	/* a replica the map dropped is no longer waited for */
-	if (srv->nrwaits && part < RPS__SMAP_MAX_PART)
+	if (srv->repl.nrwaits && part < RPS__SMAP_MAX_PART)
 		rps__srv_repl_view_changed(srv, part);
-	else if (srv->nrwaits)
+	else if (srv->repl.nrwaits)
 		rps__srv_repl_confirm(srv);
 	/* nor are its credits: pushes held for them may go now */
-	if (was_replicated && srv->nheld)
+	if (was_replicated && srv->push.nheld)
 		rps__srv_drain_held(srv);
 	/* served here from now on (promoted, unfenced): parked pushes in
 	 * their turn (a promoted backup's, from its seeding image) are taken
 	 * now, not at the next push, which may well be parked behind them */
-	else if (view->serving && !was_serving && srv->nparked)
+	else if (view->serving && !was_serving && srv->push.nparked)
 		rps__srv_drain_held(srv);
 }
 

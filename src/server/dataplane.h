@@ -32,8 +32,8 @@
 
 struct rps__server;
 struct rps__mr;
-struct conn;		/* a connection of the data plane (opaque above it) */
-struct tensor;		/* a tensor of the data plane (opaque above it) */
+struct srv_conn;	/* a connection of the data plane (opaque above it) */
+struct srv_tensor;	/* a tensor of the data plane (opaque above it) */
 
 enum conn_role_kind { CONN_WORKER = 1, CONN_PEER = 2, CONN_ADMIN = 3, CONN_REPL = 4 };
 
@@ -97,18 +97,18 @@ struct rps__dp_stats {
 /* The loop calls up through these (any may be NULL). */
 struct rps__dp_hooks {
 	/* A message of a peer or admin connection (workers' are the data plane's). */
-	void (*on_message)(void *ctx, struct conn *c, const struct rps__msg_hdr *h, void *body, uint32_t len);
+	void (*on_message)(void *ctx, struct srv_conn *c, const struct rps__msg_hdr *h, void *body, uint32_t len);
 	/* The connection is about to be freed. */
-	void (*on_conn_gone)(void *ctx, struct conn *c);
+	void (*on_conn_gone)(void *ctx, struct srv_conn *c);
 	/* A READ posted with rps__dp_ops.conn_read finished (buf: what it read). */
-	void (*on_read_done)(void *ctx, struct conn *c, bool ok, const void *buf);
-	void (*on_send_done)(void *ctx, struct conn *c);
+	void (*on_read_done)(void *ctx, struct srv_conn *c, bool ok, const void *buf);
+	void (*on_send_done)(void *ctx, struct srv_conn *c);
 	/* May this peer connect?  0, or a negative errno and *why. */
 	int (*accept_peer)(void *ctx, uint64_t from_id, uint64_t to_id, const char *addr, const char **why);
-	void (*peer_attached)(void *ctx, struct conn *c);
+	void (*peer_attached)(void *ctx, struct srv_conn *c);
 	/* A peer_dial is over: c the connection (attached, its peer id
 	 * set), or NULL: it failed. */
-	void (*peer_dialed)(void *ctx, const char *uri, uint64_t to_id, struct conn *c);
+	void (*peer_dialed)(void *ctx, const char *uri, uint64_t to_id, struct srv_conn *c);
 	/* Every turn of the loop: ms until due, or a negative errno to stop
 	 * with it; *stop set: stop cleanly (0). */
 	int (*run_timers)(void *ctx, uint64_t now, bool *stop);
@@ -151,23 +151,23 @@ struct rps__dp_hooks {
 	X(FIRST, void, mem_deregister, (struct rps__mr *, mr)) \
 	/* the key by which c's peer READs mr: a window of c alone (-EAGAIN: \
 	 * no room to bind one now; try again later) */ \
-	X(FIRST, int, mem_window, (struct conn *, c), (struct rps__mr *, mr), (uint32_t *, rkey)) \
+	X(FIRST, int, mem_window, (struct srv_conn *, c), (struct rps__mr *, mr), (uint32_t *, rkey)) \
 	X(FIRST, uint16_t, port, (const struct rps__server *, srv)) \
 	X(FIRST, uint32_t, shard_elems, (const struct rps__server *, srv)) \
 	X(ALL_CUSTOM, void, stats, (struct rps__server *, srv), (struct rps__dp_stats *, st)) \
 	\
 	/* ---- connections of peers and psctl */ \
-	X(FIRST, void, conn_reply, (struct conn *, c), (unsigned, type), (uint64_t, req_id), (int32_t, status), \
+	X(FIRST, void, conn_reply, (struct srv_conn *, c), (unsigned, type), (uint64_t, req_id), (int32_t, status), \
 	  (const void *, body), (size_t, len)) \
-	X(FIRST, void, conn_fail, (struct conn *, c), (const char *, why)) \
-	X(FIRST, enum conn_role_kind, conn_role, (const struct conn *, c)) \
-	X(FIRST, uint64_t, conn_peer_id, (const struct conn *, c)) \
-	X(FIRST, bool, conn_dead, (const struct conn *, c)) \
-	X(FIRST, const char *, conn_name, (const struct conn *, c))	/* the other end's address */ \
-	X(FIRST, size_t, conn_msg_max, (const struct conn *, c)) \
+	X(FIRST, void, conn_fail, (struct srv_conn *, c), (const char *, why)) \
+	X(FIRST, enum conn_role_kind, conn_role, (const struct srv_conn *, c)) \
+	X(FIRST, uint64_t, conn_peer_id, (const struct srv_conn *, c)) \
+	X(FIRST, bool, conn_dead, (const struct srv_conn *, c)) \
+	X(FIRST, const char *, conn_name, (const struct srv_conn *, c))	/* the other end's address */ \
+	X(FIRST, size_t, conn_msg_max, (const struct srv_conn *, c)) \
 	/* READ len bytes at (raddr, rkey) of the other end into a buffer of the \
 	 * connection; on_read_done follows.  0 or a negative errno. */ \
-	X(FIRST, int, conn_read, (struct conn *, c), (uint64_t, raddr), (uint32_t, rkey), (uint64_t, len)) \
+	X(FIRST, int, conn_read, (struct srv_conn *, c), (uint64_t, raddr), (uint32_t, rkey), (uint64_t, len)) \
 	/* Put on the wire now what the transport holds back until the loop \
 	 * polls again (rps__cq_flush): before blocking for long, an fsync. \
 	 * May be NULL (nothing held back). */ \
@@ -248,10 +248,10 @@ struct rps__dp_hooks {
 	X(FIRST, void, copy_free, (struct rps__dp_copy *, copy)) \
 	/* restore: the tensor (created if unknown; -EEXIST with other options) */ \
 	X(ALL_CUSTOM, int, restore_tensor, (struct rps__server *, srv), (const char *, file), (const char *, name), \
-	  (const struct rps__tensor_spec *, spec), (struct tensor **, t)) \
+	  (const struct rps__tensor_spec *, spec), (struct srv_tensor **, t)) \
 	/* 1 installed, 0 not served here, or a negative errno */ \
-	X(PART_CUSTOM, int, restore_shard, (struct rps__server *, srv), (const char *, file), (struct tensor *, t), \
-	  (const struct rps__dp_shard *, cs)) \
+	X(PART_CUSTOM, int, restore_shard, (struct rps__server *, srv), (const char *, file), \
+	  (struct srv_tensor *, t), (const struct rps__dp_shard *, cs)) \
 	\
 	/* ---- primary lease (control/repl_failover.c) */ \
 	/* this server may acknowledge pushes of partitions with backups until \

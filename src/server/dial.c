@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind kind, uint64_t to_id,
+int rps__srv_dial(struct rps__server *srv, struct srv_conn *c, enum srv_dial_kind kind, uint64_t to_id,
 		  const char *uri, const struct rps__conn_priv *priv, const struct rps__ep_attr *attr,
 		  int timeout_ms)
 {
@@ -31,20 +31,14 @@ int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind ki
 	struct rps__uri u;
 	int ret;
 
-	if (srv->ndials == srv->dials_cap) {
-		uint32_t cap = srv->dials_cap ? srv->dials_cap * 2 : 8;
-		struct srv_dial *grown = realloc(srv->dials, cap * sizeof(*grown));
-		if (!grown)
-			return rps__seterr(-ENOMEM, "out of memory");
-		srv->dials = grown;
-		srv->dials_cap = cap;
-	}
+	if (rps__grow(&srv->dial.dials, &srv->dial.dials_cap, srv->dial.ndials + 1, sizeof(*srv->dial.dials), 8))
+		return rps__seterr(-ENOMEM, "out of memory");
 	if (strlen(uri) >= sizeof(d->uri))	/* its owner finds it by its uri */
 		return rps__seterr(-ENAMETOOLONG, "dial %s: address too long", uri);
 	ret = rps__uri_parse(uri, &u);
 	if (ret)
 		return ret;
-	d = &srv->dials[srv->ndials];
+	d = &srv->dial.dials[srv->dial.ndials];
 	memset(d, 0, sizeof(*d));
 	d->priv = *priv;
 	if (srv->cfg.keys) {	/* our key's id and a fresh nonce (auth.c) */
@@ -61,7 +55,7 @@ int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind ki
 	d->to_id = to_id;
 	snprintf(d->uri, sizeof(d->uri), "%s", uri);
 	d->deadline = rps__now_ns() + (uint64_t)timeout_ms * 1000000ull;
-	srv->ndials++;
+	srv->dial.ndials++;
 	return 0;
 }
 
@@ -69,8 +63,8 @@ bool rps__srv_dialing(const struct rps__server *srv, enum srv_dial_kind kind, ui
 {
 	uint32_t i;
 
-	for (i = 0; i < srv->ndials; i++)
-		if (srv->dials[i].kind == kind && srv->dials[i].to_id == to_id)
+	for (i = 0; i < srv->dial.ndials; i++)
+		if (srv->dial.dials[i].kind == kind && srv->dial.dials[i].to_id == to_id)
 			return true;
 	return false;
 }
@@ -87,15 +81,15 @@ void rps__srv_dials_turn(struct rps__server *srv)
 {
 	uint32_t i = 0;
 
-	while (i < srv->ndials) {
-		struct srv_dial d = srv->dials[i];
+	while (i < srv->dial.ndials) {
+		struct srv_dial d = srv->dial.dials[i];
 		struct rps__conn_priv rp;
 		char reply[RPS__PRIVDATA_MAX + 1];
 		size_t reply_len = RPS__PRIVDATA_MAX;
 		int ret;
 
 		if (d.authing) {	/* connected: waiting for the other's proof (auth.c) */
-			if (d.c->authed) {
+			if (d.c->auth.authed) {
 				/* ready: the other server may talk from now on */
 				rps__srv_conn_reply(d.c, RPS__MSG_AUTH_DONE, 0, 0, NULL, 0);
 				ret = d.c->dead ? rps__seterr(-ECONNRESET, "%s: the handshake failed", d.uri) : 0;
@@ -108,8 +102,8 @@ void rps__srv_dials_turn(struct rps__server *srv)
 				i++;
 				continue;
 			}
-			memmove(&srv->dials[i], &srv->dials[i + 1], (srv->ndials - i - 1) * sizeof(d));
-			srv->ndials--;
+			memmove(&srv->dial.dials[i], &srv->dial.dials[i + 1], (srv->dial.ndials - i - 1) * sizeof(d));
+			srv->dial.ndials--;
 			finish(srv, &d, ret, &d.rp);
 			continue;
 		}
@@ -121,8 +115,8 @@ void rps__srv_dials_turn(struct rps__server *srv)
 		}
 		/* over (the dial freed itself): out of the table before its
 		 * owner runs, which may start another */
-		memmove(&srv->dials[i], &srv->dials[i + 1], (srv->ndials - i - 1) * sizeof(d));
-		srv->ndials--;
+		memmove(&srv->dial.dials[i], &srv->dial.dials[i + 1], (srv->dial.ndials - i - 1) * sizeof(d));
+		srv->dial.ndials--;
 		memset(&rp, 0, sizeof(rp));
 		if (!ret) {
 			memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
@@ -137,7 +131,7 @@ void rps__srv_dials_turn(struct rps__server *srv)
 				d.rp = rp;
 				d.authing = true;
 				d.deadline = rps__now_ns() + RPS__AUTH_TIMEOUT_MS * 1000000ull;
-				srv->dials[srv->ndials++] = d;	/* (room: it was just taken out) */
+				srv->dial.dials[srv->dial.ndials++] = d;	/* (room: it was just taken out) */
 				continue;
 			}
 			rps__log(RPS__LOG_WARN, "%s", rps__errbuf());
@@ -151,8 +145,8 @@ int rps__srv_dials_poll(struct rps__server *srv, struct pollfd *pfd, int max, ui
 	uint32_t i;
 	int n = 0;
 
-	for (i = 0; i < srv->ndials; i++) {
-		const struct srv_dial *d = &srv->dials[i];
+	for (i = 0; i < srv->dial.ndials; i++) {
+		const struct srv_dial *d = &srv->dial.dials[i];
 		short events;
 		int fd = d->authing ? -1 : rps__dial_fd(d->d, &events);
 		int ms = d->deadline > now ? (int)((d->deadline - now) / 1000000ull) + 1 : 0;
@@ -171,12 +165,12 @@ int rps__srv_dials_poll(struct rps__server *srv, struct pollfd *pfd, int max, ui
 
 void rps__srv_dials_fini(struct rps__server *srv)
 {
-	while (srv->ndials) {
-		struct srv_dial *d = &srv->dials[--srv->ndials];
+	while (srv->dial.ndials) {
+		struct srv_dial *d = &srv->dial.dials[--srv->dial.ndials];
 		rps__dial_cancel(d->d);
 		rps__srv_conn_free(srv, d->c);
 	}
-	free(srv->dials);
-	srv->dials = NULL;
-	srv->dials_cap = 0;
+	free(srv->dial.dials);
+	srv->dial.dials = NULL;
+	srv->dial.dials_cap = 0;
 }

@@ -25,7 +25,7 @@ uint32_t rps__srv_hold_steps(struct rps__server *srv, struct rps__ckpt_target **
 	if (!t)
 		return 0;
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *x = srv->tensors[i];
+		struct srv_tensor *x = srv->tensors[i];
 		uint64_t m = 0;
 		bool any = false;
 		if (!x || x->spec.mode != RPS_MODE_SYNC)
@@ -48,7 +48,7 @@ uint32_t rps__srv_hold_steps(struct rps__server *srv, struct rps__ckpt_target **
 
 void rps__srv_hold_tensor(struct rps__server *srv, const char *name, uint64_t step)
 {
-	struct tensor *x = rps__srv_tensor_by_name(srv, name);
+	struct srv_tensor *x = rps__srv_tensor_by_name(srv, name);
 
 	if (x && x->spec.mode == RPS_MODE_SYNC)
 		x->hold_limit = step;
@@ -69,7 +69,7 @@ bool rps__srv_hold_reached(struct rps__server *srv)
 	uint32_t i, j;
 
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *x = srv->tensors[i];
+		struct srv_tensor *x = srv->tensors[i];
 		if (!x || x->spec.mode != RPS_MODE_SYNC || x->hold_limit == UINT64_MAX)
 			continue;
 		for (j = 0; j < x->layout.nshards; j++) {
@@ -103,7 +103,7 @@ int rps__srv_take(struct rps__server *srv, struct rps__dp_copy *ck)
 	uint32_t i, j, n = 0, nt = 0;
 
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *x = srv->tensors[i];
+		struct srv_tensor *x = srv->tensors[i];
 		for (j = 0; x && j < x->layout.nshards; j++)
 			n += x->shards[j].hdr && rps__srv_part_serving(srv, x->shards[j].part);
 	}
@@ -112,7 +112,7 @@ int rps__srv_take(struct rps__server *srv, struct rps__dp_copy *ck)
 	if (!ck->tensors || !ck->shards)
 		return -ENOMEM;
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *x = srv->tensors[i];
+		struct srv_tensor *x = srv->tensors[i];
 		bool any = false;
 		if (!x)
 			continue;
@@ -161,9 +161,9 @@ int rps__srv_take(struct rps__server *srv, struct rps__dp_copy *ck)
 /* ---- restore ---------------------------------------------------------- */
 
 int rps__srv_restore_tensor(struct rps__server *srv, const char *file, const char *name,
-			    const struct rps__tensor_spec *spec, struct tensor **out)
+			    const struct rps__tensor_spec *spec, struct srv_tensor **out)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, name);
+	struct srv_tensor *t = rps__srv_tensor_by_name(srv, name);
 
 	*out = t;
 	if (t && memcmp(&t->spec, spec, sizeof(*spec)))
@@ -173,7 +173,7 @@ int rps__srv_restore_tensor(struct rps__server *srv, const char *file, const cha
 	return 0;
 }
 
-int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct tensor *t,
+int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct srv_tensor *t,
 			   const struct rps__dp_shard *cs)
 {
 	struct shard *s;

@@ -18,44 +18,44 @@
 
 int rps__srv_mbox_init(struct rps__server *srv)
 {
-	srv->mbox.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (srv->mbox.fd < 0)
+	srv->thr.mbox.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (srv->thr.mbox.fd < 0)
 		return rps__seterr(-errno, "eventfd: %s", strerror(errno));
-	pthread_mutex_init(&srv->mbox.lock, NULL);
-	pthread_cond_init(&srv->mbox.done, NULL);
+	pthread_mutex_init(&srv->thr.mbox.lock, NULL);
+	pthread_cond_init(&srv->thr.mbox.done, NULL);
 	return 0;
 }
 
 void rps__srv_mbox_fini(struct rps__server *srv)
 {
-	if (srv->mbox.fd < 0)
+	if (srv->thr.mbox.fd < 0)
 		return;
-	close(srv->mbox.fd);
-	srv->mbox.fd = -1;
-	pthread_cond_destroy(&srv->mbox.done);
-	pthread_mutex_destroy(&srv->mbox.lock);
+	close(srv->thr.mbox.fd);
+	srv->thr.mbox.fd = -1;
+	pthread_cond_destroy(&srv->thr.mbox.done);
+	pthread_mutex_destroy(&srv->thr.mbox.lock);
 }
 
 void rps__srv_mbox_claim(struct rps__server *srv)
 {
-	pthread_mutex_lock(&srv->mbox.lock);
-	srv->mbox.owner = pthread_self();
-	srv->mbox.owned = true;
-	pthread_mutex_unlock(&srv->mbox.lock);
+	pthread_mutex_lock(&srv->thr.mbox.lock);
+	srv->thr.mbox.owner = pthread_self();
+	srv->thr.mbox.owned = true;
+	pthread_mutex_unlock(&srv->thr.mbox.lock);
 }
 
 void rps__srv_mbox_open(struct rps__server *srv)
 {
-	pthread_mutex_lock(&srv->mbox.lock);
-	srv->mbox.running = true;
-	pthread_mutex_unlock(&srv->mbox.lock);
+	pthread_mutex_lock(&srv->thr.mbox.lock);
+	srv->thr.mbox.running = true;
+	pthread_mutex_unlock(&srv->thr.mbox.lock);
 }
 
 /* fn on the owner's thread, its message kept for the caller (errbuf is
  * per thread); under mb->lock or not, the caller is woken after */
 static void run_posted(struct rps__server *srv)
 {
-	struct srv_mbox *mb = &srv->mbox;
+	struct srv_mbox *mb = &srv->thr.mbox;
 
 	assert(mb->owned && pthread_equal(pthread_self(), mb->owner));	/* a posted call runs on its owner thread */
 	rps__clearerr();
@@ -65,7 +65,7 @@ static void run_posted(struct rps__server *srv)
 
 void rps__srv_mbox_close(struct rps__server *srv)
 {
-	struct srv_mbox *mb = &srv->mbox;
+	struct srv_mbox *mb = &srv->thr.mbox;
 
 	pthread_mutex_lock(&mb->lock);
 	mb->running = false;
@@ -79,7 +79,7 @@ void rps__srv_mbox_close(struct rps__server *srv)
 
 void rps__srv_mbox_serve(struct rps__server *srv)
 {
-	struct srv_mbox *mb = &srv->mbox;
+	struct srv_mbox *mb = &srv->thr.mbox;
 	uint64_t v;
 	ssize_t r = read(mb->fd, &v, sizeof(v));
 
@@ -93,11 +93,11 @@ void rps__srv_mbox_serve(struct rps__server *srv)
 
 void rps__srv_mbox_call(struct rps__server *inst, rps__srv_mbox_fn fn, void *arg)
 {
-	struct srv_mbox *mb = &inst->mbox;
+	struct srv_mbox *mb = &inst->thr.mbox;
 	uint64_t one = 1;
 	ssize_t r;
 
-	if (inst == inst->first || mb->fd < 0) {
+	if (inst == inst->thr.first || mb->fd < 0) {
 		fn(inst, arg);
 		return;
 	}

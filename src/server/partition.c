@@ -40,12 +40,12 @@ void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part)
 {
 	uint32_t i = 0;
 
-	while (i < srv->nwaiters) {
-		struct waiter *w = &srv->waiters[i];
-		struct tensor *t = w->tensor_id < srv->ntensors ? srv->tensors[w->tensor_id] : NULL;
+	while (i < srv->req.nwaiters) {
+		struct waiter *w = &srv->req.waiters[i];
+		struct srv_tensor *t = w->tensor_id < srv->ntensors ? srv->tensors[w->tensor_id] : NULL;
 		if (t && t->shards[w->local].part == part) {
 			rps__srv_conn_reply(w->conn, RPS__MSG_WAIT_REP, w->req_id, RPS_ESTALE_EPOCH, NULL, 0);
-			*w = srv->waiters[--srv->nwaiters];
+			*w = srv->req.waiters[--srv->req.nwaiters];
 			continue;
 		}
 		i++;
@@ -61,7 +61,7 @@ typedef void shard_fn(struct rps__server *srv, struct region *r, struct shard *s
 static void part_each_shard(struct rps__server *srv, uint32_t part, shard_fn *fn, void *arg)
 {
 	for (uint32_t i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		struct region *r = t ? &t->regions[part] : NULL;
 		if (!r || !r->mr)
 			continue;
@@ -92,10 +92,11 @@ bool rps__srv_part_fence(struct rps__server *srv, uint32_t part)
 	part_each_shard(srv, part, fence_shard, &all);
 	if (rps__srv_repl_busy(srv, part))
 		all = false;
-	for (uint32_t i = 0; i < srv->nheld; i++) {
-		struct conn *c = srv->held[i].conn;
-		const struct rps__push_desc *d = (const void *)(c->slots + (size_t)srv->held[i].slot * srv->slot_size);
-		struct tensor *t = d->tensor_id < srv->ntensors ? srv->tensors[d->tensor_id] : NULL;
+	for (uint32_t i = 0; i < srv->push.nheld; i++) {
+		struct srv_conn *c = srv->push.held[i].conn;
+		const struct rps__push_desc *d =
+			(const void *)(c->bufs.slots + (size_t)srv->push.held[i].slot * srv->slot_size);
+		struct srv_tensor *t = d->tensor_id < srv->ntensors ? srv->tensors[d->tensor_id] : NULL;
 		if (t && d->shard < t->layout.nshards && t->shards[d->shard].part == part)
 			all = false;
 	}
@@ -115,13 +116,13 @@ static void unfence_shard(struct rps__server *srv, struct region *r, struct shar
 void rps__srv_part_unfence(struct rps__server *srv, uint32_t part, uint64_t epoch)
 {
 	part_each_shard(srv, part, unfence_shard, &epoch);
-	srv->rfence_dirty = true;	/* (the read fence may have to cover it again) */
+	srv->rfence.dirty = true;	/* (the read fence may have to cover it again) */
 }
 
 /*
  * Promotion (a FAILOVER made us primary of a partition we backed up).
  *
- * The stream state: srv->repl_seq[part] is the seq of the last entry this
+ * The stream state: srv->repl.seq[part] is the seq of the last entry this
  * server applied as a backup, and the seq a primary numbers its next entry
  * after.  It is kept as it is, so the first entry we ship, repl_seq + 1,
  * is exactly the one a kept backup that applied the same entries expects
@@ -169,9 +170,9 @@ static void promote_shard(struct rps__server *srv, struct region *r, struct shar
 void rps__srv_part_promote(struct rps__server *srv, uint32_t part, uint64_t epoch)
 {
 	part_each_shard(srv, part, promote_shard, &epoch);
-	srv->rfence_dirty = true;
+	srv->rfence.dirty = true;
 	rps__log(RPS__LOG_INFO, "partition %u: promoted to primary under epoch %llu, after replication entry %llu",
-		 part, (unsigned long long)epoch, (unsigned long long)srv->repl_seq[part]);
+		 part, (unsigned long long)epoch, (unsigned long long)srv->repl.seq[part]);
 }
 
 /* A growing byte buffer for the partition image. */
@@ -257,7 +258,7 @@ static uint32_t get32(struct rbuf *b)
 }
 
 /* The ranks removed from t (psctl remove-rank): a new owner must skip them too. */
-static void put_removed(struct wbuf *b, const struct tensor *t)
+static void put_removed(struct wbuf *b, const struct srv_tensor *t)
 {
 	uint32_t n = 0;
 	int r;
@@ -293,7 +294,7 @@ static int serialize_partition(struct rps__server *srv, uint32_t part, uint64_t 
 		nt += srv->tensors[i] && srv->tensors[i]->regions[part].mr ? 1u : 0u;
 	put32(b, nt);
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		struct region *r = t ? &t->regions[part] : NULL;
 		size_t nstate;
 		if (!r || !r->mr)
@@ -326,11 +327,11 @@ static int serialize_partition(struct rps__server *srv, uint32_t part, uint64_t 
 				put(b, s->dd, (size_t)s->ndd * sizeof(*s->dd));
 		}
 	}
-	for (i = 0; i < srv->nparked; i++)
-		np += srv->parked[i].t->shards[srv->parked[i].local].part == part;
+	for (i = 0; i < srv->push.nparked; i++)
+		np += srv->push.parked[i].t->shards[srv->push.parked[i].local].part == part;
 	put32(b, np);
-	for (i = 0; i < srv->nparked; i++) {
-		struct parked *pk = &srv->parked[i];
+	for (i = 0; i < srv->push.nparked; i++) {
+		struct parked *pk = &srv->push.parked[i];
 		if (pk->t->shards[pk->local].part != part)
 			continue;
 		put(b, pk->t->name, sizeof(pk->t->name));
@@ -357,13 +358,13 @@ void rps__srv_part_forget_parked(struct rps__server *srv, uint32_t part)
 {
 	uint32_t i = 0;
 
-	while (i < srv->nparked) {
-		struct parked *pk = &srv->parked[i];
+	while (i < srv->push.nparked) {
+		struct parked *pk = &srv->push.parked[i];
 		if (pk->t->shards[pk->local].part == part) {
 			if (pk->in_acc)
 				pk->t->shards[pk->local].early_rank = -1;
 			rps__srv_parked_release(srv, pk);
-			*pk = srv->parked[--srv->nparked];
+			*pk = srv->push.parked[--srv->push.nparked];
 			continue;
 		}
 		i++;
@@ -497,7 +498,7 @@ static int check_tensor(struct rps__server *srv, struct rbuf *b, struct img_tens
 {
 	struct img_tensor *it = &its[i];
 	const struct rps__tensor_spec *sp;
-	struct tensor *t;
+	struct srv_tensor *t;
 	uint32_t j, k;
 	int ret;
 
@@ -626,7 +627,7 @@ out:
 /* One shard of a tensor's region (allocated, not yet registered).  As a
  * backup (seeding) too, the step in progress is kept (promote_shard says
  * why); the header keeps the map's epoch. */
-static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint64_t epoch, bool backup)
+static int install_shard(struct rbuf *b, struct srv_tensor *t, struct shard *s, uint64_t epoch, bool backup)
 {
 	size_t nstate = rps__optim_state_len(t->optim.type, s->elems);
 	const void *v;
@@ -675,7 +676,7 @@ static int install_shard(struct rbuf *b, struct tensor *t, struct shard *s, uint
 }
 
 /* The image's removed ranks join this server's (checked before). */
-static int install_removed(struct rbuf *b, struct tensor *t)
+static int install_removed(struct rbuf *b, struct srv_tensor *t)
 {
 	uint32_t n = get32(b), k, r;
 
@@ -697,7 +698,7 @@ static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part
 	const char *name = get(b, RPS__NAME_MAX);
 	const struct rps__tensor_spec *sp = get(b, sizeof(*sp));
 	struct rps__tensor_spec spec;
-	struct tensor *t;
+	struct srv_tensor *t;
 	uint32_t nsh, j;
 	int ret;
 
@@ -739,7 +740,7 @@ static int install_parked(struct rps__server *srv, struct rbuf *b)
 	int rank = (int)get32(b);
 	uint64_t nbytes = get64(b);
 	const void *data = get(b, nbytes);
-	struct tensor *t = name && memchr(name, '\0', RPS__NAME_MAX) ? rps__srv_tensor_by_name(srv, name) : NULL;
+	struct srv_tensor *t = name && memchr(name, '\0', RPS__NAME_MAX) ? rps__srv_tensor_by_name(srv, name) : NULL;
 	struct parked *pk;
 
 	if (!data || !t || shard >= t->layout.nshards)
@@ -756,8 +757,8 @@ static int install_parked(struct rps__server *srv, struct rbuf *b)
 	pk->clock = clock;
 	pk->rank = rank;
 	pk->nbytes = nbytes;
-	srv->nparked++;
-	srv->parked_bytes += nbytes;
+	srv->push.nparked++;
+	srv->push.parked_bytes += nbytes;
 	rps__srv_mem_charge(srv, nbytes);
 	return 0;
 }
@@ -833,7 +834,7 @@ int rps__srv_image_install_backup(struct rps__server *srv, uint32_t part, uint64
 	int ret = install_partition(srv, part, epoch, img, len, true);
 
 	if (!ret) {
-		srv->repl_seq[part] = seq;
+		srv->repl.seq[part] = seq;
 		if (part < RPS__SMAP_MAX_PART)
 			srv->parts[part].seeded = true;	/* (the next view says so too) */
 	}
@@ -842,13 +843,13 @@ int rps__srv_image_install_backup(struct rps__server *srv, uint32_t part, uint64
 
 uint64_t rps__srv_repl_seq(struct rps__server *srv, uint32_t part)
 {
-	return part < RPS__SMAP_MAX_PART ? srv->repl_seq[part] : 0;
+	return part < RPS__SMAP_MAX_PART ? srv->repl.seq[part] : 0;
 }
 
 void rps__srv_repl_seq_set(struct rps__server *srv, uint32_t part, uint64_t seq)
 {
 	if (part < RPS__SMAP_MAX_PART)
-		srv->repl_seq[part] = seq;
+		srv->repl.seq[part] = seq;
 }
 
 /* Publish an epoch in every header of the partition: a worker's READ of a
@@ -858,14 +859,14 @@ void rps__srv_part_publish(struct rps__server *srv, uint32_t part, uint64_t epoc
 	uint32_t i, j;
 
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		struct region *r = t ? &t->regions[part] : NULL;
 		if (!r || !r->mr)
 			continue;
 		for (j = 0; j < r->nsh; j++)
 			rps__srv_publish(&t->shards[rps__part_shard(&t->layout, part, j)], epoch);
 	}
-	srv->rfence_dirty = true;
+	srv->rfence.dirty = true;
 }
 
 /*
@@ -904,10 +905,10 @@ void rps__srv_read_fence(struct rps__server *srv)
 	bool held = rps__srv_lease_held(srv, rps__dp_boottime_ns());
 	uint32_t p, up = 0, down = 0;
 
-	if (held == srv->rfence_held && !srv->rfence_dirty)
+	if (held == srv->rfence.held && !srv->rfence.dirty)
 		return;
-	srv->rfence_held = held;
-	srv->rfence_dirty = false;
+	srv->rfence.held = held;
+	srv->rfence.dirty = false;
 	for (p = 0; p < srv->npart && p < RPS__SMAP_MAX_PART; p++) {
 		bool serving = rps__srv_part_serving(srv, p);
 		bool want = !held && serving && rps__srv_repl_part(srv, p);
@@ -915,12 +916,12 @@ void rps__srv_read_fence(struct rps__server *srv)
 
 		if (want)
 			epoch = RPS__EPOCH_MOVED;	/* (again after a change: a publish may have undone it) */
-		else if (srv->rfenced[p] && serving)
+		else if (srv->rfence.fenced[p] && serving)
 			epoch = srv->parts[p].epoch;
 		else
 			continue;	/* (not served here: a fence up stays noted until it is again) */
 		for (uint32_t i = 0; i < srv->ntensors; i++) {
-			struct tensor *t = srv->tensors[i];
+			struct srv_tensor *t = srv->tensors[i];
 			struct region *r = t ? &t->regions[p] : NULL;
 			if (!r || !r->mr)
 				continue;
@@ -928,9 +929,9 @@ void rps__srv_read_fence(struct rps__server *srv)
 				__atomic_store_n(&t->shards[rps__part_shard(&t->layout, p, j)].hdr->epoch, epoch,
 						 __ATOMIC_RELEASE);
 		}
-		up += want && !srv->rfenced[p];
-		down += !want && srv->rfenced[p];
-		srv->rfenced[p] = want;
+		up += want && !srv->rfence.fenced[p];
+		down += !want && srv->rfence.fenced[p];
+		srv->rfence.fenced[p] = want;
 	}
 	if (up)
 		rps__log(RPS__LOG_INFO, "no primary lease: reads of %u partition%s fenced (their headers say moved)",
@@ -959,7 +960,7 @@ void rps__srv_part_create(struct rps__server *srv, uint32_t part)
 int rps__srv_part_digest(struct rps__server *srv, const char *name, uint32_t part, uint32_t *crc,
 			 uint64_t *versions, uint32_t *nshards)
 {
-	struct tensor *t = rps__srv_tensor_by_name(srv, name);
+	struct srv_tensor *t = rps__srv_tensor_by_name(srv, name);
 	const struct region *r;
 	uint32_t c = 0, j;
 

@@ -14,6 +14,7 @@
 #include "server/server_int.h"
 #include "server/repl.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -41,18 +42,18 @@ void rps__srv_publish(struct shard *s, uint64_t epoch)
 	publish_end(s);
 }
 
-void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local)
+void rps__srv_wake_waiters(struct rps__server *srv, struct srv_tensor *t, uint32_t local)
 {
 	struct shard *s = &t->shards[local];
 	uint32_t i = 0;
 
-	while (i < srv->nwaiters) {
-		struct waiter *w = &srv->waiters[i];
+	while (i < srv->req.nwaiters) {
+		struct waiter *w = &srv->req.waiters[i];
 		if (w->tensor_id == t->id && w->local == local &&
 		    s->ready && s->step >= w->min_version && s->hdr->min_clock >= w->min_clock) {
 			struct rps__wait_rep rep = { .version = s->step, .min_clock = s->hdr->min_clock };
 			conn_reply(w->conn, RPS__MSG_WAIT_REP, w->req_id, 0, &rep, sizeof(rep));
-			*w = srv->waiters[--srv->nwaiters];
+			*w = srv->req.waiters[--srv->req.nwaiters];
 			continue;
 		}
 		i++;
@@ -63,15 +64,16 @@ void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t l
 
 /* Has rank's push for step clock of the shard been parked here (out of
  * turn)?  A parked push was acknowledged: it counts for its step. */
-bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank,
+bool rps__srv_parked_has(const struct rps__server *srv, const struct srv_tensor *t, uint32_t local, int rank,
 			 uint64_t clock)
 {
 	uint32_t i;
 
-	for (i = 0; i < srv->nparked; i++)
-		if (srv->parked[i].t == t && srv->parked[i].local == local && srv->parked[i].rank == rank &&
-		    srv->parked[i].clock == clock)
+	for (i = 0; i < srv->push.nparked; i++) {
+		const struct parked *p = &srv->push.parked[i];
+		if (p->t == t && p->local == local && p->rank == rank && p->clock == clock)
 			return true;
+	}
 	return false;
 }
 
@@ -81,18 +83,19 @@ bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, 
 
 void *rps__srv_park_buf_get(struct rps__server *srv, size_t nbytes, size_t *cap)
 {
-	uint32_t i = srv->npark_pool;
+	uint32_t i = srv->push.npark_pool;
 	void *buf;
 
 	nbytes = RPS__MAX(nbytes, 1u);
 	/* a kept one that fits and is not twice too big (bf16 beside fp32) */
 	while (i--) {
-		struct park_buf *pb = &srv->park_pool[i];
+		struct park_buf *pb = &srv->push.park_pool[i];
 		if (pb->cap >= nbytes && pb->cap / 2 < nbytes) {
 			buf = pb->buf;
 			*cap = pb->cap;
-			srv->park_pool_bytes -= pb->cap;	/* (still in mem_used) */
-			*pb = srv->park_pool[--srv->npark_pool];
+			assert(srv->push.park_pool_bytes >= pb->cap);
+			srv->push.park_pool_bytes -= pb->cap;	/* (still in mem_used) */
+			*pb = srv->push.park_pool[--srv->push.npark_pool];
 			return buf;
 		}
 	}
@@ -112,10 +115,11 @@ void rps__srv_park_pool_trim(struct rps__server *srv, size_t bytes)
 {
 	size_t freed = 0;
 
-	while (srv->npark_pool && freed < bytes) {
-		struct park_buf *pb = &srv->park_pool[--srv->npark_pool];
+	while (srv->push.npark_pool && freed < bytes) {
+		struct park_buf *pb = &srv->push.park_pool[--srv->push.npark_pool];
 		free(pb->buf);
-		srv->park_pool_bytes -= pb->cap;
+		assert(srv->push.park_pool_bytes >= pb->cap);
+		srv->push.park_pool_bytes -= pb->cap;
 		rps__srv_mem_give(srv, pb->cap);
 		freed += pb->cap;
 	}
@@ -129,20 +133,18 @@ void rps__srv_parked_release(struct rps__server *srv, struct parked *p)
 		p->data = NULL;
 		return;
 	}
-	srv->parked_bytes -= p->nbytes;
-	if (srv->npark_pool == srv->park_pool_cap && srv->npark_pool < PARK_POOL_MAX) {
-		uint32_t cap = srv->park_pool_cap ? srv->park_pool_cap * 2 : 16;
-		struct park_buf *grown = realloc(srv->park_pool, cap * sizeof(*grown));
-		if (grown) {
-			srv->park_pool = grown;
-			srv->park_pool_cap = cap;
-		}
-	}
-	if (srv->npark_pool < srv->park_pool_cap && srv->park_pool_bytes + p->cap <= srv->cfg.park_limit / 4) {
-		srv->park_pool[srv->npark_pool].buf = p->data;
-		srv->park_pool[srv->npark_pool].cap = p->cap;
-		srv->npark_pool++;
-		srv->park_pool_bytes += p->cap;
+	assert(srv->push.parked_bytes >= p->nbytes);	/* its bytes were counted when it was parked */
+	srv->push.parked_bytes -= p->nbytes;
+	if (srv->push.npark_pool < PARK_POOL_MAX)	/* failing, the buffer is freed below */
+		(void)rps__grow(&srv->push.park_pool, &srv->push.park_pool_cap, srv->push.npark_pool + 1,
+				sizeof(*srv->push.park_pool), 16);
+	if (srv->push.npark_pool < srv->push.park_pool_cap &&
+	    srv->push.park_pool_bytes + p->cap <= srv->cfg.park_limit / 4) {
+		srv->push.park_pool[srv->push.npark_pool].buf = p->data;
+		srv->push.park_pool[srv->push.npark_pool].cap = p->cap;
+		srv->push.npark_pool++;
+		srv->push.park_pool_bytes += p->cap;
+		assert(srv->push.npark_pool <= srv->push.park_pool_cap);
 	} else {
 		free(p->data);
 		rps__srv_mem_give(srv, p->cap);
@@ -153,7 +155,7 @@ void rps__srv_parked_release(struct rps__server *srv, struct parked *p)
 /* The first rank from `from` on whose turn it is at the shard's step:
  * removed ranks with nothing parked for it are passed over (a push parked
  * before the removal still counts). */
-static int next_turn(const struct rps__server *srv, const struct tensor *t, uint32_t local, int from)
+static int next_turn(const struct rps__server *srv, const struct srv_tensor *t, uint32_t local, int from)
 {
 	while (from < t->spec.num_workers && rps__srv_rank_removed(t, from) &&
 	       !rps__srv_parked_has(srv, t, local, from, t->shards[local].step))
@@ -174,7 +176,7 @@ static int next_turn(const struct rps__server *srv, const struct tensor *t, uint
  * both.  If next_rank is removed meanwhile, the early rank's own turn comes
  * with data NULL (its parked entry): the accumulator already holds it.
  */
-static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, uint64_t clock,
+static int sync_take(struct rps__server *srv, struct srv_tensor *t, uint32_t local, uint64_t clock,
 		     int rank, const void *data)
 {
 	struct shard *s = &t->shards[local];
@@ -228,7 +230,7 @@ static int sync_take(struct rps__server *srv, struct tensor *t, uint32_t local, 
  * step with no contribution at all is never applied (the last rank cannot
  * be removed).  Called after each contribution and when a rank is removed.
  */
-void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local, bool reserved)
+void rps__srv_sync_advance(struct rps__server *srv, struct srv_tensor *t, uint32_t local, bool reserved)
 {
 	struct shard *s = &t->shards[local];
 
@@ -270,7 +272,7 @@ void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t l
  * Parked pushes of later steps stay: they were acknowledged before the
  * partition had this backup, and nobody will resend them.
  */
-void rps__srv_sync_step_replicated(struct rps__server *srv, struct tensor *t, uint32_t local)
+void rps__srv_sync_step_replicated(struct rps__server *srv, struct srv_tensor *t, uint32_t local)
 {
 	struct shard *s = &t->shards[local];
 	uint32_t i = 0;
@@ -278,11 +280,11 @@ void rps__srv_sync_step_replicated(struct rps__server *srv, struct tensor *t, ui
 	s->next_rank = 0;
 	s->nsummed = 0;
 	s->early_rank = -1;
-	while (i < srv->nparked) {
-		struct parked *p = &srv->parked[i];
+	while (i < srv->push.nparked) {
+		struct parked *p = &srv->push.parked[i];
 		if (p->t == t && p->local == local && p->clock < s->step) {
 			rps__srv_parked_release(srv, p);
-			*p = srv->parked[--srv->nparked];
+			*p = srv->push.parked[--srv->push.nparked];
 			continue;
 		}
 		i++;
@@ -294,12 +296,14 @@ enum consume_result { CONSUMED, NOT_YET };
 /* Release the lock word w (0: none held) on the worker's behalf, through
  * the transport's atomic path; returns the new word for the ack.  The
  * version moves on with every release, so a word never comes back. */
-uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w)
+uint64_t rps__srv_release_lock(struct rps__server *srv, struct srv_tensor *t, struct shard *s, uint64_t w)
 {
 	uint64_t next, old = 0;
 
 	if (!w)
 		return 0;
+	/* a word some holder locked: a fence is lifted by unfence_shard alone */
+	assert(rps__lock_is_locked(w) && rps__lock_owner(w) != RPS__LOCK_OWNER_FENCE);
 	next = rps__lock_unlocked(rps__lock_version(w) + 1);
 	if (rps__local_cas(srv->fab, t->regions[s->part].mr, &s->hdr->lock, w, next, &old)) {
 		rps__log(RPS__LOG_ERROR, "releasing lock of %s shard %u: %s", t->name, s->index, rps__errbuf());
@@ -308,13 +312,13 @@ uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct
 	return old == w ? next : old;
 }
 
-static struct rps__push_desc *slot_desc(struct conn *c, uint32_t slot)
+static struct rps__push_desc *slot_desc(struct srv_conn *c, uint32_t slot)
 {
-	return (struct rps__push_desc *)(c->slots + (size_t)slot * c->srv->slot_size);
+	return (struct rps__push_desc *)(c->bufs.slots + (size_t)slot * c->srv->slot_size);
 }
 
-void rps__srv_ack_then_release(struct rps__server *srv, struct conn *c, uint32_t slot, int status,
-			       struct tensor *t, struct shard *s, uint64_t w, bool hold)
+void rps__srv_ack_then_release(struct rps__server *srv, struct srv_conn *c, uint32_t slot, int status,
+			       struct srv_tensor *t, struct shard *s, uint64_t w, bool hold)
 {
 	uint64_t next = rps__lock_unlocked(rps__lock_version(w) + 1), left;
 
@@ -331,29 +335,29 @@ void rps__srv_ack_then_release(struct rps__server *srv, struct conn *c, uint32_t
 			 t->name, s->index, (unsigned long long)left, (unsigned long long)w);
 }
 
-void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
+void rps__srv_push_ack(struct srv_conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
 	struct rps__push_ack ack = {
 		.slot = slot, .shard = d->shard, .version = version, .lock = lock,
 	};
 
-	c->slot_state[slot] = 0;
+	c->bufs.slot_state[slot] = 0;
 	conn_reply(c, RPS__MSG_PUSH_ACK, d->push_id, status, &ack, sizeof(ack));
 }
 
 /* Sync, partition with backups: the first stage of the acknowledgement
  * (summed or parked: the slot is free); STEP_DONE completes the push once
  * its step `clock` is on every replica (repl_stream.c). */
-static void push_taken(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static void push_taken(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 		       struct shard *s, uint64_t clock, uint64_t version)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
 	struct rps__push_ack ack = { .slot = slot, .shard = d->shard, .version = version };
 	int r;
 
-	c->slot_state[slot] = 0;
-	srv->repl_stats.taken_acks++;	/* (before the send: tests read it once the worker heard) */
+	c->bufs.slot_state[slot] = 0;
+	srv->repl.stats.taken_acks++;	/* (before the send: tests read it once the worker heard) */
 	rps__srv_repl_step_wait(srv, c, t, s, clock);
 	rps__srv_conn_reply_flags(c, RPS__MSG_PUSH_ACK, RPS__ACK_TAKEN, d->push_id, 0, &ack, sizeof(ack));
 	/* a rank already left before its push for the step: end this one at
@@ -366,7 +370,7 @@ static void push_taken(struct rps__server *srv, struct conn *c, uint32_t slot, s
 
 /* Refuse a push for a partition whose contents are lost, or that is not
  * served here under the push's epoch.  True: refused (acknowledged). */
-static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static bool refuse_unserved(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 			    struct shard *s, const struct rps__push_desc *d)
 {
 	if (rps__srv_part_lost(srv, s->part)) {
@@ -394,8 +398,8 @@ static bool refuse_unserved(struct rps__server *srv, struct conn *c, uint32_t sl
 }
 
 /* The creator's initial values of a shard. */
-static enum consume_result consume_init(struct rps__server *srv, struct conn *c, uint32_t slot,
-					struct tensor *t, struct shard *s, uint32_t local,
+static enum consume_result consume_init(struct rps__server *srv, struct srv_conn *c, uint32_t slot,
+					struct srv_tensor *t, struct shard *s, uint32_t local,
 					const struct rps__push_desc *d)
 {
 	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
@@ -432,7 +436,7 @@ static enum consume_result consume_init(struct rps__server *srv, struct conn *c,
  * server releases it once the push is decided (the worker does not
  * have to come back for that: a push is one round trip).  True: decided
  * here (refused, or a retry acknowledged); else *holds is the lock word. */
-static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static bool check_lock(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 		       struct shard *s, const struct rps__push_desc *d, uint64_t *holds)
 {
 	uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
@@ -454,21 +458,21 @@ static bool check_lock(struct rps__server *srv, struct conn *c, uint32_t slot, s
 /* A worker key covers the tensors under its scope only, a reader key no
  * push at all (doc/security.md "Roles"): refused, and a lock the push names and
  * its connection holds is let go, so no one waits for its lease. */
-static bool refuse_out_of_scope(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static bool refuse_out_of_scope(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 				struct shard *s, const struct rps__push_desc *d)
 {
 	bool in_scope = rps__srv_scope_allows(c, t->name);
 	uint64_t w, released = 0;
 	char why[200];
 
-	if (in_scope && c->key_role != RPS__KEY_READER)
+	if (in_scope && c->auth.key_role != RPS__KEY_READER)
 		return false;
 	if (t->spec.mode != RPS_MODE_SYNC && s->hdr) {
 		w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE);
 		if (w == d->lock && rps__lock_is_locked(w) && rps__lock_owner(w) == c->owner)
 			released = rps__srv_release_lock(srv, t, s, w);
 	}
-	snprintf(why, sizeof(why), "a %s of '%s' pushed to '%s'%s", rps__key_role_name(c->key_role), c->scope,
+	snprintf(why, sizeof(why), "a %s of '%s' pushed to '%s'%s", rps__key_role_name(c->auth.key_role), c->auth.scope,
 		 t->name, in_scope ? " (readers do not push)" : ", outside its scope");
 	rps__srv_log_refusal(srv, c, why);
 	push_ack(c, slot, in_scope ? -EPERM : -EACCES, 0, released);
@@ -477,7 +481,7 @@ static bool refuse_out_of_scope(struct rps__server *srv, struct conn *c, uint32_
 
 /* Refuse a gradient of the wrong dtype or size, from the wrong rank, or
  * (sync) for a step out of reach.  True: refused (acknowledged). */
-static bool refuse_bad_grad(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static bool refuse_bad_grad(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 			    struct shard *s, const struct rps__push_desc *d, uint64_t holds)
 {
 	if (d->dtype != t->spec.dtype || d->nbytes != (uint64_t)s->elems * rps__dtype_size(t->spec.dtype)) {
@@ -509,8 +513,8 @@ static bool refuse_bad_grad(struct rps__server *srv, struct conn *c, uint32_t sl
 }
 
 /* Sync: added to the step's sum in its turn, else NOT_YET. */
-static enum consume_result consume_sync(struct rps__server *srv, struct conn *c, uint32_t slot,
-					struct tensor *t, struct shard *s, uint32_t local,
+static enum consume_result consume_sync(struct rps__server *srv, struct srv_conn *c, uint32_t slot,
+					struct srv_tensor *t, struct shard *s, uint32_t local,
 					const struct rps__push_desc *d)
 {
 	const void *data = (const char *)d + RPS__PUSH_DESC_SIZE;
@@ -532,8 +536,8 @@ static enum consume_result consume_sync(struct rps__server *srv, struct conn *c,
 
 /* async and bounded, replicated: applied, shipped to every replica; the
  * publication, the lock's release and the ack wait for them (repl_stream.c). */
-static enum consume_result apply_async_replicated(struct rps__server *srv, struct conn *c, uint32_t slot,
-						  struct tensor *t, struct shard *s, const struct rps__push_desc *d,
+static enum consume_result apply_async_replicated(struct rps__server *srv, struct srv_conn *c, uint32_t slot,
+						  struct srv_tensor *t, struct shard *s, const struct rps__push_desc *d,
 						  uint64_t holds)
 {
 	if (rps__srv_repl_reserve(srv, t, s->part))
@@ -548,7 +552,7 @@ static enum consume_result apply_async_replicated(struct rps__server *srv, struc
 }
 
 /* async and bounded: applied alone, under the lock the worker holds */
-static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static void apply_async(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 			struct shard *s, uint32_t local, const struct rps__push_desc *d, uint64_t holds)
 {
 	shard_update(t, s, rps__srv_grad_fp32(s, (const char *)d + RPS__PUSH_DESC_SIZE, d->dtype));
@@ -565,10 +569,10 @@ static void apply_async(struct rps__server *srv, struct conn *c, uint32_t slot, 
  * once or refused, never silently dropped.  The steps are static and called
  * once: the compiler inlines them, the push path does no more than before.
  */
-static enum consume_result consume(struct rps__server *srv, struct conn *c, uint32_t slot)
+static enum consume_result consume(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
-	struct tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
+	struct srv_tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
 	uint64_t holds = 0;
 	struct shard *s;
 	uint32_t local;
@@ -607,20 +611,15 @@ static enum consume_result consume(struct rps__server *srv, struct conn *c, uint
 	return CONSUMED;
 }
 
-static int held_add(struct rps__server *srv, struct conn *c, uint32_t slot)
+static int held_add(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
-	if (srv->nheld == srv->held_cap) {
-		uint32_t cap = srv->held_cap ? srv->held_cap * 2 : 64;
-		struct held *h = realloc(srv->held, cap * sizeof(*h));
-		if (!h)
-			return -ENOMEM;
-		srv->held = h;
-		srv->held_cap = cap;
-	}
-	srv->held[srv->nheld].conn = c;
-	srv->held[srv->nheld].slot = slot;
-	srv->nheld++;
-	c->slot_state[slot] = 1;
+	if (rps__grow(&srv->push.held, &srv->push.held_cap, srv->push.nheld + 1, sizeof(*srv->push.held), 64))
+		return -ENOMEM;
+	srv->push.held[srv->push.nheld].conn = c;
+	srv->push.held[srv->push.nheld].slot = slot;
+	srv->push.nheld++;
+	assert(srv->push.nheld <= srv->push.held_cap);
+	c->bufs.slot_state[slot] = 1;
 	return 0;
 }
 
@@ -633,26 +632,27 @@ void rps__srv_drain_held(struct rps__server *srv)
 	while (progress) {
 		uint32_t i = 0;
 		progress = false;
-		while (i < srv->nparked) {
-			struct parked *p = &srv->parked[i];
+		while (i < srv->push.nparked) {
+			struct parked *p = &srv->push.parked[i];
 			if (sync_take(srv, p->t, p->local, p->clock, p->rank, p->data) == -EAGAIN) {
 				i++;
 				continue;
 			}
 			/* taken: its acknowledgement (or, replicated, its TAKEN) went out when it was parked */
 			rps__srv_parked_release(srv, p);
-			*p = srv->parked[--srv->nparked];
+			*p = srv->push.parked[--srv->push.nparked];
 			progress = true;
 		}
 		i = 0;
-		while (i < srv->nheld) {
-			struct held h = srv->held[i];
+		while (i < srv->push.nheld) {
+			struct held h = srv->push.held[i];
 			if (!h.conn->dead && consume(srv, h.conn, h.slot) == NOT_YET) {
 				i++;
 				continue;
 			}
-			memmove(&srv->held[i], &srv->held[i + 1], (srv->nheld - i - 1) * sizeof(*srv->held));
-			srv->nheld--;
+			memmove(&srv->push.held[i], &srv->push.held[i + 1],
+				(srv->push.nheld - i - 1) * sizeof(*srv->push.held));
+			srv->push.nheld--;
 			progress = true;
 		}
 	}
@@ -660,15 +660,10 @@ void rps__srv_drain_held(struct rps__server *srv)
 
 int rps__srv_parked_slot(struct rps__server *srv, struct parked **out)
 {
-	if (srv->nparked == srv->parked_cap) {
-		uint32_t cap = srv->parked_cap ? srv->parked_cap * 2 : 64;
-		struct parked *grown = realloc(srv->parked, cap * sizeof(*grown));
-		if (!grown)
-			return -ENOMEM;
-		srv->parked = grown;
-		srv->parked_cap = cap;
-	}
-	*out = memset(&srv->parked[srv->nparked], 0, sizeof(**out));
+	if (rps__grow(&srv->push.parked, &srv->push.parked_cap, srv->push.nparked + 1, sizeof(*srv->push.parked), 64))
+		return -ENOMEM;
+	assert(srv->push.nparked < srv->push.parked_cap);	/* counted by the caller once filled */
+	*out = memset(&srv->push.parked[srv->push.nparked], 0, sizeof(**out));
 	return 0;
 }
 
@@ -681,7 +676,7 @@ int rps__srv_parked_slot(struct rps__server *srv, struct parked **out)
  * instead: its pushes are acknowledged in two stages and the replicas
  * apply whole steps, so nothing is gained there.  0: taken, acknowledged.
  */
-static int take_early(struct rps__server *srv, struct conn *c, uint32_t slot, struct tensor *t,
+static int take_early(struct rps__server *srv, struct srv_conn *c, uint32_t slot, struct srv_tensor *t,
 		      const struct rps__push_desc *d)
 {
 	struct shard *s = &t->shards[d->shard];
@@ -699,8 +694,8 @@ static int take_early(struct rps__server *srv, struct conn *c, uint32_t slot, st
 	p->rank = d->rank;
 	p->nbytes = d->nbytes;
 	p->in_acc = true;
-	srv->nparked++;
-	srv->sync_early++;
+	srv->push.nparked++;
+	srv->push.sync_early++;
 	push_ack(c, slot, 0, s->step, 0);
 	return 0;
 }
@@ -708,10 +703,10 @@ static int take_early(struct rps__server *srv, struct conn *c, uint32_t slot, st
 /* Copy an out-of-turn sync push out of its slot and acknowledge it (see
  * struct parked).  -ENOSPC when it is not a sync push or over the budget:
  * the push then waits in its slot. */
-static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
+static int park(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
 	struct rps__push_desc *d = slot_desc(c, slot);
-	struct tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
+	struct srv_tensor *t = rps__srv_tensor_by_id(srv, d->tensor_id);
 	struct parked *p;
 
 	if (!t || t->spec.mode != RPS_MODE_SYNC || d->kind != RPS__PUSH_GRAD)
@@ -730,7 +725,7 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	}
 	if (take_early(srv, c, slot, t, d) == 0)
 		return 0;
-	if (srv->parked_bytes + d->nbytes > srv->cfg.park_limit)
+	if (srv->push.parked_bytes + d->nbytes > srv->cfg.park_limit)
 		return -ENOSPC;
 	/* replicated, in its turn, waiting only for the replicas (credits, or
 	 * the previous step's confirmation): it stays in its slot (it depends
@@ -749,9 +744,9 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	p->clock = d->clock;
 	p->rank = d->rank;
 	p->nbytes = d->nbytes;
-	srv->nparked++;
-	srv->parked_bytes += d->nbytes;
-	srv->sync_parked++;
+	srv->push.nparked++;
+	srv->push.parked_bytes += d->nbytes;
+	srv->push.sync_parked++;
 	if (rps__srv_repl_part(srv, t->shards[p->local].part))
 		push_taken(srv, c, slot, t, &t->shards[p->local], p->clock, t->shards[p->local].step);
 	else
@@ -759,7 +754,7 @@ static int park(struct rps__server *srv, struct conn *c, uint32_t slot)
 	return 0;
 }
 
-void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot)
+void rps__srv_on_push(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
 	struct rps__push_desc *d;
 	int ret;
@@ -768,7 +763,7 @@ void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot)
 		conn_fail(c, "sent a push to a slot it does not own");
 		return;
 	}
-	if (c->slot_state[slot]) {
+	if (c->bufs.slot_state[slot]) {
 		conn_fail(c, "pushed into a slot that is still in use");
 		return;
 	}
@@ -795,7 +790,7 @@ void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot)
  * version moves on as with every release: a holder that is merely slow,
  * and whose connection then takes the same shard's lock again, gets a new
  * word, so its stale push (naming the old word) can never pass the check. */
-static void break_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w,
+static void break_lock(struct rps__server *srv, struct srv_tensor *t, struct shard *s, uint64_t w,
 		       const char *why)
 {
 	/* release_lock() returns the word it left, or what it found instead */
@@ -810,7 +805,7 @@ void rps__srv_scan_locks(struct rps__server *srv, uint32_t dead_owner)
 	uint32_t i, j;
 
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		if (!t || t->spec.mode == RPS_MODE_SYNC)
 			continue;
 		for (j = 0; j < t->layout.nshards; j++) {

@@ -16,6 +16,7 @@
 #include "server/server_int.h"
 #include "server/repl.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,25 +25,26 @@
 
 #include "rdmaps.h"
 
-int rps__srv_repl_accepted(struct rps__server *srv, struct conn *c)
+int rps__srv_repl_accepted(struct rps__server *srv, struct srv_conn *c)
 {
 	size_t len = (size_t)REPL_SLOTS * rps__srv_repl_slot_size(srv);
 
 	if (rps__srv_mem_take(srv, len, "replication slots"))
 		return -ENOMEM;
-	c->slots = rps__topo_alloc(srv->topo, &srv->place, len);
-	if (!c->slots) {
+	c->bufs.slots = rps__topo_alloc(srv->topo, &srv->place, len);
+	if (!c->bufs.slots) {
 		rps__srv_mem_give(srv, len);
 		return -ENOMEM;
 	}
-	c->slots_len = len;
-	c->repl_nslots = REPL_SLOTS;
-	c->repl_slot_size = rps__srv_repl_slot_size(srv);
-	srv->repl_active = true;
-	return rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED, &c->slots_mr);
+	c->bufs.slots_len = len;
+	c->repl.nslots = REPL_SLOTS;
+	c->repl.slot_size = rps__srv_repl_slot_size(srv);
+	srv->repl.active = true;
+	return rps__mr_reg(srv->fab, c->bufs.slots, len, RPS__ACCESS_REMOTE_WRITE | RPS__ACCESS_WINDOWED,
+			   &c->bufs.slots_mr);
 }
 
-void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+void rps__srv_repl_on_hello(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			    const struct rps__repl_hello *hello)
 {
 	struct rps__repl_hello_rep rep;
@@ -50,7 +52,7 @@ void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struc
 
 	memset(&rep, 0, sizeof(rep));
 	snprintf(rep.fingerprint, sizeof(rep.fingerprint), "%s", rps__srv_repl_fingerprint(srv));
-	if (c->repl_ready || hello->from_id != c->peer_id) {
+	if (c->repl.ready || hello->from_id != c->peer_id) {
 		rps__srv_conn_fail(c, "sent a second or forged REPL_HELLO");
 		return;
 	}
@@ -60,36 +62,36 @@ void rps__srv_repl_on_hello(struct rps__server *srv, struct conn *c, const struc
 			 (unsigned long long)c->peer_id, (int)sizeof(hello->fingerprint), hello->fingerprint,
 			 rps__srv_repl_fingerprint(srv));
 		rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO_REP, h->req_id, -EPROTO, &rep, sizeof(rep));
-		c->repl_refused = true;
-		srv->repl_stats.pairings_refused++;
+		c->repl.refused = true;
+		srv->repl.stats.pairings_refused++;
 		return;
 	}
 	/* the primary writes our slots through a window of this stream alone */
-	ret = rps__srv_conn_window(c, c->slots_mr, RPS__ACCESS_REMOTE_WRITE, &rep.slot_rkey);
+	ret = rps__srv_conn_window(c, c->bufs.slots_mr, RPS__ACCESS_REMOTE_WRITE, &rep.slot_rkey);
 	if (ret) {
 		rps__srv_conn_fail(c, rps__errbuf());
 		return;
 	}
-	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;
-	rep.nslots = c->repl_nslots;
-	rep.slot_size = c->repl_slot_size;
-	c->repl_ready = true;
+	rep.slot_addr = (uint64_t)(uintptr_t)c->bufs.slots;
+	rep.nslots = c->repl.nslots;
+	rep.slot_size = c->repl.slot_size;
+	c->repl.ready = true;
 	rps__srv_conn_reply(c, RPS__MSG_REPL_HELLO_REP, h->req_id, 0, &rep, sizeof(rep));
 }
 
-/* Refuse the entry after c->cseq: the primary breaks the stream. */
-static int refuse(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, int status)
+/* Refuse the entry after c->repl.cseq: the primary breaks the stream. */
+static int refuse(struct rps__server *srv, struct srv_conn *c, const struct rps__repl_desc *d, int status)
 {
-	struct rps__repl_ack a = { .cseq = c->cseq, .part = d->part };
+	struct rps__repl_ack a = { .cseq = c->repl.cseq, .part = d->part };
 
-	srv->repl_stats.refused++;
-	c->repl_refused = true;
+	srv->repl.stats.refused++;
+	c->repl.refused = true;
 	rps__srv_conn_reply(c, RPS__MSG_REPL_NACK, 0, status, &a, sizeof(a));
 	return -EPROTO;
 }
 
-static int broken(struct conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int broken(struct conn *c, const char *fmt, ...)
+static int broken(struct srv_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int broken(struct srv_conn *c, const char *fmt, ...)
 {
 	char why[160];
 	va_list ap;
@@ -103,10 +105,10 @@ static int broken(struct conn *c, const char *fmt, ...)
 
 /* REPL_TENSOR: know the tensor (created if unknown, as a restore does),
  * with regions for the partitions backed here. */
-static int bind(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d, const void *payload)
+static int bind_tensor(struct rps__server *srv, struct srv_conn *c, const struct rps__repl_desc *d, const void *payload)
 {
 	struct rps__repl_tensor bt;
-	struct tensor *t;
+	struct srv_tensor *t;
 	uint32_t p;
 
 	if (d->nbytes != sizeof(bt))
@@ -128,30 +130,30 @@ static int bind(struct rps__server *srv, struct conn *c, const struct rps__repl_
 		    (rps__srv_region_alloc(srv, t, p, bt.spec.flags & RPS__CREATE_HAS_INIT, NULL) ||
 		     rps__srv_region_register(srv, t, p)))
 			return broken(c, "%s", rps__errbuf());
-	if (d->tensor_id >= c->ntmap) {
-		uint32_t *grown = realloc(c->tmap, (d->tensor_id + 1u) * sizeof(*grown));
+	if (d->tensor_id >= c->repl.ntmap) {
+		uint32_t *grown = realloc(c->repl.tmap, (d->tensor_id + 1u) * sizeof(*grown));
 		if (!grown)
 			return broken(c, "out of memory binding a tensor");
-		memset(grown + c->ntmap, 0, (d->tensor_id + 1u - c->ntmap) * sizeof(*grown));
-		c->tmap = grown;
-		c->ntmap = d->tensor_id + 1u;
+		memset(grown + c->repl.ntmap, 0, (d->tensor_id + 1u - c->repl.ntmap) * sizeof(*grown));
+		c->repl.tmap = grown;
+		c->repl.ntmap = d->tensor_id + 1u;
 	}
-	c->tmap[d->tensor_id] = t->id + 1u;
+	c->repl.tmap[d->tensor_id] = t->id + 1u;
 	return 0;
 }
 
 /* Apply d with the primary's code: 0, 1 (skipped: not ours to apply),
  * -EAGAIN (the map is behind: later), or a negative errno (the connection
  * failed). */
-static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps__repl_desc *d,
+static int apply_entry(struct rps__server *srv, struct srv_conn *c, const struct rps__repl_desc *d,
 		       const void *payload)
 {
 	const struct rps__dp_part *v;
-	struct tensor *t;
+	struct srv_tensor *t;
 	struct shard *s;
 
 	if (d->kind == RPS__REPL_TENSOR)
-		return bind(srv, c, d, payload);
+		return bind_tensor(srv, c, d, payload);
 	if (d->part >= srv->npart)
 		return broken(c, "replicates partition %u of %u", d->part, srv->npart);
 	v = &srv->parts[d->part];
@@ -160,7 +162,7 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 	 * acknowledgement through us), applied if the same primary stamped
 	 * it before it applied a change of the replica set (REPLICA_DROP:
 	 * epoch + 1, primary unchanged) that we applied first. */
-	if (d->epoch < v->map_epoch && (d->epoch < srv->primary_since[d->part] || c->peer_id != v->primary)) {
+	if (d->epoch < v->map_epoch && (d->epoch < srv->repl.primary_since[d->part] || c->peer_id != v->primary)) {
 		rps__log(RPS__LOG_WARN, "partition %u: refusing replication from member %llu under epoch %llu, "
 			 "older than the map's %llu", d->part, (unsigned long long)c->peer_id,
 			 (unsigned long long)d->epoch, (unsigned long long)v->map_epoch);
@@ -180,10 +182,11 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 				 * the image holds this one; acknowledged, not applied.
 				 * Breaking the stream instead would stall every
 				 * partition it carries (repl_stream.c: a broken stream) */
-	if (d->seq != srv->repl_seq[d->part] + 1)
+	if (d->seq != srv->repl.seq[d->part] + 1)
 		return broken(c, "partition %u: replication entry %llu after %llu", d->part,
-			      (unsigned long long)d->seq, (unsigned long long)srv->repl_seq[d->part]);
-	t = d->tensor_id < c->ntmap && c->tmap[d->tensor_id] ? srv->tensors[c->tmap[d->tensor_id] - 1] : NULL;
+			      (unsigned long long)d->seq, (unsigned long long)srv->repl.seq[d->part]);
+	t = d->tensor_id < c->repl.ntmap && c->repl.tmap[d->tensor_id] ? srv->tensors[c->repl.tmap[d->tensor_id] - 1]
+								       : NULL;
 	if (!t || d->shard >= t->layout.nshards)
 		return broken(c, "replicates an unknown tensor or shard");
 	s = &t->shards[d->shard];
@@ -224,7 +227,8 @@ static int apply_entry(struct rps__server *srv, struct conn *c, const struct rps
 			 t->name, s->index, (unsigned long long)s->step, (unsigned long long)d->version);
 		return refuse(srv, c, d, -EIO);
 	}
-	srv->repl_seq[d->part] = d->seq;
+	assert(d->seq == srv->repl.seq[d->part] + 1);	/* each partition's entries in order, none twice */
+	srv->repl.seq[d->part] = d->seq;
 	return 0;
 }
 
@@ -240,60 +244,61 @@ static bool fault_break(const struct rps__server *srv)
 		return false;
 	if (at < 0 && (!rps__fault_arg("repl-break-at-", &at) || at <= 0))
 		return at = 0, false;
-	if (srv->repl_stats.entries_applied < (uint64_t)at)
+	if (srv->repl.stats.entries_applied < (uint64_t)at)
 		return false;
 	at = 0;
 	return true;
 }
 
 /* The entry in the next slot in turn. */
-static int apply_next(struct rps__server *srv, struct conn *c)
+static int apply_next(struct rps__server *srv, struct srv_conn *c)
 {
-	const char *buf = c->slots + (size_t)(c->cseq % c->repl_nslots) * c->repl_slot_size;
+	const char *buf = c->bufs.slots + (size_t)(c->repl.cseq % c->repl.nslots) * c->repl.slot_size;
 	struct rps__repl_desc d;
 	int ret;
 
 	if (RPS__UNLIKELY(fault_break(srv)))
 		return broken(c, "test hook: replication stream broken");
 	memcpy(&d, buf, sizeof(d));
-	if (d.magic != RPS__REPL_MAGIC || d.nbytes > c->repl_slot_size - RPS__REPL_DESC_SIZE)
+	if (d.magic != RPS__REPL_MAGIC || d.nbytes > c->repl.slot_size - RPS__REPL_DESC_SIZE)
 		return broken(c, "wrote a malformed replication entry");
-	if (d.cseq != c->cseq + 1)
+	if (d.cseq != c->repl.cseq + 1)
 		return broken(c, "replication stream out of order: entry %llu after %llu",
-			      (unsigned long long)d.cseq, (unsigned long long)c->cseq);
+			      (unsigned long long)d.cseq, (unsigned long long)c->repl.cseq);
 	ret = apply_entry(srv, c, &d, buf + RPS__REPL_DESC_SIZE);
 	if (ret < 0)
 		return ret;
-	c->cseq++;
-	c->credits_owed++;
-	srv->repl_stats.entries_applied++;
+	assert(d.cseq == c->repl.cseq + 1);	/* applied strictly in stream order */
+	c->repl.cseq++;
+	c->repl.credits_owed++;
+	srv->repl.stats.entries_applied++;
 	return 0;
 }
 
-void rps__srv_repl_on_entry(struct rps__server *srv, struct conn *c, uint32_t slot)
+void rps__srv_repl_on_entry(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 {
-	if (c->repl_refused)
+	if (c->repl.refused)
 		return;		/* the primary closes on our NACK */
-	if (!c->repl_ready || slot != (c->cseq + c->npending) % c->repl_nslots) {
+	if (!c->repl.ready || slot != (c->repl.cseq + c->repl.npending) % c->repl.nslots) {
 		rps__srv_conn_fail(c, "wrote a replication entry out of turn");
 		return;
 	}
-	if (c->npending || apply_next(srv, c) == -EAGAIN)
-		c->npending++;
+	if (c->repl.npending || apply_next(srv, c) == -EAGAIN)
+		c->repl.npending++;
 }
 
 /* Once per loop turn: entries the map held back, then the ack. */
-void rps__srv_repl_backup_turn(struct rps__server *srv, struct conn *c)
+void rps__srv_repl_backup_turn(struct rps__server *srv, struct srv_conn *c)
 {
 	struct rps__repl_ack a;
 
-	while (c->npending && !apply_next(srv, c))
-		c->npending--;
+	while (c->repl.npending && !apply_next(srv, c))
+		c->repl.npending--;
 	/* one cumulative ack per turn; no send buffer free: next turn */
-	if (c->credits_owed && c->nsfree && !c->repl_refused && !c->dead) {
-		a = (struct rps__repl_ack){ .cseq = c->cseq, .credits = c->credits_owed };
+	if (c->repl.credits_owed && c->bufs.nsfree && !c->repl.refused && !c->dead) {
+		a = (struct rps__repl_ack){ .cseq = c->repl.cseq, .credits = c->repl.credits_owed };
 		rps__srv_conn_reply(c, RPS__MSG_REPL_ACK, 0, 0, &a, sizeof(a));
-		c->credits_owed = 0;
-		srv->repl_stats.acks_sent++;
+		c->repl.credits_owed = 0;
+		srv->repl.stats.acks_sent++;
 	}
 }

@@ -30,6 +30,7 @@
 #include "server/server_int.h"
 #include "server/repl.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,9 +51,9 @@ enum rw_kind { RW_PUSH, RW_INIT, RW_STEP, RW_STEP_DONE };
  * sync contribution, acknowledged TAKEN, waiting for its step). */
 struct repl_wait {
 	enum rw_kind kind;
-	struct tensor *t;
+	struct srv_tensor *t;
 	struct shard *s;
-	struct conn *c;		/* the worker to acknowledge (NULL: gone, or none) */
+	struct srv_conn *c;		/* the worker to acknowledge (NULL: gone, or none) */
 	uint32_t slot;
 	uint64_t holds;		/* PUSH: the lock word to release ... */
 	bool hold;		/* ... unless the worker's next push follows under it */
@@ -62,17 +63,17 @@ struct repl_wait {
 	uint32_t nrep;
 	struct {
 		uint64_t id;
-		struct conn *rc;	/* NULL: the stream broke */
-		uint64_t cseq;		/* confirmed once rc->cseq_acked reaches it */
+		struct srv_conn *rc;	/* NULL: the stream broke */
+		uint64_t cseq;		/* confirmed once rc->repl.cseq_acked reaches it */
 	} rep[REPL_MAX];
 };
 
 const char *rps__srv_repl_fingerprint(struct rps__server *srv)
 {
-	if (!srv->repl_fp[0])
-		snprintf(srv->repl_fp, sizeof(srv->repl_fp), "rdmaps %s agg=%s optim=%d", PACKAGE_VERSION,
+	if (!srv->repl.fp[0])
+		snprintf(srv->repl.fp, sizeof(srv->repl.fp), "rdmaps %s agg=%s optim=%d", PACKAGE_VERSION,
 			 rps__agg_isa_name(rps__agg_best_isa()), (int)rps__optim_best_path());
-	return srv->repl_fp;
+	return srv->repl.fp;
 }
 
 /* Bytes per slot: the descriptor and the largest payload (a shard in
@@ -110,9 +111,9 @@ static struct repl_peer *peer_find(struct rps__server *srv, uint64_t id)
 {
 	uint32_t i;
 
-	for (i = 0; i < srv->nrepl_peers; i++)
-		if (srv->repl_peers[i].id == id)
-			return &srv->repl_peers[i];
+	for (i = 0; i < srv->repl.npeers; i++)
+		if (srv->repl.peers[i].id == id)
+			return &srv->repl.peers[i];
 	return NULL;
 }
 
@@ -121,9 +122,9 @@ int rps__srv_repl_set_peer(struct rps__server *srv, uint64_t id, const char *uri
 	struct repl_peer *p = peer_find(srv, id);
 
 	if (!p) {
-		if (!uri || srv->nrepl_peers == RPS__SMAP_MAX_MEMBERS)
+		if (!uri || srv->repl.npeers == RPS__SMAP_MAX_MEMBERS)
 			return uri ? -ENOSPC : 0;
-		p = &srv->repl_peers[srv->nrepl_peers++];
+		p = &srv->repl.peers[srv->repl.npeers++];
 		memset(p, 0, sizeof(*p));
 		p->id = id;
 	}
@@ -139,86 +140,84 @@ int rps__srv_repl_set_peer(struct rps__server *srv, uint64_t id, const char *uri
 	return 0;
 }
 
-static bool is_bound(const struct conn *rc, uint32_t tensor_id)
+static bool is_bound(const struct srv_conn *rc, uint32_t tensor_id)
 {
-	return tensor_id < rc->nbound && rc->bound[tensor_id];
+	return tensor_id < rc->repl.nbound && rc->repl.bound[tensor_id];
 }
 
 /* ---- the primary: shipping ---------------------------------------------- */
 
-int rps__srv_repl_reserve(struct rps__server *srv, struct tensor *t, uint32_t part)
+int rps__srv_repl_reserve(struct rps__server *srv, struct srv_tensor *t, uint32_t part)
 {
 	uint64_t ids[REPL_MAX];
 	uint32_t k, n = replicas(&srv->parts[part], ids);
 	int ret = 0;
 
-	srv->repl_active = true;
-	if (srv->nrwaits == srv->rwaits_cap) {
-		uint32_t cap = srv->rwaits_cap ? srv->rwaits_cap * 2 : 64;
-		struct repl_wait *grown = realloc(srv->rwaits, cap * sizeof(*grown));
-		if (!grown)
-			return -EAGAIN;
-		srv->rwaits = grown;
-		srv->rwaits_cap = cap;
-	}
+	srv->repl.active = true;
+	if (rps__grow(&srv->repl.rwaits, &srv->repl.rwaits_cap, srv->repl.nrwaits + 1, sizeof(*srv->repl.rwaits), 64))
+		return -EAGAIN;
 	for (k = 0; k < n; k++) {
 		struct repl_peer *p = peer_find(srv, ids[k]);
-		struct conn *rc = p ? p->conn : NULL;
+		struct srv_conn *rc = p ? p->conn : NULL;
 		if (p)
 			p->wanted = true;
-		else if (srv->repl_unknown != ids[k]) {
-			srv->repl_unknown = ids[k];	/* said once, not per push */
+		else if (srv->repl.unknown != ids[k]) {
+			srv->repl.unknown = ids[k];	/* said once, not per push */
 			rps__log(RPS__LOG_ERROR, "partition %u: no address for its replica member %llu: its pushes wait",
 				 part, (unsigned long long)ids[k]);
 		}
-		if (!rc || rc->dead || !rc->repl_ready || rc->credits < 1u + !is_bound(rc, t->id))
+		if (!rc || rc->dead || !rc->repl.ready || rc->repl.credits < 1u + !is_bound(rc, t->id))
 			ret = -EAGAIN;
 	}
 	return ret;
 }
 
-static void post_entry(struct rps__server *srv, struct conn *rc, struct rps__repl_desc d, const void *payload)
+static void post_entry(struct rps__server *srv, struct srv_conn *rc, struct rps__repl_desc d, const void *payload)
 {
-	uint32_t k = (uint32_t)(rc->cseq % rc->repl_nslots);
-	char *buf = rc->slots + (size_t)k * rc->repl_slot_size;
+	uint32_t k = (uint32_t)(rc->repl.cseq % rc->repl.nslots);
+	char *buf = rc->bufs.slots + (size_t)k * rc->repl.slot_size;
 	struct rps__wr wr;
 
+	/* credits: a free slot on the backup for this entry (rps__srv_repl_reserve
+	 * made sure), never more than it has; nothing acked that was not sent */
+	assert(rc->repl.credits > 0 && rc->repl.credits <= rc->repl.nslots);
+	assert(rc->repl.cseq_acked <= rc->repl.cseq);
 	d.magic = RPS__REPL_MAGIC;
-	d.cseq = ++rc->cseq;
+	d.cseq = ++rc->repl.cseq;
 	memcpy(buf, &d, sizeof(d));
 	if (d.nbytes)
 		memcpy(buf + RPS__REPL_DESC_SIZE, payload, d.nbytes);
-	rc->credits--;
+	rc->repl.credits--;
 	memset(&wr, 0, sizeof(wr));
 	wr.wr_id = (uint64_t)WRID_REPL << 32;
 	wr.op = RPS__OP_WRITE_IMM;
 	wr.sge.addr = buf;
 	wr.sge.len = RPS__REPL_DESC_SIZE + d.nbytes;
-	wr.sge.mr = rc->slots_mr;
-	wr.raddr = rc->repl_raddr + (uint64_t)k * rc->repl_slot_size;
-	wr.rkey = rc->repl_rkey;
+	wr.sge.mr = rc->bufs.slots_mr;
+	wr.raddr = rc->repl.raddr + (uint64_t)k * rc->repl.slot_size;
+	wr.rkey = rc->repl.rkey;
 	wr.imm = k;
 	if (rps__post(rc->ep, &wr, 1))
 		rps__srv_conn_fail(rc, rps__errbuf());
-	srv->repl_stats.entries_sent++;
+	srv->repl.stats.entries_sent++;
 }
 
-static void bind_tensor(struct rps__server *srv, struct conn *rc, struct tensor *t)
+static void bind_tensor(struct rps__server *srv, struct srv_conn *rc, struct srv_tensor *t)
 {
 	struct rps__repl_desc d;
 	struct rps__repl_tensor bt;
 
 	if (is_bound(rc, t->id))
 		return;
-	if (t->id >= rc->nbound) {
-		uint8_t *grown = realloc(rc->bound, t->id + 1u);
+	if (t->id >= rc->repl.nbound) {
+		uint8_t *grown = realloc(rc->repl.bound, t->id + 1u);
 		if (!grown) {
 			rps__srv_conn_fail(rc, "out of memory binding a tensor");
 			return;
 		}
-		memset(grown + rc->nbound, 0, t->id + 1u - rc->nbound);
-		rc->bound = grown;
-		rc->nbound = t->id + 1u;
+		memset(grown + rc->repl.nbound, 0, t->id + 1u - rc->repl.nbound);
+		rc->repl.bound = grown;
+		rc->repl.nbound = t->id + 1u;
 	}
 	memset(&bt, 0, sizeof(bt));
 	snprintf(bt.name, sizeof(bt.name), "%s", t->name);
@@ -229,12 +228,12 @@ static void bind_tensor(struct rps__server *srv, struct conn *rc, struct tensor 
 	d.part = UINT32_MAX;
 	d.nbytes = sizeof(bt);
 	post_entry(srv, rc, d, &bt);
-	rc->bound[t->id] = 1;
+	rc->repl.bound[t->id] = 1;
 }
 
 /* Ship entry d (of shard s) to every replica of its partition: the wait w
  * learns what confirms it. */
-static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, struct rps__repl_desc d,
+static void ship(struct rps__server *srv, struct srv_tensor *t, struct shard *s, struct rps__repl_desc d,
 		 const void *payload, struct repl_wait *w)
 {
 	uint64_t ids[REPL_MAX];
@@ -244,7 +243,8 @@ static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, str
 	d.shard = s->index;
 	d.part = s->part;
 	d.epoch = srv->parts[s->part].epoch;
-	d.seq = ++srv->repl_seq[s->part];
+	d.seq = ++srv->repl.seq[s->part];
+	assert(d.seq != 0);	/* forward only: never wraps */
 	d.version = s->step;
 	w->t = t;
 	w->s = s;
@@ -253,21 +253,22 @@ static void ship(struct rps__server *srv, struct tensor *t, struct shard *s, str
 	w->nrep = 0;
 	for (k = 0; k < n; k++) {
 		struct repl_peer *p = peer_find(srv, ids[k]);
-		struct conn *rc = p->conn;	/* rps__srv_repl_reserve saw it ready */
+		struct srv_conn *rc = p->conn;	/* rps__srv_repl_reserve saw it ready */
+		assert(rc && rc->repl.ready && rc->repl.credits >= 1u + !is_bound(rc, t->id));
 		bind_tensor(srv, rc, t);
 		post_entry(srv, rc, d, payload);
 		w->rep[w->nrep].id = ids[k];
 		w->rep[w->nrep].rc = rc;
-		w->rep[w->nrep].cseq = rc->cseq;
+		w->rep[w->nrep].cseq = rc->repl.cseq;
 		w->nrep++;
 	}
 	s->repl_pending++;
-	srv->repl_stats.deferred++;
-	srv->rwaits[srv->nrwaits++] = *w;	/* room made by rps__srv_repl_reserve */
+	srv->repl.stats.deferred++;
+	srv->repl.rwaits[srv->repl.nrwaits++] = *w;	/* room made by rps__srv_repl_reserve */
 }
 
-void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard *s,
-			const struct rps__push_desc *pd, struct conn *c, uint32_t slot, uint64_t holds)
+void rps__srv_repl_push(struct rps__server *srv, struct srv_tensor *t, struct shard *s,
+			const struct rps__push_desc *pd, struct srv_conn *c, uint32_t slot, uint64_t holds)
 {
 	struct repl_wait w = { .kind = RW_PUSH, .c = c, .slot = slot, .holds = holds,
 			       .hold = (pd->flags & RPS__DESC_HOLD) != 0 };
@@ -281,11 +282,11 @@ void rps__srv_repl_push(struct rps__server *srv, struct tensor *t, struct shard 
 	d.push_id = pd->push_id;
 	d.client_id = c->client_id;
 	d.clock = pd->clock;
-	c->slot_state[slot] = 1;
+	c->bufs.slot_state[slot] = 1;
 	ship(srv, t, s, d, (const char *)pd + RPS__PUSH_DESC_SIZE, &w);
 }
 
-void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard *s, struct conn *c,
+void rps__srv_repl_init(struct rps__server *srv, struct srv_tensor *t, struct shard *s, struct srv_conn *c,
 			uint32_t slot)
 {
 	struct repl_wait w = { .kind = RW_INIT, .c = c, .slot = slot };
@@ -295,12 +296,12 @@ void rps__srv_repl_init(struct rps__server *srv, struct tensor *t, struct shard 
 	d.kind = RPS__REPL_INIT;
 	d.dtype = RPS_DTYPE_F32;
 	d.nbytes = s->elems * 4u;
-	c->slot_state[slot] = 1;
+	c->bufs.slot_state[slot] = 1;
 	ship(srv, t, s, d, s->params, &w);
 }
 
 /* The step's fp32 sum, once: backups do not recompute it. */
-void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard *s)
+void rps__srv_repl_step(struct rps__server *srv, struct srv_tensor *t, struct shard *s)
 {
 	struct repl_wait w = { .kind = RW_STEP };
 	struct rps__repl_desc d;
@@ -323,23 +324,17 @@ void rps__srv_repl_step(struct rps__server *srv, struct tensor *t, struct shard 
  * gradient and resends it to a new primary if this one dies (a resend of a
  * step already there is -EALREADY: counted).
  */
-void rps__srv_repl_step_wait(struct rps__server *srv, struct conn *c, struct tensor *t, struct shard *s,
+void rps__srv_repl_step_wait(struct rps__server *srv, struct srv_conn *c, struct srv_tensor *t, struct shard *s,
 			     uint64_t clock)
 {
-	if (srv->nrwaits == srv->rwaits_cap) {
-		uint32_t cap = srv->rwaits_cap ? srv->rwaits_cap * 2 : 64;
-		struct repl_wait *grown = realloc(srv->rwaits, cap * sizeof(*grown));
-		if (!grown) {
-			rps__srv_conn_fail(c, "out of memory deferring an acknowledgement");
-			return;
-		}
-		srv->rwaits = grown;
-		srv->rwaits_cap = cap;
+	if (rps__grow(&srv->repl.rwaits, &srv->repl.rwaits_cap, srv->repl.nrwaits + 1, sizeof(*srv->repl.rwaits), 64)) {
+		rps__srv_conn_fail(c, "out of memory deferring an acknowledgement");
+		return;
 	}
-	srv->rwaits[srv->nrwaits++] = (struct repl_wait){
+	srv->repl.rwaits[srv->repl.nrwaits++] = (struct repl_wait){
 		.kind = RW_STEP_DONE, .t = t, .s = s, .c = c, .clock = clock, .since = rps__now_ns(),
 	};
-	srv->repl_active = true;
+	srv->repl.active = true;
 }
 
 /* Is step `clock` of s on every replica?  Sync ships one step at a time
@@ -349,36 +344,31 @@ bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock)
 	return clock + 1 < s->step || (clock < s->step && !s->repl_pending);
 }
 
-static void sd_append(struct conn *c, struct rps__step_done_ent e)
+static void sd_append(struct srv_conn *c, struct rps__step_done_ent e)
 {
-	if (c->nsd == c->sd_cap) {
-		uint32_t cap = c->sd_cap ? c->sd_cap * 2 : 16;
-		struct rps__step_done_ent *grown = realloc(c->sd, cap * sizeof(*grown));
-		if (!grown) {
-			rps__srv_conn_fail(c, "out of memory for its STEP_DONE");
-			return;
-		}
-		c->sd = grown;
-		c->sd_cap = cap;
+	if (rps__grow(&c->sd.ent, &c->sd.cap, c->sd.n + 1, sizeof(*c->sd.ent), 16)) {
+		rps__srv_conn_fail(c, "out of memory for its STEP_DONE");
+		return;
 	}
-	c->sd[c->nsd++] = e;
+	c->sd.ent[c->sd.n++] = e;
 }
 
 /* Owe c a STEP_DONE for (t, s, step): one entry per shard, the latest step
  * (it covers the earlier ones). */
-static void step_done_note(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step,
+static void step_done_note(struct srv_conn *c, const struct srv_tensor *t, const struct shard *s, uint64_t step,
 			   bool resend)
 {
 	uint32_t k;
 
-	for (k = 0; k < c->nsd; k++)
-		if (c->sd[k].tensor_id == t->id && c->sd[k].shard == s->index && c->sd[k].missing_rank < 0) {
+	for (k = 0; k < c->sd.n; k++)
+		if (c->sd.ent[k].tensor_id == t->id && c->sd.ent[k].shard == s->index &&
+		    c->sd.ent[k].missing_rank < 0) {
 			/* "resend" covers the done steps below it too (their
 			 * resends are answered -EALREADY: counted); a later
 			 * done step covers every earlier one */
-			if (resend || step > c->sd[k].step) {
-				c->sd[k].step = RPS__MAX(step, c->sd[k].step);
-				c->sd[k].version = resend ? 0 : step + 1;
+			if (resend || step > c->sd.ent[k].step) {
+				c->sd.ent[k].step = RPS__MAX(step, c->sd.ent[k].step);
+				c->sd.ent[k].version = resend ? 0 : step + 1;
 			}
 			return;
 		}
@@ -392,13 +382,14 @@ static void step_done_note(struct conn *c, const struct tensor *t, const struct 
  * `rank`: an entry of its own (it covers that step alone, so a done entry
  * of an earlier step, before or after it, still says that one is on every
  * replica). */
-static void step_done_orphaned(struct conn *c, const struct tensor *t, const struct shard *s, uint64_t step, int rank)
+static void step_done_orphaned(struct srv_conn *c, const struct srv_tensor *t, const struct shard *s, uint64_t step,
+			       int rank)
 {
 	uint32_t k;
 
-	for (k = 0; k < c->nsd; k++)
-		if (c->sd[k].tensor_id == t->id && c->sd[k].shard == s->index && c->sd[k].missing_rank >= 0 &&
-		    c->sd[k].step == step)
+	for (k = 0; k < c->sd.n; k++)
+		if (c->sd.ent[k].tensor_id == t->id && c->sd.ent[k].shard == s->index &&
+		    c->sd.ent[k].missing_rank >= 0 && c->sd.ent[k].step == step)
 			return;
 	sd_append(c, (struct rps__step_done_ent){
 		.tensor_id = t->id, .shard = s->index, .step = step, .version = 0, .missing_rank = rank,
@@ -418,24 +409,24 @@ static void step_done_orphaned(struct conn *c, const struct tensor *t, const str
  * only, until the step completes), and the step completes and replicates
  * whole once the rank is replaced or removed.
  */
-void rps__srv_repl_step_orphaned(struct rps__server *srv, struct tensor *t, struct shard *s, int rank)
+void rps__srv_repl_step_orphaned(struct rps__server *srv, struct srv_tensor *t, struct shard *s, int rank)
 {
 	uint32_t i = 0;
 
-	while (i < srv->nrwaits) {
-		struct repl_wait w = srv->rwaits[i];
+	while (i < srv->repl.nrwaits) {
+		struct repl_wait w = srv->repl.rwaits[i];
 		if (w.kind != RW_STEP_DONE || w.s != s || w.clock < s->step) {
 			i++;
 			continue;
 		}
-		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
-		srv->nrwaits--;
+		memmove(&srv->repl.rwaits[i], &srv->repl.rwaits[i + 1], (srv->repl.nrwaits - i - 1) * sizeof(w));
+		srv->repl.nrwaits--;
 		if (w.c) {
 			rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
 				 "ending the taken push of %s", t->name, s->index, rank,
 				 (unsigned long long)w.clock, rps__ep_peer(w.c->ep));
 			step_done_orphaned(w.c, t, s, w.clock, rank);	/* sent at the end of the turn */
-			srv->repl_stats.step_done_orphaned++;
+			srv->repl.stats.step_done_orphaned++;
 		}
 	}
 }
@@ -446,8 +437,8 @@ void rps__srv_repl_step_orphaned(struct rps__server *srv, struct tensor *t, stru
  * switch, must be what every backup holds. */
 bool rps__srv_repl_busy(const struct rps__server *srv, uint32_t part)
 {
-	for (uint32_t i = 0; i < srv->nrwaits; i++)
-		if (srv->rwaits[i].kind != RW_STEP_DONE && srv->rwaits[i].s->part == part)
+	for (uint32_t i = 0; i < srv->repl.nrwaits; i++)
+		if (srv->repl.rwaits[i].kind != RW_STEP_DONE && srv->repl.rwaits[i].s->part == part)
 			return true;
 	return false;
 }
@@ -456,17 +447,17 @@ void rps__srv_repl_refuse_part(struct rps__server *srv, uint32_t part)
 {
 	uint32_t i = 0;
 
-	while (i < srv->nrwaits) {
-		struct repl_wait w = srv->rwaits[i];
+	while (i < srv->repl.nrwaits) {
+		struct repl_wait w = srv->repl.rwaits[i];
 		if (w.kind != RW_STEP_DONE || w.s->part != part) {
 			i++;
 			continue;
 		}
-		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
-		srv->nrwaits--;
+		memmove(&srv->repl.rwaits[i], &srv->repl.rwaits[i + 1], (srv->repl.nrwaits - i - 1) * sizeof(w));
+		srv->repl.nrwaits--;
 		if (w.c) {
 			step_done_note(w.c, w.t, w.s, w.clock, true);	/* sent at the end of the turn */
-			srv->repl_stats.step_done_resend++;
+			srv->repl.stats.step_done_resend++;
 		}
 	}
 }
@@ -478,20 +469,20 @@ static void step_done_flush(struct rps__server *srv)
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *c = srv->conns[i];
+		struct srv_conn *c = srv->conns[i];
 		struct rps__step_done sd;
 		uint32_t n;
-		if (c->role != CONN_WORKER || !c->nsd || c->dead || c->sd_inflight >= RPS__STEP_DONE_WINDOW)
+		if (c->role != CONN_WORKER || !c->sd.n || c->dead || c->sd.inflight >= RPS__STEP_DONE_WINDOW)
 			continue;
-		n = RPS__MIN(c->nsd, RPS__STEP_DONE_MAX);
+		n = RPS__MIN(c->sd.n, RPS__STEP_DONE_MAX);
 		memset(&sd, 0, sizeof(sd));
 		sd.n = n;
-		memcpy(sd.e, c->sd, n * sizeof(*c->sd));
-		memmove(c->sd, c->sd + n, (c->nsd - n) * sizeof(*c->sd));
-		c->nsd -= n;
-		srv->repl_stats.step_done_sent++;
-		srv->repl_stats.step_done_entries += n;
-		srv->repl_stats.last_step_done = sd.e[n - 1];
+		memcpy(sd.e, c->sd.ent, n * sizeof(*c->sd.ent));
+		memmove(c->sd.ent, c->sd.ent + n, (c->sd.n - n) * sizeof(*c->sd.ent));
+		c->sd.n -= n;
+		srv->repl.stats.step_done_sent++;
+		srv->repl.stats.step_done_entries += n;
+		srv->repl.stats.last_step_done = sd.e[n - 1];
 		rps__srv_conn_send_step_done(c, &sd);
 	}
 }
@@ -506,7 +497,7 @@ static bool wait_confirmed(const struct rps__server *srv, const struct repl_wait
 		/* a replica the map dropped (committed, epoch+1) is not waited for */
 		if (!w->rep[k].id || !still_replica(srv, w->s->part, w->rep[k].id))
 			continue;
-		if (!w->rep[k].rc || w->rep[k].rc->cseq_acked < w->rep[k].cseq)
+		if (!w->rep[k].rc || w->rep[k].rc->repl.cseq_acked < w->rep[k].cseq)
 			return false;
 	}
 	return true;
@@ -514,7 +505,7 @@ static bool wait_confirmed(const struct rps__server *srv, const struct repl_wait
 
 static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 {
-	struct tensor *t = w->t;
+	struct srv_tensor *t = w->t;
 	struct shard *s = w->s;
 	uint64_t lock = 0;
 
@@ -537,7 +528,7 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 			 * be serving it already, so say nothing of it; the worker
 			 * resends there (or here), where its push id is known. */
 			if (rps__srv_lease_fenced(srv, s->part)) {
-				srv->repl_stats.lease_refused++;
+				srv->repl.stats.lease_refused++;
 				rps__srv_push_ack(w->c, w->slot, RPS_ESTALE_EPOCH, 0, lock);
 			} else {
 				rps__srv_push_ack(w->c, w->slot, 0, s->step, lock);
@@ -559,8 +550,8 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
  */
 void rps__srv_repl_view_changed(struct rps__server *srv, uint32_t part)
 {
-	for (uint32_t i = 0; i < srv->nrwaits; i++) {
-		struct repl_wait *w = &srv->rwaits[i];
+	for (uint32_t i = 0; i < srv->repl.nrwaits; i++) {
+		struct repl_wait *w = &srv->repl.rwaits[i];
 
 		if (w->kind == RW_STEP_DONE || w->s->part != part)
 			continue;
@@ -580,20 +571,20 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 	bool any = false;
 	uint32_t i = 0;
 
-	while (i < srv->nrwaits) {
-		struct repl_wait w = srv->rwaits[i];
+	while (i < srv->repl.nrwaits) {
+		struct repl_wait w = srv->repl.rwaits[i];
 		if (w.kind == RW_STEP_DONE || !wait_confirmed(srv, &w)) {
 			i++;
 			continue;
 		}
-		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
-		srv->nrwaits--;
+		memmove(&srv->repl.rwaits[i], &srv->repl.rwaits[i + 1], (srv->repl.nrwaits - i - 1) * sizeof(w));
+		srv->repl.nrwaits--;
 		wait_complete(srv, &w);
 		any = true;
 	}
 	i = 0;
-	while (i < srv->nrwaits) {
-		struct repl_wait w = srv->rwaits[i];
+	while (i < srv->repl.nrwaits) {
+		struct repl_wait w = srv->repl.rwaits[i];
 		/* no STEP_DONE without the lease: it waits for the lease to
 		 * come back (or the worker's resend to the new primary) */
 		if (w.kind != RW_STEP_DONE || !rps__srv_repl_step_confirmed(w.s, w.clock) ||
@@ -601,8 +592,8 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 			i++;
 			continue;
 		}
-		memmove(&srv->rwaits[i], &srv->rwaits[i + 1], (srv->nrwaits - i - 1) * sizeof(w));
-		srv->nrwaits--;
+		memmove(&srv->repl.rwaits[i], &srv->repl.rwaits[i + 1], (srv->repl.nrwaits - i - 1) * sizeof(w));
+		srv->repl.nrwaits--;
 		if (w.c)
 			step_done_note(w.c, w.t, w.s, w.clock, false);	/* sent at the end of the turn */
 	}
@@ -612,7 +603,7 @@ void rps__srv_repl_confirm(struct rps__server *srv)
 
 /* ---- the primary: the connection ------------------------------------------ */
 
-static void send_hello(struct rps__server *srv, struct conn *c)
+static void send_hello(struct rps__server *srv, struct srv_conn *c)
 {
 	struct rps__repl_hello h;
 
@@ -636,7 +627,7 @@ static int dial(struct rps__server *srv, struct repl_peer *p, bool rev)
 		.role = rev ? RPS__ROLE_REPL_REV : RPS__ROLE_REPL, .from_id = srv->my_id, .to_id = p->id,
 	};
 	struct rps__ep_attr attr = { 0 };
-	struct conn *c;
+	struct srv_conn *c;
 
 	if (rps__srv_conn_new(srv, CONN_REPL, &c)) {
 		rps__log(RPS__LOG_WARN, "replication %s member %llu: %s", rev ? "from" : "to",
@@ -649,8 +640,8 @@ static int dial(struct rps__server *srv, struct repl_peer *p, bool rev)
 		rps__srv_conn_free(srv, c);
 		return -1;
 	}
-	attr.sq_depth = c->nsend + (rev ? 0 : REPL_SLOTS) + 8 + RPS__BIND_RESERVE;
-	attr.rq_depth = c->nrecv;
+	attr.sq_depth = c->bufs.nsend + (rev ? 0 : REPL_SLOTS) + 8 + RPS__BIND_RESERVE;
+	attr.rq_depth = c->bufs.nrecv;
 	attr.max_inline = 64;
 	if (rps__srv_dial(srv, c, rev ? SRV_DIAL_REPL_REV : SRV_DIAL_REPL, p->id, p->uri, &priv, &attr,
 			  REPL_CONNECT_TIMEOUT_MS)) {
@@ -676,7 +667,7 @@ static void dial_failed(struct rps__server *srv, struct repl_peer *p, bool rev)
 }
 
 /* A dial is over: the stream is up, or p is dialed again later. */
-void rps__srv_repl_dialed(struct rps__server *srv, struct conn *c, bool rev, int ret, uint64_t to_id,
+void rps__srv_repl_dialed(struct rps__server *srv, struct srv_conn *c, bool rev, int ret, uint64_t to_id,
 			  const char *uri, const struct rps__conn_priv *rp)
 {
 	struct repl_peer *p = peer_find(srv, to_id);
@@ -695,7 +686,7 @@ void rps__srv_repl_dialed(struct rps__server *srv, struct conn *c, bool rev, int
 			 (unsigned long long)rp->from_id, (unsigned long long)p->id);
 		goto fail;
 	}
-	c->repl_out = !rev;
+	c->repl.out = !rev;
 	c->peer_id = p->id;
 	if (rps__srv_conn_attach(srv, c)) {	/* in no table yet when it fails */
 		rps__log(RPS__LOG_WARN, "replication with %s: %s", p->uri, rps__errbuf());
@@ -713,7 +704,7 @@ void rps__srv_repl_dialed(struct rps__server *srv, struct conn *c, bool rev, int
 		rps__srv_conn_fail(p->conn, "dialed again");
 	p->conn = c;
 	send_hello(srv, c);
-	srv->repl_active = true;
+	srv->repl.active = true;
 	return;
 fail:
 	rps__srv_conn_free(srv, c);
@@ -722,7 +713,7 @@ fail:
 
 /* A backup with the higher member id dialed us for its stream: it is our
  * stream to it from now on (a newer dial replaces one it saw die). */
-void rps__srv_repl_rev_accepted(struct rps__server *srv, struct conn *c)
+void rps__srv_repl_rev_accepted(struct rps__server *srv, struct srv_conn *c)
 {
 	struct repl_peer *p = peer_find(srv, c->peer_id);
 
@@ -732,14 +723,14 @@ void rps__srv_repl_rev_accepted(struct rps__server *srv, struct conn *c)
 	}
 	if (p->conn && p->conn != c)
 		rps__srv_conn_fail(p->conn, "its member dialed again");
-	c->repl_out = true;
+	c->repl.out = true;
 	p->conn = c;
-	srv->repl_active = true;
+	srv->repl.active = true;
 	send_hello(srv, c);
 }
 
 /* The backup's slots: allocate our ring of the same shape. */
-static void on_hello_rep(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+static void on_hello_rep(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			 const struct rps__repl_hello_rep *r)
 {
 	size_t len;
@@ -749,10 +740,10 @@ static void on_hello_rep(struct rps__server *srv, struct conn *c, const struct r
 			 "ours \"%s\": run the same rdmapsd build on every server", (unsigned long long)c->peer_id,
 			 h->status, (int)sizeof(r->fingerprint), r->fingerprint, rps__srv_repl_fingerprint(srv));
 		rps__srv_conn_fail(c, "replication refused");
-		srv->repl_stats.pairings_refused++;
+		srv->repl.stats.pairings_refused++;
 		return;
 	}
-	if (c->repl_ready || !r->nslots || r->nslots > 1024 || r->slot_size < rps__srv_repl_slot_size(srv) ||
+	if (c->repl.ready || !r->nslots || r->nslots > 1024 || r->slot_size < rps__srv_repl_slot_size(srv) ||
 	    r->slot_size % 64) {
 		rps__srv_conn_fail(c, "answered REPL_HELLO with slots we cannot use");
 		return;
@@ -760,20 +751,20 @@ static void on_hello_rep(struct rps__server *srv, struct conn *c, const struct r
 	len = (size_t)r->nslots * r->slot_size;
 	if (rps__srv_mem_take(srv, len, "replication ring"))
 		goto err;
-	c->slots = rps__topo_alloc(srv->topo, &srv->place, len);
-	if (!c->slots) {
+	c->bufs.slots = rps__topo_alloc(srv->topo, &srv->place, len);
+	if (!c->bufs.slots) {
 		rps__srv_mem_give(srv, len);
 		goto err;
 	}
-	c->slots_len = len;
-	if (rps__mr_reg(srv->fab, c->slots, len, RPS__ACCESS_LOCAL, &c->slots_mr))
+	c->bufs.slots_len = len;
+	if (rps__mr_reg(srv->fab, c->bufs.slots, len, RPS__ACCESS_LOCAL, &c->bufs.slots_mr))
 		goto err;
-	c->repl_nslots = r->nslots;
-	c->repl_slot_size = r->slot_size;
-	c->repl_raddr = r->slot_addr;
-	c->repl_rkey = r->slot_rkey;
-	c->credits = r->nslots;
-	c->repl_ready = true;
+	c->repl.nslots = r->nslots;
+	c->repl.slot_size = r->slot_size;
+	c->repl.raddr = r->slot_addr;
+	c->repl.rkey = r->slot_rkey;
+	c->repl.credits = r->nslots;
+	c->repl.ready = true;
 	rps__log(RPS__LOG_INFO, "replicating to member %llu (%s): %u slots of %u bytes",
 		 (unsigned long long)c->peer_id, rps__ep_peer(c->ep), r->nslots, r->slot_size);
 	rps__srv_drain_held(srv);
@@ -782,7 +773,7 @@ err:
 	rps__srv_conn_fail(c, "out of memory for the replication ring");
 }
 
-static void on_ack(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+static void on_ack(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 		   const struct rps__repl_ack *a)
 {
 	if (h->type == RPS__MSG_REPL_NACK) {
@@ -792,26 +783,27 @@ static void on_ack(struct rps__server *srv, struct conn *c, const struct rps__ms
 		rps__srv_conn_fail(c, "replication refused");
 		return;
 	}
-	if (a->cseq > c->cseq || a->cseq < c->cseq_acked || a->credits > c->repl_nslots - c->credits) {
+	if (a->cseq > c->repl.cseq || a->cseq < c->repl.cseq_acked || a->credits > c->repl.nslots - c->repl.credits) {
 		rps__srv_conn_fail(c, "acknowledged replication entries never sent");
 		return;
 	}
-	c->cseq_acked = a->cseq;
-	c->credits += a->credits;
-	srv->repl_stats.acks_received++;
+	c->repl.cseq_acked = a->cseq;
+	c->repl.credits += a->credits;
+	assert(c->repl.credits <= c->repl.nslots && c->repl.cseq_acked <= c->repl.cseq);
+	srv->repl.stats.acks_received++;
 	rps__srv_repl_confirm(srv);
 }
 
 /* ---- both sides ------------------------------------------------------------- */
 
-void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+void rps__srv_repl_on_message(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			      const void *body)
 {
-	if (!c->repl_out && h->type == RPS__MSG_REPL_HELLO)
+	if (!c->repl.out && h->type == RPS__MSG_REPL_HELLO)
 		rps__srv_repl_on_hello(srv, c, h, body);
-	else if (c->repl_out && h->type == RPS__MSG_REPL_HELLO_REP)
+	else if (c->repl.out && h->type == RPS__MSG_REPL_HELLO_REP)
 		on_hello_rep(srv, c, h, body);
-	else if (c->repl_out && c->repl_ready && (h->type == RPS__MSG_REPL_ACK || h->type == RPS__MSG_REPL_NACK))
+	else if (c->repl.out && c->repl.ready && (h->type == RPS__MSG_REPL_ACK || h->type == RPS__MSG_REPL_NACK))
 		on_ack(srv, c, h, body);
 	else
 		rps__srv_conn_fail(c, "sent a message type replication does not take");
@@ -827,61 +819,61 @@ void rps__srv_repl_on_message(struct rps__server *srv, struct conn *c, const str
  * seeds a backup again.  A replica that confirmed everything keeps its
  * place: a new stream goes on from the seq it applied.
  */
-void rps__srv_repl_conn_gone(struct rps__server *srv, struct conn *c)
+void rps__srv_repl_conn_gone(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i, k;
 
-	for (i = 0; i < srv->nrwaits; i++) {
-		struct repl_wait *w = &srv->rwaits[i];
+	for (i = 0; i < srv->repl.nrwaits; i++) {
+		struct repl_wait *w = &srv->repl.rwaits[i];
 		if (w->c == c)
 			w->c = NULL;
 		for (k = 0; k < w->nrep; k++) {
 			if (w->rep[k].rc != c)
 				continue;
 			w->rep[k].rc = NULL;
-			if (c->cseq_acked >= w->rep[k].cseq) {
+			if (c->repl.cseq_acked >= w->rep[k].cseq) {
 				w->rep[k].id = 0;	/* it confirmed this one before the break */
 				continue;
 			}
-			if (still_replica(srv, w->s->part, w->rep[k].id) && !srv->repl_diverged[w->s->part]) {
-				srv->repl_diverged[w->s->part] = w->rep[k].id;
+			if (still_replica(srv, w->s->part, w->rep[k].id) && !srv->repl.diverged[w->s->part]) {
+				srv->repl.diverged[w->s->part] = w->rep[k].id;
 				rps__log(RPS__LOG_WARN, "partition %u: the replication stream to member %llu broke before it "
 					 "confirmed every update: asking to drop it from the set (it is seeded again)",
 					 w->s->part, (unsigned long long)w->rep[k].id);
 			}
 		}
 	}
-	for (i = 0; i < srv->nrepl_peers; i++) {
-		if (srv->repl_peers[i].conn == c) {
-			srv->repl_peers[i].conn = NULL;
-			srv->repl_peers[i].next_dial = rps__now_ns() + REPL_REDIAL_NS;
+	for (i = 0; i < srv->repl.npeers; i++) {
+		if (srv->repl.peers[i].conn == c) {
+			srv->repl.peers[i].conn = NULL;
+			srv->repl.peers[i].next_dial = rps__now_ns() + REPL_REDIAL_NS;
 		}
-		if (srv->repl_peers[i].in == c) {
-			srv->repl_peers[i].in = NULL;
-			srv->repl_peers[i].next_dial_in = rps__now_ns() + REPL_REDIAL_NS;
+		if (srv->repl.peers[i].in == c) {
+			srv->repl.peers[i].in = NULL;
+			srv->repl.peers[i].next_dial_in = rps__now_ns() + REPL_REDIAL_NS;
 		}
 	}
 }
 
 uint64_t rps__srv_repl_diverged(struct rps__server *srv, uint32_t part)
 {
-	if (part >= RPS__SMAP_MAX_PART || !srv->repl_diverged[part])
+	if (part >= RPS__SMAP_MAX_PART || !srv->repl.diverged[part])
 		return 0;
-	if (srv->parts[part].primary != srv->my_id || !still_replica(srv, part, srv->repl_diverged[part])) {
-		srv->repl_diverged[part] = 0;	/* dropped (or no longer ours): done */
+	if (srv->parts[part].primary != srv->my_id || !still_replica(srv, part, srv->repl.diverged[part])) {
+		srv->repl.diverged[part] = 0;	/* dropped (or no longer ours): done */
 		/* another replica's stream may have broken meanwhile (R = 3):
 		 * it is the next to drop, else its waits would last for ever */
-		for (uint32_t i = 0; i < srv->nrwaits && srv->parts[part].primary == srv->my_id; i++) {
-			const struct repl_wait *w = &srv->rwaits[i];
+		for (uint32_t i = 0; i < srv->repl.nrwaits && srv->parts[part].primary == srv->my_id; i++) {
+			const struct repl_wait *w = &srv->repl.rwaits[i];
 
 			if (w->kind == RW_STEP_DONE || w->s->part != part)
 				continue;
 			for (uint32_t k = 0; k < w->nrep; k++)
 				if (w->rep[k].id && !w->rep[k].rc && still_replica(srv, part, w->rep[k].id))
-					return srv->repl_diverged[part] = w->rep[k].id;
+					return srv->repl.diverged[part] = w->rep[k].id;
 		}
 	}
-	return srv->repl_diverged[part];
+	return srv->repl.diverged[part];
 }
 
 /* Are we a backup (or the joiner) of a partition member id leads? */
@@ -927,14 +919,14 @@ static void dial_when_due(struct rps__server *srv, struct repl_peer *p, bool rev
 
 static void warn_slow(struct rps__server *srv, uint64_t now)
 {
-	if (now < srv->repl_slow_check)
+	if (now < srv->repl.slow_check)
 		return;
-	srv->repl_slow_check = now + REPL_SLOW_NS / 2;
+	srv->repl.slow_check = now + REPL_SLOW_NS / 2;
 	/* A STEP_DONE its step allows, still held: every path that confirms
 	 * a step should have sent it.  Say so, and send it, rather than let
 	 * the workers time out. */
-	for (uint32_t i = 0; i < srv->nrwaits; i++) {
-		const struct repl_wait *w = &srv->rwaits[i];
+	for (uint32_t i = 0; i < srv->repl.nrwaits; i++) {
+		const struct repl_wait *w = &srv->repl.rwaits[i];
 
 		if (w->kind == RW_STEP_DONE && now - w->since >= REPL_SLOW_NS &&
 		    rps__srv_repl_step_confirmed(w->s, w->clock) && !rps__srv_lease_fenced(srv, w->s->part)) {
@@ -946,8 +938,8 @@ static void warn_slow(struct rps__server *srv, uint64_t now)
 			return;
 		}
 	}
-	for (uint32_t i = 0; i < srv->nrwaits; i++) {
-		struct repl_wait *w = &srv->rwaits[i];
+	for (uint32_t i = 0; i < srv->repl.nrwaits; i++) {
+		struct repl_wait *w = &srv->repl.rwaits[i];
 		if (w->warned || now - w->since < REPL_SLOW_NS)
 			continue;
 		if (w->kind == RW_STEP_DONE) {
@@ -966,16 +958,16 @@ static void warn_slow(struct rps__server *srv, uint64_t now)
 		}
 		w->warned = true;
 		for (uint32_t k = 0; k < w->nrep; k++) {
-			const struct conn *rc = w->rep[k].rc;
+			const struct srv_conn *rc = w->rep[k].rc;
 			if (!w->rep[k].id || !still_replica(srv, w->s->part, w->rep[k].id) ||
-			    (rc && rc->cseq_acked >= w->rep[k].cseq))
+			    (rc && rc->repl.cseq_acked >= w->rep[k].cseq))
 				continue;
 			if (rc)
 				rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: an update waits %.1f s for "
 					 "member %llu to confirm replication entry %llu (it confirmed %llu)",
 					 w->s->part, w->t->name, w->s->index, (double)(now - w->since) * 1e-9,
 					 (unsigned long long)w->rep[k].id, (unsigned long long)w->rep[k].cseq,
-					 (unsigned long long)rc->cseq_acked);
+					 (unsigned long long)rc->repl.cseq_acked);
 			else
 				rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: an update waits %.1f s for "
 					 "member %llu, whose replication stream broke before it confirmed it",
@@ -992,8 +984,8 @@ void rps__srv_repl_turn(struct rps__server *srv)
 	uint32_t i;
 
 	/* the higher member id dials, whichever way the stream runs (dial()) */
-	for (i = 0; i < srv->nrepl_peers; i++) {
-		struct repl_peer *p = &srv->repl_peers[i];
+	for (i = 0; i < srv->repl.npeers; i++) {
+		struct repl_peer *p = &srv->repl.peers[i];
 		if (!p->uri[0] || p->id > srv->my_id)
 			continue;
 		if (p->wanted && !p->conn && streams_from_us(srv, p->id))
@@ -1002,18 +994,18 @@ void rps__srv_repl_turn(struct rps__server *srv)
 			dial_when_due(srv, p, true, now);
 	}
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *c = srv->conns[i];
-		if (c->role == CONN_REPL && !c->repl_out && !c->dead && !c->repl_refused)
+		struct srv_conn *c = srv->conns[i];
+		if (c->role == CONN_REPL && !c->repl.out && !c->dead && !c->repl.refused)
 			rps__srv_repl_backup_turn(srv, c);
 	}
 	step_done_flush(srv);
-	if (srv->nrwaits)
+	if (srv->repl.nrwaits)
 		warn_slow(srv, now);
 }
 
 void rps__srv_repl_fini(struct rps__server *srv)
 {
-	free(srv->rwaits);
-	srv->rwaits = NULL;
-	srv->nrwaits = srv->rwaits_cap = 0;
+	free(srv->repl.rwaits);
+	srv->repl.rwaits = NULL;
+	srv->repl.nrwaits = srv->repl.rwaits_cap = 0;
 }

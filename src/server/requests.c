@@ -37,7 +37,7 @@ bool rps__srv_spec_equal(const struct rps__tensor_spec *a, const struct rps__ten
 
 /* Sync: has rank contributed to step clock of shard s (summed, or parked
  * out of turn)?  Only steps from s->step on are asked about. */
-static bool sync_has(const struct rps__server *srv, const struct tensor *t, const struct shard *s,
+static bool sync_has(const struct rps__server *srv, const struct srv_tensor *t, const struct shard *s,
 		     uint32_t local, int rank, uint64_t clock)
 {
 	return (clock == s->step && rank < s->next_rank) || rps__srv_parked_has(srv, t, local, rank, clock);
@@ -50,7 +50,7 @@ static bool sync_has(const struct rps__server *srv, const struct tensor *t, cons
  * new job is unchanged.  Parked contributions count, held ones do not (they
  * went with the predecessor's connection and are resent).
  */
-static void resume_clocks(const struct rps__server *srv, const struct conn *c, const struct tensor *t,
+static void resume_clocks(const struct rps__server *srv, const struct srv_conn *c, const struct srv_tensor *t,
 			  uint64_t *lo, uint64_t *hi)
 {
 	uint32_t p, j;
@@ -88,10 +88,10 @@ static void resume_clocks(const struct rps__server *srv, const struct conn *c, c
  * window of this connection's own: read and atomics for a worker, read
  * alone for a reader.  A page stops short where the send queue has no
  * room left to bind (an empty one: the worker asks again shortly). */
-static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_id, struct tensor *t,
+static void create_reply(struct rps__server *srv, struct srv_conn *c, uint64_t req_id, struct srv_tensor *t,
 			 bool created, uint32_t first)
 {
-	int access = RPS__ACCESS_REMOTE_READ | (c->key_role == RPS__KEY_READER ? 0 : RPS__ACCESS_REMOTE_ATOMIC);
+	int access = RPS__ACCESS_REMOTE_READ | (c->auth.key_role == RPS__KEY_READER ? 0 : RPS__ACCESS_REMOTE_ATOMIC);
 	struct rps__create_rep rep;
 	bool cut = false;
 	uint32_t p, k = 0, rkey;
@@ -134,8 +134,8 @@ static void create_reply(struct rps__server *srv, struct conn *c, uint64_t req_i
 	conn_reply(c, RPS__MSG_CREATE_REP, req_id, 0, &rep, sizeof(rep));
 }
 
-/* A connection of a rank opened a sync tensor (see struct tensor.ranks). */
-static void rank_opened(struct tensor *t, const struct conn *c)
+/* A connection of a rank opened a sync tensor (see struct srv_tensor.ranks). */
+static void rank_opened(struct srv_tensor *t, const struct srv_conn *c)
 {
 	if (t->spec.mode != RPS_MODE_SYNC || c->rank < 0 || c->rank >= t->spec.num_workers)
 		return;
@@ -145,10 +145,10 @@ static void rank_opened(struct tensor *t, const struct conn *c)
 		t->ranks[c->rank] = RANK_LIVE;
 }
 
-static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
+static void on_create(struct rps__server *srv, struct srv_conn *c, uint64_t req_id,
 		      const struct rps__create *req)
 {
-	struct tensor *t;
+	struct srv_tensor *t;
 	bool created = false;
 	uint32_t p;
 	int ret;
@@ -158,13 +158,13 @@ static void on_create(struct rps__server *srv, struct conn *c, uint64_t req_id,
 	if (ret)
 		goto err;
 	if (!rps__srv_scope_allows(c, req->name) ||
-	    (c->key_role == RPS__KEY_READER && !(req->flags & RPS__CREATE_OPEN_ONLY))) {
+	    (c->auth.key_role == RPS__KEY_READER && !(req->flags & RPS__CREATE_OPEN_ONLY))) {
 		/* nothing about the tensor is told, not even whether it exists */
 		char why[200];
-		snprintf(why, sizeof(why), "a %s of '%s' may not %s '%s'", rps__key_role_name(c->key_role), c->scope,
-			 req->flags & RPS__CREATE_OPEN_ONLY ? "open" : "create", req->name);
+		snprintf(why, sizeof(why), "a %s of '%s' may not %s '%s'", rps__key_role_name(c->auth.key_role),
+			 c->auth.scope, req->flags & RPS__CREATE_OPEN_ONLY ? "open" : "create", req->name);
 		rps__srv_log_refusal(srv, c, why);
-		conn_reply(c, RPS__MSG_CREATE_REP, req_id, c->key_role == RPS__KEY_READER &&
+		conn_reply(c, RPS__MSG_CREATE_REP, req_id, c->auth.key_role == RPS__KEY_READER &&
 			   rps__srv_scope_allows(c, req->name) ? -EPERM : -EACCES, NULL, 0);
 		return;
 	}
@@ -251,19 +251,19 @@ err:
  * replacement resends); what was summed or parked stays counted.  A rank
  * is a rank of one job: only connections of the same key scope and role
  * are taken over, and never by a reader (on_hello). */
-static void take_over_rank(struct rps__server *srv, struct conn *c)
+static void take_over_rank(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *o = srv->conns[i];
+		struct srv_conn *o = srv->conns[i];
 		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank &&
-		    o->key_role == c->key_role && rps__srv_same_scope(o, c))
+		    o->auth.key_role == c->auth.key_role && rps__srv_same_scope(o, c))
 			conn_fail(o, "taken over by a new process of its rank");
 	}
 }
 
-static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__hello *h)
+static void on_hello(struct rps__server *srv, struct srv_conn *c, uint64_t req_id, const struct rps__hello *h)
 {
 	struct rps__hello_rep rep;
 	uint32_t map_rkey = 0, slot_rkey = 0;
@@ -277,8 +277,8 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	 * through windows of this connection alone */
 	if (srv->mapbuf_mr)
 		ret = rps__srv_conn_window(c, srv->mapbuf_mr, RPS__ACCESS_REMOTE_READ, &map_rkey);
-	if (!ret && c->slots_mr && c->key_role != RPS__KEY_READER)
-		ret = rps__srv_conn_window(c, c->slots_mr, RPS__ACCESS_REMOTE_WRITE, &slot_rkey);
+	if (!ret && c->bufs.slots_mr && c->auth.key_role != RPS__KEY_READER)
+		ret = rps__srv_conn_window(c, c->bufs.slots_mr, RPS__ACCESS_REMOTE_WRITE, &slot_rkey);
 	if (ret) {
 		rps__log(RPS__LOG_WARN, "HELLO of %s: %s", rps__ep_peer(c->ep), rps__errbuf());
 		conn_reply(c, RPS__MSG_HELLO_REP, req_id, ret, NULL, 0);
@@ -288,21 +288,21 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
 	c->client_id = h->client_id;
 	c->num_workers = h->num_workers;
 	c->hello_done = true;
-	if ((h->flags & RPS__HELLO_TAKEOVER) && h->rank >= 0 && c->key_role != RPS__KEY_READER)
+	if ((h->flags & RPS__HELLO_TAKEOVER) && h->rank >= 0 && c->auth.key_role != RPS__KEY_READER)
 		take_over_rank(srv, c);
 	memset(&rep, 0, sizeof(rep));
 	rep.magic = RPS__HELLO_MAGIC;
 	rep.version = RPS__PROTO_VERSION;
-	rep.nthreads = srv->nthreads;
+	rep.nthreads = srv->thr.nthreads;
 	rep.member_id = srv->my_id;
 	rep.map_addr = (uint64_t)(uintptr_t)srv->mapbuf;
 	rep.map_rkey = map_rkey;	/* (0: no map, no layer above) */
-	rep.map_len = srv->thread_index ? RPS__PROBE_AREA : RPS__MAP_BUF;	/* (threads.c) */
-	rep.thread_index = srv->thread_index;
+	rep.map_len = srv->thr.index ? RPS__PROBE_AREA : RPS__MAP_BUF;	/* (threads.c) */
+	rep.thread_index = srv->thr.index;
 	rep.shard_elems = srv->shard_elems;
 	rep.nslots = srv->cfg.nslots;
 	rep.slot_size = (uint32_t)srv->slot_size;
-	rep.slot_addr = (uint64_t)(uintptr_t)c->slots;
+	rep.slot_addr = (uint64_t)(uintptr_t)c->bufs.slots;
 	rep.slot_rkey = slot_rkey;	/* (0: a reader pushes nothing) */
 	rep.owner = c->owner;
 	rep.lease_ms = srv->cfg.lease_ms;
@@ -313,7 +313,7 @@ static void on_hello(struct rps__server *srv, struct conn *c, uint64_t req_id, c
  * current step still lacks its push (neither added nor parked here), or -1.
  * The step cannot complete until a new process of that rank opens the
  * tensor (it resumes at the step, see resume_clocks). */
-int rps__srv_missing_rank(struct rps__server *srv, struct tensor *t, uint32_t local)
+int rps__srv_missing_rank(struct rps__server *srv, struct srv_tensor *t, uint32_t local)
 {
 	struct shard *s = &t->shards[local];
 	uint32_t i;
@@ -325,9 +325,9 @@ int rps__srv_missing_rank(struct rps__server *srv, struct tensor *t, uint32_t lo
 		bool parked = false;
 		if (t->ranks[r] != RANK_GONE)
 			continue;
-		for (i = 0; i < srv->nparked && !parked; i++)
-			parked = srv->parked[i].t == t && srv->parked[i].local == local &&
-				 srv->parked[i].rank == r && srv->parked[i].clock == s->step;
+		for (i = 0; i < srv->push.nparked && !parked; i++)
+			parked = srv->push.parked[i].t == t && srv->push.parked[i].local == local &&
+				 srv->push.parked[i].rank == r && srv->push.parked[i].clock == s->step;
 		if (!parked)
 			return r;
 	}
@@ -335,7 +335,7 @@ int rps__srv_missing_rank(struct rps__server *srv, struct tensor *t, uint32_t lo
 }
 
 /* Tell a waiter that its version will never come, and which rank it waits for. */
-static void wait_fail_missing(struct conn *c, uint64_t req_id, struct shard *s, int rank)
+static void wait_fail_missing(struct srv_conn *c, uint64_t req_id, struct shard *s, int rank)
 {
 	struct rps__wait_rep rep = { .version = s->step, .min_clock = s->hdr->min_clock, .missing_rank = rank };
 
@@ -343,12 +343,12 @@ static void wait_fail_missing(struct conn *c, uint64_t req_id, struct shard *s, 
 }
 
 /* Another connection of c's rank that may reach t (of t's job) is left. */
-static bool rank_reaches(const struct rps__server *srv, const struct conn *c, const struct tensor *t)
+static bool rank_reaches(const struct rps__server *srv, const struct srv_conn *c, const struct srv_tensor *t)
 {
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
-		const struct conn *o = srv->conns[i];
+		const struct srv_conn *o = srv->conns[i];
 		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank &&
 		    rps__srv_scope_allows(o, t->name))
 			return true;
@@ -360,14 +360,14 @@ static bool rank_reaches(const struct rps__server *srv, const struct conn *c, co
  * it opened here that no other connection of the rank may reach (another
  * job's rank of the same number does not keep it), and fail the waits that only it could satisfy
  * (with backups, the TAKEN pushes waiting for the step too). */
-void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
+void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
 
 	if (c->role != CONN_WORKER || !c->hello_done || c->rank < 0)
 		return;
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		uint32_t local;
 		if (!t || !t->ranks || c->rank >= t->spec.num_workers || t->ranks[c->rank] != RANK_LIVE ||
 		    !rps__srv_scope_allows(c, t->name) || rank_reaches(srv, c, t))
@@ -380,34 +380,34 @@ void rps__srv_rank_left(struct rps__server *srv, struct conn *c)
 		}
 	}
 	i = 0;
-	while (i < srv->nwaiters) {
-		struct waiter *w = &srv->waiters[i];
-		struct tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
+	while (i < srv->req.nwaiters) {
+		struct waiter *w = &srv->req.waiters[i];
+		struct srv_tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
 		int r = t ? rps__srv_missing_rank(srv, t, w->local) : -1;
 		if (r >= 0 && w->conn != c && w->min_version > t->shards[w->local].step) {
 			rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
 				 "failing the waits for it", t->name, w->local, r,
 				 (unsigned long long)t->shards[w->local].step);
 			wait_fail_missing(w->conn, w->req_id, &t->shards[w->local], r);
-			*w = srv->waiters[--srv->nwaiters];
+			*w = srv->req.waiters[--srv->req.nwaiters];
 			continue;
 		}
 		i++;
 	}
 }
 
-static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, const struct rps__wait *w)
+static void on_wait(struct rps__server *srv, struct srv_conn *c, uint64_t req_id, const struct rps__wait *w)
 {
-	struct tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
+	struct srv_tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
 	uint32_t local;
 
 	/* out of scope: refused as CREATE refuses it, and an id unknown here
 	 * the same way to a scoped key (telling them apart would tell which
 	 * ids exist) */
-	if ((t && !rps__srv_scope_allows(c, t->name)) || (!t && c->scope[0])) {
+	if ((t && !rps__srv_scope_allows(c, t->name)) || (!t && c->auth.scope[0])) {
 		char why[120];
-		snprintf(why, sizeof(why), "a %s of '%s' may not wait on tensor id %u", rps__key_role_name(c->key_role),
-			 c->scope, w->tensor_id);
+		snprintf(why, sizeof(why), "a %s of '%s' may not wait on tensor id %u",
+			 rps__key_role_name(c->auth.key_role), c->auth.scope, w->tensor_id);
 		rps__srv_log_refusal(srv, c, why);
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EACCES, NULL, 0);
 		return;
@@ -432,11 +432,11 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 			return;
 		}
 	}
-	if (rps__grow(&srv->waiters, &srv->waiters_cap, srv->nwaiters + 1, sizeof(*srv->waiters), 64)) {
+	if (rps__grow(&srv->req.waiters, &srv->req.waiters_cap, srv->req.nwaiters + 1, sizeof(*srv->req.waiters), 64)) {
 		conn_reply(c, RPS__MSG_WAIT_REP, req_id, -ENOMEM, NULL, 0);
 		return;
 	}
-	srv->waiters[srv->nwaiters++] = (struct waiter){
+	srv->req.waiters[srv->req.nwaiters++] = (struct waiter){
 		.conn = c, .req_id = req_id, .tensor_id = t->id, .local = local,
 		.min_version = w->min_version, .min_clock = w->min_clock,
 	};
@@ -445,12 +445,12 @@ static void on_wait(struct rps__server *srv, struct conn *c, uint64_t req_id, co
 
 /* Barriers are per key scope: job B's workers neither arrive at job A's
  * barrier nor see it (without a key every scope is "", one barrier). */
-static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
+static void on_barrier(struct rps__server *srv, struct srv_conn *c, uint64_t req_id)
 {
 	uint32_t i, n = 0;
 	int need = 0;
 
-	if (c->key_role == RPS__KEY_READER) {
+	if (c->auth.key_role == RPS__KEY_READER) {
 		/* a reader is no rank of the job: it must not release one */
 		rps__srv_log_refusal(srv, c, "a reader may not arrive at a barrier");
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EPERM, NULL, 0);
@@ -460,9 +460,9 @@ static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
-	for (i = 0; i < srv->narrivals; i++)
-		if (rps__srv_same_scope(srv->arrivals[i].conn, c)) {
-			need = srv->arrivals[i].need;
+	for (i = 0; i < srv->req.narrivals; i++)
+		if (rps__srv_same_scope(srv->req.arrivals[i].conn, c)) {
+			need = srv->req.arrivals[i].need;
 			n++;
 		}
 	/* The first arrival fixes the barrier's size: a worker that counts
@@ -473,31 +473,27 @@ static void on_barrier(struct rps__server *srv, struct conn *c, uint64_t req_id)
 		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -EINVAL, NULL, 0);
 		return;
 	}
-	if (srv->narrivals == srv->arrivals_cap) {
-		uint32_t cap = srv->arrivals_cap ? srv->arrivals_cap * 2 : 16;
-		struct srv_arrival *na = realloc(srv->arrivals, cap * sizeof(*na));
-		if (!na) {
-			conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -ENOMEM, NULL, 0);
-			return;
-		}
-		srv->arrivals = na;
-		srv->arrivals_cap = cap;
+	if (rps__grow(&srv->req.arrivals, &srv->req.arrivals_cap, srv->req.narrivals + 1, sizeof(*srv->req.arrivals),
+		      16)) {
+		conn_reply(c, RPS__MSG_BARRIER_REP, req_id, -ENOMEM, NULL, 0);
+		return;
 	}
-	srv->arrivals[srv->narrivals++] = (struct srv_arrival){ .conn = c, .req_id = req_id, .need = c->num_workers };
+	srv->req.arrivals[srv->req.narrivals++] =
+		(struct srv_arrival){ .conn = c, .req_id = req_id, .need = c->num_workers };
 	if ((int)n + 1 < c->num_workers)
 		return;
-	for (i = 0; i < srv->narrivals;) {
-		struct srv_arrival *a = &srv->arrivals[i];
+	for (i = 0; i < srv->req.narrivals;) {
+		struct srv_arrival *a = &srv->req.arrivals[i];
 		if (rps__srv_same_scope(a->conn, c)) {
 			conn_reply(a->conn, RPS__MSG_BARRIER_REP, a->req_id, 0, NULL, 0);
-			*a = srv->arrivals[--srv->narrivals];
+			*a = srv->req.arrivals[--srv->req.narrivals];
 		} else {
 			i++;
 		}
 	}
 }
 
-void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uint32_t len)
+void rps__srv_on_message(struct rps__server *srv, struct srv_conn *c, void *buf, uint32_t len)
 {
 	struct rps__msg_hdr h;
 	void *body = rps__msg_body(buf);
@@ -511,7 +507,7 @@ void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uin
 		return;
 	}
 	memcpy(&h, buf, sizeof(h));
-	if (!c->authed) {
+	if (!c->auth.authed) {
 		rps__srv_auth_on_message(srv, c, &h, body);
 		return;
 	}
@@ -562,7 +558,7 @@ void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uin
 /* ---- removing a rank (psctl remove-rank) ------------------------------------------ */
 
 /* Take rank out of t; -EINVAL (message set) if it cannot be. */
-static int remove_from(struct rps__server *srv, struct tensor *t, int rank)
+static int remove_from(struct rps__server *srv, struct srv_tensor *t, int rank)
 {
 	uint32_t local;
 	int r, left = 0;
@@ -611,7 +607,7 @@ int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank)
 	if (rank < 0)
 		return rps__seterr(-EINVAL, "rank %d: ranks are 0 or more", rank);
 	for (i = 0; i < srv->ntensors; i++) {
-		struct tensor *t = srv->tensors[i];
+		struct srv_tensor *t = srv->tensors[i];
 		if (!t || (name[0] && strcmp(t->name, name)))
 			continue;
 		found = true;

@@ -80,7 +80,7 @@ size_t rps__server_min_memory(const struct rps__server_config *cfg)
  * parked; never per push otherwise). */
 static size_t mem_counted(const struct rps__server *srv)
 {
-	return srv->nthreads > 1 ? __atomic_load_n(&srv->first->mem_group, __ATOMIC_RELAXED) : srv->mem_used;
+	return srv->thr.nthreads > 1 ? __atomic_load_n(&srv->thr.first->mem_group, __ATOMIC_RELAXED) : srv->mem_used;
 }
 
 int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what)
@@ -88,15 +88,15 @@ int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what)
 	size_t limit = srv->cfg.mem_limit, used = mem_counted(srv);
 
 	/* kept parking buffers give way before anything is refused */
-	if (limit && bytes > limit - RPS__MIN(used, limit) && srv->park_pool_bytes) {
+	if (limit && bytes > limit - RPS__MIN(used, limit) && srv->push.park_pool_bytes) {
 		rps__srv_park_pool_trim(srv, bytes - (limit - RPS__MIN(used, limit)));
 		used = mem_counted(srv);
 	}
-	if (srv->nthreads > 1) {
+	if (srv->thr.nthreads > 1) {
 		do {
 			if (limit && (used > limit || bytes > limit - used))
 				break;
-		} while (!__atomic_compare_exchange_n(&srv->first->mem_group, &used, used + bytes, false,
+		} while (!__atomic_compare_exchange_n(&srv->thr.first->mem_group, &used, used + bytes, false,
 						      __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 	}
 	if (limit && (used > limit || bytes > limit - used))
@@ -108,15 +108,15 @@ int rps__srv_mem_take(struct rps__server *srv, size_t bytes, const char *what)
 
 void rps__srv_mem_charge(struct rps__server *srv, size_t bytes)
 {
-	if (srv->nthreads > 1)
-		__atomic_fetch_add(&srv->first->mem_group, bytes, __ATOMIC_RELAXED);
+	if (srv->thr.nthreads > 1)
+		__atomic_fetch_add(&srv->thr.first->mem_group, bytes, __ATOMIC_RELAXED);
 	srv->mem_used += bytes;
 }
 
 void rps__srv_mem_give(struct rps__server *srv, size_t bytes)
 {
-	if (srv->nthreads > 1)
-		__atomic_fetch_sub(&srv->first->mem_group, bytes, __ATOMIC_RELAXED);
+	if (srv->thr.nthreads > 1)
+		__atomic_fetch_sub(&srv->thr.first->mem_group, bytes, __ATOMIC_RELAXED);
 	srv->mem_used -= bytes;
 }
 
@@ -145,7 +145,7 @@ static int place_server(const struct rps__server_config *cfg, struct rps__fabric
 
 static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 {
-	struct conn *c = wc->ep ? rps__ep_context(wc->ep) : NULL;
+	struct srv_conn *c = wc->ep ? rps__ep_context(wc->ep) : NULL;
 	uint32_t kind = (uint32_t)(wc->wr_id >> 32), idx = (uint32_t)wc->wr_id, gen;
 
 	if (!c)
@@ -160,29 +160,29 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 		return;
 	}
 	if (kind == WRID_SEND || kind == WRID_STEP_DONE) {
-		if (idx < c->nsend)
-			c->sfree[c->nsfree++] = idx;
-		if (kind == WRID_STEP_DONE && c->sd_inflight)
-			c->sd_inflight--;
+		if (idx < c->bufs.nsend)
+			c->bufs.sfree[c->bufs.nsfree++] = idx;
+		if (kind == WRID_STEP_DONE && c->sd.inflight)
+			c->sd.inflight--;
 		if (c->role == CONN_PEER && srv->hooks.on_send_done)
 			srv->hooks.on_send_done(srv->hooks.ctx, c);
 		return;
 	}
 	if (kind == WRID_READ) {
 		if (srv->hooks.on_read_done)
-			srv->hooks.on_read_done(srv->hooks.ctx, c, true, c->rd_buf);
+			srv->hooks.on_read_done(srv->hooks.ctx, c, true, c->rd.buf);
 		return;
 	}
-	if (kind != WRID_RECV || idx >= c->nrecv)
+	if (kind != WRID_RECV || idx >= c->bufs.nrecv)
 		return;
 	c->last_active_ns = rps__now_ns();
-	gen = c->bufs_gen;
-	if (!c->dead && !c->authed && wc->opcode == RPS__WC_RECV_IMM) {
+	gen = c->bufs.gen;
+	if (!c->dead && !c->auth.authed && wc->opcode == RPS__WC_RECV_IMM) {
 		conn_fail(c, "wrote before it authenticated");
 	} else if (!c->dead) {
 		if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_WORKER)
 			rps__srv_on_push(srv, c, wc->imm);
-		else if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_REPL && !c->repl_out)
+		else if (wc->opcode == RPS__WC_RECV_IMM && c->role == CONN_REPL && !c->repl.out)
 			rps__srv_repl_on_entry(srv, c, wc->imm);
 		else if (wc->opcode == RPS__WC_RECV_IMM)
 			conn_fail(c, "wrote into memory it does not own");
@@ -190,7 +190,7 @@ static void on_completion(struct rps__server *srv, const struct rps__wc *wc)
 			rps__srv_on_message(srv, c, rps__srv_rbuf(c, idx), wc->byte_len);
 	}
 	/* (a connection that authenticated has new buffers, all posted) */
-	if (!c->dead && c->bufs_gen == gen && post_recv_buf(c, idx))
+	if (!c->dead && c->bufs.gen == gen && post_recv_buf(c, idx))
 		conn_fail(c, rps__errbuf());
 }
 
@@ -217,7 +217,7 @@ static void drop_idle_workers(struct rps__server *srv, uint64_t now)
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
-		struct conn *c = srv->conns[i];
+		struct srv_conn *c = srv->conns[i];
 		if (c->role != CONN_WORKER || c->dead || now - c->last_active_ns < limit)
 			continue;
 		snprintf(why, sizeof(why), "idle for %u ms: dropped (rdmapsd --idle-timeout-ms)",
@@ -267,7 +267,7 @@ static int sleep_until_work(struct rps__server *srv, uint64_t now, int cp_ms)
 	pfd[0] = (struct pollfd){ .fd = rps__cq_fd(srv->cq), .events = POLLIN };
 	pfd[1] = (struct pollfd){ .fd = rps__listener_fd(srv->listener), .events = POLLIN };
 	pfd[2] = (struct pollfd){ .fd = srv->stop_fd, .events = POLLIN };
-	pfd[3] = (struct pollfd){ .fd = srv->mbox.fd, .events = POLLIN };	/* (-1: none, ignored) */
+	pfd[3] = (struct pollfd){ .fd = srv->thr.mbox.fd, .events = POLLIN };	/* (-1: none, ignored) */
 	timeout = (int)((srv->next_lease_scan - now) / 1000000ull) + 1;
 	if (cp_ms < timeout)
 		timeout = cp_ms;
@@ -275,13 +275,13 @@ static int sleep_until_work(struct rps__server *srv, uint64_t now, int cp_ms)
 		timeout = (int)(LISTENER_CHECK_NS / 1000000ull);
 	{	/* awake when the lease ends: the read fence goes up then */
 		uint64_t boot = rps__dp_boottime_ns();
-		if (srv->rfence_held && srv->lease_until > boot &&
+		if (srv->rfence.held && srv->lease_until > boot &&
 		    (srv->lease_until - boot) / 1000000ull + 1 < (uint64_t)timeout)
 			timeout = (int)((srv->lease_until - boot) / 1000000ull) + 1;
 	}
 	/* and when a dial moves on or times out (dial.c) */
 	ndials = rps__srv_dials_poll(srv, pfd + 4, SLEEP_DIALS_MAX, now, &timeout);
-	if (__atomic_load_n(&srv->mbox.pending, __ATOMIC_ACQUIRE))
+	if (__atomic_load_n(&srv->thr.mbox.pending, __ATOMIC_ACQUIRE))
 		timeout = 0;	/* asked between our last look and now */
 	if (poll(pfd, 4 + (nfds_t)ndials, timeout) < 0 && errno != EINTR)
 		return rps__seterr(-errno, "poll: %s", strerror(errno));
@@ -324,9 +324,9 @@ int rps__server_run(struct rps__server *srv)
 		}
 		for (i = 0; i < n; i++)
 			on_completion(srv, &wc[i]);
-		if (srv->ndials)
+		if (srv->dial.ndials)
 			rps__srv_dials_turn(srv);
-		if (srv->repl_active)
+		if (srv->repl.active)
 			rps__srv_repl_turn(srv);
 		reap_dead(srv);
 		now = rps__now_ns();
@@ -423,9 +423,9 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 		return rps__seterr(-ENOMEM, "out of memory");
 	srv->cfg = *cfg;
 	srv->stop_fd = -1;
-	srv->mbox.fd = -1;
-	srv->nthreads = 1;
-	srv->first = srv;
+	srv->thr.mbox.fd = -1;
+	srv->thr.nthreads = 1;
+	srv->thr.first = srv;
 	srv->shard_elems = cfg->shard_bytes / 4;
 	srv->slot_size = RPS__ALIGN_UP(RPS__PUSH_DESC_SIZE + (size_t)cfg->shard_bytes, 64);
 	srv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -483,14 +483,14 @@ void rps__server_destroy(struct rps__server *srv)
 		rps__srv_tensor_free(srv, srv->tensors[i]);
 	free(srv->tensors);
 	rps__srv_repl_fini(srv);
-	free(srv->held);
-	while (srv->nparked)
-		rps__srv_parked_release(srv, &srv->parked[--srv->nparked]);
-	free(srv->parked);
+	free(srv->push.held);
+	while (srv->push.nparked)
+		rps__srv_parked_release(srv, &srv->push.parked[--srv->push.nparked]);
+	free(srv->push.parked);
 	rps__srv_park_pool_trim(srv, SIZE_MAX);
-	free(srv->park_pool);
-	free(srv->waiters);
-	free(srv->arrivals);
+	free(srv->push.park_pool);
+	free(srv->req.waiters);
+	free(srv->req.arrivals);
 	rps__cq_destroy(srv->cq);
 	rps__fabric_close(srv->fab);
 	rps__topo_close(srv->topo);	/* after every rps__topo_free */

@@ -33,6 +33,7 @@
 #ifndef RPS_SERVER_INT_H
 #define RPS_SERVER_INT_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -43,6 +44,7 @@
 #include "proto/proto.h"
 #include "server/dataplane.h"
 #include "server/mailbox.h"
+#include "server/repl.h"
 #include "server/server.h"
 #include "proto/shard.h"
 #include "proto/smap.h"
@@ -67,7 +69,7 @@
 #define WRID_SEND 2u
 #define WRID_READ 3u		/* migration: the destination READs the partition */
 #define WRID_REPL 4u		/* a replication entry (unsignaled: errors only) */
-#define WRID_STEP_DONE 5u	/* a STEP_DONE send (counted in sd_inflight) */
+#define WRID_STEP_DONE 5u	/* a STEP_DONE send (counted in sd.inflight) */
 #define REPL_SLOTS 8u		/* slots of a backup per primary server */
 /* Send-queue slots every connection has beyond its sends, for the memory
  * windows it is given (a bind is a WR on verbs, retired by the next
@@ -75,12 +77,12 @@
 #define RPS__BIND_RESERVE 32u
 #define REPL_MAX 3u		/* replicas a partition waits for: 2 backups + a joiner */
 
-struct conn;
-struct tensor;
+struct srv_conn;
+struct srv_tensor;
 
 /* A push that arrived but may not be consumed yet. */
 struct held {
-	struct conn *conn;
+	struct srv_conn *conn;
 	uint32_t slot;
 };
 
@@ -96,7 +98,7 @@ struct held {
  * primary's step covers them or the backup is promoted.
  */
 struct parked {
-	struct tensor *t;
+	struct srv_tensor *t;
 	uint32_t local;		/* global shard index */
 	uint64_t clock;
 	int rank;
@@ -110,7 +112,7 @@ struct parked {
 };
 
 struct waiter {
-	struct conn *conn;
+	struct srv_conn *conn;
 	uint64_t req_id;
 	uint32_t tensor_id;
 	uint32_t local;		/* global shard index */
@@ -136,7 +138,7 @@ struct shard {
 	uint32_t part;		/* its partition */
 	uint32_t elems;
 	bool ready;		/* initial values in place */
-	struct conn *init_conn;	/* who must send them */
+	struct srv_conn *init_conn;	/* who must send them */
 	float *state;		/* optimizer state */
 	float *acc;		/* sync: this step's sum so far */
 	float *scratch;		/* gradients converted to fp32 */
@@ -163,7 +165,7 @@ struct region {
 	uint32_t nsh;
 };
 
-struct tensor {
+struct srv_tensor {
 	char name[RPS__NAME_MAX];
 	uint32_t id;
 	struct rps__tensor_spec spec;
@@ -184,7 +186,7 @@ struct tensor {
 
 enum { RANK_UNSEEN, RANK_LIVE, RANK_GONE, RANK_REMOVED };
 
-static inline bool rps__srv_rank_removed(const struct tensor *t, int rank)
+static inline bool rps__srv_rank_removed(const struct srv_tensor *t, int rank)
 {
 	return t->ranks && rank >= 0 && rank < t->spec.num_workers && t->ranks[rank] == RANK_REMOVED;
 }
@@ -195,21 +197,10 @@ struct conn_window {
 	uint32_t rkey;
 };
 
-struct conn {
-	struct rps__server *srv;
-	struct rps__ep *ep;
-	enum conn_role_kind role;
-	uint64_t peer_id;	/* CONN_PEER: the other server */
-	uint16_t peer_threads;	/* CONN_PEER accepted: the --threads it said (0: not said) */
-	bool hello_done;
-	bool dead;
-	int rank;
-	int num_workers;
-	uint64_t client_id;
-	uint32_t owner;
-	uint64_t last_active_ns;	/* last completion (--idle-timeout-ms) */
-	size_t bufs_charged;	/* peer/admin message buffers, against --memory-limit */
+/* A connection's staging and control buffers (conn.c). */
+struct srv_conn_bufs {
 	size_t msg_max;		/* bytes per control buffer */
+	size_t charged;		/* peer/admin message buffers, against --memory-limit */
 	/* staging slots (workers) */
 	char *slots;
 	struct rps__mr *slots_mr;
@@ -224,58 +215,68 @@ struct conn {
 	uint32_t *sfree;
 	uint32_t nsfree;
 	size_t slots_len;
-	/* CONN_REPL (repl_stream.c): the primary's side (repl_out) writes entries from
-	 * its ring into the backup's slots; the backup applies them in order */
-	bool repl_out;		/* we dialed: we are the primary */
-	bool repl_ready;	/* primary: the backup answered REPL_HELLO */
-	uint32_t repl_nslots;
-	uint32_t repl_slot_size;
-	uint64_t repl_raddr;	/* primary: the backup's slots */
-	uint32_t repl_rkey;
-	uint32_t credits;	/* primary: free slots on the backup */
-	uint64_t cseq;		/* primary: entries sent; backup: entries applied */
-	uint64_t cseq_acked;	/* primary: entries the backup applied */
-	uint32_t credits_owed;	/* backup: freed since the last REPL_ACK */
-	uint32_t npending;	/* backup: entries waiting for the map to catch up */
-	bool repl_refused;	/* backup: an entry was refused (NACK): apply no more */
-	uint32_t *tmap;		/* backup: the primary's tensor id -> ours + 1 */
-	uint32_t ntmap;
-	uint8_t *bound;		/* primary: tensor ids bound on this stream */
-	uint32_t nbound;
-	/* workers, sync with backups (repl_stream.c): steps replicated, not yet told */
-	struct rps__step_done_ent *sd;
-	uint32_t nsd, sd_cap;
-	uint32_t sd_inflight;	/* STEP_DONE messages in the send queue */
-	/* authentication (auth.c): on a server with a key a connection sends
-	 * nothing but AUTH (AUTH_REP, one we dialed) until it is authed */
-	bool authed;
-	bool lean;		/* accepted, not authed: one small buffer each way (conn.c) */
-	uint32_t bufs_gen;	/* bumped when the buffers are replaced (rps__srv_conn_grow) */
-	uint64_t accepted_ns;	/* when it was accepted (the oldest waiting goes first) */
-	bool auth_refused;	/* AUTH failed: closed at auth_deadline_ns, after the refusal left */
+	bool lean;		/* accepted, not authed: one small buffer each way */
+	uint32_t gen;		/* bumped when the buffers are replaced (rps__srv_conn_grow) */
 	bool recvs_posted;
-	bool auth_proven;	/* a server's AUTH held: AUTH_DONE awaited */
-	bool repl_rev_in;	/* a REPL_REV stream it dialed: we are its primary */
+};
+
+/* A connection's authentication (auth.c): on a server with a key a
+ * connection sends nothing but AUTH (AUTH_REP, one we dialed) until it is
+ * authed. */
+struct srv_conn_auth {
+	bool authed;
+	uint64_t accepted_ns;	/* when it was accepted (the oldest waiting goes first) */
+	bool refused;		/* AUTH failed: closed at deadline_ns, after the refusal left */
+	bool proven;		/* a server's AUTH held: AUTH_DONE awaited */
 	uint8_t key_role;	/* enum rps__key_role it proved (NONE: no key here) */
 	char scope[64];		/* worker/reader: its tensor-name prefix */
-	uint64_t auth_deadline_ns;
-	struct rps__conn_priv auth_req, auth_rep;	/* the connect data, both ways */
-	struct srv_auth_dial *auth_dial;	/* we dialed: what checks the answer */
-	/* the memory windows given to this connection (rps__srv_conn_window):
-	 * each region's key is valid on this connection alone */
-	struct conn_window *wins;
-	uint32_t nwins, wins_cap;
-	/* migration READ target (peers) */
-	void *rd_buf;
-	size_t rd_len;
-	struct rps__mr *rd_mr;
+	uint64_t deadline_ns;
+	struct rps__conn_priv req, rep;	/* the connect data, both ways */
+	struct srv_auth_dial *dial;	/* we dialed: what checks the answer */
+};
+
+/* The memory windows given to a connection (conn.c, rps__srv_conn_window):
+ * each region's key is valid on this connection alone. */
+struct srv_conn_wins {
+	struct conn_window *w;
+	uint32_t n, cap;
+};
+
+/* A peer's migration READ target (dataplane.c). */
+struct srv_conn_read {
+	void *buf;
+	size_t len;
+	struct rps__mr *mr;
+};
+
+/* A connection: the core every role has, and each feature's part (embedded:
+ * no pointer to chase on the push path). */
+struct srv_conn {
+	struct rps__server *srv;
+	struct rps__ep *ep;
+	enum conn_role_kind role;
+	uint64_t peer_id;	/* CONN_PEER: the other server */
+	uint16_t peer_threads;	/* CONN_PEER accepted: the --threads it said (0: not said) */
+	bool hello_done;
+	bool dead;
+	int rank;
+	int num_workers;
+	uint64_t client_id;
+	uint32_t owner;
+	uint64_t last_active_ns;	/* last completion (--idle-timeout-ms) */
+	struct srv_conn_bufs bufs;	/* conn.c */
+	struct srv_conn_repl repl;	/* CONN_REPL (repl.h) */
+	struct srv_conn_sd sd;		/* workers, sync with backups (repl.h) */
+	struct srv_conn_auth auth;	/* auth.c */
+	struct srv_conn_wins wins;	/* conn.c */
+	struct srv_conn_read rd;	/* peers: migration (dataplane.c) */
 };
 
 /* dial.c: an outgoing connection under way */
 enum srv_dial_kind { SRV_DIAL_PEER, SRV_DIAL_REPL, SRV_DIAL_REPL_REV };
 struct srv_dial {
 	struct rps__dial *d;
-	struct conn *c;		/* in no table until its owner attaches it */
+	struct srv_conn *c;		/* in no table until its owner attaches it */
 	enum srv_dial_kind kind;
 	uint64_t to_id;		/* 0: a --join seed, whoever answers */
 	char uri[320];		/* (a --cluster address may be longer than a map's) */
@@ -285,27 +286,78 @@ struct srv_dial {
 	bool authing;		/* connected, AUTH sent, AUTH_REP awaited (d is NULL) */
 };
 
-struct rps__server {
-	uint64_t auth_log_ns;		/* auth.c: when a refusal was last logged */
-	uint64_t threads_log_ns;	/* conn.c: when a --threads mismatch was last logged */
-	uint64_t auth_refusals_quiet;	/* ... and how many since went unlogged */
-	struct rps__server_config cfg;
-	/* serving threads (threads.c, rdmapsd --threads): this one is
-	 * thread_index of nthreads, each a data plane of its own serving the
-	 * partitions p with p % nthreads == thread_index; the first runs the
-	 * control plane and holds the others in group */
-	uint32_t nthreads, thread_index;
+/* Serving threads (threads.c, rdmapsd --threads): this instance is index
+ * of nthreads, each a data plane of its own serving the partitions p with
+ * p % nthreads == index; the first runs the control plane and holds the
+ * others in group. */
+struct srv_threads {
+	uint32_t nthreads, index;
 	struct rps__server **group;	/* the first: every instance (group[0] == itself) */
 	struct rps__server *first;	/* ... and every instance's first */
 	struct srv_mbox mbox;		/* mailbox.c: calls of the first's thread */
 	pthread_t thread;		/* instances past the first: their serving thread */
-	int thread_ret;
+	int ret;
+};
+
+/* The read fence (partition.c, rps__srv_read_fence). */
+struct srv_read_fence {
+	bool fenced[RPS__SMAP_MAX_PART];	/* headers show RPS__EPOCH_MOVED for want of the lease */
+	bool held;		/* the lease as the last fence turn saw it */
+	bool dirty;		/* partitions or headers changed since: look again */
+};
+
+/* Pushes waiting for their turn (push.c): held in their slots, or parked. */
+struct srv_push {
+	struct held *held;
+	uint32_t nheld, held_cap;
+	struct parked *parked;
+	uint32_t nparked, parked_cap;
+	size_t parked_bytes;
+	/* parking buffers kept for reuse: a steady sync job parks and frees
+	 * one shard-sized buffer per out-of-turn push, and a fresh one costs
+	 * page faults on every touch */
+	struct park_buf {
+		void *buf;
+		size_t cap;
+	} *park_pool;
+	uint32_t npark_pool, park_pool_cap;
+	size_t park_pool_bytes;		/* counted in mem_used */
+	uint64_t sync_early;		/* sync pushes summed at once out of turn (take_early) */
+	uint64_t sync_parked;		/* ... and copied aside (park) */
+};
+
+/* Workers' requests that wait (requests.c): WAITs, and barrier arrivals
+ * (one barrier per key scope, each released when as many of its scope
+ * arrived as its first said). */
+struct srv_requests {
+	struct waiter *waiters;
+	uint32_t nwaiters, waiters_cap;
+	struct srv_arrival {
+		struct srv_conn *conn;
+		uint64_t req_id;
+		int need;
+	} *arrivals;
+	uint32_t narrivals, arrivals_cap;
+};
+
+/* Outgoing connections under way (dial.c). */
+struct srv_dials {
+	struct srv_dial *dials;
+	uint32_t ndials, dials_cap;
+};
+
+/* A data plane: the core, and each feature's part. */
+struct rps__server {
+	struct {
+		uint64_t last_ns;	/* auth.c: when a refusal was last logged */
+		uint64_t quiet;		/* ... and how many since went unlogged */
+	} auth_log;
+	uint64_t threads_log_ns;	/* conn.c: when a --threads mismatch was last logged */
+	struct rps__server_config cfg;
+	struct srv_threads thr;		/* threads.c */
 	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
 	uint64_t lease_until;		/* primary lease: rps__dp_boottime_ns() before this (set_lease) */
-	/* the read fence (partition.c, rps__srv_read_fence) */
-	bool rfenced[RPS__SMAP_MAX_PART];	/* headers show RPS__EPOCH_MOVED for want of the lease */
-	bool rfence_held;		/* the lease as the last fence turn saw it */
-	bool rfence_dirty;		/* partitions or headers changed since: look again */
+	struct srv_read_fence rfence;	/* partition.c */
 	uint32_t shard_elems;
 	size_t slot_size;
 	struct rps__fabric *fab;
@@ -315,36 +367,12 @@ struct rps__server {
 	struct rps__placement place;
 	int stop_fd;
 	volatile sig_atomic_t stopping;	/* rps__server_stop: seen inside the busy-poll too */
-	struct conn **conns;
+	struct srv_conn **conns;
 	uint32_t nconns, conns_cap;
-	struct tensor **tensors;
+	struct srv_tensor **tensors;
 	uint32_t ntensors;
-	struct held *held;
-	uint32_t nheld, held_cap;
-	struct parked *parked;
-	uint32_t nparked, parked_cap;
-	size_t parked_bytes;
-	/* parking buffers kept for reuse (push.c): a steady sync job parks and
-	 * frees one shard-sized buffer per out-of-turn push, and a fresh one
-	 * costs page faults on every touch */
-	struct park_buf {
-		void *buf;
-		size_t cap;
-	} *park_pool;
-	uint32_t npark_pool, park_pool_cap;
-	size_t park_pool_bytes;		/* counted in mem_used */
-	uint64_t sync_early;		/* sync pushes summed at once out of turn (take_early) */
-	uint64_t sync_parked;		/* ... and copied aside (park) */
-	struct waiter *waiters;
-	uint32_t nwaiters, waiters_cap;
-	/* barrier arrivals (requests.c): one barrier per key scope, each
-	 * released when as many of its scope arrived as its first said */
-	struct srv_arrival {
-		struct conn *conn;
-		uint64_t req_id;
-		int need;
-	} *arrivals;
-	uint32_t narrivals, arrivals_cap;
+	struct srv_push push;		/* push.c */
+	struct srv_requests req;	/* requests.c */
 	size_t mem_used;
 	size_t mem_group;		/* the first instance: every instance's mem_used (threads) */
 	uint8_t owner_used[RPS__LOCK_OWNER_MAX + 1];
@@ -359,47 +387,8 @@ struct rps__server {
 	struct rps__mr *mapbuf_mr;
 	struct rps__dp_hooks hooks;	/* the layer above */
 
-	/* outgoing connections under way (dial.c) */
-	struct srv_dial *dials;
-	uint32_t ndials, dials_cap;
-
-	/* replication (repl_stream.c) */
-	struct repl_peer {
-		uint64_t id;
-		char uri[RPS__SMAP_URI_MAX];
-		struct conn *conn;	/* our stream to it (we are primary) */
-		bool wanted;		/* a partition of ours has it as a replica */
-		uint64_t next_dial;
-		uint32_t fails;		/* dials failed in a row (backoff) */
-		/* its stream to us, which we dial when our id is the higher */
-		struct conn *in;
-		uint64_t next_dial_in;
-		uint32_t fails_in;
-	} repl_peers[RPS__SMAP_MAX_MEMBERS];
-	uint32_t nrepl_peers;
-	bool repl_active;		/* a stream or a wait exists: repl turn has work */
-	uint64_t repl_slow_check;	/* next look for updates that wait long (repl_stream.c) */
-	uint64_t repl_unknown;		/* a replica with no address, logged once */
-	struct repl_wait *rwaits;	/* updates waiting for their replicas, in order */
-	uint32_t nrwaits, rwaits_cap;
-	uint64_t repl_seq[RPS__SMAP_MAX_PART];	/* primary: entries sent; backup: applied */
-	uint64_t repl_diverged[RPS__SMAP_MAX_PART];	/* primary: a replica whose stream broke before it
-							 * confirmed an update (repl_stream.c): to be dropped */
-	/* backup: the map's epoch when its primary became primary (the epoch
-	 * moves on without it when the replica set changes) */
-	uint64_t primary_since[RPS__SMAP_MAX_PART];
-	char repl_fp[RPS__REPL_FP_MAX];	/* kernel fingerprint */
-	struct {
-		uint64_t entries_sent, entries_applied, acks_sent, acks_received, deferred, refused;
-		uint64_t pairings_refused;	/* kernel fingerprints differed */
-		uint64_t taken_acks;		/* sync: PUSH_ACKs with RPS__ACK_TAKEN */
-		uint64_t step_done_resend;	/* STEP_DONE entries saying "resend" */
-		uint64_t step_done_orphaned;	/* ... and "orphaned by a rank" */
-		uint64_t step_done_sent;	/* sync: STEP_DONE messages ... */
-		uint64_t step_done_entries;	/* ... and the entries in them */
-		struct rps__step_done_ent last_step_done;	/* the last entry sent */
-		uint64_t lease_refused;		/* acks refused at ack time: the lease had run out */
-	} repl_stats;
+	struct srv_dials dial;		/* dial.c */
+	struct srv_repl repl;		/* repl_stream.c, repl_backup.c (repl.h) */
 	/* messages sent to workers by type, PUSH_ACKs with flags apart (tests:
 	 * the acknowledgement sequence) */
 	uint64_t worker_msgs[RPS__MSG_TYPE_MAX], worker_acks_flagged;
@@ -409,7 +398,7 @@ struct rps__server {
  * (every loop turn: one atomic load when nothing is asked) */
 static inline void rps__srv_mbox_poll(struct rps__server *srv)
 {
-	if (__atomic_load_n(&srv->mbox.pending, __ATOMIC_ACQUIRE))
+	if (__atomic_load_n(&srv->thr.mbox.pending, __ATOMIC_ACQUIRE))
 		rps__srv_mbox_serve(srv);
 }
 
@@ -420,68 +409,68 @@ void rps__srv_mem_charge(struct rps__server *srv, size_t bytes);
 void rps__srv_mem_give(struct rps__server *srv, size_t bytes);
 
 /* conn.c */
-void rps__srv_conn_reply(struct conn *c, unsigned type, uint64_t req_id, int32_t status,
+void rps__srv_conn_reply(struct srv_conn *c, unsigned type, uint64_t req_id, int32_t status,
 			 const void *body, size_t len);
 /* The same with header flags (PUSH_ACK: RPS__ACK_TAKEN). */
-void rps__srv_conn_reply_flags(struct conn *c, unsigned type, uint8_t flags, uint64_t req_id, int32_t status,
+void rps__srv_conn_reply_flags(struct srv_conn *c, unsigned type, uint8_t flags, uint64_t req_id, int32_t status,
 			       const void *body, size_t len);
-/* A STEP_DONE, counted in c->sd_inflight until its send completes. */
-void rps__srv_conn_send_step_done(struct conn *c, const struct rps__step_done *sd);
-void rps__srv_conn_fail(struct conn *c, const char *why);
-const char *rps__srv_role_name(const struct conn *c);
-int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct conn **out);
+/* A STEP_DONE, counted in c->sd.inflight until its send completes. */
+void rps__srv_conn_send_step_done(struct srv_conn *c, const struct rps__step_done *sd);
+void rps__srv_conn_fail(struct srv_conn *c, const char *why);
+const char *rps__srv_role_name(const struct srv_conn *c);
+int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct srv_conn **out);
 /* An accepted connection authenticated: its real buffers (staging slots,
  * big message buffers) replace the small one, and its receives are posted.
  * On failure (the memory limit, message set) it keeps the small ones. */
-int rps__srv_conn_grow(struct rps__server *srv, struct conn *c);
+int rps__srv_conn_grow(struct rps__server *srv, struct srv_conn *c);
 /* Why an authenticated connection of c's role would be one too many
  * (--max-connections, the admin slots), or NULL. */
-const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struct conn *c);
-void rps__srv_conn_free(struct rps__server *srv, struct conn *c);
+const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struct srv_conn *c);
+void rps__srv_conn_free(struct rps__server *srv, struct srv_conn *c);
 /* The key by which c's peer reaches mr with `access`: a window bound to
  * c's endpoint alone (once per region and rights; the window dies with the
  * connection or the region).  -EAGAIN: c's send queue has no room to bind
  * one now beyond its replies (ask again after the next reply). */
-int rps__srv_conn_window(struct conn *c, struct rps__mr *mr, int access, uint32_t *rkey);
+int rps__srv_conn_window(struct srv_conn *c, struct rps__mr *mr, int access, uint32_t *rkey);
 /* Close a connection and forget what waits on it (held pushes, waits,
  * barrier, its locks, its rank's sync steps). */
-void rps__srv_conn_destroy(struct rps__server *srv, struct conn *c);
+void rps__srv_conn_destroy(struct rps__server *srv, struct srv_conn *c);
 /* Post the receives of an outgoing connection and add it to the table. */
-int rps__srv_conn_attach(struct rps__server *srv, struct conn *c);
-int rps__srv_post_recv(struct conn *c, uint32_t i);
+int rps__srv_conn_attach(struct rps__server *srv, struct srv_conn *c);
+int rps__srv_post_recv(struct srv_conn *c, uint32_t i);
 void rps__srv_accept_pending(struct rps__server *srv);
 /* auth.c: the handshake on the server's connections */
 #define RPS__AUTH_TIMEOUT_MS 10000	/* a connection we dialed not authed by then is dropped */
 #define RPS__PREAUTH_TIMEOUT_MS 3000	/* ... one accepted (AUTH, and a peer's AUTH_DONE) */
-void rps__srv_auth_accepted(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+void rps__srv_auth_accepted(struct rps__server *srv, struct srv_conn *c, const struct rps__conn_priv *req,
 			    struct rps__conn_priv *rep);
-int rps__srv_auth_dialed(struct rps__server *srv, struct conn *c, const struct rps__conn_priv *req,
+int rps__srv_auth_dialed(struct rps__server *srv, struct srv_conn *c, const struct rps__conn_priv *req,
 			 const struct rps__conn_priv *rep, const char *uri);
-void rps__srv_auth_on_message(struct rps__server *srv, struct conn *c, const struct rps__msg_hdr *h,
+void rps__srv_auth_on_message(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			      const void *body);
 void rps__srv_auth_timers(struct rps__server *srv, uint64_t now);
-void rps__srv_auth_dial_free(struct conn *c);
+void rps__srv_auth_dial_free(struct srv_conn *c);
 /* Log a refusal, once a second at most (hostile peers must not flood the log). */
-void rps__srv_log_refusal(struct rps__server *srv, const struct conn *c, const char *why);
+void rps__srv_log_refusal(struct rps__server *srv, const struct srv_conn *c, const char *why);
 /* conn.c: what an accepted connection does once authed */
-void rps__srv_conn_authed(struct rps__server *srv, struct conn *c);
+void rps__srv_conn_authed(struct rps__server *srv, struct srv_conn *c);
 /* A peer said it runs `theirs` serving threads (0: not said): false, with
  * one line logged (at most every 30 s), if they differ from ours. */
 bool rps__srv_peer_threads_ok(struct rps__server *srv, uint64_t peer_id, unsigned theirs);
 /* A tensor name a connection's scope covers (every name: no key here). */
-bool rps__srv_scope_allows(const struct conn *c, const char *name);
+bool rps__srv_scope_allows(const struct srv_conn *c, const char *name);
 /* Two connections of the same job: the same key scope (both "": no key). */
-bool rps__srv_same_scope(const struct conn *a, const struct conn *b);
+bool rps__srv_same_scope(const struct srv_conn *a, const struct srv_conn *b);
 
 /* push.c */
 /* A push landed in (c, slot): consume, park or hold it. */
-void rps__srv_on_push(struct rps__server *srv, struct conn *c, uint32_t slot);
+void rps__srv_on_push(struct rps__server *srv, struct srv_conn *c, uint32_t slot);
 void rps__srv_drain_held(struct rps__server *srv);
-void rps__srv_sync_advance(struct rps__server *srv, struct tensor *t, uint32_t local, bool reserved);
+void rps__srv_sync_advance(struct rps__server *srv, struct srv_tensor *t, uint32_t local, bool reserved);
 /* A backup applied its primary's step of the shard: the step in progress a
  * seeding image brought, and parked pushes of applied steps, are forgotten. */
-void rps__srv_sync_step_replicated(struct rps__server *srv, struct tensor *t, uint32_t local);
-bool rps__srv_parked_has(const struct rps__server *srv, const struct tensor *t, uint32_t local, int rank,
+void rps__srv_sync_step_replicated(struct rps__server *srv, struct srv_tensor *t, uint32_t local);
+bool rps__srv_parked_has(const struct rps__server *srv, const struct srv_tensor *t, uint32_t local, int rank,
 			 uint64_t clock);
 /* A parked entry's gradient is gone (taken, shipped, dropped): its buffer
  * back to the pool (or freed), its bytes off the budget. */
@@ -495,7 +484,7 @@ void *rps__srv_park_buf_get(struct rps__server *srv, size_t nbytes, size_t *cap)
 /* Give back up to `bytes` of kept parking buffers (SIZE_MAX: all). */
 void rps__srv_park_pool_trim(struct rps__server *srv, size_t bytes);
 int rps__srv_rank_remove(struct rps__server *srv, const char *name, int rank);
-uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct shard *s, uint64_t w);
+uint64_t rps__srv_release_lock(struct rps__server *srv, struct srv_tensor *t, struct shard *s, uint64_t w);
 /* An async/bounded push applied under lock word w: acknowledged with the
  * word its release leaves, then released (hold: kept for the chain's next
  * push, its lease restarted).  The acknowledgement goes first so that the
@@ -503,24 +492,24 @@ uint64_t rps__srv_release_lock(struct rps__server *srv, struct tensor *t, struct
  * Soft-RoCE) is off the push's round trip: the worker's next CAS needs a
  * whole round trip to come back, and if it ever came first it would lose
  * and be retried, never applied twice. */
-void rps__srv_ack_then_release(struct rps__server *srv, struct conn *c, uint32_t slot, int status,
-			       struct tensor *t, struct shard *s, uint64_t w, bool hold);
+void rps__srv_ack_then_release(struct rps__server *srv, struct srv_conn *c, uint32_t slot, int status,
+			       struct srv_tensor *t, struct shard *s, uint64_t w, bool hold);
 /* Break the locks of dead_owner (a connection's), or with 0 those whose
  * lease expired. */
 void rps__srv_scan_locks(struct rps__server *srv, uint32_t dead_owner);
 void rps__srv_publish(struct shard *s, uint64_t epoch);
-void rps__srv_wake_waiters(struct rps__server *srv, struct tensor *t, uint32_t local);
+void rps__srv_wake_waiters(struct rps__server *srv, struct srv_tensor *t, uint32_t local);
 
 /* apply.c: the primary and its backups apply with these (same code, same
  * order: bit-identical replicas).  Per push; the per-element work is in
  * src/kernels. */
-void rps__srv_shard_apply(struct tensor *t, struct shard *s, const float *g);
-void rps__srv_shard_update(struct tensor *t, struct shard *s, const float *g);
+void rps__srv_shard_apply(struct srv_tensor *t, struct shard *s, const float *g);
+void rps__srv_shard_update(struct srv_tensor *t, struct shard *s, const float *g);
 bool rps__srv_dedup_seen(const struct shard *s, uint64_t client, uint64_t push_id);
 void rps__srv_dedup_note(struct shard *s, uint64_t client, uint64_t push_id);
 const float *rps__srv_grad_fp32(struct shard *s, const void *data, uint16_t dtype);
-void rps__srv_update_min_clock(struct tensor *t, struct shard *s);
-void rps__srv_clock_note(struct tensor *t, struct shard *s, int rank, uint64_t clock);
+void rps__srv_update_min_clock(struct srv_tensor *t, struct shard *s);
+void rps__srv_clock_note(struct srv_tensor *t, struct shard *s, int rank, uint64_t clock);
 
 /* the replication stream: server/repl.h; whether a partition has one */
 static inline bool rps__srv_repl_part(const struct rps__server *srv, uint32_t part)
@@ -529,27 +518,27 @@ static inline bool rps__srv_repl_part(const struct rps__server *srv, uint32_t pa
 }
 
 /* push.c: acknowledge the push in (c, slot) */
-void rps__srv_push_ack(struct conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock);
+void rps__srv_push_ack(struct srv_conn *c, uint32_t slot, int status, uint64_t version, uint64_t lock);
 
 /* requests.c */
 bool rps__srv_spec_equal(const struct rps__tensor_spec *a, const struct rps__tensor_spec *b);
-void rps__srv_on_message(struct rps__server *srv, struct conn *c, void *buf, uint32_t len);
-void rps__srv_rank_left(struct rps__server *srv, struct conn *c);
+void rps__srv_on_message(struct rps__server *srv, struct srv_conn *c, void *buf, uint32_t len);
+void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c);
 /* Sync: the rank that orphaned the current step of shard `local` (gone
  * before its push), or -1. */
-int rps__srv_missing_rank(struct rps__server *srv, struct tensor *t, uint32_t local);
+int rps__srv_missing_rank(struct rps__server *srv, struct srv_tensor *t, uint32_t local);
 
 /* tensor.c */
-struct tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name);
+struct srv_tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name);
 int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
-			struct tensor **out);
-void rps__srv_tensor_free(struct rps__server *srv, struct tensor *t);
+			struct srv_tensor **out);
+void rps__srv_tensor_free(struct rps__server *srv, struct srv_tensor *t);
 int rps__srv_spec_valid(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
 			struct rps__layout *l);
-int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t part, bool has_init,
-			  struct conn *init_conn);
-int rps__srv_region_register(struct rps__server *srv, struct tensor *t, uint32_t part);
-void rps__srv_region_free(struct rps__server *srv, struct tensor *t, uint32_t part);
+int rps__srv_region_alloc(struct rps__server *srv, struct srv_tensor *t, uint32_t part, bool has_init,
+			  struct srv_conn *init_conn);
+int rps__srv_region_register(struct rps__server *srv, struct srv_tensor *t, uint32_t part);
+void rps__srv_region_free(struct rps__server *srv, struct srv_tensor *t, uint32_t part);
 
 /* partition.c */
 void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part);
@@ -583,24 +572,24 @@ bool rps__srv_hold_reached(struct rps__server *srv);
 int rps__srv_take(struct rps__server *srv, struct rps__dp_copy *copy);
 void rps__srv_copy_free(struct rps__dp_copy *copy);
 int rps__srv_restore_tensor(struct rps__server *srv, const char *file, const char *name,
-			    const struct rps__tensor_spec *spec, struct tensor **out);
-int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct tensor *t,
+			    const struct rps__tensor_spec *spec, struct srv_tensor **out);
+int rps__srv_restore_shard(struct rps__server *srv, const char *file, struct srv_tensor *t,
 			   const struct rps__dp_shard *cs);
 
 /* dataplane.c */
 /* a PEER dial is over: ret 0 and rp its accept's private data, or why not */
-void rps__srv_peer_dialed(struct rps__server *srv, struct conn *c, int ret, uint64_t to_id, const char *uri,
+void rps__srv_peer_dialed(struct rps__server *srv, struct srv_conn *c, int ret, uint64_t to_id, const char *uri,
 			  const struct rps__conn_priv *rp);
 
 /* repl_stream.c: a REPL dial is over (the same) */
-void rps__srv_repl_dialed(struct rps__server *srv, struct conn *c, bool rev, int ret, uint64_t to_id,
+void rps__srv_repl_dialed(struct rps__server *srv, struct srv_conn *c, bool rev, int ret, uint64_t to_id,
 			  const char *uri, const struct rps__conn_priv *rp);
 
 /* dial.c: start a dial of c (0: c is the dial's until its owner finishes
  * it; or a negative errno, c still the caller's); is one to to_id under
  * way; step them every turn; their descriptors for poll() (the number put
  * in pfd, *timeout lowered to the nearest deadline); free them at destroy */
-int rps__srv_dial(struct rps__server *srv, struct conn *c, enum srv_dial_kind kind, uint64_t to_id,
+int rps__srv_dial(struct rps__server *srv, struct srv_conn *c, enum srv_dial_kind kind, uint64_t to_id,
 		  const char *uri, const struct rps__conn_priv *priv, const struct rps__ep_attr *attr,
 		  int timeout_ms);
 bool rps__srv_dialing(const struct rps__server *srv, enum srv_dial_kind kind, uint64_t to_id);
@@ -610,29 +599,35 @@ int rps__srv_dials_poll(struct rps__server *srv, struct pollfd *pfd, int max, ui
 void rps__srv_dials_fini(struct rps__server *srv);
 
 /* Inline: the push path looks a tensor up per push. */
-static inline struct tensor *rps__srv_tensor_by_id(struct rps__server *srv, uint32_t id)
+static inline struct srv_tensor *rps__srv_tensor_by_id(struct rps__server *srv, uint32_t id)
 {
 	return id < srv->ntensors ? srv->tensors[id] : NULL;
 }
 
 /* Seqlock writer: readers that see an odd or changed seq retry.  Inline:
- * two stores, on every push. */
+ * two stores, on every push.  The header's version (seq / 2) never runs
+ * ahead of the shard's step; a write begins on an even seq, unless the
+ * shard is not readable yet (no initial values) or a replicated write's
+ * end waits for its replicas (repl_pending: repl_stream.c publishes it). */
 static inline void rps__srv_publish_begin(struct shard *s)
 {
+	assert(__atomic_load_n(&s->hdr->seq, __ATOMIC_RELAXED) <= s->step * 2 + 1);
+	assert(!(__atomic_load_n(&s->hdr->seq, __ATOMIC_RELAXED) & 1) || !s->ready || s->repl_pending);
 	__atomic_store_n(&s->hdr->seq, s->step * 2 + 1, __ATOMIC_RELAXED);
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
 static inline void rps__srv_publish_end(struct shard *s)
 {
+	assert(__atomic_load_n(&s->hdr->seq, __ATOMIC_RELAXED) <= s->step * 2 + 1);
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	__atomic_store_n(&s->hdr->seq, s->step * 2, __ATOMIC_RELEASE);
 }
 
 /* Receive buffer i of a connection. */
-static inline char *rps__srv_rbuf(struct conn *c, uint32_t i)
+static inline char *rps__srv_rbuf(struct srv_conn *c, uint32_t i)
 {
-	return c->rbufs + (size_t)i * c->msg_max;
+	return c->bufs.rbufs + (size_t)i * c->bufs.msg_max;
 }
 
 /* Are the partition's contents lost (restarted owner, or the map says so)?

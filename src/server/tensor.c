@@ -37,7 +37,7 @@ static void shard_free_mem(struct shard *s)
 
 /* Give up a tensor's region of a partition: deregistering revokes every
  * worker's remote access to those shards at once. */
-void rps__srv_region_free(struct rps__server *srv, struct tensor *t, uint32_t part)
+void rps__srv_region_free(struct rps__server *srv, struct srv_tensor *t, uint32_t part)
 {
 	struct region *r = &t->regions[part];
 	uint32_t j;
@@ -52,7 +52,7 @@ void rps__srv_region_free(struct rps__server *srv, struct tensor *t, uint32_t pa
 	memset(r, 0, sizeof(*r));
 }
 
-void rps__srv_tensor_free(struct rps__server *srv, struct tensor *t)
+void rps__srv_tensor_free(struct rps__server *srv, struct srv_tensor *t)
 {
 	uint32_t p;
 
@@ -106,9 +106,9 @@ int rps__srv_spec_valid(struct rps__server *srv, const char *name, const struct 
 /* Know a tensor (its spec and layout) without holding any of its shards:
  * regions come with the partitions this server owns or receives. */
 int rps__srv_tensor_add(struct rps__server *srv, const char *name, const struct rps__tensor_spec *sp,
-			struct tensor **out)
+			struct srv_tensor **out)
 {
-	struct tensor *t, **grown;
+	struct srv_tensor *t, **grown;
 	size_t meta;
 	uint32_t i;
 	int ret;
@@ -184,8 +184,8 @@ err_free:
  * with rps__srv_region_register, so the lock words are written by this CPU
  * only before any HCA atomic can reach them.
  */
-int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t part, bool has_init,
-			  struct conn *init_conn)
+int rps__srv_region_alloc(struct rps__server *srv, struct srv_tensor *t, uint32_t part, bool has_init,
+			  struct srv_conn *init_conn)
 {
 	const struct rps__tensor_spec *sp = &t->spec;
 	struct region *r = &t->regions[part];
@@ -221,7 +221,7 @@ int rps__srv_region_alloc(struct rps__server *srv, struct tensor *t, uint32_t pa
 		s->hdr->shard = s->index;
 		s->hdr->elems = s->elems;
 		/* (a region made while the read fence is up starts behind it) */
-		s->hdr->epoch = srv->rfenced[part] ? RPS__EPOCH_MOVED : srv->parts[part].map_epoch;
+		s->hdr->epoch = srv->rfence.fenced[part] ? RPS__EPOCH_MOVED : srv->parts[part].map_epoch;
 		s->ready = !has_init;
 		s->init_conn = s->ready ? NULL : init_conn;
 		s->hdr->seq = s->ready ? 0 : 1;	/* odd: not readable until INIT */
@@ -246,7 +246,7 @@ err_nomem:
 	return ret;
 }
 
-int rps__srv_region_register(struct rps__server *srv, struct tensor *t, uint32_t part)
+int rps__srv_region_register(struct rps__server *srv, struct srv_tensor *t, uint32_t part)
 {
 	struct region *r = &t->regions[part];
 	int ret;
@@ -260,7 +260,7 @@ int rps__srv_region_register(struct rps__server *srv, struct tensor *t, uint32_t
 	return ret;
 }
 
-struct tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name)
+struct srv_tensor *rps__srv_tensor_by_name(struct rps__server *srv, const char *name)
 {
 	uint32_t i;
 

@@ -43,13 +43,13 @@ static void call_all(struct rps__server *srv, rps__srv_mbox_fn fn, void *arg)
 {
 	uint32_t k;
 
-	for (k = 0; k < srv->nthreads; k++)
-		rps__srv_mbox_call(srv->group[k], fn, arg);
+	for (k = 0; k < srv->thr.nthreads; k++)
+		rps__srv_mbox_call(srv->thr.group[k], fn, arg);
 }
 
 static struct rps__server *inst_of(struct rps__server *srv, uint32_t part)
 {
-	return srv->group[part % srv->nthreads];
+	return srv->thr.group[part % srv->thr.nthreads];
 }
 
 /* ---- the instances' threads --------------------------------------------------- */
@@ -61,11 +61,11 @@ static void *instance_main(void *arg)
 
 	rps__srv_mbox_claim(srv);
 	ret = rps__server_run(srv);
-	srv->thread_ret = ret;	/* (read after pthread_join) */
+	srv->thr.ret = ret;	/* (read after pthread_join) */
 	rps__srv_mbox_close(srv);
 	if (ret) {
-		rps__log(RPS__LOG_ERROR, "serving thread %u stopped: %s", srv->thread_index, rps__errbuf());
-		rps__server_group_stop(srv->first);
+		rps__log(RPS__LOG_ERROR, "serving thread %u stopped: %s", srv->thr.index, rps__errbuf());
+		rps__server_group_stop(srv->thr.first);
 	}
 	return NULL;
 }
@@ -75,10 +75,10 @@ int rps__server_group_start(struct rps__server *first)
 	uint32_t k;
 	int ret;
 
-	for (k = 1; k < first->nthreads; k++) {
-		struct rps__server *srv = first->group[k];
+	for (k = 1; k < first->thr.nthreads; k++) {
+		struct rps__server *srv = first->thr.group[k];
 		rps__srv_mbox_open(srv);
-		ret = pthread_create(&srv->thread, NULL, instance_main, srv);
+		ret = pthread_create(&srv->thr.thread, NULL, instance_main, srv);
 		if (ret) {
 			rps__srv_mbox_close(srv);
 			rps__server_group_stop(first);
@@ -93,8 +93,8 @@ void rps__server_group_stop(struct rps__server *first)
 {
 	uint32_t k;
 
-	for (k = 0; k < first->nthreads; k++)
-		rps__server_stop(first->group ? first->group[k] : first);
+	for (k = 0; k < first->thr.nthreads; k++)
+		rps__server_stop(first->thr.group ? first->thr.group[k] : first);
 }
 
 int rps__server_group_join(struct rps__server *first)
@@ -102,14 +102,14 @@ int rps__server_group_join(struct rps__server *first)
 	uint32_t k;
 	int ret = 0;
 
-	for (k = 1; k < first->nthreads; k++) {
-		struct rps__server *srv = first->group[k];
-		if (!srv->thread)
+	for (k = 1; k < first->thr.nthreads; k++) {
+		struct rps__server *srv = first->thr.group[k];
+		if (!srv->thr.thread)
 			continue;
-		pthread_join(srv->thread, NULL);
-		srv->thread = 0;
-		if (srv->thread_ret && !ret)
-			ret = srv->thread_ret;
+		pthread_join(srv->thr.thread, NULL);
+		srv->thr.thread = 0;
+		if (srv->thr.ret && !ret)
+			ret = srv->thr.ret;
 	}
 	return ret;
 }
@@ -152,16 +152,16 @@ void rps__server_group_destroy(struct rps__server *first)
 
 	if (!first)
 		return;
-	group = first->group;
-	n = first->nthreads;
+	group = first->thr.group;
+	n = first->thr.nthreads;
 	rps__server_group_stop(first);
 	rps__server_group_join(first);
 	/* the others account their memory alone from now: the first goes
 	 * first (its fini hook stops the control plane, which may still call
 	 * into them, in place now that their threads are gone) */
 	for (k = 1; group && k < n; k++) {
-		group[k]->first = group[k];
-		group[k]->nthreads = 1;
+		group[k]->thr.first = group[k];
+		group[k]->thr.nthreads = 1;
 	}
 	rps__server_destroy(first);
 	for (k = 1; group && k < n; k++) {
@@ -189,16 +189,16 @@ static int group_create_once(const struct rps__server_config *cfg, struct rps__s
 		ret = rps__server_create(&c, &group[k]);
 		if (ret)
 			goto err;
-		group[k]->nthreads = cfg->nthreads;
-		group[k]->thread_index = k;
-		group[k]->first = group[0];
+		group[k]->thr.nthreads = cfg->nthreads;
+		group[k]->thr.index = k;
+		group[k]->thr.first = group[0];
 		if (k && ((ret = rps__srv_mbox_init(group[k])) || (ret = probe_area(group[k])))) {
 			rps__srv_mbox_fini(group[k]);
 			rps__server_destroy(group[k]);
 			goto err;
 		}
 	}
-	group[0]->group = group;
+	group[0]->thr.group = group;
 	/* what each took alone so far now counts for the whole (mem_take) */
 	for (k = 0; k < cfg->nthreads; k++)
 		group[0]->mem_group += group[k]->mem_used;
@@ -303,7 +303,7 @@ struct args {
 	struct rps__dp_copy copy;
 	struct rps__dp_stats st;
 	const struct rps__tensor_spec *spec;
-	struct tensor *t;
+	struct srv_tensor *t;
 	const struct rps__dp_shard *cs;
 };
 
@@ -337,17 +337,17 @@ static void do_repl_peer(struct rps__server *s, void *a)
 	char uri[RPS__SMAP_URI_MAX];
 	int r;
 
-	if (!x->name || !s->thread_index) {
+	if (!x->name || !s->thr.index) {
 		r = one->repl_peer(s, x->u64, x->name);
 		x->ret = r ? r : x->ret;
 		return;
 	}
-	if (rps__uri_parse(x->name, &u) || (uint32_t)u.port + s->thread_index > 65535) {
+	if (rps__uri_parse(x->name, &u) || (uint32_t)u.port + s->thr.index > 65535) {
 		x->ret = rps__seterr(-EINVAL, "member %llu: '%s' has no port for serving thread %u",
-				     (unsigned long long)x->u64, x->name, s->thread_index);
+				     (unsigned long long)x->u64, x->name, s->thr.index);
 		return;
 	}
-	u.port = (uint16_t)(u.port + s->thread_index);
+	u.port = (uint16_t)(u.port + s->thr.index);
 	rps__uri_str(&u, uri, sizeof(uri));
 	r = one->repl_peer(s, x->u64, uri);
 	x->ret = r ? r : x->ret;
@@ -376,9 +376,9 @@ static int g_rank_remove(struct rps__server *srv, const char *name, int rank)
 	int ret = -ENOENT;
 	uint32_t k;
 
-	for (k = 0; k < srv->nthreads; k++) {
+	for (k = 0; k < srv->thr.nthreads; k++) {
 		struct args a = { .name = name, .rank = rank };
-		rps__srv_mbox_call(srv->group[k], do_rank_remove, &a);
+		rps__srv_mbox_call(srv->thr.group[k], do_rank_remove, &a);
 		if (a.ret < 0 && a.ret != -ENOENT) {
 			if (ret >= 0 || ret == -ENOENT)
 				snprintf(msg, sizeof(msg), "%s", rps__errbuf());
@@ -480,7 +480,7 @@ static int taken_cmp(const void *a, const void *b)
 
 static int g_take(struct rps__server *srv, struct rps__dp_copy *out)
 {
-	struct rps__dp_copy *parts = calloc(srv->nthreads, sizeof(*parts));
+	struct rps__dp_copy *parts = calloc(srv->thr.nthreads, sizeof(*parts));
 	struct taken *all = NULL;
 	uint32_t k, i, n = 0, m = 0;
 	int ret = 0;
@@ -488,10 +488,10 @@ static int g_take(struct rps__server *srv, struct rps__dp_copy *out)
 	memset(out, 0, sizeof(*out));
 	if (!parts)
 		return rps__seterr(-ENOMEM, "out of memory");
-	for (k = 0; k < srv->nthreads && !ret; k++) {
+	for (k = 0; k < srv->thr.nthreads && !ret; k++) {
 		struct args a;
 		memset(&a, 0, sizeof(a));
-		rps__srv_mbox_call(srv->group[k], do_take, &a);
+		rps__srv_mbox_call(srv->thr.group[k], do_take, &a);
 		parts[k] = a.copy;
 		ret = a.ret;
 		n += a.copy.nshards;
@@ -507,7 +507,7 @@ static int g_take(struct rps__server *srv, struct rps__dp_copy *out)
 		goto out;
 	}
 	n = 0;
-	for (k = 0; k < srv->nthreads; k++)
+	for (k = 0; k < srv->thr.nthreads; k++)
 		for (i = 0; i < parts[k].nshards; i++)
 			all[n++] = (struct taken){ .name = parts[k].tensors[parts[k].shards[i].tensor].name,
 						   .index = parts[k].shards[i].meta.index,
@@ -517,7 +517,7 @@ static int g_take(struct rps__server *srv, struct rps__dp_copy *out)
 		struct rps__dp_shard_copy *sc = &out->shards[out->nshards++];
 		if (!out->ntensors || strcmp(out->tensors[out->ntensors - 1].name, all[i].name)) {
 			/* (the spec of the instance that gave this shard: the same everywhere) */
-			for (k = 0; k < srv->nthreads; k++)
+			for (k = 0; k < srv->thr.nthreads; k++)
 				if (all[i].sc >= parts[k].shards && all[i].sc < parts[k].shards + parts[k].nshards)
 					break;
 			out->tensors[out->ntensors] = parts[k].tensors[all[i].sc->tensor];
@@ -529,10 +529,10 @@ static int g_take(struct rps__server *srv, struct rps__dp_copy *out)
 		all[i].sc->state = NULL;
 		all[i].sc->clocks = NULL;
 	}
-	for (k = 0; k < srv->nthreads; k++)
+	for (k = 0; k < srv->thr.nthreads; k++)
 		out->raw_bytes += parts[k].raw_bytes;
 out:
-	for (k = 0; k < srv->nthreads; k++)
+	for (k = 0; k < srv->thr.nthreads; k++)
 		one->copy_free(&parts[k]);
 	free(parts);
 	free(all);
@@ -542,16 +542,16 @@ out:
 static void do_restore_tensor(struct rps__server *s, void *a)
 {
 	struct args *x = a;
-	struct tensor *t = NULL;
+	struct srv_tensor *t = NULL;
 	int r = one->restore_tensor(s, (const char *)x->ptr, x->name, x->spec, &t);
 
 	if (r && !x->ret)
 		x->ret = r;
-	if (s == s->first)
+	if (s == s->thr.first)
 		x->t = t;
 }
 static int g_restore_tensor(struct rps__server *srv, const char *file, const char *name,
-			    const struct rps__tensor_spec *spec, struct tensor **out)
+			    const struct rps__tensor_spec *spec, struct srv_tensor **out)
 {
 	struct args a = { .ptr = file, .name = name, .spec = spec };
 
@@ -563,13 +563,13 @@ static int g_restore_tensor(struct rps__server *srv, const char *file, const cha
 static void do_restore_shard(struct rps__server *s, void *a)
 {
 	struct args *x = a;
-	struct tensor *t = rps__srv_tensor_by_name(s, x->t->name);
+	struct srv_tensor *t = rps__srv_tensor_by_name(s, x->t->name);
 
 	x->ret = t ? one->restore_shard(s, (const char *)x->ptr, t, x->cs)
 		   : rps__seterr(-ENOENT, "%s: tensor '%s' is not on serving thread %u", (const char *)x->ptr,
-				 x->t->name, s->thread_index);
+				 x->t->name, s->thr.index);
 }
-static int g_restore_shard(struct rps__server *srv, const char *file, struct tensor *t,
+static int g_restore_shard(struct rps__server *srv, const char *file, struct srv_tensor *t,
 			   const struct rps__dp_shard *cs)
 {
 	struct args a = { .ptr = file, .t = t, .cs = cs };

@@ -54,10 +54,10 @@ static void die(const char *what)
 	abort();
 }
 
-static struct tensor *tensor_new(const char *name, enum rps_mode mode, enum rps_optimizer opt, int nworkers)
+static struct srv_tensor *tensor_new(const char *name, enum rps_mode mode, enum rps_optimizer opt, int nworkers)
 {
 	struct rps__tensor_spec sp;
-	struct tensor *t = NULL;
+	struct srv_tensor *t = NULL;
 	uint32_t p;
 
 	memset(&sp, 0, sizeof(sp));
@@ -81,17 +81,17 @@ static struct tensor *tensor_new(const char *name, enum rps_mode mode, enum rps_
 	return t;
 }
 
-static void park(struct tensor *t, uint32_t j, uint64_t clock, int rank)
+static void park(struct srv_tensor *t, uint32_t j, uint64_t clock, int rank)
 {
 	struct parked *pk;
 
-	if (srv->nparked == srv->parked_cap) {
-		srv->parked_cap = srv->parked_cap ? srv->parked_cap * 2 : 16;
-		srv->parked = realloc(srv->parked, srv->parked_cap * sizeof(*srv->parked));
-		if (!srv->parked)
+	if (srv->push.nparked == srv->push.parked_cap) {
+		srv->push.parked_cap = srv->push.parked_cap ? srv->push.parked_cap * 2 : 16;
+		srv->push.parked = realloc(srv->push.parked, srv->push.parked_cap * sizeof(*srv->push.parked));
+		if (!srv->push.parked)
 			abort();
 	}
-	pk = memset(&srv->parked[srv->nparked++], 0, sizeof(*pk));
+	pk = memset(&srv->push.parked[srv->push.nparked++], 0, sizeof(*pk));
 	pk->t = t;
 	pk->local = rps__part_shard(&t->layout, 0, j);
 	pk->clock = clock;
@@ -101,7 +101,7 @@ static void park(struct tensor *t, uint32_t j, uint64_t clock, int rank)
 	if (!pk->data)
 		abort();
 	pk->cap = pk->nbytes;
-	srv->parked_bytes += pk->nbytes;
+	srv->push.parked_bytes += pk->nbytes;
 }
 
 /* Tensors an image with an edited name brought along go (the run would
@@ -109,7 +109,7 @@ static void park(struct tensor *t, uint32_t j, uint64_t clock, int rank)
 static void drop_new_tensors(uint32_t keep)
 {
 	while (srv->ntensors > keep) {
-		struct tensor *t = srv->tensors[--srv->ntensors];
+		struct srv_tensor *t = srv->tensors[--srv->ntensors];
 		for (uint32_t p = 0; p < NPART; p++)
 			rps__srv_region_free(srv, t, p);
 		free(t->regions);
@@ -122,9 +122,9 @@ static void drop_new_tensors(uint32_t keep)
 /* Parked pushes an install added go, as a move would take them on. */
 static void unpark_all(void)
 {
-	while (srv->nparked) {
-		struct parked *pk = &srv->parked[--srv->nparked];
-		srv->parked_bytes -= pk->nbytes;
+	while (srv->push.nparked) {
+		struct parked *pk = &srv->push.parked[--srv->push.nparked];
+		srv->push.parked_bytes -= pk->nbytes;
 		free(pk->data);
 	}
 }
@@ -132,7 +132,7 @@ static void unpark_all(void)
 static void setup(void)
 {
 	struct rps__server_config cfg;
-	struct tensor *s, *b, *a;
+	struct srv_tensor *s, *b, *a;
 	void *img;
 	uint32_t j;
 
