@@ -1,5 +1,5 @@
 /*
- * test_rnode.c - unit tests of the Raft node (src/control/rnode.c): the core driven
+ * test_rnode.c - unit tests of the Raft node (src/control/raft_node.c): the core driven
  * over a real write-ahead log per node, in an in-process cluster.
  *
  * Every node has its own WAL directory under one mkdtemp directory, and a
@@ -14,7 +14,7 @@
  * ReadIndex, and refusal of corrupted messages.
  */
 #include "config.h"
-#include "control/rnode.h"
+#include "control/raft_node.h"
 #include "common/common.h"
 #include "lib/cutest.h"
 #include "common/fsutil.h"
