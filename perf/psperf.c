@@ -45,7 +45,7 @@
  *   servers.c         in-process servers; --server and its raw responders
  *   commit.c          the commit test
  *   reseed.c          the reseed test
- *   connect.c         the connect test: what the handshake costs
+ *   handshake.c       the connect test: what the handshake costs
  *   kernels.c         agg, crc, igzip in-process
  *   baselines.c       which raw op each row compares with; running them
  *   baseline_sock.c   plain sockets

@@ -7,7 +7,9 @@
 #  1. exactly one file of the folder carries the map;
 #  2. every .c file of the folder is named in it (by its base name);
 #  3. every bare name.c in it is a file of the folder (a file of another
-#     folder is written with its folder: server/dataplane.c, src/...).
+#     folder is written with its folder: server/dataplane.c, src/...);
+#  4. no two source files (.c or .h) of src/, verbs/ and perf/ share a base
+#     name, so that a bare name in a map, a log or a debugger is one file.
 # A new folder needs a map of its own; a new, moved or removed file, a line
 # in its folder's map.  Run by `make check`, which sets top_srcdir.
 set -e
@@ -47,6 +49,10 @@ for d in $(cd "$top_srcdir" && find src verbs perf -type d | sort); do
 		[ -f "$top_srcdir/$d/$c" ] || bad "$d/$map names $c, which is not a file of $d/"
 	done
 done
+dups=$(cd "$top_srcdir" && find src verbs perf -name '*.[ch]' | sed 's|.*/||' | sort | uniq -d)
+for c in $dups; do
+	bad "$c: one base name for $(cd "$top_srcdir" && find src verbs perf -name "$c" | sort | tr '\n' ' ')(rename one to say what it holds)"
+done
 [ "$nfolders" -gt 8 ] || bad "found only $nfolders folders of sources"
-[ $fail -eq 0 ] && echo "filemaps: every .c file of $nfolders folders named in its folder's map"
+[ $fail -eq 0 ] && echo "filemaps: every .c file of $nfolders folders named in its folder's map; every base name unique"
 exit $fail

@@ -13,4 +13,9 @@
  * retry; -ETIMEDOUT if it is not done within timeout_ms. */
 int req_peek_status(rps_request_t *r, int timeout_ms);
 
+/* The client's asserts are live in this build (no NDEBUG): a forked child
+ * tells a request of no ops that one of its parts is done, more than it
+ * issued, and must die of SIGABRT.  1 if it did, 0 if not (or no fork). */
+int req_peek_asserts_live(void);
+
 #endif

@@ -1060,6 +1060,13 @@ static void test_checkpoint_hold_take(void)
 	rps_tensor_close(t);
 }
 
+/* Death test: the client's invariants are asserted, and asserts are live
+ * in the test build (req_peek.h). */
+static void test_client_asserts_live(void)
+{
+	CU_ASSERT(req_peek_asserts_live());
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -1067,6 +1074,7 @@ int main(void)
 		{ "hooks: a peer accepted, attached, messaged, READ, gone", test_hooks_peer },
 		{ "hooks: run_timers' delay, errno and stop obeyed; fini", test_hooks_run_timers },
 		{ "served partition: push then pull, exact values", test_served_push_pull },
+		{ "client: an invariant broken aborts (asserts live)", test_client_asserts_live },
 		{ "create: a NaN or infinite hyper-parameter refused, one line", test_create_not_finite },
 		{ "fenced partition: refused, not applied; unfenced: applied", test_fenced_partition },
 		{ "stale epoch: refused, not applied; resent at the served epoch", test_stale_epoch_refused },

@@ -11,6 +11,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -306,6 +307,8 @@ int rps__verbs_fabric_windows(const struct rps__fabric *fab)
 /* A window just bound: on its region's list and its endpoint's. */
 void rps__verbs_windows_link(struct v_fab *f, struct v_mw *w)
 {
+	/* one window of a region, bound to a QP of the same fabric, linked once */
+	assert(w->mw && w->mr && w->ep && w->ep->fab == f && w->mr_next == NULL && w->ep_next == NULL);
 	pthread_mutex_lock(&f->mw_lock);
 	w->mr_next = w->mr->mws;
 	w->mr->mws = w;

@@ -11,6 +11,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -42,6 +43,7 @@ static void post_unstick(struct v_ep *ep, uint64_t done, uint64_t outstanding)
 			ep->sig_end = ep->sq_head;
 			ep->unsig = 0;
 		}
+		assert(ep->sq_head - done <= ep->sq_depth);
 	}
 }
 
@@ -207,6 +209,9 @@ static void commit_sring(struct v_ep *ep, int posted)
 		}
 	}
 	ep->sq_head += (uint64_t)posted;
+	/* selective signalling: fewer than sig_every unsignaled WRs since the
+	 * last signaled one, so polling always frees the send queue */
+	assert(ep->unsig < ep->sig_every);
 }
 
 int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
@@ -249,6 +254,9 @@ int rps__verbs_post(struct rps__ep *bep, const struct rps__wr *wr, int n)
 	 * the endpoint is failed by its caller anyway */
 	posted = !ret ? n : (bad >= ep->swr && bad < ep->swr + n) ? (int)(bad - ep->swr) : 0;
 	commit_sring(ep, posted);
+	/* never more send WRs outstanding than the QP's depth (checked
+	 * above against the completions seen then; they only grow) */
+	assert(posted >= 0 && posted <= n && ep->sq_head - done <= ep->sq_depth);
 	pthread_mutex_unlock(&ep->sq_lock);
 	if (ret)
 		return rps__seterr(-ret, "ibv_post_send(%s): %s (%d of %d WRs posted)", ep->base.peer, strerror(ret), posted, n);
@@ -338,6 +346,7 @@ int rps__verbs_mw_bind(struct rps__ep *bep, struct rps__mr *bmr, int access, uin
 			ep->unsig++;
 		}
 	}
+	assert(ep->sq_head - done <= ep->sq_depth && ep->unsig < ep->sig_every);
 	pthread_mutex_unlock(&ep->sq_lock);
 	if (ret) {
 		ibv_dealloc_mw(vw->mw);
@@ -391,6 +400,7 @@ int rps__verbs_post_recv(struct rps__ep *bep, const struct rps__sge *sge, uint64
 		ret = ibv_post_recv(ep->qp, &w, &bad);
 	if (!ret)
 		ep->rq_head++;
+	assert(ep->rq_head - done <= ep->rq_depth);	/* never more receives posted than the RQ holds */
 	pthread_mutex_unlock(&ep->rq_lock);
 	if (ret)
 		return rps__seterr(-ret, "ibv_post_recv(%s): %s", ep->base.peer, strerror(ret));

@@ -4,7 +4,9 @@
  *
  *   client.c    the API: options, connect/close, push/pull/wait, barrier,
  *               retries after a shard moved
- *   tensor.c    tensors: create/open (where their shards live), info, close
+ *   tensor_handle.c
+ *               tensors (rps_tensor_t): create/open (where their shards
+ *               live), info, close
  *   ops.c       the shard op state machines and the resources they hold
  *   progress.c  the progress engine, request completion and control calls
  *   connect.c   connection setup (HELLO, the handshake), the shard map, its

@@ -10,6 +10,7 @@
 #include "kernels/agg.h"
 #include "client/client_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -46,6 +47,7 @@ static void active_add(struct conn *c, struct shard_op *op)
 	op->owner->live_ops++;
 	op->t->live_ops++;
 	c->cl->nactive++;
+	assert(op->owner->live_ops <= (int)op->owner->nops);	/* an op is in one active list, once */
 	op->aprev = NULL;
 	op->anext = c->active;
 	if (c->active)
@@ -64,6 +66,7 @@ void rps__active_del(struct conn *c, struct shard_op *op)
 	if (op->anext)
 		op->anext->aprev = op->aprev;
 	op->anext = op->aprev = NULL;
+	assert(c->cl->nactive > 0 && op->t->live_ops > 0 && op->owner->live_ops > 0);
 	c->cl->nactive--;
 	if (op->buf) {		/* inactive: the fabric is done with its memory */
 		op->buf->users--;
@@ -133,6 +136,7 @@ static void send_wait(struct shard_op *op);
 /* op is one of our locked pushes out on its shard (a chain's head or member). */
 static void shard_take(struct shard_op *op)
 {
+	assert(!op->shard_turn);	/* counted once in shard_busy */
 	op->shard_turn = true;
 	op->t->shard_busy[op->shard]++;
 }
@@ -174,6 +178,7 @@ static void shard_done(struct shard_op *op)
 	if (!op->shard_turn)
 		return;
 	op->shard_turn = false;
+	assert(t->shard_busy[op->shard] > 0);
 	if (--t->shard_busy[op->shard])
 		return;
 	next = shard_queue_take(op->c, t, op->shard);
@@ -188,6 +193,10 @@ static void res_give(struct shard_op *op)
 	struct conn *c = op->c;
 
 	if (op->has_res) {
+		/* a slot or bounce buffer goes back once: never more free than
+		 * the connection has */
+		assert(op->kind == OP_PULL ? op->res < NBOUNCE && c->nfree_bounce < NBOUNCE :
+					     op->res < c->nslots && c->nfree_slots < c->nslots);
 		if (op->kind == OP_PULL)
 			c->free_bounce[c->nfree_bounce++] = op->res;
 		else
@@ -239,6 +248,7 @@ static void ctrl_give(struct conn *c, uint32_t i)
 {
 	struct shard_op *op;
 
+	assert(i < CTRL_CREDITS && c->nfree_ctrl < CTRL_CREDITS);	/* a credit comes back once */
 	c->ctrl[i] = (struct ctrl_entry){ 0 };
 	c->nfree_ctrl++;
 	op = queue_pop(&c->wqhead, &c->wqtail);
@@ -300,6 +310,16 @@ static void build_cas(struct rps__wr *wr, struct shard_op *op, enum wr_tag tag, 
 	uint32_t local = rps__shard_local_index(&t->layout, op->shard);
 	uint32_t p = rps__shard_server(&t->layout, op->shard);
 
+	/* The lock word's states (proto/shard.h): an acquire bets on an
+	 * unlocked word and takes it locked at the same version; a release
+	 * gives back the word it holds, unlocked at the next version.  The
+	 * result lands in the op's slot's atomic. */
+	assert(tag == TAG_CAS_ACQ || tag == TAG_CAS_REL);
+	assert(tag == TAG_CAS_ACQ ?
+	       !rps__lock_is_locked(compare) &&
+	       swap == rps__lock_locked(rps__lock_version(compare), rps__lock_owner(swap)) :
+	       rps__lock_is_locked(compare) && swap == rps__lock_unlocked(rps__lock_version(compare) + 1));
+	assert(op->kind != OP_PULL && op->has_res && op->res < c->nslots);
 	memset(wr, 0, sizeof(*wr));
 	wr->wr_id = wrid(op, tag);
 	wr->op = RPS__OP_CAS;
@@ -499,6 +519,7 @@ static void start_locked_chain(struct shard_op *head)
 		}
 		shard_take(w);
 		if (!w->has_res) {
+			assert(c->nfree_slots > 0);
 			w->res = c->free_slots[--c->nfree_slots];
 			w->has_res = true;
 			w->in_slot = false;
@@ -589,6 +610,8 @@ static void op_start(struct shard_op *op)
 		op_release(op);	/* (gives back a requeued push's slot) */
 		return;
 	}
+	/* (admitted only with a free slot or bounce buffer: op_admit) */
+	assert(op->kind == OP_PULL ? c->nfree_bounce > 0 : op->has_res || c->nfree_slots > 0);
 	if (op->kind == OP_PULL) {
 		op->res = c->free_bounce[--c->nfree_bounce];
 		op->has_res = true;
@@ -920,6 +943,10 @@ static void on_read(struct shard_op *op)
 		op_release(op);
 		return;
 	}
+	/* the retry loop below: a bounce buffer held, fewer torn tries than
+	 * TORN_RETRIES so far */
+	assert(op->kind == OP_PULL && op->has_res && op->res < NBOUNCE);
+	assert(op->torn >= 0 && op->torn < TORN_RETRIES);
 	/* the epoch first: a copy that moved (or whose server lost its
 	 * lease) says so whatever its seq, and a version its server is
 	 * still replicating may stay odd there for ever */
@@ -939,6 +966,7 @@ static void on_read(struct shard_op *op)
 		 * server tell us when it is readable. */
 		if (op->min_version <= version)
 			op->min_version = version + ((seq1 & 1) ? 0 : 1);
+		assert(op->min_version >= version);	/* the WAIT asks for no older copy than this one */
 		send_wait(op);
 		return;
 	}
@@ -946,6 +974,9 @@ static void on_read(struct shard_op *op)
 		send_wait(op);
 		return;
 	}
+	/* an untorn copy (even, equal counters) as new as asked: what the
+	 * pull reports never goes back */
+	assert(seq1 == seq2 && !(seq1 & 1) && version >= op->min_version);
 	if (!op->zc_dst)	/* (else the READ put them there) */
 		memcpy(op->dst, hdr + 1, (size_t)hdr->elems * 4u);
 	else

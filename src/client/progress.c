@@ -9,6 +9,7 @@
 #include "common/crc.h"
 #include "client/client_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -95,6 +96,7 @@ void rps__req_part_done_at(struct rps_request *r, int status, const struct conn 
 		else
 			snprintf(r->msg, sizeof(r->msg), "%s: %s", c ? c->name : "rdmaps", rps__status_text(status));
 	}
+	assert(r->remaining > 0);	/* never more parts done than the request issued */
 	if (--r->remaining == 0)
 		rps__req_finish(r);
 }

@@ -16,7 +16,9 @@
  *   ckpt.c            checkpoint files (ckpt.h)
  *   daemon.c          a server node: its data plane(s) and the control
  *                     plane over them (daemon.h)
- *   rnode.c           a Raft node: the core over its log on disk (rnode.h)
+ *   raft_node.c       a Raft node (rps__rnode): the core below driven over
+ *                     its log on disk (wal.c) and the network, the
+ *                     application behind callbacks (raft_node.h)
  *   raft.c raft_log.c raft_tracker.c raft_quorum.c raft_confchange.c
  *   raft_msg.c raft_rawnode.c
  *                     the I/O-free Raft core (raft.h; raft_int.h says which
@@ -34,7 +36,7 @@
 
 #include "control/cplane.h"
 #include "control/raft.h"
-#include "control/rnode.h"
+#include "control/raft_node.h"
 #include "proto/proto.h"
 #include "proto/smap.h"
 #include "server/dataplane.h"

@@ -32,7 +32,7 @@
  *
  * A leader may send rd.msgs before persisting (Raft thesis 10.2.1): they
  * promise nothing about its own disk, and it counts its followers' acks only
- * in a later step, so only once its own write is done (rnode.c does this).
+ * in a later step, so only once its own write is done (raft_node.c does this).
  *
  * Every pointer in a ready stays valid until advance, and between ready and
  * advance no other call may be made on the core (they return -EBUSY): the

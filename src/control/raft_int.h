@@ -1,6 +1,7 @@
 /*
  * raft_int.h - what the pieces of the Raft core share (private to
- * src/control/raft*.c; the API is raft.h).
+ * the core's files named below; the API is raft.h, which raft_node.c, the
+ * node that drives the core, uses).
  *
  * The core is split as etcd-raft is: the state machine (raft.c) apart from
  * its log (raft_log.c), progress tracking (raft_tracker.c), quorum

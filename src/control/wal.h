@@ -5,7 +5,7 @@
  * The Raft core is free of I/O; its driver hands every Ready to
  * rps__wal_save() (entries + hard state, durable on return) before sending
  * the messages that depend on them (with fsync always, a hard state whose
- * commit index alone moved waits for the next save: rnode.c), and hands
+ * commit index alone moved waits for the next save: raft_node.c), and hands
  * snapshots to rps__wal_save_snapshot().  On restart rps__wal_open() gives
  * back what was durable: the newest usable snapshot, the hard state and the
  * entries after the snapshot, in order.

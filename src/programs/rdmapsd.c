@@ -164,6 +164,15 @@ struct opts {
 	int show_topology;
 };
 
+/* The long options without a short one (getopt_long returns these; above
+ * every char, as perf/options.c does). */
+enum {
+	OPT_SPIN_US = 256, OPT_NUMA_NODE, OPT_CPUS, OPT_NO_PIN, OPT_SHOW_TOPOLOGY, OPT_TOPOLOGY,
+	OPT_PARK_LIMIT, OPT_IDLE_TIMEOUT, OPT_FSYNC, OPT_PARTITIONS, OPT_JOIN, OPT_TICK_MS,
+	OPT_ELECTION_TICKS, OPT_MOVE_TIMEOUT, OPT_RESTORE, OPT_FAILOVER_MS, OPT_REPLICAS, OPT_ZONE,
+	OPT_CKPT_DIR, OPT_INSECURE, OPT_KEY, OPT_WITNESS,
+};
+
 /* One option: -1 to go on, or the exit status (0 after --help/--version,
  * 2 for a bad value). */
 static int parse_one(int c, struct opts *o)
@@ -185,7 +194,7 @@ static int parse_one(int c, struct opts *o)
 	case 'd':
 		cfg->data_dir = optarg;
 		break;
-	case 10:
+	case OPT_FSYNC:
 		if (!strcmp(optarg, "always")) {
 			cfg->fsync_none = 0;
 		} else if (!strcmp(optarg, "none")) {
@@ -195,51 +204,51 @@ static int parse_one(int c, struct opts *o)
 			return 2;
 		}
 		break;
-	case 11:
+	case OPT_PARTITIONS:
 		if (opt_u32("--partitions", optarg, 1, 256, &cfg->npart))
 			return 2;
 		break;
-	case 12:
+	case OPT_JOIN:
 		if (opt_u32("--join", optarg, 1, UINT32_MAX, &u))
 			return 2;
 		cfg->join_id = u;
 		break;
-	case 13:
+	case OPT_TICK_MS:
 		if (opt_u32("--tick-ms", optarg, 1, 60000, &cfg->tick_ms))
 			return 2;
 		break;
-	case 14:
+	case OPT_ELECTION_TICKS:
 		if (opt_u32("--election-ticks", optarg, 3, 100000, &cfg->election_ticks))
 			return 2;
 		break;
-	case 15:
+	case OPT_MOVE_TIMEOUT:
 		if (opt_u32("--move-timeout-ms", optarg, 1, 86400000, &cfg->move_timeout_ms))
 			return 2;
 		break;
-	case 16:
+	case OPT_RESTORE:
 		o->restore_dir = optarg;
 		break;
-	case 17:
+	case OPT_FAILOVER_MS:
 		if (opt_u32("--failover-ms", optarg, 1, 86400000, &cfg->failover_ms))
 			return 2;
 		break;
-	case 18:
+	case OPT_REPLICAS:
 		if (opt_u32("--replicas", optarg, 1, RPS__SMAP_MAX_REPLICAS, &cfg->replicas))
 			return 2;
 		break;
-	case 20:
+	case OPT_CKPT_DIR:
 		cfg->ckpt_dir = optarg;
 		break;
-	case 23:
+	case OPT_WITNESS:
 		cfg->witness = 1;
 		break;
-	case 22:
+	case OPT_KEY:
 		o->key_file = optarg;
 		break;
-	case 21:
+	case OPT_INSECURE:
 		cfg->insecure = 1;
 		break;
-	case 19:
+	case OPT_ZONE:
 		if (!zone_ok(optarg)) {
 			fprintf(stderr, "rdmapsd: --zone '%s': 1 to %u printable characters, no spaces\n", optarg,
 				RPS__SMAP_ZONE_MAX - 1);
@@ -279,11 +288,11 @@ static int parse_one(int c, struct opts *o)
 		if (opt_u32("--max-connections", optarg, 1, RPS__SERVER_CONNS_MAX, &cfg->max_conns))
 			return 2;
 		break;
-	case 8:
+	case OPT_IDLE_TIMEOUT:
 		if (opt_u32("--idle-timeout-ms", optarg, 0, 86400000, &cfg->idle_timeout_ms))
 			return 2;
 		break;
-	case 7:
+	case OPT_PARK_LIMIT:
 		if (opt_size("--park-limit", optarg, 0, RPS__SERVER_MEM_MAX, &cfg->park_limit))
 			return 2;
 		break;
@@ -291,26 +300,26 @@ static int parse_one(int c, struct opts *o)
 		if (opt_u32("--threads", optarg, 1, RPS__SERVER_THREADS_MAX, &cfg->nthreads))
 			return 2;
 		break;
-	case 1:
+	case OPT_SPIN_US:
 		if (opt_u32("--spin-us", optarg, 0, RPS__SERVER_SPIN_US_MAX, &u))
 			return 2;
 		cfg->spin_us = (int)u;
 		break;
-	case 2:
+	case OPT_NUMA_NODE:
 		if (opt_u32("--numa-node", optarg, 0, 4095, &u))
 			return 2;
 		cfg->numa_node = (int)u;
 		break;
-	case 3:
+	case OPT_CPUS:
 		cfg->cpus = optarg;
 		break;
-	case 4:
+	case OPT_NO_PIN:
 		cfg->no_pin = 1;
 		break;
-	case 5:
+	case OPT_SHOW_TOPOLOGY:
 		o->show_topology = 1;
 		break;
-	case 6:
+	case OPT_TOPOLOGY:
 		cfg->topology = optarg;
 		break;
 	case 'p':
@@ -352,30 +361,30 @@ static int parse_options(int argc, char **argv, struct opts *o)
 		{ "memory-limit", required_argument, NULL, 'm' },
 		{ "max-connections", required_argument, NULL, 'C' },
 		{ "threads", required_argument, NULL, 'T' },
-		{ "spin-us", required_argument, NULL, 1 },
-		{ "idle-timeout-ms", required_argument, NULL, 8 },
-		{ "park-limit", required_argument, NULL, 7 },
-		{ "numa-node", required_argument, NULL, 2 },
-		{ "cpus", required_argument, NULL, 3 },
-		{ "no-pin", no_argument, NULL, 4 },
-		{ "show-topology", no_argument, NULL, 5 },
-		{ "topology", required_argument, NULL, 6 },
+		{ "spin-us", required_argument, NULL, OPT_SPIN_US },
+		{ "idle-timeout-ms", required_argument, NULL, OPT_IDLE_TIMEOUT },
+		{ "park-limit", required_argument, NULL, OPT_PARK_LIMIT },
+		{ "numa-node", required_argument, NULL, OPT_NUMA_NODE },
+		{ "cpus", required_argument, NULL, OPT_CPUS },
+		{ "no-pin", no_argument, NULL, OPT_NO_PIN },
+		{ "show-topology", no_argument, NULL, OPT_SHOW_TOPOLOGY },
+		{ "topology", required_argument, NULL, OPT_TOPOLOGY },
 		{ "port-file", required_argument, NULL, 'p' },
 		{ "data-dir", required_argument, NULL, 'd' },
-		{ "fsync", required_argument, NULL, 10 },
-		{ "partitions", required_argument, NULL, 11 },
-		{ "join", required_argument, NULL, 12 },
-		{ "tick-ms", required_argument, NULL, 13 },
-		{ "election-ticks", required_argument, NULL, 14 },
-		{ "move-timeout-ms", required_argument, NULL, 15 },
-		{ "restore", required_argument, NULL, 16 },
-		{ "failover-ms", required_argument, NULL, 17 },
-		{ "replicas", required_argument, NULL, 18 },
-		{ "zone", required_argument, NULL, 19 },
-		{ "checkpoint-dir", required_argument, NULL, 20 },
-		{ "key", required_argument, NULL, 22 },
-		{ "insecure", no_argument, NULL, 21 },
-		{ "witness", no_argument, NULL, 23 },
+		{ "fsync", required_argument, NULL, OPT_FSYNC },
+		{ "partitions", required_argument, NULL, OPT_PARTITIONS },
+		{ "join", required_argument, NULL, OPT_JOIN },
+		{ "tick-ms", required_argument, NULL, OPT_TICK_MS },
+		{ "election-ticks", required_argument, NULL, OPT_ELECTION_TICKS },
+		{ "move-timeout-ms", required_argument, NULL, OPT_MOVE_TIMEOUT },
+		{ "restore", required_argument, NULL, OPT_RESTORE },
+		{ "failover-ms", required_argument, NULL, OPT_FAILOVER_MS },
+		{ "replicas", required_argument, NULL, OPT_REPLICAS },
+		{ "zone", required_argument, NULL, OPT_ZONE },
+		{ "checkpoint-dir", required_argument, NULL, OPT_CKPT_DIR },
+		{ "key", required_argument, NULL, OPT_KEY },
+		{ "insecure", no_argument, NULL, OPT_INSECURE },
+		{ "witness", no_argument, NULL, OPT_WITNESS },
 		{ "log-level", required_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },

@@ -1,6 +1,7 @@
 /*
- * rnode.h - a Raft node: the I/O-free core (raft.h) joined to its durable
- * storage (wal.h) and to the application through callbacks.
+ * raft_node.h - a Raft node (an rps__rnode): the I/O-free core (raft.h)
+ * joined to its durable storage (wal.h) and to the application through
+ * callbacks.
  *
  * The server's event loop owns one rnode.  It calls rps__rnode_tick() every
  * tick_ms, hands it every RAFT message a peer sent (rps__rnode_recv), and
@@ -11,7 +12,7 @@
  * apply, serve reads, and compact the log every compact_every applied
  * entries with a snapshot taken through the snapshot callback.  A leader
  * sends before it persists, and a commit index alone is never synced (see
- * rnode.c): one fdatasync per node per batch of entries.
+ * raft_node.c): one fdatasync per node per batch of entries.
  *
  * Opening recovers what the WAL holds: a snapshot goes to restore, the
  * committed entries after it to apply, before open returns; so the state
@@ -21,8 +22,8 @@
  * back into the rnode, except that apply may queue proposals for later.
  * Not thread-safe.
  */
-#ifndef RPS_RNODE_H
-#define RPS_RNODE_H
+#ifndef RPS_RAFT_NODE_H
+#define RPS_RAFT_NODE_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /*
- * connect.c - the connect test: what the handshake every connection starts
+ * handshake.c - the connect test: what the handshake every connection starts
  * with costs (doc/security.md).  An admin channel (rps__ctl_open +
  * close: the connect, AUTH and its answer) and a worker's client
  * (rps_client_connect + rps_client_close: fabric, buffers, HELLO, the

@@ -1,6 +1,7 @@
 /*
- * test_rnode.c - unit tests of the Raft node (src/control/rnode.c): the core driven
- * over a real write-ahead log per node, in an in-process cluster.
+ * test_raft_node.c - unit tests of the Raft node (src/control/raft_node.c):
+ * the core driven over a real write-ahead log per node, in an in-process
+ * cluster.
  *
  * Every node has its own WAL directory under one mkdtemp directory, and a
  * state machine that is an append-only list of the payloads it applied.
@@ -14,7 +15,7 @@
  * ReadIndex, and refusal of corrupted messages.
  */
 #include "config.h"
-#include "control/rnode.h"
+#include "control/raft_node.h"
 #include "common/common.h"
 #include "lib/cutest.h"
 #include "common/fsutil.h"
@@ -273,7 +274,7 @@ static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader,
 
 static void setup(void)
 {
-	test_mkdtemp(base, sizeof(base), "test_rnode");
+	test_mkdtemp(base, sizeof(base), "test_raft_node");
 	memset(nodes, 0, sizeof(nodes));
 	for (uint64_t id = 1; id <= MAXN; id++) {
 		nodes[id].id = id;

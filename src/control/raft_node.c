@@ -1,7 +1,8 @@
 /*
- * rnode.c - a Raft node: the I/O-free core (raft.c) driven over its durable
- * storage (wal.c), with the application behind callbacks (contract in
- * rnode.h).
+ * raft_node.c - a Raft node (an rps__rnode): the I/O-free core (raft.c)
+ * driven over its durable storage (wal.c), with the application behind
+ * callbacks (contract in raft_node.h).  The core's raft_rawnode.c is the
+ * application's synchronous side of the core; this is what drives it.
  *
  * The module owns the ready/advance loop of raft.h: every ready is made
  * durable in the WAL (snapshot first, then entries and hard state as one
@@ -27,7 +28,7 @@
  * process returns its error, and the next process tries again.
  */
 #include "config.h"
-#include "control/rnode.h"
+#include "control/raft_node.h"
 #include "common/common.h"
 
 #include <errno.h>

@@ -1,6 +1,6 @@
 /*
- * tensor.c - tensors on the client: create or open one (where do its shards
- * live, at which epoch), its options, close.
+ * tensor_handle.c - tensors on the client, the rps_tensor_t handle: create
+ * or open one (where do its shards live, at which epoch), its options, close.
  */
 #include "config.h"
 #include "common/common.h"
