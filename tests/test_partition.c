@@ -345,6 +345,39 @@ static void test_early_push_in_image(void)
 	free(sent);
 }
 
+/* A bounded tensor whose slow rank was removed (psctl remove-rank): the
+ * shard's minimum clock is taken over the ranks left, and its image, a
+ * move's or a seed's, carries that minimum.  The check took the minimum
+ * over every rank, removed ones too, and refused the image ("minimum clock
+ * 5, its clocks say 1"): the partition could not move or be seeded. */
+static void test_image_bounded_rank_removed(void)
+{
+	struct srv_tensor *t = tensor_new("bounded-removed", RPS_MODE_BOUNDED, 3);
+	uint32_t local = rps__part_shard(&t->layout, 0, 0);
+	struct shard *s = &t->shards[local];
+
+	s->ready = true;
+	rps__srv_clock_note(t, s, 0, 4);	/* clocks 5, 1, 6 */
+	rps__srv_clock_note(t, s, 1, 0);
+	rps__srv_clock_note(t, s, 2, 5);
+	CU_ASSERT_EQUAL(s->hdr->min_clock, 1u);
+	CU_ASSERT_EQUAL(ship_and_install(), 0);	/* (every rank in: the plain case) */
+	CU_ASSERT_EQUAL(rps__srv_rank_remove(srv, "bounded-removed", 1), 1);
+	t = rps__srv_tensor_by_name(srv, "bounded-removed");
+	s = &t->shards[local];
+	CU_ASSERT_EQUAL(s->hdr->min_clock, 5u);	/* rank 1 aside */
+	CU_ASSERT_EQUAL(ship_and_install(), 0);
+	t = rps__srv_tensor_by_name(srv, "bounded-removed");
+	s = &t->shards[local];
+	CU_ASSERT_EQUAL(s->hdr->min_clock, 5u);
+	CU_ASSERT(rps__srv_rank_removed(t, 1));
+	CU_ASSERT_FALSE(rps__srv_rank_removed(t, 0));
+	/* a minimum that is not the one over the ranks left is still refused */
+	s->hdr->min_clock = 1;
+	CU_ASSERT_EQUAL(ship_and_install(), -EBADMSG);
+	s->hdr->min_clock = 5;
+}
+
 /* Parking buffers go back to a pool and come out again for the next push
  * of a size they fit, still counted against --memory-limit; under the
  * limit, kept ones are freed before anything is refused. */
@@ -563,6 +596,7 @@ int main(void)
 		{ "install refuses mutated fields, changing nothing", test_install_refuses_mutated_fields },
 		{ "a push taken early travels in the image as a parked push", test_early_push_in_image },
 		{ "kept parking buffers are reused, and give way under the memory limit", test_park_pool },
+		{ "a bounded tensor's image after a rank removal: minimum over the ranks left", test_image_bounded_rank_removed },
 		{ "the data plane's invariants are asserted, the asserts live", test_invariant_asserts_live },
 		{ "a backup seeded mid-step keeps the step, takes nothing; promoted, goes on in rank order",
 		  test_seeded_backup_keeps_step },

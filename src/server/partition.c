@@ -388,7 +388,22 @@ struct img_tensor {
 	struct rps__layout layout;
 	uint32_t nsh;
 	uint64_t *steps;	/* per shard of the partition, in image order */
+	const uint32_t *removed;	/* its removed ranks (in the image, unaligned) */
+	uint32_t nremoved;
 };
+
+/* Is rank among the image tensor's removed ranks (psctl remove-rank)? */
+static bool img_rank_removed(const struct img_tensor *it, uint32_t rank)
+{
+	uint32_t k, x;
+
+	for (k = 0; k < it->nremoved; k++) {
+		memcpy(&x, &it->removed[k], 4);
+		if (x == rank)
+			return true;
+	}
+	return false;
+}
 
 static void img_tensors_free(struct img_tensor *it, uint32_t n)
 {
@@ -451,9 +466,11 @@ static int check_shard(struct rbuf *b, struct img_tensor *it, uint32_t part, uin
 		uint64_t lo = UINT64_MAX, c;
 		if (!clocks)
 			BAD("tensor '%s' shard %u: truncated in its clocks", it->name, index);
+		/* over the ranks left, as rps__srv_update_min_clock takes it */
 		for (k = 0; k < (uint32_t)it->spec.num_workers; k++) {
 			memcpy(&c, &clocks[k], 8);
-			lo = RPS__MIN(lo, c);
+			if (!img_rank_removed(it, k))
+				lo = RPS__MIN(lo, c);
 		}
 		if (lo != min_clock)
 			BAD("tensor '%s' shard %u: minimum clock %llu, its clocks say %llu", it->name,
@@ -473,7 +490,7 @@ static int check_shard(struct rbuf *b, struct img_tensor *it, uint32_t part, uin
 }
 
 /* The ranks removed from the image's tensor: some of its ranks, never all. */
-static int check_removed(struct rbuf *b, const struct img_tensor *it, char *what)
+static int check_removed(struct rbuf *b, struct img_tensor *it, char *what)
 {
 	uint32_t n = get32(b), k;
 	const uint32_t *r;
@@ -489,6 +506,8 @@ static int check_removed(struct rbuf *b, const struct img_tensor *it, char *what
 		if (x >= (uint32_t)it->spec.num_workers)
 			BAD("tensor '%s': removed rank %u of %d", it->name, x, it->spec.num_workers);
 	}
+	it->removed = r;
+	it->nremoved = n;
 	return 0;
 }
 
