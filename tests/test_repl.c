@@ -900,6 +900,64 @@ static void test_sync_credit_exhaustion(void)
 	}
 }
 
+/*
+ * Sync with backups: a rank removal (psctl remove-rank) completes a step
+ * while B has no credit left (stalled, its slots full of another tensor's
+ * entries).  The step is owed, not applied, and is applied once B's
+ * acknowledgements bring the credits back.  Before, nothing tried it again
+ * when the credits came back (push.c's "Not handled"): rank 0's push
+ * waited for its step until its timeout.
+ */
+static void test_sync_removal_without_credit(void)
+{
+	float g[COUNT], f[COUNT];
+	static const char *fills[4] = { "owed-fill-0", "owed-fill-1", "owed-fill-2", "owed-fill-3" };
+	rps_tensor_t *s0, *s1, *fill[4];
+	rps_request_t *r0, *rf[4];
+	struct remove_arg rm;
+	uint64_t sent, taken;
+	unsigned seed = 31, sh;
+	int k;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "owed", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &s0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "owed", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &s1), 0);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	random_grad(f, RPS_DTYPE_F32, &seed);
+	for (k = 0; k < 4; k++) {
+		CU_ASSERT_EQUAL_FATAL(tensor(w0, fills[k], RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SUM, &fill[k]), 0);
+		CU_ASSERT_EQUAL(rps_push(fill[k], f, sizeof(f)), 0);	/* bound on the stream first */
+	}
+	CU_ASSERT_EQUAL(differing_shards("owed"), 0);		/* bound and initialised on B */
+	/* rank 0's push of step 0: in turn, TAKEN, the step waits for rank 1 */
+	taken = A.srv->repl.stats.taken_acks;
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(s0, g, sizeof(g), &r0), 0);
+	CU_ASSERT_EQUAL(await_delta(&A.srv->repl.stats.taken_acks, taken, 4), 4u);
+	fake_stall(&B);
+	sent = A.srv->repl.stats.entries_sent;
+	for (k = 0; k < 4; k++)		/* 16 entries for B's 8 slots */
+		CU_ASSERT_EQUAL_FATAL(rps_push_start(fill[k], f, sizeof(f), &rf[k]), 0);
+	CU_ASSERT_EQUAL(await_delta(&A.srv->repl.stats.entries_sent, sent, REPL_SLOTS), REPL_SLOTS);
+	rm = (struct remove_arg){ .name = "owed", .rank = 1 };
+	fake_do(&A, do_remove_rank, &rm);
+	CU_ASSERT_EQUAL(rm.ret, 1);
+	for (sh = 0; sh < 4; sh++)
+		CU_ASSERT_EQUAL(version_of(&A, "owed", sh), 0u);	/* owed: no credit */
+	fake_resume(&B);
+	CU_ASSERT_EQUAL(rps_wait(r0), 0);
+	for (k = 0; k < 4; k++)
+		CU_ASSERT_EQUAL(rps_wait(rf[k]), 0);
+	for (sh = 0; sh < 4; sh++) {
+		CU_ASSERT_EQUAL(version_of(&A, "owed", sh), 1u);
+		CU_ASSERT_EQUAL(version_of(&B, "owed", sh), 1u);
+	}
+	CU_ASSERT_EQUAL(differing_shards("owed"), 0);
+	CU_ASSERT_EQUAL(A.srv->push.advances_owed, 0u);
+	for (k = 0; k < 4; k++)
+		rps_tensor_close(fill[k]);
+	rps_tensor_close(s1);
+	rps_tensor_close(s0);
+}
+
 /* Poll until *v - base == want (at most 3 s); returns the difference. */
 static uint64_t await_delta(const uint64_t *v, uint64_t base, uint64_t want)
 {
@@ -1422,6 +1480,8 @@ int main(void)
 		{ "sync ack and pull: not before the backup applied the step", test_sync_ack_waits_for_backup },
 		{ "credits: exhausted, pushes held, none lost", test_credit_exhaustion },
 		{ "sync credits: exhausted, last contributions held, not parked", test_sync_credit_exhaustion },
+		{ "sync credits: a rank removal with none left owes the step, applied when they return",
+		  test_sync_removal_without_credit },
 		{ "sync two-stage ack: TAKEN at once (in turn and parked), STEP_DONE once replicated", test_sync_two_stage_ack },
 		{ "sync resend: TAKEN while its step is unreplicated, -EALREADY after", test_sync_resend },
 		{ "sync, partition refused: taken pushes told to resend, counted once", test_sync_refused_resend },

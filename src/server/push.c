@@ -242,13 +242,16 @@ void rps__srv_sync_advance(struct rps__server *srv, struct srv_tensor *t, uint32
 			return;
 		if (rps__srv_repl_part(srv, s->part)) {
 			/* the step's last contribution reserved the credits
-			 * (sync_take: reserved); a removal completing it does here.
-			 * Not handled: a removal that finds no credit leaves the
-			 * step complete but unapplied until this runs again (a
-			 * later removal of a rank of the tensor); nothing retries
-			 * it when the credits come back. */
-			if (!reserved && rps__srv_repl_reserve(srv, t, s->part))
+			 * (sync_take: reserved); a removal completing it does here,
+			 * and one that finds no credit leaves the step owed:
+			 * drain_held applies it when the credits come back */
+			if (!reserved && rps__srv_repl_reserve(srv, t, s->part)) {
+				if (!s->advance_owed) {
+					s->advance_owed = true;
+					srv->push.advances_owed++;
+				}
 				return;
+			}
 			s->next_rank = 0;
 			s->nsummed = 0;
 			/* published and woken once on every replica (repl_stream.c) */
@@ -623,6 +626,37 @@ static int held_add(struct rps__server *srv, struct srv_conn *c, uint32_t slot)
 	return 0;
 }
 
+/* Sync steps completed by a rank removal while a replica had no credit
+ * (rps__srv_sync_advance): try each again.  True if one was applied.  Rare:
+ * a scan of the tensors only while some are owed. */
+static bool pay_owed_advances(struct rps__server *srv)
+{
+	uint32_t i, local, owed = 0;
+	bool applied = false;
+
+	if (!srv->push.advances_owed)
+		return false;
+	srv->push.advances_owed = 0;
+	for (i = 0; i < srv->ntensors; i++) {
+		struct srv_tensor *t = srv->tensors[i];
+		if (!t || t->spec.mode != RPS_MODE_SYNC)
+			continue;
+		for (local = 0; local < t->layout.nshards; local++) {
+			struct shard *s = &t->shards[local];
+			uint64_t step = s->step;
+			if (!s->advance_owed)
+				continue;
+			s->advance_owed = false;
+			if (s->hdr && s->ready)
+				rps__srv_sync_advance(srv, t, local, false);
+			applied |= s->step != step;
+			owed += s->advance_owed;
+		}
+	}
+	srv->push.advances_owed = owed;
+	return applied;
+}
+
 /* Consume held pushes until none can move.  Held pushes are few (at most
  * connections x slots), so a rescan is cheap. */
 void rps__srv_drain_held(struct rps__server *srv)
@@ -631,7 +665,7 @@ void rps__srv_drain_held(struct rps__server *srv)
 
 	while (progress) {
 		uint32_t i = 0;
-		progress = false;
+		progress = pay_owed_advances(srv);
 		while (i < srv->push.nparked) {
 			struct parked *p = &srv->push.parked[i];
 			if (sync_take(srv, p->t, p->local, p->clock, p->rank, p->data) == -EAGAIN) {

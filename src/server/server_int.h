@@ -153,6 +153,8 @@ struct shard {
 	struct dedup *dd;	/* async/bounded: last push id per worker */
 	uint32_t ndd;
 	uint32_t repl_pending;	/* primary: an update applied, not yet on every replica */
+	bool advance_owed;	/* sync, replicated: a step complete (a rank removal) that found no
+				 * replication credit; drain_held applies it when they come back */
 };
 
 /* A tensor's shards of one partition on this server: one registration, so
@@ -324,6 +326,7 @@ struct srv_push {
 	size_t park_pool_bytes;		/* counted in mem_used */
 	uint64_t sync_early;		/* sync pushes summed at once out of turn (take_early) */
 	uint64_t sync_parked;		/* ... and copied aside (park) */
+	uint32_t advances_owed;		/* shards with advance_owed (a hint: drain_held recounts) */
 };
 
 /* Workers' requests that wait (requests.c): WAITs, and barrier arrivals
