@@ -1533,10 +1533,10 @@ static int connect_create_worker(int rank, int nworkers, const char *servers, vo
 /* TCP connections that never send their hello: past the table of pending
  * handshakes the oldest are dropped (a real client still gets in), and
  * they are dropped on a timer, with nothing else happening on the
- * listener.  RPS_TCP_HELLO_TIMEOUT_MS=1000 shortens the 10 s default. */
+ * listener.  The hook tcp-hello-timeout-ms:1000 shortens the 10 s default. */
 static void test_silent_handshakes_evicted_and_reaped(void)
 {
-	struct it_server_opts so = { .env = "RPS_TCP_HELLO_TIMEOUT_MS=1000" };
+	struct it_server_opts so = { .env = "RPS_FAULT=tcp-hello-timeout-ms:1000" };
 	struct rlimit rl;
 	struct it_cluster one;
 	struct it_workers w;
@@ -3482,7 +3482,7 @@ int main(void)
 		{ "bounded: psctl remove-rank lets the others go on", test_bounded_remove_rank },
 		{ "async: psctl remove-rank refuses an async tensor", test_async_remove_rank_refused },
 		{ "a shard table over --memory-limit is refused before it is allocated", test_create_charges_shard_table },
-		{ "silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped },
+		CUTEST_FAULT("silent handshakes: oldest evicted, reaped on a timer", test_silent_handshakes_evicted_and_reaped),
 		{ "--idle-timeout-ms: an idle worker frees its place", test_idle_worker_frees_its_place },
 		{ "bad numbers on the command line refused at start", test_cli_numbers_refused_at_start },
 		{ "SIGTERM stops a server spinning under load", test_sigterm_stops_spinning_server },

@@ -5,7 +5,7 @@
  */
 #include "config.h"
 #include "common/common.h"
-#include "common/parse.h"
+#include "common/fault.h"
 #include "transport/tcp/tcp_int.h"
 
 #include <errno.h>
@@ -135,16 +135,16 @@ static int ep_sizes_resolve(const struct rps__ep_attr *attr, struct ep_sizes *sz
 /* ------------------------------------------------------------------------ */
 /* connections                                                              */
 
-/* RPS_TCP_HELLO_TIMEOUT_MS: tests shorten the 10 s a connection may take
- * to send its hello (rdmapsd(8) ENVIRONMENT). */
+/* The test hook tcp-hello-timeout-ms:MS shortens the 10 s a connection
+ * may take to send its hello (rdmapsd(8) ENVIRONMENT); only in a build
+ * with the hooks (common/fault.h). */
 static uint64_t hello_timeout_ns(void)
 {
-	const char *e = getenv("RPS_TCP_HELLO_TIMEOUT_MS");
-	uint64_t ms;
+	long ms;
 
-	if (!e || rps__parse_u64("RPS_TCP_HELLO_TIMEOUT_MS", e, 1, 3600000, &ms))
+	if (!rps__fault_arg("tcp-hello-timeout-ms:", &ms) || ms < 1 || ms > 3600000)
 		return TCP_HELLO_TIMEOUT_NS;
-	return ms * 1000000ull;
+	return (uint64_t)ms * 1000000ull;
 }
 
 int rps__tcp_listen(struct rps__fabric *base, const char *host, uint16_t port, struct rps__listener **out)
