@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "common/common.h"
 
 int rps__grow(void *arrp, uint32_t *cap, uint32_t need, size_t elem, uint32_t first)
 {
