@@ -181,6 +181,37 @@ double it_now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int it_proc_status(pid_t pid, const char *name, int base, unsigned long long *val)
+{
+	char path[64], line[256];
+	size_t n = strlen(name);
+	int ret = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		char *end;
+
+		if (strncmp(line, name, n) || line[n] != ':')
+			continue;
+		*val = strtoull(line + n + 1, &end, base);
+		ret = end == line + n + 1 ? -1 : 0;
+		break;
+	}
+	fclose(f);
+	return ret;
+}
+
+long it_proc_kib(pid_t pid, const char *name)
+{
+	unsigned long long kib;
+
+	return it_proc_status(pid, name, 10, &kib) ? -1 : (long)kib;
+}
+
 static const char *log_level(void)
 {
 	return getenv("RPS_IT_LOG") ? getenv("RPS_IT_LOG") : "warn";
