@@ -106,12 +106,8 @@ static void park_one(struct tensor *t, uint64_t clock, int rank, size_t nbytes)
 {
 	struct parked *pk;
 
-	if (srv->nparked == srv->parked_cap) {
-		srv->parked_cap = srv->parked_cap ? srv->parked_cap * 2 : 16;
-		srv->parked = realloc(srv->parked, srv->parked_cap * sizeof(*srv->parked));
-		CU_ASSERT_PTR_NOT_NULL_FATAL(srv->parked);
-	}
-	pk = memset(&srv->parked[srv->nparked++], 0, sizeof(*pk));
+	CU_ASSERT_EQUAL_FATAL(rps__srv_parked_slot(srv, &pk), 0);
+	srv->nparked++;
 	pk->t = t;
 	pk->local = rps__part_shard(&t->layout, 0, 0);
 	pk->clock = clock;

@@ -85,13 +85,9 @@ static void park(struct tensor *t, uint32_t j, uint64_t clock, int rank)
 {
 	struct parked *pk;
 
-	if (srv->nparked == srv->parked_cap) {
-		srv->parked_cap = srv->parked_cap ? srv->parked_cap * 2 : 16;
-		srv->parked = realloc(srv->parked, srv->parked_cap * sizeof(*srv->parked));
-		if (!srv->parked)
-			abort();
-	}
-	pk = memset(&srv->parked[srv->nparked++], 0, sizeof(*pk));
+	if (rps__srv_parked_slot(srv, &pk))
+		abort();
+	srv->nparked++;
 	pk->t = t;
 	pk->local = rps__part_shard(&t->layout, 0, j);
 	pk->clock = clock;

@@ -474,14 +474,8 @@ static bool defer_flush(struct tcp_cq *cq, struct tcp_ep *ep)
 {
 	if (ep->deferred)
 		return true;
-	if (cq->ndeferred == cq->deferred_cap) {
-		uint32_t cap = cq->deferred_cap ? cq->deferred_cap * 2 : 16;
-		struct tcp_ep **grown = realloc(cq->deferred, cap * sizeof(*grown));
-		if (!grown)
-			return false;
-		cq->deferred = grown;
-		cq->deferred_cap = cap;
-	}
+	if (rps__grow(&cq->deferred, &cq->deferred_cap, cq->ndeferred + 1, sizeof(*cq->deferred), 16))
+		return false;
 	cq->deferred[cq->ndeferred++] = ep;
 	ep->deferred = true;
 	return true;
