@@ -567,12 +567,12 @@ void it_server_kill(struct it_cluster *cl, int i)
 	cl->pid[i] = 0;
 }
 
-int it_write_all(int fd, const void *buf, size_t len)
+/* All of len bytes read into, or written from, p: 0, or -1 (an error, or
+ * the end of the stream). */
+static int io_all(int fd, char *p, size_t len, bool rd)
 {
-	const char *p = buf;
-
 	while (len) {
-		ssize_t n = write(fd, p, len);
+		ssize_t n = rd ? read(fd, p, len) : write(fd, p, len);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
@@ -581,6 +581,11 @@ int it_write_all(int fd, const void *buf, size_t len)
 		len -= (size_t)n;
 	}
 	return 0;
+}
+
+int it_write_all(int fd, const void *buf, size_t len)
+{
+	return io_all(fd, (char *)buf, len, false);
 }
 
 int it_workers_start(struct it_workers *w, int n, it_worker_fn fn, const char *servers, void *arg,
@@ -644,18 +649,7 @@ int it_worker_wait(struct it_workers *w, int i)
 
 int it_worker_read(struct it_workers *w, int i, void *buf, size_t len)
 {
-	char *p = buf;
-
-	while (len) {
-		ssize_t n = read(w->fd[i], p, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
+	return io_all(w->fd[i], buf, len, true);
 }
 
 /* ---- psctl ---------------------------------------------------------------- */
