@@ -181,6 +181,37 @@ double it_now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int it_proc_status(pid_t pid, const char *name, int base, unsigned long long *val)
+{
+	char path[64], line[256];
+	size_t n = strlen(name);
+	int ret = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		char *end;
+
+		if (strncmp(line, name, n) || line[n] != ':')
+			continue;
+		*val = strtoull(line + n + 1, &end, base);
+		ret = end == line + n + 1 ? -1 : 0;
+		break;
+	}
+	fclose(f);
+	return ret;
+}
+
+long it_proc_kib(pid_t pid, const char *name)
+{
+	unsigned long long kib;
+
+	return it_proc_status(pid, name, 10, &kib) ? -1 : (long)kib;
+}
+
 static const char *log_level(void)
 {
 	return getenv("RPS_IT_LOG") ? getenv("RPS_IT_LOG") : "warn";
@@ -536,12 +567,12 @@ void it_server_kill(struct it_cluster *cl, int i)
 	cl->pid[i] = 0;
 }
 
-int it_write_all(int fd, const void *buf, size_t len)
+/* All of len bytes read into, or written from, p: 0, or -1 (an error, or
+ * the end of the stream). */
+static int io_all(int fd, char *p, size_t len, bool rd)
 {
-	const char *p = buf;
-
 	while (len) {
-		ssize_t n = write(fd, p, len);
+		ssize_t n = rd ? read(fd, p, len) : write(fd, p, len);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
@@ -550,6 +581,11 @@ int it_write_all(int fd, const void *buf, size_t len)
 		len -= (size_t)n;
 	}
 	return 0;
+}
+
+int it_write_all(int fd, const void *buf, size_t len)
+{
+	return io_all(fd, (char *)buf, len, false);
 }
 
 int it_workers_start(struct it_workers *w, int n, it_worker_fn fn, const char *servers, void *arg,
@@ -613,18 +649,7 @@ int it_worker_wait(struct it_workers *w, int i)
 
 int it_worker_read(struct it_workers *w, int i, void *buf, size_t len)
 {
-	char *p = buf;
-
-	while (len) {
-		ssize_t n = read(w->fd[i], p, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return -1;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
+	return io_all(w->fd[i], buf, len, true);
 }
 
 /* ---- psctl ---------------------------------------------------------------- */

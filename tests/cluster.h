@@ -131,6 +131,12 @@ unsigned it_threads(void);
 void it_sleep_ms(int ms);
 /* CLOCK_MONOTONIC, in seconds. */
 double it_now_s(void);
+/* Field `name` ("VmRSS", "SigCgt"...) of /proc/<pid>/status, read in
+ * `base` (10 for the sizes, in KiB; 16 for the signal masks) into *val:
+ * 0, or -1 if the process or the field is not there. */
+int it_proc_status(pid_t pid, const char *name, int base, unsigned long long *val);
+/* A /proc/<pid>/status size ("VmRSS", "VmHWM"), in KiB; -1 if unknown. */
+long it_proc_kib(pid_t pid, const char *name);
 /* In a worker: "worker <rank>: <what>: <ret> (<its name>): <rps_last_error>"
  * on stderr; returns 1, the worker's exit status. */
 int it_worker_fail(int rank, const char *what, int ret);

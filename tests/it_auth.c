@@ -401,24 +401,6 @@ static void silent_close(struct silent *s)
 	memset(s, 0, sizeof(*s));
 }
 
-/* A process's resident memory, in KiB (-1: unknown). */
-static long vm_rss_kib(pid_t pid)
-{
-	char path[64], line[256];
-	long kib = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-			break;
-	fclose(f);
-	return kib;
-}
-
 /* ---- tests --------------------------------------------------------------- */
 
 static void up(void);
@@ -818,14 +800,14 @@ static void test_preauth_peers(void)
 	CU_ASSERT_EQUAL_FATAL(connect_with(NULL, &cl), 0);	/* (the server's pools warm) */
 	CU_ASSERT_EQUAL_FATAL(create_async(cl, "peers/t", &t), 0);
 	push_ones_check(t, 1, 1);
-	before = vm_rss_kib(clu.pid[0]);
+	before = it_proc_kib(clu.pid[0], "VmRSS");
 	CU_ASSERT_FATAL(before > 0);
 	CU_ASSERT_EQUAL_FATAL(silent_init(&s), 0);
 	CU_ASSERT_EQUAL(silent_open(&s, RPS__ROLE_PEER, &c, 300), 300);
 	/* all but the newest 64 closed (within the 3 s they could wait) */
 	n = silent_dropped(&s, 300 - 64, 2500);
 	CU_ASSERT(n >= 300 - 64);
-	after = vm_rss_kib(clu.pid[0]);
+	after = it_proc_kib(clu.pid[0], "VmRSS");
 	fprintf(stderr, "\n  server VmRSS %ld -> %ld KiB with 300 unauthenticated peer connections, %d closed\n",
 		before, after, n);
 	CU_ASSERT(after > 0 && after - before < 64 * 1024);

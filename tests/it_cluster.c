@@ -1466,23 +1466,6 @@ static int huge_count_worker(int rank, int nworkers, const char *servers, void *
 	return 0;
 }
 
-static long vm_hwm_kib(pid_t pid)
-{
-	char path[64], line[256];
-	long kib = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmHWM: %ld", &kib) == 1)
-			break;
-	fclose(f);
-	return kib;
-}
-
 static void test_create_charges_shard_table(void)
 {
 	struct it_cluster small;
@@ -1491,14 +1474,14 @@ static void test_create_charges_shard_table(void)
 	long hwm0, hwm;
 
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&small, 1, "--shard-size 64K --slots 4 --memory-limit 64M"), 0);
-	hwm0 = vm_hwm_kib(small.pid[0]);	/* a sanitized server starts far bigger */
+	hwm0 = it_proc_kib(small.pid[0], "VmHWM");	/* a sanitized server starts far bigger */
 	CU_ASSERT_EQUAL(it_workers_start(&w, 1, huge_count_worker, small.servers, NULL, -1, NULL), 0);
 	CU_ASSERT_EQUAL(it_worker_read(&w, 0, results, sizeof(results)), 0);
 	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
 	CU_ASSERT_EQUAL(results[0], -ENOMEM);
 	CU_ASSERT_EQUAL(results[1], 1);
 	CU_ASSERT_EQUAL(results[2], 0);
-	hwm = vm_hwm_kib(small.pid[0]);
+	hwm = it_proc_kib(small.pid[0], "VmHWM");
 	if (hwm - hwm0 >= 64 * 1024)
 		fprintf(stderr, "\n  server VmHWM %ld KiB -> %ld KiB\n", hwm0, hwm);
 	CU_ASSERT(hwm0 > 0 && hwm - hwm0 < 64 * 1024);	/* the table alone is ~120 MiB */
@@ -2867,19 +2850,9 @@ static void test_sigterm_stops_spinning_server(void)
 /* Is sig caught (a handler installed) in process pid? */
 static bool sig_caught(pid_t pid, int sig)
 {
-	char path[64], line[256];
 	unsigned long long mask = 0;
-	FILE *f;
 
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	if (!f)
-		return false;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "SigCgt: %llx", &mask) == 1)
-			break;
-	fclose(f);
-	return mask & (1ull << (sig - 1));
+	return !it_proc_status(pid, "SigCgt", 16, &mask) && (mask & (1ull << (sig - 1)));
 }
 
 /* A SIGTERM while rdmapsd exits after a failed start (here: the port file
@@ -3077,23 +3050,6 @@ static void test_serving_threads(void)
 	CU_ASSERT_EQUAL(it_cluster_stop(&three), 0);
 }
 
-static long vm_rss_kib(pid_t pid)
-{
-	char path[64], line[256];
-	long kib = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld", &kib) == 1)
-			break;
-	fclose(f);
-	return kib;
-}
-
 #define ADMIN_TRIES 40
 /* ThreadSanitizer's shadow memory makes the server's RSS grow ~3x what it
  * serves (165 MiB here); the leak this guards grew by gigabytes. */
@@ -3126,7 +3082,7 @@ static void test_admin_connections_bounded(void)
 	if (strcmp(cluster.scheme, "tcp"))
 		return;	/* the announced depth is the tcp handshake's */
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&one, 1, "--memory-limit 64M --max-connections 8"), 0);
-	rss0 = vm_rss_kib(one.pid[0]);
+	rss0 = it_proc_kib(one.pid[0], "VmRSS");
 	for (i = 0; i < ADMIN_TRIES; i++) {
 		char reply[64] = "";
 		size_t reply_len = sizeof(reply) - 1;
@@ -3153,7 +3109,7 @@ static void test_admin_connections_bounded(void)
 	}
 	CU_ASSERT_EQUAL(ok, 16);
 	CU_ASSERT_EQUAL(full, ADMIN_TRIES - 16);
-	rss = vm_rss_kib(one.pid[0]);
+	rss = it_proc_kib(one.pid[0], "VmRSS");
 	if (rss - rss0 > 64 * 1024 * RSS_SLACK)
 		fprintf(stderr, "\n  server RSS %ld KiB -> %ld KiB\n", rss0, rss);
 	CU_ASSERT(rss > 0 && rss - rss0 <= 64 * 1024 * RSS_SLACK);

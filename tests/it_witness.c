@@ -195,23 +195,6 @@ static int acked_total(void)
 	return k;
 }
 
-/* Server i's resident set, KiB (-1: unknown). */
-static long rss_kib(const struct it_cluster *cl, int i)
-{
-	char path[64], line[256];
-	long kib = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)cl->pid[i]);
-	if (!(f = fopen(path, "r")))
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (!strncmp(line, "VmRSS:", 6))
-			kib = strtol(line + 6, NULL, 10);
-	fclose(f);
-	return kib;
-}
-
 /* Wait until server i's map says: member `witness` is a witness and
  * holds nothing, and (if `gone`) member `gone` owns nothing either.  0 or
  * -ETIMEDOUT; the map in *m. */
@@ -313,8 +296,8 @@ static void test_witness_failover(void)
 		CU_ASSERT_PTR_NOT_NULL(strstr(me, "\"shards\":0,\"shard_bytes\":0,\"tensors\":0,\"partitions\":0,"
 						  "\"witness\":true}"));
 	}
-	rss = rss_kib(&clu, 2);
-	fprintf(stderr, "[witness RSS %ld KiB, member 2's %ld KiB] ", rss, rss_kib(&clu, 1));
+	rss = it_proc_kib(clu.pid[2], "VmRSS");
+	fprintf(stderr, "[witness RSS %ld KiB, member 2's %ld KiB] ", rss, it_proc_kib(clu.pid[1], "VmRSS"));
 	CU_ASSERT(rss > 0 && rss < 32 * 1024);
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;

@@ -110,12 +110,8 @@ static void park_one(struct srv_tensor *t, uint64_t clock, int rank, size_t nbyt
 {
 	struct parked *pk;
 
-	if (srv->push.nparked == srv->push.parked_cap) {
-		srv->push.parked_cap = srv->push.parked_cap ? srv->push.parked_cap * 2 : 16;
-		srv->push.parked = realloc(srv->push.parked, srv->push.parked_cap * sizeof(*srv->push.parked));
-		CU_ASSERT_PTR_NOT_NULL_FATAL(srv->push.parked);
-	}
-	pk = memset(&srv->push.parked[srv->push.nparked++], 0, sizeof(*pk));
+	CU_ASSERT_EQUAL_FATAL(rps__srv_parked_slot(srv, &pk), 0);
+	srv->push.nparked++;
 	pk->t = t;
 	pk->local = rps__part_shard(&t->layout, 0, 0);
 	pk->clock = clock;

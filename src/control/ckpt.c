@@ -1173,8 +1173,9 @@ void rps__ckpt_free_list(char **files, size_t n)
  * stat_flags says. */
 static int list_in(DIR *d, const char *label, bool names_only, int stat_flags, char ***files, size_t *n)
 {
-	char **v = NULL, **nv;
-	size_t cnt = 0, cap = 0;
+	char **v = NULL;
+	size_t cnt = 0;
+	uint32_t cap = 0;
 	struct dirent *de;
 	struct stat st;
 	int err;
@@ -1186,14 +1187,9 @@ static int list_in(DIR *d, const char *label, bool names_only, int stat_flags, c
 			continue;
 		if (fstatat(dirfd(d), de->d_name, &st, stat_flags) < 0 || !S_ISREG(st.st_mode))
 			continue;
-		if (cnt == cap) {
-			cap = cap ? 2 * cap : 8;
-			nv = realloc(v, cap * sizeof(*v));
-			if (!nv) {
-				err = rps__seterr(-ENOMEM, "checkpoint: out of memory");
-				goto err_free;
-			}
-			v = nv;
+		if (rps__grow(&v, &cap, cnt + 1, sizeof(*v), 8)) {
+			err = rps__seterr(-ENOMEM, "checkpoint: out of memory");
+			goto err_free;
 		}
 		if (names_only)
 			path = strdup(de->d_name);

@@ -402,6 +402,24 @@ static int restore_name(struct rps__cplane *cp, const struct ckpt_state *ck, con
 
 /* ---- requests ------------------------------------------------------------ */
 
+/* PREPARE's and TAKE's first checks: a name this server may take and no
+ * checkpoint under way.  True if refused (the refusal sent). */
+static bool refused(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, const struct ckpt_state *ck,
+		    const struct rps__ckpt_req *req)
+{
+	int ret = name_ok(ck, req->name);
+
+	if (ret) {
+		reply(cp, c, req_id, ret, NULL, NULL, 0, rps__errbuf());
+		return true;
+	}
+	if (ck->taking || ck->writing) {
+		reply(cp, c, req_id, -EBUSY, NULL, NULL, 0, "a checkpoint is in progress on this server");
+		return true;
+	}
+	return false;
+}
+
 /* PREPARE: hold every sync tensor at the step it reached here, and say
  * which steps those are. */
 static void on_prepare(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id, struct ckpt_state *ck,
@@ -410,17 +428,10 @@ static void on_prepare(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_
 	struct rps__ckpt_target *mine = NULL;
 	struct rps__ckpt_rep rep;
 	uint32_t i, n;
-	int ret = name_ok(ck, req->name);
 
 	memset(&rep, 0, sizeof(rep));
-	if (ret) {
-		reply(cp, c, req_id, ret, NULL, NULL, 0, rps__errbuf());
+	if (refused(cp, c, req_id, ck, req))
 		return;
-	}
-	if (ck->taking || ck->writing) {
-		reply(cp, c, req_id, -EBUSY, NULL, NULL, 0, "a checkpoint is in progress on this server");
-		return;
-	}
 	n = cp->dp->hold_steps(cp->srv, &mine);
 	if (n * sizeof(*mine) + sizeof(rep) + sizeof(struct rps__msg_hdr) > cp->dp->conn_msg_max(c)) {
 		free(mine);
@@ -444,16 +455,9 @@ static void on_take(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id,
 		    const struct rps__ckpt_req *req, const struct rps__ckpt_target *tg)
 {
 	uint32_t i;
-	int ret = name_ok(ck, req->name);
 
-	if (ret) {
-		reply(cp, c, req_id, ret, NULL, NULL, 0, rps__errbuf());
+	if (refused(cp, c, req_id, ck, req))
 		return;
-	}
-	if (ck->taking || ck->writing) {
-		reply(cp, c, req_id, -EBUSY, NULL, NULL, 0, "a checkpoint is in progress on this server");
-		return;
-	}
 	for (i = 0; i < req->ntargets; i++)
 		if (memchr(tg[i].name, '\0', sizeof(tg[i].name)))
 			cp->dp->hold_tensor(cp->srv, tg[i].name, tg[i].step);

@@ -128,14 +128,8 @@ static int admin_wait_add(struct rps__cplane *cp, struct srv_conn *c, uint64_t r
 {
 	struct admin_wait *w;
 
-	if (cp->nadmin == cp->admin_cap) {
-		uint32_t cap = cp->admin_cap ? cp->admin_cap * 2 : 8;
-		struct admin_wait *g = realloc(cp->admin, cap * sizeof(*g));
-		if (!g)
-			return -ENOMEM;
-		cp->admin = g;
-		cp->admin_cap = cap;
-	}
+	if (rps__grow(&cp->admin, &cp->admin_cap, cp->nadmin + 1, sizeof(*cp->admin), 8))
+		return -ENOMEM;
 	w = &cp->admin[cp->nadmin++];
 	*w = (struct admin_wait){
 		.conn = c, .req_id = req_id, .op = a->op, .part = a->part, .id = a->id, .epoch = epoch,

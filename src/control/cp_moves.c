@@ -211,15 +211,9 @@ void rps__cp_read_start(struct rps__cplane *cp, struct srv_conn *c, uint64_t req
 		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -EBUSY, NULL, 0);
 		return;
 	}
-	if (cp->nreads == cp->reads_cap) {
-		uint32_t cap = cp->reads_cap ? cp->reads_cap * 2 : 4;
-		struct cp_read *g = realloc(cp->reads, cap * sizeof(*g));
-		if (!g) {
-			cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -ENOMEM, NULL, 0);
-			return;
-		}
-		cp->reads = g;
-		cp->reads_cap = cap;
+	if (rps__grow(&cp->reads, &cp->reads_cap, cp->nreads + 1, sizeof(*cp->reads), 4)) {
+		cp->dp->conn_reply(c, RPS__MSG_MIGRATE_REP, req_id, -ENOMEM, NULL, 0);
+		return;
 	}
 	ret = cp->dp->conn_read(c, m->addr, m->rkey, m->len);
 	if (ret) {

@@ -100,8 +100,3 @@ const char *rps__daemon_fabric_name(const struct rps__daemon *d)
 {
 	return rps__server_fabric_name(d->srv);
 }
-
-void rps__daemon_isolate(int on)
-{
-	rps__cp_isolated = on;
-}

@@ -23,8 +23,5 @@ void rps__daemon_destroy(struct rps__daemon *d);
 uint16_t rps__daemon_port(const struct rps__daemon *d);
 const char *rps__daemon_fabric_name(const struct rps__daemon *d);
 int rps__daemon_windows(const struct rps__daemon *d);
-/* Async-signal-safe test hook (RPS_FAULT=isolate-signals): cut this node
- * off from its peers, or end that. */
-void rps__daemon_isolate(int on);
 
 #endif

@@ -60,7 +60,7 @@ struct read_request {
 struct raft_log {
 	struct rps__raft_entry *ents;
 	size_t n;
-	size_t cap;
+	uint32_t cap;
 	uint64_t snap_index;
 	uint64_t snap_term;
 	uint64_t committed;
@@ -103,10 +103,10 @@ struct rps__raft {
 
 	struct rps__raft_msg *msgs;
 	size_t n_msgs;
-	size_t cap_msgs;
+	uint32_t cap_msgs;
 	struct rps__raft_read_state *read_states;
 	size_t n_read_states;
-	size_t cap_read_states;
+	uint32_t cap_read_states;
 
 	bool bcast_pending;		/* proposals not yet sent: ready sends them */
 	struct rps__raft_hard_state prev_hs;	/* persisted, as far as we know */

@@ -4,6 +4,7 @@
  * compaction (etcd-raft's log.go; there is no Storage interface, see raft.c).
  */
 #include "config.h"
+#include "common/common.h"
 #include "control/raft_int.h"
 
 #include <errno.h>
@@ -86,15 +87,8 @@ int rps__raft_log_append(struct raft_log *l, const struct rps__raft_entry *src)
 	struct rps__raft_entry *e;
 	void *data = NULL;
 
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? 2 * l->cap : 64;
-		struct rps__raft_entry *ents = realloc(l->ents, cap * sizeof(*ents));
-
-		if (!ents)
-			return -ENOMEM;
-		l->ents = ents;
-		l->cap = cap;
-	}
+	if (rps__grow(&l->ents, &l->cap, l->n + 1, sizeof(*l->ents), 64))
+		return -ENOMEM;
 	if (src->len) {
 		data = malloc(src->len);
 		if (!data)

@@ -15,16 +15,9 @@ struct rps__raft_msg *rps__raft_msg_push(struct rps__raft *r, uint8_t type, uint
 {
 	struct rps__raft_msg *m;
 
-	if (r->n_msgs == r->cap_msgs) {
-		size_t cap = r->cap_msgs ? 2 * r->cap_msgs : 16;
-		struct rps__raft_msg *msgs = realloc(r->msgs, cap * sizeof(*msgs));
-
-		if (!msgs) {
-			rps__raft_fail(r, -ENOMEM);
-			return NULL;
-		}
-		r->msgs = msgs;
-		r->cap_msgs = cap;
+	if (rps__grow(&r->msgs, &r->cap_msgs, r->n_msgs + 1, sizeof(*r->msgs), 16)) {
+		rps__raft_fail(r, -ENOMEM);
+		return NULL;
 	}
 	m = &r->msgs[r->n_msgs++];
 	memset(m, 0, sizeof(*m));
@@ -97,16 +90,9 @@ void rps__raft_msgs_clear(struct rps__raft *r)
 
 void rps__raft_read_state_push(struct rps__raft *r, uint64_t index, uint64_t ctx)
 {
-	if (r->n_read_states == r->cap_read_states) {
-		size_t cap = r->cap_read_states ? 2 * r->cap_read_states : 8;
-		struct rps__raft_read_state *rs = realloc(r->read_states, cap * sizeof(*rs));
-
-		if (!rs) {
-			rps__raft_fail(r, -ENOMEM);
-			return;
-		}
-		r->read_states = rs;
-		r->cap_read_states = cap;
+	if (rps__grow(&r->read_states, &r->cap_read_states, r->n_read_states + 1, sizeof(*r->read_states), 8)) {
+		rps__raft_fail(r, -ENOMEM);
+		return;
 	}
 	r->read_states[r->n_read_states].index = index;
 	r->read_states[r->n_read_states].ctx = ctx;

@@ -6,6 +6,7 @@
 #include "config.h"
 #include "common/common.h"
 #include "common/fault.h"
+#include "control/cplane.h"
 #include "control/daemon.h"
 #include "server/server.h"
 #include "common/parse.h"
@@ -33,9 +34,10 @@ static void on_signal(int sig)
 		rps__daemon_stop(the_server);
 }
 
+/* (the test hook RPS_FAULT=isolate-signals: control/cplane.h) */
 static void on_isolate(int sig)
 {
-	rps__daemon_isolate(sig == SIGUSR1);
+	rps__cp_isolated = sig == SIGUSR1;
 }
 
 static void usage(FILE *f)

@@ -85,13 +85,9 @@ static void park(struct srv_tensor *t, uint32_t j, uint64_t clock, int rank)
 {
 	struct parked *pk;
 
-	if (srv->push.nparked == srv->push.parked_cap) {
-		srv->push.parked_cap = srv->push.parked_cap ? srv->push.parked_cap * 2 : 16;
-		srv->push.parked = realloc(srv->push.parked, srv->push.parked_cap * sizeof(*srv->push.parked));
-		if (!srv->push.parked)
-			abort();
-	}
-	pk = memset(&srv->push.parked[srv->push.nparked++], 0, sizeof(*pk));
+	if (rps__srv_parked_slot(srv, &pk))
+		abort();
+	srv->push.nparked++;
 	pk->t = t;
 	pk->local = rps__part_shard(&t->layout, 0, j);
 	pk->clock = clock;

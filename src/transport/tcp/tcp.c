@@ -98,9 +98,6 @@ static const char *tcp_fabric_name(const struct rps__fabric *fab)
 /* Take a slot, oldest freed first; grows the table.  mr_lock held for writing. */
 static int mr_slot_alloc(struct tcp_fabric *fab, uint32_t *index)
 {
-	struct tcp_mr_slot *slots;
-	uint32_t cap;
-
 	if (fab->free_head != MR_NONE) {
 		*index = fab->free_head;
 		fab->free_head = fab->slots[*index].next_free;
@@ -112,12 +109,8 @@ static int mr_slot_alloc(struct tcp_fabric *fab, uint32_t *index)
 		if (fab->cap > MR_INDEX_MASK)
 			return rps__seterr(-ENOSPC, "mr_reg: %u regions registered, the tcp limit: "
 					   "register fewer, larger pools", fab->cap);
-		cap = fab->cap ? fab->cap * 2 : 64;
-		slots = realloc(fab->slots, cap * sizeof(*slots));
-		if (!slots)
+		if (rps__grow(&fab->slots, &fab->cap, fab->nslots + 1, sizeof(*fab->slots), 64))
 			return rps__seterr(-ENOMEM, "mr_reg: out of memory for the region table");
-		fab->slots = slots;
-		fab->cap = cap;
 	}
 	*index = fab->nslots++;
 	fab->slots[*index].gen = 0;

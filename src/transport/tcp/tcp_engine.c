@@ -194,7 +194,6 @@ static void rx_read(struct tcp_ep *ep)
 	const struct wire_hdr *h = &ep->rx.hdr;
 	struct wire_hdr resp = { .type = F_READ_RESP, .seq = h->seq, .len = h->len };
 	uint8_t *src = NULL;
-	struct tcp_txe *txe;
 
 	if (!rx_request_in_order(ep))
 		return;
@@ -207,21 +206,11 @@ static void rx_read(struct tcp_ep *ep)
 			return;
 		}
 	}
-	txe = rps__tcp_resp_alloc(ep);
-	if (!txe) {
-		rps__tcp_ep_fail(ep);	/* the peer exceeded the sq_depth it announced */
-		return;
-	}
 	/* The payload is taken from the region when it goes to the socket, so
 	 * a later WRITE of the same initiator may overtake this READ - as IB
 	 * allows; RPS__WR_FENCE on the WRITE prevents it. */
-	rps__tcp_hdr_put(txe->hdr, &resp);
-	txe->kind = TXE_RESP;
-	txe->seg[0] = (struct tcp_seg){ src, h->len };
-	txe->nseg = h->len ? 1 : 0;
-	txe->payload_len = h->len;
-	txe->src_rkey = h->len ? h->rkey : 0;
-	rps__tcp_tx_append(ep, txe);
+	if (!rps__tcp_resp_queue(ep, &resp, src, h->len, h->rkey))
+		return;
 	ep->peer_seq = h->seq;
 }
 
@@ -229,7 +218,6 @@ static void rx_atomic(struct tcp_ep *ep)
 {
 	const struct wire_hdr *h = &ep->rx.hdr;
 	struct wire_hdr resp = { .type = F_ATOMIC_RESP, .seq = h->seq, .len = 8 };
-	struct tcp_txe *txe;
 	uint64_t *word;
 	uint64_t old;
 
@@ -250,18 +238,9 @@ static void rx_atomic(struct tcp_ep *ep)
 	}
 	pthread_rwlock_unlock(&ep->fab->mr_lock);
 
-	txe = rps__tcp_resp_alloc(ep);
-	if (!txe) {
-		rps__tcp_ep_fail(ep);
-		return;
-	}
 	resp.arg0 = old;
-	rps__tcp_hdr_put(txe->hdr, &resp);
-	txe->kind = TXE_RESP;
-	txe->nseg = 0;
-	txe->payload_len = 0;
-	txe->src_rkey = 0;
-	rps__tcp_tx_append(ep, txe);
+	if (!rps__tcp_resp_queue(ep, &resp, NULL, 0, 0))
+		return;
 	ep->peer_seq = h->seq;
 }
 
@@ -474,14 +453,8 @@ static bool defer_flush(struct tcp_cq *cq, struct tcp_ep *ep)
 {
 	if (ep->deferred)
 		return true;
-	if (cq->ndeferred == cq->deferred_cap) {
-		uint32_t cap = cq->deferred_cap ? cq->deferred_cap * 2 : 16;
-		struct tcp_ep **grown = realloc(cq->deferred, cap * sizeof(*grown));
-		if (!grown)
-			return false;
-		cq->deferred = grown;
-		cq->deferred_cap = cap;
-	}
+	if (rps__grow(&cq->deferred, &cq->deferred_cap, cq->ndeferred + 1, sizeof(*cq->deferred), 16))
+		return false;
 	cq->deferred[cq->ndeferred++] = ep;
 	ep->deferred = true;
 	return true;

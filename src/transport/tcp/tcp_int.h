@@ -471,5 +471,28 @@ static inline void rps__tcp_resp_free(struct tcp_ep *ep, struct tcp_txe *txe)
 	ep->resp_free = txe;
 }
 
+/* Queue a response (READ_RESP, ATOMIC_RESP, ACK) from the response pool:
+ * header h, then len bytes at src of region rkey (none: 0, NULL, 0).  NULL
+ * when the pool is empty: the peer exceeded the sq_depth it announced, and
+ * the endpoint is failed here. */
+static inline struct tcp_txe *rps__tcp_resp_queue(struct tcp_ep *ep, const struct wire_hdr *h, uint8_t *src,
+						  uint32_t len, uint32_t rkey)
+{
+	struct tcp_txe *txe = rps__tcp_resp_alloc(ep);
+
+	if (!txe) {
+		rps__tcp_ep_fail(ep);
+		return NULL;
+	}
+	rps__tcp_hdr_put(txe->hdr, h);
+	txe->kind = TXE_RESP;
+	txe->seg[0] = (struct tcp_seg){ src, len };
+	txe->nseg = len ? 1 : 0;
+	txe->payload_len = len;
+	txe->src_rkey = len ? rkey : 0;
+	rps__tcp_tx_append(ep, txe);
+	return txe;
+}
+
 
 #endif

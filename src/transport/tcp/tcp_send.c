@@ -312,19 +312,10 @@ void rps__tcp_queue_ack(struct tcp_ep *ep)
 		memcpy(ep->ack_tail->hdr + HDR_SEQ_OFFSET, le, sizeof(le));
 		return;
 	}
-	txe = rps__tcp_resp_alloc(ep);
-	if (!txe) {
-		rps__tcp_ep_fail(ep);	/* the peer exceeded the sq_depth it announced */
-		return;
-	}
 	h.seq = w;
-	rps__tcp_hdr_put(txe->hdr, &h);
-	txe->kind = TXE_RESP;
-	txe->nseg = 0;
-	txe->payload_len = 0;
-	txe->src_rkey = 0;
-	rps__tcp_tx_append(ep, txe);
-	ep->ack_tail = txe;
+	txe = rps__tcp_resp_queue(ep, &h, NULL, 0, 0);
+	if (txe)
+		ep->ack_tail = txe;
 }
 
 /* Move ops from the held queue to the wire queue; a FENCE op waits until
