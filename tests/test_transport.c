@@ -1026,13 +1026,22 @@ static void test_send_too_large(void)
 	struct rps__sge next = { srv_recv_mem + 64, 64, srv_recv_mr };
 	struct rps__wc wc;
 	struct conn c;
+	int st;
 
 	CU_ASSERT_FATAL(conn_open(&c) == 0);
 	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &small, 77), 0);
 	CU_ASSERT_EQUAL_FATAL(rps__post_recv(c.sep, &next, 78), 0);
 	fill(cli_mem, 64, 5);
-	CU_ASSERT_EQUAL(run1(&c, wr_make(RPS__OP_SEND, 0, 1, cli_mem, 64, cli_mr, NULL, 0), &wc),
-			RPS__WC_REM_OP_ERR);
+	/* The receiver NAKs it (remote invalid request: REM_OP_ERR here) and
+	 * moves its endpoint to the error state.  Over a fabric that can
+	 * drop that NAK (rxe under load did, once in a CI run), the sender's
+	 * retries then meet an endpoint in error and end in RETRY_EXC_ERR
+	 * (transport.h: a peer in error or gone).  Either is a failed SEND;
+	 * anything else is not. */
+	st = run1(&c, wr_make(RPS__OP_SEND, 0, 1, cli_mem, 64, cli_mr, NULL, 0), &wc);
+	if (st != RPS__WC_REM_OP_ERR && st != RPS__WC_RETRY_EXC_ERR)
+		fprintf(stderr, "\n  the SEND completed with status %d\n", st);
+	CU_ASSERT(st == RPS__WC_REM_OP_ERR || st == RPS__WC_RETRY_EXC_ERR);
 	CU_ASSERT_FATAL(server_wait_wc(c.sep, &wc));
 	CU_ASSERT_EQUAL(wc.wr_id, 77);
 	CU_ASSERT_EQUAL(wc.status, RPS__WC_LOC_ERR);
