@@ -98,6 +98,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 	signal(SIGPIPE, SIG_IGN);
 	rps__log_level = getenv("RPS_FUZZ_VERBOSE") ? RPS__LOG_DEBUG : -1;
+	/* the server's loopback key and the channel's: in the scratch
+	 * directory, never a ~/.rdmaps/loopback.key another server of this
+	 * user left (doc/security.md) */
+	FUZZ_CHECK(setenv("RDMAPS_RUNTIME_DIR", fuzz_scratch_dir(), 1) == 0);
 	snprintf(data_dir, sizeof(data_dir), "%s/data", fuzz_scratch_dir());
 	snprintf(ckpt_dir, sizeof(ckpt_dir), "%s/ckpt", fuzz_scratch_dir());
 	mkdir(ckpt_dir, 0700);
