@@ -68,10 +68,10 @@ struct rps__rnode {
 	uint8_t *sendbuf;		/* reused for every encoded message */
 	size_t sendcap;
 	struct rps__wal_entry *wents;	/* a ready's entries, converted for the WAL */
-	size_t wents_cap;
+	uint32_t wents_cap;
 	struct pending_read *reads;	/* read states waiting for the applied index */
 	size_t n_reads;
-	size_t cap_reads;
+	uint32_t cap_reads;
 
 	char note[320];
 };
@@ -94,22 +94,6 @@ static int kill_node(struct rps__rnode *n, int err)
 	snprintf(n->dead_msg, sizeof(n->dead_msg), "%s", rps__errbuf());
 	rps__log(RPS__LOG_ERROR, "rnode %llu: %s", (unsigned long long)n->id, n->dead_msg);
 	return err;
-}
-
-static void *grow_array(void *p, size_t *cap, size_t need, size_t size)
-{
-	size_t c = *cap ? *cap : 16;
-	void *q;
-
-	if (need <= *cap)
-		return p;
-	while (c < need)
-		c *= 2;
-	q = realloc(p, c * size);
-	if (!q)
-		return NULL;
-	*cap = c;
-	return q;
 }
 
 static void wal_snapshot_from(struct rps__wal_snapshot *ws, const struct rps__raft_snapshot *s)
@@ -157,13 +141,13 @@ static int save_ready(struct rps__rnode *n, const struct rps__raft_ready *rd)
 	if (!rd->n_entries && !tv_new && (!hs_new || n->fsync != RPS__WAL_FSYNC_NONE))
 		return 0;
 	if (rd->n_entries) {
-		we = grow_array(n->wents, &n->wents_cap, rd->n_entries, sizeof(*we));
-		if (!we) {
+		if (rd->n_entries > UINT32_MAX ||
+		    rps__grow(&n->wents, &n->wents_cap, (uint32_t)rd->n_entries, sizeof(*n->wents), 16)) {
 			rps__seterr(-ENOMEM, "rnode %llu: no memory to persist %zu entries",
 				    (unsigned long long)n->id, rd->n_entries);
 			return kill_node(n, -ENOMEM);
 		}
-		n->wents = we;
+		we = n->wents;
 		for (size_t i = 0; i < rd->n_entries; i++) {
 			const struct rps__raft_entry *e = &rd->entries[i];
 
@@ -263,21 +247,18 @@ static int restore_sm(struct rps__rnode *n, uint64_t index, const void *data, si
 static void queue_reads(struct rps__rnode *n, const struct rps__raft_read_state *rs, size_t n_rs)
 {
 	for (size_t i = 0; i < n_rs; i++) {
-		struct pending_read *p;
-
 		if (rs[i].index <= n->applied) {
 			if (n->cb.read_ready)
 				n->cb.read_ready(n->cb.ctx, rs[i].ctx, rs[i].index);
 			continue;
 		}
-		p = grow_array(n->reads, &n->cap_reads, n->n_reads + 1, sizeof(*p));
-		if (!p) {
+		if (n->n_reads + 1 > UINT32_MAX ||
+		    rps__grow(&n->reads, &n->cap_reads, (uint32_t)(n->n_reads + 1), sizeof(*n->reads), 16)) {
 			/* like a lost request: the reader times out and retries */
 			rps__log(RPS__LOG_WARN, "rnode %llu: no memory to hold read %llu: dropped",
 				 (unsigned long long)n->id, (unsigned long long)rs[i].ctx);
 			continue;
 		}
-		n->reads = p;
 		n->reads[n->n_reads++] = (struct pending_read){ .ctx = rs[i].ctx, .index = rs[i].index };
 	}
 }
