@@ -313,7 +313,8 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
 int rps__srv_conn_grow(struct rps__server *srv, struct srv_conn *c)
 {
 	struct srv_conn n;
-	uint32_t i;
+	uint32_t i, gen;
+	bool posted;
 	int ret;
 
 	if (!c->bufs.lean)
@@ -328,23 +329,15 @@ int rps__srv_conn_grow(struct rps__server *srv, struct srv_conn *c)
 		return ret;
 	}
 	conn_release_bufs(srv, c);
-	c->bufs.msg_max = n.bufs.msg_max;
-	c->bufs.nrecv = n.bufs.nrecv;
-	c->bufs.nsend = n.bufs.nsend;
-	c->bufs.slots = n.bufs.slots;
-	c->bufs.slots_len = n.bufs.slots_len;
-	c->bufs.slots_mr = n.bufs.slots_mr;
-	c->bufs.slot_state = n.bufs.slot_state;
-	c->owner = n.owner;
-	c->bufs.rbufs = n.bufs.rbufs;
-	c->bufs.rbufs_mr = n.bufs.rbufs_mr;
-	c->bufs.sbufs = n.bufs.sbufs;
-	c->bufs.sbufs_mr = n.bufs.sbufs_mr;
-	c->bufs.sfree = n.bufs.sfree;
-	c->bufs.nsfree = n.bufs.nsfree;
-	c->bufs.charged = n.bufs.charged;
+	/* the new buffers whole; the generation and whether receives are
+	 * posted stay the connection's */
+	gen = c->bufs.gen;
+	posted = c->bufs.recvs_posted;
+	c->bufs = n.bufs;
 	c->bufs.lean = false;
-	c->bufs.gen++;
+	c->bufs.gen = gen + 1;
+	c->bufs.recvs_posted = posted;
+	c->owner = n.owner;
 	for (i = 0; i < c->bufs.nrecv; i++) {
 		ret = post_recv_buf(c, i);
 		if (ret)
