@@ -472,12 +472,12 @@ static void adopt_outcome(struct rps_request *r, struct rps_request *cur, int st
  * still out (rps__req_settled): they are waited for once the resends are
  * out, and what of them fails then is retried in turn.
  */
-struct pending {
+struct retry_pending {
 	struct rps_request **v;
 	uint32_t n, cap;
 };
 
-static int pending_add(struct pending *pd, struct rps_request *r)
+static int pending_add(struct retry_pending *pd, struct rps_request *r)
 {
 	if (rps__grow(&pd->v, &pd->cap, pd->n + 1, sizeof(*pd->v), 4))
 		return rps__seterr(-ENOMEM, "out of memory");
@@ -521,7 +521,7 @@ struct retry_clock {
  * message the user reads).  Lock held.
  */
 static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_request *head,
-		       const struct retry_clock *rc, struct pending *pd)
+		       const struct retry_clock *rc, struct retry_pending *pd)
 {
 	uint64_t start = rc->start, deadline = rc->deadline, ride_until = rc->ride_until;
 	struct rps_request *cur = head;
@@ -617,7 +617,7 @@ static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_
 static int retry_stale(struct rps_client *cl, struct rps_request *r)
 {
 	struct retry_clock rc;
-	struct pending pd = { 0 };
+	struct retry_pending pd = { 0 };
 	uint32_t i;
 	int status, s;
 
