@@ -32,6 +32,7 @@
 #include "client/client.h"
 #include "client/client_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -388,6 +389,7 @@ static void copy_retryable(struct rps_request *cur, struct rps_request *nr)
 		struct shard_op *op;
 		if (!to_retry(old))
 			continue;
+		assert(k < nr->nops);	/* counted under the same lock (retry_chain) */
 		old->retried = true;
 		op = rps__op_init(&nr->ops[k++], nr, old->t, old->kind, old->shard);
 		op->clock = old->clock;
@@ -586,6 +588,16 @@ static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_
 		usleep(pause_us);
 		pause_us = RPS__MIN(pause_us * 2, 50000u);
 		pthread_mutex_lock(&cl->lock);
+		if (count_retryable(cur, &t) != nr->nops) {
+			/* a TAKEN push of cur (settled, not done) failed while
+			 * the lock was let go: nr was sized before it; round
+			 * again with all of them (it_seed: a primary killed
+			 * under TAKEN pushes overran nr) */
+			nr->waited = true;
+			nr->done = true;
+			rps__req_maybe_free(nr);
+			continue;
+		}
 		copy_retryable(cur, nr);
 		if (cur != head && !cur->done && pending_add(pd, cur))
 			rps__req_wait_locked(cl, cur);	/* (no memory: its TAKEN pushes waited for here) */
