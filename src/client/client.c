@@ -454,6 +454,14 @@ static int explain_unreached(struct rps_request *cur, int status)
 	return status;
 }
 
+/* A retry request never submitted, let go. */
+static void drop_unsent(struct rps_request *nr)
+{
+	nr->waited = true;
+	nr->done = true;
+	rps__req_maybe_free(nr);
+}
+
 /* The last retry cur decided r: its status, message or version.  (cur,
  * if TAKEN pushes of it are still out, is among the pending.) */
 static void adopt_outcome(struct rps_request *r, struct rps_request *cur, int status)
@@ -546,15 +554,19 @@ static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_
 		nr->kind = REQ_SHARDS;
 		nr->min_version_seen = cur->min_version_seen;
 		refresh_routes(cl, t);
+		if (count_retryable(cur, &t) != nr->nops) {
+			/* a TAKEN push of cur (settled, not done) failed
+			 * during the refresh: nr was sized before it */
+			drop_unsent(nr);
+			continue;
+		}
 		if (rps__noq_final(cl)) {
 			/* the server we read the map from lost the Raft
 			 * majority: nothing moves on until an operator acts */
 			status = -EHOSTDOWN;
 			snprintf(cur->msg, sizeof(cur->msg), "%s", cl->noq_text);
 			snprintf(r->msg, sizeof(r->msg), "%s", cl->noq_text);
-			nr->waited = true;
-			nr->done = true;
-			rps__req_maybe_free(nr);
+			drop_unsent(nr);
 			break;
 		}
 		for (i = 0, n = 0, waits = 0, given_up = 0; i < cur->nops; i++) {
@@ -573,9 +585,7 @@ static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_
 			 * or, that time over, their owner was not dialed again
 			 * yet (the next refresh does) */
 			bool wait = n + waits == nr->nops && (rps__now_ns() < ride_until || !given_up);
-			nr->waited = true;
-			nr->done = true;
-			rps__req_maybe_free(nr);
+			drop_unsent(nr);
 			if (!wait)
 				break;
 			pthread_mutex_unlock(&cl->lock);
@@ -589,13 +599,10 @@ static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_
 		pause_us = RPS__MIN(pause_us * 2, 50000u);
 		pthread_mutex_lock(&cl->lock);
 		if (count_retryable(cur, &t) != nr->nops) {
-			/* a TAKEN push of cur (settled, not done) failed while
-			 * the lock was let go: nr was sized before it; round
-			 * again with all of them (it_seed: a primary killed
-			 * under TAKEN pushes overran nr) */
-			nr->waited = true;
-			nr->done = true;
-			rps__req_maybe_free(nr);
+			/* the same, during the pause; round again with all of
+			 * them (it_seed: a primary killed under TAKEN pushes
+			 * overran nr) */
+			drop_unsent(nr);
 			continue;
 		}
 		copy_retryable(cur, nr);
