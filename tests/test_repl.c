@@ -1472,6 +1472,111 @@ static void test_lease_fence(void)
 	rps_tensor_close(t);
 }
 
+/* Partition *arg's epoch moved on with A still its primary (its replica
+ * set changed): f applies the map; workers that have not read it since
+ * push under the epoch before, and are refused. */
+static void do_bump_epoch(struct fake *f, void *arg)
+{
+	uint32_t p = *(const uint32_t *)arg;
+
+	part_view(f, p, map.parts[p].epoch, true);
+	if (map.parts[p].owner == f->id)	/* (as cp_map.c: READs of it check the epoch) */
+		f->dp->part_publish(f->srv, p, map.parts[p].epoch);
+	CU_ASSERT_EQUAL(map_publish(f), 0);
+}
+
+static void bump_epoch(uint32_t p)
+{
+	map.parts[p].epoch++;
+	map.applied++;
+	fake_do(&A, do_bump_epoch, &p);
+	fake_do(&B, do_bump_epoch, &p);
+}
+
+struct req_waiter {
+	rps_request_t *r;
+	int ret;
+};
+
+static void *wait_main(void *arg)
+{
+	struct req_waiter *w = arg;
+
+	w->ret = rps_wait(w->r);
+	return NULL;
+}
+
+/*
+ * Sync, two ranks refused crosswise: rank 0's push of shard 1 refused (its
+ * map older than the partition's epoch) while its shards 0, 2, 3 were
+ * TAKEN; then rank 1's push of shard 0 refused while its shard 1 was TAKEN
+ * (out of turn) and its shards 2 and 3 completed their steps.  Each rank's
+ * TAKEN shard completes only once the other resends what was refused.  A
+ * worker that resent refused shards only once the rest of its push
+ * completed waited for the other's resend until its timeout (seen over
+ * Soft-RoCE under load, where leases lapse mid-step: a deadlock of the
+ * job); a refused shard is resent once the rest of its push is TAKEN.
+ * Both complete, exactly as without the refusals.
+ */
+static void test_sync_refused_crosswise(void)
+{
+	struct req_waiter w = { 0 };
+	float g0[COUNT], g1[COUNT], out[COUNT], ref[COUNT];
+	rps_tensor_t *t0, *t1, *r0t, *r1t;
+	rps_request_t *r1;
+	pthread_t th;
+	uint32_t pa, pb, sh;
+	uint64_t taken;
+	unsigned seed = 14;
+	int i;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "crosswise", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &t0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "crosswise", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &t1), 0);
+	random_grad(g0, RPS_DTYPE_F32, &seed);
+	random_grad(g1, RPS_DTYPE_F32, &seed);
+	pa = find(&A, "crosswise")->shards[0].part;
+	pb = find(&A, "crosswise")->shards[1].part;
+	CU_ASSERT_NOT_EQUAL_FATAL(pa, pb);
+
+	/* shard 1's partition moves on; rank 1 learns it (its pull READs the
+	 * new epoch in the header, refreshes), rank 0 does not */
+	bump_epoch(pb);
+	CU_ASSERT_EQUAL(rps_pull(t1, out, sizeof(out), NULL), 0);
+	taken = A.srv->repl.stats.taken_acks;
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g0, sizeof(g0), &w.r), 0);
+	CU_ASSERT_EQUAL_FATAL(-pthread_create(&th, NULL, wait_main, &w), 0);
+	for (i = 0; i < 300 && A.srv->repl.stats.taken_acks - taken < 3; i++)
+		sleep_ms(10);
+	CU_ASSERT(A.srv->repl.stats.taken_acks - taken >= 3);	/* shards 0, 2, 3 */
+	/* shard 0's moves on, rank 1 not told */
+	bump_epoch(pa);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t1, g1, sizeof(g1), &r1), 0);
+	CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	pthread_join(th, NULL);
+	CU_ASSERT_EQUAL(w.ret, 0);
+	for (sh = 0; sh < 4; sh++) {
+		CU_ASSERT_EQUAL(version_of(&A, "crosswise", sh), 1u);
+		CU_ASSERT_EQUAL(version_of(&B, "crosswise", sh), 1u);
+	}
+	CU_ASSERT_EQUAL(differing_shards("crosswise"), 0);
+
+	/* the same step without refusals: the same bits */
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "crosswise-ref", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &r0t), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "crosswise-ref", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_ADAM, &r1t), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(r0t, g0, sizeof(g0), &w.r), 0);
+	CU_ASSERT_EQUAL(rps_push(r1t, g1, sizeof(g1)), 0);
+	CU_ASSERT_EQUAL(rps_wait(w.r), 0);
+	CU_ASSERT_EQUAL(rps_pull(r0t, ref, sizeof(ref), NULL), 0);
+	CU_ASSERT_EQUAL(rps_pull(t0, out, sizeof(out), NULL), 0);
+	CU_ASSERT_EQUAL(memcmp(out, ref, sizeof(out)), 0);
+	CU_ASSERT_EQUAL(rps_pull(t1, out, sizeof(out), NULL), 0);
+	CU_ASSERT_EQUAL(memcmp(out, ref, sizeof(out)), 0);
+	rps_tensor_close(r1t);
+	rps_tensor_close(r0t);
+	rps_tensor_close(t1);
+	rps_tensor_close(t0);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -1492,6 +1597,8 @@ int main(void)
 		{ "sync, partition refused: taken pushes told to resend, counted once", test_sync_refused_resend },
 		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
 		{ "lease: no ack without it on a partition with backups; R=1 ignores it", test_lease_fence },
+		{ "sync, two ranks refused crosswise mid-step: each resends beside its TAKEN shards, no deadlock",
+		  test_sync_refused_crosswise },
 		{ "joining: entries before the image acknowledged, not applied, the stream kept", test_joiner_before_image },
 		{ "epoch: the same primary's entry of the epoch before applied", test_old_epoch_same_primary },
 		{ "epoch: an entry of an old epoch refused", test_old_epoch_refused },

@@ -32,6 +32,7 @@
 #include "client/client.h"
 #include "client/client_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -292,10 +293,13 @@ err:
 
 static bool retryable(int status)
 {
-	/* a moved shard, or the old owner's memory already deregistered (the
-	 * remote access error took the connection with it: the refresh
-	 * connects again), or a connection lost: worth a look at the map */
-	return status == RPS_ESTALE_EPOCH || status == -EFAULT || status == -ECONNRESET;
+	return rps__retryable(status);	/* (client_int.h) */
+}
+
+/* An op of a request that failed retryably and was not sent again yet. */
+static bool to_retry(const struct shard_op *op)
+{
+	return !op->retried && retryable(op->result);
 }
 
 /* After a refresh: resend an op whose connection was lost only if its
@@ -356,7 +360,7 @@ static uint32_t count_retryable(const struct rps_request *r, struct rps_tensor *
 	uint32_t i, n = 0;
 
 	for (i = 0; i < r->nops; i++)
-		if (retryable(r->ops[i].result)) {
+		if (to_retry(&r->ops[i])) {
 			n++;
 			*t = r->ops[i].t;
 		}
@@ -375,16 +379,18 @@ static void refresh_routes(struct rps_client *cl, struct rps_tensor *t)
 }
 
 /* nr's ops: cur's retryable ones again, routed anew, with their push ids,
- * clocks and targets unchanged. */
-static void copy_retryable(const struct rps_request *cur, struct rps_request *nr)
+ * clocks and targets unchanged (and cur's marked retried). */
+static void copy_retryable(struct rps_request *cur, struct rps_request *nr)
 {
 	uint32_t i, k = 0;
 
 	for (i = 0; i < cur->nops; i++) {
-		const struct shard_op *old = &cur->ops[i];
+		struct shard_op *old = &cur->ops[i];
 		struct shard_op *op;
-		if (!retryable(old->result))
+		if (!to_retry(old))
 			continue;
+		assert(k < nr->nops);	/* counted under the same lock (retry_chain) */
+		old->retried = true;
 		op = rps__op_init(&nr->ops[k++], nr, old->t, old->kind, old->shard);
 		op->clock = old->clock;
 		op->push_id = old->push_id;
@@ -448,7 +454,16 @@ static int explain_unreached(struct rps_request *cur, int status)
 	return status;
 }
 
-/* The last retry cur decided r: its status, message or version. */
+/* A retry request never submitted, let go. */
+static void drop_unsent(struct rps_request *nr)
+{
+	nr->waited = true;
+	nr->done = true;
+	rps__req_maybe_free(nr);
+}
+
+/* The last retry cur decided r: its status, message or version.  (cur,
+ * if TAKEN pushes of it are still out, is among the pending.) */
 static void adopt_outcome(struct rps_request *r, struct rps_request *cur, int status)
 {
 	r->status = status;
@@ -456,25 +471,72 @@ static void adopt_outcome(struct rps_request *r, struct rps_request *cur, int st
 		snprintf(r->msg, sizeof(r->msg), "%s", cur->msg);
 	else if (r->version_out && r->kind == REQ_SHARDS && cur->min_version_seen != UINT64_MAX)
 		*r->version_out = cur->min_version_seen;
-	cur->waited = true;
-	rps__req_maybe_free(cur);
+	if (cur->done) {
+		cur->waited = true;
+		rps__req_maybe_free(cur);
+	}
 }
 
 /*
- * r finished with RPS_ESTALE_EPOCH: some shards moved (or are moving).
- * Read the map again, learn where the tensor lives now, and send the ops
- * that were refused there, with their push ids and clocks unchanged: a
- * refused push was not applied, and a server that did apply a push id
- * acknowledges it again without applying it.  Lock held; r is done.
+ * Requests a retry left behind with sync pushes TAKEN into their steps and
+ * still out (rps__req_settled): they are waited for once the resends are
+ * out, and what of them fails then is retried in turn.
  */
-static int retry_stale(struct rps_client *cl, struct rps_request *r)
+struct retry_pending {
+	struct rps_request **v;
+	uint32_t n, cap;
+};
+
+static int pending_add(struct retry_pending *pd, struct rps_request *r)
 {
-	uint64_t start = rps__now_ns();
-	uint64_t deadline = start + (uint64_t)cl->timeout_ms * 1000000ull;
-	uint64_t ride_until = start + FAILOVER_WAIT_MS * 1000000ull;
-	struct rps_request *cur = r;
+	if (rps__grow(&pd->v, &pd->cap, pd->n + 1, sizeof(*pd->v), 4))
+		return rps__seterr(-ENOMEM, "out of memory");
+	pd->v[pd->n++] = r;
+	return 0;
+}
+
+/* A pending request p, done: the outcome of its ops not sent again (those
+ * resent have theirs in the retry); a push the server had already applied
+ * is no failure (forgive_applied).  Its message says which. */
+static int pending_status(struct rps_request *p)
+{
+	uint32_t i;
+
+	if (p->status == -ETIMEDOUT)
+		return p->status;
+	for (i = 0; i < p->nops; i++) {
+		const struct shard_op *op = &p->ops[i];
+		if (op->retried || !op->result ||
+		    (op->result == -EALREADY && (op->kind == OP_PUSH || op->kind == OP_INIT)))
+			continue;
+		snprintf(p->msg, sizeof(p->msg), "%s: %s", op->c ? op->c->name : "rdmaps",
+			 rps__status_text(op->result));
+		return p->status = op->result;
+	}
+	return p->status = 0;
+}
+
+/* When a retry started, and until when it may go on. */
+struct retry_clock {
+	uint64_t start, deadline, ride_until;
+};
+
+/*
+ * head settled (rps__req_settled) with RPS_ESTALE_EPOCH: some shards moved
+ * (or are moving).  Read the map again, learn where the tensor lives now,
+ * and send the ops that were refused there, with their push ids and clocks
+ * unchanged: a refused push was not applied, and a server that did apply a
+ * push id acknowledges it again without applying it.  A request left with
+ * TAKEN pushes out goes to *pd.  r: the caller's request (the one whose
+ * message the user reads).  Lock held.
+ */
+static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_request *head,
+		       const struct retry_clock *rc, struct retry_pending *pd)
+{
+	uint64_t start = rc->start, deadline = rc->deadline, ride_until = rc->ride_until;
+	struct rps_request *cur = head;
 	uint32_t pause_us = 500;
-	int status = r->status;
+	int status = head->status;
 
 	while (retryable(status) && rps__now_ns() < deadline) {
 		struct rps_tensor *t = NULL;
@@ -492,20 +554,27 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		nr->kind = REQ_SHARDS;
 		nr->min_version_seen = cur->min_version_seen;
 		refresh_routes(cl, t);
+		if (count_retryable(cur, &t) != nr->nops) {
+			/* a TAKEN push of cur (settled, not done) failed
+			 * during the refresh: nr was sized before it */
+			drop_unsent(nr);
+			continue;
+		}
 		if (rps__noq_final(cl)) {
 			/* the server we read the map from lost the Raft
 			 * majority: nothing moves on until an operator acts */
 			status = -EHOSTDOWN;
 			snprintf(cur->msg, sizeof(cur->msg), "%s", cl->noq_text);
 			snprintf(r->msg, sizeof(r->msg), "%s", cl->noq_text);
-			nr->waited = true;
-			nr->done = true;
-			rps__req_maybe_free(nr);
+			drop_unsent(nr);
 			break;
 		}
 		for (i = 0, n = 0, waits = 0, given_up = 0; i < cur->nops; i++) {
 			const struct shard_op *op = &cur->ops[i];
-			bool riding = !worth_resending(cl, op) && rides_through(cl, op);
+			bool riding;
+			if (op->retried)
+				continue;
+			riding = !worth_resending(cl, op) && rides_through(cl, op);
 			n += worth_resending(cl, op);
 			waits += riding;
 			given_up += riding && redial_failed(op, start);
@@ -516,9 +585,7 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 			 * or, that time over, their owner was not dialed again
 			 * yet (the next refresh does) */
 			bool wait = n + waits == nr->nops && (rps__now_ns() < ride_until || !given_up);
-			nr->waited = true;
-			nr->done = true;
-			rps__req_maybe_free(nr);
+			drop_unsent(nr);
 			if (!wait)
 				break;
 			pthread_mutex_unlock(&cl->lock);
@@ -531,20 +598,76 @@ static int retry_stale(struct rps_client *cl, struct rps_request *r)
 		usleep(pause_us);
 		pause_us = RPS__MIN(pause_us * 2, 50000u);
 		pthread_mutex_lock(&cl->lock);
+		if (count_retryable(cur, &t) != nr->nops) {
+			/* the same, during the pause; round again with all of
+			 * them (it_seed: a primary killed under TAKEN pushes
+			 * overran nr) */
+			drop_unsent(nr);
+			continue;
+		}
 		copy_retryable(cur, nr);
-		if (cur != r) {
+		if (cur != head && !cur->done && pending_add(pd, cur))
+			rps__req_wait_locked(cl, cur);	/* (no memory: its TAKEN pushes waited for here) */
+		if (cur != head && cur->done) {
 			cur->waited = true;
 			rps__req_maybe_free(cur);
 		}
 		cur = nr;
 		submit_locked(cl, nr);
-		status = rps__req_wait_locked(cl, nr);
+		status = rps__req_wait_settled_locked(cl, nr);
 		if (status == -EALREADY)
 			status = forgive_applied(nr);
 	}
 	status = explain_unreached(cur, status);
-	if (cur != r)
-		adopt_outcome(r, cur, status);
+	if (cur != head) {
+		if (!cur->done && pending_add(pd, cur))
+			rps__req_wait_locked(cl, cur);
+		adopt_outcome(head, cur, status);
+	}
+	return status;
+}
+
+/*
+ * r is settled with a retryable status: retry what failed (retry_chain),
+ * then wait for every request the retries left with TAKEN pushes out, and
+ * retry what of those fails in turn.  The first failure is r's outcome.
+ * Lock held; r is done on return.
+ */
+static int retry_stale(struct rps_client *cl, struct rps_request *r)
+{
+	struct retry_clock rc;
+	struct retry_pending pd = { 0 };
+	uint32_t i;
+	int status, s;
+
+	rc.start = rps__now_ns();
+	rc.deadline = rc.start + (uint64_t)cl->timeout_ms * 1000000ull;
+	rc.ride_until = rc.start + FAILOVER_WAIT_MS * 1000000ull;
+	if (!r->done && pending_add(&pd, r))
+		rps__req_wait_locked(cl, r);	/* (no memory: the old way, after the steps) */
+	status = retry_chain(cl, r, r, &rc, &pd);
+	for (i = 0; i < pd.n; i++) {
+		struct rps_request *p = pd.v[i];
+		char said[sizeof(r->msg)];
+		memcpy(said, r->msg, sizeof(said));	/* (r's, if a retry failed already) */
+		rps__req_wait_locked(cl, p);
+		s = pending_status(p);
+		if (retryable(s) && rps__now_ns() < rc.deadline)
+			s = retry_chain(cl, r, p, &rc, &pd);
+		if (s && !status) {
+			status = s;
+			if (p != r)
+				snprintf(r->msg, sizeof(r->msg), "%s", p->msg);
+		} else if (p == r) {
+			memcpy(r->msg, said, sizeof(said));
+		}
+		if (p != r) {
+			p->waited = true;
+			rps__req_maybe_free(p);
+		}
+	}
+	free(pd.v);
+	r->status = status;
 	return status;
 }
 
@@ -562,7 +685,7 @@ int rps__submit_and_wait(struct rps_client *cl, struct rps_request *r, rps_reque
 		pthread_mutex_unlock(&cl->lock);
 		return 0;
 	}
-	status = rps__req_wait_locked(cl, r);
+	status = rps__req_wait_settled_locked(cl, r);
 	if (retryable(status))
 		status = retry_stale(cl, r);
 	rps__req_collect(r);
@@ -687,7 +810,7 @@ RPS_EXPORT int rps_test(rps_request_t *r, int *result)
 		return rps__seterr(-EINVAL, "rps_test: NULL request");
 	cl = r->cl;
 	pthread_mutex_lock(&cl->lock);
-	done = r->done;
+	done = r->done || (r->kind == REQ_SHARDS && rps__req_settled(r));
 	if (done) {
 		if (retryable(r->status))
 			retry_stale(cl, r);	/* blocks: a move is rare */
@@ -708,7 +831,7 @@ RPS_EXPORT int rps_wait(rps_request_t *r)
 		return rps__seterr(-EINVAL, "rps_wait: NULL request");
 	cl = r->cl;
 	pthread_mutex_lock(&cl->lock);
-	status = rps__req_wait_locked(cl, r);
+	status = rps__req_wait_settled_locked(cl, r);
 	if (retryable(status))
 		status = retry_stale(cl, r);
 	rps__req_collect(r);

@@ -29,6 +29,7 @@
 #include "transport/transport.h"
 #include "transport/uri.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -110,6 +111,7 @@ struct shard_op {
 	bool die_mid_write;	/* test hook: kill-mid-push chose this op */
 	bool shard_turn;	/* counted in t->shard_busy: one of the shard's pushes out */
 	bool chained;		/* posted under the word of the push before it, no CAS */
+	bool retried;		/* refused, and sent again by a retry (client.c): its fate is the resend's */
 	int result;		/* what rps__op_report() said */
 	int ack_status;
 	uint64_t ack_lock;	/* the lock word the server left */
@@ -122,6 +124,14 @@ struct shard_op {
 
 enum req_kind { REQ_SHARDS, REQ_CTRL };
 
+/* A moved shard, or the old owner's memory already deregistered (the
+ * remote access error took the connection with it: the refresh connects
+ * again), or a connection lost: worth a look at the map and a resend. */
+static inline bool rps__retryable(int status)
+{
+	return status == RPS_ESTALE_EPOCH || status == -EFAULT || status == -ECONNRESET;
+}
+
 struct rps_request {
 	struct rps_client *cl;
 	enum req_kind kind;
@@ -130,6 +140,7 @@ struct rps_request {
 	bool done;
 	bool waited;		/* the caller has its status: free when no op is live */
 	int live_ops;		/* ops still in a connection's active list */
+	int ntaken;		/* of `remaining`: sync pushes TAKEN, waiting for their steps */
 	uint64_t deadline;
 	uint64_t min_version_seen;
 	uint64_t *version_out;
@@ -142,6 +153,20 @@ struct rps_request {
 	uint32_t nops;
 	struct shard_op ops[];
 };
+
+/*
+ * Settled: everything of r not answered yet is a sync push TAKEN into its
+ * step, and something was refused or lost (retryable).  Its waiter resends
+ * what was refused now rather than after those steps: a TAKEN push
+ * completes only with its step, which may wait for another rank's push
+ * that was refused too, and that rank's resend for this rank's steps (a
+ * primary's lease lapsing mid-step refuses one rank's push of a shard
+ * whose step took the other rank's already: a deadlock of the job).
+ */
+static inline bool rps__req_settled(const struct rps_request *r)
+{
+	return r->done || (r->ntaken > 0 && r->remaining == r->ntaken && rps__retryable(r->status));
+}
 
 struct ctrl_entry {
 	bool busy;
@@ -353,6 +378,8 @@ static inline void wake_progress(struct rps_client *cl)
 struct rps_request *rps__req_new(struct rps_client *cl, uint32_t nops);
 void rps__req_arm_deadline(struct rps_client *cl, struct rps_request *r);
 int rps__req_wait_locked(struct rps_client *cl, struct rps_request *r);
+/* ... or until it is settled (rps__req_settled) */
+int rps__req_wait_settled_locked(struct rps_client *cl, struct rps_request *r);
 void rps__req_collect(struct rps_request *r);
 void rps__req_maybe_free(struct rps_request *r);
 void rps__req_finish(struct rps_request *r);

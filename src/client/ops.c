@@ -868,6 +868,8 @@ static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const stru
 		op->state = ST_TAKEN;
 		op->next = c->taken;
 		c->taken = op;
+		if (op->req && ++op->req->ntaken == op->req->remaining && rps__req_settled(op->req))
+			pthread_cond_broadcast(&c->cl->cond);	/* its waiter resends now */
 		start_queued(c);
 		return;
 	}

@@ -99,6 +99,8 @@ void rps__req_part_done_at(struct rps_request *r, int status, const struct conn 
 	assert(r->remaining > 0);	/* never more parts done than the request issued */
 	if (--r->remaining == 0)
 		rps__req_finish(r);
+	else if (rps__req_settled(r))
+		pthread_cond_broadcast(&r->cl->cond);	/* its waiter resends now */
 }
 
 /* The op's part of the request is over (the op may live on to release
@@ -110,6 +112,8 @@ void rps__op_report(struct shard_op *op, int status)
 	if (!r)
 		return;
 	op->req = NULL;
+	if (op->state == ST_TAKEN)
+		r->ntaken--;
 	/* a replacement's push for a step its predecessor already gave this
 	 * shard: the predecessor's gradient stands, the step has this rank */
 	if (status == -EALREADY && op->kind == OP_PUSH && op->clock < op->t->resume_until)
@@ -512,15 +516,16 @@ void *rps__progress_main(void *arg)
 	return NULL;
 }
 
-/* Wait for r with the lock held, polling ourselves when nobody else does. */
-static void wait_done_locked(struct rps_client *cl, const struct rps_request *r)
+/* Wait for r (done, or with `settled` settled) with the lock held, polling
+ * ourselves when nobody else does. */
+static void wait_locked(struct rps_client *cl, const struct rps_request *r, bool settled)
 {
-	if (r->done)
+	if (settled ? rps__req_settled(r) : r->done)
 		return;
 	cl->waiters++;
 	if (cl->progress_polling)
 		wake_progress(cl);	/* get the progress thread out of its sleep */
-	while (!r->done) {
+	while (!(settled ? rps__req_settled(r) : r->done)) {
 		if (cl->polling) {
 			pthread_cond_wait(&cl->cond, &cl->lock);
 			continue;
@@ -566,7 +571,13 @@ void rps__req_arm_deadline(struct rps_client *cl, struct rps_request *r)
  * calls rps__req_collect() (after copying anything it needs out of r). */
 int rps__req_wait_locked(struct rps_client *cl, struct rps_request *r)
 {
-	wait_done_locked(cl, r);
+	wait_locked(cl, r, false);
+	return r->status;
+}
+
+int rps__req_wait_settled_locked(struct rps_client *cl, struct rps_request *r)
+{
+	wait_locked(cl, r, true);
 	return r->status;
 }
 
