@@ -209,13 +209,14 @@ int psctl_cmd_add_server(uint64_t id, const char *uri)
 /*
  * Primaries spread evenly over the members that hold data and answer now
  * (a restarted or added server owns nothing until partitions move to it).
- * The way redis-cli's cluster rebalance works: one move at a time, from
- * the member that owns most to the one that owns fewest, while they
- * differ by two or more.  A dead member's partitions are not moved (they
- * fail over to their backups); a lost partition cannot move (restore it
- * or forget it first).  The backups follow by themselves: the leader
- * keeps every partition at the target R, placing each new backup on the
- * member that holds fewest copies (smap.c, rps__smap_pick_backup).
+ * The way redis-cli's cluster rebalance works: one move at a time
+ * (rps__smap_balance_move chooses it), from the member that owns most to
+ * the one that owns fewest, while they differ by two or more.  A dead
+ * member's partitions are not moved (they fail over to their backups); a
+ * lost partition cannot move (restore it or forget it first).  The
+ * backups follow by themselves: the leader keeps every partition at the
+ * target R, placing each new backup on the member that holds fewest
+ * copies (rps__smap_pick_backup).
  */
 
 /* Members of m that hold data (not witnesses) and answer STATUS as
@@ -240,65 +241,24 @@ static uint32_t live_data_members(const struct rps__smap *m, uint64_t *ids)
 	return n;
 }
 
-/* How well partition p suits a move of its primary to member `to`: 3 to
- * one of its backups (a planned switch: nothing is shipped), 2 to a member
- * whose zone none of its copies has (or no zones), 1 any other; 0 if it
- * cannot move now (moving, seeding a backup, lost). */
-static int move_fit(const struct rps__smap *m, uint32_t p, uint64_t to)
+/* psctl's view: a member answered STATUS just now. */
+static bool answered(void *ctx, uint64_t id)
 {
-	const struct rps__smap_part *mp = &m->parts[p];
-	const struct rps__smap_member *mb = rps__smap_member(m, to);
+	const uint64_t *live = ctx;
 
-	if (mp->moving_to || mp->joining || mp->lost)
-		return 0;
-	if (rps__smap_role(m, p, to) == RPS__SMAP_ROLE_BACKUP)
-		return 3;
-	return !mb || !mb->zone[0] || !rps__smap_in_zone(m, p, mb->zone) ? 2 : 1;
-}
-
-/* The next move that evens out the primaries of live[0..n): false when
- * they are even (no two differ by two or more), or (*busy) when the member
- * that owns most has nothing it can move now. */
-static bool next_balancing_move(const struct rps__smap *m, const uint64_t *live, uint32_t n, uint32_t *part,
-				uint64_t *from, uint64_t *to, bool *busy)
-{
-	uint32_t i, most_n = 0, least_n = UINT32_MAX, p;
-	int best = 0;
-
-	*busy = false;
-	*from = *to = 0;
-	for (i = 0; i < n; i++) {	/* ties: the lowest id, as add-server's */
-		uint32_t k = rps__smap_owned(m, live[i]);
-		if (!*from || k > most_n) {
-			*from = live[i];
-			most_n = k;
-		}
-		if (!*to || k < least_n) {
-			*to = live[i];
-			least_n = k;
-		}
-	}
-	if (n < 2 || most_n < least_n + 2)
-		return false;
-	for (p = m->npart; p-- > 0;) {	/* (the highest-numbered first, as add-server) */
-		int fit = m->parts[p].owner == *from ? move_fit(m, p, *to) : 0;
-		if (fit > best) {
-			best = fit;
-			*part = p;
-		}
-	}
-	*busy = !best;
-	return best > 0;
+	for (uint32_t i = 0; live[i]; i++)
+		if (live[i] == id)
+			return true;
+	return false;
 }
 
 int psctl_cmd_rebalance(void)
 {
 	static struct leader L;
-	uint64_t live[RPS__SMAP_MAX_MEMBERS], from, to, deadline;
+	uint64_t live[RPS__SMAP_MAX_MEMBERS + 1] = { 0 }, from, to, deadline;
 	uint32_t nlive, part = 0, i;
 	unsigned moves = 0;
-	bool busy;
-	int ret;
+	int ret, next;
 
 	ret = psctl_find_leader(&L, psctl_deadline_in(psctl_opt.timeout_ms));
 	if (ret)
@@ -308,8 +268,9 @@ int psctl_cmd_rebalance(void)
 		return psctl_fail("no member that holds data answers: see psctl status");
 	deadline = psctl_deadline_in(psctl_opt.timeout_ms);
 	for (;;) {
-		if (!next_balancing_move(&L.map, live, nlive, &part, &from, &to, &busy)) {
-			if (!busy)
+		next = rps__smap_balance_move(&L.map, answered, live, &part, &from, &to);
+		if (next <= 0) {
+			if (!next)
 				break;
 			/* its partitions are moving or seeding: let those finish */
 			if (psctl_expired(deadline))
