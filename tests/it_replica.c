@@ -79,7 +79,13 @@ struct job {
 	const char *name;
 	enum rps_mode mode;
 	int gate_step;		/* sync: the last rank holds this step until the kill */
+	int pushes;		/* per worker (0: PUSHES) */
 };
+
+static int job_pushes(const struct job *j)
+{
+	return j->pushes ? j->pushes : PUSHES;
+}
 
 static long long now_ns(void)
 {
@@ -125,7 +131,7 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 		return it_worker_fail(rank, "create", ret);
 	if ((ret = rps_barrier(cl)))
 		return it_worker_fail(rank, "barrier", ret);
-	for (s = 0; s < PUSHES; s++) {
+	for (s = 0; s < job_pushes(j); s++) {
 		double t0, took;
 		long long start_ns, killed_ns, ack_ns, first;
 
@@ -310,7 +316,7 @@ static int acked_total(void)
 
 /* Read every push worker's report and reap it: each finished all its
  * pushes without a bad pull.  The pushes acknowledged in all. */
-static int collect_reports(struct it_workers *w, struct report rep[NWORKERS])
+static int collect_reports_of(struct it_workers *w, struct report rep[NWORKERS], int pushes)
 {
 	int r, acked = 0;
 
@@ -318,11 +324,16 @@ static int collect_reports(struct it_workers *w, struct report rep[NWORKERS])
 		memset(&rep[r], 0, sizeof(rep[r]));
 		CU_ASSERT_EQUAL(it_worker_read(w, r, &rep[r], sizeof(rep[r])), 0);
 		CU_ASSERT_EQUAL(it_worker_wait(w, r), 0);
-		CU_ASSERT_EQUAL(rep[r].acked, PUSHES);
+		CU_ASSERT_EQUAL(rep[r].acked, pushes);
 		CU_ASSERT_EQUAL(rep[r].bad, 0);
 		acked += rep[r].acked;
 	}
 	return acked;
+}
+
+static int collect_reports(struct it_workers *w, struct report rep[NWORKERS])
+{
+	return collect_reports_of(w, rep, PUSHES);
 }
 
 /*
@@ -549,15 +560,18 @@ static void test_async_primary_restarted(void)
 /*
  * psctl rebalance: a member restarted at once (same --data-dir) comes back
  * empty, fails its partitions over to their backups and owns none; the
- * leader seeds backups on it again.  While the workers push, psctl
- * rebalance moves primaries to it until every member owns its share (8
- * partitions over 3 members: 3, 3 and 2): every push acknowledged, exact,
- * the versions right, the replicas identical, and a second rebalance
- * finds nothing to do.
+ * leader seeds backups on it again.  The workers push throughout, so each
+ * holds the connection it lost to that member.  Then psctl rebalance
+ * moves primaries to it (planned switches: it backs them) until every
+ * member owns its share (8 partitions over 3 members: 3, 3 and 2): a
+ * worker's push to a partition given back to it must reach it again, not
+ * fail on the dead connection.  Every push acknowledged, exact, the
+ * versions right, the replicas identical, and a second rebalance finds
+ * nothing to do.
  */
 static void test_rebalance_after_restart(void)
 {
-	static const struct job j = { .name = "rebalanced", .mode = RPS_MODE_ASYNC };
+	static const struct job j = { .name = "rebalanced", .mode = RPS_MODE_ASYNC, .pushes = 3000 };
 	struct it_server_opts so = { .extra_args = RESTART_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
 				     .data_dir = 1 };
 	static struct rps__smap m;
@@ -580,6 +594,9 @@ static void test_rebalance_after_restart(void)
 		return;
 	}
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	while (acked_total() < KILL_AFTER / 3)
+		it_sleep_ms(2);
 	it_server_kill(&clu, 1);
 	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
 	/* empty: its partitions failed over, backups seeded on it again */
@@ -588,10 +605,7 @@ static void test_rebalance_after_restart(void)
 		    rps__smap_backed(&m, 2))
 			break;
 	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
-
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)&j, -1, NULL), 0);
-	while (acked_total() < KILL_AFTER / 3)
-		it_sleep_ms(2);
+	CU_ASSERT_FATAL(acked_total() < NWORKERS * job_pushes(&j));	/* (still pushing) */
 	t0 = it_now_s();
 	before = acked_total();
 	rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
@@ -601,7 +615,7 @@ static void test_rebalance_after_restart(void)
 	fprintf(stderr, "[rebalance: %.2f s, %d pushes acknowledged when it started, %d when it ended; %s] ",
 		it_now_s() - t0, before, acked_total(),
 		strstr(out, "balanced") ? strtok(strstr(out, "balanced"), "\n") : "");
-	acked = collect_reports(&w, rep);
+	acked = collect_reports_of(&w, rep, job_pushes(&j));
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
 	for (id = 1; id <= NSERVERS; id++) {
 		uint32_t n = rps__smap_owned(&m, (uint64_t)id);
