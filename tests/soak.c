@@ -251,15 +251,23 @@ static int worker_main(int rank, int takeover)
 			return wfail(rank, what, ret);
 		}
 	}
-	/* the sync step this rank resumes at (0 for a new job): the
-	 * parameters there must be the reference's */
+	/* the sync step this rank resumes at (0 for a new job): every shard
+	 * there must be the reference's, or one step past it where the
+	 * predecessor died part way through its push of that step and the
+	 * shard completed it with the predecessor's gradient (rdmaps(3),
+	 * takeover) */
 	if ((ret = rps_pull(t[2], p, SYNC_COUNT * sizeof(float), &version)))
 		return wfail(rank, "first sync pull", ret);
 	for (s = 0; s < (int)version; s++)
 		ref_step(ref, s);
-	if (memcmp(p, ref, SYNC_COUNT * sizeof(float)))
-		return wbad(rank, "'%s' at step %d (where this worker resumes) differs from the reference",
-			    tname[2], (int)version);
+	memcpy(sg, ref, SYNC_COUNT * sizeof(float));
+	ref_step(sg, (int)version);	/* (the step after) */
+	for (uint32_t sh0 = 0; sh0 < SYNC_COUNT; sh0 += SHARD_ELEMS) {
+		size_t n = (SYNC_COUNT - sh0 < SHARD_ELEMS ? SYNC_COUNT - sh0 : SHARD_ELEMS) * sizeof(float);
+		if (memcmp(p + sh0, ref + sh0, n) && memcmp(p + sh0, sg + sh0, n))
+			return wbad(rank, "'%s' shard %u at step %d (where this worker resumes) differs from the "
+				    "reference at that step and the next", tname[2], sh0 / SHARD_ELEMS, (int)version);
+	}
 	atomic_store(&sh->step[rank], (int)version);
 	for (s = (int)version;; s++) {
 		int stop = atomic_load(&sh->stop_at);
