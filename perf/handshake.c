@@ -4,7 +4,9 @@
  * close: the connect, AUTH and its answer) and a worker's client
  * (rps_client_connect + rps_client_close: fabric, buffers, HELLO, the
  * map), each to a one-server cluster with a key and to one without, in
- * one run; the ratio of the two is the handshake's share.
+ * one run; the ratio of the two is the handshake's share.  With --servers
+ * N > 1, a worker's client to a cluster of N too: its ratio to the one
+ * server's is what dialing N costs.
  */
 #include "config.h"
 #include "psperf_int.h"
@@ -38,14 +40,37 @@ static int one_connect(struct run *r, const struct row *row, const char *servers
 	return ret;
 }
 
-/* Both rows of one kind of server (with a key or without). */
+/* row's connects, timed one by one. */
+static int time_row(struct run *r, struct row *row, const char *servers, const struct rps__uri *u)
+{
+	uint64_t t0;
+	int ret = 0;
+	long i;
+
+	psperf_samples_reserve(&row->lat.s, (size_t)row->iters);
+	for (i = -row->warmup; !ret && i < row->iters; i++) {
+		if (i == 0)
+			row->lat.t0 = rps__now_ns();
+		t0 = rps__now_ns();
+		ret = one_connect(r, row, servers, u);
+		if (i >= 0)
+			psperf_samples_add(&row->lat.s, rps__now_ns() - t0);
+		if (ret)
+			psperf_run_fail(r, "connect %ld (%s): %s", i + 1, row->label, rps__errbuf());
+	}
+	row->lat.t1 = rps__now_ns();
+	return ret;
+}
+
+/* Both rows of one kind of server (with a key or without); with a key,
+ * the worker's to --servers N after them. */
 static int measure(struct run *r, bool nokey)
 {
 	struct lcluster *c = psperf_xcalloc(1, sizeof(*c));
 	char servers[4096], *key = NULL;
 	struct rps__uri u;
+	struct row *many;
 	int w, ret;
-	long i;
 
 	c->no_key = nokey;
 	if (nokey) {	/* the clients too: no key, and loopback or not, no refusal */
@@ -60,22 +85,21 @@ static int measure(struct run *r, bool nokey)
 		ret = psperf_run_fail(r, "connect: %s", rps__errbuf());
 	for (w = 0; !ret && w < 2; w++) {
 		struct row *row = psperf_plan_connect_row(r, nokey, w == 1);
-		uint64_t t0;
-
-		if (!row)
-			continue;
-		psperf_samples_reserve(&row->lat.s, (size_t)row->iters);
-		for (i = -row->warmup; !ret && i < row->iters; i++) {
-			if (i == 0)
-				row->lat.t0 = rps__now_ns();
-			t0 = rps__now_ns();
-			ret = one_connect(r, row, servers, &u);
-			if (i >= 0)
-				psperf_samples_add(&row->lat.s, rps__now_ns() - t0);
-			if (ret)
-				psperf_run_fail(r, "connect %ld (%s): %s", i + 1, row->label, rps__errbuf());
-		}
-		row->lat.t1 = rps__now_ns();
+		if (row)
+			ret = time_row(r, row, servers, &u);
+	}
+	if (!ret && !nokey && (many = psperf_plan_connect_many_row(r))) {
+		/* a worker's client to --servers N: the same, its dials
+		 * to the N made side by side (src/client/dialer.c) */
+		psperf_cluster_destroy(c);
+		if (psperf_cluster_errors(c))
+			ret = psperf_run_fail(r, "connect: the server stopped with an error (see above)");
+		free(c);
+		c = psperf_xcalloc(1, sizeof(*c));
+		if (!ret && (ret = psperf_cluster_start(r, c, many->connect_servers, servers, sizeof(servers))))
+			psperf_run_fail(r, "connect: the %d servers could not start (see above)", many->connect_servers);
+		if (!ret)
+			ret = time_row(r, many, servers, &u);
 	}
 	psperf_cluster_destroy(c);
 	if (psperf_cluster_errors(c) && !ret)

@@ -303,6 +303,10 @@ static void print_connect_ratio(struct run *r)
 	fmt_num(xa, sizeof(xa), a ? a->x_key : NAN, "%.2f");
 	fmt_num(xw, sizeof(xw), w ? w->x_key : NAN, "%.2f");
 	printf(" with a key / without (t_typ): admin %s, worker %s\n", xa, xw);
+	if ((w = psperf_plan_connect_many_row(r))) {
+		fmt_num(xw, sizeof(xw), w->x_many, "%.2f");
+		printf(" a worker to %d servers / to one (t_typ): %s\n", w->connect_servers, xw);
+	}
 }
 
 static void print_banner(const struct run *r)
@@ -607,9 +611,13 @@ static void json_row(FILE *f, const struct row *row)
 		fprintf(f, ", \"x_rtt\": ");
 		json_num(f, row->x_rtt);
 	}
-	if (row->test == T_CONNECT && !row->connect_nokey) {
+	if (row->test == T_CONNECT && !row->connect_nokey && !row->connect_servers) {
 		fprintf(f, ", \"x_key\": ");
 		json_num(f, row->x_key);
+	}
+	if (row->test == T_CONNECT && row->connect_servers) {
+		fprintf(f, ", \"servers\": %d, \"x_many\": ", row->connect_servers);
+		json_num(f, row->x_many);
 	}
 	if (row->test == T_IGZIP) {
 		fprintf(f, ", \"ratio\": ");

@@ -144,6 +144,15 @@ static void plan_connect(struct run *r)
 		snprintf(row->label, sizeof(row->label), "%s, %s", row->connect_worker ? "worker" : "admin",
 			 row->connect_nokey ? "no key" : "key");
 	}
+	if (r->o->nservers_set && r->o->nservers > 1) {	/* the worker's dials, side by side */
+		struct row *row = plan_add(r, T_CONNECT, 0);
+		row->workers = 1;
+		row->connect_worker = true;
+		row->connect_servers = r->o->nservers;
+		row->iters = r->o->iters > 0 ? r->o->iters : 200;
+		row->warmup = RPS__MAX(row->iters / 20, 2L);
+		snprintf(row->label, sizeof(row->label), "worker, key, %d servers", row->connect_servers);
+	}
 }
 
 /* reseed: one row per size; -n raises per size (default 1: each one
@@ -255,7 +264,15 @@ struct row *psperf_plan_connect_row(struct run *r, bool nokey, bool worker)
 
 	for (i = 0; i < r->nrows; i++)
 		if (r->rows[i].test == T_CONNECT && r->rows[i].connect_nokey == nokey &&
-		    r->rows[i].connect_worker == worker)
+		    r->rows[i].connect_worker == worker && !r->rows[i].connect_servers)
+			return &r->rows[i];
+	return NULL;
+}
+
+struct row *psperf_plan_connect_many_row(struct run *r)
+{
+	for (size_t i = 0; i < r->nrows; i++)
+		if (r->rows[i].test == T_CONNECT && r->rows[i].connect_servers)
 			return &r->rows[i];
 	return NULL;
 }

@@ -138,7 +138,9 @@ struct row {
 	bool group_separate;	/* group test: the same tensors pushed one by one */
 	bool connect_nokey;	/* connect test: to a server without a key */
 	bool connect_worker;	/* connect test: rps_client_connect, not an admin channel */
+	int connect_servers;	/* connect test: a worker's client to this many servers (0: one) */
 	double x_key;		/* connect row with a key: its t_typ / the same without */
+	double x_many;		/* connect row to many servers: its t_typ / the worker's to one */
 	double x_group;		/* group row: its tensors/s / the separate pushes' */
 	long iters, warmup;
 	struct pass lat, bw;	/* merged over workers */
@@ -292,6 +294,8 @@ bool psperf_plan_has_cluster_rows(const struct run *r);
 struct row *psperf_plan_commit_row(struct run *r, bool rtt);
 /* the connect test's row: with or without a key, worker or admin connects */
 struct row *psperf_plan_connect_row(struct run *r, bool nokey, bool worker);
+/* the connect test's row of a worker to --servers N (N > 1), or NULL */
+struct row *psperf_plan_connect_many_row(struct run *r);
 int psperf_run_connect_local(struct run *r);
 
 /* worker.c: worker threads */

@@ -153,9 +153,13 @@ void psperf_compute_figures(struct run *r)
 	for (i = 0; i < r->nrows; i++) {
 		struct row *row = &r->rows[i], *nk;
 		row->x_key = NAN;
-		if (row->test == T_CONNECT && !row->connect_nokey &&
+		if (row->test == T_CONNECT && !row->connect_nokey && !row->connect_servers &&
 		    (nk = psperf_plan_connect_row(r, true, row->connect_worker)) && row->s_lat.valid && nk->s_lat.valid)
 			row->x_key = ratio(row->s_lat.typ, nk->s_lat.typ);
+		row->x_many = NAN;
+		if (row->test == T_CONNECT && row->connect_servers && (nk = psperf_plan_connect_row(r, false, true)) &&
+		    row->s_lat.valid && nk->s_lat.valid)
+			row->x_many = ratio(row->s_lat.typ, nk->s_lat.typ);
 	}
 	{
 		struct row *cr = psperf_plan_commit_row(r, false), *rr = psperf_plan_commit_row(r, true);

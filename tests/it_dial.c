@@ -23,6 +23,8 @@
  * (A dial the dialer gave up before the test read its hello, the test busy
  * asking the other member, is not asked about.)
  * The time STATUS took is printed, not asserted.
+ *
+ * A second suite does the same to a worker (test_worker_dials_at_once).
  */
 #include "config.h"
 #include "cluster.h"
@@ -200,6 +202,159 @@ static void test_dial_black_hole(void)
 	close(lfd);
 }
 
+/*
+ * A worker dials every member at once.  Two servers, and HOLES members
+ * added to the map at black holes of the test's (psctl add-server
+ * --no-rebalance: members that own nothing, whose hosts answer nothing).
+ * A worker connects with a HOLE_TIMEOUT_MS timeout: it must dial every
+ * hole before it gives up on any of them (made in turn, the first dial
+ * times out before the second starts), go on with the members that
+ * answer (a push and a pull, exact), and give each hole up in the end.
+ * Its connect time is printed, not asserted.
+ */
+#define HOLES 6
+#define HOLE_TIMEOUT_MS 4000
+#define HOLE_COUNT 1024u
+
+/* A black hole on an ephemeral port of the cluster's address: *port. */
+static int black_hole_any(uint16_t *port)
+{
+	struct sockaddr_in sa;
+	socklen_t len = sizeof(sa);
+	int fd = black_hole(0);
+
+	if (fd >= 0 && getsockname(fd, (struct sockaddr *)&sa, &len)) {
+		close(fd);
+		return -1;
+	}
+	*port = ntohs(sa.sin_port);
+	return fd;
+}
+
+static int hole_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	static float v[HOLE_COUNT];
+	struct rps_tensor_opts o;
+	struct rps_client *cl;
+	rps_tensor_t *t = NULL;
+	double t0 = it_now_s(), dt;
+	int ret;
+
+	(void)arg;
+	ret = it_client_connect(servers, rank, nworkers, HOLE_TIMEOUT_MS, &cl);
+	dt = it_now_s() - t0;
+	it_write_all(out_fd, &dt, sizeof(dt));
+	if (ret)
+		return it_worker_fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = HOLE_COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	o.optimizer = RPS_OPT_SUM;
+	o.rescale = 1.0f;
+	if ((ret = rps_tensor_create(cl, "holes", &o, &t)))
+		return it_worker_fail(rank, "create", ret);
+	for (uint32_t i = 0; i < HOLE_COUNT; i++)
+		v[i] = (float)(i % 7);
+	if ((ret = rps_push(t, v, sizeof(v))))
+		return it_worker_fail(rank, "push", ret);
+	memset(v, 0, sizeof(v));
+	if ((ret = rps_pull(t, v, sizeof(v), NULL)))
+		return it_worker_fail(rank, "pull", ret);
+	for (uint32_t i = 0; i < HOLE_COUNT; i++)
+		if (v[i] != (float)(i % 7))
+			return it_worker_fail(rank, "pulled values", -EIO);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	return 0;
+}
+
+static void test_worker_dials_at_once(void)
+{
+	struct held h[HOLES][MAX_HELD];
+	int lfd[HOLES], nheld[HOLES] = { 0 }, hellos = 0, gave_up = 0, open_at_last = -1, i, k;
+	uint16_t port = 0;
+	struct it_workers w;
+	double connect_s = -1, end;
+	char out[512], err[512];
+	struct rps__smap m;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&clu, 2, SERVER_ARGS), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 0, 60000, &m), 0);
+	for (i = 0; i < HOLES; i++) {
+		lfd[i] = black_hole_any(&port);
+		CU_ASSERT_FATAL(lfd[i] >= 0);
+		CU_ASSERT_EQUAL_FATAL(it_psctl(&clu, 30000, out, sizeof(out), err, sizeof(err),
+					       "add-server %d tcp://%s:%u --no-rebalance", 10 + i, clu.addr, port),
+				      0);
+	}
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, hole_worker, clu.servers, NULL, -1, NULL), 0);
+	/* every hole's worker connection, and whether the others were still
+	 * open when the last of them came */
+	end = it_now_s() + 60;
+	while (it_now_s() < end && gave_up < HOLES) {
+		for (i = 0; i < HOLES; i++) {
+			struct pollfd p = { .fd = lfd[i], .events = POLLIN };
+			int fd;
+
+			if (poll(&p, 1, 2) > 0 && nheld[i] < MAX_HELD &&
+			    (fd = accept4(lfd[i], NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0)
+				h[i][nheld[i]++] = (struct held){ .fd = fd };
+			for (k = 0; k < nheld[i]; k++) {
+				struct held *x = &h[i][k];
+				struct rps__conn_priv priv;
+				ssize_t n;
+
+				if (x->fd < 0)
+					continue;
+				if (x->from_id) {	/* the worker's, held */
+					if (closed_by_peer(x->fd)) {
+						gave_up++;
+						close(x->fd);
+						x->fd = -1;
+					}
+					continue;
+				}
+				n = recv(x->fd, x->hello + x->got, HELLO_SIZE - x->got, MSG_DONTWAIT);
+				if (n == 0 || (n > 0 && (x->got += (uint32_t)n) == HELLO_SIZE)) {
+					memcpy(&priv, x->hello + HELLO_DATA, sizeof(priv));
+					if (n > 0 && priv.magic == RPS__DESC_MAGIC && priv.role == RPS__ROLE_WORKER) {
+						x->from_id = 1;
+						if (++hellos == HOLES) {
+							/* the last one: how many of the
+							 * others are still waiting? */
+							open_at_last = 0;
+							for (int a = 0; a < HOLES; a++)
+								for (int b = 0; b < nheld[a]; b++)
+									open_at_last += h[a][b].from_id &&
+											h[a][b].fd >= 0 &&
+											!closed_by_peer(h[a][b].fd);
+						}
+						continue;
+					}
+					/* a server's dial (Raft, to a learner that
+					 * never answers), or gone: not ours */
+					close(x->fd);
+					x->fd = -1;
+				}
+			}
+		}
+	}
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &connect_s, sizeof(connect_s)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	fprintf(stderr, "[%d holes: dialed %d, all %d open at once: %s; connect %.2f s with a %d ms timeout] ", HOLES,
+		hellos, HOLES, open_at_last == HOLES ? "yes" : "no", connect_s, HOLE_TIMEOUT_MS);
+	CU_ASSERT_EQUAL(hellos, HOLES);
+	CU_ASSERT_EQUAL(open_at_last, HOLES);
+	CU_ASSERT_EQUAL(gave_up, HOLES);
+	for (i = 0; i < HOLES; i++) {
+		for (k = 0; k < nheld[i]; k++)
+			if (h[i][k].fd >= 0)
+				close(h[i][k].fd);
+		close(lfd[i]);
+	}
+}
+
 static void test_setup(void)
 {
 	watchdog_arm();
@@ -220,8 +375,14 @@ int main(void)
 		{ "dials to a peer that accepts and never answers: the dialers serve meanwhile, time out, redial",
 		  test_dial_black_hole },
 	};
+	static const struct cutest worker_tests[] = {
+		{ "a worker dials every member at once: holes in the map cost one timeout, not one each",
+		  test_worker_dials_at_once },
+	};
 	const struct cutest_suite suites[] = {
 		{ "non-blocking dials, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
+		{ "a worker's dials, 2 servers", NULL, NULL, test_setup, test_teardown, worker_tests,
+		  CUTEST_COUNT(worker_tests) },
 	};
 
 	/* the black hole speaks tcp */

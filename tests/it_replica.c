@@ -79,7 +79,13 @@ struct job {
 	const char *name;
 	enum rps_mode mode;
 	int gate_step;		/* sync: the last rank holds this step until the kill */
+	int pushes;		/* per worker (0: PUSHES) */
 };
+
+static int job_pushes(const struct job *j)
+{
+	return j->pushes ? j->pushes : PUSHES;
+}
 
 static long long now_ns(void)
 {
@@ -125,7 +131,7 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 		return it_worker_fail(rank, "create", ret);
 	if ((ret = rps_barrier(cl)))
 		return it_worker_fail(rank, "barrier", ret);
-	for (s = 0; s < PUSHES; s++) {
+	for (s = 0; s < job_pushes(j); s++) {
 		double t0, took;
 		long long start_ns, killed_ns, ack_ns, first;
 
@@ -310,7 +316,7 @@ static int acked_total(void)
 
 /* Read every push worker's report and reap it: each finished all its
  * pushes without a bad pull.  The pushes acknowledged in all. */
-static int collect_reports(struct it_workers *w, struct report rep[NWORKERS])
+static int collect_reports_of(struct it_workers *w, struct report rep[NWORKERS], int pushes)
 {
 	int r, acked = 0;
 
@@ -318,11 +324,16 @@ static int collect_reports(struct it_workers *w, struct report rep[NWORKERS])
 		memset(&rep[r], 0, sizeof(rep[r]));
 		CU_ASSERT_EQUAL(it_worker_read(w, r, &rep[r], sizeof(rep[r])), 0);
 		CU_ASSERT_EQUAL(it_worker_wait(w, r), 0);
-		CU_ASSERT_EQUAL(rep[r].acked, PUSHES);
+		CU_ASSERT_EQUAL(rep[r].acked, pushes);
 		CU_ASSERT_EQUAL(rep[r].bad, 0);
 		acked += rep[r].acked;
 	}
 	return acked;
+}
+
+static int collect_reports(struct it_workers *w, struct report rep[NWORKERS])
+{
+	return collect_reports_of(w, rep, PUSHES);
 }
 
 /*
@@ -547,6 +558,85 @@ static void test_async_primary_restarted(void)
 }
 
 /*
+ * psctl rebalance: a member restarted at once (same --data-dir) comes back
+ * empty, fails its partitions over to their backups and owns none; the
+ * leader seeds backups on it again.  The workers push throughout, so each
+ * holds the connection it lost to that member.  Then psctl rebalance
+ * moves primaries to it (planned switches: it backs them) until every
+ * member owns its share (8 partitions over 3 members: 3, 3 and 2): a
+ * worker's push to a partition given back to it must reach it again, not
+ * fail on the dead connection.  Every push acknowledged, exact, the
+ * versions right, the replicas identical, and a second rebalance finds
+ * nothing to do.
+ */
+static void test_rebalance_after_restart(void)
+{
+	static const struct job j = { .name = "rebalanced", .mode = RPS_MODE_ASYNC, .pushes = 3000 };
+	struct it_server_opts so = { .extra_args = RESTART_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
+				     .data_dir = 1 };
+	static struct rps__smap m;
+	static char out[65536], err[4096];
+	struct report rep[NWORKERS];
+	struct it_workers w;
+	uint64_t version = 0, versions = 0;
+	float *p = malloc(COUNT * sizeof(float));
+	double until, t0;
+	int acked, before, bad = 0, id, rc;
+	unsigned i;
+
+	memset(sh, 0, sizeof(*sh));
+	CU_ASSERT_FATAL(p != NULL);
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
+	clu_up = true;
+	if (clu.attached) {
+		fprintf(stderr, "[not with attached servers: it restarts one] ");
+		free(p);
+		return;
+	}
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	while (acked_total() < KILL_AFTER / 3)
+		it_sleep_ms(2);
+	it_server_kill(&clu, 1);
+	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
+	/* empty: its partitions failed over, backups seeded on it again */
+	for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
+		if (it_wait_settled(&clu, 2, 20000, &m) == 0 && m.nmembers == NSERVERS && !rps__smap_owned(&m, 2) &&
+		    rps__smap_backed(&m, 2))
+			break;
+	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
+	CU_ASSERT_FATAL(acked_total() < NWORKERS * job_pushes(&j));	/* (still pushing) */
+	t0 = it_now_s();
+	before = acked_total();
+	rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
+	if (rc)
+		fprintf(stderr, "psctl rebalance: exit %d: %s%s\n", rc, out, err);
+	CU_ASSERT_EQUAL(rc, 0);
+	fprintf(stderr, "[rebalance: %.2f s, %d pushes acknowledged when it started, %d when it ended; %s] ",
+		it_now_s() - t0, before, acked_total(),
+		strstr(out, "balanced") ? strtok(strstr(out, "balanced"), "\n") : "");
+	acked = collect_reports_of(&w, rep, job_pushes(&j));
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	for (id = 1; id <= NSERVERS; id++) {
+		uint32_t n = rps__smap_owned(&m, (uint64_t)id);
+		CU_ASSERT(n == NPART / NSERVERS || n == NPART / NSERVERS + 1);
+	}
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, j.name, p, COUNT, 20000, &version), 0);
+	for (i = 0; i < COUNT; i++)
+		bad += p[i] != (float)acked;
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)acked);
+	CU_ASSERT_EQUAL(it_replicas_differ(&clu, &m, j.name, &versions), 0);
+	CU_ASSERT_EQUAL(versions, (COUNT / 1024u) * (uint64_t)acked);
+	/* balanced: nothing more to move */
+	CU_ASSERT_EQUAL(it_psctl(&clu, 60000, out, sizeof(out), err, sizeof(err), "--json rebalance"), 0);
+	CU_ASSERT(strstr(out, "\"moves\":[]") != NULL);
+	free(p);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+/*
  * A client that arrives during a failover (doc/operations.md "Nobody
  * listening"): three servers, R=2,
  * a tensor with data; a follower is killed with SIGKILL and at once, well
@@ -750,6 +840,8 @@ int main(void)
 		{ "bounded: a primary killed mid-push: exact, staleness kept", test_bounded_primary_killed },
 		{ "sync: a primary killed mid-step: every step completes, exact", test_sync_primary_killed },
 		{ "async: a primary restarted at once: fails over, rejoins as a backup", test_async_primary_restarted },
+		{ "psctl rebalance under pushes: the restarted member owns its share again, exact",
+		  test_rebalance_after_restart },
 		{ "async: a backup's stream broken, every server alive: dropped, seeded again, exact", test_async_stream_broken },
 		{ "sync: a backup's stream broken, every server alive: every step completes, exact", test_sync_stream_broken },
 		{ "a client that connects during a failover rides through it: exact pull", test_client_arrives_during_failover },

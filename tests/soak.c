@@ -13,6 +13,8 @@
  *   partition   a server cut off from its peers (RPS_FAULT=isolate-signals:
  *               SIGUSR1 cuts, SIGUSR2 heals), then healed
  *   move        psctl move of a random partition to another member
+ *   rebalance   psctl rebalance (the moves and restarts before leave the
+ *               primaries uneven)
  *   membership  psctl add-server (a new rdmapsd --join) or remove-server
  *               (3 to 5 members)
  *   replicas    psctl set-replicas 3, settled, then back to 2
@@ -86,9 +88,10 @@
 #define SERVER_ARGS "--partitions 8 --shard-size 4096 --slots 4 --tick-ms 50 --fsync none " \
 	"--failover-ms 2000 --replicas 2"
 
-enum kind { K_KILL, K_STOP, K_TERM, K_PARTITION, K_MOVE, K_MEMBERSHIP, K_REPLICAS, K_CKPT, K_RESTORE, NKINDS };
-static const char *const kind_name[NKINDS] = { "kill", "stop", "term", "partition", "move", "membership",
-					       "replicas", "ckpt", "restore" };
+enum kind { K_KILL, K_STOP, K_TERM, K_PARTITION, K_MOVE, K_REBALANCE, K_MEMBERSHIP, K_REPLICAS, K_CKPT, K_RESTORE,
+	    NKINDS };
+static const char *const kind_name[NKINDS] = { "kill", "stop", "term", "partition", "move", "rebalance",
+					       "membership", "replicas", "ckpt", "restore" };
 
 enum { T_ASYNC, T_BOUNDED, NCOUNTED };
 static const char *const tname[] = { "soak-async", "soak-bounded", "soak-sync" };
@@ -248,15 +251,23 @@ static int worker_main(int rank, int takeover)
 			return wfail(rank, what, ret);
 		}
 	}
-	/* the sync step this rank resumes at (0 for a new job): the
-	 * parameters there must be the reference's */
+	/* the sync step this rank resumes at (0 for a new job): every shard
+	 * there must be the reference's, or one step past it where the
+	 * predecessor died part way through its push of that step and the
+	 * shard completed it with the predecessor's gradient (rdmaps(3),
+	 * takeover) */
 	if ((ret = rps_pull(t[2], p, SYNC_COUNT * sizeof(float), &version)))
 		return wfail(rank, "first sync pull", ret);
 	for (s = 0; s < (int)version; s++)
 		ref_step(ref, s);
-	if (memcmp(p, ref, SYNC_COUNT * sizeof(float)))
-		return wbad(rank, "'%s' at step %d (where this worker resumes) differs from the reference",
-			    tname[2], (int)version);
+	memcpy(sg, ref, SYNC_COUNT * sizeof(float));
+	ref_step(sg, (int)version);	/* (the step after) */
+	for (uint32_t sh0 = 0; sh0 < SYNC_COUNT; sh0 += SHARD_ELEMS) {
+		size_t n = (SYNC_COUNT - sh0 < SHARD_ELEMS ? SYNC_COUNT - sh0 : SHARD_ELEMS) * sizeof(float);
+		if (memcmp(p + sh0, ref + sh0, n) && memcmp(p + sh0, sg + sh0, n))
+			return wbad(rank, "'%s' shard %u at step %d (where this worker resumes) differs from the "
+				    "reference at that step and the next", tname[2], sh0 / SHARD_ELEMS, (int)version);
+	}
 	atomic_store(&sh->step[rank], (int)version);
 	for (s = (int)version;; s++) {
 		int stop = atomic_load(&sh->stop_at);
@@ -651,6 +662,40 @@ static int fault_move(char *what, size_t len)
 	return psctl(60, "move %u %" PRIu64, part, to);
 }
 
+/* The fewest and most partitions a running member that holds data owns. */
+static int owned_spread(uint32_t *least, uint32_t *most)
+{
+	static struct rps__smap m;
+
+	if (get_map(&m))
+		return -1;
+	*most = 0;
+	*least = UINT32_MAX;
+	for (uint32_t k = 0; k < m.nmembers; k++) {
+		int i = it_member_index(&clu, m.members[k].id);
+		uint32_t n = rps__smap_owned(&m, m.members[k].id);
+		if (i < 0 || clu.pid[i] <= 0 || is_witness(i))
+			continue;
+		*most = n > *most ? n : *most;
+		*least = n < *least ? n : *least;
+	}
+	return 0;
+}
+
+static int fault_rebalance(char *what, size_t len)
+{
+	uint32_t least, most;
+
+	if (owned_spread(&least, &most))
+		return -1;
+	snprintf(what, len, "psctl rebalance (the running members own %u to %u partitions)", least, most);
+	if (psctl(60, "rebalance") || owned_spread(&least, &most))
+		return -1;
+	if (most > least + 1)
+		return fail("psctl rebalance left the running members owning %u to %u partitions", least, most);
+	return 0;
+}
+
 static int fault_membership(char *what, size_t len)
 {
 	int members = running_members();
@@ -1017,6 +1062,7 @@ int main(void)
 		case K_TERM: r = fault_term(what, sizeof(what)); break;
 		case K_PARTITION: r = fault_partition(what, sizeof(what)); break;
 		case K_MOVE: r = fault_move(what, sizeof(what)); break;
+		case K_REBALANCE: r = fault_rebalance(what, sizeof(what)); break;
 		case K_MEMBERSHIP: r = fault_membership(what, sizeof(what)); break;
 		case K_REPLICAS: r = fault_replicas(what, sizeof(what)); break;
 		default: r = fault_ckpt(what, sizeof(what)); break;

@@ -1443,6 +1443,163 @@ static void test_zones_and_placement(void)
 	CU_ASSERT_EQUAL(rps__smap_pick_backup(&m, 99, NULL, NULL), 0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* balancing (psctl rebalance) */
+
+/* A balancing move as the cluster carries it out: BEGIN, COMMIT (to a
+ * backup: a planned switch, it leaves the backups). */
+static void apply_move(struct rps__smap *m, uint32_t p, uint64_t from, uint64_t to)
+{
+	uint64_t e = m->parts[p].epoch;
+
+	accept_cmd(m, cmd_begin(p, from, to, e));
+	accept_cmd(m, cmd_commit(p, to, e));
+}
+
+/* Fewest and most partitions owned by a member that holds data and is
+ * alive. */
+static void owned_range(const struct rps__smap *m, bool (*alive)(void *, uint64_t), uint32_t *lo, uint32_t *hi)
+{
+	*lo = UINT32_MAX;
+	*hi = 0;
+	for (uint32_t i = 0; i < m->nmembers; i++) {
+		uint32_t n = rps__smap_owned(m, m->members[i].id);
+		if ((m->members[i].flags & RPS__SMAP_WITNESS) || (alive && !alive(NULL, m->members[i].id)))
+			continue;
+		*lo = n < *lo ? n : *lo;
+		*hi = n > *hi ? n : *hi;
+	}
+}
+
+static void test_balance(void)
+{
+	static const char *const u5[] = { "tcp://a:1", "tcp://b:1", "tcp://c:1", "tcp://d:1", "tcp://e:1" };
+	static struct rps__smap m;
+	uint64_t from, to;
+	uint32_t p, lo, hi;
+	int moves = 0, ret;
+
+	/* even from the start: nothing to do */
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init_replicated(&m, uris3, 3, 8, 2), 0);
+	CU_ASSERT_EQUAL(rps__smap_balance_move(&m, NULL, NULL, &p, &from, &to), 0);
+
+	/* member 2 restarted empty: its partitions (1, 4, 7) failed over to
+	 * their backup, member 3 (5 of 8), and it was seeded again as their
+	 * backup */
+	for (p = 1; p < 8; p += 3) {
+		accept_cmd(&m, cmd_failover(p, 2, 3, m.parts[p].epoch, 0, NULL));
+		accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_BEGIN, p, 0, 2, m.parts[p].epoch));
+		accept_cmd(&m, cmd_repl(RPS__SMAP_REPLICA_COMMIT, p, 0, 2, m.parts[p].epoch));
+	}
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 2), 0);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 5);
+	/* two moves from 3 to 2, each a planned switch to the backup, the
+	 * highest-numbered first: 7, then 4 */
+	while ((ret = rps__smap_balance_move(&m, NULL, NULL, &p, &from, &to)) == 1 && moves < 16) {
+		CU_ASSERT_EQUAL(from, 3);
+		CU_ASSERT_EQUAL(to, 2);
+		CU_ASSERT_EQUAL(rps__smap_role(&m, p, to), RPS__SMAP_ROLE_BACKUP);
+		CU_ASSERT_EQUAL(p, moves ? 4u : 7u);
+		apply_move(&m, p, from, to);
+		moves++;
+	}
+	CU_ASSERT_EQUAL(ret, 0);
+	CU_ASSERT_EQUAL(moves, 2);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 1), 3);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 2), 2);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 3), 3);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	/* a member that is down neither gives nor takes: 3 down, 1 owns 3 and
+	 * 2 owns 2: even among the living */
+	CU_ASSERT_EQUAL(rps__smap_balance_move(&m, alive_but_3, NULL, &p, &from, &to), 0);
+
+	/* without backups: 5 members, 10 partitions, all on 1 and 2 */
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init(&m, u5, 5, 10), 0);
+	for (p = 0; p < 10; p++)	/* the even ones on 1, the odd ones on 2 */
+		if (m.parts[p].owner != 1 + p % 2)
+			apply_move(&m, p, m.parts[p].owner, 1 + p % 2);
+	/* a zone: 4 and 5 in rack-x, so nothing prefers them; any order
+	 * ends at 2 each */
+	accept_cmd(&m, cmd_zone(4, "rack-x"));
+	accept_cmd(&m, cmd_zone(5, "rack-x"));
+	/* the busiest member's partitions all moving: -EBUSY, naming it */
+	for (p = 0; p < 10; p += 2)
+		accept_cmd(&m, cmd_begin(p, 1, 2, m.parts[p].epoch));
+	CU_ASSERT_EQUAL(rps__smap_balance_move(&m, NULL, NULL, &p, &from, &to), -EBUSY);
+	CU_ASSERT_EQUAL(from, 1);
+	for (p = 0; p < 10; p += 2)
+		accept_cmd(&m, cmd_abort(p, m.parts[p].epoch));
+	/* a lost partition stays where it is */
+	accept_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, 9, m.parts[9].owner, m.parts[9].epoch));
+	moves = 0;
+	while ((ret = rps__smap_balance_move(&m, NULL, NULL, &p, &from, &to)) == 1 && moves < 32) {
+		CU_ASSERT(p != 9);
+		CU_ASSERT(from != to);
+		apply_move(&m, p, from, to);
+		moves++;
+	}
+	CU_ASSERT_EQUAL(ret, 0);
+	owned_range(&m, NULL, &lo, &hi);
+	CU_ASSERT_EQUAL(lo, 2);
+	CU_ASSERT_EQUAL(hi, 2);
+	CU_ASSERT_EQUAL(moves, 6);	/* 5 + 5 -> 2 each: 3 moves from each of 1 and 2 */
+	CU_ASSERT_EQUAL(m.parts[9].owner, 2u);
+	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+
+	/* a witness neither gives nor takes */
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init(&m, u5, 5, 10), 0);
+	for (p = 0; p < 10; p++)
+		if (m.parts[p].owner == 5)
+			apply_move(&m, p, 5, 1);
+	accept_cmd(&m, cmd_repl(RPS__SMAP_SET_WITNESS, 0, 5, 0, 0));
+	CU_ASSERT(rps__smap_is_witness(&m, 5));
+	moves = 0;
+	while ((ret = rps__smap_balance_move(&m, NULL, NULL, &p, &from, &to)) == 1 && moves < 32) {
+		CU_ASSERT(from != 5 && to != 5);
+		apply_move(&m, p, from, to);
+		moves++;
+	}
+	owned_range(&m, NULL, &lo, &hi);
+	CU_ASSERT(hi <= lo + 1);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 5), 0);
+
+	/* random maps: it always ends even (or busy), within npart moves,
+	 * moving only between living members that hold data */
+	for (int round = 0; round < 200; round++) {
+		uint32_t npart = 1 + (uint32_t)(rng() % RPS__SMAP_MAX_PART);
+		uint32_t n = 1 + (uint32_t)(rng() % 5);
+
+		CU_ASSERT_EQUAL_FATAL(rps__smap_init(&m, u5, n, npart), 0);
+		for (p = 0; p < npart; p++) {
+			uint64_t want = 1 + rng() % (n > 1 && rng() % 2 ? 2 : n);	/* (crowded on 1, 2) */
+			if (want != m.parts[p].owner)
+				apply_move(&m, p, m.parts[p].owner, want);
+			if (rng() % 16 == 0)
+				accept_cmd(&m, cmd_lost(RPS__SMAP_MARK_LOST, p, m.parts[p].owner, m.parts[p].epoch));
+		}
+		moves = 0;
+		while ((ret = rps__smap_balance_move(&m, n > 2 ? alive_but_3 : NULL, NULL, &p, &from, &to)) == 1 &&
+		       moves <= (int)npart) {
+			CU_ASSERT(!(n > 2 && (from == 3 || to == 3)));
+			CU_ASSERT(!m.parts[p].lost && m.parts[p].owner == from);
+			apply_move(&m, p, from, to);
+			moves++;
+		}
+		CU_ASSERT(moves <= (int)npart);
+		if (ret == 0) {
+			owned_range(&m, n > 2 ? alive_but_3 : NULL, &lo, &hi);
+			CU_ASSERT(n < 2 || hi <= lo + 1);
+		} else {
+			/* busy: everything the busiest owns is lost */
+			CU_ASSERT_EQUAL(ret, -EBUSY);
+			for (p = 0; p < npart; p++)
+				CU_ASSERT(m.parts[p].owner != from || m.parts[p].lost);
+		}
+		CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	}
+}
+
 /* Replicated maps through both codecs: v3 round trips, v1 commands stay
  * version 1, new commands need version 2. */
 static void test_replica_codecs(void)
@@ -2017,6 +2174,7 @@ int main(void)
 		{ "replicas stay identical under random commands", test_determinism },
 		{ "replica sets: random commands keep replicas identical", test_replica_determinism },
 		{ "witness: handed over, never placed, encoded compatibly", test_witness },
+		{ "balancing moves: even, planned switches first, never the dead, lost or a witness", test_balance },
 	};
 	const struct cutest_suite suites[] = {
 		{ "smap", NULL, NULL, NULL, NULL, tests, CUTEST_COUNT(tests) },

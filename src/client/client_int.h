@@ -11,6 +11,7 @@
  *   progress.c  the progress engine, request completion and control calls
  *   connect.c   connection setup (HELLO, the handshake), the shard map, its
  *               members
+ *   dialer.c    many connections made at once (every member's, in parallel)
  *   buffer.c    user memory registered for zero-copy pushes and pulls
  *   group.c     small tensors pushed and pulled as one (rps_group_*)
  *   launch.c    rps_client_opts_from_env: servers, rank and world size from
@@ -404,11 +405,52 @@ void rps__on_completion(struct rps_client *cl, const struct rps__wc *wc);
 /* connect.c: connections and the shard map */
 int rps__alloc_reg(struct rps_client *cl, size_t len, int access, char **buf, struct rps__mr **mr);
 void rps__free_reg(struct rps_client *cl, char **buf, struct rps__mr **mr, size_t len);
+/* One connection made in turn (the seed list's): the parts below, with
+ * AUTH and HELLO answered before it returns. */
 int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri *u, int index);
+/* Its parts, for the batch that makes many at once (dialer.c):
+ * begin: names c, registers its receive and send buffers; *priv: the
+ * connect's private data (with the key's id), *attr: its queue sizes;
+ * dialed: the dial over with ret and the server's private data: the
+ * refusal as one line, or c's receives posted (*rp: that private data);
+ * auth_msg: the AUTH proving we hold the key (*t, *proven: what checks the
+ * answer, rps__auth_connect_check); hello_msg: the HELLO; finish: HELLO
+ * answered (c->hello), the slots, bounce buffers and atomics it sizes. */
+int rps__conn_begin(struct rps_client *cl, struct conn *c, const struct rps__uri *u, int index,
+		    struct rps__conn_priv *priv, struct rps__ep_attr *attr);
+int rps__conn_dialed(struct rps_client *cl, struct conn *c, int ret, const char *reply, size_t reply_len,
+		     struct rps__conn_priv *rp);
+int rps__conn_auth_msg(struct rps_client *cl, struct conn *c, const struct rps__conn_priv *req,
+		       const struct rps__conn_priv *rep, struct rps__auth *msg, struct rps__auth_transcript *t,
+		       struct rps__key *proven);
+void rps__conn_hello_msg(const struct rps_client *cl, struct rps__hello *h);
+int rps__conn_finish(struct rps_client *cl, struct conn *c);
 void rps__conn_free(struct conn *c);
 int rps__map_read_sync(struct rps_client *cl, struct conn *c);
 int rps__connect_members(struct rps_client *cl);
 int rps__map_refresh(struct rps_client *cl);
+
+/* dialer.c: many connections made at once.  A job names its slot in
+ * cl->conns (zeroed) and the address; rps__dial_batch() dials them all,
+ * then runs their AUTH and HELLO side by side, each within timeout_ms a
+ * phase.  On return each job has its outcome: ret 0 (the connection is
+ * ready), or the error with its line in err (c->answered says whether
+ * the server answered).  Lock held with the poller role (or no progress
+ * thread yet). */
+struct rps__dial_job {
+	int k;			/* the slot */
+	struct rps__uri u;
+	int ret;
+	char err[256];
+	/* the batch's own */
+	int state;
+	struct rps__dial *d;
+	uint64_t deadline;
+	struct rps__conn_priv priv, rp;
+	struct rps__auth_transcript t;
+	struct rps__key proven;
+};
+void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t n);
 
 /* tensor.c */
 void rps__tensor_opts_defaults(struct rps_tensor_opts *d);

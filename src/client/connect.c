@@ -115,35 +115,55 @@ static int call_sync(struct rps_client *cl, struct conn *c, unsigned type, const
 			   rps__msg_type_name(rep_type), cl->timeout_ms);
 }
 
+/* The HELLO that opens a worker's session. */
+void rps__conn_hello_msg(const struct rps_client *cl, struct rps__hello *h)
+{
+	memset(h, 0, sizeof(*h));
+	h->magic = RPS__HELLO_MAGIC;
+	h->version = RPS__PROTO_VERSION;
+	h->rank = cl->rank;
+	h->num_workers = cl->num_workers;
+	h->client_id = cl->client_id;
+	h->flags = cl->takeover ? RPS__HELLO_TAKEOVER : 0;
+}
+
 /* HELLO before the progress thread runs. */
 static int hello_sync(struct rps_client *cl, struct conn *c)
 {
-	struct rps__hello h = {
-		.magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = cl->rank,
-		.num_workers = cl->num_workers, .client_id = cl->client_id,
-		.flags = cl->takeover ? RPS__HELLO_TAKEOVER : 0,
-	};
+	struct rps__hello h;
 
+	rps__conn_hello_msg(cl, &h);
 	return call_sync(cl, c, RPS__MSG_HELLO, &h, sizeof(h), RPS__MSG_HELLO_REP, &c->hello, sizeof(c->hello),
 			 NULL);
+}
+
+int rps__conn_auth_msg(struct rps_client *cl, struct conn *c, const struct rps__conn_priv *req,
+		       const struct rps__conn_priv *rep, struct rps__auth *msg, struct rps__auth_transcript *t,
+		       struct rps__key *proven)
+{
+	struct rps__key cur;
+	int ret;
+
+	rps__keyring_get(cl->keys, &cur, NULL);
+	ret = rps__auth_connect(&cur, NULL, cur.role == RPS__KEY_READER ? RPS__KEY_READER : RPS__KEY_WORKER,
+				cur.scope, req, rep, rps__ep_local(c->ep), rps__ep_peer(c->ep), c->name, msg, t,
+				proven);
+	rps__key_clear(&cur);
+	return ret;
 }
 
 /* Both sides prove they hold the key (proto/auth.h), before anything else. */
 static int auth_sync(struct rps_client *cl, struct conn *c, const struct rps__conn_priv *req,
 		     const struct rps__conn_priv *rep)
 {
-	struct rps__key cur, proven;
+	struct rps__key proven;
 	struct rps__auth msg;
 	struct rps__auth_rep ar;
 	struct rps__auth_transcript t;
 	struct rps__msg_hdr h;
 	int ret;
 
-	rps__keyring_get(cl->keys, &cur, NULL);
-	ret = rps__auth_connect(&cur, NULL, cur.role == RPS__KEY_READER ? RPS__KEY_READER : RPS__KEY_WORKER,
-				cur.scope, req, rep, rps__ep_local(c->ep), rps__ep_peer(c->ep), c->name, &msg, &t,
-				&proven);
-	rps__key_clear(&cur);
+	ret = rps__conn_auth_msg(cl, c, req, rep, &msg, &t, &proven);
 	if (!ret)
 		ret = call_sync(cl, c, RPS__MSG_AUTH, &msg, sizeof(msg), RPS__MSG_AUTH_REP, &ar, sizeof(ar), &h);
 	if (!ret)
@@ -152,17 +172,17 @@ static int auth_sync(struct rps_client *cl, struct conn *c, const struct rps__co
 	return ret;
 }
 
-int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri *u, int index)
+int rps__conn_begin(struct rps_client *cl, struct conn *c, const struct rps__uri *u, int index,
+		    struct rps__conn_priv *priv, struct rps__ep_attr *attr)
 {
-	struct rps__conn_priv priv = { .magic = RPS__DESC_MAGIC, .version = RPS__PROTO_VERSION, .role = 1 };
-	struct rps__conn_priv rp;
 	struct rps__key cur;
-	struct rps__ep_attr attr = { 0 };
-	char reply[RPS__PRIVDATA_MAX + 1];
-	size_t reply_len = RPS__PRIVDATA_MAX;
-	uint32_t i;
 	int ret;
 
+	memset(priv, 0, sizeof(*priv));
+	priv->magic = RPS__DESC_MAGIC;
+	priv->version = RPS__PROTO_VERSION;
+	priv->role = 1;
+	memset(attr, 0, sizeof(*attr));
 	c->cl = cl;
 	c->index = index;
 	c->uri = *u;
@@ -174,20 +194,25 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	ret = rps__alloc_reg(cl, (size_t)CTRL_CREDITS * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->sbufs, &c->sbufs_mr);
 	if (ret)
 		return ret;
-	attr.sq_depth = MAX_SLOTS * 3 + NBOUNCE * 2 + CTRL_CREDITS + 16;
-	attr.rq_depth = c->nrecv;
-	attr.max_inline = 64;
-	memset(reply, 0, sizeof(reply));
+	attr->sq_depth = MAX_SLOTS * 3 + NBOUNCE * 2 + CTRL_CREDITS + 16;
+	attr->rq_depth = c->nrecv;
+	attr->max_inline = 64;
 	if ((!cl->keys || cl->keys_local) && !cl->insecure && !rps__host_is_loopback(u->host))
 		return rps__seterr(-EACCES, "connecting to %s without a key: give a key file (RDMAPS_KEY_FILE, made "
 				   "by psctl keygen), or set insecure on a trusted network", c->name);
 	if (cl->keys) {
 		rps__keyring_get(cl->keys, &cur, NULL);
-		rps__auth_priv_init(&priv, &cur);
+		rps__auth_priv_init(priv, &cur);
 		rps__key_clear(&cur);
 	}
-	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv),
-			   cl->timeout_ms, reply, &reply_len, &c->ep);
+	return 0;
+}
+
+int rps__conn_dialed(struct rps_client *cl, struct conn *c, int ret, const char *reply, size_t reply_len,
+		     struct rps__conn_priv *rp)
+{
+	uint32_t i;
+
 	/* (a witness refusing us is no live data server either: at bootstrap
 	 * the map names it owner until its own SET_WITNESS hands its
 	 * partitions to their backups, so its ops wait for that map) */
@@ -206,8 +231,8 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 		return rps__seterr(ret, "%s refused the connection: %.*s", c->name, (int)reply_len, reply);
 	if (ret)
 		return rps__preerr(ret, "connecting to %s", c->name);
-	memset(&rp, 0, sizeof(rp));
-	memcpy(&rp, reply, RPS__MIN(reply_len, sizeof(rp)));
+	memset(rp, 0, sizeof(*rp));
+	memcpy(rp, reply, RPS__MIN(reply_len, sizeof(*rp)));
 	rps__ep_set_context(c->ep, c);
 	for (i = 0; i < c->nrecv; i++) {
 		struct rps__sge sge = { .addr = c->rbufs + (size_t)i * RPS__MSG_MAX, .len = RPS__MSG_MAX, .mr = c->rbufs_mr };
@@ -215,15 +240,18 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 		if (ret)
 			return ret;
 	}
-	if (cl->keys && cl->keys_local && !rp.key_id)
+	if (cl->keys && cl->keys_local && !rp->key_id)
 		return rps__seterr(-EACCES, "%s takes no key (rdmapsd --insecure: every local user gets in): "
 				   "not trusted with this user's loopback key; set insecure (RDMAPS_INSECURE=1) to "
 				   "talk to it anyway", c->name);
-	if (cl->keys && (ret = auth_sync(cl, c, &priv, &rp)))
-		return ret;
-	ret = hello_sync(cl, c);
-	if (ret)
-		return ret;
+	return 0;
+}
+
+int rps__conn_finish(struct rps_client *cl, struct conn *c)
+{
+	uint32_t i;
+	int ret;
+
 	c->nslots = RPS__MIN(c->hello.nslots, MAX_SLOTS);
 	c->bsize = rps__shard_stride(c->hello.shard_elems) + 64;
 	ret = rps__alloc_reg(cl, (size_t)c->nslots * c->hello.slot_size, RPS__ACCESS_LOCAL, &c->pbufs, &c->pbufs_mr);
@@ -246,6 +274,32 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	c->nfree_ctrl = CTRL_CREDITS;
 	c->gen = ++cl->conn_gen;
 	return 0;
+}
+
+/* One connection, made in turn: the seed list's, before the map names
+ * the members (rps__connect_members dials those all at once). */
+int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri *u, int index)
+{
+	struct rps__conn_priv priv, rp;
+	struct rps__ep_attr attr;
+	char reply[RPS__PRIVDATA_MAX + 1];
+	size_t reply_len = RPS__PRIVDATA_MAX;
+	int ret;
+
+	ret = rps__conn_begin(cl, c, u, index, &priv, &attr);
+	if (ret)
+		return ret;
+	memset(reply, 0, sizeof(reply));
+	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv), cl->timeout_ms, reply,
+			   &reply_len, &c->ep);
+	ret = rps__conn_dialed(cl, c, ret, reply, reply_len, &rp);
+	if (!ret && cl->keys)
+		ret = auth_sync(cl, c, &priv, &rp);
+	if (!ret)
+		ret = hello_sync(cl, c);
+	if (!ret)
+		ret = rps__conn_finish(cl, c);
+	return ret;
 }
 
 /*
@@ -371,20 +425,28 @@ static bool owns_backed(const struct rps_client *cl, uint64_t id)
 	return owns;
 }
 
-/* The connection to serving thread `thread` of member m (its URI's port
- * + thread): made if we have none, or made again if it was lost and is
- * wanted.  A member that cannot be reached (or has a bad address) is not
- * an error here: its connection is left dead with the reason and its
- * address, so ops on its shards fail naming it while the others work.
- * Only a server that disagrees on the cluster's configuration is.
- * Returns that, or 0; *conn: its connection (-1: no room).  any: made
- * again even if not wanted (a map read with nobody else left to ask). */
-static int connect_endpoint_how(struct rps_client *cl, const struct rps__smap_member *m, uint32_t thread, int *conn,
-				bool any)
+/* A connection to one serving thread of a member, to be made. */
+struct endpoint_want {
+	const struct rps__smap_member *m;
+	uint32_t thread;
+	int k;		/* its slot in cl->conns */
+	bool fresh;	/* a new slot (not one of a connection we had) */
+	int dial_err;	/* the slot's: why its member could not be reached */
+	int job;	/* its job in the batch; -1: not dialed (a bad address) */
+};
+
+/*
+ * The connection to serving thread `thread` of member m (its URI's port
+ * + thread): to be made if we have none, or made again if it was lost and
+ * is wanted (any: even if not wanted, a map read with nobody else left to
+ * ask).  1: to be made, *w says where (a new slot is *next, moved on; a
+ * dead one of it is freed); 0: not (*conn: the live connection, a dead one
+ * not wanted again, or -1: no room).
+ */
+static int endpoint_plan(struct rps_client *cl, const struct rps__smap_member *m, uint32_t thread, bool any,
+			 int *next, int *conn, struct endpoint_want *w)
 {
-	struct rps__uri u;
-	int k, ret, dial_err = 0;
-	bool dialed = false;
+	int k;
 
 	*conn = -1;
 	for (k = 0; k < cl->nservers; k++)
@@ -395,41 +457,54 @@ static int connect_endpoint_how(struct rps_client *cl, const struct rps__smap_me
 	for (k = 0; k < cl->nservers; k++)	/* a slot of a dead connection to it */
 		if (cl->conns[k].member_id == m->id && cl->conns[k].thread == thread)
 			break;
-	if (k == cl->nservers && cl->nservers == (int)MAX_CONNS)
-		return 0;
+	if (k == cl->nservers) {
+		if (*next == (int)MAX_CONNS)
+			return 0;
+		k = (*next)++;
+	}
 	*conn = k;
 	if (k < cl->nservers && cl->conns[k].lost_ns && !any && !redial_wanted(cl, &cl->conns[k]))
 		return 0;
-	if (k < cl->nservers) {
-		dial_err = cl->conns[k].dial_err;
+	memset(w, 0, sizeof(*w));
+	w->m = m;
+	w->thread = thread;
+	w->k = k;
+	w->fresh = k >= cl->nservers;
+	if (!w->fresh) {
+		w->dial_err = cl->conns[k].dial_err;
 		rps__conn_free(&cl->conns[k]);
 	}
 	memset(&cl->conns[k], 0, sizeof(cl->conns[k]));
-	if (rps__uri_parse(m->uri, &u) || (uint32_t)u.port + thread > 65535) {
-		char esc[4 * RPS__SMAP_URI_MAX];
-		snprintf(cl->conns[k].name, sizeof(cl->conns[k].name), "member %llu at '%s'",
-			 (unsigned long long)m->id, rps__escape(m->uri, esc, sizeof(esc)));
-		ret = -EHOSTUNREACH;
-	} else {
-		u.port = (uint16_t)(u.port + thread);
-		ret = rps__conn_setup(cl, &cl->conns[k], &u, k);
-		dialed = true;
-	}
+	return 1;
+}
+
+/*
+ * A wanted connection, made or not (j: its job, NULL for a bad address).
+ * A member that cannot be reached is not an error here: its connection is
+ * left dead with the reason and its address, so ops on its shards fail
+ * naming it while the others work.  Only a server that disagrees on the
+ * cluster's configuration is: that is returned, or 0.
+ */
+static int endpoint_settle(struct rps_client *cl, const struct endpoint_want *w, const struct rps__dial_job *j)
+{
+	struct conn *c = &cl->conns[w->k];
+	int ret = j ? j->ret : -EHOSTUNREACH;
+
 	if (ret) {
-		char reason[sizeof(cl->conns[k].refused)];
+		char reason[sizeof(c->refused)];
 		int why = ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
 		/* (no answer at all: what a dead server or host gives) */
-		bool silent = dialed && !cl->conns[k].answered &&
+		bool silent = j && !c->answered &&
 			      (ret == -ECONNREFUSED || ret == -ETIMEDOUT || ret == -EHOSTUNREACH ||
 			       ret == -ENETUNREACH || ret == -ECONNRESET);
 
 		/* the server's reason, for the ops that fail for want of it */
-		snprintf(reason, sizeof(reason), "%s", ret == -ECONNREFUSED && k == cl->nservers ? rps__errbuf() : "");
-		rps__conn_free(&cl->conns[k]);
-		memcpy(cl->conns[k].refused, reason, sizeof(reason));
-		cl->conns[k].cl = cl;
-		cl->conns[k].index = k;
-		cl->conns[k].dead = true;
+		snprintf(reason, sizeof(reason), "%s", ret == -ECONNREFUSED && w->fresh && j ? j->err : "");
+		rps__conn_free(c);
+		memcpy(c->refused, reason, sizeof(reason));
+		c->cl = cl;
+		c->index = w->k;
+		c->dead = true;
 		/* to its ops: a server we had is gone (as before the
 		 * attempt); one we never reached refused or is unreachable,
 		 * and, if nothing answered and its partitions have backups,
@@ -438,76 +513,166 @@ static int connect_endpoint_how(struct rps_client *cl, const struct rps__smap_me
 		 * as if we had lost our connection to it now (client.c,
 		 * ride-through).  (One that answered to refuse us lives: no
 		 * failover is coming.) */
-		if (k < cl->nservers || (silent && owns_backed(cl, m->id))) {
-			cl->conns[k].err = -ECONNRESET;
-			cl->conns[k].lost_ns = rps__now_ns();
-			cl->conns[k].dial_err = k < cl->nservers ? dial_err : why;
+		if (!w->fresh || (silent && owns_backed(cl, w->m->id))) {
+			c->err = -ECONNRESET;
+			c->lost_ns = rps__now_ns();
+			c->dial_err = !w->fresh ? w->dial_err : why;
 		} else {
-			cl->conns[k].err = why;
+			c->err = why;
 		}
-		cl->conns[k].member_id = m->id;
-		cl->conns[k].thread = thread;
-		if (k == cl->nservers)
-			cl->nservers++;
+		c->member_id = w->m->id;
+		c->thread = w->thread;
 		return 0;
 	}
-	cl->conns[k].member_id = cl->conns[k].hello.member_id;
-	cl->conns[k].thread = thread;
-	if (k == cl->nservers)
-		cl->nservers++;
-	ret = 0;
-	if (cl->conns[k].hello.shard_elems != cl->shard_elems)
+	c->member_id = c->hello.member_id;
+	c->thread = w->thread;
+	if (c->hello.shard_elems != cl->shard_elems)
 		ret = rps__seterr(-EINVAL, "%s uses --shard-size %u but the cluster uses %u: give every rdmapsd the same",
-				  cl->conns[k].name, cl->conns[k].hello.shard_elems * 4, cl->shard_elems * 4);
-	else if (cl->conns[k].hello.thread_index != thread || cl->conns[k].hello.member_id != m->id)
+				  c->name, c->hello.shard_elems * 4, cl->shard_elems * 4);
+	else if (c->hello.thread_index != w->thread || c->hello.member_id != w->m->id)
 		ret = rps__seterr(-EINVAL, "%s is not serving thread %u of member %llu (it says thread %u of member %llu): "
-				  "is another server listening there?", cl->conns[k].name, thread,
-				  (unsigned long long)m->id, cl->conns[k].hello.thread_index,
-				  (unsigned long long)cl->conns[k].hello.member_id);
+				  "is another server listening there?", c->name, w->thread,
+				  (unsigned long long)w->m->id, c->hello.thread_index,
+				  (unsigned long long)c->hello.member_id);
 	if (ret) {
-		cl->conns[k].dead = true;
-		cl->conns[k].err = -EINVAL;
+		c->dead = true;
+		c->err = -EINVAL;
 	}
 	return ret;
 }
 
-static int connect_endpoint(struct rps_client *cl, const struct rps__smap_member *m, uint32_t thread, int *conn)
+/* Make w[0..n) at once (dialer.c) and settle each; next: the slots in use
+ * after them.  The first configuration error, with its line, or 0. */
+static int connect_wanted(struct rps_client *cl, struct endpoint_want *w, uint32_t n, int next)
 {
-	return connect_endpoint_how(cl, m, thread, conn, false);
+	struct rps__dial_job *jobs = calloc(n ? n : 1, sizeof(*jobs));
+	char first_msg[512] = "";
+	uint32_t i, nj = 0;
+	int first_err = 0, ret;
+
+	for (i = 0; i < n; i++) {
+		struct conn *c = &cl->conns[w[i].k];
+		struct rps__uri u;
+
+		w[i].job = -1;
+		if (rps__uri_parse(w[i].m->uri, &u) || (uint32_t)u.port + w[i].thread > 65535) {
+			char esc[4 * RPS__SMAP_URI_MAX];
+			snprintf(c->name, sizeof(c->name), "member %llu at '%s'", (unsigned long long)w[i].m->id,
+				 rps__escape(w[i].m->uri, esc, sizeof(esc)));
+			continue;
+		}
+		u.port = (uint16_t)(u.port + w[i].thread);
+		rps__uri_str(&u, c->name, sizeof(c->name));
+		if (!jobs) {
+			c->answered = false;
+			continue;	/* (settled as unreachable below) */
+		}
+		jobs[nj].k = w[i].k;
+		jobs[nj].u = u;
+		w[i].job = (int)nj++;
+	}
+	if (jobs)
+		rps__dial_batch(cl, jobs, nj);
+	for (i = 0; i < n; i++) {
+		ret = endpoint_settle(cl, &w[i], w[i].job >= 0 ? &jobs[w[i].job] : NULL);
+		if (ret && !first_err) {
+			first_err = ret;
+			snprintf(first_msg, sizeof(first_msg), "%s", rps__errbuf());
+		}
+	}
+	cl->nservers = RPS__MAX(cl->nservers, next);
+	free(jobs);
+	if (first_err)
+		rps__seterr(first_err, "%s", first_msg);
+	return first_err;
 }
 
-/* Connect to the members of the map we have no connection to, and to
+/* One connection (connect_endpoint_how's rule), made now.  *conn: its
+ * slot, or -1. */
+static int connect_endpoint_how(struct rps_client *cl, const struct rps__smap_member *m, uint32_t thread, int *conn,
+				bool any)
+{
+	struct endpoint_want w;
+	int next = cl->nservers;
+
+	if (!endpoint_plan(cl, m, thread, any, &next, conn, &w))
+		return 0;
+	return connect_wanted(cl, &w, 1, next);
+}
+
+/* A live connection to thread 0 of member id (one this call did not find
+ * misconfigured), or -1. */
+static int first_thread_conn(const struct rps_client *cl, uint64_t id)
+{
+	for (int k = 0; k < cl->nservers; k++)
+		if (cl->conns[k].member_id == id && cl->conns[k].thread == 0 && cl->conns[k].ep &&
+		    !(cl->conns[k].dead && cl->conns[k].err == -EINVAL))
+			return k;
+	return -1;
+}
+
+/*
+ * Connect to the members of the map we have no connection to, and to
  * each serving thread of theirs (rdmapsd --threads: the first one's HELLO
- * says how many).  Only a member that disagrees on the cluster's
- * configuration fails the whole call. */
+ * says how many): every member's first thread at once, then every other
+ * thread at once (dialer.c), so a worker's connect to many servers takes
+ * about two connects' time.  Only a member that disagrees on the
+ * cluster's configuration fails the whole call.
+ */
 int rps__connect_members(struct rps_client *cl)
 {
-	uint32_t i, t, nthreads;
-	int first_err = 0, ret, k;
+	struct endpoint_want *w = calloc(MAX_CONNS, sizeof(*w));
+	char first_msg[512] = "";
+	uint32_t i, t, n = 0;
+	int first_err = 0, ret, next, k;
 
+	if (!w)
+		return rps__seterr(-ENOMEM, "out of memory");
+	next = cl->nservers;
 	for (i = 0; i < cl->map.nmembers; i++) {
 		const struct rps__smap_member *m = &cl->map.members[i];
 		if (m->flags & RPS__SMAP_WITNESS)
 			continue;	/* it holds nothing and takes no worker (rdmapsd --witness) */
-		ret = connect_endpoint(cl, m, 0, &k);
-		if (ret && !first_err)
-			first_err = ret;
-		if (ret || k < 0 || !cl->conns[k].ep)
-			continue;
-		nthreads = RPS__MAX(cl->conns[k].hello.nthreads, 1u);
-		for (t = 1; t < nthreads; t++) {
-			ret = connect_endpoint(cl, m, t, &k);
-			if (ret && !first_err)
+		n += (uint32_t)endpoint_plan(cl, m, 0, false, &next, &k, &w[n]);
+	}
+	if ((first_err = connect_wanted(cl, w, n, next)))
+		snprintf(first_msg, sizeof(first_msg), "%s", rps__errbuf());
+	n = 0;
+	next = cl->nservers;
+	for (i = 0; i < cl->map.nmembers; i++) {
+		const struct rps__smap_member *m = &cl->map.members[i];
+		int k0 = (m->flags & RPS__SMAP_WITNESS) ? -1 : first_thread_conn(cl, m->id);
+		for (t = 1; k0 >= 0 && t < RPS__MAX(cl->conns[k0].hello.nthreads, 1u); t++)
+			n += (uint32_t)endpoint_plan(cl, m, t, false, &next, &k, &w[n]);
+	}
+	if ((ret = connect_wanted(cl, w, n, next)) && !first_err) {
+		first_err = ret;
+		snprintf(first_msg, sizeof(first_msg), "%s", rps__errbuf());
+	}
+	for (i = 0; i < cl->map.nmembers; i++) {
+		const struct rps__smap_member *m = &cl->map.members[i];
+		int k0 = (m->flags & RPS__SMAP_WITNESS) ? -1 : first_thread_conn(cl, m->id);
+		uint32_t nthreads = k0 >= 0 ? RPS__MAX(cl->conns[k0].hello.nthreads, 1u) : 0;
+
+		for (k = 0; k < cl->nservers; k++) {
+			struct conn *c = &cl->conns[k];
+			if (k0 < 0 || c->member_id != m->id || !c->thread || c->thread >= nthreads || !c->ep || c->dead ||
+			    RPS__MAX(c->hello.nthreads, 1u) == nthreads)
+				continue;
+			ret = rps__seterr(-EINVAL, "%s says %u serving threads, its first port %u", c->name,
+					  c->hello.nthreads, nthreads);
+			c->dead = true;
+			c->err = -EINVAL;
+			if (!first_err) {
 				first_err = ret;
-			if (k >= 0 && cl->conns[k].ep && RPS__MAX(cl->conns[k].hello.nthreads, 1u) != nthreads && !first_err) {
-				first_err = rps__seterr(-EINVAL, "%s says %u serving threads, its first port %u",
-							cl->conns[k].name, cl->conns[k].hello.nthreads, nthreads);
-				cl->conns[k].dead = true;
-				cl->conns[k].err = -EINVAL;
+				snprintf(first_msg, sizeof(first_msg), "%s", rps__errbuf());
 			}
 		}
 	}
-	if (!first_err)
+	free(w);
+	if (first_err)
+		rps__seterr(first_err, "%s", first_msg);
+	else
 		rps__clearerr();
 	return first_err;
 }

@@ -66,6 +66,9 @@ static void usage(FILE *f)
 "  set-replicas R              keep R copies (1-3) of every partition: the\n"
 "                              leader seeds or drops backups\n"
 "  transfer-leader [ID]        make ID (default: the server's choice) the leader\n"
+"  rebalance                   move primaries from the members that own most to\n"
+"                              those that own fewest until every live member\n"
+"                              that holds data owns its share (within one)\n"
 "  checkpoint NAME             write a consistent checkpoint of every tensor as\n"
 "                              NAME under every server's --checkpoint-dir\n"
 "  restore NAME                load the checkpoint NAME into the servers\n"
@@ -106,7 +109,7 @@ static void die_usage(const char *fmt, ...)
 	fprintf(stderr, "\n"
 		"usage: psctl [-s URI[,URI...]] [--json] [--timeout SEC] COMMAND [ARGS]\n"
 		"commands: status | move PART ID | add-server ID URI [--no-rebalance] |\n"
-		"          remove-server ID | transfer-leader [ID] | checkpoint NAME | restore NAME |\n"
+		"          remove-server ID | transfer-leader [ID] | rebalance | checkpoint NAME | restore NAME |\n"
 		"          remove-rank RANK [TENSOR] | set-replicas R\n"
 		"          (psctl --help for more)\n");
 	exit(2);
@@ -721,6 +724,7 @@ static void check_command(const char *cmd, int nargs)
 		{ "forget-lost", 1, 1, " PART|all" },
 		{ "remove-rank", 1, 2, " RANK [TENSOR]" },
 		{ "set-replicas", 1, 1, " R" },
+		{ "rebalance", 0, 0, "" },
 		{ "keygen", 1, 1, " FILE [--role ROLE] [--scope PREFIX]" },
 	};
 	size_t i;
@@ -728,7 +732,7 @@ static void check_command(const char *cmd, int nargs)
 	if (strcmp(cmd, "status") && strcmp(cmd, "move") && strcmp(cmd, "add-server") &&
 	    strcmp(cmd, "remove-server") && strcmp(cmd, "transfer-leader") && strcmp(cmd, "checkpoint") &&
 	    strcmp(cmd, "restore") && strcmp(cmd, "forget-lost") && strcmp(cmd, "remove-rank") &&
-	    strcmp(cmd, "set-replicas") && strcmp(cmd, "keygen"))
+	    strcmp(cmd, "set-replicas") && strcmp(cmd, "rebalance") && strcmp(cmd, "keygen"))
 		die_usage("unknown command '%s'", cmd);
 	if ((psctl_opt.role || psctl_opt.scope) && strcmp(cmd, "keygen"))
 		die_usage("--role and --scope go with keygen");
@@ -807,6 +811,8 @@ static int run_command(const char *cmd, char **args, uint32_t part, uint64_t id)
 		return psctl_cmd_remove_rank((int)id, args[1]);
 	else if (!strcmp(cmd, "set-replicas"))
 		return psctl_cmd_set_replicas((uint32_t)id);
+	else if (!strcmp(cmd, "rebalance"))
+		return psctl_cmd_rebalance();
 	else
 		return psctl_cmd_transfer_leader(id);
 }

@@ -7,8 +7,8 @@
  *   rdmapsd.c        the server daemon (its node is control/daemon.c)
  *   psctl.c          psctl: main, options, helpers, requests
  *   psctl_status.c   psctl status
- *   psctl_moves.c    move, add-server, remove-server, forget-lost,
- *                    transfer-leader, set-replicas
+ *   psctl_moves.c    move, add-server, rebalance, remove-server,
+ *                    forget-lost, transfer-leader, set-replicas
  *   psctl_ckpt.c     checkpoint and restore
  *   psctl_ranks.c    remove-rank
  * and rdmapsd.service.in, the systemd unit.
@@ -78,6 +78,7 @@ int psctl_cmd_status(void);
 int psctl_cmd_move(uint32_t part, uint64_t to);
 int psctl_cmd_add_server(uint64_t id, const char *uri);
 int psctl_cmd_force_remove(uint64_t id);
+int psctl_cmd_rebalance(void);
 int psctl_cmd_set_replicas(uint32_t r);
 int psctl_cmd_forget_lost(uint32_t part);
 int psctl_cmd_remove_server(uint64_t id);

@@ -1,7 +1,7 @@
 /*
  * psctl_moves.c - the commands that change the cluster one ADMIN at a time:
- * move, add-server (then rebalance), remove-server (drain, hand leadership
- * on, remove; or --force), forget-lost, transfer-leader.
+ * move, add-server (then rebalance), rebalance, remove-server (drain, hand
+ * leadership on, remove; or --force), forget-lost, transfer-leader.
  */
 #include "config.h"
 #include "programs/psctl_int.h"
@@ -202,6 +202,106 @@ int psctl_cmd_add_server(uint64_t id, const char *uri)
 		deadline = psctl_deadline_in(psctl_opt.timeout_ms);
 	}
 	return added_print(id, uri, rep.index, &L.map);
+}
+
+/* ---- rebalance --------------------------------------------------------------- */
+
+/*
+ * Primaries spread evenly over the members that hold data and answer now
+ * (a restarted or added server owns nothing until partitions move to it).
+ * The way redis-cli's cluster rebalance works: one move at a time
+ * (rps__smap_balance_move chooses it), from the member that owns most to
+ * the one that owns fewest, while they differ by two or more.  A dead
+ * member's partitions are not moved (they fail over to their backups); a
+ * lost partition cannot move (restore it or forget it first).  The
+ * backups follow by themselves: the leader keeps every partition at the
+ * target R, placing each new backup on the member that holds fewest
+ * copies (rps__smap_pick_backup).
+ */
+
+/* Members of m that hold data (not witnesses) and answer STATUS as
+ * themselves, into ids; how many. */
+static uint32_t live_data_members(const struct rps__smap *m, uint64_t *ids)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < m->nmembers; i++) {
+		const struct rps__smap_member *mb = &m->members[i];
+		struct rps__status_rep st;
+		struct rps__uri u;
+
+		if (mb->flags & RPS__SMAP_WITNESS)
+			continue;
+		if (rps__uri_parse(mb->uri, &u) || psctl_query_status(&u, &st, NULL) || st.id != mb->id) {
+			rps__clearerr();
+			continue;
+		}
+		ids[n++] = mb->id;
+	}
+	return n;
+}
+
+/* psctl's view: a member answered STATUS just now. */
+static bool answered(void *ctx, uint64_t id)
+{
+	const uint64_t *live = ctx;
+
+	for (uint32_t i = 0; live[i]; i++)
+		if (live[i] == id)
+			return true;
+	return false;
+}
+
+int psctl_cmd_rebalance(void)
+{
+	static struct leader L;
+	uint64_t live[RPS__SMAP_MAX_MEMBERS + 1] = { 0 }, from, to, deadline;
+	uint32_t nlive, part = 0, i;
+	unsigned moves = 0;
+	int ret, next;
+
+	ret = psctl_find_leader(&L, psctl_deadline_in(psctl_opt.timeout_ms));
+	if (ret)
+		return psctl_fail_err();
+	nlive = live_data_members(&L.map, live);
+	if (!nlive)
+		return psctl_fail("no member that holds data answers: see psctl status");
+	deadline = psctl_deadline_in(psctl_opt.timeout_ms);
+	for (;;) {
+		next = rps__smap_balance_move(&L.map, answered, live, &part, &from, &to);
+		if (next <= 0) {
+			if (!next)
+				break;
+			/* its partitions are moving or seeding: let those finish */
+			if (psctl_expired(deadline))
+				return psctl_fail("member %" PRIu64 "'s partitions stay in motion: rebalance later", from);
+			psctl_sleep_ms(200);
+		} else {
+			if (moves++ > 2 * RPS__SMAP_MAX_PART)
+				return psctl_fail("rebalancing does not converge: see psctl status");
+			ret = do_move(part, from, to);
+			if (ret)
+				return ret;
+			deadline = psctl_deadline_in(psctl_opt.timeout_ms);
+		}
+		ret = psctl_find_leader(&L, psctl_deadline_in(psctl_opt.timeout_ms));
+		if (ret)
+			return psctl_fail_err();
+	}
+	if (psctl_opt.json) {
+		printf("{");
+		json_moves();
+		printf(",\"owned\":{");
+		for (i = 0; i < nlive; i++)
+			printf("%s\"%" PRIu64 "\":%u", i ? "," : "", live[i], rps__smap_owned(&L.map, live[i]));
+		printf("},\"partitions\":%u}\n", L.map.npart);
+		return 0;
+	}
+	printf("balanced after %u move%s:", moves, moves == 1 ? "" : "s");
+	for (i = 0; i < nlive; i++)
+		printf("%s member %" PRIu64 " owns %u", i ? "," : "", live[i], rps__smap_owned(&L.map, live[i]));
+	printf(" of %u partitions\n", L.map.npart);
+	return 0;
 }
 
 /* Wait until the leader is not `old` (want == 0) or is `want`. */

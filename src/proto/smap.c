@@ -202,6 +202,62 @@ static const char *zone_of(const struct rps__smap *m, uint64_t id)
 	return mb ? mb->zone : "";
 }
 
+/* How well partition p suits a move of its primary to member `to`: 3 to
+ * one of its backups, 2 to a member whose zone none of the backups that
+ * stay has (or no zones: the old primary leaves the set), 1 any other; 0
+ * if it cannot move now. */
+static int move_fit(const struct rps__smap *m, uint32_t p, uint64_t to)
+{
+	const struct rps__smap_part *mp = &m->parts[p];
+	const char *zone = zone_of(m, to);
+
+	if (mp->moving_to || mp->joining || mp->lost)
+		return 0;
+	if (rps__smap_role(m, p, to) == RPS__SMAP_ROLE_BACKUP)
+		return 3;
+	for (uint32_t k = 0; zone[0] && k < rps__smap_nbackups(m, p); k++)
+		if (!strcmp(zone_of(m, mp->backups[k]), zone))
+			return 1;
+	return 2;
+}
+
+int rps__smap_balance_move(const struct rps__smap *m, bool (*alive)(void *ctx, uint64_t id), void *ctx,
+			   uint32_t *part, uint64_t *from, uint64_t *to)
+{
+	uint32_t most_n = 0, least_n = 0, n = 0, p;
+	int best = 0;
+
+	*from = *to = 0;
+	for (uint32_t i = 0; i < m->nmembers && i < RPS__SMAP_MAX_MEMBERS; i++) {
+		const struct rps__smap_member *mb = &m->members[i];
+		uint32_t k;
+
+		if ((mb->flags & RPS__SMAP_WITNESS) || (alive && !alive(ctx, mb->id)))
+			continue;
+		k = rps__smap_owned(m, mb->id);
+		n++;
+		/* members are sorted by id: the first of equals wins */
+		if (!*from || k > most_n) {
+			*from = mb->id;
+			most_n = k;
+		}
+		if (!*to || k < least_n) {
+			*to = mb->id;
+			least_n = k;
+		}
+	}
+	if (n < 2 || most_n < least_n + 2)
+		return 0;
+	for (p = RPS__MIN(m->npart, RPS__SMAP_MAX_PART); p-- > 0;) {
+		int fit = m->parts[p].owner == *from ? move_fit(m, p, *to) : 0;
+		if (fit > best) {
+			best = fit;
+			*part = p;
+		}
+	}
+	return best ? 1 : -EBUSY;
+}
+
 uint32_t rps__smap_in_zone(const struct rps__smap *m, uint32_t p, const char *zone)
 {
 	uint32_t n;

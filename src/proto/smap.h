@@ -195,6 +195,17 @@ uint32_t rps__smap_nwitnesses(const struct rps__smap *m);
  * Never a witness.  0 if none. */
 uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
 			       void *ctx);
+/* Balancing: the next move that evens out the primaries of the members
+ * that hold data (not witnesses) with alive(id) true (NULL: all).  While
+ * the member that owns most owns two partitions more than the one that
+ * owns fewest (ties: the lowest ids), one of its partitions goes to that
+ * one: one that has it as a backup first (a planned switch ships
+ * nothing), then one whose copies it adds a zone to, then any, the
+ * highest-numbered of equals; never one moving, seeding a backup or lost.
+ * 1 and *part, *from, *to: that move; 0: even; -EBUSY: the member that owns
+ * most has nothing it can move now (*from says which). */
+int rps__smap_balance_move(const struct rps__smap *m, bool (*alive)(void *ctx, uint64_t id), void *ctx,
+			   uint32_t *part, uint64_t *from, uint64_t *to);
 /* How many replicas of p (its primary and backups, not a joiner) are in
  * zone (0 for ""). */
 uint32_t rps__smap_in_zone(const struct rps__smap *m, uint32_t p, const char *zone);
