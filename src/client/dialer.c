@@ -49,6 +49,20 @@ static uint64_t phase_deadline(const struct rps_client *cl)
 	return rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
 }
 
+/* The HELLO that opens the session; its answer is awaited next. */
+static void job_send_hello(struct rps_client *cl, struct rps__dial_job *j)
+{
+	struct conn *c = &cl->conns[j->k];
+	struct rps__hello h;
+	int ret;
+
+	j->state = JOB_HELLO;
+	rps__conn_hello_msg(cl, &h);
+	ret = rps__send_ctrl(c, 0, RPS__MSG_HELLO, &h, sizeof(h));
+	if (ret)
+		job_fail(j, rps__preerr(ret, "%s: sending %s", c->name, rps__msg_type_name(RPS__MSG_HELLO)));
+}
+
 /* Connected: AUTH if we hold a key, else HELLO. */
 static void job_handshake(struct rps_client *cl, struct rps__dial_job *j)
 {
@@ -67,14 +81,7 @@ static void job_handshake(struct rps_client *cl, struct rps__dial_job *j)
 			j->state = JOB_AUTH;
 		return;
 	}
-	j->state = JOB_HELLO;
-	{
-		struct rps__hello h;
-		rps__conn_hello_msg(cl, &h);
-		ret = rps__send_ctrl(c, 0, RPS__MSG_HELLO, &h, sizeof(h));
-	}
-	if (ret)
-		job_fail(j, rps__preerr(ret, "%s: sending %s", c->name, rps__msg_type_name(RPS__MSG_HELLO)));
+	job_send_hello(cl, j);
 }
 
 static void job_start(struct rps_client *cl, struct rps__dial_job *j)
@@ -182,15 +189,8 @@ static void job_on_recv(struct rps_client *cl, struct rps__dial_job *j, const st
 			job_fail(j, ret);
 			return;
 		}
-		j->state = JOB_HELLO;
 		j->deadline = phase_deadline(cl);
-		{
-			struct rps__hello h;
-			rps__conn_hello_msg(cl, &h);
-			ret = rps__send_ctrl(c, 0, RPS__MSG_HELLO, &h, sizeof(h));
-		}
-		if (ret)
-			job_fail(j, rps__preerr(ret, "%s: sending %s", c->name, rps__msg_type_name(RPS__MSG_HELLO)));
+		job_send_hello(cl, j);
 		return;
 	}
 	if (mh.status) {
