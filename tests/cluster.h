@@ -218,8 +218,11 @@ int it_part_digest(const struct it_cluster *cl, int i, const char *tensor, uint3
 
 /* Compare every backup's digest of `tensor` with its primary's, for every
  * partition of map m: the number of replicas that differ (each printed),
- * or -errno if a server could not say.  *versions (may be NULL): the sum of
- * the primaries' versions. */
+ * or -errno if a server could not say.  A member that does not know the
+ * tensor (restarted since, and no shard of it reached it) holds none of
+ * it: the empty digest; a backup's -ENOENT where its primary holds shards
+ * is "not seeded yet", an error.  *versions (may be NULL): the sum of the
+ * primaries' versions. */
 int it_replicas_differ(const struct it_cluster *cl, const struct rps__smap *m, const char *tensor,
 		       uint64_t *versions);
 
