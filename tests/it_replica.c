@@ -637,6 +637,124 @@ static void test_rebalance_after_restart(void)
 }
 
 /*
+ * A worker idle through a member's death and return.  It pushed once,
+ * then waits while member 2 is killed and restarted (its partitions fail
+ * over, it is seeded as a backup again) and psctl rebalance gives it
+ * partitions back, each seeded a backup again before the worker pushes:
+ * its connection to member 2 is lost, and the map shows member 2 owning
+ * partitions that have backups, which is what a member being failed over
+ * looks like too.  But each was given to it after the loss (another
+ * epoch), which the control plane does only to a member that lives: the
+ * worker dials it at once.  Its client's timeout (GIVEN_TIMEOUT_MS) is
+ * below the FAILOVER_WAIT_MS (10 s) a worker otherwise waits before
+ * dialing a member it lost again: every push completes, exact.
+ */
+#define GIVEN_TIMEOUT_MS 5000
+#define GIVEN_PUSHES 20
+
+static int given_back_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *g = malloc(COUNT * sizeof(float));
+	struct rps_tensor_opts o;
+	struct report rep = { 0 };
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int s, ret;
+	unsigned i;
+
+	(void)arg;
+	for (i = 0; i < COUNT; i++)
+		g[i] = -1.0f;
+	if ((ret = it_client_connect(servers, rank, nworkers, GIVEN_TIMEOUT_MS, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.optimizer = RPS_OPT_SGD;
+	o.lr = 1.0f;
+	if ((ret = rps_tensor_create(cl, "given-back", &o, &t)))
+		return it_worker_fail(rank, "create", ret);
+	for (s = 0; s < GIVEN_PUSHES; s++) {
+		double t0;
+
+		if (s == 1) {
+			atomic_fetch_add(&sh->acked[rank], 1);	/* (the first one) */
+			while (!atomic_load(&sh->gate))
+				usleep(1000);
+		}
+		t0 = it_now_s();
+		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+			return it_worker_fail(rank, s ? "push after the rebalance" : "push", ret);
+		if (it_now_s() - t0 > rep.longest)
+			rep.longest = it_now_s() - t0;
+		rep.acked++;
+	}
+	it_write_all(out_fd, &rep, sizeof(rep));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	return 0;
+}
+
+static void test_given_back_to_idle_worker(void)
+{
+	struct it_server_opts so = { .extra_args = RESTART_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
+				     .data_dir = 1 };
+	static struct rps__smap m;
+	static char out[65536], err[4096];
+	struct report rep = { 0 };
+	struct it_workers w;
+	uint64_t version = 0;
+	float *p = malloc(COUNT * sizeof(float));
+	double until, t0;
+	int bad = 0, rc;
+	unsigned i;
+
+	memset(sh, 0, sizeof(*sh));
+	CU_ASSERT_FATAL(p != NULL);
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
+	clu_up = true;
+	if (clu.attached) {
+		fprintf(stderr, "[not with attached servers: it restarts one] ");
+		free(p);
+		return;
+	}
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, given_back_worker, clu.servers, NULL, -1, NULL), 0);
+	while (!atomic_load(&sh->acked[0]))
+		it_sleep_ms(2);
+	t0 = it_now_s();
+	it_server_kill(&clu, 1);
+	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
+	for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
+		if (it_wait_settled(&clu, 2, 20000, &m) == 0 && !rps__smap_owned(&m, 2) && rps__smap_backed(&m, 2))
+			break;
+	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
+	rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
+	if (rc)
+		fprintf(stderr, "psctl rebalance: exit %d: %s%s\n", rc, out, err);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	/* every partition it got back has a backup again: what the worker
+	 * sees is a backed partition owned by the member it lost */
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	CU_ASSERT_FATAL(rps__smap_owned(&m, 2) > 0);
+	fprintf(stderr, "[member 2 killed, back, given %u partitions, each backed again: %.2f s] ",
+		rps__smap_owned(&m, 2), it_now_s() - t0);
+	atomic_store(&sh->gate, 1);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &rep, sizeof(rep)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_EQUAL(rep.acked, GIVEN_PUSHES);
+	fprintf(stderr, "[longest push %.3f s] ", rep.longest);
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, "given-back", p, COUNT, 20000, &version), 0);
+	for (i = 0; i < COUNT; i++)
+		bad += p[i] != (float)GIVEN_PUSHES;
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)GIVEN_PUSHES);
+	free(p);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+/*
  * A client that arrives during a failover (doc/operations.md "Nobody
  * listening"): three servers, R=2,
  * a tensor with data; a follower is killed with SIGKILL and at once, well
@@ -842,6 +960,8 @@ int main(void)
 		{ "async: a primary restarted at once: fails over, rejoins as a backup", test_async_primary_restarted },
 		{ "psctl rebalance under pushes: the restarted member owns its share again, exact",
 		  test_rebalance_after_restart },
+		{ "a worker idle while a member died and was given partitions back: it dials it at once, exact",
+		  test_given_back_to_idle_worker },
 		{ "async: a backup's stream broken, every server alive: dropped, seeded again, exact", test_async_stream_broken },
 		{ "sync: a backup's stream broken, every server alive: every step completes, exact", test_sync_stream_broken },
 		{ "a client that connects during a failover rides through it: exact pull", test_client_arrives_during_failover },
