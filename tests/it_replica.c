@@ -558,23 +558,38 @@ static void test_async_primary_restarted(void)
 }
 
 /*
- * psctl rebalance: a member restarted at once (same --data-dir) comes back
+ * Rebalancing: a member restarted at once (same --data-dir) comes back
  * empty, fails its partitions over to their backups and owns none; the
  * leader seeds backups on it again.  The workers push throughout, so each
- * holds the connection it lost to that member.  Then psctl rebalance
- * moves primaries to it (planned switches: it backs them) until every
- * member owns its share (8 partitions over 3 members: 3, 3 and 2): a
- * worker's push to a partition given back to it must reach it again, not
- * fail on the dead connection.  Every push acknowledged, exact, the
- * versions right, the replicas identical, and a second rebalance finds
- * nothing to do.
+ * holds the connection it lost to that member.
+ *  - --rebalance off: it stays so until psctl rebalance moves primaries to
+ *    it (planned switches: it backs them);
+ *  - --rebalance auto (the default): the leader does so itself once its
+ *    partitions failed over and the seeding is done.
+ * Either way every member ends with its share (8 partitions over 3
+ * members: 3, 3 and 2): a worker's push to a partition given back to it
+ * must reach it again, not fail on the dead connection.  Every push
+ * acknowledged, exact, the versions right, the replicas identical, and
+ * psctl rebalance then finds nothing to do.
  */
-static void test_rebalance_after_restart(void)
+#define REBALANCE_OFF_ARGS RESTART_ARGS " --rebalance off"
+
+/* Every partition member 2 owned in `before` has failed over since (its
+ * epoch moved on). */
+static bool failed_over(const struct rps__smap *now, const struct rps__smap *before)
+{
+	for (uint32_t p = 0; p < before->npart; p++)
+		if (before->parts[p].owner == 2 && now->parts[p].epoch <= before->parts[p].epoch)
+			return false;
+	return true;
+}
+
+static void rebalance_run(bool automatic)
 {
 	static const struct job j = { .name = "rebalanced", .mode = RPS_MODE_ASYNC, .pushes = 3000 };
-	struct it_server_opts so = { .extra_args = RESTART_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
-				     .data_dir = 1 };
-	static struct rps__smap m;
+	struct it_server_opts so = { .extra_args = automatic ? RESTART_ARGS : REBALANCE_OFF_ARGS,
+				     .env = "RPS_FAULT=bootstrap-replicas-2", .data_dir = 1 };
+	static struct rps__smap m, before_kill;
 	static char out[65536], err[4096];
 	struct report rep[NWORKERS];
 	struct it_workers w;
@@ -594,27 +609,46 @@ static void test_rebalance_after_restart(void)
 		return;
 	}
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	memcpy(&before_kill, &m, sizeof(m));
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)&j, -1, NULL), 0);
 	while (acked_total() < KILL_AFTER / 3)
 		it_sleep_ms(2);
 	it_server_kill(&clu, 1);
 	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
-	/* empty: its partitions failed over, backups seeded on it again */
-	for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
-		if (it_wait_settled(&clu, 2, 20000, &m) == 0 && m.nmembers == NSERVERS && !rps__smap_owned(&m, 2) &&
-		    rps__smap_backed(&m, 2))
-			break;
-	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
-	CU_ASSERT_FATAL(acked_total() < NWORKERS * job_pushes(&j));	/* (still pushing) */
 	t0 = it_now_s();
-	before = acked_total();
-	rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
-	if (rc)
-		fprintf(stderr, "psctl rebalance: exit %d: %s%s\n", rc, out, err);
-	CU_ASSERT_EQUAL(rc, 0);
-	fprintf(stderr, "[rebalance: %.2f s, %d pushes acknowledged when it started, %d when it ended; %s] ",
-		it_now_s() - t0, before, acked_total(),
-		strstr(out, "balanced") ? strtok(strstr(out, "balanced"), "\n") : "");
+	if (automatic) {
+		/* the leader gives it its share back by itself, after its
+		 * partitions failed over (their epochs moved on) */
+		for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
+			if (it_wait_settled(&clu, 2, 20000, &m) == 0 && failed_over(&m, &before_kill) &&
+			    rps__smap_owned(&m, 2) >= NPART / NSERVERS)
+				break;
+		CU_ASSERT(failed_over(&m, &before_kill));
+		CU_ASSERT(rps__smap_owned(&m, 2) >= NPART / NSERVERS);
+		fprintf(stderr, "[member 2 owns %u of %u partitions again %.2f s after its restart, %d pushes "
+			"acknowledged by then] ", rps__smap_owned(&m, 2), NPART, it_now_s() - t0, acked_total());
+	} else {
+		/* empty: its partitions failed over, backups seeded on it again */
+		for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
+			if (it_wait_settled(&clu, 2, 20000, &m) == 0 && m.nmembers == NSERVERS &&
+			    !rps__smap_owned(&m, 2) && rps__smap_backed(&m, 2))
+				break;
+		CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
+		it_sleep_ms(1000);	/* --rebalance off: it stays so */
+		CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 20000, &m), 0);
+		CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
+		CU_ASSERT_FATAL(acked_total() < NWORKERS * job_pushes(&j));	/* (still pushing) */
+		t0 = it_now_s();
+		before = acked_total();
+		rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
+		if (rc)
+			fprintf(stderr, "psctl rebalance: exit %d: %s%s\n", rc, out, err);
+		CU_ASSERT_EQUAL(rc, 0);
+		fprintf(stderr, "[rebalance: %.2f s, %d pushes acknowledged when it started, %d when it ended; %s] ",
+			it_now_s() - t0, before, acked_total(),
+			strstr(out, "balanced") ? strtok(strstr(out, "balanced"), "\n") : "");
+	}
+	CU_ASSERT(acked_total() < NWORKERS * job_pushes(&j));	/* (the moves came under pushes) */
 	acked = collect_reports_of(&w, rep, job_pushes(&j));
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
 	for (id = 1; id <= NSERVERS; id++) {
@@ -636,6 +670,16 @@ static void test_rebalance_after_restart(void)
 	clu_up = false;
 }
 
+static void test_rebalance_by_psctl(void)
+{
+	rebalance_run(false);
+}
+
+static void test_rebalance_by_leader(void)
+{
+	rebalance_run(true);
+}
+
 /*
  * A worker idle through a member's death and return.  It pushed once,
  * then waits while member 2 is killed and restarted (its partitions fail
@@ -645,7 +689,8 @@ static void test_rebalance_after_restart(void)
  * partitions that have backups, which is what a member being failed over
  * looks like too.  But each was given to it after the loss (another
  * epoch), which the control plane does only to a member that lives: the
- * worker dials it at once.  Its client's timeout (GIVEN_TIMEOUT_MS) is
+ * worker dials it at once (--rebalance off: psctl rebalance gives them
+ * back, when the test says).  Its client's timeout (GIVEN_TIMEOUT_MS) is
  * below the FAILOVER_WAIT_MS (10 s) a worker otherwise waits before
  * dialing a member it lost again: every push completes, exact.
  */
@@ -697,7 +742,7 @@ static int given_back_worker(int rank, int nworkers, const char *servers, void *
 
 static void test_given_back_to_idle_worker(void)
 {
-	struct it_server_opts so = { .extra_args = RESTART_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
+	struct it_server_opts so = { .extra_args = REBALANCE_OFF_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
 				     .data_dir = 1 };
 	static struct rps__smap m;
 	static char out[65536], err[4096];
@@ -958,8 +1003,10 @@ int main(void)
 		{ "bounded: a primary killed mid-push: exact, staleness kept", test_bounded_primary_killed },
 		{ "sync: a primary killed mid-step: every step completes, exact", test_sync_primary_killed },
 		{ "async: a primary restarted at once: fails over, rejoins as a backup", test_async_primary_restarted },
-		{ "psctl rebalance under pushes: the restarted member owns its share again, exact",
-		  test_rebalance_after_restart },
+		{ "--rebalance off, then psctl rebalance under pushes: the restarted member owns its share again, exact",
+		  test_rebalance_by_psctl },
+		{ "--rebalance auto: the leader gives the restarted member its share back under pushes, exact",
+		  test_rebalance_by_leader },
 		{ "a worker idle while a member died and was given partitions back: it dials it at once, exact",
 		  test_given_back_to_idle_worker },
 		{ "async: a backup's stream broken, every server alive: dropped, seeded again, exact", test_async_stream_broken },

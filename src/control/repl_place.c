@@ -586,6 +586,63 @@ void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 	removing_duty(cp, now);
 }
 
+/*
+ * Balancing (--rebalance auto, the default).  A failover leaves the
+ * primaries of the dead member on its backups' members, a member that
+ * comes back (restarted: it failed its partitions over itself) owns
+ * nothing, a member made a witness or removed by force handed its
+ * partitions to others (psctl add-server moves a new member's share
+ * itself): once everything else is done (no partition moving, seeding
+ * or short of copies, nothing being removed), the leader moves primaries
+ * one at a time as psctl rebalance would (rps__smap_balance_move: among the
+ * living members that hold data, from the one that owns most to the one
+ * that owns fewest, while they differ by two; a partition it backs
+ * first, a planned switch that ships nothing).  A move refused or aborted
+ * is tried again REPLICA_RETRY_NS later; even, it stops until the next
+ * such event.  Moves an operator makes by hand stay where they are put
+ * until such an event evens them out (--rebalance off keeps them).
+ */
+static bool map_quiet(const struct rps__cplane *cp, uint64_t now)
+{
+	const struct rps__smap *m = &cp->map;
+
+	if (cp->removing || rps__smap_nunder(m))
+		return false;
+	for (uint32_t p = 0; p < m->npart; p++)
+		if (m->parts[p].moving_to || m->parts[p].joining || now < cp->seed_pending[p])
+			return false;
+	return true;
+}
+
+void rps__cp_balance_duty(struct rps__cplane *cp, uint64_t now)
+{
+	struct rps__smap_cmd cmd;
+	uint64_t from, to;
+	uint32_t p;
+	int ret;
+
+	if (cp->cfg.rebalance_off || !cp->balance_due || now < cp->balance_next || !cp->rnode ||
+	    !rps__rnode_is_leader(cp->rnode) || !cp->fo.leading || !map_quiet(cp, now))
+		return;
+	ret = rps__smap_balance_move(&cp->map, live, cp, &p, &from, &to);
+	if (ret <= 0) {
+		cp->balance_due = ret != 0;	/* (busy: its moves end first) */
+		return;
+	}
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.type = RPS__SMAP_MOVE_BEGIN;
+	cmd.part = p;
+	cmd.from = from;
+	cmd.to = to;
+	cmd.epoch = cp->map.parts[p].epoch;
+	cp->balance_next = now + REPLICA_RETRY_NS;
+	rps__log(RPS__LOG_INFO, "rebalancing: partition %u from member %llu (owns %u) to member %llu (owns %u)%s", p,
+		 (unsigned long long)from, rps__smap_owned(&cp->map, from), (unsigned long long)to,
+		 rps__smap_owned(&cp->map, to),
+		 rps__smap_role(&cp->map, p, to) == RPS__SMAP_ROLE_BACKUP ? ", its backup" : "");
+	rps__cp_propose_cmd(cp, &cmd);
+}
+
 /* ---- --replicas, --zone and --witness ------------------------------------------ */
 
 /* Two Raft voters: either's death leaves the other without a majority, so
