@@ -79,8 +79,9 @@ struct job {
 	const char *name;
 	enum rps_mode mode;
 	int gate_step;		/* sync: the last rank holds this step until the kill */
-	int pushes;		/* per worker (0: PUSHES) */
+	int pushes;		/* per worker (0: PUSHES; OPEN_ENDED: until sh->stop) */
 };
+#define OPEN_ENDED (-1)
 
 static int job_pushes(const struct job *j)
 {
@@ -131,7 +132,7 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 		return it_worker_fail(rank, "create", ret);
 	if ((ret = rps_barrier(cl)))
 		return it_worker_fail(rank, "barrier", ret);
-	for (s = 0; s < job_pushes(j); s++) {
+	for (s = 0; j->pushes == OPEN_ENDED ? !atomic_load(&sh->stop) : s < job_pushes(j); s++) {
 		double t0, took;
 		long long start_ns, killed_ns, ack_ns, first;
 
@@ -324,7 +325,11 @@ static int collect_reports_of(struct it_workers *w, struct report rep[NWORKERS],
 		memset(&rep[r], 0, sizeof(rep[r]));
 		CU_ASSERT_EQUAL(it_worker_read(w, r, &rep[r], sizeof(rep[r])), 0);
 		CU_ASSERT_EQUAL(it_worker_wait(w, r), 0);
-		CU_ASSERT_EQUAL(rep[r].acked, pushes);
+		if (pushes == OPEN_ENDED) {
+			CU_ASSERT(rep[r].acked > 0);
+		} else {
+			CU_ASSERT_EQUAL(rep[r].acked, pushes);
+		}
 		CU_ASSERT_EQUAL(rep[r].bad, 0);
 		acked += rep[r].acked;
 	}
@@ -586,7 +591,11 @@ static bool failed_over(const struct rps__smap *now, const struct rps__smap *bef
 
 static void rebalance_run(bool automatic)
 {
-	static const struct job j = { .name = "rebalanced", .mode = RPS_MODE_ASYNC, .pushes = 3000 };
+	/* the workers push until the test stops them, some pushes after the
+	 * last move: as long as it takes, on any transport (a fixed count
+	 * was 3 minutes of pushes over Soft-RoCE, or done before the moves on
+	 * a fast host) */
+	static const struct job j = { .name = "rebalanced", .mode = RPS_MODE_ASYNC, .pushes = OPEN_ENDED };
 	struct it_server_opts so = { .extra_args = automatic ? RESTART_ARGS : REBALANCE_OFF_ARGS,
 				     .env = "RPS_FAULT=bootstrap-replicas-2", .data_dir = 1 };
 	static struct rps__smap m, before_kill;
@@ -637,7 +646,6 @@ static void rebalance_run(bool automatic)
 		it_sleep_ms(1000);	/* --rebalance off: it stays so */
 		CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 20000, &m), 0);
 		CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
-		CU_ASSERT_FATAL(acked_total() < NWORKERS * job_pushes(&j));	/* (still pushing) */
 		t0 = it_now_s();
 		before = acked_total();
 		rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
@@ -648,8 +656,12 @@ static void rebalance_run(bool automatic)
 			it_now_s() - t0, before, acked_total(),
 			strstr(out, "balanced") ? strtok(strstr(out, "balanced"), "\n") : "");
 	}
-	CU_ASSERT(acked_total() < NWORKERS * job_pushes(&j));	/* (the moves came under pushes) */
-	acked = collect_reports_of(&w, rep, job_pushes(&j));
+	/* pushes after the moves too, then stop */
+	for (before = acked_total(), until = it_now_s() + 120; acked_total() < before + 30 * NWORKERS &&
+							       it_now_s() < until;)
+		it_sleep_ms(2);
+	atomic_store(&sh->stop, 1);
+	acked = collect_reports_of(&w, rep, OPEN_ENDED);
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
 	for (id = 1; id <= NSERVERS; id++) {
 		uint32_t n = rps__smap_owned(&m, (uint64_t)id);
