@@ -624,6 +624,9 @@ void rps__cp_balance_duty(struct rps__cplane *cp, uint64_t now)
 	if (cp->cfg.rebalance_off || !cp->balance_due || now < cp->balance_next || !cp->rnode ||
 	    !rps__rnode_is_leader(cp->rnode) || !cp->fo.leading || !map_quiet(cp, now))
 		return;
+	/* (maps built by hand stay as they are: rps__cp_replica_duties) */
+	if (RPS__UNLIKELY(rps__fault("no-replica-duty")))
+		return;
 	ret = rps__smap_balance_move(&cp->map, live, cp, &p, &from, &to);
 	if (ret <= 0) {
 		cp->balance_due = ret != 0;	/* (busy: its moves end first) */
