@@ -193,6 +193,13 @@ uint32_t rps__smap_nwitnesses(const struct rps__smap *m);
  * target: first one whose zone neither the set nor its joiner has yet,
  * then the fewest replicas held (owned + backed), then the lowest id.
  * Never a witness.  0 if none. */
+/* loads[i]: replicas member slot i holds (owned + backed), from
+ * rps__smap_member_loads; a caller that places many partitions in one
+ * pass counts them once (O(partitions)), not once per member per
+ * partition.  rps__smap_pick_backup counts them itself. */
+void rps__smap_member_loads(const struct rps__smap *m, uint32_t loads[RPS__SMAP_MAX_MEMBERS]);
+uint64_t rps__smap_pick_backup_loaded(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
+				      void *ctx, const uint32_t loads[RPS__SMAP_MAX_MEMBERS]);
 uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
 			       void *ctx);
 /* Balancing: the next move that evens out the primaries of the members
