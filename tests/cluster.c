@@ -412,7 +412,7 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 		snprintf(cl->servers + k, sizeof(cl->servers) - (size_t)k, "%s%s", i ? "," : "", cl->uri[i]);
 	}
 	for (i = 0; i < n; i++) {
-		char args[2400];
+		char args[4800];
 		bool last = i == n - 1;
 
 		snprintf(args, sizeof(args), "--cluster %s --index %d%s%s%s", cl->servers, i,
@@ -438,7 +438,7 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 int it_server_join(struct it_cluster *cl, uint64_t id, const struct it_server_opts *o)
 {
 	int i = cl->nservers, ret;
-	char args[2400];
+	char args[4800];
 
 	if (i >= IT_MAX_SERVERS)
 		return -ENOSPC;

@@ -51,7 +51,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define RPS__SMAP_MAX_MEMBERS 16u
+#define RPS__SMAP_MAX_MEMBERS 64u
 #define RPS__SMAP_MAX_PART 256u
 #define RPS__SMAP_DEFAULT_PART 64u
 #define RPS__SMAP_URI_MAX 128u		/* including the NUL */
@@ -247,7 +247,7 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c);
  * little-endian, versioned, ends with a crc32c (rps__crc32c_noinv, crc.h) of what precedes it.
  * RPS__SMAP_ENC_MAX bounds the size.  decode: -EBADMSG malformed or
  * truncated, -EILSEQ crc mismatch (message says so). */
-#define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (12u + RPS__SMAP_URI_MAX + RPS__SMAP_ZONE_MAX) + \
+#define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (14u + RPS__SMAP_URI_MAX + RPS__SMAP_ZONE_MAX) + \
 			   RPS__SMAP_MAX_PART * (41u + 8u * (RPS__SMAP_MAX_REPLICAS - 1u)) + 4u)
 size_t rps__smap_encoded_size(const struct rps__smap *m);
 int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *len);
