@@ -412,7 +412,7 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 		snprintf(cl->servers + k, sizeof(cl->servers) - (size_t)k, "%s%s", i ? "," : "", cl->uri[i]);
 	}
 	for (i = 0; i < n; i++) {
-		char args[2400];
+		char args[4800];
 		bool last = i == n - 1;
 
 		snprintf(args, sizeof(args), "--cluster %s --index %d%s%s%s", cl->servers, i,
@@ -438,7 +438,7 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 int it_server_join(struct it_cluster *cl, uint64_t id, const struct it_server_opts *o)
 {
 	int i = cl->nservers, ret;
-	char args[2400];
+	char args[4800];
 
 	if (i >= IT_MAX_SERVERS)
 		return -ENOSPC;
@@ -1182,6 +1182,15 @@ int it_replicas_differ(const struct it_cluster *cl, const struct rps__smap *m, c
 		int owner = it_member_index(cl, mp->owner);
 
 		ret = it_part_digest(cl, owner, tensor, p, &prim);
+		if (ret == -ENOENT) {
+			/* a member that does not know the tensor holds none
+			 * of it (it restarted since, and no shard of it came
+			 * here): the empty digest; a partition that should
+			 * hold shards then differs from its backups, and the
+			 * callers' pulls see what is missing */
+			memset(&prim, 0, sizeof(prim));
+			ret = 0;
+		}
 		if (ret) {
 			fprintf(stderr, "it_cluster: '%s' partition %u: no digest from its primary %llu: %d\n", tensor, p,
 				(unsigned long long)mp->owner, ret);
@@ -1191,6 +1200,11 @@ int it_replicas_differ(const struct it_cluster *cl, const struct rps__smap *m, c
 			*versions += prim.versions;
 		for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1 && mp->backups[k]; k++) {
 			ret = it_part_digest(cl, it_member_index(cl, mp->backups[k]), tensor, p, &b);
+			if (ret == -ENOENT && !prim.nshards) {
+				/* nothing of it in this partition, here either */
+				memset(&b, 0, sizeof(b));
+				ret = 0;
+			}
 			if (ret) {
 				fprintf(stderr, "it_cluster: '%s' partition %u: no digest from backup %llu: %d\n", tensor,
 					p, (unsigned long long)mp->backups[k], ret);

@@ -11,19 +11,19 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define IT_MAX_SERVERS 16
+#define IT_MAX_SERVERS 64
 #define IT_MAX_WORKERS 16
 
 struct it_cluster {
 	int nservers;		/* servers started so far (joined ones included) */
 	pid_t pid[IT_MAX_SERVERS];	/* 0: not running (stopped, killed, exited) */
 	uint16_t port[IT_MAX_SERVERS];
-	char servers[2048];	/* the URI list for rps_client_opts.servers */
+	char servers[4096];	/* the URI list for rps_client_opts.servers */
 	char dir[256];		/* scratch directory */
 	const char *scheme;	/* "tcp" or "verbs" */
 	const char *addr;
 	char uri[IT_MAX_SERVERS][300];	/* server i's own URI */
-	char cmd[IT_MAX_SERVERS][2048];	/* its command line, for restarts */
+	char cmd[IT_MAX_SERVERS][4096];	/* its command line, for restarts */
 	char env[IT_MAX_SERVERS][128];	/* "NAME=value" in its environment, or "" */
 	int attached;		/* servers started elsewhere ($RPS_IT_ATTACH) */
 	int gone[IT_MAX_SERVERS];	/* attached: killed through the hook (no pid to ask) */
@@ -218,8 +218,11 @@ int it_part_digest(const struct it_cluster *cl, int i, const char *tensor, uint3
 
 /* Compare every backup's digest of `tensor` with its primary's, for every
  * partition of map m: the number of replicas that differ (each printed),
- * or -errno if a server could not say.  *versions (may be NULL): the sum of
- * the primaries' versions. */
+ * or -errno if a server could not say.  A member that does not know the
+ * tensor (restarted since, and no shard of it reached it) holds none of
+ * it: the empty digest; a backup's -ENOENT where its primary holds shards
+ * is "not seeded yet", an error.  *versions (may be NULL): the sum of the
+ * primaries' versions. */
 int it_replicas_differ(const struct it_cluster *cl, const struct rps__smap *m, const char *tensor,
 		       uint64_t *versions);
 

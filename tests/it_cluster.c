@@ -2778,6 +2778,7 @@ static void test_cli_numbers_refused_at_start(void)
 		{ "--failover-ms 499", "--failover-ms" },		/* below 10 x the 50 ms tick */
 		{ "--tick-ms 20 --failover-ms 199", "--failover-ms" },
 		{ "--failover-ms 0", "--failover-ms" },
+		{ "--rebalance sometimes", "--rebalance" },
 	};
 	char err[1024];
 	size_t i;

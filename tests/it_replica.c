@@ -79,8 +79,9 @@ struct job {
 	const char *name;
 	enum rps_mode mode;
 	int gate_step;		/* sync: the last rank holds this step until the kill */
-	int pushes;		/* per worker (0: PUSHES) */
+	int pushes;		/* per worker (0: PUSHES; OPEN_ENDED: until sh->stop) */
 };
+#define OPEN_ENDED (-1)
 
 static int job_pushes(const struct job *j)
 {
@@ -131,7 +132,7 @@ static int push_worker(int rank, int nworkers, const char *servers, void *arg, i
 		return it_worker_fail(rank, "create", ret);
 	if ((ret = rps_barrier(cl)))
 		return it_worker_fail(rank, "barrier", ret);
-	for (s = 0; s < job_pushes(j); s++) {
+	for (s = 0; j->pushes == OPEN_ENDED ? !atomic_load(&sh->stop) : s < job_pushes(j); s++) {
 		double t0, took;
 		long long start_ns, killed_ns, ack_ns, first;
 
@@ -324,7 +325,11 @@ static int collect_reports_of(struct it_workers *w, struct report rep[NWORKERS],
 		memset(&rep[r], 0, sizeof(rep[r]));
 		CU_ASSERT_EQUAL(it_worker_read(w, r, &rep[r], sizeof(rep[r])), 0);
 		CU_ASSERT_EQUAL(it_worker_wait(w, r), 0);
-		CU_ASSERT_EQUAL(rep[r].acked, pushes);
+		if (pushes == OPEN_ENDED) {
+			CU_ASSERT(rep[r].acked > 0);
+		} else {
+			CU_ASSERT_EQUAL(rep[r].acked, pushes);
+		}
 		CU_ASSERT_EQUAL(rep[r].bad, 0);
 		acked += rep[r].acked;
 	}
@@ -558,23 +563,42 @@ static void test_async_primary_restarted(void)
 }
 
 /*
- * psctl rebalance: a member restarted at once (same --data-dir) comes back
+ * Rebalancing: a member restarted at once (same --data-dir) comes back
  * empty, fails its partitions over to their backups and owns none; the
  * leader seeds backups on it again.  The workers push throughout, so each
- * holds the connection it lost to that member.  Then psctl rebalance
- * moves primaries to it (planned switches: it backs them) until every
- * member owns its share (8 partitions over 3 members: 3, 3 and 2): a
- * worker's push to a partition given back to it must reach it again, not
- * fail on the dead connection.  Every push acknowledged, exact, the
- * versions right, the replicas identical, and a second rebalance finds
- * nothing to do.
+ * holds the connection it lost to that member.
+ *  - --rebalance off: it stays so until psctl rebalance moves primaries to
+ *    it (planned switches: it backs them);
+ *  - --rebalance auto (the default): the leader does so itself once its
+ *    partitions failed over and the seeding is done.
+ * Either way every member ends with its share (8 partitions over 3
+ * members: 3, 3 and 2): a worker's push to a partition given back to it
+ * must reach it again, not fail on the dead connection.  Every push
+ * acknowledged, exact, the versions right, the replicas identical, and
+ * psctl rebalance then finds nothing to do.
  */
-static void test_rebalance_after_restart(void)
+#define REBALANCE_OFF_ARGS RESTART_ARGS " --rebalance off"
+
+/* Every partition member 2 owned in `before` has failed over since (its
+ * epoch moved on). */
+static bool failed_over(const struct rps__smap *now, const struct rps__smap *before)
 {
-	static const struct job j = { .name = "rebalanced", .mode = RPS_MODE_ASYNC, .pushes = 3000 };
-	struct it_server_opts so = { .extra_args = RESTART_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
-				     .data_dir = 1 };
-	static struct rps__smap m;
+	for (uint32_t p = 0; p < before->npart; p++)
+		if (before->parts[p].owner == 2 && now->parts[p].epoch <= before->parts[p].epoch)
+			return false;
+	return true;
+}
+
+static void rebalance_run(bool automatic)
+{
+	/* the workers push until the test stops them, some pushes after the
+	 * last move: as long as it takes, on any transport (a fixed count
+	 * was 3 minutes of pushes over Soft-RoCE, or done before the moves on
+	 * a fast host) */
+	static const struct job j = { .name = "rebalanced", .mode = RPS_MODE_ASYNC, .pushes = OPEN_ENDED };
+	struct it_server_opts so = { .extra_args = automatic ? RESTART_ARGS : REBALANCE_OFF_ARGS,
+				     .env = "RPS_FAULT=bootstrap-replicas-2", .data_dir = 1 };
+	static struct rps__smap m, before_kill;
 	static char out[65536], err[4096];
 	struct report rep[NWORKERS];
 	struct it_workers w;
@@ -594,28 +618,50 @@ static void test_rebalance_after_restart(void)
 		return;
 	}
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	memcpy(&before_kill, &m, sizeof(m));
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, NWORKERS, push_worker, clu.servers, (void *)&j, -1, NULL), 0);
 	while (acked_total() < KILL_AFTER / 3)
 		it_sleep_ms(2);
 	it_server_kill(&clu, 1);
 	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
-	/* empty: its partitions failed over, backups seeded on it again */
-	for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
-		if (it_wait_settled(&clu, 2, 20000, &m) == 0 && m.nmembers == NSERVERS && !rps__smap_owned(&m, 2) &&
-		    rps__smap_backed(&m, 2))
-			break;
-	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
-	CU_ASSERT_FATAL(acked_total() < NWORKERS * job_pushes(&j));	/* (still pushing) */
 	t0 = it_now_s();
-	before = acked_total();
-	rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
-	if (rc)
-		fprintf(stderr, "psctl rebalance: exit %d: %s%s\n", rc, out, err);
-	CU_ASSERT_EQUAL(rc, 0);
-	fprintf(stderr, "[rebalance: %.2f s, %d pushes acknowledged when it started, %d when it ended; %s] ",
-		it_now_s() - t0, before, acked_total(),
-		strstr(out, "balanced") ? strtok(strstr(out, "balanced"), "\n") : "");
-	acked = collect_reports_of(&w, rep, job_pushes(&j));
+	if (automatic) {
+		/* the leader gives it its share back by itself, after its
+		 * partitions failed over (their epochs moved on) */
+		for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
+			if (it_wait_settled(&clu, 2, 20000, &m) == 0 && failed_over(&m, &before_kill) &&
+			    rps__smap_owned(&m, 2) >= NPART / NSERVERS)
+				break;
+		CU_ASSERT(failed_over(&m, &before_kill));
+		CU_ASSERT(rps__smap_owned(&m, 2) >= NPART / NSERVERS);
+		fprintf(stderr, "[member 2 owns %u of %u partitions again %.2f s after its restart, %d pushes "
+			"acknowledged by then] ", rps__smap_owned(&m, 2), NPART, it_now_s() - t0, acked_total());
+	} else {
+		/* empty: its partitions failed over, backups seeded on it again */
+		for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
+			if (it_wait_settled(&clu, 2, 20000, &m) == 0 && m.nmembers == NSERVERS &&
+			    !rps__smap_owned(&m, 2) && rps__smap_backed(&m, 2))
+				break;
+		CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
+		it_sleep_ms(1000);	/* --rebalance off: it stays so */
+		CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 20000, &m), 0);
+		CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
+		t0 = it_now_s();
+		before = acked_total();
+		rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
+		if (rc)
+			fprintf(stderr, "psctl rebalance: exit %d: %s%s\n", rc, out, err);
+		CU_ASSERT_EQUAL(rc, 0);
+		fprintf(stderr, "[rebalance: %.2f s, %d pushes acknowledged when it started, %d when it ended; %s] ",
+			it_now_s() - t0, before, acked_total(),
+			strstr(out, "balanced") ? strtok(strstr(out, "balanced"), "\n") : "");
+	}
+	/* pushes after the moves too, then stop */
+	for (before = acked_total(), until = it_now_s() + 120; acked_total() < before + 30 * NWORKERS &&
+							       it_now_s() < until;)
+		it_sleep_ms(2);
+	atomic_store(&sh->stop, 1);
+	acked = collect_reports_of(&w, rep, OPEN_ENDED);
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
 	for (id = 1; id <= NSERVERS; id++) {
 		uint32_t n = rps__smap_owned(&m, (uint64_t)id);
@@ -631,6 +677,135 @@ static void test_rebalance_after_restart(void)
 	/* balanced: nothing more to move */
 	CU_ASSERT_EQUAL(it_psctl(&clu, 60000, out, sizeof(out), err, sizeof(err), "--json rebalance"), 0);
 	CU_ASSERT(strstr(out, "\"moves\":[]") != NULL);
+	free(p);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
+static void test_rebalance_by_psctl(void)
+{
+	rebalance_run(false);
+}
+
+static void test_rebalance_by_leader(void)
+{
+	rebalance_run(true);
+}
+
+/*
+ * A worker idle through a member's death and return.  It pushed once,
+ * then waits while member 2 is killed and restarted (its partitions fail
+ * over, it is seeded as a backup again) and psctl rebalance gives it
+ * partitions back, each seeded a backup again before the worker pushes:
+ * its connection to member 2 is lost, and the map shows member 2 owning
+ * partitions that have backups, which is what a member being failed over
+ * looks like too.  But each was given to it after the loss (another
+ * epoch), which the control plane does only to a member that lives: the
+ * worker dials it at once (--rebalance off: psctl rebalance gives them
+ * back, when the test says).  Its client's timeout (GIVEN_TIMEOUT_MS) is
+ * below the FAILOVER_WAIT_MS (10 s) a worker otherwise waits before
+ * dialing a member it lost again: every push completes, exact.
+ */
+#define GIVEN_TIMEOUT_MS 5000
+#define GIVEN_PUSHES 20
+
+static int given_back_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float *g = malloc(COUNT * sizeof(float));
+	struct rps_tensor_opts o;
+	struct report rep = { 0 };
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int s, ret;
+	unsigned i;
+
+	(void)arg;
+	for (i = 0; i < COUNT; i++)
+		g[i] = -1.0f;
+	if ((ret = it_client_connect(servers, rank, nworkers, GIVEN_TIMEOUT_MS, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.optimizer = RPS_OPT_SGD;
+	o.lr = 1.0f;
+	if ((ret = rps_tensor_create(cl, "given-back", &o, &t)))
+		return it_worker_fail(rank, "create", ret);
+	for (s = 0; s < GIVEN_PUSHES; s++) {
+		double t0;
+
+		if (s == 1) {
+			atomic_fetch_add(&sh->acked[rank], 1);	/* (the first one) */
+			while (!atomic_load(&sh->gate))
+				usleep(1000);
+		}
+		t0 = it_now_s();
+		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+			return it_worker_fail(rank, s ? "push after the rebalance" : "push", ret);
+		if (it_now_s() - t0 > rep.longest)
+			rep.longest = it_now_s() - t0;
+		rep.acked++;
+	}
+	it_write_all(out_fd, &rep, sizeof(rep));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	return 0;
+}
+
+static void test_given_back_to_idle_worker(void)
+{
+	struct it_server_opts so = { .extra_args = REBALANCE_OFF_ARGS, .env = "RPS_FAULT=bootstrap-replicas-2",
+				     .data_dir = 1 };
+	static struct rps__smap m;
+	static char out[65536], err[4096];
+	struct report rep = { 0 };
+	struct it_workers w;
+	uint64_t version = 0;
+	float *p = malloc(COUNT * sizeof(float));
+	double until, t0;
+	int bad = 0, rc;
+	unsigned i;
+
+	memset(sh, 0, sizeof(*sh));
+	CU_ASSERT_FATAL(p != NULL);
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, NSERVERS, &so), 0);
+	clu_up = true;
+	if (clu.attached) {
+		fprintf(stderr, "[not with attached servers: it restarts one] ");
+		free(p);
+		return;
+	}
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, given_back_worker, clu.servers, NULL, -1, NULL), 0);
+	while (!atomic_load(&sh->acked[0]))
+		it_sleep_ms(2);
+	t0 = it_now_s();
+	it_server_kill(&clu, 1);
+	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
+	for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
+		if (it_wait_settled(&clu, 2, 20000, &m) == 0 && !rps__smap_owned(&m, 2) && rps__smap_backed(&m, 2))
+			break;
+	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
+	rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
+	if (rc)
+		fprintf(stderr, "psctl rebalance: exit %d: %s%s\n", rc, out, err);
+	CU_ASSERT_EQUAL_FATAL(rc, 0);
+	/* every partition it got back has a backup again: what the worker
+	 * sees is a backed partition owned by the member it lost */
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	CU_ASSERT_FATAL(rps__smap_owned(&m, 2) > 0);
+	fprintf(stderr, "[member 2 killed, back, given %u partitions, each backed again: %.2f s] ",
+		rps__smap_owned(&m, 2), it_now_s() - t0);
+	atomic_store(&sh->gate, 1);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &rep, sizeof(rep)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_EQUAL(rep.acked, GIVEN_PUSHES);
+	fprintf(stderr, "[longest push %.3f s] ", rep.longest);
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.servers, "given-back", p, COUNT, 20000, &version), 0);
+	for (i = 0; i < COUNT; i++)
+		bad += p[i] != (float)GIVEN_PUSHES;
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)GIVEN_PUSHES);
 	free(p);
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
@@ -840,8 +1015,12 @@ int main(void)
 		{ "bounded: a primary killed mid-push: exact, staleness kept", test_bounded_primary_killed },
 		{ "sync: a primary killed mid-step: every step completes, exact", test_sync_primary_killed },
 		{ "async: a primary restarted at once: fails over, rejoins as a backup", test_async_primary_restarted },
-		{ "psctl rebalance under pushes: the restarted member owns its share again, exact",
-		  test_rebalance_after_restart },
+		{ "--rebalance off, then psctl rebalance under pushes: the restarted member owns its share again, exact",
+		  test_rebalance_by_psctl },
+		{ "--rebalance auto: the leader gives the restarted member its share back under pushes, exact",
+		  test_rebalance_by_leader },
+		{ "a worker idle while a member died and was given partitions back: it dials it at once, exact",
+		  test_given_back_to_idle_worker },
 		{ "async: a backup's stream broken, every server alive: dropped, seeded again, exact", test_async_stream_broken },
 		{ "sync: a backup's stream broken, every server alive: every step completes, exact", test_sync_stream_broken },
 		{ "a client that connects during a failover rides through it: exact pull", test_client_arrives_during_failover },

@@ -255,13 +255,15 @@ static const char *capture(void (*fn)(const struct rps__smap *, FILE *), const s
 static void test_init(void)
 {
 	static struct rps__smap m;
-	static const char *const sixteen[16] = {
-		"tcp://h1:1", "tcp://h2:1", "tcp://h3:1", "tcp://h4:1", "tcp://h5:1", "tcp://h6:1",
-		"tcp://h7:1", "tcp://h8:1", "tcp://h9:1", "tcp://h10:1", "tcp://h11:1", "tcp://h12:1",
-		"tcp://h13:1", "tcp://h14:1", "tcp://h15:1", "tcp://h16:1",
-	};
+	static char names[RPS__SMAP_MAX_MEMBERS + 1][32];
+	static const char *most[RPS__SMAP_MAX_MEMBERS + 1];
 	char longuri[RPS__SMAP_URI_MAX + 1];
 	const char *bad[2];
+
+	for (uint32_t i = 0; i <= RPS__SMAP_MAX_MEMBERS; i++) {
+		snprintf(names[i], sizeof(names[i]), "tcp://h%u:1", i + 1);
+		most[i] = names[i];
+	}
 
 	init3(&m, 0);
 	CU_ASSERT_EQUAL(m.npart, RPS__SMAP_DEFAULT_PART);
@@ -291,16 +293,47 @@ static void test_init(void)
 	CU_ASSERT_EQUAL(m.npart, 1);
 	CU_ASSERT_EQUAL(m.parts[0].owner, 1);
 	CU_ASSERT_PTR_NULL(invariant_broken(&m));
-	CU_ASSERT_EQUAL(rps__smap_init(&m, sixteen, 16, RPS__SMAP_MAX_PART), 0);
-	CU_ASSERT_EQUAL(m.parts[255].owner, 16);
-	CU_ASSERT_EQUAL(m.parts[17].owner, 2);
+	CU_ASSERT_EQUAL(rps__smap_init(&m, most, RPS__SMAP_MAX_MEMBERS, RPS__SMAP_MAX_PART), 0);
+	CU_ASSERT_EQUAL(m.nmembers, RPS__SMAP_MAX_MEMBERS);
+	CU_ASSERT_EQUAL(m.parts[RPS__SMAP_MAX_PART - 1].owner, (RPS__SMAP_MAX_PART - 1) % RPS__SMAP_MAX_MEMBERS + 1);
+	CU_ASSERT_EQUAL(m.parts[RPS__SMAP_MAX_MEMBERS + 1].owner, 2);
 	CU_ASSERT_PTR_NULL(invariant_broken(&m));
+	{	/* the largest map fits what workers READ it from */
+		static char enc[RPS__SMAP_ENC_MAX];
+		static struct rps__smap back;
+		size_t len = 0;
+
+		for (uint32_t i = 0; i < m.nmembers; i++) {
+			/* the longest URIs and zones a member may have */
+			int n = snprintf(m.members[i].uri, RPS__SMAP_URI_MAX, "tcp://h%u", i);
+
+			memset(m.members[i].uri + n, 'h', RPS__SMAP_URI_MAX - 1 - (size_t)n - 6);
+			memcpy(m.members[i].uri + RPS__SMAP_URI_MAX - 7, ":65535", 7);
+			memset(m.members[i].zone, 'z', RPS__SMAP_ZONE_MAX - 1);
+			m.members[i].zone[RPS__SMAP_ZONE_MAX - 1] = '\0';
+		}
+		m.replicas = RPS__SMAP_MAX_REPLICAS;
+		for (uint32_t p = 0; p < m.npart; p++)
+			for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
+				m.parts[p].backups[k] = (p + k + 1) % RPS__SMAP_MAX_MEMBERS + 1;
+		CU_ASSERT_EQUAL(rps__smap_encode(&m, enc, sizeof(enc), &len), 0);
+		CU_ASSERT(len <= RPS__SMAP_ENC_MAX);
+		CU_ASSERT_EQUAL(len, rps__smap_encoded_size(&m));
+		CU_ASSERT_EQUAL(strlen(m.members[0].uri), RPS__SMAP_URI_MAX - 1);
+		int dret = rps__smap_decode(enc, len, &back);
+
+		if (dret)
+			fprintf(stderr, "%s\n", rps__errbuf());
+		CU_ASSERT_EQUAL(dret, 0);
+		CU_ASSERT_EQUAL(back.nmembers, RPS__SMAP_MAX_MEMBERS);
+		CU_ASSERT_EQUAL(memcmp(back.parts, m.parts, sizeof(m.parts)), 0);
+	}
 
 	/* out of range: refused, message set */
 	rps__clearerr();
 	CU_ASSERT_EQUAL(rps__smap_init(&m, uris3, 0, 8), -EINVAL);
 	CU_ASSERT(rps__errbuf()[0] != '\0');
-	CU_ASSERT_EQUAL(rps__smap_init(&m, sixteen, 17, 8), -EINVAL);
+	CU_ASSERT_EQUAL(rps__smap_init(&m, most, RPS__SMAP_MAX_MEMBERS + 1, 8), -EINVAL);
 	CU_ASSERT_EQUAL(rps__smap_init(&m, uris3, 3, RPS__SMAP_MAX_PART + 1), -EINVAL);
 	CU_ASSERT_EQUAL(rps__smap_init(&m, NULL, 3, 8), -EINVAL);
 	memset(longuri, 'a', RPS__SMAP_URI_MAX);

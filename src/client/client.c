@@ -305,10 +305,11 @@ static bool to_retry(const struct shard_op *op)
 /* After a refresh: resend an op whose connection was lost only if its
  * shard's partition has a new owner (a server that left the cluster after
  * its partitions moved), or, the partition having backups (the op rode
- * through), its owner answers a new connection (dialed again by the
- * refresh: it was alive, only slow or cut off a while; the push id makes
- * a resent push that it applied before harmless); a server that died
- * owning it is an error. */
+ * through) or having been given to its owner since the op went (another
+ * epoch: a restarted server given its share back), its owner answers a
+ * new connection (dialed again by the refresh: it was alive, only slow or
+ * cut off a while, or it came back; the push id makes a resent push that
+ * it applied before harmless); a server that died owning it is an error. */
 static bool worth_resending(const struct rps_client *cl, const struct shard_op *op)
 {
 	const struct rps__smap_part *pp;
@@ -321,7 +322,8 @@ static bool worth_resending(const struct rps_client *cl, const struct shard_op *
 		return false;
 	pp = &cl->map.parts[p];
 	/* (a partition lost with its server: resent, it is refused saying so) */
-	return pp->owner != op->c->member_id || pp->lost || (pp->backups[0] && op->c->ep && !op->c->dead);
+	return pp->owner != op->c->member_id || pp->lost ||
+	       ((pp->backups[0] || pp->epoch != op->epoch) && op->c->ep && !op->c->dead);
 }
 
 /*
@@ -344,8 +346,11 @@ static bool rides_through(const struct rps_client *cl, const struct shard_op *op
 {
 	uint32_t p = rps__shard_server(&op->t->layout, op->shard);
 
+	/* (or given to its owner since the op went: it lives, the refresh
+	 * dials it again, redial_wanted) */
 	return op->result == -ECONNRESET && p < cl->map.npart && !cl->map.parts[p].lost &&
-	       cl->map.parts[p].owner == op->c->member_id && cl->map.parts[p].backups[0];
+	       cl->map.parts[p].owner == op->c->member_id &&
+	       (cl->map.parts[p].backups[0] || cl->map.parts[p].epoch != op->epoch);
 }
 
 /* Has the owner of a riding op been dialed again since `since`, in vain? */

@@ -113,6 +113,7 @@ struct shard_op {
 	bool shard_turn;	/* counted in t->shard_busy: one of the shard's pushes out */
 	bool chained;		/* posted under the word of the push before it, no CAS */
 	bool retried;		/* refused, and sent again by a retry (client.c): its fate is the resend's */
+	uint64_t epoch;		/* its partition's epoch in the route it was sent by */
 	int result;		/* what rps__op_report() said */
 	int ack_status;
 	uint64_t ack_lock;	/* the lock word the server left */
@@ -211,6 +212,14 @@ struct conn {
 				 * whose partitions have backups could not be reached
 				 * (0: never) */
 	int dial_err;		/* that member: why it could not be reached (0: it was) */
+	/* the epoch of each partition its member owned in our map when we
+	 * lost it (0: not its; NULL: not lost, or no memory): one it owns
+	 * under another epoch since was given to it after that, which the
+	 * control plane does only to a member that lives (a move's
+	 * destination installed it, a switch's backup confirmed, a failover
+	 * picked one in contact): dial it again now (redial_wanted) */
+	uint64_t *lost_epochs;
+	uint32_t nlost_epochs;
 	bool answered;		/* rps__conn_setup: the server answered (it lives), if only to refuse */
 	bool noq;		/* its server's quorum note says it lost the majority */
 	uint64_t busy_ns;	/* when its active list last became non-empty */
@@ -426,6 +435,9 @@ int rps__conn_auth_msg(struct rps_client *cl, struct conn *c, const struct rps__
 void rps__conn_hello_msg(const struct rps_client *cl, struct rps__hello *h);
 int rps__conn_finish(struct rps_client *cl, struct conn *c);
 void rps__conn_free(struct conn *c);
+/* c's member could not be reached (its connection lost, or a dial in
+ * vain): remember the epochs of the partitions it owns in our map now. */
+void rps__conn_note_lost(struct rps_client *cl, struct conn *c);
 int rps__map_read_sync(struct rps_client *cl, struct conn *c);
 int rps__connect_members(struct rps_client *cl);
 int rps__map_refresh(struct rps_client *cl);

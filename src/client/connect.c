@@ -54,6 +54,26 @@ void rps__conn_free(struct conn *c)
 	free(c->free_slots);
 	free(c->free_bounce);
 	c->free_slots = c->free_bounce = NULL;
+	free(c->lost_epochs);
+	c->lost_epochs = NULL;
+	c->nlost_epochs = 0;
+}
+
+void rps__conn_note_lost(struct rps_client *cl, struct conn *c)
+{
+	uint32_t p, n = cl->map.npart;
+
+	c->lost_ns = rps__now_ns();
+	if (c->nlost_epochs != n) {
+		free(c->lost_epochs);
+		c->nlost_epochs = 0;
+		/* (no memory: no evidence either way, FAILOVER_WAIT_MS decides) */
+		if (!n || !(c->lost_epochs = calloc(n, sizeof(*c->lost_epochs))))
+			return;
+		c->nlost_epochs = n;
+	}
+	for (p = 0; p < n; p++)
+		c->lost_epochs[p] = cl->map.parts[p].owner == c->member_id ? cl->map.parts[p].epoch : 0;
 }
 
 /* One request before the progress thread takes the connection (AUTH,
@@ -381,8 +401,12 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
  * Is a member whose connection we lost worth dialing again now?  Only if
  * the map gives it something to serve us: a partition it owns or is
  * receiving.  And not, for FAILOVER_WAIT_MS after the loss, while every
- * partition it owns has a backup: it is being failed over, ops on it ride
- * through to the new primary without it.  Why it matters: when a whole
+ * partition it owns has a backup and was its already when we lost it: it
+ * is being failed over, ops on it ride through to the new primary without
+ * it.  A partition given to it since (another epoch than the one we
+ * noted, c->lost_epochs) says it lives: a server restarted after its
+ * partitions failed over, then given some back (psctl rebalance, the
+ * leader's own balancing, a move) is dialed at once, not after the wait.  Why it matters: when a whole
  * host dies nothing answers a dial (no reset, unlike a dead process on a
  * live host), so the dial blocks for its whole timeout, and a map refresh
  * dials with the client's lock held: every thread of the client would
@@ -390,7 +414,7 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
  */
 static bool redial_wanted(const struct rps_client *cl, const struct conn *c)
 {
-	bool owns = false, unbacked = false;
+	bool owns = false, unbacked = false, given = false;
 	uint32_t p;
 
 	for (p = 0; p < cl->map.npart; p++) {
@@ -400,11 +424,13 @@ static bool redial_wanted(const struct rps_client *cl, const struct conn *c)
 		if (pp->owner == c->member_id) {
 			owns = true;
 			unbacked |= !pp->backups[0] || pp->lost;
+			given |= c->lost_epochs && (p >= c->nlost_epochs || c->lost_epochs[p] != pp->epoch);
 		}
 	}
 	/* a remote access error came from a server that lives (it answered):
 	 * nothing to fail over, dial it again now */
-	return owns && (unbacked || c->err == -EFAULT || rps__now_ns() - c->lost_ns >= FAILOVER_WAIT_MS * 1000000ull);
+	return owns && (unbacked || given || c->err == -EFAULT ||
+			rps__now_ns() - c->lost_ns >= FAILOVER_WAIT_MS * 1000000ull);
 }
 
 /* Does member id own partitions, every one of them with a backup (and
@@ -515,7 +541,8 @@ static int endpoint_settle(struct rps_client *cl, const struct endpoint_want *w,
 		 * failover is coming.) */
 		if (!w->fresh || (silent && owns_backed(cl, w->m->id))) {
 			c->err = -ECONNRESET;
-			c->lost_ns = rps__now_ns();
+			c->member_id = w->m->id;
+			rps__conn_note_lost(cl, c);
 			c->dial_err = !w->fresh ? w->dial_err : why;
 		} else {
 			c->err = why;

@@ -298,6 +298,7 @@ struct shard_op *rps__op_init(struct shard_op *op, struct rps_request *r, struct
 	op->owner = op->req = r;
 	op->t = t;
 	op->c = route(t, s);
+	op->epoch = t->part[rps__shard_server(&t->layout, s)].epoch;
 	op->kind = kind;
 	op->shard = s;
 	return op;

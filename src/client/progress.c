@@ -144,7 +144,7 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 		return;
 	rps__ep_close(c->ep);
 	c->ep = NULL;
-	c->lost_ns = rps__now_ns();
+	rps__conn_note_lost(cl, c);
 	if (!c->err)
 		c->err = -ECONNRESET;
 	rps__log(RPS__LOG_DEBUG, "%s: %s", c->name, conn_error_text(c->err));

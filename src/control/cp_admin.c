@@ -383,6 +383,9 @@ void rps__cp_on_admin(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_i
 	admin_propose(cp, c, req_id, a, &cmd, epoch);
 }
 
+_Static_assert(sizeof(struct rps__msg_hdr) + sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX <= RPS__BIG_MSG_MAX,
+	       "STATUS_REP with the largest map fits an admin connection's message");
+
 void rps__cp_on_status(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_id)
 {
 	static char buf[sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX];

@@ -245,6 +245,14 @@ static void cb_apply(void *ctx, uint64_t index, uint64_t term, const void *data,
 		rps__log(cmd.type == RPS__SMAP_NOP ? RPS__LOG_DEBUG : RPS__LOG_INFO, "log entry %llu: %s",
 			 (unsigned long long)index, what);
 	rps__cp_replica_applied(cp, &cmd, ret, rps__now_ns());
+	/* what leaves the primaries uneven, as news (not a restart's replay):
+	 * the leader spreads them again once the map is quiet
+	 * (rps__cp_balance_duty).  Not an ADD_MEMBER: psctl add-server
+	 * moves the new member's share itself, unless told not to
+	 * (--no-rebalance: a witness to be, or the operator's own plan) */
+	if (!ret && index > cp->replay_to &&
+	    (cmd.type == RPS__SMAP_FAILOVER || cmd.type == RPS__SMAP_SET_WITNESS || cmd.type == RPS__SMAP_FORCE_REMOVE))
+		cp->balance_due = true;
 	if (!ret && cmd.type == RPS__SMAP_CLEAR_LOST && cp->map.parts[cmd.part].owner == cp->my_id &&
 	    (cmd.id ? cmd.id == cp->incarnation : index > cp->replay_to)) {
 		/* restored here (our own CLEAR_LOST: it names this start), or

@@ -201,6 +201,7 @@ static int run_timers(void *ctx, uint64_t now, bool *stop)
 		rps__cp_move_duties(cp, now);
 		rps__cp_seed_duties(cp, now);
 		rps__cp_replica_duties(cp, now);
+		rps__cp_balance_duty(cp, now);
 		rps__cp_config_duties(cp, now);
 		rps__cp_leader_membership(cp);
 		rps__cp_admin_timeouts(cp, now);

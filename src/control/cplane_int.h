@@ -210,6 +210,10 @@ struct rps__cplane {
 							 * counts toward its primary's bound until then (ns) */
 	bool replica_kick;		/* a seeding ended or an image arrived: run the
 					 * seeding and placement duties this turn */
+	bool balance_due;		/* a failover, a member back, a witness made or a
+					 * member removed by force: the leader spreads the
+					 * primaries again (--rebalance auto) */
+	uint64_t balance_next;		/* leader: no balancing move before (ns) */
 	uint64_t config_next;		/* next SET_REPLICAS / SET_ZONE proposal (ns) */
 	bool replicas_settled;		/* --replicas is in the map (once per start) */
 	bool zone_settled;		/* --zone is in the map */
@@ -269,6 +273,9 @@ void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now);
 /* repl_place.c: placement (leader), seeding backups, --replicas and --zone */
 bool rps__cp_replica_reconcile(struct rps__cplane *cp, uint32_t p, uint64_t now);
 void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now);
+/* The leader, --rebalance auto: one balancing move when balance_due and
+ * nothing else moves or seeds (repl_place.c). */
+void rps__cp_balance_duty(struct rps__cplane *cp, uint64_t now);
 void rps__cp_seed_duties(struct rps__cplane *cp, uint64_t now);
 void rps__cp_replica_applied(struct rps__cplane *cp, const struct rps__smap_cmd *cmd, int ret, uint64_t now);
 void rps__cp_config_duties(struct rps__cplane *cp, uint64_t now);

@@ -77,7 +77,7 @@
 /* Node ids are nonzero; 0 means "nobody" (no vote, no known leader). */
 #define RPS__RAFT_NONE 0u
 /* Voters plus learners in one configuration. */
-#define RPS__RAFT_MAX_NODES 16u
+#define RPS__RAFT_MAX_NODES 64u
 /* Largest entry payload and snapshot the codec accepts. */
 #define RPS__RAFT_MAX_DATA (64u << 20)
 

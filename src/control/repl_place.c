@@ -417,11 +417,21 @@ static bool zone_move(const struct rps__smap *m, uint32_t p, uint64_t to)
 	return mb && mb->zone[0] && !rps__smap_in_zone(m, p, mb->zone) && rps__smap_zone_duplicate(m, p);
 }
 
-/* What partition p calls for, if anything: false if nothing.  inflight[i]:
- * seedings from member slot i in the map or proposed. */
-static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, uint32_t *inflight,
+/* One pass of the placement duty over every partition: what it counts
+ * once, not once per partition (at 64 members and 256 partitions, counting
+ * each candidate's replicas for every partition, every tick, was the
+ * leader's whole CPU). */
+struct placement_pass {
+	uint32_t inflight[RPS__SMAP_MAX_MEMBERS];	/* seedings from member slot i, in the map or proposed */
+	uint32_t loads[RPS__SMAP_MAX_MEMBERS];		/* replicas member slot i holds (rps__smap_member_loads) */
+	bool zones;					/* a member declared a zone */
+};
+
+/* What partition p calls for, if anything: false if nothing. */
+static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, struct placement_pass *pp,
 			  struct rps__smap_cmd *cmd)
 {
+	uint32_t *inflight = pp->inflight;
 	const struct rps__smap *m = &cp->map;
 	const struct rps__smap_part *mp = &m->parts[p];
 	uint32_t nb = rps__smap_nbackups(m, p);
@@ -448,7 +458,7 @@ static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, uint
 		if (src < 0 || now < cp->seed_src_next[src] || inflight[src] >= SEED_MAX_PER_SRC)
 			return false;
 		cmd->type = RPS__SMAP_REPLICA_BEGIN;
-		cmd->to = rps__smap_pick_backup(m, p, live, cp);
+		cmd->to = rps__smap_pick_backup_loaded(m, p, live, cp, pp->loads);
 		if (!cmd->to) {
 			/* nowhere to put another copy: it just goes */
 			cmd->type = RPS__SMAP_REPLICA_DROP;
@@ -480,14 +490,15 @@ static bool placement_cmd(struct rps__cplane *cp, uint32_t p, uint64_t now, uint
 	 * copy there first, then drop the duplicate (above), so the set never
 	 * has fewer than R copies.  Not with R = 3: no room for the extra one. */
 	if (1 + nb == m->replicas &&
-	    (nb == RPS__SMAP_MAX_REPLICAS - 1 || !zone_move(m, p, rps__smap_pick_backup(m, p, live, cp))))
+	    (nb == RPS__SMAP_MAX_REPLICAS - 1 || !pp->zones ||
+	     !zone_move(m, p, rps__smap_pick_backup_loaded(m, p, live, cp, pp->loads))))
 		return false;
 	/* up to SEED_MAX_PER_SRC per primary; none while it backs off */
 	src = member_slot(m, mp->owner);
 	if (src < 0 || now < cp->seed_src_next[src] || inflight[src] >= SEED_MAX_PER_SRC)
 		return false;
 	cmd->type = RPS__SMAP_REPLICA_BEGIN;
-	cmd->to = rps__smap_pick_backup(m, p, live, cp);
+	cmd->to = rps__smap_pick_backup_loaded(m, p, live, cp, pp->loads);
 	if (!cmd->to)
 		return false;
 	inflight[src]++;
@@ -559,7 +570,7 @@ static void removing_duty(struct rps__cplane *cp, uint64_t now)
 
 void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 {
-	uint32_t inflight[RPS__SMAP_MAX_MEMBERS] = { 0 };
+	struct placement_pass pass;
 	struct rps__smap_cmd cmd;
 	char what[256];
 	uint32_t p;
@@ -571,12 +582,16 @@ void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 	 * maps of the failover tests) stay as they are */
 	if (RPS__UNLIKELY(rps__fault("no-replica-duty")))
 		return;
+	memset(&pass, 0, sizeof(pass));
 	for (p = 0; p < cp->map.npart; p++)
 		if ((cp->map.parts[p].joining || now < cp->seed_pending[p]) &&
 		    (src = member_slot(&cp->map, cp->map.parts[p].owner)) >= 0)
-			inflight[src]++;
+			pass.inflight[src]++;
+	rps__smap_member_loads(&cp->map, pass.loads);
+	for (uint32_t i = 0; i < cp->map.nmembers; i++)
+		pass.zones |= cp->map.members[i].zone[0] != '\0';
 	for (p = 0; p < cp->map.npart; p++) {
-		if (now < cp->replica_next[p] || !placement_cmd(cp, p, now, inflight, &cmd))
+		if (now < cp->replica_next[p] || !placement_cmd(cp, p, now, &pass, &cmd))
 			continue;
 		cp->replica_next[p] = now + REPLICA_RETRY_NS;
 		rps__smap_cmd_str(&cmd, what, sizeof(what));
@@ -584,6 +599,66 @@ void rps__cp_replica_duties(struct rps__cplane *cp, uint64_t now)
 		rps__cp_propose_cmd(cp, &cmd);
 	}
 	removing_duty(cp, now);
+}
+
+/*
+ * Balancing (--rebalance auto, the default).  A failover leaves the
+ * primaries of the dead member on its backups' members, a member that
+ * comes back (restarted: it failed its partitions over itself) owns
+ * nothing, a member made a witness or removed by force handed its
+ * partitions to others (psctl add-server moves a new member's share
+ * itself): once everything else is done (no partition moving, seeding
+ * or short of copies, nothing being removed), the leader moves primaries
+ * one at a time as psctl rebalance would (rps__smap_balance_move: among the
+ * living members that hold data, from the one that owns most to the one
+ * that owns fewest, while they differ by two; a partition it backs
+ * first, a planned switch that ships nothing).  A move refused or aborted
+ * is tried again REPLICA_RETRY_NS later; even, it stops until the next
+ * such event.  Moves an operator makes by hand stay where they are put
+ * until such an event evens them out (--rebalance off keeps them).
+ */
+static bool map_quiet(const struct rps__cplane *cp, uint64_t now)
+{
+	const struct rps__smap *m = &cp->map;
+
+	if (cp->removing || rps__smap_nunder(m))
+		return false;
+	for (uint32_t p = 0; p < m->npart; p++)
+		if (m->parts[p].moving_to || m->parts[p].joining || now < cp->seed_pending[p])
+			return false;
+	return true;
+}
+
+void rps__cp_balance_duty(struct rps__cplane *cp, uint64_t now)
+{
+	struct rps__smap_cmd cmd;
+	uint64_t from, to;
+	uint32_t p;
+	int ret;
+
+	if (cp->cfg.rebalance_off || !cp->balance_due || now < cp->balance_next || !cp->rnode ||
+	    !rps__rnode_is_leader(cp->rnode) || !cp->fo.leading || !map_quiet(cp, now))
+		return;
+	/* (maps built by hand stay as they are: rps__cp_replica_duties) */
+	if (RPS__UNLIKELY(rps__fault("no-replica-duty")))
+		return;
+	ret = rps__smap_balance_move(&cp->map, live, cp, &p, &from, &to);
+	if (ret <= 0) {
+		cp->balance_due = ret != 0;	/* (busy: its moves end first) */
+		return;
+	}
+	memset(&cmd, 0, sizeof(cmd));
+	cmd.type = RPS__SMAP_MOVE_BEGIN;
+	cmd.part = p;
+	cmd.from = from;
+	cmd.to = to;
+	cmd.epoch = cp->map.parts[p].epoch;
+	cp->balance_next = now + REPLICA_RETRY_NS;
+	rps__log(RPS__LOG_INFO, "rebalancing: partition %u from member %llu (owns %u) to member %llu (owns %u)%s", p,
+		 (unsigned long long)from, rps__smap_owned(&cp->map, from), (unsigned long long)to,
+		 rps__smap_owned(&cp->map, to),
+		 rps__smap_role(&cp->map, p, to) == RPS__SMAP_ROLE_BACKUP ? ", its backup" : "");
+	rps__cp_propose_cmd(cp, &cmd);
 }
 
 /* ---- --replicas, --zone and --witness ------------------------------------------ */

@@ -44,8 +44,12 @@ static void json_moved(uint32_t part, uint64_t owner, uint64_t epoch)
 	printf("}\n");
 }
 
-/* One move, printed.  from: the owner before it (for the message). */
-static int do_move(uint32_t part, uint64_t from, uint64_t to)
+/* One move, printed.  from: the owner before it (for the message).
+ * 0, or 1 (the exit status: said why).  raced: a move the map overtook
+ * (the partition moving already, or moved: the leader's own balancing,
+ * rps__cp_balance_duty) is no failure: -EAGAIN, and the caller reads the
+ * map again. */
+static int do_move_how(uint32_t part, uint64_t from, uint64_t to, bool raced)
 {
 	struct rps__admin_rep rep;
 	char what[96];
@@ -53,6 +57,10 @@ static int do_move(uint32_t part, uint64_t from, uint64_t to)
 
 	snprintf(what, sizeof(what), "move partition %u to member %" PRIu64, part, to);
 	ret = psctl_admin(RPS__ADMIN_MOVE, part, to, NULL, &rep, what);
+	if (raced && (ret == -EBUSY || ret == -ESTALE)) {
+		rps__clearerr();
+		return -EAGAIN;
+	}
 	if (ret)
 		return psctl_fail_err();
 	if (psctl_opt.json) {
@@ -64,6 +72,11 @@ static int do_move(uint32_t part, uint64_t from, uint64_t to)
 	       rep.epoch);
 	fflush(stdout);
 	return 0;
+}
+
+static int do_move(uint32_t part, uint64_t from, uint64_t to)
+{
+	return do_move_how(part, from, to, false);
 }
 
 int psctl_cmd_move(uint32_t part, uint64_t to)
@@ -196,8 +209,8 @@ int psctl_cmd_add_server(uint64_t id, const char *uri)
 		}
 		if (moves++ > 2 * RPS__SMAP_MAX_PART)
 			return psctl_fail("rebalancing does not converge: see psctl status");
-		ret = do_move((uint32_t)p, most, id);
-		if (ret)
+		ret = do_move_how((uint32_t)p, most, id, true);
+		if (ret > 0)
 			return ret;
 		deadline = psctl_deadline_in(psctl_opt.timeout_ms);
 	}
@@ -279,8 +292,8 @@ int psctl_cmd_rebalance(void)
 		} else {
 			if (moves++ > 2 * RPS__SMAP_MAX_PART)
 				return psctl_fail("rebalancing does not converge: see psctl status");
-			ret = do_move(part, from, to);
-			if (ret)
+			ret = do_move_how(part, from, to, true);
+			if (ret > 0)
 				return ret;
 			deadline = psctl_deadline_in(psctl_opt.timeout_ms);
 		}

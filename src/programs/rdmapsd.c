@@ -76,6 +76,9 @@ static void usage(FILE *f)
 		"                            cluster's target and seeds or drops backups (default: the\n"
 		"                            cluster's target stands; a new cluster starts at 2 from\n"
 		"                            2 servers on, else 1)\n"
+		"      --rebalance auto|off  the Raft leader spreads primaries evenly again after a\n"
+		"                            failover, a server's return or a server added (default\n"
+		"                            auto; off: psctl rebalance does it when asked)\n"
 		"      --zone NAME           this server's zone: replicas spread over zones (up to 15\n"
 		"                            printable characters)\n"
 		"      --witness             a Raft voter that holds no data: 2 servers + a witness fail\n"
@@ -172,7 +175,7 @@ enum {
 	OPT_SPIN_US = 256, OPT_NUMA_NODE, OPT_CPUS, OPT_NO_PIN, OPT_SHOW_TOPOLOGY, OPT_TOPOLOGY,
 	OPT_PARK_LIMIT, OPT_IDLE_TIMEOUT, OPT_FSYNC, OPT_PARTITIONS, OPT_JOIN, OPT_TICK_MS,
 	OPT_ELECTION_TICKS, OPT_MOVE_TIMEOUT, OPT_RESTORE, OPT_FAILOVER_MS, OPT_REPLICAS, OPT_ZONE,
-	OPT_CKPT_DIR, OPT_INSECURE, OPT_KEY, OPT_WITNESS,
+	OPT_CKPT_DIR, OPT_INSECURE, OPT_KEY, OPT_WITNESS, OPT_REBALANCE,
 };
 
 /* One option: -1 to go on, or the exit status (0 after --help/--version,
@@ -203,6 +206,16 @@ static int parse_one(int c, struct opts *o)
 			cfg->fsync_none = 1;
 		} else {
 			fprintf(stderr, "rdmapsd: --fsync: '%s': say always or none\n", optarg);
+			return 2;
+		}
+		break;
+	case OPT_REBALANCE:
+		if (!strcmp(optarg, "auto")) {
+			cfg->rebalance_off = 0;
+		} else if (!strcmp(optarg, "off")) {
+			cfg->rebalance_off = 1;
+		} else {
+			fprintf(stderr, "rdmapsd: --rebalance: '%s': say auto or off\n", optarg);
 			return 2;
 		}
 		break;
@@ -383,6 +396,7 @@ static int parse_options(int argc, char **argv, struct opts *o)
 		{ "failover-ms", required_argument, NULL, OPT_FAILOVER_MS },
 		{ "replicas", required_argument, NULL, OPT_REPLICAS },
 		{ "zone", required_argument, NULL, OPT_ZONE },
+		{ "rebalance", required_argument, NULL, OPT_REBALANCE },
 		{ "checkpoint-dir", required_argument, NULL, OPT_CKPT_DIR },
 		{ "key", required_argument, NULL, OPT_KEY },
 		{ "insecure", no_argument, NULL, OPT_INSECURE },

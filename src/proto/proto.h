@@ -45,8 +45,11 @@
  * 7: a STEP_DONE entry names the rank its step is orphaned by (32 bytes;
  *    a version-6 client would take such an entry for a resend, and loop)
  * 8: the connect data carries a key id and a nonce, and a connection to a
- *    server with a key starts with AUTH / AUTH_REP (proto/auth.h) */
-#define RPS__PROTO_VERSION 8u
+ *    server with a key starts with AUTH / AUTH_REP (proto/auth.h)
+ * 9: the shard map holds up to 64 members, and the buffer workers READ it
+ *    from (RPS__MAP_BUF, its last bytes the quorum note and the probe
+ *    area) is 32 KiB: a version-8 client would look for the note at 20 KiB */
+#define RPS__PROTO_VERSION 9u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -385,7 +388,7 @@ struct rps__rank_rep {
 };
 
 /* Bytes of the registered buffer holding a server's encoded shard map. */
-#define RPS__MAP_BUF 20480u
+#define RPS__MAP_BUF 32768u
 /* A serving thread's port past the first has no map: its HELLO names 64
  * readable bytes instead, which a worker's liveness probe READs. */
 #define RPS__PROBE_AREA 64u

@@ -31,13 +31,23 @@ static unsigned long long ull(uint64_t v)
 /* ------------------------------------------------------------------------ */
 /* queries */
 
+/* Members are sorted by id (do_add): a binary search, as the map grows. */
 static int member_index(const struct rps__smap *m, uint64_t id)
 {
+	uint32_t lo = 0, hi = RPS__MIN(m->nmembers, RPS__SMAP_MAX_MEMBERS);
+
 	if (id == 0)
 		return -1;
-	for (uint32_t i = 0; i < m->nmembers && i < RPS__SMAP_MAX_MEMBERS; i++)
-		if (m->members[i].id == id)
-			return (int)i;
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (m->members[mid].id == id)
+			return (int)mid;
+		if (m->members[mid].id < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
 	return -1;
 }
 
@@ -164,8 +174,31 @@ static bool zone_in_set(const struct rps__smap *m, uint32_t p, const char *zone)
 	return o && strcmp(o->zone, zone) == 0;
 }
 
+void rps__smap_member_loads(const struct rps__smap *m, uint32_t loads[RPS__SMAP_MAX_MEMBERS])
+{
+	memset(loads, 0, RPS__SMAP_MAX_MEMBERS * sizeof(*loads));
+	for (uint32_t p = 0; p < m->npart && p < RPS__SMAP_MAX_PART; p++) {
+		int i = member_index(m, m->parts[p].owner);
+
+		if (i >= 0)
+			loads[i]++;
+		for (uint32_t k = 0; k < rps__smap_nbackups(m, p); k++)
+			if ((i = member_index(m, m->parts[p].backups[k])) >= 0)
+				loads[i]++;
+	}
+}
+
 uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
 			       void *ctx)
+{
+	uint32_t loads[RPS__SMAP_MAX_MEMBERS];
+
+	rps__smap_member_loads(m, loads);
+	return rps__smap_pick_backup_loaded(m, p, alive, ctx, loads);
+}
+
+uint64_t rps__smap_pick_backup_loaded(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
+				      void *ctx, const uint32_t loads[RPS__SMAP_MAX_MEMBERS])
 {
 	uint64_t best = 0;
 	bool best_new_zone = false;
@@ -184,7 +217,7 @@ uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*ali
 		if (alive && !alive(ctx, mb->id))
 			continue;
 		new_zone = mb->zone[0] && !zone_in_set(m, p, mb->zone);
-		load = rps__smap_owned(m, mb->id) + rps__smap_backed(m, mb->id);
+		load = loads[i];
 		/* members are sorted by id: the first of equals wins */
 		if (!best || (new_zone && !best_new_zone) || (new_zone == best_new_zone && load < best_load)) {
 			best = mb->id;

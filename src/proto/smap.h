@@ -51,7 +51,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define RPS__SMAP_MAX_MEMBERS 16u
+#define RPS__SMAP_MAX_MEMBERS 64u
 #define RPS__SMAP_MAX_PART 256u
 #define RPS__SMAP_DEFAULT_PART 64u
 #define RPS__SMAP_URI_MAX 128u		/* including the NUL */
@@ -193,6 +193,13 @@ uint32_t rps__smap_nwitnesses(const struct rps__smap *m);
  * target: first one whose zone neither the set nor its joiner has yet,
  * then the fewest replicas held (owned + backed), then the lowest id.
  * Never a witness.  0 if none. */
+/* loads[i]: replicas member slot i holds (owned + backed), from
+ * rps__smap_member_loads; a caller that places many partitions in one
+ * pass counts them once (O(partitions)), not once per member per
+ * partition.  rps__smap_pick_backup counts them itself. */
+void rps__smap_member_loads(const struct rps__smap *m, uint32_t loads[RPS__SMAP_MAX_MEMBERS]);
+uint64_t rps__smap_pick_backup_loaded(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
+				      void *ctx, const uint32_t loads[RPS__SMAP_MAX_MEMBERS]);
 uint64_t rps__smap_pick_backup(const struct rps__smap *m, uint32_t p, bool (*alive)(void *ctx, uint64_t id),
 			       void *ctx);
 /* Balancing: the next move that evens out the primaries of the members
@@ -240,7 +247,7 @@ int rps__smap_cmd_decode(const void *buf, size_t len, struct rps__smap_cmd *c);
  * little-endian, versioned, ends with a crc32c (rps__crc32c_noinv, crc.h) of what precedes it.
  * RPS__SMAP_ENC_MAX bounds the size.  decode: -EBADMSG malformed or
  * truncated, -EILSEQ crc mismatch (message says so). */
-#define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (12u + RPS__SMAP_URI_MAX + RPS__SMAP_ZONE_MAX) + \
+#define RPS__SMAP_ENC_MAX (64u + RPS__SMAP_MAX_MEMBERS * (14u + RPS__SMAP_URI_MAX + RPS__SMAP_ZONE_MAX) + \
 			   RPS__SMAP_MAX_PART * (41u + 8u * (RPS__SMAP_MAX_REPLICAS - 1u)) + 4u)
 size_t rps__smap_encoded_size(const struct rps__smap *m);
 int rps__smap_encode(const struct rps__smap *m, void *buf, size_t cap, size_t *len);

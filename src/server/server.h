@@ -55,6 +55,8 @@ struct rps__server_config {
 	uint32_t replicas;		/* --replicas R: the leader makes it the map's target
 					 * (0: not given, the map's stands) */
 	const char *zone;		/* --zone: this member's zone label (NULL: not given) */
+	int rebalance_off;		/* --rebalance off: the leader leaves primaries where they
+					 * are (control/repl_place.c; psctl rebalance) */
 	int witness;			/* --witness: a Raft voter that holds no partitions and
 					 * takes no worker (control/repl_place.c) */
 	/* security (doc/security.md) */

@@ -6,9 +6,11 @@
 #include "tmpdir.h"
 #include "common/fsutil.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Every test program keeps the loopback key of the servers it starts
@@ -32,6 +34,30 @@ static void runtime_init(void)
 	setenv("RDMAPS_RUNTIME_DIR", runtime_dir, 1);
 }
 
+/* RPS_TEST_ONLY="a|b|c": the tests whose names contain a, b or c. */
+static bool name_chosen(const char *name, const char *only)
+{
+	for (const char *p = only;; p++) {
+		const char *bar = strchr(p, '|');
+		size_t n = bar ? (size_t)(bar - p) : strlen(p);
+
+		for (const char *q = name; n && strlen(q) >= n; q++)
+			if (!strncmp(q, p, n))
+				return true;
+		if (!bar)
+			return false;
+		p = bar;
+	}
+}
+
+/* RPS_TEST_SKIP="a|b": all but the tests whose names contain a or b. */
+static const char *skip_filter(void)
+{
+	const char *skip = getenv("RPS_TEST_SKIP");
+
+	return skip && *skip ? skip : NULL;
+}
+
 static const char *only_filter(void)
 {
 	const char *only = getenv("RPS_TEST_ONLY");
@@ -52,25 +78,69 @@ int cutest_require_faults(const char *prog)
 #endif
 }
 
+/*
+ * Each test's wall time, printed after its name ("[12.3 s] "): what a
+ * suite's share of CI's budget is spent on (the verbs suites under TCG
+ * take minutes).  Every suite's setup and teardown go through these two,
+ * which find the suite's own hooks by the running suite.
+ */
+static const struct cutest_suite *timed_suites;
+static size_t timed_nsuites;
+static struct timespec test_t0;
+
+static const struct cutest_suite *running_suite(void)
+{
+	CU_pSuite s = CU_get_current_suite();
+
+	for (size_t i = 0; s && i < timed_nsuites; i++)
+		if (!strcmp(timed_suites[i].name, s->pName))
+			return &timed_suites[i];
+	return NULL;
+}
+
+static void timed_setup(void)
+{
+	const struct cutest_suite *su = running_suite();
+
+	clock_gettime(CLOCK_MONOTONIC, &test_t0);
+	if (su && su->setup)
+		su->setup();
+}
+
+static void timed_teardown(void)
+{
+	const struct cutest_suite *su = running_suite();
+	struct timespec t;
+
+	if (su && su->teardown)
+		su->teardown();
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	printf("[%.1f s] ", (double)(t.tv_sec - test_t0.tv_sec) + (t.tv_nsec - test_t0.tv_nsec) / 1e9);
+	fflush(stdout);
+}
+
 int cutest_run(const struct cutest_suite *suites, size_t nsuites)
 {
-	const char *only = only_filter();
+	const char *only = only_filter(), *skip = skip_filter();
 	unsigned failed, nrun = 0, nskipped = 0;
 
 	runtime_init();
+	timed_suites = suites;
+	timed_nsuites = nsuites;
 	if (CU_initialize_registry() != CUE_SUCCESS) {
 		fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
 		return 99;
 	}
 	for (size_t i = 0; i < nsuites; i++) {
 		const struct cutest_suite *su = &suites[i];
-		CU_pSuite s = CU_add_suite_with_setup_and_teardown(su->name, su->init, su->clean, su->setup,
-								   su->teardown);
+		CU_pSuite s = CU_add_suite_with_setup_and_teardown(su->name, su->init, su->clean, timed_setup,
+								   timed_teardown);
 
 		if (!s)
 			goto err;
 		for (size_t j = 0; j < su->ntests; j++) {
-			if (only && !strstr(su->tests[j].name, only))
+			if ((only && !name_chosen(su->tests[j].name, only)) ||
+			    (skip && name_chosen(su->tests[j].name, skip)))
 				continue;
 			if (!su->tests[j].fn) {		/* CUTEST_FAULT in a build without them */
 				printf("SKIP: %s: %s: %s\n", su->name, su->tests[j].name, CUTEST_NO_FAULTS);
