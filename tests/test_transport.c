@@ -125,13 +125,21 @@ static void server_handle_request(struct rps__conn_req *req)
 	pthread_mutex_unlock(&srv.lock);
 }
 
-static void server_store(const struct rps__wc *wc, int n)
+/* Poll cq into the mailbox: the poll and the store under one hold of
+ * srv.lock, so that conn_close (its endpoints closed, then the mailbox
+ * emptied under the lock) never leaves a completion of a closed endpoint
+ * behind: one polled before the close is stored before the reset, and a
+ * close drops what it had queued.  A completion polled, then stored after
+ * the reset, could be taken for the next connection's, whose endpoint may
+ * get the freed one's address (test_send_too_large failed so once, in a
+ * distcheck).  The number polled. */
+static int server_poll_store(struct rps__cq *cq)
 {
-	int i;
+	struct rps__wc wc[32];
+	int i, n;
 
-	if (!n)
-		return;
 	pthread_mutex_lock(&srv.lock);
+	n = rps__cq_poll(cq, wc, 32);
 	for (i = 0; i < n; i++) {
 		if (srv.nmail == MAILBOX_CAP) {
 			srv.overflow = true;
@@ -139,8 +147,10 @@ static void server_store(const struct rps__wc *wc, int n)
 		}
 		srv.mailbox[srv.nmail++] = wc[i];
 	}
-	pthread_cond_broadcast(&srv.cond);
+	if (n > 0)
+		pthread_cond_broadcast(&srv.cond);
 	pthread_mutex_unlock(&srv.lock);
+	return n;
 }
 
 static void *server_main(void *arg)
@@ -148,9 +158,7 @@ static void *server_main(void *arg)
 	unsigned id = (unsigned)(uintptr_t)arg;
 	struct rps__cq *cq = srv.cq[id];
 	struct rps__conn_req *req;
-	struct rps__wc wc[32];
 	struct pollfd pfd[2];
-	int n;
 
 	for (;;) {
 		pthread_mutex_lock(&srv.lock);
@@ -162,17 +170,11 @@ static void *server_main(void *arg)
 
 		while (id == 0 && rps__listener_get_request(srv.listener, &req) == 0)
 			server_handle_request(req);
-		n = rps__cq_poll(cq, wc, 32);
-		if (n > 0) {
-			server_store(wc, n);
+		if (server_poll_store(cq) > 0)
 			continue;
-		}
 		rps__cq_arm(cq);
-		n = rps__cq_poll(cq, wc, 32);
-		if (n > 0) {
-			server_store(wc, n);
+		if (server_poll_store(cq) > 0)
 			continue;
-		}
 		pfd[0] = (struct pollfd){ .fd = rps__cq_fd(cq), .events = POLLIN };
 		pfd[1] = (struct pollfd){ .fd = rps__listener_fd(srv.listener), .events = POLLIN };
 		poll(pfd, id == 0 ? 2 : 1, 10);
