@@ -589,6 +589,17 @@ static bool failed_over(const struct rps__smap *now, const struct rps__smap *bef
 	return true;
 }
 
+/* Member 2 restarted empty: its partitions failed over, backups seeded on
+ * it again, it owns none (--rebalance off).  *m: that map. */
+static void wait_restarted_empty(struct rps__smap *m)
+{
+	for (double until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
+		if (it_wait_settled(&clu, 2, 20000, m) == 0 && m->nmembers == NSERVERS && !rps__smap_owned(m, 2) &&
+		    rps__smap_backed(m, 2))
+			break;
+	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(m, 2), 0);
+}
+
 static void rebalance_run(bool automatic)
 {
 	/* the workers push until the test stops them, some pushes after the
@@ -638,11 +649,7 @@ static void rebalance_run(bool automatic)
 			"acknowledged by then] ", rps__smap_owned(&m, 2), NPART, it_now_s() - t0, acked_total());
 	} else {
 		/* empty: its partitions failed over, backups seeded on it again */
-		for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
-			if (it_wait_settled(&clu, 2, 20000, &m) == 0 && m.nmembers == NSERVERS &&
-			    !rps__smap_owned(&m, 2) && rps__smap_backed(&m, 2))
-				break;
-		CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
+		wait_restarted_empty(&m);
 		it_sleep_ms(1000);	/* --rebalance off: it stays so */
 		CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 20000, &m), 0);
 		CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
@@ -762,7 +769,7 @@ static void test_given_back_to_idle_worker(void)
 	struct it_workers w;
 	uint64_t version = 0;
 	float *p = malloc(COUNT * sizeof(float));
-	double until, t0;
+	double t0;
 	int bad = 0, rc;
 	unsigned i;
 
@@ -782,10 +789,7 @@ static void test_given_back_to_idle_worker(void)
 	t0 = it_now_s();
 	it_server_kill(&clu, 1);
 	CU_ASSERT_EQUAL_FATAL(it_server_restart(&clu, 1), 0);
-	for (until = it_now_s() + 60; it_now_s() < until; it_sleep_ms(100))
-		if (it_wait_settled(&clu, 2, 20000, &m) == 0 && !rps__smap_owned(&m, 2) && rps__smap_backed(&m, 2))
-			break;
-	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&m, 2), 0);
+	wait_restarted_empty(&m);
 	rc = it_psctl(&clu, 120000, out, sizeof(out), err, sizeof(err), "--timeout 60 rebalance");
 	if (rc)
 		fprintf(stderr, "psctl rebalance: exit %d: %s%s\n", rc, out, err);
