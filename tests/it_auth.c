@@ -25,6 +25,7 @@
 #include <CUnit/Basic.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,6 +327,7 @@ struct silent {
 	struct rps__ep *ep[SILENT_MAX];
 	bool dropped[SILENT_MAX];
 	int n;
+	int told_busy;	/* closed with an AUTH_REP "busy: N handshakes from your address wait" */
 };
 
 static int silent_init(struct silent *s)
@@ -374,9 +376,28 @@ static int silent_dropped(struct silent *s, int want, int ms)
 
 	for (k = 0; k <= ms / 10; k++) {
 		int got = rps__cq_wait(s->cq, wc, 64, 10);
-		for (i = 0; i < got; i++)
-			if (wc[i].status != RPS__WC_SUCCESS && wc[i].wr_id < (uint64_t)s->n)
+		for (i = 0; i < got; i++) {
+			const char *m = s->buf + wc[i].wr_id * 1024;
+			struct rps__msg_hdr h;
+			struct rps__auth_rep ar;
+
+			if (wc[i].wr_id >= (uint64_t)s->n)
+				continue;
+			if (wc[i].status != RPS__WC_SUCCESS) {
 				s->dropped[wc[i].wr_id] = true;
+				continue;
+			}
+			/* evicted to make room: told so, then closed */
+			memset(&ar, 0, sizeof(ar));
+			memcpy(&h, m, sizeof(h));
+			memcpy(&ar, m + sizeof(h), RPS__MIN(sizeof(ar), wc[i].byte_len - sizeof(h)));
+			if (!rps__msg_check(m, wc[i].byte_len) && h.type == RPS__MSG_AUTH_REP && h.status == -EBUSY &&
+			    !strncmp(ar.why, "busy: 64 handshakes from your address wait", sizeof(ar.why)) &&
+			    !s->dropped[wc[i].wr_id]) {
+				s->dropped[wc[i].wr_id] = true;
+				s->told_busy++;
+			}
+		}
 		for (i = 0, n = 0; i < s->n; i++)
 			n += s->dropped[i];
 		if (n >= want)
@@ -804,9 +825,11 @@ static void test_preauth_peers(void)
 	CU_ASSERT_FATAL(before > 0);
 	CU_ASSERT_EQUAL_FATAL(silent_init(&s), 0);
 	CU_ASSERT_EQUAL(silent_open(&s, RPS__ROLE_PEER, &c, 300), 300);
-	/* all but the newest 64 closed (within the 3 s they could wait) */
+	/* all but the newest 64 closed (within the 3 s they could wait),
+	 * each told why first */
 	n = silent_dropped(&s, 300 - 64, 2500);
 	CU_ASSERT(n >= 300 - 64);
+	CU_ASSERT_EQUAL(s.told_busy, 300 - 64);
 	after = it_proc_kib(clu.pid[0], "VmRSS");
 	fprintf(stderr, "\n  server VmRSS %ld -> %ld KiB with 300 unauthenticated peer connections, %d closed\n",
 		before, after, n);
@@ -1122,6 +1145,128 @@ static int suite_init(void)
 }
 
 /* One server for a test (the teardown stops it). */
+/* A server busy with handshakes (RPS_FAULT=auth-busy-N: its first N
+ * worker AUTHs answered as a burst's evicted ones are): the worker is
+ * told, dials again, seed and members alike, and gets in; busy for
+ * longer than its timeout_ms, its error says the server is busy. */
+static void test_busy(void)
+{
+	struct it_server_opts o;
+	struct rps_client_opts co;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+
+	memset(&o, 0, sizeof(o));
+	o.extra_args = SERVER_ARGS;
+	o.env = "RPS_FAULT=auth-busy-4";
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 2, &o), 0);
+	clu_up = true;
+	/* (the seed is dialed in turn, the other member by the dialer) */
+	CU_ASSERT_EQUAL_FATAL(connect_with(NULL, &cl), 0);
+	CU_ASSERT_EQUAL_FATAL(create_async(cl, "busy/t", &t), 0);
+	push_ones_check(t, 2, 2);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	it_cluster_stop(&clu);
+	clu_up = false;
+
+	o.env = "RPS_FAULT=auth-busy-1000000";
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 1, &o), 0);
+	clu_up = true;
+	rps_client_opts_init(&co);
+	co.servers = clu.servers;
+	co.rank = 0;
+	co.num_workers = 1;
+	co.timeout_ms = 500;
+	CU_ASSERT_EQUAL(rps_client_connect(&co, &cl), -EBUSY);
+	if (!strstr(rps_last_error(), "refused the connection for now: busy:"))
+		fprintf(stderr, "\n  the worker was told: %s\n", rps_last_error());
+	CU_ASSERT(strstr(rps_last_error(), "refused the connection for now: busy:") != NULL);
+	CU_ASSERT(strstr(rps_last_error(), "timeout_ms") != NULL);
+}
+
+/* A job's start: BURST_WORKERS workers of one host dial 4 servers at
+ * once, more than the 64 handshakes one address may have waiting.  The
+ * server makes room by closing the oldest with "busy", they dial again,
+ * and every worker gets in and is served (before: a third of them failed
+ * with "could not be reached"). */
+#define BURST_WORKERS 256
+struct burst_worker {
+	pthread_t th;
+	pthread_barrier_t *go;
+	rps_client_t *cl;
+	int ret;
+	char err[512];
+};
+
+static void *burst_main(void *arg)
+{
+	struct burst_worker *w = arg;
+	struct rps_client_opts co;
+
+	rps_client_opts_init(&co);
+	co.servers = clu.servers;
+	co.rank = 0;
+	co.num_workers = 1;
+	co.timeout_ms = 60000;
+	pthread_barrier_wait(w->go);
+	w->ret = rps_client_connect(&co, &w->cl);
+	if (w->ret)
+		snprintf(w->err, sizeof(w->err), "%s", rps_last_error());
+	return NULL;
+}
+
+static void test_burst(void)
+{
+	static struct burst_worker w[BURST_WORKERS];
+	pthread_barrier_t go;
+	rps_tensor_t *t;
+	int i, ok = 0;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&clu, 4, SERVER_ARGS " --slots 1 --max-connections 4096"), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(pthread_barrier_init(&go, NULL, BURST_WORKERS), 0);
+	for (i = 0; i < BURST_WORKERS; i++) {
+		w[i].go = &go;
+		w[i].cl = NULL;
+		CU_ASSERT_EQUAL_FATAL(pthread_create(&w[i].th, NULL, burst_main, &w[i]), 0);
+	}
+	for (i = 0; i < BURST_WORKERS; i++) {
+		pthread_join(w[i].th, NULL);
+		if (w[i].ret && ok >= 0) {
+			fprintf(stderr, "\n  worker %d: %s\n", i, w[i].err);
+			ok = -1;
+		}
+	}
+	for (i = 0, ok = 0; i < BURST_WORKERS; i++)
+		ok += !w[i].ret;
+	CU_ASSERT_EQUAL(ok, BURST_WORKERS);
+	/* each is served: one tensor, a push of ones from every worker */
+	if (!w[0].ret && !create_async(w[0].cl, "burst/t", &t)) {
+		static float g[COUNT], v[COUNT];
+		rps_tensor_t *mine;
+		int bad = 0, j;
+
+		for (j = 0; j < COUNT; j++)
+			g[j] = 1.0f;
+		for (i = 0; i < BURST_WORKERS; i++) {
+			if (w[i].ret || rps_tensor_open(w[i].cl, "burst/t", &mine))
+				continue;
+			CU_ASSERT_EQUAL(rps_push(mine, g, sizeof(g)), 0);
+			rps_tensor_close(mine);
+		}
+		CU_ASSERT_EQUAL(rps_pull(t, v, sizeof(v), NULL), 0);
+		for (j = 0; j < COUNT; j++)
+			bad += v[j] != (float)ok;
+		CU_ASSERT_EQUAL(bad, 0);
+		rps_tensor_close(t);
+	}
+	for (i = 0; i < BURST_WORKERS; i++)
+		if (!w[i].ret)
+			rps_client_close(w[i].cl);
+	pthread_barrier_destroy(&go);
+}
+
 static void up(void)
 {
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&clu, 1, SERVER_ARGS), 0);
@@ -1149,6 +1294,10 @@ int main(void)
 		{ "pre-authentication: silent sockets keep no worker or admin out and go after 3 s; "
 		  "then 'server full' says so", test_preauth_slots },
 		{ "a member full: the worker's op says 'server full'", test_member_full },
+		{ "a server busy with handshakes: the worker dials again and gets in; past its timeout_ms it says busy",
+		  test_busy },
+		{ "a burst of 256 workers from one address at once, to 4 servers: every one gets in and is served, exact",
+		  test_burst },
 		{ "pre-authentication: unauthenticated peers capped per address, no big buffers before AUTH",
 		  test_preauth_peers },
 		{ "scope leaks: another job's or a reader's takeover, barrier arrival and WAIT refused or "

@@ -253,18 +253,33 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	/* Any server of the list will do: it gives us the map, and the map
 	 * gives us every member. */
 	for (i = 0; i < nseeds; i++) {
-		ret = rps__conn_setup(cl, &cl->conns[0], &uris[i], 0);
-		if (!ret) {
-			cl->conns[0].member_id = cl->conns[0].hello.member_id;
-			cl->shard_elems = cl->conns[0].hello.shard_elems;
-			cl->nservers = 1;
-			ret = rps__map_read_sync(cl, &cl->conns[0]);
-			if (!ret)
+		uint64_t end = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+		uint32_t busy = 0;
+
+		for (;;) {
+			uint64_t wait_ms;
+
+			ret = rps__conn_setup(cl, &cl->conns[0], &uris[i], 0);
+			if (!ret) {
+				cl->conns[0].member_id = cl->conns[0].hello.member_id;
+				cl->shard_elems = cl->conns[0].hello.shard_elems;
+				cl->nservers = 1;
+				ret = rps__map_read_sync(cl, &cl->conns[0]);
+				if (!ret)
+					break;
+			}
+			rps__conn_free(&cl->conns[0]);
+			memset(&cl->conns[0], 0, sizeof(cl->conns[0]));
+			cl->nservers = 0;
+			/* busy with a burst of handshakes (a job's ranks all
+			 * starting): the same server again in a moment */
+			wait_ms = rps__busy_wait_ms(busy++, (uint32_t)i);
+			if (ret != -EBUSY || rps__now_ns() + wait_ms * 1000000ull >= end)
 				break;
+			usleep((useconds_t)(wait_ms * 1000));
 		}
-		rps__conn_free(&cl->conns[0]);
-		memset(&cl->conns[0], 0, sizeof(cl->conns[0]));
-		cl->nservers = 0;
+		if (!ret)
+			break;
 	}
 	if (ret)
 		goto err;

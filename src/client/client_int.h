@@ -447,8 +447,10 @@ int rps__map_refresh(struct rps_client *cl);
  * then runs their AUTH and HELLO side by side, each within timeout_ms a
  * phase.  On return each job has its outcome: ret 0 (the connection is
  * ready), or the error with its line in err (c->answered says whether
- * the server answered).  Lock held with the poller role (or no progress
- * thread yet). */
+ * the server answered).  A server that closed a connection before its
+ * AUTH to make room for others (-EBUSY: a burst of handshakes) is dialed
+ * again after a short random wait, within timeout_ms of the batch's
+ * start.  Lock held with the poller role (or no progress thread yet). */
 struct rps__dial_job {
 	int k;			/* the slot */
 	struct rps__uri u;
@@ -458,11 +460,17 @@ struct rps__dial_job {
 	int state;
 	struct rps__dial *d;
 	uint64_t deadline;
+	uint64_t end;		/* the batch's time: dialing again stops here */
+	uint32_t busy_tries;	/* dialed again after a server's "busy" (RPS__BUSY_REFUSAL) */
 	struct rps__conn_priv priv, rp;
 	struct rps__auth_transcript t;
 	struct rps__key proven;
 };
 void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t n);
+/* How long to wait before dialing again a server that said it is busy
+ * (tries: times so far): 10 ms doubling to 640 ms, each spread at random
+ * over its upper half by salt and the clock. */
+uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt);
 
 /* tensor.c */
 void rps__tensor_opts_defaults(struct rps_tensor_opts *d);

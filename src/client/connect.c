@@ -518,14 +518,16 @@ static int endpoint_settle(struct rps_client *cl, const struct endpoint_want *w,
 
 	if (ret) {
 		char reason[sizeof(c->refused)];
-		int why = ret == -ECONNREFUSED ? ret : -EHOSTUNREACH;
+		/* (busy: refused still, its dials again within timeout_ms in vain) */
+		bool refused = ret == -ECONNREFUSED || ret == -EBUSY;
+		int why = refused ? -ECONNREFUSED : -EHOSTUNREACH;
 		/* (no answer at all: what a dead server or host gives) */
 		bool silent = j && !c->answered &&
 			      (ret == -ECONNREFUSED || ret == -ETIMEDOUT || ret == -EHOSTUNREACH ||
 			       ret == -ENETUNREACH || ret == -ECONNRESET);
 
 		/* the server's reason, for the ops that fail for want of it */
-		snprintf(reason, sizeof(reason), "%s", ret == -ECONNREFUSED && w->fresh && j ? j->err : "");
+		snprintf(reason, sizeof(reason), "%s", refused && w->fresh && j ? j->err : "");
 		rps__conn_free(c);
 		memcpy(c->refused, reason, sizeof(reason));
 		c->cl = cl;

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum job_state { JOB_DIAL, JOB_AUTH, JOB_HELLO, JOB_OVER };
+enum job_state { JOB_DIAL, JOB_AUTH, JOB_HELLO, JOB_BUSY, JOB_OVER };
 
 static void job_fail(struct rps__dial_job *j, int ret)
 {
@@ -128,16 +128,48 @@ static void job_step_dial(struct rps_client *cl, struct rps__dial_job *j)
 		job_handshake(cl, j);
 }
 
-/* The job whose connection c is waiting for a reply, or NULL. */
-static struct rps__dial_job *job_of(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t n,
+uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt)
+{
+	uint64_t wait_ms = 10ull << RPS__MIN(tries, 6u);
+	uint64_t h = (rps__now_ns() ^ ((uint64_t)salt << 32)) * 0x9e3779b97f4a7c15ull;
+
+	return wait_ms / 2 + (h >> 33) % (wait_ms / 2 + 1);	/* (spread the burst) */
+}
+
+/*
+ * The server closed j's connection before its AUTH to make room (a burst
+ * of handshakes from our address: a job's ranks starting at once): drop
+ * it and dial again after rps__busy_wait_ms, while the batch's time
+ * lasts.  False: no time left, j fails with the server's line.
+ */
+static bool job_busy(struct rps_client *cl, struct rps__dial_job *j)
+{
+	struct conn *c = &cl->conns[j->k];
+	uint64_t now = rps__now_ns(), wait_ms = rps__busy_wait_ms(j->busy_tries, (uint32_t)j->k);
+
+	if (now + wait_ms * 1000000ull >= j->end)
+		return false;
+	rps__log(RPS__LOG_DEBUG, "%s: dialing again in %llu ms", rps__errbuf(), (unsigned long long)wait_ms);
+	rps__key_clear(&j->proven);
+	rps__conn_free(c);
+	memset(c, 0, sizeof(*c));
+	j->busy_tries++;
+	j->deadline = now + wait_ms * 1000000ull;
+	j->state = JOB_BUSY;
+	return true;
+}
+
+/* The job whose connection c is waiting for a reply, or NULL (job_at:
+ * a slot's job in jobs, or -1). */
+static struct rps__dial_job *job_of(struct rps_client *cl, struct rps__dial_job *jobs, const int *job_at,
 				    const struct conn *c)
 {
-	if (!c || c < cl->conns || c >= cl->conns + MAX_CONNS)
+	struct rps__dial_job *j;
+
+	if (!c || c < cl->conns || c >= cl->conns + MAX_CONNS || job_at[c - cl->conns] < 0)
 		return NULL;
-	for (uint32_t i = 0; i < n; i++)
-		if (&cl->conns[jobs[i].k] == c && (jobs[i].state == JOB_AUTH || jobs[i].state == JOB_HELLO))
-			return &jobs[i];
-	return NULL;
+	j = &jobs[job_at[c - cl->conns]];
+	return j->state == JOB_AUTH || j->state == JOB_HELLO ? j : NULL;
 }
 
 /* A reply (or a failure) on j's connection: as call_sync (connect.c)
@@ -185,6 +217,8 @@ static void job_on_recv(struct rps_client *cl, struct rps__dial_job *j, const st
 	if (want == RPS__MSG_AUTH_REP) {
 		ret = rps__auth_connect_check(&j->proven, &j->t, &mh, &ar, c->name);
 		rps__key_clear(&j->proven);
+		if (ret == -EBUSY && job_busy(cl, j))
+			return;
 		if (ret) {
 			job_fail(j, ret);
 			return;
@@ -206,14 +240,14 @@ static void job_on_recv(struct rps_client *cl, struct rps__dial_job *j, const st
 
 /* What the CQ holds: replies to the batch's jobs, and (the progress
  * thread running) the other connections' completions, which are theirs. */
-static void drain_cq(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t n)
+static void drain_cq(struct rps_client *cl, struct rps__dial_job *jobs, const int *job_at)
 {
 	struct rps__wc wc[32];
 	int got, i;
 
 	while ((got = rps__cq_poll(cl->cq, wc, (int)RPS__ARRAY_SIZE(wc))) > 0)
 		for (i = 0; i < got; i++) {
-			struct rps__dial_job *j = job_of(cl, jobs, n, rps__ep_context(wc[i].ep));
+			struct rps__dial_job *j = job_of(cl, jobs, job_at, rps__ep_context(wc[i].ep));
 
 			if (j && (wc[i].status != RPS__WC_SUCCESS || (wc[i].wr_id & 7u) == TAG_RECV))
 				job_on_recv(cl, j, &wc[i]);
@@ -225,11 +259,25 @@ static void drain_cq(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t
 void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t n)
 {
 	struct pollfd *pfd = calloc((size_t)n + 1, sizeof(*pfd));
+	int *job_at = malloc(MAX_CONNS * sizeof(*job_at));	/* slot -> its job here, or -1 */
+	uint64_t end = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
 	uint32_t i, live;
+
+	if (!job_at) {
+		free(pfd);
+		pfd = NULL;
+	} else {
+		for (i = 0; i < MAX_CONNS; i++)
+			job_at[i] = -1;
+		for (i = 0; i < n; i++)
+			job_at[jobs[i].k] = (int)i;
+	}
 
 	for (i = 0; i < n; i++) {
 		memset(&jobs[i].proven, 0, sizeof(jobs[i].proven));
 		jobs[i].d = NULL;
+		jobs[i].end = end;
+		jobs[i].busy_tries = 0;
 		jobs[i].state = JOB_OVER;
 		if (!pfd)
 			job_fail(&jobs[i], rps__seterr(-ENOMEM, "out of memory"));
@@ -248,7 +296,9 @@ void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t
 				continue;
 			live++;
 			ms = j->deadline > now ? (int)((j->deadline - now) / 1000000ull) + 1 : 0;
-			if (j->state == JOB_DIAL) {
+			if (j->state == JOB_BUSY) {
+				;	/* (its wait: the deadline) */
+			} else if (j->state == JOB_DIAL) {
 				short events;
 				int fd = rps__dial_fd(j->d, &events);
 				if (fd < 0)
@@ -270,10 +320,14 @@ void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t
 		}
 		if (poll(pfd, (nfds_t)np, timeout) < 0 && errno != EINTR)
 			timeout = 0;	/* (nothing to do but step and poll again) */
+		now = rps__now_ns();
+		for (i = 0; i < n; i++)
+			if (jobs[i].state == JOB_BUSY && now >= jobs[i].deadline)
+				job_start(cl, &jobs[i]);
 		for (i = 0; i < n; i++)
 			if (jobs[i].state == JOB_DIAL)
 				job_step_dial(cl, &jobs[i]);
-		drain_cq(cl, jobs, n);
+		drain_cq(cl, jobs, job_at);
 		now = rps__now_ns();
 		for (i = 0; i < n; i++) {
 			struct rps__dial_job *j = &jobs[i];
@@ -285,5 +339,6 @@ void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t
 							cl->timeout_ms));
 		}
 	}
+	free(job_at);
 	free(pfd);
 }

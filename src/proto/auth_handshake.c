@@ -204,6 +204,10 @@ int rps__auth_connect_check(const struct rps__key *proven, const struct rps__aut
 	if (h->status == -ECONNREFUSED)	/* the key held, but no room (server full, memory) */
 		return rps__seterr(-ECONNREFUSED, "%s refused the connection: %.*s", who, (int)sizeof(rep->why),
 				   rep->why[0] ? rep->why : "no room");
+	if (h->status == -EBUSY)	/* too many handshakes at once: this one closed to make room */
+		return rps__seterr(-EBUSY, "%s refused the connection for now: %.*s (too many connections "
+				   "authenticating at once: try again, or give the client a longer timeout_ms)",
+				   who, (int)sizeof(rep->why), rep->why[0] ? rep->why : RPS__BUSY_REFUSAL);
 	if (h->status < 0)
 		return rps__seterr(h->status == -EPERM ? -EPERM : -EACCES, "%s refused the key: %s", who,
 				   rep->why[0] ? rep->why : "authentication failed");

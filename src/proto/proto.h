@@ -58,6 +58,10 @@
  * way to their backups (the map names a witness owner until its SET_WITNESS
  * commits), not for a live data server refusing it. */
 #define RPS__WITNESS_REFUSAL "a witness holds no data"
+/* How a server's AUTH_REP of -EBUSY begins: too many handshakes at once
+ * (from the connector's address), this one closed to make room.  Nothing
+ * is wrong with it: librdmaps dials again (client/dialer.c). */
+#define RPS__BUSY_REFUSAL "busy:"
 #define RPS__MSG_MAX 512u		/* worker connections */
 #define RPS__BIG_MSG_MAX (32u << 10)	/* peer (Raft, migration) and admin connections */
 #define RPS__NAME_MAX 64u		/* including the terminating NUL */

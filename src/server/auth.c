@@ -8,9 +8,11 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "server/server_int.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +102,40 @@ void rps__srv_auth_dial_free(struct srv_conn *c)
 	}
 }
 
+void rps__srv_auth_busy(struct rps__server *srv, struct srv_conn *c, const char *why)
+{
+	struct rps__auth_rep rep;
+
+	rps__srv_log_refusal(srv, c, why);
+	if (c->auth.dial) {	/* (one we dialed: no dialer of ours waits for an answer) */
+		c->dead = true;
+		return;
+	}
+	memset(&rep, 0, sizeof(rep));
+	snprintf(rep.why, sizeof(rep.why), "%s", why);
+	rps__srv_conn_reply(c, RPS__MSG_AUTH_REP, 0, -EBUSY, &rep, sizeof(rep));
+	c->auth.refused = true;	/* the refusal leaves, then the connection goes */
+	c->auth.deadline_ns = rps__now_ns() + 200000000ull;
+}
+
+/* Test hook (RPS_FAULT=auth-busy-N): the first N worker AUTHs this
+ * process receives are answered "busy", as a burst's evicted ones are. */
+static bool fault_auth_busy(const struct srv_conn *c)
+{
+	static _Atomic long left = -1;
+	long n = atomic_load(&left);
+
+	if (n < 0) {
+		if (!rps__fault_arg("auth-busy-", &n) || n < 0)
+			n = 0;
+		atomic_store(&left, n);
+	}
+	while (c->role == CONN_WORKER && n > 0)
+		if (atomic_compare_exchange_weak(&left, &n, n - 1))
+			return true;
+	return false;
+}
+
 void rps__srv_auth_on_message(struct rps__server *srv, struct srv_conn *c, const struct rps__msg_hdr *h,
 			      const void *body)
 {
@@ -144,6 +180,10 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct srv_conn *c, const
 	if (h->type != RPS__MSG_AUTH) {
 		rps__srv_log_refusal(srv, c, "sent a request before AUTH");
 		c->dead = true;
+		return;
+	}
+	if (fault_auth_busy(c)) {
+		rps__srv_auth_busy(srv, c, RPS__BUSY_REFUSAL " (test hook auth-busy)");
 		return;
 	}
 	ret = rps__auth_accept(srv->cfg.keys, &c->auth.req, &c->auth.rep, body, rps__ep_local(c->ep),

@@ -383,7 +383,11 @@ const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struc
  * the budget (PREAUTH_*), the oldest waiting one of that host, or else of
  * all, is closed.  Evicting rather than refusing the newcomer: silent
  * sockets opened ahead of a worker cannot keep it out, and a burst of
- * them costs the flooder its own older ones. */
+ * them costs the flooder its own older ones.  But a burst of workers (a
+ * job's start: hundreds of ranks dialing at once from one host) looks the
+ * same, so an evicted connection we accepted is told why first, with an
+ * AUTH_REP of -EBUSY: librdmaps dials it again a moment later
+ * (client/dialer.c), and the burst gets in as handshakes complete. */
 static void preauth_room(struct rps__server *srv, const char *host)
 {
 	struct srv_conn *oldest = NULL, *oldest_host = NULL;
@@ -392,7 +396,7 @@ static void preauth_room(struct rps__server *srv, const char *host)
 
 	for (i = 0; i < srv->nconns; i++) {
 		struct srv_conn *o = srv->conns[i];
-		if (o->auth.authed || o->dead)
+		if (o->auth.authed || o->auth.refused || o->dead)
 			continue;
 		n++;
 		if (!oldest || o->auth.accepted_ns < oldest->auth.accepted_ns)
@@ -408,10 +412,9 @@ static void preauth_room(struct rps__server *srv, const char *host)
 		oldest = oldest_host;
 	else if (n < PREAUTH_MAX)
 		return;
-	snprintf(h, sizeof(h), "closed: %u connections%s wait to authenticate",
-		 n_host >= PREAUTH_PER_HOST ? n_host : n, n_host >= PREAUTH_PER_HOST ? " from its address" : "");
-	rps__srv_log_refusal(srv, oldest, h);
-	oldest->dead = true;
+	snprintf(h, sizeof(h), RPS__BUSY_REFUSAL " %u handshakes%s wait", n_host >= PREAUTH_PER_HOST ? n_host : n,
+		 n_host >= PREAUTH_PER_HOST ? " from your address" : "");
+	rps__srv_auth_busy(srv, oldest, h);
 }
 
 void rps__srv_conn_destroy(struct rps__server *srv, struct srv_conn *c)

@@ -455,6 +455,9 @@ void rps__srv_auth_timers(struct rps__server *srv, uint64_t now);
 void rps__srv_auth_dial_free(struct srv_conn *c);
 /* Log a refusal, once a second at most (hostile peers must not flood the log). */
 void rps__srv_log_refusal(struct rps__server *srv, const struct srv_conn *c, const char *why);
+/* Close c, not authenticated yet, to make room: an AUTH_REP of -EBUSY
+ * says why (RPS__BUSY_REFUSAL ...) and that it may dial again. */
+void rps__srv_auth_busy(struct rps__server *srv, struct srv_conn *c, const char *why);
 /* conn.c: what an accepted connection does once authed */
 void rps__srv_conn_authed(struct rps__server *srv, struct srv_conn *c);
 /* A peer said it runs `theirs` serving threads (0: not said): false, with
