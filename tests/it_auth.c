@@ -66,7 +66,7 @@ static void derived(const char *name, enum rps__key_role role, const char *scope
 	rps__key_clear(&c);
 }
 
-static int connect_with(const char *key_file, rps_client_t **cl)
+static int connect_within(const char *key_file, int timeout_ms, rps_client_t **cl)
 {
 	struct rps_client_opts co;
 
@@ -74,9 +74,14 @@ static int connect_with(const char *key_file, rps_client_t **cl)
 	co.servers = clu.servers;
 	co.rank = 0;
 	co.num_workers = 1;
-	co.timeout_ms = 10000;
+	co.timeout_ms = timeout_ms;
 	co.key_file = key_file;
 	return rps_client_connect(&co, cl);
+}
+
+static int connect_with(const char *key_file, rps_client_t **cl)
+{
+	return connect_within(key_file, 10000, cl);
 }
 
 static int create_async(rps_client_t *cl, const char *name, rps_tensor_t **t)
@@ -1152,7 +1157,6 @@ static int suite_init(void)
 static void test_busy(void)
 {
 	struct it_server_opts o;
-	struct rps_client_opts co;
 	rps_client_t *cl;
 	rps_tensor_t *t;
 
@@ -1173,12 +1177,7 @@ static void test_busy(void)
 	o.env = "RPS_FAULT=auth-busy-1000000";
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 1, &o), 0);
 	clu_up = true;
-	rps_client_opts_init(&co);
-	co.servers = clu.servers;
-	co.rank = 0;
-	co.num_workers = 1;
-	co.timeout_ms = 500;
-	CU_ASSERT_EQUAL(rps_client_connect(&co, &cl), -EBUSY);
+	CU_ASSERT_EQUAL(connect_within(NULL, 500, &cl), -EBUSY);
 	if (!strstr(rps_last_error(), "refused the connection for now: busy:"))
 		fprintf(stderr, "\n  the worker was told: %s\n", rps_last_error());
 	CU_ASSERT(strstr(rps_last_error(), "refused the connection for now: busy:") != NULL);
@@ -1202,15 +1201,9 @@ struct burst_worker {
 static void *burst_main(void *arg)
 {
 	struct burst_worker *w = arg;
-	struct rps_client_opts co;
 
-	rps_client_opts_init(&co);
-	co.servers = clu.servers;
-	co.rank = 0;
-	co.num_workers = 1;
-	co.timeout_ms = 60000;
 	pthread_barrier_wait(w->go);
-	w->ret = rps_client_connect(&co, &w->cl);
+	w->ret = connect_within(NULL, 60000, &w->cl);
 	if (w->ret)
 		snprintf(w->err, sizeof(w->err), "%s", rps_last_error());
 	return NULL;
