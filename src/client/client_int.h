@@ -462,6 +462,7 @@ struct rps__dial_job {
 	uint64_t deadline;
 	uint64_t end;		/* the batch's time: dialing again stops here */
 	uint32_t busy_tries;	/* dialed again after a server's "busy" (RPS__BUSY_REFUSAL) */
+	bool drop;		/* its connection to close, the CQ drained */
 	struct rps__conn_priv priv, rp;
 	struct rps__auth_transcript t;
 	struct rps__key proven;

@@ -144,32 +144,29 @@ uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt)
  */
 static bool job_busy(struct rps_client *cl, struct rps__dial_job *j)
 {
-	struct conn *c = &cl->conns[j->k];
 	uint64_t now = rps__now_ns(), wait_ms = rps__busy_wait_ms(j->busy_tries, (uint32_t)j->k);
 
 	if (now + wait_ms * 1000000ull >= j->end)
 		return false;
 	rps__log(RPS__LOG_DEBUG, "%s: dialing again in %llu ms", rps__errbuf(), (unsigned long long)wait_ms);
 	rps__key_clear(&j->proven);
-	rps__conn_free(c);
-	memset(c, 0, sizeof(*c));
+	/* closed once the completions polled with this one are through
+	 * (drain_cq: one of them may be this endpoint's) */
+	j->drop = true;
 	j->busy_tries++;
 	j->deadline = now + wait_ms * 1000000ull;
 	j->state = JOB_BUSY;
 	return true;
 }
 
-/* The job whose connection c is waiting for a reply, or NULL (job_at:
- * a slot's job in jobs, or -1). */
+/* The job of the batch whose slot connection c is, or NULL (job_at: a
+ * slot's job in jobs, or -1). */
 static struct rps__dial_job *job_of(struct rps_client *cl, struct rps__dial_job *jobs, const int *job_at,
 				    const struct conn *c)
 {
-	struct rps__dial_job *j;
-
 	if (!c || c < cl->conns || c >= cl->conns + MAX_CONNS || job_at[c - cl->conns] < 0)
 		return NULL;
-	j = &jobs[job_at[c - cl->conns]];
-	return j->state == JOB_AUTH || j->state == JOB_HELLO ? j : NULL;
+	return &jobs[job_at[c - cl->conns]];
 }
 
 /* A reply (or a failure) on j's connection: as call_sync (connect.c)
@@ -249,6 +246,10 @@ static void drain_cq(struct rps_client *cl, struct rps__dial_job *jobs, const in
 		for (i = 0; i < got; i++) {
 			struct rps__dial_job *j = job_of(cl, jobs, job_at, rps__ep_context(wc[i].ep));
 
+			if (j && j->state == JOB_BUSY)
+				continue;	/* the connection it closes: nothing of it matters */
+			if (j && (j->state != JOB_AUTH && j->state != JOB_HELLO))
+				j = NULL;
 			if (j && (wc[i].status != RPS__WC_SUCCESS || (wc[i].wr_id & 7u) == TAG_RECV))
 				job_on_recv(cl, j, &wc[i]);
 			else if (cl->thread_started)
@@ -278,6 +279,7 @@ void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t
 		jobs[i].d = NULL;
 		jobs[i].end = end;
 		jobs[i].busy_tries = 0;
+		jobs[i].drop = false;
 		jobs[i].state = JOB_OVER;
 		if (!pfd)
 			job_fail(&jobs[i], rps__seterr(-ENOMEM, "out of memory"));
@@ -328,6 +330,12 @@ void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t
 			if (jobs[i].state == JOB_DIAL)
 				job_step_dial(cl, &jobs[i]);
 		drain_cq(cl, jobs, job_at);
+		for (i = 0; i < n; i++)
+			if (jobs[i].drop) {	/* (its queued completions go with it) */
+				rps__conn_free(&cl->conns[jobs[i].k]);
+				memset(&cl->conns[jobs[i].k], 0, sizeof(cl->conns[jobs[i].k]));
+				jobs[i].drop = false;
+			}
 		now = rps__now_ns();
 		for (i = 0; i < n; i++) {
 			struct rps__dial_job *j = &jobs[i];
