@@ -29,6 +29,7 @@
 #include "cluster.h"
 
 #include <CUnit/Basic.h>
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -325,6 +326,49 @@ static void check_all_equal(const char *name, float want, uint64_t version_want)
 	CU_ASSERT_EQUAL(version, version_want);
 }
 
+/* psctl status names every member with its Raft role once the leader
+ * added them all: 5 voters (one the leader), the rest learners (a reply
+ * naming more than 16 was refused before the STATUS reply grew to the
+ * largest map).  The map settles first; the learners join the Raft
+ * configuration one entry each after it. */
+static void test_status(void)
+{
+	static char out[256 * 1024], copy[sizeof(out)], err[4096];
+	int voters = nservers < 5 ? nservers : 5;
+	double deadline = now_s() + 60;
+	int rc, rows, leaders, followers, learners;
+
+	for (;;) {
+		char *line, *save = NULL;
+
+		rc = it_psctl(&clu, 60000, out, sizeof(out), err, sizeof(err), "status");
+		if (rc)
+			fprintf(stderr, "psctl status: %s\n", err);
+		CU_ASSERT_EQUAL_FATAL(rc, 0);
+		memcpy(copy, out, sizeof(out));
+		rows = leaders = followers = learners = 0;
+		for (line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+			if (!isdigit((unsigned char)line[0]))
+				continue;
+			rows++;
+			leaders += strstr(line, " leader ") != NULL;
+			followers += strstr(line, " follower ") != NULL;
+			learners += strstr(line, " learner ") != NULL;
+		}
+		if (rows == nservers && leaders == 1 && followers == voters - 1 && learners == nservers - voters)
+			break;
+		if (now_s() > deadline) {
+			fprintf(stderr, "\n%s\n", out);
+			break;
+		}
+		usleep(500000);
+	}
+	CU_ASSERT_EQUAL(rows, nservers);
+	CU_ASSERT_EQUAL(leaders, 1);
+	CU_ASSERT_EQUAL(followers, voters - 1);
+	CU_ASSERT_EQUAL(learners, nservers - voters);
+}
+
 static void test_async_exact(void)
 {
 	static const struct job j = { .kind = JOB_ASYNC, .name = "scale-async", .pushes = ASYNC_PUSHES };
@@ -422,6 +466,7 @@ static void test_member_killed(void)
 int main(void)
 {
 	static const struct cutest tests[] = {
+		{ "psctl status names every member and its Raft role", test_status },
 		{ "async: every worker pushes to every server, exact", test_async_exact },
 		{ "sync: every rank's steps, bit-identical to the reference", test_sync_exact },
 		{ "async: a member killed mid-job fails over, exact", test_member_killed },

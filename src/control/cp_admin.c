@@ -383,6 +383,8 @@ void rps__cp_on_admin(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_i
 	admin_propose(cp, c, req_id, a, &cmd, epoch);
 }
 
+_Static_assert(RPS__STATUS_MAX_NODES >= RPS__SMAP_MAX_MEMBERS && RPS__STATUS_MAX_NODES >= RPS__RAFT_MAX_NODES,
+	       "a STATUS reply names every Raft node of the largest map");
 _Static_assert(sizeof(struct rps__msg_hdr) + sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX <= RPS__BIG_MSG_MAX,
 	       "STATUS_REP with the largest map fits an admin connection's message");
 
@@ -408,17 +410,17 @@ void rps__cp_on_status(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_
 	rep->role = st.role;
 	rep->n_voters = st.conf.n_voters;
 	rep->n_learners = st.conf.n_learners;
-	for (i = 0; i < st.conf.n_voters && i < 16; i++) {
+	for (i = 0; i < st.conf.n_voters && i < RPS__STATUS_MAX_NODES; i++) {
 		struct rps__raft_progress_info pi = { 0 };
 		rep->voters[i] = st.conf.voters[i];
 		if (!rps__rnode_progress(cp->rnode, st.conf.voters[i], &pi))
 			rep->match[k] = pi.match;
 		k++;
 	}
-	for (i = 0; i < st.conf.n_learners && i < 16; i++) {
+	for (i = 0; i < st.conf.n_learners && i < RPS__STATUS_MAX_NODES; i++) {
 		struct rps__raft_progress_info pi = { 0 };
 		rep->learners[i] = st.conf.learners[i];
-		if (k < 16 && !rps__rnode_progress(cp->rnode, st.conf.learners[i], &pi))
+		if (k < RPS__STATUS_MAX_NODES && !rps__rnode_progress(cp->rnode, st.conf.learners[i], &pi))
 			rep->match[k] = pi.match;
 		k++;
 	}

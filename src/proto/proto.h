@@ -48,8 +48,10 @@
  *    server with a key starts with AUTH / AUTH_REP (proto/auth.h)
  * 9: the shard map holds up to 64 members, and the buffer workers READ it
  *    from (RPS__MAP_BUF, its last bytes the quorum note and the probe
- *    area) is 32 KiB: a version-8 client would look for the note at 20 KiB */
-#define RPS__PROTO_VERSION 9u
+ *    area) is 32 KiB: a version-8 client would look for the note at 20 KiB
+ * 10: STATUS_REP names up to 64 Raft nodes (RPS__STATUS_MAX_NODES), not 16:
+ *    psctl refused the reply of a cluster of more than 16 members */
+#define RPS__PROTO_VERSION 10u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -442,7 +444,10 @@ struct rps__seed {
 	uint64_t seq;
 };
 
-/* STATUS_REP body: this fixed part, then the encoded shard map. */
+/* STATUS_REP body: this fixed part, then the encoded shard map.  It
+ * names every Raft node of the largest map (RPS__SMAP_MAX_MEMBERS, smap.h:
+ * control/cp_admin.c checks they agree). */
+#define RPS__STATUS_MAX_NODES 64u
 struct rps__status_rep {
 	uint64_t id;
 	uint64_t term;
@@ -456,9 +461,9 @@ struct rps__status_rep {
 	uint32_t n_voters;
 	uint32_t n_learners;
 	uint32_t n_conns;	/* worker connections */
-	uint64_t voters[16];
-	uint64_t learners[16];
-	uint64_t match[16];	/* leader only: match index of voters[], then learners[] */
+	uint64_t voters[RPS__STATUS_MAX_NODES];
+	uint64_t learners[RPS__STATUS_MAX_NODES];
+	uint64_t match[RPS__STATUS_MAX_NODES];	/* leader only: match index of voters[], then learners[] */
 	uint64_t tensors;
 	uint64_t shards;	/* shards held here */
 	uint64_t shard_bytes;	/* their parameter bytes */
