@@ -31,8 +31,11 @@ void rps__srv_log_refusal(struct rps__server *srv, const struct srv_conn *c, con
 		srv->auth_log.quiet++;
 		return;
 	}
-	rps__log(RPS__LOG_WARN, "%s %s refused: %s (%llu more refusals not logged before)",
-		 rps__srv_role_name(c), rps__ep_peer(c->ep), why, (unsigned long long)srv->auth_log.quiet);
+	if (srv->auth_log.quiet)
+		rps__log(RPS__LOG_WARN, "%s %s refused: %s (and %llu refusals in the second before, not logged)",
+			 rps__srv_role_name(c), rps__ep_peer(c->ep), why, (unsigned long long)srv->auth_log.quiet);
+	else
+		rps__log(RPS__LOG_WARN, "%s %s refused: %s", rps__srv_role_name(c), rps__ep_peer(c->ep), why);
 	srv->auth_log.last_ns = now;
 	srv->auth_log.quiet = 0;
 }
@@ -102,20 +105,32 @@ void rps__srv_auth_dial_free(struct srv_conn *c)
 	}
 }
 
+/* Answer an AUTH with a refusal (status, and rep->why for its line),
+ * then let the connection go once the answer has left: the refused
+ * client reads why instead of a bare reset. */
+#define REFUSAL_LINGER_NS 200000000ull
+
+static void auth_refuse(struct rps__server *srv, struct srv_conn *c, uint64_t req_id, int status,
+			const struct rps__auth_rep *rep)
+{
+	rps__srv_log_refusal(srv, c, rep->why);
+	rps__srv_conn_reply(c, RPS__MSG_AUTH_REP, req_id, status, rep, sizeof(*rep));
+	c->auth.refused = true;	/* read nothing more from it */
+	c->auth.deadline_ns = rps__now_ns() + REFUSAL_LINGER_NS;
+}
+
 void rps__srv_auth_busy(struct rps__server *srv, struct srv_conn *c, const char *why)
 {
 	struct rps__auth_rep rep;
 
-	rps__srv_log_refusal(srv, c, why);
 	if (c->auth.dial) {	/* (one we dialed: no dialer of ours waits for an answer) */
+		rps__srv_log_refusal(srv, c, why);
 		c->dead = true;
 		return;
 	}
 	memset(&rep, 0, sizeof(rep));
 	snprintf(rep.why, sizeof(rep.why), "%s", why);
-	rps__srv_conn_reply(c, RPS__MSG_AUTH_REP, 0, -EBUSY, &rep, sizeof(rep));
-	c->auth.refused = true;	/* the refusal leaves, then the connection goes */
-	c->auth.deadline_ns = rps__now_ns() + 200000000ull;
+	auth_refuse(srv, c, 0, -EBUSY, &rep);
 }
 
 /* Test hook (RPS_FAULT=auth-busy-N): the first N worker AUTHs this
@@ -203,10 +218,7 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct srv_conn *c, const
 			memset(&rep, 0, sizeof(rep));	/* no proof of ours with it */
 			snprintf(rep.why, sizeof(rep.why), "%s", why);
 		}
-		rps__srv_log_refusal(srv, c, rep.why);
-		rps__srv_conn_reply(c, RPS__MSG_AUTH_REP, h->req_id, ret, &rep, sizeof(rep));
-		c->auth.refused = true;	/* the refusal leaves, then the connection goes */
-		c->auth.deadline_ns = rps__now_ns() + 200000000ull;
+		auth_refuse(srv, c, h->req_id, ret, &rep);
 		return;
 	}
 	c->auth.key_role = (uint8_t)role;
