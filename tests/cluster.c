@@ -419,6 +419,8 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 			 o && o->witness_last && last ? " --witness --threads 1" : "",
 			 o && o->last_args && last ? " " : "", o && o->last_args && last ? o->last_args : "");
 		server_cmd(cl, i, args, o);
+		if (o && o->last_env && last)
+			snprintf(cl->env[i], sizeof(cl->env[i]), "%s", o->last_env);
 		ret = spawn_server(cl, i);
 		if (ret) {
 			it_cluster_stop(cl);

@@ -40,6 +40,8 @@ struct it_server_opts {
 	int witness_last;	/* 1: the last server started gets --witness (one thread) */
 	const char *last_args;	/* it_cluster_start_opts: more arguments for the last
 				 * server only (e.g. --witness), or NULL */
+	const char *last_env;	/* it_cluster_start_opts: "NAME=value" for the last
+				 * server only (instead of env), or NULL */
 };
 
 /* The --checkpoint-dir every server started here gets (unless

@@ -1153,7 +1153,9 @@ static int suite_init(void)
 /* A server busy with handshakes (RPS_FAULT=auth-busy-N: its first N
  * worker AUTHs answered as a burst's evicted ones are): the worker is
  * told, dials again, seed and members alike, and gets in; busy for
- * longer than its timeout_ms, its error says the server is busy. */
+ * longer than its timeout_ms, its error says the server is busy: the
+ * connect's when the seed is, the ops' (naming the member) when a member
+ * the dialer reaches is. */
 static void test_busy(void)
 {
 	struct it_server_opts o;
@@ -1182,6 +1184,30 @@ static void test_busy(void)
 		fprintf(stderr, "\n  the worker was told: %s\n", rps_last_error());
 	CU_ASSERT(strstr(rps_last_error(), "refused the connection for now: busy:") != NULL);
 	CU_ASSERT(strstr(rps_last_error(), "timeout_ms") != NULL);
+	it_cluster_stop(&clu);
+	clu_up = false;
+
+	/* a member (not the seed) busy for longer than timeout_ms: what
+	 * needs it fails naming the member and that it is busy */
+	o.env = NULL;
+	o.last_env = "RPS_FAULT=auth-busy-1000000";
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 2, &o), 0);
+	clu_up = true;
+	{
+		static float g[COUNT];
+		const char *busy = "refused the connection for now: busy:";
+
+		CU_ASSERT_EQUAL_FATAL(connect_within(NULL, 1000, &cl), 0);	/* (the seed is not busy) */
+		CU_ASSERT_EQUAL_FATAL(create_async(cl, "busy/m", &t), 0);
+		CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), -ECONNREFUSED);
+		if (!strstr(rps_last_error(), busy) || !strstr(rps_last_error(), clu.uri[1]))
+			fprintf(stderr, "\n  the push was told: %s\n", rps_last_error());
+		CU_ASSERT(strstr(rps_last_error(), clu.uri[1]) != NULL);	/* names the member */
+		CU_ASSERT(strstr(rps_last_error(), busy) != NULL);
+		CU_ASSERT(strstr(rps_last_error(), "timeout_ms") != NULL);
+		rps_tensor_close(t);
+		rps_client_close(cl);
+	}
 }
 
 /* A job's start: BURST_WORKERS workers of one host dial 4 servers at
