@@ -150,14 +150,32 @@ RPS_EXPORT int rps_client_close(rps_client_t *cl)
 	return 0;
 }
 
+/* RDMAPS_LOG_LEVEL=error|warn|info|debug: what the library prints on
+ * stderr (warn by default), read once per process.  A word it does not
+ * know is said once and ignored. */
+static void log_level_from_env(void)
+{
+	const char *e = getenv("RDMAPS_LOG_LEVEL");
+	int level;
+
+	if (!e || !*e)
+		return;
+	if ((level = rps__log_level_parse(e)) >= 0)
+		rps__log_level = level;
+	else
+		rps__log(RPS__LOG_WARN, "RDMAPS_LOG_LEVEL=%s: say error, warn, info or debug: ignored", e);
+}
+
 RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client_t **out)
 {
+	static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 	struct rps__fabric_attr fattr = { 0 };
 	struct rps__uri *uris = NULL;
 	struct rps_client *cl;
 	int i, nseeds = 0, ret;
 
 	rps__clearerr();
+	pthread_once(&log_once, log_level_from_env);
 	if (!opts || !out || opts->size < offsetof(struct rps_client_opts, timeout_ms) + sizeof(int))
 		return rps__seterr(-EINVAL, "rps_client_connect: options not initialised with rps_client_opts_init()");
 	if (opts->num_workers < 1 || opts->rank < 0 || opts->rank >= opts->num_workers)
@@ -566,6 +584,8 @@ static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_
 		n = count_retryable(cur, &t);
 		if (!n || !t)
 			break;
+		rps__log(RPS__LOG_DEBUG, "'%s': %u shard ops to send again (%s), %.1f s into the retry", t->name, n,
+			 rps_strerror(status), (double)(rps__now_ns() - start) / 1e9);
 		nr = rps__req_new(cl, n);
 		if (!nr) {
 			status = rps__seterr(-ENOMEM, "out of memory");

@@ -386,6 +386,10 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
 				rps__seterr(-EBADMSG, "shard map: length %u does not fit", len);
 		}
 		if (!ret) {
+			rps__log(RPS__LOG_DEBUG, "%s: shard map read: entry %llu, %s entry %llu", c->name,
+				 (unsigned long long)m.applied,
+				 m.applied >= cl->map.applied || !cl->map.npart ? "taken over" : "older than ours,",
+				 (unsigned long long)cl->map.applied);
 			if (m.applied >= cl->map.applied || !cl->map.npart)
 				cl->map = m;
 			cl->map_from = c->index;

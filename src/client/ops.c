@@ -683,6 +683,8 @@ void rps__op_submit(struct shard_op *op)
 				return;
 			}
 		}
+		rps__log(RPS__LOG_DEBUG, "'%s' shard %u: partition %u has no server we reach in our map (entry %llu)",
+			 op->t->name, op->shard, p, (unsigned long long)op->t->cl->map.applied);
 		rps__op_report(op, RPS_ESTALE_EPOCH);
 		rps__active_del(c, op);
 		return;
@@ -698,6 +700,8 @@ void rps__op_submit(struct shard_op *op)
 		 * name memory windows that died with it, and using them would
 		 * cost the new connection too (a remote access error closes
 		 * it).  Learn the new ones first, as after a move. */
+		rps__log(RPS__LOG_DEBUG, "%s: '%s' shard %u: its keys came on a connection since lost", c->name,
+			 op->t->name, op->shard);
 		rps__op_report(op, RPS_ESTALE_EPOCH);
 		rps__active_del(c, op);
 		return;
@@ -795,6 +799,7 @@ static void on_cas_acq(struct shard_op *op)
 	}
 	if (rps__lock_is_locked(old) && rps__lock_owner(old) == RPS__LOCK_OWNER_FENCE) {
 		/* the shard moved away: refresh the map and go to its new owner */
+		rps__log(RPS__LOG_DEBUG, "%s: '%s' shard %u: fenced (moved away)", c->name, op->t->name, op->shard);
 		rps__op_report(op, RPS_ESTALE_EPOCH);
 		op_release(op);
 		return;
@@ -854,8 +859,10 @@ static void on_push_ack(struct conn *c, const struct rps__msg_hdr *h, const stru
 		return;
 	}
 	c->slot_op[ack->slot] = NULL;
-	if (h->status == RPS_ESTALE_EPOCH)
+	if (h->status == RPS_ESTALE_EPOCH) {
+		rps__log(RPS__LOG_DEBUG, "%s: '%s' shard %u: push refused, stale epoch", c->name, op->t->name, op->shard);
 		__atomic_add_fetch(&c->cl->pushes_fenced, 1, __ATOMIC_RELAXED);
+	}
 	if (h->flags & RPS__ACK_TAKEN) {
 		/* sync with backups: summed or parked there, the slot is free;
 		 * the push completes at STEP_DONE (until then src stays the

@@ -53,6 +53,7 @@ void rps__clearerr(void);
  * 2 info, 3 debug.  The level is per process; the library never logs. */
 enum { RPS__LOG_ERROR, RPS__LOG_WARN, RPS__LOG_INFO, RPS__LOG_DEBUG };
 extern int rps__log_level;
+int rps__log_level_parse(const char *name);
 void rps__log(int level, const char *fmt, ...) RPS__PRINTF(2, 3);
 /* s with control bytes written as \xNN, into out (len bytes, truncated);
  * returns out.  rps__log applies it to every line; use it for peer

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 static _Thread_local char errbuf[512];
 
@@ -77,9 +78,19 @@ const char *rps__escape(const char *s, char *out, size_t len)
 	return out;
 }
 
+static const char *const log_names[] = { "error", "warn", "info", "debug" };
+
+/* "error", "warn", "info" or "debug" (any case): its level, or -EINVAL. */
+int rps__log_level_parse(const char *name)
+{
+	for (int i = 0; i < (int)RPS__ARRAY_SIZE(log_names); i++)
+		if (!strcasecmp(name, log_names[i]))
+			return i;
+	return -EINVAL;
+}
+
 void rps__log(int level, const char *fmt, ...)
 {
-	static const char *const names[] = { "error", "warn", "info", "debug" };
 	char line[1024], esc[4 * sizeof(line)];
 	va_list ap;
 
@@ -89,7 +100,7 @@ void rps__log(int level, const char *fmt, ...)
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
 	/* one record, one line, whatever the arguments held */
-	fprintf(stderr, "%s: %s\n", names[level], rps__escape(line, esc, sizeof(esc)));
+	fprintf(stderr, "%s: %s\n", log_names[level], rps__escape(line, esc, sizeof(esc)));
 }
 
 /* Public (rdmaps.h): here, not in the client, because the server and the

@@ -341,11 +341,9 @@ static int parse_one(int c, struct opts *o)
 		o->port_file = optarg;
 		break;
 	case 'v':
-		if (!strcasecmp(optarg, "error")) rps__log_level = RPS__LOG_ERROR;
-		else if (!strcasecmp(optarg, "warn")) rps__log_level = RPS__LOG_WARN;
-		else if (!strcasecmp(optarg, "info")) rps__log_level = RPS__LOG_INFO;
-		else if (!strcasecmp(optarg, "debug")) rps__log_level = RPS__LOG_DEBUG;
-		else {
+		if (rps__log_level_parse(optarg) >= 0) {
+			rps__log_level = rps__log_level_parse(optarg);
+		} else {
 			fprintf(stderr, "rdmapsd: --log-level: say error, warn, info or debug\n");
 			return 2;
 		}
