@@ -51,6 +51,7 @@
 #include <CUnit/Basic.h>
 #include <errno.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -496,6 +497,112 @@ static void test_leader_primary_stopped(void)
 static void test_primary_stopped(void)
 {
 	run_primary_stopped(false);
+}
+
+/* ---- (d7) a tensor opened while a primary is stopped ----------------------------- */
+
+#define D7_TIMEOUT_MS 20000
+
+/* Rank 0 opens 'd7' (made by the parent) once the parent has stopped a
+ * primary: the open asks every server it holds a connection to, the
+ * stopped one too.  Over verbs the kernel (an HCA) answers that server's
+ * liveness probes for it, so only the open's unanswered CREATE can tell it
+ * is gone; the open must then ride through the failover, and a push
+ * through it be acknowledged, within the client's timeout_ms (before: the
+ * CREATE waited all of it and the open failed). */
+static int d7_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	float g[COUNT];
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int ret, n = 0;
+
+	(void)arg;
+	for (size_t i = 0; i < COUNT; i++)
+		g[i] = -1.0f;
+	if ((ret = it_client_connect(servers, rank, nworkers, D7_TIMEOUT_MS, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	atomic_store(&sh->at_gate[rank], 1);	/* connected to every member */
+	while (!atomic_load(&sh->gate))
+		usleep(1000);
+	if ((ret = rps_tensor_open(cl, "d7", &t)))
+		return it_worker_fail(rank, "open", ret);
+	if ((ret = rps_push(t, g, sizeof(g))))
+		return it_worker_fail(rank, "push", ret);
+	n = 1;
+	it_write_all(out_fd, &n, sizeof(n));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	return 0;
+}
+
+static void test_open_while_primary_stopped(void)
+{
+	static char servers[sizeof(clu.servers)];
+	struct rps_tensor_opts o;
+	struct it_workers w;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int leader, victim = -1, n = 0;
+	double t0;
+
+	start(NSERVERS, 2, false);
+	leader = leader_index();
+	CU_ASSERT_FATAL(leader >= 0);
+	for (int i = 1; i < NSERVERS && victim < 0; i++)
+		if (owned(&map0, (uint64_t)((leader + i) % NSERVERS) + 1) > 0)
+			victim = (leader + i) % NSERVERS;
+	CU_ASSERT_FATAL(victim >= 0);
+	/* A member the leader never heard from is never failed over (it
+	 * held no lease: repl_failover.c): the victim must have reached the
+	 * others first.  Right after the start it may not yet have (its
+	 * first dials refused, the next a second later). */
+	{
+		struct it_member st = { 0 };
+		double t1 = it_now_s();
+		while ((it_member_status(&clu, victim, &st, NULL) || st.leader != (uint64_t)leader + 1) &&
+		       it_now_s() - t1 < SETTLE_MS / 1000.0)
+			it_sleep_ms(20);
+		CU_ASSERT_EQUAL_FATAL(st.leader, (uint64_t)leader + 1);
+	}
+	/* the tensor made in a child of ours: no RDMA device opened here */
+	{
+		pid_t pid = fork();
+		CU_ASSERT_FATAL(pid >= 0);
+		if (pid == 0) {
+			int ret = it_client_connect(clu.servers, 0, 1, 10000, &cl);
+			rps_tensor_opts_init(&o);
+			o.count = COUNT;
+			o.mode = RPS_MODE_ASYNC;
+			o.optimizer = RPS_OPT_SGD;
+			o.lr = 1.0f;
+			if (!ret)
+				ret = rps_tensor_create(cl, "d7", &o, &t);
+			_exit(ret ? it_worker_fail(0, "create", ret) : 0);
+		}
+		int st = 0;
+		CU_ASSERT_FATAL(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	/* the victim first: the map the worker holds is the one it gave */
+	snprintf(servers, sizeof(servers), "%s", clu.uri[victim]);
+	for (int i = 0; i < NSERVERS; i++)
+		if (i != victim)
+			snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), ",%s", clu.uri[i]);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, d7_worker, servers, NULL, -1, NULL), 0);
+	while (!atomic_load(&sh->at_gate[0]))
+		it_sleep_ms(2);
+	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
+	t0 = it_now_s();
+	atomic_store(&sh->gate, 1);
+	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &n, sizeof(n)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
+	CU_ASSERT_EQUAL(n, 1);
+	fprintf(stderr, "[member %d stopped; the open and a push through it done %.2f s later] ", victim + 1,
+		it_now_s() - t0);
+	it_server_kill(&clu, victim);
+	check_exact("d7", COUNT, 1);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
 }
 
 /* ---- (d4, d5) a member stalled, not dead --------------------------------------- */
@@ -994,6 +1101,8 @@ int main(void)
 		  test_leader_primary_stopped },
 		{ "(d3) async: a primary, not the leader, stopped (SIGSTOP): exact, its partitions on their backups",
 		  test_primary_stopped },
+		{ "(d7) a tensor opened while a primary is stopped (SIGSTOP): rides through its failover, exact",
+		  test_open_while_primary_stopped },
 		{ "(d4) async: a primary stalled 6 s (SIGSTOP, SIGCONT), not failed over: dialed again, exact",
 		  test_primary_stalled },
 		{ "(d5) async: a backup stalled 3 s: its primary warns, one line a check, naming it; exact",

@@ -172,9 +172,11 @@ static inline bool rps__req_settled(const struct rps_request *r)
 
 struct ctrl_entry {
 	bool busy;
+	bool prompt;			/* a live server answers it by itself (not a BARRIER) */
 	struct rps_request *req;	/* control request ... */
 	struct shard_op *op;		/* ... or a pull's WAIT */
 	int server;
+	uint64_t sent_ns;		/* (prompt ones) */
 };
 
 /* How long an op whose server was lost waits for its partition to fail
@@ -441,6 +443,15 @@ void rps__conn_note_lost(struct rps_client *cl, struct conn *c);
 int rps__map_read_sync(struct rps_client *cl, struct conn *c);
 int rps__connect_members(struct rps_client *cl);
 int rps__map_refresh(struct rps_client *cl);
+/* Does some partition of the map we hold have a backup (a lost server's
+ * partitions fail over, so what needs them may wait for that)? */
+static inline bool rps__replicated(const struct rps_client *cl)
+{
+	for (uint32_t p = 0; p < cl->map.npart; p++)
+		if (cl->map.parts[p].backups[0])
+			return true;
+	return false;
+}
 
 /* dialer.c: many connections made at once.  A job names its slot in
  * cl->conns (zeroed) and the address; rps__dial_batch() dials them all,

@@ -180,15 +180,7 @@ void rps__conn_kill(struct rps_client *cl, struct conn *c)
 /* Does the cluster replicate (a partition with a backup in our map)?  Then
  * the control plane fails a silent member over, and what waits on it is
  * better answered elsewhere; without backups a slow server is waited for. */
-static bool replicated(const struct rps_client *cl)
-{
-	uint32_t p;
 
-	for (p = 0; p < cl->map.npart; p++)
-		if (cl->map.parts[p].backups[0])
-			return true;
-	return false;
-}
 
 bool rps__note_take(struct rps_client *cl, struct conn *c, const void *buf)
 {
@@ -219,7 +211,7 @@ bool rps__noq_final(const struct rps_client *cl)
 	bool said = false;
 	int k;
 
-	if (!replicated(cl))
+	if (!rps__replicated(cl))
 		return false;	/* (without backups there is nothing to fail over) */
 	for (k = 0; k < cl->nservers; k++) {
 		const struct conn *o = &cl->conns[k];
@@ -251,23 +243,31 @@ static bool conn_waited_on(const struct conn *c)
 /*
  * A stopped or hung server process behind a live NIC: the HCA (or rxe, in
  * the kernel) answers the probe's READ for it, so probes cannot tell.  Its
- * messages can: a push waiting PROBE_DEAD_MS for its acknowledgement, with
+ * messages can: a push waiting PROBE_DEAD_MS for its acknowledgement, or
+ * a CREATE (a tensor's open, also after a map change) for its reply, with
  * no message at all from the server meanwhile, gets the verdict a probe
  * unanswered that long gets.  (A push a live server holds acknowledges
  * soon: a sync push out of turn is TAKEN at once, one waiting for a backup
- * waits for that backup's failover, failover_ms.  What waits on other
- * workers, a TAKEN push or a pull's WAIT, is not counted.)
+ * waits for that backup's failover, failover_ms; a CREATE is answered in
+ * the turn that reads it.  What waits on other workers, a TAKEN push, a
+ * pull's WAIT or a barrier, is not counted.)  Without the CREATE, a
+ * refresh that reopened a tensor on a stopped primary waited its whole
+ * timeout_ms over verbs (it_failover d3), its ops refused meanwhile.
  */
 static bool process_silent(const struct conn *c, uint64_t now)
 {
 	const struct shard_op *op;
 	uint64_t oldest = now;
+	uint32_t i;
 
 	if (now - c->rx_ns < PROBE_DEAD_MS * 1000000ull)
 		return false;	/* it spoke lately: no need to look at the ops */
 	for (op = c->active; op; op = op->anext)
 		if (op->state == ST_WRITING && op->written_ns < oldest)
 			oldest = op->written_ns;
+	for (i = 0; i < CTRL_CREDITS; i++)
+		if (c->ctrl[i].busy && c->ctrl[i].req && c->ctrl[i].prompt && c->ctrl[i].sent_ns < oldest)
+			oldest = c->ctrl[i].sent_ns;
 	return now - RPS__MAX(oldest, c->rx_ns) >= PROBE_DEAD_MS * 1000000ull;
 }
 
@@ -300,9 +300,9 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 
 		if (!c->ep || c->dead || !c->hello.map_len || !conn_waited_on(c))
 			continue;
-		if (process_silent(c, now) && replicated(cl)) {
-			rps__log(RPS__LOG_DEBUG, "%s: no message for %d ms while a push waits for its acknowledgement: "
-				 "connection lost", c->name, PROBE_DEAD_MS);
+		if (process_silent(c, now) && rps__replicated(cl)) {
+			rps__log(RPS__LOG_DEBUG, "%s: no message for %d ms while a push or a CREATE waits for its "
+				 "answer: connection lost", c->name, PROBE_DEAD_MS);
 			c->dead = true;
 			c->err = -ECONNRESET;
 			continue;
@@ -313,7 +313,7 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 			 * (and a tensor refresh's OPEN does not wait its whole
 			 * timeout); a server that was only slow is dialed
 			 * again and its ops resent there (client.c) */
-			if (now - c->probe_ns >= PROBE_DEAD_MS * 1000000ull && replicated(cl)) {
+			if (now - c->probe_ns >= PROBE_DEAD_MS * 1000000ull && rps__replicated(cl)) {
 				rps__log(RPS__LOG_DEBUG, "%s: no answer to a liveness probe for %d ms: connection lost",
 					 c->name, PROBE_DEAD_MS);
 				c->dead = true;
@@ -621,6 +621,10 @@ int rps__ctrl_call(struct rps_client *cl, unsigned type, const void *body, size_
 		}
 		c->ctrl[e].req = r;
 		c->ctrl[e].server = i;
+		/* a barrier waits for the other workers; a CREATE or an open
+		 * only for the server (process_silent) */
+		c->ctrl[e].prompt = type != RPS__MSG_BARRIER;
+		c->ctrl[e].sent_ns = rps__now_ns();
 		rps__send_ctrl(c, (uint32_t)e, type, body, len);
 	}
 	if (n == 0 || r->remaining == 0) {

@@ -400,6 +400,8 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 	int32_t *rstatus;
 	bool *to;
 	struct rps_tensor *t = NULL;
+	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	uint32_t pause_ms = 10;
 	int i, first, ret;
 
 	reps = calloc(MAX_CONNS, sizeof(*reps));
@@ -409,14 +411,28 @@ static int tensor_setup(struct rps_client *cl, const char *name, struct rps__cre
 		ret = rps__seterr(-ENOMEM, "out of memory");
 		goto out;
 	}
-	for (i = 0; i < cl->nservers; i++)
-		to[i] = !cl->conns[i].dead && cl->conns[i].ep;
-	ret = tensor_new(cl, name, msg, &t);
-	if (ret)
-		goto out;
-	ret = tensor_locate(cl, t, name, msg, to, reps, rstatus, &first);
-	if (ret)
-		goto out;
+	for (;;) {
+		for (i = 0; i < cl->nservers; i++)
+			to[i] = !cl->conns[i].dead && cl->conns[i].ep;
+		ret = tensor_new(cl, name, msg, &t);
+		if (ret)
+			goto out;
+		ret = tensor_locate(cl, t, name, msg, to, reps, rstatus, &first);
+		if (!ret)
+			break;
+		/* A server was lost while we asked (a stopped one is found out
+		 * by the unanswered CREATE, progress.c process_silent): in a
+		 * replicated cluster its partitions fail over, so ride through
+		 * as a push does, with the map read again, until timeout_ms. */
+		if (ret != -ECONNRESET || !rps__replicated(cl) || rps__now_ns() >= deadline)
+			goto out;
+		rps__log(RPS__LOG_DEBUG, "%s: asking again once the map has moved on", rps__errbuf());
+		rps__tensor_free(t);
+		t = NULL;
+		usleep(pause_ms * 1000);
+		pause_ms = RPS__MIN(pause_ms * 2, 200u);
+		rps__map_refresh(cl);
+	}
 	t->spec = reps[first].spec;
 	t->stride = reps[first].stride;
 	resume_rank(cl, t, to, reps);
