@@ -231,6 +231,13 @@ static int spawn_server(struct it_cluster *cl, int i)
 		return -errno;
 	}
 	if (cl->pid[i] == 0) {
+		const char *logs = getenv("RPS_IT_SERVER_LOGS");
+		if (logs && *logs) {	/* each server's lines apart: DIR/server.<port>.log */
+			char path[600];
+			snprintf(path, sizeof(path), "%s/server.%u.log", logs, cl->port[i]);
+			if (!freopen(path, "a", stderr))
+				_exit(127);
+		}
 		if (cl->env[i][0])
 			putenv(cl->env[i]);
 		execl("/bin/sh", "sh", "-c", cl->cmd[i], (char *)NULL);
