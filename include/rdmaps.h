@@ -102,6 +102,13 @@ struct rps_client_opts {
 	int insecure;		/* 1: connect without a key to servers beyond
 				 * loopback (also $RDMAPS_INSECURE=1); without
 				 * it such a connect fails with -EACCES */
+	/* Bytes of registered memory this client stages pushes and pulls
+	 * in, over all its server endpoints (0: $RDMAPS_STAGING, e.g. 64M,
+	 * or 256 MiB).  Each endpoint (a server's serving thread) gets up to the
+	 * server's --slots push slots and 4 pull buffers of a shard each;
+	 * when the cluster has more endpoints than the budget holds at that,
+	 * each gets its share, at least one of each (rdmaps(3), MEMORY). */
+	size_t staging_bytes;
 };
 
 struct rps_tensor_opts {

@@ -28,6 +28,7 @@
  */
 #include "config.h"
 #include "cluster.h"
+#include "client/client.h"
 
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -355,6 +356,80 @@ static void test_worker_dials_at_once(void)
 	}
 }
 
+/* ---- a worker's staging budget ------------------------------------------------ */
+
+#define STAGE_SERVERS 4
+#define STAGE_COUNT (STAGE_SERVERS * 4 * 16384)	/* 4 shards of 64K per server */
+
+/* A client with opts.staging_bytes = budget (0: the default): the bytes
+ * it stages in, once connected to every endpoint, and 10 pushes of +1 and
+ * a pull through them, exact.  -errno if the connect failed. */
+static long long staged_with(size_t budget, const char *name)
+{
+	static float g[STAGE_COUNT], v[STAGE_COUNT];
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint64_t used, version = 0;
+	int ret, bad = 0;
+
+	rps_client_opts_init(&co);
+	co.servers = clu.servers;
+	co.staging_bytes = budget;
+	if ((ret = rps_client_connect(&co, &cl)))
+		return ret;
+	used = rps__client_staging_bytes(cl, NULL);
+	rps_tensor_opts_init(&o);
+	o.count = STAGE_COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, name, &o, &t), 0);
+	for (int i = 0; i < STAGE_COUNT; i++)
+		g[i] = 1.0f;
+	for (int k = 0; k < 10; k++)
+		CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, v, sizeof(v), &version), 0);
+	for (int i = 0; i < STAGE_COUNT; i++)
+		bad += v[i] != 10.0f;
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, 10);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	return (long long)used;
+}
+
+/* The default budget gives every endpoint all 4 of its server's slots and
+ * 4 pull buffers; half of that gives each half (2 and 2, the seed's
+ * too: it is sized again once the map names the others); a budget of
+ * one byte gives each the floor, one of each.  Every one exact.  A bad
+ * RDMAPS_STAGING is refused with one line. */
+static void test_staging_budget(void)
+{
+	long long full, half, floor1;
+	rps_client_t *cl;
+	struct rps_client_opts co;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start(&clu, STAGE_SERVERS, "--shard-size 64K --slots 4 --replicas 1"), 0);
+	clu_up = true;
+	full = staged_with(0, "stage-full");
+	CU_ASSERT_FATAL(full > 0);
+	half = staged_with((size_t)full / 2, "stage-half");
+	floor1 = staged_with(1, "stage-floor");
+	fprintf(stderr, "[staged: %lld bytes by default, %lld with half of that as the budget, %lld at the floor] ",
+		full, half, floor1);
+	CU_ASSERT_EQUAL(half * 2, full);
+	CU_ASSERT_EQUAL(floor1 * 4, full);
+
+	setenv("RDMAPS_STAGING", "12Q", 1);
+	rps_client_opts_init(&co);
+	co.servers = clu.servers;
+	CU_ASSERT_EQUAL(rps_client_connect(&co, &cl), -EINVAL);
+	CU_ASSERT(strstr(rps_last_error(), "RDMAPS_STAGING=12Q") != NULL);
+	setenv("RDMAPS_STAGING", "1", 1);	/* the env's budget when opts gives none */
+	CU_ASSERT_EQUAL(staged_with(0, "stage-env"), floor1);
+	unsetenv("RDMAPS_STAGING");
+}
+
 static void test_setup(void)
 {
 	watchdog_arm();
@@ -379,10 +454,16 @@ int main(void)
 		{ "a worker dials every member at once: holes in the map cost one timeout, not one each",
 		  test_worker_dials_at_once },
 	};
+	static const struct cutest staging_tests[] = {
+		{ "a worker's staging: all of it by default, its budget's share past that, one slot and one buffer "
+		  "at least; exact", test_staging_budget },
+	};
 	const struct cutest_suite suites[] = {
 		{ "non-blocking dials, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
 		{ "a worker's dials, 2 servers", NULL, NULL, test_setup, test_teardown, worker_tests,
 		  CUTEST_COUNT(worker_tests) },
+		{ "a worker's staging budget, 4 servers", NULL, NULL, test_setup, test_teardown, staging_tests,
+		  CUTEST_COUNT(staging_tests) },
 	};
 
 	/* the black hole speaks tcp */

@@ -23,7 +23,7 @@ DESCRIPTION
 CLIENT
     Client(servers=None, rank=None, world_size=None, *, timeout_ms=None,
            key_file=None, insecure=None, verify=None, spin_us=None,
-           takeover=None)
+           takeover=None, staging_bytes=None)
     Every keyword left None keeps the C default of rps_client_opts_init()
     (timeout 30000 ms, no verify, ...).  servers, rank and world_size left
     None come from the environment through rps_client_opts_from_env():
@@ -471,7 +471,7 @@ class Client:
                  world_size: Optional[int] = None, *, timeout_ms: Optional[int] = None,
                  key_file: Optional[str] = None, insecure: Optional[bool] = None,
                  verify: Optional[bool] = None, spin_us: Optional[int] = None,
-                 takeover: Optional[bool] = None):
+                 takeover: Optional[bool] = None, staging_bytes: Optional[int] = None):
         self._h: Optional[ctypes.c_void_p] = None
         self._tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
         self._requests: "weakref.WeakSet[Request]" = weakref.WeakSet()
@@ -495,6 +495,8 @@ class Client:
             o.takeover = int(bool(takeover))
         if insecure is not None:
             o.insecure = int(bool(insecure))
+        if staging_bytes is not None:
+            o.staging_bytes = _int_in("staging_bytes", staging_bytes, 1, ctypes.c_size_t(-1).value)
         if key_file is not None:
             keep.append(str(key_file).encode())
             o.key_file = keep[-1]

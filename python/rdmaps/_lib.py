@@ -34,6 +34,7 @@ class ClientOpts(ctypes.Structure):
         ("takeover", ctypes.c_int),
         ("key_file", ctypes.c_char_p),
         ("insecure", ctypes.c_int),
+        ("staging_bytes", ctypes.c_size_t),
     ]
 
 

@@ -395,6 +395,8 @@ def test_gil_released_during_a_blocking_pull(servers):
     dict(rank=0, world_size=1, timeout_ms=2 ** 32 + 10000),
     dict(rank=0, world_size=1, timeout_ms=-5),
     dict(rank=0, world_size=1, spin_us=2 ** 31),
+    dict(rank=0, world_size=1, staging_bytes=0),
+    dict(rank=0, world_size=1, staging_bytes=2 ** 64),
 ])
 def test_client_ints_out_of_range(servers, kw):
     with pytest.raises(ValueError, match="is outside"):
@@ -404,6 +406,16 @@ def test_client_ints_out_of_range(servers, kw):
 def test_client_ints_at_the_edges(servers):
     with rdmaps.Client(servers.uris, rank=3, world_size=4, timeout_ms=2 ** 31 - 1) as c:
         assert (c.rank, c.world_size) == (3, 4)
+
+
+def test_client_staging_at_its_floor(servers):
+    # one byte of budget: one slot and one pull buffer per endpoint, exact
+    n = name("floor")
+    with rdmaps.Client(servers.uris, rank=0, world_size=1, staging_bytes=1) as c:
+        t = c.tensor(n, 1000, mode="async")
+        for _ in range(5):
+            t.push(np.ones(1000, np.float32))
+        assert list(t.pull()) == [5.0] * 1000
 
 
 def test_tensor_name_with_nul_refused(client):

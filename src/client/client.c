@@ -166,6 +166,32 @@ static void log_level_from_env(void)
 		rps__log(RPS__LOG_WARN, "RDMAPS_LOG_LEVEL=%s: say error, warn, info or debug: ignored", e);
 }
 
+/* RDMAPS_STAGING: the staging budget when opts.staging_bytes is 0, in
+ * bytes with an optional K, M or G (powers of 1024); unset: the default. */
+static int staging_from_env(uint64_t *bytes)
+{
+	const char *e = getenv("RDMAPS_STAGING");
+	char *end = NULL;
+	unsigned long long n;
+	int shift = 0;
+
+	*bytes = STAGING_DEFAULT;
+	if (!e || !*e)
+		return 0;
+	errno = 0;
+	n = strtoull(e, &end, 10);
+	if (end != e && (*end == 'K' || *end == 'k'))
+		shift = 10, end++;
+	else if (end != e && (*end == 'M' || *end == 'm'))
+		shift = 20, end++;
+	else if (end != e && (*end == 'G' || *end == 'g'))
+		shift = 30, end++;
+	if (end == e || *end || errno || !n || *e == '-' || n > (UINT64_MAX >> 1) >> shift)
+		return rps__seterr(-EINVAL, "RDMAPS_STAGING=%s: say a size in bytes, or with K, M or G (e.g. 256M)", e);
+	*bytes = (uint64_t)n << shift;
+	return 0;
+}
+
 RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client_t **out)
 {
 	static pthread_once_t log_once = PTHREAD_ONCE_INIT;
@@ -200,6 +226,10 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		cl->spin_ns = (uint64_t)opts->spin_us * 1000ull;
 	if (opts->size >= offsetof(struct rps_client_opts, takeover) + sizeof(opts->takeover))
 		cl->takeover = opts->takeover != 0;
+	if (opts->size >= offsetof(struct rps_client_opts, staging_bytes) + sizeof(opts->staging_bytes))
+		cl->staging_bytes = opts->staging_bytes;
+	if (!cl->staging_bytes && (ret = staging_from_env(&cl->staging_bytes)))
+		goto err;
 	{
 		const char *given = NULL, *path, *e = getenv("RDMAPS_INSECURE");
 		if (opts->size >= offsetof(struct rps_client_opts, key_file) + sizeof(opts->key_file))
@@ -299,6 +329,10 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		if (!ret)
 			break;
 	}
+	if (ret)
+		goto err;
+	/* the seed's staging was sized before the map named its peers */
+	ret = rps__conn_restage(cl, &cl->conns[0]);
 	if (ret)
 		goto err;
 	ret = rps__connect_members(cl);
@@ -976,6 +1010,13 @@ uint64_t rps__client_tx_bytes(const rps_client_t *cl)
 uint64_t rps__client_pushes_fenced(const rps_client_t *cl)
 {
 	return __atomic_load_n(&cl->pushes_fenced, __ATOMIC_RELAXED);
+}
+
+uint64_t rps__client_staging_bytes(const rps_client_t *cl, uint64_t *budget)
+{
+	if (budget)
+		*budget = cl->staging_bytes;
+	return __atomic_load_n(&cl->staging_used, __ATOMIC_RELAXED);
 }
 
 uint64_t rps__client_pushes_chained(const rps_client_t *cl, uint64_t *requeued)

@@ -33,5 +33,8 @@ uint64_t rps__client_pushes_fenced(const rps_client_t *cl);
  * given, those of them refused because the head's word was not ours and
  * queued again. */
 uint64_t rps__client_pushes_chained(const rps_client_t *cl, uint64_t *requeued);
+/* Registered memory the client stages pushes and pulls in now, over all its
+ * endpoints; *budget (may be NULL): what it may use (opts.staging_bytes). */
+uint64_t rps__client_staging_bytes(const rps_client_t *cl, uint64_t *budget);
 
 #endif

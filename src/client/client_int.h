@@ -41,7 +41,8 @@
 #define RPS_EXPORT __attribute__((visibility("default")))
 
 #define CTRL_CREDITS 32u	/* must not exceed the server's */
-#define NBOUNCE 4u		/* pull bounce buffers per server */
+#define NBOUNCE 4u		/* pull bounce buffers per server, at most */
+#define STAGING_DEFAULT (256ull << 20)	/* opts.staging_bytes unset */
 #define TORN_RETRIES 8		/* torn reads before asking the server to wait */
 #define MAX_SLOTS 64u	/* we use at most this many of a server's slots */
 /* Connections at most: one per member and serving thread of it (rdmapsd
@@ -239,6 +240,8 @@ struct conn {
 	char *bbufs;
 	size_t bsize;
 	struct rps__mr *bbufs_mr;
+	uint32_t nbounce;	/* NBOUNCE, or fewer: the staging budget's share */
+	uint64_t staged;	/* bytes of slots and bounce buffers, in cl->staging_used */
 	uint32_t *free_bounce, nfree_bounce;
 	/* 8-byte atomic results, one per slot */
 	uint64_t *atomics;
@@ -312,6 +315,8 @@ struct rps_client {
 					 * pushes from unregistered memory); NULL: none */
 	bool copy_always;	/* rps__client_set_copy: no zero-copy */
 	bool verify;		/* crc32c on every push */
+	uint64_t staging_bytes;	/* opts.staging_bytes: local staging over all endpoints */
+	uint64_t staging_used;	/* registered for staging now (slots and bounce buffers) */
 	bool takeover;		/* replaces a dead process of its rank */
 	struct rps__keyring *keys;	/* opts.key_file / $RDMAPS_KEY_FILE (NULL: none) */
 	bool insecure;		/* no key, yet servers beyond loopback */
@@ -436,6 +441,10 @@ int rps__conn_auth_msg(struct rps_client *cl, struct conn *c, const struct rps__
 		       struct rps__key *proven);
 void rps__conn_hello_msg(const struct rps_client *cl, struct rps__hello *h);
 int rps__conn_finish(struct rps_client *cl, struct conn *c);
+/* Size c's staging again for the map we hold now (the seed's was sized
+ * before the map named the other endpoints).  Only while nothing of ours
+ * uses it.  0 or -errno. */
+int rps__conn_restage(struct rps_client *cl, struct conn *c);
 void rps__conn_free(struct conn *c);
 /* c's member could not be reached (its connection lost, or a dial in
  * vain): remember the epochs of the partitions it owns in our map now. */

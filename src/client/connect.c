@@ -6,6 +6,7 @@
 #include "common/common.h"
 #include "client/client_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -41,19 +42,16 @@ void rps__free_reg(struct rps_client *cl, char **buf, struct rps__mr **mr, size_
 	*buf = NULL;
 }
 
+static void conn_unstage(struct conn *c);
+
 void rps__conn_free(struct conn *c)
 {
 	if (c->ep)
 		rps__ep_close(c->ep);
 	c->ep = NULL;
-	rps__free_reg(c->cl, &c->pbufs, &c->pbufs_mr, (size_t)c->nslots * c->hello.slot_size);
-	rps__free_reg(c->cl, &c->bbufs, &c->bbufs_mr, NBOUNCE * c->bsize);
-	rps__free_reg(c->cl, (char **)&c->atomics, &c->atomics_mr, (size_t)c->nslots * 8);
+	conn_unstage(c);
 	rps__free_reg(c->cl, &c->rbufs, &c->rbufs_mr, (size_t)c->nrecv * RPS__MSG_MAX);
 	rps__free_reg(c->cl, &c->sbufs, &c->sbufs_mr, (size_t)CTRL_CREDITS * RPS__MSG_MAX);
-	free(c->free_slots);
-	free(c->free_bounce);
-	c->free_slots = c->free_bounce = NULL;
 	free(c->lost_epochs);
 	c->lost_epochs = NULL;
 	c->nlost_epochs = 0;
@@ -267,33 +265,103 @@ int rps__conn_dialed(struct rps_client *cl, struct conn *c, int ret, const char 
 	return 0;
 }
 
-int rps__conn_finish(struct rps_client *cl, struct conn *c)
+/*
+ * How many push slots and pull buffers an endpoint stages in: all the
+ * server offers (at most MAX_SLOTS) and NBOUNCE, while every endpoint the
+ * map names (data members x serving threads) fits the client's staging
+ * budget at that; past it, each endpoint's share of the budget, split as
+ * the full sizes are, and never less than one of each.  Our slots mirror
+ * the server's (a push's copy and its descriptor go from there), so using
+ * fewer than it offers costs nothing but window; at one slot a push
+ * waits for the previous one's acknowledgement, no more.
+ */
+static void staging_share(const struct rps_client *cl, const struct conn *c, uint32_t *nslots, uint32_t *nbounce)
+{
+	uint64_t members = cl->map.nmembers > rps__smap_nwitnesses(&cl->map) ?
+				   cl->map.nmembers - rps__smap_nwitnesses(&cl->map) : 1;
+	uint64_t endpoints = members * (c->hello.nthreads ? c->hello.nthreads : 1);
+	uint64_t full_slots = RPS__MIN(c->hello.nslots, MAX_SLOTS);
+	uint64_t full = full_slots * c->hello.slot_size + NBOUNCE * (uint64_t)c->bsize;
+	uint64_t share = cl->staging_bytes / RPS__MAX(endpoints, 1);
+
+	if (full <= share) {
+		*nslots = (uint32_t)full_slots;
+		*nbounce = NBOUNCE;
+		return;
+	}
+	/* the share, split in the proportion of the full sizes */
+	*nslots = (uint32_t)RPS__MAX(1, RPS__MIN(full_slots, share * full_slots / full));
+	*nbounce = (uint32_t)RPS__MAX(1, RPS__MIN(NBOUNCE, share * NBOUNCE / full));
+}
+
+/* Free what conn_stage allocated (the slots' mirror, the bounce buffers,
+ * the atomics' results and the free lists). */
+static void conn_unstage(struct conn *c)
+{
+	__atomic_sub_fetch(&c->cl->staging_used, c->staged, __ATOMIC_RELAXED);
+	c->staged = 0;
+	rps__free_reg(c->cl, &c->pbufs, &c->pbufs_mr, (size_t)c->nslots * c->hello.slot_size);
+	rps__free_reg(c->cl, &c->bbufs, &c->bbufs_mr, (size_t)c->nbounce * c->bsize);
+	rps__free_reg(c->cl, (char **)&c->atomics, &c->atomics_mr, (size_t)c->nslots * 8);
+	free(c->free_slots);
+	free(c->free_bounce);
+	c->free_slots = c->free_bounce = NULL;
+}
+
+/* The connection's staging, sized by staging_share, every slot and
+ * bounce buffer free. */
+static int conn_stage(struct rps_client *cl, struct conn *c)
 {
 	uint32_t i;
 	int ret;
 
-	c->nslots = RPS__MIN(c->hello.nslots, MAX_SLOTS);
 	c->bsize = rps__shard_stride(c->hello.shard_elems) + 64;
+	staging_share(cl, c, &c->nslots, &c->nbounce);
 	ret = rps__alloc_reg(cl, (size_t)c->nslots * c->hello.slot_size, RPS__ACCESS_LOCAL, &c->pbufs, &c->pbufs_mr);
 	if (!ret)
-		ret = rps__alloc_reg(cl, NBOUNCE * c->bsize, RPS__ACCESS_LOCAL, &c->bbufs, &c->bbufs_mr);
+		ret = rps__alloc_reg(cl, (size_t)c->nbounce * c->bsize, RPS__ACCESS_LOCAL, &c->bbufs, &c->bbufs_mr);
+	if (!ret) {
+		c->staged = (uint64_t)c->nslots * c->hello.slot_size + (uint64_t)c->nbounce * c->bsize;
+		__atomic_add_fetch(&cl->staging_used, c->staged, __ATOMIC_RELAXED);
+	}
 	if (!ret)
 		ret = rps__alloc_reg(cl, (size_t)c->nslots * 8, RPS__ACCESS_LOCAL, (char **)&c->atomics, &c->atomics_mr);
 	if (ret)
 		return ret;
 	c->free_slots = calloc(c->nslots, sizeof(uint32_t));
-	c->free_bounce = calloc(NBOUNCE, sizeof(uint32_t));
+	c->free_bounce = calloc(c->nbounce, sizeof(uint32_t));
 	if (!c->free_slots || !c->free_bounce)
 		return rps__seterr(-ENOMEM, "out of memory");
 	for (i = 0; i < c->nslots; i++)
 		c->free_slots[i] = c->nslots - 1 - i;
 	c->nfree_slots = c->nslots;
-	for (i = 0; i < NBOUNCE; i++)
-		c->free_bounce[i] = NBOUNCE - 1 - i;
-	c->nfree_bounce = NBOUNCE;
+	for (i = 0; i < c->nbounce; i++)
+		c->free_bounce[i] = c->nbounce - 1 - i;
+	c->nfree_bounce = c->nbounce;
+	return 0;
+}
+
+int rps__conn_finish(struct rps_client *cl, struct conn *c)
+{
+	int ret = conn_stage(cl, c);
+
+	if (ret)
+		return ret;
 	c->nfree_ctrl = CTRL_CREDITS;
 	c->gen = ++cl->conn_gen;
 	return 0;
+}
+
+int rps__conn_restage(struct rps_client *cl, struct conn *c)
+{
+	uint32_t nslots, nbounce;
+
+	staging_share(cl, c, &nslots, &nbounce);
+	if (nslots == c->nslots && nbounce == c->nbounce)
+		return 0;
+	assert(!c->active && c->nfree_slots == c->nslots && c->nfree_bounce == c->nbounce);
+	conn_unstage(c);
+	return conn_stage(cl, c);
 }
 
 /* One connection, made in turn: the seed list's, before the map names

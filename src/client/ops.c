@@ -195,7 +195,7 @@ static void res_give(struct shard_op *op)
 	if (op->has_res) {
 		/* a slot or bounce buffer goes back once: never more free than
 		 * the connection has */
-		assert(op->kind == OP_PULL ? op->res < NBOUNCE && c->nfree_bounce < NBOUNCE :
+		assert(op->kind == OP_PULL ? op->res < c->nbounce && c->nfree_bounce < c->nbounce :
 					     op->res < c->nslots && c->nfree_slots < c->nslots);
 		if (op->kind == OP_PULL)
 			c->free_bounce[c->nfree_bounce++] = op->res;
@@ -955,7 +955,7 @@ static void on_read(struct shard_op *op)
 	}
 	/* the retry loop below: a bounce buffer held, fewer torn tries than
 	 * TORN_RETRIES so far */
-	assert(op->kind == OP_PULL && op->has_res && op->res < NBOUNCE);
+	assert(op->kind == OP_PULL && op->has_res && op->res < op->c->nbounce);
 	assert(op->torn >= 0 && op->torn < TORN_RETRIES);
 	/* the epoch first: a copy that moved (or whose server lost its
 	 * lease) says so whatever its seq, and a version its server is
