@@ -1250,6 +1250,7 @@ static const char *settled(const struct it_cluster *cl, uint32_t replicas, struc
 	static struct rps__smap mi;
 	struct it_member st;
 	uint32_t nrun = 0, want;
+	uint64_t known_leader = 0;
 	bool first = true, leader = false;
 
 	for (int i = 0; i < cl->nservers; i++) {
@@ -1261,6 +1262,16 @@ static const char *settled(const struct it_cluster *cl, uint32_t replicas, struc
 			return why;
 		}
 		leader = leader || st.leading;
+		/* every member has heard from the same leader: a member the
+		 * leader never heard from is never failed over (it held no
+		 * lease), and right after a start the highest member's first
+		 * dials may have been refused, the next a second later */
+		if (!st.leader || (known_leader && st.leader != known_leader)) {
+			snprintf(why, len, "server %d knows %s leader %llu", i, st.leader ? "another" : "no",
+				 (unsigned long long)(st.leader ? st.leader : known_leader));
+			return why;
+		}
+		known_leader = st.leader;
 		if (first)
 			*m = mi;
 		else if (mi.applied != m->applied) {

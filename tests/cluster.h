@@ -230,7 +230,8 @@ int it_replicas_differ(const struct it_cluster *cl, const struct rps__smap *m, c
 
 /* Wait up to timeout_ms until the map has settled on every running server:
  * the same applied index everywhere, a leader, the target R `replicas`
- * (0: any), and every partition owned by a running server, none moving,
+ * (0: any), every running member knowing that leader, and every
+ * partition owned by a running server, none moving,
  * lost or seeding, with min(R, servers running) - 1 backups, all running.
  * The map in *m (m may be NULL).  0 or -ETIMEDOUT (what was missing is
  * printed). */
