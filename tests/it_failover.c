@@ -512,19 +512,32 @@ static void test_primary_stopped(void)
  * CREATE waited all of it and the open failed). */
 static int d7_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
+	bool connect_late = arg != NULL;	/* (d8): the connect too after the stop */
 	float g[COUNT];
-	rps_client_t *cl;
+	rps_client_t *cl = NULL;
 	rps_tensor_t *t;
 	int ret, n = 0;
+	double t0;
 
-	(void)arg;
 	for (size_t i = 0; i < COUNT; i++)
 		g[i] = -1.0f;
-	if ((ret = it_client_connect(servers, rank, nworkers, D7_TIMEOUT_MS, &cl)))
+	if (!connect_late && (ret = it_client_connect(servers, rank, nworkers, D7_TIMEOUT_MS, &cl)))
 		return it_worker_fail(rank, "connect", ret);
 	atomic_store(&sh->at_gate[rank], 1);	/* connected to every member */
 	while (!atomic_load(&sh->gate))
 		usleep(1000);
+	t0 = it_now_s();
+	if (connect_late) {
+		if ((ret = it_client_connect(servers, rank, nworkers, D7_TIMEOUT_MS, &cl)))
+			return it_worker_fail(rank, "connect", ret);
+		/* the connect keeps to its timeout_ms, a stopped first seed
+		 * and a stopped member with it (before: each cost all of it) */
+		if (it_now_s() - t0 > D7_TIMEOUT_MS / 1000.0 + 2.0) {
+			fprintf(stderr, "worker %d: connect took %.1f s with a timeout of %d ms\n", rank,
+				it_now_s() - t0, D7_TIMEOUT_MS);
+			return 1;
+		}
+	}
 	if ((ret = rps_tensor_open(cl, "d7", &t)))
 		return it_worker_fail(rank, "open", ret);
 	if ((ret = rps_push(t, g, sizeof(g))))
@@ -536,7 +549,7 @@ static int d7_worker(int rank, int nworkers, const char *servers, void *arg, int
 	return 0;
 }
 
-static void test_open_while_primary_stopped(void)
+static void run_open_while_primary_stopped(bool connect_late)
 {
 	static char servers[sizeof(clu.servers)];
 	struct rps_tensor_opts o;
@@ -588,7 +601,8 @@ static void test_open_while_primary_stopped(void)
 	for (int i = 0; i < NSERVERS; i++)
 		if (i != victim)
 			snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), ",%s", clu.uri[i]);
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, d7_worker, servers, NULL, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, d7_worker, servers, connect_late ? (void *)&w : NULL, -1, NULL),
+			      0);
 	while (!atomic_load(&sh->at_gate[0]))
 		it_sleep_ms(2);
 	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
@@ -597,12 +611,25 @@ static void test_open_while_primary_stopped(void)
 	CU_ASSERT_EQUAL(it_worker_read(&w, 0, &n, sizeof(n)), 0);
 	CU_ASSERT_EQUAL(it_worker_wait(&w, 0), 0);
 	CU_ASSERT_EQUAL(n, 1);
-	fprintf(stderr, "[member %d stopped; the open and a push through it done %.2f s later] ", victim + 1,
-		it_now_s() - t0);
+	fprintf(stderr, "[member %d stopped; the %sopen and a push through it done %.2f s later] ", victim + 1,
+		connect_late ? "connect, the " : "", it_now_s() - t0);
 	it_server_kill(&clu, victim);
 	check_exact("d7", COUNT, 1);
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
+}
+
+static void test_open_while_primary_stopped(void)
+{
+	run_open_while_primary_stopped(false);
+}
+
+/* (d8) A client that starts while a primary is stopped (a replacement
+ * rank, a late worker), that primary first in its list: its connect keeps
+ * to timeout_ms, then the open and a push ride through the failover. */
+static void test_connect_while_primary_stopped(void)
+{
+	run_open_while_primary_stopped(true);
 }
 
 /* ---- (d4, d5) a member stalled, not dead --------------------------------------- */
@@ -1103,6 +1130,8 @@ int main(void)
 		  test_primary_stopped },
 		{ "(d7) a tensor opened while a primary is stopped (SIGSTOP): rides through its failover, exact",
 		  test_open_while_primary_stopped },
+		{ "(d8) a client connecting while a primary is stopped, it first in its list: within its timeout_ms, "
+		  "then rides through, exact", test_connect_while_primary_stopped },
 		{ "(d4) async: a primary stalled 6 s (SIGSTOP, SIGCONT), not failed over: dialed again, exact",
 		  test_primary_stalled },
 		{ "(d5) async: a backup stalled 3 s: its primary warns, one line a check, naming it; exact",

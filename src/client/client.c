@@ -198,7 +198,8 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	struct rps__fabric_attr fattr = { 0 };
 	struct rps__uri *uris = NULL;
 	struct rps_client *cl;
-	int i, nseeds = 0, ret;
+	uint64_t connect_end;
+	int i, pass, nseeds = 0, ret;
 
 	rps__clearerr();
 	pthread_once(&log_once, log_level_from_env);
@@ -217,6 +218,7 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	cl->rank = opts->rank;
 	cl->num_workers = opts->num_workers;
 	cl->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
+	cl->dial_ms = cl->timeout_ms;
 	cl->fault_kill_mid_push = fault_count("kill-mid-push:");
 	cl->fault_stop_after_lock = fault_count("stop-after-lock:");
 	cl->fault_corrupt_push = fault_count("corrupt-push:");
@@ -299,10 +301,22 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	if (ret)
 		goto err;
 	/* Any server of the list will do: it gives us the map, and the map
-	 * gives us every member. */
-	for (i = 0; i < nseeds; i++) {
-		uint64_t end = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	 * gives us every member.  The whole connect keeps to timeout_ms: a
+	 * seed that answers nothing (stopped, or its host gone: a failover
+	 * under way) costs at most PROBE_DEAD_MS in a first pass over the
+	 * list, the next may answer; a second pass gives each what is left. */
+	connect_end = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	ret = rps__seterr(-ETIMEDOUT, "no server of the list answered within %d ms", cl->timeout_ms);
+	for (i = 0, pass = 0; pass < 2; i = (i + 1) % nseeds, pass += i == 0) {
+		uint64_t now = rps__now_ns(), end;
 		uint32_t busy = 0;
+
+		if (now >= connect_end)
+			break;
+		cl->dial_ms = (int)RPS__MAX(1u, (connect_end - now) / 1000000ull);
+		if (pass == 0 && nseeds > 1)
+			cl->dial_ms = RPS__MIN(cl->dial_ms, PROBE_DEAD_MS);
+		end = now + (uint64_t)cl->dial_ms * 1000000ull;
 
 		for (;;) {
 			uint64_t wait_ms;
@@ -335,7 +349,14 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	ret = rps__conn_restage(cl, &cl->conns[0]);
 	if (ret)
 		goto err;
+	/* the members in what is left (a member that answers nothing is
+	 * then lost, and what needs it rides through its failover) */
+	{
+		uint64_t now = rps__now_ns();
+		cl->dial_ms = (int)RPS__MAX(1000u, now < connect_end ? (connect_end - now) / 1000000ull : 0);
+	}
 	ret = rps__connect_members(cl);
+	cl->dial_ms = cl->timeout_ms;	/* (later dials: a refresh's) */
 	if (ret)
 		goto err;
 	ret = pthread_create(&cl->thread, NULL, rps__progress_main, cl);

@@ -316,6 +316,8 @@ struct rps_client {
 	bool copy_always;	/* rps__client_set_copy: no zero-copy */
 	bool verify;		/* crc32c on every push */
 	uint64_t staging_bytes;	/* opts.staging_bytes: local staging over all endpoints */
+	int dial_ms;		/* a dial's and its handshake's timeout: timeout_ms, or during
+				 * rps_client_connect what is left of it (client.c) */
 	uint64_t staging_used;	/* registered for staging now (slots and bounce buffers) */
 	bool takeover;		/* replaces a dead process of its rank */
 	struct rps__keyring *keys;	/* opts.key_file / $RDMAPS_KEY_FILE (NULL: none) */

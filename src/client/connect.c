@@ -81,7 +81,7 @@ void rps__conn_note_lost(struct rps_client *cl, struct conn *c)
 static int call_sync(struct rps_client *cl, struct conn *c, unsigned type, const void *body, size_t len,
 		     unsigned rep_type, void *rep, size_t rep_len, struct rps__msg_hdr *hout)
 {
-	uint64_t deadline = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	uint64_t deadline = rps__now_ns() + (uint64_t)cl->dial_ms * 1000000ull;
 	struct rps__wc wc;
 	int ret;
 
@@ -130,7 +130,7 @@ static int call_sync(struct rps_client *cl, struct conn *c, unsigned type, const
 		return 0;
 	}
 	return rps__seterr(-ETIMEDOUT, "%s: no %s within %d ms: is it an rdmapsd?", c->name,
-			   rps__msg_type_name(rep_type), cl->timeout_ms);
+			   rps__msg_type_name(rep_type), cl->dial_ms);
 }
 
 /* The HELLO that opens a worker's session. */
@@ -378,7 +378,7 @@ int rps__conn_setup(struct rps_client *cl, struct conn *c, const struct rps__uri
 	if (ret)
 		return ret;
 	memset(reply, 0, sizeof(reply));
-	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv), cl->timeout_ms, reply,
+	ret = rps__connect(cl->fab, u->host, u->port, cl->cq, &attr, &priv, sizeof(priv), cl->dial_ms, reply,
 			   &reply_len, &c->ep);
 	ret = rps__conn_dialed(cl, c, ret, reply, reply_len, &rp);
 	if (!ret && cl->keys)
@@ -401,7 +401,7 @@ int rps__map_read_sync(struct rps_client *cl, struct conn *c)
 	 * in turn, and one whose host died silently (nothing of ours waited
 	 * on it, so no probe found it out) must not hold the client's lock
 	 * for the whole timeout while the others have the map */
-	int wait_ms = RPS__MIN(cl->timeout_ms, PROBE_DEAD_MS);
+	int wait_ms = RPS__MIN(cl->dial_ms, PROBE_DEAD_MS);
 	uint64_t deadline = rps__now_ns() + (uint64_t)wait_ms * 1000000ull;
 	struct rps__smap m;
 	int tries, ret = -EIO;

@@ -46,7 +46,7 @@ static void job_ok(struct rps__dial_job *j)
 
 static uint64_t phase_deadline(const struct rps_client *cl)
 {
-	return rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	return rps__now_ns() + (uint64_t)cl->dial_ms * 1000000ull;
 }
 
 /* The HELLO that opens the session; its answer is awaited next. */
@@ -94,7 +94,7 @@ static void job_start(struct rps_client *cl, struct rps__dial_job *j)
 	ret = rps__conn_begin(cl, c, &j->u, j->k, &j->priv, &attr);
 	if (!ret)
 		ret = rps__dial_start(cl->fab, j->u.host, j->u.port, cl->cq, &attr, &j->priv, sizeof(j->priv),
-				      cl->timeout_ms, &j->d);
+				      cl->dial_ms, &j->d);
 	if (ret) {
 		job_fail(j, ret);
 		return;
@@ -117,7 +117,7 @@ static void job_step_dial(struct rps_client *cl, struct rps__dial_job *j)
 			return;
 		/* (the dial enforces its own deadline: this is a backstop) */
 		job_fail(j, rps__seterr(-ETIMEDOUT, "connecting to %s: no answer within %d ms", c->name,
-					cl->timeout_ms));
+					cl->dial_ms));
 		return;
 	}
 	j->d = NULL;	/* (over: the dial freed itself) */
@@ -261,7 +261,7 @@ void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t
 {
 	struct pollfd *pfd = calloc((size_t)n + 1, sizeof(*pfd));
 	int *job_at = malloc(MAX_CONNS * sizeof(*job_at));	/* slot -> its job here, or -1 */
-	uint64_t end = rps__now_ns() + (uint64_t)cl->timeout_ms * 1000000ull;
+	uint64_t end = rps__now_ns() + (uint64_t)cl->dial_ms * 1000000ull;
 	uint32_t i, live;
 
 	if (!job_at) {
@@ -344,7 +344,7 @@ void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t
 							cl->conns[j->k].name,
 							rps__msg_type_name(j->state == JOB_AUTH ? RPS__MSG_AUTH_REP
 												: RPS__MSG_HELLO_REP),
-							cl->timeout_ms));
+							cl->dial_ms));
 		}
 	}
 	free(job_at);
