@@ -256,7 +256,16 @@ static int worker_main(int rank, int takeover)
 	 * predecessor died part way through its push of that step and the
 	 * shard completed it with the predecessor's gradient (rdmaps(3),
 	 * takeover) */
-	if ((ret = rps_pull(t[2], p, SYNC_COUNT * sizeof(float), &version)))
+	/* (a rank reconnecting meanwhile, its connection to a server closed
+	 * before its new one opened the tensor, counts as gone there: the
+	 * pull fails with EPIPE naming it, and is made again, as below) */
+	for (double until = it_now_s() + WORKER_TIMEOUT_MS / 1000.0;;) {
+		ret = rps_pull(t[2], p, SYNC_COUNT * sizeof(float), &version);
+		if (ret != -EPIPE || it_now_s() > until)
+			break;
+		it_sleep_ms(20);
+	}
+	if (ret)
 		return wfail(rank, "first sync pull", ret);
 	for (s = 0; s < (int)version; s++)
 		ref_step(ref, s);
