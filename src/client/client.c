@@ -27,6 +27,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/parse.h"
 #include "common/fault.h"
 #include "kernels/agg.h"
 #include "client/client.h"
@@ -166,29 +167,19 @@ static void log_level_from_env(void)
 		rps__log(RPS__LOG_WARN, "RDMAPS_LOG_LEVEL=%s: say error, warn, info or debug: ignored", e);
 }
 
-/* RDMAPS_STAGING: the staging budget when opts.staging_bytes is 0, in
- * bytes with an optional K, M or G (powers of 1024); unset: the default. */
+/* RDMAPS_STAGING: the staging budget when opts.staging_bytes is 0, a size
+ * as every size option takes it (rps__parse_size: 256M, 1.5G, 65536);
+ * unset: the default. */
 static int staging_from_env(uint64_t *bytes)
 {
 	const char *e = getenv("RDMAPS_STAGING");
-	char *end = NULL;
-	unsigned long long n;
-	int shift = 0;
 
 	*bytes = STAGING_DEFAULT;
 	if (!e || !*e)
 		return 0;
-	errno = 0;
-	n = strtoull(e, &end, 10);
-	if (end != e && (*end == 'K' || *end == 'k'))
-		shift = 10, end++;
-	else if (end != e && (*end == 'M' || *end == 'm'))
-		shift = 20, end++;
-	else if (end != e && (*end == 'G' || *end == 'g'))
-		shift = 30, end++;
-	if (end == e || *end || errno || !n || *e == '-' || n > (UINT64_MAX >> 1) >> shift)
-		return rps__seterr(-EINVAL, "RDMAPS_STAGING=%s: say a size in bytes, or with K, M or G (e.g. 256M)", e);
-	*bytes = (uint64_t)n << shift;
+	if (rps__parse_size("RDMAPS_STAGING", e, 1, UINT64_MAX >> 1, bytes))
+		return rps__seterr(-EINVAL, "RDMAPS_STAGING=%s: say a size in bytes, or with K, M, G or T (e.g. 256M)",
+				   e);
 	return 0;
 }
 
