@@ -510,6 +510,15 @@ int it_server_wait_exit(struct it_cluster *cl, int i, int timeout_ms)
 	return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
 }
 
+void it_servers_first(const struct it_cluster *cl, int first, char *buf, size_t len)
+{
+	size_t n = (size_t)snprintf(buf, len, "%s", cl->uri[first]);
+
+	for (int i = 0; i < cl->nservers && n < len; i++)
+		if (i != first)
+			n += (size_t)snprintf(buf + n, len - n, ",%s", cl->uri[i]);
+}
+
 int it_cluster_stop(struct it_cluster *cl)
 {
 	int i, bad = 0;

@@ -64,6 +64,9 @@ int it_cluster_start_opts(struct it_cluster *cl, int n, const struct it_server_o
 /* SIGTERM every server, wait; returns the number that did not exit 0.
  * Removes the scratch directory (data directories included). */
 int it_cluster_stop(struct it_cluster *cl);
+/* The cluster's URI list with server `first` first (the member a client
+ * connects to first and reads its first map from), into buf. */
+void it_servers_first(const struct it_cluster *cl, int first, char *buf, size_t len);
 void it_server_kill(struct it_cluster *cl, int i);
 /* Start one more server, index cl->nservers, on a free port with --join id
  * and --cluster naming the servers started first (or o->cluster); waits

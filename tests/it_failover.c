@@ -458,10 +458,7 @@ static void run_primary_stopped(bool leader_too)
 	CU_ASSERT_FATAL(owned(&map0, old) > 0);
 	/* the victim first in the workers' list: their first connection,
 	 * whose map they read first and which a refresh would ask first */
-	snprintf(servers, sizeof(servers), "%s", clu.uri[victim]);
-	for (int i = 0; i < NSERVERS; i++)
-		if (i != victim)
-			snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), ",%s", clu.uri[i]);
+	it_servers_first(&clu, victim, servers, sizeof(servers));
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, servers, (void *)&j, -1, NULL), 0);
 	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
 		it_sleep_ms(2);
@@ -597,10 +594,7 @@ static void run_open_while_primary_stopped(bool connect_late)
 		CU_ASSERT_FATAL(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	}
 	/* the victim first: the map the worker holds is the one it gave */
-	snprintf(servers, sizeof(servers), "%s", clu.uri[victim]);
-	for (int i = 0; i < NSERVERS; i++)
-		if (i != victim)
-			snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), ",%s", clu.uri[i]);
+	it_servers_first(&clu, victim, servers, sizeof(servers));
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 1, d7_worker, servers, connect_late ? (void *)&w : NULL, -1, NULL),
 			      0);
 	while (!atomic_load(&sh->at_gate[0]))

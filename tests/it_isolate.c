@@ -356,16 +356,6 @@ static int final_worker(int rank, int nworkers, const char *servers, void *arg, 
 }
 
 /* The cluster's URI list with server first at its head. */
-static void servers_first(char *buf, size_t len, int first)
-{
-	int i, n;
-
-	n = snprintf(buf, len, "%s", clu.uri[first]);
-	for (i = 0; i < clu.nservers; i++)
-		if (i != first)
-			n += snprintf(buf + n, len - (size_t)n, ",%s", clu.uri[i]);
-}
-
 /* Has every reader pulled again since it had done `then[r]` pulls? */
 static bool every_reader_past(const int *then)
 {
@@ -409,7 +399,7 @@ static double isolated_run(bool *leader_kept, bool *moved_early)
 	CU_ASSERT_FATAL(leader >= 1 && leader <= NSERVERS);
 	victim = (int)(leader % NSERVERS);	/* index of member leader + 1 (mod 3) */
 	part = victim;				/* member victim + 1 owns partitions victim, victim + 3 */
-	servers_first(servers, sizeof(servers), victim);
+	it_servers_first(&clu, victim, servers, sizeof(servers));
 	/* a name that puts the tensor's shard in partition part: every push
 	 * and pull goes there (a refresh that something else on another
 	 * partition calls for would hide a stale copy) */
@@ -429,7 +419,7 @@ static double isolated_run(bool *leader_kept, bool *moved_early)
 	CU_ASSERT_FATAL(acked_total() >= START_PUSHES);
 
 	/* the leader's map, polled as closely as a READ allows (watch_worker) */
-	servers_first(lservers, sizeof(lservers), (int)leader - 1);
+	it_servers_first(&clu, (int)leader - 1, lservers, sizeof(lservers));
 	wa.part = (uint32_t)part;
 	wa.owner = (uint64_t)victim + 1;
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&ww, 1, watch_worker, lservers, &wa, -1, NULL), 0);
