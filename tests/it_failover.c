@@ -303,6 +303,135 @@ static void test_sync_adam_primary_killed(void)
 	clu_up = false;
 }
 
+/* ---- (h) sync: a rank gone mid-step, then a primary killed ------------------ */
+
+/*
+ * Rank 2 dies before its push of step OR_STEP; ranks 0 and 1 push theirs,
+ * which their primaries end as taken (the step is orphaned: the workers
+ * forget those gradients) once the backups hold them.  Then a primary is
+ * killed before rank 2's replacement comes: the promoted backups must
+ * complete the step with the replacement's push alone.  Every gradient is
+ * a constant (ranks 0 and 1: 1, the first rank-2 process 1000, its
+ * replacement 100000): each shard's final value says whose pushes counted.
+ */
+#define OR_WORKERS 3
+#define OR_STEPS 5
+#define OR_STEP 2
+
+struct orphan_job {
+	float grad;
+	bool alone;		/* started on its own: rank 2 */
+	bool dies;		/* SIGKILL itself before its push of OR_STEP */
+};
+
+/* Pull, retrying while a rank is gone (-EPIPE), for up to 60 s. */
+static int pull_while_gone(rps_tensor_t *t, float *p, size_t bytes, uint64_t *version)
+{
+	int ret, tries = 0;
+
+	while ((ret = rps_pull(t, p, bytes, version)) == -EPIPE && tries++ < 3000)
+		usleep(20000);
+	return ret;
+}
+
+static int orphan_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	const struct orphan_job *j = arg;
+	float *g = malloc(COUNT * sizeof(float)), *p = malloc(COUNT * sizeof(float));
+	struct rps_tensor_opts o;
+	uint64_t version = 0, first = 0;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	int s, ret;
+
+	(void)nworkers;
+	if (j->alone)
+		rank = 2;
+	for (unsigned i = 0; i < COUNT; i++)
+		g[i] = rank < 2 ? 1.0f : j->grad;
+	if ((ret = it_client_connect(servers, rank, OR_WORKERS, 30000, &cl)))
+		return it_worker_fail(rank, "connect", ret);
+	rps_tensor_opts_init(&o);
+	o.count = COUNT;
+	o.mode = RPS_MODE_SYNC;
+	o.optimizer = RPS_OPT_SUM;
+	if ((ret = rps_tensor_create(cl, "orphaned", &o, &t)))
+		return it_worker_fail(rank, "create", ret);
+	/* the replacement learns where to resume from its first pull */
+	if (j->alone && !j->dies && (ret = pull_while_gone(t, p, COUNT * sizeof(float), &first)))
+		return it_worker_fail(rank, "first pull", ret);
+	for (s = (int)first; s < OR_STEPS; s++) {
+		if (j->dies && s == OR_STEP)
+			raise(SIGKILL);
+		if ((ret = rps_push(t, g, COUNT * sizeof(float))))
+			return it_worker_fail(rank, "push", ret);
+		if (s == OR_STEP && rank < 2)
+			atomic_store(&sh->at_gate[rank], 1);	/* acknowledged: forgotten here */
+		if ((ret = pull_while_gone(t, p, COUNT * sizeof(float), &version)))
+			return it_worker_fail(rank, "pull", ret);
+		if (version != (uint64_t)s + 1) {
+			fprintf(stderr, "worker %d: step %d pulled version %llu\n", rank, s, (unsigned long long)version);
+			return 1;
+		}
+	}
+	it_write_all(out_fd, &first, sizeof(first));
+	it_write_all(out_fd, p, COUNT * sizeof(float));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	return 0;
+}
+
+static void test_sync_orphan_then_primary_killed(void)
+{
+	static const struct orphan_job others = { .grad = 1.0f },
+				       dying = { .grad = 1000.0f, .alone = true, .dies = true },
+				       repl = { .grad = 100000.0f, .alone = true };
+	const float want = 2.0f * OR_STEPS + 1000.0f * OR_STEP + 100000.0f * (OR_STEPS - OR_STEP);
+	float *p = malloc(COUNT * sizeof(float)), *q = malloc(COUNT * sizeof(float));
+	struct it_workers w, wd, wr;
+	uint64_t first = 99;
+	int r, leader, victim, bad = 0;
+
+	CU_ASSERT_FATAL(p && q);
+	start(NSERVERS, 2, false);
+	leader = leader_index();
+	CU_ASSERT_FATAL(leader >= 0);
+	victim = leader;
+	for (int i = 1; i < NSERVERS && victim == leader; i++)
+		if (owned(&map0, (uint64_t)((leader + i) % NSERVERS) + 1) > 0)
+			victim = (leader + i) % NSERVERS;
+	CU_ASSERT_FATAL(victim != leader);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, orphan_worker, clu.servers, (void *)&others, -1, NULL), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wd, 1, orphan_worker, clu.servers, (void *)&dying, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&wd, 0), 128 + SIGKILL);
+	while (!atomic_load(&sh->at_gate[0]) || !atomic_load(&sh->at_gate[1]))
+		it_sleep_ms(5);
+	it_server_kill(&clu, victim);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wr, 1, orphan_worker, clu.servers, (void *)&repl, -1, NULL), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&wr, 0, &first, sizeof(first)), 0);
+	CU_ASSERT_EQUAL(it_worker_read(&wr, 0, q, COUNT * sizeof(float)), 0);
+	CU_ASSERT_EQUAL(it_worker_wait(&wr, 0), 0);
+	CU_ASSERT_EQUAL(first, (uint64_t)OR_STEP);
+	for (unsigned i = 0; i < COUNT; i++)
+		if (q[i] != want && bad++ < 4)
+			fprintf(stderr, "element %u: %.1f, want %.1f\n", i, (double)q[i], (double)want);
+	CU_ASSERT_EQUAL(bad, 0);
+	for (r = 0; r < 2; r++) {
+		first = 99;
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &first, sizeof(first)), 0);
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, p, COUNT * sizeof(float)), 0);
+		CU_ASSERT_EQUAL(first, 0u);
+		CU_ASSERT_EQUAL(memcmp(p, q, COUNT * sizeof(float)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+	free(p);
+	free(q);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
 /* ---- async, +1 per push -------------------------------------------------------- */
 
 struct async_job {
@@ -1116,6 +1245,8 @@ int main(void)
 	static const struct cutest tests[] = {
 		{ "(a) sync Adam: a primary killed mid-step: bit-identical to the job without the kill",
 		  test_sync_adam_primary_killed },
+		{ "(h) sync: a rank gone mid-step, then a primary killed before its replacement: the step completes, exact",
+		  test_sync_orphan_then_primary_killed },
 		{ "(d) async: the Raft leader, a primary, killed: exact, its partitions on their backups",
 		  test_leader_primary_killed },
 		{ "(d2) async: the Raft leader, a primary, stopped (SIGSTOP), not killed: exact, its partitions on their backups",

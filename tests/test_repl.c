@@ -1217,6 +1217,119 @@ static void test_sync_resend(void)
 	rps_tensor_close(t0);
 }
 
+struct orphan_arg {
+	const char *name;
+	int rank;
+};
+
+/* As requests.c does when a rank's last connection leaves before its push
+ * for the step (rps__srv_rank_left). */
+static void do_orphan(struct fake *f, void *arg)
+{
+	struct orphan_arg *o = arg;
+	struct srv_tensor *t = find(f, o->name);
+
+	for (uint32_t j = 0; t && j < t->layout.nshards; j++)
+		rps__srv_repl_step_orphaned(f->srv, t, &t->shards[j], o->rank);
+}
+
+/* Does f hold rank's push of `clock` to shard j of `name`, parked, these bytes? */
+static bool parked_on(struct fake *f, const char *name, uint32_t j, int rank, uint64_t clock, const void *data,
+		      size_t nbytes)
+{
+	struct srv_tensor *t = find(f, name);
+
+	for (uint32_t i = 0; t && i < f->srv->push.nparked; i++) {
+		const struct parked *pk = &f->srv->push.parked[i];
+		if (pk->t == t && pk->local == j && pk->rank == rank && pk->clock == clock)
+			return pk->data && pk->nbytes == nbytes && !memcmp(pk->data, data, nbytes);
+	}
+	return false;
+}
+
+static uint32_t parked_of(struct fake *f, const char *name)
+{
+	struct srv_tensor *t = find(f, name);
+	uint32_t i, n = 0;
+
+	for (i = 0; t && i < f->srv->push.nparked; i++)
+		n += f->srv->push.parked[i].t == t;
+	return n;
+}
+
+/* Sync with a backup, rank 1 gone before its push of step 0: rank 0's
+ * pushes of step 0 (in the sum) and step 1 (parked) are ended as taken
+ * (the worker forgets them) only once B holds them: the sum so far, the
+ * parked push.  B, were it promoted, completes the step with rank 1's
+ * replacement alone.  Then rank 1 pushes after all: both steps apply, the
+ * replicas are identical and B keeps nothing parked. */
+static void test_sync_orphan_replicated(void)
+{
+	struct orphan_arg o = { "orphan", 1 };
+	float g0[COUNT], h0[COUNT], g1[COUNT], h1[COUNT];
+	rps_tensor_t *t0, *t1;
+	rps_request_t *r0, *r1;
+	struct srv_tensor *ta, *tb;
+	uint64_t taken, ent, orph;
+	unsigned seed = 31;
+	int res, done = 0;
+	uint32_t j;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "orphan", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t0), 0);
+	CU_ASSERT_EQUAL_FATAL(tensor(w1, "orphan", RPS_MODE_SYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t1), 0);
+	CU_ASSERT_EQUAL(differing_shards("orphan"), 0);
+	random_grad(g0, RPS_DTYPE_F32, &seed);
+	random_grad(h0, RPS_DTYPE_F32, &seed);
+	random_grad(g1, RPS_DTYPE_F32, &seed);
+	random_grad(h1, RPS_DTYPE_F32, &seed);
+	fake_stall(&B);
+	taken = A.srv->repl.stats.taken_acks;
+	ent = A.srv->repl.stats.orphan_entries;
+	orph = A.srv->repl.stats.step_done_orphaned;
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, g0, sizeof(g0), &r0), 0);
+	CU_ASSERT_EQUAL(await_delta(&A.srv->repl.stats.taken_acks, taken, 4), 4u);
+	CU_ASSERT_EQUAL_FATAL(rps_push_start(t0, h0, sizeof(h0), &r1), 0);
+	CU_ASSERT_EQUAL(await_delta(&A.srv->repl.stats.taken_acks, taken, 8), 8u);
+	fake_do(&A, do_orphan, &o);
+	CU_ASSERT_EQUAL(await_delta(&A.srv->repl.stats.orphan_entries, ent, 8), 8u);	/* 4 sums, 4 parked */
+	sleep_ms(100);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.step_done_orphaned - orph, 0u);	/* not on B yet */
+	done += rps_test(r0, &res);
+	done += rps_test(r1, &res);
+	CU_ASSERT_EQUAL(done, 0);
+	fake_resume(&B);
+	CU_ASSERT_EQUAL(rps_wait(r0), 0);
+	CU_ASSERT_EQUAL(rps_wait(r1), 0);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.step_done_orphaned - orph, 8u);
+	CU_ASSERT_EQUAL(A.srv->repl.stats.orphan_entries - ent, 8u);
+	ta = find(&A, "orphan");
+	tb = find(&B, "orphan");
+	CU_ASSERT_FATAL(ta && tb);
+	for (j = 0; j < tb->layout.nshards; j++) {
+		const struct shard *b = &tb->shards[j];
+		size_t first = rps__shard_first(&tb->layout, j), nb = (size_t)b->elems * 4u;
+		CU_ASSERT_EQUAL(b->step, 0u);
+		CU_ASSERT_EQUAL(b->next_rank, 1);
+		CU_ASSERT_EQUAL(b->nsummed, 1u);
+		CU_ASSERT_EQUAL(memcmp(b->acc, g0 + first, nb), 0);
+		CU_ASSERT_EQUAL(memcmp(b->acc, ta->shards[j].acc, nb), 0);
+		CU_ASSERT(parked_on(&B, "orphan", j, 0, 1, h0 + first, nb));
+	}
+	CU_ASSERT_EQUAL(parked_of(&B, "orphan"), tb->layout.nshards);
+	/* rank 1 after all: both steps complete, as without the orphaning */
+	CU_ASSERT_EQUAL(rps_push(t1, g1, sizeof(g1)), 0);
+	CU_ASSERT_EQUAL(rps_push(t1, h1, sizeof(h1)), 0);
+	for (j = 0; j < ta->layout.nshards; j++) {
+		CU_ASSERT_EQUAL(version_of(&A, "orphan", j), 2u);
+		CU_ASSERT_EQUAL(version_of(&B, "orphan", j), 2u);
+	}
+	CU_ASSERT_EQUAL(differing_shards("orphan"), 0);
+	CU_ASSERT_EQUAL(parked_of(&A, "orphan"), 0u);
+	CU_ASSERT_EQUAL(parked_of(&B, "orphan"), 0u);
+	rps_tensor_close(t1);
+	rps_tensor_close(t0);
+}
+
 static struct repl_peer *peer_of(struct fake *f, uint64_t id)
 {
 	uint32_t i;
@@ -1594,6 +1707,8 @@ int main(void)
 		  test_sync_removal_without_credit },
 		{ "sync two-stage ack: TAKEN at once (in turn and parked), STEP_DONE once replicated", test_sync_two_stage_ack },
 		{ "sync resend: TAKEN while its step is unreplicated, -EALREADY after", test_sync_resend },
+		{ "sync, a rank gone mid-step: the others' pushes ended only once the backup holds them",
+		  test_sync_orphan_replicated },
 		{ "sync, partition refused: taken pushes told to resend, counted once", test_sync_refused_resend },
 		{ "fingerprint: a server with other kernels refuses to pair", test_fingerprint_mismatch },
 		{ "lease: no ack without it on a partition with backups; R=1 ignores it", test_lease_fence },

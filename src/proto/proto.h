@@ -514,6 +514,12 @@ enum rps__repl_kind {
 	RPS__REPL_INIT = 2,	/* the creator's initial values (fp32) */
 	RPS__REPL_PUSH = 3,	/* async/bounded: an applied push, the gradient as pushed */
 	RPS__REPL_STEP = 4,	/* sync: a completed step, its fp32 sum */
+	/* sync, a step a rank left before its push for (repl_stream.c,
+	 * orphans): what the primary acknowledged of it, so that a promoted
+	 * backup completes it with the rank's replacement alone */
+	RPS__REPL_PARTIAL = 5,	/* the fp32 sum so far of step `clock`: rank = next_rank,
+				 * reserved = contributions in it */
+	RPS__REPL_PARKED = 6,	/* a push parked for step `clock` (rank), as pushed */
 };
 
 struct rps__repl_desc {
@@ -523,16 +529,16 @@ struct rps__repl_desc {
 	uint32_t tensor_id;	/* the primary's id (bound by REPL_TENSOR) */
 	uint32_t shard;		/* global shard index */
 	uint32_t part;
-	int32_t rank;		/* PUSH: the pusher's rank (bounded clocks) */
+	int32_t rank;		/* PUSH, PARKED: the pusher's rank (bounded clocks); PARTIAL: next_rank */
 	uint32_t nbytes;	/* payload bytes after the descriptor */
-	uint32_t reserved;
+	uint32_t nsummed;	/* PARTIAL: contributions in the sum (removed ranks are skipped) */
 	uint64_t epoch;		/* the partition's epoch on the primary */
 	uint64_t seq;		/* per partition, from 1 */
 	uint64_t cseq;		/* per connection, from 1: continuity of the stream */
 	uint64_t version;	/* the shard's step after applying: the backup checks it */
 	uint64_t push_id;	/* PUSH */
 	uint64_t client_id;	/* PUSH */
-	uint64_t clock;		/* PUSH: the push's clock; STEP: the step */
+	uint64_t clock;		/* PUSH, PARKED: the push's clock; STEP, PARTIAL: the step */
 	uint8_t pad[RPS__REPL_DESC_SIZE - 92];
 };
 

@@ -164,6 +164,7 @@ static void promote_shard(struct rps__server *srv, struct region *r, struct shar
 	/* (a backup takes no pushes: nothing was taken early here; a push
 	 * taken early on the primary came in the image as a parked one) */
 	s->early_rank = -1;
+	s->partial_seq = 0;	/* (shipped by us under an older reign, if ever: ship anew) */
 	rps__srv_publish(s, epoch);
 }
 
@@ -660,6 +661,7 @@ static int install_shard(struct rbuf *b, struct srv_tensor *t, struct shard *s, 
 	s->next_rank = (int)get32(b);
 	s->nsummed = get32(b);
 	s->early_rank = -1;	/* (a push taken early comes as a parked one) */
+	s->partial_seq = 0;
 	if (get32(b) != s->elems)
 		return MALFORMED;
 	if (!(v = get(b, (size_t)s->elems * 4)))
@@ -760,26 +762,10 @@ static int install_parked(struct rps__server *srv, struct rbuf *b)
 	uint64_t nbytes = get64(b);
 	const void *data = get(b, nbytes);
 	struct srv_tensor *t = name && memchr(name, '\0', RPS__NAME_MAX) ? rps__srv_tensor_by_name(srv, name) : NULL;
-	struct parked *pk;
 
 	if (!data || !t || shard >= t->layout.nshards)
 		return MALFORMED;
-	if (rps__srv_parked_slot(srv, &pk))
-		return rps__seterr(-ENOMEM, "out of memory");
-	pk->data = malloc(nbytes ? nbytes : 1);
-	if (!pk->data)
-		return rps__seterr(-ENOMEM, "out of memory");
-	pk->cap = nbytes;
-	memcpy(pk->data, data, nbytes);
-	pk->t = t;
-	pk->local = shard;
-	pk->clock = clock;
-	pk->rank = rank;
-	pk->nbytes = nbytes;
-	srv->push.nparked++;
-	srv->push.parked_bytes += nbytes;
-	rps__srv_mem_charge(srv, nbytes);
-	return 0;
+	return rps__srv_parked_keep(srv, t, shard, clock, rank, data, nbytes);
 }
 
 /* Install an image READ from the old owner: tensors it does not know yet

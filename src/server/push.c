@@ -294,6 +294,50 @@ void rps__srv_sync_step_replicated(struct rps__server *srv, struct srv_tensor *t
 	}
 }
 
+/* Sync, a backup: its primary's sum so far of the shard's step
+ * (REPL_PARTIAL) is applied here: parked pushes of that step it holds
+ * (from a seeding image, or shipped) are forgotten. */
+void rps__srv_sync_partial_replicated(struct rps__server *srv, struct srv_tensor *t, uint32_t local)
+{
+	struct shard *s = &t->shards[local];
+	uint32_t i = 0;
+
+	while (i < srv->push.nparked) {
+		struct parked *p = &srv->push.parked[i];
+		if (p->t == t && p->local == local && p->clock == s->step && p->rank < s->next_rank) {
+			rps__srv_parked_release(srv, p);
+			*p = srv->push.parked[--srv->push.nparked];
+			continue;
+		}
+		i++;
+	}
+}
+
+int rps__srv_parked_keep(struct rps__server *srv, struct srv_tensor *t, uint32_t local, uint64_t clock, int rank,
+			 const void *data, size_t nbytes)
+{
+	struct parked *pk;
+
+	if (rps__srv_parked_has(srv, t, local, rank, clock))
+		return 0;
+	if (rps__srv_parked_slot(srv, &pk))
+		return rps__seterr(-ENOMEM, "out of memory");
+	pk->data = malloc(nbytes ? nbytes : 1);
+	if (!pk->data)
+		return rps__seterr(-ENOMEM, "out of memory");
+	pk->cap = nbytes;
+	memcpy(pk->data, data, nbytes);
+	pk->t = t;
+	pk->local = local;
+	pk->clock = clock;
+	pk->rank = rank;
+	pk->nbytes = nbytes;
+	srv->push.nparked++;
+	srv->push.parked_bytes += nbytes;
+	rps__srv_mem_charge(srv, nbytes);
+	return 0;
+}
+
 enum consume_result { CONSUMED, NOT_YET };
 
 /* Release the lock word w (0: none held) on the worker's behalf, through

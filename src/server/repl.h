@@ -81,6 +81,7 @@ struct srv_repl {
 	struct repl_peer peers[RPS__SMAP_MAX_MEMBERS];
 	uint32_t npeers;
 	bool active;			/* a stream or a wait exists: repl turn has work */
+	bool orphans_owed;		/* orphaned sync contributions to ship or end (repl_stream.c) */
 	uint64_t slow_check;		/* next look for updates that wait long (repl_stream.c) */
 	uint64_t unknown;		/* a replica with no address, logged once */
 	struct repl_wait *rwaits;	/* updates waiting for their replicas, in order */
@@ -98,6 +99,7 @@ struct srv_repl {
 		uint64_t taken_acks;		/* sync: PUSH_ACKs with RPS__ACK_TAKEN */
 		uint64_t step_done_resend;	/* STEP_DONE entries saying "resend" */
 		uint64_t step_done_orphaned;	/* ... and "orphaned by a rank" */
+		uint64_t orphan_entries;	/* REPL_PARTIAL and REPL_PARKED entries shipped for them */
 		uint64_t step_done_sent;	/* sync: STEP_DONE messages ... */
 		uint64_t step_done_entries;	/* ... and the entries in them */
 		struct rps__step_done_ent last_step_done;	/* the last entry sent */
@@ -122,7 +124,8 @@ void rps__srv_repl_step_wait(struct rps__server *srv, struct srv_conn *c, struct
 			     uint64_t clock);
 bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock);
 /* Sync: the current step of s is orphaned by `rank` (gone before its
- * push): fail the TAKEN pushes of that step and later ones, naming it. */
+ * push): end the TAKEN pushes of that step and later ones, naming it, once
+ * every replica holds them. */
 void rps__srv_repl_step_orphaned(struct rps__server *srv, struct srv_tensor *t, struct shard *s, int rank);
 /* Complete the waits every replica confirmed (after an ack, or a view
  * that dropped a replica). */

@@ -219,6 +219,28 @@ static int apply_entry(struct rps__server *srv, struct srv_conn *c, const struct
 		/* the step a seeding image carried is in this sum */
 		rps__srv_sync_step_replicated(srv, t, d->shard);
 		break;
+	case RPS__REPL_PARTIAL:
+		/* the step in progress, as a seeding image carries it
+		 * (partition.c, promote_shard): kept for a promotion */
+		if (t->spec.mode != RPS_MODE_SYNC || !s->acc || d->dtype != RPS_DTYPE_F32 || !s->ready ||
+		    d->nbytes != s->elems * 4u || d->clock != s->step || d->rank < 0 ||
+		    d->rank >= t->spec.num_workers || d->nsummed > (uint32_t)d->rank)
+			return broken(c, "sent a step in progress that does not fit");
+		memcpy(s->acc, payload, d->nbytes);
+		s->next_rank = d->rank;
+		s->nsummed = d->nsummed;
+		s->early_rank = -1;
+		rps__srv_sync_partial_replicated(srv, t, d->shard);
+		break;
+	case RPS__REPL_PARKED:
+		if (t->spec.mode != RPS_MODE_SYNC || d->dtype != t->spec.dtype || !s->ready ||
+		    d->nbytes != s->elems * rps__dtype_size(t->spec.dtype) || d->rank < 0 ||
+		    d->rank >= t->spec.num_workers || d->clock < s->step)
+			return broken(c, "sent a parked push that does not fit");
+		if ((d->clock > s->step || d->rank >= s->next_rank) &&
+		    rps__srv_parked_keep(srv, t, d->shard, d->clock, d->rank, payload, d->nbytes))
+			return broken(c, "out of memory keeping its parked push");
+		break;
 	default:
 		return broken(c, "sent a replication entry of unknown kind %u", d->kind);
 	}

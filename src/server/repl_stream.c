@@ -45,12 +45,19 @@
 #define REPL_REDIAL_NS (200ull * 1000000ull)
 #define REPL_REDIAL_MAX_NS (5000ull * 1000000ull)
 
-enum rw_kind { RW_PUSH, RW_INIT, RW_STEP, RW_STEP_DONE };
+/* RW_HELD: a REPL_PARTIAL or REPL_PARKED entry (orphans, below): nothing
+ * of it is published or acknowledged by itself. */
+enum rw_kind { RW_PUSH, RW_INIT, RW_STEP, RW_HELD, RW_STEP_DONE };
 
 /* An update applied here, waiting for its replicas (or, RW_STEP_DONE, a
  * sync contribution, acknowledged TAKEN, waiting for its step). */
 struct repl_wait {
 	enum rw_kind kind;
+	uint64_t seq;		/* the partition's entry seq (not STEP_DONE) */
+	/* STEP_DONE of a step orphaned by rank `orphan` (-1: not), ended as
+	 * taken once entry orphan_seq (0: not shipped yet) is confirmed */
+	int orphan;
+	uint64_t orphan_seq;
 	struct srv_tensor *t;
 	struct shard *s;
 	struct srv_conn *c;		/* the worker to acknowledge (NULL: gone, or none) */
@@ -246,6 +253,8 @@ static void ship(struct rps__server *srv, struct srv_tensor *t, struct shard *s,
 	d.seq = ++srv->repl.seq[s->part];
 	assert(d.seq != 0);	/* forward only: never wraps */
 	d.version = s->step;
+	w->seq = d.seq;
+	w->orphan = -1;
 	w->t = t;
 	w->s = s;
 	w->since = rps__now_ns();
@@ -262,7 +271,8 @@ static void ship(struct rps__server *srv, struct srv_tensor *t, struct shard *s,
 		w->rep[w->nrep].cseq = rc->repl.cseq;
 		w->nrep++;
 	}
-	s->repl_pending++;
+	if (w->kind != RW_HELD)
+		s->repl_pending++;
 	srv->repl.stats.deferred++;
 	srv->repl.rwaits[srv->repl.nrwaits++] = *w;	/* room made by rps__srv_repl_reserve */
 }
@@ -332,7 +342,7 @@ void rps__srv_repl_step_wait(struct rps__server *srv, struct srv_conn *c, struct
 		return;
 	}
 	srv->repl.rwaits[srv->repl.nrwaits++] = (struct repl_wait){
-		.kind = RW_STEP_DONE, .t = t, .s = s, .c = c, .clock = clock, .since = rps__now_ns(),
+		.kind = RW_STEP_DONE, .t = t, .s = s, .c = c, .clock = clock, .since = rps__now_ns(), .orphan = -1,
 	};
 	srv->repl.active = true;
 }
@@ -402,33 +412,164 @@ static void step_done_orphaned(struct srv_conn *c, const struct srv_tensor *t, c
  * remove-rank drops it (requests.c, rps__srv_missing_rank).  Without
  * backups the others' pushes were acknowledged, and their pulls' WAITs are
  * failed naming the rank; here their pushes were TAKEN and would wait for
- * a STEP_DONE past their timeout.  End those of the current step or a
- * later one as taken (STEP_DONE entries naming the rank), so that the
- * workers go on to the pull that says which rank is missing, as without
- * backups.  Nothing is applied or shipped: the sum so far stays (here
- * only, until the step completes), and the step completes and replicates
- * whole once the rank is replaced or removed.
+ * a STEP_DONE past their timeout.  They are ended as taken (STEP_DONE
+ * entries naming the rank: orphans_turn), so that the workers go on to the
+ * pull that says which rank is missing, as without backups.  A worker
+ * forgets a push ended so: it must be on every backup first, for a backup
+ * promoted before the step completes (this primary killed while the job
+ * waits for the rank's replacement) to complete it with the replacement's
+ * push alone, to the same bits.  Nothing is applied: the step completes
+ * and replicates whole once the rank is replaced or removed.
  */
 void rps__srv_repl_step_orphaned(struct rps__server *srv, struct srv_tensor *t, struct shard *s, int rank)
 {
+	(void)t;
+	for (uint32_t i = 0; i < srv->repl.nrwaits; i++) {
+		struct repl_wait *w = &srv->repl.rwaits[i];
+
+		if (w->kind == RW_STEP_DONE && w->s == s && w->clock >= s->step && w->orphan < 0) {
+			w->orphan = rank;
+			w->orphan_seq = 0;
+			srv->repl.orphans_owed = true;	/* the repl turn ships them, then ends them */
+		}
+	}
+	srv->repl.active = true;
+}
+
+/* The parked push of (t, shard `local`) of `rank` for step `clock`, or NULL. */
+static struct parked *parked_find(struct rps__server *srv, const struct srv_tensor *t, uint32_t local, int rank,
+				  uint64_t clock)
+{
+	for (uint32_t i = 0; i < srv->push.nparked; i++) {
+		struct parked *pk = &srv->push.parked[i];
+
+		if (pk->t == t && pk->local == local && pk->rank == rank && pk->clock == clock)
+			return pk;
+	}
+	return NULL;
+}
+
+/*
+ * Put the contribution of orphaned wait rwaits[i] on every replica: in the
+ * step's sum so far, a REPL_PARTIAL of that sum (one serves every wait of
+ * the step until the sum takes another rank's); parked, a REPL_PARKED of
+ * it.  The wait is ended once that entry is confirmed.  -EAGAIN: no room
+ * on a replica yet (or no lease): next turn.
+ */
+static int orphan_ship(struct rps__server *srv, uint32_t i)
+{
+	struct repl_wait held = { .kind = RW_HELD }, *w = &srv->repl.rwaits[i];
+	struct srv_tensor *t = w->t;
+	struct shard *s = w->s;
+	uint32_t local = (uint32_t)(s - t->shards);
+	int rank = w->c->rank;
+	struct rps__repl_desc d;
+	struct parked *pk;
+	void *conv = NULL;
+
+	if (srv->parts[s->part].primary != srv->my_id || rps__srv_lease_fenced(srv, s->part) || !s->hdr)
+		return -EAGAIN;	/* (moved away: rps__srv_repl_refuse_part tells it to resend) */
+	memset(&d, 0, sizeof(d));
+	if (w->clock == s->step && rank < s->next_rank) {
+		if (s->partial_seq && s->partial_step == s->step && s->partial_rank == s->next_rank) {
+			w->orphan_seq = s->partial_seq;
+			return 0;
+		}
+		if (rps__srv_repl_reserve(srv, t, s->part))
+			return -EAGAIN;
+		d.kind = RPS__REPL_PARTIAL;
+		d.dtype = RPS_DTYPE_F32;
+		d.rank = s->next_rank;
+		d.nsummed = s->nsummed;
+		d.clock = s->step;
+		d.nbytes = s->elems * 4u;
+		ship(srv, t, s, d, s->acc, &held);
+		s->partial_step = s->step;
+		s->partial_rank = s->next_rank;
+		s->partial_seq = held.seq;
+	} else if ((pk = parked_find(srv, t, local, rank, w->clock)) != NULL) {
+		if (rps__srv_repl_reserve(srv, t, s->part))
+			return -EAGAIN;
+		if (pk->in_acc) {
+			/* taken early (before the partition had backups): the
+			 * accumulator holds it alone, widened exactly */
+			conv = malloc(pk->nbytes ? pk->nbytes : 1);
+			if (!conv)
+				return -EAGAIN;
+			rps__f32_to_dtype(conv, s->acc, t->spec.dtype, s->elems);
+		}
+		d.kind = RPS__REPL_PARKED;
+		d.dtype = (uint16_t)t->spec.dtype;
+		d.rank = rank;
+		d.clock = pk->clock;
+		d.nbytes = (uint32_t)pk->nbytes;
+		ship(srv, t, s, d, conv ? conv : pk->data, &held);
+		free(conv);
+	} else {
+		/* neither in the sum nor parked: not a contribution this step
+		 * holds (never expected); ended after what was shipped */
+		rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d's taken push of step %llu is neither summed "
+			 "nor parked here", t->name, s->index, rank, (unsigned long long)w->clock);
+		held.seq = srv->repl.seq[s->part];
+	}
+	srv->repl.stats.orphan_entries += d.kind != 0;
+	srv->repl.rwaits[i].orphan_seq = held.seq ? held.seq : 1;	/* (ship may have moved rwaits) */
+	return 0;
+}
+
+/* Is every entry of partition `part` up to seq on every replica? */
+static bool entries_confirmed(const struct rps__server *srv, uint32_t part, uint64_t seq)
+{
+	for (uint32_t i = 0; i < srv->repl.nrwaits; i++) {
+		const struct repl_wait *w = &srv->repl.rwaits[i];
+
+		if (w->kind != RW_STEP_DONE && w->s->part == part && w->seq <= seq)
+			return false;
+	}
+	return true;
+}
+
+/* Orphaned contributions: ship what is not on the replicas yet, and end
+ * as taken what is (rps__srv_repl_step_orphaned). */
+static void orphans_turn(struct rps__server *srv)
+{
+	bool owed = false;
 	uint32_t i = 0;
 
 	while (i < srv->repl.nrwaits) {
 		struct repl_wait w = srv->repl.rwaits[i];
-		if (w.kind != RW_STEP_DONE || w.s != s || w.clock < s->step) {
+
+		if (w.kind != RW_STEP_DONE || w.orphan < 0) {
+			i++;
+			continue;
+		}
+		if (w.clock < w.s->step) {
+			/* the step completed meanwhile: its STEP_DONE as usual */
+			srv->repl.rwaits[i++].orphan = -1;
+			continue;
+		}
+		if (w.c && !w.orphan_seq && orphan_ship(srv, i)) {
+			owed = true;
+			i++;
+			continue;
+		}
+		w = srv->repl.rwaits[i];
+		if (w.c && (!entries_confirmed(srv, w.s->part, w.orphan_seq) || rps__srv_lease_fenced(srv, w.s->part))) {
+			owed = true;
 			i++;
 			continue;
 		}
 		memmove(&srv->repl.rwaits[i], &srv->repl.rwaits[i + 1], (srv->repl.nrwaits - i - 1) * sizeof(w));
 		srv->repl.nrwaits--;
-		if (w.c) {
-			rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
-				 "ending the taken push of %s", t->name, s->index, rank,
-				 (unsigned long long)w.clock, rps__ep_peer(w.c->ep));
-			step_done_orphaned(w.c, t, s, w.clock, rank);	/* sent at the end of the turn */
-			srv->repl.stats.step_done_orphaned++;
-		}
+		if (!w.c)
+			continue;	/* nobody left to tell */
+		rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
+			 "ending the taken push of %s (on every replica)", w.t->name, w.s->index, w.orphan,
+			 (unsigned long long)w.clock, rps__ep_peer(w.c->ep));
+		step_done_orphaned(w.c, w.t, w.s, w.clock, w.orphan);	/* sent at the end of the turn */
+		srv->repl.stats.step_done_orphaned++;
 	}
+	srv->repl.orphans_owed = owed;
 }
 
 /* Does an update of the partition still wait for its replicas (a step or a
@@ -509,6 +650,8 @@ static void wait_complete(struct rps__server *srv, const struct repl_wait *w)
 	struct shard *s = w->s;
 	uint64_t lock = 0;
 
+	if (w->kind == RW_HELD)
+		return;		/* (orphans: note_orphans ends what waited for it) */
 	s->repl_pending--;
 	if (!s->hdr)
 		return;		/* the partition was dropped meanwhile */
@@ -998,6 +1141,8 @@ void rps__srv_repl_turn(struct rps__server *srv)
 		if (c->role == CONN_REPL && !c->repl.out && !c->dead && !c->repl.refused)
 			rps__srv_repl_backup_turn(srv, c);
 	}
+	if (srv->repl.orphans_owed)
+		orphans_turn(srv);
 	step_done_flush(srv);
 	if (srv->repl.nrwaits)
 		warn_slow(srv, now);

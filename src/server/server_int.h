@@ -155,6 +155,11 @@ struct shard {
 	uint32_t repl_pending;	/* primary: an update applied, not yet on every replica */
 	bool advance_owed;	/* sync, replicated: a step complete (a rank removal) that found no
 				 * replication credit; drain_held applies it when they come back */
+	/* sync, replicated: the last REPL_PARTIAL shipped (repl_stream.c,
+	 * orphans): of step partial_step with partial_rank next; its entry
+	 * seq partial_seq (0: none shipped) */
+	uint64_t partial_step, partial_seq;
+	int partial_rank;
 };
 
 /* A tensor's shards of one partition on this server: one registration, so
@@ -476,6 +481,14 @@ void rps__srv_sync_advance(struct rps__server *srv, struct srv_tensor *t, uint32
 /* A backup applied its primary's step of the shard: the step in progress a
  * seeding image brought, and parked pushes of applied steps, are forgotten. */
 void rps__srv_sync_step_replicated(struct rps__server *srv, struct srv_tensor *t, uint32_t local);
+/* A backup applied its primary's sum so far of the shard's step
+ * (REPL_PARTIAL): parked pushes of that step in the sum are forgotten. */
+void rps__srv_sync_partial_replicated(struct rps__server *srv, struct srv_tensor *t, uint32_t local);
+/* Keep a copy of a push parked on another server (a partition image's,
+ * or one its primary shipped: repl_stream.c, orphans) for step `clock` of
+ * shard `local`; one of that rank and step held already stays.  -ENOMEM. */
+int rps__srv_parked_keep(struct rps__server *srv, struct srv_tensor *t, uint32_t local, uint64_t clock, int rank,
+			 const void *data, size_t nbytes);
 bool rps__srv_parked_has(const struct rps__server *srv, const struct srv_tensor *t, uint32_t local, int rank,
 			 uint64_t clock);
 /* A parked entry's gradient is gone (taken, shipped, dropped): its buffer
