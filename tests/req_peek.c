@@ -55,3 +55,21 @@ int req_peek_asserts_live(void)
 		return 0;
 	return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
 }
+
+int req_peek_two_parts(rps_client_t *cl, int a, int b)
+{
+	struct rps_request *r = rps__req_new(cl, 2);
+	int status;
+
+	if (!r)
+		return -ENOMEM;
+	pthread_mutex_lock(&cl->lock);
+	r->kind = REQ_SHARDS;
+	rps__req_part_done_at(r, a, NULL);
+	rps__req_part_done_at(r, b, NULL);
+	status = r->done ? r->status : -EINPROGRESS;
+	r->waited = true;
+	rps__req_maybe_free(r);
+	pthread_mutex_unlock(&cl->lock);
+	return status;
+}

@@ -18,4 +18,9 @@ int req_peek_status(rps_request_t *r, int timeout_ms);
  * issued, and must die of SIGABRT.  1 if it did, 0 if not (or no fork). */
 int req_peek_asserts_live(void);
 
+/* A request of two parts of cl, the first ended with status a, then the
+ * second with b: the status the request ends with (what its waiter gets,
+ * and whether it retries: rps__retryable).  Nothing is sent. */
+int req_peek_two_parts(rps_client_t *cl, int a, int b);
+
 #endif

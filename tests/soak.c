@@ -325,11 +325,22 @@ static int worker_main(int rank, int takeover)
 		if (version != (uint64_t)s + 1)
 			return wbad(rank, "'%s': the pull after step %d says version %" PRIu64 ", not %d", tname[2], s,
 				    version, s + 1);
-		for (uint32_t i = 0; i < SYNC_COUNT; i++)
-			if (memcmp(&p[i], &ref[i], sizeof(float)))
-				return wbad(rank, "'%s' after step %d: element %u is %.9g, the reference %.9g "
-					    "(a step lost, doubled or summed out of order)", tname[2], s, i,
-					    (double)p[i], (double)ref[i]);
+		for (uint32_t i = 0; i < SYNC_COUNT; i++) {
+			uint32_t bits, unwritten = 0, differ = 0, j;
+			if (!memcmp(&p[i], &ref[i], sizeof(float)))
+				continue;
+			/* of its shard: how many differ, how many the pull never
+			 * wrote (still the 0xff fill) */
+			for (j = i - i % SHARD_ELEMS; j < i - i % SHARD_ELEMS + SHARD_ELEMS && j < SYNC_COUNT; j++) {
+				memcpy(&bits, &p[j], sizeof(bits));
+				differ += memcmp(&p[j], &ref[j], sizeof(float)) != 0;
+				unwritten += bits == 0xffffffffu;
+			}
+			return wbad(rank, "'%s' after step %d: element %u is %.9g, the reference %.9g "
+				    "(a step lost, doubled or summed out of order; in its shard %u elements "
+				    "differ, %u never written by the pull)", tname[2], s, i, (double)p[i],
+				    (double)ref[i], differ, unwritten);
+		}
 		atomic_fetch_add(&sh->pulls, 1);
 		atomic_store(&sh->step[rank], s + 1);
 		it_sleep_ms(2);	/* leave the servers some of the cores */

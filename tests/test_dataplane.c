@@ -1060,6 +1060,25 @@ static void test_checkpoint_hold_take(void)
 	rps_tensor_close(t);
 }
 
+/* A request's status when its parts fail differently: the first failure,
+ * unless a retry could mend it (a moved shard, a lost connection) and a
+ * later one cannot: then the later one.  A pull whose first failed shard
+ * was stale and whose second was refused (a rank gone, a lost partition)
+ * was retried for the stale one alone and returned 0 with the other
+ * shard's output never written (the soak's "-nan"). */
+static void test_request_status_precedence(void)
+{
+	CU_ASSERT_EQUAL(req_peek_two_parts(cl, RPS_ESTALE_EPOCH, -EPIPE), -EPIPE);
+	CU_ASSERT_EQUAL(req_peek_two_parts(cl, -ECONNRESET, -ENODATA), -ENODATA);
+	CU_ASSERT_EQUAL(req_peek_two_parts(cl, -EFAULT, -ECONNREFUSED), -ECONNREFUSED);
+	CU_ASSERT_EQUAL(req_peek_two_parts(cl, -EPIPE, RPS_ESTALE_EPOCH), -EPIPE);
+	CU_ASSERT_EQUAL(req_peek_two_parts(cl, -EPERM, -ENODATA), -EPERM);	/* the first of two */
+	CU_ASSERT_EQUAL(req_peek_two_parts(cl, RPS_ESTALE_EPOCH, -ECONNRESET), RPS_ESTALE_EPOCH);
+	CU_ASSERT_EQUAL(req_peek_two_parts(cl, RPS_ESTALE_EPOCH, -EALREADY), RPS_ESTALE_EPOCH);
+	CU_ASSERT_EQUAL(req_peek_two_parts(cl, 0, -EPIPE), -EPIPE);
+	CU_ASSERT_EQUAL(req_peek_two_parts(cl, 0, 0), 0);
+}
+
 /* Death test: the client's invariants are asserted, and asserts are live
  * in the test build (req_peek.h). */
 static void test_client_asserts_live(void)
@@ -1075,6 +1094,8 @@ int main(void)
 		{ "hooks: run_timers' delay, errno and stop obeyed; fini", test_hooks_run_timers },
 		{ "served partition: push then pull, exact values", test_served_push_pull },
 		{ "client: an invariant broken aborts (asserts live)", test_client_asserts_live },
+		{ "client: a part's failure no retry mends wins over an earlier one a retry would",
+		  test_request_status_precedence },
 		{ "create: a NaN or infinite hyper-parameter refused, one line", test_create_not_finite },
 		{ "fenced partition: refused, not applied; unfenced: applied", test_fenced_partition },
 		{ "stale epoch: refused, not applied; resent at the served epoch", test_stale_epoch_refused },

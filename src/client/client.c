@@ -510,7 +510,7 @@ static int forgive_applied(struct rps_request *nr)
 		int res = nr->ops[i].result;
 		if (res == -EALREADY && (nr->ops[i].kind == OP_PUSH || nr->ops[i].kind == OP_INIT))
 			nr->ops[i].result = res = 0;
-		if (res && !status)
+		if (rps__status_overrides(status, res))
 			status = res;
 	}
 	nr->status = status;

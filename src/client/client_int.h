@@ -135,6 +135,20 @@ static inline bool rps__retryable(int status)
 	return status == RPS_ESTALE_EPOCH || status == -EFAULT || status == -ECONNRESET;
 }
 
+/*
+ * Does a part's failure `status` take the place of the request's status
+ * `cur` so far?  The first failure does, unless it is one a retry may mend
+ * (rps__retryable) and this one is not: a request whose status were the
+ * mendable one is retried (client.c, retry_stale), only its mendable parts
+ * are sent again, and it ends with their outcome, the other part's failure
+ * dropped: a pull would return 0 with that shard of its output never
+ * written.  (-EALREADY: a resent push the server had, counted as done.)
+ */
+static inline bool rps__status_overrides(int cur, int status)
+{
+	return status && (!cur || (rps__retryable(cur) && !rps__retryable(status) && status != -EALREADY));
+}
+
 struct rps_request {
 	struct rps_client *cl;
 	enum req_kind kind;

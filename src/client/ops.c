@@ -651,7 +651,7 @@ static bool op_lost(struct shard_op *op)
 
 	if (p >= m->npart || !m->parts[p].lost)
 		return false;
-	if (r && !r->status) {
+	if (r && rps__status_overrides(r->status, -ENODATA)) {
 		r->status = -ENODATA;
 		snprintf(r->msg, sizeof(r->msg), "partition %u lost with member %llu: restore it (psctl restore NAME)"
 			 " or accept it empty (psctl forget-lost %u)", p, (unsigned long long)m->parts[p].lost, p);
@@ -984,6 +984,15 @@ static void on_read(struct shard_op *op)
 		send_wait(op);
 		return;
 	}
+	/* a header of another size than the shard's is not this shard's:
+	 * never report a pull whose output was not written in full */
+	if (hdr->elems != rps__shard_elems(&op->t->layout, op->shard)) {
+		rps__log(RPS__LOG_WARN, "%s: '%s' shard %u: the server's header says %u elements, the shard has %u",
+			 c->name, op->t->name, op->shard, hdr->elems, rps__shard_elems(&op->t->layout, op->shard));
+		rps__op_report(op, -EPROTO);
+		op_release(op);
+		return;
+	}
 	/* an untorn copy (even, equal counters) as new as asked: what the
 	 * pull reports never goes back */
 	assert(seq1 == seq2 && !(seq1 & 1) && version >= op->min_version);
@@ -1006,7 +1015,7 @@ static void on_wait_rep(struct shard_op *op, int status, const struct rps__wait_
 	}
 	/* sync: a rank left before its push for the step this pull needs;
 	 * say which, and where, instead of a bare error */
-	if (status == -EPIPE && rep && r && !r->status) {
+	if (status == -EPIPE && rep && r && rps__status_overrides(r->status, status)) {
 		r->status = status;
 		int n = snprintf(r->msg, sizeof(r->msg), "%s: tensor '%s' shard %u: worker rank %d disconnected before "
 				 "its push for step %llu: start a replacement process of that rank, then pull again",

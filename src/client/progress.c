@@ -87,7 +87,7 @@ const char *rps__status_text(int status)
 
 void rps__req_part_done_at(struct rps_request *r, int status, const struct conn *c)
 {
-	if (status && !r->status) {
+	if (rps__status_overrides(r->status, status)) {
 		r->status = status;
 		if (status == -EHOSTDOWN && c && c->cl->noq_text[0])	/* (rps__note_take) */
 			snprintf(r->msg, sizeof(r->msg), "%s", c->cl->noq_text);
