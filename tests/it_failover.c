@@ -504,6 +504,50 @@ static void check_exact(const char *name, size_t count, int acked)
 	free(p);
 }
 
+/* ---- (j) a planned switch to a backup killed a moment before --------------- */
+
+/*
+ * psctl move of a partition to its backup is a planned switch: nothing is
+ * shipped, the backup takes over and the old primary leaves the set (it
+ * is seeded again).  Made to a backup killed a moment before (not yet
+ * declared failed), it would leave the partition's only copy on the dead
+ * member.  The switch waits for the backup's stream, finds it down and is
+ * aborted: the partition stays where it was, exact.  (The soak found it:
+ * the leader's own balancing picked a member stopped with SIGTERM.)
+ */
+static void test_switch_to_killed_backup(void)
+{
+	static const struct async_job j = { .name = "sw", .count = COUNT, .pushes = 40 };
+	struct it_workers w;
+	struct rps__smap m;
+	char out[1024], err[1024];
+	int leader, b = -1, acked, rc;
+	uint32_t part;
+
+	start(NSERVERS, 2, false);
+	leader = leader_index();
+	CU_ASSERT_FATAL(leader >= 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, async_worker, clu.servers, (void *)&j, -1, NULL), 0);
+	acked = async_wait(&w);
+	/* a partition whose first backup is not the leader */
+	for (part = 0; part < map0.npart && b < 0; part++)
+		if (map0.parts[part].backups[0] && map0.parts[part].backups[0] != (uint64_t)leader + 1)
+			b = (int)map0.parts[part].backups[0] - 1;
+	part--;
+	CU_ASSERT_FATAL(b >= 0);
+	it_server_kill(&clu, b);
+	rc = it_psctl(&clu, 60000, out, sizeof(out), err, sizeof(err), "--timeout 20 move %u %d", part, b + 1);
+	fprintf(stderr, "[psctl move %u %d, that member killed before: exit %d: %s%s] ", part, b + 1, rc, out, err);
+	CU_ASSERT_NOT_EQUAL(rc, 0);
+	CU_ASSERT(strstr(err, "was aborted") != NULL || strstr(out, "was aborted") != NULL);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m), 0);
+	CU_ASSERT_EQUAL(m.parts[part].lost, 0u);
+	CU_ASSERT_NOT_EQUAL(m.parts[part].owner, (uint64_t)b + 1);
+	check_exact("sw", COUNT, acked);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
 /* ---- (d) the Raft leader, a primary, killed ------------------------------------ */
 
 #define D_WORKERS 3
@@ -1247,6 +1291,8 @@ int main(void)
 		  test_sync_adam_primary_killed },
 		{ "(h) sync: a rank gone mid-step, then a primary killed before its replacement: the step completes, exact",
 		  test_sync_orphan_then_primary_killed },
+		{ "(j) a planned switch (psctl move) to a backup killed a moment before: aborted, nothing lost, exact",
+		  test_switch_to_killed_backup },
 		{ "(d) async: the Raft leader, a primary, killed: exact, its partitions on their backups",
 		  test_leader_primary_killed },
 		{ "(d2) async: the Raft leader, a primary, stopped (SIGSTOP), not killed: exact, its partitions on their backups",

@@ -962,9 +962,15 @@ static void test_failover_proposed(void)
 	send_lease(&peer3, 1);
 	send_lease(&peer4, 1);
 	turn();
+	CU_ASSERT(rps__cp_member_fresh(cp, 2) && rps__cp_member_fresh(cp, 3) && rps__cp_member_fresh(cp, 4));
 	rps__cp_fake_clock_ns = t + FAILOVER_NS / 2;
 	send_lease(&peer3, 2);
 	turn();
+	/* silent for lease_ms: not failed yet, but no longer what balancing
+	 * moves a partition to (it may have just stopped) */
+	CU_ASSERT(!failed(2) && !rps__cp_member_fresh(cp, 2));
+	CU_ASSERT(rps__cp_member_fresh(cp, 3));
+	CU_ASSERT(rps__cp_member_fresh(cp, 1));	/* (ourselves) */
 	applied = fake.applied;
 	rps__cp_fake_clock_ns = t + FAILOVER_NS;
 	turn();

@@ -76,8 +76,10 @@ void rps__cp_admin_map_changed(struct rps__cplane *cp)
 				admin_done(cp, i, 0, mp->epoch, NULL);
 				continue;
 			}
-			if (!mp->moving_to && cp->map.applied >= a->index && mp->epoch == a->epoch) {
-				snprintf(msg, sizeof(msg), "move of partition %u to member %llu was aborted: the destination did not install it in time, or, a backup, did not confirm the owner's updates (see their logs)",
+			/* (not by epoch: a replica set change on the way, the
+			 * destination dropped as a failed backup, moves it on) */
+			if (!mp->moving_to && cp->map.applied >= a->index) {
+				snprintf(msg, sizeof(msg), "move of partition %u to member %llu was aborted: the destination did not install it in time, failed, or, a backup, did not confirm the owner's updates (see their logs)",
 					 a->part, (unsigned long long)a->id);
 				admin_done(cp, i, -ECANCELED, mp->epoch, msg);
 				continue;

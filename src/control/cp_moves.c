@@ -356,13 +356,17 @@ void rps__cp_move_duties(struct rps__cplane *cp, uint64_t now)
 		switch (pl->st) {
 		case PART_LEAVING:
 			if (pl->switching) {
-				if (cp->dp->part_fence(cp->srv, p))
+				/* the backup takes over only while its stream is up:
+				 * one that stopped meanwhile would be made the only
+				 * copy (we leave the set), and lose it */
+				if (cp->dp->part_fence(cp->srv, p) && cp->dp->part_stream_up(cp->srv, p, pl->to))
 					switch_fenced(cp, p);
 				else if (now >= pl->give_up && now >= pl->next_try) {
 					/* a backup that confirms nothing (its stream
 					 * broke, it is dying): we serve on */
-					rps__log(RPS__LOG_WARN, "partition %u: backup %llu did not confirm what we applied in time:"
-						 " aborting the switch", p, (unsigned long long)pl->to);
+					rps__log(RPS__LOG_WARN, "partition %u: backup %llu did not confirm what we applied in time"
+						 " (or its stream is down): aborting the switch", p,
+						 (unsigned long long)pl->to);
 					pl->next_try = now + PEER_RETRY_NS / 2;
 					cmd.type = RPS__SMAP_MOVE_ABORT;
 					cmd.part = p;

@@ -40,5 +40,8 @@ extern volatile int rps__cp_isolated;
 extern uint64_t rps__cp_fake_clock_ns;
 /* Has the leader (this server) declared member id failed? */
 bool rps__cp_member_failed(const struct rps__cplane *cp, uint64_t id);
+/* The leader: did member id renew its lease with us within lease_ms (or
+ * is it us)?  What balancing moves partitions between. */
+bool rps__cp_member_fresh(const struct rps__cplane *cp, uint64_t id);
 
 #endif

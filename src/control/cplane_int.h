@@ -125,6 +125,7 @@ struct fo_contact {		/* leader: what it knows of one member */
 	uint64_t deadline;	/* failover clock: failed once past this without a LEASE */
 	uint64_t failed_at;	/* 0: not failed */
 	uint64_t next_try;	/* failed: next batch of proposals */
+	bool renewed;		/* since is its LEASE's, not our start of leading */
 };
 
 struct fo_wait {		/* leader: a LEASE waiting for its ReadIndex round */

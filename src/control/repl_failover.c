@@ -248,6 +248,7 @@ bool rps__cp_on_lease(struct rps__cplane *cp, struct srv_conn *c, const struct r
 				 (unsigned long long)((now - k->failed_at) / 1000000ull));
 		k->failed_at = 0;
 		k->since = now;
+		k->renewed = true;
 		k->deadline = now + fo->failover_ns;
 	}
 	if (fo->nwaits == FO_WAITS_MAX)
@@ -537,4 +538,22 @@ bool rps__cp_member_live(const struct rps__cplane *cp, uint64_t id)
 	if (id == cp->my_id)
 		return true;
 	return cp->fo.leading && heard_of(&cp->fo, id) && !member_failed(cp, id);
+}
+
+/* Live, and it renewed its lease with us within the last lease_ms (it
+ * renews every failover_ms / 10): a member merely not declared failed yet
+ * may be one that stopped a second ago, or one this new leader has not
+ * heard from yet. */
+bool rps__cp_member_fresh(const struct rps__cplane *cp, uint64_t id)
+{
+	uint64_t now = rps__cp_failover_now();
+
+	if (id == cp->my_id)
+		return true;
+	if (!rps__cp_member_live(cp, id))
+		return false;
+	for (uint32_t i = 0; i < cp->fo.ncontact; i++)
+		if (cp->fo.contact[i].id == id)
+			return cp->fo.contact[i].renewed && now - cp->fo.contact[i].since < cp->fo.lease_ns;
+	return false;
 }

@@ -399,6 +399,16 @@ static bool live(void *ctx, uint64_t id)
 	return id != cp->removing && rps__cp_member_live(cp, id);
 }
 
+/* What balancing moves between: members that renewed their lease lately
+ * (a member that just stopped is not declared failed for failover_ms,
+ * and a switch to it would leave the partition with that one copy). */
+static bool fresh(void *ctx, uint64_t id)
+{
+	const struct rps__cplane *cp = ctx;
+
+	return id != cp->removing && rps__cp_member_fresh(cp, id);
+}
+
 static int member_slot(const struct rps__smap *m, uint64_t id)
 {
 	for (uint32_t i = 0; i < m->nmembers; i++)
@@ -642,7 +652,7 @@ void rps__cp_balance_duty(struct rps__cplane *cp, uint64_t now)
 	/* (maps built by hand stay as they are: rps__cp_replica_duties) */
 	if (RPS__UNLIKELY(rps__fault("no-replica-duty")))
 		return;
-	ret = rps__smap_balance_move(&cp->map, live, cp, &p, &from, &to);
+	ret = rps__smap_balance_move(&cp->map, fresh, cp, &p, &from, &to);
 	if (ret <= 0) {
 		cp->balance_due = ret != 0;	/* (busy: its moves end first) */
 		return;

@@ -297,6 +297,7 @@ static const struct rps__dp_ops ops = {
 	.part_repl_seq_set = rps__srv_repl_seq_set,
 	.part_install_backup = rps__srv_image_install_backup,
 	.part_diverged = rps__srv_repl_diverged,
+	.part_stream_up = rps__srv_repl_stream_up,
 	.part_digest = rps__srv_part_digest,
 	.rank_remove = rps__srv_rank_remove,
 	.hold_steps = rps__srv_hold_steps,

@@ -217,6 +217,10 @@ struct rps__dp_hooks {
 	 * no longer holds what the partition holds; 0 if none (or the map \
 	 * dropped it already) */ \
 	X(PART, uint64_t, part_diverged, (struct rps__server *, srv), (uint32_t, part)) \
+	/* the primary: is its replication stream to member id up (dialed, \
+	 * paired, not broken)?  If not, it is dialed.  A planned switch \
+	 * hands over only once it is up */ \
+	X(PART, bool, part_stream_up, (struct rps__server *, srv), (uint32_t, part), (uint64_t, id)) \
 	/* tests: a crc32c of what this server holds of tensor name's partition \
 	 * (versions, parameters, optimizer state, clocks, applied push ids): \
 	 * 0, or -ENOENT if nothing */ \

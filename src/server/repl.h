@@ -152,6 +152,9 @@ void rps__srv_repl_on_hello(struct rps__server *srv, struct srv_conn *c, const s
 void rps__srv_repl_backup_turn(struct rps__server *srv, struct srv_conn *c);
 void rps__srv_repl_conn_gone(struct rps__server *srv, struct srv_conn *c);
 uint64_t rps__srv_repl_diverged(struct rps__server *srv, uint32_t part);
+/* Is our stream to member id up (a planned switch hands over only then)?
+ * If not, it is dialed. */
+bool rps__srv_repl_stream_up(struct rps__server *srv, uint32_t part, uint64_t id);
 /* Once per loop turn: dial, retry entries, batched REPL_ACKs. */
 void rps__srv_repl_turn(struct rps__server *srv);
 void rps__srv_repl_fini(struct rps__server *srv);

@@ -998,6 +998,22 @@ void rps__srv_repl_conn_gone(struct rps__server *srv, struct srv_conn *c)
 	}
 }
 
+bool rps__srv_repl_stream_up(struct rps__server *srv, uint32_t part, uint64_t id)
+{
+	struct repl_peer *p = peer_find(srv, id);
+
+	(void)part;	/* (one stream per member carries every partition) */
+	if (!p)
+		return false;
+	if (p->conn && !p->conn->dead && p->conn->repl.ready)
+		return true;
+	/* an idle partition's stream is dialed when a push needs it: now
+	 * (the repl turn), so that a live backup's is up in a moment */
+	p->wanted = true;
+	srv->repl.active = true;
+	return false;
+}
+
 uint64_t rps__srv_repl_diverged(struct rps__server *srv, uint32_t part)
 {
 	if (part >= RPS__SMAP_MAX_PART || !srv->repl.diverged[part])
