@@ -749,6 +749,15 @@ static void test_sync_early(void)
 
 /* B's loop stalled: an async push is applied on A but neither published
  * (odd seqlock) nor acknowledged; B resumed: acknowledged, identical. */
+/* The data plane's part_publish of shard 0's partition, its epoch as is
+ * (what a replica set change does: cp_map.c). */
+static void do_republish(struct fake *f, void *arg)
+{
+	struct srv_tensor *t = arg;
+
+	f->dp->part_publish(f->srv, t->shards[0].part, f->srv->parts[t->shards[0].part].epoch);
+}
+
 static void test_ack_waits_for_backup(void)
 {
 	float g[COUNT];
@@ -768,6 +777,9 @@ static void test_ack_waits_for_backup(void)
 	CU_ASSERT_EQUAL(version_of(&A, "stalled", 0), 1u);	/* applied on A ... */
 	CU_ASSERT_EQUAL(find(&A, "stalled")->shards[0].hdr->seq & 1, 1u);	/* ... not published */
 	CU_ASSERT_EQUAL(version_of(&B, "stalled", 0), 0u);
+	/* nor by an epoch published meanwhile (a replica set change) */
+	fake_do(&A, do_republish, find(&A, "stalled"));
+	CU_ASSERT_EQUAL(find(&A, "stalled")->shards[0].hdr->seq & 1, 1u);
 	fake_resume(&B);
 	CU_ASSERT_EQUAL(done ? res : rps_wait(r), 0);
 	CU_ASSERT_EQUAL(version_of(&B, "stalled", 0), 1u);

@@ -34,12 +34,20 @@
 /* ---- publishing -------------------------------------------------------- */
 
 /* Publish a new epoch in the header (RPS__EPOCH_MOVED: fenced), so a
- * worker's READ of a moved shard sees it did not read the owner's copy. */
+ * worker's READ of a moved shard sees it did not read the owner's copy.
+ * A shard unpublished now (odd seq: not initialised yet, or an update
+ * applied here and not yet on every replica) stays so: its publication is
+ * the INIT's or the replicas' confirmation's (repl_stream.c), never an
+ * epoch change's, or a reader could take a version that a failover then
+ * loses. */
 void rps__srv_publish(struct shard *s, uint64_t epoch)
 {
+	bool unpublished = (__atomic_load_n(&s->hdr->seq, __ATOMIC_RELAXED) & 1) != 0;
+
 	publish_begin(s);
 	s->hdr->epoch = epoch;
-	publish_end(s);
+	if (!unpublished)
+		publish_end(s);
 }
 
 void rps__srv_wake_waiters(struct rps__server *srv, struct srv_tensor *t, uint32_t local)
