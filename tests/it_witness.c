@@ -218,6 +218,57 @@ static int wait_map(int i, uint64_t witness, uint64_t gone, struct rps__smap *m)
 	return -ETIMEDOUT;
 }
 
+/*
+ * 2 data servers + a witness: a worker loses every connection at once, to
+ * a remote access error on each (as when moves freed what its keys named
+ * on both data servers; RPS_FAULT=efault-all:N, at its N-th shard push).
+ * Nobody is left to read the map from but the witness, which takes no
+ * worker, and both data servers own partitions: the worker must dial them
+ * again itself (it did not, and every push failed after timeout_ms with
+ * "remote access error" while it dialed the witness ~50 times a second).
+ */
+static void test_every_connection_lost(void)
+{
+	struct it_server_opts o = { .extra_args = W_ARGS " --replicas 2", .witness_last = 1 };
+	static struct rps__smap m0;
+	char servers[sizeof(clu.servers)];
+	struct it_workers w;
+	uint64_t version;
+	float *p = malloc(W_COUNT * sizeof(float));
+	size_t bad = 0;
+	int r, n, total = 0;
+	double t0;
+
+	CU_ASSERT_FATAL(p != NULL);
+	memset(sh, 0, sizeof(*sh));
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, 3, &o), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(wait_map(0, 3, 0, &m0), 0);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m0), 0);
+	snprintf(servers, sizeof(servers), "%s,%s", clu.uri[0], clu.uri[1]);
+	t0 = it_now_s();
+	/* worker 0 loses them all at its 12 x 50th shard push */
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, W_WORKERS, async_worker, servers, (void *)"lost-all", 0,
+					       "RPS_FAULT=efault-all:600"), 0);
+	for (r = 0; r < W_WORKERS; r++) {
+		n = 0;
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &n, sizeof(n)), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+		total += n;
+	}
+	fprintf(stderr, "[%d pushes acknowledged in %.1f s] ", total, it_now_s() - t0);
+	CU_ASSERT_EQUAL(total, W_WORKERS * W_PUSHES);
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.uri[1], "lost-all", p, W_COUNT, 30000, &version), 0);
+	for (size_t i = 0; i < W_COUNT; i++)
+		if (p[i] != (float)total && bad++ < 4)
+			fprintf(stderr, "lost-all[%zu] = %g, %d pushes acknowledged\n", i, (double)p[i], total);
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(version, (uint64_t)total);
+	free(p);
+	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
+	clu_up = false;
+}
+
 static void test_witness_failover(void)
 {
 	struct it_server_opts o = { .extra_args = W_ARGS " --replicas 2", .witness_last = 1 };
@@ -397,6 +448,8 @@ int main(void)
 		{ "--threads differs between members: refused at the handshake, said on both sides", test_threads_mismatch_refused },
 		{ "2 data servers + a witness, R = 2: a data server killed, failed over, exact; the witness held nothing", test_witness_failover },
 		{ "2 servers, no witness: warned at start; a worker blocked by a dead one is told why, in time", test_two_voters_told },
+		{ "2 data servers + a witness: a worker that loses every connection at once dials them again, exact",
+		  test_every_connection_lost },
 	};
 	int ret;
 

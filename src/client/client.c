@@ -211,6 +211,7 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	cl->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 30000;
 	cl->dial_ms = cl->timeout_ms;
 	cl->fault_kill_mid_push = fault_count("kill-mid-push:");
+	cl->fault_efault_all = fault_count("efault-all:");
 	cl->fault_stop_after_lock = fault_count("stop-after-lock:");
 	cl->fault_corrupt_push = fault_count("corrupt-push:");
 	if (opts->size >= offsetof(struct rps_client_opts, verify) + sizeof(opts->verify))

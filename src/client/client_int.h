@@ -338,6 +338,7 @@ struct rps_client {
 	bool insecure;		/* no key, yet servers beyond loopback */
 	bool keys_local;	/* keys: this user's loopback key (loopback servers only) */
 	int fault_kill_mid_push;	/* test hooks (common/fault.h, see rdmaps(3)) */
+	int fault_efault_all;		/* every connection lost to a remote access error at once */
 	int fault_stop_after_lock;
 	int fault_corrupt_push;
 };

@@ -820,15 +820,27 @@ static bool map_ask_in_pass(const struct rps_client *cl, const struct conn *c, i
  * nothing to serve us (redial_wanted), yet it may hold the backups the
  * failover promotes (rolling restarts: each member in turn killed and
  * restarted, the last one we used killed at last).  Dial those members
- * (owning nothing in our map) for the map, and read it from the first that
- * answers.  An owner we lost is dialed again by the usual rule (and a
- * process whose connections a takeover closed must find them gone, not
- * reopened for it).  0, or the last error.
+ * (owning nothing in our map, or lost to a remote access error) for the
+ * map, and read it from the first that answers.  An owner we lost
+ * otherwise is dialed again by the usual rule (and a process whose
+ * connections a takeover closed must find them gone, not reopened for
+ * it).  0, or the last error.
  */
 static bool owns_any(const struct rps_client *cl, uint64_t id)
 {
 	for (uint32_t p = 0; p < cl->map.npart; p++)
 		if (cl->map.parts[p].owner == id || cl->map.parts[p].moving_to == id)
+			return true;
+	return false;
+}
+
+/* Was our connection to member id lost to a remote access error?  It came
+ * from a server that lives (it answered): nothing to fail over. */
+static bool lost_to_access_error(const struct rps_client *cl, uint64_t id)
+{
+	for (int k = 0; k < cl->nservers; k++)
+		if (cl->conns[k].member_id == id && cl->conns[k].thread == 0 && !cl->conns[k].ep &&
+		    cl->conns[k].err == -EFAULT)
 			return true;
 	return false;
 }
@@ -844,8 +856,13 @@ static int map_from_any_member(struct rps_client *cl)
 		for (k = 0; k < cl->nservers; k++)
 			live |= cl->conns[k].member_id == m->id && cl->conns[k].thread == 0 && cl->conns[k].ep &&
 				!cl->conns[k].dead;
-		if (live || owns_any(cl, m->id))
-			continue;	/* (asked already; or an owner: the usual rule) */
+		/* (asked already; or an owner: the usual rule, unless a remote
+		 * access error took it: then every connection may have gone
+		 * so at once, moves having freed what our keys named, and
+		 * nobody else is left to ask; a witness takes no worker) */
+		if (live || (owns_any(cl, m->id) && !lost_to_access_error(cl, m->id)) ||
+		    (m->flags & RPS__SMAP_WITNESS))
+			continue;
 		if (connect_endpoint_how(cl, m, 0, &k, true) || k < 0 || !cl->conns[k].ep || cl->conns[k].dead)
 			continue;
 		ret = rps__map_read_sync(cl, &cl->conns[k]);

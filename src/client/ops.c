@@ -594,6 +594,12 @@ static void fill_desc(struct shard_op *op)
 		__atomic_add_fetch(&c->cl->zc_pushes, 1, __ATOMIC_RELAXED);
 	if (rps__fault_countdown(&c->cl->fault_kill_mid_push))
 		op->die_mid_write = true;	/* counts shard pushes, not retries */
+	if (rps__fault_countdown(&c->cl->fault_efault_all))
+		for (int k = 0; k < c->cl->nservers; k++)	/* test hook: as if each got a remote access error */
+			if (c->cl->conns[k].ep && !c->cl->conns[k].dead) {
+				c->cl->conns[k].dead = true;
+				c->cl->conns[k].err = -EFAULT;
+			}
 	if (c->cl->verify) {
 		d->flags |= RPS__DESC_CRC;
 		d->crc = op->src_mr ? rps__crc32c_noinv(op->src, d->nbytes) : rps__push_crc(d);
