@@ -158,6 +158,24 @@ static float *pull(const char *name, size_t count, uint64_t *version)
 	return p;
 }
 
+/* A primary that is not the Raft leader: the first member after the
+ * leader that owns a partition in map0 (under load a member can be
+ * declared failed while the cluster settles, and own none there); the
+ * leader's index in *leader. */
+static int primary_not_leader(int *leader)
+{
+	int victim;
+
+	*leader = leader_index();
+	CU_ASSERT_FATAL(*leader >= 0);
+	victim = *leader;
+	for (int i = 1; i < NSERVERS && victim == *leader; i++)
+		if (owned(&map0, (uint64_t)((*leader + i) % NSERVERS) + 1) > 0)
+			victim = (*leader + i) % NSERVERS;
+	CU_ASSERT_FATAL(victim != *leader);
+	return victim;
+}
+
 /* ---- (a) sync Adam, a primary killed mid-step -------------------------------- */
 
 #define SYNC_WORKERS 4
@@ -269,16 +287,8 @@ static void test_sync_adam_primary_killed(void)
 
 	start(NSERVERS, 2, false);
 	run_sync(&ref, -1);
-	/* a primary that is not the leader ((d) kills the leader): the first
-	 * member after it that owns a partition (under load a member can be
-	 * declared failed while the cluster settles, and own none in map0) */
-	leader = leader_index();
-	CU_ASSERT_FATAL(leader >= 0);
-	victim = leader;
-	for (int i = 1; i < NSERVERS && victim == leader; i++)
-		if (owned(&map0, (uint64_t)((leader + i) % NSERVERS) + 1) > 0)
-			victim = (leader + i) % NSERVERS;
-	CU_ASSERT_FATAL(victim != leader);
+	/* a primary that is not the leader ((d) kills the leader) */
+	victim = primary_not_leader(&leader);
 	t0 = it_now_s();
 	run_sync(&run, victim);
 	fprintf(stderr, "[member %d killed at step %d of %d; the job ended %.2f s later] ", victim + 1, GATE_STEP,
@@ -396,13 +406,7 @@ static void test_sync_orphan_then_primary_killed(void)
 
 	CU_ASSERT_FATAL(p && q);
 	start(NSERVERS, 2, false);
-	leader = leader_index();
-	CU_ASSERT_FATAL(leader >= 0);
-	victim = leader;
-	for (int i = 1; i < NSERVERS && victim == leader; i++)
-		if (owned(&map0, (uint64_t)((leader + i) % NSERVERS) + 1) > 0)
-			victim = (leader + i) % NSERVERS;
-	CU_ASSERT_FATAL(victim != leader);
+	victim = primary_not_leader(&leader);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 2, orphan_worker, clu.servers, (void *)&others, -1, NULL), 0);
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&wd, 1, orphan_worker, clu.servers, (void *)&dying, -1, NULL), 0);
 	CU_ASSERT_EQUAL(it_worker_wait(&wd, 0), 128 + SIGKILL);
