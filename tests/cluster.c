@@ -927,6 +927,15 @@ static int pull_fresh_child(int rank, int nworkers, const char *servers, void *a
 	return 0;
 }
 
+int it_pull_while_gone(struct rps_tensor *t, float *p, size_t bytes, uint64_t *version, int max_ms)
+{
+	int ret, tries = 0;
+
+	while ((ret = rps_pull(t, p, bytes, version)) == -EPIPE && tries++ < max_ms / 20)
+		usleep(20000);
+	return ret;
+}
+
 int it_pull_fresh(const char *servers, const char *name, float *out, size_t count, int timeout_ms,
 		  uint64_t *version)
 {

@@ -149,6 +149,10 @@ int it_worker_fail(int rank, const char *what, int ret);
  * what rps_client_connect says. */
 struct rps_client;
 int it_client_connect(const char *servers, int rank, int nworkers, int timeout_ms, struct rps_client **cl);
+/* rps_pull, made again every 20 ms while it fails with -EPIPE (a sync
+ * rank gone, its replacement not in yet), for up to max_ms: its result. */
+struct rps_tensor;
+int it_pull_while_gone(struct rps_tensor *t, float *p, size_t bytes, uint64_t *version, int max_ms);
 /* Pull count floats of tensor `name` into out with a fresh client (in a
  * child: no client state stays here), its timeout_ms as given; its version
  * in *version.  0, or -EIO / -ECHILD when the child failed (said on stderr). */

@@ -916,16 +916,6 @@ struct takeover_arg {
 	const char *name;
 };
 
-/* Pull, retrying while a rank is gone (-EPIPE) for up to 20 s. */
-static int pull_riding_through(rps_tensor_t *t, float *p, size_t bytes, uint64_t *version)
-{
-	int ret, tries = 0;
-
-	while ((ret = rps_pull(t, p, bytes, version)) == -EPIPE && tries++ < 1000)
-		usleep(20000);
-	return ret;
-}
-
 static int takeover_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
 	const struct takeover_arg *a = arg;
@@ -958,7 +948,7 @@ static int takeover_worker(int rank, int nworkers, const char *servers, void *ar
 	if ((ret = rps_tensor_create(cl, a->name, &o, &t)))
 		return fail("create", ret);
 	/* a replacement learns where to resume from its first pull */
-	if (a->alone && a->grad == 100000.0f && (ret = pull_riding_through(t, p, count * sizeof(float), &first)))
+	if (a->alone && a->grad == 100000.0f && (ret = it_pull_while_gone(t, p, count * sizeof(float), &first, 20000)))
 		return fail("first pull", ret);
 	for (s = (int)first; s < a->steps; s++) {
 		if (a->die_before && s == a->die_before - 1)
@@ -967,7 +957,7 @@ static int takeover_worker(int rank, int nworkers, const char *servers, void *ar
 			return fail("push", ret);
 		if (a->stop_after_push && s == TK_DIES_AT)
 			raise(SIGSTOP);
-		ret = pull_riding_through(t, p, count * sizeof(float), &version);
+		ret = it_pull_while_gone(t, p, count * sizeof(float), &version, 20000);
 		if (ret) {
 			it_write_all(out_fd, &ret, sizeof(ret));
 			return a->stop_after_push ? 0 : fail("pull", ret);

@@ -334,16 +334,6 @@ struct orphan_job {
 	bool dies;		/* SIGKILL itself before its push of OR_STEP */
 };
 
-/* Pull, retrying while a rank is gone (-EPIPE), for up to 60 s. */
-static int pull_while_gone(rps_tensor_t *t, float *p, size_t bytes, uint64_t *version)
-{
-	int ret, tries = 0;
-
-	while ((ret = rps_pull(t, p, bytes, version)) == -EPIPE && tries++ < 3000)
-		usleep(20000);
-	return ret;
-}
-
 static int orphan_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
 {
 	const struct orphan_job *j = arg;
@@ -368,7 +358,7 @@ static int orphan_worker(int rank, int nworkers, const char *servers, void *arg,
 	if ((ret = rps_tensor_create(cl, "orphaned", &o, &t)))
 		return it_worker_fail(rank, "create", ret);
 	/* the replacement learns where to resume from its first pull */
-	if (j->alone && !j->dies && (ret = pull_while_gone(t, p, COUNT * sizeof(float), &first)))
+	if (j->alone && !j->dies && (ret = it_pull_while_gone(t, p, COUNT * sizeof(float), &first, 60000)))
 		return it_worker_fail(rank, "first pull", ret);
 	for (s = (int)first; s < OR_STEPS; s++) {
 		if (j->dies && s == OR_STEP)
@@ -377,7 +367,7 @@ static int orphan_worker(int rank, int nworkers, const char *servers, void *arg,
 			return it_worker_fail(rank, "push", ret);
 		if (s == OR_STEP && rank < 2)
 			atomic_store(&sh->at_gate[rank], 1);	/* acknowledged: forgotten here */
-		if ((ret = pull_while_gone(t, p, COUNT * sizeof(float), &version)))
+		if ((ret = it_pull_while_gone(t, p, COUNT * sizeof(float), &version, 60000)))
 			return it_worker_fail(rank, "pull", ret);
 		if (version != (uint64_t)s + 1) {
 			fprintf(stderr, "worker %d: step %d pulled version %llu\n", rank, s, (unsigned long long)version);
