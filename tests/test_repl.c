@@ -1242,7 +1242,7 @@ static void do_orphan(struct fake *f, void *arg)
 	struct srv_tensor *t = find(f, o->name);
 
 	for (uint32_t j = 0; t && j < t->layout.nshards; j++)
-		rps__srv_repl_step_orphaned(f->srv, t, &t->shards[j], o->rank);
+		rps__srv_repl_step_orphaned(f->srv, &t->shards[j], o->rank);
 }
 
 /* Does f hold rank's push of `clock` to shard j of `name`, parked, these bytes? */

@@ -420,7 +420,7 @@ static void push_taken(struct rps__server *srv, struct srv_conn *c, uint32_t slo
 	 * TAKEN, at the end of the turn) */
 	r = rps__srv_missing_rank(srv, t, (uint32_t)(s - t->shards));
 	if (r >= 0)
-		rps__srv_repl_step_orphaned(srv, t, s, r);
+		rps__srv_repl_step_orphaned(srv, s, r);
 }
 
 /* Refuse a push for a partition whose contents are lost, or that is not

@@ -126,7 +126,7 @@ bool rps__srv_repl_step_confirmed(const struct shard *s, uint64_t clock);
 /* Sync: the current step of s is orphaned by `rank` (gone before its
  * push): end the TAKEN pushes of that step and later ones, naming it, once
  * every replica holds them. */
-void rps__srv_repl_step_orphaned(struct rps__server *srv, struct srv_tensor *t, struct shard *s, int rank);
+void rps__srv_repl_step_orphaned(struct rps__server *srv, struct shard *s, int rank);
 /* Complete the waits every replica confirmed (after an ack, or a view
  * that dropped a replica). */
 void rps__srv_repl_confirm(struct rps__server *srv);

@@ -421,9 +421,8 @@ static void step_done_orphaned(struct srv_conn *c, const struct srv_tensor *t, c
  * push alone, to the same bits.  Nothing is applied: the step completes
  * and replicates whole once the rank is replaced or removed.
  */
-void rps__srv_repl_step_orphaned(struct rps__server *srv, struct srv_tensor *t, struct shard *s, int rank)
+void rps__srv_repl_step_orphaned(struct rps__server *srv, struct shard *s, int rank)
 {
-	(void)t;
 	for (uint32_t i = 0; i < srv->repl.nrwaits; i++) {
 		struct repl_wait *w = &srv->repl.rwaits[i];
 

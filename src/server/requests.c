@@ -376,7 +376,7 @@ void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c)
 		for (local = 0; local < t->layout.nshards; local++) {
 			int r = rps__srv_missing_rank(srv, t, local);
 			if (r >= 0)
-				rps__srv_repl_step_orphaned(srv, t, &t->shards[local], r);
+				rps__srv_repl_step_orphaned(srv, &t->shards[local], r);
 		}
 	}
 	i = 0;
