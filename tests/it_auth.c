@@ -232,8 +232,9 @@ static bool all_zero(const uint8_t *p, size_t n)
 static int raw_worker_as(struct raw *r, const struct rps__key *cluster, enum rps__key_role role, const char *scope,
 			 int rank, int num_workers, uint32_t flags, struct rps__hello_rep *hr)
 {
+	static uint64_t next_id = 0x7a11;	/* each raw connection a process of its own */
 	struct rps__hello hello = { .magic = RPS__HELLO_MAGIC, .version = RPS__PROTO_VERSION, .rank = rank,
-				    .num_workers = num_workers, .flags = flags };
+				    .num_workers = num_workers, .flags = flags, .client_id = next_id++ };
 	struct rps__key k, proven;
 	struct rps__auth a;
 	struct rps__auth_rep ar;

@@ -1052,7 +1052,9 @@ static void test_sync_rank_takeover(void)
  * a reset.  A replacement with rps_client_opts.takeover makes the servers
  * close them: the replacement resumes after that step (the stopped one's
  * push counts), the job finishes, and the old process, continued, finds
- * its connections gone. */
+ * its connections gone and, dialing again, is refused: -ESTALE, saying a
+ * newer process took its rank over (it pulled the finished job's version
+ * before the servers fenced it). */
 static void test_sync_takeover_closes_predecessor(void)
 {
 	struct takeover_arg others = { .steps = TK_STEPS, .name = "stopped-and-taken-over" },
@@ -1088,10 +1090,11 @@ static void test_sync_takeover_closes_predecessor(void)
 	for (i = 0; i < TK_SHARDS * SHARD_BYTES / 4; i++)
 		bad += q[i] != want;
 	CU_ASSERT_EQUAL(bad, 0);
-	/* the old process's connections were closed under it */
+	/* the old process's connections were closed under it, and it may
+	 * not come back, though its replacement is gone by now */
 	kill(wo.pid[0], SIGCONT);
 	CU_ASSERT_EQUAL(it_worker_read(&wo, 0, &ret, sizeof(ret)), 0);
-	CU_ASSERT_EQUAL(ret, -ECONNRESET);
+	CU_ASSERT_EQUAL(ret, -ESTALE);
 	CU_ASSERT_EQUAL(it_worker_wait(&wo, 0), 0);
 	free(p);
 	free(q);
@@ -1848,6 +1851,102 @@ static int orphan_worker(int rank, int nworkers, const char *servers, void *arg,
 	free(g);
 	free(p);
 	return 0;
+}
+
+/*
+ * A rank's connections go while its process lives (on RDMA a remote access
+ * error takes a whole connection down; here RPS_FAULT=reset-all:N, at its
+ * N-th shard push): 3 sync workers, rank 2 late to step BLIP_STEP (the
+ * others wait for it in their pulls) loses every connection as it pushes,
+ * dials again and pushes.  Its rank is not gone: the servers wait
+ * --failover-ms for it to come back before they say so.  Every pull of
+ * the others returns 0, every worker ends with the exact sum.
+ */
+static int set_replicas(uint32_t k);
+
+#define BLIP_STEPS 6
+#define BLIP_STEP 3
+
+static int blip_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	struct sync_arg a = { .count = 2 * SHARD_BYTES / 4, .dtype = RPS_DTYPE_F32, .opt = RPS_OPT_SUM,
+			      .name = arg };
+	struct orphan_res res = { .ret = 0 };
+	float *g = calloc(a.count, sizeof(float)), *p = calloc(a.count, sizeof(float));
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint64_t version = 0, i;
+	int s, ret = 0;
+
+	for (i = 0; i < a.count; i++)
+		g[i] = (float)(rank + 1);
+	sync_opts(&a, &o, NULL);
+	o.rescale = 1.0f;	/* (integer sums: exact) */
+	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
+		return fail("connect", ret);
+	if ((ret = rps_tensor_create(cl, a.name, &o, &t)))
+		return fail("create", ret);
+	for (s = 0; s < BLIP_STEPS && !ret; s++) {
+		if (rank == 2 && s == BLIP_STEP)
+			usleep(300000);	/* the others are in their pulls by then */
+		ret = rps_push(t, g, a.count * sizeof(float));
+		if (!ret)
+			ret = rps_pull(t, p, a.count * sizeof(float), &version);
+		if (!ret && version != (uint64_t)s + 1)
+			ret = -ERANGE;
+	}
+	res.ret = ret;
+	snprintf(res.msg, sizeof(res.msg), "step %d: %s", s - 1, ret ? rps_last_error() : "");
+	for (i = 0; i < a.count && !ret; i++)
+		if (p[i] != 6.0f * BLIP_STEPS) {
+			res.ret = -EDOM;
+			snprintf(res.msg, sizeof(res.msg), "[%llu] = %g, not %g", (unsigned long long)i, (double)p[i],
+				 6.0 * BLIP_STEPS);
+			break;
+		}
+	it_write_all(out_fd, &res, sizeof(res));
+	rps_tensor_close(t);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+	return 0;
+}
+
+static void check_rank_blip(const char *name)
+{
+	struct orphan_res res;
+	struct it_workers w;
+	char env[64];
+
+	/* 2 shard pushes a step: the first of step BLIP_STEP */
+	snprintf(env, sizeof(env), "RPS_FAULT=reset-all:%d", 2 * BLIP_STEP + 1);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, 3, blip_worker, cluster.servers, (void *)name, 2, env), 0);
+	for (int r = 0; r < 3; r++) {
+		memset(&res, 0, sizeof(res));
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, &res, sizeof(res)), 0);
+		if (res.ret)
+			fprintf(stderr, "rank %d: %d: %s\n", r, res.ret, res.msg);
+		CU_ASSERT_EQUAL(res.ret, 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+	}
+}
+
+/* At R = 2 the others wait in their pushes (TAKEN, two-stage ack) ... */
+static void test_sync_rank_blip(void)
+{
+	CU_ASSERT_FATAL(cluster_up);
+	check_rank_blip("rank-blip");
+}
+
+/* ... at R = 1 in their pulls' WAITs: those were failed at once ("-EPIPE:
+ * rank 2 disconnected"), before the servers gave a rank --failover-ms. */
+static void test_sync_rank_blip_r1(void)
+{
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_EQUAL_FATAL(set_replicas(1), 0);
+	check_rank_blip("r1-rank-blip");
+	CU_ASSERT_EQUAL(set_replicas(2), 0);	/* the default again, for the tests after it */
 }
 
 /* The default (doc/design.md "Replication"): from 2 servers on, every partition has a
@@ -3423,6 +3522,9 @@ int main(void)
 		  test_timed_out_ops_leave_buffers_alone },
 		{ "sync: a dead worker is named to the others", test_sync_dead_worker_named },
 		{ "sync, R = 1: a dead worker is named to the others", test_sync_dead_worker_named_r1 },
+		{ "sync: a rank whose connections go while it lives is not named gone; exact", test_sync_rank_blip },
+		{ "sync, R = 1: a rank whose connections go while it lives is not named gone; exact",
+		  test_sync_rank_blip_r1 },
 		CUTEST_FAULT("sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover),
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
 		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },

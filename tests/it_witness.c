@@ -221,13 +221,18 @@ static int wait_map(int i, uint64_t witness, uint64_t gone, struct rps__smap *m)
 /*
  * 2 data servers + a witness: a worker loses every connection at once, to
  * a remote access error on each (as when moves freed what its keys named
- * on both data servers; RPS_FAULT=efault-all:N, at its N-th shard push).
+ * on both data servers; RPS_FAULT=efault-all:N, at its N-th shard push),
+ * or to a reset (a network blip; reset-all:N), both servers alive.
  * Nobody is left to read the map from but the witness, which takes no
  * worker, and both data servers own partitions: the worker must dial them
- * again itself (it did not, and every push failed after timeout_ms with
- * "remote access error" while it dialed the witness ~50 times a second).
+ * again itself.  It did not (efault: every push failed after timeout_ms
+ * with "remote access error" while it dialed the witness ~50 times a
+ * second; reset: it waited its whole timeout_ms for a map, owners being
+ * dialed again only once a map shows their partitions not failed over in
+ * time, 10 s; it dials one at once now, and the other by that rule).
+ * Each worker's timeout_ms is 30 s.
  */
-static void test_every_connection_lost(void)
+static void every_connection_lost(const char *name, const char *fault)
 {
 	struct it_server_opts o = { .extra_args = W_ARGS " --replicas 2", .witness_last = 1 };
 	static struct rps__smap m0;
@@ -247,9 +252,7 @@ static void test_every_connection_lost(void)
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, SETTLE_MS, &m0), 0);
 	snprintf(servers, sizeof(servers), "%s,%s", clu.uri[0], clu.uri[1]);
 	t0 = it_now_s();
-	/* worker 0 loses them all at its 12 x 50th shard push */
-	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, W_WORKERS, async_worker, servers, (void *)"lost-all", 0,
-					       "RPS_FAULT=efault-all:600"), 0);
+	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, W_WORKERS, async_worker, servers, (void *)name, 0, fault), 0);
 	for (r = 0; r < W_WORKERS; r++) {
 		n = 0;
 		CU_ASSERT_EQUAL(it_worker_read(&w, r, &n, sizeof(n)), 0);
@@ -258,15 +261,26 @@ static void test_every_connection_lost(void)
 	}
 	fprintf(stderr, "[%d pushes acknowledged in %.1f s] ", total, it_now_s() - t0);
 	CU_ASSERT_EQUAL(total, W_WORKERS * W_PUSHES);
-	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.uri[1], "lost-all", p, W_COUNT, 30000, &version), 0);
+	CU_ASSERT_EQUAL_FATAL(it_pull_fresh(clu.uri[1], name, p, W_COUNT, 30000, &version), 0);
 	for (size_t i = 0; i < W_COUNT; i++)
 		if (p[i] != (float)total && bad++ < 4)
-			fprintf(stderr, "lost-all[%zu] = %g, %d pushes acknowledged\n", i, (double)p[i], total);
+			fprintf(stderr, "%s[%zu] = %g, %d pushes acknowledged\n", name, i, (double)p[i], total);
 	CU_ASSERT_EQUAL(bad, 0);
 	CU_ASSERT_EQUAL(version, (uint64_t)total);
 	free(p);
 	CU_ASSERT_EQUAL(it_cluster_stop(&clu), 0);
 	clu_up = false;
+}
+
+/* worker 0 loses them all at its 12 x 50th shard push */
+static void test_every_connection_lost(void)
+{
+	every_connection_lost("lost-all", "RPS_FAULT=efault-all:600");
+}
+
+static void test_every_connection_reset(void)
+{
+	every_connection_lost("reset-all", "RPS_FAULT=reset-all:600");
 }
 
 static void test_witness_failover(void)
@@ -450,6 +464,8 @@ int main(void)
 		{ "2 servers, no witness: warned at start; a worker blocked by a dead one is told why, in time", test_two_voters_told },
 		{ "2 data servers + a witness: a worker that loses every connection at once dials them again, exact",
 		  test_every_connection_lost },
+		{ "... every connection reset, both servers alive: dialed again, not left waiting for a map, exact",
+		  test_every_connection_reset },
 	};
 	int ret;
 

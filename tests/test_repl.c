@@ -1479,6 +1479,94 @@ static void test_joiner_before_image(void)
 	rps_tensor_close(t);
 }
 
+/* Seeding B again from A's image of a partition B backs (as when a
+ * member is seeded as a backup of a partition it served or backed until
+ * then: a planned switch's old primary).  Workers may still name B's
+ * old copy by an older map: it is not deregistered at once (their CAS or
+ * READ would be a remote access error, taking their whole connection
+ * down), but sealed, marked moved, and kept --drain-ms. */
+struct reseed {
+	const char *name;
+	uint32_t part, drain_ms, regions, retired_before, retired_after;
+	void *img;
+	size_t len;
+	int ret;
+	uint64_t seq;		/* A's stream position at the image */
+	const struct rps__shard_hdr *old_hdr;
+	uint64_t old_epoch, old_lock;
+	const void *old_mem, *new_mem;
+};
+
+static void do_image_build(struct fake *f, void *arg)
+{
+	struct reseed *a = arg;
+
+	a->ret = rps__srv_image_build(f->srv, a->part, f->srv->parts[a->part].epoch, &a->img, &a->len);
+	a->seq = f->srv->repl.seq[a->part];
+}
+
+static void do_image_install_backup(struct fake *f, void *arg)
+{
+	struct reseed *a = arg;
+	struct srv_tensor *t = find(f, a->name);
+	uint32_t i;
+
+	a->regions = 0;
+	for (i = 0; i < f->srv->ntensors; i++)
+		a->regions += f->srv->tensors[i] && f->srv->tensors[i]->regions[a->part].mem != NULL;
+	a->old_mem = t->regions[a->part].mem;
+	a->old_hdr = t->shards[rps__part_shard(&t->layout, a->part, 0)].hdr;
+	a->retired_before = f->srv->retired.n;
+	f->srv->cfg.drain_ms = a->drain_ms;
+	a->ret = rps__srv_image_install_backup(f->srv, a->part, f->srv->parts[a->part].epoch, a->img, a->len,
+						a->seq);
+	a->retired_after = f->srv->retired.n;
+	a->new_mem = t->regions[a->part].mem;
+	a->old_epoch = __atomic_load_n(&a->old_hdr->epoch, __ATOMIC_ACQUIRE);	/* (still mapped) */
+	a->old_lock = __atomic_load_n(&a->old_hdr->lock, __ATOMIC_ACQUIRE);
+}
+
+static void do_retired_count(struct fake *f, void *arg)
+{
+	*(uint32_t *)arg = f->srv->retired.n;
+}
+
+static void test_reseed_retires_region(void)
+{
+	struct reseed a = { .name = "reseed", .drain_ms = 300 };
+	float g[COUNT];
+	rps_tensor_t *t;
+	unsigned seed = 12;
+	uint32_t left = 0;
+	int i;
+
+	CU_ASSERT_EQUAL_FATAL(tensor(w0, "reseed", RPS_MODE_ASYNC, RPS_DTYPE_F32, RPS_OPT_SGD, &t), 0);
+	random_grad(g, RPS_DTYPE_F32, &seed);
+	CU_ASSERT_EQUAL(rps_push(t, g, sizeof(g)), 0);
+	a.part = find(&A, "reseed")->shards[0].part;
+	fake_do(&A, do_image_build, &a);
+	CU_ASSERT_EQUAL_FATAL(a.ret, 0);
+	fake_do(&B, do_image_install_backup, &a);
+	CU_ASSERT_EQUAL(a.ret, 0);
+	CU_ASSERT(a.regions >= 1);
+	CU_ASSERT_EQUAL(a.retired_after, a.retired_before + a.regions);	/* every region the image replaced */
+	CU_ASSERT_PTR_NOT_NULL(a.new_mem);
+	CU_ASSERT(a.new_mem != a.old_mem);
+	CU_ASSERT_EQUAL(a.old_epoch, RPS__EPOCH_MOVED);
+	CU_ASSERT(rps__lock_is_locked(a.old_lock) && rps__lock_owner(a.old_lock) == RPS__LOCK_OWNER_FENCE);
+	CU_ASSERT_EQUAL(differing_shards("reseed"), 0);	/* what was installed is A's */
+	/* gone once --drain-ms passed (the loop's timer: every 250 ms) */
+	for (i = 0; i < 200; i++) {
+		fake_do(&B, do_retired_count, &left);
+		if (left == a.retired_before)
+			break;
+		sleep_ms(10);
+	}
+	CU_ASSERT_EQUAL(left, a.retired_before);
+	free(a.img);
+	rps_tensor_close(t);
+}
+
 /* An entry under an epoch older than B's map is refused (REPL_NACK): B
  * applies nothing, A breaks the stream, the worker gets no ack.  Once A's
  * view of that partition drops B (the map's REPLICA_DROP), its update is
@@ -1708,6 +1796,8 @@ int main(void)
 		{ "R=1: no stream, no deferral, acks as today", test_r1_unchanged },
 		{ "async: backup byte-identical (fp32 Adam, bf16 momentum)", test_async_identical },
 		{ "binding: the backup allocates the regions it backs", test_binding_allocates_regions },
+		{ "re-seeded: the copy replaced stays registered, sealed and moved, for --drain-ms",
+		  test_reseed_retires_region },
 		{ "bounded: backup byte-identical, clocks included", test_bounded_identical },
 		{ "sync: one entry per step, backup byte-identical", test_sync_identical },
 		{ "sync: the second rank first is summed at once, not parked; bit-identical", test_sync_early },

@@ -212,6 +212,7 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	cl->dial_ms = cl->timeout_ms;
 	cl->fault_kill_mid_push = fault_count("kill-mid-push:");
 	cl->fault_efault_all = fault_count("efault-all:");
+	cl->fault_reset_all = fault_count("reset-all:");
 	cl->fault_stop_after_lock = fault_count("stop-after-lock:");
 	cl->fault_corrupt_push = fault_count("corrupt-push:");
 	if (opts->size >= offsetof(struct rps_client_opts, verify) + sizeof(opts->verify))
@@ -389,7 +390,9 @@ static bool to_retry(const struct shard_op *op)
  * epoch: a restarted server given its share back), its owner answers a
  * new connection (dialed again by the refresh: it was alive, only slow or
  * cut off a while, or it came back; the push id makes a resent push that
- * it applied before harmless); a server that died owning it is an error. */
+ * it applied before harmless), or, without backups, its owner answers as
+ * the same process (struct shard_op.incarnation); a server that died
+ * owning it is an error. */
 static bool worth_resending(const struct rps_client *cl, const struct shard_op *op)
 {
 	const struct rps__smap_part *pp;
@@ -401,9 +404,13 @@ static bool worth_resending(const struct rps_client *cl, const struct shard_op *
 	if (p >= cl->map.npart)
 		return false;
 	pp = &cl->map.parts[p];
-	/* (a partition lost with its server: resent, it is refused saying so) */
+	/* (a partition lost with its server: resent, it is refused saying so;
+	 * the same server process answering again, its incarnation, lived
+	 * all along: its connection went, not its state) */
 	return pp->owner != op->c->member_id || pp->lost ||
-	       ((pp->backups[0] || pp->epoch != op->epoch) && op->c->ep && !op->c->dead);
+	       ((pp->backups[0] || pp->epoch != op->epoch ||
+		 (op->incarnation && op->c->hello.incarnation == op->incarnation)) &&
+		op->c->ep && !op->c->dead);
 }
 
 /*
@@ -646,6 +653,14 @@ static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_
 			 * during the refresh: nr was sized before it */
 			drop_unsent(nr);
 			continue;
+		}
+		if (cl->taken_over) {
+			/* a server refused us: a newer process has our rank */
+			status = -ESTALE;
+			snprintf(cur->msg, sizeof(cur->msg), "rank %d: %s", cl->rank, rps__status_text(status));
+			snprintf(r->msg, sizeof(r->msg), "%s", cur->msg);
+			drop_unsent(nr);
+			break;
 		}
 		if (rps__noq_final(cl)) {
 			/* the server we read the map from lost the Raft

@@ -115,6 +115,7 @@ struct shard_op {
 	bool chained;		/* posted under the word of the push before it, no CAS */
 	bool retried;		/* refused, and sent again by a retry (client.c): its fate is the resend's */
 	uint64_t epoch;		/* its partition's epoch in the route it was sent by */
+	uint64_t incarnation;	/* its server's (hello), when it was routed */
 	int result;		/* what rps__op_report() said */
 	int ack_status;
 	uint64_t ack_lock;	/* the lock word the server left */
@@ -238,6 +239,11 @@ struct conn {
 	uint64_t *lost_epochs;
 	uint32_t nlost_epochs;
 	bool answered;		/* rps__conn_setup: the server answered (it lives), if only to refuse */
+	/* lost to a flush: the peer's host closed it (a process that exits,
+	 * or a live server that let it go), not silence: dialing it again
+	 * costs one connect, refused at once if the process is gone, so it
+	 * is dialed again at once (redial_wanted), once */
+	bool peer_closed;
 	bool noq;		/* its server's quorum note says it lost the majority */
 	uint64_t busy_ns;	/* when its active list last became non-empty */
 	uint64_t wc_ns;		/* its last successful completion */
@@ -334,11 +340,13 @@ struct rps_client {
 				 * rps_client_connect what is left of it (client.c) */
 	uint64_t staging_used;	/* registered for staging now (slots and bounce buffers) */
 	bool takeover;		/* replaces a dead process of its rank */
+	bool taken_over;	/* a server refused us: a newer process has our rank */
 	struct rps__keyring *keys;	/* opts.key_file / $RDMAPS_KEY_FILE (NULL: none) */
 	bool insecure;		/* no key, yet servers beyond loopback */
 	bool keys_local;	/* keys: this user's loopback key (loopback servers only) */
 	int fault_kill_mid_push;	/* test hooks (common/fault.h, see rdmaps(3)) */
 	int fault_efault_all;		/* every connection lost to a remote access error at once */
+	int fault_reset_all;		/* ... to a reset (a network blip), the servers alive */
 	int fault_stop_after_lock;
 	int fault_corrupt_push;
 };

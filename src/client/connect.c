@@ -500,8 +500,11 @@ static bool redial_wanted(const struct rps_client *cl, const struct conn *c)
 		}
 	}
 	/* a remote access error came from a server that lives (it answered):
-	 * nothing to fail over, dial it again now */
-	return owns && (unbacked || given || c->err == -EFAULT ||
+	 * nothing to fail over, dial it again now; a connection its peer
+	 * closed, once at once too (struct conn.peer_closed): a server that
+	 * lives answers (ops resent to it: worth_resending), one that died
+	 * refuses at once, and its failover is waited for as before */
+	return owns && (unbacked || given || c->err == -EFAULT || c->peer_closed ||
 			rps__now_ns() - c->lost_ns >= FAILOVER_WAIT_MS * 1000000ull);
 }
 
@@ -561,6 +564,8 @@ static int endpoint_plan(struct rps_client *cl, const struct rps__smap_member *m
 		k = (*next)++;
 	}
 	*conn = k;
+	if (cl->taken_over)	/* (a server said another process has our rank now) */
+		return 0;
 	if (k < cl->nservers && cl->conns[k].lost_ns && !any && !redial_wanted(cl, &cl->conns[k]))
 		return 0;
 	memset(w, 0, sizeof(*w));
@@ -588,6 +593,19 @@ static int endpoint_settle(struct rps_client *cl, const struct endpoint_want *w,
 	struct conn *c = &cl->conns[w->k];
 	int ret = j ? j->ret : -EHOSTUNREACH;
 
+	if (ret == -ESTALE) {
+		/* our rank was taken over: nothing to dial again, ever; its
+		 * ops fail saying so (rps__status_text) */
+		rps__conn_free(c);
+		c->cl = cl;
+		c->index = w->k;
+		c->dead = true;
+		c->err = -ESTALE;
+		c->member_id = w->m->id;
+		c->thread = w->thread;
+		cl->taken_over = true;
+		return 0;
+	}
 	if (ret) {
 		char reason[sizeof(c->refused)];
 		/* (busy: refused still, its dials again within timeout_ms in vain) */
@@ -676,6 +694,10 @@ static int connect_wanted(struct rps_client *cl, struct endpoint_want *w, uint32
 		rps__dial_batch(cl, jobs, nj);
 	for (i = 0; i < n; i++) {
 		ret = endpoint_settle(cl, &w[i], w[i].job >= 0 ? &jobs[w[i].job] : NULL);
+		rps__log(RPS__LOG_DEBUG, "%s: member %llu thread %u %s%s: %s", cl->conns[w[i].k].name,
+			 (unsigned long long)w[i].m->id, w[i].thread, w[i].fresh ? "dialed" : "dialed again",
+			 w[i].fresh ? "" : w[i].dial_err ? " (after a failed dial)" : "",
+			 cl->conns[w[i].k].ep && !cl->conns[w[i].k].dead ? "connected" : rps_strerror(cl->conns[w[i].k].err));
 		if (ret && !first_err) {
 			first_err = ret;
 			snprintf(first_msg, sizeof(first_msg), "%s", rps__errbuf());
@@ -819,12 +841,11 @@ static bool map_ask_in_pass(const struct rps_client *cl, const struct conn *c, i
  * A member that restarted is not dialed again while the map gives it
  * nothing to serve us (redial_wanted), yet it may hold the backups the
  * failover promotes (rolling restarts: each member in turn killed and
- * restarted, the last one we used killed at last).  Dial those members
- * (owning nothing in our map, or lost to a remote access error) for the
- * map, and read it from the first that answers.  An owner we lost
- * otherwise is dialed again by the usual rule (and a process whose
- * connections a takeover closed must find them gone, not reopened for
- * it).  0, or the last error.
+ * restarted, the last one we used killed at last).  Dial the members we
+ * have no connection to for the map, and read it from the first that
+ * answers.  (A process whose connections a takeover closed finds them
+ * gone: its dials are refused while its replacement is connected, and
+ * then it dials no more.)  0, or the last error.
  */
 static bool owns_any(const struct rps_client *cl, uint64_t id)
 {
@@ -834,40 +855,53 @@ static bool owns_any(const struct rps_client *cl, uint64_t id)
 	return false;
 }
 
-/* Was our connection to member id lost to a remote access error?  It came
- * from a server that lives (it answered): nothing to fail over. */
-static bool lost_to_access_error(const struct rps_client *cl, uint64_t id)
+/* Is our lost connection to member id one to dial again by the usual rule
+ * (redial_wanted: lost to a remote access error, from a server that lives;
+ * or its partitions not failed over in time)? */
+static bool redial_due(const struct rps_client *cl, uint64_t id)
 {
 	for (int k = 0; k < cl->nservers; k++)
 		if (cl->conns[k].member_id == id && cl->conns[k].thread == 0 && !cl->conns[k].ep &&
-		    cl->conns[k].err == -EFAULT)
+		    cl->conns[k].err != -ESTALE && redial_wanted(cl, &cl->conns[k]))
 			return true;
 	return false;
 }
 
 static int map_from_any_member(struct rps_client *cl)
 {
-	int ret = -ECONNRESET, k;
+	int ret = -ECONNRESET, k, pass;
 
-	for (uint32_t i = 0; i < cl->map.nmembers; i++) {
-		const struct rps__smap_member *m = &cl->map.members[i];
-		bool live = false;
+	if (cl->taken_over)
+		return ret;
+	/* first the members likely to answer: owning nothing in our map (a
+	 * restarted one), or owners the usual rule would dial again (lost to
+	 * a remote access error: they live); then every other owner, though
+	 * the usual rule would wait for its failover: nobody else is left
+	 * to ask, so the wait would be for a map nobody gives us (a worker
+	 * that lost its connection to a live owner, a blip, then the other
+	 * data server died: it waited out its whole timeout).  A dial to a
+	 * dead host blocks here, but nothing could move on meanwhile anyway. */
+	for (pass = 0; pass < 2; pass++) {
+		for (uint32_t i = 0; i < cl->map.nmembers; i++) {
+			const struct rps__smap_member *m = &cl->map.members[i];
+			bool live = false, likely;
 
-		for (k = 0; k < cl->nservers; k++)
-			live |= cl->conns[k].member_id == m->id && cl->conns[k].thread == 0 && cl->conns[k].ep &&
-				!cl->conns[k].dead;
-		/* (asked already; or an owner: the usual rule, unless a remote
-		 * access error took it: then every connection may have gone
-		 * so at once, moves having freed what our keys named, and
-		 * nobody else is left to ask; a witness takes no worker) */
-		if (live || (owns_any(cl, m->id) && !lost_to_access_error(cl, m->id)) ||
-		    (m->flags & RPS__SMAP_WITNESS))
-			continue;
-		if (connect_endpoint_how(cl, m, 0, &k, true) || k < 0 || !cl->conns[k].ep || cl->conns[k].dead)
-			continue;
-		ret = rps__map_read_sync(cl, &cl->conns[k]);
-		if (!ret)
-			return 0;
+			for (k = 0; k < cl->nservers; k++)
+				live |= cl->conns[k].member_id == m->id && cl->conns[k].thread == 0 &&
+					cl->conns[k].ep && !cl->conns[k].dead;
+			/* (asked already; a witness takes no worker) */
+			if (live || (m->flags & RPS__SMAP_WITNESS))
+				continue;
+			likely = !owns_any(cl, m->id) || redial_due(cl, m->id);
+			if (likely != (pass == 0))
+				continue;
+			if (connect_endpoint_how(cl, m, 0, &k, true) || k < 0 || !cl->conns[k].ep ||
+			    cl->conns[k].dead)
+				continue;
+			ret = rps__map_read_sync(cl, &cl->conns[k]);
+			if (!ret)
+				return 0;
+		}
 	}
 	return ret;
 }

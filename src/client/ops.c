@@ -299,6 +299,7 @@ struct shard_op *rps__op_init(struct shard_op *op, struct rps_request *r, struct
 	op->t = t;
 	op->c = route(t, s);
 	op->epoch = t->part[rps__shard_server(&t->layout, s)].epoch;
+	op->incarnation = op->c->hello.incarnation;
 	op->kind = kind;
 	op->shard = s;
 	return op;
@@ -594,12 +595,16 @@ static void fill_desc(struct shard_op *op)
 		__atomic_add_fetch(&c->cl->zc_pushes, 1, __ATOMIC_RELAXED);
 	if (rps__fault_countdown(&c->cl->fault_kill_mid_push))
 		op->die_mid_write = true;	/* counts shard pushes, not retries */
-	if (rps__fault_countdown(&c->cl->fault_efault_all))
-		for (int k = 0; k < c->cl->nservers; k++)	/* test hook: as if each got a remote access error */
-			if (c->cl->conns[k].ep && !c->cl->conns[k].dead) {
-				c->cl->conns[k].dead = true;
-				c->cl->conns[k].err = -EFAULT;
-			}
+	{	/* test hooks: as if each connection got a remote access error, or a reset */
+		bool efault = rps__fault_countdown(&c->cl->fault_efault_all);
+		if (efault || rps__fault_countdown(&c->cl->fault_reset_all))
+			for (int k = 0; k < c->cl->nservers; k++)
+				if (c->cl->conns[k].ep && !c->cl->conns[k].dead) {
+					c->cl->conns[k].dead = true;
+					c->cl->conns[k].err = efault ? -EFAULT : -ECONNRESET;
+					c->cl->conns[k].peer_closed = !efault;
+				}
+	}
 	if (c->cl->verify) {
 		d->flags |= RPS__DESC_CRC;
 		d->crc = op->src_mr ? rps__crc32c_noinv(op->src, d->nbytes) : rps__push_crc(d);
@@ -1097,6 +1102,7 @@ void rps__on_completion(struct rps_client *cl, const struct rps__wc *wc)
 		rps__log(RPS__LOG_DEBUG, "%s: %s", c->name, rps__wc_status_str(wc->status));
 		c->dead = true;
 		c->err = wc->status == RPS__WC_REM_ACCESS_ERR ? -EFAULT : -ECONNRESET;
+		c->peer_closed = wc->status == RPS__WC_FLUSH_ERR;
 		return;
 	}
 	c->wc_ns = rps__now_ns();

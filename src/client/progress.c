@@ -81,6 +81,8 @@ const char *rps__status_text(int status)
 			    "remove-rank: start the job again to bring it back)";
 	case -EACCES: return "refused: the tensor is outside this key's scope (README \"Security\")";
 	case -EPIPE: return "a worker of this sync tensor disconnected before its push: the step waits for a replacement of its rank";
+	case -ESTALE: return "a newer process took this rank over (rps_client_opts.takeover) and is connected: this "
+			     "process is the one it replaced, and must exit";
 	default: return "failed";
 	}
 }

@@ -50,8 +50,11 @@
  *    from (RPS__MAP_BUF, its last bytes the quorum note and the probe
  *    area) is 32 KiB: a version-8 client would look for the note at 20 KiB
  * 10: STATUS_REP names up to 64 Raft nodes (RPS__STATUS_MAX_NODES), not 16:
- *    psctl refused the reply of a cluster of more than 16 members */
-#define RPS__PROTO_VERSION 10u
+ *    psctl refused the reply of a cluster of more than 16 members
+ * 11: HELLO_REP carries the server's incarnation (96 bytes): a version-10
+ *    client refused it as malformed; a HELLO may be refused with -ESTALE
+ *    (a process whose rank another took over) */
+#define RPS__PROTO_VERSION 11u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -217,6 +220,11 @@ struct rps__hello_rep {
 	uint32_t owner;		/* this connection's lock owner id */
 	uint32_t lease_ms;
 	uint32_t thread_index;	/* which of nthreads this port serves */
+	uint32_t pad;
+	/* random per server instance (a restart draws another): a worker
+	 * that dials a server again after losing its connection learns
+	 * whether the process it lost is the one that answers */
+	uint64_t incarnation;
 };
 
 enum rps__create_flags {

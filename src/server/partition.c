@@ -736,7 +736,7 @@ static int install_tensor(struct rps__server *srv, struct rbuf *b, uint32_t part
 	if (nsh != rps__part_nshards(&t->layout, part))
 		return MALFORMED;
 	if (backup)	/* (the stream may have made it empty already) */
-		rps__srv_region_free(srv, t, part);
+		rps__srv_region_retire(srv, t, part);
 	ret = rps__srv_region_alloc(srv, t, part, false, NULL);
 	if (ret)
 		return ret;

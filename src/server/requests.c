@@ -251,6 +251,20 @@ err:
  * replacement resends); what was summed or parked stays counted.  A rank
  * is a rank of one job: only connections of the same key scope and role
  * are taken over, and never by a reader (on_hello). */
+static bool client_fenced(const struct rps__server *srv, uint64_t client_id)
+{
+	uint32_t n = RPS__MIN(srv->req.nfenced, (uint32_t)RPS__ARRAY_SIZE(srv->req.fenced));
+
+	for (uint32_t i = 0; i < n; i++)
+		if (srv->req.fenced[i] == client_id)
+			return true;
+	return false;
+}
+
+/* c's process replaces the one of its rank (same role and scope): close
+ * that one's connections, and refuse it should it dial again (a process
+ * that was only stopped, or cut off, and comes back would push as that
+ * rank beside its replacement). */
 static void take_over_rank(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
@@ -258,8 +272,11 @@ static void take_over_rank(struct rps__server *srv, struct srv_conn *c)
 	for (i = 0; i < srv->nconns; i++) {
 		struct srv_conn *o = srv->conns[i];
 		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank &&
-		    o->auth.key_role == c->auth.key_role && rps__srv_same_scope(o, c))
+		    o->auth.key_role == c->auth.key_role && rps__srv_same_scope(o, c) && o->client_id != c->client_id) {
 			conn_fail(o, "taken over by a new process of its rank");
+			if (!client_fenced(srv, o->client_id))
+				srv->req.fenced[srv->req.nfenced++ % RPS__ARRAY_SIZE(srv->req.fenced)] = o->client_id;
+		}
 	}
 }
 
@@ -287,6 +304,14 @@ static void on_hello(struct rps__server *srv, struct srv_conn *c, uint64_t req_i
 	c->rank = h->rank;
 	c->client_id = h->client_id;
 	c->num_workers = h->num_workers;
+	if (h->rank >= 0 && client_fenced(srv, h->client_id)) {
+		char why[120];
+		snprintf(why, sizeof(why), "rank %d: this process was taken over by a newer one of its rank: refused",
+			 h->rank);
+		rps__srv_log_refusal(srv, c, why);
+		conn_reply(c, RPS__MSG_HELLO_REP, req_id, -ESTALE, NULL, 0);
+		return;
+	}
 	c->hello_done = true;
 	if ((h->flags & RPS__HELLO_TAKEOVER) && h->rank >= 0 && c->auth.key_role != RPS__KEY_READER)
 		take_over_rank(srv, c);
@@ -306,6 +331,7 @@ static void on_hello(struct rps__server *srv, struct srv_conn *c, uint64_t req_i
 	rep.slot_rkey = slot_rkey;	/* (0: a reader pushes nothing) */
 	rep.owner = c->owner;
 	rep.lease_ms = srv->cfg.lease_ms;
+	rep.incarnation = srv->incarnation;
 	conn_reply(c, RPS__MSG_HELLO_REP, req_id, 0, &rep, sizeof(rep));
 }
 
@@ -342,37 +368,42 @@ static void wait_fail_missing(struct srv_conn *c, uint64_t req_id, struct shard 
 	conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EPIPE, &rep, sizeof(rep));
 }
 
-/* Another connection of c's rank that may reach t (of t's job) is left. */
-static bool rank_reaches(const struct rps__server *srv, const struct srv_conn *c, const struct srv_tensor *t)
+/* May a connection of `scope` reach tensor `name`?  (rps__srv_scope_allows
+ * for a connection gone since.) */
+static bool scope_reaches(const struct rps__server *srv, const char *scope, size_t len, const char *name)
+{
+	return !srv->cfg.keys || !strncmp(name, scope, strnlen(scope, len));
+}
+
+/* A live connection of `rank` that may reach t (of t's job) is left. */
+static bool rank_reaches(const struct rps__server *srv, int rank, const struct srv_tensor *t)
 {
 	uint32_t i;
 
 	for (i = 0; i < srv->nconns; i++) {
 		const struct srv_conn *o = srv->conns[i];
-		if (o != c && o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == c->rank &&
+		if (o->role == CONN_WORKER && o->hello_done && !o->dead && o->rank == rank &&
 		    rps__srv_scope_allows(o, t->name))
 			return true;
 	}
 	return false;
 }
 
-/* A worker's connection closed: note its rank gone from the sync tensors
- * it opened here that no other connection of the rank may reach (another
- * job's rank of the same number does not keep it), and fail the waits that only it could satisfy
- * (with backups, the TAKEN pushes waiting for the step too). */
-void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c)
+/* The rank of departure d is gone: note it from the sync tensors it opened
+ * here that no connection of the rank may reach now (another job's rank of
+ * the same number does not keep it), and fail the waits that only it could
+ * satisfy (with backups, the TAKEN pushes waiting for the step too). */
+static void rank_gone(struct rps__server *srv, const struct srv_departure *d)
 {
 	uint32_t i;
 
-	if (c->role != CONN_WORKER || !c->hello_done || c->rank < 0)
-		return;
 	for (i = 0; i < srv->ntensors; i++) {
 		struct srv_tensor *t = srv->tensors[i];
 		uint32_t local;
-		if (!t || !t->ranks || c->rank >= t->spec.num_workers || t->ranks[c->rank] != RANK_LIVE ||
-		    !rps__srv_scope_allows(c, t->name) || rank_reaches(srv, c, t))
+		if (!t || !t->ranks || d->rank >= t->spec.num_workers || t->ranks[d->rank] != RANK_LIVE ||
+		    !scope_reaches(srv, d->scope, sizeof(d->scope), t->name) || rank_reaches(srv, d->rank, t))
 			continue;
-		t->ranks[c->rank] = RANK_GONE;
+		t->ranks[d->rank] = RANK_GONE;
 		for (local = 0; local < t->layout.nshards; local++) {
 			int r = rps__srv_missing_rank(srv, t, local);
 			if (r >= 0)
@@ -384,7 +415,7 @@ void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c)
 		struct waiter *w = &srv->req.waiters[i];
 		struct srv_tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
 		int r = t ? rps__srv_missing_rank(srv, t, w->local) : -1;
-		if (r >= 0 && w->conn != c && w->min_version > t->shards[w->local].step) {
+		if (r >= 0 && w->min_version > t->shards[w->local].step) {
 			rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: rank %d left before its push for step %llu: "
 				 "failing the waits for it", t->name, w->local, r,
 				 (unsigned long long)t->shards[w->local].step);
@@ -393,6 +424,60 @@ void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c)
 			continue;
 		}
 		i++;
+	}
+}
+
+/*
+ * A worker's connection closed.  Its rank is gone only if none of its
+ * connections is back within the grace (--failover-ms, what this server
+ * allows a silent peer too): a worker's connection may go while the
+ * process lives on (on RDMA a remote access error takes the whole
+ * connection down, a stale key after a move among the causes; a network
+ * blip), and it dials again at once.  Declaring its rank gone at the
+ * close would end every other rank's step with "rank R left" though R is
+ * about to push.  A process that died has no successor by then (or a
+ * replacement that took its rank over: then nothing is missing).
+ */
+void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c)
+{
+	uint64_t grace = (uint64_t)(srv->cfg.failover_ms ? srv->cfg.failover_ms : 1000) * 1000000ull;
+	struct srv_departure *d = NULL;
+	uint32_t i;
+
+	if (c->role != CONN_WORKER || !c->hello_done || c->rank < 0)
+		return;
+	for (i = 0; i < srv->req.ndepartures && !d; i++)	/* (gone again: the grace starts again) */
+		if (srv->req.departures[i].rank == c->rank &&
+		    !strncmp(srv->req.departures[i].scope, c->auth.scope, sizeof(d->scope)))
+			d = &srv->req.departures[i];
+	if (!d) {
+		if (rps__grow(&srv->req.departures, &srv->req.departures_cap, srv->req.ndepartures + 1,
+			      sizeof(*srv->req.departures), 16)) {
+			struct srv_departure now = { .rank = c->rank };	/* (no memory: gone at once) */
+			memcpy(now.scope, c->auth.scope, sizeof(now.scope));
+			c->dead = true;
+			rank_gone(srv, &now);
+			return;
+		}
+		d = &srv->req.departures[srv->req.ndepartures++];
+		d->rank = c->rank;
+		memcpy(d->scope, c->auth.scope, sizeof(d->scope));
+	}
+	d->due = rps__now_ns() + grace;
+}
+
+void rps__srv_departures_run(struct rps__server *srv, uint64_t now, bool all)
+{
+	uint32_t i = 0;
+
+	while (i < srv->req.ndepartures) {
+		struct srv_departure d = srv->req.departures[i];
+		if (!all && now < d.due) {
+			i++;
+			continue;
+		}
+		srv->req.departures[i] = srv->req.departures[--srv->req.ndepartures];
+		rank_gone(srv, &d);
 	}
 }
 

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
@@ -246,6 +247,10 @@ static int run_timers(struct rps__server *srv, uint64_t now, uint64_t scan_every
 	if (now >= *next_listener_check) {
 		rps__srv_accept_pending(srv);
 		rps__srv_auth_timers(srv, now);
+		if (srv->retired.n)
+			rps__srv_retired_reap(srv, now, false);
+		if (srv->req.ndepartures)
+			rps__srv_departures_run(srv, now, false);
 		if (srv->cfg.idle_timeout_ms)
 			drop_idle_workers(srv, now);
 		*next_listener_check = now + LISTENER_CHECK_NS;
@@ -426,6 +431,9 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 	srv->thr.mbox.fd = -1;
 	srv->thr.nthreads = 1;
 	srv->thr.first = srv;
+	if (getrandom(&srv->incarnation, sizeof(srv->incarnation), 0) != (ssize_t)sizeof(srv->incarnation))
+		srv->incarnation = rps__now_ns() ^ ((uint64_t)getpid() << 32);
+	srv->incarnation |= 1;	/* (never 0: what a server without it says) */
 	srv->shard_elems = cfg->shard_bytes / 4;
 	srv->slot_size = RPS__ALIGN_UP(RPS__PUSH_DESC_SIZE + (size_t)cfg->shard_bytes, 64);
 	srv->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -482,6 +490,7 @@ void rps__server_destroy(struct rps__server *srv)
 	for (i = 0; i < srv->ntensors; i++)
 		rps__srv_tensor_free(srv, srv->tensors[i]);
 	free(srv->tensors);
+	rps__srv_retired_reap(srv, 0, true);
 	rps__srv_repl_fini(srv);
 	free(srv->push.held);
 	while (srv->push.nparked)
@@ -491,6 +500,7 @@ void rps__server_destroy(struct rps__server *srv)
 	free(srv->push.park_pool);
 	free(srv->req.waiters);
 	free(srv->req.arrivals);
+	free(srv->req.departures);
 	rps__cq_destroy(srv->cq);
 	rps__fabric_close(srv->fab);
 	rps__topo_close(srv->topo);	/* after every rps__topo_free */

@@ -346,6 +346,31 @@ struct srv_requests {
 		int need;
 	} *arrivals;
 	uint32_t narrivals, arrivals_cap;
+	/* ranks whose last connection closed, gone unless one of theirs
+	 * comes back by `due` (rps__srv_rank_left) */
+	struct srv_departure {
+		int rank;
+		char scope[64];		/* the departed connection's (auth.scope) */
+		uint64_t due;
+	} *departures;
+	uint32_t ndepartures, departures_cap;
+	/* client ids of processes whose rank another one took over (the
+	 * last 256): refused should they dial again */
+	uint64_t fenced[256];
+	uint32_t nfenced;	/* ever added: the next goes at nfenced % 256 */
+};
+
+/* Regions given up while workers may still name them (tensor.c,
+ * rps__srv_region_retire): registered until free_at. */
+struct srv_retired {
+	struct retired_region {
+		void *mem;
+		size_t len;
+		struct rps__mr *mr;
+		size_t mem_charged;
+		uint64_t free_at;
+	} *v;
+	uint32_t n, cap;
 };
 
 /* Outgoing connections under way (dial.c). */
@@ -364,6 +389,7 @@ struct rps__server {
 	struct rps__server_config cfg;
 	struct srv_threads thr;		/* threads.c */
 	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
+	uint64_t incarnation;		/* random, this instance's (HELLO replies) */
 	uint64_t lease_until;		/* primary lease: rps__dp_boottime_ns() before this (set_lease) */
 	struct srv_read_fence rfence;	/* partition.c */
 	uint32_t shard_elems;
@@ -381,6 +407,7 @@ struct rps__server {
 	uint32_t ntensors;
 	struct srv_push push;		/* push.c */
 	struct srv_requests req;	/* requests.c */
+	struct srv_retired retired;	/* tensor.c */
 	size_t mem_used;
 	size_t mem_group;		/* the first instance: every instance's mem_used (threads) */
 	uint8_t owner_used[RPS__LOCK_OWNER_MAX + 1];
@@ -543,6 +570,8 @@ void rps__srv_push_ack(struct srv_conn *c, uint32_t slot, int status, uint64_t v
 bool rps__srv_spec_equal(const struct rps__tensor_spec *a, const struct rps__tensor_spec *b);
 void rps__srv_on_message(struct rps__server *srv, struct srv_conn *c, void *buf, uint32_t len);
 void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c);
+/* The departures whose grace ran out (all: every one, now): their ranks gone. */
+void rps__srv_departures_run(struct rps__server *srv, uint64_t now, bool all);
 /* Sync: the rank that orphaned the current step of shard `local` (gone
  * before its push), or -1. */
 int rps__srv_missing_rank(struct rps__server *srv, struct srv_tensor *t, uint32_t local);
@@ -558,6 +587,9 @@ int rps__srv_region_alloc(struct rps__server *srv, struct srv_tensor *t, uint32_
 			  struct srv_conn *init_conn);
 int rps__srv_region_register(struct rps__server *srv, struct srv_tensor *t, uint32_t part);
 void rps__srv_region_free(struct rps__server *srv, struct srv_tensor *t, uint32_t part);
+void rps__srv_region_retire(struct rps__server *srv, struct srv_tensor *t, uint32_t part);
+/* Free the retired regions whose time came (all: every one), 0 if none is left. */
+uint32_t rps__srv_retired_reap(struct rps__server *srv, uint64_t now, bool all);
 
 /* partition.c */
 void rps__srv_refuse_partition(struct rps__server *srv, uint32_t part);

@@ -52,6 +52,78 @@ void rps__srv_region_free(struct rps__server *srv, struct srv_tensor *t, uint32_
 	memset(r, 0, sizeof(*r));
 }
 
+/*
+ * Give up a tensor's region of a partition that workers may still name by
+ * an older map: the copy an image replaces (a member seeded as a backup of
+ * a partition it served or backed up until then, a planned switch's old
+ * primary among them).  Deregistering it at once would turn every such
+ * worker's CAS or READ into a remote access error, and on RDMA that takes
+ * the worker's whole connection down, with every op on it (a sync rank's
+ * among them: its step would be orphaned).  So its lock words are sealed
+ * and its headers say the shards moved, as a drained partition's do, and
+ * its memory stays registered for --drain-ms: what such a worker reads
+ * there sends it to the map.  Then it goes (rps__srv_retired_reap).
+ */
+void rps__srv_region_retire(struct rps__server *srv, struct srv_tensor *t, uint32_t part)
+{
+	struct region *r = &t->regions[part];
+	struct retired_region *v;
+	uint32_t j;
+
+	if (!r->mem)
+		return;
+	if (srv->retired.n == srv->retired.cap) {
+		uint32_t cap = srv->retired.cap ? 2 * srv->retired.cap : 8;
+		v = realloc(srv->retired.v, cap * sizeof(*v));
+		if (!v) {	/* (no memory to wait with: revoked at once, as before) */
+			rps__srv_region_free(srv, t, part);
+			return;
+		}
+		srv->retired.v = v;
+		srv->retired.cap = cap;
+	}
+	for (j = 0; j < r->nsh; j++) {
+		struct shard *s = &t->shards[rps__part_shard(&t->layout, part, j)];
+		uint64_t w = __atomic_load_n(&s->hdr->lock, __ATOMIC_ACQUIRE), old = 0;
+		/* (a word a worker holds stays its own: it releases it here,
+		 * and its push, under the old epoch, is refused) */
+		if (!rps__lock_is_locked(w))
+			rps__local_cas(srv->fab, r->mr, &s->hdr->lock, w,
+				       rps__lock_locked(rps__lock_version(w), RPS__LOCK_OWNER_FENCE), &old);
+		__atomic_store_n(&s->hdr->epoch, RPS__EPOCH_MOVED, __ATOMIC_RELEASE);
+		shard_free_mem(s);
+	}
+	v = &srv->retired.v[srv->retired.n++];
+	v->mem = r->mem;
+	v->len = r->len;
+	v->mr = r->mr;
+	v->mem_charged = r->mem_charged;
+	v->free_at = rps__now_ns() + (uint64_t)srv->cfg.drain_ms * 1000000ull;
+	memset(r, 0, sizeof(*r));
+}
+
+uint32_t rps__srv_retired_reap(struct rps__server *srv, uint64_t now, bool all)
+{
+	uint32_t i = 0;
+
+	while (i < srv->retired.n) {
+		struct retired_region *v = &srv->retired.v[i];
+		if (!all && now < v->free_at) {
+			i++;
+			continue;
+		}
+		rps__mr_dereg(v->mr);
+		rps__topo_free(srv->topo, v->mem, v->len);
+		rps__srv_mem_give(srv, v->mem_charged);
+		*v = srv->retired.v[--srv->retired.n];
+	}
+	if (all) {
+		free(srv->retired.v);
+		memset(&srv->retired, 0, sizeof(srv->retired));
+	}
+	return srv->retired.n;
+}
+
 void rps__srv_tensor_free(struct rps__server *srv, struct srv_tensor *t)
 {
 	uint32_t p;
