@@ -1075,6 +1075,14 @@ static void dial_when_due(struct rps__server *srv, struct repl_peer *p, bool rev
  * window of pushes stalls together). */
 #define REPL_SLOW_NS (2000ull * 1000000ull)
 
+/* How long w has waited at `now`: 0 for a wait made in this turn after
+ * `now` was read (its `since` later than `now`; unsigned, the difference
+ * would be some 584 years). */
+static uint64_t waited_ns(const struct repl_wait *w, uint64_t now)
+{
+	return now > w->since ? now - w->since : 0;
+}
+
 static void warn_slow(struct rps__server *srv, uint64_t now)
 {
 	if (now < srv->repl.slow_check)
@@ -1086,19 +1094,19 @@ static void warn_slow(struct rps__server *srv, uint64_t now)
 	for (uint32_t i = 0; i < srv->repl.nrwaits; i++) {
 		const struct repl_wait *w = &srv->repl.rwaits[i];
 
-		if (w->kind == RW_STEP_DONE && now - w->since >= REPL_SLOW_NS &&
+		if (w->kind == RW_STEP_DONE && waited_ns(w, now) >= REPL_SLOW_NS &&
 		    rps__srv_repl_step_confirmed(w->s, w->clock) && !rps__srv_lease_fenced(srv, w->s->part)) {
 			rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: the STEP_DONE of step %llu was due "
 				 "%.1f s ago and not sent: sending it now (a missed wakeup; please report)",
 				 w->s->part, w->t->name, w->s->index, (unsigned long long)w->clock,
-				 (double)(now - w->since) * 1e-9);
+				 (double)waited_ns(w, now) * 1e-9);
 			rps__srv_repl_confirm(srv);
 			return;
 		}
 	}
 	for (uint32_t i = 0; i < srv->repl.nrwaits; i++) {
 		struct repl_wait *w = &srv->repl.rwaits[i];
-		if (w->warned || now - w->since < REPL_SLOW_NS)
+		if (w->warned || waited_ns(w, now) < REPL_SLOW_NS)
 			continue;
 		if (w->kind == RW_STEP_DONE) {
 			/* waiting for the other ranks is the sync contract; a
@@ -1109,7 +1117,7 @@ static void warn_slow(struct rps__server *srv, uint64_t now)
 			rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: a taken push of step %llu waits "
 				 "%.1f s for its STEP_DONE: the shard is at step %llu, %u update%s of it wait%s for "
 				 "replicas%s", w->s->part, w->t->name, w->s->index, (unsigned long long)w->clock,
-				 (double)(now - w->since) * 1e-9, (unsigned long long)w->s->step, w->s->repl_pending,
+				 (double)waited_ns(w, now) * 1e-9, (unsigned long long)w->s->step, w->s->repl_pending,
 				 w->s->repl_pending == 1 ? "" : "s", w->s->repl_pending == 1 ? "s" : "",
 				 rps__srv_lease_fenced(srv, w->s->part) ? ", and the partition's lease ran out" : "");
 			return;
@@ -1123,13 +1131,13 @@ static void warn_slow(struct rps__server *srv, uint64_t now)
 			if (rc)
 				rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: an update waits %.1f s for "
 					 "member %llu to confirm replication entry %llu (it confirmed %llu)",
-					 w->s->part, w->t->name, w->s->index, (double)(now - w->since) * 1e-9,
+					 w->s->part, w->t->name, w->s->index, (double)waited_ns(w, now) * 1e-9,
 					 (unsigned long long)w->rep[k].id, (unsigned long long)w->rep[k].cseq,
 					 (unsigned long long)rc->repl.cseq_acked);
 			else
 				rps__log(RPS__LOG_WARN, "partition %u: tensor '%s' shard %u: an update waits %.1f s for "
 					 "member %llu, whose replication stream broke before it confirmed it",
-					 w->s->part, w->t->name, w->s->index, (double)(now - w->since) * 1e-9,
+					 w->s->part, w->t->name, w->s->index, (double)waited_ns(w, now) * 1e-9,
 					 (unsigned long long)w->rep[k].id);
 			return;
 		}
