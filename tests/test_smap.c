@@ -254,7 +254,7 @@ static const char *capture(void (*fn)(const struct rps__smap *, FILE *), const s
 
 static void test_init(void)
 {
-	static struct rps__smap m;
+	static struct rps__smap m, m40;
 	static char names[RPS__SMAP_MAX_MEMBERS + 1][32];
 	static const char *most[RPS__SMAP_MAX_MEMBERS + 1];
 	char longuri[RPS__SMAP_URI_MAX + 1];
@@ -267,6 +267,21 @@ static void test_init(void)
 
 	init3(&m, 0);
 	CU_ASSERT_EQUAL(m.npart, RPS__SMAP_DEFAULT_PART);
+	/* the default scales with the members at bootstrap: 4 each, a power of two */
+	CU_ASSERT_EQUAL(rps__smap_default_partitions(1), 64u);
+	CU_ASSERT_EQUAL(rps__smap_default_partitions(16), 64u);
+	CU_ASSERT_EQUAL(rps__smap_default_partitions(17), 128u);
+	CU_ASSERT_EQUAL(rps__smap_default_partitions(32), 128u);
+	CU_ASSERT_EQUAL(rps__smap_default_partitions(33), 256u);
+	CU_ASSERT_EQUAL(rps__smap_default_partitions(RPS__SMAP_MAX_MEMBERS), RPS__SMAP_MAX_PART);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_init(&m40, most, 40, 0), 0);
+	CU_ASSERT_EQUAL(m40.npart, 256u);
+	for (uint32_t i = 0, owned; i < 40; i++) {	/* every member primary of 6 or 7 */
+		owned = 0;
+		for (uint32_t p = 0; p < m40.npart; p++)
+			owned += m40.parts[p].owner == i + 1;
+		CU_ASSERT(owned == 6 || owned == 7);
+	}
 	CU_ASSERT_EQUAL(m.nmembers, 3);
 	CU_ASSERT_EQUAL(m.max_id, 3);
 	CU_ASSERT_EQUAL(m.applied, 0);

@@ -370,11 +370,20 @@ int rps__smap_init(struct rps__smap *m, const char *const *uris, uint32_t n, uin
 	return rps__smap_init_replicated(m, uris, n, npart, 1);
 }
 
+uint32_t rps__smap_default_partitions(uint32_t n)
+{
+	uint32_t p = RPS__SMAP_DEFAULT_PART;
+
+	while (p < 4u * n && p < RPS__SMAP_MAX_PART)
+		p *= 2;
+	return p;
+}
+
 int rps__smap_init_replicated(struct rps__smap *m, const char *const *uris, uint32_t n, uint32_t npart,
 			      uint32_t r)
 {
 	if (npart == 0)
-		npart = RPS__SMAP_DEFAULT_PART;
+		npart = rps__smap_default_partitions(n);
 	if (n == 0 || n > RPS__SMAP_MAX_MEMBERS)
 		return rps__seterr(-EINVAL, "shard map: %" PRIu32 " members, a cluster has 1 to %u",
 				   n, RPS__SMAP_MAX_MEMBERS);

@@ -144,8 +144,14 @@ struct rps__smap_cmd {
 	uint64_t keep[RPS__SMAP_MAX_REPLICAS - 1];
 };
 
+/* The partitions of a new cluster of n members when --partitions is not
+ * given: RPS__SMAP_DEFAULT_PART up to 16 members, then 4 a member rounded
+ * up to a power of two (128 up to 32, 256 up to 64), at most
+ * RPS__SMAP_MAX_PART: every member primary of at least 4, so a failover or
+ * a rebalance can spread a member's share over several others. */
+uint32_t rps__smap_default_partitions(uint32_t n);
 /* A bootstrapped cluster: members 1..n at uris[0..n-1], npart partitions
- * (0 = RPS__SMAP_DEFAULT_PART), partition p owned by member (p mod n) + 1,
+ * (0 = rps__smap_default_partitions(n)), partition p owned by member (p mod n) + 1,
  * epoch 1.  -EINVAL for n or npart out of range or a uri too long. */
 int rps__smap_init(struct rps__smap *m, const char *const *uris, uint32_t n, uint32_t npart);
 /* The same with replication target r (1..min(n, RPS__SMAP_MAX_REPLICAS)):
