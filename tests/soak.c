@@ -256,9 +256,10 @@ static int worker_main(int rank, int takeover)
 	 * predecessor died part way through its push of that step and the
 	 * shard completed it with the predecessor's gradient (rdmaps(3),
 	 * takeover) */
-	/* (a rank reconnecting meanwhile, its connection to a server closed
-	 * before its new one opened the tensor, counts as gone there: the
-	 * pull fails with EPIPE naming it, and is made again, as below) */
+	/* (a rank without a connection to a server for --failover-ms, a
+	 * worker killed and its replacement not yet there, counts as gone
+	 * there: the pull fails with EPIPE naming it, and is made again, as
+	 * below; one that dials again sooner is only late) */
 	for (double until = it_now_s() + WORKER_TIMEOUT_MS / 1000.0;;) {
 		ret = rps_pull(t[2], p, SYNC_COUNT * sizeof(float), &version);
 		if (ret != -EPIPE || it_now_s() > until)
