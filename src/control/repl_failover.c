@@ -480,7 +480,9 @@ void rps__cp_failover_duties(struct rps__cplane *cp, uint64_t now)
  * restart under way while another member died (its peers dial it again
  * within a second or two): the note waits NOQ_WAIT_MANY x failover_ms
  * there.  A peer that went silent without its connection breaking (a
- * stopped host) is not named.
+ * stopped host) is not named, nor one this server never reached since it
+ * started (the other server of a new cluster, not up yet: it was told to
+ * "restart member 2" while member 2 was starting).
  */
 #define NOQ_WAIT_MANY 10
 void rps__cp_quorum_note(struct rps__cplane *cp, uint64_t now)
@@ -502,8 +504,10 @@ void rps__cp_quorum_note(struct rps__cplane *cp, uint64_t now)
 		p = rps__cp_peer_get(cp, st.conf.voters[i], false);
 		if (p && p->c && !cp->dp->conn_dead(p->c))
 			reach++;
-		else if (!lost)
+		else if (!lost && heard_of(fo, st.conf.voters[i]))
 			lost = st.conf.voters[i];
+		/* (one never reached since this server started is coming up,
+		 * as the failover rule has it: not named, nothing told) */
 	}
 	if (!lost || reach > st.conf.n_voters / 2 || now < fo->lease_until)
 		fo->noq_since = 0;
