@@ -245,12 +245,7 @@ err:
 	conn_reply(c, RPS__MSG_CREATE_REP, req_id, ret, NULL, 0);
 }
 
-/* A replacement process of c's rank: its predecessor may have died without
- * a reset (a whole host), so close the rank's other worker connections now
- * rather than at their idle timeout.  Their held pushes go with them (the
- * replacement resends); what was summed or parked stays counted.  A rank
- * is a rank of one job: only connections of the same key scope and role
- * are taken over, and never by a reader (on_hello). */
+/* Was this client (a process) replaced by a takeover here? */
 static bool client_fenced(const struct rps__server *srv, uint64_t client_id)
 {
 	uint32_t n = RPS__MIN(srv->req.nfenced, (uint32_t)RPS__ARRAY_SIZE(srv->req.fenced));
@@ -261,10 +256,15 @@ static bool client_fenced(const struct rps__server *srv, uint64_t client_id)
 	return false;
 }
 
-/* c's process replaces the one of its rank (same role and scope): close
- * that one's connections, and refuse it should it dial again (a process
- * that was only stopped, or cut off, and comes back would push as that
- * rank beside its replacement). */
+/* A replacement process of c's rank: its predecessor may have died without
+ * a reset (a whole host), so close the rank's other worker connections now
+ * rather than at their idle timeout, and refuse the predecessor should it
+ * dial again (a process that was only stopped, or cut off, and comes back
+ * would push as that rank beside its replacement).  Their held pushes go
+ * with them (the replacement resends); what was summed or parked stays
+ * counted.  A rank is a rank of one job: only connections of the same key
+ * scope and role are taken over, never by a reader (on_hello), and never
+ * the replacement's own. */
 static void take_over_rank(struct rps__server *srv, struct srv_conn *c)
 {
 	uint32_t i;
