@@ -260,11 +260,14 @@ void rps__srv_auth_timers(struct rps__server *srv, uint64_t now)
 	}
 }
 
+bool rps__srv_scope_str_allows(const struct rps__server *srv, const char *scope, size_t len, const char *name)
+{
+	return !srv->cfg.keys || !strncmp(name, scope, strnlen(scope, len));
+}
+
 bool rps__srv_scope_allows(const struct srv_conn *c, const char *name)
 {
-	if (!c->srv->cfg.keys)
-		return true;
-	return !strncmp(name, c->auth.scope, strnlen(c->auth.scope, sizeof(c->auth.scope)));
+	return rps__srv_scope_str_allows(c->srv, c->auth.scope, sizeof(c->auth.scope), name);
 }
 
 bool rps__srv_same_scope(const struct srv_conn *a, const struct srv_conn *b)

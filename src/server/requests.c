@@ -368,13 +368,6 @@ static void wait_fail_missing(struct srv_conn *c, uint64_t req_id, struct shard 
 	conn_reply(c, RPS__MSG_WAIT_REP, req_id, -EPIPE, &rep, sizeof(rep));
 }
 
-/* May a connection of `scope` reach tensor `name`?  (rps__srv_scope_allows
- * for a connection gone since.) */
-static bool scope_reaches(const struct rps__server *srv, const char *scope, size_t len, const char *name)
-{
-	return !srv->cfg.keys || !strncmp(name, scope, strnlen(scope, len));
-}
-
 /* A live connection of `rank` that may reach t (of t's job) is left. */
 static bool rank_reaches(const struct rps__server *srv, int rank, const struct srv_tensor *t)
 {
@@ -401,7 +394,7 @@ static void rank_gone(struct rps__server *srv, const struct srv_departure *d)
 		struct srv_tensor *t = srv->tensors[i];
 		uint32_t local;
 		if (!t || !t->ranks || d->rank >= t->spec.num_workers || t->ranks[d->rank] != RANK_LIVE ||
-		    !scope_reaches(srv, d->scope, sizeof(d->scope), t->name) || rank_reaches(srv, d->rank, t))
+		    !rps__srv_scope_str_allows(srv, d->scope, sizeof(d->scope), t->name) || rank_reaches(srv, d->rank, t))
 			continue;
 		t->ranks[d->rank] = RANK_GONE;
 		for (local = 0; local < t->layout.nshards; local++) {

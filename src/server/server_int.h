@@ -497,6 +497,8 @@ void rps__srv_conn_authed(struct rps__server *srv, struct srv_conn *c);
 bool rps__srv_peer_threads_ok(struct rps__server *srv, uint64_t peer_id, unsigned theirs);
 /* A tensor name a connection's scope covers (every name: no key here). */
 bool rps__srv_scope_allows(const struct srv_conn *c, const char *name);
+/* The same for a scope kept apart from its connection (a rank's departure). */
+bool rps__srv_scope_str_allows(const struct rps__server *srv, const char *scope, size_t len, const char *name);
 /* Two connections of the same job: the same key scope (both "": no key). */
 bool rps__srv_same_scope(const struct srv_conn *a, const struct srv_conn *b);
 
