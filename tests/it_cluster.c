@@ -3140,6 +3140,86 @@ static void test_serving_threads(void)
 	CU_ASSERT_EQUAL(it_cluster_stop(&three), 0);
 }
 
+/* A worker of wide_endpoints: async and sync tensors with a 4 KiB shard in
+ * each of 256 partitions, so every serving thread of every member holds
+ * some; 3 pushes (steps) of integers that depend on rank and element.
+ * Writes the count of wrong elements (and versions) of each, 0 when exact. */
+#define WIDE_PARTS 256u
+#define WIDE_ELEMS (WIDE_PARTS * 1024u)
+static int wide_worker(int rank, int nworkers, const char *servers, void *arg, int out_fd)
+{
+	static const enum rps_mode modes[2] = { RPS_MODE_ASYNC, RPS_MODE_SYNC };
+	float *g = malloc(WIDE_ELEMS * 4), *v = malloc(WIDE_ELEMS * 4);
+	int results[2] = { -1, -1 }, m, k, ret;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint64_t version;
+
+	(void)arg;
+	if (!g || !v)
+		return fail("malloc", -ENOMEM);
+	if ((ret = connect_worker(servers, rank, nworkers, &cl)))
+		return fail("connect", ret);
+	for (uint32_t i = 0; i < WIDE_ELEMS; i++)
+		g[i] = (float)(i % 5 + (uint32_t)rank);
+	for (m = 0; m < 2; m++) {
+		char name[32];
+		snprintf(name, sizeof(name), "wide-%d", m);
+		rps_tensor_opts_init(&o);
+		o.mode = modes[m];
+		o.count = WIDE_ELEMS;
+		if ((ret = rps_tensor_create(cl, name, &o, &t)))
+			return fail("create", ret);
+		for (k = 0; k < 3; k++)
+			if ((ret = rps_push(t, g, WIDE_ELEMS * 4)))
+				return fail("push", ret);
+		/* async: the other rank's pushes may still be coming */
+		if ((ret = rps_barrier(cl)))
+			return fail("barrier", ret);
+		if ((ret = rps_pull(t, v, WIDE_ELEMS * 4, &version)))
+			return fail("pull", ret);
+		/* ranks 0 and 1, 3 pushes each: 3 (2 (i % 5) + 1) */
+		results[m] = version != (m ? 3u : 6u);
+		for (uint32_t i = 0; i < WIDE_ELEMS; i++)
+			results[m] += v[i] != (float)(3 * (2 * (i % 5) + 1));
+		if ((ret = rps_barrier(cl)))
+			return fail("barrier", ret);
+		rps_tensor_close(t);
+	}
+	rps_client_close(cl);
+	free(g);
+	free(v);
+	it_write_all(out_fd, results, sizeof(results));
+	return 0;
+}
+
+/* A worker holds a connection to every serving thread of every member,
+ * past the 64 it was limited to: 5 members x 16 threads (80 endpoints,
+ * one completion queue grown as they are added), 2 workers, every value
+ * exact in async and sync.  An endpoint the worker could not hold leaves
+ * its partitions' pushes failing. */
+static void test_wide_endpoints(void)
+{
+	struct it_server_opts so = { .extra_args = "--partitions 256 --shard-size 4K --slots 2 --fsync none",
+				     .threads = RPS__PROTO_THREADS_MAX };
+	struct it_cluster wide;
+	struct it_workers w;
+	int results[2][2] = { { -1, -1 }, { -1, -1 } }, r;
+
+	if (strcmp(cluster.scheme, "tcp"))
+		return;	/* (rxe's max_cqe holds about 90 endpoints: make check-rxe runs fewer) */
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&wide, 5, &so), 0);
+	CU_ASSERT_EQUAL(it_workers_start(&w, 2, wide_worker, wide.servers, NULL, -1, NULL), 0);
+	for (r = 0; r < 2; r++) {
+		CU_ASSERT_EQUAL(it_worker_read(&w, r, results[r], sizeof(results[r])), 0);
+		CU_ASSERT_EQUAL(it_worker_wait(&w, r), 0);
+		CU_ASSERT_EQUAL(results[r][0], 0);
+		CU_ASSERT_EQUAL(results[r][1], 0);
+	}
+	CU_ASSERT_EQUAL(it_cluster_stop(&wide), 0);
+}
+
 #define ADMIN_TRIES 40
 /* ThreadSanitizer's shadow memory makes the server's RSS grow ~3x what it
  * serves (165 MiB here); the leak this guards grew by gigabytes. */
@@ -3515,6 +3595,7 @@ int main(void)
 		{ "sync: workers pushing in crossed orders do not deadlock", test_sync_crossed_orders },
 		{ "--memory-limit refuses what does not fit", test_memory_limit },
 		{ "--threads 3: each port serves its share of the partitions, exact in every mode", test_serving_threads },
+		{ "80 endpoints (5 members x 16 threads): a worker holds them all, exact", test_wide_endpoints },
 		{ "barrier: the first arrival fixes its size, a mismatch is refused", test_barrier_size_fixed_by_first_arrival },
 		/* (before the tests whose checks open a client in this process:
 		 * over verbs a worker forked after that cannot open the device) */

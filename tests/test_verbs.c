@@ -747,6 +747,93 @@ static void t_send_burst(void)
 	run_isolated("send_burst", body_send_burst, 300);
 }
 
+/* ---- a completion queue grown under its endpoints -------------------------- */
+
+#define GROW_SENDS 200u
+
+static int grow_sender(int port_fd, int sent_fd)
+{
+	const struct vpeer_opts o = { .cq_depth = 256, .attr = { .sq_depth = 64, .rq_depth = 1, .max_inline = 64 } };
+	struct rps__wc wc;
+	struct vpeer p;
+	uint32_t i;
+	int stray = 0;
+
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(vpeer_connect(&p, port_fd, NULL) == 0);
+	for (i = 0; i < GROW_SENDS; i++) {
+		uint32_t v = i;
+		struct rps__wr wr = {
+			.wr_id = i, .op = RPS__OP_SEND,
+			.flags = RPS__WR_INLINE | (i == GROW_SENDS - 1 ? RPS__WR_SIGNALED : 0),
+			.sge = { &v, sizeof(v), NULL },
+		};
+
+		CHECK(post_retry(p.ep, p.cq, &wr, 1, &stray) == 0);
+	}
+	/* the last one acknowledged: every receive completed over there */
+	CHECK(wait_one(p.cq, &wc, 120000) == 1);
+	CHECK(wc.status == RPS__WC_SUCCESS && wc.wr_id == GROW_SENDS - 1);
+	CHECK(write_full(sent_fd, "S", 1) == 0);
+	CHECK(vpeer_close(&p) == 0);
+	return 0;
+}
+
+/* A CQ made for 16 completions, an endpoint on it with 200 receives
+ * posted, grown (rps__cq_grow) to hold them: 200 SENDs arrive while
+ * nobody polls, and every completion is there afterwards, in order (on a
+ * CQ that overruns the QP breaks instead).  A grow past max_cqe is
+ * refused naming it; one the device fails says so. */
+static int body_cq_grow(void)
+{
+	const struct vpeer_opts o = { .cq_depth = 16, .attr = { .sq_depth = 4, .rq_depth = GROW_SENDS },
+				      .mr = { { GROW_SENDS * 64, RPS__ACCESS_LOCAL } } };
+	struct rps__wc wc[GROW_SENDS];
+	int pp[2], sp[2], n, got = 0;
+	struct vpeer p;
+	uint32_t i;
+	char c;
+	pid_t pid;
+
+	CHECK(pipe(pp) == 0 && pipe(sp) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0)
+		child_exit(grow_sender(pp[0], sp[1]));
+	CHECK(peer_open(&p, &o) == 0);
+	CHECK(rps__cq_grow(p.cq, 2 * GROW_SENDS) == 0);
+	CHECK(rps__cq_grow(p.cq, 64) == 0);	/* never shrinks: nothing to do */
+	CHECK(vpeer_listen(&p, pp[1]) == 0);
+	CHECK(vpeer_accept(&p, NULL) == 0);
+	for (i = 0; i < GROW_SENDS; i++) {
+		struct rps__sge sge = { p.buf[0] + i * 64, 64, p.mr[0] };
+
+		CHECK(rps__post_recv(p.ep, &sge, i) == 0);
+	}
+	CHECK(read_full(sp[0], &c, 1, 120000) == 0);
+	while (got < (int)GROW_SENDS) {
+		n = rps__cq_wait(p.cq, wc + got, (int)GROW_SENDS - got, 5000);
+		CHECK(n > 0);
+		got += n;
+	}
+	for (i = 0; i < GROW_SENDS; i++) {
+		CHECK(wc[i].status == RPS__WC_SUCCESS && wc[i].opcode == RPS__WC_RECV && wc[i].wr_id == i);
+		CHECK(*(uint32_t *)(p.buf[0] + i * 64) == i);
+	}
+	CHECK(!rps__ep_is_error(p.ep));
+	fprintf(stderr, "    %u receives completed unpolled on a CQ made for 16, grown\n", GROW_SENDS);
+	CHECK(rps__cq_grow(p.cq, UINT32_MAX) == -ENOSPC);
+	CHECK(strstr(rps__errbuf(), "max_cqe") != NULL);
+	CHECK(check_child(pid, 60) == 0);
+	CHECK(vpeer_close(&p) == 0);
+	return 0;
+}
+
+static void t_cq_grow(void)
+{
+	run_isolated("cq_grow", body_cq_grow, 300);
+}
+
 /* ---- remote access errors ------------------------------------------------ */
 
 /* One bad op on a fresh connection of p (to the port it connected to
@@ -1606,6 +1693,7 @@ static int fault_body(const struct fault_case *fc)
 	STEP(rps__cq_create(fab, 64, &cq));
 	STEP(rps__cq_arm(cq));
 	STEP(rps__cq_poll(cq, &wc, 1));
+	STEP(rps__cq_grow(cq, 4096));
 	if (fc->scen == F_CQ)
 		goto none;
 	if (fc->scen == F_CONNECT) {
@@ -1665,6 +1753,7 @@ static const struct fault_case fault_cases[] = {
 	{ "epoll_ctl:2", F_CQ, -ENOMEM, "verbs: epoll_ctl(CM channel)", 1 },
 	{ "ibv_req_notify_cq:1:22", F_CQ, -EINVAL, "ibv_req_notify_cq: Invalid argument", 1 },
 	{ "ibv_poll_cq", F_CQ, -EIO, "ibv_poll_cq failed on", 1 },
+	{ "ibv_resize_cq:1:12", F_CQ, -ENOMEM, "ibv_resize_cq(", 1 },
 	{ "getaddrinfo:2", F_LISTEN, -EHOSTUNREACH, "verbs: cannot resolve host", 1 },
 	{ "rdma_create_event_channel:2", F_LISTEN, -ENOMEM, "verbs: rdma_create_event_channel: Cannot", 1 },
 	{ "rdma_create_id:2", F_LISTEN, -ENOMEM, "verbs: rdma_create_id: Cannot allocate memory", 1 },
@@ -1760,6 +1849,7 @@ int main(void)
 		{ "private data both ways, reject with a reason", t_privdata },
 		{ "full send queue, inline writes, WRITE_IMM", t_sq_full },
 		{ "SEND burst into 16 receives: no RNR stall", t_send_burst },
+		{ "a CQ grown under its endpoint holds what it was grown for", t_cq_grow },
 		{ "wrong rkey / out of range / no right / misaligned", t_access_errors },
 		{ "peer closes: posted receives flush", t_graceful_close },
 		{ "initiator stopped before its RTU: accept does not wait for it, the CM fails it later",

@@ -272,6 +272,7 @@ const struct rps__transport_ops rps__verbs_ops = {
 	.local_cas = rps__verbs_local_cas,
 	.cq_create = rps__verbs_cq_create,
 	.cq_destroy = rps__verbs_cq_destroy,
+	.cq_grow = rps__verbs_cq_grow,
 	.cq_poll = rps__verbs_cq_poll,
 	.cq_fd = rps__verbs_cq_fd,
 	.cq_arm = rps__verbs_cq_arm,

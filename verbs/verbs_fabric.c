@@ -541,6 +541,38 @@ void rps__verbs_cq_destroy(struct rps__cq *cq)
 	free(c);
 }
 
+/* At least twice the entries each time (a client adding endpoints one by
+ * one resizes a few times, not once per endpoint), within max_cqe.  The
+ * provider serializes a resize against polls (mlx5 and rxe hold the CQ's
+ * lock), and c->lock one grow against another. */
+int rps__verbs_cq_grow(struct rps__cq *cq, uint32_t depth)
+{
+	struct v_cq *c = VCQ(cq);
+	uint32_t max = (uint32_t)c->fab->dattr.max_cqe, want;
+	int ret = 0;
+
+	pthread_mutex_lock(&c->lock);
+	if (depth <= (uint32_t)c->cq->cqe)
+		goto out;
+	if (depth > max) {
+		ret = rps__seterr(-ENOSPC, "verbs: a completion queue of %u entries is needed and %s allows %u "
+				  "(max_cqe): connect to fewer endpoints (servers x serving threads)",
+				  depth, c->fab->name, max);
+		goto out;
+	}
+	want = RPS__MIN(RPS__MAX(depth, 2 * (uint32_t)c->cq->cqe), max);
+	ret = v_fault("ibv_resize_cq");
+	if (!ret)
+		ret = ibv_resize_cq(c->cq, (int)want);
+	if (ret) {
+		ret = rps__seterr(-ret, "ibv_resize_cq(%s, %u entries): %s", c->fab->name, want, strerror(ret));
+		goto out;
+	}
+out:
+	pthread_mutex_unlock(&c->lock);
+	return ret;
+}
+
 int rps__verbs_cq_fd(struct rps__cq *cq)
 {
 	return VCQ(cq)->epfd;

@@ -248,6 +248,7 @@ int rps__verbs_qp_rtr_rts(struct v_fab *f, struct rdma_cm_id *id, struct ibv_qp 
 void rps__verbs_qp_error(struct ibv_qp *qp);
 int rps__verbs_cq_create(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out);
 void rps__verbs_cq_destroy(struct rps__cq *cq);
+int rps__verbs_cq_grow(struct rps__cq *cq, uint32_t depth);
 int rps__verbs_cq_fd(struct rps__cq *cq);
 int rps__verbs_cq_arm(struct rps__cq *cq);
 void rps__verbs_table_add(struct v_cq *c, struct v_ep *ep);

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "rdmaps.h"
@@ -58,6 +59,24 @@ static int fault_count(const char *prefix)
 /* The caller's struct may be older (smaller) or newer (larger) than ours:
  * build the defaults in a struct of our own, then copy no more than the
  * caller has, zeroing the caller's members we do not know. */
+/* Address space for every connection a client may hold (MAX_CONNS: a
+ * thousand, ~2.5 KiB each), zero until touched: a client of 3 servers
+ * uses a page or two, and a connection never moves (ops, jobs and
+ * completions point at it).  NULL if out of address space. */
+static struct conn *conns_reserve(void)
+{
+	void *p = mmap(NULL, MAX_CONNS * sizeof(struct conn), PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void conns_release(struct conn *conns)
+{
+	if (conns)
+		munmap(conns, MAX_CONNS * sizeof(struct conn));
+}
+
 static void opts_copy_out(void *dst, size_t size, const void *ours, size_t our_size)
 {
 	memcpy(dst, ours, RPS__MIN(size, our_size));
@@ -133,7 +152,7 @@ RPS_EXPORT int rps_client_close(rps_client_t *cl)
 		}
 		rps__conn_free(&cl->conns[i]);
 	}
-	free(cl->conns);
+	conns_release(cl->conns);
 	rps__buffers_free(cl);
 	rps__mr_dereg(cl->implicit_mr);
 	rps__free_reg(cl, &cl->mapbuf, &cl->mapbuf_mr, RPS__MAP_BUF);
@@ -249,7 +268,7 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 	if (ret)
 		goto err;
 	cl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	cl->conns = calloc(MAX_CONNS, sizeof(*cl->conns));
+	cl->conns = conns_reserve();
 	if (cl->wake_fd < 0 || !cl->conns) {
 		ret = rps__seterr(-ENOMEM, "out of memory or file descriptors");
 		goto err;
@@ -284,7 +303,7 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		cl->implicit_mr = NULL;
 		rps__clearerr();
 	}
-	ret = rps__cq_create(cl->fab, MAX_CONNS * (MAX_SLOTS * 4 + NBOUNCE * 2 + CTRL_CREDITS * 2 + 32), &cl->cq);
+	ret = rps__cq_create(cl->fab, CQ_INITIAL_CONNS * CONN_CQ_SHARE, &cl->cq);
 	if (ret)
 		goto err;
 	ret = rps__alloc_reg(cl, RPS__MAP_BUF, RPS__ACCESS_LOCAL, &cl->mapbuf, &cl->mapbuf_mr);

@@ -46,8 +46,18 @@
 #define TORN_RETRIES 8		/* torn reads before asking the server to wait */
 #define MAX_SLOTS 64u	/* we use at most this many of a server's slots */
 /* Connections at most: one per member and serving thread of it (rdmapsd
- * --threads), as many as the completion queue is sized for. */
-#define MAX_CONNS 64u
+ * --threads), for the largest cluster a map holds.  cl->conns reserves
+ * address space for them all and touches what is used; the completion
+ * queue grows by CONN_CQ_SHARE as endpoints are added (verbs: within the
+ * device's max_cqe, about 90 endpoints on rxe, thousands on an HCA). */
+#define MAX_CONNS (RPS__SMAP_MAX_MEMBERS * RPS__PROTO_THREADS_MAX)
+/* A connection's queues: every slot's WRITE, atomic and READ, every
+ * bounce buffer's READs, the control sends (sq); every receive the server's
+ * send window may fill (rq).  The shared CQ holds both for every endpoint. */
+#define CONN_SQ_DEPTH (MAX_SLOTS * 3 + NBOUNCE * 2 + CTRL_CREDITS + 16)
+#define CONN_RQ_DEPTH (CTRL_CREDITS + MAX_SLOTS + 4 + RPS__STEP_DONE_WINDOW)
+#define CONN_CQ_SHARE (CONN_SQ_DEPTH + CONN_RQ_DEPTH)
+#define CQ_INITIAL_CONNS 2u	/* the CQ is first sized for this many (then grown) */
 #define PROBE_MS 500	/* a connection waited on this long without a completion is probed */
 #define PROBE_LEN 64
 /* A probe unanswered this long: the connection is lost.  Verbs gives up
@@ -272,7 +282,7 @@ struct conn {
 	uint32_t nrecv;
 	struct ctrl_entry ctrl[CTRL_CREDITS];
 	uint32_t nfree_ctrl;
-	struct shard_op *slot_op[1024];	/* slot -> op awaiting its ack */
+	struct shard_op *slot_op[MAX_SLOTS];	/* slot -> op awaiting its ack */
 	struct shard_op *qhead, *qtail;	/* waiting for a slot/bounce buffer */
 	struct shard_op *wqhead, *wqtail;	/* waiting for a control credit */
 	struct shard_op *shhead, *shtail;	/* locked pushes waiting for their shard */
@@ -301,7 +311,7 @@ struct rps_client {
 	uint64_t pushes_chained;	/* rps__client_pushes_chained (atomic) */
 	uint64_t pushes_requeued;	/* ... and those of them requeued */
 	uint64_t zc_pushes, zc_pulls;	/* rps__client_zcopy (atomic) */
-	struct conn *conns;	/* MAX_CONNS of them, nservers in use */
+	struct conn *conns;	/* MAX_CONNS reserved (rps__conns_reserve), nservers in use */
 	int nservers;
 	uint64_t conn_gen;	/* connections made so far (conn.gen) */
 	struct rps__smap map;	/* the shard map as last read */

@@ -205,14 +205,19 @@ int rps__conn_begin(struct rps_client *cl, struct conn *c, const struct rps__uri
 	c->index = index;
 	c->uri = *u;
 	rps__uri_str(u, c->name, sizeof(c->name));
-	c->nrecv = CTRL_CREDITS + MAX_SLOTS + 4 + RPS__STEP_DONE_WINDOW;	/* (the server's send window) */
+	c->nrecv = CONN_RQ_DEPTH;	/* (the server's send window) */
+	/* room on the shared CQ for this endpoint's queues (indexes are
+	 * dense: a dead connection's is reused for its member and thread) */
+	ret = rps__cq_grow(cl->cq, (uint32_t)(index + 1) * CONN_CQ_SHARE);
+	if (ret)
+		return ret;
 	ret = rps__alloc_reg(cl, (size_t)c->nrecv * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->rbufs, &c->rbufs_mr);
 	if (ret)
 		return ret;
 	ret = rps__alloc_reg(cl, (size_t)CTRL_CREDITS * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->sbufs, &c->sbufs_mr);
 	if (ret)
 		return ret;
-	attr->sq_depth = MAX_SLOTS * 3 + NBOUNCE * 2 + CTRL_CREDITS + 16;
+	attr->sq_depth = CONN_SQ_DEPTH;
 	attr->rq_depth = c->nrecv;
 	attr->max_inline = 64;
 	if ((!cl->keys || cl->keys_local) && !cl->insecure && !rps__host_is_loopback(u->host))
@@ -343,8 +348,13 @@ static int conn_stage(struct rps_client *cl, struct conn *c)
 
 int rps__conn_finish(struct rps_client *cl, struct conn *c)
 {
-	int ret = conn_stage(cl, c);
+	int ret;
 
+	/* (it sizes our connections to the member: MAX_CONNS holds them) */
+	if (c->hello.nthreads > RPS__PROTO_THREADS_MAX)
+		return rps__seterr(-EPROTO, "%s says %u serving threads: at most %u exist (a server of another version?)",
+				   c->name, c->hello.nthreads, RPS__PROTO_THREADS_MAX);
+	ret = conn_stage(cl, c);
 	if (ret)
 		return ret;
 	c->nfree_ctrl = CTRL_CREDITS;
@@ -559,8 +569,14 @@ static int endpoint_plan(struct rps_client *cl, const struct rps__smap_member *m
 		if (cl->conns[k].member_id == m->id && cl->conns[k].thread == thread)
 			break;
 	if (k == cl->nservers) {
-		if (*next == (int)MAX_CONNS)
+		if (*next == (int)MAX_CONNS) {
+			/* (members x threads fit; members replaced many times
+			 * over leave dead slots behind) */
+			rps__log(RPS__LOG_WARN, "member %llu thread %u: no room for another connection (%u held): "
+				 "its shards fail until the client is made again",
+				 (unsigned long long)m->id, thread, MAX_CONNS);
 			return 0;
+		}
 		k = (*next)++;
 	}
 	*conn = k;

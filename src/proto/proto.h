@@ -202,10 +202,15 @@ enum rps__hello_flags {
 	RPS__HELLO_TAKEOVER = 1u << 0,
 };
 
+/* Serving threads a server may announce: a worker holds a connection to
+ * each thread of each member (RPS__SMAP_MAX_MEMBERS x this at most). */
+#define RPS__PROTO_THREADS_MAX 16u
+
 struct rps__hello_rep {
 	uint64_t magic;
 	uint32_t version;
-	uint32_t nthreads;	/* serving threads (rdmapsd --threads; 0: one): the k-th
+	uint32_t nthreads;	/* serving threads (rdmapsd --threads; 0: one; at most
+				 * RPS__PROTO_THREADS_MAX): the k-th
 				 * listens on this port + k and serves the partitions
 				 * p with p % nthreads == k */
 	uint64_t member_id;	/* this server's id in the shard map */

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "proto/proto.h"
 #include "transport/uri.h"
 
 struct rps__server;
@@ -22,7 +23,7 @@ struct rps__keyring;
 #define RPS__SERVER_CONNS_MAX 4096u		/* --max-connections */
 #define RPS__SERVER_SPIN_US_MAX 1000000u	/* --spin-us: 1 s */
 #define RPS__TENSOR_SHARDS_MAX (1u << 24)	/* shards of one tensor (~120 B of metadata each) */
-#define RPS__SERVER_THREADS_MAX 16u		/* --threads */
+#define RPS__SERVER_THREADS_MAX RPS__PROTO_THREADS_MAX	/* --threads */
 
 struct rps__server_config {
 	struct rps__uri listen;		/* where to accept workers */

@@ -40,6 +40,7 @@ struct rps__transport_ops {
 			 uint64_t compare, uint64_t swap, uint64_t *old);
 	int (*cq_create)(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out);
 	void (*cq_destroy)(struct rps__cq *cq);
+	int (*cq_grow)(struct rps__cq *cq, uint32_t depth);	/* NULL: the queue grows by itself */
 	int (*cq_poll)(struct rps__cq *cq, struct rps__wc *wc, int n);
 	int (*cq_fd)(struct rps__cq *cq);
 	int (*cq_arm)(struct rps__cq *cq);

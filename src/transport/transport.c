@@ -107,6 +107,11 @@ int rps__cq_create(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out
 	return fab->ops->cq_create(fab, depth, out);
 }
 
+int rps__cq_grow(struct rps__cq *cq, uint32_t depth)
+{
+	return cq->fab->ops->cq_grow ? cq->fab->ops->cq_grow(cq, depth) : 0;
+}
+
 void rps__cq_destroy(struct rps__cq *cq)
 {
 	if (cq)

@@ -256,6 +256,12 @@ int rps__local_cas(struct rps__fabric *fab, struct rps__mr *mr, uint64_t *word,
 /* completion queues */
 int rps__cq_create(struct rps__fabric *fab, uint32_t depth, struct rps__cq **out);
 void rps__cq_destroy(struct rps__cq *cq);
+/* Make room for depth completions outstanding at once: a CQ shared by
+ * endpoints must hold all their queues' work requests (verbs: a CQ that
+ * overruns takes every QP on it down), and a client adds endpoints as it
+ * learns of servers.  Never shrinks.  0, or -ENOSPC past what the device
+ * allows (the error says how many). */
+int rps__cq_grow(struct rps__cq *cq, uint32_t depth);
 int rps__cq_poll(struct rps__cq *cq, struct rps__wc *wc, int n);	/* >= 0 completions */
 int rps__cq_fd(struct rps__cq *cq);	/* readable when rps__cq_poll may have work */
 /* Before sleeping on rps__cq_fd(): arm; if it returns 1, poll once more (a
