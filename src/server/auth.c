@@ -207,10 +207,10 @@ void rps__srv_auth_on_message(struct rps__server *srv, struct srv_conn *c, const
 		/* it counts from now on: the budget is asked again (the
 		 * accept's answer is old, others may have authenticated since) */
 		ret = -ECONNREFUSED;
-	} else if (!ret && rps__srv_conn_grow(srv, c)) {
+	} else if (!ret && (ret = rps__srv_conn_grow(srv, c))) {
 		/* (body is read no more: its buffer went with the small ones) */
 		rps__log(RPS__LOG_WARN, "%s %s: %s", rps__srv_role_name(c), rps__ep_peer(c->ep), rps__errbuf());
-		why = "server out of memory: raise rdmapsd --memory-limit";
+		why = ret == -ENOSPC ? RPS__SRV_WHY_CQ_FULL : "server out of memory: raise rdmapsd --memory-limit";
 		ret = -ECONNREFUSED;
 	}
 	if (ret) {

@@ -148,12 +148,29 @@ static void conn_release_bufs(struct rps__server *srv, struct srv_conn *c)
 	c->bufs.nsfree = 0;
 }
 
+int rps__srv_cq_charge(struct rps__server *srv, struct srv_conn *c, uint32_t entries)
+{
+	uint64_t total = srv->cq_charged - c->cq_charged + entries;
+	int ret;
+
+	if (entries > c->cq_charged) {
+		ret = rps__cq_grow(srv->cq, (uint32_t)RPS__MIN(CQ_SPARE + 2 * total, UINT32_MAX));
+		if (ret)
+			return ret;
+	}
+	srv->cq_charged = total;
+	c->cq_charged = entries;
+	return 0;
+}
+
 void rps__srv_conn_free(struct rps__server *srv, struct srv_conn *c)
 {
 	if (!c)
 		return;
 	rps__srv_auth_dial_free(c);
 	rps__ep_close(c->ep);
+	srv->cq_charged -= c->cq_charged;
+	c->cq_charged = 0;
 	conn_release_bufs(srv, c);
 	rps__mr_dereg(c->rd.mr);
 	free(c->rd.buf);
@@ -319,6 +336,9 @@ int rps__srv_conn_grow(struct rps__server *srv, struct srv_conn *c)
 
 	if (!c->bufs.lean)
 		return 0;
+	ret = rps__srv_cq_charge(srv, c, c->cq_full);
+	if (ret)
+		return ret;
 	/* (nothing of the small buffers is posted or in flight: the AUTH
 	 * that leads here was its one receive, and nothing was sent yet) */
 	memset(&n, 0, sizeof(n));
@@ -579,6 +599,14 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 		full_sizes(srv, c->role, &mm, &nr, &ns);
 		attr.sq_depth = ns + 8 + RPS__BIND_RESERVE + (rev ? REPL_SLOTS : 0);
 		attr.rq_depth = nr;
+	}
+	/* (lean: one receive, two sends until it proved its key) */
+	c->cq_full = attr.sq_depth + attr.rq_depth;
+	ret = rps__srv_cq_charge(srv, c, c->bufs.lean ? 3 : c->cq_full);
+	if (ret) {
+		rps__log(RPS__LOG_WARN, "connection refused: %s", rps__errbuf());
+		reject_with(req_, ret == -ENOSPC ? RPS__SRV_WHY_CQ_FULL : "server out of resources");
+		goto err_free;
 	}
 	attr.max_inline = 64;
 	req = priv;

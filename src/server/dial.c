@@ -47,6 +47,10 @@ int rps__srv_dial(struct rps__server *srv, struct srv_conn *c, enum srv_dial_kin
 		rps__auth_priv_init(&d->priv, &cur);
 		rps__key_clear(&cur);
 	}
+	c->cq_full = attr->sq_depth + attr->rq_depth;
+	ret = rps__srv_cq_charge(srv, c, c->cq_full);
+	if (ret)
+		return ret;
 	ret = rps__dial_start(srv->fab, u.host, u.port, srv->cq, attr, &d->priv, sizeof(d->priv), timeout_ms, &d->d);
 	if (ret)
 		return ret;

@@ -450,10 +450,8 @@ int rps__server_create(const struct rps__server_config *cfg, struct rps__server 
 	if (ret)
 		goto err_fabric;
 	rps__log(srv->place.warn ? RPS__LOG_WARN : RPS__LOG_INFO, "placement: %s", srv->place.reason);
-	ret = rps__cq_create(srv->fab, cfg->max_conns * 2 * (CTRL_CREDITS + cfg->nslots + 8) +
-			     (RPS__SMAP_MAX_MEMBERS + 8) * 2 * (PEER_RECV + PEER_SEND + 8) +
-			     RPS__SMAP_MAX_MEMBERS * 2 * (REPL_SLOTS + 8 + 16 + 8) +
-			     PREAUTH_MAX * 4 /* (a lean connection: 1 receive, 2 sends) */, &srv->cq);
+	/* grown as connections come (rps__srv_cq_charge) */
+	ret = rps__cq_create(srv->fab, CQ_SPARE, &srv->cq);
 	if (ret)
 		goto err_fabric;
 	ret = rps__listen(srv->fab, cfg->listen.host, cfg->listen.port, &srv->listener);

@@ -64,6 +64,12 @@
 #define PREAUTH_MAX 256u
 #define PREAUTH_PER_HOST 64u
 #define PREAUTH_MSG_MAX RPS__MSG_MAX	/* AUTH, AUTH_REP and AUTH_DONE fit */
+/* The shared CQ's entries beyond twice what its connections' queues are
+ * charged (rps__srv_cq_charge): what it is made with. */
+#define CQ_SPARE 1024u
+/* A connection refused for want of room on that CQ (the device's max_cqe):
+ * more serving threads are more CQs. */
+#define RPS__SRV_WHY_CQ_FULL "completion queue at max_cqe: raise rdmapsd --threads"
 #define ANNOUNCED_SQ_MAX 1024u	/* a connector's send queue depth: ours use < 256 */
 #define WRID_RECV 1u
 #define WRID_SEND 2u
@@ -271,6 +277,9 @@ struct srv_conn {
 	uint64_t client_id;
 	uint32_t owner;
 	uint64_t last_active_ns;	/* last completion (--idle-timeout-ms) */
+	/* entries of the shared CQ this connection's queues hold (conn.c,
+	 * rps__srv_cq_charge): a lean one's few until it authenticates */
+	uint32_t cq_charged, cq_full;
 	struct srv_conn_bufs bufs;	/* conn.c */
 	struct srv_conn_repl repl;	/* CONN_REPL (repl.h) */
 	struct srv_conn_sd sd;		/* workers, sync with backups (repl.h) */
@@ -396,6 +405,7 @@ struct rps__server {
 	size_t slot_size;
 	struct rps__fabric *fab;
 	struct rps__cq *cq;
+	uint64_t cq_charged;		/* entries its connections' queues hold (conn.c) */
 	struct rps__listener *listener;
 	struct rps__topo *topo;		/* hwloc: where memory and the serving thread go */
 	struct rps__placement place;
@@ -458,6 +468,11 @@ int rps__srv_conn_new(struct rps__server *srv, enum conn_role_kind role, struct 
  * big message buffers) replace the small one, and its receives are posted.
  * On failure (the memory limit, message set) it keeps the small ones. */
 int rps__srv_conn_grow(struct rps__server *srv, struct srv_conn *c);
+/* Charge c's queues to the shared CQ: `entries` in all now (its queues'
+ * depths, or a lean connection's few), the CQ grown to twice what every
+ * connection is charged (a closing one's completions drain while others
+ * come).  -ENOSPC past the device's max_cqe, the error says so. */
+int rps__srv_cq_charge(struct rps__server *srv, struct srv_conn *c, uint32_t entries);
 /* Why an authenticated connection of c's role would be one too many
  * (--max-connections, the admin slots), or NULL. */
 const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struct srv_conn *c);
