@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #define WAIT_MS		5000		/* a completion that takes longer is lost */
+#define TCP_HDR_BYTES	48		/* the tcp provider's frame header (tcp_codec.c) */
 #define SRV_LEN		(8u << 20)	/* main server region */
 #define SRV_RO_LEN	(64u << 10)	/* server region without REMOTE_WRITE */
 #define SRV_RECV_LEN	(64u << 10)	/* server receive buffers (local access) */
@@ -740,6 +741,86 @@ static void test_handshake_checks(void)
 	close(fd);
 }
 
+/* tcp: WRITE frames that arrive a few bytes at a time on two connections
+ * at once, so that the listener's reads end inside headers and payloads of
+ * both in turn (its endpoints read into their CQ's one buffer, each keeping
+ * the start of a header it has not all of yet): every byte lands where its
+ * frame said, and neither endpoint errs. */
+static void test_dribbled_frames(void)
+{
+	enum { NC = 2, NF = 40, FRAME_MAX = TCP_HDR_BYTES + 64, REGION = 32768 };
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	static uint8_t stream[NC][NF * FRAME_MAX], expect[NC][REGION];
+	size_t len[NC] = { 0 }, sent[NC] = { 0 };
+	struct rps__ep *sep[NC];
+	uint32_t k, f, i, off, step = 0;
+	uint64_t deadline;
+	uint8_t hello[72];
+	int fd[NC];
+	bool all;
+
+	if (g_kind != RPS__KIND_TCP || strcmp(g_addr, "127.0.0.1") != 0)
+		return;
+	memset(srv_mem, 0, NC * REGION);
+	memset(expect, 0, sizeof(expect));
+	sin.sin_port = htons(rps__listener_port(srv.listener));
+	for (k = 0; k < NC; k++) {
+		fd[k] = socket(AF_INET, SOCK_STREAM, 0);
+		CU_ASSERT_FATAL(fd[k] >= 0);
+		CU_ASSERT_FATAL(connect(fd[k], (struct sockaddr *)&sin, sizeof(sin)) == 0);
+		raw_hello(hello, 0x74535052u, 1, 1);	/* CONNECT */
+		CU_ASSERT_FATAL(send(fd[k], hello, sizeof(hello), MSG_NOSIGNAL) == (ssize_t)sizeof(hello));
+		CU_ASSERT_FATAL(raw_read(fd[k], hello, sizeof(hello)));
+		CU_ASSERT_EQUAL_FATAL(hello[6], 2);	/* ACCEPT */
+		sep[k] = server_take_ep();
+		CU_ASSERT_FATAL(sep[k] != NULL);
+		/* NF WRITEs of 1..60 bytes, one after the other in k's region */
+		for (f = 0, off = 0; f < NF; f++) {
+			uint32_t plen = 1 + (f * 13 + k * 5) % 60;
+			uint8_t *h = stream[k] + len[k];
+
+			memset(h, 0, TCP_HDR_BYTES);
+			h[0] = 2;	/* WRITE */
+			put_le(h + 4, plen, 4);
+			put_le(h + 8, f + 1, 4);	/* seq */
+			put_le(h + 12, rps__mr_rkey(srv_mr), 4);
+			put_le(h + 16, (uint64_t)(uintptr_t)(srv_mem + k * REGION + off), 8);
+			for (i = 0; i < plen; i++)
+				h[TCP_HDR_BYTES + i] = expect[k][off + i] = (uint8_t)(k * 97 + f * 31 + i + 1);
+			len[k] += TCP_HDR_BYTES + plen;
+			off += plen;
+		}
+	}
+	/* pieces of 1..23 bytes, the connections in turn, a pause between */
+	do {
+		all = true;
+		for (k = 0; k < NC; k++) {
+			size_t piece = RPS__MIN((size_t)(1 + (step * 7 + k * 3) % 23), len[k] - sent[k]);
+
+			if (piece) {
+				CU_ASSERT_FATAL(send(fd[k], stream[k] + sent[k], piece, MSG_NOSIGNAL) == (ssize_t)piece);
+				sent[k] += piece;
+			}
+			all &= sent[k] == len[k];
+		}
+		step++;
+		usleep(200);
+	} while (!all);
+	deadline = rps__now_ns() + WAIT_MS * 1000000ull;
+	while (memcmp(srv_mem, expect[0], REGION) || memcmp(srv_mem + REGION, expect[1], REGION)) {
+		if (rps__now_ns() > deadline)
+			break;
+		usleep(1000);
+	}
+	for (k = 0; k < NC; k++) {
+		CU_ASSERT(memcmp(srv_mem + k * REGION, expect[k], REGION) == 0);
+		CU_ASSERT_EQUAL(rps__ep_is_error(sep[k]), 0);
+		close(fd[k]);
+		rps__ep_close(sep[k]);
+	}
+	server_mailbox_reset();
+}
+
 /* ------------------------------------------------------------------------ */
 /* one-sided operations                                                     */
 
@@ -1020,6 +1101,66 @@ static void test_send_recv_burst(void)
 	CU_ASSERT_EQUAL(rps__ep_is_error(c.ep), 0);
 	CU_ASSERT_EQUAL(rps__ep_is_error(c.sep), 0);
 	conn_close(&c);
+}
+
+/* Two connections' WRITE streams into one server CQ at once (tcp: its
+ * endpoints read into one buffer in turn): hundreds of KiB in flight of
+ * odd-sized frames small enough to go through that buffer; every byte
+ * lands where its WRITE said.  (Reads that end inside a header:
+ * test_dribbled_frames.) */
+static void test_write_two_streams(void)
+{
+	enum { NW = 3000, NC = 2, SPAN = 4u << 20 };
+	struct rps__ep_attr attr = { .sq_depth = 512 };
+	uint32_t posted[NC] = { 0 }, done[NC] = { 0 }, off[NC] = { 0 }, i, k;
+	struct rps__wc wc[64];
+	struct conn c[NC];
+	uint64_t deadline;
+	bool more = true;
+	int n;
+
+	for (k = 0; k < NC; k++) {
+		CU_ASSERT_FATAL(conn_open_attr(&c[k], &attr) == 0);
+		for (i = 0; i < SPAN; i++)
+			cli_mem[k * SPAN + i] = (uint8_t)(i * 131 + k * 17 + (i >> 12));
+		memset(srv_mem + k * SPAN, 0, SPAN);
+	}
+	deadline = rps__now_ns() + 8 * WAIT_MS * 1000000ull;
+	while (more && rps__now_ns() < deadline) {
+		more = false;
+		for (k = 0; k < NC; k++) {
+			while (posted[k] < NW) {
+				/* 1..1,999 bytes: below the direct-read size, through the buffer */
+				uint32_t len = 1 + (posted[k] * 7919u + k * 101u) % 1999u;
+				struct rps__wr wr = wr_make(RPS__OP_WRITE, RPS__WR_SIGNALED, posted[k],
+							    cli_mem + k * SPAN + off[k], len, cli_mr,
+							    srv_mem + k * SPAN + off[k], rps__mr_rkey(srv_mr));
+				int ret = rps__post(c[k].ep, &wr, 1);
+
+				if (ret == -EAGAIN)
+					break;
+				CU_ASSERT_EQUAL_FATAL(ret, 0);
+				off[k] += len;
+				posted[k]++;
+			}
+			while ((n = rps__cq_poll(c[k].cq, wc, 64)) > 0)
+				for (i = 0; i < (uint32_t)n; i++) {
+					CU_ASSERT_EQUAL(wc[i].status, RPS__WC_SUCCESS);
+					CU_ASSERT_EQUAL(wc[i].wr_id, done[k]);
+					done[k]++;
+				}
+			more |= done[k] < NW;
+		}
+	}
+	for (k = 0; k < NC; k++) {
+		CU_ASSERT_EQUAL(done[k], NW);
+		CU_ASSERT(off[k] < SPAN);
+		CU_ASSERT(memcmp(srv_mem + k * SPAN, cli_mem + k * SPAN, off[k]) == 0);
+		CU_ASSERT_EQUAL(rps__ep_is_error(c[k].ep), 0);
+		CU_ASSERT_EQUAL(rps__ep_is_error(c[k].sep), 0);
+	}
+	for (k = 0; k < NC; k++)
+		conn_close(&c[k]);
 }
 
 static void test_send_too_large(void)
@@ -2095,6 +2236,7 @@ int main(void)
 		{ "reject with private data", test_reject_private_data },
 		{ "non-blocking dial: connects, times out on a silent listener, cancels", test_dial },
 		{ "handshake checks magic, byte order, version (tcp)", test_handshake_checks },
+		{ "frames a few bytes at a time on two connections at once (tcp)", test_dribbled_frames },
 		{ "WRITE then READ back", test_write_read_back },
 		{ "WRITEs then WRITE_IMM: data placed before the immediate", test_writes_then_write_imm },
 		{ "READ", test_read },
@@ -2104,6 +2246,7 @@ int main(void)
 		{ "CAS success and failure", test_cas },
 		{ "FADD", test_fadd },
 		{ "SEND/RECV burst beyond the posted receives", test_send_recv_burst },
+		{ "two connections' WRITE streams into one CQ: every byte where it was written", test_write_two_streams },
 		{ "SEND larger than the posted receive", test_send_too_large },
 		{ "unsignaled ops, a failing one still reported", test_unsignaled_with_failure },
 		{ "wrong rkey: nothing written, later ops flushed", test_wrong_rkey },

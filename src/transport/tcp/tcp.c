@@ -333,7 +333,8 @@ static int tcp_cq_create(struct rps__fabric *base, uint32_t depth, struct rps__c
 	cq->base.fab = base;
 	cq->cap = pow2_at_least(RPS__MAX(depth, 64u));
 	cq->ring = calloc(cq->cap, sizeof(*cq->ring));
-	if (!cq->ring) {
+	cq->rxbuf = malloc(TCP_RXBUF_SIZE);
+	if (!cq->ring || !cq->rxbuf) {
 		ret = rps__seterr(-ENOMEM, "cq_create: out of memory for %u completions", cq->cap);
 		goto err_free_cq;
 	}
@@ -373,6 +374,7 @@ err_close_ev:
 err_close_ep:
 	close(cq->epfd);
 err_free_ring:
+	free(cq->rxbuf);
 	free(cq->ring);
 err_free_cq:
 	free(cq);
@@ -388,6 +390,7 @@ static void tcp_cq_destroy(struct rps__cq *base)
 	close(cq->evfd);
 	close(cq->epfd);
 	free(cq->deferred);
+	free(cq->rxbuf);
 	free(cq->ring);
 	free(cq);
 }
@@ -517,22 +520,51 @@ static int tcp_cq_arm(struct rps__cq *base)
 /* ------------------------------------------------------------------------ */
 /* endpoints                                                                */
 
+static void resp_chunks_free(struct tcp_ep *ep)
+{
+	while (ep->resp_chunks) {
+		struct tcp_resp_chunk *next = ep->resp_chunks->next;
+		free(ep->resp_chunks);
+		ep->resp_chunks = next;
+	}
+}
+
+/* More response entries (rps__tcp_resp_alloc found none free): false at
+ * nresp_max, where the peer has exceeded the sq_depth it announced, or
+ * out of memory. */
+bool rps__tcp_resp_grow(struct tcp_ep *ep)
+{
+	uint32_t n = RPS__MIN(TCP_RESP_CHUNK, ep->nresp_max - ep->nresp_made), i;
+	struct tcp_resp_chunk *ch;
+
+	if (!n || !(ch = calloc(1, sizeof(*ch) + (size_t)n * sizeof(ch->e[0]))))
+		return false;
+	ch->next = ep->resp_chunks;
+	ep->resp_chunks = ch;
+	ep->nresp_made += n;
+	for (i = 0; i < n; i++)
+		rps__tcp_resp_free(ep, &ch->e[i]);
+	return true;
+}
+
 void rps__tcp_ep_free(struct tcp_ep *ep)
 {
 	if (ep->fab && ep->id)
 		windows_release(ep);
 	rps__tcp_unexpected_free_all(ep);
 	pthread_mutex_destroy(&ep->lock);
-	free(ep->rx.buf);
 	free(ep->recvs);
-	free(ep->resp_pool);
+	resp_chunks_free(ep);
 	free(ep->inline_buf);
 	free(ep->ops);
 	free(ep);
 }
 
-/* Everything an endpoint will ever need is allocated here: the hot path
- * does not allocate (early SENDs aside). */
+/* What an endpoint needs is allocated here: the hot path does not
+ * allocate, but for early SENDs and for response entries past the most
+ * the peer had in flight so far (rps__tcp_resp_grow, TCP_RESP_CHUNK at a
+ * time: a worker's few, not the 2 x its sq_depth it may have).  Its reads
+ * go through its CQ's buffer. */
 int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const struct ep_sizes *sz,
 		       uint32_t peer_sq_depth, const char *peer, struct tcp_ep **out)
 {
@@ -540,7 +572,6 @@ int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const 
 	uint32_t rq_ring = pow2_at_least(sz->rq_depth);
 	uint32_t nresp = 2 * peer_sq_depth + 1;	/* an answer + an ACK per peer op, at most */
 	struct tcp_ep *ep = NULL;
-	uint32_t i;
 	int ret;
 
 	ep = calloc(1, sizeof(*ep));
@@ -548,10 +579,8 @@ int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const 
 		return rps__seterr(-ENOMEM, "endpoint to %s: out of memory", peer);
 	ep->ops = calloc(sq_ring, sizeof(*ep->ops));
 	ep->inline_buf = malloc((size_t)sq_ring * sz->max_inline);
-	ep->resp_pool = calloc(nresp, sizeof(*ep->resp_pool));
 	ep->recvs = calloc(rq_ring, sizeof(*ep->recvs));
-	ep->rx.buf = malloc(TCP_RXBUF_SIZE);
-	if (!ep->ops || !ep->inline_buf || !ep->resp_pool || !ep->recvs || !ep->rx.buf) {
+	if (!ep->ops || !ep->inline_buf || !ep->recvs) {
 		ret = rps__seterr(-ENOMEM, "endpoint to %s: out of memory for queues (sq %u, rq %u, inline %u): "
 				  "ask for smaller depths", peer, sz->sq_depth, sz->rq_depth, sz->max_inline);
 		goto err_free_queues;
@@ -561,8 +590,7 @@ int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const 
 		ret = rps__seterr(-ret, "endpoint: pthread_mutex_init: %s", strerror(ret));
 		goto err_free_queues;
 	}
-	for (i = 0; i < nresp; i++)
-		rps__tcp_resp_free(ep, &ep->resp_pool[i]);
+	ep->nresp_max = nresp;
 
 	ep->base.fab = &fab->base;
 	ep->base.cq = &cq->base;
@@ -589,9 +617,7 @@ int rps__tcp_ep_create(struct tcp_fabric *fab, struct tcp_cq *cq, int fd, const 
 	return 0;
 
 err_free_queues:
-	free(ep->rx.buf);
 	free(ep->recvs);
-	free(ep->resp_pool);
 	free(ep->inline_buf);
 	free(ep->ops);
 	free(ep);

@@ -9,6 +9,7 @@
 #include "common/common.h"
 #include "transport/tcp/tcp_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -404,12 +405,18 @@ static ssize_t rx_read_direct(struct tcp_ep *ep)
 	return n;
 }
 
+/* Read what ep's socket holds (its CQ's poll_lock held: the CQ's buffer
+ * is ours until we return). */
 static void ep_rx(struct tcp_ep *ep)
 {
 	struct tcp_rx *rx = &ep->rx;
 	size_t budget = TCP_RX_BUDGET, want;
 	ssize_t n;
 
+	rx->buf = ep->cq->rxbuf;
+	memcpy(rx->buf, rx->carry, rx->ncarry);
+	rx->start = 0;
+	rx->end = rx->ncarry;
 	while (ep->conn == CONN_OPEN && budget) {
 		if (rx->in_payload && rx->start == rx->end && rx->remaining >= TCP_DIRECT_MIN) {
 			want = rx->remaining;
@@ -445,6 +452,12 @@ static void ep_rx(struct tcp_ep *ep)
 		if ((size_t)n < want)
 			break;	/* drained: spare the recv that would say EAGAIN, epoll is level-triggered */
 	}
+	/* parsing leaves at most a partial header on an open endpoint */
+	rx->ncarry = ep->conn == CONN_OPEN ? rx->end - rx->start : 0;
+	assert(rx->ncarry < TCP_HDR_SIZE);
+	memcpy(rx->carry, rx->buf + rx->start, rx->ncarry);
+	rx->buf = NULL;
+	rx->start = rx->end = 0;
 }
 
 /* Remember ep for a later flush (caller holds poll_lock); false if the

@@ -18,7 +18,7 @@
 #define TCP_MAGIC		0x74535052u	/* the bytes "RPSt" read as a LE u32 */
 #define TCP_VERSION		1
 #define TCP_HDR_SIZE		48
-#define TCP_RXBUF_SIZE		(128u * 1024)	/* one recv() takes this much */
+#define TCP_RXBUF_SIZE		(128u * 1024)	/* one recv() takes this much (the CQ's buffer) */
 #define TCP_DIRECT_MIN		(16u * 1024)	/* payload left to read straight into its destination */
 #define TCP_RX_BUDGET		(1u << 20)	/* bytes read from one endpoint per poll, for fairness */
 #define TCP_IOV_BATCH		64
@@ -139,6 +139,7 @@ struct tcp_cq {
 	 * atomic response, so the initiator wakes once, not twice. */
 	struct tcp_ep **deferred;
 	uint32_t ndeferred, deferred_cap;
+	uint8_t *rxbuf;			/* TCP_RXBUF_SIZE: the endpoints' reads, in turn (poll_lock) */
 };
 
 enum txe_kind {
@@ -205,10 +206,15 @@ enum rx_sink {
 	SINK_READ_RESP,		/* READ response into the initiator's local buffer */
 };
 
+/* An endpoint reads into its CQ's buffer (one per CQ, not per endpoint:
+ * a server of thousands of connections holds one), and keeps of it only
+ * what parsing leaves, at most a partial header, until its next read. */
 struct tcp_rx {
-	uint8_t *buf;
+	uint8_t *buf;		/* the CQ's rxbuf while ep_rx runs, else NULL */
 	uint32_t start;		/* unparsed bytes are buf[start, end) */
 	uint32_t end;
+	uint8_t carry[TCP_HDR_SIZE];	/* a header's first bytes, between reads */
+	uint32_t ncarry;
 	bool in_payload;
 	struct wire_hdr hdr;	/* the frame being received */
 	enum rx_sink sink;
@@ -223,6 +229,12 @@ enum tcp_conn_state {
 	CONN_OPEN,
 	CONN_DRAINING,	/* a NAK is queued: write what is queued, then shut down */
 	CONN_CLOSED,	/* out of epoll, nothing more is read or written */
+};
+
+#define TCP_RESP_CHUNK 16u	/* responses made at a time */
+struct tcp_resp_chunk {
+	struct tcp_resp_chunk *next;
+	struct tcp_txe e[];
 };
 
 struct tcp_ep {
@@ -253,7 +265,11 @@ struct tcp_ep {
 	/* outgoing frames, FIFO */
 	struct tcp_txe *tx_head;
 	struct tcp_txe *tx_tail;
-	struct tcp_txe *resp_pool;
+	/* responses: entries made as the peer's requests in flight reach a
+	 * new high (most peers keep a few in flight of the hundreds their
+	 * sq_depth allows), up to nresp_max; kept until the endpoint goes */
+	struct tcp_resp_chunk *resp_chunks;
+	uint32_t nresp_made, nresp_max;
 	struct tcp_txe *resp_free;
 	struct tcp_txe *ack_tail;	/* queued ACK that is the unsent tail: coalesce into it */
 	uint32_t ack_queued;		/* watermark carried by the last ACK queued */
@@ -456,10 +472,14 @@ static inline void rps__tcp_ep_complete(struct tcp_ep *ep, uint64_t wr_id, enum 
 	rps__tcp_cq_push(ep->cq, ep, wr_id, status, opcode, byte_len, imm);
 }
 
+bool rps__tcp_resp_grow(struct tcp_ep *ep);
+
 static inline struct tcp_txe *rps__tcp_resp_alloc(struct tcp_ep *ep)
 {
 	struct tcp_txe *txe = ep->resp_free;
 
+	if (!txe && rps__tcp_resp_grow(ep))
+		txe = ep->resp_free;
 	if (txe)
 		ep->resp_free = txe->next;
 	return txe;
