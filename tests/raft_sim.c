@@ -539,6 +539,8 @@ static void mirror_conf_apply(struct rps__raft_conf_state *cs, enum rps__raft_co
 {
 	bool voter = rps__raft_conf_is_voter(cs, node), learner = rps__raft_conf_is_learner(cs, node);
 
+	if ((op == RPS__RAFT_CONF_PROMOTE || op == RPS__RAFT_CONF_ADD_VOTER) && cs->n_voters >= RPS__RAFT_MAX_VOTERS)
+		return;		/* no room for a voter: changes nothing */
 	for (uint32_t i = 0; i < cs->n_learners; i++)
 		if (cs->learners[i] == node && (op == RPS__RAFT_CONF_REMOVE || op == RPS__RAFT_CONF_PROMOTE ||
 						op == RPS__RAFT_CONF_ADD_VOTER)) {

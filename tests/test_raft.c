@@ -1125,6 +1125,114 @@ static void test_membership_change_rules(void)
 	rps__raft_free(r);
 }
 
+/* A configuration holds at most RPS__RAFT_MAX_VOTERS voters: a new cluster
+ * starts with at most that many, a 17th is refused when proposed, and a
+ * conf entry that would make one (from a forged or foreign log) changes
+ * nothing when applied, alike on every node. */
+static void test_voter_bound(void)
+{
+	static struct rps__raft_snapshot snap;	/* 8 KiB: not on the stack */
+	static uint64_t peers[RPS__RAFT_MAX_VOTERS + 1];
+	uint8_t promote[9] = { RPS__RAFT_CONF_PROMOTE, 17 }, add[9] = { RPS__RAFT_CONF_ADD_VOTER, 18 };
+	struct rps__raft_entry ents[2] = {
+		{ .term = 1, .index = 2, .type = RPS__RAFT_ENTRY_CONF, .len = sizeof(promote), .data = promote },
+		{ .term = 1, .index = 3, .type = RPS__RAFT_ENTRY_CONF, .len = sizeof(add), .data = add },
+	};
+	struct rps__raft_persisted p = { .hard_state = { 1, 0, 1 }, .snapshot = &snap, .entries = ents, .n_entries = 2 };
+	struct rps__raft_config cfg = config(1, false, false);
+	struct rps__raft_status st;
+	struct rps__raft_msg m;
+	struct rps__raft *r = NULL;
+	struct got g;
+
+	CU_ASSERT_EQUAL(RPS__RAFT_MAX_VOTERS, 16);
+	for (unsigned i = 0; i <= RPS__RAFT_MAX_VOTERS; i++)
+		peers[i] = i + 1;
+	cfg.peers = peers;
+	cfg.n_peers = RPS__RAFT_MAX_VOTERS + 1;
+	CU_ASSERT_EQUAL(rps__raft_new(&cfg, NULL, &r), -EINVAL);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "at most 16 voters"));
+	cfg.n_peers = RPS__RAFT_MAX_VOTERS;
+	CU_ASSERT_EQUAL_FATAL(rps__raft_new(&cfg, NULL, &r), 0);
+	rps__raft_free(r);
+
+	/* restored: 16 voters and learner 17 fit, 17 voters or 1,025 nodes do not */
+	cfg = config(1, false, false);
+	memset(&snap, 0, sizeof(snap));
+	snap.index = 1;
+	snap.term = 1;
+	for (unsigned i = 0; i < RPS__RAFT_MAX_VOTERS; i++)
+		snap.conf.voters[snap.conf.n_voters++] = i + 1;
+	snap.conf.learners[snap.conf.n_learners++] = 17;
+	snap.conf.n_voters = RPS__RAFT_MAX_VOTERS + 1;
+	CU_ASSERT_EQUAL(rps__raft_new(&cfg, &p, &r), -EINVAL);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "17 voters"));
+	snap.conf.n_voters = RPS__RAFT_MAX_VOTERS;
+	snap.conf.n_learners = RPS__RAFT_MAX_NODES - RPS__RAFT_MAX_VOTERS + 1;
+	CU_ASSERT_EQUAL(rps__raft_new(&cfg, &p, &r), -EINVAL);
+	snap.conf.n_learners = 1;
+	/* the log's promotion of 17 and addition of voter 18 change nothing */
+	CU_ASSERT_EQUAL_FATAL(rps__raft_new(&cfg, &p, &r), 0);
+	drain(r, &g);
+	rps__raft_status(r, &st);
+	CU_ASSERT_EQUAL(st.last_index, 3);
+	CU_ASSERT_EQUAL(st.conf.n_voters, RPS__RAFT_MAX_VOTERS);
+	CU_ASSERT_EQUAL(st.conf.n_learners, 1);
+	CU_ASSERT_TRUE(rps__raft_conf_is_learner(&st.conf, 17));
+	CU_ASSERT_FALSE(rps__raft_conf_is_voter(&st.conf, 18) || rps__raft_conf_is_learner(&st.conf, 18));
+
+	/* elected by 8 others of 16, its no-op (4) committed by 8 others */
+	CU_ASSERT_EQUAL(rps__raft_campaign(r), 0);
+	drain(r, &g);
+	rps__raft_status(r, &st);
+	for (uint64_t id = 2; id <= 9; id++) {
+		m = msg(RPS__RAFT_MSG_VOTE_RESP, id, 1, st.term);
+		CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	}
+	drain(r, &g);
+	rps__raft_status(r, &st);
+	CU_ASSERT_EQUAL_FATAL(st.role, RPS__RAFT_LEADER);
+	for (uint64_t id = 2; id <= 9; id++) {
+		m = msg(RPS__RAFT_MSG_APP_RESP, id, 1, st.term);
+		m.index = 4;
+		CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	}
+	drain(r, &g);
+	rps__raft_status(r, &st);
+	CU_ASSERT_EQUAL_FATAL(st.commit, 4);
+	/* no 17th voter, whichever way */
+	CU_ASSERT_EQUAL(rps__raft_propose_conf_change(r, RPS__RAFT_CONF_PROMOTE, 17, NULL), -ENOSPC);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "at most 16 voters"));
+	CU_ASSERT_EQUAL(rps__raft_propose_conf_change(r, RPS__RAFT_CONF_ADD_VOTER, 18, NULL), -ENOSPC);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "add node 18 as a learner"));
+	/* nor through a snapshot: dropped unread */
+	snap.conf.n_voters = RPS__RAFT_MAX_VOTERS + 1;
+	m = msg(RPS__RAFT_MSG_SNAP, 2, 1, st.term);
+	m.snapshot = &snap;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), -EPROTO);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "too many voters"));
+	snap.conf.n_voters = RPS__RAFT_MAX_VOTERS;
+	/* once a voter left, 17 may take its place */
+	CU_ASSERT_EQUAL(rps__raft_propose_conf_change(r, RPS__RAFT_CONF_REMOVE, 16, NULL), 0);
+	drain(r, &g);
+	for (uint64_t id = 2; id <= 9; id++) {
+		m = msg(RPS__RAFT_MSG_APP_RESP, id, 1, st.term);
+		m.index = 5;
+		CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	}
+	m = msg(RPS__RAFT_MSG_APP_RESP, 17, 1, st.term);
+	m.index = 5;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	drain(r, &g);
+	CU_ASSERT_EQUAL(rps__raft_propose_conf_change(r, RPS__RAFT_CONF_PROMOTE, 17, NULL), 0);
+	drain(r, &g);
+	rps__raft_status(r, &st);
+	CU_ASSERT_EQUAL(st.conf.n_voters, RPS__RAFT_MAX_VOTERS);
+	CU_ASSERT_TRUE(rps__raft_conf_is_voter(&st.conf, 17));
+	CU_ASSERT_EQUAL(st.conf.n_learners, 0);
+	rps__raft_free(r);
+}
+
 static void test_removed_node_does_not_disrupt(void)
 {
 	struct sim *s = cluster_led_by(3, true, true, 1);
@@ -1905,6 +2013,7 @@ int main(void)
 		{ "transfer times out", test_leader_transfer_times_out },
 		{ "learner catches up, then promoted", test_learner_catches_up_then_promoted },
 		{ "membership change rules", test_membership_change_rules },
+		{ "at most 16 voters: a new cluster, proposals, the log, snapshots", test_voter_bound },
 		{ "removed node does not disrupt", test_removed_node_does_not_disrupt },
 		{ "unusable messages and strangers refused", test_unusable_messages_refused },
 		{ "appended entries out of order refused", test_app_entries_out_of_order_refused },

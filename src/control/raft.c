@@ -729,6 +729,10 @@ static const char *refuse_reason(const struct rps__raft *r, const struct rps__ra
 	if (m->type == RPS__RAFT_MSG_SNAP && m->snapshot &&
 	    (m->snapshot->term > m->term || m->snapshot->index > INDEX_MAX))
 		return "its snapshot is from a later term or at an impossible index";
+	/* the codec checks this too, but the core sizes its tallies by it */
+	if (m->type == RPS__RAFT_MSG_SNAP && m->snapshot &&
+	    !rps__raft_conf_fits(m->snapshot->conf.n_voters, m->snapshot->conf.n_learners))
+		return "its snapshot's configuration has too many voters or nodes";
 	if (m->type == RPS__RAFT_MSG_APP && !app_entries_ordered(m))
 		return "its entries' terms go down or pass the message's term";
 	if (m->type == RPS__RAFT_MSG_APP_RESP && !m->reject && r->role == RPS__RAFT_LEADER &&

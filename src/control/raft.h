@@ -78,6 +78,9 @@
 #define RPS__RAFT_NONE 0u
 /* Voters plus learners in one configuration. */
 #define RPS__RAFT_MAX_NODES 64u
+/* Voters of one configuration: what a quorum is drawn from (the product
+ * keeps 5), and so the bound of every vote tally and ack list. */
+#define RPS__RAFT_MAX_VOTERS 16u
 /* Largest entry payload and snapshot the codec accepts. */
 #define RPS__RAFT_MAX_DATA (64u << 20)
 
@@ -127,10 +130,12 @@ struct rps__raft_entry {
 	const void *data;		/* owned by whoever made the entry */
 };
 
+/* n_voters <= RPS__RAFT_MAX_VOTERS, n_voters + n_learners <=
+ * RPS__RAFT_MAX_NODES (rps__raft_conf_fits). */
 struct rps__raft_conf_state {
 	uint32_t n_voters;
 	uint32_t n_learners;
-	uint64_t voters[RPS__RAFT_MAX_NODES];
+	uint64_t voters[RPS__RAFT_MAX_VOTERS];
 	uint64_t learners[RPS__RAFT_MAX_NODES];
 };
 
@@ -317,6 +322,9 @@ int rps__raft_conf_change_decode(const struct rps__raft_entry *e, enum rps__raft
 				 uint64_t *node);
 bool rps__raft_conf_is_voter(const struct rps__raft_conf_state *cs, uint64_t id);
 bool rps__raft_conf_is_learner(const struct rps__raft_conf_state *cs, uint64_t id);
+/* Whether a configuration of that many voters and learners is within the
+ * bounds above: what a decoder checks before it trusts the counts. */
+bool rps__raft_conf_fits(uint64_t n_voters, uint64_t n_learners);
 
 /* Wire format (little-endian, versioned).  encoded_size gives the exact size;
  * encode returns -ENOSPC if cap is short; decode returns one allocation

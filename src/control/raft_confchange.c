@@ -38,9 +38,20 @@ bool rps__raft_conf_is_learner(const struct rps__raft_conf_state *cs, uint64_t i
 	return rps__raft_id_in(cs->learners, cs->n_learners, id);
 }
 
+bool rps__raft_conf_fits(uint64_t n_voters, uint64_t n_learners)
+{
+	return n_voters <= RPS__RAFT_MAX_VOTERS && n_learners <= RPS__RAFT_MAX_NODES &&
+	       n_voters + n_learners <= RPS__RAFT_MAX_NODES;
+}
+
 bool rps__raft_conf_has_room(const struct rps__raft_conf_state *cs)
 {
 	return cs->n_voters + cs->n_learners < RPS__RAFT_MAX_NODES;
+}
+
+bool rps__raft_conf_has_voter_room(const struct rps__raft_conf_state *cs)
+{
+	return cs->n_voters < RPS__RAFT_MAX_VOTERS;
 }
 
 /* Total and deterministic: every node applies the same entry the same way,
@@ -53,12 +64,10 @@ static void conf_apply(struct rps__raft_conf_state *cs, enum rps__raft_conf_op o
 		return;
 	switch (op) {
 	case RPS__RAFT_CONF_ADD_VOTER:
-		if (voter)
+		if (voter || !rps__raft_conf_has_voter_room(cs) || (!learner && !rps__raft_conf_has_room(cs)))
 			return;
 		if (learner)
 			id_remove(cs->learners, &cs->n_learners, id);
-		else if (!rps__raft_conf_has_room(cs))
-			return;
 		cs->voters[cs->n_voters++] = id;
 		return;
 	case RPS__RAFT_CONF_ADD_LEARNER:
@@ -67,7 +76,7 @@ static void conf_apply(struct rps__raft_conf_state *cs, enum rps__raft_conf_op o
 		cs->learners[cs->n_learners++] = id;
 		return;
 	case RPS__RAFT_CONF_PROMOTE:
-		if (!learner)
+		if (!learner || !rps__raft_conf_has_voter_room(cs))
 			return;
 		id_remove(cs->learners, &cs->n_learners, id);
 		cs->voters[cs->n_voters++] = id;

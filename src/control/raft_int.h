@@ -94,9 +94,9 @@ struct rps__raft {
 	unsigned n_prs;
 	uint64_t *inflight_pool;
 
-	unsigned n_votes;
-	uint64_t vote_from[RPS__RAFT_MAX_NODES];
-	bool vote_granted[RPS__RAFT_MAX_NODES];
+	unsigned n_votes;		/* voters only: only they vote */
+	uint64_t vote_from[RPS__RAFT_MAX_VOTERS];
+	bool vote_granted[RPS__RAFT_MAX_VOTERS];
 
 	struct read_request *reads;
 	unsigned n_reads;
@@ -161,6 +161,7 @@ bool rps__raft_quorum_active(struct rps__raft *r);
 /* raft_confchange.c: voters, learners, conf entries */
 bool rps__raft_id_in(const uint64_t *ids, uint32_t n, uint64_t id);
 bool rps__raft_conf_has_room(const struct rps__raft_conf_state *cs);
+bool rps__raft_conf_has_voter_room(const struct rps__raft_conf_state *cs);
 void rps__raft_conf_apply_entry(struct rps__raft_conf_state *cs, const struct rps__raft_entry *e);
 bool rps__raft_promotable(const struct rps__raft *r);
 void rps__raft_conf_changed(struct rps__raft *r);

@@ -135,9 +135,9 @@ int rps__raft_msg_encode(const struct rps__raft_msg *m, void *buf, size_t cap, s
 
 	if (need > cap)
 		return rps__seterr(-ENOSPC, "raft: message needs %zu bytes, buffer has %zu", need, cap);
-	if (m->snapshot && (m->snapshot->conf.n_voters > RPS__RAFT_MAX_NODES ||
-			    m->snapshot->conf.n_learners > RPS__RAFT_MAX_NODES))
-		return rps__seterr(-EINVAL, "raft: snapshot configuration too large to encode");
+	if (m->snapshot && !rps__raft_conf_fits(m->snapshot->conf.n_voters, m->snapshot->conf.n_learners))
+		return rps__seterr(-EINVAL, "raft: a snapshot configuration of %u voters and %u learners is too large"
+				   " to encode", m->snapshot->conf.n_voters, m->snapshot->conf.n_learners);
 	*p++ = WIRE_VERSION;
 	*p++ = m->type;
 	*p++ = m->reject;
@@ -218,8 +218,7 @@ static int wire_scan(const uint8_t *buf, size_t len, uint32_t *n_entries, bool *
 			return -EBADMSG;
 		nv = rps__le_get32(s + 16);
 		nl = rps__le_get32(s + 20);
-		if (nv > RPS__RAFT_MAX_NODES || nl > RPS__RAFT_MAX_NODES || nv + nl > RPS__RAFT_MAX_NODES ||
-		    !rps__reader_take(&rd, 8u * (nv + nl)))
+		if (!rps__raft_conf_fits(nv, nl) || !rps__reader_take(&rd, 8u * (nv + nl)))
 			return -EBADMSG;
 		s = rps__reader_take(&rd, 4);
 		if (!s)

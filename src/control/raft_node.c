@@ -410,8 +410,7 @@ static int persisted_from(const struct rps__wal_recovered *rec, struct rps__raft
 	if (rec->has_snapshot) {
 		const struct rps__wal_snapshot *ws = &rec->snapshot;
 
-		if (ws->n_voters > RPS__RAFT_MAX_NODES || ws->n_learners > RPS__RAFT_MAX_NODES ||
-		    ws->n_voters + ws->n_learners > RPS__RAFT_MAX_NODES || ws->len > RPS__RAFT_MAX_DATA)
+		if (!rps__raft_conf_fits(ws->n_voters, ws->n_learners) || ws->len > RPS__RAFT_MAX_DATA)
 			return rps__seterr(-EBADMSG, "rnode: snapshot %llu on disk has %zu voters, %zu learners and"
 					   " %zu bytes: too many; remove the directory and rejoin",
 					   (unsigned long long)ws->index, ws->n_voters, ws->n_learners, ws->len);

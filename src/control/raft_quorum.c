@@ -22,7 +22,7 @@ enum vote_result rps__raft_poll(struct rps__raft *r, uint64_t id, bool granted)
 	for (k = 0; k < r->n_votes; k++)
 		if (r->vote_from[k] == id)
 			break;
-	if (k == r->n_votes && k < RPS__RAFT_MAX_NODES && rps__raft_conf_is_voter(&r->conf, id)) {
+	if (k == r->n_votes && k < RPS__RAFT_MAX_VOTERS && rps__raft_conf_is_voter(&r->conf, id)) {
 		r->vote_from[k] = id;
 		r->vote_granted[k] = granted;
 		r->n_votes++;
@@ -54,7 +54,7 @@ int rps__raft_cmp_u64_desc(const void *a, const void *b)
  * (Raft figure 8); it commits along with the first one of ours. */
 bool rps__raft_maybe_commit(struct rps__raft *r)
 {
-	uint64_t matches[RPS__RAFT_MAX_NODES], mci;
+	uint64_t matches[RPS__RAFT_MAX_VOTERS], mci;	/* n_voters <= MAX_VOTERS: see raft.h */
 	uint32_t n = r->conf.n_voters;
 
 	if (!n)

@@ -72,10 +72,16 @@ int rps__raft_propose_conf_change(struct rps__raft *r, enum rps__raft_conf_op op
 			return rps__seterr(-EEXIST, "raft: node %llu is already a member", (unsigned long long)node);
 		if (!rps__raft_conf_has_room(&r->conf))
 			return rps__seterr(-ENOSPC, "raft: a configuration holds at most %u nodes", RPS__RAFT_MAX_NODES);
+		if (op == RPS__RAFT_CONF_ADD_VOTER && !rps__raft_conf_has_voter_room(&r->conf))
+			return rps__seterr(-ENOSPC, "raft: a configuration holds at most %u voters: add node %llu as a learner",
+					   RPS__RAFT_MAX_VOTERS, (unsigned long long)node);
 		break;
 	case RPS__RAFT_CONF_PROMOTE:
 		if (!learner)
 			return rps__seterr(-EINVAL, "raft: node %llu is not a learner", (unsigned long long)node);
+		if (!rps__raft_conf_has_voter_room(&r->conf))
+			return rps__seterr(-ENOSPC, "raft: cannot promote %llu: a configuration holds at most %u voters",
+					   (unsigned long long)node, RPS__RAFT_MAX_VOTERS);
 		/* a voter that cannot vote for lack of a log weakens the quorum */
 		pr = rps__raft_progress_find(r, node);
 		if (!pr || pr->match < r->log.committed)
@@ -286,8 +292,9 @@ static int validate_config(const struct rps__raft_config *cfg)
 				   cfg->heartbeat_ticks, cfg->election_ticks);
 	if (cfg->max_inflight_msgs < 1 || cfg->max_msg_entries < 1)
 		return rps__seterr(-EINVAL, "raft: max_inflight_msgs and max_msg_entries must be >= 1");
-	if (cfg->n_peers > RPS__RAFT_MAX_NODES)
-		return rps__seterr(-EINVAL, "raft: at most %u peers", RPS__RAFT_MAX_NODES);
+	if (cfg->n_peers > RPS__RAFT_MAX_VOTERS)
+		return rps__seterr(-EINVAL, "raft: %zu peers: a new cluster starts with at most %u voters",
+				   cfg->n_peers, RPS__RAFT_MAX_VOTERS);
 	if (cfg->boot_state_len > UINT32_MAX || (cfg->boot_state_len && !cfg->boot_state))
 		return rps__seterr(-EINVAL, "raft: a bootstrap state of %zu bytes", cfg->boot_state_len);
 	for (size_t i = 0; i < cfg->n_peers; i++) {
@@ -309,8 +316,10 @@ static int restore_persisted(struct rps__raft *r, const struct rps__raft_persist
 	if (p->snapshot) {
 		const struct rps__raft_snapshot *s = p->snapshot;
 
-		if (s->conf.n_voters + s->conf.n_learners > RPS__RAFT_MAX_NODES)
-			return rps__seterr(-EINVAL, "raft: restored snapshot has too many members");
+		if (!rps__raft_conf_fits(s->conf.n_voters, s->conf.n_learners))
+			return rps__seterr(-EINVAL, "raft: restored snapshot has %u voters and %u learners: at most %u"
+					   " voters and %u nodes", s->conf.n_voters, s->conf.n_learners,
+					   RPS__RAFT_MAX_VOTERS, RPS__RAFT_MAX_NODES);
 		err = rps__raft_set_snapshot(r, s);
 		if (err)
 			return err;
