@@ -1670,6 +1670,48 @@ static void test_read_index(void)
 	rps__raft_free(r);
 }
 
+/* Learners answer heartbeats too, but only voters confirm a read: a
+ * thousand learners' acks must neither count nor crowd the voters' out. */
+static void test_read_index_counts_voters_only(void)
+{
+	static struct rps__raft_snapshot snap = {
+		.index = 1, .term = 1, .conf = { .n_voters = 3, .voters = { 1, 2, 3 } },
+	};
+	struct rps__raft_persisted p = { .hard_state = { 1, 0, 1 }, .snapshot = &snap };
+	struct rps__raft_config cfg = config(1, false, false);
+	struct rps__raft_msg m;
+	struct rps__raft *r;
+	struct got g;
+
+	/* more learners than a read has room for acks */
+	for (snap.conf.n_learners = 0; snap.conf.n_learners < RPS__RAFT_MAX_VOTERS + 4; snap.conf.n_learners++)
+		snap.conf.learners[snap.conf.n_learners] = 4 + snap.conf.n_learners;
+	CU_ASSERT_EQUAL_FATAL(rps__raft_new(&cfg, &p, &r), 0);
+	drain(r, &g);
+	elect(r, &g);
+	m = msg(RPS__RAFT_MSG_APP_RESP, 2, 1, 2);
+	m.index = 2;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	drain(r, &g);
+	CU_ASSERT_EQUAL(rps__raft_read_index(r, 77), 0);
+	drain(r, &g);
+	CU_ASSERT_EQUAL(must_find(&g, RPS__RAFT_MSG_HEARTBEAT, 4)->context, 77);
+	for (uint64_t id = 4; id < 4 + snap.conf.n_learners; id++) {
+		m = msg(RPS__RAFT_MSG_HEARTBEAT_RESP, id, 1, 2);
+		m.context = 77;
+		CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	}
+	drain(r, &g);
+	CU_ASSERT_EQUAL(g.n_read_states, 0);	/* the leader and learners: no quorum */
+	m = msg(RPS__RAFT_MSG_HEARTBEAT_RESP, 3, 1, 2);
+	m.context = 77;
+	CU_ASSERT_EQUAL(rps__raft_step(r, &m), 0);
+	drain(r, &g);
+	CU_ASSERT_EQUAL_FATAL(g.n_read_states, 1);
+	CU_ASSERT_EQUAL(g.rs[0].ctx, 77);
+	rps__raft_free(r);
+}
+
 /* ------------------------------------------------------------------------ */
 /* wire codec */
 
@@ -2021,6 +2063,7 @@ int main(void)
 		{ "restart recovers persisted state", test_restart_recovers_persisted_state },
 		{ "shard map commands through Raft", test_shard_map_through_raft },
 		{ "ReadIndex", test_read_index },
+		{ "ReadIndex: only voters' acks count", test_read_index_counts_voters_only },
 		{ "codec round trip", test_codec_roundtrip },
 		{ "codec rejects malformed input", test_codec_rejects_malformed },
 	};

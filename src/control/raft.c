@@ -332,6 +332,16 @@ int rps__raft_read_request_add(struct rps__raft *r, uint64_t from, uint64_t ctx)
 	return 0;
 }
 
+static void drop_non_voter_acks(const struct rps__raft *r, struct read_request *rq)
+{
+	unsigned k = 0;
+
+	for (unsigned i = 0; i < rq->n_acks; i++)
+		if (rps__raft_conf_is_voter(&r->conf, rq->acks[i]))
+			rq->acks[k++] = rq->acks[i];
+	rq->n_acks = k;
+}
+
 static void read_ack(struct rps__raft *r, uint64_t from, uint64_t ctx)
 {
 	struct read_request *rq = NULL;
@@ -344,8 +354,14 @@ static void read_ack(struct rps__raft *r, uint64_t from, uint64_t ctx)
 		}
 	if (!rq)
 		return;
-	if (!rps__raft_id_in(rq->acks, rq->n_acks, from) && rq->n_acks < RPS__RAFT_MAX_NODES)
-		rq->acks[rq->n_acks++] = from;
+	/* Only voters' acks count, so only they are kept: learners answer
+	 * heartbeats too, and there may be a thousand of them. */
+	if (rps__raft_conf_is_voter(&r->conf, from) && !rps__raft_id_in(rq->acks, rq->n_acks, from)) {
+		if (rq->n_acks == RPS__RAFT_MAX_VOTERS)
+			drop_non_voter_acks(r, rq);	/* voters removed since: room for from */
+		if (rq->n_acks < RPS__RAFT_MAX_VOTERS)
+			rq->acks[rq->n_acks++] = from;
+	}
 	for (unsigned i = 0; i < rq->n_acks; i++)
 		if (rps__raft_conf_is_voter(&r->conf, rq->acks[i]))
 			votes++;

@@ -53,7 +53,7 @@ struct read_request {
 	uint64_t index;			/* commit index when the read arrived */
 	uint64_t from;
 	unsigned n_acks;
-	uint64_t acks[RPS__RAFT_MAX_NODES];
+	uint64_t acks[RPS__RAFT_MAX_VOTERS];	/* voters only: only they count */
 };
 
 /* ents[i] holds index snap_index + 1 + i. */
