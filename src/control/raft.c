@@ -158,7 +158,7 @@ static void become_leader(struct rps__raft *r)
 	r->role = RPS__RAFT_LEADER;
 	self = rps__raft_progress_find(r, r->id);
 	if (self) {
-		rps__raft_pr_become_replicate(self);
+		rps__raft_pr_become_replicate(r, self);
 		self->recent_active = true;
 	}
 	/* Commit something of our own term: only then is everything before it
@@ -414,13 +414,13 @@ static void step_leader(struct rps__raft *r, const struct rps__raft_msg *m)
 				return;
 			switch (pr->state) {
 			case RPS__RAFT_PROGRESS_PROBE:
-				rps__raft_pr_become_replicate(pr);
+				rps__raft_pr_become_replicate(r, pr);
 				break;
 			case RPS__RAFT_PROGRESS_SNAPSHOT:
 				if (pr->match >= pr->pending_snapshot || pr->match + 1 > r->log.snap_index) {
 					rps__raft_pr_become_probe(pr);
 					if (pr->match + 1 > r->log.snap_index)
-						rps__raft_pr_become_replicate(pr);
+						rps__raft_pr_become_replicate(r, pr);
 				}
 				break;
 			case RPS__RAFT_PROGRESS_REPLICATE:

@@ -124,11 +124,9 @@ void rps__raft_conf_changed(struct rps__raft *r)
 		struct progress *pr = &r->prs[i];
 
 		if (!rps__raft_conf_is_voter(&r->conf, pr->id) && !rps__raft_conf_is_learner(&r->conf, pr->id)) {
-			struct progress tmp = *pr;	/* swap, so the slot keeps its buffer */
-
-			*pr = r->prs[r->n_prs - 1];
-			r->prs[r->n_prs - 1] = tmp;
-			r->n_prs--;
+			rps__raft_progress_free(pr);
+			*pr = r->prs[--r->n_prs];
+			r->prs[r->n_prs].ins.buf = NULL;	/* moved to pr, or freed above */
 			continue;
 		}
 		pr->is_learner = rps__raft_conf_is_learner(&r->conf, pr->id);

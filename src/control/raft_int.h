@@ -29,7 +29,7 @@
  * append message not yet acknowledged */
 
 struct inflights {
-	uint64_t *buf;
+	uint64_t *buf;			/* cap slots, malloc'ed on entering replicate */
 	unsigned start;
 	unsigned count;
 	unsigned cap;
@@ -90,9 +90,9 @@ struct rps__raft {
 	struct rps__raft_conf_state conf;	/* in force: the latest in the log */
 	uint64_t conf_index;		/* index of that entry, 0 if from the snapshot */
 
+	/* prs[0..n_prs): one per member; a slot past n_prs owns no window */
 	struct progress prs[RPS__RAFT_MAX_NODES];
 	unsigned n_prs;
-	uint64_t *inflight_pool;
 
 	unsigned n_votes;		/* voters only: only they vote */
 	uint64_t vote_from[RPS__RAFT_MAX_VOTERS];
@@ -143,12 +143,13 @@ void rps__raft_inflights_free_first(struct inflights *in);
 struct progress *rps__raft_progress_find(struct rps__raft *r, uint64_t id);
 void rps__raft_pr_reset_state(struct progress *pr, enum rps__raft_progress_state state);
 void rps__raft_pr_become_probe(struct progress *pr);
-void rps__raft_pr_become_replicate(struct progress *pr);
+void rps__raft_pr_become_replicate(struct rps__raft *r, struct progress *pr);
 void rps__raft_pr_become_snapshot(struct progress *pr, uint64_t index);
 bool rps__raft_pr_maybe_update(struct progress *pr, uint64_t n);
 bool rps__raft_pr_maybe_decr_to(struct progress *pr, uint64_t rejected, uint64_t match_hint);
 bool rps__raft_pr_paused(const struct progress *pr);
 void rps__raft_progress_init(struct rps__raft *r, struct progress *pr, uint64_t id);
+void rps__raft_progress_free(struct progress *pr);
 void rps__raft_progress_reset_all(struct rps__raft *r);
 
 /* raft_quorum.c: commit index, vote tally, CheckQuorum */

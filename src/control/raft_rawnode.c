@@ -420,12 +420,9 @@ int rps__raft_new(const struct rps__raft_config *cfg, const struct rps__raft_per
 	r->cfg.boot_state = NULL;
 	r->rng = cfg->seed ^ (cfg->id * 0x9e3779b97f4a7c15ull);
 	err = -ENOMEM;
-	r->inflight_pool = calloc((size_t)RPS__RAFT_MAX_NODES * cfg->max_inflight_msgs, sizeof(uint64_t));
 	r->reads = calloc(READS_MAX, sizeof(*r->reads));
-	if (!r->inflight_pool || !r->reads)
+	if (!r->reads)
 		goto fail_core;
-	for (unsigned i = 0; i < RPS__RAFT_MAX_NODES; i++)
-		r->prs[i].ins.buf = r->inflight_pool + (size_t)i * cfg->max_inflight_msgs;
 
 	if (restored && (restored->snapshot || restored->n_entries || restored->hard_state.term))
 		err = restore_persisted(r, restored);
@@ -443,7 +440,6 @@ fail_log:
 	free((void *)r->snap.data);
 fail_core:
 	free(r->reads);
-	free(r->inflight_pool);
 	free(r);
 	return err == -ENOMEM ? rps__seterr(err, "raft: no memory to create node %llu",
 					    (unsigned long long)cfg->id) : err;
@@ -459,7 +455,8 @@ void rps__raft_free(struct rps__raft *r)
 	rps__raft_log_free(&r->log);
 	free((void *)r->snap.data);
 	free(r->reads);
-	free(r->inflight_pool);
+	for (unsigned i = 0; i < r->n_prs; i++)
+		rps__raft_progress_free(&r->prs[i]);
 	free(r);
 }
 

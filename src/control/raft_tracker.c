@@ -7,6 +7,8 @@
 #include "control/raft_int.h"
 #include "common/common.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 
@@ -67,8 +69,22 @@ void rps__raft_pr_become_probe(struct progress *pr)
 	pr->next = RPS__MAX(pr->match + 1, after);
 }
 
-void rps__raft_pr_become_replicate(struct progress *pr)
+/* The in-flight window is allocated here, when a leader first pipelines to
+ * the follower, not when its progress is made: every node tracks every
+ * member, and windows for a thousand members would weigh on followers that
+ * never use them.  Without memory it stays probing, which needs no window,
+ * and the core is broken (raft.c). */
+void rps__raft_pr_become_replicate(struct rps__raft *r, struct progress *pr)
 {
+	if (!pr->ins.buf) {
+		pr->ins.buf = calloc(pr->ins.cap, sizeof(*pr->ins.buf));
+		if (!pr->ins.buf) {
+			rps__seterr(-ENOMEM, "raft %llu: no memory for the in-flight window of %llu",
+				    (unsigned long long)r->id, (unsigned long long)pr->id);
+			rps__raft_fail(r, -ENOMEM);
+			return;
+		}
+	}
 	rps__raft_pr_reset_state(pr, RPS__RAFT_PROGRESS_REPLICATE);
 	pr->next = pr->match + 1;
 }
@@ -123,18 +139,24 @@ bool rps__raft_pr_paused(const struct progress *pr)
 	return true;
 }
 
+/* A fresh progress, without a window until it replicates: a role change
+ * starts every progress afresh, so only a leader's followers hold one. */
 void rps__raft_progress_init(struct rps__raft *r, struct progress *pr, uint64_t id)
 {
-	uint64_t *buf = pr->ins.buf;	/* each slot keeps its window buffer */
-
+	rps__raft_progress_free(pr);
 	memset(pr, 0, sizeof(*pr));
-	pr->ins.buf = buf;
 	pr->ins.cap = r->cfg.max_inflight_msgs;
 	pr->id = id;
 	pr->next = rps__raft_log_last(&r->log) + 1;
 	pr->state = RPS__RAFT_PROGRESS_PROBE;
 	if (id == r->id)
 		pr->match = rps__raft_log_last(&r->log);
+}
+
+void rps__raft_progress_free(struct progress *pr)
+{
+	free(pr->ins.buf);
+	pr->ins.buf = NULL;
 }
 
 void rps__raft_progress_reset_all(struct rps__raft *r)
