@@ -600,8 +600,9 @@ static void check_node(struct sim *s, struct sim_node *n)
 	 * folded over the snapshot's; checkable when the disk holds the same
 	 * snapshot as the core */
 	if (n->st.has_snap && n->st.snap.index == st.snapshot_index) {
-		struct rps__raft_conf_state cs = n->st.snap.conf;
+		struct rps__raft_conf_state cs;
 
+		rps__raft_conf_copy(&cs, &n->st.snap.conf);	/* not the empty slots: this runs at every step */
 		for (uint64_t i = st.snapshot_index + 1; i <= st.last_index; i++) {
 			const struct rps__raft_entry *e;
 			enum rps__raft_conf_op op;

@@ -311,6 +311,9 @@ int rps__raft_ready(struct rps__raft *r, struct rps__raft_ready *rd);
 int rps__raft_advance(struct rps__raft *r, const struct rps__raft_ready *rd);
 
 uint64_t rps__raft_leader(const struct rps__raft *r);
+/* st->conf is filled up to its counts only, the slots past them left as
+ * they were: there is room for RPS__RAFT_MAX_NODES learners, mostly unused,
+ * and status is called often. */
 void rps__raft_status(const struct rps__raft *r, struct rps__raft_status *st);
 /* The entry at index from the in-memory log, -ENOENT if compacted or beyond. */
 int rps__raft_entry_at(const struct rps__raft *r, uint64_t index, const struct rps__raft_entry **e);
@@ -325,6 +328,9 @@ bool rps__raft_conf_is_learner(const struct rps__raft_conf_state *cs, uint64_t i
 /* Whether a configuration of that many voters and learners is within the
  * bounds above: what a decoder checks before it trusts the counts. */
 bool rps__raft_conf_fits(uint64_t n_voters, uint64_t n_learners);
+/* *dst = *src, but only the counts and the ids they cover, not the unused
+ * slots (src must fit the bounds). */
+void rps__raft_conf_copy(struct rps__raft_conf_state *dst, const struct rps__raft_conf_state *src);
 
 /* Wire format (little-endian, versioned).  encoded_size gives the exact size;
  * encode returns -ENOSPC if cap is short; decode returns one allocation

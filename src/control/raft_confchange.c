@@ -44,6 +44,14 @@ bool rps__raft_conf_fits(uint64_t n_voters, uint64_t n_learners)
 	       n_voters + n_learners <= RPS__RAFT_MAX_NODES;
 }
 
+void rps__raft_conf_copy(struct rps__raft_conf_state *dst, const struct rps__raft_conf_state *src)
+{
+	dst->n_voters = src->n_voters;
+	dst->n_learners = src->n_learners;
+	memcpy(dst->voters, src->voters, src->n_voters * sizeof(src->voters[0]));
+	memcpy(dst->learners, src->learners, src->n_learners * sizeof(src->learners[0]));
+}
+
 bool rps__raft_conf_has_room(const struct rps__raft_conf_state *cs)
 {
 	return cs->n_voters + cs->n_learners < RPS__RAFT_MAX_NODES;

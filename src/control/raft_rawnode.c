@@ -9,6 +9,7 @@
 #include "common/le.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -467,7 +468,8 @@ uint64_t rps__raft_leader(const struct rps__raft *r)
 
 void rps__raft_status(const struct rps__raft *r, struct rps__raft_status *st)
 {
-	memset(st, 0, sizeof(*st));
+	/* not conf: status is called often, and conf is mostly unused slots */
+	memset(st, 0, offsetof(struct rps__raft_status, conf));
 	st->id = r->id;
 	st->role = r->role;
 	st->term = r->term;
@@ -479,7 +481,7 @@ void rps__raft_status(const struct rps__raft *r, struct rps__raft_status *st)
 	st->last_index = rps__raft_log_last(&r->log);
 	st->lead_transferee = r->lead_transferee;
 	st->promotable = rps__raft_promotable(r);
-	st->conf = r->conf;
+	rps__raft_conf_copy(&st->conf, &r->conf);
 	st->refused = r->refused;
 }
 
