@@ -16,6 +16,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/le.h"
 #include "control/raft.h"
 #include "raft_sim.h"
 #include "lib/cutest.h"
@@ -1886,6 +1887,73 @@ static void test_codec_rejects_malformed(void)
 	}
 }
 
+/* A configuration at the bounds (16 voters, 1,024 nodes) crosses the wire;
+ * counts past them are refused by the encoder, and by the decoder even
+ * when the ids they claim are all there. */
+static void test_codec_conf_bounds(void)
+{
+	static struct rps__raft_snapshot big;	/* 8 KiB: not on the stack */
+	const size_t counts_at = 73 + 16, ids_end = 73 + 24 + 8u * RPS__RAFT_MAX_NODES;
+	struct rps__raft_msg m = msg(RPS__RAFT_MSG_SNAP, 1, 2, 7), *out = NULL;
+	size_t len, blen;
+	uint8_t *buf, *bad;
+
+	memset(&big, 0, sizeof(big));
+	big.index = 99;
+	big.term = 7;
+	big.len = 5;
+	big.data = "state";
+	for (unsigned i = 0; i < RPS__RAFT_MAX_VOTERS; i++)
+		big.conf.voters[big.conf.n_voters++] = i + 1;
+	for (unsigned i = 0; i < RPS__RAFT_MAX_NODES - RPS__RAFT_MAX_VOTERS; i++)
+		big.conf.learners[big.conf.n_learners++] = 1000 + i;
+	CU_ASSERT_EQUAL(big.conf.n_learners, 1008);
+	m.snapshot = &big;
+	len = rps__raft_msg_encoded_size(&m);
+	CU_ASSERT_EQUAL_FATAL(len, ids_end + 4 + 5);
+	buf = malloc(len);
+	bad = malloc(len + 8);
+	CU_ASSERT_FATAL(buf && bad);
+	CU_ASSERT_EQUAL_FATAL(rps__raft_msg_encode(&m, buf, len, &len), 0);
+	CU_ASSERT_EQUAL_FATAL(rps__raft_msg_decode(buf, len, &out), 0);
+	assert_same_msg(&m, out);
+	rps__raft_msg_free(out);
+
+	/* the encoder: 17 voters, or 16 and 1,009 learners */
+	big.conf.n_voters = 17;
+	CU_ASSERT_EQUAL(rps__raft_msg_encode(&m, bad, len + 8, &blen), -EINVAL);
+	big.conf.n_voters = 16;
+	big.conf.learners[big.conf.n_learners++] = 5000;
+	CU_ASSERT_EQUAL(rps__raft_msg_encode(&m, bad, len + 8, &blen), -EINVAL);
+	big.conf.n_learners--;
+
+	/* the decoder: 17 voters and 1,007 learners, every id there */
+	memcpy(bad, buf, len);
+	rps__le_put32(bad + counts_at, 17);
+	rps__le_put32(bad + counts_at + 4, 1007);
+	CU_ASSERT_EQUAL(rps__raft_msg_decode(bad, len, &out), -EBADMSG);
+	CU_ASSERT_PTR_NULL(out);
+	/* (15 and 1,009 of the same bytes are fine: it is the bound) */
+	rps__le_put32(bad + counts_at, 15);
+	rps__le_put32(bad + counts_at + 4, 1009);
+	CU_ASSERT_EQUAL_FATAL(rps__raft_msg_decode(bad, len, &out), 0);
+	CU_ASSERT_EQUAL(out->snapshot->conf.n_voters, 15);
+	CU_ASSERT_EQUAL(out->snapshot->conf.learners[0], 16);
+	rps__raft_msg_free(out);
+	/* 1,025 nodes, the 1,025th id inserted: as 16 + 1,009 and as 0 + 1,025 */
+	memcpy(bad, buf, ids_end);
+	rps__le_put64(bad + ids_end, 5000);
+	memcpy(bad + ids_end + 8, buf + ids_end, len - ids_end);
+	rps__le_put32(bad + counts_at + 4, 1009);
+	CU_ASSERT_EQUAL(rps__raft_msg_decode(bad, len + 8, &out), -EBADMSG);
+	rps__le_put32(bad + counts_at, 0);
+	rps__le_put32(bad + counts_at + 4, 1025);
+	CU_ASSERT_EQUAL(rps__raft_msg_decode(bad, len + 8, &out), -EBADMSG);
+	CU_ASSERT_PTR_NULL(out);
+	free(buf);
+	free(bad);
+}
+
 /* ------------------------------------------------------------------------ */
 /* the checker and the simulator */
 
@@ -2066,6 +2134,7 @@ int main(void)
 		{ "ReadIndex: only voters' acks count", test_read_index_counts_voters_only },
 		{ "codec round trip", test_codec_roundtrip },
 		{ "codec rejects malformed input", test_codec_rejects_malformed },
+		{ "codec: 16 voters and 1,024 nodes pass, more do not", test_codec_conf_bounds },
 	};
 	static const struct cutest sim_tests[] = {
 		{ "linearisability checker", test_linearizability_checker },

@@ -16,6 +16,7 @@
  */
 #include "config.h"
 #include "control/raft_node.h"
+#include "control/wal.h"
 #include "common/common.h"
 #include "lib/cutest.h"
 #include "common/fsutil.h"
@@ -1293,6 +1294,57 @@ static void test_dir_in_use(void)
 	CU_ASSERT_PTR_NULL(second);
 }
 
+/* Write a WAL in node 1's directory holding only a snapshot of nv voters
+ * (1, 2, ...) and nl learners (1001, 1002, ...), as a node would have. */
+static void wal_with_conf(size_t nv, size_t nl)
+{
+	static uint64_t voters[RPS__RAFT_MAX_NODES + 1], learners[RPS__RAFT_MAX_NODES + 1];
+	struct rps__wal_snapshot ws = { .index = 5, .term = 2, .voters = voters, .n_voters = nv,
+					.learners = learners, .n_learners = nl };
+	struct rps__wal_opts wo = { .fsync = RPS__WAL_FSYNC_NONE };
+	struct rps__wal_recovered rec;
+	struct rps__wal *w = NULL;
+
+	for (size_t i = 0; i <= RPS__RAFT_MAX_NODES; i++) {
+		voters[i] = i + 1;
+		learners[i] = i + 1001;
+	}
+	rps__remove_tree(nodes[1].dir);
+	CU_ASSERT_EQUAL_FATAL(rps__wal_open(nodes[1].dir, &wo, &w, &rec), 0);
+	rps__wal_recovered_free(&rec);
+	CU_ASSERT_EQUAL(rps__wal_save_snapshot(w, &ws), 0);
+	rps__wal_close(w);
+}
+
+/* The configuration a snapshot on disk claims is checked against the core's
+ * bounds before the core sees it: 16 voters and 1,008 learners open, 17
+ * voters or 1,025 nodes are refused, with a message that says so. */
+static void test_snapshot_conf_bounds_at_open(void)
+{
+	struct rps__raft_status st;
+
+	wal_with_conf(RPS__RAFT_MAX_VOTERS + 1, 0);
+	CU_ASSERT_EQUAL(open_node(1, false), -EBADMSG);
+	CU_ASSERT_PTR_NULL(nodes[1].rn);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "has 17 voters, 0 learners"));
+	wal_with_conf(RPS__RAFT_MAX_VOTERS, RPS__RAFT_MAX_NODES - RPS__RAFT_MAX_VOTERS + 1);
+	CU_ASSERT_EQUAL(open_node(1, false), -EBADMSG);
+	CU_ASSERT_PTR_NOT_NULL(strstr(rps__errbuf(), "has 16 voters, 1009 learners"));
+	wal_with_conf(0, RPS__RAFT_MAX_NODES + 1);
+	CU_ASSERT_EQUAL(open_node(1, false), -EBADMSG);
+
+	wal_with_conf(RPS__RAFT_MAX_VOTERS, RPS__RAFT_MAX_NODES - RPS__RAFT_MAX_VOTERS);
+	CU_ASSERT_EQUAL_FATAL(open_node(1, false), 0);
+	rps__rnode_status(nodes[1].rn, &st);
+	CU_ASSERT_EQUAL(st.conf.n_voters, 16);
+	CU_ASSERT_EQUAL(st.conf.n_learners, 1008);
+	CU_ASSERT_EQUAL(st.conf.voters[15], 16);
+	CU_ASSERT_EQUAL(st.conf.learners[1007], 2008);
+	CU_ASSERT_EQUAL(st.snapshot_index, 5);
+	CU_ASSERT_EQUAL(nodes[1].restore_index, 5);
+	close_node(1);
+}
+
 int main(void)
 {
 	static const struct cutest tests[] = {
@@ -1316,6 +1368,7 @@ int main(void)
 		{ "a term that cannot be incremented leaves the node restartable",
 		  test_unusable_term_leaves_node_restartable },
 		{ "a log truncated below its commit index is refused", test_truncated_log_refused_at_open },
+		{ "a snapshot on disk with 17 voters or 1,025 nodes is refused", test_snapshot_conf_bounds_at_open },
 	};
 	const struct cutest_suite suites[] = {
 		{ "rnode", NULL, NULL, setup, teardown, tests, CUTEST_COUNT(tests) },

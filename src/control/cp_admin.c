@@ -385,7 +385,13 @@ void rps__cp_on_admin(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_i
 	admin_propose(cp, c, req_id, a, &cmd, epoch);
 }
 
-_Static_assert(RPS__STATUS_MAX_NODES >= RPS__SMAP_MAX_MEMBERS && RPS__STATUS_MAX_NODES >= RPS__RAFT_MAX_NODES,
+/* The reply lists the Raft group's nodes, and they are the map's members:
+ * rps__cp_leader_membership adds every member and removes every other node
+ * (one change at a time, so for a moment there may be one more: the loops
+ * below stop at the reply's arrays).  So the map's bound is the reply's; the
+ * core's (RPS__RAFT_MAX_NODES) is larger, for clusters the map cannot hold
+ * yet, and does not change the reply. */
+_Static_assert(RPS__STATUS_MAX_NODES >= RPS__SMAP_MAX_MEMBERS,
 	       "a STATUS reply names every Raft node of the largest map");
 _Static_assert(sizeof(struct rps__msg_hdr) + sizeof(struct rps__status_rep) + RPS__SMAP_ENC_MAX <= RPS__BIG_MSG_MAX,
 	       "STATUS_REP with the largest map fits an admin connection's message");

@@ -76,8 +76,9 @@
 
 /* Node ids are nonzero; 0 means "nobody" (no vote, no known leader). */
 #define RPS__RAFT_NONE 0u
-/* Voters plus learners in one configuration. */
-#define RPS__RAFT_MAX_NODES 64u
+/* Voters plus learners in one configuration: every member of the cluster
+ * is one, all but a few of them learners. */
+#define RPS__RAFT_MAX_NODES 1024u
 /* Voters of one configuration: what a quorum is drawn from (the product
  * keeps 5), and so the bound of every vote tally and ack list. */
 #define RPS__RAFT_MAX_VOTERS 16u
@@ -131,7 +132,8 @@ struct rps__raft_entry {
 };
 
 /* n_voters <= RPS__RAFT_MAX_VOTERS, n_voters + n_learners <=
- * RPS__RAFT_MAX_NODES (rps__raft_conf_fits). */
+ * RPS__RAFT_MAX_NODES (rps__raft_conf_fits).  About 8 KiB: pass it by
+ * pointer. */
 struct rps__raft_conf_state {
 	uint32_t n_voters;
 	uint32_t n_learners;
