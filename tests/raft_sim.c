@@ -27,8 +27,8 @@
 /* Random runs: every HOSTILE_EVERY-th delivery is preceded by forged twins
  * no peer may send (see inject_hostile); a prime, to vary the message type. */
 #define HOSTILE_EVERY 61u
-#define STRANGER (SIM_MAX_IDS + 1)	/* never a member */
-#define NODE_OK(s, id) ((id) >= 1 && (id) <= SIM_MAX_IDS && (s)->nodes[id].r)
+#define STRANGER (SIM_CAP_IDS + 1)	/* never a member */
+#define NODE_OK(s, id) ((id) >= 1 && (id) <= (s)->n_ids && (s)->nodes[id].r)
 /* The linearisability register of the shard map, after the toy's shards. */
 #define SIM_MAP_REG SIM_SHARDS
 
@@ -132,14 +132,15 @@ struct sim {
 	unsigned trace;			/* 1: events, 2: and every message */
 	uint64_t now;
 	uint64_t seq;			/* history clock: one step per event */
-	struct sim_node nodes[SIM_MAX_IDS + 1];
-	uint64_t initial[SIM_MAX_IDS];
+	unsigned n_ids;			/* ids 1..n_ids exist (arrays: SIM_CAP_IDS) */
+	struct sim_node nodes[SIM_CAP_IDS + 1];
+	uint64_t initial[SIM_CAP_IDS];
 	unsigned n_initial;
 
 	struct packet *net;
 	size_t n_net;
 	size_t cap_net;
-	bool cut[SIM_MAX_IDS + 1][SIM_MAX_IDS + 1];
+	bool cut[SIM_CAP_IDS + 1][SIM_CAP_IDS + 1];
 	unsigned loss_pm;		/* per million */
 	unsigned dup_pm;
 	unsigned crash_pm;		/* per persistence step */
@@ -714,7 +715,7 @@ int sim_start_joiner(struct sim *s, uint64_t id)
 {
 	struct sim_node *n = &s->nodes[id];
 
-	if (id < 1 || id > SIM_MAX_IDS || n->exists || n->r)
+	if (id < 1 || id > s->n_ids || n->exists || n->r)
 		return -EEXIST;
 	n->id = id;
 	n->bootstrap = false;
@@ -887,7 +888,7 @@ static void apply_entry(struct sim *s, struct sim_node *n, uint64_t node_term, c
 		if (rps__raft_conf_change_decode(e, &op, &node) == 0 && e->index > s->conf_view_index) {
 			s->conf_view_index = e->index;
 			mirror_conf_apply(&s->conf_view, op, node);
-			if (op == RPS__RAFT_CONF_REMOVE && node <= SIM_MAX_IDS)
+			if (op == RPS__RAFT_CONF_REMOVE && node <= s->n_ids)
 				schedule_destroy(s, node);
 		}
 	}
@@ -1318,7 +1319,7 @@ static void deliver(struct sim *s, struct packet *p)
 	struct rps__raft_msg *m;
 	int err;
 
-	if (p->to < 1 || p->to > SIM_MAX_IDS || !n->r || s->cut[p->from][p->to]) {
+	if (p->to < 1 || p->to > s->n_ids || !n->r || s->cut[p->from][p->to]) {
 		free(p->buf);
 		return;
 	}
@@ -1364,7 +1365,7 @@ static void deliver_due(struct sim *s)
 	for (size_t i = 0; i < s->n_net; i++) {
 		struct packet *p = &s->net[i];
 
-		if (p->at <= s->now && p->to <= SIM_MAX_IDS && s->nodes[p->to].paused_until > s->now)
+		if (p->at <= s->now && p->to <= s->n_ids && s->nodes[p->to].paused_until > s->now)
 			p->at = s->nodes[p->to].paused_until;
 		if (p->at <= s->now) {
 			due = grow(due, &cap_due, n_due + 1, sizeof(*due));
@@ -1402,7 +1403,7 @@ void sim_cut(struct sim *s, uint64_t from, uint64_t to, bool cut)
 
 void sim_isolate(struct sim *s, uint64_t id)
 {
-	for (uint64_t i = 1; i <= SIM_MAX_IDS; i++)
+	for (uint64_t i = 1; i <= s->n_ids; i++)
 		if (i != id) {
 			s->cut[id][i] = true;
 			s->cut[i][id] = true;
@@ -1411,7 +1412,10 @@ void sim_isolate(struct sim *s, uint64_t id)
 
 void sim_heal(struct sim *s)
 {
-	memset(s->cut, 0, sizeof(s->cut));
+	/* the rows in use only: the whole array is 16 KiB, and random runs
+	 * heal often */
+	for (uint64_t a = 0; a <= s->n_ids; a++)
+		memset(s->cut[a], 0, (s->n_ids + 1) * sizeof(s->cut[a][0]));
 }
 
 void sim_set_filter(struct sim *s, bool (*drop)(void *arg, const struct rps__raft_msg *m), void *arg)
@@ -1428,7 +1432,7 @@ void sim_set_observer(struct sim *s, void (*seen)(void *arg, const struct rps__r
 
 struct rps__raft *sim_raft(struct sim *s, uint64_t id)
 {
-	return id >= 1 && id <= SIM_MAX_IDS ? s->nodes[id].r : NULL;
+	return id >= 1 && id <= s->n_ids ? s->nodes[id].r : NULL;
 }
 
 void sim_status(struct sim *s, uint64_t id, struct rps__raft_status *st)
@@ -1452,7 +1456,7 @@ void sim_tick(struct sim *s, uint64_t id, unsigned n)
 void sim_tick_all(struct sim *s, unsigned n)
 {
 	for (unsigned i = 0; i < n; i++) {
-		for (uint64_t id = 1; id <= SIM_MAX_IDS; id++)
+		for (uint64_t id = 1; id <= s->n_ids; id++)
 			sim_tick(s, id, 1);
 		sim_deliver_all(s);
 	}
@@ -1623,7 +1627,7 @@ uint64_t sim_leader(struct sim *s)
 {
 	uint64_t best = 0, best_term = 0;
 
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++) {
+	for (uint64_t id = 1; id <= s->n_ids; id++) {
 		struct rps__raft_status st;
 
 		if (!NODE_OK(s, id))
@@ -1667,11 +1671,19 @@ struct sim *sim_new(const struct sim_config *cfg)
 {
 	static const char *const map_uris[] = { "tcp://10.0.0.1:7000", "tcp://10.0.0.2:7000", "tcp://10.0.0.3:7000",
 						"tcp://10.0.0.4:7000", "tcp://10.0.0.5:7000" };
-	struct sim *s = calloc(1, sizeof(*s));
+	struct sim *s;
 
+	if (cfg->n_ids > SIM_CAP_IDS || cfg->n_voters > RPS__RAFT_MAX_VOTERS ||
+	    cfg->n_voters > (cfg->n_ids ? cfg->n_ids : SIM_DEFAULT_IDS)) {
+		fprintf(stderr, "raft_sim: %u voters among %u ids: at most %u voters, %u ids\n", cfg->n_voters,
+			cfg->n_ids, RPS__RAFT_MAX_VOTERS, SIM_CAP_IDS);
+		return NULL;
+	}
+	s = calloc(1, sizeof(*s));	/* 4 MiB: room for SIM_CAP_IDS nodes */
 	if (!s)
 		return NULL;
 	s->cfg = *cfg;
+	s->n_ids = cfg->n_ids ? cfg->n_ids : SIM_DEFAULT_IDS;
 	s->rng = cfg->seed ^ 0x5eed5eed5eedull;
 	s->min_delay = 1;
 	s->max_delay = 1;
@@ -1683,11 +1695,11 @@ struct sim *sim_new(const struct sim_config *cfg)
 		return NULL;
 	}
 	s->map0_hash = map_hash(s, &s->map0);
-	for (unsigned i = 0; i < cfg->n_voters && i < SIM_MAX_IDS; i++) {
+	for (unsigned i = 0; i < cfg->n_voters; i++) {
 		s->initial[s->n_initial++] = i + 1;
 		s->conf_view.voters[s->conf_view.n_voters++] = i + 1;
 	}
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++)
+	for (uint64_t id = 1; id <= s->n_ids; id++)
 		s->nodes[id].id = id;
 	for (unsigned i = 0; i < s->n_initial; i++) {
 		s->nodes[i + 1].bootstrap = true;
@@ -1700,7 +1712,7 @@ void sim_free(struct sim *s)
 {
 	if (!s)
 		return;
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++) {
+	for (uint64_t id = 1; id <= s->n_ids; id++) {
 		rps__raft_free(s->nodes[id].r);
 		store_free(&s->nodes[id].st);
 	}
@@ -1864,7 +1876,7 @@ static unsigned live_nodes(struct sim *s, uint64_t *ids)
 {
 	unsigned n = 0;
 
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++)
+	for (uint64_t id = 1; id <= s->n_ids; id++)
 		if (s->nodes[id].r)
 			ids[n++] = id;
 	return n;
@@ -1872,7 +1884,7 @@ static unsigned live_nodes(struct sim *s, uint64_t *ids)
 
 static uint64_t random_live(struct sim *s)
 {
-	uint64_t ids[SIM_MAX_IDS];
+	uint64_t ids[SIM_CAP_IDS];
 	unsigned n = live_nodes(s, ids);
 
 	return n ? ids[rnd_below(s, n)] : 0;
@@ -1880,13 +1892,13 @@ static uint64_t random_live(struct sim *s)
 
 static void partition_random(struct sim *s)
 {
-	bool side[SIM_MAX_IDS + 1];
+	bool side[SIM_CAP_IDS + 1];
 
 	sim_heal(s);
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++)
+	for (uint64_t id = 1; id <= s->n_ids; id++)
 		side[id] = rnd_below(s, 2);
-	for (uint64_t a = 1; a <= SIM_MAX_IDS; a++)
-		for (uint64_t b = 1; b <= SIM_MAX_IDS; b++)
+	for (uint64_t a = 1; a <= s->n_ids; a++)
+		for (uint64_t b = 1; b <= s->n_ids; b++)
 			s->cut[a][b] = side[a] != side[b];
 }
 
@@ -1909,7 +1921,7 @@ static const char *const phase_names[] = {
 
 static void set_isolated(struct sim *s, uint64_t id, bool cut)
 {
-	for (uint64_t i = 1; i <= SIM_MAX_IDS; i++)
+	for (uint64_t i = 1; i <= s->n_ids; i++)
 		if (i != id && !(s->nodes[i].isolated_until && !cut)) {
 			s->cut[id][i] = cut;
 			s->cut[i][id] = cut;
@@ -1923,7 +1935,7 @@ static void churn(struct sim *s, unsigned window)
 {
 	uint64_t l = sim_leader(s);
 
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++)
+	for (uint64_t id = 1; id <= s->n_ids; id++)
 		if (s->nodes[id].isolated_until && s->nodes[id].isolated_until <= s->now) {
 			s->nodes[id].isolated_until = 0;
 			set_isolated(s, id, false);
@@ -1947,7 +1959,7 @@ static enum phase_kind new_phase(struct sim *s)
 	uint64_t victim;
 
 	sim_heal(s);
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++)
+	for (uint64_t id = 1; id <= s->n_ids; id++)
 		s->nodes[id].isolated_until = 0;
 	s->loss_pm = 0;
 	s->dup_pm = 0;
@@ -1971,7 +1983,7 @@ static enum phase_kind new_phase(struct sim *s)
 		break;
 	case PHASE_ONE_WAY:
 		for (unsigned i = 0, n = 1 + (unsigned)rnd_below(s, 3); i < n; i++) {
-			uint64_t a = 1 + rnd_below(s, SIM_MAX_IDS), b = 1 + rnd_below(s, SIM_MAX_IDS);
+			uint64_t a = 1 + rnd_below(s, s->n_ids), b = 1 + rnd_below(s, s->n_ids);
 
 			if (rnd_below(s, 2) && sim_leader(s))
 				a = sim_leader(s);
@@ -2011,7 +2023,7 @@ static void random_admin(struct sim *s)
 	sim_status(s, l, &st);
 	if (choice < 3) {
 		/* a new learner, on a fresh id */
-		for (uint64_t id = 1; id <= SIM_MAX_IDS; id++)
+		for (uint64_t id = 1; id <= s->n_ids; id++)
 			if (!s->nodes[id].incarnation && !s->nodes[id].bootstrap) {
 				target = id;
 				break;
@@ -2201,7 +2213,7 @@ static void random_client(struct sim *s)
 	if (rnd_below(s, 2)) {
 		uint64_t lead = rps__raft_leader(s->nodes[id].r);
 
-		if (lead && lead <= SIM_MAX_IDS && s->nodes[lead].r && s->nodes[lead].paused_until <= s->now)
+		if (lead && lead <= s->n_ids && s->nodes[lead].r && s->nodes[lead].paused_until <= s->now)
 			id = lead;
 		sim_write(s, id, shard, 1 + rnd_below(s, 1000));
 	} else {
@@ -2223,7 +2235,7 @@ static void random_map_client(struct sim *s)
 		struct rps__smap_cmd c;
 
 		random_map_cmd(s, &s->nodes[id].map, &c);
-		if (lead && lead <= SIM_MAX_IDS && s->nodes[lead].r && s->nodes[lead].paused_until <= s->now)
+		if (lead && lead <= s->n_ids && s->nodes[lead].r && s->nodes[lead].paused_until <= s->now)
 			id = lead;
 		sim_map_write(s, id, &c);
 	} else {
@@ -2235,7 +2247,7 @@ static void random_map_client(struct sim *s)
 static void run_unit(struct sim *s)
 {
 	s->now++;
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++) {
+	for (uint64_t id = 1; id <= s->n_ids; id++) {
 		struct sim_node *n = &s->nodes[id];
 
 		if (n->destroy_at && n->destroy_at <= s->now)
@@ -2245,7 +2257,7 @@ static void run_unit(struct sim *s)
 	}
 	if (s->now % SIM_TICK_UNITS == 0) {
 		s->stats.ticks++;
-		for (uint64_t id = 1; id <= SIM_MAX_IDS; id++)
+		for (uint64_t id = 1; id <= s->n_ids; id++)
 			if (s->nodes[id].r && s->nodes[id].paused_until <= s->now)
 				sim_tick(s, id, 1);
 	}
@@ -2261,7 +2273,7 @@ static int check_liveness(struct sim *s)
 	s->min_delay = 1;
 	s->max_delay = 2;
 	sim_heal(s);
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++) {
+	for (uint64_t id = 1; id <= s->n_ids; id++) {
 		s->nodes[id].paused_until = 0;
 		s->nodes[id].isolated_until = 0;
 		if (s->nodes[id].destroy_at)
@@ -2405,7 +2417,7 @@ int sim_run_random_fault(uint64_t seed, enum sim_map_fault fault, unsigned trace
 	if (rc && err)
 		snprintf(err, errlen, "%s", s->err);
 	s->stats.nodes = 0;
-	for (uint64_t id = 1; id <= SIM_MAX_IDS; id++)
+	for (uint64_t id = 1; id <= s->n_ids; id++)
 		s->stats.nodes += s->nodes[id].incarnation > 0;
 	if (stats)
 		*stats = s->stats;

@@ -76,7 +76,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SIM_MAX_IDS 8u		/* node ids 1..8 */
+#define SIM_DEFAULT_IDS 8u	/* node ids 1..8, unless sim_config.n_ids says */
+#define SIM_CAP_IDS 128u	/* the most ids one simulation can use */
 #define SIM_SHARDS 4u
 #define SIM_MAP_PARTS 16u	/* the product's shard map: 5 members, 16 partitions */
 
@@ -92,9 +93,11 @@ struct sim_config {
 	bool check_quorum;
 	uint64_t seed;
 	unsigned map_replicas;		/* R of the initial shard map, 0: 2 */
+	unsigned n_ids;			/* node ids 1..n_ids exist, 0: SIM_DEFAULT_IDS; <= SIM_CAP_IDS */
 };
 
-/* A cluster with nodes 1..n_voters up and no message sent yet. */
+/* A cluster with nodes 1..n_voters up and no message sent yet; NULL (and a
+ * line on stderr) past RPS__RAFT_MAX_VOTERS voters or SIM_CAP_IDS ids. */
 struct sim *sim_new(const struct sim_config *cfg);
 void sim_free(struct sim *s);
 /* The first invariant violation, or NULL. */
