@@ -23,6 +23,7 @@
 
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2056,6 +2057,205 @@ static void test_simulator_random_seeds(void)
 	CU_ASSERT(tot.map_reads_ok >= 1000);
 }
 
+/* ------------------------------------------------------------------------ */
+/* a large cluster */
+
+#define SCALE_VOTERS 5u
+#define SCALE_LEARNERS 100u
+#define SCALE_IDS (SCALE_VOTERS + SCALE_LEARNERS)
+
+static unsigned long scale_msgs, scale_snaps;
+
+static void count_scale_msg(void *arg, const struct rps__raft_msg *m)
+{
+	(void)arg;
+	scale_msgs++;
+	scale_snaps += m->type == RPS__RAFT_MSG_SNAP;
+}
+
+/* Every member of the leader's configuration is up and applied all that
+ * the leader committed, which is its whole log. */
+static bool scale_caught_up(struct sim *s, uint64_t leader)
+{
+	struct rps__raft_status ls;
+
+	sim_status(s, leader, &ls);
+	if (ls.commit != ls.last_index)
+		return false;
+	for (uint32_t i = 0; i < ls.conf.n_voters + ls.conf.n_learners; i++) {
+		uint64_t id = i < ls.conf.n_voters ? ls.conf.voters[i] : ls.conf.learners[i - ls.conf.n_voters];
+
+		if (!sim_raft(s, id) || sim_applied(s, id) != ls.commit)
+			return false;
+	}
+	return true;
+}
+
+/* Tick everyone until every member caught up; the ticks it took, or
+ * UINT_MAX if it did not within limit. */
+static unsigned scale_settle(struct sim *s, uint64_t leader, unsigned limit)
+{
+	for (unsigned t = 1; t <= limit; t++) {
+		sim_tick_all(s, 1);
+		if (scale_caught_up(s, leader))
+			return t;
+	}
+	return UINT_MAX;
+}
+
+static unsigned scale_writes(struct sim *s, uint64_t leader, unsigned n, uint64_t tag)
+{
+	unsigned ok = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		ok += sim_write(s, leader, i % SIM_SHARDS, tag + i) == 0;
+		if (i % 10 == 9)
+			sim_deliver_all(s);	/* batches of 10, as a busy leader sees them */
+	}
+	sim_deliver_all(s);
+	return ok;
+}
+
+/* 5 voters and 100 learners, the shape of the product's largest clusters
+ * scaled down: learners join one change at a time, everyone applies a few
+ * hundred writes, a crashed voter and crashed or cut-off learners catch up
+ * (by snapshot: the leader compacted meanwhile), a learner replaces a
+ * removed voter, and the configuration stops at 16 voters.  The simulator checks
+ * Raft's safety properties at every step. */
+static void test_simulator_learners_at_scale(void)
+{
+	struct sim_config c = {
+		.n_voters = SCALE_VOTERS, .election_ticks = 10, .heartbeat_ticks = 2, .max_inflight = 4,
+		.max_entries = 32, .pre_vote = true, .check_quorum = true, .seed = 1024, .n_ids = SCALE_IDS,
+	};
+	struct rps__raft_status st, ls;
+	unsigned ticks = 0, t, writes = 0;
+	struct timespec t0, t1;
+	uint64_t next_voter = SCALE_VOTERS + 1;
+	unsigned long snaps;
+	struct sim *s;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	scale_msgs = scale_snaps = 0;
+	s = sim_new(&c);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+	sim_set_observer(s, count_scale_msg, NULL);
+	CU_ASSERT_EQUAL(sim_campaign(s, 1), 0);
+	sim_deliver_all(s);
+	CU_ASSERT_EQUAL_FATAL(sim_leader(s), 1);
+
+	/* each learner's addition commits before the next (one at a time) */
+	for (uint64_t id = SCALE_VOTERS + 1; id <= SCALE_IDS; id++) {
+		CU_ASSERT_EQUAL_FATAL(sim_conf_change(s, 1, RPS__RAFT_CONF_ADD_LEARNER, id), 0);
+		CU_ASSERT_EQUAL(sim_start_joiner(s, id), 0);
+		sim_deliver_all(s);
+	}
+	t = scale_settle(s, 1, 20);
+	CU_ASSERT_FATAL(t != UINT_MAX);
+	ticks += t;
+	sim_status(s, 1, &ls);
+	CU_ASSERT_EQUAL(ls.conf.n_voters, SCALE_VOTERS);
+	CU_ASSERT_EQUAL(ls.conf.n_learners, SCALE_LEARNERS);
+	for (uint64_t id = 1; id <= SCALE_IDS; id++) {
+		sim_status(s, id, &st);
+		CU_ASSERT_EQUAL(st.conf.n_learners, SCALE_LEARNERS);
+		CU_ASSERT_EQUAL(st.promotable, id <= SCALE_VOTERS);
+	}
+
+	/* a few hundred writes reach everyone */
+	writes += scale_writes(s, 1, 300, 10000);
+	CU_ASSERT_EQUAL(writes, 300);
+	t = scale_settle(s, 1, 10);
+	CU_ASSERT_FATAL(t != UINT_MAX);
+	ticks += t;
+
+	/* voter 3 and learners 10..19 crash, learners 50 and 60 are cut off;
+	 * the leader compacts, so some of them can only catch up by snapshot */
+	sim_crash(s, 3);
+	for (uint64_t id = 10; id < 20; id++)
+		sim_crash(s, id);
+	sim_isolate(s, 50);
+	sim_isolate(s, 60);
+	writes += scale_writes(s, 1, 100, 20000);
+	sim_tick_all(s, 2);
+	ticks += 2;
+	CU_ASSERT_EQUAL(sim_compact(s, 1), 0);
+	writes += scale_writes(s, 1, 50, 30000);
+	CU_ASSERT_EQUAL(writes, 450);
+	sim_status(s, 1, &ls);
+	CU_ASSERT_EQUAL(ls.commit, ls.last_index);	/* 4 voters of 5 commit */
+	CU_ASSERT(sim_applied(s, 50) < ls.commit);
+	CU_ASSERT_EQUAL(sim_restart(s, 3), 0);
+	for (uint64_t id = 10; id < 20; id++)
+		CU_ASSERT_EQUAL(sim_restart(s, id), 0);
+	sim_heal(s);
+	snaps = scale_snaps;
+	t = scale_settle(s, 1, 30);
+	CU_ASSERT_FATAL(t != UINT_MAX);
+	ticks += t;
+	/* 3, 10..19, 50 and 60 missed entries the leader compacted away */
+	CU_ASSERT(scale_snaps - snaps >= 13);
+	for (uint32_t sh = 0; sh < SIM_SHARDS; sh++) {
+		uint64_t o1, e1, o, e;
+
+		sim_shard(s, 1, sh, &o1, &e1);
+		for (uint64_t id = 2; id <= SCALE_IDS; id++) {
+			sim_shard(s, id, sh, &o, &e);
+			CU_ASSERT(o == o1 && e == e1);
+		}
+	}
+
+	/* voter 5 leaves, learner 6 takes its place */
+	CU_ASSERT_EQUAL(sim_conf_change(s, 1, RPS__RAFT_CONF_REMOVE, 5), 0);
+	sim_deliver_all(s);
+	CU_ASSERT_EQUAL(sim_conf_change(s, 1, RPS__RAFT_CONF_PROMOTE, 6), 0);
+	sim_deliver_all(s);
+	sim_crash(s, 5);	/* shut down once its removal committed */
+	writes += scale_writes(s, 1, 50, 40000);
+	t = scale_settle(s, 1, 10);
+	CU_ASSERT_FATAL(t != UINT_MAX);
+	ticks += t;
+	for (uint64_t id = 1; id <= SCALE_IDS; id++) {
+		if (id == 5)
+			continue;
+		sim_status(s, id, &st);
+		CU_ASSERT_EQUAL(st.conf.n_voters, SCALE_VOTERS);
+		CU_ASSERT_TRUE(rps__raft_conf_is_voter(&st.conf, 6));
+		CU_ASSERT_FALSE(rps__raft_conf_is_voter(&st.conf, 5) || rps__raft_conf_is_learner(&st.conf, 5));
+		CU_ASSERT_EQUAL(st.conf.n_learners, SCALE_LEARNERS - 1);
+	}
+	/* 6 counts: with 2 and 3 cut off, 1, 4 and 6 are the quorum */
+	sim_isolate(s, 2);
+	sim_isolate(s, 3);
+	sim_write(s, 1, 0, 7);
+	sim_deliver_all(s);
+	sim_status(s, 1, &ls);
+	CU_ASSERT_EQUAL(ls.commit, ls.last_index);
+	sim_heal(s);
+
+	/* learners are promoted up to 16 voters, and no further */
+	sim_status(s, 1, &ls);
+	for (uint64_t id = 7; ls.conf.n_voters < RPS__RAFT_MAX_VOTERS; id++) {
+		CU_ASSERT_EQUAL_FATAL(sim_conf_change(s, 1, RPS__RAFT_CONF_PROMOTE, id), 0);
+		sim_deliver_all(s);
+		sim_status(s, 1, &ls);
+		next_voter = id + 1;
+	}
+	CU_ASSERT_EQUAL(sim_conf_change(s, 1, RPS__RAFT_CONF_PROMOTE, next_voter), -ENOSPC);
+	CU_ASSERT_EQUAL(sim_conf_change(s, 1, RPS__RAFT_CONF_ADD_VOTER, 5), -ENOSPC);
+	writes += scale_writes(s, 1, 10, 50000);
+	t = scale_settle(s, 1, 10);
+	CU_ASSERT_FATAL(t != UINT_MAX);
+	ticks += t;
+	assert_no_violation(s);
+	sim_status(s, 1, &ls);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	fprintf(stderr, "\n  5 voters + 100 learners, %u + %u at the end: %u writes, commit %llu, %u ticks, %lu messages (%lu snapshots) in %.1f s\n",
+		ls.conf.n_voters, ls.conf.n_learners, writes, (unsigned long long)ls.commit, ticks, scale_msgs, scale_snaps,
+		(double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+	sim_free(s);
+}
+
 /* Each shard map check fails when what it guards is broken (the simulator
  * injects the bug): the first seeds that fail say why. */
 static void test_simulator_map_checks_fail(void)
@@ -2140,6 +2340,7 @@ int main(void)
 		{ "linearisability checker", test_linearizability_checker },
 		{ "random seeds", test_simulator_random_seeds },
 		{ "shard map checks catch injected bugs", test_simulator_map_checks_fail },
+		{ "5 voters and 100 learners", test_simulator_learners_at_scale },
 	};
 	const struct cutest_suite suites[] = {
 		{ "raft", NULL, NULL, NULL, NULL, core_tests, CUTEST_COUNT(core_tests) },
