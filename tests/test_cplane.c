@@ -1301,6 +1301,57 @@ static bool p0_zone_spread(void)
 	return pub.parts[0].backups[0] == 3 && !pub.parts[0].backups[1] && !pub.parts[0].joining;
 }
 
+static bool moving_to_2(void)
+{
+	read_map();
+	for (uint32_t p = 0; p < NPART_R; p++)
+		if (pub.parts[p].moving_to == 2 || pub.parts[p].owner == 2)
+			return true;
+	return false;
+}
+
+/* Balancing counts only members fresh with their lease.  Member 2 went
+ * silent for longer than its lease but not its failover time (a restart:
+ * its partitions failed over themselves) while the map went quiet with
+ * members 1 and 3 owning 4 each: nothing to even out among the fresh.
+ * Its next renewal must make the leader look again and give it its share;
+ * before, the look was spent and member 2 stayed empty (it_replica's
+ * "--rebalance auto", one make check in a few). */
+static void test_balance_member_back(void)
+{
+	uint64_t t;
+
+	fresh_cluster();
+	rps__fault_set("no-replica-duty");	/* (the map is made by hand first) */
+	t = rps__cp_fake_clock_ns;
+	send_lease(&peer2, 1);
+	send_lease(&peer3, 1);
+	turn();
+	CU_ASSERT(rps__cp_member_fresh(cp, 2) && rps__cp_member_fresh(cp, 3));
+	apply_cmd(RPS__SMAP_SET_REPLICAS, 0, 2, 0, 0);
+	for (uint32_t p = 0; p < NPART_R; p++)
+		add_backup(p, 3);
+	for (uint32_t p = 4; p < NPART_R; p++) {
+		apply_cmd(RPS__SMAP_FAILOVER, p, 0, 1, 3);	/* (news: balancing is due) */
+		add_backup(p, 1);
+	}
+	read_map();
+	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&pub, 1), 4u);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&pub, 3), 4u);
+	CU_ASSERT_EQUAL_FATAL(rps__smap_owned(&pub, 2), 0u);
+	rps__cp_fake_clock_ns = t + LEASE_NS;	/* 2 silent for its lease, not failed */
+	send_lease(&peer3, 2);
+	turn();
+	CU_ASSERT(rps__cp_member_fresh(cp, 3) && !rps__cp_member_fresh(cp, 2) && !failed(2));
+	rps__fault_set(NULL);
+	turns_for(300);	/* quiet, even among the fresh: nothing to move */
+	CU_ASSERT(!moving_to_2());
+	send_lease(&peer2, 2);	/* member 2 back: fresh */
+	turn();
+	CU_ASSERT(rps__cp_member_fresh(cp, 2));
+	CU_ASSERT(run_until(moving_to_2));
+}
+
 /* Zones declared after the backups were placed (a cluster bootstrapped
  * before its members' SET_ZONE): partition 0 on 1 (zone a) is backed by 2
  * (zone a too) while 3 (zone b) holds none of it.  The leader seeds a copy
@@ -1536,6 +1587,7 @@ int main(void)
 		{ "replicas: the leader seeds 4 per primary at once, the next on a commit, backs off on an abort", test_replica_placement },
 		{ "replicas: the joiner installs the image as a backup and commits", test_replica_joiner },
 		{ "replicas: zones declared after placement: a copy seeded in the missing zone, then the duplicate dropped", test_replica_zones_late },
+		{ "balancing: a member back without a failure gets its share at its next lease", test_balance_member_back },
 		{ "replicas: a diverged joiner's seeding aborted, a diverged backup dropped, anyone else left alone", test_replica_diverged },
 		{ "a restart replays onto the bootstrap map its cluster was formed with", test_bootstrap_map_kept },
 	};

@@ -240,8 +240,13 @@ bool rps__cp_on_lease(struct rps__cplane *cp, struct srv_conn *c, const struct r
 	if (id != cp->my_id)
 		rps__cp_failover_heard(cp, id);
 	if (id != cp->my_id && rps__smap_member(&cp->map, id) && (k = contact_get(cp, id, now))) {
-		if (k->failed_at)
-			cp->balance_due = true;	/* (its share comes back to it: rps__cp_balance_duty) */
+		/* fresh again after a failure, or after a silence too short
+		 * for one (a restart): balancing, which counts only fresh
+		 * members, looks again, and its share comes back to it
+		 * (rps__cp_balance_duty).  (Not a new leader's first renewals:
+		 * a leader change moves nothing.) */
+		if (k->failed_at || (k->renewed && now - k->since >= fo->lease_ns))
+			cp->balance_due = true;
 		if (k->failed_at)
 			rps__log(RPS__LOG_WARN, "member %llu: in contact again %llu ms after it was declared failed"
 				 " (what failed over stays; it is seeded as a backup where a replica set lacks one)", (unsigned long long)id,
