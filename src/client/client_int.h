@@ -48,8 +48,9 @@
 /* Connections at most: one per member and serving thread of it (rdmapsd
  * --threads), for the largest cluster a map holds.  cl->conns reserves
  * address space for them all and touches what is used; the completion
- * queue grows by CONN_CQ_SHARE as endpoints are added (verbs: within the
- * device's max_cqe, about 90 endpoints on rxe, thousands on an HCA). */
+ * queue grows to twice CONN_CQ_SHARE per endpoint as endpoints are added,
+ * once where the device allows no more (verbs: within its max_cqe, 93
+ * endpoints on rxe, thousands on an HCA; rps__conn_begin). */
 #define MAX_CONNS (RPS__SMAP_MAX_MEMBERS * RPS__PROTO_THREADS_MAX)
 /* A connection's queues: every slot's WRITE, atomic and READ, every
  * bounce buffer's READs, the control sends (sq); every receive the server's

@@ -194,6 +194,7 @@ int rps__conn_begin(struct rps_client *cl, struct conn *c, const struct rps__uri
 		    struct rps__conn_priv *priv, struct rps__ep_attr *attr)
 {
 	struct rps__key cur;
+	uint32_t need;
 	int ret;
 
 	memset(priv, 0, sizeof(*priv));
@@ -206,9 +207,15 @@ int rps__conn_begin(struct rps_client *cl, struct conn *c, const struct rps__uri
 	c->uri = *u;
 	rps__uri_str(u, c->name, sizeof(c->name));
 	c->nrecv = CONN_RQ_DEPTH;	/* (the server's send window) */
-	/* room on the shared CQ for this endpoint's queues (indexes are
-	 * dense: a dead connection's is reused for its member and thread) */
-	ret = rps__cq_grow(cl->cq, (uint32_t)(index + 1) * CONN_CQ_SHARE);
+	/* room on the shared CQ for every endpoint's queues (indexes are
+	 * dense: a dead connection's is reused for its member and thread),
+	 * twice over where the device allows, as a server's (a closed
+	 * endpoint's flushed completions may wait beside its successor's);
+	 * once over is the least */
+	need = (uint32_t)(index + 1) * CONN_CQ_SHARE;
+	ret = rps__cq_grow(cl->cq, 2 * need);
+	if (ret == -ENOSPC && !(ret = rps__cq_grow(cl->cq, need)))
+		rps__clearerr();
 	if (ret)
 		return ret;
 	ret = rps__alloc_reg(cl, (size_t)c->nrecv * RPS__MSG_MAX, RPS__ACCESS_LOCAL, &c->rbufs, &c->rbufs_mr);
