@@ -9,7 +9,9 @@
  * clients (default 8), one thread each, every client its own rps_client_t
  * with a connection to every server: workers = procs x threads ranks.
  *
- *  (1) async (SGD, lr 1): every worker pushes -1s ASYNC_PUSHES times into a tensor
+ *  (1) async (SGD, lr 1): every worker pushes -1s RPS_SCALE_PUSHES times (default
+ *      20; 1 measures connects, first pushes and memory at sizes where 20
+ *      would take long) into a tensor
  *      with one shard in every partition: every element ends equal to
  *      workers x pushes, the version too.  Printed: the slowest connect,
  *      the slowest first push, every server's RSS (largest and sum).
@@ -49,7 +51,7 @@
 #define NPART RPS__SMAP_MAX_PART
 #define SHARD_ELEMS 1024u		/* --shard-size 4096, fp32 */
 #define COUNT (NPART * SHARD_ELEMS)	/* one shard in every partition */
-#define ASYNC_PUSHES 20
+#define ASYNC_PUSHES 20	/* RPS_SCALE_PUSHES */
 #define KILL_PUSHES 60
 #define SYNC_STEPS 5
 #define CLIENT_TIMEOUT_MS 120000
@@ -371,7 +373,8 @@ static void test_status(void)
 
 static void test_async_exact(void)
 {
-	static const struct job j = { .kind = JOB_ASYNC, .name = "scale-async", .pushes = ASYNC_PUSHES };
+	const struct job j = { .kind = JOB_ASYNC, .name = "scale-async",
+			       .pushes = env_int("RPS_SCALE_PUSHES", ASYNC_PUSHES, 1, 1000) };
 	struct it_workers w;
 	struct report all;
 	double t0 = now_s();
