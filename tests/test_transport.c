@@ -30,7 +30,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define WAIT_MS		5000		/* a completion that takes longer is lost */
@@ -819,6 +821,80 @@ static void test_dribbled_frames(void)
 		rps__ep_close(sep[k]);
 	}
 	server_mailbox_reset();
+}
+
+/* tcp: a listener out of file descriptors (EMFILE).  A child process
+ * listens with no descriptor left to take, and 8 connections wait in its
+ * backlog: its get_request must come back (before, it looped on the
+ * readable backlog forever, and a server so stuck never ran its loop
+ * again, nor stopped), and the connections are closed unread, so that
+ * they do not wait on a server that cannot take them. */
+static void test_listener_out_of_fds(void)
+{
+	enum { NCONN = 8 };
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int pp[2], gp[2], fds[NCONN], status = -1, k, closed = 0;
+	uint16_t port = 0;
+	char c;
+	pid_t pid;
+
+	if (g_kind != RPS__KIND_TCP || strcmp(g_addr, "127.0.0.1") != 0)
+		return;
+	CU_ASSERT_FATAL(pipe(pp) == 0 && pipe(gp) == 0);	/* (port out, go in) */
+	pid = fork();
+	CU_ASSERT_FATAL(pid >= 0);
+	if (pid == 0) {
+		struct rps__fabric_attr fattr = { .kind = RPS__KIND_TCP, .host = "127.0.0.1" };
+		struct rps__fabric *fab;
+		struct rps__listener *l;
+		struct rps__conn_req *req;
+		struct rlimit rl;
+		uint64_t end;
+		int fd, calls = 0;
+
+		alarm(20);	/* a get_request that never returns fails the test */
+		if (rps__fabric_open(&fattr, &fab) || rps__listen(fab, "127.0.0.1", 0, &l))
+			_exit(2);
+		port = rps__listener_port(l);
+		/* no descriptor left: the lowest free one is the limit */
+		fd = dup(0);
+		close(fd);
+		if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+			_exit(3);
+		rl.rlim_cur = (rlim_t)fd;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+			_exit(3);
+		if (write(pp[1], &port, sizeof(port)) != (ssize_t)sizeof(port) || read(gp[0], &c, 1) != 1)
+			_exit(4);
+		for (end = rps__now_ns() + 1500000000ull; rps__now_ns() < end; calls++)
+			if (rps__listener_get_request(l, &req) == 0)
+				_exit(5);	/* (nothing can be accepted) */
+		_exit(calls > 1 ? 0 : 6);
+	}
+	CU_ASSERT_FATAL(read(pp[0], &port, sizeof(port)) == (ssize_t)sizeof(port));
+	sin.sin_port = htons(port);
+	for (k = 0; k < NCONN; k++) {
+		fds[k] = socket(AF_INET, SOCK_STREAM, 0);
+		CU_ASSERT_FATAL(fds[k] >= 0);
+		CU_ASSERT_FATAL(connect(fds[k], (struct sockaddr *)&sin, sizeof(sin)) == 0);
+	}
+	CU_ASSERT_FATAL(write(gp[1], "g", 1) == 1);
+	for (k = 0; k < NCONN; k++) {
+		struct timeval tv = { 5, 0 };
+		ssize_t n;
+
+		setsockopt(fds[k], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		n = recv(fds[k], &c, 1, 0);
+		closed += n == 0 || (n < 0 && errno == ECONNRESET);
+		close(fds[k]);
+	}
+	CU_ASSERT_EQUAL(closed, NCONN);
+	CU_ASSERT_EQUAL(waitpid(pid, &status, 0), pid);
+	CU_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	close(pp[0]);
+	close(pp[1]);
+	close(gp[0]);
+	close(gp[1]);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2237,6 +2313,7 @@ int main(void)
 		{ "non-blocking dial: connects, times out on a silent listener, cancels", test_dial },
 		{ "handshake checks magic, byte order, version (tcp)", test_handshake_checks },
 		{ "frames a few bytes at a time on two connections at once (tcp)", test_dribbled_frames },
+		{ "a listener out of file descriptors sheds its backlog and returns (tcp)", test_listener_out_of_fds },
 		{ "WRITE then READ back", test_write_read_back },
 		{ "WRITEs then WRITE_IMM: data placed before the immediate", test_writes_then_write_imm },
 		{ "READ", test_read },

@@ -9,6 +9,7 @@
 #include "transport/tcp/tcp_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -211,6 +212,7 @@ int rps__tcp_listen(struct rps__fabric *base, const char *host, uint16_t port, s
 	l->fab = fab;
 	l->fd = fd;
 	l->hello_timeout_ns = hello_timeout_ns();
+	l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);	/* (-1: no shedding) */
 	*out = &l->base;
 	return 0;
 
@@ -266,7 +268,37 @@ static void listener_reap_stale(struct tcp_listener *l)
 	}
 }
 
-static void listener_accept_all(struct tcp_listener *l)
+/* Out of descriptors: take the oldest connection waiting in the backlog
+ * with the reserve descriptor and close it (its connector sees the
+ * connection closed, and dials again later).  Said once a second.  False
+ * if nothing could be shed (no reserve, or nothing waiting). */
+static bool listener_shed(struct tcp_listener *l, int why)
+{
+	uint64_t now = rps__now_ns();
+	int fd;
+
+	if (l->reserve_fd < 0)
+		return false;
+	close(l->reserve_fd);
+	fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+	if (fd >= 0) {
+		close(fd);
+		l->shed++;
+	}
+	l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (l->shed > l->shed_said && now - l->shed_said_ns >= 1000000000ull) {
+		rps__log(RPS__LOG_WARN, "listener on port %u: %s: %llu connections closed unread so far: raise the "
+			 "open file limit (ulimit -n)", l->base.port, strerror(why), (unsigned long long)l->shed);
+		l->shed_said = l->shed;
+		l->shed_said_ns = now;
+	}
+	return fd >= 0;
+}
+
+/* Take every connection the backlog holds.  False if it could not (out of
+ * descriptors or memory, and nothing to shed): the listener stays
+ * readable, and the caller must not ask again at once. */
+static bool listener_accept_all(struct tcp_listener *l)
 {
 	struct sockaddr_storage ss = { 0 };
 	struct tcp_pending *p;
@@ -280,7 +312,11 @@ static void listener_accept_all(struct tcp_listener *l)
 		if (fd < 0) {
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
-			return;	/* EAGAIN, or EMFILE & co: retried at the next call */
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return true;
+			if ((errno == EMFILE || errno == ENFILE) && listener_shed(l, errno))
+				continue;
+			return false;	/* (ENOBUFS & co: retried at the next turn) */
 		}
 		/* full: the oldest silent connection goes, not the newcomer,
 		 * or a thousand idle sockets would lock every client out */
@@ -358,6 +394,7 @@ int rps__tcp_listener_get_request(struct rps__listener *base, struct rps__conn_r
 {
 	struct tcp_listener *l = rps__container_of(base, struct tcp_listener, base);
 	struct epoll_event evs[16];
+	bool stuck = false;
 	int i, n;
 
 	listener_reap_stale(l);
@@ -372,10 +409,16 @@ int rps__tcp_listener_get_request(struct rps__listener *base, struct rps__conn_r
 		/* level-triggered: events not looked at now are reported again */
 		for (i = 0; i < n; i++) {
 			if (!evs[i].data.ptr)
-				listener_accept_all(l);
+				stuck |= !listener_accept_all(l);
 			else if (pending_progress(l, evs[i].data.ptr, out))
 				return 0;
 		}
+		/* a backlog we cannot take stays readable: looping on it here
+		 * would never return to the caller's loop (its timers, its
+		 * stop); it is tried again at the next call */
+		if (stuck)
+			return rps__seterr(-EMFILE, "listener: cannot accept now (out of descriptors or memory): "
+					   "raise the open file limit (ulimit -n)");
 	}
 }
 
@@ -385,6 +428,8 @@ void rps__tcp_listener_close(struct rps__listener *base)
 
 	while (l->pending)
 		pending_drop(l, l->pending);
+	if (l->reserve_fd >= 0)
+		close(l->reserve_fd);
 	close(l->epfd);
 	close(l->fd);
 	free(l);

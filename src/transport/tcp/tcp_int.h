@@ -311,6 +311,11 @@ struct tcp_listener {
 	struct tcp_pending *pending_tail;	/* the oldest: evicted first when full */
 	uint32_t npending;
 	uint64_t hello_timeout_ns;
+	/* /dev/null, held back: out of descriptors (EMFILE), it is closed to
+	 * accept one connection and close it at once, so the backlog drains
+	 * and the listener stops reporting work it cannot take (tcp_conn.c) */
+	int reserve_fd;
+	uint64_t shed, shed_said, shed_said_ns;
 };
 
 struct tcp_conn_req {
