@@ -3206,9 +3206,13 @@ static int wide_worker(int rank, int nworkers, const char *servers, void *arg, i
  * from 2 endpoints, and test_verbs grows one under load. */
 static void test_wide_endpoints(void)
 {
-	/* (R = 1: the endpoints are the point, not the 256 backups R = 2
-	 * would seed at start) */
-	struct it_server_opts so = { .extra_args = "--partitions 256 --shard-size 4K --slots 2 --fsync none --replicas 1",
+	/* 80 serving threads share 2 cores with the rest of make check here:
+	 * members starve for seconds (CI saw 8 s).  --failover-ms 10000: one
+	 * starved is not dead; R = 2, settled before the workers start: a
+	 * connection a worker takes for lost after 4 s of silence rides
+	 * through and is dialed again (at R = 1 its push failed) */
+	struct it_server_opts so = { .extra_args = "--partitions 256 --shard-size 4K --slots 2 --fsync none "
+						   "--failover-ms 10000",
 				     .threads = RPS__PROTO_THREADS_MAX };
 	struct it_cluster wide;
 	struct it_workers w;
@@ -3217,6 +3221,7 @@ static void test_wide_endpoints(void)
 	if (strcmp(cluster.scheme, "tcp"))
 		return;
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&wide, 5, &so), 0);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&wide, 2, 120000, NULL), 0);
 	CU_ASSERT_EQUAL(it_workers_start(&w, 2, wide_worker, wide.servers, NULL, -1, NULL), 0);
 	for (r = 0; r < 2; r++) {
 		CU_ASSERT_EQUAL(it_worker_read(&w, r, results[r], sizeof(results[r])), 0);
