@@ -756,7 +756,6 @@ static void test_dribbled_frames(void)
 	size_t len[NC] = { 0 }, sent[NC] = { 0 };
 	struct rps__ep *sep[NC];
 	uint32_t k, f, i, off, step = 0;
-	uint64_t deadline;
 	uint8_t hello[72];
 	int fd[NC];
 	bool all;
@@ -776,13 +775,21 @@ static void test_dribbled_frames(void)
 		CU_ASSERT_EQUAL_FATAL(hello[6], 2);	/* ACCEPT */
 		sep[k] = server_take_ep();
 		CU_ASSERT_FATAL(sep[k] != NULL);
-		/* NF WRITEs of 1..60 bytes, one after the other in k's region */
+		{	/* for the last frame's immediate */
+			struct rps__sge sge = { srv_recv_mem + k * 64, 64, srv_recv_mr };
+			CU_ASSERT_EQUAL_FATAL(rps__post_recv(sep[k], &sge, k), 0);
+		}
+		/* NF WRITEs of 1..60 bytes, one after the other in k's region,
+		 * the last a WRITE_IMM: its completion, taken from the server
+		 * thread's mailbox under its lock, says (and orders) that every
+		 * byte before it is in place */
 		for (f = 0, off = 0; f < NF; f++) {
 			uint32_t plen = 1 + (f * 13 + k * 5) % 60;
 			uint8_t *h = stream[k] + len[k];
 
 			memset(h, 0, TCP_HDR_BYTES);
-			h[0] = 2;	/* WRITE */
+			h[0] = f == NF - 1 ? 3 : 2;	/* WRITE_IMM, WRITE */
+			put_le(h + 40, k + 1, 4);	/* imm */
 			put_le(h + 4, plen, 4);
 			put_le(h + 8, f + 1, 4);	/* seq */
 			put_le(h + 12, rps__mr_rkey(srv_mr), 4);
@@ -808,13 +815,12 @@ static void test_dribbled_frames(void)
 		step++;
 		usleep(200);
 	} while (!all);
-	deadline = rps__now_ns() + WAIT_MS * 1000000ull;
-	while (memcmp(srv_mem, expect[0], REGION) || memcmp(srv_mem + REGION, expect[1], REGION)) {
-		if (rps__now_ns() > deadline)
-			break;
-		usleep(1000);
-	}
 	for (k = 0; k < NC; k++) {
+		struct rps__wc wc;
+
+		CU_ASSERT_FATAL(server_wait_wc(sep[k], &wc));
+		CU_ASSERT_EQUAL(wc.status, RPS__WC_SUCCESS);
+		CU_ASSERT_EQUAL(wc.imm, k + 1);
 		CU_ASSERT(memcmp(srv_mem + k * REGION, expect[k], REGION) == 0);
 		CU_ASSERT_EQUAL(rps__ep_is_error(sep[k]), 0);
 		close(fd[k]);
