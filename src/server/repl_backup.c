@@ -18,6 +18,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -260,16 +261,21 @@ static int apply_entry(struct rps__server *srv, struct srv_conn *c, const struct
  * (tests/it_replica.c). */
 static bool fault_break(const struct rps__server *srv)
 {
-	static long at = -1;
+	static _Atomic long at = -1;	/* (serving threads share it) */
+	long n = atomic_load(&at);
 
-	if (!RPS__FAULT_INJECTION || RPS__LIKELY(at == 0))
+	if (!RPS__FAULT_INJECTION || RPS__LIKELY(n == 0))
 		return false;
-	if (at < 0 && (!rps__fault_arg("repl-break-at-", &at) || at <= 0))
-		return at = 0, false;
-	if (srv->repl.stats.entries_applied < (uint64_t)at)
+	if (n < 0) {
+		if (!rps__fault_arg("repl-break-at-", &n) || n <= 0)
+			n = 0;
+		atomic_store(&at, n);
+		if (!n)
+			return false;
+	}
+	if (srv->repl.stats.entries_applied < (uint64_t)n)
 		return false;
-	at = 0;
-	return true;
+	return atomic_compare_exchange_strong(&at, &n, 0);	/* once */
 }
 
 /* The entry in the next slot in turn. */
