@@ -257,6 +257,12 @@ int rps__conn_dialed(struct rps_client *cl, struct conn *c, int ret, const char 
 		return rps__seterr(ret, "%s refused the connection: %.*s (a server started without --key takes "
 				   "its user's %s)", c->name, (int)reply_len, reply, local);
 	}
+	/* a burst of handshakes from our address (a job's ranks starting at
+	 * once): the caller dials again in a moment (dialer.c, job_busy) */
+	if (ret == -ECONNREFUSED && reply_len > 0 && !strncmp(reply, RPS__BUSY_REFUSAL, strlen(RPS__BUSY_REFUSAL)))
+		return rps__seterr(-EBUSY, "%s refused the connection for now: %.*s (too many connections "
+				   "authenticating at once: try again, or give the client a longer timeout_ms)",
+				   c->name, (int)strnlen(reply, reply_len), reply);
 	if (ret == -ECONNREFUSED && reply_len > 0 && reply[0] >= ' ')
 		return rps__seterr(ret, "%s refused the connection: %.*s", c->name, (int)reply_len, reply);
 	if (ret)

@@ -84,6 +84,38 @@ static void job_handshake(struct rps_client *cl, struct rps__dial_job *j)
 	job_send_hello(cl, j);
 }
 
+uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt)
+{
+	uint64_t wait_ms = 10ull << RPS__MIN(tries, 6u);
+	uint64_t h = (rps__now_ns() ^ ((uint64_t)salt << 32)) * 0x9e3779b97f4a7c15ull;
+
+	return wait_ms / 2 + (h >> 33) % (wait_ms / 2 + 1);	/* (spread the burst) */
+}
+
+/*
+ * The server refused j's connection at connect, or closed it before its
+ * AUTH to make room (a burst of handshakes from our address: a job's
+ * ranks starting at once): drop it and dial again after
+ * rps__busy_wait_ms, while the batch's time lasts.  False: no time left,
+ * j fails with the server's line.
+ */
+static bool job_busy(struct rps_client *cl, struct rps__dial_job *j)
+{
+	uint64_t now = rps__now_ns(), wait_ms = rps__busy_wait_ms(j->busy_tries, (uint32_t)j->k);
+
+	if (now + wait_ms * 1000000ull >= j->end)
+		return false;
+	rps__log(RPS__LOG_DEBUG, "%s: dialing again in %llu ms", rps__errbuf(), (unsigned long long)wait_ms);
+	rps__key_clear(&j->proven);
+	/* closed once the completions polled with this one are through
+	 * (drain_cq: one of them may be this endpoint's) */
+	j->drop = true;
+	j->busy_tries++;
+	j->deadline = now + wait_ms * 1000000ull;
+	j->state = JOB_BUSY;
+	return true;
+}
+
 static void job_start(struct rps_client *cl, struct rps__dial_job *j)
 {
 	struct conn *c = &cl->conns[j->k];
@@ -122,41 +154,12 @@ static void job_step_dial(struct rps_client *cl, struct rps__dial_job *j)
 	}
 	j->d = NULL;	/* (over: the dial freed itself) */
 	ret = rps__conn_dialed(cl, c, ret, reply, reply_len, &j->rp);
+	if (ret == -EBUSY && job_busy(cl, j))
+		return;
 	if (ret)
 		job_fail(j, ret);
 	else
 		job_handshake(cl, j);
-}
-
-uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt)
-{
-	uint64_t wait_ms = 10ull << RPS__MIN(tries, 6u);
-	uint64_t h = (rps__now_ns() ^ ((uint64_t)salt << 32)) * 0x9e3779b97f4a7c15ull;
-
-	return wait_ms / 2 + (h >> 33) % (wait_ms / 2 + 1);	/* (spread the burst) */
-}
-
-/*
- * The server closed j's connection before its AUTH to make room (a burst
- * of handshakes from our address: a job's ranks starting at once): drop
- * it and dial again after rps__busy_wait_ms, while the batch's time
- * lasts.  False: no time left, j fails with the server's line.
- */
-static bool job_busy(struct rps_client *cl, struct rps__dial_job *j)
-{
-	uint64_t now = rps__now_ns(), wait_ms = rps__busy_wait_ms(j->busy_tries, (uint32_t)j->k);
-
-	if (now + wait_ms * 1000000ull >= j->end)
-		return false;
-	rps__log(RPS__LOG_DEBUG, "%s: dialing again in %llu ms", rps__errbuf(), (unsigned long long)wait_ms);
-	rps__key_clear(&j->proven);
-	/* closed once the completions polled with this one are through
-	 * (drain_cq: one of them may be this endpoint's) */
-	j->drop = true;
-	j->busy_tries++;
-	j->deadline = now + wait_ms * 1000000ull;
-	j->state = JOB_BUSY;
-	return true;
 }
 
 /* The job of the batch whose slot connection c is, or NULL (job_at: a

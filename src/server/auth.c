@@ -22,8 +22,9 @@ struct srv_auth_dial {
 	struct rps__auth_transcript t;
 };
 
-/* Refusals are logged once a second at most, whoever sends them. */
-void rps__srv_log_refusal(struct rps__server *srv, const struct srv_conn *c, const char *why)
+/* Refusals are logged once a second at most, whoever sends them (who:
+ * the role and address refused). */
+void rps__srv_log_refusal_line(struct rps__server *srv, const char *who, const char *why)
 {
 	uint64_t now = rps__now_ns();
 
@@ -32,12 +33,20 @@ void rps__srv_log_refusal(struct rps__server *srv, const struct srv_conn *c, con
 		return;
 	}
 	if (srv->auth_log.quiet)
-		rps__log(RPS__LOG_WARN, "%s %s refused: %s (and %llu refusals in the second before, not logged)",
-			 rps__srv_role_name(c), rps__ep_peer(c->ep), why, (unsigned long long)srv->auth_log.quiet);
+		rps__log(RPS__LOG_WARN, "%s refused: %s (and %llu refusals in the second before, not logged)", who,
+			 why, (unsigned long long)srv->auth_log.quiet);
 	else
-		rps__log(RPS__LOG_WARN, "%s %s refused: %s", rps__srv_role_name(c), rps__ep_peer(c->ep), why);
+		rps__log(RPS__LOG_WARN, "%s refused: %s", who, why);
 	srv->auth_log.last_ns = now;
 	srv->auth_log.quiet = 0;
+}
+
+void rps__srv_log_refusal(struct rps__server *srv, const struct srv_conn *c, const char *why)
+{
+	char who[128];
+
+	snprintf(who, sizeof(who), "%s %s", rps__srv_role_name(c), rps__ep_peer(c->ep));
+	rps__srv_log_refusal_line(srv, who, why);
 }
 
 void rps__srv_auth_accepted(struct rps__server *srv, struct srv_conn *c, const struct rps__conn_priv *req,

@@ -163,10 +163,28 @@ int rps__srv_cq_charge(struct rps__server *srv, struct srv_conn *c, uint32_t ent
 	return 0;
 }
 
+/* c leaves the preauth queue (authed, refused, gone). */
+static void preauth_leave(struct rps__server *srv, struct srv_conn *c)
+{
+	uint32_t i;
+
+	if (!c->auth.waiting)
+		return;
+	c->auth.waiting = false;
+	for (i = 0; i < srv->preauth.n; i++)
+		if (srv->preauth.q[i] == c) {
+			memmove(&srv->preauth.q[i], &srv->preauth.q[i + 1],
+				(srv->preauth.n - i - 1) * sizeof(srv->preauth.q[0]));
+			srv->preauth.n--;
+			return;
+		}
+}
+
 void rps__srv_conn_free(struct rps__server *srv, struct srv_conn *c)
 {
 	if (!c)
 		return;
+	preauth_leave(srv, c);
 	rps__srv_auth_dial_free(c);
 	rps__ep_close(c->ep);
 	srv->cq_charged -= c->cq_charged;
@@ -399,42 +417,50 @@ const char *rps__srv_conn_over_budget(const struct rps__server *srv, const struc
 	return NULL;
 }
 
-/* Room for one more connection waiting to authenticate, from host: past
- * the budget (PREAUTH_*), the oldest waiting one of that host, or else of
- * all, is closed.  Evicting rather than refusing the newcomer: silent
- * sockets opened ahead of a worker cannot keep it out, and a burst of
- * them costs the flooder its own older ones.  But a burst of workers (a
- * job's start: hundreds of ranks dialing at once from one host) looks the
- * same, so an evicted connection we accepted is told why first, with an
- * AUTH_REP of -EBUSY: librdmaps dials it again a moment later
- * (client/dialer.c), and the burst gets in as handshakes complete. */
-static void preauth_room(struct rps__server *srv, const char *host)
+/*
+ * Room for one more connection waiting to authenticate, from host: NULL,
+ * or the line to refuse it with (in why).  Past the budget (PREAUTH_*)
+ * the oldest waiting one of that host, or else of all, makes room if it
+ * has had PREAUTH_FAIR_MS to send its AUTH: silent sockets opened ahead of
+ * a worker keep it out that long at most, and a burst of them costs the
+ * flooder its own older ones.  An evicted connection is told why first,
+ * with an AUTH_REP of -EBUSY.  One younger than that is a handshake under
+ * way (a job's start: hundreds of ranks dialing at once from one host),
+ * and closing it would only make it dial again: the newcomer is refused
+ * at connect instead, busy, which costs no queue pair and no descriptor
+ * past the refusal.  librdmaps dials either again a moment later
+ * (client/dialer.c), and the burst gets in as handshakes complete.  The
+ * walk is of the queue (PREAUTH_MAX at most), whatever the connections.
+ */
+static const char *preauth_room(struct rps__server *srv, const char *host, char *why, size_t len)
 {
-	struct srv_conn *oldest = NULL, *oldest_host = NULL;
-	uint32_t i, n = 0, n_host = 0;
-	char h[96];
+	struct srv_conn *victim = NULL, *oldest_host = NULL;
+	uint32_t i, k, n_host = 0;
 
-	for (i = 0; i < srv->nconns; i++) {
-		struct srv_conn *o = srv->conns[i];
-		if (o->auth.authed || o->auth.refused || o->dead)
+	for (i = k = 0; i < srv->preauth.n; i++) {	/* (the ones settled since leave it) */
+		struct srv_conn *o = srv->preauth.q[i];
+		if (o->auth.authed || o->auth.refused || o->dead) {
+			o->auth.waiting = false;
 			continue;
-		n++;
-		if (!oldest || o->auth.accepted_ns < oldest->auth.accepted_ns)
-			oldest = o;
-		rps__auth_host(rps__ep_peer(o->ep), h, sizeof(h));
-		if (strcmp(h, host))
-			continue;
-		n_host++;
-		if (!oldest_host || o->auth.accepted_ns < oldest_host->auth.accepted_ns)
+		}
+		srv->preauth.q[k++] = o;
+		if (!strcmp(o->auth.host, host) && n_host++ == 0)
 			oldest_host = o;
 	}
+	srv->preauth.n = k;
 	if (n_host >= PREAUTH_PER_HOST)
-		oldest = oldest_host;
-	else if (n < PREAUTH_MAX)
-		return;
-	snprintf(h, sizeof(h), RPS__BUSY_REFUSAL " %u handshakes%s wait", n_host >= PREAUTH_PER_HOST ? n_host : n,
-		 n_host >= PREAUTH_PER_HOST ? " from your address" : "");
-	rps__srv_auth_busy(srv, oldest, h);
+		victim = oldest_host;
+	else if (k >= PREAUTH_MAX)
+		victim = srv->preauth.q[0];
+	else
+		return NULL;
+	snprintf(why, len, RPS__BUSY_REFUSAL " %u handshakes%s wait", victim == oldest_host ? n_host : k,
+		 victim == oldest_host ? " from your address" : "");
+	if (rps__now_ns() - victim->auth.accepted_ns < PREAUTH_FAIR_MS * 1000000ull)
+		return why;
+	rps__srv_auth_busy(srv, victim, why);
+	preauth_leave(srv, victim);
+	return NULL;
 }
 
 void rps__srv_conn_destroy(struct rps__server *srv, struct srv_conn *c)
@@ -530,6 +556,7 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	size_t len;
 	const void *data = rps__conn_req_data(req_, &len);
 	const char *why = NULL;
+	char host[sizeof(((struct srv_conn_auth *)0)->host)] = "";
 	bool rev;
 	uint32_t i;
 	int ret;
@@ -574,9 +601,15 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	}
 	rev = priv.role == RPS__ROLE_REPL_REV;	/* we are its primary */
 	if (srv->cfg.keys) {	/* (without a key it is authed at once) */
-		char host[64];
+		char busy[RPS__PRIVDATA_MAX];
 		rps__auth_host(rps__conn_req_peer(req_), host, sizeof(host));
-		preauth_room(srv, host);
+		if (preauth_room(srv, host, busy, sizeof(busy))) {
+			char who[96];
+			snprintf(who, sizeof(who), "connection from %s", rps__conn_req_peer(req_));
+			rps__srv_log_refusal_line(srv, who, busy);
+			rps__reject(req_, busy, strlen(busy) + 1);
+			return;
+		}
 	}
 	/* with a key: lean until it proved it (rps__srv_conn_grow) */
 	ret = conn_create(srv, rev ? CONN_REPL : (enum conn_role_kind)priv.role, srv->cfg.keys != NULL, &c);
@@ -631,8 +664,13 @@ static void accept_one(struct rps__server *srv, struct rps__conn_req *req_)
 	c->bufs.recvs_posted = true;
 	if (conn_table_add(srv, c))
 		goto err_free;
-	if (c->auth.authed)
+	if (c->auth.authed) {
 		rps__srv_conn_authed(srv, c);
+	} else {	/* (room was made above) */
+		memcpy(c->auth.host, host, sizeof(c->auth.host));
+		c->auth.waiting = true;
+		srv->preauth.q[srv->preauth.n++] = c;
+	}
 	return;
 err_free:
 	conn_free(srv, c);

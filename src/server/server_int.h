@@ -57,12 +57,15 @@
 #define ADMIN_CONNS_MAX 16u	/* psctl connections at once (rdmapsd(8)) */
 /* Accepted connections that have not authenticated yet (with a key): a
  * budget of their own, per port, and per source address within it; past
- * it the oldest waiting one (of that address) is closed.  They count
- * against --max-connections and the admin slots only once authenticated,
- * and hold one small buffer each until then (rdmapsd(8), doc/security.md
+ * it the oldest waiting one (of that address) is closed if it has had
+ * PREAUTH_FAIR_MS to prove itself, and the newcomer is refused at
+ * connect (busy: it dials again) if not.  They count against
+ * --max-connections and the admin slots only once authenticated, and
+ * hold one small buffer each until then (rdmapsd(8), doc/security.md
  * "Connections that have not authenticated"). */
 #define PREAUTH_MAX 256u
 #define PREAUTH_PER_HOST 64u
+#define PREAUTH_FAIR_MS 1000u
 #define PREAUTH_MSG_MAX RPS__MSG_MAX	/* AUTH, AUTH_REP and AUTH_DONE fit */
 /* The shared CQ's entries beyond twice what its connections' queues are
  * charged (rps__srv_cq_charge): what it is made with. */
@@ -244,6 +247,8 @@ struct srv_conn_auth {
 	uint8_t key_role;	/* enum rps__key_role it proved (NONE: no key here) */
 	char scope[64];		/* worker/reader: its tensor-name prefix */
 	uint64_t deadline_ns;
+	bool waiting;		/* in the server's preauth queue (conn.c, preauth_room) */
+	char host[48];		/* its address without the port (rps__auth_host), while waiting */
 	struct rps__conn_priv req, rep;	/* the connect data, both ways */
 	struct srv_auth_dial *dial;	/* we dialed: what checks the answer */
 };
@@ -395,6 +400,13 @@ struct rps__server {
 		uint64_t quiet;		/* ... and how many since went unlogged */
 	} auth_log;
 	uint64_t threads_log_ns;	/* conn.c: when a --threads mismatch was last logged */
+	/* conn.c: the accepted connections still proving their key, oldest
+	 * first (preauth_room; a budget's worth at most, so an accept costs
+	 * a walk of these, not of every connection) */
+	struct {
+		struct srv_conn *q[PREAUTH_MAX];
+		uint32_t n;
+	} preauth;
 	struct rps__server_config cfg;
 	struct srv_threads thr;		/* threads.c */
 	uint64_t my_id;			/* member id (HELLO replies, peer handshakes) */
@@ -502,6 +514,7 @@ void rps__srv_auth_timers(struct rps__server *srv, uint64_t now);
 void rps__srv_auth_dial_free(struct srv_conn *c);
 /* Log a refusal, once a second at most (hostile peers must not flood the log). */
 void rps__srv_log_refusal(struct rps__server *srv, const struct srv_conn *c, const char *why);
+void rps__srv_log_refusal_line(struct rps__server *srv, const char *who, const char *why);
 /* Close c, not authenticated yet, to make room: an AUTH_REP of -EBUSY
  * says why (RPS__BUSY_REFUSAL ...) and that it may dial again. */
 void rps__srv_auth_busy(struct rps__server *srv, struct srv_conn *c, const char *why);
