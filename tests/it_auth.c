@@ -822,7 +822,8 @@ static void test_member_full(void)
  * and hold no big buffers.  Past the cap, a newcomer is refused at
  * connect while the oldest waiting has had less than 1 s to prove itself
  * (a handshake under way), and makes room by closing the oldest after
- * that (a silent socket); a worker refused so dials again and gets in. */
+ * that (a silent socket); psctl and a worker refused so dial again and
+ * get in. */
 static void test_preauth_peers(void)
 {
 	rps_client_t *cl, *late;
@@ -831,7 +832,8 @@ static void test_preauth_peers(void)
 	struct rps__key c;
 	long before, after;
 	uint64_t t0, t1, t2;
-	int n, extra;
+	char out[4096], err[4096];
+	int n, extra, rc;
 
 	up();
 	CU_ASSERT_EQUAL_FATAL(rps__key_load(getenv("RDMAPS_KEY_FILE"), &c), 0);
@@ -869,8 +871,12 @@ static void test_preauth_peers(void)
 	fprintf(stderr, "\n  server VmRSS %ld -> %ld KiB with %d unauthenticated peer connections, %d closed, "
 		"%d refused at connect\n", before, after, s.n, n, s.refused_busy);
 	CU_ASSERT(after > 0 && after - before < 64 * 1024);
-	/* a worker now: refused busy at connect while the newest 64 are
-	 * young, it dials again and gets in */
+	/* psctl now: refused busy at connect while the newest 64 are young,
+	 * it dials again and gets in; then a worker the same way */
+	rc = it_psctl(&clu, 20000, out, sizeof(out), err, sizeof(err), "status");
+	if (rc)
+		fprintf(stderr, "psctl: %s\n", err);
+	CU_ASSERT_EQUAL(rc, 0);
 	CU_ASSERT_EQUAL(connect_with(NULL, &late), 0);
 	if (late) {
 		rps_tensor_t *lt;

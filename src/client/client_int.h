@@ -524,10 +524,6 @@ struct rps__dial_job {
 	struct rps__key proven;
 };
 void rps__dial_batch(struct rps_client *cl, struct rps__dial_job *jobs, uint32_t n);
-/* How long to wait before dialing again a server that said it is busy
- * (tries: times so far): 10 ms doubling to 640 ms, each spread at random
- * over its upper half by salt and the clock. */
-uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt);
 
 /* tensor.c */
 void rps__tensor_opts_defaults(struct rps_tensor_opts *d);

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NRECV 4u
 #define SEND_WRID (1ull << 32)
@@ -190,9 +191,25 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 		goto err;
 	attr.sq_depth = 8;
 	attr.rq_depth = NRECV;
-	memset(reply, 0, sizeof(reply));
-	ret = rps__connect(ctl->fab, u->host, u->port, ctl->cq, &attr, &priv, sizeof(priv),
-			   ctl->timeout_ms, reply, &reply_len, &ctl->ep);
+	/* a server busy with a burst of handshakes from our address (a job's
+	 * ranks starting on this host) refuses us at connect for a moment:
+	 * dial again within our time, as librdmaps does (dialer.c) */
+	for (uint32_t busy = 0, end_ms = (uint32_t)ctl->timeout_ms;; busy++) {
+		uint64_t t0 = rps__now_ns(), wait_ms;
+
+		memset(reply, 0, sizeof(reply));
+		reply_len = RPS__PRIVDATA_MAX;
+		ret = rps__connect(ctl->fab, u->host, u->port, ctl->cq, &attr, &priv, sizeof(priv), (int)end_ms,
+				   reply, &reply_len, &ctl->ep);
+		wait_ms = rps__busy_wait_ms(busy, (uint32_t)getpid());
+		if (ret != -ECONNREFUSED || strncmp(reply, RPS__BUSY_REFUSAL, strlen(RPS__BUSY_REFUSAL)))
+			break;
+		end_ms -= (uint32_t)RPS__MIN((rps__now_ns() - t0) / 1000000ull, (uint64_t)end_ms);
+		if (wait_ms + 1 >= end_ms)
+			break;
+		usleep((useconds_t)(wait_ms * 1000));
+		end_ms -= (uint32_t)wait_ms;
+	}
 	if (ret) {
 		ctl->ep = NULL;
 		ret = connect_error(ctl, ret, reply, reply_len, !key_path);

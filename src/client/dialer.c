@@ -84,14 +84,6 @@ static void job_handshake(struct rps_client *cl, struct rps__dial_job *j)
 	job_send_hello(cl, j);
 }
 
-uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt)
-{
-	uint64_t wait_ms = 10ull << RPS__MIN(tries, 6u);
-	uint64_t h = (rps__now_ns() ^ ((uint64_t)salt << 32)) * 0x9e3779b97f4a7c15ull;
-
-	return wait_ms / 2 + (h >> 33) % (wait_ms / 2 + 1);	/* (spread the burst) */
-}
-
 /*
  * The server refused j's connection at connect, or closed it before its
  * AUTH to make room (a burst of handshakes from our address: a job's

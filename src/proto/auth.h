@@ -170,6 +170,10 @@ int rps__auth_connect(const struct rps__key *cur, const struct rps__key *prev, e
 		      const char *scope, const struct rps__conn_priv *req, const struct rps__conn_priv *rep,
 		      const char *local_addr, const char *peer_addr, const char *who, struct rps__auth *msg,
 		      struct rps__auth_transcript *t, struct rps__key *proven);
+/* How long to wait before dialing again a server that said it is busy
+ * (RPS__BUSY_REFUSAL; tries: times so far): 10 ms doubling to 640 ms,
+ * each spread at random over its upper half by salt and the clock. */
+uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt);
 /* Check the server's AUTH_REP: 0, or its refusal / a bad proof (-EACCES,
  * message set: the server could not prove it holds the key). */
 int rps__auth_connect_check(const struct rps__key *proven, const struct rps__auth_transcript *t,

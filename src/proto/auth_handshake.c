@@ -198,6 +198,14 @@ int rps__auth_connect(const struct rps__key *cur, const struct rps__key *prev, e
 	return 0;
 }
 
+uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt)
+{
+	uint64_t wait_ms = 10ull << RPS__MIN(tries, 6u);
+	uint64_t h = (rps__now_ns() ^ ((uint64_t)salt << 32)) * 0x9e3779b97f4a7c15ull;
+
+	return wait_ms / 2 + (h >> 33) % (wait_ms / 2 + 1);	/* (spread the burst) */
+}
+
 int rps__auth_connect_check(const struct rps__key *proven, const struct rps__auth_transcript *t,
 			    const struct rps__msg_hdr *h, const struct rps__auth_rep *rep, const char *who)
 {
