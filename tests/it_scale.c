@@ -54,7 +54,11 @@
 #define ASYNC_PUSHES 20	/* RPS_SCALE_PUSHES */
 #define KILL_PUSHES 60
 #define SYNC_STEPS 5
+/* A worker's timeout_ms (RPS_SCALE_TIMEOUT_MS): its pushes wait behind
+ * every other worker's for each shard's lock, so at a thousand workers on
+ * 2 cores the last one waits minutes. */
 #define CLIENT_TIMEOUT_MS 120000
+static int client_timeout_ms = CLIENT_TIMEOUT_MS;
 #define SETTLE_MS 180000
 /* Tens of servers share 2 cores here: a member starved for a second is
  * not dead, so the failure detector gets RPS_SCALE_FAILOVER_MS (default
@@ -137,7 +141,7 @@ static void *client_main(void *arg)
 		return NULL;
 	}
 	t0 = now_s();
-	if ((ret = it_client_connect(ct->servers, ct->rank, ct->nranks, CLIENT_TIMEOUT_MS, &cl))) {
+	if ((ret = it_client_connect(ct->servers, ct->rank, ct->nranks, client_timeout_ms, &cl))) {
 		it_worker_fail(ct->rank, "connect", ret);
 		ct->rep.failed++;
 		goto out;
@@ -482,6 +486,7 @@ int main(void)
 	nprocs = env_int("RPS_SCALE_PROCS", 8, 1, IT_MAX_WORKERS);
 	nthreads = env_int("RPS_SCALE_THREADS", 8, 1, 256);
 	failover_ms = env_int("RPS_SCALE_FAILOVER_MS", 10000, 1000, 600000);
+	client_timeout_ms = env_int("RPS_SCALE_TIMEOUT_MS", CLIENT_TIMEOUT_MS, 1000, 3600000);
 	/* a server holds a connection per worker and per peer, a worker
 	 * process one per server per client: past the usual 1024 */
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
