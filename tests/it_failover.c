@@ -19,9 +19,12 @@
  *      stopped with SIGSTOP instead: a host that dies silently, its
  *      connections left open.  Every push acknowledged within the
  *      workers' 30 s timeout, exact; SIGKILLed once they are done.
- *  (d4) a primary stopped 6 s then continued, never failed over: its
+ *  (d4) the whole cluster stopped 6 s then continued (--failover-ms 4000:
+ *      nobody is failed over, since nobody was listening): the workers'
  *      connections are declared lost meanwhile; dialed again, every push
  *      resent there once, exact, nothing moved.
+ *  (d4b) a primary stopped 6 s at --failover-ms 60000: the workers wait
+ *      for it (no partition of it can fail over sooner), no redial.
  *  (d5) a member stopped for 3 s, the backup of the partition that holds
  *      a one-shard tensor's pushes: that primary warns of the updates
  *      waiting for it, one line a check at most, naming it and the
@@ -832,8 +835,29 @@ static int place_on_backup(struct async_job *j, const char *prefix, char *name, 
 	return -1;
 }
 
-/* backup_only: the victim is found, and the job placed, by place_on_backup */
-static int run_stalled(struct async_job *j, int stall_ms, const char *args, bool backup_only, double *t_done)
+/* Lines of the servers' log (at info) that say a worker connected. */
+static int count_connected(const char *logpath)
+{
+	char line[1024];
+	int n = 0;
+	FILE *f = fopen(logpath, "r");
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, "worker connected from") != NULL;
+	fclose(f);
+	return n;
+}
+
+/* (d4) the servers' log, and its count of those lines when the members
+ * were stopped and when the last push was acknowledged */
+static const char *stall_log;
+static int stall_connected[2];
+
+/* backup_only: the victim is found, and the job placed, by place_on_backup;
+ * whole: every member is stopped, not the victim alone */
+static int run_stalled(struct async_job *j, int stall_ms, const char *args, bool backup_only, bool whole,
+		       double *t_done)
 {
 	static char placed[32];
 	const char *tensors[1];
@@ -857,17 +881,37 @@ static int run_stalled(struct async_job *j, int stall_ms, const char *args, bool
 	CU_ASSERT_FATAL(victim >= 0);
 	tensors[0] = j->name;
 	CU_ASSERT_EQUAL_FATAL(it_workers_start(&w, D_WORKERS, async_worker, clu.servers, (void *)j, -1, NULL), 0);
+	for (int r = 0; r < D_WORKERS; r++)	/* (every worker connected) */
+		while (atomic_load(&sh->acked[r]) < 1)
+			it_sleep_ms(2);
+	for (int r = 0; r < D_WORKERS; r++)	/* (every worker connected) */
+		while (atomic_load(&sh->acked[r]) < 1)
+			it_sleep_ms(2);
 	while (acked_total(D_WORKERS) < D_WORKERS * D_PUSHES / 3)
 		it_sleep_ms(2);
 	at_stop = acked_total(D_WORKERS);
+	if (stall_log)
+		stall_connected[0] = count_connected(stall_log);
+	if (stall_log)
+		stall_connected[0] = count_connected(stall_log);
 	t0 = it_now_s();
-	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGSTOP), 0);
+	for (int i = 0; i < NSERVERS; i++)
+		if (whole || i == victim)
+			CU_ASSERT_EQUAL_FATAL(kill(clu.pid[i], SIGSTOP), 0);
 	it_sleep_ms(stall_ms);	/* the stall itself: what the test is about */
-	CU_ASSERT_EQUAL_FATAL(kill(clu.pid[victim], SIGCONT), 0);
+	for (int i = 0; i < NSERVERS; i++)
+		if (whole || i == victim)
+			CU_ASSERT_EQUAL_FATAL(kill(clu.pid[i], SIGCONT), 0);
 	acked = async_wait(&w);
 	*t_done = it_now_s() - t0;
-	fprintf(stderr, "[member %d stalled %d ms after %d pushes; %d acknowledged, the last %.2f s after the stall began] ",
-		victim + 1, stall_ms, at_stop, acked, *t_done);
+	if (stall_log)
+		stall_connected[1] = count_connected(stall_log);
+	if (whole)
+		fprintf(stderr, "[every member stalled %d ms after %d pushes; %d acknowledged, the last %.2f s after the "
+			"stall began] ", stall_ms, at_stop, acked, *t_done);
+	else
+		fprintf(stderr, "[member %d stalled %d ms after %d pushes; %d acknowledged, the last %.2f s after the stall "
+			"began] ", victim + 1, stall_ms, at_stop, acked, *t_done);
 	CU_ASSERT_EQUAL(acked, D_WORKERS * D_PUSHES);
 	check_exact(j->name, j->count, acked);
 	check_replicas(tensors, 1, versions);
@@ -881,18 +925,67 @@ static int run_stalled(struct async_job *j, int stall_ms, const char *args, bool
 	return victim;
 }
 
-/* A stopped process that comes back: its connections are declared lost
- * after PROBE_DEAD_MS without an answer (as for a dead host), but the
- * control plane does not fail it over, so its partitions are still its own
- * when the ride-through's wait is over: the client must dial it again and
- * resend, push ids unchanged.  Every push acknowledged, exact: none lost,
- * none applied twice. */
-static void test_primary_stalled(void)
+/* The whole cluster stopped longer than the workers wait on a silent
+ * server (the longer of 4 s and --failover-ms, here 4 s) and continued:
+ * a paused VM, a frozen host of every member.  The workers declare their
+ * connections lost, as for a dead host, but the control plane fails
+ * nobody over (the leader was not listening either: its failure detector
+ * moves every deadline on by its stall), so the partitions are still
+ * where they were when the ride-through's wait is over: the workers must
+ * dial the same servers again and resend, push ids unchanged.  Every push
+ * acknowledged, exact: none lost, none applied twice; the servers' logs
+ * show the workers connecting again.  (A lone member stopped that long,
+ * with the others listening, is failed over: d3.) */
+static void test_cluster_stalled(void)
 {
 	struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
+	char logpath[256], args[300];
+	int fd, before, after;
 	double t_done;
 
-	run_stalled(&j, D4_STALL_MS, "", false, &t_done);
+	snprintf(logpath, sizeof(logpath), "%s/rps-it-log.XXXXXX", test_tmpdir());
+	fd = mkstemp(logpath);
+	CU_ASSERT_FATAL(fd >= 0);
+	close(fd);
+	snprintf(args, sizeof(args), " --failover-ms 4000 --log-level info 2>>%s", logpath);
+	stall_log = logpath;
+	run_stalled(&j, D4_STALL_MS, args, false, true, &t_done);
+	stall_log = NULL;
+	before = stall_connected[0];
+	after = stall_connected[1];
+	fprintf(stderr, "[workers' connections logged: %d before the stall, %d after it] ", before, after);
+	CU_ASSERT(before >= NSERVERS * D_WORKERS);	/* (every worker to every member) */
+	CU_ASSERT(after > before);
+	unlink(logpath);
+}
+
+/* A primary stopped 6 s (longer than PROBE_DEAD_MS, 4 s) at --failover-ms
+ * 60000, then continued: the workers wait on it, since none of its
+ * partitions can fail over before 60 s of silence; they neither call
+ * their connections lost nor dial it again (each such redial, at a
+ * thousand workers on a starved cluster, cost a connection's handshake
+ * and a resend that stale epochs refused).  Exact, nothing moved, no
+ * worker connected again. */
+static void test_primary_stalled_waited(void)
+{
+	struct async_job j = { .name = "d4b", .count = COUNT, .pushes = D_PUSHES };
+	char logpath[256], args[300];
+	double t_done;
+	int fd;
+
+	snprintf(logpath, sizeof(logpath), "%s/rps-it-log.XXXXXX", test_tmpdir());
+	fd = mkstemp(logpath);
+	CU_ASSERT_FATAL(fd >= 0);
+	close(fd);
+	snprintf(args, sizeof(args), " --log-level info 2>>%s", logpath);
+	stall_log = logpath;
+	run_stalled(&j, D4_STALL_MS, args, false, false, &t_done);
+	stall_log = NULL;
+	fprintf(stderr, "[workers' connections logged: %d before the stall, %d after it] ", stall_connected[0],
+		stall_connected[1]);
+	CU_ASSERT(stall_connected[0] >= NSERVERS * D_WORKERS);
+	CU_ASSERT_EQUAL(stall_connected[1], stall_connected[0]);
+	unlink(logpath);
 }
 
 /* A member stalled 3 s, the backup of the partition of a one-shard
@@ -922,7 +1015,7 @@ static void test_backup_stalled_warned(void)
 	CU_ASSERT_FATAL(fd >= 0);
 	close(fd);
 	snprintf(args, sizeof(args), " 2>>%s", logpath);	/* (appended: the 3 servers write it) */
-	victim = run_stalled(&j, D5_STALL_MS, args, true, &t_done);
+	victim = run_stalled(&j, D5_STALL_MS, args, true, false, &t_done);
 	for (uint32_t p = 0; p < NPART; p++) {
 		unsigned k = 0;
 
@@ -1297,8 +1390,10 @@ int main(void)
 		  test_open_while_primary_stopped },
 		{ "(d8) a client connecting while a primary is stopped, it first in its list: within its timeout_ms, "
 		  "then rides through, exact", test_connect_while_primary_stopped },
-		{ "(d4) async: a primary stalled 6 s (SIGSTOP, SIGCONT), not failed over: dialed again, exact",
-		  test_primary_stalled },
+		{ "(d4) async: the whole cluster stalled 6 s (SIGSTOP, SIGCONT), nobody failed over: dialed again, exact",
+		  test_cluster_stalled },
+		{ "(d4b) async: a primary stalled 6 s at --failover-ms 60000: waited on, not dialed again, exact",
+		  test_primary_stalled_waited },
 		{ "(d5) async: a backup stalled 3 s: its primary warns, one line a check, naming it; exact",
 		  test_backup_stalled_warned },
 		{ "(d6) async: a member stopped that holds no copy of a tensor: its pushes go on meanwhile; exact",

@@ -248,7 +248,8 @@ static bool conn_waited_on(const struct conn *c)
  * messages can: a push waiting PROBE_DEAD_MS for its acknowledgement, or
  * a CREATE (a tensor's open, also after a map change) for its reply, with
  * no message at all from the server meanwhile, gets the verdict a probe
- * unanswered that long gets.  (A push a live server holds acknowledges
+ * unanswered that long gets (or the cluster's failover_ms, if longer:
+ * silent_ns).  (A push a live server holds acknowledges
  * soon: a sync push out of turn is TAKEN at once, one waiting for a backup
  * waits for that backup's failover, failover_ms; a CREATE is answered in
  * the turn that reads it.  What waits on other workers, a TAKEN push, a
@@ -256,13 +257,24 @@ static bool conn_waited_on(const struct conn *c)
  * refresh that reopened a tensor on a stopped primary waited its whole
  * timeout_ms over verbs (it_failover d3), its ops refused meanwhile.
  */
+/* How long a server may be silent before its connection is called lost:
+ * PROBE_DEAD_MS, or the cluster's failover_ms if longer.  No partition of
+ * a server silent for less than failover_ms can have failed over, so an
+ * earlier verdict only dials the same server again and resends, which a
+ * starved cluster (thousands of workers on few cores) pays for with
+ * thousands of redials and refusals of stale epochs. */
+static uint64_t silent_ns(const struct conn *c)
+{
+	return (uint64_t)RPS__MAX((uint32_t)PROBE_DEAD_MS, c->hello.failover_ms) * 1000000ull;
+}
+
 static bool process_silent(const struct conn *c, uint64_t now)
 {
 	const struct shard_op *op;
 	uint64_t oldest = now;
 	uint32_t i;
 
-	if (now - c->rx_ns < PROBE_DEAD_MS * 1000000ull)
+	if (now - c->rx_ns < silent_ns(c))
 		return false;	/* it spoke lately: no need to look at the ops */
 	for (op = c->active; op; op = op->anext)
 		if (op->state == ST_WRITING && op->written_ns < oldest)
@@ -270,7 +282,7 @@ static bool process_silent(const struct conn *c, uint64_t now)
 	for (i = 0; i < CTRL_CREDITS; i++)
 		if (c->ctrl[i].busy && c->ctrl[i].req && c->ctrl[i].prompt && c->ctrl[i].sent_ns < oldest)
 			oldest = c->ctrl[i].sent_ns;
-	return now - RPS__MAX(oldest, c->rx_ns) >= PROBE_DEAD_MS * 1000000ull;
+	return now - RPS__MAX(oldest, c->rx_ns) >= silent_ns(c);
 }
 
 /*
@@ -286,8 +298,8 @@ static bool process_silent(const struct conn *c, uint64_t now)
  * ride-through.  A live server answers it at once: one READ per
  * PROBE_MS per connection, and only while an answer is slow.  A transport
  * that never fails it (TCP to a silent host, or to a stopped process)
- * gets the same verdict after PROBE_DEAD_MS without an answer, if the
- * cluster replicates.  That verdict can be wrong (a server stalled that
+ * gets the same verdict after PROBE_DEAD_MS (or failover_ms) without an
+ * answer, if the cluster replicates.  That verdict can be wrong (a server stalled that
  * long): the ride-through then dials it again and resends, push ids
  * unchanged, once its partitions have not failed over (client.c).
  */
@@ -303,8 +315,8 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 		if (!c->ep || c->dead || !c->hello.map_len || !conn_waited_on(c))
 			continue;
 		if (process_silent(c, now) && rps__replicated(cl)) {
-			rps__log(RPS__LOG_DEBUG, "%s: no message for %d ms while a push or a CREATE waits for its "
-				 "answer: connection lost", c->name, PROBE_DEAD_MS);
+			rps__log(RPS__LOG_DEBUG, "%s: no message for %llu ms while a push or a CREATE waits for its "
+				 "answer: connection lost", c->name, (unsigned long long)(silent_ns(c) / 1000000ull));
 			c->dead = true;
 			c->err = -ECONNRESET;
 			continue;
@@ -315,9 +327,9 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 			 * (and a tensor refresh's OPEN does not wait its whole
 			 * timeout); a server that was only slow is dialed
 			 * again and its ops resent there (client.c) */
-			if (now - c->probe_ns >= PROBE_DEAD_MS * 1000000ull && rps__replicated(cl)) {
-				rps__log(RPS__LOG_DEBUG, "%s: no answer to a liveness probe for %d ms: connection lost",
-					 c->name, PROBE_DEAD_MS);
+			if (now - c->probe_ns >= silent_ns(c) && rps__replicated(cl)) {
+				rps__log(RPS__LOG_DEBUG, "%s: no answer to a liveness probe for %llu ms: connection lost",
+					 c->name, (unsigned long long)(silent_ns(c) / 1000000ull));
 				c->dead = true;
 				c->err = -ECONNRESET;
 			}

@@ -225,7 +225,11 @@ struct rps__hello_rep {
 	uint32_t owner;		/* this connection's lock owner id */
 	uint32_t lease_ms;
 	uint32_t thread_index;	/* which of nthreads this port serves */
-	uint32_t pad;
+	/* rdmapsd --failover-ms (0 from a server before it was sent): a
+	 * worker waits this long on a silent server (at least its own 4 s)
+	 * before it calls the connection lost, since no partition of a
+	 * server silent for less can have failed over anyway */
+	uint32_t failover_ms;
 	/* random per server instance (a restart draws another): a worker
 	 * that dials a server again after losing its connection learns
 	 * whether the process it lost is the one that answers */

@@ -331,6 +331,7 @@ static void on_hello(struct rps__server *srv, struct srv_conn *c, uint64_t req_i
 	rep.slot_rkey = slot_rkey;	/* (0: a reader pushes nothing) */
 	rep.owner = c->owner;
 	rep.lease_ms = srv->cfg.lease_ms;
+	rep.failover_ms = srv->cfg.failover_ms ? srv->cfg.failover_ms : 1000;
 	rep.incarnation = srv->incarnation;
 	conn_reply(c, RPS__MSG_HELLO_REP, req_id, 0, &rep, sizeof(rep));
 }
