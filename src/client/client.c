@@ -331,8 +331,6 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 		end = now + (uint64_t)cl->dial_ms * 1000000ull;
 
 		for (;;) {
-			uint64_t wait_ms;
-
 			ret = rps__conn_setup(cl, &cl->conns[0], &uris[i], 0);
 			if (!ret) {
 				cl->conns[0].member_id = cl->conns[0].hello.member_id;
@@ -347,10 +345,8 @@ RPS_EXPORT int rps_client_connect(const struct rps_client_opts *opts, rps_client
 			cl->nservers = 0;
 			/* busy with a burst of handshakes (a job's ranks all
 			 * starting): the same server again in a moment */
-			wait_ms = rps__busy_wait_ms(busy++, (uint32_t)i);
-			if (ret != -EBUSY || rps__now_ns() + wait_ms * 1000000ull >= end)
+			if (ret != -EBUSY || !rps__busy_sleep(&busy, (uint32_t)i, end))
 				break;
-			usleep((useconds_t)(wait_ms * 1000));
 		}
 		if (!ret)
 			break;

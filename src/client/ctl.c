@@ -142,6 +142,7 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 	char reply[RPS__PRIVDATA_MAX + 1];
 	size_t reply_len = RPS__PRIVDATA_MAX;
 	struct rps__ctl *ctl;
+	uint64_t end;
 	uint32_t i;
 	int ret;
 
@@ -194,21 +195,18 @@ int rps__ctl_open(const struct rps__uri *u, int timeout_ms, struct rps__ctl **ou
 	/* a server busy with a burst of handshakes from our address (a job's
 	 * ranks starting on this host) refuses us at connect for a moment:
 	 * dial again within our time, as librdmaps does (dialer.c) */
-	for (uint32_t busy = 0, end_ms = (uint32_t)ctl->timeout_ms;; busy++) {
-		uint64_t t0 = rps__now_ns(), wait_ms;
+	end = rps__now_ns() + (uint64_t)ctl->timeout_ms * 1000000ull;
+	for (uint32_t busy = 0;;) {
+		uint64_t now = rps__now_ns();
 
 		memset(reply, 0, sizeof(reply));
 		reply_len = RPS__PRIVDATA_MAX;
-		ret = rps__connect(ctl->fab, u->host, u->port, ctl->cq, &attr, &priv, sizeof(priv), (int)end_ms,
-				   reply, &reply_len, &ctl->ep);
-		wait_ms = rps__busy_wait_ms(busy, (uint32_t)getpid());
-		if (ret != -ECONNREFUSED || strncmp(reply, RPS__BUSY_REFUSAL, strlen(RPS__BUSY_REFUSAL)))
+		ret = rps__connect(ctl->fab, u->host, u->port, ctl->cq, &attr, &priv, sizeof(priv),
+				   (int)RPS__MAX(1u, (end - RPS__MIN(now, end)) / 1000000ull), reply, &reply_len,
+				   &ctl->ep);
+		if (ret != -ECONNREFUSED || strncmp(reply, RPS__BUSY_REFUSAL, strlen(RPS__BUSY_REFUSAL)) ||
+		    !rps__busy_sleep(&busy, (uint32_t)getpid(), end))
 			break;
-		end_ms -= (uint32_t)RPS__MIN((rps__now_ns() - t0) / 1000000ull, (uint64_t)end_ms);
-		if (wait_ms + 1 >= end_ms)
-			break;
-		usleep((useconds_t)(wait_ms * 1000));
-		end_ms -= (uint32_t)wait_ms;
 	}
 	if (ret) {
 		ctl->ep = NULL;

@@ -174,6 +174,10 @@ int rps__auth_connect(const struct rps__key *cur, const struct rps__key *prev, e
  * (RPS__BUSY_REFUSAL; tries: times so far): 10 ms doubling to 640 ms,
  * each spread at random over its upper half by salt and the clock. */
 uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt);
+/* A blocking dialer's turn after a busy refusal: sleep the next such wait
+ * (counting it in *tries) and true, or false if it would end past end_ns
+ * (rps__now_ns clock): give up with the refusal. */
+bool rps__busy_sleep(uint32_t *tries, uint32_t salt, uint64_t end_ns);
 /* Check the server's AUTH_REP: 0, or its refusal / a bad proof (-EACCES,
  * message set: the server could not prove it holds the key). */
 int rps__auth_connect_check(const struct rps__key *proven, const struct rps__auth_transcript *t,

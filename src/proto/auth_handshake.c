@@ -206,6 +206,16 @@ uint64_t rps__busy_wait_ms(uint32_t tries, uint32_t salt)
 	return wait_ms / 2 + (h >> 33) % (wait_ms / 2 + 1);	/* (spread the burst) */
 }
 
+bool rps__busy_sleep(uint32_t *tries, uint32_t salt, uint64_t end_ns)
+{
+	uint64_t wait_ms = rps__busy_wait_ms((*tries)++, salt);
+
+	if (rps__now_ns() + (wait_ms + 1) * 1000000ull >= end_ns)
+		return false;
+	usleep((useconds_t)(wait_ms * 1000));
+	return true;
+}
+
 int rps__auth_connect_check(const struct rps__key *proven, const struct rps__auth_transcript *t,
 			    const struct rps__msg_hdr *h, const struct rps__auth_rep *rep, const char *who)
 {

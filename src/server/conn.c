@@ -436,6 +436,7 @@ static const char *preauth_room(struct rps__server *srv, const char *host, char 
 {
 	struct srv_conn *victim = NULL, *oldest_host = NULL;
 	uint32_t i, k, n_host = 0;
+	bool per_host;
 
 	for (i = k = 0; i < srv->preauth.n; i++) {	/* (the ones settled since leave it) */
 		struct srv_conn *o = srv->preauth.q[i];
@@ -448,14 +449,15 @@ static const char *preauth_room(struct rps__server *srv, const char *host, char 
 			oldest_host = o;
 	}
 	srv->preauth.n = k;
-	if (n_host >= PREAUTH_PER_HOST)
+	per_host = n_host >= PREAUTH_PER_HOST;
+	if (per_host)
 		victim = oldest_host;
 	else if (k >= PREAUTH_MAX)
-		victim = srv->preauth.q[0];
+		victim = srv->preauth.q[0];	/* (maybe of this host too: the line says all) */
 	else
 		return NULL;
-	snprintf(why, len, RPS__BUSY_REFUSAL " %u handshakes%s wait", victim == oldest_host ? n_host : k,
-		 victim == oldest_host ? " from your address" : "");
+	snprintf(why, len, RPS__BUSY_REFUSAL " %u handshakes%s wait", per_host ? n_host : k,
+		 per_host ? " from your address" : "");
 	if (rps__now_ns() - victim->auth.accepted_ns < PREAUTH_FAIR_MS * 1000000ull)
 		return why;
 	rps__srv_auth_busy(srv, victim, why);
