@@ -1088,6 +1088,40 @@ static void test_new_leader_waits(void)
 	rps__log_level = level;
 }
 
+/* A leader elected after another one led gives that one 1.1 x lease_ms
+ * (its silence elected us, and what it granted ends by then), and every
+ * other member failover_ms from the election: they renewed with the old
+ * leader until it went, and must first learn of us (on a starved machine,
+ * seconds late).  Follows test_new_leader_waits: members 2, 3 and 4 were
+ * connected. */
+static void test_new_leader_old_one_first(void)
+{
+	uint64_t won;
+
+	rps__cp_failover_role(cp, false, 2);	/* member 2 leads ... */
+	won = rps__cp_fake_clock_ns += 100 * MS;
+	rps__cp_failover_role(cp, true, 1);	/* ... then we do */
+	turn();
+	CU_ASSERT(!failed(2) && !failed(3) && !failed(4));
+	rps__cp_fake_clock_ns = won + LEASE_NS / 10 * 11;
+	turn();
+	CU_ASSERT(!failed(2) && !failed(3) && !failed(4));
+	rps__cp_fake_clock_ns += 1;
+	turn();
+	CU_ASSERT(failed(2) && !failed(3) && !failed(4));
+	rps__cp_fake_clock_ns = won + FAILOVER_NS / 2;
+	send_lease(&peer3, 7);
+	turn();
+	rps__cp_fake_clock_ns = won + FAILOVER_NS;
+	turn();
+	CU_ASSERT(!failed(3) && !failed(4));
+	rps__cp_fake_clock_ns += 1;
+	turn();
+	CU_ASSERT(failed(4) && !failed(3));
+	/* with no other leader seen since it started, everybody gets
+	 * 1.1 x lease_ms (test_new_leader_waits) */
+}
+
 /* ---- replica sets: placement by the leader, seeding (repl_place.c) ------------ */
 
 /* A new one-member cluster in a fresh directory (the same fake data plane),
@@ -1584,6 +1618,7 @@ int main(void)
 		{ "failover: FAILOVER, REPLICA_DROP, REPLICA_ABORT in one batch", test_failover_proposed },
 		{ "backup: promoted on FAILOVER, drained on REPLICA_DROP", test_backup_promoted_or_dropped },
 		{ "a new leader waits 1.1 x lease_ms; members never connected are not failed", test_new_leader_waits },
+		{ "a new leader gives the old one 1.1 x lease_ms, the others failover_ms", test_new_leader_old_one_first },
 		{ "replicas: the leader seeds 4 per primary at once, the next on a commit, backs off on an abort", test_replica_placement },
 		{ "replicas: the joiner installs the image as a backup and commits", test_replica_joiner },
 		{ "replicas: zones declared after placement: a copy seeded in the missing zone, then the duplicate dropped", test_replica_zones_late },

@@ -431,7 +431,7 @@ static void cb_role_change(void *ctx, enum rps__raft_role role, uint64_t leader,
 {
 	struct rps__cplane *cp = ctx;
 
-	rps__cp_failover_role(cp, role == RPS__RAFT_LEADER);
+	rps__cp_failover_role(cp, role == RPS__RAFT_LEADER, leader);
 	if (role == RPS__RAFT_LEADER)
 		rps__log(RPS__LOG_INFO, "raft: leader of term %llu", (unsigned long long)term);
 	else if (leader)

@@ -40,6 +40,10 @@ extern volatile int rps__cp_isolated;
 extern uint64_t rps__cp_fake_clock_ns;
 /* Has the leader (this server) declared member id failed? */
 bool rps__cp_member_failed(const struct rps__cplane *cp, uint64_t id);
+/* Raft's role changed (leader: we lead; leader_id: who does, 0 if
+ * unknown): the failure detector starts over (repl_failover.c).  Called
+ * by the Raft node's callback; a test calls it to play an election. */
+void rps__cp_failover_role(struct rps__cplane *cp, bool leader, uint64_t leader_id);
 /* The leader: did member id renew its lease with us within lease_ms (or
  * is it us)?  What balancing moves partitions between. */
 bool rps__cp_member_fresh(const struct rps__cplane *cp, uint64_t id);

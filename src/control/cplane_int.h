@@ -146,6 +146,7 @@ struct cp_failover {
 	uint64_t grant_index;	/* ... in force once we applied the log this far */
 	/* leader */
 	bool leading;
+	uint64_t last_leader;	/* the last other member seen leading (0: none) */
 	uint64_t won_at;
 	uint64_t last_duty;	/* real boottime when the duties last ran (loop stalls) */
 	struct fo_contact contact[RPS__SMAP_MAX_MEMBERS];
@@ -315,7 +316,6 @@ void rps__cp_quorum_note(struct rps__cplane *cp, uint64_t now);
 bool rps__cp_on_lease(struct rps__cplane *cp, struct srv_conn *c, const struct rps__lease *l);
 void rps__cp_on_lease_rep(struct rps__cplane *cp, int32_t status, const struct rps__lease_rep *r);
 void rps__cp_failover_read_ready(struct rps__cplane *cp, uint64_t read_ctx, uint64_t index);
-void rps__cp_failover_role(struct rps__cplane *cp, bool leader);
 void rps__cp_failover_heard(struct rps__cplane *cp, uint64_t id);
 /* leader: id is this server, or was heard from and is not failed */
 bool rps__cp_member_live(const struct rps__cplane *cp, uint64_t id);

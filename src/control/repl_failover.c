@@ -41,7 +41,11 @@
  *     round (sent after t_r) before voting for L', so t_e > t_r >= t_s.  L'
  *     declares nothing before t_e + 1.1 lease_ms / (1 + rho), which is
  *     > t_s + lease_ms / (1 - rho) for rho < 0.047.  So a leader's death
- *     costs election + 1.1 x lease_ms, not election + failover_ms.
+ *     costs election + 1.1 x lease_ms, not election + failover_ms.  (The
+ *     others, which renewed with the old leader until it went, get
+ *     failover_ms from the election, as from their last renewal: on a
+ *     starved machine a member learns of a new leader and renews with it
+ *     seconds late, and 1.1 x lease_ms failed live members over.)
  * (c) The FAILOVER entry is proposed after the declaration, committed, then
  *     applied by the new primary B; B serves only after applying it.  So B's
  *     first acknowledgement comes after P's last.  Independently of clocks:
@@ -199,10 +203,15 @@ bool rps__cp_member_failed(const struct rps__cplane *cp, uint64_t id)
 	return cp->fo.leading && member_failed(cp, id);
 }
 
-/* Leadership won or lost.  A new leader cannot know when the old one last
- * heard from anyone: it declares nobody failed before 1.1 x lease_ms
- * (argument (b) above), which outlasts any lease the old leader granted. */
-void rps__cp_failover_role(struct rps__cplane *cp, bool leader)
+/* Leadership won or lost (leader_id: who leads now, 0 if unknown).  A new
+ * leader cannot know when the old one last heard from anyone: it declares
+ * nobody failed before 1.1 x lease_ms (argument (b) above), which
+ * outlasts any lease the old leader granted.  That is the old leader's
+ * time, whose silence is what elected us; every other member was renewing
+ * with the old leader and must first learn of us, so it gets failover_ms
+ * from now, as if it had just renewed.  (With no old leader known, as
+ * after our own restart, everybody gets 1.1 x lease_ms.) */
+void rps__cp_failover_role(struct rps__cplane *cp, bool leader, uint64_t leader_id)
 {
 	struct cp_failover *fo = &cp->fo;
 	uint64_t now = rps__cp_failover_now();
@@ -211,16 +220,23 @@ void rps__cp_failover_role(struct rps__cplane *cp, bool leader)
 	fo->nwaits = 0;
 	fo->ncontact = 0;
 	fo->leading = leader;
-	if (!leader)
+	if (!leader) {
+		if (leader_id && leader_id != cp->my_id)
+			fo->last_leader = leader_id;
 		return;
+	}
 	fo->won_at = now;
 	fo->last_duty = 0;
-	for (i = 0; i < cp->map.nmembers; i++)
-		if (cp->map.members[i].id != cp->my_id)
+	for (i = 0; i < cp->map.nmembers; i++) {
+		uint64_t id = cp->map.members[i].id;
+
+		if (id != cp->my_id)
 			fo->contact[fo->ncontact++] = (struct fo_contact){
-				.id = cp->map.members[i].id, .since = now,
-				.deadline = now + fo->lease_ns / 10 * 11,
+				.id = id, .since = now,
+				.deadline = now + (!fo->last_leader || id == fo->last_leader ? fo->lease_ns / 10 * 11
+											 : fo->failover_ns),
 			};
+	}
 }
 
 /* A LEASE from member c's peer (c NULL: our own).  The grant waits for a
