@@ -736,6 +736,19 @@ static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_
 			status = forgive_applied(nr);
 	}
 	status = explain_unreached(cur, status);
+	if (retryable(status) && rps__now_ns() >= deadline) {
+		/* the time ran out while the failure could still mend (a
+		 * failover or a move not over, a server too starved to
+		 * answer): the caller's timeout is what ended it, and the
+		 * last failure is why it did not settle sooner */
+		char last[sizeof(cur->msg)];
+
+		snprintf(last, sizeof(last), "%s", cur->msg);
+		status = cur->status = -ETIMEDOUT;
+		snprintf(cur->msg, sizeof(cur->msg), "request timed out after %d ms of retries (the last: %.300s): "
+			 "raise timeout_ms, or see what keeps the shard from settling (psctl status)", cl->timeout_ms,
+			 last);
+	}
 	if (cur != head) {
 		if (!cur->done && pending_add(pd, cur))
 			rps__req_wait_locked(cl, cur);

@@ -7,6 +7,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "kernels/agg.h"
 #include "kernels/optim.h"
 #include "proto/proto.h"
@@ -437,7 +438,7 @@ static bool refuse_unserved(struct rps__server *srv, struct srv_conn *c, uint32_
 	 * server's lease holds.  A refused push was not applied: the worker
 	 * refreshes its map and sends it to the new owner. */
 	if (!s->hdr || !rps__srv_part_serving(srv, s->part) || d->epoch != srv->parts[s->part].epoch ||
-	    rps__srv_lease_fenced(srv, s->part)) {
+	    rps__srv_lease_fenced(srv, s->part) || RPS__UNLIKELY(rps__fault("push-stale-epoch"))) {
 		uint64_t left = 0;
 		/* a lock this worker took before the fence: let go of it, or
 		 * fencing would wait for the lease */
