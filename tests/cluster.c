@@ -1175,6 +1175,9 @@ int it_member_status(const struct it_cluster *cl, int i, struct it_member *st, s
 	st->term = a.st.term;
 	st->leader = a.st.leader;
 	st->leading = a.st.role == RPS__RAFT_LEADER;
+	st->n_peers = a.st.n_peers;
+	st->n_voters = RPS__MIN(a.st.n_voters, (uint32_t)RPS__ARRAY_SIZE(st->voters));
+	memcpy(st->voters, a.st.voters, st->n_voters * sizeof(st->voters[0]));
 	if (map)
 		*map = a.map;
 	return 0;

@@ -211,6 +211,9 @@ struct it_member {
 	uint64_t term;
 	uint64_t leader;	/* the leader it knows, 0: none */
 	int leading;		/* it is the Raft leader */
+	uint32_t n_peers;	/* its connections with other members */
+	uint32_t n_voters;	/* the Raft voters it knows (at most 16) ... */
+	uint64_t voters[16];	/* ... these */
 };
 int it_member_status(const struct it_cluster *cl, int i, struct it_member *st, struct rps__smap *map);
 

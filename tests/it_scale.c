@@ -375,6 +375,89 @@ static void test_status(void)
 	CU_ASSERT_EQUAL(learners, nservers - voters);
 }
 
+static bool in_part(const struct rps__smap_part *pp, uint64_t id)
+{
+	if (pp->owner == id || pp->moving_to == id || pp->joining == id)
+		return true;
+	for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
+		if (pp->backups[k] == id)
+			return true;
+	return false;
+}
+
+/* The peer connections member st->id should hold in map m: every other
+ * member if it is a Raft voter; else the voters and the members it shares
+ * a partition with (cp_peers.c peers_needed). */
+static uint32_t peers_wanted(const struct it_member *st, const struct rps__smap *m)
+{
+	bool voter = false;
+	uint32_t n = 0;
+
+	for (uint32_t v = 0; v < st->n_voters; v++)
+		voter |= st->voters[v] == st->id;
+	for (uint32_t i = 0; i < m->nmembers; i++) {
+		uint64_t id = m->members[i].id;
+		bool want = voter;
+
+		if (id == st->id)
+			continue;
+		for (uint32_t v = 0; v < st->n_voters && !want; v++)
+			want = st->voters[v] == id;
+		for (uint32_t p = 0; p < m->npart && !want; p++)
+			want = in_part(&m->parts[p], st->id) && in_part(&m->parts[p], id);
+		n += want;
+	}
+	return n;
+}
+
+/* Peers only where needed: a voter holds a connection with every other
+ * member (any voter may come to lead, and the leader reaches everyone); a
+ * learner with the voters and with the members it shares a partition with
+ * (moves, seeds, switches), no other: two learners that share nothing
+ * hold no 2 MiB of buffers for each other.  Each member's count of peer
+ * connections (psctl status PEERS) equals what its own map and Raft
+ * configuration call for, once the dials are done. */
+static void test_peers_where_needed(void)
+{
+	static struct rps__smap m;
+	double deadline = now_s() + 60;
+	uint32_t bad = 0, voters_peers = 0, learners_peers = 0, nlearners = 0;
+
+	for (;;) {
+		bad = voters_peers = learners_peers = nlearners = 0;
+		for (int i = 0; i < nservers; i++) {
+			struct it_member st;
+			uint32_t want;
+			bool voter = false;
+
+			CU_ASSERT_EQUAL_FATAL(it_member_status(&clu, i, &st, &m), 0);
+			want = peers_wanted(&st, &m);
+			for (uint32_t v = 0; v < st.n_voters; v++)
+				voter |= st.voters[v] == st.id;
+			if (voter)
+				voters_peers = st.n_peers > voters_peers ? st.n_peers : voters_peers;
+			else {
+				learners_peers += st.n_peers;
+				nlearners++;
+			}
+			if (st.n_peers != want) {
+				if (now_s() > deadline)
+					fprintf(stderr, "\n  member %llu: %u peer connections, %u wanted",
+						(unsigned long long)st.id, st.n_peers, want);
+				bad++;
+			}
+		}
+		if (!bad || now_s() > deadline)
+			break;
+		usleep(500000);
+	}
+	fprintf(stderr, "[peer connections: a voter %u, a learner %.1f on average, of %d members] ", voters_peers,
+		nlearners ? (double)learners_peers / nlearners : 0.0, nservers);
+	CU_ASSERT_EQUAL(bad, 0);
+	if (nservers > 5)
+		CU_ASSERT(nlearners > 0 && learners_peers < nlearners * (uint32_t)(nservers - 1));
+}
+
 static void test_async_exact(void)
 {
 	const struct job j = { .kind = JOB_ASYNC, .name = "scale-async",
@@ -474,6 +557,8 @@ int main(void)
 {
 	static const struct cutest tests[] = {
 		{ "psctl status names every member and its Raft role", test_status },
+		{ "peers only where needed: a learner connects to the voters and its partitions' members",
+		  test_peers_where_needed },
 		{ "async: every worker pushes to every server, exact", test_async_exact },
 		{ "sync: every rank's steps, bit-identical to the reference", test_sync_exact },
 		{ "async: a member killed mid-job fails over, exact", test_member_killed },

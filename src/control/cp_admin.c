@@ -434,6 +434,8 @@ void rps__cp_on_status(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_
 	}
 	cp->dp->stats(cp->srv, &ds);
 	rep->n_conns = ds.n_conns;
+	for (i = 0; i < cp->npeers; i++)
+		rep->n_peers += cp->peers[i].c && !cp->dp->conn_dead(cp->peers[i].c);
 	rep->tensors = ds.tensors;
 	rep->shards = ds.shards;
 	rep->shard_bytes = ds.shard_bytes;

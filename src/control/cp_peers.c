@@ -322,9 +322,61 @@ void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct srv_
 	rps__log(RPS__LOG_INFO, "connected to peer %llu at %s", (unsigned long long)to_id, uri);
 }
 
-/* Connect to the members with lower ids (they connect to us otherwise). */
+/* Is id in one of partition pp's roles (owner, backup, joiner, target)? */
+static bool in_part(const struct rps__smap_part *pp, uint64_t id)
+{
+	if (pp->owner == id || pp->moving_to == id || pp->joining == id)
+		return true;
+	for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
+		if (pp->backups[k] == id)
+			return true;
+	return false;
+}
+
+/*
+ * Which members this server needs a peer connection with (needed[i] for
+ * the map's i-th member).  Raft and leases run between each voter and
+ * everybody: any voter may come to lead, and the leader reaches every
+ * member.  Moves and seeds (MIGRATE, SEED, the READ of the image) run
+ * between a partition's owner and the member it goes to, a planned switch
+ * between it and its backups: members that share a partition need each
+ * other.  Two learners that share none have nothing to say, and do not
+ * hold 2 MiB of buffers each for it: with 5 voters a learner's
+ * connections are the voters and its partitions' other replicas, not
+ * every member (doc/scale.md).  With no configuration known yet (a joiner
+ * before the log reached it), every member is needed.  Both ends compute
+ * the same from the same map, and the higher id dials.
+ */
+static void peers_needed(const struct rps__cplane *cp, bool needed[RPS__SMAP_MAX_MEMBERS])
+{
+	struct rps__raft_status *st = malloc(sizeof(*st));
+	bool all;
+	uint32_t i, p;
+
+	if (st)
+		rps__rnode_status(cp->rnode, st);
+	all = !st || !st->conf.n_voters || rps__raft_conf_is_voter(&st->conf, cp->my_id);
+	for (i = 0; i < cp->map.nmembers; i++)
+		needed[i] = all || rps__raft_conf_is_voter(&st->conf, cp->map.members[i].id);
+	free(st);
+	if (all)
+		return;
+	for (p = 0; p < cp->map.npart; p++) {
+		const struct rps__smap_part *pp = &cp->map.parts[p];
+
+		if (!in_part(pp, cp->my_id))
+			continue;
+		for (i = 0; i < cp->map.nmembers; i++)
+			needed[i] |= in_part(pp, cp->map.members[i].id);
+	}
+}
+
+/* Connect to the members with lower ids that we need (they connect to us
+ * otherwise); close, as the one that dialed, what has not been needed for
+ * PEER_UNNEEDED_NS. */
 void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now)
 {
+	bool needed[RPS__SMAP_MAX_MEMBERS];
 	uint32_t i;
 
 	if (rps__cp_isolated) {
@@ -338,8 +390,23 @@ void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now)
 		peers_connect_seeds(cp, now);
 		return;
 	}
+	peers_needed(cp, needed);
 	for (i = 0; i < cp->map.nmembers; i++) {
-		if (cp->map.members[i].id < cp->my_id)
-			peer_dial_due(cp, &cp->map.members[i], now);
+		const struct rps__smap_member *m = &cp->map.members[i];
+		struct peer *p;
+
+		if (m->id < cp->my_id && needed[i])
+			peer_dial_due(cp, m, now);
+		p = rps__cp_peer_get(cp, m->id, false);
+		if (!p || !p->c || cp->dp->conn_dead(p->c) || needed[i]) {
+			if (p)
+				p->unneeded_since = 0;
+			continue;
+		}
+		if (!p->unneeded_since)
+			p->unneeded_since = now;
+		else if (m->id < cp->my_id && now - p->unneeded_since >= PEER_UNNEEDED_NS && !p->inflight)
+			cp->dp->conn_fail(p->c, "closed: no longer needed (neither of us is a Raft voter, and we "
+					  "share no partition)");
 	}
 }

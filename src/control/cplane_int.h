@@ -44,6 +44,10 @@
 #include "transport/uri.h"
 
 #define PEER_RETRY_NS 1000000000ull
+/* A peer connection no longer needed (cp_peers.c peer_needed) is closed
+ * by its dialer once it has not been needed this long: a pair that a move
+ * or a seed brought together often meets again soon. */
+#define PEER_UNNEEDED_NS (30ull * 1000000000ull)
 #define DUTY_NS 20000000ull
 
 /* What this server does with a partition. */
@@ -88,6 +92,7 @@ struct peer {
 	uint64_t next_connect;	/* ns */
 	bool dialing;		/* a dial is under way (peer_dialed ends it) */
 	uint32_t inflight;	/* sends not yet completed */
+	uint64_t unneeded_since;	/* connected but not needed since (ns; 0: needed) */
 };
 
 /* A psctl request waiting for the log. */

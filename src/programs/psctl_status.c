@@ -190,8 +190,8 @@ static void status_print_json(const struct status_view *v)
 			printf("%" PRIu64, lag);
 		else
 			printf("null");
-		printf(",\"conns\":%u,\"shards\":%" PRIu64 ",\"shard_bytes\":%" PRIu64 ",\"tensors\":%" PRIu64
-		       ",\"partitions\":%u,\"witness\":%s}", r->st.n_conns, r->st.shards, r->st.shard_bytes,
+		printf(",\"conns\":%u,\"peers\":%u,\"shards\":%" PRIu64 ",\"shard_bytes\":%" PRIu64 ",\"tensors\":%" PRIu64
+		       ",\"partitions\":%u,\"witness\":%s}", r->st.n_conns, r->st.n_peers, r->st.shards, r->st.shard_bytes,
 		       r->st.tensors, rps__smap_owned(v->map, r->id),
 		       rps__smap_is_witness(v->map, r->id) ? "true" : "false");
 	}
@@ -208,8 +208,8 @@ static void status_print_table(const struct status_view *v)
 
 	for (i = 0; i < v->nrows; i++)
 		w = RPS__MAX(w, strlen(v->rows[i].uri));
-	printf("%-4s %-*s %-9s %6s %8s %8s %6s %5s %5s %8s\n", "ID", (int)w, "URI", "ROLE", "TERM", "COMMIT",
-	       "APPLIED", "LAG", "CONNS", "PARTS", "SHARDS");
+	printf("%-4s %-*s %-9s %6s %8s %8s %6s %5s %5s %5s %8s\n", "ID", (int)w, "URI", "ROLE", "TERM", "COMMIT",
+	       "APPLIED", "LAG", "CONNS", "PEERS", "PARTS", "SHARDS");
 	for (i = 0; i < v->nrows; i++) {
 		const struct row *r = &v->rows[i];
 		char lagbuf[24] = "-";
@@ -227,9 +227,9 @@ static void status_print_table(const struct status_view *v)
 		}
 		if (lag_of(ld, r->id, &lag))
 			snprintf(lagbuf, sizeof(lagbuf), "%" PRIu64, lag);
-		printf("%-4" PRIu64 " %-*s %-9s %6" PRIu64 " %8" PRIu64 " %8" PRIu64 " %6s %5u %5u %8" PRIu64 "%s\n",
+		printf("%-4" PRIu64 " %-*s %-9s %6" PRIu64 " %8" PRIu64 " %8" PRIu64 " %6s %5u %5u %5u %8" PRIu64 "%s\n",
 		       r->id, (int)w, r->uri, role_name(&r->st, ld), r->st.term, r->st.commit, r->st.applied,
-		       lagbuf, r->st.n_conns, rps__smap_owned(v->map, r->id), r->st.shards,
+		       lagbuf, r->st.n_conns, r->st.n_peers, rps__smap_owned(v->map, r->id), r->st.shards,
 		       rps__smap_is_witness(v->map, r->id) ? "  witness: votes, holds no data" : "");
 	}
 	printf("\ncluster: leader ");

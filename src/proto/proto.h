@@ -53,8 +53,10 @@
  *    psctl refused the reply of a cluster of more than 16 members
  * 11: HELLO_REP carries the server's incarnation (96 bytes): a version-10
  *    client refused it as malformed; a HELLO may be refused with -ESTALE
- *    (a process whose rank another took over) */
-#define RPS__PROTO_VERSION 11u
+ *    (a process whose rank another took over)
+ * 12: STATUS_REP says how many peer connections the server holds
+ *    (n_peers): a version-11 psctl would read the map 8 bytes off */
+#define RPS__PROTO_VERSION 12u
 #define RPS__MSG_MAGIC 0x5053u		/* "SP" */
 #define RPS__DESC_MAGIC 0x48535550u	/* "PUSH" */
 #define RPS__HELLO_MAGIC 0x0102030405060708ull
@@ -478,6 +480,8 @@ struct rps__status_rep {
 	uint32_t n_voters;
 	uint32_t n_learners;
 	uint32_t n_conns;	/* worker connections */
+	uint32_t n_peers;	/* connections with other members (cp_peers.c peers_needed) */
+	uint32_t reserved;
 	uint64_t voters[RPS__STATUS_MAX_NODES];
 	uint64_t learners[RPS__STATUS_MAX_NODES];
 	uint64_t match[RPS__STATUS_MAX_NODES];	/* leader only: match index of voters[], then learners[] */
