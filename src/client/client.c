@@ -739,15 +739,14 @@ static int retry_chain(struct rps_client *cl, struct rps_request *r, struct rps_
 	if (retryable(status) && rps__now_ns() >= deadline) {
 		/* the time ran out while the failure could still mend (a
 		 * failover or a move not over, a server too starved to
-		 * answer): the caller's timeout is what ended it, and the
-		 * last failure is why it did not settle sooner */
+		 * answer): the status stays what the last try met (a stale
+		 * epoch: refused every time, nothing applied), and the line
+		 * says it lasted the whole timeout_ms */
 		char last[sizeof(cur->msg)];
 
 		snprintf(last, sizeof(last), "%s", cur->msg);
-		status = cur->status = -ETIMEDOUT;
-		snprintf(cur->msg, sizeof(cur->msg), "request timed out after %d ms of retries (the last: %.300s): "
-			 "raise timeout_ms, or see what keeps the shard from settling (psctl status)", cl->timeout_ms,
-			 last);
+		snprintf(cur->msg, sizeof(cur->msg), "%.300s, still after %d ms of retries: raise timeout_ms, or see "
+			 "what keeps the shard from settling (psctl status)", last, cl->timeout_ms);
 	}
 	if (cur != head) {
 		if (!cur->done && pending_add(pd, cur))
