@@ -925,6 +925,29 @@ static int run_stalled(struct async_job *j, int stall_ms, const char *args, bool
 	return victim;
 }
 
+/* (d4, d4b) run_stalled with the servers' log (at info) in a file, after
+ * `flags`: stall_connected[] holds its count of workers' connections when
+ * the stall began and when the last push was acknowledged. */
+static void run_stalled_logged(struct async_job *j, const char *flags, bool whole)
+{
+	char logpath[256], args[300];
+	double t_done;
+	int fd;
+
+	snprintf(logpath, sizeof(logpath), "%s/rps-it-log.XXXXXX", test_tmpdir());
+	fd = mkstemp(logpath);
+	CU_ASSERT_FATAL(fd >= 0);
+	close(fd);
+	snprintf(args, sizeof(args), "%s --log-level info 2>>%s", flags, logpath);
+	stall_log = logpath;
+	run_stalled(j, D4_STALL_MS, args, false, whole, &t_done);
+	stall_log = NULL;
+	unlink(logpath);
+	fprintf(stderr, "[workers' connections logged: %d before the stall, %d after it] ", stall_connected[0],
+		stall_connected[1]);
+	CU_ASSERT(stall_connected[0] >= NSERVERS * D_WORKERS);	/* (every worker to every member) */
+}
+
 /* The whole cluster stopped longer than the workers wait on a silent
  * server (the longer of 4 s and --failover-ms, here 4 s) and continued:
  * a paused VM, a frozen host of every member.  The workers declare their
@@ -939,24 +962,9 @@ static int run_stalled(struct async_job *j, int stall_ms, const char *args, bool
 static void test_cluster_stalled(void)
 {
 	struct async_job j = { .name = "d4", .count = COUNT, .pushes = D_PUSHES };
-	char logpath[256], args[300];
-	int fd, before, after;
-	double t_done;
 
-	snprintf(logpath, sizeof(logpath), "%s/rps-it-log.XXXXXX", test_tmpdir());
-	fd = mkstemp(logpath);
-	CU_ASSERT_FATAL(fd >= 0);
-	close(fd);
-	snprintf(args, sizeof(args), " --failover-ms 4000 --log-level info 2>>%s", logpath);
-	stall_log = logpath;
-	run_stalled(&j, D4_STALL_MS, args, false, true, &t_done);
-	stall_log = NULL;
-	before = stall_connected[0];
-	after = stall_connected[1];
-	fprintf(stderr, "[workers' connections logged: %d before the stall, %d after it] ", before, after);
-	CU_ASSERT(before >= NSERVERS * D_WORKERS);	/* (every worker to every member) */
-	CU_ASSERT(after > before);
-	unlink(logpath);
+	run_stalled_logged(&j, " --failover-ms 4000", true);
+	CU_ASSERT(stall_connected[1] > stall_connected[0]);
 }
 
 /* A primary stopped 6 s (longer than PROBE_DEAD_MS, 4 s) at --failover-ms
@@ -969,23 +977,9 @@ static void test_cluster_stalled(void)
 static void test_primary_stalled_waited(void)
 {
 	struct async_job j = { .name = "d4b", .count = COUNT, .pushes = D_PUSHES };
-	char logpath[256], args[300];
-	double t_done;
-	int fd;
 
-	snprintf(logpath, sizeof(logpath), "%s/rps-it-log.XXXXXX", test_tmpdir());
-	fd = mkstemp(logpath);
-	CU_ASSERT_FATAL(fd >= 0);
-	close(fd);
-	snprintf(args, sizeof(args), " --log-level info 2>>%s", logpath);
-	stall_log = logpath;
-	run_stalled(&j, D4_STALL_MS, args, false, false, &t_done);
-	stall_log = NULL;
-	fprintf(stderr, "[workers' connections logged: %d before the stall, %d after it] ", stall_connected[0],
-		stall_connected[1]);
-	CU_ASSERT(stall_connected[0] >= NSERVERS * D_WORKERS);
+	run_stalled_logged(&j, "", false);
 	CU_ASSERT_EQUAL(stall_connected[1], stall_connected[0]);
-	unlink(logpath);
 }
 
 /* A member stalled 3 s, the backup of the partition of a one-shard

@@ -375,14 +375,9 @@ static void test_status(void)
 	CU_ASSERT_EQUAL(learners, nservers - voters);
 }
 
-static bool in_part(const struct rps__smap_part *pp, uint64_t id)
+static bool in_part(const struct rps__smap *m, uint32_t p, uint64_t id)
 {
-	if (pp->owner == id || pp->moving_to == id || pp->joining == id)
-		return true;
-	for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
-		if (pp->backups[k] == id)
-			return true;
-	return false;
+	return rps__smap_role(m, p, id) != RPS__SMAP_ROLE_NONE || m->parts[p].moving_to == id;
 }
 
 /* The peer connections member st->id should hold in map m: every other
@@ -404,7 +399,7 @@ static uint32_t peers_wanted(const struct it_member *st, const struct rps__smap 
 		for (uint32_t v = 0; v < st->n_voters && !want; v++)
 			want = st->voters[v] == id;
 		for (uint32_t p = 0; p < m->npart && !want; p++)
-			want = in_part(&m->parts[p], st->id) && in_part(&m->parts[p], id);
+			want = in_part(m, p, st->id) && in_part(m, p, id);
 		n += want;
 	}
 	return n;

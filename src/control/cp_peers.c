@@ -322,15 +322,10 @@ void rps__cp_peer_dialed(void *ctx, const char *uri, uint64_t to_id, struct srv_
 	rps__log(RPS__LOG_INFO, "connected to peer %llu at %s", (unsigned long long)to_id, uri);
 }
 
-/* Is id in one of partition pp's roles (owner, backup, joiner, target)? */
-static bool in_part(const struct rps__smap_part *pp, uint64_t id)
+/* Is id in one of partition p's roles (owner, backup, joiner, target)? */
+static bool in_part(const struct rps__smap *m, uint32_t p, uint64_t id)
 {
-	if (pp->owner == id || pp->moving_to == id || pp->joining == id)
-		return true;
-	for (uint32_t k = 0; k < RPS__SMAP_MAX_REPLICAS - 1; k++)
-		if (pp->backups[k] == id)
-			return true;
-	return false;
+	return rps__smap_role(m, p, id) != RPS__SMAP_ROLE_NONE || m->parts[p].moving_to == id;
 }
 
 /*
@@ -362,12 +357,10 @@ static void peers_needed(const struct rps__cplane *cp, bool needed[RPS__SMAP_MAX
 	if (all)
 		return;
 	for (p = 0; p < cp->map.npart; p++) {
-		const struct rps__smap_part *pp = &cp->map.parts[p];
-
-		if (!in_part(pp, cp->my_id))
+		if (!in_part(&cp->map, p, cp->my_id))
 			continue;
 		for (i = 0; i < cp->map.nmembers; i++)
-			needed[i] |= in_part(pp, cp->map.members[i].id);
+			needed[i] |= in_part(&cp->map, p, cp->map.members[i].id);
 	}
 }
 
