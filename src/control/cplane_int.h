@@ -44,7 +44,7 @@
 #include "transport/uri.h"
 
 #define PEER_RETRY_NS 1000000000ull
-/* A peer connection no longer needed (cp_peers.c peer_needed) is closed
+/* A peer connection no longer needed (cp_peers.c peers_needed) is closed
  * by its dialer once it has not been needed this long: a pair that a move
  * or a seed brought together often meets again soon. */
 #define PEER_UNNEEDED_NS (30ull * 1000000000ull)
