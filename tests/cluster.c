@@ -1175,6 +1175,7 @@ int it_member_status(const struct it_cluster *cl, int i, struct it_member *st, s
 	st->term = a.st.term;
 	st->leader = a.st.leader;
 	st->leading = a.st.role == RPS__RAFT_LEADER;
+	st->balancing = !!(a.st.flags & RPS__STATUS_BALANCING);
 	st->n_peers = a.st.n_peers;
 	st->n_voters = RPS__MIN(a.st.n_voters, (uint32_t)RPS__ARRAY_SIZE(st->voters));
 	memcpy(st->voters, a.st.voters, st->n_voters * sizeof(st->voters[0]));
@@ -1283,6 +1284,12 @@ static const char *settled(const struct it_cluster *cl, uint32_t replicas, struc
 			return why;
 		}
 		leader = leader || st.leading;
+		/* a map that settled between two balancing moves is not the
+		 * one that stays: its callers compare replicas by it */
+		if (st.balancing) {
+			snprintf(why, len, "the leader, server %d, is still balancing the primaries", i);
+			return why;
+		}
 		/* every member has heard from the same leader: a member the
 		 * leader never heard from is never failed over (it held no
 		 * lease), and right after a start the highest member's first

@@ -211,6 +211,7 @@ struct it_member {
 	uint64_t term;
 	uint64_t leader;	/* the leader it knows, 0: none */
 	int leading;		/* it is the Raft leader */
+	int balancing;		/* ... whose balancing will move a primary yet */
 	uint32_t n_peers;	/* its connections with other members */
 	uint32_t n_voters;	/* the Raft voters it knows (at most 16) ... */
 	uint64_t voters[16];	/* ... these */

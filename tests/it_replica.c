@@ -703,7 +703,9 @@ static void rebalance_run(bool automatic)
 	CU_ASSERT_EQUAL(version, (uint64_t)acked);
 	CU_ASSERT_EQUAL(it_replicas_differ(&clu, &m, j.name, &versions), 0);
 	CU_ASSERT_EQUAL(versions, (COUNT / 1024u) * (uint64_t)acked);
-	/* balanced: nothing more to move */
+	/* balanced: the leader says it is done, and nothing more to move */
+	CU_ASSERT_EQUAL(it_psctl(&clu, 60000, out, sizeof(out), err, sizeof(err), "--json status"), 0);
+	CU_ASSERT(strstr(out, "\"rebalancing\":false") != NULL);
 	CU_ASSERT_EQUAL(it_psctl(&clu, 60000, out, sizeof(out), err, sizeof(err), "--json rebalance"), 0);
 	CU_ASSERT(strstr(out, "\"moves\":[]") != NULL);
 	free(p);

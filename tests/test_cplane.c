@@ -1378,12 +1378,17 @@ static void test_balance_member_back(void)
 	turn();
 	CU_ASSERT(rps__cp_member_fresh(cp, 3) && !rps__cp_member_fresh(cp, 2) && !failed(2));
 	rps__fault_set(NULL);
+	/* due, but even among the fresh (2 is not): STATUS does not say balancing */
+	CU_ASSERT(!rps__cp_balance_pending(cp));
 	turns_for(300);	/* quiet, even among the fresh: nothing to move */
 	CU_ASSERT(!moving_to_2());
+	CU_ASSERT(!rps__cp_balance_pending(cp));	/* STATUS: not balancing */
 	send_lease(&peer2, 2);	/* member 2 back: fresh */
 	turn();
 	CU_ASSERT(rps__cp_member_fresh(cp, 2));
+	CU_ASSERT(rps__cp_balance_pending(cp));	/* STATUS: balancing */
 	CU_ASSERT(run_until(moving_to_2));
+	CU_ASSERT(rps__cp_balance_pending(cp));	/* (its move under way) */
 }
 
 /* Zones declared after the backups were placed (a cluster bootstrapped

@@ -436,6 +436,7 @@ void rps__cp_on_status(struct rps__cplane *cp, struct srv_conn *c, uint64_t req_
 	rep->n_conns = ds.n_conns;
 	for (i = 0; i < cp->npeers; i++)
 		rep->n_peers += cp->peers[i].c && !cp->dp->conn_dead(cp->peers[i].c);
+	rep->flags = rps__cp_balance_pending(cp) ? RPS__STATUS_BALANCING : 0;
 	rep->tensors = ds.tensors;
 	rep->shards = ds.shards;
 	rep->shard_bytes = ds.shard_bytes;

@@ -47,5 +47,8 @@ void rps__cp_failover_role(struct rps__cplane *cp, bool leader, uint64_t leader_
 /* The leader: did member id renew its lease with us within lease_ms (or
  * is it us)?  What balancing moves partitions between. */
 bool rps__cp_member_fresh(const struct rps__cplane *cp, uint64_t id);
+/* The leader, --rebalance auto: will its balancing move a primary yet?
+ * (STATUS: RPS__STATUS_BALANCING; repl_place.c) */
+bool rps__cp_balance_pending(const struct rps__cplane *cp);
 
 #endif

@@ -546,6 +546,12 @@ void rps__cp_replica_applied(struct rps__cplane *cp, const struct rps__smap_cmd 
 			return;
 		/* (the committed partition needs nothing more: no spacing) */
 		break;
+	case RPS__SMAP_MOVE_COMMIT:
+		/* a move done: balancing's next one need not wait (a
+		 * refused or aborted one waits REPLICA_RETRY_NS) */
+		if (!ret)
+			cp->balance_next = 0;
+		return;
 	default:
 		return;
 	}
@@ -669,6 +675,21 @@ void rps__cp_balance_duty(struct rps__cplane *cp, uint64_t now)
 		 rps__smap_owned(&cp->map, to),
 		 rps__smap_role(&cp->map, p, to) == RPS__SMAP_ROLE_BACKUP ? ", its backup" : "");
 	rps__cp_propose_cmd(cp, &cmd);
+}
+
+/* Will this leader's balancing move a primary yet: it is due, and the
+ * primaries are uneven among the fresh members or a move of it is under
+ * way?  STATUS says so (psctl status "rebalancing"): a map that settled
+ * between two of its moves is not the map that stays. */
+bool rps__cp_balance_pending(const struct rps__cplane *cp)
+{
+	uint64_t from, to;
+	uint32_t p;
+
+	if (cp->cfg.rebalance_off || !cp->balance_due || !cp->rnode || !rps__rnode_is_leader(cp->rnode) ||
+	    rps__fault("no-replica-duty"))
+		return false;
+	return rps__smap_balance_move(&cp->map, fresh, (void *)cp, &p, &from, &to) != 0;
 }
 
 /* ---- --replicas, --zone and --witness ------------------------------------------ */

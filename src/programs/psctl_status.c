@@ -170,7 +170,8 @@ static void status_print_json(const struct status_view *v)
 	json_ids(info->voters, info->n_voters);
 	printf(",\"learners\":");
 	json_ids(info->learners, info->n_learners);
-	printf(",\"fsync\":%s,\"members\":[", info->fsync ? "true" : "false");
+	printf(",\"fsync\":%s,\"rebalancing\":%s,\"members\":[", info->fsync ? "true" : "false",
+	       ld && (ld->flags & RPS__STATUS_BALANCING) ? "true" : "false");
 	for (i = 0; i < v->nrows; i++) {
 		const struct row *r = &v->rows[i];
 		uint64_t lag;
@@ -242,6 +243,8 @@ static void status_print_table(const struct status_view *v)
 	printf(", learners ");
 	print_ids(info->learners, info->n_learners);
 	printf(", fsync %s", info->fsync ? "on (durable)" : "off");
+	if (ld && (ld->flags & RPS__STATUS_BALANCING))
+		printf(", rebalancing (the leader moves primaries until each member owns its share)");
 	if (!ld)
 		printf(" (as %s sees it)", v->seed_name);
 	printf("\n\n");

@@ -467,6 +467,8 @@ struct rps__seed {
  * names every Raft node of the largest map (RPS__SMAP_MAX_MEMBERS, smap.h:
  * control/cp_admin.c checks they agree). */
 #define RPS__STATUS_MAX_NODES 64u
+/* rps__status_rep.flags */
+#define RPS__STATUS_BALANCING 1u	/* the leader will move primaries yet (repl_place.c balancing) */
 struct rps__status_rep {
 	uint64_t id;
 	uint64_t term;
@@ -481,7 +483,7 @@ struct rps__status_rep {
 	uint32_t n_learners;
 	uint32_t n_conns;	/* worker connections */
 	uint32_t n_peers;	/* connections with other members (cp_peers.c peers_needed) */
-	uint32_t reserved;
+	uint32_t flags;		/* RPS__STATUS_* (0 from a server before them) */
 	uint64_t voters[RPS__STATUS_MAX_NODES];
 	uint64_t learners[RPS__STATUS_MAX_NODES];
 	uint64_t match[RPS__STATUS_MAX_NODES];	/* leader only: match index of voters[], then learners[] */
