@@ -1254,6 +1254,33 @@ int it_replicas_differ(const struct it_cluster *cl, const struct rps__smap *m, c
 	return differ;
 }
 
+static bool in_part_or_target(const struct rps__smap *m, uint32_t p, uint64_t id)
+{
+	return rps__smap_role(m, p, id) != RPS__SMAP_ROLE_NONE || m->parts[p].moving_to == id;
+}
+
+uint32_t it_peers_wanted(const struct it_member *st, const struct rps__smap *m)
+{
+	bool voter = false;
+	uint32_t n = 0;
+
+	for (uint32_t v = 0; v < st->n_voters; v++)
+		voter |= st->voters[v] == st->id;
+	for (uint32_t i = 0; i < m->nmembers; i++) {
+		uint64_t id = m->members[i].id;
+		bool want = voter;
+
+		if (id == st->id)
+			continue;
+		for (uint32_t v = 0; v < st->n_voters && !want; v++)
+			want = st->voters[v] == id;
+		for (uint32_t p = 0; p < m->npart && !want; p++)
+			want = in_part_or_target(m, p, st->id) && in_part_or_target(m, p, id);
+		n += want;
+	}
+	return n;
+}
+
 static int running(const struct it_cluster *cl, int i)
 {
 	/* (it_server_alive only peeks: WNOWAIT) */

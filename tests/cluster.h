@@ -217,6 +217,11 @@ struct it_member {
 	uint64_t voters[16];	/* ... these */
 };
 int it_member_status(const struct it_cluster *cl, int i, struct it_member *st, struct rps__smap *map);
+/* The peer connections member st->id should hold in map m, computed apart
+ * from the server's code: every other member if it is a Raft voter; else
+ * the voters and the members it shares a partition with as owner, backup,
+ * joiner or move target (cp_peers.c peers_needed). */
+uint32_t it_peers_wanted(const struct it_member *st, const struct rps__smap *m);
 
 /* What server i holds of a tensor's partition (ADMIN DIGEST): a crc32c of
  * every shard's version, parameters, optimizer state, clocks and applied

@@ -24,7 +24,9 @@
  * asking the other member, is not asked about.)
  * The time STATUS took is printed, not asserted.
  *
- * A second suite does the same to a worker (test_worker_dials_at_once).
+ * A second suite does the same to a worker (test_worker_dials_at_once);
+ * the last checks that members close the peer connections their map no
+ * longer calls for (test_peers_closed_when_unneeded).
  */
 #include "config.h"
 #include "cluster.h"
@@ -430,6 +432,133 @@ static void test_staging_budget(void)
 	unsetenv("RDMAPS_STAGING");
 }
 
+/*
+ * Peer connections closed once not needed.  Seven servers: five Raft
+ * voters, two learners.  A voter keeps a connection with every member; a
+ * learner with the voters and with the members it shares a partition with
+ * (cp_peers.c peers_needed).  At R = 2 the two learners share partitions
+ * (one backs the other's), so they are connected; psctl set-replicas 1
+ * drops every backup, they share nothing, and the one that dialed closes
+ * the connection once it has not been needed for a while (30 s; 1 s here,
+ * RPS_FAULT=peer-unneeded-ms-1000): every member's count of connections
+ * (STATUS, psctl status PEERS) comes down to what its map calls for,
+ * computed apart (it_peers_wanted), within a deadline well short of 30 s.
+ * The data stays exact through it.
+ */
+#define PEERS_SERVERS 7
+#define PEERS_DEADLINE_S 20.0
+#define PEERS_COUNT 16384	/* 16 shards of 4 KiB over the 14 partitions */
+
+/* Push +1 n times into t: the pulled value, or -1 on an error. */
+static float push_pull(rps_tensor_t *t, int n)
+{
+	static float g[PEERS_COUNT], v[PEERS_COUNT];
+	uint64_t version = 0;
+
+	for (int i = 0; i < PEERS_COUNT; i++)
+		g[i] = 1.0f;
+	for (int k = 0; k < n; k++)
+		if (rps_push(t, g, sizeof(g)))
+			return -1.0f;
+	if (rps_pull(t, v, sizeof(v), &version))
+		return -1.0f;
+	for (int i = 1; i < PEERS_COUNT; i++)
+		if (v[i] != v[0])
+			return -1.0f;
+	return v[0];
+}
+
+/* Every member's peer connections as its own map calls for (within
+ * deadline_s): 0, or how many members differ (printed). */
+static int peers_as_wanted(double deadline_s, uint32_t *learner_peers)
+{
+	static struct rps__smap m;
+	double until = now_s() + deadline_s;
+	int bad;
+
+	for (;;) {
+		bad = 0;
+		*learner_peers = 0;
+		for (int i = 0; i < PEERS_SERVERS; i++) {
+			struct it_member st;
+			bool voter = false;
+			uint32_t want;
+
+			CU_ASSERT_EQUAL_FATAL(it_member_status(&clu, i, &st, &m), 0);
+			want = it_peers_wanted(&st, &m);
+			for (uint32_t v = 0; v < st.n_voters; v++)
+				voter |= st.voters[v] == st.id;
+			if (!voter)
+				*learner_peers += st.n_peers;
+			if (st.n_peers != want) {
+				if (now_s() > until)
+					fprintf(stderr, "\n  member %llu: %u peer connections, %u wanted",
+						(unsigned long long)st.id, st.n_peers, want);
+				bad++;
+			}
+		}
+		if (!bad || now_s() > until)
+			return bad;
+		it_sleep_ms(200);
+	}
+}
+
+static void test_peers_closed_when_unneeded(void)
+{
+	struct it_server_opts so = { .extra_args = "--partitions 14 --shard-size 4096 --slots 2 --tick-ms 20 --fsync none",
+				     .env = "RPS_FAULT=peer-unneeded-ms-1000" };
+	static struct rps__smap m;
+	static char out[4096], err[4096];
+	uint64_t learners[2] = { 0 };
+	struct rps_tensor_opts o;
+	struct it_member st;
+	rps_client_t *cl;
+	rps_tensor_t *t;
+	uint32_t nl = 0, shared = 0, before, after;
+	double t0;
+
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, PEERS_SERVERS, &so), 0);
+	clu_up = true;
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 2, 60000, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(it_member_status(&clu, 0, &st, NULL), 0);
+	for (uint64_t id = 1; id <= PEERS_SERVERS; id++) {
+		bool voter = false;
+
+		for (uint32_t v = 0; v < st.n_voters; v++)
+			voter |= st.voters[v] == id;
+		if (!voter && nl < 2)
+			learners[nl] = id;
+		nl += !voter;
+	}
+	CU_ASSERT_EQUAL_FATAL(st.n_voters, 5);
+	CU_ASSERT_EQUAL_FATAL(nl, 2);
+	for (uint32_t p = 0; p < m.npart; p++)
+		shared += rps__smap_role(&m, p, learners[0]) != RPS__SMAP_ROLE_NONE &&
+			  rps__smap_role(&m, p, learners[1]) != RPS__SMAP_ROLE_NONE;
+	/* (what the test is about: placement at R = 2 has them share) */
+	CU_ASSERT_FATAL(shared > 0);
+	CU_ASSERT_EQUAL_FATAL(it_client_connect(clu.servers, 0, 1, 30000, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.count = PEERS_COUNT;
+	o.mode = RPS_MODE_ASYNC;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "peers", &o, &t), 0);
+	CU_ASSERT_EQUAL(push_pull(t, 3), 3.0f);
+	CU_ASSERT_EQUAL(peers_as_wanted(PEERS_DEADLINE_S, &before), 0);
+	/* each learner: the 5 voters and the other learner */
+	CU_ASSERT_EQUAL(before, 2 * 6);
+
+	CU_ASSERT_EQUAL_FATAL(it_psctl(&clu, 60000, out, sizeof(out), err, sizeof(err), "set-replicas 1"), 0);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 1, 60000, &m), 0);
+	t0 = now_s();
+	CU_ASSERT_EQUAL(peers_as_wanted(PEERS_DEADLINE_S, &after), 0);
+	fprintf(stderr, "[learners' peer connections: %u at R = 2, %u at R = 1, %.1f s after the map settled] ",
+		before, after, now_s() - t0);
+	CU_ASSERT_EQUAL(after, 2 * 5);	/* the voters only */
+	CU_ASSERT_EQUAL(push_pull(t, 2), 5.0f);
+	rps_tensor_close(t);
+	rps_client_close(cl);
+}
+
 static void test_setup(void)
 {
 	watchdog_arm();
@@ -458,12 +587,18 @@ int main(void)
 		{ "a worker's staging: all of it by default, its budget's share past that, one slot and one buffer "
 		  "at least; exact", test_staging_budget },
 	};
+	static const struct cutest peers_tests[] = {
+		{ "two learners that stop sharing partitions close their connection; every member holds what "
+		  "its map calls for", test_peers_closed_when_unneeded },
+	};
 	const struct cutest_suite suites[] = {
 		{ "non-blocking dials, 3 servers", NULL, NULL, test_setup, test_teardown, tests, CUTEST_COUNT(tests) },
 		{ "a worker's dials, 2 servers", NULL, NULL, test_setup, test_teardown, worker_tests,
 		  CUTEST_COUNT(worker_tests) },
 		{ "a worker's staging budget, 4 servers", NULL, NULL, test_setup, test_teardown, staging_tests,
 		  CUTEST_COUNT(staging_tests) },
+		{ "peer connections where needed, 7 servers", NULL, NULL, test_setup, test_teardown, peers_tests,
+		  CUTEST_COUNT(peers_tests) },
 	};
 
 	/* the black hole speaks tcp */

@@ -375,36 +375,6 @@ static void test_status(void)
 	CU_ASSERT_EQUAL(learners, nservers - voters);
 }
 
-static bool in_part(const struct rps__smap *m, uint32_t p, uint64_t id)
-{
-	return rps__smap_role(m, p, id) != RPS__SMAP_ROLE_NONE || m->parts[p].moving_to == id;
-}
-
-/* The peer connections member st->id should hold in map m: every other
- * member if it is a Raft voter; else the voters and the members it shares
- * a partition with (cp_peers.c peers_needed). */
-static uint32_t peers_wanted(const struct it_member *st, const struct rps__smap *m)
-{
-	bool voter = false;
-	uint32_t n = 0;
-
-	for (uint32_t v = 0; v < st->n_voters; v++)
-		voter |= st->voters[v] == st->id;
-	for (uint32_t i = 0; i < m->nmembers; i++) {
-		uint64_t id = m->members[i].id;
-		bool want = voter;
-
-		if (id == st->id)
-			continue;
-		for (uint32_t v = 0; v < st->n_voters && !want; v++)
-			want = st->voters[v] == id;
-		for (uint32_t p = 0; p < m->npart && !want; p++)
-			want = in_part(m, p, st->id) && in_part(m, p, id);
-		n += want;
-	}
-	return n;
-}
-
 /* Peers only where needed: a voter holds a connection with every other
  * member (any voter may come to lead, and the leader reaches everyone); a
  * learner with the voters and with the members it shares a partition with
@@ -426,7 +396,7 @@ static void test_peers_where_needed(void)
 			bool voter = false;
 
 			CU_ASSERT_EQUAL_FATAL(it_member_status(&clu, i, &st, &m), 0);
-			want = peers_wanted(&st, &m);
+			want = it_peers_wanted(&st, &m);
 			for (uint32_t v = 0; v < st.n_voters; v++)
 				voter |= st.voters[v] == st.id;
 			if (voter)

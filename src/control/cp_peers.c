@@ -17,6 +17,7 @@
 #include "config.h"
 #include "common/common.h"
 #include "transport/uri.h"
+#include "common/fault.h"
 #include "control/cplane_int.h"
 #include "proto/auth.h"
 
@@ -370,6 +371,8 @@ static void peers_needed(const struct rps__cplane *cp, bool needed[RPS__SMAP_MAX
 void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now)
 {
 	bool needed[RPS__SMAP_MAX_MEMBERS];
+	uint64_t unneeded_ns = PEER_UNNEEDED_NS;
+	long ms;
 	uint32_t i;
 
 	if (rps__cp_isolated) {
@@ -384,6 +387,9 @@ void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now)
 		return;
 	}
 	peers_needed(cp, needed);
+	/* (a test closes them sooner: RPS_FAULT=peer-unneeded-ms-N) */
+	if (RPS__UNLIKELY(rps__fault_arg("peer-unneeded-ms-", &ms)) && ms >= 0)
+		unneeded_ns = (uint64_t)ms * 1000000ull;
 	for (i = 0; i < cp->map.nmembers; i++) {
 		const struct rps__smap_member *m = &cp->map.members[i];
 		struct peer *p;
@@ -398,7 +404,7 @@ void rps__cp_peers_connect(struct rps__cplane *cp, uint64_t now)
 		}
 		if (!p->unneeded_since)
 			p->unneeded_since = now;
-		else if (m->id < cp->my_id && now - p->unneeded_since >= PEER_UNNEEDED_NS && !p->inflight)
+		else if (m->id < cp->my_id && now - p->unneeded_since >= unneeded_ns && !p->inflight)
 			cp->dp->conn_fail(p->c, "closed: no longer needed (neither of us is a Raft voter, and we "
 					  "share no partition)");
 	}
