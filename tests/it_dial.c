@@ -443,7 +443,9 @@ static void test_staging_budget(void)
  * RPS_FAULT=peer-unneeded-ms-1000): every member's count of connections
  * (STATUS, psctl status PEERS) comes down to what its map calls for,
  * computed apart (it_peers_wanted), within a deadline well short of 30 s.
- * The data stays exact through it.
+ * Then an eighth member joins (--no-rebalance: it owns nothing): knowing
+ * no roles before the log reaches it, it dials everyone, and keeps the
+ * voters only.  The data stays exact through it.
  */
 #define PEERS_SERVERS 7
 #define PEERS_DEADLINE_S 20.0
@@ -479,7 +481,7 @@ static int peers_as_wanted(double deadline_s, uint32_t *learner_peers)
 	for (;;) {
 		bad = 0;
 		*learner_peers = 0;
-		for (int i = 0; i < PEERS_SERVERS; i++) {
+		for (int i = 0; i < clu.nservers; i++) {
 			struct it_member st;
 			bool voter = false;
 			uint32_t want;
@@ -555,6 +557,21 @@ static void test_peers_closed_when_unneeded(void)
 		before, after, now_s() - t0);
 	CU_ASSERT_EQUAL(after, 2 * 5);	/* the voters only */
 	CU_ASSERT_EQUAL(push_pull(t, 2), 5.0f);
+
+	/* a member that joins knows nobody's role until the log reaches it:
+	 * it dials every member it is given, then keeps the voters only (a
+	 * learner that owns nothing, --no-rebalance) */
+	so.extra_args = "--partitions 14 --shard-size 4096 --slots 2 --tick-ms 20 --fsync none";
+	CU_ASSERT_EQUAL_FATAL(it_server_join(&clu, 8, &so), PEERS_SERVERS);
+	CU_ASSERT_EQUAL_FATAL(it_psctl(&clu, 60000, out, sizeof(out), err, sizeof(err),
+				       "--timeout 30 add-server 8 %s --no-rebalance", clu.uri[PEERS_SERVERS]), 0);
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 1, 60000, &m), 0);
+	CU_ASSERT_EQUAL(rps__smap_owned(&m, 8), 0);
+	t0 = now_s();
+	CU_ASSERT_EQUAL(peers_as_wanted(PEERS_DEADLINE_S, &after), 0);
+	fprintf(stderr, "[with a learner joined: %u, %.1f s after the map settled] ", after, now_s() - t0);
+	CU_ASSERT_EQUAL(after, 3 * 5);
+	CU_ASSERT_EQUAL(push_pull(t, 1), 6.0f);
 	rps_tensor_close(t);
 	rps_client_close(cl);
 }
