@@ -9,5 +9,5 @@
 # stream and the same drop); a client refused after waiting for a failover
 # that does not come (its wait is the client's clock, not the transport's).
 . "${srcdir:-.}/tests/rxe/verbs-env.sh"
-RPS_TEST_SKIP="${RPS_TEST_SKIP-bounded: a primary killed mid-push|--rebalance off|sync: a backup's stream broken|not failed over: refused}" \
+RPS_TEST_SKIP="${RPS_TEST_SKIP-bounded: a primary killed mid-push|--rebalance off|alive: every step|not failed over: refused}" \
 	RPS_IT_TRANSPORT=verbs RPS_IT_ADDR=$addr exec ./tests/it_replica
