@@ -1281,6 +1281,46 @@ uint32_t it_peers_wanted(const struct it_member *st, const struct rps__smap *m)
 	return n;
 }
 
+int it_peers_as_wanted(const struct it_cluster *cl, double deadline_s, struct it_peers_tally *t)
+{
+	static struct rps__smap m;
+	double until = it_now_s() + deadline_s;
+	int bad, ret;
+
+	for (;;) {
+		bool last = it_now_s() > until;
+
+		bad = 0;
+		memset(t, 0, sizeof(*t));
+		for (int i = 0; i < cl->nservers; i++) {
+			struct it_member st;
+			uint32_t want;
+			bool voter = false;
+
+			if ((ret = it_member_status(cl, i, &st, &m)))
+				return ret;
+			want = it_peers_wanted(&st, &m);
+			for (uint32_t v = 0; v < st.n_voters; v++)
+				voter |= st.voters[v] == st.id;
+			if (voter) {
+				t->voter_max = RPS__MAX(t->voter_max, st.n_peers);
+			} else {
+				t->learner_sum += st.n_peers;
+				t->nlearners++;
+			}
+			if (st.n_peers != want) {
+				if (last)
+					fprintf(stderr, "\n  member %llu: %u peer connections, %u wanted",
+						(unsigned long long)st.id, st.n_peers, want);
+				bad++;
+			}
+		}
+		if (!bad || last)
+			return bad;
+		it_sleep_ms(200);
+	}
+}
+
 static int running(const struct it_cluster *cl, int i)
 {
 	/* (it_server_alive only peeks: WNOWAIT) */

@@ -222,6 +222,16 @@ int it_member_status(const struct it_cluster *cl, int i, struct it_member *st, s
  * the voters and the members it shares a partition with as owner, backup,
  * joiner or move target (cp_peers.c peers_needed). */
 uint32_t it_peers_wanted(const struct it_member *st, const struct rps__smap *m);
+/* Wait (up to deadline_s) until every server's peer connections are what
+ * its map calls for (it_peers_wanted): 0, or how many servers differ at
+ * the deadline (each printed), or -errno if one did not answer.  *t: the
+ * last look's tally. */
+struct it_peers_tally {
+	uint32_t voter_max;	/* the most a voter holds */
+	uint32_t learner_sum;	/* what the learners hold in all */
+	uint32_t nlearners;
+};
+int it_peers_as_wanted(const struct it_cluster *cl, double deadline_s, struct it_peers_tally *t);
 
 /* What server i holds of a tensor's partition (ADMIN DIGEST): a crc32c of
  * every shard's version, parameters, optimizer state, clocks and applied

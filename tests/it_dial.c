@@ -470,40 +470,6 @@ static float push_pull(rps_tensor_t *t, int n)
 	return v[0];
 }
 
-/* Every member's peer connections as its own map calls for (within
- * deadline_s): 0, or how many members differ (printed). */
-static int peers_as_wanted(double deadline_s, uint32_t *learner_peers)
-{
-	static struct rps__smap m;
-	double until = now_s() + deadline_s;
-	int bad;
-
-	for (;;) {
-		bad = 0;
-		*learner_peers = 0;
-		for (int i = 0; i < clu.nservers; i++) {
-			struct it_member st;
-			bool voter = false;
-			uint32_t want;
-
-			CU_ASSERT_EQUAL_FATAL(it_member_status(&clu, i, &st, &m), 0);
-			want = it_peers_wanted(&st, &m);
-			for (uint32_t v = 0; v < st.n_voters; v++)
-				voter |= st.voters[v] == st.id;
-			if (!voter)
-				*learner_peers += st.n_peers;
-			if (st.n_peers != want) {
-				if (now_s() > until)
-					fprintf(stderr, "\n  member %llu: %u peer connections, %u wanted",
-						(unsigned long long)st.id, st.n_peers, want);
-				bad++;
-			}
-		}
-		if (!bad || now_s() > until)
-			return bad;
-		it_sleep_ms(200);
-	}
-}
 
 static void test_peers_closed_when_unneeded(void)
 {
@@ -516,7 +482,8 @@ static void test_peers_closed_when_unneeded(void)
 	struct it_member st;
 	rps_client_t *cl;
 	rps_tensor_t *t;
-	uint32_t nl = 0, shared = 0, before, after;
+	struct it_peers_tally t2, t1;
+	uint32_t nl = 0, shared = 0;
 	double t0;
 
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&clu, PEERS_SERVERS, &so), 0);
@@ -545,17 +512,17 @@ static void test_peers_closed_when_unneeded(void)
 	o.mode = RPS_MODE_ASYNC;
 	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "peers", &o, &t), 0);
 	CU_ASSERT_EQUAL(push_pull(t, 3), 3.0f);
-	CU_ASSERT_EQUAL(peers_as_wanted(PEERS_DEADLINE_S, &before), 0);
+	CU_ASSERT_EQUAL(it_peers_as_wanted(&clu, PEERS_DEADLINE_S, &t2), 0);
 	/* each learner: the 5 voters and the other learner */
-	CU_ASSERT_EQUAL(before, 2 * 6);
+	CU_ASSERT_EQUAL(t2.learner_sum, 2 * 6);
 
 	CU_ASSERT_EQUAL_FATAL(it_psctl(&clu, 60000, out, sizeof(out), err, sizeof(err), "set-replicas 1"), 0);
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 1, 60000, &m), 0);
 	t0 = now_s();
-	CU_ASSERT_EQUAL(peers_as_wanted(PEERS_DEADLINE_S, &after), 0);
+	CU_ASSERT_EQUAL(it_peers_as_wanted(&clu, PEERS_DEADLINE_S, &t1), 0);
 	fprintf(stderr, "[learners' peer connections: %u at R = 2, %u at R = 1, %.1f s after the map settled] ",
-		before, after, now_s() - t0);
-	CU_ASSERT_EQUAL(after, 2 * 5);	/* the voters only */
+		t2.learner_sum, t1.learner_sum, now_s() - t0);
+	CU_ASSERT_EQUAL(t1.learner_sum, 2 * 5);	/* the voters only */
 	CU_ASSERT_EQUAL(push_pull(t, 2), 5.0f);
 
 	/* a member that joins knows nobody's role until the log reaches it:
@@ -568,9 +535,9 @@ static void test_peers_closed_when_unneeded(void)
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&clu, 1, 60000, &m), 0);
 	CU_ASSERT_EQUAL(rps__smap_owned(&m, 8), 0);
 	t0 = now_s();
-	CU_ASSERT_EQUAL(peers_as_wanted(PEERS_DEADLINE_S, &after), 0);
-	fprintf(stderr, "[with a learner joined: %u, %.1f s after the map settled] ", after, now_s() - t0);
-	CU_ASSERT_EQUAL(after, 3 * 5);
+	CU_ASSERT_EQUAL(it_peers_as_wanted(&clu, PEERS_DEADLINE_S, &t1), 0);
+	fprintf(stderr, "[with a learner joined: %u, %.1f s after the map settled] ", t1.learner_sum, now_s() - t0);
+	CU_ASSERT_EQUAL(t1.learner_sum, 3 * 5);
 	CU_ASSERT_EQUAL(push_pull(t, 1), 6.0f);
 	rps_tensor_close(t);
 	rps_client_close(cl);

@@ -384,43 +384,13 @@ static void test_status(void)
  * configuration call for, once the dials are done. */
 static void test_peers_where_needed(void)
 {
-	static struct rps__smap m;
-	double deadline = now_s() + 60;
-	uint32_t bad = 0, voters_peers = 0, learners_peers = 0, nlearners = 0;
+	struct it_peers_tally t;
 
-	for (;;) {
-		bad = voters_peers = learners_peers = nlearners = 0;
-		for (int i = 0; i < nservers; i++) {
-			struct it_member st;
-			uint32_t want;
-			bool voter = false;
-
-			CU_ASSERT_EQUAL_FATAL(it_member_status(&clu, i, &st, &m), 0);
-			want = it_peers_wanted(&st, &m);
-			for (uint32_t v = 0; v < st.n_voters; v++)
-				voter |= st.voters[v] == st.id;
-			if (voter)
-				voters_peers = st.n_peers > voters_peers ? st.n_peers : voters_peers;
-			else {
-				learners_peers += st.n_peers;
-				nlearners++;
-			}
-			if (st.n_peers != want) {
-				if (now_s() > deadline)
-					fprintf(stderr, "\n  member %llu: %u peer connections, %u wanted",
-						(unsigned long long)st.id, st.n_peers, want);
-				bad++;
-			}
-		}
-		if (!bad || now_s() > deadline)
-			break;
-		usleep(500000);
-	}
-	fprintf(stderr, "[peer connections: a voter %u, a learner %.1f on average, of %d members] ", voters_peers,
-		nlearners ? (double)learners_peers / nlearners : 0.0, nservers);
-	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(it_peers_as_wanted(&clu, 60, &t), 0);
+	fprintf(stderr, "[peer connections: a voter %u, a learner %.1f on average, of %d members] ", t.voter_max,
+		t.nlearners ? (double)t.learner_sum / t.nlearners : 0.0, nservers);
 	if (nservers > 5)
-		CU_ASSERT(nlearners > 0 && learners_peers < nlearners * (uint32_t)(nservers - 1));
+		CU_ASSERT(t.nlearners > 0 && t.learner_sum < t.nlearners * (uint32_t)(nservers - 1));
 }
 
 static void test_async_exact(void)
