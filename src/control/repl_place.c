@@ -645,6 +645,14 @@ static bool map_quiet(const struct rps__cplane *cp, uint64_t now)
 	return true;
 }
 
+/* Balancing is on, due, and ours (the leader's) to do.  (Maps built by
+ * hand stay as they are: rps__cp_replica_duties.) */
+static bool balance_ours(const struct rps__cplane *cp)
+{
+	return !cp->cfg.rebalance_off && cp->balance_due && cp->rnode && rps__rnode_is_leader(cp->rnode) &&
+	       !RPS__UNLIKELY(rps__fault("no-replica-duty"));
+}
+
 void rps__cp_balance_duty(struct rps__cplane *cp, uint64_t now)
 {
 	struct rps__smap_cmd cmd;
@@ -652,11 +660,7 @@ void rps__cp_balance_duty(struct rps__cplane *cp, uint64_t now)
 	uint32_t p;
 	int ret;
 
-	if (cp->cfg.rebalance_off || !cp->balance_due || now < cp->balance_next || !cp->rnode ||
-	    !rps__rnode_is_leader(cp->rnode) || !cp->fo.leading || !map_quiet(cp, now))
-		return;
-	/* (maps built by hand stay as they are: rps__cp_replica_duties) */
-	if (RPS__UNLIKELY(rps__fault("no-replica-duty")))
+	if (!balance_ours(cp) || now < cp->balance_next || !cp->fo.leading || !map_quiet(cp, now))
 		return;
 	ret = rps__smap_balance_move(&cp->map, fresh, cp, &p, &from, &to);
 	if (ret <= 0) {
@@ -686,10 +690,7 @@ bool rps__cp_balance_pending(const struct rps__cplane *cp)
 	uint64_t from, to;
 	uint32_t p;
 
-	if (cp->cfg.rebalance_off || !cp->balance_due || !cp->rnode || !rps__rnode_is_leader(cp->rnode) ||
-	    rps__fault("no-replica-duty"))
-		return false;
-	return rps__smap_balance_move(&cp->map, fresh, (void *)cp, &p, &from, &to) != 0;
+	return balance_ours(cp) && rps__smap_balance_move(&cp->map, fresh, (void *)cp, &p, &from, &to) != 0;
 }
 
 /* ---- --replicas, --zone and --witness ------------------------------------------ */
