@@ -181,6 +181,12 @@ int rps_tensor_info(const rps_tensor_t *tensor, struct rps_tensor_opts *opts);
 /* Number of shards and the servers they live on are the library's business;
  * this tells how many there are, for reporting. */
 uint32_t rps_tensor_shards(const rps_tensor_t *tensor);
+/* The clock this worker's next push of the tensor carries: sync, the step it
+ * contributes to; bounded, the rank's count of pushes; async, this process's
+ * pushes.  A replacement (takeover) starts at its predecessor's: one that
+ * resumes its loop at a sync step s finds here whether the predecessor had
+ * already pushed its bounded tensors for s (clock s + 1), and skips them. */
+int rps_tensor_clock(const rps_tensor_t *tensor, uint64_t *clock);
 /* Release the local handle (the tensor stays on the servers). */
 void rps_tensor_close(rps_tensor_t *tensor);
 

@@ -1049,6 +1049,96 @@ static void test_sync_rank_takeover(void)
 	free(q);
 }
 
+/*
+ * rps_tensor_clock: a replacement process starts at its predecessor's
+ * clocks, one per tensor.  A job whose loop takes its step from a sync
+ * tensor learns there whether the predecessor had already pushed a bounded
+ * tensor for that step (its clock one past the step), and skips that push:
+ * pushed again, the rank would run a clock ahead of the other ranks for
+ * good, and after more deaths than the staleness its pulls would wait for
+ * ranks that wait for it on the sync tensor (the soak met it).  One rank
+ * of one worker, so each push completes alone.
+ */
+static void test_takeover_clocks(void)
+{
+	const uint64_t count = 2 * SHARD_BYTES / 4;
+	float *g = calloc(count, sizeof(float)), *p = malloc(count * sizeof(float));
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl, *cl2;
+	rps_tensor_t *ts, *tb, *ta;
+	uint64_t clock = 99, version = 0;
+	int k;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_FATAL(g && p);
+	CU_ASSERT_EQUAL_FATAL(connect_worker(cluster.servers, 0, 1, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.count = count;
+	o.optimizer = RPS_OPT_SUM;
+	o.mode = RPS_MODE_SYNC;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "clock-sync", &o, &ts), 0);
+	o.mode = RPS_MODE_BOUNDED;
+	o.staleness = 2;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "clock-bounded", &o, &tb), 0);
+	o.mode = RPS_MODE_ASYNC;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "clock-async", &o, &ta), 0);
+	CU_ASSERT_EQUAL(rps_tensor_clock(ts, &clock), 0);
+	CU_ASSERT_EQUAL(clock, 0u);
+	CU_ASSERT_EQUAL(rps_tensor_clock(NULL, &clock), -EINVAL);
+	CU_ASSERT_EQUAL(rps_tensor_clock(ts, NULL), -EINVAL);
+	/* three steps of the loop, then the bounded push of the fourth: the
+	 * process dies before its sync push of step 3 */
+	for (k = 0; k < 3; k++) {
+		CU_ASSERT_EQUAL(rps_push(tb, g, count * 4), 0);
+		CU_ASSERT_EQUAL(rps_push(ta, g, count * 4), 0);
+		CU_ASSERT_EQUAL(rps_push(ts, g, count * 4), 0);
+		CU_ASSERT_EQUAL(rps_pull(ts, p, count * 4, &version), 0);
+		CU_ASSERT_EQUAL(version, (uint64_t)k + 1);
+	}
+	CU_ASSERT_EQUAL(rps_push(tb, g, count * 4), 0);
+	CU_ASSERT_EQUAL(rps_tensor_clock(ts, &clock), 0);
+	CU_ASSERT_EQUAL(clock, 3u);
+	CU_ASSERT_EQUAL(rps_tensor_clock(tb, &clock), 0);
+	CU_ASSERT_EQUAL(clock, 4u);
+	CU_ASSERT_EQUAL(rps_tensor_clock(ta, &clock), 0);
+	CU_ASSERT_EQUAL(clock, 3u);
+
+	rps_client_opts_init(&co);
+	co.servers = cluster.servers;
+	co.rank = 0;
+	co.num_workers = 1;
+	co.timeout_ms = 20000;
+	co.takeover = 1;
+	CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &cl2), 0);
+	rps_client_close(cl);	/* (the predecessor: fenced by the takeover) */
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_open(cl2, "clock-sync", &ts), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_open(cl2, "clock-bounded", &tb), 0);
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_open(cl2, "clock-async", &ta), 0);
+	/* the step it resumes at, from the sync tensor, and the bounded
+	 * tensor one past it: that step's bounded push is made already */
+	CU_ASSERT_EQUAL(rps_pull(ts, p, count * 4, &version), 0);
+	CU_ASSERT_EQUAL(version, 3u);
+	CU_ASSERT_EQUAL(rps_tensor_clock(ts, &clock), 0);
+	CU_ASSERT_EQUAL(clock, 3u);
+	CU_ASSERT_EQUAL(rps_tensor_clock(tb, &clock), 0);
+	CU_ASSERT_EQUAL(clock, 4u);
+	CU_ASSERT_EQUAL(rps_tensor_clock(ta, &clock), 0);
+	CU_ASSERT_EQUAL(clock, 0u);	/* (async keeps no clock on the servers) */
+	CU_ASSERT_EQUAL(rps_push(ts, g, count * 4), 0);
+	CU_ASSERT_EQUAL(rps_pull(ts, p, count * 4, &version), 0);
+	CU_ASSERT_EQUAL(version, 4u);
+	CU_ASSERT_EQUAL(rps_push(tb, g, count * 4), 0);
+	CU_ASSERT_EQUAL(rps_tensor_clock(tb, &clock), 0);
+	CU_ASSERT_EQUAL(clock, 5u);
+	rps_tensor_close(ts);
+	rps_tensor_close(tb);
+	rps_tensor_close(ta);
+	rps_client_close(cl2);
+	free(g);
+	free(p);
+}
+
 /* The first rank-2 process is stopped (SIGSTOP) after its push of step
  * TK_DIES_AT, its connections still open, as a host that vanished without
  * a reset.  A replacement with rps_client_opts.takeover makes the servers
@@ -3662,6 +3752,7 @@ int main(void)
 		  test_sync_rank_blip_r1 },
 		CUTEST_FAULT("sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover),
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
+		{ "takeover: a replacement starts at its predecessor's clocks (rps_tensor_clock)", test_takeover_clocks },
 		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },
 		{ "bounded: psctl remove-rank lets the others go on", test_bounded_remove_rank },
 		{ "async: psctl remove-rank refuses an async tensor", test_async_remove_rank_refused },

@@ -349,6 +349,16 @@ class Tensor:
                 "beta1": o.beta1, "beta2": o.beta2, "eps": o.eps, "weight_decay": o.weight_decay,
                 "rescale": o.rescale, "shards": lib.rps_tensor_shards(self._handle())}
 
+    @property
+    def clock(self) -> int:
+        """The clock this worker's next push carries (rps_tensor_clock): sync,
+        the step; bounded, the rank's pushes.  A replacement (takeover)
+        starts at its predecessor's: compare it with the step it resumes at
+        and skip what the predecessor already pushed."""
+        c = ctypes.c_uint64(0)
+        _check(lib.rps_tensor_clock(self._handle(), ctypes.byref(c)))
+        return c.value
+
     def push(self, grad: Any) -> None:
         """Push a gradient (blocks, GIL released; the buffer may be reused on return)."""
         addr, nbytes = _grad_ptr(grad, self.dtype, self.count)

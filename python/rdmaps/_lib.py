@@ -108,6 +108,7 @@ _sigs = {
     "rps_tensor_open": (ctypes.c_int, [_p, ctypes.c_char_p, _pp]),
     "rps_tensor_info": (ctypes.c_int, [_p, ctypes.POINTER(TensorOpts)]),
     "rps_tensor_shards": (ctypes.c_uint32, [_p]),
+    "rps_tensor_clock": (ctypes.c_int, [_p, ctypes.POINTER(ctypes.c_uint64)]),
     "rps_tensor_close": (None, [_p]),
     "rps_push": (ctypes.c_int, [_p, _p, ctypes.c_size_t]),
     "rps_pull": (ctypes.c_int, [_p, _p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)]),

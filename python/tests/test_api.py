@@ -70,6 +70,17 @@ def test_push_pull_round_trip(client, dtype, make):
     assert t.version == 2
 
 
+def test_clock_counts_pushes(client):
+    t = client.tensor(name(), 8, mode="bounded", staleness=2)
+    assert t.clock == 0
+    t.push(np.ones(8, np.float32))
+    t.push(np.ones(8, np.float32))
+    assert t.clock == 2
+    t.close()
+    with pytest.raises(ValueError):
+        t.clock
+
+
 def test_multidimensional_buffers(client):
     t = client.tensor(name(), 6, optimizer="sgd", lr=0.5)
     t.push(np.ones((2, 3), np.float32))

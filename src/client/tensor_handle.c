@@ -529,6 +529,16 @@ RPS_EXPORT uint32_t rps_tensor_shards(const rps_tensor_t *t)
 	return t ? t->layout.nshards : 0;
 }
 
+RPS_EXPORT int rps_tensor_clock(const rps_tensor_t *t, uint64_t *clock)
+{
+	if (!t || !clock)
+		return rps__seterr(-EINVAL, "rps_tensor_clock: NULL argument");
+	pthread_mutex_lock(&t->cl->lock);	/* (pushes of other threads move it) */
+	*clock = t->clock;
+	pthread_mutex_unlock(&t->cl->lock);
+	return 0;
+}
+
 void rps__tensor_free(struct rps_tensor *t)
 {
 	free(t->at);
