@@ -1111,7 +1111,10 @@ static void test_takeover_clocks(void)
 	co.timeout_ms = 20000;
 	co.takeover = 1;
 	CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &cl2), 0);
-	rps_client_close(cl);	/* (the predecessor: fenced by the takeover) */
+	rps_tensor_close(ts);	/* (the predecessor: fenced by the takeover) */
+	rps_tensor_close(tb);
+	rps_tensor_close(ta);
+	rps_client_close(cl);
 	CU_ASSERT_EQUAL_FATAL(rps_tensor_open(cl2, "clock-sync", &ts), 0);
 	CU_ASSERT_EQUAL_FATAL(rps_tensor_open(cl2, "clock-bounded", &tb), 0);
 	CU_ASSERT_EQUAL_FATAL(rps_tensor_open(cl2, "clock-async", &ta), 0);
