@@ -1142,6 +1142,49 @@ static void test_takeover_clocks(void)
 	free(p);
 }
 
+/* A pull that times out says what it waited for: a bounded one the clock
+ * every rank must reach and the slowest rank's.  Rank 1 of 2 never
+ * pushes.  (A sync tensor's push waits there already: with backups its
+ * step must complete before it returns.) */
+static void test_wait_timeout_says_what(void)
+{
+	const uint64_t count = SHARD_BYTES / 4;
+	float *g = calloc(count, sizeof(float)), *p = malloc(count * sizeof(float));
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	rps_client_t *cl;
+	rps_tensor_t *tb;
+	int k;
+
+	CU_ASSERT_FATAL(cluster_up);
+	CU_ASSERT_FATAL(g && p);
+	/* (alone, RPS_TEST_ONLY: before the cluster holds its leases a push
+	 * may wait out a failover's ride-through) */
+	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&cluster, 0, 30000, NULL), 0);
+	rps_client_opts_init(&co);
+	co.servers = cluster.servers;
+	co.rank = 0;
+	co.num_workers = 2;
+	co.timeout_ms = 3000;
+	CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.count = count;
+	o.optimizer = RPS_OPT_SUM;
+	o.mode = RPS_MODE_BOUNDED;
+	o.staleness = 1;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "wait-says-bounded", &o, &tb), 0);
+	for (k = 0; k < 3; k++)
+		CU_ASSERT_EQUAL(rps_push(tb, g, count * 4), 0);
+	CU_ASSERT_EQUAL(rps_pull(tb, p, count * 4, NULL), -ETIMEDOUT);
+	if (!strstr(rps_last_error(), "waiting for every rank's clock to reach 2 (slowest: 0)"))
+		fprintf(stderr, "  bounded: %s\n", rps_last_error());
+	CU_ASSERT(strstr(rps_last_error(), "waiting for every rank's clock to reach 2 (slowest: 0)") != NULL);
+	rps_tensor_close(tb);
+	rps_client_close(cl);
+	free(g);
+	free(p);
+}
+
 /* The first rank-2 process is stopped (SIGSTOP) after its push of step
  * TK_DIES_AT, its connections still open, as a host that vanished without
  * a reset.  A replacement with rps_client_opts.takeover makes the servers
@@ -3756,6 +3799,7 @@ int main(void)
 		CUTEST_FAULT("sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover),
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
 		{ "takeover: a replacement starts at its predecessor's clocks (rps_tensor_clock)", test_takeover_clocks },
+		{ "a bounded pull that times out says the clock it waited for, and the slowest", test_wait_timeout_says_what },
 		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },
 		{ "bounded: psctl remove-rank lets the others go on", test_bounded_remove_rank },
 		{ "async: psctl remove-rank refuses an async tensor", test_async_remove_rank_refused },

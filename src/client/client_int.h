@@ -111,6 +111,7 @@ struct shard_op {
 	uint64_t clock;
 	uint64_t push_id;
 	uint64_t min_version, min_clock;
+	uint64_t seen_min_clock;	/* pull: what the read before its WAIT found */
 	const void *src;	/* push: this shard's part of the user buffer */
 	float *dst;		/* pull: where the parameters go */
 	struct rps_buffer *buf;	/* the registered buffer src/dst lies in (NULL: none) */

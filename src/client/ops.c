@@ -988,10 +988,12 @@ static void on_read(struct shard_op *op)
 		if (op->min_version <= version)
 			op->min_version = version + ((seq1 & 1) ? 0 : 1);
 		assert(op->min_version >= version);	/* the WAIT asks for no older copy than this one */
+		op->seen_min_clock = hdr->min_clock;
 		send_wait(op);
 		return;
 	}
 	if (version < op->min_version || hdr->min_clock < op->min_clock) {
+		op->seen_min_clock = hdr->min_clock;	/* (for a timeout's message) */
 		send_wait(op);
 		return;
 	}

@@ -355,9 +355,16 @@ static void probe_conns(struct rps_client *cl, uint64_t now)
 	}
 }
 
-/* What an op still waits for, for a timeout's message. */
-static const char *op_state_what(const struct shard_op *op)
+/* What an op still waits for, for a timeout's message.  A pull's WAIT
+ * says for what: a bounded pull's slowest rank may be one that waits for
+ * this worker on another tensor (rdmaps(3), "Replacing a worker"). */
+static const char *op_state_what(const struct shard_op *op, char *buf, size_t len)
 {
+	if (op->state == ST_WAITING && op->min_clock && op->seen_min_clock < op->min_clock) {
+		snprintf(buf, len, "waiting for every rank's clock to reach %llu (slowest: %llu)",
+			 (unsigned long long)op->min_clock, (unsigned long long)op->seen_min_clock);
+		return buf;
+	}
 	switch (op->state) {
 	case ST_QUEUED: return "queued for a staging slot";
 	case ST_LOCKING: return "taking the shard lock";
@@ -394,6 +401,7 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 			/* The request gives up; its ops keep their resources until
 			 * the transport hands them back. */
 			const struct shard_op *stuck = NULL;
+			char what[96];
 			uint32_t i;
 			for (i = 0; i < r->nops; i++) {
 				struct shard_op *o = &r->ops[i];
@@ -422,12 +430,12 @@ static void run_timers(struct rps_client *cl, uint64_t now)
 						cl->conns[k].ctrl[i].req = NULL;
 			r->status = -ETIMEDOUT;
 			r->remaining = 0;
-			if (stuck && stuck->c)
+			if (stuck && stuck->c) {
 				snprintf(r->msg, sizeof(r->msg),
 					 "request timed out after %d ms: shard %u at %s: %s: a server or a worker is "
 					 "stalled (raise timeout_ms for slow steps)", cl->timeout_ms, stuck->shard,
-					 stuck->c->name, op_state_what(stuck));
-			else
+					 stuck->c->name, op_state_what(stuck, what, sizeof(what)));
+			} else
 				snprintf(r->msg, sizeof(r->msg),
 					 "request timed out after %d ms: a server or a worker is stalled (raise timeout_ms "
 					 "for slow steps)", cl->timeout_ms);
