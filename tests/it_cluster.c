@@ -1185,6 +1185,99 @@ static void test_wait_timeout_says_what(void)
 	free(p);
 }
 
+/* ... and the server it waits at says so in its log, once, naming the
+ * rank that holds the clock back, or, for a sync pull, the rank whose push
+ * the step waits for (RPS_FAULT=wait-slow-ms-300: after 0.3 s rather than
+ * 10). */
+static void test_wait_slow_logged(void)
+{
+	const uint64_t count = SHARD_BYTES / 4;
+	float *g = calloc(count, sizeof(float)), *p = malloc(count * sizeof(float));
+	struct it_server_opts so = { .env = "RPS_FAULT=wait-slow-ms-300" };
+	char logpath[256], args[300], line[1024], tensor[32], peer[64];
+	unsigned shard, nwarn = 0, nparsed = 0;
+	unsigned long long clock, at;
+	struct rps_client_opts co;
+	struct rps_tensor_opts o;
+	struct it_cluster one;
+	rps_client_t *cl;
+	rps_tensor_t *tb;
+	double waited;
+	int k, rank, fd;
+	FILE *f;
+
+	CU_ASSERT_FATAL(g && p);
+	snprintf(logpath, sizeof(logpath), "%s/rps-it-log.XXXXXX", test_tmpdir());
+	fd = mkstemp(logpath);
+	CU_ASSERT_FATAL(fd >= 0);
+	close(fd);
+	snprintf(args, sizeof(args), " 2>>%s", logpath);
+	so.extra_args = args;
+	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&one, 1, &so), 0);
+	rps_client_opts_init(&co);
+	co.servers = one.servers;
+	co.rank = 0;
+	co.num_workers = 2;
+	co.timeout_ms = 2000;
+	CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &cl), 0);
+	rps_tensor_opts_init(&o);
+	o.count = count;
+	o.optimizer = RPS_OPT_SUM;
+	o.mode = RPS_MODE_BOUNDED;
+	o.staleness = 1;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "wait-logged", &o, &tb), 0);
+	for (k = 0; k < 3; k++)
+		CU_ASSERT_EQUAL(rps_push(tb, g, count * 4), 0);
+	CU_ASSERT_EQUAL(rps_pull(tb, p, count * 4, NULL), -ETIMEDOUT);
+	rps_tensor_close(tb);
+	/* sync, one server (no backups: the push returns once summed) */
+	o.mode = RPS_MODE_SYNC;
+	o.staleness = 0;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "wait-logged-sync", &o, &tb), 0);
+	CU_ASSERT_EQUAL(rps_push(tb, g, count * 4), 0);
+	CU_ASSERT_EQUAL(rps_pull(tb, p, count * 4, NULL), -ETIMEDOUT);
+	rps_tensor_close(tb);
+	rps_client_close(cl);
+	CU_ASSERT_EQUAL(it_cluster_stop(&one), 0);
+	f = fopen(logpath, "r");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	while (fgets(line, sizeof(line), f)) {
+		if (!strstr(line, "has waited"))
+			continue;
+		nwarn++;
+		fprintf(stderr, "[%.*s] ", (int)strcspn(line, "\n"), line);
+		if (sscanf(line, "warn: tensor '%31[^']' shard %u: a pull from %63s has waited %lf s for step %llu: the "
+			   "shard is at step %llu, waiting for rank %d's push", tensor, &shard, peer, &waited, &clock,
+			   &at, &rank) == 7) {
+			nparsed++;
+			CU_ASSERT_STRING_EQUAL(tensor, "wait-logged-sync");
+			CU_ASSERT_EQUAL(shard, 0u);
+			CU_ASSERT_EQUAL(clock, 0u);
+			CU_ASSERT_EQUAL(at, 0u);
+			CU_ASSERT_EQUAL(rank, 1);
+			CU_ASSERT(waited >= 0.3 && waited < 2.5);
+			continue;
+		}
+		if (sscanf(line, "warn: tensor '%31[^']' shard %u: a pull from %63s has waited %lf s for every rank's "
+			   "clock to reach %llu: rank %d is at %llu", tensor, &shard, peer, &waited, &clock, &rank,
+			   &at) != 7)
+			continue;
+		nparsed++;
+		CU_ASSERT_STRING_EQUAL(tensor, "wait-logged");
+		CU_ASSERT_EQUAL(shard, 0u);
+		CU_ASSERT_EQUAL(clock, 2u);
+		CU_ASSERT_EQUAL(rank, 1);
+		CU_ASSERT_EQUAL(at, 0u);
+		CU_ASSERT(waited >= 0.3 && waited < 2.5);
+	}
+	fclose(f);
+	unlink(logpath);
+	CU_ASSERT_EQUAL(nwarn, 2u);	/* once each, not at every check */
+	CU_ASSERT_EQUAL(nparsed, nwarn);
+	free(g);
+	free(p);
+}
+
 /* The first rank-2 process is stopped (SIGSTOP) after its push of step
  * TK_DIES_AT, its connections still open, as a host that vanished without
  * a reset.  A replacement with rps_client_opts.takeover makes the servers
@@ -3800,6 +3893,7 @@ int main(void)
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
 		{ "takeover: a replacement starts at its predecessor's clocks (rps_tensor_clock)", test_takeover_clocks },
 		{ "a bounded pull that times out says the clock it waited for, and the slowest", test_wait_timeout_says_what },
+		CUTEST_FAULT("a pull waiting long is logged once by its server, naming the rank", test_wait_slow_logged),
 		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },
 		{ "bounded: psctl remove-rank lets the others go on", test_bounded_remove_rank },
 		{ "async: psctl remove-rank refuses an async tensor", test_async_remove_rank_refused },

@@ -5,6 +5,7 @@
  */
 #include "config.h"
 #include "common/common.h"
+#include "common/fault.h"
 #include "proto/proto.h"
 #include "proto/shard.h"
 #include "server/server_int.h"
@@ -475,6 +476,61 @@ void rps__srv_departures_run(struct rps__server *srv, uint64_t now, bool all)
 	}
 }
 
+/* A pull waiting this long says, once, for what and for whom: a worker's
+ * own timeout names only its shard, and on a job stuck for good the
+ * servers' log is where an operator looks (the soak's CI failure of
+ * c568533 would have named the rank). */
+#define WAIT_SLOW_NS (10000ull * 1000000ull)
+
+static void waiter_warn(struct rps__server *srv, const struct waiter *w, uint64_t now)
+{
+	struct srv_tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
+	const struct shard *s = t ? &t->shards[w->local] : NULL;
+	double waited = (double)(now - w->since) * 1e-9;
+	int r, slow = -1;
+
+	if (!s || !s->hdr)
+		return;
+	if (w->min_clock && s->clocks && s->hdr->min_clock < w->min_clock) {
+		for (r = 0; r < t->spec.num_workers; r++)
+			if (!rps__srv_rank_removed(t, r) && (slow < 0 || s->clocks[r] < s->clocks[slow]))
+				slow = r;
+		rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: a pull from %s has waited %.1f s for every rank's "
+			 "clock to reach %llu: rank %d is at %llu (stopped pushing, or waiting for that worker on "
+			 "another tensor: rdmaps(3), \"Replacing a worker\")", t->name, w->local,
+			 rps__ep_peer(w->conn->ep), waited, (unsigned long long)w->min_clock, slow,
+			 (unsigned long long)(slow >= 0 ? s->clocks[slow] : 0));
+	} else if (w->min_version > s->step && t->spec.mode == RPS_MODE_SYNC) {
+		rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: a pull from %s has waited %.1f s for step %llu: the "
+			 "shard is at step %llu, waiting for rank %d's push (the ranks before it are in)", t->name,
+			 w->local, rps__ep_peer(w->conn->ep), waited, (unsigned long long)(w->min_version - 1),
+			 (unsigned long long)s->step, s->next_rank);
+	} else {
+		rps__log(RPS__LOG_WARN, "tensor '%s' shard %u: a pull from %s has waited %.1f s for version %llu: "
+			 "the shard is at %llu%s", t->name, w->local, rps__ep_peer(w->conn->ep), waited,
+			 (unsigned long long)w->min_version, (unsigned long long)s->step,
+			 s->ready ? "" : ", not initialised yet");
+	}
+}
+
+void rps__srv_waiters_check(struct rps__server *srv, uint64_t now)
+{
+	uint64_t slow_ns = WAIT_SLOW_NS;
+	long ms;
+
+	/* (a test warns sooner: RPS_FAULT=wait-slow-ms-N) */
+	if (RPS__UNLIKELY(rps__fault_arg("wait-slow-ms-", &ms)) && ms >= 0)
+		slow_ns = (uint64_t)ms * 1000000ull;
+	for (uint32_t i = 0; i < srv->req.nwaiters; i++) {
+		struct waiter *w = &srv->req.waiters[i];
+		if (w->warned || now < w->since || now - w->since < slow_ns)
+			continue;
+		w->warned = true;
+		waiter_warn(srv, w, now);
+		return;		/* (one line a check: a job's pulls stall together) */
+	}
+}
+
 static void on_wait(struct rps__server *srv, struct srv_conn *c, uint64_t req_id, const struct rps__wait *w)
 {
 	struct srv_tensor *t = rps__srv_tensor_by_id(srv, w->tensor_id);
@@ -517,7 +573,7 @@ static void on_wait(struct rps__server *srv, struct srv_conn *c, uint64_t req_id
 	}
 	srv->req.waiters[srv->req.nwaiters++] = (struct waiter){
 		.conn = c, .req_id = req_id, .tensor_id = t->id, .local = local,
-		.min_version = w->min_version, .min_clock = w->min_clock,
+		.min_version = w->min_version, .min_clock = w->min_clock, .since = rps__now_ns(),
 	};
 	rps__srv_wake_waiters(srv, t, local);
 }

@@ -251,6 +251,8 @@ static int run_timers(struct rps__server *srv, uint64_t now, uint64_t scan_every
 			rps__srv_retired_reap(srv, now, false);
 		if (srv->req.ndepartures)
 			rps__srv_departures_run(srv, now, false);
+		if (srv->req.nwaiters)
+			rps__srv_waiters_check(srv, now);
 		if (srv->cfg.idle_timeout_ms)
 			drop_idle_workers(srv, now);
 		*next_listener_check = now + LISTENER_CHECK_NS;

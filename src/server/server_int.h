@@ -127,6 +127,8 @@ struct waiter {
 	uint32_t local;		/* global shard index */
 	uint64_t min_version;
 	uint64_t min_clock;
+	uint64_t since;		/* when it came (rps__now_ns) */
+	bool warned;		/* its long wait was logged (rps__srv_waiters_check) */
 };
 
 /* The last pushes applied per worker (client id), for idempotent retries.
@@ -602,6 +604,7 @@ void rps__srv_on_message(struct rps__server *srv, struct srv_conn *c, void *buf,
 void rps__srv_rank_left(struct rps__server *srv, struct srv_conn *c);
 /* The departures whose grace ran out (all: every one, now): their ranks gone. */
 void rps__srv_departures_run(struct rps__server *srv, uint64_t now, bool all);
+void rps__srv_waiters_check(struct rps__server *srv, uint64_t now);
 /* Sync: the rank that orphaned the current step of shard `local` (gone
  * before its push), or -1. */
 int rps__srv_missing_rank(struct rps__server *srv, struct srv_tensor *t, uint32_t local);
