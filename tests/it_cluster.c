@@ -1142,6 +1142,42 @@ static void test_takeover_clocks(void)
 	free(p);
 }
 
+/* Rank 0 of 2 with a short timeout (rank 1 never comes). */
+static rps_client_t *rank0_of_2(const char *servers, int timeout_ms)
+{
+	struct rps_client_opts co;
+	rps_client_t *cl = NULL;
+
+	rps_client_opts_init(&co);
+	co.servers = servers;
+	co.rank = 0;
+	co.num_workers = 2;
+	co.timeout_ms = timeout_ms;
+	CU_ASSERT_EQUAL(rps_client_connect(&co, &cl), 0);
+	return cl;
+}
+
+/* A bounded tensor (staleness 1) that rank 0 pushes three times, then a
+ * pull that waits for rank 1's clock to reach 2 until it times out.  The
+ * tensor is left open: the caller reads rps_last_error() first. */
+static rps_tensor_t *bounded_pull_times_out(rps_client_t *cl, const char *name, float *g, float *p,
+					    uint64_t count)
+{
+	struct rps_tensor_opts o;
+	rps_tensor_t *t = NULL;
+
+	rps_tensor_opts_init(&o);
+	o.count = count;
+	o.optimizer = RPS_OPT_SUM;
+	o.mode = RPS_MODE_BOUNDED;
+	o.staleness = 1;
+	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, name, &o, &t), 0);
+	for (int k = 0; k < 3; k++)
+		CU_ASSERT_EQUAL(rps_push(t, g, count * 4), 0);
+	CU_ASSERT_EQUAL(rps_pull(t, p, count * 4, NULL), -ETIMEDOUT);
+	return t;
+}
+
 /* A pull that times out says what it waited for: a bounded one the clock
  * every rank must reach and the slowest rank's.  Rank 1 of 2 never
  * pushes.  (A sync tensor's push waits there already: with backups its
@@ -1150,32 +1186,17 @@ static void test_wait_timeout_says_what(void)
 {
 	const uint64_t count = SHARD_BYTES / 4;
 	float *g = calloc(count, sizeof(float)), *p = malloc(count * sizeof(float));
-	struct rps_client_opts co;
-	struct rps_tensor_opts o;
 	rps_client_t *cl;
 	rps_tensor_t *tb;
-	int k;
 
 	CU_ASSERT_FATAL(cluster_up);
 	CU_ASSERT_FATAL(g && p);
 	/* (alone, RPS_TEST_ONLY: before the cluster holds its leases a push
 	 * may wait out a failover's ride-through) */
 	CU_ASSERT_EQUAL_FATAL(it_wait_settled(&cluster, 0, 30000, NULL), 0);
-	rps_client_opts_init(&co);
-	co.servers = cluster.servers;
-	co.rank = 0;
-	co.num_workers = 2;
-	co.timeout_ms = 3000;
-	CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &cl), 0);
-	rps_tensor_opts_init(&o);
-	o.count = count;
-	o.optimizer = RPS_OPT_SUM;
-	o.mode = RPS_MODE_BOUNDED;
-	o.staleness = 1;
-	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "wait-says-bounded", &o, &tb), 0);
-	for (k = 0; k < 3; k++)
-		CU_ASSERT_EQUAL(rps_push(tb, g, count * 4), 0);
-	CU_ASSERT_EQUAL(rps_pull(tb, p, count * 4, NULL), -ETIMEDOUT);
+	cl = rank0_of_2(cluster.servers, 3000);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(cl);
+	tb = bounded_pull_times_out(cl, "wait-says-bounded", g, p, count);
 	if (!strstr(rps_last_error(), "waiting for every rank's clock to reach 2 (slowest: 0)"))
 		fprintf(stderr, "  bounded: %s\n", rps_last_error());
 	CU_ASSERT(strstr(rps_last_error(), "waiting for every rank's clock to reach 2 (slowest: 0)") != NULL);
@@ -1197,13 +1218,12 @@ static void test_wait_slow_logged(void)
 	char logpath[256], args[300], line[1024], tensor[32], peer[64];
 	unsigned shard, nwarn = 0, nparsed = 0;
 	unsigned long long clock, at;
-	struct rps_client_opts co;
 	struct rps_tensor_opts o;
 	struct it_cluster one;
 	rps_client_t *cl;
 	rps_tensor_t *tb;
 	double waited;
-	int k, rank, fd;
+	int rank, fd;
 	FILE *f;
 
 	CU_ASSERT_FATAL(g && p);
@@ -1214,25 +1234,14 @@ static void test_wait_slow_logged(void)
 	snprintf(args, sizeof(args), " 2>>%s", logpath);
 	so.extra_args = args;
 	CU_ASSERT_EQUAL_FATAL(it_cluster_start_opts(&one, 1, &so), 0);
-	rps_client_opts_init(&co);
-	co.servers = one.servers;
-	co.rank = 0;
-	co.num_workers = 2;
-	co.timeout_ms = 2000;
-	CU_ASSERT_EQUAL_FATAL(rps_client_connect(&co, &cl), 0);
+	cl = rank0_of_2(one.servers, 2000);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(cl);
+	rps_tensor_close(bounded_pull_times_out(cl, "wait-logged", g, p, count));
+	/* sync, one server (no backups: the push returns once summed) */
 	rps_tensor_opts_init(&o);
 	o.count = count;
 	o.optimizer = RPS_OPT_SUM;
-	o.mode = RPS_MODE_BOUNDED;
-	o.staleness = 1;
-	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "wait-logged", &o, &tb), 0);
-	for (k = 0; k < 3; k++)
-		CU_ASSERT_EQUAL(rps_push(tb, g, count * 4), 0);
-	CU_ASSERT_EQUAL(rps_pull(tb, p, count * 4, NULL), -ETIMEDOUT);
-	rps_tensor_close(tb);
-	/* sync, one server (no backups: the push returns once summed) */
 	o.mode = RPS_MODE_SYNC;
-	o.staleness = 0;
 	CU_ASSERT_EQUAL_FATAL(rps_tensor_create(cl, "wait-logged-sync", &o, &tb), 0);
 	CU_ASSERT_EQUAL(rps_push(tb, g, count * 4), 0);
 	CU_ASSERT_EQUAL(rps_pull(tb, p, count * 4, NULL), -ETIMEDOUT);
