@@ -3900,9 +3900,6 @@ int main(void)
 		  test_sync_rank_blip_r1 },
 		CUTEST_FAULT("sync: a replacement process takes over a dead rank mid-step", test_sync_rank_takeover),
 		{ "sync: takeover closes a stopped predecessor's connections", test_sync_takeover_closes_predecessor },
-		{ "takeover: a replacement starts at its predecessor's clocks (rps_tensor_clock)", test_takeover_clocks },
-		{ "a bounded pull that times out says the clock it waited for, and the slowest", test_wait_timeout_says_what },
-		CUTEST_FAULT("a pull waiting long is logged once by its server, naming the rank", test_wait_slow_logged),
 		{ "sync: psctl remove-rank lets the others go on", test_sync_remove_rank },
 		{ "bounded: psctl remove-rank lets the others go on", test_bounded_remove_rank },
 		{ "async: psctl remove-rank refuses an async tensor", test_async_remove_rank_refused },
@@ -3914,6 +3911,9 @@ int main(void)
 		CUTEST_FAULT("a signal during exit is harmless", test_signal_during_exit_is_harmless),
 		/* from here on, tests connect in this process (over verbs, a
 		 * worker forked after that could not open the device) */
+		{ "takeover: a replacement starts at its predecessor's clocks (rps_tensor_clock)", test_takeover_clocks },
+		{ "a bounded pull that times out says the clock it waited for, and the slowest", test_wait_timeout_says_what },
+		CUTEST_FAULT("a pull waiting long is logged once by its server, naming the rank", test_wait_slow_logged),
 		{ "registered buffers: zero-copy pushes and pulls, exact, no more bytes", test_registered_buffers },
 		{ "registered buffers: empty refused, busy not deregistered, per client", test_registered_buffer_rules },
 		CUTEST_FAULT("--verify: a flipped bit is refused, never applied", test_verify_flipped_bit),
